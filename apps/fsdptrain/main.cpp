@@ -1,0 +1,246 @@
+// fsdptrain: the subcommand table. Parses flags (CLI11), calls lib/, and catches errors once:
+// each line of the message is printed prefixed with the rank (inside a worker), and the process
+// exits with the error's code (README: 0 ok, 1 failure, 2 bad input, 3 lossy conversion refused).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <map>
+
+#include "config/commands.h"
+#include "config/loader.h"
+#include "config/option.h"
+#include "config/show.h"
+#include "config/to_fsdp2.h"
+#include "config/worker_env.h"
+#include "config/wizard.h"
+#include "util/build_info.h"
+#include "util/env_report.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/log.h"
+#include "util/strings.h"
+
+namespace {
+
+using namespace fsdp;
+
+// Every option-table flag, generated from the table: --key_name and --key-name, its help and default.
+struct TableFlags {
+  std::vector<std::pair<CLI::Option*, const config::OptionSpec*>> options;
+
+  void add_to(CLI::App* app) {
+    for (const auto& spec : config::all_options()) {
+      if (spec.flag.empty()) continue;
+      std::string names = "--" + spec.flag;
+      std::string dashed = spec.flag;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      if (dashed != spec.flag) names += ",--" + dashed;
+      std::string def = spec.default_note.empty() ? spec.default_value : spec.default_note;
+      std::string help = spec.help + " [" + spec.type_name() + "; default: " + (def.empty() ? "unset" : def) +
+                         "; key: " + spec.key + "]";
+      CLI::Option* opt = app->add_option(names, help);
+      if (spec.type == config::ValueType::kBool) opt->expected(0, 1);
+      const std::string section = spec.section();
+      opt->group(section == "fsdp_config" ? "FSDP (fsdp_config)"
+                 : section == "parallelism_config" ? "HSDP (parallelism_config)"
+                                                    : "Launch");
+      options.emplace_back(opt, &spec);
+    }
+  }
+
+  std::vector<std::pair<std::string, std::string>> given() const {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& [opt, spec] : options) {
+      if (opt->count() == 0) continue;
+      const auto& r = opt->results();
+      out.emplace_back(spec->key, r.empty() || r.back().empty() ? std::string("true") : r.back());
+    }
+    return out;
+  }
+};
+
+// --config/--config_file, --set and the table flags: how every command that reads a config takes it.
+struct ConfigArgs {
+  std::string file;
+  std::vector<std::string> sets;
+  TableFlags flags;
+
+  void add_to(CLI::App* app, bool positional_file = false) {
+    if (positional_file)
+      app->add_option("file", file, "The config file")->required();
+    else
+      app->add_option("--config,--config_file,--config-file", file,
+                      "Config file (default: $FSDPTRAIN_CONFIG_FILE, ~/.cache/fsdptrain/default_config.yaml, "
+                      "then Accelerate's default_config.yaml)");
+    app->add_option("--set", sets, "Override a key: --set fsdp_config.fsdp_offload_params=true (repeatable)")
+        ->allow_extra_args(false);
+    flags.add_to(app);
+  }
+
+  // Loads the file (explicit, else the default search) into ConfigInputs. `source` says where it came from.
+  config::ConfigInputs inputs(std::string* source = nullptr) const {
+    config::ConfigInputs in;
+    std::string path = file;
+    std::string from = "--config";
+    if (path.empty()) {
+      path = config::default_config_path();
+      from = std::getenv("FSDPTRAIN_CONFIG_FILE") && *std::getenv("FSDPTRAIN_CONFIG_FILE") ? "$FSDPTRAIN_CONFIG_FILE"
+             : path == config::fsdptrain_default_config_path()                           ? "fsdptrain default"
+             : path.empty() ? "looked for " + config::fsdptrain_default_config_path() + " and " +
+                                  config::accelerate_default_config_path()
+                            : "Accelerate default";
+    }
+    if (!path.empty()) {
+      FSDP_CHECK(file_exists(path), "config file ", path, " not found",
+                 from == "--config" ? "" : " (from " + from + ")");
+      in.file = path;
+      in.text = read_file(path);
+      in.has_file = true;
+    }
+    in.sets = sets;
+    in.flags = flags.given();
+    if (source) *source = from;
+    return in;
+  }
+};
+
+int run(int argc, char** argv) {
+  CLI::App app{"fsdptrain: FSDP2-style sharded training of Llama-family models on LibTorch, configured by "
+               "Accelerate-style YAML.\nCommands read Accelerate's config files as they are."};
+  app.set_version_flag("--version", [] { return version_line(); });
+  app.require_subcommand(1);
+
+  // env
+  ConfigArgs env_args;
+  CLI::App* env = app.add_subcommand("env", "Print versions, GPUs, cores, memory and the resolved config (for bug reports)");
+  env_args.add_to(env);
+
+  // config (wizard) and its subcommands
+  CLI::App* cfg = app.add_subcommand("config", "Create a config interactively (the Accelerate wizard's questions), or "
+                                               "default/show/validate/update/keys");
+  std::string wizard_path, answers_file;
+  bool list_questions = false;
+  TableFlags wizard_flags;
+  cfg->add_option("--config_file,--config-file", wizard_path, "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
+  cfg->add_option("--answers", answers_file, "YAML file of answers by question id (no terminal needed)");
+  cfg->add_flag("--list-questions,--list_questions", list_questions, "Print every question id and prompt, then exit");
+  wizard_flags.add_to(cfg);
+
+  CLI::App* cfg_default = cfg->add_subcommand("default", "Write an FSDP2 config for this machine without questions");
+  std::string default_path, default_mp = "no";
+  cfg_default->add_option("--config_file,--config-file", default_path, "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
+  cfg_default->add_option("--mixed_precision,--mixed-precision", default_mp, "no, fp16 or bf16")
+      ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+
+  ConfigArgs show_args;
+  std::string show_format = "table";
+  bool show_env = false;
+  CLI::App* cfg_show = cfg->add_subcommand("show", "Print every resolved value with its origin (flag, --set, file:line, default)");
+  show_args.add_to(cfg_show);
+  cfg_show->add_option("--format", show_format, "table, yaml (a config file) or json")->check(CLI::IsMember({"table", "yaml", "json"}));
+  cfg_show->add_flag("--env", show_env, "Also print the ACCELERATE_*/FSDP_* variables each worker gets");
+
+  ConfigArgs validate_args;
+  CLI::App* cfg_validate = cfg->add_subcommand("validate", "Check a config; report every problem with file:line:col");
+  validate_args.add_to(cfg_validate, /*positional_file=*/true);
+
+  std::string update_path;
+  bool update_fsdp2 = false, update_force = false;
+  CLI::App* cfg_update = cfg->add_subcommand("update", "Rewrite a config in today's format with every default filled in");
+  cfg_update->add_option("--config_file,--config-file", update_path, "The file (default: the default config file)");
+  cfg_update->add_flag("--to-fsdp2,--to_fsdp2", update_fsdp2, "Also convert FSDP1 keys to FSDP2 (as `fsdptrain to-fsdp2`)");
+  cfg_update->add_flag("--force", update_force, "Accept a lossy FSDP1 -> FSDP2 conversion");
+
+  bool keys_markdown = false;
+  CLI::App* cfg_keys = cfg->add_subcommand("keys", "List every config key: type, default, CLI flag, worker env variable");
+  cfg_keys->add_flag("--markdown", keys_markdown, "As a Markdown table");
+
+  // to-fsdp2
+  config::ToFsdp2Command t2;
+  CLI::App* to2 = app.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
+  to2->add_option("--config_file,--config-file", t2.config_file, "The FSDP1 config to convert")->required();
+  to2->add_option("--output_file,--output-file", t2.output_file, "Where to write the FSDP2 config");
+  to2->add_flag("--overwrite", t2.overwrite, "Rewrite --config_file in place (or replace an existing --output_file)");
+  to2->add_flag("--dry-run,--dry_run", t2.dry_run, "Print the change as a unified diff; write nothing");
+  to2->add_flag("--force", t2.force, "Accept lossy changes (NO_SHARD, LOCAL_STATE_DICT, forward_prefetch: true, use_orig_params: false)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : static_cast<int>(ExitCode::kBadInput);
+  }
+
+  if (env->parsed()) {
+    std::string source;
+    config::ConfigInputs in = env_args.inputs(&source);
+    std::cout << env_report(in, source);
+    return 0;
+  }
+  if (to2->parsed()) {
+    std::cout << config::run_to_fsdp2(t2);
+    return 0;
+  }
+  if (cfg_default->parsed()) {
+    std::string path = config::write_default_config({default_path, default_mp, cuda_device_count()});
+    std::cout << "fsdptrain configuration saved at " << path << "\n";
+    return 0;
+  }
+  if (cfg_show->parsed()) {
+    config::ResolvedConfig rc = config::load_config_or_throw(show_args.inputs());
+    config::ShowFormat f = show_format == "yaml" ? config::ShowFormat::kYaml
+                           : show_format == "json" ? config::ShowFormat::kJson
+                                                   : config::ShowFormat::kTable;
+    std::cout << config::format_resolved(rc, f);
+    if (show_env && f == config::ShowFormat::kTable) {
+      std::cout << "# worker environment (plus RANK, LOCAL_RANK, WORLD_SIZE, ... per rank)\n";
+      for (const auto& [k, v] : config::worker_env(rc)) std::cout << k << "=" << v << "\n";
+    }
+    return 0;
+  }
+  if (cfg_validate->parsed()) {
+    config::ResolvedConfig rc = config::load_config_or_throw(validate_args.inputs());
+    std::cout << validate_args.file << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
+              << rc.typed.launch.num_processes << " process(es)\n";
+    return 0;
+  }
+  if (cfg_update->parsed()) {
+    std::cout << config::update_config({update_path, update_fsdp2, update_force});
+    return 0;
+  }
+  if (cfg_keys->parsed()) {
+    std::cout << config::format_option_table(keys_markdown);
+    return 0;
+  }
+  if (cfg->parsed()) {
+    if (list_questions) {
+      for (const auto& q : config::wizard_questions()) std::cout << q.id << ": " << q.prompt << "\n";
+      return 0;
+    }
+    std::map<std::string, std::string> preset;
+    if (!answers_file.empty()) preset = config::read_wizard_answers(answers_file);
+    for (const auto& [key, value] : wizard_flags.given()) preset[key] = value;
+    const bool interactive = ::isatty(STDIN_FILENO);
+    config::WizardResult r = config::run_wizard(std::cin, std::cout, preset, interactive);
+    const std::string path = wizard_path.empty() ? config::fsdptrain_default_config_path() : wizard_path;
+    write_file_atomic(path, r.yaml);
+    std::cout << "fsdptrain configuration saved at " << path << "\n";
+    return 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const fsdp::Error& e) {
+    for (const auto& line : fsdp::split(e.what(), '\n')) std::cerr << fsdp::rank_prefix() << "error: " << line << "\n";
+    return static_cast<int>(e.code());
+  } catch (const std::exception& e) {
+    std::cerr << fsdp::rank_prefix() << "error: " << e.what() << "\n";
+    return static_cast<int>(fsdp::ExitCode::kFailure);
+  }
+}

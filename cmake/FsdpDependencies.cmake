@@ -1,0 +1,76 @@
+# Finds fsdptrain's dependencies, looking first in the offline bundle under third_party/bundle
+# (scripts/bundle-deps.sh), and prints a found/missing summary with an install hint for each.
+
+set(FSDP_BUNDLE_DIR "${CMAKE_SOURCE_DIR}/third_party/bundle" CACHE PATH "Unpacked Debian packages for offline builds")
+if(EXISTS "${FSDP_BUNDLE_DIR}/usr")
+  list(PREPEND CMAKE_PREFIX_PATH "${FSDP_BUNDLE_DIR}/usr")
+  list(PREPEND CMAKE_PREFIX_PATH "${FSDP_BUNDLE_DIR}/usr/lib/x86_64-linux-gnu/cmake")
+endif()
+
+set(_fsdp_summary "")
+macro(_fsdp_report name found detail hint)
+  if(${found})
+    string(APPEND _fsdp_summary "  found    ${name}: ${detail}\n")
+  else()
+    string(APPEND _fsdp_summary "  MISSING  ${name}: ${hint}\n")
+    list(APPEND _fsdp_missing_required ${name})
+  endif()
+endmacro()
+
+# --- LibTorch: the one inside the torch wheel (scripts/setup.sh passes CMAKE_PREFIX_PATH), or a
+#     LibTorch zip from pytorch.org passed the same way.
+find_package(Torch QUIET)
+_fsdp_report("LibTorch" Torch_FOUND "${Torch_VERSION} at ${Torch_DIR}"
+  "run scripts/setup.sh, or configure with -DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')")
+
+find_package(yaml-cpp QUIET)
+_fsdp_report("yaml-cpp" yaml-cpp_FOUND "${yaml-cpp_VERSION}" "apt-get install libyaml-cpp-dev (or scripts/bundle-deps.sh)")
+find_package(CLI11 QUIET)
+_fsdp_report("CLI11" CLI11_FOUND "${CLI11_VERSION}" "apt-get install libcli11-dev (or scripts/bundle-deps.sh)")
+find_package(nlohmann_json QUIET)
+_fsdp_report("nlohmann-json" nlohmann_json_FOUND "${nlohmann_json_VERSION}" "apt-get install nlohmann-json3-dev (or scripts/bundle-deps.sh)")
+find_package(doctest QUIET)
+if(FSDP_BUILD_TESTS)
+  _fsdp_report("doctest" doctest_FOUND "${doctest_VERSION}" "apt-get install doctest-dev, or -DFSDP_BUILD_TESTS=OFF")
+endif()
+
+# --- CUDA and NCCL: optional. NCCL is taken from where the torch wheel loads it (its nvidia-nccl
+#     package), so one process never loads two NCCLs; a system NCCL is the fallback.
+set(FSDP_HAVE_CUDA OFF)
+set(FSDP_HAVE_NCCL OFF)
+if(Torch_FOUND AND TARGET torch_cuda)
+  set(FSDP_HAVE_CUDA ON)
+endif()
+if(NOT FSDP_WITH_NCCL STREQUAL "OFF" AND FSDP_HAVE_CUDA)
+  get_filename_component(_torch_site "${Torch_DIR}/../../../.." ABSOLUTE)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS "${_torch_site}/nvidia/nccl/include" /usr/local/cuda/include /usr/include NO_CACHE)
+  find_library(NCCL_LIBRARY NAMES libnccl.so.2 nccl NAMES_PER_DIR HINTS "${_torch_site}/nvidia/nccl/lib" /usr/local/cuda/lib64 NO_CACHE)
+  if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    set(FSDP_HAVE_NCCL ON)
+    add_library(fsdp_nccl INTERFACE)
+    target_include_directories(fsdp_nccl SYSTEM INTERFACE "${NCCL_INCLUDE_DIR}")
+    target_link_libraries(fsdp_nccl INTERFACE "${NCCL_LIBRARY}")
+  endif()
+endif()
+if(FSDP_WITH_NCCL STREQUAL "ON" AND NOT FSDP_HAVE_NCCL)
+  message(FATAL_ERROR "FSDP_WITH_NCCL=ON but NCCL (or a CUDA LibTorch) was not found; install the torch wheel's nvidia-nccl package or pass -DFSDP_WITH_NCCL=AUTO")
+endif()
+set(_cuda_detail "no CUDA LibTorch (CPU only)")
+if(FSDP_HAVE_CUDA)
+  set(_cuda_detail "CUDA ${CUDAToolkit_VERSION}")
+endif()
+string(APPEND _fsdp_summary "  optional CUDA: ${_cuda_detail}\n")
+if(FSDP_HAVE_NCCL)
+  string(APPEND _fsdp_summary "  optional NCCL: ${NCCL_LIBRARY}\n")
+else()
+  string(APPEND _fsdp_summary "  optional NCCL: not found (the NCCL backend is replaced by its stub; GPU runs unavailable)\n")
+endif()
+
+function(fsdp_print_dependency_summary)
+  message(STATUS "fsdptrain dependencies:\n${_fsdp_summary}")
+endfunction()
+
+if(_fsdp_missing_required)
+  message(STATUS "fsdptrain dependencies:\n${_fsdp_summary}")
+  message(FATAL_ERROR "fsdptrain: missing ${_fsdp_missing_required}; see the hints above")
+endif()

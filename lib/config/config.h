@@ -1,0 +1,120 @@
+// Typed, per-area configuration: what the rest of fsdptrain reads after the config has been loaded,
+// merged (flag > --set > file > default) and validated. Each struct mirrors one area of an
+// Accelerate config file; the option table (option.h) is the only place that fills them.
+//
+// Enum spellings live next to each enum (k...Names, in declaration order) so the option table,
+// validation and printing all use one list.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::config {
+
+enum class DistributedType { kNo, kMultiCpu, kMultiGpu, kFsdp };
+inline constexpr std::array<const char*, 4> kDistributedTypeNames = {"NO", "MULTI_CPU", "MULTI_GPU", "FSDP"};
+
+enum class MixedPrecision { kNo, kFp16, kBf16 };
+inline constexpr std::array<const char*, 3> kMixedPrecisionNames = {"no", "fp16", "bf16"};
+
+// FSDP1's sharding strategies, in Accelerate's order (its legacy integers 1..5 index this list).
+enum class ShardingStrategy { kFullShard, kShardGradOp, kNoShard, kHybridShard, kHybridShardZero2 };
+inline constexpr std::array<const char*, 5> kShardingStrategyNames = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD",
+                                                                      "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"};
+
+enum class WrapPolicy { kTransformerBasedWrap, kSizeBasedWrap, kNoWrap };
+inline constexpr std::array<const char*, 3> kWrapPolicyNames = {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP",
+                                                                "NO_WRAP"};
+
+enum class BackwardPrefetch { kBackwardPre, kBackwardPost, kNoPrefetch };
+inline constexpr std::array<const char*, 3> kBackwardPrefetchNames = {"BACKWARD_PRE", "BACKWARD_POST",
+                                                                      "NO_PREFETCH"};
+
+enum class StateDictType { kFullStateDict, kLocalStateDict, kShardedStateDict };
+inline constexpr std::array<const char*, 3> kStateDictTypeNames = {"FULL_STATE_DICT", "LOCAL_STATE_DICT",
+                                                                   "SHARDED_STATE_DICT"};
+
+template <typename Enum, size_t N>
+const char* enum_name(Enum e, const std::array<const char*, N>& names) {
+  return names[static_cast<size_t>(e)];
+}
+
+// Top-level Accelerate keys, plus the launcher's own flags (max_restarts, ...).
+struct LaunchConfig {
+  std::string compute_environment = "LOCAL_MACHINE";
+  DistributedType distributed_type = DistributedType::kNo;
+  MixedPrecision mixed_precision = MixedPrecision::kNo;
+  bool use_cpu = false;
+  bool debug = false;
+  int num_processes = 1;  // total over all machines
+  int num_machines = 1;
+  int machine_rank = 0;
+  std::string main_process_ip;  // empty = not given (127.0.0.1 on one machine)
+  int main_process_port = 29500;
+  std::string rdzv_backend = "static";
+  bool same_network = true;
+  std::string gpu_ids = "all";  // "all" or "0,1,3"
+  bool enable_cpu_affinity = false;
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  // seconds
+  double rdzv_timeout = 300;      // seconds
+
+  int processes_per_machine() const { return num_machines > 0 ? num_processes / num_machines : num_processes; }
+};
+
+// `fsdp_config`: the keys of FSDP1 and FSDP2 with Accelerate's names.
+struct FsdpConfig {
+  int version = 1;
+  bool reshard_after_forward = true;
+  std::optional<ShardingStrategy> sharding_strategy;  // fsdp_sharding_strategy (FSDP1)
+  // A strategy name written in fsdp_reshard_after_forward, as Accelerate's wizard does for FSDP1.
+  std::optional<ShardingStrategy> reshard_after_forward_strategy;
+  bool offload_params = false;
+  WrapPolicy auto_wrap_policy = WrapPolicy::kTransformerBasedWrap;
+  std::vector<std::string> transformer_layer_cls_to_wrap;  // empty = the model's declared layer classes
+  int64_t min_num_params = 100000000;
+  std::optional<BackwardPrefetch> backward_prefetch;
+  StateDictType state_dict_type = StateDictType::kFullStateDict;
+  bool forward_prefetch = false;
+  bool use_orig_params = true;
+  bool cpu_ram_efficient_loading = true;
+  bool sync_module_states = true;
+  bool activation_checkpointing = false;
+  std::string ignored_modules;  // regex, full-matched against module names; empty = none
+
+  // FSDP1's effective strategy: fsdp_sharding_strategy, else a strategy named in
+  // fsdp_reshard_after_forward, else the boolean (true: FULL_SHARD, false: SHARD_GRAD_OP).
+  ShardingStrategy fsdp1_strategy() const;
+};
+
+// `parallelism_config` (FSDP2): HSDP is dp_replicate_size x dp_shard_size.
+struct ParallelismConfig {
+  int dp_replicate_size = 1;
+  int dp_shard_size = 1;
+  int tp_size = 1;
+  int cp_size = 1;
+  std::string cp_comm_strategy;
+};
+
+struct Config {
+  LaunchConfig launch;
+  FsdpConfig fsdp;
+  ParallelismConfig parallelism;
+};
+
+// What actually runs: every FSDP1 strategy and FSDP2 setting reduced to one FSDP2 layout.
+// world = replicate_size x shard_size.
+struct FsdpLayout {
+  bool sharded = false;  // false: no FSDP (distributed_type is not FSDP)
+  bool reshard_after_forward = true;
+  int replicate_size = 1;
+  int shard_size = 1;
+  std::string describe() const;
+};
+
+FsdpLayout effective_fsdp_layout(const Config& config);
+
+}  // namespace fsdp::config

@@ -1,0 +1,49 @@
+// Collects config problems so all of them are reported at once, each on one line:
+//   configs/x.yaml:14:3: fsdp_config.fsdp_reshard_after_forward: expected true or false, got "maybe"
+// followed by " (hint: ...)" when a fix is known.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fsdp::config {
+
+struct Origin;
+
+struct Diagnostic {
+  enum class Severity { kError, kWarning };
+  Severity severity = Severity::kError;
+  std::string location;  // "file:line:col", "--flag", "--set k=v", or "" (no single place)
+  std::string key;       // dotted key, or "" when the problem is not about one key
+  std::string message;
+  std::string hint;
+
+  std::string format() const;  // without the severity; callers print "error: " or "warning: " 
+};
+
+class Diagnostics {
+ public:
+  void error(const std::string& location, const std::string& key, const std::string& message,
+             const std::string& hint = "");
+  void warning(const std::string& location, const std::string& key, const std::string& message,
+               const std::string& hint = "");
+  // Location taken from where the value came from (file position, flag, --set, or default).
+  void error_at(const Origin& origin, const std::string& key, const std::string& message, const std::string& hint = "");
+  void warning_at(const Origin& origin, const std::string& key, const std::string& message,
+                  const std::string& hint = "");
+
+  const std::vector<Diagnostic>& all() const { return items_; }
+  size_t error_count() const;
+  bool has_errors() const { return error_count() > 0; }
+  std::vector<std::string> errors() const;    // formatted
+  std::vector<std::string> warnings() const;  // formatted
+  // Throws InputError whose message lists every error (one per line) when there is any.
+  void throw_if_errors() const;
+
+ private:
+  std::vector<Diagnostic> items_;
+};
+
+std::string origin_location(const Origin& origin);
+
+}  // namespace fsdp::config

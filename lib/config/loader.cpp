@@ -1,0 +1,357 @@
+#include "config/loader.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include "config/validate.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/log.h"
+#include "util/strings.h"
+
+namespace fsdp::config {
+
+namespace {
+
+Mark mark_of(const std::string& file, const YAML::Mark& m) { return Mark{file, m.line + 1, m.column + 1}; }
+
+RawValue raw_from_node(const YAML::Node& node, Origin origin) {
+  RawValue raw;
+  raw.origin = std::move(origin);
+  if (!node.IsDefined() || node.IsNull()) {
+    raw.shape = RawValue::Shape::kNull;
+  } else if (node.IsScalar()) {
+    raw.shape = RawValue::Shape::kScalar;
+    raw.text = node.Scalar();
+    raw.quoted = node.Tag() == "!";
+  } else if (node.IsSequence()) {
+    raw.shape = RawValue::Shape::kSequence;
+    for (const auto& item : node) {
+      if (!item.IsScalar()) {
+        raw.shape = RawValue::Shape::kMap;  // nested structure: reported as "expected a single value"
+        break;
+      }
+      raw.items.push_back(item.Scalar());
+    }
+  } else {
+    raw.shape = RawValue::Shape::kMap;
+  }
+  return raw;
+}
+
+bool is_benign_ignored(const RawValue& raw) {
+  switch (raw.shape) {
+    case RawValue::Shape::kNull: return true;
+    case RawValue::Shape::kSequence: return raw.items.empty();
+    case RawValue::Shape::kMap: return false;
+    case RawValue::Shape::kScalar: {
+      std::string t = to_lower(trim(raw.text));
+      return t.empty() || t == "main" || t == "{}" || t == "[]" || parse_bool(t) == false;
+    }
+  }
+  return true;
+}
+
+// Known keys for suggestions: dotted keys plus leaves, so a top-level "fsdp_offload_params" finds
+// "fsdp_config.fsdp_offload_params".
+std::vector<std::string> all_keys() {
+  std::vector<std::string> keys;
+  for (const auto& o : all_options()) keys.push_back(o.key);
+  return keys;
+}
+
+std::string suggest_key(const std::string& key, const std::string& section) {
+  std::vector<std::string> candidates;
+  for (const auto& o : all_options())
+    if (o.section() == section) candidates.push_back(o.leaf());
+  if (auto near = closest_match(key, candidates)) return section.empty() ? *near : section + "." + *near;
+  // A key from another section (fsdp_offload_params at the top level, say).
+  for (const auto& o : all_options())
+    if (o.leaf() == key || o.key == key) return o.key;
+  std::vector<std::string> everything = all_keys();
+  if (auto near = closest_match(key, everything)) return *near;
+  return "";
+}
+
+struct Layer {
+  std::vector<std::pair<const OptionSpec*, RawValue>> values;
+};
+
+// Accelerate's launcher prepends "fsdp_" to fsdp_config keys written without it.
+std::string normalise_section_key(const std::string& section, const std::string& key) {
+  if (section == "fsdp_config" && !starts_with(key, "fsdp_")) return "fsdp_" + key;
+  return key;
+}
+
+void read_file_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
+  const std::string& file = in.file;
+  YAML::Node root;
+  try {
+    root = YAML::Load(in.text);
+  } catch (const YAML::Exception& e) {
+    diags.error(str(file, ":", e.mark.line + 1, ":", e.mark.column + 1), "", "YAML syntax error: " + e.msg);
+    return;
+  }
+  if (!root.IsDefined() || root.IsNull()) {
+    diags.error(file, "", "the config file is empty", "start from `fsdptrain config default` or `fsdptrain config`");
+    return;
+  }
+  if (!root.IsMap()) {
+    diags.error(str(file, ":", root.Mark().line + 1, ":", root.Mark().column + 1), "",
+                "expected a mapping of keys (such as distributed_type: FSDP) at the top of the file");
+    return;
+  }
+  const std::vector<std::string> sections = option_sections();
+  std::map<std::string, Mark> seen;
+  bool has_distributed_type = false;
+  std::optional<RawValue> legacy_fp16;
+
+  auto check_duplicate = [&](const std::string& dotted, const Mark& m) {
+    auto [it, inserted] = seen.emplace(dotted, m);
+    if (!inserted) {
+      diags.error(str(file, ":", m.line, ":", m.col), dotted,
+                  str("duplicate key (first written at line ", it->second.line, ")"), "keep one of them");
+      return false;
+    }
+    return true;
+  };
+
+  for (const auto& kv : root) {
+    const std::string key = kv.first.Scalar();
+    const Mark km = mark_of(file, kv.first.Mark());
+    const Origin origin{OriginKind::kFile, km, ""};
+    if (!check_duplicate(key, km)) continue;
+    if (std::find(sections.begin(), sections.end(), key) != sections.end()) {
+      const YAML::Node& sec = kv.second;
+      if (!sec.IsDefined() || sec.IsNull()) continue;
+      if (!sec.IsMap()) {
+        diags.error(str(file, ":", km.line, ":", km.col), key, "expected a mapping of keys under this section");
+        continue;
+      }
+      for (const auto& kv2 : sec) {
+        const std::string raw_key = kv2.first.Scalar();
+        const Mark m2 = mark_of(file, kv2.first.Mark());
+        const Origin o2{OriginKind::kFile, m2, ""};
+        std::string leaf = normalise_section_key(key, raw_key);
+        if (key == "fsdp_config" && leaf == "fsdp_backward_prefetch_policy") {
+          diags.warning_at(o2, key + "." + raw_key,
+                           "is the pre-1.0 Accelerate name (which Accelerate now silently ignores); read as fsdp_backward_prefetch",
+                           "rename it to fsdp_backward_prefetch");
+          leaf = "fsdp_backward_prefetch";
+        }
+        const std::string dotted = key + "." + leaf;
+        if (!check_duplicate(dotted, m2)) continue;
+        const OptionSpec* spec = find_option(dotted);
+        if (!spec) {
+          std::string near = suggest_key(leaf, key);
+          diags.error_at(o2, key + "." + raw_key, "unknown key (Accelerate would silently ignore it)",
+                         near.empty() ? "see `fsdptrain config keys` for every key" : "did you mean " + near + "?");
+          continue;
+        }
+        layer.values.emplace_back(spec, raw_from_node(kv2.second, o2));
+      }
+      continue;
+    }
+    if (key == "fp16") {  // Accelerate's legacy spelling of mixed_precision: fp16
+      legacy_fp16 = raw_from_node(kv.second, origin);
+      continue;
+    }
+    const OptionSpec* spec = find_option(key);
+    if (!spec || !spec->section().empty()) {
+      std::string near = suggest_key(key, "");
+      std::string hint = near.empty() ? "see `fsdptrain config keys` for every key"
+                         : near.find('.') != std::string::npos && find_option(near) && find_option(near)->leaf() == key
+                             ? "it belongs under " + near.substr(0, near.find('.')) + ": (as " + near + ")"
+                             : "did you mean " + near + "?";
+      diags.error_at(origin, key, "unknown key", hint);
+      continue;
+    }
+    if (key == "distributed_type") has_distributed_type = true;
+    RawValue raw = raw_from_node(kv.second, origin);
+    if (spec->type == ValueType::kIgnored) {
+      if (!is_benign_ignored(raw)) diags.warning_at(origin, key, spec->help);
+      continue;
+    }
+    layer.values.emplace_back(spec, std::move(raw));
+  }
+  if (legacy_fp16) {
+    auto b = legacy_fp16->shape == RawValue::Shape::kScalar ? parse_bool(legacy_fp16->text) : std::nullopt;
+    if (!b) {
+      diags.error_at(legacy_fp16->origin, "fp16", str("expected true or false, got ", quoted(legacy_fp16->text)));
+    } else if (*b) {
+      bool conflict = false;
+      for (auto& [spec, raw] : layer.values)
+        if (spec->key == "mixed_precision" && to_lower(trim(raw.text)) != "fp16") conflict = true;
+      if (conflict) {
+        diags.error_at(legacy_fp16->origin, "fp16", "legacy fp16: true contradicts mixed_precision",
+                       "remove fp16 and keep mixed_precision");
+      } else {
+        RawValue mp = *legacy_fp16;
+        mp.text = "fp16";
+        layer.values.emplace_back(find_option("mixed_precision"), mp);
+        diags.warning_at(legacy_fp16->origin, "fp16", "legacy key read as mixed_precision: fp16",
+                         "write mixed_precision: fp16 instead");
+      }
+    }
+  }
+  if (!has_distributed_type)
+    diags.error(file, "distributed_type", "missing; Accelerate requires it too",
+                "add distributed_type: FSDP (or NO, MULTI_CPU, MULTI_GPU)");
+}
+
+// Finds an option from a name typed in --set: the dotted key, the fsdp_config key without its
+// "fsdp_" prefix, or a leaf name that only one option has.
+const OptionSpec* resolve_key(const std::string& name) {
+  if (const OptionSpec* o = find_option(name)) return o;
+  auto dot = name.find('.');
+  if (dot != std::string::npos) {
+    std::string section = name.substr(0, dot);
+    return find_option(section + "." + normalise_section_key(section, name.substr(dot + 1)));
+  }
+  const OptionSpec* found = nullptr;
+  for (const auto& o : all_options())
+    if (o.leaf() == name || (o.section() == "fsdp_config" && o.leaf() == "fsdp_" + name)) {
+      if (found) return nullptr;
+      found = &o;
+    }
+  return found;
+}
+
+void read_set_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
+  for (const auto& s : in.sets) {
+    const std::string where = "--set " + s;
+    auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      diags.error(where, "", "expected KEY=VALUE, such as --set fsdp_config.fsdp_offload_params=true");
+      continue;
+    }
+    const std::string name = trim(s.substr(0, eq));
+    const OptionSpec* spec = resolve_key(name);
+    if (!spec || spec->type == ValueType::kIgnored) {
+      std::string near = suggest_key(name.substr(name.find('.') == std::string::npos ? 0 : name.find('.') + 1),
+                                     name.find('.') == std::string::npos ? "" : name.substr(0, name.find('.')));
+      diags.error(where, name, "unknown key", near.empty() ? "see `fsdptrain config keys`" : "did you mean " + near + "?");
+      continue;
+    }
+    YAML::Node node;
+    try {
+      node = YAML::Load(s.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      diags.error(where, spec->key, "cannot parse the value: " + e.msg);
+      continue;
+    }
+    // "--set key=" (null) resets the key to its default.
+    RawValue raw = raw_from_node(node, Origin{OriginKind::kSet, {}, where});
+    layer.values.emplace_back(spec, std::move(raw));
+  }
+}
+
+void read_flag_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
+  for (const auto& [key, text] : in.flags) {
+    const OptionSpec* spec = find_option(key);
+    FSDP_ASSERT(spec, "flag for unknown key ", key);
+    RawValue raw;
+    raw.shape = RawValue::Shape::kScalar;
+    raw.text = text;
+    raw.origin = Origin{OriginKind::kFlag, {}, "--" + spec->flag};
+    (void)diags;
+    layer.values.emplace_back(spec, std::move(raw));
+  }
+}
+
+}  // namespace
+
+ShardingStrategy FsdpConfig::fsdp1_strategy() const {
+  if (sharding_strategy) return *sharding_strategy;
+  if (reshard_after_forward_strategy) return *reshard_after_forward_strategy;
+  return reshard_after_forward ? ShardingStrategy::kFullShard : ShardingStrategy::kShardGradOp;
+}
+
+const ResolvedValue& ResolvedConfig::get(const std::string& key) const {
+  for (const auto& v : values)
+    if (v.spec->key == key) return v;
+  FSDP_ASSERT(false, "no option ", key);
+  return values.front();
+}
+
+bool ResolvedConfig::is_set(const std::string& key) const {
+  auto k = get(key).origin.kind;
+  return k == OriginKind::kFile || k == OriginKind::kSet || k == OriginKind::kFlag;
+}
+
+ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
+  ResolvedConfig rc;
+  rc.file = inputs.has_file ? inputs.file : "";
+  for (const auto& o : all_options()) {
+    if (o.type == ValueType::kIgnored) continue;
+    rc.values.push_back({&o, o.default_value, Origin{}});
+  }
+  Layer file_layer, set_layer, flag_layer;
+  if (inputs.has_file) read_file_layer(inputs, file_layer, diags);
+  read_set_layer(inputs, set_layer, diags);
+  read_flag_layer(inputs, flag_layer, diags);
+
+  for (const Layer* layer : {&file_layer, &set_layer, &flag_layer}) {
+    for (const auto& [spec, raw] : layer->values) {
+      std::string error;
+      std::optional<std::string> canonical = canonicalize(*spec, raw, &error);
+      if (!canonical) {
+        diags.error_at(raw.origin, spec->key, error);
+        continue;
+      }
+      for (auto& v : rc.values)
+        if (v.spec == spec) {
+          // An explicit null/empty value means "unset": the default applies, but the origin stays visible.
+          v.value = canonical->empty() ? spec->default_value : *canonical;
+          v.origin = raw.origin;
+        }
+    }
+  }
+  // Defaults that depend on other keys.
+  auto& sdt = const_cast<ResolvedValue&>(rc.get("fsdp_config.fsdp_state_dict_type"));
+  if (sdt.value.empty()) {
+    bool v2 = rc.get("fsdp_config.fsdp_version").value == "2";
+    sdt.value = v2 ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT";
+    sdt.origin = Origin{OriginKind::kDerived, {}, v2 ? "FSDP2's default" : "FSDP1's default"};
+  }
+  auto& np = const_cast<ResolvedValue&>(rc.get("num_processes"));
+  if (np.value.empty() && rc.get("distributed_type").value == "NO") {
+    np.value = "1";
+    np.origin = Origin{OriginKind::kDerived, {}, "distributed_type NO runs one process"};
+  }
+  for (const auto& v : rc.values)
+    if (v.spec->apply) v.spec->apply(rc.typed, v.value);
+  validate_config(rc, diags);
+  return rc;
+}
+
+ResolvedConfig load_config_or_throw(const ConfigInputs& inputs) {
+  Diagnostics diags;
+  ResolvedConfig rc = load_config(inputs, diags);
+  for (const auto& w : diags.warnings()) log_warn(w);
+  diags.throw_if_errors();
+  return rc;
+}
+
+std::string accelerate_default_config_path() {
+  if (const char* hf = std::getenv("HF_HOME"); hf && *hf) return std::string(hf) + "/accelerate/default_config.yaml";
+  std::string cache;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) cache = x;
+  else cache = home_dir() + "/.cache";
+  return cache + "/huggingface/accelerate/default_config.yaml";
+}
+
+std::string fsdptrain_default_config_path() { return home_dir() + "/.cache/fsdptrain/default_config.yaml"; }
+
+std::string default_config_path() {
+  if (const char* env = std::getenv("FSDPTRAIN_CONFIG_FILE"); env && *env) return env;
+  if (file_exists(fsdptrain_default_config_path())) return fsdptrain_default_config_path();
+  if (file_exists(accelerate_default_config_path())) return accelerate_default_config_path();
+  return "";
+}
+
+}  // namespace fsdp::config

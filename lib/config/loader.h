@@ -1,0 +1,58 @@
+// Loading a config: YAML file + --set overrides + CLI flags + defaults, merged by one rule
+// (flag > --set > file > default), type-checked and validated, with every problem collected
+// before anything starts.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "config/config.h"
+#include "config/diagnostics.h"
+#include "config/option.h"
+
+namespace fsdp::config {
+
+struct ConfigInputs {
+  std::string file;  // path shown in messages; "" = no file
+  std::string text;  // the file's contents (read by the caller, so tests can pass text directly)
+  bool has_file = false;
+  std::vector<std::string> sets;                            // "dotted.key=value", in order
+  std::vector<std::pair<std::string, std::string>> flags;   // (option key, text) from the command line
+};
+
+struct ResolvedValue {
+  const OptionSpec* spec = nullptr;
+  std::string value;  // canonical text; "" = unset
+  Origin origin;
+};
+
+// The merged config: every option's value with its origin, and the typed structs.
+struct ResolvedConfig {
+  std::string file;
+  std::vector<ResolvedValue> values;  // one per option, in table order
+  Config typed;
+
+  const ResolvedValue& get(const std::string& key) const;
+  // True when the key was given by the user (file, --set or flag) rather than defaulted/derived.
+  bool is_set(const std::string& key) const;
+};
+
+// Loads and validates. Problems go to `diags` (every one, not just the first); the caller decides
+// whether to throw (diags.throw_if_errors()). The result is filled as far as the input allows.
+ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags);
+
+// Convenience for the CLI: reads `path` (if non-empty), loads, prints warnings, throws InputError
+// listing every error.
+ResolvedConfig load_config_or_throw(const ConfigInputs& inputs);
+
+// The config file to use when none is given: $FSDPTRAIN_CONFIG_FILE, else
+// ~/.cache/fsdptrain/default_config.yaml, else Accelerate's default path; "" when none exists.
+std::string default_config_path();
+// Where `fsdptrain config` writes when no path is given.
+std::string fsdptrain_default_config_path();
+// Accelerate's default: $HF_HOME/accelerate/default_config.yaml, else
+// ${XDG_CACHE_HOME:-~/.cache}/huggingface/accelerate/default_config.yaml.
+std::string accelerate_default_config_path();
+
+}  // namespace fsdp::config

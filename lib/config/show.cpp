@@ -1,0 +1,89 @@
+#include "config/show.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#include "config/loader.h"
+#include "config/worker_env.h"
+#include "config/yaml_writer.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::config {
+
+namespace {
+
+std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' '); }
+
+std::string shown_value(const ResolvedValue& v) { return v.value.empty() ? "(unset)" : v.value; }
+
+std::string default_text(const OptionSpec& o) {
+  if (!o.default_note.empty()) return o.default_note;
+  return o.default_value.empty() ? "(unset)" : o.default_value;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfig& rc) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  const bool fsdp = rc.typed.launch.distributed_type == DistributedType::kFsdp;
+  const FsdpVersions other_version = rc.typed.fsdp.version == 2 ? FsdpVersions::kV1Only : FsdpVersions::kV2Only;
+  for (const auto& v : rc.values) {
+    const OptionSpec& s = *v.spec;
+    const std::string section = s.section();
+    if (s.extension && !rc.is_set(s.key)) continue;
+    if (section == "fsdp_config" && (!fsdp || s.versions == other_version)) continue;
+    if (section == "parallelism_config" && !rc.is_set(s.key)) continue;
+    kv.emplace_back(s.key, v.value);
+  }
+  return kv;
+}
+
+std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
+  if (format == ShowFormat::kYaml) {
+    return emit_config_yaml(file_values(rc), "resolved by fsdptrain from " + (rc.file.empty() ? std::string("defaults") : rc.file));
+  }
+  if (format == ShowFormat::kJson) {
+    nlohmann::ordered_json j;
+    j["file"] = rc.file;
+    for (const auto& v : rc.values) j["values"][v.spec->key] = {{"value", v.value}, {"origin", v.origin.describe()}};
+    j["layout"] = effective_fsdp_layout(rc.typed).describe();
+    for (const auto& [k, val] : worker_env(rc)) j["worker_env"][k] = val;
+    return j.dump(2) + "\n";
+  }
+  size_t width = 0;
+  for (const auto& v : rc.values) width = std::max(width, v.spec->key.size());
+  size_t vwidth = 0;
+  for (const auto& v : rc.values) vwidth = std::max(vwidth, shown_value(v).size());
+  std::string out = "# config: " + (rc.file.empty() ? std::string("(none; defaults, --set and flags only)") : rc.file) + "\n";
+  out += pad("key", width + 2) + pad("value", vwidth + 2) + "origin\n";
+  for (const auto& v : rc.values) out += pad(v.spec->key, width + 2) + pad(shown_value(v), vwidth + 2) + v.origin.describe() + "\n";
+  out += "# runs as: " + effective_fsdp_layout(rc.typed).describe() + "\n";
+  return out;
+}
+
+std::string format_option_table(bool markdown) {
+  std::string out;
+  if (markdown) {
+    out += "| key | type | default | CLI flag | worker env | meaning |\n|---|---|---|---|---|---|\n";
+    for (const auto& o : all_options()) {
+      std::string type = o.type_name();
+      std::replace(type.begin(), type.end(), '|', '/');
+      out += str("| `", o.key, "` | ", type, " | ", default_text(o), " | ", o.flag.empty() ? "" : "`--" + o.flag + "`",
+                 " | ", o.env.empty() ? "" : "`" + o.env + "`", " | ", o.help, " |\n");
+    }
+    return out;
+  }
+  for (const auto& o : all_options()) {
+    out += o.key + "  (" + o.type_name() + ")\n";
+    out += "    " + o.help + "\n";
+    if (o.type != ValueType::kIgnored) out += "    default: " + default_text(o) + "\n";
+    if (!o.flag.empty()) out += "    flag: --" + o.flag + "\n";
+    if (!o.env.empty()) out += "    worker env: " + o.env + "\n";
+    if (o.versions == FsdpVersions::kV1Only) out += "    FSDP1 only\n";
+  }
+  return out;
+}
+
+}  // namespace fsdp::config

@@ -1,0 +1,232 @@
+#include "config/validate.h"
+
+#include <regex>
+
+#include "config/loader.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::config {
+
+namespace {
+
+struct Checker {
+  const ResolvedConfig& rc;
+  Diagnostics& diags;
+  std::string to_fsdp2_hint() const {
+    return rc.file.empty() ? "run `fsdptrain to-fsdp2` on the config"
+                           : "run `fsdptrain to-fsdp2 --config_file " + rc.file + " --overwrite`";
+  }
+  // Where to point: the key's own position, or the file itself when the value is a default.
+  std::string location(const std::string& key) const {
+    const Origin& o = rc.get(key).origin;
+    if (o.kind == OriginKind::kDefault || o.kind == OriginKind::kDerived) return rc.file;
+    return origin_location(o);
+  }
+  void error(const std::string& key, const std::string& message, const std::string& hint = "") {
+    diags.error(location(key), key, message, hint);
+  }
+  void warning(const std::string& key, const std::string& message, const std::string& hint = "") {
+    diags.warning(location(key), key, message, hint);
+  }
+  bool set(const std::string& key) const { return rc.is_set(key); }
+};
+
+void check_launch(Checker& c) {
+  const LaunchConfig& l = c.rc.typed.launch;
+  if (c.rc.get("num_processes").value.empty()) {
+    c.error("num_processes", "not set; with distributed_type " + c.rc.get("distributed_type").value +
+                                 " the number of processes must be given",
+            "add num_processes: N (the total across all machines) or pass --num_processes N");
+    return;
+  }
+  if (l.distributed_type == DistributedType::kNo && l.num_processes > 1)
+    c.error("distributed_type", str("NO runs a single process, but num_processes is ", l.num_processes),
+            "use distributed_type: FSDP to shard over the processes");
+  if (l.num_processes % l.num_machines != 0)
+    c.error("num_processes",
+            str(l.num_processes, " processes cannot be split evenly over ", l.num_machines,
+                " machines (num_processes is the total across all machines)"),
+            str("use a multiple of ", l.num_machines, ", such as ", l.num_machines * std::max(1, l.num_processes / l.num_machines)));
+  if (l.machine_rank >= l.num_machines)
+    c.error("machine_rank", str("is ", l.machine_rank, " but there are only ", l.num_machines, " machines"),
+            str("use 0..", l.num_machines - 1));
+  if (l.num_machines > 1) {
+    if (l.main_process_ip.empty())
+      c.error("main_process_ip", str("required when num_machines is ", l.num_machines),
+              "set it to the address of machine 0 that every machine can reach");
+    if (l.main_process_port == 0)
+      c.error("main_process_port", "0 (pick a free port) works on one machine only: the others cannot know the port",
+              "choose a fixed port such as 29500");
+  }
+  if (l.gpu_ids != "all" && !l.use_cpu && l.distributed_type != DistributedType::kMultiCpu) {
+    int ids = static_cast<int>(split(l.gpu_ids, ',').size());
+    if (ids < l.processes_per_machine())
+      c.error("gpu_ids", str("lists ", ids, " GPU(s) (", l.gpu_ids, ") but each machine runs ",
+                             l.processes_per_machine(), " processes"),
+              "list one GPU per process, or use gpu_ids: all");
+  }
+}
+
+void check_fsdp(Checker& c) {
+  const Config& cfg = c.rc.typed;
+  const FsdpConfig& f = cfg.fsdp;
+  bool any_fsdp_key = false;
+  for (const auto& v : c.rc.values)
+    if (v.spec->section() == "fsdp_config" && c.set(v.spec->key)) any_fsdp_key = true;
+  if (cfg.launch.distributed_type != DistributedType::kFsdp) {
+    if (any_fsdp_key)
+      c.warning("distributed_type", str("is ", c.rc.get("distributed_type").value, ", so fsdp_config is ignored"),
+                "set distributed_type: FSDP to shard");
+    return;
+  }
+  const bool v2 = f.version == 2;
+  if (v2) {
+    for (const auto& v : c.rc.values) {
+      if (v.spec->versions != FsdpVersions::kV1Only || !c.set(v.spec->key)) continue;
+      std::string why = v.spec->key == "fsdp_config.fsdp_forward_prefetch"
+                            ? "FSDP2 has no forward prefetch switch (it prefetches the next unit itself)"
+                            : "an FSDP1 key that FSDP2 does not have";
+      c.error(v.spec->key, why, c.to_fsdp2_hint());
+    }
+    if (f.reshard_after_forward_strategy)
+      c.error("fsdp_config.fsdp_reshard_after_forward",
+              str("FSDP2 expects true or false, got the FSDP1 strategy ",
+                  enum_name(*f.reshard_after_forward_strategy, kShardingStrategyNames)),
+              c.to_fsdp2_hint());
+  } else {
+    if (f.sharding_strategy && f.reshard_after_forward_strategy && *f.sharding_strategy != *f.reshard_after_forward_strategy)
+      c.error("fsdp_config.fsdp_reshard_after_forward",
+              str("names the strategy ", enum_name(*f.reshard_after_forward_strategy, kShardingStrategyNames),
+                  " but fsdp_sharding_strategy is ", enum_name(*f.sharding_strategy, kShardingStrategyNames)),
+              "keep one of the two keys");
+    if (f.cpu_ram_efficient_loading && !f.sync_module_states && c.set("fsdp_config.fsdp_sync_module_states"))
+      c.error("fsdp_config.fsdp_sync_module_states",
+              "must be true with fsdp_cpu_ram_efficient_loading (rank 0 loads the weights and the others receive them)",
+              "set fsdp_sync_module_states: true or fsdp_cpu_ram_efficient_loading: false");
+  }
+  if (f.state_dict_type == StateDictType::kLocalStateDict)
+    c.error("fsdp_config.fsdp_state_dict_type",
+            v2 ? "FSDP2 does not support LOCAL_STATE_DICT"
+               : "LOCAL_STATE_DICT is not supported by fsdptrain (its files only load on the same world size)",
+            "use SHARDED_STATE_DICT (reshardable to any number of ranks) or FULL_STATE_DICT (a Hugging Face folder)");
+  if (f.auto_wrap_policy == WrapPolicy::kNoWrap && f.activation_checkpointing)
+    c.error("fsdp_config.fsdp_activation_checkpointing",
+            "needs units to checkpoint, but fsdp_auto_wrap_policy is NO_WRAP",
+            "use fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP");
+  if (f.auto_wrap_policy == WrapPolicy::kSizeBasedWrap && f.min_num_params <= 0)
+    c.error("fsdp_config.fsdp_min_num_params", "must be > 0 with SIZE_BASED_WRAP (0 would wrap nothing)",
+            "a typical value is 100000000");
+  if (f.auto_wrap_policy != WrapPolicy::kTransformerBasedWrap && !f.transformer_layer_cls_to_wrap.empty())
+    c.warning("fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+              str("ignored because fsdp_auto_wrap_policy is ", enum_name(f.auto_wrap_policy, kWrapPolicyNames)));
+  if (f.auto_wrap_policy != WrapPolicy::kSizeBasedWrap && c.set("fsdp_config.fsdp_min_num_params"))
+    c.warning("fsdp_config.fsdp_min_num_params",
+              str("ignored because fsdp_auto_wrap_policy is ", enum_name(f.auto_wrap_policy, kWrapPolicyNames)));
+  if (!f.ignored_modules.empty()) {
+    try {
+      std::regex re(f.ignored_modules);
+    } catch (const std::regex_error& e) {
+      c.error("fsdp_config.fsdp_ignored_modules", str("is not a valid regular expression: ", e.what()));
+    }
+  }
+  if (!v2) {
+    ShardingStrategy s = f.fsdp1_strategy();
+    bool hybrid = s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardZero2;
+    if (hybrid && cfg.launch.num_machines == 1)
+      c.warning(f.sharding_strategy ? "fsdp_config.fsdp_sharding_strategy" : "fsdp_config.fsdp_reshard_after_forward",
+                "hybrid sharding on one machine shards over all its processes (no replicas)");
+  }
+}
+
+void check_parallelism(Checker& c) {
+  const Config& cfg = c.rc.typed;
+  const ParallelismConfig& p = cfg.parallelism;
+  bool any = false;
+  for (const auto& v : c.rc.values)
+    if (v.spec->section() == "parallelism_config" && c.set(v.spec->key)) any = true;
+  if (!any) return;
+  const std::string first = [&] {
+    for (const auto& v : c.rc.values)
+      if (v.spec->section() == "parallelism_config" && c.set(v.spec->key)) return v.spec->key;
+    return std::string();
+  }();
+  if (cfg.launch.distributed_type != DistributedType::kFsdp || cfg.fsdp.version != 2) {
+    c.error(first, "parallelism_config needs FSDP2 (distributed_type: FSDP and fsdp_version: 2)",
+            cfg.launch.distributed_type == DistributedType::kFsdp ? c.to_fsdp2_hint() : "set distributed_type: FSDP");
+    return;
+  }
+  if (p.tp_size > 1)
+    c.error("parallelism_config.parallelism_config_tp_size", "tensor parallelism is not supported (only 1)");
+  if (p.cp_size > 1)
+    c.error("parallelism_config.parallelism_config_cp_size", "context parallelism is not supported (only 1)");
+  if (!p.cp_comm_strategy.empty() && p.cp_size <= 1)
+    c.warning("parallelism_config.parallelism_config_cp_comm_strategy", "ignored because parallelism_config_cp_size is 1");
+  const long long product = 1LL * p.dp_replicate_size * p.dp_shard_size * p.tp_size * p.cp_size;
+  const bool all_one = product == 1;
+  if (!all_one && product != cfg.launch.num_processes)
+    c.error(c.set("parallelism_config.parallelism_config_dp_shard_size") ? "parallelism_config.parallelism_config_dp_shard_size"
+                                                                          : first,
+            str("dp_replicate_size x dp_shard_size = ", p.dp_replicate_size, " x ", p.dp_shard_size, " = ", product,
+                ", but num_processes is ", cfg.launch.num_processes),
+            "the product of the parallelism sizes must equal num_processes");
+}
+
+}  // namespace
+
+void validate_config(const ResolvedConfig& rc, Diagnostics& diags) {
+  Checker c{rc, diags};
+  check_launch(c);
+  check_fsdp(c);
+  check_parallelism(c);
+}
+
+std::string FsdpLayout::describe() const {
+  if (!sharded) return "no sharding (parameters replicated on every process)";
+  std::string out = str("FSDP2, reshard_after_forward=", reshard_after_forward ? "true" : "false", ", ");
+  if (replicate_size > 1)
+    out += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
+  else
+    out += str("sharded over ", shard_size, " ranks");
+  return out;
+}
+
+FsdpLayout effective_fsdp_layout(const Config& config) {
+  FsdpLayout layout;
+  const int world = config.launch.num_processes;
+  if (config.launch.distributed_type != DistributedType::kFsdp) {
+    layout.replicate_size = world;
+    layout.shard_size = 1;
+    return layout;
+  }
+  layout.sharded = true;
+  if (config.fsdp.version == 2) {
+    layout.reshard_after_forward = config.fsdp.reshard_after_forward;
+    const ParallelismConfig& p = config.parallelism;
+    bool all_one = p.dp_replicate_size == 1 && p.dp_shard_size == 1;
+    layout.replicate_size = all_one ? 1 : p.dp_replicate_size;
+    layout.shard_size = all_one ? world : p.dp_shard_size;
+    return layout;
+  }
+  const int machines = std::max(1, config.launch.num_machines);
+  switch (config.fsdp.fsdp1_strategy()) {
+    case ShardingStrategy::kFullShard:
+      layout = {true, true, 1, world};
+      break;
+    case ShardingStrategy::kShardGradOp:
+      layout = {true, false, 1, world};
+      break;
+    case ShardingStrategy::kNoShard:
+      layout = {true, false, world, 1};
+      break;
+    case ShardingStrategy::kHybridShard:
+      layout = {true, true, machines, world / machines};
+      break;
+    case ShardingStrategy::kHybridShardZero2:
+      layout = {true, false, machines, world / machines};
+      break;
+  }
+  return layout;
+}
+
+}  // namespace fsdp::config

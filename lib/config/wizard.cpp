@@ -1,0 +1,343 @@
+#include "config/wizard.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <istream>
+#include <ostream>
+#include <set>
+
+#include "config/loader.h"
+#include "config/option.h"
+#include "config/yaml_writer.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/strings.h"
+
+namespace fsdp::config {
+
+namespace {
+
+// Question ids and prompts, in the order they can be asked.
+const std::vector<WizardQuestionInfo>& questions() {
+  static const std::vector<WizardQuestionInfo> q = {
+      {"machine_type", "Which type of machine are you using?"},
+      {"num_machines", "How many different machines will you use (use more than 1 for multi-node training)?"},
+      {"machine_rank", "What is the rank of this machine?"},
+      {"main_process_ip", "What is the IP address of the machine that will host the main process?"},
+      {"main_process_port", "What is the port you will use to communicate with the main process?"},
+      {"same_network", "Are all the machines on the same local network?"},
+      {"rdzv_backend", "What rendezvous backend will you use? (static or c10d)"},
+      {"debug", "Should distributed operations be checked while running for errors? This can avoid timeout issues but will be slower."},
+      {"use_fsdp", "Do you want to use FullyShardedDataParallel?"},
+      {"fsdp_config.fsdp_version", "What should be your FSDP version?"},
+      {"fsdp_config.fsdp_sharding_strategy", "What should be your sharding strategy?"},
+      {"fsdp_config.fsdp_reshard_after_forward", "Do you want to enable resharding after forward?"},
+      {"fsdp_config.fsdp_offload_params", "Do you want to offload parameters and gradients to CPU?"},
+      {"fsdp_config.fsdp_auto_wrap_policy", "What should be your auto wrap policy?"},
+      {"use_model_layer_classes", "Do you want to use the model's declared layer classes (LlamaDecoderLayer) as units?"},
+      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap", "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. LlamaDecoderLayer"},
+      {"fsdp_config.fsdp_min_num_params", "What should be your FSDP's minimum number of parameters for size-based wrapping?"},
+      {"fsdp_config.fsdp_backward_prefetch", "What should be your FSDP's backward prefetch policy?"},
+      {"fsdp_config.fsdp_state_dict_type", "What should be your FSDP's state dict type?"},
+      {"fsdp_config.fsdp_forward_prefetch", "Do you want to enable FSDP's forward prefetch policy?"},
+      {"fsdp_config.fsdp_use_orig_params", "Do you want to enable FSDP's `use_orig_params` feature?"},
+      {"fsdp_config.fsdp_cpu_ram_efficient_loading", "Do you want each individually wrapped FSDP unit to broadcast module parameters from rank 0 at the start (only rank 0 reads the checkpoint)?"},
+      {"fsdp_config.fsdp_sync_module_states", "Do you want to sync module states (broadcast rank 0's weights at start)?"},
+      {"fsdp_config.fsdp_activation_checkpointing", "Do you want to enable FSDP activation checkpointing?"},
+      {"use_parallelism_config", "Do you want to use hybrid sharding (HSDP: shard within groups of ranks, replicate across groups)?"},
+      {"parallelism_config.parallelism_config_dp_replicate_size", "How many replicas (dp_replicate_size)?"},
+      {"parallelism_config.parallelism_config_dp_shard_size", "How many ranks shard each replica (dp_shard_size)?"},
+      {"num_processes", "How many processes (GPUs) should be used in total, across ALL machines?"},
+      {"gpu_ids", "Which GPU(s) (by id) should be used on each machine, as a comma-separated list?"},
+      {"mixed_precision", "Do you wish to use mixed precision?"},
+  };
+  return q;
+}
+
+const std::string& prompt_of(const std::string& id) {
+  for (const auto& q : questions())
+    if (q.id == id) return q.prompt;
+  FSDP_ASSERT(false, "no wizard question ", id);
+  return questions().front().prompt;
+}
+
+class Wizard {
+ public:
+  Wizard(std::istream& in, std::ostream& out, const std::map<std::string, std::string>& preset, bool interactive)
+      : in_(in), out_(out), preset_(preset), interactive_(interactive) {}
+
+  WizardResult run();
+
+ private:
+  std::string read_answer(const std::string& id, const std::string& shown_prompt);
+  bool ask_yes_no(const std::string& id, bool def);
+  std::string ask_choice(const std::string& id, const std::vector<std::string>& choices, const std::string& def);
+  // Asks for an option-backed value; parsed by the option table's own rules.
+  std::string ask_option(const std::string& key, const std::string& def,
+                         const std::function<std::string(const std::string&)>& extra_check = nullptr);
+  void set(const std::string& key, const std::string& value) { values_.emplace_back(key, value); }
+
+  std::istream& in_;
+  std::ostream& out_;
+  const std::map<std::string, std::string>& preset_;
+  bool interactive_;
+  std::vector<std::pair<std::string, std::string>> values_;
+};
+
+std::string Wizard::read_answer(const std::string& id, const std::string& shown_prompt) {
+  out_ << shown_prompt << std::flush;
+  std::string line;
+  if (!std::getline(in_, line)) {
+    out_ << "\n";
+    throw InputError(str("config: input ended before \"", prompt_of(id), "\" was answered; answer it with --answers FILE (",
+                         id, ": ...)", find_option(id) && !find_option(id)->flag.empty() ? " or --" + find_option(id)->flag : "",
+                         ""));
+  }
+  if (!interactive_) out_ << line << "\n";  // echo, so a piped transcript reads like a session
+  return trim(line);
+}
+
+bool Wizard::ask_yes_no(const std::string& id, bool def) {
+  if (auto it = preset_.find(id); it != preset_.end()) {
+    auto b = parse_bool(it->second);
+    FSDP_CHECK(b, "config: answer for ", id, ": expected yes or no, got ", quoted(it->second));
+    return *b;
+  }
+  const std::string shown = prompt_of(id) + (def ? " [YES/no]: " : " [yes/NO]: ");
+  while (true) {
+    std::string a = read_answer(id, shown);
+    if (a.empty()) return def;
+    std::string l = to_lower(a);
+    if (l == "yes" || l == "y") return true;
+    if (l == "no" || l == "n") return false;
+    out_ << "Please enter yes or no.\n";
+  }
+}
+
+std::string Wizard::ask_choice(const std::string& id, const std::vector<std::string>& choices, const std::string& def) {
+  auto match = [&](const std::string& a) -> std::string {
+    if (auto n = parse_int(a); n && *n >= 1 && *n <= static_cast<long long>(choices.size())) return choices[*n - 1];
+    for (const auto& c : choices)
+      if (to_lower(c) == to_lower(a)) return c;
+    return "";
+  };
+  if (auto it = preset_.find(id); it != preset_.end()) {
+    std::string m = match(trim(it->second));
+    FSDP_CHECK(!m.empty(), "config: answer for ", id, ": expected one of ", join(choices, ", "), ", got ", quoted(it->second));
+    return m;
+  }
+  std::string shown = prompt_of(id) + "\n";
+  for (size_t i = 0; i < choices.size(); ++i) shown += str("  ", i + 1, ") ", choices[i], "\n");
+  shown += "[" + def + "]: ";
+  while (true) {
+    std::string a = read_answer(id, shown);
+    if (a.empty()) return def;
+    std::string m = match(a);
+    if (!m.empty()) return m;
+    out_ << str("Please enter a number from 1 to ", choices.size(), " or one of: ", join(choices, ", "), ".\n");
+    shown = "[" + def + "]: ";
+  }
+}
+
+std::string Wizard::ask_option(const std::string& key, const std::string& def,
+                               const std::function<std::string(const std::string&)>& extra_check) {
+  const OptionSpec* spec = find_option(key);
+  FSDP_ASSERT(spec, key);
+  auto parse = [&](const std::string& text, std::string* error) -> std::optional<std::string> {
+    RawValue raw;
+    raw.shape = RawValue::Shape::kScalar;
+    raw.text = text;
+    auto v = canonicalize(*spec, raw, error);
+    if (v && extra_check) {
+      std::string problem = extra_check(*v);
+      if (!problem.empty()) {
+        *error = problem;
+        return std::nullopt;
+      }
+    }
+    return v;
+  };
+  if (auto it = preset_.find(key); it != preset_.end()) {
+    std::string error;
+    auto v = parse(it->second, &error);
+    FSDP_CHECK(v, "config: answer for ", key, ": ", error);
+    return *v;
+  }
+  const std::string shown = prompt_of(key) + (def.empty() ? " " : " [" + def + "]: ");
+  while (true) {
+    std::string a = read_answer(key, shown);
+    if (a.empty()) {
+      if (!def.empty()) a = def;
+      else {
+        out_ << "Please enter a value.\n";
+        continue;
+      }
+    }
+    std::string error;
+    if (auto v = parse(a, &error)) return *v;
+    out_ << "Please try again: " << error << ".\n";
+  }
+}
+
+WizardResult Wizard::run() {
+  set("compute_environment", "LOCAL_MACHINE");
+  const std::string machine = ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"}, "multi-GPU");
+  const bool distributed = machine != "No distributed training";
+  const bool cpu = machine == "multi-CPU";
+  set("use_cpu", cpu ? "true" : "false");
+  int machines = 1;
+  bool fsdp = false;
+  int replicate = 1, shard = 1;
+  if (distributed) {
+    machines = static_cast<int>(*parse_int(ask_option("num_machines", "1")));
+    set("num_machines", std::to_string(machines));
+    if (machines > 1) {
+      set("machine_rank", ask_option("machine_rank", "0", [&](const std::string& v) {
+            return *parse_int(v) < machines ? std::string() : str("the rank must be 0..", machines - 1);
+          }));
+      set("main_process_ip", ask_option("main_process_ip", ""));
+      set("main_process_port", ask_option("main_process_port", "29500", [](const std::string& v) {
+            return v == "0" ? std::string("port 0 cannot be used with several machines") : std::string();
+          }));
+      bool same = ask_yes_no("same_network", true);
+      set("same_network", same ? "true" : "false");
+      if (!same) set("rdzv_backend", ask_option("rdzv_backend", "static"));
+    }
+    set("debug", ask_yes_no("debug", false) ? "true" : "false");
+    fsdp = ask_yes_no("use_fsdp", true);
+  }
+  set("distributed_type", fsdp ? "FSDP" : distributed ? (cpu ? "MULTI_CPU" : "MULTI_GPU") : "NO");
+  if (fsdp) {
+    const std::string version = ask_choice("fsdp_config.fsdp_version", {"1", "2"}, "2");
+    const bool v2 = version == "2";
+    set("fsdp_config.fsdp_version", version);
+    if (v2) {
+      set("fsdp_config.fsdp_reshard_after_forward", ask_yes_no("fsdp_config.fsdp_reshard_after_forward", true) ? "true" : "false");
+    } else {
+      set("fsdp_config.fsdp_sharding_strategy",
+          ask_choice("fsdp_config.fsdp_sharding_strategy",
+                     std::vector<std::string>(kShardingStrategyNames.begin(), kShardingStrategyNames.end()), "FULL_SHARD"));
+    }
+    set("fsdp_config.fsdp_offload_params", ask_yes_no("fsdp_config.fsdp_offload_params", false) ? "true" : "false");
+    const std::string policy = ask_choice("fsdp_config.fsdp_auto_wrap_policy",
+                                          std::vector<std::string>(kWrapPolicyNames.begin(), kWrapPolicyNames.end()),
+                                          "TRANSFORMER_BASED_WRAP");
+    set("fsdp_config.fsdp_auto_wrap_policy", policy);
+    if (policy == "TRANSFORMER_BASED_WRAP") {
+      if (!ask_yes_no("use_model_layer_classes", true))
+        set("fsdp_config.fsdp_transformer_layer_cls_to_wrap", ask_option("fsdp_config.fsdp_transformer_layer_cls_to_wrap", ""));
+    } else if (policy == "SIZE_BASED_WRAP") {
+      set("fsdp_config.fsdp_min_num_params", ask_option("fsdp_config.fsdp_min_num_params", "100000000", [](const std::string& v) {
+            return *parse_int(v) > 0 ? std::string() : std::string("it must be > 0");
+          }));
+    }
+    if (!v2)
+      set("fsdp_config.fsdp_backward_prefetch",
+          ask_choice("fsdp_config.fsdp_backward_prefetch",
+                     std::vector<std::string>(kBackwardPrefetchNames.begin(), kBackwardPrefetchNames.end()), "BACKWARD_PRE"));
+    const std::vector<std::string> sdt = v2 ? std::vector<std::string>{"SHARDED_STATE_DICT", "FULL_STATE_DICT"}
+                                            : std::vector<std::string>{"FULL_STATE_DICT", "SHARDED_STATE_DICT"};
+    set("fsdp_config.fsdp_state_dict_type", ask_choice("fsdp_config.fsdp_state_dict_type", sdt, sdt.front()));
+    if (!v2) {
+      set("fsdp_config.fsdp_forward_prefetch", ask_yes_no("fsdp_config.fsdp_forward_prefetch", false) ? "true" : "false");
+      set("fsdp_config.fsdp_use_orig_params", ask_yes_no("fsdp_config.fsdp_use_orig_params", true) ? "true" : "false");
+    }
+    const bool efficient = ask_yes_no("fsdp_config.fsdp_cpu_ram_efficient_loading", true);
+    set("fsdp_config.fsdp_cpu_ram_efficient_loading", efficient ? "true" : "false");
+    if (!v2)
+      set("fsdp_config.fsdp_sync_module_states",
+          efficient || ask_yes_no("fsdp_config.fsdp_sync_module_states", true) ? "true" : "false");
+    const bool ac = policy != "NO_WRAP" && ask_yes_no("fsdp_config.fsdp_activation_checkpointing", false);
+    set("fsdp_config.fsdp_activation_checkpointing", ac ? "true" : "false");
+    if (v2 && ask_yes_no("use_parallelism_config", false)) {
+      replicate = static_cast<int>(*parse_int(ask_option("parallelism_config.parallelism_config_dp_replicate_size",
+                                                         std::to_string(machines))));
+      shard = static_cast<int>(*parse_int(ask_option("parallelism_config.parallelism_config_dp_shard_size", "1")));
+      set("parallelism_config.parallelism_config_dp_replicate_size", std::to_string(replicate));
+      set("parallelism_config.parallelism_config_dp_shard_size", std::to_string(shard));
+    }
+  }
+  int procs = 1;
+  if (distributed) {
+    const int layout = replicate * shard;
+    procs = static_cast<int>(*parse_int(ask_option(
+        "num_processes", layout > 1 ? std::to_string(layout) : std::to_string(machines), [&](const std::string& v) {
+          long long n = *parse_int(v);
+          if (n % machines != 0) return str("the total must be a multiple of the ", machines, " machines");
+          if (layout > 1 && n != layout) return str("HSDP needs replicate x shard = ", layout, " processes");
+          return std::string();
+        })));
+  }
+  set("num_processes", std::to_string(procs));
+  if (distributed && !cpu) {
+    const int per_machine = procs / machines;
+    set("gpu_ids", ask_option("gpu_ids", "all", [&](const std::string& v) {
+          if (v == "all") return std::string();
+          int n = static_cast<int>(split(v, ',').size());
+          return n >= per_machine ? std::string() : str("each machine runs ", per_machine, " processes: list that many GPUs");
+        }));
+  }
+  set("mixed_precision", ask_choice("mixed_precision", {"no", "fp16", "bf16"}, "no"));
+
+  WizardResult r;
+  r.values = values_;
+  r.yaml = emit_config_yaml(values_, "written by `fsdptrain config`; num_processes is the total across all machines");
+  // The wizard's own checks should make this impossible; validate anyway so a bug cannot write a bad file.
+  ConfigInputs check;
+  check.file = "(wizard answers)";
+  check.text = r.yaml;
+  check.has_file = true;
+  Diagnostics diags;
+  load_config(check, diags);
+  diags.throw_if_errors();
+  return r;
+}
+
+}  // namespace
+
+std::vector<WizardQuestionInfo> wizard_questions() { return questions(); }
+
+WizardResult run_wizard(std::istream& in, std::ostream& out, const std::map<std::string, std::string>& preset,
+                        bool interactive) {
+  for (const auto& [id, answer] : preset) {
+    bool known = false;
+    std::vector<std::string> ids;
+    for (const auto& q : questions()) {
+      ids.push_back(q.id);
+      known |= q.id == id;
+    }
+    if (!known) {
+      auto near = closest_match(id, ids);
+      throw InputError(str("config: no question has the id ", quoted(id), near ? "; did you mean " + *near + "?" : "",
+                           " (`fsdptrain config --list-questions` lists them)"));
+    }
+  }
+  return Wizard(in, out, preset, interactive).run();
+}
+
+std::map<std::string, std::string> read_wizard_answers(const std::string& path) {
+  const std::string text = read_file(path);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw InputError(str(path, ":", e.mark.line + 1, ":", e.mark.column + 1, ": YAML syntax error: ", e.msg));
+  }
+  FSDP_CHECK(root.IsMap(), path, ": expected a mapping of question id to answer, such as num_processes: 4");
+  std::map<std::string, std::string> answers;
+  for (const auto& kv : root) {
+    const auto& v = kv.second;
+    FSDP_CHECK(v.IsScalar() || (v.IsSequence() && v.size() > 0), path, ":", kv.first.Mark().line + 1, ": ",
+               kv.first.Scalar(), ": expected a single answer");
+    if (v.IsScalar()) {
+      answers[kv.first.Scalar()] = v.Scalar();
+    } else {
+      std::vector<std::string> items;
+      for (const auto& i : v) items.push_back(i.Scalar());
+      answers[kv.first.Scalar()] = join(items, ",");
+    }
+  }
+  return answers;
+}
+
+}  // namespace fsdp::config

@@ -1,0 +1,21 @@
+// File helpers. Writes are atomic: a temporary file beside the target, fsynced, then renamed, so a
+// reader never sees half a file and a crash never destroys the previous version.
+#pragma once
+
+#include <string>
+
+namespace fsdp {
+
+// Reads a whole file. Throws InputError naming the path and the OS reason when it cannot.
+std::string read_file(const std::string& path);
+
+bool file_exists(const std::string& path);
+
+// Writes `contents` to `path` atomically (temporary name, fsync, rename, fsync of the folder).
+// Creates missing parent folders. Throws Error naming the path and the OS reason.
+void write_file_atomic(const std::string& path, const std::string& contents);
+
+// $HOME, or the password database's home folder when HOME is unset.
+std::string home_dir();
+
+}  // namespace fsdp

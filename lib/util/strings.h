@@ -1,0 +1,32 @@
+// Small string helpers shared by the config loader, the CLI and the wizard.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fsdp {
+
+std::string to_lower(std::string_view s);
+std::string to_upper(std::string_view s);
+std::string trim(std::string_view s);
+bool starts_with(std::string_view s, std::string_view prefix);
+bool ends_with(std::string_view s, std::string_view suffix);
+std::vector<std::string> split(std::string_view s, char sep);
+std::string join(const std::vector<std::string>& parts, std::string_view sep);
+
+// Parses a whole string as an integer; accepts scientific notation with an integral value
+// ("1e8", "1.0e+8") because YAML 1.1 users write min_num_params that way.
+std::optional<long long> parse_int(std::string_view s);
+std::optional<double> parse_float(std::string_view s);
+
+// Levenshtein distance, and the candidate closest to `word` when it is close enough to be a
+// plausible typo (distance at most a third of the word's length, at least 2); nullopt otherwise.
+size_t edit_distance(std::string_view a, std::string_view b);
+std::optional<std::string> closest_match(std::string_view word, const std::vector<std::string>& candidates);
+
+// Double-quotes a string for messages: "maybe".
+std::string quoted(std::string_view s);
+
+}  // namespace fsdp

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Sets up and builds (scripts/setup.sh), then runs the tests: `unit` and `dist` labels by default
+# (`gpu` tests skip themselves without a GPU). Extra arguments go to ctest, e.g. -L unit or -R config.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+BUILD_DIR=${BUILD_DIR:-build}
+cd "$BUILD_DIR"
+if [ $# -eq 0 ]; then set -- -L 'unit|dist|gpu'; fi
+ctest --output-on-failure --timeout 600 "$@"
