@@ -39,7 +39,7 @@ struct TableFlags {
       std::string def = spec.default_note.empty() ? spec.default_value : spec.default_note;
       std::string help = spec.help + " [" + spec.type_name() + "; default: " + (def.empty() ? "unset" : def) +
                          "; key: " + spec.key + "]";
-      CLI::Option* opt = app->add_option(names, help);
+      CLI::Option* opt = app->add_option(names)->description(help);
       if (spec.type == config::ValueType::kBool) opt->expected(0, 1);
       const std::string section = spec.section();
       opt->group(section == "fsdp_config" ? "FSDP (fsdp_config)"

@@ -38,7 +38,7 @@ RawValue raw_from_node(const YAML::Node& node, Origin origin) {
       raw.items.push_back(item.Scalar());
     }
   } else {
-    raw.shape = RawValue::Shape::kMap;
+    raw.shape = node.size() == 0 ? RawValue::Shape::kNull : RawValue::Shape::kMap;  // {} is as good as absent
   }
   return raw;
 }

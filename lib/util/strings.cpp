@@ -95,7 +95,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 std::optional<std::string> closest_match(std::string_view word, const std::vector<std::string>& candidates) {
   std::string lw = to_lower(word);
   std::optional<std::string> best;
-  size_t best_d = std::max<size_t>(2, word.size() / 3) + 1;
+  size_t best_d = std::max<size_t>(2, word.size() / 2) + 1;
   for (const auto& c : candidates) {
     size_t d = edit_distance(lw, to_lower(c));
     if (d < best_d) {

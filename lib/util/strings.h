@@ -22,7 +22,7 @@ std::optional<long long> parse_int(std::string_view s);
 std::optional<double> parse_float(std::string_view s);
 
 // Levenshtein distance, and the candidate closest to `word` when it is close enough to be a
-// plausible typo (distance at most a third of the word's length, at least 2); nullopt otherwise.
+// plausible typo (distance at most half the word's length, at least 2); nullopt otherwise.
 size_t edit_distance(std::string_view a, std::string_view b);
 std::optional<std::string> closest_match(std::string_view word, const std::vector<std::string>& candidates);
 

@@ -1,0 +1,279 @@
+// The fsdptrain binary as a user runs it: exit codes, messages, files written (or not).
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "util/files.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs fsdptrain with `args`, feeding `input` on stdin, in `env` (on top of a clean HOME).
+Result run(const std::vector<std::string>& args, const std::string& input = "",
+           const std::map<std::string, std::string>& env = {}) {
+  int in_pipe[2], out_pipe[2], err_pipe[2];
+  REQUIRE(pipe(in_pipe) == 0);
+  REQUIRE(pipe(out_pipe) == 0);
+  REQUIRE(pipe(err_pipe) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(in_pipe[0], 0);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+    for (const char* v : {"FSDPTRAIN_CONFIG_FILE", "HF_HOME", "XDG_CACHE_HOME", "RANK"}) unsetenv(v);
+    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv;
+    std::string bin = FSDP_BINARY;
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (auto& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  close(in_pipe[0]);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (!input.empty()) (void)!write(in_pipe[1], input.data(), input.size());
+  close(in_pipe[1]);
+  Result r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  int open_fds = 2;
+  char buf[4096];
+  while (open_fds > 0 && poll(fds, 2, 60000) > 0) {
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+      if (n <= 0) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        (i == 0 ? r.out : r.err).append(buf, n);
+      }
+    }
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/fsdptrain_cli_XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  std::string file(const std::string& name, const std::string& text) const {
+    std::string p = (path / name).string();
+    fsdp::write_file_atomic(p, text);
+    return p;
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+const std::string kConfigs = std::string(FSDP_SOURCE_DIR) + "/configs";
+
+}  // namespace
+
+TEST_CASE("--version names LibTorch, CUDA and NCCL; --help lists the commands and generated flags") {
+  Result v = run({"--version"});
+  CHECK(v.code == 0);
+  CHECK(v.out.find("fsdptrain 0.1.0 (LibTorch 2.11.0, ") == 0);
+  Result h = run({"--help"});
+  CHECK(h.code == 0);
+  for (const char* cmd : {"env", "config", "to-fsdp2"}) CHECK_MESSAGE(h.out.find(cmd) != std::string::npos, cmd);
+  Result sh = run({"config", "show", "--help"});
+  CHECK(sh.out.find("--fsdp_offload_params") != std::string::npos);
+  CHECK(sh.out.find("Keep sharded parameters, gradients and optimizer state in host memory") != std::string::npos);
+  CHECK(sh.out.find("key: fsdp_config.fsdp_offload_params") != std::string::npos);
+  Result none = run({});
+  CHECK(none.code == 2);
+}
+
+TEST_CASE("config validate: every error on its own line, exit code 2; a good file exits 0") {
+  TempDir t;
+  std::string bad = t.file("bad.yaml", "distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\nmain_process_ip: h\n"
+                                       "fsdp_config:\n  fsdp_version: 2\n  fsdp_ofload_params: true\n");
+  Result r = run({"config", "validate", bad});
+  CHECK(r.code == 2);
+  CHECK(r.err.find("error: " + bad + ":7:3: fsdp_config.fsdp_ofload_params: unknown key") != std::string::npos);
+  CHECK(r.err.find("error: " + bad + ":2:1: num_processes: 3 processes cannot be split evenly") != std::string::npos);
+  CHECK(r.err.find("2 errors in the config; nothing was started") != std::string::npos);
+  Result ok = run({"config", "validate", kConfigs + "/fsdp2/hybrid.yaml"});
+  CHECK(ok.code == 0);
+  CHECK(ok.out.find("valid; runs as FSDP2, reshard_after_forward=true, HSDP: 2 replicas x 8 shards on 16 process(es)") !=
+        std::string::npos);
+  CHECK(run({"config", "validate", t / "missing.yaml"}).err.find("missing.yaml not found") != std::string::npos);
+}
+
+TEST_CASE("config show: flag > --set > file > default, with origins, as a table, YAML or JSON") {
+  TempDir t;
+  std::string cfg = t.file("c.yaml", "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n");
+  Result r = run({"config", "show", "--config", cfg, "--set", "num_processes=8", "--num-processes", "4", "--set",
+                  "fsdp_config.fsdp_offload_params=true", "--env"});
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("num_processes") != std::string::npos);
+  CHECK(r.out.find("4                       --num_processes") != std::string::npos);
+  CHECK(r.out.find("--set fsdp_config.fsdp_offload_params=true") != std::string::npos);
+  CHECK(r.out.find(cfg + ":4:3") != std::string::npos);
+  CHECK(r.out.find("FSDP_OFFLOAD_PARAMS=true") != std::string::npos);
+  Result y = run({"config", "show", "--config", cfg, "--format", "yaml"});
+  std::string round = t.file("round.yaml", y.out);
+  CHECK(run({"config", "validate", round}).code == 0);
+  Result j = run({"config", "show", "--config", cfg, "--format", "json"});
+  CHECK(j.out.find("\"fsdp_config.fsdp_version\": {\n      \"value\": \"2\"") != std::string::npos);
+}
+
+TEST_CASE("the default config: $FSDPTRAIN_CONFIG_FILE, then fsdptrain's, then Accelerate's default path") {
+  TempDir t;
+  std::map<std::string, std::string> env = {{"HOME", t.path.string()}};
+  fs::create_directories(t.path / ".cache/huggingface/accelerate");
+  t.file(".cache/huggingface/accelerate/default_config.yaml", "distributed_type: MULTI_GPU\nnum_processes: 3\n");
+  CHECK(run({"config", "show"}, "", env).out.find("# config: " + t / ".cache/huggingface/accelerate/default_config.yaml") == 0);
+  Result d = run({"config", "default"}, "", env);
+  CHECK(d.code == 0);
+  CHECK(run({"config", "show"}, "", env).out.find("# config: " + t / ".cache/fsdptrain/default_config.yaml") == 0);
+  Result again = run({"config", "default"}, "", env);
+  CHECK(again.code == 2);
+  CHECK(again.err.find("already exists and was left as it is") != std::string::npos);
+  env["FSDPTRAIN_CONFIG_FILE"] = t.file("mine.yaml", "distributed_type: NO\n");
+  CHECK(run({"config", "show"}, "", env).out.find("# config: " + t / "mine.yaml") == 0);
+  Result e = run({"env"}, "", env);
+  CHECK(e.code == 0);
+  CHECK(e.out.find("LibTorch version: 2.11.0") != std::string::npos);
+  CHECK(e.out.find("Config file: " + t / "mine.yaml" + " ($FSDPTRAIN_CONFIG_FILE)") != std::string::npos);
+}
+
+TEST_CASE("to-fsdp2: Accelerate's argument checks, exit 3 and nothing written on a lossy conversion") {
+  TempDir t;
+  const std::string in = t.file("in.yaml", fsdp::read_file(kConfigs + "/fsdp1/no_shard.yaml"));
+  CHECK(run({"to-fsdp2", "--config_file", t / "nope.yaml", "--overwrite"}).err.find("nope.yaml not found") !=
+        std::string::npos);
+  Result no_out = run({"to-fsdp2", "--config_file", in});
+  CHECK(no_out.code == 2);
+  CHECK(no_out.err.find("pass --output_file NEW.yaml, or --overwrite") != std::string::npos);
+  t.file("exists.yaml", "x: 1\n");
+  CHECK(run({"to-fsdp2", "--config_file", in, "--output_file", t / "exists.yaml"}).err.find("already exists") !=
+        std::string::npos);
+  Result lossy = run({"to-fsdp2", "--config_file", in, "--output_file", t / "out.yaml"});
+  CHECK(lossy.code == 3);
+  CHECK(lossy.err.find("lossy: NO_SHARD has no FSDP2 equivalent") != std::string::npos);
+  CHECK_FALSE(fs::exists(t / "out.yaml"));
+  Result forced = run({"to-fsdp2", "--config_file", in, "--output_file", t / "out.yaml", "--force"});
+  CHECK(forced.code == 0);
+  CHECK(fsdp::read_file(t / "out.yaml") == fsdp::read_file(kConfigs + "/fsdp2/no_shard.yaml"));
+}
+
+TEST_CASE("to-fsdp2 --dry-run prints a diff and writes nothing; --overwrite rewrites in place") {
+  TempDir t;
+  const std::string original = fsdp::read_file(kConfigs + "/fsdp1/shard_grad_op.yaml");
+  const std::string in = t.file("in.yaml", original);
+  Result dry = run({"to-fsdp2", "--config_file", in, "--dry-run"});
+  CHECK(dry.code == 0);
+  CHECK(dry.out.find("-  fsdp_reshard_after_forward: SHARD_GRAD_OP\n+  fsdp_reshard_after_forward: false\n") !=
+        std::string::npos);
+  CHECK(fsdp::read_file(in) == original);
+  CHECK(run({"to-fsdp2", "--config_file", in, "--overwrite"}).code == 0);
+  CHECK(fsdp::read_file(in) == fsdp::read_file(kConfigs + "/fsdp2/shard_grad_op.yaml"));
+}
+
+TEST_CASE("config update: a clear error without a file; legacy spellings modernised with a backup") {
+  TempDir t;
+  Result none = run({"config", "update"}, "", {{"HOME", t.path.string()}});
+  CHECK(none.code == 2);
+  CHECK(none.err.find("no config file given and none found") != std::string::npos);
+  const std::string legacy = "distributed_type: FSDP\nnum_processes: 2\nfp16: true\nfsdp_config:\n  sharding_strategy: 2\n";
+  const std::string path = t.file("old.yaml", legacy);
+  Result r = run({"config", "update", "--config_file", path, "--to-fsdp2"});
+  CHECK(r.code == 0);
+  CHECK(fsdp::read_file(path + ".bak") == legacy);
+  const std::string updated = fsdp::read_file(path);
+  CHECK(updated.find("mixed_precision: fp16") != std::string::npos);
+  CHECK(updated.find("fsdp_reshard_after_forward: false") != std::string::npos);
+  CHECK(updated.find("fsdp_version: 2") != std::string::npos);
+  CHECK(run({"config", "validate", path}).code == 0);
+}
+
+TEST_CASE("the wizard through a pipe and an answers file, with no terminal") {
+  TempDir t;
+  const std::string answers = t.file("answers.yaml",
+                                     "machine_type: multi-CPU\nnum_machines: 1\ndebug: no\nuse_fsdp: yes\n"
+                                     "fsdp_config.fsdp_version: 2\nnum_processes: 2\n");
+  // The remaining questions come from stdin: reshard, offload, wrap policy, layer classes, state dict,
+  // RAM-efficient loading, activation checkpointing, HSDP, mixed precision.
+  Result r = run({"config", "--config_file", t / "w.yaml", "--answers", answers, "--fsdp_offload_params", "true"},
+                 "no\n\n\n\n\nyes\n\nbf16\n");
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find("fsdptrain configuration saved at " + t / "w.yaml") != std::string::npos);
+  CHECK(r.out.find("offload") == std::string::npos);  // answered by the flag, not asked
+  Result show = run({"config", "show", "--config", t / "w.yaml"});
+  CHECK(show.out.find("fsdp_config.fsdp_offload_params") != std::string::npos);
+  CHECK(show.out.find("runs as: FSDP2, reshard_after_forward=false, sharded over 2 ranks") != std::string::npos);
+  const std::string yaml = fsdp::read_file(t / "w.yaml");
+  CHECK(yaml.find("fsdp_activation_checkpointing: true") != std::string::npos);
+  CHECK(yaml.find("mixed_precision: bf16") != std::string::npos);
+}
+
+TEST_CASE("the wizard through a pseudo-terminal, re-asking on a bad answer") {
+  TempDir t;
+  int master = -1;
+  pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    unsetenv("FSDPTRAIN_CONFIG_FILE");
+    std::string out = t / "pty.yaml";
+    execl(FSDP_BINARY, FSDP_BINARY, "config", "--config_file", out.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::string screen;
+  auto wait_for = [&](const std::string& text) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    char buf[1024];
+    while (screen.find(text) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{master, POLLIN, 0};
+      if (poll(&p, 1, 200) > 0) {
+        ssize_t n = read(master, buf, sizeof(buf));
+        if (n > 0) screen.append(buf, n);
+        else break;
+      }
+    }
+    return screen.find(text) != std::string::npos;
+  };
+  auto say = [&](const std::string& line) { (void)!write(master, (line + "\n").data(), line.size() + 1); };
+  REQUIRE(wait_for("Which type of machine are you using?"));
+  say("No distributed training");
+  REQUIRE(wait_for("Do you wish to use mixed precision?"));
+  say("fp64");
+  REQUIRE(wait_for("Please enter a number from 1 to 3 or one of: no, fp16, bf16."));
+  say("bf16");
+  REQUIRE(wait_for("fsdptrain configuration saved at"));
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(master);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  const std::string yaml = fsdp::read_file(t / "pty.yaml");
+  CHECK(yaml.find("distributed_type: 'NO'") != std::string::npos);
+  CHECK(yaml.find("mixed_precision: bf16") != std::string::npos);
+}

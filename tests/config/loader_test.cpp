@@ -1,0 +1,205 @@
+// Loading: YAML 1.1 traps, unknown keys with suggestions, precedence and origins.
+#include <doctest/doctest.h>
+
+#include "config/test_support.h"
+
+using namespace fsdp::config;
+using namespace fsdp::config::testing;
+
+TEST_CASE("an Accelerate FSDP1 file as the wizard writes it loads unchanged") {
+  Loaded l = load_text(
+      "compute_environment: LOCAL_MACHINE\n"
+      "debug: false\n"
+      "distributed_type: FSDP\n"
+      "downcast_bf16: 'no'\n"
+      "fsdp_config:\n"
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+      "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+      "  fsdp_reshard_after_forward: FULL_SHARD\n"
+      "  fsdp_state_dict_type: FULL_STATE_DICT\n"
+      "  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer\n"
+      "  fsdp_ignored_modules: null\n"
+      "machine_rank: 0\n"
+      "main_training_function: main\n"
+      "mixed_precision: bf16\n"
+      "num_machines: 1\n"
+      "num_processes: 2\n"
+      "rdzv_backend: static\n"
+      "same_network: true\n"
+      "tpu_env: []\n"
+      "tpu_use_cluster: false\n"
+      "tpu_use_sudo: false\n"
+      "use_cpu: false\n");
+  CHECK_MESSAGE(l.errors() == "", l.errors());
+  CHECK(l.warnings() == "");
+  CHECK(l.rc.typed.fsdp.version == 1);
+  CHECK(l.rc.typed.fsdp.fsdp1_strategy() == ShardingStrategy::kFullShard);
+  CHECK(l.rc.typed.launch.mixed_precision == MixedPrecision::kBf16);
+  CHECK(l.rc.typed.fsdp.transformer_layer_cls_to_wrap == std::vector<std::string>{"LlamaDecoderLayer"});
+  CHECK(l.rc.typed.fsdp.ignored_modules == "");
+}
+
+TEST_CASE("YAML 1.1 traps read as the user meant") {
+  SUBCASE("unquoted NO / no as enum strings") {
+    Loaded l = load_text("distributed_type: NO\nmixed_precision: NO\n");
+    CHECK(l.errors() == "");
+    CHECK(l.rc.typed.launch.distributed_type == DistributedType::kNo);
+    CHECK(l.rc.typed.launch.mixed_precision == MixedPrecision::kNo);
+  }
+  SUBCASE("gpu_ids: 0 (an int) and a YAML list") {
+    Loaded a = load_text("distributed_type: NO\ngpu_ids: 0\n");
+    CHECK(a.errors() == "");
+    CHECK(a.value("gpu_ids") == "0");
+    Loaded b = load_text("distributed_type: MULTI_GPU\nnum_processes: 2\ngpu_ids: [0, 3]\n");
+    CHECK(b.errors() == "");
+    CHECK(b.value("gpu_ids") == "0,3");
+  }
+  SUBCASE("1e8 and 1.0e+8 are the integer 100000000") {
+    for (const char* v : {"1e8", "1.0e+8", "100000000"}) {
+      Loaded l = load_text(std::string(kFsdp2Base) + "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: " + v + "\n");
+      CHECK_MESSAGE(l.errors() == "", l.errors());
+      CHECK(l.rc.typed.fsdp.min_num_params == 100000000);
+    }
+  }
+  SUBCASE("True, yes, on and quoted \"true\" are all true") {
+    for (const char* v : {"True", "yes", "on", "\"true\"", "'TRUE'", "1"}) {
+      Loaded l = load_text(std::string(kFsdp2Base) + "  fsdp_offload_params: " + v + "\n");
+      CHECK_MESSAGE(l.errors() == "", v);
+      CHECK(l.rc.typed.fsdp.offload_params);
+    }
+  }
+  SUBCASE("lower-case enum names and Accelerate's integers 1-5") {
+    Loaded l = load_text("distributed_type: fsdp\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: 2\n"
+                         "  fsdp_auto_wrap_policy: size_based_wrap\n  fsdp_state_dict_type: 3\n");
+    CHECK(l.errors() == "");
+    CHECK(l.value("fsdp_config.fsdp_sharding_strategy") == "SHARD_GRAD_OP");
+    CHECK(l.value("fsdp_config.fsdp_auto_wrap_policy") == "SIZE_BASED_WRAP");
+    CHECK(l.value("fsdp_config.fsdp_state_dict_type") == "SHARDED_STATE_DICT");
+  }
+  SUBCASE("num_processes: -1 means not set, as Accelerate writes it") {
+    Loaded l = load_text("distributed_type: FSDP\nnum_processes: -1\n");
+    CHECK(l.errors().find("num_processes: not set") != std::string::npos);
+  }
+}
+
+TEST_CASE("bad values name the file position, the key, what was expected and what was found") {
+  Loaded l = load_text(std::string(kFsdp2Base) + "  fsdp_reshard_after_forward: maybe\n");
+  CHECK(l.errors().find("test.yaml:5:3: fsdp_config.fsdp_reshard_after_forward: expected true or false") == 0);
+  CHECK(l.errors().find("got \"maybe\"") != std::string::npos);
+
+  Loaded e = load_text("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf8\n");
+  CHECK(e.errors().find("test.yaml:3:1: mixed_precision: expected one of no, fp16, bf16, got \"bf8\"") == 0);
+
+  Loaded n = load_text("distributed_type: FSDP\nnum_processes: two\n");
+  CHECK(n.errors().find("test.yaml:2:1: num_processes: expected a whole number >= 1, got \"two\"") == 0);
+
+  Loaded p = load_text("distributed_type: NO\nmain_process_port: 70000\n");
+  CHECK(p.errors().find("main_process_port: expected a whole number from 0 to 65535, got 70000") != std::string::npos);
+
+  Loaded m = load_text("distributed_type: FSDP\nnum_processes: [1, 2]\n");
+  CHECK(m.errors().find("num_processes: expected a whole number") != std::string::npos);
+}
+
+TEST_CASE("values Accelerate knows but fsdptrain does not support get a reason") {
+  CHECK(load_text("distributed_type: DEEPSPEED\n").errors().find("\"DEEPSPEED\" is not supported: DeepSpeed") !=
+        std::string::npos);
+  CHECK(load_text("distributed_type: NO\nmixed_precision: fp8\n").errors().find("fp8 training is not supported") !=
+        std::string::npos);
+  CHECK(load_text("distributed_type: NO\ncompute_environment: AMAZON_SAGEMAKER\n").errors().find("SageMaker") !=
+        std::string::npos);
+}
+
+TEST_CASE("unknown keys are errors with the closest known key, at every level") {
+  Loaded l = load_text(std::string(kFsdp2Base) + "  fsdp_ofload_params: true\nnum_proceses: 2\nfsdp_offload_params: true\n"
+                       "learning_rate_schedule: 3\n");
+  const std::string e = l.errors();
+  CHECK(e.find("test.yaml:5:3: fsdp_config.fsdp_ofload_params: unknown key (Accelerate would silently ignore it) "
+               "(hint: did you mean fsdp_config.fsdp_offload_params?)") != std::string::npos);
+  CHECK(e.find("test.yaml:6:1: num_proceses: unknown key (hint: did you mean num_processes?)") != std::string::npos);
+  CHECK(e.find("test.yaml:7:1: fsdp_offload_params: unknown key (hint: it belongs under fsdp_config: "
+               "(as fsdp_config.fsdp_offload_params))") != std::string::npos);
+  CHECK(e.find("learning_rate_schedule: unknown key (hint: see `fsdptrain config keys`") != std::string::npos);
+  CHECK(l.diags.error_count() == 4);
+}
+
+TEST_CASE("unprefixed fsdp_config keys and the pre-1.0 prefetch alias are read as Accelerate's launcher reads them") {
+  Loaded l = load_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  sharding_strategy: SHARD_GRAD_OP\n"
+                       "  fsdp_backward_prefetch_policy: BACKWARD_POST\n");
+  CHECK(l.errors() == "");
+  CHECK(l.value("fsdp_config.fsdp_sharding_strategy") == "SHARD_GRAD_OP");
+  CHECK(l.value("fsdp_config.fsdp_backward_prefetch") == "BACKWARD_POST");
+  CHECK(l.warnings().find("rename it to fsdp_backward_prefetch") != std::string::npos);
+}
+
+TEST_CASE("duplicate keys are an error naming both lines") {
+  Loaded l = load_text("distributed_type: NO\ndebug: false\ndebug: true\n");
+  CHECK(l.errors().find("test.yaml:3:1: debug: duplicate key (first written at line 2)") == 0);
+}
+
+TEST_CASE("empty, non-mapping and syntactically broken files") {
+  CHECK(load_text("").errors().find("the config file is empty") != std::string::npos);
+  CHECK(load_text("- a\n- b\n").errors().find("expected a mapping of keys") != std::string::npos);
+  CHECK(load_text("distributed_type: FSDP\nfsdp_config: [\n").errors().find("test.yaml:") == 0);
+  CHECK(load_text("num_processes: 2\n").errors().find("distributed_type: missing") != std::string::npos);
+}
+
+TEST_CASE("legacy fp16: true becomes mixed_precision fp16; a contradiction is an error") {
+  Loaded l = load_text("distributed_type: NO\nfp16: true\n");
+  CHECK(l.errors() == "");
+  CHECK(l.rc.typed.launch.mixed_precision == MixedPrecision::kFp16);
+  CHECK(load_text("distributed_type: NO\nfp16: true\nmixed_precision: bf16\n").errors().find("contradicts") !=
+        std::string::npos);
+}
+
+TEST_CASE("TPU and other ignored keys load; non-default values warn") {
+  Loaded quiet = load_text("distributed_type: NO\ntpu_env: []\ntpu_use_cluster: false\ndowncast_bf16: 'no'\n"
+                           "main_training_function: main\ndynamo_config: {}\n");
+  CHECK(quiet.errors() == "");
+  CHECK(quiet.warnings() == "");
+  Loaded loud = load_text("distributed_type: NO\ntpu_name: my-tpu\ndynamo_config:\n  dynamo_backend: INDUCTOR\n");
+  CHECK(loud.errors() == "");
+  CHECK(loud.warnings().find("tpu_name: accepted for compatibility with Accelerate and ignored: TPU only") != std::string::npos);
+  CHECK(loud.warnings().find("dynamo_config: accepted") != std::string::npos);
+}
+
+TEST_CASE("one precedence rule for every key: flag > --set > file > default, with origins") {
+  const std::string file = std::string(kFsdp2Base) + "  fsdp_offload_params: false\nrdzv_backend: c10d\nsame_network: false\n"
+                                                     "enable_cpu_affinity: true\n";
+  Loaded l = load_text(file, {"num_processes=8", "fsdp_config.fsdp_offload_params=true"}, {{"num_processes", "2"}});
+  CHECK(l.errors() == "");
+  CHECK(l.value("num_processes") == "2");
+  CHECK(l.rc.get("num_processes").origin.describe() == "--num_processes");
+  CHECK(l.value("fsdp_config.fsdp_offload_params") == "true");
+  CHECK(l.rc.get("fsdp_config.fsdp_offload_params").origin.describe() == "--set fsdp_config.fsdp_offload_params=true");
+  CHECK(l.rc.get("fsdp_config.fsdp_version").origin.describe() == "test.yaml:4:3");
+  CHECK(l.rc.get("mixed_precision").origin.describe() == "default");
+  // Keys Accelerate never applies from the file (its CLI defaults shadow them) take effect here.
+  CHECK(l.rc.typed.launch.rdzv_backend == "c10d");
+  CHECK_FALSE(l.rc.typed.launch.same_network);
+  CHECK(l.rc.typed.launch.enable_cpu_affinity);
+}
+
+TEST_CASE("--set accepts short spellings, resets with an empty value, and rejects unknown keys") {
+  Loaded l = load_text(kFsdp2Base, {"offload_params=true", "fsdp_config.activation_checkpointing=yes", "mixed_precision="});
+  CHECK(l.errors() == "");
+  CHECK(l.rc.typed.fsdp.offload_params);
+  CHECK(l.rc.typed.fsdp.activation_checkpointing);
+  CHECK(l.value("mixed_precision") == "no");
+  Loaded bad = load_text(kFsdp2Base, {"fsdp_config.fsdp_ofload_params=true", "novalue"});
+  CHECK(bad.errors().find("--set fsdp_config.fsdp_ofload_params=true: fsdp_config.fsdp_ofload_params: unknown key "
+                          "(hint: did you mean fsdp_config.fsdp_offload_params?)") != std::string::npos);
+  CHECK(bad.errors().find("--set novalue: expected KEY=VALUE") != std::string::npos);
+}
+
+TEST_CASE("defaults: one documented choice where Accelerate's layers disagree") {
+  Loaded v1 = load_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_offload_params: false\n");
+  CHECK(v1.rc.typed.fsdp.version == 1);  // what `accelerate launch` does with no fsdp_version
+  CHECK(v1.value("fsdp_config.fsdp_state_dict_type") == "FULL_STATE_DICT");
+  CHECK(v1.rc.typed.fsdp.auto_wrap_policy == WrapPolicy::kTransformerBasedWrap);
+  CHECK(v1.rc.typed.fsdp.cpu_ram_efficient_loading);
+  Loaded v2 = load_text(kFsdp2Base);
+  CHECK(v2.value("fsdp_config.fsdp_state_dict_type") == "SHARDED_STATE_DICT");
+  CHECK(v2.rc.get("fsdp_config.fsdp_state_dict_type").origin.describe() == "derived: FSDP2's default");
+  Loaded none = load_text("distributed_type: NO\n");
+  CHECK(none.rc.typed.launch.num_processes == 1);
+}

@@ -1,0 +1,68 @@
+// The option table is the single declaration of every option: check it is consistent.
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "config/option.h"
+#include "config/show.h"
+
+using namespace fsdp::config;
+
+TEST_CASE("every option has a unique key and flag, help, and a default its own parser accepts") {
+  std::set<std::string> keys, flags, envs;
+  for (const auto& o : all_options()) {
+    CAPTURE(o.key);
+    CHECK(keys.insert(o.key).second);
+    if (!o.flag.empty()) CHECK(flags.insert(o.flag).second);
+    if (!o.env.empty()) CHECK(envs.insert(o.env).second);
+    CHECK_FALSE(o.help.empty());
+    if (o.type == ValueType::kIgnored) continue;
+    CHECK(o.apply);
+    if (!o.default_value.empty()) {
+      RawValue raw;
+      raw.shape = RawValue::Shape::kScalar;
+      raw.text = o.default_value;
+      std::string error;
+      auto v = canonicalize(o, raw, &error);
+      CHECK_MESSAGE(v, error);
+      if (v) CHECK(*v == o.default_value);
+    }
+  }
+}
+
+TEST_CASE("every Accelerate fsdp_config key and its worker variable are declared (reference §1.3)") {
+  const std::vector<std::pair<std::string, std::string>> accelerate = {
+      {"fsdp_version", "FSDP_VERSION"},
+      {"fsdp_reshard_after_forward", "FSDP_RESHARD_AFTER_FORWARD"},
+      {"fsdp_sharding_strategy", "FSDP_SHARDING_STRATEGY"},
+      {"fsdp_offload_params", "FSDP_OFFLOAD_PARAMS"},
+      {"fsdp_auto_wrap_policy", "FSDP_AUTO_WRAP_POLICY"},
+      {"fsdp_transformer_layer_cls_to_wrap", "FSDP_TRANSFORMER_CLS_TO_WRAP"},
+      {"fsdp_min_num_params", "FSDP_MIN_NUM_PARAMS"},
+      {"fsdp_backward_prefetch", "FSDP_BACKWARD_PREFETCH"},
+      {"fsdp_state_dict_type", "FSDP_STATE_DICT_TYPE"},
+      {"fsdp_forward_prefetch", "FSDP_FORWARD_PREFETCH"},
+      {"fsdp_use_orig_params", "FSDP_USE_ORIG_PARAMS"},
+      {"fsdp_cpu_ram_efficient_loading", "FSDP_CPU_RAM_EFFICIENT_LOADING"},
+      {"fsdp_sync_module_states", "FSDP_SYNC_MODULE_STATES"},
+      {"fsdp_activation_checkpointing", "FSDP_ACTIVATION_CHECKPOINTING"},
+      {"fsdp_ignored_modules", "FSDP_IGNORED_MODULES"}};
+  for (const auto& [key, env] : accelerate) {
+    const OptionSpec* o = find_option("fsdp_config." + key);
+    REQUIRE_MESSAGE(o, key);
+    CHECK(o->env == env);
+    CHECK(o->flag == key);
+  }
+  for (const char* top : {"compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug", "num_processes",
+                          "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
+                          "same_network", "gpu_ids", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
+                          "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "dynamo_config"})
+    CHECK_MESSAGE(find_option(top), top);
+}
+
+TEST_CASE("flags are found by either spelling; config keys lists every option") {
+  CHECK(find_option_by_flag("num-processes") == find_option("num_processes"));
+  CHECK(find_option_by_flag("fsdp_offload_params") == find_option("fsdp_config.fsdp_offload_params"));
+  const std::string table = format_option_table(true);
+  for (const auto& o : all_options()) CHECK_MESSAGE(table.find("`" + o.key + "`") != std::string::npos, o.key);
+}

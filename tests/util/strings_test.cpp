@@ -1,0 +1,29 @@
+#include <doctest/doctest.h>
+
+#include "util/strings.h"
+
+using namespace fsdp;
+
+TEST_CASE("parse_int accepts integers and integral scientific notation, nothing else") {
+  CHECK(parse_int("42") == 42);
+  CHECK(parse_int(" -7 ") == -7);
+  CHECK(parse_int("1e8") == 100000000);
+  CHECK(parse_int("1.0e+8") == 100000000);
+  CHECK(parse_int("2.5e0") == std::nullopt);
+  CHECK(parse_int("1.5") == std::nullopt);
+  CHECK(parse_int("12abc") == std::nullopt);
+  CHECK(parse_int("") == std::nullopt);
+}
+
+TEST_CASE("closest_match suggests plausible typos only") {
+  std::vector<std::string> keys = {"fsdp_offload_params", "fsdp_version", "fsdp_min_num_params"};
+  CHECK(closest_match("fsdp_ofload_params", keys) == "fsdp_offload_params");
+  CHECK(closest_match("FSDP_VERSION", keys) == "fsdp_version");
+  CHECK(closest_match("learning_rate", keys) == std::nullopt);
+}
+
+TEST_CASE("split and join round-trip, keeping empty fields") {
+  CHECK(split("a,,b", ',') == std::vector<std::string>{"a", "", "b"});
+  CHECK(join({"a", "", "b"}, ",") == "a,,b");
+  CHECK(trim("  x y \n") == "x y");
+}
