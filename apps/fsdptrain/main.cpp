@@ -12,8 +12,8 @@
 #include "config/option.h"
 #include "config/show.h"
 #include "config/to_fsdp2.h"
-#include "config/worker_env.h"
 #include "config/wizard.h"
+#include "config/worker_env.h"
 #include "util/build_info.h"
 #include "util/env_report.h"
 #include "util/error.h"
@@ -42,9 +42,9 @@ struct TableFlags {
       CLI::Option* opt = app->add_option(names)->description(help);
       if (spec.type == config::ValueType::kBool) opt->expected(0, 1);
       const std::string section = spec.section();
-      opt->group(section == "fsdp_config" ? "FSDP (fsdp_config)"
+      opt->group(section == "fsdp_config"          ? "FSDP (fsdp_config)"
                  : section == "parallelism_config" ? "HSDP (parallelism_config)"
-                                                    : "Launch");
+                                                   : "Launch");
       options.emplace_back(opt, &spec);
     }
   }
@@ -86,7 +86,7 @@ struct ConfigArgs {
     if (path.empty()) {
       path = config::default_config_path();
       from = std::getenv("FSDPTRAIN_CONFIG_FILE") && *std::getenv("FSDPTRAIN_CONFIG_FILE") ? "$FSDPTRAIN_CONFIG_FILE"
-             : path == config::fsdptrain_default_config_path()                           ? "fsdptrain default"
+             : path == config::fsdptrain_default_config_path()                             ? "fsdptrain default"
              : path.empty() ? "looked for " + config::fsdptrain_default_config_path() + " and " +
                                   config::accelerate_default_config_path()
                             : "Accelerate default";
@@ -106,39 +106,46 @@ struct ConfigArgs {
 };
 
 int run(int argc, char** argv) {
-  CLI::App app{"fsdptrain: FSDP2-style sharded training of Llama-family models on LibTorch, configured by "
-               "Accelerate-style YAML.\nCommands read Accelerate's config files as they are."};
+  CLI::App app{
+      "fsdptrain: FSDP2-style sharded training of Llama-family models on LibTorch, configured by "
+      "Accelerate-style YAML.\nCommands read Accelerate's config files as they are."};
   app.set_version_flag("--version", [] { return version_line(); });
   app.require_subcommand(1);
 
   // env
   ConfigArgs env_args;
-  CLI::App* env = app.add_subcommand("env", "Print versions, GPUs, cores, memory and the resolved config (for bug reports)");
+  CLI::App* env =
+      app.add_subcommand("env", "Print versions, GPUs, cores, memory and the resolved config (for bug reports)");
   env_args.add_to(env);
 
   // config (wizard) and its subcommands
-  CLI::App* cfg = app.add_subcommand("config", "Create a config interactively (the Accelerate wizard's questions), or "
-                                               "default/show/validate/update/keys");
+  CLI::App* cfg = app.add_subcommand("config",
+                                     "Create a config interactively (the Accelerate wizard's questions), or "
+                                     "default/show/validate/update/keys");
   std::string wizard_path, answers_file;
   bool list_questions = false;
   TableFlags wizard_flags;
-  cfg->add_option("--config_file,--config-file", wizard_path, "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
+  cfg->add_option("--config_file,--config-file", wizard_path,
+                  "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
   cfg->add_option("--answers", answers_file, "YAML file of answers by question id (no terminal needed)");
   cfg->add_flag("--list-questions,--list_questions", list_questions, "Print every question id and prompt, then exit");
   wizard_flags.add_to(cfg);
 
   CLI::App* cfg_default = cfg->add_subcommand("default", "Write an FSDP2 config for this machine without questions");
   std::string default_path, default_mp = "no";
-  cfg_default->add_option("--config_file,--config-file", default_path, "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
+  cfg_default->add_option("--config_file,--config-file", default_path,
+                          "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
   cfg_default->add_option("--mixed_precision,--mixed-precision", default_mp, "no, fp16 or bf16")
       ->check(CLI::IsMember({"no", "fp16", "bf16"}));
 
   ConfigArgs show_args;
   std::string show_format = "table";
   bool show_env = false;
-  CLI::App* cfg_show = cfg->add_subcommand("show", "Print every resolved value with its origin (flag, --set, file:line, default)");
+  CLI::App* cfg_show =
+      cfg->add_subcommand("show", "Print every resolved value with its origin (flag, --set, file:line, default)");
   show_args.add_to(cfg_show);
-  cfg_show->add_option("--format", show_format, "table, yaml (a config file) or json")->check(CLI::IsMember({"table", "yaml", "json"}));
+  cfg_show->add_option("--format", show_format, "table, yaml (a config file) or json")
+      ->check(CLI::IsMember({"table", "yaml", "json"}));
   cfg_show->add_flag("--env", show_env, "Also print the ACCELERATE_*/FSDP_* variables each worker gets");
 
   ConfigArgs validate_args;
@@ -147,23 +154,28 @@ int run(int argc, char** argv) {
 
   std::string update_path;
   bool update_fsdp2 = false, update_force = false;
-  CLI::App* cfg_update = cfg->add_subcommand("update", "Rewrite a config in today's format with every default filled in");
+  CLI::App* cfg_update =
+      cfg->add_subcommand("update", "Rewrite a config in today's format with every default filled in");
   cfg_update->add_option("--config_file,--config-file", update_path, "The file (default: the default config file)");
-  cfg_update->add_flag("--to-fsdp2,--to_fsdp2", update_fsdp2, "Also convert FSDP1 keys to FSDP2 (as `fsdptrain to-fsdp2`)");
+  cfg_update->add_flag("--to-fsdp2,--to_fsdp2", update_fsdp2,
+                       "Also convert FSDP1 keys to FSDP2 (as `fsdptrain to-fsdp2`)");
   cfg_update->add_flag("--force", update_force, "Accept a lossy FSDP1 -> FSDP2 conversion");
 
   bool keys_markdown = false;
-  CLI::App* cfg_keys = cfg->add_subcommand("keys", "List every config key: type, default, CLI flag, worker env variable");
+  CLI::App* cfg_keys =
+      cfg->add_subcommand("keys", "List every config key: type, default, CLI flag, worker env variable");
   cfg_keys->add_flag("--markdown", keys_markdown, "As a Markdown table");
 
   // to-fsdp2
   config::ToFsdp2Command t2;
-  CLI::App* to2 = app.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
+  CLI::App* to2 =
+      app.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
   to2->add_option("--config_file,--config-file", t2.config_file, "The FSDP1 config to convert")->required();
   to2->add_option("--output_file,--output-file", t2.output_file, "Where to write the FSDP2 config");
   to2->add_flag("--overwrite", t2.overwrite, "Rewrite --config_file in place (or replace an existing --output_file)");
   to2->add_flag("--dry-run,--dry_run", t2.dry_run, "Print the change as a unified diff; write nothing");
-  to2->add_flag("--force", t2.force, "Accept lossy changes (NO_SHARD, LOCAL_STATE_DICT, forward_prefetch: true, use_orig_params: false)");
+  to2->add_flag("--force", t2.force,
+                "Accept lossy changes (NO_SHARD, LOCAL_STATE_DICT, forward_prefetch: true, use_orig_params: false)");
 
   try {
     app.parse(argc, argv);
@@ -189,7 +201,7 @@ int run(int argc, char** argv) {
   }
   if (cfg_show->parsed()) {
     config::ResolvedConfig rc = config::load_config_or_throw(show_args.inputs());
-    config::ShowFormat f = show_format == "yaml" ? config::ShowFormat::kYaml
+    config::ShowFormat f = show_format == "yaml"   ? config::ShowFormat::kYaml
                            : show_format == "json" ? config::ShowFormat::kJson
                                                    : config::ShowFormat::kTable;
     std::cout << config::format_resolved(rc, f);
@@ -201,8 +213,8 @@ int run(int argc, char** argv) {
   }
   if (cfg_validate->parsed()) {
     config::ResolvedConfig rc = config::load_config_or_throw(validate_args.inputs());
-    std::cout << validate_args.file << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
-              << rc.typed.launch.num_processes << " process(es)\n";
+    std::cout << validate_args.file << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe()
+              << " on " << rc.typed.launch.num_processes << " process(es)\n";
     return 0;
   }
   if (cfg_update->parsed()) {

@@ -16,15 +16,14 @@ std::string write_default_config(const DefaultConfigRequest& req) {
   FSDP_CHECK(!file_exists(path), "config default: ", path,
              " already exists and was left as it is; edit it, delete it, or pass --config_file NEW.yaml");
   ConfigInputs in;
-  in.sets = {"distributed_type=FSDP",
-             "num_processes=" + std::to_string(std::max(1, req.gpu_count)),
+  in.sets = {"distributed_type=FSDP", "num_processes=" + std::to_string(std::max(1, req.gpu_count)),
              std::string("use_cpu=") + (req.gpu_count == 0 ? "true" : "false"),
-             "mixed_precision=" + req.mixed_precision,
-             "fsdp_config.fsdp_version=2"};
+             "mixed_precision=" + req.mixed_precision, "fsdp_config.fsdp_version=2"};
   ResolvedConfig rc = load_config_or_throw(in);
   const std::string yaml = emit_config_yaml(
-      file_values(rc), str("written by `fsdptrain config default` for ", req.gpu_count == 0 ? std::string("a machine without GPUs")
-                                                                                              : std::to_string(req.gpu_count) + " GPU(s)"));
+      file_values(rc),
+      str("written by `fsdptrain config default` for ",
+          req.gpu_count == 0 ? std::string("a machine without GPUs") : std::to_string(req.gpu_count) + " GPU(s)"));
   write_file_atomic(path, yaml);
   return path;
 }
@@ -32,7 +31,8 @@ std::string write_default_config(const DefaultConfigRequest& req) {
 std::string update_config(const UpdateConfigRequest& req) {
   std::string path = req.path.empty() ? default_config_path() : req.path;
   FSDP_CHECK(!path.empty(), "config update: no config file given and none found at ", fsdptrain_default_config_path(),
-             " or ", accelerate_default_config_path(), "; pass --config_file FILE or create one with `fsdptrain config`");
+             " or ", accelerate_default_config_path(),
+             "; pass --config_file FILE or create one with `fsdptrain config`");
   FSDP_CHECK(file_exists(path), "config update: ", path, " not found");
   const std::string original = read_file(path);
   std::string text = original;

@@ -7,9 +7,9 @@
 namespace fsdp::config {
 
 struct DefaultConfigRequest {
-  std::string path;                  // "" = fsdptrain's default path
+  std::string path;  // "" = fsdptrain's default path
   std::string mixed_precision = "no";
-  int gpu_count = 0;                 // GPUs on this machine: FSDP over them, or over 1 CPU process
+  int gpu_count = 0;  // GPUs on this machine: FSDP over them, or over 1 CPU process
 };
 
 // Writes an FSDP2 config for this machine. Refuses to overwrite an existing file. Returns the path.

@@ -26,12 +26,10 @@ inline constexpr std::array<const char*, 5> kShardingStrategyNames = {"FULL_SHAR
                                                                       "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"};
 
 enum class WrapPolicy { kTransformerBasedWrap, kSizeBasedWrap, kNoWrap };
-inline constexpr std::array<const char*, 3> kWrapPolicyNames = {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP",
-                                                                "NO_WRAP"};
+inline constexpr std::array<const char*, 3> kWrapPolicyNames = {"TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"};
 
 enum class BackwardPrefetch { kBackwardPre, kBackwardPost, kNoPrefetch };
-inline constexpr std::array<const char*, 3> kBackwardPrefetchNames = {"BACKWARD_PRE", "BACKWARD_POST",
-                                                                      "NO_PREFETCH"};
+inline constexpr std::array<const char*, 3> kBackwardPrefetchNames = {"BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"};
 
 enum class StateDictType { kFullStateDict, kLocalStateDict, kShardedStateDict };
 inline constexpr std::array<const char*, 3> kStateDictTypeNames = {"FULL_STATE_DICT", "LOCAL_STATE_DICT",

@@ -32,9 +32,12 @@ std::string origin_location(const Origin& origin) {
 
 std::string Origin::describe() const {
   switch (kind) {
-    case OriginKind::kDefault: return "default";
-    case OriginKind::kDerived: return "derived: " + detail;
-    default: return origin_location(*this);
+    case OriginKind::kDefault:
+      return "default";
+    case OriginKind::kDerived:
+      return "derived: " + detail;
+    default:
+      return origin_location(*this);
   }
 }
 

@@ -18,7 +18,7 @@ struct Diagnostic {
   std::string message;
   std::string hint;
 
-  std::string format() const;  // without the severity; callers print "error: " or "warning: " 
+  std::string format() const;  // without the severity; callers print "error: " or "warning: "
 };
 
 class Diagnostics {

@@ -17,7 +17,9 @@ namespace fsdp::config {
 
 namespace {
 
-Mark mark_of(const std::string& file, const YAML::Mark& m) { return Mark{file, m.line + 1, m.column + 1}; }
+Mark mark_of(const std::string& file, const YAML::Mark& m) {
+  return Mark{file, m.line + 1, m.column + 1};
+}
 
 RawValue raw_from_node(const YAML::Node& node, Origin origin) {
   RawValue raw;
@@ -45,9 +47,12 @@ RawValue raw_from_node(const YAML::Node& node, Origin origin) {
 
 bool is_benign_ignored(const RawValue& raw) {
   switch (raw.shape) {
-    case RawValue::Shape::kNull: return true;
-    case RawValue::Shape::kSequence: return raw.items.empty();
-    case RawValue::Shape::kMap: return false;
+    case RawValue::Shape::kNull:
+      return true;
+    case RawValue::Shape::kSequence:
+      return raw.items.empty();
+    case RawValue::Shape::kMap:
+      return false;
     case RawValue::Shape::kScalar: {
       std::string t = to_lower(trim(raw.text));
       return t.empty() || t == "main" || t == "{}" || t == "[]" || parse_bool(t) == false;
@@ -138,9 +143,10 @@ void read_file_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
         const Origin o2{OriginKind::kFile, m2, ""};
         std::string leaf = normalise_section_key(key, raw_key);
         if (key == "fsdp_config" && leaf == "fsdp_backward_prefetch_policy") {
-          diags.warning_at(o2, key + "." + raw_key,
-                           "is the pre-1.0 Accelerate name (which Accelerate now silently ignores); read as fsdp_backward_prefetch",
-                           "rename it to fsdp_backward_prefetch");
+          diags.warning_at(
+              o2, key + "." + raw_key,
+              "is the pre-1.0 Accelerate name (which Accelerate now silently ignores); read as fsdp_backward_prefetch",
+              "rename it to fsdp_backward_prefetch");
           leaf = "fsdp_backward_prefetch";
         }
         const std::string dotted = key + "." + leaf;
@@ -234,7 +240,8 @@ void read_set_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
     if (!spec || spec->type == ValueType::kIgnored) {
       std::string near = suggest_key(name.substr(name.find('.') == std::string::npos ? 0 : name.find('.') + 1),
                                      name.find('.') == std::string::npos ? "" : name.substr(0, name.find('.')));
-      diags.error(where, name, "unknown key", near.empty() ? "see `fsdptrain config keys`" : "did you mean " + near + "?");
+      diags.error(where, name, "unknown key",
+                  near.empty() ? "see `fsdptrain config keys`" : "did you mean " + near + "?");
       continue;
     }
     YAML::Node node;
@@ -340,12 +347,16 @@ ResolvedConfig load_config_or_throw(const ConfigInputs& inputs) {
 std::string accelerate_default_config_path() {
   if (const char* hf = std::getenv("HF_HOME"); hf && *hf) return std::string(hf) + "/accelerate/default_config.yaml";
   std::string cache;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) cache = x;
-  else cache = home_dir() + "/.cache";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    cache = x;
+  else
+    cache = home_dir() + "/.cache";
   return cache + "/huggingface/accelerate/default_config.yaml";
 }
 
-std::string fsdptrain_default_config_path() { return home_dir() + "/.cache/fsdptrain/default_config.yaml"; }
+std::string fsdptrain_default_config_path() {
+  return home_dir() + "/.cache/fsdptrain/default_config.yaml";
+}
 
 std::string default_config_path() {
   if (const char* env = std::getenv("FSDPTRAIN_CONFIG_FILE"); env && *env) return env;

@@ -17,8 +17,8 @@ struct ConfigInputs {
   std::string file;  // path shown in messages; "" = no file
   std::string text;  // the file's contents (read by the caller, so tests can pass text directly)
   bool has_file = false;
-  std::vector<std::string> sets;                            // "dotted.key=value", in order
-  std::vector<std::pair<std::string, std::string>> flags;   // (option key, text) from the command line
+  std::vector<std::string> sets;                           // "dotted.key=value", in order
+  std::vector<std::pair<std::string, std::string>> flags;  // (option key, text) from the command line
 };
 
 struct ResolvedValue {

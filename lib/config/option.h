@@ -44,8 +44,8 @@ struct RawValue {
 };
 
 enum class ValueType {
-  kBool,     // true/false, yes/no, on/off, 1/0 (any case) — YAML 1.1 spellings included
-  kInt,      // integers; 1e8 and 1.0e+8 accepted when integral
+  kBool,  // true/false, yes/no, on/off, 1/0 (any case) — YAML 1.1 spellings included
+  kInt,   // integers; 1e8 and 1.0e+8 accepted when integral
   kFloat,
   kString,
   kEnum,     // one of `choices`, any case; legacy integers 1..N when `int_aliases`

@@ -58,24 +58,48 @@ struct Row {
     s.key = std::move(key);
     s.type = type;
   }
-  Row& flag(std::string f) { s.flag = std::move(f); return *this; }
-  Row& env(std::string e) { s.env = std::move(e); return *this; }
+  Row& flag(std::string f) {
+    s.flag = std::move(f);
+    return *this;
+  }
+  Row& env(std::string e) {
+    s.env = std::move(e);
+    return *this;
+  }
   Row& choices(std::vector<std::string> c, bool int_aliases = false) {
     s.choices = std::move(c);
     s.int_aliases = int_aliases;
     return *this;
   }
-  Row& unsupported(std::vector<std::pair<std::string, std::string>> u) { s.unsupported = std::move(u); return *this; }
+  Row& unsupported(std::vector<std::pair<std::string, std::string>> u) {
+    s.unsupported = std::move(u);
+    return *this;
+  }
   Row& range(std::optional<long long> lo, std::optional<long long> hi = std::nullopt) {
     s.min_value = lo;
     s.max_value = hi;
     return *this;
   }
-  Row& def(std::string d) { s.default_value = std::move(d); return *this; }
-  Row& note(std::string n) { s.default_note = std::move(n); return *this; }
-  Row& help(std::string h) { s.help = std::move(h); return *this; }
-  Row& only(FsdpVersions v) { s.versions = v; return *this; }
-  Row& extension() { s.extension = true; return *this; }
+  Row& def(std::string d) {
+    s.default_value = std::move(d);
+    return *this;
+  }
+  Row& note(std::string n) {
+    s.default_note = std::move(n);
+    return *this;
+  }
+  Row& help(std::string h) {
+    s.help = std::move(h);
+    return *this;
+  }
+  Row& only(FsdpVersions v) {
+    s.versions = v;
+    return *this;
+  }
+  Row& extension() {
+    s.extension = true;
+    return *this;
+  }
   Row& parse(std::function<std::optional<std::string>(const RawValue&, std::string*)> p) {
     s.parse = std::move(p);
     return *this;
@@ -120,31 +144,54 @@ std::vector<OptionSpec> build_table() {
       "fsdptrain runs FSDP on CUDA GPUs (NCCL) or CPU processes (Gloo); use distributed_type: FSDP";
   std::vector<OptionSpec> t = {
       // ---- Top level (Accelerate's ClusterConfig) ----
-      Row("compute_environment", V::kEnum).choices({"LOCAL_MACHINE"})
-          .unsupported({{"AMAZON_SAGEMAKER", "SageMaker jobs are not supported; run fsdptrain on the instances (one launcher per machine)"}})
-          .def("LOCAL_MACHINE").help("Where the job runs; fsdptrain runs on this machine (and others like it)")
+      Row("compute_environment", V::kEnum)
+          .choices({"LOCAL_MACHINE"})
+          .unsupported(
+              {{"AMAZON_SAGEMAKER",
+                "SageMaker jobs are not supported; run fsdptrain on the instances (one launcher per machine)"}})
+          .def("LOCAL_MACHINE")
+          .help("Where the job runs; fsdptrain runs on this machine (and others like it)")
           .to(L, &LaunchConfig::compute_environment),
-      Row("distributed_type", V::kEnum).flag("distributed_type").choices(names(kDistributedTypeNames))
+      Row("distributed_type", V::kEnum)
+          .flag("distributed_type")
+          .choices(names(kDistributedTypeNames))
           .unsupported({{"DEEPSPEED", "DeepSpeed is not supported; " + not_fsdp_types},
                         {"MEGATRON_LM", "Megatron-LM is not supported; " + not_fsdp_types},
                         {"XLA", "TPUs are not supported; " + not_fsdp_types},
-                        {"MULTI_NPU", not_fsdp_types}, {"MULTI_MLU", not_fsdp_types},
-                        {"MULTI_SDAA", not_fsdp_types}, {"MULTI_MUSA", not_fsdp_types},
-                        {"MULTI_XPU", not_fsdp_types}, {"MULTI_HPU", not_fsdp_types},
+                        {"MULTI_NPU", not_fsdp_types},
+                        {"MULTI_MLU", not_fsdp_types},
+                        {"MULTI_SDAA", not_fsdp_types},
+                        {"MULTI_MUSA", not_fsdp_types},
+                        {"MULTI_XPU", not_fsdp_types},
+                        {"MULTI_HPU", not_fsdp_types},
                         {"MULTI_NEURON", not_fsdp_types}})
-          .def("NO").note("required in a config file, as in Accelerate; NO without one")
+          .def("NO")
+          .note("required in a config file, as in Accelerate; NO without one")
           .help("FSDP to shard; MULTI_GPU/MULTI_CPU replicate (DDP-like); NO runs one process")
           .to(L, &LaunchConfig::distributed_type),
-      Row("mixed_precision", V::kEnum).flag("mixed_precision").env("ACCELERATE_MIXED_PRECISION")
+      Row("mixed_precision", V::kEnum)
+          .flag("mixed_precision")
+          .env("ACCELERATE_MIXED_PRECISION")
           .choices(names(kMixedPrecisionNames))
           .unsupported({{"FP8", "fp8 training is not supported yet; use bf16"}})
-          .def("no").help("Compute dtype: bf16 or fp16 gathers parameters in that dtype (fp32 master weights, fp32 reductions)")
+          .def("no")
+          .help("Compute dtype: bf16 or fp16 gathers parameters in that dtype (fp32 master weights, fp32 reductions)")
           .to(L, &LaunchConfig::mixed_precision),
-      Row("use_cpu", V::kBool).flag("cpu").env("ACCELERATE_USE_CPU").def("false")
-          .help("Train on CPU processes (Gloo) even when GPUs are present").to(L, &LaunchConfig::use_cpu),
-      Row("debug", V::kBool).flag("debug").env("ACCELERATE_DEBUG_MODE").def("false")
-          .help("Check that every rank issues the same collectives (slower)").to(L, &LaunchConfig::debug),
-      Row("num_processes", V::kInt).flag("num_processes").range(1)
+      Row("use_cpu", V::kBool)
+          .flag("cpu")
+          .env("ACCELERATE_USE_CPU")
+          .def("false")
+          .help("Train on CPU processes (Gloo) even when GPUs are present")
+          .to(L, &LaunchConfig::use_cpu),
+      Row("debug", V::kBool)
+          .flag("debug")
+          .env("ACCELERATE_DEBUG_MODE")
+          .def("false")
+          .help("Check that every rank issues the same collectives (slower)")
+          .to(L, &LaunchConfig::debug),
+      Row("num_processes", V::kInt)
+          .flag("num_processes")
+          .range(1)
           .parse([](const RawValue& raw, std::string* error) -> std::optional<std::string> {
             // Accelerate writes -1 for "not set; pass --num_processes".
             if (raw.shape == RawValue::Shape::kScalar && trim(raw.text) == "-1") return std::string();
@@ -155,44 +202,87 @@ std::vector<OptionSpec> build_table() {
             }
             return std::to_string(*n);
           })
-          .def("").note("1 when distributed_type is NO, else required")
+          .def("")
+          .note("1 when distributed_type is NO, else required")
           .help("Total number of processes across ALL machines (not per machine)")
           .to(L, &LaunchConfig::num_processes),
-      Row("num_machines", V::kInt).flag("num_machines").range(1).def("1")
-          .help("Number of machines; one launcher runs on each").to(L, &LaunchConfig::num_machines),
-      Row("machine_rank", V::kInt).flag("machine_rank").range(0).def("0")
+      Row("num_machines", V::kInt)
+          .flag("num_machines")
+          .range(1)
+          .def("1")
+          .help("Number of machines; one launcher runs on each")
+          .to(L, &LaunchConfig::num_machines),
+      Row("machine_rank", V::kInt)
+          .flag("machine_rank")
+          .range(0)
+          .def("0")
           .help("This machine's index, 0..num_machines-1; machine 0 hosts the rendezvous")
           .to(L, &LaunchConfig::machine_rank),
-      Row("main_process_ip", V::kString).flag("main_process_ip").def("")
+      Row("main_process_ip", V::kString)
+          .flag("main_process_ip")
+          .def("")
           .note("127.0.0.1 on one machine; required on several")
-          .help("Address of machine 0, reachable from every machine").to(L, &LaunchConfig::main_process_ip),
-      Row("main_process_port", V::kInt).flag("main_process_port").range(0, 65535).def("29500")
+          .help("Address of machine 0, reachable from every machine")
+          .to(L, &LaunchConfig::main_process_ip),
+      Row("main_process_port", V::kInt)
+          .flag("main_process_port")
+          .range(0, 65535)
+          .def("29500")
           .help("Rendezvous port on machine 0; 0 picks a free port (one machine only)")
           .to(L, &LaunchConfig::main_process_port),
-      Row("rdzv_backend", V::kEnum).flag("rdzv_backend").choices({"static", "c10d"}).def("static")
+      Row("rdzv_backend", V::kEnum)
+          .flag("rdzv_backend")
+          .choices({"static", "c10d"})
+          .def("static")
           .help("Rendezvous: static (machine ranks as given) or c10d (accepted; fsdptrain's TCP store serves both)")
           .to(L, &LaunchConfig::rdzv_backend),
-      Row("same_network", V::kBool).flag("same_network").def("true")
+      Row("same_network", V::kBool)
+          .flag("same_network")
+          .def("true")
           .help("Whether all machines share one local network (informational; rendezvous is the same)")
           .to(L, &LaunchConfig::same_network),
-      Row("gpu_ids", V::kGpuIds).flag("gpu_ids").env("CUDA_VISIBLE_DEVICES").def("all")
-          .help("GPUs to use on each machine: all, or ids such as 0,1,3").to(L, &LaunchConfig::gpu_ids),
-      Row("enable_cpu_affinity", V::kBool).flag("enable_cpu_affinity").env("ACCELERATE_CPU_AFFINITY").def("false")
-          .help("Pin each worker to the CPU cores nearest its GPU").to(L, &LaunchConfig::enable_cpu_affinity),
-      Row("max_restarts", V::kInt).flag("max_restarts").range(0).def("0")
-          .help("Restart the local worker group this many times after a failure (fsdptrain extension key)").extension()
+      Row("gpu_ids", V::kGpuIds)
+          .flag("gpu_ids")
+          .env("CUDA_VISIBLE_DEVICES")
+          .def("all")
+          .help("GPUs to use on each machine: all, or ids such as 0,1,3")
+          .to(L, &LaunchConfig::gpu_ids),
+      Row("enable_cpu_affinity", V::kBool)
+          .flag("enable_cpu_affinity")
+          .env("ACCELERATE_CPU_AFFINITY")
+          .def("false")
+          .help("Pin each worker to the CPU cores nearest its GPU")
+          .to(L, &LaunchConfig::enable_cpu_affinity),
+      Row("max_restarts", V::kInt)
+          .flag("max_restarts")
+          .range(0)
+          .def("0")
+          .help("Restart the local worker group this many times after a failure (fsdptrain extension key)")
+          .extension()
           .to(L, &LaunchConfig::max_restarts),
-      Row("monitor_interval", V::kFloat).flag("monitor_interval").def("0.1")
-          .help("Seconds between checks of worker health (fsdptrain extension key)").extension()
+      Row("monitor_interval", V::kFloat)
+          .flag("monitor_interval")
+          .def("0.1")
+          .help("Seconds between checks of worker health (fsdptrain extension key)")
+          .extension()
           .to(L, &LaunchConfig::monitor_interval),
-      Row("rdzv_timeout", V::kFloat).flag("rdzv_timeout").def("300")
-          .help("Seconds to wait for every machine to join before failing (fsdptrain extension key)").extension()
+      Row("rdzv_timeout", V::kFloat)
+          .flag("rdzv_timeout")
+          .def("300")
+          .help("Seconds to wait for every machine to join before failing (fsdptrain extension key)")
+          .extension()
           .to(L, &LaunchConfig::rdzv_timeout),
       ignored("main_training_function", "TPU only"),
       ignored("downcast_bf16", "TPU only"),
-      ignored("tpu_env", "TPU only"), ignored("tpu_use_cluster", "TPU only"), ignored("tpu_use_sudo", "TPU only"),
-      ignored("tpu_name", "TPU only"), ignored("tpu_zone", "TPU only"), ignored("tpu_vm", "TPU only"),
-      ignored("tpu_cluster", "TPU only"), ignored("command_file", "TPU only"), ignored("commands", "TPU only"),
+      ignored("tpu_env", "TPU only"),
+      ignored("tpu_use_cluster", "TPU only"),
+      ignored("tpu_use_sudo", "TPU only"),
+      ignored("tpu_name", "TPU only"),
+      ignored("tpu_zone", "TPU only"),
+      ignored("tpu_vm", "TPU only"),
+      ignored("tpu_cluster", "TPU only"),
+      ignored("command_file", "TPU only"),
+      ignored("commands", "TPU only"),
       ignored("dynamo_config", "fsdptrain compiles ahead of time; torch.compile settings do not apply"),
       ignored("dynamo_backend", "fsdptrain compiles ahead of time; torch.compile settings do not apply"),
       ignored("deepspeed_config", "DeepSpeed is not supported"),
@@ -202,78 +292,150 @@ std::vector<OptionSpec> build_table() {
       ignored("ipex_config", "Intel extension settings do not apply"),
 
       // ---- fsdp_config (FSDP1 and FSDP2; Accelerate's names) ----
-      Row("fsdp_config.fsdp_version", V::kEnum).flag("fsdp_version").env("FSDP_VERSION").choices({"1", "2"})
-          .def("1").note("1 when absent, as `accelerate launch` does; `fsdptrain config` writes 2")
+      Row("fsdp_config.fsdp_version", V::kEnum)
+          .flag("fsdp_version")
+          .env("FSDP_VERSION")
+          .choices({"1", "2"})
+          .def("1")
+          .note("1 when absent, as `accelerate launch` does; `fsdptrain config` writes 2")
           .help("1: Accelerate's FSDP1 keys (run as the equivalent FSDP2 layout); 2: FSDP2 keys")
           .to(F, &FsdpConfig::version),
-      Row("fsdp_config.fsdp_reshard_after_forward", V::kBool).flag("fsdp_reshard_after_forward")
-          .env("FSDP_RESHARD_AFTER_FORWARD").parse(parse_reshard).def("true")
+      Row("fsdp_config.fsdp_reshard_after_forward", V::kBool)
+          .flag("fsdp_reshard_after_forward")
+          .env("FSDP_RESHARD_AFTER_FORWARD")
+          .parse(parse_reshard)
+          .def("true")
           .help("Free each unit's gathered parameters after its forward (true) or keep them for backward (false)"),
-      Row("fsdp_config.fsdp_sharding_strategy", V::kEnum).flag("fsdp_sharding_strategy").env("FSDP_SHARDING_STRATEGY")
-          .choices(names(kShardingStrategyNames), true).only(FsdpVersions::kV1Only).def("").note("FULL_SHARD")
-          .help("FSDP1 strategy (names in any case, or 1-5); FSDP2 expresses it with reshard_after_forward and parallelism_config")
+      Row("fsdp_config.fsdp_sharding_strategy", V::kEnum)
+          .flag("fsdp_sharding_strategy")
+          .env("FSDP_SHARDING_STRATEGY")
+          .choices(names(kShardingStrategyNames), true)
+          .only(FsdpVersions::kV1Only)
+          .def("")
+          .note("FULL_SHARD")
+          .help("FSDP1 strategy (names in any case, or 1-5); FSDP2 expresses it with reshard_after_forward and "
+                "parallelism_config")
           .to(F, &FsdpConfig::sharding_strategy),
-      Row("fsdp_config.fsdp_offload_params", V::kBool).flag("fsdp_offload_params").env("FSDP_OFFLOAD_PARAMS").def("false")
+      Row("fsdp_config.fsdp_offload_params", V::kBool)
+          .flag("fsdp_offload_params")
+          .env("FSDP_OFFLOAD_PARAMS")
+          .def("false")
           .help("Keep sharded parameters, gradients and optimizer state in host memory; the optimizer steps there")
           .to(F, &FsdpConfig::offload_params),
-      Row("fsdp_config.fsdp_auto_wrap_policy", V::kEnum).flag("fsdp_auto_wrap_policy").env("FSDP_AUTO_WRAP_POLICY")
-          .choices(names(kWrapPolicyNames)).def("TRANSFORMER_BASED_WRAP")
-          .note("TRANSFORMER_BASED_WRAP (Accelerate's wizard default; its worker falls back to NO_WRAP, one giant unit)")
+      Row("fsdp_config.fsdp_auto_wrap_policy", V::kEnum)
+          .flag("fsdp_auto_wrap_policy")
+          .env("FSDP_AUTO_WRAP_POLICY")
+          .choices(names(kWrapPolicyNames))
+          .def("TRANSFORMER_BASED_WRAP")
+          .note(
+              "TRANSFORMER_BASED_WRAP (Accelerate's wizard default; its worker falls back to NO_WRAP, one giant unit)")
           .help("How the model is split into units that are gathered one at a time")
           .to(F, &FsdpConfig::auto_wrap_policy),
-      Row("fsdp_config.fsdp_transformer_layer_cls_to_wrap", V::kList).flag("fsdp_transformer_layer_cls_to_wrap")
-          .env("FSDP_TRANSFORMER_CLS_TO_WRAP").def("").note("the model's declared layer classes (LlamaDecoderLayer)")
+      Row("fsdp_config.fsdp_transformer_layer_cls_to_wrap", V::kList)
+          .flag("fsdp_transformer_layer_cls_to_wrap")
+          .env("FSDP_TRANSFORMER_CLS_TO_WRAP")
+          .def("")
+          .note("the model's declared layer classes (LlamaDecoderLayer)")
           .help("Class names that become units with TRANSFORMER_BASED_WRAP (comma-separated or a YAML list)")
           .to(F, &FsdpConfig::transformer_layer_cls_to_wrap),
-      Row("fsdp_config.fsdp_min_num_params", V::kInt).flag("fsdp_min_num_params").env("FSDP_MIN_NUM_PARAMS").range(0)
-          .def("100000000").help("With SIZE_BASED_WRAP: a module with at least this many parameters becomes a unit")
+      Row("fsdp_config.fsdp_min_num_params", V::kInt)
+          .flag("fsdp_min_num_params")
+          .env("FSDP_MIN_NUM_PARAMS")
+          .range(0)
+          .def("100000000")
+          .help("With SIZE_BASED_WRAP: a module with at least this many parameters becomes a unit")
           .to(F, &FsdpConfig::min_num_params),
-      Row("fsdp_config.fsdp_backward_prefetch", V::kEnum).flag("fsdp_backward_prefetch").env("FSDP_BACKWARD_PREFETCH")
-          .choices(names(kBackwardPrefetchNames), true).only(FsdpVersions::kV1Only).def("")
-          .help("FSDP1 backward prefetch; FSDP2 always prefetches the next unit").to(F, &FsdpConfig::backward_prefetch),
-      Row("fsdp_config.fsdp_state_dict_type", V::kEnum).flag("fsdp_state_dict_type").env("FSDP_STATE_DICT_TYPE")
-          .choices(names(kStateDictTypeNames), true).def("")
+      Row("fsdp_config.fsdp_backward_prefetch", V::kEnum)
+          .flag("fsdp_backward_prefetch")
+          .env("FSDP_BACKWARD_PREFETCH")
+          .choices(names(kBackwardPrefetchNames), true)
+          .only(FsdpVersions::kV1Only)
+          .def("")
+          .help("FSDP1 backward prefetch; FSDP2 always prefetches the next unit")
+          .to(F, &FsdpConfig::backward_prefetch),
+      Row("fsdp_config.fsdp_state_dict_type", V::kEnum)
+          .flag("fsdp_state_dict_type")
+          .env("FSDP_STATE_DICT_TYPE")
+          .choices(names(kStateDictTypeNames), true)
+          .def("")
           .note("FULL_STATE_DICT for FSDP1, SHARDED_STATE_DICT for FSDP2")
           .help("Checkpoint format: FULL (a Hugging Face folder) or SHARDED (one file per rank, reshardable)")
           .to(F, &FsdpConfig::state_dict_type),
-      Row("fsdp_config.fsdp_forward_prefetch", V::kBool).flag("fsdp_forward_prefetch").env("FSDP_FORWARD_PREFETCH")
-          .only(FsdpVersions::kV1Only).def("false").help("FSDP1 only: prefetch the next unit during forward")
+      Row("fsdp_config.fsdp_forward_prefetch", V::kBool)
+          .flag("fsdp_forward_prefetch")
+          .env("FSDP_FORWARD_PREFETCH")
+          .only(FsdpVersions::kV1Only)
+          .def("false")
+          .help("FSDP1 only: prefetch the next unit during forward")
           .to(F, &FsdpConfig::forward_prefetch),
-      Row("fsdp_config.fsdp_use_orig_params", V::kBool).flag("fsdp_use_orig_params").env("FSDP_USE_ORIG_PARAMS")
-          .only(FsdpVersions::kV1Only).def("true").help("FSDP1 only; FSDP2 always keeps the original parameters")
+      Row("fsdp_config.fsdp_use_orig_params", V::kBool)
+          .flag("fsdp_use_orig_params")
+          .env("FSDP_USE_ORIG_PARAMS")
+          .only(FsdpVersions::kV1Only)
+          .def("true")
+          .help("FSDP1 only; FSDP2 always keeps the original parameters")
           .to(F, &FsdpConfig::use_orig_params),
-      Row("fsdp_config.fsdp_cpu_ram_efficient_loading", V::kBool).flag("fsdp_cpu_ram_efficient_loading")
-          .env("FSDP_CPU_RAM_EFFICIENT_LOADING").def("true")
+      Row("fsdp_config.fsdp_cpu_ram_efficient_loading", V::kBool)
+          .flag("fsdp_cpu_ram_efficient_loading")
+          .env("FSDP_CPU_RAM_EFFICIENT_LOADING")
+          .def("true")
           .help("Only rank 0 reads a checkpoint; the others receive their shards")
           .to(F, &FsdpConfig::cpu_ram_efficient_loading),
-      Row("fsdp_config.fsdp_sync_module_states", V::kBool).flag("fsdp_sync_module_states").env("FSDP_SYNC_MODULE_STATES")
-          .only(FsdpVersions::kV1Only).def("true").help("FSDP1 only: broadcast rank 0's weights at start")
+      Row("fsdp_config.fsdp_sync_module_states", V::kBool)
+          .flag("fsdp_sync_module_states")
+          .env("FSDP_SYNC_MODULE_STATES")
+          .only(FsdpVersions::kV1Only)
+          .def("true")
+          .help("FSDP1 only: broadcast rank 0's weights at start")
           .to(F, &FsdpConfig::sync_module_states),
-      Row("fsdp_config.fsdp_activation_checkpointing", V::kBool).flag("fsdp_activation_checkpointing")
-          .env("FSDP_ACTIVATION_CHECKPOINTING").def("false")
+      Row("fsdp_config.fsdp_activation_checkpointing", V::kBool)
+          .flag("fsdp_activation_checkpointing")
+          .env("FSDP_ACTIVATION_CHECKPOINTING")
+          .def("false")
           .help("Recompute each unit's activations in backward instead of storing them")
           .to(F, &FsdpConfig::activation_checkpointing),
-      Row("fsdp_config.fsdp_ignored_modules", V::kString).flag("fsdp_ignored_modules").env("FSDP_IGNORED_MODULES").def("")
+      Row("fsdp_config.fsdp_ignored_modules", V::kString)
+          .flag("fsdp_ignored_modules")
+          .env("FSDP_IGNORED_MODULES")
+          .def("")
           .help("Regex over module names (full match); matching modules are not sharded")
           .to(F, &FsdpConfig::ignored_modules),
 
       // ---- parallelism_config (FSDP2) ----
       Row("parallelism_config.parallelism_config_dp_replicate_size", V::kInt)
-          .flag("parallelism_config_dp_replicate_size").env("PARALLELISM_CONFIG_DP_REPLICATE_SIZE").range(1).def("1")
-          .help("HSDP: number of replicas (each holds a full sharded copy)").to(P, &ParallelismConfig::dp_replicate_size),
+          .flag("parallelism_config_dp_replicate_size")
+          .env("PARALLELISM_CONFIG_DP_REPLICATE_SIZE")
+          .range(1)
+          .def("1")
+          .help("HSDP: number of replicas (each holds a full sharded copy)")
+          .to(P, &ParallelismConfig::dp_replicate_size),
       Row("parallelism_config.parallelism_config_dp_shard_size", V::kInt)
-          .flag("parallelism_config_dp_shard_size").env("PARALLELISM_CONFIG_DP_SHARD_SIZE").range(1).def("1")
+          .flag("parallelism_config_dp_shard_size")
+          .env("PARALLELISM_CONFIG_DP_SHARD_SIZE")
+          .range(1)
+          .def("1")
           .help("HSDP: ranks that shard one replica (replicate x shard = num_processes)")
           .to(P, &ParallelismConfig::dp_shard_size),
-      Row("parallelism_config.parallelism_config_tp_size", V::kInt).flag("parallelism_config_tp_size")
-          .env("PARALLELISM_CONFIG_TP_SIZE").range(1).def("1").help("Tensor parallel size (only 1 is supported)")
+      Row("parallelism_config.parallelism_config_tp_size", V::kInt)
+          .flag("parallelism_config_tp_size")
+          .env("PARALLELISM_CONFIG_TP_SIZE")
+          .range(1)
+          .def("1")
+          .help("Tensor parallel size (only 1 is supported)")
           .to(P, &ParallelismConfig::tp_size),
-      Row("parallelism_config.parallelism_config_cp_size", V::kInt).flag("parallelism_config_cp_size")
-          .env("PARALLELISM_CONFIG_CP_SIZE").range(1).def("1").help("Context parallel size (only 1 is supported)")
+      Row("parallelism_config.parallelism_config_cp_size", V::kInt)
+          .flag("parallelism_config_cp_size")
+          .env("PARALLELISM_CONFIG_CP_SIZE")
+          .range(1)
+          .def("1")
+          .help("Context parallel size (only 1 is supported)")
           .to(P, &ParallelismConfig::cp_size),
       Row("parallelism_config.parallelism_config_cp_comm_strategy", V::kEnum)
-          .flag("parallelism_config_cp_comm_strategy").env("PARALLELISM_CONFIG_CP_COMM_STRATEGY")
-          .choices({"allgather", "alltoall"}).def("").help("Context parallel communication (only with cp_size > 1)")
+          .flag("parallelism_config_cp_comm_strategy")
+          .env("PARALLELISM_CONFIG_CP_COMM_STRATEGY")
+          .choices({"allgather", "alltoall"})
+          .def("")
+          .help("Context parallel communication (only with cp_size > 1)")
           .to(P, &ParallelismConfig::cp_comm_strategy),
   };
   // fsdp_reshard_after_forward fills two members: the boolean, and (FSDP1) a strategy given there.
@@ -335,14 +497,22 @@ std::string OptionSpec::leaf() const {
 
 std::string OptionSpec::type_name() const {
   switch (type) {
-    case ValueType::kBool: return "bool";
-    case ValueType::kInt: return "int";
-    case ValueType::kFloat: return "float";
-    case ValueType::kString: return "string";
-    case ValueType::kEnum: return join(choices, "|");
-    case ValueType::kList: return "list";
-    case ValueType::kGpuIds: return "all|ids";
-    case ValueType::kIgnored: return "ignored";
+    case ValueType::kBool:
+      return "bool";
+    case ValueType::kInt:
+      return "int";
+    case ValueType::kFloat:
+      return "float";
+    case ValueType::kString:
+      return "string";
+    case ValueType::kEnum:
+      return join(choices, "|");
+    case ValueType::kList:
+      return "list";
+    case ValueType::kGpuIds:
+      return "all|ids";
+    case ValueType::kIgnored:
+      return "ignored";
   }
   return "?";
 }
@@ -381,8 +551,9 @@ std::optional<std::string> canonicalize(const OptionSpec& spec, const RawValue& 
         return std::nullopt;
       }
       if ((spec.min_value && *n < *spec.min_value) || (spec.max_value && *n > *spec.max_value)) {
-        *error = spec.max_value ? str("expected a whole number from ", *spec.min_value, " to ", *spec.max_value, ", got ", *n)
-                                : str("expected a whole number >= ", *spec.min_value, ", got ", *n);
+        *error = spec.max_value
+                     ? str("expected a whole number from ", *spec.min_value, " to ", *spec.max_value, ", got ", *n)
+                     : str("expected a whole number >= ", *spec.min_value, ", got ", *n);
         return std::nullopt;
       }
       return std::to_string(*n);
@@ -433,7 +604,8 @@ std::optional<std::string> canonicalize(const OptionSpec& spec, const RawValue& 
       for (auto& i : items) {
         auto n = parse_int(i);
         if (!n || *n < 0) {
-          *error = str("expected all or comma-separated GPU indices such as 0,1, got ", quoted(t.empty() ? join(items, ",") : t));
+          *error = str("expected all or comma-separated GPU indices such as 0,1, got ",
+                       quoted(t.empty() ? join(items, ",") : t));
           return std::nullopt;
         }
         std::string id = std::to_string(*n);

@@ -1,8 +1,7 @@
 #include "config/show.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "config/loader.h"
 #include "config/worker_env.h"
@@ -14,9 +13,13 @@ namespace fsdp::config {
 
 namespace {
 
-std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' '); }
+std::string pad(const std::string& s, size_t width) {
+  return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
+}
 
-std::string shown_value(const ResolvedValue& v) { return v.value.empty() ? "(unset)" : v.value; }
+std::string shown_value(const ResolvedValue& v) {
+  return v.value.empty() ? "(unset)" : v.value;
+}
 
 std::string default_text(const OptionSpec& o) {
   if (!o.default_note.empty()) return o.default_note;
@@ -42,7 +45,8 @@ std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfi
 
 std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
   if (format == ShowFormat::kYaml) {
-    return emit_config_yaml(file_values(rc), "resolved by fsdptrain from " + (rc.file.empty() ? std::string("defaults") : rc.file));
+    return emit_config_yaml(file_values(rc),
+                            "resolved by fsdptrain from " + (rc.file.empty() ? std::string("defaults") : rc.file));
   }
   if (format == ShowFormat::kJson) {
     nlohmann::ordered_json j;
@@ -56,9 +60,11 @@ std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
   for (const auto& v : rc.values) width = std::max(width, v.spec->key.size());
   size_t vwidth = 0;
   for (const auto& v : rc.values) vwidth = std::max(vwidth, shown_value(v).size());
-  std::string out = "# config: " + (rc.file.empty() ? std::string("(none; defaults, --set and flags only)") : rc.file) + "\n";
+  std::string out =
+      "# config: " + (rc.file.empty() ? std::string("(none; defaults, --set and flags only)") : rc.file) + "\n";
   out += pad("key", width + 2) + pad("value", vwidth + 2) + "origin\n";
-  for (const auto& v : rc.values) out += pad(v.spec->key, width + 2) + pad(shown_value(v), vwidth + 2) + v.origin.describe() + "\n";
+  for (const auto& v : rc.values)
+    out += pad(v.spec->key, width + 2) + pad(shown_value(v), vwidth + 2) + v.origin.describe() + "\n";
   out += "# runs as: " + effective_fsdp_layout(rc.typed).describe() + "\n";
   return out;
 }

@@ -65,9 +65,9 @@ struct Entry {
   std::string raw_key;  // as written ("sharding_strategy")
   std::string key;      // normalised ("fsdp_sharding_strategy")
   YAML::Node value;
-  size_t line = 0;      // 0-based line of the key
-  size_t col = 0;       // 0-based column of the key
-  size_t end = 0;       // one past the last line of its value
+  size_t line = 0;  // 0-based line of the key
+  size_t col = 0;   // 0-based column of the key
+  size_t end = 0;   // one past the last line of its value
 };
 
 std::optional<ShardingStrategy> strategy_from(const YAML::Node& n, bool allow_bool, bool* was_bool) {
@@ -86,7 +86,9 @@ std::optional<ShardingStrategy> strategy_from(const YAML::Node& n, bool allow_bo
   return std::nullopt;
 }
 
-std::string where(const std::string& file, size_t line, size_t col) { return str(file, ":", line + 1, ":", col + 1); }
+std::string where(const std::string& file, size_t line, size_t col) {
+  return str(file, ":", line + 1, ":", col + 1);
+}
 
 }  // namespace
 
@@ -108,9 +110,10 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   }
   if (!fsdp.IsMap()) throw InputError(file + ": fsdp_config: expected a mapping of keys");
   if (fsdp.Style() == YAML::EmitterStyle::Flow)
-    throw InputError(where(file, fsdp.Mark().line, fsdp.Mark().column) +
-                     ": fsdp_config: written in flow style ({...}); rewrite it as a block mapping (one key per line) so "
-                     "the conversion can keep comments and order");
+    throw InputError(
+        where(file, fsdp.Mark().line, fsdp.Mark().column) +
+        ": fsdp_config: written in flow style ({...}); rewrite it as a block mapping (one key per line) so "
+        "the conversion can keep comments and order");
 
   Lines lines = Lines::from(text);
   std::vector<Entry> entries;
@@ -124,8 +127,8 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
     e.col = kv.first.Mark().column;
     for (const auto& other : entries)
       if (other.key == e.key)
-        throw InputError(str(where(file, e.line, e.col), ": fsdp_config.", e.raw_key, ": duplicate key (first written at line ",
-                             other.line + 1, "); keep one of them"));
+        throw InputError(str(where(file, e.line, e.col), ": fsdp_config.", e.raw_key,
+                             ": duplicate key (first written at line ", other.line + 1, "); keep one of them"));
     entries.push_back(e);
   }
   // Where each entry's lines end: the value's continuation lines are more indented than the key,
@@ -160,7 +163,7 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   }
 
   std::map<size_t, std::vector<std::string>> replace;  // line -> replacement lines (empty = delete)
-  std::vector<std::string> appended_fsdp;               // new keys at the end of fsdp_config
+  std::vector<std::string> appended_fsdp;              // new keys at the end of fsdp_config
   auto rewrite_line = [&](const Entry& e, const std::string& new_key, const std::string& new_value) {
     const std::string& old = lines.v[e.line];
     replace[e.line] = {key_indent + new_key + ": " + new_value + trailing_comment(old)};
@@ -192,21 +195,25 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
     bool dummy = false;
     strategy = strategy_from(strategy_entry->value, false, &dummy);
     if (!strategy)
-      throw InputError(str(where(file, strategy_entry->line, strategy_entry->col), ": fsdp_config.", strategy_entry->raw_key,
-                           ": expected one of ", join(std::vector<std::string>(kShardingStrategyNames.begin(), kShardingStrategyNames.end()), ", "),
-                           " (or 1-5), got ", quoted(strategy_entry->value.IsScalar() ? strategy_entry->value.Scalar() : "a list")));
+      throw InputError(
+          str(where(file, strategy_entry->line, strategy_entry->col), ": fsdp_config.", strategy_entry->raw_key,
+              ": expected one of ",
+              join(std::vector<std::string>(kShardingStrategyNames.begin(), kShardingStrategyNames.end()), ", "),
+              " (or 1-5), got ", quoted(strategy_entry->value.IsScalar() ? strategy_entry->value.Scalar() : "a list")));
   }
   if (reshard_entry) {
     auto r = strategy_from(reshard_entry->value, true, &reshard_was_bool);
     if (!r)
-      throw InputError(str(where(file, reshard_entry->line, reshard_entry->col), ": fsdp_config.", reshard_entry->raw_key,
-                           ": expected true, false or a sharding strategy, got ",
+      throw InputError(str(where(file, reshard_entry->line, reshard_entry->col), ": fsdp_config.",
+                           reshard_entry->raw_key, ": expected true, false or a sharding strategy, got ",
                            quoted(reshard_entry->value.IsScalar() ? reshard_entry->value.Scalar() : "a list")));
     if (strategy && !reshard_was_bool && *r != *strategy)
-      throw InputError(str(where(file, reshard_entry->line, reshard_entry->col), ": fsdp_config.", reshard_entry->raw_key,
-                           ": names the strategy ", enum_name(*r, kShardingStrategyNames), " but fsdp_sharding_strategy is ",
-                           enum_name(*strategy, kShardingStrategyNames), "; keep one of the two keys"));
-    if (!strategy) strategy = r;
+      throw InputError(str(where(file, reshard_entry->line, reshard_entry->col), ": fsdp_config.",
+                           reshard_entry->raw_key, ": names the strategy ", enum_name(*r, kShardingStrategyNames),
+                           " but fsdp_sharding_strategy is ", enum_name(*strategy, kShardingStrategyNames),
+                           "; keep one of the two keys"));
+    if (!strategy)
+      strategy = r;
     else if (reshard_was_bool)
       result.notes.push_back(str("fsdp_config.", reshard_entry->raw_key,
                                  ": FSDP1 ignored this boolean; the strategy in fsdp_sharding_strategy decides"));
@@ -215,11 +222,21 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   std::string reshard_value;
   if (strategy) {
     switch (*strategy) {
-      case ShardingStrategy::kFullShard: reshard_value = "true"; break;
-      case ShardingStrategy::kShardGradOp: reshard_value = "false"; break;
-      case ShardingStrategy::kHybridShard: reshard_value = "true"; break;
-      case ShardingStrategy::kHybridShardZero2: reshard_value = "false"; break;
-      case ShardingStrategy::kNoShard: reshard_value = "false"; break;
+      case ShardingStrategy::kFullShard:
+        reshard_value = "true";
+        break;
+      case ShardingStrategy::kShardGradOp:
+        reshard_value = "false";
+        break;
+      case ShardingStrategy::kHybridShard:
+        reshard_value = "true";
+        break;
+      case ShardingStrategy::kHybridShardZero2:
+        reshard_value = "false";
+        break;
+      case ShardingStrategy::kNoShard:
+        reshard_value = "false";
+        break;
     }
     const bool hybrid = *strategy == ShardingStrategy::kHybridShard || *strategy == ShardingStrategy::kHybridShardZero2;
     if (hybrid || *strategy == ShardingStrategy::kNoShard) {
@@ -239,16 +256,20 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
                                    " (accelerate to-fsdp2 would silently shard over all ranks)"));
       } else {
         hsdp = std::make_pair(static_cast<int>(*procs), 1);
-        result.lossy.push_back(str("NO_SHARD has no FSDP2 equivalent: FSDP2 cannot skip sharding; the closest layout is "
-                                   "parallelism_config dp_replicate_size ", *procs,
-                                   " x dp_shard_size 1 (every rank keeps a full copy); accelerate to-fsdp2 writes "
-                                   "reshard_after_forward: false, which shards parameters, gradients and optimizer state"));
+        result.lossy.push_back(
+            str("NO_SHARD has no FSDP2 equivalent: FSDP2 cannot skip sharding; the closest layout is "
+                "parallelism_config dp_replicate_size ",
+                *procs,
+                " x dp_shard_size 1 (every rank keeps a full copy); accelerate to-fsdp2 writes "
+                "reshard_after_forward: false, which shards parameters, gradients and optimizer state"));
       }
     }
-    const Entry* keep = strategy_entry && reshard_entry ? (strategy_entry->line < reshard_entry->line ? strategy_entry : reshard_entry)
-                                                        : (strategy_entry ? strategy_entry : reshard_entry);
+    const Entry* keep = strategy_entry && reshard_entry
+                            ? (strategy_entry->line < reshard_entry->line ? strategy_entry : reshard_entry)
+                            : (strategy_entry ? strategy_entry : reshard_entry);
     rewrite_line(*keep, "fsdp_reshard_after_forward", reshard_value);
-    result.notes.push_back(str(enum_name(*strategy, kShardingStrategyNames), " -> fsdp_reshard_after_forward: ", reshard_value));
+    result.notes.push_back(
+        str(enum_name(*strategy, kShardingStrategyNames), " -> fsdp_reshard_after_forward: ", reshard_value));
     for (const Entry* other : {strategy_entry, reshard_entry})
       if (other && other != keep) {
         for (size_t l = other->line; l < other->end; ++l) replace[l] = {};
@@ -266,13 +287,15 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
       drop(e, "FSDP2 has no such switch (with fsdp_cpu_ram_efficient_loading, rank 0 reads and the others receive)");
     } else if (e.key == "fsdp_use_orig_params") {
       if (parse_bool(v) == false)
-        result.lossy.push_back("fsdp_use_orig_params: false cannot be kept: FSDP2 always exposes the original "
-                               "parameters (no flattened parameters)");
+        result.lossy.push_back(
+            "fsdp_use_orig_params: false cannot be kept: FSDP2 always exposes the original "
+            "parameters (no flattened parameters)");
       drop(e, "FSDP2 always uses the original parameters");
     } else if (e.key == "fsdp_forward_prefetch") {
       if (parse_bool(v) == true)
-        result.lossy.push_back("fsdp_forward_prefetch: true cannot be kept: FSDP2 has no forward-prefetch switch "
-                               "(it overlaps the next unit's all-gather by itself)");
+        result.lossy.push_back(
+            "fsdp_forward_prefetch: true cannot be kept: FSDP2 has no forward-prefetch switch "
+            "(it overlaps the next unit's all-gather by itself)");
       drop(e, "FSDP2 has no forward-prefetch switch");
     } else if (e.key == "fsdp_state_dict_type") {
       auto sdt = [&]() -> std::optional<StateDictType> {
@@ -282,12 +305,14 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
         return std::nullopt;
       }();
       if (!sdt)
-        throw InputError(str(where(file, e.line, e.col), ": fsdp_config.", e.raw_key, ": expected one of ",
-                             join(std::vector<std::string>(kStateDictTypeNames.begin(), kStateDictTypeNames.end()), ", "),
-                             ", got ", quoted(v)));
+        throw InputError(
+            str(where(file, e.line, e.col), ": fsdp_config.", e.raw_key, ": expected one of ",
+                join(std::vector<std::string>(kStateDictTypeNames.begin(), kStateDictTypeNames.end()), ", "), ", got ",
+                quoted(v)));
       if (*sdt == StateDictType::kLocalStateDict) {
-        result.lossy.push_back("LOCAL_STATE_DICT does not exist in FSDP2; SHARDED_STATE_DICT (per-rank files that "
-                               "reshard to any world size) replaces it");
+        result.lossy.push_back(
+            "LOCAL_STATE_DICT does not exist in FSDP2; SHARDED_STATE_DICT (per-rank files that "
+            "reshard to any world size) replaces it");
         rewrite_line(e, "fsdp_state_dict_type", "SHARDED_STATE_DICT");
       } else if (v != enum_name(*sdt, kStateDictTypeNames) || e.raw_key != e.key) {
         rewrite_line(e, "fsdp_state_dict_type", enum_name(*sdt, kStateDictTypeNames));
@@ -309,18 +334,19 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   if (!have_version) appended_fsdp.push_back(key_indent + "fsdp_version: 2");
   if (!have_state_dict) {
     appended_fsdp.push_back(key_indent + "fsdp_state_dict_type: FULL_STATE_DICT");
-    result.notes.push_back("fsdp_state_dict_type: FULL_STATE_DICT written explicitly (FSDP1's default; FSDP2's "
-                           "default would silently switch checkpoints to SHARDED_STATE_DICT)");
+    result.notes.push_back(
+        "fsdp_state_dict_type: FULL_STATE_DICT written explicitly (FSDP1's default; FSDP2's "
+        "default would silently switch checkpoints to SHARDED_STATE_DICT)");
   }
 
   std::vector<std::string> appended_top;
   if (hsdp) {
     YAML::Node pc = root["parallelism_config"];
     if (pc.IsDefined() && !pc.IsNull() && !(pc.IsMap() && pc.size() == 0))
-      throw InputError(str(file, ": parallelism_config: already present; remove it or the hybrid fsdp_sharding_strategy, "
+      throw InputError(str(file,
+                           ": parallelism_config: already present; remove it or the hybrid fsdp_sharding_strategy, "
                            "the conversion writes it"));
-    appended_top = {"parallelism_config:",
-                    str("  parallelism_config_dp_replicate_size: ", hsdp->first),
+    appended_top = {"parallelism_config:", str("  parallelism_config_dp_replicate_size: ", hsdp->first),
                     str("  parallelism_config_dp_shard_size: ", hsdp->second)};
   }
 
@@ -337,8 +363,10 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
       if (top_insert_after == block_end) out.insert(out.end(), appended_top.begin(), appended_top.end());
     }
     auto it = replace.find(l);
-    if (it == replace.end()) out.push_back(lines.v[l]);
-    else out.insert(out.end(), it->second.begin(), it->second.end());
+    if (it == replace.end())
+      out.push_back(lines.v[l]);
+    else
+      out.insert(out.end(), it->second.begin(), it->second.end());
   }
   if (block_end >= lines.v.size()) {
     out.insert(out.end(), appended_fsdp.begin(), appended_fsdp.end());
@@ -358,8 +386,8 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   Diagnostics diags;
   load_config(in, diags);
   if (diags.has_errors())
-    throw InputError(str("the converted config does not validate; fix these in ", file, " first:\n",
-                         join(diags.errors(), "\n")));
+    throw InputError(
+        str("the converted config does not validate; fix these in ", file, " first:\n", join(diags.errors(), "\n")));
   return result;
 }
 

@@ -14,10 +14,10 @@
 namespace fsdp::config {
 
 struct ToFsdp2Result {
-  std::string output;               // the converted text (== input when nothing changed)
-  bool converted = false;           // false: no fsdp_config, or already FSDP2
-  std::vector<std::string> notes;   // what changed and why (printed)
-  std::vector<std::string> lossy;   // changes that lose behaviour; refused unless forced
+  std::string output;              // the converted text (== input when nothing changed)
+  bool converted = false;          // false: no fsdp_config, or already FSDP2
+  std::vector<std::string> notes;  // what changed and why (printed)
+  std::vector<std::string> lossy;  // changes that lose behaviour; refused unless forced
 };
 
 // Converts `text` (read from `file`, used in messages). Throws InputError for input that cannot be

@@ -35,8 +35,9 @@ struct Checker {
 void check_launch(Checker& c) {
   const LaunchConfig& l = c.rc.typed.launch;
   if (c.rc.get("num_processes").value.empty()) {
-    c.error("num_processes", "not set; with distributed_type " + c.rc.get("distributed_type").value +
-                                 " the number of processes must be given",
+    c.error("num_processes",
+            "not set; with distributed_type " + c.rc.get("distributed_type").value +
+                " the number of processes must be given",
             "add num_processes: N (the total across all machines) or pass --num_processes N");
     return;
   }
@@ -47,7 +48,8 @@ void check_launch(Checker& c) {
     c.error("num_processes",
             str(l.num_processes, " processes cannot be split evenly over ", l.num_machines,
                 " machines (num_processes is the total across all machines)"),
-            str("use a multiple of ", l.num_machines, ", such as ", l.num_machines * std::max(1, l.num_processes / l.num_machines)));
+            str("use a multiple of ", l.num_machines, ", such as ",
+                l.num_machines * std::max(1, l.num_processes / l.num_machines)));
   if (l.machine_rank >= l.num_machines)
     c.error("machine_rank", str("is ", l.machine_rank, " but there are only ", l.num_machines, " machines"),
             str("use 0..", l.num_machines - 1));
@@ -62,8 +64,9 @@ void check_launch(Checker& c) {
   if (l.gpu_ids != "all" && !l.use_cpu && l.distributed_type != DistributedType::kMultiCpu) {
     int ids = static_cast<int>(split(l.gpu_ids, ',').size());
     if (ids < l.processes_per_machine())
-      c.error("gpu_ids", str("lists ", ids, " GPU(s) (", l.gpu_ids, ") but each machine runs ",
-                             l.processes_per_machine(), " processes"),
+      c.error("gpu_ids",
+              str("lists ", ids, " GPU(s) (", l.gpu_ids, ") but each machine runs ", l.processes_per_machine(),
+                  " processes"),
               "list one GPU per process, or use gpu_ids: all");
   }
 }
@@ -95,7 +98,8 @@ void check_fsdp(Checker& c) {
                   enum_name(*f.reshard_after_forward_strategy, kShardingStrategyNames)),
               c.to_fsdp2_hint());
   } else {
-    if (f.sharding_strategy && f.reshard_after_forward_strategy && *f.sharding_strategy != *f.reshard_after_forward_strategy)
+    if (f.sharding_strategy && f.reshard_after_forward_strategy &&
+        *f.sharding_strategy != *f.reshard_after_forward_strategy)
       c.error("fsdp_config.fsdp_reshard_after_forward",
               str("names the strategy ", enum_name(*f.reshard_after_forward_strategy, kShardingStrategyNames),
                   " but fsdp_sharding_strategy is ", enum_name(*f.sharding_strategy, kShardingStrategyNames)),
@@ -161,12 +165,14 @@ void check_parallelism(Checker& c) {
   if (p.cp_size > 1)
     c.error("parallelism_config.parallelism_config_cp_size", "context parallelism is not supported (only 1)");
   if (!p.cp_comm_strategy.empty() && p.cp_size <= 1)
-    c.warning("parallelism_config.parallelism_config_cp_comm_strategy", "ignored because parallelism_config_cp_size is 1");
+    c.warning("parallelism_config.parallelism_config_cp_comm_strategy",
+              "ignored because parallelism_config_cp_size is 1");
   const long long product = 1LL * p.dp_replicate_size * p.dp_shard_size * p.tp_size * p.cp_size;
   const bool all_one = product == 1;
   if (!all_one && product != cfg.launch.num_processes)
-    c.error(c.set("parallelism_config.parallelism_config_dp_shard_size") ? "parallelism_config.parallelism_config_dp_shard_size"
-                                                                          : first,
+    c.error(c.set("parallelism_config.parallelism_config_dp_shard_size")
+                ? "parallelism_config.parallelism_config_dp_shard_size"
+                : first,
             str("dp_replicate_size x dp_shard_size = ", p.dp_replicate_size, " x ", p.dp_shard_size, " = ", product,
                 ", but num_processes is ", cfg.launch.num_processes),
             "the product of the parallelism sizes must equal num_processes");

@@ -27,24 +27,34 @@ const std::vector<WizardQuestionInfo>& questions() {
       {"main_process_port", "What is the port you will use to communicate with the main process?"},
       {"same_network", "Are all the machines on the same local network?"},
       {"rdzv_backend", "What rendezvous backend will you use? (static or c10d)"},
-      {"debug", "Should distributed operations be checked while running for errors? This can avoid timeout issues but will be slower."},
+      {"debug",
+       "Should distributed operations be checked while running for errors? This can avoid timeout issues but will be "
+       "slower."},
       {"use_fsdp", "Do you want to use FullyShardedDataParallel?"},
       {"fsdp_config.fsdp_version", "What should be your FSDP version?"},
       {"fsdp_config.fsdp_sharding_strategy", "What should be your sharding strategy?"},
       {"fsdp_config.fsdp_reshard_after_forward", "Do you want to enable resharding after forward?"},
       {"fsdp_config.fsdp_offload_params", "Do you want to offload parameters and gradients to CPU?"},
       {"fsdp_config.fsdp_auto_wrap_policy", "What should be your auto wrap policy?"},
-      {"use_model_layer_classes", "Do you want to use the model's declared layer classes (LlamaDecoderLayer) as units?"},
-      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap", "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. LlamaDecoderLayer"},
-      {"fsdp_config.fsdp_min_num_params", "What should be your FSDP's minimum number of parameters for size-based wrapping?"},
+      {"use_model_layer_classes",
+       "Do you want to use the model's declared layer classes (LlamaDecoderLayer) as units?"},
+      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+       "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. "
+       "LlamaDecoderLayer"},
+      {"fsdp_config.fsdp_min_num_params",
+       "What should be your FSDP's minimum number of parameters for size-based wrapping?"},
       {"fsdp_config.fsdp_backward_prefetch", "What should be your FSDP's backward prefetch policy?"},
       {"fsdp_config.fsdp_state_dict_type", "What should be your FSDP's state dict type?"},
       {"fsdp_config.fsdp_forward_prefetch", "Do you want to enable FSDP's forward prefetch policy?"},
       {"fsdp_config.fsdp_use_orig_params", "Do you want to enable FSDP's `use_orig_params` feature?"},
-      {"fsdp_config.fsdp_cpu_ram_efficient_loading", "Do you want each individually wrapped FSDP unit to broadcast module parameters from rank 0 at the start (only rank 0 reads the checkpoint)?"},
-      {"fsdp_config.fsdp_sync_module_states", "Do you want to sync module states (broadcast rank 0's weights at start)?"},
+      {"fsdp_config.fsdp_cpu_ram_efficient_loading",
+       "Do you want each individually wrapped FSDP unit to broadcast module parameters from rank 0 at the start (only "
+       "rank 0 reads the checkpoint)?"},
+      {"fsdp_config.fsdp_sync_module_states",
+       "Do you want to sync module states (broadcast rank 0's weights at start)?"},
       {"fsdp_config.fsdp_activation_checkpointing", "Do you want to enable FSDP activation checkpointing?"},
-      {"use_parallelism_config", "Do you want to use hybrid sharding (HSDP: shard within groups of ranks, replicate across groups)?"},
+      {"use_parallelism_config",
+       "Do you want to use hybrid sharding (HSDP: shard within groups of ranks, replicate across groups)?"},
       {"parallelism_config.parallelism_config_dp_replicate_size", "How many replicas (dp_replicate_size)?"},
       {"parallelism_config.parallelism_config_dp_shard_size", "How many ranks shard each replica (dp_shard_size)?"},
       {"num_processes", "How many processes (GPUs) should be used in total, across ALL machines?"},
@@ -89,9 +99,9 @@ std::string Wizard::read_answer(const std::string& id, const std::string& shown_
   std::string line;
   if (!std::getline(in_, line)) {
     out_ << "\n";
-    throw InputError(str("config: input ended before \"", prompt_of(id), "\" was answered; answer it with --answers FILE (",
-                         id, ": ...)", find_option(id) && !find_option(id)->flag.empty() ? " or --" + find_option(id)->flag : "",
-                         ""));
+    throw InputError(
+        str("config: input ended before \"", prompt_of(id), "\" was answered; answer it with --answers FILE (", id,
+            ": ...)", find_option(id) && !find_option(id)->flag.empty() ? " or --" + find_option(id)->flag : "", ""));
   }
   if (!interactive_) out_ << line << "\n";  // echo, so a piped transcript reads like a session
   return trim(line);
@@ -123,7 +133,8 @@ std::string Wizard::ask_choice(const std::string& id, const std::vector<std::str
   };
   if (auto it = preset_.find(id); it != preset_.end()) {
     std::string m = match(trim(it->second));
-    FSDP_CHECK(!m.empty(), "config: answer for ", id, ": expected one of ", join(choices, ", "), ", got ", quoted(it->second));
+    FSDP_CHECK(!m.empty(), "config: answer for ", id, ": expected one of ", join(choices, ", "), ", got ",
+               quoted(it->second));
     return m;
   }
   std::string shown = prompt_of(id) + "\n";
@@ -167,7 +178,8 @@ std::string Wizard::ask_option(const std::string& key, const std::string& def,
   while (true) {
     std::string a = read_answer(key, shown);
     if (a.empty()) {
-      if (!def.empty()) a = def;
+      if (!def.empty())
+        a = def;
       else {
         out_ << "Please enter a value.\n";
         continue;
@@ -181,7 +193,8 @@ std::string Wizard::ask_option(const std::string& key, const std::string& def,
 
 WizardResult Wizard::run() {
   set("compute_environment", "LOCAL_MACHINE");
-  const std::string machine = ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"}, "multi-GPU");
+  const std::string machine =
+      ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"}, "multi-GPU");
   const bool distributed = machine != "No distributed training";
   const bool cpu = machine == "multi-CPU";
   set("use_cpu", cpu ? "true" : "false");
@@ -212,11 +225,13 @@ WizardResult Wizard::run() {
     const bool v2 = version == "2";
     set("fsdp_config.fsdp_version", version);
     if (v2) {
-      set("fsdp_config.fsdp_reshard_after_forward", ask_yes_no("fsdp_config.fsdp_reshard_after_forward", true) ? "true" : "false");
+      set("fsdp_config.fsdp_reshard_after_forward",
+          ask_yes_no("fsdp_config.fsdp_reshard_after_forward", true) ? "true" : "false");
     } else {
       set("fsdp_config.fsdp_sharding_strategy",
           ask_choice("fsdp_config.fsdp_sharding_strategy",
-                     std::vector<std::string>(kShardingStrategyNames.begin(), kShardingStrategyNames.end()), "FULL_SHARD"));
+                     std::vector<std::string>(kShardingStrategyNames.begin(), kShardingStrategyNames.end()),
+                     "FULL_SHARD"));
     }
     set("fsdp_config.fsdp_offload_params", ask_yes_no("fsdp_config.fsdp_offload_params", false) ? "true" : "false");
     const std::string policy = ask_choice("fsdp_config.fsdp_auto_wrap_policy",
@@ -225,21 +240,25 @@ WizardResult Wizard::run() {
     set("fsdp_config.fsdp_auto_wrap_policy", policy);
     if (policy == "TRANSFORMER_BASED_WRAP") {
       if (!ask_yes_no("use_model_layer_classes", true))
-        set("fsdp_config.fsdp_transformer_layer_cls_to_wrap", ask_option("fsdp_config.fsdp_transformer_layer_cls_to_wrap", ""));
+        set("fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+            ask_option("fsdp_config.fsdp_transformer_layer_cls_to_wrap", ""));
     } else if (policy == "SIZE_BASED_WRAP") {
-      set("fsdp_config.fsdp_min_num_params", ask_option("fsdp_config.fsdp_min_num_params", "100000000", [](const std::string& v) {
+      set("fsdp_config.fsdp_min_num_params",
+          ask_option("fsdp_config.fsdp_min_num_params", "100000000", [](const std::string& v) {
             return *parse_int(v) > 0 ? std::string() : std::string("it must be > 0");
           }));
     }
     if (!v2)
       set("fsdp_config.fsdp_backward_prefetch",
           ask_choice("fsdp_config.fsdp_backward_prefetch",
-                     std::vector<std::string>(kBackwardPrefetchNames.begin(), kBackwardPrefetchNames.end()), "BACKWARD_PRE"));
+                     std::vector<std::string>(kBackwardPrefetchNames.begin(), kBackwardPrefetchNames.end()),
+                     "BACKWARD_PRE"));
     const std::vector<std::string> sdt = v2 ? std::vector<std::string>{"SHARDED_STATE_DICT", "FULL_STATE_DICT"}
                                             : std::vector<std::string>{"FULL_STATE_DICT", "SHARDED_STATE_DICT"};
     set("fsdp_config.fsdp_state_dict_type", ask_choice("fsdp_config.fsdp_state_dict_type", sdt, sdt.front()));
     if (!v2) {
-      set("fsdp_config.fsdp_forward_prefetch", ask_yes_no("fsdp_config.fsdp_forward_prefetch", false) ? "true" : "false");
+      set("fsdp_config.fsdp_forward_prefetch",
+          ask_yes_no("fsdp_config.fsdp_forward_prefetch", false) ? "true" : "false");
       set("fsdp_config.fsdp_use_orig_params", ask_yes_no("fsdp_config.fsdp_use_orig_params", true) ? "true" : "false");
     }
     const bool efficient = ask_yes_no("fsdp_config.fsdp_cpu_ram_efficient_loading", true);
@@ -250,8 +269,8 @@ WizardResult Wizard::run() {
     const bool ac = policy != "NO_WRAP" && ask_yes_no("fsdp_config.fsdp_activation_checkpointing", false);
     set("fsdp_config.fsdp_activation_checkpointing", ac ? "true" : "false");
     if (v2 && ask_yes_no("use_parallelism_config", false)) {
-      replicate = static_cast<int>(*parse_int(ask_option("parallelism_config.parallelism_config_dp_replicate_size",
-                                                         std::to_string(machines))));
+      replicate = static_cast<int>(
+          *parse_int(ask_option("parallelism_config.parallelism_config_dp_replicate_size", std::to_string(machines))));
       shard = static_cast<int>(*parse_int(ask_option("parallelism_config.parallelism_config_dp_shard_size", "1")));
       set("parallelism_config.parallelism_config_dp_replicate_size", std::to_string(replicate));
       set("parallelism_config.parallelism_config_dp_shard_size", std::to_string(shard));
@@ -274,7 +293,8 @@ WizardResult Wizard::run() {
     set("gpu_ids", ask_option("gpu_ids", "all", [&](const std::string& v) {
           if (v == "all") return std::string();
           int n = static_cast<int>(split(v, ',').size());
-          return n >= per_machine ? std::string() : str("each machine runs ", per_machine, " processes: list that many GPUs");
+          return n >= per_machine ? std::string()
+                                  : str("each machine runs ", per_machine, " processes: list that many GPUs");
         }));
   }
   set("mixed_precision", ask_choice("mixed_precision", {"no", "fp16", "bf16"}, "no"));
@@ -295,7 +315,9 @@ WizardResult Wizard::run() {
 
 }  // namespace
 
-std::vector<WizardQuestionInfo> wizard_questions() { return questions(); }
+std::vector<WizardQuestionInfo> wizard_questions() {
+  return questions();
+}
 
 WizardResult run_wizard(std::istream& in, std::ostream& out, const std::map<std::string, std::string>& preset,
                         bool interactive) {

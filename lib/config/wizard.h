@@ -25,7 +25,7 @@ std::vector<WizardQuestionInfo> wizard_questions();
 
 struct WizardResult {
   std::vector<std::pair<std::string, std::string>> values;  // (dotted key, canonical value)
-  std::string yaml;                                          // the config file to write
+  std::string yaml;                                         // the config file to write
 };
 
 // Runs the wizard. Throws InputError for a bad preset answer, an unknown question id, or input

@@ -48,14 +48,14 @@ std::string str(Args&&... args) {
 
 }  // namespace fsdp
 
-#define FSDP_CHECK(cond, ...)                                         \
-  do {                                                                \
+#define FSDP_CHECK(cond, ...)                                        \
+  do {                                                               \
     if (!(cond)) throw ::fsdp::InputError(::fsdp::str(__VA_ARGS__)); \
   } while (0)
 
-#define FSDP_ASSERT(cond, ...)                                                                   \
-  do {                                                                                           \
-    if (!(cond))                                                                                 \
-      throw ::fsdp::Error(::fsdp::str("internal error at ", __FILE__, ":", __LINE__, ": ", #cond, \
-                                      " failed: ", ##__VA_ARGS__));                              \
+#define FSDP_ASSERT(cond, ...)                                                                                  \
+  do {                                                                                                          \
+    if (!(cond))                                                                                                \
+      throw ::fsdp::Error(                                                                                      \
+          ::fsdp::str("internal error at ", __FILE__, ":", __LINE__, ": ", #cond, " failed: ", ##__VA_ARGS__)); \
   } while (0)

@@ -21,7 +21,11 @@ std::string rank_prefix() {
   return rank && *rank ? std::string("[rank ") + rank + "] " : std::string();
 }
 
-void log_info(const std::string& message) { emit(message); }
-void log_warn(const std::string& message) { emit("warning: " + message); }
+void log_info(const std::string& message) {
+  emit(message);
+}
+void log_warn(const std::string& message) {
+  emit("warning: " + message);
+}
 
 }  // namespace fsdp

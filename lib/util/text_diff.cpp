@@ -21,7 +21,8 @@ std::string unified_diff(const std::string& before, const std::string& after, co
   // Longest common subsequence table (config files are small).
   std::vector<std::vector<int>> lcs(n + 1, std::vector<int>(m + 1, 0));
   for (size_t i = n; i-- > 0;)
-    for (size_t j = m; j-- > 0;) lcs[i][j] = a[i] == b[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
+    for (size_t j = m; j-- > 0;)
+      lcs[i][j] = a[i] == b[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
   struct Op {
     char kind;  // ' ', '-', '+'
     size_t ai, bi;
@@ -29,9 +30,12 @@ std::string unified_diff(const std::string& before, const std::string& after, co
   std::vector<Op> ops;
   size_t i = 0, j = 0;
   while (i < n || j < m) {
-    if (i < n && j < m && a[i] == b[j]) ops.push_back({' ', i++, j++});
-    else if (i < n && (j == m || lcs[i + 1][j] >= lcs[i][j + 1])) ops.push_back({'-', i++, j});
-    else ops.push_back({'+', i, j++});
+    if (i < n && j < m && a[i] == b[j])
+      ops.push_back({' ', i++, j++});
+    else if (i < n && (j == m || lcs[i + 1][j] >= lcs[i][j + 1]))
+      ops.push_back({'-', i++, j});
+    else
+      ops.push_back({'+', i, j++});
   }
   std::string out = "--- " + before_name + "\n+++ " + after_name + "\n";
   size_t k = 0;

@@ -113,8 +113,9 @@ TEST_CASE("--version names LibTorch, CUDA and NCCL; --help lists the commands an
 
 TEST_CASE("config validate: every error on its own line, exit code 2; a good file exits 0") {
   TempDir t;
-  std::string bad = t.file("bad.yaml", "distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\nmain_process_ip: h\n"
-                                       "fsdp_config:\n  fsdp_version: 2\n  fsdp_ofload_params: true\n");
+  std::string bad = t.file("bad.yaml",
+                           "distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\nmain_process_ip: h\n"
+                           "fsdp_config:\n  fsdp_version: 2\n  fsdp_ofload_params: true\n");
   Result r = run({"config", "validate", bad});
   CHECK(r.code == 2);
   CHECK(r.err.find("error: " + bad + ":7:3: fsdp_config.fsdp_ofload_params: unknown key") != std::string::npos);
@@ -122,8 +123,9 @@ TEST_CASE("config validate: every error on its own line, exit code 2; a good fil
   CHECK(r.err.find("2 errors in the config; nothing was started") != std::string::npos);
   Result ok = run({"config", "validate", kConfigs + "/fsdp2/hybrid.yaml"});
   CHECK(ok.code == 0);
-  CHECK(ok.out.find("valid; runs as FSDP2, reshard_after_forward=true, HSDP: 2 replicas x 8 shards on 16 process(es)") !=
-        std::string::npos);
+  CHECK(
+      ok.out.find("valid; runs as FSDP2, reshard_after_forward=true, HSDP: 2 replicas x 8 shards on 16 process(es)") !=
+      std::string::npos);
   CHECK(run({"config", "validate", t / "missing.yaml"}).err.find("missing.yaml not found") != std::string::npos);
 }
 
@@ -150,7 +152,8 @@ TEST_CASE("the default config: $FSDPTRAIN_CONFIG_FILE, then fsdptrain's, then Ac
   std::map<std::string, std::string> env = {{"HOME", t.path.string()}};
   fs::create_directories(t.path / ".cache/huggingface/accelerate");
   t.file(".cache/huggingface/accelerate/default_config.yaml", "distributed_type: MULTI_GPU\nnum_processes: 3\n");
-  CHECK(run({"config", "show"}, "", env).out.find("# config: " + t / ".cache/huggingface/accelerate/default_config.yaml") == 0);
+  CHECK(run({"config", "show"}, "", env)
+            .out.find("# config: " + t / ".cache/huggingface/accelerate/default_config.yaml") == 0);
   Result d = run({"config", "default"}, "", env);
   CHECK(d.code == 0);
   CHECK(run({"config", "show"}, "", env).out.find("# config: " + t / ".cache/fsdptrain/default_config.yaml") == 0);
@@ -203,7 +206,8 @@ TEST_CASE("config update: a clear error without a file; legacy spellings moderni
   Result none = run({"config", "update"}, "", {{"HOME", t.path.string()}});
   CHECK(none.code == 2);
   CHECK(none.err.find("no config file given and none found") != std::string::npos);
-  const std::string legacy = "distributed_type: FSDP\nnum_processes: 2\nfp16: true\nfsdp_config:\n  sharding_strategy: 2\n";
+  const std::string legacy =
+      "distributed_type: FSDP\nnum_processes: 2\nfp16: true\nfsdp_config:\n  sharding_strategy: 2\n";
   const std::string path = t.file("old.yaml", legacy);
   Result r = run({"config", "update", "--config_file", path, "--to-fsdp2"});
   CHECK(r.code == 0);
@@ -254,8 +258,10 @@ TEST_CASE("the wizard through a pseudo-terminal, re-asking on a bad answer") {
       pollfd p{master, POLLIN, 0};
       if (poll(&p, 1, 200) > 0) {
         ssize_t n = read(master, buf, sizeof(buf));
-        if (n > 0) screen.append(buf, n);
-        else break;
+        if (n > 0)
+          screen.append(buf, n);
+        else
+          break;
       }
     }
     return screen.find(text) != std::string::npos;

@@ -56,7 +56,8 @@ TEST_CASE("YAML 1.1 traps read as the user meant") {
   }
   SUBCASE("1e8 and 1.0e+8 are the integer 100000000") {
     for (const char* v : {"1e8", "1.0e+8", "100000000"}) {
-      Loaded l = load_text(std::string(kFsdp2Base) + "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: " + v + "\n");
+      Loaded l = load_text(std::string(kFsdp2Base) +
+                           "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: " + v + "\n");
       CHECK_MESSAGE(l.errors() == "", l.errors());
       CHECK(l.rc.typed.fsdp.min_num_params == 100000000);
     }
@@ -69,8 +70,9 @@ TEST_CASE("YAML 1.1 traps read as the user meant") {
     }
   }
   SUBCASE("lower-case enum names and Accelerate's integers 1-5") {
-    Loaded l = load_text("distributed_type: fsdp\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: 2\n"
-                         "  fsdp_auto_wrap_policy: size_based_wrap\n  fsdp_state_dict_type: 3\n");
+    Loaded l = load_text(
+        "distributed_type: fsdp\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: 2\n"
+        "  fsdp_auto_wrap_policy: size_based_wrap\n  fsdp_state_dict_type: 3\n");
     CHECK(l.errors() == "");
     CHECK(l.value("fsdp_config.fsdp_sharding_strategy") == "SHARD_GRAD_OP");
     CHECK(l.value("fsdp_config.fsdp_auto_wrap_policy") == "SIZE_BASED_WRAP");
@@ -110,7 +112,8 @@ TEST_CASE("values Accelerate knows but fsdptrain does not support get a reason")
 }
 
 TEST_CASE("unknown keys are errors with the closest known key, at every level") {
-  Loaded l = load_text(std::string(kFsdp2Base) + "  fsdp_ofload_params: true\nnum_proceses: 2\nfsdp_offload_params: true\n"
+  Loaded l = load_text(std::string(kFsdp2Base) +
+                       "  fsdp_ofload_params: true\nnum_proceses: 2\nfsdp_offload_params: true\n"
                        "learning_rate_schedule: 3\n");
   const std::string e = l.errors();
   CHECK(e.find("test.yaml:5:3: fsdp_config.fsdp_ofload_params: unknown key (Accelerate would silently ignore it) "
@@ -123,8 +126,9 @@ TEST_CASE("unknown keys are errors with the closest known key, at every level") 
 }
 
 TEST_CASE("unprefixed fsdp_config keys and the pre-1.0 prefetch alias are read as Accelerate's launcher reads them") {
-  Loaded l = load_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  sharding_strategy: SHARD_GRAD_OP\n"
-                       "  fsdp_backward_prefetch_policy: BACKWARD_POST\n");
+  Loaded l = load_text(
+      "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  sharding_strategy: SHARD_GRAD_OP\n"
+      "  fsdp_backward_prefetch_policy: BACKWARD_POST\n");
   CHECK(l.errors() == "");
   CHECK(l.value("fsdp_config.fsdp_sharding_strategy") == "SHARD_GRAD_OP");
   CHECK(l.value("fsdp_config.fsdp_backward_prefetch") == "BACKWARD_POST");
@@ -152,19 +156,22 @@ TEST_CASE("legacy fp16: true becomes mixed_precision fp16; a contradiction is an
 }
 
 TEST_CASE("TPU and other ignored keys load; non-default values warn") {
-  Loaded quiet = load_text("distributed_type: NO\ntpu_env: []\ntpu_use_cluster: false\ndowncast_bf16: 'no'\n"
-                           "main_training_function: main\ndynamo_config: {}\n");
+  Loaded quiet = load_text(
+      "distributed_type: NO\ntpu_env: []\ntpu_use_cluster: false\ndowncast_bf16: 'no'\n"
+      "main_training_function: main\ndynamo_config: {}\n");
   CHECK(quiet.errors() == "");
   CHECK(quiet.warnings() == "");
   Loaded loud = load_text("distributed_type: NO\ntpu_name: my-tpu\ndynamo_config:\n  dynamo_backend: INDUCTOR\n");
   CHECK(loud.errors() == "");
-  CHECK(loud.warnings().find("tpu_name: accepted for compatibility with Accelerate and ignored: TPU only") != std::string::npos);
+  CHECK(loud.warnings().find("tpu_name: accepted for compatibility with Accelerate and ignored: TPU only") !=
+        std::string::npos);
   CHECK(loud.warnings().find("dynamo_config: accepted") != std::string::npos);
 }
 
 TEST_CASE("one precedence rule for every key: flag > --set > file > default, with origins") {
-  const std::string file = std::string(kFsdp2Base) + "  fsdp_offload_params: false\nrdzv_backend: c10d\nsame_network: false\n"
-                                                     "enable_cpu_affinity: true\n";
+  const std::string file = std::string(kFsdp2Base) +
+                           "  fsdp_offload_params: false\nrdzv_backend: c10d\nsame_network: false\n"
+                           "enable_cpu_affinity: true\n";
   Loaded l = load_text(file, {"num_processes=8", "fsdp_config.fsdp_offload_params=true"}, {{"num_processes", "2"}});
   CHECK(l.errors() == "");
   CHECK(l.value("num_processes") == "2");
@@ -180,7 +187,8 @@ TEST_CASE("one precedence rule for every key: flag > --set > file > default, wit
 }
 
 TEST_CASE("--set accepts short spellings, resets with an empty value, and rejects unknown keys") {
-  Loaded l = load_text(kFsdp2Base, {"offload_params=true", "fsdp_config.activation_checkpointing=yes", "mixed_precision="});
+  Loaded l =
+      load_text(kFsdp2Base, {"offload_params=true", "fsdp_config.activation_checkpointing=yes", "mixed_precision="});
   CHECK(l.errors() == "");
   CHECK(l.rc.typed.fsdp.offload_params);
   CHECK(l.rc.typed.fsdp.activation_checkpointing);

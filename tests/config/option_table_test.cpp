@@ -53,10 +53,26 @@ TEST_CASE("every Accelerate fsdp_config key and its worker variable are declared
     CHECK(o->env == env);
     CHECK(o->flag == key);
   }
-  for (const char* top : {"compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug", "num_processes",
-                          "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
-                          "same_network", "gpu_ids", "main_training_function", "enable_cpu_affinity", "downcast_bf16",
-                          "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "dynamo_config"})
+  for (const char* top : {"compute_environment",
+                          "distributed_type",
+                          "mixed_precision",
+                          "use_cpu",
+                          "debug",
+                          "num_processes",
+                          "num_machines",
+                          "machine_rank",
+                          "main_process_ip",
+                          "main_process_port",
+                          "rdzv_backend",
+                          "same_network",
+                          "gpu_ids",
+                          "main_training_function",
+                          "enable_cpu_affinity",
+                          "downcast_bf16",
+                          "tpu_env",
+                          "tpu_use_cluster",
+                          "tpu_use_sudo",
+                          "dynamo_config"})
     CHECK_MESSAGE(find_option(top), top);
 }
 

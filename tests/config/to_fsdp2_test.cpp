@@ -1,10 +1,11 @@
 // to-fsdp2: goldens for every example in configs/fsdp1, and the rules that make it lossless or loud.
+#include "config/to_fsdp2.h"
+
 #include <doctest/doctest.h>
 
 #include <filesystem>
 
 #include "config/test_support.h"
-#include "config/to_fsdp2.h"
 #include "util/error.h"
 #include "util/files.h"
 
@@ -15,7 +16,9 @@ using namespace fsdp::config::testing;
 namespace {
 const std::string kConfigs = std::string(FSDP_SOURCE_DIR) + "/configs";
 
-std::string convert(const std::string& text) { return convert_to_fsdp2(text, "in.yaml").output; }
+std::string convert(const std::string& text) {
+  return convert_to_fsdp2(text, "in.yaml").output;
+}
 
 std::string error_of(const std::string& text) {
   try {
@@ -75,8 +78,9 @@ TEST_CASE("strategy mapping: names in any case, integers 1-5, and the wizard's r
 }
 
 TEST_CASE("HYBRID_SHARD becomes HSDP: one replica per machine") {
-  Loaded l = load_text(convert("distributed_type: FSDP\nnum_processes: 16\nnum_machines: 4\nmain_process_ip: h\n"
-                               "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n"));
+  Loaded l =
+      load_text(convert("distributed_type: FSDP\nnum_processes: 16\nnum_machines: 4\nmain_process_ip: h\n"
+                        "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD_ZERO2\n"));
   REQUIRE(l.errors() == "");
   FsdpLayout layout = effective_fsdp_layout(l.rc.typed);
   CHECK(layout.replicate_size == 4);
@@ -94,7 +98,8 @@ TEST_CASE("lossy changes are listed (refused by the command unless --force)") {
   CHECK(lossy("  fsdp_state_dict_type: LOCAL_STATE_DICT\n").size() == 1);
   CHECK(lossy("  fsdp_forward_prefetch: true\n").size() == 1);
   CHECK(lossy("  fsdp_use_orig_params: false\n").size() == 1);
-  CHECK(lossy("  fsdp_forward_prefetch: false\n  fsdp_use_orig_params: true\n  fsdp_backward_prefetch: NO_PREFETCH\n").empty());
+  CHECK(lossy("  fsdp_forward_prefetch: false\n  fsdp_use_orig_params: true\n  fsdp_backward_prefetch: NO_PREFETCH\n")
+            .empty());
 }
 
 TEST_CASE("inputs that cannot be converted are refused with the reason") {
@@ -106,13 +111,16 @@ TEST_CASE("inputs that cannot be converted are refused with the reason") {
   CHECK(error_of("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
                  "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n")
             .find("keep one of the two keys") != std::string::npos);
-  CHECK(error_of("distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\nfsdp_config:\n  fsdp_offload_params: true\n")
-            .find("the converted config does not validate") == 0);
-  CHECK(error_of("distributed_type: FSDP\nfsdp_config: {fsdp_sharding_strategy: 1}\n").find("flow style") != std::string::npos);
+  CHECK(
+      error_of("distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\nfsdp_config:\n  fsdp_offload_params: true\n")
+          .find("the converted config does not validate") == 0);
+  CHECK(error_of("distributed_type: FSDP\nfsdp_config: {fsdp_sharding_strategy: 1}\n").find("flow style") !=
+        std::string::npos);
 }
 
 TEST_CASE("nothing to convert: no fsdp_config, or already FSDP2 (also as the string \"2\")") {
-  for (const char* in : {"distributed_type: NO\n", "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: '2'\n"}) {
+  for (const char* in :
+       {"distributed_type: NO\n", "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: '2'\n"}) {
     ToFsdp2Result r = convert_to_fsdp2(in, "in.yaml");
     CHECK_FALSE(r.converted);
     CHECK(r.output == in);

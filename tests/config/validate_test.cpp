@@ -7,8 +7,12 @@ using namespace fsdp::config;
 using namespace fsdp::config::testing;
 
 namespace {
-bool has(const Loaded& l, const std::string& needle) { return l.errors().find(needle) != std::string::npos; }
-bool warns(const Loaded& l, const std::string& needle) { return l.warnings().find(needle) != std::string::npos; }
+bool has(const Loaded& l, const std::string& needle) {
+  return l.errors().find(needle) != std::string::npos;
+}
+bool warns(const Loaded& l, const std::string& needle) {
+  return l.warnings().find(needle) != std::string::npos;
+}
 }  // namespace
 
 TEST_CASE("launch topology rules") {
@@ -16,25 +20,31 @@ TEST_CASE("launch topology rules") {
             "test.yaml:2:1: num_processes: 6 processes cannot be split evenly over 4 machines"));
   CHECK(has(load_text("distributed_type: FSDP\nnum_processes: 4\nnum_machines: 2\n"),
             "test.yaml: main_process_ip: required when num_machines is 2"));
-  CHECK(has(load_text("distributed_type: FSDP\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: h0\nmain_process_port: 0\n"),
-            "main_process_port: 0 (pick a free port) works on one machine only"));
-  CHECK(has(load_text("distributed_type: FSDP\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: h0\nmachine_rank: 2\n"),
-            "test.yaml:5:1: machine_rank: is 2 but there are only 2 machines (hint: use 0..1)"));
+  CHECK(
+      has(load_text(
+              "distributed_type: FSDP\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: h0\nmain_process_port: 0\n"),
+          "main_process_port: 0 (pick a free port) works on one machine only"));
+  CHECK(has(
+      load_text("distributed_type: FSDP\nnum_processes: 4\nnum_machines: 2\nmain_process_ip: h0\nmachine_rank: 2\n"),
+      "test.yaml:5:1: machine_rank: is 2 but there are only 2 machines (hint: use 0..1)"));
   CHECK(has(load_text("distributed_type: FSDP\nnum_processes: 4\ngpu_ids: 0,1\n"),
             "gpu_ids: lists 2 GPU(s) (0,1) but each machine runs 4 processes"));
   CHECK(load_text("distributed_type: FSDP\nnum_processes: 4\nuse_cpu: true\ngpu_ids: 0\n").errors() == "");
   CHECK(has(load_text("distributed_type: NO\nnum_processes: 4\n"), "distributed_type: NO runs a single process"));
   CHECK(has(load_text("distributed_type: FSDP\n"), "num_processes: not set"));
-  CHECK(load_text("distributed_type: FSDP\nnum_processes: 8\nnum_machines: 2\nmain_process_ip: 10.0.0.1\n").errors() == "");
+  CHECK(load_text("distributed_type: FSDP\nnum_processes: 8\nnum_machines: 2\nmain_process_ip: 10.0.0.1\n").errors() ==
+        "");
 }
 
 TEST_CASE("FSDP1 keys in an FSDP2 config are errors that suggest to-fsdp2") {
-  Loaded l = load_text(std::string(kFsdp2Base) +
-                       "  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_backward_prefetch: BACKWARD_PRE\n"
-                       "  fsdp_forward_prefetch: true\n  fsdp_use_orig_params: true\n  fsdp_sync_module_states: true\n");
+  Loaded l =
+      load_text(std::string(kFsdp2Base) +
+                "  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_backward_prefetch: BACKWARD_PRE\n"
+                "  fsdp_forward_prefetch: true\n  fsdp_use_orig_params: true\n  fsdp_sync_module_states: true\n");
   CHECK(l.diags.error_count() == 5);
-  CHECK(has(l, "test.yaml:5:3: fsdp_config.fsdp_sharding_strategy: an FSDP1 key that FSDP2 does not have "
-               "(hint: run `fsdptrain to-fsdp2 --config_file test.yaml --overwrite`)"));
+  CHECK(has(l,
+            "test.yaml:5:3: fsdp_config.fsdp_sharding_strategy: an FSDP1 key that FSDP2 does not have "
+            "(hint: run `fsdptrain to-fsdp2 --config_file test.yaml --overwrite`)"));
   CHECK(has(l, "fsdp_config.fsdp_forward_prefetch: FSDP2 has no forward prefetch switch"));
   CHECK(has(load_text(std::string(kFsdp2Base) + "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n"),
             "fsdp_reshard_after_forward: FSDP2 expects true or false, got the FSDP1 strategy SHARD_GRAD_OP"));
@@ -43,28 +53,32 @@ TEST_CASE("FSDP1 keys in an FSDP2 config are errors that suggest to-fsdp2") {
 TEST_CASE("FSDP rules that Accelerate only finds after the workers started, or never") {
   CHECK(has(load_text(std::string(kFsdp2Base) + "  fsdp_state_dict_type: LOCAL_STATE_DICT\n"),
             "fsdp_config.fsdp_state_dict_type: FSDP2 does not support LOCAL_STATE_DICT"));
-  CHECK(has(load_text(std::string(kFsdp2Base) + "  fsdp_auto_wrap_policy: NO_WRAP\n  fsdp_activation_checkpointing: true\n"),
-            "fsdp_activation_checkpointing: needs units to checkpoint, but fsdp_auto_wrap_policy is NO_WRAP"));
+  CHECK(has(
+      load_text(std::string(kFsdp2Base) + "  fsdp_auto_wrap_policy: NO_WRAP\n  fsdp_activation_checkpointing: true\n"),
+      "fsdp_activation_checkpointing: needs units to checkpoint, but fsdp_auto_wrap_policy is NO_WRAP"));
   CHECK(has(load_text(std::string(kFsdp2Base) + "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 0\n"),
             "fsdp_min_num_params: must be > 0 with SIZE_BASED_WRAP"));
   CHECK(has(load_text(std::string(kFsdp2Base) + "  fsdp_ignored_modules: 'layers.(0\n"),
             "fsdp_ignored_modules: is not a valid regular expression"));
-  CHECK(warns(load_text(std::string(kFsdp2Base) + "  fsdp_auto_wrap_policy: NO_WRAP\n  fsdp_transformer_layer_cls_to_wrap: X\n"),
+  CHECK(warns(load_text(std::string(kFsdp2Base) +
+                        "  fsdp_auto_wrap_policy: NO_WRAP\n  fsdp_transformer_layer_cls_to_wrap: X\n"),
               "fsdp_transformer_layer_cls_to_wrap: ignored because fsdp_auto_wrap_policy is NO_WRAP"));
   CHECK(warns(load_text("distributed_type: MULTI_GPU\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"),
               "distributed_type: is MULTI_GPU, so fsdp_config is ignored"));
 }
 
 TEST_CASE("RAM-efficient loading needs sync_module_states in FSDP1 only (no spurious FSDP2 error)") {
-  const char* v1 = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_cpu_ram_efficient_loading: true\n"
-                   "  fsdp_sync_module_states: false\n";
+  const char* v1 =
+      "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_cpu_ram_efficient_loading: true\n"
+      "  fsdp_sync_module_states: false\n";
   CHECK(has(load_text(v1), "fsdp_sync_module_states: must be true with fsdp_cpu_ram_efficient_loading"));
   CHECK(load_text(std::string(kFsdp2Base) + "  fsdp_cpu_ram_efficient_loading: true\n").errors() == "");
 }
 
 TEST_CASE("FSDP1 strategies are honoured wherever they are written, and conflicts are errors") {
   auto layout = [](const std::string& text) { return effective_fsdp_layout(load_text(text).rc.typed); };
-  const std::string head = "distributed_type: FSDP\nnum_processes: 8\nnum_machines: 2\nmain_process_ip: h0\nfsdp_config:\n";
+  const std::string head =
+      "distributed_type: FSDP\nnum_processes: 8\nnum_machines: 2\nmain_process_ip: h0\nfsdp_config:\n";
   FsdpLayout sgo = layout(head + "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n");
   CHECK(sgo.sharded);
   CHECK_FALSE(sgo.reshard_after_forward);
@@ -91,8 +105,10 @@ TEST_CASE("parallelism_config: HSDP sizes must multiply to num_processes; TP/CP 
             "dp_replicate_size x dp_shard_size = 2 x 3 = 6, but num_processes is 4"));
   CHECK(has(load_text(base + "  parallelism_config_tp_size: 2\n  parallelism_config_dp_shard_size: 2\n"),
             "tensor parallelism is not supported"));
-  CHECK(has(load_text("distributed_type: FSDP\nnum_processes: 4\nparallelism_config:\n  parallelism_config_dp_shard_size: 4\n"),
-            "parallelism_config needs FSDP2"));
+  CHECK(
+      has(load_text(
+              "distributed_type: FSDP\nnum_processes: 4\nparallelism_config:\n  parallelism_config_dp_shard_size: 4\n"),
+          "parallelism_config needs FSDP2"));
   // All sizes 1: plain FSDP over the world (Accelerate silently turns this into pure replication).
   FsdpLayout plain = effective_fsdp_layout(load_text(base + "  parallelism_config_dp_shard_size: 1\n").rc.typed);
   CHECK(plain.replicate_size == 1);
@@ -100,7 +116,8 @@ TEST_CASE("parallelism_config: HSDP sizes must multiply to num_processes; TP/CP 
 }
 
 TEST_CASE("every problem is reported at once") {
-  Loaded l = load_text("distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\nmixed_precision: bf8\n"
-                       "fsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: maybe\n  fsdp_bogus: 1\n");
+  Loaded l = load_text(
+      "distributed_type: FSDP\nnum_processes: 3\nnum_machines: 2\nmixed_precision: bf8\n"
+      "fsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: maybe\n  fsdp_bogus: 1\n");
   CHECK(l.diags.error_count() == 5);  // bf8, maybe, fsdp_bogus, 3 % 2, main_process_ip
 }

@@ -1,10 +1,11 @@
 // The wizard through a stream (as from a pipe), with re-asking and preset answers.
+#include "config/wizard.h"
+
 #include <doctest/doctest.h>
 
 #include <sstream>
 
 #include "config/test_support.h"
-#include "config/wizard.h"
 #include "util/error.h"
 
 using namespace fsdp;
@@ -40,31 +41,32 @@ TEST_CASE("all defaults (multi-GPU, FSDP2) give a valid FSDP2 config") {
   CHECK(l.rc.typed.fsdp.version == 2);
   CHECK(l.rc.typed.fsdp.reshard_after_forward);
   CHECK(l.value("fsdp_config.fsdp_state_dict_type") == "SHARDED_STATE_DICT");
-  CHECK(r.transcript.find("How many processes (GPUs) should be used in total, across ALL machines?") != std::string::npos);
+  CHECK(r.transcript.find("How many processes (GPUs) should be used in total, across ALL machines?") !=
+        std::string::npos);
 }
 
 TEST_CASE("questions come in Accelerate's order and bad answers are re-asked with a message") {
   const std::string answers =
-      "3\n"        // machine type: multi-GPU
-      "2\n"        // machines
-      "5\n1\n"     // rank 5 is refused, then 1
+      "3\n"     // machine type: multi-GPU
+      "2\n"     // machines
+      "5\n1\n"  // rank 5 is refused, then 1
       "10.0.0.1\n"
-      "0\n29501\n" // port 0 refused with several machines
-      "\n"         // same network
-      "\n"         // debug
+      "0\n29501\n"    // port 0 refused with several machines
+      "\n"            // same network
+      "\n"            // debug
       "maybe\nyes\n"  // FSDP? re-asked
-      "1\n"        // FSDP version 1
+      "1\n"           // FSDP version 1
       "SHARD_GRAD_OP\n"
-      "no\n"       // offload
-      "2\n"        // SIZE_BASED_WRAP
-      "abc\n1e7\n" // min params re-asked, 1e7 accepted
-      "\n"         // backward prefetch
-      "\n"         // state dict
-      "\n\n"       // forward prefetch, use_orig_params
-      "\n"         // ram efficient loading
-      "\n"         // activation checkpointing
-      "3\n4\n"     // processes: 3 is not a multiple of 2
-      "0,1\n"      // gpu ids
+      "no\n"        // offload
+      "2\n"         // SIZE_BASED_WRAP
+      "abc\n1e7\n"  // min params re-asked, 1e7 accepted
+      "\n"          // backward prefetch
+      "\n"          // state dict
+      "\n\n"        // forward prefetch, use_orig_params
+      "\n"          // ram efficient loading
+      "\n"          // activation checkpointing
+      "3\n4\n"      // processes: 3 is not a multiple of 2
+      "0,1\n"       // gpu ids
       "bf16\n";
   Run r = run(answers);
   const std::string& t = r.transcript;
@@ -89,14 +91,23 @@ TEST_CASE("questions come in Accelerate's order and bad answers are re-asked wit
 }
 
 TEST_CASE("preset answers are not asked; a complete set needs no input at all") {
-  std::map<std::string, std::string> preset = {
-      {"machine_type", "multi-CPU"}, {"num_machines", "1"}, {"debug", "no"}, {"use_fsdp", "yes"},
-      {"fsdp_config.fsdp_version", "2"}, {"fsdp_config.fsdp_reshard_after_forward", "no"},
-      {"fsdp_config.fsdp_offload_params", "no"}, {"fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
-      {"use_model_layer_classes", "yes"}, {"fsdp_config.fsdp_state_dict_type", "FULL_STATE_DICT"},
-      {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"}, {"fsdp_config.fsdp_activation_checkpointing", "yes"},
-      {"use_parallelism_config", "yes"}, {"parallelism_config.parallelism_config_dp_replicate_size", "2"},
-      {"parallelism_config.parallelism_config_dp_shard_size", "2"}, {"num_processes", "4"}, {"mixed_precision", "no"}};
+  std::map<std::string, std::string> preset = {{"machine_type", "multi-CPU"},
+                                               {"num_machines", "1"},
+                                               {"debug", "no"},
+                                               {"use_fsdp", "yes"},
+                                               {"fsdp_config.fsdp_version", "2"},
+                                               {"fsdp_config.fsdp_reshard_after_forward", "no"},
+                                               {"fsdp_config.fsdp_offload_params", "no"},
+                                               {"fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
+                                               {"use_model_layer_classes", "yes"},
+                                               {"fsdp_config.fsdp_state_dict_type", "FULL_STATE_DICT"},
+                                               {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"},
+                                               {"fsdp_config.fsdp_activation_checkpointing", "yes"},
+                                               {"use_parallelism_config", "yes"},
+                                               {"parallelism_config.parallelism_config_dp_replicate_size", "2"},
+                                               {"parallelism_config.parallelism_config_dp_shard_size", "2"},
+                                               {"num_processes", "4"},
+                                               {"mixed_precision", "no"}};
   Run r = run("", preset);
   CHECK(r.transcript == "");
   Loaded l = load_text(r.result.yaml);
@@ -107,8 +118,11 @@ TEST_CASE("preset answers are not asked; a complete set needs no input at all") 
 }
 
 TEST_CASE("bad presets, unknown ids and input that ends early are errors") {
-  CHECK_THROWS_WITH_AS(run("", {{"num_processes", "lots"}, {"machine_type", "multi-GPU"}, {"num_machines", "1"},
-                                {"debug", "no"}, {"use_fsdp", "no"}}),
+  CHECK_THROWS_WITH_AS(run("", {{"num_processes", "lots"},
+                                {"machine_type", "multi-GPU"},
+                                {"num_machines", "1"},
+                                {"debug", "no"},
+                                {"use_fsdp", "no"}}),
                        doctest::Contains("answer for num_processes: expected a whole number"), InputError);
   CHECK_THROWS_WITH_AS(run("", {{"num_procs", "2"}}), doctest::Contains("did you mean num_processes?"), InputError);
   CHECK_THROWS_WITH_AS(run("3\n"), doctest::Contains("input ended before"), InputError);

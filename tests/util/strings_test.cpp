@@ -1,6 +1,6 @@
-#include <doctest/doctest.h>
-
 #include "util/strings.h"
+
+#include <doctest/doctest.h>
 
 using namespace fsdp;
 

@@ -13,9 +13,13 @@ std::string format_code(int code) {
 }
 }  // namespace
 
-bool nccl_compiled() { return true; }
+bool nccl_compiled() {
+  return true;
+}
 
-std::string nccl_compiled_version() { return format_code(NCCL_VERSION_CODE); }
+std::string nccl_compiled_version() {
+  return format_code(NCCL_VERSION_CODE);
+}
 
 std::string nccl_runtime_version() {
   int v = 0;

@@ -3,8 +3,14 @@
 
 namespace fsdp::dist {
 
-bool nccl_compiled() { return false; }
-std::string nccl_compiled_version() { return ""; }
-std::string nccl_runtime_version() { return ""; }
+bool nccl_compiled() {
+  return false;
+}
+std::string nccl_compiled_version() {
+  return "";
+}
+std::string nccl_runtime_version() {
+  return "";
+}
 
 }  // namespace fsdp::dist
