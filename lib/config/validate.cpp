@@ -49,7 +49,7 @@ void check_launch(Checker& c) {
             str(l.num_processes, " processes cannot be split evenly over ", l.num_machines,
                 " machines (num_processes is the total across all machines)"),
             str("use a multiple of ", l.num_machines, ", such as ",
-                l.num_machines * std::max(1, l.num_processes / l.num_machines)));
+                l.num_machines * ((l.num_processes + l.num_machines - 1) / l.num_machines)));
   if (l.machine_rank >= l.num_machines)
     c.error("machine_rank", str("is ", l.machine_rank, " but there are only ", l.num_machines, " machines"),
             str("use 0..", l.num_machines - 1));

@@ -27,8 +27,8 @@ std::string env_report(const config::ConfigInputs& inputs, const std::string& co
   for (int i = 0; i < gpus; ++i) gpu_text += str("\n    ", i, ": ", cuda_device_name(i));
   line("GPUs", gpu_text);
   line("CPU cores", std::to_string(s.cpu_cores));
-  line("Memory", str(s.memory_total_bytes / (1024.0 * 1024 * 1024), " GiB total, ",
-                     s.memory_available_bytes / (1024.0 * 1024 * 1024), " GiB available"));
+  line("Memory", str(s.memory_total_bytes / (1024 * 1024 * 1024), " GiB total, ",
+                     s.memory_available_bytes / (1024 * 1024 * 1024), " GiB available"));
   line("OS", s.os);
   line("Hostname", s.hostname);
   for (const char* var : {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "MASTER_ADDR",
