@@ -257,7 +257,7 @@ void read_set_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
   }
 }
 
-void read_flag_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
+void read_flag_layer(const ConfigInputs& in, Layer& layer) {
   for (const auto& [key, text] : in.flags) {
     const OptionSpec* spec = find_option(key);
     FSDP_ASSERT(spec, "flag for unknown key ", key);
@@ -265,7 +265,6 @@ void read_flag_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
     raw.shape = RawValue::Shape::kScalar;
     raw.text = text;
     raw.origin = Origin{OriginKind::kFlag, {}, "--" + spec->flag};
-    (void)diags;
     layer.values.emplace_back(spec, std::move(raw));
   }
 }
@@ -300,7 +299,7 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
   Layer file_layer, set_layer, flag_layer;
   if (inputs.has_file) read_file_layer(inputs, file_layer, diags);
   read_set_layer(inputs, set_layer, diags);
-  read_flag_layer(inputs, flag_layer, diags);
+  read_flag_layer(inputs, flag_layer);
 
   for (const Layer* layer : {&file_layer, &set_layer, &flag_layer}) {
     for (const auto& [spec, raw] : layer->values) {
@@ -319,14 +318,20 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     }
   }
   // Defaults that depend on other keys.
-  auto& sdt = const_cast<ResolvedValue&>(rc.get("fsdp_config.fsdp_state_dict_type"));
+  auto value_of = [&rc](const std::string& key) -> ResolvedValue& {
+    for (auto& v : rc.values)
+      if (v.spec->key == key) return v;
+    FSDP_ASSERT(false, "no option ", key);
+    return rc.values.front();
+  };
+  ResolvedValue& sdt = value_of("fsdp_config.fsdp_state_dict_type");
   if (sdt.value.empty()) {
-    bool v2 = rc.get("fsdp_config.fsdp_version").value == "2";
+    bool v2 = value_of("fsdp_config.fsdp_version").value == "2";
     sdt.value = v2 ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT";
     sdt.origin = Origin{OriginKind::kDerived, {}, v2 ? "FSDP2's default" : "FSDP1's default"};
   }
-  auto& np = const_cast<ResolvedValue&>(rc.get("num_processes"));
-  if (np.value.empty() && rc.get("distributed_type").value == "NO") {
+  ResolvedValue& np = value_of("num_processes");
+  if (np.value.empty() && value_of("distributed_type").value == "NO") {
     np.value = "1";
     np.origin = Origin{OriginKind::kDerived, {}, "distributed_type NO runs one process"};
   }

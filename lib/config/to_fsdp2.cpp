@@ -350,28 +350,20 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
                     str("  parallelism_config_dp_shard_size: ", hsdp->second)};
   }
 
-  // Assemble the output.
+  // Assemble the output: new fsdp_config keys, then a new parallelism_config, right after the
+  // fsdp_config block so related settings stay together.
+  std::vector<std::string> appended = appended_fsdp;
+  appended.insert(appended.end(), appended_top.begin(), appended_top.end());
   std::vector<std::string> out;
-  size_t top_insert_after = lines.v.size();
-  if (!appended_top.empty()) {
-    // After the fsdp_config block (its last key's lines), so related settings stay together.
-    top_insert_after = block_end;
-  }
   for (size_t l = 0; l < lines.v.size(); ++l) {
-    if (l == block_end) {
-      out.insert(out.end(), appended_fsdp.begin(), appended_fsdp.end());
-      if (top_insert_after == block_end) out.insert(out.end(), appended_top.begin(), appended_top.end());
-    }
+    if (l == block_end) out.insert(out.end(), appended.begin(), appended.end());
     auto it = replace.find(l);
     if (it == replace.end())
       out.push_back(lines.v[l]);
     else
       out.insert(out.end(), it->second.begin(), it->second.end());
   }
-  if (block_end >= lines.v.size()) {
-    out.insert(out.end(), appended_fsdp.begin(), appended_fsdp.end());
-    out.insert(out.end(), appended_top.begin(), appended_top.end());
-  }
+  if (block_end >= lines.v.size()) out.insert(out.end(), appended.begin(), appended.end());
   std::string text_out = join(out, "\n");
   if (lines.trailing_newline || !text_out.empty()) text_out += "\n";
   result.output = text_out;

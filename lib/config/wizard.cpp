@@ -99,9 +99,9 @@ std::string Wizard::read_answer(const std::string& id, const std::string& shown_
   std::string line;
   if (!std::getline(in_, line)) {
     out_ << "\n";
-    throw InputError(
-        str("config: input ended before \"", prompt_of(id), "\" was answered; answer it with --answers FILE (", id,
-            ": ...)", find_option(id) && !find_option(id)->flag.empty() ? " or --" + find_option(id)->flag : "", ""));
+    throw InputError(str("config: input ended before \"", prompt_of(id),
+                         "\" was answered; answer it with --answers FILE (", id, ": ...)",
+                         find_option(id) && !find_option(id)->flag.empty() ? " or --" + find_option(id)->flag : ""));
   }
   if (!interactive_) out_ << line << "\n";  // echo, so a piped transcript reads like a session
   return trim(line);
