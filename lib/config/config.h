@@ -35,6 +35,14 @@ enum class StateDictType { kFullStateDict, kLocalStateDict, kShardedStateDict };
 inline constexpr std::array<const char*, 3> kStateDictTypeNames = {"FULL_STATE_DICT", "LOCAL_STATE_DICT",
                                                                    "SHARDED_STATE_DICT"};
 
+// FULL_SHARD and HYBRID_SHARD free parameters after forward; the ZeRO-2 style ones do not.
+inline bool reshards_after_forward(ShardingStrategy s) {
+  return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard;
+}
+inline bool is_hybrid(ShardingStrategy s) {
+  return s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardZero2;
+}
+
 template <typename Enum, size_t N>
 const char* enum_name(Enum e, const std::array<const char*, N>& names) {
   return names[static_cast<size_t>(e)];

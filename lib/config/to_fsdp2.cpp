@@ -221,24 +221,8 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   std::optional<std::pair<int, int>> hsdp;  // (replicate, shard)
   std::string reshard_value;
   if (strategy) {
-    switch (*strategy) {
-      case ShardingStrategy::kFullShard:
-        reshard_value = "true";
-        break;
-      case ShardingStrategy::kShardGradOp:
-        reshard_value = "false";
-        break;
-      case ShardingStrategy::kHybridShard:
-        reshard_value = "true";
-        break;
-      case ShardingStrategy::kHybridShardZero2:
-        reshard_value = "false";
-        break;
-      case ShardingStrategy::kNoShard:
-        reshard_value = "false";
-        break;
-    }
-    const bool hybrid = *strategy == ShardingStrategy::kHybridShard || *strategy == ShardingStrategy::kHybridShardZero2;
+    reshard_value = reshards_after_forward(*strategy) ? "true" : "false";
+    const bool hybrid = is_hybrid(*strategy);
     if (hybrid || *strategy == ShardingStrategy::kNoShard) {
       YAML::Node np = root["num_processes"];
       YAML::Node nm = root["num_machines"];

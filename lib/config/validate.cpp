@@ -30,6 +30,12 @@ struct Checker {
     diags.warning(location(key), key, message, hint);
   }
   bool set(const std::string& key) const { return rc.is_set(key); }
+  // The first key of `section` the user set, or "" when none.
+  std::string first_set_in(const std::string& section) const {
+    for (const auto& v : rc.values)
+      if (v.spec->section() == section && set(v.spec->key)) return v.spec->key;
+    return "";
+  }
 };
 
 void check_launch(Checker& c) {
@@ -74,9 +80,7 @@ void check_launch(Checker& c) {
 void check_fsdp(Checker& c) {
   const Config& cfg = c.rc.typed;
   const FsdpConfig& f = cfg.fsdp;
-  bool any_fsdp_key = false;
-  for (const auto& v : c.rc.values)
-    if (v.spec->section() == "fsdp_config" && c.set(v.spec->key)) any_fsdp_key = true;
+  const bool any_fsdp_key = !c.first_set_in("fsdp_config").empty();
   if (cfg.launch.distributed_type != DistributedType::kFsdp) {
     if (any_fsdp_key)
       c.warning("distributed_type", str("is ", c.rc.get("distributed_type").value, ", so fsdp_config is ignored"),
@@ -135,9 +139,7 @@ void check_fsdp(Checker& c) {
     }
   }
   if (!v2) {
-    ShardingStrategy s = f.fsdp1_strategy();
-    bool hybrid = s == ShardingStrategy::kHybridShard || s == ShardingStrategy::kHybridShardZero2;
-    if (hybrid && cfg.launch.num_machines == 1)
+    if (is_hybrid(f.fsdp1_strategy()) && cfg.launch.num_machines == 1)
       c.warning(f.sharding_strategy ? "fsdp_config.fsdp_sharding_strategy" : "fsdp_config.fsdp_reshard_after_forward",
                 "hybrid sharding on one machine shards over all its processes (no replicas)");
   }
@@ -146,15 +148,8 @@ void check_fsdp(Checker& c) {
 void check_parallelism(Checker& c) {
   const Config& cfg = c.rc.typed;
   const ParallelismConfig& p = cfg.parallelism;
-  bool any = false;
-  for (const auto& v : c.rc.values)
-    if (v.spec->section() == "parallelism_config" && c.set(v.spec->key)) any = true;
-  if (!any) return;
-  const std::string first = [&] {
-    for (const auto& v : c.rc.values)
-      if (v.spec->section() == "parallelism_config" && c.set(v.spec->key)) return v.spec->key;
-    return std::string();
-  }();
+  const std::string first = c.first_set_in("parallelism_config");
+  if (first.empty()) return;
   if (cfg.launch.distributed_type != DistributedType::kFsdp || cfg.fsdp.version != 2) {
     c.error(first, "parallelism_config needs FSDP2 (distributed_type: FSDP and fsdp_version: 2)",
             cfg.launch.distributed_type == DistributedType::kFsdp ? c.to_fsdp2_hint() : "set distributed_type: FSDP");
@@ -215,22 +210,17 @@ FsdpLayout effective_fsdp_layout(const Config& config) {
     return layout;
   }
   const int machines = std::max(1, config.launch.num_machines);
-  switch (config.fsdp.fsdp1_strategy()) {
-    case ShardingStrategy::kFullShard:
-      layout = {true, true, 1, world};
-      break;
-    case ShardingStrategy::kShardGradOp:
-      layout = {true, false, 1, world};
-      break;
-    case ShardingStrategy::kNoShard:
-      layout = {true, false, world, 1};
-      break;
-    case ShardingStrategy::kHybridShard:
-      layout = {true, true, machines, world / machines};
-      break;
-    case ShardingStrategy::kHybridShardZero2:
-      layout = {true, false, machines, world / machines};
-      break;
+  const ShardingStrategy s = config.fsdp.fsdp1_strategy();
+  layout.reshard_after_forward = reshards_after_forward(s);
+  if (s == ShardingStrategy::kNoShard) {
+    layout.replicate_size = world;  // every rank keeps a full copy
+    layout.shard_size = 1;
+  } else if (is_hybrid(s)) {
+    layout.replicate_size = machines;  // one replica per machine
+    layout.shard_size = world / machines;
+  } else {
+    layout.replicate_size = 1;
+    layout.shard_size = world;
   }
   return layout;
 }
