@@ -81,19 +81,14 @@ struct ConfigArgs {
   // Loads the file (explicit, else the default search) into ConfigInputs. `source` says where it came from.
   config::ConfigInputs inputs(std::string* source = nullptr) const {
     config::ConfigInputs in;
-    std::string path = file;
-    std::string from = "--config";
-    if (path.empty()) {
-      path = config::default_config_path();
-      from = std::getenv("FSDPTRAIN_CONFIG_FILE") && *std::getenv("FSDPTRAIN_CONFIG_FILE") ? "$FSDPTRAIN_CONFIG_FILE"
-             : path == config::fsdptrain_default_config_path()                             ? "fsdptrain default"
-             : path.empty() ? "looked for " + config::fsdptrain_default_config_path() + " and " +
-                                  config::accelerate_default_config_path()
-                            : "Accelerate default";
-    }
+    const config::DefaultConfig found =
+        file.empty() ? config::find_default_config() : config::DefaultConfig{file, "--config"};
+    const std::string& path = found.path;
+    const std::string& from = found.source;
     if (!path.empty()) {
       FSDP_CHECK(file_exists(path), "config file ", path, " not found",
-                 from == "--config" ? "" : " (from " + from + ")");
+                 from == "--config" ? "" : " (from " + from + ")",
+                 "; check the path, or create one with `fsdptrain config` or `fsdptrain config default`");
       in.file = path;
       in.text = read_file(path);
       in.has_file = true;

@@ -29,7 +29,7 @@ std::string write_default_config(const DefaultConfigRequest& req) {
 }
 
 std::string update_config(const UpdateConfigRequest& req) {
-  std::string path = req.path.empty() ? default_config_path() : req.path;
+  const std::string path = req.path.empty() ? find_default_config().path : req.path;
   FSDP_CHECK(!path.empty(), "config update: no config file given and none found at ", fsdptrain_default_config_path(),
              " or ", accelerate_default_config_path(),
              "; pass --config_file FILE or create one with `fsdptrain config`");

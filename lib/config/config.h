@@ -48,6 +48,19 @@ const char* enum_name(Enum e, const std::array<const char*, N>& names) {
   return names[static_cast<size_t>(e)];
 }
 
+// The enum whose canonical name is `name` (exact match), or nullopt.
+template <typename Enum, size_t N>
+std::optional<Enum> enum_from_name(const std::string& name, const std::array<const char*, N>& names) {
+  for (size_t i = 0; i < N; ++i)
+    if (name == names[i]) return static_cast<Enum>(i);
+  return std::nullopt;
+}
+
+template <size_t N>
+std::vector<std::string> enum_names(const std::array<const char*, N>& names) {
+  return std::vector<std::string>(names.begin(), names.end());
+}
+
 // Top-level Accelerate keys, plus the launcher's own flags (max_restarts, ...).
 struct LaunchConfig {
   std::string compute_environment = "LOCAL_MACHINE";

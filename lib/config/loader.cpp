@@ -21,7 +21,9 @@ Mark mark_of(const std::string& file, const YAML::Mark& m) {
   return Mark{file, m.line + 1, m.column + 1};
 }
 
-RawValue raw_from_node(const YAML::Node& node, Origin origin) {
+}  // namespace
+
+RawValue raw_value_from_yaml(const YAML::Node& node, Origin origin) {
   RawValue raw;
   raw.origin = std::move(origin);
   if (!node.IsDefined() || node.IsNull()) {
@@ -44,6 +46,8 @@ RawValue raw_from_node(const YAML::Node& node, Origin origin) {
   }
   return raw;
 }
+
+namespace {
 
 bool is_benign_ignored(const RawValue& raw) {
   switch (raw.shape) {
@@ -158,26 +162,28 @@ void read_file_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
                          near.empty() ? "see `fsdptrain config keys` for every key" : "did you mean " + near + "?");
           continue;
         }
-        layer.values.emplace_back(spec, raw_from_node(kv2.second, o2));
+        layer.values.emplace_back(spec, raw_value_from_yaml(kv2.second, o2));
       }
       continue;
     }
     if (key == "fp16") {  // Accelerate's legacy spelling of mixed_precision: fp16
-      legacy_fp16 = raw_from_node(kv.second, origin);
+      legacy_fp16 = raw_value_from_yaml(kv.second, origin);
       continue;
     }
     const OptionSpec* spec = find_option(key);
     if (!spec || !spec->section().empty()) {
-      std::string near = suggest_key(key, "");
-      std::string hint = near.empty() ? "see `fsdptrain config keys` for every key"
-                         : near.find('.') != std::string::npos && find_option(near) && find_option(near)->leaf() == key
-                             ? "it belongs under " + near.substr(0, near.find('.')) + ": (as " + near + ")"
-                             : "did you mean " + near + "?";
+      const std::string near = suggest_key(key, "");
+      const OptionSpec* other = near.empty() ? nullptr : find_option(near);
+      std::string hint = "see `fsdptrain config keys` for every key";
+      if (other && !other->section().empty() && other->leaf() == key)
+        hint = "it belongs under " + other->section() + ": (as " + near + ")";
+      else if (!near.empty())
+        hint = "did you mean " + near + "?";
       diags.error_at(origin, key, "unknown key", hint);
       continue;
     }
     if (key == "distributed_type") has_distributed_type = true;
-    RawValue raw = raw_from_node(kv.second, origin);
+    RawValue raw = raw_value_from_yaml(kv.second, origin);
     if (spec->type == ValueType::kIgnored) {
       if (!is_benign_ignored(raw)) diags.warning_at(origin, key, spec->help);
       continue;
@@ -252,7 +258,7 @@ void read_set_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
       continue;
     }
     // "--set key=" (null) resets the key to its default.
-    RawValue raw = raw_from_node(node, Origin{OriginKind::kSet, {}, where});
+    RawValue raw = raw_value_from_yaml(node, Origin{OriginKind::kSet, {}, where});
     layer.values.emplace_back(spec, std::move(raw));
   }
 }
@@ -363,11 +369,11 @@ std::string fsdptrain_default_config_path() {
   return home_dir() + "/.cache/fsdptrain/default_config.yaml";
 }
 
-std::string default_config_path() {
-  if (const char* env = std::getenv("FSDPTRAIN_CONFIG_FILE"); env && *env) return env;
-  if (file_exists(fsdptrain_default_config_path())) return fsdptrain_default_config_path();
-  if (file_exists(accelerate_default_config_path())) return accelerate_default_config_path();
-  return "";
+DefaultConfig find_default_config() {
+  if (const char* env = std::getenv("FSDPTRAIN_CONFIG_FILE"); env && *env) return {env, "$FSDPTRAIN_CONFIG_FILE"};
+  if (file_exists(fsdptrain_default_config_path())) return {fsdptrain_default_config_path(), "fsdptrain default"};
+  if (file_exists(accelerate_default_config_path())) return {accelerate_default_config_path(), "Accelerate default"};
+  return {"", "looked for " + fsdptrain_default_config_path() + " and " + accelerate_default_config_path()};
 }
 
 }  // namespace fsdp::config

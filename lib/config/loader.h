@@ -11,7 +11,15 @@
 #include "config/diagnostics.h"
 #include "config/option.h"
 
+namespace YAML {
+class Node;
+}
+
 namespace fsdp::config {
+
+// A YAML node as written (scalar text, sequence of scalars, mapping or null), for the option
+// table's parser. Shared by the loader and to-fsdp2 so both read a value the same way.
+RawValue raw_value_from_yaml(const YAML::Node& node, Origin origin);
 
 struct ConfigInputs {
   std::string file;  // path shown in messages; "" = no file
@@ -47,8 +55,12 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags);
 ResolvedConfig load_config_or_throw(const ConfigInputs& inputs);
 
 // The config file to use when none is given: $FSDPTRAIN_CONFIG_FILE, else
-// ~/.cache/fsdptrain/default_config.yaml, else Accelerate's default path; "" when none exists.
-std::string default_config_path();
+// ~/.cache/fsdptrain/default_config.yaml, else Accelerate's default path.
+struct DefaultConfig {
+  std::string path;    // "" when none exists
+  std::string source;  // "$FSDPTRAIN_CONFIG_FILE", "fsdptrain default", "Accelerate default", or where it looked
+};
+DefaultConfig find_default_config();
 // Where `fsdptrain config` writes when no path is given.
 std::string fsdptrain_default_config_path();
 // Accelerate's default: $HF_HOME/accelerate/default_config.yaml, else

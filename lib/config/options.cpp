@@ -46,11 +46,6 @@ void assign(T& out, const std::string& v, const std::vector<std::string>& choice
   }
 }
 
-template <size_t N>
-std::vector<std::string> names(const std::array<const char*, N>& arr) {
-  return std::vector<std::string>(arr.begin(), arr.end());
-}
-
 // Fluent builder for one row.
 struct Row {
   OptionSpec s;
@@ -100,6 +95,10 @@ struct Row {
     s.extension = true;
     return *this;
   }
+  Row& apply(std::function<void(Config&, const std::string&)> fn) {
+    s.apply = std::move(fn);
+    return *this;
+  }
   Row& parse(std::function<std::optional<std::string>(const RawValue&, std::string*)> p) {
     s.parse = std::move(p);
     return *this;
@@ -131,8 +130,14 @@ std::optional<std::string> parse_reshard(const RawValue& raw, std::string* error
   for (const char* name : kShardingStrategyNames)
     if (to_upper(t) == name) return std::string(name);
   *error = str("expected true or false (or, in an FSDP1 config, a sharding strategy: ",
-               join(names(kShardingStrategyNames), ", "), "), got ", quoted(t));
+               join(enum_names(kShardingStrategyNames), ", "), "), got ", quoted(t));
   return std::nullopt;
+}
+
+// ... and fills two members: the boolean, or (FSDP1) the strategy named there.
+void apply_reshard(Config& c, const std::string& v) {
+  c.fsdp.reshard_after_forward_strategy = enum_from_name<ShardingStrategy>(v, kShardingStrategyNames);
+  if (v == "true" || v == "false") c.fsdp.reshard_after_forward = v == "true";
 }
 
 std::vector<OptionSpec> build_table() {
@@ -154,7 +159,7 @@ std::vector<OptionSpec> build_table() {
           .to(L, &LaunchConfig::compute_environment),
       Row("distributed_type", V::kEnum)
           .flag("distributed_type")
-          .choices(names(kDistributedTypeNames))
+          .choices(enum_names(kDistributedTypeNames))
           .unsupported({{"DEEPSPEED", "DeepSpeed is not supported; " + not_fsdp_types},
                         {"MEGATRON_LM", "Megatron-LM is not supported; " + not_fsdp_types},
                         {"XLA", "TPUs are not supported; " + not_fsdp_types},
@@ -172,7 +177,7 @@ std::vector<OptionSpec> build_table() {
       Row("mixed_precision", V::kEnum)
           .flag("mixed_precision")
           .env("ACCELERATE_MIXED_PRECISION")
-          .choices(names(kMixedPrecisionNames))
+          .choices(enum_names(kMixedPrecisionNames))
           .unsupported({{"FP8", "fp8 training is not supported yet; use bf16"}})
           .def("no")
           .help("Compute dtype: bf16 or fp16 gathers parameters in that dtype (fp32 master weights, fp32 reductions)")
@@ -305,11 +310,12 @@ std::vector<OptionSpec> build_table() {
           .env("FSDP_RESHARD_AFTER_FORWARD")
           .parse(parse_reshard)
           .def("true")
-          .help("Free each unit's gathered parameters after its forward (true) or keep them for backward (false)"),
+          .help("Free each unit's gathered parameters after its forward (true) or keep them for backward (false)")
+          .apply(apply_reshard),
       Row("fsdp_config.fsdp_sharding_strategy", V::kEnum)
           .flag("fsdp_sharding_strategy")
           .env("FSDP_SHARDING_STRATEGY")
-          .choices(names(kShardingStrategyNames), true)
+          .choices(enum_names(kShardingStrategyNames), true)
           .only(FsdpVersions::kV1Only)
           .def("")
           .note("FULL_SHARD")
@@ -325,7 +331,7 @@ std::vector<OptionSpec> build_table() {
       Row("fsdp_config.fsdp_auto_wrap_policy", V::kEnum)
           .flag("fsdp_auto_wrap_policy")
           .env("FSDP_AUTO_WRAP_POLICY")
-          .choices(names(kWrapPolicyNames))
+          .choices(enum_names(kWrapPolicyNames))
           .def("TRANSFORMER_BASED_WRAP")
           .note(
               "TRANSFORMER_BASED_WRAP (Accelerate's wizard default; its worker falls back to NO_WRAP, one giant unit)")
@@ -348,7 +354,7 @@ std::vector<OptionSpec> build_table() {
       Row("fsdp_config.fsdp_backward_prefetch", V::kEnum)
           .flag("fsdp_backward_prefetch")
           .env("FSDP_BACKWARD_PREFETCH")
-          .choices(names(kBackwardPrefetchNames), true)
+          .choices(enum_names(kBackwardPrefetchNames), true)
           .only(FsdpVersions::kV1Only)
           .def("")
           .help("FSDP1 backward prefetch; FSDP2 always prefetches the next unit")
@@ -356,7 +362,7 @@ std::vector<OptionSpec> build_table() {
       Row("fsdp_config.fsdp_state_dict_type", V::kEnum)
           .flag("fsdp_state_dict_type")
           .env("FSDP_STATE_DICT_TYPE")
-          .choices(names(kStateDictTypeNames), true)
+          .choices(enum_names(kStateDictTypeNames), true)
           .def("")
           .note("FULL_STATE_DICT for FSDP1, SHARDED_STATE_DICT for FSDP2")
           .help("Checkpoint format: FULL (a Hugging Face folder) or SHARDED (one file per rank, reshardable)")
@@ -438,20 +444,6 @@ std::vector<OptionSpec> build_table() {
           .help("Context parallel communication (only with cp_size > 1)")
           .to(P, &ParallelismConfig::cp_comm_strategy),
   };
-  // fsdp_reshard_after_forward fills two members: the boolean, and (FSDP1) a strategy given there.
-  for (auto& o : t) {
-    if (o.key == "fsdp_config.fsdp_reshard_after_forward") {
-      o.apply = [](Config& c, const std::string& v) {
-        if (v == "true" || v == "false") {
-          c.fsdp.reshard_after_forward = v == "true";
-          return;
-        }
-        c.fsdp.reshard_after_forward_strategy.reset();
-        for (size_t i = 0; i < kShardingStrategyNames.size(); ++i)
-          if (v == kShardingStrategyNames[i]) c.fsdp.reshard_after_forward_strategy = static_cast<ShardingStrategy>(i);
-      };
-    }
-  }
   return t;
 }
 

@@ -70,24 +70,19 @@ struct Entry {
   size_t end = 0;   // one past the last line of its value
 };
 
-std::optional<ShardingStrategy> strategy_from(const YAML::Node& n, bool allow_bool, bool* was_bool) {
-  *was_bool = false;
-  if (!n.IsScalar()) return std::nullopt;
-  std::string t = trim(n.Scalar());
-  if (allow_bool) {
-    if (auto b = parse_bool(t); b && t != "1") {  // "1" is FULL_SHARD as an int, true as a bool: same result
-      *was_bool = true;
-      return *b ? ShardingStrategy::kFullShard : ShardingStrategy::kShardGradOp;
-    }
-  }
-  if (auto i = parse_int(t); i && *i >= 1 && *i <= 5) return static_cast<ShardingStrategy>(*i - 1);
-  for (size_t k = 0; k < kShardingStrategyNames.size(); ++k)
-    if (to_upper(t) == kShardingStrategyNames[k]) return static_cast<ShardingStrategy>(k);
-  return std::nullopt;
-}
-
 std::string where(const std::string& file, size_t line, size_t col) {
   return str(file, ":", line + 1, ":", col + 1);
+}
+
+// The entry's value in the option table's canonical form ("" for null), read by the same parser the
+// loader uses, so every spelling the loader accepts converts and every error reads the same.
+std::string canonical_value(const Entry& e, const std::string& file) {
+  const OptionSpec* spec = find_option("fsdp_config." + e.key);
+  FSDP_ASSERT(spec, e.key);
+  std::string error;
+  std::optional<std::string> v = canonicalize(*spec, raw_value_from_yaml(e.value, Origin{}), &error);
+  if (!v) throw InputError(str(where(file, e.line, e.col), ": fsdp_config.", e.raw_key, ": ", error));
+  return *v;
 }
 
 }  // namespace
@@ -190,33 +185,22 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
     if (e.key == "fsdp_version") have_version = true;
   }
   std::optional<ShardingStrategy> strategy;
-  bool reshard_was_bool = false;
-  if (strategy_entry) {
-    bool dummy = false;
-    strategy = strategy_from(strategy_entry->value, false, &dummy);
-    if (!strategy)
-      throw InputError(
-          str(where(file, strategy_entry->line, strategy_entry->col), ": fsdp_config.", strategy_entry->raw_key,
-              ": expected one of ",
-              join(std::vector<std::string>(kShardingStrategyNames.begin(), kShardingStrategyNames.end()), ", "),
-              " (or 1-5), got ", quoted(strategy_entry->value.IsScalar() ? strategy_entry->value.Scalar() : "a list")));
-  }
+  if (strategy_entry)
+    strategy = enum_from_name<ShardingStrategy>(canonical_value(*strategy_entry, file), kShardingStrategyNames);
   if (reshard_entry) {
-    auto r = strategy_from(reshard_entry->value, true, &reshard_was_bool);
-    if (!r)
+    const std::string v = canonical_value(*reshard_entry, file);
+    const bool is_bool = v == "true" || v == "false";
+    const std::optional<ShardingStrategy> named = enum_from_name<ShardingStrategy>(v, kShardingStrategyNames);
+    if (strategy && named && *named != *strategy)
       throw InputError(str(where(file, reshard_entry->line, reshard_entry->col), ": fsdp_config.",
-                           reshard_entry->raw_key, ": expected true, false or a sharding strategy, got ",
-                           quoted(reshard_entry->value.IsScalar() ? reshard_entry->value.Scalar() : "a list")));
-    if (strategy && !reshard_was_bool && *r != *strategy)
-      throw InputError(str(where(file, reshard_entry->line, reshard_entry->col), ": fsdp_config.",
-                           reshard_entry->raw_key, ": names the strategy ", enum_name(*r, kShardingStrategyNames),
+                           reshard_entry->raw_key, ": names the strategy ", enum_name(*named, kShardingStrategyNames),
                            " but fsdp_sharding_strategy is ", enum_name(*strategy, kShardingStrategyNames),
                            "; keep one of the two keys"));
-    if (!strategy)
-      strategy = r;
-    else if (reshard_was_bool)
+    if (strategy && is_bool)
       result.notes.push_back(str("fsdp_config.", reshard_entry->raw_key,
                                  ": FSDP1 ignored this boolean; the strategy in fsdp_sharding_strategy decides"));
+    if (!strategy && named) strategy = named;
+    if (!strategy && is_bool) strategy = v == "true" ? ShardingStrategy::kFullShard : ShardingStrategy::kShardGradOp;
   }
   std::optional<std::pair<int, int>> hsdp;  // (replicate, shard)
   std::string reshard_value;
@@ -282,25 +266,18 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
             "(it overlaps the next unit's all-gather by itself)");
       drop(e, "FSDP2 has no forward-prefetch switch");
     } else if (e.key == "fsdp_state_dict_type") {
-      auto sdt = [&]() -> std::optional<StateDictType> {
-        if (auto i = parse_int(v); i && *i >= 1 && *i <= 3) return static_cast<StateDictType>(*i - 1);
-        for (size_t k = 0; k < kStateDictTypeNames.size(); ++k)
-          if (to_upper(v) == kStateDictTypeNames[k]) return static_cast<StateDictType>(k);
-        return std::nullopt;
-      }();
-      if (!sdt)
-        throw InputError(
-            str(where(file, e.line, e.col), ": fsdp_config.", e.raw_key, ": expected one of ",
-                join(std::vector<std::string>(kStateDictTypeNames.begin(), kStateDictTypeNames.end()), ", "), ", got ",
-                quoted(v)));
-      if (*sdt == StateDictType::kLocalStateDict) {
+      // Null means FSDP1's default, which is written out so the format does not change silently.
+      std::string name = canonical_value(e, file);
+      if (name.empty()) name = "FULL_STATE_DICT";
+      const StateDictType sdt = *enum_from_name<StateDictType>(name, kStateDictTypeNames);
+      if (sdt == StateDictType::kLocalStateDict) {
         result.lossy.push_back(
             "LOCAL_STATE_DICT does not exist in FSDP2; SHARDED_STATE_DICT (per-rank files that "
             "reshard to any world size) replaces it");
         rewrite_line(e, "fsdp_state_dict_type", "SHARDED_STATE_DICT");
-      } else if (v != enum_name(*sdt, kStateDictTypeNames) || e.raw_key != e.key) {
-        rewrite_line(e, "fsdp_state_dict_type", enum_name(*sdt, kStateDictTypeNames));
-        result.notes.push_back(str("fsdp_config.", e.raw_key, ": ", v, " -> ", enum_name(*sdt, kStateDictTypeNames)));
+      } else if (v != name || e.raw_key != e.key) {
+        rewrite_line(e, "fsdp_state_dict_type", name);
+        result.notes.push_back(str("fsdp_config.", e.raw_key, ": ", v, " -> ", name));
       }
     } else if (const OptionSpec* spec = find_option("fsdp_config." + e.key);
                spec && spec->versions != FsdpVersions::kV1Only) {

@@ -229,14 +229,11 @@ WizardResult Wizard::run() {
           ask_yes_no("fsdp_config.fsdp_reshard_after_forward", true) ? "true" : "false");
     } else {
       set("fsdp_config.fsdp_sharding_strategy",
-          ask_choice("fsdp_config.fsdp_sharding_strategy",
-                     std::vector<std::string>(kShardingStrategyNames.begin(), kShardingStrategyNames.end()),
-                     "FULL_SHARD"));
+          ask_choice("fsdp_config.fsdp_sharding_strategy", enum_names(kShardingStrategyNames), "FULL_SHARD"));
     }
     set("fsdp_config.fsdp_offload_params", ask_yes_no("fsdp_config.fsdp_offload_params", false) ? "true" : "false");
-    const std::string policy = ask_choice("fsdp_config.fsdp_auto_wrap_policy",
-                                          std::vector<std::string>(kWrapPolicyNames.begin(), kWrapPolicyNames.end()),
-                                          "TRANSFORMER_BASED_WRAP");
+    const std::string policy =
+        ask_choice("fsdp_config.fsdp_auto_wrap_policy", enum_names(kWrapPolicyNames), "TRANSFORMER_BASED_WRAP");
     set("fsdp_config.fsdp_auto_wrap_policy", policy);
     if (policy == "TRANSFORMER_BASED_WRAP") {
       if (!ask_yes_no("use_model_layer_classes", true))
@@ -250,9 +247,7 @@ WizardResult Wizard::run() {
     }
     if (!v2)
       set("fsdp_config.fsdp_backward_prefetch",
-          ask_choice("fsdp_config.fsdp_backward_prefetch",
-                     std::vector<std::string>(kBackwardPrefetchNames.begin(), kBackwardPrefetchNames.end()),
-                     "BACKWARD_PRE"));
+          ask_choice("fsdp_config.fsdp_backward_prefetch", enum_names(kBackwardPrefetchNames), "BACKWARD_PRE"));
     const std::vector<std::string> sdt = v2 ? std::vector<std::string>{"SHARDED_STATE_DICT", "FULL_STATE_DICT"}
                                             : std::vector<std::string>{"FULL_STATE_DICT", "SHARDED_STATE_DICT"};
     set("fsdp_config.fsdp_state_dict_type", ask_choice("fsdp_config.fsdp_state_dict_type", sdt, sdt.front()));

@@ -9,7 +9,11 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
   const Config& c = rc.typed;
   const bool fsdp = c.launch.distributed_type == DistributedType::kFsdp;
   if (fsdp) env.emplace_back("ACCELERATE_USE_FSDP", "true");
+  // Accelerate exports PARALLELISM_CONFIG_* only when a parallelism_config is in use.
   bool any_parallelism = false;
+  for (const auto& v : rc.values)
+    any_parallelism |= v.spec->section() == "parallelism_config" && rc.is_set(v.spec->key);
+  if (any_parallelism) env.emplace_back("ACCELERATE_USE_PARALLELISM_CONFIG", "true");
   for (const auto& v : rc.values) {
     const OptionSpec& s = *v.spec;
     if (s.env.empty()) continue;
@@ -24,8 +28,7 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
       if (value.empty()) continue;
       env.emplace_back(s.env, value);
     } else if (section == "parallelism_config") {
-      if (rc.is_set(s.key)) any_parallelism = true;
-      if (!v.value.empty()) env.emplace_back(s.env, v.value);
+      if (any_parallelism && !v.value.empty()) env.emplace_back(s.env, v.value);
     } else if (s.key == "gpu_ids") {
       if (v.value != "all" && !c.launch.use_cpu) env.emplace_back(s.env, v.value);
     } else if (s.key == "enable_cpu_affinity") {
@@ -35,15 +38,6 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
     } else if (!v.value.empty()) {
       env.emplace_back(s.env, v.value);
     }
-  }
-  if (!any_parallelism) {
-    // Accelerate exports PARALLELISM_CONFIG_* only when a parallelism_config is in use.
-    std::vector<std::pair<std::string, std::string>> kept;
-    for (auto& kv : env)
-      if (kv.first.rfind("PARALLELISM_CONFIG_", 0) != 0) kept.push_back(kv);
-    env.swap(kept);
-  } else {
-    env.emplace_back("ACCELERATE_USE_PARALLELISM_CONFIG", "true");
   }
   return env;
 }
