@@ -80,6 +80,7 @@ struct LaunchConfig {
   int max_restarts = 0;
   double monitor_interval = 0.1;  // seconds
   double rdzv_timeout = 300;      // seconds
+  double dist_timeout = 600;      // seconds, per collective
 
   int processes_per_machine() const { return num_machines > 0 ? num_processes / num_machines : num_processes; }
 };

@@ -21,6 +21,7 @@ std::string origin_location(const Origin& origin) {
       return str(origin.mark.file, ":", origin.mark.line, ":", origin.mark.col);
     case OriginKind::kFlag:
     case OriginKind::kSet:
+    case OriginKind::kScheduler:
       return origin.detail;
     case OriginKind::kDefault:
       return "(default)";

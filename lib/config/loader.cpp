@@ -275,6 +275,18 @@ void read_flag_layer(const ConfigInputs& in, Layer& layer) {
   }
 }
 
+void read_scheduler_layer(const ConfigInputs& in, Layer& layer) {
+  for (const auto& v : in.scheduler) {
+    const OptionSpec* spec = find_option(v.key);
+    FSDP_ASSERT(spec, "scheduler value for unknown key ", v.key);
+    RawValue raw;
+    raw.shape = RawValue::Shape::kScalar;
+    raw.text = v.text;
+    raw.origin = Origin{OriginKind::kScheduler, {}, "$" + v.variable};
+    layer.values.emplace_back(spec, std::move(raw));
+  }
+}
+
 }  // namespace
 
 ShardingStrategy FsdpConfig::fsdp1_strategy() const {
@@ -292,7 +304,7 @@ const ResolvedValue& ResolvedConfig::get(const std::string& key) const {
 
 bool ResolvedConfig::is_set(const std::string& key) const {
   auto k = get(key).origin.kind;
-  return k == OriginKind::kFile || k == OriginKind::kSet || k == OriginKind::kFlag;
+  return k == OriginKind::kFile || k == OriginKind::kSet || k == OriginKind::kFlag || k == OriginKind::kScheduler;
 }
 
 ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
@@ -302,12 +314,13 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     if (o.type == ValueType::kIgnored) continue;
     rc.values.push_back({&o, o.default_value, Origin{}});
   }
-  Layer file_layer, set_layer, flag_layer;
+  Layer file_layer, scheduler_layer, set_layer, flag_layer;
   if (inputs.has_file) read_file_layer(inputs, file_layer, diags);
+  read_scheduler_layer(inputs, scheduler_layer);
   read_set_layer(inputs, set_layer, diags);
   read_flag_layer(inputs, flag_layer);
 
-  for (const Layer* layer : {&file_layer, &set_layer, &flag_layer}) {
+  for (const Layer* layer : {&file_layer, &scheduler_layer, &set_layer, &flag_layer}) {
     for (const auto& [spec, raw] : layer->values) {
       std::string error;
       std::optional<std::string> canonical = canonicalize(*spec, raw, &error);

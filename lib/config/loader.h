@@ -1,5 +1,5 @@
 // Loading a config: YAML file + --set overrides + CLI flags + defaults, merged by one rule
-// (flag > --set > file > default), type-checked and validated, with every problem collected
+// (flag > --set > job scheduler (SLURM) > file > default), type-checked and validated, with every problem collected
 // before anything starts.
 #pragma once
 
@@ -27,6 +27,11 @@ struct ConfigInputs {
   bool has_file = false;
   std::vector<std::string> sets;                           // "dotted.key=value", in order
   std::vector<std::pair<std::string, std::string>> flags;  // (option key, text) from the command line
+  // Values a job scheduler implies (launch/slurm.h): option key, text, and the variable it came from.
+  struct SchedulerValue {
+    std::string key, text, variable;
+  };
+  std::vector<SchedulerValue> scheduler;
 };
 
 struct ResolvedValue {

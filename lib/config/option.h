@@ -20,7 +20,8 @@ struct Mark {
   int col = 0;
 };
 
-enum class OriginKind { kDefault, kFile, kSet, kFlag, kDerived };
+// kScheduler: read from a job scheduler's environment (SLURM_NODEID, ...), detail names the variable.
+enum class OriginKind { kDefault, kFile, kSet, kFlag, kDerived, kScheduler };
 
 // Where a resolved value came from. `detail` is the flag as typed ("--num_processes") or the
 // --set argument ("--set num_processes=4"); `mark` is the file position for kFile.

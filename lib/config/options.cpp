@@ -277,6 +277,13 @@ std::vector<OptionSpec> build_table() {
           .help("Seconds to wait for every machine to join before failing (fsdptrain extension key)")
           .extension()
           .to(L, &LaunchConfig::rdzv_timeout),
+      Row("dist_timeout", V::kFloat)
+          .flag("dist_timeout")
+          .env("FSDPTRAIN_DIST_TIMEOUT")
+          .def("600")
+          .help("Seconds a collective may take before the rank fails naming it (fsdptrain extension key)")
+          .extension()
+          .to(L, &LaunchConfig::dist_timeout),
       ignored("main_training_function", "TPU only"),
       ignored("downcast_bf16", "TPU only"),
       ignored("tpu_env", "TPU only"),

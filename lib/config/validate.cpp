@@ -59,6 +59,10 @@ void check_launch(Checker& c) {
   if (l.machine_rank >= l.num_machines)
     c.error("machine_rank", str("is ", l.machine_rank, " but there are only ", l.num_machines, " machines"),
             str("use 0..", l.num_machines - 1));
+  for (const auto& [key, seconds] : {std::pair<const char*, double>{"monitor_interval", l.monitor_interval},
+                                     {"rdzv_timeout", l.rdzv_timeout},
+                                     {"dist_timeout", l.dist_timeout}})
+    if (!(seconds > 0)) c.error(key, str("must be a number of seconds > 0, got ", seconds));
   if (l.num_machines > 1) {
     if (l.main_process_ip.empty())
       c.error("main_process_ip", str("required when num_machines is ", l.num_machines),

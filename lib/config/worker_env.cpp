@@ -23,10 +23,14 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
       std::string value = v.value;
       if (s.key == "fsdp_config.fsdp_reshard_after_forward" && c.fsdp.version == 1)
         value = effective_fsdp_layout(c).reshard_after_forward ? "true" : "false";
-      if (s.key == "fsdp_config.fsdp_sharding_strategy" && c.fsdp.version == 1)
-        value = enum_name(c.fsdp.fsdp1_strategy(), kShardingStrategyNames);
+      // Accelerate always exports a strategy (FSDP2 ignores it; its launch default is FULL_SHARD).
+      if (s.key == "fsdp_config.fsdp_sharding_strategy")
+        value = c.fsdp.version == 1 ? enum_name(c.fsdp.fsdp1_strategy(), kShardingStrategyNames) : "FULL_SHARD";
       if (value.empty()) continue;
       env.emplace_back(s.env, value);
+      // Accelerate 1.x exports this next to it; fsdptrain has no activation offload, so always false.
+      if (s.key == "fsdp_config.fsdp_activation_checkpointing")
+        env.emplace_back("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "false");
     } else if (section == "parallelism_config") {
       if (any_parallelism && !v.value.empty()) env.emplace_back(s.env, v.value);
     } else if (s.key == "gpu_ids") {
@@ -39,6 +43,13 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
       env.emplace_back(s.env, v.value);
     }
   }
+  // dynamo_config is ignored (fsdptrain compiles ahead of time); Python workers get Accelerate's
+  // launch defaults, spelled as Accelerate spells them.
+  env.emplace_back("ACCELERATE_DYNAMO_BACKEND", "NO");
+  env.emplace_back("ACCELERATE_DYNAMO_MODE", "default");
+  env.emplace_back("ACCELERATE_DYNAMO_USE_FULLGRAPH", "False");
+  env.emplace_back("ACCELERATE_DYNAMO_USE_DYNAMIC", "False");
+  env.emplace_back("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False");
   return env;
 }
 

@@ -1,0 +1,52 @@
+// Backend: the collectives FSDP needs, implemented once per transport (gloo/, nccl/, local).
+// The engine never calls a Backend directly; it goes through ProcessGroup (process_group.h),
+// which adds timeouts, messages and byte counting.
+//
+// Contract for every collective: all ranks of the group call it, in the same order, with tensors
+// of the same dtype and matching sizes (checked by ProcessGroup before the call). Tensors must be
+// contiguous and stay alive until the returned work is done. The call may return before the data
+// has moved; PendingWork::wait makes the result visible to the caller's device stream.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace fsdp::dist {
+
+enum class ReduceOp { kSum, kAvg };
+
+// One issued collective. wait() returns true when the result is ready, false when `timeout`
+// passed first (the caller turns that into an error naming the collective); it throws when the
+// transport failed (a peer died, a connection dropped).
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  virtual bool wait(std::chrono::milliseconds timeout) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;  // "gloo", "nccl", "local"
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // out (size*n) = concat over ranks of in (n). in may be a view into out (in-place gather).
+  virtual std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in) = 0;
+  // out (n) = op over ranks of in[rank*n : (rank+1)*n], in (size*n).
+  virtual std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) = 0;
+  virtual std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op) = 0;
+  virtual std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root) = 0;
+  virtual std::unique_ptr<PendingWork> barrier() = 0;
+};
+
+// Work that is already complete (the local backend, and zero-sized collectives).
+class DoneWork : public PendingWork {
+ public:
+  bool wait(std::chrono::milliseconds) override { return true; }
+};
+
+}  // namespace fsdp::dist

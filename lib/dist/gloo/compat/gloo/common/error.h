@@ -1,0 +1,2 @@
+// See README.md: only the names ProcessGroupGloo.hpp needs.
+#pragma once

@@ -1,0 +1,193 @@
+#include "dist/process_group.h"
+
+#include <cstdlib>
+
+#include "dist/gloo/gloo_backend.h"
+#include "dist/nccl/nccl_backend.h"
+#include "dist/store.h"
+#include "dist/torch_compat.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::dist {
+
+namespace {
+
+const char* name_of(Collective c) {
+  return kCollectiveNames[static_cast<size_t>(c)];
+}
+
+std::string human_bytes(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return str(static_cast<double>(b) / (1 << 30), " GiB");
+  if (b >= (int64_t{1} << 20)) return str(static_cast<double>(b) / (1 << 20), " MiB");
+  if (b >= (int64_t{1} << 10)) return str(static_cast<double>(b) / (1 << 10), " KiB");
+  return str(b, " B");
+}
+
+int64_t nbytes(const at::Tensor& t) {
+  return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
+}
+
+void check_tensor(const at::Tensor& t, const char* what, Collective c) {
+  FSDP_ASSERT(t.defined(), name_of(c), ": ", what, " is undefined");
+  FSDP_ASSERT(t.is_contiguous(), name_of(c), ": ", what, " must be contiguous");
+}
+
+// The single-process group: collectives are copies.
+class LocalBackend : public Backend {
+ public:
+  std::string name() const override { return "local"; }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in) override {
+    if (!out.is_same(in)) out.copy_(in);
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp) override {
+    if (!out.is_same(in)) out.copy_(in);
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<PendingWork> all_reduce(at::Tensor, ReduceOp) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<PendingWork> broadcast(at::Tensor, int) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<PendingWork> barrier() override { return std::make_unique<DoneWork>(); }
+};
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  FSDP_CHECK(v && *v, "[dist] ", name, " is not set; start workers with `fsdptrain launch` (or torchrun)");
+  auto n = parse_int(v);
+  FSDP_CHECK(n && *n >= 0, "[dist] ", name, "=", quoted(v), " is not a whole number >= 0");
+  return static_cast<int>(*n);
+}
+
+}  // namespace
+
+int64_t ByteCounters::total() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+int64_t bytes_sent(Collective c, int64_t s, int world_size) {
+  if (world_size <= 1) return 0;
+  const int64_t w = world_size;
+  switch (c) {
+    case Collective::kAllGather:
+    case Collective::kReduceScatter:
+      return s * (w - 1) / w;
+    case Collective::kAllReduce:
+      return 2 * s * (w - 1) / w;
+    case Collective::kBroadcast:
+      return s;
+    case Collective::kBarrier:
+      return 0;
+  }
+  return 0;
+}
+
+Work::Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int size, std::chrono::milliseconds timeout,
+           int64_t bytes)
+    : pending_(std::move(pending)), collective_(c), rank_(rank), size_(size), timeout_(timeout), bytes_(bytes) {}
+
+void Work::wait() {
+  if (!pending_) return;
+  const std::string what = str(name_of(collective_), " of ", human_bytes(bytes_), " on rank ", rank_, " of ", size_);
+  bool ok = false;
+  try {
+    ok = pending_->wait(timeout_);
+  } catch (const Error& e) {
+    throw Error(str("[dist] ", what, " failed: ", e.what(), "; another rank probably failed first (see its output)"));
+  } catch (const std::exception& e) {
+    throw Error(
+        str("[dist] ", what, " failed: ", brief_message(e), "; another rank probably failed first (see its output)"));
+  }
+  if (!ok)
+    throw Error(str("[dist] ", what, " did not finish within ", static_cast<double>(timeout_.count()) / 1000.0,
+                    " s; a rank is missing, hung or called collectives in a different order"));
+  pending_.reset();
+}
+
+ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout)
+    : backend_(std::move(backend)), timeout_(timeout), counters_(std::make_shared<ByteCounters>()) {}
+
+Work ProcessGroup::record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending) {
+  const size_t i = static_cast<size_t>(c);
+  const int64_t sent = bytes_sent(c, s, size());
+  counters_->bytes[i] += sent;
+  counters_->calls[i] += 1;
+  return Work(std::move(pending), c, rank(), size(), timeout_, s);
+}
+
+Work ProcessGroup::all_gather(const at::Tensor& out, const at::Tensor& in) {
+  check_tensor(out, "out", Collective::kAllGather);
+  check_tensor(in, "in", Collective::kAllGather);
+  FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "all_gather: dtypes differ");
+  FSDP_ASSERT(out.numel() == in.numel() * size(), "all_gather: out has ", out.numel(), " elements, expected ",
+              in.numel(), " x ", size());
+  return record(Collective::kAllGather, nbytes(out), backend_->all_gather(out, in));
+}
+
+Work ProcessGroup::reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) {
+  check_tensor(out, "out", Collective::kReduceScatter);
+  check_tensor(in, "in", Collective::kReduceScatter);
+  FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "reduce_scatter: dtypes differ");
+  FSDP_ASSERT(in.numel() == out.numel() * size(), "reduce_scatter: in has ", in.numel(), " elements, expected ",
+              out.numel(), " x ", size());
+  FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(in.scalar_type()), "reduce_scatter: avg needs floats");
+  return record(Collective::kReduceScatter, nbytes(in), backend_->reduce_scatter(out, in, op));
+}
+
+Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  check_tensor(tensor, "tensor", Collective::kAllReduce);
+  FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(tensor.scalar_type()), "all_reduce: avg needs floats");
+  return record(Collective::kAllReduce, nbytes(tensor), backend_->all_reduce(tensor, op));
+}
+
+Work ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
+  check_tensor(tensor, "tensor", Collective::kBroadcast);
+  FSDP_ASSERT(root >= 0 && root < size(), "broadcast: root ", root, " outside the group of ", size());
+  return record(Collective::kBroadcast, nbytes(tensor), backend_->broadcast(tensor, root));
+}
+
+Work ProcessGroup::barrier() {
+  return record(Collective::kBarrier, 0, backend_->barrier());
+}
+
+ProcessGroup make_single_process_group() {
+  return ProcessGroup(std::make_shared<LocalBackend>(), std::chrono::minutes(10));
+}
+
+ProcessGroup init_process_group(const GroupOptions& options) {
+  const char* ws = std::getenv("WORLD_SIZE");
+  if (!ws || std::string(ws).empty() || std::string(ws) == "1") return make_single_process_group();
+  const int world_size = env_int("WORLD_SIZE");
+  const int rank = env_int("RANK");
+  FSDP_CHECK(rank < world_size, "[dist] RANK=", rank, " is not below WORLD_SIZE=", world_size);
+  StoreOptions so;
+  so.host = env_or("MASTER_ADDR", "127.0.0.1");
+  so.port = env_int("MASTER_PORT");
+  so.timeout = options.timeout;
+  // Under a launcher the store already exists (torchrun's "agent store"); otherwise rank 0 serves.
+  const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
+  so.is_server = !agent_store && rank == 0;
+  so.prefix = agent_store ? str("/worker/attempt_", env_or("TORCHELASTIC_RESTART_COUNT", "0"), "/") : "";
+  Store store(so);
+
+  std::string backend = options.backend;
+  if (backend == "auto") backend = nccl_usable() ? "nccl" : "gloo";
+  std::shared_ptr<Backend> b;
+  if (backend == "nccl")
+    b = make_nccl_backend(store, rank, world_size, options.timeout);
+  else if (backend == "gloo")
+    b = make_gloo_backend(store.with_prefix("gloo/"), rank, world_size, options.timeout);
+  else
+    throw InputError(str("[dist] unknown backend ", quoted(backend), "; expected gloo, nccl or auto"));
+  return ProcessGroup(std::move(b), options.timeout);
+}
+
+}  // namespace fsdp::dist

@@ -1,0 +1,105 @@
+// ProcessGroup: the handle the FSDP engine and the launcher's health check call for collectives.
+//
+// A small value type over a shared Backend. It checks every call's tensors (dtype, sizes,
+// contiguity) before issuing it, counts the bytes each rank sends, and gives back a Work whose
+// wait() fails with a message naming the collective, the rank and how long it waited.
+//
+// Collective: every method except the accessors must be called by all ranks of the group in the
+// same order. Thread safety: one thread issues collectives (the training thread); Work::wait may
+// be called from that thread only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "dist/backend.h"
+
+namespace fsdp::dist {
+
+enum class Collective { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
+inline constexpr std::array<const char*, 5> kCollectiveNames = {"all_gather", "reduce_scatter", "all_reduce",
+                                                                "broadcast", "barrier"};
+
+// Bytes each rank sends, per collective, as the ring algorithms that nccl-tests' bus bandwidth
+// assumes (S = the larger of the two buffers, W = group size, all 0 when W = 1):
+//   all_gather (W-1)/W * S    reduce_scatter (W-1)/W * S    all_reduce 2(W-1)/W * S
+//   broadcast S               barrier 0
+// Bus bandwidth is then bytes_sent / time. Counts are exact integers: S*(W-1)/W is whole
+// because S is W equal chunks.
+struct ByteCounters {
+  std::array<int64_t, 5> bytes{};  // by Collective
+  std::array<int64_t, 5> calls{};
+  int64_t total() const;
+  int64_t of(Collective c) const { return bytes[static_cast<size_t>(c)]; }
+  int64_t calls_of(Collective c) const { return calls[static_cast<size_t>(c)]; }
+};
+
+// Bytes one rank sends for one collective on S bytes in a group of W (the table above).
+int64_t bytes_sent(Collective c, int64_t s, int world_size);
+
+class Work {
+ public:
+  Work() = default;  // already done
+  Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int size, std::chrono::milliseconds timeout,
+       int64_t bytes);
+  // Blocks until done. Throws fsdp::Error "[dist] all_gather of 4.0 MB on rank 1 of 4 did not
+  // finish within 30 s ..." on timeout, or the transport's failure with the same context.
+  void wait();
+  bool done() const { return pending_ == nullptr; }
+
+ private:
+  std::shared_ptr<PendingWork> pending_;
+  Collective collective_ = Collective::kBarrier;
+  int rank_ = 0, size_ = 1;
+  std::chrono::milliseconds timeout_{0};
+  int64_t bytes_ = 0;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout);
+
+  int rank() const { return backend_->rank(); }
+  int size() const { return backend_->size(); }
+  std::string backend_name() const { return backend_->name(); }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // out: (size * n), in: (n), same dtype and device, both contiguous.
+  Work all_gather(const at::Tensor& out, const at::Tensor& in);
+  // out: (n), in: (size * n). kAvg divides by size() (in the reduction dtype of the tensor).
+  Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum);
+  Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  Work broadcast(const at::Tensor& tensor, int root);
+  Work barrier();
+
+  // Totals since construction or the last reset, for this rank.
+  const ByteCounters& counters() const { return *counters_; }
+  void reset_counters() { *counters_ = ByteCounters{}; }
+
+ private:
+  Work record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending);
+  std::shared_ptr<Backend> backend_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<ByteCounters> counters_;
+};
+
+// A group of one (rank 0 of 1): every collective is a local copy and sends nothing.
+ProcessGroup make_single_process_group();
+
+// The process group of this worker, from the torchrun variables the launcher sets (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT).
+// WORLD_SIZE unset or 1 gives the single-process group. backend: "gloo", "nccl" or "auto" (NCCL
+// when this process has a CUDA device and NCCL was built, else Gloo). Collective: every rank calls
+// it. Throws naming the missing variable or the unreachable rendezvous.
+struct GroupOptions {
+  std::string backend = "auto";
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+};
+ProcessGroup init_process_group(const GroupOptions& options);
+
+}  // namespace fsdp::dist
