@@ -14,6 +14,10 @@
 #include "config/to_fsdp2.h"
 #include "config/wizard.h"
 #include "config/worker_env.h"
+#include "dist/process_group.h"
+#include "launch/health_check.h"
+#include "launch/launcher.h"
+#include "launch/slurm.h"
 #include "util/build_info.h"
 #include "util/env_report.h"
 #include "util/error.h"
@@ -62,6 +66,7 @@ struct TableFlags {
 
 // --config/--config_file, --set and the table flags: how every command that reads a config takes it.
 struct ConfigArgs {
+  bool with_scheduler = false;  // read SLURM's environment too (launch only)
   std::string file;
   std::vector<std::string> sets;
   TableFlags flags;
@@ -95,10 +100,51 @@ struct ConfigArgs {
     }
     in.sets = sets;
     in.flags = flags.given();
+    if (with_scheduler) in.scheduler = launch::slurm_values(launch::process_env());
     if (source) *source = from;
     return in;
   }
 };
+
+// "64K", "1M", "2G" or a plain number of bytes.
+int64_t parse_size(const std::string& text) {
+  const std::string t = trim(text);
+  int64_t unit = 1;
+  std::string digits = t;
+  if (!t.empty() && std::string("KkMmGg").find(t.back()) != std::string::npos) {
+    const char u = static_cast<char>(std::toupper(t.back()));
+    unit = u == 'K' ? 1 << 10 : u == 'M' ? 1 << 20 : int64_t{1} << 30;
+    digits = t.substr(0, t.size() - 1);
+  }
+  auto n = parse_int(digits);
+  FSDP_CHECK(n && *n > 0, "--check_sizes: expected sizes such as 64K,1M,16M; got ", quoted(text));
+  return *n * unit;
+}
+
+std::string self_executable() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  FSDP_ASSERT(n > 0, "cannot read /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// The hidden `worker` subcommand: what `fsdptrain launch` runs in each worker process.
+int run_worker(bool check, const std::vector<std::string>& check_sizes) {
+  FSDP_CHECK(check, "fsdptrain worker: nothing to do (it is started by `fsdptrain launch`)");
+  const char* use_cpu = std::getenv("ACCELERATE_USE_CPU");
+  const bool cuda = cuda_device_count() > 0 && !(use_cpu && std::string(use_cpu) == "true");
+  dist::GroupOptions go;
+  go.backend = cuda ? "nccl" : "gloo";
+  if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"))
+    go.timeout = std::chrono::milliseconds(static_cast<int64_t>(parse_float(t).value_or(600) * 1000));
+  dist::ProcessGroup group = dist::init_process_group(go);
+  launch::HealthCheckOptions ho;
+  ho.cuda = cuda;
+  for (const auto& s : check_sizes)
+    for (const auto& part : split(s, ',')) ho.sizes.push_back(parse_size(part));
+  launch::run_health_check(group, ho, std::cout);
+  return 0;
+}
 
 int run(int argc, char** argv) {
   CLI::App app{
@@ -161,6 +207,35 @@ int run(int argc, char** argv) {
       cfg->add_subcommand("keys", "List every config key: type, default, CLI flag, worker env variable");
   cfg_keys->add_flag("--markdown", keys_markdown, "As a Markdown table");
 
+  // launch
+  ConfigArgs launch_args;
+  launch_args.with_scheduler = true;
+  launch::LaunchOptions lo;
+  bool launch_check = false;
+  double grace_s = 5;
+  std::vector<std::string> check_sizes;
+  CLI::App* launch_cmd = app.add_subcommand(
+      "launch",
+      "Start and supervise the workers of this machine: `fsdptrain launch [flags] -- PROGRAM ARGS...` (or "
+      "SCRIPT.py ARGS..., run with python3), or --check");
+  launch_args.add_to(launch_cmd);
+  launch_cmd->add_flag("--dry-run,--dry_run", lo.dry_run, "Print each local rank's environment and command; start nothing");
+  launch_cmd->add_flag("--check", launch_check,
+                       "Run the distributed health check: every collective on several sizes, verified, with bus "
+                       "bandwidth");
+  launch_cmd->add_option("--check_sizes,--check-sizes", check_sizes, "Buffer sizes for --check, such as 64K,1M,16M");
+  launch_cmd->add_option("--log_dir,--log-dir", lo.log_dir, "Also write each rank's output to LOG_DIR/rank<N>.log");
+  launch_cmd->add_option("--grace_period,--grace-period", grace_s,
+                         "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
+  launch_cmd->prefix_command();
+
+  bool worker_check = false;
+  std::vector<std::string> worker_sizes;
+  CLI::App* worker = app.add_subcommand("worker", "");  // hidden: started by launch
+  worker->group("");
+  worker->add_flag("--check", worker_check);
+  worker->add_option("--check_sizes", worker_sizes);
+
   // to-fsdp2
   config::ToFsdp2Command t2;
   CLI::App* to2 =
@@ -179,6 +254,23 @@ int run(int argc, char** argv) {
     return code == 0 ? 0 : static_cast<int>(ExitCode::kBadInput);
   }
 
+  if (worker->parsed()) return run_worker(worker_check, worker_sizes);
+  if (launch_cmd->parsed()) {
+    lo.command = launch_cmd->remaining();
+    if (!lo.command.empty() && lo.command.front() == "--") lo.command.erase(lo.command.begin());
+    FSDP_CHECK(!(launch_check && !lo.command.empty()), "fsdptrain launch: give either --check or a command, not both");
+    if (launch_check) {
+      lo.command = {self_executable(), "worker", "--check"};
+      for (const auto& s : check_sizes) lo.command.insert(lo.command.end(), {"--check_sizes", s});
+    }
+    FSDP_CHECK(!lo.command.empty(),
+               "fsdptrain launch: nothing to run; give a program after `--` (fsdptrain launch -- python3 train.py), "
+               "a .py script, or --check (this build has no built-in trainer yet)");
+    FSDP_CHECK(grace_s >= 0, "--grace_period: expected seconds >= 0, got ", grace_s);
+    lo.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+    config::ResolvedConfig rc = config::load_config_or_throw(launch_args.inputs());
+    return launch::run_launch(rc, lo, std::cout);
+  }
   if (env->parsed()) {
     std::string source;
     config::ConfigInputs in = env_args.inputs(&source);

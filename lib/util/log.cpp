@@ -17,6 +17,9 @@ void emit(const std::string& line) {
 }  // namespace
 
 std::string rank_prefix() {
+  // Under `fsdptrain launch` the launcher prefixes every line of worker output already.
+  const char* launched = std::getenv("FSDPTRAIN_LAUNCHED");
+  if (launched && std::string(launched) == "1") return std::string();
   const char* rank = std::getenv("RANK");
   return rank && *rank ? std::string("[rank ") + rank + "] " : std::string();
 }

@@ -1,0 +1,152 @@
+#include "launch/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+#include "launch/rendezvous.h"
+#include "launch/worker_group.h"
+#include "launch/worker_plan.h"
+#include "util/error.h"
+#include "util/log.h"
+#include "util/strings.h"
+
+namespace fsdp::launch {
+
+namespace {
+
+// SIGINT/SIGTERM/SIGHUP to the launcher arrive here and are handled in the main loop.
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const char b = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+class SignalCatcher {
+ public:
+  SignalCatcher() {
+    FSDP_CHECK(::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "[launch] pipe: ", std::strerror(errno));
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, &old_[sig]);
+  }
+  ~SignalCatcher() {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &old_[sig], nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+  }
+  int fd() const { return g_signal_pipe[0]; }
+  // The last signal received since the previous call, or 0.
+  int take() {
+    char b = 0, last = 0;
+    while (::read(g_signal_pipe[0], &b, 1) == 1) last = b;
+    return last;
+  }
+
+ private:
+  struct sigaction old_[65] {};
+};
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_of(" \t\n'\"\\$`!*?&;|<>(){}[]#~") == std::string::npos) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, std::ostream& out) {
+  out << "# machine " << t.machine_rank << " of " << t.num_machines << ": " << t.local_world_size
+      << " worker(s), world size " << t.world_size << "; rendezvous " << t.master_addr << ":" << t.master_port
+      << "\n";
+  for (const auto& w : specs) {
+    out << "\n# rank " << w.rank << " (local rank " << w.local_rank << ")\n";
+    out << "env";
+    for (const auto& [k, v] : w.env) out << " \\\n  " << k << "=" << shell_quote(v);
+    out << " \\\n ";
+    for (const auto& a : w.argv) out << " " << shell_quote(a);
+    out << "\n";
+  }
+}
+
+}  // namespace
+
+int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, std::ostream& out) {
+  const config::LaunchConfig& l = rc.typed.launch;
+  Topology topology = topology_of(l);
+  FSDP_ASSERT(!options.command.empty(), "launch without a command");
+  if (options.dry_run) {
+    print_dry_run(plan_workers(rc, topology, options.command, 0), topology, out);
+    return 0;
+  }
+  const auto ms = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };
+  SignalCatcher signals;
+  Rendezvous rdzv(topology, ms(l.rdzv_timeout));
+  topology.master_port = rdzv.port();
+  if (topology.num_machines > 1)
+    log_info(str("[launch] machine ", topology.machine_rank, " of ", topology.num_machines,
+                 ": waiting for the other machines at ", topology.master_addr, ":", topology.master_port));
+  rdzv.wait_for_machines();
+
+  const auto interval = std::max(ms(l.monitor_interval), std::chrono::milliseconds(1));
+  for (int attempt = 0;; ++attempt) {
+    WorkerGroup group(plan_workers(rc, topology, options.command, attempt), options.log_dir, attempt);
+    int received = 0;
+    std::optional<std::pair<int, std::string>> remote;
+    while (!group.all_exited()) {
+      group.poll(interval, signals.fd());
+      if ((received = signals.take())) break;
+      if (group.first_failure()) break;
+      if ((remote = rdzv.failure(attempt))) break;
+    }
+    if (received) {
+      // Forward the signal, then SIGKILL whatever is left after the grace period.
+      log_warn(str("[launch] received ", sigabbrev_np(received) ? str("SIG", sigabbrev_np(received)) : "a signal",
+                   "; stopping the workers"));
+      group.stop(options.grace, received);
+      rdzv.report_failure(attempt, 128 + received, str("machine ", topology.machine_rank, "'s launcher was interrupted"));
+      std::cerr << "[launch] workers stopped (attempt " << attempt << "):\n" << group.exit_table();
+      return 128 + received;
+    }
+    if (group.all_succeeded()) {
+      rdzv.report_done(attempt);
+      if (topology.machine_rank == 0 && topology.num_machines > 1 &&
+          !rdzv.wait_until_all_done(attempt, ms(l.rdzv_timeout)))
+        log_warn("[launch] not every machine reported its end; machine 0 closes the rendezvous anyway");
+      if (auto f = rdzv.failure(attempt)) {
+        std::cerr << "[launch] this machine's workers succeeded, but " << f->second << "\n";
+        return f->first;
+      }
+      return 0;
+    }
+    // A failure: here (first_failure) or on another machine (remote).
+    int code = 1;
+    std::string what;
+    if (const WorkerStatus* f = group.first_failure()) {
+      code = f->exit_code();
+      what = str("rank ", f->rank, " (machine ", topology.machine_rank, ", pid ", f->pid, ") ended with ",
+                 f->describe());
+      rdzv.report_failure(attempt, code, what);
+    } else {
+      code = remote->first;
+      what = remote->second;
+    }
+    group.stop(options.grace);
+    std::cerr << "[launch] " << what << "; the other workers were stopped (attempt " << attempt << "):\n"
+              << group.exit_table();
+    if (attempt >= l.max_restarts) {
+      if (l.max_restarts > 0) std::cerr << "[launch] no restarts left (--max_restarts " << l.max_restarts << ")\n";
+      return code;
+    }
+    log_warn(str("[launch] restarting the workers (restart ", attempt + 1, " of ", l.max_restarts, ")"));
+  }
+}
+
+}  // namespace fsdp::launch

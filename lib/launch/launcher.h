@@ -1,0 +1,29 @@
+// `fsdptrain launch`: start this machine's workers, supervise them, and coordinate with the
+// launchers of the other machines (rendezvous.h). Data flow step 2 of DESIGN.md.
+#pragma once
+
+#include <chrono>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "config/loader.h"
+
+namespace fsdp::launch {
+
+struct LaunchOptions {
+  // What each worker runs: a program and its arguments (after `--`), or a .py script.
+  std::vector<std::string> command;
+  std::string log_dir;  // also write each rank's output to <log_dir>/rank<N>.log
+  bool dry_run = false;
+  std::chrono::milliseconds grace{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL
+};
+
+// Runs the whole launch and returns the process exit code: 0 when every worker of every machine
+// exited 0; else the first failing rank's exit code (128 + signal when it was killed); 128 +
+// signal when the launcher itself was interrupted. Throws fsdp::Error for problems before any
+// worker starts (rendezvous, ports). With dry_run, prints each local rank's environment and
+// command to `out` and starts nothing.
+int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, std::ostream& out);
+
+}  // namespace fsdp::launch

@@ -1,0 +1,276 @@
+#include "launch/worker_group.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <thread>
+
+#include "util/error.h"
+
+extern char** environ;
+
+namespace fsdp::launch {
+
+namespace {
+
+std::string signal_name(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : str("signal ", sig);
+}
+
+void write_all(int fd, const std::string& text) {
+  const char* p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // a closed stdout must not stop supervision
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+// The child's environment: the launcher's, with the worker's variables set on top.
+std::vector<std::string> merged_env(const EnvList& overrides) {
+  std::vector<std::string> out;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    bool replaced = false;
+    for (const auto& [k, v] : overrides) replaced |= k == name;
+    if (!replaced) out.push_back(entry);
+  }
+  for (const auto& [k, v] : overrides) out.push_back(k + "=" + v);
+  return out;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& items) {
+  std::vector<char*> out;
+  for (auto& s : items) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+}  // namespace
+
+std::string WorkerStatus::describe() const {
+  if (running) return "running";
+  std::string s = exited ? str("exit ", code) : signal_name(signal);
+  if (stopped_by_launcher) s += " (stopped by the launcher)";
+  return s;
+}
+
+// One output pipe of one worker, with the partial line not yet relayed.
+struct WorkerGroup::Stream {
+  int fd = -1;
+  int to_fd = 1;  // the launcher's stdout or stderr
+  size_t worker = 0;
+  std::string prefix;
+  std::string pending;
+};
+
+WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string& log_dir, int attempt) {
+  if (!log_dir.empty()) ::mkdir(log_dir.c_str(), 0755);
+  const pid_t launcher = ::getpid();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const WorkerSpec& spec = specs[i];
+    FSDP_ASSERT(!spec.argv.empty(), "worker ", spec.rank, " has no command");
+    int out_pipe[2], err_pipe[2];
+    FSDP_CHECK(::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
+               "[launch] cannot create pipes: ", std::strerror(errno));
+    int log_fd = -1;
+    if (!log_dir.empty()) {
+      const std::string path = str(log_dir, "/rank", spec.rank, ".log");
+      log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      FSDP_CHECK(log_fd >= 0, "[launch] cannot open ", path, ": ", std::strerror(errno), "; check --log_dir");
+      write_all(log_fd, str("==== attempt ", attempt, " ====\n"));
+    }
+    // Everything the child needs is built before fork: after it, only exec-safe calls.
+    std::vector<std::string> env = merged_env(spec.env);
+    std::vector<std::string> argv = spec.argv;
+    std::vector<char*> c_env = c_strings(env), c_argv = c_strings(argv);
+    const pid_t pid = ::fork();
+    FSDP_CHECK(pid >= 0, "[launch] cannot start worker ", spec.rank, ": fork failed: ", std::strerror(errno));
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(1);  // the launcher died before prctl took effect
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
+      ::dup2(out_pipe[1], 1);
+      ::dup2(err_pipe[1], 2);
+      ::execvpe(c_argv[0], c_argv.data(), c_env.data());
+      const std::string msg = str("[launch] cannot run ", c_argv[0], ": ", std::strerror(errno), "\n");
+      write_all(2, msg);
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also in the parent, so signal_all never races the child's setpgid
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    WorkerStatus st;
+    st.rank = spec.rank;
+    st.local_rank = spec.local_rank;
+    st.pid = pid;
+    status_.push_back(st);
+    log_fds_.push_back(log_fd);
+    for (auto [fd, to] : {std::pair<int, int>{out_pipe[0], 1}, {err_pipe[0], 2}}) {
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+      auto s = std::make_unique<Stream>();
+      s->fd = fd;
+      s->to_fd = to;
+      s->worker = i;
+      s->prefix = str("[rank ", spec.rank, "] ");
+      streams_.push_back(std::move(s));
+    }
+  }
+}
+
+WorkerGroup::~WorkerGroup() {
+  for (auto& st : status_) {
+    if (st.running) ::kill(-st.pid, SIGKILL);
+    ::kill(-st.pid, SIGKILL);  // anything the worker left in its process group
+  }
+  for (auto& st : status_)
+    if (st.running) ::waitpid(st.pid, nullptr, 0);
+  for (auto& s : streams_) {
+    if (s->fd >= 0) {
+      drain(*s, true);
+      ::close(s->fd);
+    }
+  }
+  for (int fd : log_fds_)
+    if (fd >= 0) ::close(fd);
+}
+
+void WorkerGroup::drain(Stream& s, bool final) {
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(s.fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0 || final) {  // EOF: the worker closed it (exited)
+        ::close(s.fd);
+        s.fd = -1;
+      }
+      break;
+    }
+    s.pending.append(buf, static_cast<size_t>(n));
+  }
+  std::string out;
+  size_t start = 0, nl;
+  while ((nl = s.pending.find('\n', start)) != std::string::npos) {
+    out += s.prefix + s.pending.substr(start, nl - start + 1);
+    start = nl + 1;
+  }
+  s.pending.erase(0, start);
+  if (s.fd < 0 && !s.pending.empty()) {  // a last line without a newline
+    out += s.prefix + s.pending + "\n";
+    s.pending.clear();
+  }
+  if (out.empty()) return;
+  write_all(s.to_fd, out);
+  if (log_fds_[s.worker] >= 0) write_all(log_fds_[s.worker], out);
+}
+
+void WorkerGroup::reap() {
+  for (auto& st : status_) {
+    if (!st.running) continue;
+    int wstatus = 0;
+    pid_t r = ::waitpid(st.pid, &wstatus, WNOHANG);
+    if (r != st.pid) continue;
+    st.running = false;
+    st.ended = std::chrono::steady_clock::now();
+    if (WIFEXITED(wstatus)) {
+      st.exited = true;
+      st.code = WEXITSTATUS(wstatus);
+    } else if (WIFSIGNALED(wstatus)) {
+      st.signal = WTERMSIG(wstatus);
+    }
+  }
+}
+
+void WorkerGroup::poll(std::chrono::milliseconds timeout, int wake_fd) {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> owners;
+  for (auto& s : streams_)
+    if (s->fd >= 0) {
+      fds.push_back({s->fd, POLLIN, 0});
+      owners.push_back(s.get());
+    }
+  if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+  if (fds.empty()) {
+    std::this_thread::sleep_for(timeout);
+  } else {
+    int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
+    if (n > 0)
+      for (size_t i = 0; i < owners.size(); ++i)
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) drain(*owners[i], false);
+  }
+  reap();
+}
+
+bool WorkerGroup::all_exited() const {
+  for (const auto& st : status_)
+    if (st.running) return false;
+  return true;
+}
+
+bool WorkerGroup::all_succeeded() const {
+  for (const auto& st : status_)
+    if (st.running || !st.exited || st.code != 0) return false;
+  return true;
+}
+
+const WorkerStatus* WorkerGroup::first_failure() const {
+  const WorkerStatus* first = nullptr;
+  for (const auto& st : status_)
+    if (st.failed() && (!first || st.ended < first->ended)) first = &st;
+  return first;
+}
+
+void WorkerGroup::signal_all(int sig) {
+  for (auto& st : status_)
+    if (st.running) ::kill(-st.pid, sig);
+}
+
+void WorkerGroup::stop(std::chrono::milliseconds grace, int sig) {
+  for (auto& st : status_)
+    if (st.running) {
+      st.stopped_by_launcher = true;
+      ::kill(-st.pid, sig);
+    }
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (!all_exited() && std::chrono::steady_clock::now() < deadline) poll(std::chrono::milliseconds(20));
+  for (auto& st : status_)
+    if (st.running) ::kill(-st.pid, SIGKILL);
+  while (!all_exited()) poll(std::chrono::milliseconds(20));
+  // A worker that exited 0 on SIGTERM (it handled it) was still stopped by us; one that failed on
+  // its own before we signalled keeps its own status.
+  for (auto& st : status_) ::kill(-st.pid, SIGKILL);
+  for (auto& s : streams_)
+    if (s->fd >= 0) drain(*s, true);
+}
+
+std::string WorkerGroup::exit_table() const {
+  const WorkerStatus* first = first_failure();
+  std::ostringstream out;
+  out << "  rank  local  pid       how it ended\n";
+  for (const auto& st : status_) {
+    out << "  " << std::left << std::setw(6) << st.rank << std::setw(7) << st.local_rank << std::setw(10) << st.pid
+        << st.describe() << (&st == first ? "   <- first failure" : "") << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace fsdp::launch

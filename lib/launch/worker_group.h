@@ -1,0 +1,76 @@
+// WorkerGroup: the local worker processes of one launch attempt, started, watched and stopped.
+//
+// Each worker runs in its own process group (so a terminal's Ctrl-C reaches only the launcher,
+// which forwards it) with PR_SET_PDEATHSIG=SIGKILL (so no worker outlives a launcher that is
+// killed outright). Each line a worker writes is relayed with a "[rank N] " prefix to the
+// launcher's stdout or stderr, and optionally copied to <log_dir>/rank<N>.log.
+//
+// Owned by the launcher's main thread; not thread-safe. The destructor kills and reaps anything
+// still running, so an exception cannot leave workers behind.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launch/worker_plan.h"
+
+namespace fsdp::launch {
+
+struct WorkerStatus {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = true;
+  bool exited = false;  // exit(code); else killed by `signal`
+  int code = 0;
+  int signal = 0;
+  bool stopped_by_launcher = false;  // the launcher sent the signal that ended it
+  std::chrono::steady_clock::time_point ended;
+
+  bool failed() const { return !running && !(exited && code == 0) && !stopped_by_launcher; }
+  // "exit 0", "exit 3", "SIGKILL", "SIGTERM (stopped by the launcher)"
+  std::string describe() const;
+  // The launcher's exit code for this worker's failure: its exit code, or 128 + signal.
+  int exit_code() const { return exited ? code : 128 + signal; }
+};
+
+class WorkerGroup {
+ public:
+  // Starts every worker. Throws fsdp::Error if a process cannot be created.
+  WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string& log_dir, int attempt);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Relays output and reaps exited workers; returns after at most `timeout`, or sooner when
+  // `wake_fd` (the launcher's signal pipe) becomes readable.
+  void poll(std::chrono::milliseconds timeout, int wake_fd = -1);
+
+  bool all_exited() const;
+  bool all_succeeded() const;
+  const WorkerStatus* first_failure() const;  // the earliest to fail, or nullptr
+  const std::vector<WorkerStatus>& status() const { return status_; }
+
+  // Sends `sig` to every running worker's process group.
+  void signal_all(int sig);
+  // SIGTERM (or `sig`) to the running workers, up to `grace` for them to exit, then SIGKILL;
+  // returns when every worker has been reaped. Output keeps flowing meanwhile.
+  void stop(std::chrono::milliseconds grace, int sig = 15 /* SIGTERM */);
+
+  // A table of every worker's pid and how it ended, marking the first failure.
+  std::string exit_table() const;
+
+ private:
+  struct Stream;
+  void reap();
+  void drain(Stream& s, bool final);
+  std::vector<WorkerStatus> status_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<int> log_fds_;  // per worker, -1 when no log_dir
+};
+
+}  // namespace fsdp::launch

@@ -1,0 +1,67 @@
+#include "launch/worker_plan.h"
+
+#include <cstdlib>
+
+#include "config/worker_env.h"
+#include "util/strings.h"
+
+namespace fsdp::launch {
+
+Topology topology_of(const config::LaunchConfig& l) {
+  Topology t;
+  t.num_machines = l.num_machines;
+  t.machine_rank = l.machine_rank;
+  t.world_size = l.num_processes;
+  t.local_world_size = l.processes_per_machine();
+  t.master_addr = l.main_process_ip.empty() ? "127.0.0.1" : l.main_process_ip;
+  t.master_port = l.main_process_port;
+  return t;
+}
+
+std::string omp_threads() {
+  const char* v = std::getenv("OMP_NUM_THREADS");
+  return v && *v ? std::string(v) : "1";
+}
+
+std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Topology& t,
+                                     const std::vector<std::string>& command, int restart_count) {
+  std::vector<std::string> argv = command;
+  if (!argv.empty() && ends_with(argv.front(), ".py")) argv.insert(argv.begin(), {"python3", "-u"});
+  const EnvList common = config::worker_env(rc);
+  std::vector<WorkerSpec> out;
+  for (int local = 0; local < t.local_world_size; ++local) {
+    WorkerSpec w;
+    w.local_rank = local;
+    w.rank = t.machine_rank * t.local_world_size + local;
+    w.argv = argv;
+    // torchrun's per-worker contract (LocalElasticAgent), with its spellings.
+    w.env = {
+        {"RANK", std::to_string(w.rank)},
+        {"LOCAL_RANK", std::to_string(local)},
+        {"WORLD_SIZE", std::to_string(t.world_size)},
+        {"LOCAL_WORLD_SIZE", std::to_string(t.local_world_size)},
+        {"GROUP_RANK", std::to_string(t.machine_rank)},
+        {"GROUP_WORLD_SIZE", std::to_string(t.num_machines)},
+        {"ROLE_NAME", "default"},
+        {"ROLE_RANK", std::to_string(w.rank)},
+        {"ROLE_WORLD_SIZE", std::to_string(t.world_size)},
+        {"MASTER_ADDR", t.master_addr},
+        {"MASTER_PORT", std::to_string(t.master_port)},
+        {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(rc.typed.launch.max_restarts)},
+        {"TORCHELASTIC_RUN_ID", "none"},
+        // The launcher serves the store; workers connect to it as clients (prefix per attempt).
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+        {"OMP_NUM_THREADS", omp_threads()},
+        {"PYTHONUNBUFFERED", "1"},
+        // Our own workers leave the "[rank N] " prefix to the launcher.
+        {"FSDPTRAIN_LAUNCHED", "1"},
+    };
+    w.env.insert(w.env.end(), common.begin(), common.end());
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+}  // namespace fsdp::launch
