@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <iostream>
 #include <map>
 
@@ -219,7 +220,8 @@ int run(int argc, char** argv) {
       "Start and supervise the workers of this machine: `fsdptrain launch [flags] -- PROGRAM ARGS...` (or "
       "SCRIPT.py ARGS..., run with python3), or --check");
   launch_args.add_to(launch_cmd);
-  launch_cmd->add_flag("--dry-run,--dry_run", lo.dry_run, "Print each local rank's environment and command; start nothing");
+  launch_cmd->add_flag("--dry-run,--dry_run", lo.dry_run,
+                       "Print each local rank's environment and command; start nothing");
   launch_cmd->add_flag("--check", launch_check,
                        "Run the distributed health check: every collective on several sizes, verified, with bus "
                        "bandwidth");
@@ -247,8 +249,19 @@ int run(int argc, char** argv) {
   to2->add_flag("--force", t2.force,
                 "Accept lossy changes (NO_SHARD, LOCAL_STATE_DICT, forward_prefetch: true, use_orig_params: false)");
 
+  // `launch ... -- PROGRAM ARGS`: everything after the first "--" is the workers' command, untouched.
+  std::vector<std::string> args(argv + 1, argv + argc), after_dashes;
+  if (args.size() > 0 && args[0] == "launch") {
+    auto dashes = std::find(args.begin(), args.end(), "--");
+    if (dashes != args.end()) {
+      after_dashes.assign(dashes + 1, args.end());
+      args.erase(dashes, args.end());
+      FSDP_CHECK(!after_dashes.empty(), "fsdptrain launch: nothing after `--`; give the program to run");
+    }
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments reversed
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     int code = app.exit(e);
     return code == 0 ? 0 : static_cast<int>(ExitCode::kBadInput);
@@ -257,7 +270,7 @@ int run(int argc, char** argv) {
   if (worker->parsed()) return run_worker(worker_check, worker_sizes);
   if (launch_cmd->parsed()) {
     lo.command = launch_cmd->remaining();
-    if (!lo.command.empty() && lo.command.front() == "--") lo.command.erase(lo.command.begin());
+    lo.command.insert(lo.command.end(), after_dashes.begin(), after_dashes.end());
     FSDP_CHECK(!(launch_check && !lo.command.empty()), "fsdptrain launch: give either --check or a command, not both");
     if (launch_check) {
       lo.command = {self_executable(), "worker", "--check"};

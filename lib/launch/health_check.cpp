@@ -65,8 +65,8 @@ void run_health_check(dist::ProcessGroup& g, const HealthCheckOptions& options, 
   table << "fsdptrain check: " << W << " rank(s), backend " << g.backend_name() << ", float32, "
         << (options.cuda ? "cuda" : "cpu") << "\n";
   table << std::left << std::setw(16) << "collective" << std::right << std::setw(10) << "size" << std::setw(7)
-        << "iters" << std::setw(12) << "time (us)" << std::setw(14) << "algbw (GB/s)" << std::setw(14)
-        << "busbw (GB/s)" << "  result\n";
+        << "iters" << std::setw(12) << "time (us)" << std::setw(14) << "algbw (GB/s)" << std::setw(14) << "busbw (GB/s)"
+        << "  result\n";
 
   g.barrier().wait();  // every rank has joined
   for (int64_t bytes : sizes) {
@@ -87,8 +87,7 @@ void run_health_check(dist::ProcessGroup& g, const HealthCheckOptions& options, 
          [&] { expect_equal(gather_out, pattern(full, 0, 1000, o), Collective::kAllGather, S, rank); }},
         {Collective::kReduceScatter, [&] { return g.reduce_scatter(rs_out, rs_in); },
          [&] {
-           expect_equal(rs_out, pattern(n, rank * n, 7, o).mul_(W * (W + 1) / 2), Collective::kReduceScatter, S,
-                        rank);
+           expect_equal(rs_out, pattern(n, rank * n, 7, o).mul_(W * (W + 1) / 2), Collective::kReduceScatter, S, rank);
          }},
         {Collective::kAllReduce,
          [&] {

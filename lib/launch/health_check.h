@@ -11,7 +11,7 @@
 namespace fsdp::launch {
 
 struct HealthCheckOptions {
-  bool cuda = false;  // tensors on this rank's GPU (NCCL) instead of CPU (Gloo)
+  bool cuda = false;           // tensors on this rank's GPU (NCCL) instead of CPU (Gloo)
   std::vector<int64_t> sizes;  // bytes per collective buffer; empty = defaults for the device
   int iterations = 0;          // timed iterations per size; 0 = by size
 };

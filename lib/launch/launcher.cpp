@@ -52,7 +52,7 @@ class SignalCatcher {
   }
 
  private:
-  struct sigaction old_[65] {};
+  struct sigaction old_[65]{};
 };
 
 std::string shell_quote(const std::string& s) {
@@ -64,8 +64,7 @@ std::string shell_quote(const std::string& s) {
 
 void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, std::ostream& out) {
   out << "# machine " << t.machine_rank << " of " << t.num_machines << ": " << t.local_world_size
-      << " worker(s), world size " << t.world_size << "; rendezvous " << t.master_addr << ":" << t.master_port
-      << "\n";
+      << " worker(s), world size " << t.world_size << "; rendezvous " << t.master_addr << ":" << t.master_port << "\n";
   for (const auto& w : specs) {
     out << "\n# rank " << w.rank << " (local rank " << w.local_rank << ")\n";
     out << "env";
@@ -111,7 +110,8 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
       log_warn(str("[launch] received ", sigabbrev_np(received) ? str("SIG", sigabbrev_np(received)) : "a signal",
                    "; stopping the workers"));
       group.stop(options.grace, received);
-      rdzv.report_failure(attempt, 128 + received, str("machine ", topology.machine_rank, "'s launcher was interrupted"));
+      rdzv.report_failure(attempt, 128 + received,
+                          str("machine ", topology.machine_rank, "'s launcher was interrupted"));
       std::cerr << "[launch] workers stopped (attempt " << attempt << "):\n" << group.exit_table();
       return 128 + received;
     }
@@ -131,8 +131,8 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
     std::string what;
     if (const WorkerStatus* f = group.first_failure()) {
       code = f->exit_code();
-      what = str("rank ", f->rank, " (machine ", topology.machine_rank, ", pid ", f->pid, ") ended with ",
-                 f->describe());
+      what =
+          str("rank ", f->rank, " (machine ", topology.machine_rank, ", pid ", f->pid, ") ended with ", f->describe());
       rdzv.report_failure(attempt, code, what);
     } else {
       code = remote->first;

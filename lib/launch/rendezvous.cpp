@@ -33,7 +33,8 @@ Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeo
       server_.emplace(so);
     } catch (const Error& e) {
       if (topology.num_machines > 1 || port_ == 0) throw;
-      log_warn(str("[launch] port ", port_, " is in use on this machine; using a free port instead "
+      log_warn(str("[launch] port ", port_,
+                   " is in use on this machine; using a free port instead "
                    "(choose one with --main_process_port)"));
       so.port = 0;
       server_.emplace(so);
@@ -51,9 +52,8 @@ Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeo
   FSDP_CHECK(claims == 1, "[launch] machine_rank ", topology.machine_rank,
              " is already taken by another launcher of this run; give each machine its own --machine_rank (0..",
              topology.num_machines - 1, ")");
-  client_->set(str("machine/", topology.machine_rank),
-               str(hostname(), " pid ", ::getpid(), " world ", topology.world_size, " machines ",
-                   topology.num_machines));
+  client_->set(str("machine/", topology.machine_rank), str(hostname(), " pid ", ::getpid(), " world ",
+                                                           topology.world_size, " machines ", topology.num_machines));
 }
 
 void Rendezvous::wait_for_machines() {
@@ -75,8 +75,8 @@ void Rendezvous::wait_for_machines() {
   for (int m = 0; m < topology_.num_machines; ++m)
     if (!client_->check({str("machine/", m)})) missing.push_back(std::to_string(m));
   throw Error(str("[launch] rendezvous timed out after ", static_cast<double>(timeout_.count()) / 1000.0,
-                  " s: machine rank(s) ", join(missing, ", "), " of ", topology_.num_machines,
-                  " never arrived at ", topology_.master_addr, ":", port_,
+                  " s: machine rank(s) ", join(missing, ", "), " of ", topology_.num_machines, " never arrived at ",
+                  topology_.master_addr, ":", port_,
                   "; start `fsdptrain launch --machine_rank R` on every machine with the same --num_machines, "
                   "--main_process_ip and --main_process_port, or raise --rdzv_timeout"));
 }
@@ -84,7 +84,8 @@ void Rendezvous::wait_for_machines() {
 void Rendezvous::report_failure(int attempt, int exit_code, const std::string& description) {
   try {
     const std::string key = str("attempt/", attempt, "/failed");
-    if (client_->add(str("attempt/", attempt, "/failures"), 1) == 1) client_->set(key, str(exit_code, "|", description));
+    if (client_->add(str("attempt/", attempt, "/failures"), 1) == 1)
+      client_->set(key, str(exit_code, "|", description));
   } catch (const std::exception&) {
     // Machine 0 is gone; the others notice on their own.
   }

@@ -1,0 +1,119 @@
+// A worker program for the multi-process tests, started by `fsdptrain launch -- dist_worker MODE`
+// (or alone, as a world of one). Modes:
+//   collectives      every collective at several uneven sizes, fp32 and bf16, checked against
+//                    values computed locally; byte counters checked against the formula
+//   hang R           join, then rank R stops answering while the others wait in a barrier
+//   exit R CODE      join, then rank R exits with CODE while the others wait in a barrier
+// Prints "<mode> ok" on success; any mismatch exits 1 with the reason.
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "dist/process_group.h"
+#include "util/error.h"
+
+using namespace fsdp;
+using namespace fsdp::dist;
+
+namespace {
+
+// Rank r's input: small integers, exact in bf16 and in every sum of up to 4 ranks.
+at::Tensor input_of(int r, int64_t n, at::ScalarType dtype, int salt) {
+  return (at::arange(n, at::kFloat).remainder(5 + salt) + r + 1).to(dtype);
+}
+
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw Error("mismatch: " + what);
+}
+
+void collectives(ProcessGroup& g) {
+  const int W = g.size(), r = g.rank();
+  int64_t expect_bytes[5] = {0, 0, 0, 0, 0};
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const int64_t elem = dtype == at::kFloat ? 4 : 2;
+    for (int64_t n : {1, 3, 7, 1000, 4099}) {  // per-rank chunks; the totals are not powers of two
+      const std::string tag = std::string(c10::toString(dtype)) + " n=" + std::to_string(n);
+      // all_gather: the concatenation of every rank's input.
+      at::Tensor out = at::empty({n * W}, at::TensorOptions().dtype(dtype));
+      g.all_gather(out, input_of(r, n, dtype, 0)).wait();
+      std::vector<at::Tensor> parts;
+      for (int q = 0; q < W; ++q) parts.push_back(input_of(q, n, dtype, 0));
+      expect(at::equal(out, at::cat(parts)), "all_gather " + tag);
+      expect_bytes[0] += (W - 1) * n * elem;
+
+      // reduce_scatter: this rank's chunk of the sum (and average) of every rank's full input.
+      at::Tensor sum32 = at::zeros({n * W});
+      for (int q = 0; q < W; ++q) sum32 += input_of(q, n * W, at::kFloat, 1);
+      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        at::Tensor rs = at::empty({n}, at::TensorOptions().dtype(dtype));
+        g.reduce_scatter(rs, input_of(r, n * W, dtype, 1), op).wait();
+        at::Tensor want = sum32.slice(0, r * n, (r + 1) * n);
+        if (op == ReduceOp::kAvg) want = want / W;
+        expect(at::equal(rs, want.to(dtype)),
+               std::string("reduce_scatter ") + (op == ReduceOp::kAvg ? "avg " : "sum ") + tag);
+        expect_bytes[1] += (W - 1) * n * elem;
+      }
+
+      // all_reduce: sum and average of every rank's tensor.
+      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        at::Tensor t = input_of(r, n, dtype, 2);
+        g.all_reduce(t, op).wait();
+        at::Tensor want = at::zeros({n});
+        for (int q = 0; q < W; ++q) want += input_of(q, n, at::kFloat, 2);
+        if (op == ReduceOp::kAvg) want = want / W;
+        expect(at::equal(t, want.to(dtype)), "all_reduce " + tag);
+        expect_bytes[2] += 2 * n * elem * (W - 1) / W;
+      }
+
+      // broadcast from every root.
+      for (int root = 0; root < W; ++root) {
+        at::Tensor t = r == root ? input_of(root, n, dtype, 3) : at::zeros({n}, at::TensorOptions().dtype(dtype));
+        g.broadcast(t, root).wait();
+        expect(at::equal(t, input_of(root, n, dtype, 3)), "broadcast from " + std::to_string(root) + " " + tag);
+        if (W > 1) expect_bytes[3] += n * elem;
+      }
+    }
+  }
+  g.barrier().wait();
+  for (int c = 0; c < 4; ++c)
+    expect(g.counters().bytes[c] == expect_bytes[c],
+           str(kCollectiveNames[c], " counted ", g.counters().bytes[c], " bytes, formula says ", expect_bytes[c]));
+  std::cout << "collectives ok: rank " << r << " of " << W << " (" << g.backend_name() << "), sent "
+            << g.counters().total() << " bytes" << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string mode = argc > 1 ? argv[1] : "";
+    GroupOptions o;
+    o.backend = "gloo";
+    if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"))
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::atof(t) * 1000));
+    ProcessGroup g = init_process_group(o);
+    if (mode == "collectives") {
+      collectives(g);
+      return 0;
+    }
+    if ((mode == "hang" || mode == "exit") && argc > 2) {
+      const int who = std::atoi(argv[2]);
+      g.barrier().wait();
+      if (g.rank() == who) {
+        if (mode == "exit") return argc > 3 ? std::atoi(argv[3]) : 1;
+        while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+      g.barrier().wait();
+      std::cout << mode << " ok" << std::endl;
+      return 0;
+    }
+    std::cerr << "usage: dist_worker collectives | hang RANK | exit RANK CODE\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+}

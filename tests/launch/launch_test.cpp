@@ -1,0 +1,418 @@
+// `fsdptrain launch` as users run it: real worker processes, real signals. Each test asserts the
+// message, the exit code, and that no process is left behind; each is bounded in time.
+#include <doctest/doctest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launch/slurm.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+// A running fsdptrain launcher with its output captured.
+class Launcher {
+ public:
+  explicit Launcher(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+    int out_pipe[2], err_pipe[2];
+    REQUIRE(pipe(out_pipe) == 0);
+    REQUIRE(pipe(err_pipe) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      dup2(out_pipe[1], 1);
+      dup2(err_pipe[1], 2);
+      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
+      for (const char* v : {"FSDPTRAIN_CONFIG_FILE", "RANK", "WORLD_SIZE", "SLURM_STEP_ID", "SLURM_NODEID"})
+        unsetenv(v);
+      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      std::vector<std::string> copy = args;
+      std::string bin = FSDP_BINARY;
+      std::vector<char*> argv{bin.data()};
+      for (auto& a : copy) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(bin.c_str(), argv.data());
+      _exit(127);
+    }
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    fds_[0] = out_pipe[0];
+    fds_[1] = err_pipe[0];
+  }
+  ~Launcher() {
+    if (!done_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  void signal(int sig) { kill(pid_, sig); }
+
+  // Collects output until the launcher exits; fails the test if that takes over `limit`.
+  Result wait(std::chrono::seconds limit = std::chrono::seconds(60)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    pollfd fds[2] = {{fds_[0], POLLIN, 0}, {fds_[1], POLLIN, 0}};
+    int open_fds = 2;
+    char buf[4096];
+    while (open_fds > 0 && std::chrono::steady_clock::now() < deadline) {
+      if (poll(fds, 2, 100) <= 0) continue;
+      for (int i = 0; i < 2; ++i) {
+        if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+        ssize_t n = read(fds[i].fd, buf, sizeof(buf));
+        if (n <= 0) {
+          close(fds[i].fd);
+          fds[i].fd = -1;
+          --open_fds;
+        } else {
+          (i == 0 ? result_.out : result_.err).append(buf, n);
+        }
+      }
+    }
+    REQUIRE_MESSAGE(open_fds == 0, "the launcher did not finish within ", limit.count(), " s\n", result_.err);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    done_ = true;
+    result_.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return result_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int fds_[2] = {-1, -1};
+  bool done_ = false;
+  Result result_;
+};
+
+Result run(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {}) {
+  return Launcher(args, env).wait();
+}
+
+// A string no other process has on its command line: workers run `sleep <marker>`.
+std::string make_marker() {
+  static int n = 0;
+  return std::to_string(900000 + getpid() % 1000) + "." + std::to_string(++n);
+}
+
+// Processes whose command line contains `marker`.
+int count_processes(const std::string& marker) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(entry.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
+    // The launcher's own command line names the marker too; count only the workers.
+    if (cmd.find(marker) != std::string::npos && cmd.find("sh -c") == std::string::npos &&
+        cmd.find(" launch ") == std::string::npos)
+      ++count;
+  }
+  return count;
+}
+
+bool wait_for_count(const std::string& marker, int n, std::chrono::seconds limit = std::chrono::seconds(20)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (count_processes(marker) == n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+int free_port() {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  close(s);
+  return ntohs(a.sin_port);
+}
+
+// CPU workers, four on one machine unless the test says otherwise.
+std::vector<std::string> launch_args(int processes, std::vector<std::string> more = {}) {
+  std::vector<std::string> a = {"launch",
+                                "--cpu",
+                                "--num_processes",
+                                std::to_string(processes),
+                                "--main_process_port",
+                                std::to_string(free_port()),
+                                "--grace_period",
+                                "2",
+                                "--distributed_type",
+                                "MULTI_CPU"};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+std::vector<std::string> with_command(std::vector<std::string> a, const std::vector<std::string>& command) {
+  a.push_back("--");
+  a.insert(a.end(), command.begin(), command.end());
+  return a;
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("a worker that exits 3 stops the others; the launcher exits 3 with a table") {
+  const std::string m = make_marker();
+  Result r = run(
+      with_command(launch_args(4), {"sh", "-c", "if [ $RANK = 1 ]; then echo failing; exit 3; fi; exec sleep " + m}));
+  CHECK(r.code == 3);
+  CHECK(contains(r.out, "[rank 1] failing"));
+  CHECK(contains(r.err, "rank 1 (machine 0"));
+  CHECK(contains(r.err, "exit 3   <- first failure"));
+  CHECK(contains(r.err, "SIGTERM (stopped by the launcher)"));
+  CHECK(count_processes(m) == 0);
+}
+
+TEST_CASE("a worker killed by SIGKILL is reported by signal; exit code 137") {
+  const std::string m = make_marker();
+  Result r = run(with_command(launch_args(3), {"sh", "-c", "if [ $RANK = 2 ]; then kill -9 $$; fi; exec sleep " + m}));
+  CHECK(r.code == 137);
+  CHECK(contains(r.err, "rank 2 (machine 0"));
+  CHECK(contains(r.err, "SIGKILL   <- first failure"));
+  CHECK(count_processes(m) == 0);
+}
+
+TEST_CASE("a rank that hangs: the others fail after --dist_timeout naming the collective, and all stop") {
+  Result r = run(with_command(launch_args(3, {"--dist_timeout", "2"}), {FSDP_DIST_WORKER, "hang", "1"}));
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "barrier of 0 B on rank 0 of 3 did not finish within 2 s"));
+  CHECK(contains(r.err, "SIGTERM (stopped by the launcher)"));
+  CHECK(count_processes(FSDP_DIST_WORKER) == 0);
+}
+
+TEST_CASE("a busy port: one machine falls back to a free port; machine 0 of several refuses") {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  REQUIRE(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(listen(s, 4) == 0);
+  socklen_t len = sizeof(a);
+  getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+
+  Result one_machine = run({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "2",
+                            "--main_process_port", port, "--", "sh", "-c", "echo port $MASTER_PORT"});
+  CHECK(one_machine.code == 0);
+  CHECK(contains(one_machine.err, "port " + port + " is in use on this machine; using a free port"));
+  CHECK(!contains(one_machine.out, "port " + port + "\n"));
+
+  Result two_machines =
+      run({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "2", "--num_machines", "2",
+           "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--", "true"});
+  CHECK(two_machines.code == 1);
+  CHECK(contains(two_machines.err, "cannot serve the rendezvous on port " + port));
+  CHECK(contains(two_machines.err, "--main_process_port"));
+  close(s);
+}
+
+TEST_CASE("a machine that never arrives: the rendezvous fails naming it") {
+  const std::string m = make_marker();
+  Result r = run(with_command(launch_args(4, {"--num_machines", "2", "--machine_rank", "0", "--main_process_ip",
+                                              "127.0.0.1", "--rdzv_timeout", "2"}),
+                              {"sleep", m}));
+  CHECK(r.code == 1);
+  CHECK(contains(r.err, "machine rank(s) 1 of 2 never arrived"));
+  CHECK(count_processes(m) == 0);
+}
+
+TEST_CASE("two launchers on loopback form one four-rank world") {
+  const std::string port = std::to_string(free_port());
+  auto machine = [&](int rank) {
+    return std::vector<std::string>{"launch",
+                                    "--cpu",
+                                    "--distributed_type",
+                                    "MULTI_CPU",
+                                    "--num_processes",
+                                    "4",
+                                    "--num_machines",
+                                    "2",
+                                    "--machine_rank",
+                                    std::to_string(rank),
+                                    "--main_process_ip",
+                                    "127.0.0.1",
+                                    "--main_process_port",
+                                    port,
+                                    "--rdzv_timeout",
+                                    "30",
+                                    "--",
+                                    FSDP_DIST_WORKER,
+                                    "collectives"};
+  };
+  Launcher m1(machine(1));  // the second machine may start first
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Launcher m0(machine(0));
+  Result r0 = m0.wait(), r1 = m1.wait();
+  CHECK(r0.code == 0);
+  CHECK(r1.code == 0);
+  for (int rank : {0, 1}) CHECK(contains(r0.out, "[rank " + std::to_string(rank) + "] collectives ok: rank"));
+  for (int rank : {2, 3}) CHECK(contains(r1.out, "[rank " + std::to_string(rank) + "] collectives ok: rank"));
+  CHECK(contains(r1.out, "of 4 (gloo)"));
+  if (r0.code || r1.code) MESSAGE(r0.err, "\n", r1.err);
+}
+
+TEST_CASE("a worker failing on one machine stops the workers on the other") {
+  const std::string port = std::to_string(free_port());
+  const std::string m = make_marker();
+  auto machine = [&](int rank) {
+    return std::vector<std::string>{"launch",
+                                    "--cpu",
+                                    "--distributed_type",
+                                    "MULTI_CPU",
+                                    "--num_processes",
+                                    "4",
+                                    "--num_machines",
+                                    "2",
+                                    "--machine_rank",
+                                    std::to_string(rank),
+                                    "--main_process_ip",
+                                    "127.0.0.1",
+                                    "--main_process_port",
+                                    port,
+                                    "--grace_period",
+                                    "2",
+                                    "--",
+                                    "sh",
+                                    "-c",
+                                    "if [ $RANK = 3 ]; then sleep 1; exit 4; fi; exec sleep " + m};
+  };
+  Launcher m0(machine(0)), m1(machine(1));
+  Result r0 = m0.wait(), r1 = m1.wait();
+  CHECK(r1.code == 4);
+  CHECK(r0.code == 4);
+  CHECK(contains(r0.err, "rank 3 (machine 1"));
+  CHECK(count_processes(m) == 0);
+}
+
+TEST_CASE("SIGINT to the launcher is forwarded; it exits 130 and leaves nothing behind") {
+  const std::string m = make_marker();
+  Launcher l(with_command(launch_args(3), {"sleep", m}));
+  REQUIRE(wait_for_count(m, 3));
+  l.signal(SIGINT);
+  Result r = l.wait();
+  CHECK(r.code == 130);
+  CHECK(contains(r.err, "received SIGINT; stopping the workers"));
+  CHECK(contains(r.err, "SIGINT (stopped by the launcher)"));
+  CHECK(count_processes(m) == 0);
+}
+
+TEST_CASE("a launcher killed with SIGKILL takes its workers with it") {
+  const std::string m = make_marker();
+  Launcher l(with_command(launch_args(2), {"sleep", m}));
+  REQUIRE(wait_for_count(m, 2));
+  l.signal(SIGKILL);
+  Result r = l.wait();
+  CHECK(r.code == 137);
+  CHECK(wait_for_count(m, 0, std::chrono::seconds(5)));
+}
+
+TEST_CASE("--max_restarts restarts the whole group with TORCHELASTIC_RESTART_COUNT") {
+  Result r = run(with_command(launch_args(2, {"--max_restarts", "2"}),
+                              {"sh", "-c",
+                               "echo attempt $TORCHELASTIC_RESTART_COUNT; "
+                               "if [ $TORCHELASTIC_RESTART_COUNT -lt 2 ] && [ $RANK = 0 ]; then exit 5; fi"}));
+  CHECK(r.code == 0);
+  CHECK(contains(r.err, "restarting the workers (restart 1 of 2)"));
+  CHECK(contains(r.err, "restarting the workers (restart 2 of 2)"));
+  CHECK(contains(r.out, "[rank 1] attempt 2"));
+
+  Result exhausted =
+      run(with_command(launch_args(2, {"--max_restarts", "1"}), {"sh", "-c", "[ $RANK = 1 ] && exit 6; exit 0"}));
+  CHECK(exhausted.code == 6);
+  CHECK(contains(exhausted.err, "no restarts left (--max_restarts 1)"));
+}
+
+TEST_CASE("--dry-run prints each rank's environment and command and starts nothing") {
+  const std::string m = make_marker();
+  Result r = run(with_command(launch_args(2, {"--dry-run"}), {"sleep", m}));
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "# rank 1 (local rank 1)"));
+  CHECK(contains(r.out, "RANK=1"));
+  CHECK(contains(r.out, "WORLD_SIZE=2"));
+  CHECK(contains(r.out, "ACCELERATE_USE_CPU=true"));
+  CHECK(contains(r.out, "sleep " + m));
+  CHECK(count_processes(m) == 0);
+}
+
+TEST_CASE("--log_dir keeps each rank's output in its own file") {
+  fs::path dir = fs::temp_directory_path() / ("fsdptrain_logs_" + make_marker());
+  Result r = run(with_command(launch_args(2, {"--log_dir", dir.string()}), {"sh", "-c", "echo hello from $RANK"}));
+  CHECK(r.code == 0);
+  std::ifstream f(dir / "rank1.log");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(contains(text, "[rank 1] hello from 1"));
+  // Not fs::remove_all: libtorch.so exports a broken copy of it that the dynamic linker may pick.
+  CHECK(std::system(("rm -rf '" + dir.string() + "'").c_str()) == 0);
+}
+
+TEST_CASE("under srun, machine rank, machine count and main address come from SLURM") {
+  Result r =
+      run({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "4", "--dry-run", "--", "true"},
+          {{"SLURM_STEP_ID", "0"},
+           {"SLURM_NODEID", "1"},
+           {"SLURM_NNODES", "2"},
+           {"SLURM_JOB_NODELIST", "gpu-node[07-08]"}});
+  CHECK(r.code == 0);
+  CHECK(contains(r.out, "# machine 1 of 2"));
+  CHECK(contains(r.out, "MASTER_ADDR=gpu-node07"));
+  CHECK(contains(r.out, "RANK=2"));
+  CHECK(contains(r.out, "GROUP_RANK=1"));
+  // A flag still wins over SLURM.
+  Result flag = run({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "4", "--dry-run",
+                     "--main_process_ip", "10.0.0.1", "--", "true"},
+                    {{"SLURM_STEP_ID", "0"},
+                     {"SLURM_NODEID", "1"},
+                     {"SLURM_NNODES", "2"},
+                     {"SLURM_JOB_NODELIST", "gpu-node[07-08]"}});
+  CHECK(contains(flag.out, "MASTER_ADDR=10.0.0.1"));
+}
+
+TEST_CASE("SLURM node lists") {
+  using fsdp::launch::first_slurm_host;
+  CHECK(first_slurm_host("node01") == "node01");
+  CHECK(first_slurm_host("node[03-05,9],gpu1") == "node03");
+  CHECK(first_slurm_host("a1,b2") == "a1");
+  CHECK(first_slurm_host("rack[2-3]-n[010-011]") == "rack2-n[010-011]");
+}
+
+TEST_CASE("launch --check on 4 CPU workers verifies every collective") {
+  Result r = run(launch_args(4, {"--check", "--check_sizes", "4K,64K"}));
+  CHECK(r.code == 0);
+  for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast"}) CHECK(contains(r.out, c));
+  CHECK(contains(r.out, "[rank 0] all collectives verified on 4 rank(s)"));
+  if (r.code) MESSAGE(r.err);
+}
+
+TEST_CASE("launch refuses to start with nothing to run") {
+  Result r = run(launch_args(2));
+  CHECK(r.code == 2);
+  CHECK(contains(r.err, "nothing to run"));
+}
