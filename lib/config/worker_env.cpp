@@ -13,7 +13,14 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
   bool any_parallelism = false;
   for (const auto& v : rc.values)
     any_parallelism |= v.spec->section() == "parallelism_config" && rc.is_set(v.spec->key);
-  if (any_parallelism) env.emplace_back("ACCELERATE_USE_PARALLELISM_CONFIG", "true");
+  if (any_parallelism) {
+    env.emplace_back("ACCELERATE_USE_PARALLELISM_CONFIG", "true");
+    // Accelerate 1.x also exports its context/sequence parallel settings; fsdptrain has neither,
+    // so they are Accelerate's defaults.
+    env.emplace_back("PARALLELISM_CONFIG_CP_BACKEND", "torch");
+    env.emplace_back("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed");
+    env.emplace_back("PARALLELISM_CONFIG_SP_SIZE", "1");
+  }
   for (const auto& v : rc.values) {
     const OptionSpec& s = *v.spec;
     if (s.env.empty()) continue;

@@ -25,7 +25,7 @@ Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeo
   port_ = topology.master_port;
   if (topology.machine_rank == 0) {
     dist::StoreOptions so;
-    so.host = topology.master_addr;
+    so.host = "127.0.0.1";  // the server listens on every interface; this is its own connection
     so.port = port_;
     so.is_server = true;
     so.timeout = timeout;

@@ -13,7 +13,9 @@ Topology topology_of(const config::LaunchConfig& l) {
   t.machine_rank = l.machine_rank;
   t.world_size = l.num_processes;
   t.local_world_size = l.processes_per_machine();
-  t.master_addr = l.main_process_ip.empty() ? "127.0.0.1" : l.main_process_ip;
+  // On one machine the rendezvous is local whatever main_process_ip says (as torchrun's single-node
+  // path, which accelerate takes, does).
+  t.master_addr = l.main_process_ip.empty() || l.num_machines == 1 ? "127.0.0.1" : l.main_process_ip;
   t.master_port = l.main_process_port;
   return t;
 }
