@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "util/error.h"
+#include "util/files.h"
 
 extern char** environ;
 
@@ -79,7 +80,13 @@ struct WorkerGroup::Stream {
 };
 
 WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string& log_dir, int attempt) {
-  if (!log_dir.empty()) ::mkdir(log_dir.c_str(), 0755);
+  if (!log_dir.empty()) {
+    try {
+      make_directories(log_dir);
+    } catch (const Error& e) {
+      throw InputError(str("[launch] --log_dir: ", e.what()));
+    }
+  }
   const pid_t launcher = ::getpid();
   for (size_t i = 0; i < specs.size(); ++i) {
     const WorkerSpec& spec = specs[i];

@@ -29,13 +29,24 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+void make_directories(const std::string& path) {
+  for (size_t end = path.find('/', 1);; end = path.find('/', end + 1)) {
+    const std::string prefix = path.substr(0, end);
+    if (!prefix.empty() && ::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      throw Error(str("cannot create folder ", prefix, ": ", std::strerror(errno)));
+    if (end == std::string::npos) break;
+  }
+}
+
 void write_file_atomic(const std::string& path, const std::string& contents) {
   namespace fs = std::filesystem;
   fs::path target(path);
   fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(str(path, ": cannot create folder ", dir.string(), ": ", ec.message()));
+  try {
+    make_directories(dir.string());
+  } catch (const Error& e) {
+    throw Error(str(path, ": ", e.what()));
+  }
   std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(str(path, ": cannot write ", tmp, ": ", std::strerror(errno)));

@@ -15,6 +15,10 @@ bool file_exists(const std::string& path);
 // Creates missing parent folders. Throws Error naming the path and the OS reason.
 void write_file_atomic(const std::string& path, const std::string& contents);
 
+// mkdir -p: creates `path` and its missing parents. Throws Error naming the folder and the OS
+// reason. (Not std::filesystem: libtorch.so exports its own copies of those functions.)
+void make_directories(const std::string& path);
+
 // $HOME, or the password database's home folder when HOME is unset.
 std::string home_dir();
 

@@ -416,3 +416,33 @@ TEST_CASE("launch refuses to start with nothing to run") {
   CHECK(r.code == 2);
   CHECK(contains(r.err, "nothing to run"));
 }
+
+TEST_CASE("scripts/slurm/fsdptrain.sbatch runs a two-machine check under a stand-in srun") {
+  fs::path dir = fs::temp_directory_path() / ("fsdptrain_slurm_" + make_marker());
+  fs::create_directories(dir);
+  {
+    // srun's part: start the job step on every node, with the variables SLURM gives each task.
+    std::ofstream srun(dir / "srun");
+    srun << "#!/bin/sh\n"
+            "while [ \"${1#--}\" != \"$1\" ]; do shift; done\n"
+            "SLURM_STEP_ID=0 SLURM_NODEID=1 \"$@\" & p1=$!\n"
+            "SLURM_STEP_ID=0 SLURM_NODEID=0 \"$@\"; c0=$?\n"
+            "wait $p1; c1=$?\n"
+            "[ $c0 = 0 ] && [ $c1 = 0 ]\n";
+    std::ofstream config(dir / "cpu.yaml");
+    config << "distributed_type: MULTI_CPU\nuse_cpu: true\n";
+  }
+  fs::permissions(dir / "srun", fs::perms::owner_all);
+  const std::string path = dir.string() + ":" + std::getenv("PATH");
+  const std::string cmd = "cd '" + dir.string() + "' && PATH='" + path + "' SLURM_NNODES=2 SLURM_JOB_ID=7 " +
+                          "SLURM_JOB_NODELIST='localhost' GPUS_PER_NODE=2 CHECK=1 FSDPTRAIN='" + FSDP_BINARY +
+                          "' CONFIG=cpu.yaml PORT=" + std::to_string(free_port()) + " bash '" + FSDP_SOURCE_DIR +
+                          "/scripts/slurm/fsdptrain.sbatch' > out.txt 2>&1";
+  const int code = std::system(cmd.c_str());
+  std::ifstream f(dir / "out.txt");
+  std::string out((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK_MESSAGE(code == 0, out);
+  CHECK(contains(out, "[rank 0] all collectives verified on 4 rank(s)"));
+  CHECK(fs::exists(dir / "logs" / "7" / "rank3.log"));
+  CHECK(std::system(("rm -rf '" + dir.string() + "'").c_str()) == 0);
+}
