@@ -86,13 +86,14 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
     return 0;
   }
   const auto ms = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };
-  SignalCatcher signals;
+  // Until workers exist, Ctrl-C simply ends the launcher (SignalCatcher comes after the rendezvous).
   Rendezvous rdzv(topology, ms(l.rdzv_timeout));
   topology.master_port = rdzv.port();
   if (topology.num_machines > 1)
     log_info(str("[launch] machine ", topology.machine_rank, " of ", topology.num_machines,
                  ": waiting for the other machines at ", topology.master_addr, ":", topology.master_port));
   rdzv.wait_for_machines();
+  SignalCatcher signals;
 
   const auto interval = std::max(ms(l.monitor_interval), std::chrono::milliseconds(1));
   for (int attempt = 0;; ++attempt) {
@@ -116,13 +117,20 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
       return 128 + received;
     }
     if (group.all_succeeded()) {
-      rdzv.report_done(attempt);
-      if (topology.machine_rank == 0 && topology.num_machines > 1 &&
-          !rdzv.wait_until_all_done(attempt, ms(l.rdzv_timeout)))
-        log_warn("[launch] not every machine reported its end; machine 0 closes the rendezvous anyway");
-      if (auto f = rdzv.failure(attempt)) {
+      // Another machine's failure is checked before this one reports done: once every machine has,
+      // machine 0 closes the store, and a later check would mistake that for a failure.
+      if (auto f = rdzv.failure(attempt); f && topology.machine_rank != 0) {
         std::cerr << "[launch] this machine's workers succeeded, but " << f->second << "\n";
         return f->first;
+      }
+      rdzv.report_done(attempt);
+      if (topology.machine_rank == 0 && topology.num_machines > 1) {
+        if (!rdzv.wait_until_all_done(attempt, ms(l.rdzv_timeout)))
+          log_warn("[launch] not every machine reported its end; machine 0 closes the rendezvous anyway");
+        if (auto f = rdzv.failure(attempt)) {
+          std::cerr << "[launch] this machine's workers succeeded, but " << f->second << "\n";
+          return f->first;
+        }
       }
       return 0;
     }
