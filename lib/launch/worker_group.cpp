@@ -105,16 +105,20 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
     std::vector<std::string> env = merged_env(spec.env);
     std::vector<std::string> argv = spec.argv;
     std::vector<char*> c_env = c_strings(env), c_argv = c_strings(argv);
+    // Signals stay blocked across fork until the child has dropped the launcher's handlers: a
+    // SIGTERM that reaches the child earlier must kill it, not run the launcher's handler there.
+    sigset_t all, saved;
+    sigfillset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, &saved);
     const pid_t pid = ::fork();
-    FSDP_CHECK(pid >= 0, "[launch] cannot start worker ", spec.rank, ": fork failed: ", std::strerror(errno));
     if (pid == 0) {
+      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != launcher) ::_exit(1);  // the launcher died before prctl took effect
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
       ::dup2(out_pipe[1], 1);
       ::dup2(err_pipe[1], 2);
       ::execvpe(c_argv[0], c_argv.data(), c_env.data());
@@ -122,6 +126,9 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
       write_all(2, msg);
       ::_exit(127);
     }
+    const int fork_errno = errno;
+    ::sigprocmask(SIG_SETMASK, &saved, nullptr);
+    FSDP_CHECK(pid >= 0, "[launch] cannot start worker ", spec.rank, ": fork failed: ", std::strerror(fork_errno));
     ::setpgid(pid, pid);  // also in the parent, so signal_all never races the child's setpgid
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);

@@ -339,7 +339,7 @@ TEST_CASE("--max_restarts restarts the whole group with TORCHELASTIC_RESTART_COU
                               {"sh", "-c",
                                "echo attempt $TORCHELASTIC_RESTART_COUNT; "
                                "if [ $TORCHELASTIC_RESTART_COUNT -lt 2 ] && [ $RANK = 0 ]; then exit 5; fi"}));
-  CHECK(r.code == 0);
+  CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(contains(r.err, "restarting the workers (restart 1 of 2)"));
   CHECK(contains(r.err, "restarting the workers (restart 2 of 2)"));
   CHECK(contains(r.out, "[rank 1] attempt 2"));
@@ -445,4 +445,16 @@ TEST_CASE("scripts/slurm/fsdptrain.sbatch runs a two-machine check under a stand
   CHECK(contains(out, "[rank 0] all collectives verified on 4 rank(s)"));
   CHECK(fs::exists(dir / "logs" / "7" / "rank3.log"));
   CHECK(std::system(("rm -rf '" + dir.string() + "'").c_str()) == 0);
+}
+
+TEST_CASE("regression: a SIGTERM that reaches a worker just after fork never counts as the launcher's") {
+  // The workers are stopped while still starting; before the fix, a child that had not yet reset
+  // the launcher's handler wrote the signal into the launcher's signal pipe.
+  const std::string m = make_marker();
+  Result r = run(
+      with_command(launch_args(4, {"--max_restarts", "4"}), {"sh", "-c", "[ $RANK = 0 ] && exit 7; exec sleep " + m}));
+  CHECK(r.code == 7);
+  CHECK(!contains(r.err, "received SIGTERM"));
+  CHECK(contains(r.err, "no restarts left (--max_restarts 4)"));
+  CHECK(count_processes(m) == 0);
 }
