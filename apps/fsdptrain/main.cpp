@@ -136,8 +136,6 @@ int run_worker(bool check, const std::vector<std::string>& check_sizes) {
   const bool cuda = cuda_device_count() > 0 && !(use_cpu && std::string(use_cpu) == "true");
   dist::GroupOptions go;
   go.backend = cuda ? "nccl" : "gloo";
-  if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"))
-    go.timeout = std::chrono::milliseconds(static_cast<int64_t>(parse_float(t).value_or(600) * 1000));
   dist::ProcessGroup group = dist::init_process_group(go);
   launch::HealthCheckOptions ho;
   ho.cuda = cuda;

@@ -163,6 +163,14 @@ ProcessGroup make_single_process_group() {
 }
 
 ProcessGroup init_process_group(const GroupOptions& options) {
+  std::chrono::milliseconds timeout = std::chrono::seconds(600);
+  if (options.timeout) {
+    timeout = *options.timeout;
+  } else if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"); t && *t) {
+    auto seconds = parse_float(t);
+    FSDP_CHECK(seconds && *seconds > 0, "[dist] FSDPTRAIN_DIST_TIMEOUT=", quoted(t), " is not a number of seconds > 0");
+    timeout = std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
+  }
   const char* ws = std::getenv("WORLD_SIZE");
   if (!ws || std::string(ws).empty() || std::string(ws) == "1") return make_single_process_group();
   const int world_size = env_int("WORLD_SIZE");
@@ -171,7 +179,7 @@ ProcessGroup init_process_group(const GroupOptions& options) {
   StoreOptions so;
   so.host = env_or("MASTER_ADDR", "127.0.0.1");
   so.port = env_int("MASTER_PORT");
-  so.timeout = options.timeout;
+  so.timeout = timeout;
   // Under a launcher the store already exists (torchrun's "agent store"); otherwise rank 0 serves.
   const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
   so.is_server = !agent_store && rank == 0;
@@ -182,12 +190,12 @@ ProcessGroup init_process_group(const GroupOptions& options) {
   if (backend == "auto") backend = nccl_usable() ? "nccl" : "gloo";
   std::shared_ptr<Backend> b;
   if (backend == "nccl")
-    b = make_nccl_backend(store, rank, world_size, options.timeout);
+    b = make_nccl_backend(store, rank, world_size, timeout);
   else if (backend == "gloo")
-    b = make_gloo_backend(store.with_prefix("gloo/"), rank, world_size, options.timeout);
+    b = make_gloo_backend(store.with_prefix("gloo/"), rank, world_size, timeout);
   else
     throw InputError(str("[dist] unknown backend ", quoted(backend), "; expected gloo, nccl or auto"));
-  return ProcessGroup(std::move(b), options.timeout);
+  return ProcessGroup(std::move(b), timeout);
 }
 
 }  // namespace fsdp::dist

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dist/backend.h"
@@ -98,7 +99,10 @@ ProcessGroup make_single_process_group();
 // it. Throws naming the missing variable or the unreachable rendezvous.
 struct GroupOptions {
   std::string backend = "auto";
-  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  // Per-collective timeout; unset: $FSDPTRAIN_DIST_TIMEOUT seconds (the launcher exports the
+  // dist_timeout key there), else 600 s.
+  std::optional<std::chrono::milliseconds> timeout;
+};
 };
 ProcessGroup init_process_group(const GroupOptions& options);
 

@@ -91,9 +91,7 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
     GroupOptions o;
-    o.backend = "gloo";
-    if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"))
-      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::atof(t) * 1000));
+    o.backend = "gloo";  // the timeout comes from --dist_timeout, through the launcher
     ProcessGroup g = init_process_group(o);
     if (mode == "collectives") {
       collectives(g);

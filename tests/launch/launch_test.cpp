@@ -171,6 +171,14 @@ std::vector<std::string> with_command(std::vector<std::string> a, const std::vec
   return a;
 }
 
+// Machine `rank` of a two-machine, four-worker CPU world on loopback, running `command`.
+std::vector<std::string> two_machine_args(int rank, const std::string& port, const std::vector<std::string>& command) {
+  return with_command({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "4", "--num_machines",
+                       "2", "--machine_rank", std::to_string(rank), "--main_process_ip", "127.0.0.1",
+                       "--main_process_port", port, "--rdzv_timeout", "30", "--grace_period", "2"},
+                      command);
+}
+
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
@@ -246,27 +254,8 @@ TEST_CASE("a machine that never arrives: the rendezvous fails naming it") {
 
 TEST_CASE("two launchers on loopback form one four-rank world") {
   const std::string port = std::to_string(free_port());
-  auto machine = [&](int rank) {
-    return std::vector<std::string>{"launch",
-                                    "--cpu",
-                                    "--distributed_type",
-                                    "MULTI_CPU",
-                                    "--num_processes",
-                                    "4",
-                                    "--num_machines",
-                                    "2",
-                                    "--machine_rank",
-                                    std::to_string(rank),
-                                    "--main_process_ip",
-                                    "127.0.0.1",
-                                    "--main_process_port",
-                                    port,
-                                    "--rdzv_timeout",
-                                    "30",
-                                    "--",
-                                    FSDP_DIST_WORKER,
-                                    "collectives"};
-  };
+  auto machine = [&](int rank) { return two_machine_args(rank, port, {FSDP_DIST_WORKER, "collectives"}); };
+
   Launcher m1(machine(1));  // the second machine may start first
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   Launcher m0(machine(0));
@@ -283,27 +272,9 @@ TEST_CASE("a worker failing on one machine stops the workers on the other") {
   const std::string port = std::to_string(free_port());
   const std::string m = make_marker();
   auto machine = [&](int rank) {
-    return std::vector<std::string>{"launch",
-                                    "--cpu",
-                                    "--distributed_type",
-                                    "MULTI_CPU",
-                                    "--num_processes",
-                                    "4",
-                                    "--num_machines",
-                                    "2",
-                                    "--machine_rank",
-                                    std::to_string(rank),
-                                    "--main_process_ip",
-                                    "127.0.0.1",
-                                    "--main_process_port",
-                                    port,
-                                    "--grace_period",
-                                    "2",
-                                    "--",
-                                    "sh",
-                                    "-c",
-                                    "if [ $RANK = 3 ]; then sleep 1; exit 4; fi; exec sleep " + m};
+    return two_machine_args(rank, port, {"sh", "-c", "if [ $RANK = 3 ]; then sleep 1; exit 4; fi; exec sleep " + m});
   };
+
   Launcher m0(machine(0)), m1(machine(1));
   Result r0 = m0.wait(), r1 = m1.wait();
   CHECK(r1.code == 4);
