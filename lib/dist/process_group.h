@@ -103,7 +103,6 @@ struct GroupOptions {
   // dist_timeout key there), else 600 s.
   std::optional<std::chrono::milliseconds> timeout;
 };
-};
 ProcessGroup init_process_group(const GroupOptions& options);
 
 }  // namespace fsdp::dist
