@@ -17,13 +17,6 @@ const char* name_of(Collective c) {
   return kCollectiveNames[static_cast<size_t>(c)];
 }
 
-std::string human_bytes(int64_t b) {
-  if (b >= (int64_t{1} << 30)) return str(static_cast<double>(b) / (1 << 30), " GiB");
-  if (b >= (int64_t{1} << 20)) return str(static_cast<double>(b) / (1 << 20), " MiB");
-  if (b >= (int64_t{1} << 10)) return str(static_cast<double>(b) / (1 << 10), " KiB");
-  return str(b, " B");
-}
-
 int64_t nbytes(const at::Tensor& t) {
   return static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
 }
@@ -96,7 +89,7 @@ Work::Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int siz
 
 void Work::wait() {
   if (!pending_) return;
-  const std::string what = str(name_of(collective_), " of ", human_bytes(bytes_), " on rank ", rank_, " of ", size_);
+  const std::string what = str(name_of(collective_), " of ", format_bytes(bytes_), " on rank ", rank_, " of ", size_);
   bool ok = false;
   try {
     ok = pending_->wait(timeout_);

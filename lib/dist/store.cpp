@@ -85,12 +85,8 @@ bool Store::wait_for(const std::vector<std::string>& keys, std::chrono::millisec
   try {
     impl_->prefixed->wait(keys, timeout);
     return true;
-  } catch (const c10::DistStoreError&) {
+  } catch (const c10::DistStoreError&) {  // the wait timed out
     return false;
-  } catch (const c10::Error& e) {
-    // Older LibTorch raises a plain c10::Error on wait timeouts.
-    if (std::string(e.what()).find("imeout") != std::string::npos) return false;
-    throw;
   }
 }
 

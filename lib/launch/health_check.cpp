@@ -15,18 +15,13 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace fsdp::launch {
 
 namespace {
 
 using dist::Collective;
-
-std::string size_text(int64_t bytes) {
-  if (bytes >= (int64_t{1} << 20)) return str(bytes >> 20, " MiB");
-  if (bytes >= (int64_t{1} << 10)) return str(bytes >> 10, " KiB");
-  return str(bytes, " B");
-}
 
 // Deterministic values that stay exact in fp32 whatever the world size: small integers.
 at::Tensor pattern(int64_t n, int64_t offset, int64_t modulus, const at::TensorOptions& o) {
@@ -37,7 +32,7 @@ void expect_equal(const at::Tensor& got, const at::Tensor& expected, Collective 
   if (at::equal(got, expected)) return;
   at::Tensor bad = at::nonzero(at::ne(got, expected));
   const int64_t i = bad.numel() ? bad[0][0].item<int64_t>() : -1;
-  throw Error(str("[check] ", dist::kCollectiveNames[static_cast<size_t>(c)], " of ", size_text(bytes),
+  throw Error(str("[check] ", dist::kCollectiveNames[static_cast<size_t>(c)], " of ", format_bytes(bytes),
                   " gave wrong values on rank ", rank, ": element ", i, " is ", got.flatten()[i].item<float>(),
                   ", expected ", expected.flatten()[i].item<float>(),
                   "; the network or a GPU is corrupting data (run the check again to see if it repeats)"));
@@ -119,7 +114,7 @@ void run_health_check(dist::ProcessGroup& g, const HealthCheckOptions& options, 
       const double busbw = static_cast<double>(dist::bytes_sent(c.collective, S, W)) / seconds / 1e9;
       char line[160];
       std::snprintf(line, sizeof(line), "%-16s%10s%7d%12.1f%14.3f%14.3f  ok\n",
-                    dist::kCollectiveNames[static_cast<size_t>(c.collective)], size_text(S).c_str(), iters,
+                    dist::kCollectiveNames[static_cast<size_t>(c.collective)], format_bytes(S).c_str(), iters,
                     seconds * 1e6, algbw, busbw);
       table << line;
     }

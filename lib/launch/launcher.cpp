@@ -117,22 +117,20 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
       return 128 + received;
     }
     if (group.all_succeeded()) {
-      // Another machine's failure is checked before this one reports done: once every machine has,
-      // machine 0 closes the store, and a later check would mistake that for a failure.
-      if (auto f = rdzv.failure(attempt); f && topology.machine_rank != 0) {
-        std::cerr << "[launch] this machine's workers succeeded, but " << f->second << "\n";
-        return f->first;
-      }
-      rdzv.report_done(attempt);
-      if (topology.machine_rank == 0 && topology.num_machines > 1) {
+      // Other machines check for a failure before reporting done: once every machine has, machine 0
+      // closes the store, and a later check would mistake that for a failure. Machine 0 checks last.
+      const bool main_machine = topology.machine_rank == 0;
+      std::optional<std::pair<int, std::string>> failed;
+      if (!main_machine) failed = rdzv.failure(attempt);
+      if (!failed) rdzv.report_done(attempt);
+      if (main_machine && topology.num_machines > 1) {
         if (!rdzv.wait_until_all_done(attempt, ms(l.rdzv_timeout)))
           log_warn("[launch] not every machine reported its end; machine 0 closes the rendezvous anyway");
-        if (auto f = rdzv.failure(attempt)) {
-          std::cerr << "[launch] this machine's workers succeeded, but " << f->second << "\n";
-          return f->first;
-        }
+        failed = rdzv.failure(attempt);
       }
-      return 0;
+      if (!failed) return 0;
+      std::cerr << "[launch] this machine's workers succeeded, but " << failed->second << "\n";
+      return failed->first;
     }
     // A failure: here (first_failure) or on another machine (remote).
     int code = 1;

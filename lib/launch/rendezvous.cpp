@@ -41,12 +41,16 @@ Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeo
     }
     port_ = server_->port();
   }
-  dist::StoreOptions co;
-  co.host = topology.machine_rank == 0 ? "127.0.0.1" : topology.master_addr;
-  co.port = port_;
-  co.timeout = timeout;
-  co.prefix = "/fsdptrain/";
-  client_.emplace(co);
+  if (server_) {
+    client_.emplace(server_->with_prefix("/fsdptrain/"));
+  } else {
+    dist::StoreOptions co;
+    co.host = topology.master_addr;
+    co.port = port_;
+    co.timeout = timeout;
+    co.prefix = "/fsdptrain/";
+    client_.emplace(co);
+  }
   // Two launchers claiming one machine rank would start the same ranks twice.
   const int64_t claims = client_->add(str("claim/", topology.machine_rank), 1);
   FSDP_CHECK(claims == 1, "[launch] machine_rank ", topology.machine_rank,

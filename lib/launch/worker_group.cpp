@@ -151,10 +151,7 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
 }
 
 WorkerGroup::~WorkerGroup() {
-  for (auto& st : status_) {
-    if (st.running) ::kill(-st.pid, SIGKILL);
-    ::kill(-st.pid, SIGKILL);  // anything the worker left in its process group
-  }
+  for (auto& st : status_) ::kill(-st.pid, SIGKILL);  // the worker and anything it left in its group
   for (auto& st : status_)
     if (st.running) ::waitpid(st.pid, nullptr, 0);
   for (auto& s : streams_) {
@@ -269,9 +266,6 @@ void WorkerGroup::stop(std::chrono::milliseconds grace, int sig) {
   for (auto& st : status_)
     if (st.running) ::kill(-st.pid, SIGKILL);
   while (!all_exited()) poll(std::chrono::milliseconds(20));
-  // A worker that exited 0 on SIGTERM (it handled it) was still stopped by us; one that failed on
-  // its own before we signalled keeps its own status.
-  for (auto& st : status_) ::kill(-st.pid, SIGKILL);
   for (auto& s : streams_)
     if (s->fd >= 0) drain(*s, true);
 }

@@ -20,10 +20,15 @@ Topology topology_of(const config::LaunchConfig& l) {
   return t;
 }
 
+namespace {
+
+// OMP_NUM_THREADS as Accelerate sets it: the launcher's own value, else 1.
 std::string omp_threads() {
   const char* v = std::getenv("OMP_NUM_THREADS");
   return v && *v ? std::string(v) : "1";
 }
+
+}  // namespace
 
 std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Topology& t,
                                      const std::vector<std::string>& command, int restart_count) {

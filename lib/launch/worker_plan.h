@@ -37,7 +37,4 @@ struct WorkerSpec {
 std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Topology& topology,
                                      const std::vector<std::string>& command, int restart_count);
 
-// OMP_NUM_THREADS as Accelerate sets it: the launcher's own value, else 1.
-std::string omp_threads();
-
 }  // namespace fsdp::launch

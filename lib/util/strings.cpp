@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace fsdp {
@@ -110,6 +111,22 @@ std::optional<std::string> closest_match(std::string_view word, const std::vecto
 
 std::string quoted(std::string_view s) {
   return "\"" + std::string(s) + "\"";
+}
+
+std::string format_bytes(long long bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (v == static_cast<double>(static_cast<long long>(v)))
+    std::snprintf(buf, sizeof(buf), "%lld %s", static_cast<long long>(v), units[u]);
+  else
+    std::snprintf(buf, sizeof(buf), "%.1f %s", v, units[u]);
+  return buf;
 }
 
 }  // namespace fsdp

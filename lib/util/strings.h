@@ -26,6 +26,9 @@ std::optional<double> parse_float(std::string_view s);
 size_t edit_distance(std::string_view a, std::string_view b);
 std::optional<std::string> closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
+// A byte count for messages and tables: "512 B", "64 KiB", "1.5 MiB", "2 GiB".
+std::string format_bytes(long long bytes);
+
 // Double-quotes a string for messages: "maybe".
 std::string quoted(std::string_view s);
 

@@ -13,68 +13,21 @@
 #include <string>
 #include <vector>
 
+#include "support/child_process.h"
 #include "util/files.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
+using fsdp::testing::Result;
 
 // Runs fsdptrain with `args`, feeding `input` on stdin, in `env` (on top of a clean HOME).
 Result run(const std::vector<std::string>& args, const std::string& input = "",
            const std::map<std::string, std::string>& env = {}) {
-  int in_pipe[2], out_pipe[2], err_pipe[2];
-  REQUIRE(pipe(in_pipe) == 0);
-  REQUIRE(pipe(out_pipe) == 0);
-  REQUIRE(pipe(err_pipe) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    dup2(in_pipe[0], 0);
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) close(fd);
-    for (const char* v : {"FSDPTRAIN_CONFIG_FILE", "HF_HOME", "XDG_CACHE_HOME", "RANK"}) unsetenv(v);
-    for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> argv;
-    std::string bin = FSDP_BINARY;
-    argv.push_back(bin.data());
-    std::vector<std::string> copy = args;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
-  close(in_pipe[0]);
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  if (!input.empty()) (void)!write(in_pipe[1], input.data(), input.size());
-  close(in_pipe[1]);
-  Result r;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open_fds = 2;
-  char buf[4096];
-  while (open_fds > 0 && poll(fds, 2, 60000) > 0) {
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
-      ssize_t n = read(fds[i].fd, buf, sizeof(buf));
-      if (n <= 0) {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-      } else {
-        (i == 0 ? r.out : r.err).append(buf, n);
-      }
-    }
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return fsdp::testing::ChildProcess(FSDP_BINARY, args, env,
+                                     {"FSDPTRAIN_CONFIG_FILE", "HF_HOME", "XDG_CACHE_HOME", "RANK"}, input)
+      .wait();
 }
 
 struct TempDir {

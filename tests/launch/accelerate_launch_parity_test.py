@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+import yaml
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Set by torchrun's elastic agent for its own machinery; fsdptrain has no agent (README).
 AGENT_ONLY = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
@@ -81,8 +83,6 @@ def main():
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", "OMP_NUM_THREADS"):
         env.pop(k, None)
     env["HF_HOME"] = env["XDG_CACHE_HOME"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fsdptrain-parity-home")
-
-    import yaml
 
     files = sorted(glob.glob(os.path.join(args.configs, "fsdp2", "*.yaml"))) + [
         os.path.join(args.configs, "fsdp1", n) for n in ("full_shard.yaml", "shard_grad_op.yaml", "int_strategy.yaml")]

@@ -27,3 +27,11 @@ TEST_CASE("split and join round-trip, keeping empty fields") {
   CHECK(join({"a", "", "b"}, ",") == "a,,b");
   CHECK(trim("  x y \n") == "x y");
 }
+
+TEST_CASE("format_bytes: whole units stay whole, others get one decimal") {
+  CHECK(fsdp::format_bytes(0) == "0 B");
+  CHECK(fsdp::format_bytes(512) == "512 B");
+  CHECK(fsdp::format_bytes(64 << 10) == "64 KiB");
+  CHECK(fsdp::format_bytes(3 << 19) == "1.5 MiB");
+  CHECK(fsdp::format_bytes(2LL << 30) == "2 GiB");
+}

@@ -54,37 +54,17 @@ class GlooBackend : public Backend {
   }
 
   std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) override {
-    // Reduce 16-bit floats in fp32: the sum of W bf16 values rounds once, at the end.
-    if (is_16bit_float(in)) {
-      at::Tensor out32 = at::empty(out.sizes(), out.options().dtype(at::kFloat));
-      at::Tensor in32 = in.to(at::kFloat);
-      auto work = sum_scatter(out32, in32);
-      return std::make_unique<GlooWork>(work, [out, out32, op, n = size_] {
-        if (op == ReduceOp::kAvg) out32.div_(n);
-        out.copy_(out32);
-      });
-    }
-    auto work = sum_scatter(out, in);
-    return std::make_unique<GlooWork>(work, [out, op, n = size_] {
-      if (op == ReduceOp::kAvg) out.div_(n);
-    });
+    at::Tensor out_r = reduction_buffer(out), in_r = is_16bit_float(in) ? in.to(at::kFloat) : in;
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    return finish_reduction(pg_->_reduce_scatter_base(out_r, in_r, o), out, out_r, op);
   }
 
   std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op) override {
-    if (is_16bit_float(tensor)) {
-      at::Tensor t32 = tensor.to(at::kFloat);
-      std::vector<at::Tensor> ts{t32};
-      auto work = pg_->allreduce(ts, c10d::AllreduceOptions{to_sum()});
-      return std::make_unique<GlooWork>(work, [tensor, t32, op, n = size_] {
-        if (op == ReduceOp::kAvg) t32.div_(n);
-        tensor.copy_(t32);
-      });
-    }
-    std::vector<at::Tensor> ts{tensor};
-    auto work = pg_->allreduce(ts, c10d::AllreduceOptions{to_sum()});
-    return std::make_unique<GlooWork>(work, [tensor, op, n = size_] {
-      if (op == ReduceOp::kAvg) tensor.div_(n);
-    });
+    at::Tensor t_r = is_16bit_float(tensor) ? tensor.to(at::kFloat) : tensor;
+    std::vector<at::Tensor> ts{t_r};
+    return finish_reduction(pg_->allreduce(ts, c10d::AllreduceOptions{c10d::ReduceOp(c10d::ReduceOp::SUM)}), tensor,
+                            t_r, op);
   }
 
   std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root) override {
@@ -100,12 +80,19 @@ class GlooBackend : public Backend {
   static bool is_16bit_float(const at::Tensor& t) {
     return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
   }
-  static c10d::ReduceOp to_sum() { return c10d::ReduceOp(c10d::ReduceOp::SUM); }
+  // Reductions of 16-bit floats run in fp32 (the sum of W values rounds once, at the end): the
+  // buffer the collective writes, which is `t` itself for other dtypes.
+  static at::Tensor reduction_buffer(const at::Tensor& t) {
+    return is_16bit_float(t) ? at::empty(t.sizes(), t.options().dtype(at::kFloat)) : t;
+  }
 
-  c10::intrusive_ptr<c10d::Work> sum_scatter(at::Tensor& out, at::Tensor& in) {
-    c10d::ReduceScatterOptions o;
-    o.reduceOp = to_sum();
-    return pg_->_reduce_scatter_base(out, in, o);
+  // After the sum: the average divides by the group size, and a staged result is copied back.
+  std::unique_ptr<PendingWork> finish_reduction(c10::intrusive_ptr<c10d::Work> work, at::Tensor result,
+                                                at::Tensor reduced, ReduceOp op) {
+    return std::make_unique<GlooWork>(std::move(work), [result, reduced, op, n = size_] {
+      if (op == ReduceOp::kAvg) reduced.div_(n);
+      if (!reduced.is_same(result)) result.copy_(reduced);
+    });
   }
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
