@@ -105,8 +105,34 @@ void Work::wait() {
   pending_.reset();
 }
 
-ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout)
-    : backend_(std::move(backend)), timeout_(timeout), counters_(std::make_shared<ByteCounters>()) {}
+ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout,
+                           std::shared_ptr<Store> store)
+    : backend_(std::move(backend)),
+      timeout_(timeout),
+      counters_(std::make_shared<ByteCounters>()),
+      store_(std::move(store)) {}
+
+ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
+  int index = -1;
+  std::string key = str("group", (*subgroups_made_)++, "/");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    FSDP_ASSERT(ranks[i] >= 0 && ranks[i] < size(), "new_group: rank ", ranks[i], " outside the group of ", size());
+    FSDP_ASSERT(i == 0 || ranks[i] > ranks[i - 1], "new_group: ranks must ascend");
+    if (ranks[i] == rank()) index = static_cast<int>(i);
+    key += str(i ? "_" : "", ranks[i]);
+  }
+  FSDP_ASSERT(index >= 0, "new_group: rank ", rank(), " is not a member");
+  if (ranks.size() == 1) return make_single_process_group();
+  if (static_cast<int>(ranks.size()) == size()) return *this;
+  FSDP_ASSERT(store_ != nullptr, "new_group on a group without a store");
+  // Each member list gets its own key space in the store, so several subgroups can form at once.
+  const Store sub = store_->with_prefix(key + "/");
+  const int n = static_cast<int>(ranks.size());
+  std::shared_ptr<Backend> b = backend_->name() == "nccl"
+                                   ? make_nccl_backend(sub, index, n, timeout_)
+                                   : make_gloo_backend(sub.with_prefix("gloo/"), index, n, timeout_);
+  return ProcessGroup(std::move(b), timeout_, std::make_shared<Store>(sub));
+}
 
 Work ProcessGroup::record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending) {
   const size_t i = static_cast<size_t>(c);
@@ -177,18 +203,18 @@ ProcessGroup init_process_group(const GroupOptions& options) {
   const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
   so.is_server = !agent_store && rank == 0;
   so.prefix = agent_store ? str("/worker/attempt_", env_or("TORCHELASTIC_RESTART_COUNT", "0"), "/") : "";
-  Store store(so);
+  auto store = std::make_shared<Store>(so);
 
   std::string backend = options.backend;
   if (backend == "auto") backend = nccl_usable() ? "nccl" : "gloo";
   std::shared_ptr<Backend> b;
   if (backend == "nccl")
-    b = make_nccl_backend(store, rank, world_size, timeout);
+    b = make_nccl_backend(*store, rank, world_size, timeout);
   else if (backend == "gloo")
-    b = make_gloo_backend(store.with_prefix("gloo/"), rank, world_size, timeout);
+    b = make_gloo_backend(store->with_prefix("gloo/"), rank, world_size, timeout);
   else
     throw InputError(str("[dist] unknown backend ", quoted(backend), "; expected gloo, nccl or auto"));
-  return ProcessGroup(std::move(b), timeout);
+  return ProcessGroup(std::move(b), timeout, std::move(store));
 }
 
 }  // namespace fsdp::dist

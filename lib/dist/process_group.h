@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/backend.h"
 
@@ -61,9 +62,14 @@ class Work {
   int64_t bytes_ = 0;
 };
 
+class Store;
+
 class ProcessGroup {
  public:
-  ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout);
+  // store: the rendezvous this group met at, kept so that new_group() can build subgroups; null
+  // for the single-process group.
+  ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout,
+               std::shared_ptr<Store> store = nullptr);
 
   int rank() const { return backend_->rank(); }
   int size() const { return backend_->size(); }
@@ -78,6 +84,14 @@ class ProcessGroup {
   Work broadcast(const at::Tensor& tensor, int root);
   Work barrier();
 
+  // A group of some ranks of this one (ranks: their ranks here, ascending; this rank among them),
+  // on the same transport; this rank's rank there is its index in `ranks`. Collective over the
+  // members only: every member calls it with the same list, and every rank of this group makes
+  // its k-th new_group call for the same subgroup as the other members' k-th (so one mesh built
+  // twice gets fresh groups). Used for HSDP's shard and replicate groups. A list of one gives the
+  // single-process group.
+  ProcessGroup new_group(const std::vector<int>& ranks) const;
+
   // Totals since construction or the last reset, for this rank.
   const ByteCounters& counters() const { return *counters_; }
   void reset_counters() { *counters_ = ByteCounters{}; }
@@ -87,6 +101,8 @@ class ProcessGroup {
   std::shared_ptr<Backend> backend_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<ByteCounters> counters_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<int> subgroups_made_ = std::make_shared<int>(0);
 };
 
 // A group of one (rank 0 of 1): every collective is a local copy and sends nothing.

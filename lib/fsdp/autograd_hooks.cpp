@@ -1,0 +1,95 @@
+#include "fsdp/autograd_hooks.h"
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace fsdp::detail {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct PostBackward : torch::autograd::Function<PostBackward> {
+  // Inputs travel as at::TensorList: autograd records each element as an input only in that form
+  // (a std::vector argument would count as one non-tensor argument and cut the graph here).
+  static variable_list forward(AutogradContext* ctx, int64_t model, int64_t unit, at::TensorList inputs) {
+    ctx->saved_data["model"] = model;
+    ctx->saved_data["unit"] = unit;
+    return variable_list(inputs.begin(), inputs.end());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* model = reinterpret_cast<ShardedModel*>(ctx->saved_data["model"].toInt());
+    model->post_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    variable_list out{at::Tensor(), at::Tensor()};
+    out.insert(out.end(), grads.begin(), grads.end());
+    return out;
+  }
+};
+
+struct FnHolder : torch::CustomClassHolder {
+  explicit FnHolder(UnitFn f) : fn(std::move(f)) {}
+  UnitFn fn;
+};
+
+struct Checkpoint : torch::autograd::Function<Checkpoint> {
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<FnHolder> holder, at::TensorList inputs) {
+    ctx->saved_data["fn"] = at::IValue::make_capsule(holder);
+    variable_list in(inputs.begin(), inputs.end());
+    ctx->save_for_backward(in);
+    return holder->fn(in);  // grad mode is off inside forward: no activations are kept
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto holder = c10::static_intrusive_pointer_cast<FnHolder>(ctx->saved_data["fn"].toCapsule());
+    variable_list detached;
+    for (const at::Tensor& s : ctx->get_saved_variables()) {
+      at::Tensor d = s.detach();
+      d.requires_grad_(s.requires_grad());
+      detached.push_back(d);
+    }
+    variable_list outputs;
+    {
+      c10::AutoGradMode enable(true);
+      outputs = holder->fn(detached);
+    }
+    variable_list roots, grads;
+    for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        roots.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    // Parameters' gradients accumulate into their .grad here, before the unit's post-backward runs.
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
+    variable_list out{at::Tensor()};
+    for (const at::Tensor& d : detached) out.push_back(d.requires_grad() ? d.grad() : at::Tensor());
+    return out;
+  }
+};
+
+}  // namespace
+
+TensorList register_post_backward(ShardedModel& model, size_t unit, const TensorList& inputs) {
+  variable_list needing;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && inputs[i].requires_grad()) {
+      needing.push_back(inputs[i]);
+      where.push_back(i);
+    }
+  }
+  if (needing.empty()) return inputs;
+  variable_list passed = PostBackward::apply(static_cast<int64_t>(reinterpret_cast<intptr_t>(&model)),
+                                             static_cast<int64_t>(unit), at::TensorList(needing));
+  TensorList out = inputs;
+  for (size_t k = 0; k < where.size(); ++k) out[where[k]] = passed[k];
+  return out;
+}
+
+TensorList checkpoint(const UnitFn& fn, const TensorList& inputs) {
+  return Checkpoint::apply(c10::make_intrusive<FnHolder>(fn), at::TensorList(inputs));
+}
+
+}  // namespace fsdp::detail

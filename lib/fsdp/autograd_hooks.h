@@ -1,0 +1,17 @@
+// The engine's two autograd functions (internal to lib/fsdp).
+#pragma once
+
+#include "fsdp/fully_shard.h"
+
+namespace fsdp::detail {
+
+// Identity on `inputs` (those that require grad); its backward, which autograd runs once the
+// gradients of everything computed from them (the unit's parameters included) are complete, calls
+// model.post_backward(unit). FSDP2's RegisterPostBackwardFunction.
+TensorList register_post_backward(ShardedModel& model, size_t unit, const TensorList& inputs);
+
+// Runs fn(inputs) without keeping its activations; backward runs it again with gradients on and
+// back-propagates through the recomputation (reentrant activation checkpointing).
+TensorList checkpoint(const UnitFn& fn, const TensorList& inputs);
+
+}  // namespace fsdp::detail

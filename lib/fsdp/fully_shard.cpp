@@ -1,0 +1,321 @@
+#include "fsdp/fully_shard.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "fsdp/autograd_hooks.h"
+#include "fsdp/unit_call.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp {
+
+namespace {
+
+// "blocks.0" contains "blocks.0.fc1" and itself; "" (the root) contains everything.
+bool path_contains(const std::string& outer, const std::string& inner) {
+  if (outer.empty() || outer == inner) return true;
+  return inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 && inner[outer.size()] == '.';
+}
+
+std::string module_path_of(const std::string& param_name) {
+  const size_t dot = param_name.rfind('.');
+  return dot == std::string::npos ? "" : param_name.substr(0, dot);
+}
+
+std::string join_sorted(const std::set<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+// Modules the wrap policy makes units, by path (pre-order, the order forward visits them).
+std::vector<std::string> choose_units(
+    const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules, const ModelTraits& traits,
+    const FsdpOptions& options) {
+  std::set<std::string> classes, unit_classes(traits.unit_classes.begin(), traits.unit_classes.end());
+  for (const auto& item : modules) classes.insert(module_class_name(*item.value()));
+  std::vector<std::string> chosen;
+  switch (options.wrap_policy) {
+    case config::WrapPolicy::kNoWrap:
+      return chosen;
+    case config::WrapPolicy::kTransformerBasedWrap: {
+      const std::vector<std::string>& wanted =
+          options.layer_classes.empty() ? traits.layer_classes : options.layer_classes;
+      FSDP_CHECK(!wanted.empty(),
+                 "[fsdp] fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP needs fsdp_transformer_layer_cls_to_wrap, and "
+                 "this model declares no layer class; name one of: ",
+                 join_sorted(unit_classes));
+      for (const std::string& w : wanted) {
+        FSDP_CHECK(classes.count(w), "[fsdp] fsdp_transformer_layer_cls_to_wrap: the model has no class ", quoted(w),
+                   "; its classes are: ", join_sorted(classes));
+        FSDP_CHECK(unit_classes.count(w), "[fsdp] fsdp_transformer_layer_cls_to_wrap: ", quoted(w),
+                   " runs inside another module's forward and cannot be a unit; classes that can: ",
+                   join_sorted(unit_classes));
+      }
+      for (const auto& item : modules)
+        if (std::find(wanted.begin(), wanted.end(), module_class_name(*item.value())) != wanted.end())
+          chosen.push_back(item.key());
+      return chosen;
+    }
+    case config::WrapPolicy::kSizeBasedWrap: {
+      // Children before parents (reverse pre-order), as torch's size_based_auto_wrap_policy: a module
+      // becomes a unit when the parameters under it that no deeper unit took reach min_num_params.
+      std::set<const at::TensorImpl*> claimed;
+      std::set<std::string> picked;
+      for (auto it = modules.items().rbegin(); it != modules.items().rend(); ++it) {
+        const std::string& path = it->key();
+        const std::shared_ptr<torch::nn::Module>& module = it->value();
+        if (!unit_classes.count(module_class_name(*module))) continue;
+        int64_t count = 0;
+        std::vector<const at::TensorImpl*> mine;
+        for (const auto& p : module->named_parameters(/*recurse=*/true)) {
+          const at::TensorImpl* impl = p.value().unsafeGetTensorImpl();
+          if (claimed.count(impl) || std::find(mine.begin(), mine.end(), impl) != mine.end()) continue;
+          mine.push_back(impl);
+          count += p.value().numel();
+        }
+        if (count >= options.min_num_params && count > 0) {
+          picked.insert(path);
+          claimed.insert(mine.begin(), mine.end());
+        }
+      }
+      for (const auto& item : modules)
+        if (picked.count(item.key())) chosen.push_back(item.key());
+      return chosen;
+    }
+  }
+  return chosen;
+}
+
+}  // namespace
+
+std::string module_class_name(const torch::nn::Module& module) {
+  std::string n = module.name();
+  const size_t colon = n.rfind("::");
+  if (colon != std::string::npos) n = n.substr(colon + 2);
+  if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
+  return n;
+}
+
+DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size) {
+  FSDP_CHECK(replicate_size >= 1 && shard_size >= 1 && replicate_size * shard_size == world.size(),
+             "[fsdp] parallelism_config: dp_replicate_size ", replicate_size, " x dp_shard_size ", shard_size,
+             " must equal the number of processes, ", world.size());
+  if (replicate_size == 1) return DeviceMesh{world, std::nullopt};
+  const int replica = world.rank() / shard_size, index = world.rank() % shard_size;
+  std::vector<int> shard_ranks, replicate_ranks;
+  for (int i = 0; i < shard_size; ++i) shard_ranks.push_back(replica * shard_size + i);
+  for (int j = 0; j < replicate_size; ++j) replicate_ranks.push_back(j * shard_size + index);
+  dist::ProcessGroup shard = world.new_group(shard_ranks);
+  dist::ProcessGroup replicate = world.new_group(replicate_ranks);
+  return DeviceMesh{shard, replicate};
+}
+
+ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh, FsdpOptions options)
+    : model_(model), mesh_(std::move(mesh)), options_(std::move(options)) {
+  const auto modules = model.named_modules("", /*include_self=*/false);
+  const std::vector<std::string> units = choose_units(modules, traits, options_);
+
+  // Each distinct parameter (a tied one is registered under several names) goes to the deepest unit
+  // containing every module that registers it; the root when none does.
+  struct Found {
+    std::string name;
+    at::Tensor tensor;
+    std::vector<std::string> aliases;
+    std::string unit;
+    bool assigned = false;
+  };
+  std::vector<Found> found;
+  std::unordered_map<const at::TensorImpl*, size_t> index;
+  auto deepest_unit = [&](const std::string& module_path) {
+    std::string best;
+    bool any = false;
+    for (const std::string& u : units)
+      if (path_contains(u, module_path) && (!any || u.size() > best.size())) best = u, any = true;
+    return best;
+  };
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    const at::TensorImpl* impl = p.value().unsafeGetTensorImpl();
+    const std::string unit = deepest_unit(module_path_of(p.key()));
+    auto it = index.find(impl);
+    if (it == index.end()) {
+      index[impl] = found.size();
+      found.push_back(Found{p.key(), p.value(), {}, unit});
+    } else {
+      Found& f = found[it->second];
+      if (p.key() != f.name) f.aliases.push_back(p.key());
+      if (f.unit != unit) f.unit = "";  // tied across units: the root owns it
+    }
+  }
+
+  std::vector<std::string> group_paths{""};
+  for (const std::string& u : units) group_paths.push_back(u);
+  auto shared_mesh = std::make_shared<ParamGroup::Mesh>(ParamGroup::Mesh{mesh_.shard, mesh_.replicate});
+  ParamGroup::EventLog log;
+  if (options_.record_events) log = [this](const std::string& e) { events_.push_back(e); };
+  for (const std::string& path : group_paths) {
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    std::vector<std::vector<std::string>> aliases;
+    for (Found& f : found) {
+      if (f.unit != path) continue;
+      params.emplace_back(f.name, f.tensor);
+      aliases.push_back(f.aliases);
+      f.assigned = true;
+    }
+    if (!path.empty() && params.empty()) continue;  // everything under it went elsewhere: not a unit
+    const torch::nn::Module* module = path.empty() ? &model : modules[path].get();
+    groups_.push_back(
+        std::make_unique<ParamGroup>(path, std::move(params), std::move(aliases), shared_mesh, options_, log));
+    unit_modules_.push_back(module);
+  }
+  for (size_t u = 0; u < groups_.size(); ++u) {
+    bool leaf = true;
+    for (size_t v = 1; v < groups_.size(); ++v)
+      if (v != u && path_contains(groups_[u]->name(), groups_[v]->name())) leaf = false;
+    leaf_unit_.push_back(leaf);
+    if (u > 0) register_unit(unit_modules_[u], this, u);
+  }
+  backward_started_.assign(groups_.size(), false);
+  backward_done_.assign(groups_.size(), false);
+}
+
+ShardedModel::~ShardedModel() {
+  unregister_units(this);
+}
+
+TensorList ShardedModel::forward(const TensorList& inputs, const UnitFn& fn) {
+  return run_unit(0, inputs, fn);
+}
+
+TensorList ShardedModel::run_unit(size_t unit, const TensorList& inputs, const UnitFn& fn) {
+  ParamGroup& group = *groups_[unit];
+  const bool root = unit == 0;
+  if (root) {
+    forward_order_.clear();
+    post_forward_order_.clear();
+  }
+  forward_order_.push_back(unit);
+  group.wait_for_unshard();
+  if (options_.prefetch) {
+    if (last_forward_order_.empty()) {
+      std::vector<size_t> registration(groups_.size());
+      for (size_t u = 0; u < registration.size(); ++u) registration[u] = u;
+      prefetch_after(unit, registration);
+    } else {
+      prefetch_after(unit, last_forward_order_);
+    }
+  }
+
+  // Floating inputs are cast to the compute dtype (FSDP2's cast_forward_inputs).
+  TensorList in = inputs;
+  const at::ScalarType compute = options_.mixed_precision.param_dtype;
+  for (at::Tensor& t : in)
+    if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != compute) t = t.to(compute);
+  const bool grad = c10::GradMode::is_enabled();
+  if (grad) in = detail::register_post_backward(*this, unit, in);
+  const bool checkpointed = grad && options_.activation_checkpointing && !root && leaf_unit_[unit];
+  TensorList out = checkpointed ? detail::checkpoint(fn, in) : fn(in);
+  post_forward_order_.push_back(unit);
+
+  bool needs_backward = false;
+  for (const at::Tensor& t : out) needs_backward = needs_backward || (grad && t.defined() && t.requires_grad());
+  // The root stays gathered for backward, which starts with it (FSDP2 does the same).
+  if (!needs_backward || (options_.reshard_after_forward && !root)) group.reshard();
+  if (needs_backward) {
+    for (const at::Tensor& t : out)
+      if (t.defined() && t.requires_grad()) t.register_hook([this, unit](const at::Tensor&) { pre_backward(unit); });
+  }
+  if (root) last_forward_order_ = forward_order_;
+  return out;
+}
+
+void ShardedModel::prefetch_after(size_t unit, const std::vector<size_t>& order) {
+  auto it = std::find(order.begin(), order.end(), unit);
+  if (it == order.end() || it + 1 == order.end()) return;
+  groups_[*(it + 1)]->unshard();
+}
+
+void ShardedModel::pre_backward(size_t unit) {
+  if (!callback_queued_) {
+    callback_queued_ = true;
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+  }
+  if (backward_started_[unit]) return;
+  backward_started_[unit] = true;
+  groups_[unit]->wait_for_unshard();
+  if (!options_.prefetch) return;
+  // The unit before this one in post-forward order runs its backward next.
+  auto it = std::find(post_forward_order_.begin(), post_forward_order_.end(), unit);
+  if (it == post_forward_order_.end() || it == post_forward_order_.begin()) return;
+  const size_t previous = *(it - 1);
+  if (!backward_done_[previous]) groups_[previous]->unshard();
+}
+
+void ShardedModel::post_backward(size_t unit) {
+  if (backward_done_[unit]) return;
+  backward_done_[unit] = true;
+  ParamGroup& group = *groups_[unit];
+  group.reshard();
+  group.post_backward(sync_);
+  if (!group.reduce_pending()) return;
+  reduce_queue_.push_back(unit);
+  // At most two reductions in flight: bounded memory, and the oldest has had time to finish.
+  while (reduce_queue_.size() > 2) {
+    groups_[reduce_queue_.front()]->finish_reduce();
+    reduce_queue_.erase(reduce_queue_.begin());
+  }
+}
+
+void ShardedModel::finish_backward() {
+  // Units whose post-backward autograd did not run (inputs without gradients, the root), in the
+  // same order on every rank.
+  for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend(); ++it) post_backward(*it);
+  for (size_t u : reduce_queue_) groups_[u]->finish_reduce();
+  reduce_queue_.clear();
+  for (auto& g : groups_) g->reshard();
+  callback_queued_ = false;
+  std::fill(backward_started_.begin(), backward_started_.end(), false);
+  std::fill(backward_done_.begin(), backward_done_.end(), false);
+}
+
+void ShardedModel::zero_grad() {
+  for (auto& g : groups_) g->zero_grad();
+}
+
+PersistentBytes ShardedModel::persistent_bytes() const {
+  PersistentBytes b;
+  for (const auto& g : groups_) {
+    b.params += g->param_bytes();
+    b.grads += g->grad_bytes();
+  }
+  return b;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedModel::gather_full_state() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& g : groups_)
+    for (auto& kv : g->gather_full_parameters()) out.push_back(std::move(kv));
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedModel::gather_full_gradients() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& g : groups_)
+    for (auto& kv : g->gather_full_gradients()) out.push_back(std::move(kv));
+  return out;
+}
+
+std::unique_ptr<ShardedModel> fully_shard(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh,
+                                          FsdpOptions options) {
+  return std::make_unique<ShardedModel>(model, traits, std::move(mesh), std::move(options));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,46 @@
+// What fully_shard needs to know: how to choose units, how to shard them, and in which dtypes.
+// Filled from an Accelerate config by options_from_config() (fsdp/config_map.h), or directly.
+#pragma once
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace fsdp {
+
+// FSDP2's MixedPrecisionPolicy: fp32 sharded master weights always; parameters are gathered and
+// computed in param_dtype; gradients are reduced in reduce_dtype and accumulated in fp32.
+struct MixedPrecisionPolicy {
+  at::ScalarType param_dtype = at::kFloat;  // kFloat, kBFloat16 or kHalf
+  at::ScalarType reduce_dtype = at::kFloat;
+};
+
+// What a model declares about itself, so that wrap policies can pick its units.
+struct ModelTraits {
+  // Class names TRANSFORMER_BASED_WRAP wraps when the config names none (Hugging Face's
+  // _no_split_modules), e.g. {"LlamaDecoderLayer"}.
+  std::vector<std::string> layer_classes;
+  // Classes whose forward the model runs through fsdp::call (fsdp/unit_call.h): the only modules
+  // that can become units, because only their forwards can gather and free parameters.
+  std::vector<std::string> unit_classes;
+};
+
+struct FsdpOptions {
+  config::WrapPolicy wrap_policy = config::WrapPolicy::kTransformerBasedWrap;
+  std::vector<std::string> layer_classes;  // TRANSFORMER_BASED_WRAP; empty: ModelTraits::layer_classes
+  int64_t min_num_params = 100000000;      // SIZE_BASED_WRAP
+  bool reshard_after_forward = true;       // false: ZeRO-2 (one all-gather per step per unit)
+  MixedPrecisionPolicy mixed_precision;
+  bool offload_params = false;            // shards, gradients and optimizer state in host memory
+  bool activation_checkpointing = false;  // recompute each innermost unit's forward in backward
+  bool prefetch = true;                   // issue the next unit's all-gather before this one computes
+  c10::Device device = c10::kCPU;         // where units compute
+  bool record_events = false;             // keep the gather/free/reduce log (tests)
+};
+
+}  // namespace fsdp

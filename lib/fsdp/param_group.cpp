@@ -1,0 +1,289 @@
+#include "fsdp/param_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/StorageImpl.h>
+
+#include <algorithm>
+
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp {
+
+namespace {
+
+// Unsharded storage is freed and regrown in place: the StorageImpl stays the one autograd's saved
+// tensors point at; only its bytes come and go (FSDP2's untyped_storage().resize_()).
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+}
+
+void alloc_storage(const at::Tensor& t, size_t nbytes) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == nbytes) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
+  return strides;
+}
+
+// Writes `src` (numel elements, a parameter or its gradient flattened) into the (W, shard_numel)
+// region of a rank-major flat buffer: element k lands in row k / shard_numel. Rows past numel are
+// left as they are (zero padding).
+void copy_into_rows(const at::Tensor& region, const at::Tensor& src, int64_t shard_numel) {
+  const int64_t numel = src.numel();
+  if (shard_numel == 0) return;
+  const int64_t full_rows = numel / shard_numel, rest = numel % shard_numel;
+  if (full_rows > 0)
+    region.narrow(0, 0, full_rows).copy_(src.narrow(0, 0, full_rows * shard_numel).view({full_rows, shard_numel}));
+  if (rest > 0) region[full_rows].narrow(0, 0, rest).copy_(src.narrow(0, full_rows * shard_numel, rest));
+}
+
+}  // namespace
+
+ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
+                       std::vector<std::vector<std::string>> aliases, std::shared_ptr<Mesh> mesh,
+                       const FsdpOptions& options, EventLog log)
+    : name_(std::move(name)), mesh_(std::move(mesh)), options_(options), log_(std::move(log)) {
+  c10::NoGradGuard no_grad;
+  const int world = mesh_->shard.size(), rank = mesh_->shard.rank();
+  const c10::Device shard_device = options_.offload_params ? c10::Device(c10::kCPU) : options_.device;
+  const at::ScalarType param_dtype = options_.mixed_precision.param_dtype;
+
+  // Trainable decayed first, then trainable undecayed, then frozen: the optimizer and the
+  // reduce-scatter each see one contiguous prefix.
+  std::vector<size_t> order(params.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto rank_of = [&](size_t i) {
+    const at::Tensor& t = params[i].second;
+    if (!t.requires_grad()) return 2;
+    return t.dim() >= 2 ? 0 : 1;
+  };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rank_of(a) < rank_of(b); });
+
+  for (size_t i : order) {
+    const auto& [pname, tensor] = params[i];
+    FSDP_CHECK(at::isFloatingType(tensor.scalar_type()), "[fsdp] parameter ", pname, " has dtype ",
+               tensor.scalar_type(), "; only floating-point parameters can be sharded");
+    ShardedParam p;
+    p.name = pname;
+    p.aliases = aliases[i];
+    p.layout = ShardLayout{tensor.sizes().vec(), world, rank};
+    p.trainable = tensor.requires_grad();
+    p.decay = p.trainable && tensor.dim() >= 2;
+    p.offset = shard_numel_;
+    shard_numel_ += p.layout.shard_numel();
+    if (p.trainable) trainable_numel_ += p.layout.shard_numel();
+    if (p.decay) decay_numel_ += p.layout.shard_numel();
+    p.unsharded = tensor;
+    params_.push_back(std::move(p));
+  }
+
+  at::TensorOptions shard_opts = at::TensorOptions().dtype(at::kFloat).device(shard_device);
+  if (options_.offload_params && options_.device.is_cuda()) shard_opts = shard_opts.pinned_memory(true);
+  flat_shard_ = at::zeros({shard_numel_}, shard_opts);
+  flat_grad_ = at::zeros({trainable_numel_}, shard_opts);
+
+  for (ShardedParam& p : params_) {
+    const ShardLayout& l = p.layout;
+    // This rank's rows of the full value; the padding rows stay zero.
+    const at::Tensor full = p.unsharded.detach().reshape({-1});
+    const int64_t begin = l.first_row() * l.row_numel(), count = l.valid_rows() * l.row_numel();
+    if (count > 0) flat_shard_.narrow(0, p.offset, count).copy_(full.narrow(0, begin, count));
+    std::vector<int64_t> shard_shape = l.shape;
+    if (shard_shape.empty()) shard_shape.push_back(1);
+    shard_shape[0] = l.chunk_rows();
+    p.sharded = flat_shard_.narrow(0, p.offset, l.shard_numel()).view(shard_shape);
+
+    // The registered parameter becomes the unsharded leaf over storage this group owns (room for
+    // W padded chunks, so a gather can be copied in whole); `buffer` writes that storage without
+    // sharing the parameter's version counter.
+    at::Tensor owner = at::empty({l.padded_numel()}, at::TensorOptions().dtype(param_dtype).device(options_.device));
+    p.unsharded.set_data(owner.as_strided(l.shape, contiguous_strides(l.shape), 0));
+    p.unsharded.mutable_grad() = at::Tensor();
+    p.buffer = at::empty({0}, owner.options());
+    p.buffer.set_(owner.storage(), 0, {l.padded_numel()}, {1});
+    free_storage(p.unsharded);
+  }
+}
+
+ParamGroup::~ParamGroup() = default;
+
+void ParamGroup::log(const char* what) const {
+  if (log_) log_(str(what, " ", display_name()));
+}
+
+void ParamGroup::unshard() {
+  if (state_ != GroupState::kSharded) return;
+  state_ = GroupState::kGathering;
+  if (params_.empty()) return;
+  log("gather");
+  const int world = mesh_->shard.size();
+  if (world == 1) return;  // wait_for_unshard copies the shard in; no collective
+  c10::NoGradGuard no_grad;
+  at::Tensor out = at::empty({world * shard_numel_},
+                             at::TensorOptions().dtype(options_.mixed_precision.param_dtype).device(options_.device));
+  // In-place gather: this rank's slot of the output is the input (cast, and copied from host memory
+  // when offloaded).
+  at::Tensor in = out.narrow(0, mesh_->shard.rank() * shard_numel_, shard_numel_);
+  in.copy_(flat_shard_, /*non_blocking=*/options_.offload_params);
+  pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in), out};
+}
+
+void ParamGroup::wait_for_unshard() {
+  if (state_ == GroupState::kUnsharded) return;
+  if (state_ == GroupState::kSharded) unshard();
+  c10::NoGradGuard no_grad;
+  for (ShardedParam& p : params_)
+    alloc_storage(p.unsharded, static_cast<size_t>(p.layout.padded_numel()) * p.buffer.element_size());
+  if (pending_gather_) {
+    pending_gather_->work.wait();
+    copy_out(pending_gather_->output);
+    pending_gather_.reset();
+  } else {
+    for (ShardedParam& p : params_) p.buffer.copy_(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()));
+  }
+  state_ = GroupState::kUnsharded;
+}
+
+void ParamGroup::copy_out(const at::Tensor& gathered) {
+  const int64_t world = mesh_->shard.size();
+  const at::Tensor rows = gathered.view({world, shard_numel_});
+  for (ShardedParam& p : params_) {
+    const int64_t n = p.layout.shard_numel();
+    p.buffer.view({world, n}).copy_(rows.narrow(1, p.offset, n));
+  }
+}
+
+void ParamGroup::reshard() {
+  if (state_ == GroupState::kSharded) return;
+  if (state_ == GroupState::kGathering) {
+    // A prefetch that was not used: the collective is in flight on every rank, so it must finish.
+    if (pending_gather_) pending_gather_->work.wait();
+    pending_gather_.reset();
+    state_ = GroupState::kSharded;
+    return;
+  }
+  for (ShardedParam& p : params_) free_storage(p.unsharded);
+  state_ = GroupState::kSharded;
+  if (!params_.empty()) log("free");
+}
+
+void ParamGroup::post_backward(bool sync) {
+  if (!has_trainable()) return;
+  c10::NoGradGuard no_grad;
+  // Gradients leave the unsharded parameters here; the next backward starts from none.
+  std::vector<at::Tensor> grads;
+  for (ShardedParam& p : params_) {
+    if (!p.trainable) continue;
+    at::Tensor g = p.unsharded.grad();
+    p.unsharded.mutable_grad() = at::Tensor();
+    if (g.defined() && p.accumulated.defined()) {
+      p.accumulated.add_(g);
+      g = at::Tensor();
+    }
+    if (!sync) {
+      if (g.defined()) p.accumulated = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      continue;
+    }
+    grads.push_back(p.accumulated.defined() ? p.accumulated : g);
+    p.accumulated = at::Tensor();
+  }
+  if (!sync) return;
+
+  log("reduce");
+  const int64_t world = mesh_->shard.size();
+  const at::TensorOptions opts =
+      at::TensorOptions().dtype(options_.mixed_precision.reduce_dtype).device(options_.device);
+  // Row r of the input is the concatenation of every gradient's r-th padded chunk; a parameter that
+  // got no gradient (unused this step) contributes zeros, so every rank issues the same collective.
+  at::Tensor input = at::zeros({world * trainable_numel_}, opts);
+  const at::Tensor rows = input.view({world, trainable_numel_});
+  size_t k = 0;
+  for (const ShardedParam& p : params_) {
+    if (!p.trainable) continue;
+    const at::Tensor& g = grads[k++];
+    if (g.defined())
+      copy_into_rows(rows.narrow(1, p.offset, p.layout.shard_numel()), g.reshape({-1}), p.layout.shard_numel());
+  }
+  if (world == 1) {
+    pending_reduce_ = PendingReduce{dist::Work(), input, input};
+    return;
+  }
+  at::Tensor output = at::empty({trainable_numel_}, opts);
+  pending_reduce_ = PendingReduce{mesh_->shard.reduce_scatter(output, input, dist::ReduceOp::kAvg), input, output};
+}
+
+void ParamGroup::finish_reduce() {
+  if (!pending_reduce_) return;
+  c10::NoGradGuard no_grad;
+  pending_reduce_->work.wait();
+  at::Tensor reduced = pending_reduce_->output;
+  pending_reduce_.reset();
+  if (mesh_->replicate && mesh_->replicate->size() > 1)
+    mesh_->replicate->all_reduce(reduced, dist::ReduceOp::kAvg).wait();
+  flat_grad_.add_(reduced.to(flat_grad_.device(), at::kFloat));
+}
+
+void ParamGroup::zero_grad() {
+  c10::NoGradGuard no_grad;
+  flat_grad_.zero_();
+  for (ShardedParam& p : params_) p.accumulated = at::Tensor();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_parameters() const {
+  return gather_full(flat_shard_, /*trainable_only=*/false);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradients() const {
+  return gather_full(flat_grad_, /*trainable_only=*/true);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at::Tensor& flat,
+                                                                        bool trainable_only) const {
+  c10::NoGradGuard no_grad;
+  const int64_t world = mesh_->shard.size(), n = flat.numel();
+  at::Tensor all = flat;
+  if (world > 1 && n > 0) {
+    all = at::empty({world * n}, flat.options().pinned_memory(false));
+    at::Tensor in = all.narrow(0, mesh_->shard.rank() * n, n);
+    in.copy_(flat);
+    dist::ProcessGroup shard = mesh_->shard;
+    shard.all_gather(all, in).wait();
+  }
+  const at::Tensor rows = all.view({world, n});
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const ShardedParam& p : params_) {
+    if (trainable_only && !p.trainable) continue;
+    const int64_t k = p.layout.shard_numel();
+    at::Tensor full = rows.narrow(1, p.offset, k).reshape({-1}).narrow(0, 0, p.layout.numel()).view(p.layout.shape);
+    out.emplace_back(p.name, full.clone());
+  }
+  return out;
+}
+
+int64_t ParamGroup::param_bytes() const {
+  return shard_numel_ * 4;
+}
+
+int64_t ParamGroup::grad_bytes() const {
+  return trainable_numel_ * 4;
+}
+
+int64_t ParamGroup::padded_bytes(at::ScalarType dtype) const {
+  return mesh_->shard.size() * shard_numel_ * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+int64_t ParamGroup::padded_trainable_bytes(at::ScalarType dtype) const {
+  return mesh_->shard.size() * trainable_numel_ * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+}  // namespace fsdp

@@ -1,0 +1,140 @@
+// ParamGroup: one FSDP unit (FSDP2's FSDPParamGroup): the parameters of one wrapped module, sharded
+// over the shard group, gathered with one flat all-gather and reduced with one flat reduce-scatter.
+//
+// Ownership. The module's registered parameters stay the tensors its forward reads; fully_shard
+// turns each into the *unsharded* leaf (param_dtype, full shape) whose storage this group owns:
+// 0 bytes while resharded, regrown and refilled in place by unshard(). The storage object is never
+// replaced (autograd's saved tensors alias it), and refills go through a second tensor over the
+// same storage, so the parameter's version counter is not bumped. The group owns the sharded fp32
+// master weights (one flat buffer, trainable parameters first), their fp32 gradients and, through
+// ShardedAdamW, the optimizer state.
+//
+// Flat layout of a unit's shard (S elements, the same on every rank):
+//   [ trainable, decayed (dim >= 2) | trainable, not decayed | frozen ]
+//   param i occupies [offset_i, offset_i + shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]).
+// The all-gather output is (W, S) rank-major; the reduce-scatter input is (W, S_trainable).
+//
+// Collective: unshard, post_backward, finish_reduce and gather_full_parameters issue collectives on
+// the shard (and replicate) group; all ranks call them in the same order (the engine guarantees it
+// because every rank runs the same model). Not thread-safe: the training thread only.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "fsdp/options.h"
+#include "fsdp/shard_layout.h"
+
+namespace fsdp {
+
+struct ShardedParam {
+  std::string name;                  // fully qualified, e.g. "blocks.0.fc1.weight"
+  std::vector<std::string> aliases;  // other names of a tied parameter
+  ShardLayout layout;
+  bool trainable = true;
+  bool decay = true;       // AdamW weight decay applies (dim >= 2)
+  int64_t offset = 0;      // in the unit's flat shard
+  at::Tensor unsharded;    // the module's registered parameter: (shape), param_dtype
+  at::Tensor buffer;       // (W * shard_numel) over unsharded's storage, own version counter
+  at::Tensor sharded;      // (chunk_rows, *shape[1:]) fp32 view of the flat shard
+  at::Tensor accumulated;  // (shape) fp32, no-sync accumulation; undefined when unused
+};
+
+enum class GroupState { kSharded, kGathering, kUnsharded };
+
+class ParamGroup {
+ public:
+  struct Mesh {
+    dist::ProcessGroup shard;
+    std::optional<dist::ProcessGroup> replicate;  // HSDP: the ranks holding the same shard
+  };
+  using EventLog = std::function<void(const std::string&)>;
+
+  // Shards `params` (the module's registered tensors, full values, identical on every rank of the
+  // replicate group) and turns them into unsharded leaves with empty storage. name: the module's
+  // path ("" for the root).
+  ParamGroup(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
+             std::vector<std::vector<std::string>> aliases, std::shared_ptr<Mesh> mesh, const FsdpOptions& options,
+             EventLog log);
+  ~ParamGroup();
+  ParamGroup(const ParamGroup&) = delete;
+  ParamGroup& operator=(const ParamGroup&) = delete;
+
+  const std::string& name() const { return name_; }
+  std::string display_name() const { return name_.empty() ? "<root>" : name_; }
+  GroupState state() const { return state_; }
+  const std::vector<ShardedParam>& params() const { return params_; }
+  bool empty() const { return params_.empty(); }
+  bool has_trainable() const { return trainable_numel_ > 0; }
+
+  // Issues the all-gather (asynchronously where the backend allows). No-op unless sharded.
+  void unshard();
+  // Finishes a pending gather: waits, regrows the parameters' storage and copies the gathered
+  // rows in. Idempotent; calls unshard() first when nothing is pending.
+  void wait_for_unshard();
+  // Frees the unsharded storage (0 bytes). No-op unless unsharded.
+  void reshard();
+
+  // After this unit's backward: takes the parameters' gradients and, when `sync`, issues the
+  // reduce-scatter (average over the shard group) of all of them, accumulated micro-batches
+  // included; otherwise adds them into fp32 accumulators. Frozen parameters are never reduced.
+  void post_backward(bool sync);
+  // Waits for the reduce-scatter issued by post_backward, all-reduces over the replicate group
+  // (HSDP) and adds the result into the fp32 sharded gradient. No-op when nothing is pending.
+  void finish_reduce();
+  bool reduce_pending() const { return pending_reduce_.has_value(); }
+
+  // Flat fp32 views for the optimizer: [0, trainable) and the part of it that decays.
+  at::Tensor flat_param() const { return flat_shard_; }         // (S)
+  at::Tensor flat_grad() const { return flat_grad_; }           // (S_trainable)
+  int64_t trainable_numel() const { return trainable_numel_; }  // S_trainable
+  int64_t decay_numel() const { return decay_numel_; }          // S_decay <= S_trainable
+  int64_t shard_numel() const { return shard_numel_; }          // S
+  void zero_grad();
+
+  // The full fp32 value of every parameter, or of every trainable parameter's sharded gradient
+  // (collective over the shard group).
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> gather_full_gradients() const;
+
+  // Persistent bytes this rank holds: sharded params, their gradients (fp32, padding included).
+  int64_t param_bytes() const;
+  int64_t grad_bytes() const;
+  // Bytes of the padded full unit in `dtype` (the all-gather output), and of its trainable part.
+  int64_t padded_bytes(at::ScalarType dtype) const;
+  int64_t padded_trainable_bytes(at::ScalarType dtype) const;
+
+ private:
+  void log(const char* what) const;
+  void copy_out(const at::Tensor& gathered);  // (W * S) param_dtype -> every param's buffer
+  std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
+
+  std::string name_;
+  std::shared_ptr<Mesh> mesh_;
+  FsdpOptions options_;
+  EventLog log_;
+  std::vector<ShardedParam> params_;
+  int64_t shard_numel_ = 0, trainable_numel_ = 0, decay_numel_ = 0;
+  at::Tensor flat_shard_;  // (S) fp32 master weights on the shard device
+  at::Tensor flat_grad_;   // (S_trainable) fp32 on the shard device
+  GroupState state_ = GroupState::kSharded;
+  struct PendingGather {
+    dist::Work work;
+    at::Tensor output;  // (W * S) param_dtype
+  };
+  std::optional<PendingGather> pending_gather_;
+  struct PendingReduce {
+    dist::Work work;
+    at::Tensor input;   // (W * S_trainable) reduce_dtype; kept alive until the work is done
+    at::Tensor output;  // (S_trainable) reduce_dtype
+  };
+  std::optional<PendingReduce> pending_reduce_;
+};
+
+}  // namespace fsdp

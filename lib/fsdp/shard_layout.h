@@ -1,0 +1,38 @@
+// ShardLayout: where one parameter's rows live when it is split over a group (dim-0 sharding).
+//
+// Like torch.chunk(param, W, dim=0): every rank owns chunk_rows = ceil(dim0 / W) rows of storage,
+// rank r holds rows [r * chunk_rows, (r + 1) * chunk_rows) of the parameter, and the rows past
+// dim0 are padding that stays zero. So the last ranks may hold a partial chunk or only padding
+// (dim0 = 5, W = 4: 2, 2, 1 + 1 pad, 0 + 2 pad). Gathering the padded chunks rank-major puts the
+// real rows first, in order: the full parameter is the first numel() elements of the gathered
+// buffer. Plain arithmetic; no LibTorch.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+namespace fsdp {
+
+struct ShardLayout {
+  std::vector<int64_t> shape;  // the full parameter's shape (at least 1-D)
+  int world_size = 1;          // the shard group's size W
+  int rank = 0;                // this rank in the shard group
+
+  int64_t dim0() const { return shape.empty() ? 1 : shape[0]; }
+  int64_t row_numel() const {  // elements in one row: the product of shape[1:]
+    int64_t n = 1;
+    for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+    return n;
+  }
+  int64_t numel() const { return dim0() * row_numel(); }
+  int64_t chunk_rows() const { return (dim0() + world_size - 1) / world_size; }
+  int64_t shard_numel() const { return chunk_rows() * row_numel(); }   // padded, same on every rank
+  int64_t padded_numel() const { return shard_numel() * world_size; }  // the gathered buffer
+  int64_t first_row() const { return std::min<int64_t>(dim0(), rank * chunk_rows()); }
+  int64_t valid_rows() const { return std::min<int64_t>(chunk_rows(), dim0() - first_row()); }
+  // Padding elements this rank holds (zeros that exist only so every rank's shard is the same size).
+  int64_t padding_numel() const { return (chunk_rows() - valid_rows()) * row_numel(); }
+};
+
+}  // namespace fsdp

@@ -1,0 +1,29 @@
+// fsdp::call: how a model runs a submodule that may be an FSDP unit.
+//
+// LibTorch modules have no forward hooks, so a model that wants to be sharded runs each module of
+// its ModelTraits::unit_classes through call(): when fully_shard made that module a unit, the call
+// gathers its parameters, records its backward hooks and frees it afterwards; otherwise (no
+// sharding, or the module is not a unit) it is just fn(inputs). Models stay usable unsharded.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+#include "fsdp/fully_shard.h"
+
+namespace fsdp {
+
+TensorList call(torch::nn::Module& module, const TensorList& inputs, const UnitFn& fn);
+
+// One tensor in, one out: call(*layer, x, [layer](const at::Tensor& h) { return layer->forward(h); }).
+template <typename F>
+at::Tensor call(torch::nn::Module& module, const at::Tensor& input, F fn) {
+  return call(module, TensorList{input}, [fn](const TensorList& in) mutable { return TensorList{fn(in[0])}; })[0];
+}
+
+// The registry call() looks units up in; fully_shard fills it and ~ShardedModel empties it.
+void register_unit(const torch::nn::Module* module, ShardedModel* model, size_t unit);
+void unregister_units(const ShardedModel* model);
+
+}  // namespace fsdp

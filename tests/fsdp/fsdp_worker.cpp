@@ -1,0 +1,573 @@
+// The FSDP engine's multi-process tests: one worker per rank, started by `fsdptrain launch`.
+//
+//   fsdp_worker parity       all-pairs cover of every option, for this world size
+//   fsdp_worker product      the full product of the most used settings (run at W = 2)
+//   fsdp_worker accounting   layout, bytes per step against the formula, persistent memory,
+//                            event order, no collectives at W = 1
+//   fsdp_worker bench STEPS  step time of the sharded run against the unsharded reference
+//
+// Each case trains the same model from the same seed twice: once here, unsharded, in one process
+// on the whole global batch (the reference: LibTorch's own AdamW and clip_grad_norm_), and once
+// sharded over the launched ranks, each on its slice of the batch. Losses of every step, the
+// first step's gradients and the final parameters must agree. Any mismatch throws, the worker
+// exits non-zero, the launcher fails, and ctest reports it with the case's description.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/test_models.h"
+#include "optim/adamw.h"
+#include "util/error.h"
+
+namespace {
+
+using fsdp::str;
+using fsdp::config::WrapPolicy;
+using namespace fsdp::testing;
+
+constexpr int kSteps = 10;
+constexpr int64_t kGlobalBatch = 24;  // divides by W * micro-batches for W = 1..4 and 1..2
+constexpr uint64_t kSeed = 1234;
+constexpr double kLr = 1e-2, kWeightDecay = 0.1, kMaxNorm = 0.5;
+
+enum class Accum { kSingle, kSyncEach, kNoSync };
+
+struct Case {
+  std::string model = "mlp";  // mlp | transformer
+  WrapPolicy wrap = WrapPolicy::kTransformerBasedWrap;
+  bool reshard = true;
+  bool bf16 = false;
+  bool offload = false;
+  bool checkpointing = false;
+  Accum accum = Accum::kSingle;
+  bool hsdp = false;
+
+  int micro_batches() const { return accum == Accum::kSingle ? 1 : 2; }
+  std::string describe() const {
+    static const char* wraps[] = {"transformer", "size", "none"};
+    static const char* accums[] = {"single", "sync-each", "no-sync"};
+    return str(model, " wrap=", wraps[static_cast<int>(wrap)], " reshard=", reshard, " ", bf16 ? "bf16" : "fp32",
+               " offload=", offload, " ac=", checkpointing, " accum=", accums[static_cast<int>(accum)], " hsdp=", hsdp);
+  }
+};
+
+// --- models and data ---------------------------------------------------------------------------
+
+struct TestModel {
+  std::shared_ptr<torch::nn::Module> module;
+  fsdp::ModelTraits traits;
+  std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss;  // (inputs, targets) -> fp32 scalar
+};
+
+TestModel make_model(const std::string& kind) {
+  torch::manual_seed(kSeed);
+  if (kind == "mlp") {
+    MlpStack m;
+    return TestModel{m.ptr(), MlpStackImpl::traits(), [m](const at::Tensor& x, const at::Tensor& y) mutable {
+                       return torch::mse_loss(m->forward(x).to(torch::kFloat), y.to(torch::kFloat));
+                     }};
+  }
+  TinyTransformer m;
+  return TestModel{
+      m.ptr(), TinyTransformerImpl::traits(), [m](const at::Tensor& x, const at::Tensor& y) mutable {
+        at::Tensor logits = m->forward(x).to(torch::kFloat);
+        return torch::cross_entropy_loss(logits.reshape({-1, TinyTransformerImpl::kVocab}), y.reshape({-1}));
+      }};
+}
+
+std::pair<at::Tensor, at::Tensor> make_batch(const std::string& kind, int step) {
+  torch::manual_seed(kSeed + 1000 + step);
+  if (kind == "mlp")
+    return {torch::randn({kGlobalBatch, MlpStackImpl::kIn}), torch::randn({kGlobalBatch, MlpStackImpl::kOut})};
+  at::Tensor tokens = torch::randint(0, TinyTransformerImpl::kVocab, {kGlobalBatch, TinyTransformerImpl::kSeq + 1});
+  return {tokens.narrow(1, 0, TinyTransformerImpl::kSeq).contiguous(),
+          tokens.narrow(1, 1, TinyTransformerImpl::kSeq).contiguous()};
+}
+
+at::Tensor cast_floating(const at::Tensor& t, at::ScalarType dtype) {
+  return at::isFloatingType(t.scalar_type()) ? t.to(dtype) : t;
+}
+
+// Distinct parameters (a tied one once, under its first name), in registration order.
+std::vector<std::pair<std::string, at::Tensor>> unique_parameters(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<const at::TensorImpl*> seen;
+  for (const auto& p : m.named_parameters())
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+struct Result {
+  std::vector<double> losses;                     // global mean loss per step
+  std::map<std::string, at::Tensor> first_grads;  // after step 0's backward, before clipping
+  std::map<std::string, at::Tensor> final_params;
+};
+
+// --- the unsharded reference -------------------------------------------------------------------
+
+// One process, the whole global batch, LibTorch's AdamW and clip_grad_norm_. With bf16 it keeps
+// fp32 master weights and computes with a bf16 copy of them, as the mixed-precision policy does.
+Result train_reference(const Case& c) {
+  const at::ScalarType compute_dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat;
+  TestModel master = make_model(c.model);
+  TestModel compute = c.bf16 ? make_model(c.model) : master;
+  auto masters = unique_parameters(*master.module), computes = unique_parameters(*compute.module);
+  std::vector<at::Tensor> decay, no_decay, trainable;
+  for (auto& [name, p] : masters) {
+    if (!p.requires_grad()) continue;
+    trainable.push_back(p);
+    (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  }
+  auto adamw = [&](std::vector<at::Tensor> ps, double wd) {
+    return torch::optim::OptimizerParamGroup(
+        ps, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(kLr).weight_decay(wd)));
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.push_back(adamw(decay, kWeightDecay));
+  groups.push_back(adamw(no_decay, 0.0));
+  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(kLr));
+
+  Result r;
+  const int micro = c.micro_batches();
+  const int64_t rows = kGlobalBatch / micro;
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = make_batch(c.model, step);
+    if (c.bf16) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < masters.size(); ++i)
+        computes[i].second.set_data(masters[i].second.detach().to(compute_dtype));
+    }
+    double loss_sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      at::Tensor loss = compute.loss(cast_floating(x.narrow(0, m * rows, rows), compute_dtype),
+                                     cast_floating(y.narrow(0, m * rows, rows), compute_dtype));
+      (loss / micro).backward();
+      loss_sum += loss.item<double>() / micro;
+    }
+    if (c.bf16) {
+      for (size_t i = 0; i < masters.size(); ++i) {
+        at::Tensor& g = computes[i].second.mutable_grad();
+        if (g.defined()) masters[i].second.mutable_grad() = g.to(torch::kFloat);
+        g = at::Tensor();
+      }
+    }
+    r.losses.push_back(loss_sum);
+    if (step == 0)
+      for (auto& [name, p] : masters)
+        if (p.requires_grad()) r.first_grads[name] = p.grad().defined() ? p.grad().clone() : torch::zeros_like(p);
+    torch::nn::utils::clip_grad_norm_(trainable, kMaxNorm);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  for (auto& [name, p] : masters) r.final_params[name] = p.detach().clone();
+  return r;
+}
+
+// --- the sharded run ---------------------------------------------------------------------------
+
+fsdp::FsdpOptions options_for(const Case& c) {
+  fsdp::FsdpOptions o;
+  o.wrap_policy = c.wrap;
+  // SIZE_BASED_WRAP: for the transformer, each attention (144 parameters) and MLP (136) becomes a
+  // unit, and each block one around them holding its norms (12): nested units; the embedding would
+  // qualify but its weight is tied to the head, so it stays in the root. For the MLP stack, every
+  // block (202).
+  o.min_num_params = c.model == "mlp" ? 150 : 10;
+  o.reshard_after_forward = c.reshard;
+  if (c.bf16) o.mixed_precision.param_dtype = torch::kBFloat16;
+  o.offload_params = c.offload;
+  o.activation_checkpointing = c.checkpointing;
+  return o;
+}
+
+fsdp::DeviceMesh mesh_for(const Case& c, const fsdp::dist::ProcessGroup& world) {
+  return c.hsdp ? fsdp::make_mesh(world, 2, world.size() / 2) : fsdp::DeviceMesh{world, std::nullopt};
+}
+
+Result train_sharded(const Case& c, fsdp::dist::ProcessGroup world) {
+  TestModel model = make_model(c.model);
+  auto sharded = fsdp::fully_shard(*model.module, model.traits, mesh_for(c, world), options_for(c));
+  fsdp::optim::ShardedAdamW optimizer(*sharded, fsdp::optim::AdamWOptions{kLr, 0.9, 0.999, 1e-8, kWeightDecay});
+
+  Result r;
+  const int micro = c.micro_batches();
+  const int64_t rows = kGlobalBatch / micro / world.size();
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = make_batch(c.model, step);
+    double loss_sum = 0;
+    for (int m = 0; m < micro; ++m) {
+      if (c.accum == Accum::kNoSync) sharded->set_requires_gradient_sync(m == micro - 1);
+      const int64_t first = m * (kGlobalBatch / micro) + world.rank() * rows;
+      at::Tensor loss =
+          sharded->forward({x.narrow(0, first, rows), y.narrow(0, first, rows)},
+                           [&](const fsdp::TensorList& in) { return fsdp::TensorList{model.loss(in[0], in[1])}; })[0];
+      (loss / micro).backward();
+      loss_sum += loss.item<double>() / micro;
+    }
+    at::Tensor global = torch::tensor({loss_sum}, torch::kDouble);
+    if (world.size() > 1) world.all_reduce(global, fsdp::dist::ReduceOp::kAvg).wait();
+    r.losses.push_back(global.item<double>());
+    if (step == 0)
+      for (auto& [name, g] : sharded->gather_full_gradients()) r.first_grads[name] = g;
+    fsdp::optim::clip_grad_norm(*sharded, kMaxNorm);
+    optimizer.step();
+    sharded->zero_grad();
+  }
+  for (auto& [name, p] : sharded->gather_full_state()) r.final_params[name] = p;
+  return r;
+}
+
+double relative_error(const at::Tensor& a, const at::Tensor& b) {
+  const double diff = (a.to(torch::kDouble) - b.to(torch::kDouble)).norm().item<double>();
+  return diff / std::max(b.to(torch::kDouble).norm().item<double>(), 1e-12);
+}
+
+// Throws naming the case and what differs. Returns the largest relative error seen.
+double compare(const Case& c, const Result& ref, const Result& got) {
+  const double tol = c.bf16 ? 2e-2 : 1e-5;
+  double worst = 0;
+  auto check = [&](double err, const std::string& what) {
+    worst = std::max(worst, err);
+    FSDP_ASSERT(err <= tol, c.describe(), ": ", what, " differs from the reference: relative error ", err, " > ", tol);
+  };
+  FSDP_ASSERT(got.first_grads.size() == ref.first_grads.size(), c.describe(), ": ", got.first_grads.size(),
+              " gradients, the reference has ", ref.first_grads.size());
+  for (const auto& [name, g] : ref.first_grads) {
+    FSDP_ASSERT(got.first_grads.count(name), c.describe(), ": no gradient for ", name);
+    check(relative_error(got.first_grads.at(name), g), "gradient of " + name + " at step 0");
+  }
+  for (int s = 0; s < kSteps; ++s)
+    check(std::abs(got.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]),
+          str("loss of step ", s, " (", got.losses[s], " vs ", ref.losses[s], ")"));
+  FSDP_ASSERT(got.final_params.size() == ref.final_params.size(), c.describe(), ": parameter count differs");
+  for (const auto& [name, p] : ref.final_params) {
+    FSDP_ASSERT(got.final_params.count(name), c.describe(), ": no parameter ", name);
+    check(relative_error(got.final_params.at(name), p), "final " + name);
+  }
+  // Training must have moved the weights, or the comparison above proves nothing.
+  TestModel fresh = make_model(c.model);
+  double moved = 0;
+  for (auto& [name, p] : unique_parameters(*fresh.module))
+    moved = std::max(moved, relative_error(p, ref.final_params.at(name)));
+  FSDP_ASSERT(moved > 1e-3, c.describe(), ": the reference did not train (largest change ", moved, ")");
+  return worst;
+}
+
+// --- case selection ----------------------------------------------------------------------------
+
+// Every value pair of every two factors appears in at least one chosen case (greedy all-pairs).
+std::vector<Case> all_pairs(int world_size) {
+  std::vector<std::vector<int>> levels = {{0, 1}, {0, 1, 2}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1, 2}};
+  if (world_size == 4) levels.push_back({0, 1});  // HSDP as 2 x 2
+  const size_t n = levels.size();
+  std::vector<std::vector<int>> product{{}};
+  for (const auto& l : levels) {
+    std::vector<std::vector<int>> next;
+    for (const auto& p : product)
+      for (int v : l) {
+        next.push_back(p);
+        next.back().push_back(v);
+      }
+    product = next;
+  }
+  std::set<std::tuple<size_t, int, size_t, int>> uncovered;
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = i + 1; j < n; ++j)
+      for (int a : levels[i])
+        for (int b : levels[j]) uncovered.insert({i, a, j, b});
+  std::vector<Case> cases;
+  while (!uncovered.empty()) {
+    size_t best = 0, best_gain = 0;
+    for (size_t k = 0; k < product.size(); ++k) {
+      size_t gain = 0;
+      for (size_t i = 0; i < n; ++i)
+        for (size_t j = i + 1; j < n; ++j) gain += uncovered.count({i, product[k][i], j, product[k][j]});
+      if (gain > best_gain) best = k, best_gain = gain;
+    }
+    const auto& v = product[best];
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = i + 1; j < n; ++j) uncovered.erase({i, v[i], j, v[j]});
+    Case c;
+    c.model = v[0] ? "transformer" : "mlp";
+    c.wrap = static_cast<WrapPolicy>(v[1]);
+    c.reshard = v[2];
+    c.bf16 = v[3];
+    c.offload = v[4];
+    c.checkpointing = v[5];
+    c.accum = static_cast<Accum>(v[6]);
+    c.hsdp = n > 7 && v[7];
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// The settings most runs use, in full: the transformer wrapped by layer, every reshard mode,
+// precision, checkpointing and accumulation mode.
+std::vector<Case> most_used_product() {
+  std::vector<Case> cases;
+  for (bool reshard : {true, false})
+    for (bool bf16 : {false, true})
+      for (bool ac : {false, true})
+        for (Accum a : {Accum::kSingle, Accum::kSyncEach, Accum::kNoSync}) {
+          Case c;
+          c.model = "transformer";
+          c.reshard = reshard;
+          c.bf16 = bf16;
+          c.checkpointing = ac;
+          c.accum = a;
+          cases.push_back(c);
+        }
+  return cases;
+}
+
+int run_parity(const std::vector<Case>& cases, fsdp::dist::ProcessGroup world) {
+  for (const Case& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result ref = train_reference(c);
+    const Result got = train_sharded(c, world);
+    const double worst = compare(c, ref, got);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (world.rank() == 0)
+      std::printf("ok W=%d %s  worst relative error %.2e  (%.2f s)\n", world.size(), c.describe().c_str(), worst,
+                  seconds);
+  }
+  if (world.rank() == 0) std::printf("%zu cases passed at W=%d\n", cases.size(), world.size());
+  return 0;
+}
+
+// --- accounting --------------------------------------------------------------------------------
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// The sharded layout is torch.chunk's: this rank's rows, then zero padding.
+void check_layout(const fsdp::ShardedModel& sharded, const std::map<std::string, at::Tensor>& full, int rank,
+                  int world) {
+  for (const auto& g : sharded.groups())
+    for (const fsdp::ShardedParam& p : g->params()) {
+      const at::Tensor& f = full.at(p.name);
+      const auto chunks = f.chunk(world, 0);
+      const int64_t rows = static_cast<size_t>(rank) < chunks.size() ? chunks[rank].size(0) : 0;
+      FSDP_ASSERT(p.sharded.size(0) == ceil_div(f.size(0), world), p.name, ": shard has ", p.sharded.size(0), " rows");
+      if (rows > 0)
+        FSDP_ASSERT(p.sharded.narrow(0, 0, rows).equal(chunks[rank]), p.name, ": shard differs from chunk ", rank);
+      const at::Tensor pad = p.sharded.narrow(0, rows, p.sharded.size(0) - rows);
+      FSDP_ASSERT(pad.numel() == 0 || pad.abs().max().item<float>() == 0.0f, p.name, ": padding is not zero");
+      FSDP_ASSERT(p.unsharded.storage().nbytes() == 0, p.name, ": unsharded storage is not freed after sharding");
+    }
+}
+
+// One step of one micro-batch; returns the shard group's counters for forward + backward.
+fsdp::dist::ByteCounters measured_step(fsdp::ShardedModel& sharded, TestModel& model, const std::string& kind, int rank,
+                                       int world) {
+  auto [x, y] = make_batch(kind, 0);
+  const int64_t rows = kGlobalBatch / world;
+  fsdp::dist::ProcessGroup shard = sharded.mesh().shard;
+  shard.reset_counters();
+  at::Tensor loss =
+      sharded.forward({x.narrow(0, rank * rows, rows), y.narrow(0, rank * rows, rows)},
+                      [&](const fsdp::TensorList& in) { return fsdp::TensorList{model.loss(in[0], in[1])}; })[0];
+  loss.backward();
+  return shard.counters();
+}
+
+int run_accounting(fsdp::dist::ProcessGroup world) {
+  const int w = world.size(), rank = world.rank();
+  for (const std::string kind : {"mlp", "transformer"}) {
+    for (bool reshard : {true, false}) {
+      for (bool bf16 : {false, true}) {
+        Case c;
+        c.model = kind;
+        c.reshard = reshard;
+        c.bf16 = bf16;
+        TestModel model = make_model(kind);
+        std::map<std::string, at::Tensor> full;
+        for (auto& [name, p] : unique_parameters(*model.module)) full[name] = p.detach().clone();
+        fsdp::FsdpOptions o = options_for(c);
+        o.record_events = true;
+        auto sharded = fsdp::fully_shard(*model.module, model.traits, mesh_for(c, world), o);
+        check_layout(*sharded, full, rank, w);
+
+        // Bytes per step: for each unit, (all-gathers x padded size in param_dtype + reduce-scatters
+        // x padded trainable size in reduce_dtype) x (W-1)/W. Non-root units gather twice with
+        // reshard_after_forward, once without; the root once.
+        const int64_t param_size = bf16 ? 2 : 4, reduce_size = 4;
+        int64_t expect_ag = 0, expect_rs = 0, expect_ag_calls = 0, expect_rs_calls = 0;
+        for (size_t u = 0; u < sharded->groups().size(); ++u) {
+          int64_t padded = 0, padded_trainable = 0;
+          for (const fsdp::ShardedParam& p : sharded->groups()[u]->params()) {
+            const at::Tensor& f = full.at(p.name);
+            const int64_t n = ceil_div(f.size(0), w) * w * (f.numel() / f.size(0));
+            padded += n;
+            if (p.trainable) padded_trainable += n;
+          }
+          const int gathers = (u == 0 || !reshard) ? 1 : 2;
+          if (padded > 0 && w > 1) {
+            expect_ag += gathers * padded * param_size * (w - 1) / w;
+            expect_ag_calls += gathers;
+          }
+          if (padded_trainable > 0 && w > 1) {
+            expect_rs += padded_trainable * reduce_size * (w - 1) / w;
+            expect_rs_calls += 1;
+          }
+        }
+        const auto counters = measured_step(*sharded, model, kind, rank, w);
+        using fsdp::dist::Collective;
+        FSDP_ASSERT(counters.of(Collective::kAllGather) == expect_ag, c.describe(), ": all-gather bytes ",
+                    counters.of(Collective::kAllGather), ", formula ", expect_ag);
+        FSDP_ASSERT(counters.of(Collective::kReduceScatter) == expect_rs, c.describe(), ": reduce-scatter bytes ",
+                    counters.of(Collective::kReduceScatter), ", formula ", expect_rs);
+        FSDP_ASSERT(counters.calls_of(Collective::kAllGather) == expect_ag_calls &&
+                        counters.calls_of(Collective::kReduceScatter) == expect_rs_calls,
+                    c.describe(), ": ", counters.calls_of(Collective::kAllGather), " all-gathers and ",
+                    counters.calls_of(Collective::kReduceScatter), " reduce-scatters, expected ", expect_ag_calls,
+                    " and ", expect_rs_calls);
+        FSDP_ASSERT(counters.total() == expect_ag + expect_rs, c.describe(), ": other collectives ran in the step");
+        for (const auto& g : sharded->groups())
+          for (const auto& p : g->params())
+            FSDP_ASSERT(p.unsharded.storage().nbytes() == 0, c.describe(), ": ", p.name,
+                        " still gathered after the step");
+
+        // Persistent bytes: params + grads + AdamW state = (total + padding) / W exactly, where the
+        // padding is less than one row per parameter per rank.
+        fsdp::optim::ShardedAdamW optimizer(*sharded, {});
+        const int64_t persistent = sharded->persistent_bytes().total() + optimizer.state_bytes();
+        int64_t total = 0, padding = 0, one_row_each = 0;
+        for (const auto& g : sharded->groups())
+          for (const auto& p : g->params()) {
+            const at::Tensor& f = full.at(p.name);
+            const int64_t row = f.numel() / f.size(0), copies = p.trainable ? 4 : 1;  // param (+ grad, m, v)
+            total += f.numel() * 4 * copies;
+            padding += (ceil_div(f.size(0), w) * w - f.size(0)) * row * 4 * copies;
+            one_row_each += row * 4 * copies;
+          }
+        FSDP_ASSERT(persistent * w == total + padding && padding < w * one_row_each, c.describe(), ": persistent ",
+                    persistent, " bytes per rank, total ", total, ", padding ", padding);
+        if (rank == 0 && reshard && !bf16)
+          std::printf("memory W=%d %s: per rank %lld bytes (params %lld, grads %lld, adamw %lld); total/W %.1f\n", w,
+                      kind.c_str(), static_cast<long long>(persistent),
+                      static_cast<long long>(sharded->persistent_bytes().params),
+                      static_cast<long long>(sharded->persistent_bytes().grads),
+                      static_cast<long long>(optimizer.state_bytes()), static_cast<double>(total) / w);
+        if (rank == 0)
+          std::printf("bytes W=%d %s: all-gather %lld (%lld calls) reduce-scatter %lld (%lld calls) = formula\n", w,
+                      c.describe().c_str(), static_cast<long long>(expect_ag), static_cast<long long>(expect_ag_calls),
+                      static_cast<long long>(expect_rs), static_cast<long long>(expect_rs_calls));
+
+        // The order of gathers, frees and reductions (MLP stack: root, blocks 0-3, block 2 frozen).
+        if (kind == "mlp" && !bf16 && w > 1) {
+          std::vector<std::string> expected =
+              reshard ? std::vector<std::string>{"gather <root>", "gather blocks.0", "gather blocks.1", "free blocks.0",
+                                                 "gather blocks.2", "free blocks.1", "gather blocks.3", "free blocks.2",
+                                                 "free blocks.3",
+                                                 // backward: each unit prefetches the one before it
+                                                 "gather blocks.3", "gather blocks.2", "free blocks.3",
+                                                 "reduce blocks.3", "gather blocks.1", "free blocks.2",
+                                                 "gather blocks.0", "free blocks.1", "reduce blocks.1", "free blocks.0",
+                                                 "reduce blocks.0", "free <root>", "reduce <root>"}
+                      : std::vector<std::string>{
+                            "gather <root>", "gather blocks.0", "gather blocks.1", "gather blocks.2", "gather blocks.3",
+                            "free blocks.3", "reduce blocks.3", "free blocks.2",   "free blocks.1",   "reduce blocks.1",
+                            "free blocks.0", "reduce blocks.0", "free <root>",     "reduce <root>"};
+          std::string got, want;
+          for (const auto& e : sharded->events()) got += e + "; ";
+          for (const auto& e : expected) want += e + "; ";
+          FSDP_ASSERT(got == want, c.describe(), ": event order\n  got:      ", got, "\n  expected: ", want);
+        }
+      }
+    }
+  }
+  if (w == 1) {
+    // A whole step, clipping and the optimizer included, issues no collective at world size 1.
+    Case c;
+    TestModel model = make_model("mlp");
+    auto sharded =
+        fsdp::fully_shard(*model.module, model.traits, fsdp::DeviceMesh{world, std::nullopt}, options_for(c));
+    fsdp::optim::ShardedAdamW optimizer(*sharded, {});
+    measured_step(*sharded, model, "mlp", 0, 1);
+    fsdp::optim::clip_grad_norm(*sharded, kMaxNorm);
+    optimizer.step();
+    int64_t calls = 0;
+    for (int64_t n : world.counters().calls) calls += n;
+    FSDP_ASSERT(calls == 0, "world size 1 issued ", calls, " collectives");
+    std::printf("W=1: a step issued no collective\n");
+  }
+  if (rank == 0) std::printf("accounting passed at W=%d\n", w);
+  return 0;
+}
+
+// --- timing ------------------------------------------------------------------------------------
+
+int run_bench(fsdp::dist::ProcessGroup world, int steps) {
+  // The same work both ways: one global batch per step of a wider MLP stack.
+  const int64_t dim = 256, hidden = 1024, batch = 64;
+  auto build = [&] {
+    torch::manual_seed(kSeed);
+    return MlpStack(8, -1, dim, hidden);
+  };
+  auto data = [&] {
+    torch::manual_seed(kSeed);
+    return std::make_pair(torch::randn({batch, MlpStackImpl::kIn}), torch::randn({batch, MlpStackImpl::kOut}));
+  };
+  auto [x, y] = data();
+  double reference_s = 0;
+  if (world.rank() == 0) {  // alone on the machine: the other ranks wait at the barrier
+    MlpStack m = build();
+    torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(kLr));
+    for (int s = 0; s <= steps; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      torch::mse_loss(m->forward(x), y).backward();
+      opt.step();
+      opt.zero_grad();
+      if (s > 0) reference_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+  }
+  world.barrier().wait();
+  MlpStack m = build();
+  auto sharded = fsdp::fully_shard(*m, MlpStackImpl::traits(), fsdp::DeviceMesh{world, std::nullopt}, {});
+  fsdp::optim::ShardedAdamW opt(*sharded, fsdp::optim::AdamWOptions{kLr});
+  const int64_t rows = batch / world.size();
+  double sharded_s = 0;
+  for (int s = 0; s <= steps; ++s) {
+    world.barrier().wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    at::Tensor loss = sharded->forward(
+        {x.narrow(0, world.rank() * rows, rows), y.narrow(0, world.rank() * rows, rows)},
+        [&](const fsdp::TensorList& in) { return fsdp::TensorList{torch::mse_loss(m->forward(in[0]), in[1])}; })[0];
+    loss.backward();
+    opt.step();
+    sharded->zero_grad();
+    world.barrier().wait();
+    if (s > 0) sharded_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (world.rank() == 0)
+    std::printf("step time over %d steps: unsharded reference %.2f ms, sharded W=%d %.2f ms, ratio %.2f\n", steps,
+                1000 * reference_s / steps, world.size(), 1000 * sharded_s / steps, sharded_s / reference_s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string mode = argc > 1 ? argv[1] : "";
+    torch::set_num_threads(1);  // ranks share the machine's cores
+    fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
+    if (mode == "parity") return run_parity(all_pairs(world.size()), world);
+    if (mode == "product") return run_parity(most_used_product(), world);
+    if (mode == "accounting") return run_accounting(world);
+    if (mode == "bench") return run_bench(world, argc > 2 ? std::atoi(argv[2]) : 20);
+    std::fprintf(stderr, "usage: fsdp_worker parity|product|accounting|bench [STEPS]\n");
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp_worker: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,178 @@
+// The FSDP engine in one process (world size 1): unit choice and its errors, freeing and refilling
+// the unsharded parameters without upsetting autograd, the config mapping. The multi-rank
+// behaviour is fsdp_worker's (tests/fsdp/fsdp_worker.cpp).
+#include "fsdp/fully_shard.h"
+
+#include <torch/torch.h>
+
+#include "config/loader.h"
+#include "dist/process_group.h"
+#include "fsdp/config_map.h"
+#include "fsdp/shard_layout.h"
+#include "fsdp/test_models.h"
+#include "util/error.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp;
+using namespace fsdp::testing;
+
+namespace {
+
+std::vector<std::string> unit_names(const ShardedModel& m) {
+  std::vector<std::string> out;
+  for (const auto& g : m.groups()) out.push_back(g->display_name());
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+DeviceMesh single() {
+  return DeviceMesh{dist::make_single_process_group(), std::nullopt};
+}
+
+}  // namespace
+
+TEST_CASE("ShardLayout: torch.chunk's rows, padded to the same size on every rank") {
+  // The worked example: 5 rows over 4 ranks hold 2, 2, 1 (+1 padding) and 0 (+2 padding) rows.
+  const int64_t valid[] = {2, 2, 1, 0}, first[] = {0, 2, 4, 5};
+  for (int r = 0; r < 4; ++r) {
+    ShardLayout l{{5, 3}, 4, r};
+    CHECK(l.chunk_rows() == 2);
+    CHECK(l.shard_numel() == 6);
+    CHECK(l.padded_numel() == 24);
+    CHECK(l.valid_rows() == valid[r]);
+    CHECK(l.first_row() == first[r]);
+    CHECK(l.padding_numel() == (2 - valid[r]) * 3);
+  }
+  CHECK(ShardLayout{{7}, 1, 0}.valid_rows() == 7);
+}
+
+TEST_CASE("module_class_name drops namespaces and Impl") {
+  CHECK(module_class_name(*torch::nn::Linear(2, 3)) == "Linear");
+  CHECK(module_class_name(*MlpBlock(2, 3)) == "MlpBlock");
+}
+
+TEST_CASE("wrap policies pick the units; tied parameters stay in the root") {
+  SUBCASE("TRANSFORMER_BASED_WRAP uses the model's layer classes by default") {
+    TinyTransformer m;
+    auto s = fully_shard(*m, TinyTransformerImpl::traits(), single(), {});
+    CHECK(unit_names(*s) == std::vector<std::string>{"<root>", "blocks.0", "blocks.1"});
+  }
+  SUBCASE("SIZE_BASED_WRAP nests units; the embedding's tied weight keeps it out") {
+    TinyTransformer m;
+    FsdpOptions o;
+    o.wrap_policy = config::WrapPolicy::kSizeBasedWrap;
+    o.min_num_params = 10;
+    auto s = fully_shard(*m, TinyTransformerImpl::traits(), single(), o);
+    CHECK(unit_names(*s) == std::vector<std::string>{"<root>", "blocks.0", "blocks.0.attn", "blocks.0.mlp", "blocks.1",
+                                                     "blocks.1.attn", "blocks.1.mlp"});
+    const auto& root = s->groups()[0]->params();
+    auto tied = std::find_if(root.begin(), root.end(), [](const ShardedParam& p) { return p.name == "embed.weight"; });
+    REQUIRE(tied != root.end());
+    CHECK(tied->aliases == std::vector<std::string>{"lm_head.weight"});
+  }
+  SUBCASE("NO_WRAP: one unit") {
+    MlpStack m;
+    FsdpOptions o;
+    o.wrap_policy = config::WrapPolicy::kNoWrap;
+    CHECK(unit_names(*fully_shard(*m, MlpStackImpl::traits(), single(), o)) == std::vector<std::string>{"<root>"});
+  }
+  SUBCASE("a class the model lacks is an error listing the classes it has") {
+    MlpStack m;
+    FsdpOptions o;
+    o.layer_classes = {"LlamaDecoderLayer"};
+    const std::string e = error_of([&] { fully_shard(*m, MlpStackImpl::traits(), single(), o); });
+    CHECK(e.find("the model has no class \"LlamaDecoderLayer\"") != std::string::npos);
+    CHECK(e.find("Linear, MlpBlock, ModuleList") != std::string::npos);
+  }
+  SUBCASE("a class the model runs inline cannot be a unit") {
+    MlpStack m;
+    FsdpOptions o;
+    o.layer_classes = {"Linear"};
+    const std::string e = error_of([&] { fully_shard(*m, MlpStackImpl::traits(), single(), o); });
+    CHECK(e.find("\"Linear\" runs inside another module's forward") != std::string::npos);
+    CHECK(e.find("classes that can: MlpBlock") != std::string::npos);
+  }
+}
+
+TEST_CASE("unsharded storage is freed between uses and refilled without bumping the version") {
+  MlpStack m(2, -1);
+  auto s = fully_shard(*m, MlpStackImpl::traits(), single(), {});
+  const at::Tensor w = m->layers[0]->as<MlpBlockImpl>()->fc1->weight;
+  CHECK(w.storage().nbytes() == 0);
+  CHECK(w.sizes().vec() == std::vector<int64_t>{MlpStackImpl::kHidden, MlpStackImpl::kDim});
+  const int64_t version = w._version();
+  for (int step = 0; step < 3; ++step) {  // autograd's saved tensors alias the refilled storage
+    at::Tensor loss = s->forward({torch::randn({4, MlpStackImpl::kIn})},
+                                 [&](const TensorList& in) { return TensorList{m->forward(in[0]).pow(2).mean()}; })[0];
+    CHECK(w.storage().nbytes() == 0);  // freed after the block's forward
+    loss.backward();
+    CHECK(w.storage().nbytes() == 0);
+    CHECK(!w.grad().defined());  // moved into the sharded gradient
+  }
+  CHECK(w._version() == version);
+  // The sharded gradient equals an unsharded model's.
+  torch::manual_seed(7);
+  MlpStack plain(2, -1);
+  torch::manual_seed(7);
+  MlpStack sharded_model(2, -1);
+  auto s2 = fully_shard(*sharded_model, MlpStackImpl::traits(), single(), {});
+  const at::Tensor x = torch::randn({4, MlpStackImpl::kIn});
+  plain->forward(x).pow(2).mean().backward();
+  s2->forward({x}, [&](const TensorList& in) { return TensorList{sharded_model->forward(in[0]).pow(2).mean()}; })[0]
+      .backward();
+  for (auto& [name, g] : s2->gather_full_gradients())
+    CHECK(g.allclose(plain->named_parameters()[name].grad(), 1e-6, 1e-7));
+}
+
+TEST_CASE("eval under no_grad frees every unit, the root included") {
+  MlpStack m;
+  auto s = fully_shard(*m, MlpStackImpl::traits(), single(), {});
+  torch::NoGradGuard no_grad;
+  s->forward({torch::randn({2, MlpStackImpl::kIn})},
+             [&](const TensorList& in) { return TensorList{m->forward(in[0])}; });
+  for (const auto& g : s->groups()) CHECK(static_cast<int>(g->state()) == static_cast<int>(GroupState::kSharded));
+}
+
+TEST_CASE("make_mesh checks replicate x shard against the world") {
+  const std::string e = error_of([] { make_mesh(dist::make_single_process_group(), 2, 2); });
+  CHECK(e.find("dp_replicate_size 2 x dp_shard_size 2 must equal the number of processes, 1") != std::string::npos);
+}
+
+TEST_CASE("Accelerate configs map onto the engine") {
+  auto plan_of = [](const std::string& yaml) {
+    config::ConfigInputs in;
+    in.text = yaml;
+    in.has_file = true;
+    in.file = "test.yaml";
+    return fsdp_plan_from_config(config::load_config_or_throw(in).typed, c10::kCPU);
+  };
+  const FsdpPlan hybrid = plan_of(
+      "distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 1\n"
+      "  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_offload_params: true\n  fsdp_activation_checkpointing: true\n"
+      "num_machines: 2\nmain_process_ip: 10.0.0.1\n");
+  CHECK(static_cast<int>(hybrid.options.mixed_precision.param_dtype) == static_cast<int>(at::kBFloat16));
+  CHECK(static_cast<int>(hybrid.options.mixed_precision.reduce_dtype) == static_cast<int>(at::kFloat));
+  CHECK(hybrid.options.offload_params);
+  CHECK(hybrid.options.activation_checkpointing);
+  CHECK(hybrid.options.reshard_after_forward);
+  CHECK(hybrid.replicate_size == 2);
+  CHECK(hybrid.shard_size == 2);
+  const FsdpPlan zero2 = plan_of(
+      "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n"
+      "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n");
+  CHECK(!zero2.options.reshard_after_forward);
+  CHECK(static_cast<int>(zero2.options.wrap_policy) == static_cast<int>(config::WrapPolicy::kSizeBasedWrap));
+  CHECK(zero2.options.min_num_params == 1000);
+  CHECK(zero2.replicate_size == 1);
+  CHECK(zero2.shard_size == 2);
+}
