@@ -17,6 +17,7 @@
 #include "config/worker_env.h"
 #include "dist/process_group.h"
 #include "launch/health_check.h"
+#include "train/trainer.h"
 #include "launch/launcher.h"
 #include "launch/slurm.h"
 #include "util/build_info.h"
@@ -129,8 +130,13 @@ std::string self_executable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-// The hidden `worker` subcommand: what `fsdptrain launch` runs in each worker process.
-int run_worker(bool check, const std::vector<std::string>& check_sizes) {
+// The hidden `worker` subcommand: what `fsdptrain launch` runs in each worker process: the
+// built-in trainer (--train, with the launch's config arguments) or the health check (--check).
+int run_worker(bool check, const std::vector<std::string>& check_sizes, bool train_mode, const config::ConfigInputs* in) {
+  if (train_mode) {
+    train::run_training(config::load_config_or_throw(*in), std::cout);
+    return 0;
+  }
   FSDP_CHECK(check, "fsdptrain worker: nothing to do (it is started by `fsdptrain launch`)");
   const char* use_cpu = std::getenv("ACCELERATE_USE_CPU");
   const bool cuda = cuda_device_count() > 0 && !(use_cpu && std::string(use_cpu) == "true");
@@ -229,12 +235,16 @@ int run(int argc, char** argv) {
                          "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
   launch_cmd->prefix_command();
 
-  bool worker_check = false;
+  bool worker_check = false, worker_train = false;
   std::vector<std::string> worker_sizes;
+  ConfigArgs worker_args;
   CLI::App* worker = app.add_subcommand("worker", "");  // hidden: started by launch
   worker->group("");
   worker->add_flag("--check", worker_check);
   worker->add_option("--check_sizes", worker_sizes);
+  worker->add_flag("--train", worker_train);
+  worker->add_option("--config_file", worker_args.file);
+  worker->add_option("--set", worker_args.sets);
 
   // to-fsdp2
   config::ToFsdp2Command t2;
@@ -265,7 +275,10 @@ int run(int argc, char** argv) {
     return code == 0 ? 0 : static_cast<int>(ExitCode::kBadInput);
   }
 
-  if (worker->parsed()) return run_worker(worker_check, worker_sizes);
+  if (worker->parsed()) {
+    const config::ConfigInputs in = worker_train ? worker_args.inputs() : config::ConfigInputs{};
+    return run_worker(worker_check, worker_sizes, worker_train, &in);
+  }
   if (launch_cmd->parsed()) {
     lo.command = launch_cmd->remaining();
     lo.command.insert(lo.command.end(), after_dashes.begin(), after_dashes.end());
@@ -274,12 +287,22 @@ int run(int argc, char** argv) {
       lo.command = {self_executable(), "worker", "--check"};
       for (const auto& s : check_sizes) lo.command.insert(lo.command.end(), {"--check_sizes", s});
     }
-    FSDP_CHECK(!lo.command.empty(),
-               "fsdptrain launch: nothing to run; give a program after `--` (fsdptrain launch -- python3 train.py), "
-               "a .py script, or --check (this build has no built-in trainer yet)");
     FSDP_CHECK(grace_s >= 0, "--grace_period: expected seconds >= 0, got ", grace_s);
     lo.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
-    config::ResolvedConfig rc = config::load_config_or_throw(launch_args.inputs());
+    const config::ConfigInputs inputs = launch_args.inputs();
+    config::ResolvedConfig rc = config::load_config_or_throw(inputs);
+    if (lo.command.empty()) {
+      // No program: every worker runs the built-in trainer on the same config (flags become --set,
+      // which they outrank only over the file, as here).
+      FSDP_CHECK(!rc.typed.model.config.empty(),
+                 "fsdptrain launch: nothing to run; the config has no model.config for the built-in trainer (see "
+                 "configs/quickstart.yaml), and no program was given after `--` (fsdptrain launch -- python3 "
+                 "train.py), nor a .py script or --check");
+      lo.command = {self_executable(), "worker", "--train"};
+      if (inputs.has_file) lo.command.insert(lo.command.end(), {"--config_file", inputs.file});
+      for (const auto& s : inputs.sets) lo.command.insert(lo.command.end(), {"--set", s});
+      for (const auto& [key, text] : inputs.flags) lo.command.insert(lo.command.end(), {"--set", key + "=" + text});
+    }
     return launch::run_launch(rc, lo, std::cout);
   }
   if (env->parsed()) {

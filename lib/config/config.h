@@ -119,10 +119,59 @@ struct ParallelismConfig {
   std::string cp_comm_strategy;
 };
 
+// ---- The built-in trainer's sections (fsdptrain extension keys; Accelerate has no trainer). ----
+
+struct ModelConfig {
+  std::string config;                  // a Hugging Face Llama config.json
+  bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
+};
+
+struct DataConfig {
+  std::string path;            // text, .jsonl, llm.c .bin shards, or a glob of them
+  double eval_fraction = 0.05;  // sequences held out at the end for evaluation
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t micro_batch_size = 4;  // sequences per rank per micro-batch
+  int64_t gradient_accumulation_steps = 1;
+  int64_t sequence_length = 128;
+  int64_t seed = 1234;
+  int64_t eval_interval = 0;  // 0: evaluate only at the end
+  int64_t eval_batches = 4;
+  bool skip_nonfinite_loss = false;  // skip a step whose loss is NaN/inf instead of stopping
+};
+
+struct OptimConfig {
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0: no clipping
+};
+
+enum class ScheduleType { kCosine, kLinear, kConstant };
+inline constexpr std::array<const char*, 3> kScheduleTypeNames = {"cosine", "linear", "constant"};
+
+struct ScheduleConfig {
+  ScheduleType type = ScheduleType::kCosine;
+  int64_t warmup_steps = 10;
+  double min_lr_ratio = 0.1;  // the schedule ends at lr * min_lr_ratio
+};
+
+struct LoggingConfig {
+  int64_t interval = 10;
+  std::string metrics_file;  // JSONL, one line per logging step (rank 0)
+  double peak_tflops = 0;    // per device, for MFU; 0: from the table of known GPUs
+};
+
 struct Config {
   LaunchConfig launch;
   FsdpConfig fsdp;
   ParallelismConfig parallelism;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optimizer;
+  ScheduleConfig schedule;
+  LoggingConfig logging;
 };
 
 // What actually runs: every FSDP1 strategy and FSDP2 setting reduced to one FSDP2 layout.

@@ -450,6 +450,122 @@ std::vector<OptionSpec> build_table() {
           .def("")
           .help("Context parallel communication (only with cp_size > 1)")
           .to(P, &ParallelismConfig::cp_comm_strategy),
+
+      // ---- the built-in trainer (fsdptrain extension sections) ----
+      Row("model.config", V::kString)
+          .def("")
+          .help("Hugging Face Llama config.json of the model to train (see configs/models/)")
+          .extension()
+          .to(&Config::model, &ModelConfig::config),
+      Row("model.gradient_checkpointing", V::kBool)
+          .def("false")
+          .help("Transformers' switch; fsdptrain checkpoints with fsdp_config.fsdp_activation_checkpointing")
+          .extension()
+          .to(&Config::model, &ModelConfig::gradient_checkpointing),
+      Row("data.path", V::kString)
+          .def("")
+          .help("Training data: a text file, a .jsonl file (its \"text\" fields), llm.c .bin token shards, or a glob")
+          .extension()
+          .to(&Config::data, &DataConfig::path),
+      Row("data.eval_fraction", V::kFloat)
+          .def("0.05")
+          .help("Fraction of the sequences held out for evaluation (0 to 0.5)")
+          .extension()
+          .to(&Config::data, &DataConfig::eval_fraction),
+      Row("train.steps", V::kInt).range(1).def("100").help("Optimizer steps to train").extension().to(
+          &Config::train, &TrainConfig::steps),
+      Row("train.micro_batch_size", V::kInt)
+          .range(1)
+          .def("4")
+          .help("Sequences per rank per micro-batch")
+          .extension()
+          .to(&Config::train, &TrainConfig::micro_batch_size),
+      Row("train.gradient_accumulation_steps", V::kInt)
+          .range(1)
+          .def("1")
+          .help("Micro-batches per optimizer step (gradients reduced once, on the last)")
+          .extension()
+          .to(&Config::train, &TrainConfig::gradient_accumulation_steps),
+      Row("train.sequence_length", V::kInt)
+          .range(1)
+          .def("128")
+          .help("Tokens per sequence")
+          .extension()
+          .to(&Config::train, &TrainConfig::sequence_length),
+      Row("train.seed", V::kInt)
+          .range(0)
+          .def("1234")
+          .help("Seed of the initial weights and the data order (the same on any number of processes)")
+          .extension()
+          .to(&Config::train, &TrainConfig::seed),
+      Row("train.eval_interval", V::kInt)
+          .range(0)
+          .def("0")
+          .help("Evaluate on held-out data every N steps (0: only at the end)")
+          .extension()
+          .to(&Config::train, &TrainConfig::eval_interval),
+      Row("train.eval_batches", V::kInt)
+          .range(1)
+          .def("4")
+          .help("Micro-batches per evaluation, per rank")
+          .extension()
+          .to(&Config::train, &TrainConfig::eval_batches),
+      Row("train.skip_nonfinite_loss", V::kBool)
+          .def("false")
+          .help("Skip a step whose loss is NaN or inf instead of stopping the run")
+          .extension()
+          .to(&Config::train, &TrainConfig::skip_nonfinite_loss),
+      Row("optimizer.lr", V::kFloat).def("3e-4").help("AdamW peak learning rate").extension().to(
+          &Config::optimizer, &OptimConfig::lr),
+      Row("optimizer.beta1", V::kFloat).def("0.9").help("AdamW beta1").extension().to(&Config::optimizer,
+                                                                                        &OptimConfig::beta1),
+      Row("optimizer.beta2", V::kFloat).def("0.95").help("AdamW beta2").extension().to(&Config::optimizer,
+                                                                                         &OptimConfig::beta2),
+      Row("optimizer.eps", V::kFloat).def("1e-8").help("AdamW epsilon").extension().to(&Config::optimizer,
+                                                                                         &OptimConfig::eps),
+      Row("optimizer.weight_decay", V::kFloat)
+          .def("0.1")
+          .help("AdamW decoupled weight decay (matrices and embeddings only)")
+          .extension()
+          .to(&Config::optimizer, &OptimConfig::weight_decay),
+      Row("optimizer.grad_clip", V::kFloat)
+          .def("1.0")
+          .help("Clip the global gradient norm to this (0: no clipping)")
+          .extension()
+          .to(&Config::optimizer, &OptimConfig::grad_clip),
+      Row("schedule.type", V::kEnum)
+          .choices(enum_names(kScheduleTypeNames))
+          .def("cosine")
+          .help("Learning-rate schedule after warmup: cosine or linear decay to lr * min_lr_ratio, or constant")
+          .extension()
+          .to(&Config::schedule, &ScheduleConfig::type),
+      Row("schedule.warmup_steps", V::kInt)
+          .range(0)
+          .def("10")
+          .help("Steps of linear warmup from 0 to the peak learning rate")
+          .extension()
+          .to(&Config::schedule, &ScheduleConfig::warmup_steps),
+      Row("schedule.min_lr_ratio", V::kFloat)
+          .def("0.1")
+          .help("Final learning rate as a fraction of the peak (0 to 1)")
+          .extension()
+          .to(&Config::schedule, &ScheduleConfig::min_lr_ratio),
+      Row("logging.interval", V::kInt)
+          .range(1)
+          .def("10")
+          .help("Print metrics every N steps")
+          .extension()
+          .to(&Config::logging, &LoggingConfig::interval),
+      Row("logging.metrics_file", V::kString)
+          .def("")
+          .help("Append one JSON line of metrics per logging step to this file (rank 0)")
+          .extension()
+          .to(&Config::logging, &LoggingConfig::metrics_file),
+      Row("logging.peak_tflops", V::kFloat)
+          .def("0")
+          .help("Peak TFLOP/s of one device for MFU (0: from fsdptrain's table of known GPUs)")
+          .extension()
+          .to(&Config::logging, &LoggingConfig::peak_tflops),
   };
   return t;
 }

@@ -179,11 +179,34 @@ void check_parallelism(Checker& c) {
 
 }  // namespace
 
+void check_training(Checker& c) {
+  const Config& t = c.rc.typed;
+  if (t.model.gradient_checkpointing && t.fsdp.activation_checkpointing)
+    c.error("model.gradient_checkpointing", "is set together with fsdp_config.fsdp_activation_checkpointing",
+            "use fsdp_config.fsdp_activation_checkpointing: true alone (as Transformers' Trainer requires with FSDP)");
+  auto positive = [&](const char* key, double v) {
+    if (!(v > 0)) c.error(key, str("must be > 0, got ", v));
+  };
+  auto fraction = [&](const char* key, double v, double hi) {
+    if (!(v >= 0 && v <= hi)) c.error(key, str("must be between 0 and ", hi, ", got ", v));
+  };
+  positive("optimizer.lr", t.optimizer.lr);
+  positive("optimizer.eps", t.optimizer.eps);
+  fraction("optimizer.beta1", t.optimizer.beta1, 0.999999);
+  fraction("optimizer.beta2", t.optimizer.beta2, 0.999999);
+  fraction("optimizer.weight_decay", t.optimizer.weight_decay, 1.0);
+  if (t.optimizer.grad_clip < 0) c.error("optimizer.grad_clip", str("must be >= 0 (0: no clipping), got ", t.optimizer.grad_clip));
+  fraction("schedule.min_lr_ratio", t.schedule.min_lr_ratio, 1.0);
+  fraction("data.eval_fraction", t.data.eval_fraction, 0.5);
+  if (t.logging.peak_tflops < 0) c.error("logging.peak_tflops", str("must be >= 0, got ", t.logging.peak_tflops));
+}
+
 void validate_config(const ResolvedConfig& rc, Diagnostics& diags) {
   Checker c{rc, diags};
   check_launch(c);
   check_fsdp(c);
   check_parallelism(c);
+  check_training(c);
 }
 
 std::string FsdpLayout::describe() const {

@@ -2,10 +2,12 @@
 // Filled from an Accelerate config by options_from_config() (fsdp/config_map.h), or directly.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,10 @@ struct FsdpOptions {
   bool prefetch = true;                   // issue the next unit's all-gather before this one computes
   c10::Device device = c10::kCPU;         // where units compute
   bool record_events = false;             // keep the gather/free/reduce log (tests)
+  // When set, each parameter's full fp32 value is created by init(name, shape) at the moment its
+  // unit is sharded, one parameter at a time, and the module's own values are not read (their
+  // storage may already be freed): the whole model never exists on one rank.
+  std::function<at::Tensor(const std::string& name, at::IntArrayRef shape)> init;
 };
 
 }  // namespace fsdp

@@ -13,15 +13,6 @@ namespace fsdp {
 
 namespace {
 
-// Unsharded storage is freed and regrown in place: the StorageImpl stays the one autograd's saved
-// tensors point at; only its bytes come and go (FSDP2's untyped_storage().resize_()).
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  if (s->nbytes() == 0) return;
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
-  s->set_nbytes(0);
-}
-
 void alloc_storage(const at::Tensor& t, size_t nbytes) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   if (s->nbytes() == nbytes) return;
@@ -48,6 +39,15 @@ void copy_into_rows(const at::Tensor& region, const at::Tensor& src, int64_t sha
 }
 
 }  // namespace
+
+// Unsharded storage is freed and regrown in place: the StorageImpl stays the one autograd's saved
+// tensors point at; only its bytes come and go (FSDP2's untyped_storage().resize_()).
+void free_storage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  if (s->nbytes() == 0) return;
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
+  s->set_nbytes(0);
+}
 
 ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
                        std::vector<std::vector<std::string>> aliases, std::shared_ptr<Mesh> mesh,
@@ -95,7 +95,8 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   for (ShardedParam& p : params_) {
     const ShardLayout& l = p.layout;
     // This rank's rows of the full value; the padding rows stay zero.
-    const at::Tensor full = p.unsharded.detach().reshape({-1});
+    const at::Tensor full =
+        (options_.init ? options_.init(p.name, l.shape).to(at::kFloat) : p.unsharded.detach()).reshape({-1});
     const int64_t begin = l.first_row() * l.row_numel(), count = l.valid_rows() * l.row_numel();
     if (count > 0) flat_shard_.narrow(0, p.offset, count).copy_(full.narrow(0, begin, count));
     std::vector<int64_t> shard_shape = l.shape;

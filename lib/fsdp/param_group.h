@@ -48,6 +48,10 @@ struct ShardedParam {
 
 enum class GroupState { kSharded, kGathering, kUnsharded };
 
+// Releases a tensor's bytes but keeps its StorageImpl and shape (0-byte storage). The unsharded
+// parameters live this way between uses; a model builder may do it to a layer it just created.
+void free_storage(const at::Tensor& t);
+
 class ParamGroup {
  public:
   struct Mesh {

@@ -1,0 +1,78 @@
+// Training data: a stream of token ids, read from llm.c token shards or from raw text through a
+// built-in byte-level tokenizer, and a distributed loader over it.
+//
+// Inputs (data.path; a file, or a glob such as "data/fineweb_train_*.bin", in sorted order):
+//   *.bin    llm.c token shards: 256 int32 header (magic 20240520 with uint16 tokens, or 20240801
+//            with uint32 tokens; version; token count), then the tokens. Read with 64-bit offsets.
+//   *.jsonl  one JSON object per line; its "text" field is a document.
+//   other    a text file; the whole file is a document.
+// Text is tokenized to bytes (ids 0..255); each document is preceded by the end-of-text id 256, as
+// llm.c's shards precede each document with EOT, so a byte-level model needs vocab_size >= 257.
+//
+// Everything is read into memory once per process. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp::data {
+
+inline constexpr int32_t kByteEndOfText = 256;
+inline constexpr int64_t kByteVocabSize = 257;
+
+struct TokenStream {
+  std::vector<int32_t> tokens;
+  std::vector<std::string> files;  // what was read, in order
+  int64_t max_token() const;
+};
+
+// Reads data.path. Throws InputError naming the file for: no match, an empty file, a wrong magic or
+// size, a JSONL line without a string "text".
+TokenStream read_tokens(const std::string& path_or_glob);
+
+// Writes an llm.c token shard (uint16 when every id fits, else uint32): for tests and tools.
+void write_llmc_shard(const std::string& path, const std::vector<int32_t>& tokens);
+
+// The sequence windows of a stream: sequence i is tokens [i*T, i*T + T + 1) (inputs are the first
+// T, targets the last T). The last `eval_sequences` windows are held out for evaluation.
+struct Split {
+  int64_t train_sequences = 0;
+  int64_t eval_sequences = 0;
+};
+Split split_sequences(int64_t num_tokens, int64_t seq_len, double eval_fraction, const std::string& what);
+
+// Each rank reads disjoint sequences: a step of the whole job takes world_size * batch sequences
+// from a seeded permutation of the training windows, rank r the r-th block of `batch` of them. The
+// order depends only on the seed (not on the world size), so W ranks with batch B read the same
+// sequences per step as one rank with batch W * B. A new permutation starts each epoch.
+class DistributedLoader {
+ public:
+  DistributedLoader(const TokenStream& stream, int64_t first_sequence, int64_t num_sequences, int64_t seq_len,
+                    int64_t batch, int rank, int world_size, uint64_t seed);
+  // (B, T) inputs and (B, T) targets, int64, for this rank.
+  struct Batch {
+    std::vector<int64_t> inputs, targets;
+  };
+  Batch next();
+
+  struct Position {  // what a checkpoint saves to resume the data exactly
+    int64_t epoch = 0;
+    int64_t offset = 0;  // sequences of the permutation already consumed by the whole job
+  };
+  Position position() const { return {epoch_, offset_}; }
+  void set_position(const Position& p);
+  int64_t batch() const { return batch_; }
+  int64_t seq_len() const { return seq_len_; }
+
+ private:
+  void shuffle();
+  const TokenStream& stream_;
+  int64_t first_, count_, seq_len_, batch_;
+  int rank_, world_;
+  uint64_t seed_;
+  int64_t epoch_ = 0, offset_ = 0;
+  std::vector<int64_t> order_;
+};
+
+}  // namespace fsdp::data

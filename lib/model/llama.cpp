@@ -1,0 +1,346 @@
+#include "model/llama.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "fsdp/param_group.h"
+#include "fsdp/unit_call.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::model {
+
+namespace {
+
+using json = nlohmann::json;
+
+template <typename T>
+T field(const json& j, const char* key, T fallback, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const std::exception&) {
+    throw InputError(str(where, ": \"", key, "\": expected a ", std::is_same_v<T, bool> ? "boolean" : "number",
+                         ", got ", it->dump()));
+  }
+}
+
+// 64-bit FNV-1a of the name, mixed with the seed: a parameter's own random stream.
+uint64_t stream_of(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ULL ^ (seed * 0x9E3779B97F4A7C15ULL);
+  for (unsigned char ch : name) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+int64_t LlamaConfig::num_parameters() const {
+  const int64_t c = hidden_size, d = head_dim, h = num_attention_heads, k = num_key_value_heads;
+  int64_t attn = c * h * d + 2 * c * k * d + h * d * c;
+  if (attention_bias) attn += h * d + 2 * k * d + c;
+  int64_t mlp = 3 * c * intermediate_size;
+  if (mlp_bias) mlp += 2 * intermediate_size + c;
+  const int64_t layer = attn + mlp + 2 * c;
+  return vocab_size * c * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + c;
+}
+
+double LlamaConfig::flops_per_token(int64_t seq_len) const {
+  const double n = static_cast<double>(num_parameters() - (tie_word_embeddings ? 0 : vocab_size * hidden_size));
+  return 6.0 * n + 12.0 * num_hidden_layers * num_attention_heads * head_dim * static_cast<double>(seq_len);
+}
+
+LlamaConfig parse_llama_config(const std::string& text, const std::string& where) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    throw InputError(str(where, ": not valid JSON: ", e.what()));
+  }
+  FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
+  if (auto mt = j.find("model_type"); mt != j.end() && mt->is_string())
+    FSDP_CHECK(*mt == "llama", where, ": model_type ", mt->dump(), " is not supported; fsdptrain trains \"llama\"");
+  LlamaConfig c;
+  c.vocab_size = field<int64_t>(j, "vocab_size", c.vocab_size, where);
+  c.hidden_size = field<int64_t>(j, "hidden_size", c.hidden_size, where);
+  c.intermediate_size = field<int64_t>(j, "intermediate_size", c.intermediate_size, where);
+  c.num_hidden_layers = field<int64_t>(j, "num_hidden_layers", c.num_hidden_layers, where);
+  c.num_attention_heads = field<int64_t>(j, "num_attention_heads", c.num_attention_heads, where);
+  c.num_key_value_heads = field<int64_t>(j, "num_key_value_heads", c.num_attention_heads, where);
+  FSDP_CHECK(c.num_attention_heads > 0 && c.hidden_size > 0, where, ": hidden_size and num_attention_heads must be > 0");
+  c.head_dim = field<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, where);
+  c.max_position_embeddings = field<int64_t>(j, "max_position_embeddings", c.max_position_embeddings, where);
+  c.rms_norm_eps = field<double>(j, "rms_norm_eps", c.rms_norm_eps, where);
+  c.attention_bias = field<bool>(j, "attention_bias", false, where);
+  c.mlp_bias = field<bool>(j, "mlp_bias", false, where);
+  c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", false, where);
+  c.initializer_range = field<double>(j, "initializer_range", c.initializer_range, where);
+  if (auto d = j.find("dtype"); d != j.end() && d->is_string())
+    c.dtype = *d;
+  else if (auto t = j.find("torch_dtype"); t != j.end() && t->is_string())
+    c.dtype = *t;
+  if (auto act = j.find("hidden_act"); act != j.end() && act->is_string())
+    FSDP_CHECK(*act == "silu", where, ": hidden_act ", act->dump(), " is not supported; Llama uses \"silu\"");
+
+  // RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object.
+  json rope = j.value("rope_parameters", json());
+  json scaling = j.value("rope_scaling", json());
+  c.rope_theta = field<double>(j, "rope_theta", c.rope_theta, where);
+  if (rope.is_object()) {
+    c.rope_theta = field<double>(rope, "rope_theta", c.rope_theta, where);
+    if (scaling.is_null()) scaling = rope;
+  }
+  if (scaling.is_object()) {
+    const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+    if (type == "llama3") {
+      RopeScaling s;
+      s.factor = field<double>(scaling, "factor", s.factor, where);
+      s.low_freq_factor = field<double>(scaling, "low_freq_factor", s.low_freq_factor, where);
+      s.high_freq_factor = field<double>(scaling, "high_freq_factor", s.high_freq_factor, where);
+      s.original_max_position_embeddings =
+          field<int64_t>(scaling, "original_max_position_embeddings", s.original_max_position_embeddings, where);
+      c.rope_scaling = s;
+    } else {
+      FSDP_CHECK(type == "default", where, ": rope type ", quoted(type),
+                 " is not supported; fsdptrain implements \"default\" and \"llama3\"");
+    }
+  }
+  FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ",
+             c.num_attention_heads, " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
+  FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
+  return c;
+}
+
+LlamaConfig load_llama_config(const std::string& path) {
+  std::ifstream in(path);
+  FSDP_CHECK(in.good(), "[model] cannot read ", quoted(path), "; give a Hugging Face config.json (see configs/models/)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_llama_config(ss.str(), path);
+}
+
+std::string llama_config_json(const LlamaConfig& c) {
+  json j = {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", c.vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_key_value_heads},
+            {"head_dim", c.head_dim},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"rms_norm_eps", c.rms_norm_eps},
+            {"rope_theta", c.rope_theta},
+            {"attention_bias", c.attention_bias},
+            {"attention_dropout", 0.0},
+            {"mlp_bias", c.mlp_bias},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"initializer_range", c.initializer_range},
+            {"torch_dtype", c.dtype},
+            {"dtype", c.dtype}};
+  if (c.rope_scaling)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope_scaling->factor},
+                         {"low_freq_factor", c.rope_scaling->low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling->high_freq_factor},
+                         {"original_max_position_embeddings", c.rope_scaling->original_max_position_embeddings}};
+  else
+    j["rope_scaling"] = nullptr;
+  return j.dump(2) + "\n";
+}
+
+// --- modules -----------------------------------------------------------------------------------
+
+LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("LlamaRMSNorm"), eps(e) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
+
+at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
+  const at::Tensor h = x.to(at::kFloat);
+  const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : torch::nn::Module("LlamaAttention"),
+      heads(c.num_attention_heads),
+      kv_heads(c.num_key_value_heads),
+      head_dim(c.head_dim) {
+  auto linear = [&](int64_t in, int64_t out, bool bias) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  };
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, c.attention_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
+  o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t b = x.size(0), t = x.size(1);
+  at::Tensor q = q_proj(x).view({b, t, heads, head_dim}).transpose(1, 2);     // (B, H, T, D)
+  at::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);  // (B, K, T, D)
+  at::Tensor v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP") {
+  auto linear = [&](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.mlp_bias));
+  };
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
+}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) : torch::nn::Module("LlamaDecoderLayer") {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm(x), cos, sin);
+  return h + mlp->forward(post_attention_layernorm(h));
+}
+
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim) : torch::nn::Module("LlamaEmbedding") {
+  weight = register_parameter("weight", at::empty({vocab, dim}));
+}
+
+at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& tokens) {
+  return at::embedding(weight, tokens);
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : torch::nn::Module("LlamaModel") {
+  embed_tokens = register_module("embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size));
+  layers = register_module("layers", torch::nn::ModuleList());
+  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create)
+    : torch::nn::Module("LlamaForCausalLM"), config(c) {
+  auto release = [&](torch::nn::Module& m) {
+    if (free_after_create)
+      for (auto& p : m.parameters()) fsdp::free_storage(p);
+  };
+  model = register_module("model", LlamaModel(c));
+  release(*model);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {  // one layer exists at a time
+    LlamaDecoderLayer layer(c);
+    release(*layer);
+    model->layers->push_back(layer);
+  }
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    release(*lm_head);
+  }
+  // inv_freq[i] = theta^(-2i/D), with Llama 3's frequency-dependent scaling when configured.
+  const int64_t d = c.head_dim;
+  inv_freq_ = 1.0 / at::pow(c.rope_theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
+  if (c.rope_scaling) {
+    const RopeScaling& s = *c.rope_scaling;
+    const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq_;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq_ / s.factor, inv_freq_);
+    at::Tensor smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
+                        (s.high_freq_factor - s.low_freq_factor);
+    at::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
+    at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+    inv_freq_ = at::where(medium, blended, scaled);
+  }
+  inv_freq_ = inv_freq_.to(at::kFloat);
+}
+
+std::pair<at::Tensor, at::Tensor> LlamaForCausalLMImpl::rope(int64_t seq_len, const at::Tensor& like) {
+  // fp32 angles, duplicated halves (HF's layout), cast to the activation dtype last.
+  const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat).device(like.device()));
+  const at::Tensor freqs = at::outer(pos, inv_freq_.to(like.device()));
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, D)
+  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
+  LlamaEmbeddingImpl* embed = model->embed_tokens.get();
+  // Tied: the embedding also computes the logits, so it stays in the root with the head.
+  at::Tensor x = config.tie_word_embeddings
+                     ? embed->forward(tokens)
+                     : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
+  auto [cos, sin] = rope(tokens.size(1), x);
+  for (const auto& m : *model->layers) {
+    auto* layer = m->as<LlamaDecoderLayerImpl>();
+    x = fsdp::call(*layer, TensorList{x, cos, sin},
+                   [layer](const TensorList& in) { return TensorList{layer->forward(in[0], in[1], in[2])}; })[0];
+  }
+  x = model->norm(x);
+  return config.tie_word_embeddings ? at::linear(x, embed->weight) : lm_head(x);
+}
+
+at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets) {
+  const at::Tensor logits = forward(tokens).to(at::kFloat);
+  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {},
+                                at::Reduction::Sum, /*ignore_index=*/-100);
+}
+
+at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+  const at::Tensor logits = forward(tokens).to(at::kFloat);
+  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {},
+                                at::Reduction::Mean, /*ignore_index=*/-100);
+}
+
+ModelTraits llama_traits(const LlamaConfig& c) {
+  if (c.tie_word_embeddings) return ModelTraits{{"LlamaDecoderLayer"}, {"LlamaDecoderLayer"}};
+  return ModelTraits{{"LlamaDecoderLayer"}, {"LlamaDecoderLayer", "LlamaEmbedding"}};
+}
+
+at::Tensor init_parameter(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {
+  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) return at::ones(shape);
+  if (ends_with(name, ".bias")) return at::zeros(shape);
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(stream_of(seed, name));
+  return at::normal(0.0, c.initializer_range, shape, g);
+}
+
+void init_parameters(LlamaForCausalLMImpl& model, uint64_t seed) {
+  c10::NoGradGuard no_grad;
+  for (const auto& p : model.named_parameters()) {
+    at::Tensor v = init_parameter(model.config, seed, p.key(), p.value().sizes());
+    if (p.value().storage().nbytes() == 0)
+      p.value().set_data(v);
+    else
+      p.value().copy_(v);
+  }
+}
+
+}  // namespace fsdp::model

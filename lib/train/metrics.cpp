@@ -1,0 +1,100 @@
+#include "train/metrics.h"
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#if FSDP_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::train {
+
+namespace {
+
+std::string rate(double v) {
+  char buf[32];
+  if (v >= 1e6)
+    std::snprintf(buf, sizeof(buf), "%.2fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof(buf), "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+  return buf;
+}
+
+std::string duration(double s) {
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof(buf), "%dh%02dm", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
+  else if (s >= 60)
+    std::snprintf(buf, sizeof(buf), "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
+  else
+    std::snprintf(buf, sizeof(buf), "%.0fs", s);
+  return buf;
+}
+
+}  // namespace
+
+std::string format_metrics(const StepMetrics& m) {
+  char head[160];
+  std::snprintf(head, sizeof(head), "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f", static_cast<long long>(m.step),
+                static_cast<long long>(m.steps), m.loss, m.lr, m.grad_norm);
+  char mfu[32] = "n/a";
+  if (m.mfu) std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * *m.mfu);
+  const double eta = m.step > 0 ? m.elapsed_s / m.step * (m.steps - m.step) : 0;
+  return str(head, " | ", rate(m.tokens_per_s), " tok/s (", rate(m.tokens_per_s_per_device), "/device) | MFU ", mfu,
+             " | peak mem ", format_bytes(m.peak_memory_bytes), " | ", static_cast<int64_t>(m.step_time_s * 1000 + 0.5),
+             " ms/step | ETA ", duration(eta));
+}
+
+std::string metrics_json(const StepMetrics& m) {
+  nlohmann::json j = {{"step", m.step},
+                      {"loss", m.loss},
+                      {"lr", m.lr},
+                      {"grad_norm", m.grad_norm},
+                      {"tokens_per_s", m.tokens_per_s},
+                      {"tokens_per_s_per_device", m.tokens_per_s_per_device},
+                      {"mfu", m.mfu ? nlohmann::json(*m.mfu) : nlohmann::json(nullptr)},
+                      {"peak_memory_bytes", m.peak_memory_bytes},
+                      {"step_time_s", m.step_time_s}};
+  return j.dump();
+}
+
+int64_t peak_memory_bytes(const c10::Device& device) {
+#if FSDP_HAVE_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].peak;
+  }
+#endif
+  (void)device;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return static_cast<int64_t>(std::stoll(line.substr(6))) * 1024;
+  return 0;
+}
+
+std::optional<double> peak_flops(const c10::Device& device, double configured_tflops) {
+  if (configured_tflops > 0) return configured_tflops * 1e12;
+#if FSDP_HAVE_CUDA
+  if (device.is_cuda()) {
+    const std::string name = at::cuda::getDeviceProperties(device.index())->name;
+    // Dense bf16 tensor-core peaks (datasheets; the sparsity figures are twice these).
+    const std::pair<const char*, double> known[] = {{"H200", 989e12}, {"H100", 989e12}, {"H800", 989e12},
+                                                    {"B200", 2250e12}, {"A100", 312e12}, {"A800", 312e12},
+                                                    {"L40S", 362e12}, {"A10G", 70e12}};
+    for (const auto& [key, flops] : known)
+      if (name.find(key) != std::string::npos) return flops;
+  }
+#endif
+  (void)device;
+  return std::nullopt;
+}
+
+}  // namespace fsdp::train

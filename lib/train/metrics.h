@@ -1,0 +1,35 @@
+// What a training run reports: per-step metrics, the device's peak memory and FLOP rate.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace fsdp::train {
+
+struct StepMetrics {
+  int64_t step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_s = 0, tokens_per_s_per_device = 0;
+  std::optional<double> mfu;  // fraction of peak; none on CPU or an unknown GPU
+  int64_t peak_memory_bytes = 0;
+  double step_time_s = 0;
+  double elapsed_s = 0;  // since the first step
+};
+
+// One line: "step 10/100 | loss 4.1234 | lr 3.00e-04 | grad norm 1.23 | 12.3k tok/s (6.1k/device)
+// | MFU n/a | peak mem 512.0 MB | 120 ms/step | ETA 1m48s".
+std::string format_metrics(const StepMetrics& m);
+std::string metrics_json(const StepMetrics& m);
+
+// Peak memory of this process: the CUDA allocator's peak on a GPU, the resident-set high-water
+// mark (VmHWM) on CPU.
+int64_t peak_memory_bytes(const c10::Device& device);
+
+// Dense bf16 peak FLOP/s of one device from its name (H100, H200, A100, B200...); none when unknown
+// or on CPU. configured_tflops > 0 wins.
+std::optional<double> peak_flops(const c10::Device& device, double configured_tflops);
+
+}  // namespace fsdp::train

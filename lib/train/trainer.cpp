@@ -1,0 +1,210 @@
+#include "train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cmath>
+#include <fstream>
+#include <limits>
+
+#include "config/show.h"
+#include "data/dataset.h"
+#include "dist/process_group.h"
+#include "fsdp/config_map.h"
+#include "fsdp/fully_shard.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "optim/schedule.h"
+#include "train/metrics.h"
+#include "util/build_info.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+at::Tensor to_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols, const c10::Device& device) {
+  return at::tensor(v, at::kLong).view({rows, cols}).to(device);
+}
+
+// Sum over ranks of a double (the loss sum, a token count).
+double global_sum(dist::ProcessGroup& world, double v, const c10::Device& device) {
+  if (world.size() == 1) return v;
+  at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(device));
+  world.all_reduce(t).wait();
+  return t.item<double>();
+}
+
+}  // namespace
+
+TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
+  const config::Config& cfg = rc.typed;
+  const config::TrainConfig& tc = cfg.train;
+  // One GPU per worker: the one numbered by its local rank among those it can see.
+  const int gpus = cfg.launch.use_cpu ? 0 : cuda_device_count();
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  const c10::Device device = gpus == 0 ? c10::Device(c10::kCPU)
+                                       : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
+                                                                     (local_rank ? std::atoi(local_rank) : 0) % gpus));
+  dist::GroupOptions go;
+  go.backend = device.is_cuda() ? "nccl" : "gloo";
+  dist::ProcessGroup world = dist::init_process_group(go);
+  const bool main_rank = world.rank() == 0;
+  auto say = [&](const std::string& line) {
+    if (main_rank) out << line << std::flush;
+  };
+  say(config::format_resolved(rc, config::ShowFormat::kTable));
+
+  // Data first: a bad path fails in a second, before any model is built.
+  FSDP_CHECK(!cfg.model.config.empty(), "[train] model.config is not set; give a Hugging Face config.json, such as "
+                                        "configs/models/tiny/config.json");
+  const model::LlamaConfig mc = model::load_llama_config(cfg.model.config);
+  const data::TokenStream stream = data::read_tokens(cfg.data.path);
+  FSDP_CHECK(stream.max_token() < mc.vocab_size, "[data] ", cfg.data.path, " holds token id ", stream.max_token(),
+             " but the model's vocab_size is ", mc.vocab_size, "; raise vocab_size in ", cfg.model.config,
+             " (byte-level text needs 257)");
+  const int64_t T = tc.sequence_length, B = tc.micro_batch_size, accum = tc.gradient_accumulation_steps;
+  const data::Split split = data::split_sequences(static_cast<int64_t>(stream.tokens.size()), T,
+                                                  cfg.data.eval_fraction, cfg.data.path);
+  data::DistributedLoader loader(stream, 0, split.train_sequences, T, B, world.rank(), world.size(),
+                                 static_cast<uint64_t>(tc.seed));
+  say(str("[train] data: ", stream.files.size(), " file(s), ", stream.tokens.size(), " tokens; ", split.train_sequences,
+          " training and ", split.eval_sequences, " held-out sequences of ", T, " tokens\n"));
+
+  // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
+  model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  fsdp::FsdpPlan plan = fsdp::fsdp_plan_from_config(cfg, device);
+  if (cfg.launch.distributed_type != config::DistributedType::kFsdp) {
+    plan.replicate_size = world.size();  // plain data parallel: every rank holds everything
+    plan.shard_size = 1;
+  }
+  const uint64_t seed = static_cast<uint64_t>(tc.seed);
+  plan.options.init = [&mc, seed](const std::string& name, at::IntArrayRef shape) {
+    return model::init_parameter(mc, seed, name, shape);
+  };
+  auto sharded = fsdp::fully_shard(*llama, model::llama_traits(mc),
+                                   fsdp::make_mesh(world, plan.replicate_size, plan.shard_size), plan.options);
+  optim::AdamWOptions ao{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,
+                         cfg.optimizer.weight_decay};
+  optim::ShardedAdamW adamw(*sharded, ao);
+  const auto bytes = sharded->persistent_bytes();
+  say(str("[train] model: ", mc.num_parameters(), " parameters, ", sharded->groups().size(), " units; per rank ",
+          format_bytes(bytes.params), " of fp32 shards + ", format_bytes(bytes.grads), " of gradients + ",
+          format_bytes(adamw.state_bytes()), " of AdamW state; ", world.size(), " rank(s) on ", device.str(), "\n"));
+
+  std::ofstream metrics_file;
+  if (main_rank && !cfg.logging.metrics_file.empty()) {
+    metrics_file.open(cfg.logging.metrics_file, std::ios::app);
+    FSDP_CHECK(metrics_file.good(), "[train] cannot open logging.metrics_file ", quoted(cfg.logging.metrics_file));
+  }
+  const std::optional<double> peak = peak_flops(device, cfg.logging.peak_tflops);
+  const double flops_per_token = mc.flops_per_token(T);
+  const double tokens_per_step = static_cast<double>(world.size() * B * T * accum);
+
+  // Held-out loss: the mean over every held-out token the ranks read.
+  auto evaluate = [&]() -> double {
+    const int64_t eval_batch = std::min<int64_t>(B, split.eval_sequences / world.size());
+    if (eval_batch < 1) return std::numeric_limits<double>::quiet_NaN();
+    data::DistributedLoader eval_loader(stream, split.train_sequences, split.eval_sequences, T, eval_batch,
+                                        world.rank(), world.size(), seed);
+    c10::NoGradGuard no_grad;
+    double sum = 0, count = 0;
+    const int64_t batches = std::min<int64_t>(tc.eval_batches, split.eval_sequences / (eval_batch * world.size()));
+    for (int64_t i = 0; i < batches; ++i) {
+      const auto b = eval_loader.next();
+      const at::Tensor x = to_tensor(b.inputs, eval_batch, T, device), y = to_tensor(b.targets, eval_batch, T, device);
+      sum += sharded->forward({x, y}, [&](const TensorList& in) { return TensorList{llama->loss_sum(in[0], in[1])}; })[0]
+                 .item<double>();
+      count += static_cast<double>(eval_batch * T);
+    }
+    return global_sum(world, sum, device) / global_sum(world, count, device);
+  };
+
+  TrainSummary summary;
+  const Clock::time_point start = Clock::now();
+  const bool tty = main_rank && ::isatty(STDOUT_FILENO);
+  for (int64_t step = 1; step <= tc.steps; ++step) {
+    const Clock::time_point t0 = Clock::now();
+    const double lr = optim::learning_rate(cfg.schedule, cfg.optimizer.lr, step, tc.steps);
+    adamw.set_lr(lr);
+
+    // data -> forward -> loss -> backward, per micro-batch. Each rank's loss sum is scaled so the
+    // ranks' averaged gradients are those of the mean over the global batch's tokens.
+    double loss_sum = 0;
+    for (int64_t m = 0; m < accum; ++m) {
+      sharded->set_requires_gradient_sync(m == accum - 1);
+      const auto batch = loader.next();
+      const at::Tensor x = to_tensor(batch.inputs, B, T, device), y = to_tensor(batch.targets, B, T, device);
+      at::Tensor loss = sharded->forward({x, y}, [&](const TensorList& in) {
+        return TensorList{llama->loss_sum(in[0], in[1])};
+      })[0];
+      (loss / static_cast<double>(B * T * accum)).backward();
+      loss_sum += loss.item<double>();
+    }
+    const double loss = global_sum(world, loss_sum, device) / tokens_per_step;
+    if (!std::isfinite(loss)) {
+      FSDP_CHECK(tc.skip_nonfinite_loss, "[train] the loss is ", loss, " at step ", step,
+                 "; lower optimizer.lr (it was ", lr, "), check the data, or set train.skip_nonfinite_loss: true to "
+                 "skip such steps");
+      say(str("[train] step ", step, ": loss is ", loss, "; step skipped (train.skip_nonfinite_loss)\n"));
+      sharded->zero_grad();
+      continue;
+    }
+    // clip -> step.
+    const double grad_norm = optim::clip_grad_norm(*sharded, cfg.optimizer.grad_clip);
+    adamw.step();
+    sharded->zero_grad();
+
+    // metrics.
+    if (summary.steps == 0) summary.first_loss = loss;
+    summary.last_loss = loss;
+    summary.steps = step;
+    const double step_time = seconds_since(t0);
+    if (step % cfg.logging.interval == 0 || step == 1 || step == tc.steps) {
+      StepMetrics m;
+      m.step = step;
+      m.steps = tc.steps;
+      m.loss = loss;
+      m.lr = lr;
+      m.grad_norm = grad_norm;
+      m.tokens_per_s = tokens_per_step / step_time;
+      m.tokens_per_s_per_device = m.tokens_per_s / world.size();
+      if (peak) m.mfu = flops_per_token * m.tokens_per_s_per_device / *peak;
+      m.peak_memory_bytes = peak_memory_bytes(device);
+      m.step_time_s = step_time;
+      m.elapsed_s = seconds_since(start);
+      say(str(tty ? "\r\033[K" : "", format_metrics(m), tty && step != tc.steps ? "" : "\n"));
+      if (metrics_file.is_open()) metrics_file << metrics_json(m) << "\n" << std::flush;
+    }
+    if (tc.eval_interval > 0 && step % tc.eval_interval == 0 && step != tc.steps) {
+      const double e = evaluate();
+      if (std::isfinite(e)) {
+        say(str(tty ? "\n" : "", "[train] step ", step, ": held-out loss ", e, "\n"));
+        if (metrics_file.is_open()) metrics_file << "{\"step\": " << step << ", \"eval_loss\": " << e << "}\n";
+      }
+    }
+  }
+  summary.seconds = seconds_since(start);
+  summary.tokens_per_s = tokens_per_step * summary.steps / summary.seconds;
+  summary.eval_loss = evaluate();
+  if (metrics_file.is_open() && std::isfinite(summary.eval_loss))
+    metrics_file << "{\"step\": " << summary.steps << ", \"eval_loss\": " << summary.eval_loss << "}\n";
+  char line[256];
+  std::snprintf(line, sizeof(line), "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; held-out loss %.4f; %.0f tokens/s\n",
+                static_cast<long long>(summary.steps), summary.seconds, summary.first_loss, summary.last_loss,
+                summary.eval_loss, summary.tokens_per_s);
+  say(line);
+  return summary;
+}
+
+}  // namespace fsdp::train

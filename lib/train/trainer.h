@@ -1,0 +1,26 @@
+// The built-in trainer: what each worker of `fsdptrain launch --config X.yaml` runs when no
+// program is given. Builds the Llama model of model.config layer by layer, shards it by the
+// config's FSDP settings, and trains it on data.path with AdamW, printing metrics (rank 0).
+//
+// Collective: every rank of the launched job calls run_training with the same config.
+#pragma once
+
+#include <ostream>
+
+#include "config/loader.h"
+
+namespace fsdp::train {
+
+struct TrainSummary {
+  int64_t steps = 0;
+  double first_loss = 0, last_loss = 0;
+  double eval_loss = 0;  // NaN when nothing was held out
+  double seconds = 0;
+  double tokens_per_s = 0;
+};
+
+// Throws InputError for a bad model config or data, Error for a failure during training (a NaN
+// loss names the step).
+TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out);
+
+}  // namespace fsdp::train
