@@ -169,6 +169,39 @@ std::string llama_config_json(const LlamaConfig& c) {
   return j.dump(2) + "\n";
 }
 
+// --- rotary embeddings ---
+
+at::Tensor rope_inv_freq(const LlamaConfig& c) {
+  // inv_freq[i] = theta^(-2i/D), with Llama 3's frequency-dependent scaling when configured.
+  const int64_t d = c.head_dim;
+  at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
+  if (c.rope_scaling) {
+    const RopeScaling& s = *c.rope_scaling;
+    const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    const at::Tensor wavelen = 2 * M_PI / inv_freq;
+    const at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+    const at::Tensor smooth =
+        (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    const at::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
+    const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+    inv_freq = at::where(medium, blended, scaled);
+  }
+  return inv_freq.to(at::kFloat);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like) {
+  // fp32 angles, duplicated halves (HF's layout), cast to the activation dtype last.
+  const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat).device(like.device()));
+  const at::Tensor freqs = at::outer(pos, inv_freq.to(like.device()));
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, D)
+  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + rotate_half(x) * sin;
+}
+
 // --- modules -----------------------------------------------------------------------------------
 
 LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("LlamaRMSNorm"), eps(e) {
@@ -200,8 +233,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   at::Tensor q = q_proj(x).view({b, t, heads, head_dim}).transpose(1, 2);     // (B, H, T, D)
   at::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);  // (B, K, T, D)
   at::Tensor v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
-  q = q * cos + rotate_half(q) * sin;
-  k = k * cos + rotate_half(k) * sin;
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
   if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
@@ -266,30 +299,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
     release(*lm_head);
   }
-  // inv_freq[i] = theta^(-2i/D), with Llama 3's frequency-dependent scaling when configured.
-  const int64_t d = c.head_dim;
-  inv_freq_ = 1.0 / at::pow(c.rope_theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
-  if (c.rope_scaling) {
-    const RopeScaling& s = *c.rope_scaling;
-    const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-    const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-    at::Tensor wavelen = 2 * M_PI / inv_freq_;
-    at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq_ / s.factor, inv_freq_);
-    at::Tensor smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
-                        (s.high_freq_factor - s.low_freq_factor);
-    at::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
-    at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
-    inv_freq_ = at::where(medium, blended, scaled);
-  }
-  inv_freq_ = inv_freq_.to(at::kFloat);
-}
-
-std::pair<at::Tensor, at::Tensor> LlamaForCausalLMImpl::rope(int64_t seq_len, const at::Tensor& like) {
-  // fp32 angles, duplicated halves (HF's layout), cast to the activation dtype last.
-  const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat).device(like.device()));
-  const at::Tensor freqs = at::outer(pos, inv_freq_.to(like.device()));
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, D)
-  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+  inv_freq_ = rope_inv_freq(c);
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
@@ -298,7 +308,7 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
   at::Tensor x = config.tie_word_embeddings
                      ? embed->forward(tokens)
                      : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
-  auto [cos, sin] = rope(tokens.size(1), x);
+  auto [cos, sin] = rope_cos_sin(inv_freq_, tokens.size(1), x);
   for (const auto& m : *model->layers) {
     auto* layer = m->as<LlamaDecoderLayerImpl>();
     x = fsdp::call(*layer, TensorList{x, cos, sin},

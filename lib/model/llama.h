@@ -128,10 +128,16 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // shares model.embed_tokens.weight when tied
 
  private:
-  std::pair<at::Tensor, at::Tensor> rope(int64_t seq_len, const at::Tensor& like);
   at::Tensor inv_freq_;  // (D/2) fp32
 };
 TORCH_MODULE(LlamaForCausalLM);
+
+// Rotary embeddings as HF computes them: inv_freq[i] = theta^(-2i/D) (fp32, with Llama 3 scaling
+// when configured); cos/sin (T, D) of the angles duplicated over both halves, cast to `like`'s dtype
+// last; and x * cos + rotate_half(x) * sin, rotate_half(x) = [-x[D/2:], x[:D/2]].
+at::Tensor rope_inv_freq(const LlamaConfig& c);
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like);
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // The classes fully_shard may make units, and LlamaDecoderLayer as the layer class. A tied
 // embedding also computes the logits, so it is then not a unit candidate.

@@ -1,0 +1,251 @@
+// Llama against numbers computed independently here: a float64 reimplementation of the whole
+// forward pass, RMSNorm, rotary identities, causal masking, GQA as repeated heads, Llama 3 rope
+// scaling, config.json spellings, and initialisation that depends only on the seed and the name.
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "model/llama.h"
+#include "util/error.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp;
+using namespace fsdp::model;
+
+namespace {
+
+LlamaConfig tiny(int64_t kv_heads = 2) {
+  LlamaConfig c;
+  c.vocab_size = 37;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = 4;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 100.0;
+  c.initializer_range = 0.2;  // large enough that every term matters
+  return c;
+}
+
+LlamaForCausalLM build(const LlamaConfig& c, uint64_t seed = 5) {
+  LlamaForCausalLM m(c);
+  init_parameters(*m, seed);
+  return m;
+}
+
+std::map<std::string, at::Tensor> weights64(LlamaForCausalLMImpl& m) {
+  std::map<std::string, at::Tensor> w;
+  for (const auto& p : m.named_parameters()) w[p.key()] = p.value().detach().to(at::kDouble);
+  return w;
+}
+
+// The forward pass written out in float64 from the formulas (HF modeling_llama), without the
+// model's code: explicit rotation of pairs (i, i + D/2), an explicit causal mask and softmax, and
+// kv head h / (H / K) for query head h.
+at::Tensor reference_logits(const LlamaConfig& c, std::map<std::string, at::Tensor> w, const at::Tensor& tokens) {
+  const int64_t B = tokens.size(0), T = tokens.size(1), H = c.num_attention_heads, K = c.num_key_value_heads,
+                D = c.head_dim;
+  auto rms = [&](const at::Tensor& x, const at::Tensor& g) {
+    return x / at::sqrt(x.pow(2).mean(-1, true) + c.rms_norm_eps) * g;
+  };
+  at::Tensor angle = at::empty({T, D / 2}, at::kDouble);
+  for (int64_t p = 0; p < T; ++p)
+    for (int64_t i = 0; i < D / 2; ++i) angle[p][i] = p * std::pow(c.rope_theta, -2.0 * i / D);
+  const at::Tensor cs = angle.cos(), sn = angle.sin();
+  auto rotate = [&](const at::Tensor& x) {  // (B, heads, T, D)
+    const at::Tensor a = x.narrow(-1, 0, D / 2), b = x.narrow(-1, D / 2, D / 2);
+    return at::cat({a * cs - b * sn, b * cs + a * sn}, -1);
+  };
+  at::Tensor x = w["model.embed_tokens.weight"].index_select(0, tokens.reshape({-1})).view({B, T, -1});
+  const at::Tensor mask = at::ones({T, T}, at::kBool).triu(1);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const at::Tensor h = rms(x, w[p + "input_layernorm.weight"]);
+    at::Tensor q = rotate(at::matmul(h, w[p + "self_attn.q_proj.weight"].t()).view({B, T, H, D}).transpose(1, 2));
+    at::Tensor k = rotate(at::matmul(h, w[p + "self_attn.k_proj.weight"].t()).view({B, T, K, D}).transpose(1, 2));
+    at::Tensor v = at::matmul(h, w[p + "self_attn.v_proj.weight"].t()).view({B, T, K, D}).transpose(1, 2);
+    std::vector<at::Tensor> heads;
+    for (int64_t hd = 0; hd < H; ++hd) {
+      const int64_t kv = hd / (H / K);
+      at::Tensor s = at::matmul(q.select(1, hd), k.select(1, kv).transpose(1, 2)) / std::sqrt(static_cast<double>(D));
+      s = s.masked_fill(mask, -std::numeric_limits<double>::infinity());
+      const at::Tensor e = (s - std::get<0>(s.max(-1, true))).exp();
+      heads.push_back(at::matmul(e / e.sum(-1, true), v.select(1, kv)));  // (B, T, D)
+    }
+    x = x + at::matmul(at::cat(heads, -1), w[p + "self_attn.o_proj.weight"].t());
+    const at::Tensor h2 = rms(x, w[p + "post_attention_layernorm.weight"]);
+    const at::Tensor g = at::matmul(h2, w[p + "mlp.gate_proj.weight"].t());
+    x = x + at::matmul(g / (1 + (-g).exp()) * at::matmul(h2, w[p + "mlp.up_proj.weight"].t()),
+                       w[p + "mlp.down_proj.weight"].t());
+  }
+  x = rms(x, w["model.norm.weight"]);
+  const at::Tensor head = c.tie_word_embeddings ? w["model.embed_tokens.weight"] : w["lm_head.weight"];
+  return at::matmul(x, head.t());
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a fixed-seed model's logits equal a float64 reimplementation") {
+  for (bool tied : {false, true}) {
+    LlamaConfig c = tiny();
+    c.tie_word_embeddings = tied;
+    LlamaForCausalLM m = build(c);
+    const at::Tensor tokens = at::randint(0, c.vocab_size, {3, 7}, at::kLong);
+    const at::Tensor got = m->forward(tokens).to(at::kDouble);
+    const at::Tensor want = reference_logits(c, weights64(*m), tokens);
+    CHECK(got.sizes().vec() == std::vector<int64_t>{3, 7, c.vocab_size});
+    CHECK((got - want).abs().max().item<double>() < 1e-4);
+    CHECK(want.abs().max().item<double>() > 0.1);  // not a trivially small comparison
+  }
+}
+
+TEST_CASE("HF parameter names and shapes") {
+  LlamaConfig c = tiny();
+  LlamaForCausalLM m(c);
+  auto params = m->named_parameters();
+  CHECK(params["model.layers.1.self_attn.q_proj.weight"].sizes().vec() == std::vector<int64_t>{16, 16});
+  CHECK(params["model.layers.1.self_attn.k_proj.weight"].sizes().vec() == std::vector<int64_t>{8, 16});
+  CHECK(params["model.layers.0.mlp.down_proj.weight"].sizes().vec() == std::vector<int64_t>{16, 24});
+  CHECK(params["lm_head.weight"].sizes().vec() == std::vector<int64_t>{37, 16});
+  CHECK(params.contains("model.norm.weight"));
+  int64_t n = 0;
+  for (const auto& p : m->parameters()) n += p.numel();
+  CHECK(n == c.num_parameters());
+}
+
+TEST_CASE("RMSNorm: fp32 statistics, cast back to bf16 before the (bf16) weight") {
+  LlamaRMSNorm norm(8, 1e-6);
+  norm->weight.data().copy_(at::linspace(0.5, 2.0, 8));
+  norm->to(at::kBFloat16);
+  const at::Tensor x = (at::randn({2, 3, 8}) * 3).to(at::kBFloat16);
+  const at::Tensor got = norm(x);
+  CHECK((got.scalar_type() == at::kBFloat16));
+  const at::Tensor x64 = x.to(at::kDouble);
+  const at::Tensor normed = (x64 / (x64.pow(2).mean(-1, true) + 1e-6).sqrt()).to(at::kBFloat16);
+  CHECK(at::equal(got, normed * norm->weight));
+}
+
+TEST_CASE("rotary embeddings: a rotation, and attention scores depend on relative position only") {
+  LlamaConfig c = tiny();
+  const at::Tensor inv = rope_inv_freq(c);
+  const at::Tensor like = at::zeros({1}, at::kDouble);
+  auto [cos, sin] = rope_cos_sin(inv, 12, like);
+  const at::Tensor q = at::randn({c.head_dim}, at::kDouble), k = at::randn({c.head_dim}, at::kDouble);
+  auto at_pos = [&](const at::Tensor& v, int64_t p) { return apply_rotary(v, cos[p], sin[p]); };
+  CHECK(std::abs(at_pos(q, 7).norm().item<double>() - q.norm().item<double>()) < 1e-6);
+  const double d1 = at_pos(q, 9).dot(at_pos(k, 4)).item<double>();
+  const double d2 = at_pos(q, 5).dot(at_pos(k, 0)).item<double>();
+  CHECK(std::abs(d1 - d2) < 1e-5);
+  CHECK(std::abs(inv[1].item<double>() - std::pow(c.rope_theta, -2.0 / c.head_dim)) < 1e-6);
+}
+
+TEST_CASE("Llama 3 rope scaling: high frequencies kept, low ones divided by the factor, the middle blended") {
+  LlamaConfig c = tiny();
+  c.head_dim = 128;
+  c.rope_theta = 500000.0;
+  c.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 8192};
+  LlamaConfig plain = c;
+  plain.rope_scaling.reset();
+  const at::Tensor s = rope_inv_freq(c).to(at::kDouble), p = rope_inv_freq(plain).to(at::kDouble);
+  for (int64_t i = 0; i < 64; ++i) {
+    const double f = p[i].item<double>(), wavelen = 2 * M_PI / f, got = s[i].item<double>();
+    double want;
+    if (wavelen < 8192 / 4.0)
+      want = f;
+    else if (wavelen > 8192 / 1.0)
+      want = f / 8.0;
+    else {
+      const double smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0);
+      want = (1 - smooth) * f / 8.0 + smooth * f;
+    }
+    CHECK(std::abs(got - want) <= 1e-6 * want);
+  }
+}
+
+TEST_CASE("causal: a token's logits do not depend on later tokens") {
+  LlamaConfig c = tiny();
+  LlamaForCausalLM m = build(c);
+  at::Tensor a = at::randint(0, c.vocab_size, {1, 8}, at::kLong);
+  at::Tensor b = a.clone();
+  b.narrow(1, 5, 3).fill_(3);
+  const at::Tensor la = m->forward(a), lb = m->forward(b);
+  CHECK(at::allclose(la.narrow(1, 0, 5), lb.narrow(1, 0, 5), 1e-5, 1e-6));
+  CHECK(!at::allclose(la.narrow(1, 5, 3), lb.narrow(1, 5, 3)));
+}
+
+TEST_CASE("GQA equals full attention with each kv head repeated") {
+  LlamaConfig gqa = tiny(2), full = tiny(4);
+  LlamaForCausalLM a = build(gqa), b = build(full);
+  torch::NoGradGuard no_grad;
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (const auto& p : pa) {
+    at::Tensor src = p.value();
+    if (p.key().find("k_proj") != std::string::npos || p.key().find("v_proj") != std::string::npos)
+      src = src.view({2, 1, gqa.head_dim, -1}).expand({2, 2, gqa.head_dim, src.size(1)}).reshape({4 * gqa.head_dim, -1});
+    pb[p.key()].copy_(src);
+  }
+  const at::Tensor tokens = at::randint(0, gqa.vocab_size, {2, 6}, at::kLong);
+  CHECK(at::allclose(a->forward(tokens), b->forward(tokens), 1e-5, 1e-6));
+}
+
+TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer sharding builds the same model") {
+  LlamaConfig c = tiny();
+  CHECK(at::equal(init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16}),
+                  init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16})));
+  CHECK(!at::equal(init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16}),
+                   init_parameter(c, 9, "model.layers.0.mlp.up_proj.weight", {24, 16})));
+  LlamaForCausalLM full = build(c, 9);
+  LlamaForCausalLM lazy(c, /*free_after_create=*/true);
+  for (const auto& p : lazy->parameters()) CHECK(p.storage().nbytes() == 0);
+  FsdpOptions o;
+  o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(c, 9, name, shape); };
+  auto sharded = fully_shard(*lazy, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  const at::Tensor tokens = at::randint(0, c.vocab_size, {2, 5}, at::kLong);
+  torch::NoGradGuard no_grad;
+  const at::Tensor got = sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{lazy->forward(in[0])}; })[0];
+  CHECK(at::allclose(got, full->forward(tokens), 1e-6, 1e-7));
+}
+
+TEST_CASE("config.json: HF spellings old and new, and clear errors") {
+  const LlamaConfig a = parse_llama_config(
+      R"({"model_type":"llama","hidden_size":64,"num_attention_heads":4,"torch_dtype":"bfloat16",
+          "rope_theta":500000.0,"rope_scaling":{"type":"llama3","factor":8.0,"low_freq_factor":1.0,
+          "high_freq_factor":4.0,"original_max_position_embeddings":8192}})",
+      "a.json");
+  CHECK(a.head_dim == 16);
+  CHECK(a.num_key_value_heads == 4);
+  CHECK(a.dtype == "bfloat16");
+  CHECK(a.rope_theta == 500000.0);
+  REQUIRE(a.rope_scaling.has_value());
+  CHECK(a.rope_scaling->factor == 8.0);
+  const LlamaConfig b = parse_llama_config(
+      R"({"hidden_size":64,"num_attention_heads":4,"dtype":"float32","torch_dtype":"bfloat16",
+          "rope_parameters":{"rope_type":"llama3","rope_theta":10000.0,"factor":4.0}})",
+      "b.json");
+  CHECK(b.dtype == "float32");
+  CHECK(b.rope_theta == 10000.0);
+  REQUIRE(b.rope_scaling.has_value());
+  CHECK(b.rope_scaling->factor == 4.0);
+  CHECK(parse_llama_config(llama_config_json(b), "round trip").rope_scaling->factor == 4.0);
+  CHECK(error_of([] { parse_llama_config("{", "c.json"); }).find("c.json: not valid JSON") != std::string::npos);
+  CHECK(error_of([] { parse_llama_config(R"({"model_type":"gpt2"})", "g.json"); })
+            .find("model_type \"gpt2\" is not supported") != std::string::npos);
+  CHECK(error_of([] { parse_llama_config(R"({"hidden_size":"big"})", "h.json"); })
+            .find("h.json: \"hidden_size\": expected a number") != std::string::npos);
+  CHECK(error_of([] { load_llama_config("/nonexistent/config.json"); }).find("cannot read") != std::string::npos);
+}
