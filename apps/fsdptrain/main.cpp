@@ -17,9 +17,9 @@
 #include "config/worker_env.h"
 #include "dist/process_group.h"
 #include "launch/health_check.h"
-#include "train/trainer.h"
 #include "launch/launcher.h"
 #include "launch/slurm.h"
+#include "train/trainer.h"
 #include "util/build_info.h"
 #include "util/env_report.h"
 #include "util/error.h"
@@ -132,7 +132,8 @@ std::string self_executable() {
 
 // The hidden `worker` subcommand: what `fsdptrain launch` runs in each worker process: the
 // built-in trainer (--train, with the launch's config arguments) or the health check (--check).
-int run_worker(bool check, const std::vector<std::string>& check_sizes, bool train_mode, const config::ConfigInputs* in) {
+int run_worker(bool check, const std::vector<std::string>& check_sizes, bool train_mode,
+               const config::ConfigInputs* in) {
   if (train_mode) {
     train::run_training(config::load_config_or_throw(*in), std::cout);
     return 0;

@@ -122,12 +122,12 @@ struct ParallelismConfig {
 // ---- The built-in trainer's sections (fsdptrain extension keys; Accelerate has no trainer). ----
 
 struct ModelConfig {
-  std::string config;                  // a Hugging Face Llama config.json
+  std::string config;                   // a Hugging Face Llama config.json
   bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
 };
 
 struct DataConfig {
-  std::string path;            // text, .jsonl, llm.c .bin shards, or a glob of them
+  std::string path;             // text, .jsonl, llm.c .bin shards, or a glob of them
   double eval_fraction = 0.05;  // sequences held out at the end for evaluation
 };
 

@@ -472,8 +472,12 @@ std::vector<OptionSpec> build_table() {
           .help("Fraction of the sequences held out for evaluation (0 to 0.5)")
           .extension()
           .to(&Config::data, &DataConfig::eval_fraction),
-      Row("train.steps", V::kInt).range(1).def("100").help("Optimizer steps to train").extension().to(
-          &Config::train, &TrainConfig::steps),
+      Row("train.steps", V::kInt)
+          .range(1)
+          .def("100")
+          .help("Optimizer steps to train")
+          .extension()
+          .to(&Config::train, &TrainConfig::steps),
       Row("train.micro_batch_size", V::kInt)
           .range(1)
           .def("4")
@@ -515,14 +519,26 @@ std::vector<OptionSpec> build_table() {
           .help("Skip a step whose loss is NaN or inf instead of stopping the run")
           .extension()
           .to(&Config::train, &TrainConfig::skip_nonfinite_loss),
-      Row("optimizer.lr", V::kFloat).def("3e-4").help("AdamW peak learning rate").extension().to(
-          &Config::optimizer, &OptimConfig::lr),
-      Row("optimizer.beta1", V::kFloat).def("0.9").help("AdamW beta1").extension().to(&Config::optimizer,
-                                                                                        &OptimConfig::beta1),
-      Row("optimizer.beta2", V::kFloat).def("0.95").help("AdamW beta2").extension().to(&Config::optimizer,
-                                                                                         &OptimConfig::beta2),
-      Row("optimizer.eps", V::kFloat).def("1e-8").help("AdamW epsilon").extension().to(&Config::optimizer,
-                                                                                         &OptimConfig::eps),
+      Row("optimizer.lr", V::kFloat)
+          .def("3e-4")
+          .help("AdamW peak learning rate")
+          .extension()
+          .to(&Config::optimizer, &OptimConfig::lr),
+      Row("optimizer.beta1", V::kFloat)
+          .def("0.9")
+          .help("AdamW beta1")
+          .extension()
+          .to(&Config::optimizer, &OptimConfig::beta1),
+      Row("optimizer.beta2", V::kFloat)
+          .def("0.95")
+          .help("AdamW beta2")
+          .extension()
+          .to(&Config::optimizer, &OptimConfig::beta2),
+      Row("optimizer.eps", V::kFloat)
+          .def("1e-8")
+          .help("AdamW epsilon")
+          .extension()
+          .to(&Config::optimizer, &OptimConfig::eps),
       Row("optimizer.weight_decay", V::kFloat)
           .def("0.1")
           .help("AdamW decoupled weight decay (matrices and embeddings only)")

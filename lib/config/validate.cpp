@@ -195,7 +195,8 @@ void check_training(Checker& c) {
   fraction("optimizer.beta1", t.optimizer.beta1, 0.999999);
   fraction("optimizer.beta2", t.optimizer.beta2, 0.999999);
   fraction("optimizer.weight_decay", t.optimizer.weight_decay, 1.0);
-  if (t.optimizer.grad_clip < 0) c.error("optimizer.grad_clip", str("must be >= 0 (0: no clipping), got ", t.optimizer.grad_clip));
+  if (t.optimizer.grad_clip < 0)
+    c.error("optimizer.grad_clip", str("must be >= 0 (0: no clipping), got ", t.optimizer.grad_clip));
   fraction("schedule.min_lr_ratio", t.schedule.min_lr_ratio, 1.0);
   fraction("data.eval_fraction", t.data.eval_fraction, 0.5);
   if (t.logging.peak_tflops < 0) c.error("logging.peak_tflops", str("must be >= 0, got ", t.logging.peak_tflops));

@@ -51,7 +51,8 @@ void read_llmc(const std::string& path, std::vector<int32_t>& out) {
   const int64_t width = header[0] == kMagicUint16 ? 2 : 4, count = header[2];
   FSDP_CHECK(count >= 0 && static_cast<int64_t>(bytes.size()) == kHeaderBytes + count * width, "[data] ", path,
              ": the header says ", count, " tokens of ", width, " bytes, but the file has ",
-             static_cast<int64_t>(bytes.size()) - kHeaderBytes, " bytes after the header; the file is truncated or not a shard");
+             static_cast<int64_t>(bytes.size()) - kHeaderBytes,
+             " bytes after the header; the file is truncated or not a shard");
   const char* p = bytes.data() + kHeaderBytes;
   out.reserve(out.size() + count);
   for (int64_t i = 0; i < count; ++i) {
@@ -99,10 +100,12 @@ int64_t TokenStream::max_token() const {
 }
 
 TokenStream read_tokens(const std::string& path_or_glob) {
-  FSDP_CHECK(!path_or_glob.empty(), "[data] data.path is not set; give a text file, a .jsonl file, llm.c .bin shards, or a glob");
+  FSDP_CHECK(!path_or_glob.empty(),
+             "[data] data.path is not set; give a text file, a .jsonl file, llm.c .bin shards, or a glob");
   TokenStream s;
   s.files = expand(path_or_glob);
-  FSDP_CHECK(!s.files.empty(), "[data] data.path ", quoted(path_or_glob), " matches no file; check the path (relative paths are from the directory fsdptrain runs in)");
+  FSDP_CHECK(!s.files.empty(), "[data] data.path ", quoted(path_or_glob),
+             " matches no file; check the path (relative paths are from the directory fsdptrain runs in)");
   for (const std::string& f : s.files) {
     const size_t before = s.tokens.size();
     if (ends_with(f, ".bin"))
@@ -143,8 +146,8 @@ Split split_sequences(int64_t num_tokens, int64_t seq_len, double eval_fraction,
   Split s;
   s.eval_sequences = eval_fraction > 0 ? std::max<int64_t>(1, static_cast<int64_t>(sequences * eval_fraction)) : 0;
   s.train_sequences = sequences - s.eval_sequences;
-  FSDP_CHECK(s.train_sequences >= 1, "[data] ", what, ": nothing left to train on after holding out ",
-             s.eval_sequences, " sequences for evaluation; lower data.eval_fraction");
+  FSDP_CHECK(s.train_sequences >= 1, "[data] ", what, ": nothing left to train on after holding out ", s.eval_sequences,
+             " sequences for evaluation; lower data.eval_fraction");
   return s;
 }
 
@@ -158,8 +161,9 @@ DistributedLoader::DistributedLoader(const TokenStream& stream, int64_t first_se
       rank_(rank),
       world_(world_size),
       seed_(seed) {
-  FSDP_CHECK(count_ >= batch_ * world_, "[data] ", count_, " sequences of ", seq_len_ + 1, " tokens cannot fill one step of ",
-             world_, " ranks x micro batch ", batch_, "; give more data, or lower train.micro_batch_size or train.sequence_length");
+  FSDP_CHECK(count_ >= batch_ * world_, "[data] ", count_, " sequences of ", seq_len_ + 1,
+             " tokens cannot fill one step of ", world_, " ranks x micro batch ", batch_,
+             "; give more data, or lower train.micro_batch_size or train.sequence_length");
   shuffle();
 }
 

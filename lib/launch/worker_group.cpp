@@ -16,6 +16,7 @@
 
 #include "util/error.h"
 #include "util/files.h"
+#include "util/log.h"
 
 extern char** environ;
 
@@ -178,20 +179,34 @@ void WorkerGroup::drain(Stream& s, bool final) {
     }
     s.pending.append(buf, static_cast<size_t>(n));
   }
-  std::string out;
+  std::string out, logged;
   size_t start = 0, nl;
+  const bool tty = ::isatty(s.to_fd);
   while ((nl = s.pending.find('\n', start)) != std::string::npos) {
-    out += s.prefix + s.pending.substr(start, nl - start + 1);
+    const std::string line = s.pending.substr(start, nl - start + 1);
     start = nl + 1;
+    if (line.rfind(kProgressLinePrefix, 0) == 0) {
+      // Drawn in place on a terminal; never in pipes or log files.
+      if (tty)
+        out += "\r\033[K" + s.prefix +
+               line.substr(sizeof(kProgressLinePrefix) - 1, line.size() - sizeof(kProgressLinePrefix));
+      progress_shown_ = tty;
+      continue;
+    }
+    if (progress_shown_) out += "\r\033[K";
+    progress_shown_ = false;
+    out += s.prefix + line;
+    logged += s.prefix + line;
   }
   s.pending.erase(0, start);
   if (s.fd < 0 && !s.pending.empty()) {  // a last line without a newline
     out += s.prefix + s.pending + "\n";
+    logged += s.prefix + s.pending + "\n";
     s.pending.clear();
   }
   if (out.empty()) return;
   write_all(s.to_fd, out);
-  if (log_fds_[s.worker] >= 0) write_all(log_fds_[s.worker], out);
+  if (log_fds_[s.worker] >= 0 && !logged.empty()) write_all(log_fds_[s.worker], logged);
 }
 
 void WorkerGroup::reap() {

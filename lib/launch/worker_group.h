@@ -68,6 +68,7 @@ class WorkerGroup {
   struct Stream;
   void reap();
   void drain(Stream& s, bool final);
+  bool progress_shown_ = false;  // a progress line is drawn on the terminal now
   std::vector<WorkerStatus> status_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<int> log_fds_;  // per worker, -1 when no log_dir

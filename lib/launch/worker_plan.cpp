@@ -1,5 +1,7 @@
 #include "launch/worker_plan.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "config/worker_env.h"
@@ -64,6 +66,8 @@ std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Top
         {"PYTHONUNBUFFERED", "1"},
         // Our own workers leave the "[rank N] " prefix to the launcher.
         {"FSDPTRAIN_LAUNCHED", "1"},
+        // Live progress lines are worth drawing only on a terminal (util/log.h).
+        {"FSDPTRAIN_PROGRESS", ::isatty(STDOUT_FILENO) ? "1" : "0"},
     };
     w.env.insert(w.env.end(), common.begin(), common.end());
     out.push_back(std::move(w));

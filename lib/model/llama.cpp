@@ -85,7 +85,8 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   c.num_hidden_layers = field<int64_t>(j, "num_hidden_layers", c.num_hidden_layers, where);
   c.num_attention_heads = field<int64_t>(j, "num_attention_heads", c.num_attention_heads, where);
   c.num_key_value_heads = field<int64_t>(j, "num_key_value_heads", c.num_attention_heads, where);
-  FSDP_CHECK(c.num_attention_heads > 0 && c.hidden_size > 0, where, ": hidden_size and num_attention_heads must be > 0");
+  FSDP_CHECK(c.num_attention_heads > 0 && c.hidden_size > 0, where,
+             ": hidden_size and num_attention_heads must be > 0");
   c.head_dim = field<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, where);
   c.max_position_embeddings = field<int64_t>(j, "max_position_embeddings", c.max_position_embeddings, where);
   c.rms_norm_eps = field<double>(j, "rms_norm_eps", c.rms_norm_eps, where);
@@ -123,15 +124,16 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
                  " is not supported; fsdptrain implements \"default\" and \"llama3\"");
     }
   }
-  FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ",
-             c.num_attention_heads, " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
+  FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ", c.num_attention_heads,
+             " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
   FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
   return c;
 }
 
 LlamaConfig load_llama_config(const std::string& path) {
   std::ifstream in(path);
-  FSDP_CHECK(in.good(), "[model] cannot read ", quoted(path), "; give a Hugging Face config.json (see configs/models/)");
+  FSDP_CHECK(in.good(), "[model] cannot read ", quoted(path),
+             "; give a Hugging Face config.json (see configs/models/)");
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_llama_config(ss.str(), path);
@@ -296,7 +298,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
     model->layers->push_back(layer);
   }
   if (!c.tie_word_embeddings) {
-    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    lm_head = register_module("lm_head",
+                              torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
     release(*lm_head);
   }
   inv_freq_ = rope_inv_freq(c);
@@ -320,14 +323,14 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets) {
   const at::Tensor logits = forward(tokens).to(at::kFloat);
-  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {},
-                                at::Reduction::Sum, /*ignore_index=*/-100);
+  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {}, at::Reduction::Sum,
+                                /*ignore_index=*/-100);
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   const at::Tensor logits = forward(tokens).to(at::kFloat);
-  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {},
-                                at::Reduction::Mean, /*ignore_index=*/-100);
+  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {}, at::Reduction::Mean,
+                                /*ignore_index=*/-100);
 }
 
 ModelTraits llama_traits(const LlamaConfig& c) {

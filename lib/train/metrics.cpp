@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -42,14 +43,25 @@ std::string duration(double s) {
 
 std::string format_metrics(const StepMetrics& m) {
   char head[160];
-  std::snprintf(head, sizeof(head), "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f", static_cast<long long>(m.step),
-                static_cast<long long>(m.steps), m.loss, m.lr, m.grad_norm);
+  std::snprintf(head, sizeof(head), "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f",
+                static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr, m.grad_norm);
   char mfu[32] = "n/a";
   if (m.mfu) std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * *m.mfu);
   const double eta = m.step > 0 ? m.elapsed_s / m.step * (m.steps - m.step) : 0;
   return str(head, " | ", rate(m.tokens_per_s), " tok/s (", rate(m.tokens_per_s_per_device), "/device) | MFU ", mfu,
              " | peak mem ", format_bytes(m.peak_memory_bytes), " | ", static_cast<int64_t>(m.step_time_s * 1000 + 0.5),
              " ms/step | ETA ", duration(eta));
+}
+
+std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s) {
+  constexpr int kWidth = 20;
+  const int filled = steps > 0 ? static_cast<int>(kWidth * step / steps) : kWidth;
+  char tail[96];
+  std::snprintf(tail, sizeof(tail), "] %3d%% step %lld/%lld | loss %.4f | ETA ",
+                static_cast<int>(100 * step / std::max<int64_t>(1, steps)), static_cast<long long>(step),
+                static_cast<long long>(steps), loss);
+  const double eta = step > 0 ? elapsed_s / step * (steps - step) : 0;
+  return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + tail + duration(eta);
 }
 
 std::string metrics_json(const StepMetrics& m) {
@@ -86,9 +98,9 @@ std::optional<double> peak_flops(const c10::Device& device, double configured_tf
   if (device.is_cuda()) {
     const std::string name = at::cuda::getDeviceProperties(device.index())->name;
     // Dense bf16 tensor-core peaks (datasheets; the sparsity figures are twice these).
-    const std::pair<const char*, double> known[] = {{"H200", 989e12}, {"H100", 989e12}, {"H800", 989e12},
+    const std::pair<const char*, double> known[] = {{"H200", 989e12},  {"H100", 989e12}, {"H800", 989e12},
                                                     {"B200", 2250e12}, {"A100", 312e12}, {"A800", 312e12},
-                                                    {"L40S", 362e12}, {"A10G", 70e12}};
+                                                    {"L40S", 362e12},  {"A10G", 70e12}};
     for (const auto& [key, flops] : known)
       if (name.find(key) != std::string::npos) return flops;
   }

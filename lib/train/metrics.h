@@ -23,6 +23,8 @@ struct StepMetrics {
 // | MFU n/a | peak mem 512.0 MB | 120 ms/step | ETA 1m48s".
 std::string format_metrics(const StepMetrics& m);
 std::string metrics_json(const StepMetrics& m);
+// "[########------------] 40% step 400/1000 | loss 1.4627 | ETA 22s"
+std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s);
 
 // Peak memory of this process: the CUDA allocator's peak on a GPU, the resident-set high-water
 // mark (VmHWM) on CPU.

@@ -2,11 +2,10 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 
@@ -21,6 +20,7 @@
 #include "train/metrics.h"
 #include "util/build_info.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
@@ -53,9 +53,10 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   // One GPU per worker: the one numbered by its local rank among those it can see.
   const int gpus = cfg.launch.use_cpu ? 0 : cuda_device_count();
   const char* local_rank = std::getenv("LOCAL_RANK");
-  const c10::Device device = gpus == 0 ? c10::Device(c10::kCPU)
-                                       : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
-                                                                     (local_rank ? std::atoi(local_rank) : 0) % gpus));
+  const c10::Device device =
+      gpus == 0
+          ? c10::Device(c10::kCPU)
+          : c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>((local_rank ? std::atoi(local_rank) : 0) % gpus));
   dist::GroupOptions go;
   go.backend = device.is_cuda() ? "nccl" : "gloo";
   dist::ProcessGroup world = dist::init_process_group(go);
@@ -66,16 +67,17 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   say(config::format_resolved(rc, config::ShowFormat::kTable));
 
   // Data first: a bad path fails in a second, before any model is built.
-  FSDP_CHECK(!cfg.model.config.empty(), "[train] model.config is not set; give a Hugging Face config.json, such as "
-                                        "configs/models/tiny/config.json");
+  FSDP_CHECK(!cfg.model.config.empty(),
+             "[train] model.config is not set; give a Hugging Face config.json, such as "
+             "configs/models/tiny/config.json");
   const model::LlamaConfig mc = model::load_llama_config(cfg.model.config);
   const data::TokenStream stream = data::read_tokens(cfg.data.path);
   FSDP_CHECK(stream.max_token() < mc.vocab_size, "[data] ", cfg.data.path, " holds token id ", stream.max_token(),
              " but the model's vocab_size is ", mc.vocab_size, "; raise vocab_size in ", cfg.model.config,
              " (byte-level text needs 257)");
   const int64_t T = tc.sequence_length, B = tc.micro_batch_size, accum = tc.gradient_accumulation_steps;
-  const data::Split split = data::split_sequences(static_cast<int64_t>(stream.tokens.size()), T,
-                                                  cfg.data.eval_fraction, cfg.data.path);
+  const data::Split split =
+      data::split_sequences(static_cast<int64_t>(stream.tokens.size()), T, cfg.data.eval_fraction, cfg.data.path);
   data::DistributedLoader loader(stream, 0, split.train_sequences, T, B, world.rank(), world.size(),
                                  static_cast<uint64_t>(tc.seed));
   say(str("[train] data: ", stream.files.size(), " file(s), ", stream.tokens.size(), " tokens; ", split.train_sequences,
@@ -123,8 +125,9 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
     for (int64_t i = 0; i < batches; ++i) {
       const auto b = eval_loader.next();
       const at::Tensor x = to_tensor(b.inputs, eval_batch, T, device), y = to_tensor(b.targets, eval_batch, T, device);
-      sum += sharded->forward({x, y}, [&](const TensorList& in) { return TensorList{llama->loss_sum(in[0], in[1])}; })[0]
-                 .item<double>();
+      sum +=
+          sharded->forward({x, y}, [&](const TensorList& in) { return TensorList{llama->loss_sum(in[0], in[1])}; })[0]
+              .item<double>();
       count += static_cast<double>(eval_batch * T);
     }
     return global_sum(world, sum, device) / global_sum(world, count, device);
@@ -132,7 +135,9 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
 
   TrainSummary summary;
   const Clock::time_point start = Clock::now();
-  const bool tty = main_rank && ::isatty(STDOUT_FILENO);
+  // A live bar on the launcher's terminal (util/log.h); plain lines every logging.interval regardless.
+  const char* progress_env = std::getenv("FSDPTRAIN_PROGRESS");
+  const bool progress = main_rank && progress_env && std::string(progress_env) == "1";
   for (int64_t step = 1; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
     const double lr = optim::learning_rate(cfg.schedule, cfg.optimizer.lr, step, tc.steps);
@@ -145,16 +150,16 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
       sharded->set_requires_gradient_sync(m == accum - 1);
       const auto batch = loader.next();
       const at::Tensor x = to_tensor(batch.inputs, B, T, device), y = to_tensor(batch.targets, B, T, device);
-      at::Tensor loss = sharded->forward({x, y}, [&](const TensorList& in) {
-        return TensorList{llama->loss_sum(in[0], in[1])};
-      })[0];
+      at::Tensor loss =
+          sharded->forward({x, y}, [&](const TensorList& in) { return TensorList{llama->loss_sum(in[0], in[1])}; })[0];
       (loss / static_cast<double>(B * T * accum)).backward();
       loss_sum += loss.item<double>();
     }
     const double loss = global_sum(world, loss_sum, device) / tokens_per_step;
     if (!std::isfinite(loss)) {
       FSDP_CHECK(tc.skip_nonfinite_loss, "[train] the loss is ", loss, " at step ", step,
-                 "; lower optimizer.lr (it was ", lr, "), check the data, or set train.skip_nonfinite_loss: true to "
+                 "; lower optimizer.lr (it was ", lr,
+                 "), check the data, or set train.skip_nonfinite_loss: true to "
                  "skip such steps");
       say(str("[train] step ", step, ": loss is ", loss, "; step skipped (train.skip_nonfinite_loss)\n"));
       sharded->zero_grad();
@@ -183,13 +188,15 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
       m.peak_memory_bytes = peak_memory_bytes(device);
       m.step_time_s = step_time;
       m.elapsed_s = seconds_since(start);
-      say(str(tty ? "\r\033[K" : "", format_metrics(m), tty && step != tc.steps ? "" : "\n"));
+      say(format_metrics(m) + "\n");
       if (metrics_file.is_open()) metrics_file << metrics_json(m) << "\n" << std::flush;
     }
+    if (progress)
+      out << kProgressLinePrefix << progress_bar(step, tc.steps, summary.last_loss, seconds_since(start)) << std::endl;
     if (tc.eval_interval > 0 && step % tc.eval_interval == 0 && step != tc.steps) {
       const double e = evaluate();
       if (std::isfinite(e)) {
-        say(str(tty ? "\n" : "", "[train] step ", step, ": held-out loss ", e, "\n"));
+        say(str("[train] step ", step, ": held-out loss ", e, "\n"));
         if (metrics_file.is_open()) metrics_file << "{\"step\": " << step << ", \"eval_loss\": " << e << "}\n";
       }
     }
@@ -200,7 +207,8 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   if (metrics_file.is_open() && std::isfinite(summary.eval_loss))
     metrics_file << "{\"step\": " << summary.steps << ", \"eval_loss\": " << summary.eval_loss << "}\n";
   char line[256];
-  std::snprintf(line, sizeof(line), "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; held-out loss %.4f; %.0f tokens/s\n",
+  std::snprintf(line, sizeof(line),
+                "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; held-out loss %.4f; %.0f tokens/s\n",
                 static_cast<long long>(summary.steps), summary.seconds, summary.first_loss, summary.last_loss,
                 summary.eval_loss, summary.tokens_per_s);
   say(line);

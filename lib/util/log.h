@@ -13,4 +13,10 @@ void log_warn(const std::string& message);
 // (and "" under `fsdptrain launch`, which prefixes every line of worker output itself).
 std::string rank_prefix();
 
+// A worker line that starts with this is a transient progress line: the launcher draws it in place
+// on a terminal (under the other output) and drops it otherwise (pipes, log files). Workers print
+// such lines only when $FSDPTRAIN_PROGRESS is 1, which the launcher sets when its output is a
+// terminal.
+inline constexpr char kProgressLinePrefix[] = "FSDPTRAIN_PROGRESS\t";
+
 }  // namespace fsdp

@@ -1,5 +1,7 @@
 // Token inputs and the distributed loader: formats, errors, disjoint and deterministic reads across
 // world sizes, and an exact resume position.
+#include "data/dataset.h"
+
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -8,7 +10,6 @@
 #include <numeric>
 #include <set>
 
-#include "data/dataset.h"
 #include "util/error.h"
 #include "util/files.h"
 
@@ -87,8 +88,9 @@ TEST_CASE("bad inputs name the file and the fix") {
   write_llmc_shard(d.path + "/cut.bin", {1, 2, 3});
   ::truncate((d.path + "/cut.bin").c_str(), 1024 + 4);
   CHECK(error_of([&] { read_tokens(d.path + "/cut.bin"); }).find("truncated") != std::string::npos);
-  CHECK(error_of([&] { read_tokens(d.file("x.jsonl", "{\"body\": 1}\n")); }).find("x.jsonl:1: expected an object with a string \"text\"") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          read_tokens(d.file("x.jsonl", "{\"body\": 1}\n"));
+        }).find("x.jsonl:1: expected an object with a string \"text\"") != std::string::npos);
   CHECK(error_of([] { split_sequences(10, 16, 0.0, "tiny.txt"); }).find("shorter than one sequence of 17") !=
         std::string::npos);
   const TokenStream s = counting(100);

@@ -1,13 +1,14 @@
 // Llama against numbers computed independently here: a float64 reimplementation of the whole
 // forward pass, RMSNorm, rotary identities, causal masking, GQA as repeated heads, Llama 3 rope
 // scaling, config.json spellings, and initialisation that depends only on the seed and the name.
+#include "model/llama.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/llama.h"
 #include "util/error.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
@@ -196,7 +197,8 @@ TEST_CASE("GQA equals full attention with each kv head repeated") {
   for (const auto& p : pa) {
     at::Tensor src = p.value();
     if (p.key().find("k_proj") != std::string::npos || p.key().find("v_proj") != std::string::npos)
-      src = src.view({2, 1, gqa.head_dim, -1}).expand({2, 2, gqa.head_dim, src.size(1)}).reshape({4 * gqa.head_dim, -1});
+      src =
+          src.view({2, 1, gqa.head_dim, -1}).expand({2, 2, gqa.head_dim, src.size(1)}).reshape({4 * gqa.head_dim, -1});
     pb[p.key()].copy_(src);
   }
   const at::Tensor tokens = at::randint(0, gqa.vocab_size, {2, 6}, at::kLong);
@@ -217,7 +219,8 @@ TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer 
   auto sharded = fully_shard(*lazy, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
   const at::Tensor tokens = at::randint(0, c.vocab_size, {2, 5}, at::kLong);
   torch::NoGradGuard no_grad;
-  const at::Tensor got = sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{lazy->forward(in[0])}; })[0];
+  const at::Tensor got =
+      sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{lazy->forward(in[0])}; })[0];
   CHECK(at::allclose(got, full->forward(tokens), 1e-6, 1e-7));
 }
 
@@ -243,9 +246,11 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
   CHECK(b.rope_scaling->factor == 4.0);
   CHECK(parse_llama_config(llama_config_json(b), "round trip").rope_scaling->factor == 4.0);
   CHECK(error_of([] { parse_llama_config("{", "c.json"); }).find("c.json: not valid JSON") != std::string::npos);
-  CHECK(error_of([] { parse_llama_config(R"({"model_type":"gpt2"})", "g.json"); })
-            .find("model_type \"gpt2\" is not supported") != std::string::npos);
-  CHECK(error_of([] { parse_llama_config(R"({"hidden_size":"big"})", "h.json"); })
-            .find("h.json: \"hidden_size\": expected a number") != std::string::npos);
+  CHECK(error_of([] {
+          parse_llama_config(R"({"model_type":"gpt2"})", "g.json");
+        }).find("model_type \"gpt2\" is not supported") != std::string::npos);
+  CHECK(error_of([] {
+          parse_llama_config(R"({"hidden_size":"big"})", "h.json");
+        }).find("h.json: \"hidden_size\": expected a number") != std::string::npos);
   CHECK(error_of([] { load_llama_config("/nonexistent/config.json"); }).find("cannot read") != std::string::npos);
 }

@@ -16,8 +16,14 @@ using fsdp::testing::Result;
 const std::string kQuickstart = std::string(FSDP_SOURCE_DIR) + "/configs/quickstart.yaml";
 
 Result launch_with(const std::vector<std::string>& args) {
-  std::vector<std::string> all{"-c", "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"", FSDP_BINARY, "launch",
-                               "--config", kQuickstart, "--main_process_port", "0"};
+  std::vector<std::string> all{"-c",
+                               "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"",
+                               FSDP_BINARY,
+                               "launch",
+                               "--config",
+                               kQuickstart,
+                               "--main_process_port",
+                               "0"};
   all.insert(all.end(), args.begin(), args.end());
   return fsdp::testing::ChildProcess("/bin/sh", all, {}, {"FSDPTRAIN_CONFIG_FILE", "RANK", "WORLD_SIZE"})
       .wait(std::chrono::seconds(240));
@@ -44,11 +50,13 @@ TEST_CASE("the same global batch on 1 and 2 workers gives the same loss curve") 
   const std::string one = temp_path("w1.jsonl"), two = temp_path("w2.jsonl");
   std::remove(one.c_str());
   std::remove(two.c_str());
-  const std::vector<std::string> common{"--set", "train.steps=12", "--set", "train.sequence_length=32", "--set",
-                                        "logging.interval=1", "--set", "train.eval_interval=0"};
+  const std::vector<std::string> common{"--set", "train.steps=12",     "--set", "train.sequence_length=32",
+                                        "--set", "logging.interval=1", "--set", "train.eval_interval=0"};
   std::vector<std::string> a = common, b = common;
-  a.insert(a.end(), {"--num_processes", "1", "--set", "train.micro_batch_size=8", "--set", "logging.metrics_file=" + one});
-  b.insert(b.end(), {"--num_processes", "2", "--set", "train.micro_batch_size=4", "--set", "logging.metrics_file=" + two});
+  a.insert(a.end(),
+           {"--num_processes", "1", "--set", "train.micro_batch_size=8", "--set", "logging.metrics_file=" + one});
+  b.insert(b.end(),
+           {"--num_processes", "2", "--set", "train.micro_batch_size=4", "--set", "logging.metrics_file=" + two});
   const Result ra = launch_with(a), rb = launch_with(b);
   INFO(ra.out, ra.err, rb.out, rb.err);
   REQUIRE(ra.code == 0);
@@ -78,8 +86,8 @@ TEST_CASE("the quickstart trains: the loss falls well below its start") {
 }
 
 TEST_CASE("bad training input stops the run with the key and the fix") {
-  const Result both = launch_with({"--set", "model.gradient_checkpointing=true", "--set",
-                                   "fsdp_config.fsdp_activation_checkpointing=true"});
+  const Result both = launch_with(
+      {"--set", "model.gradient_checkpointing=true", "--set", "fsdp_config.fsdp_activation_checkpointing=true"});
   CHECK(both.code == 2);
   CHECK(both.err.find("model.gradient_checkpointing") != std::string::npos);
   CHECK(both.err.find("use fsdp_config.fsdp_activation_checkpointing: true alone") != std::string::npos);
@@ -89,4 +97,18 @@ TEST_CASE("bad training input stops the run with the key and the fix") {
   const Result lr = launch_with({"--set", "optimizer.lr=-1"});
   CHECK(lr.code == 2);
   CHECK(lr.err.find("optimizer.lr") != std::string::npos);
+}
+
+TEST_CASE("progress lines are drawn only on a terminal: a pipe gets the other lines only") {
+  const Result r =
+      fsdp::testing::ChildProcess(
+          FSDP_BINARY,
+          {"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "1", "--main_process_port", "0",
+           "--", "/bin/sh", "-c", "printf 'FSDPTRAIN_PROGRESS\\tbar %s\\nplain %s\\n' $FSDPTRAIN_PROGRESS x"},
+          {}, {"FSDPTRAIN_CONFIG_FILE", "RANK", "WORLD_SIZE"})
+          .wait();
+  INFO(r.out, r.err);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("[rank 0] plain x") != std::string::npos);
+  CHECK(r.out.find("bar") == std::string::npos);
 }
