@@ -468,6 +468,7 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::data, &DataConfig::path),
       Row("data.eval_fraction", V::kFloat)
+          .range(0)
           .def("0.05")
           .help("Fraction of the sequences held out for evaluation (0 to 0.5)")
           .extension()
@@ -525,11 +526,13 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::optimizer, &OptimConfig::lr),
       Row("optimizer.beta1", V::kFloat)
+          .range(0)
           .def("0.9")
           .help("AdamW beta1")
           .extension()
           .to(&Config::optimizer, &OptimConfig::beta1),
       Row("optimizer.beta2", V::kFloat)
+          .range(0)
           .def("0.95")
           .help("AdamW beta2")
           .extension()
@@ -540,11 +543,13 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::optimizer, &OptimConfig::eps),
       Row("optimizer.weight_decay", V::kFloat)
+          .range(0)
           .def("0.1")
           .help("AdamW decoupled weight decay (matrices and embeddings only)")
           .extension()
           .to(&Config::optimizer, &OptimConfig::weight_decay),
       Row("optimizer.grad_clip", V::kFloat)
+          .range(0)
           .def("1.0")
           .help("Clip the global gradient norm to this (0: no clipping)")
           .extension()
@@ -562,6 +567,7 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::schedule, &ScheduleConfig::warmup_steps),
       Row("schedule.min_lr_ratio", V::kFloat)
+          .range(0)
           .def("0.1")
           .help("Final learning rate as a fraction of the peak (0 to 1)")
           .extension()
@@ -578,6 +584,7 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::logging, &LoggingConfig::metrics_file),
       Row("logging.peak_tflops", V::kFloat)
+          .range(0)
           .def("0")
           .help("Peak TFLOP/s of one device for MFU (0: from fsdptrain's table of known GPUs)")
           .extension()
@@ -690,9 +697,12 @@ std::optional<std::string> canonicalize(const OptionSpec& spec, const RawValue& 
       return std::to_string(*n);
     }
     case ValueType::kFloat: {
+      // Positive unless the row allows a lower bound (range(0): zero means "off" for that key).
       auto d = parse_float(t);
-      if (!d || !(*d > 0)) {
-        *error = str("expected a positive number, got ", quoted(t));
+      const bool ok = d && (spec.min_value ? *d >= static_cast<double>(*spec.min_value) : *d > 0);
+      if (!ok) {
+        *error = spec.min_value ? str("expected a number >= ", *spec.min_value, ", got ", quoted(t))
+                                : str("expected a positive number, got ", quoted(t));
         return std::nullopt;
       }
       return t;

@@ -156,17 +156,19 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
       loss_sum += loss.item<double>();
     }
     const double loss = global_sum(world, loss_sum, device) / tokens_per_step;
-    if (!std::isfinite(loss)) {
-      FSDP_CHECK(tc.skip_nonfinite_loss, "[train] the loss is ", loss, " at step ", step,
-                 "; lower optimizer.lr (it was ", lr,
-                 "), check the data, or set train.skip_nonfinite_loss: true to "
-                 "skip such steps");
-      say(str("[train] step ", step, ": loss is ", loss, "; step skipped (train.skip_nonfinite_loss)\n"));
+    // clip -> step. A NaN/inf loss or gradient stops the run (every rank sees the same values), or
+    // skips the step so the weights stay finite.
+    const double grad_norm = std::isfinite(loss) ? optim::clip_grad_norm(*sharded, cfg.optimizer.grad_clip) : loss;
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      const std::string what =
+          std::isfinite(loss) ? str("the gradient norm is ", grad_norm) : str("the loss is ", loss);
+      if (!tc.skip_nonfinite_loss)
+        throw Error(str("[train] ", what, " at step ", step, "; lower optimizer.lr (it was ", lr,
+                        "), check the data, or set train.skip_nonfinite_loss: true to skip such steps"));
+      say(str("[train] step ", step, ": ", what, "; step skipped (train.skip_nonfinite_loss)\n"));
       sharded->zero_grad();
       continue;
     }
-    // clip -> step.
-    const double grad_norm = optim::clip_grad_norm(*sharded, cfg.optimizer.grad_clip);
     adamw.step();
     sharded->zero_grad();
 

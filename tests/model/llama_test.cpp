@@ -254,3 +254,18 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
         }).find("h.json: \"hidden_size\": expected a number") != std::string::npos);
   CHECK(error_of([] { load_llama_config("/nonexistent/config.json"); }).find("cannot read") != std::string::npos);
 }
+
+TEST_CASE("the shipped model configs parse; Llama-3-8B has its known parameter count and FLOPs per token") {
+  const std::string dir = std::string(FSDP_SOURCE_DIR) + "/configs/models/";
+  const LlamaConfig tiny_model = load_llama_config(dir + "tiny/config.json");
+  CHECK(tiny_model.vocab_size == 257);  // byte-level text: 256 bytes + end-of-text
+  CHECK(load_llama_config(dir + "llama-125m/config.json").num_parameters() / 1000000 == 109);  // 85M + tied embedding
+  CHECK(load_llama_config(dir + "llama-1b/config.json").num_parameters() == 1235814400);       // Llama 3.2 1B
+  const LlamaConfig big = load_llama_config(dir + "llama3-8b/config.json");
+  CHECK(big.num_parameters() == 8030261248);
+  CHECK(big.head_dim == 128);
+  REQUIRE(big.rope_scaling.has_value());
+  // 6 N' + 12 L H D T, N' without the input embedding (the PaLM / torchtitan convention).
+  const double n_prime = 8030261248.0 - 128256.0 * 4096.0;
+  CHECK(big.flops_per_token(8192) == doctest::Approx(6 * n_prime + 12.0 * 32 * 32 * 128 * 8192));
+}

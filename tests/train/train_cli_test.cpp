@@ -112,3 +112,18 @@ TEST_CASE("progress lines are drawn only on a terminal: a pipe gets the other li
   CHECK(r.out.find("[rank 0] plain x") != std::string::npos);
   CHECK(r.out.find("bar") == std::string::npos);
 }
+
+TEST_CASE("a NaN stops the run naming the step, or is skipped when asked") {
+  const std::vector<std::string> blow_up{"--set", "optimizer.lr=1e30",       "--set", "optimizer.grad_clip=0",
+                                         "--set", "schedule.warmup_steps=0", "--set", "train.steps=6",
+                                         "--set", "train.sequence_length=32"};
+  const Result stop = launch_with(blow_up);
+  CHECK(stop.code == 1);
+  CHECK((stop.out + stop.err).find("nan at step 2; lower optimizer.lr") != std::string::npos);
+  std::vector<std::string> skip = blow_up;
+  skip.insert(skip.end(), {"--set", "train.skip_nonfinite_loss=true"});
+  const Result skipped = launch_with(skip);
+  INFO(skipped.out, skipped.err);
+  CHECK(skipped.code == 0);
+  CHECK(skipped.out.find("step skipped (train.skip_nonfinite_loss)") != std::string::npos);
+}
