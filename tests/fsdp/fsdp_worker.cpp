@@ -42,7 +42,8 @@ struct Case {
   std::string model = "mlp";  // mlp | transformer
   WrapPolicy wrap = WrapPolicy::kTransformerBasedWrap;
   bool reshard = true;
-  bool bf16 = false;
+  at::ScalarType precision = at::kFloat;  // param_dtype: kFloat, kBFloat16 or kHalf
+  bool low_precision() const { return precision != at::kFloat; }
   bool offload = false;
   bool checkpointing = false;
   Accum accum = Accum::kSingle;
@@ -52,7 +53,10 @@ struct Case {
   std::string describe() const {
     static const char* wraps[] = {"transformer", "size", "none"};
     static const char* accums[] = {"single", "sync-each", "no-sync"};
-    return str(model, " wrap=", wraps[static_cast<int>(wrap)], " reshard=", reshard, " ", bf16 ? "bf16" : "fp32",
+    return str(model, " wrap=", wraps[static_cast<int>(wrap)], " reshard=", reshard, " ",
+               precision == at::kFloat      ? "fp32"
+               : precision == at::kBFloat16 ? "bf16"
+                                            : "fp16",
                " offload=", offload, " ac=", checkpointing, " accum=", accums[static_cast<int>(accum)], " hsdp=", hsdp);
   }
 };
@@ -111,12 +115,12 @@ struct Result {
 
 // --- the unsharded reference -------------------------------------------------------------------
 
-// One process, the whole global batch, LibTorch's AdamW and clip_grad_norm_. With bf16 it keeps
-// fp32 master weights and computes with a bf16 copy of them, as the mixed-precision policy does.
+// One process, the whole global batch, LibTorch's AdamW and clip_grad_norm_. With bf16/fp16 it
+// keeps fp32 master weights and computes with a low-precision copy, as the mixed-precision policy does.
 Result train_reference(const Case& c) {
-  const at::ScalarType compute_dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat;
+  const at::ScalarType compute_dtype = c.precision;
   TestModel master = make_model(c.model);
-  TestModel compute = c.bf16 ? make_model(c.model) : master;
+  TestModel compute = c.low_precision() ? make_model(c.model) : master;
   auto masters = unique_parameters(*master.module), computes = unique_parameters(*compute.module);
   std::vector<at::Tensor> decay, no_decay, trainable;
   for (auto& [name, p] : masters) {
@@ -138,7 +142,7 @@ Result train_reference(const Case& c) {
   const int64_t rows = kGlobalBatch / micro;
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = make_batch(c.model, step);
-    if (c.bf16) {
+    if (c.low_precision()) {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < masters.size(); ++i)
         computes[i].second.set_data(masters[i].second.detach().to(compute_dtype));
@@ -150,7 +154,7 @@ Result train_reference(const Case& c) {
       (loss / micro).backward();
       loss_sum += loss.item<double>() / micro;
     }
-    if (c.bf16) {
+    if (c.low_precision()) {
       for (size_t i = 0; i < masters.size(); ++i) {
         at::Tensor& g = computes[i].second.mutable_grad();
         if (g.defined()) masters[i].second.mutable_grad() = g.to(torch::kFloat);
@@ -180,7 +184,7 @@ fsdp::FsdpOptions options_for(const Case& c) {
   // block (202).
   o.min_num_params = c.model == "mlp" ? 150 : 10;
   o.reshard_after_forward = c.reshard;
-  if (c.bf16) o.mixed_precision.param_dtype = torch::kBFloat16;
+  o.mixed_precision.param_dtype = c.precision;
   o.offload_params = c.offload;
   o.activation_checkpointing = c.checkpointing;
   return o;
@@ -230,7 +234,7 @@ double relative_error(const at::Tensor& a, const at::Tensor& b) {
 
 // Throws naming the case and what differs. Returns the largest relative error seen.
 double compare(const Case& c, const Result& ref, const Result& got) {
-  const double tol = c.bf16 ? 2e-2 : 1e-5;
+  const double tol = c.precision == at::kBFloat16 ? 2e-2 : c.precision == at::kHalf ? 5e-3 : 1e-5;
   double worst = 0;
   auto check = [&](double err, const std::string& what) {
     worst = std::max(worst, err);
@@ -263,7 +267,7 @@ double compare(const Case& c, const Result& ref, const Result& got) {
 
 // Every value pair of every two factors appears in at least one chosen case (greedy all-pairs).
 std::vector<Case> all_pairs(int world_size) {
-  std::vector<std::vector<int>> levels = {{0, 1}, {0, 1, 2}, {0, 1}, {0, 1}, {0, 1}, {0, 1}, {0, 1, 2}};
+  std::vector<std::vector<int>> levels = {{0, 1}, {0, 1, 2}, {0, 1}, {0, 1, 2}, {0, 1}, {0, 1}, {0, 1, 2}};
   if (world_size == 4) levels.push_back({0, 1});  // HSDP as 2 x 2
   const size_t n = levels.size();
   std::vector<std::vector<int>> product{{}};
@@ -297,7 +301,7 @@ std::vector<Case> all_pairs(int world_size) {
     c.model = v[0] ? "transformer" : "mlp";
     c.wrap = static_cast<WrapPolicy>(v[1]);
     c.reshard = v[2];
-    c.bf16 = v[3];
+    c.precision = v[3] == 0 ? at::kFloat : v[3] == 1 ? at::kBFloat16 : at::kHalf;
     c.offload = v[4];
     c.checkpointing = v[5];
     c.accum = static_cast<Accum>(v[6]);
@@ -318,7 +322,7 @@ std::vector<Case> most_used_product() {
           Case c;
           c.model = "transformer";
           c.reshard = reshard;
-          c.bf16 = bf16;
+          c.precision = bf16 ? at::kBFloat16 : at::kFloat;
           c.checkpointing = ac;
           c.accum = a;
           cases.push_back(c);
@@ -386,7 +390,7 @@ int run_accounting(fsdp::dist::ProcessGroup world) {
         Case c;
         c.model = kind;
         c.reshard = reshard;
-        c.bf16 = bf16;
+        c.precision = bf16 ? at::kBFloat16 : at::kFloat;
         TestModel model = make_model(kind);
         std::map<std::string, at::Tensor> full;
         for (auto& [name, p] : unique_parameters(*model.module)) full[name] = p.detach().clone();
