@@ -1,0 +1,83 @@
+#include "ckpt/safetensors_torch.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <set>
+
+#include "util/error.h"
+#include "util/files.h"
+#include "util/strings.h"
+
+namespace fsdp::ckpt {
+
+namespace {
+
+constexpr std::pair<at::ScalarType, Dtype> kMap[] = {
+    {at::kBool, Dtype::kBool},
+    {at::kByte, Dtype::kU8},
+    {at::kChar, Dtype::kI8},
+    {at::kShort, Dtype::kI16},
+    {at::kUInt16, Dtype::kU16},
+    {at::kInt, Dtype::kI32},
+    {at::kUInt32, Dtype::kU32},
+    {at::kLong, Dtype::kI64},
+    {at::kUInt64, Dtype::kU64},
+    {at::kHalf, Dtype::kF16},
+    {at::kBFloat16, Dtype::kBF16},
+    {at::kFloat, Dtype::kF32},
+    {at::kDouble, Dtype::kF64},
+    {at::kComplexFloat, Dtype::kC64},
+    {at::kFloat8_e5m2, Dtype::kF8_E5M2},
+    {at::kFloat8_e4m3fn, Dtype::kF8_E4M3},
+    {at::kFloat8_e4m3fnuz, Dtype::kF8_E4M3FNUZ},
+    {at::kFloat8_e5m2fnuz, Dtype::kF8_E5M2FNUZ},
+};
+
+}  // namespace
+
+std::optional<Dtype> safetensors_dtype(at::ScalarType t) {
+  for (const auto& [s, d] : kMap)
+    if (s == t) return d;
+  return std::nullopt;
+}
+
+at::ScalarType scalar_type_of(Dtype d, const std::string& what) {
+  for (const auto& [s, dt] : kMap)
+    if (dt == d) return s;
+  throw InputError(str("[ckpt] ", what, ": dtype ", dtype_name(d), " has no LibTorch equivalent"));
+}
+
+at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info) {
+  const at::ScalarType type = scalar_type_of(info.dtype, file.path() + ": " + info.name);
+  at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(type));
+  if (info.nbytes() > 0) std::memcpy(t.data_ptr(), file.data(info), info.nbytes());
+  return t;
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  std::vector<at::Tensor> host;  // keeps the contiguous CPU copies alive while serializing
+  std::vector<TensorBytes> entries;
+  std::set<const void*> storages;
+  for (const auto& [name, t] : tensors) {
+    const auto d = safetensors_dtype(t.scalar_type());
+    FSDP_CHECK(d, "[ckpt] ", name, ": dtype ", t.scalar_type(), " cannot be stored in safetensors");
+    if (t.numel() > 0)
+      FSDP_CHECK(storages.insert(t.storage().data()).second, "[ckpt] ", name,
+                 " shares storage with another tensor; write a tied weight once");
+    host.push_back(t.detach().to(at::kCPU).contiguous());
+    entries.push_back(TensorBytes{name, *d, t.sizes().vec(), host.back().data_ptr(),
+                                  static_cast<size_t>(host.back().numel()) * host.back().element_size()});
+  }
+  write_file_atomic(path, serialize_safetensors(entries, metadata));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path) {
+  SafetensorsFile f(path);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const TensorInfo& t : f.header().tensors) out.emplace_back(t.name, read_tensor(f, t));
+  return out;
+}
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,30 @@
+// safetensors files to and from LibTorch tensors (the format itself is ckpt/safetensors.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/safetensors.h"
+
+namespace fsdp::ckpt {
+
+std::optional<Dtype> safetensors_dtype(at::ScalarType t);  // none for types safetensors lacks
+// Throws InputError naming `what` for a dtype LibTorch cannot hold (F4, F6_*, F8_E8M0, ...).
+at::ScalarType scalar_type_of(Dtype d, const std::string& what);
+
+// A copy of one tensor of a mapped file, as a CPU tensor of its dtype and shape.
+at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info);
+
+// Writes `tensors` (CPU or not; made contiguous) to `path` atomically (temporary name, fsync,
+// rename). Names must be distinct and tensors must not share storage (write a tied weight once).
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Every tensor of a file, in data order.
+std::vector<std::pair<std::string, at::Tensor>> load_safetensors(const std::string& path);
+
+}  // namespace fsdp::ckpt

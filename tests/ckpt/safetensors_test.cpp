@@ -1,0 +1,170 @@
+// safetensors: every dtype round-trips, the writer's layout is the reference writer's, and a corpus
+// of malformed files is refused with the reason (the rules of the reference reader).
+#include "ckpt/safetensors.h"
+
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+
+#include "ckpt/safetensors_torch.h"
+#include "util/error.h"
+#include "util/files.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp::ckpt;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Header parse(const std::string& bytes) {
+  return parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "f.safetensors");
+}
+
+// A file from a header text and a data buffer, as a writer that breaks the rules might make it.
+std::string raw_file(const std::string& header, const std::string& data, std::optional<uint64_t> claimed = {}) {
+  std::string out(8, '\0');
+  const uint64_t n = claimed.value_or(header.size());
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
+  return out + header + data;
+}
+
+}  // namespace
+
+TEST_CASE("every dtype round-trips through serialize and parse") {
+  std::mt19937 rng(3);
+  std::vector<std::string> buffers;
+  std::vector<TensorBytes> tensors;
+  for (int i = 0; i <= static_cast<int>(Dtype::kF6_E3M2); ++i) {
+    const Dtype d = static_cast<Dtype>(i);
+    const std::vector<int64_t> shape{2, 4};  // 8 elements: whole bytes even for 4- and 6-bit types
+    std::string bytes(8 * dtype_bits(d) / 8, '\0');
+    for (char& c : bytes) c = static_cast<char>(rng());
+    buffers.push_back(bytes);
+    tensors.push_back(TensorBytes{std::string("t_") + dtype_name(d), d, shape, nullptr, bytes.size()});
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = buffers[i].data();
+  tensors.push_back(TensorBytes{"scalar", Dtype::kF32, {}, buffers[11].data(), 4});
+  tensors.push_back(TensorBytes{"empty", Dtype::kBF16, {0, 3}, nullptr, 0});
+  const std::string file = serialize_safetensors(tensors);
+  const Header h = parse(file);
+  CHECK(h.tensors.size() == tensors.size());
+  CHECK(h.metadata.at("format") == "pt");
+  for (const TensorBytes& t : tensors) {
+    const TensorInfo* info = h.find(t.name);
+    REQUIRE(info != nullptr);
+    CHECK(info->dtype == t.dtype);
+    CHECK(info->shape == t.shape);
+    CHECK(info->nbytes() == t.nbytes);
+    if (t.nbytes) CHECK(std::memcmp(file.data() + h.data_start + info->begin, t.data, t.nbytes) == 0);
+  }
+}
+
+TEST_CASE("the writer's layout: padded header, metadata first, larger alignment first") {
+  const double f64[2] = {1, 2};
+  const float f32[1] = {3};
+  const uint8_t u8[3] = {4, 5, 6};
+  const uint16_t bf[1] = {7};
+  const std::string file = serialize_safetensors({{"b_u8", Dtype::kU8, {3}, u8, 3},
+                                                  {"a_bf16", Dtype::kBF16, {1}, bf, 2},
+                                                  {"z_f64", Dtype::kF64, {2}, f64, 16},
+                                                  {"y_f32", Dtype::kF32, {1}, f32, 4}});
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  CHECK(n % 8 == 0);
+  const std::string header = file.substr(8, n);
+  CHECK(header.rfind("{\"__metadata__\":{\"format\":\"pt\"}", 0) == 0);
+  CHECK(header.find_last_not_of(' ') == header.find_last_of('}'));
+  const Header h = parse(file);
+  std::vector<std::string> order;
+  for (const auto& t : h.tensors) order.push_back(t.name);
+  CHECK(order == std::vector<std::string>{"z_f64", "y_f32", "a_bf16", "b_u8"});
+  CHECK(error_of([&] {
+          serialize_safetensors({{"x", Dtype::kF32, {2}, f32, 4}});
+        }).find("needs 8 bytes, got 4") != std::string::npos);
+  CHECK(error_of([&] {
+          serialize_safetensors({{"x", Dtype::kU8, {1}, u8, 1}, {"x", Dtype::kU8, {1}, u8, 1}});
+        }).find("appears twice") != std::string::npos);
+}
+
+TEST_CASE("malformed files are refused with the reason") {
+  const std::string ok_header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  const std::string data(8, 'x');
+  REQUIRE_NOTHROW(parse(raw_file(ok_header, data)));
+  const std::vector<std::pair<std::string, std::string>> corpus = {
+      {std::string("\x01\x02\x03", 3), "fewer than the 8-byte header length"},
+      {raw_file(ok_header, data, 200000000), "more than the limit of 100000000"},
+      {raw_file(ok_header, data, ok_header.size() + 100), "only"},
+      {raw_file(ok_header.substr(0, 20), data.substr(0, 0)), "not valid JSON"},
+      {raw_file(R"(["a"])", ""), "not a JSON object"},
+      {raw_file(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", data), "unknown dtype \"F33\""},
+      {raw_file(R"({"a":{"dtype":"F32","shape":[2]}})", data), "needs dtype, shape and data_offsets"},
+      {raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data), "needs 12 bytes"},
+      {raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data), "end 0 < begin 8"},
+      {raw_file(
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[2,6]}})",
+           data.substr(0, 6)),
+       "overlaps"},
+      {raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data), "a hole before it"},
+      {raw_file(ok_header, data + "trailing"), "must be indexed entirely"},
+      {raw_file(ok_header, data.substr(0, 4)), "the file has"},
+      {raw_file(R"({"__metadata__":{"format":1},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data),
+       "is not a string"},
+      {raw_file(R"({"a":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}})", "x"), "not whole bytes"},
+      {raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data), "shape holds -2"},
+      {raw_file("{\"\xff\":{}}", ""), "not valid JSON"},
+  };
+  for (const auto& [bytes, reason] : corpus) {
+    const std::string e = error_of([&] { parse(bytes); });
+    INFO("expected: ", reason, "; got: ", e);
+    CHECK(e.find("f.safetensors: not a valid safetensors file") == 0);
+    CHECK(e.find(reason) != std::string::npos);
+  }
+}
+
+TEST_CASE("LibTorch tensors round-trip through a file, memory-mapped on the way back") {
+  const std::string path = "/tmp/fsdp_st_" + std::to_string(::getpid()) + ".safetensors";
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"f32", torch::randn({3, 5})},
+      {"bf16", torch::randn({4}).to(torch::kBFloat16)},
+      {"f16", torch::randn({2, 2}).to(torch::kHalf)},
+      {"f64", torch::randn({1}, torch::kDouble)},
+      {"i64", torch::arange(7)},
+      {"i32", torch::arange(3, torch::kInt)},
+      {"i16", torch::arange(3, torch::kShort)},
+      {"i8", torch::arange(-2, 2, torch::kChar)},
+      {"u8", torch::arange(4, torch::kByte)},
+      {"bool", torch::tensor({true, false})},
+      {"f8", torch::randn({5}).to(at::kFloat8_e4m3fn)},
+      {"scalar", torch::tensor(2.5)},
+      {"strided", torch::randn({4, 6}).t()},
+  };
+  save_safetensors(path, tensors, {{"step", "12"}});
+  SafetensorsFile f(path);
+  CHECK(f.header().metadata.at("format") == "pt");
+  CHECK(f.header().metadata.at("step") == "12");
+  auto loaded = load_safetensors(path);
+  REQUIRE(loaded.size() == tensors.size());
+  for (const auto& [name, t] : tensors) {
+    auto it = std::find_if(loaded.begin(), loaded.end(), [&](const auto& kv) { return kv.first == name; });
+    REQUIRE(it != loaded.end());
+    CHECK((it->second.scalar_type() == t.scalar_type()));
+    CHECK(it->second.sizes().vec() == t.sizes().vec());
+    CHECK(at::equal(it->second.reshape({-1}).view(at::kByte), t.contiguous().reshape({-1}).view(at::kByte)));
+  }
+  const at::Tensor w = torch::randn({2});
+  CHECK(error_of([&] { save_safetensors(path, {{"a", w}, {"b", w}}); }).find("shares storage") != std::string::npos);
+  std::remove(path.c_str());
+}
