@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -198,18 +199,20 @@ SafetensorsFile::~SafetensorsFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
 }
 
-std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
-                                  std::map<std::string, std::string> metadata) {
-  std::vector<const TensorBytes*> order;
+namespace {
+
+// The header bytes (length prefix included) and the tensors in layout order.
+std::string build_header(const std::vector<TensorBytes>& tensors, std::map<std::string, std::string> metadata,
+                         std::vector<const TensorBytes*>* order) {
   for (const TensorBytes& t : tensors) {
     const auto need = byte_count(t.dtype, t.shape);
     FSDP_CHECK(need && *need == t.nbytes, "[ckpt] tensor ", quoted(t.name), ": ", dtype_name(t.dtype), " ",
                shape_text(t.shape), " needs ", need ? *need : 0, " bytes, got ", t.nbytes);
     FSDP_CHECK(t.name != "__metadata__", "[ckpt] a tensor cannot be named __metadata__");
-    order.push_back(&t);
+    order->push_back(&t);
   }
   // Larger alignment first, then by name (the reference writer's order): every tensor aligned.
-  std::sort(order.begin(), order.end(), [](const TensorBytes* a, const TensorBytes* b) {
+  std::sort(order->begin(), order->end(), [](const TensorBytes* a, const TensorBytes* b) {
     const int ba = dtype_bits(a->dtype), bb = dtype_bits(b->dtype);
     return ba != bb ? ba > bb : a->name < b->name;
   });
@@ -218,7 +221,7 @@ std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
   nlohmann::ordered_json j;
   j["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const TensorBytes* t : order) {
+  for (const TensorBytes* t : *order) {
     FSDP_CHECK(!j.contains(t->name), "[ckpt] tensor name ", quoted(t->name), " appears twice");
     j[t->name] = {{"dtype", dtype_name(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + t->nbytes}}};
     offset += t->nbytes;
@@ -226,12 +229,71 @@ std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
   std::string header = j.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
   std::string out(8, '\0');
-  uint64_t n = header.size();
+  const uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
-  out += header;
-  out.reserve(out.size() + offset);
+  return out + header;
+}
+
+void write_fully(int fd, const char* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    FSDP_CHECK(w > 0, "[ckpt] cannot write ", quoted(path), ": ", std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
+                                  std::map<std::string, std::string> metadata) {
+  std::vector<const TensorBytes*> order;
+  std::string out = build_header(tensors, std::move(metadata), &order);
+  size_t total = 0;
+  for (const TensorBytes* t : order) total += t->nbytes;
+  out.reserve(out.size() + total);
   for (const TensorBytes* t : order) out.append(static_cast<const char*>(t->data), t->nbytes);
   return out;
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<TensorBytes>& specs,
+                                     std::map<std::string, std::string> metadata)
+    : path_(std::move(path)), tmp_(path_ + ".tmp") {
+  std::vector<const TensorBytes*> order;
+  const std::string header = build_header(specs, std::move(metadata), &order);
+  for (const TensorBytes* t : order) {
+    order_.push_back(t->name);
+    sizes_.push_back(t->nbytes);
+  }
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  FSDP_CHECK(fd_ >= 0, "[ckpt] cannot create ", quoted(tmp_), ": ", std::strerror(errno));
+  write_fully(fd_, header.data(), header.size(), tmp_);
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void SafetensorsWriter::append(const std::string& name, const void* data, size_t nbytes) {
+  FSDP_ASSERT(next_ < order_.size() && order_[next_] == name, "SafetensorsWriter: expected ",
+              next_ < order_.size() ? order_[next_] : "no more tensors", ", got ", name);
+  FSDP_ASSERT(nbytes == sizes_[next_], "SafetensorsWriter: ", name, " has ", nbytes, " bytes, declared ",
+              sizes_[next_]);
+  write_fully(fd_, static_cast<const char*>(data), nbytes, tmp_);
+  ++next_;
+}
+
+void SafetensorsWriter::finish() {
+  FSDP_ASSERT(next_ == order_.size(), "SafetensorsWriter: ", order_.size() - next_, " tensors not written");
+  FSDP_CHECK(::fsync(fd_) == 0, "[ckpt] cannot sync ", quoted(tmp_), ": ", std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  FSDP_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "[ckpt] cannot rename ", quoted(tmp_), " to ", quoted(path_),
+             ": ", std::strerror(errno));
 }
 
 }  // namespace fsdp::ckpt

@@ -103,4 +103,27 @@ struct TensorBytes {
 std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
                                   std::map<std::string, std::string> metadata = {});
 
+// Writes a file one tensor at a time, so a writer never holds more than one tensor: the header
+// comes from the specs (TensorBytes without data), then append() takes each tensor's bytes in
+// order(), and finish() fsyncs and renames the temporary file into place. A writer destroyed
+// before finish() removes its temporary file and leaves `path` untouched.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, const std::vector<TensorBytes>& specs,
+                    std::map<std::string, std::string> metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  const std::vector<std::string>& order() const { return order_; }
+  void append(const std::string& name, const void* data, size_t nbytes);
+  void finish();
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  std::vector<std::string> order_;
+  std::vector<size_t> sizes_;
+  size_t next_ = 0;
+};
+
 }  // namespace fsdp::ckpt

@@ -248,6 +248,21 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradient
   return gather_full(flat_grad_, /*trainable_only=*/true);
 }
 
+at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
+  c10::NoGradGuard no_grad;
+  const ShardedParam& p = params_.at(i);
+  const int64_t world = mesh_->shard.size(), n = p.layout.shard_numel();
+  const at::Tensor mine = flat_shard_.narrow(0, p.offset, n);
+  at::Tensor all = mine;
+  if (world > 1 && n > 0) {
+    all = at::empty({world * n}, flat_shard_.options().pinned_memory(false));
+    all.narrow(0, mesh_->shard.rank() * n, n).copy_(mine);
+    dist::ProcessGroup shard = mesh_->shard;
+    shard.all_gather(all, all.narrow(0, mesh_->shard.rank() * n, n)).wait();
+  }
+  return all.narrow(0, 0, p.layout.numel()).view(p.layout.shape).clone();
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at::Tensor& flat,
                                                                         bool trainable_only) const {
   c10::NoGradGuard no_grad;

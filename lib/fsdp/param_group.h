@@ -106,6 +106,9 @@ class ParamGroup {
   // (collective over the shard group).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> gather_full_gradients() const;
+  // The full fp32 value of params()[i] alone (collective over the shard group): what exports use,
+  // so no rank holds more than one full tensor.
+  at::Tensor gather_full_parameter(size_t i) const;
 
   // Persistent bytes this rank holds: sharded params, their gradients (fp32, padding included).
   int64_t param_bytes() const;
