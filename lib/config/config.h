@@ -123,6 +123,7 @@ struct ParallelismConfig {
 
 struct ModelConfig {
   std::string config;                   // a Hugging Face Llama config.json
+  std::string pretrained;               // a Hugging Face folder to start from (its config.json and weights)
   bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
 };
 
@@ -156,6 +157,11 @@ struct ScheduleConfig {
   double min_lr_ratio = 0.1;  // the schedule ends at lr * min_lr_ratio
 };
 
+struct CheckpointConfig {
+  std::string export_dir;       // Hugging Face folders written here: step-<N>
+  int64_t export_interval = 0;  // also every N steps (0: only at the end)
+};
+
 struct LoggingConfig {
   int64_t interval = 10;
   std::string metrics_file;  // JSONL, one line per logging step (rank 0)
@@ -172,6 +178,7 @@ struct Config {
   OptimConfig optimizer;
   ScheduleConfig schedule;
   LoggingConfig logging;
+  CheckpointConfig checkpoint;
 };
 
 // What actually runs: every FSDP1 strategy and FSDP2 setting reduced to one FSDP2 layout.

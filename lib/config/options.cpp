@@ -457,6 +457,12 @@ std::vector<OptionSpec> build_table() {
           .help("Hugging Face Llama config.json of the model to train (see configs/models/)")
           .extension()
           .to(&Config::model, &ModelConfig::config),
+      Row("model.pretrained", V::kString)
+          .def("")
+          .help("A Hugging Face Llama folder (config.json + safetensors) to start from; its config.json is the model "
+                "unless model.config is also given, which must then match it")
+          .extension()
+          .to(&Config::model, &ModelConfig::pretrained),
       Row("model.gradient_checkpointing", V::kBool)
           .def("false")
           .help("Transformers' switch; fsdptrain checkpoints with fsdp_config.fsdp_activation_checkpointing")
@@ -572,6 +578,18 @@ std::vector<OptionSpec> build_table() {
           .help("Final learning rate as a fraction of the peak (0 to 1)")
           .extension()
           .to(&Config::schedule, &ScheduleConfig::min_lr_ratio),
+      Row("checkpoint.export_dir", V::kString)
+          .def("")
+          .help("Write the trained model as a Hugging Face folder <export_dir>/step-<N> (loadable by transformers' "
+                "from_pretrained) at the end of training")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::export_dir),
+      Row("checkpoint.export_interval", V::kInt)
+          .range(0)
+          .def("0")
+          .help("Also export every N steps (0: only at the end)")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::export_interval),
       Row("logging.interval", V::kInt)
           .range(1)
           .def("10")

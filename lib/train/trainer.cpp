@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 
+#include "ckpt/hf.h"
 #include "config/show.h"
 #include "data/dataset.h"
 #include "dist/process_group.h"
@@ -67,10 +68,13 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   say(config::format_resolved(rc, config::ShowFormat::kTable));
 
   // Data first: a bad path fails in a second, before any model is built.
-  FSDP_CHECK(!cfg.model.config.empty(),
-             "[train] model.config is not set; give a Hugging Face config.json, such as "
-             "configs/models/tiny/config.json");
-  const model::LlamaConfig mc = model::load_llama_config(cfg.model.config);
+  FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
+             "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
+             "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
+  std::unique_ptr<ckpt::HfCheckpoint> pretrained;
+  if (!cfg.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(cfg.model.pretrained);
+  const model::LlamaConfig mc =
+      cfg.model.config.empty() ? pretrained->config() : model::load_llama_config(cfg.model.config);
   const data::TokenStream stream = data::read_tokens(cfg.data.path);
   FSDP_CHECK(stream.max_token() < mc.vocab_size, "[data] ", cfg.data.path, " holds token id ", stream.max_token(),
              " but the model's vocab_size is ", mc.vocab_size, "; raise vocab_size in ", cfg.model.config,
@@ -94,6 +98,12 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   plan.options.init = [&mc, seed](const std::string& name, at::IntArrayRef shape) {
     return model::init_parameter(mc, seed, name, shape);
   };
+  if (pretrained) {  // every rank maps the files: one copy per machine, in the page cache
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (const auto& p : llama->named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
+    pretrained->check_matches(shapes);
+    plan.options.init = [&pretrained](const std::string& name, at::IntArrayRef) { return pretrained->read(name); };
+  }
   auto sharded = fsdp::fully_shard(*llama, model::llama_traits(mc),
                                    fsdp::make_mesh(world, plan.replicate_size, plan.shard_size), plan.options);
   optim::AdamWOptions ao{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,
@@ -131,6 +141,13 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
       count += static_cast<double>(eval_batch * T);
     }
     return global_sum(world, sum, device) / global_sum(world, count, device);
+  };
+
+  auto export_to = [&](int64_t step) {
+    const std::string dir = str(cfg.checkpoint.export_dir, "/step-", step);
+    const Clock::time_point t = Clock::now();
+    ckpt::export_hf(*sharded, mc, dir);
+    say(str("[train] exported a Hugging Face folder to ", dir, " in ", seconds_since(t), " s\n"));
   };
 
   TrainSummary summary;
@@ -195,6 +212,9 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
     }
     if (progress)
       out << kProgressLinePrefix << progress_bar(step, tc.steps, summary.last_loss, seconds_since(start)) << std::endl;
+    if (!cfg.checkpoint.export_dir.empty() && cfg.checkpoint.export_interval > 0 &&
+        step % cfg.checkpoint.export_interval == 0 && step != tc.steps)
+      export_to(step);
     if (tc.eval_interval > 0 && step % tc.eval_interval == 0 && step != tc.steps) {
       const double e = evaluate();
       if (std::isfinite(e)) {
@@ -203,6 +223,7 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
       }
     }
   }
+  if (!cfg.checkpoint.export_dir.empty()) export_to(summary.steps);
   summary.seconds = seconds_since(start);
   summary.tokens_per_s = tokens_per_step * summary.steps / summary.seconds;
   summary.eval_loss = evaluate();

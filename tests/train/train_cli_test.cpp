@@ -127,3 +127,38 @@ TEST_CASE("a NaN stops the run naming the step, or is skipped when asked") {
   CHECK(skipped.code == 0);
   CHECK(skipped.out.find("step skipped (train.skip_nonfinite_loss)") != std::string::npos);
 }
+
+TEST_CASE("a run exports a Hugging Face folder, and a second run starts from it") {
+  const std::string dir = temp_path("export");
+  (void)!std::system(("rm -rf " + dir).c_str());
+  const std::string first = temp_path("first.jsonl"), second = temp_path("second.jsonl");
+  std::remove(first.c_str());
+  std::remove(second.c_str());
+  const std::vector<std::string> common{"--set", "train.sequence_length=32", "--set", "logging.interval=1",
+                                        "--set", "train.eval_interval=0"};
+  std::vector<std::string> a = common, b = common;
+  a.insert(a.end(), {"--set", "train.steps=60", "--set", "checkpoint.export_dir=" + dir, "--set",
+                     "checkpoint.export_interval=30", "--set", "logging.metrics_file=" + first});
+  const Result ra = launch_with(a);
+  INFO(ra.out, ra.err);
+  REQUIRE(ra.code == 0);
+  for (const std::string step : {"step-30", "step-60"}) {
+    CHECK(std::ifstream(dir + "/" + step + "/config.json").good());
+    CHECK(std::ifstream(dir + "/" + step + "/model.safetensors").good());
+  }
+  b.insert(b.end(), {"--set", "train.steps=2", "--set", "model.pretrained=" + dir + "/step-60", "--set",
+                     "logging.metrics_file=" + second});
+  const Result rb = launch_with(b);
+  INFO(rb.out, rb.err);
+  REQUIRE(rb.code == 0);
+  const auto la = losses(first), lb = losses(second);
+  REQUIRE(la.size() == 60);
+  REQUIRE(lb.size() == 2);
+  CHECK(lb.front() < la.front() - 1.0);  // it starts trained, not from random weights
+  // A folder that does not fit model.config is refused with the list of mismatches.
+  const Result bad = launch_with({"--set", "model.config=configs/models/llama-125m/config.json", "--set",
+                                  "model.pretrained=" + dir + "/step-60"});
+  CHECK(bad.code == 2);
+  CHECK((bad.out + bad.err).find("does not match the model") != std::string::npos);
+  (void)!std::system(("rm -rf " + dir).c_str());
+}
