@@ -10,6 +10,7 @@
 #include <random>
 
 #include "ckpt/safetensors_torch.h"
+#include "support/error_of.h"
 #include "util/error.h"
 #include "util/files.h"
 
@@ -20,14 +21,7 @@ using namespace fsdp::ckpt;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using fsdp::testing::error_of;
 
 Header parse(const std::string& bytes) {
   return parse_safetensors(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "f.safetensors");

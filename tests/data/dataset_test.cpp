@@ -10,12 +10,15 @@
 #include <numeric>
 #include <set>
 
+#include "support/error_of.h"
 #include "util/error.h"
 #include "util/files.h"
 
 using namespace fsdp::data;
 
 namespace {
+
+using fsdp::testing::error_of;
 
 struct TempDir {
   std::string path;
@@ -29,15 +32,6 @@ struct TempDir {
     return path + "/" + name;
   }
 };
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TokenStream counting(int32_t n) {
   TokenStream s;

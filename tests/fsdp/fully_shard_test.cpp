@@ -10,6 +10,7 @@
 #include "fsdp/config_map.h"
 #include "fsdp/shard_layout.h"
 #include "fsdp/test_models.h"
+#include "support/error_of.h"
 #include "util/error.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
@@ -20,19 +21,12 @@ using namespace fsdp::testing;
 
 namespace {
 
+using fsdp::testing::error_of;
+
 std::vector<std::string> unit_names(const ShardedModel& m) {
   std::vector<std::string> out;
   for (const auto& g : m.groups()) out.push_back(g->display_name());
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 DeviceMesh single() {

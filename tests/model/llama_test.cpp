@@ -9,6 +9,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "support/error_of.h"
 #include "util/error.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
@@ -18,6 +19,8 @@ using namespace fsdp;
 using namespace fsdp::model;
 
 namespace {
+
+using fsdp::testing::error_of;
 
 LlamaConfig tiny(int64_t kv_heads = 2) {
   LlamaConfig c;
@@ -90,18 +93,10 @@ at::Tensor reference_logits(const LlamaConfig& c, std::map<std::string, at::Tens
   return at::matmul(x, head.t());
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("a fixed-seed model's logits equal a float64 reimplementation") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   for (bool tied : {false, true}) {
     LlamaConfig c = tiny();
     c.tie_word_embeddings = tied;
@@ -116,6 +111,7 @@ TEST_CASE("a fixed-seed model's logits equal a float64 reimplementation") {
 }
 
 TEST_CASE("HF parameter names and shapes") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig c = tiny();
   LlamaForCausalLM m(c);
   auto params = m->named_parameters();
@@ -130,6 +126,7 @@ TEST_CASE("HF parameter names and shapes") {
 }
 
 TEST_CASE("RMSNorm: fp32 statistics, cast back to bf16 before the (bf16) weight") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaRMSNorm norm(8, 1e-6);
   norm->weight.data().copy_(at::linspace(0.5, 2.0, 8));
   norm->to(at::kBFloat16);
@@ -142,6 +139,7 @@ TEST_CASE("RMSNorm: fp32 statistics, cast back to bf16 before the (bf16) weight"
 }
 
 TEST_CASE("rotary embeddings: a rotation, and attention scores depend on relative position only") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig c = tiny();
   const at::Tensor inv = rope_inv_freq(c);
   const at::Tensor like = at::zeros({1}, at::kDouble);
@@ -156,6 +154,7 @@ TEST_CASE("rotary embeddings: a rotation, and attention scores depend on relativ
 }
 
 TEST_CASE("Llama 3 rope scaling: high frequencies kept, low ones divided by the factor, the middle blended") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig c = tiny();
   c.head_dim = 128;
   c.rope_theta = 500000.0;
@@ -179,17 +178,19 @@ TEST_CASE("Llama 3 rope scaling: high frequencies kept, low ones divided by the 
 }
 
 TEST_CASE("causal: a token's logits do not depend on later tokens") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig c = tiny();
   LlamaForCausalLM m = build(c);
   at::Tensor a = at::randint(0, c.vocab_size, {1, 8}, at::kLong);
   at::Tensor b = a.clone();
-  b.narrow(1, 5, 3).fill_(3);
+  b.narrow(1, 5, 3).add_(1).remainder_(c.vocab_size);  // every later token differs
   const at::Tensor la = m->forward(a), lb = m->forward(b);
-  CHECK(at::allclose(la.narrow(1, 0, 5), lb.narrow(1, 0, 5), 1e-5, 1e-6));
+  CHECK(at::allclose(la.narrow(1, 0, 5), lb.narrow(1, 0, 5), 1e-4, 1e-5));
   CHECK(!at::allclose(la.narrow(1, 5, 3), lb.narrow(1, 5, 3)));
 }
 
 TEST_CASE("GQA equals full attention with each kv head repeated") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig gqa = tiny(2), full = tiny(4);
   LlamaForCausalLM a = build(gqa), b = build(full);
   torch::NoGradGuard no_grad;
@@ -202,10 +203,12 @@ TEST_CASE("GQA equals full attention with each kv head repeated") {
     pb[p.key()].copy_(src);
   }
   const at::Tensor tokens = at::randint(0, gqa.vocab_size, {2, 6}, at::kLong);
-  CHECK(at::allclose(a->forward(tokens), b->forward(tokens), 1e-5, 1e-6));
+  // Different matmul shapes round differently in the last bits; the logits are O(1).
+  CHECK(at::allclose(a->forward(tokens), b->forward(tokens), 1e-4, 1e-5));
 }
 
 TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer sharding builds the same model") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig c = tiny();
   CHECK(at::equal(init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16}),
                   init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16})));
@@ -221,10 +224,11 @@ TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer 
   torch::NoGradGuard no_grad;
   const at::Tensor got =
       sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{lazy->forward(in[0])}; })[0];
-  CHECK(at::allclose(got, full->forward(tokens), 1e-6, 1e-7));
+  CHECK(at::allclose(got, full->forward(tokens), 1e-5, 1e-6));
 }
 
 TEST_CASE("config.json: HF spellings old and new, and clear errors") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   const LlamaConfig a = parse_llama_config(
       R"({"model_type":"llama","hidden_size":64,"num_attention_heads":4,"torch_dtype":"bfloat16",
           "rope_theta":500000.0,"rope_scaling":{"type":"llama3","factor":8.0,"low_freq_factor":1.0,
@@ -256,6 +260,7 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
 }
 
 TEST_CASE("the shipped model configs parse; Llama-3-8B has its known parameter count and FLOPs per token") {
+  torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   const std::string dir = std::string(FSDP_SOURCE_DIR) + "/configs/models/";
   const LlamaConfig tiny_model = load_llama_config(dir + "tiny/config.json");
   CHECK(tiny_model.vocab_size == 257);  // byte-level text: 256 bytes + end-of-text
