@@ -89,11 +89,8 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
 
   // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
   model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  // Not FSDP (MULTI_CPU/MULTI_GPU): the plan replicates over every rank, plain data parallel.
   fsdp::FsdpPlan plan = fsdp::fsdp_plan_from_config(cfg, device);
-  if (cfg.launch.distributed_type != config::DistributedType::kFsdp) {
-    plan.replicate_size = world.size();  // plain data parallel: every rank holds everything
-    plan.shard_size = 1;
-  }
   const uint64_t seed = static_cast<uint64_t>(tc.seed);
   plan.options.init = [&mc, seed](const std::string& name, at::IntArrayRef shape) {
     return model::init_parameter(mc, seed, name, shape);
