@@ -222,8 +222,9 @@ int run(int argc, char** argv) {
   std::vector<std::string> check_sizes;
   CLI::App* launch_cmd = app.add_subcommand(
       "launch",
-      "Start and supervise the workers of this machine: `fsdptrain launch [flags] -- PROGRAM ARGS...` (or "
-      "SCRIPT.py ARGS..., run with python3), or --check");
+      "Start and supervise the workers of this machine: with no program, the built-in trainer on the config's "
+      "model and data; or `fsdptrain launch [flags] -- PROGRAM ARGS...` (or SCRIPT.py ARGS..., run with python3); "
+      "or --check");
   launch_args.add_to(launch_cmd);
   launch_cmd->add_flag("--dry-run,--dry_run", lo.dry_run,
                        "Print each local rank's environment and command; start nothing");

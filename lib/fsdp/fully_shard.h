@@ -20,9 +20,10 @@
 // gradients are complete; a callback queued on the autograd engine reduces what is left (units
 // whose inputs needed no gradient, the root) and waits for every reduction.
 //
-// Ownership: the ShardedModel does not own the module; it must outlive neither the module nor the
-// process groups. Collective: construction, forward/backward and gather_full_state are collective
-// over the mesh. Not thread-safe. At most one ShardedModel per module.
+// Ownership: the ShardedModel does not own the module; the module and the process groups must
+// outlive it, and it must outlive every autograd graph its forward built (their hooks point at it).
+// Collective: construction, forward/backward and gather_full_state are collective over the mesh.
+// Not thread-safe. At most one ShardedModel per module.
 #pragma once
 
 #include <ATen/core/Tensor.h>

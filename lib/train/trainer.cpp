@@ -77,7 +77,8 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
       cfg.model.config.empty() ? pretrained->config() : model::load_llama_config(cfg.model.config);
   const data::TokenStream stream = data::read_tokens(cfg.data.path);
   FSDP_CHECK(stream.max_token() < mc.vocab_size, "[data] ", cfg.data.path, " holds token id ", stream.max_token(),
-             " but the model's vocab_size is ", mc.vocab_size, "; raise vocab_size in ", cfg.model.config,
+             " but the model's vocab_size is ", mc.vocab_size, "; raise vocab_size in ",
+             cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config,
              " (byte-level text needs 257)");
   const int64_t T = tc.sequence_length, B = tc.micro_batch_size, accum = tc.gradient_accumulation_steps;
   const data::Split split =
