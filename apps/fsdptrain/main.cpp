@@ -19,6 +19,7 @@
 #include "launch/health_check.h"
 #include "launch/launcher.h"
 #include "launch/slurm.h"
+#include "train/estimate_memory.h"
 #include "train/trainer.h"
 #include "util/build_info.h"
 #include "util/env_report.h"
@@ -249,6 +250,13 @@ int run(int argc, char** argv) {
   worker->add_option("--set", worker_args.sets);
 
   // to-fsdp2
+  ConfigArgs estimate_args;
+  CLI::App* estimate = app.add_subcommand(
+      "estimate-memory",
+      "Per-rank memory of the config's model, batch and FSDP settings, with and without offload and activation "
+      "checkpointing (--num_processes W to try another world size)");
+  estimate_args.add_to(estimate);
+
   config::ToFsdp2Command t2;
   CLI::App* to2 =
       app.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
@@ -306,6 +314,12 @@ int run(int argc, char** argv) {
       for (const auto& [key, text] : inputs.flags) lo.command.insert(lo.command.end(), {"--set", key + "=" + text});
     }
     return launch::run_launch(rc, lo, std::cout);
+  }
+  if (estimate->parsed()) {
+    const config::ResolvedConfig rc = config::load_config_or_throw(estimate_args.inputs());
+    std::cout << train::format_memory_estimate(rc.typed, train::model_config_of(rc.typed),
+                                               rc.typed.launch.num_processes);
+    return 0;
   }
   if (env->parsed()) {
     std::string source;

@@ -119,10 +119,9 @@ DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int sh
   return DeviceMesh{shard, replicate};
 }
 
-ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh, FsdpOptions options)
-    : model_(model), mesh_(std::move(mesh)), options_(std::move(options)) {
+std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& traits, const FsdpOptions& options) {
   const auto modules = model.named_modules("", /*include_self=*/false);
-  const std::vector<std::string> units = choose_units(modules, traits, options_);
+  const std::vector<std::string> units = choose_units(modules, traits, options);
 
   // Each distinct parameter (a tied one is registered under several names) goes to the deepest unit
   // containing every module that registers it; the root when none does.
@@ -131,7 +130,6 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
     at::Tensor tensor;
     std::vector<std::string> aliases;
     std::string unit;
-    bool assigned = false;
   };
   std::vector<Found> found;
   std::unordered_map<const at::TensorImpl*, size_t> index;
@@ -156,25 +154,33 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
     }
   }
 
-  std::vector<std::string> group_paths{""};
-  for (const std::string& u : units) group_paths.push_back(u);
+  std::vector<std::string> paths{""};
+  for (const std::string& u : units) paths.push_back(u);
+  std::vector<UnitPlan> plans;
+  for (const std::string& path : paths) {
+    UnitPlan plan;
+    plan.path = path;
+    plan.module = path.empty() ? &model : modules[path].get();
+    for (const Found& f : found) {
+      if (f.unit != path) continue;
+      plan.params.emplace_back(f.name, f.tensor);
+      plan.aliases.push_back(f.aliases);
+    }
+    if (!path.empty() && plan.params.empty()) continue;  // everything under it went elsewhere: not a unit
+    plans.push_back(std::move(plan));
+  }
+  return plans;
+}
+
+ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh, FsdpOptions options)
+    : model_(model), mesh_(std::move(mesh)), options_(std::move(options)) {
   auto shared_mesh = std::make_shared<ParamGroup::Mesh>(ParamGroup::Mesh{mesh_.shard, mesh_.replicate});
   ParamGroup::EventLog log;
   if (options_.record_events) log = [this](const std::string& e) { events_.push_back(e); };
-  for (const std::string& path : group_paths) {
-    std::vector<std::pair<std::string, at::Tensor>> params;
-    std::vector<std::vector<std::string>> aliases;
-    for (Found& f : found) {
-      if (f.unit != path) continue;
-      params.emplace_back(f.name, f.tensor);
-      aliases.push_back(f.aliases);
-      f.assigned = true;
-    }
-    if (!path.empty() && params.empty()) continue;  // everything under it went elsewhere: not a unit
-    const torch::nn::Module* module = path.empty() ? &model : modules[path].get();
-    groups_.push_back(
-        std::make_unique<ParamGroup>(path, std::move(params), std::move(aliases), shared_mesh, options_, log));
-    unit_modules_.push_back(module);
+  for (UnitPlan& plan : plan_units(model, traits, options_)) {
+    groups_.push_back(std::make_unique<ParamGroup>(plan.path, std::move(plan.params), std::move(plan.aliases),
+                                                   shared_mesh, options_, log));
+    unit_modules_.push_back(plan.module);
   }
   for (size_t u = 0; u < groups_.size(); ++u) {
     bool leaf = true;

@@ -120,6 +120,17 @@ class ShardedModel {
   std::vector<size_t> reduce_queue_;  // units with a reduce-scatter in flight, oldest first
 };
 
+// The units the options' wrap policy makes of `model`, root first, with the parameters each will
+// own (a tied parameter once, its other names in aliases). Reads only the tree and the parameters'
+// shapes: what fully_shard shards, and what estimate-memory counts. Throws as fully_shard does.
+struct UnitPlan {
+  std::string path;  // "" for the root
+  const torch::nn::Module* module = nullptr;
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  std::vector<std::vector<std::string>> aliases;
+};
+std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& traits, const FsdpOptions& options);
+
 // Shards `model` by the options' wrap policy. Throws InputError for a wrap class the model does
 // not have (listing the ones it has) or one it cannot run as a unit. Collective over the mesh.
 std::unique_ptr<ShardedModel> fully_shard(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh,

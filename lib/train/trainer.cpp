@@ -48,6 +48,13 @@ double global_sum(dist::ProcessGroup& world, double v, const c10::Device& device
 
 }  // namespace
 
+model::LlamaConfig model_config_of(const config::Config& cfg) {
+  FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
+             "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
+             "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
+  return model::load_llama_config(cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config);
+}
+
 TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   const config::Config& cfg = rc.typed;
   const config::TrainConfig& tc = cfg.train;
@@ -68,13 +75,9 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   say(config::format_resolved(rc, config::ShowFormat::kTable));
 
   // Data first: a bad path fails in a second, before any model is built.
-  FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
-             "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
-             "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
+  const model::LlamaConfig mc = model_config_of(cfg);
   std::unique_ptr<ckpt::HfCheckpoint> pretrained;
   if (!cfg.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(cfg.model.pretrained);
-  const model::LlamaConfig mc =
-      cfg.model.config.empty() ? pretrained->config() : model::load_llama_config(cfg.model.config);
   const data::TokenStream stream = data::read_tokens(cfg.data.path);
   FSDP_CHECK(stream.max_token() < mc.vocab_size, "[data] ", cfg.data.path, " holds token id ", stream.max_token(),
              " but the model's vocab_size is ", mc.vocab_size, "; raise vocab_size in ",

@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "config/loader.h"
+#include "model/llama.h"
 
 namespace fsdp::train {
 
@@ -18,6 +19,10 @@ struct TrainSummary {
   double seconds = 0;
   double tokens_per_s = 0;
 };
+
+// The model a config trains: model.config, else the config.json of model.pretrained. Throws
+// InputError when neither is set.
+model::LlamaConfig model_config_of(const config::Config& config);
 
 // Throws InputError for a bad model config or data, Error for a failure during training (a NaN
 // loss names the step).

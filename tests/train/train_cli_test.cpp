@@ -156,9 +156,44 @@ TEST_CASE("a run exports a Hugging Face folder, and a second run starts from it"
   REQUIRE(lb.size() == 2);
   CHECK(lb.front() < la.front() - 1.0);  // it starts trained, not from random weights
   // A folder that does not fit model.config is refused with the list of mismatches.
-  const Result bad = launch_with({"--set", "model.config=configs/models/llama-125m/config.json", "--set",
-                                  "model.pretrained=" + dir + "/step-60"});
+  const Result bad = launch_with(
+      {"--set", "model.config=configs/models/llama-125m/config.json", "--set", "model.pretrained=" + dir + "/step-60"});
   CHECK(bad.code == 2);
   CHECK((bad.out + bad.err).find("does not match the model") != std::string::npos);
   (void)!std::system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("estimate-memory's persistent rows equal what the run reports") {
+  for (const std::string w : {"2", "3"}) {
+    const Result est =
+        fsdp::testing::ChildProcess("/bin/sh",
+                                    {"-c", "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"", FSDP_BINARY,
+                                     "estimate-memory", "--config", kQuickstart, "--num_processes", w},
+                                    {}, {"FSDPTRAIN_CONFIG_FILE"})
+            .wait();
+    INFO(est.out, est.err);
+    REQUIRE(est.code == 0);
+    const Result run =
+        launch_with({"--num_processes", w, "--set", "train.steps=1", "--set", "train.sequence_length=32"});
+    INFO(run.out);
+    REQUIRE(run.code == 0);
+    // "[train] model: ... per rank 242.1 KiB of fp32 shards + 242.1 KiB of gradients + 484.2 KiB of AdamW state"
+    auto between = [](const std::string& s, const std::string& before, const std::string& after) {
+      const size_t a = s.find(before);
+      if (a == std::string::npos) return std::string("(missing ") + before + ")";
+      const size_t b = s.find(after, a + before.size());
+      return s.substr(a + before.size(), b - a - before.size());
+    };
+    const std::string params = between(run.out, "per rank ", " of fp32 shards");
+    const std::string grads = between(run.out, "fp32 shards + ", " of gradients");
+    const std::string adamw = between(run.out, "gradients + ", " of AdamW state");
+    auto row = [&](const std::string& label) {
+      const std::string line = between(est.out, label, "\n");
+      const size_t first = line.find_first_not_of(' ');
+      return line.substr(first, line.find("  ", first) - first);
+    };
+    CHECK(row("parameters (fp32 shards)") == params);
+    CHECK(row("gradients (fp32 shards)") == grads);
+    CHECK(row("AdamW state (2 x fp32)") == adamw);
+  }
 }

@@ -1,0 +1,102 @@
+#include "train/estimate_memory.h"
+
+#include <algorithm>
+
+#include "fsdp/config_map.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/shard_layout.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::train {
+
+MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaConfig& mc, int world_size) {
+  config::Config c = config;
+  c.launch.num_processes = world_size;
+  const FsdpPlan plan = fsdp_plan_from_config(c, c10::kCPU);
+  const int64_t param_bytes = c10::elementSize(plan.options.mixed_precision.param_dtype);
+  // The model's tree and shapes, one layer in memory at a time (the values are never read).
+  model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  MemoryEstimate e;
+  int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;
+  const auto units = plan_units(*llama, model::llama_traits(mc), plan.options);
+  for (size_t u = 0; u < units.size(); ++u) {
+    int64_t padded = 0, padded_trainable = 0;
+    for (const auto& [name, tensor] : units[u].params) {
+      const ShardLayout l{tensor.sizes().vec(), plan.shard_size, 0};
+      e.params += l.shard_numel() * 4;
+      padded += l.padded_numel();
+      if (tensor.requires_grad()) {
+        e.grads += l.shard_numel() * 4;
+        padded_trainable += l.padded_numel();
+      }
+    }
+    if (u == 0)
+      root = padded;
+    else
+      largest = std::max(largest, padded);
+    largest_trainable = std::max(largest_trainable, padded_trainable);
+    all_units += u == 0 ? 0 : padded;
+  }
+  e.optimizer = 2 * e.grads;
+  // Gathered: the root stays gathered through the step; with reshard_after_forward a unit and the
+  // one prefetched next, otherwise every unit at the end of forward. Reduction: one unit's
+  // unsharded gradients (param dtype) and its fp32 reduce-scatter input.
+  e.gathered = (root + (plan.options.reshard_after_forward ? 2 * std::min<int64_t>(largest, all_units) : all_units)) *
+                   param_bytes +
+               largest_trainable * (param_bytes + 4);
+  // Activations kept for backward, per layer, per token (compute dtype): the norms' outputs and the
+  // residuals (4 C), q/k/v and the attention output (2 C + 2 K D), SwiGLU's gate, up, their product
+  // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The logits are fp32, kept for the loss and its
+  // gradient (2 V). With checkpointing only each layer's input (C) stays, plus one layer recomputed.
+  const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length;
+  const int64_t per_layer =
+      tokens *
+      ((6 * mc.hidden_size + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size) * param_bytes +
+       mc.num_attention_heads * 4);
+  const int64_t logits = tokens * mc.vocab_size * 4 * 2;
+  e.activations = mc.num_hidden_layers * per_layer + logits;
+  e.activations_checkpointed = mc.num_hidden_layers * tokens * mc.hidden_size * param_bytes + per_layer + logits;
+  return e;
+}
+
+std::string format_memory_estimate(const config::Config& config, const model::LlamaConfig& mc, int world_size) {
+  config::Config c = config;
+  c.launch.num_processes = world_size;
+  const FsdpPlan plan = fsdp_plan_from_config(c, c10::kCPU);
+  const MemoryEstimate e = estimate_memory(config, mc, world_size);
+  const bool offload = c.fsdp.offload_params, ac = c.fsdp.activation_checkpointing;
+  auto row = [](const std::string& what, int64_t bytes, const std::string& note = "") {
+    std::string w = what;
+    w.resize(std::max<size_t>(w.size(), 44), ' ');
+    std::string b = format_bytes(bytes);
+    b.resize(std::max<size_t>(b.size(), 12), ' ');
+    return str("  ", w, b, note, "\n");
+  };
+  auto device_total = [&](bool with_offload, bool with_ac) {
+    return (with_offload ? 0 : e.persistent()) + e.gathered + (with_ac ? e.activations_checkpointed : e.activations);
+  };
+  std::string out =
+      str("fsdptrain memory estimate: Llama with ", mc.num_parameters(), " parameters on ", world_size,
+          " rank(s): ", plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ",
+          plan.shard_size, "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
+          plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
+  out += "per rank:\n";
+  const std::string where = offload ? "(host: fsdp_offload_params)" : "";
+  out += row("parameters (fp32 shards)", e.params, where);
+  out += row("gradients (fp32 shards)", e.grads, where);
+  out += row("AdamW state (2 x fp32)", e.optimizer, where);
+  out += row("gathered units and reduction buffers (peak)", e.gathered);
+  out += row(ac ? "activations, checkpointed (one micro-batch)" : "activations (one micro-batch)",
+             ac ? e.activations_checkpointed : e.activations);
+  out += row("total on the device (as configured)", device_total(offload, ac));
+  out += "alternatives:\n";
+  for (bool o : {false, true})
+    for (bool a : {false, true})
+      out += row(str("  offload ", o ? "on " : "off", ", activation checkpointing ", a ? "on" : "off"),
+                 device_total(o, a), o ? str("+ ", format_bytes(e.persistent()), " of host memory") : "");
+  out += "The persistent rows are exact (the engine's own layout); gathered units and activations are estimates.\n";
+  return out;
+}
+
+}  // namespace fsdp::train

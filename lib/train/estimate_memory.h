@@ -1,0 +1,27 @@
+// `fsdptrain estimate-memory`: per-rank memory of the configured model, batch and FSDP settings,
+// before anything runs. The persistent part (fp32 shards, gradients, AdamW state) is computed from
+// the same unit plan and shard layout the engine uses, so it equals what a run reports; gathered
+// units and activations are estimates (formulas in the .cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/config.h"
+#include "model/llama.h"
+
+namespace fsdp::train {
+
+struct MemoryEstimate {
+  int64_t params = 0, grads = 0, optimizer = 0;           // persistent, per rank (host memory with offload)
+  int64_t gathered = 0;                                   // unsharded units and reduction buffers at the peak
+  int64_t activations = 0, activations_checkpointed = 0;  // one micro-batch
+  int64_t persistent() const { return params + grads + optimizer; }
+};
+
+MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaConfig& model, int world_size);
+
+// The report `fsdptrain estimate-memory` prints.
+std::string format_memory_estimate(const config::Config& config, const model::LlamaConfig& model, int world_size);
+
+}  // namespace fsdp::train
