@@ -1,7 +1,6 @@
 #include "ckpt/hf.h"
 
 #include <ATen/ATen.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -15,17 +14,6 @@
 namespace fsdp::ckpt {
 
 namespace {
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 // Buffers HF's own code keeps in old checkpoints and that are not parameters.
 bool ignorable(const std::string& name) {
@@ -62,7 +50,7 @@ void export_hf(const ShardedModel& model, const model::LlamaConfig& config, cons
   }
   const std::string tmp = dir + ".tmp";
   if (writer) {
-    FSDP_CHECK(!exists(dir), "[ckpt] ", quoted(dir), " already exists; export into a new folder");
+    FSDP_CHECK(!file_exists(dir), "[ckpt] ", quoted(dir), " already exists; export into a new folder");
     (void)!std::system(("rm -rf '" + tmp + "'").c_str());
     make_directories(tmp);
     model::LlamaConfig c = config;
@@ -83,9 +71,8 @@ void export_hf(const ShardedModel& model, const model::LlamaConfig& config, cons
             TensorBytes{p.name, Dtype::kF32, p.layout.shape, nullptr, static_cast<size_t>(p.layout.numel() * 4)});
         weight_map[p.name] = file;
       }
+      // fp32 only: the writer's order is the name order, the order of the gathers below (append checks it).
       out = std::make_unique<SafetensorsWriter>(tmp + "/" + file, specs);
-      // fp32 only: the writer's order is the name order, the order of the gathers below.
-      FSDP_ASSERT(out->order().size() == shards[s].size(), "export order");
     }
     for (size_t k : shards[s]) {
       const at::Tensor full = model.groups()[std::get<1>(params[k])]->gather_full_parameter(std::get<2>(params[k]));
@@ -102,11 +89,11 @@ void export_hf(const ShardedModel& model, const model::LlamaConfig& config, cons
 }
 
 HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
-  FSDP_CHECK(exists(dir + "/config.json"), "[ckpt] ", quoted(dir),
+  FSDP_CHECK(file_exists(dir + "/config.json"), "[ckpt] ", quoted(dir),
              " has no config.json; give a Hugging Face model folder (config.json + *.safetensors)");
   config_ = model::load_llama_config(dir + "/config.json");
   std::vector<std::string> files;
-  if (exists(dir + "/model.safetensors.index.json")) {
+  if (file_exists(dir + "/model.safetensors.index.json")) {
     nlohmann::json index;
     try {
       index = nlohmann::json::parse(read_file(dir + "/model.safetensors.index.json"));
@@ -118,7 +105,7 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
     for (const auto& [name, file] : index["weight_map"].items())
       if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) files.push_back(file);
   } else {
-    FSDP_CHECK(exists(dir + "/model.safetensors"), "[ckpt] ", quoted(dir),
+    FSDP_CHECK(file_exists(dir + "/model.safetensors"), "[ckpt] ", quoted(dir),
                " has neither model.safetensors nor model.safetensors.index.json (fsdptrain reads safetensors only; "
                "convert .bin weights with transformers' save_pretrained(safe_serialization=True))");
     files.push_back("model.safetensors");

@@ -64,18 +64,18 @@ std::optional<uint64_t> byte_count(Dtype d, const std::vector<int64_t>& shape) {
   return static_cast<uint64_t>(bits / 8);
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 // An error names the file and the rule it breaks.
 [[noreturn]] void refuse(const std::string& where, const std::string& reason) {
   throw InputError(str(where, ": not a valid safetensors file: ", reason));
 }
 
 }  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
 
 const char* dtype_name(Dtype d) {
   return kDtypes[static_cast<size_t>(d)].name;

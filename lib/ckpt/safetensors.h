@@ -46,7 +46,8 @@ enum class Dtype {
 
 const char* dtype_name(Dtype d);  // "BF16", as written in files
 std::optional<Dtype> dtype_from_name(const std::string& name);
-int dtype_bits(Dtype d);  // 1..64 (F4: 4, F6_*: 6)
+int dtype_bits(Dtype d);                                    // 1..64 (F4: 4, F6_*: 6)
+std::string shape_text(const std::vector<int64_t>& shape);  // "[2, 3]", for messages
 
 struct TensorInfo {
   std::string name;

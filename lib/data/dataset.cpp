@@ -89,10 +89,6 @@ void read_jsonl(const std::string& path, std::vector<int32_t>& out) {
   }
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 }  // namespace
 
 int64_t TokenStream::max_token() const {

@@ -173,7 +173,7 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& tr
 }
 
 ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh, FsdpOptions options)
-    : model_(model), mesh_(std::move(mesh)), options_(std::move(options)) {
+    : mesh_(std::move(mesh)), options_(std::move(options)) {
   auto shared_mesh = std::make_shared<ParamGroup::Mesh>(ParamGroup::Mesh{mesh_.shard, mesh_.replicate});
   ParamGroup::EventLog log;
   if (options_.record_events) log = [this](const std::string& e) { events_.push_back(e); };

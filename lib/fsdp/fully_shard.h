@@ -91,7 +91,6 @@ class ShardedModel {
 
   // "gather X", "free X", "reduce X" in the order they happened (options.record_events).
   const std::vector<std::string>& events() const { return events_; }
-  void clear_events() { events_.clear(); }
 
   // Used by fsdp::call (unit_call.cpp) and the engine's autograd hooks.
   TensorList run_unit(size_t unit, const TensorList& inputs, const UnitFn& fn);
@@ -102,7 +101,6 @@ class ShardedModel {
   void prefetch_after(size_t unit, const std::vector<size_t>& order);
   void finish_backward();
 
-  torch::nn::Module& model_;
   DeviceMesh mesh_;
   FsdpOptions options_;
   std::vector<std::unique_ptr<ParamGroup>> groups_;

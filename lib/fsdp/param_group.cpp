@@ -248,34 +248,28 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradient
   return gather_full(flat_grad_, /*trainable_only=*/true);
 }
 
+at::Tensor ParamGroup::all_gather_slice(const at::Tensor& mine) const {
+  const int64_t world = mesh_->shard.size(), n = mine.numel();
+  if (world == 1 || n == 0) return mine;
+  at::Tensor all = at::empty({world * n}, mine.options().pinned_memory(false));
+  at::Tensor in = all.narrow(0, mesh_->shard.rank() * n, n);
+  in.copy_(mine);
+  dist::ProcessGroup shard = mesh_->shard;
+  shard.all_gather(all, in).wait();
+  return all;
+}
+
 at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
   c10::NoGradGuard no_grad;
   const ShardedParam& p = params_.at(i);
-  const int64_t world = mesh_->shard.size(), n = p.layout.shard_numel();
-  const at::Tensor mine = flat_shard_.narrow(0, p.offset, n);
-  at::Tensor all = mine;
-  if (world > 1 && n > 0) {
-    all = at::empty({world * n}, flat_shard_.options().pinned_memory(false));
-    all.narrow(0, mesh_->shard.rank() * n, n).copy_(mine);
-    dist::ProcessGroup shard = mesh_->shard;
-    shard.all_gather(all, all.narrow(0, mesh_->shard.rank() * n, n)).wait();
-  }
+  const at::Tensor all = all_gather_slice(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()));
   return all.narrow(0, 0, p.layout.numel()).view(p.layout.shape).clone();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at::Tensor& flat,
                                                                         bool trainable_only) const {
   c10::NoGradGuard no_grad;
-  const int64_t world = mesh_->shard.size(), n = flat.numel();
-  at::Tensor all = flat;
-  if (world > 1 && n > 0) {
-    all = at::empty({world * n}, flat.options().pinned_memory(false));
-    at::Tensor in = all.narrow(0, mesh_->shard.rank() * n, n);
-    in.copy_(flat);
-    dist::ProcessGroup shard = mesh_->shard;
-    shard.all_gather(all, in).wait();
-  }
-  const at::Tensor rows = all.view({world, n});
+  const at::Tensor rows = all_gather_slice(flat).view({mesh_->shard.size(), flat.numel()});
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const ShardedParam& p : params_) {
     if (trainable_only && !p.trainable) continue;
@@ -292,14 +286,6 @@ int64_t ParamGroup::param_bytes() const {
 
 int64_t ParamGroup::grad_bytes() const {
   return trainable_numel_ * 4;
-}
-
-int64_t ParamGroup::padded_bytes(at::ScalarType dtype) const {
-  return mesh_->shard.size() * shard_numel_ * static_cast<int64_t>(c10::elementSize(dtype));
-}
-
-int64_t ParamGroup::padded_trainable_bytes(at::ScalarType dtype) const {
-  return mesh_->shard.size() * trainable_numel_ * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
 }  // namespace fsdp

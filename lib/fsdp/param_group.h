@@ -113,14 +113,12 @@ class ParamGroup {
   // Persistent bytes this rank holds: sharded params, their gradients (fp32, padding included).
   int64_t param_bytes() const;
   int64_t grad_bytes() const;
-  // Bytes of the padded full unit in `dtype` (the all-gather output), and of its trainable part.
-  int64_t padded_bytes(at::ScalarType dtype) const;
-  int64_t padded_trainable_bytes(at::ScalarType dtype) const;
 
  private:
   void log(const char* what) const;
   void copy_out(const at::Tensor& gathered);  // (W * S) param_dtype -> every param's buffer
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
+  at::Tensor all_gather_slice(const at::Tensor& mine) const;  // (n) -> (W * n) rank-major, fp32
 
   std::string name_;
   std::shared_ptr<Mesh> mesh_;

@@ -39,6 +39,10 @@ std::string duration(double s) {
   return buf;
 }
 
+double eta_seconds(int64_t step, int64_t steps, double elapsed_s) {
+  return step > 0 ? elapsed_s / step * (steps - step) : 0;
+}
+
 }  // namespace
 
 std::string format_metrics(const StepMetrics& m) {
@@ -47,10 +51,9 @@ std::string format_metrics(const StepMetrics& m) {
                 static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr, m.grad_norm);
   char mfu[32] = "n/a";
   if (m.mfu) std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * *m.mfu);
-  const double eta = m.step > 0 ? m.elapsed_s / m.step * (m.steps - m.step) : 0;
   return str(head, " | ", rate(m.tokens_per_s), " tok/s (", rate(m.tokens_per_s_per_device), "/device) | MFU ", mfu,
              " | peak mem ", format_bytes(m.peak_memory_bytes), " | ", static_cast<int64_t>(m.step_time_s * 1000 + 0.5),
-             " ms/step | ETA ", duration(eta));
+             " ms/step | ETA ", duration(eta_seconds(m.step, m.steps, m.elapsed_s)));
 }
 
 std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s) {
@@ -60,8 +63,8 @@ std::string progress_bar(int64_t step, int64_t steps, double loss, double elapse
   std::snprintf(tail, sizeof(tail), "] %3d%% step %lld/%lld | loss %.4f | ETA ",
                 static_cast<int>(100 * step / std::max<int64_t>(1, steps)), static_cast<long long>(step),
                 static_cast<long long>(steps), loss);
-  const double eta = step > 0 ? elapsed_s / step * (steps - step) : 0;
-  return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + tail + duration(eta);
+  return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + tail +
+         duration(eta_seconds(step, steps, elapsed_s));
 }
 
 std::string metrics_json(const StepMetrics& m) {

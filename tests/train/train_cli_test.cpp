@@ -15,18 +15,19 @@ using fsdp::testing::Result;
 
 const std::string kQuickstart = std::string(FSDP_SOURCE_DIR) + "/configs/quickstart.yaml";
 
-Result launch_with(const std::vector<std::string>& args) {
-  std::vector<std::string> all{"-c",
-                               "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"",
-                               FSDP_BINARY,
-                               "launch",
-                               "--config",
-                               kQuickstart,
-                               "--main_process_port",
-                               "0"};
+// fsdptrain ARGS, run from the source tree: relative paths in the config (model.config, data.path)
+// are from there.
+Result fsdptrain_in_source(const std::vector<std::string>& args) {
+  std::vector<std::string> all{"-c", "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"", FSDP_BINARY};
   all.insert(all.end(), args.begin(), args.end());
   return fsdp::testing::ChildProcess("/bin/sh", all, {}, {"FSDPTRAIN_CONFIG_FILE", "RANK", "WORLD_SIZE"})
       .wait(std::chrono::seconds(240));
+}
+
+Result launch_with(const std::vector<std::string>& args) {
+  std::vector<std::string> all{"launch", "--config", kQuickstart, "--main_process_port", "0"};
+  all.insert(all.end(), args.begin(), args.end());
+  return fsdptrain_in_source(all);
 }
 
 std::vector<double> losses(const std::string& metrics_file) {
@@ -165,12 +166,7 @@ TEST_CASE("a run exports a Hugging Face folder, and a second run starts from it"
 
 TEST_CASE("estimate-memory's persistent rows equal what the run reports") {
   for (const std::string w : {"2", "3"}) {
-    const Result est =
-        fsdp::testing::ChildProcess("/bin/sh",
-                                    {"-c", "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"", FSDP_BINARY,
-                                     "estimate-memory", "--config", kQuickstart, "--num_processes", w},
-                                    {}, {"FSDPTRAIN_CONFIG_FILE"})
-            .wait();
+    const Result est = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", w});
     INFO(est.out, est.err);
     REQUIRE(est.code == 0);
     const Result run =
