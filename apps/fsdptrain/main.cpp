@@ -19,6 +19,7 @@
 #include "launch/health_check.h"
 #include "launch/launcher.h"
 #include "launch/slurm.h"
+#include "ckpt/checkpoint.h"
 #include "train/estimate_memory.h"
 #include "train/trainer.h"
 #include "util/build_info.h"
@@ -257,6 +258,18 @@ int run(int argc, char** argv) {
       "checkpointing (--num_processes W to try another world size)");
   estimate_args.add_to(estimate);
 
+  std::string merge_in, merge_out, merge_max_shard = "5GB";
+  CLI::App* merge = app.add_subcommand(
+      "merge-weights",
+      "Merge a training checkpoint (SHARDED_STATE_DICT or FULL_STATE_DICT) into a Hugging Face folder that "
+      "transformers loads with from_pretrained");
+  merge->add_option("CHECKPOINT_DIR", merge_in,
+                    "A checkpoint folder (step-N), or a folder holding them (checkpoint.dir: the newest is merged)")
+      ->required();
+  merge->add_option("OUTPUT_DIR", merge_out, "The Hugging Face folder to create (must not exist)")->required();
+  merge->add_option("--max_shard_size,--max-shard-size", merge_max_shard,
+                    "Split the weights into model-0000k-of-0000n.safetensors files above this size (default 5GB)");
+
   config::ToFsdp2Command t2;
   CLI::App* to2 =
       app.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
@@ -314,6 +327,10 @@ int run(int argc, char** argv) {
       for (const auto& [key, text] : inputs.flags) lo.command.insert(lo.command.end(), {"--set", key + "=" + text});
     }
     return launch::run_launch(rc, lo, std::cout);
+  }
+  if (merge->parsed()) {
+    ckpt::merge_weights(merge_in, merge_out, parse_byte_size(merge_max_shard, "--max_shard_size"), std::cout);
+    return 0;
   }
   if (estimate->parsed()) {
     const config::ResolvedConfig rc = config::load_config_or_throw(estimate_args.inputs());

@@ -22,8 +22,8 @@ bool ignorable(const std::string& name) {
 
 }  // namespace
 
-void export_hf(const ShardedModel& model, const model::LlamaConfig& config, const std::string& dir,
-               int64_t max_shard_bytes) {
+std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::LlamaConfig& config,
+                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs) {
   const bool writer =
       model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
   // Every parameter by name: (group, index). The same order on every rank: the order of gathers.
@@ -48,14 +48,12 @@ void export_hf(const ShardedModel& model, const model::LlamaConfig& config, cons
     in_shard += bytes;
     total += bytes;
   }
-  const std::string tmp = dir + ".tmp";
+  std::vector<WrittenFile> written;
   if (writer) {
-    FSDP_CHECK(!file_exists(dir), "[ckpt] ", quoted(dir), " already exists; export into a new folder");
-    (void)!std::system(("rm -rf '" + tmp + "'").c_str());
-    make_directories(tmp);
     model::LlamaConfig c = config;
     c.dtype = "float32";
-    write_file_atomic(tmp + "/config.json", model::llama_config_json(c));
+    const std::string text = model::llama_config_json(c);
+    written.push_back({"config.json", text.size(), write_whole_file(fs, dir + "/config.json", text)});
   }
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
@@ -72,20 +70,41 @@ void export_hf(const ShardedModel& model, const model::LlamaConfig& config, cons
         weight_map[p.name] = file;
       }
       // fp32 only: the writer's order is the name order, the order of the gathers below (append checks it).
-      out = std::make_unique<SafetensorsWriter>(tmp + "/" + file, specs);
+      out = std::make_unique<SafetensorsWriter>(dir + "/" + file, specs, std::map<std::string, std::string>{}, fs);
     }
     for (size_t k : shards[s]) {
       const at::Tensor full = model.groups()[std::get<1>(params[k])]->gather_full_parameter(std::get<2>(params[k]));
       if (out) out->append(std::get<0>(params[k]), full.data_ptr(), static_cast<size_t>(full.numel()) * 4);
     }
-    if (out) out->finish();
+    if (out) {
+      out->finish();
+      written.push_back({file, out->bytes(), out->checksum()});
+    }
   }
-  if (!writer) return;
-  if (shards.size() > 1) {
+  if (writer && shards.size() > 1) {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_file_atomic(tmp + "/model.safetensors.index.json", index.dump(2) + "\n");
+    const std::string text = index.dump(2) + "\n";
+    written.push_back({"model.safetensors.index.json", text.size(),
+                       write_whole_file(fs, dir + "/model.safetensors.index.json", text)});
   }
-  FSDP_CHECK(::rename(tmp.c_str(), dir.c_str()) == 0, "[ckpt] cannot rename ", quoted(tmp), " to ", quoted(dir));
+  return written;
+}
+
+void export_hf(const ShardedModel& model, const model::LlamaConfig& config, const std::string& dir,
+               int64_t max_shard_bytes) {
+  const bool writer =
+      model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
+  FileSystem& fs = local_file_system();
+  const std::string tmp = dir + ".tmp";
+  if (writer) {
+    FSDP_CHECK(!file_exists(dir), "[ckpt] ", quoted(dir), " already exists; export into a new folder");
+    fs.remove_all(tmp);
+    fs.make_dirs(tmp);
+  }
+  write_hf_model(model, config, tmp, max_shard_bytes, fs);
+  if (!writer) return;
+  fs.sync_dir(tmp);
+  fs.rename(tmp, dir);
 }
 
 HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
@@ -137,6 +156,17 @@ void HfCheckpoint::check_matches(const std::vector<std::pair<std::string, std::v
   std::string msg = str("[ckpt] ", dir_, " does not match the model (", problems.size(), " problem(s)):");
   for (const std::string& p : problems) msg += "\n  " + p;
   throw InputError(msg + "\n  check that model.config describes the same architecture as " + dir_ + "/config.json");
+}
+
+const TensorInfo* HfCheckpoint::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second.second;
+}
+
+at::Tensor HfCheckpoint::read_rows(const std::string& name, int64_t r0, int64_t r1) const {
+  auto it = tensors_.find(name);
+  FSDP_CHECK(it != tensors_.end(), "[ckpt] ", dir_, " has no tensor ", quoted(name));
+  return read_rows_fp32(*it->second.first, *it->second.second, r0, r1);
 }
 
 at::Tensor HfCheckpoint::read(const std::string& name) const {

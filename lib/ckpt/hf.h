@@ -26,6 +26,19 @@ inline constexpr int64_t kDefaultMaxShardBytes = 5000000000;  // "5GB", decimal 
 void export_hf(const ShardedModel& model, const model::LlamaConfig& config, const std::string& dir,
                int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
+// A file a save wrote: its name in the folder, size and CRC-32C (for checkpoint manifests).
+struct WrittenFile {
+  std::string name;
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// What export_hf writes, into the existing folder `dir` (no rename): config.json and the weights,
+// through `fs`. Collective over the shard group; returns the files on the writing rank (shard and
+// replicate rank 0), nothing on the others.
+std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::LlamaConfig& config,
+                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs);
+
 // A Hugging Face Llama folder opened for reading; tensors are memory-mapped, so every rank of a
 // machine reading it shares one copy in the page cache.
 class HfCheckpoint {
@@ -37,6 +50,15 @@ class HfCheckpoint {
   void check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) const;
   // One tensor as fp32.
   at::Tensor read(const std::string& name) const;
+  // Rows [r0, r1) of one tensor as fp32, read from the mapping (only those pages are touched).
+  at::Tensor read_rows(const std::string& name, int64_t r0, int64_t r1) const;
+  // Where a tensor is: its file and header entry; null when the folder has no such tensor.
+  const TensorInfo* find(const std::string& name) const;
+  const std::string& dir() const { return dir_; }
+  // Every tensor of the folder by name: its file and header entry.
+  const std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>>& tensors() const {
+    return tensors_;
+  }
 
  private:
   std::string dir_;

@@ -234,16 +234,6 @@ std::string build_header(const std::vector<TensorBytes>& tensors, std::map<std::
   return out + header;
 }
 
-void write_fully(int fd, const char* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    FSDP_CHECK(w > 0, "[ckpt] cannot write ", quoted(path), ": ", std::strerror(errno));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
 }  // namespace
 
 std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
@@ -258,23 +248,28 @@ std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
 }
 
 SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<TensorBytes>& specs,
-                                     std::map<std::string, std::string> metadata)
-    : path_(std::move(path)), tmp_(path_ + ".tmp") {
+                                     std::map<std::string, std::string> metadata, FileSystem& fs)
+    : fs_(fs), path_(std::move(path)), tmp_(path_ + ".tmp") {
   std::vector<const TensorBytes*> order;
   const std::string header = build_header(specs, std::move(metadata), &order);
+  uint64_t at = header.size();
   for (const TensorBytes* t : order) {
     order_.push_back(t->name);
     sizes_.push_back(t->nbytes);
+    offsets_.push_back(at);
+    at += t->nbytes;
   }
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  FSDP_CHECK(fd_ >= 0, "[ckpt] cannot create ", quoted(tmp_), ": ", std::strerror(errno));
-  write_fully(fd_, header.data(), header.size(), tmp_);
+  file_ = fs_.create(tmp_);
+  file_->append(header.data(), header.size());
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_.c_str());
+  if (file_) {
+    file_.reset();
+    try {
+      fs_.remove_all(tmp_);
+    } catch (const std::exception&) {  // a destructor during unwinding: the first error is the one to report
+    }
   }
 }
 
@@ -283,17 +278,18 @@ void SafetensorsWriter::append(const std::string& name, const void* data, size_t
               next_ < order_.size() ? order_[next_] : "no more tensors", ", got ", name);
   FSDP_ASSERT(nbytes == sizes_[next_], "SafetensorsWriter: ", name, " has ", nbytes, " bytes, declared ",
               sizes_[next_]);
-  write_fully(fd_, static_cast<const char*>(data), nbytes, tmp_);
+  file_->append(data, nbytes);
   ++next_;
 }
 
 void SafetensorsWriter::finish() {
   FSDP_ASSERT(next_ == order_.size(), "SafetensorsWriter: ", order_.size() - next_, " tensors not written");
-  FSDP_CHECK(::fsync(fd_) == 0, "[ckpt] cannot sync ", quoted(tmp_), ": ", std::strerror(errno));
-  ::close(fd_);
-  fd_ = -1;
-  FSDP_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0, "[ckpt] cannot rename ", quoted(tmp_), " to ", quoted(path_),
-             ": ", std::strerror(errno));
+  file_->sync();
+  file_->close();
+  bytes_ = file_->bytes();
+  checksum_ = file_->checksum();
+  file_.reset();
+  fs_.rename(tmp_, path_);
 }
 
 }  // namespace fsdp::ckpt

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/file_system.h"
+
 namespace fsdp::ckpt {
 
 enum class Dtype {
@@ -107,24 +109,34 @@ std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
 // Writes a file one tensor at a time, so a writer never holds more than one tensor: the header
 // comes from the specs (TensorBytes without data), then append() takes each tensor's bytes in
 // order(), and finish() fsyncs and renames the temporary file into place. A writer destroyed
-// before finish() removes its temporary file and leaves `path` untouched.
+// before finish() removes its temporary file and leaves `path` untouched. Every byte goes through
+// `fs` (ckpt/file_system.h), which keeps the file's size and CRC-32C.
 class SafetensorsWriter {
  public:
   SafetensorsWriter(std::string path, const std::vector<TensorBytes>& specs,
-                    std::map<std::string, std::string> metadata = {});
+                    std::map<std::string, std::string> metadata = {}, FileSystem& fs = local_file_system());
   ~SafetensorsWriter();
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
   const std::vector<std::string>& order() const { return order_; }
+  // Where order()[i]'s bytes start in the file (8 + header length + its data offset).
+  uint64_t file_offset(size_t i) const { return offsets_[i]; }
   void append(const std::string& name, const void* data, size_t nbytes);
   void finish();
+  // After finish(): the file's size and CRC-32C.
+  uint64_t bytes() const { return bytes_; }
+  uint32_t checksum() const { return checksum_; }
 
  private:
+  FileSystem& fs_;
   std::string path_, tmp_;
-  int fd_ = -1;
+  std::unique_ptr<WritableFile> file_;
   std::vector<std::string> order_;
   std::vector<size_t> sizes_;
+  std::vector<uint64_t> offsets_;
   size_t next_ = 0;
+  uint64_t bytes_ = 0;
+  uint32_t checksum_ = 0;
 };
 
 }  // namespace fsdp::ckpt

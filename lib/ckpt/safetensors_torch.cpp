@@ -55,6 +55,20 @@ at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info) {
   return t;
 }
 
+at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1) {
+  const at::ScalarType type = scalar_type_of(info.dtype, file.path() + ": " + info.name);
+  const int64_t dim0 = info.shape.empty() ? 1 : info.shape[0];
+  FSDP_ASSERT(0 <= r0 && r0 <= r1 && r1 <= dim0, "read_rows_fp32: rows [", r0, ", ", r1, ") of ", info.name);
+  std::vector<int64_t> shape = info.shape;
+  if (shape.empty()) shape.push_back(1);
+  const int64_t row_bytes = dim0 == 0 ? 0 : static_cast<int64_t>(info.nbytes()) / dim0;
+  shape[0] = r1 - r0;
+  if (r1 == r0) return at::empty(shape, at::kFloat);
+  const at::Tensor view = at::from_blob(const_cast<uint8_t*>(file.data(info)) + r0 * row_bytes, shape,
+                                        at::TensorOptions().dtype(type));
+  return view.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+}
+
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::vector<at::Tensor> host;  // keeps the contiguous CPU copies alive while serializing

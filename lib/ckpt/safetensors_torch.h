@@ -20,6 +20,9 @@ at::ScalarType scalar_type_of(Dtype d, const std::string& what);
 // A copy of one tensor of a mapped file, as a CPU tensor of its dtype and shape.
 at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info);
 
+// Rows [r0, r1) of a mapped tensor (dim 0; a scalar is one row), copied and converted to fp32.
+at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1);
+
 // Writes `tensors` (CPU or not; made contiguous) to `path` atomically (temporary name, fsync,
 // rename). Names must be distinct and tensors must not share storage (write a tied weight once).
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,

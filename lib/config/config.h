@@ -158,6 +158,10 @@ struct ScheduleConfig {
 };
 
 struct CheckpointConfig {
+  std::string dir;              // training checkpoints: <dir>/step-<N> (format: fsdp_state_dict_type)
+  int64_t interval = 0;         // save every N steps (0: only at the end); needs dir
+  int64_t keep = 0;             // complete checkpoints kept, newest first (0: all)
+  std::string resume;           // "", "latest" (the newest under dir) or a checkpoint folder
   std::string export_dir;       // Hugging Face folders written here: step-<N>
   int64_t export_interval = 0;  // also every N steps (0: only at the end)
 };

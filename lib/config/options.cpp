@@ -578,6 +578,30 @@ std::vector<OptionSpec> build_table() {
           .help("Final learning rate as a fraction of the peak (0 to 1)")
           .extension()
           .to(&Config::schedule, &ScheduleConfig::min_lr_ratio),
+      Row("checkpoint.dir", V::kString)
+          .def("")
+          .help("Save training checkpoints (weights, AdamW state, step, data position, RNG) as <dir>/step-<N>, in "
+                "the format of fsdp_state_dict_type; empty: no checkpoints")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::dir),
+      Row("checkpoint.interval", V::kInt)
+          .range(0)
+          .def("0")
+          .help("Also save a checkpoint every N steps (0: only at the end)")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::interval),
+      Row("checkpoint.keep", V::kInt)
+          .range(0)
+          .def("0")
+          .help("Keep the newest N complete checkpoints and delete older ones (0: keep all)")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::keep),
+      Row("checkpoint.resume", V::kString)
+          .def("")
+          .help("Continue a run: 'latest' (the newest complete checkpoint in checkpoint.dir, or a fresh start when "
+                "there is none) or a checkpoint folder; empty: start fresh")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::resume),
       Row("checkpoint.export_dir", V::kString)
           .def("")
           .help("Write the trained model as a Hugging Face folder <export_dir>/step-<N> (loadable by transformers' "

@@ -92,6 +92,10 @@ class ProcessGroup {
   // single-process group.
   ProcessGroup new_group(const std::vector<int>& ranks) const;
 
+  // The rendezvous store this group met at (null for the single-process group). One thread at a
+  // time: another thread opens its own connection from the store's options.
+  const std::shared_ptr<Store>& store() const { return store_; }
+
   // Totals since construction or the last reset, for this rank.
   const ByteCounters& counters() const { return *counters_; }
   void reset_counters() { *counters_ = ByteCounters{}; }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/hf.h"
 #include "config/show.h"
 #include "data/dataset.h"
@@ -46,6 +47,24 @@ double global_sum(dist::ProcessGroup& world, double v, const c10::Device& device
   return t.item<double>();
 }
 
+// Every rank's value of v, in rank order (collective).
+std::vector<double> per_rank(dist::ProcessGroup& world, double v, const c10::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor mine = at::full({1}, v, opts), all = at::empty({world.size()}, opts);
+  if (world.size() == 1) return {v};
+  world.all_gather(all, mine).wait();
+  const at::Tensor host = all.cpu();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + world.size());
+}
+
+// "1.2 GiB, 1.1 GiB": every rank's peak resident host memory so far (collective).
+std::string host_peaks(dist::ProcessGroup& world, const c10::Device& device) {
+  std::string out;
+  for (double b : per_rank(world, static_cast<double>(peak_memory_bytes(c10::Device(c10::kCPU))), device))
+    out += (out.empty() ? "" : ", ") + format_bytes(static_cast<long long>(b));
+  return out;
+}
+
 }  // namespace
 
 model::LlamaConfig model_config_of(const config::Config& cfg) {
@@ -55,7 +74,7 @@ model::LlamaConfig model_config_of(const config::Config& cfg) {
   return model::load_llama_config(cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config);
 }
 
-TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
+TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out, const TrainHooks& hooks) {
   const config::Config& cfg = rc.typed;
   const config::TrainConfig& tc = cfg.train;
   // One GPU per worker: the one numbered by its local rank among those it can see.
@@ -99,14 +118,22 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   plan.options.init = [&mc, seed](const std::string& name, at::IntArrayRef shape) {
     return model::init_parameter(mc, seed, name, shape);
   };
-  if (pretrained) {  // every rank maps the files: one copy per machine, in the page cache
+  if (pretrained) {  // checked before anything is built; the weights are loaded into the shards below
     std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
     for (const auto& p : llama->named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
     pretrained->check_matches(shapes);
-    plan.options.init = [&pretrained](const std::string& name, at::IntArrayRef) { return pretrained->read(name); };
+    plan.options.init = [](const std::string&, at::IntArrayRef shape) { return at::zeros(shape); };
   }
   auto sharded = fsdp::fully_shard(*llama, model::llama_traits(mc),
                                    fsdp::make_mesh(world, plan.replicate_size, plan.shard_size), plan.options);
+  if (pretrained) {
+    const Clock::time_point t = Clock::now();
+    ckpt::load_pretrained(*sharded, cfg.model.pretrained, world, cfg.fsdp.cpu_ram_efficient_loading);
+    say(str("[train] loaded ", cfg.model.pretrained, " in ", seconds_since(t), " s (",
+            cfg.fsdp.cpu_ram_efficient_loading ? "rank 0 read it and sent each rank its rows"
+                                               : "each rank read its own rows",
+            "); peak host memory per rank: ", host_peaks(world, device), "\n"));
+  }
   optim::AdamWOptions ao{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,
                          cfg.optimizer.weight_decay};
   optim::ShardedAdamW adamw(*sharded, ao);
@@ -114,6 +141,62 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
   say(str("[train] model: ", mc.num_parameters(), " parameters, ", sharded->groups().size(), " units; per rank ",
           format_bytes(bytes.params), " of fp32 shards + ", format_bytes(bytes.grads), " of gradients + ",
           format_bytes(adamw.state_bytes()), " of AdamW state; ", world.size(), " rank(s) on ", device.str(), "\n"));
+
+  // Checkpoints: resume first, so a bad checkpoint fails before any step.
+  std::unique_ptr<ckpt::Checkpointer> checkpointer;
+  const config::CheckpointConfig& cc = cfg.checkpoint;
+  if (!cc.dir.empty() || !cc.resume.empty()) {
+    ckpt::CheckpointOptions co;
+    co.dir = cc.dir;
+    co.keep = cc.keep;
+    co.format = cfg.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
+                                                                                      : ckpt::Format::kFull;
+    co.cpu_ram_efficient_loading = cfg.fsdp.cpu_ram_efficient_loading;
+    co.fs = hooks.checkpoint_fs;
+    co.log = main_rank ? &out : nullptr;
+    checkpointer = std::make_unique<ckpt::Checkpointer>(*sharded, adamw, mc, world, co);
+  }
+  int64_t first_step = 1;
+  TrainSummary summary;
+  if (!cc.resume.empty()) {
+    const std::string path = cc.resume == "latest" ? ckpt::latest_checkpoint(cc.dir) : cc.resume;
+    if (path.empty()) {
+      say(str("[train] checkpoint.resume is latest but ", cc.dir, " holds no complete checkpoint; starting at step 1\n"));
+    } else {
+      const ckpt::TrainingState st = checkpointer->load(path);
+      say(str("[train] peak host memory per rank after loading: ", host_peaks(world, device), "\n"));
+      auto same = [&](const char* key, int64_t saved, int64_t now) {
+        FSDP_CHECK(saved == now, "[train] ", path, " was saved with ", key, " ", saved, "; this run has ", now,
+                   ", so the data would not continue where it stopped. Set ", key, " back to ", saved,
+                   ", or start a new run (empty checkpoint.resume, another checkpoint.dir)");
+      };
+      same("train.seed", st.seed, tc.seed);
+      same("train.sequence_length", st.sequence_length, T);
+      FSDP_CHECK(st.train_sequences == split.train_sequences, "[train] ", path, " was saved from data with ",
+                 st.train_sequences, " training sequences; data.path now gives ", split.train_sequences,
+                 ", so the data would not continue where it stopped. Resume with the same data.path and "
+                 "data.eval_fraction, or start a new run");
+      loader.set_position({st.loader_epoch, st.loader_offset});
+      first_step = st.step + 1;
+      summary.resumed_from = st.step;
+      summary.steps = st.step;
+      if (st.step >= tc.steps)
+        say(str("[train] ", path, " is at step ", st.step, " and train.steps is ", tc.steps,
+                ": nothing left to train; raise train.steps to continue\n"));
+    }
+  }
+  auto save_checkpoint = [&](int64_t step) {
+    ckpt::TrainingState st;
+    st.step = step;
+    st.optimizer_steps = adamw.steps();
+    st.loader_epoch = loader.position().epoch;
+    st.loader_offset = loader.position().offset;
+    st.seed = tc.seed;
+    st.sequence_length = T;
+    st.train_sequences = split.train_sequences;
+    st.world_size = world.size();
+    checkpointer->save(st);
+  };
 
   std::ofstream metrics_file;
   if (main_rank && !cfg.logging.metrics_file.empty()) {
@@ -151,12 +234,12 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
     say(str("[train] exported a Hugging Face folder to ", dir, " in ", seconds_since(t), " s\n"));
   };
 
-  TrainSummary summary;
   const Clock::time_point start = Clock::now();
   // A live bar on the launcher's terminal (util/log.h); plain lines every logging.interval regardless.
   const char* progress_env = std::getenv("FSDPTRAIN_PROGRESS");
   const bool progress = main_rank && progress_env && std::string(progress_env) == "1";
-  for (int64_t step = 1; step <= tc.steps; ++step) {
+  int64_t last_saved = summary.resumed_from;
+  for (int64_t step = first_step; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
     const double lr = optim::learning_rate(cfg.schedule, cfg.optimizer.lr, step, tc.steps);
     adamw.set_lr(lr);
@@ -191,7 +274,7 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
     sharded->zero_grad();
 
     // metrics.
-    if (summary.steps == 0) summary.first_loss = loss;
+    if (summary.steps == summary.resumed_from) summary.first_loss = loss;
     summary.last_loss = loss;
     summary.steps = step;
     const double step_time = seconds_since(t0);
@@ -213,6 +296,10 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
     }
     if (progress)
       out << kProgressLinePrefix << progress_bar(step, tc.steps, summary.last_loss, seconds_since(start)) << std::endl;
+    if (!cc.dir.empty() && cc.interval > 0 && step % cc.interval == 0 && step != tc.steps) {
+      save_checkpoint(step);
+      last_saved = step;
+    }
     if (!cfg.checkpoint.export_dir.empty() && cfg.checkpoint.export_interval > 0 &&
         step % cfg.checkpoint.export_interval == 0 && step != tc.steps)
       export_to(step);
@@ -224,16 +311,19 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out) {
       }
     }
   }
-  if (!cfg.checkpoint.export_dir.empty()) export_to(summary.steps);
+  const int64_t trained = summary.steps - summary.resumed_from;
+  if (!cc.dir.empty() && summary.steps > last_saved) save_checkpoint(summary.steps);
+  if (checkpointer) checkpointer->wait();
+  if (!cfg.checkpoint.export_dir.empty() && trained > 0) export_to(summary.steps);
   summary.seconds = seconds_since(start);
-  summary.tokens_per_s = tokens_per_step * summary.steps / summary.seconds;
+  summary.tokens_per_s = trained > 0 ? tokens_per_step * trained / summary.seconds : 0;
   summary.eval_loss = evaluate();
   if (metrics_file.is_open() && std::isfinite(summary.eval_loss))
     metrics_file << "{\"step\": " << summary.steps << ", \"eval_loss\": " << summary.eval_loss << "}\n";
   char line[256];
   std::snprintf(line, sizeof(line),
                 "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; held-out loss %.4f; %.0f tokens/s\n",
-                static_cast<long long>(summary.steps), summary.seconds, summary.first_loss, summary.last_loss,
+                static_cast<long long>(trained), summary.seconds, summary.first_loss, summary.last_loss,
                 summary.eval_loss, summary.tokens_per_s);
   say(line);
   return summary;

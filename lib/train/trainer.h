@@ -10,6 +10,10 @@
 #include "config/loader.h"
 #include "model/llama.h"
 
+namespace fsdp::ckpt {
+class FileSystem;
+}
+
 namespace fsdp::train {
 
 struct TrainSummary {
@@ -18,14 +22,20 @@ struct TrainSummary {
   double eval_loss = 0;  // NaN when nothing was held out
   double seconds = 0;
   double tokens_per_s = 0;
+  int64_t resumed_from = 0;  // the step of the checkpoint this run continued (0: a fresh start)
 };
 
 // The model a config trains: model.config, else the config.json of model.pretrained. Throws
 // InputError when neither is set.
 model::LlamaConfig model_config_of(const config::Config& config);
 
-// Throws InputError for a bad model config or data, Error for a failure during training (a NaN
-// loss names the step).
-TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out);
+// What tests change: checkpoints written through another file system (one that fails on cue).
+struct TrainHooks {
+  ckpt::FileSystem* checkpoint_fs = nullptr;  // null: the local one
+};
+
+// Throws InputError for a bad model config, data or checkpoint, Error for a failure during
+// training (a NaN loss names the step).
+TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out, const TrainHooks& hooks = {});
 
 }  // namespace fsdp::train

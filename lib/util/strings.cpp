@@ -6,6 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
+#include <utility>
+
+#include "util/error.h"
 
 namespace fsdp {
 
@@ -111,6 +115,29 @@ std::optional<std::string> closest_match(std::string_view word, const std::vecto
 
 std::string quoted(std::string_view s) {
   return "\"" + std::string(s) + "\"";
+}
+
+long long parse_byte_size(const std::string& text, const std::string& what) {
+  size_t digits = 0;
+  while (digits < text.size() && ((text[digits] >= '0' && text[digits] <= '9') || text[digits] == '.')) ++digits;
+  std::string unit = text.substr(digits);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::pair<const char*, double> units[] = {{"", 1},           {"B", 1},          {"KB", 1e3},
+                                                  {"MB", 1e6},       {"GB", 1e9},       {"TB", 1e12},
+                                                  {"KIB", 1024.0},   {"MIB", 1048576.0}, {"GIB", 1073741824.0},
+                                                  {"TIB", 1099511627776.0}};
+  double v = 0;
+  bool ok = digits > 0;
+  if (ok) {
+    try {
+      v = std::stod(text.substr(0, digits));
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  for (const auto& [name, scale] : units)
+    if (ok && unit == name && v > 0) return static_cast<long long>(v * scale);
+  throw InputError(str(what, ": ", quoted(text), " is not a size; write it as 5GB, 500MB, 2GiB or a byte count"));
 }
 
 std::string format_bytes(long long bytes) {

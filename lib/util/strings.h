@@ -28,6 +28,9 @@ std::optional<std::string> closest_match(std::string_view word, const std::vecto
 
 // A byte count for messages and tables: "512 B", "64 KiB", "1.5 MiB", "2 GiB".
 std::string format_bytes(long long bytes);
+// "5GB" (decimal, as huggingface_hub's max_shard_size), "500MiB" (binary), "123" (bytes). Throws
+// InputError naming `what` for anything else.
+long long parse_byte_size(const std::string& text, const std::string& what);
 
 // Double-quotes a string for messages: "maybe".
 std::string quoted(std::string_view s);

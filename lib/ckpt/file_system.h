@@ -1,0 +1,69 @@
+// The file-system operations checkpoints are written with, behind an interface so tests can inject
+// a failure (an I/O error, or the process dying) at any byte of a save and check that the previous
+// checkpoint survives. Every byte written goes through WritableFile::append, which also keeps the
+// file's CRC-32C, so a save knows each file's size and checksum without reading it back.
+//
+// Thread safety: a FileSystem is used from the checkpoint writer thread and the training thread;
+// implementations must allow that (the local one holds no state).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdp::ckpt {
+
+// CRC-32C (Castagnoli), the checksum of checkpoint manifests: hardware instruction where the CPU
+// has it (SSE 4.2), else a table. crc32c(data, n, crc32c(a, k)) continues a running checksum.
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// Of a whole file, read in blocks. Throws InputError naming the path when it cannot be read.
+uint32_t crc32c_of_file(const std::string& path);
+std::string crc_hex(uint32_t crc);  // 8 lowercase hex digits
+
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Throws Error naming the file and the OS reason.
+  virtual void append(const void* data, size_t n) = 0;
+  virtual void sync() = 0;   // fsync
+  virtual void close() = 0;  // after sync; the destructor closes an unclosed file
+  const std::string& path() const { return path_; }
+  uint64_t bytes() const { return bytes_; }
+  uint32_t checksum() const { return crc_; }
+
+ protected:
+  explicit WritableFile(std::string path) : path_(std::move(path)) {}
+  void account(const void* data, size_t n) {
+    crc_ = crc32c(data, n, crc_);
+    bytes_ += n;
+  }
+
+ private:
+  std::string path_;
+  uint64_t bytes_ = 0;
+  uint32_t crc_ = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // Creates (truncating) a file for writing.
+  virtual std::unique_ptr<WritableFile> create(const std::string& path) = 0;
+  virtual void rename(const std::string& from, const std::string& to) = 0;
+  virtual void sync_dir(const std::string& dir) = 0;  // makes renames and creations in `dir` durable
+  virtual void make_dirs(const std::string& dir) = 0;
+  virtual void remove_all(const std::string& path) = 0;  // rm -rf; no error when it does not exist
+  // Entry names of a folder (not "." or ".."), sorted; empty when it does not exist.
+  virtual std::vector<std::string> list(const std::string& dir) = 0;
+  virtual bool exists(const std::string& path) = 0;
+};
+
+// The machine's own file system (POSIX calls).
+FileSystem& local_file_system();
+
+// Writes `contents` to `path` through `fs` and fsyncs it; returns its checksum.
+uint32_t write_whole_file(FileSystem& fs, const std::string& path, const std::string& contents);
+
+}  // namespace fsdp::ckpt
