@@ -8,6 +8,7 @@
 #include <iostream>
 #include <map>
 
+#include "ckpt/checkpoint.h"
 #include "config/commands.h"
 #include "config/loader.h"
 #include "config/option.h"
@@ -19,7 +20,6 @@
 #include "launch/health_check.h"
 #include "launch/launcher.h"
 #include "launch/slurm.h"
-#include "ckpt/checkpoint.h"
 #include "train/estimate_memory.h"
 #include "train/trainer.h"
 #include "util/build_info.h"
@@ -263,8 +263,9 @@ int run(int argc, char** argv) {
       "merge-weights",
       "Merge a training checkpoint (SHARDED_STATE_DICT or FULL_STATE_DICT) into a Hugging Face folder that "
       "transformers loads with from_pretrained");
-  merge->add_option("CHECKPOINT_DIR", merge_in,
-                    "A checkpoint folder (step-N), or a folder holding them (checkpoint.dir: the newest is merged)")
+  merge
+      ->add_option("CHECKPOINT_DIR", merge_in,
+                   "A checkpoint folder (step-N), or a folder holding them (checkpoint.dir: the newest is merged)")
       ->required();
   merge->add_option("OUTPUT_DIR", merge_out, "The Hugging Face folder to create (must not exist)")->required();
   merge->add_option("--max_shard_size,--max-shard-size", merge_max_shard,

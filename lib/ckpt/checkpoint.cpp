@@ -37,9 +37,13 @@ constexpr const char* kExpAvg = "optim.exp_avg.";
 constexpr const char* kExpAvgSq = "optim.exp_avg_sq.";
 constexpr int kVersion = 1;
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
-std::string path_in(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+std::string path_in(const std::string& dir, const std::string& name) {
+  return dir + "/" + name;
+}
 
 std::string shard_file_name(int k, int n) {
   char buf[64];
@@ -376,7 +380,8 @@ std::vector<std::string> mismatches(const Source& src, const std::vector<Slot>& 
     if (info == nullptr)
       problems.push_back(str("missing ", name, " ", shape_text(shape)));
     else if (info->shape != shape)
-      problems.push_back(str(name, ": the checkpoint has ", shape_text(info->shape), ", the model ", shape_text(shape)));
+      problems.push_back(
+          str(name, ": the checkpoint has ", shape_text(info->shape), ", the model ", shape_text(shape)));
   };
   for (const Slot& s : slots) {
     const std::string name = stored_name(src, *s.param);
@@ -551,7 +556,9 @@ struct Checkpointer::Impl {
     for (size_t i = 0; i < out.order().size(); ++i) {
       const HostRows& r = *by_name.at(out.order()[i]);
       out.append(r.name, r.data.data_ptr(), static_cast<size_t>(r.data.numel()) * 4);
-      tensors[r.name] = {{"shape", r.shape}, {"rows", {r.r0, r.r1}}, {"bytes", {out.file_offset(i), out.file_offset(i) + r.data.numel() * 4}}};
+      tensors[r.name] = {{"shape", r.shape},
+                         {"rows", {r.r0, r.r1}},
+                         {"bytes", {out.file_offset(i), out.file_offset(i) + r.data.numel() * 4}}};
     }
     out.finish();
     return json{{"file", file}, {"bytes", out.bytes()}, {"crc32c", crc_hex(out.checksum())}, {"tensors", tensors}};
@@ -587,7 +594,8 @@ struct Checkpointer::Impl {
     std::map<std::string, std::string> crcs;
     for (const json& r : shard_reports) crcs[r.at("file").get<std::string>()] = r.at("crc32c").get<std::string>();
     for (const WrittenFile& f : written)
-      manifest["files"][f.name] = {{"bytes", f.bytes}, {"crc32c", crcs.count(f.name) ? crcs[f.name] : crc_hex(f.crc32c)}};
+      manifest["files"][f.name] = {{"bytes", f.bytes},
+                                   {"crc32c", crcs.count(f.name) ? crcs[f.name] : crc_hex(f.crc32c)}};
     write_whole_file(fs, path_in(tmp, kManifest), manifest.dump(2) + "\n");
     fs.sync_dir(tmp);
     if (fs.exists(final_dir)) fs.remove_all(final_dir);  // an older run's checkpoint of the same step
@@ -646,7 +654,9 @@ Checkpointer::~Checkpointer() {
   }
 }
 
-void Checkpointer::wait() { impl_->join(); }
+void Checkpointer::wait() {
+  impl_->join();
+}
 
 double Checkpointer::save(const TrainingState& state) {
   Impl& m = *impl_;
@@ -685,8 +695,8 @@ double Checkpointer::save(const TrainingState& state) {
       const auto& st = m.adamw.state()[e.first.group];
       const ShardedParam& p = *e.first.param;
       const at::Tensor& flat = e.second ? st.exp_avg_sq : st.exp_avg;
-      const at::Tensor full = gather_slice(m.model.mesh().shard, flat.narrow(0, p.offset, p.layout.shard_numel()),
-                                           p.layout);
+      const at::Tensor full =
+          gather_slice(m.model.mesh().shard, flat.narrow(0, p.offset, p.layout.shard_numel()), p.layout);
       if (out) out->append(n, full.data_ptr(), static_cast<size_t>(full.numel()) * 4);
     }
     if (writer) {
@@ -742,8 +752,8 @@ TrainingState Checkpointer::load(const std::string& path) {
   const std::vector<Slot> slots = slots_of(m.model);
   try {
     const bool sharded = file_exists(path_in(path, kIndex));
-    verify_checkpoint(path, sharded ? std::vector<std::string>{kState, kConfig, kIndex}
-                                    : std::vector<std::string>{kState, kConfig});
+    verify_checkpoint(
+        path, sharded ? std::vector<std::string>{kState, kConfig, kIndex} : std::vector<std::string>{kState, kConfig});
     state_doc = parse_json_file(path_in(path, kState));
     state = parse_state(state_doc, path_in(path, kState));
     const model::LlamaConfig saved = model::load_llama_config(path_in(path, kConfig));

@@ -46,7 +46,7 @@ struct TrainingState {
   int64_t step = 0;             // steps completed
   int64_t optimizer_steps = 0;  // AdamW's bias-correction count
   int64_t loader_epoch = 0;
-  int64_t loader_offset = 0;    // sequences of the epoch's permutation consumed by the whole job
+  int64_t loader_offset = 0;  // sequences of the epoch's permutation consumed by the whole job
   int64_t seed = 0;
   int64_t sequence_length = 0;
   int64_t train_sequences = 0;  // the data's training windows: the loader's permutation depends on it
@@ -54,8 +54,8 @@ struct TrainingState {
 };
 
 struct CheckpointOptions {
-  std::string dir;     // checkpoints are <dir>/step-<N, 8 digits>
-  int64_t keep = 0;    // complete checkpoints kept; older ones are deleted (0: keep all)
+  std::string dir;   // checkpoints are <dir>/step-<N, 8 digits>
+  int64_t keep = 0;  // complete checkpoints kept; older ones are deleted (0: keep all)
   Format format = Format::kSharded;
   bool background = true;                 // SHARDED: write on a thread
   bool cpu_ram_efficient_loading = true;  // FULL: rank 0 reads, the others receive their rows

@@ -55,7 +55,9 @@ __attribute__((target("sse4.2"))) uint32_t crc_hardware(const uint8_t* p, size_t
 }
 #endif
 
-std::string os_error() { return std::strerror(errno); }
+std::string os_error() {
+  return std::strerror(errno);
+}
 
 class LocalFile final : public WritableFile {
  public:

@@ -64,8 +64,8 @@ at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, i
   const int64_t row_bytes = dim0 == 0 ? 0 : static_cast<int64_t>(info.nbytes()) / dim0;
   shape[0] = r1 - r0;
   if (r1 == r0) return at::empty(shape, at::kFloat);
-  const at::Tensor view = at::from_blob(const_cast<uint8_t*>(file.data(info)) + r0 * row_bytes, shape,
-                                        at::TensorOptions().dtype(type));
+  const at::Tensor view =
+      at::from_blob(const_cast<uint8_t*>(file.data(info)) + r0 * row_bytes, shape, at::TensorOptions().dtype(type));
   return view.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
 }
 

@@ -150,7 +150,7 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out, c
     co.dir = cc.dir;
     co.keep = cc.keep;
     co.format = cfg.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
-                                                                                      : ckpt::Format::kFull;
+                                                                                     : ckpt::Format::kFull;
     co.cpu_ram_efficient_loading = cfg.fsdp.cpu_ram_efficient_loading;
     co.fs = hooks.checkpoint_fs;
     co.log = main_rank ? &out : nullptr;
@@ -161,7 +161,8 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out, c
   if (!cc.resume.empty()) {
     const std::string path = cc.resume == "latest" ? ckpt::latest_checkpoint(cc.dir) : cc.resume;
     if (path.empty()) {
-      say(str("[train] checkpoint.resume is latest but ", cc.dir, " holds no complete checkpoint; starting at step 1\n"));
+      say(str("[train] checkpoint.resume is latest but ", cc.dir,
+              " holds no complete checkpoint; starting at step 1\n"));
     } else {
       const ckpt::TrainingState st = checkpointer->load(path);
       say(str("[train] peak host memory per rank after loading: ", host_peaks(world, device), "\n"));

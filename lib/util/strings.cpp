@@ -122,10 +122,9 @@ long long parse_byte_size(const std::string& text, const std::string& what) {
   while (digits < text.size() && ((text[digits] >= '0' && text[digits] <= '9') || text[digits] == '.')) ++digits;
   std::string unit = text.substr(digits);
   for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  const std::pair<const char*, double> units[] = {{"", 1},           {"B", 1},          {"KB", 1e3},
-                                                  {"MB", 1e6},       {"GB", 1e9},       {"TB", 1e12},
-                                                  {"KIB", 1024.0},   {"MIB", 1048576.0}, {"GIB", 1073741824.0},
-                                                  {"TIB", 1099511627776.0}};
+  const std::pair<const char*, double> units[] = {
+      {"", 1},      {"B", 1},        {"KB", 1e3},        {"MB", 1e6},           {"GB", 1e9},
+      {"TB", 1e12}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}};
   double v = 0;
   bool ok = digits > 0;
   if (ok) {

@@ -7,42 +7,21 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "support/child_process.h"
+#include "support/train_run.h"
 
 namespace {
 
+using fsdp::testing::fsdptrain_in_source;
+using fsdp::testing::losses;
 using fsdp::testing::Result;
+using fsdp::testing::temp_path;
 
 const std::string kQuickstart = std::string(FSDP_SOURCE_DIR) + "/configs/quickstart.yaml";
-
-// fsdptrain ARGS, run from the source tree: relative paths in the config (model.config, data.path)
-// are from there.
-Result fsdptrain_in_source(const std::vector<std::string>& args) {
-  std::vector<std::string> all{"-c", "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"", FSDP_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
-  return fsdp::testing::ChildProcess("/bin/sh", all, {}, {"FSDPTRAIN_CONFIG_FILE", "RANK", "WORLD_SIZE"})
-      .wait(std::chrono::seconds(240));
-}
 
 Result launch_with(const std::vector<std::string>& args) {
   std::vector<std::string> all{"launch", "--config", kQuickstart, "--main_process_port", "0"};
   all.insert(all.end(), args.begin(), args.end());
   return fsdptrain_in_source(all);
-}
-
-std::vector<double> losses(const std::string& metrics_file) {
-  std::vector<double> out;
-  std::ifstream in(metrics_file);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
-  return out;
-}
-
-std::string temp_path(const std::string& name) {
-  return "/tmp/fsdp_train_cli_" + std::to_string(::getpid()) + "_" + name;
 }
 
 }  // namespace

@@ -1,0 +1,157 @@
+// Worker programs of the checkpoint tests, started by `fsdptrain launch ... -- ckpt_worker MODE`:
+//
+//   ckpt_worker train CONFIG [--set key=value]... [--fault crash|error --at-save K --after-bytes B --rank R]
+//     The built-in trainer, writing checkpoints through a file system that, on rank R, during its
+//     K-th save, after B bytes, either kills the process (crash: _exit, as a power cut or the OOM
+//     killer would) or fails the write (error: as a full disk would).
+//   ckpt_worker resave MODEL_CONFIG CHECKPOINT OUT_DIR sharded|full
+//     Loads CHECKPOINT into the model sharded over this launch's ranks and saves it again to
+//     OUT_DIR in the given format: what resharding W -> W' does to every tensor.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "ckpt/checkpoint.h"
+#include "config/loader.h"
+#include "dist/process_group.h"
+#include "fsdp/config_map.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "train/trainer.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/strings.h"
+
+namespace {
+
+using namespace fsdp;
+
+class FaultyFile final : public ckpt::WritableFile {
+ public:
+  FaultyFile(std::unique_ptr<ckpt::WritableFile> inner, std::function<void(size_t)> before_write)
+      : WritableFile(inner->path()), inner_(std::move(inner)), before_write_(std::move(before_write)) {}
+  void append(const void* data, size_t n) override {
+    before_write_(n);
+    inner_->append(data, n);
+    account(data, n);
+  }
+  void sync() override { inner_->sync(); }
+  void close() override { inner_->close(); }
+
+ private:
+  std::unique_ptr<ckpt::WritableFile> inner_;
+  std::function<void(size_t)> before_write_;
+};
+
+// The local file system, until the fault: saves are counted by the step-N.tmp folders files are
+// created in.
+class FaultyFileSystem final : public ckpt::FileSystem {
+ public:
+  FaultyFileSystem(bool crash, int at_save, uint64_t after_bytes)
+      : crash_(crash), at_save_(at_save), after_bytes_(after_bytes) {}
+  std::unique_ptr<ckpt::WritableFile> create(const std::string& path) override {
+    const std::string dir = path.substr(0, path.rfind('/'));
+    if (dir != current_dir_) {
+      current_dir_ = dir;
+      ++saves_;
+    }
+    return std::make_unique<FaultyFile>(local().create(path), [this](size_t n) {
+      if (saves_ != at_save_) return;
+      if (written_ + n > after_bytes_) {
+        if (crash_) {
+          std::cerr << "[ckpt_worker] injected crash during save " << saves_ << " after " << written_ << " bytes\n";
+          _exit(9);
+        }
+        throw Error(str("[ckpt_worker] injected I/O error during save ", saves_, " after ", written_, " bytes"));
+      }
+      written_ += n;
+    });
+  }
+  void rename(const std::string& a, const std::string& b) override { local().rename(a, b); }
+  void sync_dir(const std::string& d) override { local().sync_dir(d); }
+  void make_dirs(const std::string& d) override { local().make_dirs(d); }
+  void remove_all(const std::string& p) override { local().remove_all(p); }
+  std::vector<std::string> list(const std::string& d) override { return local().list(d); }
+  bool exists(const std::string& p) override { return local().exists(p); }
+
+ private:
+  static ckpt::FileSystem& local() { return ckpt::local_file_system(); }
+  bool crash_;
+  int at_save_;
+  uint64_t after_bytes_;
+  std::string current_dir_;
+  int saves_ = 0;
+  uint64_t written_ = 0;
+};
+
+int train_mode(const std::vector<std::string>& args) {
+  config::ConfigInputs in;
+  in.file = args.at(0);
+  in.text = read_file(in.file);
+  in.has_file = true;
+  std::string fault;
+  int at_save = 0, fault_rank = 0;
+  uint64_t after_bytes = 0;
+  for (size_t i = 1; i + 1 < args.size(); i += 2) {
+    if (args[i] == "--set")
+      in.sets.push_back(args[i + 1]);
+    else if (args[i] == "--fault")
+      fault = args[i + 1];
+    else if (args[i] == "--at-save")
+      at_save = std::stoi(args[i + 1]);
+    else if (args[i] == "--after-bytes")
+      after_bytes = std::stoull(args[i + 1]);
+    else if (args[i] == "--rank")
+      fault_rank = std::stoi(args[i + 1]);
+    else
+      throw InputError("ckpt_worker train: unknown argument " + args[i]);
+  }
+  const char* rank = std::getenv("RANK");
+  const bool here = !fault.empty() && (rank ? std::atoi(rank) : 0) == fault_rank;
+  FaultyFileSystem fs(fault == "crash", here ? at_save : -1, after_bytes);
+  train::TrainHooks hooks;
+  hooks.checkpoint_fs = &fs;
+  train::run_training(config::load_config_or_throw(in), std::cout, hooks);
+  return 0;
+}
+
+int resave(const std::vector<std::string>& args) {
+  const model::LlamaConfig mc = model::load_llama_config(args.at(0));
+  dist::GroupOptions go;
+  go.backend = "gloo";
+  dist::ProcessGroup world = dist::init_process_group(go);
+  model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  FsdpOptions options;
+  options.init = [](const std::string&, at::IntArrayRef shape) { return at::zeros(shape); };
+  auto sharded = fully_shard(*llama, model::llama_traits(mc), make_mesh(world, 1, world.size()), options);
+  optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
+  ckpt::CheckpointOptions co;
+  co.dir = args.at(2);
+  co.format = args.at(3) == "full" ? ckpt::Format::kFull : ckpt::Format::kSharded;
+  co.log = world.rank() == 0 ? &std::cout : nullptr;
+  ckpt::Checkpointer checkpointer(*sharded, adamw, mc, world, co);
+  ckpt::TrainingState state = checkpointer.load(args.at(1));
+  state.world_size = world.size();
+  checkpointer.save(state);
+  checkpointer.wait();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    FSDP_CHECK(!args.empty(), "usage: ckpt_worker train|resave ...");
+    const std::vector<std::string> rest(args.begin() + 1, args.end());
+    if (args[0] == "train") return train_mode(rest);
+    if (args[0] == "resave") return resave(rest);
+    throw InputError("ckpt_worker: unknown mode " + args[0]);
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return static_cast<int>(e.code());
+  }
+}

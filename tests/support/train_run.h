@@ -1,0 +1,57 @@
+// Runs of the built-in trainer through the real CLI, for the trainer and checkpoint tests:
+// `fsdptrain ARGS` from the source tree (relative paths in configs resolve there), the losses a
+// run wrote to its metrics file, and scratch paths unique to the test process.
+#pragma once
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "support/child_process.h"
+
+namespace fsdp::testing {
+
+inline Result run_in_source(const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<std::string> all{"-c", "cd " + std::string(FSDP_SOURCE_DIR) + " && exec \"$0\" \"$@\"", binary};
+  all.insert(all.end(), args.begin(), args.end());
+  return ChildProcess("/bin/sh", all, {}, {"FSDPTRAIN_CONFIG_FILE", "RANK", "WORLD_SIZE"})
+      .wait(std::chrono::seconds(240));
+}
+
+inline Result fsdptrain_in_source(const std::vector<std::string>& args) {
+  return run_in_source(FSDP_BINARY, args);
+}
+
+// step -> loss, from a logging.metrics_file.
+inline std::map<int64_t, double> losses_by_step(const std::string& metrics_file) {
+  std::map<int64_t, double> out;
+  std::ifstream in(metrics_file);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return out;
+}
+
+inline std::vector<double> losses(const std::string& metrics_file) {
+  std::vector<double> out;
+  for (const auto& [step, loss] : losses_by_step(metrics_file)) out.push_back(loss);
+  return out;
+}
+
+inline std::string temp_path(const std::string& name) {
+  return "/tmp/fsdp_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+inline std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace fsdp::testing

@@ -1,0 +1,331 @@
+// Checkpoints end to end, through the real launcher and trainer on the tiny Llama: exact resume
+// (2N steps against N + save + resume + N, bit for bit) in both formats; resharding 4 -> 2 -> 3 -> 1
+// (every tensor, optimizer state included, comes back identical; training continues with the same
+// losses); a crash in the middle of a save leaves the previous checkpoint loadable; truncated,
+// corrupt, incomplete and mismatched checkpoints are refused with the reason; keep; merge-weights;
+// pretrained weights loaded with and without cpu_ram_efficient_loading.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "support/train_run.h"
+
+namespace {
+
+using fsdp::testing::fsdptrain_in_source;
+using fsdp::testing::losses_by_step;
+using fsdp::testing::read_bytes;
+using fsdp::testing::Result;
+using fsdp::testing::run_in_source;
+using fsdp::testing::temp_path;
+
+void sh(const std::string& command) {
+  REQUIRE(std::system(command.c_str()) == 0);
+}
+bool exists(const std::string& path) {
+  return std::ifstream(path).good();
+}
+
+// The tiny model on fsdptrain's own sources; short sequences so a run takes seconds.
+std::string write_config(const std::string& name, const std::string& state_dict_type) {
+  const std::string path = temp_path(name + ".yaml");
+  std::ofstream(path) << "distributed_type: FSDP\nuse_cpu: true\nnum_processes: 2\nmixed_precision: 'no'\n"
+                         "fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: "
+                      << state_dict_type
+                      << "\nmodel:\n  config: configs/models/tiny/config.json\ndata:\n  path: lib/*/*.cpp\n"
+                         "train:\n  steps: 12\n  sequence_length: 32\n  eval_interval: 0\n  eval_batches: 1\n"
+                         "optimizer:\n  lr: 3.0e-3\nlogging:\n  interval: 1\n";
+  return path;
+}
+
+// fsdptrain launch CONFIG on `world` ranks with `batch` sequences each, plus --set overrides.
+Result train(const std::string& config, int world, int batch, const std::vector<std::string>& sets) {
+  std::vector<std::string> args{"launch",
+                                "--config",
+                                config,
+                                "--main_process_port",
+                                "0",
+                                "--num_processes",
+                                std::to_string(world),
+                                "--set",
+                                "train.micro_batch_size=" + std::to_string(batch)};
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+  return fsdptrain_in_source(args);
+}
+
+// The same through ckpt_worker (a file system that fails on cue).
+Result train_with_fault(const std::string& config, int world, int batch, const std::vector<std::string>& sets,
+                        const std::vector<std::string>& fault) {
+  std::vector<std::string> args{
+      "launch",         "--config", config, "--main_process_port", "0", "--num_processes", std::to_string(world), "--",
+      FSDP_CKPT_WORKER, "train",    config};
+  std::vector<std::string> all = sets;
+  all.push_back("num_processes=" + std::to_string(world));
+  all.push_back("train.micro_batch_size=" + std::to_string(batch));
+  for (const std::string& s : all) args.insert(args.end(), {"--set", s});
+  args.insert(args.end(), fault.begin(), fault.end());
+  return fsdptrain_in_source(args);
+}
+
+Result resave(int world, const std::string& checkpoint, const std::string& out, const std::string& format) {
+  return fsdptrain_in_source({"launch", "--cpu", "--distributed_type", world > 1 ? "MULTI_CPU" : "NO",
+                              "--num_processes", std::to_string(world), "--main_process_port", "0", "--",
+                              FSDP_CKPT_WORKER, "resave", "configs/models/tiny/config.json", checkpoint, out, format});
+}
+
+void check_same_losses(const std::map<int64_t, double>& want, const std::map<int64_t, double>& got, int64_t first,
+                       int64_t last, double rtol) {
+  for (int64_t s = first; s <= last; ++s) {
+    INFO("step ", s);
+    REQUIRE(want.count(s) == 1);
+    REQUIRE(got.count(s) == 1);
+    if (rtol == 0)
+      CHECK(got.at(s) == want.at(s));
+    else
+      CHECK(std::abs(got.at(s) - want.at(s)) <= rtol * std::abs(want.at(s)));
+  }
+  CHECK(got.begin()->first == first);
+}
+
+}  // namespace
+
+TEST_CASE("exact resume: 12 steps equal 6 + save + resume + 6, bit for bit") {
+  for (const std::string type : {"SHARDED_STATE_DICT", "FULL_STATE_DICT"}) {
+    SUBCASE(type.c_str()) {
+      const std::string cfg = write_config("exact", type), a = temp_path("exact_a"), b = temp_path("exact_b");
+      sh("rm -rf " + a + " " + b + " " + a + ".jsonl " + b + ".jsonl && mkdir -p " + b);
+      const Result ra =
+          train(cfg, 2, 4, {"checkpoint.dir=" + a, "checkpoint.interval=6", "logging.metrics_file=" + a + ".jsonl"});
+      INFO(ra.out, ra.err);
+      REQUIRE(ra.code == 0);
+      REQUIRE(exists(a + "/step-00000006/manifest.json"));
+      REQUIRE(exists(a + "/step-00000012/manifest.json"));
+      // The run stopped after step 6: only that checkpoint exists.
+      sh("cp -r " + a + "/step-00000006 " + b + "/");
+      const Result rb =
+          train(cfg, 2, 4, {"checkpoint.dir=" + b, "checkpoint.resume=latest", "logging.metrics_file=" + b + ".jsonl"});
+      INFO(rb.out, rb.err);
+      REQUIRE(rb.code == 0);
+      CHECK(rb.out.find("[ckpt] loaded " + b + "/step-00000006 (step 6") != std::string::npos);
+      check_same_losses(losses_by_step(a + ".jsonl"), losses_by_step(b + ".jsonl"), 7, 12, 0.0);
+      // Parameters and AdamW state at step 12: the same bytes.
+      const std::vector<std::string> files =
+          type == "FULL_STATE_DICT"
+              ? std::vector<std::string>{"model.safetensors", "optimizer.safetensors"}
+              : std::vector<std::string>{"shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"};
+      for (const std::string& f : files) {
+        INFO(f);
+        const std::string x = read_bytes(a + "/step-00000012/" + f), y = read_bytes(b + "/step-00000012/" + f);
+        CHECK(x.size() > 1000);
+        CHECK(x == y);
+      }
+      sh("rm -rf " + a + " " + b + " " + a + ".jsonl " + b + ".jsonl " + cfg);
+    }
+  }
+}
+
+TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continues with the same losses") {
+  const std::string cfg = write_config("reshard", "SHARDED_STATE_DICT"), r4 = temp_path("r4"), r2 = temp_path("r2"),
+                    r3 = temp_path("r3"), f1 = temp_path("f1"), f0 = temp_path("f0");
+  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + r4 + "*.jsonl");
+  // A global batch of 12 sequences on every world size: 4 x 3, 2 x 6, 3 x 4, 1 x 12.
+  const Result ref =
+      train(cfg, 4, 3, {"checkpoint.dir=" + r4, "checkpoint.interval=6", "logging.metrics_file=" + r4 + ".jsonl"});
+  INFO(ref.out, ref.err);
+  REQUIRE(ref.code == 0);
+  const std::string step = "/step-00000006";
+  for (const auto& [world, from, to, format] : std::vector<std::tuple<int, std::string, std::string, std::string>>{
+           {2, r4, r2, "sharded"}, {3, r2, r3, "sharded"}, {1, r3, f1, "full"}, {1, r4, f0, "full"}}) {
+    const Result r = resave(world, from + step, to, format);
+    INFO(from, " -> ", to, r.out, r.err);
+    REQUIRE(r.code == 0);
+  }
+  CHECK(read_bytes(r2 + step + "/index.json").find("\"world_size\": 2") != std::string::npos);
+  CHECK(read_bytes(r3 + step + "/index.json").find("\"world_size\": 3") != std::string::npos);
+  // 4 -> 2 -> 3 -> 1 against 4 -> 1: the same bytes, weights and AdamW state.
+  for (const std::string f : {"model.safetensors", "optimizer.safetensors"}) {
+    INFO(f);
+    const std::string x = read_bytes(f0 + step + "/" + f), y = read_bytes(f1 + step + "/" + f);
+    CHECK(x.size() > 1000);
+    CHECK(x == y);
+  }
+  // Training continues from each: the losses of the 4-rank run, within float tolerance (the
+  // reductions add in another order).
+  const auto want = losses_by_step(r4 + ".jsonl");
+  for (const auto& [world, batch, dir] :
+       std::vector<std::tuple<int, int, std::string>>{{2, 6, r2}, {3, 4, r3}, {1, 12, f1}}) {
+    const std::string m = dir + ".jsonl";
+    const Result r =
+        train(cfg, world, batch, {"checkpoint.dir=" + dir, "checkpoint.resume=latest", "logging.metrics_file=" + m});
+    INFO("W=", world, r.out, r.err);
+    REQUIRE(r.code == 0);
+    check_same_losses(want, losses_by_step(m), 7, 12, 1e-5);
+  }
+  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + temp_path("r*.jsonl") + " " +
+     temp_path("f1.jsonl") + " " + cfg);
+}
+
+TEST_CASE("a crash in the middle of a save leaves the previous checkpoint, and resuming from it is exact") {
+  const std::string cfg = write_config("crash", "SHARDED_STATE_DICT"), dir = temp_path("crash"),
+                    ref = temp_path("crash_ref");
+  sh("rm -rf " + dir + " " + ref + " " + dir + "*.jsonl " + ref + "*.jsonl");
+  const std::vector<std::string> sets{"checkpoint.interval=4"};
+  auto with = [&](std::vector<std::string> s, const std::string& d) {
+    s.insert(s.end(), {"checkpoint.dir=" + d, "logging.metrics_file=" + d + ".jsonl"});
+    return s;
+  };
+  const Result r = train(cfg, 2, 4, with(sets, ref));
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+
+  SUBCASE("the process dies") {
+    // Rank 1 dies 2000 bytes into its shard file of the second save (step 8).
+    const Result crash = train_with_fault(
+        cfg, 2, 4, with(sets, dir), {"--fault", "crash", "--at-save", "2", "--after-bytes", "2000", "--rank", "1"});
+    INFO(crash.out, crash.err);
+    REQUIRE(crash.code != 0);
+    CHECK(crash.err.find("injected crash during save 2") != std::string::npos);
+  }
+  SUBCASE("a write fails") {
+    const Result fail = train_with_fault(
+        cfg, 2, 4, with(sets, dir), {"--fault", "error", "--at-save", "2", "--after-bytes", "2000", "--rank", "0"});
+    INFO(fail.out, fail.err);
+    REQUIRE(fail.code != 0);
+    CHECK(fail.err.find("injected I/O error during save 2") != std::string::npos);
+  }
+  CHECK(exists(dir + "/step-00000004/manifest.json"));
+  CHECK_FALSE(exists(dir + "/step-00000008/manifest.json"));
+  const Result resumed = train(cfg, 2, 4, with({"checkpoint.interval=4", "checkpoint.resume=latest"}, dir));
+  INFO(resumed.out, resumed.err);
+  REQUIRE(resumed.code == 0);
+  CHECK(resumed.out.find("[ckpt] loaded " + dir + "/step-00000004") != std::string::npos);
+  auto got = losses_by_step(dir + ".jsonl");
+  for (auto it = got.begin(); it != got.end();)
+    it = it->first <= 4 ? got.erase(it) : std::next(it);  // the first attempt's
+  check_same_losses(losses_by_step(ref + ".jsonl"), got, 5, 12, 0.0);
+  CHECK(read_bytes(dir + "/step-00000012/shard-00000-of-00002.safetensors") ==
+        read_bytes(ref + "/step-00000012/shard-00000-of-00002.safetensors"));
+  CHECK_FALSE(exists(dir + "/step-00000008.tmp"));  // the cut-off save's folder is cleared by the next save
+  sh("rm -rf " + dir + " " + ref + " " + dir + ".jsonl " + ref + ".jsonl " + cfg);
+}
+
+TEST_CASE("damaged, incomplete and mismatched checkpoints are refused before any step, naming the problem") {
+  const std::string cfg = write_config("bad", "SHARDED_STATE_DICT"), dir = temp_path("bad");
+  sh("rm -rf " + dir);
+  const Result r = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "train.steps=4"});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  const std::string ck = dir + "/step-00000004", shard = ck + "/shard-00001-of-00002.safetensors";
+  auto resume = [&](const std::string& path, std::vector<std::string> more = {}) {
+    more.insert(more.end(), {"checkpoint.resume=" + path, "train.steps=8"});
+    return train(cfg, 2, 4, more);
+  };
+  SUBCASE("a flipped byte") {
+    sh("printf '\\x5a' | dd of=" + shard + " bs=1 seek=5000 conv=notrunc status=none");
+    const Result bad = resume(ck);
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find("shard-00001-of-00002.safetensors has CRC-32C") != std::string::npos);
+    CHECK(bad.err.find("the file is corrupt") != std::string::npos);
+    CHECK(bad.out.find("step 5/8") == std::string::npos);
+  }
+  SUBCASE("a truncated file") {
+    sh("truncate -s 4096 " + shard);
+    const Result bad = resume(ck);
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find("is 4096 bytes but the manifest records") != std::string::npos);
+  }
+  SUBCASE("a save that never finished (no manifest)") {
+    sh("rm " + ck + "/manifest.json");
+    const Result bad = resume(ck);
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find("has no manifest.json, so it is not a complete checkpoint") != std::string::npos);
+    // latest skips it: nothing complete is left, so the run starts fresh.
+    const Result fresh = resume("latest", {"checkpoint.dir=" + dir});
+    INFO(fresh.out, fresh.err);
+    CHECK(fresh.code == 0);
+    CHECK(fresh.out.find("holds no complete checkpoint; starting at step 1") != std::string::npos);
+  }
+  SUBCASE("another model") {
+    const std::string other = temp_path("other.json");
+    sh("sed 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 3/' " + std::string(FSDP_SOURCE_DIR) +
+       "/configs/models/tiny/config.json > " + other);
+    const Result bad = resume(ck, {"model.config=" + other});
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find("describes another model than this run's") != std::string::npos);
+    std::remove(other.c_str());
+  }
+  SUBCASE("other data settings") {
+    const Result bad = resume(ck, {"train.sequence_length=48"});
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find("was saved with train.sequence_length 32; this run has 48") != std::string::npos);
+  }
+  sh("rm -rf " + dir + " " + cfg);
+}
+
+TEST_CASE("keep deletes older checkpoints; merge-weights gives the exported Hugging Face folder") {
+  const std::string cfg = write_config("keep", "SHARDED_STATE_DICT"), dir = temp_path("keep"),
+                    hf = temp_path("keep_hf"), merged = temp_path("keep_merged"), split = temp_path("keep_split");
+  sh("rm -rf " + dir + " " + hf + " " + merged + " " + split);
+  const Result r = train(cfg, 3, 4,
+                         {"checkpoint.dir=" + dir, "checkpoint.interval=2", "checkpoint.keep=2", "train.steps=8",
+                          "checkpoint.export_dir=" + hf});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  for (int s : {2, 4}) CHECK_FALSE(exists(dir + "/step-0000000" + std::to_string(s) + "/manifest.json"));
+  for (int s : {6, 8}) CHECK(exists(dir + "/step-0000000" + std::to_string(s) + "/manifest.json"));
+  // The folder holding the checkpoints: its newest is merged.
+  const Result m = fsdptrain_in_source({"merge-weights", dir, merged});
+  INFO(m.out, m.err);
+  REQUIRE(m.code == 0);
+  CHECK(m.out.find("the newest checkpoint in " + dir + " is " + dir + "/step-00000008") != std::string::npos);
+  CHECK(read_bytes(merged + "/model.safetensors") == read_bytes(hf + "/step-8/model.safetensors"));
+  CHECK(read_bytes(merged + "/config.json") == read_bytes(hf + "/step-8/config.json"));
+  // Above the size limit: shards and an index, as transformers writes them.
+  const Result s = fsdptrain_in_source({"merge-weights", dir + "/step-00000006", split, "--max_shard_size", "200KB"});
+  INFO(s.out, s.err);
+  REQUIRE(s.code == 0);
+  CHECK(exists(split + "/model.safetensors.index.json"));
+  CHECK(exists(split + "/model-00001-of-00003.safetensors"));
+  const Result again = fsdptrain_in_source({"merge-weights", dir, merged});
+  CHECK(again.code == 2);
+  CHECK(again.err.find("already exists; give a new output folder") != std::string::npos);
+  const Result none = fsdptrain_in_source({"merge-weights", hf, temp_path("nothing")});
+  CHECK(none.code == 2);
+  CHECK(none.err.find("is neither a checkpoint") != std::string::npos);
+  sh("rm -rf " + dir + " " + hf + " " + merged + " " + split + " " + cfg);
+}
+
+TEST_CASE("fine-tuning from a Hugging Face folder: the same start with and without cpu_ram_efficient_loading") {
+  const std::string cfg = write_config("pre", "FULL_STATE_DICT"), hf = temp_path("pre_hf");
+  sh("rm -rf " + hf + " " + hf + "*.jsonl");
+  const Result r = train(cfg, 2, 4, {"train.steps=30", "checkpoint.export_dir=" + hf});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  std::map<int64_t, double> first;
+  for (const std::string efficient : {"true", "false"}) {
+    for (int world : {1, 3}) {
+      const std::string m = hf + efficient + std::to_string(world) + ".jsonl";
+      const Result f = train(cfg, world, 12 / world,
+                             {"model.pretrained=" + hf + "/step-30", "train.steps=2", "logging.metrics_file=" + m,
+                              "fsdp_config.fsdp_cpu_ram_efficient_loading=" + efficient});
+      INFO(efficient, " W=", world, f.out, f.err);
+      REQUIRE(f.code == 0);
+      CHECK(f.out.find(efficient == "true" ? "rank 0 read it and sent each rank its rows"
+                                           : "each rank read its own rows") != std::string::npos);
+      const auto l = losses_by_step(m);
+      REQUIRE(l.count(1) == 1);
+      if (first.empty()) first = l;
+      CHECK(std::abs(l.at(1) - first.at(1)) <= 1e-6 * first.at(1));
+    }
+  }
+  // Started from trained weights: the first loss is well below a fresh model's ln(257) = 5.55.
+  CHECK(first.at(1) < 5.0);
+  sh("rm -rf " + hf + " " + hf + "*.jsonl " + cfg);
+}
