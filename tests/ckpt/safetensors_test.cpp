@@ -162,3 +162,28 @@ TEST_CASE("LibTorch tensors round-trip through a file, memory-mapped on the way 
   CHECK(error_of([&] { save_safetensors(path, {{"a", w}, {"b", w}}); }).find("shares storage") != std::string::npos);
   std::remove(path.c_str());
 }
+
+TEST_CASE("CRC-32C: the standard check value, running sums, and what the writer records") {
+  const char* check = "123456789";
+  CHECK(crc32c(check, 9) == 0xE3069283u);  // the Castagnoli check value (RFC 3720 B.4)
+  CHECK(crc32c(nullptr, 0) == 0u);
+  std::mt19937 gen(7);
+  std::vector<uint8_t> data(100003);
+  for (auto& b : data) b = static_cast<uint8_t>(gen());
+  const uint32_t whole = crc32c(data.data(), data.size());
+  uint32_t running = 0;
+  for (size_t at = 0, step = 1; at < data.size(); at += step, step = step * 3 + 1)
+    running = crc32c(data.data() + at, std::min(step, data.size() - at), running);
+  CHECK(running == whole);
+  data[5000] ^= 1;
+  CHECK(crc32c(data.data(), data.size()) != whole);
+
+  const std::string path = "/tmp/fsdp_crc_" + std::to_string(::getpid()) + ".safetensors";
+  const std::vector<float> v(1000, 1.5f);
+  SafetensorsWriter w(path, {TensorBytes{"v", Dtype::kF32, {1000}, nullptr, 4000}});
+  w.append("v", v.data(), 4000);
+  w.finish();
+  CHECK(w.checksum() == crc32c_of_file(path));
+  CHECK(w.bytes() == fsdp::read_file(path).size());
+  std::remove(path.c_str());
+}

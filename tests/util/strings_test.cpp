@@ -1,5 +1,7 @@
 #include "util/strings.h"
 
+#include "util/error.h"
+
 #include <doctest/doctest.h>
 
 using namespace fsdp;
@@ -34,4 +36,21 @@ TEST_CASE("format_bytes: whole units stay whole, others get one decimal") {
   CHECK(fsdp::format_bytes(64 << 10) == "64 KiB");
   CHECK(fsdp::format_bytes(3 << 19) == "1.5 MiB");
   CHECK(fsdp::format_bytes(2LL << 30) == "2 GiB");
+}
+
+TEST_CASE("parse_byte_size reads huggingface_hub's sizes and refuses anything else") {
+  CHECK(parse_byte_size("5GB", "x") == 5000000000LL);
+  CHECK(parse_byte_size("500MB", "x") == 500000000LL);
+  CHECK(parse_byte_size("2GiB", "x") == 2147483648LL);
+  CHECK(parse_byte_size("1.5kb", "x") == 1500);
+  CHECK(parse_byte_size("123", "x") == 123);
+  for (const char* bad : {"", "GB", "5XB", "-1GB", "0"}) {
+    std::string what;
+    try {
+      parse_byte_size(bad, "--max_shard_size");
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    CHECK(what.find("--max_shard_size") != std::string::npos);
+  }
 }
