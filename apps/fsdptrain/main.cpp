@@ -318,8 +318,9 @@ int run(int argc, char** argv) {
     if (lo.command.empty()) {
       // No program: every worker runs the built-in trainer on the same config (flags become --set,
       // which they outrank only over the file, as here).
-      FSDP_CHECK(!rc.typed.model.config.empty(),
-                 "fsdptrain launch: nothing to run; the config has no model.config for the built-in trainer (see "
+      FSDP_CHECK(!rc.typed.model.config.empty() || !rc.typed.model.pretrained.empty(),
+                 "fsdptrain launch: nothing to run; the config has no model.config or model.pretrained for the "
+                 "built-in trainer (see "
                  "configs/quickstart.yaml), and no program was given after `--` (fsdptrain launch -- python3 "
                  "train.py), nor a .py script or --check");
       lo.command = {self_executable(), "worker", "--train"};

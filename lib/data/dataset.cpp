@@ -7,7 +7,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
-#include <random>
 
 #include "util/error.h"
 #include "util/strings.h"
@@ -166,8 +165,17 @@ DistributedLoader::DistributedLoader(const TokenStream& stream, int64_t first_se
 void DistributedLoader::shuffle() {
   order_.resize(count_);
   std::iota(order_.begin(), order_.end(), 0);
-  std::mt19937_64 rng(seed_ * 1000003ULL + static_cast<uint64_t>(epoch_));
-  std::shuffle(order_.begin(), order_.end(), rng);
+  // Fisher-Yates driven by SplitMix64, spelled out (not std::shuffle, whose draws differ between
+  // standard libraries) so other tools can reproduce the order: scripts/reference/ does.
+  uint64_t state = seed_ * 1000003ULL + static_cast<uint64_t>(epoch_);
+  auto next = [&state]() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = count_ - 1; i > 0; --i)
+    std::swap(order_[i], order_[static_cast<int64_t>(next() % static_cast<uint64_t>(i + 1))]);
 }
 
 void DistributedLoader::set_position(const Position& p) {

@@ -45,7 +45,9 @@ Split split_sequences(int64_t num_tokens, int64_t seq_len, double eval_fraction,
 // Each rank reads disjoint sequences: a step of the whole job takes world_size * batch sequences
 // from a seeded permutation of the training windows, rank r the r-th block of `batch` of them. The
 // order depends only on the seed (not on the world size), so W ranks with batch B read the same
-// sequences per step as one rank with batch W * B. A new permutation starts each epoch.
+// sequences per step as one rank with batch W * B. A new permutation starts each epoch: Fisher-Yates
+// (i from n-1 down to 1, swap i with next() % (i + 1)) over SplitMix64 seeded with
+// seed * 1000003 + epoch, portable so other tools can read the same order.
 class DistributedLoader {
  public:
   DistributedLoader(const TokenStream& stream, int64_t first_sequence, int64_t num_sequences, int64_t seq_len,

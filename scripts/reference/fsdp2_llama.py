@@ -1,0 +1,152 @@
+"""PyTorch FSDP2 reference: what fsdptrain's built-in trainer computes, written with torch's own
+fully_shard and Hugging Face transformers' LlamaForCausalLM, on CPU over Gloo.
+
+It reads the same inputs as a fsdptrain run (a Hugging Face folder to start from, an llm.c token
+shard) and reproduces the trainer's choices: the held-out split and the loader's order (Fisher-Yates
+over SplitMix64, lib/data/dataset.h), rank r reading the r-th block of micro_batch_size sequences of
+each step; the loss as the mean over the global batch's tokens; AdamW with weight decay on
+parameters of two or more dimensions only; global-norm clipping; linear warmup then cosine (or
+linear, or constant) decay to lr * min_lr_ratio (lib/optim/schedule.h).
+
+    python scripts/reference/fsdp2_llama.py --model HF_DIR --data TOKENS.bin --steps 20 \
+        --world-size 2 --micro-batch-size 4 --sequence-length 32 --out losses.json
+
+writes {"losses": [...]} (one per step, as fsdptrain's metrics file reports them).
+"""
+import argparse
+import json
+import math
+import os
+import socket
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+MASK = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """Yields SplitMix64 outputs from `state` (the loader's seed * 1000003 + epoch)."""
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & MASK
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+        yield z ^ (z >> 31)
+
+
+def permutation(count, seed, epoch):
+    order = list(range(count))
+    rng = splitmix64((seed * 1000003 + epoch) & MASK)
+    for i in range(count - 1, 0, -1):
+        j = next(rng) % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def read_llmc_shard(path):
+    header = np.fromfile(path, dtype=np.int32, count=256)
+    magic, count = int(header[0]), int(header[2])
+    dtype = {20240520: np.uint16, 20240801: np.uint32}[magic]
+    return np.fromfile(path, dtype=dtype, offset=256 * 4, count=count).astype(np.int64)
+
+
+def learning_rate(args, step):
+    if args.warmup_steps > 0 and step <= args.warmup_steps:
+        return args.lr * step / args.warmup_steps
+    min_lr = args.lr * args.min_lr_ratio
+    p = min(max((step - args.warmup_steps) / max(1, args.steps - args.warmup_steps), 0.0), 1.0)
+    if args.schedule == "cosine":
+        return min_lr + (args.lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * p))
+    if args.schedule == "linear":
+        return args.lr - (args.lr - min_lr) * p
+    return args.lr
+
+
+def worker(rank, args, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
+    torch.manual_seed(0)
+    from torch.distributed.fsdp import fully_shard
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, foreach=False)
+
+    tokens = read_llmc_shard(args.data)
+    T, B, W = args.sequence_length, args.micro_batch_size, args.world_size
+    sequences = (len(tokens) - 1) // T
+    held_out = max(1, int(sequences * args.eval_fraction)) if args.eval_fraction > 0 else 0
+    train_count = sequences - held_out
+    epoch, offset = 0, 0
+    order = permutation(train_count, args.seed, epoch)
+    losses = []
+    for step in range(1, args.steps + 1):
+        if offset + B * W > train_count:
+            epoch, offset = epoch + 1, 0
+            order = permutation(train_count, args.seed, epoch)
+        rows = [order[offset + rank * B + i] for i in range(B)]
+        offset += B * W
+        windows = np.stack([tokens[s * T:s * T + T + 1] for s in rows])
+        x, y = torch.from_numpy(windows[:, :-1]), torch.from_numpy(windows[:, 1:])
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(args, step)
+        logits = model(input_ids=x).logits
+        loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                                     reduction="sum")
+        # Each rank's mean over its tokens; fully_shard averages the gradients over the ranks.
+        (loss_sum / (B * T)).backward()
+        total = loss_sum.detach().clone()
+        dist.all_reduce(total)
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(total.item() / (B * T * W))
+        if rank == 0:
+            print(f"step {step}: loss {losses[-1]:.6f}", flush=True)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"losses": losses}, f)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="Hugging Face folder with the initial weights")
+    ap.add_argument("--data", required=True, help="llm.c token shard (.bin)")
+    ap.add_argument("--out", required=True, help="JSON file for the losses")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--micro-batch-size", type=int, default=4)
+    ap.add_argument("--sequence-length", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--eval-fraction", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--beta1", type=float, default=0.9)
+    ap.add_argument("--beta2", type=float, default=0.95)
+    ap.add_argument("--eps", type=float, default=1e-8)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--schedule", choices=["cosine", "linear", "constant"], default="cosine")
+    ap.add_argument("--warmup-steps", type=int, default=10)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(args, port), nprocs=args.world_size, join=True)
+
+
+if __name__ == "__main__":
+    main()
