@@ -173,6 +173,15 @@ Header parse_safetensors(const uint8_t* bytes, size_t size, const std::string& w
   return h;
 }
 
+void SafetensorsFile::release(const uint8_t* p, size_t n) const {
+  if (base_ == nullptr || n == 0) return;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = std::max(reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(base_)) & ~(page - 1);
+  const uintptr_t hi = std::min(reinterpret_cast<uintptr_t>(p) + n, reinterpret_cast<uintptr_t>(base_) + size_);
+  const uintptr_t end = (hi + page - 1) & ~(page - 1);
+  if (end > lo) ::madvise(reinterpret_cast<void*>(lo), end - lo, MADV_DONTNEED);  // advice: failure changes nothing
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   FSDP_CHECK(fd >= 0, "[ckpt] cannot open ", quoted(path), ": ", std::strerror(errno));

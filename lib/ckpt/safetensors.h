@@ -83,6 +83,10 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   const Header& header() const { return header_; }
   const uint8_t* data(const TensorInfo& t) const { return base_ + header_.data_start + t.begin; }
+  // Drops [p, p + n) (inside this file's mapping) from the process's resident pages once read: the
+  // page cache keeps them, a later read maps them again. Reading a checkpoint tensor by tensor so
+  // holds about one tensor resident, not the whole file.
+  void release(const uint8_t* p, size_t n) const;
   const std::string& path() const { return path_; }
 
  private:

@@ -127,12 +127,13 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out, c
   auto sharded = fsdp::fully_shard(*llama, model::llama_traits(mc),
                                    fsdp::make_mesh(world, plan.replicate_size, plan.shard_size), plan.options);
   if (pretrained) {
+    const std::string before = host_peaks(world, device);
     const Clock::time_point t = Clock::now();
     ckpt::load_pretrained(*sharded, cfg.model.pretrained, world, cfg.fsdp.cpu_ram_efficient_loading);
     say(str("[train] loaded ", cfg.model.pretrained, " in ", seconds_since(t), " s (",
             cfg.fsdp.cpu_ram_efficient_loading ? "rank 0 read it and sent each rank its rows"
                                                : "each rank read its own rows",
-            "); peak host memory per rank: ", host_peaks(world, device), "\n"));
+            "); peak host memory per rank: ", before, " before, ", host_peaks(world, device), " after\n"));
   }
   optim::AdamWOptions ao{cfg.optimizer.lr, cfg.optimizer.beta1, cfg.optimizer.beta2, cfg.optimizer.eps,
                          cfg.optimizer.weight_decay};
@@ -164,8 +165,10 @@ TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out, c
       say(str("[train] checkpoint.resume is latest but ", cc.dir,
               " holds no complete checkpoint; starting at step 1\n"));
     } else {
+      const std::string before = host_peaks(world, device);
       const ckpt::TrainingState st = checkpointer->load(path);
-      say(str("[train] peak host memory per rank after loading: ", host_peaks(world, device), "\n"));
+      say(str("[train] peak host memory per rank: ", before, " before loading, ", host_peaks(world, device),
+              " after\n"));
       auto same = [&](const char* key, int64_t saved, int64_t now) {
         FSDP_CHECK(saved == now, "[train] ", path, " was saved with ", key, " ", saved, "; this run has ", now,
                    ", so the data would not continue where it stopped. Set ", key, " back to ", saved,
