@@ -63,7 +63,8 @@ std::optional<int64_t> step_of(const std::string& name) {
 }
 
 // Complete checkpoints under `dir`, oldest first.
-std::vector<std::string> complete_checkpoints(const std::string& dir, FileSystem& fs) {
+std::vector<std::string> complete_checkpoints(std::string dir, FileSystem& fs) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   std::vector<std::pair<int64_t, std::string>> found;
   for (const std::string& e : fs.list(dir))
     if (auto s = step_of(e); s && fs.exists(path_in(path_in(dir, e), kManifest))) found.emplace_back(*s, e);
