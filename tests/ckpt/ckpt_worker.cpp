@@ -7,6 +7,9 @@
 //   ckpt_worker resave MODEL_CONFIG CHECKPOINT OUT_DIR sharded|full
 //     Loads CHECKPOINT into the model sharded over this launch's ranks and saves it again to
 //     OUT_DIR in the given format: what resharding W -> W' does to every tensor.
+//   ckpt_worker reexport HF_DIR OUT_DIR efficient|plain
+//     Loads a Hugging Face folder into the model sharded over this launch's ranks (with or without
+//     cpu_ram_efficient_loading) and exports it again to OUT_DIR: import then export.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
 #include "config/loader.h"
 #include "dist/process_group.h"
 #include "fsdp/config_map.h"
@@ -140,6 +144,20 @@ int resave(const std::vector<std::string>& args) {
   return 0;
 }
 
+int reexport(const std::vector<std::string>& args) {
+  const model::LlamaConfig mc = model::load_llama_config(args.at(0) + "/config.json");
+  dist::GroupOptions go;
+  go.backend = "gloo";
+  dist::ProcessGroup world = dist::init_process_group(go);
+  model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  FsdpOptions options;
+  options.init = [](const std::string&, at::IntArrayRef shape) { return at::full(shape, 7.0f); };
+  auto sharded = fully_shard(*llama, model::llama_traits(mc), make_mesh(world, 1, world.size()), options);
+  ckpt::load_pretrained(*sharded, args.at(0), world, args.at(2) == "efficient");
+  ckpt::export_hf(*sharded, mc, args.at(1));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,6 +167,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> rest(args.begin() + 1, args.end());
     if (args[0] == "train") return train_mode(rest);
     if (args[0] == "resave") return resave(rest);
+    if (args[0] == "reexport") return reexport(rest);
     throw InputError("ckpt_worker: unknown mode " + args[0]);
   } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";

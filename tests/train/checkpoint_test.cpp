@@ -327,5 +327,16 @@ TEST_CASE("fine-tuning from a Hugging Face folder: the same start with and witho
   }
   // Started from trained weights: the first loss is well below a fresh model's ln(257) = 5.55.
   CHECK(first.at(1) < 5.0);
+  // Import then export on 3 ranks (uneven rows): the same bytes.
+  for (const std::string mode : {"efficient", "plain"}) {
+    const std::string again = hf + "_again_" + mode;
+    const Result x = fsdptrain_in_source({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "3",
+                                          "--main_process_port", "0", "--", FSDP_CKPT_WORKER, "reexport",
+                                          hf + "/step-30", again, mode});
+    INFO(mode, x.out, x.err);
+    REQUIRE(x.code == 0);
+    CHECK(read_bytes(again + "/model.safetensors") == read_bytes(hf + "/step-30/model.safetensors"));
+    sh("rm -rf " + again);
+  }
   sh("rm -rf " + hf + " " + hf + "*.jsonl " + cfg);
 }
