@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -491,13 +492,20 @@ struct Checkpointer::Impl {
   dist::ProcessGroup& world;
   CheckpointOptions o;
   FileSystem& fs;
-  std::unique_ptr<dist::Store> store;  // the writer thread's own connection (several shard ranks)
+  std::unique_ptr<dist::Store> store;  // the writer thread's own connection (SHARDED, several shard ranks)
+  dist::ProcessGroup host_group;       // the writer thread's gathers (FULL): Gloo over the shard group
   std::thread writer;
   std::exception_ptr error;
 
   Impl(ShardedModel& m, optim::ShardedAdamW& a, const model::LlamaConfig& c, dist::ProcessGroup& w,
        CheckpointOptions opts)
-      : model(m), adamw(a), config(c), world(w), o(std::move(opts)), fs(o.fs ? *o.fs : local_file_system()) {}
+      : model(m),
+        adamw(a),
+        config(c),
+        world(w),
+        o(std::move(opts)),
+        fs(o.fs ? *o.fs : local_file_system()),
+        host_group(dist::make_single_process_group()) {}
 
   int shard_rank() const { return model.mesh().shard.rank(); }
   int shard_size() const { return model.mesh().shard.size(); }
@@ -619,6 +627,74 @@ struct Checkpointer::Impl {
       }
   }
 
+  // Runs a save's writing part on the writer thread (or here, without background writes).
+  void run(std::function<void()> job) {
+    if (!o.background) return job();
+    writer = std::thread([this, job = std::move(job)]() {
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+  }
+
+  // FULL_STATE_DICT: this rank's padded shard slice of every parameter and AdamW state (the same
+  // size on every rank), copied to host memory; the writer gathers them over host_group.
+  struct HostSlice {
+    std::string name;
+    const ShardLayout* layout = nullptr;
+    at::Tensor slice;  // (shard_numel) fp32, CPU
+  };
+  std::vector<HostSlice> snapshot_slices() const {
+    std::vector<HostSlice> out;
+    for (const Slot& s : slots_of(model)) {
+      const ShardedParam& p = *s.param;
+      auto add = [&](const std::string& name, const at::Tensor& slice) {
+        out.push_back({name, &p.layout, slice.reshape({-1}).to(at::kCPU, false, true)});
+      };
+      add(p.name, p.sharded);
+      if (p.trainable) {
+        const auto& st = adamw.state()[s.group];
+        add(kExpAvg + p.name, st.exp_avg.narrow(0, p.offset, p.layout.shard_numel()));
+        add(kExpAvgSq + p.name, st.exp_avg_sq.narrow(0, p.offset, p.layout.shard_numel()));
+      }
+    }
+    return out;
+  }
+
+  // Gathers every slice (collective over host_group, in name order) and, on shard rank 0, writes the
+  // Hugging Face folder, optimizer.safetensors and the commit.
+  void write_full(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
+                  const std::string& final_dir) {
+    const bool writer = shard_rank() == 0;
+    auto full = [&](const HostSlice& h) { return gather_slice(host_group, h.slice, *h.layout); };
+    std::vector<const HostSlice*> params, optim;
+    for (const HostSlice& h : slices) (h.name.rfind("optim.", 0) == 0 ? optim : params).push_back(&h);
+    std::vector<TensorSpec> specs;
+    for (const HostSlice* h : params) specs.push_back({h->name, h->layout->shape});
+    std::vector<WrittenFile> written = write_hf_folder(
+        specs, [&](size_t i) { return full(*params[i]); }, writer, config, tmp, o.max_shard_bytes, fs);
+    std::sort(optim.begin(), optim.end(), [](const HostSlice* a, const HostSlice* b) { return a->name < b->name; });
+    std::unique_ptr<SafetensorsWriter> out;
+    if (writer) {
+      std::vector<TensorBytes> tensors;
+      for (const HostSlice* h : optim)
+        tensors.push_back({h->name, Dtype::kF32, h->layout->shape, nullptr, static_cast<size_t>(h->layout->numel()) * 4});
+      // All fp32: the writer's order is the name order, the order of the gathers below (append checks it).
+      out = std::make_unique<SafetensorsWriter>(path_in(tmp, kOptimizer), tensors, std::map<std::string, std::string>{},
+                                                fs);
+    }
+    for (const HostSlice* h : optim) {
+      const at::Tensor t = full(*h);
+      if (out) out->append(h->name, t.data_ptr(), static_cast<size_t>(t.numel()) * 4);
+    }
+    if (!writer) return;
+    out->finish();
+    written.push_back({kOptimizer, out->bytes(), out->checksum()});
+    commit({}, written, state_doc, tmp, final_dir);
+  }
+
   // Rank 0's writer thread: waits for every shard rank's report.
   std::vector<json> collect(const std::string& name, json mine) {
     std::vector<json> reports{std::move(mine)};
@@ -644,6 +720,11 @@ Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, cons
     so.port = shared->port();
     so.prefix += "ckpt/";
     impl_->store = std::make_unique<dist::Store>(so);
+    if (impl_->o.format == Format::kFull) {
+      std::vector<int> all(static_cast<size_t>(impl_->shard_size()));
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+      impl_->host_group = model.mesh().shard.new_host_group(all);
+    }
   }
 }
 
@@ -673,41 +754,17 @@ double Checkpointer::save(const TrainingState& state) {
   if (m.world.size() > 1) m.world.barrier().wait();
   const json state_doc = state_json(state, m.o.format, rng_json(m.model.options().device));
 
-  if (m.o.format == Format::kFull) {  // collective gathers, one tensor at a time; rank 0 writes
-    std::vector<WrittenFile> written = write_hf_model(m.model, m.config, tmp, m.o.max_shard_bytes, m.fs);
-    std::vector<std::pair<std::string, std::pair<Slot, bool>>> order;  // name -> (slot, exp_avg_sq?)
-    for (const Slot& s : slots_of(m.model))
-      if (s.param->trainable) {
-        order.push_back({kExpAvg + s.param->name, {s, false}});
-        order.push_back({kExpAvgSq + s.param->name, {s, true}});
-      }
-    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    const bool writer = m.world.rank() == 0;
-    std::unique_ptr<SafetensorsWriter> out;
-    if (writer) {
-      std::vector<TensorBytes> specs;
-      for (const auto& [n, e] : order)
-        specs.push_back({n, Dtype::kF32, e.first.param->layout.shape, nullptr,
-                         static_cast<size_t>(e.first.param->layout.numel()) * 4});
-      out = std::make_unique<SafetensorsWriter>(path_in(tmp, kOptimizer), specs, std::map<std::string, std::string>{},
-                                                m.fs);
-    }
-    for (const auto& [n, e] : order) {
-      const auto& st = m.adamw.state()[e.first.group];
-      const ShardedParam& p = *e.first.param;
-      const at::Tensor& flat = e.second ? st.exp_avg_sq : st.exp_avg;
-      const at::Tensor full =
-          gather_slice(m.model.mesh().shard, flat.narrow(0, p.offset, p.layout.shard_numel()), p.layout);
-      if (out) out->append(n, full.data_ptr(), static_cast<size_t>(full.numel()) * 4);
-    }
-    if (writer) {
-      out->finish();
-      written.push_back({kOptimizer, out->bytes(), out->checksum()});
-      m.commit({}, written, state_doc, tmp, final_dir);
-      m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", seconds_since(t0), " s\n"));
-    }
-    if (m.world.size() > 1) m.world.barrier().wait();
-    return seconds_since(t0);
+  if (m.o.format == Format::kFull) {  // host copies now; the thread gathers them one tensor at a time
+    std::vector<Impl::HostSlice> slices;
+    if (m.is_writer()) slices = m.snapshot_slices();
+    const double blocked = seconds_since(t0);
+    m.run([&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
+      if (!m.is_writer()) return;
+      m.write_full(slices, state_doc, tmp, final_dir);
+      m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", seconds_since(t0), " s; training waited ",
+                blocked, " s\n"));
+    });
+    return blocked;
   }
 
   // SHARDED: copy to host now, write on the thread.
@@ -726,17 +783,7 @@ double Checkpointer::save(const TrainingState& state) {
     m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", m.shard_size(), " shard file(s)) in ",
               seconds_since(t0), " s; training waited ", blocked, " s\n"));
   };
-  if (m.o.background) {
-    m.writer = std::thread([&m, job = std::move(job)]() {
-      try {
-        job();
-      } catch (...) {
-        m.error = std::current_exception();
-      }
-    });
-  } else {
-    job();
-  }
+  m.run(std::move(job));
   return blocked;
 }
 
@@ -828,51 +875,22 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
     if (n.rfind("optim.", 0) != 0) names.push_back(n);
   std::sort(names.begin(), names.end());
 
-  // huggingface_hub's greedy rule, as export_hf.
-  std::vector<std::vector<std::string>> shards(1);
-  int64_t in_shard = 0, total = 0;
+  std::vector<TensorSpec> specs;
+  int64_t total = 0;
   for (const std::string& n : names) {
-    const StoredInfo& info = *src->info(n);
+    specs.push_back({n, src->info(n)->shape});
     int64_t bytes = 4;
-    for (int64_t d : info.shape) bytes *= d;
-    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(n);
-    in_shard += bytes;
+    for (int64_t d : specs.back().shape) bytes *= d;
     total += bytes;
   }
   const std::string tmp = out + ".tmp";
   fs.remove_all(tmp);
   fs.make_dirs(tmp);
-  write_whole_file(fs, path_in(tmp, kConfig), config_text(config));
-  json weight_map = json::object();
-  for (size_t s = 0; s < shards.size(); ++s) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    const std::string file = shards.size() == 1 ? "model.safetensors" : buf;
-    std::vector<TensorBytes> specs;
-    for (const std::string& n : shards[s]) {
-      const StoredInfo& info = *src->info(n);
-      int64_t numel = 1;
-      for (int64_t d : info.shape) numel *= d;
-      specs.push_back({n, Dtype::kF32, info.shape, nullptr, static_cast<size_t>(numel) * 4});
-      weight_map[n] = file;
-    }
-    SafetensorsWriter w(path_in(tmp, file), specs, {}, fs);
-    for (const std::string& n : w.order()) {
-      const StoredInfo& info = *src->info(n);
-      const at::Tensor t = src->rows(n, 0, info.shape.empty() ? 1 : info.shape[0]);
-      w.append(n, t.data_ptr(), static_cast<size_t>(t.numel()) * 4);
-    }
-    w.finish();
-    log << "[merge-weights] wrote " << file << " (" << shards[s].size() << " tensors)\n";
-  }
-  if (shards.size() > 1) {
-    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_whole_file(fs, path_in(tmp, "model.safetensors.index.json"), index.dump(2) + "\n");
-  }
+  const auto written = write_hf_folder(
+      specs,
+      [&](size_t i) { return src->rows(specs[i].name, 0, specs[i].shape.empty() ? 1 : specs[i].shape[0]); },
+      /*writer=*/true, config, tmp, max_shard_bytes, fs);
+  for (const WrittenFile& f : written) log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
   fs.sync_dir(tmp);
   fs.rename(tmp, out);
   log << "[merge-weights] " << out << ": a Hugging Face folder of " << names.size() << " tensors ("

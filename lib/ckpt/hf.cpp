@@ -22,31 +22,30 @@ bool ignorable(const std::string& name) {
 
 }  // namespace
 
-std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::LlamaConfig& config,
-                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs) {
-  const bool writer =
-      model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
-  // Every parameter by name: (group, index). The same order on every rank: the order of gathers.
-  std::vector<std::tuple<std::string, size_t, size_t>> params;
-  for (size_t g = 0; g < model.groups().size(); ++g)
-    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i)
-      params.emplace_back(model.groups()[g]->params()[i].name, g, i);
-  std::sort(params.begin(), params.end());
-
+std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
+                                         const std::function<at::Tensor(size_t)>& full, bool writer,
+                                         const model::LlamaConfig& config, const std::string& dir,
+                                         int64_t max_shard_bytes, FileSystem& fs) {
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
+  auto bytes_of = [&](size_t i) {
+    int64_t n = 4;
+    for (int64_t d : tensors[i].shape) n *= d;
+    return n;
+  };
   // Greedy shards in name order (huggingface_hub's rule): a new file when the next tensor would
   // pass the limit; a tensor above the limit gets a file of its own.
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0, total = 0;
-  for (size_t k = 0; k < params.size(); ++k) {
-    const auto& p = model.groups()[std::get<1>(params[k])]->params()[std::get<2>(params[k])];
-    const int64_t bytes = p.layout.numel() * 4;
-    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
+  for (size_t i : order) {
+    if (!shards.back().empty() && in_shard + bytes_of(i) > max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
-    shards.back().push_back(k);
-    in_shard += bytes;
-    total += bytes;
+    shards.back().push_back(i);
+    in_shard += bytes_of(i);
+    total += bytes_of(i);
   }
   std::vector<WrittenFile> written;
   if (writer) {
@@ -63,18 +62,17 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
     std::unique_ptr<SafetensorsWriter> out;
     if (writer) {
       std::vector<TensorBytes> specs;
-      for (size_t k : shards[s]) {
-        const auto& p = model.groups()[std::get<1>(params[k])]->params()[std::get<2>(params[k])];
+      for (size_t i : shards[s]) {
         specs.push_back(
-            TensorBytes{p.name, Dtype::kF32, p.layout.shape, nullptr, static_cast<size_t>(p.layout.numel() * 4)});
-        weight_map[p.name] = file;
+            TensorBytes{tensors[i].name, Dtype::kF32, tensors[i].shape, nullptr, static_cast<size_t>(bytes_of(i))});
+        weight_map[tensors[i].name] = file;
       }
-      // fp32 only: the writer's order is the name order, the order of the gathers below (append checks it).
+      // fp32 only: the writer's order is the name order, the order of full() below (append checks it).
       out = std::make_unique<SafetensorsWriter>(dir + "/" + file, specs, std::map<std::string, std::string>{}, fs);
     }
-    for (size_t k : shards[s]) {
-      const at::Tensor full = model.groups()[std::get<1>(params[k])]->gather_full_parameter(std::get<2>(params[k]));
-      if (out) out->append(std::get<0>(params[k]), full.data_ptr(), static_cast<size_t>(full.numel()) * 4);
+    for (size_t i : shards[s]) {
+      const at::Tensor t = full(i).contiguous();
+      if (out) out->append(tensors[i].name, t.data_ptr(), static_cast<size_t>(t.numel()) * 4);
     }
     if (out) {
       out->finish();
@@ -88,6 +86,22 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
                        write_whole_file(fs, dir + "/model.safetensors.index.json", text)});
   }
   return written;
+}
+
+std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::LlamaConfig& config,
+                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs) {
+  const bool writer =
+      model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
+  std::vector<TensorSpec> specs;
+  std::vector<std::pair<size_t, size_t>> where;  // (group, index) of specs[i]
+  for (size_t g = 0; g < model.groups().size(); ++g)
+    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) {
+      specs.push_back({model.groups()[g]->params()[i].name, model.groups()[g]->params()[i].layout.shape});
+      where.emplace_back(g, i);
+    }
+  return write_hf_folder(
+      specs, [&](size_t k) { return model.groups()[where[k].first]->gather_full_parameter(where[k].second); }, writer,
+      config, dir, max_shard_bytes, fs);
 }
 
 void export_hf(const ShardedModel& model, const model::LlamaConfig& config, const std::string& dir,

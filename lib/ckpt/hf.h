@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,19 @@ struct WrittenFile {
 // replicate rank 0), nothing on the others.
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::LlamaConfig& config,
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs);
+
+// The folder itself: config.json and fp32 `tensors` in name order, in huggingface_hub's greedy
+// shards above max_shard_bytes (with model.safetensors.index.json). full(i) gives tensors[i]'s
+// full value; it is called for every tensor in name order on every rank (it may be collective),
+// and only `writer` writes. Returns the files written.
+struct TensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
+                                         const std::function<at::Tensor(size_t)>& full, bool writer,
+                                         const model::LlamaConfig& config, const std::string& dir,
+                                         int64_t max_shard_bytes, FileSystem& fs);
 
 // A Hugging Face Llama folder opened for reading; tensors are memory-mapped, so every rank of a
 // machine reading it shares one copy in the page cache.

@@ -112,7 +112,11 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::millis
       counters_(std::make_shared<ByteCounters>()),
       store_(std::move(store)) {}
 
-ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
+ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const { return make_group(ranks, false); }
+
+ProcessGroup ProcessGroup::new_host_group(const std::vector<int>& ranks) const { return make_group(ranks, true); }
+
+ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host) const {
   int index = -1;
   std::string key = str("group", (*subgroups_made_)++, "/");
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -123,12 +127,13 @@ ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
   }
   FSDP_ASSERT(index >= 0, "new_group: rank ", rank(), " is not a member");
   if (ranks.size() == 1) return make_single_process_group();
-  if (static_cast<int>(ranks.size()) == size()) return *this;
+  if (static_cast<int>(ranks.size()) == size() && !host) return *this;
   FSDP_ASSERT(store_ != nullptr, "new_group on a group without a store");
+  if (host) key = "host" + key;
   // Each member list gets its own key space in the store, so several subgroups can form at once.
   const Store sub = store_->with_prefix(key + "/");
   const int n = static_cast<int>(ranks.size());
-  std::shared_ptr<Backend> b = backend_->name() == "nccl"
+  std::shared_ptr<Backend> b = backend_->name() == "nccl" && !host
                                    ? make_nccl_backend(sub, index, n, timeout_)
                                    : make_gloo_backend(sub.with_prefix("gloo/"), index, n, timeout_);
   return ProcessGroup(std::move(b), timeout_, std::make_shared<Store>(sub));

@@ -91,6 +91,10 @@ class ProcessGroup {
   // twice gets fresh groups). Used for HSDP's shard and replicate groups. A list of one gives the
   // single-process group.
   ProcessGroup new_group(const std::vector<int>& ranks) const;
+  // The same over Gloo, always a new group (also for every rank, also when this one is NCCL): for
+  // host-memory collectives run by another thread (the checkpoint writer) without interleaving
+  // with this group's.
+  ProcessGroup new_host_group(const std::vector<int>& ranks) const;
 
   // The rendezvous store this group met at (null for the single-process group). One thread at a
   // time: another thread opens its own connection from the store's options.
@@ -102,6 +106,7 @@ class ProcessGroup {
 
  private:
   Work record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending);
+  ProcessGroup make_group(const std::vector<int>& ranks, bool host) const;
   std::shared_ptr<Backend> backend_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<ByteCounters> counters_;
