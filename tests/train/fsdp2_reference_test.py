@@ -2,7 +2,8 @@
 LlamaForCausalLM, trained by scripts/reference/fsdp2_llama.py from the same initial weights (a
 folder transformers saved from a randomly initialised tiny Llama) on the same token stream (an
 llm.c shard of fsdptrain's sources), against fsdptrain's trainer fine-tuning that folder: the
-first 20 losses agree within 1e-4 relative (fp32).
+first 20 losses agree within 1e-4 relative (fp32). The run's FULL_STATE_DICT checkpoint is a folder
+transformers loads as it is: its logits equal those of the run's Hugging Face export.
 """
 import argparse
 import glob
@@ -47,7 +48,8 @@ def main():
         yaml = os.path.join(tmp, "run.yaml")
         with open(yaml, "w") as f:
             f.write("distributed_type: FSDP\nuse_cpu: true\nnum_processes: 2\nmixed_precision: 'no'\n"
-                    "fsdp_config:\n  fsdp_version: 2\n"
+                    "fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n"
+                    f"checkpoint:\n  dir: {tmp}/ckpt\n  export_dir: {tmp}/export\n"
                     f"model:\n  pretrained: {model_dir}\ndata:\n  path: {data}\n"
                     f"train:\n  steps: {settings['steps']}\n  micro_batch_size: {settings['micro_batch_size']}\n"
                     f"  sequence_length: {settings['sequence_length']}\n  seed: {settings['seed']}\n"
@@ -72,6 +74,15 @@ def main():
             return 1
         ref_losses = json.load(open(f"{tmp}/ref.json"))["losses"]
 
+        batch = torch.tensor([tokens[1000:1064]])
+        logits = []
+        for folder in (f"{tmp}/ckpt/step-00000020", f"{tmp}/export/step-20"):
+            model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+            with torch.no_grad():
+                logits.append(model(batch).logits)
+        same_checkpoint = torch.equal(logits[0], logits[1])
+        print(f"transformers loads the FULL_STATE_DICT checkpoint: logits equal to the export's: {same_checkpoint}")
+
     worst = 0.0
     print("step  fsdptrain   torch FSDP2  relative difference")
     for i, (a, b) in enumerate(zip(ours_losses, ref_losses)):
@@ -79,7 +90,7 @@ def main():
         worst = max(worst, r)
         print(f"{i + 1:4d}  {a:.7f}  {b:.7f}  {r:.2e}")
     ok = len(ours_losses) == len(ref_losses) == settings["steps"] and worst <= 1e-4
-    ok = ok and ours_losses[-1] < ours_losses[0] - 0.3  # it trained: the comparison is not of two flat lines
+    ok = ok and same_checkpoint and ours_losses[-1] < ours_losses[0] - 0.3  # it trained: the comparison is not of two flat lines
     print(f"{'ok' if ok else 'FAIL'}: worst relative difference {worst:.2e} over {len(ref_losses)} steps "
           f"(loss {ours_losses[0]:.4f} -> {ours_losses[-1]:.4f})")
     return 0 if ok else 1
