@@ -1,0 +1,99 @@
+"""PyTorch FSDP2 as TorchTitan sets it up: transformers' LlamaForCausalLM with fully_shard on every
+decoder layer and the root, bf16 parameters with fp32 reduction (MixedPrecisionPolicy), fused AdamW,
+optionally torch.compile on every layer. Trains on the token shard fsdptrain reads, with the same
+batch, and writes its measurements as JSON (rank 0).
+
+    python scripts/bench/fsdp2_train.py --model-config configs/models/llama-1b/config.json \
+        --data tokens.bin --steps 30 --warmup 5 --micro-batch-size 2 --sequence-length 2048 \
+        --world-size 1 --compile --out fsdp2.json
+"""
+import argparse
+import json
+import os
+import socket
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def worker(rank, args, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = torch.cuda.is_available() and not args.cpu
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=args.world_size)
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**json.load(open(args.model_config)))
+    config.use_cache = False
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    bf16 = args.mixed_precision == "bf16"
+    mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32,
+                                     reduce_dtype=torch.float32)
+    for i, layer in enumerate(model.model.layers):
+        if args.compile:
+            layer.compile()
+        fully_shard(layer, mp_policy=mp_policy)
+    fully_shard(model, mp_policy=mp_policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda)
+
+    header = np.fromfile(args.data, dtype=np.int32, count=256)
+    dtype = {20240520: np.uint16, 20240801: np.uint32}[int(header[0])]
+    tokens = np.memmap(args.data, dtype=dtype, mode="r", offset=1024, shape=(int(header[2]),))
+    B, T, W = args.micro_batch_size, args.sequence_length, args.world_size
+    windows = (len(tokens) - 1) // T
+    times = []
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        rows = [((step * W + rank) * B + i) % windows for i in range(B)]
+        batch = torch.from_numpy(np.stack([tokens[r * T:r * T + T + 1].astype(np.int64) for r in rows])).to(device)
+        logits = model(input_ids=batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        value = loss.item()
+        times.append(time.perf_counter() - t0)
+        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+            print(f"step {step + 1}/{args.steps}: loss {value:.4f}, {times[-1] * 1000:.0f} ms", flush=True)
+    timed = times[args.warmup:] or times
+    peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"name": "torch FSDP2" + (" + torch.compile" if args.compile else " (eager)"),
+                       "step_times_s": timed, "tokens_per_step": B * T * W, "world_size": W,
+                       "peak_memory_bytes": peak, "last_loss": value}, f)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-config", required=True)
+    ap.add_argument("--data", required=True, help="llm.c token shard (.bin)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timings")
+    ap.add_argument("--micro-batch-size", type=int, default=2)
+    ap.add_argument("--sequence-length", type=int, default=2048)
+    ap.add_argument("--world-size", type=int, default=1)
+    ap.add_argument("--mixed-precision", choices=["bf16", "no"], default="bf16")
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--compile", action="store_true", help="torch.compile every decoder layer")
+    ap.add_argument("--cpu", action="store_true", help="CPU over Gloo even where a GPU exists")
+    args = ap.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(args, port), nprocs=args.world_size, join=True)
+
+
+if __name__ == "__main__":
+    main()
