@@ -11,6 +11,7 @@
 
 #include "fsdp/param_group.h"
 #include "fsdp/unit_call.h"
+#include "model/chunked_loss.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -301,7 +302,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   inv_freq_ = rope_inv_freq(c);
 }
 
-at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
+at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens) {
   LlamaEmbeddingImpl* embed = model->embed_tokens.get();
   // Tied: the embedding also computes the logits, so it stays in the root with the head.
   at::Tensor x = config.tie_word_embeddings
@@ -313,20 +314,22 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
     x = fsdp::call(*layer, TensorList{x, cos, sin},
                    [layer](const TensorList& in) { return TensorList{layer->forward(in[0], in[1], in[2])}; })[0];
   }
-  x = model->norm(x);
-  return config.tie_word_embeddings ? at::linear(x, embed->weight) : lm_head(x);
+  return model->norm(x);
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
+  const at::Tensor x = hidden_states(tokens);
+  return config.tie_word_embeddings ? at::linear(x, model->embed_tokens->weight) : lm_head(x);
 }
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets) {
-  const at::Tensor logits = forward(tokens).to(at::kFloat);
-  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {}, at::Reduction::Sum,
-                                /*ignore_index=*/-100);
+  const at::Tensor x = hidden_states(tokens);
+  const at::Tensor& head = config.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
+  return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head, targets.reshape({-1}));
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  const at::Tensor logits = forward(tokens).to(at::kFloat);
-  return at::cross_entropy_loss(logits.reshape({-1, config.vocab_size}), targets.reshape({-1}), {}, at::Reduction::Mean,
-                                /*ignore_index=*/-100);
+  return loss_sum(tokens, targets) / targets.ne(-100).sum().clamp_min(1).to(at::kFloat);
 }
 
 ModelTraits llama_traits(const LlamaConfig& c) {

@@ -118,9 +118,12 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // fully_shard then creates each parameter's value with init_parameter (FsdpOptions::init).
   explicit LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create = false);
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) -> logits (B, T, V) in the compute dtype
+  // (B, T) -> the final norm's output (B, T, C): what the head turns into logits.
+  at::Tensor hidden_states(const at::Tensor& tokens);
   // Mean cross-entropy (fp32 logits) over targets that are not -100.
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
-  // As loss(), but the sum (divide by the global token count yourself).
+  // As loss(), but the sum (divide by the global token count yourself). Computed a chunk of tokens
+  // at a time (model/chunked_loss.h): the (B, T, V) logits are never held whole.
   at::Tensor loss_sum(const at::Tensor& tokens, const at::Tensor& targets);
 
   LlamaConfig config;

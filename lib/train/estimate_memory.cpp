@@ -5,6 +5,7 @@
 #include "fsdp/config_map.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/shard_layout.h"
+#include "model/chunked_loss.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -47,14 +48,18 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
                largest_trainable * (param_bytes + 4);
   // Activations kept for backward, per layer, per token (compute dtype): the norms' outputs and the
   // residuals (4 C), q/k/v and the attention output (2 C + 2 K D), SwiGLU's gate, up, their product
-  // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The logits are fp32, kept for the loss and its
-  // gradient (2 V). With checkpointing only each layer's input (C) stays, plus one layer recomputed.
+  // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The loss (model/chunked_loss.h) holds one
+  // chunk's fp32 logits and their gradient, and the head's gradient in fp32 (and in the compute
+  // dtype, saved for backward), never the whole (tokens, V) logits. With checkpointing only each
+  // layer's input (C) stays, plus one layer recomputed.
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length;
   const int64_t per_layer =
       tokens *
       ((6 * mc.hidden_size + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size) * param_bytes +
        mc.num_attention_heads * 4);
-  const int64_t logits = tokens * mc.vocab_size * 4 * 2;
+  const int64_t chunk = std::min<int64_t>(tokens, model::default_chunk_rows(mc.vocab_size));
+  const int64_t head = mc.vocab_size * mc.hidden_size;
+  const int64_t logits = chunk * mc.vocab_size * 4 * 2 + head * 4 + (param_bytes != 4 ? head * param_bytes : 0);
   e.activations = mc.num_hidden_layers * per_layer + logits;
   e.activations_checkpointed = mc.num_hidden_layers * tokens * mc.hidden_size * param_bytes + per_layer + logits;
   return e;

@@ -9,6 +9,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "model/chunked_loss.h"
 #include "support/error_of.h"
 #include "util/error.h"
 
@@ -273,4 +274,63 @@ TEST_CASE("the shipped model configs parse; Llama-3-8B has its known parameter c
   // 6 N' + 12 L H D T, N' without the input embedding (the PaLM / torchtitan convention).
   const double n_prime = 8030261248.0 - 128256.0 * 4096.0;
   CHECK(big.flops_per_token(8192) == doctest::Approx(6 * n_prime + 12.0 * 32 * 32 * 128 * 8192));
+}
+
+TEST_CASE("the chunked loss equals cross-entropy over the full logits: value and gradients, ignored tokens") {
+  torch::manual_seed(3);
+  for (const int64_t rows : {0, 1, 7, 64}) {
+    CAPTURE(rows);
+    const at::Tensor h0 = torch::randn({37, 16}, torch::kDouble), w0 = torch::randn({101, 16}, torch::kDouble);
+    at::Tensor y = torch::randint(0, 101, {37}, torch::kLong);
+    y.index_put_({torch::tensor({3, 20})}, -100);
+    const at::Tensor h = h0.to(torch::kFloat).requires_grad_(), w = w0.to(torch::kFloat).requires_grad_();
+    const at::Tensor loss = chunked_linear_cross_entropy_sum(h, w, y, rows);
+    (loss * 0.5).backward();
+    // The reference in float64 through autograd.
+    const at::Tensor hr = h0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+    const at::Tensor ref = at::cross_entropy_loss(at::matmul(hr, wr.t()), y, {}, at::Reduction::Sum, -100);
+    (ref * 0.5).backward();
+    CHECK(loss.item<double>() == doctest::Approx(ref.item<double>()).epsilon(1e-6));
+    CHECK((h.grad().to(torch::kDouble) - hr.grad()).abs().max().item<double>() <= 1e-5);
+    CHECK((w.grad().to(torch::kDouble) - wr.grad()).abs().max().item<double>() <= 1e-5);
+    CHECK(h.grad()[3].abs().max().item<double>() == 0);  // an ignored token contributes nothing
+  }
+  // Without gradients (evaluation) only the value is computed.
+  c10::NoGradGuard no_grad;
+  const at::Tensor h = torch::randn({9, 8}), w = torch::randn({30, 8}), y = torch::randint(0, 30, {9}, torch::kLong);
+  CHECK(chunked_linear_cross_entropy_sum(h, w, y, 2).item<double>() ==
+        doctest::Approx(at::cross_entropy_loss(at::matmul(h, w.t()), y, {}, at::Reduction::Sum).item<double>())
+            .epsilon(1e-5));
+}
+
+TEST_CASE("the model's loss is the cross-entropy of its logits, tied head or not") {
+  for (const bool tied : {false, true}) {
+    CAPTURE(tied);
+    LlamaConfig c = tiny();
+    c.tie_word_embeddings = tied;
+    LlamaForCausalLM m(c);
+    init_parameters(*m, 5);
+    const at::Tensor x = torch::randint(0, c.vocab_size, {2, 9}, torch::kLong);
+    const at::Tensor y = torch::randint(0, c.vocab_size, {2, 9}, torch::kLong);
+    const at::Tensor logits = m->forward(x).to(torch::kFloat);
+    const double ref =
+        at::cross_entropy_loss(logits.reshape({-1, c.vocab_size}), y.reshape({-1}), {}, at::Reduction::Sum)
+            .item<double>();
+    CHECK(m->loss_sum(x, y).item<double>() == doctest::Approx(ref).epsilon(1e-6));
+    CHECK(m->loss(x, y).item<double>() == doctest::Approx(ref / 18).epsilon(1e-6));
+    // The same gradients as autograd through the full logits.
+    m->zero_grad();
+    at::cross_entropy_loss(m->forward(x).to(torch::kFloat).reshape({-1, c.vocab_size}), y.reshape({-1}), {},
+                           at::Reduction::Sum)
+        .backward();
+    std::vector<at::Tensor> want;
+    for (const auto& p : m->parameters()) want.push_back(p.grad().clone());
+    m->zero_grad();
+    m->loss_sum(x, y).backward();
+    size_t i = 0;
+    for (const auto& p : m->parameters()) {
+      CHECK((p.grad() - want[i]).abs().max().item<double>() <= 1e-5 * (1 + want[i].abs().max().item<double>()));
+      ++i;
+    }
+  }
 }

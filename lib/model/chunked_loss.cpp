@@ -1,0 +1,66 @@
+#include "model/chunked_loss.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+
+namespace fsdp::model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                               const at::Tensor& targets, int64_t rows, int64_t ignore_index) {
+    const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
+    const int64_t n = hidden.size(0), vocab = weight.size(0);
+    if (rows <= 0) rows = default_chunk_rows(vocab);
+    at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
+    at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
+    at::Tensor dw = grad_w ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    for (int64_t i = 0; i < n; i += rows) {
+      const int64_t m = std::min(rows, n - i);
+      const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
+      const at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);  // (m, V)
+      const at::Tensor lse = at::logsumexp(logits, {1});                   // (m)
+      const at::Tensor valid = y.ne(ignore_index);
+      const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
+      const at::Tensor picked = logits.gather(1, safe_y.unsqueeze(1)).squeeze(1);
+      loss.add_(((lse - picked) * valid.to(at::kFloat)).sum());
+      if (!grad_h && !grad_w) continue;
+      // d loss / d logits = softmax - one_hot, zero on ignored tokens.
+      at::Tensor g = (logits - lse.unsqueeze(1)).exp_();
+      g.scatter_add_(1, safe_y.unsqueeze(1), at::full({m, 1}, -1.0f, g.options()));
+      g.mul_(valid.to(at::kFloat).unsqueeze(1));
+      if (grad_h) dh.narrow(0, i, m).copy_(at::matmul(g.to(weight.scalar_type()), weight));
+      if (grad_w) dw.addmm_(g.t(), h.to(at::kFloat));
+    }
+    ctx->saved_data["dh"] = dh;
+    ctx->saved_data["dw"] = grad_w ? dw.to(weight.scalar_type()) : dw;
+    return {loss};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& g = grads[0];
+    const at::Tensor dh = ctx->saved_data["dh"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
+    return {dh.defined() ? dh * g.to(dh.scalar_type()) : at::Tensor(),
+            dw.defined() ? dw * g.to(dw.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+int64_t default_chunk_rows(int64_t vocab_size) {
+  return std::max<int64_t>(1, (int64_t{1} << 25) / std::max<int64_t>(1, vocab_size));
+}
+
+at::Tensor chunked_linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
+                                            const at::Tensor& targets, int64_t rows, int64_t ignore_index) {
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index)[0];
+}
+
+}  // namespace fsdp::model
