@@ -1,6 +1,5 @@
 #include "dist/nccl/nccl_backend.h"
 
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -67,11 +66,15 @@ ncclDataType_t to_nccl(at::ScalarType t) {
 // A CUDA event shared by the work handle and the watchdog; destroyed when both let go.
 using Event = std::shared_ptr<CUevent_st>;
 
-// One collective in flight, as the watchdog sees it.
+// One collective in flight, as the watchdog sees it. `buffers` keeps its input and output alive
+// until `done` has passed: the caching allocator cannot hand their memory to the compute stream
+// while this stream still reads or writes it (instead of recordStream, which would tie every later
+// reuse of those blocks to this stream).
 struct InFlight {
   Event done;
   std::chrono::steady_clock::time_point start;
   std::string what;
+  std::vector<at::Tensor> buffers;
 };
 
 class NcclBackend;
@@ -195,20 +198,22 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
     FSDP_CUDA_CHECK(cudaEventRecord(ready, compute), rank_);
     FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0), rank_);
     cudaEventDestroy(ready);
-    // The caching allocator must not hand these buffers out again until our stream is done.
-    for (const auto& t : tensors)
-      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(),
-                                                    c10::cuda::getStreamFromExternal(stream_, device_));
     enqueue();
     FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&raw_done, cudaEventDisableTiming), rank_);
     Event done(raw_done, [](cudaEvent_t e) { cudaEventDestroy(e); });
     FSDP_CUDA_CHECK(cudaEventRecord(done.get(), stream_), rank_);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.push_back({done, std::chrono::steady_clock::now(), what});
+      release_finished();
+      in_flight_.push_back({done, std::chrono::steady_clock::now(), what, std::move(tensors)});
     }
     cv_.notify_all();
     return std::make_unique<NcclWork>(shared_from_this(), done, blocking);
+  }
+
+  // Drops the collectives whose event has passed, and with them their buffers. Holding mu_.
+  void release_finished() {
+    while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done.get()) == cudaSuccess) in_flight_.pop_front();
   }
 
   // Aborts the communicator when a collective overstays the timeout or NCCL reports an async error,
@@ -217,8 +222,7 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
-      while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done.get()) == cudaSuccess)
-        in_flight_.pop_front();
+      release_finished();
       ncclResult_t async = ncclSuccess;
       ncclCommGetAsyncError(comm_, &async);
       std::string problem;
