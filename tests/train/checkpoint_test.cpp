@@ -340,3 +340,30 @@ TEST_CASE("fine-tuning from a Hugging Face folder: the same start with and witho
   }
   sh("rm -rf " + hf + " " + hf + "*.jsonl " + cfg);
 }
+
+TEST_CASE("HSDP (2 replicas x 2 shards): one replica writes, and the run continues on 2 ranks of plain FSDP") {
+  for (const std::string type : {"SHARDED_STATE_DICT", "FULL_STATE_DICT"}) {
+    SUBCASE(type.c_str()) {
+      const std::string cfg = write_config("hsdp", type), dir = temp_path("hsdp"), two = temp_path("hsdp_two");
+      sh("rm -rf " + dir + " " + two + " " + dir + ".jsonl " + two + ".jsonl && mkdir -p " + two);
+      const Result r = train(cfg, 4, 3,
+                             {"parallelism_config.parallelism_config_dp_replicate_size=2",
+                              "parallelism_config.parallelism_config_dp_shard_size=2", "checkpoint.dir=" + dir,
+                              "checkpoint.interval=6", "logging.metrics_file=" + dir + ".jsonl"});
+      INFO(r.out, r.err);
+      REQUIRE(r.code == 0);
+      CHECK(r.out.find("HSDP: 2 replicas x 2 shards") != std::string::npos);
+      if (type == "SHARDED_STATE_DICT") {
+        CHECK(exists(dir + "/step-00000006/shard-00001-of-00002.safetensors"));
+        CHECK_FALSE(exists(dir + "/step-00000006/shard-00002-of-00004.safetensors"));
+      }
+      sh("cp -r " + dir + "/step-00000006 " + two + "/");
+      const Result c = train(
+          cfg, 2, 6, {"checkpoint.dir=" + two, "checkpoint.resume=latest", "logging.metrics_file=" + two + ".jsonl"});
+      INFO(c.out, c.err);
+      REQUIRE(c.code == 0);
+      check_same_losses(losses_by_step(dir + ".jsonl"), losses_by_step(two + ".jsonl"), 7, 12, 1e-5);
+      sh("rm -rf " + dir + " " + two + " " + dir + ".jsonl " + two + ".jsonl " + cfg);
+    }
+  }
+}
