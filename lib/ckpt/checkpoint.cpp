@@ -459,6 +459,11 @@ std::string latest_checkpoint(const std::string& dir, FileSystem& fs) {
 
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& files) {
   FSDP_CHECK(file_exists(path), "[ckpt] checkpoint ", quoted(path), " does not exist");
+  const bool hf_folder = file_exists(path_in(path, "model.safetensors")) ||
+                         file_exists(path_in(path, "model.safetensors.index.json"));
+  FSDP_CHECK(file_exists(path_in(path, kManifest)) || !hf_folder, "[ckpt] ", quoted(path),
+             " is a Hugging Face model folder, not a training checkpoint (no manifest.json, optimizer state or "
+             "step); fine-tune from it with model.pretrained instead of checkpoint.resume");
   FSDP_CHECK(file_exists(path_in(path, kManifest)), "[ckpt] ", quoted(path),
              " has no manifest.json, so it is not a complete checkpoint (a save that was cut off leaves its "
              "files without one); resume from an earlier step-N folder or from checkpoint.resume: latest");

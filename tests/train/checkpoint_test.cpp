@@ -260,6 +260,18 @@ TEST_CASE("damaged, incomplete and mismatched checkpoints are refused before any
     CHECK(bad.err.find("describes another model than this run's") != std::string::npos);
     std::remove(other.c_str());
   }
+  SUBCASE("a Hugging Face folder given as a checkpoint") {
+    const std::string hf = temp_path("bad_hf");
+    sh("rm -rf " + hf);
+    const Result e = train(cfg, 2, 4, {"train.steps=1", "checkpoint.export_dir=" + hf});
+    REQUIRE(e.code == 0);
+    const Result bad = resume(hf + "/step-1");
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find("is a Hugging Face model folder, not a training checkpoint") != std::string::npos);
+    CHECK(bad.err.find("model.pretrained") != std::string::npos);
+    sh("rm -rf " + hf);
+  }
   SUBCASE("other data settings") {
     const Result bad = resume(ck, {"train.sequence_length=48"});
     INFO(bad.out, bad.err);
