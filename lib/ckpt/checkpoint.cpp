@@ -218,11 +218,22 @@ struct StoredInfo {
 class Source {
  public:
   virtual ~Source() = default;
-  virtual const StoredInfo* info(const std::string& name) const = 0;
-  virtual std::vector<std::string> names() const = 0;
+  // A stored tensor's dtype and global shape; null when there is none of that name.
+  const StoredInfo* info(const std::string& name) const {
+    auto it = infos_.find(name);
+    return it == infos_.end() ? nullptr : &it->second;
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, i] : infos_) out.push_back(n);
+    return out;
+  }
   virtual at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) = 0;
   // The files rows [r0, r1) of `name` are read from.
   virtual void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const = 0;
+
+ protected:
+  std::map<std::string, StoredInfo> infos_;
 };
 
 // SHARDED_STATE_DICT: index.json says which rows of which tensor are in which shard file; files
@@ -257,20 +268,12 @@ class ShardedSource final : public Source {
         const int64_t dim0 = e.info.shape.empty() ? 1 : e.info.shape[0];
         FSDP_CHECK(next == dim0, "[ckpt] ", where, ": ", name, "'s pieces cover ", next, " of ", dim0,
                    " rows; the index is corrupt");
+        infos_[name] = e.info;
         entries_[name] = std::move(e);
       }
     } catch (const json::exception& e) {
       throw InputError(str("[ckpt] ", where, ": ", e.what(), "; the index is corrupt"));
     }
-  }
-  const StoredInfo* info(const std::string& name) const override {
-    auto it = entries_.find(name);
-    return it == entries_.end() ? nullptr : &it->second.info;
-  }
-  std::vector<std::string> names() const override {
-    std::vector<std::string> out;
-    for (const auto& [n, e] : entries_) out.push_back(n);
-    return out;
   }
   void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const override {
     for (const Piece& p : entries_.at(name).pieces)
@@ -328,15 +331,6 @@ class FullSource final : public Source {
       for (const TensorInfo& t : optimizer_->header().tensors) add(*optimizer_, t);
     }
   }
-  const StoredInfo* info(const std::string& name) const override {
-    auto it = entries_.find(name);
-    return it == entries_.end() ? nullptr : &it->second.info;
-  }
-  std::vector<std::string> names() const override {
-    std::vector<std::string> out;
-    for (const auto& [n, e] : entries_) out.push_back(n);
-    return out;
-  }
   void files(const std::string& name, int64_t, int64_t, std::set<std::string>& out) const override {
     const std::string& path = entries_.at(name).file->path();
     out.insert(path.substr(path.rfind('/') + 1));
@@ -348,11 +342,13 @@ class FullSource final : public Source {
 
  private:
   struct Entry {
-    StoredInfo info;
     const SafetensorsFile* file = nullptr;
     const TensorInfo* tensor = nullptr;
   };
-  void add(const SafetensorsFile& f, const TensorInfo& t) { entries_[t.name] = {StoredInfo{t.dtype, t.shape}, &f, &t}; }
+  void add(const SafetensorsFile& f, const TensorInfo& t) {
+    infos_[t.name] = StoredInfo{t.dtype, t.shape};
+    entries_[t.name] = {&f, &t};
+  }
   HfCheckpoint hf_;
   std::unique_ptr<SafetensorsFile> optimizer_;
   std::map<std::string, Entry> entries_;

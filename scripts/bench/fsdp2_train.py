@@ -10,13 +10,12 @@ batch, and writes its measurements as JSON (rank 0).
 import argparse
 import json
 import os
-import socket
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from common import add_common_args, batch, read_tokens, spawn
 
 
 def worker(rank, args, port):
@@ -44,18 +43,14 @@ def worker(rank, args, port):
     fully_shard(model, mp_policy=mp_policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda)
 
-    header = np.fromfile(args.data, dtype=np.int32, count=256)
-    dtype = {20240520: np.uint16, 20240801: np.uint32}[int(header[0])]
-    tokens = np.memmap(args.data, dtype=dtype, mode="r", offset=1024, shape=(int(header[2]),))
+    tokens = read_tokens(args.data)
     B, T, W = args.micro_batch_size, args.sequence_length, args.world_size
-    windows = (len(tokens) - 1) // T
     times = []
     for step in range(args.steps):
         t0 = time.perf_counter()
-        rows = [((step * W + rank) * B + i) % windows for i in range(B)]
-        batch = torch.from_numpy(np.stack([tokens[r * T:r * T + T + 1].astype(np.int64) for r in rows])).to(device)
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        x = torch.from_numpy(batch(tokens, step, rank, W, B, T)).to(device)
+        logits = model(input_ids=x[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -76,23 +71,13 @@ def worker(rank, args, port):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model-config", required=True)
-    ap.add_argument("--data", required=True, help="llm.c token shard (.bin)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timings")
-    ap.add_argument("--micro-batch-size", type=int, default=2)
-    ap.add_argument("--sequence-length", type=int, default=2048)
+    add_common_args(ap)
     ap.add_argument("--world-size", type=int, default=1)
     ap.add_argument("--mixed-precision", choices=["bf16", "no"], default="bf16")
-    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--compile", action="store_true", help="torch.compile every decoder layer")
     ap.add_argument("--cpu", action="store_true", help="CPU over Gloo even where a GPU exists")
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(args, port), nprocs=args.world_size, join=True)
+    spawn(worker, args, args.world_size)
 
 
 if __name__ == "__main__":

@@ -11,22 +11,16 @@ import argparse
 import json
 import time
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from common import add_common_args, batch, read_tokens
+
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model-config", required=True)
-    ap.add_argument("--data", required=True, help="llm.c token shard (.bin)")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timings")
-    ap.add_argument("--micro-batch-size", type=int, default=2)
-    ap.add_argument("--sequence-length", type=int, default=2048)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    add_common_args(ap)
     args = ap.parse_args()
 
     accelerator = Accelerator()
@@ -38,21 +32,16 @@ def main():
                                   fused=accelerator.device.type == "cuda")
     model, optimizer = accelerator.prepare(model, optimizer)
 
-    header = np.fromfile(args.data, dtype=np.int32, count=256)
-    dtype = {20240520: np.uint16, 20240801: np.uint32}[int(header[0])]
-    tokens = np.memmap(args.data, dtype=dtype, mode="r", offset=1024, shape=(int(header[2]),))
+    tokens = read_tokens(args.data)
     B, T = args.micro_batch_size, args.sequence_length
     rank, world = accelerator.process_index, accelerator.num_processes
-    windows = (len(tokens) - 1) // T
 
     times = []
     for step in range(args.steps):
         t0 = time.perf_counter()
-        rows = [((step * world + rank) * B + i) % windows for i in range(B)]
-        batch = torch.from_numpy(np.stack([tokens[r * T:r * T + T + 1].astype(np.int64) for r in rows]))
-        batch = batch.to(accelerator.device)
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        x = torch.from_numpy(batch(tokens, step, rank, world, B, T)).to(accelerator.device)
+        logits = model(input_ids=x[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
