@@ -437,7 +437,7 @@ void agree(dist::ProcessGroup& world, const c10::Device& device, const std::stri
   world.all_reduce(flag).wait();  // the number of ranks that refused
   if (!failure.empty()) throw InputError(failure);
   if (flag.item<int>() != 0)
-    throw InputError("[ckpt] another rank refused the checkpoint; its message above says which file and why");
+    throw InputError("[ckpt] another rank refused the checkpoint; that rank's error says which file and why");
 }
 
 }  // namespace
