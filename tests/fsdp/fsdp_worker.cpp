@@ -5,6 +5,9 @@
 //   fsdp_worker accounting   layout, bytes per step against the formula, persistent memory,
 //                            event order, no collectives at W = 1
 //   fsdp_worker bench STEPS  step time of the sharded run against the unsharded reference
+//   fsdp_worker product-cuda the product cases with the sharded run on this rank's GPU over NCCL
+//                            (the reference stays on the CPU); prints "skipped: no CUDA device"
+//                            and exits 0 where there is none (ctest's gpu label skips on that line)
 //
 // Each case trains the same model from the same seed twice: once here, unsharded, in one process
 // on the whole global batch (the reference: LibTorch's own AdamW and clip_grad_norm_), and once
@@ -48,6 +51,7 @@ struct Case {
   bool checkpointing = false;
   Accum accum = Accum::kSingle;
   bool hsdp = false;
+  c10::Device device = c10::kCPU;  // where the sharded run computes
 
   int micro_batches() const { return accum == Accum::kSingle ? 1 : 2; }
   std::string describe() const {
@@ -187,6 +191,7 @@ fsdp::FsdpOptions options_for(const Case& c) {
   o.mixed_precision.param_dtype = c.precision;
   o.offload_params = c.offload;
   o.activation_checkpointing = c.checkpointing;
+  o.device = c.device;
   return o;
 }
 
@@ -209,21 +214,21 @@ Result train_sharded(const Case& c, fsdp::dist::ProcessGroup world) {
       if (c.accum == Accum::kNoSync) sharded->set_requires_gradient_sync(m == micro - 1);
       const int64_t first = m * (kGlobalBatch / micro) + world.rank() * rows;
       at::Tensor loss =
-          sharded->forward({x.narrow(0, first, rows), y.narrow(0, first, rows)},
+          sharded->forward({x.narrow(0, first, rows).to(c.device), y.narrow(0, first, rows).to(c.device)},
                            [&](const fsdp::TensorList& in) { return fsdp::TensorList{model.loss(in[0], in[1])}; })[0];
       (loss / micro).backward();
       loss_sum += loss.item<double>() / micro;
     }
-    at::Tensor global = torch::tensor({loss_sum}, torch::kDouble);
+    at::Tensor global = torch::tensor({loss_sum}, torch::kDouble).to(c.device);
     if (world.size() > 1) world.all_reduce(global, fsdp::dist::ReduceOp::kAvg).wait();
     r.losses.push_back(global.item<double>());
     if (step == 0)
-      for (auto& [name, g] : sharded->gather_full_gradients()) r.first_grads[name] = g;
+      for (auto& [name, g] : sharded->gather_full_gradients()) r.first_grads[name] = g.cpu();
     fsdp::optim::clip_grad_norm(*sharded, kMaxNorm);
     optimizer.step();
     sharded->zero_grad();
   }
-  for (auto& [name, p] : sharded->gather_full_state()) r.final_params[name] = p;
+  for (auto& [name, p] : sharded->gather_full_state()) r.final_params[name] = p.cpu();
   return r;
 }
 
@@ -563,12 +568,27 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
     torch::set_num_threads(1);  // ranks share the machine's cores
-    fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
+    fsdp::dist::GroupOptions go;
+    if (mode == "product-cuda") {
+      if (!torch::cuda::is_available()) {
+        std::printf("skipped: no CUDA device\n");
+        return 0;
+      }
+      go.backend = "nccl";
+      fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group(go);
+      std::vector<Case> cases = most_used_product();
+      const char* local = std::getenv("LOCAL_RANK");
+      const int gpu = (local ? std::atoi(local) : 0) % static_cast<int>(torch::cuda::device_count());
+      for (Case& c : cases) c.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu));
+      return run_parity(cases, world);
+    }
+    go.backend = "gloo";  // the CPU modes, also on a machine with GPUs
+    fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group(go);
     if (mode == "parity") return run_parity(all_pairs(world.size()), world);
     if (mode == "product") return run_parity(most_used_product(), world);
     if (mode == "accounting") return run_accounting(world);
     if (mode == "bench") return run_bench(world, argc > 2 ? std::atoi(argv[2]) : 20);
-    std::fprintf(stderr, "usage: fsdp_worker parity|product|accounting|bench [STEPS]\n");
+    std::fprintf(stderr, "usage: fsdp_worker parity|product|product-cuda|accounting|bench [STEPS]\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdp_worker: %s\n", e.what());
