@@ -455,8 +455,8 @@ std::string latest_checkpoint(const std::string& dir, FileSystem& fs) {
 
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& files) {
   FSDP_CHECK(file_exists(path), "[ckpt] checkpoint ", quoted(path), " does not exist");
-  const bool hf_folder = file_exists(path_in(path, "model.safetensors")) ||
-                         file_exists(path_in(path, "model.safetensors.index.json"));
+  const bool hf_folder =
+      file_exists(path_in(path, "model.safetensors")) || file_exists(path_in(path, "model.safetensors.index.json"));
   FSDP_CHECK(file_exists(path_in(path, kManifest)) || !hf_folder, "[ckpt] ", quoted(path),
              " is a Hugging Face model folder, not a training checkpoint (no manifest.json, optimizer state or "
              "step); fine-tune from it with model.pretrained instead of checkpoint.resume");
@@ -681,7 +681,8 @@ struct Checkpointer::Impl {
     if (writer) {
       std::vector<TensorBytes> tensors;
       for (const HostSlice* h : optim)
-        tensors.push_back({h->name, Dtype::kF32, h->layout->shape, nullptr, static_cast<size_t>(h->layout->numel()) * 4});
+        tensors.push_back(
+            {h->name, Dtype::kF32, h->layout->shape, nullptr, static_cast<size_t>(h->layout->numel()) * 4});
       // All fp32: the writer's order is the name order, the order of the gathers below (append checks it).
       out = std::make_unique<SafetensorsWriter>(path_in(tmp, kOptimizer), tensors, std::map<std::string, std::string>{},
                                                 fs);
@@ -701,9 +702,14 @@ struct Checkpointer::Impl {
     std::vector<json> reports{std::move(mine)};
     for (int k = 1; k < shard_size(); ++k) {
       const std::string key = str(name, "/shard", k);
-      // A large shard on a slow disk can take long; the store's own timeout bounds each wait.
-      while (!store->wait_for({key}, std::chrono::minutes(10))) {
-      }
+      // A large shard on a slow disk takes long: wait the collective timeout (dist_timeout), at least
+      // 30 minutes, then give up on this checkpoint (the previous one is untouched).
+      const auto limit = std::max<std::chrono::milliseconds>(world.timeout(), std::chrono::minutes(30));
+      if (!store->wait_for({key}, limit))
+        throw Error(str("[ckpt] shard rank ", k, " did not report its file of ", name, " within ",
+                        std::chrono::duration_cast<std::chrono::seconds>(limit).count(),
+                        " s; that checkpoint was not committed (the previous one is intact). Check that rank's "
+                        "output and the file system"));
       reports.push_back(json::parse(store->get(key)));
     }
     return reports;
@@ -888,10 +894,10 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
   fs.remove_all(tmp);
   fs.make_dirs(tmp);
   const auto written = write_hf_folder(
-      specs,
-      [&](size_t i) { return src->rows(specs[i].name, 0, specs[i].shape.empty() ? 1 : specs[i].shape[0]); },
+      specs, [&](size_t i) { return src->rows(specs[i].name, 0, specs[i].shape.empty() ? 1 : specs[i].shape[0]); },
       /*writer=*/true, config, tmp, max_shard_bytes, fs);
-  for (const WrittenFile& f : written) log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
+  for (const WrittenFile& f : written)
+    log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
   fs.sync_dir(tmp);
   fs.rename(tmp, out);
   log << "[merge-weights] " << out << ": a Hugging Face folder of " << names.size() << " tensors ("
