@@ -586,7 +586,8 @@ struct Checkpointer::Impl {
       for (size_t k = 0; k < shard_reports.size(); ++k) {
         const json& r = shard_reports[k];
         files.push_back(r.at("file"));
-        written.push_back({r.at("file").get<std::string>(), r.at("bytes").get<uint64_t>(), 0});
+        written.push_back({r.at("file").get<std::string>(), r.at("bytes").get<uint64_t>(),
+                           static_cast<uint32_t>(std::stoul(r.at("crc32c").get<std::string>(), nullptr, 16))});
         for (const auto& [name, t] : r.at("tensors").items()) {
           json& e = tensors[name];
           e["dtype"] = "F32";
@@ -601,11 +602,8 @@ struct Checkpointer::Impl {
     }
     write(kState, state.dump(2) + "\n");
     json manifest = {{"format", "fsdptrain-manifest"}, {"version", kVersion}, {"files", json::object()}};
-    std::map<std::string, std::string> crcs;
-    for (const json& r : shard_reports) crcs[r.at("file").get<std::string>()] = r.at("crc32c").get<std::string>();
     for (const WrittenFile& f : written)
-      manifest["files"][f.name] = {{"bytes", f.bytes},
-                                   {"crc32c", crcs.count(f.name) ? crcs[f.name] : crc_hex(f.crc32c)}};
+      manifest["files"][f.name] = {{"bytes", f.bytes}, {"crc32c", crc_hex(f.crc32c)}};
     write_whole_file(fs, path_in(tmp, kManifest), manifest.dump(2) + "\n");
     fs.sync_dir(tmp);
     if (fs.exists(final_dir)) fs.remove_all(final_dir);  // an older run's checkpoint of the same step
@@ -805,8 +803,11 @@ TrainingState Checkpointer::load(const std::string& path) {
   TrainingState state;
   json state_doc;
   const std::vector<Slot> slots = slots_of(m.model);
+  // FULL with cpu_ram_efficient_loading: rank 0 reads every tensor and broadcasts it.
+  bool efficient = false;
   try {
     const bool sharded = file_exists(path_in(path, kIndex));
+    efficient = !sharded && m.o.cpu_ram_efficient_loading;
     verify_checkpoint(
         path, sharded ? std::vector<std::string>{kState, kConfig, kIndex} : std::vector<std::string>{kState, kConfig});
     state_doc = parse_json_file(path_in(path, kState));
@@ -823,7 +824,6 @@ TrainingState Checkpointer::load(const std::string& path) {
       throw InputError(msg);
     }
     // The big files this rank will read: their sizes and checksums.
-    const bool efficient = !sharded && m.o.cpu_ram_efficient_loading;
     if (!efficient || m.world.rank() == 0) {
       std::set<std::string> files;
       for (const Slot& s : slots) {
@@ -833,7 +833,10 @@ TrainingState Checkpointer::load(const std::string& path) {
         if (r0 == r1) continue;
         const std::string name = stored_name(*src, p);
         src->files(name, r0, r1, files);
-        if (p.trainable) src->files(kExpAvg + name, r0, r1, files);
+        if (p.trainable) {
+          src->files(kExpAvg + name, r0, r1, files);
+          src->files(kExpAvgSq + name, r0, r1, files);
+        }
       }
       verify_checkpoint(path, std::vector<std::string>(files.begin(), files.end()));
     }
@@ -842,7 +845,6 @@ TrainingState Checkpointer::load(const std::string& path) {
   }
   agree(m.world, device, failure);
 
-  const bool efficient = dynamic_cast<FullSource*>(src.get()) != nullptr && m.o.cpu_ram_efficient_loading;
   for (const auto& g : m.model.groups()) g->reshard();
   fill(m.model, &m.adamw, src.get(), m.world, efficient);
   m.adamw.set_steps(state.optimizer_steps);
