@@ -17,21 +17,31 @@ ShardedAdamW::ShardedAdamW(ShardedModel& model, AdamWOptions options) : model_(m
 void ShardedAdamW::step() {
   c10::NoGradGuard no_grad;
   ++steps_;
-  const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(steps_));
-  const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(steps_));
-  const double step_size = options_.lr / bc1;
+  // LibTorch's fused AdamW (one kernel over a list of tensors, CPU and CUDA), called twice: on the
+  // decayed part of every unit's flat shard, then on the rest without weight decay.
+  struct Lists {
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  } decayed, plain;
+  auto add = [this](Lists& l, const at::Tensor& p, const at::Tensor& g, const State& s, int64_t from, int64_t n) {
+    if (n == 0) return;
+    l.params.push_back(p.narrow(0, from, n));
+    l.grads.push_back(g.narrow(0, from, n));
+    l.exp_avgs.push_back(s.exp_avg.narrow(0, from, n));
+    l.exp_avg_sqs.push_back(s.exp_avg_sq.narrow(0, from, n));
+    l.steps.push_back(at::full({}, static_cast<double>(steps_), p.options()));
+  };
   for (size_t u = 0; u < model_.groups().size(); ++u) {
     const ParamGroup& g = *model_.groups()[u];
     if (g.trainable_numel() == 0) continue;
-    at::Tensor p = g.flat_param().narrow(0, 0, g.trainable_numel());
-    const at::Tensor grad = g.flat_grad();
-    State& s = state_[u];
-    if (options_.weight_decay != 0 && g.decay_numel() > 0)
-      p.narrow(0, 0, g.decay_numel()).mul_(1.0 - options_.lr * options_.weight_decay);
-    s.exp_avg.mul_(options_.beta1).add_(grad, 1.0 - options_.beta1);
-    s.exp_avg_sq.mul_(options_.beta2).addcmul_(grad, grad, 1.0 - options_.beta2);
-    const at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(options_.eps);
-    p.addcdiv_(s.exp_avg, denom, -step_size);
+    const at::Tensor p = g.flat_param(), grad = g.flat_grad();
+    add(decayed, p, grad, state_[u], 0, g.decay_numel());
+    add(plain, p, grad, state_[u], g.decay_numel(), g.trainable_numel() - g.decay_numel());
+  }
+  for (Lists* l : {&decayed, &plain}) {
+    if (l->params.empty()) continue;
+    at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, /*max_exp_avg_sqs=*/{}, l->steps, options_.lr,
+                      options_.beta1, options_.beta2, l == &decayed ? options_.weight_decay : 0.0, options_.eps,
+                      /*amsgrad=*/false, /*maximize=*/false);
   }
 }
 

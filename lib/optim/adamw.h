@@ -3,7 +3,8 @@
 // Each rank updates only the shard it owns, so optimizer state is 1/W of the model (two fp32
 // tensors per unit, trainable part only, padding included). Padding rows have zero gradient and
 // zero state, so they stay zero. The update is torch.optim.AdamW's (decoupled weight decay, bias
-// correction); weight decay applies to parameters with two or more dimensions (matrices and
+// correction), made by LibTorch's fused kernel (CPU and CUDA: two launches per step for all units,
+// with and without decay); weight decay applies to parameters with two or more dimensions (matrices and
 // embeddings), not to biases and norm scales, as llm.c and nanoGPT do.
 //
 // Not collective except clip_grad_norm (one all-reduce over the shard group; replicas of an HSDP
