@@ -368,34 +368,20 @@ std::string stored_name(const Source& src, const ShardedParam& p) {
   return p.name;
 }
 
-// Every mismatch between the stored tensors and the model (and its AdamW state when `optimizer`).
-std::vector<std::string> mismatches(const Source& src, const std::vector<Slot>& slots, bool optimizer) {
-  std::vector<std::string> problems;
-  std::set<std::string> wanted;
-  auto want = [&](const std::string& name, const std::vector<int64_t>& shape) {
-    wanted.insert(name);
-    const StoredInfo* info = src.info(name);
-    if (info == nullptr)
-      problems.push_back(str("missing ", name, " ", shape_text(shape)));
-    else if (info->shape != shape)
-      problems.push_back(
-          str(name, ": the checkpoint has ", shape_text(info->shape), ", the model ", shape_text(shape)));
-  };
+// Throws InputError listing every mismatch between the stored tensors and the model's parameters
+// (and their AdamW state when `optimizer`; otherwise stored optimizer state is ignored).
+void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool optimizer, const std::string& where,
+                         const std::string& hint) {
+  std::map<std::string, std::vector<int64_t>> stored;
+  for (const std::string& name : src.names()) stored[name] = src.info(name)->shape;
+  std::vector<ExpectedTensor> expected;
   for (const Slot& s : slots) {
-    const std::string name = stored_name(src, *s.param);
-    want(name, s.param->layout.shape);
-    for (const std::string& a : s.param->aliases) wanted.insert(a);
-    if (optimizer && s.param->trainable) {
-      want(kExpAvg + name, s.param->layout.shape);
-      want(kExpAvgSq + name, s.param->layout.shape);
-    }
+    const ShardedParam& p = *s.param;
+    expected.push_back({p.name, p.layout.shape, p.aliases});
+    if (optimizer && p.trainable)
+      for (const char* prefix : {kExpAvg, kExpAvgSq}) expected.push_back({prefix + p.name, p.layout.shape, {}});
   }
-  for (const std::string& name : src.names()) {
-    const bool optimizer_state = name.rfind("optim.", 0) == 0;
-    if (!wanted.count(name) && (optimizer || !optimizer_state) && name.find("rotary_emb.inv_freq") == std::string::npos)
-      problems.push_back(str("unexpected ", name));
-  }
-  return problems;
+  check_tensors_match(where, stored, expected, hint, optimizer ? "" : "optim.");
 }
 
 // Copies every parameter's rows (and AdamW state) this rank owns from `src`. efficient: rank 0
@@ -817,12 +803,7 @@ TrainingState Checkpointer::load(const std::string& path) {
                "/config.json describes another model than this run's; resume with the model.config it was "
                "trained with, or start a new run in another checkpoint.dir");
     src = open_source(path);
-    const auto problems = mismatches(*src, slots, /*optimizer=*/true);
-    if (!problems.empty()) {
-      std::string msg = str("[ckpt] ", path, " does not match the model (", problems.size(), " problem(s)):");
-      for (const std::string& p : problems) msg += "\n  " + p;
-      throw InputError(msg);
-    }
+    check_matches_model(*src, slots, /*optimizer=*/true, path, "");
     // The big files this rank will read: their sizes and checksums.
     if (!efficient || m.world.rank() == 0) {
       std::set<std::string> files;
@@ -856,12 +837,8 @@ TrainingState Checkpointer::load(const std::string& path) {
 
 void load_pretrained(ShardedModel& model, const std::string& dir, dist::ProcessGroup& world, bool efficient) {
   FullSource src(dir);
-  const auto problems = mismatches(src, slots_of(model), /*optimizer=*/false);
-  if (!problems.empty()) {
-    std::string msg = str("[ckpt] ", dir, " does not match the model (", problems.size(), " problem(s)):");
-    for (const std::string& p : problems) msg += "\n  " + p;
-    throw InputError(msg + "\n  check that model.config describes the same architecture as " + dir + "/config.json");
-  }
+  check_matches_model(src, slots_of(model), /*optimizer=*/false, dir,
+                      "check that model.config describes the same architecture as " + dir + "/config.json");
   fill(model, nullptr, &src, world, efficient);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ckpt/safetensors_torch.h"
 #include "util/error.h"
@@ -13,14 +14,33 @@
 
 namespace fsdp::ckpt {
 
-namespace {
-
-// Buffers HF's own code keeps in old checkpoints and that are not parameters.
-bool ignorable(const std::string& name) {
-  return name.find("rotary_emb.inv_freq") != std::string::npos;
+void check_tensors_match(const std::string& where, const std::map<std::string, std::vector<int64_t>>& stored,
+                         const std::vector<ExpectedTensor>& expected, const std::string& hint,
+                         const std::string& skip_prefix) {
+  std::vector<std::string> problems;
+  std::set<std::string> claimed;
+  for (const ExpectedTensor& e : expected) {
+    claimed.insert(e.name);
+    claimed.insert(e.aliases.begin(), e.aliases.end());
+    auto it = stored.find(e.name);
+    for (size_t i = 0; it == stored.end() && i < e.aliases.size(); ++i) it = stored.find(e.aliases[i]);
+    if (it == stored.end())
+      problems.push_back(str("missing ", e.name, " ", shape_text(e.shape)));
+    else if (it->second != e.shape)
+      problems.push_back(
+          str(it->first, ": the checkpoint has ", shape_text(it->second), ", the model ", shape_text(e.shape)));
+  }
+  for (const auto& [name, shape] : stored) {
+    // Buffers HF's own code keeps in old checkpoints and that are not parameters.
+    const bool ignorable = name.find("rotary_emb.inv_freq") != std::string::npos ||
+                           (!skip_prefix.empty() && name.rfind(skip_prefix, 0) == 0);
+    if (!claimed.count(name) && !ignorable) problems.push_back(str("unexpected ", name));
+  }
+  if (problems.empty()) return;
+  std::string msg = str("[ckpt] ", where, " does not match the model (", problems.size(), " problem(s)):");
+  for (const std::string& p : problems) msg += "\n  " + p;
+  throw InputError(hint.empty() ? msg : msg + "\n  " + hint);
 }
-
-}  // namespace
 
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
@@ -150,37 +170,17 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
 }
 
 void HfCheckpoint::check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) const {
-  std::vector<std::string> problems;
-  std::map<std::string, bool> wanted;
+  std::map<std::string, std::vector<int64_t>> stored;
+  for (const auto& [name, where] : tensors_) stored[name] = where.second->shape;
+  std::vector<ExpectedTensor> expected;
   for (const auto& [name, shape] : params) {
-    wanted[name] = true;
-    auto it = tensors_.find(name);
-    if (it == tensors_.end()) {
-      problems.push_back(str("missing ", name, " ", shape_text(shape)));
-    } else if (it->second.second->shape != shape) {
-      problems.push_back(
-          str(name, ": the checkpoint has ", shape_text(it->second.second->shape), ", the model ", shape_text(shape)));
-    }
+    expected.push_back({name, shape, {}});
+    // A tied head is the embedding; HF writes it once, but a folder may hold both names.
+    if (config_.tie_word_embeddings && name == "model.embed_tokens.weight")
+      expected.back().aliases.push_back("lm_head.weight");
   }
-  for (const auto& [name, where] : tensors_) {
-    const bool tied_head = name == "lm_head.weight" && config_.tie_word_embeddings;
-    if (!wanted.count(name) && !ignorable(name) && !tied_head) problems.push_back(str("unexpected ", name));
-  }
-  if (problems.empty()) return;
-  std::string msg = str("[ckpt] ", dir_, " does not match the model (", problems.size(), " problem(s)):");
-  for (const std::string& p : problems) msg += "\n  " + p;
-  throw InputError(msg + "\n  check that model.config describes the same architecture as " + dir_ + "/config.json");
-}
-
-const TensorInfo* HfCheckpoint::find(const std::string& name) const {
-  auto it = tensors_.find(name);
-  return it == tensors_.end() ? nullptr : it->second.second;
-}
-
-at::Tensor HfCheckpoint::read_rows(const std::string& name, int64_t r0, int64_t r1) const {
-  auto it = tensors_.find(name);
-  FSDP_CHECK(it != tensors_.end(), "[ckpt] ", dir_, " has no tensor ", quoted(name));
-  return read_rows_fp32(*it->second.first, *it->second.second, r0, r1);
+  check_tensors_match(dir_, stored, expected,
+                      "check that model.config describes the same architecture as " + dir_ + "/config.json");
 }
 
 at::Tensor HfCheckpoint::read(const std::string& name) const {

@@ -53,6 +53,21 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const model::LlamaConfig& config, const std::string& dir,
                                          int64_t max_shard_bytes, FileSystem& fs);
 
+// A tensor a model expects to load: its name, the other names it may be stored under (a tied
+// head), and its shape.
+struct ExpectedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<std::string> aliases;
+};
+// Throws InputError "[ckpt] WHERE does not match the model (N problem(s)):" listing every expected
+// tensor that `stored` (name -> shape) lacks or holds with another shape, and every stored tensor
+// nothing expects (except HF's rotary inv_freq buffers and names starting with skip_prefix, when
+// given), then `hint`. Returns when they match.
+void check_tensors_match(const std::string& where, const std::map<std::string, std::vector<int64_t>>& stored,
+                         const std::vector<ExpectedTensor>& expected, const std::string& hint,
+                         const std::string& skip_prefix = "");
+
 // A Hugging Face Llama folder opened for reading; tensors are memory-mapped, so every rank of a
 // machine reading it shares one copy in the page cache.
 class HfCheckpoint {
@@ -64,11 +79,6 @@ class HfCheckpoint {
   void check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) const;
   // One tensor as fp32.
   at::Tensor read(const std::string& name) const;
-  // Rows [r0, r1) of one tensor as fp32, read from the mapping (only those pages are touched).
-  at::Tensor read_rows(const std::string& name, int64_t r0, int64_t r1) const;
-  // Where a tensor is: its file and header entry; null when the folder has no such tensor.
-  const TensorInfo* find(const std::string& name) const;
-  const std::string& dir() const { return dir_; }
   // Every tensor of the folder by name: its file and header entry.
   const std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>>& tensors() const {
     return tensors_;
