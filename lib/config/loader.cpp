@@ -96,79 +96,95 @@ std::string normalise_section_key(const std::string& section, const std::string&
   return key;
 }
 
-void read_file_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
-  const std::string& file = in.file;
-  YAML::Node root;
-  try {
-    root = YAML::Load(in.text);
-  } catch (const YAML::Exception& e) {
-    diags.error(str(file, ":", e.mark.line + 1, ":", e.mark.column + 1), "", "YAML syntax error: " + e.msg);
-    return;
-  }
-  if (!root.IsDefined() || root.IsNull()) {
-    diags.error(file, "", "the config file is empty", "start from `fsdptrain config default` or `fsdptrain config`");
-    return;
-  }
-  if (!root.IsMap()) {
-    diags.error(str(file, ":", root.Mark().line + 1, ":", root.Mark().column + 1), "",
-                "expected a mapping of keys (such as distributed_type: FSDP) at the top of the file");
-    return;
-  }
-  const std::vector<std::string> sections = option_sections();
-  std::map<std::string, Mark> seen;
-  bool has_distributed_type = false;
-  std::optional<RawValue> legacy_fp16;
+// Reads one config file's keys into a Layer, reporting every problem (unknown keys with the
+// closest known one, duplicates, sections that are not mappings) into the diagnostics.
+class FileReader {
+ public:
+  FileReader(const std::string& file, Layer& layer, Diagnostics& diags) : file_(file), layer_(layer), diags_(diags) {}
 
-  auto check_duplicate = [&](const std::string& dotted, const Mark& m) {
-    auto [it, inserted] = seen.emplace(dotted, m);
-    if (!inserted) {
-      diags.error(str(file, ":", m.line, ":", m.col), dotted,
-                  str("duplicate key (first written at line ", it->second.line, ")"), "keep one of them");
-      return false;
+  void read(const std::string& text) {
+    const std::optional<YAML::Node> root = parse(text);
+    if (!root) return;
+    const std::vector<std::string> sections = option_sections();
+    for (const auto& kv : *root) {
+      const std::string key = kv.first.Scalar();
+      const Mark mark = mark_of(file_, kv.first.Mark());
+      if (!check_duplicate(key, mark)) continue;
+      if (std::find(sections.begin(), sections.end(), key) != sections.end())
+        read_section(key, mark, kv.second);
+      else
+        read_top_key(key, Origin{OriginKind::kFile, mark, ""}, kv.second);
     }
-    return true;
-  };
+    apply_legacy_fp16();
+    if (!has_distributed_type_)
+      diags_.error(file_, "distributed_type", "missing; Accelerate requires it too",
+                   "add distributed_type: FSDP (or NO, MULTI_CPU, MULTI_GPU)");
+  }
 
-  for (const auto& kv : root) {
-    const std::string key = kv.first.Scalar();
-    const Mark km = mark_of(file, kv.first.Mark());
-    const Origin origin{OriginKind::kFile, km, ""};
-    if (!check_duplicate(key, km)) continue;
-    if (std::find(sections.begin(), sections.end(), key) != sections.end()) {
-      const YAML::Node& sec = kv.second;
-      if (!sec.IsDefined() || sec.IsNull()) continue;
-      if (!sec.IsMap()) {
-        diags.error(str(file, ":", km.line, ":", km.col), key, "expected a mapping of keys under this section");
+ private:
+  std::optional<YAML::Node> parse(const std::string& text) {
+    YAML::Node root;
+    try {
+      root = YAML::Load(text);
+    } catch (const YAML::Exception& e) {
+      diags_.error(str(file_, ":", e.mark.line + 1, ":", e.mark.column + 1), "", "YAML syntax error: " + e.msg);
+      return std::nullopt;
+    }
+    if (!root.IsDefined() || root.IsNull()) {
+      diags_.error(file_, "", "the config file is empty",
+                   "start from `fsdptrain config default` or `fsdptrain config`");
+      return std::nullopt;
+    }
+    if (!root.IsMap()) {
+      diags_.error(str(file_, ":", root.Mark().line + 1, ":", root.Mark().column + 1), "",
+                   "expected a mapping of keys (such as distributed_type: FSDP) at the top of the file");
+      return std::nullopt;
+    }
+    return root;
+  }
+
+  bool check_duplicate(const std::string& dotted, const Mark& m) {
+    auto [it, inserted] = seen_.emplace(dotted, m);
+    if (inserted) return true;
+    diags_.error(str(file_, ":", m.line, ":", m.col), dotted,
+                 str("duplicate key (first written at line ", it->second.line, ")"), "keep one of them");
+    return false;
+  }
+
+  void read_section(const std::string& section, const Mark& mark, const YAML::Node& node) {
+    if (!node.IsDefined() || node.IsNull()) return;
+    if (!node.IsMap()) {
+      diags_.error(str(file_, ":", mark.line, ":", mark.col), section, "expected a mapping of keys under this section");
+      return;
+    }
+    for (const auto& kv : node) {
+      const std::string raw_key = kv.first.Scalar();
+      const Origin origin{OriginKind::kFile, mark_of(file_, kv.first.Mark()), ""};
+      std::string leaf = normalise_section_key(section, raw_key);
+      if (section == "fsdp_config" && leaf == "fsdp_backward_prefetch_policy") {
+        diags_.warning_at(
+            origin, section + "." + raw_key,
+            "is the pre-1.0 Accelerate name (which Accelerate now silently ignores); read as fsdp_backward_prefetch",
+            "rename it to fsdp_backward_prefetch");
+        leaf = "fsdp_backward_prefetch";
+      }
+      const std::string dotted = section + "." + leaf;
+      if (!check_duplicate(dotted, origin.mark)) continue;
+      const OptionSpec* spec = find_option(dotted);
+      if (!spec) {
+        const std::string near = suggest_key(leaf, section);
+        diags_.error_at(origin, section + "." + raw_key, "unknown key (Accelerate would silently ignore it)",
+                        near.empty() ? "see `fsdptrain config keys` for every key" : "did you mean " + near + "?");
         continue;
       }
-      for (const auto& kv2 : sec) {
-        const std::string raw_key = kv2.first.Scalar();
-        const Mark m2 = mark_of(file, kv2.first.Mark());
-        const Origin o2{OriginKind::kFile, m2, ""};
-        std::string leaf = normalise_section_key(key, raw_key);
-        if (key == "fsdp_config" && leaf == "fsdp_backward_prefetch_policy") {
-          diags.warning_at(
-              o2, key + "." + raw_key,
-              "is the pre-1.0 Accelerate name (which Accelerate now silently ignores); read as fsdp_backward_prefetch",
-              "rename it to fsdp_backward_prefetch");
-          leaf = "fsdp_backward_prefetch";
-        }
-        const std::string dotted = key + "." + leaf;
-        if (!check_duplicate(dotted, m2)) continue;
-        const OptionSpec* spec = find_option(dotted);
-        if (!spec) {
-          std::string near = suggest_key(leaf, key);
-          diags.error_at(o2, key + "." + raw_key, "unknown key (Accelerate would silently ignore it)",
-                         near.empty() ? "see `fsdptrain config keys` for every key" : "did you mean " + near + "?");
-          continue;
-        }
-        layer.values.emplace_back(spec, raw_value_from_yaml(kv2.second, o2));
-      }
-      continue;
+      layer_.values.emplace_back(spec, raw_value_from_yaml(kv.second, origin));
     }
+  }
+
+  void read_top_key(const std::string& key, const Origin& origin, const YAML::Node& node) {
     if (key == "fp16") {  // Accelerate's legacy spelling of mixed_precision: fp16
-      legacy_fp16 = raw_value_from_yaml(kv.second, origin);
-      continue;
+      legacy_fp16_ = raw_value_from_yaml(node, origin);
+      return;
     }
     const OptionSpec* spec = find_option(key);
     if (!spec || !spec->section().empty()) {
@@ -179,40 +195,51 @@ void read_file_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
         hint = "it belongs under " + other->section() + ": (as " + near + ")";
       else if (!near.empty())
         hint = "did you mean " + near + "?";
-      diags.error_at(origin, key, "unknown key", hint);
-      continue;
+      diags_.error_at(origin, key, "unknown key", hint);
+      return;
     }
-    if (key == "distributed_type") has_distributed_type = true;
-    RawValue raw = raw_value_from_yaml(kv.second, origin);
+    if (key == "distributed_type") has_distributed_type_ = true;
+    RawValue raw = raw_value_from_yaml(node, origin);
     if (spec->type == ValueType::kIgnored) {
-      if (!is_benign_ignored(raw)) diags.warning_at(origin, key, spec->help);
-      continue;
+      if (!is_benign_ignored(raw)) diags_.warning_at(origin, key, spec->help);
+      return;
     }
-    layer.values.emplace_back(spec, std::move(raw));
+    layer_.values.emplace_back(spec, std::move(raw));
   }
-  if (legacy_fp16) {
-    auto b = legacy_fp16->shape == RawValue::Shape::kScalar ? parse_bool(legacy_fp16->text) : std::nullopt;
+
+  // fp16: true becomes mixed_precision: fp16 (with a warning) unless mixed_precision says otherwise.
+  void apply_legacy_fp16() {
+    if (!legacy_fp16_) return;
+    const RawValue& fp16 = *legacy_fp16_;
+    auto b = fp16.shape == RawValue::Shape::kScalar ? parse_bool(fp16.text) : std::nullopt;
     if (!b) {
-      diags.error_at(legacy_fp16->origin, "fp16", str("expected true or false, got ", quoted(legacy_fp16->text)));
-    } else if (*b) {
-      bool conflict = false;
-      for (auto& [spec, raw] : layer.values)
-        if (spec->key == "mixed_precision" && to_lower(trim(raw.text)) != "fp16") conflict = true;
-      if (conflict) {
-        diags.error_at(legacy_fp16->origin, "fp16", "legacy fp16: true contradicts mixed_precision",
-                       "remove fp16 and keep mixed_precision");
-      } else {
-        RawValue mp = *legacy_fp16;
-        mp.text = "fp16";
-        layer.values.emplace_back(find_option("mixed_precision"), mp);
-        diags.warning_at(legacy_fp16->origin, "fp16", "legacy key read as mixed_precision: fp16",
-                         "write mixed_precision: fp16 instead");
-      }
+      diags_.error_at(fp16.origin, "fp16", str("expected true or false, got ", quoted(fp16.text)));
+      return;
     }
+    if (!*b) return;
+    for (auto& [spec, raw] : layer_.values)
+      if (spec->key == "mixed_precision" && to_lower(trim(raw.text)) != "fp16") {
+        diags_.error_at(fp16.origin, "fp16", "legacy fp16: true contradicts mixed_precision",
+                        "remove fp16 and keep mixed_precision");
+        return;
+      }
+    RawValue mp = fp16;
+    mp.text = "fp16";
+    layer_.values.emplace_back(find_option("mixed_precision"), mp);
+    diags_.warning_at(fp16.origin, "fp16", "legacy key read as mixed_precision: fp16",
+                      "write mixed_precision: fp16 instead");
   }
-  if (!has_distributed_type)
-    diags.error(file, "distributed_type", "missing; Accelerate requires it too",
-                "add distributed_type: FSDP (or NO, MULTI_CPU, MULTI_GPU)");
+
+  const std::string& file_;
+  Layer& layer_;
+  Diagnostics& diags_;
+  std::map<std::string, Mark> seen_;
+  bool has_distributed_type_ = false;
+  std::optional<RawValue> legacy_fp16_;
+};
+
+void read_file_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
+  FileReader(in.file, layer, diags).read(in.text);
 }
 
 // Finds an option from a name typed in --set: the dotted key, the fsdp_config key without its

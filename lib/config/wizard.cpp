@@ -86,6 +86,23 @@ class Wizard {
   std::string ask_option(const std::string& key, const std::string& def,
                          const std::function<std::string(const std::string&)>& extra_check = nullptr);
   void set(const std::string& key, const std::string& value) { values_.emplace_back(key, value); }
+  void set_bool(const std::string& key, bool value) { set(key, value ? "true" : "false"); }
+  bool ask_and_set(const std::string& id, bool def) {
+    const bool answer = ask_yes_no(id, def);
+    set_bool(id, answer);
+    return answer;
+  }
+
+  // The steps of run(), in the order Accelerate asks.
+  bool ask_machines();  // returns whether FSDP is wanted
+  void ask_fsdp();
+  std::string ask_wrap_policy();
+  void ask_hsdp();
+  void ask_processes();
+  WizardResult finish();
+
+  bool distributed_ = false, cpu_ = false;
+  int machines_ = 1, replicate_ = 1, shard_ = 1, procs_ = 1;
 
   std::istream& in_;
   std::ostream& out_;
@@ -193,111 +210,117 @@ std::string Wizard::ask_option(const std::string& key, const std::string& def,
 
 WizardResult Wizard::run() {
   set("compute_environment", "LOCAL_MACHINE");
+  const bool fsdp = ask_machines();
+  set("distributed_type", fsdp ? "FSDP" : distributed_ ? (cpu_ ? "MULTI_CPU" : "MULTI_GPU") : "NO");
+  if (fsdp) ask_fsdp();
+  ask_processes();
+  set("mixed_precision", ask_choice("mixed_precision", {"no", "fp16", "bf16"}, "no"));
+  return finish();
+}
+
+bool Wizard::ask_machines() {
   const std::string machine =
       ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"}, "multi-GPU");
-  const bool distributed = machine != "No distributed training";
-  const bool cpu = machine == "multi-CPU";
-  set("use_cpu", cpu ? "true" : "false");
-  int machines = 1;
-  bool fsdp = false;
-  int replicate = 1, shard = 1;
-  if (distributed) {
-    machines = static_cast<int>(*parse_int(ask_option("num_machines", "1")));
-    set("num_machines", std::to_string(machines));
-    if (machines > 1) {
-      set("machine_rank", ask_option("machine_rank", "0", [&](const std::string& v) {
-            return *parse_int(v) < machines ? std::string() : str("the rank must be 0..", machines - 1);
-          }));
-      set("main_process_ip", ask_option("main_process_ip", ""));
-      set("main_process_port", ask_option("main_process_port", "29500", [](const std::string& v) {
-            return v == "0" ? std::string("port 0 cannot be used with several machines") : std::string();
-          }));
-      bool same = ask_yes_no("same_network", true);
-      set("same_network", same ? "true" : "false");
-      if (!same) set("rdzv_backend", ask_option("rdzv_backend", "static"));
-    }
-    set("debug", ask_yes_no("debug", false) ? "true" : "false");
-    fsdp = ask_yes_no("use_fsdp", true);
+  distributed_ = machine != "No distributed training";
+  cpu_ = machine == "multi-CPU";
+  set_bool("use_cpu", cpu_);
+  if (!distributed_) return false;
+  machines_ = static_cast<int>(*parse_int(ask_option("num_machines", "1")));
+  set("num_machines", std::to_string(machines_));
+  if (machines_ > 1) {
+    set("machine_rank", ask_option("machine_rank", "0", [&](const std::string& v) {
+          return *parse_int(v) < machines_ ? std::string() : str("the rank must be 0..", machines_ - 1);
+        }));
+    set("main_process_ip", ask_option("main_process_ip", ""));
+    set("main_process_port", ask_option("main_process_port", "29500", [](const std::string& v) {
+          return v == "0" ? std::string("port 0 cannot be used with several machines") : std::string();
+        }));
+    if (!ask_and_set("same_network", true)) set("rdzv_backend", ask_option("rdzv_backend", "static"));
   }
-  set("distributed_type", fsdp ? "FSDP" : distributed ? (cpu ? "MULTI_CPU" : "MULTI_GPU") : "NO");
-  if (fsdp) {
-    const std::string version = ask_choice("fsdp_config.fsdp_version", {"1", "2"}, "2");
-    const bool v2 = version == "2";
-    set("fsdp_config.fsdp_version", version);
-    if (v2) {
-      set("fsdp_config.fsdp_reshard_after_forward",
-          ask_yes_no("fsdp_config.fsdp_reshard_after_forward", true) ? "true" : "false");
-    } else {
-      set("fsdp_config.fsdp_sharding_strategy",
-          ask_choice("fsdp_config.fsdp_sharding_strategy", enum_names(kShardingStrategyNames), "FULL_SHARD"));
-    }
-    set("fsdp_config.fsdp_offload_params", ask_yes_no("fsdp_config.fsdp_offload_params", false) ? "true" : "false");
-    const std::string policy =
-        ask_choice("fsdp_config.fsdp_auto_wrap_policy", enum_names(kWrapPolicyNames), "TRANSFORMER_BASED_WRAP");
-    set("fsdp_config.fsdp_auto_wrap_policy", policy);
-    if (policy == "TRANSFORMER_BASED_WRAP") {
-      if (!ask_yes_no("use_model_layer_classes", true))
-        set("fsdp_config.fsdp_transformer_layer_cls_to_wrap",
-            ask_option("fsdp_config.fsdp_transformer_layer_cls_to_wrap", ""));
-    } else if (policy == "SIZE_BASED_WRAP") {
-      set("fsdp_config.fsdp_min_num_params",
-          ask_option("fsdp_config.fsdp_min_num_params", "100000000", [](const std::string& v) {
-            return *parse_int(v) > 0 ? std::string() : std::string("it must be > 0");
-          }));
-    }
-    if (!v2)
-      set("fsdp_config.fsdp_backward_prefetch",
-          ask_choice("fsdp_config.fsdp_backward_prefetch", enum_names(kBackwardPrefetchNames), "BACKWARD_PRE"));
-    const std::vector<std::string> sdt = v2 ? std::vector<std::string>{"SHARDED_STATE_DICT", "FULL_STATE_DICT"}
-                                            : std::vector<std::string>{"FULL_STATE_DICT", "SHARDED_STATE_DICT"};
-    set("fsdp_config.fsdp_state_dict_type", ask_choice("fsdp_config.fsdp_state_dict_type", sdt, sdt.front()));
-    if (!v2) {
-      set("fsdp_config.fsdp_forward_prefetch",
-          ask_yes_no("fsdp_config.fsdp_forward_prefetch", false) ? "true" : "false");
-      set("fsdp_config.fsdp_use_orig_params", ask_yes_no("fsdp_config.fsdp_use_orig_params", true) ? "true" : "false");
-    }
-    const bool efficient = ask_yes_no("fsdp_config.fsdp_cpu_ram_efficient_loading", true);
-    set("fsdp_config.fsdp_cpu_ram_efficient_loading", efficient ? "true" : "false");
-    if (!v2)
-      set("fsdp_config.fsdp_sync_module_states",
-          efficient || ask_yes_no("fsdp_config.fsdp_sync_module_states", true) ? "true" : "false");
-    const bool ac = policy != "NO_WRAP" && ask_yes_no("fsdp_config.fsdp_activation_checkpointing", false);
-    set("fsdp_config.fsdp_activation_checkpointing", ac ? "true" : "false");
-    if (v2 && ask_yes_no("use_parallelism_config", false)) {
-      replicate = static_cast<int>(
-          *parse_int(ask_option("parallelism_config.parallelism_config_dp_replicate_size", std::to_string(machines))));
-      shard = static_cast<int>(*parse_int(ask_option("parallelism_config.parallelism_config_dp_shard_size", "1")));
-      set("parallelism_config.parallelism_config_dp_replicate_size", std::to_string(replicate));
-      set("parallelism_config.parallelism_config_dp_shard_size", std::to_string(shard));
-    }
+  ask_and_set("debug", false);
+  return ask_yes_no("use_fsdp", true);
+}
+
+void Wizard::ask_fsdp() {
+  const std::string version = ask_choice("fsdp_config.fsdp_version", {"1", "2"}, "2");
+  const bool v2 = version == "2";
+  set("fsdp_config.fsdp_version", version);
+  if (v2)
+    ask_and_set("fsdp_config.fsdp_reshard_after_forward", true);
+  else
+    set("fsdp_config.fsdp_sharding_strategy",
+        ask_choice("fsdp_config.fsdp_sharding_strategy", enum_names(kShardingStrategyNames), "FULL_SHARD"));
+  ask_and_set("fsdp_config.fsdp_offload_params", false);
+  const std::string policy = ask_wrap_policy();
+  if (!v2)
+    set("fsdp_config.fsdp_backward_prefetch",
+        ask_choice("fsdp_config.fsdp_backward_prefetch", enum_names(kBackwardPrefetchNames), "BACKWARD_PRE"));
+  const std::vector<std::string> sdt = v2 ? std::vector<std::string>{"SHARDED_STATE_DICT", "FULL_STATE_DICT"}
+                                          : std::vector<std::string>{"FULL_STATE_DICT", "SHARDED_STATE_DICT"};
+  set("fsdp_config.fsdp_state_dict_type", ask_choice("fsdp_config.fsdp_state_dict_type", sdt, sdt.front()));
+  if (!v2) {
+    ask_and_set("fsdp_config.fsdp_forward_prefetch", false);
+    ask_and_set("fsdp_config.fsdp_use_orig_params", true);
   }
-  int procs = 1;
-  if (distributed) {
-    const int layout = replicate * shard;
-    procs = static_cast<int>(*parse_int(ask_option(
-        "num_processes", layout > 1 ? std::to_string(layout) : std::to_string(machines), [&](const std::string& v) {
+  const bool efficient = ask_and_set("fsdp_config.fsdp_cpu_ram_efficient_loading", true);
+  if (!v2) set_bool("fsdp_config.fsdp_sync_module_states", efficient || ask_yes_no("fsdp_config.fsdp_sync_module_states", true));
+  set_bool("fsdp_config.fsdp_activation_checkpointing",
+           policy != "NO_WRAP" && ask_yes_no("fsdp_config.fsdp_activation_checkpointing", false));
+  if (v2 && ask_yes_no("use_parallelism_config", false)) ask_hsdp();
+}
+
+std::string Wizard::ask_wrap_policy() {
+  const std::string policy =
+      ask_choice("fsdp_config.fsdp_auto_wrap_policy", enum_names(kWrapPolicyNames), "TRANSFORMER_BASED_WRAP");
+  set("fsdp_config.fsdp_auto_wrap_policy", policy);
+  if (policy == "TRANSFORMER_BASED_WRAP") {
+    if (!ask_yes_no("use_model_layer_classes", true))
+      set("fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+          ask_option("fsdp_config.fsdp_transformer_layer_cls_to_wrap", ""));
+  } else if (policy == "SIZE_BASED_WRAP") {
+    set("fsdp_config.fsdp_min_num_params",
+        ask_option("fsdp_config.fsdp_min_num_params", "100000000", [](const std::string& v) {
+          return *parse_int(v) > 0 ? std::string() : std::string("it must be > 0");
+        }));
+  }
+  return policy;
+}
+
+void Wizard::ask_hsdp() {
+  replicate_ = static_cast<int>(
+      *parse_int(ask_option("parallelism_config.parallelism_config_dp_replicate_size", std::to_string(machines_))));
+  shard_ = static_cast<int>(*parse_int(ask_option("parallelism_config.parallelism_config_dp_shard_size", "1")));
+  set("parallelism_config.parallelism_config_dp_replicate_size", std::to_string(replicate_));
+  set("parallelism_config.parallelism_config_dp_shard_size", std::to_string(shard_));
+}
+
+void Wizard::ask_processes() {
+  if (distributed_) {
+    const int layout = replicate_ * shard_;
+    procs_ = static_cast<int>(*parse_int(ask_option(
+        "num_processes", layout > 1 ? std::to_string(layout) : std::to_string(machines_), [&](const std::string& v) {
           long long n = *parse_int(v);
-          if (n % machines != 0) return str("the total must be a multiple of the ", machines, " machines");
+          if (n % machines_ != 0) return str("the total must be a multiple of the ", machines_, " machines");
           if (layout > 1 && n != layout) return str("HSDP needs replicate x shard = ", layout, " processes");
           return std::string();
         })));
   }
-  set("num_processes", std::to_string(procs));
-  if (distributed && !cpu) {
-    const int per_machine = procs / machines;
-    set("gpu_ids", ask_option("gpu_ids", "all", [&](const std::string& v) {
-          if (v == "all") return std::string();
-          int n = static_cast<int>(split(v, ',').size());
-          return n >= per_machine ? std::string()
-                                  : str("each machine runs ", per_machine, " processes: list that many GPUs");
-        }));
-  }
-  set("mixed_precision", ask_choice("mixed_precision", {"no", "fp16", "bf16"}, "no"));
+  set("num_processes", std::to_string(procs_));
+  if (!distributed_ || cpu_) return;
+  const int per_machine = procs_ / machines_;
+  set("gpu_ids", ask_option("gpu_ids", "all", [&](const std::string& v) {
+        if (v == "all") return std::string();
+        int n = static_cast<int>(split(v, ',').size());
+        return n >= per_machine ? std::string()
+                                : str("each machine runs ", per_machine, " processes: list that many GPUs");
+      }));
+}
 
+// The answers as a config file, validated so a bug in the wizard's own checks cannot write a bad file.
+WizardResult Wizard::finish() {
   WizardResult r;
   r.values = values_;
   r.yaml = emit_config_yaml(values_, "written by `fsdptrain config`; num_processes is the total across all machines");
-  // The wizard's own checks should make this impossible; validate anyway so a bug cannot write a bad file.
   ConfigInputs check;
   check.file = "(wizard answers)";
   check.text = r.yaml;
