@@ -1,4 +1,4 @@
-#include "util/build_info.h"
+#include "dist/build_info.h"
 
 #include <torch/version.h>
 #if FSDP_HAVE_CUDA

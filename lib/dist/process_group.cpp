@@ -50,11 +50,11 @@ std::string env_or(const char* name, const std::string& fallback) {
   return v && *v ? std::string(v) : fallback;
 }
 
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  FSDP_CHECK(v && *v, "[dist] ", name, " is not set; start workers with `fsdptrain launch` (or torchrun)");
+int env_port() {
+  const char* v = std::getenv("MASTER_PORT");
+  FSDP_CHECK(v && *v, "[dist] MASTER_PORT is not set; start workers with `fsdptrain launch` (or torchrun)");
   auto n = parse_int(v);
-  FSDP_CHECK(n && *n >= 0, "[dist] ", name, "=", quoted(v), " is not a whole number >= 0");
+  FSDP_CHECK(n && *n >= 0, "[dist] MASTER_PORT=", quoted(v), " is not a whole number >= 0");
   return static_cast<int>(*n);
 }
 
@@ -106,11 +106,12 @@ void Work::wait() {
 }
 
 ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout,
-                           std::shared_ptr<Store> store)
+                           std::shared_ptr<Store> store, int gpu)
     : backend_(std::move(backend)),
       timeout_(timeout),
       counters_(std::make_shared<ByteCounters>()),
-      store_(std::move(store)) {}
+      store_(std::move(store)),
+      gpu_(gpu) {}
 
 ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const { return make_group(ranks, false); }
 
@@ -134,9 +135,9 @@ ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host) 
   const Store sub = store_->with_prefix(key + "/");
   const int n = static_cast<int>(ranks.size());
   std::shared_ptr<Backend> b = backend_->name() == "nccl" && !host
-                                   ? make_nccl_backend(sub, index, n, timeout_)
+                                   ? make_nccl_backend(sub, index, n, gpu_, timeout_)
                                    : make_gloo_backend(sub.with_prefix("gloo/"), index, n, timeout_);
-  return ProcessGroup(std::move(b), timeout_, std::make_shared<Store>(sub));
+  return ProcessGroup(std::move(b), timeout_, std::make_shared<Store>(sub), gpu_);
 }
 
 Work ProcessGroup::record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending) {
@@ -195,14 +196,12 @@ ProcessGroup init_process_group(const GroupOptions& options) {
     FSDP_CHECK(seconds && *seconds > 0, "[dist] FSDPTRAIN_DIST_TIMEOUT=", quoted(t), " is not a number of seconds > 0");
     timeout = std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
   }
-  const char* ws = std::getenv("WORLD_SIZE");
-  if (!ws || std::string(ws).empty() || std::string(ws) == "1") return make_single_process_group();
-  const int world_size = env_int("WORLD_SIZE");
-  const int rank = env_int("RANK");
-  FSDP_CHECK(rank < world_size, "[dist] RANK=", rank, " is not below WORLD_SIZE=", world_size);
+  const WorkerContext ctx = options.context ? *options.context : worker_context(options.backend == "gloo");
+  if (ctx.world_size == 1) return make_single_process_group();
+  const int world_size = ctx.world_size, rank = ctx.rank;
   StoreOptions so;
   so.host = env_or("MASTER_ADDR", "127.0.0.1");
-  so.port = env_int("MASTER_PORT");
+  so.port = env_port();
   so.timeout = timeout;
   // Under a launcher the store already exists (torchrun's "agent store"); otherwise rank 0 serves.
   const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
@@ -210,16 +209,15 @@ ProcessGroup init_process_group(const GroupOptions& options) {
   so.prefix = agent_store ? str("/worker/attempt_", env_or("TORCHELASTIC_RESTART_COUNT", "0"), "/") : "";
   auto store = std::make_shared<Store>(so);
 
-  std::string backend = options.backend;
-  if (backend == "auto") backend = nccl_usable() ? "nccl" : "gloo";
+  const std::string backend = options.backend == "auto" ? ctx.backend : options.backend;
   std::shared_ptr<Backend> b;
   if (backend == "nccl")
-    b = make_nccl_backend(*store, rank, world_size, timeout);
+    b = make_nccl_backend(*store, rank, world_size, ctx.gpu, timeout);
   else if (backend == "gloo")
     b = make_gloo_backend(store->with_prefix("gloo/"), rank, world_size, timeout);
   else
     throw InputError(str("[dist] unknown backend ", quoted(backend), "; expected gloo, nccl or auto"));
-  return ProcessGroup(std::move(b), timeout, std::move(store));
+  return ProcessGroup(std::move(b), timeout, std::move(store), ctx.gpu);
 }
 
 }  // namespace fsdp::dist

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dist/backend.h"
+#include "dist/worker_context.h"
 
 namespace fsdp::dist {
 
@@ -49,8 +50,14 @@ class Work {
   Work() = default;  // already done
   Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int size, std::chrono::milliseconds timeout,
        int64_t bytes);
-  // Blocks until done. Throws fsdp::Error "[dist] all_gather of 4.0 MB on rank 1 of 4 did not
-  // finish within 30 s ..." on timeout, or the transport's failure with the same context.
+  // Makes the result usable, or throws fsdp::Error "[dist] all_gather of 4.0 MB on rank 1 of 4 did
+  // not finish within 30 s ..." on timeout, or the transport's failure with the same context.
+  // What "usable" means depends on the backend:
+  //   Gloo (CPU), single process: the host blocks until the output is written.
+  //   NCCL: a collective's wait() does not block the host; it makes the caller's current CUDA
+  //         stream wait for the collective, so later work queued on that stream sees the output.
+  //         barrier() blocks the host. A collective that never finishes is caught by the
+  //         backend's watchdog, which aborts the communicator; the next call throws.
   void wait();
   bool done() const { return pending_ == nullptr; }
 
@@ -67,9 +74,9 @@ class Store;
 class ProcessGroup {
  public:
   // store: the rendezvous this group met at, kept so that new_group() can build subgroups; null
-  // for the single-process group.
+  // for the single-process group. gpu: the GPU an NCCL backend runs on (its subgroups use it too).
   ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::milliseconds timeout,
-               std::shared_ptr<Store> store = nullptr);
+               std::shared_ptr<Store> store = nullptr, int gpu = -1);
 
   int rank() const { return backend_->rank(); }
   int size() const { return backend_->size(); }
@@ -111,22 +118,25 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::shared_ptr<ByteCounters> counters_;
   std::shared_ptr<Store> store_;
+  int gpu_ = -1;
   std::shared_ptr<int> subgroups_made_ = std::make_shared<int>(0);
 };
 
 // A group of one (rank 0 of 1): every collective is a local copy and sends nothing.
 ProcessGroup make_single_process_group();
 
-// The process group of this worker, from the torchrun variables the launcher sets (RANK,
-// WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT).
-// WORLD_SIZE unset or 1 gives the single-process group. backend: "gloo", "nccl" or "auto" (NCCL
-// when this process has a CUDA device and NCCL was built, else Gloo). Collective: every rank calls
-// it. Throws naming the missing variable or the unreachable rendezvous.
+// The process group of this worker: `context` says its rank, world size and GPU (the launcher's
+// variables, read once by worker_context()); MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE
+// and TORCHELASTIC_RESTART_COUNT say where the rendezvous is. A world size of 1 gives the
+// single-process group. backend: "gloo", "nccl" or "auto" (the context's). Collective: every rank
+// calls it. Throws naming the missing variable or the unreachable rendezvous.
 struct GroupOptions {
   std::string backend = "auto";
   // Per-collective timeout; unset: $FSDPTRAIN_DIST_TIMEOUT seconds (the launcher exports the
   // dist_timeout key there), else 600 s.
   std::optional<std::chrono::milliseconds> timeout;
+  // Unset: worker_context(use_cpu = backend is "gloo").
+  std::optional<WorkerContext> context;
 };
 ProcessGroup init_process_group(const GroupOptions& options);
 

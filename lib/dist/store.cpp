@@ -60,6 +60,14 @@ Store Store::with_prefix(const std::string& more) const {
   return Store(std::move(impl), o);
 }
 
+std::unique_ptr<Store> Store::new_client(const std::string& more) const {
+  StoreOptions o = options_;
+  o.is_server = false;
+  o.port = port();
+  o.prefix += more;
+  return std::make_unique<Store>(o);
+}
+
 void Store::set(const std::string& key, const std::string& value) {
   impl_->prefixed->set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }

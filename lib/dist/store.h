@@ -34,6 +34,9 @@ class Store {
 
   // The same connection with a longer prefix.
   Store with_prefix(const std::string& more) const;
+  // A new connection (a client, also when this one serves) to the same server, with a longer
+  // prefix: for another thread, since one connection serves one thread at a time.
+  std::unique_ptr<Store> new_client(const std::string& more) const;
 
   void set(const std::string& key, const std::string& value);
   std::string get(const std::string& key);  // waits up to the timeout for the key

@@ -1,14 +1,14 @@
-#include "util/env_report.h"
+#include "launch/env_report.h"
 
 #include <cstdlib>
 
 #include "config/loader.h"
 #include "config/show.h"
-#include "util/build_info.h"
+#include "dist/build_info.h"
 #include "util/error.h"
 #include "util/system_info.h"
 
-namespace fsdp {
+namespace fsdp::launch {
 
 std::string env_report(const config::ConfigInputs& inputs, const std::string& config_source) {
   const BuildInfo b = build_info();
@@ -49,4 +49,4 @@ std::string env_report(const config::ConfigInputs& inputs, const std::string& co
   return out;
 }
 
-}  // namespace fsdp
+}  // namespace fsdp::launch

@@ -50,14 +50,14 @@ class GlooBackend : public Backend {
       out = out.view(at::kHalf);
       in = in.view(at::kHalf);
     }
-    return std::make_unique<GlooWork>(pg_->_allgather_base(out, in), nullptr);
+    return std::make_unique<GlooWork>(allgather_flat(*pg_, out, in), nullptr);
   }
 
   std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) override {
     at::Tensor out_r = reduction_buffer(out), in_r = is_16bit_float(in) ? in.to(at::kFloat) : in;
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    return finish_reduction(pg_->_reduce_scatter_base(out_r, in_r, o), out, out_r, op);
+    return finish_reduction(reduce_scatter_flat(*pg_, out_r, in_r, o), out, out_r, op);
   }
 
   std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op) override {

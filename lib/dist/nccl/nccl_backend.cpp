@@ -93,13 +93,9 @@ class NcclWork : public PendingWork {
 
 class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBackend> {
  public:
-  NcclBackend(const Store& store, int rank, int size, std::chrono::milliseconds timeout)
-      : rank_(rank), size_(size), timeout_(timeout) {
-    int devices = 0;
-    FSDP_CUDA_CHECK(cudaGetDeviceCount(&devices), rank_);
-    FSDP_CHECK(devices > 0, "[nccl] rank ", rank_, " sees no CUDA device; use the Gloo backend (--cpu)");
-    const char* lr = std::getenv("LOCAL_RANK");
-    device_ = (lr ? std::atoi(lr) : 0) % devices;
+  NcclBackend(const Store& store, int rank, int size, int device, std::chrono::milliseconds timeout)
+      : rank_(rank), size_(size), device_(device), timeout_(timeout) {
+    FSDP_CHECK(device >= 0, "[nccl] rank ", rank_, " sees no CUDA device; use the Gloo backend (--cpu)");
     FSDP_CUDA_CHECK(cudaSetDevice(device_), rank_);
 
     ncclUniqueId id;
@@ -217,31 +213,35 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
   }
 
   // Aborts the communicator when a collective overstays the timeout or NCCL reports an async error,
-  // so a hang becomes an error on this rank instead of a process that never ends.
+  // so a hang becomes an error on this rank instead of a process that never ends. After the abort
+  // the communicator is freed: it is never touched again.
   void watch() {
     std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_) {
+    while (!stop_ && !aborted_) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       release_finished();
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      std::string problem;
-      if (async != ncclSuccess) {
-        problem = str("NCCL reported ", ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
-      } else if (!in_flight_.empty() && std::chrono::steady_clock::now() - in_flight_.front().start > timeout_) {
-        problem =
-            str(in_flight_.front().what, " did not finish within ", static_cast<double>(timeout_.count()) / 1000.0,
-                " s; a rank is missing, hung or called collectives in a different order");
-      }
-      if (!problem.empty() && !aborted_) {
-        failure_ = str("[nccl] rank ", rank_, " of ", size_, ": ", problem, "; the communicator was aborted");
-        ncclCommAbort(comm_);
-        aborted_ = true;
-      }
+      const std::string problem = find_problem();
+      if (problem.empty()) continue;
+      failure_ = str("[nccl] rank ", rank_, " of ", size_, ": ", problem, "; the communicator was aborted");
+      ncclCommAbort(comm_);
+      aborted_ = true;
     }
   }
 
-  int device_ = 0;
+  // What makes the watchdog abort: NCCL's asynchronous error, or the oldest collective overdue.
+  // "" when all is well. Holding mu_, before any abort.
+  std::string find_problem() {
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    if (async != ncclSuccess)
+      return str("NCCL reported ", ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
+    if (!in_flight_.empty() && std::chrono::steady_clock::now() - in_flight_.front().start > timeout_)
+      return str(in_flight_.front().what, " did not finish within ", static_cast<double>(timeout_.count()) / 1000.0,
+                 " s; a rank is missing, hung or called collectives in a different order");
+    return "";
+  }
+
+  int device_;
   std::chrono::milliseconds timeout_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
@@ -276,13 +276,18 @@ bool NcclWork::wait(std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-bool nccl_usable() {
+int visible_gpus() {
   int devices = 0;
-  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess ? devices : 0;
 }
 
-std::shared_ptr<Backend> make_nccl_backend(const Store& store, int rank, int size, std::chrono::milliseconds timeout) {
-  return std::make_shared<NcclBackend>(store, rank, size, timeout);
+bool nccl_usable() {
+  return visible_gpus() > 0;
+}
+
+std::shared_ptr<Backend> make_nccl_backend(const Store& store, int rank, int size, int device,
+                                           std::chrono::milliseconds timeout) {
+  return std::make_shared<NcclBackend>(store, rank, size, device, timeout);
 }
 
 }  // namespace fsdp::dist

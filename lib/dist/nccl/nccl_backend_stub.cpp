@@ -8,7 +8,11 @@ bool nccl_usable() {
   return false;
 }
 
-std::shared_ptr<Backend> make_nccl_backend(const Store&, int, int, std::chrono::milliseconds) {
+int visible_gpus() {
+  return 0;
+}
+
+std::shared_ptr<Backend> make_nccl_backend(const Store&, int, int, int, std::chrono::milliseconds) {
   throw InputError(
       "[dist] this fsdptrain was built without NCCL (no CUDA LibTorch or NCCL at configure time); "
       "use the Gloo backend (CPU), or rebuild with the CUDA torch wheel (see README)");

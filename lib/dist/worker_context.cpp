@@ -1,0 +1,43 @@
+#include "dist/worker_context.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "dist/nccl/nccl_backend.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::dist {
+
+namespace {
+
+// An unset or empty variable is `fallback`; anything else must be a whole number >= 0.
+int env_count(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  auto n = parse_int(v);
+  FSDP_CHECK(n && *n >= 0, "[dist] ", name, "=", quoted(v), " is not a whole number >= 0");
+  return static_cast<int>(*n);
+}
+
+}  // namespace
+
+WorkerContext worker_context(bool use_cpu) {
+  WorkerContext ctx;
+  ctx.world_size = std::max(1, env_count("WORLD_SIZE", 1));
+  ctx.rank = env_count("RANK", -1);
+  FSDP_CHECK(ctx.rank >= 0 || ctx.world_size == 1, "[dist] RANK is not set but WORLD_SIZE is ", ctx.world_size,
+             "; start workers with `fsdptrain launch` (or torchrun)");
+  ctx.rank = std::max(ctx.rank, 0);
+  FSDP_CHECK(ctx.rank < ctx.world_size, "[dist] RANK=", ctx.rank, " is not below WORLD_SIZE=", ctx.world_size);
+  ctx.local_rank = env_count("LOCAL_RANK", 0);
+  const int gpus = visible_gpus();
+  if (gpus > 0) ctx.gpu = ctx.local_rank % gpus;
+  if (!use_cpu && ctx.gpu >= 0 && nccl_usable()) {
+    ctx.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ctx.gpu));
+    ctx.backend = "nccl";
+  }
+  return ctx;
+}
+
+}  // namespace fsdp::dist

@@ -1,0 +1,28 @@
+// WorkerContext: who this worker is and where it computes, read once from the launcher's
+// variables (torchrun's: RANK, WORLD_SIZE, LOCAL_RANK) and passed down to everything that needs
+// it: the process group, the trainer, the health check. Nothing else reads those variables.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <string>
+
+namespace fsdp::dist {
+
+struct WorkerContext {
+  int rank = 0;        // in the whole job
+  int world_size = 1;  // workers in the whole job
+  int local_rank = 0;  // on this machine
+  int gpu = -1;        // the visible GPU this worker owns (LOCAL_RANK modulo the visible count); -1: none
+  c10::Device device = c10::Device(c10::kCPU);  // where the model computes
+  std::string backend = "gloo";                 // "nccl" when the device is a GPU
+  bool is_main() const { return rank == 0; }
+};
+
+// The context of this process. RANK/WORLD_SIZE/LOCAL_RANK unset: a single process (rank 0 of 1).
+// use_cpu (the config's use_cpu): compute on the CPU over Gloo even where GPUs are visible;
+// otherwise, with NCCL built and a GPU visible, on GPU `gpu` over NCCL. Throws InputError for a
+// malformed variable, naming it.
+WorkerContext worker_context(bool use_cpu);
+
+}  // namespace fsdp::dist
