@@ -22,7 +22,7 @@ struct PostBackward : torch::autograd::Function<PostBackward> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto* model = reinterpret_cast<ShardedModel*>(ctx->saved_data["model"].toInt());
-    model->post_backward(static_cast<size_t>(ctx->saved_data["unit"].toInt()));
+    UnitHooks::post_backward(*model, static_cast<size_t>(ctx->saved_data["unit"].toInt()));
     variable_list out{at::Tensor(), at::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
     return out;

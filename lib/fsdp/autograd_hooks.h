@@ -5,6 +5,15 @@
 
 namespace fsdp::detail {
 
+// The only way in to ShardedModel's hook entry points: fsdp::call runs a unit, PostBackward
+// finishes one.
+struct UnitHooks {
+  static TensorList run_unit(ShardedModel& model, size_t unit, const TensorList& inputs, const UnitFn& fn) {
+    return model.run_unit(unit, inputs, fn);
+  }
+  static void post_backward(ShardedModel& model, size_t unit) { model.post_backward(unit); }
+};
+
 // Identity on `inputs` (those that require grad); its backward, which autograd runs once the
 // gradients of everything computed from them (the unit's parameters included) are complete, calls
 // model.post_backward(unit). FSDP2's RegisterPostBackwardFunction.

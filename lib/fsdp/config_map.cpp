@@ -18,8 +18,19 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
       break;
   }
   o.mixed_precision.reduce_dtype = at::kFloat;
-  o.wrap_policy = config.fsdp.auto_wrap_policy;
+  switch (config.fsdp.auto_wrap_policy) {
+    case config::WrapPolicy::kTransformerBasedWrap:
+      o.wrap_policy = WrapPolicy::kTransformerBasedWrap;
+      break;
+    case config::WrapPolicy::kSizeBasedWrap:
+      o.wrap_policy = WrapPolicy::kSizeBasedWrap;
+      break;
+    case config::WrapPolicy::kNoWrap:
+      o.wrap_policy = WrapPolicy::kNoWrap;
+      break;
+  }
   o.layer_classes = config.fsdp.transformer_layer_cls_to_wrap;
+  o.ignored_modules = config.fsdp.ignored_modules;
   o.min_num_params = config.fsdp.min_num_params;
   o.offload_params = config.fsdp.offload_params;
   o.activation_checkpointing = config.fsdp.activation_checkpointing;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <regex>
 #include <set>
 #include <unordered_map>
 
@@ -44,9 +45,9 @@ std::vector<std::string> choose_units(
   for (const auto& item : modules) classes.insert(module_class_name(*item.value()));
   std::vector<std::string> chosen;
   switch (options.wrap_policy) {
-    case config::WrapPolicy::kNoWrap:
+    case WrapPolicy::kNoWrap:
       return chosen;
-    case config::WrapPolicy::kTransformerBasedWrap: {
+    case WrapPolicy::kTransformerBasedWrap: {
       const std::vector<std::string>& wanted =
           options.layer_classes.empty() ? traits.layer_classes : options.layer_classes;
       FSDP_CHECK(!wanted.empty(),
@@ -65,7 +66,7 @@ std::vector<std::string> choose_units(
           chosen.push_back(item.key());
       return chosen;
     }
-    case config::WrapPolicy::kSizeBasedWrap: {
+    case WrapPolicy::kSizeBasedWrap: {
       // Children before parents (reverse pre-order), as torch's size_based_auto_wrap_policy: a module
       // becomes a unit when the parameters under it that no deeper unit took reach min_num_params.
       std::set<const at::TensorImpl*> claimed;
@@ -119,9 +120,27 @@ DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int sh
   return DeviceMesh{shard, replicate};
 }
 
-std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& traits, const FsdpOptions& options) {
+namespace {
+
+// The parameters under modules whose path full-matches options.ignored_modules.
+std::set<const at::TensorImpl*> ignored_tensors(
+    const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules, const FsdpOptions& options) {
+  std::set<const at::TensorImpl*> out;
+  if (options.ignored_modules.empty()) return out;
+  const std::regex pattern(options.ignored_modules);
+  for (const auto& item : modules)
+    if (std::regex_match(item.key(), pattern))
+      for (const auto& p : item.value()->parameters(/*recurse=*/true)) out.insert(p.unsafeGetTensorImpl());
+  return out;
+}
+
+}  // namespace
+
+std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& traits, const FsdpOptions& options,
+                                 std::vector<std::pair<std::string, at::Tensor>>* ignored) {
   const auto modules = model.named_modules("", /*include_self=*/false);
   const std::vector<std::string> units = choose_units(modules, traits, options);
+  const std::set<const at::TensorImpl*> left_alone = ignored_tensors(modules, options);
 
   // Each distinct parameter (a tied one is registered under several names) goes to the deepest unit
   // containing every module that registers it; the root when none does.
@@ -140,8 +159,13 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& tr
       if (path_contains(u, module_path) && (!any || u.size() > best.size())) best = u, any = true;
     return best;
   };
+  std::set<const at::TensorImpl*> ignored_seen;
   for (const auto& p : model.named_parameters(/*recurse=*/true)) {
     const at::TensorImpl* impl = p.value().unsafeGetTensorImpl();
+    if (left_alone.count(impl)) {
+      if (ignored && ignored_seen.insert(impl).second) ignored->emplace_back(p.key(), p.value());
+      continue;
+    }
     const std::string unit = deepest_unit(module_path_of(p.key()));
     auto it = index.find(impl);
     if (it == index.end()) {
@@ -174,10 +198,10 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& tr
 
 ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh, FsdpOptions options)
     : mesh_(std::move(mesh)), options_(std::move(options)) {
-  auto shared_mesh = std::make_shared<ParamGroup::Mesh>(ParamGroup::Mesh{mesh_.shard, mesh_.replicate});
+  auto shared_mesh = std::make_shared<DeviceMesh>(mesh_);
   ParamGroup::EventLog log;
   if (options_.record_events) log = [this](const std::string& e) { events_.push_back(e); };
-  for (UnitPlan& plan : plan_units(model, traits, options_)) {
+  for (UnitPlan& plan : plan_units(model, traits, options_, &ignored_)) {
     groups_.push_back(std::make_unique<ParamGroup>(plan.path, std::move(plan.params), std::move(plan.aliases),
                                                    shared_mesh, options_, log));
     unit_modules_.push_back(plan.module);
@@ -191,6 +215,9 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
   }
   backward_started_.assign(groups_.size(), false);
   backward_done_.assign(groups_.size(), false);
+  c10::NoGradGuard no_grad;
+  for (auto& [name, p] : ignored_)  // left alone, but where the units compute
+    if (p.device() != options_.device) p.set_data(p.detach().to(options_.device));
 }
 
 ShardedModel::~ShardedModel() {

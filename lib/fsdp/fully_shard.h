@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
+#include "fsdp/device_mesh.h"
 #include "fsdp/options.h"
 #include "fsdp/param_group.h"
 
@@ -44,17 +45,13 @@ class Module;
 
 namespace fsdp {
 
+class ShardedModel;
+namespace detail {
+struct UnitHooks;
+}
+
 using TensorList = std::vector<at::Tensor>;
 using UnitFn = std::function<TensorList(const TensorList&)>;
-
-// The ranks a model is sharded over: FSDP over `shard`; HSDP also replicates over `replicate`.
-struct DeviceMesh {
-  dist::ProcessGroup shard;
-  std::optional<dist::ProcessGroup> replicate;
-};
-// Splits `world` into replicate x shard (shard groups are consecutive ranks, one per machine
-// usually). replicate = 1 gives plain FSDP over the world. Collective over `world`.
-DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size);
 
 // Bytes one rank holds between steps.
 struct PersistentBytes {
@@ -89,21 +86,27 @@ class ShardedModel {
   // Every trainable parameter's full fp32 sharded gradient by name (collective; tests, debugging).
   std::vector<std::pair<std::string, at::Tensor>> gather_full_gradients() const;
 
+  // The parameters of options.ignored_modules, by name: full values on every rank, untouched.
+  const std::vector<std::pair<std::string, at::Tensor>>& ignored_params() const { return ignored_; }
+
   // "gather X", "free X", "reduce X" in the order they happened (options.record_events).
   const std::vector<std::string>& events() const { return events_; }
 
-  // Used by fsdp::call (unit_call.cpp) and the engine's autograd hooks.
+ private:
+  // The hook entry points, reached only through detail::UnitHooks (fsdp::call and the engine's
+  // autograd functions).
+  friend struct detail::UnitHooks;
   TensorList run_unit(size_t unit, const TensorList& inputs, const UnitFn& fn);
   void pre_backward(size_t unit);
   void post_backward(size_t unit);
 
- private:
   void prefetch_after(size_t unit, const std::vector<size_t>& order);
   void finish_backward();
 
   DeviceMesh mesh_;
   FsdpOptions options_;
   std::vector<std::unique_ptr<ParamGroup>> groups_;
+  std::vector<std::pair<std::string, at::Tensor>> ignored_;
   std::vector<const torch::nn::Module*> unit_modules_;  // by unit; [0] is the model
   std::vector<bool> leaf_unit_;                         // no unit nested inside
   std::vector<std::string> events_;
@@ -127,7 +130,9 @@ struct UnitPlan {
   std::vector<std::pair<std::string, at::Tensor>> params;
   std::vector<std::vector<std::string>> aliases;
 };
-std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& traits, const FsdpOptions& options);
+// ignored (optional): receives the parameters options.ignored_modules leaves out of every unit.
+std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& traits, const FsdpOptions& options,
+                                 std::vector<std::pair<std::string, at::Tensor>>* ignored = nullptr);
 
 // Shards `model` by the options' wrap policy. Throws InputError for a wrap class the model does
 // not have (listing the ones it has) or one it cannot run as a unit. Collective over the mesh.

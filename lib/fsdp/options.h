@@ -1,5 +1,5 @@
 // What fully_shard needs to know: how to choose units, how to shard them, and in which dtypes.
-// Filled from an Accelerate config by options_from_config() (fsdp/config_map.h), or directly.
+// Filled from an Accelerate config by fsdp_plan_from_config() (fsdp/config_map.h), or directly.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "config/config.h"
 
 namespace fsdp {
 
@@ -32,8 +31,12 @@ struct ModelTraits {
   std::vector<std::string> unit_classes;
 };
 
+// Which modules become units: the layer classes, modules holding enough parameters, or none (one
+// root unit). The engine's own names for Accelerate's fsdp_auto_wrap_policy values.
+enum class WrapPolicy { kTransformerBasedWrap, kSizeBasedWrap, kNoWrap };
+
 struct FsdpOptions {
-  config::WrapPolicy wrap_policy = config::WrapPolicy::kTransformerBasedWrap;
+  WrapPolicy wrap_policy = WrapPolicy::kTransformerBasedWrap;
   std::vector<std::string> layer_classes;  // TRANSFORMER_BASED_WRAP; empty: ModelTraits::layer_classes
   int64_t min_num_params = 100000000;      // SIZE_BASED_WRAP
   bool reshard_after_forward = true;       // false: ZeRO-2 (one all-gather per step per unit)
@@ -43,6 +46,11 @@ struct FsdpOptions {
   bool prefetch = true;                   // issue the next unit's all-gather before this one computes
   c10::Device device = c10::kCPU;         // where units compute
   bool record_events = false;             // keep the gather/free/reduce log (tests)
+  // FSDP2's ignored_params, chosen as Accelerate's fsdp_ignored_modules does: a regex full-matched
+  // against module paths ("model.layers.0.mlp"). Every parameter under a matching module is left
+  // alone: not sharded, never gathered or reduced, its gradient local to each rank and not stepped
+  // by ShardedAdamW; it only moves to `device`. "" = none.
+  std::string ignored_modules;
   // When set, each parameter's full fp32 value is created by init(name, shape) at the moment its
   // unit is sharded, one parameter at a time, and the module's own values are not read (their
   // storage may already be freed): the whole model never exists on one rank.

@@ -50,7 +50,7 @@ void free_storage(const at::Tensor& t) {
 }
 
 ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
-                       std::vector<std::vector<std::string>> aliases, std::shared_ptr<Mesh> mesh,
+                       std::vector<std::vector<std::string>> aliases, std::shared_ptr<DeviceMesh> mesh,
                        const FsdpOptions& options, EventLog log)
     : name_(std::move(name)), mesh_(std::move(mesh)), options_(options), log_(std::move(log)) {
   c10::NoGradGuard no_grad;

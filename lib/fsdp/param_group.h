@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "dist/process_group.h"
+#include "fsdp/device_mesh.h"
 #include "fsdp/options.h"
 #include "fsdp/shard_layout.h"
 
@@ -54,17 +55,13 @@ void free_storage(const at::Tensor& t);
 
 class ParamGroup {
  public:
-  struct Mesh {
-    dist::ProcessGroup shard;
-    std::optional<dist::ProcessGroup> replicate;  // HSDP: the ranks holding the same shard
-  };
   using EventLog = std::function<void(const std::string&)>;
 
   // Shards `params` (the module's registered tensors, full values, identical on every rank of the
   // replicate group) and turns them into unsharded leaves with empty storage. name: the module's
   // path ("" for the root).
   ParamGroup(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
-             std::vector<std::vector<std::string>> aliases, std::shared_ptr<Mesh> mesh, const FsdpOptions& options,
+             std::vector<std::vector<std::string>> aliases, std::shared_ptr<DeviceMesh> mesh, const FsdpOptions& options,
              EventLog log);
   ~ParamGroup();
   ParamGroup(const ParamGroup&) = delete;
@@ -121,7 +118,7 @@ class ParamGroup {
   at::Tensor all_gather_slice(const at::Tensor& mine) const;  // (n) -> (W * n) rank-major, fp32
 
   std::string name_;
-  std::shared_ptr<Mesh> mesh_;
+  std::shared_ptr<DeviceMesh> mesh_;
   FsdpOptions options_;
   EventLog log_;
   std::vector<ShardedParam> params_;

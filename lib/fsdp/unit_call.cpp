@@ -1,5 +1,9 @@
 #include "fsdp/unit_call.h"
 
+#include "fsdp/autograd_hooks.h"
+#include "util/error.h"
+#include "util/strings.h"
+
 #include <unordered_map>
 
 namespace fsdp {
@@ -22,11 +26,15 @@ std::unordered_map<const torch::nn::Module*, Entry>& registry() {
 TensorList call(torch::nn::Module& module, const TensorList& inputs, const UnitFn& fn) {
   auto it = registry().find(&module);
   if (it == registry().end()) return fn(inputs);
-  return it->second.model->run_unit(it->second.unit, inputs, fn);
+  return detail::UnitHooks::run_unit(*it->second.model, it->second.unit, inputs, fn);
 }
 
 void register_unit(const torch::nn::Module* module, ShardedModel* model, size_t unit) {
-  registry()[module] = Entry{model, unit};
+  const auto [it, inserted] = registry().emplace(module, Entry{model, unit});
+  FSDP_CHECK(inserted || it->second.model == model, "[fsdp] fully_shard: module ", quoted(module_class_name(*module)),
+             " is already a unit of another sharded model; shard a module once (destroy the first ShardedModel "
+             "before sharding it again)");
+  it->second = Entry{model, unit};
 }
 
 void unregister_units(const ShardedModel* model) {

@@ -64,7 +64,7 @@ TEST_CASE("wrap policies pick the units; tied parameters stay in the root") {
   SUBCASE("SIZE_BASED_WRAP nests units; the embedding's tied weight keeps it out") {
     TinyTransformer m;
     FsdpOptions o;
-    o.wrap_policy = config::WrapPolicy::kSizeBasedWrap;
+    o.wrap_policy = fsdp::WrapPolicy::kSizeBasedWrap;
     o.min_num_params = 10;
     auto s = fully_shard(*m, TinyTransformerImpl::traits(), single(), o);
     CHECK(unit_names(*s) == std::vector<std::string>{"<root>", "blocks.0", "blocks.0.attn", "blocks.0.mlp", "blocks.1",
@@ -77,7 +77,7 @@ TEST_CASE("wrap policies pick the units; tied parameters stay in the root") {
   SUBCASE("NO_WRAP: one unit") {
     MlpStack m;
     FsdpOptions o;
-    o.wrap_policy = config::WrapPolicy::kNoWrap;
+    o.wrap_policy = fsdp::WrapPolicy::kNoWrap;
     CHECK(unit_names(*fully_shard(*m, MlpStackImpl::traits(), single(), o)) == std::vector<std::string>{"<root>"});
   }
   SUBCASE("a class the model lacks is an error listing the classes it has") {
@@ -165,7 +165,7 @@ TEST_CASE("Accelerate configs map onto the engine") {
       "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n"
       "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n");
   CHECK(!zero2.options.reshard_after_forward);
-  CHECK(static_cast<int>(zero2.options.wrap_policy) == static_cast<int>(config::WrapPolicy::kSizeBasedWrap));
+  CHECK(zero2.options.wrap_policy == fsdp::WrapPolicy::kSizeBasedWrap);
   CHECK(zero2.options.min_num_params == 1000);
   CHECK(zero2.replicate_size == 1);
   CHECK(zero2.shard_size == 2);
