@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/checkpoint.h"
+#include "ckpt/checkpointer.h"
+#include "ckpt/pretrained.h"
 #include "ckpt/hf.h"
 #include "config/loader.h"
 #include "dist/process_group.h"
@@ -118,7 +119,8 @@ int train_mode(const std::vector<std::string>& args) {
   FaultyFileSystem fs(fault == "crash", here ? at_save : -1, after_bytes);
   train::TrainHooks hooks;
   hooks.checkpoint_fs = &fs;
-  train::run_training(config::load_config_or_throw(in), std::cout, hooks);
+  const config::ResolvedConfig resolved = config::load_config_or_throw(in);
+  train::run_training(dist::worker_context(resolved.typed.launch.use_cpu), resolved, std::cout, hooks);
   return 0;
 }
 

@@ -1,0 +1,413 @@
+#include "ckpt/checkpointer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "ckpt/hf.h"
+#include "ckpt/safetensors_torch.h"
+#include "ckpt/sources.h"
+#include "dist/store.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/strings.h"
+
+namespace fsdp::ckpt {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The full value of one parameter's padded shard slice (flat, shard_numel elements on every rank)
+// on the CPU. Collective over the shard group.
+at::Tensor gather_slice(dist::ProcessGroup shard, const at::Tensor& slice, const ShardLayout& layout) {
+  const at::Tensor mine = slice.contiguous();
+  at::Tensor all = mine;
+  if (shard.size() > 1) {
+    all = at::empty({shard.size() * mine.numel()}, mine.options());
+    shard.all_gather(all, mine).wait();
+  }
+  return all.narrow(0, 0, layout.numel()).view(layout.shape).to(at::kCPU);
+}
+
+}  // namespace
+
+struct Checkpointer::Impl {
+  ShardedModel& model;
+  optim::ShardedAdamW& adamw;
+  model::LlamaConfig config;
+  dist::ProcessGroup& world;
+  CheckpointOptions o;
+  FileSystem& fs;
+  std::unique_ptr<dist::Store> store;  // the writer thread's own connection (SHARDED, several shard ranks)
+  dist::ProcessGroup host_group;       // the writer thread's gathers (FULL): Gloo over the shard group
+  std::thread writer;
+  std::exception_ptr error;
+
+  Impl(ShardedModel& m, optim::ShardedAdamW& a, const model::LlamaConfig& c, dist::ProcessGroup& w,
+       CheckpointOptions opts)
+      : model(m),
+        adamw(a),
+        config(c),
+        world(w),
+        o(std::move(opts)),
+        fs(o.fs ? *o.fs : local_file_system()),
+        host_group(dist::make_single_process_group()) {}
+
+  int shard_rank() const { return model.mesh().shard.rank(); }
+  int shard_size() const { return model.mesh().shard.size(); }
+  bool is_writer() const { return !model.mesh().replicate || model.mesh().replicate->rank() == 0; }
+  void say(const std::string& line) const {
+    if (world.rank() == 0 && o.log != nullptr) *o.log << line << std::flush;
+  }
+
+  void join() {
+    if (writer.joinable()) writer.join();
+    if (error) {
+      std::exception_ptr e = error;
+      error = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+  // This rank's rows of every parameter and of its AdamW state, copied to host memory.
+  struct HostRows {
+    std::string name;
+    std::vector<int64_t> shape;  // the full tensor's
+    int64_t r0 = 0, r1 = 0;
+    at::Tensor data;  // (r1 - r0, *shape[1:]) fp32, CPU
+  };
+  std::vector<HostRows> snapshot() const {
+    std::vector<HostRows> out;
+    for (const Slot& s : slots_of(model)) {
+      const ShardedParam& p = *s.param;
+      const int64_t n = p.layout.valid_rows(), r0 = p.layout.first_row();
+      if (n == 0) continue;
+      auto add = [&](const std::string& name, const at::Tensor& rows) {
+        out.push_back({name, p.layout.shape, r0, r0 + n, rows.narrow(0, 0, n).to(at::kCPU, false, true).contiguous()});
+      };
+      add(p.name, p.sharded);
+      if (p.trainable) {
+        const auto& st = adamw.state()[s.group];
+        add(kExpAvg + p.name, state_rows(st.exp_avg, p));
+        add(kExpAvgSq + p.name, state_rows(st.exp_avg_sq, p));
+      }
+    }
+    return out;
+  }
+
+  // Writes this rank's shard file; returns its report for the index and the manifest.
+  json write_shard(const std::vector<HostRows>& rows, const std::string& tmp) {
+    const std::string file = shard_file_name(shard_rank(), shard_size());
+    std::vector<TensorBytes> specs;
+    std::map<std::string, const HostRows*> by_name;
+    for (const HostRows& r : rows) {
+      std::vector<int64_t> shape = r.shape;
+      shape[0] = r.r1 - r.r0;
+      specs.push_back({r.name, Dtype::kF32, shape, nullptr, static_cast<size_t>(r.data.numel()) * 4});
+      by_name[r.name] = &r;
+    }
+    SafetensorsWriter out(path_in(tmp, file), specs, {{"format", "pt"}}, fs);
+    json tensors = json::object();
+    for (size_t i = 0; i < out.order().size(); ++i) {
+      const HostRows& r = *by_name.at(out.order()[i]);
+      out.append(r.name, r.data.data_ptr(), static_cast<size_t>(r.data.numel()) * 4);
+      tensors[r.name] = {{"shape", r.shape},
+                         {"rows", {r.r0, r.r1}},
+                         {"bytes", {out.file_offset(i), out.file_offset(i) + r.data.numel() * 4}}};
+    }
+    out.finish();
+    return json{{"file", file}, {"bytes", out.bytes()}, {"crc32c", crc_hex(out.checksum())}, {"tensors", tensors}};
+  }
+
+  // Rank 0: the index, state, config and manifest, then the rename that makes the checkpoint exist.
+  void commit(const std::vector<json>& shard_reports, std::vector<WrittenFile> written, const json& state,
+              const std::string& tmp, const std::string& final_dir) {
+    auto write = [&](const std::string& name, const std::string& text) {
+      written.push_back({name, text.size(), write_whole_file(fs, path_in(tmp, name), text)});
+    };
+    if (!shard_reports.empty()) {
+      json index = {{"format", "fsdptrain-sharded"}, {"version", kFormatVersion}, {"world_size", shard_reports.size()}};
+      json files = json::array(), tensors = json::object();
+      for (size_t k = 0; k < shard_reports.size(); ++k) {
+        const json& r = shard_reports[k];
+        files.push_back(r.at("file"));
+        written.push_back({r.at("file").get<std::string>(), r.at("bytes").get<uint64_t>(),
+                           static_cast<uint32_t>(std::stoul(r.at("crc32c").get<std::string>(), nullptr, 16))});
+        for (const auto& [name, t] : r.at("tensors").items()) {
+          json& e = tensors[name];
+          e["dtype"] = "F32";
+          e["shape"] = t.at("shape");
+          e["pieces"].push_back({{"file", k}, {"rows", t.at("rows")}, {"bytes", t.at("bytes")}});
+        }
+      }
+      index["files"] = files;
+      index["tensors"] = tensors;
+      write(kIndex, index.dump(1) + "\n");
+      write(kConfig, config_text(config));
+    }
+    write(kState, state.dump(2) + "\n");
+    json manifest = {{"format", "fsdptrain-manifest"}, {"version", kFormatVersion}, {"files", json::object()}};
+    for (const WrittenFile& f : written)
+      manifest["files"][f.name] = {{"bytes", f.bytes}, {"crc32c", crc_hex(f.crc32c)}};
+    write_whole_file(fs, path_in(tmp, kManifest), manifest.dump(2) + "\n");
+    fs.sync_dir(tmp);
+    if (fs.exists(final_dir)) fs.remove_all(final_dir);  // an older run's checkpoint of the same step
+    fs.rename(tmp, final_dir);
+    fs.sync_dir(o.dir);
+    prune(final_dir);
+  }
+
+  // Deletes complete checkpoints beyond `keep` (oldest first) and folders of saves that never finished.
+  void prune(const std::string& just_written) {
+    for (const std::string& e : fs.list(o.dir))
+      if (e.size() > 4 && e.compare(e.size() - 4, 4, ".tmp") == 0 && step_of(e.substr(0, e.size() - 4)))
+        fs.remove_all(path_in(o.dir, e));
+    if (o.keep <= 0) return;
+    auto all = complete_checkpoints(o.dir, fs);
+    for (size_t i = 0; i + static_cast<size_t>(o.keep) < all.size(); ++i)
+      if (all[i] != just_written) {
+        fs.remove_all(all[i]);
+        say(str("[ckpt] removed ", all[i], " (checkpoint.keep: ", o.keep, ")\n"));
+      }
+  }
+
+  // Runs a save's writing part on the writer thread (or here, without background writes).
+  void run(std::function<void()> job) {
+    if (!o.background) return job();
+    writer = std::thread([this, job = std::move(job)]() {
+      try {
+        job();
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+  }
+
+  // FULL_STATE_DICT: this rank's padded shard slice of every parameter and AdamW state (the same
+  // size on every rank), copied to host memory; the writer gathers them over host_group.
+  struct HostSlice {
+    std::string name;
+    const ShardLayout* layout = nullptr;
+    at::Tensor slice;  // (shard_numel) fp32, CPU
+  };
+  std::vector<HostSlice> snapshot_slices() const {
+    std::vector<HostSlice> out;
+    for (const Slot& s : slots_of(model)) {
+      const ShardedParam& p = *s.param;
+      auto add = [&](const std::string& name, const at::Tensor& slice) {
+        out.push_back({name, &p.layout, slice.reshape({-1}).to(at::kCPU, false, true)});
+      };
+      add(p.name, p.sharded);
+      if (p.trainable) {
+        const auto& st = adamw.state()[s.group];
+        add(kExpAvg + p.name, st.exp_avg.narrow(0, p.offset, p.layout.shard_numel()));
+        add(kExpAvgSq + p.name, st.exp_avg_sq.narrow(0, p.offset, p.layout.shard_numel()));
+      }
+    }
+    return out;
+  }
+
+  // Gathers every slice (collective over host_group, in name order) and, on shard rank 0, writes the
+  // Hugging Face folder, optimizer.safetensors and the commit.
+  void write_full(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
+                  const std::string& final_dir) {
+    const bool writer = shard_rank() == 0;
+    auto full = [&](const HostSlice& h) { return gather_slice(host_group, h.slice, *h.layout); };
+    std::vector<const HostSlice*> params, optim;
+    for (const HostSlice& h : slices) (h.name.rfind("optim.", 0) == 0 ? optim : params).push_back(&h);
+    std::vector<TensorSpec> specs;
+    for (const HostSlice* h : params) specs.push_back({h->name, h->layout->shape});
+    std::vector<WrittenFile> written = write_hf_folder(
+        specs, [&](size_t i) { return full(*params[i]); }, writer, config, tmp, o.max_shard_bytes, fs);
+    std::sort(optim.begin(), optim.end(), [](const HostSlice* a, const HostSlice* b) { return a->name < b->name; });
+    std::unique_ptr<SafetensorsWriter> out;
+    if (writer) {
+      std::vector<TensorBytes> tensors;
+      for (const HostSlice* h : optim)
+        tensors.push_back(
+            {h->name, Dtype::kF32, h->layout->shape, nullptr, static_cast<size_t>(h->layout->numel()) * 4});
+      // All fp32: the writer's order is the name order, the order of the gathers below (append checks it).
+      out = std::make_unique<SafetensorsWriter>(path_in(tmp, kOptimizer), tensors, std::map<std::string, std::string>{},
+                                                fs);
+    }
+    for (const HostSlice* h : optim) {
+      const at::Tensor t = full(*h);
+      if (out) out->append(h->name, t.data_ptr(), static_cast<size_t>(t.numel()) * 4);
+    }
+    if (!writer) return;
+    out->finish();
+    written.push_back({kOptimizer, out->bytes(), out->checksum()});
+    commit({}, written, state_doc, tmp, final_dir);
+  }
+
+  // Rank 0's writer thread: waits for every shard rank's report.
+  std::vector<json> collect(const std::string& name, json mine) {
+    std::vector<json> reports{std::move(mine)};
+    for (int k = 1; k < shard_size(); ++k) {
+      const std::string key = str(name, "/shard", k);
+      // A large shard on a slow disk takes long: wait the collective timeout (dist_timeout), at least
+      // 30 minutes, then give up on this checkpoint (the previous one is untouched).
+      const auto limit = std::max<std::chrono::milliseconds>(world.timeout(), std::chrono::minutes(30));
+      if (!store->wait_for({key}, limit))
+        throw Error(str("[ckpt] shard rank ", k, " did not report its file of ", name, " within ",
+                        std::chrono::duration_cast<std::chrono::seconds>(limit).count(),
+                        " s; that checkpoint was not committed (the previous one is intact). Check that rank's "
+                        "output and the file system"));
+      reports.push_back(json::parse(store->get(key)));
+    }
+    return reports;
+  }
+};
+
+Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, const model::LlamaConfig& config,
+                           dist::ProcessGroup& world, CheckpointOptions options)
+    : impl_(std::make_unique<Impl>(model, adamw, config, world, std::move(options))) {
+  if (impl_->shard_size() > 1) {
+    const auto& shared = world.store();
+    FSDP_ASSERT(shared != nullptr, "Checkpointer: a sharded world without a rendezvous store");
+    impl_->store = shared->new_client("ckpt/");
+    if (impl_->o.format == Format::kFull) {
+      std::vector<int> all(static_cast<size_t>(impl_->shard_size()));
+      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+      impl_->host_group = model.mesh().shard.new_host_group(all);
+    }
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  try {
+    impl_->join();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[ckpt] the last checkpoint was not saved: %s\n", e.what());
+  }
+}
+
+void Checkpointer::wait() {
+  impl_->join();
+}
+
+double Checkpointer::save(const TrainingState& state) {
+  Impl& m = *impl_;
+  const Clock::time_point t0 = Clock::now();
+  m.join();
+  const std::string name = checkpoint_name(state.step);
+  const std::string final_dir = path_in(m.o.dir, name), tmp = final_dir + ".tmp";
+  if (m.world.rank() == 0) {
+    m.fs.make_dirs(m.o.dir);
+    m.fs.remove_all(tmp);
+    m.fs.make_dirs(tmp);
+  }
+  if (m.world.size() > 1) m.world.barrier().wait();
+  const json state_doc = state_json(state, m.o.format, m.model.options().device);
+
+  if (m.o.format == Format::kFull) {  // host copies now; the thread gathers them one tensor at a time
+    std::vector<Impl::HostSlice> slices;
+    if (m.is_writer()) slices = m.snapshot_slices();
+    const double blocked = seconds_since(t0);
+    m.run([&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
+      if (!m.is_writer()) return;
+      m.write_full(slices, state_doc, tmp, final_dir);
+      m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", seconds_since(t0), " s; training waited ",
+                blocked, " s\n"));
+    });
+    return blocked;
+  }
+
+  // SHARDED: copy to host now, write on the thread.
+  std::vector<Impl::HostRows> rows;
+  if (m.is_writer()) rows = m.snapshot();
+  const double blocked = seconds_since(t0);
+  auto job = [&m, rows = std::move(rows), state_doc, name, tmp, final_dir, t0, blocked]() {
+    if (!m.is_writer()) return;
+    json report = m.write_shard(rows, tmp);
+    if (m.shard_rank() != 0) {
+      m.store->set(str(name, "/shard", m.shard_rank()), report.dump());
+      return;
+    }
+    if (m.world.rank() != 0) return;
+    m.commit(m.collect(name, std::move(report)), {}, state_doc, tmp, final_dir);
+    m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", m.shard_size(), " shard file(s)) in ",
+              seconds_since(t0), " s; training waited ", blocked, " s\n"));
+  };
+  m.run(std::move(job));
+  return blocked;
+}
+
+TrainingState Checkpointer::load(const std::string& path) {
+  Impl& m = *impl_;
+  const Clock::time_point t0 = Clock::now();
+  m.join();
+  const c10::Device device = m.model.options().device;
+  // The small files first, on every rank: the same decision everywhere.
+  std::string failure;
+  std::unique_ptr<Source> src;
+  TrainingState state;
+  json state_doc;
+  const std::vector<Slot> slots = slots_of(m.model);
+  // FULL with cpu_ram_efficient_loading: rank 0 reads every tensor and broadcasts it.
+  bool efficient = false;
+  try {
+    const bool sharded = file_exists(path_in(path, kIndex));
+    efficient = !sharded && m.o.cpu_ram_efficient_loading;
+    verify_checkpoint(
+        path, sharded ? std::vector<std::string>{kState, kConfig, kIndex} : std::vector<std::string>{kState, kConfig});
+    state_doc = parse_json_file(path_in(path, kState));
+    state = parse_state(state_doc, path_in(path, kState));
+    const model::LlamaConfig saved = model::load_llama_config(path_in(path, kConfig));
+    FSDP_CHECK(config_text(saved) == config_text(m.config), "[ckpt] ", path,
+               "/config.json describes another model than this run's; resume with the model.config it was "
+               "trained with, or start a new run in another checkpoint.dir");
+    src = open_source(path);
+    check_matches_model(*src, slots, /*optimizer=*/true, path, "");
+    // The big files this rank will read: their sizes and checksums.
+    if (!efficient || m.world.rank() == 0) {
+      std::set<std::string> files;
+      for (const Slot& s : slots) {
+        const ShardedParam& p = *s.param;
+        const int64_t r0 = efficient ? 0 : p.layout.first_row(),
+                      r1 = efficient ? p.layout.dim0() : p.layout.first_row() + p.layout.valid_rows();
+        if (r0 == r1) continue;
+        const std::string name = stored_name(*src, p);
+        src->files(name, r0, r1, files);
+        if (p.trainable) {
+          src->files(kExpAvg + name, r0, r1, files);
+          src->files(kExpAvgSq + name, r0, r1, files);
+        }
+      }
+      verify_checkpoint(path, std::vector<std::string>(files.begin(), files.end()));
+    }
+  } catch (const InputError& e) {
+    failure = e.what();
+  }
+  agree(m.world, device, failure);
+
+  for (const auto& g : m.model.groups()) g->reshard();
+  fill(m.model, &m.adamw, src.get(), m.world, efficient);
+  m.adamw.set_steps(state.optimizer_steps);
+  restore_rng(state_doc, device, path_in(path, kState));
+  m.say(str("[ckpt] loaded ", path, " (step ", state.step, ", saved by ", state.world_size, " rank(s)) in ",
+            seconds_since(t0), " s\n"));
+  return state;
+}
+
+TrainingState Checkpointer::resume(const std::string& path, const TrainingState& now) {
+  const TrainingState saved = load(path);
+  check_resumable(saved, now, path);
+  return saved;
+}
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,82 @@
+// Checkpointer: saves and restores everything a run needs to continue exactly where it stopped,
+// in one of two formats (fsdp_config.fsdp_state_dict_type; ckpt/format.h names the files):
+//
+//   SHARDED_STATE_DICT   <dir>/step-00000100/
+//     shard-00000-of-00004.safetensors   each shard rank's rows of every parameter and of its AdamW
+//     ...                                 state ("optim.exp_avg.<name>", "optim.exp_avg_sq.<name>")
+//     index.json        for every tensor: global shape, dtype, and which rows live in which byte
+//                       range of which file, so W' ranks each read only the rows they own
+//   FULL_STATE_DICT      <dir>/step-00000100/
+//     model.safetensors (or model-0000k-of-0000n + model.safetensors.index.json above the size
+//     limit; a Hugging Face folder transformers loads as it is), optimizer.safetensors (the full
+//     AdamW state), gathered one tensor at a time and written by rank 0
+//   both:
+//     config.json         the model (Hugging Face config)
+//     trainer_state.json  step, AdamW step count, data loader position, seed, RNG state, world size
+//     manifest.json       every other file's size and CRC-32C; written last
+//
+// Saving is atomic: files go to step-N.tmp, are fsynced, the manifest is written, then the folder
+// is renamed to step-N; the previous checkpoint is untouched until then, and only complete
+// checkpoints beyond `keep` are deleted after. SHARDED: save() returns once this rank's shards are
+// copied to host memory; a background thread writes them, and rank 0's thread commits the folder
+// when every shard rank has reported its file (through the rendezvous store). Loading verifies the
+// manifest (sizes, checksums) of every file a rank will read before any weight changes.
+//
+// Collective: save, wait and load are called by every rank of `world` in the same order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "ckpt/file_system.h"
+#include "ckpt/format.h"
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+
+namespace fsdp::ckpt {
+
+struct CheckpointOptions {
+  std::string dir;   // checkpoints are <dir>/step-<N, 8 digits>
+  int64_t keep = 0;  // complete checkpoints kept; older ones are deleted (0: keep all)
+  Format format = Format::kSharded;
+  bool background = true;                 // SHARDED: write on a thread
+  bool cpu_ram_efficient_loading = true;  // FULL: rank 0 reads, the others receive their rows
+  int64_t max_shard_bytes = 5000000000;   // FULL: Hugging Face shards above this
+  FileSystem* fs = nullptr;               // null: local_file_system()
+  std::ostream* log = nullptr;            // rank 0's progress lines; null: none
+};
+
+class Checkpointer {
+ public:
+  // The model, optimizer and world must outlive the Checkpointer.
+  Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, const model::LlamaConfig& config,
+               dist::ProcessGroup& world, CheckpointOptions options);
+  ~Checkpointer();  // waits for a write in flight; its error is logged, not thrown
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Collective. Waits for the previous save, then saves `state` and the current parameters and
+  // optimizer state as <dir>/step-<state.step>. Returns the seconds training was held up.
+  double save(const TrainingState& state);
+  // Waits until the last save is on disk (on rank 0: committed). Throws the writer's error.
+  void wait();
+  // Collective. Restores parameters, AdamW state and the RNG from the checkpoint folder `path` and
+  // returns its training state. Throws InputError, before any weight changes, for a folder that is
+  // not a complete checkpoint, a file whose size or checksum differs from the manifest, or tensors
+  // that do not match the model (listing every mismatch).
+  TrainingState load(const std::string& path);
+  // Collective. load(), then check_resumable() against `now` (this run's seed, sequence length
+  // and data): the checkpoint a run continues from.
+  TrainingState resume(const std::string& path, const TrainingState& now);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,224 @@
+#include "ckpt/sources.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/format.h"
+#include "ckpt/hf.h"
+#include "ckpt/safetensors_torch.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/strings.h"
+
+namespace fsdp::ckpt {
+
+namespace {
+
+using json = nlohmann::json;
+
+// SHARDED_STATE_DICT: index.json says which rows of which tensor are in which shard file; files
+// are mapped when first read, so a rank opens only those holding its rows.
+class ShardedSource final : public Source {
+ public:
+  explicit ShardedSource(const std::string& dir) : dir_(dir) {
+    const std::string where = path_in(dir, kIndex);
+    const json j = parse_json_file(where);
+    try {
+      FSDP_CHECK(j.at("format").get<std::string>() == "fsdptrain-sharded", "[ckpt] ", where,
+                 ": not an fsdptrain sharded index");
+      for (const auto& f : j.at("files")) files_.push_back(f.get<std::string>());
+      for (const auto& [name, t] : j.at("tensors").items()) {
+        Entry e;
+        const auto dtype = dtype_from_name(t.at("dtype").get<std::string>());
+        FSDP_CHECK(dtype, "[ckpt] ", where, ": ", name, " has an unknown dtype");
+        e.info.dtype = *dtype;
+        e.info.shape = t.at("shape").get<std::vector<int64_t>>();
+        int64_t next = 0;
+        for (const auto& p : t.at("pieces")) {
+          Piece piece;
+          piece.file = p.at("file").get<size_t>();
+          piece.r0 = p.at("rows").at(0).get<int64_t>();
+          piece.r1 = p.at("rows").at(1).get<int64_t>();
+          piece.byte0 = p.at("bytes").at(0).get<uint64_t>();
+          FSDP_CHECK(piece.file < files_.size() && piece.r0 == next && piece.r1 > piece.r0, "[ckpt] ", where, ": ",
+                     name, "'s pieces do not cover its rows in order; the index is corrupt");
+          next = piece.r1;
+          e.pieces.push_back(piece);
+        }
+        const int64_t dim0 = e.info.shape.empty() ? 1 : e.info.shape[0];
+        FSDP_CHECK(next == dim0, "[ckpt] ", where, ": ", name, "'s pieces cover ", next, " of ", dim0,
+                   " rows; the index is corrupt");
+        infos_[name] = e.info;
+        entries_[name] = std::move(e);
+      }
+    } catch (const json::exception& e) {
+      throw InputError(str("[ckpt] ", where, ": ", e.what(), "; the index is corrupt"));
+    }
+  }
+  void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const override {
+    for (const Piece& p : entries_.at(name).pieces)
+      if (p.r0 < r1 && r0 < p.r1) out.insert(files_[p.file]);
+  }
+  at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
+    const Entry& e = entries_.at(name);
+    std::vector<int64_t> shape = e.info.shape;
+    if (shape.empty()) shape.push_back(1);
+    shape[0] = r1 - r0;
+    at::Tensor out = at::empty(shape, at::kFloat);
+    for (const Piece& p : e.pieces) {
+      const int64_t lo = std::max(r0, p.r0), hi = std::min(r1, p.r1);
+      if (lo >= hi) continue;
+      const SafetensorsFile& f = open(p.file);
+      const TensorInfo* t = f.header().find(name);
+      FSDP_CHECK(t != nullptr && f.header().data_start + t->begin == p.byte0 &&
+                     (t->shape.empty() ? 1 : t->shape[0]) == p.r1 - p.r0,
+                 "[ckpt] ", f.path(), " does not hold rows [", p.r0, ", ", p.r1, ") of ", name,
+                 " where index.json says; the checkpoint is corrupt");
+      out.narrow(0, lo - r0, hi - lo).copy_(read_rows_fp32(f, *t, lo - p.r0, hi - p.r0));
+    }
+    return out;
+  }
+
+ private:
+  struct Piece {
+    size_t file = 0;
+    int64_t r0 = 0, r1 = 0;
+    uint64_t byte0 = 0;
+  };
+  struct Entry {
+    StoredInfo info;
+    std::vector<Piece> pieces;
+  };
+  const SafetensorsFile& open(size_t file) {
+    auto& f = open_[file];
+    if (!f) f = std::make_unique<SafetensorsFile>(path_in(dir_, files_[file]));
+    return *f;
+  }
+  std::string dir_;
+  std::vector<std::string> files_;
+  std::map<std::string, Entry> entries_;
+  std::map<size_t, std::unique_ptr<SafetensorsFile>> open_;
+};
+
+// FULL_STATE_DICT (and any Hugging Face folder): whole tensors in the model files, and the AdamW
+// state in optimizer.safetensors when there is one.
+class FullSource final : public Source {
+ public:
+  explicit FullSource(const std::string& dir) : hf_(dir) {
+    for (const auto& [name, where] : hf_.tensors()) add(*where.first, *where.second);
+    if (file_exists(path_in(dir, kOptimizer))) {
+      optimizer_ = std::make_unique<SafetensorsFile>(path_in(dir, kOptimizer));
+      for (const TensorInfo& t : optimizer_->header().tensors) add(*optimizer_, t);
+    }
+  }
+  void files(const std::string& name, int64_t, int64_t, std::set<std::string>& out) const override {
+    const std::string& path = entries_.at(name).file->path();
+    out.insert(path.substr(path.rfind('/') + 1));
+  }
+  at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
+    const Entry& e = entries_.at(name);
+    return read_rows_fp32(*e.file, *e.tensor, r0, r1);
+  }
+
+ private:
+  struct Entry {
+    const SafetensorsFile* file = nullptr;
+    const TensorInfo* tensor = nullptr;
+  };
+  void add(const SafetensorsFile& f, const TensorInfo& t) {
+    infos_[t.name] = StoredInfo{t.dtype, t.shape};
+    entries_[t.name] = {&f, &t};
+  }
+  HfCheckpoint hf_;
+  std::unique_ptr<SafetensorsFile> optimizer_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace
+
+std::unique_ptr<Source> open_source(const std::string& dir) {
+  if (file_exists(path_in(dir, kIndex))) return std::make_unique<ShardedSource>(dir);
+  return std::make_unique<FullSource>(dir);
+}
+
+std::unique_ptr<Source> open_hf_source(const std::string& dir) {
+  return std::make_unique<FullSource>(dir);
+}
+
+std::vector<Slot> slots_of(const ShardedModel& model) {
+  std::vector<Slot> out;
+  for (size_t g = 0; g < model.groups().size(); ++g)
+    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i)
+      out.push_back({g, i, &model.groups()[g]->params()[i]});
+  return out;
+}
+
+at::Tensor state_rows(const at::Tensor& flat, const ShardedParam& p) {
+  std::vector<int64_t> shape = p.layout.shape;
+  shape[0] = p.layout.chunk_rows();
+  return flat.narrow(0, p.offset, p.layout.shard_numel()).view(shape);
+}
+
+std::string stored_name(const Source& src, const ShardedParam& p) {
+  if (src.info(p.name)) return p.name;
+  for (const std::string& a : p.aliases)
+    if (src.info(a)) return a;
+  return p.name;
+}
+
+void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool optimizer, const std::string& where,
+                         const std::string& hint) {
+  std::map<std::string, std::vector<int64_t>> stored;
+  for (const std::string& name : src.names()) stored[name] = src.info(name)->shape;
+  std::vector<ExpectedTensor> expected;
+  for (const Slot& s : slots) {
+    const ShardedParam& p = *s.param;
+    expected.push_back({p.name, p.layout.shape, p.aliases});
+    if (optimizer && p.trainable)
+      for (const char* prefix : {kExpAvg, kExpAvgSq}) expected.push_back({prefix + p.name, p.layout.shape, {}});
+  }
+  check_tensors_match(where, stored, expected, hint, optimizer ? "" : "optim.");
+}
+
+void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::ProcessGroup& world, bool efficient) {
+  const c10::Device device = model.options().device;
+  auto copy_rows = [&](const std::string& name, const ShardLayout& layout, const at::Tensor& dest) {
+    const int64_t n = layout.valid_rows();
+    if (!efficient || world.size() == 1) {
+      if (n > 0) dest.narrow(0, 0, n).copy_(src->rows(name, layout.first_row(), layout.first_row() + n));
+      return;
+    }
+    at::Tensor full = world.rank() == 0 ? src->rows(name, 0, layout.dim0()).to(device)
+                                        : at::empty(layout.shape, at::TensorOptions().dtype(at::kFloat).device(device));
+    world.broadcast(full, 0).wait();
+    if (n > 0) dest.narrow(0, 0, n).copy_(full.narrow(0, layout.first_row(), n));
+  };
+  c10::NoGradGuard no_grad;
+  for (const Slot& s : slots_of(model)) {
+    const ShardedParam& p = *s.param;
+    const std::string name = stored_name(*src, p);
+    copy_rows(name, p.layout, p.sharded);
+    if (adamw != nullptr && p.trainable) {
+      auto& st = adamw->mutable_state()[s.group];
+      copy_rows(kExpAvg + name, p.layout, state_rows(st.exp_avg, p));
+      copy_rows(kExpAvgSq + name, p.layout, state_rows(st.exp_avg_sq, p));
+    }
+  }
+}
+
+void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure) {
+  if (world.size() == 1) {
+    if (!failure.empty()) throw InputError(failure);
+    return;
+  }
+  at::Tensor flag = at::full({1}, failure.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device));
+  world.all_reduce(flag).wait();  // the number of ranks that refused
+  if (!failure.empty()) throw InputError(failure);
+  if (flag.item<int>() != 0)
+    throw InputError("[ckpt] another rank refused the checkpoint; that rank's error says which file and why");
+}
+
+}  // namespace fsdp::ckpt

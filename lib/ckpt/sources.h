@@ -1,0 +1,82 @@
+// Reading the tensors of a checkpoint (either format) or a Hugging Face folder by rows, and
+// filling a sharded model (and its AdamW state) with the rows each rank owns.
+//
+// A Source is used by one thread; fill() and agree() are collective over the given group.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ckpt/safetensors.h"
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "optim/adamw.h"
+
+namespace fsdp::ckpt {
+
+struct StoredInfo {
+  Dtype dtype = Dtype::kF32;
+  std::vector<int64_t> shape;
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+  // A stored tensor's dtype and global shape; null when there is none of that name.
+  const StoredInfo* info(const std::string& name) const {
+    auto it = infos_.find(name);
+    return it == infos_.end() ? nullptr : &it->second;
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, i] : infos_) out.push_back(n);
+    return out;
+  }
+  // Rows [r0, r1) of `name` as fp32 on the CPU.
+  virtual at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) = 0;
+  // The files rows [r0, r1) of `name` are read from.
+  virtual void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const = 0;
+
+ protected:
+  std::map<std::string, StoredInfo> infos_;
+};
+
+// SHARDED_STATE_DICT when `dir` has an index.json, else FULL_STATE_DICT (any Hugging Face folder,
+// plus optimizer.safetensors when there is one). Throws InputError for a malformed folder.
+std::unique_ptr<Source> open_source(const std::string& dir);
+std::unique_ptr<Source> open_hf_source(const std::string& dir);
+
+// A parameter's slot: where it lives in the engine.
+struct Slot {
+  size_t group = 0, index = 0;
+  const ShardedParam* param = nullptr;
+};
+std::vector<Slot> slots_of(const ShardedModel& model);
+
+// The rows of a parameter's AdamW state this rank holds: (chunk_rows, *shape[1:]) fp32.
+at::Tensor state_rows(const at::Tensor& flat, const ShardedParam& p);
+
+// The stored name of a parameter: its own, or one of its aliases (a tied head saved under the
+// other name).
+std::string stored_name(const Source& src, const ShardedParam& p);
+
+// Throws InputError listing every mismatch between the stored tensors and the model's parameters
+// (and their AdamW state when `optimizer`; otherwise stored optimizer state is ignored).
+void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool optimizer, const std::string& where,
+                         const std::string& hint);
+
+// Copies every parameter's rows (and AdamW state, when adamw is given) this rank owns from `src`.
+// efficient: rank 0 of `world` reads whole tensors and broadcasts them, one at a time; the others
+// read nothing (src may be null there). Collective over `world` when efficient.
+void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::ProcessGroup& world, bool efficient);
+
+// Throws on every rank when any rank's check failed (failure non-empty): the failing rank with its
+// reason, the others pointing at it. Collective over `world`.
+void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure);
+
+}  // namespace fsdp::ckpt
