@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "config/loader.h"
+#include "dist/worker_context.h"
 #include "model/llama.h"
 
 namespace fsdp::ckpt {
@@ -17,7 +18,7 @@ class FileSystem;
 namespace fsdp::train {
 
 struct TrainSummary {
-  int64_t steps = 0;
+  int64_t steps = 0;  // the last step done (a resumed run counts from the checkpoint's)
   double first_loss = 0, last_loss = 0;
   double eval_loss = 0;  // NaN when nothing was held out
   double seconds = 0;
@@ -34,8 +35,13 @@ struct TrainHooks {
   ckpt::FileSystem* checkpoint_fs = nullptr;  // null: the local one
 };
 
-// Throws InputError for a bad model config, data or checkpoint, Error for a failure during
-// training (a NaN loss names the step).
-TrainSummary run_training(const config::ResolvedConfig& rc, std::ostream& out, const TrainHooks& hooks = {});
+// Before a launch of the built-in trainer: throws InputError for a setting it cannot honour
+// (fsdp_ignored_modules), and returns warnings for keys it does not use (config::unused_by_trainer).
+std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved);
+
+// Trains on `context`'s device and ranks. Throws InputError for a bad model config, data or
+// checkpoint, Error for a failure during training (a NaN loss names the step).
+TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
+                          std::ostream& out, const TrainHooks& hooks = {});
 
 }  // namespace fsdp::train

@@ -1,0 +1,273 @@
+#include "train/training_run.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "ckpt/hf.h"
+#include "ckpt/pretrained.h"
+#include "config/show.h"
+#include "fsdp/config_map.h"
+#include "optim/schedule.h"
+#include "train/metrics.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+at::Tensor to_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols, const c10::Device& device) {
+  return at::tensor(v, at::kLong).view({rows, cols}).to(device);
+}
+
+// Sum over ranks of a double (the loss sum, a token count).
+double global_sum(dist::ProcessGroup& world, double v, const c10::Device& device) {
+  if (world.size() == 1) return v;
+  at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(device));
+  world.all_reduce(t).wait();
+  return t.item<double>();
+}
+
+// Every rank's value of v, in rank order (collective).
+std::vector<double> per_rank(dist::ProcessGroup& world, double v, const c10::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor mine = at::full({1}, v, opts), all = at::empty({world.size()}, opts);
+  if (world.size() == 1) return {v};
+  world.all_gather(all, mine).wait();
+  const at::Tensor host = all.cpu();
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + world.size());
+}
+
+// "1.2 GiB, 1.1 GiB": every rank's peak resident host memory so far (collective).
+std::string host_peaks(dist::ProcessGroup& world, const c10::Device& device) {
+  std::string out;
+  for (double b : per_rank(world, static_cast<double>(peak_memory_bytes(c10::Device(c10::kCPU))), device))
+    out += (out.empty() ? "" : ", ") + format_bytes(static_cast<long long>(b));
+  return out;
+}
+
+std::string model_config_path(const config::Config& cfg) {
+  return cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config;
+}
+
+dist::ProcessGroup init_group(const dist::WorkerContext& context) {
+  dist::GroupOptions options;
+  options.backend = context.backend;
+  options.context = context;
+  return dist::init_process_group(options);
+}
+
+}  // namespace
+
+model::LlamaConfig model_config_of(const config::Config& cfg) {
+  FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
+             "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
+             "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
+  return model::load_llama_config(model_config_path(cfg));
+}
+
+TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
+                         std::ostream& out, const TrainHooks& hooks)
+    : context_(context),
+      config_(resolved.typed),
+      out_(out),
+      world_(init_group(context)),
+      model_config_(model_config_of(config_)) {
+  say(config::format_resolved(resolved, config::ShowFormat::kTable));
+  // Data first: a bad path fails in a second, before any model is built.
+  const std::string& path = config_.data.path;
+  const int64_t T = config_.train.sequence_length;
+  tokens_ = data::read_tokens(path);
+  FSDP_CHECK(tokens_.max_token() < model_config_.vocab_size, "[data] ", path, " holds token id ",
+             tokens_.max_token(), " but the model's vocab_size is ", model_config_.vocab_size, "; raise vocab_size in ",
+             model_config_path(config_), " (byte-level text needs 257)");
+  split_ = data::split_sequences(static_cast<int64_t>(tokens_.tokens.size()), T, config_.data.eval_fraction, path);
+  loader_ = std::make_unique<data::DistributedLoader>(tokens_, 0, split_.train_sequences, T,
+                                                      config_.train.micro_batch_size, world_.rank(), world_.size(),
+                                                      static_cast<uint64_t>(config_.train.seed));
+  say(str("[train] data: ", tokens_.files.size(), " file(s), ", tokens_.tokens.size(), " tokens; ",
+          split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T, " tokens\n"));
+  build_model();
+  build_checkpointer(hooks);
+}
+
+// The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
+// Not FSDP (MULTI_CPU/MULTI_GPU): the plan replicates over every rank, plain data parallel.
+void TrainingRun::build_model() {
+  std::unique_ptr<ckpt::HfCheckpoint> pretrained;
+  if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
+  llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true);
+  fsdp::FsdpPlan plan = fsdp::fsdp_plan_from_config(config_, context_.device);
+  const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
+  plan.options.init = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape) {
+    return model::init_parameter(mc, seed, name, shape);
+  };
+  if (pretrained) {  // checked before anything is built; the weights are loaded into the shards below
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (const auto& p : llama_->named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
+    pretrained->check_matches(shapes);
+    plan.options.init = [](const std::string&, at::IntArrayRef shape) { return at::zeros(shape); };
+  }
+  sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_),
+                               fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size), plan.options);
+  if (pretrained) {
+    const bool efficient = config_.fsdp.cpu_ram_efficient_loading;
+    const std::string before = host_peaks(world_, context_.device);
+    const Clock::time_point t = Clock::now();
+    ckpt::load_pretrained(*sharded_, config_.model.pretrained, world_, efficient);
+    say(str("[train] loaded ", config_.model.pretrained, " in ", seconds_since(t), " s (",
+            efficient ? "rank 0 read it and sent each rank its rows" : "each rank read its own rows",
+            "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));
+  }
+  const config::OptimConfig& o = config_.optimizer;
+  adamw_ = std::make_unique<optim::ShardedAdamW>(
+      *sharded_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+  const auto bytes = sharded_->persistent_bytes();
+  say(str("[train] model: ", model_config_.num_parameters(), " parameters, ", sharded_->groups().size(),
+          " units; per rank ", format_bytes(bytes.params), " of fp32 shards + ", format_bytes(bytes.grads),
+          " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ", world_.size(), " rank(s) on ",
+          context_.device.str(), "\n"));
+}
+
+void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
+  const config::CheckpointConfig& c = config_.checkpoint;
+  if (c.dir.empty() && c.resume.empty()) return;
+  ckpt::CheckpointOptions options;
+  options.dir = c.dir;
+  options.keep = c.keep;
+  options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
+                                                                                          : ckpt::Format::kFull;
+  options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
+  options.fs = hooks.checkpoint_fs;
+  options.log = context_.is_main() ? &out_ : nullptr;
+  checkpointer_ = std::make_unique<ckpt::Checkpointer>(*sharded_, *adamw_, model_config_, world_, options);
+}
+
+int64_t TrainingRun::resume() {
+  const config::CheckpointConfig& c = config_.checkpoint;
+  if (c.resume.empty()) return 1;
+  const std::string path = c.resume == "latest" ? ckpt::latest_checkpoint(c.dir) : c.resume;
+  if (path.empty()) {
+    say(str("[train] checkpoint.resume is latest but ", c.dir, " holds no complete checkpoint; starting at step 1\n"));
+    return 1;
+  }
+  const std::string before = host_peaks(world_, context_.device);
+  const ckpt::TrainingState saved = checkpointer_->resume(path, state_at(0));
+  say(str("[train] peak host memory per rank: ", before, " before loading, ", host_peaks(world_, context_.device),
+          " after\n"));
+  loader_->set_position({saved.loader_epoch, saved.loader_offset});
+  resumed_from_ = saved.step;
+  if (saved.step >= config_.train.steps)
+    say(str("[train] ", path, " is at step ", saved.step, " and train.steps is ", config_.train.steps,
+            ": nothing left to train; raise train.steps to continue\n"));
+  return saved.step + 1;
+}
+
+double TrainingRun::tokens_per_step() const {
+  const config::TrainConfig& t = config_.train;
+  return static_cast<double>(world_.size() * t.micro_batch_size * t.sequence_length * t.gradient_accumulation_steps);
+}
+
+// The summed token losses of one micro-batch of `rows` sequences, through the sharded model.
+at::Tensor TrainingRun::loss_sum(const data::DistributedLoader::Batch& batch, int64_t rows) {
+  const int64_t T = config_.train.sequence_length;
+  const at::Tensor x = to_tensor(batch.inputs, rows, T, context_.device);
+  const at::Tensor y = to_tensor(batch.targets, rows, T, context_.device);
+  return sharded_->forward({x, y}, [&](const TensorList& in) { return TensorList{llama_->loss_sum(in[0], in[1])}; })[0];
+}
+
+StepResult TrainingRun::train_step(int64_t step) {
+  const Clock::time_point start = Clock::now();
+  const config::TrainConfig& t = config_.train;
+  StepResult result;
+  result.lr = optim::learning_rate(config_.schedule, config_.optimizer.lr, step, t.steps);
+  adamw_->set_lr(result.lr);
+  // Each rank's loss sum is scaled so the ranks' averaged gradients are those of the mean over the
+  // global batch's tokens.
+  const int64_t accum = t.gradient_accumulation_steps;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < accum; ++micro) {
+    sharded_->set_requires_gradient_sync(micro == accum - 1);
+    const at::Tensor loss = this->loss_sum(loader_->next(), t.micro_batch_size);
+    (loss / static_cast<double>(t.micro_batch_size * t.sequence_length * accum)).backward();
+    loss_sum += loss.item<double>();
+  }
+  result.loss = global_sum(world_, loss_sum, context_.device) / tokens_per_step();
+  // Every rank sees the same loss and norm, so every rank skips or throws alike.
+  result.grad_norm =
+      std::isfinite(result.loss) ? optim::clip_grad_norm(*sharded_, config_.optimizer.grad_clip) : result.loss;
+  if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
+    const std::string what = std::isfinite(result.loss) ? str("the gradient norm is ", result.grad_norm)
+                                                        : str("the loss is ", result.loss);
+    if (!t.skip_nonfinite_loss)
+      throw Error(str("[train] ", what, " at step ", step, "; lower optimizer.lr (it was ", result.lr,
+                      "), check the data, or set train.skip_nonfinite_loss: true to skip such steps"));
+    result.skipped = what;
+  } else {
+    adamw_->step();
+  }
+  sharded_->zero_grad();
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+double TrainingRun::evaluate() {
+  const int64_t batch = std::min<int64_t>(config_.train.micro_batch_size, split_.eval_sequences / world_.size());
+  if (batch < 1) return std::numeric_limits<double>::quiet_NaN();
+  data::DistributedLoader eval_loader(tokens_, split_.train_sequences, split_.eval_sequences,
+                                      config_.train.sequence_length, batch, world_.rank(), world_.size(),
+                                      static_cast<uint64_t>(config_.train.seed));
+  c10::NoGradGuard no_grad;
+  double sum = 0, count = 0;
+  const int64_t batches =
+      std::min<int64_t>(config_.train.eval_batches, split_.eval_sequences / (batch * world_.size()));
+  for (int64_t i = 0; i < batches; ++i) {
+    sum += loss_sum(eval_loader.next(), batch).item<double>();
+    count += static_cast<double>(batch * config_.train.sequence_length);
+  }
+  return global_sum(world_, sum, context_.device) / global_sum(world_, count, context_.device);
+}
+
+ckpt::TrainingState TrainingRun::state_at(int64_t step) const {
+  ckpt::TrainingState s;
+  s.step = step;
+  s.optimizer_steps = adamw_->steps();
+  s.loader_epoch = loader_->position().epoch;
+  s.loader_offset = loader_->position().offset;
+  s.seed = config_.train.seed;
+  s.sequence_length = config_.train.sequence_length;
+  s.train_sequences = split_.train_sequences;
+  s.world_size = world_.size();
+  return s;
+}
+
+void TrainingRun::save_checkpoint(int64_t step) {
+  checkpointer_->save(state_at(step));
+}
+
+void TrainingRun::wait_for_checkpoint() {
+  if (checkpointer_) checkpointer_->wait();
+}
+
+void TrainingRun::export_hf(int64_t step) {
+  const std::string dir = str(config_.checkpoint.export_dir, "/step-", step);
+  const Clock::time_point t = Clock::now();
+  ckpt::export_hf(*sharded_, model_config_, dir);
+  say(str("[train] exported a Hugging Face folder to ", dir, " in ", seconds_since(t), " s\n"));
+}
+
+void TrainingRun::say(const std::string& line) const {
+  if (context_.is_main()) out_ << line << std::flush;
+}
+
+}  // namespace fsdp::train
