@@ -1,0 +1,178 @@
+// env, config (the wizard) and config default/show/validate/update/keys.
+#include <unistd.h>
+
+#include <iostream>
+#include <map>
+
+#include "commands.h"
+#include "config/commands.h"
+#include "config/show.h"
+#include "config/validate.h"
+#include "config/wizard.h"
+#include "config/worker_env.h"
+#include "config_args.h"
+#include "launch/env_report.h"
+#include "dist/build_info.h"
+#include "util/files.h"
+
+namespace fsdp::cli {
+
+namespace {
+
+class EnvCommand final : public ConfigCommand {
+ public:
+  EnvCommand()
+      : ConfigCommand("env", "Print versions, GPUs, cores, memory and the resolved config (for bug reports)") {}
+  int run() override {
+    std::string source;
+    const config::ConfigInputs in = args_.inputs(&source);
+    std::cout << launch::env_report(in, source);
+    return 0;
+  }
+};
+
+class WizardCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app = parent.add_subcommand("config",
+                                          "Create a config interactively (the Accelerate wizard's questions), or "
+                                          "default/show/validate/update/keys");
+    app->add_option("--config_file,--config-file", path_,
+                    "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
+    app->add_option("--answers", answers_file_, "YAML file of answers by question id (no terminal needed)");
+    app->add_flag("--list-questions,--list_questions", list_questions_,
+                  "Print every question id and prompt, then exit");
+    flags_.add_to(app);
+    return app;
+  }
+  int run() override {
+    if (list_questions_) {
+      for (const auto& q : config::wizard_questions()) std::cout << q.id << ": " << q.prompt << "\n";
+      return 0;
+    }
+    std::map<std::string, std::string> preset;
+    if (!answers_file_.empty()) preset = config::read_wizard_answers(answers_file_);
+    for (const auto& [key, value] : flags_.given()) preset[key] = value;
+    const config::WizardResult r = config::run_wizard(std::cin, std::cout, preset, ::isatty(STDIN_FILENO));
+    const std::string path = path_.empty() ? config::fsdptrain_default_config_path() : path_;
+    write_file_atomic(path, r.yaml);
+    std::cout << "fsdptrain configuration saved at " << path << "\n";
+    return 0;
+  }
+
+ private:
+  std::string path_, answers_file_;
+  bool list_questions_ = false;
+  TableFlags flags_;
+};
+
+class DefaultCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app = parent.add_subcommand("default", "Write an FSDP2 config for this machine without questions");
+    app->add_option("--config_file,--config-file", path_,
+                    "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
+    app->add_option("--mixed_precision,--mixed-precision", mixed_precision_, "no, fp16 or bf16")
+        ->check(CLI::IsMember({"no", "fp16", "bf16"}));
+    return app;
+  }
+  int run() override {
+    const std::string path = config::write_default_config({path_, mixed_precision_, cuda_device_count()});
+    std::cout << "fsdptrain configuration saved at " << path << "\n";
+    return 0;
+  }
+
+ private:
+  std::string path_, mixed_precision_ = "no";
+};
+
+class ShowCommand final : public ConfigCommand {
+ public:
+  ShowCommand()
+      : ConfigCommand("show", "Print every resolved value with its origin (flag, --set, file:line, default)") {}
+  void add_flags(CLI::App* app) override {
+    app->add_option("--format", format_, "table, yaml (a config file) or json")
+        ->check(CLI::IsMember({"table", "yaml", "json"}));
+    app->add_flag("--env", env_, "Also print the ACCELERATE_*/FSDP_* variables each worker gets");
+  }
+  int run() override {
+    const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
+    const config::ShowFormat f = format_ == "yaml"   ? config::ShowFormat::kYaml
+                                 : format_ == "json" ? config::ShowFormat::kJson
+                                                     : config::ShowFormat::kTable;
+    std::cout << config::format_resolved(rc, f);
+    if (env_ && f == config::ShowFormat::kTable) {
+      std::cout << "# worker environment (plus RANK, LOCAL_RANK, WORLD_SIZE, ... per rank)\n";
+      for (const auto& [k, v] : config::worker_env(rc)) std::cout << k << "=" << v << "\n";
+    }
+    return 0;
+  }
+
+ private:
+  std::string format_ = "table";
+  bool env_ = false;
+};
+
+class ValidateCommand final : public ConfigCommand {
+ public:
+  ValidateCommand()
+      : ConfigCommand("validate", "Check a config; report every problem with file:line:col", /*positional_file=*/true) {}
+  int run() override {
+    const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
+    std::cout << args_.file << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
+              << rc.typed.launch.num_processes << " process(es)\n";
+    return 0;
+  }
+};
+
+class UpdateCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app = parent.add_subcommand("update", "Rewrite a config in today's format with every default filled in");
+    app->add_option("--config_file,--config-file", path_, "The file (default: the default config file)");
+    app->add_flag("--to-fsdp2,--to_fsdp2", to_fsdp2_, "Also convert FSDP1 keys to FSDP2 (as `fsdptrain to-fsdp2`)");
+    app->add_flag("--force", force_, "Accept a lossy FSDP1 -> FSDP2 conversion");
+    return app;
+  }
+  int run() override {
+    std::cout << config::update_config({path_, to_fsdp2_, force_});
+    return 0;
+  }
+
+ private:
+  std::string path_;
+  bool to_fsdp2_ = false, force_ = false;
+};
+
+class KeysCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app =
+        parent.add_subcommand("keys", "List every config key: type, default, CLI flag, worker env variable");
+    app->add_flag("--markdown", markdown_, "As a Markdown table");
+    return app;
+  }
+  int run() override {
+    std::cout << config::format_option_table(markdown_);
+    return 0;
+  }
+
+ private:
+  bool markdown_ = false;
+};
+
+}  // namespace
+
+std::vector<CommandRow> config_commands() {
+  std::vector<CommandRow> rows;
+  rows.push_back({"", std::make_unique<EnvCommand>()});
+  rows.push_back({"", std::make_unique<WizardCommand>()});
+  rows.push_back({"config", std::make_unique<DefaultCommand>()});
+  rows.push_back({"config", std::make_unique<ShowCommand>()});
+  rows.push_back({"config", std::make_unique<ValidateCommand>()});
+  rows.push_back({"config", std::make_unique<UpdateCommand>()});
+  rows.push_back({"config", std::make_unique<KeysCommand>()});
+  return rows;
+}
+
+}  // namespace fsdp::cli

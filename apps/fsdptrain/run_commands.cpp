@@ -1,0 +1,225 @@
+// launch, the hidden worker, estimate-memory, merge-weights, to-fsdp2.
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include "ckpt/merge_weights.h"
+#include "commands.h"
+#include "config/to_fsdp2.h"
+#include "config_args.h"
+#include "dist/worker_context.h"
+#include "launch/health_check.h"
+#include "launch/launcher.h"
+#include "train/estimate_memory.h"
+#include "train/trainer.h"
+#include "util/error.h"
+#include "util/log.h"
+#include "util/strings.h"
+
+namespace fsdp::cli {
+
+namespace {
+
+// "64K", "1M", "2G" or a plain number of bytes.
+int64_t parse_size(const std::string& text) {
+  const std::string t = trim(text);
+  int64_t unit = 1;
+  std::string digits = t;
+  if (!t.empty() && std::string("KkMmGg").find(t.back()) != std::string::npos) {
+    const char u = static_cast<char>(std::toupper(t.back()));
+    unit = u == 'K' ? 1 << 10 : u == 'M' ? 1 << 20 : int64_t{1} << 30;
+    digits = t.substr(0, t.size() - 1);
+  }
+  auto n = parse_int(digits);
+  FSDP_CHECK(n && *n > 0, "--check_sizes: expected sizes such as 64K,1M,16M; got ", quoted(text));
+  return *n * unit;
+}
+
+std::string self_executable() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  FSDP_ASSERT(n > 0, "cannot read /proc/self/exe");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+class LaunchCommand final : public ConfigCommand {
+ public:
+  explicit LaunchCommand(std::vector<std::string> program)
+      : ConfigCommand("launch",
+                      "Start and supervise the workers of this machine: with no program, the built-in trainer on the "
+                      "config's model and data; or `fsdptrain launch [flags] -- PROGRAM ARGS...` (or SCRIPT.py "
+                      "ARGS..., run with python3); or --check"),
+        program_(std::move(program)) {
+    args_.with_scheduler = true;
+  }
+  void add_flags(CLI::App* app) override {
+    app_ = app;
+    app->add_flag("--dry-run,--dry_run", options_.dry_run,
+                  "Print each local rank's environment and command; start nothing");
+    app->add_flag("--check", check_,
+                  "Run the distributed health check: every collective on several sizes, verified, with bus "
+                  "bandwidth");
+    app->add_option("--check_sizes,--check-sizes", check_sizes_, "Buffer sizes for --check, such as 64K,1M,16M");
+    app->add_option("--log_dir,--log-dir", options_.log_dir, "Also write each rank's output to LOG_DIR/rank<N>.log");
+    app->add_option("--grace_period,--grace-period", grace_s_,
+                    "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
+    app->prefix_command();
+  }
+
+  int run() override {
+    options_.command = app_->remaining();
+    options_.command.insert(options_.command.end(), program_.begin(), program_.end());
+    FSDP_CHECK(!(check_ && !options_.command.empty()), "fsdptrain launch: give either --check or a command, not both");
+    FSDP_CHECK(grace_s_ >= 0, "--grace_period: expected seconds >= 0, got ", grace_s_);
+    options_.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000));
+    const config::ConfigInputs inputs = args_.inputs();
+    const config::ResolvedConfig rc = config::load_config_or_throw(inputs);
+    const bool built_in = check_ || options_.command.empty();  // our own worker, which reads the config too
+    if (check_) {
+      options_.command = {self_executable(), "worker", "--check"};
+      for (const auto& s : check_sizes_) options_.command.insert(options_.command.end(), {"--check_sizes", s});
+    } else if (options_.command.empty()) {
+      FSDP_CHECK(!rc.typed.model.config.empty() || !rc.typed.model.pretrained.empty(),
+                 "fsdptrain launch: nothing to run; the config has no model.config or model.pretrained for the "
+                 "built-in trainer (see configs/quickstart.yaml), and no program was given after `--` (fsdptrain "
+                 "launch -- python3 train.py), nor a .py script or --check");
+      for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
+      options_.command = {self_executable(), "worker", "--train"};
+    }
+    if (built_in) {
+      const std::vector<std::string> forwarded = ConfigArgs::forward(inputs);
+      options_.command.insert(options_.command.end(), forwarded.begin(), forwarded.end());
+    }
+    return launch::run_launch(rc, options_, std::cout);
+  }
+
+ private:
+  CLI::App* app_ = nullptr;
+  launch::LaunchOptions options_;
+  bool check_ = false;
+  double grace_s_ = 5;
+  std::vector<std::string> program_, check_sizes_;
+};
+
+// What `fsdptrain launch` runs in each worker process: the built-in trainer (--train) or the
+// health check (--check), with the launch's config arguments (ConfigArgs::forward).
+class WorkerCommand final : public ConfigCommand {
+ public:
+  WorkerCommand() : ConfigCommand("worker", "") { args_.with_scheduler = true; }
+  void add_flags(CLI::App* app) override {
+    app->group("");  // hidden: started by launch
+    app->add_flag("--check", check_);
+    app->add_option("--check_sizes", check_sizes_);
+    app->add_flag("--train", train_);
+  }
+  int run() override {
+    FSDP_CHECK(check_ || train_, "fsdptrain worker: nothing to do (it is started by `fsdptrain launch`)");
+    const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
+    const dist::WorkerContext context = dist::worker_context(rc.typed.launch.use_cpu);
+    if (train_) {
+      train::run_training(context, rc, std::cout);
+      return 0;
+    }
+    dist::GroupOptions group_options;
+    group_options.backend = context.backend;
+    group_options.context = context;
+    dist::ProcessGroup group = dist::init_process_group(group_options);
+    launch::HealthCheckOptions options;
+    options.cuda = context.device.is_cuda();
+    for (const auto& s : check_sizes_)
+      for (const auto& part : split(s, ',')) options.sizes.push_back(parse_size(part));
+    launch::run_health_check(group, options, std::cout);
+    return 0;
+  }
+
+ private:
+  bool check_ = false, train_ = false;
+  std::vector<std::string> check_sizes_;
+};
+
+class EstimateMemoryCommand final : public ConfigCommand {
+ public:
+  EstimateMemoryCommand()
+      : ConfigCommand("estimate-memory",
+                      "Per-rank memory of the config's model, batch and FSDP settings, with and without offload and "
+                      "activation checkpointing (--num_processes W to try another world size)") {}
+  int run() override {
+    const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
+    std::cout << train::format_memory_estimate(rc.typed, train::model_config_of(rc.typed),
+                                               rc.typed.launch.num_processes);
+    return 0;
+  }
+};
+
+class MergeWeightsCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app = parent.add_subcommand(
+        "merge-weights",
+        "Merge a training checkpoint (SHARDED_STATE_DICT or FULL_STATE_DICT) into a Hugging Face folder that "
+        "transformers loads with from_pretrained");
+    app->add_option("CHECKPOINT_DIR", in_,
+                    "A checkpoint folder (step-N), or a folder holding them (checkpoint.dir: the newest is merged)")
+        ->required();
+    app->add_option("OUTPUT_DIR", out_, "The Hugging Face folder to create (must not exist)")->required();
+    app->add_option("--max_shard_size,--max-shard-size", max_shard_,
+                    "Split the weights into model-0000k-of-0000n.safetensors files above this size (default 5GB)");
+    return app;
+  }
+  int run() override {
+    ckpt::merge_weights(in_, out_, parse_byte_size(max_shard_, "--max_shard_size"), std::cout);
+    return 0;
+  }
+
+ private:
+  std::string in_, out_, max_shard_ = "5GB";
+};
+
+class ToFsdp2Command final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app =
+        parent.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
+    app->add_option("--config_file,--config-file", request_.config_file, "The FSDP1 config to convert")->required();
+    app->add_option("--output_file,--output-file", request_.output_file, "Where to write the FSDP2 config");
+    app->add_flag("--overwrite", request_.overwrite,
+                  "Rewrite --config_file in place (or replace an existing --output_file)");
+    app->add_flag("--dry-run,--dry_run", request_.dry_run, "Print the change as a unified diff; write nothing");
+    app->add_flag("--force", request_.force,
+                  "Accept lossy changes (NO_SHARD, LOCAL_STATE_DICT, forward_prefetch: true, use_orig_params: false)");
+    return app;
+  }
+  int run() override {
+    std::cout << config::run_to_fsdp2(request_);
+    return 0;
+  }
+
+ private:
+  config::ToFsdp2Command request_;
+};
+
+}  // namespace
+
+std::vector<std::string> take_program_after_dashes(std::vector<std::string>& args) {
+  std::vector<std::string> program;
+  if (args.empty() || args[0] != "launch") return program;
+  auto dashes = std::find(args.begin(), args.end(), "--");
+  if (dashes == args.end()) return program;
+  program.assign(dashes + 1, args.end());
+  args.erase(dashes, args.end());
+  FSDP_CHECK(!program.empty(), "fsdptrain launch: nothing after `--`; give the program to run");
+  return program;
+}
+
+std::vector<CommandRow> run_commands(std::vector<std::string> program) {
+  std::vector<CommandRow> rows;
+  rows.push_back({"", std::make_unique<LaunchCommand>(std::move(program))});
+  rows.push_back({"", std::make_unique<WorkerCommand>()});
+  rows.push_back({"", std::make_unique<EstimateMemoryCommand>()});
+  rows.push_back({"", std::make_unique<MergeWeightsCommand>()});
+  rows.push_back({"", std::make_unique<ToFsdp2Command>()});
+  return rows;
+}
+
+}  // namespace fsdp::cli
