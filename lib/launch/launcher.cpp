@@ -8,6 +8,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "launch/cpu_affinity.h"
 #include "launch/rendezvous.h"
 #include "launch/worker_group.h"
 #include "launch/worker_plan.h"
@@ -70,6 +71,7 @@ void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, std:
     out << "env";
     for (const auto& [k, v] : w.env) out << " \\\n  " << k << "=" << shell_quote(v);
     out << " \\\n ";
+    if (!w.cpus.empty()) out << " taskset -c " << format_cpu_list(w.cpus);
     for (const auto& a : w.argv) out << " " << shell_quote(a);
     out << "\n";
   }

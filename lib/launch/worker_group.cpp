@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -14,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "launch/cpu_affinity.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/log.h"
@@ -106,6 +108,11 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
     std::vector<std::string> env = merged_env(spec.env);
     std::vector<std::string> argv = spec.argv;
     std::vector<char*> c_env = c_strings(env), c_argv = c_strings(argv);
+    cpu_set_t cpus;  // enable_cpu_affinity: the child pins itself before exec
+    CPU_ZERO(&cpus);
+    for (int c : spec.cpus) CPU_SET(c, &cpus);
+    const std::string pin_warning =
+        str("[launch] warning: cannot pin rank ", spec.rank, " to CPUs ", format_cpu_list(spec.cpus), "\n");
     // Signals stay blocked across fork until the child has dropped the launcher's handlers: a
     // SIGTERM that reaches the child earlier must kill it, not run the launcher's handler there.
     sigset_t all, saved;
@@ -122,6 +129,8 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::dup2(out_pipe[1], 1);
       ::dup2(err_pipe[1], 2);
+      if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0)
+        write_all(2, pin_warning);
       ::execvpe(c_argv[0], c_argv.data(), c_env.data());
       const std::string msg = str("[launch] cannot run ", c_argv[0], ": ", std::strerror(errno), "\n");
       write_all(2, msg);

@@ -30,10 +30,24 @@ std::string omp_threads() {
   return v && *v ? std::string(v) : "1";
 }
 
+// With enable_cpu_affinity, each local worker's cores; otherwise none (not pinned).
+std::vector<std::vector<int>> worker_cpus(const config::LaunchConfig& l, int local_world_size, const CpuFacts* facts) {
+  if (!l.enable_cpu_affinity) return std::vector<std::vector<int>>(static_cast<size_t>(local_world_size));
+  std::vector<int> gpus;  // each local worker's GPU, as NVML numbers them
+  if (!l.use_cpu) {
+    const std::vector<std::string> ids = l.gpu_ids == "all" ? std::vector<std::string>{} : split(l.gpu_ids, ',');
+    for (int local = 0; local < local_world_size; ++local)
+      gpus.push_back(ids.empty() ? local : static_cast<int>(*parse_int(ids[static_cast<size_t>(local) % ids.size()])));
+  }
+  return plan_cpu_affinity(local_world_size, gpus, facts ? *facts : cpu_facts());
+}
+
 }  // namespace
 
 std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Topology& t,
-                                     const std::vector<std::string>& command, int restart_count) {
+                                     const std::vector<std::string>& command, int restart_count,
+                                     const CpuFacts* cpus) {
+  const std::vector<std::vector<int>> pinned = worker_cpus(rc.typed.launch, t.local_world_size, cpus);
   std::vector<std::string> argv = command;
   if (!argv.empty() && ends_with(argv.front(), ".py")) argv.insert(argv.begin(), {"python3", "-u"});
   const EnvList common = config::worker_env(rc);
@@ -70,6 +84,7 @@ std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Top
         {"FSDPTRAIN_PROGRESS", ::isatty(STDOUT_FILENO) ? "1" : "0"},
     };
     w.env.insert(w.env.end(), common.begin(), common.end());
+    w.cpus = pinned[static_cast<size_t>(local)];
     out.push_back(std::move(w));
   }
   return out;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/loader.h"
+#include "launch/cpu_affinity.h"
 
 namespace fsdp::launch {
 
@@ -30,11 +31,14 @@ struct WorkerSpec {
   int local_rank = 0;
   std::vector<std::string> argv;
   EnvList env;  // set on top of the launcher's own environment
+  std::vector<int> cpus;  // the cores it is pinned to (enable_cpu_affinity); empty: not pinned
 };
 
 // `command` is what to run: a program and its arguments, or a script ending in .py (run as
-// `python3 -u script ...`, as accelerate does). `restart_count` is the attempt (0 first).
+// `python3 -u script ...`, as accelerate does). `restart_count` is the attempt (0 first). `cpus`:
+// this machine's cores and GPUs, used with enable_cpu_affinity (null: cpu_facts()).
 std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Topology& topology,
-                                     const std::vector<std::string>& command, int restart_count);
+                                     const std::vector<std::string>& command, int restart_count,
+                                     const CpuFacts* cpus = nullptr);
 
 }  // namespace fsdp::launch

@@ -363,3 +363,44 @@ TEST_CASE("regression: a SIGTERM that reaches a worker just after fork never cou
   CHECK(contains(r.err, "no restarts left (--max_restarts 4)"));
   CHECK(count_processes(m) == 0);
 }
+
+namespace {
+
+// "Cpus_allowed_list:\t0-3" from a worker's /proc/self/status, as printed under "[rank N] ".
+std::string allowed_cpus_of(const std::string& out, int rank) {
+  const std::string tag = "[rank " + std::to_string(rank) + "] Cpus_allowed_list:";
+  const size_t at = out.find(tag);
+  if (at == std::string::npos) return "";
+  const size_t begin = out.find_first_not_of(" \t", at + tag.size());
+  return out.substr(begin, out.find('\n', begin) - begin);
+}
+
+}  // namespace
+
+TEST_CASE("enable_cpu_affinity pins each CPU worker to its own share of the cores") {
+  const std::vector<std::string> common{"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes",
+                                        "2", "--main_process_port", "0"};
+  const std::vector<std::string> program{"--", "/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
+  std::vector<std::string> pinned = common, free = common;
+  pinned.push_back("--enable_cpu_affinity");
+  pinned.insert(pinned.end(), program.begin(), program.end());
+  free.insert(free.end(), program.begin(), program.end());
+  const Result r = run(pinned), unpinned = run(free);
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  REQUIRE(unpinned.code == 0);
+  const std::string cpus0 = allowed_cpus_of(r.out, 0), cpus1 = allowed_cpus_of(r.out, 1);
+  const std::string all = allowed_cpus_of(unpinned.out, 0);
+  CHECK(!cpus0.empty());
+  CHECK(!cpus1.empty());
+  if (std::thread::hardware_concurrency() >= 2) {
+    CHECK(cpus0 != cpus1);  // disjoint halves of the launcher's cores
+    CHECK(cpus0 != all);
+  }
+  // --dry-run shows the pinning as taskset would spell it.
+  std::vector<std::string> dry = pinned;
+  dry.insert(dry.begin() + 1, "--dry-run");
+  const Result d = run(dry);
+  CHECK(d.code == 0);
+  CHECK(d.out.find("taskset -c " + cpus0) != std::string::npos);
+}
