@@ -57,6 +57,13 @@ enum class ValueType {
 
 enum class FsdpVersions { kAny, kV1Only, kV2Only };
 
+// The parts of fsdptrain that read an option (a bit set). An option with an `env` variable also
+// reaches the programs `launch` runs; one that neither part reads only reaches them.
+enum Consumer : unsigned {
+  kLauncher = 1,  // lib/launch: processes, rendezvous, supervision, pinning
+  kTrainer = 2,   // the built-in trainer and the engine it drives (lib/train, lib/fsdp, lib/ckpt)
+};
+
 struct OptionSpec {
   std::string key;   // dotted YAML key: "num_processes", "fsdp_config.fsdp_offload_params"
   std::string flag;  // CLI flag without dashes ("" = none); --a_b and --a-b both work
@@ -73,8 +80,11 @@ struct OptionSpec {
   FsdpVersions versions = FsdpVersions::kAny;
   // fsdptrain's own key: Accelerate rejects it in a file, so files we write omit it unless set.
   bool extension = false;
+  unsigned used_by = 0;  // Consumer bits; 0 for ignored keys and for those only programs read
   // Writes the canonical value into Config. Called for every option, with "" when unset.
   std::function<void(Config&, const std::string&)> apply;
+  // Whether two Configs hold the same value in the field `apply` writes (rows bound to one field).
+  std::function<bool(const Config&, const Config&)> same_field;
   // Optional: a parser that replaces the one of `type` (returns canonical text or sets *error).
   std::function<std::optional<std::string>(const RawValue&, std::string* error)> parse;
 
@@ -82,6 +92,12 @@ struct OptionSpec {
   std::string leaf() const;     // "fsdp_version"
   std::string type_name() const;
 };
+
+struct ResolvedConfig;
+
+// Keys set in `rc` that the built-in trainer does not act on (only programs read them), each with
+// what to do instead: printed as warnings by `launch` when it runs the trainer.
+std::vector<std::string> unused_by_trainer(const ResolvedConfig& rc);
 
 // The whole table, in the order `config show` and --help print it.
 const std::vector<OptionSpec>& all_options();

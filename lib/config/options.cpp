@@ -2,9 +2,12 @@
 // Accelerate's three default layers (wizard, launcher, worker plugin) disagree, the default here
 // is what `accelerate launch` uses for a file that omits the key, unless `default_note` says why not.
 #include <algorithm>
+#include <map>
 #include <type_traits>
 
 #include "config/option.h"
+
+#include "config/loader.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -107,6 +110,7 @@ struct Row {
   Row& to(Section Config::*section, T Section::*field) {
     std::vector<std::string> choices = s.choices;
     s.apply = [section, field, choices](Config& c, const std::string& v) { assign(c.*section.*field, v, choices); };
+    s.same_field = [section, field](const Config& a, const Config& b) { return a.*section.*field == b.*section.*field; };
     return *this;
   }
   operator OptionSpec() const { return s; }
@@ -138,6 +142,48 @@ std::optional<std::string> parse_reshard(const RawValue& raw, std::string* error
 void apply_reshard(Config& c, const std::string& v) {
   c.fsdp.reshard_after_forward_strategy = enum_from_name<ShardingStrategy>(v, kShardingStrategyNames);
   if (v == "true" || v == "false") c.fsdp.reshard_after_forward = v == "true";
+}
+
+// Who reads each option (OptionSpec::used_by). The trainer's own sections are all the trainer's.
+void assign_consumers(std::vector<OptionSpec>& table) {
+  const std::map<std::string, unsigned> launch_and_trainer = {
+      {"compute_environment", kLauncher},
+      {"distributed_type", kLauncher | kTrainer},
+      {"mixed_precision", kTrainer},
+      {"use_cpu", kLauncher | kTrainer},
+      {"debug", kTrainer},  // LibTorch backtraces in error messages
+      {"num_processes", kLauncher},
+      {"num_machines", kLauncher},
+      {"machine_rank", kLauncher},
+      {"main_process_ip", kLauncher},
+      {"main_process_port", kLauncher},
+      {"rdzv_backend", kLauncher},
+      {"same_network", kLauncher},
+      {"gpu_ids", kLauncher},
+      {"enable_cpu_affinity", kLauncher},
+      {"max_restarts", kLauncher},
+      {"monitor_interval", kLauncher},
+      {"rdzv_timeout", kLauncher},
+      {"dist_timeout", kLauncher | kTrainer},
+      {"fsdp_config.fsdp_version", kTrainer},
+      {"fsdp_config.fsdp_reshard_after_forward", kTrainer},
+      {"fsdp_config.fsdp_sharding_strategy", kTrainer},
+      {"fsdp_config.fsdp_offload_params", kTrainer},
+      {"fsdp_config.fsdp_auto_wrap_policy", kTrainer},
+      {"fsdp_config.fsdp_transformer_layer_cls_to_wrap", kTrainer},
+      {"fsdp_config.fsdp_min_num_params", kTrainer},
+      {"fsdp_config.fsdp_state_dict_type", kTrainer},
+      {"fsdp_config.fsdp_cpu_ram_efficient_loading", kTrainer},
+      {"fsdp_config.fsdp_activation_checkpointing", kTrainer},
+      {"fsdp_config.fsdp_ignored_modules", kTrainer},  // the engine; the trainer refuses it
+      {"parallelism_config.parallelism_config_dp_replicate_size", kTrainer},
+      {"parallelism_config.parallelism_config_dp_shard_size", kTrainer},
+  };
+  for (OptionSpec& spec : table) {
+    if (spec.extension) spec.used_by = kTrainer;
+    auto it = launch_and_trainer.find(spec.key);
+    if (it != launch_and_trainer.end()) spec.used_by = it->second;
+  }
 }
 
 std::vector<OptionSpec> build_table() {
@@ -256,7 +302,7 @@ std::vector<OptionSpec> build_table() {
           .flag("enable_cpu_affinity")
           .env("ACCELERATE_CPU_AFFINITY")
           .def("false")
-          .help("Pin each worker to the CPU cores nearest its GPU")
+          .help("Pin each worker to the CPU cores nearest its GPU (on CPU: an even share of the cores)")
           .to(L, &LaunchConfig::enable_cpu_affinity),
       Row("max_restarts", V::kInt)
           .flag("max_restarts")
@@ -632,10 +678,26 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::logging, &LoggingConfig::peak_tflops),
   };
+  assign_consumers(t);
   return t;
 }
 
 }  // namespace
+
+std::vector<std::string> unused_by_trainer(const ResolvedConfig& rc) {
+  std::vector<std::string> out;
+  for (const ResolvedValue& v : rc.values) {
+    const OptionSpec& spec = *v.spec;
+    if (spec.used_by != 0 || spec.type == ValueType::kIgnored || !rc.is_set(spec.key) ||
+        v.value == spec.default_value)
+      continue;
+    if (spec.versions == FsdpVersions::kV1Only && rc.typed.fsdp.version == 2) continue;  // validation's business
+    out.push_back(str(spec.key, ": ", v.value, " (", v.origin.describe(),
+                      ") is not used by the built-in trainer", spec.env.empty() ? "" : " (programs get it as " + spec.env + ")",
+                      "; FSDP2 has no such setting, so this run behaves as without it"));
+  }
+  return out;
+}
 
 const std::vector<OptionSpec>& all_options() {
   static const std::vector<OptionSpec> table = build_table();
@@ -704,106 +766,113 @@ std::optional<bool> parse_bool(const std::string& text) {
   return std::nullopt;
 }
 
+namespace {
+
+// One value type each: the canonical text of `t`, or nullopt with *error set.
+using Canonical = std::optional<std::string>;
+
+Canonical fail(std::string* error, std::string message) {
+  *error = std::move(message);
+  return std::nullopt;
+}
+
+Canonical canonical_bool(const std::string& t, std::string* error) {
+  if (auto b = parse_bool(t)) return std::string(*b ? "true" : "false");
+  return fail(error, str("expected true or false, got ", quoted(t)));
+}
+
+Canonical canonical_int(const OptionSpec& spec, const std::string& t, std::string* error) {
+  auto n = parse_int(t);
+  if (!n) return fail(error, str("expected a whole number, got ", quoted(t)));
+  if ((spec.min_value && *n < *spec.min_value) || (spec.max_value && *n > *spec.max_value))
+    return fail(error, spec.max_value
+                           ? str("expected a whole number from ", *spec.min_value, " to ", *spec.max_value, ", got ", *n)
+                           : str("expected a whole number >= ", *spec.min_value, ", got ", *n));
+  return std::to_string(*n);
+}
+
+// Positive unless the row allows a lower bound (range(0): zero means "off" for that key).
+Canonical canonical_float(const OptionSpec& spec, const std::string& t, std::string* error) {
+  auto d = parse_float(t);
+  if (d && (spec.min_value ? *d >= static_cast<double>(*spec.min_value) : *d > 0)) return t;
+  return fail(error, spec.min_value ? str("expected a number >= ", *spec.min_value, ", got ", quoted(t))
+                                    : str("expected a positive number, got ", quoted(t)));
+}
+
+Canonical canonical_enum(const OptionSpec& spec, const std::string& t, std::string* error) {
+  for (const auto& c : spec.choices)
+    if (to_lower(c) == to_lower(t)) return c;
+  if (spec.int_aliases) {
+    if (auto n = parse_int(t); n && *n >= 1 && *n <= static_cast<long long>(spec.choices.size()))
+      return spec.choices[*n - 1];
+  }
+  for (const auto& [value, reason] : spec.unsupported)
+    if (to_upper(t) == value) return fail(error, str(quoted(t), " is not supported: ", reason));
+  std::string msg = str("expected one of ", join(spec.choices, ", "));
+  if (spec.int_aliases) msg += str(" (or 1-", spec.choices.size(), ")");
+  msg += str(", got ", quoted(t));
+  if (t.empty() || to_lower(t) == "false") msg += " (an unquoted NO/no/off in YAML 1.1 reads as false: quote it)";
+  if (auto near = closest_match(t, spec.choices)) msg += str("; did you mean ", *near, "?");
+  return fail(error, msg);
+}
+
+std::vector<std::string> items_of(const RawValue& raw, const std::string& t) {
+  return raw.shape == RawValue::Shape::kSequence ? raw.items : split(t, ',');
+}
+
+Canonical canonical_list(const RawValue& raw, const std::string& t) {
+  std::vector<std::string> out;
+  for (auto& i : items_of(raw, t)) {
+    std::string v = trim(i);
+    if (!v.empty()) out.push_back(v);
+  }
+  return join(out, ",");
+}
+
+Canonical canonical_gpu_ids(const RawValue& raw, const std::string& t, std::string* error) {
+  const std::vector<std::string> items = items_of(raw, t);
+  if (raw.shape == RawValue::Shape::kScalar && to_lower(t) == "all") return std::string("all");
+  std::vector<std::string> out;
+  for (auto& i : items) {
+    auto n = parse_int(i);
+    if (!n || *n < 0)
+      return fail(error, str("expected all or comma-separated GPU indices such as 0,1, got ",
+                             quoted(t.empty() ? join(items, ",") : t)));
+    std::string id = std::to_string(*n);
+    if (std::find(out.begin(), out.end(), id) != out.end())
+      return fail(error, str("GPU ", id, " is listed twice in ", quoted(t)));
+    out.push_back(id);
+  }
+  if (out.empty()) return fail(error, "expected all or comma-separated GPU indices such as 0,1, got nothing");
+  return join(out, ",");
+}
+
+}  // namespace
+
 std::optional<std::string> canonicalize(const OptionSpec& spec, const RawValue& raw, std::string* error) {
   using Shape = RawValue::Shape;
   if (raw.shape == Shape::kNull) return std::string();  // null: unset, the default applies
   if (spec.parse) return spec.parse(raw, error);
   if (spec.type == ValueType::kIgnored) return std::string();
-  if (raw.shape == Shape::kMap) {
-    *error = "expected a single value, got a mapping";
-    return std::nullopt;
-  }
-  if (raw.shape == Shape::kSequence && spec.type != ValueType::kList && spec.type != ValueType::kGpuIds) {
-    *error = "expected a single value, got a list";
-    return std::nullopt;
-  }
+  if (raw.shape == Shape::kMap) return fail(error, "expected a single value, got a mapping");
+  if (raw.shape == Shape::kSequence && spec.type != ValueType::kList && spec.type != ValueType::kGpuIds)
+    return fail(error, "expected a single value, got a list");
   const std::string t = trim(raw.text);
   switch (spec.type) {
-    case ValueType::kBool: {
-      if (auto b = parse_bool(t)) return std::string(*b ? "true" : "false");
-      *error = str("expected true or false, got ", quoted(t));
-      return std::nullopt;
-    }
-    case ValueType::kInt: {
-      auto n = parse_int(t);
-      if (!n) {
-        *error = str("expected a whole number, got ", quoted(t));
-        return std::nullopt;
-      }
-      if ((spec.min_value && *n < *spec.min_value) || (spec.max_value && *n > *spec.max_value)) {
-        *error = spec.max_value
-                     ? str("expected a whole number from ", *spec.min_value, " to ", *spec.max_value, ", got ", *n)
-                     : str("expected a whole number >= ", *spec.min_value, ", got ", *n);
-        return std::nullopt;
-      }
-      return std::to_string(*n);
-    }
-    case ValueType::kFloat: {
-      // Positive unless the row allows a lower bound (range(0): zero means "off" for that key).
-      auto d = parse_float(t);
-      const bool ok = d && (spec.min_value ? *d >= static_cast<double>(*spec.min_value) : *d > 0);
-      if (!ok) {
-        *error = spec.min_value ? str("expected a number >= ", *spec.min_value, ", got ", quoted(t))
-                                : str("expected a positive number, got ", quoted(t));
-        return std::nullopt;
-      }
-      return t;
-    }
+    case ValueType::kBool:
+      return canonical_bool(t, error);
+    case ValueType::kInt:
+      return canonical_int(spec, t, error);
+    case ValueType::kFloat:
+      return canonical_float(spec, t, error);
     case ValueType::kString:
       return t;
-    case ValueType::kEnum: {
-      for (const auto& c : spec.choices)
-        if (to_lower(c) == to_lower(t)) return c;
-      if (spec.int_aliases) {
-        if (auto n = parse_int(t); n && *n >= 1 && *n <= static_cast<long long>(spec.choices.size()))
-          return spec.choices[*n - 1];
-      }
-      for (const auto& [value, reason] : spec.unsupported)
-        if (to_upper(t) == value) {
-          *error = str(quoted(t), " is not supported: ", reason);
-          return std::nullopt;
-        }
-      std::string msg = str("expected one of ", join(spec.choices, ", "));
-      if (spec.int_aliases) msg += str(" (or 1-", spec.choices.size(), ")");
-      msg += str(", got ", quoted(t));
-      if (t.empty() || to_lower(t) == "false") msg += " (an unquoted NO/no/off in YAML 1.1 reads as false: quote it)";
-      if (auto near = closest_match(t, spec.choices)) msg += str("; did you mean ", *near, "?");
-      *error = msg;
-      return std::nullopt;
-    }
-    case ValueType::kList: {
-      std::vector<std::string> items = raw.shape == Shape::kSequence ? raw.items : split(t, ',');
-      std::vector<std::string> out;
-      for (auto& i : items) {
-        std::string v = trim(i);
-        if (!v.empty()) out.push_back(v);
-      }
-      return join(out, ",");
-    }
-    case ValueType::kGpuIds: {
-      std::vector<std::string> items = raw.shape == Shape::kSequence ? raw.items : split(t, ',');
-      if (raw.shape == Shape::kScalar && to_lower(t) == "all") return std::string("all");
-      std::vector<std::string> out;
-      for (auto& i : items) {
-        auto n = parse_int(i);
-        if (!n || *n < 0) {
-          *error = str("expected all or comma-separated GPU indices such as 0,1, got ",
-                       quoted(t.empty() ? join(items, ",") : t));
-          return std::nullopt;
-        }
-        std::string id = std::to_string(*n);
-        if (std::find(out.begin(), out.end(), id) != out.end()) {
-          *error = str("GPU ", id, " is listed twice in ", quoted(t));
-          return std::nullopt;
-        }
-        out.push_back(id);
-      }
-      if (out.empty()) {
-        *error = "expected all or comma-separated GPU indices such as 0,1, got nothing";
-        return std::nullopt;
-      }
-      return join(out, ",");
-    }
+    case ValueType::kEnum:
+      return canonical_enum(spec, t, error);
+    case ValueType::kList:
+      return canonical_list(raw, t);
+    case ValueType::kGpuIds:
+      return canonical_gpu_ids(raw, t, error);
     case ValueType::kIgnored:
       break;
   }

@@ -82,3 +82,27 @@ TEST_CASE("flags are found by either spelling; config keys lists every option") 
   const std::string table = format_option_table(true);
   for (const auto& o : all_options()) CHECK_MESSAGE(table.find("`" + o.key + "`") != std::string::npos, o.key);
 }
+
+TEST_CASE("a default Config holds the option table's defaults (the two are written apart)") {
+  const Config defaults;
+  int checked = 0;
+  for (const auto& o : all_options()) {
+    if (!o.same_field || !o.default_note.empty()) continue;  // several fields, or a default that depends on others
+    CAPTURE(o.key);
+    Config from_table;
+    o.apply(from_table, o.default_value);
+    CHECK(o.same_field(from_table, defaults));
+    ++checked;
+  }
+  CHECK(checked > 40);
+}
+
+TEST_CASE("every option names the part of fsdptrain that reads it, or reaches programs") {
+  for (const auto& o : all_options()) {
+    CAPTURE(o.key);
+    if (o.type == ValueType::kIgnored) continue;
+    CHECK((o.used_by != 0 || !o.env.empty()));
+    if (o.section() == "fsdp_config" && o.versions != FsdpVersions::kV1Only)
+      CHECK_MESSAGE(o.used_by != 0, "an FSDP2 key the engine does not read");
+  }
+}

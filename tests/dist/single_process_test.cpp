@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "dist/process_group.h"
+#include "dist/torch_compat.h"
 #include "util/error.h"
 
 using namespace fsdp::dist;
@@ -57,4 +58,37 @@ TEST_CASE("RANK/WORLD_SIZE errors name the variable") {
   unsetenv("RANK");
   CHECK_THROWS_WITH_AS(init_process_group({}), doctest::Contains("RANK is not set"), fsdp::InputError);
   unsetenv("WORLD_SIZE");
+}
+
+TEST_CASE("a LibTorch error reads as its message alone, its backtrace only on request") {
+  try {
+    TORCH_CHECK(false, "index 7 is out of range");
+  } catch (const std::exception& e) {
+    const std::string brief = fsdp::dist::error_message(e, /*with_backtrace=*/false);
+    CHECK(brief.find("index 7 is out of range") != std::string::npos);
+    CHECK(brief.find('\n') == std::string::npos);
+    CHECK(brief.find("set debug: true") != std::string::npos);
+    CHECK(fsdp::dist::error_message(e, /*with_backtrace=*/true) == std::string(e.what()));
+  }
+  const fsdp::InputError ours("[data] bad file");
+  CHECK(fsdp::dist::error_message(ours, false) == "[data] bad file");
+}
+
+TEST_CASE("worker_context reads the launcher's variables, once, and use_cpu keeps a worker on the CPU") {
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("RANK", "3", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  const WorkerContext ctx = worker_context(/*use_cpu=*/true);
+  CHECK(ctx.rank == 3);
+  CHECK(ctx.world_size == 4);
+  CHECK(ctx.local_rank == 1);
+  CHECK_FALSE(ctx.is_main());
+  CHECK(ctx.device.is_cpu());
+  CHECK(ctx.backend == "gloo");
+  setenv("LOCAL_RANK", "one", 1);
+  CHECK_THROWS_WITH_AS(worker_context(true), doctest::Contains("LOCAL_RANK=\"one\""), fsdp::InputError);
+  for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK"}) unsetenv(v);
+  const WorkerContext alone = worker_context(true);
+  CHECK(alone.world_size == 1);
+  CHECK(alone.is_main());
 }
