@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/function-lengths.sh .venv/bin/python
 BUILD_DIR=${BUILD_DIR:-build}
 cd "$BUILD_DIR"
 if [ $# -eq 0 ]; then set -- -L 'unit|dist|gpu'; fi
