@@ -46,9 +46,20 @@ struct CommandRow {
   std::unique_ptr<Command> command;
 };
 
-std::vector<CommandRow> config_commands();  // env, config (the wizard), config default/show/validate/update/keys
-// launch (running `program`, what followed `--`), worker (hidden), estimate-memory, merge-weights, to-fsdp2.
-std::vector<CommandRow> run_commands(std::vector<std::string> program);
+// config_commands.cpp
+std::unique_ptr<Command> make_env_command();
+std::unique_ptr<Command> make_wizard_command();  // `config`
+std::unique_ptr<Command> make_default_command();
+std::unique_ptr<Command> make_show_command();
+std::unique_ptr<Command> make_validate_command();
+std::unique_ptr<Command> make_update_command();
+std::unique_ptr<Command> make_keys_command();
+// run_commands.cpp
+std::unique_ptr<Command> make_launch_command(std::vector<std::string> program);  // program: what followed `--`
+std::unique_ptr<Command> make_worker_command();                                  // hidden: started by launch
+std::unique_ptr<Command> make_estimate_memory_command();
+std::unique_ptr<Command> make_merge_weights_command();
+std::unique_ptr<Command> make_to_fsdp2_command();
 
 // The program after `launch ... --`: taken out of `args` (everything after the first "--"), so
 // CLI11 never sees the workers' own flags.

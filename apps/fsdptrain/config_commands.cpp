@@ -163,16 +163,12 @@ class KeysCommand final : public Command {
 
 }  // namespace
 
-std::vector<CommandRow> config_commands() {
-  std::vector<CommandRow> rows;
-  rows.push_back({"", std::make_unique<EnvCommand>()});
-  rows.push_back({"", std::make_unique<WizardCommand>()});
-  rows.push_back({"config", std::make_unique<DefaultCommand>()});
-  rows.push_back({"config", std::make_unique<ShowCommand>()});
-  rows.push_back({"config", std::make_unique<ValidateCommand>()});
-  rows.push_back({"config", std::make_unique<UpdateCommand>()});
-  rows.push_back({"config", std::make_unique<KeysCommand>()});
-  return rows;
-}
+std::unique_ptr<Command> make_env_command() { return std::make_unique<EnvCommand>(); }
+std::unique_ptr<Command> make_wizard_command() { return std::make_unique<WizardCommand>(); }
+std::unique_ptr<Command> make_default_command() { return std::make_unique<DefaultCommand>(); }
+std::unique_ptr<Command> make_show_command() { return std::make_unique<ShowCommand>(); }
+std::unique_ptr<Command> make_validate_command() { return std::make_unique<ValidateCommand>(); }
+std::unique_ptr<Command> make_update_command() { return std::make_unique<UpdateCommand>(); }
+std::unique_ptr<Command> make_keys_command() { return std::make_unique<KeysCommand>(); }
 
 }  // namespace fsdp::cli

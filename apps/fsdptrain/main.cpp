@@ -27,8 +27,20 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
 
   std::vector<std::string> args(argv + 1, argv + argc);
-  std::vector<cli::CommandRow> table = cli::config_commands();
-  for (auto& row : cli::run_commands(cli::take_program_after_dashes(args))) table.push_back(std::move(row));
+  // The subcommands, in --help's order; each under the command named first ("" for the top).
+  std::vector<cli::CommandRow> table;
+  table.push_back({"", cli::make_env_command()});
+  table.push_back({"", cli::make_wizard_command()});
+  table.push_back({"config", cli::make_default_command()});
+  table.push_back({"config", cli::make_show_command()});
+  table.push_back({"config", cli::make_validate_command()});
+  table.push_back({"config", cli::make_update_command()});
+  table.push_back({"config", cli::make_keys_command()});
+  table.push_back({"", cli::make_launch_command(cli::take_program_after_dashes(args))});
+  table.push_back({"", cli::make_worker_command()});
+  table.push_back({"", cli::make_estimate_memory_command()});
+  table.push_back({"", cli::make_merge_weights_command()});
+  table.push_back({"", cli::make_to_fsdp2_command()});
   std::map<std::string, CLI::App*> apps{{"", &app}};
   std::vector<CLI::App*> added;
   for (auto& row : table) {

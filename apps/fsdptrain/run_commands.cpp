@@ -212,14 +212,12 @@ std::vector<std::string> take_program_after_dashes(std::vector<std::string>& arg
   return program;
 }
 
-std::vector<CommandRow> run_commands(std::vector<std::string> program) {
-  std::vector<CommandRow> rows;
-  rows.push_back({"", std::make_unique<LaunchCommand>(std::move(program))});
-  rows.push_back({"", std::make_unique<WorkerCommand>()});
-  rows.push_back({"", std::make_unique<EstimateMemoryCommand>()});
-  rows.push_back({"", std::make_unique<MergeWeightsCommand>()});
-  rows.push_back({"", std::make_unique<ToFsdp2Command>()});
-  return rows;
+std::unique_ptr<Command> make_launch_command(std::vector<std::string> program) {
+  return std::make_unique<LaunchCommand>(std::move(program));
 }
+std::unique_ptr<Command> make_worker_command() { return std::make_unique<WorkerCommand>(); }
+std::unique_ptr<Command> make_estimate_memory_command() { return std::make_unique<EstimateMemoryCommand>(); }
+std::unique_ptr<Command> make_merge_weights_command() { return std::make_unique<MergeWeightsCommand>(); }
+std::unique_ptr<Command> make_to_fsdp2_command() { return std::make_unique<ToFsdp2Command>(); }
 
 }  // namespace fsdp::cli

@@ -201,7 +201,10 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
   auto shared_mesh = std::make_shared<DeviceMesh>(mesh_);
   ParamGroup::EventLog log;
   if (options_.record_events) log = [this](const std::string& e) { events_.push_back(e); };
-  for (UnitPlan& plan : plan_units(model, traits, options_, &ignored_)) {
+  std::vector<UnitPlan> plans = plan_units(model, traits, options_, &ignored_);
+  for (const UnitPlan& plan : plans)
+    if (!plan.path.empty()) check_unregistered(plan.module);
+  for (UnitPlan& plan : plans) {
     groups_.push_back(std::make_unique<ParamGroup>(plan.path, std::move(plan.params), std::move(plan.aliases),
                                                    shared_mesh, options_, log));
     unit_modules_.push_back(plan.module);

@@ -29,12 +29,14 @@ TensorList call(torch::nn::Module& module, const TensorList& inputs, const UnitF
   return detail::UnitHooks::run_unit(*it->second.model, it->second.unit, inputs, fn);
 }
 
+void check_unregistered(const torch::nn::Module* module) {
+  FSDP_CHECK(registry().count(module) == 0, "[fsdp] fully_shard: module ", quoted(module_class_name(*module)),
+             " is already a unit of another sharded model; shard a module once");
+}
+
 void register_unit(const torch::nn::Module* module, ShardedModel* model, size_t unit) {
-  const auto [it, inserted] = registry().emplace(module, Entry{model, unit});
-  FSDP_CHECK(inserted || it->second.model == model, "[fsdp] fully_shard: module ", quoted(module_class_name(*module)),
-             " is already a unit of another sharded model; shard a module once (destroy the first ShardedModel "
-             "before sharding it again)");
-  it->second = Entry{model, unit};
+  check_unregistered(module);
+  registry().emplace(module, Entry{model, unit});
 }
 
 void unregister_units(const ShardedModel* model) {

@@ -22,7 +22,10 @@ at::Tensor call(torch::nn::Module& module, const at::Tensor& input, F fn) {
   return call(module, TensorList{input}, [fn](const TensorList& in) mutable { return TensorList{fn(in[0])}; })[0];
 }
 
-// The registry call() looks units up in; fully_shard fills it and ~ShardedModel empties it.
+// The registry call() looks units up in; fully_shard fills it and ~ShardedModel empties it. A
+// module is a unit of one live ShardedModel at most: registering it again throws InputError, and
+// check_unregistered throws the same before anything is sharded.
+void check_unregistered(const torch::nn::Module* module);
 void register_unit(const torch::nn::Module* module, ShardedModel* model, size_t unit);
 void unregister_units(const ShardedModel* model);
 

@@ -170,3 +170,17 @@ TEST_CASE("Accelerate configs map onto the engine") {
   CHECK(zero2.replicate_size == 1);
   CHECK(zero2.shard_size == 2);
 }
+
+TEST_CASE("regression: a module already sharded by a live ShardedModel is refused, not taken over") {
+  TinyTransformer model;
+  auto first = fully_shard(*model, TinyTransformerImpl::traits(), single(), FsdpOptions{});
+  const std::string error = error_of([&] { fully_shard(*model, TinyTransformerImpl::traits(), single(), FsdpOptions{}); });
+  CHECK(error.find("is already a unit of another sharded model") != std::string::npos);
+  // The first is untouched: it still trains.
+  const at::Tensor tokens = torch::randint(0, TinyTransformerImpl::kVocab, {2, TinyTransformerImpl::kSeq});
+  at::Tensor loss = first->forward({tokens}, [&](const TensorList& in) {
+    return TensorList{model->forward(in[0]).to(torch::kFloat).mean()};
+  })[0];
+  loss.backward();
+  CHECK(std::isfinite(loss.item<double>()));
+}

@@ -39,28 +39,13 @@ namespace fsdp::dist {
 namespace {
 
 ncclDataType_t to_nccl(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return ncclFloat32;
-    case at::kDouble:
-      return ncclFloat64;
-    case at::kHalf:
-      return ncclFloat16;
-    case at::kBFloat16:
-      return ncclBfloat16;
-    case at::kInt:
-      return ncclInt32;
-    case at::kLong:
-      return ncclInt64;
-    case at::kByte:
-      return ncclUint8;
-    case at::kChar:
-      return ncclInt8;
-    case at::kBool:
-      return ncclUint8;
-    default:
-      throw Error(str("[nccl] unsupported dtype ", c10::toString(t)));
-  }
+  static const std::pair<at::ScalarType, ncclDataType_t> kTypes[] = {
+      {at::kFloat, ncclFloat32}, {at::kDouble, ncclFloat64}, {at::kHalf, ncclFloat16}, {at::kBFloat16, ncclBfloat16},
+      {at::kInt, ncclInt32},     {at::kLong, ncclInt64},     {at::kByte, ncclUint8},   {at::kChar, ncclInt8},
+      {at::kBool, ncclUint8}};
+  for (const auto& [torch_type, nccl_type] : kTypes)
+    if (torch_type == t) return nccl_type;
+  throw Error(str("[nccl] unsupported dtype ", c10::toString(t)));
 }
 
 // A CUDA event shared by the work handle and the watchdog; destroyed when both let go.
