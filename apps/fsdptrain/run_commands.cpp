@@ -12,8 +12,10 @@
 #include "launch/health_check.h"
 #include "launch/launcher.h"
 #include "train/estimate_memory.h"
+#include "train/plot.h"
 #include "train/trainer.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -199,6 +201,35 @@ class ToFsdp2Command final : public Command {
   config::ToFsdp2Command request_;
 };
 
+class PlotCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app = parent.add_subcommand(
+        "plot", "Draw the loss and held-out loss of one or more runs (their logging.metrics_file) as an SVG");
+    app->add_option("METRICS", files_, "Metrics files (JSONL), one curve per run")->required();
+    app->add_option("-o,--output", output_, "The SVG to write (default loss.svg)");
+    app->add_flag("--log", options_.log_y, "Logarithmic loss axis");
+    app->add_option("--title", options_.title, "The picture's title (default Loss)");
+    return app;
+  }
+  int run() override {
+    std::vector<train::LossCurves> runs;
+    size_t points = 0;
+    for (const std::string& f : files_) {
+      runs.push_back(train::read_loss_curves(f));
+      points += runs.back().loss.size() + runs.back().eval.size();
+    }
+    write_file_atomic(output_, train::plot_svg(runs, options_));
+    std::cout << "wrote " << output_ << " (" << runs.size() << " run(s), " << points << " points)\n";
+    return 0;
+  }
+
+ private:
+  std::vector<std::string> files_;
+  std::string output_ = "loss.svg";
+  train::PlotOptions options_;
+};
+
 }  // namespace
 
 std::vector<std::string> take_program_after_dashes(std::vector<std::string>& args) {
@@ -219,5 +250,6 @@ std::unique_ptr<Command> make_worker_command() { return std::make_unique<WorkerC
 std::unique_ptr<Command> make_estimate_memory_command() { return std::make_unique<EstimateMemoryCommand>(); }
 std::unique_ptr<Command> make_merge_weights_command() { return std::make_unique<MergeWeightsCommand>(); }
 std::unique_ptr<Command> make_to_fsdp2_command() { return std::make_unique<ToFsdp2Command>(); }
+std::unique_ptr<Command> make_plot_command() { return std::make_unique<PlotCommand>(); }
 
 }  // namespace fsdp::cli

@@ -168,7 +168,8 @@ struct CheckpointConfig {
 
 struct LoggingConfig {
   int64_t interval = 10;
-  std::string metrics_file;  // JSONL, one line per logging step (rank 0)
+  std::string metrics_file;  // JSONL, one line per logging step (rank 0); run.json goes beside it
+  std::string tensorboard_dir;  // TensorBoard event files (rank 0); "" = none
   double peak_tflops = 0;    // per device, for MFU; 0: from the table of known GPUs
 };
 

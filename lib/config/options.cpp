@@ -671,6 +671,12 @@ std::vector<OptionSpec> build_table() {
           .help("Append one JSON line of metrics per logging step to this file (rank 0)")
           .extension()
           .to(&Config::logging, &LoggingConfig::metrics_file),
+      Row("logging.tensorboard_dir", V::kString)
+          .def("")
+          .help("Write TensorBoard event files here (rank 0): train/loss, eval/loss, learning rate, grad norm, "
+                "tokens/s, MFU, peak memory, step time, and the resolved config as text")
+          .extension()
+          .to(&Config::logging, &LoggingConfig::tensorboard_dir),
       Row("logging.peak_tflops", V::kFloat)
           .range(0)
           .def("0")

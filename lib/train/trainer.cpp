@@ -6,10 +6,17 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 
+#include "ckpt/format.h"
+#include "config/show.h"
+#include "dist/build_info.h"
 #include "train/metrics.h"
+#include "train/tensorboard.h"
 #include "train/training_run.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -21,9 +28,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What happens after a step: metrics (printed, metrics file, progress bar), a checkpoint, a
-// Hugging Face export and the held-out loss, each when its interval comes due and once more after
-// the last step; and the summary when the run ends.
+// Where run.json goes: beside the metrics file, else in the TensorBoard folder; "" for neither.
+std::string run_summary_path(const config::LoggingConfig& logging) {
+  if (!logging.metrics_file.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(logging.metrics_file).parent_path();
+    return (dir.empty() ? std::filesystem::path("run.json") : dir / "run.json").string();
+  }
+  return logging.tensorboard_dir.empty() ? "" : logging.tensorboard_dir + "/run.json";
+}
+
+nlohmann::json finite_or_null(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+
+// What happens after a step: metrics (printed, metrics file, TensorBoard, progress bar), a
+// checkpoint, a Hugging Face export and the held-out loss, each when its interval comes due and
+// once more after the last step; and the summary (printed, run.json) when the run ends.
 class RunReport {
  public:
   RunReport(TrainingRun& run, int64_t first_step)
@@ -35,9 +55,13 @@ class RunReport {
     const char* progress = std::getenv("FSDPTRAIN_PROGRESS");  // a live bar on the launcher's terminal
     progress_ = run.context().is_main() && progress && std::string(progress) == "1";
     if (run.context().is_main() && !config_.logging.metrics_file.empty()) {
+      const std::filesystem::path dir = std::filesystem::path(config_.logging.metrics_file).parent_path();
+      std::error_code ec;
+      if (!dir.empty()) std::filesystem::create_directories(dir, ec);
       metrics_.open(config_.logging.metrics_file, std::ios::app);
       FSDP_CHECK(metrics_.good(), "[train] cannot open logging.metrics_file ", quoted(config_.logging.metrics_file));
     }
+    if (run.context().is_main() && !config_.logging.tensorboard_dir.empty()) open_tensorboard(first_step);
   }
 
   void after_step(int64_t step, const StepResult& result) {
@@ -47,6 +71,7 @@ class RunReport {
     } else {
       if (summary_.steps == summary_.resumed_from) summary_.first_loss = result.loss;
       summary_.last_loss = result.loss;
+      best_loss_ = std::min(best_loss_, result.loss);
       if (due(step, config_.logging.interval) || step == 1) log_metrics(step, result);
     }
     summary_.steps = step;
@@ -70,6 +95,7 @@ class RunReport {
                   static_cast<long long>(trained), summary_.seconds, summary_.first_loss, summary_.last_loss,
                   summary_.eval_loss, summary_.tokens_per_s);
     run_.say(line);
+    if (run_.context().is_main()) write_run_summary();
     return summary_;
   }
 
@@ -81,6 +107,62 @@ class RunReport {
 
   static double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+
+  // A resumed run tells TensorBoard to drop what earlier runs logged from first_step on.
+  void open_tensorboard(int64_t first_step) {
+    tensorboard_ = std::make_unique<TensorBoardWriter>(config_.logging.tensorboard_dir);
+    if (first_step > 1) tensorboard_->start_session(first_step);
+    tensorboard_->add_text("config", first_step,
+                           "```\n" + config::format_resolved(run_.resolved(), config::ShowFormat::kTable) + "```");
+    run_.say(str("[train] TensorBoard events: ", tensorboard_->path(), "\n"));
+  }
+
+  void log_scalars(const StepMetrics& m) {
+    if (!tensorboard_) return;
+    tensorboard_->add_scalar("train/loss", m.step, m.loss);
+    tensorboard_->add_scalar("train/learning_rate", m.step, m.lr);
+    tensorboard_->add_scalar("train/grad_norm", m.step, m.grad_norm);
+    tensorboard_->add_scalar("train/tokens_per_s", m.step, m.tokens_per_s);
+    if (m.mfu) tensorboard_->add_scalar("train/mfu", m.step, *m.mfu);
+    tensorboard_->add_scalar("train/peak_memory_gib", m.step, static_cast<double>(m.peak_memory_bytes) / (1 << 30));
+    tensorboard_->add_scalar("train/step_time_s", m.step, m.step_time_s);
+  }
+
+  // run.json: what a script comparing runs needs, in one file.
+  void write_run_summary() const {
+    const std::string path = run_summary_path(config_.logging);
+    if (path.empty()) return;
+    nlohmann::json values = nlohmann::json::object();
+    for (const auto& v : run_.resolved().values)
+      values[v.spec->key] = v.value.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.value);
+    const dist::WorkerContext& ctx = run_.context();
+    const double per_device = summary_.tokens_per_s / ctx.world_size;
+    const nlohmann::json doc = {
+        {"versions", version_line()},
+        {"world_size", ctx.world_size},
+        {"device", ctx.device.is_cuda() ? cuda_device_name(ctx.gpu) : std::string("cpu")},
+        {"parameters", run_.num_parameters()},
+        {"steps", summary_.steps},
+        {"resumed_from", summary_.resumed_from},
+        {"first_loss", finite_or_null(summary_.first_loss)},
+        {"final_loss", finite_or_null(summary_.last_loss)},
+        {"best_loss", finite_or_null(best_loss_)},
+        {"final_eval_loss", finite_or_null(summary_.eval_loss)},
+        {"best_eval_loss", finite_or_null(best_eval_loss_)},
+        {"tokens_per_s", summary_.tokens_per_s},
+        {"tokens_per_s_per_device", per_device},
+        {"mfu", peak_ ? nlohmann::json(run_.flops_per_token() * per_device / *peak_) : nlohmann::json(nullptr)},
+        {"peak_memory_bytes", peak_memory_bytes(ctx.device)},
+        {"wall_time_s", summary_.seconds},
+        {"checkpoint", last_checkpoint_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_checkpoint_)},
+        {"metrics_file", config_.logging.metrics_file},
+        {"tensorboard", tensorboard_ ? nlohmann::json(tensorboard_->path()) : nlohmann::json(nullptr)},
+        {"config", values}};
+    std::ofstream out(path);
+    out << doc.dump(2) << "\n";
+    FSDP_CHECK(out.good(), "[train] cannot write the run summary ", quoted(path));
+    run_.say(str("[train] run summary: ", path, "\n"));
   }
 
   void log_metrics(int64_t step, const StepResult& result) {
@@ -98,17 +180,21 @@ class RunReport {
     m.elapsed_s = seconds_since(start_);
     run_.say(format_metrics(m) + "\n");
     if (metrics_.is_open()) metrics_ << metrics_json(m) << "\n" << std::flush;
+    log_scalars(m);
   }
 
   void save(int64_t step) {
     if (step == last_saved_) return;
     run_.save_checkpoint(step);
     last_saved_ = step;
+    last_checkpoint_ = config_.checkpoint.dir + "/" + ckpt::checkpoint_name(step);
   }
 
   void log_eval(int64_t step, double loss) {
     summary_.eval_loss = loss;
     if (!std::isfinite(loss)) return;
+    best_eval_loss_ = std::min(best_eval_loss_, loss);
+    if (tensorboard_) tensorboard_->add_scalar("eval/loss", step, loss);
     run_.say(str("[train] step ", step, ": held-out loss ", loss, "\n"));
     if (metrics_.is_open()) metrics_ << "{\"step\": " << step << ", \"eval_loss\": " << loss << "}\n" << std::flush;
   }
@@ -119,7 +205,11 @@ class RunReport {
   const std::optional<double> peak_;
   bool progress_ = false;
   std::ofstream metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t last_saved_ = -1;
+  std::string last_checkpoint_;
+  double best_loss_ = std::numeric_limits<double>::infinity();
+  double best_eval_loss_ = std::numeric_limits<double>::infinity();
   TrainSummary summary_;
 };
 

@@ -79,6 +79,7 @@ model::LlamaConfig model_config_of(const config::Config& cfg) {
 TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
                          std::ostream& out, const TrainHooks& hooks)
     : context_(context),
+      resolved_(resolved),
       config_(resolved.typed),
       out_(out),
       world_(init_group(context)),

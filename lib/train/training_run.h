@@ -49,9 +49,11 @@ class TrainingRun {
   bool checkpointing() const { return checkpointer_ != nullptr && !config_.checkpoint.dir.empty(); }
   void say(const std::string& line) const;  // rank 0 prints
   const config::Config& config() const { return config_; }
+  const config::ResolvedConfig& resolved() const { return resolved_; }
   const dist::WorkerContext& context() const { return context_; }
   double tokens_per_step() const;
   double flops_per_token() const { return model_config_.flops_per_token(config_.train.sequence_length); }
+  int64_t num_parameters() const { return model_config_.num_parameters(); }
   int64_t resumed_from() const { return resumed_from_; }
   std::ostream& out() const { return out_; }
 
@@ -62,6 +64,7 @@ class TrainingRun {
   at::Tensor loss_sum(const data::DistributedLoader::Batch& batch, int64_t rows);
 
   const dist::WorkerContext context_;
+  const config::ResolvedConfig& resolved_;
   const config::Config& config_;
   std::ostream& out_;
   dist::ProcessGroup world_;

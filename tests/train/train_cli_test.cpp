@@ -18,8 +18,10 @@ using fsdp::testing::temp_path;
 
 const std::string kQuickstart = std::string(FSDP_SOURCE_DIR) + "/configs/quickstart.yaml";
 
+// The quickstart without its logs (the user's runs/quickstart stays theirs); a test sets its own.
 Result launch_with(const std::vector<std::string>& args) {
-  std::vector<std::string> all{"launch", "--config", kQuickstart, "--main_process_port", "0"};
+  std::vector<std::string> all{"launch", "--config", kQuickstart, "--main_process_port", "0",
+                               "--set", "logging.metrics_file=", "--set", "logging.tensorboard_dir="};
   all.insert(all.end(), args.begin(), args.end());
   return fsdptrain_in_source(all);
 }
