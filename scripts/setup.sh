@@ -59,6 +59,8 @@ if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DFSDP_PYTHON="$PY" $CUDA_ARGS
 fi
+# ccache keyed by paths relative to the checkout, so every clone (CI's too) reuses the objects.
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 say "building ($JOBS jobs)"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 say "done: $BUILD_DIR/apps/fsdptrain/fsdptrain"

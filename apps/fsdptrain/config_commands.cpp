@@ -12,6 +12,8 @@
 #include "config/worker_env.h"
 #include "config_args.h"
 #include "launch/env_report.h"
+#include "train/trainer.h"
+#include "util/log.h"
 #include "dist/build_info.h"
 #include "util/files.h"
 
@@ -53,7 +55,8 @@ class WizardCommand final : public Command {
     std::map<std::string, std::string> preset;
     if (!answers_file_.empty()) preset = config::read_wizard_answers(answers_file_);
     for (const auto& [key, value] : flags_.given()) preset[key] = value;
-    const config::WizardResult r = config::run_wizard(std::cin, std::cout, preset, ::isatty(STDIN_FILENO));
+    const config::WizardResult r =
+        config::run_wizard(std::cin, std::cout, preset, ::isatty(STDIN_FILENO), cuda_device_count());
     const std::string path = path_.empty() ? config::fsdptrain_default_config_path() : path_;
     write_file_atomic(path, r.yaml);
     std::cout << "fsdptrain configuration saved at " << path << "\n";
@@ -119,6 +122,8 @@ class ValidateCommand final : public ConfigCommand {
       : ConfigCommand("validate", "Check a config; report every problem with file:line:col", /*positional_file=*/true) {}
   int run() override {
     const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
+    if (!rc.typed.model.config.empty() || !rc.typed.model.pretrained.empty())  // the built-in trainer's sections
+      for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
     std::cout << args_.file << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
               << rc.typed.launch.num_processes << " process(es)\n";
     return 0;

@@ -19,6 +19,31 @@ namespace {
 
 using namespace fsdp;
 
+// The names of `app`'s subcommands.
+std::vector<std::string> command_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+  return names;
+}
+
+// "fsdptrain lanuch", "fsdptrain config valdate": an unknown command word is refused with the
+// closest command, instead of CLI11's "A subcommand is required" or "not expected".
+void check_command_words(const CLI::App& app, const std::vector<std::string>& args) {
+  const CLI::App* level = &app;
+  std::string path = "fsdptrain";
+  for (const std::string& word : args) {
+    if (word.empty() || word[0] == '-' || level->get_subcommands([](const CLI::App*) { return true; }).empty()) return;
+    const std::vector<std::string> names = command_names(*level);
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      const auto near = closest_match(word, names);
+      throw InputError(str(path, ": unknown command ", quoted(word), near ? "; did you mean " + *near + "?" : "",
+                           " (`", path, " --help` lists them)"));
+    }
+    level = level->get_subcommand(word);
+    path += " " + word;
+  }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "fsdptrain: FSDP2-style sharded training of Llama-family models on LibTorch, configured by "
@@ -50,6 +75,7 @@ int run(int argc, char** argv) {
     added.push_back(sub);
   }
 
+  check_command_words(app, args);
   std::reverse(args.begin(), args.end());  // CLI11 takes the arguments reversed
   try {
     app.parse(args);

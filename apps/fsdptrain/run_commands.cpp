@@ -45,6 +45,19 @@ std::string self_executable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
+// "--num_procs" where the program should start: an unknown flag, refused with the closest one
+// before any worker starts (CLI11 would hand it to the workers as the program).
+void check_flag_known(const CLI::App& app, const std::string& word) {
+  if (word.size() < 2 || word[0] != '-') return;
+  const std::string flag = word.substr(0, word.find('='));
+  std::vector<std::string> known;
+  for (const CLI::Option* opt : app.get_options())
+    for (const std::string& name : opt->get_lnames()) known.push_back("--" + name);
+  const auto near = closest_match(flag, known);
+  throw InputError(str("fsdptrain launch: unknown option ", flag, near ? "; did you mean " + *near + "?" : "",
+                       " (`fsdptrain launch --help` lists them; a program's own flags go after `--`)"));
+}
+
 class LaunchCommand final : public ConfigCommand {
  public:
   explicit LaunchCommand(std::vector<std::string> program)
@@ -71,6 +84,7 @@ class LaunchCommand final : public ConfigCommand {
 
   int run() override {
     options_.command = app_->remaining();
+    check_no_unknown_option(options_.command);
     options_.command.insert(options_.command.end(), program_.begin(), program_.end());
     FSDP_CHECK(!(check_ && !options_.command.empty()), "fsdptrain launch: give either --check or a command, not both");
     FSDP_CHECK(grace_s_ >= 0, "--grace_period: expected seconds >= 0, got ", grace_s_);
@@ -102,6 +116,10 @@ class LaunchCommand final : public ConfigCommand {
   bool check_ = false;
   double grace_s_ = 5;
   std::vector<std::string> program_, check_sizes_;
+
+  void check_no_unknown_option(const std::vector<std::string>& before_program) const {
+    if (!before_program.empty()) check_flag_known(*app_, before_program.front());
+  }
 };
 
 // What `fsdptrain launch` runs in each worker process: the built-in trainer (--train) or the

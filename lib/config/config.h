@@ -190,9 +190,13 @@ struct Config {
 // world = replicate_size x shard_size.
 struct FsdpLayout {
   bool sharded = false;  // false: no FSDP (distributed_type is not FSDP)
+  int version = 2;       // fsdp_version: what Python programs run (FSDP_VERSION); the trainer is FSDP2 always
+  std::string fsdp1_strategy;  // FSDP1: the sharding strategy's name
   bool reshard_after_forward = true;
   int replicate_size = 1;
   int shard_size = 1;
+  // "FSDP2, reshard_after_forward=true, sharded over 8 ranks"; FSDP1 files say so, and what the
+  // built-in trainer runs instead.
   std::string describe() const;
 };
 

@@ -37,6 +37,8 @@ std::string Origin::describe() const {
       return "default";
     case OriginKind::kDerived:
       return "derived: " + detail;
+    case OriginKind::kFile:  // detail: how a path in the file was read ("relative to configs/")
+      return origin_location(*this) + (detail.empty() ? "" : " (" + detail + ")");
     default:
       return origin_location(*this);
   }
@@ -66,6 +68,12 @@ size_t Diagnostics::error_count() const {
   size_t n = 0;
   for (const auto& d : items_) n += d.severity == Diagnostic::Severity::kError;
   return n;
+}
+
+bool Diagnostics::has_error_for(const std::string& key) const {
+  for (const auto& d : items_)
+    if (d.severity == Diagnostic::Severity::kError && d.key == key) return true;
+  return false;
 }
 
 std::vector<std::string> Diagnostics::errors() const {

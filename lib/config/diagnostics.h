@@ -35,6 +35,7 @@ class Diagnostics {
   const std::vector<Diagnostic>& all() const { return items_; }
   size_t error_count() const;
   bool has_errors() const { return error_count() > 0; }
+  bool has_error_for(const std::string& key) const;  // an error about this key was reported
   std::vector<std::string> errors() const;    // formatted
   std::vector<std::string> warnings() const;  // formatted
   // Throws InputError whose message lists every error (one per line) when there is any.

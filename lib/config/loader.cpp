@@ -334,6 +334,30 @@ bool ResolvedConfig::is_set(const std::string& key) const {
   return k == OriginKind::kFile || k == OriginKind::kSet || k == OriginKind::kFlag || k == OriginKind::kScheduler;
 }
 
+namespace {
+
+// The keys that name files the trainer reads (outputs such as checkpoint.dir stay where written).
+const char* const kInputPathKeys[] = {"model.config", "model.pretrained", "data.path"};
+
+// A relative input path from a config file that names nothing from the working directory is read
+// relative to the config file's folder, so a config works from any directory.
+void resolve_input_paths(ResolvedConfig& rc) {
+  if (rc.file.empty()) return;
+  const std::string folder = parent_folder(rc.file);
+  for (ResolvedValue& v : rc.values) {
+    if (std::find(std::begin(kInputPathKeys), std::end(kInputPathKeys), v.spec->key) == std::end(kInputPathKeys))
+      continue;
+    if (v.value.empty() || v.value[0] == '/' || v.origin.kind != OriginKind::kFile || !glob_paths(v.value).empty())
+      continue;
+    const std::string beside = folder + "/" + v.value;
+    if (glob_paths(beside).empty()) continue;
+    v.value = beside;
+    v.origin.detail = "relative to " + folder + "/";
+  }
+}
+
+}  // namespace
+
 ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
   ResolvedConfig rc;
   rc.file = inputs.has_file ? inputs.file : "";
@@ -381,6 +405,7 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     np.value = "1";
     np.origin = Origin{OriginKind::kDerived, {}, "distributed_type NO runs one process"};
   }
+  resolve_input_paths(rc);
   for (const auto& v : rc.values)
     if (v.spec->apply) v.spec->apply(rc.typed, v.value);
   validate_config(rc, diags);

@@ -28,14 +28,19 @@ std::string default_text(const OptionSpec& o) {
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfig& rc) {
+std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfig& rc, bool with_extensions) {
   std::vector<std::pair<std::string, std::string>> kv;
   const bool fsdp = rc.typed.launch.distributed_type == DistributedType::kFsdp;
   const FsdpVersions other_version = rc.typed.fsdp.version == 2 ? FsdpVersions::kV1Only : FsdpVersions::kV2Only;
+  const WrapPolicy policy = rc.typed.fsdp.auto_wrap_policy;
   for (const auto& v : rc.values) {
     const OptionSpec& s = *v.spec;
     const std::string section = s.section();
-    if (s.extension && !rc.is_set(s.key)) continue;
+    if (s.extension && (!with_extensions || !rc.is_set(s.key))) continue;
+    // A wrap policy's parameter is written only with that policy (validation warns otherwise).
+    if (s.key == "fsdp_config.fsdp_min_num_params" && policy != WrapPolicy::kSizeBasedWrap) continue;
+    if (s.key == "fsdp_config.fsdp_transformer_layer_cls_to_wrap" && policy != WrapPolicy::kTransformerBasedWrap)
+      continue;
     if (section == "fsdp_config" && (!fsdp || s.versions == other_version)) continue;
     if (section == "parallelism_config" && !rc.is_set(s.key)) continue;
     kv.emplace_back(s.key, v.value);
@@ -45,8 +50,14 @@ std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfi
 
 std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
   if (format == ShowFormat::kYaml) {
-    return emit_config_yaml(file_values(rc),
-                            "resolved by fsdptrain from " + (rc.file.empty() ? std::string("defaults") : rc.file));
+    bool trainer_sections = false;
+    for (const auto& v : rc.values) trainer_sections |= v.spec->extension && rc.is_set(v.spec->key);
+    return emit_config_yaml(
+        file_values(rc, /*with_extensions=*/false),
+        "resolved by fsdptrain from " + (rc.file.empty() ? std::string("defaults") : rc.file) +
+            (trainer_sections ? "; Accelerate loads it as it is: the built-in trainer's sections (model, data, ...) "
+                                "are left out (--format json has them)"
+                              : ""));
   }
   if (format == ShowFormat::kJson) {
     nlohmann::ordered_json j;

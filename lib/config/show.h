@@ -10,10 +10,12 @@ namespace fsdp::config {
 
 struct ResolvedConfig;
 
-// The (key, value) pairs a config file should hold for this config, Accelerate-loadable: every
-// top-level Accelerate key, fsdp_config keys of the configured FSDP version (when FSDP), and
-// parallelism_config and fsdptrain's own keys only when set.
-std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfig& rc);
+// The (key, value) pairs a config file should hold for this config: every top-level Accelerate
+// key, fsdp_config keys of the configured FSDP version (when FSDP) except another wrap policy's
+// parameter, parallelism_config only when set, and fsdptrain's own sections when set and
+// with_extensions (without them Accelerate loads the file). A file written from them validates
+// with no warnings.
+std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfig& rc, bool with_extensions = true);
 
 enum class ShowFormat { kTable, kYaml, kJson };
 

@@ -336,6 +336,47 @@ void convert_keys(Conversion& c) {
   }
 }
 
+void append_parallelism(Conversion& c);
+
+// Whether an entry of an FSDP2 file is FSDP1's: a key FSDP2 does not have, or a strategy name
+// where FSDP2 expects reshard_after_forward's boolean.
+bool is_stray_fsdp1(Conversion& c, const Entry& e) {
+  if (e.key == "fsdp_reshard_after_forward") {
+    const std::string v = canonical_value(e, c.file);
+    return v != "true" && v != "false" && !v.empty();
+  }
+  const OptionSpec* spec = find_option("fsdp_config." + e.key);
+  return spec != nullptr && spec->versions == FsdpVersions::kV1Only;
+}
+
+// An FSDP2 file holding FSDP1 keys (what `config validate` sends here): the strategy becomes
+// reshard_after_forward unless that boolean is already there (and agrees), the other keys go
+// by their rules; the FSDP2 keys stay as they are.
+void convert_stray_fsdp1_keys(Conversion& c) {
+  const Entry* s = c.strategy_entry;
+  const Entry* r = c.reshard_entry;
+  const bool reshard_is_bool = r && !is_stray_fsdp1(c, *r);
+  if (s && reshard_is_bool) {
+    const ShardingStrategy strategy =
+        *enum_from_name<ShardingStrategy>(canonical_value(*s, c.file), kShardingStrategyNames);
+    const bool reshard = canonical_value(*r, c.file) == "true";
+    if (reshards_after_forward(strategy) != reshard || is_hybrid(strategy))
+      throw InputError(str(where(c.file, s->line, s->col), ": fsdp_config.", s->raw_key, ": ",
+                           enum_name(strategy, kShardingStrategyNames), " disagrees with fsdp_reshard_after_forward: ",
+                           reshard ? "true" : "false", " in this FSDP2 file; remove the one you do not mean"));
+    c.drop(*s, "FSDP2 reads fsdp_reshard_after_forward, which says the same");
+  } else if (s || r) {
+    convert_strategy(c);
+  }
+  for (const auto& e : c.entries) {
+    if (&e == c.strategy_entry || &e == c.reshard_entry || !is_stray_fsdp1(c, e)) continue;
+    auto rule = std::find_if(std::begin(kKeyRules), std::end(kKeyRules),
+                             [&](const KeyRule& k) { return e.key == k.key; });
+    if (rule != std::end(kKeyRules)) rule->apply(c, e);
+  }
+  if (c.hsdp) append_parallelism(c);
+}
+
 // fsdp_version and FSDP1's checkpoint format written out; HSDP's parallelism_config added.
 void append_missing(Conversion& c) {
   if (!c.find("fsdp_version")) c.appended_fsdp.push_back(c.key_indent + "fsdp_version: 2");
@@ -345,7 +386,10 @@ void append_missing(Conversion& c) {
         "fsdp_state_dict_type: FULL_STATE_DICT written explicitly (FSDP1's default; FSDP2's "
         "default would silently switch checkpoints to SHARDED_STATE_DICT)");
   }
-  if (!c.hsdp) return;
+  if (c.hsdp) append_parallelism(c);
+}
+
+void append_parallelism(Conversion& c) {
   YAML::Node pc = c.root["parallelism_config"];
   if (pc.IsDefined() && !pc.IsNull() && !(pc.IsMap() && pc.size() == 0))
     throw InputError(str(c.file,
@@ -377,11 +421,18 @@ std::string assemble(const Conversion& c) {
 }
 
 // The result must validate; if it does not, the input had problems conversion cannot fix.
+// A file without num_processes (SLURM job scripts pass it to the launcher) is checked with one
+// process per machine standing in: the conversion does not depend on it.
 void check_converted(const std::string& text, const std::string& file) {
   ConfigInputs in;
   in.file = file + " (converted)";
   in.text = text;
   in.has_file = true;
+  const YAML::Node root = YAML::Load(text);
+  if (!root["num_processes"]) {
+    const YAML::Node machines = root["num_machines"];
+    in.sets.push_back("num_processes=" + (machines && machines.IsScalar() ? machines.Scalar() : std::string("1")));
+  }
   Diagnostics diags;
   load_config(in, diags);
   if (diags.has_errors())
@@ -401,7 +452,16 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   read_entries(c, *fsdp);
   // A string "2" counts (Accelerate compares to the int and converts again).
   if (const Entry* v = c.find("fsdp_version"); v && v->value.IsScalar() && trim(v->value.Scalar()) == "2") {
-    c.result.notes.push_back("fsdp_config.fsdp_version is already 2: nothing to convert");
+    const bool stray = std::any_of(c.entries.begin(), c.entries.end(), [&](const Entry& e) { return is_stray_fsdp1(c, e); });
+    if (!stray) {
+      c.result.notes.push_back("fsdp_config.fsdp_version is already 2: nothing to convert");
+      return c.result;
+    }
+    convert_stray_fsdp1_keys(c);
+    c.result.output = assemble(c);
+    c.result.converted = true;
+    c.result.notes.push_back("FSDP1 keys removed from an FSDP2 file");
+    check_converted(c.result.output, file);
     return c.result;
   }
   convert_strategy(c);

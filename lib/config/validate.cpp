@@ -4,6 +4,7 @@
 
 #include "config/loader.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace fsdp::config {
@@ -47,7 +48,8 @@ void check_launch(Checker& c) {
             "add num_processes: N (the total across all machines) or pass --num_processes N");
     return;
   }
-  if (l.distributed_type == DistributedType::kNo && l.num_processes > 1)
+  // A refused distributed_type (DEEPSPEED, MULTI_XPU) was already reported; NO is only its stand-in.
+  if (l.distributed_type == DistributedType::kNo && l.num_processes > 1 && !c.diags.has_error_for("distributed_type"))
     c.error("distributed_type", str("NO runs a single process, but num_processes is ", l.num_processes),
             "use distributed_type: FSDP to shard over the processes");
   if (l.num_processes % l.num_machines != 0)
@@ -177,8 +179,6 @@ void check_parallelism(Checker& c) {
             "the product of the parallelism sizes must equal num_processes");
 }
 
-}  // namespace
-
 void check_training(Checker& c) {
   const Config& t = c.rc.typed;
   if (t.model.gradient_checkpointing && t.fsdp.activation_checkpointing)
@@ -208,22 +208,64 @@ void check_training(Checker& c) {
             "set checkpoint.dir to the folder holding the run's step-N checkpoints, or give a checkpoint folder");
 }
 
+// "data/x.bin" or, for a relative path a config file wrote, both places it was looked for.
+std::string places_tried(const Checker& c, const std::string& key) {
+  const ResolvedValue& v = c.rc.get(key);
+  if (v.value.empty() || v.value[0] == '/' || v.origin.kind != OriginKind::kFile || c.rc.file.empty())
+    return quoted(v.value);
+  return str(quoted(v.value), " (from the working directory) or ", quoted(parent_folder(c.rc.file) + "/" + v.value),
+             " (beside the config file)");
+}
+
+// The files the trainer reads exist, before any worker starts.
+void check_input_paths(Checker& c) {
+  const ModelConfig& m = c.rc.typed.model;
+  if (!m.config.empty() && is_directory(m.config))
+    c.error("model.config", str(quoted(m.config), " is a folder"),
+            "give its config.json, or use model.pretrained to start from a Hugging Face folder");
+  else if (!m.config.empty() && !file_exists(m.config))
+    c.error("model.config", str("no file at ", places_tried(c, "model.config")),
+            "give a Hugging Face config.json, such as configs/models/tiny/config.json");
+  if (!m.pretrained.empty() && !file_exists(m.pretrained + "/config.json"))
+    c.error("model.pretrained",
+            str(is_directory(m.pretrained) ? quoted(m.pretrained) + " has no config.json"
+                                           : "no folder at " + places_tried(c, "model.pretrained")),
+            "give a Hugging Face model folder (config.json and safetensors weights)");
+  const std::string& data = c.rc.typed.data.path;
+  if (data.empty()) return;
+  const std::vector<std::string> files = glob_paths(data);
+  if (files.empty())
+    c.error("data.path", str("matches no file at ", places_tried(c, "data.path")),
+            "give a text file, a .jsonl file, llm.c .bin shards, or a glob such as data/*.bin");
+  for (const std::string& f : files)
+    if (is_directory(f)) {
+      c.error("data.path", str(quoted(f), " is a folder"), str("a glob such as ", f, "/*.bin reads the files in it"));
+      break;
+    }
+}
+
+}  // namespace
+
 void validate_config(const ResolvedConfig& rc, Diagnostics& diags) {
   Checker c{rc, diags};
   check_launch(c);
   check_fsdp(c);
   check_parallelism(c);
   check_training(c);
+  check_input_paths(c);
 }
 
 std::string FsdpLayout::describe() const {
   if (!sharded) return "no sharding (parameters replicated on every process)";
-  std::string out = str("FSDP2, reshard_after_forward=", reshard_after_forward ? "true" : "false", ", ");
+  std::string layout = str("reshard_after_forward=", reshard_after_forward ? "true" : "false", ", ");
   if (replicate_size > 1)
-    out += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
+    layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
   else
-    out += str("sharded over ", shard_size, " ranks");
-  return out;
+    layout += str("sharded over ", shard_size, " ranks");
+  if (version == 1)
+    return str("FSDP1 ", fsdp1_strategy, " (programs get FSDP_VERSION=1; the built-in trainer runs it as FSDP2, ",
+               layout, ")");
+  return "FSDP2, " + layout;
 }
 
 FsdpLayout effective_fsdp_layout(const Config& config) {
@@ -245,6 +287,8 @@ FsdpLayout effective_fsdp_layout(const Config& config) {
   }
   const int machines = std::max(1, config.launch.num_machines);
   const ShardingStrategy s = config.fsdp.fsdp1_strategy();
+  layout.version = 1;
+  layout.fsdp1_strategy = enum_name(s, kShardingStrategyNames);
   layout.reshard_after_forward = reshards_after_forward(s);
   if (s == ShardingStrategy::kNoShard) {
     layout.replicate_size = world;  // every rank keeps a full copy

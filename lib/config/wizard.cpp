@@ -73,13 +73,15 @@ const std::string& prompt_of(const std::string& id) {
 
 class Wizard {
  public:
-  Wizard(std::istream& in, std::ostream& out, const std::map<std::string, std::string>& preset, bool interactive)
-      : in_(in), out_(out), preset_(preset), interactive_(interactive) {}
+  Wizard(std::istream& in, std::ostream& out, const std::map<std::string, std::string>& preset, bool interactive,
+         int gpus)
+      : in_(in), out_(out), preset_(preset), interactive_(interactive), gpus_(gpus) {}
 
   WizardResult run();
 
  private:
-  std::string read_answer(const std::string& id, const std::string& shown_prompt);
+  // The next line of input; at its end, "" (the default) when the question has one.
+  std::string read_answer(const std::string& id, const std::string& shown_prompt, bool has_default = true);
   bool ask_yes_no(const std::string& id, bool def);
   std::string ask_choice(const std::string& id, const std::vector<std::string>& choices, const std::string& def);
   // Asks for an option-backed value; parsed by the option table's own rules.
@@ -108,13 +110,18 @@ class Wizard {
   std::ostream& out_;
   const std::map<std::string, std::string>& preset_;
   bool interactive_;
+  int gpus_;  // on this machine: without any, CPU training is the default
   std::vector<std::pair<std::string, std::string>> values_;
 };
 
-std::string Wizard::read_answer(const std::string& id, const std::string& shown_prompt) {
+std::string Wizard::read_answer(const std::string& id, const std::string& shown_prompt, bool has_default) {
   out_ << shown_prompt << std::flush;
   std::string line;
   if (!std::getline(in_, line)) {
+    if (has_default) {  // no more input (no terminal, an --answers file that leaves it out): the default
+      out_ << "(default)\n";
+      return "";
+    }
     out_ << "\n";
     throw InputError(str("config: input ended before \"", prompt_of(id),
                          "\" was answered; answer it with --answers FILE (", id, ": ...)",
@@ -191,9 +198,11 @@ std::string Wizard::ask_option(const std::string& key, const std::string& def,
     FSDP_CHECK(v, "config: answer for ", key, ": ", error);
     return *v;
   }
-  const std::string shown = prompt_of(key) + (def.empty() ? " " : " [" + def + "]: ");
+  std::string prompt = prompt_of(key);
+  if (cpu_ && key == "num_processes") prompt = "How many processes should be used in total, across ALL machines?";
+  const std::string shown = prompt + (def.empty() ? " " : " [" + def + "]: ");
   while (true) {
-    std::string a = read_answer(key, shown);
+    std::string a = read_answer(key, shown, !def.empty());
     if (a.empty()) {
       if (!def.empty())
         a = def;
@@ -220,7 +229,7 @@ WizardResult Wizard::run() {
 
 bool Wizard::ask_machines() {
   const std::string machine =
-      ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"}, "multi-GPU");
+      ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"}, gpus_ > 0 ? "multi-GPU" : "multi-CPU");
   distributed_ = machine != "No distributed training";
   cpu_ = machine == "multi-CPU";
   set_bool("use_cpu", cpu_);
@@ -338,7 +347,7 @@ std::vector<WizardQuestionInfo> wizard_questions() {
 }
 
 WizardResult run_wizard(std::istream& in, std::ostream& out, const std::map<std::string, std::string>& preset,
-                        bool interactive) {
+                        bool interactive, int gpus) {
   for (const auto& [id, answer] : preset) {
     bool known = false;
     std::vector<std::string> ids;
@@ -352,7 +361,7 @@ WizardResult run_wizard(std::istream& in, std::ostream& out, const std::map<std:
                            " (`fsdptrain config --list-questions` lists them)"));
     }
   }
-  return Wizard(in, out, preset, interactive).run();
+  return Wizard(in, out, preset, interactive, gpus).run();
 }
 
 std::map<std::string, std::string> read_wizard_answers(const std::string& path) {

@@ -28,10 +28,11 @@ struct WizardResult {
   std::string yaml;                                         // the config file to write
 };
 
-// Runs the wizard. Throws InputError for a bad preset answer, an unknown question id, or input
-// that ends before every question is answered.
+// Runs the wizard. gpus: this machine's (0: the default is multi-CPU, as `config default` does).
+// When the input ends, a question with a default takes it. Throws InputError for a bad preset
+// answer, an unknown question id, or input that ends before a question without a default.
 WizardResult run_wizard(std::istream& in, std::ostream& out, const std::map<std::string, std::string>& preset,
-                        bool interactive);
+                        bool interactive, int gpus = 1);
 
 // Reads an answers file: a YAML mapping of question id to answer.
 std::map<std::string, std::string> read_wizard_answers(const std::string& path);

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "util/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace fsdp::data {
@@ -19,13 +20,7 @@ constexpr int32_t kMagicUint16 = 20240520, kMagicUint32 = 20240801;
 constexpr int64_t kHeaderBytes = 256 * 4;
 
 std::vector<std::string> expand(const std::string& pattern) {
-  glob_t g{};
-  std::vector<std::string> out;
-  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
-  globfree(&g);
-  std::sort(out.begin(), out.end());
-  return out;
+  return glob_paths(pattern);
 }
 
 std::string read_all(const std::string& path) {

@@ -32,6 +32,7 @@ Store::Store(const StoreOptions& options) : options_(options) {
   o.useLibUV = false;  // the classic backend reports a taken port as a plain bind error
   auto impl = std::make_shared<Impl>();
   try {
+    const QuietLibTorchLogs quiet;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(options.host, o);
     impl->port = tcp->getPort();
     impl->root = tcp;
@@ -39,7 +40,7 @@ Store::Store(const StoreOptions& options) : options_(options) {
     std::string cause = brief_message(e);
     if (options.is_server)
       throw Error(str("[store] cannot serve the rendezvous on port ", options.port, ": ", cause,
-                      "; is another run using it? Pick another with --main_process_port (0 picks a free one)"));
+                      "; is another run using it? Pick another with --main_process_port"));
     throw Error(str("[store] cannot reach the rendezvous at ", options.host, ":", options.port, " within ",
                     seconds(options.timeout), ": ", cause,
                     "; check --main_process_ip/--main_process_port and that machine 0's launcher is running"));

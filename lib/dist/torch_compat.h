@@ -6,6 +6,7 @@
 #pragma once
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <exception>
 #include <string>
@@ -34,6 +35,19 @@ inline std::string brief_message(const std::exception& e) {
   const size_t end = text.find('\n');
   return end == std::string::npos ? text : text.substr(0, end);
 }
+
+// LibTorch's own log lines ("[W... socket.cpp:...] ...") silenced while it lives: the store's
+// bind and connect retries print them before fsdptrain's one message about the same failure.
+class QuietLibTorchLogs {
+ public:
+  QuietLibTorchLogs() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = 3; }  // FATAL only
+  ~QuietLibTorchLogs() { FLAGS_caffe2_log_level = saved_; }
+  QuietLibTorchLogs(const QuietLibTorchLogs&) = delete;
+  QuietLibTorchLogs& operator=(const QuietLibTorchLogs&) = delete;
+
+ private:
+  int saved_;
+};
 
 // What the user sees for an error that reached main: a LibTorch error's first line and how to get
 // its C++ backtrace, or (with_backtrace) all of it; any other exception's whole message.

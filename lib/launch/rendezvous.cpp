@@ -32,7 +32,9 @@ Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeo
     try {
       server_.emplace(so);
     } catch (const Error& e) {
-      if (topology.num_machines > 1 || port_ == 0) throw;
+      if (topology.num_machines > 1)
+        throw Error(str(e.what(), " (the same port on every machine; 0, any free port, works on one machine only)"));
+      if (port_ == 0) throw;
       log_warn(str("[launch] port ", port_,
                    " is in use on this machine; using a free port instead "
                    "(choose one with --main_process_port)"));

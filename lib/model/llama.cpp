@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "fsdp/param_group.h"
@@ -48,6 +49,51 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// The fields that fix the model's shapes: a config.json without one of them is refused.
+const char* const kRequiredFields[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                       "num_attention_heads"};
+
+// Every other top-level field fsdptrain reads, and those Hugging Face configs carry that do not
+// change what the model computes (ids, bookkeeping, generation defaults).
+const std::set<std::string>& known_fields() {
+  static const std::set<std::string> known = {
+      "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+      "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias",
+      "tie_word_embeddings", "initializer_range", "dtype", "torch_dtype", "hidden_act", "rope_theta", "rope_scaling",
+      "rope_parameters", "model_type", "attention_dropout",
+      // Read by nobody here, and harmless:
+      "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+      "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
+      "output_hidden_states", "return_dict", "torchscript", "id2label", "label2id", "problem_type", "tokenizer_class",
+      "prefix", "task_specific_params", "finetuning_task", "is_decoder", "is_encoder_decoder", "add_cross_attention",
+      "tie_encoder_decoder", "chunk_size_feed_forward", "max_length", "min_length", "do_sample", "temperature",
+      "top_k", "top_p", "num_beams", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+      "early_stopping", "num_return_sequences", "bad_words_ids", "use_bfloat16", "quantization_config"};
+  return known;
+}
+
+// Refuses a config.json without a required field (pointing at a near-miss spelling when there is
+// one); returns a warning for each field nobody knows, with the closest known one.
+std::vector<std::string> check_fields(const json& j, const std::string& where) {
+  std::vector<std::string> unknown;
+  for (const auto& item : j.items())
+    if (!known_fields().count(item.key())) unknown.push_back(item.key());
+  for (const char* required : kRequiredFields) {
+    if (j.contains(required)) continue;
+    const auto typo = closest_match(required, unknown);
+    throw InputError(str(where, ": ", required, " is missing; a model needs it",
+                         typo ? str(" (", quoted(*typo), " is there: a misspelling?)") : std::string()));
+  }
+  const std::vector<std::string> known(known_fields().begin(), known_fields().end());
+  std::vector<std::string> warnings;
+  for (const std::string& u : unknown) {
+    const auto near = closest_match(u, known);
+    warnings.push_back(str(where, ": unknown field ", quoted(u),
+                           near ? str(" (did you mean ", *near, "?)") : std::string(" (not read by fsdptrain)")));
+  }
+  return warnings;
+}
+
 }  // namespace
 
 int64_t LlamaConfig::num_parameters() const {
@@ -65,7 +111,7 @@ double LlamaConfig::flops_per_token(int64_t seq_len) const {
   return 6.0 * n + 12.0 * num_hidden_layers * num_attention_heads * head_dim * static_cast<double>(seq_len);
 }
 
-LlamaConfig parse_llama_config(const std::string& text, const std::string& where) {
+LlamaConfig parse_llama_config(const std::string& text, const std::string& where, std::vector<std::string>* warnings) {
   json j;
   try {
     j = json::parse(text);
@@ -124,16 +170,20 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ", c.num_attention_heads,
              " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
   FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
+  FSDP_CHECK(field<double>(j, "attention_dropout", 0.0, where) == 0.0, where, ": attention_dropout ",
+             j["attention_dropout"].dump(), " is not supported; fsdptrain trains without dropout (set it to 0.0)");
+  std::vector<std::string> unknown = check_fields(j, where);  // after the fields' own type errors
+  if (warnings) warnings->insert(warnings->end(), unknown.begin(), unknown.end());
   return c;
 }
 
-LlamaConfig load_llama_config(const std::string& path) {
+LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings) {
   std::ifstream in(path);
   FSDP_CHECK(in.good(), "[model] cannot read ", quoted(path),
              "; give a Hugging Face config.json (see configs/models/)");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_llama_config(ss.str(), path);
+  return parse_llama_config(ss.str(), path, warnings);
 }
 
 std::string llama_config_json(const LlamaConfig& c) {

@@ -51,9 +51,13 @@ struct LlamaConfig {
 };
 
 // Parses a config.json text. Accepts torch_dtype or dtype, rope_theta/rope_scaling or the newer
-// rope_parameters, legacy "type" for rope_type. Throws InputError naming `where` and the field.
-LlamaConfig parse_llama_config(const std::string& json_text, const std::string& where);
-LlamaConfig load_llama_config(const std::string& path);
+// rope_parameters, legacy "type" for rope_type. Throws InputError naming `where` and the field, also
+// for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads) and for settings that change the math and are not implemented. warnings
+// (optional): one line per field it does not know, with the closest known field.
+LlamaConfig parse_llama_config(const std::string& json_text, const std::string& where,
+                               std::vector<std::string>* warnings = nullptr);
+LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
 // The config.json text for `c` (both dtype spellings, rope_theta + rope_scaling), for exports.
 std::string llama_config_json(const LlamaConfig& c);
 

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
@@ -183,10 +183,10 @@ LossCurves read_loss_curves(const std::string& path) {
     if (j.contains("eval_loss") && j["eval_loss"].is_number()) eval[step] = j["eval_loss"].get<double>();
   }
   FSDP_CHECK(!loss.empty() || !eval.empty(), "[plot] ", path, " holds no loss; is this a logging.metrics_file?");
-  const std::filesystem::path p(path);
   LossCurves c;
-  c.label = p.filename() == "metrics.jsonl" && !p.parent_path().filename().empty() ? p.parent_path().filename().string()
-                                                                                  : p.stem().string();
+  const std::string name = base_name(path), folder = base_name(parent_folder(path));
+  c.label = name == "metrics.jsonl" && folder != "." && folder != "/" ? folder
+                                                                      : name.substr(0, name.rfind(".jsonl"));
   c.loss.assign(loss.begin(), loss.end());
   c.eval.assign(eval.begin(), eval.end());
   return c;

@@ -4,10 +4,10 @@
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 
 #include "ckpt/file_system.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
@@ -84,9 +84,7 @@ std::string host_name() {
 }  // namespace
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  FSDP_CHECK(!ec, "[train] logging.tensorboard_dir: cannot create ", quoted(dir), ": ", ec.message());
+  make_directories(dir);
   path_ = str(dir, "/events.out.tfevents.", static_cast<int64_t>(wall_time()), ".", host_name(), ".", ::getpid(),
               ".fsdptrain");
   out_.open(path_, std::ios::binary | std::ios::app);

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -19,6 +18,7 @@
 #include "train/tensorboard.h"
 #include "train/training_run.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -30,10 +30,7 @@ using Clock = std::chrono::steady_clock;
 
 // Where run.json goes: beside the metrics file, else in the TensorBoard folder; "" for neither.
 std::string run_summary_path(const config::LoggingConfig& logging) {
-  if (!logging.metrics_file.empty()) {
-    const std::filesystem::path dir = std::filesystem::path(logging.metrics_file).parent_path();
-    return (dir.empty() ? std::filesystem::path("run.json") : dir / "run.json").string();
-  }
+  if (!logging.metrics_file.empty()) return parent_folder(logging.metrics_file) + "/run.json";
   return logging.tensorboard_dir.empty() ? "" : logging.tensorboard_dir + "/run.json";
 }
 
@@ -55,9 +52,7 @@ class RunReport {
     const char* progress = std::getenv("FSDPTRAIN_PROGRESS");  // a live bar on the launcher's terminal
     progress_ = run.context().is_main() && progress && std::string(progress) == "1";
     if (run.context().is_main() && !config_.logging.metrics_file.empty()) {
-      const std::filesystem::path dir = std::filesystem::path(config_.logging.metrics_file).parent_path();
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::create_directories(dir, ec);
+      make_directories(parent_folder(config_.logging.metrics_file));
       metrics_.open(config_.logging.metrics_file, std::ios::app);
       FSDP_CHECK(metrics_.good(), "[train] cannot open logging.metrics_file ", quoted(config_.logging.metrics_file));
     }
@@ -221,7 +216,9 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
              "every parameter, so it cannot leave modules out (FSDP2's ignored_params; the engine supports them for "
              "programs that call fully_shard, and Python programs get FSDP_IGNORED_MODULES); remove the key to use "
              "the built-in trainer");
-  return config::unused_by_trainer(resolved);
+  std::vector<std::string> warnings = config::unused_by_trainer(resolved);
+  model_config_of(resolved.typed, &warnings);  // its config.json parses (InputError naming the file otherwise)
+  return warnings;
 }
 
 TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,

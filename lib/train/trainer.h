@@ -28,7 +28,7 @@ struct TrainSummary {
 
 // The model a config trains: model.config, else the config.json of model.pretrained. Throws
 // InputError when neither is set.
-model::LlamaConfig model_config_of(const config::Config& config);
+model::LlamaConfig model_config_of(const config::Config& config, std::vector<std::string>* warnings = nullptr);
 
 // What tests change: checkpoints written through another file system (one that fails on cue).
 struct TrainHooks {
@@ -36,7 +36,8 @@ struct TrainHooks {
 };
 
 // Before a launch of the built-in trainer: throws InputError for a setting it cannot honour
-// (fsdp_ignored_modules), and returns warnings for keys it does not use (config::unused_by_trainer).
+// (fsdp_ignored_modules) or a model config.json that does not parse, and returns warnings for keys
+// it does not use (config::unused_by_trainer).
 std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved);
 
 // Trains on `context`'s device and ranks. Throws InputError for a bad model config, data or

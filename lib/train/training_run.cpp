@@ -69,11 +69,11 @@ dist::ProcessGroup init_group(const dist::WorkerContext& context) {
 
 }  // namespace
 
-model::LlamaConfig model_config_of(const config::Config& cfg) {
+model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::string>* warnings) {
   FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
              "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
              "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
-  return model::load_llama_config(model_config_path(cfg));
+  return model::load_llama_config(model_config_path(cfg), warnings);
 }
 
 TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,

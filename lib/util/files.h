@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -18,6 +19,15 @@ void write_file_atomic(const std::string& path, const std::string& contents);
 // mkdir -p: creates `path` and its missing parents. Throws Error naming the folder and the OS
 // reason. (Not std::filesystem: libtorch.so exports its own copies of those functions.)
 void make_directories(const std::string& path);
+
+// The folder of a file path ("a/b.yaml" -> "a", "b.yaml" -> ".", "/b" -> "/"), and its last part
+// ("a/b.yaml" -> "b.yaml").
+std::string parent_folder(const std::string& path);
+std::string base_name(const std::string& path);
+
+// The paths a file name or glob ("data/*.bin") names, sorted; empty when nothing matches.
+std::vector<std::string> glob_paths(const std::string& pattern);
+bool is_directory(const std::string& path);
 
 // $HOME, or the password database's home folder when HOME is unset.
 std::string home_dir();

@@ -103,6 +103,11 @@ def main():
     args = ap.parse_args()
     import torch
 
+    if not args.cpu and torch.cuda.device_count() == 0:
+        sys.exit("compare.py: no GPU here, and the default shapes (the ~1B Llama at sequence 2048) would train on "
+                 "the CPU until memory runs out. On a GPU machine run it as is; to check the harness on CPU, pass "
+                 "--cpu with small shapes: --cpu --model-config configs/models/tiny/config.json "
+                 "--sequence-length 32 --micro-batch-size 2 --steps 4 --warmup 1")
     world = args.world_size or (2 if args.cpu else max(1, torch.cuda.device_count()))
     mixed = args.mixed_precision or ("no" if args.cpu else "bf16")
     peak_flops = (args.peak_tflops if args.peak_tflops is not None else (0 if args.cpu else 989)) * 1e12

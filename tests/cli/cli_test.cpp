@@ -236,3 +236,63 @@ TEST_CASE("the wizard through a pseudo-terminal, re-asking on a bad answer") {
   CHECK(yaml.find("distributed_type: 'NO'") != std::string::npos);
   CHECK(yaml.find("mixed_precision: bf16") != std::string::npos);
 }
+
+TEST_CASE("regression: a misspelled command or launch flag is refused with the closest one, and nothing starts") {
+  Result cmd = run({"lanuch", "--config", "x.yaml"});
+  CHECK(cmd.code == 2);
+  CHECK(cmd.err.find("unknown command \"lanuch\"; did you mean launch?") != std::string::npos);
+  Result sub = run({"config", "valdate", "x.yaml"});
+  CHECK(sub.code == 2);
+  CHECK(sub.err.find("fsdptrain config: unknown command \"valdate\"; did you mean validate?") != std::string::npos);
+  // Before the program, a flag launch does not have must not become the workers' command.
+  Result flag = run({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_procs", "2", "--", "/bin/echo",
+                     "STARTED"});
+  CHECK(flag.code == 2);
+  CHECK(flag.err.find("unknown option --num_procs; did you mean --num_processes?") != std::string::npos);
+  CHECK(flag.out.find("STARTED") == std::string::npos);
+}
+
+TEST_CASE("an FSDP1 file's summary says FSDP1, and what the built-in trainer runs instead") {
+  Result r = run({"config", "validate", std::string(FSDP_SOURCE_DIR) + "/configs/fsdp1/shard_grad_op.yaml"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("runs as FSDP1 SHARD_GRAD_OP (programs get FSDP_VERSION=1; the built-in trainer runs it as FSDP2, "
+                   "reshard_after_forward=false") != std::string::npos);
+}
+
+TEST_CASE("input paths a config names are read beside the config when the working directory lacks them") {
+  TempDir t;
+  t.file("cfg/model.json", fsdp::read_file(std::string(FSDP_SOURCE_DIR) + "/configs/models/tiny/config.json"));
+  t.file("cfg/data/a.txt", "hello world\n");
+  const std::string base = "distributed_type: NO\nmodel:\n  config: model.json\ndata:\n  path: data/*.txt\n";
+  const std::string good = t.file("cfg/run.yaml", base);
+  Result ok = run({"config", "validate", good});
+  INFO(ok.err);
+  CHECK(ok.code == 0);
+  Result show = run({"config", "show", "--config", good});
+  CHECK(show.out.find(t / "cfg/model.json") != std::string::npos);
+  CHECK(show.out.find("(relative to " + t / "cfg" + "/)") != std::string::npos);
+  // Nowhere: the error names both places it looked.
+  const std::string bad = t.file("cfg/bad.yaml", "distributed_type: NO\nmodel:\n  config: nothere.json\n");
+  Result missing = run({"config", "validate", bad});
+  CHECK(missing.code == 2);
+  CHECK(missing.err.find("model.config: no file at \"nothere.json\" (from the working directory) or \"" +
+                         t / "cfg/nothere.json" + "\" (beside the config file)") != std::string::npos);
+}
+
+TEST_CASE("files fsdptrain writes validate without warnings; show --format yaml leaves the trainer's sections out") {
+  TempDir t;
+  const std::string written = t / "default.yaml";
+  REQUIRE(run({"config", "default", "--config_file", written}).code == 0);
+  Result v = run({"config", "validate", written});
+  CHECK(v.code == 0);
+  CHECK(v.err.find("warning") == std::string::npos);
+  const std::string answers = t.file("answers.yaml", "fsdp_config.fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n");
+  REQUIRE(run({"config", "--config_file", t / "wizard.yaml", "--answers", answers}).code == 0);
+  Result w = run({"config", "validate", t / "wizard.yaml"});
+  CHECK(w.code == 0);
+  CHECK(w.err.find("warning") == std::string::npos);
+  Result y = run({"config", "show", "--config", kConfigs + "/quickstart.yaml", "--format", "yaml"});
+  CHECK(y.code == 0);
+  CHECK(y.out.find("\nmodel:") == std::string::npos);
+  CHECK(y.out.find("the built-in trainer's sections (model, data, ...) are left out") != std::string::npos);
+}

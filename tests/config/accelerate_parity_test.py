@@ -127,7 +127,14 @@ def main():
         w = os.path.join(tmp, "wizard.yaml")
         r = run([args.fsdptrain, "config", "--config_file", w], input="\n" * 40, env=env)
         check(r.returncode == 0, f"wizard failed: {r.stderr}")
-        for path in (d, w):
+        # `config show --format yaml` of a config with the trainer's sections (the quickstart).
+        s = os.path.join(tmp, "shown.yaml")
+        r = run([args.fsdptrain, "config", "show", "--config", os.path.join(args.configs, "quickstart.yaml"),
+                 "--format", "yaml"], env=env)
+        check(r.returncode == 0, f"config show --format yaml failed: {r.stderr}")
+        with open(s, "w") as f:
+            f.write(r.stdout)
+        for path in (d, w, s):
             try:
                 cfg = load_config_from_file(path)
                 check(cfg.distributed_type.value == "FSDP", f"{path}: distributed_type {cfg.distributed_type}")

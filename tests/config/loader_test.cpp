@@ -111,6 +111,15 @@ TEST_CASE("values Accelerate knows but fsdptrain does not support get a reason")
         std::string::npos);
 }
 
+TEST_CASE("regression: a refused distributed_type is one error, not also NO's single-process rule") {
+  for (const char* type : {"DEEPSPEED", "MULTI_XPU"}) {
+    const Loaded l = load_text(std::string("distributed_type: ") + type + "\nnum_processes: 4\n");
+    CAPTURE(l.errors());
+    CHECK(l.diags.error_count() == 1);
+    CHECK(l.errors().find("runs a single process") == std::string::npos);
+  }
+}
+
 TEST_CASE("unknown keys are errors with the closest known key, at every level") {
   Loaded l = load_text(std::string(kFsdp2Base) +
                        "  fsdp_ofload_params: true\nnum_proceses: 2\nfsdp_offload_params: true\n"

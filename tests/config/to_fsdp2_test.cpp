@@ -126,3 +126,51 @@ TEST_CASE("nothing to convert: no fsdp_config, or already FSDP2 (also as the str
     CHECK(r.output == in);
   }
 }
+
+TEST_CASE("regression: a file without num_processes converts (SLURM scripts pass it to the launcher)") {
+  const std::string slurm =
+      "compute_environment: LOCAL_MACHINE\n"
+      "distributed_type: FSDP\n"
+      "fsdp_config:\n"
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+      "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+      "  fsdp_cpu_ram_efficient_loading: true\n"
+      "  fsdp_forward_prefetch: false\n"
+      "  fsdp_offload_params: false\n"
+      "  fsdp_sharding_strategy: FULL_SHARD\n"
+      "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+      "  fsdp_sync_module_states: true\n"
+      "  fsdp_use_orig_params: true\n"
+      "mixed_precision: fp16\n"
+      "rdzv_backend: c10d\n";
+  const ToFsdp2Result r = convert_to_fsdp2(slurm, "fsdp_config.yaml");
+  CHECK(r.converted);
+  CHECK(r.lossy.empty());
+  CHECK(r.output.find("fsdp_reshard_after_forward: true") != std::string::npos);
+  CHECK(r.output.find("num_processes") == std::string::npos);
+}
+
+TEST_CASE("regression: FSDP1 keys in an FSDP2 file are converted, so validate's hint fixes the file") {
+  const std::string mixed =
+      "distributed_type: FSDP\n"
+      "num_processes: 2\n"
+      "fsdp_config:\n"
+      "  fsdp_version: 2\n"
+      "  fsdp_sharding_strategy: SHARD_GRAD_OP  # FSDP1's name\n"
+      "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+      "  fsdp_offload_params: false\n";
+  const ToFsdp2Result r = convert_to_fsdp2(mixed, "mixed.yaml");
+  CHECK(r.converted);
+  CHECK(r.output.find("fsdp_reshard_after_forward: false  # FSDP1's name") != std::string::npos);
+  CHECK(r.output.find("fsdp_backward_prefetch") == std::string::npos);
+  CHECK(r.output.find("fsdp_offload_params: false") != std::string::npos);
+  CHECK(load_text(r.output).errors() == "");
+  // Both keys, disagreeing: refused, naming them.
+  const std::string both = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+                           "  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: false\n";
+  CHECK_THROWS_WITH_AS(convert_to_fsdp2(both, "both.yaml"), doctest::Contains("FULL_SHARD disagrees with"),
+                       fsdp::InputError);
+  // Nothing of FSDP1's: nothing to convert.
+  CHECK_FALSE(convert_to_fsdp2("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n", "v2.yaml")
+                  .converted);
+}

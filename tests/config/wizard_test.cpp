@@ -125,5 +125,36 @@ TEST_CASE("bad presets, unknown ids and input that ends early are errors") {
                                 {"use_fsdp", "no"}}),
                        doctest::Contains("answer for num_processes: expected a whole number"), InputError);
   CHECK_THROWS_WITH_AS(run("", {{"num_procs", "2"}}), doctest::Contains("did you mean num_processes?"), InputError);
-  CHECK_THROWS_WITH_AS(run("3\n"), doctest::Contains("input ended before"), InputError);
+  // Input that ends before a question without a default (two machines: the main machine's address).
+  CHECK_THROWS_WITH_AS(run("3\n2\n"), doctest::Contains("input ended before"), InputError);
+}
+
+TEST_CASE("regression: without a terminal, questions the answers leave out take their defaults (README example)") {
+  // The README's answers file plus --fsdp_offload_params true, and no more input.
+  const std::map<std::string, std::string> readme = {{"machine_type", "multi-GPU"},
+                                                     {"num_machines", "1"},
+                                                     {"debug", "no"},
+                                                     {"use_fsdp", "yes"},
+                                                     {"fsdp_config.fsdp_version", "2"},
+                                                     {"num_processes", "8"},
+                                                     {"fsdp_config.fsdp_offload_params", "true"}};
+  Run r = run("", readme);
+  Loaded l = load_text(r.result.yaml);
+  CHECK_MESSAGE(l.errors() == "", l.errors());
+  CHECK(l.diags.warnings().empty());
+  CHECK(l.rc.typed.launch.num_processes == 8);
+  CHECK(l.rc.typed.fsdp.offload_params);
+  CHECK(r.transcript.find("(default)") != std::string::npos);
+}
+
+TEST_CASE("on a machine without GPUs the wizard defaults to CPU processes and says processes") {
+  std::istringstream in("");
+  std::ostringstream out;
+  const WizardResult r = run_wizard(in, out, {}, /*interactive=*/false, /*gpus=*/0);
+  Loaded l = load_text(r.yaml);
+  CHECK_MESSAGE(l.errors() == "", l.errors());
+  CHECK(l.rc.typed.launch.use_cpu);
+  CHECK(out.str().find("[multi-CPU]") != std::string::npos);
+  CHECK(out.str().find("How many processes should be used in total") != std::string::npos);
+  CHECK(out.str().find("(GPUs)") == std::string::npos);
 }

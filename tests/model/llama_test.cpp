@@ -231,7 +231,8 @@ TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer 
 TEST_CASE("config.json: HF spellings old and new, and clear errors") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   const LlamaConfig a = parse_llama_config(
-      R"({"model_type":"llama","hidden_size":64,"num_attention_heads":4,"torch_dtype":"bfloat16",
+      R"({"model_type":"llama","vocab_size":257,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
+          "num_attention_heads":4,"torch_dtype":"bfloat16",
           "rope_theta":500000.0,"rope_scaling":{"type":"llama3","factor":8.0,"low_freq_factor":1.0,
           "high_freq_factor":4.0,"original_max_position_embeddings":8192}})",
       "a.json");
@@ -242,7 +243,8 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
   REQUIRE(a.rope_scaling.has_value());
   CHECK(a.rope_scaling->factor == 8.0);
   const LlamaConfig b = parse_llama_config(
-      R"({"hidden_size":64,"num_attention_heads":4,"dtype":"float32","torch_dtype":"bfloat16",
+      R"({"vocab_size":257,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
+          "dtype":"float32","torch_dtype":"bfloat16",
           "rope_parameters":{"rope_type":"llama3","rope_theta":10000.0,"factor":4.0}})",
       "b.json");
   CHECK(b.dtype == "float32");
@@ -258,6 +260,25 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
           parse_llama_config(R"({"hidden_size":"big"})", "h.json");
         }).find("h.json: \"hidden_size\": expected a number") != std::string::npos);
   CHECK(error_of([] { load_llama_config("/nonexistent/config.json"); }).find("cannot read") != std::string::npos);
+}
+
+TEST_CASE("regression: a misspelled config.json field is not silently replaced by a default") {
+  const std::string fields = R"("vocab_size":257,"hidden_size":64,"intermediate_size":128,"num_attention_heads":4)";
+  // A required field spelled wrong: refused, pointing at the misspelling.
+  CHECK(error_of([&] { parse_llama_config("{" + fields + R"(,"num_hiden_layers":2})", "t.json"); })
+            .find("t.json: num_hidden_layers is missing; a model needs it (\"num_hiden_layers\" is there: a "
+                  "misspelling?)") != std::string::npos);
+  // An optional one: a warning with the closest field; fields HF configs carry pass silently.
+  std::vector<std::string> warnings;
+  const LlamaConfig c = parse_llama_config(
+      "{" + fields + R"(,"num_hidden_layers":2,"rms_norm_epsilon":1e-6,"bos_token_id":1,"use_cache":true})", "t.json",
+      &warnings);
+  CHECK(c.num_hidden_layers == 2);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0] == "t.json: unknown field \"rms_norm_epsilon\" (did you mean rms_norm_eps?)");
+  CHECK(error_of([&] {
+          parse_llama_config("{" + fields + R"(,"num_hidden_layers":2,"attention_dropout":0.1})", "d.json");
+        }).find("attention_dropout 0.1 is not supported") != std::string::npos);
 }
 
 TEST_CASE("the shipped model configs parse; Llama-3-8B has its known parameter count and FLOPs per token") {

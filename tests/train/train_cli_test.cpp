@@ -73,9 +73,20 @@ TEST_CASE("bad training input stops the run with the key and the fix") {
   CHECK(both.code == 2);
   CHECK(both.err.find("model.gradient_checkpointing") != std::string::npos);
   CHECK(both.err.find("use fsdp_config.fsdp_activation_checkpointing: true alone") != std::string::npos);
+  // Checked by the launcher before any worker starts: one error, not one per rank.
   const Result data = launch_with({"--set", "data.path=no/such/*.txt"});
   CHECK(data.code == 2);
-  CHECK((data.out + data.err).find("data.path \"no/such/*.txt\" matches no file") != std::string::npos);
+  const std::string all = data.out + data.err;
+  CHECK(all.find("data.path: matches no file at \"no/such/*.txt\"") != std::string::npos);
+  CHECK(all.find("matches no file") == all.rfind("matches no file"));
+  CHECK(all.find("[rank") == std::string::npos);
+  const Result model = launch_with({"--set", "model.config=configs/models/none/config.json"});
+  CHECK(model.code == 2);
+  CHECK(model.err.find("model.config: no file at \"configs/models/none/config.json\"") != std::string::npos);
+  CHECK(model.err.find("[rank") == std::string::npos);
+  const Result folder = launch_with({"--set", "data.path=lib"});
+  CHECK(folder.code == 2);
+  CHECK(folder.err.find("\"lib\" is a folder (hint: a glob such as lib/*.bin reads the files in it)") != std::string::npos);
   const Result lr = launch_with({"--set", "optimizer.lr=-1"});
   CHECK(lr.code == 2);
   CHECK(lr.err.find("optimizer.lr") != std::string::npos);
