@@ -440,6 +440,15 @@ void check_converted(const std::string& text, const std::string& file) {
         str("the converted config does not validate; fix these in ", file, " first:\n", join(diags.errors(), "\n")));
 }
 
+// The edited text, checked to validate.
+ToFsdp2Result finish(Conversion& c, const std::string& note) {
+  c.result.output = assemble(c);
+  c.result.converted = true;
+  c.result.notes.push_back(note);
+  check_converted(c.result.output, c.file);
+  return c.result;
+}
+
 }  // namespace
 
 ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file) {
@@ -458,20 +467,12 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
       return c.result;
     }
     convert_stray_fsdp1_keys(c);
-    c.result.output = assemble(c);
-    c.result.converted = true;
-    c.result.notes.push_back("FSDP1 keys removed from an FSDP2 file");
-    check_converted(c.result.output, file);
-    return c.result;
+    return finish(c, "FSDP1 keys removed from an FSDP2 file");
   }
   convert_strategy(c);
   convert_keys(c);
   append_missing(c);
-  c.result.output = assemble(c);
-  c.result.converted = true;
-  c.result.notes.push_back("fsdp_version: 1 -> 2");
-  check_converted(c.result.output, file);
-  return c.result;
+  return finish(c, "fsdp_version: 1 -> 2");
 }
 
 std::string run_to_fsdp2(const ToFsdp2Command& cmd) {
