@@ -39,12 +39,12 @@ std::vector<std::pair<std::string, std::string>> TableFlags::given() const {
 }
 
 void ConfigArgs::add_to(CLI::App* app, bool positional_file) {
-  if (positional_file)
-    app->add_option("file", file, "The config file")->required();
-  else
-    app->add_option("--config,--config_file,--config-file", file,
-                    "Config file (default: $FSDPTRAIN_CONFIG_FILE, ~/.cache/fsdptrain/default_config.yaml, "
-                    "then Accelerate's default_config.yaml)");
+  // One spelling everywhere: --config, Accelerate's --config_file, --config-file; where a command
+  // takes one file, also as its argument.
+  if (positional_file) app->add_option("file", file, "The config file (or --config FILE)");
+  app->add_option("--config,--config_file,--config-file", file,
+                  "Config file (default: $FSDPTRAIN_CONFIG_FILE, ~/.cache/fsdptrain/default_config.yaml, "
+                  "then Accelerate's default_config.yaml)");
   app->add_option("--set", sets, "Override a key: --set fsdp_config.fsdp_offload_params=true (repeatable)")
       ->allow_extra_args(false);
   flags.add_to(app);

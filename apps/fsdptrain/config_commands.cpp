@@ -16,6 +16,7 @@
 #include "util/log.h"
 #include "dist/build_info.h"
 #include "util/files.h"
+#include "util/strings.h"
 
 namespace fsdp::cli {
 
@@ -39,7 +40,7 @@ class WizardCommand final : public Command {
     CLI::App* app = parent.add_subcommand("config",
                                           "Create a config interactively (the Accelerate wizard's questions), or "
                                           "default/show/validate/update/keys");
-    app->add_option("--config_file,--config-file", path_,
+    app->add_option("--config,--config_file,--config-file", path_,
                     "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
     app->add_option("--answers", answers_file_, "YAML file of answers by question id (no terminal needed)");
     app->add_flag("--list-questions,--list_questions", list_questions_,
@@ -73,7 +74,7 @@ class DefaultCommand final : public Command {
  public:
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app = parent.add_subcommand("default", "Write an FSDP2 config for this machine without questions");
-    app->add_option("--config_file,--config-file", path_,
+    app->add_option("--config,--config_file,--config-file", path_,
                     "Where to write (default: ~/.cache/fsdptrain/default_config.yaml)");
     app->add_option("--mixed_precision,--mixed-precision", mixed_precision_, "no, fp16 or bf16")
         ->check(CLI::IsMember({"no", "fp16", "bf16"}));
@@ -124,8 +125,8 @@ class ValidateCommand final : public ConfigCommand {
     const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
     if (!rc.typed.model.config.empty() || !rc.typed.model.pretrained.empty())  // the built-in trainer's sections
       for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
-    std::cout << args_.file << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
-              << rc.typed.launch.num_processes << " process(es)\n";
+    std::cout << (rc.file.empty() ? std::string("the default settings") : rc.file) << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
+              << plural(rc.typed.launch.num_processes, "process", "processes") << "\n";
     return 0;
   }
 };
@@ -134,7 +135,7 @@ class UpdateCommand final : public Command {
  public:
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app = parent.add_subcommand("update", "Rewrite a config in today's format with every default filled in");
-    app->add_option("--config_file,--config-file", path_, "The file (default: the default config file)");
+    app->add_option("--config,--config_file,--config-file", path_, "The file (default: the default config file)");
     app->add_flag("--to-fsdp2,--to_fsdp2", to_fsdp2_, "Also convert FSDP1 keys to FSDP2 (as `fsdptrain to-fsdp2`)");
     app->add_flag("--force", force_, "Accept a lossy FSDP1 -> FSDP2 conversion");
     return app;

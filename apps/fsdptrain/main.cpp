@@ -19,6 +19,23 @@ namespace {
 
 using namespace fsdp;
 
+// --help as fsdptrain shows it: the program's name in every usage line, launch's program argument
+// spelled out, and a command that has subcommands (config) lists them before its options.
+class HelpFormatter final : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    if (app->get_name() == "launch") return "Usage: " + name + " [OPTIONS] [PROGRAM | SCRIPT.py] [ARGS]...\n";
+    return CLI::Formatter::make_usage(app, name);
+  }
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    const bool has_subcommands = !app->get_subcommands([](const CLI::App*) { return true; }).empty();
+    if (mode != CLI::AppFormatMode::Normal || app->get_parent() == nullptr || !has_subcommands)
+      return CLI::Formatter::make_help(app, name, mode);
+    return make_description(app) + make_usage(app, name) + make_subcommands(app, mode) + make_positionals(app) +
+           make_groups(app, mode) + "\n" + make_footer(app);
+  }
+};
+
 // The names of `app`'s subcommands.
 std::vector<std::string> command_names(const CLI::App& app) {
   std::vector<std::string> names;
@@ -48,6 +65,8 @@ int run(int argc, char** argv) {
   CLI::App app{
       "fsdptrain: FSDP2-style sharded training of Llama-family models on LibTorch, configured by "
       "Accelerate-style YAML.\nCommands read Accelerate's config files as they are."};
+  app.name("fsdptrain");
+  app.formatter(std::make_shared<HelpFormatter>());
   app.set_version_flag("--version", [] { return version_line(); });
   app.require_subcommand(1);
 

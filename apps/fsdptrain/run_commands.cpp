@@ -45,6 +45,34 @@ std::string self_executable() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
+// Whether `python` finds every module named (without importing them: fast).
+bool python_finds(const std::string& python, const std::string& modules) {
+  const std::string cmd = python + " -c 'import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
+                                   "sys.argv[1:]) else 1)' " + modules + " >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+// A .py script runs with the python3 on PATH (as accelerate launch does). When that one lacks
+// torch or accelerate, say so before the workers fail, naming an interpreter that has them.
+void warn_if_python_lacks_torch() {
+  std::string missing;
+  for (const char* module : {"torch", "accelerate"})
+    if (!python_finds("python3", module)) missing += (missing.empty() ? "" : " and ") + std::string(module);
+  if (missing.empty()) return;
+  const std::string exe = self_executable();  // <root>/build/apps/fsdptrain/fsdptrain
+  std::vector<std::string> candidates;
+  if (const char* p = std::getenv("FSDPTRAIN_PYTHON"); p && *p) candidates.push_back(p);
+  candidates.push_back(parent_folder(parent_folder(parent_folder(parent_folder(exe)))) + "/.venv/bin/python");
+  std::string hint = "install " + missing + " there, or give the interpreter after `--`";
+  for (const std::string& c : candidates)
+    if (file_exists(c) && python_finds(c, "torch accelerate")) {
+      hint = str("fsdptrain's own environment has them: run `fsdptrain launch ... -- ", c,
+                 " SCRIPT.py`, or activate it first (source ", parent_folder(c), "/activate)");
+      break;
+    }
+  log_warn("[launch] the python3 on PATH cannot import " + missing + ", so the script's workers may fail; " + hint);
+}
+
 // "--num_procs" where the program should start: an unknown flag, refused with the closest one
 // before any worker starts (CLI11 would hand it to the workers as the program).
 void check_flag_known(const CLI::App& app, const std::string& word) {
@@ -103,6 +131,7 @@ class LaunchCommand final : public ConfigCommand {
       for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
       options_.command = {self_executable(), "worker", "--train"};
     }
+    if (!options_.command.empty() && ends_with(options_.command.front(), ".py")) warn_if_python_lacks_torch();
     if (built_in) {
       const std::vector<std::string> forwarded = ConfigArgs::forward(inputs);
       options_.command.insert(options_.command.end(), forwarded.begin(), forwarded.end());
@@ -201,7 +230,8 @@ class ToFsdp2Command final : public Command {
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app =
         parent.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
-    app->add_option("--config_file,--config-file", request_.config_file, "The FSDP1 config to convert")->required();
+    app->add_option("--config,--config_file,--config-file", request_.config_file, "The FSDP1 config to convert")
+        ->required();
     app->add_option("--output_file,--output-file", request_.output_file, "Where to write the FSDP2 config");
     app->add_flag("--overwrite", request_.overwrite,
                   "Rewrite --config_file in place (or replace an existing --output_file)");
@@ -238,7 +268,8 @@ class PlotCommand final : public Command {
       points += runs.back().loss.size() + runs.back().eval.size();
     }
     write_file_atomic(output_, train::plot_svg(runs, options_));
-    std::cout << "wrote " << output_ << " (" << runs.size() << " run(s), " << points << " points)\n";
+    std::cout << "wrote " << output_ << " (" << plural(static_cast<long long>(runs.size()), "run") << ", "
+              << plural(static_cast<long long>(points), "point") << ")\n";
     return 0;
   }
 

@@ -321,8 +321,8 @@ double Checkpointer::save(const TrainingState& state) {
     m.run([&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
       if (!m.is_writer()) return;
       m.write_full(slices, state_doc, tmp, final_dir);
-      m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", seconds_since(t0), " s; training waited ",
-                blocked, " s\n"));
+      m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", format_seconds(seconds_since(t0)), "; training waited ",
+                format_seconds(blocked), "\n"));
     });
     return blocked;
   }
@@ -340,8 +340,8 @@ double Checkpointer::save(const TrainingState& state) {
     }
     if (m.world.rank() != 0) return;
     m.commit(m.collect(name, std::move(report)), {}, state_doc, tmp, final_dir);
-    m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", m.shard_size(), " shard file(s)) in ",
-              seconds_since(t0), " s; training waited ", blocked, " s\n"));
+    m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", plural(m.shard_size(), "shard file"), ") in ",
+              format_seconds(seconds_since(t0)), "; training waited ", format_seconds(blocked), "\n"));
   };
   m.run(std::move(job));
   return blocked;
@@ -399,8 +399,8 @@ TrainingState Checkpointer::load(const std::string& path) {
   fill(m.model, &m.adamw, src.get(), m.world, efficient);
   m.adamw.set_steps(state.optimizer_steps);
   restore_rng(state_doc, device, path_in(path, kState));
-  m.say(str("[ckpt] loaded ", path, " (step ", state.step, ", saved by ", state.world_size, " rank(s)) in ",
-            seconds_since(t0), " s\n"));
+  m.say(str("[ckpt] loaded ", path, " (step ", state.step, ", saved by ", plural(state.world_size, "rank"), ") in ",
+            format_seconds(seconds_since(t0)), "\n"));
   return state;
 }
 

@@ -76,18 +76,40 @@ bool Diagnostics::has_error_for(const std::string& key) const {
   return false;
 }
 
-std::vector<std::string> Diagnostics::errors() const {
+namespace {
+
+// (line, column) of a "file:line:col" location; problems with no line of their own sort after.
+std::pair<long long, long long> position_of(const std::string& location) {
+  const size_t c2 = location.rfind(':');
+  const size_t c1 = c2 == std::string::npos || c2 == 0 ? std::string::npos : location.rfind(':', c2 - 1);
+  if (c1 == std::string::npos) return {1LL << 60, 0};
+  const auto line = parse_int(location.substr(c1 + 1, c2 - c1 - 1));
+  const auto col = parse_int(location.substr(c2 + 1));
+  if (!line || !col) return {1LL << 60, 0};
+  return {*line, *col};
+}
+
+// The problems of one severity, formatted, in the order of the lines they are about.
+std::vector<std::string> sorted_by_line(const std::vector<Diagnostic>& items, Diagnostic::Severity severity) {
+  std::vector<const Diagnostic*> picked;
+  for (const auto& d : items)
+    if (d.severity == severity) picked.push_back(&d);
+  std::stable_sort(picked.begin(), picked.end(), [](const Diagnostic* a, const Diagnostic* b) {
+    return position_of(a->location) < position_of(b->location);
+  });
   std::vector<std::string> out;
-  for (const auto& d : items_)
-    if (d.severity == Diagnostic::Severity::kError) out.push_back(d.format());
+  for (const Diagnostic* d : picked) out.push_back(d->format());
   return out;
 }
 
+}  // namespace
+
+std::vector<std::string> Diagnostics::errors() const {
+  return sorted_by_line(items_, Diagnostic::Severity::kError);
+}
+
 std::vector<std::string> Diagnostics::warnings() const {
-  std::vector<std::string> out;
-  for (const auto& d : items_)
-    if (d.severity == Diagnostic::Severity::kWarning) out.push_back(d.format());
-  return out;
+  return sorted_by_line(items_, Diagnostic::Severity::kWarning);
 }
 
 void Diagnostics::throw_if_errors() const {

@@ -57,7 +57,7 @@ void run_health_check(dist::ProcessGroup& g, const HealthCheckOptions& options, 
                          : std::vector<int64_t>{64 << 10, 1 << 20, 16 << 20};
 
   std::ostringstream table;
-  table << "fsdptrain check: " << W << " rank(s), backend " << g.backend_name() << ", float32, "
+  table << "fsdptrain check: " << plural(W, "rank") << ", backend " << g.backend_name() << ", float32, "
         << (options.cuda ? "cuda" : "cpu") << "\n";
   table << std::left << std::setw(16) << "collective" << std::right << std::setw(10) << "size" << std::setw(7)
         << "iters" << std::setw(12) << "time (us)" << std::setw(14) << "algbw (GB/s)" << std::setw(14) << "busbw (GB/s)"
@@ -120,7 +120,7 @@ void run_health_check(dist::ProcessGroup& g, const HealthCheckOptions& options, 
     }
   }
   g.barrier().wait();
-  table << "all collectives verified on " << W << " rank(s)\n";
+  table << "all collectives verified on " << plural(W, "rank") << "\n";
   if (rank == 0) out << table.str() << std::flush;
 }
 

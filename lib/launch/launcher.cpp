@@ -63,9 +63,12 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, std::ostream& out) {
+void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, bool use_cpu, std::ostream& out) {
   out << "# machine " << t.machine_rank << " of " << t.num_machines << ": " << t.local_world_size
       << " worker(s), world size " << t.world_size << "; rendezvous " << t.master_addr << ":" << t.master_port << "\n";
+  if (use_cpu)
+    out << "# use_cpu: every worker gets ACCELERATE_USE_CPU=true and runs on CPU processes over Gloo (accelerate "
+           "launch exports it only from its single-process launcher, so its workers differ; README)\n";
   for (const auto& w : specs) {
     out << "\n# rank " << w.rank << " (local rank " << w.local_rank << ")\n";
     out << "env";
@@ -84,7 +87,7 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
   Topology topology = topology_of(l);
   FSDP_ASSERT(!options.command.empty(), "launch without a command");
   if (options.dry_run) {
-    print_dry_run(plan_workers(rc, topology, options.command, 0), topology, out);
+    print_dry_run(plan_workers(rc, topology, options.command, 0), topology, rc.typed.launch.use_cpu, out);
     return 0;
   }
   const auto ms = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };

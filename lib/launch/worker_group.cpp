@@ -215,6 +215,7 @@ void WorkerGroup::drain(Stream& s, bool final) {
   }
   if (out.empty()) return;
   write_all(s.to_fd, out);
+  set_progress_line_live(progress_shown_);
   if (log_fds_[s.worker] >= 0 && !logged.empty()) write_all(log_fds_[s.worker], logged);
 }
 

@@ -96,7 +96,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   loader_ = std::make_unique<data::DistributedLoader>(tokens_, 0, split_.train_sequences, T,
                                                       config_.train.micro_batch_size, world_.rank(), world_.size(),
                                                       static_cast<uint64_t>(config_.train.seed));
-  say(str("[train] data: ", tokens_.files.size(), " file(s), ", tokens_.tokens.size(), " tokens; ",
+  say(str("[train] data: ", plural(static_cast<long long>(tokens_.files.size()), "file"), ", ", tokens_.tokens.size(), " tokens; ",
           split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T, " tokens\n"));
   build_model();
   build_checkpointer(hooks);
@@ -126,7 +126,7 @@ void TrainingRun::build_model() {
     const std::string before = host_peaks(world_, context_.device);
     const Clock::time_point t = Clock::now();
     ckpt::load_pretrained(*sharded_, config_.model.pretrained, world_, efficient);
-    say(str("[train] loaded ", config_.model.pretrained, " in ", seconds_since(t), " s (",
+    say(str("[train] loaded ", config_.model.pretrained, " in ", format_seconds(seconds_since(t)), " (",
             efficient ? "rank 0 read it and sent each rank its rows" : "each rank read its own rows",
             "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));
   }
@@ -136,7 +136,7 @@ void TrainingRun::build_model() {
   const auto bytes = sharded_->persistent_bytes();
   say(str("[train] model: ", model_config_.num_parameters(), " parameters, ", sharded_->groups().size(),
           " units; per rank ", format_bytes(bytes.params), " of fp32 shards + ", format_bytes(bytes.grads),
-          " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ", world_.size(), " rank(s) on ",
+          " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ", plural(world_.size(), "rank"), " on ",
           context_.device.str(), "\n"));
 }
 
@@ -264,7 +264,7 @@ void TrainingRun::export_hf(int64_t step) {
   const std::string dir = str(config_.checkpoint.export_dir, "/step-", step);
   const Clock::time_point t = Clock::now();
   ckpt::export_hf(*sharded_, model_config_, dir);
-  say(str("[train] exported a Hugging Face folder to ", dir, " in ", seconds_since(t), " s\n"));
+  say(str("[train] exported a Hugging Face folder to ", dir, " in ", format_seconds(seconds_since(t)), "\n"));
 }
 
 void TrainingRun::say(const std::string& line) const {

@@ -19,4 +19,8 @@ std::string rank_prefix();
 // terminal.
 inline constexpr char kProgressLinePrefix[] = "FSDPTRAIN_PROGRESS\t";
 
+// Tells log_info/log_warn that a progress line is drawn on the terminal (the launcher's), so their
+// next message clears it and starts on a fresh line instead of continuing it.
+void set_progress_line_live(bool live);
+
 }  // namespace fsdp

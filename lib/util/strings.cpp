@@ -155,4 +155,14 @@ std::string format_bytes(long long bytes) {
   return buf;
 }
 
+std::string plural(long long n, const std::string& singular, const std::string& several) {
+  return str(n, " ", n == 1 ? singular : several.empty() ? singular + "s" : several);
+}
+
+std::string format_seconds(double seconds) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), seconds < 1 ? "%.2f s" : seconds < 100 ? "%.1f s" : "%.0f s", seconds);
+  return buf;
+}
+
 }  // namespace fsdp

@@ -28,6 +28,10 @@ std::optional<std::string> closest_match(std::string_view word, const std::vecto
 
 // A byte count for messages and tables: "512 B", "64 KiB", "1.5 MiB", "2 GiB".
 std::string format_bytes(long long bytes);
+// "1 rank", "2 ranks" (plural: the word for several, when not singular + "s").
+std::string plural(long long n, const std::string& singular, const std::string& several = "");
+// Seconds as people read them: "0.02 s", "2.7 s", "123 s".
+std::string format_seconds(double seconds);
 // "5GB" (decimal, as huggingface_hub's max_shard_size), "500MiB" (binary), "123" (bytes). Throws
 // InputError naming `what` for anything else.
 long long parse_byte_size(const std::string& text, const std::string& what);

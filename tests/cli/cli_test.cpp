@@ -77,7 +77,7 @@ TEST_CASE("config validate: every error on its own line, exit code 2; a good fil
   Result ok = run({"config", "validate", kConfigs + "/fsdp2/hybrid.yaml"});
   CHECK(ok.code == 0);
   CHECK(
-      ok.out.find("valid; runs as FSDP2, reshard_after_forward=true, HSDP: 2 replicas x 8 shards on 16 process(es)") !=
+      ok.out.find("valid; runs as FSDP2, reshard_after_forward=true, HSDP: 2 replicas x 8 shards on 16 processes") !=
       std::string::npos);
   CHECK(run({"config", "validate", t / "missing.yaml"}).err.find("missing.yaml not found") != std::string::npos);
 }
@@ -295,4 +295,35 @@ TEST_CASE("files fsdptrain writes validate without warnings; show --format yaml 
   CHECK(y.code == 0);
   CHECK(y.out.find("\nmodel:") == std::string::npos);
   CHECK(y.out.find("the built-in trainer's sections (model, data, ...) are left out") != std::string::npos);
+}
+
+TEST_CASE("help and flags: the program's name in usage lines, config's subcommands first, --config everywhere") {
+  Result launch = run({"launch", "--help"});
+  CHECK(launch.out.find("Usage: fsdptrain launch [OPTIONS] [PROGRAM | SCRIPT.py] [ARGS]...") != std::string::npos);
+  Result config = run({"config", "--help"});
+  REQUIRE(config.out.find("Subcommands:") != std::string::npos);
+  CHECK(config.out.find("Subcommands:") < config.out.find("Options:"));
+  TempDir t;
+  const std::string v1 = t.file("v1.yaml", fsdp::read_file(kConfigs + "/fsdp1/full_shard.yaml"));
+  Result by_flag = run({"config", "validate", "--config", v1});
+  CHECK(by_flag.code == 0);
+  Result convert = run({"to-fsdp2", "--config", v1, "--output_file", t / "v2.yaml"});
+  CHECK(convert.code == 0);
+  CHECK(run({"config", "validate", "--config_file", t / "v2.yaml"}).code == 0);
+}
+
+TEST_CASE("validate lists errors in the order of the file's lines; counts read as words") {
+  TempDir t;
+  const std::string bad = t.file("bad.yaml",
+                                 "distributed_type: FSDP\nnum_processes: 6\nnum_machines: 4\nfsdp_config:\n"
+                                 "  fsdp_version: 2\n  fsdp_ofload_params: true\n  fsdp_reshard_after_forward: maybe\n");
+  Result r = run({"config", "validate", bad});
+  const size_t line2 = r.err.find("bad.yaml:2:1"), line6 = r.err.find("bad.yaml:6:3"), line7 = r.err.find("bad.yaml:7:3");
+  REQUIRE(line2 != std::string::npos);
+  REQUIRE(line6 != std::string::npos);
+  REQUIRE(line7 != std::string::npos);
+  CHECK(line2 < line6);
+  CHECK(line6 < line7);
+  Result one = run({"config", "validate", kConfigs + "/fsdp2/full_shard.yaml", "--num_processes", "1"});
+  CHECK(one.out.find("on 1 process\n") != std::string::npos);
 }

@@ -68,6 +68,8 @@ def documented_fix(key, ours, theirs, config):
     if v1 and key == "FSDP_SHARDING_STRATEGY" and "fsdp_sharding_strategy" not in fsdp and theirs == "FULL_SHARD":
         if ENUMS[key].count(str(fsdp.get("fsdp_reshard_after_forward")).upper()):
             return "FSDP1: the strategy the wizard writes in fsdp_reshard_after_forward is honoured, not FULL_SHARD"
+    if key == "ACCELERATE_USE_CPU" and theirs is None and ours == "true" and config.get("use_cpu") is True:
+        return "use_cpu: true reaches every worker (accelerate launch exports it only from its single-process launcher)"
     if key == "FSDP_MIN_NUM_PARAMS" and theirs is not None and float(theirs) == float(ours) and not theirs.isdigit():
         return "written as an integer (Accelerate's workers fail on int('1e8'))"
     return None
@@ -85,7 +87,8 @@ def main():
     env["HF_HOME"] = env["XDG_CACHE_HOME"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fsdptrain-parity-home")
 
     files = sorted(glob.glob(os.path.join(args.configs, "fsdp2", "*.yaml"))) + [
-        os.path.join(args.configs, "fsdp1", n) for n in ("full_shard.yaml", "shard_grad_op.yaml", "int_strategy.yaml")]
+        os.path.join(args.configs, "fsdp1", n) for n in ("full_shard.yaml", "shard_grad_op.yaml", "int_strategy.yaml")] + [
+        os.path.join(args.configs, "quickstart_cpu.yaml")]  # use_cpu: true
     checks = failures = 0
     for path in files:
         config = yaml.safe_load(open(path))

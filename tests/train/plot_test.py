@@ -83,7 +83,7 @@ def main():
         svg = f"{tmp}/loss.svg"
         r = subprocess.run([args.fsdptrain, "plot", f"{tmp}/baseline/metrics.jsonl", f"{tmp}/wider.jsonl", "-o", svg],
                            capture_output=True, text=True)
-        failures += check(r.returncode == 0 and "2 run(s)" in r.stdout, f"plot writes the SVG ({r.stdout}{r.stderr})")
+        failures += check(r.returncode == 0 and "2 runs" in r.stdout, f"plot writes the SVG ({r.stdout}{r.stderr})")
         root = ET.parse(svg).getroot()
         ns = "{http://www.w3.org/2000/svg}"
         texts = [t.text for t in root.iter(ns + "text")]

@@ -1,6 +1,11 @@
 #include "util/strings.h"
 
 #include "util/error.h"
+#include "util/log.h"
+
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <doctest/doctest.h>
 
@@ -53,4 +58,39 @@ TEST_CASE("parse_byte_size reads huggingface_hub's sizes and refuses anything el
     }
     CHECK(what.find("--max_shard_size") != std::string::npos);
   }
+}
+
+TEST_CASE("counts and seconds read as people write them") {
+  CHECK(fsdp::plural(1, "rank") == "1 rank");
+  CHECK(fsdp::plural(4, "rank") == "4 ranks");
+  CHECK(fsdp::plural(2, "process", "processes") == "2 processes");
+  CHECK(fsdp::format_seconds(0.0234567) == "0.02 s");
+  CHECK(fsdp::format_seconds(2.66) == "2.7 s");
+  CHECK(fsdp::format_seconds(123.4) == "123 s");
+}
+
+namespace {
+// What log_info writes to stderr, captured through a pipe.
+std::string logged(const std::string& message) {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  ::dup2(fds[1], 2);
+  fsdp::log_info(message);
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  ::close(fds[1]);
+  char buf[256];
+  const ssize_t n = ::read(fds[0], buf, sizeof(buf));
+  ::close(fds[0]);
+  return std::string(buf, n > 0 ? static_cast<size_t>(n) : 0);
+}
+}  // namespace
+
+TEST_CASE("regression: a message printed while the progress bar is live starts on a fresh line") {
+  fsdp::set_progress_line_live(true);
+  CHECK(logged("stopping") == "\r\033[Kstopping\n");
+  CHECK(logged("again") == "again\n");  // the bar was cleared once; it is not live any more
 }
