@@ -47,8 +47,9 @@ std::string self_executable() {
 
 // Whether `python` finds every module named (without importing them: fast).
 bool python_finds(const std::string& python, const std::string& modules) {
-  const std::string cmd = python + " -c 'import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
-                                   "sys.argv[1:]) else 1)' " + modules + " >/dev/null 2>&1";
+  const std::string cmd = shell_quote(python) +
+                          " -c 'import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
+                          "sys.argv[1:]) else 1)' " + modules + " >/dev/null 2>&1";
   return std::system(cmd.c_str()) == 0;
 }
 

@@ -17,6 +17,7 @@
 #include "ckpt/sources.h"
 #include "dist/store.h"
 #include "util/error.h"
+#include "util/clock.h"
 #include "util/files.h"
 #include "util/strings.h"
 
@@ -25,11 +26,6 @@ namespace fsdp::ckpt {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // The full value of one parameter's padded shard slice (flat, shard_numel elements on every rank)
 // on the CPU. Collective over the shard group.

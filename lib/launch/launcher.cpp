@@ -56,13 +56,6 @@ class SignalCatcher {
   struct sigaction old_[65]{};
 };
 
-std::string shell_quote(const std::string& s) {
-  if (!s.empty() && s.find_first_of(" \t\n'\"\\$`!*?&;|<>(){}[]#~") == std::string::npos) return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, bool use_cpu, std::ostream& out) {
   out << "# machine " << t.machine_rank << " of " << t.num_machines << ": " << t.local_world_size
       << " worker(s), world size " << t.world_size << "; rendezvous " << t.master_addr << ":" << t.master_port << "\n";

@@ -17,6 +17,7 @@
 #include "train/metrics.h"
 #include "train/tensorboard.h"
 #include "train/training_run.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/log.h"
@@ -25,8 +26,6 @@
 namespace fsdp::train {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Where run.json goes: beside the metrics file, else in the TensorBoard folder; "" for neither.
 std::string run_summary_path(const config::LoggingConfig& logging) {
@@ -60,7 +59,6 @@ class RunReport {
   }
 
   void after_step(int64_t step, const StepResult& result) {
-    const bool last = step == config_.train.steps;
     if (!result.skipped.empty()) {
       run_.say(str("[train] step ", step, ": ", result.skipped, "; step skipped (train.skip_nonfinite_loss)\n"));
     } else {
@@ -75,7 +73,7 @@ class RunReport {
                  << progress_bar(step, config_.train.steps, summary_.last_loss, seconds_since(start_)) << std::endl;
     if (run_.checkpointing() && due(step, config_.checkpoint.interval)) save(step);
     if (!config_.checkpoint.export_dir.empty() && due(step, config_.checkpoint.export_interval)) run_.export_hf(step);
-    if (due(step, config_.train.eval_interval) || last) log_eval(step, run_.evaluate());
+    if (due(step, config_.train.eval_interval)) log_eval(step, run_.evaluate());
   }
 
   TrainSummary finish() {
@@ -98,10 +96,6 @@ class RunReport {
   // Every `interval` steps (0: never), and at the last step.
   bool due(int64_t step, int64_t interval) const {
     return (interval > 0 && step % interval == 0) || step == config_.train.steps;
-  }
-
-  static double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
   }
 
   // A resumed run tells TensorBoard to drop what earlier runs logged from first_step on.
@@ -191,7 +185,8 @@ class RunReport {
     best_eval_loss_ = std::min(best_eval_loss_, loss);
     if (tensorboard_) tensorboard_->add_scalar("eval/loss", step, loss);
     run_.say(str("[train] step ", step, ": held-out loss ", loss, "\n"));
-    if (metrics_.is_open()) metrics_ << "{\"step\": " << step << ", \"eval_loss\": " << loss << "}\n" << std::flush;
+    // Through the JSON writer, like the step lines: every digit of the double, not the stream's six.
+    if (metrics_.is_open()) metrics_ << nlohmann::json{{"step", step}, {"eval_loss", loss}}.dump() << "\n" << std::flush;
   }
 
   TrainingRun& run_;
@@ -208,14 +203,19 @@ class RunReport {
   TrainSummary summary_;
 };
 
-}  // namespace
-
-std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved) {
+// Settings the built-in trainer cannot honour: refused, in the launcher and in every worker.
+void refuse_unsupported(const config::ResolvedConfig& resolved) {
   FSDP_CHECK(resolved.typed.fsdp.ignored_modules.empty(),
              "[train] fsdp_config.fsdp_ignored_modules: the built-in trainer shards, trains, checkpoints and exports "
              "every parameter, so it cannot leave modules out (FSDP2's ignored_params; the engine supports them for "
              "programs that call fully_shard, and Python programs get FSDP_IGNORED_MODULES); remove the key to use "
              "the built-in trainer");
+}
+
+}  // namespace
+
+std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved) {
+  refuse_unsupported(resolved);
   std::vector<std::string> warnings = config::unused_by_trainer(resolved);
   model_config_of(resolved.typed, &warnings);  // its config.json parses (InputError naming the file otherwise)
   return warnings;
@@ -223,7 +223,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
 
 TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
                           std::ostream& out, const TrainHooks& hooks) {
-  check_trainer_config(resolved);
+  refuse_unsupported(resolved);  // the launcher ran check_trainer_config; the workers need only this
   TrainingRun run(context, resolved, out, hooks);  // group, data, model, optimizer, checkpointer
   const int64_t first_step = run.resume();        // 1, or the step after the checkpoint's
   RunReport report(run, first_step);

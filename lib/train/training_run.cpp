@@ -13,18 +13,13 @@
 #include "fsdp/config_map.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
+#include "util/clock.h"
 #include "util/error.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 at::Tensor to_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols, const c10::Device& device) {
   return at::tensor(v, at::kLong).view({rows, cols}).to(device);

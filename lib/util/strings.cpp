@@ -155,6 +155,13 @@ std::string format_bytes(long long bytes) {
   return buf;
 }
 
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_of(" \t\n'\"\\$`!*?&;|<>(){}[]#~") == std::string::npos) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 std::string plural(long long n, const std::string& singular, const std::string& several) {
   return str(n, " ", n == 1 ? singular : several.empty() ? singular + "s" : several);
 }

@@ -28,6 +28,8 @@ std::optional<std::string> closest_match(std::string_view word, const std::vecto
 
 // A byte count for messages and tables: "512 B", "64 KiB", "1.5 MiB", "2 GiB".
 std::string format_bytes(long long bytes);
+// A word as a POSIX shell reads it back: as it is when safe, else in single quotes.
+std::string shell_quote(const std::string& s);
 // "1 rank", "2 ranks" (plural: the word for several, when not singular + "s").
 std::string plural(long long n, const std::string& singular, const std::string& several = "");
 // Seconds as people read them: "0.02 s", "2.7 s", "123 s".

@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -411,3 +412,24 @@ TEST_CASE("enable_cpu_affinity pins each CPU worker to its own share of the core
   CHECK(d.out.find("taskset -c " + cpus0) != std::string::npos);
 }
 
+TEST_CASE("a .py script whose python3 lacks torch: the launcher says so and names an interpreter that has it") {
+  // POSIX calls, not std::filesystem: libtorch.so, which this test links, exports its own copies.
+  const std::string dir = "/tmp/fsdptrain_fake_python_" + std::to_string(getpid());
+  const std::string fake = dir + "/python3";
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  {
+    std::ofstream f(fake);
+    f << "#!/bin/sh\nexit 1\n";  // finds nothing, runs nothing
+  }
+  REQUIRE(::chmod(fake.c_str(), 0755) == 0);
+  const Result r = run({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes", "1",
+                        "--main_process_port", "0", "train.py"},
+                       {{"PATH", dir + ":" + std::string(std::getenv("PATH"))}, {"FSDPTRAIN_PYTHON", "/nonexistent"}});
+  ::unlink(fake.c_str());
+  ::rmdir(dir.c_str());
+  INFO(r.out, r.err);
+  CHECK(r.code != 0);
+  CHECK(contains(r.err, "the python3 on PATH cannot import torch and accelerate"));
+  // The build's own environment (scripts/setup.sh links it at the checkout's .venv) is named.
+  CHECK(contains(r.err, "/.venv/bin/python SCRIPT.py"));
+}
