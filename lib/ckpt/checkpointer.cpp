@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors_torch.h"
 #include "ckpt/sources.h"
@@ -181,16 +182,49 @@ struct Checkpointer::Impl {
       }
   }
 
-  // Runs a save's writing part on the writer thread (or here, without background writes).
-  void run(std::function<void()> job) {
-    if (!o.background) return job();
-    writer = std::thread([this, job = std::move(job)]() {
+  // Runs a save's writing part on the writer thread (or here, without background writes). A full
+  // disk is reported with what the save needed, what was free and checkpoint.keep; its .tmp folder
+  // is removed so the space comes back.
+  void run(std::function<void()> job, const std::string& final_dir) {
+    auto guarded = [this, job = std::move(job), final_dir]() {
       try {
         job();
+      } catch (const DiskFullError& e) {
+        const uint64_t free = fs.available_bytes(o.dir);
+        try {
+          fs.remove_all(final_dir + ".tmp");
+        } catch (const std::exception&) {
+        }
+        throw Error(str("[ckpt] the disk is full: saving ", final_dir, " needs about ",
+                        format_bytes(static_cast<long long>(needed())), " and ",
+                        format_bytes(static_cast<long long>(free)), " was free (", e.what(),
+                        "). The previous checkpoint is intact. Free space, or set checkpoint.keep (now ", o.keep,
+                        ") to keep fewer checkpoints: with keep >= 2 a save removes the oldest first when the disk "
+                        "is short, so resuming with it continues"));
+      }
+    };
+    if (!o.background) return guarded();
+    writer = std::thread([this, guarded = std::move(guarded)]() {
+      try {
+        guarded();
       } catch (...) {
         error = std::current_exception();
       }
     });
+  }
+
+  uint64_t needed() const { return checkpoint_bytes(config.num_parameters()); }
+
+  // Rank 0, before a save: when the disk has less free than a checkpoint needs, removes the oldest
+  // complete checkpoints that keep would prune after this save anyway (keep >= 2: one always stays).
+  void make_room(const std::string& final_dir) {
+    if (fs.available_bytes(o.dir) >= needed()) return;
+    for (const std::string& old : removable_before_save(o.dir, o.keep, fs)) {
+      if (fs.available_bytes(o.dir) >= needed()) return;
+      fs.remove_all(old);
+      say(str("[ckpt] removed ", old, " before saving ", final_dir, ": the disk is short and checkpoint.keep is ",
+              o.keep, "\n"));
+    }
   }
 
   // FULL_STATE_DICT: this rank's padded shard slice of every parameter and AdamW state (the same
@@ -304,6 +338,10 @@ double Checkpointer::save(const TrainingState& state) {
   const std::string final_dir = path_in(m.o.dir, name), tmp = final_dir + ".tmp";
   if (m.world.rank() == 0) {
     m.fs.make_dirs(m.o.dir);
+    FSDP_CHECK(!m.fs.exists(final_dir) || m.fs.exists(path_in(final_dir, kManifest)), "[ckpt] ", final_dir,
+               " exists without manifest.json: a damaged checkpoint, which fsdptrain does not overwrite; move it "
+               "away and resume");
+    m.make_room(final_dir);
     m.fs.remove_all(tmp);
     m.fs.make_dirs(tmp);
   }
@@ -314,12 +352,14 @@ double Checkpointer::save(const TrainingState& state) {
     std::vector<Impl::HostSlice> slices;
     if (m.is_writer()) slices = m.snapshot_slices();
     const double blocked = seconds_since(t0);
-    m.run([&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
-      if (!m.is_writer()) return;
-      m.write_full(slices, state_doc, tmp, final_dir);
-      m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", format_seconds(seconds_since(t0)), "; training waited ",
-                format_seconds(blocked), "\n"));
-    });
+    m.run(
+        [&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
+          if (!m.is_writer()) return;
+          m.write_full(slices, state_doc, tmp, final_dir);
+          m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", format_seconds(seconds_since(t0)),
+                    "; training waited ", format_seconds(blocked), "\n"));
+        },
+        final_dir);
     return blocked;
   }
 
@@ -339,7 +379,7 @@ double Checkpointer::save(const TrainingState& state) {
     m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", plural(m.shard_size(), "shard file"), ") in ",
               format_seconds(seconds_since(t0)), "; training waited ", format_seconds(blocked), "\n"));
   };
-  m.run(std::move(job));
+  m.run(std::move(job), final_dir);
   return blocked;
 }
 
@@ -357,12 +397,16 @@ TrainingState Checkpointer::load(const std::string& path) {
   // FULL with cpu_ram_efficient_loading: rank 0 reads every tensor and broadcasts it.
   bool efficient = false;
   try {
-    const bool sharded = file_exists(path_in(path, kIndex));
-    efficient = !sharded && m.o.cpu_ram_efficient_loading;
-    verify_checkpoint(
-        path, sharded ? std::vector<std::string>{kState, kConfig, kIndex} : std::vector<std::string>{kState, kConfig});
+    verify_checkpoint(path, {kState, kConfig});
     state_doc = parse_json_file(path_in(path, kState));
     state = parse_state(state_doc, path_in(path, kState));
+    // The format the state names (a lost index.json is then reported as that, not as a missing
+    // Hugging Face model file).
+    const bool sharded =
+        state_doc.value("state_dict_type", "") == "SHARDED_STATE_DICT" || file_exists(path_in(path, kIndex));
+    if (sharded) verify_checkpoint(path, {kIndex});
+    efficient = !sharded && m.o.cpu_ram_efficient_loading;
+    check_state_matches_folder(state, path);
     const model::LlamaConfig saved = model::load_llama_config(path_in(path, kConfig));
     FSDP_CHECK(config_text(saved) == config_text(m.config), "[ckpt] ", path,
                "/config.json describes another model than this run's; resume with the model.config it was "

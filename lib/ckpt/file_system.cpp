@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,6 +75,8 @@ class LocalFile final : public WritableFile {
     while (left > 0) {
       const ssize_t w = ::write(fd_, p, left);
       if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == ENOSPC || errno == EDQUOT))
+        throw DiskFullError(str("[ckpt] cannot write ", quoted(path()), ": ", os_error()));
       if (w <= 0) throw Error(str("[ckpt] cannot write ", quoted(path()), ": ", os_error()));
       p += w;
       left -= static_cast<size_t>(w);
@@ -81,7 +84,10 @@ class LocalFile final : public WritableFile {
     account(data, n);
   }
   void sync() override {
-    if (::fsync(fd_) != 0) throw Error(str("[ckpt] cannot sync ", quoted(path()), ": ", os_error()));
+    if (::fsync(fd_) == 0) return;
+    if (errno == ENOSPC || errno == EDQUOT)  // network file systems report a full disk here
+      throw DiskFullError(str("[ckpt] cannot sync ", quoted(path()), ": ", os_error()));
+    throw Error(str("[ckpt] cannot sync ", quoted(path()), ": ", os_error()));
   }
   void close() override {
     const int fd = fd_;
@@ -131,6 +137,15 @@ class LocalFileSystem final : public FileSystem {
     return out;
   }
   bool exists(const std::string& path) override { return file_exists(path); }
+  uint64_t available_bytes(const std::string& path) override {
+    std::string p = path.empty() ? "." : path;
+    struct statvfs st;
+    while (::statvfs(p.c_str(), &st) != 0) {
+      if (p == "/" || p == ".") return 0;
+      p = parent_folder(p);
+    }
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
 };
 
 }  // namespace

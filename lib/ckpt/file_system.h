@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "util/error.h"
+
 namespace fsdp::ckpt {
 
 // CRC-32C (Castagnoli), the checksum of checkpoint manifests: hardware instruction where the CPU
@@ -22,10 +24,16 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 uint32_t crc32c_of_file(const std::string& path);
 std::string crc_hex(uint32_t crc);  // 8 lowercase hex digits
 
+// A write that failed because the file system is full (ENOSPC, or EDQUOT: over a quota).
+class DiskFullError : public Error {
+ public:
+  using Error::Error;
+};
+
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
-  // Throws Error naming the file and the OS reason.
+  // Throws Error naming the file and the OS reason (DiskFullError when the disk is full).
   virtual void append(const void* data, size_t n) = 0;
   virtual void sync() = 0;   // fsync
   virtual void close() = 0;  // after sync; the destructor closes an unclosed file
@@ -58,6 +66,9 @@ class FileSystem {
   // Entry names of a folder (not "." or ".."), sorted; empty when it does not exist.
   virtual std::vector<std::string> list(const std::string& dir) = 0;
   virtual bool exists(const std::string& path) = 0;
+  // Bytes an unprivileged writer can still write on the file system holding `path` (or its
+  // nearest existing parent).
+  virtual uint64_t available_bytes(const std::string& path) = 0;
 };
 
 // The machine's own file system (POSIX calls).

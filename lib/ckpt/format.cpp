@@ -110,6 +110,19 @@ TrainingState parse_state(const json& j, const std::string& where) {
   }
 }
 
+void check_state_matches_folder(const TrainingState& s, const std::string& path) {
+  const std::string where = path_in(path, kState);
+  const std::string folder = base_name(path);
+  if (const auto named = step_of(folder))
+    FSDP_CHECK(*named == s.step, "[ckpt] ", where, " says step ", s.step, " but the folder is ", folder,
+               ": the state belongs to another checkpoint (copied or edited). Resume from another checkpoint");
+  FSDP_CHECK(s.step >= 0 && s.optimizer_steps >= 0 && s.optimizer_steps <= s.step && s.loader_epoch >= 0 &&
+                 s.loader_offset >= 0 && s.world_size >= 1 && s.sequence_length >= 1 && s.train_sequences >= 1,
+             "[ckpt] ", where, " holds impossible values (step ", s.step, ", optimizer_steps ", s.optimizer_steps,
+             ", loader epoch ", s.loader_epoch, " offset ", s.loader_offset, ", world_size ", s.world_size,
+             "): the checkpoint is corrupt. Resume from another checkpoint");
+}
+
 void check_resumable(const TrainingState& saved, const TrainingState& now, const std::string& path) {
   auto same = [&](const char* key, int64_t was, int64_t is) {
     FSDP_CHECK(was == is, "[train] ", path, " was saved with ", key, " ", was, "; this run has ", is,
@@ -122,6 +135,9 @@ void check_resumable(const TrainingState& saved, const TrainingState& now, const
              saved.train_sequences, " training sequences; data.path now gives ", now.train_sequences,
              ", so the data would not continue where it stopped. Resume with the same data.path and "
              "data.eval_fraction, or start a new run");
+  FSDP_CHECK(saved.loader_offset <= saved.train_sequences, "[ckpt] ", path_in(path, kState), ": the data loader's offset ",
+             saved.loader_offset, " lies beyond the data's ", saved.train_sequences,
+             " training sequences: the checkpoint is corrupt. Resume from another checkpoint");
 }
 
 std::string path_in(const std::string& dir, const std::string& name) {

@@ -58,8 +58,13 @@ struct TrainingState {
 };
 
 // Throws InputError, naming the key to set back, unless a run with `now`'s seed, sequence length
-// and data can continue the data order of `saved` (read from the checkpoint at `path`).
+// and data can continue the data order of `saved` (read from the checkpoint at `path`), and the
+// saved loader position lies inside that data.
 void check_resumable(const TrainingState& saved, const TrainingState& now, const std::string& path);
+
+// Throws InputError when trainer_state.json contradicts the checkpoint at `path`: a step other than
+// the folder's name (step-N), a negative count, or more optimizer steps than steps.
+void check_state_matches_folder(const TrainingState& state, const std::string& path);
 
 // trainer_state.json: the state, the format, and the RNG state of `device`'s generators.
 nlohmann::json state_json(const TrainingState& s, Format format, const c10::Device& device);

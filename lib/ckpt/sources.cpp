@@ -209,7 +209,7 @@ void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::Pr
   }
 }
 
-void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure) {
+void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure, const std::string& what) {
   if (world.size() == 1) {
     if (!failure.empty()) throw InputError(failure);
     return;
@@ -218,7 +218,7 @@ void agree(dist::ProcessGroup& world, const c10::Device& device, const std::stri
   world.all_reduce(flag).wait();  // the number of ranks that refused
   if (!failure.empty()) throw InputError(failure);
   if (flag.item<int>() != 0)
-    throw InputError("[ckpt] another rank refused the checkpoint; that rank's error says which file and why");
+    throw InputError(str("[ckpt] another rank refused ", what, "; that rank's error says which file and why"));
 }
 
 }  // namespace fsdp::ckpt

@@ -77,6 +77,7 @@ void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::Pr
 
 // Throws on every rank when any rank's check failed (failure non-empty): the failing rank with its
 // reason, the others pointing at it. Collective over `world`.
-void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure);
+void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure,
+           const std::string& what = "the checkpoint");
 
 }  // namespace fsdp::ckpt

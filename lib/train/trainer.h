@@ -38,7 +38,13 @@ struct TrainHooks {
 // Before a launch of the built-in trainer: throws InputError for a setting it cannot honour
 // (fsdp_ignored_modules) or a model config.json that does not parse, and returns warnings for keys
 // it does not use (config::unused_by_trainer).
+// Also checks checkpoint.dir (ckpt::check_checkpoint_dir): writable, no damaged checkpoint in it,
+// room on its disk for one checkpoint.
 std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved);
+
+// On machine 0, before its workers start: throws InputError naming the holder when another run
+// holds checkpoint.dir's lock (ckpt::DirLock).
+void check_checkpoint_dir_free(const config::ResolvedConfig& resolved);
 
 // Trains on `context`'s device and ranks. Throws InputError for a bad model config, data or
 // checkpoint, Error for a failure during training (a NaN loss names the step).

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <limits>
 
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/hf.h"
+#include "ckpt/sources.h"
 #include "ckpt/pretrained.h"
 #include "config/show.h"
 #include "fsdp/config_map.h"
@@ -84,9 +86,8 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   const std::string& path = config_.data.path;
   const int64_t T = config_.train.sequence_length;
   tokens_ = data::read_tokens(path);
-  FSDP_CHECK(tokens_.max_token() < model_config_.vocab_size, "[data] ", path, " holds token id ",
-             tokens_.max_token(), " but the model's vocab_size is ", model_config_.vocab_size, "; raise vocab_size in ",
-             model_config_path(config_), " (byte-level text needs 257)");
+  tokens_.check_below(model_config_.vocab_size,
+                      str("raise vocab_size in ", model_config_path(config_), " (byte-level text needs 257)"));
   split_ = data::split_sequences(static_cast<int64_t>(tokens_.tokens.size()), T, config_.data.eval_fraction, path);
   loader_ = std::make_unique<data::DistributedLoader>(tokens_, 0, split_.train_sequences, T,
                                                       config_.train.micro_batch_size, world_.rank(), world_.size(),
@@ -146,7 +147,24 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
   options.fs = hooks.checkpoint_fs;
   options.log = context_.is_main() ? &out_ : nullptr;
+  if (!c.dir.empty()) claim_checkpoint_dir(options.fs ? *options.fs : ckpt::local_file_system());
   checkpointer_ = std::make_unique<ckpt::Checkpointer>(*sharded_, *adamw_, model_config_, world_, options);
+}
+
+// Rank 0 locks checkpoint.dir for the run and checks it before step 1 (writable, no damaged
+// checkpoint, room for one more); every rank stops when that fails.
+void TrainingRun::claim_checkpoint_dir(ckpt::FileSystem& fs) {
+  const config::CheckpointConfig& c = config_.checkpoint;
+  std::string failure;
+  if (world_.rank() == 0) {
+    try {
+      dir_lock_ = std::make_unique<ckpt::DirLock>(c.dir);
+      ckpt::check_checkpoint_dir(c.dir, ckpt::checkpoint_bytes(model_config_.num_parameters()), c.keep, fs);
+    } catch (const InputError& e) {
+      failure = e.what();
+    }
+  }
+  ckpt::agree(world_, context_.device, failure, "checkpoint.dir");
 }
 
 int64_t TrainingRun::resume() {

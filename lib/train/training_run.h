@@ -11,6 +11,7 @@
 #include <ostream>
 #include <string>
 
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/checkpointer.h"
 #include "data/dataset.h"
 #include "dist/process_group.h"
@@ -60,6 +61,7 @@ class TrainingRun {
  private:
   void build_model();
   void build_checkpointer(const TrainHooks& hooks);
+  void claim_checkpoint_dir(ckpt::FileSystem& fs);
   ckpt::TrainingState state_at(int64_t step) const;
   at::Tensor loss_sum(const data::DistributedLoader::Batch& batch, int64_t rows);
 
@@ -75,6 +77,7 @@ class TrainingRun {
   model::LlamaForCausalLM llama_{nullptr};
   std::unique_ptr<ShardedModel> sharded_;
   std::unique_ptr<optim::ShardedAdamW> adamw_;
+  std::unique_ptr<ckpt::DirLock> dir_lock_;  // rank 0: held until the run ends
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   int64_t resumed_from_ = 0;
 };

@@ -1,15 +1,18 @@
 // Worker programs of the checkpoint tests, started by `fsdptrain launch ... -- ckpt_worker MODE`:
 //
-//   ckpt_worker train CONFIG [--set key=value]... [--fault crash|error --at-save K --after-bytes B --rank R]
+//   ckpt_worker train CONFIG [--set key=value]... [--fault crash|error|enospc --at-save K --after-bytes B
+//                            --rank R] [--disk-bytes N]
 //     The built-in trainer, writing checkpoints through a file system that, on rank R, during its
 //     K-th save, after B bytes, either kills the process (crash: _exit, as a power cut or the OOM
-//     killer would) or fails the write (error: as a full disk would).
+//     killer would), fails the write (error: an I/O error), or reports a full disk (enospc). With
+//     --disk-bytes, checkpoint.dir lies on a simulated disk of N bytes.
 //   ckpt_worker resave MODEL_CONFIG CHECKPOINT OUT_DIR sharded|full
 //     Loads CHECKPOINT into the model sharded over this launch's ranks and saves it again to
 //     OUT_DIR in the given format: what resharding W -> W' does to every tensor.
 //   ckpt_worker reexport HF_DIR OUT_DIR efficient|plain
 //     Loads a Hugging Face folder into the model sharded over this launch's ranks (with or without
 //     cpu_ram_efficient_loading) and exports it again to OUT_DIR: import then export.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -51,29 +54,34 @@ class FaultyFile final : public ckpt::WritableFile {
   std::function<void(size_t)> before_write_;
 };
 
+// The bytes of the files under `path` (du), on the local file system.
+uint64_t disk_usage(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return 0;
+  if (!S_ISDIR(st.st_mode)) return static_cast<uint64_t>(st.st_size);
+  uint64_t total = 0;
+  for (const std::string& e : ckpt::local_file_system().list(path)) total += disk_usage(path + "/" + e);
+  return total;
+}
+
 // The local file system, until the fault: saves are counted by the step-N.tmp folders files are
-// created in.
+// created in. With disk_bytes, a disk of that size that holds only `root` (checkpoint.dir): writes
+// beyond it fail as a full disk does, and available_bytes reports what is left.
 class FaultyFileSystem final : public ckpt::FileSystem {
  public:
-  FaultyFileSystem(bool crash, int at_save, uint64_t after_bytes)
-      : crash_(crash), at_save_(at_save), after_bytes_(after_bytes) {}
+  FaultyFileSystem(std::string fault, int at_save, uint64_t after_bytes, uint64_t disk_bytes, std::string root)
+      : fault_(std::move(fault)),
+        at_save_(at_save),
+        after_bytes_(after_bytes),
+        disk_bytes_(disk_bytes),
+        root_(std::move(root)) {}
   std::unique_ptr<ckpt::WritableFile> create(const std::string& path) override {
     const std::string dir = path.substr(0, path.rfind('/'));
     if (dir != current_dir_) {
       current_dir_ = dir;
       ++saves_;
     }
-    return std::make_unique<FaultyFile>(local().create(path), [this](size_t n) {
-      if (saves_ != at_save_) return;
-      if (written_ + n > after_bytes_) {
-        if (crash_) {
-          std::cerr << "[ckpt_worker] injected crash during save " << saves_ << " after " << written_ << " bytes\n";
-          _exit(9);
-        }
-        throw Error(str("[ckpt_worker] injected I/O error during save ", saves_, " after ", written_, " bytes"));
-      }
-      written_ += n;
-    });
+    return std::make_unique<FaultyFile>(local().create(path), [this, path](size_t n) { before_write(path, n); });
   }
   void rename(const std::string& a, const std::string& b) override { local().rename(a, b); }
   void sync_dir(const std::string& d) override { local().sync_dir(d); }
@@ -81,12 +89,33 @@ class FaultyFileSystem final : public ckpt::FileSystem {
   void remove_all(const std::string& p) override { local().remove_all(p); }
   std::vector<std::string> list(const std::string& d) override { return local().list(d); }
   bool exists(const std::string& p) override { return local().exists(p); }
+  uint64_t available_bytes(const std::string& p) override {
+    if (disk_bytes_ == 0) return local().available_bytes(p);
+    const uint64_t used = disk_usage(root_);
+    return used >= disk_bytes_ ? 0 : disk_bytes_ - used;
+  }
 
  private:
   static ckpt::FileSystem& local() { return ckpt::local_file_system(); }
-  bool crash_;
+  void before_write(const std::string& path, size_t n) {
+    if (disk_bytes_ > 0 && n > available_bytes(root_))
+      throw ckpt::DiskFullError(str("[ckpt] cannot write \"", path, "\": No space left on device"));
+    if (saves_ != at_save_) return;
+    if (written_ + n > after_bytes_) {
+      if (fault_ == "crash") {
+        std::cerr << "[ckpt_worker] injected crash during save " << saves_ << " after " << written_ << " bytes\n";
+        _exit(9);
+      }
+      if (fault_ == "enospc")
+        throw ckpt::DiskFullError(str("[ckpt] cannot write \"", path, "\": No space left on device"));
+      throw Error(str("[ckpt_worker] injected I/O error during save ", saves_, " after ", written_, " bytes"));
+    }
+    written_ += n;
+  }
+  std::string fault_;
   int at_save_;
-  uint64_t after_bytes_;
+  uint64_t after_bytes_, disk_bytes_;
+  std::string root_;
   std::string current_dir_;
   int saves_ = 0;
   uint64_t written_ = 0;
@@ -99,7 +128,7 @@ int train_mode(const std::vector<std::string>& args) {
   in.has_file = true;
   std::string fault;
   int at_save = 0, fault_rank = 0;
-  uint64_t after_bytes = 0;
+  uint64_t after_bytes = 0, disk_bytes = 0;
   for (size_t i = 1; i + 1 < args.size(); i += 2) {
     if (args[i] == "--set")
       in.sets.push_back(args[i + 1]);
@@ -109,6 +138,8 @@ int train_mode(const std::vector<std::string>& args) {
       at_save = std::stoi(args[i + 1]);
     else if (args[i] == "--after-bytes")
       after_bytes = std::stoull(args[i + 1]);
+    else if (args[i] == "--disk-bytes")
+      disk_bytes = std::stoull(args[i + 1]);
     else if (args[i] == "--rank")
       fault_rank = std::stoi(args[i + 1]);
     else
@@ -116,10 +147,10 @@ int train_mode(const std::vector<std::string>& args) {
   }
   const char* rank = std::getenv("RANK");
   const bool here = !fault.empty() && (rank ? std::atoi(rank) : 0) == fault_rank;
-  FaultyFileSystem fs(fault == "crash", here ? at_save : -1, after_bytes);
+  const config::ResolvedConfig resolved = config::load_config_or_throw(in);
+  FaultyFileSystem fs(fault, here ? at_save : -1, after_bytes, disk_bytes, resolved.typed.checkpoint.dir);
   train::TrainHooks hooks;
   hooks.checkpoint_fs = &fs;
-  const config::ResolvedConfig resolved = config::load_config_or_throw(in);
   train::run_training(dist::worker_context(resolved.typed.launch.use_cpu), resolved, std::cout, hooks);
   return 0;
 }

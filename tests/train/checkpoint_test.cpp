@@ -244,11 +244,14 @@ TEST_CASE("damaged, incomplete and mismatched checkpoints are refused before any
     INFO(bad.out, bad.err);
     CHECK(bad.code == 2);
     CHECK(bad.err.find("has no manifest.json, so it is not a complete checkpoint") != std::string::npos);
-    // latest skips it: nothing complete is left, so the run starts fresh.
-    const Result fresh = resume("latest", {"checkpoint.dir=" + dir});
-    INFO(fresh.out, fresh.err);
-    CHECK(fresh.code == 0);
-    CHECK(fresh.out.find("holds no complete checkpoint; starting at step 1") != std::string::npos);
+    // A step-N folder (not .tmp) without its manifest is damaged: latest stops there, loudly, and
+    // leaves the folder as it is (issue 19: it once resumed from an older one and overwrote it).
+    const Result latest = resume("latest", {"checkpoint.dir=" + dir});
+    INFO(latest.out, latest.err);
+    CHECK(latest.code == 2);
+    CHECK(latest.err.find(ck + " has no manifest.json: the checkpoint is damaged") != std::string::npos);
+    CHECK(latest.err.find("move the folder away") != std::string::npos);
+    CHECK(exists(shard));
   }
   SUBCASE("another model") {
     const std::string other = temp_path("other.json");
