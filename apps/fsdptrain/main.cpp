@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "dist/build_info.h"
+#include "dist/error_file.h"
 #include "dist/torch_compat.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -129,9 +130,12 @@ int main(int argc, char** argv) {
     return run(argc, argv);
   } catch (const fsdp::Error& e) {
     print_error(e.what());
+    fsdp::dist::record_worker_error(e.what());  // a launched worker tells its launcher (dist/error_file.h)
     return static_cast<int>(e.code());
   } catch (const std::exception& e) {
-    print_error(fsdp::dist::error_message(e, debug_mode()));
+    const std::string message = fsdp::dist::error_message(e, debug_mode());
+    print_error(message);
+    fsdp::dist::record_worker_error(message);
     return static_cast<int>(fsdp::ExitCode::kFailure);
   }
 }

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "config/to_fsdp2.h"
 #include "config_args.h"
+#include "dist/build_info.h"
 #include "dist/worker_context.h"
 #include "launch/health_check.h"
 #include "launch/launcher.h"
@@ -106,6 +107,8 @@ class LaunchCommand final : public ConfigCommand {
                   "bandwidth");
     app->add_option("--check_sizes,--check-sizes", check_sizes_, "Buffer sizes for --check, such as 64K,1M,16M");
     app->add_option("--log_dir,--log-dir", options_.log_dir, "Also write each rank's output to LOG_DIR/rank<N>.log");
+    app->add_flag("--oversubscribe", options_.oversubscribe,
+                  "Start more workers per machine than it has GPUs (GPU runs) or 4x its cores");
     app->add_option("--grace_period,--grace-period", grace_s_,
                     "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
     app->prefix_command();
@@ -118,6 +121,7 @@ class LaunchCommand final : public ConfigCommand {
     FSDP_CHECK(!(check_ && !options_.command.empty()), "fsdptrain launch: give either --check or a command, not both");
     FSDP_CHECK(grace_s_ >= 0, "--grace_period: expected seconds >= 0, got ", grace_s_);
     options_.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000));
+    options_.visible_gpus = cuda_device_count();
     const config::ConfigInputs inputs = args_.inputs();
     const config::ResolvedConfig rc = config::load_config_or_throw(inputs);
     const bool built_in = check_ || options_.command.empty();  // our own worker, which reads the config too
@@ -130,6 +134,7 @@ class LaunchCommand final : public ConfigCommand {
                  "built-in trainer (see configs/quickstart.yaml), and no program was given after `--` (fsdptrain "
                  "launch -- python3 train.py), nor a .py script or --check");
       for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
+      if (!options_.dry_run) train::check_checkpoint_dir_free(rc);
       options_.command = {self_executable(), "worker", "--train"};
     }
     if (!options_.command.empty() && ends_with(options_.command.front(), ".py")) warn_if_python_lacks_torch();

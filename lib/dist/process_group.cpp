@@ -83,6 +83,17 @@ int64_t bytes_sent(Collective c, int64_t s, int world_size) {
   return 0;
 }
 
+namespace {
+
+// A collective's error that says the other side's connection went away.
+bool peer_gone(const std::string& why) {
+  for (const char* sign : {"Connection closed by peer", "Connection reset by peer", "Broken pipe", "EOF"})
+    if (why.find(sign) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
 Work::Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int size, std::chrono::milliseconds timeout,
            int64_t bytes)
     : pending_(std::move(pending)), collective_(c), rank_(rank), size_(size), timeout_(timeout), bytes_(bytes) {}
@@ -93,11 +104,12 @@ void Work::wait() {
   bool ok = false;
   try {
     ok = pending_->wait(timeout_);
-  } catch (const Error& e) {
-    throw Error(str("[dist] ", what, " failed: ", e.what(), "; another rank probably failed first (see its output)"));
   } catch (const std::exception& e) {
-    throw Error(
-        str("[dist] ", what, " failed: ", brief_message(e), "; another rank probably failed first (see its output)"));
+    const std::string why = dynamic_cast<const Error*>(&e) ? std::string(e.what()) : brief_message(e);
+    throw Error(str("[dist] ", what, " failed: ", why, peer_gone(why)
+                                                         ? "; a peer rank is gone (its process ended or its machine "
+                                                           "went away): see the first failure above"
+                                                         : "; another rank probably failed first (see its output)"));
   }
   if (!ok)
     throw Error(str("[dist] ", what, " did not finish within ", static_cast<double>(timeout_.count()) / 1000.0,

@@ -1,5 +1,11 @@
 #include "dist/store.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -21,6 +27,34 @@ c10::intrusive_ptr<c10d::Store> with_prefix_store(const c10::intrusive_ptr<c10d:
   return c10::make_intrusive<c10d::PrefixStore>(prefix, root);
 }
 
+// Waits until a TCP connection to host:port opens, retrying until `timeout`: the whole wait of a
+// client, so a launcher honours --rdzv_timeout (LibTorch's client, given the same timeout, took
+// about twice as long to give up). False when it never opened.
+bool wait_until_reachable(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  do {
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) == 0) {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        const bool open = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        ::close(fd);
+        if (open) {
+          ::freeaddrinfo(found);
+          return true;
+        }
+      }
+      ::freeaddrinfo(found);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } while (std::chrono::steady_clock::now() < deadline);
+  return false;
+}
+
 }  // namespace
 
 Store::Store(const StoreOptions& options) : options_(options) {
@@ -31,6 +65,13 @@ Store::Store(const StoreOptions& options) : options_(options) {
   o.timeout = options.timeout;
   o.useLibUV = false;  // the classic backend reports a taken port as a plain bind error
   auto impl = std::make_shared<Impl>();
+  const auto unreachable = [&](const std::string& cause) {
+    return Error(str("[store] cannot reach the rendezvous at ", options.host, ":", options.port, " within ",
+                     seconds(options.timeout), ": ", cause,
+                     "; check --main_process_ip/--main_process_port and that machine 0's launcher is running"));
+  };
+  if (!options.is_server && !wait_until_reachable(options.host, options.port, options.timeout))
+    throw unreachable("nothing accepted a connection there");
   try {
     const QuietLibTorchLogs quiet;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(options.host, o);
@@ -41,9 +82,7 @@ Store::Store(const StoreOptions& options) : options_(options) {
     if (options.is_server)
       throw Error(str("[store] cannot serve the rendezvous on port ", options.port, ": ", cause,
                       "; is another run using it? Pick another with --main_process_port"));
-    throw Error(str("[store] cannot reach the rendezvous at ", options.host, ":", options.port, " within ",
-                    seconds(options.timeout), ": ", cause,
-                    "; check --main_process_ip/--main_process_port and that machine 0's launcher is running"));
+    throw unreachable(cause);
   }
   impl->prefixed = with_prefix_store(impl->root, options.prefix);
   impl_ = std::move(impl);

@@ -1,10 +1,13 @@
 #include "launch/launcher.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -13,6 +16,7 @@
 #include "launch/worker_group.h"
 #include "launch/worker_plan.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -73,12 +77,67 @@ void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, bool
   }
 }
 
+// A folder under $TMPDIR (or /tmp) for this launch, removed with what is in it at the end.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = str(tmp && *tmp ? tmp : "/tmp", "/", name, "-XXXXXX");
+    FSDP_CHECK(::mkdtemp(pattern.data()) != nullptr, "[launch] cannot create a folder in ", parent_folder(pattern),
+               ": ", std::strerror(errno), "; set TMPDIR to a writable folder");
+    path_ = pattern;
+  }
+  ~TempDir() { remove_tree(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  static void remove_tree(const std::string& path) {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) return;
+    if (S_ISDIR(st.st_mode)) {
+      if (DIR* d = ::opendir(path.c_str())) {
+        while (const dirent* e = ::readdir(d)) {
+          const std::string n = e->d_name;
+          if (n != "." && n != "..") remove_tree(path + "/" + n);
+        }
+        ::closedir(d);
+      }
+      ::rmdir(path.c_str());
+    } else {
+      ::unlink(path.c_str());
+    }
+  }
+  std::string path_;
+};
+
+std::string first_line(const std::string& text) {
+  const std::string line = text.substr(0, text.find('\n'));
+  return line.size() > 160 ? line.substr(0, 160) + "..." : line;
+}
+
 }  // namespace
+
+void check_capacity(int local, int num_machines, bool use_cpu, const LaunchOptions& o, int cores) {
+  if (o.oversubscribe) return;
+  const std::string asked = str("num_processes asks for ", plural(local, "worker"), " on this machine");
+  if (!use_cpu && o.visible_gpus > 0)
+    FSDP_CHECK(local <= o.visible_gpus, "[launch] ", asked, ", which has ", plural(o.visible_gpus, "GPU"),
+               "; each worker drives one GPU. Set num_processes (or --num_processes) to at most ",
+               o.visible_gpus * num_machines, ", or pass --oversubscribe to start them anyway");
+  FSDP_CHECK(local <= 4 * cores, "[launch] ", asked, ", which has ", plural(cores, "core"),
+             "; more than 4 workers per core would only thrash, and their memory ends in the out-of-memory killer. "
+             "Set num_processes (or --num_processes) to at most ",
+             4 * cores * num_machines, ", or pass --oversubscribe to start them anyway");
+}
 
 int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, std::ostream& out) {
   const config::LaunchConfig& l = rc.typed.launch;
   Topology topology = topology_of(l);
   FSDP_ASSERT(!options.command.empty(), "launch without a command");
+  check_capacity(topology.local_world_size, topology.num_machines, l.use_cpu, options,
+                 static_cast<int>(cpu_facts().allowed.size()));
   if (options.dry_run) {
     print_dry_run(plan_workers(rc, topology, options.command, 0), topology, rc.typed.launch.use_cpu, out);
     return 0;
@@ -92,10 +151,13 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
                  ": waiting for the other machines at ", topology.master_addr, ":", topology.master_port));
   rdzv.wait_for_machines();
   SignalCatcher signals;
+  const TempDir errors("fsdptrain-errors");  // the workers' error files (dist/error_file.h)
 
   const auto interval = std::max(ms(l.monitor_interval), std::chrono::milliseconds(1));
   for (int attempt = 0;; ++attempt) {
-    WorkerGroup group(plan_workers(rc, topology, options.command, attempt), options.log_dir, attempt);
+    const std::string error_dir = str(errors.path(), "/attempt", attempt);
+    make_directories(error_dir);
+    WorkerGroup group(plan_workers(rc, topology, options.command, attempt), options.log_dir, attempt, error_dir);
     int received = 0;
     std::optional<std::pair<int, std::string>> remote;
     while (!group.all_exited()) {
@@ -130,19 +192,24 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
       std::cerr << "[launch] this machine's workers succeeded, but " << failed->second << "\n";
       return failed->first;
     }
-    // A failure: here (first_failure) or on another machine (remote).
+    // A failure: here (first_failure) or on another machine (remote). Once every worker has
+    // stopped, the root cause is the rank that recorded the earliest error.
+    const WorkerStatus* first = group.first_failure();
+    group.stop(options.grace);
     int code = 1;
     std::string what;
-    if (const WorkerStatus* f = group.first_failure()) {
-      code = f->exit_code();
-      what =
-          str("rank ", f->rank, " (machine ", topology.machine_rank, ", pid ", f->pid, ") ended with ", f->describe());
+    if (first) {
+      const WorkerGroup::RootCause root = group.root_cause();
+      const WorkerStatus& f = *root.worker;
+      code = f.failed() ? f.exit_code() : first->exit_code();
+      what = str("rank ", f.rank, " (machine ", topology.machine_rank, ", pid ", f.pid, ") ",
+                 root.message.empty() ? "ended with " + f.describe()
+                                      : str("failed first: ", first_line(root.message)));
       rdzv.report_failure(attempt, code, what);
     } else {
       code = remote->first;
       what = remote->second;
     }
-    group.stop(options.grace);
     std::cerr << "[launch] " << what << "; the other workers were stopped (attempt " << attempt << "):\n"
               << group.exit_table();
     if (attempt >= l.max_restarts) {

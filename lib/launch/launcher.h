@@ -17,12 +17,18 @@ struct LaunchOptions {
   std::string log_dir;  // also write each rank's output to <log_dir>/rank<N>.log
   bool dry_run = false;
   std::chrono::milliseconds grace{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL
+  int visible_gpus = 0;         // this machine's GPUs (0: none, or unknown)
+  bool oversubscribe = false;   // start more local workers than check_capacity allows
 };
+
+// Throws InputError, before anything starts, when this machine is asked for more workers than it
+// can run: more than its GPUs for a GPU run, or more than 4 per core (a CPU run, or no GPU seen).
+void check_capacity(int local_workers, int num_machines, bool use_cpu, const LaunchOptions& options, int cores);
 
 // Runs the whole launch and returns the process exit code: 0 when every worker of every machine
 // exited 0; else the first failing rank's exit code (128 + signal when it was killed); 128 +
 // signal when the launcher itself was interrupted. Throws fsdp::Error for problems before any
-// worker starts (rendezvous, ports). With dry_run, prints each local rank's environment and
+// worker starts (rendezvous, ports, check_capacity). With dry_run, prints each local rank's environment and
 // command to `out` and starts nothing.
 int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, std::ostream& out);
 

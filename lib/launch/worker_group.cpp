@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dist/error_file.h"
 #include "launch/cpu_affinity.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -82,7 +83,8 @@ struct WorkerGroup::Stream {
   std::string pending;
 };
 
-WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string& log_dir, int attempt) {
+WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string& log_dir, int attempt,
+                         const std::string& error_dir) {
   if (!log_dir.empty()) {
     try {
       make_directories(log_dir);
@@ -105,7 +107,10 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
       write_all(log_fd, str("==== attempt ", attempt, " ====\n"));
     }
     // Everything the child needs is built before fork: after it, only exec-safe calls.
-    std::vector<std::string> env = merged_env(spec.env);
+    EnvList spec_env = spec.env;
+    const std::string error_file = error_dir.empty() ? "" : str(error_dir, "/rank", spec.rank, ".json");
+    if (!error_file.empty()) spec_env.emplace_back(dist::kErrorFileVariable, error_file);
+    std::vector<std::string> env = merged_env(spec_env);
     std::vector<std::string> argv = spec.argv;
     std::vector<char*> c_env = c_strings(env), c_argv = c_strings(argv);
     cpu_set_t cpus;  // enable_cpu_affinity: the child pins itself before exec
@@ -146,6 +151,7 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
     st.rank = spec.rank;
     st.local_rank = spec.local_rank;
     st.pid = pid;
+    st.error_file = error_file;
     status_.push_back(st);
     log_fds_.push_back(log_fd);
     for (auto [fd, to] : {std::pair<int, int>{out_pipe[0], 1}, {err_pipe[0], 2}}) {
@@ -295,8 +301,22 @@ void WorkerGroup::stop(std::chrono::milliseconds grace, int sig) {
     if (s->fd >= 0) drain(*s, true);
 }
 
+WorkerGroup::RootCause WorkerGroup::root_cause() const {
+  RootCause root{first_failure(), ""};
+  int64_t earliest = 0;
+  for (const auto& st : status_) {
+    if (st.error_file.empty() || (!st.failed() && !st.stopped_by_launcher)) continue;
+    const auto e = dist::read_worker_error(st.error_file);
+    if (e && (root.message.empty() || e->unix_ns < earliest)) {
+      root = {&st, e->message};
+      earliest = e->unix_ns;
+    }
+  }
+  return root;
+}
+
 std::string WorkerGroup::exit_table() const {
-  const WorkerStatus* first = first_failure();
+  const WorkerStatus* first = root_cause().worker;
   std::ostringstream out;
   out << "  rank  local  pid       how it ended\n";
   for (const auto& st : status_) {

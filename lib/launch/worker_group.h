@@ -30,6 +30,7 @@ struct WorkerStatus {
   int signal = 0;
   bool stopped_by_launcher = false;  // the launcher sent the signal that ended it
   std::chrono::steady_clock::time_point ended;
+  std::string error_file;  // where it records why it failed (dist/error_file.h); "" when none
 
   bool failed() const { return !running && !(exited && code == 0) && !stopped_by_launcher; }
   // "exit 0", "exit 3", "SIGKILL", "SIGTERM (stopped by the launcher)"
@@ -40,8 +41,10 @@ struct WorkerStatus {
 
 class WorkerGroup {
  public:
-  // Starts every worker. Throws fsdp::Error if a process cannot be created.
-  WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string& log_dir, int attempt);
+  // Starts every worker. Throws fsdp::Error if a process cannot be created. With `error_dir`, each
+  // worker records its failure in <error_dir>/rank<N>.json (TORCHELASTIC_ERROR_FILE).
+  WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string& log_dir, int attempt,
+              const std::string& error_dir = "");
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
@@ -52,7 +55,15 @@ class WorkerGroup {
 
   bool all_exited() const;
   bool all_succeeded() const;
-  const WorkerStatus* first_failure() const;  // the earliest to fail, or nullptr
+  const WorkerStatus* first_failure() const;  // the earliest to exit with a failure, or nullptr
+  // The root cause, once the workers have exited: the worker that recorded the earliest error
+  // (even one the launcher stopped while it was tearing down), else first_failure(); its message
+  // ("" when it recorded none).
+  struct RootCause {
+    const WorkerStatus* worker = nullptr;
+    std::string message;
+  };
+  RootCause root_cause() const;
   const std::vector<WorkerStatus>& status() const { return status_; }
 
   // Sends `sig` to every running worker's process group.
@@ -61,7 +72,7 @@ class WorkerGroup {
   // returns when every worker has been reaped. Output keeps flowing meanwhile.
   void stop(std::chrono::milliseconds grace, int sig = 15 /* SIGTERM */);
 
-  // A table of every worker's pid and how it ended, marking the first failure.
+  // A table of every worker's pid and how it ended, marking the root cause.
   std::string exit_table() const;
 
  private:

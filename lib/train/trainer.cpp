@@ -11,9 +11,11 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/format.h"
 #include "config/show.h"
 #include "dist/build_info.h"
+#include "dist/error_file.h"
 #include "train/metrics.h"
 #include "train/tensorboard.h"
 #include "train/training_run.h"
@@ -217,21 +219,38 @@ void refuse_unsupported(const config::ResolvedConfig& resolved) {
 std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved) {
   refuse_unsupported(resolved);
   std::vector<std::string> warnings = config::unused_by_trainer(resolved);
-  model_config_of(resolved.typed, &warnings);  // its config.json parses (InputError naming the file otherwise)
+  // Its config.json parses (InputError naming the file otherwise).
+  const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
+  const config::CheckpointConfig& c = resolved.typed.checkpoint;
+  if (!c.dir.empty())  // writable, not damaged, room for a checkpoint: before any step, not at the first save
+    ckpt::check_checkpoint_dir(c.dir, ckpt::checkpoint_bytes(model.num_parameters()), c.keep,
+                               ckpt::local_file_system());
   return warnings;
+}
+
+void check_checkpoint_dir_free(const config::ResolvedConfig& resolved) {
+  const std::string& dir = resolved.typed.checkpoint.dir;
+  if (dir.empty() || resolved.typed.launch.machine_rank != 0) return;
+  ckpt::check_unlocked(dir);
 }
 
 TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
                           std::ostream& out, const TrainHooks& hooks) {
   refuse_unsupported(resolved);  // the launcher ran check_trainer_config; the workers need only this
   TrainingRun run(context, resolved, out, hooks);  // group, data, model, optimizer, checkpointer
-  const int64_t first_step = run.resume();        // 1, or the step after the checkpoint's
-  RunReport report(run, first_step);
-  for (int64_t step = first_step; step <= run.config().train.steps; ++step) {
-    const StepResult result = run.train_step(step);  // micro-batches, loss, backward, clip, AdamW
-    report.after_step(step, result);                 // metrics, checkpoint, export, held-out loss
+  try {
+    const int64_t first_step = run.resume();  // 1, or the step after the checkpoint's
+    RunReport report(run, first_step);
+    for (int64_t step = first_step; step <= run.config().train.steps; ++step) {
+      const StepResult result = run.train_step(step);  // micro-batches, loss, backward, clip, AdamW
+      report.after_step(step, result);                 // metrics, checkpoint, export, held-out loss
+    }
+    return report.finish();
+  } catch (const std::exception& e) {
+    // Recorded now, before `run` tears down the process groups and its peers fail for that.
+    dist::record_worker_error(e.what());
+    throw;
   }
-  return report.finish();
 }
 
 }  // namespace fsdp::train

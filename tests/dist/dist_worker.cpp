@@ -5,6 +5,7 @@
 //   hang R           join, then rank R stops answering while the others wait in a barrier
 //   exit R CODE      join, then rank R exits with CODE while the others wait in a barrier
 // Prints "<mode> ok" on success; any mismatch exits 1 with the reason.
+#include <csignal>
 #include <ATen/ATen.h>
 #include <unistd.h>
 
@@ -97,10 +98,11 @@ int main(int argc, char** argv) {
       collectives(g);
       return 0;
     }
-    if ((mode == "hang" || mode == "exit") && argc > 2) {
+    if ((mode == "hang" || mode == "exit" || mode == "kill") && argc > 2) {
       const int who = std::atoi(argv[2]);
       g.barrier().wait();
       if (g.rank() == who) {
+        if (mode == "kill") ::raise(SIGKILL);  // as the OOM killer or a lost machine would
         if (mode == "exit") return argc > 3 ? std::atoi(argv[3]) : 1;
         while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
       }
@@ -108,7 +110,7 @@ int main(int argc, char** argv) {
       std::cout << mode << " ok" << std::endl;
       return 0;
     }
-    std::cerr << "usage: dist_worker collectives | hang RANK | exit RANK CODE\n";
+    std::cerr << "usage: dist_worker collectives | hang RANK | exit RANK CODE | kill RANK\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;

@@ -19,7 +19,8 @@ import tempfile
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Set by torchrun's elastic agent for its own machinery; fsdptrain has no agent (README).
+# Set by torchrun's elastic agent for its own machinery; fsdptrain sets only the error file, in a
+# folder of its own (README).
 AGENT_ONLY = {"TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE"}
 
 
@@ -55,8 +56,8 @@ def documented_fix(key, ours, theirs, config):
     v1 = str(fsdp.get("fsdp_version", 1)) == "1"
     if key == "MASTER_PORT":
         return "each launcher was given its own free port"
-    if key in AGENT_ONLY and ours is None:
-        return "torchrun agent internals"
+    if key in AGENT_ONLY:
+        return "torchrun agent internals (the error file lies in each launcher's own folder)"
     if key in ENUMS and theirs is not None and ours is not None:
         t = str(theirs)
         if t.upper() == ours or (t.isdigit() and 1 <= int(t) <= len(ENUMS[key]) and ENUMS[key][int(t) - 1] == ours):

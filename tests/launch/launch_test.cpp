@@ -149,6 +149,35 @@ TEST_CASE("a rank that hangs: the others fail after --dist_timeout naming the co
   CHECK(count_processes(FSDP_DIST_WORKER) == 0);
 }
 
+// Issue 19: after a peer's SIGKILL, rank 0 said "did not finish within 600 s" 0.2 s later. Two
+// workers started by hand (rank 0 serves the store), so rank 0 lives to print its message.
+TEST_CASE("a peer killed mid-run: the survivor says the peer is gone, not that a collective timed out") {
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  close(s);
+  auto env = [&](int rank) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
+                                              {"WORLD_SIZE", "2"},  {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", port}, {"FSDPTRAIN_DIST_TIMEOUT", "600"}};
+  };
+  const std::vector<std::string> unset{"TORCHELASTIC_USE_AGENT_STORE"};
+  fsdp::testing::ChildProcess r0(FSDP_DIST_WORKER, {"kill", "1"}, env(0), unset);
+  fsdp::testing::ChildProcess r1(FSDP_DIST_WORKER, {"kill", "1"}, env(1), unset);
+  const Result killed = r1.wait(std::chrono::seconds(60));
+  CHECK(killed.code == 128 + SIGKILL);
+  const Result survivor = r0.wait(std::chrono::seconds(60));
+  INFO(survivor.err);
+  CHECK(survivor.code == 1);
+  CHECK(contains(survivor.err, "a peer rank is gone"));
+  CHECK_FALSE(contains(survivor.err, "did not finish within"));
+}
+
 TEST_CASE("a busy port: one machine falls back to a free port; machine 0 of several refuses") {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
