@@ -55,9 +55,13 @@ config::ConfigInputs ConfigArgs::inputs(std::string* source) const {
   const config::DefaultConfig found =
       file.empty() ? config::find_default_config() : config::DefaultConfig{file, "--config"};
   if (!found.path.empty()) {
-    FSDP_CHECK(file_exists(found.path), "config file ", found.path, " not found",
+    const std::string problem = file_problem(found.path);
+    const bool folder = problem == "a folder, not a file";
+    FSDP_CHECK(problem.empty(), "config file ", found.path,
+               problem == "not found" ? " not found" : folder ? " is a folder, not a file" : ": " + problem,
                found.source == "--config" ? "" : " (from " + found.source + ")",
-               "; check the path, or create one with `fsdptrain config` or `fsdptrain config default`");
+               folder ? "; give the YAML file in it"
+                      : "; check the path, or create one with `fsdptrain config` or `fsdptrain config default`");
     in.file = found.path;
     in.text = read_file(found.path);
     in.has_file = true;

@@ -46,11 +46,21 @@ std::string Origin::describe() const {
 
 void Diagnostics::error(const std::string& location, const std::string& key, const std::string& message,
                         const std::string& hint) {
+  if (errors_ >= kMaxListed) {
+    ++errors_;
+    return;
+  }
+  ++errors_;
   items_.push_back({Diagnostic::Severity::kError, location, key, message, hint});
 }
 
 void Diagnostics::warning(const std::string& location, const std::string& key, const std::string& message,
                           const std::string& hint) {
+  if (warnings_ >= kMaxListed) {
+    ++warnings_;
+    return;
+  }
+  ++warnings_;
   items_.push_back({Diagnostic::Severity::kWarning, location, key, message, hint});
 }
 
@@ -64,11 +74,6 @@ void Diagnostics::warning_at(const Origin& origin, const std::string& key, const
   warning(origin_location(origin), key, message, hint);
 }
 
-size_t Diagnostics::error_count() const {
-  size_t n = 0;
-  for (const auto& d : items_) n += d.severity == Diagnostic::Severity::kError;
-  return n;
-}
 
 bool Diagnostics::has_error_for(const std::string& key) const {
   for (const auto& d : items_)
@@ -102,21 +107,32 @@ std::vector<std::string> sorted_by_line(const std::vector<Diagnostic>& items, Di
   return out;
 }
 
+// "... and 3 more errors": what was counted but not listed.
+void add_unlisted(std::vector<std::string>& lines, size_t total, const char* what) {
+  if (total > lines.size())
+    lines.push_back(str("... and ", plural(static_cast<long long>(total - lines.size()), str("more ", what)),
+                        " (the first ", lines.size(), " are listed; fix those and run again)"));
+}
+
 }  // namespace
 
 std::vector<std::string> Diagnostics::errors() const {
-  return sorted_by_line(items_, Diagnostic::Severity::kError);
+  std::vector<std::string> out = sorted_by_line(items_, Diagnostic::Severity::kError);
+  add_unlisted(out, errors_, "error");
+  return out;
 }
 
 std::vector<std::string> Diagnostics::warnings() const {
-  return sorted_by_line(items_, Diagnostic::Severity::kWarning);
+  std::vector<std::string> out = sorted_by_line(items_, Diagnostic::Severity::kWarning);
+  add_unlisted(out, warnings_, "warning");
+  return out;
 }
 
 void Diagnostics::throw_if_errors() const {
   auto errs = errors();
   if (errs.empty()) return;
   std::string msg = join(errs, "\n");
-  if (errs.size() > 1) msg += str("\n", errs.size(), " errors in the config; nothing was started");
+  if (errors_ > 1) msg += str("\n", errors_, " errors in the config; nothing was started");
   throw InputError(msg);
 }
 

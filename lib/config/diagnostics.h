@@ -32,17 +32,23 @@ class Diagnostics {
   void warning_at(const Origin& origin, const std::string& key, const std::string& message,
                   const std::string& hint = "");
 
-  const std::vector<Diagnostic>& all() const { return items_; }
-  size_t error_count() const;
+  // Problems beyond the first kMaxListed of each severity are counted, not kept: a file of a
+  // million unknown keys gets 50 lines and a count, not a million lines.
+  static constexpr size_t kMaxListed = 50;
+  bool full() const { return errors_ >= kMaxListed; }  // further errors are only counted
+
+  const std::vector<Diagnostic>& all() const { return items_; }  // the listed ones
+  size_t error_count() const { return errors_; }
   bool has_errors() const { return error_count() > 0; }
   bool has_error_for(const std::string& key) const;  // an error about this key was reported
-  std::vector<std::string> errors() const;    // formatted
-  std::vector<std::string> warnings() const;  // formatted
+  std::vector<std::string> errors() const;    // formatted, then "... and N more errors"
+  std::vector<std::string> warnings() const;  // formatted, then "... and N more warnings"
   // Throws InputError whose message lists every error (one per line) when there is any.
   void throw_if_errors() const;
 
  private:
   std::vector<Diagnostic> items_;
+  size_t errors_ = 0, warnings_ = 0;
 };
 
 std::string origin_location(const Origin& origin);

@@ -172,7 +172,7 @@ class FileReader {
       if (!check_duplicate(dotted, origin.mark)) continue;
       const OptionSpec* spec = find_option(dotted);
       if (!spec) {
-        const std::string near = suggest_key(leaf, section);
+        const std::string near = diags_.full() ? "" : suggest_key(leaf, section);  // only listed ones get a hint
         diags_.error_at(origin, section + "." + raw_key, "unknown key (Accelerate would silently ignore it)",
                         near.empty() ? "see `fsdptrain config keys` for every key" : "did you mean " + near + "?");
         continue;
@@ -188,7 +188,7 @@ class FileReader {
     }
     const OptionSpec* spec = find_option(key);
     if (!spec || !spec->section().empty()) {
-      const std::string near = suggest_key(key, "");
+      const std::string near = diags_.full() ? "" : suggest_key(key, "");
       const OptionSpec* other = near.empty() ? nullptr : find_option(near);
       std::string hint = "see `fsdptrain config keys` for every key";
       if (other && !other->section().empty() && other->leaf() == key)

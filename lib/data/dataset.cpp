@@ -57,6 +57,10 @@ void read_llmc(const std::string& path, std::vector<int32_t>& out) {
     } else {
       uint32_t t;
       std::memcpy(&t, p + 4 * i, 4);
+      // Unsigned on disk: an id above int32's range would turn negative and pass the vocab check.
+      FSDP_CHECK(t <= static_cast<uint32_t>(INT32_MAX), "[data] ", path, ": token ", i, " (byte ",
+                 kHeaderBytes + 4 * i, ") is id ", t, ", beyond any vocabulary (ids are below 2^31); the shard is "
+                 "corrupt or was not written as llm.c uint32 tokens");
       out.push_back(static_cast<int32_t>(t));
     }
   }
@@ -89,6 +93,16 @@ int64_t TokenStream::max_token() const {
   return tokens.empty() ? -1 : *std::max_element(tokens.begin(), tokens.end());
 }
 
+void TokenStream::check_below(int64_t vocab_size, const std::string& fix) const {
+  const auto bad = std::find_if(tokens.begin(), tokens.end(), [&](int32_t t) { return t >= vocab_size; });
+  if (bad == tokens.end()) return;
+  const int64_t index = bad - tokens.begin();
+  const size_t file = std::upper_bound(file_ends.begin(), file_ends.end(), index) - file_ends.begin();
+  const int64_t first = file == 0 ? 0 : file_ends[file - 1];
+  throw InputError(str("[data] ", files.at(file), ": token ", index - first, " is id ", *bad,
+                       " but the model's vocab_size is ", vocab_size, "; ", fix));
+}
+
 TokenStream read_tokens(const std::string& path_or_glob) {
   FSDP_CHECK(!path_or_glob.empty(),
              "[data] data.path is not set; give a text file, a .jsonl file, llm.c .bin shards, or a glob");
@@ -97,6 +111,8 @@ TokenStream read_tokens(const std::string& path_or_glob) {
   FSDP_CHECK(!s.files.empty(), "[data] data.path ", quoted(path_or_glob),
              " matches no file; check the path (relative paths are from the directory fsdptrain runs in)");
   for (const std::string& f : s.files) {
+    FSDP_CHECK(!is_directory(f), "[data] data.path ", quoted(f), " is a folder; give a file, or a glob such as ",
+               f, "/*.bin to read the files in it");
     const size_t before = s.tokens.size();
     if (ends_with(f, ".bin"))
       read_llmc(f, s.tokens);
@@ -105,6 +121,7 @@ TokenStream read_tokens(const std::string& path_or_glob) {
     else
       append_document(s.tokens, read_all(f));
     FSDP_CHECK(s.tokens.size() > before + (ends_with(f, ".bin") ? 0 : 1), "[data] ", f, " is empty");
+    s.file_ends.push_back(static_cast<int64_t>(s.tokens.size()));
   }
   return s;
 }

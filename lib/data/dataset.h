@@ -24,11 +24,14 @@ inline constexpr int64_t kByteVocabSize = 257;
 struct TokenStream {
   std::vector<int32_t> tokens;
   std::vector<std::string> files;  // what was read, in order
+  std::vector<int64_t> file_ends;  // tokens[file_ends[k-1], file_ends[k]) came from files[k]
   int64_t max_token() const;
+  // Throws InputError naming the file and position of the first id >= vocab_size, and `fix`.
+  void check_below(int64_t vocab_size, const std::string& fix) const;
 };
 
-// Reads data.path. Throws InputError naming the file for: no match, an empty file, a wrong magic or
-// size, a JSONL line without a string "text".
+// Reads data.path. Throws InputError naming the file for: no match, a folder, an empty file, a wrong
+// magic or size, an id of 2^31 or more, a JSONL line without a string "text".
 TokenStream read_tokens(const std::string& path_or_glob);
 
 // Writes an llm.c token shard (uint16 when every id fits, else uint32): for tests and tools.

@@ -94,6 +94,12 @@ std::vector<std::string> check_fields(const json& j, const std::string& where) {
   return warnings;
 }
 
+// Shape fields are counts: each must be >= 1 (num_hidden_layers: -1 is not "as many as possible").
+void check_positive(const std::string& where, std::initializer_list<std::pair<const char*, int64_t>> fields) {
+  for (const auto& [name, value] : fields)
+    FSDP_CHECK(value >= 1, where, ": ", name, " is ", value, "; it must be a whole number >= 1");
+}
+
 }  // namespace
 
 int64_t LlamaConfig::num_parameters() const {
@@ -128,8 +134,16 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   c.num_hidden_layers = field<int64_t>(j, "num_hidden_layers", c.num_hidden_layers, where);
   c.num_attention_heads = field<int64_t>(j, "num_attention_heads", c.num_attention_heads, where);
   c.num_key_value_heads = field<int64_t>(j, "num_key_value_heads", c.num_attention_heads, where);
-  FSDP_CHECK(c.num_attention_heads > 0 && c.hidden_size > 0, where,
-             ": hidden_size and num_attention_heads must be > 0");
+  check_positive(where, {{"vocab_size", c.vocab_size},
+                         {"hidden_size", c.hidden_size},
+                         {"intermediate_size", c.intermediate_size},
+                         {"num_hidden_layers", c.num_hidden_layers},
+                         {"num_attention_heads", c.num_attention_heads},
+                         {"num_key_value_heads", c.num_key_value_heads}});
+  // As transformers' LlamaConfig: the heads split hidden_size evenly, head_dim given or not.
+  FSDP_CHECK(c.hidden_size % c.num_attention_heads == 0, where, ": hidden_size ", c.hidden_size,
+             " is not a multiple of num_attention_heads ", c.num_attention_heads,
+             "; transformers refuses this config too. Change one of the two");
   c.head_dim = field<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, where);
   c.max_position_embeddings = field<int64_t>(j, "max_position_embeddings", c.max_position_embeddings, where);
   c.rms_norm_eps = field<double>(j, "rms_norm_eps", c.rms_norm_eps, where);
@@ -167,6 +181,16 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
                  " is not supported; fsdptrain implements \"default\" and \"llama3\"");
     }
   }
+  check_positive(where, {{"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings}});
+  FSDP_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0 && c.initializer_range >= 0, where,
+             ": rms_norm_eps (", c.rms_norm_eps, ") and rope_theta (", c.rope_theta,
+             ") must be > 0 and initializer_range (", c.initializer_range, ") >= 0");
+  if (c.rope_scaling)
+    FSDP_CHECK(c.rope_scaling->factor > 0 && c.rope_scaling->low_freq_factor > 0 &&
+                   c.rope_scaling->high_freq_factor > c.rope_scaling->low_freq_factor &&
+                   c.rope_scaling->original_max_position_embeddings > 0,
+               where, ": rope_scaling needs factor, low_freq_factor and original_max_position_embeddings > 0 and "
+               "high_freq_factor > low_freq_factor");
   FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ", c.num_attention_heads,
              " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
   FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");

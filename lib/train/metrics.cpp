@@ -29,8 +29,12 @@ std::string rate(double v) {
 }
 
 std::string duration(double s) {
-  char buf[32];
-  if (s >= 3600)
+  char buf[48];
+  if (!(s < 86400.0 * 1e5))  // also NaN: a run of steps no machine will finish
+    std::snprintf(buf, sizeof(buf), "over 100000 days");
+  else if (s >= 86400)
+    std::snprintf(buf, sizeof(buf), "%lldd%02dh", static_cast<long long>(s / 86400), static_cast<int>(s / 3600) % 24);
+  else if (s >= 3600)
     std::snprintf(buf, sizeof(buf), "%dh%02dm", static_cast<int>(s / 3600), static_cast<int>(s / 60) % 60);
   else if (s >= 60)
     std::snprintf(buf, sizeof(buf), "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(s) % 60);
@@ -39,8 +43,9 @@ std::string duration(double s) {
   return buf;
 }
 
+// In doubles: steps may be up to 2^63, where step * 100 would overflow.
 double eta_seconds(int64_t step, int64_t steps, double elapsed_s) {
-  return step > 0 ? elapsed_s / step * (steps - step) : 0;
+  return step > 0 ? elapsed_s / static_cast<double>(step) * static_cast<double>(steps - step) : 0;
 }
 
 }  // namespace
@@ -58,10 +63,11 @@ std::string format_metrics(const StepMetrics& m) {
 
 std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s) {
   constexpr int kWidth = 20;
-  const int filled = steps > 0 ? static_cast<int>(kWidth * step / steps) : kWidth;
+  const double done = steps > 0 ? std::min(1.0, static_cast<double>(step) / static_cast<double>(steps)) : 1.0;
+  const int filled = static_cast<int>(kWidth * done);
   char tail[96];
   std::snprintf(tail, sizeof(tail), "] %3d%% step %lld/%lld | loss %.4f | ETA ",
-                static_cast<int>(100 * step / std::max<int64_t>(1, steps)), static_cast<long long>(step),
+                static_cast<int>(100 * done), static_cast<long long>(step),
                 static_cast<long long>(steps), loss);
   return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + tail +
          duration(eta_seconds(step, steps, elapsed_s));

@@ -21,7 +21,21 @@
 
 namespace fsdp {
 
+std::string file_problem(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return "not found";
+    if (errno == ELOOP) return "a loop of symbolic links (Too many levels of symbolic links)";
+    return std::strerror(errno);
+  }
+  if (S_ISDIR(st.st_mode)) return "a folder, not a file";
+  if (::access(path.c_str(), R_OK) != 0) return str("not readable (", std::strerror(errno), ")");
+  return "";
+}
+
 std::string read_file(const std::string& path) {
+  const std::string problem = file_problem(path);
+  FSDP_CHECK(problem.empty(), path, ": cannot read: ", problem);
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), path, ": cannot read: ", std::strerror(errno));
   std::ostringstream buf;

@@ -11,6 +11,9 @@ namespace fsdp {
 std::string read_file(const std::string& path);
 
 bool file_exists(const std::string& path);
+// Why `path` cannot be read as a file ("not found", "a folder, not a file", "a loop of symbolic
+// links ...", "not readable (...)"); "" when it can.
+std::string file_problem(const std::string& path);
 
 // Writes `contents` to `path` atomically (temporary name, fsync, rename, fsync of the folder).
 // Creates missing parent folders. Throws Error naming the path and the OS reason.

@@ -73,6 +73,34 @@ TEST_CASE("text and JSONL go through the byte tokenizer, each document after an 
   CHECK(j == std::vector<int32_t>{kByteEndOfText, 'a', 'b', kByteEndOfText, 0xC3, 0xA9});
 }
 
+// Issue 19, cases 8 and 9: an id of 2^31 or more in a uint32 shard once became a negative int32
+// and failed deep in LibTorch ("index out of range in self"); a folder failed in the stream library.
+TEST_CASE("a uint32 id beyond int32, an id beyond the vocabulary and a folder are named with the file and position") {
+  TempDir d;
+  write_llmc_shard(d.path + "/big.bin", {1, 70000, 3});  // uint32 tokens
+  {
+    std::fstream f(d.path + "/big.bin", std::ios::binary | std::ios::in | std::ios::out);
+    const uint32_t huge = 0x80000005u;  // 2^31 + 5
+    f.seekp(1024 + 4 * 2);
+    f.write(reinterpret_cast<const char*>(&huge), 4);
+  }
+  const std::string e = error_of([&] { read_tokens(d.path + "/big.bin"); });
+  CHECK(e.find(d.path + "/big.bin: token 2 (byte 1032) is id 2147483653") != std::string::npos);
+
+  write_llmc_shard(d.path + "/s_0.bin", {1, 2, 3});
+  write_llmc_shard(d.path + "/s_1.bin", {4, 5, 99, 6});
+  const TokenStream s = read_tokens(d.path + "/s_*.bin");
+  CHECK(s.file_ends == std::vector<int64_t>{3, 7});
+  CHECK_NOTHROW(s.check_below(100, "raise vocab_size"));
+  CHECK(error_of([&] { s.check_below(50, "raise vocab_size"); })
+            .find(d.path + "/s_1.bin: token 2 is id 99 but the model's vocab_size is 50; raise vocab_size") !=
+        std::string::npos);
+
+  const std::string folder = error_of([&] { read_tokens(d.path); });
+  CHECK(folder.find("data.path \"" + d.path + "\" is a folder") != std::string::npos);
+  CHECK(folder.find(d.path + "/*.bin") != std::string::npos);
+}
+
 TEST_CASE("bad inputs name the file and the fix") {
   TempDir d;
   CHECK(error_of([&] { read_tokens(d.path + "/missing*.txt"); }).find("matches no file") != std::string::npos);
