@@ -61,6 +61,8 @@ std::unique_ptr<Command> make_estimate_memory_command();
 std::unique_ptr<Command> make_merge_weights_command();
 std::unique_ptr<Command> make_to_fsdp2_command();
 std::unique_ptr<Command> make_plot_command();
+// data_commands.cpp
+std::unique_ptr<Command> make_tokenize_command();
 
 // The program after `launch ... --`: taken out of `args` (everything after the first "--"), so
 // CLI11 never sees the workers' own flags.
