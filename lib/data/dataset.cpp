@@ -1,8 +1,13 @@
 #include "data/dataset.h"
 
+#include <fcntl.h>
 #include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -19,10 +24,6 @@ namespace {
 constexpr int32_t kMagicUint16 = 20240520, kMagicUint32 = 20240801;
 constexpr int64_t kHeaderBytes = 256 * 4;
 
-std::vector<std::string> expand(const std::string& pattern) {
-  return glob_paths(pattern);
-}
-
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "[data] cannot read ", quoted(path));
@@ -32,38 +33,6 @@ std::string read_all(const std::string& path) {
 void append_document(std::vector<int32_t>& out, const std::string& text) {
   out.push_back(kByteEndOfText);
   for (unsigned char ch : text) out.push_back(ch);
-}
-
-void read_llmc(const std::string& path, std::vector<int32_t>& out) {
-  const std::string bytes = read_all(path);
-  FSDP_CHECK(static_cast<int64_t>(bytes.size()) >= kHeaderBytes, "[data] ", path, ": ", bytes.size(),
-             " bytes is shorter than an llm.c header (1024); is it a token shard?");
-  int32_t header[3];
-  std::memcpy(header, bytes.data(), sizeof(header));
-  FSDP_CHECK(header[0] == kMagicUint16 || header[0] == kMagicUint32, "[data] ", path, ": magic ", header[0],
-             " is not an llm.c token shard's (20240520 for uint16 tokens, 20240801 for uint32)");
-  const int64_t width = header[0] == kMagicUint16 ? 2 : 4, count = header[2];
-  FSDP_CHECK(count >= 0 && static_cast<int64_t>(bytes.size()) == kHeaderBytes + count * width, "[data] ", path,
-             ": the header says ", count, " tokens of ", width, " bytes, but the file has ",
-             static_cast<int64_t>(bytes.size()) - kHeaderBytes,
-             " bytes after the header; the file is truncated or not a shard");
-  const char* p = bytes.data() + kHeaderBytes;
-  out.reserve(out.size() + count);
-  for (int64_t i = 0; i < count; ++i) {
-    if (width == 2) {
-      uint16_t t;
-      std::memcpy(&t, p + 2 * i, 2);
-      out.push_back(t);
-    } else {
-      uint32_t t;
-      std::memcpy(&t, p + 4 * i, 4);
-      // Unsigned on disk: an id above int32's range would turn negative and pass the vocab check.
-      FSDP_CHECK(t <= static_cast<uint32_t>(INT32_MAX), "[data] ", path, ": token ", i, " (byte ",
-                 kHeaderBytes + 4 * i, ") is id ", t, ", beyond any vocabulary (ids are below 2^31); the shard is "
-                 "corrupt or was not written as llm.c uint32 tokens");
-      out.push_back(static_cast<int32_t>(t));
-    }
-  }
 }
 
 void read_jsonl(const std::string& path, std::vector<int32_t>& out) {
@@ -89,39 +58,177 @@ void read_jsonl(const std::string& path, std::vector<int32_t>& out) {
 
 }  // namespace
 
+// One file of the stream: an llm.c shard read in place, or tokens in memory.
+struct TokenStream::Source {
+  std::string path;
+  int fd = -1;
+  int width = 4;  // bytes per token in the shard
+  int64_t count = 0, max = -1;
+  std::vector<int32_t> memory;  // when fd < 0
+  ~Source() {
+    if (fd >= 0) ::close(fd);
+  }
+  // Tokens [begin, begin + n) of this source into out.
+  void read(int64_t begin, int64_t n, int64_t* out) const {
+    if (fd < 0) {
+      std::copy(memory.begin() + begin, memory.begin() + begin + n, out);
+      return;
+    }
+    thread_local std::vector<uint8_t> buf;
+    buf.resize(static_cast<size_t>(n * width));
+    size_t done = 0;
+    while (done < buf.size()) {
+      const ssize_t r = ::pread(fd, buf.data() + done, buf.size() - done,
+                                static_cast<off_t>(kHeaderBytes + begin * width + static_cast<int64_t>(done)));
+      FSDP_CHECK(r > 0, "[data] cannot read ", path, ": ", r < 0 ? std::strerror(errno) : "the file got shorter");
+      done += static_cast<size_t>(r);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (width == 2) {
+        uint16_t t;
+        std::memcpy(&t, buf.data() + 2 * i, 2);
+        out[i] = t;
+      } else {
+        uint32_t t;
+        std::memcpy(&t, buf.data() + 4 * i, 4);
+        out[i] = t;
+      }
+    }
+  }
+};
+
+namespace {
+
+// Opens an llm.c shard: checks its header and size, then scans it once, a few MB at a time.
+std::shared_ptr<TokenStream::Source> open_llmc(const std::string& path) {
+  auto src = std::make_shared<TokenStream::Source>();
+  src->path = path;
+  src->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FSDP_CHECK(src->fd >= 0, "[data] cannot read ", quoted(path), ": ", std::strerror(errno));
+  struct stat st;
+  FSDP_CHECK(::fstat(src->fd, &st) == 0, "[data] cannot read ", quoted(path), ": ", std::strerror(errno));
+  const int64_t bytes = st.st_size;
+  FSDP_CHECK(bytes >= kHeaderBytes, "[data] ", path, ": ", bytes,
+             " bytes is shorter than an llm.c header (1024); is it a token shard?");
+  int32_t header[3];
+  FSDP_CHECK(::pread(src->fd, header, sizeof(header), 0) == sizeof(header), "[data] cannot read ", quoted(path));
+  FSDP_CHECK(header[0] == kMagicUint16 || header[0] == kMagicUint32, "[data] ", path, ": magic ", header[0],
+             " is not an llm.c token shard's (20240520 for uint16 tokens, 20240801 for uint32)");
+  src->width = header[0] == kMagicUint16 ? 2 : 4;
+  src->count = header[2];
+  FSDP_CHECK(src->count >= 0 && bytes == kHeaderBytes + src->count * src->width, "[data] ", path, ": the header says ",
+             src->count, " tokens of ", src->width, " bytes, but the file has ", bytes - kHeaderBytes,
+             " bytes after the header; the file is truncated or not a shard");
+  std::vector<int64_t> chunk;
+  for (int64_t at = 0; at < src->count; at += 1 << 20) {
+    const int64_t n = std::min<int64_t>(1 << 20, src->count - at);
+    chunk.resize(static_cast<size_t>(n));
+    src->read(at, n, chunk.data());
+    for (int64_t i = 0; i < n; ++i) {
+      // Unsigned on disk: an id above int32's range once turned negative and passed the vocab check.
+      FSDP_CHECK(chunk[i] <= INT32_MAX, "[data] ", path, ": token ", at + i, " (byte ", kHeaderBytes + 4 * (at + i),
+                 ") is id ", chunk[i], ", beyond any vocabulary (ids are below 2^31); the shard is corrupt or was not "
+                 "written as llm.c uint32 tokens");
+      src->max = std::max(src->max, chunk[i]);
+    }
+  }
+  return src;
+}
+
+std::shared_ptr<TokenStream::Source> in_memory_source(std::vector<int32_t> tokens, const std::string& name) {
+  auto src = std::make_shared<TokenStream::Source>();
+  src->path = name;
+  src->count = static_cast<int64_t>(tokens.size());
+  for (int32_t t : tokens) src->max = std::max<int64_t>(src->max, t);
+  src->memory = std::move(tokens);
+  return src;
+}
+
+}  // namespace
+
+TokenStream TokenStream::in_memory(std::vector<int32_t> tokens, const std::string& name) {
+  TokenStream s;
+  s.add(in_memory_source(std::move(tokens), name), name);
+  return s;
+}
+
+void TokenStream::add(std::shared_ptr<const Source> source, const std::string& file) {
+  starts_.push_back(size_);
+  size_ += source->count;
+  sources_.push_back(std::move(source));
+  files_.push_back(file);
+}
+
+void TokenStream::read(int64_t begin, int64_t n, int64_t* out) const {
+  FSDP_ASSERT(begin >= 0 && begin + n <= size_, "TokenStream::read out of range");
+  size_t k = std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1;
+  while (n > 0) {
+    const int64_t local = begin - starts_[k], take = std::min(n, sources_[k]->count - local);
+    sources_[k]->read(local, take, out);
+    out += take;
+    begin += take;
+    n -= take;
+    ++k;
+  }
+}
+
+std::vector<int32_t> TokenStream::read_all() const {
+  std::vector<int64_t> wide(static_cast<size_t>(size_));
+  read(0, size_, wide.data());
+  return std::vector<int32_t>(wide.begin(), wide.end());
+}
+
+std::vector<int64_t> TokenStream::file_ends() const {
+  std::vector<int64_t> out;
+  for (size_t k = 0; k < sources_.size(); ++k) out.push_back(starts_[k] + sources_[k]->count);
+  return out;
+}
+
 int64_t TokenStream::max_token() const {
-  return tokens.empty() ? -1 : *std::max_element(tokens.begin(), tokens.end());
+  int64_t m = -1;
+  for (const auto& s : sources_) m = std::max(m, s->max);
+  return m;
 }
 
 void TokenStream::check_below(int64_t vocab_size, const std::string& fix) const {
-  const auto bad = std::find_if(tokens.begin(), tokens.end(), [&](int32_t t) { return t >= vocab_size; });
-  if (bad == tokens.end()) return;
-  const int64_t index = bad - tokens.begin();
-  const size_t file = std::upper_bound(file_ends.begin(), file_ends.end(), index) - file_ends.begin();
-  const int64_t first = file == 0 ? 0 : file_ends[file - 1];
-  throw InputError(str("[data] ", files.at(file), ": token ", index - first, " is id ", *bad,
-                       " but the model's vocab_size is ", vocab_size, "; ", fix));
+  for (const auto& s : sources_) {
+    if (s->max < vocab_size) continue;
+    std::vector<int64_t> chunk;
+    for (int64_t at = 0; at < s->count; at += 1 << 20) {
+      const int64_t n = std::min<int64_t>(1 << 20, s->count - at);
+      chunk.resize(static_cast<size_t>(n));
+      s->read(at, n, chunk.data());
+      for (int64_t i = 0; i < n; ++i)
+        FSDP_CHECK(chunk[i] < vocab_size, "[data] ", s->path, ": token ", at + i, " is id ", chunk[i],
+                   " but the model's vocab_size is ", vocab_size, "; ", fix);
+    }
+  }
 }
 
 TokenStream read_tokens(const std::string& path_or_glob) {
   FSDP_CHECK(!path_or_glob.empty(),
              "[data] data.path is not set; give a text file, a .jsonl file, llm.c .bin shards, or a glob");
-  TokenStream s;
-  s.files = expand(path_or_glob);
-  FSDP_CHECK(!s.files.empty(), "[data] data.path ", quoted(path_or_glob),
+  const std::vector<std::string> files = glob_paths(path_or_glob);
+  FSDP_CHECK(!files.empty(), "[data] data.path ", quoted(path_or_glob),
              " matches no file; check the path (relative paths are from the directory fsdptrain runs in)");
-  for (const std::string& f : s.files) {
+  TokenStream s;
+  for (const std::string& f : files) {
     FSDP_CHECK(!is_directory(f), "[data] data.path ", quoted(f), " is a folder; give a file, or a glob such as ",
                f, "/*.bin to read the files in it");
-    const size_t before = s.tokens.size();
-    if (ends_with(f, ".bin"))
-      read_llmc(f, s.tokens);
-    else if (ends_with(f, ".jsonl"))
-      read_jsonl(f, s.tokens);
-    else
-      append_document(s.tokens, read_all(f));
-    FSDP_CHECK(s.tokens.size() > before + (ends_with(f, ".bin") ? 0 : 1), "[data] ", f, " is empty");
-    s.file_ends.push_back(static_cast<int64_t>(s.tokens.size()));
+    std::shared_ptr<TokenStream::Source> src;
+    if (ends_with(f, ".bin")) {
+      src = open_llmc(f);
+    } else {
+      std::vector<int32_t> tokens;
+      if (ends_with(f, ".jsonl"))
+        read_jsonl(f, tokens);
+      else
+        append_document(tokens, read_all(f));
+      FSDP_CHECK(tokens.size() > 1, "[data] ", f, " is empty");
+      src = in_memory_source(std::move(tokens), f);
+    }
+    FSDP_CHECK(src->count > 0, "[data] ", f, " is empty");
+    s.add(std::move(src), f);
   }
   return s;
 }
@@ -168,6 +275,9 @@ DistributedLoader::DistributedLoader(const TokenStream& stream, int64_t first_se
       rank_(rank),
       world_(world_size),
       seed_(seed) {
+  FSDP_CHECK(count_ < (int64_t{1} << 32), "[data] ", count_, " sequences of ", seq_len_ + 1,
+             " tokens are more than the loader's permutation holds (2^32); raise train.sequence_length or split the "
+             "data into several runs");
   FSDP_CHECK(count_ >= batch_ * world_, "[data] ", count_, " sequences of ", seq_len_ + 1,
              " tokens cannot fill one step of ", world_, " ranks x micro batch ", batch_,
              "; give more data, or lower train.micro_batch_size or train.sequence_length");
@@ -208,9 +318,10 @@ DistributedLoader::Batch DistributedLoader::next() {
   b.targets.reserve(batch_ * seq_len_);
   for (int64_t i = 0; i < batch_; ++i) {
     const int64_t seq = first_ + order_[offset_ + rank_ * batch_ + i];
-    const int32_t* t = stream_.tokens.data() + seq * seq_len_;
-    b.inputs.insert(b.inputs.end(), t, t + seq_len_);
-    b.targets.insert(b.targets.end(), t + 1, t + seq_len_ + 1);
+    window_.resize(static_cast<size_t>(seq_len_ + 1));
+    stream_.read(seq * seq_len_, seq_len_ + 1, window_.data());
+    b.inputs.insert(b.inputs.end(), window_.begin(), window_.end() - 1);
+    b.targets.insert(b.targets.end(), window_.begin() + 1, window_.end());
   }
   offset_ += step;
   return b;

@@ -9,10 +9,14 @@
 // Text is tokenized to bytes (ids 0..255); each document is preceded by the end-of-text id 256, as
 // llm.c's shards precede each document with EOT, so a byte-level model needs vocab_size >= 257.
 //
-// Everything is read into memory once per process. Not thread-safe.
+// llm.c shards are read in place with pread, a window at a time, so a worker's memory does not grow
+// with the dataset (neither the file nor the page cache counts toward it); each is scanned once when
+// opened (ids of 2^31 or more are refused, the largest id is kept). Text and JSONL are tokenized
+// into memory. Not thread-safe.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,13 +25,31 @@ namespace fsdp::data {
 inline constexpr int32_t kByteEndOfText = 256;
 inline constexpr int64_t kByteVocabSize = 257;
 
-struct TokenStream {
-  std::vector<int32_t> tokens;
-  std::vector<std::string> files;  // what was read, in order
-  std::vector<int64_t> file_ends;  // tokens[file_ends[k-1], file_ends[k]) came from files[k]
+class TokenStream {
+ public:
+  TokenStream() = default;
+  // Tokens already in memory (tests, tools), as one source named `name`.
+  static TokenStream in_memory(std::vector<int32_t> tokens, const std::string& name = "(memory)");
+
+  int64_t size() const { return size_; }
+  // Copies tokens [begin, begin + n) into `out`, across file boundaries.
+  void read(int64_t begin, int64_t n, int64_t* out) const;
+  std::vector<int32_t> read_all() const;  // every token (small streams: tests)
+  const std::vector<std::string>& files() const { return files_; }
+  std::vector<int64_t> file_ends() const;  // tokens [ends[k-1], ends[k]) came from files()[k]
   int64_t max_token() const;
   // Throws InputError naming the file and position of the first id >= vocab_size, and `fix`.
   void check_below(int64_t vocab_size, const std::string& fix) const;
+
+  struct Source;  // one file: an open shard, or tokens in memory
+
+ private:
+  friend TokenStream read_tokens(const std::string& path_or_glob);
+  void add(std::shared_ptr<const Source> source, const std::string& file);
+  std::vector<std::shared_ptr<const Source>> sources_;
+  std::vector<std::string> files_;
+  std::vector<int64_t> starts_;  // each source's first token
+  int64_t size_ = 0;
 };
 
 // Reads data.path. Throws InputError naming the file for: no match, a folder, an empty file, a wrong
@@ -77,7 +99,8 @@ class DistributedLoader {
   int rank_, world_;
   uint64_t seed_;
   int64_t epoch_ = 0, offset_ = 0;
-  std::vector<int64_t> order_;
+  std::vector<uint32_t> order_;  // 4 bytes a sequence: the one part of memory that grows with the data
+  std::vector<int64_t> window_;  // one sequence's T + 1 tokens
 };
 
 }  // namespace fsdp::data

@@ -88,11 +88,11 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   tokens_ = data::read_tokens(path);
   tokens_.check_below(model_config_.vocab_size,
                       str("raise vocab_size in ", model_config_path(config_), " (byte-level text needs 257)"));
-  split_ = data::split_sequences(static_cast<int64_t>(tokens_.tokens.size()), T, config_.data.eval_fraction, path);
+  split_ = data::split_sequences(static_cast<int64_t>(tokens_.size()), T, config_.data.eval_fraction, path);
   loader_ = std::make_unique<data::DistributedLoader>(tokens_, 0, split_.train_sequences, T,
                                                       config_.train.micro_batch_size, world_.rank(), world_.size(),
                                                       static_cast<uint64_t>(config_.train.seed));
-  say(str("[train] data: ", plural(static_cast<long long>(tokens_.files.size()), "file"), ", ", tokens_.tokens.size(), " tokens; ",
+  say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(), " tokens; ",
           split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T, " tokens\n"));
   build_model();
   build_checkpointer(hooks);

@@ -34,10 +34,9 @@ struct TempDir {
 };
 
 TokenStream counting(int32_t n) {
-  TokenStream s;
-  s.tokens.resize(n);
-  std::iota(s.tokens.begin(), s.tokens.end(), 0);
-  return s;
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  std::iota(tokens.begin(), tokens.end(), 0);
+  return TokenStream::in_memory(std::move(tokens), "counting");
 }
 
 // The first token of every sequence a rank reads in `steps` steps.
@@ -57,8 +56,12 @@ TEST_CASE("llm.c shards round-trip in both token widths, a glob reads files in o
   write_llmc_shard(d.path + "/a_000.bin", {1, 2, 3, 50256});
   write_llmc_shard(d.path + "/a_001.bin", {128000, 7});
   const TokenStream s = read_tokens(d.path + "/a_*.bin");
-  CHECK(s.tokens == std::vector<int32_t>{1, 2, 3, 50256, 128000, 7});
-  CHECK(s.files.size() == 2);
+  CHECK(s.read_all() == std::vector<int32_t>{1, 2, 3, 50256, 128000, 7});
+  CHECK(s.files().size() == 2);
+  // A window across the two files, read in place.
+  std::vector<int64_t> w(3);
+  s.read(3, 3, w.data());
+  CHECK(w == std::vector<int64_t>{50256, 128000, 7});
   std::ifstream f(d.path + "/a_001.bin", std::ios::binary);
   int32_t header[3];
   f.read(reinterpret_cast<char*>(header), sizeof(header));
@@ -68,8 +71,8 @@ TEST_CASE("llm.c shards round-trip in both token widths, a glob reads files in o
 
 TEST_CASE("text and JSONL go through the byte tokenizer, each document after an end-of-text id") {
   TempDir d;
-  CHECK(read_tokens(d.file("a.txt", "hi")).tokens == std::vector<int32_t>{kByteEndOfText, 'h', 'i'});
-  const auto j = read_tokens(d.file("b.jsonl", "{\"text\": \"ab\"}\n\n{\"text\": \"\\u00e9\"}\n")).tokens;
+  CHECK(read_tokens(d.file("a.txt", "hi")).read_all() == std::vector<int32_t>{kByteEndOfText, 'h', 'i'});
+  const auto j = read_tokens(d.file("b.jsonl", "{\"text\": \"ab\"}\n\n{\"text\": \"\\u00e9\"}\n")).read_all();
   CHECK(j == std::vector<int32_t>{kByteEndOfText, 'a', 'b', kByteEndOfText, 0xC3, 0xA9});
 }
 
@@ -90,7 +93,7 @@ TEST_CASE("a uint32 id beyond int32, an id beyond the vocabulary and a folder ar
   write_llmc_shard(d.path + "/s_0.bin", {1, 2, 3});
   write_llmc_shard(d.path + "/s_1.bin", {4, 5, 99, 6});
   const TokenStream s = read_tokens(d.path + "/s_*.bin");
-  CHECK(s.file_ends == std::vector<int64_t>{3, 7});
+  CHECK(s.file_ends() == std::vector<int64_t>{3, 7});
   CHECK_NOTHROW(s.check_below(100, "raise vocab_size"));
   CHECK(error_of([&] { s.check_below(50, "raise vocab_size"); })
             .find(d.path + "/s_1.bin: token 2 is id 99 but the model's vocab_size is 50; raise vocab_size") !=
@@ -121,7 +124,7 @@ TEST_CASE("bad inputs name the file and the fix") {
 
 TEST_CASE("ranks read disjoint sequences; W ranks read what one rank with W times the batch reads") {
   const TokenStream s = counting(8 * 64 + 1);  // 64 sequences of 8 (+1)
-  const Split split = split_sequences(static_cast<int64_t>(s.tokens.size()), 8, 0.0, "counting");
+  const Split split = split_sequences(s.size(), 8, 0.0, "counting");
   CHECK(split.train_sequences == 64);
   DistributedLoader one(s, 0, 64, 8, 8, 0, 1, 42);
   const std::vector<int64_t> all = firsts(one, 6);  // crosses an epoch (8 steps of 8 = 64)

@@ -126,6 +126,41 @@ TEST_CASE("exact resume: 12 steps equal 6 + save + resume + 6, bit for bit") {
   }
 }
 
+// Issue 16: shards are read in place; the windows that cross from one shard into the next, the
+// permutation and the resume position do not depend on how the data is split into files.
+TEST_CASE("exact resume on data in several llm.c shards read in place") {
+  const std::string cfg = write_config("shards", "SHARDED_STATE_DICT"), data = temp_path("shards_data"),
+                    a = temp_path("shards_a"), b = temp_path("shards_b");
+  sh("rm -rf " + data + " " + a + " " + b + " && mkdir -p " + data + " " + b);
+  uint32_t state = 12345;
+  for (int k = 0; k < 3; ++k) {  // 3 shards of 20001 tokens (uint16), byte-level ids below 257
+    std::ofstream out(data + "/part_" + std::to_string(k) + ".bin", std::ios::binary);
+    int32_t header[256] = {20240520, 1, 20001};
+    out.write(reinterpret_cast<const char*>(header), sizeof(header));
+    for (int i = 0; i < 20001; ++i) {
+      state = state * 1664525u + 1013904223u;
+      const uint16_t id = static_cast<uint16_t>((state >> 8) % 257);
+      out.write(reinterpret_cast<const char*>(&id), 2);
+    }
+  }
+  const std::vector<std::string> common{"data.path=" + data + "/part_*.bin", "checkpoint.interval=6"};
+  auto with = [&](std::vector<std::string> sets, const std::string& dir) {
+    sets.insert(sets.end(), common.begin(), common.end());
+    sets.insert(sets.end(), {"checkpoint.dir=" + dir, "logging.metrics_file=" + dir + ".jsonl"});
+    return sets;
+  };
+  const Result ra = train(cfg, 2, 4, with({}, a));
+  INFO(ra.out, ra.err);
+  REQUIRE(ra.code == 0);
+  CHECK(ra.out.find("[train] data: 3 files, 60003 tokens") != std::string::npos);
+  sh("cp -r " + a + "/step-00000006 " + b + "/");
+  const Result rb = train(cfg, 2, 4, with({"checkpoint.resume=latest"}, b));
+  INFO(rb.out, rb.err);
+  REQUIRE(rb.code == 0);
+  check_same_losses(losses_by_step(a + ".jsonl"), losses_by_step(b + ".jsonl"), 7, 12, 0.0);
+  sh("rm -rf " + data + " " + a + " " + b + " " + a + ".jsonl " + b + ".jsonl " + cfg);
+}
+
 TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continues with the same losses") {
   const std::string cfg = write_config("reshard", "SHARDED_STATE_DICT"), r4 = temp_path("r4"), r2 = temp_path("r2"),
                     r3 = temp_path("r3"), f1 = temp_path("f1"), f0 = temp_path("f0");
