@@ -1,6 +1,7 @@
 // `fsdptrain tokenize`: text and JSONL into llm.c token shards with a model's tokenizer (lib/tokenize).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -17,12 +18,6 @@ namespace {
 int64_t parse_token_count(std::string text) {
   if (!text.empty() && std::string("kKmMgGtT").find(text.back()) != std::string::npos) text += "B";
   return parse_byte_size(text, "--shard_size");
-}
-
-std::string rate(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), v >= 1e6 ? "%.2fM" : v >= 1e3 ? "%.1fk" : "%.0f", v >= 1e6 ? v / 1e6 : v >= 1e3 ? v / 1e3 : v);
-  return buf;
 }
 
 class TokenizeCommand final : public Command {
@@ -52,12 +47,12 @@ class TokenizeCommand final : public Command {
           const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
           std::fprintf(stderr, "\r[%-20s] %3d%% %s of %s | %lld documents | %s tokens", std::string(pct / 5, '#').c_str(),
                        pct, format_bytes(done).c_str(), format_bytes(total).c_str(), static_cast<long long>(docs),
-                       rate(static_cast<double>(tokens)).c_str());
+                       format_count(static_cast<double>(tokens)).c_str());
         });
     if (live) std::fprintf(stderr, "\n");
     std::cout << "tokenized " << plural(s.documents, "document") << " (" << format_bytes(s.bytes) << ") into "
               << s.tokens << " tokens in " << plural(s.shards, "shard") << " of uint" << 8 * s.token_bytes << " ("
-              << options_.output << "), " << rate(static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9))
+              << options_.output << "), " << format_count(static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9))
               << " tokens/s; train on it with data.path: " << options_.output << "/*.bin\n";
     return 0;
   }

@@ -50,12 +50,6 @@ std::string now_utc() {
   return buf;
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
 std::string in_use_message(const std::string& dir, const std::string& holder) {
   return str("[ckpt] checkpoint.dir ", quoted(dir), " is in use by another run (", holder,
              "); two runs saving into one folder would delete each other's saves. Wait for that run to end, stop "

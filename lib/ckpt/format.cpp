@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -19,11 +18,6 @@ namespace fsdp::ckpt {
 namespace {
 
 using json = nlohmann::json;
-
-int64_t file_size(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
-}
 
 std::string hex_of(const at::Tensor& bytes) {
   static const char* digits = "0123456789abcdef";

@@ -46,22 +46,12 @@ std::string Origin::describe() const {
 
 void Diagnostics::error(const std::string& location, const std::string& key, const std::string& message,
                         const std::string& hint) {
-  if (errors_ >= kMaxListed) {
-    ++errors_;
-    return;
-  }
-  ++errors_;
-  items_.push_back({Diagnostic::Severity::kError, location, key, message, hint});
+  if (errors_++ < kMaxListed) items_.push_back({Diagnostic::Severity::kError, location, key, message, hint});
 }
 
 void Diagnostics::warning(const std::string& location, const std::string& key, const std::string& message,
                           const std::string& hint) {
-  if (warnings_ >= kMaxListed) {
-    ++warnings_;
-    return;
-  }
-  ++warnings_;
-  items_.push_back({Diagnostic::Severity::kWarning, location, key, message, hint});
+  if (warnings_++ < kMaxListed) items_.push_back({Diagnostic::Severity::kWarning, location, key, message, hint});
 }
 
 void Diagnostics::error_at(const Origin& origin, const std::string& key, const std::string& message,

@@ -5,9 +5,9 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "util/files.h"
 
 namespace fsdp::dist {
 
@@ -29,12 +29,9 @@ void record_worker_error(const std::string& message) {
 }
 
 std::optional<RecordedError> read_worker_error(const std::string& path) {
-  std::ifstream in(path);
-  if (!in.good()) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
+  if (!file_exists(path)) return std::nullopt;
   try {
-    const nlohmann::json doc = nlohmann::json::parse(text.str());
+    const nlohmann::json doc = nlohmann::json::parse(read_file(path));
     RecordedError e;
     const nlohmann::json& m = doc.at("message");
     e.message = m.is_string() ? m.get<std::string>() : m.value("message", std::string());

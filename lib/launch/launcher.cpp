@@ -1,9 +1,7 @@
 #include "launch/launcher.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -93,22 +91,6 @@ class TempDir {
   const std::string& path() const { return path_; }
 
  private:
-  static void remove_tree(const std::string& path) {
-    struct stat st;
-    if (::lstat(path.c_str(), &st) != 0) return;
-    if (S_ISDIR(st.st_mode)) {
-      if (DIR* d = ::opendir(path.c_str())) {
-        while (const dirent* e = ::readdir(d)) {
-          const std::string n = e->d_name;
-          if (n != "." && n != "..") remove_tree(path + "/" + n);
-        }
-        ::closedir(d);
-      }
-      ::rmdir(path.c_str());
-    } else {
-      ::unlink(path.c_str());
-    }
-  }
   std::string path_;
 };
 

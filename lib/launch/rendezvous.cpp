@@ -5,20 +5,11 @@
 #include <thread>
 
 #include "util/error.h"
+#include "util/files.h"
 #include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::launch {
-
-namespace {
-
-std::string hostname() {
-  char buf[256] = {0};
-  ::gethostname(buf, sizeof(buf) - 1);
-  return buf;
-}
-
-}  // namespace
 
 Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeout)
     : topology_(topology), timeout_(timeout) {
@@ -58,7 +49,7 @@ Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeo
   FSDP_CHECK(claims == 1, "[launch] machine_rank ", topology.machine_rank,
              " is already taken by another launcher of this run; give each machine its own --machine_rank (0..",
              topology.num_machines - 1, ")");
-  client_->set(str("machine/", topology.machine_rank), str(hostname(), " pid ", ::getpid(), " world ",
+  client_->set(str("machine/", topology.machine_rank), str(host_name(), " pid ", ::getpid(), " world ",
                                                            topology.world_size, " machines ", topology.num_machines));
 }
 

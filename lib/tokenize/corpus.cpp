@@ -1,7 +1,6 @@
 #include "tokenize/corpus.h"
 
 #include <sched.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -22,11 +21,6 @@ namespace {
 using json = nlohmann::json;
 
 constexpr int32_t kMagicUint16 = 20240520, kMagicUint32 = 20240801;
-
-int64_t size_of(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : 0;
-}
 
 int cores() {
   cpu_set_t set;
@@ -173,11 +167,6 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   return files;
 }
 
-void remove_tree(const std::string& dir) {
-  for (const std::string& f : glob_paths(dir + "/*")) ::unlink(f.c_str());
-  ::rmdir(dir.c_str());
-}
-
 }  // namespace
 
 CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
@@ -194,7 +183,7 @@ CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const Cor
   CorpusSummary s;
   s.token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
   int64_t total = 0, read = 0;
-  for (const std::string& f : files) total += size_of(f);
+  for (const std::string& f : files) total += std::max<int64_t>(0, file_size(f));
   try {
     ShardWriter writer(partial, o.shard_tokens, s.token_bytes);
     const int jobs = o.jobs > 0 ? o.jobs : cores();

@@ -17,17 +17,6 @@ namespace fsdp::train {
 
 namespace {
 
-std::string rate(double v) {
-  char buf[32];
-  if (v >= 1e6)
-    std::snprintf(buf, sizeof(buf), "%.2fM", v / 1e6);
-  else if (v >= 1e3)
-    std::snprintf(buf, sizeof(buf), "%.1fk", v / 1e3);
-  else
-    std::snprintf(buf, sizeof(buf), "%.0f", v);
-  return buf;
-}
-
 std::string duration(double s) {
   char buf[48];
   if (!(s < 86400.0 * 1e5))  // also NaN: a run of steps no machine will finish
@@ -56,7 +45,7 @@ std::string format_metrics(const StepMetrics& m) {
                 static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr, m.grad_norm);
   char mfu[32] = "n/a";
   if (m.mfu) std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * *m.mfu);
-  return str(head, " | ", rate(m.tokens_per_s), " tok/s (", rate(m.tokens_per_s_per_device), "/device) | MFU ", mfu,
+  return str(head, " | ", format_count(m.tokens_per_s), " tok/s (", format_count(m.tokens_per_s_per_device), "/device) | MFU ", mfu,
              " | peak mem ", format_bytes(m.peak_memory_bytes), " | ", static_cast<int64_t>(m.step_time_s * 1000 + 0.5),
              " ms/step | ETA ", duration(eta_seconds(m.step, m.steps, m.elapsed_s)));
 }

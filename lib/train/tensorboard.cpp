@@ -76,11 +76,6 @@ double wall_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-std::string host_name() {
-  char buf[256] = {0};
-  return ::gethostname(buf, sizeof(buf) - 1) == 0 ? std::string(buf) : "localhost";
-}
-
 }  // namespace
 
 TensorBoardWriter::TensorBoardWriter(const std::string& dir) {

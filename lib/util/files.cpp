@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -102,6 +103,33 @@ std::string home_dir() {
   if (const char* h = std::getenv("HOME"); h && *h) return h;
   if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir) return pw->pw_dir;
   return ".";
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  return ::gethostname(buf, sizeof(buf) - 1) == 0 && buf[0] ? std::string(buf) : "localhost";
+}
+
+int64_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+void remove_tree(const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (!S_ISDIR(st.st_mode)) {
+    ::unlink(path.c_str());
+    return;
+  }
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") remove_tree(path + "/" + name);
+    }
+    ::closedir(d);
+  }
+  ::rmdir(path.c_str());
 }
 
 std::string parent_folder(const std::string& path) {

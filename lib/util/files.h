@@ -2,6 +2,7 @@
 // reader never sees half a file and a crash never destroys the previous version.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -34,5 +35,13 @@ bool is_directory(const std::string& path);
 
 // $HOME, or the password database's home folder when HOME is unset.
 std::string home_dir();
+// This machine's name ("localhost" when it has none).
+std::string host_name();
+
+// The size of a file in bytes; -1 when it does not exist.
+int64_t file_size(const std::string& path);
+// rm -rf: `path` and everything under it, without following links; no error when it is missing, and
+// what cannot be removed is left.
+void remove_tree(const std::string& path);
 
 }  // namespace fsdp

@@ -166,6 +166,17 @@ std::string plural(long long n, const std::string& singular, const std::string& 
   return str(n, " ", n == 1 ? singular : several.empty() ? singular + "s" : several);
 }
 
+std::string format_count(double n) {
+  char buf[32];
+  if (n >= 1e6)
+    std::snprintf(buf, sizeof(buf), "%.2fM", n / 1e6);
+  else if (n >= 1e3)
+    std::snprintf(buf, sizeof(buf), "%.1fk", n / 1e3);
+  else
+    std::snprintf(buf, sizeof(buf), "%.0f", n);
+  return buf;
+}
+
 std::string format_seconds(double seconds) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), seconds < 1 ? "%.2f s" : seconds < 100 ? "%.1f s" : "%.0f s", seconds);

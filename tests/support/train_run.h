@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,15 @@ inline std::vector<double> losses(const std::string& metrics_file) {
   std::vector<double> out;
   for (const auto& [step, loss] : losses_by_step(metrics_file)) out.push_back(loss);
   return out;
+}
+
+// Runs a shell command; the test stops when it fails.
+inline void sh(const std::string& command) {
+  REQUIRE_MESSAGE(std::system(command.c_str()) == 0, command);
+}
+
+inline bool exists(const std::string& path) {
+  return std::ifstream(path).good();
 }
 
 inline std::string temp_path(const std::string& name) {

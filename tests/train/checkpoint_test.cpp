@@ -14,19 +14,15 @@
 
 namespace {
 
+using fsdp::testing::exists;
 using fsdp::testing::fsdptrain_in_source;
 using fsdp::testing::losses_by_step;
 using fsdp::testing::read_bytes;
 using fsdp::testing::Result;
 using fsdp::testing::run_in_source;
+using fsdp::testing::sh;
 using fsdp::testing::temp_path;
 
-void sh(const std::string& command) {
-  REQUIRE(std::system(command.c_str()) == 0);
-}
-bool exists(const std::string& path) {
-  return std::ifstream(path).good();
-}
 
 // The tiny model on fsdptrain's own sources; short sequences so a run takes seconds.
 std::string write_config(const std::string& name, const std::string& state_dict_type) {

@@ -20,17 +20,13 @@
 namespace {
 
 using fsdp::testing::ChildProcess;
+using fsdp::testing::exists;
 using fsdp::testing::fsdptrain_in_source;
 using fsdp::testing::read_bytes;
 using fsdp::testing::Result;
+using fsdp::testing::sh;
 using fsdp::testing::temp_path;
 
-void sh(const std::string& command) {
-  REQUIRE(std::system(command.c_str()) == 0);
-}
-bool exists(const std::string& path) {
-  return std::ifstream(path).good();
-}
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }

@@ -11,6 +11,12 @@
 
 using namespace fsdp;
 
+TEST_CASE("format_count: rates in a few digits") {
+  CHECK(fsdp::format_count(950) == "950");
+  CHECK(fsdp::format_count(12345) == "12.3k");
+  CHECK(fsdp::format_count(2012345) == "2.01M");
+}
+
 TEST_CASE("parse_int accepts integers and integral scientific notation, nothing else") {
   CHECK(parse_int("42") == 42);
   CHECK(parse_int(" -7 ") == -7);
