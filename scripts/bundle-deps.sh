@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # An offline bundle of fsdptrain's Debian dependencies (yaml-cpp, CLI11, nlohmann-json, doctest, PCRE2,
-# libunistring):
+# libunistring, zlib, zstd):
 # downloads their .deb packages with apt-get (no root needed) and unpacks them under
 # third_party/bundle/ (git-ignored), where CMake looks first (cmake/FsdpDependencies.cmake). Run it
 # on a machine with Debian's package manager, then copy or carry third_party/bundle to a cluster
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=third_party/bundle
 packages=(libyaml-cpp-dev libcli11-dev nlohmann-json3-dev doctest-dev libpcre2-dev libpcre2-8-0 libunistring-dev
-  libunistring2)
+  libunistring2 zlib1g-dev libzstd-dev libzstd1)
 # The shared library libyaml-cpp-dev's libyaml-cpp.so points into (libyaml-cpp0.7 on Debian 12).
 runtime=$(apt-cache depends libyaml-cpp-dev | sed -n 's/^ *Depends: \(libyaml-cpp[0-9.]*\)$/\1/p' | head -1)
 if [[ -z "$runtime" ]]; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what fsdptrain needs (idempotent) and builds it. Fast when nothing changed.
 #   - Debian packages: build tools, yaml-cpp, CLI11, nlohmann-json, doctest, PCRE2 and libunistring (the
-#     tokenizer's regexes and Unicode normalization), ccache, rsvg-convert (apt-get, only if missing)
+#     tokenizer's regexes and Unicode normalization), zlib and zstd (compressed inputs), ccache, rsvg-convert (apt-get, only if missing)
 #   - a virtual environment with torch==2.11.0 (its LibTorch and NCCL) and the test-time Python
 #     references, under ~/.cache/fsdptrain/venv-<hash of scripts/requirements.txt>, reused by every clone
 #   - CMake configure (once) and build into ./build with -j2
@@ -16,7 +16,7 @@ JOBS=${JOBS:-2}
 say() { echo "[setup] $*"; }
 
 # 1. Debian packages.
-PKGS="build-essential cmake ninja-build ccache libyaml-cpp-dev libcli11-dev nlohmann-json3-dev doctest-dev libpcre2-dev libunistring-dev python3-venv librsvg2-bin"
+PKGS="build-essential cmake ninja-build ccache libyaml-cpp-dev libcli11-dev nlohmann-json3-dev doctest-dev libpcre2-dev libunistring-dev zlib1g-dev libzstd-dev python3-venv librsvg2-bin"
 missing=""
 for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

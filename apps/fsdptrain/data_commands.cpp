@@ -26,7 +26,9 @@ class TokenizeCommand final : public Command {
     CLI::App* app = parent.add_subcommand(
         "tokenize", "Turn text and JSONL files into llm.c token shards with a model's tokenizer (for data.path)");
     app->add_option("--tokenizer", tokenizer_, "A Hugging Face model folder or its tokenizer.json")->required();
-    app->add_option("--input", options_.inputs, "Text or .jsonl files, or globs (repeatable; in order)")
+    app->add_option("--input", options_.inputs,
+                    "Text or .jsonl files (.gz and .zst too), or globs (repeatable; in order). JSONL of "
+                    "prompt/completion records also writes loss masks")
         ->required()
         ->expected(1, -1);
     app->add_option("--output", options_.output, "The folder of shards to create (must not exist)")->required();
@@ -38,6 +40,7 @@ class TokenizeCommand final : public Command {
   }
   int run() override {
     options_.shard_tokens = parse_token_count(shard_size_);
+    options_.tokenizer_path = tokenizer_;
     const tokenize::Tokenizer tok = tokenize::Tokenizer::load(tokenizer_);
     const int32_t eos = tokenize::eos_id(tokenizer_, tok, eos_);
     const bool live = ::isatty(STDERR_FILENO);
@@ -54,6 +57,11 @@ class TokenizeCommand final : public Command {
               << s.tokens << " tokens in " << plural(s.shards, "shard") << " of uint" << 8 * s.token_bytes << " ("
               << options_.output << "), " << format_count(static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9))
               << " tokens/s; train on it with data.path: " << options_.output << "/*.bin\n";
+    if (s.pairs > 0)
+      std::cout << s.pairs << " prompt/completion pairs: the loss counts " << s.counted_tokens << " of the tokens ("
+                << "completions and EOS; masks in shard_*.mask); the longest prompt is " << s.longest_prompt.tokens
+                << " tokens (" << s.longest_prompt.file << ":" << s.longest_prompt.line
+                << "), so train.sequence_length must be above it\n";
     return 0;
   }
 

@@ -134,7 +134,10 @@ class LaunchCommand final : public ConfigCommand {
                  "built-in trainer (see configs/quickstart.yaml), and no program was given after `--` (fsdptrain "
                  "launch -- python3 train.py), nor a .py script or --check");
       for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
-      if (!options_.dry_run) train::check_checkpoint_dir_free(rc);
+      if (!options_.dry_run) {
+        train::check_checkpoint_dir_free(rc);
+        train::prepare_training_data(rc, std::cerr, ::isatty(STDERR_FILENO) != 0);
+      }
       options_.command = {self_executable(), "worker", "--train"};
     }
     if (!options_.command.empty() && ends_with(options_.command.front(), ".py")) warn_if_python_lacks_torch();

@@ -130,6 +130,9 @@ struct ModelConfig {
 struct DataConfig {
   std::string path;             // text, .jsonl, llm.c .bin shards, or a glob of them
   double eval_fraction = 0.05;  // sequences held out at the end for evaluation
+  std::string field = "text";   // JSONL: the field holding each document
+  std::string tokenizer;        // a tokenizer.json or a folder with one; "" for model.pretrained's
+  std::string cache_dir = "fsdptrain-cache";  // where tokenized text is kept (data/prepare.h)
 };
 
 struct TrainConfig {

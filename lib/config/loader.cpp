@@ -337,7 +337,7 @@ bool ResolvedConfig::is_set(const std::string& key) const {
 namespace {
 
 // The keys that name files the trainer reads (outputs such as checkpoint.dir stay where written).
-const char* const kInputPathKeys[] = {"model.config", "model.pretrained", "data.path"};
+const char* const kInputPathKeys[] = {"model.config", "model.pretrained", "data.path", "data.tokenizer"};
 
 // A relative input path from a config file that names nothing from the working directory is read
 // relative to the config file's folder, so a config works from any directory.

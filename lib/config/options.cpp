@@ -516,9 +516,27 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::model, &ModelConfig::gradient_checkpointing),
       Row("data.path", V::kString)
           .def("")
-          .help("Training data: a text file, a .jsonl file (its \"text\" fields), llm.c .bin token shards, or a glob")
+          .help("Training data: text files, .jsonl (documents, or prompt/completion records; .gz/.zst too), llm.c .bin "
+                "token shards, or a glob")
           .extension()
           .to(&Config::data, &DataConfig::path),
+      Row("data.field", V::kString)
+          .def("text")
+          .help("JSONL: the field holding each document (records with \"prompt\" and \"completion\" train on the "
+                "completions)")
+          .extension()
+          .to(&Config::data, &DataConfig::field),
+      Row("data.tokenizer", V::kString)
+          .def("")
+          .help("The tokenizer for text data: a tokenizer.json or a model folder; default: model.pretrained's. Text "
+                "is tokenized once into data.cache_dir")
+          .extension()
+          .to(&Config::data, &DataConfig::tokenizer),
+      Row("data.cache_dir", V::kString)
+          .def("fsdptrain-cache")
+          .help("Where text tokenized for training is kept and found again while the inputs are unchanged")
+          .extension()
+          .to(&Config::data, &DataConfig::cache_dir),
       Row("data.eval_fraction", V::kFloat)
           .range(0)
           .def("0.05")

@@ -10,9 +10,10 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "tokenize/corpus.h"
+#include "tokenize/documents.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -24,37 +25,46 @@ namespace {
 constexpr int32_t kMagicUint16 = 20240520, kMagicUint32 = 20240801;
 constexpr int64_t kHeaderBytes = 256 * 4;
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "[data] cannot read ", quoted(path));
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void append_document(std::vector<int32_t>& out, const std::string& text) {
-  out.push_back(kByteEndOfText);
-  for (unsigned char ch : text) out.push_back(ch);
-}
-
-void read_jsonl(const std::string& path, std::vector<int32_t>& out) {
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "[data] cannot read ", quoted(path));
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (trim(line).empty()) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const std::exception& e) {
-      throw InputError(str("[data] ", path, ":", n, ": not valid JSON: ", e.what()));
-    }
-    auto it = j.find("text");
-    FSDP_CHECK(j.is_object() && it != j.end() && it->is_string(), "[data] ", path, ":", n,
-               ": expected an object with a string \"text\" field");
-    append_document(out, it->get<std::string>());
+void pread_all(int fd, uint8_t* out, size_t n, int64_t offset, const std::string& path) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    FSDP_CHECK(r > 0, "[data] cannot read ", path, ": ", r < 0 ? std::strerror(errno) : "the file got shorter");
+    done += static_cast<size_t>(r);
   }
 }
+
+// Text files and JSONL as bytes: each document EOT then its bytes; a pair's prompt bytes are not
+// targets (the EOT is: it ends the document before).
+class ByteDocuments {
+ public:
+  void add_file(const std::string& path, const std::string& field) {
+    tokenize::DocumentReader reader(path, field, "[data]", "data.field");
+    for (auto docs = reader.next(size_t{1} << 22); !docs.empty(); docs = reader.next(size_t{1} << 22))
+      for (const tokenize::Document& d : docs) add(d, path);
+  }
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> mask;
+  bool pairs = false;
+  int64_t longest_prompt = 0;
+  std::string longest_prompt_at;
+
+ private:
+  void add(const tokenize::Document& d, const std::string& path) {
+    tokens.push_back(kByteEndOfText);
+    for (unsigned char ch : d.text) tokens.push_back(ch);
+    mask.resize(tokens.size(), 1);
+    if (!d.pair) return;
+    pairs = true;
+    std::fill(mask.end() - static_cast<int64_t>(d.text.size()), mask.end(), 0);
+    if (static_cast<int64_t>(d.text.size()) + 1 > longest_prompt) {
+      longest_prompt = static_cast<int64_t>(d.text.size()) + 1;
+      longest_prompt_at = str(path, ":", d.line);
+    }
+    for (unsigned char ch : d.completion) tokens.push_back(ch);
+    mask.resize(tokens.size(), 1);
+  }
+};
 
 }  // namespace
 
@@ -65,8 +75,21 @@ struct TokenStream::Source {
   int width = 4;  // bytes per token in the shard
   int64_t count = 0, max = -1;
   std::vector<int32_t> memory;  // when fd < 0
+  int mask_fd = -1;             // shard_N.mask, when there is one
+  std::vector<uint8_t> memory_mask;
   ~Source() {
     if (fd >= 0) ::close(fd);
+    if (mask_fd >= 0) ::close(mask_fd);
+  }
+  bool has_mask() const { return mask_fd >= 0 || !memory_mask.empty(); }
+  void read_mask(int64_t begin, int64_t n, uint8_t* out) const {
+    if (!has_mask()) {
+      std::fill(out, out + n, 1);
+    } else if (mask_fd < 0) {
+      std::copy(memory_mask.begin() + begin, memory_mask.begin() + begin + n, out);
+    } else {
+      pread_all(mask_fd, out, static_cast<size_t>(n), begin, path);
+    }
   }
   // Tokens [begin, begin + n) of this source into out.
   void read(int64_t begin, int64_t n, int64_t* out) const {
@@ -76,13 +99,7 @@ struct TokenStream::Source {
     }
     thread_local std::vector<uint8_t> buf;
     buf.resize(static_cast<size_t>(n * width));
-    size_t done = 0;
-    while (done < buf.size()) {
-      const ssize_t r = ::pread(fd, buf.data() + done, buf.size() - done,
-                                static_cast<off_t>(kHeaderBytes + begin * width + static_cast<int64_t>(done)));
-      FSDP_CHECK(r > 0, "[data] cannot read ", path, ": ", r < 0 ? std::strerror(errno) : "the file got shorter");
-      done += static_cast<size_t>(r);
-    }
+    pread_all(fd, buf.data(), buf.size(), kHeaderBytes + begin * width, path);
     for (int64_t i = 0; i < n; ++i) {
       if (width == 2) {
         uint16_t t;
@@ -98,6 +115,17 @@ struct TokenStream::Source {
 };
 
 namespace {
+
+// shard_N.mask beside shard_N.bin, when there is one: a byte per token.
+void open_mask(TokenStream::Source& src) {
+  const std::string mask = src.path.substr(0, src.path.size() - 4) + ".mask";
+  if (!file_exists(mask)) return;
+  src.mask_fd = ::open(mask.c_str(), O_RDONLY | O_CLOEXEC);
+  FSDP_CHECK(src.mask_fd >= 0, "[data] cannot read ", quoted(mask), ": ", std::strerror(errno));
+  FSDP_CHECK(file_size(mask) == src.count, "[data] ", mask, " has ", file_size(mask), " bytes but ", src.path, " has ",
+             src.count, " tokens: the mask is from another tokenization; tokenize the data again (fsdptrain "
+             "tokenize) or delete the .mask files to train on every token");
+}
 
 // Opens an llm.c shard: checks its header and size, then scans it once, a few MB at a time.
 std::shared_ptr<TokenStream::Source> open_llmc(const std::string& path) {
@@ -132,24 +160,60 @@ std::shared_ptr<TokenStream::Source> open_llmc(const std::string& path) {
       src->max = std::max(src->max, chunk[i]);
     }
   }
+  open_mask(*src);
   return src;
 }
 
-std::shared_ptr<TokenStream::Source> in_memory_source(std::vector<int32_t> tokens, const std::string& name) {
+std::shared_ptr<TokenStream::Source> in_memory_source(std::vector<int32_t> tokens, const std::string& name,
+                                                      std::vector<uint8_t> mask) {
   auto src = std::make_shared<TokenStream::Source>();
   src->path = name;
   src->count = static_cast<int64_t>(tokens.size());
+  FSDP_ASSERT(mask.empty() || mask.size() == tokens.size(), "a mask of ", mask.size(), " for ", tokens.size());
   for (int32_t t : tokens) src->max = std::max<int64_t>(src->max, t);
   src->memory = std::move(tokens);
+  if (std::find(mask.begin(), mask.end(), 0) != mask.end()) src->memory_mask = std::move(mask);
   return src;
 }
 
 }  // namespace
 
-TokenStream TokenStream::in_memory(std::vector<int32_t> tokens, const std::string& name) {
+TokenStream TokenStream::in_memory(std::vector<int32_t> tokens, const std::string& name, std::vector<uint8_t> mask) {
   TokenStream s;
-  s.add(in_memory_source(std::move(tokens), name), name);
+  s.add(in_memory_source(std::move(tokens), name, std::move(mask)), name);
   return s;
+}
+
+void TokenStream::note_prompt(int64_t tokens, const std::string& where) {
+  if (tokens <= longest_prompt_) return;
+  longest_prompt_ = tokens;
+  longest_prompt_at_ = where;
+}
+
+bool TokenStream::has_mask() const {
+  return std::any_of(sources_.begin(), sources_.end(), [](const auto& s) { return s->has_mask(); });
+}
+
+void TokenStream::read_mask(int64_t begin, int64_t n, uint8_t* out) const {
+  FSDP_ASSERT(begin >= 0 && begin + n <= size_, "TokenStream::read_mask out of range");
+  size_t k = std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1;
+  for (; n > 0; ++k) {
+    const int64_t local = begin - starts_[k], take = std::min(n, sources_[k]->count - local);
+    sources_[k]->read_mask(local, take, out);
+    out += take;
+    begin += take;
+    n -= take;
+  }
+}
+
+void TokenStream::check_prompts_fit(int64_t seq_len) const {
+  check_prompt_fits(longest_prompt_, longest_prompt_at_, seq_len);
+}
+
+void check_prompt_fits(int64_t tokens, const std::string& where, int64_t seq_len) {
+  FSDP_CHECK(tokens < seq_len, "[data] ", where, ": the prompt is ", tokens, " tokens, and a sequence of "
+             "train.sequence_length ", seq_len, " tokens must hold a whole prompt and a target after it; raise "
+             "train.sequence_length above ", tokens, ", or shorten or drop that record");
 }
 
 void TokenStream::add(std::shared_ptr<const Source> source, const std::string& file) {
@@ -205,30 +269,35 @@ void TokenStream::check_below(int64_t vocab_size, const std::string& fix) const 
   }
 }
 
-TokenStream read_tokens(const std::string& path_or_glob) {
+TokenStream read_tokens(const std::string& path_or_glob, const std::string& field) {
   FSDP_CHECK(!path_or_glob.empty(),
              "[data] data.path is not set; give a text file, a .jsonl file, llm.c .bin shards, or a glob");
   const std::vector<std::string> files = glob_paths(path_or_glob);
   FSDP_CHECK(!files.empty(), "[data] data.path ", quoted(path_or_glob),
              " matches no file; check the path (relative paths are from the directory fsdptrain runs in)");
   TokenStream s;
+  std::vector<std::string> shard_folders;
   for (const std::string& f : files) {
     FSDP_CHECK(!is_directory(f), "[data] data.path ", quoted(f), " is a folder; give a file, or a glob such as ",
                f, "/*.bin to read the files in it");
     std::shared_ptr<TokenStream::Source> src;
     if (ends_with(f, ".bin")) {
       src = open_llmc(f);
+      if (src->has_mask() && (shard_folders.empty() || shard_folders.back() != parent_folder(f)))
+        shard_folders.push_back(parent_folder(f));
     } else {
-      std::vector<int32_t> tokens;
-      if (ends_with(f, ".jsonl"))
-        read_jsonl(f, tokens);
-      else
-        append_document(tokens, read_all(f));
-      FSDP_CHECK(tokens.size() > 1, "[data] ", f, " is empty");
-      src = in_memory_source(std::move(tokens), f);
+      ByteDocuments docs;
+      docs.add_file(f, field);
+      FSDP_CHECK(docs.tokens.size() > 1, "[data] ", f, " is empty");
+      s.note_prompt(docs.longest_prompt, docs.longest_prompt_at);
+      src = in_memory_source(std::move(docs.tokens), f, std::move(docs.mask));
     }
     FSDP_CHECK(src->count > 0, "[data] ", f, " is empty");
     s.add(std::move(src), f);
+  }
+  for (const std::string& folder : shard_folders) {  // the prompts' lengths, as tokenize recorded them
+    const tokenize::CorpusSummary made = tokenize::read_corpus_summary(folder);
+    s.note_prompt(made.longest_prompt.tokens, str(made.longest_prompt.file, ":", made.longest_prompt.line));
   }
   return s;
 }
@@ -316,11 +385,18 @@ DistributedLoader::Batch DistributedLoader::next() {
   Batch b;
   b.inputs.reserve(batch_ * seq_len_);
   b.targets.reserve(batch_ * seq_len_);
+  const bool masked = stream_.has_mask();
   for (int64_t i = 0; i < batch_; ++i) {
     const int64_t seq = first_ + order_[offset_ + rank_ * batch_ + i];
     window_.resize(static_cast<size_t>(seq_len_ + 1));
     stream_.read(seq * seq_len_, seq_len_ + 1, window_.data());
     b.inputs.insert(b.inputs.end(), window_.begin(), window_.end() - 1);
+    if (masked) {  // a prompt's token is an input, never a target
+      mask_.resize(window_.size());
+      stream_.read_mask(seq * seq_len_, seq_len_ + 1, mask_.data());
+      for (size_t j = 1; j < window_.size(); ++j)
+        if (!mask_[j]) window_[j] = kIgnoreTarget;
+    }
     b.targets.insert(b.targets.end(), window_.begin() + 1, window_.end());
   }
   offset_ += step;

@@ -4,10 +4,15 @@
 // Inputs (data.path; a file, or a glob such as "data/fineweb_train_*.bin", in sorted order):
 //   *.bin    llm.c token shards: 256 int32 header (magic 20240520 with uint16 tokens, or 20240801
 //            with uint32 tokens; version; token count), then the tokens. Read with 64-bit offsets.
-//   *.jsonl  one JSON object per line; its "text" field is a document.
+//            A shard_N.mask beside shard_N.bin (fsdptrain tokenize writes them for prompt/completion
+//            data) holds a byte per token: 0 when the token is not a target the loss counts.
+//   *.jsonl  one JSON object per line (tokenize/documents.h): a "text" field (data.field), or a
+//            prompt/completion pair; .gz and .zst too.
 //   other    a text file; the whole file is a document.
-// Text is tokenized to bytes (ids 0..255); each document is preceded by the end-of-text id 256, as
-// llm.c's shards precede each document with EOT, so a byte-level model needs vocab_size >= 257.
+// read_tokens reads text as bytes (ids 0..255), for byte-level models; data/prepare.h turns text
+// into shards with a real tokenizer first. Each byte-level document is preceded by the end-of-text
+// id 256, as llm.c's shards precede each document with EOT, so a byte-level model needs
+// vocab_size >= 257. A pair is EOT, the prompt's bytes (not targets), the completion's (targets).
 //
 // llm.c shards are read in place with pread, a window at a time, so a worker's memory does not grow
 // with the dataset (neither the file nor the page cache counts toward it); each is scanned once when
@@ -24,12 +29,15 @@ namespace fsdp::data {
 
 inline constexpr int32_t kByteEndOfText = 256;
 inline constexpr int64_t kByteVocabSize = 257;
+inline constexpr int64_t kIgnoreTarget = -100;  // the loss's ignore_index (model/chunked_loss.h)
 
 class TokenStream {
  public:
   TokenStream() = default;
   // Tokens already in memory (tests, tools), as one source named `name`.
-  static TokenStream in_memory(std::vector<int32_t> tokens, const std::string& name = "(memory)");
+  // `mask`, when given: a byte per token, 0 when the token is not a target (a prompt's).
+  static TokenStream in_memory(std::vector<int32_t> tokens, const std::string& name = "(memory)",
+                               std::vector<uint8_t> mask = {});
 
   int64_t size() const { return size_; }
   // Copies tokens [begin, begin + n) into `out`, across file boundaries.
@@ -38,23 +46,39 @@ class TokenStream {
   const std::vector<std::string>& files() const { return files_; }
   std::vector<int64_t> file_ends() const;  // tokens [ends[k-1], ends[k]) came from files()[k]
   int64_t max_token() const;
+  // Whether some tokens are not targets (prompt/completion data); then read_mask says which.
+  bool has_mask() const;
+  void read_mask(int64_t begin, int64_t n, uint8_t* out) const;  // 1 for a target, 0 not
+  // The longest prompt in tokens and where it is ("file:line"); 0 and "" without prompts.
+  int64_t longest_prompt() const { return longest_prompt_; }
+  const std::string& longest_prompt_at() const { return longest_prompt_at_; }
+  // Throws InputError naming the prompt when one does not leave a target in a sequence of seq_len.
+  void check_prompts_fit(int64_t seq_len) const;
   // Throws InputError naming the file and position of the first id >= vocab_size, and `fix`.
   void check_below(int64_t vocab_size, const std::string& fix) const;
 
   struct Source;  // one file: an open shard, or tokens in memory
 
  private:
-  friend TokenStream read_tokens(const std::string& path_or_glob);
+  friend TokenStream read_tokens(const std::string& path_or_glob, const std::string& field);
   void add(std::shared_ptr<const Source> source, const std::string& file);
+  void note_prompt(int64_t tokens, const std::string& where);
   std::vector<std::shared_ptr<const Source>> sources_;
   std::vector<std::string> files_;
   std::vector<int64_t> starts_;  // each source's first token
   int64_t size_ = 0;
+  int64_t longest_prompt_ = 0;
+  std::string longest_prompt_at_;
 };
 
-// Reads data.path. Throws InputError naming the file for: no match, a folder, an empty file, a wrong
-// magic or size, an id of 2^31 or more, a JSONL line without a string "text".
-TokenStream read_tokens(const std::string& path_or_glob);
+// Reads data.path (text as bytes). Throws InputError naming the file for: no match, a folder, an
+// empty file, a wrong magic or size, a mask of another size, an id of 2^31 or more, a JSONL line
+// without a string `field` (or a pair, in a file of pairs).
+TokenStream read_tokens(const std::string& path_or_glob, const std::string& field = "text");
+
+// Throws InputError naming the prompt at `where` ("file:line") when `tokens` of it leave no target in
+// a sequence of seq_len.
+void check_prompt_fits(int64_t tokens, const std::string& where, int64_t seq_len);
 
 // Writes an llm.c token shard (uint16 when every id fits, else uint32): for tests and tools.
 void write_llmc_shard(const std::string& path, const std::vector<int32_t>& tokens);
@@ -77,7 +101,8 @@ class DistributedLoader {
  public:
   DistributedLoader(const TokenStream& stream, int64_t first_sequence, int64_t num_sequences, int64_t seq_len,
                     int64_t batch, int rank, int world_size, uint64_t seed);
-  // (B, T) inputs and (B, T) targets, int64, for this rank.
+  // (B, T) inputs and (B, T) targets, int64, for this rank; a target that is not counted (a
+  // prompt's token) is kIgnoreTarget.
   struct Batch {
     std::vector<int64_t> inputs, targets;
   };
@@ -101,6 +126,7 @@ class DistributedLoader {
   int64_t epoch_ = 0, offset_ = 0;
   std::vector<uint32_t> order_;  // 4 bytes a sequence: the one part of memory that grows with the data
   std::vector<int64_t> window_;  // one sequence's T + 1 tokens
+  std::vector<uint8_t> mask_;    // and whether each is a target
 };
 
 }  // namespace fsdp::data

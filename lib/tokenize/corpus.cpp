@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tokenize/documents.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -28,23 +29,31 @@ int cores() {
   return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
 }
 
-// llm.c shards under one folder: shard_000000.bin, ... (256 int32 header, then the tokens).
+// llm.c shards under one folder: shard_000000.bin, ... (256 int32 header, then the tokens), and
+// with masks, shard_000000.mask beside each (a byte per token: 1 counted as a target, 0 not).
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, int64_t shard_tokens, int token_bytes)
-      : dir_(std::move(dir)), limit_(shard_tokens), width_(token_bytes) {}
+  ShardWriter(std::string dir, int64_t shard_tokens, int token_bytes, bool masks)
+      : dir_(std::move(dir)), limit_(shard_tokens), width_(token_bytes), masks_(masks) {}
   ~ShardWriter() {
     if (file_) std::fclose(file_);
+    if (mask_) std::fclose(mask_);
   }
-  void add(const std::vector<int32_t>& ids) {
+  // A document's ids; the first `uncounted` are not targets (a prompt's).
+  void add(const std::vector<int32_t>& ids, size_t uncounted) {
     for (size_t i = 0; i < ids.size();) {
       if (!file_ || count_ == limit_) open_next();
       const size_t n = std::min<size_t>(ids.size() - i, static_cast<size_t>(limit_ - count_));
       if (width_ == 2) {
         std::vector<uint16_t> narrow(ids.begin() + i, ids.begin() + i + n);
-        write(narrow.data(), n * 2);
+        write(file_, path_, narrow.data(), n * 2);
       } else {
-        write(ids.data() + i, n * 4);
+        write(file_, path_, ids.data() + i, n * 4);
+      }
+      if (masks_) {
+        std::vector<uint8_t> mask(n);
+        for (size_t k = 0; k < n; ++k) mask[k] = i + k >= uncounted ? 1 : 0;
+        write(mask_, mask_path_, mask.data(), n);
       }
       count_ += static_cast<int64_t>(n);
       i += n;
@@ -56,93 +65,66 @@ class ShardWriter {
   }
 
  private:
-  void write(const void* p, size_t n) {
-    FSDP_CHECK(std::fwrite(p, 1, n, file_) == n, "[tokenize] cannot write ", path_, ": ", std::strerror(errno));
+  static void write(std::FILE* f, const std::string& path, const void* p, size_t n) {
+    FSDP_CHECK(std::fwrite(p, 1, n, f) == n, "[tokenize] cannot write ", path, ": ", std::strerror(errno));
+  }
+  static std::FILE* create(const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    FSDP_CHECK(f != nullptr, "[tokenize] cannot create ", path, ": ", std::strerror(errno));
+    return f;
+  }
+  static void close(std::FILE*& f, const std::string& path) {
+    const bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+    std::fclose(f);
+    f = nullptr;
+    FSDP_CHECK(ok, "[tokenize] cannot write ", path, ": ", std::strerror(errno));
   }
   void open_next() {
     close_current();
     char name[32];
-    std::snprintf(name, sizeof(name), "/shard_%06lld.bin", static_cast<long long>(shards_++));
-    path_ = dir_ + name;
-    file_ = std::fopen(path_.c_str(), "wb");
-    FSDP_CHECK(file_ != nullptr, "[tokenize] cannot create ", path_, ": ", std::strerror(errno));
+    std::snprintf(name, sizeof(name), "/shard_%06lld", static_cast<long long>(shards_++));
+    path_ = dir_ + name + ".bin";
+    file_ = create(path_);
     int32_t header[256] = {};
-    write(header, sizeof(header));
+    write(file_, path_, header, sizeof(header));
+    if (masks_) mask_ = create(mask_path_ = dir_ + name + ".mask");
     count_ = 0;
   }
   void close_current() {
+    if (mask_) close(mask_, mask_path_);
     if (!file_) return;
     int32_t header[3] = {width_ == 2 ? kMagicUint16 : kMagicUint32, width_ == 2 ? 1 : 7,
                          static_cast<int32_t>(count_)};
-    const bool ok = std::fseek(file_, 0, SEEK_SET) == 0 && std::fwrite(header, 1, sizeof(header), file_) == sizeof(header) &&
-                    std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
-    std::fclose(file_);
-    file_ = nullptr;
-    FSDP_CHECK(ok, "[tokenize] cannot write ", path_, ": ", std::strerror(errno));
+    FSDP_CHECK(std::fseek(file_, 0, SEEK_SET) == 0, "[tokenize] cannot write ", path_, ": ", std::strerror(errno));
+    write(file_, path_, header, sizeof(header));
+    close(file_, path_);
   }
-  std::string dir_, path_;
+  std::string dir_, path_, mask_path_;
   int64_t limit_, count_ = 0, shards_ = 0;
   int width_;
+  bool masks_;
   std::FILE* file_ = nullptr;
+  std::FILE* mask_ = nullptr;
 };
 
-// The documents of one input file, a batch at a time.
-class DocumentReader {
- public:
-  DocumentReader(const std::string& path, const std::string& field) : path_(path), field_(field) {
-    for (const char* ext : {".gz", ".zst", ".bz2", ".xz"})
-      FSDP_CHECK(!ends_with(path, ext), "[tokenize] ", path, " is compressed; decompress it first (zcat or zstdcat ",
-                 path, " > ", path.substr(0, path.size() - std::strlen(ext)), ")");
-    jsonl_ = ends_with(path, ".jsonl");
-    in_.open(path, std::ios::binary);
-    FSDP_CHECK(in_.good(), "[tokenize] cannot read ", quoted(path), ": ", file_problem(path));
-  }
-  // Up to `max_bytes` of documents (at least one); empty at the end. `read` grows by the bytes read.
-  std::vector<std::string> next(size_t max_bytes, int64_t& read) {
-    std::vector<std::string> docs;
-    if (!jsonl_) {
-      if (done_) return docs;
-      done_ = true;
-      docs.emplace_back(std::istreambuf_iterator<char>(in_), std::istreambuf_iterator<char>());
-      read += static_cast<int64_t>(docs.back().size());
-      return docs;
-    }
-    size_t bytes = 0;
-    std::string line;
-    while (bytes < max_bytes && std::getline(in_, line)) {
-      ++line_;
-      read += static_cast<int64_t>(line.size()) + 1;
-      if (trim(line).empty()) continue;
-      json j;
-      try {
-        j = json::parse(line);
-      } catch (const std::exception& e) {
-        throw InputError(str("[tokenize] ", path_, ":", line_, ": not valid JSON: ", e.what()));
-      }
-      const auto it = j.is_object() ? j.find(field_) : j.end();
-      FSDP_CHECK(it != j.end() && it->is_string(), "[tokenize] ", path_, ":", line_, ": no string field ",
-                 quoted(field_), " (give the field that holds the text with --field)");
-      docs.push_back(it->get<std::string>());
-      bytes += docs.back().size();
-    }
-    return docs;
-  }
-
- private:
-  std::string path_, field_;
-  std::ifstream in_;
-  bool jsonl_ = false, done_ = false;
-  int64_t line_ = 0;
+// A document's ids and EOS, and how many of them (a prompt's) are not targets.
+struct Encoded {
+  std::vector<int32_t> ids;
+  size_t prompt = 0;
 };
 
 // Each document's ids and EOS, encoded on `jobs` threads, in order.
-std::vector<std::vector<int32_t>> encode_batch(const Tokenizer& tok, int32_t eos, const std::vector<std::string>& docs,
-                                               int jobs) {
-  std::vector<std::vector<int32_t>> out(docs.size());
+std::vector<Encoded> encode_batch(const Tokenizer& tok, int32_t eos, const std::vector<Document>& docs, int jobs) {
+  std::vector<Encoded> out(docs.size());
   auto work = [&](size_t first, size_t step) {
     for (size_t i = first; i < docs.size(); i += step) {
-      out[i] = tok.encode(docs[i]);
-      out[i].push_back(eos);
+      out[i].ids = tok.encode(docs[i].text);
+      if (docs[i].pair) {
+        out[i].prompt = out[i].ids.size();
+        const std::vector<int32_t> completion = tok.encode(docs[i].completion, /*add_special_tokens=*/false);
+        out[i].ids.insert(out[i].ids.end(), completion.begin(), completion.end());
+      }
+      out[i].ids.push_back(eos);
     }
   };
   const size_t n = std::min<size_t>(static_cast<size_t>(jobs), docs.size());
@@ -153,13 +135,13 @@ std::vector<std::vector<int32_t>> encode_batch(const Tokenizer& tok, int32_t eos
   return out;
 }
 
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
+std::vector<std::string> expand_inputs(const CorpusOptions& o) {
   std::vector<std::string> files;
-  for (const std::string& in : inputs) {
+  for (const std::string& in : o.inputs) {
     const std::vector<std::string> found = glob_paths(in);
-    FSDP_CHECK(!found.empty(), "[tokenize] --input ", quoted(in), " matches no file");
+    FSDP_CHECK(!found.empty(), o.who, " ", quoted(in), " matches no file");
     for (const std::string& f : found) {
-      FSDP_CHECK(!is_directory(f), "[tokenize] --input ", quoted(f), " is a folder; give files or a glob such as ", f,
+      FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ", f,
                  "/*.jsonl");
       files.push_back(f);
     }
@@ -167,47 +149,97 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   return files;
 }
 
+void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eos, const CorpusSummary& s) {
+  const json doc = {{"tokenizer", o.tokenizer_path},
+                    {"eos", eos},
+                    {"inputs", o.inputs},
+                    {"documents", s.documents},
+                    {"prompt_completion_pairs", s.pairs},
+                    {"tokens", s.tokens},
+                    {"counted_tokens", s.counted_tokens},
+                    {"shards", s.shards},
+                    {"token_bytes", s.token_bytes},
+                    {"longest_prompt",
+                     {{"tokens", s.longest_prompt.tokens}, {"file", s.longest_prompt.file}, {"line", s.longest_prompt.line}}}};
+  write_file_atomic(folder + "/tokenize.json", doc.dump(2) + "\n");
+}
+
+// Reads every file into `writer`, adding to `s`.
+void tokenize_files(const Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
+                    const std::vector<std::string>& files, ShardWriter& writer, CorpusSummary& s,
+                    const CorpusProgress& progress) {
+  const int jobs = o.jobs > 0 ? o.jobs : cores();
+  int64_t total = 0, before = 0;
+  for (const std::string& f : files) total += std::max<int64_t>(0, file_size(f));
+  for (const std::string& f : files) {
+    DocumentReader reader(f, o.field, o.who, o.field_hint);
+    for (auto docs = reader.next(size_t{4} << 20); !docs.empty(); docs = reader.next(size_t{4} << 20)) {
+      const std::vector<Encoded> encoded = encode_batch(tokenizer, eos, docs, jobs);
+      for (size_t i = 0; i < docs.size(); ++i) {
+        writer.add(encoded[i].ids, encoded[i].prompt);
+        s.tokens += static_cast<int64_t>(encoded[i].ids.size());
+        s.counted_tokens += static_cast<int64_t>(encoded[i].ids.size() - encoded[i].prompt);
+        s.pairs += docs[i].pair ? 1 : 0;
+        if (static_cast<int64_t>(encoded[i].prompt) > s.longest_prompt.tokens)
+          s.longest_prompt = {static_cast<int64_t>(encoded[i].prompt), f, docs[i].line};
+      }
+      s.documents += static_cast<int64_t>(docs.size());
+      if (progress) progress(before + reader.bytes_read(), total, s.documents, s.tokens);
+    }
+    before += reader.bytes_read();
+  }
+  s.bytes = before;
+}
+
 }  // namespace
 
 CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
                               const CorpusProgress& progress) {
   const auto start = std::chrono::steady_clock::now();
-  FSDP_CHECK(o.shard_tokens >= 1 && o.shard_tokens <= INT32_MAX, "[tokenize] --shard_size ", o.shard_tokens,
+  FSDP_CHECK(o.shard_tokens >= 1 && o.shard_tokens <= INT32_MAX, o.who, " --shard_size ", o.shard_tokens,
              " tokens: it must be between 1 and 2147483647 (llm.c's header counts in int32)");
-  const std::vector<std::string> files = expand_inputs(o.inputs);
-  FSDP_CHECK(!file_exists(o.output), "[tokenize] --output ", quoted(o.output),
-             " already exists; give a new folder (nothing was written)");
+  const std::vector<std::string> files = expand_inputs(o);
+  FSDP_CHECK(!file_exists(o.output), o.who, " ", quoted(o.output), " already exists; give a new folder (nothing "
+             "was written)");
+  bool masks = false;  // any file of prompt/completion pairs (its first record says)
+  for (const std::string& f : files) masks = masks || DocumentReader(f, o.field, o.who, o.field_hint).holds_pairs();
   const std::string partial = o.output + ".partial";
   remove_tree(partial);  // a cut-off earlier run's
   make_directories(partial);
   CorpusSummary s;
   s.token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
-  int64_t total = 0, read = 0;
-  for (const std::string& f : files) total += std::max<int64_t>(0, file_size(f));
   try {
-    ShardWriter writer(partial, o.shard_tokens, s.token_bytes);
-    const int jobs = o.jobs > 0 ? o.jobs : cores();
-    for (const std::string& f : files) {
-      DocumentReader reader(f, o.field);
-      for (auto docs = reader.next(size_t{4} << 20, read); !docs.empty(); docs = reader.next(size_t{4} << 20, read)) {
-        for (const std::vector<int32_t>& ids : encode_batch(tokenizer, eos, docs, jobs)) {
-          writer.add(ids);
-          s.tokens += static_cast<int64_t>(ids.size());
-        }
-        s.documents += static_cast<int64_t>(docs.size());
-        if (progress) progress(read, total, s.documents, s.tokens);
-      }
-    }
-    FSDP_CHECK(s.documents > 0, "[tokenize] the inputs hold no document");
+    ShardWriter writer(partial, o.shard_tokens, s.token_bytes, masks);
+    tokenize_files(tokenizer, eos, o, files, writer, s, progress);
+    FSDP_CHECK(s.documents > 0, o.who, " the inputs hold no document");
     s.shards = writer.finish();
+    write_summary(partial, o, eos, s);
   } catch (...) {
     remove_tree(partial);
     throw;
   }
-  FSDP_CHECK(::rename(partial.c_str(), o.output.c_str()) == 0, "[tokenize] cannot rename ", partial, " to ", o.output,
+  FSDP_CHECK(::rename(partial.c_str(), o.output.c_str()) == 0, o.who, " cannot rename ", partial, " to ", o.output,
              ": ", std::strerror(errno));
-  s.bytes = read;
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return s;
+}
+
+CorpusSummary read_corpus_summary(const std::string& folder) {
+  CorpusSummary s;
+  const std::string path = folder + "/tokenize.json";
+  if (!file_exists(path)) return s;
+  const json j = json::parse(read_file(path), nullptr, false);
+  if (!j.is_object()) return s;
+  s.documents = j.value("documents", int64_t{0});
+  s.pairs = j.value("prompt_completion_pairs", int64_t{0});
+  s.tokens = j.value("tokens", int64_t{0});
+  s.counted_tokens = j.value("counted_tokens", int64_t{0});
+  s.shards = j.value("shards", int64_t{0});
+  s.token_bytes = j.value("token_bytes", 2);
+  if (j.contains("longest_prompt") && j["longest_prompt"].is_object()) {
+    const json& p = j["longest_prompt"];
+    s.longest_prompt = {p.value("tokens", int64_t{0}), p.value("file", std::string()), p.value("line", int64_t{0})};
+  }
   return s;
 }
 

@@ -35,6 +35,12 @@ std::string run_summary_path(const config::LoggingConfig& logging) {
   return logging.tensorboard_dir.empty() ? "" : logging.tensorboard_dir + "/run.json";
 }
 
+std::string format_loss(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", v);
+  return buf;
+}
+
 nlohmann::json finite_or_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
@@ -62,7 +68,7 @@ class RunReport {
 
   void after_step(int64_t step, const StepResult& result) {
     if (!result.skipped.empty()) {
-      run_.say(str("[train] step ", step, ": ", result.skipped, "; step skipped (train.skip_nonfinite_loss)\n"));
+      run_.say(str("[train] step ", step, ": ", result.skipped, "\n"));
     } else {
       if (summary_.steps == summary_.resumed_from) summary_.first_loss = result.loss;
       summary_.last_loss = result.loss;
@@ -85,10 +91,11 @@ class RunReport {
     summary_.seconds = seconds_since(start_);
     summary_.tokens_per_s = trained > 0 ? run_.tokens_per_step() * trained / summary_.seconds : 0;
     char line[256];
-    std::snprintf(line, sizeof(line),
-                  "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; held-out loss %.4f; %.0f tokens/s\n",
+    std::snprintf(line, sizeof(line), "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; %s; %.0f tokens/s\n",
                   static_cast<long long>(trained), summary_.seconds, summary_.first_loss, summary_.last_loss,
-                  summary_.eval_loss, summary_.tokens_per_s);
+                  std::isnan(summary_.eval_loss) ? "nothing held out (data.eval_fraction)"
+                                                 : str("held-out loss ", format_loss(summary_.eval_loss)).c_str(),
+                  summary_.tokens_per_s);
     run_.say(line);
     if (run_.context().is_main()) write_run_summary();
     return summary_;
@@ -214,6 +221,20 @@ void refuse_unsupported(const config::ResolvedConfig& resolved) {
              "the built-in trainer");
 }
 
+// A fresh run's exports go to folders that must not exist yet: found now, not after the last step.
+void check_exports_free(const config::Config& config) {
+  const config::CheckpointConfig& c = config.checkpoint;
+  if (c.export_dir.empty() || !c.resume.empty()) return;  // a resumed run exports from where it left off
+  const int64_t steps = config.train.steps;
+  std::vector<int64_t> due{steps};
+  for (int64_t s = c.export_interval; c.export_interval > 0 && s < steps; s += c.export_interval) due.push_back(s);
+  for (int64_t s : due) {
+    const std::string dir = str(c.export_dir, "/step-", s);
+    FSDP_CHECK(!file_exists(dir), "[train] checkpoint.export_dir: ", dir, " already exists (an earlier run's export), "
+               "and this run would write its step ", s, " there; move or delete it, or give another export_dir");
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved) {
@@ -221,11 +242,31 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   std::vector<std::string> warnings = config::unused_by_trainer(resolved);
   // Its config.json parses (InputError naming the file otherwise).
   const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
+  data::plan_data(data_options_of(resolved.typed, model.vocab_size));  // a tokenizer for text, when it needs one
   const config::CheckpointConfig& c = resolved.typed.checkpoint;
+  check_exports_free(resolved.typed);
   if (!c.dir.empty())  // writable, not damaged, room for a checkpoint: before any step, not at the first save
     ckpt::check_checkpoint_dir(c.dir, ckpt::checkpoint_bytes(model.num_parameters()), c.keep,
                                ckpt::local_file_system());
   return warnings;
+}
+
+data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size) {
+  data::DataOptions o;
+  o.path = config.data.path;
+  o.field = config.data.field;
+  o.tokenizer = config.data.tokenizer;
+  o.pretrained = config.model.pretrained;
+  o.cache_dir = config.data.cache_dir;
+  o.vocab_size = vocab_size;
+  return o;
+}
+
+void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream& log, bool live) {
+  const data::DataPlan plan = data::prepare_data(
+      data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size), live ? &log : nullptr);
+  if (!plan.note.empty()) log << plan.note << "\n";
+  data::check_prompt_fits(plan.longest_prompt, plan.longest_prompt_at, resolved.typed.train.sequence_length);
 }
 
 void check_checkpoint_dir_free(const config::ResolvedConfig& resolved) {

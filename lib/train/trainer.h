@@ -8,6 +8,7 @@
 #include <ostream>
 
 #include "config/loader.h"
+#include "data/prepare.h"
 #include "dist/worker_context.h"
 #include "model/llama.h"
 
@@ -41,6 +42,13 @@ struct TrainHooks {
 // Also checks checkpoint.dir (ckpt::check_checkpoint_dir): writable, no damaged checkpoint in it,
 // room on its disk for one checkpoint.
 std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved);
+
+// What data/prepare.h needs of a config, for a model of `vocab_size`.
+data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size);
+
+// On each machine, before its workers start: tokenizes text data.path into data.cache_dir when it is
+// not there yet (data::prepare_data), saying what it did on `log`; `live` adds a progress line.
+void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream& log, bool live);
 
 // On machine 0, before its workers start: throws InputError naming the holder when another run
 // holds checkpoint.dir's lock (ckpt::DirLock).

@@ -3,15 +3,17 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/hf.h"
-#include "ckpt/sources.h"
 #include "ckpt/pretrained.h"
+#include "ckpt/sources.h"
 #include "config/show.h"
+#include "data/prepare.h"
 #include "fsdp/config_map.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
@@ -85,15 +87,22 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   // Data first: a bad path fails in a second, before any model is built.
   const std::string& path = config_.data.path;
   const int64_t T = config_.train.sequence_length;
-  tokens_ = data::read_tokens(path);
+  // The launcher tokenized text already; this finds its cache (or makes it, run without a launcher).
+  const data::DataPlan plan = data::prepare_data(data_options_of(config_, model_config_.vocab_size));
+  tokens_ = data::read_tokens(plan.path, config_.data.field);
   tokens_.check_below(model_config_.vocab_size,
-                      str("raise vocab_size in ", model_config_path(config_), " (byte-level text needs 257)"));
+                      plan.kind == data::DataKind::kTokenize
+                          ? str("the tokenizer ", plan.tokenizer, " does not fit the model; give the model's own")
+                          : str("raise vocab_size in ", model_config_path(config_), " (byte-level text needs 257)"));
+  tokens_.check_prompts_fit(T);
   split_ = data::split_sequences(static_cast<int64_t>(tokens_.size()), T, config_.data.eval_fraction, path);
   loader_ = std::make_unique<data::DistributedLoader>(tokens_, 0, split_.train_sequences, T,
                                                       config_.train.micro_batch_size, world_.rank(), world_.size(),
                                                       static_cast<uint64_t>(config_.train.seed));
   say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(), " tokens; ",
-          split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T, " tokens\n"));
+          split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T, " tokens",
+          tokens_.has_mask() ? "; the loss counts only completion tokens (prompts are inputs, not targets)" : "",
+          "\n"));
   build_model();
   build_checkpointer(hooks);
 }
@@ -206,33 +215,57 @@ StepResult TrainingRun::train_step(int64_t step) {
   StepResult result;
   result.lr = optim::learning_rate(config_.schedule, config_.optimizer.lr, step, t.steps);
   adamw_->set_lr(result.lr);
-  // Each rank's loss sum is scaled so the ranks' averaged gradients are those of the mean over the
-  // global batch's tokens.
-  const int64_t accum = t.gradient_accumulation_steps;
+  std::vector<data::DistributedLoader::Batch> micro_batches;
+  for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) micro_batches.push_back(loader_->next());
+  // The loss is the mean over the global batch's counted targets (all of them, but for prompts'):
+  // each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
+  const double counted = counted_targets(micro_batches);
+  if (counted == 0) {
+    result.skipped = "the global batch holds no target token (only prompts); step skipped";
+    result.loss = result.grad_norm = 0;
+    result.seconds = seconds_since(start);
+    return result;
+  }
+  const double per_rank = counted / world_.size();
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < accum; ++micro) {
-    sharded_->set_requires_gradient_sync(micro == accum - 1);
-    const at::Tensor loss = this->loss_sum(loader_->next(), t.micro_batch_size);
-    (loss / static_cast<double>(t.micro_batch_size * t.sequence_length * accum)).backward();
+  for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
+    sharded_->set_requires_gradient_sync(micro + 1 == micro_batches.size());
+    const at::Tensor loss = this->loss_sum(micro_batches[micro], t.micro_batch_size);
+    (loss / per_rank).backward();
     loss_sum += loss.item<double>();
   }
-  result.loss = global_sum(world_, loss_sum, context_.device) / tokens_per_step();
+  result.loss = global_sum(world_, loss_sum, context_.device) / counted;
+  update(step, result);
+  result.seconds = seconds_since(start);
+  return result;
+}
+
+// The targets the loss counts in the whole job's step: every one, unless the data has prompts.
+double TrainingRun::counted_targets(const std::vector<data::DistributedLoader::Batch>& batches) {
+  if (!tokens_.has_mask()) return tokens_per_step();
+  double local = 0;
+  for (const auto& b : batches)
+    local += static_cast<double>(std::count_if(b.targets.begin(), b.targets.end(),
+                                               [](int64_t y) { return y != data::kIgnoreTarget; }));
+  return global_sum(world_, local, context_.device);
+}
+
+// Clips and applies the gradients, or skips a non-finite step (train.skip_nonfinite_loss).
+void TrainingRun::update(int64_t step, StepResult& result) {
   // Every rank sees the same loss and norm, so every rank skips or throws alike.
   result.grad_norm =
       std::isfinite(result.loss) ? optim::clip_grad_norm(*sharded_, config_.optimizer.grad_clip) : result.loss;
   if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
     const std::string what = std::isfinite(result.loss) ? str("the gradient norm is ", result.grad_norm)
                                                         : str("the loss is ", result.loss);
-    if (!t.skip_nonfinite_loss)
+    if (!config_.train.skip_nonfinite_loss)
       throw Error(str("[train] ", what, " at step ", step, "; lower optimizer.lr (it was ", result.lr,
                       "), check the data, or set train.skip_nonfinite_loss: true to skip such steps"));
-    result.skipped = what;
+    result.skipped = what + "; step skipped (train.skip_nonfinite_loss)";
   } else {
     adamw_->step();
   }
   sharded_->zero_grad();
-  result.seconds = seconds_since(start);
-  return result;
 }
 
 double TrainingRun::evaluate() {
@@ -246,8 +279,10 @@ double TrainingRun::evaluate() {
   const int64_t batches =
       std::min<int64_t>(config_.train.eval_batches, split_.eval_sequences / (batch * world_.size()));
   for (int64_t i = 0; i < batches; ++i) {
-    sum += loss_sum(eval_loader.next(), batch).item<double>();
-    count += static_cast<double>(batch * config_.train.sequence_length);
+    const data::DistributedLoader::Batch b = eval_loader.next();
+    sum += loss_sum(b, batch).item<double>();
+    count += static_cast<double>(
+        std::count_if(b.targets.begin(), b.targets.end(), [](int64_t y) { return y != data::kIgnoreTarget; }));
   }
   return global_sum(world_, sum, context_.device) / global_sum(world_, count, context_.device);
 }

@@ -64,6 +64,8 @@ class TrainingRun {
   void claim_checkpoint_dir(ckpt::FileSystem& fs);
   ckpt::TrainingState state_at(int64_t step) const;
   at::Tensor loss_sum(const data::DistributedLoader::Batch& batch, int64_t rows);
+  double counted_targets(const std::vector<data::DistributedLoader::Batch>& batches);
+  void update(int64_t step, StepResult& result);
 
   const dist::WorkerContext context_;
   const config::ResolvedConfig& resolved_;

@@ -115,7 +115,8 @@ TEST_CASE("bad inputs name the file and the fix") {
   CHECK(error_of([&] { read_tokens(d.path + "/cut.bin"); }).find("truncated") != std::string::npos);
   CHECK(error_of([&] {
           read_tokens(d.file("x.jsonl", "{\"body\": 1}\n"));
-        }).find("x.jsonl:1: expected an object with a string \"text\"") != std::string::npos);
+        }).find("x.jsonl:1: no string field \"text\" nor \"prompt\" and \"completion\"; name the field that holds "
+                "the text with data.field") != std::string::npos);
   CHECK(error_of([] { split_sequences(10, 16, 0.0, "tiny.txt"); }).find("shorter than one sequence of 17") !=
         std::string::npos);
   const TokenStream s = counting(100);
@@ -164,4 +165,47 @@ TEST_CASE("a saved position resumes the exact sequence of batches") {
   DistributedLoader b(s, 0, 40, 8, 3, 1, 2, 7);
   b.set_position(pos);
   CHECK(firsts(b, 10) == expected);
+}
+
+TEST_CASE("prompt/completion records: the prompt's tokens are inputs, never targets; the longest prompt is named") {
+  TempDir d;
+  const std::string path = d.file("pairs.jsonl", "{\"prompt\": \"ab\", \"completion\": \"c\"}\n"
+                                                 "{\"prompt\": \"defg\", \"completion\": \"hi\"}\n");
+  const TokenStream s = read_tokens(path);
+  const std::vector<int32_t> want{kByteEndOfText, 'a', 'b', 'c', kByteEndOfText, 'd', 'e', 'f', 'g', 'h', 'i'};
+  REQUIRE(s.read_all() == want);
+  REQUIRE(s.has_mask());
+  std::vector<uint8_t> mask(want.size());
+  s.read_mask(0, static_cast<int64_t>(want.size()), mask.data());
+  CHECK(mask == std::vector<uint8_t>{1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1});  // EOT ends the document before: a target
+  CHECK(s.longest_prompt() == 5);                                      // EOT + "defg"
+  CHECK(s.longest_prompt_at() == path + ":2");
+  CHECK_NOTHROW(s.check_prompts_fit(6));
+  CHECK(error_of([&] { s.check_prompts_fit(5); })
+            .find(path + ":2: the prompt is 5 tokens, and a sequence of train.sequence_length 5") != std::string::npos);
+
+  // One sequence of the whole stream: every target that is a prompt's token is ignored.
+  DistributedLoader loader(s, 0, 1, 10, 1, 0, 1, 7);
+  const auto b = loader.next();
+  CHECK(b.inputs == std::vector<int64_t>(want.begin(), want.end() - 1));
+  const int64_t x = kIgnoreTarget;
+  CHECK(b.targets == std::vector<int64_t>{x, x, 'c', kByteEndOfText, x, x, x, x, 'h', 'i'});
+  // Pretraining text has no mask: every target counts.
+  CHECK_FALSE(read_tokens(d.file("plain.jsonl", "{\"text\": \"ab\"}\n")).has_mask());
+}
+
+TEST_CASE("a shard's .mask is read beside it, and one of another length is refused") {
+  TempDir d;
+  write_llmc_shard(d.path + "/shard_000000.bin", {5, 6, 7, 8});
+  d.file("shard_000000.mask", std::string("\x00\x00\x01\x01", 4));
+  write_llmc_shard(d.path + "/shard_000001.bin", {9, 10});  // no mask: every token a target
+  const TokenStream s = read_tokens(d.path + "/*.bin");
+  REQUIRE(s.has_mask());
+  std::vector<uint8_t> mask(6);
+  s.read_mask(0, 6, mask.data());
+  CHECK(mask == std::vector<uint8_t>{0, 0, 1, 1, 1, 1});
+  d.file("shard_000001.mask", "x");
+  CHECK(error_of([&] { read_tokens(d.path + "/*.bin"); })
+            .find("shard_000001.mask has 1 bytes but " + d.path + "/shard_000001.bin has 2 tokens") !=
+        std::string::npos);
 }

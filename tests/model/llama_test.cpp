@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "data/dataset.h"
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "model/chunked_loss.h"
@@ -354,4 +355,51 @@ TEST_CASE("the model's loss is the cross-entropy of its logits, tied head or not
       ++i;
     }
   }
+}
+
+// Issue 16: fine-tuning on prompt/completion records trains on the completions only.
+TEST_CASE("prompt tokens contribute nothing: the gradient is that of the completion tokens' loss alone") {
+  LlamaConfig c = tiny();
+  LlamaForCausalLM m(c);
+  init_parameters(*m, 11);
+  // Two records packed into one sequence: [BOS-like 1] prompt... completion... ; mask 0 on prompts.
+  std::vector<int32_t> tokens{1, 5, 6, 7, 20, 21, 2, 1, 8, 9, 22, 23, 24, 2, 1, 5};
+  std::vector<uint8_t> mask{1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0};
+  const fsdp::data::TokenStream stream = fsdp::data::TokenStream::in_memory(tokens, "pairs", mask);
+  fsdp::data::DistributedLoader loader(stream, 0, 1, 15, 1, 0, 1, 3);
+  const auto batch = loader.next();
+  const at::Tensor x = at::tensor(batch.inputs, at::kLong).view({1, 15});
+  const at::Tensor y = at::tensor(batch.targets, at::kLong).view({1, 15});
+  auto grads = [&m] {
+    std::vector<at::Tensor> g;
+    for (const auto& p : m->parameters()) g.push_back(p.grad().clone());
+    m->zero_grad();
+    return g;
+  };
+  m->zero_grad();
+  m->loss_sum(x, y).backward();
+  const std::vector<at::Tensor> got = grads();
+  // The reference: -log p(target) summed over the positions whose target is a completion token,
+  // through the full logits (no ignore index involved).
+  std::vector<int64_t> positions, targets;
+  for (int64_t j = 0; j < 15; ++j)
+    if (mask[static_cast<size_t>(j + 1)]) {
+      positions.push_back(j);
+      targets.push_back(tokens[static_cast<size_t>(j + 1)]);
+    }
+  REQUIRE(positions.size() == 7);
+  const at::Tensor logp = at::log_softmax(m->forward(x).to(at::kFloat)[0], -1);
+  const at::Tensor picked = logp.index({at::tensor(positions, at::kLong), at::tensor(targets, at::kLong)});
+  (-picked.sum()).backward();
+  const std::vector<at::Tensor> want = grads();
+  // Every target counted: a different gradient, so the check above can tell.
+  m->loss_sum(x, at::tensor(std::vector<int64_t>(tokens.begin() + 1, tokens.end()), at::kLong).view({1, 15}))
+      .backward();
+  const std::vector<at::Tensor> all = grads();
+  double differs = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK((got[i] - want[i]).abs().max().item<double>() <= 1e-5 * (1 + want[i].abs().max().item<double>()));
+    differs = std::max(differs, (all[i] - want[i]).abs().max().item<double>());
+  }
+  CHECK(differs > 1e-3);
 }

@@ -1,7 +1,10 @@
 """`fsdptrain tokenize` against the Python `tokenizers` package: the shards hold, in input order,
 each document's ids (with the tokenizer's BOS template) followed by EOS, split at --shard_size;
-the llm.c reader reads them back; bad input names the file and line and leaves nothing behind."""
+gzip and zstd inputs give the same shards; prompt/completion records give masks that count only
+the completions and EOS; a vocabulary beyond uint16 gives uint32 shards; bad input names the file
+and line and leaves nothing behind."""
 import argparse
+import gzip
 import json
 import os
 import struct
@@ -40,6 +43,14 @@ def read_shard(path):
     return list(struct.unpack(f"<{count}{'H' if width == 2 else 'I'}", data[1024:]))
 
 
+def shard_ids(out):
+    return [i for s in sorted(f for f in os.listdir(out) if f.endswith(".bin")) for i in read_shard(os.path.join(out, s))]
+
+
+def shard_masks(out):
+    return b"".join(open(os.path.join(out, f), "rb").read() for f in sorted(os.listdir(out)) if f.endswith(".mask"))
+
+
 def run(fsdptrain, *args):
     return subprocess.run([fsdptrain, "tokenize", *args], capture_output=True, text=True, timeout=300)
 
@@ -69,8 +80,8 @@ def main():
         want = []
         for doc in lines + [open(text, encoding="utf-8").read()]:
             want += tok.encode(doc).ids + [eos]
-        shards = sorted(f for f in os.listdir(out))
-        got = [i for s in shards for i in read_shard(os.path.join(out, s))]
+        shards = sorted(f for f in os.listdir(out) if f.endswith(".bin"))
+        got = shard_ids(out)
         assert got == want, "shard ids differ from tokenizers'"
         assert len(shards) == (len(want) + 4999) // 5000, shards
         assert all(len(read_shard(os.path.join(out, s))) == 5000 for s in shards[:-1])
@@ -88,12 +99,84 @@ def main():
         r = run(a.fsdptrain, "--tokenizer", os.path.join(d, "model"), "--input", jsonl, "--output", out)
         assert r.returncode == 2 and "already exists" in r.stderr, r.stderr
         gz = os.path.join(d, "x.jsonl.gz")
-        open(gz, "wb").write(b"\x1f\x8b")
-        r = run(a.fsdptrain, "--tokenizer", os.path.join(d, "model"), "--input", gz, "--output", out2)
-        assert r.returncode == 2 and "is compressed; decompress it first" in r.stderr, r.stderr
+        open(gz, "wb").write(gzip.compress(open(jsonl, "rb").read())[:-20])
+        r = run(a.fsdptrain, "--tokenizer", os.path.join(d, "model"), "--input", gz, "--output", out2, "--field", "body")
+        assert r.returncode == 2 and gz in r.stderr and "truncated" in r.stderr, r.stderr
+        assert not os.path.exists(out2) and not os.path.exists(out2 + ".partial")
         r = run(a.fsdptrain, "--tokenizer", d, "--input", jsonl, "--output", out2)
         assert r.returncode == 2 and "has no tokenizer.json" in r.stderr, r.stderr
+        check_compressed(a.fsdptrain, d, jsonl, lines, tok)
+        check_prompt_completion(a.fsdptrain, d, tok)
+        check_uint32(a.fsdptrain, d, tok)
     print("tokenize_command_test: ok")
+
+
+def check_compressed(fsdptrain, d, jsonl, lines, tok):
+    """The same documents gzip- and zstd-compressed give the same shards."""
+    import zstandard
+    raw = open(jsonl, "rb").read()
+    open(jsonl + ".gz", "wb").write(gzip.compress(raw))
+    open(jsonl + ".zst", "wb").write(zstandard.ZstdCompressor().compress(raw))
+    eos = tok.token_to_id("<|end_of_text|>")
+    want = [i for l in lines for i in tok.encode(l).ids + [eos]]
+    for ext in (".gz", ".zst"):
+        out = os.path.join(d, "compressed" + ext)
+        r = run(fsdptrain, "--tokenizer", os.path.join(d, "model"), "--input", jsonl + ext, "--output", out,
+                "--field", "body")
+        assert r.returncode == 0, r.stderr
+        assert shard_ids(out) == want, ext
+    print(f"tokenize: .jsonl.gz and .jsonl.zst give the same {len(want)} ids")
+
+
+def check_prompt_completion(fsdptrain, d, tok):
+    """Prompt/completion records: prompt ids (with BOS) + completion ids + EOS; the mask counts
+    the completion and EOS only; the longest prompt is reported with its line."""
+    eos = tok.token_to_id("<|end_of_text|>")
+    pairs = [("Question: what is fsdptrain?\nAnswer:", " a launcher"), ("Say hi:", " hi there 😀"),
+             ("A much longer prompt that goes on for a while, about FSDP2 and shards:", " ok")]
+    path = os.path.join(d, "pairs.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for p, c in pairs:
+            f.write(json.dumps({"prompt": p, "completion": c}) + "\n")
+    out = os.path.join(d, "pairs_out")
+    r = run(fsdptrain, "--tokenizer", os.path.join(d, "model"), "--input", path, "--output", out, "--shard_size", "20")
+    assert r.returncode == 0, r.stderr
+    ids, mask = [], []
+    for p, c in pairs:
+        prompt = tok.encode(p).ids
+        completion = tok.encode(c, add_special_tokens=False).ids
+        ids += prompt + completion + [eos]
+        mask += [0] * len(prompt) + [1] * (len(completion) + 1)
+    assert shard_ids(out) == ids
+    assert list(shard_masks(out)) == mask, (list(shard_masks(out)), mask)
+    longest = max(len(tok.encode(p).ids) for p, _ in pairs)
+    assert f"the longest prompt is {longest} tokens ({path}:3)" in r.stdout, r.stdout
+    meta = json.load(open(os.path.join(out, "tokenize.json")))
+    assert meta["longest_prompt"] == {"tokens": longest, "file": path, "line": 3}, meta
+    # A record of the other kind in a file of pairs is named with its line.
+    bad = os.path.join(d, "mixed.jsonl")
+    open(bad, "w").write('{"prompt": "a", "completion": "b"}\n{"text": "c"}\n')
+    r = run(fsdptrain, "--tokenizer", os.path.join(d, "model"), "--input", bad, "--output", os.path.join(d, "m"))
+    assert r.returncode == 2 and f'{bad}:2: no string "prompt" and "completion" fields' in r.stderr, r.stderr
+    print(f"tokenize: {len(pairs)} prompt/completion pairs, ids and masks equal tokenizers'")
+
+
+def check_uint32(fsdptrain, d, tok):
+    """A vocabulary past 65536 ids gives uint32 shards holding ids above 65535."""
+    big = Tokenizer.from_str(tok.to_str())
+    big.add_special_tokens([f"<extra_{i}>" for i in range(66000)])
+    os.makedirs(os.path.join(d, "big"))
+    big.save(os.path.join(d, "big", "tokenizer.json"))
+    text = os.path.join(d, "big.txt")
+    open(text, "w").write("hello <extra_65999> world <extra_3>")
+    out = os.path.join(d, "big_out")
+    r = run(fsdptrain, "--tokenizer", os.path.join(d, "big", "tokenizer.json"), "--input", text, "--output", out,
+            "--eos", "<extra_0>")
+    assert r.returncode == 0, r.stderr
+    want = big.encode(open(text).read()).ids + [big.token_to_id("<extra_0>")]
+    assert max(want) > 65535 and shard_ids(out) == want, (want, shard_ids(out))
+    assert "of uint32" in r.stdout, r.stdout
+    print(f"tokenize: a {big.get_vocab_size()}-id vocabulary gives uint32 shards")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,226 @@
+#include "tokenize/documents.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+#include "util/files.h"
+#include "util/strings.h"
+
+namespace fsdp::tokenize {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string strip_compression(const std::string& path) {
+  for (const char* ext : {".gz", ".zst"})
+    if (ends_with(path, ext)) return path.substr(0, path.size() - std::strlen(ext));
+  return path;
+}
+
+}  // namespace
+
+bool is_jsonl(const std::string& path) { return ends_with(strip_compression(path), ".jsonl"); }
+
+// The bytes of a file: as they are, or decompressed (gzip, zstd) as they are read.
+struct DocumentReader::Stream {
+  virtual ~Stream() = default;
+  virtual size_t read(char* out, size_t n) = 0;  // 0 at the end
+  int64_t consumed = 0;                          // bytes of the file read so far
+};
+
+namespace {
+
+class PlainStream final : public DocumentReader::Stream {
+ public:
+  PlainStream(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PlainStream() override { ::close(fd_); }
+  size_t read(char* out, size_t n) override {
+    ssize_t r;
+    do r = ::read(fd_, out, n);
+    while (r < 0 && errno == EINTR);
+    FSDP_CHECK(r >= 0, "cannot read ", path_, ": ", std::strerror(errno));
+    consumed += r;
+    return static_cast<size_t>(r);
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+class GzipStream final : public DocumentReader::Stream {
+ public:
+  GzipStream(int fd, std::string path) : path_(std::move(path)) {
+    file_ = gzdopen(fd, "rb");
+    FSDP_CHECK(file_ != nullptr, "cannot read ", path_, ": out of memory");
+    gzbuffer(file_, 1 << 17);
+  }
+  ~GzipStream() override { gzclose(file_); }
+  size_t read(char* out, size_t n) override {
+    const int r = gzread(file_, out, static_cast<unsigned>(n));
+    int code = Z_OK;
+    const char* message = gzerror(file_, &code);
+    FSDP_CHECK(r >= 0 && (code == Z_OK || code == Z_BUF_ERROR), path_, " is not a readable gzip file (", message,
+               "); check it with gzip -t ", path_);
+    FSDP_CHECK(!(r == 0 && code == Z_BUF_ERROR), path_, " ends in the middle of its gzip data: it is truncated");
+    consumed = gzoffset(file_);
+    return static_cast<size_t>(r);
+  }
+
+ private:
+  std::string path_;
+  gzFile file_ = nullptr;
+};
+
+class ZstdStream final : public DocumentReader::Stream {
+ public:
+  ZstdStream(int fd, std::string path) : plain_(fd, path), path_(std::move(path)), in_(ZSTD_DStreamInSize()) {
+    ctx_ = ZSTD_createDCtx();
+    FSDP_CHECK(ctx_ != nullptr, "cannot read ", path_, ": out of memory");
+  }
+  ~ZstdStream() override { ZSTD_freeDCtx(ctx_); }
+  size_t read(char* out, size_t n) override {
+    ZSTD_outBuffer o{out, n, 0};
+    while (o.pos == 0) {
+      if (input_.pos == input_.size) {
+        input_ = {in_.data(), plain_.read(in_.data(), in_.size()), 0};
+        consumed = plain_.consumed;
+        if (input_.size == 0) {
+          FSDP_CHECK(last_ == 0, path_, " ends in the middle of its zstd data: it is truncated");
+          return 0;
+        }
+      }
+      last_ = ZSTD_decompressStream(ctx_, &o, &input_);
+      FSDP_CHECK(!ZSTD_isError(last_), path_, " is not a readable zstd file (", ZSTD_getErrorName(last_),
+                 "); check it with zstd -t ", path_);
+    }
+    return o.pos;
+  }
+
+ private:
+  PlainStream plain_;
+  std::string path_;
+  std::vector<char> in_;
+  ZSTD_inBuffer input_{nullptr, 0, 0};
+  ZSTD_DCtx* ctx_ = nullptr;
+  size_t last_ = 0;
+};
+
+}  // namespace
+
+DocumentReader::DocumentReader(const std::string& path, const std::string& field, const std::string& who,
+                               const std::string& field_hint)
+    : path_(path), field_(field), who_(who), hint_(field_hint), jsonl_(is_jsonl(path)) {
+  for (const char* ext : {".bz2", ".xz", ".lz4"})
+    FSDP_CHECK(!ends_with(path, ext), who, " ", path, " is compressed with a format fsdptrain does not read; "
+               "recompress it with gzip or zstd, or decompress it");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  FSDP_CHECK(fd >= 0, who, " cannot read ", quoted(path), ": ", file_problem(path));
+  if (ends_with(path, ".gz"))
+    stream_ = std::make_unique<GzipStream>(fd, path);
+  else if (ends_with(path, ".zst"))
+    stream_ = std::make_unique<ZstdStream>(fd, path);
+  else
+    stream_ = std::make_unique<PlainStream>(fd, path);
+}
+
+DocumentReader::~DocumentReader() = default;
+
+size_t DocumentReader::fill(char* out, size_t n) {
+  try {
+    const size_t got = stream_->read(out, n);
+    bytes_ = stream_->consumed;
+    return got;
+  } catch (const InputError& e) {
+    throw InputError(str(who_, " ", e.what()));
+  }
+}
+
+bool DocumentReader::next_line(std::string& line) {
+  for (;;) {
+    const size_t newline = buffer_.find('\n', at_);
+    if (newline != std::string::npos || eof_) {
+      if (at_ >= buffer_.size() && eof_) return false;
+      const size_t end = newline == std::string::npos ? buffer_.size() : newline;
+      line.assign(buffer_, at_, end - at_);
+      at_ = end + 1;
+      return true;
+    }
+    buffer_.erase(0, at_);
+    at_ = 0;
+    const size_t old = buffer_.size();
+    buffer_.resize(old + (size_t{1} << 20));
+    buffer_.resize(old + fill(buffer_.data() + old, size_t{1} << 20));
+    eof_ = buffer_.size() == old;
+  }
+}
+
+Document DocumentReader::parse(const std::string& line) const {
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const std::exception& e) {
+    throw InputError(str(who_, " ", path_, ":", line_, ": not valid JSON: ", e.what()));
+  }
+  Document d;
+  d.line = line_;
+  auto string_field = [&](const char* name) {
+    const auto it = j.is_object() ? j.find(name) : j.end();
+    return it != j.end() && it->is_string() ? &*it : nullptr;
+  };
+  const json *prompt = string_field("prompt"), *completion = string_field("completion");
+  const json* text = string_field(field_.c_str());
+  const int kind = prompt && completion && (kind_ == 2 || !text) ? 2 : text ? 1 : 0;
+  FSDP_CHECK(kind != 0 || kind_ != 0 || prompt || completion, who_, " ", path_, ":", line_,
+             ": no string field ", quoted(field_), " nor \"prompt\" and \"completion\"; name the field that holds "
+             "the text with ", hint_, ", or give prompt/completion records");
+  FSDP_CHECK(kind == kind_ || kind_ == 0, who_, " ", path_, ":", line_, ": no string ",
+             kind_ == 2 ? std::string("\"prompt\" and \"completion\" fields") : "field \"" + field_ + "\"", ", as every record has",
+             " to (the file's first record has ", kind_ == 2 ? "them" : "it", ")");
+  FSDP_CHECK(kind != 0, who_, " ", path_, ":", line_, ": a prompt/completion record needs both \"prompt\" and "
+             "\"completion\" as strings");
+  d.pair = kind == 2;
+  d.text = (d.pair ? *prompt : *text).get<std::string>();
+  if (d.pair) d.completion = completion->get<std::string>();
+  return d;
+}
+
+std::vector<Document> DocumentReader::next(size_t max_bytes) {
+  std::vector<Document> docs = std::move(peeked_);
+  peeked_.clear();
+  if (!jsonl_) {
+    if (done_) return docs;
+    done_ = true;
+    Document d;
+    std::string chunk(size_t{1} << 20, '\0');
+    for (size_t n; (n = fill(chunk.data(), chunk.size())) > 0;) d.text.append(chunk, 0, n);
+    docs.push_back(std::move(d));
+    return docs;
+  }
+  size_t bytes = 0;
+  std::string line;
+  while (bytes < max_bytes && next_line(line)) {
+    ++line_;
+    if (trim(line).empty()) continue;
+    Document d = parse(line);
+    if (kind_ == 0) kind_ = d.pair ? 2 : 1;
+    bytes += d.text.size() + d.completion.size();
+    docs.push_back(std::move(d));
+  }
+  return docs;
+}
+
+bool DocumentReader::holds_pairs() {
+  if (jsonl_ && kind_ == 0 && peeked_.empty()) peeked_ = next(1);
+  return kind_ == 2;
+}
+
+}  // namespace fsdp::tokenize

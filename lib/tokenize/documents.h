@@ -1,0 +1,61 @@
+// The documents of one input file, as `fsdptrain tokenize` and the trainer read them:
+//   *.jsonl   one JSON object per line: a document in its `field` ("text" unless told), or a
+//             prompt/completion pair (TRL's prompt-completion format: string "prompt" and
+//             "completion"). A file's first record sets which; every other line must match.
+//   other     a text file: the whole file is one document.
+// Any of them may be compressed: *.gz (zlib) or *.zst (zstd), streamed, never whole in memory
+// (a text file's one document is, necessarily).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdp::tokenize {
+
+struct Document {
+  std::string text;        // the document, or the prompt of a pair
+  std::string completion;  // a pair's completion
+  bool pair = false;       // a prompt/completion record
+  int64_t line = 0;        // its JSONL line (1-based); 0 for a text file
+};
+
+class DocumentReader {
+ public:
+  // Throws InputError naming the file when it cannot be read. `who` starts error messages
+  // ("[tokenize]", "[data]"); `field_hint` says how to name another field (a flag or a key).
+  DocumentReader(const std::string& path, const std::string& field, const std::string& who,
+                 const std::string& field_hint);
+  ~DocumentReader();
+  DocumentReader(const DocumentReader&) = delete;
+  DocumentReader& operator=(const DocumentReader&) = delete;
+
+  // Up to about `max_bytes` of documents (at least one); empty at the end. Throws InputError naming
+  // the file and line for a line that is not JSON, or not a record of the file's kind.
+  std::vector<Document> next(size_t max_bytes);
+  // Whether the file holds prompt/completion pairs (reads its first record; no effect on next()).
+  bool holds_pairs();
+  int64_t bytes_read() const { return bytes_; }  // of the file on disk (compressed, if it is)
+  const std::string& path() const { return path_; }
+
+  struct Stream;  // plain, gzip or zstd bytes
+
+ private:
+  size_t fill(char* out, size_t n);  // the stream's next bytes; errors name the caller
+  bool next_line(std::string& line);
+  Document parse(const std::string& line) const;
+  std::string path_, field_, who_, hint_;
+  std::unique_ptr<Stream> stream_;
+  std::string buffer_;
+  size_t at_ = 0;
+  bool jsonl_ = false, done_ = false, eof_ = false;
+  int kind_ = 0;  // 0: not seen yet, 1: `field` documents, 2: pairs
+  std::vector<Document> peeked_;
+  int64_t line_ = 0, bytes_ = 0;
+};
+
+// Whether `path` names a JSONL file, compressed or not.
+bool is_jsonl(const std::string& path);
+
+}  // namespace fsdp::tokenize

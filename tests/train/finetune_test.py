@@ -1,0 +1,136 @@
+"""Fine-tuning a Hugging Face folder on prompt/completion JSONL end to end (issue 16), through
+`fsdptrain launch` on 2 CPU workers, with the example's folder (scripts/examples/make_finetune_example.py:
+a Llama made by transformers, its tokenizer trained by tokenizers):
+  - the launch tokenizes the JSONL with the folder's tokenizer.json into data.cache_dir: the cached
+    shards hold tokenizers' ids (prompt with BOS, completion, EOS) and masks that count completions;
+  - a second launch finds the cache (also after a touch that changes only the modification time);
+    changed content is tokenized again;
+  - the loss is the mean over the global batch's completion tokens: 1 worker with batch 8 and 2
+    workers with batch 4 give the same curve;
+  - the run learns to complete: transformers' greedy completions of the exported folder equal the
+    trained completions;
+  - bad input is refused before training, naming the file and line or the key."""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+
+def launch(a, d, *sets, processes=2):
+    args = [a.fsdptrain, "launch", "--config", os.path.join(a.source, "configs", "finetune.yaml"),
+            "--main_process_port", "0", "--num_processes", str(processes),
+            "--set", f"model.pretrained={d}/ex/model", "--set", f"data.path={d}/ex/train.jsonl",
+            "--set", f"data.cache_dir={d}/cache", "--set", "checkpoint.export_dir=", "--set", "logging.metrics_file="]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=d)
+
+
+def losses(path):
+    return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
+
+
+def read_shard(path):
+    data = open(path, "rb").read()
+    magic, _, count = struct.unpack("<3i", data[:12])
+    width = {20240520: 2, 20240801: 4}[magic]
+    return list(struct.unpack(f"<{count}{'H' if width == 2 else 'I'}", data[1024:]))
+
+
+def check_cache(d, rows):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(f"{d}/ex/model/tokenizer.json")
+    eos = tok.token_to_id("<|end_of_text|>")
+    ids, mask = [], []
+    for r in rows:
+        p, c = tok.encode(r["prompt"]).ids, tok.encode(r["completion"], add_special_tokens=False).ids
+        ids += p + c + [eos]
+        mask += [0] * len(p) + [1] * (len(c) + 1)
+    (key,) = [k for k in os.listdir(f"{d}/cache") if k != "stamps"]
+    folder = f"{d}/cache/{key}"
+    assert read_shard(f"{folder}/shard_000000.bin") == ids
+    assert list(open(f"{folder}/shard_000000.mask", "rb").read()) == mask
+    print(f"finetune: the cache holds tokenizers' {len(ids)} ids; the masks count {sum(mask)} completion tokens")
+    return key
+
+
+def check_completions(d, rows):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(f"{d}/ex/model")
+    model = AutoModelForCausalLM.from_pretrained(f"{d}/export/step-300").eval()
+    unique = {r["prompt"]: r["completion"] for r in rows}
+    right = 0
+    with torch.no_grad():
+        for prompt, completion in unique.items():
+            ids = tok(prompt, return_tensors="pt").input_ids
+            out = model.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.eos_token_id)
+            right += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True) == completion
+    print(f"finetune: greedy completions equal the trained ones for {right} of {len(unique)} prompts")
+    assert right >= 0.9 * len(unique), right
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fsdptrain", required=True)
+    ap.add_argument("--source", required=True)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([sys.executable, os.path.join(a.source, "scripts/examples/make_finetune_example.py"), "--out",
+                        f"{d}/ex"], check=True, capture_output=True)
+        rows = [json.loads(l) for l in open(f"{d}/ex/train.jsonl")]
+        r = launch(a, d, f"checkpoint.export_dir={d}/export")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"[data] tokenized {d}/ex/train.jsonl (1 file, {len(rows)} documents)" in r.stderr, r.stderr
+        assert "the loss counts only completion tokens" in r.stdout, r.stdout
+        key = check_cache(d, rows)
+        check_completions(d, rows)
+
+        # The same global batch on 1 and 2 workers: the same losses (and the cache found, not remade).
+        curves = []
+        for n, batch in ((1, 8), (2, 4)):
+            m = f"{d}/w{n}.jsonl"
+            r = launch(a, d, "train.steps=8", f"train.micro_batch_size={batch}", "logging.interval=1",
+                       f"logging.metrics_file={m}", processes=n)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert "not tokenized again" in r.stderr, r.stderr
+            curves.append(losses(m))
+        assert len(curves[0]) == 8 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(*curves)), curves
+        print(f"finetune: 1 worker x batch 8 and 2 workers x batch 4 give the same 8 losses ({curves[0][0]:.4f} ...)")
+
+        # A touch changes the stamp, not the content: found again. New content: tokenized again.
+        os.utime(f"{d}/ex/train.jsonl", (1, 1))
+        r = launch(a, d, "train.steps=1")
+        assert r.returncode == 0 and f"cache/{key} (" in r.stderr and "not tokenized again" in r.stderr, r.stderr
+        with open(f"{d}/ex/train.jsonl", "a") as f:
+            f.write(json.dumps({"prompt": "Q: What color is the kite?\nA:", "completion": " The kite is red."}) + "\n")
+        r = launch(a, d, "train.steps=1")
+        assert r.returncode == 0 and f"({len(rows) + 1} documents" not in r.stderr, r.stderr
+        assert f"[data] tokenized {d}/ex/train.jsonl (1 file, {len(rows) + 1} documents)" in r.stderr, r.stderr
+        print("finetune: the cache is found for unchanged content and remade for changed content")
+
+        # Bad input, refused before any worker trains.
+        with open(f"{d}/long.jsonl", "w") as f:
+            f.write(json.dumps({"prompt": "short", "completion": " x"}) + "\n")
+            f.write(json.dumps({"prompt": "lantern " * 80, "completion": " x"}) + "\n")
+        r = launch(a, d, f"data.path={d}/long.jsonl")
+        assert r.returncode != 0 and f"{d}/long.jsonl:2: the prompt is " in r.stderr, r.stderr
+        assert "raise train.sequence_length above" in r.stderr and "step 1/" not in r.stdout, r.stderr
+        r = launch(a, d, f"data.tokenizer={d}/missing")
+        assert r.returncode != 0 and f"data.tokenizer \"{d}/missing\"" in r.stderr, r.stderr
+        shutil.copytree(f"{d}/ex/model", f"{d}/bare")
+        os.remove(f"{d}/bare/tokenizer.json")
+        r = launch(a, d, f"model.pretrained={d}/bare")
+        assert r.returncode != 0 and "needs its tokenizer: set data.tokenizer" in r.stderr, r.stderr
+        assert f"model.pretrained {d}/bare has no tokenizer.json" in r.stderr, r.stderr
+        print("finetune: a prompt longer than the sequence, a missing tokenizer and a folder without one are refused")
+    print("finetune_test: ok")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
