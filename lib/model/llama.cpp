@@ -60,7 +60,8 @@ const std::set<std::string>& known_fields() {
       "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
       "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias",
       "tie_word_embeddings", "initializer_range", "dtype", "torch_dtype", "hidden_act", "rope_theta", "rope_scaling",
-      "rope_parameters", "model_type", "attention_dropout",
+      "rope_parameters", "model_type", "attention_dropout", "sliding_window", "use_sliding_window",
+      "max_window_layers", "layer_types",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
@@ -100,12 +101,78 @@ void check_positive(const std::string& where, std::initializer_list<std::pair<co
     FSDP_CHECK(value >= 1, where, ": ", name, " is ", value, "; it must be a whole number >= 1");
 }
 
+// The family of a config.json: model_type, else the first of architectures.
+Family family_of(const json& j, const std::string& where) {
+  static const Family all[] = {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3};
+  std::string type = j.value("model_type", std::string());
+  if (type.empty() && j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
+    for (Family f : all)
+      if (j["architectures"][0] == family_names(f).architecture) type = family_names(f).model_type;
+  if (type.empty()) return Family::kLlama;
+  for (Family f : all)
+    if (type == family_names(f).model_type) return f;
+  throw InputError(str(where, ": model_type ", quoted(type), " is not supported; fsdptrain trains llama ",
+                       "(LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM: Qwen2 and Qwen2.5) "
+                       "and qwen3 (Qwen3ForCausalLM)"));
+}
+
+// Which layers attend through a sliding window, as transformers decides: Mistral's every layer when
+// sliding_window is set; Qwen2/Qwen3's layer_types, else (use_sliding_window) the layers from
+// max_window_layers on.
+void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& c) {
+  const int64_t n = c.num_hidden_layers;
+  c.use_sliding_window = field<bool>(j, "use_sliding_window", false, where);
+  c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
+  const int64_t window = field<int64_t>(j, "sliding_window", 0, where);
+  if (c.family == Family::kLlama) {
+    FSDP_CHECK(window == 0, where, ": sliding_window is not a field of LlamaForCausalLM (transformers ignores it); "
+               "remove it, or set model_type to mistral");
+    return;
+  }
+  const bool qwen = c.family == Family::kQwen2 || c.family == Family::kQwen3;
+  if (qwen && !c.use_sliding_window) return;  // sliding_window is then written but unused
+  if (window == 0) return;
+  FSDP_CHECK(window >= 1, where, ": sliding_window is ", window, "; it must be >= 1 (or null for none)");
+  c.sliding_window = window;
+  c.sliding_layers.assign(static_cast<size_t>(n), !qwen);
+  if (!qwen) return;
+  const json types = j.value("layer_types", json());
+  FSDP_CHECK(types.is_null() || (types.is_array() && static_cast<int64_t>(types.size()) == n), where,
+             ": layer_types must list one type per layer (", n, ")");
+  for (int64_t i = 0; i < n; ++i) {
+    if (types.is_null()) {
+      c.sliding_layers[i] = i >= c.max_window_layers;
+      continue;
+    }
+    const std::string t = types[i].is_string() ? types[i].get<std::string>() : types[i].dump();
+    FSDP_CHECK(t == "sliding_attention" || t == "full_attention", where, ": layer_types[", i, "] is ", quoted(t),
+               "; fsdptrain knows \"full_attention\" and \"sliding_attention\"");
+    c.sliding_layers[i] = t == "sliding_attention";
+  }
+}
+
 }  // namespace
+
+FamilyNames family_names(Family f) {
+  switch (f) {
+    case Family::kMistral:
+      return {"mistral", "MistralForCausalLM", "MistralDecoderLayer"};
+    case Family::kQwen2:
+      return {"qwen2", "Qwen2ForCausalLM", "Qwen2DecoderLayer"};
+    case Family::kQwen3:
+      return {"qwen3", "Qwen3ForCausalLM", "Qwen3DecoderLayer"};
+    case Family::kLlama:
+      break;
+  }
+  return {"llama", "LlamaForCausalLM", "LlamaDecoderLayer"};
+}
 
 int64_t LlamaConfig::num_parameters() const {
   const int64_t c = hidden_size, d = head_dim, h = num_attention_heads, k = num_key_value_heads;
   int64_t attn = c * h * d + 2 * c * k * d + h * d * c;
   if (attention_bias) attn += h * d + 2 * k * d + c;
+  if (qkv_bias) attn += h * d + 2 * k * d;
+  if (qk_norm) attn += 2 * d;
   int64_t mlp = 3 * c * intermediate_size;
   if (mlp_bias) mlp += 2 * intermediate_size + c;
   const int64_t layer = attn + mlp + 2 * c;
@@ -125,9 +192,8 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
     throw InputError(str(where, ": not valid JSON: ", e.what()));
   }
   FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
-  if (auto mt = j.find("model_type"); mt != j.end() && mt->is_string())
-    FSDP_CHECK(*mt == "llama", where, ": model_type ", mt->dump(), " is not supported; fsdptrain trains \"llama\"");
   LlamaConfig c;
+  c.family = family_of(j, where);
   c.vocab_size = field<int64_t>(j, "vocab_size", c.vocab_size, where);
   c.hidden_size = field<int64_t>(j, "hidden_size", c.hidden_size, where);
   c.intermediate_size = field<int64_t>(j, "intermediate_size", c.intermediate_size, where);
@@ -140,8 +206,10 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
                          {"num_hidden_layers", c.num_hidden_layers},
                          {"num_attention_heads", c.num_attention_heads},
                          {"num_key_value_heads", c.num_key_value_heads}});
-  // As transformers' LlamaConfig: the heads split hidden_size evenly, head_dim given or not.
-  FSDP_CHECK(c.hidden_size % c.num_attention_heads == 0, where, ": hidden_size ", c.hidden_size,
+  // As transformers' LlamaConfig: the heads split hidden_size evenly, head_dim given or not. Its
+  // relatives take head_dim as given (Qwen3's is independent of hidden_size).
+  const bool explicit_head_dim = c.family != Family::kLlama && j.contains("head_dim") && !j["head_dim"].is_null();
+  FSDP_CHECK(explicit_head_dim || c.hidden_size % c.num_attention_heads == 0, where, ": hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_attention_heads,
              "; transformers refuses this config too. Change one of the two");
   c.head_dim = field<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, where);
@@ -149,6 +217,12 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   c.rms_norm_eps = field<double>(j, "rms_norm_eps", c.rms_norm_eps, where);
   c.attention_bias = field<bool>(j, "attention_bias", false, where);
   c.mlp_bias = field<bool>(j, "mlp_bias", false, where);
+  c.qkv_bias = c.family == Family::kQwen2;
+  c.qk_norm = c.family == Family::kQwen3;
+  if (c.family == Family::kMistral || c.family == Family::kQwen2)  // fields their classes do not have
+    FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
+               family_names(c.family).architecture, "; transformers ignores them, so remove them");
+  parse_sliding_window(j, where, c);
   c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", false, where);
   c.initializer_range = field<double>(j, "initializer_range", c.initializer_range, where);
   if (auto d = j.find("dtype"); d != j.end() && d->is_string())
@@ -211,8 +285,9 @@ LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>*
 }
 
 std::string llama_config_json(const LlamaConfig& c) {
-  json j = {{"architectures", {"LlamaForCausalLM"}},
-            {"model_type", "llama"},
+  const FamilyNames names = family_names(c.family);
+  json j = {{"architectures", {names.architecture}},
+            {"model_type", names.model_type},
             {"vocab_size", c.vocab_size},
             {"hidden_size", c.hidden_size},
             {"intermediate_size", c.intermediate_size},
@@ -231,6 +306,19 @@ std::string llama_config_json(const LlamaConfig& c) {
             {"initializer_range", c.initializer_range},
             {"torch_dtype", c.dtype},
             {"dtype", c.dtype}};
+  if (c.family == Family::kMistral || c.family == Family::kQwen2) {
+    j.erase("attention_bias");
+    j.erase("mlp_bias");
+  }
+  if (c.family != Family::kLlama) j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  if (c.family == Family::kQwen2 || c.family == Family::kQwen3) {
+    j["use_sliding_window"] = c.use_sliding_window;
+    j["max_window_layers"] = c.max_window_layers;
+    json types = json::array();
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      types.push_back(c.window_of(i) > 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   if (c.rope_scaling)
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", c.rope_scaling->factor},
@@ -287,32 +375,49 @@ at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
   return weight * normed.to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
     : torch::nn::Module("LlamaAttention"),
       heads(c.num_attention_heads),
       kv_heads(c.num_key_value_heads),
-      head_dim(c.head_dim) {
+      head_dim(c.head_dim),
+      window(c.window_of(layer)) {
   auto linear = [&](int64_t in, int64_t out, bool bias) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
   };
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, c.attention_bias));
-  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
-  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, c.attention_bias));
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim, c.rms_norm_eps));
+    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim, c.rms_norm_eps));
+  }
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
-  at::Tensor q = q_proj(x).view({b, t, heads, head_dim}).transpose(1, 2);     // (B, H, T, D)
-  at::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);  // (B, K, T, D)
+  at::Tensor q = q_proj(x).view({b, t, heads, head_dim});  // (B, T, H, D)
+  at::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim});
+  if (q_norm) {  // Qwen3: each head normalized before the rotation
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = apply_rotary(q.transpose(1, 2), cos, sin);  // (B, H, T, D)
+  k = apply_rotary(k.transpose(1, 2), cos, sin);  // (B, K, T, D)
   at::Tensor v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
   if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
-  at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  at::Tensor y;
+  if (window > 0 && t > window) {  // query i sees keys j with i - window < j <= i
+    const at::Tensor i = at::arange(t, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(1);
+    const at::Tensor j = i.transpose(0, 1);
+    y = at::scaled_dot_product_attention(q, k, v, (j <= i) & (j > i - window), 0.0, /*is_causal=*/false);
+  } else {
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  }
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
 
@@ -329,8 +434,9 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
   return down_proj(at::silu(gate_proj(x)) * up_proj(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) : torch::nn::Module("LlamaDecoderLayer") {
-  self_attn = register_module("self_attn", LlamaAttention(c));
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
+    : torch::nn::Module(family_names(c.family).layer_class) {
+  self_attn = register_module("self_attn", LlamaAttention(c, layer));
   mlp = register_module("mlp", LlamaMLP(c));
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -364,7 +470,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   model = register_module("model", LlamaModel(c));
   release(*model);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {  // one layer exists at a time
-    LlamaDecoderLayer layer(c);
+    LlamaDecoderLayer layer(c, i);
     release(*layer);
     model->layers->push_back(layer);
   }
@@ -407,8 +513,9 @@ at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor
 }
 
 ModelTraits llama_traits(const LlamaConfig& c) {
-  if (c.tie_word_embeddings) return ModelTraits{{"LlamaDecoderLayer"}, {"LlamaDecoderLayer"}};
-  return ModelTraits{{"LlamaDecoderLayer"}, {"LlamaDecoderLayer", "LlamaEmbedding"}};
+  const std::string layer = family_names(c.family).layer_class;
+  if (c.tie_word_embeddings) return ModelTraits{{layer}, {layer}};
+  return ModelTraits{{layer}, {layer, "LlamaEmbedding"}};
 }
 
 at::Tensor init_parameter(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {

@@ -1,6 +1,13 @@
 // Llama as Hugging Face's LlamaForCausalLM computes it, with HF's parameter names, so checkpoints
 // map one to one ("model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...).
 //
+// Its relatives are the same decoder with their differences as data (LlamaConfig's family
+// switches), each as transformers computes it: Mistral (a sliding attention window), Qwen2 and
+// Qwen2.5 (biases on q/k/v; a sliding window from max_window_layers on, when use_sliding_window),
+// Qwen3 (an RMSNorm over head_dim on each query and key head, head_dim independent of
+// hidden_size). A next family (Gemma, OLMo) adds its switches here and its parsing in
+// parse_llama_config.
+//
 // Shapes use one vocabulary: B batch, T sequence, C hidden_size, H query heads, K kv heads,
 // D head_dim, F intermediate_size, V vocab_size.
 //
@@ -17,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "fsdp/options.h"
 
@@ -27,8 +35,19 @@ struct RopeScaling {  // Llama 3 "llama3" scaling; absent: plain RoPE
   int64_t original_max_position_embeddings = 8192;
 };
 
-// HF config.json fields (transformers' LlamaConfig), with its defaults.
+enum class Family { kLlama, kMistral, kQwen2, kQwen3 };
+
+// A family's Hugging Face names: config.json's model_type and architectures, the decoder layer class.
+struct FamilyNames {
+  const char* model_type;
+  const char* architecture;
+  const char* layer_class;
+};
+FamilyNames family_names(Family f);
+
+// HF config.json fields (transformers' LlamaConfig and its relatives'), with their defaults.
 struct LlamaConfig {
+  Family family = Family::kLlama;
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -41,6 +60,17 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   std::optional<RopeScaling> rope_scaling;
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
+  bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
+  bool qk_norm = false;   // Qwen3: q_norm and k_norm, RMSNorm over head_dim before the rotation
+  // Sliding-window attention: a query sees the keys at most sliding_window - 1 positions back, in
+  // the layers marked in sliding_layers (one per layer; empty: none).
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  bool use_sliding_window = false;  // Qwen2/Qwen3's switch and its first sliding layer, as written
+  int64_t max_window_layers = 0;
+  int64_t window_of(int64_t layer) const {  // 0: full causal attention
+    return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer] ? sliding_window : 0;
+  }
   double initializer_range = 0.02;
   std::string dtype = "float32";  // torch_dtype / dtype as written (informational)
 
@@ -50,15 +80,18 @@ struct LlamaConfig {
   double flops_per_token(int64_t seq_len) const;
 };
 
-// Parses a config.json text. Accepts torch_dtype or dtype, rope_theta/rope_scaling or the newer
-// rope_parameters, legacy "type" for rope_type. Throws InputError naming `where` and the field, also
+// Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
+// qwen3; another is refused listing these). Accepts torch_dtype or dtype, rope_theta/rope_scaling or
+// the newer rope_parameters, legacy "type" for rope_type, sliding_window / use_sliding_window /
+// max_window_layers / layer_types. Throws InputError naming `where` and the field, also
 // for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads) and for settings that change the math and are not implemented. warnings
 // (optional): one line per field it does not know, with the closest known field.
 LlamaConfig parse_llama_config(const std::string& json_text, const std::string& where,
                                std::vector<std::string>* warnings = nullptr);
 LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
-// The config.json text for `c` (both dtype spellings, rope_theta + rope_scaling), for exports.
+// The config.json text for `c` (its family's names and fields, both dtype spellings, rope_theta +
+// rope_scaling), for exports.
 std::string llama_config_json(const LlamaConfig& c);
 
 class LlamaRMSNormImpl : public torch::nn::Module {
@@ -72,11 +105,13 @@ TORCH_MODULE(LlamaRMSNorm);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& c);
+  LlamaAttentionImpl(const LlamaConfig& c, int64_t layer);
   // x (B, T, C); cos, sin (T, D) in x's dtype -> (B, T, C)
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   int64_t heads, kv_heads, head_dim;
+  int64_t window;  // 0: full causal attention
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -90,7 +125,7 @@ TORCH_MODULE(LlamaMLP);
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const LlamaConfig& c);
+  LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer);  // named as the family's class
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -146,7 +181,8 @@ at::Tensor rope_inv_freq(const LlamaConfig& c);
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like);
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// The classes fully_shard may make units, and LlamaDecoderLayer as the layer class. A tied
+// The classes fully_shard may make units, and the family's decoder layer (LlamaDecoderLayer,
+// MistralDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer) as the layer class. A tied
 // embedding also computes the logits, so it is then not a unit candidate.
 ModelTraits llama_traits(const LlamaConfig& c);
 

@@ -4,6 +4,11 @@
 //       an unsharded copy of the same weights computes on kTokens, as JSON.
 //   hf_tool logits DIR   loads DIR (config.json + safetensors) into fsdptrain's Llama and prints its
 //       logits on kTokens as JSON; exit 2 listing the mismatches when DIR does not fit the model.
+//   hf_tool golden DIR OUT   (one process) loads DIR of any family and prints, as JSON, its logits
+//       on kTokens, the summed loss of predicting each next token (the last predicts the first),
+//       every parameter's gradient of that loss, the parameter count, FLOPs per token at T = 10
+//       and the layer class; then exports the loaded model to OUT through the sharded engine.
+//   hf_tool count CONFIG_JSON   prints the parameter count and layer class of a config.json.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
@@ -24,6 +29,45 @@ nlohmann::json logits_json(fsdp::model::LlamaForCausalLMImpl& m) {
   const at::Tensor x = at::tensor(kTokens, at::kLong).view({1, -1});
   const at::Tensor logits = m.forward(x).to(at::kDouble).reshape({-1}).contiguous();
   return std::vector<double>(logits.data_ptr<double>(), logits.data_ptr<double>() + logits.numel());
+}
+
+// Loads `dir` into an unsharded model (exit 2 listing mismatches).
+fsdp::model::LlamaForCausalLM load(fsdp::ckpt::HfCheckpoint& ck) {
+  fsdp::model::LlamaForCausalLM m(ck.config());
+  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+  for (const auto& p : m->named_parameters()) params.emplace_back(p.key(), p.value().sizes().vec());
+  ck.check_matches(params);
+  c10::NoGradGuard no_grad;
+  for (const auto& p : m->named_parameters()) p.value().copy_(ck.read(p.key()));
+  return m;
+}
+
+int golden(const std::string& dir, const std::string& out) {
+  fsdp::ckpt::HfCheckpoint ck(dir);
+  const fsdp::model::LlamaConfig c = ck.config();
+  fsdp::model::LlamaForCausalLM m = load(ck);
+  nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}};
+  std::vector<int64_t> next(kTokens.begin() + 1, kTokens.end());
+  next.push_back(kTokens.front());
+  const at::Tensor loss = m->loss_sum(at::tensor(kTokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));
+  loss.backward();
+  j["loss"] = loss.item<double>();
+  for (const auto& p : m->named_parameters()) {
+    const at::Tensor g = p.value().grad().to(at::kDouble).reshape({-1}).contiguous();
+    j["grads"][p.key()] = std::vector<double>(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
+  }
+  j["num_parameters"] = c.num_parameters();
+  j["flops_per_token"] = c.flops_per_token(static_cast<int64_t>(kTokens.size()));
+  j["layer_class"] = fsdp::model::family_names(c.family).layer_class;
+  // The export: the loaded weights sharded by the engine (one rank), written as a Hugging Face folder.
+  fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
+  fsdp::model::LlamaForCausalLM lazy(c, /*free_after_create=*/true);
+  fsdp::FsdpOptions o;
+  o.init = [&ck](const std::string& name, at::IntArrayRef) { return ck.read(name); };
+  auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
+  fsdp::ckpt::export_hf(*sharded, c, out, int64_t{5} << 30);
+  std::cout << j.dump() << "\n";
+  return 0;
 }
 
 }  // namespace
@@ -51,16 +95,20 @@ int main(int argc, char** argv) {
     }
     if (mode == "logits") {
       fsdp::ckpt::HfCheckpoint ck(argv[2]);
-      fsdp::model::LlamaForCausalLM m(ck.config());
-      std::vector<std::pair<std::string, std::vector<int64_t>>> params;
-      for (const auto& p : m->named_parameters()) params.emplace_back(p.key(), p.value().sizes().vec());
-      ck.check_matches(params);
-      c10::NoGradGuard no_grad;
-      for (const auto& p : m->named_parameters()) p.value().copy_(ck.read(p.key()));
+      fsdp::model::LlamaForCausalLM m = load(ck);
       std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*m)}}.dump() << "\n";
       return 0;
     }
-    std::cerr << "usage: hf_tool export DIR MAX_SHARD_BYTES [tied] | hf_tool logits DIR\n";
+    if (mode == "golden" && argc >= 4) return golden(argv[2], argv[3]);
+    if (mode == "count") {  // a config.json's parameter count and layer class
+      const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(argv[2]);
+      std::cout << nlohmann::json{{"num_parameters", c.num_parameters()},
+                                  {"layer_class", fsdp::model::family_names(c.family).layer_class}}
+                       .dump()
+                << "\n";
+      return 0;
+    }
+    std::cerr << "usage: hf_tool export DIR MAX_SHARD_BYTES [tied] | hf_tool logits DIR | hf_tool golden DIR OUT\n";
     return 2;
   } catch (const fsdp::Error& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -148,9 +148,18 @@ TEST_CASE("a run exports a Hugging Face folder, and a second run starts from it"
   REQUIRE(la.size() == 60);
   REQUIRE(lb.size() == 2);
   CHECK(lb.front() < la.front() - 1.0);  // it starts trained, not from random weights
-  // A folder that does not fit model.config is refused with the list of mismatches.
-  const Result bad = launch_with(
-      {"--set", "model.config=configs/models/llama-125m/config.json", "--set", "model.pretrained=" + dir + "/step-60"});
+  // A folder that does not fit model.config is refused with the list of mismatches (the data: a
+  // token shard, since text needs a tokenizer for this vocabulary).
+  const std::string shard = temp_path("tokens.bin");
+  {
+    int32_t header[256] = {20240520, 1, 4096};
+    std::ofstream f(shard, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+    for (uint16_t t = 0; t < 4096; ++t) f.write(reinterpret_cast<const char*>(&t), 2);
+  }
+  const Result bad = launch_with({"--set", "model.config=configs/models/llama-125m/config.json", "--set",
+                                  "model.pretrained=" + dir + "/step-60", "--set", "data.path=" + shard});
+  std::remove(shard.c_str());
   CHECK(bad.code == 2);
   CHECK((bad.out + bad.err).find("does not match the model") != std::string::npos);
   (void)!std::system(("rm -rf " + dir).c_str());

@@ -1,0 +1,128 @@
+"""Golden tests of the model families against transformers (issue 17): for Mistral (sliding
+window), Qwen2 (q/k/v biases, tied embeddings, a sliding window from max_window_layers on) and
+Qwen3 (q_norm/k_norm, head_dim independent of hidden_size), and Llama beside them, transformers
+makes a small model with random weights (every parameter drawn, biases and norms included) and
+saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives:
+  - logits within fp32 tolerance of transformers' (relative error <= 1e-5),
+  - the gradient of the summed next-token loss, parameter by parameter (relative <= 1e-4),
+  - an export that transformers loads and computes the same logits with (<= 1e-5),
+  - the parameter count transformers counts and FLOPs per token by the formula, and the family's
+    decoder layer class (what fsdp_transformer_layer_cls_to_wrap names).
+The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B) have the parameter
+counts transformers builds from them. A config.json of a family fsdptrain does not train is
+refused, listing those it trains."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+
+
+def families():
+    common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0)
+    return {
+        "llama": (transformers.LlamaConfig(**common), transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig(**common, sliding_window=4), transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                           tie_word_embeddings=True), transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config(**common, head_dim=24, attention_bias=False), transformers.Qwen3ForCausalLM),
+    }
+
+
+def randomize(model):
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def hf_golden(model, tokens):
+    x = torch.tensor([tokens])
+    y = torch.tensor([tokens[1:] + tokens[:1]])
+    model.zero_grad()
+    logits = model(x).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
+    loss.backward()
+    grads = {n: p.grad.reshape(-1).double() for n, p in model.named_parameters()}
+    return logits.reshape(-1).double().detach(), loss.item(), grads
+
+
+def check_family(name, config, cls, tool, d):
+    torch.manual_seed(0)
+    model = cls(config)
+    randomize(model)
+    model.eval()
+    saved, out = os.path.join(d, name), os.path.join(d, name + "_export")
+    model.save_pretrained(saved)
+    run = subprocess.run([tool, "golden", saved, out], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    ours = json.loads(run.stdout.splitlines()[-1])
+    model = cls.from_pretrained(saved, dtype=torch.float32, attn_implementation="eager").eval()
+    logits, loss, grads = hf_golden(model, ours["tokens"])
+    e_logits = rel(torch.tensor(ours["logits"], dtype=torch.float64), logits)
+    e_grad = max(rel(torch.tensor(ours["grads"][n], dtype=torch.float64), g) for n, g in grads.items())
+    assert set(ours["grads"]) == set(grads), set(ours["grads"]) ^ set(grads)
+    exported = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    with torch.no_grad():
+        e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)
+    n = sum(p.numel() for p in model.parameters())  # tied weights counted once
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
+    flops = 6 * n_prime + 12 * c.num_hidden_layers * c.num_attention_heads * head_dim * len(ours["tokens"])
+    print(f"{name}: logits {e_logits:.1e}, loss {ours['loss']:.6f} vs {loss:.6f}, gradients (worst parameter) "
+          f"{e_grad:.1e}, export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
+    assert e_logits <= 1e-5 and e_grad <= 1e-4 and e_export <= 1e-5, name
+    assert abs(ours["loss"] - loss) <= 1e-5 * abs(loss)
+    assert ours["num_parameters"] == n and abs(ours["flops_per_token"] - flops) <= 1e-9 * flops
+    assert ours["layer_class"] == type(model.model.layers[0]).__name__
+    assert json.load(open(os.path.join(out, "config.json")))["architectures"] == [cls.__name__]
+
+
+def check_shapes(tool, source):
+    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b"):
+        folder = os.path.join(source, "configs", "models", name)
+        run = subprocess.run([tool, "count", os.path.join(folder, "config.json")], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        ours = json.loads(run.stdout)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(folder))
+        n = sum(p.numel() for p in model.parameters())
+        print(f"{name}: {ours['num_parameters']} parameters ({n} in transformers), {ours['layer_class']}")
+        assert ours["num_parameters"] == n and ours["layer_class"] == type(model.model.layers[0]).__name__
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--source", required=True)
+    a = ap.parse_args()
+    check_shapes(a.tool, a.source)
+    with tempfile.TemporaryDirectory() as d:
+        for name, (config, cls) in families().items():
+            check_family(name, config, cls, a.tool, d)
+        os.makedirs(os.path.join(d, "gemma"))
+        cfg = json.load(open(os.path.join(d, "llama", "config.json")))
+        cfg["model_type"] = "gemma"
+        json.dump(cfg, open(os.path.join(d, "gemma", "config.json"), "w"))
+        run = subprocess.run([a.tool, "logits", os.path.join(d, "gemma")], capture_output=True, text=True)
+        assert run.returncode == 2 and 'model_type "gemma" is not supported; fsdptrain trains llama' in run.stderr, \
+            run.stderr
+        print("gemma refused:", run.stderr.strip().splitlines()[0][:120], "...")
+    print("families_python_test: ok")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
