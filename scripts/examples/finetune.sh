@@ -10,7 +10,8 @@ cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 FSDPTRAIN=./build/apps/fsdptrain/fsdptrain
 [ -x "$FSDPTRAIN" ] && [ -x "$PY" ] || { echo "finetune.sh: run bash scripts/setup.sh first" >&2; exit 1; }
-[ -f runs/finetune/model/config.json ] || "$PY" scripts/examples/make_finetune_example.py --out runs/finetune 2>/dev/null
+[ -f runs/finetune/model/config.json ] ||
+  "$PY" scripts/examples/make_finetune_example.py --out runs/finetune 2>/dev/null | grep -v '^$'  # (the trainer's blank lines)
 rm -rf runs/finetune/export  # an earlier run's (a run refuses to export over one)
 "$FSDPTRAIN" launch --config configs/finetune.yaml "$@"
 "$PY" - <<'PY' 2>/dev/null
