@@ -395,7 +395,22 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
   }
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+namespace {
+
+// Queries i (absolute positions start + i) and keys j: j <= start + i, and within the window.
+at::Tensor attention_mask(int64_t queries, int64_t keys, int64_t start, int64_t window, const c10::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor i = at::arange(start, start + queries, opts).unsqueeze(1);
+  const at::Tensor j = at::arange(keys, opts).unsqueeze(0);
+  at::Tensor mask = j <= i;
+  if (window > 0) mask = mask & (j > i - window);
+  return mask;
+}
+
+}  // namespace
+
+LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
+                                                          const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
   at::Tensor q = q_proj(x).view({b, t, heads, head_dim});  // (B, T, H, D)
   at::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim});
@@ -403,22 +418,38 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     q = q_norm(q);
     k = k_norm(k);
   }
-  q = apply_rotary(q.transpose(1, 2), cos, sin);  // (B, H, T, D)
-  k = apply_rotary(k.transpose(1, 2), cos, sin);  // (B, K, T, D)
-  at::Tensor v = v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
+          apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
+          v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
+}
+
+// softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
+at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start) {
+  const int64_t b = q.size(0), t = q.size(2), keys = k.size(2);
   if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
   at::Tensor y;
-  if (window > 0 && t > window) {  // query i sees keys j with i - window < j <= i
-    const at::Tensor i = at::arange(t, at::TensorOptions().dtype(at::kLong).device(x.device())).unsqueeze(1);
-    const at::Tensor j = i.transpose(0, 1);
-    y = at::scaled_dot_product_attention(q, k, v, (j <= i) & (j > i - window), 0.0, /*is_causal=*/false);
-  } else {
+  if (start == 0 && (window == 0 || t <= window))  // plain causal attention
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-  }
+  else
+    y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const Projected p = project(x, cos, sin);
+  return attend(p.q, p.k, p.v, 0);
+}
+
+at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                              LayerCache& cache) {
+  const Projected p = project(x, cos, sin);
+  const int64_t start = cache.k.defined() ? cache.k.size(2) : 0;
+  cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
+  cache.v = cache.v.defined() ? at::cat({cache.v, p.v}, 2) : p.v;
+  return attend(p.q, cache.k, cache.v, start);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP") {
@@ -444,6 +475,12 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const at::Tensor h = x + self_attn->forward(input_layernorm(x), cos, sin);
+  return h + mlp->forward(post_attention_layernorm(h));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                                 LayerCache& cache) {
+  const at::Tensor h = x + self_attn->forward_cached(input_layernorm(x), cos, sin, cache);
   return h + mlp->forward(post_attention_layernorm(h));
 }
 
@@ -499,6 +536,19 @@ at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens) {
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
   const at::Tensor x = hidden_states(tokens);
+  return config.tie_word_embeddings ? at::linear(x, model->embed_tokens->weight) : lm_head(x);
+}
+
+at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
+  cache.resize(static_cast<size_t>(config.num_hidden_layers));
+  const int64_t start = cache[0].k.defined() ? cache[0].k.size(2) : 0, t = tokens.size(1);
+  at::Tensor x = model->embed_tokens->forward(tokens);
+  auto [cos, sin] = rope_cos_sin(inv_freq_, start + t, x);
+  cos = cos.narrow(0, start, t);
+  sin = sin.narrow(0, start, t);
+  for (size_t i = 0; i < cache.size(); ++i)
+    x = model->layers[i]->as<LlamaDecoderLayerImpl>()->forward_cached(x, cos, sin, cache[i]);
+  x = model->norm(x);
   return config.tie_word_embeddings ? at::linear(x, model->embed_tokens->weight) : lm_head(x);
 }
 

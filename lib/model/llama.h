@@ -103,15 +103,30 @@ class LlamaRMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaRMSNorm);
 
+// One layer's keys and values so far (B, K, L, D), for decoding a token at a time.
+struct LayerCache {
+  at::Tensor k, v;
+};
+
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const LlamaConfig& c, int64_t layer);
   // x (B, T, C); cos, sin (T, D) in x's dtype -> (B, T, C)
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // The same for T new tokens after the cache's (cos, sin of their positions); appends their keys
+  // and values to `cache`.
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   int64_t heads, kv_heads, head_dim;
   int64_t window;  // 0: full causal attention
+
+ private:
+  struct Projected {
+    at::Tensor q, k, v;  // (B, H, T, D) rotated, (B, K, T, D) rotated, (B, K, T, D)
+  };
+  Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start);
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -127,6 +142,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer);  // named as the family's class
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
   LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -164,6 +180,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // As loss(), but the sum (divide by the global token count yourself). Computed a chunk of tokens
   // at a time (model/chunked_loss.h): the (B, T, V) logits are never held whole.
   at::Tensor loss_sum(const at::Tensor& tokens, const at::Tensor& targets);
+  // Decoding (an unsharded model): the logits (B, T, V) of T new tokens that follow the `cache`
+  // (one LayerCache per layer, empty at the start), which grows by them. Equals forward() on the
+  // whole sequence, position by position.
+  at::Tensor forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache);
 
   LlamaConfig config;
   LlamaModel model{nullptr};

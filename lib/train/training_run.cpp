@@ -19,6 +19,7 @@
 #include "train/metrics.h"
 #include "util/clock.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
@@ -312,7 +313,30 @@ void TrainingRun::export_hf(int64_t step) {
   const std::string dir = str(config_.checkpoint.export_dir, "/step-", step);
   const Clock::time_point t = Clock::now();
   ckpt::export_hf(*sharded_, model_config_, dir);
-  say(str("[train] exported a Hugging Face folder to ", dir, " in ", format_seconds(seconds_since(t)), "\n"));
+  const std::string copied = world_.rank() == 0 ? copy_text_files(dir) : "";
+  say(str("[train] exported a Hugging Face folder to ", dir, " in ", format_seconds(seconds_since(t)), copied, "\n"));
+}
+
+// The tokenizer and generation files of the model's folders, beside an export, so the export is a
+// whole Hugging Face folder (transformers and fsdptrain generate read it alone). Returns "" or
+// "; with tokenizer.json, ...".
+std::string TrainingRun::copy_text_files(const std::string& dir) const {
+  std::vector<std::string> folders;
+  const std::string& tok = config_.data.tokenizer;
+  if (!tok.empty()) folders.push_back(is_directory(tok) ? tok : parent_folder(tok));
+  if (!config_.model.pretrained.empty()) folders.push_back(config_.model.pretrained);
+  std::string copied;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "generation_config.json"}) {
+    for (const std::string& folder : folders) {
+      const std::string from = folder + "/" + name;
+      if (!file_exists(from)) continue;
+      write_file_atomic(dir + "/" + name, read_file(from));
+      copied += (copied.empty() ? "; with " : ", ") + std::string(name);
+      break;
+    }
+  }
+  return copied;
 }
 
 void TrainingRun::say(const std::string& line) const {

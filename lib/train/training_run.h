@@ -64,6 +64,7 @@ class TrainingRun {
   void claim_checkpoint_dir(ckpt::FileSystem& fs);
   ckpt::TrainingState state_at(int64_t step) const;
   at::Tensor loss_sum(const data::DistributedLoader::Batch& batch, int64_t rows);
+  std::string copy_text_files(const std::string& dir) const;
   double counted_targets(const std::vector<data::DistributedLoader::Batch>& batches);
   void update(int64_t step, StepResult& result);
 

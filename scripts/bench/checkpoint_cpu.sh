@@ -19,7 +19,7 @@ run() {  # label, then --set overrides
   ./build/apps/fsdptrain/fsdptrain launch --config configs/quickstart.yaml --main_process_port 0 \
     --num_processes "$world" --set "model.config=$model" --set train.micro_batch_size=1 \
     --set train.sequence_length=128 --set train.eval_interval=0 --set train.eval_batches=1 \
-    --set logging.interval=1 "${sets[@]}" 2>&1 |
+    --set logging.interval=1 --set checkpoint.export_dir= "${sets[@]}" 2>&1 |
     grep -E '\[ckpt\]|peak host memory|exported|loaded' | sed 's/^\[rank 0\] //'
 }
 for type in SHARDED_STATE_DICT FULL_STATE_DICT; do

@@ -8,6 +8,10 @@ saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives:
   - an export that transformers loads and computes the same logits with (<= 1e-5),
   - the parameter count transformers counts and FLOPs per token by the formula, and the family's
     decoder layer class (what fsdp_transformer_layer_cls_to_wrap names).
+`fsdptrain generate` on each folder (a tokenizer trained by tokenizers added to it): greedy
+decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt;
+sampling with a seed gives the same ids twice and other ids with another seed; a prompt longer
+than the model's positions is refused.
 The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B) have the parameter
 counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
@@ -24,7 +28,8 @@ import transformers
 
 def families():
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0)
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  bos_token_id=0, eos_token_id=1)
     return {
         "llama": (transformers.LlamaConfig(**common), transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig(**common, sliding_window=4), transformers.MistralForCausalLM),
@@ -59,7 +64,50 @@ def hf_golden(model, tokens):
     return logits.reshape(-1).double().detach(), loss.item(), grads
 
 
-def check_family(name, config, cls, tool, d):
+PROMPTS = ["The quick brown fox", "int main() {", "Sliding windows and caches:", "a"]
+
+
+def add_tokenizer(folder):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = open(__file__).read().splitlines()
+    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=320, special_tokens=["<s>", "</s>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    return tok
+
+
+def check_generate(name, model, folder, fsdptrain, d):
+    """Greedy ids equal transformers' for every prompt; a seed reproduces a sample."""
+    tok = add_tokenizer(folder)
+    prompts = os.path.join(d, name + "_prompts.jsonl")
+    with open(prompts, "w") as f:
+        f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
+
+    def ours(*extra):
+        out = os.path.join(d, name + "_out.jsonl")
+        run = subprocess.run([fsdptrain, "generate", "--model", folder, "--prompts", prompts, "--output", out,
+                              "--max_new_tokens", "24", *extra], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        return [json.loads(l)["completion_ids"] for l in open(out)]
+
+    greedy = ours()
+    for p, got in zip(PROMPTS, greedy):
+        ids = torch.tensor([tok.encode(p).ids])
+        want = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=1, pad_token_id=1)[0, ids.shape[1]:]
+        assert got == want.tolist(), (name, p, got, want.tolist())
+    a, b, c = ours("--temperature", "1", "--top_p", "0.9", "--seed", "3"), \
+        ours("--temperature", "1", "--top_p", "0.9", "--seed", "3"), ours("--temperature", "1", "--seed", "4")
+    assert a == b and a != c, (a, b, c)
+    run = subprocess.run([fsdptrain, "generate", "--model", folder, "--prompt", "x " * 200], capture_output=True,
+                         text=True)
+    assert run.returncode == 2 and "positions (max_position_embeddings)" in run.stderr, run.stderr
+    return sum(len(g) for g in greedy)
+
+
+def check_family(name, config, cls, tool, d, fsdptrain):
     torch.manual_seed(0)
     model = cls(config)
     randomize(model)
@@ -89,6 +137,9 @@ def check_family(name, config, cls, tool, d):
     assert ours["num_parameters"] == n and abs(ours["flops_per_token"] - flops) <= 1e-9 * flops
     assert ours["layer_class"] == type(model.model.layers[0]).__name__
     assert json.load(open(os.path.join(out, "config.json")))["architectures"] == [cls.__name__]
+    tokens = check_generate(name, model, saved, fsdptrain, d)
+    print(f"{name}: generate: greedy equals transformers' generate on {len(PROMPTS)} prompts ({tokens} tokens); "
+          f"a seed reproduces a sample")
 
 
 def check_shapes(tool, source):
@@ -108,11 +159,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
+    ap.add_argument("--fsdptrain", required=True)
     a = ap.parse_args()
     check_shapes(a.tool, a.source)
     with tempfile.TemporaryDirectory() as d:
         for name, (config, cls) in families().items():
-            check_family(name, config, cls, a.tool, d)
+            check_family(name, config, cls, a.tool, d, a.fsdptrain)
         os.makedirs(os.path.join(d, "gemma"))
         cfg = json.load(open(os.path.join(d, "llama", "config.json")))
         cfg["model_type"] = "gemma"

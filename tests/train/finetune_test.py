@@ -8,7 +8,8 @@ a Llama made by transformers, its tokenizer trained by tokenizers):
   - the loss is the mean over the global batch's completion tokens: 1 worker with batch 8 and 2
     workers with batch 4 give the same curve;
   - the run learns to complete: transformers' greedy completions of the exported folder equal the
-    trained completions;
+    trained completions, and so do `fsdptrain generate`'s (the export carries the tokenizer), from
+    the export and from the training checkpoint alike; a checkpoint missing a file is refused;
   - bad input is refused before training, naming the file and line or the key."""
 import argparse
 import json
@@ -75,6 +76,32 @@ def check_completions(d, rows):
     assert right >= 0.9 * len(unique), right
 
 
+def check_generate(a, d, rows):
+    """fsdptrain generate on the export (its own tokenizer.json) and on the sharded checkpoint."""
+    unique = {r["prompt"]: r["completion"] for r in rows}
+    prompts = f"{d}/prompts.jsonl"
+    with open(prompts, "w") as f:
+        f.writelines(json.dumps({"prompt": p}) + "\n" for p in unique)
+    results = []
+    for model, extra in ((f"{d}/export/step-300", []), (f"{d}/ckpt", ["--tokenizer", f"{d}/ex/model"])):
+        out = f"{d}/generated.jsonl"
+        r = subprocess.run([a.fsdptrain, "generate", "--model", model, "--prompts", prompts, "--output", out,
+                            "--max_new_tokens", "16", *extra], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        results.append([json.loads(l) for l in open(out)])
+    right = sum(g["completion"] == unique[g["prompt"]] for g in results[0])
+    assert right >= 0.9 * len(unique), right
+    assert [g["completion_ids"] for g in results[0]] == [g["completion_ids"] for g in results[1]]
+    print(f"finetune: fsdptrain generate completes {right} of {len(unique)} prompts as trained, from the export and "
+          f"from the checkpoint alike")
+    step = sorted(os.listdir(f"{d}/ckpt"))[-1]
+    os.remove(os.path.join(f"{d}/ckpt", step, "config.json"))
+    r = subprocess.run([a.fsdptrain, "generate", "--model", f"{d}/ckpt/{step}", "--prompt", "x"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "config.json" in r.stderr, r.stderr
+    print("finetune: a checkpoint missing config.json is refused:", r.stderr.strip().splitlines()[-1][:100], "...")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
@@ -84,12 +111,13 @@ def main():
         subprocess.run([sys.executable, os.path.join(a.source, "scripts/examples/make_finetune_example.py"), "--out",
                         f"{d}/ex"], check=True, capture_output=True)
         rows = [json.loads(l) for l in open(f"{d}/ex/train.jsonl")]
-        r = launch(a, d, f"checkpoint.export_dir={d}/export")
+        r = launch(a, d, f"checkpoint.export_dir={d}/export", f"checkpoint.dir={d}/ckpt")
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"[data] tokenized {d}/ex/train.jsonl (1 file, {len(rows)} documents)" in r.stderr, r.stderr
         assert "the loss counts only completion tokens" in r.stdout, r.stdout
         key = check_cache(d, rows)
         check_completions(d, rows)
+        check_generate(a, d, rows)
 
         # The same global batch on 1 and 2 workers: the same losses (and the cache found, not remade).
         curves = []

@@ -16,7 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 def launch(fsdptrain, source, tmp, steps, extra=()):
     cmd = [fsdptrain, "launch", "--config", os.path.join(source, "configs/quickstart.yaml"),
-           "--main_process_port", "0", "--set", f"train.steps={steps}", "--set", "train.sequence_length=32",
+           "--main_process_port", "0", "--set", "checkpoint.export_dir=", "--set", f"train.steps={steps}",
+           "--set", "train.sequence_length=32",
            "--set", "train.eval_interval=5", "--set", "logging.interval=1",
            "--set", f"logging.metrics_file={tmp}/metrics.jsonl", "--set", f"logging.tensorboard_dir={tmp}/tb",
            "--set", f"checkpoint.dir={tmp}/ckpt", "--set", "checkpoint.interval=5", *extra]

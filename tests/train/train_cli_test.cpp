@@ -21,7 +21,8 @@ const std::string kQuickstart = std::string(FSDP_SOURCE_DIR) + "/configs/quickst
 // The quickstart without its logs (the user's runs/quickstart stays theirs); a test sets its own.
 Result launch_with(const std::vector<std::string>& args) {
   std::vector<std::string> all{"launch", "--config", kQuickstart, "--main_process_port", "0",
-                               "--set", "logging.metrics_file=", "--set", "logging.tensorboard_dir="};
+                               "--set", "logging.metrics_file=", "--set", "logging.tensorboard_dir=",
+                               "--set", "checkpoint.export_dir="};
   all.insert(all.end(), args.begin(), args.end());
   return fsdptrain_in_source(all);
 }

@@ -1,0 +1,238 @@
+// `fsdptrain generate`: text from a trained model (a Hugging Face folder or a checkpoint), with its
+// tokenizer, a KV cache, greedy or sampled decoding, streamed to the terminal (model/generate.h).
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "ckpt/load_model.h"
+#include "commands.h"
+#include "model/generate.h"
+#include "tokenize/corpus.h"
+#include "tokenize/documents.h"
+#include "tokenize/tokenizer.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/strings.h"
+
+namespace fsdp::cli {
+
+namespace {
+
+using json = nlohmann::json;
+constexpr int32_t kByteEnd = 256;  // the byte-level models' end-of-text id (data/dataset.h)
+
+// The model's text side: its tokenizer.json, or bytes for a byte-level model (vocab_size 257).
+class TextCodec {
+ public:
+  TextCodec(const std::string& tokenizer_path, const std::string& model_folder, int64_t vocab_size) {
+    std::string path = tokenizer_path;
+    if (path.empty() && file_exists(model_folder + "/tokenizer.json")) path = model_folder;
+    if (path.empty()) {
+      FSDP_CHECK(vocab_size == 257, "[generate] ", model_folder, " has no tokenizer.json and its vocab_size is ",
+                 vocab_size, " (not a byte-level model's 257); pass --tokenizer with the model folder it was "
+                 "trained with");
+      return;
+    }
+    tokenizer_.emplace(tokenize::Tokenizer::load(path));
+    FSDP_CHECK(tokenizer_->vocab_size() <= vocab_size, "[generate] the tokenizer ", path, " has ",
+               tokenizer_->vocab_size(), " ids but the model's vocab_size is ", vocab_size, "; give its own tokenizer");
+    folder_ = is_directory(path) ? path : parent_folder(path);
+  }
+  bool bytes() const { return !tokenizer_; }
+  std::vector<int32_t> encode(const std::string& text) const {
+    if (tokenizer_) return tokenizer_->encode(text);
+    std::vector<int32_t> ids{kByteEnd};  // as training saw documents: after an end-of-text id
+    for (unsigned char ch : text) ids.push_back(ch);
+    return ids;
+  }
+  // Ids the tokenizer does not have (a model's vocabulary padded past it) decode to nothing.
+  std::string decode(const std::vector<int32_t>& ids) const {
+    if (tokenizer_) {
+      std::vector<int32_t> known;
+      for (int32_t id : ids)
+        if (tokenizer_->id_to_token(id)) known.push_back(id);
+      return tokenizer_->decode(known);
+    }
+    std::string out;
+    for (int32_t id : ids)
+      if (id < 256) out += static_cast<char>(id);
+    return out;
+  }
+  // generation_config.json's eos_token_id, else config.json's, else the tokenizer's EOS; bytes: 256.
+  std::vector<int32_t> stop_ids(const std::string& model_folder) const {
+    if (!tokenizer_) return {kByteEnd};
+    for (const std::string& f : {model_folder + "/generation_config.json", model_folder + "/config.json",
+                                 folder_ + "/generation_config.json", folder_ + "/config.json"}) {
+      if (!file_exists(f)) continue;
+      const json j = json::parse(read_file(f), nullptr, false);
+      if (!j.is_object() || !j.contains("eos_token_id")) continue;
+      const json& e = j["eos_token_id"];
+      if (e.is_number_integer()) return {e.get<int32_t>()};
+      if (e.is_array() && !e.empty()) return e.get<std::vector<int32_t>>();
+    }
+    try {
+      return {tokenize::eos_id(folder_, *tokenizer_)};
+    } catch (const InputError&) {
+      return {};  // none known: generate until max_new_tokens
+    }
+  }
+
+ private:
+  std::optional<tokenize::Tokenizer> tokenizer_;
+  std::string folder_;
+};
+
+// Prints text as ids arrive, holding back a tail that ends inside a character (U+FFFD so far).
+class Stream {
+ public:
+  Stream(const TextCodec& codec, std::ostream& out) : codec_(codec), out_(out) {}
+  void add(int32_t id) {
+    ids_.push_back(id);
+    const std::string text = codec_.decode(ids_);
+    if (ends_with(text, "\xEF\xBF\xBD")) return;
+    flush(text);
+  }
+  void finish() { flush(codec_.decode(ids_)); }
+
+ private:
+  void flush(const std::string& text) {
+    if (text.size() > printed_ && text.compare(0, printed_, shown_) == 0) out_ << text.substr(printed_) << std::flush;
+    shown_ = text;
+    printed_ = text.size();
+  }
+  const TextCodec& codec_;
+  std::ostream& out_;
+  std::vector<int32_t> ids_;
+  std::string shown_;
+  size_t printed_ = 0;
+};
+
+class GenerateCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app = parent.add_subcommand(
+        "generate", "Generate text with a trained model (a Hugging Face folder or a checkpoint), streamed");
+    app->add_option("--model", model_, "A Hugging Face folder, a checkpoint step-N folder, or a checkpoint.dir")
+        ->required();
+    auto* prompt = app->add_option("--prompt", prompt_, "The prompt");
+    auto* prompts = app->add_option("--prompts", prompts_, "A JSONL file of {\"prompt\": ...} records");
+    prompt->excludes(prompts);
+    app->add_option("--output", output_, "With --prompts: the JSONL of completions to write (default: stdout)");
+    app->add_option("--tokenizer", tokenizer_, "A tokenizer.json or its folder (default: the model folder's)");
+    app->add_option("--max_new_tokens,--max-new-tokens", options_.max_new_tokens, "Tokens to generate (default 128)");
+    app->add_option("--temperature", options_.temperature, "0 (default): greedy; above 0: sample");
+    app->add_option("--top_p,--top-p", options_.top_p, "Sample from the most likely tokens up to this probability");
+    app->add_option("--seed", options_.seed, "The sampling seed (default 0)");
+    app->add_option("--device", device_, "cpu (default) or cuda");
+    return app;
+  }
+
+  int run() override {
+    FSDP_CHECK(!prompt_.empty() || !prompts_.empty(), "fsdptrain generate: give --prompt TEXT or --prompts FILE.jsonl");
+    FSDP_CHECK(options_.max_new_tokens >= 1, "--max_new_tokens: expected >= 1, got ", options_.max_new_tokens);
+    FSDP_CHECK(options_.top_p > 0 && options_.top_p <= 1, "--top_p: expected a probability in (0, 1], got ",
+               options_.top_p);
+    FSDP_CHECK(device_ == "cpu" || device_ == "cuda", "--device: expected cpu or cuda, got ", quoted(device_));
+    FSDP_CHECK(device_ == "cpu" || at::hasCUDA(), "--device cuda: this machine has no CUDA device; use --device cpu");
+    ckpt::LoadedModel loaded = ckpt::load_model(model_);
+    loaded.model->eval();
+    if (device_ == "cuda") loaded.model->to(c10::Device(c10::kCUDA, 0));
+    const TextCodec codec(tokenizer_, loaded.folder, loaded.model->config.vocab_size);
+    options_.stop_ids = codec.stop_ids(loaded.folder);
+    std::cerr << "[generate] " << loaded.folder << ": " << model::family_names(loaded.model->config.family).architecture
+              << ", " << loaded.model->config.num_parameters() << " parameters on " << device_ << "; "
+              << (codec.bytes() ? "byte-level text" : "its tokenizer") << "; "
+              << (options_.temperature > 0 ? str("sampling at temperature ", options_.temperature, ", top_p ",
+                                                 options_.top_p, ", seed ", options_.seed)
+                                           : std::string("greedy"))
+              << "\n";
+    if (!prompt_.empty()) return one(*loaded.model, codec);
+    return batch(*loaded.model, codec);
+  }
+
+ private:
+  // The prompt's ids, and how many new tokens fit the model's positions.
+  std::vector<int32_t> prompt_ids(const model::LlamaConfig& c, const TextCodec& codec, const std::string& text,
+                                  const std::string& where, model::SamplingOptions& o) const {
+    std::vector<int32_t> ids = codec.encode(text);
+    const int64_t n = static_cast<int64_t>(ids.size()), limit = c.max_position_embeddings;
+    FSDP_CHECK(!ids.empty(), "[generate] ", where, ": the prompt has no tokens");
+    FSDP_CHECK(n < limit, "[generate] ", where, ": the prompt is ", n, " tokens and the model has ", limit,
+               " positions (max_position_embeddings); shorten the prompt");
+    o.max_new_tokens = std::min(o.max_new_tokens, limit - n);
+    return ids;
+  }
+
+  int one(model::LlamaForCausalLMImpl& m, const TextCodec& codec) {
+    model::SamplingOptions o = options_;
+    const std::vector<int32_t> ids = prompt_ids(m.config, codec, prompt_, "--prompt", o);
+    if (o.max_new_tokens < options_.max_new_tokens)
+      std::cerr << "[generate] " << o.max_new_tokens << " new tokens fit the model's positions\n";
+    std::cout << prompt_ << std::flush;
+    Stream stream(codec, std::cout);
+    const model::Generation g = model::generate(m, ids, o, [&](int32_t id) { stream.add(id); });
+    stream.finish();
+    std::cout << "\n";
+    report(g, ids.size());
+    return 0;
+  }
+
+  int batch(model::LlamaForCausalLMImpl& m, const TextCodec& codec) {
+    std::ofstream file;
+    if (!output_.empty()) {
+      file.open(output_);
+      FSDP_CHECK(file.good(), "[generate] cannot write --output ", quoted(output_));
+    }
+    std::ostream& out = output_.empty() ? std::cout : file;
+    tokenize::DocumentReader reader(prompts_, "prompt", "[generate]", "a \"prompt\" field");
+    int64_t count = 0, tokens = 0;
+    double seconds = 0;
+    for (auto docs = reader.next(size_t{1} << 20); !docs.empty(); docs = reader.next(size_t{1} << 20)) {
+      for (const tokenize::Document& d : docs) {
+        model::SamplingOptions o = options_;
+        const std::vector<int32_t> ids = prompt_ids(m.config, codec, d.text, str(prompts_, ":", d.line), o);
+        const model::Generation g = model::generate(m, ids, o);
+        out << json{{"prompt", d.text},
+                    {"completion", codec.decode(g.ids)},
+                    {"completion_ids", g.ids},
+                    {"prompt_tokens", ids.size()},
+                    {"stopped", g.stopped ? "eos" : "length"}}
+                   .dump()
+            << "\n"
+            << std::flush;
+        ++count;
+        tokens += static_cast<int64_t>(g.ids.size());
+        seconds += g.seconds;
+      }
+    }
+    std::cerr << "[generate] " << plural(count, "prompt") << ", " << tokens << " new tokens in "
+              << format_seconds(seconds) << ": " << format_count(static_cast<double>(tokens) / std::max(seconds, 1e-9))
+              << " tokens/s" << (output_.empty() ? "" : "; wrote " + output_) << "\n";
+    return 0;
+  }
+
+  static void report(const model::Generation& g, size_t prompt_tokens) {
+    const double decode = std::max(g.seconds - g.prefill_seconds, 1e-9);
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "[generate] %zu new tokens (%s) in %.2f s: %.1f tokens/s after a %zu-token prompt (%.3f s)\n",
+                  g.ids.size(), g.stopped ? "ended at EOS" : "max_new_tokens", g.seconds,
+                  g.ids.size() > 1 ? static_cast<double>(g.ids.size() - 1) / decode : 0.0, prompt_tokens,
+                  g.prefill_seconds);
+    std::cerr << line;
+  }
+
+  std::string model_, prompt_, prompts_, output_, tokenizer_, device_ = "cpu";
+  model::SamplingOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_generate_command() { return std::make_unique<GenerateCommand>(); }
+
+}  // namespace fsdp::cli
