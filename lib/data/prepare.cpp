@@ -218,8 +218,10 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   const tokenize::CorpusSummary made = tokenize::read_corpus_summary(folder);
   plan.longest_prompt = made.longest_prompt.tokens;
   plan.longest_prompt_at = str(made.longest_prompt.file, ":", made.longest_prompt.line);
-  make_directories(o.cache_dir + "/stamps");
-  write_file_atomic(stamp_file, key);
+  if (read_or_empty(stamp_file) != key) {  // every worker finds it; one writes it
+    make_directories(o.cache_dir + "/stamps");
+    write_file_atomic(stamp_file, key);
+  }
   return plan;
 }
 

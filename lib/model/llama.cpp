@@ -101,6 +101,33 @@ void check_positive(const std::string& where, std::initializer_list<std::pair<co
     FSDP_CHECK(value >= 1, where, ": ", name, " is ", value, "; it must be a whole number >= 1");
 }
 
+// RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object; "default" or
+// Llama 3's "llama3" scaling, any other type refused by name.
+void parse_rope(const json& j, const std::string& where, LlamaConfig& c) {
+  json rope = j.value("rope_parameters", json());
+  json scaling = j.value("rope_scaling", json());
+  c.rope_theta = field<double>(j, "rope_theta", c.rope_theta, where);
+  if (rope.is_object()) {
+    c.rope_theta = field<double>(rope, "rope_theta", c.rope_theta, where);
+    if (scaling.is_null()) scaling = rope;
+  }
+  if (scaling.is_object()) {
+    const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+    if (type == "llama3") {
+      RopeScaling s;
+      s.factor = field<double>(scaling, "factor", s.factor, where);
+      s.low_freq_factor = field<double>(scaling, "low_freq_factor", s.low_freq_factor, where);
+      s.high_freq_factor = field<double>(scaling, "high_freq_factor", s.high_freq_factor, where);
+      s.original_max_position_embeddings =
+          field<int64_t>(scaling, "original_max_position_embeddings", s.original_max_position_embeddings, where);
+      c.rope_scaling = s;
+    } else {
+      FSDP_CHECK(type == "default", where, ": rope type ", quoted(type),
+                 " is not supported; fsdptrain implements \"default\" and \"llama3\"");
+    }
+  }
+}
+
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
   static const Family all[] = {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3};
@@ -232,29 +259,7 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   if (auto act = j.find("hidden_act"); act != j.end() && act->is_string())
     FSDP_CHECK(*act == "silu", where, ": hidden_act ", act->dump(), " is not supported; Llama uses \"silu\"");
 
-  // RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object.
-  json rope = j.value("rope_parameters", json());
-  json scaling = j.value("rope_scaling", json());
-  c.rope_theta = field<double>(j, "rope_theta", c.rope_theta, where);
-  if (rope.is_object()) {
-    c.rope_theta = field<double>(rope, "rope_theta", c.rope_theta, where);
-    if (scaling.is_null()) scaling = rope;
-  }
-  if (scaling.is_object()) {
-    const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
-    if (type == "llama3") {
-      RopeScaling s;
-      s.factor = field<double>(scaling, "factor", s.factor, where);
-      s.low_freq_factor = field<double>(scaling, "low_freq_factor", s.low_freq_factor, where);
-      s.high_freq_factor = field<double>(scaling, "high_freq_factor", s.high_freq_factor, where);
-      s.original_max_position_embeddings =
-          field<int64_t>(scaling, "original_max_position_embeddings", s.original_max_position_embeddings, where);
-      c.rope_scaling = s;
-    } else {
-      FSDP_CHECK(type == "default", where, ": rope type ", quoted(type),
-                 " is not supported; fsdptrain implements \"default\" and \"llama3\"");
-    }
-  }
+  parse_rope(j, where, c);
   check_positive(where, {{"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings}});
   FSDP_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0 && c.initializer_range >= 0, where,
              ": rms_norm_eps (", c.rms_norm_eps, ") and rope_theta (", c.rope_theta,
