@@ -64,7 +64,7 @@ void check_command_words(const CLI::App& app, const std::vector<std::string>& ar
 
 int run(int argc, char** argv) {
   CLI::App app{
-      "fsdptrain: FSDP2-style sharded training of Llama-family models on LibTorch, configured by "
+      "fsdptrain: FSDP2-style sharded training of Llama, Mistral and Qwen models on LibTorch, configured by "
       "Accelerate-style YAML.\nCommands read Accelerate's config files as they are."};
   app.name("fsdptrain");
   app.formatter(std::make_shared<HelpFormatter>());

@@ -68,7 +68,7 @@ void check_tensors_match(const std::string& where, const std::map<std::string, s
                          const std::vector<ExpectedTensor>& expected, const std::string& hint,
                          const std::string& skip_prefix = "");
 
-// A Hugging Face Llama folder opened for reading; tensors are memory-mapped, so every rank of a
+// A Hugging Face folder (any family model/llama.h reads) opened for reading; tensors are memory-mapped, so every rank of a
 // machine reading it shares one copy in the page cache.
 class HfCheckpoint {
  public:

@@ -122,7 +122,7 @@ struct ParallelismConfig {
 // ---- The built-in trainer's sections (fsdptrain extension keys; Accelerate has no trainer). ----
 
 struct ModelConfig {
-  std::string config;                   // a Hugging Face Llama config.json
+  std::string config;                   // a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3)
   std::string pretrained;               // a Hugging Face folder to start from (its config.json and weights)
   bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
 };

@@ -500,13 +500,14 @@ std::vector<OptionSpec> build_table() {
       // ---- the built-in trainer (fsdptrain extension sections) ----
       Row("model.config", V::kString)
           .def("")
-          .help("Hugging Face Llama config.json of the model to train (see configs/models/)")
+          .help("Hugging Face config.json of the model to train: Llama, Mistral, Qwen2/2.5 or Qwen3 (see "
+                "configs/models/)")
           .extension()
           .to(&Config::model, &ModelConfig::config),
       Row("model.pretrained", V::kString)
           .def("")
-          .help("A Hugging Face Llama folder (config.json + safetensors) to start from; its config.json is the model "
-                "unless model.config is also given, which must then match it")
+          .help("A Hugging Face folder (config.json + safetensors, tokenizer.json) to start from; its config.json is "
+                "the model unless model.config is also given, which must then match it")
           .extension()
           .to(&Config::model, &ModelConfig::pretrained),
       Row("model.gradient_checkpointing", V::kBool)
