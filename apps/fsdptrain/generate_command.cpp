@@ -34,7 +34,8 @@ class TextCodec {
     if (path.empty() && file_exists(model_folder + "/tokenizer.json")) path = model_folder;
     if (path.empty()) {
       FSDP_CHECK(vocab_size == 257, "[generate] ", model_folder, " has no tokenizer.json and its vocab_size is ",
-                 vocab_size, " (not a byte-level model's 257); pass --tokenizer with the model folder it was "
+                 vocab_size,
+                 " (not a byte-level model's 257); pass --tokenizer with the model folder it was "
                  "trained with");
       return;
     }
@@ -67,14 +68,8 @@ class TextCodec {
   std::vector<int32_t> stop_ids(const std::string& model_folder) const {
     if (!tokenizer_) return {kByteEnd};
     for (const std::string& f : {model_folder + "/generation_config.json", model_folder + "/config.json",
-                                 folder_ + "/generation_config.json", folder_ + "/config.json"}) {
-      if (!file_exists(f)) continue;
-      const json j = json::parse(read_file(f), nullptr, false);
-      if (!j.is_object() || !j.contains("eos_token_id")) continue;
-      const json& e = j["eos_token_id"];
-      if (e.is_number_integer()) return {e.get<int32_t>()};
-      if (e.is_array() && !e.empty()) return e.get<std::vector<int32_t>>();
-    }
+                                 folder_ + "/generation_config.json", folder_ + "/config.json"})
+      if (std::vector<int32_t> ids = tokenize::eos_token_ids(f); !ids.empty()) return ids;
     try {
       return {tokenize::eos_id(folder_, *tokenizer_)};
     } catch (const InputError&) {
@@ -233,6 +228,8 @@ class GenerateCommand final : public Command {
 
 }  // namespace
 
-std::unique_ptr<Command> make_generate_command() { return std::make_unique<GenerateCommand>(); }
+std::unique_ptr<Command> make_generate_command() {
+  return std::make_unique<GenerateCommand>();
+}
 
 }  // namespace fsdp::cli

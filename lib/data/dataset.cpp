@@ -45,7 +45,6 @@ class ByteDocuments {
   }
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
-  bool pairs = false;
   int64_t longest_prompt = 0;
   std::string longest_prompt_at;
 
@@ -55,7 +54,6 @@ class ByteDocuments {
     for (unsigned char ch : d.text) tokens.push_back(ch);
     mask.resize(tokens.size(), 1);
     if (!d.pair) return;
-    pairs = true;
     std::fill(mask.end() - static_cast<int64_t>(d.text.size()), mask.end(), 0);
     if (static_cast<int64_t>(d.text.size()) + 1 > longest_prompt) {
       longest_prompt = static_cast<int64_t>(d.text.size()) + 1;
@@ -373,6 +371,10 @@ void DistributedLoader::set_position(const Position& p) {
   epoch_ = p.epoch;
   offset_ = p.offset;
   shuffle();
+}
+
+int64_t DistributedLoader::Batch::counted_targets() const {
+  return std::count_if(targets.begin(), targets.end(), [](int64_t y) { return y != kIgnoreTarget; });
 }
 
 DistributedLoader::Batch DistributedLoader::next() {

@@ -105,6 +105,7 @@ class DistributedLoader {
   // prompt's token) is kIgnoreTarget.
   struct Batch {
     std::vector<int64_t> inputs, targets;
+    int64_t counted_targets() const;  // the targets that are not kIgnoreTarget
   };
   Batch next();
 

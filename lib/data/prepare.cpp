@@ -97,7 +97,9 @@ std::string content_key(const DataPlan& plan, const DataOptions& o, const std::v
   return hex(h);
 }
 
-std::string read_or_empty(const std::string& path) { return file_exists(path) ? read_file(path) : ""; }
+std::string read_or_empty(const std::string& path) {
+  return file_exists(path) ? read_file(path) : "";
+}
 
 // Removes what cut-off runs on this machine left in the cache: KEY.tmp-HOST-PID of a dead PID.
 void remove_dead_partials(const std::string& cache_dir) {
@@ -131,11 +133,12 @@ tokenize::CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, c
   c.tokenizer_path = plan.tokenizer;
   c.shard_tokens = 100000000;
   remove_tree(c.output);
-  tokenize::CorpusSummary s = tokenize::tokenize_corpus(tok, eos, c, [progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
-    if (!progress) return;
-    *progress << "\r[data] tokenizing: " << (total > 0 ? 100 * done / total : 100) << "% of " << format_bytes(total)
-              << ", " << format_count(static_cast<double>(tokens)) << " tokens" << std::flush;
-  });
+  tokenize::CorpusSummary s =
+      tokenize::tokenize_corpus(tok, eos, c, [progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
+        if (!progress) return;
+        *progress << "\r[data] tokenizing: " << (total > 0 ? 100 * done / total : 100) << "% of " << format_bytes(total)
+                  << ", " << format_count(static_cast<double>(tokens)) << " tokens" << std::flush;
+      });
   if (progress) *progress << "\n";
   if (::rename(c.output.c_str(), folder.c_str()) != 0) {
     const int err = errno;
@@ -174,9 +177,11 @@ DataPlan plan_data(const DataOptions& o) {
   const std::vector<std::string> files = glob_paths(o.path);
   DataPlan plan;
   plan.path = o.path;
-  const auto shards = std::count_if(files.begin(), files.end(), [](const std::string& f) { return ends_with(f, ".bin"); });
+  const auto shards =
+      std::count_if(files.begin(), files.end(), [](const std::string& f) { return ends_with(f, ".bin"); });
   if (files.empty() || shards == static_cast<long>(files.size())) return plan;  // read_tokens names a missing path
-  FSDP_CHECK(shards == 0, "[data] data.path ", quoted(o.path), " matches both llm.c shards (.bin) and text; give one "
+  FSDP_CHECK(shards == 0, "[data] data.path ", quoted(o.path),
+             " matches both llm.c shards (.bin) and text; give one "
              "kind (tokenize the text with fsdptrain tokenize, then train on the shards)");
   plan.tokenizer = tokenizer_file(o);
   if (!plan.tokenizer.empty()) {
@@ -184,7 +189,8 @@ DataPlan plan_data(const DataOptions& o) {
     return plan;
   }
   FSDP_CHECK(o.vocab_size == kByteVocabSize, "[data] data.path ", quoted(o.path), " is text, and the model's ",
-             o.vocab_size, "-token vocabulary needs its tokenizer: set data.tokenizer to a tokenizer.json or the "
+             o.vocab_size,
+             "-token vocabulary needs its tokenizer: set data.tokenizer to a tokenizer.json or the "
              "model folder holding it",
              o.pretrained.empty() ? "" : str(" (model.pretrained ", o.pretrained, " has no tokenizer.json)"),
              "; text is read as bytes only for a byte-level model (vocab_size 257)");
@@ -202,22 +208,22 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   if (key.empty() || !file_exists(o.cache_dir + "/" + key + "/tokenize.json")) key = content_key(plan, o, inputs);
   const std::string folder = o.cache_dir + "/" + key;
   plan.path = folder + "/*.bin";
+  tokenize::CorpusSummary s;
   if (file_exists(folder + "/tokenize.json")) {
-    const tokenize::CorpusSummary s = tokenize::read_corpus_summary(folder);
+    s = tokenize::read_corpus_summary(folder);
     plan.note = str("[data] ", o.path, ": the tokens of ", plural(s.documents, "document"), " with ", plan.tokenizer,
                     " are in ", folder, " (", s.tokens, " tokens; inputs unchanged, not tokenized again)");
   } else {
     make_directories(o.cache_dir);
-    const tokenize::CorpusSummary s = make_cache(plan, o, inputs, folder, progress);
+    s = make_cache(plan, o, inputs, folder, progress);
     plan.note = str("[data] tokenized ", o.path, " (", plural(static_cast<long long>(inputs.size()), "file"), ", ",
                     plural(s.documents, "document"), ") with ", plan.tokenizer, " into ", folder, ": ", s.tokens,
                     " tokens in ", format_seconds(s.seconds),
                     s.pairs > 0 ? str("; ", s.pairs, " prompt/completion pairs, loss on ", s.counted_tokens, " tokens")
                                 : std::string());
   }
-  const tokenize::CorpusSummary made = tokenize::read_corpus_summary(folder);
-  plan.longest_prompt = made.longest_prompt.tokens;
-  plan.longest_prompt_at = str(made.longest_prompt.file, ":", made.longest_prompt.line);
+  plan.longest_prompt = s.longest_prompt.tokens;
+  plan.longest_prompt_at = str(s.longest_prompt.file, ":", s.longest_prompt.line);
   if (read_or_empty(stamp_file) != key) {  // every worker finds it; one writes it
     make_directories(o.cache_dir + "/stamps");
     write_file_atomic(stamp_file, key);

@@ -5,19 +5,11 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
-#include <chrono>
 
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace fsdp::model {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
 
 int32_t pick_token(const at::Tensor& logits, const SamplingOptions& o, at::Generator& generator) {
   const at::Tensor l = logits.to(at::kCPU, at::kFloat);
@@ -40,7 +32,7 @@ Generation generate(LlamaForCausalLMImpl& model, const std::vector<int32_t>& pro
   at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   std::vector<LayerCache> cache;
   Generation g;
-  const auto start = std::chrono::steady_clock::now();
+  const Clock::time_point start = Clock::now();
   std::vector<int64_t> ids(prompt.begin(), prompt.end());
   at::Tensor logits = model.forward_cached(at::tensor(ids, at::kLong).view({1, -1}).to(device), cache);
   g.prefill_seconds = seconds_since(start);
@@ -53,8 +45,8 @@ Generation generate(LlamaForCausalLMImpl& model, const std::vector<int32_t>& pro
       break;
     }
     if (static_cast<int64_t>(g.ids.size()) == o.max_new_tokens) break;
-    logits = model.forward_cached(at::full({1, 1}, static_cast<int64_t>(next), at::TensorOptions(at::kLong).device(device)),
-                                  cache);
+    logits = model.forward_cached(
+        at::full({1, 1}, static_cast<int64_t>(next), at::TensorOptions(at::kLong).device(device)), cache);
   }
   g.seconds = seconds_since(start);
   return g;

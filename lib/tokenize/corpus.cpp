@@ -141,8 +141,7 @@ std::vector<std::string> expand_inputs(const CorpusOptions& o) {
     const std::vector<std::string> found = glob_paths(in);
     FSDP_CHECK(!found.empty(), o.who, " ", quoted(in), " matches no file");
     for (const std::string& f : found) {
-      FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ", f,
-                 "/*.jsonl");
+      FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ", f, "/*.jsonl");
       files.push_back(f);
     }
   }
@@ -150,17 +149,18 @@ std::vector<std::string> expand_inputs(const CorpusOptions& o) {
 }
 
 void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eos, const CorpusSummary& s) {
-  const json doc = {{"tokenizer", o.tokenizer_path},
-                    {"eos", eos},
-                    {"inputs", o.inputs},
-                    {"documents", s.documents},
-                    {"prompt_completion_pairs", s.pairs},
-                    {"tokens", s.tokens},
-                    {"counted_tokens", s.counted_tokens},
-                    {"shards", s.shards},
-                    {"token_bytes", s.token_bytes},
-                    {"longest_prompt",
-                     {{"tokens", s.longest_prompt.tokens}, {"file", s.longest_prompt.file}, {"line", s.longest_prompt.line}}}};
+  const json doc = {
+      {"tokenizer", o.tokenizer_path},
+      {"eos", eos},
+      {"inputs", o.inputs},
+      {"documents", s.documents},
+      {"prompt_completion_pairs", s.pairs},
+      {"tokens", s.tokens},
+      {"counted_tokens", s.counted_tokens},
+      {"shards", s.shards},
+      {"token_bytes", s.token_bytes},
+      {"longest_prompt",
+       {{"tokens", s.longest_prompt.tokens}, {"file", s.longest_prompt.file}, {"line", s.longest_prompt.line}}}};
   write_file_atomic(folder + "/tokenize.json", doc.dump(2) + "\n");
 }
 
@@ -199,8 +199,8 @@ CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const Cor
   FSDP_CHECK(o.shard_tokens >= 1 && o.shard_tokens <= INT32_MAX, o.who, " --shard_size ", o.shard_tokens,
              " tokens: it must be between 1 and 2147483647 (llm.c's header counts in int32)");
   const std::vector<std::string> files = expand_inputs(o);
-  FSDP_CHECK(!file_exists(o.output), o.who, " ", quoted(o.output), " already exists; give a new folder (nothing "
-             "was written)");
+  FSDP_CHECK(!file_exists(o.output), o.who, " ", quoted(o.output),
+             " already exists; give a new folder (nothing was written)");
   bool masks = false;  // any file of prompt/completion pairs (its first record says)
   for (const std::string& f : files) masks = masks || DocumentReader(f, o.field, o.who, o.field_hint).holds_pairs();
   const std::string partial = o.output + ".partial";
@@ -243,6 +243,17 @@ CorpusSummary read_corpus_summary(const std::string& folder) {
   return s;
 }
 
+std::vector<int32_t> eos_token_ids(const std::string& json_file) {
+  if (!file_exists(json_file)) return {};
+  const json j = json::parse(read_file(json_file), nullptr, false);
+  if (!j.is_object() || !j.contains("eos_token_id")) return {};
+  const json& e = j["eos_token_id"];
+  std::vector<int32_t> ids;
+  for (const json& id : e.is_array() ? e : json::array({e}))
+    if (id.is_number_integer()) ids.push_back(id.get<int32_t>());
+  return ids;
+}
+
 int32_t eos_id(const std::string& path, const Tokenizer& tokenizer, const std::string& override_token) {
   auto id_of = [&](const std::string& token, const std::string& from) {
     const auto id = tokenizer.token_to_id(token);
@@ -261,14 +272,7 @@ int32_t eos_id(const std::string& path, const Tokenizer& tokenizer, const std::s
     }
   }
   const std::string model = dir + "/config.json";
-  if (file_exists(model)) {
-    const json j = json::parse(read_file(model), nullptr, false);
-    if (j.is_object() && j.contains("eos_token_id")) {
-      const json& e = j["eos_token_id"];
-      if (e.is_number_integer()) return e.get<int32_t>();
-      if (e.is_array() && !e.empty() && e[0].is_number_integer()) return e[0].get<int32_t>();
-    }
-  }
+  if (const std::vector<int32_t> ids = eos_token_ids(model); !ids.empty()) return ids.front();
   throw InputError(str("[tokenize] no EOS token: neither ", config, " (eos_token) nor ", model,
                        " (eos_token_id) names one; pass --eos TOKEN"));
 }

@@ -64,6 +64,10 @@ CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const Cor
 // The EOS id of the tokenizer at `path` (a model folder or a tokenizer.json): `eos_token` of the
 // tokenizer_config.json beside it, else `eos_token_id` of config.json. `override_token` wins when
 // given. Throws InputError saying where it looked.
+// The eos_token_id of a config.json or generation_config.json (a number or a list); empty when the
+// file or the field is missing.
+std::vector<int32_t> eos_token_ids(const std::string& json_file);
+
 // What tokenize.json in a folder of shards says (all zero when there is none).
 CorpusSummary read_corpus_summary(const std::string& folder);
 

@@ -27,7 +27,9 @@ std::string strip_compression(const std::string& path) {
 
 }  // namespace
 
-bool is_jsonl(const std::string& path) { return ends_with(strip_compression(path), ".jsonl"); }
+bool is_jsonl(const std::string& path) {
+  return ends_with(strip_compression(path), ".jsonl");
+}
 
 // The bytes of a file: as they are, or decompressed (gzip, zstd) as they are read.
 struct DocumentReader::Stream {
@@ -120,7 +122,8 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
                                const std::string& field_hint)
     : path_(path), field_(field), who_(who), hint_(field_hint), jsonl_(is_jsonl(path)) {
   for (const char* ext : {".bz2", ".xz", ".lz4"})
-    FSDP_CHECK(!ends_with(path, ext), who, " ", path, " is compressed with a format fsdptrain does not read; "
+    FSDP_CHECK(!ends_with(path, ext), who, " ", path,
+               " is compressed with a format fsdptrain does not read; "
                "recompress it with gzip or zstd, or decompress it");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   FSDP_CHECK(fd >= 0, who, " cannot read ", quoted(path), ": ", file_problem(path));
@@ -179,13 +182,15 @@ Document DocumentReader::parse(const std::string& line) const {
   const json *prompt = string_field("prompt"), *completion = string_field("completion");
   const json* text = string_field(field_.c_str());
   const int kind = prompt && completion && (kind_ == 2 || !text) ? 2 : text ? 1 : 0;
-  FSDP_CHECK(kind != 0 || kind_ != 0 || prompt || completion, who_, " ", path_, ":", line_,
-             ": no string field ", quoted(field_), " nor \"prompt\" and \"completion\"; name the field that holds "
-             "the text with ", hint_, ", or give prompt/completion records");
+  FSDP_CHECK(kind != 0 || kind_ != 0 || prompt || completion, who_, " ", path_, ":", line_, ": no string field ",
+             quoted(field_),
+             " nor \"prompt\" and \"completion\"; name the field that holds the text with ", hint_,
+             ", or give prompt/completion records");
   FSDP_CHECK(kind == kind_ || kind_ == 0, who_, " ", path_, ":", line_, ": no string ",
-             kind_ == 2 ? std::string("\"prompt\" and \"completion\" fields") : "field \"" + field_ + "\"", ", as every record has",
-             " to (the file's first record has ", kind_ == 2 ? "them" : "it", ")");
-  FSDP_CHECK(kind != 0, who_, " ", path_, ":", line_, ": a prompt/completion record needs both \"prompt\" and "
+             kind_ == 2 ? std::string("\"prompt\" and \"completion\" fields") : "field \"" + field_ + "\"",
+             ", as every record has", " to (the file's first record has ", kind_ == 2 ? "them" : "it", ")");
+  FSDP_CHECK(kind != 0, who_, " ", path_, ":", line_,
+             ": a prompt/completion record needs both \"prompt\" and "
              "\"completion\" as strings");
   d.pair = kind == 2;
   d.text = (d.pair ? *prompt : *text).get<std::string>();

@@ -82,9 +82,10 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
     return (with_offload ? 0 : e.persistent()) + e.gathered + (with_ac ? e.activations_checkpointed : e.activations);
   };
   std::string out =
-      str("fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(), " parameters on ", plural(world_size, "rank"),
-          ": ", plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ",
-          plan.shard_size, "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
+      str("fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(),
+          " parameters on ", plural(world_size, "rank"), ": ",
+          plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ", plan.shard_size,
+          "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
           plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
   out += "per rank:\n";
   const std::string where = offload ? "(host: fsdp_offload_params)" : "";

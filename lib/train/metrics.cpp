@@ -45,9 +45,10 @@ std::string format_metrics(const StepMetrics& m) {
                 static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr, m.grad_norm);
   char mfu[32] = "n/a";
   if (m.mfu) std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * *m.mfu);
-  return str(head, " | ", format_count(m.tokens_per_s), " tok/s (", format_count(m.tokens_per_s_per_device), "/device) | MFU ", mfu,
-             " | peak mem ", format_bytes(m.peak_memory_bytes), " | ", static_cast<int64_t>(m.step_time_s * 1000 + 0.5),
-             " ms/step | ETA ", duration(eta_seconds(m.step, m.steps, m.elapsed_s)));
+  return str(head, " | ", format_count(m.tokens_per_s), " tok/s (", format_count(m.tokens_per_s_per_device),
+             "/device) | MFU ", mfu, " | peak mem ", format_bytes(m.peak_memory_bytes), " | ",
+             static_cast<int64_t>(m.step_time_s * 1000 + 0.5), " ms/step | ETA ",
+             duration(eta_seconds(m.step, m.steps, m.elapsed_s)));
 }
 
 std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s) {

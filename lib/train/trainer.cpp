@@ -230,8 +230,9 @@ void check_exports_free(const config::Config& config) {
   for (int64_t s = c.export_interval; c.export_interval > 0 && s < steps; s += c.export_interval) due.push_back(s);
   for (int64_t s : due) {
     const std::string dir = str(c.export_dir, "/step-", s);
-    FSDP_CHECK(!file_exists(dir), "[train] checkpoint.export_dir: ", dir, " already exists (an earlier run's export), "
-               "and this run would write its step ", s, " there; move or delete it, or give another export_dir");
+    FSDP_CHECK(!file_exists(dir), "[train] checkpoint.export_dir: ", dir,
+               " already exists (an earlier run's export), and this run would write its step ", s,
+               " there; move or delete it, or give another export_dir");
   }
 }
 

@@ -100,8 +100,9 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   loader_ = std::make_unique<data::DistributedLoader>(tokens_, 0, split_.train_sequences, T,
                                                       config_.train.micro_batch_size, world_.rank(), world_.size(),
                                                       static_cast<uint64_t>(config_.train.seed));
-  say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(), " tokens; ",
-          split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T, " tokens",
+  say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(),
+          " tokens; ", split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T,
+          " tokens",
           tokens_.has_mask() ? "; the loss counts only completion tokens (prompts are inputs, not targets)" : "",
           "\n"));
   build_model();
@@ -245,9 +246,7 @@ StepResult TrainingRun::train_step(int64_t step) {
 double TrainingRun::counted_targets(const std::vector<data::DistributedLoader::Batch>& batches) {
   if (!tokens_.has_mask()) return tokens_per_step();
   double local = 0;
-  for (const auto& b : batches)
-    local += static_cast<double>(std::count_if(b.targets.begin(), b.targets.end(),
-                                               [](int64_t y) { return y != data::kIgnoreTarget; }));
+  for (const auto& b : batches) local += static_cast<double>(b.counted_targets());
   return global_sum(world_, local, context_.device);
 }
 
@@ -282,8 +281,7 @@ double TrainingRun::evaluate() {
   for (int64_t i = 0; i < batches; ++i) {
     const data::DistributedLoader::Batch b = eval_loader.next();
     sum += loss_sum(b, batch).item<double>();
-    count += static_cast<double>(
-        std::count_if(b.targets.begin(), b.targets.end(), [](int64_t y) { return y != data::kIgnoreTarget; }));
+    count += static_cast<double>(b.counted_targets());
   }
   return global_sum(world_, sum, context_.device) / global_sum(world_, count, context_.device);
 }
@@ -326,8 +324,8 @@ std::string TrainingRun::copy_text_files(const std::string& dir) const {
   if (!tok.empty()) folders.push_back(is_directory(tok) ? tok : parent_folder(tok));
   if (!config_.model.pretrained.empty()) folders.push_back(config_.model.pretrained);
   std::string copied;
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                           "generation_config.json"}) {
+  for (const char* name :
+       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
     for (const std::string& folder : folders) {
       const std::string from = folder + "/" + name;
       if (!file_exists(from)) continue;
