@@ -19,7 +19,7 @@ void TableFlags::add_to(CLI::App* app) {
     const std::string help = spec.help + " [" + spec.type_name() + "; default: " + (def.empty() ? "unset" : def) +
                              "; key: " + spec.key + "]";
     CLI::Option* opt = app->add_option(names)->description(help);
-    if (spec.type == config::ValueType::kBool) opt->expected(0, 1);
+    if (spec.type == config::ValueType::kBool || spec.flag_alone) opt->expected(0, 1);
     const std::string section = spec.section();
     opt->group(section == "fsdp_config"          ? "FSDP (fsdp_config)"
                : section == "parallelism_config" ? "HSDP (parallelism_config)"

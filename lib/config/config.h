@@ -174,7 +174,13 @@ struct LoggingConfig {
   std::string metrics_file;  // JSONL, one line per logging step (rank 0); run.json goes beside it
   std::string tensorboard_dir;  // TensorBoard event files (rank 0); "" = none
   double peak_tflops = 0;    // per device, for MFU; 0: from the table of known GPUs
+  // Steps [profile_first, profile_last] traced by the profiler; 0: none; kProfileAuto: the default window.
+  int64_t profile_first = 0, profile_last = 0;
+  std::string profile_dir = "profile";  // one Chrome trace per rank
 };
+
+// logging.profile_steps given without steps (`--profile`): steps 3 and 4, after the warm-up.
+constexpr int64_t kProfileAuto = -1;
 
 struct Config {
   LaunchConfig launch;

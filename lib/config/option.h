@@ -67,6 +67,7 @@ enum Consumer : unsigned {
 struct OptionSpec {
   std::string key;   // dotted YAML key: "num_processes", "fsdp_config.fsdp_offload_params"
   std::string flag;  // CLI flag without dashes ("" = none); --a_b and --a-b both work
+  bool flag_alone = false;  // the flag may come without a value, meaning "true" (always so for kBool)
   std::string env;   // variable exported to each worker ("" = none)
   ValueType type = ValueType::kString;
   std::vector<std::string> choices;  // kEnum canonical spellings

@@ -60,6 +60,10 @@ struct Row {
     s.flag = std::move(f);
     return *this;
   }
+  Row& flag_alone() {
+    s.flag_alone = true;
+    return *this;
+  }
   Row& env(std::string e) {
     s.env = std::move(e);
     return *this;
@@ -115,6 +119,38 @@ struct Row {
   }
   operator OptionSpec() const { return s; }
 };
+
+// logging.profile_steps: [a, b], "a,b" or "a" (one step) -> "a,b"; true (a bare --profile) -> "auto".
+std::optional<std::string> parse_profile_steps(const RawValue& raw, std::string* error) {
+  std::vector<std::string> parts = raw.items;
+  if (raw.shape == RawValue::Shape::kScalar) {
+    const std::string text = trim(raw.text);
+    if (text == "true" || text == "auto") return std::string("auto");
+    if (text.empty() || text == "false") return std::string();
+    parts = split(text, ',');
+  }
+  if (raw.shape == RawValue::Shape::kNull) return std::string();
+  std::vector<long long> steps;
+  for (const std::string& p : parts)
+    if (std::optional<long long> n = parse_int(trim(p)); n && *n >= 1) steps.push_back(*n);
+  const bool all_steps = !parts.empty() && parts.size() <= 2 && steps.size() == parts.size();
+  if (steps.size() == 1) steps.push_back(steps[0]);
+  if (!all_steps || steps[0] > steps[1]) {
+    *error = "expected the first and last step to trace, such as [3, 4] (steps count from 1, first <= last)";
+    return std::nullopt;
+  }
+  return str(steps[0], ",", steps[1]);
+}
+
+void apply_profile_steps(Config& c, const std::string& v) {
+  LoggingConfig& l = c.logging;
+  l.profile_first = l.profile_last = 0;
+  if (v == "auto") l.profile_first = l.profile_last = kProfileAuto;
+  if (v.empty() || v == "auto") return;
+  const std::vector<std::string> parts = split(v, ',');
+  l.profile_first = *parse_int(parts.at(0));
+  l.profile_last = *parse_int(parts.at(1));
+}
 
 Row ignored(const std::string& key, const std::string& why) {
   return Row(key, ValueType::kIgnored).help("accepted for compatibility with Accelerate and ignored: " + why);
@@ -702,6 +738,21 @@ std::vector<OptionSpec> build_table() {
           .help("Peak TFLOP/s of one device for MFU (0: from fsdptrain's table of known GPUs)")
           .extension()
           .to(&Config::logging, &LoggingConfig::peak_tflops),
+      Row("logging.profile_steps", V::kList)
+          .flag("profile")
+          .flag_alone()
+          .parse(parse_profile_steps)
+          .def("")
+          .help("Trace these steps with LibTorch's profiler, [first, last]: one Chrome/Perfetto trace per rank in "
+                "logging.profile_dir, with the FSDP phases named (gather, reduce, optimizer) and, on a GPU, the "
+                "kernels and NCCL collectives. --profile alone: steps 3 and 4")
+          .extension()
+          .apply(apply_profile_steps),
+      Row("logging.profile_dir", V::kString)
+          .def("profile")
+          .help("Where logging.profile_steps writes its traces: rank<R>.steps-<first>-<last>.json")
+          .extension()
+          .to(&Config::logging, &LoggingConfig::profile_dir),
   };
   assign_consumers(t);
   return t;

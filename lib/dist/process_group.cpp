@@ -1,5 +1,7 @@
 #include "dist/process_group.h"
 
+#include <ATen/record_function.h>
+
 #include <cstdlib>
 
 #include "dist/gloo/gloo_backend.h"
@@ -100,6 +102,7 @@ Work::Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int siz
 
 void Work::wait() {
   if (!pending_) return;
+  RECORD_USER_SCOPE(str("wait ", name_of(collective_)));
   const std::string what = str(name_of(collective_), " of ", format_bytes(bytes_), " on rank ", rank_, " of ", size_);
   bool ok = false;
   try {
@@ -152,6 +155,10 @@ ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host) 
   return ProcessGroup(std::move(b), timeout_, std::make_shared<Store>(sub), gpu_);
 }
 
+// A profiler range around a collective's issue (named only while a profiler records).
+#define FSDP_TRACE_COLLECTIVE(c, bytes) \
+  RECORD_USER_SCOPE(str(backend_->name(), " ", name_of(c), " ", format_bytes(bytes)))
+
 Work ProcessGroup::record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending) {
   const size_t i = static_cast<size_t>(c);
   const int64_t sent = bytes_sent(c, s, size());
@@ -166,6 +173,7 @@ Work ProcessGroup::all_gather(const at::Tensor& out, const at::Tensor& in) {
   FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "all_gather: dtypes differ");
   FSDP_ASSERT(out.numel() == in.numel() * size(), "all_gather: out has ", out.numel(), " elements, expected ",
               in.numel(), " x ", size());
+  FSDP_TRACE_COLLECTIVE(Collective::kAllGather, nbytes(out));
   return record(Collective::kAllGather, nbytes(out), backend_->all_gather(out, in));
 }
 
@@ -176,18 +184,21 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& out, const at::Tensor& in, R
   FSDP_ASSERT(in.numel() == out.numel() * size(), "reduce_scatter: in has ", in.numel(), " elements, expected ",
               out.numel(), " x ", size());
   FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(in.scalar_type()), "reduce_scatter: avg needs floats");
+  FSDP_TRACE_COLLECTIVE(Collective::kReduceScatter, nbytes(in));
   return record(Collective::kReduceScatter, nbytes(in), backend_->reduce_scatter(out, in, op));
 }
 
 Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "tensor", Collective::kAllReduce);
   FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(tensor.scalar_type()), "all_reduce: avg needs floats");
+  FSDP_TRACE_COLLECTIVE(Collective::kAllReduce, nbytes(tensor));
   return record(Collective::kAllReduce, nbytes(tensor), backend_->all_reduce(tensor, op));
 }
 
 Work ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
   check_tensor(tensor, "tensor", Collective::kBroadcast);
   FSDP_ASSERT(root >= 0 && root < size(), "broadcast: root ", root, " outside the group of ", size());
+  FSDP_TRACE_COLLECTIVE(Collective::kBroadcast, nbytes(tensor));
   return record(Collective::kBroadcast, nbytes(tensor), backend_->broadcast(tensor, root));
 }
 

@@ -1,6 +1,7 @@
 #include "fsdp/param_group.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
 
@@ -124,6 +125,7 @@ void ParamGroup::log(const char* what) const {
 
 void ParamGroup::unshard() {
   if (state_ != GroupState::kSharded) return;
+  RECORD_USER_SCOPE(str("fsdp gather ", display_name()));
   state_ = GroupState::kGathering;
   if (params_.empty()) return;
   log("gather");
@@ -141,6 +143,7 @@ void ParamGroup::unshard() {
 
 void ParamGroup::wait_for_unshard() {
   if (state_ == GroupState::kUnsharded) return;
+  RECORD_USER_SCOPE(str("fsdp wait gather ", display_name()));
   if (state_ == GroupState::kSharded) unshard();
   c10::NoGradGuard no_grad;
   for (ShardedParam& p : params_)
@@ -180,6 +183,7 @@ void ParamGroup::reshard() {
 
 void ParamGroup::post_backward(bool sync) {
   if (!has_trainable()) return;
+  RECORD_USER_SCOPE(str(sync ? "fsdp reduce " : "fsdp accumulate ", display_name()));
   c10::NoGradGuard no_grad;
   // Gradients leave the unsharded parameters here; the next backward starts from none.
   std::vector<at::Tensor> grads;
@@ -225,6 +229,7 @@ void ParamGroup::post_backward(bool sync) {
 
 void ParamGroup::finish_reduce() {
   if (!pending_reduce_) return;
+  RECORD_USER_SCOPE(str("fsdp finish reduce ", display_name()));
   c10::NoGradGuard no_grad;
   pending_reduce_->work.wait();
   at::Tensor reduced = pending_reduce_->output;

@@ -1,24 +1,44 @@
 #include "optim/adamw.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
+#include <optional>
 
 namespace fsdp::optim {
 
 ShardedAdamW::ShardedAdamW(ShardedModel& model, AdamWOptions options) : model_(model), options_(options) {
+  at::Device device(at::kCPU);
   for (const auto& g : model_.groups()) {
     const at::Tensor p = g->flat_param().narrow(0, 0, g->trainable_numel());
     state_.push_back(State{at::zeros_like(p), at::zeros_like(p)});
+    device = p.device();
   }
+  steps_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
-void ShardedAdamW::step() {
+void ShardedAdamW::step() { update(nullptr); }
+
+void ShardedAdamW::step(const at::Tensor& skip) { update(&skip); }
+
+int64_t ShardedAdamW::steps() const { return static_cast<int64_t>(steps_.item<float>()); }
+
+void ShardedAdamW::set_steps(int64_t steps) { steps_.fill_(static_cast<double>(steps)); }
+
+void ShardedAdamW::update(const at::Tensor* skip) {
+  RECORD_USER_SCOPE("optimizer");
   c10::NoGradGuard no_grad;
-  ++steps_;
+  // The bias correction's t counts applied updates only; a skipped one leaves it (and the kernel
+  // leaves everything else).
+  std::optional<at::Tensor> found_inf;
+  if (skip) found_inf = skip->to(steps_.device(), at::kFloat).reshape({});
+  steps_.add_(1);
+  if (found_inf) steps_.sub_(*found_inf);
   // LibTorch's fused AdamW (one kernel over a list of tensors, CPU and CUDA), called twice: on the
-  // decayed part of every unit's flat shard, then on the rest without weight decay.
+  // decayed part of every unit's flat shard, then on the rest without weight decay. Every list
+  // entry reads the one step counter.
   struct Lists {
     std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
   } decayed, plain;
@@ -28,7 +48,7 @@ void ShardedAdamW::step() {
     l.grads.push_back(g.narrow(0, from, n));
     l.exp_avgs.push_back(s.exp_avg.narrow(0, from, n));
     l.exp_avg_sqs.push_back(s.exp_avg_sq.narrow(0, from, n));
-    l.steps.push_back(at::full({}, static_cast<double>(steps_), p.options()));
+    l.steps.push_back(steps_);
   };
   for (size_t u = 0; u < model_.groups().size(); ++u) {
     const ParamGroup& g = *model_.groups()[u];
@@ -41,7 +61,7 @@ void ShardedAdamW::step() {
     if (l->params.empty()) continue;
     at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, /*max_exp_avg_sqs=*/{}, l->steps, options_.lr,
                       options_.beta1, options_.beta2, l == &decayed ? options_.weight_decay : 0.0, options_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false);
+                      /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
   }
 }
 
@@ -51,7 +71,8 @@ int64_t ShardedAdamW::state_bytes() const {
   return b;
 }
 
-double clip_grad_norm(ShardedModel& model, double max_norm) {
+at::Tensor grad_norm(ShardedModel& model) {
+  RECORD_USER_SCOPE("grad norm");
   c10::NoGradGuard no_grad;
   at::Tensor sum_sq;
   for (const auto& g : model.groups()) {
@@ -59,19 +80,28 @@ double clip_grad_norm(ShardedModel& model, double max_norm) {
     const at::Tensor s = g->flat_grad().to(at::kDouble).pow(2).sum();
     sum_sq = sum_sq.defined() ? sum_sq + s.to(sum_sq.device()) : s;
   }
-  if (!sum_sq.defined()) return 0.0;
+  if (!sum_sq.defined()) return at::zeros({1}, at::kDouble);
   sum_sq = sum_sq.reshape({1}).contiguous();
   // Padding is zero and each rank holds distinct rows: the shard group's sum is the whole model's.
   dist::ProcessGroup shard = model.mesh().shard;  // a handle; copies share the group
   if (shard.size() > 1) shard.all_reduce(sum_sq).wait();
-  const double norm = std::sqrt(sum_sq.item<double>());
-  if (max_norm > 0) {
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1.0)
-      for (const auto& g : model.groups())
-        if (g->trainable_numel() > 0) g->flat_grad().mul_(coef);
-  }
-  return norm;
+  return sum_sq.sqrt();
+}
+
+void clip_grads(ShardedModel& model, const at::Tensor& norm, double max_norm) {
+  if (max_norm <= 0) return;
+  RECORD_USER_SCOPE("clip gradients");
+  c10::NoGradGuard no_grad;
+  // A factor of 1 leaves a gradient's bits as they are, so clamping to 1 equals not scaling.
+  const at::Tensor coef = at::full_like(norm, max_norm).div_(norm + 1e-6).clamp_max_(1.0).reshape({});
+  for (const auto& g : model.groups())
+    if (g->trainable_numel() > 0) g->flat_grad().mul_(coef.to(g->flat_grad().device()));
+}
+
+double clip_grad_norm(ShardedModel& model, double max_norm) {
+  const at::Tensor norm = grad_norm(model);
+  clip_grads(model, norm, max_norm);
+  return norm.item<double>();
 }
 
 }  // namespace fsdp::optim

@@ -7,9 +7,13 @@
 // with and without decay); weight decay applies to parameters with two or more dimensions (matrices and
 // embeddings), not to biases and norm scales, as llm.c and nanoGPT do.
 //
-// Not collective except clip_grad_norm (one all-reduce over the shard group; replicas of an HSDP
-// mesh hold identical gradients after the backward). With offload_params the state lives in host
-// memory and the step runs there.
+// Not collective except grad_norm and clip_grad_norm (one all-reduce over the shard group;
+// replicas of an HSDP mesh hold identical gradients after the backward). With offload_params the
+// state lives in host memory and the step runs there.
+//
+// Nothing here waits for the device but clip_grad_norm and steps(): the norm, the clipping, the
+// step count and the decision to skip a step stay on the device, so a trainer can queue step n+1
+// before it reads what step n did.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -35,9 +39,13 @@ class ShardedAdamW {
 
   // One update of every trainable shard from its sharded gradient, at the current learning rate.
   void step();
+  // The same, unless `skip` (a 1-element float tensor on the gradients' device) holds 1: then the
+  // kernel leaves the weights, the state and the step count as they were (GradScaler's found_inf).
+  // Decided on the device: the host does not wait.
+  void step(const at::Tensor& skip);
   void set_lr(double lr) { options_.lr = lr; }
   double lr() const { return options_.lr; }
-  int64_t steps() const { return steps_; }
+  int64_t steps() const;  // updates applied so far; waits for the device
   // Persistent bytes of optimizer state on this rank.
   int64_t state_bytes() const;
 
@@ -47,18 +55,24 @@ class ShardedAdamW {
   };
   const std::vector<State>& state() const { return state_; }
   std::vector<State>& mutable_state() { return state_; }
-  void set_steps(int64_t steps) { steps_ = steps; }
+  void set_steps(int64_t steps);
 
  private:
+  void update(const at::Tensor* skip);
+
   ShardedModel& model_;
   AdamWOptions options_;
   std::vector<State> state_;  // by unit, as model.groups()
-  int64_t steps_ = 0;
+  at::Tensor steps_;          // () float on the state's device: the bias correction's t, counted there
 };
 
-// Scales every sharded gradient by min(1, max_norm / (norm + 1e-6)), where norm is the L2 norm of
-// the whole model's gradient; returns that norm (before clipping). max_norm <= 0: only measures.
-// Collective over the shard group (one all-reduce; none at world size 1).
+// The L2 norm of the whole model's gradient: a 1-element double tensor on the gradients' device,
+// not read back. Collective over the shard group (one all-reduce; none at world size 1).
+at::Tensor grad_norm(ShardedModel& model);
+// Scales every sharded gradient by min(1, max_norm / (norm + 1e-6)) on the device, `norm` from
+// grad_norm. max_norm <= 0: leaves them. A non-finite norm makes them non-finite (skip the step).
+void clip_grads(ShardedModel& model, const at::Tensor& norm, double max_norm);
+// Both, and the norm (before clipping) read back: waits for the device.
 double clip_grad_norm(ShardedModel& model, double max_norm);
 
 }  // namespace fsdp::optim

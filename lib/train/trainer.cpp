@@ -17,6 +17,7 @@
 #include "dist/build_info.h"
 #include "dist/error_file.h"
 #include "train/metrics.h"
+#include "train/profiler.h"
 #include "train/tensorboard.h"
 #include "train/training_run.h"
 #include "util/clock.h"
@@ -54,7 +55,9 @@ class RunReport {
       : run_(run),
         config_(run.config()),
         start_(Clock::now()),
-        peak_(peak_flops(run.context().device, config_.logging.peak_tflops)) {
+        peak_(peak_flops(run.context().device, config_.logging.peak_tflops)),
+        window_start_(start_),
+        window_step_(first_step - 1) {
     summary_.resumed_from = summary_.steps = first_step - 1;
     const char* progress = std::getenv("FSDPTRAIN_PROGRESS");  // a live bar on the launcher's terminal
     progress_ = run.context().is_main() && progress && std::string(progress) == "1";
@@ -66,14 +69,23 @@ class RunReport {
     if (run.context().is_main() && !config_.logging.tensorboard_dir.empty()) open_tensorboard(first_step);
   }
 
-  void after_step(int64_t step, const StepResult& result) {
+  // Whether step `step` is read at once (it is logged, checkpointed, exported or evaluated, or it is
+  // the last); the others are read while the next step runs.
+  bool wants_now(int64_t step) const {
+    const config::CheckpointConfig& c = config_.checkpoint;
+    return step == 1 || due(step, config_.logging.interval) || (run_.checkpointing() && due(step, c.interval)) ||
+           (!c.export_dir.empty() && due(step, c.export_interval)) || due(step, config_.train.eval_interval);
+  }
+
+  void after_step(const StepResult& result) {
+    const int64_t step = result.step;
     if (!result.skipped.empty()) {
       run_.say(str("[train] step ", step, ": ", result.skipped, "\n"));
     } else {
       if (summary_.steps == summary_.resumed_from) summary_.first_loss = result.loss;
       summary_.last_loss = result.loss;
       best_loss_ = std::min(best_loss_, result.loss);
-      if (due(step, config_.logging.interval) || step == 1) log_metrics(step, result);
+      if (due(step, config_.logging.interval) || step == 1) log_metrics(result);
     }
     summary_.steps = step;
     if (progress_)
@@ -82,9 +94,14 @@ class RunReport {
     if (run_.checkpointing() && due(step, config_.checkpoint.interval)) save(step);
     if (!config_.checkpoint.export_dir.empty() && due(step, config_.checkpoint.export_interval)) run_.export_hf(step);
     if (due(step, config_.train.eval_interval)) log_eval(step, run_.evaluate());
+    if (wants_now(step)) {  // the device is idle here: the next timing window starts now
+      window_start_ = Clock::now();
+      window_step_ = step;
+    }
   }
 
   TrainSummary finish() {
+    if (run_.step_pending()) after_step(run_.finish_step());
     run_.wait_for_checkpoint();
     const int64_t trained = summary_.steps - summary_.resumed_from;
     if (trained == 0) summary_.eval_loss = run_.evaluate();  // nothing trained: the loaded model's
@@ -163,18 +180,20 @@ class RunReport {
     run_.say(str("[train] run summary: ", path, "\n"));
   }
 
-  void log_metrics(int64_t step, const StepResult& result) {
+  // Speed over the steps since the device was last idle (the last logged, saved, exported or
+  // evaluated step): the host runs ahead of the device, so one step's host time says nothing.
+  void log_metrics(const StepResult& result) {
     StepMetrics m;
-    m.step = step;
+    m.step = result.step;
     m.steps = config_.train.steps;
     m.loss = result.loss;
     m.lr = result.lr;
     m.grad_norm = result.grad_norm;
-    m.tokens_per_s = run_.tokens_per_step() / result.seconds;
+    m.step_time_s = seconds_since(window_start_) / static_cast<double>(result.step - window_step_);
+    m.tokens_per_s = run_.tokens_per_step() / m.step_time_s;
     m.tokens_per_s_per_device = m.tokens_per_s / run_.context().world_size;
     if (peak_) m.mfu = run_.flops_per_token() * m.tokens_per_s_per_device / *peak_;
     m.peak_memory_bytes = peak_memory_bytes(run_.context().device);
-    m.step_time_s = result.seconds;
     m.elapsed_s = seconds_since(start_);
     run_.say(format_metrics(m) + "\n");
     if (metrics_.is_open()) metrics_ << metrics_json(m) << "\n" << std::flush;
@@ -202,6 +221,8 @@ class RunReport {
   const config::Config& config_;
   const Clock::time_point start_;
   const std::optional<double> peak_;
+  Clock::time_point window_start_;  // timing: since the device was last idle, at the end of step window_step_
+  int64_t window_step_;
   bool progress_ = false;
   std::ofstream metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
@@ -246,6 +267,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   data::plan_data(data_options_of(resolved.typed, model.vocab_size));  // a tokenizer for text, when it needs one
   const config::CheckpointConfig& c = resolved.typed.checkpoint;
   check_exports_free(resolved.typed);
+  profile_window(resolved.typed.logging, resolved.typed.train.steps);  // within the run
   if (!c.dir.empty())  // writable, not damaged, room for a checkpoint: before any step, not at the first save
     ckpt::check_checkpoint_dir(c.dir, ckpt::checkpoint_bytes(model.num_parameters()), c.keep,
                                ckpt::local_file_system());
@@ -283,9 +305,16 @@ TrainSummary run_training(const dist::WorkerContext& context, const config::Reso
   try {
     const int64_t first_step = run.resume();  // 1, or the step after the checkpoint's
     RunReport report(run, first_step);
+    StepProfiler profiler(run.config().logging, run.config().train.steps, context.rank, context.device);
     for (int64_t step = first_step; step <= run.config().train.steps; ++step) {
-      const StepResult result = run.train_step(step);  // micro-batches, loss, backward, clip, AdamW
-      report.after_step(step, result);                 // metrics, checkpoint, export, held-out loss
+      profiler.before_step(step);
+      // Queues micro-batches, loss, backward, clip, AdamW; returns the step before, read meanwhile.
+      if (std::optional<StepResult> before = run.train_step(step)) report.after_step(*before);
+      // Metrics, checkpoint, export, held-out loss: these read the step at once.
+      if (report.wants_now(step)) report.after_step(run.finish_step());
+      if (const std::string trace = profiler.after_step(step); !trace.empty())
+        run.say(str("[train] profiled steps ", profiler.window().first, "-", step, ": ", trace,
+                    " (each rank wrote its own; open in https://ui.perfetto.dev)\n"));
     }
     return report.finish();
   } catch (const std::exception& e) {

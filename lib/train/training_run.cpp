@@ -1,11 +1,15 @@
 #include "train/training_run.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <chrono>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ckpt/checkpoint_dir.h"
@@ -26,8 +30,11 @@ namespace fsdp::train {
 
 namespace {
 
-at::Tensor to_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols, const c10::Device& device) {
-  return at::tensor(v, at::kLong).view({rows, cols}).to(device);
+// (rows, cols) int64 on the host; pinned when it goes to a GPU, so the copy there need not wait.
+at::Tensor host_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols, bool pinned) {
+  at::Tensor t = at::empty({rows, cols}, at::TensorOptions().dtype(at::kLong).pinned_memory(pinned));
+  std::memcpy(t.data_ptr<int64_t>(), v.data(), v.size() * sizeof(int64_t));
+  return t;
 }
 
 // Sum over ranks of a double (the loss sum, a token count).
@@ -191,6 +198,7 @@ int64_t TrainingRun::resume() {
   say(str("[train] peak host memory per rank: ", before, " before loading, ", host_peaks(world_, context_.device),
           " after\n"));
   loader_->set_position({saved.loader_epoch, saved.loader_offset});
+  consumed_ = loader_->position();
   resumed_from_ = saved.step;
   if (saved.step >= config_.train.steps)
     say(str("[train] ", path, " is at step ", saved.step, " and train.steps is ", config_.train.steps,
@@ -203,69 +211,130 @@ double TrainingRun::tokens_per_step() const {
   return static_cast<double>(world_.size() * t.micro_batch_size * t.sequence_length * t.gradient_accumulation_steps);
 }
 
-// The summed token losses of one micro-batch of `rows` sequences, through the sharded model.
-at::Tensor TrainingRun::loss_sum(const data::DistributedLoader::Batch& batch, int64_t rows) {
-  const int64_t T = config_.train.sequence_length;
-  const at::Tensor x = to_tensor(batch.inputs, rows, T, context_.device);
-  const at::Tensor y = to_tensor(batch.targets, rows, T, context_.device);
+// The summed token losses of one micro-batch, through the sharded model.
+at::Tensor TrainingRun::loss_sum(const at::Tensor& inputs, const at::Tensor& targets) {
+  const at::Tensor x = inputs.to(context_.device, /*non_blocking=*/true);
+  const at::Tensor y = targets.to(context_.device, /*non_blocking=*/true);
   return sharded_->forward({x, y}, [&](const TensorList& in) { return TensorList{llama_->loss_sum(in[0], in[1])}; })[0];
 }
 
-StepResult TrainingRun::train_step(int64_t step) {
-  const Clock::time_point start = Clock::now();
+StepBatches TrainingRun::read_batches() {
   const config::TrainConfig& t = config_.train;
-  StepResult result;
-  result.lr = optim::learning_rate(config_.schedule, config_.optimizer.lr, step, t.steps);
-  adamw_->set_lr(result.lr);
-  std::vector<data::DistributedLoader::Batch> micro_batches;
-  for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) micro_batches.push_back(loader_->next());
+  StepBatches b;
+  for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) {
+    const data::DistributedLoader::Batch batch = loader_->next();
+    b.inputs.push_back(host_tensor(batch.inputs, t.micro_batch_size, t.sequence_length, context_.device.is_cuda()));
+    b.targets.push_back(host_tensor(batch.targets, t.micro_batch_size, t.sequence_length, context_.device.is_cuda()));
+    b.counted += static_cast<double>(batch.counted_targets());
+  }
+  b.after = loader_->position();
+  return b;
+}
+
+// This step's batches (read ahead while the last step ran), and the next step's read started.
+StepBatches TrainingRun::take_batches() {
+  RECORD_USER_SCOPE("data");
+  StepBatches b = next_batches_.valid() ? next_batches_.get() : read_batches();
+  next_batches_ = std::async(std::launch::async, [this] { return read_batches(); });
+  return b;
+}
+
+// The global batch's counted targets, as a (1) double tensor on the device: every target, unless
+// the data has prompts; then the ranks' counts summed there (no host wait).
+at::Tensor TrainingRun::global_targets(double local) {
+  const auto opts = at::TensorOptions().dtype(at::kDouble).device(context_.device);
+  if (!tokens_.has_mask()) return at::full({1}, tokens_per_step(), opts);
+  at::Tensor t = at::full({1}, local, opts);
+  if (world_.size() > 1) world_.all_reduce(t).wait();
+  return t;
+}
+
+std::optional<StepResult> TrainingRun::train_step(int64_t step) {
+  RECORD_USER_SCOPE(str("step ", step));
+  const config::TrainConfig& t = config_.train;
+  const double lr = optim::learning_rate(config_.schedule, config_.optimizer.lr, step, t.steps);
+  adamw_->set_lr(lr);
+  const StepBatches batches = take_batches();
+  consumed_ = batches.after;
   // The loss is the mean over the global batch's counted targets (all of them, but for prompts'):
   // each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
-  const double counted = counted_targets(micro_batches);
-  if (counted == 0) {
-    result.skipped = "the global batch holds no target token (only prompts); step skipped";
-    result.loss = result.grad_norm = 0;
-    result.seconds = seconds_since(start);
-    return result;
+  const at::Tensor counted = global_targets(batches.counted);
+  const double per_rank = tokens_per_step() / world_.size();
+  const at::Tensor per_rank_masked = tokens_.has_mask() ? counted.clamp_min(1.0) / world_.size() : at::Tensor();
+  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
+  for (size_t micro = 0; micro < batches.inputs.size(); ++micro) {
+    sharded_->set_requires_gradient_sync(micro + 1 == batches.inputs.size());
+    at::Tensor loss;
+    {
+      RECORD_USER_SCOPE(str("forward micro-batch ", micro));
+      loss = this->loss_sum(batches.inputs[micro], batches.targets[micro]);
+    }
+    RECORD_USER_SCOPE(str("backward micro-batch ", micro));
+    (per_rank_masked.defined() ? loss / per_rank_masked.to(loss.scalar_type()).reshape({}) : loss / per_rank)
+        .backward();
+    loss_sum.add_(loss.detach());
   }
-  const double per_rank = counted / world_.size();
-  double loss_sum = 0;
-  for (size_t micro = 0; micro < micro_batches.size(); ++micro) {
-    sharded_->set_requires_gradient_sync(micro + 1 == micro_batches.size());
-    const at::Tensor loss = this->loss_sum(micro_batches[micro], t.micro_batch_size);
-    (loss / per_rank).backward();
-    loss_sum += loss.item<double>();
-  }
-  result.loss = global_sum(world_, loss_sum, context_.device) / counted;
-  update(step, result);
-  result.seconds = seconds_since(start);
-  return result;
+  // The step before's numbers, read while this step's work runs on the device.
+  std::optional<StepResult> previous;
+  if (pending_) previous = finish_step();
+  queue_update(step, lr, loss_sum, counted);
+  return previous;
 }
 
-// The targets the loss counts in the whole job's step: every one, unless the data has prompts.
-double TrainingRun::counted_targets(const std::vector<data::DistributedLoader::Batch>& batches) {
-  if (!tokens_.has_mask()) return tokens_per_step();
-  double local = 0;
-  for (const auto& b : batches) local += static_cast<double>(b.counted_targets());
-  return global_sum(world_, local, context_.device);
-}
-
-// Clips and applies the gradients, or skips a non-finite step (train.skip_nonfinite_loss).
-void TrainingRun::update(int64_t step, StepResult& result) {
-  // Every rank sees the same loss and norm, so every rank skips or throws alike.
-  result.grad_norm =
-      std::isfinite(result.loss) ? optim::clip_grad_norm(*sharded_, config_.optimizer.grad_clip) : result.loss;
-  if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
-    const std::string what = std::isfinite(result.loss) ? str("the gradient norm is ", result.grad_norm)
-                                                        : str("the loss is ", result.loss);
-    if (!config_.train.skip_nonfinite_loss)
-      throw Error(str("[train] ", what, " at step ", step, "; lower optimizer.lr (it was ", result.lr,
-                      "), check the data, or set train.skip_nonfinite_loss: true to skip such steps"));
-    result.skipped = what + "; step skipped (train.skip_nonfinite_loss)";
-  } else {
-    adamw_->step();
-  }
+// Clips and applies the gradients on the device, skipping the update there when the loss or the
+// norm is not finite or nothing was counted; then starts the copy of the step's numbers to the host.
+void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted) {
+  if (world_.size() > 1) world_.all_reduce(loss_sum).wait();
+  const at::Tensor norm = optim::grad_norm(*sharded_);
+  optim::clip_grads(*sharded_, norm, config_.optimizer.grad_clip);
+  const at::Tensor stats = at::cat({loss_sum, counted, norm.to(loss_sum.device())});
+  adamw_->step(at::logical_or(stats.isfinite().all().logical_not(), counted.eq(0).all()));
   sharded_->zero_grad();
+  PendingStep p;
+  p.step = step;
+  p.lr = lr;
+  if (context_.device.is_cuda()) {
+    p.host = at::empty({3}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    p.host.copy_(stats, /*non_blocking=*/true);
+    const c10::impl::VirtualGuardImpl guard(context_.device.type());
+    p.copied.emplace(context_.device.type());
+    p.copied->record(guard.getStream(context_.device));
+  } else {
+    p.host = stats;
+  }
+  pending_ = std::move(p);
+}
+
+StepResult TrainingRun::finish_step() {
+  FSDP_ASSERT(pending_.has_value(), "finish_step without a queued step");
+  const PendingStep p = std::move(*pending_);
+  pending_.reset();
+  if (p.copied) p.copied->synchronize();
+  return judge(p);
+}
+
+// A step's numbers, read: the result, or Error for a non-finite one (unless train.skip_nonfinite_loss).
+StepResult TrainingRun::judge(const PendingStep& p) const {
+  const double* v = p.host.data_ptr<double>();
+  const double loss_sum = v[0], counted = v[1];
+  StepResult r;
+  r.step = p.step;
+  r.lr = p.lr;
+  r.grad_norm = v[2];
+  if (counted == 0) {
+    r.skipped = "the global batch holds no target token (only prompts); step skipped";
+    return r;
+  }
+  r.loss = loss_sum / counted;
+  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return r;
+  // Every rank read the same numbers, so every rank skips or throws alike.
+  const std::string what =
+      std::isfinite(r.loss) ? str("the gradient norm is ", r.grad_norm) : str("the loss is ", r.loss);
+  if (!config_.train.skip_nonfinite_loss)
+    throw Error(str("[train] ", what, " at step ", p.step, "; lower optimizer.lr (it was ", p.lr,
+                    "), check the data, or set train.skip_nonfinite_loss: true to skip such steps"));
+  r.skipped = what + "; step skipped (train.skip_nonfinite_loss)";
+  return r;
 }
 
 double TrainingRun::evaluate() {
@@ -280,7 +349,8 @@ double TrainingRun::evaluate() {
       std::min<int64_t>(config_.train.eval_batches, split_.eval_sequences / (batch * world_.size()));
   for (int64_t i = 0; i < batches; ++i) {
     const data::DistributedLoader::Batch b = eval_loader.next();
-    sum += loss_sum(b, batch).item<double>();
+    const int64_t T = config_.train.sequence_length;
+    sum += loss_sum(host_tensor(b.inputs, batch, T, false), host_tensor(b.targets, batch, T, false)).item<double>();
     count += static_cast<double>(b.counted_targets());
   }
   return global_sum(world_, sum, context_.device) / global_sum(world_, count, context_.device);
@@ -290,8 +360,8 @@ ckpt::TrainingState TrainingRun::state_at(int64_t step) const {
   ckpt::TrainingState s;
   s.step = step;
   s.optimizer_steps = adamw_->steps();
-  s.loader_epoch = loader_->position().epoch;
-  s.loader_offset = loader_->position().offset;
+  s.loader_epoch = consumed_.epoch;  // the loader itself may have read ahead
+  s.loader_offset = consumed_.offset;
   s.seed = config_.train.seed;
   s.sequence_length = config_.train.sequence_length;
   s.train_sequences = split_.train_sequences;

@@ -7,7 +7,11 @@
 // same order. Not thread-safe. Members are in build order; later ones refer to earlier ones.
 #pragma once
 
+#include <c10/core/Event.h>
+
+#include <future>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -24,11 +28,26 @@ namespace fsdp::train {
 
 // What one optimizer step did.
 struct StepResult {
-  double loss = 0;       // mean over the global batch's tokens
+  int64_t step = 0;
+  double loss = 0;       // mean over the global batch's counted targets
   double grad_norm = 0;  // before clipping
   double lr = 0;
-  double seconds = 0;
-  std::string skipped;  // why the update was skipped (a non-finite loss or gradient); "" when applied
+  std::string skipped;  // why the update was skipped (a non-finite loss or gradient, no target); "" when applied
+};
+
+// One step's micro-batches, read ahead on a helper thread while the step before runs.
+struct StepBatches {
+  std::vector<at::Tensor> inputs, targets;  // (B, T) int64 on the host, pinned for a CUDA run
+  double counted = 0;                       // this rank's counted targets
+  data::DistributedLoader::Position after;  // the loader's position once these are consumed
+};
+
+// A queued step whose numbers are on their way to the host: loss sum, counted targets, gradient norm.
+struct PendingStep {
+  int64_t step = 0;
+  double lr = 0;
+  at::Tensor host;                   // (3) double; pinned and filled by an asynchronous copy on a GPU
+  std::optional<c10::Event> copied;  // marks that copy done (none on CPU, where it is done at once)
 };
 
 class TrainingRun {
@@ -38,9 +57,19 @@ class TrainingRun {
 
   // Restores checkpoint.resume when set; returns the first step to train (1 on a fresh start).
   int64_t resume();
-  // data -> forward -> loss -> backward per micro-batch, then clip -> AdamW. A non-finite loss or
-  // gradient throws, or (train.skip_nonfinite_loss) skips the update so the weights stay finite.
-  StepResult train_step(int64_t step);
+  // Queues one step on the device: data -> forward -> loss -> backward per micro-batch, then
+  // clip -> AdamW. Nothing in it waits for the device: while this step's work runs there, the host
+  // reads the step before's numbers and returns them (none for the first step).
+  //
+  // A non-finite loss or gradient norm, or a global batch with no target, skips the update on the
+  // device (the weights, the AdamW state and its step count stay as they were), so such a step
+  // never damages the model. The host learns of it one step later, when it reads that step's
+  // numbers: then it throws Error naming the step, or (train.skip_nonfinite_loss) says it skipped
+  // it. A step whose numbers are read at once (finish_step) is judged at once.
+  std::optional<StepResult> train_step(int64_t step);
+  // Waits for the queued step and returns its numbers (throwing as train_step does).
+  StepResult finish_step();
+  bool step_pending() const { return pending_.has_value(); }
   // The mean loss over every held-out token the ranks read; NaN when nothing is held out.
   double evaluate();
   void save_checkpoint(int64_t step);  // precondition: checkpointing()
@@ -63,10 +92,13 @@ class TrainingRun {
   void build_checkpointer(const TrainHooks& hooks);
   void claim_checkpoint_dir(ckpt::FileSystem& fs);
   ckpt::TrainingState state_at(int64_t step) const;
-  at::Tensor loss_sum(const data::DistributedLoader::Batch& batch, int64_t rows);
+  at::Tensor loss_sum(const at::Tensor& inputs, const at::Tensor& targets);
   std::string copy_text_files(const std::string& dir) const;
-  double counted_targets(const std::vector<data::DistributedLoader::Batch>& batches);
-  void update(int64_t step, StepResult& result);
+  StepBatches read_batches();
+  StepBatches take_batches();
+  at::Tensor global_targets(double local);
+  void queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted);
+  StepResult judge(const PendingStep& pending) const;
 
   const dist::WorkerContext context_;
   const config::ResolvedConfig& resolved_;
@@ -83,6 +115,9 @@ class TrainingRun {
   std::unique_ptr<ckpt::DirLock> dir_lock_;  // rank 0: held until the run ends
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   int64_t resumed_from_ = 0;
+  data::DistributedLoader::Position consumed_;  // the loader's position after the steps queued so far
+  std::optional<PendingStep> pending_;          // the last queued step, not yet read
+  std::future<StepBatches> next_batches_;       // last: its thread reads loader_ until it is joined
 };
 
 }  // namespace fsdp::train

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "support/train_run.h"
@@ -120,6 +121,42 @@ TEST_CASE("a NaN stops the run naming the step, or is skipped when asked") {
   INFO(skipped.out, skipped.err);
   CHECK(skipped.code == 0);
   CHECK(skipped.out.find("step skipped (train.skip_nonfinite_loss)") != std::string::npos);
+}
+
+TEST_CASE("--profile writes one Chrome trace per rank of the window's steps, with the FSDP phases named") {
+  const std::string dir = temp_path("profile");
+  (void)!std::system(("rm -rf " + dir).c_str());
+  const Result r = launch_with({"--num_processes", "2", "--set", "train.steps=5", "--set", "train.sequence_length=32",
+                                "--set", "logging.profile_steps=[2, 3]", "--set", "logging.profile_dir=" + dir});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("profiled steps 2-3: " + dir + "/rank0.steps-2-3.json") != std::string::npos);
+  CHECK((r.out + r.err).find("gpuGetDeviceCount") == std::string::npos);  // no GPU is no error
+  for (int rank : {0, 1}) {
+    std::ifstream in(dir + "/rank" + std::to_string(rank) + ".steps-2-3.json");
+    REQUIRE(in.good());
+    const nlohmann::json trace = nlohmann::json::parse(in);  // throws unless it is JSON
+    std::set<std::string> names;
+    for (const auto& e : trace.at("traceEvents"))
+      if (e.contains("name") && e.value("cat", "") == "user_annotation") names.insert(e["name"].get<std::string>());
+    INFO(rank);
+    for (const char* range : {"step 2", "step 3", "data", "forward micro-batch 0", "backward micro-batch 0",
+                              "fsdp gather model.layers.0", "fsdp wait gather model.layers.0",
+                              "fsdp reduce model.layers.1", "fsdp finish reduce <root>", "grad norm", "optimizer"}) {
+      INFO(range);
+      CHECK(names.count(range) == 1);
+    }
+    CHECK(names.count("step 1") == 0);  // only the window
+    CHECK(names.count("step 4") == 0);
+    bool collective = false;
+    for (const std::string& n : names) collective = collective || n.rfind("gloo reduce_scatter ", 0) == 0;
+    CHECK(collective);
+  }
+  const Result late = launch_with({"--set", "train.steps=5", "--set", "logging.profile_steps=4,6"});
+  CHECK(late.code != 0);
+  CHECK(late.err.find("logging.profile_steps: [4, 6] goes past the run's last step (train.steps is 5)") !=
+        std::string::npos);
+  (void)!std::system(("rm -rf " + dir).c_str());
 }
 
 TEST_CASE("a run exports a Hugging Face folder, and a second run starts from it") {
