@@ -1,25 +1,59 @@
 #!/usr/bin/env bash
-# Everything a GPU machine is for, in two steps that each fit one 10-minute call of the device tool
-# (carry third_party/bundle from scripts/bundle-deps.sh; results land under $OUT, or ./gpu-results):
-#   scripts/gpu-session.sh build   build offline against the machine's torch, run the gpu-labelled tests
-#   scripts/gpu-session.sh bench   the side-by-side benchmark (scripts/bench/compare.py) on the ~1B Llama
+# Everything a GPU machine is for, in steps that each fit one 10-minute call of the device tool
+# (carry third_party/bundle from scripts/bundle-deps.sh; results land under $OUT, or ./gpu-results).
+# A call may land on a fresh machine, so each step builds first unless the build is already there:
+#   scripts/gpu-session.sh build     build offline against the machine's torch, run the gpu-labelled tests
+#   scripts/gpu-session.sh bench     the side-by-side benchmark (scripts/bench/compare.py) on the ~1B Llama
+#   scripts/gpu-session.sh profile   trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
+#                                    and summarize where the time goes (scripts/bench/trace_summary.py)
+# Extra arguments go to compare.py (bench), or are --set overrides (profile), e.g. train.micro_batch_size=4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export BUILD_DIR=${BUILD_DIR:-build-offline}
+FSDPTRAIN=$BUILD_DIR/apps/fsdptrain/fsdptrain
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt" || true
+
+ensure_built() {
+  if [ ! -x "$FSDPTRAIN" ]; then
+    FSDP_NO_TESTS=1 scripts/build-offline.sh 2>&1 | tail -20 | tee "$OUT/build.log"
+  fi
+}
+
 case "${1:-}" in
   build)
-    FSDP_NO_TESTS=1 scripts/build-offline.sh 2>&1 | tail -20 | tee "$OUT/build.log"
+    ensure_built
     (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 600) 2>&1 | tee "$OUT/gpu-tests.log"
     ;;
   bench)
     shift
-    python3 scripts/bench/compare.py --fsdptrain "$BUILD_DIR/apps/fsdptrain/fsdptrain" --out-dir "$OUT/bench" "$@"
+    ensure_built
+    python3 scripts/bench/compare.py --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench" "$@"
+    ;;
+  profile)
+    shift
+    ensure_built
+    MODEL=configs/models/llama-1b/config.json
+    for s in "$@"; do case "$s" in model.config=*) MODEL=${s#model.config=} ;; esac; done
+    DATA=$(mktemp -d)
+    python3 -c "
+import sys; sys.path.insert(0, 'scripts/bench'); import compare, json
+c = json.load(open('$MODEL'))
+compare.write_tokens('$DATA/tokens.bin', 8 * 4 * 2048 + 2049, c['vocab_size'], 0)"
+    sets=(--set "model.config=$MODEL" --set "data.path=$DATA/tokens.bin"
+          --set data.eval_fraction=0 --set train.steps=6 --set train.micro_batch_size=2
+          --set train.sequence_length=2048 --set schedule.warmup_steps=0 --set logging.interval=1000
+          --set logging.profile_steps=4,5 --set "logging.profile_dir=$OUT/profile" --set checkpoint.export_dir=
+          --set logging.metrics_file= --set logging.tensorboard_dir=)
+    for s in "$@"; do sets+=(--set "$s"); done
+    "$FSDPTRAIN" launch --config configs/quickstart.yaml --set use_cpu=false --distributed_type FSDP \
+      --num_processes 1 --mixed_precision bf16 --main_process_port 0 "${sets[@]}" 2>&1 | tail -30 | tee "$OUT/profile.log"
+    python3 scripts/bench/trace_summary.py "$OUT/profile/rank0.steps-4-5.json" --json "$OUT/profile-summary.json" \
+      | tee "$OUT/profile-summary.md"
     ;;
   *)
-    echo "usage: scripts/gpu-session.sh build|bench [compare.py args]" >&2
+    echo "usage: scripts/gpu-session.sh build|bench|profile [args]" >&2
     exit 2
     ;;
 esac

@@ -7,8 +7,12 @@
 #include <algorithm>
 #include <chrono>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#if FSDP_HAVE_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -65,6 +69,35 @@ std::string host_peaks(dist::ProcessGroup& world, const c10::Device& device) {
 
 std::string model_config_path(const config::Config& cfg) {
   return cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config;
+}
+
+// With FSDPTRAIN_SYNC_DEBUG=1 on a GPU, a host wait for the device (item(), a blocking copy, a
+// synchronize) while this is alive throws: LibTorch's sync debug mode, which tests use to prove that
+// a step's queued work waits for nothing.
+class NoDeviceWaits {
+ public:
+  explicit NoDeviceWaits(bool on) : on_(on) { set(on_); }
+  ~NoDeviceWaits() {
+    if (on_) set(false);
+  }
+  NoDeviceWaits(const NoDeviceWaits&) = delete;
+  NoDeviceWaits& operator=(const NoDeviceWaits&) = delete;
+
+ private:
+  static void set(bool error) {
+#if FSDP_HAVE_CUDA
+    c10::cuda::warning_state().set_sync_debug_mode(error ? c10::cuda::SyncDebugMode::L_ERROR
+                                                         : c10::cuda::SyncDebugMode::L_DISABLED);
+#else
+    (void)error;
+#endif
+  }
+  bool on_;
+};
+
+bool sync_debug_requested(const c10::Device& device) {
+  const char* v = std::getenv("FSDPTRAIN_SYNC_DEBUG");
+  return device.is_cuda() && v && std::string(v) == "1";
 }
 
 dist::ProcessGroup init_group(const dist::WorkerContext& context) {
@@ -251,14 +284,29 @@ at::Tensor TrainingRun::global_targets(double local) {
 
 std::optional<StepResult> TrainingRun::train_step(int64_t step) {
   RECORD_USER_SCOPE(str("step ", step));
-  const config::TrainConfig& t = config_.train;
-  const double lr = optim::learning_rate(config_.schedule, config_.optimizer.lr, step, t.steps);
+  const double lr = optim::learning_rate(config_.schedule, config_.optimizer.lr, step, config_.train.steps);
   adamw_->set_lr(lr);
   const StepBatches batches = take_batches();
   consumed_ = batches.after;
-  // The loss is the mean over the global batch's counted targets (all of them, but for prompts'):
-  // each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
-  const at::Tensor counted = global_targets(batches.counted);
+  const bool check = sync_debug_requested(context_.device);
+  at::Tensor counted, loss_sum;
+  {
+    const NoDeviceWaits queued(check);
+    counted = global_targets(batches.counted);
+    loss_sum = forward_backward(batches, counted);
+  }
+  // The step before's numbers, read while this step's work runs on the device.
+  std::optional<StepResult> previous;
+  if (pending_) previous = finish_step();
+  const NoDeviceWaits queued(check);
+  queue_update(step, lr, loss_sum, counted);
+  return previous;
+}
+
+// Forward and backward of every micro-batch; returns this rank's loss sum, (1) double on the device.
+// The loss is the mean over the global batch's counted targets (all of them, but for prompts'):
+// each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
+at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::Tensor& counted) {
   const double per_rank = tokens_per_step() / world_.size();
   const at::Tensor per_rank_masked = tokens_.has_mask() ? counted.clamp_min(1.0) / world_.size() : at::Tensor();
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
@@ -274,11 +322,7 @@ std::optional<StepResult> TrainingRun::train_step(int64_t step) {
         .backward();
     loss_sum.add_(loss.detach());
   }
-  // The step before's numbers, read while this step's work runs on the device.
-  std::optional<StepResult> previous;
-  if (pending_) previous = finish_step();
-  queue_update(step, lr, loss_sum, counted);
-  return previous;
+  return loss_sum;
 }
 
 // Clips and applies the gradients on the device, skipping the update there when the loss or the

@@ -97,6 +97,7 @@ class TrainingRun {
   StepBatches read_batches();
   StepBatches take_batches();
   at::Tensor global_targets(double local);
+  at::Tensor forward_backward(const StepBatches& batches, const at::Tensor& counted);
   void queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted);
   StepResult judge(const PendingStep& pending) const;
 

@@ -128,7 +128,10 @@ def main():
             metrics = os.path.join(tmp, "fsdptrain.jsonl")
             sets = {"model.config": args.model_config, "data.path": data, "data.eval_fraction": "0",
                     "train.steps": S, "train.micro_batch_size": B, "train.sequence_length": T,
-                    "schedule.warmup_steps": 0, "logging.interval": 1, "logging.metrics_file": metrics}
+                    "schedule.warmup_steps": 0, "logging.metrics_file": metrics,
+                    # Each logged step reads the device (the others never wait for it): log every
+                    # `warmup` steps, so each timed line is the mean step time of that many steps.
+                    "logging.interval": max(1, args.warmup)}
             cmd = [args.fsdptrain, "launch", "--config", yaml, "--main_process_port", "0"]
             for k, v in sets.items():
                 cmd += ["--set", f"{k}={v}"]

@@ -1,0 +1,134 @@
+"""Where a profiled step's time goes, from a trace `fsdptrain launch --profile` wrote.
+
+    python scripts/bench/trace_summary.py profile/rank0.steps-3-4.json [--top 15] [--json OUT.json]
+
+Prints, per traced step (the mean over the window):
+  - on a GPU: the time the GPU was busy (the union of its kernels and copies) against the wall time,
+    the idle gaps where it waited for the host (the longest ones, with the host range they fall in),
+    the time in each kind of kernel (matmul, attention, NCCL, norm/rotary/SwiGLU and other
+    elementwise, loss, optimizer, copies) and the top kernels by total time;
+  - everywhere: the host time in each of fsdptrain's named ranges (step, forward/backward
+    micro-batch, fsdp gather/reduce, optimizer, ...).
+"""
+import argparse
+import collections
+import json
+import re
+import sys
+
+# Kernel kinds, first match wins (names of cuBLAS/CUTLASS/cuDNN/flash/NCCL/ATen kernels).
+KINDS = [
+    ("NCCL", r"nccl"),
+    ("attention", r"flash|fmha|attention|sdpa|cudnn.*(mha|sdp)"),
+    ("matmul", r"gemm|cutlass|xmma|nvjet|matmul|sm\d+_.*(tensorop|hmma)|cublas"),
+    ("loss", r"cross_entropy|log_softmax|softmax|nll_loss"),
+    ("optimizer", r"adam|_foreach|multi_tensor"),
+    ("copy", r"memcpy|memset|copy_kernel|direct_copy|Memcpy|Memset"),
+    ("reduction", r"reduce_kernel|sum_kernel|norm_kernel"),
+    ("elementwise (norm, rotary, SwiGLU, casts)", r"elementwise|vectorized|unrolled|silu|mul_|add_|pow|rsqrt|cat"),
+]
+
+
+def kind_of(name):
+    for kind, pattern in KINDS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def union_length(intervals):
+    total, end = 0.0, None
+    start = None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            if end is not None:
+                total += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    if end is not None:
+        total += end - start
+    return total
+
+
+def gaps(intervals, lo, hi):
+    """Idle stretches of the device inside [lo, hi] (microseconds), longest first."""
+    out, cursor = [], lo
+    for s, e in sorted(intervals):
+        if s > cursor:
+            out.append((cursor, s))
+        cursor = max(cursor, e)
+    if hi > cursor:
+        out.append((cursor, hi))
+    return sorted(out, key=lambda g: g[0] - g[1])
+
+
+def summarize(events, top):
+    steps = [e for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"step \d+", e.get("name", ""))]
+    if not steps:
+        raise SystemExit("no 'step N' range in the trace: is it one fsdptrain --profile wrote?")
+    lo = min(e["ts"] for e in steps)
+    hi = max(e["ts"] + e["dur"] for e in steps)
+    n = len(steps)
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    ranges = collections.defaultdict(float)
+    for e in events:
+        if e.get("cat") == "user_annotation" and "dur" in e:
+            ranges[re.sub(r"\d+", "N", e["name"]) if e["name"].startswith("step ") else e["name"]] += e["dur"]
+    out = {"steps": n, "wall_ms_per_step": (hi - lo) / n / 1e3,
+           "host_ranges_ms_per_step": {k: v / n / 1e3 for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])}}
+    if device:
+        # The window a step's work ran in on the GPU: from the first kernel after the first step began
+        # to the last kernel (the host runs ahead, so the GPU's window ends later than the host's).
+        first = min(e["ts"] for e in device if e["ts"] >= lo) if any(e["ts"] >= lo for e in device) else lo
+        last = max(e["ts"] + e["dur"] for e in device)
+        intervals = [(e["ts"], e["ts"] + e["dur"]) for e in device]
+        busy = union_length(intervals)
+        kinds, kernels = collections.defaultdict(float), collections.defaultdict(lambda: [0.0, 0])
+        for e in device:
+            kinds[kind_of(e["name"])] += e["dur"]
+            kernels[e["name"]][0] += e["dur"]
+            kernels[e["name"]][1] += 1
+        out.update({
+            "gpu_window_ms_per_step": (last - first) / n / 1e3,
+            "gpu_busy_fraction": busy / (last - first) if last > first else 0.0,
+            "kinds_ms_per_step": {k: v / n / 1e3 for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
+            "top_kernels": [{"name": k[:120], "ms_per_step": v[0] / n / 1e3, "calls_per_step": v[1] / n}
+                            for k, v in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]],
+            "longest_gaps_ms": [round((b - a) / 1e3, 3) for a, b in gaps(intervals, first, last)[:top]],
+        })
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--json", help="also write the summary here")
+    args = ap.parse_args()
+    with open(args.trace) as f:
+        events = json.load(f)["traceEvents"]
+    s = summarize(events, args.top)
+    print(f"{args.trace}: {s['steps']} step(s), {s['wall_ms_per_step']:.2f} ms per step on the host")
+    if "gpu_busy_fraction" in s:
+        print(f"GPU: {s['gpu_window_ms_per_step']:.2f} ms per step, busy {100 * s['gpu_busy_fraction']:.1f}% "
+              f"(idle gaps, longest first, ms: {s['longest_gaps_ms'][:8]})")
+        print("\n| kernel kind | ms per step |\n| --- | --- |")
+        for k, v in s["kinds_ms_per_step"].items():
+            print(f"| {k} | {v:.3f} |")
+        print("\n| top kernels | ms per step | calls per step |\n| --- | --- | --- |")
+        for k in s["top_kernels"]:
+            print(f"| `{k['name']}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.0f} |")
+    else:
+        print("no GPU kernels in the trace (a CPU run): host ranges only")
+    print("\n| host range | ms per step |\n| --- | --- |")
+    for k, v in list(s["host_ranges_ms_per_step"].items())[:args.top * 2]:
+        print(f"| {k} | {v:.3f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(s, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
