@@ -112,9 +112,21 @@ TEST_CASE("a NaN stops the run naming the step, or is skipped when asked") {
   const std::vector<std::string> blow_up{"--set", "optimizer.lr=1e30",       "--set", "optimizer.grad_clip=0",
                                          "--set", "schedule.warmup_steps=0", "--set", "train.steps=6",
                                          "--set", "train.sequence_length=32"};
-  const Result stop = launch_with(blow_up);
+  const Result stop = launch_with(blow_up);  // step 2 is read while step 3 runs: reported late, but named
   CHECK(stop.code == 1);
   CHECK((stop.out + stop.err).find("nan at step 2; lower optimizer.lr") != std::string::npos);
+  // A step that saves is read at once: the NaN stops the run before a checkpoint of it exists.
+  const std::string dir = temp_path("nan_ckpt");
+  (void)!std::system(("rm -rf " + dir).c_str());
+  std::vector<std::string> saving = blow_up;
+  saving.insert(saving.end(), {"--set", "checkpoint.dir=" + dir, "--set", "checkpoint.interval=1"});
+  const Result saved = launch_with(saving);
+  INFO(saved.out, saved.err);
+  CHECK(saved.code == 1);
+  CHECK((saved.out + saved.err).find("nan at step 2; lower optimizer.lr") != std::string::npos);
+  CHECK(::access((dir + "/step-00000001/index.json").c_str(), F_OK) == 0);
+  CHECK(::access((dir + "/step-00000002").c_str(), F_OK) != 0);
+  (void)!std::system(("rm -rf " + dir).c_str());
   std::vector<std::string> skip = blow_up;
   skip.insert(skip.end(), {"--set", "train.skip_nonfinite_loss=true"});
   const Result skipped = launch_with(skip);
