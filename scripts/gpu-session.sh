@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything a GPU machine is for, in steps that each fit one 10-minute call of the device tool
 # (carry third_party/bundle from scripts/bundle-deps.sh; results land under $OUT, or ./gpu-results).
-# A call may land on a fresh machine, so each step builds first unless the build is already there:
+# A call may land on a fresh machine, so each step builds first unless the build is already there,
+# or with PREBUILT=1 uses the binaries scripts/prebuilt.sh packed (carry third_party/prebuilt too):
 #   scripts/gpu-session.sh build     build offline against the machine's torch, run the gpu-labelled tests
+#                                    (`tests` is the same; with PREBUILT=1 nothing is built)
 #   scripts/gpu-session.sh bench     the side-by-side benchmark (scripts/bench/compare.py) on the ~1B Llama
 #   scripts/gpu-session.sh profile   trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
 #                                    and summarize where the time goes (scripts/bench/trace_summary.py)
@@ -15,16 +17,42 @@ export BUILD_DIR=${BUILD_DIR:-build-offline}
 FSDPTRAIN=$BUILD_DIR/apps/fsdptrain/fsdptrain
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt" || true
 
+if [ "${PREBUILT:-0}" = 1 ]; then
+  # This machine's torch provides LibTorch, CUDA and NCCL; the bundle the Debian libraries.
+  TORCH_DIR=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+  export LD_LIBRARY_PATH=$TORCH_DIR/lib:$TORCH_DIR/../nvidia/nccl/lib:$TORCH_DIR/../nvidia/cu13/lib:/usr/local/cuda/lib64:$PWD/third_party/bundle/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  FSDPTRAIN=third_party/prebuilt/bin/fsdptrain
+  cat third_party/prebuilt/BUILT_FROM | tee "$OUT/prebuilt.txt"
+fi
+
 ensure_built() {
   if [ ! -x "$FSDPTRAIN" ]; then
     FSDP_NO_TESTS=1 scripts/build-offline.sh 2>&1 | tail -20 | tee "$OUT/build.log"
   fi
+  "$FSDPTRAIN" --version | tee -a "$OUT/gpu.txt"
+}
+
+# ctest -L gpu, or its three tests by hand for the prebuilt binaries (ctest's files name this
+# machine's paths).
+gpu_tests() {
+  if [ "${PREBUILT:-0}" != 1 ]; then
+    (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 600)
+    return
+  fi
+  local bin=third_party/prebuilt/bin failed=0 rc
+  set +e
+  "$bin/nccl_test"; rc=$?; [ $rc = 0 ] || [ $rc = 77 ] || failed=1; echo "nccl_test: exit $rc"
+  "$bin/fsdp_worker" product-cuda; rc=$?; [ $rc = 0 ] || failed=1; echo "fsdp_product_cuda: exit $rc"
+  python3 tests/train/gpu_train_test.py --fsdptrain "$FSDPTRAIN" --source "$PWD"; rc=$?
+  [ $rc = 0 ] || failed=1; echo "gpu_train_test: exit $rc"
+  set -e
+  return $failed
 }
 
 case "${1:-}" in
-  build)
+  build|tests)
     ensure_built
-    (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 600) 2>&1 | tee "$OUT/gpu-tests.log"
+    gpu_tests 2>&1 | tee "$OUT/gpu-tests.log"
     ;;
   bench)
     shift
@@ -53,7 +81,7 @@ compare.write_tokens('$DATA/tokens.bin', 8 * 4 * 2048 + 2049, c['vocab_size'], 0
       | tee "$OUT/profile-summary.md"
     ;;
   *)
-    echo "usage: scripts/gpu-session.sh build|bench|profile [args]" >&2
+    echo "usage: [PREBUILT=1] scripts/gpu-session.sh build|bench|profile [args]" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Packs this machine's build for a GPU machine, so a device call spends its minutes on the GPU and
+# not on compiling: the stripped fsdptrain and the gpu tests' binaries (nccl_test, fsdp_worker) go
+# to third_party/prebuilt/ (a few MB; carry it together with third_party/bundle). They load
+# LibTorch, NCCL and CUDA from that machine's torch, which must be this build's wheel
+# (torch==2.11.0+cu130, as the device tool's machines have it); scripts/gpu-session.sh uses them
+# when PREBUILT=1, and builds there otherwise.
+# Usage: scripts/prebuilt.sh   (after scripts/setup.sh; env BUILD_DIR, default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+DEST=third_party/prebuilt
+cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target fsdptrain nccl_test fsdp_worker
+rm -rf "$DEST"
+mkdir -p "$DEST/bin"
+for b in apps/fsdptrain/fsdptrain tests/nccl_test tests/fsdp_worker; do
+  strip -o "$DEST/bin/$(basename "$b")" "$BUILD_DIR/$b"
+done
+{
+  echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- lib apps tests || echo ' plus uncommitted changes')"
+  echo "torch $(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+} > "$DEST/BUILT_FROM"
+du -sh "$DEST"
+cat "$DEST/BUILT_FROM"
