@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -374,7 +375,17 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("L
   weight = register_parameter("weight", at::ones({dim}));
 }
 
+bool fused_kernels_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FSDPTRAIN_FUSED");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
+
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
+  if (x.is_cuda() && x.scalar_type() == weight.scalar_type() && fused_kernels_enabled())
+    return at::rms_norm(x, {weight.size(0)}, weight, eps);
   const at::Tensor h = x.to(at::kFloat);
   const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());

@@ -97,11 +97,18 @@ std::string llama_config_json(const LlamaConfig& c);
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
   LlamaRMSNormImpl(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x);  // fp32 statistics, cast back, then * weight
+  // fp32 statistics, cast back, then * weight. On a GPU with x and weight of one dtype, LibTorch's
+  // fused rms_norm (one kernel each way; the product with weight before the cast, so bf16 rounds once
+  // instead of twice), unless FSDPTRAIN_FUSED=0.
+  at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;                        // (C)
   double eps;
 };
 TORCH_MODULE(LlamaRMSNorm);
+
+// Whether GPU runs take LibTorch's fused kernels where the model has an op-by-op reference path
+// (FSDPTRAIN_FUSED=0: never, to compare speed or numerics). CPU runs always take the reference.
+bool fused_kernels_enabled();
 
 // One layer's keys and values so far (B, K, L, D), for decoding a token at a time.
 struct LayerCache {
