@@ -17,6 +17,7 @@ On CPU (--cpu, a check that the three run) Accelerate does not apply FSDP: its r
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,31 @@ def summarize(name, step_times, tokens_per_step, world, peak, fpt, peak_flops):
     return {"name": name, "tokens_per_s_per_device": tps, "mfu": fpt * tps / peak_flops if peak_flops else None,
             "peak_memory_bytes": peak, "step_time_median_s": median, "step_time_min_s": min(step_times),
             "step_time_max_s": max(step_times), "timed_steps": len(step_times)}
+
+
+def target_rows(results):
+    """Issue 13's targets, each met or not, from one run's figures (fsdptrain against the others)."""
+    def find(test):
+        return next((r for r in results if test(r["name"])), None)
+    base = find(lambda n: n == "fsdptrain")
+    if base is None:
+        return ["targets: fsdptrain did not run"]
+    by = {"accelerate": find(lambda n: n.startswith("accelerate")), "fsdp2-compile": find(lambda n: "compile" in n)}
+    by = {k: v for k, v in by.items() if v is not None}
+
+    def row(what, ok, value):
+        return f"- {'met' if ok else 'NOT met'}: {what} ({value})"
+    out = []
+    for name, want in (("accelerate", 1.15), ("fsdp2-compile", 1.0)):
+        if name in by:
+            ratio = base["tokens_per_s_per_device"] / by[name]["tokens_per_s_per_device"]
+            out.append(row(f"tokens/s >= {want}x {name}'s", ratio >= want, f"{ratio:.2f}x"))
+    if "accelerate" in by and by["accelerate"]["peak_memory_bytes"]:
+        ratio = base["peak_memory_bytes"] / by["accelerate"]["peak_memory_bytes"]
+        out.append(row("peak memory <= 0.9x accelerate's", ratio <= 0.9, f"{ratio:.2f}x"))
+    if base["mfu"] is not None:
+        out.append(row("MFU >= 50 % of the dense bf16 peak", base["mfu"] >= 0.5, f"{100 * base['mfu']:.1f} %"))
+    return out
 
 
 def main():
@@ -171,13 +197,18 @@ def main():
         rows.append(f"| {r['name']} | {r['tokens_per_s_per_device']:,.0f} | {speed:.2f}x | {mfu} | "
                     f"{r['peak_memory_bytes'] / gib:.2f} GiB | {mem:.2f} | {1000 * r['step_time_median_s']:.1f} ms "
                     f"({1000 * r['step_time_min_s']:.1f}-{1000 * r['step_time_max_s']:.1f}) |")
+    rows += ["", *target_rows(results)]
     table = "\n".join(rows)
     print("\n" + table)
-    with open(os.path.join(args.out_dir, "results.md"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
-        json.dump({"settings": vars(args) | {"world_size": world, "mixed_precision": mixed,
-                                             "flops_per_token": fpt}, "results": results}, f, indent=2)
+    device = "cpu" if args.cpu else torch.cuda.get_device_name(0)
+    # results.*, and a dated copy named after the device to commit (bench-results/2026-11-23-h100.md)
+    stem = time.strftime("%Y-%m-%d") + "-" + re.sub(r"[^a-z0-9]+", "-", device.lower().replace("nvidia", "")).strip("-")
+    for name in ("results", stem):
+        with open(os.path.join(args.out_dir, name + ".md"), "w") as f:
+            f.write(table + "\n")
+        with open(os.path.join(args.out_dir, name + ".json"), "w") as f:
+            json.dump({"settings": vars(args) | {"world_size": world, "mixed_precision": mixed, "device": device,
+                                                 "flops_per_token": fpt}, "results": results}, f, indent=2)
     return 0 if len(results) == len(only) else 1
 
 
