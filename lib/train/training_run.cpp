@@ -3,14 +3,13 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
-
-#include <algorithm>
-#include <chrono>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #if FSDP_HAVE_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
