@@ -4,7 +4,6 @@
 #include <c10/core/GradMode.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -15,6 +14,7 @@
 #include "fsdp/unit_call.h"
 #include "model/chunked_loss.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::model {
@@ -376,10 +376,7 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("L
 }
 
 bool fused_kernels_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("FSDPTRAIN_FUSED");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool enabled = !env_is("FSDPTRAIN_FUSED", "0");
   return enabled;
 }
 
@@ -550,9 +547,12 @@ at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens) {
   return model->norm(x);
 }
 
+const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
+  return config.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
+}
+
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
-  const at::Tensor x = hidden_states(tokens);
-  return config.tie_word_embeddings ? at::linear(x, model->embed_tokens->weight) : lm_head(x);
+  return at::linear(hidden_states(tokens), head_weight());
 }
 
 at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
@@ -564,14 +564,12 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::v
   sin = sin.narrow(0, start, t);
   for (size_t i = 0; i < cache.size(); ++i)
     x = model->layers[i]->as<LlamaDecoderLayerImpl>()->forward_cached(x, cos, sin, cache[i]);
-  x = model->norm(x);
-  return config.tie_word_embeddings ? at::linear(x, model->embed_tokens->weight) : lm_head(x);
+  return at::linear(model->norm(x), head_weight());
 }
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets) {
   const at::Tensor x = hidden_states(tokens);
-  const at::Tensor& head = config.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
-  return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head, targets.reshape({-1}));
+  return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head_weight(), targets.reshape({-1}));
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {

@@ -197,7 +197,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // shares model.embed_tokens.weight when tied
 
  private:
-  at::Tensor inv_freq_;  // (D/2) fp32
+  const at::Tensor& head_weight() const;  // lm_head's, or the embedding's when tied
+  at::Tensor inv_freq_;                   // (D/2) fp32
 };
 TORCH_MODULE(LlamaForCausalLM);
 

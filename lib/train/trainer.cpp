@@ -59,8 +59,8 @@ class RunReport {
         window_start_(start_),
         window_step_(first_step - 1) {
     summary_.resumed_from = summary_.steps = first_step - 1;
-    const char* progress = std::getenv("FSDPTRAIN_PROGRESS");  // a live bar on the launcher's terminal
-    progress_ = run.context().is_main() && progress && std::string(progress) == "1";
+    // A live bar on the launcher's terminal.
+    progress_ = run.context().is_main() && env_is("FSDPTRAIN_PROGRESS", "1");
     if (run.context().is_main() && !config_.logging.metrics_file.empty()) {
       make_directories(parent_folder(config_.logging.metrics_file));
       metrics_.open(config_.logging.metrics_file, std::ios::app);
@@ -71,11 +71,7 @@ class RunReport {
 
   // Whether step `step` is read at once (it is logged, checkpointed, exported or evaluated, or it is
   // the last); the others are read while the next step runs.
-  bool wants_now(int64_t step) const {
-    const config::CheckpointConfig& c = config_.checkpoint;
-    return step == 1 || due(step, config_.logging.interval) || (run_.checkpointing() && due(step, c.interval)) ||
-           (!c.export_dir.empty() && due(step, c.export_interval)) || due(step, config_.train.eval_interval);
-  }
+  bool wants_now(int64_t step) const { return logs(step) || saves(step) || exports(step) || evaluates(step); }
 
   void after_step(const StepResult& result) {
     const int64_t step = result.step;
@@ -85,15 +81,15 @@ class RunReport {
       if (summary_.steps == summary_.resumed_from) summary_.first_loss = result.loss;
       summary_.last_loss = result.loss;
       best_loss_ = std::min(best_loss_, result.loss);
-      if (due(step, config_.logging.interval) || step == 1) log_metrics(result);
+      if (logs(step)) log_metrics(result);
     }
     summary_.steps = step;
     if (progress_)
       run_.out() << kProgressLinePrefix
                  << progress_bar(step, config_.train.steps, summary_.last_loss, seconds_since(start_)) << std::endl;
-    if (run_.checkpointing() && due(step, config_.checkpoint.interval)) save(step);
-    if (!config_.checkpoint.export_dir.empty() && due(step, config_.checkpoint.export_interval)) run_.export_hf(step);
-    if (due(step, config_.train.eval_interval)) log_eval(step, run_.evaluate());
+    if (saves(step)) save(step);
+    if (exports(step)) run_.export_hf(step);
+    if (evaluates(step)) log_eval(step, run_.evaluate());
     if (wants_now(step)) {  // the device is idle here: the next timing window starts now
       window_start_ = Clock::now();
       window_step_ = step;
@@ -123,6 +119,12 @@ class RunReport {
   bool due(int64_t step, int64_t interval) const {
     return (interval > 0 && step % interval == 0) || step == config_.train.steps;
   }
+  bool logs(int64_t step) const { return step == 1 || due(step, config_.logging.interval); }
+  bool saves(int64_t step) const { return run_.checkpointing() && due(step, config_.checkpoint.interval); }
+  bool exports(int64_t step) const {
+    return !config_.checkpoint.export_dir.empty() && due(step, config_.checkpoint.export_interval);
+  }
+  bool evaluates(int64_t step) const { return due(step, config_.train.eval_interval); }
 
   // A resumed run tells TensorBoard to drop what earlier runs logged from first_step on.
   void open_tensorboard(int64_t first_step) {

@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -27,6 +26,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
@@ -95,8 +95,8 @@ class NoDeviceWaits {
 };
 
 bool sync_debug_requested(const c10::Device& device) {
-  const char* v = std::getenv("FSDPTRAIN_SYNC_DEBUG");
-  return device.is_cuda() && v && std::string(v) == "1";
+  static const bool requested = env_is("FSDPTRAIN_SYNC_DEBUG", "1");
+  return device.is_cuda() && requested;
 }
 
 dist::ProcessGroup init_group(const dist::WorkerContext& context) {
@@ -269,10 +269,7 @@ StepBatches TrainingRun::read_batches() {
 // reads ahead there too, for tests).
 StepBatches TrainingRun::take_batches() {
   RECORD_USER_SCOPE("data");
-  static const bool forced = [] {
-    const char* v = std::getenv("FSDPTRAIN_PREFETCH");
-    return v && std::string(v) == "1";
-  }();
+  static const bool forced = env_is("FSDPTRAIN_PREFETCH", "1");
   if (!context_.device.is_cuda() && !forced) return read_batches();
   StepBatches b = next_batches_.valid() ? next_batches_.get() : read_batches();
   next_batches_ = std::async(std::launch::async, [this] { return read_batches(); });

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 namespace fsdp {
@@ -22,6 +23,11 @@ void emit(const std::string& line) {
 void set_progress_line_live(bool live) {
   std::lock_guard<std::mutex> lock(g_log_mutex);
   g_progress_live = live;
+}
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
 }
 
 std::string rank_prefix() {
