@@ -76,7 +76,12 @@ def run(label, cmd, log):
     print(f"   exit {r.returncode} in {time.time() - t:.0f} s (log: {log})", flush=True)
     if r.returncode != 0:
         print("\n".join((r.stdout + r.stderr).splitlines()[-15:]))
-    return r.returncode == 0
+        return False
+    reporters = sum(line.startswith("step 1/") for line in r.stdout.splitlines())
+    if reporters > 1:  # each would write the same results file, and one could cut into the other
+        print(f"   {label}: {reporters} processes reported step 1, where only rank 0 should: its results are not used")
+        return False
+    return True
 
 
 def summarize(name, step_times, tokens_per_step, world, peak, fpt, peak_flops):

@@ -9,6 +9,7 @@ measurements as JSON (rank 0).
 """
 import argparse
 import json
+import os
 import time
 
 import torch
@@ -35,6 +36,11 @@ def main():
     tokens = read_tokens(args.data)
     B, T = args.micro_batch_size, args.sequence_length
     rank, world = accelerator.process_index, accelerator.num_processes
+    # On CPU, Accelerate 1.15 starts `num_processes` copies with torchrun but does not join them
+    # (DistributedType.NO): each copy is its own main process. Only the launcher's rank 0 reports,
+    # so the copies never write the same file at once.
+    copies = int(os.environ.get("WORLD_SIZE", "1")) if world == 1 else 1
+    reports = accelerator.is_main_process and int(os.environ.get("RANK", "0")) == 0
 
     times = []
     for step in range(args.steps):
@@ -48,14 +54,15 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         value = loss.item()  # waits for the step
         times.append(time.perf_counter() - t0)
-        if accelerator.is_main_process and (step % 10 == 0 or step == args.steps - 1):
+        if reports and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step + 1}/{args.steps}: loss {value:.4f}, {times[-1] * 1000:.0f} ms", flush=True)
     timed = times[args.warmup:] or times
     peak = torch.cuda.max_memory_allocated() if accelerator.device.type == "cuda" else 0
-    if accelerator.is_main_process:
+    if reports:
         with open(args.out, "w") as f:
             kind = str(accelerator.distributed_type).split(".")[-1]
-            name = "accelerate + transformers" + ("" if kind == "FSDP" else f" ({kind}: not FSDP)")
+            apart = f", {copies} independent copies" if copies > 1 else ""
+            name = "accelerate + transformers" + ("" if kind == "FSDP" else f" ({kind}: not FSDP{apart})")
             json.dump({"name": name, "step_times_s": timed, "tokens_per_step": B * T * world,
                        "world_size": world, "peak_memory_bytes": peak, "last_loss": value}, f)
 
