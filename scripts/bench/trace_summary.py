@@ -36,21 +36,6 @@ def kind_of(name):
     return "other"
 
 
-def union_length(intervals):
-    total, end = 0.0, None
-    start = None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            if end is not None:
-                total += end - start
-            start, end = s, e
-        else:
-            end = max(end, e)
-    if end is not None:
-        total += end - start
-    return total
-
-
 def gaps(intervals, lo, hi):
     """Idle stretches of the device inside [lo, hi] (microseconds), longest first."""
     out, cursor = [], lo
@@ -80,12 +65,15 @@ def summarize(events, top):
     if device:
         # The window a step's work ran in on the GPU: from the first kernel after the first step began
         # to the last kernel (the host runs ahead, so the GPU's window ends later than the host's).
-        first = min(e["ts"] for e in device if e["ts"] >= lo) if any(e["ts"] >= lo for e in device) else lo
+        first = min((e["ts"] for e in device if e["ts"] >= lo), default=lo)
         last = max(e["ts"] + e["dur"] for e in device)
         intervals = [(e["ts"], e["ts"] + e["dur"]) for e in device]
-        busy = union_length(intervals)
+        # Busy is the window less its idle gaps. Kernels the step before queued, still running when
+        # the trace began, start before `first`: they count neither as busy time nor in the kinds.
+        idle = gaps(intervals, first, last)
+        busy = (last - first) - sum(b - a for a, b in idle)
         kinds, kernels = collections.defaultdict(float), collections.defaultdict(lambda: [0.0, 0])
-        for e in device:
+        for e in (e for e in device if e["ts"] >= first):
             kinds[kind_of(e["name"])] += e["dur"]
             kernels[e["name"]][0] += e["dur"]
             kernels[e["name"]][1] += 1
@@ -95,7 +83,7 @@ def summarize(events, top):
             "kinds_ms_per_step": {k: v / n / 1e3 for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])},
             "top_kernels": [{"name": k[:120], "ms_per_step": v[0] / n / 1e3, "calls_per_step": v[1] / n}
                             for k, v in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]],
-            "longest_gaps_ms": [round((b - a) / 1e3, 3) for a, b in gaps(intervals, first, last)[:top]],
+            "longest_gaps_ms": [round((b - a) / 1e3, 3) for a, b in idle[:top]],
         })
     return out
 

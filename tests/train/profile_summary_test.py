@@ -18,9 +18,10 @@ def check(ok, what):
     return 0 if ok else 1
 
 
-def synthetic():
-    """Two steps of 1000 us on the host; GPU kernels busy 600 of the 1000 us from 100 to 1100."""
-    ev = [{"ph": "X", "cat": "user_annotation", "name": "step 3", "ts": 0, "dur": 500},
+def synthetic(before=()):
+    """Two steps of 1000 us on the host; GPU kernels busy 600 of the 1000 us from 100 to 1100, after
+    the kernels `before` the window (the step before's, still running when the trace began)."""
+    ev = list(before) + [{"ph": "X", "cat": "user_annotation", "name": "step 3", "ts": 0, "dur": 500},
           {"ph": "X", "cat": "user_annotation", "name": "step 4", "ts": 500, "dur": 500},
           {"ph": "X", "cat": "user_annotation", "name": "optimizer", "ts": 400, "dur": 50},
           {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 100, "dur": 300},
@@ -42,6 +43,9 @@ def main():
     failures += check(abs(kinds["matmul"] - 0.2) < 1e-9 and abs(kinds["attention"] - 0.075) < 1e-9
                       and abs(kinds["NCCL"] - 0.05) < 1e-9, f"kinds per step: {kinds}")
     failures += check(s["top_kernels"][0]["calls_per_step"] == 1.0, "two gemm calls over two steps")
+    early = synthetic([{"ph": "X", "cat": "kernel", "name": "elementwise_kernel", "ts": -300, "dur": 250}])
+    failures += check(abs(early["gpu_busy_fraction"] - 0.6) < 1e-9 and early["kinds_ms_per_step"] == kinds,
+                      f"a kernel from before the window counts neither as busy nor in the kinds: {early}")
 
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [args.fsdptrain, "launch", "--config", os.path.join(ROOT, "configs/quickstart.yaml"),
