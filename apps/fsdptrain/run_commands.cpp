@@ -50,7 +50,8 @@ std::string self_executable() {
 bool python_finds(const std::string& python, const std::string& modules) {
   const std::string cmd = shell_quote(python) +
                           " -c 'import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
-                          "sys.argv[1:]) else 1)' " + modules + " >/dev/null 2>&1";
+                          "sys.argv[1:]) else 1)' " +
+                          modules + " >/dev/null 2>&1";
   return std::system(cmd.c_str()) == 0;
 }
 
@@ -108,7 +109,8 @@ class LaunchCommand final : public ConfigCommand {
     app->add_option("--check_sizes,--check-sizes", check_sizes_, "Buffer sizes for --check, such as 64K,1M,16M");
     app->add_option("--log_dir,--log-dir", options_.log_dir, "Also write each rank's output to LOG_DIR/rank<N>.log");
     app->add_flag("--oversubscribe", options_.oversubscribe,
-                  "Start more workers per machine than it has GPUs (GPU runs) or 4x its cores");
+                  "Start more than 4 workers per core on a CPU run (more workers than GPUs is always refused: "
+                  "each rank needs a GPU of its own)");
     app->add_option("--grace_period,--grace-period", grace_s_,
                     "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
     app->prefix_command();
@@ -237,8 +239,8 @@ class MergeWeightsCommand final : public Command {
 class ToFsdp2Command final : public Command {
  public:
   CLI::App* add(CLI::App& parent) override {
-    CLI::App* app =
-        parent.add_subcommand("to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
+    CLI::App* app = parent.add_subcommand(
+        "to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
     app->add_option("--config,--config_file,--config-file", request_.config_file, "The FSDP1 config to convert")
         ->required();
     app->add_option("--output_file,--output-file", request_.output_file, "Where to write the FSDP2 config");
@@ -304,10 +306,20 @@ std::vector<std::string> take_program_after_dashes(std::vector<std::string>& arg
 std::unique_ptr<Command> make_launch_command(std::vector<std::string> program) {
   return std::make_unique<LaunchCommand>(std::move(program));
 }
-std::unique_ptr<Command> make_worker_command() { return std::make_unique<WorkerCommand>(); }
-std::unique_ptr<Command> make_estimate_memory_command() { return std::make_unique<EstimateMemoryCommand>(); }
-std::unique_ptr<Command> make_merge_weights_command() { return std::make_unique<MergeWeightsCommand>(); }
-std::unique_ptr<Command> make_to_fsdp2_command() { return std::make_unique<ToFsdp2Command>(); }
-std::unique_ptr<Command> make_plot_command() { return std::make_unique<PlotCommand>(); }
+std::unique_ptr<Command> make_worker_command() {
+  return std::make_unique<WorkerCommand>();
+}
+std::unique_ptr<Command> make_estimate_memory_command() {
+  return std::make_unique<EstimateMemoryCommand>();
+}
+std::unique_ptr<Command> make_merge_weights_command() {
+  return std::make_unique<MergeWeightsCommand>();
+}
+std::unique_ptr<Command> make_to_fsdp2_command() {
+  return std::make_unique<ToFsdp2Command>();
+}
+std::unique_ptr<Command> make_plot_command() {
+  return std::make_unique<PlotCommand>();
+}
 
 }  // namespace fsdp::cli

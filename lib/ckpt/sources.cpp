@@ -193,7 +193,7 @@ void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::Pr
     }
     at::Tensor full = world.rank() == 0 ? src->rows(name, 0, layout.dim0()).to(device)
                                         : at::empty(layout.shape, at::TensorOptions().dtype(at::kFloat).device(device));
-    world.broadcast(full, 0).wait();
+    world.broadcast(full, 0, "load " + name).wait();
     if (n > 0) dest.narrow(0, 0, n).copy_(full.narrow(0, layout.first_row(), n));
   };
   c10::NoGradGuard no_grad;
@@ -215,7 +215,7 @@ void agree(dist::ProcessGroup& world, const c10::Device& device, const std::stri
     return;
   }
   at::Tensor flag = at::full({1}, failure.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device));
-  world.all_reduce(flag).wait();  // the number of ranks that refused
+  world.all_reduce(flag, dist::ReduceOp::kSum, "agree on " + what).wait();  // the number of ranks that refused
   if (!failure.empty()) throw InputError(failure);
   if (flag.item<int>() != 0)
     throw InputError(str("[ckpt] another rank refused ", what, "; that rank's error says which file and why"));

@@ -3,15 +3,18 @@
 // which adds timeouts, messages and byte counting.
 //
 // Contract for every collective: all ranks of the group call it, in the same order, with tensors
-// of the same dtype and matching sizes (checked by ProcessGroup before the call). Tensors must be
-// contiguous and stay alive until the returned work is done. The call may return before the data
-// has moved; PendingWork::wait makes the result visible to the caller's device stream.
+// of the same dtype and matching sizes (checked by ProcessGroup before the call), on the backend's
+// device type (device_type(); checked by ProcessGroup too). Tensors must be contiguous. The call may
+// return before the data has moved; PendingWork::wait makes the result visible to the caller's
+// device stream, and the backend keeps the tensors alive until then. `label` says what the caller
+// does with the collective ("gather model.layers.3"), for the backend's error messages.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace fsdp::dist {
@@ -33,14 +36,17 @@ class Backend {
   virtual std::string name() const = 0;  // "gloo", "nccl", "local"
   virtual int rank() const = 0;
   virtual int size() const = 0;
+  // The device type every tensor handed to this backend must be on; none: any (the local backend).
+  virtual std::optional<c10::DeviceType> device_type() const = 0;
 
   // out (size*n) = concat over ranks of in (n). in may be a view into out (in-place gather).
-  virtual std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in) = 0;
+  virtual std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in, const std::string& label) = 0;
   // out (n) = op over ranks of in[rank*n : (rank+1)*n], in (size*n).
-  virtual std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) = 0;
-  virtual std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op) = 0;
-  virtual std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root) = 0;
-  virtual std::unique_ptr<PendingWork> barrier() = 0;
+  virtual std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op,
+                                                      const std::string& label) = 0;
+  virtual std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op, const std::string& label) = 0;
+  virtual std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root, const std::string& label) = 0;
+  virtual std::unique_ptr<PendingWork> barrier(const std::string& label) = 0;
 };
 
 // Work that is already complete (the local backend, and zero-sized collectives).

@@ -1,14 +1,18 @@
 #include "dist/process_group.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "dist/gloo/gloo_backend.h"
 #include "dist/nccl/nccl_backend.h"
 #include "dist/store.h"
 #include "dist/torch_compat.h"
 #include "util/error.h"
+#include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::dist {
@@ -34,17 +38,22 @@ class LocalBackend : public Backend {
   std::string name() const override { return "local"; }
   int rank() const override { return 0; }
   int size() const override { return 1; }
-  std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in) override {
+  std::optional<c10::DeviceType> device_type() const override { return std::nullopt; }
+  std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in, const std::string&) override {
     if (!out.is_same(in)) out.copy_(in);
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp) override {
+  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp, const std::string&) override {
     if (!out.is_same(in)) out.copy_(in);
     return std::make_unique<DoneWork>();
   }
-  std::unique_ptr<PendingWork> all_reduce(at::Tensor, ReduceOp) override { return std::make_unique<DoneWork>(); }
-  std::unique_ptr<PendingWork> broadcast(at::Tensor, int) override { return std::make_unique<DoneWork>(); }
-  std::unique_ptr<PendingWork> barrier() override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<PendingWork> all_reduce(at::Tensor, ReduceOp, const std::string&) override {
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<PendingWork> broadcast(at::Tensor, int, const std::string&) override {
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<PendingWork> barrier(const std::string&) override { return std::make_unique<DoneWork>(); }
 };
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -96,23 +105,30 @@ bool peer_gone(const std::string& why) {
 
 }  // namespace
 
-Work::Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int size, std::chrono::milliseconds timeout,
-           int64_t bytes)
-    : pending_(std::move(pending)), collective_(c), rank_(rank), size_(size), timeout_(timeout), bytes_(bytes) {}
+Work::Work(std::unique_ptr<PendingWork> pending, Collective c, std::string label, int rank, int size,
+           std::chrono::milliseconds timeout, int64_t bytes)
+    : pending_(std::move(pending)),
+      collective_(c),
+      label_(std::move(label)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      bytes_(bytes) {}
 
 void Work::wait() {
   if (!pending_) return;
   RECORD_USER_SCOPE(str("wait ", name_of(collective_)));
-  const std::string what = str(name_of(collective_), " of ", format_bytes(bytes_), " on rank ", rank_, " of ", size_);
+  const std::string what = str(name_of(collective_), label_.empty() ? "" : " (" + label_ + ")", " of ",
+                               format_bytes(bytes_), " on rank ", rank_, " of ", size_);
   bool ok = false;
   try {
     ok = pending_->wait(timeout_);
   } catch (const std::exception& e) {
     const std::string why = dynamic_cast<const Error*>(&e) ? std::string(e.what()) : brief_message(e);
-    throw Error(str("[dist] ", what, " failed: ", why, peer_gone(why)
-                                                         ? "; a peer rank is gone (its process ended or its machine "
-                                                           "went away): see the first failure above"
-                                                         : "; another rank probably failed first (see its output)"));
+    throw Error(str("[dist] ", what, " failed: ", why,
+                    peer_gone(why) ? "; a peer rank is gone (its process ended or its machine "
+                                     "went away): see the first failure above"
+                                   : "; another rank probably failed first (see its output)"));
   }
   if (!ok)
     throw Error(str("[dist] ", what, " did not finish within ", static_cast<double>(timeout_.count()) / 1000.0,
@@ -128,9 +144,13 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::millis
       store_(std::move(store)),
       gpu_(gpu) {}
 
-ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const { return make_group(ranks, false); }
+ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
+  return make_group(ranks, false);
+}
 
-ProcessGroup ProcessGroup::new_host_group(const std::vector<int>& ranks) const { return make_group(ranks, true); }
+ProcessGroup ProcessGroup::new_host_group(const std::vector<int>& ranks) const {
+  return make_group(ranks, true);
+}
 
 ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host) const {
   int index = -1;
@@ -152,95 +172,200 @@ ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host) 
   std::shared_ptr<Backend> b = backend_->name() == "nccl" && !host
                                    ? make_nccl_backend(sub, index, n, gpu_, timeout_)
                                    : make_gloo_backend(sub.with_prefix("gloo/"), index, n, timeout_);
-  return ProcessGroup(std::move(b), timeout_, std::make_shared<Store>(sub), gpu_);
+  ProcessGroup group(std::move(b), timeout_, std::make_shared<Store>(sub), gpu_);
+  if (check_) group.enable_debug_checks();
+  return group;
+}
+
+void ProcessGroup::enable_debug_checks() {
+  if (check_ || is_local()) return;
+  FSDP_ASSERT(store_ != nullptr, "enable_debug_checks on a group without a store");
+  check_ = make_gloo_backend(store_->with_prefix("check/gloo/"), rank(), size(), timeout_);
+}
+
+namespace {
+
+// One rank's collective as the cross-rank check compares it: the operation, the dtype, both
+// sizes, the root or reduction, and the start of the label.
+struct Fingerprint {
+  int64_t op = 0, dtype = -1, out_numel = 0, in_numel = 0, detail = 0;
+  char label[88] = {};
+};
+static_assert(sizeof(Fingerprint) == 128, "a fingerprint is 128 bytes");
+
+Fingerprint fingerprint_of(Collective c, const std::string& label, const at::Tensor* out, const at::Tensor* in,
+                           int64_t detail) {
+  Fingerprint f;
+  f.op = static_cast<int64_t>(c);
+  const at::Tensor* any = out ? out : in;
+  if (any) f.dtype = static_cast<int64_t>(any->scalar_type());
+  f.out_numel = out ? out->numel() : 0;
+  f.in_numel = in ? in->numel() : 0;
+  f.detail = detail;
+  std::memcpy(f.label, label.data(), std::min(label.size(), sizeof(f.label) - 1));
+  return f;
+}
+
+bool same(const Fingerprint& a, const Fingerprint& b) {
+  return a.op == b.op && a.dtype == b.dtype && a.out_numel == b.out_numel && a.in_numel == b.in_numel &&
+         a.detail == b.detail;
+}
+
+std::string describe(const Fingerprint& f) {
+  std::string what = kCollectiveNames[static_cast<size_t>(f.op)];
+  if (f.label[0]) what += str(" (", f.label, ")");
+  if (f.dtype < 0) return what;
+  what += str(" of ", to_lower(c10::toString(static_cast<at::ScalarType>(f.dtype))));
+  if (f.op == static_cast<int64_t>(Collective::kAllGather) || f.op == static_cast<int64_t>(Collective::kReduceScatter))
+    return what + str(", ", f.in_numel, " elements in and ", f.out_numel, " out");
+  what += str(", ", plural(f.out_numel + f.in_numel, "element"));
+  if (f.op == static_cast<int64_t>(Collective::kBroadcast)) what += str(", root ", f.detail);
+  return what;
+}
+
+}  // namespace
+
+// Every rank gathers every rank's fingerprint of the collective it is about to issue; all of them
+// throw the same message when one differs.
+void ProcessGroup::check_across_ranks(Collective c, const std::string& label, const at::Tensor* out,
+                                      const at::Tensor* in, int64_t detail) {
+  const int w = size();
+  const Fingerprint mine = fingerprint_of(c, label, out, in, detail);
+  at::Tensor all = at::empty({w * static_cast<int64_t>(sizeof(Fingerprint))}, at::kByte);
+  at::Tensor slot = all.narrow(0, rank() * static_cast<int64_t>(sizeof(Fingerprint)), sizeof(Fingerprint));
+  std::memcpy(slot.data_ptr(), &mine, sizeof(Fingerprint));
+  const int64_t number =
+      counters_->calls[0] + counters_->calls[1] + counters_->calls[2] + counters_->calls[3] + counters_->calls[4] + 1;
+  Work(check_->all_gather(all, slot, "debug check"), Collective::kAllGather,
+       "the debug check before collective #" + std::to_string(number), rank(), w, timeout_, all.numel())
+      .wait();
+  const auto* prints = reinterpret_cast<const Fingerprint*>(all.data_ptr());
+  for (int r = 1; r < w; ++r) {
+    if (same(prints[0], prints[r])) continue;
+    throw Error(str("[dist] debug: collective #", number, " of this group differs across its ", w,
+                    " ranks: rank 0 calls ", describe(prints[0]), ", rank ", r, " calls ", describe(prints[r]),
+                    ". The ranks' code paths diverged here; without this check (debug: true) they would hang until "
+                    "dist_timeout or compute garbage"));
+  }
 }
 
 // A profiler range around a collective's issue (named only while a profiler records).
 #define FSDP_TRACE_COLLECTIVE(c, bytes) \
   RECORD_USER_SCOPE(str(backend_->name(), " ", name_of(c), " ", format_bytes(bytes)))
 
-Work ProcessGroup::record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending) {
+template <typename Issue>
+Work ProcessGroup::issue(Collective c, const std::string& label,
+                         std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors, int64_t s,
+                         int64_t detail, Issue fn) {
+  const at::Tensor* out = nullptr;
+  const at::Tensor* in = nullptr;
+  for (const auto& [what, t] : tensors) {
+    check_tensor(*t, what, c);
+    // A host tensor handed to NCCL (or a GPU tensor to Gloo) is our bug: named before it is issued.
+    const std::optional<c10::DeviceType> want = backend_->device_type();
+    FSDP_ASSERT(!want || t->device().type() == *want, name_of(c), label.empty() ? "" : " (" + label + ")", " on rank ",
+                rank(), ": ", what, " is a ", c10::DeviceTypeName(t->device().type(), true), " tensor, but the ",
+                backend_->name(), " backend moves ", c10::DeviceTypeName(*want, true), " tensors only");
+    (std::string(what) == "in" ? in : out) = t;
+  }
+  if (check_) check_across_ranks(c, label, out, in, detail);
+  FSDP_TRACE_COLLECTIVE(c, s);
+  std::unique_ptr<PendingWork> pending = fn();
   const size_t i = static_cast<size_t>(c);
-  const int64_t sent = bytes_sent(c, s, size());
-  counters_->bytes[i] += sent;
+  counters_->bytes[i] += bytes_sent(c, s, size());
   counters_->calls[i] += 1;
-  return Work(std::move(pending), c, rank(), size(), timeout_, s);
+  return Work(std::move(pending), c, label, rank(), size(), timeout_, s);
 }
 
-Work ProcessGroup::all_gather(const at::Tensor& out, const at::Tensor& in) {
-  check_tensor(out, "out", Collective::kAllGather);
-  check_tensor(in, "in", Collective::kAllGather);
+Work ProcessGroup::all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& label) {
   FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "all_gather: dtypes differ");
   FSDP_ASSERT(out.numel() == in.numel() * size(), "all_gather: out has ", out.numel(), " elements, expected ",
               in.numel(), " x ", size());
-  FSDP_TRACE_COLLECTIVE(Collective::kAllGather, nbytes(out));
-  return record(Collective::kAllGather, nbytes(out), backend_->all_gather(out, in));
+  return issue(Collective::kAllGather, label, {{"out", &out}, {"in", &in}}, nbytes(out), 0,
+               [&] { return backend_->all_gather(out, in, label); });
 }
 
-Work ProcessGroup::reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) {
-  check_tensor(out, "out", Collective::kReduceScatter);
-  check_tensor(in, "in", Collective::kReduceScatter);
+Work ProcessGroup::reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const std::string& label) {
   FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "reduce_scatter: dtypes differ");
   FSDP_ASSERT(in.numel() == out.numel() * size(), "reduce_scatter: in has ", in.numel(), " elements, expected ",
               out.numel(), " x ", size());
   FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(in.scalar_type()), "reduce_scatter: avg needs floats");
-  FSDP_TRACE_COLLECTIVE(Collective::kReduceScatter, nbytes(in));
-  return record(Collective::kReduceScatter, nbytes(in), backend_->reduce_scatter(out, in, op));
+  return issue(Collective::kReduceScatter, label, {{"out", &out}, {"in", &in}}, nbytes(in), static_cast<int64_t>(op),
+               [&] { return backend_->reduce_scatter(out, in, op, label); });
 }
 
-Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
-  check_tensor(tensor, "tensor", Collective::kAllReduce);
+Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op, const std::string& label) {
   FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(tensor.scalar_type()), "all_reduce: avg needs floats");
-  FSDP_TRACE_COLLECTIVE(Collective::kAllReduce, nbytes(tensor));
-  return record(Collective::kAllReduce, nbytes(tensor), backend_->all_reduce(tensor, op));
+  return issue(Collective::kAllReduce, label, {{"tensor", &tensor}}, nbytes(tensor), static_cast<int64_t>(op),
+               [&] { return backend_->all_reduce(tensor, op, label); });
 }
 
-Work ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
-  check_tensor(tensor, "tensor", Collective::kBroadcast);
+Work ProcessGroup::broadcast(const at::Tensor& tensor, int root, const std::string& label) {
   FSDP_ASSERT(root >= 0 && root < size(), "broadcast: root ", root, " outside the group of ", size());
-  FSDP_TRACE_COLLECTIVE(Collective::kBroadcast, nbytes(tensor));
-  return record(Collective::kBroadcast, nbytes(tensor), backend_->broadcast(tensor, root));
+  return issue(Collective::kBroadcast, label, {{"tensor", &tensor}}, nbytes(tensor), root,
+               [&] { return backend_->broadcast(tensor, root, label); });
 }
 
-Work ProcessGroup::barrier() {
-  return record(Collective::kBarrier, 0, backend_->barrier());
+Work ProcessGroup::barrier(const std::string& label) {
+  return issue(Collective::kBarrier, label, {}, 0, 0, [&] { return backend_->barrier(label); });
 }
 
 ProcessGroup make_single_process_group() {
   return ProcessGroup(std::make_shared<LocalBackend>(), std::chrono::minutes(10));
 }
 
-ProcessGroup init_process_group(const GroupOptions& options) {
-  std::chrono::milliseconds timeout = std::chrono::seconds(600);
-  if (options.timeout) {
-    timeout = *options.timeout;
-  } else if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"); t && *t) {
+namespace {
+
+bool debug_requested() {
+  if (env_is("FSDPTRAIN_DEBUG", "1")) return true;
+  const char* v = std::getenv("ACCELERATE_DEBUG_MODE");
+  return v && (to_lower(v) == "true" || std::string(v) == "1" || to_lower(v) == "yes");
+}
+
+std::chrono::milliseconds timeout_of(const GroupOptions& options) {
+  if (options.timeout) return *options.timeout;
+  if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"); t && *t) {
     auto seconds = parse_float(t);
     FSDP_CHECK(seconds && *seconds > 0, "[dist] FSDPTRAIN_DIST_TIMEOUT=", quoted(t), " is not a number of seconds > 0");
-    timeout = std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
+    return std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
   }
-  const WorkerContext ctx = options.context ? *options.context : worker_context(options.backend == "gloo");
-  if (ctx.world_size == 1) return make_single_process_group();
-  const int world_size = ctx.world_size, rank = ctx.rank;
+  return std::chrono::seconds(600);
+}
+
+// Where the world meets: the launcher's store (torchrun's "agent store"), else rank 0 serves one.
+// A world of one on a GPU serves its own, on a free port of the loopback.
+std::shared_ptr<Store> rendezvous(const WorkerContext& ctx, std::chrono::milliseconds timeout) {
   StoreOptions so;
+  so.timeout = timeout;
+  if (ctx.world_size == 1) {
+    so.port = 0;
+    so.is_server = true;
+    return std::make_shared<Store>(so);
+  }
   so.host = env_or("MASTER_ADDR", "127.0.0.1");
   so.port = env_port();
-  so.timeout = timeout;
-  // Under a launcher the store already exists (torchrun's "agent store"); otherwise rank 0 serves.
   const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
-  so.is_server = !agent_store && rank == 0;
+  so.is_server = !agent_store && ctx.rank == 0;
   so.prefix = agent_store ? str("/worker/attempt_", env_or("TORCHELASTIC_RESTART_COUNT", "0"), "/") : "";
-  auto store = std::make_shared<Store>(so);
+  return std::make_shared<Store>(so);
+}
 
+}  // namespace
+
+ProcessGroup init_process_group(const GroupOptions& options) {
+  const std::chrono::milliseconds timeout = timeout_of(options);
+  const WorkerContext ctx = options.context ? *options.context : worker_context(options.backend == "gloo");
   const std::string backend = options.backend == "auto" ? ctx.backend : options.backend;
-  std::shared_ptr<Backend> b;
-  if (backend == "nccl")
-    b = make_nccl_backend(*store, rank, world_size, ctx.gpu, timeout);
-  else if (backend == "gloo")
-    b = make_gloo_backend(store->with_prefix("gloo/"), rank, world_size, timeout);
-  else
-    throw InputError(str("[dist] unknown backend ", quoted(backend), "; expected gloo, nccl or auto"));
-  return ProcessGroup(std::move(b), timeout, std::move(store), ctx.gpu);
+  FSDP_CHECK(backend == "gloo" || backend == "nccl", "[dist] unknown backend ", quoted(backend),
+             "; expected gloo, nccl or auto");
+  if (ctx.world_size == 1 && backend != "nccl") return make_single_process_group();
+  auto store = rendezvous(ctx, timeout);
+  std::shared_ptr<Backend> b = backend == "nccl"
+                                   ? make_nccl_backend(*store, ctx.rank, ctx.world_size, ctx.gpu, timeout)
+                                   : make_gloo_backend(store->with_prefix("gloo/"), ctx.rank, ctx.world_size, timeout);
+  ProcessGroup group(std::move(b), timeout, std::move(store), ctx.gpu);
+  if (options.debug.value_or(debug_requested())) group.enable_debug_checks();
+  return group;
 }
 
 }  // namespace fsdp::dist

@@ -1,12 +1,20 @@
 // ProcessGroup: the handle the FSDP engine and the launcher's health check call for collectives.
 //
 // A small value type over a shared Backend. It checks every call's tensors (dtype, sizes,
-// contiguity) before issuing it, counts the bytes each rank sends, and gives back a Work whose
-// wait() fails with a message naming the collective, the rank and how long it waited.
+// contiguity, and the device the backend moves: a host tensor never reaches NCCL) before issuing
+// it, counts the bytes each rank sends, and gives back a Work whose wait() fails with a message
+// naming the collective, what it was for (its label), the rank and how long it waited. With
+// `debug` (the config's debug: true, or FSDPTRAIN_DEBUG=1) every collective first checks across
+// the ranks, over a Gloo group of its own, that they all issue the same operation with the same
+// dtype and sizes, and names the first rank and collective that differ instead of hanging (c10d's
+// ProcessGroupWrapper under TORCH_DISTRIBUTED_DEBUG=DETAIL does the same).
 //
 // Collective: every method except the accessors must be called by all ranks of the group in the
-// same order. Thread safety: one thread issues collectives (the training thread); Work::wait may
-// be called from that thread only.
+// same order. Thread safety: one thread at a time issues collectives and waits on their Work. On
+// CUDA that is the training thread in forward and the autograd engine's device thread in backward
+// (the engine's hooks run there, one at a time, while the training thread waits in backward()):
+// both issue on the current device, and a Work's wait() orders the *calling* thread's current
+// stream after the collective.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -48,22 +56,24 @@ int64_t bytes_sent(Collective c, int64_t s, int world_size);
 class Work {
  public:
   Work() = default;  // already done
-  Work(std::unique_ptr<PendingWork> pending, Collective c, int rank, int size, std::chrono::milliseconds timeout,
-       int64_t bytes);
-  // Makes the result usable, or throws fsdp::Error "[dist] all_gather of 4.0 MB on rank 1 of 4 did
-  // not finish within 30 s ..." on timeout, or the transport's failure with the same context.
-  // What "usable" means depends on the backend:
+  Work(std::unique_ptr<PendingWork> pending, Collective c, std::string label, int rank, int size,
+       std::chrono::milliseconds timeout, int64_t bytes);
+  // Makes the result usable, or throws fsdp::Error "[dist] all_gather (gather model.layers.3) of
+  // 4.0 MB on rank 1 of 4 did not finish within 30 s ..." on timeout, or the transport's failure
+  // with the same context. What "usable" means depends on the backend:
   //   Gloo (CPU), single process: the host blocks until the output is written.
   //   NCCL: a collective's wait() does not block the host; it makes the caller's current CUDA
-  //         stream wait for the collective, so later work queued on that stream sees the output.
-  //         barrier() blocks the host. A collective that never finishes is caught by the
-  //         backend's watchdog, which aborts the communicator; the next call throws.
+  //         stream wait for the collective, so later work queued on that stream sees the output,
+  //         and the backend lets go of the collective's tensors. barrier() blocks the host. A
+  //         collective that never finishes is caught by c10d's watchdog, which aborts the
+  //         communicator; the next call throws.
   void wait();
   bool done() const { return pending_ == nullptr; }
 
  private:
   std::shared_ptr<PendingWork> pending_;
   Collective collective_ = Collective::kBarrier;
+  std::string label_;
   int rank_ = 0, size_ = 1;
   std::chrono::milliseconds timeout_{0};
   int64_t bytes_ = 0;
@@ -81,15 +91,25 @@ class ProcessGroup {
   int rank() const { return backend_->rank(); }
   int size() const { return backend_->size(); }
   std::string backend_name() const { return backend_->name(); }
+  // The single-process group: collectives are local copies (no transport, no stream).
+  bool is_local() const { return backend_->name() == "local"; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // `label` says what the collective is for ("gather model.layers.3"); errors name it.
   // out: (size * n), in: (n), same dtype and device, both contiguous.
-  Work all_gather(const at::Tensor& out, const at::Tensor& in);
+  Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& label = "");
   // out: (n), in: (size * n). kAvg divides by size() (in the reduction dtype of the tensor).
-  Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum);
-  Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
-  Work broadcast(const at::Tensor& tensor, int root);
-  Work barrier();
+  Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum,
+                      const std::string& label = "");
+  Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& label = "");
+  Work broadcast(const at::Tensor& tensor, int root, const std::string& label = "");
+  Work barrier(const std::string& label = "");
+
+  // Turns on the cross-rank check of every collective (see above). Collective: every rank of the
+  // group calls it; the group needs a store (a no-op for the single-process group). Subgroups made
+  // afterwards check themselves too.
+  void enable_debug_checks();
+  bool debug_checks() const { return check_ != nullptr; }
 
   // A group of some ranks of this one (ranks: their ranks here, ascending; this rank among them),
   // on the same transport; this rank's rank there is its index in `ranks`. Collective over the
@@ -112,9 +132,16 @@ class ProcessGroup {
   void reset_counters() { *counters_ = ByteCounters{}; }
 
  private:
-  Work record(Collective c, int64_t s, std::unique_ptr<PendingWork> pending);
+  // Checks the tensors, runs the cross-rank check, issues, counts.
+  template <typename Issue>
+  Work issue(Collective c, const std::string& label,
+             std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors, int64_t s, int64_t detail,
+             Issue fn);
+  void check_across_ranks(Collective c, const std::string& label, const at::Tensor* out, const at::Tensor* in,
+                          int64_t detail);
   ProcessGroup make_group(const std::vector<int>& ranks, bool host) const;
   std::shared_ptr<Backend> backend_;
+  std::shared_ptr<Backend> check_;  // debug: a Gloo group of the same ranks for the cross-rank check
   std::chrono::milliseconds timeout_;
   std::shared_ptr<ByteCounters> counters_;
   std::shared_ptr<Store> store_;
@@ -128,10 +155,15 @@ ProcessGroup make_single_process_group();
 // The process group of this worker: `context` says its rank, world size and GPU (the launcher's
 // variables, read once by worker_context()); MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE
 // and TORCHELASTIC_RESTART_COUNT say where the rendezvous is. A world size of 1 gives the
-// single-process group. backend: "gloo", "nccl" or "auto" (the context's). Collective: every rank
-// calls it. Throws naming the missing variable or the unreachable rendezvous.
+// single-process group, except on a GPU, where it is an NCCL group of one (as torchrun with one
+// process and init_process_group("nccl") gives), so one GPU runs the same path as many.
+// backend: "gloo", "nccl" or "auto" (the context's). Collective: every rank calls it. Throws
+// naming the missing variable or the unreachable rendezvous.
 struct GroupOptions {
   std::string backend = "auto";
+  // The cross-rank check of every collective; unset: on when FSDPTRAIN_DEBUG=1 or ACCELERATE_DEBUG_MODE
+  // (the config's debug key, which the launcher exports) is true.
+  std::optional<bool> debug;
   // Per-collective timeout; unset: $FSDPTRAIN_DIST_TIMEOUT seconds (the launcher exports the
   // dist_timeout key there), else 600 s.
   std::optional<std::chrono::milliseconds> timeout;

@@ -31,9 +31,15 @@ WorkerContext worker_context(bool use_cpu) {
   ctx.rank = std::max(ctx.rank, 0);
   FSDP_CHECK(ctx.rank < ctx.world_size, "[dist] RANK=", ctx.rank, " is not below WORLD_SIZE=", ctx.world_size);
   ctx.local_rank = env_count("LOCAL_RANK", 0);
-  const int gpus = visible_gpus();
-  if (gpus > 0) ctx.gpu = ctx.local_rank % gpus;
-  if (!use_cpu && ctx.gpu >= 0 && nccl_usable()) {
+  const int gpus = use_cpu ? 0 : visible_gpus();
+  if (gpus > 0) {
+    // One GPU per rank, the local rank's: NCCL refuses two ranks on one GPU.
+    FSDP_CHECK(ctx.local_rank < gpus, "[dist] LOCAL_RANK=", ctx.local_rank, " but this machine shows ",
+               plural(gpus, "GPU"), " (CUDA_VISIBLE_DEVICES); each rank needs a GPU of its own. Start at most ", gpus,
+               " workers per machine, or run on the CPU (--cpu)");
+    ctx.gpu = ctx.local_rank;
+  }
+  if (ctx.gpu >= 0 && nccl_usable()) {
     ctx.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ctx.gpu));
     ctx.backend = "nccl";
   }

@@ -13,7 +13,7 @@ struct WorkerContext {
   int rank = 0;        // in the whole job
   int world_size = 1;  // workers in the whole job
   int local_rank = 0;  // on this machine
-  int gpu = -1;        // the visible GPU this worker owns (LOCAL_RANK modulo the visible count); -1: none
+  int gpu = -1;        // the visible GPU this worker owns (its LOCAL_RANK); -1: none (a CPU run)
   c10::Device device = c10::Device(c10::kCPU);  // where the model computes
   std::string backend = "gloo";                 // "nccl" when the device is a GPU
   bool is_main() const { return rank == 0; }
@@ -21,8 +21,9 @@ struct WorkerContext {
 
 // The context of this process. RANK/WORLD_SIZE/LOCAL_RANK unset: a single process (rank 0 of 1).
 // use_cpu (the config's use_cpu): compute on the CPU over Gloo even where GPUs are visible;
-// otherwise, with NCCL built and a GPU visible, on GPU `gpu` over NCCL. Throws InputError for a
-// malformed variable, naming it.
+// otherwise, with NCCL built and a GPU visible, on GPU LOCAL_RANK over NCCL. Throws InputError for a
+// malformed variable, naming it, and for a LOCAL_RANK with no GPU of its own (more ranks on this
+// machine than GPUs: NCCL cannot put two ranks on one GPU).
 WorkerContext worker_context(bool use_cpu);
 
 }  // namespace fsdp::dist

@@ -130,7 +130,7 @@ void ParamGroup::unshard() {
   if (params_.empty()) return;
   log("gather");
   const int world = mesh_->shard.size();
-  if (world == 1) return;  // wait_for_unshard copies the shard in; no collective
+  if (mesh_->shard.is_local()) return;  // wait_for_unshard copies the shard in; no collective
   c10::NoGradGuard no_grad;
   at::Tensor out = at::empty({world * shard_numel_},
                              at::TensorOptions().dtype(options_.mixed_precision.param_dtype).device(options_.device));
@@ -138,7 +138,7 @@ void ParamGroup::unshard() {
   // when offloaded).
   at::Tensor in = out.narrow(0, mesh_->shard.rank() * shard_numel_, shard_numel_);
   in.copy_(flat_shard_, /*non_blocking=*/options_.offload_params);
-  pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in), out};
+  pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in, "gather " + display_name()), out};
 }
 
 void ParamGroup::wait_for_unshard() {
@@ -219,12 +219,13 @@ void ParamGroup::post_backward(bool sync) {
     if (g.defined())
       copy_into_rows(rows.narrow(1, p.offset, p.layout.shard_numel()), g.reshape({-1}), p.layout.shard_numel());
   }
-  if (world == 1) {
+  if (mesh_->shard.is_local()) {
     pending_reduce_ = PendingReduce{dist::Work(), input, input};
     return;
   }
   at::Tensor output = at::empty({trainable_numel_}, opts);
-  pending_reduce_ = PendingReduce{mesh_->shard.reduce_scatter(output, input, dist::ReduceOp::kAvg), input, output};
+  pending_reduce_ = PendingReduce{
+      mesh_->shard.reduce_scatter(output, input, dist::ReduceOp::kAvg, "reduce " + display_name()), input, output};
 }
 
 void ParamGroup::finish_reduce() {
@@ -235,7 +236,7 @@ void ParamGroup::finish_reduce() {
   at::Tensor reduced = pending_reduce_->output;
   pending_reduce_.reset();
   if (mesh_->replicate && mesh_->replicate->size() > 1)
-    mesh_->replicate->all_reduce(reduced, dist::ReduceOp::kAvg).wait();
+    mesh_->replicate->all_reduce(reduced, dist::ReduceOp::kAvg, "replicate " + display_name()).wait();
   flat_grad_.add_(reduced.to(flat_grad_.device(), at::kFloat));
 }
 
@@ -253,28 +254,32 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradient
   return gather_full(flat_grad_, /*trainable_only=*/true);
 }
 
-at::Tensor ParamGroup::all_gather_slice(const at::Tensor& mine) const {
+// On the compute device: with offload the shards live in host memory, which a device backend
+// (NCCL) must never be handed; the gathered value comes back where `mine` lives.
+at::Tensor ParamGroup::all_gather_slice(const at::Tensor& mine, const std::string& label) const {
   const int64_t world = mesh_->shard.size(), n = mine.numel();
   if (world == 1 || n == 0) return mine;
-  at::Tensor all = at::empty({world * n}, mine.options().pinned_memory(false));
+  at::Tensor all = at::empty({world * n}, mine.options().device(options_.device).pinned_memory(false));
   at::Tensor in = all.narrow(0, mesh_->shard.rank() * n, n);
   in.copy_(mine);
   dist::ProcessGroup shard = mesh_->shard;
-  shard.all_gather(all, in).wait();
-  return all;
+  shard.all_gather(all, in, label).wait();
+  return all.to(mine.device());
 }
 
 at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
   c10::NoGradGuard no_grad;
   const ShardedParam& p = params_.at(i);
-  const at::Tensor all = all_gather_slice(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()));
+  const at::Tensor all =
+      all_gather_slice(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()), "full value of " + p.name);
   return all.narrow(0, 0, p.layout.numel()).view(p.layout.shape).clone();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at::Tensor& flat,
                                                                         bool trainable_only) const {
   c10::NoGradGuard no_grad;
-  const at::Tensor rows = all_gather_slice(flat).view({mesh_->shard.size(), flat.numel()});
+  const at::Tensor rows =
+      all_gather_slice(flat, "full state of " + display_name()).view({mesh_->shard.size(), flat.numel()});
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const ShardedParam& p : params_) {
     if (trainable_only && !p.trainable) continue;

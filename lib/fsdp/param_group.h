@@ -14,9 +14,31 @@
 //   param i occupies [offset_i, offset_i + shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]).
 // The all-gather output is (W, S) rank-major; the reduce-scatter input is (W, S_trainable).
 //
+// Streams and buffers on CUDA (as FSDP2 orders them, with the process group's own stream instead of
+// FSDP2's separate all-gather and reduce-scatter streams):
+//   - unshard(): the gather's output (W * S, param_dtype) is allocated and this rank's slot is
+//     filled (the cast, or the host-to-device copy under offload) on the *current* stream; the
+//     all-gather runs on the NCCL group's stream, which first waits for the current stream, so a
+//     prefetch issued before a unit computes overlaps that computation.
+//   - wait_for_unshard(): Work::wait makes the current stream wait for the gather (no host wait);
+//     the copy-out into the parameters' storage runs on the current stream after it.
+//   - post_backward(): the reduce-scatter's input is built on the current stream (in backward: the
+//     autograd engine's device thread, whose current stream is the one forward ran on); the
+//     reduce-scatter runs on the group's stream after it.
+//   - finish_reduce(): Work::wait orders the current stream after the reduce-scatter; the fp32
+//     accumulation into the sharded gradient runs there.
+// A buffer is kept alive by PendingGather/PendingReduce until its Work::wait, and by the process
+// group itself (c10d's stash, TORCH_NCCL_AVOID_RECORD_STREAMS) until then too. Once wait() has
+// ordered the current stream after the collective, dropping the buffer is safe without
+// recordStream: the caching allocator hands its block to later work of the current stream only,
+// which runs after the collective. So no buffer outlives its wait, and memory does not grow with
+// how far the host runs ahead of the device.
+//
 // Collective: unshard, post_backward, finish_reduce and gather_full_parameters issue collectives on
 // the shard (and replicate) group; all ranks call them in the same order (the engine guarantees it
-// because every rank runs the same model). Not thread-safe: the training thread only.
+// because every rank runs the same model). Not thread-safe: one thread at a time, the training
+// thread in forward and, on CUDA, the autograd engine's device thread in backward (the engine's
+// hooks; the training thread waits in backward() meanwhile).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -61,8 +83,8 @@ class ParamGroup {
   // replicate group) and turns them into unsharded leaves with empty storage. name: the module's
   // path ("" for the root).
   ParamGroup(std::string name, std::vector<std::pair<std::string, at::Tensor>> params,
-             std::vector<std::vector<std::string>> aliases, std::shared_ptr<DeviceMesh> mesh, const FsdpOptions& options,
-             EventLog log);
+             std::vector<std::vector<std::string>> aliases, std::shared_ptr<DeviceMesh> mesh,
+             const FsdpOptions& options, EventLog log);
   ~ParamGroup();
   ParamGroup(const ParamGroup&) = delete;
   ParamGroup& operator=(const ParamGroup&) = delete;
@@ -115,7 +137,8 @@ class ParamGroup {
   void log(const char* what) const;
   void copy_out(const at::Tensor& gathered);  // (W * S) param_dtype -> every param's buffer
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
-  at::Tensor all_gather_slice(const at::Tensor& mine) const;  // (n) -> (W * n) rank-major, fp32
+  // (n) -> (W * n) rank-major, fp32, gathered on the compute device, returned on mine's.
+  at::Tensor all_gather_slice(const at::Tensor& mine, const std::string& label) const;
 
   std::string name_;
   std::shared_ptr<DeviceMesh> mesh_;

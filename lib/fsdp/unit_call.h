@@ -4,6 +4,11 @@
 // its ModelTraits::unit_classes through call(): when fully_shard made that module a unit, the call
 // gathers its parameters, records its backward hooks and frees it afterwards; otherwise (no
 // sharding, or the module is not a unit) it is just fn(inputs). Models stay usable unsharded.
+//
+// Threads: call() runs on the thread that runs forward (the training thread). The backward hooks it
+// registers run where autograd runs backward: on CUDA, the engine's thread for that device, with
+// the current device set to it and the current stream the one the forward op ran on; on CPU, the
+// calling thread. Only one of them runs the engine at a time.
 #pragma once
 
 #include <ATen/core/Tensor.h>

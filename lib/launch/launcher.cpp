@@ -102,12 +102,14 @@ std::string first_line(const std::string& text) {
 }  // namespace
 
 void check_capacity(int local, int num_machines, bool use_cpu, const LaunchOptions& o, int cores) {
-  if (o.oversubscribe) return;
   const std::string asked = str("num_processes asks for ", plural(local, "worker"), " on this machine");
+  // Not even with --oversubscribe: NCCL refuses two ranks on one GPU.
   if (!use_cpu && o.visible_gpus > 0)
     FSDP_CHECK(local <= o.visible_gpus, "[launch] ", asked, ", which has ", plural(o.visible_gpus, "GPU"),
-               "; each worker drives one GPU. Set num_processes (or --num_processes) to at most ",
-               o.visible_gpus * num_machines, ", or pass --oversubscribe to start them anyway");
+               "; each worker drives a GPU of its own (NCCL cannot share one between ranks). Set num_processes (or "
+               "--num_processes) to at most ",
+               o.visible_gpus * num_machines, ", or train on the CPU (--cpu)");
+  if (o.oversubscribe) return;
   FSDP_CHECK(local <= 4 * cores, "[launch] ", asked, ", which has ", plural(cores, "core"),
              "; more than 4 workers per core would only thrash, and their memory ends in the out-of-memory killer. "
              "Set num_processes (or --num_processes) to at most ",
@@ -185,8 +187,7 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
       const WorkerStatus& f = *root.worker;
       code = f.failed() ? f.exit_code() : first->exit_code();
       what = str("rank ", f.rank, " (machine ", topology.machine_rank, ", pid ", f.pid, ") ",
-                 root.message.empty() ? "ended with " + f.describe()
-                                      : str("failed first: ", first_line(root.message)));
+                 root.message.empty() ? "ended with " + f.describe() : str("failed first: ", first_line(root.message)));
       rdzv.report_failure(attempt, code, what);
     } else {
       code = remote->first;

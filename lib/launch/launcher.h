@@ -17,12 +17,13 @@ struct LaunchOptions {
   std::string log_dir;  // also write each rank's output to <log_dir>/rank<N>.log
   bool dry_run = false;
   std::chrono::milliseconds grace{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL
-  int visible_gpus = 0;         // this machine's GPUs (0: none, or unknown)
-  bool oversubscribe = false;   // start more local workers than check_capacity allows
+  int visible_gpus = 0;                                      // this machine's GPUs (0: none, or unknown)
+  bool oversubscribe = false;                                // a CPU run: start more than 4 local workers per core
 };
 
 // Throws InputError, before anything starts, when this machine is asked for more workers than it
-// can run: more than its GPUs for a GPU run, or more than 4 per core (a CPU run, or no GPU seen).
+// can run: more than its GPUs for a GPU run (always: NCCL cannot put two ranks on one GPU), or more
+// than 4 per core (a CPU run, or no GPU seen; options.oversubscribe allows it).
 void check_capacity(int local_workers, int num_machines, bool use_cpu, const LaunchOptions& options, int cores);
 
 // Runs the whole launch and returns the process exit code: 0 when every worker of every machine

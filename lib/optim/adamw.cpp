@@ -19,13 +19,21 @@ ShardedAdamW::ShardedAdamW(ShardedModel& model, AdamWOptions options) : model_(m
   steps_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
 }
 
-void ShardedAdamW::step() { update(nullptr); }
+void ShardedAdamW::step() {
+  update(nullptr);
+}
 
-void ShardedAdamW::step(const at::Tensor& skip) { update(&skip); }
+void ShardedAdamW::step(const at::Tensor& skip) {
+  update(&skip);
+}
 
-int64_t ShardedAdamW::steps() const { return static_cast<int64_t>(steps_.item<float>()); }
+int64_t ShardedAdamW::steps() const {
+  return static_cast<int64_t>(steps_.item<float>());
+}
 
-void ShardedAdamW::set_steps(int64_t steps) { steps_.fill_(static_cast<double>(steps)); }
+void ShardedAdamW::set_steps(int64_t steps) {
+  steps_.fill_(static_cast<double>(steps));
+}
 
 void ShardedAdamW::update(const at::Tensor* skip) {
   RECORD_USER_SCOPE("optimizer");
@@ -81,10 +89,11 @@ at::Tensor grad_norm(ShardedModel& model) {
     sum_sq = sum_sq.defined() ? sum_sq + s.to(sum_sq.device()) : s;
   }
   if (!sum_sq.defined()) return at::zeros({1}, at::kDouble);
-  sum_sq = sum_sq.reshape({1}).contiguous();
+  // On the compute device: with offload the gradients live in host memory, which NCCL must not get.
+  sum_sq = sum_sq.reshape({1}).to(model.options().device).contiguous();
   // Padding is zero and each rank holds distinct rows: the shard group's sum is the whole model's.
   dist::ProcessGroup shard = model.mesh().shard;  // a handle; copies share the group
-  if (shard.size() > 1) shard.all_reduce(sum_sq).wait();
+  if (shard.size() > 1) shard.all_reduce(sum_sq, dist::ReduceOp::kSum, "gradient norm").wait();
   return sum_sq.sqrt();
 }
 

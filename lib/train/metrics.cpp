@@ -1,6 +1,7 @@
 #include "train/metrics.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -56,9 +57,8 @@ std::string progress_bar(int64_t step, int64_t steps, double loss, double elapse
   const double done = steps > 0 ? std::min(1.0, static_cast<double>(step) / static_cast<double>(steps)) : 1.0;
   const int filled = static_cast<int>(kWidth * done);
   char tail[96];
-  std::snprintf(tail, sizeof(tail), "] %3d%% step %lld/%lld | loss %.4f | ETA ",
-                static_cast<int>(100 * done), static_cast<long long>(step),
-                static_cast<long long>(steps), loss);
+  std::snprintf(tail, sizeof(tail), "] %3d%% step %lld/%lld | loss %.4f | ETA ", static_cast<int>(100 * done),
+                static_cast<long long>(step), static_cast<long long>(steps), loss);
   return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + tail +
          duration(eta_seconds(step, steps, elapsed_s));
 }
@@ -106,6 +106,16 @@ std::optional<double> peak_flops(const c10::Device& device, double configured_tf
 #endif
   (void)device;
   return std::nullopt;
+}
+
+std::string dist_timeout_warning(double step_time_s, double dist_timeout_s, bool queued_ahead) {
+  if (!queued_ahead || 2 * step_time_s < dist_timeout_s) return "";
+  return str("[train] warning: a step takes ", format_seconds(step_time_s), " and dist_timeout is ",
+             format_seconds(dist_timeout_s),
+             "; the collective watchdog counts a collective's time from when it was "
+             "queued, up to a step before it runs, so collectives may time out while they wait their turn. Raise "
+             "dist_timeout (--dist_timeout) above ",
+             format_seconds(std::ceil(3 * step_time_s)));
 }
 
 }  // namespace fsdp::train

@@ -26,6 +26,12 @@ std::string metrics_json(const StepMetrics& m);
 // "[########------------] 40% step 400/1000 | loss 1.4627 | ETA 22s"
 std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s);
 
+// A GPU trainer queues a step's collectives while the step before still runs, and the collective
+// watchdog counts from when the host queued them: a dist_timeout under two steps times collectives
+// out that are merely waiting their turn. The warning to print once for a step of `step_time_s`;
+// "" when dist_timeout leaves room (or on CPU, where nothing is queued ahead).
+std::string dist_timeout_warning(double step_time_s, double dist_timeout_s, bool queued_ahead);
+
 // Peak memory of this process: the CUDA allocator's peak on a GPU, the resident-set high-water
 // mark (VmHWM) on CPU.
 int64_t peak_memory_bytes(const c10::Device& device);

@@ -198,6 +198,12 @@ class RunReport {
     m.peak_memory_bytes = peak_memory_bytes(run_.context().device);
     m.elapsed_s = seconds_since(start_);
     run_.say(format_metrics(m) + "\n");
+    if (!timeout_warned_) {
+      const std::string w =
+          dist_timeout_warning(m.step_time_s, config_.launch.dist_timeout, run_.context().device.is_cuda());
+      timeout_warned_ = !w.empty();
+      if (timeout_warned_) run_.say(w + "\n");
+    }
     if (metrics_.is_open()) metrics_ << metrics_json(m) << "\n" << std::flush;
     log_scalars(m);
   }
@@ -216,7 +222,8 @@ class RunReport {
     if (tensorboard_) tensorboard_->add_scalar("eval/loss", step, loss);
     run_.say(str("[train] step ", step, ": held-out loss ", loss, "\n"));
     // Through the JSON writer, like the step lines: every digit of the double, not the stream's six.
-    if (metrics_.is_open()) metrics_ << nlohmann::json{{"step", step}, {"eval_loss", loss}}.dump() << "\n" << std::flush;
+    if (metrics_.is_open())
+      metrics_ << nlohmann::json{{"step", step}, {"eval_loss", loss}}.dump() << "\n" << std::flush;
   }
 
   TrainingRun& run_;
@@ -226,6 +233,7 @@ class RunReport {
   Clock::time_point window_start_;  // timing: since the device was last idle, at the end of step window_step_
   int64_t window_step_;
   bool progress_ = false;
+  bool timeout_warned_ = false;
   std::ofstream metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t last_saved_ = -1;
@@ -300,9 +308,9 @@ void check_checkpoint_dir_free(const config::ResolvedConfig& resolved) {
   ckpt::check_unlocked(dir);
 }
 
-TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
-                          std::ostream& out, const TrainHooks& hooks) {
-  refuse_unsupported(resolved);  // the launcher ran check_trainer_config; the workers need only this
+TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
+                          const TrainHooks& hooks) {
+  refuse_unsupported(resolved);                    // the launcher ran check_trainer_config; the workers need only this
   TrainingRun run(context, resolved, out, hooks);  // group, data, model, optimizer, checkpointer
   try {
     const int64_t first_step = run.resume();  // 1, or the step after the checkpoint's

@@ -115,8 +115,8 @@ model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::s
   return model::load_llama_config(model_config_path(cfg), warnings);
 }
 
-TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
-                         std::ostream& out, const TrainHooks& hooks)
+TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
+                         const TrainHooks& hooks)
     : context_(context),
       resolved_(resolved),
       config_(resolved.typed),
@@ -177,13 +177,13 @@ void TrainingRun::build_model() {
             "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));
   }
   const config::OptimConfig& o = config_.optimizer;
-  adamw_ = std::make_unique<optim::ShardedAdamW>(
-      *sharded_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+  adamw_ = std::make_unique<optim::ShardedAdamW>(*sharded_,
+                                                 optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
   const auto bytes = sharded_->persistent_bytes();
   say(str("[train] model: ", model_config_.num_parameters(), " parameters, ", sharded_->groups().size(),
           " units; per rank ", format_bytes(bytes.params), " of fp32 shards + ", format_bytes(bytes.grads),
-          " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ", plural(world_.size(), "rank"), " on ",
-          context_.device.str(), "\n"));
+          " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ", plural(world_.size(), "rank"),
+          " on ", context_.device.str(), world_.is_local() ? "" : " over " + world_.backend_name(), "\n"));
 }
 
 void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
@@ -193,7 +193,7 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   options.dir = c.dir;
   options.keep = c.keep;
   options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
-                                                                                          : ckpt::Format::kFull;
+                                                                                            : ckpt::Format::kFull;
   options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
   options.fs = hooks.checkpoint_fs;
   options.log = context_.is_main() ? &out_ : nullptr;
@@ -282,7 +282,7 @@ at::Tensor TrainingRun::global_targets(double local) {
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(context_.device);
   if (!tokens_.has_mask()) return at::full({1}, tokens_per_step(), opts);
   at::Tensor t = at::full({1}, local, opts);
-  if (world_.size() > 1) world_.all_reduce(t).wait();
+  if (world_.size() > 1) world_.all_reduce(t, dist::ReduceOp::kSum, "counted targets").wait();
   return t;
 }
 
@@ -332,7 +332,7 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
 // Clips and applies the gradients on the device, skipping the update there when the loss or the
 // norm is not finite or nothing was counted; then starts the copy of the step's numbers to the host.
 void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted) {
-  if (world_.size() > 1) world_.all_reduce(loss_sum).wait();
+  if (world_.size() > 1) world_.all_reduce(loss_sum, dist::ReduceOp::kSum, "loss").wait();
   const at::Tensor norm = optim::grad_norm(*sharded_);
   optim::clip_grads(*sharded_, norm, config_.optimizer.grad_clip);
   const at::Tensor stats = at::cat({loss_sum, counted, norm.to(loss_sum.device())});

@@ -4,17 +4,20 @@
 //                    values computed locally; byte counters checked against the formula
 //   hang R           join, then rank R stops answering while the others wait in a barrier
 //   exit R CODE      join, then rank R exits with CODE while the others wait in a barrier
+//   mismatch         with the cross-rank check on (debug), rank 1 issues an all_reduce where the
+//                    others issue an all_gather: every rank must throw the same error naming both
 // Prints "<mode> ok" on success; any mismatch exits 1 with the reason.
-#include <csignal>
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
 
 #include "dist/process_group.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 using namespace fsdp;
 using namespace fsdp::dist;
@@ -83,7 +86,29 @@ void collectives(ProcessGroup& g) {
     expect(g.counters().bytes[c] == expect_bytes[c],
            str(kCollectiveNames[c], " counted ", g.counters().bytes[c], " bytes, formula says ", expect_bytes[c]));
   std::cout << "collectives ok: rank " << r << " of " << W << " (" << g.backend_name() << "), sent "
-            << g.counters().total() << " bytes" << std::endl;
+            << g.counters().total() << " bytes; debug checks " << (g.debug_checks() ? "on" : "off") << std::endl;
+}
+
+// Rank 1 strays; the check must stop every rank at that collective, naming rank 0's and rank 1's.
+void mismatch(ProcessGroup& g) {
+  expect(g.debug_checks(), "the cross-rank check is on");
+  at::Tensor in = at::ones({6}), out = at::empty({6 * g.size()});
+  g.all_gather(out, in, "warm-up").wait();  // equal on every rank: passes
+  try {
+    if (g.rank() == 1)
+      g.all_reduce(in, ReduceOp::kSum, "odd one out").wait();
+    else
+      g.all_gather(out, in, "gather model.layers.2").wait();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part : {"collective #2 of this group differs across its",
+                             "rank 0 calls all_gather (gather model.layers.2) of float, 6 elements in and",
+                             "rank 1 calls all_reduce (odd one out) of float, 6 elements"})
+      expect(what.find(part) != std::string::npos, str("the message names ", quoted(part), "; it was: ", what));
+    std::cout << "mismatch ok: rank " << g.rank() << ": " << what << std::endl;
+    return;
+  }
+  throw Error("the mismatched collective was issued");
 }
 
 }  // namespace
@@ -93,7 +118,12 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
     GroupOptions o;
     o.backend = "gloo";  // the timeout comes from --dist_timeout, through the launcher
+    if (mode == "mismatch") o.debug = true;
     ProcessGroup g = init_process_group(o);
+    if (mode == "mismatch") {
+      mismatch(g);
+      return 0;
+    }
     if (mode == "collectives") {
       collectives(g);
       return 0;
@@ -110,7 +140,7 @@ int main(int argc, char** argv) {
       std::cout << mode << " ok" << std::endl;
       return 0;
     }
-    std::cerr << "usage: dist_worker collectives | hang RANK | exit RANK CODE | kill RANK\n";
+    std::cerr << "usage: dist_worker collectives | mismatch | hang RANK | exit RANK CODE | kill RANK\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << std::endl;

@@ -1,8 +1,10 @@
-// The NCCL backend on this machine's GPU (label gpu): a one-rank communicator runs every
-// collective through real NCCL calls on the backend's stream, checked against CPU values, and a
-// byte-for-byte bf16 all-gather; then the watchdog: a collective held up past the timeout by a
-// stalled stream aborts the communicator, the next call fails naming it, and the process ends
-// cleanly (the watchdog no longer polls the aborted communicator). Exits 77 (ctest: skipped) where there is no GPU or no NCCL.
+// The NCCL backend (LibTorch's c10d::ProcessGroupNCCL) on this machine's GPU (label gpu): a
+// one-rank group runs every collective through c10d on its NCCL stream, checked against CPU
+// values, and a byte-for-byte bf16 all-gather; a host tensor is refused before it reaches NCCL;
+// then c10d's watchdog: a collective held up past the timeout by a stalled stream is aborted, the
+// next call fails naming the failure and this rank's last collectives, and tearing the group down
+// (an abort, since it failed) ends the process cleanly. Exits 77 (ctest: skipped) where there is
+// no GPU or no NCCL.
 #include <ATen/ATen.h>
 
 #if FSDP_HAVE_NCCL
@@ -36,15 +38,16 @@ bool watchdog_aborts_a_stalled_collective(Store& store) {
     cudaLaunchHostFunc(
         compute, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(2500)); }, nullptr);
     at::Tensor t = at::ones({16}, at::TensorOptions().device(at::kCUDA));
-    g.all_reduce(t).wait();  // queued behind the stall
+    g.all_reduce(t, ReduceOp::kSum, "stalled").wait();  // queued behind the stall
     std::this_thread::sleep_for(std::chrono::milliseconds(1800));
     try {
       g.all_reduce(t).wait();
     } catch (const fsdp::Error& e) {
       const std::string what = e.what();
       std::cout << "watchdog: " << what << "\n";
-      ok = what.find("did not finish within 1 s") != std::string::npos &&
-           what.find("communicator was aborted") != std::string::npos;
+      ok = what.find("did not finish within the timeout") != std::string::npos &&
+           what.find("watchdog aborted the communicator") != std::string::npos &&
+           what.find("all_reduce (stalled)") != std::string::npos;
     }
   }  // the backend is destroyed here, after its abort
   cudaDeviceSynchronize();
@@ -90,6 +93,15 @@ int main() {
       check(at::equal(t.cpu(), in.cpu()), "all_reduce + broadcast");
     }
     check(g.counters().total() == 0, "a world of one sends nothing");
+    bool refused = false;
+    try {
+      at::Tensor host = at::ones({4});
+      g.all_reduce(host).wait();
+    } catch (const fsdp::Error& e) {
+      refused = std::string(e.what()).find("is a cpu tensor, but the nccl backend moves cuda tensors only") !=
+                std::string::npos;
+    }
+    check(refused, "a host tensor is refused before it reaches NCCL");
     check(watchdog_aborts_a_stalled_collective(store), "the watchdog aborts a stalled collective, once");
     return failures ? 1 : 0;
   } catch (const std::exception& e) {

@@ -92,3 +92,50 @@ TEST_CASE("worker_context reads the launcher's variables, once, and use_cpu keep
   CHECK(alone.world_size == 1);
   CHECK(alone.is_main());
 }
+
+namespace {
+
+// A backend that says it moves CUDA tensors and records what reached it: the device check must
+// stop a host tensor before the backend sees it (no GPU needed).
+class DeviceBackend : public Backend {
+ public:
+  std::string name() const override { return "nccl"; }
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::optional<c10::DeviceType> device_type() const override { return c10::DeviceType::CUDA; }
+  std::unique_ptr<PendingWork> all_gather(at::Tensor, at::Tensor, const std::string&) override { return reached(); }
+  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor, at::Tensor, ReduceOp, const std::string&) override {
+    return reached();
+  }
+  std::unique_ptr<PendingWork> all_reduce(at::Tensor, ReduceOp, const std::string&) override { return reached(); }
+  std::unique_ptr<PendingWork> broadcast(at::Tensor, int, const std::string&) override { return reached(); }
+  std::unique_ptr<PendingWork> barrier(const std::string&) override { return reached(); }
+  int calls = 0;
+
+ private:
+  std::unique_ptr<PendingWork> reached() {
+    ++calls;
+    return std::make_unique<DoneWork>();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a host tensor never reaches a device backend: the call is named before anything is issued") {
+  auto backend = std::make_shared<DeviceBackend>();
+  ProcessGroup g(backend, std::chrono::seconds(5));
+  const at::Tensor host = at::zeros({4});
+  CHECK_THROWS_WITH_AS(g.all_reduce(host, ReduceOp::kSum, "gradient norm"),
+                       doctest::Contains("all_reduce (gradient norm) on rank 0: tensor is a cpu tensor, but the nccl "
+                                         "backend moves cuda tensors only"),
+                       fsdp::Error);
+  CHECK_THROWS_WITH_AS(g.all_gather(at::zeros({8}), host, "gather model.layers.0"),
+                       doctest::Contains("all_gather (gather model.layers.0) on rank 0: out is a cpu tensor"),
+                       fsdp::Error);
+  CHECK_THROWS_AS(g.reduce_scatter(at::zeros({4}), at::zeros({8})), fsdp::Error);
+  CHECK_THROWS_AS(g.broadcast(host, 0), fsdp::Error);
+  CHECK(backend->calls == 0);
+  CHECK(g.counters().calls_of(Collective::kAllReduce) == 0);
+  g.barrier().wait();  // no tensor: nothing to check
+  CHECK(backend->calls == 1);
+}

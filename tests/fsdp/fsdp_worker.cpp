@@ -264,8 +264,8 @@ Result train_sharded(const Case& c, fsdp::dist::ProcessGroup world) {
   for (const auto& [name, p] : sharded->ignored_params()) {
     FSDP_ASSERT(at::equal(p.detach().cpu(), ignored_before.at(name)), c.describe(), ": ignored ", name,
                 " changed; the engine must leave it as it is");
-    FSDP_ASSERT(!p.requires_grad() || (p.grad().defined() && p.grad().sizes() == p.sizes()), c.describe(),
-                ": ignored ", name, " has no full local gradient");
+    FSDP_ASSERT(!p.requires_grad() || (p.grad().defined() && p.grad().sizes() == p.sizes()), c.describe(), ": ignored ",
+                name, " has no full local gradient");
   }
   return r;
 }
@@ -614,9 +614,11 @@ int main(int argc, char** argv) {
       }
       go.backend = "nccl";
       fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group(go);
+      // Also at world size 1: c10d's NCCL group of one, its stream and its buffers, not the local copies.
+      if (world.backend_name() != "nccl") throw fsdp::Error("product-cuda runs over " + world.backend_name());
       std::vector<Case> cases = most_used_product();
       const char* local = std::getenv("LOCAL_RANK");
-      const int gpu = (local ? std::atoi(local) : 0) % static_cast<int>(torch::cuda::device_count());
+      const int gpu = local ? std::atoi(local) : 0;
       for (Case& c : cases) c.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu));
       return run_parity(cases, world);
     }

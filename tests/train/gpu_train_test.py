@@ -1,6 +1,7 @@
 """The trainer on a GPU (ctest label gpu; prints "skipped: no CUDA device" and exits 0 without one).
 
-1. The tiny Llama trained 12 steps on this GPU (one process; NCCL where several GPUs run it) gives
+1. The tiny Llama trained 12 steps on this GPU (one process, over LibTorch's c10d NCCL process group of
+   one rank, the path several GPUs take) gives
    the losses of the same run on CPU: fp32 within 1e-4 relative, bf16 within 2e-2; with LibTorch's
    fused kernels (RMSNorm) and with the op-by-op reference path (FSDPTRAIN_FUSED=0).
 2. No step waits for the GPU: with FSDPTRAIN_SYNC_DEBUG=1 (LibTorch's sync debug mode as an error
@@ -42,6 +43,9 @@ def main():
                                env=dict(os.environ, **(env or {})))
             if r.returncode != 0:
                 print(f"FAIL {name}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+                return None
+            if "use_cpu=false" in sets and "1 rank on cuda:0 over nccl" not in r.stdout:
+                print(f"FAIL {name}: the GPU run did not go through the NCCL process group:\n{r.stdout[-3000:]}")
                 return None
             return [json.loads(l)["loss"] for l in open(metrics) if '"loss"' in l]
 

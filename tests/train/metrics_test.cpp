@@ -23,3 +23,12 @@ TEST_CASE("the ETA is in days for long runs and never overflows") {
   m.step_time_s = 0.5;
   CHECK(fsdp::train::format_metrics(m).find("ETA over 100000 days") != std::string::npos);
 }
+
+TEST_CASE("a dist_timeout under two steps is warned about on a GPU, where steps are queued ahead") {
+  using fsdp::train::dist_timeout_warning;
+  const std::string w = dist_timeout_warning(40.0, 60.0, /*queued_ahead=*/true);
+  CHECK(w.find("a step takes 40.0 s and dist_timeout is 60.0 s") != std::string::npos);
+  CHECK(w.find("Raise dist_timeout (--dist_timeout) above 120 s") != std::string::npos);
+  CHECK(dist_timeout_warning(20.0, 60.0, true).empty());
+  CHECK(dist_timeout_warning(40.0, 60.0, /*queued_ahead=*/false).empty());  // CPU: nothing queued ahead
+}

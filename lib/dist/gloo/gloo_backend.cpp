@@ -46,8 +46,9 @@ class GlooBackend : public Backend {
   std::string name() const override { return "gloo"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  std::optional<c10::DeviceType> device_type() const override { return c10::DeviceType::CPU; }
 
-  std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in) override {
+  std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in, const std::string&) override {
     // Gloo moves bits: bf16 travels as fp16 (same width; Gloo has no bf16 type), nothing is converted.
     if (is_16bit_float(in)) {
       out = out.view(at::kHalf);
@@ -56,28 +57,30 @@ class GlooBackend : public Backend {
     return std::make_unique<GlooWork>(allgather_flat(*pg_, out, in), nullptr);
   }
 
-  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) override {
+  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op, const std::string&) override {
     at::Tensor out_r = reduction_buffer(out), in_r = is_16bit_float(in) ? in.to(at::kFloat) : in;
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
     return finish_reduction(reduce_scatter_flat(*pg_, out_r, in_r, o), out, out_r, op);
   }
 
-  std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op) override {
+  std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op, const std::string&) override {
     at::Tensor t_r = is_16bit_float(tensor) ? tensor.to(at::kFloat) : tensor;
     std::vector<at::Tensor> ts{t_r};
     return finish_reduction(pg_->allreduce(ts, c10d::AllreduceOptions{c10d::ReduceOp(c10d::ReduceOp::SUM)}), tensor,
                             t_r, op);
   }
 
-  std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root) override {
+  std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root, const std::string&) override {
     std::vector<at::Tensor> ts{is_16bit_float(tensor) ? tensor.view(at::kHalf) : tensor};
     c10d::BroadcastOptions o;
     o.rootRank = root;
     return std::make_unique<GlooWork>(pg_->broadcast(ts, o), nullptr);
   }
 
-  std::unique_ptr<PendingWork> barrier() override { return std::make_unique<GlooWork>(pg_->barrier(), nullptr); }
+  std::unique_ptr<PendingWork> barrier(const std::string&) override {
+    return std::make_unique<GlooWork>(pg_->barrier(), nullptr);
+  }
 
  private:
   static bool is_16bit_float(const at::Tensor& t) {

@@ -1,78 +1,63 @@
 #include "dist/nccl/nccl_backend.h"
 
-#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include "dist/store_impl.h"
+#include "dist/torch_compat.h"
 #include "util/error.h"
 #include "util/strings.h"
-
-// Every CUDA and NCCL call is checked; the message names the call, where, the library's error
-// string and this rank.
-#define FSDP_CUDA_CHECK(call, rank)                                                                                  \
-  do {                                                                                                               \
-    cudaError_t err_ = (call);                                                                                       \
-    if (err_ != cudaSuccess)                                                                                         \
-      throw ::fsdp::Error(::fsdp::str("[cuda] ", #call, " failed at ", __FILE__, ":", __LINE__, " on rank ", (rank), \
-                                      ": ", cudaGetErrorString(err_)));                                              \
-  } while (0)
-
-#define FSDP_NCCL_CHECK(call, rank, what)                                                                   \
-  do {                                                                                                      \
-    ncclResult_t res_ = (call);                                                                             \
-    if (res_ != ncclSuccess)                                                                                \
-      throw ::fsdp::Error(::fsdp::str("[nccl] ", what, ": ", #call, " failed at ", __FILE__, ":", __LINE__, \
-                                      " on rank ", (rank), ": ", ncclGetErrorString(res_), " (",            \
-                                      ncclGetLastError(nullptr), ")"));                                     \
-  } while (0)
 
 namespace fsdp::dist {
 
 namespace {
 
-ncclDataType_t to_nccl(at::ScalarType t) {
-  static const std::pair<at::ScalarType, ncclDataType_t> kTypes[] = {
-      {at::kFloat, ncclFloat32}, {at::kDouble, ncclFloat64}, {at::kHalf, ncclFloat16}, {at::kBFloat16, ncclBfloat16},
-      {at::kInt, ncclInt32},     {at::kLong, ncclInt64},     {at::kByte, ncclUint8},   {at::kChar, ncclInt8},
-      {at::kBool, ncclUint8}};
-  for (const auto& [torch_type, nccl_type] : kTypes)
-    if (torch_type == t) return nccl_type;
-  throw Error(str("[nccl] unsupported dtype ", c10::toString(t)));
+// c10d reads its switches from the environment when a group is built. Ours, unless the user set
+// them: clean up and let the next call throw on a failure (instead of killing the process), keep a
+// collective's tensors until wait() rather than recordStream, and bound communicator creation.
+void set_c10d_switches(std::chrono::milliseconds timeout) {
+  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/1);  // the launcher's torchrun value is 1
+  ::setenv("TORCH_NCCL_AVOID_RECORD_STREAMS", "1", 0);
+  const int64_t seconds = std::max<int64_t>(1, (timeout.count() + 999) / 1000);
+  ::setenv("TORCH_NCCL_NONBLOCKING_TIMEOUT", std::to_string(seconds).c_str(), 0);
 }
 
-// A CUDA event shared by the work handle and the watchdog; destroyed when both let go.
-using Event = std::shared_ptr<CUevent_st>;
-
-// One collective in flight, as the watchdog sees it. `buffers` keeps its input and output alive
-// until `done` has passed: the caching allocator cannot hand their memory to the compute stream
-// while this stream still reads or writes it (instead of recordStream, which would tie every later
-// reuse of those blocks to this stream).
-struct InFlight {
-  Event done;
-  std::chrono::steady_clock::time_point start;
-  std::string what;
-  std::vector<at::Tensor> buffers;
-};
+const char* error_name(c10d::ErrorType e) {
+  switch (e) {
+    case c10d::ErrorType::TIMEOUT:
+      return "a collective did not finish within the timeout";
+    case c10d::ErrorType::COMM_ERROR:
+      return "NCCL reported an error";
+    case c10d::ErrorType::REMOTE_ERROR:
+      return "another rank reported an error";
+    case c10d::ErrorType::SUCCESS:
+      break;
+  }
+  return "no error";
+}
 
 class NcclBackend;
 
+// A collective in flight: c10d's work, held (with the tensors it keeps) until wait().
 class NcclWork : public PendingWork {
  public:
-  NcclWork(std::shared_ptr<NcclBackend> backend, Event done, bool blocking)
-      : backend_(std::move(backend)), done_(std::move(done)), blocking_(blocking) {}
+  NcclWork(std::shared_ptr<NcclBackend> backend, c10::intrusive_ptr<c10d::Work> work, bool blocking)
+      : backend_(std::move(backend)), work_(std::move(work)), blocking_(blocking) {}
+  ~NcclWork() override;
   bool wait(std::chrono::milliseconds timeout) override;
 
  private:
   std::shared_ptr<NcclBackend> backend_;
-  Event done_;
+  c10::intrusive_ptr<c10d::Work> work_;
   bool blocking_;
 };
 
@@ -81,188 +66,171 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
   NcclBackend(const Store& store, int rank, int size, int device, std::chrono::milliseconds timeout)
       : rank_(rank), size_(size), device_(device), timeout_(timeout) {
     FSDP_CHECK(device >= 0, "[nccl] rank ", rank_, " sees no CUDA device; use the Gloo backend (--cpu)");
-    FSDP_CUDA_CHECK(cudaSetDevice(device_), rank_);
-
-    ncclUniqueId id;
-    Store s = store.with_prefix("nccl/");
-    if (rank_ == 0) {
-      FSDP_NCCL_CHECK(ncclGetUniqueId(&id), rank_, "creating the communicator");
-      s.set("unique_id", std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
-    } else {
-      const std::string bytes = s.get("unique_id");
-      FSDP_ASSERT(bytes.size() == sizeof(id), "NCCL unique id of ", bytes.size(), " bytes");
-      std::memcpy(&id, bytes.data(), sizeof(id));
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_));
+    set_c10d_switches(timeout);
+    auto options = c10d::ProcessGroupNCCL::Options::create(/*is_high_priority_stream=*/true);
+    options->timeout = timeout;
+#ifdef NCCL_HAS_CONFIG
+    options->config.blocking = 0;  // non-blocking init, polled until the timeout
+#endif
+    try {
+      pg_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store.impl().prefixed, rank_, size_, options);
+      // The communicator now, not at the first collective: a missing rank fails here, by name.
+      pg_->eagerConnectSingleDevice(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
+    } catch (const std::exception& e) {
+      if (pg_) pg_->abort();
+      throw Error(str("[nccl] rank ", rank_, " of ", size_, " could not create its NCCL communicator on GPU ", device_,
+                      " within ", format_seconds(static_cast<double>(timeout.count()) / 1000), ": ", brief_message(e),
+                      "; a peer may have failed to start, or the GPUs cannot reach each other"));
     }
-    FSDP_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), rank_, "creating the communicator");
-    int lo = 0, hi = 0;
-    FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi), rank_);
-    FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, hi), rank_);
-    FSDP_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(float)), rank_);
-    watchdog_ = std::thread([this] { watch(); });
   }
 
+  // Shut down when everything issued was waited for and nothing failed; abort otherwise (an error
+  // unwinding, a peer gone), so NCCL never waits for collectives the other ranks will not join.
   ~NcclBackend() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+    try {
+      if (failed_ || outstanding_ > 0 || std::uncaught_exceptions() > 0)
+        pg_->abort();
+      else
+        pg_->shutdown();
+    } catch (const std::exception&) {
     }
-    cv_.notify_all();
-    if (watchdog_.joinable()) watchdog_.join();
-    cudaStreamSynchronize(stream_);
-    in_flight_.clear();
-    if (comm_) aborted_ ? (void)0 : (void)ncclCommDestroy(comm_);
-    cudaFree(barrier_buf_);
-    cudaStreamDestroy(stream_);
   }
 
-  std::string name() const override { return "nccl"; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-
-  std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in) override {
-    return launch("all_gather", {out, in}, false, [&] {
-      FSDP_NCCL_CHECK(
-          ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), to_nccl(in.scalar_type()), comm_, stream_), rank_,
-          "all_gather");
-    });
+  std::string name() const override {
+    return "nccl";
+  }
+  int rank() const override {
+    return rank_;
+  }
+  int size() const override {
+    return size_;
+  }
+  std::optional<c10::DeviceType> device_type() const override {
+    return c10::DeviceType::CUDA;
   }
 
-  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op) override {
-    return launch("reduce_scatter", {out, in}, false, [&] {
-      FSDP_NCCL_CHECK(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), to_nccl(in.scalar_type()),
-                                        op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
-                      rank_, "reduce_scatter");
-    });
+  std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in, const std::string& label) override {
+    return launch("all_gather", label, false, [&] { return allgather_flat(*pg_, out, in); });
   }
 
-  std::unique_ptr<PendingWork> all_reduce(at::Tensor t, ReduceOp op) override {
-    return launch("all_reduce", {t}, false, [&] {
-      FSDP_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), to_nccl(t.scalar_type()),
-                                    op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, stream_),
-                      rank_, "all_reduce");
-    });
+  std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op,
+                                              const std::string& label) override {
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = to_c10d(op);
+    return launch("reduce_scatter", label, false, [&] { return reduce_scatter_flat(*pg_, out, in, o); });
   }
 
-  std::unique_ptr<PendingWork> broadcast(at::Tensor t, int root) override {
-    return launch("broadcast", {t}, false, [&] {
-      FSDP_NCCL_CHECK(
-          ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), to_nccl(t.scalar_type()), root, comm_, stream_), rank_,
-          "broadcast");
-    });
+  std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op, const std::string& label) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions o;
+    o.reduceOp = to_c10d(op);
+    return launch("all_reduce", label, false, [&] { return pg_->allreduce(ts, o); });
   }
 
-  std::unique_ptr<PendingWork> barrier() override {
-    return launch("barrier", {}, true, [&] {
-      FSDP_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclFloat32, ncclSum, comm_, stream_), rank_,
-                      "barrier");
-    });
+  std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root, const std::string& label) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    return launch("broadcast", label, false, [&] { return pg_->broadcast(ts, o); });
   }
 
-  // Throws the watchdog's error, if it aborted the communicator.
-  void rethrow_failure() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!failure_.empty()) throw Error(failure_);
+  std::unique_ptr<PendingWork> barrier(const std::string& label) override {
+    c10d::BarrierOptions o;
+    o.device_ids = {static_cast<int64_t>(device_)};
+    return launch("barrier", label, true, [&] { return pg_->barrier(o); });
   }
 
-  int rank_, size_;
+  // Throws, naming what c10d's watchdog found, once it has aborted the communicator.
+  void check_failure() {
+    const c10d::ErrorType e = pg_->getError();
+    if (e == c10d::ErrorType::SUCCESS) return;
+    failed_ = true;
+    throw Error(str("[nccl] rank ", rank_, " of ", size_, ": ", error_name(e),
+                    " and the watchdog aborted the communicator (its log line above names the collective by SeqNum "
+                    "and OpType); the last collectives this rank issued: ",
+                    recent(),
+                    e == c10d::ErrorType::TIMEOUT
+                        ? str("; with dist_timeout ", format_seconds(timeout_.count() / 1000.0),
+                              ": a rank is missing, hung or called collectives in a different order")
+                        : std::string()));
+  }
+  void waited() {
+    --outstanding_;
+  }
 
  private:
-  template <typename Enqueue>
-  std::unique_ptr<PendingWork> launch(const char* what, std::vector<at::Tensor> tensors, bool blocking,
-                                      Enqueue enqueue) {
-    rethrow_failure();
-    FSDP_CUDA_CHECK(cudaSetDevice(device_), rank_);
-    // The collective starts after everything the caller's stream has queued (the producer of `in`).
-    cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_).stream();
-    cudaEvent_t ready, raw_done;
-    FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), rank_);
-    FSDP_CUDA_CHECK(cudaEventRecord(ready, compute), rank_);
-    FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0), rank_);
-    cudaEventDestroy(ready);
-    enqueue();
-    FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&raw_done, cudaEventDisableTiming), rank_);
-    Event done(raw_done, [](cudaEvent_t e) { cudaEventDestroy(e); });
-    FSDP_CUDA_CHECK(cudaEventRecord(done.get(), stream_), rank_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      release_finished();
-      in_flight_.push_back({done, std::chrono::steady_clock::now(), what, std::move(tensors)});
+  static c10d::ReduceOp to_c10d(ReduceOp op) {
+    return c10d::ReduceOp(op == ReduceOp::kAvg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
+  }
+
+  template <typename Issue>
+  std::unique_ptr<PendingWork> launch(const char* what, const std::string& label, bool blocking, Issue issue) {
+    check_failure();
+    const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = issue();
+    } catch (const std::exception& e) {
+      failed_ = true;
+      check_failure();
+      throw Error(str("[nccl] ", what, label.empty() ? "" : " (" + label + ")", " on rank ", rank_, " of ", size_,
+                      " could not be issued: ", brief_message(e)));
     }
-    cv_.notify_all();
-    return std::make_unique<NcclWork>(shared_from_this(), done, blocking);
+    remember(work->getSequencenumber(), what, label);
+    ++outstanding_;
+    return std::make_unique<NcclWork>(shared_from_this(), std::move(work), blocking);
   }
 
-  // Drops the collectives whose event has passed, and with them their buffers. Holding mu_.
-  void release_finished() {
-    while (!in_flight_.empty() && cudaEventQuery(in_flight_.front().done.get()) == cudaSuccess) in_flight_.pop_front();
+  // The last few collectives by c10d's sequence number, for the failure message.
+  void remember(uint64_t seq, const char* what, const std::string& label) {
+    std::lock_guard<std::mutex> lock(mu_);
+    recent_.push_back(str("SeqNum ", seq, " ", what, label.empty() ? "" : " (" + label + ")"));
+    if (recent_.size() > 6) recent_.pop_front();
+  }
+  std::string recent() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out;
+    for (const std::string& r : recent_) out += (out.empty() ? "" : ", ") + r;
+    return out.empty() ? "none" : out;
   }
 
-  // Aborts the communicator when a collective overstays the timeout or NCCL reports an async error,
-  // so a hang becomes an error on this rank instead of a process that never ends. After the abort
-  // the communicator is freed: it is never touched again.
-  void watch() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (!stop_ && !aborted_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(100));
-      release_finished();
-      const std::string problem = find_problem();
-      if (problem.empty()) continue;
-      failure_ = str("[nccl] rank ", rank_, " of ", size_, ": ", problem, "; the communicator was aborted");
-      ncclCommAbort(comm_);
-      aborted_ = true;
-    }
-  }
-
-  // What makes the watchdog abort: NCCL's asynchronous error, or the oldest collective overdue.
-  // "" when all is well. Holding mu_, before any abort.
-  std::string find_problem() {
-    ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(comm_, &async);
-    if (async != ncclSuccess)
-      return str("NCCL reported ", ncclGetErrorString(async), " (", ncclGetLastError(comm_), ")");
-    if (!in_flight_.empty() && std::chrono::steady_clock::now() - in_flight_.front().start > timeout_)
-      return str(in_flight_.front().what, " did not finish within ", static_cast<double>(timeout_.count()) / 1000.0,
-                 " s; a rank is missing, hung or called collectives in a different order");
-    return "";
-  }
-
-  int device_;
+  int rank_, size_, device_;
   std::chrono::milliseconds timeout_;
-  ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  float* barrier_buf_ = nullptr;
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;
+  std::atomic<int64_t> outstanding_{0};  // issued and not yet waited for
+  std::atomic<bool> failed_{false};
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<InFlight> in_flight_;
-  std::string failure_;
-  bool stop_ = false;
-  bool aborted_ = false;
-  std::thread watchdog_;
-
-  friend class NcclWork;
+  std::deque<std::string> recent_;
 };
 
+NcclWork::~NcclWork() {
+  if (work_) backend_->waited();  // never waited: the backend still counts it outstanding
+}
+
 bool NcclWork::wait(std::chrono::milliseconds timeout) {
-  backend_->rethrow_failure();
+  backend_->check_failure();
   if (!blocking_) {
-    // The caller's stream waits on the GPU; the host goes on.
-    cudaStream_t compute = c10::cuda::getCurrentCUDAStream().stream();
-    FSDP_CUDA_CHECK(cudaStreamWaitEvent(compute, done_.get(), 0), backend_->rank_);
-    return true;
+    work_->wait();  // the caller's current stream waits on the GPU; c10d lets go of the tensors
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!work_->isCompleted()) {
+      backend_->check_failure();
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    work_->wait();
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (cudaEventQuery(done_.get()) != cudaSuccess) {
-    backend_->rethrow_failure();
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  backend_->waited();
+  work_.reset();
+  backend_->check_failure();
   return true;
 }
 
 }  // namespace
 
 int visible_gpus() {
-  int devices = 0;
+  int devices = 0;  // the runtime's own count: quiet without a driver (0), unlike LibTorch's
   return cudaGetDeviceCount(&devices) == cudaSuccess ? devices : 0;
 }
 
