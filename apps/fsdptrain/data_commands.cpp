@@ -6,7 +6,8 @@
 #include <iostream>
 
 #include "commands.h"
-#include "tokenize/corpus.h"
+#include "data/corpus.h"
+#include "tokenize/eos.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -44,8 +45,8 @@ class TokenizeCommand final : public Command {
     const tokenize::Tokenizer tok = tokenize::Tokenizer::load(tokenizer_);
     const int32_t eos = tokenize::eos_id(tokenizer_, tok, eos_);
     const bool live = ::isatty(STDERR_FILENO);
-    const tokenize::CorpusSummary s =
-        tokenize::tokenize_corpus(tok, eos, options_, [live](int64_t done, int64_t total, int64_t docs, int64_t tokens) {
+    const data::CorpusSummary s =
+        data::tokenize_corpus(tok, eos, options_, [live](int64_t done, int64_t total, int64_t docs, int64_t tokens) {
           if (!live) return;
           const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
           std::fprintf(stderr, "\r[%-20s] %3d%% %s of %s | %lld documents | %s tokens", std::string(pct / 5, '#').c_str(),
@@ -67,7 +68,7 @@ class TokenizeCommand final : public Command {
 
  private:
   std::string tokenizer_, eos_, shard_size_ = "100M";
-  tokenize::CorpusOptions options_;
+  data::CorpusOptions options_;
 };
 
 }  // namespace

@@ -12,8 +12,9 @@
 #include "ckpt/load_model.h"
 #include "commands.h"
 #include "model/generate.h"
-#include "tokenize/corpus.h"
-#include "tokenize/documents.h"
+#include "data/corpus.h"
+#include "tokenize/eos.h"
+#include "data/documents.h"
 #include "tokenize/tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -184,11 +185,11 @@ class GenerateCommand final : public Command {
       FSDP_CHECK(file.good(), "[generate] cannot write --output ", quoted(output_));
     }
     std::ostream& out = output_.empty() ? std::cout : file;
-    tokenize::DocumentReader reader(prompts_, "prompt", "[generate]", "a \"prompt\" field");
+    data::DocumentReader reader(prompts_, "prompt", "[generate]", "a \"prompt\" field");
     int64_t count = 0, tokens = 0;
     double seconds = 0;
     for (auto docs = reader.next(size_t{1} << 20); !docs.empty(); docs = reader.next(size_t{1} << 20)) {
-      for (const tokenize::Document& d : docs) {
+      for (const data::Document& d : docs) {
         model::SamplingOptions o = options_;
         const std::vector<int32_t> ids = prompt_ids(m.config, codec, d.text, str(prompts_, ":", d.line), o);
         const model::Generation g = model::generate(m, ids, o);

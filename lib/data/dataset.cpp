@@ -1,19 +1,13 @@
 #include "data/dataset.h"
 
-#include <fcntl.h>
-#include <glob.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 
-#include "tokenize/corpus.h"
-#include "tokenize/documents.h"
+#include "data/corpus.h"
+#include "data/documents.h"
+#include "data/token_shard.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -22,26 +16,14 @@ namespace fsdp::data {
 
 namespace {
 
-constexpr int32_t kMagicUint16 = 20240520, kMagicUint32 = 20240801;
-constexpr int64_t kHeaderBytes = 256 * 4;
-
-void pread_all(int fd, uint8_t* out, size_t n, int64_t offset, const std::string& path) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
-    FSDP_CHECK(r > 0, "[data] cannot read ", path, ": ", r < 0 ? std::strerror(errno) : "the file got shorter");
-    done += static_cast<size_t>(r);
-  }
-}
-
 // Text files and JSONL as bytes: each document EOT then its bytes; a pair's prompt bytes are not
 // targets (the EOT is: it ends the document before).
 class ByteDocuments {
  public:
   void add_file(const std::string& path, const std::string& field) {
-    tokenize::DocumentReader reader(path, field, "[data]", "data.field");
+    DocumentReader reader(path, field, "[data]", "data.field");
     for (auto docs = reader.next(size_t{1} << 22); !docs.empty(); docs = reader.next(size_t{1} << 22))
-      for (const tokenize::Document& d : docs) add(d, path);
+      for (const Document& d : docs) add(d, path);
   }
   std::vector<int32_t> tokens;
   std::vector<uint8_t> mask;
@@ -49,7 +31,7 @@ class ByteDocuments {
   std::string longest_prompt_at;
 
  private:
-  void add(const tokenize::Document& d, const std::string& path) {
+  void add(const Document& d, const std::string& path) {
     tokens.push_back(kByteEndOfText);
     for (unsigned char ch : d.text) tokens.push_back(ch);
     mask.resize(tokens.size(), 1);
@@ -69,96 +51,52 @@ class ByteDocuments {
 // One file of the stream: an llm.c shard read in place, or tokens in memory.
 struct TokenStream::Source {
   std::string path;
-  int fd = -1;
-  int width = 4;  // bytes per token in the shard
+  std::unique_ptr<ShardReader> shard;  // null: tokens in memory
   int64_t count = 0, max = -1;
-  std::vector<int32_t> memory;  // when fd < 0
-  int mask_fd = -1;             // shard_N.mask, when there is one
+  std::vector<int32_t> memory;
   std::vector<uint8_t> memory_mask;
-  ~Source() {
-    if (fd >= 0) ::close(fd);
-    if (mask_fd >= 0) ::close(mask_fd);
-  }
-  bool has_mask() const { return mask_fd >= 0 || !memory_mask.empty(); }
+  bool has_mask() const { return shard ? shard->has_mask() : !memory_mask.empty(); }
   void read_mask(int64_t begin, int64_t n, uint8_t* out) const {
-    if (!has_mask()) {
-      std::fill(out, out + n, 1);
-    } else if (mask_fd < 0) {
-      std::copy(memory_mask.begin() + begin, memory_mask.begin() + begin + n, out);
-    } else {
-      pread_all(mask_fd, out, static_cast<size_t>(n), begin, path);
-    }
+    if (shard) return shard->read_mask(begin, n, out);
+    if (memory_mask.empty()) return std::fill(out, out + n, 1);
+    std::copy(memory_mask.begin() + begin, memory_mask.begin() + begin + n, out);
   }
   // Tokens [begin, begin + n) of this source into out.
   void read(int64_t begin, int64_t n, int64_t* out) const {
-    if (fd < 0) {
-      std::copy(memory.begin() + begin, memory.begin() + begin + n, out);
-      return;
-    }
-    thread_local std::vector<uint8_t> buf;
-    buf.resize(static_cast<size_t>(n * width));
-    pread_all(fd, buf.data(), buf.size(), kHeaderBytes + begin * width, path);
-    for (int64_t i = 0; i < n; ++i) {
-      if (width == 2) {
-        uint16_t t;
-        std::memcpy(&t, buf.data() + 2 * i, 2);
-        out[i] = t;
-      } else {
-        uint32_t t;
-        std::memcpy(&t, buf.data() + 4 * i, 4);
-        out[i] = t;
-      }
+    if (shard) return shard->read(begin, n, out);
+    std::copy(memory.begin() + begin, memory.begin() + begin + n, out);
+  }
+  // Calls fn(first, ids, n) over every token, a few MB at a time (a shard is never read whole).
+  template <typename Fn>
+  void scan(Fn fn) const {
+    std::vector<int64_t> chunk;
+    for (int64_t at = 0; at < count; at += 1 << 20) {
+      const int64_t n = std::min<int64_t>(1 << 20, count - at);
+      chunk.resize(static_cast<size_t>(n));
+      read(at, n, chunk.data());
+      fn(at, chunk.data(), n);
     }
   }
 };
 
 namespace {
 
-// shard_N.mask beside shard_N.bin, when there is one: a byte per token.
-void open_mask(TokenStream::Source& src) {
-  const std::string mask = src.path.substr(0, src.path.size() - 4) + ".mask";
-  if (!file_exists(mask)) return;
-  src.mask_fd = ::open(mask.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(src.mask_fd >= 0, "[data] cannot read ", quoted(mask), ": ", std::strerror(errno));
-  FSDP_CHECK(file_size(mask) == src.count, "[data] ", mask, " has ", file_size(mask), " bytes but ", src.path, " has ",
-             src.count, " tokens: the mask is from another tokenization; tokenize the data again (fsdptrain "
-             "tokenize) or delete the .mask files to train on every token");
-}
-
-// Opens an llm.c shard: checks its header and size, then scans it once, a few MB at a time.
+// Opens an llm.c shard (its header and mask checked by ShardReader) and scans it once.
 std::shared_ptr<TokenStream::Source> open_llmc(const std::string& path) {
   auto src = std::make_shared<TokenStream::Source>();
   src->path = path;
-  src->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(src->fd >= 0, "[data] cannot read ", quoted(path), ": ", std::strerror(errno));
-  struct stat st;
-  FSDP_CHECK(::fstat(src->fd, &st) == 0, "[data] cannot read ", quoted(path), ": ", std::strerror(errno));
-  const int64_t bytes = st.st_size;
-  FSDP_CHECK(bytes >= kHeaderBytes, "[data] ", path, ": ", bytes,
-             " bytes is shorter than an llm.c header (1024); is it a token shard?");
-  int32_t header[3];
-  FSDP_CHECK(::pread(src->fd, header, sizeof(header), 0) == sizeof(header), "[data] cannot read ", quoted(path));
-  FSDP_CHECK(header[0] == kMagicUint16 || header[0] == kMagicUint32, "[data] ", path, ": magic ", header[0],
-             " is not an llm.c token shard's (20240520 for uint16 tokens, 20240801 for uint32)");
-  src->width = header[0] == kMagicUint16 ? 2 : 4;
-  src->count = header[2];
-  FSDP_CHECK(src->count >= 0 && bytes == kHeaderBytes + src->count * src->width, "[data] ", path, ": the header says ",
-             src->count, " tokens of ", src->width, " bytes, but the file has ", bytes - kHeaderBytes,
-             " bytes after the header; the file is truncated or not a shard");
-  std::vector<int64_t> chunk;
-  for (int64_t at = 0; at < src->count; at += 1 << 20) {
-    const int64_t n = std::min<int64_t>(1 << 20, src->count - at);
-    chunk.resize(static_cast<size_t>(n));
-    src->read(at, n, chunk.data());
+  src->shard = std::make_unique<ShardReader>(path);
+  src->count = src->shard->count();
+  src->scan([&](int64_t at, const int64_t* ids, int64_t n) {
     for (int64_t i = 0; i < n; ++i) {
       // Unsigned on disk: an id above int32's range once turned negative and passed the vocab check.
-      FSDP_CHECK(chunk[i] <= INT32_MAX, "[data] ", path, ": token ", at + i, " (byte ", kHeaderBytes + 4 * (at + i),
-                 ") is id ", chunk[i], ", beyond any vocabulary (ids are below 2^31); the shard is corrupt or was not "
-                 "written as llm.c uint32 tokens");
-      src->max = std::max(src->max, chunk[i]);
+      FSDP_CHECK(ids[i] <= INT32_MAX, "[data] ", path, ": token ", at + i, " (byte ",
+                 kShardHeaderBytes + src->shard->width() * (at + i), ") is id ", ids[i],
+                 ", beyond any vocabulary (ids are below 2^31); the shard is corrupt or was not written as llm.c "
+                 "uint32 tokens");
+      src->max = std::max(src->max, ids[i]);
     }
-  }
-  open_mask(*src);
+  });
   return src;
 }
 
@@ -255,15 +193,11 @@ int64_t TokenStream::max_token() const {
 void TokenStream::check_below(int64_t vocab_size, const std::string& fix) const {
   for (const auto& s : sources_) {
     if (s->max < vocab_size) continue;
-    std::vector<int64_t> chunk;
-    for (int64_t at = 0; at < s->count; at += 1 << 20) {
-      const int64_t n = std::min<int64_t>(1 << 20, s->count - at);
-      chunk.resize(static_cast<size_t>(n));
-      s->read(at, n, chunk.data());
+    s->scan([&](int64_t at, const int64_t* ids, int64_t n) {
       for (int64_t i = 0; i < n; ++i)
-        FSDP_CHECK(chunk[i] < vocab_size, "[data] ", s->path, ": token ", at + i, " is id ", chunk[i],
+        FSDP_CHECK(ids[i] < vocab_size, "[data] ", s->path, ": token ", at + i, " is id ", ids[i],
                    " but the model's vocab_size is ", vocab_size, "; ", fix);
-    }
+    });
   }
 }
 
@@ -294,30 +228,10 @@ TokenStream read_tokens(const std::string& path_or_glob, const std::string& fiel
     s.add(std::move(src), f);
   }
   for (const std::string& folder : shard_folders) {  // the prompts' lengths, as tokenize recorded them
-    const tokenize::CorpusSummary made = tokenize::read_corpus_summary(folder);
+    const CorpusSummary made = read_corpus_summary(folder);
     s.note_prompt(made.longest_prompt.tokens, str(made.longest_prompt.file, ":", made.longest_prompt.line));
   }
   return s;
-}
-
-void write_llmc_shard(const std::string& path, const std::vector<int32_t>& tokens) {
-  const bool narrow = std::all_of(tokens.begin(), tokens.end(), [](int32_t t) { return t >= 0 && t < 65536; });
-  int32_t header[256] = {};
-  header[0] = narrow ? kMagicUint16 : kMagicUint32;
-  header[1] = narrow ? 1 : 7;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header), sizeof(header));
-  for (int32_t t : tokens) {
-    if (narrow) {
-      const uint16_t v = static_cast<uint16_t>(t);
-      out.write(reinterpret_cast<const char*>(&v), 2);
-    } else {
-      const uint32_t v = static_cast<uint32_t>(t);
-      out.write(reinterpret_cast<const char*>(&v), 4);
-    }
-  }
-  FSDP_CHECK(out.good(), "[data] cannot write ", quoted(path));
 }
 
 Split split_sequences(int64_t num_tokens, int64_t seq_len, double eval_fraction, const std::string& what) {

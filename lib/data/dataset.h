@@ -2,11 +2,8 @@
 // built-in byte-level tokenizer, and a distributed loader over it.
 //
 // Inputs (data.path; a file, or a glob such as "data/fineweb_train_*.bin", in sorted order):
-//   *.bin    llm.c token shards: 256 int32 header (magic 20240520 with uint16 tokens, or 20240801
-//            with uint32 tokens; version; token count), then the tokens. Read with 64-bit offsets.
-//            A shard_N.mask beside shard_N.bin (fsdptrain tokenize writes them for prompt/completion
-//            data) holds a byte per token: 0 when the token is not a target the loss counts.
-//   *.jsonl  one JSON object per line (tokenize/documents.h): a "text" field (data.field), or a
+//   *.bin    llm.c token shards (data/token_shard.h), with their loss masks when there are any.
+//   *.jsonl  one JSON object per line (data/documents.h): a "text" field (data.field), or a
 //            prompt/completion pair; .gz and .zst too.
 //   other    a text file; the whole file is a document.
 // read_tokens reads text as bytes (ids 0..255), for byte-level models; data/prepare.h turns text
@@ -17,7 +14,11 @@
 // llm.c shards are read in place with pread, a window at a time, so a worker's memory does not grow
 // with the dataset (neither the file nor the page cache counts toward it); each is scanned once when
 // opened (ids of 2^31 or more are refused, the largest id is kept). Text and JSONL are tokenized
-// into memory. Not thread-safe.
+// into memory.
+//
+// Threads: a TokenStream's const methods may run on several threads at once (reads are pread with
+// thread-local buffers). A DistributedLoader is used by one thread at a time; the trainer hands it
+// to its read-ahead thread and does not touch it until that thread's batches are taken.
 #pragma once
 
 #include <cstdint>
@@ -80,8 +81,6 @@ TokenStream read_tokens(const std::string& path_or_glob, const std::string& fiel
 // a sequence of seq_len.
 void check_prompt_fits(int64_t tokens, const std::string& where, int64_t seq_len);
 
-// Writes an llm.c token shard (uint16 when every id fits, else uint32): for tests and tools.
-void write_llmc_shard(const std::string& path, const std::vector<int32_t>& tokens);
 
 // The sequence windows of a stream: sequence i is tokens [i*T, i*T + T + 1) (inputs are the first
 // T, targets the last T). The last `eval_sequences` windows are held out for evaluation.

@@ -12,7 +12,8 @@
 #include <cstring>
 
 #include "data/dataset.h"
-#include "tokenize/corpus.h"
+#include "data/corpus.h"
+#include "tokenize/eos.h"
 #include "tokenize/tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -119,12 +120,12 @@ void remove_dead_partials(const std::string& cache_dir) {
 }
 
 // Tokenizes the inputs into cache_dir/key: into a folder of this process's own, then renamed.
-tokenize::CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::vector<std::string>& inputs,
+CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::vector<std::string>& inputs,
                                    const std::string& folder, std::ostream* progress) {
   remove_dead_partials(o.cache_dir);
   const tokenize::Tokenizer tok = tokenize::Tokenizer::load(plan.tokenizer);
   const int32_t eos = tokenize::eos_id(plan.tokenizer, tok);
-  tokenize::CorpusOptions c;
+  CorpusOptions c;
   c.inputs = inputs;
   c.output = str(folder, ".tmp-", host_name(), "-", ::getpid());
   c.field = o.field;
@@ -133,8 +134,8 @@ tokenize::CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, c
   c.tokenizer_path = plan.tokenizer;
   c.shard_tokens = 100000000;
   remove_tree(c.output);
-  tokenize::CorpusSummary s =
-      tokenize::tokenize_corpus(tok, eos, c, [progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
+  CorpusSummary s =
+      tokenize_corpus(tok, eos, c, [progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
         if (!progress) return;
         *progress << "\r[data] tokenizing: " << (total > 0 ? 100 * done / total : 100) << "% of " << format_bytes(total)
                   << ", " << format_count(static_cast<double>(tokens)) << " tokens" << std::flush;
@@ -208,9 +209,9 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   if (key.empty() || !file_exists(o.cache_dir + "/" + key + "/tokenize.json")) key = content_key(plan, o, inputs);
   const std::string folder = o.cache_dir + "/" + key;
   plan.path = folder + "/*.bin";
-  tokenize::CorpusSummary s;
+  CorpusSummary s;
   if (file_exists(folder + "/tokenize.json")) {
-    s = tokenize::read_corpus_summary(folder);
+    s = read_corpus_summary(folder);
     plan.note = str("[data] ", o.path, ": the tokens of ", plural(s.documents, "document"), " with ", plan.tokenizer,
                     " are in ", folder, " (", s.tokens, " tokens; inputs unchanged, not tokenized again)");
   } else {

@@ -1,7 +1,7 @@
 // How data.path becomes token ids, before training reads it (dataset.h):
 //   - llm.c shards (*.bin): read as they are.
 //   - text and JSONL with a tokenizer (data.tokenizer, else model.pretrained's tokenizer.json):
-//     tokenized once into llm.c shards (tokenize/corpus.h; loss masks for prompt/completion
+//     tokenized once into llm.c shards (data/corpus.h; loss masks for prompt/completion
 //     records) in data.cache_dir/<key>, and read from there. The key hashes the tokenizer files, the
 //     EOS id, data.field and every input's content, so a cache is never stale; a stamp of the
 //     inputs' paths, sizes and modification times (data.cache_dir/stamps/) finds it again without

@@ -1,6 +1,7 @@
 // Token inputs and the distributed loader: formats, errors, disjoint and deterministic reads across
 // world sizes, and an exact resume position.
 #include "data/dataset.h"
+#include "data/token_shard.h"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -53,8 +54,8 @@ std::vector<int64_t> firsts(DistributedLoader& l, int steps) {
 
 TEST_CASE("llm.c shards round-trip in both token widths, a glob reads files in order") {
   TempDir d;
-  write_llmc_shard(d.path + "/a_000.bin", {1, 2, 3, 50256});
-  write_llmc_shard(d.path + "/a_001.bin", {128000, 7});
+  write_shard(d.path + "/a_000.bin", {1, 2, 3, 50256});
+  write_shard(d.path + "/a_001.bin", {128000, 7});
   const TokenStream s = read_tokens(d.path + "/a_*.bin");
   CHECK(s.read_all() == std::vector<int32_t>{1, 2, 3, 50256, 128000, 7});
   CHECK(s.files().size() == 2);
@@ -80,7 +81,7 @@ TEST_CASE("text and JSONL go through the byte tokenizer, each document after an 
 // and failed deep in LibTorch ("index out of range in self"); a folder failed in the stream library.
 TEST_CASE("a uint32 id beyond int32, an id beyond the vocabulary and a folder are named with the file and position") {
   TempDir d;
-  write_llmc_shard(d.path + "/big.bin", {1, 70000, 3});  // uint32 tokens
+  write_shard(d.path + "/big.bin", {1, 70000, 3});  // uint32 tokens
   {
     std::fstream f(d.path + "/big.bin", std::ios::binary | std::ios::in | std::ios::out);
     const uint32_t huge = 0x80000005u;  // 2^31 + 5
@@ -90,8 +91,8 @@ TEST_CASE("a uint32 id beyond int32, an id beyond the vocabulary and a folder ar
   const std::string e = error_of([&] { read_tokens(d.path + "/big.bin"); });
   CHECK(e.find(d.path + "/big.bin: token 2 (byte 1032) is id 2147483653") != std::string::npos);
 
-  write_llmc_shard(d.path + "/s_0.bin", {1, 2, 3});
-  write_llmc_shard(d.path + "/s_1.bin", {4, 5, 99, 6});
+  write_shard(d.path + "/s_0.bin", {1, 2, 3});
+  write_shard(d.path + "/s_1.bin", {4, 5, 99, 6});
   const TokenStream s = read_tokens(d.path + "/s_*.bin");
   CHECK(s.file_ends() == std::vector<int64_t>{3, 7});
   CHECK_NOTHROW(s.check_below(100, "raise vocab_size"));
@@ -110,7 +111,7 @@ TEST_CASE("bad inputs name the file and the fix") {
   CHECK(error_of([&] { read_tokens(d.file("empty.txt", "")); }).find("empty.txt is empty") != std::string::npos);
   CHECK(error_of([&] { read_tokens(d.file("bad.bin", std::string(1024, 'x'))); }).find("is not an llm.c token shard") !=
         std::string::npos);
-  write_llmc_shard(d.path + "/cut.bin", {1, 2, 3});
+  write_shard(d.path + "/cut.bin", {1, 2, 3});
   ::truncate((d.path + "/cut.bin").c_str(), 1024 + 4);
   CHECK(error_of([&] { read_tokens(d.path + "/cut.bin"); }).find("truncated") != std::string::npos);
   CHECK(error_of([&] {
@@ -196,9 +197,9 @@ TEST_CASE("prompt/completion records: the prompt's tokens are inputs, never targ
 
 TEST_CASE("a shard's .mask is read beside it, and one of another length is refused") {
   TempDir d;
-  write_llmc_shard(d.path + "/shard_000000.bin", {5, 6, 7, 8});
+  write_shard(d.path + "/shard_000000.bin", {5, 6, 7, 8});
   d.file("shard_000000.mask", std::string("\x00\x00\x01\x01", 4));
-  write_llmc_shard(d.path + "/shard_000001.bin", {9, 10});  // no mask: every token a target
+  write_shard(d.path + "/shard_000001.bin", {9, 10});  // no mask: every token a target
   const TokenStream s = read_tokens(d.path + "/*.bin");
   REQUIRE(s.has_mask());
   std::vector<uint8_t> mask(6);

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace fsdp::tokenize {
+namespace fsdp::data {
 
 struct Document {
   std::string text;        // the document, or the prompt of a pair
@@ -58,4 +58,4 @@ class DocumentReader {
 // Whether `path` names a JSONL file, compressed or not.
 bool is_jsonl(const std::string& path);
 
-}  // namespace fsdp::tokenize
+}  // namespace fsdp::data

@@ -1,4 +1,4 @@
-#include "tokenize/documents.h"
+#include "data/documents.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "util/files.h"
 #include "util/strings.h"
 
-namespace fsdp::tokenize {
+namespace fsdp::data {
 
 namespace {
 
@@ -228,4 +228,4 @@ bool DocumentReader::holds_pairs() {
   return kind_ == 2;
 }
 
-}  // namespace fsdp::tokenize
+}  // namespace fsdp::data

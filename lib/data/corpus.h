@@ -1,15 +1,14 @@
 // `fsdptrain tokenize`: text and JSONL documents into llm.c token shards with a model's tokenizer.
 //
-// Documents (tokenize/documents.h) are read in input order (globs sorted), encoded on `jobs`
+// Documents (data/documents.h) are read in input order (globs sorted), encoded on `jobs`
 // threads a batch at a time, and written in the same order: each document's ids (with the
 // tokenizer's template, e.g. BOS) followed by the EOS id. A prompt/completion record is the
 // prompt's ids (with the template) then the completion's (without), then EOS: encoded apart, so
 // the boundary never merges. Shards hold up to `shard_tokens` tokens each, uint16 when the
 // vocabulary fits, else uint32.
 //
-// When any input holds prompt/completion records, each shard_N.bin gets a shard_N.mask beside it:
-// one byte per token, 1 when the token is a target the loss counts, 0 for a prompt's tokens (data/
-// dataset.h reads it). tokenize.json records what was made (documents, tokens, the longest prompt
+// When any input holds prompt/completion records, each shard_N.bin gets a shard_N.mask beside it
+// (data/token_shard.h: a byte per token, 0 for a prompt's tokens). tokenize.json records what was made (documents, tokens, the longest prompt
 // and where it is, the tokenizer and EOS).
 //
 // Everything is written into <output>.partial and renamed to <output> at the end, so a cut-off run
@@ -23,7 +22,7 @@
 
 #include "tokenize/tokenizer.h"
 
-namespace fsdp::tokenize {
+namespace fsdp::data {
 
 struct CorpusOptions {
   std::vector<std::string> inputs;  // files or globs: *.jsonl[.gz|.zst] (JSON per line), else text
@@ -58,19 +57,10 @@ using CorpusProgress = std::function<void(int64_t done, int64_t total, int64_t d
 // Throws InputError naming the file (and line) for: no input matched, an existing output folder, a
 // JSONL line that is not an object with a string `field` (or a pair, in a file of pairs), a file
 // compressed other than with gzip or zstd.
-CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const CorpusOptions& options,
+CorpusSummary tokenize_corpus(const tokenize::Tokenizer& tokenizer, int32_t eos, const CorpusOptions& options,
                               const CorpusProgress& progress = {});
-
-// The EOS id of the tokenizer at `path` (a model folder or a tokenizer.json): `eos_token` of the
-// tokenizer_config.json beside it, else `eos_token_id` of config.json. `override_token` wins when
-// given. Throws InputError saying where it looked.
-// The eos_token_id of a config.json or generation_config.json (a number or a list); empty when the
-// file or the field is missing.
-std::vector<int32_t> eos_token_ids(const std::string& json_file);
 
 // What tokenize.json in a folder of shards says (all zero when there is none).
 CorpusSummary read_corpus_summary(const std::string& folder);
 
-int32_t eos_id(const std::string& path, const Tokenizer& tokenizer, const std::string& override_token = "");
-
-}  // namespace fsdp::tokenize
+}  // namespace fsdp::data

@@ -1,4 +1,4 @@
-#include "tokenize/corpus.h"
+#include "data/corpus.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -10,102 +10,23 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "tokenize/documents.h"
+#include "data/documents.h"
+#include "data/token_shard.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
 
-namespace fsdp::tokenize {
+namespace fsdp::data {
 
 namespace {
 
 using json = nlohmann::json;
-
-constexpr int32_t kMagicUint16 = 20240520, kMagicUint32 = 20240801;
 
 int cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
   return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
 }
-
-// llm.c shards under one folder: shard_000000.bin, ... (256 int32 header, then the tokens), and
-// with masks, shard_000000.mask beside each (a byte per token: 1 counted as a target, 0 not).
-class ShardWriter {
- public:
-  ShardWriter(std::string dir, int64_t shard_tokens, int token_bytes, bool masks)
-      : dir_(std::move(dir)), limit_(shard_tokens), width_(token_bytes), masks_(masks) {}
-  ~ShardWriter() {
-    if (file_) std::fclose(file_);
-    if (mask_) std::fclose(mask_);
-  }
-  // A document's ids; the first `uncounted` are not targets (a prompt's).
-  void add(const std::vector<int32_t>& ids, size_t uncounted) {
-    for (size_t i = 0; i < ids.size();) {
-      if (!file_ || count_ == limit_) open_next();
-      const size_t n = std::min<size_t>(ids.size() - i, static_cast<size_t>(limit_ - count_));
-      if (width_ == 2) {
-        std::vector<uint16_t> narrow(ids.begin() + i, ids.begin() + i + n);
-        write(file_, path_, narrow.data(), n * 2);
-      } else {
-        write(file_, path_, ids.data() + i, n * 4);
-      }
-      if (masks_) {
-        std::vector<uint8_t> mask(n);
-        for (size_t k = 0; k < n; ++k) mask[k] = i + k >= uncounted ? 1 : 0;
-        write(mask_, mask_path_, mask.data(), n);
-      }
-      count_ += static_cast<int64_t>(n);
-      i += n;
-    }
-  }
-  int64_t finish() {  // the number of shards
-    close_current();
-    return shards_;
-  }
-
- private:
-  static void write(std::FILE* f, const std::string& path, const void* p, size_t n) {
-    FSDP_CHECK(std::fwrite(p, 1, n, f) == n, "[tokenize] cannot write ", path, ": ", std::strerror(errno));
-  }
-  static std::FILE* create(const std::string& path) {
-    std::FILE* f = std::fopen(path.c_str(), "wb");
-    FSDP_CHECK(f != nullptr, "[tokenize] cannot create ", path, ": ", std::strerror(errno));
-    return f;
-  }
-  static void close(std::FILE*& f, const std::string& path) {
-    const bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-    std::fclose(f);
-    f = nullptr;
-    FSDP_CHECK(ok, "[tokenize] cannot write ", path, ": ", std::strerror(errno));
-  }
-  void open_next() {
-    close_current();
-    char name[32];
-    std::snprintf(name, sizeof(name), "/shard_%06lld", static_cast<long long>(shards_++));
-    path_ = dir_ + name + ".bin";
-    file_ = create(path_);
-    int32_t header[256] = {};
-    write(file_, path_, header, sizeof(header));
-    if (masks_) mask_ = create(mask_path_ = dir_ + name + ".mask");
-    count_ = 0;
-  }
-  void close_current() {
-    if (mask_) close(mask_, mask_path_);
-    if (!file_) return;
-    int32_t header[3] = {width_ == 2 ? kMagicUint16 : kMagicUint32, width_ == 2 ? 1 : 7,
-                         static_cast<int32_t>(count_)};
-    FSDP_CHECK(std::fseek(file_, 0, SEEK_SET) == 0, "[tokenize] cannot write ", path_, ": ", std::strerror(errno));
-    write(file_, path_, header, sizeof(header));
-    close(file_, path_);
-  }
-  std::string dir_, path_, mask_path_;
-  int64_t limit_, count_ = 0, shards_ = 0;
-  int width_;
-  bool masks_;
-  std::FILE* file_ = nullptr;
-  std::FILE* mask_ = nullptr;
-};
 
 // A document's ids and EOS, and how many of them (a prompt's) are not targets.
 struct Encoded {
@@ -114,7 +35,7 @@ struct Encoded {
 };
 
 // Each document's ids and EOS, encoded on `jobs` threads, in order.
-std::vector<Encoded> encode_batch(const Tokenizer& tok, int32_t eos, const std::vector<Document>& docs, int jobs) {
+std::vector<Encoded> encode_batch(const tokenize::Tokenizer& tok, int32_t eos, const std::vector<Document>& docs, int jobs) {
   std::vector<Encoded> out(docs.size());
   auto work = [&](size_t first, size_t step) {
     for (size_t i = first; i < docs.size(); i += step) {
@@ -165,7 +86,7 @@ void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eo
 }
 
 // Reads every file into `writer`, adding to `s`.
-void tokenize_files(const Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
+void tokenize_files(const tokenize::Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
                     const std::vector<std::string>& files, ShardWriter& writer, CorpusSummary& s,
                     const CorpusProgress& progress) {
   const int jobs = o.jobs > 0 ? o.jobs : cores();
@@ -193,7 +114,7 @@ void tokenize_files(const Tokenizer& tokenizer, int32_t eos, const CorpusOptions
 
 }  // namespace
 
-CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
+CorpusSummary tokenize_corpus(const tokenize::Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
                               const CorpusProgress& progress) {
   const auto start = std::chrono::steady_clock::now();
   FSDP_CHECK(o.shard_tokens >= 1 && o.shard_tokens <= INT32_MAX, o.who, " --shard_size ", o.shard_tokens,
@@ -209,7 +130,7 @@ CorpusSummary tokenize_corpus(const Tokenizer& tokenizer, int32_t eos, const Cor
   CorpusSummary s;
   s.token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
   try {
-    ShardWriter writer(partial, o.shard_tokens, s.token_bytes, masks);
+    ShardWriter writer(partial, o.shard_tokens, s.token_bytes, masks, o.who);
     tokenize_files(tokenizer, eos, o, files, writer, s, progress);
     FSDP_CHECK(s.documents > 0, o.who, " the inputs hold no document");
     s.shards = writer.finish();
@@ -243,38 +164,4 @@ CorpusSummary read_corpus_summary(const std::string& folder) {
   return s;
 }
 
-std::vector<int32_t> eos_token_ids(const std::string& json_file) {
-  if (!file_exists(json_file)) return {};
-  const json j = json::parse(read_file(json_file), nullptr, false);
-  if (!j.is_object() || !j.contains("eos_token_id")) return {};
-  const json& e = j["eos_token_id"];
-  std::vector<int32_t> ids;
-  for (const json& id : e.is_array() ? e : json::array({e}))
-    if (id.is_number_integer()) ids.push_back(id.get<int32_t>());
-  return ids;
-}
-
-int32_t eos_id(const std::string& path, const Tokenizer& tokenizer, const std::string& override_token) {
-  auto id_of = [&](const std::string& token, const std::string& from) {
-    const auto id = tokenizer.token_to_id(token);
-    FSDP_CHECK(id.has_value(), "[tokenize] the EOS token ", quoted(token), " (", from, ") is not in the vocabulary");
-    return *id;
-  };
-  if (!override_token.empty()) return id_of(override_token, "--eos");
-  const std::string dir = is_directory(path) ? path : parent_folder(path);
-  const std::string config = dir + "/tokenizer_config.json";
-  if (file_exists(config)) {
-    const json j = json::parse(read_file(config), nullptr, false);
-    if (j.is_object() && j.contains("eos_token")) {
-      const json& e = j["eos_token"];
-      if (e.is_string()) return id_of(e.get<std::string>(), config);
-      if (e.is_object() && e.contains("content")) return id_of(e["content"].get<std::string>(), config);
-    }
-  }
-  const std::string model = dir + "/config.json";
-  if (const std::vector<int32_t> ids = eos_token_ids(model); !ids.empty()) return ids.front();
-  throw InputError(str("[tokenize] no EOS token: neither ", config, " (eos_token) nor ", model,
-                       " (eos_token_id) names one; pass --eos TOKEN"));
-}
-
-}  // namespace fsdp::tokenize
+}  // namespace fsdp::data
