@@ -11,10 +11,9 @@
 
 #include "ckpt/load_model.h"
 #include "commands.h"
-#include "model/generate.h"
-#include "data/corpus.h"
-#include "tokenize/eos.h"
 #include "data/documents.h"
+#include "model/generate.h"
+#include "tokenize/eos.h"
 #include "tokenize/tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -26,6 +25,20 @@ namespace {
 
 using json = nlohmann::json;
 constexpr int32_t kByteEnd = 256;  // the byte-level models' end-of-text id (data/dataset.h)
+
+struct LoadedModel {
+  model::LlamaForCausalLM model{nullptr};
+  std::string folder;
+};
+
+// The folder --model names, its config.json's model, and its weights (checked before they load).
+LoadedModel load(const std::string& path) {
+  const ckpt::ModelFolder found = ckpt::find_model_folder(path);
+  const model::LlamaConfig config = model::load_llama_config(found.folder + "/config.json");
+  LoadedModel out{model::LlamaForCausalLM(config), found.folder};
+  ckpt::load_weights(*out.model, found, model::describe(config));
+  return out;
+}
 
 // The model's text side: its tokenizer.json, or bytes for a byte-level model (vocab_size 257).
 class TextCodec {
@@ -135,7 +148,7 @@ class GenerateCommand final : public Command {
                options_.top_p);
     FSDP_CHECK(device_ == "cpu" || device_ == "cuda", "--device: expected cpu or cuda, got ", quoted(device_));
     FSDP_CHECK(device_ == "cpu" || at::hasCUDA(), "--device cuda: this machine has no CUDA device; use --device cpu");
-    ckpt::LoadedModel loaded = ckpt::load_model(model_);
+    LoadedModel loaded = load(model_);
     loaded.model->eval();
     if (device_ == "cuda") loaded.model->to(c10::Device(c10::kCUDA, 0));
     const TextCodec codec(tokenizer_, loaded.folder, loaded.model->config.vocab_size);

@@ -107,7 +107,8 @@ void check_checkpoint_dir(const std::string& dir, uint64_t needed, int64_t keep,
                                    " more once checkpoint.keep removes old ones)")
                              : std::string(),
              ", so the first save would fail after training. Free space, use another checkpoint.dir, or set "
-             "checkpoint.keep (now ", keep, ") to 2 or more so a save removes the oldest checkpoint first");
+             "checkpoint.keep (now ",
+             keep, ") to 2 or more so a save removes the oldest checkpoint first");
 }
 
 std::optional<std::string> lock_holder(const std::string& dir) {
@@ -133,8 +134,8 @@ DirLock::DirLock(const std::string& dir) {
   make_directories(dir);
   const std::string path = path_in(dir, kLockFile);
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  FSDP_CHECK(fd_ >= 0, "[ckpt] checkpoint.dir ", quoted(dir), ": cannot create ", kLockFile, " (",
-             std::strerror(errno), "); give a folder this user can write");
+  FSDP_CHECK(fd_ >= 0, "[ckpt] checkpoint.dir ", quoted(dir), ": cannot create ", kLockFile, " (", std::strerror(errno),
+             "); give a folder this user can write");
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const auto holder = lock_holder(dir);

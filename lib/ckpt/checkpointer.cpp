@@ -17,8 +17,8 @@
 #include "ckpt/safetensors_torch.h"
 #include "ckpt/sources.h"
 #include "dist/store.h"
-#include "util/error.h"
 #include "util/clock.h"
+#include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
 
@@ -45,7 +45,7 @@ at::Tensor gather_slice(dist::ProcessGroup shard, const at::Tensor& slice, const
 struct Checkpointer::Impl {
   ShardedModel& model;
   optim::ShardedAdamW& adamw;
-  model::LlamaConfig config;
+  model::ModelDescription description;
   dist::ProcessGroup& world;
   CheckpointOptions o;
   FileSystem& fs;
@@ -54,11 +54,11 @@ struct Checkpointer::Impl {
   std::thread writer;
   std::exception_ptr error;
 
-  Impl(ShardedModel& m, optim::ShardedAdamW& a, const model::LlamaConfig& c, dist::ProcessGroup& w,
+  Impl(ShardedModel& m, optim::ShardedAdamW& a, model::ModelDescription d, dist::ProcessGroup& w,
        CheckpointOptions opts)
       : model(m),
         adamw(a),
-        config(c),
+        description(std::move(d)),
         world(w),
         o(std::move(opts)),
         fs(o.fs ? *o.fs : local_file_system()),
@@ -154,7 +154,7 @@ struct Checkpointer::Impl {
       index["files"] = files;
       index["tensors"] = tensors;
       write(kIndex, index.dump(1) + "\n");
-      write(kConfig, config_text(config));
+      write(kConfig, description.config_json);
     }
     write(kState, state.dump(2) + "\n");
     json manifest = {{"format", "fsdptrain-manifest"}, {"version", kFormatVersion}, {"files", json::object()}};
@@ -213,7 +213,7 @@ struct Checkpointer::Impl {
     });
   }
 
-  uint64_t needed() const { return checkpoint_bytes(config.num_parameters()); }
+  uint64_t needed() const { return checkpoint_bytes(description.num_parameters); }
 
   // Rank 0, before a save: when the disk has less free than a checkpoint needs, removes the oldest
   // complete checkpoints that keep would prune after this save anyway (keep >= 2: one always stays).
@@ -262,7 +262,7 @@ struct Checkpointer::Impl {
     std::vector<TensorSpec> specs;
     for (const HostSlice* h : params) specs.push_back({h->name, h->layout->shape});
     std::vector<WrittenFile> written = write_hf_folder(
-        specs, [&](size_t i) { return full(*params[i]); }, writer, config, tmp, o.max_shard_bytes, fs);
+        specs, [&](size_t i) { return full(*params[i]); }, writer, description.config_json, tmp, o.max_shard_bytes, fs);
     std::sort(optim.begin(), optim.end(), [](const HostSlice* a, const HostSlice* b) { return a->name < b->name; });
     std::unique_ptr<SafetensorsWriter> out;
     if (writer) {
@@ -303,9 +303,9 @@ struct Checkpointer::Impl {
   }
 };
 
-Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, const model::LlamaConfig& config,
+Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, model::ModelDescription description,
                            dist::ProcessGroup& world, CheckpointOptions options)
-    : impl_(std::make_unique<Impl>(model, adamw, config, world, std::move(options))) {
+    : impl_(std::make_unique<Impl>(model, adamw, std::move(description), world, std::move(options))) {
   if (impl_->shard_size() > 1) {
     const auto& shared = world.store();
     FSDP_ASSERT(shared != nullptr, "Checkpointer: a sharded world without a rendezvous store");
@@ -407,8 +407,7 @@ TrainingState Checkpointer::load(const std::string& path) {
     if (sharded) verify_checkpoint(path, {kIndex});
     efficient = !sharded && m.o.cpu_ram_efficient_loading;
     check_state_matches_folder(state, path);
-    const model::LlamaConfig saved = model::load_llama_config(path_in(path, kConfig));
-    FSDP_CHECK(config_text(saved) == config_text(m.config), "[ckpt] ", path,
+    FSDP_CHECK(m.description.canonical_config(path_in(path, kConfig)) == m.description.config_json, "[ckpt] ", path,
                "/config.json describes another model than this run's; resume with the model.config it was "
                "trained with, or start a new run in another checkpoint.dir");
     src = open_source(path);

@@ -35,7 +35,7 @@
 #include "ckpt/format.h"
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/llama.h"
+#include "model/description.h"
 #include "optim/adamw.h"
 
 namespace fsdp::ckpt {
@@ -53,8 +53,9 @@ struct CheckpointOptions {
 
 class Checkpointer {
  public:
-  // The model, optimizer and world must outlive the Checkpointer.
-  Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, const model::LlamaConfig& config,
+  // The model, optimizer and world must outlive the Checkpointer; `description` says what the model's
+  // tensors are called and which config.json is written and expected.
+  Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, model::ModelDescription description,
                dist::ProcessGroup& world, CheckpointOptions options);
   ~Checkpointer();  // waits for a write in flight; its error is logged, not thrown
   Checkpointer(const Checkpointer&) = delete;

@@ -129,8 +129,8 @@ void check_resumable(const TrainingState& saved, const TrainingState& now, const
              saved.train_sequences, " training sequences; data.path now gives ", now.train_sequences,
              ", so the data would not continue where it stopped. Resume with the same data.path and "
              "data.eval_fraction, or start a new run");
-  FSDP_CHECK(saved.loader_offset <= saved.train_sequences, "[ckpt] ", path_in(path, kState), ": the data loader's offset ",
-             saved.loader_offset, " lies beyond the data's ", saved.train_sequences,
+  FSDP_CHECK(saved.loader_offset <= saved.train_sequences, "[ckpt] ", path_in(path, kState),
+             ": the data loader's offset ", saved.loader_offset, " lies beyond the data's ", saved.train_sequences,
              " training sequences: the checkpoint is corrupt. Resume from another checkpoint");
 }
 
@@ -171,12 +171,6 @@ json parse_json_file(const std::string& path) {
   } catch (const json::exception& e) {
     throw InputError(str("[ckpt] ", path, ": not valid JSON (", e.what(), "); the checkpoint is corrupt"));
   }
-}
-
-std::string config_text(const model::LlamaConfig& config) {
-  model::LlamaConfig c = config;
-  c.dtype = "float32";
-  return model::llama_config_json(c);
 }
 
 std::string checkpoint_name(int64_t step) {

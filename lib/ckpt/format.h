@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "ckpt/file_system.h"
-#include "model/llama.h"
 
 namespace fsdp::ckpt {
 
@@ -81,8 +80,6 @@ std::vector<std::string> complete_checkpoints(std::string dir, FileSystem& fs);
 // The newest complete checkpoint under `dir`; "" when there is none.
 std::string latest_checkpoint(const std::string& dir, FileSystem& fs = local_file_system());
 
-// config.json as checkpoints store it (fp32), so two configs compare as text.
-std::string config_text(const model::LlamaConfig& config);
 nlohmann::json parse_json_file(const std::string& path);  // InputError naming the file when not JSON
 
 // Checks that every file the manifest of `path` lists (or only `files`, when given) exists with

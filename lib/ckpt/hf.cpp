@@ -44,7 +44,7 @@ void check_tensors_match(const std::string& where, const std::map<std::string, s
 
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
-                                         const model::LlamaConfig& config, const std::string& dir,
+                                         const std::string& config_json, const std::string& dir,
                                          int64_t max_shard_bytes, FileSystem& fs) {
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -68,12 +68,8 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
     total += bytes_of(i);
   }
   std::vector<WrittenFile> written;
-  if (writer) {
-    model::LlamaConfig c = config;
-    c.dtype = "float32";
-    const std::string text = model::llama_config_json(c);
-    written.push_back({"config.json", text.size(), write_whole_file(fs, dir + "/config.json", text)});
-  }
+  if (writer)
+    written.push_back({"config.json", config_json.size(), write_whole_file(fs, dir + "/config.json", config_json)});
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
     char name[64];
@@ -108,7 +104,7 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
   return written;
 }
 
-std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::LlamaConfig& config,
+std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs) {
   const bool writer =
       model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
@@ -121,10 +117,10 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
     }
   return write_hf_folder(
       specs, [&](size_t k) { return model.groups()[where[k].first]->gather_full_parameter(where[k].second); }, writer,
-      config, dir, max_shard_bytes, fs);
+      description.config_json, dir, max_shard_bytes, fs);
 }
 
-void export_hf(const ShardedModel& model, const model::LlamaConfig& config, const std::string& dir,
+void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
                int64_t max_shard_bytes) {
   const bool writer =
       model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
@@ -135,7 +131,7 @@ void export_hf(const ShardedModel& model, const model::LlamaConfig& config, cons
     fs.remove_all(tmp);
     fs.make_dirs(tmp);
   }
-  write_hf_model(model, config, tmp, max_shard_bytes, fs);
+  write_hf_model(model, description, tmp, max_shard_bytes, fs);
   if (!writer) return;
   fs.sync_dir(tmp);
   fs.rename(tmp, dir);
@@ -144,7 +140,6 @@ void export_hf(const ShardedModel& model, const model::LlamaConfig& config, cons
 HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   FSDP_CHECK(file_exists(dir + "/config.json"), "[ckpt] ", quoted(dir),
              " has no config.json; give a Hugging Face model folder (config.json + *.safetensors)");
-  config_ = model::load_llama_config(dir + "/config.json");
   std::vector<std::string> files;
   if (file_exists(dir + "/model.safetensors.index.json")) {
     nlohmann::json index;
@@ -169,16 +164,12 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   }
 }
 
-void HfCheckpoint::check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) const {
+void HfCheckpoint::check_matches(const std::vector<model::ParamSpec>& params) const {
   std::map<std::string, std::vector<int64_t>> stored;
   for (const auto& [name, where] : tensors_) stored[name] = where.second->shape;
+  // A tied head is the embedding (its alias): HF writes it once, but a folder may hold both names.
   std::vector<ExpectedTensor> expected;
-  for (const auto& [name, shape] : params) {
-    expected.push_back({name, shape, {}});
-    // A tied head is the embedding; HF writes it once, but a folder may hold both names.
-    if (config_.tie_word_embeddings && name == "model.embed_tokens.weight")
-      expected.back().aliases.push_back("lm_head.weight");
-  }
+  for (const model::ParamSpec& p : params) expected.push_back({p.name, p.shape, p.aliases});
   check_tensors_match(dir_, stored, expected,
                       "check that model.config describes the same architecture as " + dir_ + "/config.json");
 }

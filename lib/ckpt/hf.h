@@ -1,6 +1,6 @@
 // Hugging Face model folders: config.json plus model.safetensors, or shards
 // (model-00001-of-00003.safetensors ...) with model.safetensors.index.json above a size limit.
-// What `transformers`' LlamaForCausalLM.from_pretrained loads, and what its save_pretrained writes.
+// What `transformers`' from_pretrained loads, and what its save_pretrained writes.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,17 +14,18 @@
 
 #include "ckpt/safetensors.h"
 #include "fsdp/fully_shard.h"
-#include "model/llama.h"
+#include "model/description.h"
 
 namespace fsdp::ckpt {
 
 inline constexpr int64_t kDefaultMaxShardBytes = 5000000000;  // "5GB", decimal as huggingface_hub
 
 // Writes `model`'s full fp32 parameters as a Hugging Face folder at `dir`, which must not exist
-// yet: one parameter is gathered at a time (collective over the shard group, in name order) and
-// rank 0 streams it into the file it belongs to. The folder appears complete or not at all
-// (written as `dir`.tmp, renamed). A tied head is written once, as HF does.
-void export_hf(const ShardedModel& model, const model::LlamaConfig& config, const std::string& dir,
+// yet, with `description`'s config.json: one parameter is gathered at a time (collective over the
+// shard group, in name order) and rank 0 streams it into the file it belongs to. The folder
+// appears complete or not at all (written as `dir`.tmp, renamed). A tied head is written once, as
+// HF does.
+void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
                int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // A file a save wrote: its name in the folder, size and CRC-32C (for checkpoint manifests).
@@ -37,10 +38,10 @@ struct WrittenFile {
 // What export_hf writes, into the existing folder `dir` (no rename): config.json and the weights,
 // through `fs`. Collective over the shard group; returns the files on the writing rank (shard and
 // replicate rank 0), nothing on the others.
-std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::LlamaConfig& config,
+std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs);
 
-// The folder itself: config.json and fp32 `tensors` in name order, in huggingface_hub's greedy
+// The folder itself: `config_json` as config.json and fp32 `tensors` in name order, in huggingface_hub's greedy
 // shards above max_shard_bytes (with model.safetensors.index.json). full(i) gives tensors[i]'s
 // full value; it is called for every tensor in name order on every rank (it may be collective),
 // and only `writer` writes. Returns the files written.
@@ -50,7 +51,7 @@ struct TensorSpec {
 };
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
-                                         const model::LlamaConfig& config, const std::string& dir,
+                                         const std::string& config_json, const std::string& dir,
                                          int64_t max_shard_bytes, FileSystem& fs);
 
 // A tensor a model expects to load: its name, the other names it may be stored under (a tied
@@ -68,15 +69,14 @@ void check_tensors_match(const std::string& where, const std::map<std::string, s
                          const std::vector<ExpectedTensor>& expected, const std::string& hint,
                          const std::string& skip_prefix = "");
 
-// A Hugging Face folder (any family model/llama.h reads) opened for reading; tensors are memory-mapped, so every rank of a
-// machine reading it shares one copy in the page cache.
+// A Hugging Face folder opened for reading; tensors are memory-mapped, so every rank of a machine
+// reading it shares one copy in the page cache.
 class HfCheckpoint {
  public:
   explicit HfCheckpoint(const std::string& dir);  // throws InputError naming what is missing
-  const model::LlamaConfig& config() const { return config_; }
-  // Refuses (InputError) a checkpoint whose tensors do not match `params` (name -> shape),
+  // Refuses (InputError) a checkpoint whose tensors do not match `params` (names, aliases, shapes),
   // listing every missing, unexpected and mis-shaped tensor.
-  void check_matches(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params) const;
+  void check_matches(const std::vector<model::ParamSpec>& params) const;
   // One tensor as fp32.
   at::Tensor read(const std::string& name) const;
   // Every tensor of the folder by name: its file and header entry.
@@ -86,7 +86,6 @@ class HfCheckpoint {
 
  private:
   std::string dir_;
-  model::LlamaConfig config_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>> tensors_;
 };

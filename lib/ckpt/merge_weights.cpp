@@ -24,7 +24,7 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
   }
   FSDP_CHECK(!file_exists(out), "[merge-weights] ", quoted(out), " already exists; give a new output folder");
   verify_checkpoint(path);
-  const model::LlamaConfig config = model::load_llama_config(path_in(path, kConfig));
+  const std::string config_json = read_file(path_in(path, kConfig));  // the checkpoint's own, fp32
   auto src = open_source(path);
   std::vector<std::string> names;
   for (const std::string& n : src->names())
@@ -44,7 +44,7 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
   fs.make_dirs(tmp);
   const auto written = write_hf_folder(
       specs, [&](size_t i) { return src->rows(specs[i].name, 0, specs[i].shape.empty() ? 1 : specs[i].shape[0]); },
-      /*writer=*/true, config, tmp, max_shard_bytes, fs);
+      /*writer=*/true, config_json, tmp, max_shard_bytes, fs);
   for (const WrittenFile& f : written)
     log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
   fs.sync_dir(tmp);

@@ -47,22 +47,24 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
   int32_t header[3];
   pread_all(fd_, reinterpret_cast<uint8_t*>(header), sizeof(header), 0, path);
   FSDP_CHECK(header[0] == kShardMagicUint16 || header[0] == kShardMagicUint32, "[data] ", path, ": magic ", header[0],
-             " is not an llm.c token shard's (20240520 for uint16 tokens, 20240801 for uint32)");
+             " is not an llm.c token shard's (", kShardMagicUint16, " for uint16 tokens, ", kShardMagicUint32,
+             " for uint32)");
   const bool narrow = header[0] == kShardMagicUint16;
   const int32_t version = narrow ? kShardVersionUint16 : kShardVersionUint32;
   FSDP_CHECK(header[1] == version, "[data] ", path, ": version ", header[1], " with magic ", header[0],
-             "; llm.c writes version ", version, " there. The file was made by another tool or is damaged; make it "
+             "; llm.c writes version ", version,
+             " there. The file was made by another tool or is damaged; make it "
              "again with fsdptrain tokenize");
   width_ = narrow ? 2 : 4;
   count_ = header[2];
-  FSDP_CHECK(count_ >= 0 && bytes == kShardHeaderBytes + count_ * width_, "[data] ", path, ": the header says ",
-             count_, " tokens of ", width_, " bytes, but the file has ", bytes - kShardHeaderBytes,
+  FSDP_CHECK(count_ >= 0 && bytes == kShardHeaderBytes + count_ * width_, "[data] ", path, ": the header says ", count_,
+             " tokens of ", width_, " bytes, but the file has ", bytes - kShardHeaderBytes,
              " bytes after the header; the file is truncated or not a shard");
   const std::string mask = shard_mask_path(path);
   if (!file_exists(mask)) return;
   mask_fd_ = open_or_throw(mask);
-  FSDP_CHECK(file_size(mask) == count_, "[data] ", mask, " has ", file_size(mask), " bytes but ", path, " has ",
-             count_, " tokens: the mask is from another tokenization; tokenize the data again (fsdptrain "
+  FSDP_CHECK(file_size(mask) == count_, "[data] ", mask, " has ", file_size(mask), " bytes but ", path, " has ", count_,
+             " tokens: the mask is from another tokenization; tokenize the data again (fsdptrain "
              "tokenize) or delete the .mask files to train on every token");
 }
 

@@ -9,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "model/llama.h"
+#include "model/decoder.h"
 
 namespace fsdp::model {
 

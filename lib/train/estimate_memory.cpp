@@ -6,6 +6,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/shard_layout.h"
 #include "model/chunked_loss.h"
+#include "model/decoder.h"
 #include "util/error.h"
 #include "util/strings.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "config/config.h"
-#include "model/llama.h"
+#include "model/hf_config.h"
 
 namespace fsdp::train {
 

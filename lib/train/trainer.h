@@ -10,7 +10,7 @@
 #include "config/loader.h"
 #include "data/prepare.h"
 #include "dist/worker_context.h"
-#include "model/llama.h"
+#include "model/hf_config.h"
 
 namespace fsdp::ckpt {
 class FileSystem;

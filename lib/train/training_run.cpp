@@ -160,9 +160,7 @@ void TrainingRun::build_model() {
     return model::init_parameter(mc, seed, name, shape);
   };
   if (pretrained) {  // checked before anything is built; the weights are loaded into the shards below
-    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
-    for (const auto& p : llama_->named_parameters()) shapes.emplace_back(p.key(), p.value().sizes().vec());
-    pretrained->check_matches(shapes);
+    pretrained->check_matches(model::describe(model_config_).params);
     plan.options.init = [](const std::string&, at::IntArrayRef shape) { return at::zeros(shape); };
   }
   sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_),
@@ -198,7 +196,8 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   options.fs = hooks.checkpoint_fs;
   options.log = context_.is_main() ? &out_ : nullptr;
   if (!c.dir.empty()) claim_checkpoint_dir(options.fs ? *options.fs : ckpt::local_file_system());
-  checkpointer_ = std::make_unique<ckpt::Checkpointer>(*sharded_, *adamw_, model_config_, world_, options);
+  checkpointer_ =
+      std::make_unique<ckpt::Checkpointer>(*sharded_, *adamw_, model::describe(model_config_), world_, options);
 }
 
 // Rank 0 locks checkpoint.dir for the run and checks it before step 1 (writable, no damaged
@@ -428,7 +427,7 @@ void TrainingRun::wait_for_checkpoint() {
 void TrainingRun::export_hf(int64_t step) {
   const std::string dir = str(config_.checkpoint.export_dir, "/step-", step);
   const Clock::time_point t = Clock::now();
-  ckpt::export_hf(*sharded_, model_config_, dir);
+  ckpt::export_hf(*sharded_, model::describe(model_config_), dir);
   const std::string copied = world_.rank() == 0 ? copy_text_files(dir) : "";
   say(str("[train] exported a Hugging Face folder to ", dir, " in ", format_seconds(seconds_since(t)), copied, "\n"));
 }

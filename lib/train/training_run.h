@@ -20,7 +20,7 @@
 #include "data/dataset.h"
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "optim/adamw.h"
 #include "train/trainer.h"
 

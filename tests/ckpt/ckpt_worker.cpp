@@ -26,7 +26,7 @@
 #include "config/loader.h"
 #include "dist/process_group.h"
 #include "fsdp/config_map.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "optim/adamw.h"
 #include "train/trainer.h"
 #include "util/error.h"
@@ -169,7 +169,7 @@ int resave(const std::vector<std::string>& args) {
   co.dir = args.at(2);
   co.format = args.at(3) == "full" ? ckpt::Format::kFull : ckpt::Format::kSharded;
   co.log = world.rank() == 0 ? &std::cout : nullptr;
-  ckpt::Checkpointer checkpointer(*sharded, adamw, mc, world, co);
+  ckpt::Checkpointer checkpointer(*sharded, adamw, model::describe(mc), world, co);
   ckpt::TrainingState state = checkpointer.load(args.at(1));
   state.world_size = world.size();
   checkpointer.save(state);
@@ -187,7 +187,7 @@ int reexport(const std::vector<std::string>& args) {
   options.init = [](const std::string&, at::IntArrayRef shape) { return at::full(shape, 7.0f); };
   auto sharded = fully_shard(*llama, model::llama_traits(mc), make_mesh(world, 1, world.size()), options);
   ckpt::load_pretrained(*sharded, args.at(0), world, args.at(2) == "efficient");
-  ckpt::export_hf(*sharded, mc, args.at(1));
+  ckpt::export_hf(*sharded, model::describe(mc), args.at(1));
   return 0;
 }
 

@@ -17,7 +17,7 @@
 
 #include "ckpt/hf.h"
 #include "dist/process_group.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 #include "util/error.h"
 
 namespace {
@@ -31,21 +31,22 @@ nlohmann::json logits_json(fsdp::model::LlamaForCausalLMImpl& m) {
   return std::vector<double>(logits.data_ptr<double>(), logits.data_ptr<double>() + logits.numel());
 }
 
-// Loads `dir` into an unsharded model (exit 2 listing mismatches).
-fsdp::model::LlamaForCausalLM load(fsdp::ckpt::HfCheckpoint& ck) {
-  fsdp::model::LlamaForCausalLM m(ck.config());
-  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
-  for (const auto& p : m->named_parameters()) params.emplace_back(p.key(), p.value().sizes().vec());
-  ck.check_matches(params);
+// Loads `dir` into an unsharded model (exit 2 for a config.json of no known family, or listing
+// mismatched tensors).
+fsdp::model::LlamaForCausalLM load(const std::string& dir) {
+  const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(dir + "/config.json");
+  fsdp::ckpt::HfCheckpoint ck(dir);
+  fsdp::model::LlamaForCausalLM m(c);
+  ck.check_matches(fsdp::model::describe(c).params);
   c10::NoGradGuard no_grad;
   for (const auto& p : m->named_parameters()) p.value().copy_(ck.read(p.key()));
   return m;
 }
 
 int golden(const std::string& dir, const std::string& out) {
+  const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(dir + "/config.json");
+  fsdp::model::LlamaForCausalLM m = load(dir);
   fsdp::ckpt::HfCheckpoint ck(dir);
-  const fsdp::model::LlamaConfig c = ck.config();
-  fsdp::model::LlamaForCausalLM m = load(ck);
   nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}};
   std::vector<int64_t> next(kTokens.begin() + 1, kTokens.end());
   next.push_back(kTokens.front());
@@ -65,7 +66,7 @@ int golden(const std::string& dir, const std::string& out) {
   fsdp::FsdpOptions o;
   o.init = [&ck](const std::string& name, at::IntArrayRef) { return ck.read(name); };
   auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
-  fsdp::ckpt::export_hf(*sharded, c, out, int64_t{5} << 30);
+  fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), out, int64_t{5} << 30);
   std::cout << j.dump() << "\n";
   return 0;
 }
@@ -88,14 +89,13 @@ int main(int argc, char** argv) {
         return fsdp::model::init_parameter(c, 11, name, shape);
       };
       auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
-      fsdp::ckpt::export_hf(*sharded, c, argv[2], std::stoll(argv[3]));
+      fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), argv[2], std::stoll(argv[3]));
       if (world.rank() == 0)
         std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*reference)}}.dump() << "\n";
       return 0;
     }
     if (mode == "logits") {
-      fsdp::ckpt::HfCheckpoint ck(argv[2]);
-      fsdp::model::LlamaForCausalLM m = load(ck);
+      fsdp::model::LlamaForCausalLM m = load(argv[2]);
       std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*m)}}.dump() << "\n";
       return 0;
     }

@@ -1,20 +1,11 @@
-#include "model/llama.h"
+#include "model/hf_config.h"
 
-#include <ATen/ATen.h>
-#include <c10/core/GradMode.h>
-
-#include <cmath>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
-#include "fsdp/param_group.h"
-#include "fsdp/unit_call.h"
-#include "model/chunked_loss.h"
 #include "util/error.h"
-#include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::model {
@@ -35,21 +26,6 @@ T field(const json& j, const char* key, T fallback, const std::string& where) {
   }
 }
 
-// 64-bit FNV-1a of the name, mixed with the seed: a parameter's own random stream.
-uint64_t stream_of(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ULL ^ (seed * 0x9E3779B97F4A7C15ULL);
-  for (unsigned char ch : name) {
-    h ^= ch;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
 // The fields that fix the model's shapes: a config.json without one of them is refused.
 const char* const kRequiredFields[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                        "num_attention_heads"};
@@ -61,16 +37,16 @@ const std::set<std::string>& known_fields() {
       "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
       "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias",
       "tie_word_embeddings", "initializer_range", "dtype", "torch_dtype", "hidden_act", "rope_theta", "rope_scaling",
-      "rope_parameters", "model_type", "attention_dropout", "sliding_window", "use_sliding_window",
-      "max_window_layers", "layer_types",
+      "rope_parameters", "model_type", "attention_dropout", "sliding_window", "use_sliding_window", "max_window_layers",
+      "layer_types",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
       "output_hidden_states", "return_dict", "torchscript", "id2label", "label2id", "problem_type", "tokenizer_class",
       "prefix", "task_specific_params", "finetuning_task", "is_decoder", "is_encoder_decoder", "add_cross_attention",
-      "tie_encoder_decoder", "chunk_size_feed_forward", "max_length", "min_length", "do_sample", "temperature",
-      "top_k", "top_p", "num_beams", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-      "early_stopping", "num_return_sequences", "bad_words_ids", "use_bfloat16", "quantization_config"};
+      "tie_encoder_decoder", "chunk_size_feed_forward", "max_length", "min_length", "do_sample", "temperature", "top_k",
+      "top_p", "num_beams", "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "early_stopping",
+      "num_return_sequences", "bad_words_ids", "use_bfloat16", "quantization_config"};
   return known;
 }
 
@@ -153,7 +129,8 @@ void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& 
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
   const int64_t window = field<int64_t>(j, "sliding_window", 0, where);
   if (c.family == Family::kLlama) {
-    FSDP_CHECK(window == 0, where, ": sliding_window is not a field of LlamaForCausalLM (transformers ignores it); "
+    FSDP_CHECK(window == 0, where,
+               ": sliding_window is not a field of LlamaForCausalLM (transformers ignores it); "
                "remove it, or set model_type to mistral");
     return;
   }
@@ -262,14 +239,15 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
 
   parse_rope(j, where, c);
   check_positive(where, {{"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings}});
-  FSDP_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0 && c.initializer_range >= 0, where,
-             ": rms_norm_eps (", c.rms_norm_eps, ") and rope_theta (", c.rope_theta,
-             ") must be > 0 and initializer_range (", c.initializer_range, ") >= 0");
+  FSDP_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0 && c.initializer_range >= 0, where, ": rms_norm_eps (",
+             c.rms_norm_eps, ") and rope_theta (", c.rope_theta, ") must be > 0 and initializer_range (",
+             c.initializer_range, ") >= 0");
   if (c.rope_scaling)
     FSDP_CHECK(c.rope_scaling->factor > 0 && c.rope_scaling->low_freq_factor > 0 &&
                    c.rope_scaling->high_freq_factor > c.rope_scaling->low_freq_factor &&
                    c.rope_scaling->original_max_position_embeddings > 0,
-               where, ": rope_scaling needs factor, low_freq_factor and original_max_position_embeddings > 0 and "
+               where,
+               ": rope_scaling needs factor, low_freq_factor and original_max_position_embeddings > 0 and "
                "high_freq_factor > low_freq_factor");
   FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ", c.num_attention_heads,
              " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
@@ -336,268 +314,51 @@ std::string llama_config_json(const LlamaConfig& c) {
   return j.dump(2) + "\n";
 }
 
-// --- rotary embeddings ---
-
-at::Tensor rope_inv_freq(const LlamaConfig& c) {
-  // inv_freq[i] = theta^(-2i/D), with Llama 3's frequency-dependent scaling when configured.
-  const int64_t d = c.head_dim;
-  at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
-  if (c.rope_scaling) {
-    const RopeScaling& s = *c.rope_scaling;
-    const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-    const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-    const at::Tensor wavelen = 2 * M_PI / inv_freq;
-    const at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
-    const at::Tensor smooth =
-        (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-    const at::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
-    const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
-    inv_freq = at::where(medium, blended, scaled);
-  }
-  return inv_freq.to(at::kFloat);
-}
-
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like) {
-  // fp32 angles, duplicated halves (HF's layout), cast to the activation dtype last.
-  const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat).device(like.device()));
-  const at::Tensor freqs = at::outer(pos, inv_freq.to(like.device()));
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, D)
-  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
-}
-
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return x * cos + rotate_half(x) * sin;
-}
-
-// --- modules -----------------------------------------------------------------------------------
-
-LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("LlamaRMSNorm"), eps(e) {
-  weight = register_parameter("weight", at::ones({dim}));
-}
-
-bool fused_kernels_enabled() {
-  static const bool enabled = !env_is("FSDPTRAIN_FUSED", "0");
-  return enabled;
-}
-
-at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
-  if (x.is_cuda() && x.scalar_type() == weight.scalar_type() && fused_kernels_enabled())
-    return at::rms_norm(x, {weight.size(0)}, weight, eps);
-  const at::Tensor h = x.to(at::kFloat);
-  const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
-}
-
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
-    : torch::nn::Module("LlamaAttention"),
-      heads(c.num_attention_heads),
-      kv_heads(c.num_key_value_heads),
-      head_dim(c.head_dim),
-      window(c.window_of(layer)) {
-  auto linear = [&](int64_t in, int64_t out, bool bias) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-  };
-  const bool qkv_bias = c.attention_bias || c.qkv_bias;
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, qkv_bias));
-  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
-  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
-  o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
-  if (c.qk_norm) {
-    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim, c.rms_norm_eps));
-    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim, c.rms_norm_eps));
-  }
-}
-
 namespace {
 
-// Queries i (absolute positions start + i) and keys j: j <= start + i, and within the window.
-at::Tensor attention_mask(int64_t queries, int64_t keys, int64_t start, int64_t window, const c10::Device& device) {
-  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
-  const at::Tensor i = at::arange(start, start + queries, opts).unsqueeze(1);
-  const at::Tensor j = at::arange(keys, opts).unsqueeze(0);
-  at::Tensor mask = j <= i;
-  if (window > 0) mask = mask & (j > i - window);
-  return mask;
+// config.json as checkpoints and exports write it: fp32, so two configs compare as text.
+std::string canonical_json(LlamaConfig c) {
+  c.dtype = "float32";
+  return llama_config_json(c);
 }
 
 }  // namespace
 
-LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
-                                                          const at::Tensor& sin) {
-  const int64_t b = x.size(0), t = x.size(1);
-  at::Tensor q = q_proj(x).view({b, t, heads, head_dim});  // (B, T, H, D)
-  at::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim});
-  if (q_norm) {  // Qwen3: each head normalized before the rotation
-    q = q_norm(q);
-    k = k_norm(k);
-  }
-  return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
-          apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
-          v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
-}
-
-// softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
-at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start) {
-  const int64_t b = q.size(0), t = q.size(2), keys = k.size(2);
-  if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
-  }
-  at::Tensor y;
-  if (start == 0 && (window == 0 || t <= window))  // plain causal attention
-    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-  else
-    y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
-  return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
-}
-
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const Projected p = project(x, cos, sin);
-  return attend(p.q, p.k, p.v, 0);
-}
-
-at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                              LayerCache& cache) {
-  const Projected p = project(x, cos, sin);
-  const int64_t start = cache.k.defined() ? cache.k.size(2) : 0;
-  cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
-  cache.v = cache.v.defined() ? at::cat({cache.v, p.v}, 2) : p.v;
-  return attend(p.q, cache.k, cache.v, start);
-}
-
-LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP") {
-  auto linear = [&](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.mlp_bias));
+ModelDescription describe(const LlamaConfig& c) {
+  ModelDescription d;
+  d.architecture = family_names(c.family).architecture;
+  d.config_json = canonical_json(c);
+  d.canonical_config = [](const std::string& path) { return canonical_json(load_llama_config(path)); };
+  d.num_parameters = c.num_parameters();
+  const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, K = c.num_key_value_heads;
+  const int64_t F = c.intermediate_size;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) { d.params.push_back({name, shape, {}}); };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    add(name + ".weight", {out, in});
+    if (bias) add(name + ".bias", {out});
   };
-  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
-  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
-  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
-}
-
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
-}
-
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
-    : torch::nn::Module(family_names(c.family).layer_class) {
-  self_attn = register_module("self_attn", LlamaAttention(c, layer));
-  mlp = register_module("mlp", LlamaMLP(c));
-  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-}
-
-at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm(x), cos, sin);
-  return h + mlp->forward(post_attention_layernorm(h));
-}
-
-at::Tensor LlamaDecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                                 LayerCache& cache) {
-  const at::Tensor h = x + self_attn->forward_cached(input_layernorm(x), cos, sin, cache);
-  return h + mlp->forward(post_attention_layernorm(h));
-}
-
-LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim) : torch::nn::Module("LlamaEmbedding") {
-  weight = register_parameter("weight", at::empty({vocab, dim}));
-}
-
-at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& tokens) {
-  return at::embedding(weight, tokens);
-}
-
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : torch::nn::Module("LlamaModel") {
-  embed_tokens = register_module("embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size));
-  layers = register_module("layers", torch::nn::ModuleList());
-  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-}
-
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create)
-    : torch::nn::Module("LlamaForCausalLM"), config(c) {
-  auto release = [&](torch::nn::Module& m) {
-    if (free_after_create)
-      for (auto& p : m.parameters()) fsdp::free_storage(p);
-  };
-  model = register_module("model", LlamaModel(c));
-  release(*model);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {  // one layer exists at a time
-    LlamaDecoderLayer layer(c, i);
-    release(*layer);
-    model->layers->push_back(layer);
+  add("model.embed_tokens.weight", {c.vocab_size, C});
+  if (c.tie_word_embeddings) d.params.back().aliases.push_back("lm_head.weight");
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = str("model.layers.", l, ".");
+    linear(p + "self_attn.q_proj", C, H * D, qkv_bias);
+    linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
+    linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
+    linear(p + "self_attn.o_proj", H * D, C, c.attention_bias);
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {D});
+      add(p + "self_attn.k_norm.weight", {D});
+    }
+    linear(p + "mlp.gate_proj", C, F, c.mlp_bias);
+    linear(p + "mlp.up_proj", C, F, c.mlp_bias);
+    linear(p + "mlp.down_proj", F, C, c.mlp_bias);
+    add(p + "input_layernorm.weight", {C});
+    add(p + "post_attention_layernorm.weight", {C});
   }
-  if (!c.tie_word_embeddings) {
-    lm_head = register_module("lm_head",
-                              torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
-    release(*lm_head);
-  }
-  inv_freq_ = rope_inv_freq(c);
-}
-
-at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens) {
-  LlamaEmbeddingImpl* embed = model->embed_tokens.get();
-  // Tied: the embedding also computes the logits, so it stays in the root with the head.
-  at::Tensor x = config.tie_word_embeddings
-                     ? embed->forward(tokens)
-                     : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
-  auto [cos, sin] = rope_cos_sin(inv_freq_, tokens.size(1), x);
-  for (const auto& m : *model->layers) {
-    auto* layer = m->as<LlamaDecoderLayerImpl>();
-    x = fsdp::call(*layer, TensorList{x, cos, sin},
-                   [layer](const TensorList& in) { return TensorList{layer->forward(in[0], in[1], in[2])}; })[0];
-  }
-  return model->norm(x);
-}
-
-const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
-  return config.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
-}
-
-at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
-  return at::linear(hidden_states(tokens), head_weight());
-}
-
-at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
-  cache.resize(static_cast<size_t>(config.num_hidden_layers));
-  const int64_t start = cache[0].k.defined() ? cache[0].k.size(2) : 0, t = tokens.size(1);
-  at::Tensor x = model->embed_tokens->forward(tokens);
-  auto [cos, sin] = rope_cos_sin(inv_freq_, start + t, x);
-  cos = cos.narrow(0, start, t);
-  sin = sin.narrow(0, start, t);
-  for (size_t i = 0; i < cache.size(); ++i)
-    x = model->layers[i]->as<LlamaDecoderLayerImpl>()->forward_cached(x, cos, sin, cache[i]);
-  return at::linear(model->norm(x), head_weight());
-}
-
-at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets) {
-  const at::Tensor x = hidden_states(tokens);
-  return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head_weight(), targets.reshape({-1}));
-}
-
-at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  return loss_sum(tokens, targets) / targets.ne(-100).sum().clamp_min(1).to(at::kFloat);
-}
-
-ModelTraits llama_traits(const LlamaConfig& c) {
-  const std::string layer = family_names(c.family).layer_class;
-  if (c.tie_word_embeddings) return ModelTraits{{layer}, {layer}};
-  return ModelTraits{{layer}, {layer, "LlamaEmbedding"}};
-}
-
-at::Tensor init_parameter(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {
-  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) return at::ones(shape);
-  if (ends_with(name, ".bias")) return at::zeros(shape);
-  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(stream_of(seed, name));
-  return at::normal(0.0, c.initializer_range, shape, g);
-}
-
-void init_parameters(LlamaForCausalLMImpl& model, uint64_t seed) {
-  c10::NoGradGuard no_grad;
-  for (const auto& p : model.named_parameters()) {
-    at::Tensor v = init_parameter(model.config, seed, p.key(), p.value().sizes());
-    if (p.value().storage().nbytes() == 0)
-      p.value().set_data(v);
-    else
-      p.value().copy_(v);
-  }
+  add("model.norm.weight", {C});
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, C});
+  return d;
 }
 
 }  // namespace fsdp::model

@@ -1,7 +1,7 @@
 // Llama against numbers computed independently here: a float64 reimplementation of the whole
 // forward pass, RMSNorm, rotary identities, causal masking, GQA as repeated heads, Llama 3 rope
 // scaling, config.json spellings, and initialisation that depends only on the seed and the name.
-#include "model/llama.h"
+#include "model/decoder.h"
 
 #include <torch/torch.h>
 
@@ -430,5 +430,33 @@ TEST_CASE("the KV cache: prefill then one token at a time equals the full forwar
     for (int64_t i = 4; i < 9; ++i) parts.push_back(m->forward_cached(x.narrow(1, i, 1), cache));
     CHECK(cache[0].k.size(2) == 9);
     CHECK((at::cat(parts, 1) - full).abs().max().item<double>() <= 1e-5);
+  }
+}
+
+TEST_CASE("describe() lists every parameter of every family as the decoder registers it, ties as aliases") {
+  for (const char* model : {"tiny", "llama3-8b", "mistral-7b", "qwen2.5-0.5b", "qwen3-1.7b"}) {
+    LlamaConfig c = load_llama_config(std::string(FSDP_SOURCE_DIR) + "/configs/models/" + model + "/config.json");
+    c.num_hidden_layers = 2;  // the names repeat per layer; two are enough and keep the module small
+    c.sliding_layers.resize(2);
+    c.vocab_size = 64;
+    c.hidden_size = c.num_attention_heads * 2;
+    c.head_dim = 2;
+    c.intermediate_size = 8;
+    for (bool tied : {false, true}) {
+      c.tie_word_embeddings = tied;
+      INFO(model, tied ? " tied" : "");
+      const ModelDescription d = describe(c);
+      LlamaForCausalLM m(c);
+      const auto named = m->named_parameters();
+      REQUIRE(d.params.size() == named.size());
+      for (size_t i = 0; i < named.size(); ++i) {
+        CHECK(d.params[i].name == named[i].key());
+        CHECK(d.params[i].shape == named[i].value().sizes().vec());
+      }
+      CHECK(d.params.front().aliases == (tied ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{}));
+      CHECK(d.num_parameters == c.num_parameters());
+      CHECK(d.architecture == family_names(c.family).architecture);
+      CHECK(d.config_json.find("\"torch_dtype\": \"float32\"") != std::string::npos);
+    }
   }
 }

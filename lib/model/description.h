@@ -1,0 +1,35 @@
+// ModelDescription: what the checkpoint layer (lib/ckpt) knows of a model, whatever its family: the
+// tensors it saves and loads, how each is split across ranks, and the Hugging Face config.json to
+// write beside them. model/ describes each family (model/hf_config.h: describe()); ckpt/ reads only
+// this, so a new family, an adapter or a tensor-parallel layout changes model/ (and the engine),
+// not ckpt/. Plain data; no LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fsdp::model {
+
+struct ParamSpec {
+  std::string name;                  // the Hugging Face name, "model.layers.3.mlp.up_proj.weight"
+  std::vector<int64_t> shape;        // the full tensor's
+  std::vector<std::string> aliases;  // other names it may be stored under (a tied head: "lm_head.weight")
+};
+
+struct ModelDescription {
+  std::string architecture;  // "LlamaForCausalLM", for messages
+  // The config.json a checkpoint or export writes (fp32 dtype), and that a stored one must equal,
+  // after canonical_config, for a checkpoint to be this model's.
+  std::string config_json;
+  // The canonical text (as config_json) of a config.json file; throws InputError naming the file
+  // when it is not a config of a family fsdptrain knows.
+  std::function<std::string(const std::string& path)> canonical_config;
+  int64_t num_parameters = 0;  // distinct parameters (a tied head counted once)
+  // Every parameter, as the model registers them. Each is split over the FSDP shard group along its
+  // dim 0 (fsdp/shard_layout.h).
+  std::vector<ParamSpec> params;
+};
+
+}  // namespace fsdp::model
