@@ -322,18 +322,6 @@ ShardingStrategy FsdpConfig::fsdp1_strategy() const {
   return reshard_after_forward ? ShardingStrategy::kFullShard : ShardingStrategy::kShardGradOp;
 }
 
-const ResolvedValue& ResolvedConfig::get(const std::string& key) const {
-  for (const auto& v : values)
-    if (v.spec->key == key) return v;
-  FSDP_ASSERT(false, "no option ", key);
-  return values.front();
-}
-
-bool ResolvedConfig::is_set(const std::string& key) const {
-  auto k = get(key).origin.kind;
-  return k == OriginKind::kFile || k == OriginKind::kSet || k == OriginKind::kFlag || k == OriginKind::kScheduler;
-}
-
 namespace {
 
 // The keys that name files the trainer reads (outputs such as checkpoint.dir stay where written).

@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "config/diagnostics.h"
 #include "config/option.h"
+#include "config/resolved.h"
 
 namespace YAML {
 class Node;
@@ -32,23 +33,6 @@ struct ConfigInputs {
     std::string key, text, variable;
   };
   std::vector<SchedulerValue> scheduler;
-};
-
-struct ResolvedValue {
-  const OptionSpec* spec = nullptr;
-  std::string value;  // canonical text; "" = unset
-  Origin origin;
-};
-
-// The merged config: every option's value with its origin, and the typed structs.
-struct ResolvedConfig {
-  std::string file;
-  std::vector<ResolvedValue> values;  // one per option, in table order
-  Config typed;
-
-  const ResolvedValue& get(const std::string& key) const;
-  // True when the key was given by the user (file, --set or flag) rather than defaulted/derived.
-  bool is_set(const std::string& key) const;
 };
 
 // Loads and validates. Problems go to `diags` (every one, not just the first); the caller decides

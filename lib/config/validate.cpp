@@ -2,7 +2,7 @@
 
 #include <regex>
 
-#include "config/loader.h"
+#include "config/resolved.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"

@@ -12,18 +12,22 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+struct CallbackHolder : torch::CustomClassHolder {
+  explicit CallbackHolder(std::function<void()> f) : fn(std::move(f)) {}
+  std::function<void()> fn;
+};
+
 struct PostBackward : torch::autograd::Function<PostBackward> {
   // Inputs travel as at::TensorList: autograd records each element as an input only in that form
   // (a std::vector argument would count as one non-tensor argument and cut the graph here).
-  static variable_list forward(AutogradContext* ctx, int64_t model, int64_t unit, at::TensorList inputs) {
-    ctx->saved_data["model"] = model;
-    ctx->saved_data["unit"] = unit;
+  static variable_list forward(AutogradContext* ctx, c10::intrusive_ptr<CallbackHolder> on_backward,
+                               at::TensorList inputs) {
+    ctx->saved_data["on_backward"] = at::IValue::make_capsule(on_backward);
     return variable_list(inputs.begin(), inputs.end());
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* model = reinterpret_cast<ShardedModel*>(ctx->saved_data["model"].toInt());
-    UnitHooks::post_backward(*model, static_cast<size_t>(ctx->saved_data["unit"].toInt()));
-    variable_list out{at::Tensor(), at::Tensor()};
+    c10::static_intrusive_pointer_cast<CallbackHolder>(ctx->saved_data["on_backward"].toCapsule())->fn();
+    variable_list out{at::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
     return out;
   }
@@ -71,7 +75,7 @@ struct Checkpoint : torch::autograd::Function<Checkpoint> {
 
 }  // namespace
 
-TensorList register_post_backward(ShardedModel& model, size_t unit, const TensorList& inputs) {
+TensorList register_post_backward(std::function<void()> on_backward, const TensorList& inputs) {
   variable_list needing;
   std::vector<size_t> where;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -81,8 +85,8 @@ TensorList register_post_backward(ShardedModel& model, size_t unit, const Tensor
     }
   }
   if (needing.empty()) return inputs;
-  variable_list passed = PostBackward::apply(static_cast<int64_t>(reinterpret_cast<intptr_t>(&model)),
-                                             static_cast<int64_t>(unit), at::TensorList(needing));
+  variable_list passed =
+      PostBackward::apply(c10::make_intrusive<CallbackHolder>(std::move(on_backward)), at::TensorList(needing));
   TensorList out = inputs;
   for (size_t k = 0; k < where.size(); ++k) out[where[k]] = passed[k];
   return out;

@@ -98,14 +98,6 @@ std::vector<std::string> choose_units(
 
 }  // namespace
 
-std::string module_class_name(const torch::nn::Module& module) {
-  std::string n = module.name();
-  const size_t colon = n.rfind("::");
-  if (colon != std::string::npos) n = n.substr(colon + 2);
-  if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
-  return n;
-}
-
 DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size) {
   FSDP_CHECK(replicate_size >= 1 && shard_size >= 1 && replicate_size * shard_size == world.size(),
              "[fsdp] parallelism_config: dp_replicate_size ", replicate_size, " x dp_shard_size ", shard_size,
@@ -214,8 +206,11 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
     for (size_t v = 1; v < groups_.size(); ++v)
       if (v != u && path_contains(groups_[u]->name(), groups_[v]->name())) leaf = false;
     leaf_unit_.push_back(leaf);
-    if (u > 0) register_unit(unit_modules_[u], this, u);
+    if (u > 0)
+      register_unit(unit_modules_[u], this,
+                    [this, u](const TensorList& in, const UnitFn& fn) { return run_unit(u, in, fn); });
   }
+  for (size_t u = 0; u < groups_.size(); ++u) registration_order_.push_back(u);
   backward_started_.assign(groups_.size(), false);
   backward_done_.assign(groups_.size(), false);
   c10::NoGradGuard no_grad;
@@ -232,45 +227,46 @@ TensorList ShardedModel::forward(const TensorList& inputs, const UnitFn& fn) {
 }
 
 TensorList ShardedModel::run_unit(size_t unit, const TensorList& inputs, const UnitFn& fn) {
-  ParamGroup& group = *groups_[unit];
-  const bool root = unit == 0;
-  if (root) {
+  const TensorList in = pre_forward(unit, inputs);
+  // Activation checkpointing recomputes innermost units only: an outer one's recomputation would
+  // run the inner units' hooks a second time.
+  const bool checkpointed =
+      c10::GradMode::is_enabled() && options_.activation_checkpointing && unit != 0 && leaf_unit_[unit];
+  TensorList out = checkpointed ? detail::checkpoint(fn, in) : fn(in);
+  post_forward(unit, out);
+  return out;
+}
+
+TensorList ShardedModel::pre_forward(size_t unit, const TensorList& inputs) {
+  if (unit == 0) {  // the root's forward is the whole model's: a new step
     forward_order_.clear();
     post_forward_order_.clear();
   }
   forward_order_.push_back(unit);
-  group.wait_for_unshard();
-  if (options_.prefetch) {
-    if (last_forward_order_.empty()) {
-      std::vector<size_t> registration(groups_.size());
-      for (size_t u = 0; u < registration.size(); ++u) registration[u] = u;
-      prefetch_after(unit, registration);
-    } else {
-      prefetch_after(unit, last_forward_order_);
-    }
+  groups_[unit]->wait_for_unshard();
+  if (options_.prefetch) {  // the next unit in last step's order (the first step: registration order)
+    prefetch_after(unit, last_forward_order_.empty() ? registration_order_ : last_forward_order_);
   }
-
   // Floating inputs are cast to the compute dtype (FSDP2's cast_forward_inputs).
   TensorList in = inputs;
   const at::ScalarType compute = options_.mixed_precision.param_dtype;
   for (at::Tensor& t : in)
     if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != compute) t = t.to(compute);
-  const bool grad = c10::GradMode::is_enabled();
-  if (grad) in = detail::register_post_backward(*this, unit, in);
-  const bool checkpointed = grad && options_.activation_checkpointing && !root && leaf_unit_[unit];
-  TensorList out = checkpointed ? detail::checkpoint(fn, in) : fn(in);
-  post_forward_order_.push_back(unit);
+  if (c10::GradMode::is_enabled()) in = detail::register_post_backward([this, unit] { post_backward(unit); }, in);
+  return in;
+}
 
+void ShardedModel::post_forward(size_t unit, const TensorList& outputs) {
+  post_forward_order_.push_back(unit);
+  const bool root = unit == 0, grad = c10::GradMode::is_enabled();
   bool needs_backward = false;
-  for (const at::Tensor& t : out) needs_backward = needs_backward || (grad && t.defined() && t.requires_grad());
+  for (const at::Tensor& t : outputs) needs_backward = needs_backward || (grad && t.defined() && t.requires_grad());
   // The root stays gathered for backward, which starts with it (FSDP2 does the same).
-  if (!needs_backward || (options_.reshard_after_forward && !root)) group.reshard();
-  if (needs_backward) {
-    for (const at::Tensor& t : out)
+  if (!needs_backward || (options_.reshard_after_forward && !root)) groups_[unit]->reshard();
+  if (needs_backward)
+    for (const at::Tensor& t : outputs)
       if (t.defined() && t.requires_grad()) t.register_hook([this, unit](const at::Tensor&) { pre_backward(unit); });
-  }
   if (root) last_forward_order_ = forward_order_;
-  return out;
 }
 
 void ShardedModel::prefetch_after(size_t unit, const std::vector<size_t>& order) {

@@ -10,13 +10,14 @@
 // that owns the parameters under it not claimed by a deeper unit. Parameters outside every unit
 // form the root unit, whose forward is the whole model's (ShardedModel::forward). A tied parameter
 // used by modules of different units belongs to the root. C++ modules have no forward hooks, so the
-// model runs each wrappable module through fsdp::call (fsdp/unit_call.h); that is where a unit is
-// gathered, prefetches the next one, registers its backward hooks and is freed.
+// model runs each wrappable module through fsdp::call (fsdp/unit_call.h); that is where a unit's
+// forward goes through the engine's pre-forward and post-forward.
 //
-// One step, per unit: pre-forward gathers it (waiting for the prefetch issued by the unit before)
-// and issues the next unit's gather; post-forward frees it (reshard_after_forward, non-root units);
-// a hook on its outputs re-gathers it at the start of its backward and prefetches the unit before
-// it; an autograd function on its inputs runs post_backward (free, reduce-scatter) once its
+// One step, per unit, as FSDP2's hooks: pre-forward gathers it (waiting for the prefetch issued by
+// the unit before), issues the next unit's gather, casts the inputs and wraps them in the
+// post-backward function; post-forward frees it (reshard_after_forward, non-root units) and puts a
+// hook on its outputs, which re-gathers it at the start of its backward and prefetches the unit
+// before it; the post-backward function runs post_backward (free, reduce-scatter) once its
 // gradients are complete; a callback queued on the autograd engine reduces what is left (units
 // whose inputs needed no gradient, the root) and waits for every reduction.
 //
@@ -38,20 +39,9 @@
 #include "fsdp/device_mesh.h"
 #include "fsdp/options.h"
 #include "fsdp/param_group.h"
-
-namespace torch::nn {
-class Module;
-}
+#include "fsdp/unit_call.h"
 
 namespace fsdp {
-
-class ShardedModel;
-namespace detail {
-struct UnitHooks;
-}
-
-using TensorList = std::vector<at::Tensor>;
-using UnitFn = std::function<TensorList(const TensorList&)>;
 
 // Bytes one rank holds between steps.
 struct PersistentBytes {
@@ -93,10 +83,12 @@ class ShardedModel {
   const std::vector<std::string>& events() const { return events_; }
 
  private:
-  // The hook entry points, reached only through detail::UnitHooks (fsdp::call and the engine's
-  // autograd functions).
-  friend struct detail::UnitHooks;
+  // A unit's forward (fsdp::call reaches it through the unit registry): pre_forward, fn, post_forward.
   TensorList run_unit(size_t unit, const TensorList& inputs, const UnitFn& fn);
+  // FSDP2's pre-forward: order, gather, prefetch, cast, post-backward registration; the inputs fn gets.
+  TensorList pre_forward(size_t unit, const TensorList& inputs);
+  // FSDP2's post-forward: reshard, pre-backward hooks on the outputs.
+  void post_forward(size_t unit, const TensorList& outputs);
   void pre_backward(size_t unit);
   void post_backward(size_t unit);
 
@@ -116,6 +108,7 @@ class ShardedModel {
   bool callback_queued_ = false;
   std::vector<size_t> forward_order_;       // pre-forward order this step
   std::vector<size_t> last_forward_order_;  // previous step's; prefetch follows it
+  std::vector<size_t> registration_order_;  // the first step's guess
   std::vector<size_t> post_forward_order_;  // backward prefetch walks it in reverse
   std::vector<bool> backward_started_, backward_done_;
   std::vector<size_t> reduce_queue_;  // units with a reduce-scatter in flight, oldest first
@@ -138,9 +131,5 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& tr
 // not have (listing the ones it has) or one it cannot run as a unit. Collective over the mesh.
 std::unique_ptr<ShardedModel> fully_shard(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh,
                                           FsdpOptions options);
-
-// The class name wrap policies match: the C++ type's name without namespaces or a trailing "Impl"
-// ("torch::nn::LinearImpl" -> "Linear"), unless the module was given a name.
-std::string module_class_name(const torch::nn::Module& module);
 
 }  // namespace fsdp

@@ -1,5 +1,6 @@
 // What fully_shard needs to know: how to choose units, how to shard them, and in which dtypes.
-// Filled from an Accelerate config by fsdp_plan_from_config() (fsdp/config_map.h), or directly.
+// The engine's own options: the trainer fills them from an Accelerate config (train/run_config.h), a
+// program directly.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -10,7 +11,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-
 
 namespace fsdp {
 

@@ -13,11 +13,18 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <utility>
+#include <functional>
+#include <string>
+#include <vector>
 
-#include "fsdp/fully_shard.h"
+namespace torch::nn {
+class Module;
+}
 
 namespace fsdp {
+
+using TensorList = std::vector<at::Tensor>;
+using UnitFn = std::function<TensorList(const TensorList&)>;
 
 TensorList call(torch::nn::Module& module, const TensorList& inputs, const UnitFn& fn);
 
@@ -27,11 +34,18 @@ at::Tensor call(torch::nn::Module& module, const at::Tensor& input, F fn) {
   return call(module, TensorList{input}, [fn](const TensorList& in) mutable { return TensorList{fn(in[0])}; })[0];
 }
 
-// The registry call() looks units up in; fully_shard fills it and ~ShardedModel empties it. A
-// module is a unit of one live ShardedModel at most: registering it again throws InputError, and
-// check_unregistered throws the same before anything is sharded.
+// The class name wrap policies match: the C++ type's name without namespaces or a trailing "Impl"
+// ("torch::nn::LinearImpl" -> "Linear"), unless the module was given a name.
+std::string module_class_name(const torch::nn::Module& module);
+
+// The registry call() looks units up in, keyed by module: what runs a unit's forward through its
+// owner's hooks. fully_shard fills it and ~ShardedModel empties it (owner: the ShardedModel). A
+// module is a unit of one live owner at most: registering it again throws InputError, and
+// check_unregistered throws the same before anything is sharded. Training runs on one thread at a
+// time; the registry is not locked.
+using UnitRunner = std::function<TensorList(const TensorList&, const UnitFn&)>;
 void check_unregistered(const torch::nn::Module* module);
-void register_unit(const torch::nn::Module* module, ShardedModel* model, size_t unit);
-void unregister_units(const ShardedModel* model);
+void register_unit(const torch::nn::Module* module, const void* owner, UnitRunner run);
+void unregister_units(const void* owner);
 
 }  // namespace fsdp

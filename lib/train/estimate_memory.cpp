@@ -2,11 +2,11 @@
 
 #include <algorithm>
 
-#include "fsdp/config_map.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/shard_layout.h"
 #include "model/chunked_loss.h"
 #include "model/decoder.h"
+#include "train/run_config.h"
 #include "util/error.h"
 #include "util/strings.h"
 

@@ -284,17 +284,6 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   return warnings;
 }
 
-data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size) {
-  data::DataOptions o;
-  o.path = config.data.path;
-  o.field = config.data.field;
-  o.tokenizer = config.data.tokenizer;
-  o.pretrained = config.model.pretrained;
-  o.cache_dir = config.data.cache_dir;
-  o.vocab_size = vocab_size;
-  return o;
-}
-
 void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream& log, bool live) {
   const data::DataPlan plan = data::prepare_data(
       data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size), live ? &log : nullptr);

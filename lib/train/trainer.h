@@ -10,11 +10,7 @@
 #include "config/loader.h"
 #include "data/prepare.h"
 #include "dist/worker_context.h"
-#include "model/hf_config.h"
-
-namespace fsdp::ckpt {
-class FileSystem;
-}
+#include "train/run_config.h"
 
 namespace fsdp::train {
 
@@ -27,24 +23,12 @@ struct TrainSummary {
   int64_t resumed_from = 0;  // the step of the checkpoint this run continued (0: a fresh start)
 };
 
-// The model a config trains: model.config, else the config.json of model.pretrained. Throws
-// InputError when neither is set.
-model::LlamaConfig model_config_of(const config::Config& config, std::vector<std::string>* warnings = nullptr);
-
-// What tests change: checkpoints written through another file system (one that fails on cue).
-struct TrainHooks {
-  ckpt::FileSystem* checkpoint_fs = nullptr;  // null: the local one
-};
-
 // Before a launch of the built-in trainer: throws InputError for a setting it cannot honour
 // (fsdp_ignored_modules) or a model config.json that does not parse, and returns warnings for keys
 // it does not use (config::unused_by_trainer).
 // Also checks checkpoint.dir (ckpt::check_checkpoint_dir): writable, no damaged checkpoint in it,
 // room on its disk for one checkpoint.
 std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved);
-
-// What data/prepare.h needs of a config, for a model of `vocab_size`.
-data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size);
 
 // On each machine, before its workers start: tokenizes text data.path into data.cache_dir when it is
 // not there yet (data::prepare_data), saying what it did on `log`; `live` adds a progress line.
@@ -56,7 +40,7 @@ void check_checkpoint_dir_free(const config::ResolvedConfig& resolved);
 
 // Trains on `context`'s device and ranks. Throws InputError for a bad model config, data or
 // checkpoint, Error for a failure during training (a NaN loss names the step).
-TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved,
-                          std::ostream& out, const TrainHooks& hooks = {});
+TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
+                          const TrainHooks& hooks = {});
 
 }  // namespace fsdp::train

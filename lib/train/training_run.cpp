@@ -20,7 +20,6 @@
 #include "ckpt/sources.h"
 #include "config/show.h"
 #include "data/prepare.h"
-#include "fsdp/config_map.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
 #include "util/clock.h"
@@ -66,10 +65,6 @@ std::string host_peaks(dist::ProcessGroup& world, const c10::Device& device) {
   return out;
 }
 
-std::string model_config_path(const config::Config& cfg) {
-  return cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config;
-}
-
 // With FSDPTRAIN_SYNC_DEBUG=1 on a GPU, a host wait for the device (item(), a blocking copy, a
 // synchronize) while this is alive throws: LibTorch's sync debug mode, which tests use to prove that
 // a step's queued work waits for nothing.
@@ -107,13 +102,6 @@ dist::ProcessGroup init_group(const dist::WorkerContext& context) {
 }
 
 }  // namespace
-
-model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::string>* warnings) {
-  FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
-             "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
-             "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
-  return model::load_llama_config(model_config_path(cfg), warnings);
-}
 
 TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
                          const TrainHooks& hooks)
@@ -154,7 +142,7 @@ void TrainingRun::build_model() {
   std::unique_ptr<ckpt::HfCheckpoint> pretrained;
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
   llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true);
-  fsdp::FsdpPlan plan = fsdp::fsdp_plan_from_config(config_, context_.device);
+  FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
   plan.options.init = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape) {
     return model::init_parameter(mc, seed, name, shape);
@@ -287,7 +275,7 @@ at::Tensor TrainingRun::global_targets(double local) {
 
 std::optional<StepResult> TrainingRun::train_step(int64_t step) {
   RECORD_USER_SCOPE(str("step ", step));
-  const double lr = optim::learning_rate(config_.schedule, config_.optimizer.lr, step, config_.train.steps);
+  const double lr = optim::learning_rate(schedule_of(config_), config_.optimizer.lr, step, config_.train.steps);
   adamw_->set_lr(lr);
   const StepBatches batches = take_batches();
   consumed_ = batches.after;

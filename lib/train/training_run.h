@@ -17,12 +17,14 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/checkpointer.h"
+#include "config/resolved.h"
 #include "data/dataset.h"
 #include "dist/process_group.h"
+#include "dist/worker_context.h"
 #include "fsdp/fully_shard.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
-#include "train/trainer.h"
+#include "train/run_config.h"
 
 namespace fsdp::train {
 

@@ -25,7 +25,6 @@
 #include "ckpt/hf.h"
 #include "config/loader.h"
 #include "dist/process_group.h"
-#include "fsdp/config_map.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
 #include "train/trainer.h"

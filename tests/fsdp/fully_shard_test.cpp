@@ -1,13 +1,13 @@
 // The FSDP engine in one process (world size 1): unit choice and its errors, freeing and refilling
-// the unsharded parameters without upsetting autograd, the config mapping. The multi-rank
+// the unsharded parameters without upsetting autograd. The multi-rank
 // behaviour is fsdp_worker's (tests/fsdp/fsdp_worker.cpp).
 #include "fsdp/fully_shard.h"
 
 #include <torch/torch.h>
 
-#include "config/loader.h"
+#include <set>
+
 #include "dist/process_group.h"
-#include "fsdp/config_map.h"
 #include "fsdp/shard_layout.h"
 #include "fsdp/test_models.h"
 #include "support/error_of.h"
@@ -142,45 +142,30 @@ TEST_CASE("make_mesh checks replicate x shard against the world") {
   CHECK(e.find("dp_replicate_size 2 x dp_shard_size 2 must equal the number of processes, 1") != std::string::npos);
 }
 
-TEST_CASE("Accelerate configs map onto the engine") {
-  auto plan_of = [](const std::string& yaml) {
-    config::ConfigInputs in;
-    in.text = yaml;
-    in.has_file = true;
-    in.file = "test.yaml";
-    return fsdp_plan_from_config(config::load_config_or_throw(in).typed, c10::kCPU);
-  };
-  const FsdpPlan hybrid = plan_of(
-      "distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 1\n"
-      "  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_offload_params: true\n  fsdp_activation_checkpointing: true\n"
-      "num_machines: 2\nmain_process_ip: 10.0.0.1\n");
-  CHECK(static_cast<int>(hybrid.options.mixed_precision.param_dtype) == static_cast<int>(at::kBFloat16));
-  CHECK(static_cast<int>(hybrid.options.mixed_precision.reduce_dtype) == static_cast<int>(at::kFloat));
-  CHECK(hybrid.options.offload_params);
-  CHECK(hybrid.options.activation_checkpointing);
-  CHECK(hybrid.options.reshard_after_forward);
-  CHECK(hybrid.replicate_size == 2);
-  CHECK(hybrid.shard_size == 2);
-  const FsdpPlan zero2 = plan_of(
-      "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n"
-      "  fsdp_auto_wrap_policy: SIZE_BASED_WRAP\n  fsdp_min_num_params: 1000\n");
-  CHECK(!zero2.options.reshard_after_forward);
-  CHECK(zero2.options.wrap_policy == fsdp::WrapPolicy::kSizeBasedWrap);
-  CHECK(zero2.options.min_num_params == 1000);
-  CHECK(zero2.replicate_size == 1);
-  CHECK(zero2.shard_size == 2);
-}
-
 TEST_CASE("regression: a module already sharded by a live ShardedModel is refused, not taken over") {
+  torch::manual_seed(3);
   TinyTransformer model;
+  torch::manual_seed(3);
+  TinyTransformer plain;  // the same weights, never sharded
   auto first = fully_shard(*model, TinyTransformerImpl::traits(), single(), FsdpOptions{});
-  const std::string error = error_of([&] { fully_shard(*model, TinyTransformerImpl::traits(), single(), FsdpOptions{}); });
+  const std::string error =
+      error_of([&] { fully_shard(*model, TinyTransformerImpl::traits(), single(), FsdpOptions{}); });
   CHECK(error.find("is already a unit of another sharded model") != std::string::npos);
-  // The first is untouched: it still trains.
+  // The first is untouched: its units still gather, compute and reduce as before the refusal, so its
+  // gradients equal the unsharded model's.
   const at::Tensor tokens = torch::randint(0, TinyTransformerImpl::kVocab, {2, TinyTransformerImpl::kSeq});
-  at::Tensor loss = first->forward({tokens}, [&](const TensorList& in) {
-    return TensorList{model->forward(in[0]).to(torch::kFloat).mean()};
-  })[0];
-  loss.backward();
-  CHECK(std::isfinite(loss.item<double>()));
+  first
+      ->forward({tokens},
+                [&](const TensorList& in) { return TensorList{model->forward(in[0]).to(torch::kFloat).mean()}; })[0]
+      .backward();
+  plain->forward(tokens).to(torch::kFloat).mean().backward();
+  const auto grads = first->gather_full_gradients();
+  std::set<const at::TensorImpl*> trainable;  // distinct: the tied head is the embedding
+  for (const at::Tensor& p : plain->parameters())
+    if (p.requires_grad()) trainable.insert(p.unsafeGetTensorImpl());
+  REQUIRE(grads.size() == trainable.size());
+  for (const auto& [name, g] : grads) {
+    INFO(name);
+    CHECK(g.allclose(plain->named_parameters()[name].grad(), 1e-5, 1e-7));
+  }
 }

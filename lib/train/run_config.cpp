@@ -1,0 +1,85 @@
+#include "train/run_config.h"
+
+#include "util/error.h"
+
+namespace fsdp::train {
+
+std::string model_config_path(const config::Config& cfg) {
+  return cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config;
+}
+
+model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::string>* warnings) {
+  FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
+             "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
+             "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
+  return model::load_llama_config(model_config_path(cfg), warnings);
+}
+
+data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size) {
+  data::DataOptions o;
+  o.path = config.data.path;
+  o.field = config.data.field;
+  o.tokenizer = config.data.tokenizer;
+  o.pretrained = config.model.pretrained;
+  o.cache_dir = config.data.cache_dir;
+  o.vocab_size = vocab_size;
+  return o;
+}
+
+FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device) {
+  FsdpPlan plan;
+  FsdpOptions& o = plan.options;
+  switch (config.launch.mixed_precision) {
+    case config::MixedPrecision::kNo:
+      break;
+    case config::MixedPrecision::kBf16:
+      o.mixed_precision.param_dtype = at::kBFloat16;
+      break;
+    case config::MixedPrecision::kFp16:
+      o.mixed_precision.param_dtype = at::kHalf;
+      break;
+  }
+  o.mixed_precision.reduce_dtype = at::kFloat;
+  switch (config.fsdp.auto_wrap_policy) {
+    case config::WrapPolicy::kTransformerBasedWrap:
+      o.wrap_policy = fsdp::WrapPolicy::kTransformerBasedWrap;
+      break;
+    case config::WrapPolicy::kSizeBasedWrap:
+      o.wrap_policy = fsdp::WrapPolicy::kSizeBasedWrap;
+      break;
+    case config::WrapPolicy::kNoWrap:
+      o.wrap_policy = fsdp::WrapPolicy::kNoWrap;
+      break;
+  }
+  o.layer_classes = config.fsdp.transformer_layer_cls_to_wrap;
+  o.ignored_modules = config.fsdp.ignored_modules;
+  o.min_num_params = config.fsdp.min_num_params;
+  o.offload_params = config.fsdp.offload_params;
+  o.activation_checkpointing = config.fsdp.activation_checkpointing;
+  o.device = device;
+  const config::FsdpLayout layout = config::effective_fsdp_layout(config);
+  o.reshard_after_forward = layout.reshard_after_forward;
+  plan.replicate_size = layout.replicate_size;
+  plan.shard_size = layout.shard_size;
+  return plan;
+}
+
+optim::ScheduleOptions schedule_of(const config::Config& config) {
+  optim::ScheduleOptions s;
+  switch (config.schedule.type) {
+    case config::ScheduleType::kCosine:
+      s.decay = optim::Decay::kCosine;
+      break;
+    case config::ScheduleType::kLinear:
+      s.decay = optim::Decay::kLinear;
+      break;
+    case config::ScheduleType::kConstant:
+      s.decay = optim::Decay::kConstant;
+      break;
+  }
+  s.warmup_steps = config.schedule.warmup_steps;
+  s.min_lr_ratio = config.schedule.min_lr_ratio;
+  return s;
+}
+
+}  // namespace fsdp::train

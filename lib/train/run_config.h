@@ -1,0 +1,53 @@
+// The built-in trainer's reading of an Accelerate-style config: which model (its config.json), which
+// data, how the engine shards (fsdp::FsdpOptions and the mesh's shape) and the learning-rate
+// schedule. The engine (lib/fsdp) and the optimizer (lib/optim) take their own options and know
+// nothing of Accelerate's keys; this is where those keys become them.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "data/prepare.h"
+#include "fsdp/options.h"
+#include "model/hf_config.h"
+#include "optim/schedule.h"
+
+namespace fsdp::ckpt {
+class FileSystem;
+}
+
+namespace fsdp::train {
+
+// What tests change: checkpoints written through another file system (one that fails on cue).
+struct TrainHooks {
+  ckpt::FileSystem* checkpoint_fs = nullptr;  // null: the local one
+};
+
+// model.config, else model.pretrained's config.json.
+std::string model_config_path(const config::Config& config);
+// The model a config trains. Throws InputError when neither model.config nor model.pretrained is
+// set, or naming the file when its config.json does not parse. warnings: fields it does not know.
+model::LlamaConfig model_config_of(const config::Config& config, std::vector<std::string>* warnings = nullptr);
+
+// What data/prepare.h needs of a config, for a model of `vocab_size`.
+data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size);
+
+// How the engine shards, from the config.
+struct FsdpPlan {
+  FsdpOptions options;
+  int replicate_size = 1;  // HSDP replicas (1: plain FSDP)
+  int shard_size = 1;      // ranks one shard group spans
+};
+// mixed_precision bf16|fp16 -> param_dtype bf16|fp16 with fp32 reduction and fp32 master weights;
+// the wrap policy, its classes and min_num_params, offload, activation checkpointing as named; the
+// layout (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, FSDP2's reshard flag and parallelism_config) from
+// config::effective_fsdp_layout. A config that is not FSDP runs as pure replication (shard size 1).
+FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device);
+
+// lr_scheduler's type, warmup_steps and min_lr_ratio.
+optim::ScheduleOptions schedule_of(const config::Config& config);
+
+}  // namespace fsdp::train
