@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Sets up and builds (scripts/setup.sh), then runs the tests: `unit` and `dist` labels by default
+# Sets up and builds (scripts/setup.sh), checks function lengths and include cycles (scripts/), then
+# runs the tests: `unit` and `dist` labels by default
 # (`gpu` tests skip themselves without a GPU). Extra arguments go to ctest, e.g. -L unit or -R config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/function-lengths.sh .venv/bin/python
+.venv/bin/python scripts/include-cycles.py
 BUILD_DIR=${BUILD_DIR:-build}
 cd "$BUILD_DIR"
 if [ $# -eq 0 ]; then set -- -L 'unit|dist|gpu'; fi

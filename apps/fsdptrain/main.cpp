@@ -12,6 +12,7 @@
 #include "dist/build_info.h"
 #include "dist/error_file.h"
 #include "dist/torch_compat.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/strings.h"
@@ -40,7 +41,8 @@ class HelpFormatter final : public CLI::Formatter {
 // The names of `app`'s subcommands.
 std::vector<std::string> command_names(const CLI::App& app) {
   std::vector<std::string> names;
-  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    names.push_back(sub->get_name());
   return names;
 }
 
@@ -54,8 +56,8 @@ void check_command_words(const CLI::App& app, const std::vector<std::string>& ar
     const std::vector<std::string> names = command_names(*level);
     if (std::find(names.begin(), names.end(), word) == names.end()) {
       const auto near = closest_match(word, names);
-      throw InputError(str(path, ": unknown command ", quoted(word), near ? "; did you mean " + *near + "?" : "",
-                           " (`", path, " --help` lists them)"));
+      throw InputError(str(path, ": unknown command ", quoted(word), near ? "; did you mean " + *near + "?" : "", " (`",
+                           path, " --help` lists them)"));
     }
     level = level->get_subcommand(word);
     path += " " + word;
@@ -111,16 +113,6 @@ int run(int argc, char** argv) {
   return 0;
 }
 
-// LibTorch's errors carry a C++ backtrace: shown with debug: true (ACCELERATE_DEBUG_MODE, which
-// the launcher exports) or FSDPTRAIN_DEBUG=1, else only the message.
-bool debug_mode() {
-  for (const char* name : {"ACCELERATE_DEBUG_MODE", "FSDPTRAIN_DEBUG"}) {
-    const char* v = std::getenv(name);
-    if (v && (std::string(v) == "1" || to_lower(v) == "true")) return true;
-  }
-  return false;
-}
-
 void print_error(const std::string& message) {
   for (const auto& line : split(message, '\n')) std::cerr << rank_prefix() << "error: " << line << "\n";
 }
@@ -135,7 +127,8 @@ int main(int argc, char** argv) {
     fsdp::dist::record_worker_error(e.what());  // a launched worker tells its launcher (dist/error_file.h)
     return static_cast<int>(e.code());
   } catch (const std::exception& e) {
-    const std::string message = fsdp::dist::error_message(e, debug_mode());
+    // LibTorch's errors carry a C++ backtrace: shown with debug: true or FSDPTRAIN_DEBUG=1.
+    const std::string message = fsdp::dist::error_message(e, fsdp::debug_requested());
     print_error(message);
     fsdp::dist::record_worker_error(message);
     return static_cast<int>(fsdp::ExitCode::kFailure);

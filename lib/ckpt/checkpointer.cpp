@@ -30,14 +30,9 @@ using json = nlohmann::json;
 
 // The full value of one parameter's padded shard slice (flat, shard_numel elements on every rank)
 // on the CPU. Collective over the shard group.
-at::Tensor gather_slice(dist::ProcessGroup shard, const at::Tensor& slice, const ShardLayout& layout) {
-  const at::Tensor mine = slice.contiguous();
-  at::Tensor all = mine;
-  if (shard.size() > 1) {
-    all = at::empty({shard.size() * mine.numel()}, mine.options());
-    shard.all_gather(all, mine).wait();
-  }
-  return all.narrow(0, 0, layout.numel()).view(layout.shape).to(at::kCPU);
+at::Tensor gather_slice(dist::ProcessGroup shard, const at::Tensor& slice, const ShardLayout& layout,
+                        const std::string& name) {
+  return shard.all_gather_copies(slice, "save " + name).narrow(0, 0, layout.numel()).view(layout.shape).to(at::kCPU);
 }
 
 }  // namespace
@@ -256,7 +251,7 @@ struct Checkpointer::Impl {
   void write_full(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
                   const std::string& final_dir) {
     const bool writer = shard_rank() == 0;
-    auto full = [&](const HostSlice& h) { return gather_slice(host_group, h.slice, *h.layout); };
+    auto full = [&](const HostSlice& h) { return gather_slice(host_group, h.slice, *h.layout, h.name); };
     std::vector<const HostSlice*> params, optim;
     for (const HostSlice& h : slices) (h.name.rfind("optim.", 0) == 0 ? optim : params).push_back(&h);
     std::vector<TensorSpec> specs;

@@ -17,12 +17,19 @@
 //
 // Saving is atomic: files go to step-N.tmp, are fsynced, the manifest is written, then the folder
 // is renamed to step-N; the previous checkpoint is untouched until then, and only complete
-// checkpoints beyond `keep` are deleted after. SHARDED: save() returns once this rank's shards are
-// copied to host memory; a background thread writes them, and rank 0's thread commits the folder
-// when every shard rank has reported its file (through the rendezvous store). Loading verifies the
-// manifest (sizes, checksums) of every file a rank will read before any weight changes.
+// checkpoints beyond `keep` are deleted after. Both formats: save() returns once this rank's part
+// (its shard rows, or for FULL its padded slices) is copied to host memory, and a writer thread
+// (options.background; else save() itself) does the rest. SHARDED: each rank writes its file, and
+// rank 0's thread commits the folder when every shard rank has reported its file (through its own
+// connection to the rendezvous store). FULL: the writer threads gather each tensor over a Gloo
+// group of their own (never the training group's stream) and shard rank 0 writes the Hugging Face
+// folder and commits. Loading verifies the manifest (sizes, checksums) of every file a rank will
+// read before any weight changes.
 //
-// Collective: save, wait and load are called by every rank of `world` in the same order.
+// Collective: save, load and resume are called by every rank of `world` in the same order; wait()
+// is local (it joins this rank's writer thread). Thread safety: one thread calls the Checkpointer;
+// the writer thread touches only the host copies a save made, its own store connection and its own
+// Gloo group, so training goes on while it writes.
 #pragma once
 
 #include <cstdint>
@@ -64,7 +71,8 @@ class Checkpointer {
   // Collective. Waits for the previous save, then saves `state` and the current parameters and
   // optimizer state as <dir>/step-<state.step>. Returns the seconds training was held up.
   double save(const TrainingState& state);
-  // Waits until the last save is on disk (on rank 0: committed). Throws the writer's error.
+  // Not collective: joins this rank's writer thread, so this rank's part of the last save is on disk
+  // (on rank 0: the checkpoint committed). Throws the writer's error.
   void wait();
   // Collective. Restores parameters, AdamW state and the RNG from the checkpoint folder `path` and
   // returns its training state. Throws InputError, before any weight changes, for a folder that is

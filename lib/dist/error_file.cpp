@@ -14,9 +14,8 @@ namespace fsdp::dist {
 void record_worker_error(const std::string& message) {
   const char* path = std::getenv(kErrorFileVariable);
   if (path == nullptr || *path == '\0') return;
-  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
+  const int64_t ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const nlohmann::json doc = {
       {"message",
        {{"message", message}, {"extraInfo", {{"py_callstack", ""}, {"timestamp", std::to_string(ns / 1000000000)}}}}},

@@ -11,8 +11,8 @@
 #include "dist/nccl/nccl_backend.h"
 #include "dist/store.h"
 #include "dist/torch_compat.h"
+#include "util/env.h"
 #include "util/error.h"
-#include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::dist {
@@ -56,17 +56,10 @@ class LocalBackend : public Backend {
   std::unique_ptr<PendingWork> barrier(const std::string&) override { return std::make_unique<DoneWork>(); }
 };
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-
 int env_port() {
-  const char* v = std::getenv("MASTER_PORT");
-  FSDP_CHECK(v && *v, "[dist] MASTER_PORT is not set; start workers with `fsdptrain launch` (or torchrun)");
-  auto n = parse_int(v);
-  FSDP_CHECK(n && *n >= 0, "[dist] MASTER_PORT=", quoted(v), " is not a whole number >= 0");
-  return static_cast<int>(*n);
+  const int port = env_count("MASTER_PORT", -1);
+  FSDP_CHECK(port >= 0, "[dist] MASTER_PORT is not set; start workers with `fsdptrain launch` (or torchrun)");
+  return port;
 }
 
 }  // namespace
@@ -310,17 +303,26 @@ Work ProcessGroup::barrier(const std::string& label) {
   return issue(Collective::kBarrier, label, {}, 0, 0, [&] { return backend_->barrier(label); });
 }
 
+at::Tensor ProcessGroup::all_gather_copies(const at::Tensor& mine, const std::string& label) {
+  const int64_t n = mine.numel();
+  if (size() == 1 || n == 0) return mine.reshape({-1});
+  const std::optional<c10::DeviceType> type = backend_->device_type();
+  const c10::Device via = !type ? mine.device()
+                          : *type == c10::DeviceType::CUDA
+                              ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu_))
+                              : c10::Device(*type);
+  at::Tensor all = at::empty({size() * n}, mine.options().device(via).pinned_memory(false));
+  at::Tensor in = all.narrow(0, rank() * n, n);
+  in.copy_(mine.reshape({-1}));
+  all_gather(all, in, label).wait();
+  return all.to(mine.device());
+}
+
 ProcessGroup make_single_process_group() {
   return ProcessGroup(std::make_shared<LocalBackend>(), std::chrono::minutes(10));
 }
 
 namespace {
-
-bool debug_requested() {
-  if (env_is("FSDPTRAIN_DEBUG", "1")) return true;
-  const char* v = std::getenv("ACCELERATE_DEBUG_MODE");
-  return v && (to_lower(v) == "true" || std::string(v) == "1" || to_lower(v) == "yes");
-}
 
 std::chrono::milliseconds timeout_of(const GroupOptions& options) {
   if (options.timeout) return *options.timeout;

@@ -104,6 +104,10 @@ class ProcessGroup {
   Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& label = "");
   Work broadcast(const at::Tensor& tensor, int root, const std::string& label = "");
   Work barrier(const std::string& label = "");
+  // Every rank's `mine` (n elements, the same n on every rank) concatenated rank-major: (W * n), on
+  // mine's device, waited for. The gather itself runs where the backend moves data (this rank's GPU
+  // for NCCL), so host tensors (offloaded shards, checkpoint slices) may be gathered over any backend.
+  at::Tensor all_gather_copies(const at::Tensor& mine, const std::string& label = "");
 
   // Turns on the cross-rank check of every collective (see above). Collective: every rank of the
   // group calls it; the group needs a store (a no-op for the single-process group). Subgroups made

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <thread>
-
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 

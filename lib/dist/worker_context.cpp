@@ -4,23 +4,11 @@
 #include <cstdlib>
 
 #include "dist/nccl/nccl_backend.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/strings.h"
 
 namespace fsdp::dist {
-
-namespace {
-
-// An unset or empty variable is `fallback`; anything else must be a whole number >= 0.
-int env_count(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  auto n = parse_int(v);
-  FSDP_CHECK(n && *n >= 0, "[dist] ", name, "=", quoted(v), " is not a whole number >= 0");
-  return static_cast<int>(*n);
-}
-
-}  // namespace
 
 WorkerContext worker_context(bool use_cpu) {
   WorkerContext ctx;

@@ -1,6 +1,7 @@
-// WorkerContext: who this worker is and where it computes, read once from the launcher's
-// variables (torchrun's: RANK, WORLD_SIZE, LOCAL_RANK) and passed down to everything that needs
-// it: the process group, the trainer, the health check. Nothing else reads those variables.
+// WorkerContext: who this worker is and where it computes, read from the launcher's variables
+// (torchrun's: RANK, WORLD_SIZE, LOCAL_RANK) when a worker starts and passed down as a value to
+// everything that needs it: the process group, the trainer, the health check. The one other reader
+// is util/log.h, which prefixes a line with RANK when no launcher prefixes it already.
 #pragma once
 
 #include <c10/core/Device.h>

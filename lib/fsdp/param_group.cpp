@@ -254,32 +254,21 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradient
   return gather_full(flat_grad_, /*trainable_only=*/true);
 }
 
-// On the compute device: with offload the shards live in host memory, which a device backend
-// (NCCL) must never be handed; the gathered value comes back where `mine` lives.
-at::Tensor ParamGroup::all_gather_slice(const at::Tensor& mine, const std::string& label) const {
-  const int64_t world = mesh_->shard.size(), n = mine.numel();
-  if (world == 1 || n == 0) return mine;
-  at::Tensor all = at::empty({world * n}, mine.options().device(options_.device).pinned_memory(false));
-  at::Tensor in = all.narrow(0, mesh_->shard.rank() * n, n);
-  in.copy_(mine);
-  dist::ProcessGroup shard = mesh_->shard;
-  shard.all_gather(all, in, label).wait();
-  return all.to(mine.device());
-}
-
 at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
   c10::NoGradGuard no_grad;
   const ShardedParam& p = params_.at(i);
+  dist::ProcessGroup shard = mesh_->shard;  // a handle; copies share the group
   const at::Tensor all =
-      all_gather_slice(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()), "full value of " + p.name);
+      shard.all_gather_copies(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()), "full value of " + p.name);
   return all.narrow(0, 0, p.layout.numel()).view(p.layout.shape).clone();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at::Tensor& flat,
                                                                         bool trainable_only) const {
   c10::NoGradGuard no_grad;
+  dist::ProcessGroup shard = mesh_->shard;
   const at::Tensor rows =
-      all_gather_slice(flat, "full state of " + display_name()).view({mesh_->shard.size(), flat.numel()});
+      shard.all_gather_copies(flat, "full state of " + display_name()).view({shard.size(), flat.numel()});
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const ShardedParam& p : params_) {
     if (trainable_only && !p.trainable) continue;

@@ -137,8 +137,6 @@ class ParamGroup {
   void log(const char* what) const;
   void copy_out(const at::Tensor& gathered);  // (W * S) param_dtype -> every param's buffer
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
-  // (n) -> (W * n) rank-major, fp32, gathered on the compute device, returned on mine's.
-  at::Tensor all_gather_slice(const at::Tensor& mine, const std::string& label) const;
 
   std::string name_;
   std::shared_ptr<DeviceMesh> mesh_;

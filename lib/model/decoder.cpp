@@ -14,6 +14,7 @@
 #include "fsdp/unit_call.h"
 #include "model/chunked_loss.h"
 #include "util/error.h"
+#include "util/env.h"
 #include "util/log.h"
 #include "util/strings.h"
 

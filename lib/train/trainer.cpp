@@ -23,6 +23,7 @@
 #include "util/clock.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/env.h"
 #include "util/log.h"
 #include "util/strings.h"
 

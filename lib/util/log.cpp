@@ -25,11 +25,6 @@ void set_progress_line_live(bool live) {
   g_progress_live = live;
 }
 
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::strcmp(v, value) == 0;
-}
-
 std::string rank_prefix() {
   // Under `fsdptrain launch` the launcher prefixes every line of worker output already.
   const char* launched = std::getenv("FSDPTRAIN_LAUNCHED");

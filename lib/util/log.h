@@ -13,9 +13,6 @@ void log_warn(const std::string& message);
 // (and "" under `fsdptrain launch`, which prefixes every line of worker output itself).
 std::string rank_prefix();
 
-// Whether the environment variable `name` is set to exactly `value` (FSDPTRAIN_PREFETCH=1 and such).
-bool env_is(const char* name, const char* value);
-
 // A worker line that starts with this is a transient progress line: the launcher draws it in place
 // on a terminal (under the other output) and drops it otherwise (pipes, log files). Workers print
 // such lines only when $FSDPTRAIN_PROGRESS is 1, which the launcher sets when its output is a

@@ -9,23 +9,38 @@
 
 using namespace fsdp::dist;
 
-TEST_CASE("the single-process group: results equal the input, no bytes are sent") {
+TEST_CASE("the single-process group: gathers and scatters copy, reductions keep the value, no bytes are sent") {
   ProcessGroup g = make_single_process_group();
   CHECK(g.rank() == 0);
   CHECK(g.size() == 1);
-  at::Tensor in = at::arange(7, at::kFloat), out = at::empty({7});
+  CHECK(g.is_local());
+  const at::Tensor in = at::arange(7, at::kFloat);
+  at::Tensor out = at::full({7}, -1.0f);
   g.all_gather(out, in).wait();
   CHECK(at::equal(out, in));
-  at::Tensor rs = at::empty({7});
+  out.fill_(5.0f);  // a copy, not the input itself
+  CHECK(at::equal(in, at::arange(7, at::kFloat)));
+  // In place: the input is a view of the output (what the engine's gathers do).
+  at::Tensor whole = at::arange(7, at::kFloat);
+  g.all_gather(whole, whole.narrow(0, 0, 7)).wait();
+  CHECK(at::equal(whole, in));
+  at::Tensor rs = at::full({7}, -1.0f);
   g.reduce_scatter(rs, in, ReduceOp::kAvg).wait();
   CHECK(at::equal(rs, in));
-  at::Tensor t = in.clone();
-  g.all_reduce(t, ReduceOp::kAvg).wait();
-  g.broadcast(t, 0).wait();
+  // One rank's sum and average, and a broadcast from rank 0, are the value itself, untouched.
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    at::Tensor t = in.clone();
+    g.all_reduce(t, op).wait();
+    CHECK(at::equal(t, in));
+  }
+  at::Tensor b = in.clone();
+  g.broadcast(b, 0).wait();
   g.barrier().wait();
-  CHECK(at::equal(t, in));
+  CHECK(at::equal(b, in));
+  CHECK(at::equal(g.all_gather_copies(in.view({7, 1})), in));
   CHECK(g.counters().total() == 0);
-  CHECK(g.counters().calls_of(Collective::kAllGather) == 1);
+  const int64_t calls[] = {2, 1, 2, 1, 1};  // by Collective; all_gather_copies issues none alone
+  for (int c = 0; c < 5; ++c) CHECK(g.counters().calls_of(static_cast<Collective>(c)) == calls[c]);
 }
 
 TEST_CASE("init_process_group without WORLD_SIZE is the single-process group") {
@@ -74,7 +89,7 @@ TEST_CASE("a LibTorch error reads as its message alone, its backtrace only on re
   CHECK(fsdp::dist::error_message(ours, false) == "[data] bad file");
 }
 
-TEST_CASE("worker_context reads the launcher's variables, once, and use_cpu keeps a worker on the CPU") {
+TEST_CASE("worker_context reads the launcher's variables into a value, and use_cpu keeps a worker on the CPU") {
   setenv("WORLD_SIZE", "4", 1);
   setenv("RANK", "3", 1);
   setenv("LOCAL_RANK", "1", 1);
@@ -85,6 +100,9 @@ TEST_CASE("worker_context reads the launcher's variables, once, and use_cpu keep
   CHECK_FALSE(ctx.is_main());
   CHECK(ctx.device.is_cpu());
   CHECK(ctx.backend == "gloo");
+  CHECK(ctx.gpu == -1);
+  setenv("RANK", "2", 1);  // read when the worker starts: a later change leaves the context as it was
+  CHECK(ctx.rank == 3);
   setenv("LOCAL_RANK", "one", 1);
   CHECK_THROWS_WITH_AS(worker_context(true), doctest::Contains("LOCAL_RANK=\"one\""), fsdp::InputError);
   for (const char* v : {"WORLD_SIZE", "RANK", "LOCAL_RANK"}) unsetenv(v);

@@ -425,6 +425,113 @@ fsdp::dist::ByteCounters measured_step(fsdp::ShardedModel& sharded, TestModel& m
   return shard.counters();
 }
 
+// Bytes per step: for each unit, (all-gathers x padded size in param_dtype + reduce-scatters x
+// padded trainable size in reduce_dtype) x (W-1)/W. Non-root units gather twice with
+// reshard_after_forward, once without; the root once. Checks one measured step against it.
+void check_step_bytes(const Case& c, fsdp::ShardedModel& sharded, TestModel& model,
+                      const std::map<std::string, at::Tensor>& full, int rank, int w) {
+  const int64_t param_size = c.precision == at::kBFloat16 ? 2 : 4, reduce_size = 4;
+  int64_t expect_ag = 0, expect_rs = 0, expect_ag_calls = 0, expect_rs_calls = 0;
+  for (size_t u = 0; u < sharded.groups().size(); ++u) {
+    int64_t padded = 0, padded_trainable = 0;
+    for (const fsdp::ShardedParam& p : sharded.groups()[u]->params()) {
+      const at::Tensor& f = full.at(p.name);
+      const int64_t n = ceil_div(f.size(0), w) * w * (f.numel() / f.size(0));
+      padded += n;
+      if (p.trainable) padded_trainable += n;
+    }
+    const int gathers = (u == 0 || !c.reshard) ? 1 : 2;
+    if (padded > 0 && w > 1) {
+      expect_ag += gathers * padded * param_size * (w - 1) / w;
+      expect_ag_calls += gathers;
+    }
+    if (padded_trainable > 0 && w > 1) {
+      expect_rs += padded_trainable * reduce_size * (w - 1) / w;
+      expect_rs_calls += 1;
+    }
+  }
+  const auto counters = measured_step(sharded, model, c.model, rank, w);
+  using fsdp::dist::Collective;
+  FSDP_ASSERT(counters.of(Collective::kAllGather) == expect_ag, c.describe(), ": all-gather bytes ",
+              counters.of(Collective::kAllGather), ", formula ", expect_ag);
+  FSDP_ASSERT(counters.of(Collective::kReduceScatter) == expect_rs, c.describe(), ": reduce-scatter bytes ",
+              counters.of(Collective::kReduceScatter), ", formula ", expect_rs);
+  FSDP_ASSERT(counters.calls_of(Collective::kAllGather) == expect_ag_calls &&
+                  counters.calls_of(Collective::kReduceScatter) == expect_rs_calls,
+              c.describe(), ": ", counters.calls_of(Collective::kAllGather), " all-gathers and ",
+              counters.calls_of(Collective::kReduceScatter), " reduce-scatters, expected ", expect_ag_calls, " and ",
+              expect_rs_calls);
+  FSDP_ASSERT(counters.total() == expect_ag + expect_rs, c.describe(), ": other collectives ran in the step");
+  for (const auto& g : sharded.groups())
+    for (const auto& p : g->params())
+      FSDP_ASSERT(p.unsharded.storage().nbytes() == 0, c.describe(), ": ", p.name, " still gathered after the step");
+  if (rank == 0)
+    std::printf("bytes W=%d %s: all-gather %lld (%lld calls) reduce-scatter %lld (%lld calls) = formula\n", w,
+                c.describe().c_str(), static_cast<long long>(expect_ag), static_cast<long long>(expect_ag_calls),
+                static_cast<long long>(expect_rs), static_cast<long long>(expect_rs_calls));
+}
+
+// Persistent bytes: params + grads + AdamW state = (total + padding) / W exactly, where the padding
+// is less than one row per parameter per rank.
+void check_persistent_bytes(const Case& c, fsdp::ShardedModel& sharded, const std::map<std::string, at::Tensor>& full,
+                            int rank, int w) {
+  fsdp::optim::ShardedAdamW optimizer(sharded, {});
+  const int64_t persistent = sharded.persistent_bytes().total() + optimizer.state_bytes();
+  int64_t total = 0, padding = 0, one_row_each = 0;
+  for (const auto& g : sharded.groups())
+    for (const auto& p : g->params()) {
+      const at::Tensor& f = full.at(p.name);
+      const int64_t row = f.numel() / f.size(0), copies = p.trainable ? 4 : 1;  // param (+ grad, m, v)
+      total += f.numel() * 4 * copies;
+      padding += (ceil_div(f.size(0), w) * w - f.size(0)) * row * 4 * copies;
+      one_row_each += row * 4 * copies;
+    }
+  FSDP_ASSERT(persistent * w == total + padding && padding < w * one_row_each, c.describe(), ": persistent ",
+              persistent, " bytes per rank, total ", total, ", padding ", padding);
+  if (rank == 0 && c.reshard && c.precision == at::kFloat)
+    std::printf("memory W=%d %s: per rank %lld bytes (params %lld, grads %lld, adamw %lld); total/W %.1f\n", w,
+                c.model.c_str(), static_cast<long long>(persistent),
+                static_cast<long long>(sharded.persistent_bytes().params),
+                static_cast<long long>(sharded.persistent_bytes().grads),
+                static_cast<long long>(optimizer.state_bytes()), static_cast<double>(total) / w);
+}
+
+// The order of gathers, frees and reductions of the MLP stack (root, blocks 0-3, block 2 frozen).
+void check_event_order(const Case& c, const fsdp::ShardedModel& sharded) {
+  const std::vector<std::string> expected =
+      c.reshard ? std::vector<std::string>{"gather <root>", "gather blocks.0", "gather blocks.1", "free blocks.0",
+                                           "gather blocks.2", "free blocks.1", "gather blocks.3", "free blocks.2",
+                                           "free blocks.3",
+                                           // backward: each unit prefetches the one before it
+                                           "gather blocks.3", "gather blocks.2", "free blocks.3", "reduce blocks.3",
+                                           "gather blocks.1", "free blocks.2", "gather blocks.0", "free blocks.1",
+                                           "reduce blocks.1", "free blocks.0", "reduce blocks.0", "free <root>",
+                                           "reduce <root>"}
+                : std::vector<std::string>{"gather <root>",   "gather blocks.0", "gather blocks.1", "gather blocks.2",
+                                           "gather blocks.3", "free blocks.3",   "reduce blocks.3", "free blocks.2",
+                                           "free blocks.1",   "reduce blocks.1", "free blocks.0",   "reduce blocks.0",
+                                           "free <root>",     "reduce <root>"};
+  std::string got, want;
+  for (const auto& e : sharded.events()) got += e + "; ";
+  for (const auto& e : expected) want += e + "; ";
+  FSDP_ASSERT(got == want, c.describe(), ": event order\n  got:      ", got, "\n  expected: ", want);
+}
+
+// A whole step, clipping and the optimizer included, issues no collective at world size 1.
+void check_world_of_one_is_silent(fsdp::dist::ProcessGroup world) {
+  Case c;
+  TestModel model = make_model("mlp");
+  auto sharded = fsdp::fully_shard(*model.module, model.traits, fsdp::DeviceMesh{world, std::nullopt}, options_for(c));
+  fsdp::optim::ShardedAdamW optimizer(*sharded, {});
+  measured_step(*sharded, model, "mlp", 0, 1);
+  fsdp::optim::clip_grad_norm(*sharded, kMaxNorm);
+  optimizer.step();
+  int64_t calls = 0;
+  for (int64_t n : world.counters().calls) calls += n;
+  FSDP_ASSERT(calls == 0, "world size 1 issued ", calls, " collectives");
+  std::printf("W=1: a step issued no collective\n");
+}
+
 int run_accounting(fsdp::dist::ProcessGroup world) {
   const int w = world.size(), rank = world.rank();
   for (const std::string kind : {"mlp", "transformer"}) {
@@ -441,111 +548,13 @@ int run_accounting(fsdp::dist::ProcessGroup world) {
         o.record_events = true;
         auto sharded = fsdp::fully_shard(*model.module, model.traits, mesh_for(c, world), o);
         check_layout(*sharded, full, rank, w);
-
-        // Bytes per step: for each unit, (all-gathers x padded size in param_dtype + reduce-scatters
-        // x padded trainable size in reduce_dtype) x (W-1)/W. Non-root units gather twice with
-        // reshard_after_forward, once without; the root once.
-        const int64_t param_size = bf16 ? 2 : 4, reduce_size = 4;
-        int64_t expect_ag = 0, expect_rs = 0, expect_ag_calls = 0, expect_rs_calls = 0;
-        for (size_t u = 0; u < sharded->groups().size(); ++u) {
-          int64_t padded = 0, padded_trainable = 0;
-          for (const fsdp::ShardedParam& p : sharded->groups()[u]->params()) {
-            const at::Tensor& f = full.at(p.name);
-            const int64_t n = ceil_div(f.size(0), w) * w * (f.numel() / f.size(0));
-            padded += n;
-            if (p.trainable) padded_trainable += n;
-          }
-          const int gathers = (u == 0 || !reshard) ? 1 : 2;
-          if (padded > 0 && w > 1) {
-            expect_ag += gathers * padded * param_size * (w - 1) / w;
-            expect_ag_calls += gathers;
-          }
-          if (padded_trainable > 0 && w > 1) {
-            expect_rs += padded_trainable * reduce_size * (w - 1) / w;
-            expect_rs_calls += 1;
-          }
-        }
-        const auto counters = measured_step(*sharded, model, kind, rank, w);
-        using fsdp::dist::Collective;
-        FSDP_ASSERT(counters.of(Collective::kAllGather) == expect_ag, c.describe(), ": all-gather bytes ",
-                    counters.of(Collective::kAllGather), ", formula ", expect_ag);
-        FSDP_ASSERT(counters.of(Collective::kReduceScatter) == expect_rs, c.describe(), ": reduce-scatter bytes ",
-                    counters.of(Collective::kReduceScatter), ", formula ", expect_rs);
-        FSDP_ASSERT(counters.calls_of(Collective::kAllGather) == expect_ag_calls &&
-                        counters.calls_of(Collective::kReduceScatter) == expect_rs_calls,
-                    c.describe(), ": ", counters.calls_of(Collective::kAllGather), " all-gathers and ",
-                    counters.calls_of(Collective::kReduceScatter), " reduce-scatters, expected ", expect_ag_calls,
-                    " and ", expect_rs_calls);
-        FSDP_ASSERT(counters.total() == expect_ag + expect_rs, c.describe(), ": other collectives ran in the step");
-        for (const auto& g : sharded->groups())
-          for (const auto& p : g->params())
-            FSDP_ASSERT(p.unsharded.storage().nbytes() == 0, c.describe(), ": ", p.name,
-                        " still gathered after the step");
-
-        // Persistent bytes: params + grads + AdamW state = (total + padding) / W exactly, where the
-        // padding is less than one row per parameter per rank.
-        fsdp::optim::ShardedAdamW optimizer(*sharded, {});
-        const int64_t persistent = sharded->persistent_bytes().total() + optimizer.state_bytes();
-        int64_t total = 0, padding = 0, one_row_each = 0;
-        for (const auto& g : sharded->groups())
-          for (const auto& p : g->params()) {
-            const at::Tensor& f = full.at(p.name);
-            const int64_t row = f.numel() / f.size(0), copies = p.trainable ? 4 : 1;  // param (+ grad, m, v)
-            total += f.numel() * 4 * copies;
-            padding += (ceil_div(f.size(0), w) * w - f.size(0)) * row * 4 * copies;
-            one_row_each += row * 4 * copies;
-          }
-        FSDP_ASSERT(persistent * w == total + padding && padding < w * one_row_each, c.describe(), ": persistent ",
-                    persistent, " bytes per rank, total ", total, ", padding ", padding);
-        if (rank == 0 && reshard && !bf16)
-          std::printf("memory W=%d %s: per rank %lld bytes (params %lld, grads %lld, adamw %lld); total/W %.1f\n", w,
-                      kind.c_str(), static_cast<long long>(persistent),
-                      static_cast<long long>(sharded->persistent_bytes().params),
-                      static_cast<long long>(sharded->persistent_bytes().grads),
-                      static_cast<long long>(optimizer.state_bytes()), static_cast<double>(total) / w);
-        if (rank == 0)
-          std::printf("bytes W=%d %s: all-gather %lld (%lld calls) reduce-scatter %lld (%lld calls) = formula\n", w,
-                      c.describe().c_str(), static_cast<long long>(expect_ag), static_cast<long long>(expect_ag_calls),
-                      static_cast<long long>(expect_rs), static_cast<long long>(expect_rs_calls));
-
-        // The order of gathers, frees and reductions (MLP stack: root, blocks 0-3, block 2 frozen).
-        if (kind == "mlp" && !bf16 && w > 1) {
-          std::vector<std::string> expected =
-              reshard ? std::vector<std::string>{"gather <root>", "gather blocks.0", "gather blocks.1", "free blocks.0",
-                                                 "gather blocks.2", "free blocks.1", "gather blocks.3", "free blocks.2",
-                                                 "free blocks.3",
-                                                 // backward: each unit prefetches the one before it
-                                                 "gather blocks.3", "gather blocks.2", "free blocks.3",
-                                                 "reduce blocks.3", "gather blocks.1", "free blocks.2",
-                                                 "gather blocks.0", "free blocks.1", "reduce blocks.1", "free blocks.0",
-                                                 "reduce blocks.0", "free <root>", "reduce <root>"}
-                      : std::vector<std::string>{
-                            "gather <root>", "gather blocks.0", "gather blocks.1", "gather blocks.2", "gather blocks.3",
-                            "free blocks.3", "reduce blocks.3", "free blocks.2",   "free blocks.1",   "reduce blocks.1",
-                            "free blocks.0", "reduce blocks.0", "free <root>",     "reduce <root>"};
-          std::string got, want;
-          for (const auto& e : sharded->events()) got += e + "; ";
-          for (const auto& e : expected) want += e + "; ";
-          FSDP_ASSERT(got == want, c.describe(), ": event order\n  got:      ", got, "\n  expected: ", want);
-        }
+        check_step_bytes(c, *sharded, model, full, rank, w);
+        check_persistent_bytes(c, *sharded, full, rank, w);
+        if (kind == "mlp" && !bf16 && w > 1) check_event_order(c, *sharded);
       }
     }
   }
-  if (w == 1) {
-    // A whole step, clipping and the optimizer included, issues no collective at world size 1.
-    Case c;
-    TestModel model = make_model("mlp");
-    auto sharded =
-        fsdp::fully_shard(*model.module, model.traits, fsdp::DeviceMesh{world, std::nullopt}, options_for(c));
-    fsdp::optim::ShardedAdamW optimizer(*sharded, {});
-    measured_step(*sharded, model, "mlp", 0, 1);
-    fsdp::optim::clip_grad_norm(*sharded, kMaxNorm);
-    optimizer.step();
-    int64_t calls = 0;
-    for (int64_t n : world.counters().calls) calls += n;
-    FSDP_ASSERT(calls == 0, "world size 1 issued ", calls, " collectives");
-    std::printf("W=1: a step issued no collective\n");
-  }
+  if (w == 1) check_world_of_one_is_silent(world);
   if (rank == 0) std::printf("accounting passed at W=%d\n", w);
   return 0;
 }

@@ -5,8 +5,8 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "support/train_run.h"
 
@@ -21,9 +21,17 @@ const std::string kQuickstart = std::string(FSDP_SOURCE_DIR) + "/configs/quickst
 
 // The quickstart without its logs (the user's runs/quickstart stays theirs); a test sets its own.
 Result launch_with(const std::vector<std::string>& args) {
-  std::vector<std::string> all{"launch", "--config", kQuickstart, "--main_process_port", "0",
-                               "--set", "logging.metrics_file=", "--set", "logging.tensorboard_dir=",
-                               "--set", "checkpoint.export_dir="};
+  std::vector<std::string> all{"launch",
+                               "--config",
+                               kQuickstart,
+                               "--main_process_port",
+                               "0",
+                               "--set",
+                               "logging.metrics_file=",
+                               "--set",
+                               "logging.tensorboard_dir=",
+                               "--set",
+                               "checkpoint.export_dir="};
   all.insert(all.end(), args.begin(), args.end());
   return fsdptrain_in_source(all);
 }
@@ -88,7 +96,8 @@ TEST_CASE("bad training input stops the run with the key and the fix") {
   CHECK(model.err.find("[rank") == std::string::npos);
   const Result folder = launch_with({"--set", "data.path=lib"});
   CHECK(folder.code == 2);
-  CHECK(folder.err.find("\"lib\" is a folder (hint: a glob such as lib/*.bin reads the files in it)") != std::string::npos);
+  CHECK(folder.err.find("\"lib\" is a folder (hint: a glob such as lib/*.bin reads the files in it)") !=
+        std::string::npos);
   const Result lr = launch_with({"--set", "optimizer.lr=-1"});
   CHECK(lr.code == 2);
   CHECK(lr.err.find("optimizer.lr") != std::string::npos);
@@ -215,7 +224,38 @@ TEST_CASE("a run exports a Hugging Face folder, and a second run starts from it"
   (void)!std::system(("rm -rf " + dir).c_str());
 }
 
-TEST_CASE("estimate-memory's persistent rows equal what the run reports") {
+namespace {
+
+// What each rank of W holds of the quickstart's model (configs/models/tiny/config.json), computed here
+// from the shapes and torch.chunk's rule: every parameter's dim 0 padded to a multiple of W, 4 bytes
+// an element. Independent of fsdptrain's arithmetic.
+double expected_shard_bytes(int w) {
+  const nlohmann::json c =
+      nlohmann::json::parse(std::ifstream(std::string(FSDP_SOURCE_DIR) + "/configs/models/tiny/config.json"));
+  const int64_t V = c["vocab_size"], C = c["hidden_size"], F = c["intermediate_size"], L = c["num_hidden_layers"];
+  const int64_t H = c["num_attention_heads"], K = c["num_key_value_heads"], D = c["head_dim"];
+  std::vector<std::pair<int64_t, int64_t>> shapes{{V, C}, {C, 1}, {V, C}};  // embedding, final norm, head
+  for (int64_t l = 0; l < L; ++l)
+    for (auto s : std::vector<std::pair<int64_t, int64_t>>{
+             {H * D, C}, {K * D, C}, {K * D, C}, {C, H * D}, {F, C}, {F, C}, {C, F}, {C, 1}, {C, 1}})
+      shapes.push_back(s);
+  int64_t elements = 0;
+  for (const auto& [rows, row] : shapes) elements += (rows + w - 1) / w * row;
+  return 4.0 * static_cast<double>(elements);
+}
+
+// "242.1 KiB" -> bytes
+double parse_size(const std::string& text) {
+  const double n = std::stod(text);
+  for (const auto& [unit, scale] :
+       std::vector<std::pair<std::string, double>>{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}})
+    if (text.find(unit) != std::string::npos) return n * scale;
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("estimate-memory's persistent rows and the run's report equal the sharded sizes") {
   for (const std::string w : {"2", "3"}) {
     const Result est = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", w});
     INFO(est.out, est.err);
@@ -242,5 +282,11 @@ TEST_CASE("estimate-memory's persistent rows equal what the run reports") {
     CHECK(row("parameters (fp32 shards)") == params);
     CHECK(row("gradients (fp32 shards)") == grads);
     CHECK(row("AdamW state (2 x fp32)") == adamw);
+    // Both print one decimal: within half a tenth of the unit (and a byte of float slack) of the shapes' sum.
+    const double want = expected_shard_bytes(std::stoi(w));
+    INFO("W=", w, ": ", want, " bytes of shards expected");
+    CHECK(std::abs(parse_size(params) - want) <= 0.05 * 1024 + 1);
+    CHECK(std::abs(parse_size(grads) - want) <= 0.05 * 1024 + 1);
+    CHECK(std::abs(parse_size(adamw) - 2 * want) <= 0.05 * 1024 + 1);
   }
 }
