@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -128,7 +129,8 @@ class GenerateCommand final : public Command {
         "generate", "Generate text with a trained model (a Hugging Face folder or a checkpoint), streamed");
     app->add_option("--model", model_, "A Hugging Face folder, a checkpoint step-N folder, or a checkpoint.dir")
         ->required();
-    auto* prompt = app->add_option("--prompt", prompt_, "The prompt");
+    prompt_opt_ = app->add_option("--prompt", prompt_, "The prompt");
+    auto* prompt = prompt_opt_;
     auto* prompts = app->add_option("--prompts", prompts_, "A JSONL file of {\"prompt\": ...} records");
     prompt->excludes(prompts);
     app->add_option("--output", output_, "With --prompts: the JSONL of completions to write (default: stdout)");
@@ -142,7 +144,11 @@ class GenerateCommand final : public Command {
   }
 
   int run() override {
-    FSDP_CHECK(!prompt_.empty() || !prompts_.empty(), "fsdptrain generate: give --prompt TEXT or --prompts FILE.jsonl");
+    const bool given = prompt_opt_->count() > 0;
+    FSDP_CHECK(given || !prompts_.empty(), "fsdptrain generate: give --prompt TEXT or --prompts FILE.jsonl");
+    FSDP_CHECK(!given || !prompt_.empty(), "--prompt is empty; give the text the model should continue");
+    FSDP_CHECK(std::isfinite(options_.temperature) && options_.temperature >= 0, "--temperature: expected 0 (greedy) ",
+               "or a number above 0, got ", options_.temperature);
     FSDP_CHECK(options_.max_new_tokens >= 1, "--max_new_tokens: expected >= 1, got ", options_.max_new_tokens);
     FSDP_CHECK(options_.top_p > 0 && options_.top_p <= 1, "--top_p: expected a probability in (0, 1], got ",
                options_.top_p);
@@ -160,7 +166,7 @@ class GenerateCommand final : public Command {
                                                  options_.top_p, ", seed ", options_.seed)
                                            : std::string("greedy"))
               << "\n";
-    if (!prompt_.empty()) return one(*loaded.model, codec);
+    if (given) return one(*loaded.model, codec);
     return batch(*loaded.model, codec);
   }
 
@@ -186,42 +192,53 @@ class GenerateCommand final : public Command {
     Stream stream(codec, std::cout);
     const model::Generation g = model::generate(m, ids, o, [&](int32_t id) { stream.add(id); });
     stream.finish();
-    std::cout << "\n";
+    std::cout << std::endl;  // the text's last line ends before the statistics (on stderr) begin
     report(g, ids.size());
     return 0;
   }
 
+  // Every prompt is read and checked before the first is generated, and --output is written whole
+  // (a temporary renamed at the end): a bad line or a full disk leaves an earlier output as it was.
   int batch(model::LlamaForCausalLMImpl& m, const TextCodec& codec) {
-    std::ofstream file;
-    if (!output_.empty()) {
-      file.open(output_);
-      FSDP_CHECK(file.good(), "[generate] cannot write --output ", quoted(output_));
-    }
-    std::ostream& out = output_.empty() ? std::cout : file;
+    struct Prompt {
+      data::Document doc;
+      std::vector<int32_t> ids;
+      model::SamplingOptions options;
+    };
+    std::vector<Prompt> prompts;
     data::DocumentReader reader(prompts_, "prompt", "[generate]", "a \"prompt\" field");
-    int64_t count = 0, tokens = 0;
-    double seconds = 0;
-    for (auto docs = reader.next(size_t{1} << 20); !docs.empty(); docs = reader.next(size_t{1} << 20)) {
-      for (const data::Document& d : docs) {
-        model::SamplingOptions o = options_;
-        const std::vector<int32_t> ids = prompt_ids(m.config, codec, d.text, str(prompts_, ":", d.line), o);
-        const model::Generation g = model::generate(m, ids, o);
-        out << json{{"prompt", d.text},
-                    {"completion", codec.decode(g.ids)},
-                    {"completion_ids", g.ids},
-                    {"prompt_tokens", ids.size()},
-                    {"stopped", g.stopped ? "eos" : "length"}}
-                   .dump()
-            << "\n"
-            << std::flush;
-        ++count;
-        tokens += static_cast<int64_t>(g.ids.size());
-        seconds += g.seconds;
+    for (auto docs = reader.next(size_t{1} << 20); !docs.empty(); docs = reader.next(size_t{1} << 20))
+      for (data::Document& d : docs) {
+        Prompt p{std::move(d), {}, options_};
+        p.ids = prompt_ids(m.config, codec, p.doc.text, str(prompts_, ":", p.doc.line), p.options);
+        prompts.push_back(std::move(p));
       }
+    std::optional<OutputFile> file;
+    if (!output_.empty()) file.emplace(output_);
+    int64_t tokens = 0;
+    double seconds = 0;
+    for (const Prompt& p : prompts) {
+      const model::Generation g = model::generate(m, p.ids, p.options);
+      // A byte-level model may end inside a character: invalid UTF-8 becomes U+FFFD, as decoders do.
+      const std::string line = json{{"prompt", p.doc.text},
+                                    {"completion", codec.decode(g.ids)},
+                                    {"completion_ids", g.ids},
+                                    {"prompt_tokens", p.ids.size()},
+                                    {"stopped", g.stopped ? "eos" : "length"}}
+                                   .dump(-1, ' ', false, json::error_handler_t::replace) +
+                               "\n";
+      if (file)
+        file->write(line);
+      else
+        std::cout << line << std::flush;
+      tokens += static_cast<int64_t>(g.ids.size());
+      seconds += g.seconds;
     }
-    std::cerr << "[generate] " << plural(count, "prompt") << ", " << tokens << " new tokens in "
-              << format_seconds(seconds) << ": " << format_count(static_cast<double>(tokens) / std::max(seconds, 1e-9))
-              << " tokens/s" << (output_.empty() ? "" : "; wrote " + output_) << "\n";
+    if (file) file->commit();
+    std::cerr << "[generate] " << plural(static_cast<long long>(prompts.size()), "prompt") << ", " << tokens
+              << " new tokens in " << format_seconds(seconds) << ": "
+              << format_count(static_cast<double>(tokens) / std::max(seconds, 1e-9)) << " tokens/s"
+              << (output_.empty() ? "" : "; wrote " + output_) << "\n";
     return 0;
   }
 
@@ -237,6 +254,7 @@ class GenerateCommand final : public Command {
   }
 
   std::string model_, prompt_, prompts_, output_, tokenizer_, device_ = "cpu";
+  CLI::Option* prompt_opt_ = nullptr;
   model::SamplingOptions options_;
 };
 

@@ -13,6 +13,7 @@
 #include "ckpt/format.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::ckpt {
@@ -66,7 +67,7 @@ uint64_t checkpoint_bytes(int64_t num_parameters) {
 uint64_t checkpoint_size(const std::string& path) {
   uint64_t total = 0;
   try {
-    const nlohmann::json m = nlohmann::json::parse(read_file(path_in(path, kManifest)));
+    const nlohmann::json m = read_json_file(path_in(path, kManifest));
     for (const auto& [name, entry] : m.at("files").items()) total += entry.at("bytes").get<uint64_t>();
   } catch (const std::exception&) {
     return 0;  // unreadable: counts as nothing to free
@@ -112,7 +113,7 @@ void check_checkpoint_dir(const std::string& dir, uint64_t needed, int64_t keep,
 }
 
 std::optional<std::string> lock_holder(const std::string& dir) {
-  const int fd = ::open(path_in(dir, kLockFile).c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path_in(dir, kLockFile).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   std::optional<std::string> holder;
   if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
@@ -133,9 +134,14 @@ DirLock::DirLock(const std::string& dir) {
   check_writable(dir);
   make_directories(dir);
   const std::string path = path_in(dir, kLockFile);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  FSDP_CHECK(fd_ >= 0, "[ckpt] checkpoint.dir ", quoted(dir), ": cannot create ", kLockFile, " (", std::strerror(errno),
-             "); give a folder this user can write");
+  // Never through a link: a planted .fsdptrain.lock -> somefile would have it truncated and written.
+  try {
+    fd_ = open_no_follow(path, "[ckpt] checkpoint.dir's lock file");
+  } catch (const InputError&) {
+    throw;
+  } catch (const Error& e) {
+    throw InputError(str(e.what(), "; give a checkpoint.dir this user can write"));
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const auto holder = lock_holder(dir);

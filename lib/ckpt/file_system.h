@@ -13,16 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "util/crc32c.h"
 #include "util/error.h"
 
 namespace fsdp::ckpt {
 
-// CRC-32C (Castagnoli), the checksum of checkpoint manifests: hardware instruction where the CPU
-// has it (SSE 4.2), else a table. crc32c(data, n, crc32c(a, k)) continues a running checksum.
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-// Of a whole file, read in blocks. Throws InputError naming the path when it cannot be read.
-uint32_t crc32c_of_file(const std::string& path);
-std::string crc_hex(uint32_t crc);  // 8 lowercase hex digits
+using fsdp::crc32c;  // the manifests' checksum (util/crc32c.h)
+using fsdp::crc32c_of_file;
+using fsdp::crc_hex;
 
 // A write that failed because the file system is full (ENOSPC, or EDQUOT: over a quota).
 class DiskFullError : public Error {

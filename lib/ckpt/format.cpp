@@ -11,6 +11,7 @@
 #include "ckpt/safetensors.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::ckpt {
@@ -167,9 +168,9 @@ std::vector<std::string> complete_checkpoints(std::string dir, FileSystem& fs) {
 
 json parse_json_file(const std::string& path) {
   try {
-    return json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    throw InputError(str("[ckpt] ", path, ": not valid JSON (", e.what(), "); the checkpoint is corrupt"));
+    return read_json_file(path);
+  } catch (const InputError& e) {
+    throw InputError(str("[ckpt] ", e.what(), "; the checkpoint is corrupt"));
   }
 }
 
@@ -202,7 +203,7 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
                "; the checkpoint is incomplete");
   for (const auto& [name, entry] : m["files"].items()) {
     if (!wanted.empty() && !wanted.count(name)) continue;
-    const std::string file = path_in(path, name);
+    const std::string file = confined_path(path, name, "[ckpt] " + path + "/manifest.json");
     const int64_t size = file_size(file);
     const int64_t expected = entry.at("bytes").get<int64_t>();
     FSDP_CHECK(size >= 0, "[ckpt] ", file, " is missing; the checkpoint is incomplete. Resume from another one");

@@ -10,6 +10,7 @@
 #include "ckpt/safetensors_torch.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::ckpt {
@@ -121,7 +122,7 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
 }
 
 void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
-               int64_t max_shard_bytes) {
+               const ExtraFiles& extra, int64_t max_shard_bytes) {
   const bool writer =
       model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
   FileSystem& fs = local_file_system();
@@ -131,10 +132,19 @@ void export_hf(const ShardedModel& model, const model::ModelDescription& descrip
     fs.remove_all(tmp);
     fs.make_dirs(tmp);
   }
-  write_hf_model(model, description, tmp, max_shard_bytes, fs);
-  if (!writer) return;
-  fs.sync_dir(tmp);
-  fs.rename(tmp, dir);
+  try {
+    write_hf_model(model, description, tmp, max_shard_bytes, fs);
+    if (!writer) return;
+    for (const auto& [name, from] : extra) {
+      if (name.find('/') != std::string::npos) fs.make_dirs(tmp + "/" + parent_folder(name));
+      write_whole_file(fs, tmp + "/" + name, read_file(from));
+    }
+    fs.sync_dir(tmp);
+    fs.rename(tmp, dir);
+  } catch (...) {
+    if (writer) fs.remove_all(tmp);  // a half-written export never lingers as .tmp
+    throw;
+  }
 }
 
 HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
@@ -142,16 +152,14 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
              " has no config.json; give a Hugging Face model folder (config.json + *.safetensors)");
   std::vector<std::string> files;
   if (file_exists(dir + "/model.safetensors.index.json")) {
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(read_file(dir + "/model.safetensors.index.json"));
-    } catch (const std::exception& e) {
-      throw InputError(str("[ckpt] ", dir, "/model.safetensors.index.json: not valid JSON: ", e.what()));
-    }
+    const nlohmann::json index = read_json_file(dir + "/model.safetensors.index.json");
     FSDP_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), "[ckpt] ", dir,
                "/model.safetensors.index.json has no weight_map");
-    for (const auto& [name, file] : index["weight_map"].items())
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      FSDP_CHECK(file.is_string(), "[ckpt] ", dir, "/model.safetensors.index.json: weight_map[", quoted(name),
+                 "] is not a file name");
       if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) files.push_back(file);
+    }
   } else {
     FSDP_CHECK(file_exists(dir + "/model.safetensors"), "[ckpt] ", quoted(dir),
                " has neither model.safetensors nor model.safetensors.index.json (fsdptrain reads safetensors only; "
@@ -159,7 +167,8 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
     files.push_back("model.safetensors");
   }
   for (const std::string& f : files) {
-    files_.push_back(std::make_unique<SafetensorsFile>(dir + "/" + f));
+    const std::string path = confined_path(dir, f, "[ckpt] " + dir + "/model.safetensors.index.json");
+    files_.push_back(std::make_unique<SafetensorsFile>(path));
     for (const TensorInfo& t : files_.back()->header().tensors) tensors_[t.name] = {files_.back().get(), &t};
   }
 }

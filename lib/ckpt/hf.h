@@ -21,12 +21,15 @@ namespace fsdp::ckpt {
 inline constexpr int64_t kDefaultMaxShardBytes = 5000000000;  // "5GB", decimal as huggingface_hub
 
 // Writes `model`'s full fp32 parameters as a Hugging Face folder at `dir`, which must not exist
-// yet, with `description`'s config.json: one parameter is gathered at a time (collective over the
-// shard group, in name order) and rank 0 streams it into the file it belongs to. The folder
-// appears complete or not at all (written as `dir`.tmp, renamed). A tied head is written once, as
-// HF does.
+// yet, with `description`'s config.json and a copy of each `extra` file (name in the folder, source
+// path: the tokenizer and chat template files): one parameter is gathered at a time (collective
+// over the shard group, in name order) and rank 0 streams it into the file it belongs to. The
+// folder appears complete (weights and extras) or not at all: it is written as `dir`.tmp, renamed
+// at the end, and the .tmp removed when the writer fails (a full disk). A tied head is written
+// once, as HF does.
+using ExtraFiles = std::vector<std::pair<std::string, std::string>>;
 void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
-               int64_t max_shard_bytes = kDefaultMaxShardBytes);
+               const ExtraFiles& extra = {}, int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // A file a save wrote: its name in the folder, size and CRC-32C (for checkpoint manifests).
 struct WrittenFile {

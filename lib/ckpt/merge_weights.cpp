@@ -42,13 +42,18 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
   const std::string tmp = out + ".tmp";
   fs.remove_all(tmp);
   fs.make_dirs(tmp);
-  const auto written = write_hf_folder(
-      specs, [&](size_t i) { return src->rows(specs[i].name, 0, specs[i].shape.empty() ? 1 : specs[i].shape[0]); },
-      /*writer=*/true, config_json, tmp, max_shard_bytes, fs);
-  for (const WrittenFile& f : written)
-    log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
-  fs.sync_dir(tmp);
-  fs.rename(tmp, out);
+  try {
+    const auto written = write_hf_folder(
+        specs, [&](size_t i) { return src->rows(specs[i].name, 0, specs[i].shape.empty() ? 1 : specs[i].shape[0]); },
+        /*writer=*/true, config_json, tmp, max_shard_bytes, fs);
+    for (const WrittenFile& f : written)
+      log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
+    fs.sync_dir(tmp);
+    fs.rename(tmp, out);
+  } catch (...) {
+    fs.remove_all(tmp);  // a full disk leaves nothing behind
+    throw;
+  }
   log << "[merge-weights] " << out << ": a Hugging Face folder of " << names.size() << " tensors ("
       << format_bytes(total) << ") from " << path << "\n";
   return path;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::ckpt {
@@ -112,9 +113,9 @@ Header parse_safetensors(const uint8_t* bytes, size_t size, const std::string& w
   const std::string text(reinterpret_cast<const char*>(bytes) + 8, n);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);  // rejects invalid UTF-8 too
-  } catch (const std::exception& e) {
-    refuse(where, str("the header is not valid JSON: ", e.what()));
+    j = parse_json(text, "the header");  // rejects invalid UTF-8 and deep nesting too
+  } catch (const InputError& e) {
+    refuse(where, e.what());
   }
   if (!j.is_object()) refuse(where, "the header is not a JSON object");
   Header h;

@@ -29,7 +29,10 @@ class ShardedSource final : public Source {
     try {
       FSDP_CHECK(j.at("format").get<std::string>() == "fsdptrain-sharded", "[ckpt] ", where,
                  ": not an fsdptrain sharded index");
-      for (const auto& f : j.at("files")) files_.push_back(f.get<std::string>());
+      for (const auto& f : j.at("files")) {
+        confined_path(dir, f.get<std::string>(), "[ckpt] " + where);  // never a file outside the checkpoint
+        files_.push_back(f.get<std::string>());
+      }
       for (const auto& [name, t] : j.at("tensors").items()) {
         Entry e;
         const auto dtype = dtype_from_name(t.at("dtype").get<std::string>());

@@ -73,7 +73,38 @@ std::vector<std::string> all_keys() {
   return keys;
 }
 
+// What users of Trainer, TRL and TorchTitan write for the trainer's keys: the key fsdptrain names it.
+const std::pair<const char*, const char*> kKeyAliases[] = {
+    {"learning_rate", "optimizer.lr"},
+    {"max_seq_length", "train.sequence_length"},
+    {"max_length", "train.sequence_length"},
+    {"seq_len", "train.sequence_length"},
+    {"seq_length", "train.sequence_length"},
+    {"block_size", "train.sequence_length"},
+    {"batch_size", "train.micro_batch_size"},
+    {"per_device_train_batch_size", "train.micro_batch_size"},
+    {"local_batch_size", "train.micro_batch_size"},
+    {"max_steps", "train.steps"},
+    {"num_steps", "train.steps"},
+    {"training_steps", "train.steps"},
+    {"gradient_accumulation", "train.gradient_accumulation_steps"},
+    {"num_train_epochs", "train.epochs"},
+    {"warmup", "schedule.warmup_steps"},
+    {"lr_scheduler_type", "schedule.type"},
+    {"max_grad_norm", "optimizer.grad_clip"},
+    {"save_steps", "checkpoint.interval"},
+    {"save_total_limit", "checkpoint.keep"},
+    {"resume_from_checkpoint", "checkpoint.resume"},
+    {"logging_steps", "logging.interval"},
+    {"eval_steps", "train.eval_interval"},
+    {"model_name_or_path", "model.pretrained"},
+    {"dataset", "data.path"},
+    {"dataset_text_field", "data.field"},
+};
+
 std::string suggest_key(const std::string& key, const std::string& section) {
+  for (const auto& [alias, ours] : kKeyAliases)
+    if (key == alias && find_option(ours)) return ours;
   std::vector<std::string> candidates;
   for (const auto& o : all_options())
     if (o.section() == section) candidates.push_back(o.leaf());
@@ -84,6 +115,14 @@ std::string suggest_key(const std::string& key, const std::string& section) {
   std::vector<std::string> everything = all_keys();
   if (auto near = closest_match(key, everything)) return *near;
   return "";
+}
+
+// A section of Accelerate's own file format (fsdp_config, parallelism_config, ...), rather than one
+// of the built-in trainer's (model, data, train, ...: fsdptrain's extension keys).
+bool accelerate_section(const std::string& section) {
+  for (const auto& o : all_options())
+    if (o.section() == section) return !o.extension;
+  return true;
 }
 
 struct Layer {
@@ -112,6 +151,8 @@ class FileReader {
       if (!check_duplicate(key, mark)) continue;
       if (std::find(sections.begin(), sections.end(), key) != sections.end())
         read_section(key, mark, kv.second);
+      else if (kv.second.IsMap() && !find_option(key))  // a section of another name
+        unknown_section(key, mark, sections);
       else
         read_top_key(key, Origin{OriginKind::kFile, mark, ""}, kv.second);
     }
@@ -151,6 +192,12 @@ class FileReader {
     return false;
   }
 
+  void unknown_section(const std::string& key, const Mark& mark, const std::vector<std::string>& sections) {
+    const auto near = closest_match(key, sections);
+    diags_.error_at(Origin{OriginKind::kFile, mark, ""}, key, "unknown section",
+                    near ? "did you mean " + *near + ":?" : "the sections are " + join(sections, ", "));
+  }
+
   void read_section(const std::string& section, const Mark& mark, const YAML::Node& node) {
     if (!node.IsDefined() || node.IsNull()) return;
     if (!node.IsMap()) {
@@ -173,8 +220,11 @@ class FileReader {
       const OptionSpec* spec = find_option(dotted);
       if (!spec) {
         const std::string near = diags_.full() ? "" : suggest_key(leaf, section);  // only listed ones get a hint
-        diags_.error_at(origin, section + "." + raw_key, "unknown key (Accelerate would silently ignore it)",
-                        near.empty() ? "see `fsdptrain config keys` for every key" : "did you mean " + near + "?");
+        // Accelerate ignores unknown keys in its own sections; the trainer's sections it rejects whole.
+        diags_.error_at(
+            origin, section + "." + raw_key,
+            accelerate_section(section) ? "unknown key (Accelerate would silently ignore it)" : "unknown key",
+            near.empty() ? "see `fsdptrain config keys` for every key" : "did you mean " + near + "?");
         continue;
       }
       layer_.values.emplace_back(spec, raw_value_from_yaml(kv.second, origin));

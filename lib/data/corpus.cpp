@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,8 +13,10 @@
 
 #include "data/documents.h"
 #include "data/token_shard.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::data {
@@ -35,7 +38,8 @@ struct Encoded {
 };
 
 // Each document's ids and EOS, encoded on `jobs` threads, in order.
-std::vector<Encoded> encode_batch(const tokenize::Tokenizer& tok, int32_t eos, const std::vector<Document>& docs, int jobs) {
+std::vector<Encoded> encode_batch(const tokenize::Tokenizer& tok, int32_t eos, const std::vector<Document>& docs,
+                                  int jobs) {
   std::vector<Encoded> out(docs.size());
   auto work = [&](size_t first, size_t step) {
     for (size_t i = first; i < docs.size(); i += step) {
@@ -70,18 +74,19 @@ std::vector<std::string> expand_inputs(const CorpusOptions& o) {
 }
 
 void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eos, const CorpusSummary& s) {
-  const json doc = {
-      {"tokenizer", o.tokenizer_path},
-      {"eos", eos},
-      {"inputs", o.inputs},
-      {"documents", s.documents},
-      {"prompt_completion_pairs", s.pairs},
-      {"tokens", s.tokens},
-      {"counted_tokens", s.counted_tokens},
-      {"shards", s.shards},
-      {"token_bytes", s.token_bytes},
-      {"longest_prompt",
-       {{"tokens", s.longest_prompt.tokens}, {"file", s.longest_prompt.file}, {"line", s.longest_prompt.line}}}};
+  json doc = {{"tokenizer", o.tokenizer_path},
+              {"eos", eos},
+              {"inputs", o.inputs},
+              {"documents", s.documents},
+              {"prompt_completion_pairs", s.pairs},
+              {"tokens", s.tokens},
+              {"counted_tokens", s.counted_tokens},
+              {"shards", s.shards},
+              {"token_bytes", s.token_bytes},
+              {"longest_prompt",
+               {{"tokens", s.longest_prompt.tokens}, {"file", s.longest_prompt.file}, {"line", s.longest_prompt.line}}},
+              {"crc32c", json::object()}};
+  for (const auto& [name, crc] : s.checksums) doc["crc32c"][name] = crc_hex(crc);
   write_file_atomic(folder + "/tokenize.json", doc.dump(2) + "\n");
 }
 
@@ -134,6 +139,7 @@ CorpusSummary tokenize_corpus(const tokenize::Tokenizer& tokenizer, int32_t eos,
     tokenize_files(tokenizer, eos, o, files, writer, s, progress);
     FSDP_CHECK(s.documents > 0, o.who, " the inputs hold no document");
     s.shards = writer.finish();
+    s.checksums = writer.checksums();
     write_summary(partial, o, eos, s);
   } catch (...) {
     remove_tree(partial);
@@ -147,16 +153,22 @@ CorpusSummary tokenize_corpus(const tokenize::Tokenizer& tokenizer, int32_t eos,
 
 CorpusSummary read_corpus_summary(const std::string& folder) {
   CorpusSummary s;
-  const std::string path = folder + "/tokenize.json";
-  if (!file_exists(path)) return s;
-  const json j = json::parse(read_file(path), nullptr, false);
-  if (!j.is_object()) return s;
+  const std::optional<json> found = try_read_json_file(folder + "/tokenize.json");
+  if (!found || !found->is_object()) return s;
+  const json& j = *found;
   s.documents = j.value("documents", int64_t{0});
   s.pairs = j.value("prompt_completion_pairs", int64_t{0});
   s.tokens = j.value("tokens", int64_t{0});
   s.counted_tokens = j.value("counted_tokens", int64_t{0});
   s.shards = j.value("shards", int64_t{0});
   s.token_bytes = j.value("token_bytes", 2);
+  if (j.contains("crc32c") && j["crc32c"].is_object())
+    for (const auto& [name, crc] : j["crc32c"].items()) {
+      const std::string hex = crc.is_string() ? crc.get<std::string>() : "";
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(hex.c_str(), &end, 16);
+      if (hex.size() == 8 && end == hex.c_str() + 8) s.checksums[name] = static_cast<uint32_t>(v);
+    }
   if (j.contains("longest_prompt") && j["longest_prompt"].is_object()) {
     const json& p = j["longest_prompt"];
     s.longest_prompt = {p.value("tokens", int64_t{0}), p.value("file", std::string()), p.value("line", int64_t{0})};

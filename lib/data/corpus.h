@@ -8,8 +8,8 @@
 // vocabulary fits, else uint32.
 //
 // When any input holds prompt/completion records, each shard_N.bin gets a shard_N.mask beside it
-// (data/token_shard.h: a byte per token, 0 for a prompt's tokens). tokenize.json records what was made (documents, tokens, the longest prompt
-// and where it is, the tokenizer and EOS).
+// (data/token_shard.h: a byte per token, 0 for a prompt's tokens). tokenize.json records what was made (documents,
+// tokens, the longest prompt and where it is, the tokenizer and EOS).
 //
 // Everything is written into <output>.partial and renamed to <output> at the end, so a cut-off run
 // leaves nothing that looks complete; a failed one leaves nothing at all.
@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,9 @@
 namespace fsdp::data {
 
 struct CorpusOptions {
-  std::vector<std::string> inputs;  // files or globs: *.jsonl[.gz|.zst] (JSON per line), else text
-  std::string output;               // the folder to create (must not exist)
-  std::string field = "text";       // JSONL: the field holding each document
+  std::vector<std::string> inputs;     // files or globs: *.jsonl[.gz|.zst] (JSON per line), else text
+  std::string output;                  // the folder to create (must not exist)
+  std::string field = "text";          // JSONL: the field holding each document
   std::string field_hint = "--field";  // how the user names another field (errors say it)
   std::string who = "[tokenize]";      // starts error messages
   std::string tokenizer_path;          // recorded in tokenize.json
@@ -48,7 +49,8 @@ struct CorpusSummary {
   int64_t counted_tokens = 0;  // tokens the loss counts as targets (all but prompts')
   LongestPrompt longest_prompt;
   double seconds = 0;
-  int token_bytes = 2;  // 2: uint16 shards, 4: uint32
+  int token_bytes = 2;                        // 2: uint16 shards, 4: uint32
+  std::map<std::string, uint32_t> checksums;  // every shard and mask file -> CRC-32C (data/token_shard.h)
 };
 
 // Called after each batch: bytes of input read so far, of `total`.

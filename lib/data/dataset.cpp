@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <map>
 #include <numeric>
 
 #include "data/corpus.h"
@@ -147,9 +148,13 @@ void TokenStream::check_prompts_fit(int64_t seq_len) const {
 }
 
 void check_prompt_fits(int64_t tokens, const std::string& where, int64_t seq_len) {
-  FSDP_CHECK(tokens < seq_len, "[data] ", where, ": the prompt is ", tokens, " tokens, and a sequence of "
-             "train.sequence_length ", seq_len, " tokens must hold a whole prompt and a target after it; raise "
-             "train.sequence_length above ", tokens, ", or shorten or drop that record");
+  FSDP_CHECK(tokens < seq_len, "[data] ", where, ": the prompt is ", tokens,
+             " tokens, and a sequence of "
+             "train.sequence_length ",
+             seq_len,
+             " tokens must hold a whole prompt and a target after it; raise "
+             "train.sequence_length above ",
+             tokens, ", or shorten or drop that record");
 }
 
 void TokenStream::add(std::shared_ptr<const Source> source, const std::string& file) {
@@ -209,11 +214,15 @@ TokenStream read_tokens(const std::string& path_or_glob, const std::string& fiel
              " matches no file; check the path (relative paths are from the directory fsdptrain runs in)");
   TokenStream s;
   std::vector<std::string> shard_folders;
+  std::map<std::string, CorpusSummary> made;  // by folder: what tokenize.json records
   for (const std::string& f : files) {
-    FSDP_CHECK(!is_directory(f), "[data] data.path ", quoted(f), " is a folder; give a file, or a glob such as ",
-               f, "/*.bin to read the files in it");
+    FSDP_CHECK(!is_directory(f), "[data] data.path ", quoted(f), " is a folder; give a file, or a glob such as ", f,
+               "/*.bin to read the files in it");
     std::shared_ptr<TokenStream::Source> src;
     if (ends_with(f, ".bin")) {
+      const std::string folder = parent_folder(f);
+      if (!made.count(folder)) made[folder] = read_corpus_summary(folder);
+      verify_shard(f, made[folder].checksums);
       src = open_llmc(f);
       if (src->has_mask() && (shard_folders.empty() || shard_folders.back() != parent_folder(f)))
         shard_folders.push_back(parent_folder(f));
@@ -228,8 +237,8 @@ TokenStream read_tokens(const std::string& path_or_glob, const std::string& fiel
     s.add(std::move(src), f);
   }
   for (const std::string& folder : shard_folders) {  // the prompts' lengths, as tokenize recorded them
-    const CorpusSummary made = read_corpus_summary(folder);
-    s.note_prompt(made.longest_prompt.tokens, str(made.longest_prompt.file, ":", made.longest_prompt.line));
+    const LongestPrompt& p = made.at(folder).longest_prompt;
+    s.note_prompt(p.tokens, str(p.file, ":", p.line));
   }
   return s;
 }

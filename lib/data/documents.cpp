@@ -11,6 +11,7 @@
 
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::data {
@@ -125,8 +126,11 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
     FSDP_CHECK(!ends_with(path, ext), who, " ", path,
                " is compressed with a format fsdptrain does not read; "
                "recompress it with gzip or zstd, or decompress it");
+  // Not a FIFO (it would block until written) nor a device (/dev/zero never ends): files only.
+  const std::string problem = file_problem(path);
+  FSDP_CHECK(problem.empty(), who, " cannot read ", quoted(path), ": ", problem);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_CHECK(fd >= 0, who, " cannot read ", quoted(path), ": ", file_problem(path));
+  FSDP_CHECK(fd >= 0, who, " cannot read ", quoted(path), ": ", std::strerror(errno));
   if (ends_with(path, ".gz"))
     stream_ = std::make_unique<GzipStream>(fd, path);
   else if (ends_with(path, ".zst"))
@@ -159,6 +163,10 @@ bool DocumentReader::next_line(std::string& line) {
     }
     buffer_.erase(0, at_);
     at_ = 0;
+    FSDP_CHECK(buffer_.size() < kMaxLineBytes, who_, " ", path_, ":", line_ + 1, ": a line of over ",
+               format_bytes(kMaxLineBytes),
+               " without a newline; a JSONL record is one line. The file is not JSONL "
+               "(or is damaged)");
     const size_t old = buffer_.size();
     buffer_.resize(old + (size_t{1} << 20));
     buffer_.resize(old + fill(buffer_.data() + old, size_t{1} << 20));
@@ -167,12 +175,7 @@ bool DocumentReader::next_line(std::string& line) {
 }
 
 Document DocumentReader::parse(const std::string& line) const {
-  json j;
-  try {
-    j = json::parse(line);
-  } catch (const std::exception& e) {
-    throw InputError(str(who_, " ", path_, ":", line_, ": not valid JSON: ", e.what()));
-  }
+  const json j = parse_json(line, str(who_, " ", path_, ":", line_));
   Document d;
   d.line = line_;
   auto string_field = [&](const char* name) {
@@ -183,8 +186,7 @@ Document DocumentReader::parse(const std::string& line) const {
   const json* text = string_field(field_.c_str());
   const int kind = prompt && completion && (kind_ == 2 || !text) ? 2 : text ? 1 : 0;
   FSDP_CHECK(kind != 0 || kind_ != 0 || prompt || completion, who_, " ", path_, ":", line_, ": no string field ",
-             quoted(field_),
-             " nor \"prompt\" and \"completion\"; name the field that holds the text with ", hint_,
+             quoted(field_), " nor \"prompt\" and \"completion\"; name the field that holds the text with ", hint_,
              ", or give prompt/completion records");
   FSDP_CHECK(kind == kind_ || kind_ == 0, who_, " ", path_, ":", line_, ": no string ",
              kind_ == 2 ? std::string("\"prompt\" and \"completion\" fields") : "field \"" + field_ + "\"",

@@ -23,6 +23,9 @@ struct Document {
 
 class DocumentReader {
  public:
+  // A JSONL line longer than this is refused (a file that is not JSONL, or endless, is not read whole).
+  static constexpr size_t kMaxLineBytes = size_t{1} << 30;
+
   // Throws InputError naming the file when it cannot be read. `who` starts error messages
   // ("[tokenize]", "[data]"); `field_hint` says how to name another field (a flag or a key).
   DocumentReader(const std::string& path, const std::string& field, const std::string& who,

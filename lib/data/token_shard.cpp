@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "util/crc32c.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -141,11 +142,12 @@ std::FILE* ShardWriter::create(const std::string& path) const {
   return f;
 }
 
-void ShardWriter::close(std::FILE*& f, const std::string& path) const {
+void ShardWriter::close(std::FILE*& f, const std::string& path) {
   const bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
   std::fclose(f);
   f = nullptr;
   FSDP_CHECK(ok, who_, " cannot write ", path, ": ", std::strerror(errno));
+  checksums_[base_name(path)] = crc32c_of_file(path);
 }
 
 void ShardWriter::open_next() {
@@ -169,6 +171,18 @@ void ShardWriter::close_current() {
   FSDP_CHECK(std::fseek(file_, 0, SEEK_SET) == 0, who_, " cannot write ", path_, ": ", std::strerror(errno));
   write(file_, path_, header, sizeof(header));
   close(file_, path_);
+}
+
+void verify_shard(const std::string& bin_path, const std::map<std::string, uint32_t>& checksums) {
+  for (const std::string& path : {bin_path, shard_mask_path(bin_path)}) {
+    const auto it = checksums.find(base_name(path));
+    if (it == checksums.end() || !file_exists(path)) continue;
+    const uint32_t crc = crc32c_of_file(path);
+    FSDP_CHECK(crc == it->second, "[data] ", path, " has CRC-32C ", crc_hex(crc), " but ", parent_folder(path),
+               "/tokenize.json records ", crc_hex(it->second),
+               ": the file was changed after it was made. Tokenize the data again (for data.cache_dir, delete that "
+               "folder and launch again)");
+  }
 }
 
 void write_shard(const std::string& path, const std::vector<int32_t>& tokens) {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -68,11 +69,13 @@ class ShardWriter {
   // A document's ids; the first `uncounted` are not targets (a prompt's).
   void add(const std::vector<int32_t>& ids, size_t uncounted);
   int64_t finish();  // closes the last shard; returns the number of shards
+  // Every file written (name in the folder -> CRC-32C), for tokenize.json: readers verify them.
+  const std::map<std::string, uint32_t>& checksums() const { return checksums_; }
 
  private:
   void write(std::FILE* f, const std::string& path, const void* p, size_t n) const;
   std::FILE* create(const std::string& path) const;
-  void close(std::FILE*& f, const std::string& path) const;
+  void close(std::FILE*& f, const std::string& path);
   void open_next();
   void close_current();
   std::string dir_, who_, path_, mask_path_;
@@ -81,7 +84,13 @@ class ShardWriter {
   bool masks_;
   std::FILE* file_ = nullptr;
   std::FILE* mask_ = nullptr;
+  std::map<std::string, uint32_t> checksums_;
 };
+
+// Checks each shard's file (and its mask) against the CRC-32C its folder's tokenize.json records,
+// when it records one: a shard changed after it was made is refused, naming it, before training
+// reads it. `checksums`: name in the folder -> CRC-32C.
+void verify_shard(const std::string& bin_path, const std::map<std::string, uint32_t>& checksums);
 
 // One shard from memory at `path` (uint16 when every id fits, else uint32): tests and tools.
 void write_shard(const std::string& path, const std::vector<int32_t>& tokens);

@@ -42,6 +42,15 @@ std::string cuda_device_name(int index) {
   return "";
 }
 
+int64_t cuda_device_memory(int index) {
+#if FSDP_HAVE_CUDA
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, index) == cudaSuccess) return static_cast<int64_t>(prop.totalGlobalMem);
+#endif
+  (void)index;
+  return 0;
+}
+
 std::string version_line() {
   BuildInfo b = build_info();
   std::string out = str("fsdptrain ", b.fsdptrain_version, " (LibTorch ", b.libtorch_version, ", ");

@@ -1,6 +1,7 @@
 // What this binary was built with and what this machine has: for --version and `fsdptrain env`.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fsdp {
@@ -20,6 +21,7 @@ BuildInfo build_info();
 // The GPUs this process can use (0 without a CUDA driver), and their names.
 int cuda_device_count();
 std::string cuda_device_name(int index);
+int64_t cuda_device_memory(int index);  // bytes; 0 when unknown
 
 // "fsdptrain 0.1.0 (LibTorch 2.11.0, CUDA 13.0, NCCL 2.28.9)"
 std::string version_line();

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "util/files.h"
+#include "util/json.h"
 
 namespace fsdp::dist {
 
@@ -30,7 +31,7 @@ void record_worker_error(const std::string& message) {
 std::optional<RecordedError> read_worker_error(const std::string& path) {
   if (!file_exists(path)) return std::nullopt;
   try {
-    const nlohmann::json doc = nlohmann::json::parse(read_file(path));
+    const nlohmann::json doc = read_json_file(path);
     RecordedError e;
     const nlohmann::json& m = doc.at("message");
     e.message = m.is_string() ? m.get<std::string>() : m.value("message", std::string());

@@ -342,12 +342,14 @@ std::shared_ptr<Store> rendezvous(const WorkerContext& ctx, std::chrono::millise
   if (ctx.world_size == 1) {
     so.port = 0;
     so.is_server = true;
+    so.loopback_only = true;
     return std::make_shared<Store>(so);
   }
   so.host = env_or("MASTER_ADDR", "127.0.0.1");
   so.port = env_port();
   const bool agent_store = env_or("TORCHELASTIC_USE_AGENT_STORE", "") == "True";
   so.is_server = !agent_store && ctx.rank == 0;
+  so.loopback_only = so.host == "localhost" || so.host.rfind("127.", 0) == 0;  // every client is on this machine
   so.prefix = agent_store ? str("/worker/attempt_", env_or("TORCHELASTIC_RESTART_COUNT", "0"), "/") : "";
   return std::make_shared<Store>(so);
 }

@@ -1,9 +1,12 @@
 #include "dist/store.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -54,6 +57,30 @@ bool wait_until_reachable(const std::string& host, int port, std::chrono::millis
   return false;
 }
 
+// A socket listening on 127.0.0.1:port only (port 0: a free one), for a server whose clients are all
+// on this machine: TCPStore alone would listen on every interface, open to anyone who can reach
+// the port. Returns the fd and sets *bound to the port; throws naming the port.
+int listen_on_loopback(int port, int* bound) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  FSDP_CHECK(fd >= 0, "[store] cannot open a socket: ", std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 1024) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(str("[store] cannot serve the rendezvous on 127.0.0.1:", port, ": ", std::strerror(err),
+                    "; is another run using it? Pick another with --main_process_port"));
+  }
+  *bound = ntohs(addr.sin_port);
+  return fd;
+}
+
 }  // namespace
 
 Store::Store(const StoreOptions& options) : options_(options) {
@@ -71,6 +98,11 @@ Store::Store(const StoreOptions& options) : options_(options) {
   };
   if (!options.is_server && !wait_until_reachable(options.host, options.port, options.timeout))
     throw unreachable("nothing accepted a connection there");
+  if (options.is_server && options.loopback_only) {
+    int bound = 0;
+    o.masterListenFd = listen_on_loopback(options.port, &bound);
+    o.port = static_cast<std::uint16_t>(bound);
+  }
   try {
     const QuietLibTorchLogs quiet;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(options.host, o);

@@ -19,6 +19,10 @@ struct StoreOptions {
   std::string host = "127.0.0.1";
   int port = 29500;  // 0 with is_server: pick a free port (read it back with port())
   bool is_server = false;
+  // A server whose clients are all on this machine listens on 127.0.0.1 only; otherwise on every
+  // interface (c10d's TCPStore), which anyone who reaches the port can read and write: the store has
+  // no authentication, so a run across machines belongs on a trusted network.
+  bool loopback_only = false;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // connect and wait deadline
   std::string prefix;                                            // prepended to every key ("/worker/attempt_0/")
 };

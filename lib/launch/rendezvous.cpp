@@ -16,9 +16,10 @@ Rendezvous::Rendezvous(const Topology& topology, std::chrono::milliseconds timeo
   port_ = topology.master_port;
   if (topology.machine_rank == 0) {
     dist::StoreOptions so;
-    so.host = "127.0.0.1";  // the server listens on every interface; this is its own connection
+    so.host = "127.0.0.1";  // the server's own connection
     so.port = port_;
     so.is_server = true;
+    so.loopback_only = topology.num_machines == 1;  // other machines must reach it only when there are some
     so.timeout = timeout;
     try {
       server_.emplace(so);

@@ -134,8 +134,7 @@ WorkerGroup::WorkerGroup(const std::vector<WorkerSpec>& specs, const std::string
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::dup2(out_pipe[1], 1);
       ::dup2(err_pipe[1], 2);
-      if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0)
-        write_all(2, pin_warning);
+      if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) write_all(2, pin_warning);
       ::execvpe(c_argv[0], c_argv.data(), c_env.data());
       const std::string msg = str("[launch] cannot run ", c_argv[0], ": ", std::strerror(errno), "\n");
       write_all(2, msg);
@@ -233,6 +232,9 @@ void WorkerGroup::reap() {
     if (r != st.pid) continue;
     st.running = false;
     st.ended = std::chrono::steady_clock::now();
+    st.ended_unix_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+            .count();
     if (WIFEXITED(wstatus)) {
       st.exited = true;
       st.code = WEXITSTATUS(wstatus);
@@ -312,6 +314,15 @@ WorkerGroup::RootCause WorkerGroup::root_cause() const {
       earliest = e->unix_ns;
     }
   }
+  // A rank killed by a signal the launcher did not send (the out-of-memory killer, a crash, a kill
+  // -9) records nothing, and its peers record "a peer is gone" only after losing it; the launcher
+  // may see those records before it sees the death. So the killed rank is the root cause unless
+  // an error was recorded clearly (a second) before the launcher saw it die.
+  const WorkerStatus* killed = nullptr;
+  for (const auto& st : status_)
+    if (st.failed() && !st.exited && (!killed || st.ended < killed->ended)) killed = &st;
+  constexpr int64_t kSlackNs = 1000000000;
+  if (killed && (root.message.empty() || earliest > killed->ended_unix_ns - kSlackNs)) root = {killed, ""};
   return root;
 }
 

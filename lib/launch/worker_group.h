@@ -30,7 +30,8 @@ struct WorkerStatus {
   int signal = 0;
   bool stopped_by_launcher = false;  // the launcher sent the signal that ended it
   std::chrono::steady_clock::time_point ended;
-  std::string error_file;  // where it records why it failed (dist/error_file.h); "" when none
+  int64_t ended_unix_ns = 0;  // the same moment on the clock error files use
+  std::string error_file;     // where it records why it failed (dist/error_file.h); "" when none
 
   bool failed() const { return !running && !(exited && code == 0) && !stopped_by_launcher; }
   // "exit 0", "exit 3", "SIGKILL", "SIGTERM (stopped by the launcher)"

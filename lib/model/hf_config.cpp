@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "util/error.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::model {
@@ -172,16 +173,23 @@ FamilyNames family_names(Family f) {
   return {"llama", "LlamaForCausalLM", "LlamaDecoderLayer"};
 }
 
-int64_t LlamaConfig::num_parameters() const {
-  const int64_t c = hidden_size, d = head_dim, h = num_attention_heads, k = num_key_value_heads;
-  int64_t attn = c * h * d + 2 * c * k * d + h * d * c;
+double LlamaConfig::parameter_count() const {
+  const double c = static_cast<double>(hidden_size), d = static_cast<double>(head_dim),
+               h = static_cast<double>(num_attention_heads), k = static_cast<double>(num_key_value_heads),
+               f = static_cast<double>(intermediate_size);
+  double attn = c * h * d + 2 * c * k * d + h * d * c;
   if (attention_bias) attn += h * d + 2 * k * d + c;
   if (qkv_bias) attn += h * d + 2 * k * d;
   if (qk_norm) attn += 2 * d;
-  int64_t mlp = 3 * c * intermediate_size;
-  if (mlp_bias) mlp += 2 * intermediate_size + c;
-  const int64_t layer = attn + mlp + 2 * c;
-  return vocab_size * c * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + c;
+  double mlp = 3 * c * f;
+  if (mlp_bias) mlp += 2 * f + c;
+  const double layer = attn + mlp + 2 * c;
+  return static_cast<double>(vocab_size) * c * (tie_word_embeddings ? 1 : 2) +
+         static_cast<double>(num_hidden_layers) * layer + c;
+}
+
+int64_t LlamaConfig::num_parameters() const {
+  return static_cast<int64_t>(parameter_count());  // exact: parse_llama_config keeps it below 2^53
 }
 
 double LlamaConfig::flops_per_token(int64_t seq_len) const {
@@ -190,12 +198,7 @@ double LlamaConfig::flops_per_token(int64_t seq_len) const {
 }
 
 LlamaConfig parse_llama_config(const std::string& text, const std::string& where, std::vector<std::string>* warnings) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const std::exception& e) {
-    throw InputError(str(where, ": not valid JSON: ", e.what()));
-  }
+  const json j = parse_json(text, where);
   FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
   LlamaConfig c;
   c.family = family_of(j, where);
@@ -254,6 +257,11 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
   FSDP_CHECK(field<double>(j, "attention_dropout", 0.0, where) == 0.0, where, ": attention_dropout ",
              j["attention_dropout"].dump(), " is not supported; fsdptrain trains without dropout (set it to 0.0)");
+  // Far past any model (a quadrillion parameters), and past what a double counts exactly: sizes
+  // this large are a mistake, refused before anything is built from them.
+  FSDP_CHECK(c.parameter_count() < 1e15, where, ": these sizes make ", c.parameter_count(), " parameters (hidden_size ",
+             c.hidden_size, ", intermediate_size ", c.intermediate_size, ", num_hidden_layers ", c.num_hidden_layers,
+             ", vocab_size ", c.vocab_size, "); no model is that large. Check those fields");
   std::vector<std::string> unknown = check_fields(j, where);  // after the fields' own type errors
   if (warnings) warnings->insert(warnings->end(), unknown.begin(), unknown.end());
   return c;

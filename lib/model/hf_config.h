@@ -60,6 +60,7 @@ struct LlamaConfig {
   std::string dtype = "float32";  // torch_dtype / dtype as written (informational)
 
   int64_t num_parameters() const;  // distinct parameters (a tied head counted once)
+  double parameter_count() const;  // the same in floating point: no overflow for any sizes
   // Training FLOPs per token, the PaLM/torchtitan convention: 6 * N' + 12 * L * H * D * T, where N'
   // excludes the input embedding unless it is tied.
   double flops_per_token(int64_t seq_len) const;

@@ -4,6 +4,7 @@
 
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::tokenize {
@@ -11,9 +12,9 @@ namespace fsdp::tokenize {
 using json = nlohmann::json;
 
 std::vector<int32_t> eos_token_ids(const std::string& json_file) {
-  if (!file_exists(json_file)) return {};
-  const json j = json::parse(read_file(json_file), nullptr, false);
-  if (!j.is_object() || !j.contains("eos_token_id")) return {};
+  const std::optional<json> found = try_read_json_file(json_file);
+  if (!found || !found->is_object() || !found->contains("eos_token_id")) return {};
+  const json& j = *found;
   const json& e = j["eos_token_id"];
   std::vector<int32_t> ids;
   for (const json& id : e.is_array() ? e : json::array({e}))
@@ -30,10 +31,9 @@ int32_t eos_id(const std::string& path, const Tokenizer& tokenizer, const std::s
   if (!override_token.empty()) return id_of(override_token, "--eos");
   const std::string dir = is_directory(path) ? path : parent_folder(path);
   const std::string config = dir + "/tokenizer_config.json";
-  if (file_exists(config)) {
-    const json j = json::parse(read_file(config), nullptr, false);
-    if (j.is_object() && j.contains("eos_token")) {
-      const json& e = j["eos_token"];
+  if (const std::optional<json> j = try_read_json_file(config)) {
+    if (j->is_object() && j->contains("eos_token")) {
+      const json& e = (*j)["eos_token"];
       if (e.is_string()) return id_of(e.get<std::string>(), config);
       if (e.is_object() && e.contains("content")) return id_of(e["content"].get<std::string>(), config);
     }

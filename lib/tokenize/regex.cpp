@@ -10,9 +10,12 @@ namespace fsdp::tokenize {
 struct Regex::Impl {
   pcre2_code* code = nullptr;
   bool jit = false;
+  std::string pattern, where;
 };
 
 Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::make_unique<Impl>()) {
+  impl_->pattern = pattern;
+  impl_->where = where;
   int error = 0;
   PCRE2_SIZE offset = 0;
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -38,7 +41,16 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
   while (start <= text.size()) {
     const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, 0, md, nullptr)
                               : pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0) break;
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      pcre2_match_data_free(md);
+      throw InputError(str(impl_->where, ": the Split regex ", impl_->pattern, " gave up at byte ", start,
+                           " of a text (", reinterpret_cast<const char*>(message),
+                           "): it backtracks without end on this input, and tokenizers fails on it too. Fix the "
+                           "regex, or remove that text"));
+    }
     const PCRE2_SIZE* v = pcre2_get_ovector_pointer(md);
     if (v[1] > v[0]) {
       out.emplace_back(v[0], v[1]);

@@ -20,6 +20,9 @@ class Regex {
   Regex& operator=(const Regex&) = delete;
 
   // The [begin, end) byte ranges of every non-empty, non-overlapping match in `text`, in order.
+  // Throws InputError naming the pattern and the byte where matching gave up (PCRE2's match or
+  // JIT stack limit: a pattern that backtracks catastrophically on this text; tokenizers fails too),
+  // never a shorter list than the text has.
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
 
  private:

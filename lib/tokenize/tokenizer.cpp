@@ -14,6 +14,7 @@
 #include "tokenize/unicode.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::tokenize {
@@ -22,8 +23,7 @@ namespace {
 
 using json = nlohmann::json;
 
-const char* const kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // A stretch of text on its way through the pipeline, with its byte offset in the input (Metaspace's
 // prepend_scheme "first" prepends only at offset 0).
@@ -35,12 +35,33 @@ struct Piece {
 
 std::string replace_all(std::string s, const std::string& from, const std::string& to) {
   if (from.empty()) return s;
-  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
   return s;
 }
 
 std::string type_of(const json& j) {
   return j.is_object() ? j.value("type", std::string("(no type)")) : std::string("(not an object)");
+}
+
+// Real vocabularies hold under a million tokens; an id past this is a damaged or hostile file, and
+// would cost memory by the id (the id -> token table).
+constexpr int64_t kMaxTokenId = int64_t{1} << 24;
+
+// A token id as the file writes it: a whole number in [0, 2^24). Throws InputError naming `what`.
+int32_t token_id(const json& v, const std::string& where, const std::string& what) {
+  FSDP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < kMaxTokenId, where, ": ", what,
+             " has id ", v.dump(), "; token ids are whole numbers from 0 to ", kMaxTokenId - 1,
+             ". The tokenizer.json is damaged");
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
+// A boolean field of an object (`fallback` when absent or null). Throws InputError naming `what`.
+bool bool_field(const json& j, const char* key, bool fallback, const std::string& where, const std::string& what) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  FSDP_CHECK(it->is_boolean(), where, ": ", what, ": \"", key, "\" must be true or false, not ", it->dump());
+  return it->get<bool>();
 }
 
 // "String" or "Regex" patterns of Split and Replace.
@@ -223,7 +244,9 @@ std::vector<std::string> byte_level_decode(const std::vector<std::string>& token
 // "<0x41>" -> 0x41; -1 when not a byte token.
 int byte_token(const std::string& t) {
   if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
-  const auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) ? std::stoi(std::string(1, c), nullptr, 16) : -1; };
+  const auto hex = [](char c) {
+    return std::isxdigit(static_cast<unsigned char>(c)) ? std::stoi(std::string(1, c), nullptr, 16) : -1;
+  };
   const int hi = hex(t[3]), lo = hex(t[4]);
   return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
@@ -261,8 +284,8 @@ Decoder make_strip(const json& j) {
   return [content, start, stop](std::vector<std::string> tokens) {
     for (std::string& t : tokens) {
       for (size_t i = 0; i < start && t.compare(0, content.size(), content) == 0; ++i) t.erase(0, content.size());
-      for (size_t i = 0; i < stop && t.size() >= content.size() &&
-                         t.compare(t.size() - content.size(), content.size(), content) == 0;
+      for (size_t i = 0;
+           i < stop && t.size() >= content.size() && t.compare(t.size() - content.size(), content.size(), content) == 0;
            ++i)
         t.erase(t.size() - content.size());
     }
@@ -271,8 +294,7 @@ Decoder make_strip(const json& j) {
 }
 
 Decoder make_decoder(const json& j, const std::string& where) {
-  if (j.is_null())
-    return [](std::vector<std::string> tokens) { return std::vector<std::string>{join(tokens, " ")}; };
+  if (j.is_null()) return [](std::vector<std::string> tokens) { return std::vector<std::string>{join(tokens, " ")}; };
   const std::string type = type_of(j);
   if (type == "Sequence") {
     std::vector<Decoder> steps;
@@ -289,8 +311,8 @@ Decoder make_decoder(const json& j, const std::string& where) {
   if (type == "Replace") {
     const json& p = j.at("pattern");
     FSDP_CHECK(p.contains("String"), where, ": decoder Replace with a Regex pattern is not supported");
-    return [from = p.at("String").get<std::string>(), to = j.at("content").get<std::string>()](
-               std::vector<std::string> tokens) {
+    return [from = p.at("String").get<std::string>(),
+            to = j.at("content").get<std::string>()](std::vector<std::string> tokens) {
       for (std::string& t : tokens) t = replace_all(t, from, to);
       return tokens;
     };
@@ -359,7 +381,8 @@ void Tokenizer::Impl::load_model(const json& m, const std::string& where) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
     FSDP_CHECK(!m.contains(key) || m[key].is_null(), where, ": BPE ", key, " ", m[key].dump(),
                " is not supported (it changes the ids; fsdptrain reads it only when null)");
-  for (const auto& [token, id] : m.at("vocab").items()) vocab[token] = id.get<int32_t>();
+  for (const auto& [token, id] : m.at("vocab").items())
+    vocab[token] = token_id(id, where, "model.vocab token " + json(token).dump());
   byte_fallback = m.value("byte_fallback", false);
   fuse_unk = m.value("fuse_unk", false);
   ignore_merges = m.value("ignore_merges", false);
@@ -395,14 +418,22 @@ void Tokenizer::Impl::load_model(const json& m, const std::string& where) {
 }
 
 void Tokenizer::Impl::load_added(const json& added, const std::string& where) {
-  for (const json& a : added) {
-    FSDP_CHECK(!a.value("single_word", false), where, ": added token ", a.at("content").dump(),
+  FSDP_CHECK(added.is_array(), where, ": added_tokens must be a list");
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& a = added[i];
+    const std::string what = str("added_tokens[", i, "]");
+    FSDP_CHECK(a.is_object() && a.contains("content") && a["content"].is_string() && a.contains("id"), where, ": ",
+               what, " needs a string \"content\" and an \"id\"");
+    const std::string content = a["content"].get<std::string>();
+    const std::string token = what + " " + json(content).dump();
+    FSDP_CHECK(!content.empty(), where, ": ", what, " has empty content; an added token must have text");
+    FSDP_CHECK(!bool_field(a, "single_word", false, where, token), where, ": ", token,
                " has single_word: true, which fsdptrain does not support");
-    Added t{a.at("content").get<std::string>(), a.at("id").get<int32_t>(), a.value("lstrip", false),
-            a.value("rstrip", false), a.value("normalized", false)};
+    Added t{content, token_id(a["id"], where, token), bool_field(a, "lstrip", false, where, token),
+            bool_field(a, "rstrip", false, where, token), bool_field(a, "normalized", false, where, token)};
     vocab[t.content] = t.id;
     if (special.size() <= static_cast<size_t>(t.id)) special.resize(t.id + 1, false);
-    special[t.id] = a.value("special", false);
+    special[t.id] = bool_field(a, "special", false, where, token);
     (t.normalized ? added_normalized : added_raw).push_back(t);
   }
   for (auto* list : {&added_raw, &added_normalized})
@@ -428,7 +459,8 @@ void Tokenizer::Impl::load_post_processor(const json& p, const std::string& wher
       continue;
     }
     const std::string name = item.at("SpecialToken").at("id").get<std::string>();
-    for (const json& id : p.at("special_tokens").at(name).at("ids")) template_single.emplace_back(false, id.get<int32_t>());
+    for (const json& id : p.at("special_tokens").at(name).at("ids"))
+      template_single.emplace_back(false, token_id(id, where, "post_processor special token " + json(name).dump()));
   }
 }
 
@@ -438,7 +470,9 @@ std::vector<Piece> Tokenizer::Impl::split_added(const Piece& in, const std::vect
   std::vector<Piece> out;
   const std::string& s = in.text;
   size_t last = 0, at = 0;
-  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  const auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  };
   while (at < s.size()) {
     const Added* hit = nullptr;
     for (const Added& a : which)
@@ -483,9 +517,8 @@ void Tokenizer::Impl::word_ids(const std::string& word, std::vector<int32_t>& ou
       push(it->second, false);
       continue;
     }
-    const bool bytes = byte_fallback && std::all_of(c.begin(), c.end(), [&](char b) {
-                         return byte_ids[static_cast<uint8_t>(b)] >= 0;
-                       });
+    const bool bytes = byte_fallback &&
+                       std::all_of(c.begin(), c.end(), [&](char b) { return byte_ids[static_cast<uint8_t>(b)] >= 0; });
     if (bytes)
       for (char b : c) push(byte_ids[static_cast<uint8_t>(b)], false);
     else if (unk >= 0)
@@ -550,12 +583,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
 }
 
 Tokenizer Tokenizer::parse(const std::string& json_text, const std::string& where) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const std::exception& e) {
-    throw InputError(str("[tokenize] ", where, ": not valid JSON: ", e.what()));
-  }
+  const json j = parse_json(json_text, "[tokenize] " + where);
   const std::string at = "[tokenize] " + where;
   auto impl = std::make_unique<Impl>();
   try {
@@ -570,9 +598,22 @@ Tokenizer Tokenizer::parse(const std::string& json_text, const std::string& wher
   }
   int32_t top = -1;
   for (const auto& [token, id] : impl->vocab) top = std::max(top, id);
+  // Ids may leave gaps, not a table of holes: the id -> token table is sized by the largest id.
+  const int64_t count = static_cast<int64_t>(impl->vocab.size());
+  FSDP_CHECK(top < 4 * count + 65536, at, ": the largest token id is ", top, " but the file has only ", count,
+             " tokens; ids that sparse mean a damaged file");
   impl->tokens.assign(static_cast<size_t>(top + 1), "");
-  for (const auto& [token, id] : impl->vocab) impl->tokens[id] = token;
+  std::vector<bool> known(impl->tokens.size(), false);
+  for (const auto& [token, id] : impl->vocab) {
+    impl->tokens[id] = token;
+    known[id] = true;
+  }
   impl->special.resize(impl->tokens.size(), false);
+  // Every id the template adds must be a token, or it would land in the shards silently.
+  for (const auto& [sequence, id] : impl->template_single)
+    FSDP_CHECK(sequence || (id < static_cast<int32_t>(known.size()) && known[id]), at,
+               ": the post_processor adds special token id ", id, ", which is no token of the vocabulary (", count,
+               " tokens); the tokenizer.json is damaged");
   return Tokenizer(std::move(impl));
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "dist/build_info.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/shard_layout.h"
 #include "model/chunked_loss.h"
@@ -9,8 +10,30 @@
 #include "train/run_config.h"
 #include "util/error.h"
 #include "util/strings.h"
+#include "util/system_info.h"
 
 namespace fsdp::train {
+
+void check_fits_machine(const config::Config& config, const model::LlamaConfig& mc, const std::string& where,
+                        int local_workers) {
+  const FsdpPlan plan = fsdp_plan_from_config(config, c10::kCPU);
+  // fp32 weights, gradients and AdamW's two moments, sharded over the shard group.
+  const double per_rank = mc.parameter_count() * 16.0 / plan.shard_size;
+  const bool gpu = !config.launch.use_cpu && !config.fsdp.offload_params && cuda_device_count() > 0;
+  const double has = gpu ? static_cast<double>(cuda_device_memory(0))
+                         : static_cast<double>(system_info().memory_total_bytes) / std::max(1, local_workers);
+  if (has <= 0 || per_rank <= has) return;
+  auto bytes = [](double b) { return b < 9e18 ? format_bytes(static_cast<long long>(b)) : str(b, " bytes"); };
+  throw InputError(
+      str("[train] ", where, ": a ", model::family_names(mc.family).architecture, " of ",
+          format_count(mc.parameter_count()), " parameters needs ", bytes(per_rank),
+          " per rank for its fp32 shards, gradients and AdamW state alone (sharded over ",
+          plural(plan.shard_size, "rank"), "), but ",
+          gpu ? str("each GPU here has ", bytes(has))
+              : str("this machine has ", bytes(has), " of memory for each of its ", plural(local_workers, "worker")),
+          ". Check the sizes in config.json, or shard over more ranks (fsdptrain estimate-memory shows "
+          "the whole budget)"));
+}
 
 MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaConfig& mc, int world_size) {
   config::Config c = config;

@@ -21,6 +21,13 @@ struct MemoryEstimate {
 
 MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaConfig& model, int world_size);
 
+// Refuses (InputError), before any worker starts and before anything is built, a model whose fp32
+// shards, gradients and AdamW state alone need more memory per rank than this machine has for each
+// of its `local_workers` (GPU memory on a GPU run, else host memory), naming the model, the bytes
+// per rank and what the machine has. Arithmetic only: safe for any sizes config.json holds.
+void check_fits_machine(const config::Config& config, const model::LlamaConfig& model, const std::string& where,
+                        int local_workers);
+
 // The report `fsdptrain estimate-memory` prints.
 std::string format_memory_estimate(const config::Config& config, const model::LlamaConfig& model, int world_size);
 

@@ -9,11 +9,16 @@
 
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
 
 namespace {
+
+// The largest loss magnitude drawn: well inside double's range, so every range and tick computed from
+// the data stays finite.
+constexpr double kMaxPlotted = 1e100;
 
 // The curves' colors (a colorblind-safe palette).
 constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b"};
@@ -27,11 +32,16 @@ std::string num(double v) {
 std::string escape_xml(const std::string& s) {
   std::string out;
   for (char c : s) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out += c;
   }
   return out;
 }
@@ -76,8 +86,8 @@ std::vector<double> log_ticks(double lo, double hi) {
 
 // Maps data to the plot area's pixels.
 struct Frame {
-  double x0, x1, y0, y1;                      // data ranges (y in log10 when log_y)
-  double left, right, top, bottom;            // pixels
+  double x0, x1, y0, y1;            // data ranges (y in log10 when log_y)
+  double left, right, top, bottom;  // pixels
   bool log_y;
   double px(double step) const { return left + (step - x0) / (x1 - x0) * (right - left); }
   double py(double loss) const {
@@ -108,15 +118,15 @@ std::string axes(const Frame& f, const PlotOptions& o) {
   for (double t : nice_ticks(f.x0, f.x1, 8)) {
     const double x = f.px(t);
     s += str("<line x1=\"", num(x), "\" y1=\"", num(f.top), "\" x2=\"", num(x), "\" y2=\"", num(f.bottom),
-             "\" stroke=\"#e5e5e5\"/>\n<text x=\"", num(x), "\" y=\"", num(f.bottom + 18),
-             "\" text-anchor=\"middle\">", tick_label(t), "</text>\n");
+             "\" stroke=\"#e5e5e5\"/>\n<text x=\"", num(x), "\" y=\"", num(f.bottom + 18), "\" text-anchor=\"middle\">",
+             tick_label(t), "</text>\n");
   }
   const std::vector<double> yticks = f.log_y ? log_ticks(f.y0, f.y1) : nice_ticks(f.y0, f.y1, 6);
   for (double t : yticks) {
     const double y = f.log_y ? f.py(std::pow(10.0, t)) : f.py(t);
     s += str("<line x1=\"", num(f.left), "\" y1=\"", num(y), "\" x2=\"", num(f.right), "\" y2=\"", num(y),
-             "\" stroke=\"#e5e5e5\"/>\n<text x=\"", num(f.left - 8), "\" y=\"", num(y + 4),
-             "\" text-anchor=\"end\">", tick_label(f.log_y ? std::pow(10.0, t) : t), "</text>\n");
+             "\" stroke=\"#e5e5e5\"/>\n<text x=\"", num(f.left - 8), "\" y=\"", num(y + 4), "\" text-anchor=\"end\">",
+             tick_label(f.log_y ? std::pow(10.0, t) : t), "</text>\n");
   }
   s += str("<rect x=\"", num(f.left), "\" y=\"", num(f.top), "\" width=\"", num(f.right - f.left), "\" height=\"",
            num(f.bottom - f.top), "\" fill=\"none\" stroke=\"#444\"/>\n");
@@ -132,15 +142,16 @@ std::string polyline(const Frame& f, const std::vector<std::pair<int64_t, double
                      bool dashed) {
   std::string pts;
   for (const auto& [step, loss] : points)
-    if (!f.log_y || loss > 0) pts += str(pts.empty() ? "" : " ", num(f.px(static_cast<double>(step))), ",", num(f.py(loss)));
+    if (!f.log_y || loss > 0)
+      pts += str(pts.empty() ? "" : " ", num(f.px(static_cast<double>(step))), ",", num(f.py(loss)));
   if (pts.empty()) return "";
   std::string s = str("<polyline fill=\"none\" stroke=\"", color, "\" stroke-width=\"2\"",
                       dashed ? " stroke-dasharray=\"6 4\"" : "", " points=\"", pts, "\"/>\n");
   if (dashed)
     for (const auto& [step, loss] : points)
       if (!f.log_y || loss > 0)
-        s += str("<circle cx=\"", num(f.px(static_cast<double>(step))), "\" cy=\"", num(f.py(loss)), "\" r=\"3\" fill=\"",
-                 color, "\"/>\n");
+        s += str("<circle cx=\"", num(f.px(static_cast<double>(step))), "\" cy=\"", num(f.py(loss)),
+                 "\" r=\"3\" fill=\"", color, "\"/>\n");
   return s;
 }
 
@@ -173,20 +184,26 @@ LossCurves read_loss_curves(const std::string& path) {
     if (trim(line).empty()) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception&) {
-      throw InputError(str("[plot] ", path, ":", n, ": not a JSON line; is this a logging.metrics_file?"));
+      j = parse_json(line, str("[plot] ", path, ":", n));
+    } catch (const InputError& e) {
+      throw InputError(str(e.what(), "; is this a logging.metrics_file?"));
     }
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
     const int64_t step = j["step"].get<int64_t>();
-    if (j.contains("loss") && j["loss"].is_number()) loss[step] = j["loss"].get<double>();
-    if (j.contains("eval_loss") && j["eval_loss"].is_number()) eval[step] = j["eval_loss"].get<double>();
+    for (const auto& [key, curve] :
+         {std::pair<const char*, std::map<int64_t, double>*>{"loss", &loss}, {"eval_loss", &eval}}) {
+      if (!j.contains(key) || !j[key].is_number()) continue;
+      const double v = j[key].get<double>();
+      // Past this, the axis arithmetic itself overflows: such a run diverged long before.
+      FSDP_CHECK(std::abs(v) <= kMaxPlotted, "[plot] ", path, ":", n, ": ", key, " ", v,
+                 " is too large to draw (beyond 1e100); the run diverged. Plot it up to the step before");
+      (*curve)[step] = v;
+    }
   }
   FSDP_CHECK(!loss.empty() || !eval.empty(), "[plot] ", path, " holds no loss; is this a logging.metrics_file?");
   LossCurves c;
   const std::string name = base_name(path), folder = base_name(parent_folder(path));
-  c.label = name == "metrics.jsonl" && folder != "." && folder != "/" ? folder
-                                                                      : name.substr(0, name.rfind(".jsonl"));
+  c.label = name == "metrics.jsonl" && folder != "." && folder != "/" ? folder : name.substr(0, name.rfind(".jsonl"));
   c.loss.assign(loss.begin(), loss.end());
   c.eval.assign(eval.begin(), eval.end());
   return c;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -16,14 +17,15 @@
 #include "config/show.h"
 #include "dist/build_info.h"
 #include "dist/error_file.h"
+#include "train/estimate_memory.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/tensorboard.h"
 #include "train/training_run.h"
 #include "util/clock.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
-#include "util/env.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -177,9 +179,7 @@ class RunReport {
         {"metrics_file", config_.logging.metrics_file},
         {"tensorboard", tensorboard_ ? nlohmann::json(tensorboard_->path()) : nlohmann::json(nullptr)},
         {"config", values}};
-    std::ofstream out(path);
-    out << doc.dump(2) << "\n";
-    FSDP_CHECK(out.good(), "[train] cannot write the run summary ", quoted(path));
+    write_file_atomic(path, doc.dump(2) + "\n");
     run_.say(str("[train] run summary: ", path, "\n"));
   }
 
@@ -205,7 +205,7 @@ class RunReport {
       timeout_warned_ = !w.empty();
       if (timeout_warned_) run_.say(w + "\n");
     }
-    if (metrics_.is_open()) metrics_ << metrics_json(m) << "\n" << std::flush;
+    record(metrics_json(m));
     log_scalars(m);
   }
 
@@ -223,8 +223,19 @@ class RunReport {
     if (tensorboard_) tensorboard_->add_scalar("eval/loss", step, loss);
     run_.say(str("[train] step ", step, ": held-out loss ", loss, "\n"));
     // Through the JSON writer, like the step lines: every digit of the double, not the stream's six.
-    if (metrics_.is_open())
-      metrics_ << nlohmann::json{{"step", step}, {"eval_loss", loss}}.dump() << "\n" << std::flush;
+    record(nlohmann::json{{"step", step}, {"eval_loss", loss}}.dump());
+  }
+
+  // One line of the metrics file, whole: a write that fails (a full disk) stops the run at once,
+  // naming the file, rather than training on with a record that silently ends.
+  void record(const std::string& line) {
+    if (!metrics_.is_open()) return;
+    metrics_ << line << "\n" << std::flush;
+    if (!metrics_.good())
+      throw Error(str("[train] cannot write logging.metrics_file ", quoted(config_.logging.metrics_file), ": ",
+                      std::strerror(errno),
+                      " (a full disk?); stopping so no record is lost unseen. Free space and "
+                      "resume from the last checkpoint"));
   }
 
   TrainingRun& run_;
@@ -275,6 +286,9 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   std::vector<std::string> warnings = config::unused_by_trainer(resolved);
   // Its config.json parses (InputError naming the file otherwise).
   const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
+  // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.
+  check_fits_machine(resolved.typed, model, model_config_path(resolved.typed),
+                     resolved.typed.launch.processes_per_machine());
   data::plan_data(data_options_of(resolved.typed, model.vocab_size));  // a tokenizer for text, when it needs one
   const config::CheckpointConfig& c = resolved.typed.checkpoint;
   check_exports_free(resolved.typed);

@@ -23,9 +23,10 @@
 #include "optim/schedule.h"
 #include "train/metrics.h"
 #include "util/clock.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
-#include "util/env.h"
+#include "util/json.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -416,31 +417,63 @@ void TrainingRun::wait_for_checkpoint() {
 void TrainingRun::export_hf(int64_t step) {
   const std::string dir = str(config_.checkpoint.export_dir, "/step-", step);
   const Clock::time_point t = Clock::now();
-  ckpt::export_hf(*sharded_, model::describe(model_config_), dir);
-  const std::string copied = world_.rank() == 0 ? copy_text_files(dir) : "";
-  say(str("[train] exported a Hugging Face folder to ", dir, " in ", format_seconds(seconds_since(t)), copied, "\n"));
+  const ckpt::ExtraFiles extra = text_files();
+  if (world_.rank() == 0) replace_own_export(dir, step);
+  ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra);
+  if (world_.rank() == 0) write_file_atomic(dir + "/" + kExportNote, export_note(step));
+  std::string names;
+  for (const auto& [name, from] : extra) names += (names.empty() ? "; with " : ", ") + name;
+  say(str("[train] exported a Hugging Face folder to ", dir, " in ", format_seconds(seconds_since(t)), names, "\n"));
 }
 
-// The tokenizer and generation files of the model's folders, beside an export, so the export is a
-// whole Hugging Face folder (transformers and fsdptrain generate read it alone). Returns "" or
-// "; with tokenizer.json, ...".
-std::string TrainingRun::copy_text_files(const std::string& dir) const {
+// What an export holds besides the weights, so it is a whole Hugging Face folder that transformers
+// and fsdptrain generate read alone: every tokenizer, template and generation file of the tokenizer's
+// folder and of model.pretrained (the first folder that has a name wins).
+ckpt::ExtraFiles TrainingRun::text_files() const {
   std::vector<std::string> folders;
   const std::string& tok = config_.data.tokenizer;
   if (!tok.empty()) folders.push_back(is_directory(tok) ? tok : parent_folder(tok));
   if (!config_.model.pretrained.empty()) folders.push_back(config_.model.pretrained);
-  std::string copied;
-  for (const char* name :
-       {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"}) {
-    for (const std::string& folder : folders) {
-      const std::string from = folder + "/" + name;
-      if (!file_exists(from)) continue;
-      write_file_atomic(dir + "/" + name, read_file(from));
-      copied += (copied.empty() ? "; with " : ", ") + std::string(name);
-      break;
-    }
-  }
-  return copied;
+  ckpt::ExtraFiles out;
+  std::vector<std::string> names = {"tokenizer.json",
+                                    "tokenizer_config.json",
+                                    "special_tokens_map.json",
+                                    "added_tokens.json",
+                                    "chat_template.jinja",
+                                    "chat_template.json",
+                                    "generation_config.json",
+                                    "tokenizer.model",
+                                    "vocab.json",
+                                    "merges.txt"};
+  for (const std::string& folder : folders)  // transformers 5 keeps named templates in a folder of their own
+    for (const std::string& f : glob_paths(folder + "/additional_chat_templates/*.jinja"))
+      names.push_back("additional_chat_templates/" + base_name(f));
+  for (const std::string& name : names)
+    for (const std::string& folder : folders)
+      if (file_problem(folder + "/" + name).empty()) {
+        out.emplace_back(name, folder + "/" + name);
+        break;
+      }
+  return out;
+}
+
+// Which run wrote an export: a resumed run replaces the exports of steps after its checkpoint that
+// its own earlier attempt wrote (a crash between an export and the next save), and nothing else.
+std::string TrainingRun::export_note(int64_t step) const {
+  return nlohmann::json{{"checkpoint_dir", config_.checkpoint.dir.empty() ? "" : absolute_path(config_.checkpoint.dir)},
+                        {"step", step}}
+             .dump(2) +
+         "\n";
+}
+
+void TrainingRun::replace_own_export(const std::string& dir, int64_t step) const {
+  if (!file_exists(dir) || resumed_from_ == 0 || step <= resumed_from_ || config_.checkpoint.dir.empty()) return;
+  const std::optional<nlohmann::json> note = try_read_json_file(dir + "/" + kExportNote);
+  const bool own = note && note->is_object() &&
+                   note->value("checkpoint_dir", std::string()) == absolute_path(config_.checkpoint.dir);
+  if (!own) return;  // another run's: export_hf refuses to overwrite it
+  remove_tree(dir);
+  say(str("[train] replaced ", dir, ", which this run wrote before it stopped at a step after its last checkpoint\n"));
 }
 
 void TrainingRun::say(const std::string& line) const {

@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/checkpointer.h"
+#include "ckpt/hf.h"
 #include "config/resolved.h"
 #include "data/dataset.h"
 #include "dist/process_group.h"
@@ -51,6 +52,9 @@ struct PendingStep {
   at::Tensor host;                   // (3) double; pinned and filled by an asynchronous copy on a GPU
   std::optional<c10::Event> copied;  // marks that copy done (none on CPU, where it is done at once)
 };
+
+// An export's note of which run wrote it (see TrainingRun::replace_own_export).
+inline constexpr const char* kExportNote = "fsdptrain_export.json";
 
 class TrainingRun {
  public:
@@ -95,7 +99,9 @@ class TrainingRun {
   void claim_checkpoint_dir(ckpt::FileSystem& fs);
   ckpt::TrainingState state_at(int64_t step) const;
   at::Tensor loss_sum(const at::Tensor& inputs, const at::Tensor& targets);
-  std::string copy_text_files(const std::string& dir) const;
+  ckpt::ExtraFiles text_files() const;
+  std::string export_note(int64_t step) const;
+  void replace_own_export(const std::string& dir, int64_t step) const;
   StepBatches read_batches();
   StepBatches take_batches();
   at::Tensor global_targets(double local);

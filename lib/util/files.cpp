@@ -1,24 +1,21 @@
 #include "util/files.h"
 
-#include <glob.h>
-#include <sys/stat.h>
-
-#include <algorithm>
-
 #include <dirent.h>
 #include <fcntl.h>
+#include <glob.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace fsdp {
 
@@ -30,6 +27,8 @@ std::string file_problem(const std::string& path) {
     return std::strerror(errno);
   }
   if (S_ISDIR(st.st_mode)) return "a folder, not a file";
+  if (S_ISFIFO(st.st_mode)) return "not a regular file (a FIFO, which would block until something writes to it)";
+  if (!S_ISREG(st.st_mode)) return "not a regular file (a device or socket)";
   if (::access(path.c_str(), R_OK) != 0) return str("not readable (", std::strerror(errno), ")");
   return "";
 }
@@ -58,45 +57,107 @@ void make_directories(const std::string& path) {
   }
 }
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  namespace fs = std::filesystem;
-  fs::path target(path);
-  fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+namespace {
+
+void fsync_folder(const std::string& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return;
+  ::fsync(dfd);
+  ::close(dfd);
+}
+
+}  // namespace
+
+OutputFile::OutputFile(std::string path) : path_(std::move(path)) {
+  const std::string dir = parent_folder(path_);
   try {
-    make_directories(dir.string());
+    make_directories(dir);
   } catch (const Error& e) {
-    throw Error(str(path, ": ", e.what()));
+    throw Error(str(path_, ": ", e.what()));
   }
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(str(path, ": cannot write ", tmp, ": ", std::strerror(errno)));
+  tmp_ = dir + "/." + base_name(path_) + ".tmp." + std::to_string(::getpid());
+  ::unlink(tmp_.c_str());  // an earlier crash's, or a planted link: O_EXCL below refuses both anyway
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(str(path_, ": cannot create ", tmp_, ": ", std::strerror(errno)));
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void OutputFile::write(std::string_view bytes) {
+  FSDP_ASSERT(fd_ >= 0, "OutputFile::write after commit");
   size_t done = 0;
-  while (done < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(str(path, ": write failed: ", std::strerror(err)));
-    }
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(str(path_, ": write failed: ", std::strerror(errno), "; ", path_, " was not changed"));
     done += static_cast<size_t>(n);
   }
+}
+
+void OutputFile::commit() {
+  FSDP_ASSERT(fd_ >= 0, "OutputFile::commit twice");
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(str(path, ": fsync failed: ", std::strerror(err)));
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    throw Error(str(path_, ": write failed: ", std::strerror(err), "; ", path_, " was not changed"));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(str(path, ": rename from ", tmp, " failed: ", std::strerror(err)));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_.c_str());
+    throw Error(str(path_, ": rename from ", tmp_, " failed: ", std::strerror(err)));
   }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+  fsync_folder(parent_folder(path_));
+}
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  OutputFile out(path);
+  out.write(contents);
+  out.commit();
+}
+
+std::string confined_path(const std::string& dir, const std::string& name, const std::string& where) {
+  bool escapes = name.empty() || name.front() == '/';
+  for (const std::string& part : split(name, '/')) escapes = escapes || part == "..";
+  const std::string path = dir + "/" + name;
+  if (!escapes && file_exists(path)) {  // a link inside the folder must not lead out of it
+    char* real_dir = ::realpath(dir.c_str(), nullptr);
+    char* real_path = ::realpath(path.c_str(), nullptr);
+    const std::string d = real_dir ? std::string(real_dir) + "/" : "", p = real_path ? real_path : "";
+    std::free(real_dir);
+    std::free(real_path);
+    escapes = d.empty() || p.compare(0, d.size(), d) != 0;
   }
+  FSDP_CHECK(!escapes, where, " names ", quoted(name), ", which is outside ", dir,
+             "; files a metadata file names must lie in its own folder. Refusing to read it: the folder is "
+             "damaged or was made to read files elsewhere");
+  return path;
+}
+
+int open_no_follow(const std::string& path, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ELOOP)
+    throw InputError(str(what, " ", quoted(path),
+                         " is a symbolic link; fsdptrain never writes through a link "
+                         "(it could point at any file). Remove the link"));
+  if (fd < 0) throw Error(str(what, " ", quoted(path), ": cannot open: ", std::strerror(errno)));
+  return fd;
+}
+
+std::string absolute_path(const std::string& path) {
+  if (char* real = ::realpath(path.c_str(), nullptr)) {
+    std::string out(real);
+    std::free(real);
+    return out;
+  }
+  if (!path.empty() && path.front() == '/') return path;
+  char cwd[4096];
+  return ::getcwd(cwd, sizeof(cwd)) ? std::string(cwd) + "/" + path : path;
 }
 
 std::string home_dir() {

@@ -1,24 +1,56 @@
-// File helpers. Writes are atomic: a temporary file beside the target, fsynced, then renamed, so a
-// reader never sees half a file and a crash never destroys the previous version.
+// File helpers. Writes are whole or not at all: a temporary file beside the target (created new,
+// never through a symbolic link), fsynced, then renamed, so a reader never sees half a file, a
+// failed write (a full disk) leaves the previous version, and nothing fsdptrain writes lands where a
+// planted link points.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fsdp {
 
-// Reads a whole file. Throws InputError naming the path and the OS reason when it cannot.
+// Reads a whole file. Throws InputError naming the path and the OS reason when it cannot, or when
+// it is not a regular file (a FIFO that would block, a device such as /dev/zero that never ends).
 std::string read_file(const std::string& path);
 
 bool file_exists(const std::string& path);
-// Why `path` cannot be read as a file ("not found", "a folder, not a file", "a loop of symbolic
-// links ...", "not readable (...)"); "" when it can.
+// Why `path` cannot be read as a file ("not found", "a folder, not a file", "not a regular file
+// (a FIFO)", "a loop of symbolic links ...", "not readable (...)"); "" when it can.
 std::string file_problem(const std::string& path);
 
-// Writes `contents` to `path` atomically (temporary name, fsync, rename, fsync of the folder).
-// Creates missing parent folders. Throws Error naming the path and the OS reason.
+// A file written whole or not at all: the bytes go to a temporary beside `path`; commit() fsyncs it
+// and renames it over `path`. Destroyed without commit() (an error), the temporary is removed and
+// `path` is untouched. Creates missing parent folders. Throws Error naming `path` and the OS reason
+// (a full disk included) from the constructor, write() and commit(). One thread.
+class OutputFile {
+ public:
+  explicit OutputFile(std::string path);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  void write(std::string_view bytes);
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
+// Writes `contents` to `path` as an OutputFile.
 void write_file_atomic(const std::string& path, const std::string& contents);
+
+// The path of `name`, a file a metadata file in `dir` names (a shard of an index, a weight_map
+// entry), when it stays inside `dir`: relative, no ".." step, and not a link out of the folder.
+// Throws InputError "WHERE names NAME, which is outside DIR; ..." otherwise.
+std::string confined_path(const std::string& dir, const std::string& name, const std::string& where);
+
+// Opens `path` for writing, creating it, without following a symbolic link (O_NOFOLLOW) and
+// without truncating. Returns the fd; throws InputError naming the path when it is a link, or Error
+// with the OS reason.
+int open_no_follow(const std::string& path, const std::string& what);
 
 // mkdir -p: creates `path` and its missing parents. Throws Error naming the folder and the OS
 // reason. (Not std::filesystem: libtorch.so exports its own copies of those functions.)
@@ -32,6 +64,10 @@ std::string base_name(const std::string& path);
 // The paths a file name or glob ("data/*.bin") names, sorted; empty when nothing matches.
 std::vector<std::string> glob_paths(const std::string& pattern);
 bool is_directory(const std::string& path);
+
+// `path` as an absolute path: its real path (links resolved) when it exists, else the working
+// directory joined with it.
+std::string absolute_path(const std::string& path);
 
 // $HOME, or the password database's home folder when HOME is unset.
 std::string home_dir();

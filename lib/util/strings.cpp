@@ -167,8 +167,12 @@ std::string plural(long long n, const std::string& singular, const std::string& 
 }
 
 std::string format_count(double n) {
-  char buf[32];
-  if (n >= 1e6)
+  char buf[48];
+  if (n >= 1e12)
+    std::snprintf(buf, sizeof(buf), "%.3gT", n / 1e12);
+  else if (n >= 1e9)
+    std::snprintf(buf, sizeof(buf), "%.2fB", n / 1e9);
+  else if (n >= 1e6)
     std::snprintf(buf, sizeof(buf), "%.2fM", n / 1e6);
   else if (n >= 1e3)
     std::snprintf(buf, sizeof(buf), "%.1fk", n / 1e3);

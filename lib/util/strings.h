@@ -34,7 +34,7 @@ std::string shell_quote(const std::string& s);
 std::string plural(long long n, const std::string& singular, const std::string& several = "");
 // Seconds as people read them: "0.02 s", "2.7 s", "123 s".
 std::string format_seconds(double seconds);
-// A count for a rate: "950", "12.3k", "2.01M".
+// A count for a rate or a size: "950", "12.3k", "2.01M", "8.03B", "4.12T".
 std::string format_count(double n);
 // "5GB" (decimal, as huggingface_hub's max_shard_size), "500MiB" (binary), "123" (bytes). Throws
 // InputError naming `what` for anything else.

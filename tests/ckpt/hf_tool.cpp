@@ -66,7 +66,7 @@ int golden(const std::string& dir, const std::string& out) {
   fsdp::FsdpOptions o;
   o.init = [&ck](const std::string& name, at::IntArrayRef) { return ck.read(name); };
   auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
-  fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), out, int64_t{5} << 30);
+  fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), out, {}, int64_t{5} << 30);
   std::cout << j.dump() << "\n";
   return 0;
 }
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
         return fsdp::model::init_parameter(c, 11, name, shape);
       };
       auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
-      fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), argv[2], std::stoll(argv[3]));
+      fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), argv[2], {}, std::stoll(argv[3]));
       if (world.rank() == 0)
         std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*reference)}}.dump() << "\n";
       return 0;

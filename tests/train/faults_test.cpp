@@ -52,8 +52,8 @@ Result launch(const std::string& config, const std::vector<std::string>& sets) {
 // The built-in trainer through ckpt_worker, whose checkpoint file system fails on cue.
 Result launch_with_fault(const std::string& config, const std::vector<std::string>& sets,
                          const std::vector<std::string>& fault) {
-  std::vector<std::string> args{"launch", "--config", config, "--main_process_port", "0", "--", FSDP_CKPT_WORKER,
-                                "train",  config};
+  std::vector<std::string> args{"launch",         "--config", config, "--main_process_port", "0", "--",
+                                FSDP_CKPT_WORKER, "train",    config};
   for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
   args.insert(args.end(), fault.begin(), fault.end());
   return fsdptrain_in_source(args);
@@ -63,7 +63,8 @@ Result launch_with_fault(const std::string& config, const std::vector<std::strin
 void rewrite_with_manifest(const std::string& checkpoint, const std::string& name, const std::string& text) {
   std::ofstream(checkpoint + "/" + name, std::ios::binary) << text;
   nlohmann::json m = nlohmann::json::parse(read_bytes(checkpoint + "/manifest.json"));
-  m["files"][name] = {{"bytes", text.size()}, {"crc32c", fsdp::ckpt::crc_hex(fsdp::ckpt::crc32c(text.data(), text.size()))}};
+  m["files"][name] = {{"bytes", text.size()},
+                      {"crc32c", fsdp::ckpt::crc_hex(fsdp::ckpt::crc32c(text.data(), text.size()))}};
   std::ofstream(checkpoint + "/manifest.json") << m.dump(2) << "\n";
 }
 
@@ -140,14 +141,13 @@ TEST_CASE("case 3: more workers than the machine can run are refused before any 
                                         "10000", "--main_process_port", "0", "--", "/bin/true"});
   INFO(r.out, r.err);
   CHECK(r.code == 2);
-  CHECK(has(r.err, "num_processes asks for 10000 workers on this machine, which has " +
-                       fsdp::plural(n, "core")));
+  CHECK(has(r.err, "num_processes asks for 10000 workers on this machine, which has " + fsdp::plural(n, "core")));
   CHECK(has(r.err, "at most " + std::to_string(4 * n)));
   CHECK(has(r.err, "--oversubscribe"));
   // Overridable: the dry run of 4 x cores + 1 workers prints their plan.
-  const Result over = fsdptrain_in_source({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes",
-                                           std::to_string(4 * n + 1), "--oversubscribe", "--dry-run", "--",
-                                           "/bin/true"});
+  const Result over =
+      fsdptrain_in_source({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes",
+                           std::to_string(4 * n + 1), "--oversubscribe", "--dry-run", "--", "/bin/true"});
   INFO(over.err);
   CHECK(over.code == 0);
   CHECK(has(over.out, "# rank " + std::to_string(4 * n)));
@@ -189,8 +189,7 @@ TEST_CASE("case 4: a full disk names what was needed and free and keep; with kee
     std::vector<std::string> keep1 = resume;
     keep1[2] = "checkpoint.keep=1";
     keep1[4] = "train.steps=24";
-    const Result refused =
-        launch_with_fault(cfg, keep1, {"--disk-bytes", std::to_string(du_bytes(dir) + one / 2)});
+    const Result refused = launch_with_fault(cfg, keep1, {"--disk-bytes", std::to_string(du_bytes(dir) + one / 2)});
     INFO(refused.out, refused.err);
     CHECK(refused.code != 0);
     CHECK(has(refused.err, "a checkpoint of this model needs "));
@@ -208,8 +207,8 @@ TEST_CASE("cases 5-7: damaged checkpoints are named and never resumed past or ov
   REQUIRE(r.code == 0);
   const std::string newest = dir + "/step-00000012";
   auto resume = [&](const std::string& what) {
-    return launch(cfg, {"checkpoint.dir=" + dir, "checkpoint.interval=6", "checkpoint.resume=" + what,
-                        "train.steps=18"});
+    return launch(cfg,
+                  {"checkpoint.dir=" + dir, "checkpoint.interval=6", "checkpoint.resume=" + what, "train.steps=18"});
   };
   SUBCASE("5: the newest has no manifest.json") {
     sh("rm " + newest + "/manifest.json");
@@ -308,9 +307,8 @@ TEST_CASE("cases 8-11: bad data and model files are named with the field, file a
 
 TEST_CASE("case 13: machine 1 without machine 0 ends at --rdzv_timeout with one message") {
   const Result r = fsdptrain_in_source({"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_machines", "2",
-                                        "--machine_rank", "1", "--main_process_ip", "127.0.0.1",
-                                        "--main_process_port", "1", "--num_processes", "2", "--rdzv_timeout", "5",
-                                        "--", "/bin/true"});
+                                        "--machine_rank", "1", "--main_process_ip", "127.0.0.1", "--main_process_port",
+                                        "1", "--num_processes", "2", "--rdzv_timeout", "5", "--", "/bin/true"});
   INFO(r.out, r.err);
   CHECK(r.code != 0);
   CHECK(has(r.err, "cannot reach the rendezvous at 127.0.0.1:1 within 5 s: nothing accepted a connection there"));
@@ -340,4 +338,36 @@ TEST_CASE("config files: a million unknown keys give 50 lines and a count; loops
   CHECK(d.code == 2);
   CHECK(has(d.err, "config file " + folder + " is a folder, not a file"));
   sh("rm -rf " + loop + " " + folder + " " + big);
+}
+
+TEST_CASE("issue 28 case 12: a run that crashed between an export and its next checkpoint resumes and re-exports") {
+  const std::string cfg = write_config("reexport"), dir = temp_path("reexport_ckpt"), exp = temp_path("reexport_hf");
+  sh("rm -rf " + dir + " " + exp);
+  const std::vector<std::string> sets{"checkpoint.dir=" + dir, "checkpoint.interval=4", "checkpoint.export_dir=" + exp,
+                                      "checkpoint.export_interval=6"};
+  // Saves at 4, exports at 6, dies in the save of step 8.
+  const Result crashed = launch_with_fault(cfg, sets, {"--fault", "crash", "--at-save", "2", "--after-bytes", "0"});
+  INFO(crashed.out, crashed.err);
+  REQUIRE(crashed.code != 0);
+  REQUIRE(exists(exp + "/step-6/model.safetensors"));
+  REQUIRE(exists(dir + "/step-00000004/manifest.json"));
+  std::vector<std::string> resume = sets;
+  resume.push_back("checkpoint.resume=latest");
+  const Result resumed = launch(cfg, resume);
+  INFO(resumed.out, resumed.err);
+  CHECK(resumed.code == 0);
+  CHECK(has(resumed.out, "replaced " + exp + "/step-6, which this run wrote before it stopped"));
+  CHECK(exists(exp + "/step-6/fsdptrain_export.json"));
+  CHECK(exists(exp + "/step-12/model.safetensors"));
+  // Another run's export in the same place is still refused, never replaced.
+  const std::string other = write_config("reexport_other"), other_dir = temp_path("reexport_other_ckpt");
+  sh("rm -rf " + other_dir);
+  std::vector<std::string> theirs{"checkpoint.dir=" + other_dir, "checkpoint.interval=4",
+                                  "checkpoint.export_dir=" + exp, "checkpoint.export_interval=6",
+                                  "checkpoint.resume=latest"};
+  sh("mkdir -p " + other_dir + " && cp -r " + dir + "/step-00000004 " + other_dir + "/");
+  const Result refused = launch(other, theirs);
+  CHECK(refused.code != 0);
+  CHECK(has(refused.err, "already exists; export into a new folder"));
+  sh("rm -rf " + dir + " " + exp + " " + other_dir + " " + cfg + " " + other);
 }

@@ -113,7 +113,7 @@ def main():
             f.write('{"step": 1, "loss": 2}\nnot json\n')
         r = subprocess.run([args.fsdptrain, "plot", f"{tmp}/bad.jsonl", "-o", f"{tmp}/bad.svg"],
                            capture_output=True, text=True)
-        failures += check(r.returncode == 2 and "bad.jsonl:2: not a JSON line" in r.stderr and
+        failures += check(r.returncode == 2 and "bad.jsonl:2: not valid JSON" in r.stderr and
                           not os.path.exists(f"{tmp}/bad.svg"), f"a bad line is refused naming it ({r.stderr.strip()})")
     print(f"{failures} failed" if failures else "all passed")
     return 1 if failures else 0
