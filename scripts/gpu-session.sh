@@ -73,7 +73,7 @@ compare.write_tokens('$DATA/tokens.bin', 8 * 4 * 2048 + 2049, c['vocab_size'], 0
           --set data.eval_fraction=0 --set train.steps=6 --set train.micro_batch_size=2
           --set train.sequence_length=2048 --set schedule.warmup_steps=0 --set logging.interval=1000
           --set logging.profile_steps=4,5 --set "logging.profile_dir=$OUT/profile" --set checkpoint.export_dir=
-          --set logging.metrics_file= --set logging.tensorboard_dir=)
+          --set logging.metrics_file= --set logging.tensorboard_dir= --set "train.output_dir=$OUT/run")
     for s in "$@"; do sets+=(--set "$s"); done
     "$FSDPTRAIN" launch --config configs/quickstart.yaml --set use_cpu=false --distributed_type FSDP \
       --num_processes 1 --mixed_precision bf16 --main_process_port 0 "${sets[@]}" 2>&1 | tail -30 | tee "$OUT/profile.log"

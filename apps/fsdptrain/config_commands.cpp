@@ -93,7 +93,8 @@ class DefaultCommand final : public Command {
 class ShowCommand final : public ConfigCommand {
  public:
   ShowCommand()
-      : ConfigCommand("show", "Print every resolved value with its origin (flag, --set, file:line, default)") {}
+      : ConfigCommand("show", "Print every resolved value with its origin (flag, --set, file:line, default)",
+                      /*positional_file=*/true) {}
   void add_flags(CLI::App* app) override {
     app->add_option("--format", format_, "table, yaml (a config file) or json")
         ->check(CLI::IsMember({"table", "yaml", "json"}));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <set>
 
 #include "ckpt/merge_weights.h"
 #include "commands.h"
@@ -23,6 +24,36 @@
 namespace fsdp::cli {
 
 namespace {
+
+// launch --help's footer: the built-in trainer's keys by section, wrapped.
+std::string trainer_keys_help() {
+  std::string out =
+      "The built-in trainer (no program given) reads these keys of the config; set them there or with --set "
+      "KEY=VALUE (fsdptrain config keys explains each):\n";
+  std::string section, line;
+  auto flush = [&] {
+    if (!line.empty()) out += line + "\n";
+    line.clear();
+  };
+  for (const auto& spec : config::all_options()) {
+    static const std::set<std::string> kTrainerSections = {"model",    "data",       "train",  "optimizer",
+                                                           "schedule", "checkpoint", "logging"};
+    if (!kTrainerSections.count(spec.section())) continue;
+    const std::string name = spec.key.substr(spec.key.find('.') + 1);
+    if (spec.section() != section) {
+      flush();
+      section = spec.section();
+      line = "  " + section + ": " + name;
+    } else if (line.size() + name.size() + 2 > 100) {
+      out += line + ",\n";
+      line = std::string(section.size() + 4, ' ') + name;
+    } else {
+      line += ", " + name;
+    }
+  }
+  flush();
+  return out;
+}
 
 // "64K", "1M", "2G" or a plain number of bytes.
 int64_t parse_size(const std::string& text) {
@@ -113,6 +144,10 @@ class LaunchCommand final : public ConfigCommand {
                   "each rank needs a GPU of its own)");
     app->add_option("--grace_period,--grace-period", grace_s_,
                     "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
+    app->add_flag("--verbose", verbose_,
+                  "The built-in trainer prints the whole resolved config first (it is in the run folder's run.json "
+                  "either way)");
+    app->footer(trainer_keys_help());
     app->prefix_command();
   }
 
@@ -124,6 +159,7 @@ class LaunchCommand final : public ConfigCommand {
     FSDP_CHECK(grace_s_ >= 0, "--grace_period: expected seconds >= 0, got ", grace_s_);
     options_.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000));
     options_.visible_gpus = cuda_device_count();
+    if (verbose_) ::setenv("FSDPTRAIN_VERBOSE", "1", 1);  // the workers inherit it
     const config::ConfigInputs inputs = args_.inputs();
     const config::ResolvedConfig rc = config::load_config_or_throw(inputs);
     const bool built_in = check_ || options_.command.empty();  // our own worker, which reads the config too
@@ -135,6 +171,7 @@ class LaunchCommand final : public ConfigCommand {
                  "fsdptrain launch: nothing to run; the config has no model.config or model.pretrained for the "
                  "built-in trainer (see configs/quickstart.yaml), and no program was given after `--` (fsdptrain "
                  "launch -- python3 train.py), nor a .py script or --check");
+      if (!options_.dry_run) train::check_run_folder_free(rc);  // first: it explains what the others would find
       for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
       if (!options_.dry_run) {
         train::check_checkpoint_dir_free(rc);
@@ -153,7 +190,7 @@ class LaunchCommand final : public ConfigCommand {
  private:
   CLI::App* app_ = nullptr;
   launch::LaunchOptions options_;
-  bool check_ = false;
+  bool check_ = false, verbose_ = false;
   double grace_s_ = 5;
   std::vector<std::string> program_, check_sizes_;
 
@@ -203,9 +240,17 @@ class EstimateMemoryCommand final : public ConfigCommand {
   EstimateMemoryCommand()
       : ConfigCommand("estimate-memory",
                       "Per-rank memory of the config's model, batch and FSDP settings, with and without offload and "
-                      "activation checkpointing (--num_processes W to try another world size)") {}
+                      "activation checkpointing (--num_processes W to try another world size)",
+                      /*positional_file=*/true) {}
   int run() override {
-    const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
+    config::ConfigInputs inputs = args_.inputs();
+    // Without a config file, the question is FSDP's memory: distributed_type FSDP unless given.
+    const bool typed = std::any_of(inputs.flags.begin(), inputs.flags.end(),
+                                   [](const auto& f) { return f.first == "distributed_type"; }) ||
+                       std::any_of(inputs.sets.begin(), inputs.sets.end(),
+                                   [](const std::string& s) { return starts_with(s, "distributed_type="); });
+    if (!inputs.has_file && !typed) inputs.sets.insert(inputs.sets.begin(), "distributed_type=FSDP");
+    const config::ResolvedConfig rc = config::load_config_or_throw(inputs);
     std::cout << train::format_memory_estimate(rc.typed, train::model_config_of(rc.typed),
                                                rc.typed.launch.num_processes);
     return 0;
@@ -241,8 +286,8 @@ class ToFsdp2Command final : public Command {
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app = parent.add_subcommand(
         "to-fsdp2", "Convert an Accelerate FSDP1 config to FSDP2 (lossless, or loud and refused)");
-    app->add_option("--config,--config_file,--config-file", request_.config_file, "The FSDP1 config to convert")
-        ->required();
+    app->add_option("file", request_.config_file, "The FSDP1 config to convert (or --config FILE)");
+    app->add_option("--config,--config_file,--config-file", request_.config_file, "The FSDP1 config to convert");
     app->add_option("--output_file,--output-file", request_.output_file, "Where to write the FSDP2 config");
     app->add_flag("--overwrite", request_.overwrite,
                   "Rewrite --config_file in place (or replace an existing --output_file)");
@@ -252,6 +297,8 @@ class ToFsdp2Command final : public Command {
     return app;
   }
   int run() override {
+    FSDP_CHECK(!request_.config_file.empty(),
+               "fsdptrain to-fsdp2: give the FSDP1 config to convert: fsdptrain to-fsdp2 FILE (or --config FILE)");
     std::cout << config::run_to_fsdp2(request_);
     return 0;
   }
@@ -299,8 +346,7 @@ std::vector<std::string> take_program_after_dashes(std::vector<std::string>& arg
   if (dashes == args.end()) return program;
   program.assign(dashes + 1, args.end());
   args.erase(dashes, args.end());
-  FSDP_CHECK(!program.empty(), "fsdptrain launch: nothing after `--`; give the program to run");
-  return program;
+  return program;  // nothing after `--`: the built-in trainer, as with no `--` (scripts pass an empty COMMAND)
 }
 
 std::unique_ptr<Command> make_launch_command(std::vector<std::string> program) {

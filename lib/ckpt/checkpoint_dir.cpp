@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -75,12 +76,32 @@ uint64_t checkpoint_size(const std::string& path) {
   return total;
 }
 
-std::vector<std::string> removable_before_save(const std::string& dir, int64_t keep, FileSystem& fs) {
+std::vector<std::string> removable_before_save(const std::string& dir, int64_t keep, FileSystem& fs,
+                                               bool keep_best) {
   if (keep < 2) return {};
   std::vector<std::string> all = complete_checkpoints(dir, fs);
+  if (keep_best) {
+    const std::string best = best_checkpoint(dir, fs);
+    all.erase(std::remove(all.begin(), all.end(), best), all.end());
+  }
   const size_t remove = all.size() + 1 > static_cast<size_t>(keep) ? all.size() + 1 - keep : 0;
   all.resize(remove);
   return all;
+}
+
+std::string best_checkpoint(const std::string& dir, FileSystem& fs) {
+  std::string best;
+  double lowest = 0;
+  for (const std::string& path : complete_checkpoints(dir, fs)) {
+    const std::optional<nlohmann::json> state = try_read_json_file(path_in(path, kState));
+    if (!state || !state->is_object() || !state->contains("eval_loss") || !(*state)["eval_loss"].is_number()) continue;
+    const double loss = (*state)["eval_loss"].get<double>();
+    if (best.empty() || loss < lowest) {  // the earliest of equals
+      best = path;
+      lowest = loss;
+    }
+  }
+  return best;
 }
 
 std::vector<std::string> damaged_checkpoints(const std::string& dir, FileSystem& fs) {

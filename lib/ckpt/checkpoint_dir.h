@@ -27,8 +27,13 @@ inline constexpr const char* kLockFile = ".fsdptrain.lock";
 uint64_t checkpoint_bytes(int64_t num_parameters);
 
 // What a save may remove before it writes, when the disk is short: with keep >= 2, the oldest
-// complete checkpoints a save would prune anyway (at least one always stays).
-std::vector<std::string> removable_before_save(const std::string& dir, int64_t keep, FileSystem& fs);
+// complete checkpoints a save would prune anyway (at least one always stays; with keep_best, never
+// the best).
+std::vector<std::string> removable_before_save(const std::string& dir, int64_t keep, FileSystem& fs,
+                                               bool keep_best = false);
+// The complete checkpoint under `dir` with the lowest held-out loss in its trainer_state.json
+// (checkpoint.keep_best); "" when none recorded one.
+std::string best_checkpoint(const std::string& dir, FileSystem& fs);
 // The bytes of a complete checkpoint, from its manifest.
 uint64_t checkpoint_size(const std::string& path);
 

@@ -170,10 +170,13 @@ struct Checkpointer::Impl {
         fs.remove_all(path_in(o.dir, e));
     if (o.keep <= 0) return;
     auto all = complete_checkpoints(o.dir, fs);
+    const std::string best = o.keep_best ? best_checkpoint(o.dir, fs) : "";
+    if (!best.empty()) all.erase(std::remove(all.begin(), all.end(), best), all.end());  // kept besides `keep`
     for (size_t i = 0; i + static_cast<size_t>(o.keep) < all.size(); ++i)
       if (all[i] != just_written) {
         fs.remove_all(all[i]);
-        say(str("[ckpt] removed ", all[i], " (checkpoint.keep: ", o.keep, ")\n"));
+        say(str("[ckpt] removed ", all[i], " (checkpoint.keep: ", o.keep,
+                best.empty() ? "" : str("; the best by held-out loss, ", best, ", stays"), ")\n"));
       }
   }
 
@@ -214,7 +217,7 @@ struct Checkpointer::Impl {
   // complete checkpoints that keep would prune after this save anyway (keep >= 2: one always stays).
   void make_room(const std::string& final_dir) {
     if (fs.available_bytes(o.dir) >= needed()) return;
-    for (const std::string& old : removable_before_save(o.dir, o.keep, fs)) {
+    for (const std::string& old : removable_before_save(o.dir, o.keep, fs, o.keep_best)) {
       if (fs.available_bytes(o.dir) >= needed()) return;
       fs.remove_all(old);
       say(str("[ckpt] removed ", old, " before saving ", final_dir, ": the disk is short and checkpoint.keep is ",

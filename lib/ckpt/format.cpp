@@ -75,7 +75,7 @@ void restore_rng(const json& state, const c10::Device& device, const std::string
 }
 
 json state_json(const TrainingState& s, Format format, const c10::Device& device) {
-  return json{{"format", "fsdptrain-checkpoint"},
+  json j{{"format", "fsdptrain-checkpoint"},
               {"version", kFormatVersion},
               {"state_dict_type", format == Format::kSharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT"},
               {"step", s.step},
@@ -86,6 +86,8 @@ json state_json(const TrainingState& s, Format format, const c10::Device& device
               {"train_sequences", s.train_sequences},
               {"world_size", s.world_size},
               {"rng", rng_json(device)}};
+  if (s.eval_loss) j["eval_loss"] = *s.eval_loss;
+  return j;
 }
 
 TrainingState parse_state(const json& j, const std::string& where) {
@@ -99,6 +101,7 @@ TrainingState parse_state(const json& j, const std::string& where) {
     s.sequence_length = j.at("sequence_length").get<int64_t>();
     s.train_sequences = j.at("train_sequences").get<int64_t>();
     s.world_size = j.at("world_size").get<int>();
+    if (j.contains("eval_loss") && j["eval_loss"].is_number()) s.eval_loss = j["eval_loss"].get<double>();
     return s;
   } catch (const json::exception& e) {
     throw InputError(str("[ckpt] ", where, ": ", e.what(), "; the checkpoint is corrupt or from another tool"));

@@ -54,6 +54,7 @@ struct TrainingState {
   int64_t sequence_length = 0;
   int64_t train_sequences = 0;  // the data's training windows: the loader's permutation depends on it
   int world_size = 0;           // of the run that saved
+  std::optional<double> eval_loss;  // the held-out loss at this step, when it was measured (keep_best)
 };
 
 // Throws InputError, naming the key to set back, unless a run with `now`'s seed, sequence length

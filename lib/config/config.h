@@ -127,16 +127,26 @@ struct ModelConfig {
   bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
 };
 
+enum class Packing { kAuto, kMasked, kPlain, kPad };
+inline constexpr std::array<const char*, 4> kPackingNames = {"auto", "masked", "plain", "pad"};
+
+// Paths of the trainer's sections are resolved by the loader: inputs found from the working
+// directory or beside the config file, outputs (the run folder and what goes under it) made absolute;
+// an output "" is off.
 struct DataConfig {
   std::string path;             // text, .jsonl, llm.c .bin shards, or a glob of them
   double eval_fraction = 0.05;  // sequences held out at the end for evaluation
+  std::string eval_path;        // held-out data of its own ("": eval_fraction of path)
   std::string field = "text";   // JSONL: the field holding each document
   std::string tokenizer;        // a tokenizer.json or a folder with one; "" for model.pretrained's
-  std::string cache_dir = "fsdptrain-cache";  // where tokenized text is kept (data/prepare.h)
+  std::string cache_dir;        // where tokenized text is kept (data/prepare.h)
+  Packing packing = Packing::kAuto;
 };
 
 struct TrainConfig {
+  std::string output_dir;  // the run's folder, absolute
   int64_t steps = 100;
+  double epochs = 0;  // > 0: steps from the data (TrainingRun::steps)
   int64_t micro_batch_size = 4;  // sequences per rank per micro-batch
   int64_t gradient_accumulation_steps = 1;
   int64_t sequence_length = 128;
@@ -164,6 +174,7 @@ struct CheckpointConfig {
   std::string dir;              // training checkpoints: <dir>/step-<N> (format: fsdp_state_dict_type)
   int64_t interval = 0;         // save every N steps (0: only at the end); needs dir
   int64_t keep = 0;             // complete checkpoints kept, newest first (0: all)
+  bool keep_best = false;       // also keep the checkpoint with the lowest held-out loss
   std::string resume;           // "", "latest" (the newest under dir) or a checkpoint folder
   std::string export_dir;       // Hugging Face folders written here: step-<N>
   int64_t export_interval = 0;  // also every N steps (0: only at the end)

@@ -375,7 +375,54 @@ ShardingStrategy FsdpConfig::fsdp1_strategy() const {
 namespace {
 
 // The keys that name files the trainer reads (outputs such as checkpoint.dir stay where written).
-const char* const kInputPathKeys[] = {"model.config", "model.pretrained", "data.path", "data.tokenizer"};
+const char* const kInputPathKeys[] = {"model.config", "model.pretrained", "data.path", "data.eval_path",
+                                      "data.tokenizer"};
+
+// What the trainer writes, and where each goes when its key is not set: under train.output_dir.
+const std::pair<const char*, const char*> kOutputPaths[] = {
+    {"checkpoint.dir", "checkpoints"},      {"checkpoint.export_dir", "export"},
+    {"logging.metrics_file", "metrics.jsonl"}, {"logging.tensorboard_dir", "tensorboard"},
+    {"logging.profile_dir", "profile"},     {"data.cache_dir", "../fsdptrain-cache"}};
+
+// The base of a relative output path: the config file's folder for a value written in it (so a
+// run's outputs do not move with the working directory), else the working directory (a value typed
+// on the command line, as the shell reads it).
+std::string output_base(const ResolvedConfig& rc, const Origin& origin) {
+  return origin.kind == OriginKind::kFile || (origin.kind == OriginKind::kDefault && !rc.file.empty())
+             ? absolute_path(parent_folder(rc.file))
+             : absolute_path(".");
+}
+
+std::string joined(const std::string& base, const std::string& path) {
+  return lexically_normal(path.empty() || path[0] == '/' ? path : base + "/" + path);
+}
+
+// train.output_dir made absolute (runs/<config file name> beside the file by default), and every
+// output under it unless set; "none", or an explicit empty value, turns an output off ("").
+void resolve_output_paths(ResolvedConfig& rc) {
+  ResolvedValue& out = *std::find_if(rc.values.begin(), rc.values.end(),
+                                     [](const ResolvedValue& v) { return v.spec->key == "train.output_dir"; });
+  if (out.value.empty()) {
+    std::string stem = rc.file.empty() ? "fsdptrain" : base_name(rc.file);
+    if (const size_t dot = stem.rfind('.'); dot != std::string::npos && dot > 0) stem.resize(dot);
+    out.value = joined(output_base(rc, Origin{}), "runs/" + stem);
+    out.origin = Origin{OriginKind::kDerived, {}, rc.file.empty() ? "runs/fsdptrain" : "runs/<config file name>"};
+  } else {
+    out.value = joined(output_base(rc, out.origin), out.value);
+  }
+  for (const auto& [key, under] : kOutputPaths) {
+    ResolvedValue& v = *std::find_if(rc.values.begin(), rc.values.end(),
+                                     [key = key](const ResolvedValue& r) { return r.spec->key == key; });
+    if (v.value == "none" || (v.value.empty() && v.origin.kind != OriginKind::kDefault)) {
+      v.value.clear();
+    } else if (v.value.empty()) {
+      v.value = joined(out.value, under);
+      v.origin = Origin{OriginKind::kDerived, {}, "under train.output_dir"};
+    } else {
+      v.value = joined(output_base(rc, v.origin), v.value);
+    }
+  }
+}
 
 // A relative input path from a config file that names nothing from the working directory is read
 // relative to the config file's folder, so a config works from any directory.
@@ -387,7 +434,7 @@ void resolve_input_paths(ResolvedConfig& rc) {
       continue;
     if (v.value.empty() || v.value[0] == '/' || v.origin.kind != OriginKind::kFile || !glob_paths(v.value).empty())
       continue;
-    const std::string beside = folder + "/" + v.value;
+    const std::string beside = lexically_normal(folder + "/" + v.value);
     if (glob_paths(beside).empty()) continue;
     v.value = beside;
     v.origin.detail = "relative to " + folder + "/";
@@ -444,6 +491,7 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     np.origin = Origin{OriginKind::kDerived, {}, "distributed_type NO runs one process"};
   }
   resolve_input_paths(rc);
+  resolve_output_paths(rc);
   for (const auto& v : rc.values)
     if (v.spec->apply) v.spec->apply(rc.typed, v.value);
   validate_config(rc, diags);

@@ -430,8 +430,10 @@ std::vector<OptionSpec> build_table() {
           .flag("fsdp_transformer_layer_cls_to_wrap")
           .env("FSDP_TRANSFORMER_CLS_TO_WRAP")
           .def("")
-          .note("the model's declared layer classes (LlamaDecoderLayer)")
-          .help("Class names that become units with TRANSFORMER_BASED_WRAP (comma-separated or a YAML list)")
+          .note("the model's decoder layer (LlamaDecoderLayer, MistralDecoderLayer, Qwen2DecoderLayer or "
+                "Qwen3DecoderLayer, from its config.json)")
+          .help("Class names that become units with TRANSFORMER_BASED_WRAP (comma-separated or a YAML list); "
+                "leave it empty for the model's decoder layer")
           .to(F, &FsdpConfig::transformer_layer_cls_to_wrap),
       Row("fsdp_config.fsdp_min_num_params", V::kInt)
           .flag("fsdp_min_num_params")
@@ -570,22 +572,54 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::data, &DataConfig::tokenizer),
       Row("data.cache_dir", V::kString)
-          .def("fsdptrain-cache")
+          .def("")
+          .note("fsdptrain-cache beside train.output_dir")
           .help("Where text tokenized for training is kept and found again while the inputs are unchanged")
           .extension()
           .to(&Config::data, &DataConfig::cache_dir),
       Row("data.eval_fraction", V::kFloat)
           .range(0)
           .def("0.05")
-          .help("Fraction of the sequences held out for evaluation (0 to 0.5)")
+          .help("Fraction of the sequences held out for evaluation (0 to 0.5); not used with data.eval_path")
           .extension()
           .to(&Config::data, &DataConfig::eval_fraction),
+      Row("data.eval_path", V::kString)
+          .def("")
+          .help("Held-out data of your own (the same kinds of file as data.path, tokenized the same way); the "
+                "training data is then used whole")
+          .extension()
+          .to(&Config::data, &DataConfig::eval_path),
+      Row("data.packing", V::kEnum)
+          .choices(enum_names(kPackingNames))
+          .def("auto")
+          .help("How records fill sequences: masked (packed, each record attending only within itself, positions "
+                "restarting per record, as TRL's padding-free packing), plain (packed, one causal mask across them), "
+                "pad (one record per sequence, padded); auto: masked for prompt/completion and chat records, plain "
+                "for text")
+          .extension()
+          .to(&Config::data, &DataConfig::packing),
+      Row("train.output_dir", V::kString)
+          .def("")
+          .note("runs/<config file name>, beside the config file")
+          .help("The run's folder (Trainer's output_dir): its checkpoints, Hugging Face export, metrics, TensorBoard "
+                "events, profiles and run.json go under it unless their own keys say otherwise. Relative paths in a "
+                "config file are read from the file's folder, those given with --set from the working directory")
+          .extension()
+          .to(&Config::train, &TrainConfig::output_dir),
       Row("train.steps", V::kInt)
           .range(1)
           .def("100")
-          .help("Optimizer steps to train")
+          .help("Optimizer steps to train (or give train.epochs)")
           .extension()
           .to(&Config::train, &TrainConfig::steps),
+      Row("train.epochs", V::kFloat)
+          .range(0)
+          .def("0")
+          .help("Train for this many passes over the training data instead of train.steps (0: use train.steps); "
+                "the steps are counted once the data is read. Given on the command line, it overrides the file's "
+                "train.steps")
+          .extension()
+          .to(&Config::train, &TrainConfig::epochs),
       Row("train.micro_batch_size", V::kInt)
           .range(1)
           .def("4")
@@ -681,8 +715,9 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::schedule, &ScheduleConfig::min_lr_ratio),
       Row("checkpoint.dir", V::kString)
           .def("")
+          .note("<train.output_dir>/checkpoints")
           .help("Save training checkpoints (weights, AdamW state, step, data position, RNG) as <dir>/step-<N>, in "
-                "the format of fsdp_state_dict_type; empty: no checkpoints")
+                "the format of fsdp_state_dict_type; none (or empty): no checkpoints")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::dir),
       Row("checkpoint.interval", V::kInt)
@@ -697,6 +732,12 @@ std::vector<OptionSpec> build_table() {
           .help("Keep the newest N complete checkpoints and delete older ones (0: keep all)")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::keep),
+      Row("checkpoint.keep_best", V::kBool)
+          .def("false")
+          .help("Also keep the checkpoint with the lowest held-out loss (evaluated at each save), whatever "
+                "checkpoint.keep prunes")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::keep_best),
       Row("checkpoint.resume", V::kString)
           .def("")
           .help("Continue a run: 'latest' (the newest complete checkpoint in checkpoint.dir, or a fresh start when "
@@ -705,8 +746,10 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::checkpoint, &CheckpointConfig::resume),
       Row("checkpoint.export_dir", V::kString)
           .def("")
+          .note("<train.output_dir>/export")
           .help("Write the trained model as a Hugging Face folder <export_dir>/step-<N> (loadable by transformers' "
-                "from_pretrained) at the end of training")
+                "from_pretrained and fsdptrain generate, with the tokenizer and chat template files) at the end of "
+                "training; none (or empty): no model is written")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::export_dir),
       Row("checkpoint.export_interval", V::kInt)
@@ -723,13 +766,15 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::logging, &LoggingConfig::interval),
       Row("logging.metrics_file", V::kString)
           .def("")
-          .help("Append one JSON line of metrics per logging step to this file (rank 0)")
+          .note("<train.output_dir>/metrics.jsonl")
+          .help("Append one JSON line of metrics per logging step to this file (rank 0); none (or empty): none")
           .extension()
           .to(&Config::logging, &LoggingConfig::metrics_file),
       Row("logging.tensorboard_dir", V::kString)
           .def("")
+          .note("<train.output_dir>/tensorboard")
           .help("Write TensorBoard event files here (rank 0): train/loss, eval/loss, learning rate, grad norm, "
-                "tokens/s, MFU, peak memory, step time, and the resolved config as text")
+                "tokens/s, MFU, peak memory, step time, and the resolved config as text; none (or empty): none")
           .extension()
           .to(&Config::logging, &LoggingConfig::tensorboard_dir),
       Row("logging.peak_tflops", V::kFloat)
@@ -749,7 +794,8 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .apply(apply_profile_steps),
       Row("logging.profile_dir", V::kString)
-          .def("profile")
+          .def("")
+          .note("<train.output_dir>/profile")
           .help("Where logging.profile_steps writes its traces: rank<R>.steps-<first>-<last>.json")
           .extension()
           .to(&Config::logging, &LoggingConfig::profile_dir),

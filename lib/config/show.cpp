@@ -67,15 +67,26 @@ std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
     for (const auto& [k, val] : worker_env(rc)) j["worker_env"][k] = val;
     return j.dump(2) + "\n";
   }
-  size_t width = 0;
-  for (const auto& v : rc.values) width = std::max(width, v.spec->key.size());
-  size_t vwidth = 0;
-  for (const auto& v : rc.values) vwidth = std::max(vwidth, shown_value(v).size());
+  // Keys of the other FSDP version, and FSDP keys of a run that is not FSDP, do not apply: left out.
+  const bool fsdp = rc.typed.launch.distributed_type == DistributedType::kFsdp;
+  const FsdpVersions other_version = rc.typed.fsdp.version == 2 ? FsdpVersions::kV1Only : FsdpVersions::kV2Only;
+  std::vector<const ResolvedValue*> shown;
+  for (const auto& v : rc.values)
+    if (v.spec->section() != "fsdp_config" || (fsdp && v.spec->versions != other_version)) shown.push_back(&v);
+  size_t width = 0, vwidth = 0;
+  for (const ResolvedValue* v : shown) {
+    width = std::max(width, v->spec->key.size());
+    vwidth = std::max(vwidth, std::min<size_t>(shown_value(*v).size(), 40));  // a longer path runs over
+  }
   std::string out =
       "# config: " + (rc.file.empty() ? std::string("(none; defaults, --set and flags only)") : rc.file) + "\n";
   out += pad("key", width + 2) + pad("value", vwidth + 2) + "origin\n";
-  for (const auto& v : rc.values)
-    out += pad(v.spec->key, width + 2) + pad(shown_value(v), vwidth + 2) + v.origin.describe() + "\n";
+  for (const ResolvedValue* v : shown)
+    out += pad(v->spec->key, width + 2) + pad(shown_value(*v), vwidth + 2) + v->origin.describe() + "\n";
+  if (shown.size() < rc.values.size())
+    out += str("# ", plural(static_cast<long long>(rc.values.size() - shown.size()), "key"), " of ",
+               fsdp ? str("FSDP", rc.typed.fsdp.version == 2 ? 1 : 2) : std::string("fsdp_config"),
+               " left out: they do not apply to this run (--format json lists every key)\n");
   out += "# runs as: " + effective_fsdp_layout(rc.typed).describe() + "\n";
   return out;
 }

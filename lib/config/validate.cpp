@@ -206,6 +206,27 @@ void check_training(Checker& c) {
   if (t.checkpoint.dir.empty() && t.checkpoint.resume == "latest")
     c.error("checkpoint.resume", "is 'latest' but checkpoint.dir is empty",
             "set checkpoint.dir to the folder holding the run's step-N checkpoints, or give a checkpoint folder");
+  if (t.checkpoint.keep_best && t.checkpoint.dir.empty())
+    c.error("checkpoint.keep_best", "is true but checkpoint.dir is off", "let checkpoint.dir have its default");
+  if (t.checkpoint.keep_best && t.data.eval_fraction <= 0 && t.data.eval_path.empty())
+    c.error("checkpoint.keep_best", "is true but nothing is held out to judge the checkpoints by",
+            "set data.eval_fraction above 0, or data.eval_path to held-out data");
+  if (t.checkpoint.keep_best && t.checkpoint.keep == 0)
+    c.warning("checkpoint.keep_best", "has no effect with checkpoint.keep 0 (every checkpoint is kept)",
+              "set checkpoint.keep to how many of the newest to keep besides the best");
+  // train.epochs over train.steps when given later (--set train.epochs=2 on a file with steps); both
+  // in one place is a contradiction.
+  auto layer = [&](const std::string& key) {
+    switch (c.rc.get(key).origin.kind) {
+      case OriginKind::kFile: return 1;
+      case OriginKind::kScheduler: return 2;
+      case OriginKind::kSet: return 3;
+      case OriginKind::kFlag: return 4;
+      default: return 0;
+    }
+  };
+  if (t.train.epochs > 0 && layer("train.steps") >= layer("train.epochs"))
+    c.error("train.epochs", "and train.steps are both set", "give one: epochs over the data, or a number of steps");
 }
 
 // "data/x.bin" or, for a relative path a config file wrote, both places it was looked for.
@@ -239,7 +260,7 @@ void check_input_paths(Checker& c) {
             "give a text file, a .jsonl file, llm.c .bin shards, or a glob such as data/*.bin");
   for (const std::string& f : files)
     if (is_directory(f)) {
-      c.error("data.path", str(quoted(f), " is a folder"), str("a glob such as ", f, "/*.bin reads the files in it"));
+      c.error("data.path", str(quoted(f), " is a folder"), str("a glob such as ", folder_glob(f), " reads the files in it"));
       break;
     }
 }

@@ -37,10 +37,11 @@ const std::vector<WizardQuestionInfo>& questions() {
       {"fsdp_config.fsdp_offload_params", "Do you want to offload parameters and gradients to CPU?"},
       {"fsdp_config.fsdp_auto_wrap_policy", "What should be your auto wrap policy?"},
       {"use_model_layer_classes",
-       "Do you want to use the model's declared layer classes (LlamaDecoderLayer) as units?"},
+       "Do you want each of the model's decoder layers (its family's class: LlamaDecoderLayer, Qwen2DecoderLayer, "
+       "...) to be a unit?"},
       {"fsdp_config.fsdp_transformer_layer_cls_to_wrap",
        "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. "
-       "LlamaDecoderLayer"},
+       "Qwen2DecoderLayer"},
       {"fsdp_config.fsdp_min_num_params",
        "What should be your FSDP's minimum number of parameters for size-based wrapping?"},
       {"fsdp_config.fsdp_backward_prefetch", "What should be your FSDP's backward prefetch policy?"},
@@ -60,6 +61,12 @@ const std::vector<WizardQuestionInfo>& questions() {
       {"num_processes", "How many processes (GPUs) should be used in total, across ALL machines?"},
       {"gpu_ids", "Which GPU(s) (by id) should be used on each machine, as a comma-separated list?"},
       {"mixed_precision", "Do you wish to use mixed precision?"},
+      {"model.pretrained",
+       "Which model should the built-in trainer fine-tune (a Hugging Face folder with config.json and safetensors "
+       "weights)? Leave it empty to launch your own program instead"},
+      {"data.path",
+       "What should it train on (a .jsonl of text or prompt/completion records, a text file, llm.c .bin shards, or "
+       "a glob of them)?"},
   };
   return q;
 }
@@ -101,6 +108,7 @@ class Wizard {
   std::string ask_wrap_policy();
   void ask_hsdp();
   void ask_processes();
+  void ask_trainer();
   WizardResult finish();
 
   bool distributed_ = false, cpu_ = false;
@@ -224,7 +232,31 @@ WizardResult Wizard::run() {
   if (fsdp) ask_fsdp();
   ask_processes();
   set("mixed_precision", ask_choice("mixed_precision", {"no", "fp16", "bf16"}, "no"));
+  ask_trainer();
   return finish();
+}
+
+// The built-in trainer's model and data, kept as absolute paths (the config is written elsewhere
+// and launched from anywhere); no model: the config is for launching one's own program.
+void Wizard::ask_trainer() {
+  auto answer = [&](const std::string& id, bool optional) -> std::string {
+    if (auto it = preset_.find(id); it != preset_.end()) return trim(it->second);
+    while (true) {
+      const std::string a = read_answer(id, prompt_of(id) + (optional ? " [none]: " : " "), optional);
+      if (!a.empty() || optional) return a;
+      out_ << "Please enter a value.\n";
+    }
+  };
+  const std::string model = answer("model.pretrained", true);
+  if (model.empty()) return;
+  FSDP_CHECK(file_exists(model + "/config.json"), "config: model.pretrained: ", quoted(model),
+             " holds no config.json; give a Hugging Face model folder");
+  set("model.pretrained", absolute_path(model));
+  const std::string data = answer("data.path", false);
+  FSDP_CHECK(!glob_paths(data).empty(), "config: data.path: ", quoted(data), " matches no file");
+  set("data.path", data[0] == '/' ? data : absolute_path(data));
+  // The run folder where the wizard ran (the config itself may live in ~/.cache/fsdptrain).
+  set("train.output_dir", absolute_path("runs/" + base_name(lexically_normal(absolute_path(model)))));
 }
 
 bool Wizard::ask_machines() {

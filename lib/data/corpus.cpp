@@ -18,18 +18,13 @@
 #include "util/files.h"
 #include "util/json.h"
 #include "util/strings.h"
+#include "util/system_info.h"
 
 namespace fsdp::data {
 
 namespace {
 
 using json = nlohmann::json;
-
-int cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
-}
 
 // A document's ids and EOS, and how many of them (a prompt's) are not targets.
 struct Encoded {
@@ -66,7 +61,7 @@ std::vector<std::string> expand_inputs(const CorpusOptions& o) {
     const std::vector<std::string> found = glob_paths(in);
     FSDP_CHECK(!found.empty(), o.who, " ", quoted(in), " matches no file");
     for (const std::string& f : found) {
-      FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ", f, "/*.jsonl");
+      FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ", folder_glob(f));
       files.push_back(f);
     }
   }
@@ -85,7 +80,8 @@ void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eo
               {"token_bytes", s.token_bytes},
               {"longest_prompt",
                {{"tokens", s.longest_prompt.tokens}, {"file", s.longest_prompt.file}, {"line", s.longest_prompt.line}}},
-              {"crc32c", json::object()}};
+              {"mask_format", kMaskFormat},
+      {"crc32c", json::object()}};
   for (const auto& [name, crc] : s.checksums) doc["crc32c"][name] = crc_hex(crc);
   write_file_atomic(folder + "/tokenize.json", doc.dump(2) + "\n");
 }
@@ -94,7 +90,7 @@ void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eo
 void tokenize_files(const tokenize::Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
                     const std::vector<std::string>& files, ShardWriter& writer, CorpusSummary& s,
                     const CorpusProgress& progress) {
-  const int jobs = o.jobs > 0 ? o.jobs : cores();
+  const int jobs = o.jobs > 0 ? o.jobs : usable_cores();
   int64_t total = 0, before = 0;
   for (const std::string& f : files) total += std::max<int64_t>(0, file_size(f));
   for (const std::string& f : files) {
@@ -161,6 +157,7 @@ CorpusSummary read_corpus_summary(const std::string& folder) {
   s.tokens = j.value("tokens", int64_t{0});
   s.counted_tokens = j.value("counted_tokens", int64_t{0});
   s.shards = j.value("shards", int64_t{0});
+  s.mask_format = j.value("mask_format", 1);
   s.token_bytes = j.value("token_bytes", 2);
   if (j.contains("crc32c") && j["crc32c"].is_object())
     for (const auto& [name, crc] : j["crc32c"].items()) {

@@ -51,6 +51,7 @@ struct CorpusSummary {
   double seconds = 0;
   int token_bytes = 2;                        // 2: uint16 shards, 4: uint32
   std::map<std::string, uint32_t> checksums;  // every shard and mask file -> CRC-32C (data/token_shard.h)
+  int mask_format = 1;                        // 2: masks mark where records start
 };
 
 // Called after each batch: bytes of input read so far, of `total`.

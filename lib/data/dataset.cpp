@@ -18,7 +18,7 @@ namespace fsdp::data {
 namespace {
 
 // Text files and JSONL as bytes: each document EOT then its bytes; a pair's prompt bytes are not
-// targets (the EOT is: it ends the document before).
+// targets (the EOT is: it ends the document before), and its EOT starts a record.
 class ByteDocuments {
  public:
   void add_file(const std::string& path, const std::string& field) {
@@ -33,9 +33,11 @@ class ByteDocuments {
 
  private:
   void add(const Document& d, const std::string& path) {
+    const size_t start = tokens.size();
     tokens.push_back(kByteEndOfText);
     for (unsigned char ch : d.text) tokens.push_back(ch);
-    mask.resize(tokens.size(), 1);
+    mask.resize(tokens.size(), kMaskTarget);
+    mask[start] |= kMaskRecordStart;
     if (!d.pair) return;
     std::fill(mask.end() - static_cast<int64_t>(d.text.size()), mask.end(), 0);
     if (static_cast<int64_t>(d.text.size()) + 1 > longest_prompt) {
@@ -43,7 +45,7 @@ class ByteDocuments {
       longest_prompt_at = str(path, ":", d.line);
     }
     for (unsigned char ch : d.completion) tokens.push_back(ch);
-    mask.resize(tokens.size(), 1);
+    mask.resize(tokens.size(), kMaskTarget);
   }
 };
 
@@ -56,6 +58,7 @@ struct TokenStream::Source {
   int64_t count = 0, max = -1;
   std::vector<int32_t> memory;
   std::vector<uint8_t> memory_mask;
+  bool records = false;  // its mask marks where records start
   bool has_mask() const { return shard ? shard->has_mask() : !memory_mask.empty(); }
   void read_mask(int64_t begin, int64_t n, uint8_t* out) const {
     if (shard) return shard->read_mask(begin, n, out);
@@ -109,7 +112,11 @@ std::shared_ptr<TokenStream::Source> in_memory_source(std::vector<int32_t> token
   FSDP_ASSERT(mask.empty() || mask.size() == tokens.size(), "a mask of ", mask.size(), " for ", tokens.size());
   for (int32_t t : tokens) src->max = std::max<int64_t>(src->max, t);
   src->memory = std::move(tokens);
-  if (std::find(mask.begin(), mask.end(), 0) != mask.end()) src->memory_mask = std::move(mask);
+  // Kept when some token is not a target (prompts); it marks records when it has any start bit.
+  if (std::find(mask.begin(), mask.end(), 0) != mask.end()) {
+    src->records = std::any_of(mask.begin(), mask.end(), [](uint8_t m) { return (m & kMaskRecordStart) != 0; });
+    src->memory_mask = std::move(mask);
+  }
   return src;
 }
 
@@ -129,6 +136,23 @@ void TokenStream::note_prompt(int64_t tokens, const std::string& where) {
 
 bool TokenStream::has_mask() const {
   return std::any_of(sources_.begin(), sources_.end(), [](const auto& s) { return s->has_mask(); });
+}
+
+bool TokenStream::has_records() const {
+  return !sources_.empty() && std::all_of(sources_.begin(), sources_.end(), [](const auto& s) { return s->records; });
+}
+
+std::vector<int64_t> TokenStream::record_starts() const {
+  std::vector<int64_t> starts;
+  std::vector<uint8_t> chunk;
+  for (int64_t at = 0; at < size_; at += 1 << 20) {
+    const int64_t n = std::min<int64_t>(1 << 20, size_ - at);
+    chunk.resize(static_cast<size_t>(n));
+    read_mask(at, n, chunk.data());
+    for (int64_t i = 0; i < n; ++i)
+      if (chunk[i] & kMaskRecordStart) starts.push_back(at + i);
+  }
+  return starts;
 }
 
 void TokenStream::read_mask(int64_t begin, int64_t n, uint8_t* out) const {
@@ -216,14 +240,15 @@ TokenStream read_tokens(const std::string& path_or_glob, const std::string& fiel
   std::vector<std::string> shard_folders;
   std::map<std::string, CorpusSummary> made;  // by folder: what tokenize.json records
   for (const std::string& f : files) {
-    FSDP_CHECK(!is_directory(f), "[data] data.path ", quoted(f), " is a folder; give a file, or a glob such as ", f,
-               "/*.bin to read the files in it");
+    FSDP_CHECK(!is_directory(f), "[data] data.path ", quoted(f), " is a folder; give a file, or a glob such as ",
+               folder_glob(f), " to read the files in it");
     std::shared_ptr<TokenStream::Source> src;
     if (ends_with(f, ".bin")) {
       const std::string folder = parent_folder(f);
       if (!made.count(folder)) made[folder] = read_corpus_summary(folder);
       verify_shard(f, made[folder].checksums);
       src = open_llmc(f);
+      src->records = src->has_mask() && made[folder].mask_format >= kMaskFormat;
       if (src->has_mask() && (shard_folders.empty() || shard_folders.back() != parent_folder(f)))
         shard_folders.push_back(parent_folder(f));
     } else {
@@ -243,33 +268,99 @@ TokenStream read_tokens(const std::string& path_or_glob, const std::string& fiel
   return s;
 }
 
-Split split_sequences(int64_t num_tokens, int64_t seq_len, double eval_fraction, const std::string& what) {
-  const int64_t sequences = num_tokens > 0 ? (num_tokens - 1) / seq_len : 0;
-  FSDP_CHECK(sequences >= 1, "[data] ", what, " has ", num_tokens, " tokens, shorter than one sequence of ",
-             seq_len + 1, "; give more data or lower train.sequence_length");
+Split split_sequences(int64_t sequences, double eval_fraction, const std::string& what) {
   Split s;
   s.eval_sequences = eval_fraction > 0 ? std::max<int64_t>(1, static_cast<int64_t>(sequences * eval_fraction)) : 0;
   s.train_sequences = sequences - s.eval_sequences;
   FSDP_CHECK(s.train_sequences >= 1, "[data] ", what, ": nothing left to train on after holding out ", s.eval_sequences,
-             " sequences for evaluation; lower data.eval_fraction");
+             " of ", plural(sequences, "sequence"), " for evaluation; lower data.eval_fraction");
   return s;
 }
 
-DistributedLoader::DistributedLoader(const TokenStream& stream, int64_t first_sequence, int64_t num_sequences,
-                                     int64_t seq_len, int64_t batch, int rank, int world_size, uint64_t seed)
-    : stream_(stream),
+SequenceReader::SequenceReader(const TokenStream& stream, int64_t seq_len, Packing packing, const std::string& what)
+    : stream_(stream), seq_len_(seq_len), packing_(packing) {
+  FSDP_CHECK(packing == Packing::kPlain || stream.has_records(), "[data] data.packing: ",
+             packing == Packing::kPad ? "pad" : "masked", " needs records, and ", what,
+             " marks none: it holds text (or shards from an fsdptrain tokenize before mask format 2). Use plain, or "
+             "give prompt/completion or chat JSONL (tokenized again)");
+  if (packing != Packing::kPad) {
+    count_ = stream.size() > 0 ? (stream.size() - 1) / seq_len : 0;
+    FSDP_CHECK(count_ >= 1, "[data] ", what, " has ", stream.size(), " tokens, shorter than one sequence of ",
+               seq_len + 1, "; give more data or lower train.sequence_length");
+    return;
+  }
+  records_ = stream.record_starts();
+  count_ = static_cast<int64_t>(records_.size());
+  for (int64_t k = 0; k < count_; ++k) {
+    const int64_t end = k + 1 < count_ ? records_[k + 1] : stream.size();
+    truncated_ += end - records_[k] > seq_len + 1 ? 1 : 0;
+  }
+}
+
+void SequenceReader::append(int64_t k, Batch& out) const {
+  if (packing_ == Packing::kPad)
+    append_record(k, out);
+  else
+    append_window(k, out);
+}
+
+void SequenceReader::append_window(int64_t k, Batch& out) const {
+  const int64_t T = seq_len_;
+  thread_local std::vector<int64_t> window;
+  thread_local std::vector<uint8_t> mask;
+  window.resize(static_cast<size_t>(T + 1));
+  stream_.read(k * T, T + 1, window.data());
+  out.inputs.insert(out.inputs.end(), window.begin(), window.end() - 1);
+  if (stream_.has_mask() || packing_ == Packing::kMasked) {  // a prompt's token is an input, never a target
+    mask.resize(window.size());
+    stream_.read_mask(k * T, T + 1, mask.data());
+    const bool boundaries = packing_ == Packing::kMasked;
+    for (size_t j = 1; j < window.size(); ++j)
+      if (!(mask[j] & kMaskTarget) || (boundaries && (mask[j] & kMaskRecordStart))) window[j] = kIgnoreTarget;
+    if (boundaries) {  // each token's record (within the row) and its position in it
+      int64_t segment = 0, start = 0;
+      for (int64_t i = 0; i < T; ++i) {
+        if (i > 0 && (mask[static_cast<size_t>(i)] & kMaskRecordStart)) {
+          ++segment;
+          start = i;
+        }
+        out.segments.push_back(segment);
+        out.positions.push_back(i - start);
+      }
+    }
+  }
+  out.targets.insert(out.targets.end(), window.begin() + 1, window.end());
+}
+
+void SequenceReader::append_record(int64_t k, Batch& out) const {
+  const int64_t T = seq_len_, begin = records_[static_cast<size_t>(k)];
+  const int64_t end = k + 1 < count_ ? records_[static_cast<size_t>(k) + 1] : stream_.size();
+  const int64_t n = std::min(end - begin, T + 1);  // tokens of the record in the row
+  std::vector<int64_t> ids(static_cast<size_t>(n));
+  std::vector<uint8_t> mask(static_cast<size_t>(n));
+  stream_.read(begin, n, ids.data());
+  stream_.read_mask(begin, n, mask.data());
+  for (int64_t i = 0; i < T; ++i) {
+    out.inputs.push_back(i < n ? ids[static_cast<size_t>(i)] : 0);  // padding: any id; its targets count for nothing
+    const bool target = i + 1 < n && (mask[static_cast<size_t>(i) + 1] & kMaskTarget);
+    out.targets.push_back(target ? ids[static_cast<size_t>(i) + 1] : kIgnoreTarget);
+  }
+}
+
+DistributedLoader::DistributedLoader(const SequenceReader& reader, int64_t first_sequence, int64_t num_sequences,
+                                     int64_t batch, int rank, int world_size, uint64_t seed)
+    : reader_(reader),
       first_(first_sequence),
       count_(num_sequences),
-      seq_len_(seq_len),
       batch_(batch),
       rank_(rank),
       world_(world_size),
       seed_(seed) {
-  FSDP_CHECK(count_ < (int64_t{1} << 32), "[data] ", count_, " sequences of ", seq_len_ + 1,
-             " tokens are more than the loader's permutation holds (2^32); raise train.sequence_length or split the "
-             "data into several runs");
-  FSDP_CHECK(count_ >= batch_ * world_, "[data] ", count_, " sequences of ", seq_len_ + 1,
-             " tokens cannot fill one step of ", world_, " ranks x micro batch ", batch_,
+  FSDP_CHECK(count_ < (int64_t{1} << 32), "[data] ", count_,
+             " sequences are more than the loader's permutation holds (2^32); raise train.sequence_length or split "
+             "the data into several runs");
+  FSDP_CHECK(count_ >= batch_ * world_, "[data] ", plural(count_, "sequence"), " cannot fill one step of ",
+             plural(world_, "rank"), " x micro batch ", batch_,
              "; give more data, or lower train.micro_batch_size or train.sequence_length");
   shuffle();
 }
@@ -296,7 +387,7 @@ void DistributedLoader::set_position(const Position& p) {
   shuffle();
 }
 
-int64_t DistributedLoader::Batch::counted_targets() const {
+int64_t Batch::counted_targets() const {
   return std::count_if(targets.begin(), targets.end(), [](int64_t y) { return y != kIgnoreTarget; });
 }
 
@@ -308,22 +399,7 @@ DistributedLoader::Batch DistributedLoader::next() {
     shuffle();
   }
   Batch b;
-  b.inputs.reserve(batch_ * seq_len_);
-  b.targets.reserve(batch_ * seq_len_);
-  const bool masked = stream_.has_mask();
-  for (int64_t i = 0; i < batch_; ++i) {
-    const int64_t seq = first_ + order_[offset_ + rank_ * batch_ + i];
-    window_.resize(static_cast<size_t>(seq_len_ + 1));
-    stream_.read(seq * seq_len_, seq_len_ + 1, window_.data());
-    b.inputs.insert(b.inputs.end(), window_.begin(), window_.end() - 1);
-    if (masked) {  // a prompt's token is an input, never a target
-      mask_.resize(window_.size());
-      stream_.read_mask(seq * seq_len_, seq_len_ + 1, mask_.data());
-      for (size_t j = 1; j < window_.size(); ++j)
-        if (!mask_[j]) window_[j] = kIgnoreTarget;
-    }
-    b.targets.insert(b.targets.end(), window_.begin() + 1, window_.end());
-  }
+  for (int64_t i = 0; i < batch_; ++i) reader_.append(first_ + order_[offset_ + rank_ * batch_ + i], b);
   offset_ += step;
   return b;
 }

@@ -49,7 +49,12 @@ class TokenStream {
   int64_t max_token() const;
   // Whether some tokens are not targets (prompt/completion data); then read_mask says which.
   bool has_mask() const;
-  void read_mask(int64_t begin, int64_t n, uint8_t* out) const;  // 1 for a target, 0 not
+  // Mask bytes (data/token_shard.h): kMaskTarget for a target, kMaskRecordStart on a record's first.
+  void read_mask(int64_t begin, int64_t n, uint8_t* out) const;
+  // Whether every source marks where its records start (prompt/completion and chat data), and
+  // where they do (token offsets, ascending; reads the whole mask).
+  bool has_records() const;
+  std::vector<int64_t> record_starts() const;
   // The longest prompt in tokens and where it is ("file:line"); 0 and "" without prompts.
   int64_t longest_prompt() const { return longest_prompt_; }
   const std::string& longest_prompt_at() const { return longest_prompt_at_; }
@@ -88,24 +93,62 @@ struct Split {
   int64_t train_sequences = 0;
   int64_t eval_sequences = 0;
 };
-Split split_sequences(int64_t num_tokens, int64_t seq_len, double eval_fraction, const std::string& what);
+// The last eval_fraction of `sequences` held out (at least one when eval_fraction > 0). Throws
+// InputError naming `what` when there is none, or none left to train on.
+Split split_sequences(int64_t sequences, double eval_fraction, const std::string& what);
+
+// How records fill sequences (data.packing).
+//   kPlain   windows of seq_len tokens cut from the stream, one causal mask across whatever they hold
+//            (text, as llm.c and nanoGPT train).
+//   kMasked  the same windows, but each token attends only to the tokens of its own record, its
+//            position restarts at its record's first token (or at the window's start for a record
+//            that began in the window before), and the target that would predict the next record's
+//            first token is ignored: TRL's padding-free packing, TorchTitan's document masking.
+//   kPad     one record per sequence, cut to seq_len + 1 tokens, padded with ignored targets.
+enum class Packing { kPlain, kMasked, kPad };
+
+// (B, T) inputs and (B, T) targets, int64; a target that is not counted (a prompt's token, padding,
+// a record boundary under kMasked) is kIgnoreTarget. With kMasked, also each input's position in
+// its record and its record's index within its row (B, T each); empty otherwise.
+struct Batch {
+  std::vector<int64_t> inputs, targets;
+  std::vector<int64_t> positions, segments;
+  int64_t counted_targets() const;  // the targets that are not kIgnoreTarget
+};
+
+// The sequences of a stream under a packing: windows, or records (kPad, which reads the stream's
+// record starts once). Read-only after construction: several threads may append rows at once.
+class SequenceReader {
+ public:
+  // Throws InputError when kMasked or kPad is asked of a stream that does not mark its records.
+  SequenceReader(const TokenStream& stream, int64_t seq_len, Packing packing, const std::string& what);
+  int64_t count() const { return count_; }  // sequences: windows of seq_len + 1 tokens, or records
+  Packing packing() const { return packing_; }
+  int64_t truncated() const { return truncated_; }  // kPad: records longer than a sequence
+  // Appends sequence `k` as one row of `out`.
+  void append(int64_t k, Batch& out) const;
+
+ private:
+  void append_window(int64_t k, Batch& out) const;
+  void append_record(int64_t k, Batch& out) const;
+  const TokenStream& stream_;
+  int64_t seq_len_;
+  Packing packing_;
+  std::vector<int64_t> records_;  // kPad: each record's first token
+  int64_t count_ = 0, truncated_ = 0;
+};
 
 // Each rank reads disjoint sequences: a step of the whole job takes world_size * batch sequences
-// from a seeded permutation of the training windows, rank r the r-th block of `batch` of them. The
-// order depends only on the seed (not on the world size), so W ranks with batch B read the same
-// sequences per step as one rank with batch W * B. A new permutation starts each epoch: Fisher-Yates
-// (i from n-1 down to 1, swap i with next() % (i + 1)) over SplitMix64 seeded with
-// seed * 1000003 + epoch, portable so other tools can read the same order.
+// from a seeded permutation of the sequences [first_sequence, first_sequence + num_sequences), rank
+// r the r-th block of `batch` of them. The order depends only on the seed (not on the world size),
+// so W ranks with batch B read the same sequences per step as one rank with batch W * B. A new
+// permutation starts each epoch: Fisher-Yates (i from n-1 down to 1, swap i with next() % (i + 1))
+// over SplitMix64 seeded with seed * 1000003 + epoch, portable so other tools can read the same order.
 class DistributedLoader {
  public:
-  DistributedLoader(const TokenStream& stream, int64_t first_sequence, int64_t num_sequences, int64_t seq_len,
-                    int64_t batch, int rank, int world_size, uint64_t seed);
-  // (B, T) inputs and (B, T) targets, int64, for this rank; a target that is not counted (a
-  // prompt's token) is kIgnoreTarget.
-  struct Batch {
-    std::vector<int64_t> inputs, targets;
-    int64_t counted_targets() const;  // the targets that are not kIgnoreTarget
-  };
+  DistributedLoader(const SequenceReader& reader, int64_t first_sequence, int64_t num_sequences, int64_t batch,
+                    int rank, int world_size, uint64_t seed);
+  using Batch = data::Batch;
   Batch next();
 
   struct Position {  // what a checkpoint saves to resume the data exactly
@@ -115,18 +158,15 @@ class DistributedLoader {
   Position position() const { return {epoch_, offset_}; }
   void set_position(const Position& p);
   int64_t batch() const { return batch_; }
-  int64_t seq_len() const { return seq_len_; }
 
  private:
   void shuffle();
-  const TokenStream& stream_;
-  int64_t first_, count_, seq_len_, batch_;
+  const SequenceReader& reader_;
+  int64_t first_, count_, batch_;
   int rank_, world_;
   uint64_t seed_;
   int64_t epoch_ = 0, offset_ = 0;
   std::vector<uint32_t> order_;  // 4 bytes a sequence: the one part of memory that grows with the data
-  std::vector<int64_t> window_;  // one sequence's T + 1 tokens
-  std::vector<uint8_t> mask_;    // and whether each is a target
 };
 
 }  // namespace fsdp::data

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "data/dataset.h"
+#include "data/token_shard.h"
 #include "data/corpus.h"
 #include "tokenize/eos.h"
 #include "tokenize/tokenizer.h"
@@ -86,9 +87,9 @@ std::string stamp_of(const DataPlan& plan, const DataOptions& o, const std::vect
   return s;
 }
 
-// The content key: the tokenizer files, the field and every input's bytes.
+// The content key: the shard format, the tokenizer files, the field and every input's bytes.
 std::string content_key(const DataPlan& plan, const DataOptions& o, const std::vector<std::string>& inputs) {
-  uint64_t h = hash_bytes(o.field.data(), o.field.size(), 1);
+  uint64_t h = hash_bytes(o.field.data(), o.field.size(), 1 + kMaskFormat);  // a new format: a new key
   for (const std::string& f : tokenizer_files(plan.tokenizer))
     h = hash_bytes(&h, sizeof(h), file_exists(f) ? hash_file(f) : 2);
   for (const std::string& f : inputs) {
@@ -135,7 +136,14 @@ CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::
   c.shard_tokens = 100000000;
   remove_tree(c.output);
   CorpusSummary s =
-      tokenize_corpus(tok, eos, c, [progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
+      tokenize_corpus(tok, eos, c, [&o, progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
+        if (o.interrupted && o.interrupted()) {
+          if (progress) *progress << "\n";
+          throw Error(str("[data] interrupted while tokenizing ", o.path, ": ", total > 0 ? 100 * done / total : 100,
+                          "% of ", format_bytes(total), " done, none of it kept; the next launch tokenizes it from "
+                          "the start (for a corpus that takes long, tokenize it once with fsdptrain tokenize and "
+                          "train on the shards: data.path: DIR/*.bin)"));
+        }
         if (!progress) return;
         *progress << "\r[data] tokenizing: " << (total > 0 ? 100 * done / total : 100) << "% of " << format_bytes(total)
                   << ", " << format_count(static_cast<double>(tokens)) << " tokens" << std::flush;
@@ -203,7 +211,7 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   DataPlan plan = plan_data(o);
   if (plan.kind != DataKind::kTokenize) return plan;
   const std::vector<std::string> inputs = glob_paths(o.path);
-  const std::string stamp = stamp_of(plan, o, inputs);
+  const std::string stamp = stamp_of(plan, o, inputs) + str("\nmask format ", kMaskFormat);
   const std::string stamp_file = o.cache_dir + "/stamps/" + hex(hash_bytes(stamp.data(), stamp.size()));
   std::string key = read_or_empty(stamp_file);
   if (key.empty() || !file_exists(o.cache_dir + "/" + key + "/tokenize.json")) key = content_key(plan, o, inputs);

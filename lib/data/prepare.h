@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 
@@ -24,6 +25,9 @@ struct DataOptions {
   std::string pretrained;  // model.pretrained ("" unset)
   std::string cache_dir;   // data.cache_dir
   int64_t vocab_size = 0;  // the model's
+  // Asked between batches while tokenizing: true stops it (Ctrl-C), with an Error saying how far it
+  // got; nothing partial is kept.
+  std::function<bool()> interrupted;
 };
 
 enum class DataKind { kShards, kBytes, kTokenize };

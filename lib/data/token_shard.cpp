@@ -93,7 +93,7 @@ void ShardReader::read(int64_t begin, int64_t n, int64_t* out) const {
 
 void ShardReader::read_mask(int64_t begin, int64_t n, uint8_t* out) const {
   if (mask_fd_ < 0) {
-    std::fill(out, out + n, 1);
+    std::fill(out, out + n, kMaskTarget);
     return;
   }
   pread_all(mask_fd_, out, static_cast<size_t>(n), begin, shard_mask_path(path_));
@@ -119,7 +119,8 @@ void ShardWriter::add(const std::vector<int32_t>& ids, size_t uncounted) {
     }
     if (masks_) {
       std::vector<uint8_t> mask(n);
-      for (size_t k = 0; k < n; ++k) mask[k] = i + k >= uncounted ? 1 : 0;
+      for (size_t k = 0; k < n; ++k)
+        mask[k] = static_cast<uint8_t>((i + k >= uncounted ? kMaskTarget : 0) | (i + k == 0 ? kMaskRecordStart : 0));
       write(mask_, mask_path_, mask.data(), n);
     }
     count_ += static_cast<int64_t>(n);

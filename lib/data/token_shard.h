@@ -5,8 +5,11 @@
 //                  header[1] version: 1 with the uint16 magic, 7 with the uint32 one (as llm.c
 //                            writes them; anything else is refused)
 //                  header[2] the number of tokens
-//   shard.mask   optional, beside shard.bin (same name, .mask): one byte per token, 1 when the
-//                token is a target the loss counts, 0 when it is not (a prompt's)
+//   shard.mask   optional, beside shard.bin (same name, .mask): one byte per token, bit 0
+//                (kMaskTarget) set when the token is a target the loss counts (clear for a
+//                prompt's), bit 1 (kMaskRecordStart) on the first token of each record (a
+//                prompt/completion or chat record), which packing with document masks reads.
+//                tokenize.json says mask_format 2; masks without it (format 1) have no bit 1
 //
 // A folder of shards, as `fsdptrain tokenize` and the data cache write it, is shard_000000.bin,
 // shard_000001.bin, ... (each with its .mask when there are masks) and tokenize.json (data/corpus.h).
@@ -26,6 +29,8 @@ namespace fsdp::data {
 inline constexpr int32_t kShardMagicUint16 = 20240520, kShardMagicUint32 = 20240801;
 inline constexpr int32_t kShardVersionUint16 = 1, kShardVersionUint32 = 7;
 inline constexpr int64_t kShardHeaderBytes = 256 * 4;
+inline constexpr uint8_t kMaskTarget = 1, kMaskRecordStart = 2;
+inline constexpr int kMaskFormat = 2;
 
 // shard_N.bin -> shard_N.mask
 std::string shard_mask_path(const std::string& bin_path);
@@ -46,7 +51,7 @@ class ShardReader {
   bool has_mask() const { return mask_fd_ >= 0; }
   // Tokens [begin, begin + n) into out (ids as written: uint16 or uint32).
   void read(int64_t begin, int64_t n, int64_t* out) const;
-  // Mask bytes [begin, begin + n) into out (1 where there is no mask file).
+  // Mask bytes [begin, begin + n) into out (kMaskTarget where there is no mask file).
   void read_mask(int64_t begin, int64_t n, uint8_t* out) const;
 
  private:
@@ -66,7 +71,8 @@ class ShardWriter {
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
-  // A document's ids; the first `uncounted` are not targets (a prompt's).
+  // A document's ids; the first `uncounted` are not targets (a prompt's). With masks, its first
+  // token is marked as a record's start.
   void add(const std::vector<int32_t>& ids, size_t uncounted);
   int64_t finish();  // closes the last shard; returns the number of shards
   // Every file written (name in the folder -> CRC-32C), for tokenize.json: readers verify them.

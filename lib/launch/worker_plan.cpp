@@ -6,6 +6,7 @@
 
 #include "config/worker_env.h"
 #include "util/strings.h"
+#include "util/system_info.h"
 
 namespace fsdp::launch {
 
@@ -24,10 +25,15 @@ Topology topology_of(const config::LaunchConfig& l) {
 
 namespace {
 
-// OMP_NUM_THREADS as Accelerate sets it: the launcher's own value, else 1.
-std::string omp_threads() {
+// Each worker's intra-op threads (OMP_NUM_THREADS): the launcher's own value when set; else the
+// cores it is pinned to; else this machine's usable cores split among its workers (torchrun and
+// Accelerate set 1, which leaves a CPU run's cores idle). Never more threads than cores in all:
+// LibTorch's OpenMP threads spin while they wait, and more of them than cores take turns.
+std::string omp_threads(int local_world_size, const std::vector<int>& pinned) {
   const char* v = std::getenv("OMP_NUM_THREADS");
-  return v && *v ? std::string(v) : "1";
+  if (v && *v) return v;
+  if (!pinned.empty()) return std::to_string(pinned.size());
+  return std::to_string(std::max(1, usable_cores() / std::max(1, local_world_size)));
 }
 
 // With enable_cpu_affinity, each local worker's cores; otherwise none (not pinned).
@@ -76,7 +82,7 @@ std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Top
         // The launcher serves the store; workers connect to it as clients (prefix per attempt).
         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
         {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
-        {"OMP_NUM_THREADS", omp_threads()},
+        {"OMP_NUM_THREADS", omp_threads(t.local_world_size, pinned[static_cast<size_t>(local)])},
         {"PYTHONUNBUFFERED", "1"},
         // Our own workers leave the "[rank N] " prefix to the launcher.
         {"FSDPTRAIN_LAUNCHED", "1"},

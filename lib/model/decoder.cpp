@@ -68,6 +68,14 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
 
+std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,
+                                                  const at::Tensor& like) {
+  const at::Tensor pos = positions.to(like.device(), at::kFloat).unsqueeze(-1);  // (B, T, 1)
+  const at::Tensor freqs = pos * inv_freq.to(like.device());                     // (B, T, D/2)
+  const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);               // (B, 1, T, D)
+  return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
+}
+
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return x * cos + rotate_half(x) * sin;
 }
@@ -125,6 +133,31 @@ at::Tensor attention_mask(int64_t queries, int64_t keys, int64_t start, int64_t 
 
 }  // namespace
 
+Packed Packed::to(const c10::Device& device) const {
+  auto moved = [&](const at::Tensor& t) { return t.defined() ? t.to(device, /*non_blocking=*/true) : t; };
+  return Packed{moved(positions), moved(segments), moved(cu_seqlens), max_len};
+}
+
+Packed with_lengths(Packed p) {
+  const at::Tensor flat = p.positions.reshape({-1}).to(at::kCPU).contiguous();
+  const int64_t* pos = flat.data_ptr<int64_t>();
+  std::vector<int32_t> starts;
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    if (pos[i] == 0) starts.push_back(static_cast<int32_t>(i));
+  starts.push_back(static_cast<int32_t>(flat.numel()));
+  p.max_len = 0;
+  for (size_t i = 1; i < starts.size(); ++i) p.max_len = std::max<int64_t>(p.max_len, starts[i] - starts[i - 1]);
+  p.cu_seqlens = at::tensor(starts, at::kInt);
+  return p;
+}
+
+at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window) {
+  const int64_t t = segments.size(1);
+  const at::Tensor causal = attention_mask(t, t, 0, window, segments.device());              // (T, T)
+  const at::Tensor same = segments.unsqueeze(2) == segments.unsqueeze(1);                   // (B, T, T)
+  return (same & causal).unsqueeze(1);                                                      // (B, 1, T, T)
+}
+
 LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
                                                           const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
@@ -139,24 +172,60 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
           v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
 }
 
+// Packed rows on a GPU in bf16/fp16: LibTorch's variable-length flash attention (the kernel SDPA
+// runs for nested tensors) over the records laid end to end, causal, with the layer's window as
+// flash attention's left window. q, k, v (B, H, T, D), k and v with H heads.
+at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const Packed& packed) {
+  const int64_t b = q.size(0), t = q.size(2);
+  auto tokens = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({b * t, heads, head_dim}); };
+  std::optional<int64_t> left, right;
+  if (window > 0) {
+    left = window - 1;  // keys i - window + 1 .. i
+    right = 0;
+  }
+  const at::Tensor y = std::get<0>(at::_flash_attention_forward(
+      tokens(q), tokens(k), tokens(v), packed.cu_seqlens, packed.cu_seqlens, packed.max_len, packed.max_len,
+      /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, /*scale=*/std::nullopt, left, right));
+  return o_proj(y.view({b, t, heads * head_dim}));
+}
+
+namespace {
+
+// Whether packed rows can take variable-length flash attention (else SDPA with a mask).
+bool varlen_flash(const at::Tensor& q, const Packed& packed) {
+  return packed.cu_seqlens.defined() && q.is_cuda() && fused_kernels_enabled() &&
+         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) % 8 == 0 &&
+         q.size(-1) <= 256;
+}
+
+}  // namespace
+
 // softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
-at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start) {
+// Packed rows take variable-length flash attention on a GPU, else an explicit mask (SDPA's masked
+// CPU kernel here, its memory-efficient one on a GPU in fp32).
+at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start,
+                                      const Packed& packed) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2);
   if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
+  if (packed.defined() && varlen_flash(q, packed)) return attend_varlen(q, k, v, packed);
   at::Tensor y;
-  if (start == 0 && (window == 0 || t <= window))  // plain causal attention
+  if (packed.defined())
+    y = at::scaled_dot_product_attention(q, k, v, packed_attention_mask(packed.segments, window), 0.0, false);
+  else if (start == 0 && (window == 0 || t <= window))  // plain causal attention
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   else
     y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
   return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                       const Packed& packed) {
   const Projected p = project(x, cos, sin);
-  return attend(p.q, p.k, p.v, 0);
+  return attend(p.q, p.k, p.v, 0, packed);
 }
 
 at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -189,8 +258,9 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
   post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm(x), cos, sin);
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                           const Packed& packed) {
+  const at::Tensor h = x + self_attn->forward(input_layernorm(x), cos, sin, packed);
   return h + mlp->forward(post_attention_layernorm(h));
 }
 
@@ -235,17 +305,20 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   inv_freq_ = rope_inv_freq(c);
 }
 
-at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens) {
+at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens, const Packed& packed) {
   LlamaEmbeddingImpl* embed = model->embed_tokens.get();
   // Tied: the embedding also computes the logits, so it stays in the root with the head.
   at::Tensor x = config.tie_word_embeddings
                      ? embed->forward(tokens)
                      : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
-  auto [cos, sin] = rope_cos_sin(inv_freq_, tokens.size(1), x);
+  const Packed rows = packed.defined() ? packed.to(x.device()) : Packed{};
+  auto [cos, sin] = rows.defined() ? rope_cos_sin_at(inv_freq_, rows.positions, x)
+                                   : rope_cos_sin(inv_freq_, tokens.size(1), x);
   for (const auto& m : *model->layers) {
     auto* layer = m->as<LlamaDecoderLayerImpl>();
-    x = fsdp::call(*layer, TensorList{x, cos, sin},
-                   [layer](const TensorList& in) { return TensorList{layer->forward(in[0], in[1], in[2])}; })[0];
+    x = fsdp::call(*layer, TensorList{x, cos, sin}, [layer, rows](const TensorList& in) {
+      return TensorList{layer->forward(in[0], in[1], in[2], rows)};
+    })[0];
   }
   return model->norm(x);
 }
@@ -270,13 +343,13 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::v
   return at::linear(model->norm(x), head_weight());
 }
 
-at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets) {
-  const at::Tensor x = hidden_states(tokens);
+at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
+  const at::Tensor x = hidden_states(tokens, packed);
   return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head_weight(), targets.reshape({-1}));
 }
 
-at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
-  return loss_sum(tokens, targets) / targets.ne(-100).sum().clamp_min(1).to(at::kFloat);
+at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
+  return loss_sum(tokens, targets, packed) / targets.ne(-100).sum().clamp_min(1).to(at::kFloat);
 }
 
 ModelTraits llama_traits(const LlamaConfig& c) {

@@ -52,11 +52,32 @@ struct LayerCache {
   at::Tensor k, v;
 };
 
+// Several records packed into each row (data.packing: masked): each token's position within its
+// record, and which tokens each may attend to.
+struct Packed {
+  at::Tensor positions;  // (B, T) int64; 0 at each record's first token (and each row's first)
+  at::Tensor segments;   // (B, T) int64: the record's index within its row, ascending
+  // For LibTorch's variable-length flash attention (CUDA, bf16/fp16): where each record starts in
+  // the B * T tokens, then B * T, int32; and the longest record. Made by with_lengths().
+  at::Tensor cu_seqlens;
+  int64_t max_len = 0;
+  bool defined() const { return positions.defined(); }
+  Packed to(const c10::Device& device) const;
+};
+
+// `p` (host tensors) with cu_seqlens and max_len filled in from its positions.
+Packed with_lengths(Packed p);
+
+// The keys each query of a packed row may attend to, (B, 1, T, T) bool: the causal ones of its own
+// segment, and within `window` (0: any distance) when the layer has one.
+at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window);
+
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   LlamaAttentionImpl(const LlamaConfig& c, int64_t layer);
-  // x (B, T, C); cos, sin (T, D) in x's dtype -> (B, T, C)
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // x (B, T, C); cos, sin (T, D), or (B, 1, T, D) for packed rows, in x's dtype -> (B, T, C).
+  // With `packed` (on x's device), each query attends only to keys of its own record.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
   // The same for T new tokens after the cache's (cos, sin of their positions); appends their keys
   // and values to `cache`.
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
@@ -70,7 +91,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
     at::Tensor q, k, v;  // (B, H, T, D) rotated, (B, K, T, D) rotated, (B, K, T, D)
   };
   Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start);
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed = {});
+  at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packed& packed);
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -85,7 +107,7 @@ TORCH_MODULE(LlamaMLP);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer);  // named as the family's class
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
@@ -117,13 +139,14 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // fully_shard then creates each parameter's value with init_parameter (FsdpOptions::init).
   explicit LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create = false);
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) -> logits (B, T, V) in the compute dtype
-  // (B, T) -> the final norm's output (B, T, C): what the head turns into logits.
-  at::Tensor hidden_states(const at::Tensor& tokens);
+  // (B, T) -> the final norm's output (B, T, C): what the head turns into logits. With `packed`,
+  // each record of a row is computed as if it were alone (HF's position_ids with a document mask).
+  at::Tensor hidden_states(const at::Tensor& tokens, const Packed& packed = {});
   // Mean cross-entropy (fp32 logits) over targets that are not -100.
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed = {});
   // As loss(), but the sum (divide by the global token count yourself). Computed a chunk of tokens
   // at a time (model/chunked_loss.h): the (B, T, V) logits are never held whole.
-  at::Tensor loss_sum(const at::Tensor& tokens, const at::Tensor& targets);
+  at::Tensor loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed = {});
   // Decoding (an unsharded model): the logits (B, T, V) of T new tokens that follow the `cache`
   // (one LayerCache per layer, empty at the start), which grows by them. Equals forward() on the
   // whole sequence, position by position.
@@ -144,6 +167,9 @@ TORCH_MODULE(LlamaForCausalLM);
 // last; and x * cos + rotate_half(x) * sin, rotate_half(x) = [-x[D/2:], x[:D/2]].
 at::Tensor rope_inv_freq(const LlamaConfig& c);
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like);
+// The same at given positions (B, T) int64: (B, 1, T, D), broadcasting over the heads.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,
+                                                  const at::Tensor& like);
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // The classes fully_shard may make units, and the family's decoder layer (LlamaDecoderLayer,

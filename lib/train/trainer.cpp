@@ -3,6 +3,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/format.h"
@@ -26,6 +28,7 @@
 #include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -33,10 +36,32 @@ namespace fsdp::train {
 
 namespace {
 
-// Where run.json goes: beside the metrics file, else in the TensorBoard folder; "" for neither.
-std::string run_summary_path(const config::LoggingConfig& logging) {
-  if (!logging.metrics_file.empty()) return parent_folder(logging.metrics_file) + "/run.json";
-  return logging.tensorboard_dir.empty() ? "" : logging.tensorboard_dir + "/run.json";
+// run.json: in the run folder, written when the run starts (finished: false) and when it ends.
+std::string run_summary_path(const config::Config& c) {
+  return c.train.output_dir + "/run.json";
+}
+
+// A resolved value as JSON of its type: numbers and booleans as such, lists as arrays, unset as null.
+nlohmann::json typed_value(const config::ResolvedValue& v) {
+  if (v.value.empty()) return nullptr;
+  try {
+    switch (v.spec->type) {
+      case config::ValueType::kBool: return v.value == "true";
+      case config::ValueType::kInt: return std::stoll(v.value);
+      case config::ValueType::kFloat: return std::stod(v.value);
+      case config::ValueType::kList: return split(v.value, ',');
+      default: return v.value;
+    }
+  } catch (const std::exception&) {
+    return v.value;  // as written, when it does not read as its type
+  }
+}
+
+nlohmann::json typed_values(const config::ResolvedConfig& rc) {
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& v : rc.values)
+    if (v.spec->type != config::ValueType::kIgnored) values[v.spec->key] = typed_value(v);
+  return values;
 }
 
 std::string format_loss(double v) {
@@ -70,6 +95,7 @@ class RunReport {
       FSDP_CHECK(metrics_.good(), "[train] cannot open logging.metrics_file ", quoted(config_.logging.metrics_file));
     }
     if (run.context().is_main() && !config_.logging.tensorboard_dir.empty()) open_tensorboard(first_step);
+    if (run.context().is_main()) write_run_start(first_step);
   }
 
   // Whether step `step` is read at once (it is logged, checkpointed, exported or evaluated, or it is
@@ -89,10 +115,18 @@ class RunReport {
     summary_.steps = step;
     if (progress_)
       run_.out() << kProgressLinePrefix
-                 << progress_bar(step, config_.train.steps, summary_.last_loss, seconds_since(start_)) << std::endl;
-    if (saves(step)) save(step);
-    if (exports(step)) run_.export_hf(step);
-    if (evaluates(step)) log_eval(step, run_.evaluate());
+                 << progress_bar(step, run_.steps(), summary_.last_loss, seconds_since(start_)) << std::endl;
+    // The held-out loss first: a checkpoint records it (checkpoint.keep_best keeps the lowest).
+    std::optional<double> eval_loss;
+    if (evaluates(step) || (saves(step) && config_.checkpoint.keep_best)) {
+      eval_loss = run_.evaluate();
+      log_eval(step, *eval_loss);
+    }
+    if (saves(step)) save(step, eval_loss);
+    if (exports(step)) {
+      run_.export_hf(step);
+      last_export_ = str(config_.checkpoint.export_dir, "/step-", step);
+    }
     if (wants_now(step)) {  // the device is idle here: the next timing window starts now
       window_start_ = Clock::now();
       window_step_ = step;
@@ -120,7 +154,7 @@ class RunReport {
  private:
   // Every `interval` steps (0: never), and at the last step.
   bool due(int64_t step, int64_t interval) const {
-    return (interval > 0 && step % interval == 0) || step == config_.train.steps;
+    return (interval > 0 && step % interval == 0) || step == run_.steps();
   }
   bool logs(int64_t step) const { return step == 1 || due(step, config_.logging.interval); }
   bool saves(int64_t step) const { return run_.checkpointing() && due(step, config_.checkpoint.interval); }
@@ -149,21 +183,31 @@ class RunReport {
     tensorboard_->add_scalar("train/step_time_s", m.step, m.step_time_s);
   }
 
+  // run.json as the run starts: that it has not finished, what it will do, the resolved config.
+  void write_run_start(int64_t first_step) const {
+    make_directories(config_.train.output_dir);
+    const nlohmann::json doc = {{"finished", false},
+                                {"versions", version_line()},
+                                {"world_size", run_.context().world_size},
+                                {"steps_planned", run_.steps()},
+                                {"resumed_from", first_step - 1},
+                                {"config", typed_values(run_.resolved())}};
+    write_file_atomic(run_summary_path(config_), doc.dump(2) + "\n");
+  }
+
   // run.json: what a script comparing runs needs, in one file.
   void write_run_summary() const {
-    const std::string path = run_summary_path(config_.logging);
-    if (path.empty()) return;
-    nlohmann::json values = nlohmann::json::object();
-    for (const auto& v : run_.resolved().values)
-      values[v.spec->key] = v.value.empty() ? nlohmann::json(nullptr) : nlohmann::json(v.value);
+    const std::string path = run_summary_path(config_);
     const dist::WorkerContext& ctx = run_.context();
     const double per_device = summary_.tokens_per_s / ctx.world_size;
     const nlohmann::json doc = {
+        {"finished", summary_.steps >= run_.steps()},
         {"versions", version_line()},
         {"world_size", ctx.world_size},
         {"device", ctx.device.is_cuda() ? cuda_device_name(ctx.gpu) : std::string("cpu")},
         {"parameters", run_.num_parameters()},
         {"steps", summary_.steps},
+        {"steps_planned", run_.steps()},
         {"resumed_from", summary_.resumed_from},
         {"first_loss", finite_or_null(summary_.first_loss)},
         {"final_loss", finite_or_null(summary_.last_loss)},
@@ -176,11 +220,20 @@ class RunReport {
         {"peak_memory_bytes", peak_memory_bytes(ctx.device)},
         {"wall_time_s", summary_.seconds},
         {"checkpoint", last_checkpoint_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_checkpoint_)},
+        {"best_checkpoint", best_checkpoint()},
         {"metrics_file", config_.logging.metrics_file},
         {"tensorboard", tensorboard_ ? nlohmann::json(tensorboard_->path()) : nlohmann::json(nullptr)},
-        {"config", values}};
+        {"export", last_export_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_export_)},
+        {"config", typed_values(run_.resolved())}};
     write_file_atomic(path, doc.dump(2) + "\n");
     run_.say(str("[train] run summary: ", path, "\n"));
+  }
+
+  // With checkpoint.keep_best: the checkpoint it keeps (null otherwise, or before any was measured).
+  nlohmann::json best_checkpoint() const {
+    if (!config_.checkpoint.keep_best || config_.checkpoint.dir.empty()) return nullptr;
+    const std::string best = ckpt::best_checkpoint(config_.checkpoint.dir, ckpt::local_file_system());
+    return best.empty() ? nlohmann::json(nullptr) : nlohmann::json(best);
   }
 
   // Speed over the steps since the device was last idle (the last logged, saved, exported or
@@ -188,7 +241,7 @@ class RunReport {
   void log_metrics(const StepResult& result) {
     StepMetrics m;
     m.step = result.step;
-    m.steps = config_.train.steps;
+    m.steps = run_.steps();
     m.loss = result.loss;
     m.lr = result.lr;
     m.grad_norm = result.grad_norm;
@@ -209,9 +262,9 @@ class RunReport {
     log_scalars(m);
   }
 
-  void save(int64_t step) {
+  void save(int64_t step, std::optional<double> eval_loss) {
     if (step == last_saved_) return;
-    run_.save_checkpoint(step);
+    run_.save_checkpoint(step, eval_loss && std::isfinite(*eval_loss) ? eval_loss : std::nullopt);
     last_saved_ = step;
     last_checkpoint_ = config_.checkpoint.dir + "/" + ckpt::checkpoint_name(step);
   }
@@ -249,7 +302,7 @@ class RunReport {
   std::ofstream metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t last_saved_ = -1;
-  std::string last_checkpoint_;
+  std::string last_checkpoint_, last_export_;
   double best_loss_ = std::numeric_limits<double>::infinity();
   double best_eval_loss_ = std::numeric_limits<double>::infinity();
   TrainSummary summary_;
@@ -267,7 +320,8 @@ void refuse_unsupported(const config::ResolvedConfig& resolved) {
 // A fresh run's exports go to folders that must not exist yet: found now, not after the last step.
 void check_exports_free(const config::Config& config) {
   const config::CheckpointConfig& c = config.checkpoint;
-  if (c.export_dir.empty() || !c.resume.empty()) return;  // a resumed run exports from where it left off
+  // A resumed run exports from where it left off; with train.epochs the steps depend on the data.
+  if (c.export_dir.empty() || !c.resume.empty() || config.train.epochs > 0) return;
   const int64_t steps = config.train.steps;
   std::vector<int64_t> due{steps};
   for (int64_t s = c.export_interval; c.export_interval > 0 && s < steps; s += c.export_interval) due.push_back(s);
@@ -279,6 +333,58 @@ void check_exports_free(const config::Config& config) {
   }
 }
 
+// A fresh run does not write into the folder of an earlier one (its run.json says so): its
+// checkpoints, exports and metrics would mix with that run's, and `resume: latest` would later
+// pick either. Continuing the earlier run is checkpoint.resume's job.
+void check_run_folder(const config::Config& config) {  // see check_run_folder_free
+  const std::string path = run_summary_path(config);
+  if (!config.checkpoint.resume.empty() || !file_exists(path)) return;
+  std::string what = "an earlier run";
+  if (const std::optional<nlohmann::json> j = try_read_json_file(path); j && j->is_object()) {
+    const nlohmann::json& r = *j;
+    const int64_t steps = r.value("steps", r.value("resumed_from", int64_t{0}));
+    what = r.value("finished", false) ? str("a finished run (", steps, " steps)")
+                                      : str("an unfinished run (stopped after step ", steps, ", or still running)");
+  }
+  throw InputError(str("[train] train.output_dir ", config.train.output_dir, " holds ", what, " (", path,
+                       "); a new run there would mix its outputs with it. Continue it with checkpoint.resume: latest",
+                       " (raising train.steps if it finished), or start over in another train.output_dir (--set "
+                       "train.output_dir=...) or after deleting that folder"));
+}
+
+// fsdp_transformer_layer_cls_to_wrap names classes of this model (empty: its decoder layer, as
+// Accelerate reads _no_split_modules): a Llama name in a config pointed at a Qwen2 folder is refused
+// here, listing the family's classes, not on every rank after the model is built.
+void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfig& model, const std::string& where) {
+  if (fsdp.auto_wrap_policy != config::WrapPolicy::kTransformerBasedWrap) return;
+  // The classes of a one-layer model of the same family and switches (the shapes do not matter).
+  model::LlamaConfig tiny = model;
+  tiny.vocab_size = 8;
+  tiny.hidden_size = tiny.num_attention_heads * 2;
+  tiny.head_dim = 2;
+  tiny.intermediate_size = 2;
+  tiny.num_hidden_layers = 1;
+  tiny.sliding_layers.resize(1);
+  const model::LlamaForCausalLM m(tiny, /*free_after_create=*/true);
+  std::set<std::string> classes;
+  for (const auto& item : m->named_modules()) classes.insert(item.value()->name());
+  for (const std::string& c : fsdp.transformer_layer_cls_to_wrap)
+    FSDP_CHECK(classes.count(c), "[train] fsdp_config.fsdp_transformer_layer_cls_to_wrap: ", where, " is a ",
+               model::family_names(model.family).layer_class, " model, with no class ", quoted(c), "; its classes: ",
+               join(std::vector<std::string>(classes.begin(), classes.end()), ", "),
+               ". Leave the key empty for its decoder layer (", model::family_names(model.family).layer_class, ")");
+}
+
+// What the run will leave behind, when that is less than a model.
+std::vector<std::string> output_warnings(const config::Config& config) {
+  const config::CheckpointConfig& c = config.checkpoint;
+  if (!c.export_dir.empty()) return {};
+  if (c.dir.empty())
+    return {"checkpoint.export_dir and checkpoint.dir are both off: this run saves no model"};
+  return {str("checkpoint.export_dir is off: this run leaves training checkpoints in ", c.dir,
+              " but no Hugging Face folder (fsdptrain merge-weights makes one from a checkpoint)")};
+}
+
 }  // namespace
 
 std::vector<std::string> check_trainer_config(const config::ResolvedConfig& resolved) {
@@ -286,12 +392,14 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   std::vector<std::string> warnings = config::unused_by_trainer(resolved);
   // Its config.json parses (InputError naming the file otherwise).
   const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
+  check_layer_classes(resolved.typed.fsdp, model, model_config_path(resolved.typed));
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.
   check_fits_machine(resolved.typed, model, model_config_path(resolved.typed),
                      resolved.typed.launch.processes_per_machine());
   data::plan_data(data_options_of(resolved.typed, model.vocab_size));  // a tokenizer for text, when it needs one
   const config::CheckpointConfig& c = resolved.typed.checkpoint;
   check_exports_free(resolved.typed);
+  for (std::string& w : output_warnings(resolved.typed)) warnings.push_back(std::move(w));
   profile_window(resolved.typed.logging, resolved.typed.train.steps);  // within the run
   if (!c.dir.empty())  // writable, not damaged, room for a checkpoint: before any step, not at the first save
     ckpt::check_checkpoint_dir(c.dir, ckpt::checkpoint_bytes(model.num_parameters()), c.keep,
@@ -299,11 +407,50 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   return warnings;
 }
 
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void on_interrupt(int) {
+  g_interrupted = 1;
+}
+
+// SIGINT and SIGTERM set g_interrupted while it lives (tokenizing stops between batches, saying so).
+class InterruptFlag {
+ public:
+  InterruptFlag() {
+    g_interrupted = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~InterruptFlag() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  InterruptFlag(const InterruptFlag&) = delete;
+  InterruptFlag& operator=(const InterruptFlag&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+}  // namespace
+
 void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream& log, bool live) {
-  const data::DataPlan plan = data::prepare_data(
-      data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size), live ? &log : nullptr);
+  const InterruptFlag flag;
+  data::DataOptions options = data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size);
+  options.interrupted = [] { return g_interrupted != 0; };
+  const data::DataPlan plan = data::prepare_data(options, live ? &log : nullptr);
   if (!plan.note.empty()) log << plan.note << "\n";
   data::check_prompt_fits(plan.longest_prompt, plan.longest_prompt_at, resolved.typed.train.sequence_length);
+}
+
+void check_run_folder_free(const config::ResolvedConfig& resolved) {
+  // Machine 0's: another machine may look after its workers wrote run.json (one shared folder).
+  if (resolved.typed.launch.machine_rank == 0) check_run_folder(resolved.typed);
 }
 
 void check_checkpoint_dir_free(const config::ResolvedConfig& resolved) {
@@ -318,9 +465,17 @@ TrainSummary run_training(const dist::WorkerContext& context, const config::Reso
   TrainingRun run(context, resolved, out, hooks);  // group, data, model, optimizer, checkpointer
   try {
     const int64_t first_step = run.resume();  // 1, or the step after the checkpoint's
+    if (first_step > run.steps()) {  // a finished run, launched again: nothing is written
+      run.say(str("[train] nothing to do: the checkpoint is at step ", first_step - 1, " and this run has ",
+                  run.steps(), " steps (", run.config().train.epochs > 0 ? "train.epochs" : "train.steps",
+                  "); it finished. Raise it to train further\n"));
+      TrainSummary done;
+      done.steps = done.resumed_from = first_step - 1;
+      return done;
+    }
     RunReport report(run, first_step);
-    StepProfiler profiler(run.config().logging, run.config().train.steps, context.rank, context.device);
-    for (int64_t step = first_step; step <= run.config().train.steps; ++step) {
+    StepProfiler profiler(run.config().logging, run.steps(), context.rank, context.device);
+    for (int64_t step = first_step; step <= run.steps(); ++step) {
       profiler.before_step(step);
       // Queues micro-batches, loss, backward, clip, AdamW; returns the step before, read meanwhile.
       if (std::optional<StepResult> before = run.train_step(step)) report.after_step(*before);

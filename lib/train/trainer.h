@@ -38,6 +38,10 @@ void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream&
 // holds checkpoint.dir's lock (ckpt::DirLock).
 void check_checkpoint_dir_free(const config::ResolvedConfig& resolved);
 
+// On machine 0, before a fresh launch of the built-in trainer (not a resume): throws InputError
+// when train.output_dir holds an earlier run's run.json, naming it and the two ways on.
+void check_run_folder_free(const config::ResolvedConfig& resolved);
+
 // Trains on `context`'s device and ranks. Throws InputError for a bad model config, data or
 // checkpoint, Error for a failure during training (a NaN loss names the step).
 TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,

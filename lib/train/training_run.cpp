@@ -41,6 +41,39 @@ at::Tensor host_tensor(const std::vector<int64_t>& v, int64_t rows, int64_t cols
   return t;
 }
 
+// (B, T) host tensors of a batch's positions and segments, with the record lengths flash attention
+// takes; none for unpacked rows.
+model::Packed packed_rows(const data::Batch& b, int64_t rows, int64_t seq_len, bool pinned) {
+  if (b.positions.empty()) return {};
+  return model::with_lengths(
+      model::Packed{host_tensor(b.positions, rows, seq_len, pinned), host_tensor(b.segments, rows, seq_len, pinned)});
+}
+
+// data.packing: auto is masked when the data marks its records (prompt/completion, chat), plain
+// for text.
+data::Packing packing_of(const config::Config& c, const data::TokenStream& tokens) {
+  switch (c.data.packing) {
+    case config::Packing::kPlain: return data::Packing::kPlain;
+    case config::Packing::kMasked: return data::Packing::kMasked;
+    case config::Packing::kPad: return data::Packing::kPad;
+    case config::Packing::kAuto: break;
+  }
+  return tokens.has_records() ? data::Packing::kMasked : data::Packing::kPlain;
+}
+
+std::string packing_note(const data::SequenceReader& r, int64_t seq_len) {
+  switch (r.packing()) {
+    case data::Packing::kPlain: return "";
+    case data::Packing::kMasked: return "; records packed, each attending only to itself (data.packing: masked)";
+    case data::Packing::kPad:
+      return str("; one record per sequence, padded (data.packing: pad)",
+                 r.truncated() ? str(", ", plural(r.truncated(), "record"), " longer than ", seq_len + 1,
+                                     " tokens cut short")
+                               : "");
+  }
+  return "";
+}
+
 // Sum over ranks of a double (the loss sum, a token count).
 double global_sum(dist::ProcessGroup& world, double v, const c10::Device& device) {
   if (world.size() == 1) return v;
@@ -113,29 +146,70 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
       out_(out),
       world_(init_group(context)),
       model_config_(model_config_of(config_)) {
-  say(config::format_resolved(resolved, config::ShowFormat::kTable));
-  // Data first: a bad path fails in a second, before any model is built.
-  const std::string& path = config_.data.path;
-  const int64_t T = config_.train.sequence_length;
-  // The launcher tokenized text already; this finds its cache (or makes it, run without a launcher).
-  const data::DataPlan plan = data::prepare_data(data_options_of(config_, model_config_.vocab_size));
-  tokens_ = data::read_tokens(plan.path, config_.data.field);
-  tokens_.check_below(model_config_.vocab_size,
-                      plan.kind == data::DataKind::kTokenize
-                          ? str("the tokenizer ", plan.tokenizer, " does not fit the model; give the model's own")
-                          : str("raise vocab_size in ", model_config_path(config_), " (byte-level text needs 257)"));
-  tokens_.check_prompts_fit(T);
-  split_ = data::split_sequences(static_cast<int64_t>(tokens_.size()), T, config_.data.eval_fraction, path);
-  loader_ = std::make_unique<data::DistributedLoader>(tokens_, 0, split_.train_sequences, T,
-                                                      config_.train.micro_batch_size, world_.rank(), world_.size(),
-                                                      static_cast<uint64_t>(config_.train.seed));
-  say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(),
-          " tokens; ", split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T,
-          " tokens",
-          tokens_.has_mask() ? "; the loss counts only completion tokens (prompts are inputs, not targets)" : "",
-          "\n"));
+  // The resolved config's first and last lines (the file, how it runs); the whole table with --verbose.
+  const std::string table = config::format_resolved(resolved, config::ShowFormat::kTable);
+  if (env_is("FSDPTRAIN_VERBOSE", "1")) {
+    say(table);
+  } else {
+    for (const std::string& line : split(table, '\n'))
+      if (starts_with(line, "# config:") || starts_with(line, "# runs as:")) say(line + "\n");
+  }
+  say(str("[train] run folder: ", config_.train.output_dir, " (run.json there holds the resolved config",
+          env_is("FSDPTRAIN_VERBOSE", "1") ? "" : "; launch --verbose prints it", ")\n"));
+  if (!config_.launch.use_cpu && !context_.device.is_cuda())
+    say("[train] warning: the config asks for GPUs (use_cpu is false), but this machine shows none: training on "
+        "the CPU. Set use_cpu: true (or --cpu) to say so\n");
+  FSDP_CHECK(config_.train.sequence_length <= model_config_.max_position_embeddings, "[train] train.sequence_length ",
+             config_.train.sequence_length, " is beyond the model's max_position_embeddings ",
+             model_config_.max_position_embeddings, " (", model_config_path(config_),
+             "); positions past it were never trained. Lower train.sequence_length");
+  read_data();  // first: a bad path fails in a second, before any model is built
   build_model();
   build_checkpointer(hooks);
+}
+
+// The token streams of data.path (and data.eval_path), their split into training and held-out
+// sequences, the loader, and the number of steps (train.steps, or train.epochs over the data).
+void TrainingRun::read_data() {
+  const int64_t T = config_.train.sequence_length;
+  // The launcher tokenized text already; this finds its cache (or makes it, run without a launcher).
+  auto read = [&](const std::string& path) {
+    data::DataOptions o = data_options_of(config_, model_config_.vocab_size);
+    o.path = path;
+    const data::DataPlan plan = data::prepare_data(o);
+    data::TokenStream s = data::read_tokens(plan.path, config_.data.field);
+    s.check_below(model_config_.vocab_size,
+                  plan.kind == data::DataKind::kTokenize
+                      ? str("the tokenizer ", plan.tokenizer, " does not fit the model; give the model's own")
+                      : str("raise vocab_size in ", model_config_path(config_), " (byte-level text needs 257)"));
+    s.check_prompts_fit(T);
+    return s;
+  };
+  tokens_ = read(config_.data.path);
+  const bool own_eval = !config_.data.eval_path.empty();
+  if (own_eval) eval_tokens_ = read(config_.data.eval_path);
+  const data::Packing packing = packing_of(config_, tokens_);
+  reader_ = std::make_unique<data::SequenceReader>(tokens_, T, packing, config_.data.path);
+  split_ = data::split_sequences(reader_->count(), own_eval ? 0 : config_.data.eval_fraction, config_.data.path);
+  if (own_eval) {
+    eval_reader_ = std::make_unique<data::SequenceReader>(eval_tokens_, T, packing, config_.data.eval_path);
+    split_.eval_sequences = eval_reader_->count();
+  }
+  every_target_counts_ = !tokens_.has_mask() && packing == data::Packing::kPlain;
+  loader_ = std::make_unique<data::DistributedLoader>(*reader_, 0, split_.train_sequences,
+                                                      config_.train.micro_batch_size, world_.rank(), world_.size(),
+                                                      static_cast<uint64_t>(config_.train.seed));
+  const config::TrainConfig& t = config_.train;
+  const int64_t per_step = world_.size() * t.micro_batch_size * t.gradient_accumulation_steps;
+  steps_ = t.epochs > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
+                                                   t.epochs * static_cast<double>(split_.train_sequences) / per_step)))
+                        : t.steps;
+  say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(),
+          " tokens; ", split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T,
+          " tokens", own_eval ? " (held out: data.eval_path)" : "",
+          tokens_.has_mask() ? "; the loss counts only completion tokens (prompts are inputs, not targets)" : "",
+          packing_note(*reader_, T), t.epochs > 0 ? str("; ", t.epochs, " epochs are ", steps_, " steps of ", per_step, " sequences") : "",
+          "\n"));
 }
 
 // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
@@ -180,6 +254,7 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   ckpt::CheckpointOptions options;
   options.dir = c.dir;
   options.keep = c.keep;
+  options.keep_best = c.keep_best;
   options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
                                                                                             : ckpt::Format::kFull;
   options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
@@ -211,7 +286,9 @@ int64_t TrainingRun::resume() {
   if (c.resume.empty()) return 1;
   const std::string path = c.resume == "latest" ? ckpt::latest_checkpoint(c.dir) : c.resume;
   if (path.empty()) {
-    say(str("[train] checkpoint.resume is latest but ", c.dir, " holds no complete checkpoint; starting at step 1\n"));
+    say(str("[train] checkpoint.resume is latest, but ",
+            c.dir.empty() ? "checkpoint.dir is off" : c.dir + " holds no complete checkpoint",
+            ": starting at step 1\n"));
     return 1;
   }
   const std::string before = host_peaks(world_, context_.device);
@@ -221,9 +298,6 @@ int64_t TrainingRun::resume() {
   loader_->set_position({saved.loader_epoch, saved.loader_offset});
   consumed_ = loader_->position();
   resumed_from_ = saved.step;
-  if (saved.step >= config_.train.steps)
-    say(str("[train] ", path, " is at step ", saved.step, " and train.steps is ", config_.train.steps,
-            ": nothing left to train; raise train.steps to continue\n"));
   return saved.step + 1;
 }
 
@@ -233,19 +307,29 @@ double TrainingRun::tokens_per_step() const {
 }
 
 // The summed token losses of one micro-batch, through the sharded model.
-at::Tensor TrainingRun::loss_sum(const at::Tensor& inputs, const at::Tensor& targets) {
+at::Tensor TrainingRun::loss_sum(const at::Tensor& inputs, const at::Tensor& targets, const model::Packed& packed) {
   const at::Tensor x = inputs.to(context_.device, /*non_blocking=*/true);
   const at::Tensor y = targets.to(context_.device, /*non_blocking=*/true);
-  return sharded_->forward({x, y}, [&](const TensorList& in) { return TensorList{llama_->loss_sum(in[0], in[1])}; })[0];
+  const model::Packed rows = packed.defined() ? packed.to(context_.device) : model::Packed{};
+  return sharded_->forward(
+      {x, y}, [&](const TensorList& in) { return TensorList{llama_->loss_sum(in[0], in[1], rows)}; })[0];
+}
+
+at::Tensor TrainingRun::loss_sum(const data::Batch& b, int64_t rows) {
+  const int64_t T = config_.train.sequence_length;
+  return loss_sum(host_tensor(b.inputs, rows, T, false), host_tensor(b.targets, rows, T, false),
+                  packed_rows(b, rows, T, false));
 }
 
 StepBatches TrainingRun::read_batches() {
   const config::TrainConfig& t = config_.train;
+  const bool pinned = context_.device.is_cuda();
   StepBatches b;
   for (int64_t micro = 0; micro < t.gradient_accumulation_steps; ++micro) {
-    const data::DistributedLoader::Batch batch = loader_->next();
-    b.inputs.push_back(host_tensor(batch.inputs, t.micro_batch_size, t.sequence_length, context_.device.is_cuda()));
-    b.targets.push_back(host_tensor(batch.targets, t.micro_batch_size, t.sequence_length, context_.device.is_cuda()));
+    const data::Batch batch = loader_->next();
+    b.inputs.push_back(host_tensor(batch.inputs, t.micro_batch_size, t.sequence_length, pinned));
+    b.targets.push_back(host_tensor(batch.targets, t.micro_batch_size, t.sequence_length, pinned));
+    b.packed.push_back(packed_rows(batch, t.micro_batch_size, t.sequence_length, pinned));
     b.counted += static_cast<double>(batch.counted_targets());
   }
   b.after = loader_->position();
@@ -266,10 +350,10 @@ StepBatches TrainingRun::take_batches() {
 }
 
 // The global batch's counted targets, as a (1) double tensor on the device: every target, unless
-// the data has prompts; then the ranks' counts summed there (no host wait).
+// the data has prompts or record boundaries; then the ranks' counts summed there (no host wait).
 at::Tensor TrainingRun::global_targets(double local) {
   const auto opts = at::TensorOptions().dtype(at::kDouble).device(context_.device);
-  if (!tokens_.has_mask()) return at::full({1}, tokens_per_step(), opts);
+  if (every_target_counts_) return at::full({1}, tokens_per_step(), opts);
   at::Tensor t = at::full({1}, local, opts);
   if (world_.size() > 1) world_.all_reduce(t, dist::ReduceOp::kSum, "counted targets").wait();
   return t;
@@ -277,7 +361,7 @@ at::Tensor TrainingRun::global_targets(double local) {
 
 std::optional<StepResult> TrainingRun::train_step(int64_t step) {
   RECORD_USER_SCOPE(str("step ", step));
-  const double lr = optim::learning_rate(schedule_of(config_), config_.optimizer.lr, step, config_.train.steps);
+  const double lr = optim::learning_rate(schedule_of(config_), config_.optimizer.lr, step, steps_);
   adamw_->set_lr(lr);
   const StepBatches batches = take_batches();
   consumed_ = batches.after;
@@ -301,14 +385,14 @@ std::optional<StepResult> TrainingRun::train_step(int64_t step) {
 // each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
 at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::Tensor& counted) {
   const double per_rank = tokens_per_step() / world_.size();
-  const at::Tensor per_rank_masked = tokens_.has_mask() ? counted.clamp_min(1.0) / world_.size() : at::Tensor();
+  const at::Tensor per_rank_masked = !every_target_counts_ ? counted.clamp_min(1.0) / world_.size() : at::Tensor();
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
   for (size_t micro = 0; micro < batches.inputs.size(); ++micro) {
     sharded_->set_requires_gradient_sync(micro + 1 == batches.inputs.size());
     at::Tensor loss;
     {
       RECORD_USER_SCOPE(str("forward micro-batch ", micro));
-      loss = this->loss_sum(batches.inputs[micro], batches.targets[micro]);
+      loss = this->loss_sum(batches.inputs[micro], batches.targets[micro], batches.packed[micro]);
     }
     RECORD_USER_SCOPE(str("backward micro-batch ", micro));
     (per_rank_masked.defined() ? loss / per_rank_masked.to(loss.scalar_type()).reshape({}) : loss / per_rank)
@@ -374,21 +458,27 @@ StepResult TrainingRun::judge(const PendingStep& p) const {
   return r;
 }
 
+// The mean loss over the held-out sequences: up to train.eval_batches micro-batches per rank, the
+// sequences dealt round-robin over the ranks. Every rank runs the same number of forward passes (the
+// gathers are collective): a rank past the end runs a batch whose targets all count for nothing.
 double TrainingRun::evaluate() {
-  const int64_t batch = std::min<int64_t>(config_.train.micro_batch_size, split_.eval_sequences / world_.size());
-  if (batch < 1) return std::numeric_limits<double>::quiet_NaN();
-  data::DistributedLoader eval_loader(tokens_, split_.train_sequences, split_.eval_sequences,
-                                      config_.train.sequence_length, batch, world_.rank(), world_.size(),
-                                      static_cast<uint64_t>(config_.train.seed));
+  const int64_t T = config_.train.sequence_length, n = split_.eval_sequences, w = world_.size();
+  if (n == 0) return std::numeric_limits<double>::quiet_NaN();
+  const data::SequenceReader& reader = eval_reader_ ? *eval_reader_ : *reader_;
+  const int64_t first = eval_reader_ ? 0 : split_.train_sequences;
+  const int64_t b = std::min<int64_t>(config_.train.micro_batch_size, (n + w - 1) / w);
+  const int64_t passes = std::min<int64_t>(config_.train.eval_batches, (n + w * b - 1) / (w * b));
   c10::NoGradGuard no_grad;
   double sum = 0, count = 0;
-  const int64_t batches =
-      std::min<int64_t>(config_.train.eval_batches, split_.eval_sequences / (batch * world_.size()));
-  for (int64_t i = 0; i < batches; ++i) {
-    const data::DistributedLoader::Batch b = eval_loader.next();
-    const int64_t T = config_.train.sequence_length;
-    sum += loss_sum(host_tensor(b.inputs, batch, T, false), host_tensor(b.targets, batch, T, false)).item<double>();
-    count += static_cast<double>(b.counted_targets());
+  for (int64_t pass = 0; pass < passes; ++pass) {
+    data::Batch batch;
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t k = (pass * b + i) * w + world_.rank();  // this rank's i-th sequence of the pass
+      reader.append(first + std::min(k, n - 1), batch);
+      if (k >= n) std::fill(batch.targets.end() - T, batch.targets.end(), data::kIgnoreTarget);
+    }
+    count += static_cast<double>(batch.counted_targets());
+    sum += loss_sum(batch, b).item<double>();
   }
   return global_sum(world_, sum, context_.device) / global_sum(world_, count, context_.device);
 }
@@ -406,8 +496,10 @@ ckpt::TrainingState TrainingRun::state_at(int64_t step) const {
   return s;
 }
 
-void TrainingRun::save_checkpoint(int64_t step) {
-  checkpointer_->save(state_at(step));
+void TrainingRun::save_checkpoint(int64_t step, std::optional<double> eval_loss) {
+  ckpt::TrainingState state = state_at(step);
+  state.eval_loss = eval_loss;
+  checkpointer_->save(state);
 }
 
 void TrainingRun::wait_for_checkpoint() {

@@ -41,6 +41,7 @@ struct StepResult {
 // One step's micro-batches, read ahead on a helper thread while the step before runs.
 struct StepBatches {
   std::vector<at::Tensor> inputs, targets;  // (B, T) int64 on the host, pinned for a CUDA run
+  std::vector<model::Packed> packed;        // with data.packing masked: positions and segments, (B, T)
   double counted = 0;                       // this rank's counted targets
   data::DistributedLoader::Position after;  // the loader's position once these are consumed
 };
@@ -78,7 +79,7 @@ class TrainingRun {
   bool step_pending() const { return pending_.has_value(); }
   // The mean loss over every held-out token the ranks read; NaN when nothing is held out.
   double evaluate();
-  void save_checkpoint(int64_t step);  // precondition: checkpointing()
+  void save_checkpoint(int64_t step, std::optional<double> eval_loss = std::nullopt);  // precondition: checkpointing()
   void export_hf(int64_t step);        // into checkpoint.export_dir/step-N
   void wait_for_checkpoint();          // the last save is on disk
 
@@ -88,17 +89,20 @@ class TrainingRun {
   const config::ResolvedConfig& resolved() const { return resolved_; }
   const dist::WorkerContext& context() const { return context_; }
   double tokens_per_step() const;
+  int64_t steps() const { return steps_; }  // train.steps, or what train.epochs make of the data
   double flops_per_token() const { return model_config_.flops_per_token(config_.train.sequence_length); }
   int64_t num_parameters() const { return model_config_.num_parameters(); }
   int64_t resumed_from() const { return resumed_from_; }
   std::ostream& out() const { return out_; }
 
  private:
+  void read_data();
   void build_model();
   void build_checkpointer(const TrainHooks& hooks);
   void claim_checkpoint_dir(ckpt::FileSystem& fs);
   ckpt::TrainingState state_at(int64_t step) const;
-  at::Tensor loss_sum(const at::Tensor& inputs, const at::Tensor& targets);
+  at::Tensor loss_sum(const data::Batch& batch, int64_t rows);  // evaluation's
+  at::Tensor loss_sum(const at::Tensor& inputs, const at::Tensor& targets, const model::Packed& packed);
   ckpt::ExtraFiles text_files() const;
   std::string export_note(int64_t step) const;
   void replace_own_export(const std::string& dir, int64_t step) const;
@@ -115,8 +119,11 @@ class TrainingRun {
   std::ostream& out_;
   dist::ProcessGroup world_;
   const model::LlamaConfig model_config_;
-  data::TokenStream tokens_;
+  data::TokenStream tokens_, eval_tokens_;  // eval_tokens_: data.eval_path's, when given
+  std::unique_ptr<data::SequenceReader> reader_, eval_reader_;
   data::Split split_;
+  bool every_target_counts_ = true;  // no prompts, no record boundaries: the count is known
+  int64_t steps_ = 0;
   std::unique_ptr<data::DistributedLoader> loader_;
   model::LlamaForCausalLM llama_{nullptr};
   std::unique_ptr<ShardedModel> sharded_;

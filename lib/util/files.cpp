@@ -160,6 +160,33 @@ std::string absolute_path(const std::string& path) {
   return ::getcwd(cwd, sizeof(cwd)) ? std::string(cwd) + "/" + path : path;
 }
 
+std::string folder_glob(const std::string& folder) {
+  std::string best = ".bin";
+  size_t most = 0;
+  for (const char* ext : {".bin", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt"}) {
+    const size_t n = glob_paths(folder + "/*" + ext).size();
+    if (n > most) {
+      most = n;
+      best = ext;
+    }
+  }
+  return folder + "/*" + best;
+}
+
+std::string lexically_normal(const std::string& path) {
+  std::vector<std::string> parts;
+  for (const std::string& p : split(path, '/')) {
+    if (p.empty() || p == ".") continue;
+    if (p == ".." && !parts.empty() && parts.back() != "..")
+      parts.pop_back();
+    else if (!(p == ".." && !path.empty() && path[0] == '/' && parts.empty()))
+      parts.push_back(p);
+  }
+  const std::string joined = join(parts, "/");
+  if (!path.empty() && path[0] == '/') return "/" + joined;
+  return joined.empty() ? "." : joined;
+}
+
 std::string home_dir() {
   if (const char* h = std::getenv("HOME"); h && *h) return h;
   if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir) return pw->pw_dir;

@@ -63,11 +63,17 @@ std::string base_name(const std::string& path);
 
 // The paths a file name or glob ("data/*.bin") names, sorted; empty when nothing matches.
 std::vector<std::string> glob_paths(const std::string& pattern);
+// A glob for the data files in `folder`: folder/*.EXT for the most common of .bin, .jsonl,
+// .jsonl.gz, .jsonl.zst and .txt in it (.bin when it holds none), for "is a folder" hints.
+std::string folder_glob(const std::string& folder);
 bool is_directory(const std::string& path);
 
 // `path` as an absolute path: its real path (links resolved) when it exists, else the working
 // directory joined with it.
 std::string absolute_path(const std::string& path);
+// `path` with "." steps, repeated slashes and "dir/.." pairs removed, as text (no file system
+// access): "/a/b/../c/./d" -> "/a/c/d".
+std::string lexically_normal(const std::string& path);
 
 // $HOME, or the password database's home folder when HOME is unset.
 std::string home_dir();

@@ -1,8 +1,10 @@
 #include "util/system_info.h"
 
+#include <sched.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -27,6 +29,12 @@ SystemInfo system_info() {
     if (name == "MemAvailable:") s.memory_available_bytes = kb * 1024;
   }
   return s;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return ::sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
 }
 
 }  // namespace fsdp

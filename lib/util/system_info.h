@@ -16,4 +16,7 @@ struct SystemInfo {
 
 SystemInfo system_info();
 
+// The cores this process may run on (sched_getaffinity: taskset, cgroup cpusets), at least 1.
+int usable_cores();
+
 }  // namespace fsdp

@@ -10,11 +10,13 @@ model="${1:-configs/models/llama-125m/config.json}"
 world="${2:-2}"
 out="$(mktemp -d /tmp/fsdptrain_ckpt_bench.XXXXXX)"
 trap 'rm -rf "$out"' EXIT
-run() {  # label, then --set overrides
+runs=0
+run() {  # label, then --set overrides; each run its own run folder (train.output_dir)
   local label="$1"
   shift
   echo "== $label"
-  local sets=()
+  runs=$((runs + 1))
+  local sets=(--set "train.output_dir=$out/run$runs")
   for s in "$@"; do sets+=(--set "$s"); done
   ./build/apps/fsdptrain/fsdptrain launch --config configs/quickstart.yaml --main_process_port 0 \
     --num_processes "$world" --set "model.config=$model" --set train.micro_batch_size=1 \

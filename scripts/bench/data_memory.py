@@ -34,7 +34,9 @@ def peak(fsdptrain, source, folder, out):
     subprocess.run([fsdptrain, "launch", "--config", os.path.join(source, "configs", "quickstart.yaml"),
                     "--main_process_port", "0", "--set", f"data.path={folder}/part_*.bin", "--set", "train.steps=20",
                     "--set", "logging.interval=1", "--set", f"logging.metrics_file={metrics}",
-                    "--set", "data.eval_fraction=0", "--set", "checkpoint.export_dir="], check=True, capture_output=True,
+                    "--set", "data.eval_fraction=0", "--set", "checkpoint.export_dir=",
+                    "--set", "train.output_dir=" + os.path.join(out, "run_" + os.path.basename(folder))],
+                   check=True, capture_output=True,
                    text=True)
     return max(json.loads(l)["peak_memory_bytes"] for l in open(metrics) if "peak_memory_bytes" in l)
 

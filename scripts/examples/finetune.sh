@@ -12,10 +12,10 @@ FSDPTRAIN=./build/apps/fsdptrain/fsdptrain
 [ -x "$FSDPTRAIN" ] && [ -x "$PY" ] || { echo "finetune.sh: run bash scripts/setup.sh first" >&2; exit 1; }
 [ -f runs/finetune/model/config.json ] ||
   "$PY" scripts/examples/make_finetune_example.py --out runs/finetune 2>/dev/null | grep -v '^$'  # (the trainer's blank lines)
-rm -rf runs/finetune/export  # an earlier run's (a run refuses to export over one)
+rm -rf runs/finetune/run  # an earlier run's folder (a new run refuses to mix with it)
 "$FSDPTRAIN" launch --config configs/finetune.yaml "$@"
 # 3. What it learned: fsdptrain generate on the export (which carries the tokenizer), greedy.
 python3 -c 'import json,sys; [print(json.dumps({"prompt": json.loads(l)["prompt"]})) for l in sys.stdin.readlines()[:4]]' \
   < runs/finetune/train.jsonl > runs/finetune/prompts.jsonl
-"$FSDPTRAIN" generate --model runs/finetune/export/step-300 --prompts runs/finetune/prompts.jsonl --max_new_tokens 16
-"$FSDPTRAIN" generate --model runs/finetune/export/step-300 --prompt $'Q: What color is the lantern?\nA:' --max_new_tokens 16
+"$FSDPTRAIN" generate --model runs/finetune/run/export/step-300 --prompts runs/finetune/prompts.jsonl --max_new_tokens 16
+"$FSDPTRAIN" generate --model runs/finetune/run/export/step-300 --prompt $'Q: What color is the lantern?\nA:' --max_new_tokens 16

@@ -7,7 +7,8 @@
 //   hf_tool golden DIR OUT   (one process) loads DIR of any family and prints, as JSON, its logits
 //       on kTokens, the summed loss of predicting each next token (the last predicts the first),
 //       every parameter's gradient of that loss, the parameter count, FLOPs per token at T = 10
-//       and the layer class; then exports the loaded model to OUT through the sharded engine.
+//       and the layer class; the logits and loss of kTokens packed as two records (data.packing:
+//       masked: positions restart at kPackedStart, each record sees only itself); then exports the loaded model to OUT through the sharded engine.
 //   hf_tool count CONFIG_JSON   prints the parameter count and layer class of a config.json.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -23,6 +24,33 @@
 namespace {
 
 const std::vector<int64_t> kTokens = {3, 17, 42, 100, 256, 0, 5, 9, 77, 200};
+constexpr int64_t kPackedStart = 4;  // the second record's first token
+
+// kTokens as two packed records: logits, and the loss of each next token within its record.
+nlohmann::json packed_json(fsdp::model::LlamaForCausalLMImpl& m) {
+  c10::NoGradGuard no_grad;
+  const int64_t n = static_cast<int64_t>(kTokens.size());
+  std::vector<int64_t> positions, segments, targets;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool second = i >= kPackedStart;
+    positions.push_back(second ? i - kPackedStart : i);
+    segments.push_back(second ? 1 : 0);
+    targets.push_back(i + 1 == kPackedStart || i + 1 == n ? -100 : kTokens[static_cast<size_t>(i) + 1]);
+  }
+  auto row = [n](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).view({1, n}); };
+  const fsdp::model::Packed packed{row(positions), row(segments)};
+  const at::Tensor x = row(kTokens);
+  const at::Tensor logits = at::linear(m.hidden_states(x, packed), m.config.tie_word_embeddings
+                                                                      ? m.model->embed_tokens->weight
+                                                                      : m.lm_head->weight)
+                                .to(at::kDouble)
+                                .reshape({-1})
+                                .contiguous();
+  return {{"positions", positions},
+          {"targets", targets},
+          {"logits", std::vector<double>(logits.data_ptr<double>(), logits.data_ptr<double>() + logits.numel())},
+          {"loss", m.loss_sum(x, row(targets), packed).item<double>()}};
+}
 
 nlohmann::json logits_json(fsdp::model::LlamaForCausalLMImpl& m) {
   c10::NoGradGuard no_grad;
@@ -47,7 +75,7 @@ int golden(const std::string& dir, const std::string& out) {
   const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(dir + "/config.json");
   fsdp::model::LlamaForCausalLM m = load(dir);
   fsdp::ckpt::HfCheckpoint ck(dir);
-  nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}};
+  nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}, {"packed", packed_json(*m)}};
   std::vector<int64_t> next(kTokens.begin() + 1, kTokens.end());
   next.push_back(kTokens.front());
   const at::Tensor loss = m->loss_sum(at::tensor(kTokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));

@@ -107,7 +107,8 @@ TEST_CASE("preset answers are not asked; a complete set needs no input at all") 
                                                {"parallelism_config.parallelism_config_dp_replicate_size", "2"},
                                                {"parallelism_config.parallelism_config_dp_shard_size", "2"},
                                                {"num_processes", "4"},
-                                               {"mixed_precision", "no"}};
+                                               {"mixed_precision", "no"},
+                                               {"model.pretrained", ""}};
   Run r = run("", preset);
   CHECK(r.transcript == "");
   Loaded l = load_text(r.result.yaml);
@@ -157,4 +158,22 @@ TEST_CASE("on a machine without GPUs the wizard defaults to CPU processes and sa
   CHECK(out.str().find("[multi-CPU]") != std::string::npos);
   CHECK(out.str().find("How many processes should be used in total") != std::string::npos);
   CHECK(out.str().find("(GPUs)") == std::string::npos);
+}
+
+// Issue 27: the wizard's config could not run the built-in trainer (no model, no data).
+TEST_CASE("the wizard asks for the trainer's model and data, and writes them as absolute paths with a run folder") {
+  const std::string model = std::string(FSDP_SOURCE_DIR) + "/configs/models/tiny";
+  Run r = run("", {{"machine_type", "multi-CPU"},
+                   {"num_processes", "2"},
+                   {"model.pretrained", model},
+                   {"data.path", std::string(FSDP_SOURCE_DIR) + "/lib/*/*.cpp"}});
+  CHECK(value_of(r.result, "model.pretrained") == model);
+  CHECK(value_of(r.result, "data.path") == std::string(FSDP_SOURCE_DIR) + "/lib/*/*.cpp");
+  CHECK(value_of(r.result, "train.output_dir").find("/runs/tiny") != std::string::npos);
+  CHECK(value_of(r.result, "fsdp_config.fsdp_transformer_layer_cls_to_wrap") == "<absent>");  // the family's class
+  // No model: nothing of the trainer's is written.
+  Run none = run("", {{"machine_type", "multi-CPU"}, {"num_processes", "2"}, {"model.pretrained", ""}});
+  CHECK(value_of(none.result, "data.path") == "<absent>");
+  CHECK_THROWS_WITH_AS(run("", {{"machine_type", "multi-CPU"}, {"model.pretrained", "/nonexistent"}}),
+                       doctest::Contains("holds no config.json"), InputError);
 }

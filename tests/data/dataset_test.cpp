@@ -45,9 +45,15 @@ std::vector<int64_t> firsts(DistributedLoader& l, int steps) {
   std::vector<int64_t> out;
   for (int s = 0; s < steps; ++s) {
     const auto b = l.next();
-    for (int64_t i = 0; i < l.batch(); ++i) out.push_back(b.inputs[i * l.seq_len()]);
+    const size_t T = b.inputs.size() / static_cast<size_t>(l.batch());
+    for (int64_t i = 0; i < l.batch(); ++i) out.push_back(b.inputs[i * T]);
   }
   return out;
+}
+
+// Windows of seq_len tokens (data.packing: plain).
+SequenceReader windows(const TokenStream& s, int64_t seq_len) {
+  return SequenceReader(s, seq_len, Packing::kPlain, s.files().empty() ? "stream" : s.files()[0]);
 }
 
 }  // namespace
@@ -103,6 +109,10 @@ TEST_CASE("a uint32 id beyond int32, an id beyond the vocabulary and a folder ar
   const std::string folder = error_of([&] { read_tokens(d.path); });
   CHECK(folder.find("data.path \"" + d.path + "\" is a folder") != std::string::npos);
   CHECK(folder.find(d.path + "/*.bin") != std::string::npos);
+  // A folder of JSONL gets a JSONL glob (issue 27: it was told */*.bin).
+  TempDir j;
+  j.file("a.jsonl", "{\"text\": \"x\"}\n");
+  CHECK(error_of([&] { read_tokens(j.path); }).find("a glob such as " + j.path + "/*.jsonl") != std::string::npos);
 }
 
 TEST_CASE("bad inputs name the file and the fix") {
@@ -118,52 +128,61 @@ TEST_CASE("bad inputs name the file and the fix") {
           read_tokens(d.file("x.jsonl", "{\"body\": 1}\n"));
         }).find("x.jsonl:1: no string field \"text\" nor \"prompt\" and \"completion\"; name the field that holds "
                 "the text with data.field") != std::string::npos);
-  CHECK(error_of([] { split_sequences(10, 16, 0.0, "tiny.txt"); }).find("shorter than one sequence of 17") !=
+  const TokenStream tiny = counting(10);
+  CHECK(error_of([&] { windows(tiny, 16); }).find("has 10 tokens, shorter than one sequence of 17") !=
         std::string::npos);
+  CHECK(error_of([] { split_sequences(1, 0.5, "few.txt"); })
+            .find("few.txt: nothing left to train on after holding out 1 of 1 sequence") != std::string::npos);
   const TokenStream s = counting(100);
-  CHECK(error_of([&] { DistributedLoader(s, 0, 3, 8, 2, 0, 2, 1); }).find("cannot fill one step") != std::string::npos);
+  const SequenceReader r = windows(s, 8);
+  CHECK(error_of([&] { DistributedLoader(r, 0, 3, 2, 0, 2, 1); }).find("cannot fill one step") != std::string::npos);
+  CHECK(error_of([&] { SequenceReader(s, 8, Packing::kMasked, "text.bin"); })
+            .find("data.packing: masked needs records, and text.bin marks none") != std::string::npos);
 }
 
 TEST_CASE("ranks read disjoint sequences; W ranks read what one rank with W times the batch reads") {
   const TokenStream s = counting(8 * 64 + 1);  // 64 sequences of 8 (+1)
-  const Split split = split_sequences(s.size(), 8, 0.0, "counting");
-  CHECK(split.train_sequences == 64);
-  DistributedLoader one(s, 0, 64, 8, 8, 0, 1, 42);
+  const SequenceReader r = windows(s, 8);
+  CHECK(r.count() == 64);
+  CHECK(split_sequences(r.count(), 0.0, "counting").train_sequences == 64);
+  CHECK(split_sequences(r.count(), 0.1, "counting").eval_sequences == 6);
+  DistributedLoader one(r, 0, 64, 8, 0, 1, 42);
   const std::vector<int64_t> all = firsts(one, 6);  // crosses an epoch (8 steps of 8 = 64)
   std::vector<int64_t> merged;
   for (int w : {2, 4}) {
     std::vector<std::vector<int64_t>> per_rank;
-    for (int r = 0; r < w; ++r) {
-      DistributedLoader l(s, 0, 64, 8, 8 / w, r, w, 42);
+    for (int rank = 0; rank < w; ++rank) {
+      DistributedLoader l(r, 0, 64, 8 / w, rank, w, 42);
       per_rank.push_back(firsts(l, 6));
     }
     merged.clear();
     for (int step = 0; step < 6; ++step)
-      for (int r = 0; r < w; ++r)
-        for (int i = 0; i < 8 / w; ++i) merged.push_back(per_rank[r][step * (8 / w) + i]);
+      for (int rank = 0; rank < w; ++rank)
+        for (int i = 0; i < 8 / w; ++i) merged.push_back(per_rank[rank][step * (8 / w) + i]);
     CHECK(merged == all);
     std::set<int64_t> first_step;
-    for (int r = 0; r < w; ++r)
-      for (int i = 0; i < 8 / w; ++i) CHECK(first_step.insert(per_rank[r][i]).second);
+    for (int rank = 0; rank < w; ++rank)
+      for (int i = 0; i < 8 / w; ++i) CHECK(first_step.insert(per_rank[rank][i]).second);
   }
   // Targets are the inputs shifted by one token.
-  DistributedLoader l(s, 0, 64, 8, 1, 0, 1, 42);
+  DistributedLoader l(r, 0, 64, 1, 0, 1, 42);
   const auto b = l.next();
   for (int t = 0; t < 8; ++t) CHECK(b.targets[t] == b.inputs[t] + 1);
   // Another seed reads another order; held-out sequences are never read for training.
-  DistributedLoader other(s, 0, 64, 8, 8, 0, 1, 43);
+  DistributedLoader other(r, 0, 64, 8, 0, 1, 43);
   CHECK(firsts(other, 1) != std::vector<int64_t>(all.begin(), all.begin() + 8));
-  DistributedLoader head(s, 0, 60, 8, 4, 0, 1, 42);
+  DistributedLoader head(r, 0, 60, 4, 0, 1, 42);
   for (int64_t f : firsts(head, 30)) CHECK(f < 60 * 8);
 }
 
 TEST_CASE("a saved position resumes the exact sequence of batches") {
   const TokenStream s = counting(8 * 40 + 1);
-  DistributedLoader a(s, 0, 40, 8, 3, 1, 2, 7);
+  const SequenceReader r = windows(s, 8);
+  DistributedLoader a(r, 0, 40, 3, 1, 2, 7);
   firsts(a, 9);  // into the second epoch
   const auto pos = a.position();
   const auto expected = firsts(a, 10);
-  DistributedLoader b(s, 0, 40, 8, 3, 1, 2, 7);
+  DistributedLoader b(r, 0, 40, 3, 1, 2, 7);
   b.set_position(pos);
   CHECK(firsts(b, 10) == expected);
 }
@@ -178,7 +197,10 @@ TEST_CASE("prompt/completion records: the prompt's tokens are inputs, never targ
   REQUIRE(s.has_mask());
   std::vector<uint8_t> mask(want.size());
   s.read_mask(0, static_cast<int64_t>(want.size()), mask.data());
-  CHECK(mask == std::vector<uint8_t>{1, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1});  // EOT ends the document before: a target
+  // EOT ends the document before (a target) and starts its record.
+  CHECK(mask == std::vector<uint8_t>{3, 0, 0, 1, 3, 0, 0, 0, 0, 1, 1});
+  CHECK(s.has_records());
+  CHECK(s.record_starts() == std::vector<int64_t>{0, 4});
   CHECK(s.longest_prompt() == 5);                                      // EOT + "defg"
   CHECK(s.longest_prompt_at() == path + ":2");
   CHECK_NOTHROW(s.check_prompts_fit(6));
@@ -186,13 +208,37 @@ TEST_CASE("prompt/completion records: the prompt's tokens are inputs, never targ
             .find(path + ":2: the prompt is 5 tokens, and a sequence of train.sequence_length 5") != std::string::npos);
 
   // One sequence of the whole stream: every target that is a prompt's token is ignored.
-  DistributedLoader loader(s, 0, 1, 10, 1, 0, 1, 7);
+  const SequenceReader r = windows(s, 10);
+  DistributedLoader loader(r, 0, 1, 1, 0, 1, 7);
   const auto b = loader.next();
   CHECK(b.inputs == std::vector<int64_t>(want.begin(), want.end() - 1));
   const int64_t x = kIgnoreTarget;
   CHECK(b.targets == std::vector<int64_t>{x, x, 'c', kByteEndOfText, x, x, x, x, 'h', 'i'});
   // Pretraining text has no mask: every target counts.
   CHECK_FALSE(read_tokens(d.file("plain.jsonl", "{\"text\": \"ab\"}\n")).has_mask());
+
+  // Masked packing: the same window, each token's position restarts at its record, the second
+  // record is segment 1, and the target that crosses into it (its EOT) is not counted.
+  const SequenceReader masked(s, 10, Packing::kMasked, path);
+  Batch m;
+  masked.append(0, m);
+  CHECK(m.inputs == b.inputs);
+  CHECK(m.targets == std::vector<int64_t>{x, x, 'c', x, x, x, x, x, 'h', 'i'});
+  CHECK(m.positions == std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3, 4, 5});
+  CHECK(m.segments == std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1, 1, 1, 1});
+  CHECK(b.positions.empty());  // plain windows have none
+
+  // Padding: one record per row, cut to seq_len + 1 tokens (the second loses its last), padded with
+  // ignored targets.
+  const SequenceReader pad(s, 5, Packing::kPad, path);
+  CHECK(pad.count() == 2);
+  CHECK(pad.truncated() == 1);
+  Batch p;
+  pad.append(0, p);
+  pad.append(1, p);
+  CHECK(p.inputs == std::vector<int64_t>{kByteEndOfText, 'a', 'b', 'c', 0, kByteEndOfText, 'd', 'e', 'f', 'g'});
+  CHECK(p.targets == std::vector<int64_t>{x, x, 'c', x, x, x, x, x, x, 'h'});
+  CHECK(p.counted_targets() == 2);
 }
 
 TEST_CASE("a shard's .mask is read beside it, and one of another length is refused") {

@@ -358,7 +358,7 @@ TEST_CASE("launch refuses to start with nothing to run") {
   CHECK(contains(r.err, "nothing to run"));
 }
 
-TEST_CASE("scripts/slurm/fsdptrain.sbatch runs a two-machine check under a stand-in srun") {
+TEST_CASE("scripts/slurm/fsdptrain.sbatch runs a two-machine check, then the trainer, under a stand-in srun") {
   fs::path dir = fs::temp_directory_path() / ("fsdptrain_slurm_" + make_marker());
   fs::create_directories(dir);
   {
@@ -385,6 +385,22 @@ TEST_CASE("scripts/slurm/fsdptrain.sbatch runs a two-machine check under a stand
   CHECK_MESSAGE(code == 0, out);
   CHECK(contains(out, "[rank 0] all collectives verified on 4 ranks"));
   CHECK(fs::exists(dir / "logs" / "7" / "rank3.log"));
+  // Without CHECK and COMMAND: the built-in trainer on the config's model and data, on both machines.
+  {
+    std::ofstream config(dir / "train.yaml");
+    config << "distributed_type: FSDP\nuse_cpu: true\nfsdp_config:\n  fsdp_version: 2\nmodel:\n  config: "
+           << FSDP_SOURCE_DIR << "/configs/models/tiny/config.json\ndata:\n  path: " << FSDP_SOURCE_DIR
+           << "/lib/util/*.cpp\n  eval_fraction: 0\ntrain:\n  output_dir: run\n  steps: 2\n  sequence_length: 32\n";
+  }
+  std::string train_cmd = cmd;
+  train_cmd.replace(train_cmd.find("CHECK=1 "), 8, "");
+  train_cmd.replace(train_cmd.find("CONFIG=cpu.yaml"), 15, "CONFIG=train.yaml");
+  const int trained = std::system(train_cmd.c_str());
+  std::ifstream t(dir / "out.txt");
+  const std::string tout((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+  CHECK_MESSAGE(trained == 0, tout);
+  CHECK(contains(tout, "[rank 0] [train] done: 2 steps"));
+  CHECK(fs::exists(dir / "run" / "run.json"));  // beside the config: one folder for both machines
   CHECK(std::system(("rm -rf '" + dir.string() + "'").c_str()) == 0);
 }
 

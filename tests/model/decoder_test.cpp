@@ -39,6 +39,14 @@ LlamaConfig tiny(int64_t kv_heads = 2) {
   return c;
 }
 
+// Every parameter's gradient, then zeroed for the next backward.
+std::vector<at::Tensor> take_grads(LlamaForCausalLMImpl& m) {
+  std::vector<at::Tensor> g;
+  for (const auto& p : m.parameters()) g.push_back(p.grad().clone());
+  m.zero_grad();
+  return g;
+}
+
 LlamaForCausalLM build(const LlamaConfig& c, uint64_t seed = 5) {
   LlamaForCausalLM m(c);
   init_parameters(*m, seed);
@@ -366,16 +374,12 @@ TEST_CASE("prompt tokens contribute nothing: the gradient is that of the complet
   std::vector<int32_t> tokens{1, 5, 6, 7, 20, 21, 2, 1, 8, 9, 22, 23, 24, 2, 1, 5};
   std::vector<uint8_t> mask{1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0};
   const fsdp::data::TokenStream stream = fsdp::data::TokenStream::in_memory(tokens, "pairs", mask);
-  fsdp::data::DistributedLoader loader(stream, 0, 1, 15, 1, 0, 1, 3);
+  const fsdp::data::SequenceReader reader(stream, 15, fsdp::data::Packing::kPlain, "pairs");
+  fsdp::data::DistributedLoader loader(reader, 0, 1, 1, 0, 1, 3);
   const auto batch = loader.next();
   const at::Tensor x = at::tensor(batch.inputs, at::kLong).view({1, 15});
   const at::Tensor y = at::tensor(batch.targets, at::kLong).view({1, 15});
-  auto grads = [&m] {
-    std::vector<at::Tensor> g;
-    for (const auto& p : m->parameters()) g.push_back(p.grad().clone());
-    m->zero_grad();
-    return g;
-  };
+  auto grads = [&m] { return take_grads(*m); };
   m->zero_grad();
   m->loss_sum(x, y).backward();
   const std::vector<at::Tensor> got = grads();
@@ -459,4 +463,45 @@ TEST_CASE("describe() lists every parameter of every family as the decoder regis
       CHECK(d.config_json.find("\"torch_dtype\": \"float32\"") != std::string::npos);
     }
   }
+}
+
+// Issue 27: records packed into one row (data.packing: masked) train as if each were alone: their
+// positions restart, they see only themselves (within a sliding window too), and the loss and its
+// gradient are the sum of the records' own.
+TEST_CASE("packed records: loss and gradients equal the records' run one at a time") {
+  LlamaConfig c = tiny();
+  c.sliding_window = 3;
+  c.sliding_layers = {false, true};  // layer 1 slides: the window applies within a record
+  LlamaForCausalLM m = build(c, 17);
+  const std::vector<std::vector<int64_t>> records{{1, 5, 9, 2}, {3, 4, 6, 7, 8, 10}, {11, 12}};
+  std::vector<int64_t> tokens, targets, positions, segments;
+  for (size_t r = 0; r < records.size(); ++r)
+    for (size_t i = 0; i < records[r].size(); ++i) {
+      tokens.push_back(records[r][i]);
+      const bool last = i + 1 == records[r].size();
+      targets.push_back(last ? -100 : records[r][i + 1]);  // the target into the next record is not counted
+      positions.push_back(static_cast<int64_t>(i));
+      segments.push_back(static_cast<int64_t>(r));
+    }
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  auto row = [T](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).view({1, T}); };
+  auto grads = [&m] { return take_grads(*m); };
+  m->zero_grad();
+  const at::Tensor packed = m->loss_sum(row(tokens), row(targets), Packed{row(positions), row(segments)});
+  packed.backward();
+  const std::vector<at::Tensor> got = grads();
+  double alone = 0;
+  for (const auto& r : records) {
+    const int64_t n = static_cast<int64_t>(r.size());
+    const at::Tensor x = at::tensor(std::vector<int64_t>(r.begin(), r.end() - 1), at::kLong).view({1, n - 1});
+    const at::Tensor y = at::tensor(std::vector<int64_t>(r.begin() + 1, r.end()), at::kLong).view({1, n - 1});
+    const at::Tensor l = m->loss_sum(x, y);
+    l.backward();
+    alone += l.item<double>();
+  }
+  const std::vector<at::Tensor> want = grads();
+  CHECK(packed.item<double>() == doctest::Approx(alone).epsilon(1e-5));
+  for (size_t i = 0; i < got.size(); ++i) CHECK(at::allclose(got[i], want[i], 1e-4, 1e-6));
+  // Without the packing the records see each other: another loss, so the check above can tell.
+  CHECK(m->loss_sum(row(tokens), row(targets)).item<double>() != doctest::Approx(alone).epsilon(1e-3));
 }

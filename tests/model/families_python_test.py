@@ -67,6 +67,27 @@ def hf_golden(model, tokens):
 PROMPTS = ["The quick brown fox", "int main() {", "Sliding windows and caches:", "a"]
 
 
+def check_packed(model, ours):
+    """Two records packed in one row: transformers given the same position_ids (which it reads as
+    packed sequences, each attending only to itself, when there is no cache) gives our logits and
+    loss; so does each record run alone. Returns the worst relative error."""
+    p = ours["packed"]
+    x, pos = torch.tensor([ours["tokens"]]), torch.tensor([p["positions"]])
+    with torch.no_grad():
+        logits = model(x, position_ids=pos, use_cache=False).logits  # no cache: transformers then packs
+        start = p["positions"].index(0, 1)
+        alone = torch.cat([model(x[:, :start]).logits, model(x[:, start:]).logits], dim=1)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(p["targets"]),
+                                             ignore_index=-100, reduction="sum").item()
+    ours_logits = torch.tensor(p["logits"], dtype=torch.float64)
+    e = max(rel(ours_logits, logits.reshape(-1).double()), rel(ours_logits, alone.reshape(-1).double()))
+    assert e <= 1e-5 and abs(p["loss"] - loss) <= 1e-5 * abs(loss), (e, p["loss"], loss)
+    # Without the packing the second record sees the first: other logits, so the check can tell.
+    with torch.no_grad():
+        assert rel(ours_logits, model(x).logits.reshape(-1).double()) > 1e-3
+    return e
+
+
 def add_tokenizer(folder):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
@@ -125,13 +146,15 @@ def check_family(name, config, cls, tool, d, fsdptrain):
     exported = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)
+    e_packed = check_packed(model, ours)
     n = sum(p.numel() for p in model.parameters())  # tied weights counted once
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
     flops = 6 * n_prime + 12 * c.num_hidden_layers * c.num_attention_heads * head_dim * len(ours["tokens"])
     print(f"{name}: logits {e_logits:.1e}, loss {ours['loss']:.6f} vs {loss:.6f}, gradients (worst parameter) "
-          f"{e_grad:.1e}, export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
+          f"{e_grad:.1e}, export {e_export:.1e}, packed records {e_packed:.1e}; {n} parameters; "
+          f"{ours['layer_class']}")
     assert e_logits <= 1e-5 and e_grad <= 1e-4 and e_export <= 1e-5, name
     assert abs(ours["loss"] - loss) <= 1e-5 * abs(loss)
     assert ours["num_parameters"] == n and abs(ours["flops_per_token"] - flops) <= 1e-9 * flops

@@ -1,10 +1,13 @@
 // Runs of the built-in trainer through the real CLI, for the trainer and checkpoint tests:
 // `fsdptrain ARGS` from the source tree (relative paths in configs resolve there), the losses a
-// run wrote to its metrics file, and scratch paths unique to the test process.
+// run wrote to its metrics file, and scratch paths unique to the test process. A training launch
+// gets a run folder of its own (train.output_dir) unless the test names one, so runs of one config
+// never meet in configs/runs.
 #pragma once
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -24,7 +27,18 @@ inline Result run_in_source(const std::string& binary, const std::vector<std::st
       .wait(std::chrono::seconds(240));
 }
 
-inline Result fsdptrain_in_source(const std::vector<std::string>& args) {
+inline std::string temp_path(const std::string& name) {
+  return "/tmp/fsdp_test_" + std::to_string(::getpid()) + "_" + name;
+}
+
+inline Result fsdptrain_in_source(std::vector<std::string> args) {
+  static int runs = 0;
+  const bool trains = !args.empty() && args[0] == "launch" &&
+                      std::find(args.begin(), args.end(), "--") == args.end() &&
+                      std::none_of(args.begin(), args.end(), [](const std::string& a) {
+                        return a.rfind("train.output_dir=", 0) == 0 || a.rfind("--check", 0) == 0;
+                      });
+  if (trains) args.insert(args.end(), {"--set", "train.output_dir=" + temp_path("run_" + std::to_string(++runs))});
   return run_in_source(FSDP_BINARY, args);
 }
 
@@ -53,10 +67,6 @@ inline void sh(const std::string& command) {
 
 inline bool exists(const std::string& path) {
   return std::ifstream(path).good();
-}
-
-inline std::string temp_path(const std::string& name) {
-  return "/tmp/fsdp_test_" + std::to_string(::getpid()) + "_" + name;
 }
 
 inline std::string read_bytes(const std::string& path) {

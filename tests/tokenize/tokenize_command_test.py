@@ -130,7 +130,8 @@ def check_compressed(fsdptrain, d, jsonl, lines, tok):
 
 def check_prompt_completion(fsdptrain, d, tok):
     """Prompt/completion records: prompt ids (with BOS) + completion ids + EOS; the mask counts
-    the completion and EOS only; the longest prompt is reported with its line."""
+    the completion and EOS only (bit 0) and marks each record's first token (bit 1); the longest
+    prompt is reported with its line."""
     eos = tok.token_to_id("<|end_of_text|>")
     pairs = [("Question: what is fsdptrain?\nAnswer:", " a launcher"), ("Say hi:", " hi there 😀"),
              ("A much longer prompt that goes on for a while, about FSDP2 and shards:", " ok")]
@@ -146,7 +147,7 @@ def check_prompt_completion(fsdptrain, d, tok):
         prompt = tok.encode(p).ids
         completion = tok.encode(c, add_special_tokens=False).ids
         ids += prompt + completion + [eos]
-        mask += [0] * len(prompt) + [1] * (len(completion) + 1)
+        mask += [2] + [0] * (len(prompt) - 1) + [1] * (len(completion) + 1)
     assert shard_ids(out) == ids
     assert list(shard_masks(out)) == mask, (list(shard_masks(out)), mask)
     longest = max(len(tok.encode(p).ids) for p, _ in pairs)

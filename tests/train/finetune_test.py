@@ -21,9 +21,14 @@ import sys
 import tempfile
 
 
+LAUNCHES = [0]
+
+
 def launch(a, d, *sets, processes=2):
+    LAUNCHES[0] += 1  # each launch its own run folder
     args = [a.fsdptrain, "launch", "--config", os.path.join(a.source, "configs", "finetune.yaml"),
             "--main_process_port", "0", "--num_processes", str(processes),
+            "--set", f"train.output_dir={d}/run{LAUNCHES[0]}",
             "--set", f"model.pretrained={d}/ex/model", "--set", f"data.path={d}/ex/train.jsonl",
             "--set", f"data.cache_dir={d}/cache", "--set", "checkpoint.export_dir=", "--set", "logging.metrics_file="]
     for s in sets:
@@ -50,7 +55,7 @@ def check_cache(d, rows):
     for r in rows:
         p, c = tok.encode(r["prompt"]).ids, tok.encode(r["completion"], add_special_tokens=False).ids
         ids += p + c + [eos]
-        mask += [0] * len(p) + [1] * (len(c) + 1)
+        mask += [2] + [0] * (len(p) - 1) + [1] * (len(c) + 1)  # bit 1: a record's first token
     (key,) = [k for k in os.listdir(f"{d}/cache") if k != "stamps"]
     folder = f"{d}/cache/{key}"
     assert read_shard(f"{folder}/shard_000000.bin") == ids

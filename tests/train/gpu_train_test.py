@@ -36,7 +36,8 @@ def main():
             cmd = [args.fsdptrain, "launch", "--config", quickstart, "--main_process_port", "0", "--num_processes", "1",
                    "--set", "train.steps=12", "--set", "train.sequence_length=64", "--set", "train.eval_interval=0",
                    "--set", "logging.interval=1", "--set", f"logging.metrics_file={metrics}",
-                   "--set", "logging.tensorboard_dir=", "--set", "checkpoint.export_dir="]
+                   "--set", "logging.tensorboard_dir=", "--set", "checkpoint.export_dir=",
+                   "--set", f"train.output_dir={tmp}/{name}"]
             for s in sets:
                 cmd += ["--set", s]
             r = subprocess.run(cmd, cwd=args.source, capture_output=True, text=True, timeout=600,

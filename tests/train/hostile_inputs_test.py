@@ -204,9 +204,14 @@ QUICK = ["--set", "train.steps=4", "--set", "train.sequence_length=32", "--set",
          "--set", "logging.tensorboard_dir=", "--set", "logging.interval=1"]
 
 
+def run_folder():
+    """A run folder of its own (train.output_dir) for one launch: runs never meet in runs/quickstart."""
+    return ["--set", "train.output_dir=" + tempfile.mkdtemp(prefix="fsdp_hostile_run_")]
+
+
 def launch(fsdptrain, source, extra, timeout=600):
     return run([fsdptrain, "launch", "--config", os.path.join(source, "configs/quickstart.yaml"),
-                "--main_process_port", "0"] + QUICK + extra, timeout=timeout, cwd=source)
+                "--main_process_port", "0"] + QUICK + run_folder() + extra, timeout=timeout, cwd=source)
 
 
 def full_disk_cases(fsdptrain, source, d):
@@ -267,7 +272,7 @@ def path_cases(fsdptrain, hf_tool, d):
     open(victim, "w").write("keep me\n")
     os.symlink(victim, os.path.join(lock_dir, ".fsdptrain.lock"))
     r = run([fsdptrain, "launch", "--config", "configs/quickstart.yaml", "--main_process_port", "0"] + QUICK +
-            ["--set", f"checkpoint.dir={lock_dir}"], cwd=SOURCE)
+            run_folder() + ["--set", f"checkpoint.dir={lock_dir}"], cwd=SOURCE)
     check("14 a lock file planted as a symbolic link",
           r.returncode == 2 and "is a symbolic link" in r.stdout + r.stderr and open(victim).read() == "keep me\n",
           r.stderr[-1500:])
@@ -377,7 +382,7 @@ def kill_case(fsdptrain, d, attempts=3):
         p = subprocess.Popen([fsdptrain, "launch", "--config", "configs/quickstart.yaml", "--main_process_port", "0",
                               "--set", "train.steps=100000", "--set", "logging.interval=1", "--set",
                               f"logging.metrics_file={metrics}", "--set", "logging.tensorboard_dir=",
-                              "--set", "checkpoint.export_dir=", "--set", "checkpoint.dir="],
+                              "--set", "checkpoint.export_dir=", "--set", "checkpoint.dir="] + run_folder(),
                              cwd=SOURCE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + 120
         while time.time() < deadline and not (os.path.exists(metrics) and len(open(metrics).readlines()) >= 3):

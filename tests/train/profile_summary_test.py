@@ -52,7 +52,8 @@ def main():
                "--main_process_port", "0", "--num_processes", "1", "--set", "train.steps=5",
                "--set", "train.sequence_length=32", "--set", "logging.metrics_file=",
                "--set", "logging.tensorboard_dir=", "--set", "checkpoint.export_dir=",
-               "--set", "logging.profile_steps=2,3", "--set", f"logging.profile_dir={tmp}/p"]
+               "--set", "logging.profile_steps=2,3", "--set", f"logging.profile_dir={tmp}/p",
+               "--set", f"train.output_dir={tmp}/run"]
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
         failures += check(r.returncode == 0, "fsdptrain --profile ran" + ("" if r.returncode == 0 else r.stderr[-2000:]))
         out = os.path.join(tmp, "summary.json")

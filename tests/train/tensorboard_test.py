@@ -20,7 +20,8 @@ def launch(fsdptrain, source, tmp, steps, extra=()):
            "--set", "train.sequence_length=32",
            "--set", "train.eval_interval=5", "--set", "logging.interval=1",
            "--set", f"logging.metrics_file={tmp}/metrics.jsonl", "--set", f"logging.tensorboard_dir={tmp}/tb",
-           "--set", f"checkpoint.dir={tmp}/ckpt", "--set", "checkpoint.interval=5", *extra]
+           "--set", f"checkpoint.dir={tmp}/ckpt", "--set", "checkpoint.interval=5",
+           "--set", f"train.output_dir={tmp}/run", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=source)
     if r.returncode != 0:
         sys.exit(f"fsdptrain failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
@@ -71,14 +72,15 @@ def main():
         text = acc.Tensors("config")
         failures += check(len(text) == 1 and b"fsdp_config.fsdp_version" in text[0].tensor_proto.string_val[0],
                           "the resolved config as a text summary")
-        summary = json.load(open(f"{tmp}/run.json"))
+        summary = json.load(open(f"{tmp}/run/run.json"))
         failures += check(summary["steps"] == 12 and summary["world_size"] == 2 and summary["device"] == "cpu",
                           "run.json: steps, world size, device")
         failures += check(math.isclose(summary["final_loss"], logged[12], rel_tol=1e-9) and
                           math.isclose(summary["best_loss"], min(logged.values()), rel_tol=1e-9),
                           "run.json: final and best loss")
         failures += check(summary["checkpoint"].endswith("step-00000012") and summary["tokens_per_s"] > 0 and
-                          summary["config"]["train.steps"] == "12", "run.json: checkpoint, tokens/s, config")
+                          summary["config"]["train.steps"] == 12 and summary["finished"],
+                          "run.json: checkpoint, tokens/s, typed config, finished")
         first = dict(loss)
 
         # Resume from step 5 and train to 12 again: each step once, the new values win.

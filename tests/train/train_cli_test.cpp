@@ -96,7 +96,8 @@ TEST_CASE("bad training input stops the run with the key and the fix") {
   CHECK(model.err.find("[rank") == std::string::npos);
   const Result folder = launch_with({"--set", "data.path=lib"});
   CHECK(folder.code == 2);
-  CHECK(folder.err.find("\"lib\" is a folder (hint: a glob such as lib/*.bin reads the files in it)") !=
+  // The hint's glob names what the folder holds (lib/CMakeLists.txt: text).
+  CHECK(folder.err.find("\"lib\" is a folder (hint: a glob such as lib/*.txt reads the files in it)") !=
         std::string::npos);
   const Result lr = launch_with({"--set", "optimizer.lr=-1"});
   CHECK(lr.code == 2);
