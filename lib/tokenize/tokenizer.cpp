@@ -351,6 +351,14 @@ struct Tokenizer::Impl {
   std::unordered_map<std::string, int32_t> vocab;  // the model's and the added tokens
   std::vector<std::string> tokens;                 // by id
   std::vector<bool> special;                       // by id: an added token with special: true
+  std::vector<bool> is_added;                      // by id: an added token (its text is its content)
+  bool byte_level = false;                         // a ByteLevel pre-tokenizer: tokens are bytes
+  std::string metaspace = "\xE2\x96\x81";           // what stands for a space in SentencePiece-style tokens
+  std::optional<NormalForm> normal_form;           // the normalizer's Unicode form, if it has one
+  // Whether a space is prepended to each stretch of text between added tokens (a Prepend
+  // normalizer; Metaspace's "always", unless it starts with one) or to the first only ("first").
+  enum class Prepend { kNone, kAlways, kFirst } prepend = Prepend::kNone;
+  bool prepend_unless_space = false;  // Metaspace's: not when the stretch starts with a space
   std::unordered_map<uint64_t, Merge> merges;
   bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
   int32_t unk = -1;
@@ -373,6 +381,8 @@ struct Tokenizer::Impl {
   std::vector<Piece> split_added(const Piece& in, const std::vector<Added>& which) const;
   void word_ids(const std::string& word, std::vector<int32_t>& out) const;
   void text_ids(const Piece& piece, std::vector<int32_t>& out) const;
+  std::string surface(int32_t id) const;
+  void note_components(const json& normalizer, const json& pre_tokenizer);
 };
 
 void Tokenizer::Impl::load_model(const json& m, const std::string& where) {
@@ -434,6 +444,8 @@ void Tokenizer::Impl::load_added(const json& added, const std::string& where) {
     vocab[t.content] = t.id;
     if (special.size() <= static_cast<size_t>(t.id)) special.resize(t.id + 1, false);
     special[t.id] = bool_field(a, "special", false, where, token);
+    if (is_added.size() <= static_cast<size_t>(t.id)) is_added.resize(t.id + 1, false);
+    is_added[t.id] = true;
     (t.normalized ? added_normalized : added_raw).push_back(t);
   }
   for (auto* list : {&added_raw, &added_normalized})
@@ -591,6 +603,7 @@ Tokenizer Tokenizer::parse(const std::string& json_text, const std::string& wher
     impl->load_added(j.value("added_tokens", json::array()), at);
     impl->normalizer = make_normalizer(j.value("normalizer", json()), at);
     impl->pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()), at);
+    impl->note_components(j.value("normalizer", json()), j.value("pre_tokenizer", json()));
     impl->decoder = make_decoder(j.value("decoder", json()), at);
     impl->load_post_processor(j.value("post_processor", json()), at);
   } catch (const json::exception& e) {
@@ -609,6 +622,7 @@ Tokenizer Tokenizer::parse(const std::string& json_text, const std::string& wher
     known[id] = true;
   }
   impl->special.resize(impl->tokens.size(), false);
+  impl->is_added.resize(impl->tokens.size(), false);
   // Every id the template adds must be a token, or it would land in the shards silently.
   for (const auto& [sequence, id] : impl->template_single)
     FSDP_CHECK(sequence || (id < static_cast<int32_t>(known.size()) && known[id]), at,
@@ -633,6 +647,135 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
       out.insert(out.end(), ids.begin(), ids.end());
     else
       out.push_back(id);
+  }
+  return out;
+}
+
+// What offsets() needs of the components: a byte-level pre-tokenizer, Metaspace's replacement,
+// and a Unicode normal form, wherever they sit in a Sequence.
+void Tokenizer::Impl::note_components(const json& n, const json& p) {
+  const std::map<std::string, NormalForm> forms = {
+      {"NFC", NormalForm::kNFC}, {"NFKC", NormalForm::kNFKC}, {"NFD", NormalForm::kNFD}, {"NFKD", NormalForm::kNFKD}};
+  if (n.is_object()) {
+    if (n.contains("normalizers"))
+      for (const json& step : n["normalizers"]) note_components(step, json());
+    if (const auto f = forms.find(n.value("type", std::string())); f != forms.end()) normal_form = f->second;
+    if (n.value("type", std::string()) == "Replace" && n.contains("content") && n["content"].is_string() &&
+        n["content"].get<std::string>() != " ")
+      metaspace = n["content"].get<std::string>();
+    if (n.value("type", std::string()) == "Prepend") prepend = Prepend::kAlways;
+  }
+  if (p.is_object()) {
+    if (p.contains("pretokenizers"))
+      for (const json& step : p["pretokenizers"]) note_components(json(), step);
+    const std::string type = p.value("type", std::string());
+    byte_level = byte_level || type == "ByteLevel";
+    if (type == "Metaspace") {
+      metaspace = p.value("replacement", metaspace);
+      std::string scheme = p.value("prepend_scheme", std::string());
+      if (scheme.empty()) scheme = p.value("add_prefix_space", true) ? "always" : "never";
+      if (scheme != "never") {
+        prepend = scheme == "first" ? Prepend::kFirst : Prepend::kAlways;
+        prepend_unless_space = true;
+      }
+    }
+  }
+}
+
+// The bytes of the input a token stands for, as far as the token says: an added token's content,
+// a byte-level token's bytes, or a SentencePiece-style token with its replacement read as a space
+// and <0xNN> as that byte.
+std::string Tokenizer::Impl::surface(int32_t id) const {
+  const std::string& t = tokens[static_cast<size_t>(id)];
+  if (is_added[static_cast<size_t>(id)]) return t;
+  if (byte_level) {
+    std::string bytes;
+    for (std::string_view c : code_points(t)) {
+      const int b = char_to_byte(c);
+      if (b < 0) return t;
+      bytes += static_cast<char>(b);
+    }
+    return bytes;
+  }
+  if (const int b = byte_token(t); b >= 0) return std::string(1, static_cast<char>(b));
+  return replace_all(t, metaspace, " ");
+}
+
+std::vector<std::pair<size_t, size_t>> Tokenizer::offsets(std::string_view text, const std::vector<int32_t>& ids) const {
+  const Impl& m = *impl_;
+  std::vector<std::pair<size_t, size_t>> out(ids.size());
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  size_t at = 0;
+  // A space the tokenizer prepends to the stretch of text starting here (at the start, and after
+  // each added token), not in `text`: the next token spells it first.
+  auto prepends_at = [&](size_t pos) {
+    return m.prepend != Impl::Prepend::kNone && (m.prepend == Impl::Prepend::kAlways || pos == 0) &&
+           pos < text.size() && !(m.prepend_unless_space && text[pos] == ' ');
+  };
+  bool virtual_space = prepends_at(0);
+  for (size_t i = 0; i < ids.size();) {
+    const int32_t id = ids[i];
+    FSDP_CHECK(id >= 0 && static_cast<size_t>(id) < m.tokens.size(), "[tokenize] id ", id, " is outside the vocabulary");
+    const std::string s = m.surface(id);
+    const bool added = m.is_added[static_cast<size_t>(id)];
+    if (virtual_space && !added && !s.empty() && s[0] == ' ' &&
+        text.compare(at, s.size() - 1, std::string_view(s).substr(1)) == 0) {
+      // tokenizers aligns the prepended space with the character it was prepended to, so a token
+      // that is nothing else covers that character too.
+      const size_t own = s.size() == 1 ? code_points(text.substr(at, 4)).front().size() : 0;
+      out[i++] = {at, at + std::max(s.size() - 1, own)};
+      at += s.size() - 1;
+      virtual_space = false;
+      continue;
+    }
+    if (text.compare(at, s.size(), s) == 0) {  // the token's bytes, as they are
+      out[i++] = {at, at + s.size()};
+      at += s.size();
+      virtual_space = added && prepends_at(at);
+      continue;
+    }
+    if (m.is_added[static_cast<size_t>(id)] && at < text.size() && is_space(text[at])) {
+      ++at;  // whitespace an added token stripped (lstrip/rstrip) belongs to no token
+      continue;
+    }
+    // Text the normalizer changed: tokens and characters taken together until both spell the same
+    // normalized text. As tokenizers aligns it, normalized character t came from source character t
+    // (a composed character from the first of its parts; extra characters from the last), and a
+    // token covers the source characters of the normalized characters it spells.
+    FSDP_CHECK(m.normal_form.has_value(), "[tokenize] the tokens do not spell the text at byte ", at,
+               " (a token of another text?)");
+    const std::vector<std::string_view> chars = code_points(text.substr(at));
+    std::string spelled = s, raw;
+    size_t j = i + 1, k = 0, end = at;
+    while (true) {
+      const std::string normalized = normalize(raw, *m.normal_form);
+      if (!raw.empty() && normalized == spelled) break;
+      FSDP_CHECK(j - i < 64 && k < 64, "[tokenize] the tokens do not spell the text at byte ", at);
+      if (normalized.size() < spelled.size() || raw.empty()) {
+        FSDP_CHECK(k < chars.size(), "[tokenize] the tokens run past the text at byte ", at);
+        raw += chars[k];
+        end += chars[k++].size();
+      } else {
+        FSDP_CHECK(j < ids.size(), "[tokenize] the tokens end before the text at byte ", at);
+        spelled += m.surface(ids[j++]);
+      }
+    }
+    std::vector<size_t> starts;  // each source character's byte offset, then the end
+    for (size_t c = 0, b = at; c < k; b += chars[c++].size()) starts.push_back(b);
+    starts.push_back(end);
+    std::vector<size_t> char_of(spelled.size());  // normalized byte -> its normalized character
+    for (size_t b = 0, c = 0; b < spelled.size(); ++b) {
+      if (b > 0 && (static_cast<unsigned char>(spelled[b]) & 0xC0) != 0x80) ++c;
+      char_of[b] = std::min(c, k - 1);
+    }
+    for (size_t b = 0; i < j; ++i) {
+      const size_t n = m.surface(ids[i]).size();
+      out[i] = n == 0 ? std::make_pair(starts[char_of[std::min(b, spelled.size() - 1)]],
+                                       starts[char_of[std::min(b, spelled.size() - 1)]])
+                      : std::make_pair(starts[char_of[b]], starts[char_of[b + n - 1] + 1]);
+      b += n;
+    }
+    at = end;
   }
   return out;
 }

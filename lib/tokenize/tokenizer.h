@@ -36,6 +36,12 @@ class Tokenizer {
 
   // The ids of `text`; with add_special_tokens, the post-processor's template (e.g. BOS) too.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+  // Each of `ids`' byte span [begin, end) in `text`, for ids that encode(text, false) gave: what
+  // tokenizers' offsets say, in bytes. Tokens that split one character (byte-level BPE) each get
+  // their bytes; tokens of text the normalizer changed (a character NFC composes) share the span of
+  // the characters they came from; a space a pre-tokenizer prepended covers nothing. Throws Error
+  // when the ids do not spell `text` (ids of another text). `text` must be valid UTF-8.
+  std::vector<std::pair<size_t, size_t>> offsets(std::string_view text, const std::vector<int32_t>& ids) const;
   // The text of `ids`, special tokens left out unless skip_special_tokens is false.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
 

@@ -100,7 +100,7 @@ def check(tool, path, docs):
         raise SystemExit(f"tokenize_tool failed on {path}: {out.stderr}")
     got = [json.loads(line) for line in out.stdout.splitlines()]
     assert len(got) == len(docs), (len(got), len(docs))
-    tokens = 0
+    tokens = offsets = 0
     for i, (d, g) in enumerate(zip(docs, got)):
         text = d.decode("utf-8", errors="replace")
         want = ref.encode(text).ids
@@ -109,12 +109,20 @@ def check(tool, path, docs):
             k = next((k for k, (a, b) in enumerate(zip(g["ids"], want)) if a != b), min(len(g["ids"]), len(want)))
             raise SystemExit(f"{os.path.basename(path)}: document {i} ({text[:60]!r}...): ids differ at {k}: "
                              f"ours {g['ids'][max(0, k - 3):k + 5]} tokenizers {want[max(0, k - 3):k + 5]}")
+        if "offsets" in g:  # valid UTF-8: each token's span, as tokenizers' offsets give it
+            ref_offsets = [list(o) for o in ref.encode(text, add_special_tokens=False).offsets]
+            if g["offsets"] != ref_offsets:
+                k = next(k for k, (a, b) in enumerate(zip(g["offsets"], ref_offsets)) if a != b)
+                raise SystemExit(f"{os.path.basename(path)}: document {i}: offsets differ at token {k}: ours "
+                                 f"{g['offsets'][max(0, k - 2):k + 3]} tokenizers {ref_offsets[max(0, k - 2):k + 3]} "
+                                 f"({text[max(0, ref_offsets[k][0] - 10):ref_offsets[k][1] + 10]!r})")
+            offsets += len(ref_offsets)
         want_text = ref.decode(want)
         if g["decoded"] != want_text:
             raise SystemExit(f"{os.path.basename(path)}: document {i}: decoded text differs:\n"
                              f"ours      {g['decoded'][:200]!r}\ntokenizers {want_text[:200]!r}")
     print(f"{os.path.basename(path)}: {len(docs)} documents, {sum(len(d) for d in docs)} bytes, {tokens} tokens: "
-          "ids and decoded text equal")
+          f"ids and decoded text equal; the offsets of {offsets} tokens equal")
 
 
 def check_refused(tool, d, base, edit, words):
