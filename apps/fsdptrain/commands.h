@@ -63,6 +63,7 @@ std::unique_ptr<Command> make_to_fsdp2_command();
 std::unique_ptr<Command> make_plot_command();
 // data_commands.cpp
 std::unique_ptr<Command> make_tokenize_command();
+std::unique_ptr<Command> make_chat_template_command();
 std::unique_ptr<Command> make_generate_command();
 
 // The program after `launch ... --`: taken out of `args` (everything after the first "--"), so

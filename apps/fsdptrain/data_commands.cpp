@@ -4,9 +4,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "chat/chat_template.h"
 #include "data/corpus.h"
+#include "data/documents.h"
+#include "util/files.h"
 #include "tokenize/eos.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -29,7 +33,7 @@ class TokenizeCommand final : public Command {
     app->add_option("--tokenizer", tokenizer_, "A Hugging Face model folder or its tokenizer.json")->required();
     app->add_option("--input", options_.inputs,
                     "Text or .jsonl files (.gz and .zst too), or globs (repeatable; in order). JSONL of "
-                    "prompt/completion records also writes loss masks")
+                    "prompt/completion or conversation records also writes loss masks")
         ->required()
         ->expected(1, -1);
     app->add_option("--output", options_.output, "The folder of shards to create (must not exist)")->required();
@@ -37,11 +41,16 @@ class TokenizeCommand final : public Command {
     app->add_option("--shard_size,--shard-size", shard_size_, "Tokens per shard, such as 100M (default)");
     app->add_option("--jobs", options_.jobs, "Encoding threads (default: every core)");
     app->add_option("--eos", eos_, "The end-of-document token (default: the tokenizer's eos_token)");
+    app->add_option("--chat_template,--chat-template", options_.chat.template_file,
+                    "Conversation records: a Jinja chat template file instead of the tokenizer folder's");
+    app->add_flag("--all_tokens,--all-tokens", all_tokens_,
+                  "Conversation records: the loss counts every token, not only the assistant's turns");
     return app;
   }
   int run() override {
     options_.shard_tokens = parse_token_count(shard_size_);
     options_.tokenizer_path = tokenizer_;
+    options_.chat.assistant_only = !all_tokens_;
     const tokenize::Tokenizer tok = tokenize::Tokenizer::load(tokenizer_);
     const int32_t eos = tokenize::eos_id(tokenizer_, tok, eos_);
     const bool live = ::isatty(STDERR_FILENO);
@@ -63,16 +72,80 @@ class TokenizeCommand final : public Command {
                 << "completions and EOS; masks in shard_*.mask); the longest prompt is " << s.longest_prompt.tokens
                 << " tokens (" << s.longest_prompt.file << ":" << s.longest_prompt.line
                 << "), so train.sequence_length must be above it\n";
+    if (s.conversations > 0)
+      std::cout << plural(s.conversations, "conversation") << " rendered with the chat template: the loss counts "
+                << s.counted_tokens << " of the tokens (" << (all_tokens_ ? "all" : "the assistant's turns")
+                << "; masks in shard_*.mask)\n";
     return 0;
   }
 
  private:
   std::string tokenizer_, eos_, shard_size_ = "100M";
+  bool all_tokens_ = false;
   data::CorpusOptions options_;
+};
+
+// `fsdptrain chat-template`: what a conversation trains on, as text with the spans the loss counts.
+class ChatTemplateCommand final : public Command {
+ public:
+  CLI::App* add(CLI::App& parent) override {
+    CLI::App* app = parent.add_subcommand(
+        "chat-template", "Render conversation records with a model's chat template: one JSON object per record with "
+                         "\"text\" and \"assistant_spans\" (the character spans the loss counts)");
+    app->add_option("FILE", input_, "A .jsonl of conversation records (messages, ShareGPT, or prompt/completion lists)")
+        ->required();
+    app->add_option("--tokenizer", folder_, "The model or tokenizer folder holding the template")->required();
+    app->add_option("--chat_template,--chat-template", template_file_, "A Jinja template file instead");
+    app->add_flag("--add-generation-prompt,--add_generation_prompt", generation_prompt_,
+                  "Render with add_generation_prompt (the prompt of a reply)");
+    app->add_flag("--all_tokens,--all-tokens", all_tokens_, "Count every character, not only the assistant's turns");
+    return app;
+  }
+  int run() override {
+    const std::string folder = is_directory(folder_) ? folder_ : parent_folder(folder_);
+    const chat::ChatTemplate t = chat::ChatTemplate::load(folder, template_file_);
+    data::DocumentReader reader(input_, "text", "[chat-template]", "a conversation record");
+    for (auto docs = reader.next(size_t{1} << 20); !docs.empty(); docs = reader.next(size_t{1} << 20))
+      for (const data::Document& d : docs) {
+        const std::string where = str(input_, ":", d.line);
+        FSDP_CHECK(d.chat, "[chat-template] ", where, ": not a conversation record (messages, conversations, or "
+                   "prompt and completion as lists of messages)");
+        std::cout << render(t, d.text, where).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      }
+    return 0;
+  }
+
+ private:
+  nlohmann::json render(const chat::ChatTemplate& t, const std::string& record, const std::string& where) const {
+    chat::ChatTemplate::Training r;
+    std::string text;
+    try {
+      const chat::Conversation c = chat::read_conversation(chat::Json::parse(record));
+      r = t.render_for_training(c, !all_tokens_);
+      text = generation_prompt_ ? t.render(c, true) : r.text;
+    } catch (const chat::TemplateRaise& e) {
+      throw InputError(str("[chat-template] ", where, ": the template (", e.where(), ":", e.line(), ") raised: ", e.what()));
+    } catch (const InputError& e) {
+      throw InputError(str("[chat-template] ", where, ": ", e.what()));
+    }
+    // Spans in characters (code points), as transformers counts them.
+    auto chars = [&](size_t byte) {
+      size_t n = 0;
+      for (size_t b = 0; b < byte; ++b) n += (static_cast<unsigned char>(text[b]) & 0xC0) != 0x80;
+      return n;
+    };
+    nlohmann::json spans = nlohmann::json::array();
+    if (text.compare(0, r.text.size(), r.text) == 0)
+      for (const auto& [b, e] : r.counted) spans.push_back({chars(b), chars(e)});
+    return {{"text", text}, {"assistant_spans", spans}};
+  }
+  std::string input_, folder_, template_file_;
+  bool generation_prompt_ = false, all_tokens_ = false;
 };
 
 }  // namespace
 
 std::unique_ptr<Command> make_tokenize_command() { return std::make_unique<TokenizeCommand>(); }
+std::unique_ptr<Command> make_chat_template_command() { return std::make_unique<ChatTemplateCommand>(); }
 
 }  // namespace fsdp::cli

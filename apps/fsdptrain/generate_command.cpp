@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "chat/chat_template.h"
 #include "ckpt/load_model.h"
 #include "commands.h"
 #include "data/documents.h"
@@ -62,7 +63,19 @@ class TextCodec {
     folder_ = is_directory(path) ? path : parent_folder(path);
   }
   bool bytes() const { return !tokenizer_; }
+  // --chat: prompts become a user message rendered with the chat template of the tokenizer's folder
+  // (or `file`), with the generation prompt; generation also stops at the template's end of turn.
+  void use_chat(const std::string& file) {
+    FSDP_CHECK(tokenizer_, "[generate] --chat needs the model's tokenizer and chat template; this is a byte-level model");
+    chat_.emplace(chat::ChatTemplate::load(folder_, file));
+  }
+  bool chat() const { return chat_.has_value(); }
   std::vector<int32_t> encode(const std::string& text) const {
+    if (chat_) {  // the template writes the special tokens (BOS) itself, as apply_chat_template
+      chat::Conversation c;
+      c.messages.push_back(chat::Json{{"role", "user"}, {"content", text}});
+      return tokenizer_->encode(chat_->render(c, /*add_generation_prompt=*/true), /*add_special_tokens=*/false);
+    }
     if (tokenizer_) return tokenizer_->encode(text);
     std::vector<int32_t> ids{kByteEnd};  // as training saw documents: after an end-of-text id
     for (unsigned char ch : text) ids.push_back(ch);
@@ -87,15 +100,42 @@ class TextCodec {
     for (const std::string& f : {model_folder + "/generation_config.json", model_folder + "/config.json",
                                  folder_ + "/generation_config.json", folder_ + "/config.json"})
       if (std::vector<int32_t> ids = tokenize::eos_token_ids(f); !ids.empty()) return ids;
+    std::vector<int32_t> ids;
     try {
-      return {tokenize::eos_id(folder_, *tokenizer_)};
-    } catch (const InputError&) {
-      return {};  // none known: generate until max_new_tokens
+      ids = {tokenize::eos_id(folder_, *tokenizer_)};
+    } catch (const InputError&) {  // none known: generate until max_new_tokens
     }
+    if (chat_)
+      if (const std::optional<int32_t> end = end_of_turn()) ids.push_back(*end);
+    return ids;
   }
 
  private:
+  // What the template writes right after an assistant's message, when that is an added token
+  // (<|im_end|>, <|eot_id|>, </s>): where a chat reply ends.
+  std::optional<int32_t> end_of_turn() const {
+    const std::string probe = "fsdptrain-end-of-turn-probe";
+    chat::Conversation c;
+    c.messages.push_back(chat::Json{{"role", "user"}, {"content", "hi"}});
+    c.messages.push_back(chat::Json{{"role", "assistant"}, {"content", probe}});
+    std::string text;
+    try {
+      text = chat_->render(c, false);
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+    const size_t at = text.rfind(probe);
+    if (at == std::string::npos) return std::nullopt;
+    const std::vector<int32_t> after = tokenizer_->encode(text.substr(at + probe.size()), false);
+    if (after.empty() || !tokenizer_->is_added(after[0])) return std::nullopt;
+    return after[0];
+  }
+
+ public:
+
+ private:
   std::optional<tokenize::Tokenizer> tokenizer_;
+  std::optional<chat::ChatTemplate> chat_;
   std::string folder_;
 };
 
@@ -142,6 +182,10 @@ class GenerateCommand final : public Command {
     app->add_option("--top_p,--top-p", options_.top_p, "Sample from the most likely tokens up to this probability");
     app->add_option("--seed", options_.seed, "The sampling seed (default 0)");
     app->add_option("--device", device_, "cpu (default) or cuda");
+    app->add_flag("--chat", chat_,
+                  "Each prompt is a user message, rendered with the model's chat template and its generation prompt; "
+                  "the reply stops at the template's end of turn");
+    app->add_option("--chat_template,--chat-template", chat_template_, "With --chat: a template file instead");
     app->add_option("--threads", threads_,
                     "CPU threads for the model's work (default: one per 25M parameters, at most the usable cores; "
                     "a small model decodes fastest on one, and idle threads spin against other programs)");
@@ -165,12 +209,14 @@ class GenerateCommand final : public Command {
     const int threads = threads_ > 0 ? threads_ : auto_threads(loaded.model->config.num_parameters());
     at::set_num_threads(threads);
     if (device_ == "cuda") loaded.model->to(c10::Device(c10::kCUDA, 0));
-    const TextCodec codec(tokenizer_, loaded.folder, loaded.model->config.vocab_size);
+    TextCodec codec(tokenizer_, loaded.folder, loaded.model->config.vocab_size);
+    FSDP_CHECK(chat_ || chat_template_.empty(), "--chat_template: give --chat too");
+    if (chat_) codec.use_chat(chat_template_);
     options_.stop_ids = codec.stop_ids(loaded.folder);
     std::cerr << "[generate] " << loaded.folder << ": " << model::family_names(loaded.model->config.family).architecture
               << ", " << loaded.model->config.num_parameters() << " parameters on " << device_
               << (device_ == "cpu" ? str(" (", plural(threads, "thread"), ")") : std::string()) << "; "
-              << (codec.bytes() ? "byte-level text" : "its tokenizer") << "; "
+              << (codec.bytes() ? "byte-level text" : codec.chat() ? "its tokenizer and chat template" : "its tokenizer") << "; "
               << (options_.temperature > 0 ? str("sampling at temperature ", options_.temperature, ", top_p ",
                                                  options_.top_p, ", seed ", options_.seed)
                                            : std::string("greedy"))
@@ -206,7 +252,7 @@ class GenerateCommand final : public Command {
     const std::vector<int32_t> ids = prompt_ids(m.config, codec, prompt_, "--prompt", o);
     if (o.max_new_tokens < options_.max_new_tokens)
       std::cerr << "[generate] " << o.max_new_tokens << " new tokens fit the model's positions\n";
-    std::cout << prompt_ << std::flush;
+    if (!codec.chat()) std::cout << prompt_ << std::flush;  // a chat prints the reply alone
     Stream stream(codec, std::cout);
     const model::Generation g = model::generate(m, ids, o, [&](int32_t id) { stream.add(id); });
     stream.finish();
@@ -273,6 +319,8 @@ class GenerateCommand final : public Command {
 
   std::string model_, prompt_, prompts_, output_, tokenizer_, device_ = "cpu";
   int threads_ = 0;  // 0: auto_threads
+  bool chat_ = false;
+  std::string chat_template_;
   CLI::Option* prompt_opt_ = nullptr;
   model::SamplingOptions options_;
 };

@@ -90,6 +90,7 @@ int run(int argc, char** argv) {
   table.push_back({"", cli::make_to_fsdp2_command()});
   table.push_back({"", cli::make_plot_command()});
   table.push_back({"", cli::make_tokenize_command()});
+  table.push_back({"", cli::make_chat_template_command()});
   table.push_back({"", cli::make_generate_command()});
   std::map<std::string, CLI::App*> apps{{"", &app}};
   std::vector<CLI::App*> added;

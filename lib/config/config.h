@@ -141,6 +141,8 @@ struct DataConfig {
   std::string tokenizer;        // a tokenizer.json or a folder with one; "" for model.pretrained's
   std::string cache_dir;        // where tokenized text is kept (data/prepare.h)
   Packing packing = Packing::kAuto;
+  std::string chat_template;        // a .jinja file for conversations instead of the model's ("")
+  bool assistant_only_loss = true;  // conversations: the loss counts the assistant's turns only
 };
 
 struct TrainConfig {

@@ -598,6 +598,20 @@ std::vector<OptionSpec> build_table() {
                 "for text")
           .extension()
           .to(&Config::data, &DataConfig::packing),
+      Row("data.chat_template", V::kString)
+          .def("")
+          .note("the tokenizer folder's (chat_template.jinja, or tokenizer_config.json's chat_template)")
+          .help("For conversation records: a Jinja chat template file to render them with instead of the model's "
+                "(TRL's *_training.jinja variants, whose {% generation %} blocks mark the assistant's tokens)")
+          .extension()
+          .to(&Config::data, &DataConfig::chat_template),
+      Row("data.assistant_only_loss", V::kBool)
+          .def("true")
+          .help("For conversation records: the loss counts the assistant's turns only (TRL's assistant_only_loss); "
+                "false: every token (conversational prompt/completion records always count the completion only "
+                "when true)")
+          .extension()
+          .to(&Config::data, &DataConfig::assistant_only_loss),
       Row("train.output_dir", V::kString)
           .def("")
           .note("runs/<config file name>, beside the config file")

@@ -3,7 +3,9 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "data/chat_records.h"
 #include "data/documents.h"
 #include "data/token_shard.h"
 #include "util/crc32c.h"
@@ -30,14 +33,26 @@ using json = nlohmann::json;
 struct Encoded {
   std::vector<int32_t> ids;
   size_t prompt = 0;
+  std::vector<uint8_t> counted;  // a conversation's: which ids the loss counts
 };
 
 // Each document's ids and EOS, encoded on `jobs` threads, in order.
 std::vector<Encoded> encode_batch(const tokenize::Tokenizer& tok, int32_t eos, const std::vector<Document>& docs,
-                                  int jobs) {
+                                  int jobs, const ChatEncoder* chat, const std::string& file) {
   std::vector<Encoded> out(docs.size());
+  std::vector<std::string> errors(docs.size());
   auto work = [&](size_t first, size_t step) {
     for (size_t i = first; i < docs.size(); i += step) {
+      if (docs[i].chat) {
+        try {  // (no throw on a helper thread)
+          ChatEncoder::Encoded e = chat->encode(docs[i].text, str(file, ":", docs[i].line));
+          out[i].ids = std::move(e.ids);
+          out[i].counted = std::move(e.counted);
+        } catch (const InputError& e) {
+          errors[i] = e.what();
+        }
+        continue;
+      }
       out[i].ids = tok.encode(docs[i].text);
       if (docs[i].pair) {
         out[i].prompt = out[i].ids.size();
@@ -52,6 +67,8 @@ std::vector<Encoded> encode_batch(const tokenize::Tokenizer& tok, int32_t eos, c
   for (size_t t = 1; t < n; ++t) threads.emplace_back(work, t, n);
   work(0, std::max<size_t>(n, 1));
   for (auto& t : threads) t.join();
+  for (const std::string& e : errors)  // the first bad record, in file order
+    if (!e.empty()) throw InputError(e);
   return out;
 }
 
@@ -74,6 +91,7 @@ void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eo
               {"inputs", o.inputs},
               {"documents", s.documents},
               {"prompt_completion_pairs", s.pairs},
+              {"conversations", s.conversations},
               {"tokens", s.tokens},
               {"counted_tokens", s.counted_tokens},
               {"shards", s.shards},
@@ -88,20 +106,26 @@ void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eo
 
 // Reads every file into `writer`, adding to `s`.
 void tokenize_files(const tokenize::Tokenizer& tokenizer, int32_t eos, const CorpusOptions& o,
-                    const std::vector<std::string>& files, ShardWriter& writer, CorpusSummary& s,
-                    const CorpusProgress& progress) {
+                    const std::vector<std::string>& files, const ChatEncoder* chat, ShardWriter& writer,
+                    CorpusSummary& s, const CorpusProgress& progress) {
   const int jobs = o.jobs > 0 ? o.jobs : usable_cores();
   int64_t total = 0, before = 0;
   for (const std::string& f : files) total += std::max<int64_t>(0, file_size(f));
   for (const std::string& f : files) {
     DocumentReader reader(f, o.field, o.who, o.field_hint);
     for (auto docs = reader.next(size_t{4} << 20); !docs.empty(); docs = reader.next(size_t{4} << 20)) {
-      const std::vector<Encoded> encoded = encode_batch(tokenizer, eos, docs, jobs);
+      const std::vector<Encoded> encoded = encode_batch(tokenizer, eos, docs, jobs, chat, f);
       for (size_t i = 0; i < docs.size(); ++i) {
-        writer.add(encoded[i].ids, encoded[i].prompt);
+        if (docs[i].chat) {
+          writer.add(encoded[i].ids, encoded[i].counted);
+          s.counted_tokens += std::count(encoded[i].counted.begin(), encoded[i].counted.end(), 1);
+        } else {
+          writer.add(encoded[i].ids, encoded[i].prompt);
+          s.counted_tokens += static_cast<int64_t>(encoded[i].ids.size() - encoded[i].prompt);
+        }
         s.tokens += static_cast<int64_t>(encoded[i].ids.size());
-        s.counted_tokens += static_cast<int64_t>(encoded[i].ids.size() - encoded[i].prompt);
         s.pairs += docs[i].pair ? 1 : 0;
+        s.conversations += docs[i].chat ? 1 : 0;
         if (static_cast<int64_t>(encoded[i].prompt) > s.longest_prompt.tokens)
           s.longest_prompt = {static_cast<int64_t>(encoded[i].prompt), f, docs[i].line};
       }
@@ -123,8 +147,18 @@ CorpusSummary tokenize_corpus(const tokenize::Tokenizer& tokenizer, int32_t eos,
   const std::vector<std::string> files = expand_inputs(o);
   FSDP_CHECK(!file_exists(o.output), o.who, " ", quoted(o.output),
              " already exists; give a new folder (nothing was written)");
-  bool masks = false;  // any file of prompt/completion pairs (its first record says)
-  for (const std::string& f : files) masks = masks || DocumentReader(f, o.field, o.who, o.field_hint).holds_pairs();
+  bool masks = false, conversations = false;  // any file of pairs or conversations (its first record says)
+  for (const std::string& f : files) {
+    DocumentReader r(f, o.field, o.who, o.field_hint);
+    conversations = conversations || r.holds_conversations();
+    masks = masks || r.holds_pairs() || r.holds_conversations();
+  }
+  std::unique_ptr<ChatEncoder> chat;
+  if (conversations) {
+    ChatOptions c = o.chat;
+    if (c.folder.empty()) c.folder = is_directory(o.tokenizer_path) ? o.tokenizer_path : parent_folder(o.tokenizer_path);
+    chat = std::make_unique<ChatEncoder>(c, tokenizer);
+  }
   const std::string partial = o.output + ".partial";
   remove_tree(partial);  // a cut-off earlier run's
   make_directories(partial);
@@ -132,7 +166,7 @@ CorpusSummary tokenize_corpus(const tokenize::Tokenizer& tokenizer, int32_t eos,
   s.token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
   try {
     ShardWriter writer(partial, o.shard_tokens, s.token_bytes, masks, o.who);
-    tokenize_files(tokenizer, eos, o, files, writer, s, progress);
+    tokenize_files(tokenizer, eos, o, files, chat.get(), writer, s, progress);
     FSDP_CHECK(s.documents > 0, o.who, " the inputs hold no document");
     s.shards = writer.finish();
     s.checksums = writer.checksums();
@@ -154,6 +188,7 @@ CorpusSummary read_corpus_summary(const std::string& folder) {
   const json& j = *found;
   s.documents = j.value("documents", int64_t{0});
   s.pairs = j.value("prompt_completion_pairs", int64_t{0});
+  s.conversations = j.value("conversations", int64_t{0});
   s.tokens = j.value("tokens", int64_t{0});
   s.counted_tokens = j.value("counted_tokens", int64_t{0});
   s.shards = j.value("shards", int64_t{0});

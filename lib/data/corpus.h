@@ -7,8 +7,12 @@
 // the boundary never merges. Shards hold up to `shard_tokens` tokens each, uint16 when the
 // vocabulary fits, else uint32.
 //
-// When any input holds prompt/completion records, each shard_N.bin gets a shard_N.mask beside it
-// (data/token_shard.h: a byte per token, 0 for a prompt's tokens). tokenize.json records what was made (documents,
+// A conversation record is rendered with the model's chat template and tokenized as a whole
+// (data/chat_records.h), without an EOS (the template ends each turn).
+//
+// When any input holds prompt/completion or conversation records, each shard_N.bin gets a
+// shard_N.mask beside it (data/token_shard.h: a byte per token, 0 for a prompt's tokens or a
+// conversation's tokens the loss does not count). tokenize.json records what was made (documents,
 // tokens, the longest prompt and where it is, the tokenizer and EOS).
 //
 // Everything is written into <output>.partial and renamed to <output> at the end, so a cut-off run
@@ -21,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "data/chat_records.h"
 #include "tokenize/tokenizer.h"
 
 namespace fsdp::data {
@@ -34,6 +39,9 @@ struct CorpusOptions {
   std::string tokenizer_path;          // recorded in tokenize.json
   int64_t shard_tokens = 100000000;
   int jobs = 0;  // encoding threads; 0: the cores this process may use
+  // Conversation records (data/chat_records.h): the template's folder ("": the tokenizer's), a
+  // template file instead, and what the loss counts.
+  ChatOptions chat;
 };
 
 // The longest prompt of the prompt/completion records, in tokens (its template's too), and where.
@@ -46,6 +54,7 @@ struct LongestPrompt {
 struct CorpusSummary {
   int64_t documents = 0, tokens = 0, shards = 0, bytes = 0;
   int64_t pairs = 0;           // prompt/completion records among the documents
+  int64_t conversations = 0;   // conversation records among them
   int64_t counted_tokens = 0;  // tokens the loss counts as targets (all but prompts')
   LongestPrompt longest_prompt;
   double seconds = 0;

@@ -33,6 +33,9 @@ class ByteDocuments {
 
  private:
   void add(const Document& d, const std::string& path) {
+    FSDP_CHECK(!d.chat, "[data] ", path, ":", d.line, ": a conversation needs the model's tokenizer and chat template, "
+               "and this byte-level model has none; give data.tokenizer (a folder with tokenizer.json and a chat "
+               "template), or text or prompt/completion records");
     const size_t start = tokens.size();
     tokens.push_back(kByteEndOfText);
     for (unsigned char ch : d.text) tokens.push_back(ch);

@@ -182,19 +182,29 @@ Document DocumentReader::parse(const std::string& line) const {
     const auto it = j.is_object() ? j.find(name) : j.end();
     return it != j.end() && it->is_string() ? &*it : nullptr;
   };
+  auto list_field = [&](const char* name) { return j.is_object() && j.contains(name) && j[name].is_array(); };
   const json *prompt = string_field("prompt"), *completion = string_field("completion");
   const json* text = string_field(field_.c_str());
-  const int kind = prompt && completion && (kind_ == 2 || !text) ? 2 : text ? 1 : 0;
+  const bool chat = list_field("messages") || list_field("conversations") || list_field("prompt");
+  const int kind = chat ? 3 : prompt && completion && (kind_ == 2 || !text) ? 2 : text ? 1 : 0;
   FSDP_CHECK(kind != 0 || kind_ != 0 || prompt || completion, who_, " ", path_, ":", line_, ": no string field ",
-             quoted(field_), " nor \"prompt\" and \"completion\"; name the field that holds the text with ", hint_,
-             ", or give prompt/completion records");
-  FSDP_CHECK(kind == kind_ || kind_ == 0, who_, " ", path_, ":", line_, ": no string ",
-             kind_ == 2 ? std::string("\"prompt\" and \"completion\" fields") : "field \"" + field_ + "\"",
-             ", as every record has", " to (the file's first record has ", kind_ == 2 ? "them" : "it", ")");
+             quoted(field_), " nor \"prompt\" and \"completion\" nor a \"messages\" or \"conversations\" list; name "
+             "the field that holds the text with ", hint_, ", or give prompt/completion or conversation records");
+  FSDP_CHECK(kind != 0 || kind_ != 1, who_, " ", path_, ":", line_, ": no string field ", quoted(field_),
+             ", as every record has to (the file's first record has it)");
   FSDP_CHECK(kind != 0, who_, " ", path_, ":", line_,
-             ": a prompt/completion record needs both \"prompt\" and "
-             "\"completion\" as strings");
+             ": a prompt/completion record needs both \"prompt\" and \"completion\" as strings (or both as lists of "
+             "messages)");
+  static const char* const kKinds[] = {"", "a document in a string field", "a prompt/completion pair",
+                                       "a conversation"};
+  FSDP_CHECK(kind == kind_ || kind_ == 0, who_, " ", path_, ":", line_, ": ", kKinds[kind],
+             ", but the file's first record is ", kKinds[kind_], " and every record has to be one");
   d.pair = kind == 2;
+  d.chat = kind == 3;
+  if (d.chat) {
+    d.text = line;  // read as a conversation where it is rendered (data/chat_records.h)
+    return d;
+  }
   d.text = (d.pair ? *prompt : *text).get<std::string>();
   if (d.pair) d.completion = completion->get<std::string>();
   return d;
@@ -218,7 +228,7 @@ std::vector<Document> DocumentReader::next(size_t max_bytes) {
     ++line_;
     if (trim(line).empty()) continue;
     Document d = parse(line);
-    if (kind_ == 0) kind_ = d.pair ? 2 : 1;
+    if (kind_ == 0) kind_ = d.chat ? 3 : d.pair ? 2 : 1;
     bytes += d.text.size() + d.completion.size();
     docs.push_back(std::move(d));
   }
@@ -228,6 +238,11 @@ std::vector<Document> DocumentReader::next(size_t max_bytes) {
 bool DocumentReader::holds_pairs() {
   if (jsonl_ && kind_ == 0 && peeked_.empty()) peeked_ = next(1);
   return kind_ == 2;
+}
+
+bool DocumentReader::holds_conversations() {
+  if (jsonl_ && kind_ == 0 && peeked_.empty()) peeked_ = next(1);
+  return kind_ == 3;
 }
 
 }  // namespace fsdp::data

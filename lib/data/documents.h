@@ -1,7 +1,9 @@
 // The documents of one input file, as `fsdptrain tokenize` and the trainer read them:
-//   *.jsonl   one JSON object per line: a document in its `field` ("text" unless told), or a
+//   *.jsonl   one JSON object per line: a document in its `field` ("text" unless told), a
 //             prompt/completion pair (TRL's prompt-completion format: string "prompt" and
-//             "completion"). A file's first record sets which; every other line must match.
+//             "completion"), or a conversation (TRL's conversational formats, chat/conversation.h:
+//             "messages", "conversations", or "prompt" and "completion" as message lists). A file's
+//             first record sets which; every other line must match.
 //   other     a text file: the whole file is one document.
 // Any of them may be compressed: *.gz (zlib) or *.zst (zstd), streamed, never whole in memory
 // (a text file's one document is, necessarily).
@@ -18,6 +20,7 @@ struct Document {
   std::string text;        // the document, or the prompt of a pair
   std::string completion;  // a pair's completion
   bool pair = false;       // a prompt/completion record
+  bool chat = false;       // a conversation: `text` is the record's JSON line, as it is
   int64_t line = 0;        // its JSONL line (1-based); 0 for a text file
 };
 
@@ -39,6 +42,7 @@ class DocumentReader {
   std::vector<Document> next(size_t max_bytes);
   // Whether the file holds prompt/completion pairs (reads its first record; no effect on next()).
   bool holds_pairs();
+  bool holds_conversations();  // the same for conversations
   int64_t bytes_read() const { return bytes_; }  // of the file on disk (compressed, if it is)
   const std::string& path() const { return path_; }
 

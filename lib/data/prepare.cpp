@@ -73,24 +73,34 @@ std::string tokenizer_file(const DataOptions& o) {
   return "";
 }
 
-// The files beside the tokenizer that decide its EOS id.
-std::vector<std::string> tokenizer_files(const std::string& tokenizer_json) {
+// The files that decide the tokens: the tokenizer, the files beside it that decide its EOS id and
+// chat template, and a chat template given instead.
+std::vector<std::string> tokenizer_files(const std::string& tokenizer_json, const DataOptions& o) {
   const std::string dir = parent_folder(tokenizer_json);
-  return {tokenizer_json, dir + "/tokenizer_config.json", dir + "/config.json"};
+  std::vector<std::string> files = {tokenizer_json, dir + "/tokenizer_config.json", dir + "/config.json",
+                                    dir + "/chat_template.jinja", dir + "/special_tokens_map.json"};
+  if (!o.chat_template.empty()) files.push_back(o.chat_template);
+  return files;
+}
+
+// The options that change the tokens of the same inputs.
+std::string options_line(const DataOptions& o) {
+  return str("field ", o.field, "\nassistant_only_loss ", o.assistant_only_loss ? 1 : 0, "\n");
 }
 
 // The stamp: the inputs' and tokenizer's paths, sizes and modification times, and the options.
 std::string stamp_of(const DataPlan& plan, const DataOptions& o, const std::vector<std::string>& inputs) {
-  std::string s = "field " + o.field + "\n";
-  for (const std::string& f : tokenizer_files(plan.tokenizer)) s += stat_line(absolute(f));
+  std::string s = options_line(o);
+  for (const std::string& f : tokenizer_files(plan.tokenizer, o)) s += stat_line(absolute(f));
   for (const std::string& f : inputs) s += stat_line(absolute(f));
   return s;
 }
 
 // The content key: the shard format, the tokenizer files, the field and every input's bytes.
 std::string content_key(const DataPlan& plan, const DataOptions& o, const std::vector<std::string>& inputs) {
-  uint64_t h = hash_bytes(o.field.data(), o.field.size(), 1 + kMaskFormat);  // a new format: a new key
-  for (const std::string& f : tokenizer_files(plan.tokenizer))
+  const std::string options = options_line(o);
+  uint64_t h = hash_bytes(options.data(), options.size(), 1 + kMaskFormat);  // a new format: a new key
+  for (const std::string& f : tokenizer_files(plan.tokenizer, o))
     h = hash_bytes(&h, sizeof(h), file_exists(f) ? hash_file(f) : 2);
   for (const std::string& f : inputs) {
     const uint64_t content = hash_file(f);
@@ -134,6 +144,8 @@ CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::
   c.who = "[data]";
   c.tokenizer_path = plan.tokenizer;
   c.shard_tokens = 100000000;
+  c.chat.template_file = o.chat_template;
+  c.chat.assistant_only = o.assistant_only_loss;
   remove_tree(c.output);
   CorpusSummary s =
       tokenize_corpus(tok, eos, c, [&o, progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
@@ -229,7 +241,10 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
                     plural(s.documents, "document"), ") with ", plan.tokenizer, " into ", folder, ": ", s.tokens,
                     " tokens in ", format_seconds(s.seconds),
                     s.pairs > 0 ? str("; ", s.pairs, " prompt/completion pairs, loss on ", s.counted_tokens, " tokens")
-                                : std::string());
+                    : s.conversations > 0
+                        ? str("; ", plural(s.conversations, "conversation"), " rendered with the chat template, loss on ",
+                              s.counted_tokens, " tokens (", o.assistant_only_loss ? "the assistant's turns" : "all", ")")
+                        : std::string());
   }
   plan.longest_prompt = s.longest_prompt.tokens;
   plan.longest_prompt_at = str(s.longest_prompt.file, ":", s.longest_prompt.line);

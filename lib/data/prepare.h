@@ -25,6 +25,8 @@ struct DataOptions {
   std::string pretrained;  // model.pretrained ("" unset)
   std::string cache_dir;   // data.cache_dir
   int64_t vocab_size = 0;  // the model's
+  std::string chat_template;        // data.chat_template
+  bool assistant_only_loss = true;  // data.assistant_only_loss
   // Asked between batches while tokenizing: true stops it (Ctrl-C), with an Error saying how far it
   // got; nothing partial is kept.
   std::function<bool()> interrupted;

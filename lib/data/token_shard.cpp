@@ -108,6 +108,12 @@ ShardWriter::~ShardWriter() {
 }
 
 void ShardWriter::add(const std::vector<int32_t>& ids, size_t uncounted) {
+  std::vector<uint8_t> counted(ids.size(), 1);
+  std::fill(counted.begin(), counted.begin() + static_cast<int64_t>(std::min(uncounted, ids.size())), 0);
+  add(ids, counted);
+}
+
+void ShardWriter::add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& counted) {
   for (size_t i = 0; i < ids.size();) {
     if (!file_ || count_ == limit_) open_next();
     const size_t n = std::min<size_t>(ids.size() - i, static_cast<size_t>(limit_ - count_));
@@ -120,7 +126,7 @@ void ShardWriter::add(const std::vector<int32_t>& ids, size_t uncounted) {
     if (masks_) {
       std::vector<uint8_t> mask(n);
       for (size_t k = 0; k < n; ++k)
-        mask[k] = static_cast<uint8_t>((i + k >= uncounted ? kMaskTarget : 0) | (i + k == 0 ? kMaskRecordStart : 0));
+        mask[k] = static_cast<uint8_t>((counted[i + k] ? kMaskTarget : 0) | (i + k == 0 ? kMaskRecordStart : 0));
       write(mask_, mask_path_, mask.data(), n);
     }
     count_ += static_cast<int64_t>(n);

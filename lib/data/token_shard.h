@@ -74,6 +74,8 @@ class ShardWriter {
   // A document's ids; the first `uncounted` are not targets (a prompt's). With masks, its first
   // token is marked as a record's start.
   void add(const std::vector<int32_t>& ids, size_t uncounted);
+  // The same with a byte per id: 1 when the loss counts it (a conversation's assistant turns).
+  void add(const std::vector<int32_t>& ids, const std::vector<uint8_t>& counted);
   int64_t finish();  // closes the last shard; returns the number of shards
   // Every file written (name in the folder -> CRC-32C), for tokenize.json: readers verify them.
   const std::map<std::string, uint32_t>& checksums() const { return checksums_; }

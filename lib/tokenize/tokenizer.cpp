@@ -734,6 +734,17 @@ std::vector<std::pair<size_t, size_t>> Tokenizer::offsets(std::string_view text,
       virtual_space = added && prepends_at(at);
       continue;
     }
+    if (id == m.unk && at < text.size()) {  // (not the literal text of an added unk token: matched above)
+      // An unknown character (several, with fuse_unk: up to where the next token's text begins).
+      const size_t begin = at;
+      do {
+        at += code_points(text.substr(at, 4)).front().size();
+      } while (m.fuse_unk && at < text.size() && i + 1 < ids.size() &&
+               text.compare(at, m.surface(ids[i + 1]).size(), m.surface(ids[i + 1])) != 0);
+      out[i++] = {begin, at};
+      virtual_space = false;
+      continue;
+    }
     if (m.is_added[static_cast<size_t>(id)] && at < text.size() && is_space(text[at])) {
       ++at;  // whitespace an added token stripped (lstrip/rstrip) belongs to no token
       continue;
@@ -794,6 +805,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
 
 int64_t Tokenizer::vocab_size() const {
   return static_cast<int64_t>(impl_->tokens.size());
+}
+
+bool Tokenizer::is_added(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->is_added.size() && impl_->is_added[static_cast<size_t>(id)];
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {

@@ -207,7 +207,9 @@ void TrainingRun::read_data() {
   say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(),
           " tokens; ", split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T,
           " tokens", own_eval ? " (held out: data.eval_path)" : "",
-          tokens_.has_mask() ? "; the loss counts only completion tokens (prompts are inputs, not targets)" : "",
+          tokens_.has_mask() ? "; the loss counts only the tokens marked as targets (completions, assistant turns; "
+                               "prompts are inputs, not targets)"
+                             : "",
           packing_note(*reader_, T), t.epochs > 0 ? str("; ", t.epochs, " epochs are ", steps_, " steps of ", per_step, " sequences") : "",
           "\n"));
 }

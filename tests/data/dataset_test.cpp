@@ -126,8 +126,8 @@ TEST_CASE("bad inputs name the file and the fix") {
   CHECK(error_of([&] { read_tokens(d.path + "/cut.bin"); }).find("truncated") != std::string::npos);
   CHECK(error_of([&] {
           read_tokens(d.file("x.jsonl", "{\"body\": 1}\n"));
-        }).find("x.jsonl:1: no string field \"text\" nor \"prompt\" and \"completion\"; name the field that holds "
-                "the text with data.field") != std::string::npos);
+        }).find("x.jsonl:1: no string field \"text\" nor \"prompt\" and \"completion\" nor a \"messages\" or "
+                "\"conversations\" list; name the field that holds the text with data.field") != std::string::npos);
   const TokenStream tiny = counting(10);
   CHECK(error_of([&] { windows(tiny, 16); }).find("has 10 tokens, shorter than one sequence of 17") !=
         std::string::npos);

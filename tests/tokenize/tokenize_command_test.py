@@ -158,7 +158,8 @@ def check_prompt_completion(fsdptrain, d, tok):
     bad = os.path.join(d, "mixed.jsonl")
     open(bad, "w").write('{"prompt": "a", "completion": "b"}\n{"text": "c"}\n')
     r = run(fsdptrain, "--tokenizer", os.path.join(d, "model"), "--input", bad, "--output", os.path.join(d, "m"))
-    assert r.returncode == 2 and f'{bad}:2: no string "prompt" and "completion" fields' in r.stderr, r.stderr
+    assert r.returncode == 2 and f"{bad}:2: a document in a string field, but the file's first record is a " \
+        "prompt/completion pair" in r.stderr, r.stderr
     print(f"tokenize: {len(pairs)} prompt/completion pairs, ids and masks equal tokenizers'")
 
 

@@ -119,7 +119,7 @@ def main():
         r = launch(a, d, f"checkpoint.export_dir={d}/export", f"checkpoint.dir={d}/ckpt")
         assert r.returncode == 0, r.stdout + r.stderr
         assert f"[data] tokenized {d}/ex/train.jsonl (1 file, {len(rows)} documents)" in r.stderr, r.stderr
-        assert "the loss counts only completion tokens" in r.stdout, r.stdout
+        assert "the loss counts only the tokens marked as targets" in r.stdout, r.stdout
         key = check_cache(d, rows)
         check_completions(d, rows)
         check_generate(a, d, rows)
