@@ -13,6 +13,7 @@
 #include "fsdp/param_group.h"
 #include "fsdp/unit_call.h"
 #include "model/chunked_loss.h"
+#include "model/fused_ops.h"
 #include "util/error.h"
 #include "util/env.h"
 #include "util/log.h"
@@ -94,6 +95,7 @@ bool fused_kernels_enabled() {
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
   if (x.is_cuda() && x.scalar_type() == weight.scalar_type() && fused_kernels_enabled())
     return at::rms_norm(x, {weight.size(0)}, weight, eps);
+  if (x.is_cpu() && fused_kernels_enabled() && weight.is_contiguous()) return fused_rms_norm(x.contiguous(), weight, eps);
   const at::Tensor h = x.to(at::kFloat);
   const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
@@ -166,6 +168,10 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
   if (q_norm) {  // Qwen3: each head normalized before the rotation
     q = q_norm(q);
     k = k_norm(k);
+  }
+  if (x.is_cpu() && fused_kernels_enabled() && cos.dim() == 2) {  // q and k in one pass (not packed rows)
+    auto [rq, rk] = fused_rotary(q, k, cos, sin);
+    return {rq.transpose(1, 2), rk.transpose(1, 2), v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
   }
   return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
           apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
@@ -247,6 +253,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP")
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+  if (x.is_cpu() && fused_kernels_enabled()) return down_proj(fused_swiglu(gate_proj(x), up_proj(x)));
   return down_proj(at::silu(gate_proj(x)) * up_proj(x));
 }
 

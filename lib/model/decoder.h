@@ -36,15 +36,16 @@ class LlamaRMSNormImpl : public torch::nn::Module {
   LlamaRMSNormImpl(int64_t dim, double eps);
   // fp32 statistics, cast back, then * weight. On a GPU with x and weight of one dtype, LibTorch's
   // fused rms_norm (one kernel each way; the product with weight before the cast, so bf16 rounds once
-  // instead of twice), unless FSDPTRAIN_FUSED=0.
+  // instead of twice); on CPU model/fused_ops.h's; unless FSDPTRAIN_FUSED=0.
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;  // (C)
   double eps;
 };
 TORCH_MODULE(LlamaRMSNorm);
 
-// Whether GPU runs take LibTorch's fused kernels where the model has an op-by-op reference path
-// (FSDPTRAIN_FUSED=0: never, to compare speed or numerics). CPU runs always take the reference.
+// Whether the model takes fused kernels where it has an op-by-op reference path: on a GPU
+// LibTorch's (rms_norm), on CPU ours (model/fused_ops.h: RMSNorm, the rotary embedding of q and k in
+// one pass, SwiGLU). FSDPTRAIN_FUSED=0: never, to compare speed or numerics.
 bool fused_kernels_enabled();
 
 // One layer's keys and values so far (B, K, L, D), for decoding a token at a time.
@@ -55,6 +56,9 @@ struct LayerCache {
 // Several records packed into each row (data.packing: masked): each token's position within its
 // record, and which tokens each may attend to.
 struct Packed {
+  Packed() = default;
+  Packed(at::Tensor p, at::Tensor s, at::Tensor cu = {}, int64_t longest = 0)
+      : positions(std::move(p)), segments(std::move(s)), cu_seqlens(std::move(cu)), max_len(longest) {}
   at::Tensor positions;  // (B, T) int64; 0 at each record's first token (and each row's first)
   at::Tensor segments;   // (B, T) int64: the record's index within its row, ascending
   // For LibTorch's variable-length flash attention (CUDA, bf16/fp16): where each record starts in

@@ -160,6 +160,7 @@ def main():
             sets = {"model.config": args.model_config, "data.path": data, "data.eval_fraction": "0",
                     "train.steps": S, "train.micro_batch_size": B, "train.sequence_length": T,
                     "schedule.warmup_steps": 0, "logging.metrics_file": metrics,
+                    "checkpoint.dir": "none", "checkpoint.export_dir": "none",  # timing only: save nothing
                     # Each logged step reads the device (the others never wait for it): log every
                     # `warmup` steps, so each timed line is the mean step time of that many steps.
                     "logging.interval": max(1, args.warmup)}
@@ -170,7 +171,7 @@ def main():
                 lines = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
                 timed = [l for l in lines if l["step"] > args.warmup] or lines
                 results.append(summarize("fsdptrain", [l["step_time_s"] for l in timed], B * T * world, world,
-                                         max(l["peak_memory_bytes"] for l in lines) if not args.cpu else 0, fpt,
+                                         max(l["peak_memory_bytes"] for l in lines), fpt,
                                          peak_flops))
         scripts = []
         if "accelerate" in only:

@@ -10,6 +10,7 @@ batch, and writes its measurements as JSON (rank 0).
 import argparse
 import json
 import os
+import resource
 import time
 
 import torch
@@ -60,7 +61,8 @@ def worker(rank, args, port):
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step + 1}/{args.steps}: loss {value:.4f}, {times[-1] * 1000:.0f} ms", flush=True)
     timed = times[args.warmup:] or times
-    peak = torch.cuda.max_memory_allocated(device) if cuda else 0
+    # The GPU allocator's peak; on CPU this rank's peak resident set (VmHWM, as fsdptrain reports it).
+    peak = torch.cuda.max_memory_allocated(device) if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump({"name": "torch FSDP2" + (" + torch.compile" if args.compile else " (eager)"),

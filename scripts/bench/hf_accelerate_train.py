@@ -10,6 +10,7 @@ measurements as JSON (rank 0).
 import argparse
 import json
 import os
+import resource
 import time
 
 import torch
@@ -57,7 +58,8 @@ def main():
         if reports and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step + 1}/{args.steps}: loss {value:.4f}, {times[-1] * 1000:.0f} ms", flush=True)
     timed = times[args.warmup:] or times
-    peak = torch.cuda.max_memory_allocated() if accelerator.device.type == "cuda" else 0
+    peak = (torch.cuda.max_memory_allocated() if accelerator.device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # CPU: peak resident set (VmHWM)
     if reports:
         with open(args.out, "w") as f:
             kind = str(accelerator.distributed_type).split(".")[-1]
