@@ -37,7 +37,7 @@ std::string trainer_keys_help() {
   };
   for (const auto& spec : config::all_options()) {
     static const std::set<std::string> kTrainerSections = {"model",    "data",       "train",  "optimizer",
-                                                           "schedule", "checkpoint", "logging"};
+                                                           "schedule", "checkpoint", "lora",       "logging"};
     if (!kTrainerSections.count(spec.section())) continue;
     const std::string name = spec.key.substr(spec.key.find('.') + 1);
     if (spec.section() != section) {

@@ -82,9 +82,14 @@ struct Checkpointer::Impl {
     int64_t r0 = 0, r1 = 0;
     at::Tensor data;  // (r1 - r0, *shape[1:]) fp32, CPU
   };
+  std::vector<Slot> saved_slots() const {
+    if (!o.frozen_from_base) return slots_of(model);
+    return slots_of(model, [](const ShardedParam& p) { return p.trainable; });
+  }
+
   std::vector<HostRows> snapshot() const {
     std::vector<HostRows> out;
-    for (const Slot& s : slots_of(model)) {
+    for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
       const int64_t n = p.layout.valid_rows(), r0 = p.layout.first_row();
       if (n == 0) continue;
@@ -234,7 +239,7 @@ struct Checkpointer::Impl {
   };
   std::vector<HostSlice> snapshot_slices() const {
     std::vector<HostSlice> out;
-    for (const Slot& s : slots_of(model)) {
+    for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
       auto add = [&](const std::string& name, const at::Tensor& slice) {
         out.push_back({name, &p.layout, slice.reshape({-1}).to(at::kCPU, false, true)});
@@ -391,7 +396,7 @@ TrainingState Checkpointer::load(const std::string& path) {
   std::unique_ptr<Source> src;
   TrainingState state;
   json state_doc;
-  const std::vector<Slot> slots = slots_of(m.model);
+  const std::vector<Slot> slots = m.saved_slots();
   // FULL with cpu_ram_efficient_loading: rank 0 reads every tensor and broadcasts it.
   bool efficient = false;
   try {
@@ -433,7 +438,7 @@ TrainingState Checkpointer::load(const std::string& path) {
   agree(m.world, device, failure);
 
   for (const auto& g : m.model.groups()) g->reshard();
-  fill(m.model, &m.adamw, src.get(), m.world, efficient);
+  fill(slots, m.model, &m.adamw, src.get(), m.world, efficient);
   m.adamw.set_steps(state.optimizer_steps);
   restore_rng(state_doc, device, path_in(path, kState));
   m.say(str("[ckpt] loaded ", path, " (step ", state.step, ", saved by ", plural(state.world_size, "rank"), ") in ",

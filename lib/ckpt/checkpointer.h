@@ -57,6 +57,9 @@ struct CheckpointOptions {
   int64_t max_shard_bytes = 5000000000;   // FULL: Hugging Face shards above this
   FileSystem* fs = nullptr;               // null: local_file_system()
   std::ostream* log = nullptr;            // rank 0's progress lines; null: none
+  // LoRA: frozen parameters are not saved (the run loads them from model.pretrained again), so a
+  // checkpoint holds the adapters, the modules to save and their AdamW state.
+  bool frozen_from_base = false;
 };
 
 class Checkpointer {

@@ -121,8 +121,8 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
       description.config_json, dir, max_shard_bytes, fs);
 }
 
-void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
-               const ExtraFiles& extra, int64_t max_shard_bytes) {
+void export_folder(const ShardedModel& model, const std::string& dir, const ExtraFiles& extra,
+                   const std::function<void(const std::string& tmp, FileSystem& fs)>& write) {
   const bool writer =
       model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
   FileSystem& fs = local_file_system();
@@ -133,7 +133,7 @@ void export_hf(const ShardedModel& model, const model::ModelDescription& descrip
     fs.make_dirs(tmp);
   }
   try {
-    write_hf_model(model, description, tmp, max_shard_bytes, fs);
+    write(tmp, fs);
     if (!writer) return;
     for (const auto& [name, from] : extra) {
       if (name.find('/') != std::string::npos) fs.make_dirs(tmp + "/" + parent_folder(name));
@@ -145,6 +145,13 @@ void export_hf(const ShardedModel& model, const model::ModelDescription& descrip
     if (writer) fs.remove_all(tmp);  // a half-written export never lingers as .tmp
     throw;
   }
+}
+
+void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
+               const ExtraFiles& extra, int64_t max_shard_bytes) {
+  export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
+    write_hf_model(model, description, tmp, max_shard_bytes, fs);
+  });
 }
 
 HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {

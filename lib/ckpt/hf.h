@@ -31,6 +31,12 @@ using ExtraFiles = std::vector<std::pair<std::string, std::string>>;
 void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
                const ExtraFiles& extra = {}, int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
+// export_hf's folder handling around `write`, which writes the files into the temporary folder it
+// is given (collective as the caller needs; every rank calls it, only the writing rank's files
+// count): the extras are copied after it, then the folder is renamed into place.
+void export_folder(const ShardedModel& model, const std::string& dir, const ExtraFiles& extra,
+                   const std::function<void(const std::string& tmp, FileSystem& fs)>& write);
+
 // A file a save wrote: its name in the folder, size and CRC-32C (for checkpoint manifests).
 struct WrittenFile {
   std::string name;

@@ -8,7 +8,8 @@
 
 namespace fsdp::ckpt {
 
-// Loads a Hugging Face folder's weights into `model` (each rank its rows), after checking that
+// Loads a Hugging Face folder's weights into `model`'s parameters, LoRA adapters excepted (each
+// rank its rows), after checking that
 // its tensors match the model (InputError listing every mismatch). efficient
 // (fsdp_cpu_ram_efficient_loading): only rank 0 of `world` reads the files and broadcasts one
 // tensor at a time; otherwise every rank reads its own rows from the mapped files. Collective.

@@ -151,11 +151,11 @@ std::unique_ptr<Source> open_hf_source(const std::string& dir) {
   return std::make_unique<FullSource>(dir);
 }
 
-std::vector<Slot> slots_of(const ShardedModel& model) {
+std::vector<Slot> slots_of(const ShardedModel& model, const std::function<bool(const ShardedParam&)>& keep) {
   std::vector<Slot> out;
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i)
-      out.push_back({g, i, &model.groups()[g]->params()[i]});
+      if (!keep || keep(model.groups()[g]->params()[i])) out.push_back({g, i, &model.groups()[g]->params()[i]});
   return out;
 }
 
@@ -186,7 +186,8 @@ void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool
   check_tensors_match(where, stored, expected, hint, optimizer ? "" : "optim.");
 }
 
-void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::ProcessGroup& world, bool efficient) {
+void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAdamW* adamw, Source* src,
+          dist::ProcessGroup& world, bool efficient) {
   const c10::Device device = model.options().device;
   auto copy_rows = [&](const std::string& name, const ShardLayout& layout, const at::Tensor& dest) {
     const int64_t n = layout.valid_rows();
@@ -200,7 +201,7 @@ void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::Pr
     if (n > 0) dest.narrow(0, 0, n).copy_(full.narrow(0, layout.first_row(), n));
   };
   c10::NoGradGuard no_grad;
-  for (const Slot& s : slots_of(model)) {
+  for (const Slot& s : slots) {
     const ShardedParam& p = *s.param;
     const std::string name = stored_name(*src, p);
     copy_rows(name, p.layout, p.sharded);

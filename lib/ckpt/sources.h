@@ -56,7 +56,8 @@ struct Slot {
   size_t group = 0, index = 0;
   const ShardedParam* param = nullptr;
 };
-std::vector<Slot> slots_of(const ShardedModel& model);
+// Every parameter's slot, or those `keep` accepts.
+std::vector<Slot> slots_of(const ShardedModel& model, const std::function<bool(const ShardedParam&)>& keep = {});
 
 // The rows of a parameter's AdamW state this rank holds: (chunk_rows, *shape[1:]) fp32.
 at::Tensor state_rows(const at::Tensor& flat, const ShardedParam& p);
@@ -70,10 +71,11 @@ std::string stored_name(const Source& src, const ShardedParam& p);
 void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool optimizer, const std::string& where,
                          const std::string& hint);
 
-// Copies every parameter's rows (and AdamW state, when adamw is given) this rank owns from `src`.
-// efficient: rank 0 of `world` reads whole tensors and broadcasts them, one at a time; the others
-// read nothing (src may be null there). Collective over `world` when efficient.
-void fill(ShardedModel& model, optim::ShardedAdamW* adamw, Source* src, dist::ProcessGroup& world, bool efficient);
+// Copies the rows (and AdamW state, when adamw is given) this rank owns of every slot's parameter
+// from `src`. efficient: rank 0 of `world` reads whole tensors and broadcasts them, one at a time;
+// the others read nothing (src may be null there). Collective over `world` when efficient.
+void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAdamW* adamw, Source* src,
+          dist::ProcessGroup& world, bool efficient);
 
 // Throws on every rank when any rank's check failed (failure non-empty): the failing rank with its
 // reason, the others pointing at it. Collective over `world`.

@@ -180,6 +180,19 @@ struct CheckpointConfig {
   std::string resume;           // "", "latest" (the newest under dir) or a checkpoint folder
   std::string export_dir;       // Hugging Face folders written here: step-<N>
   int64_t export_interval = 0;  // also every N steps (0: only at the end)
+  bool export_merged = false;   // with LoRA: the adapters folded into a whole Hugging Face model
+};
+
+// LoRA adapters (PEFT's LoraConfig; model/lora.h): r 0 trains every parameter.
+struct LoraConfig {
+  int64_t r = 0;
+  double alpha = 8;
+  double dropout = 0;
+  std::vector<std::string> target_modules;  // empty: q_proj, v_proj
+  bool use_rslora = false;
+  std::vector<std::string> modules_to_save;
+  std::string init;  // a PEFT adapter folder to start from
+  bool enabled() const { return r > 0; }
 };
 
 struct LoggingConfig {
@@ -206,6 +219,7 @@ struct Config {
   ScheduleConfig schedule;
   LoggingConfig logging;
   CheckpointConfig checkpoint;
+  LoraConfig lora;
 };
 
 // What actually runs: every FSDP1 strategy and FSDP2 setting reduced to one FSDP2 layout.

@@ -376,7 +376,7 @@ namespace {
 
 // The keys that name files the trainer reads (outputs such as checkpoint.dir stay where written).
 const char* const kInputPathKeys[] = {"model.config", "model.pretrained", "data.path", "data.eval_path",
-                                      "data.tokenizer", "data.chat_template"};
+                                      "data.tokenizer", "data.chat_template", "lora.init"};
 
 // What the trainer writes, and where each goes when its key is not set: under train.output_dir.
 const std::pair<const char*, const char*> kOutputPaths[] = {

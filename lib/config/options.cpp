@@ -772,6 +772,54 @@ std::vector<OptionSpec> build_table() {
           .help("Also export every N steps (0: only at the end)")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::export_interval),
+      Row("checkpoint.export_merged", V::kBool)
+          .def("false")
+          .help("With LoRA: export the adapters folded into the base as a whole Hugging Face model, instead of a "
+                "PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::export_merged),
+      Row("lora.r", V::kInt)
+          .range(0)
+          .def("0")
+          .help("LoRA rank: train low-rank adapters beside the frozen model instead of every parameter (PEFT's "
+                "LoraConfig; 8 or 16 are common); 0: full fine-tuning")
+          .extension()
+          .to(&Config::lora, &LoraConfig::r),
+      Row("lora.alpha", V::kFloat)
+          .range(0)
+          .def("8")
+          .help("LoRA alpha: the adapters' output is scaled by alpha / r (alpha / sqrt(r) with use_rslora)")
+          .extension()
+          .to(&Config::lora, &LoraConfig::alpha),
+      Row("lora.dropout", V::kFloat)
+          .range(0, 1)
+          .def("0")
+          .help("Dropout on the adapters' input while training (0 to 1)")
+          .extension()
+          .to(&Config::lora, &LoraConfig::dropout),
+      Row("lora.target_modules", V::kList)
+          .def("")
+          .note("q_proj,v_proj")
+          .help("Linear layers that get adapters: short names (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                "down_proj), full module names, a regular expression over full names, or all-linear")
+          .extension()
+          .to(&Config::lora, &LoraConfig::target_modules),
+      Row("lora.use_rslora", V::kBool)
+          .def("false")
+          .help("Rank-stabilised LoRA: scale by alpha / sqrt(r)")
+          .extension()
+          .to(&Config::lora, &LoraConfig::use_rslora),
+      Row("lora.modules_to_save", V::kList)
+          .def("")
+          .help("Modules trained whole beside the adapters and saved with them (lm_head, embed_tokens, norm)")
+          .extension()
+          .to(&Config::lora, &LoraConfig::modules_to_save),
+      Row("lora.init", V::kString)
+          .def("")
+          .help("A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start from, to continue "
+                "an adapter; empty: PEFT's initialisation (A random from train.seed, B zero)")
+          .extension()
+          .to(&Config::lora, &LoraConfig::init),
       Row("logging.interval", V::kInt)
           .range(1)
           .def("10")

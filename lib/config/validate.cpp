@@ -179,6 +179,24 @@ void check_parallelism(Checker& c) {
             "the product of the parallelism sizes must equal num_processes");
 }
 
+void check_lora(Checker& c) {
+  const LoraConfig& l = c.rc.typed.lora;
+  if (!l.enabled()) {
+    for (const char* key : {"lora.alpha", "lora.dropout", "lora.target_modules", "lora.use_rslora",
+                            "lora.modules_to_save", "lora.init", "checkpoint.export_merged"})
+      if (c.rc.is_set(key))
+        c.warning(key, "has no effect without LoRA (lora.r is 0: every parameter is trained)",
+                  "set lora.r (8 or 16 are common) to train adapters");
+    return;
+  }
+  if (!l.init.empty() && !file_exists(l.init + "/adapter_model.safetensors"))
+    c.error("lora.init", str(quoted(l.init), " holds no adapter_model.safetensors"),
+            "give a folder PEFT's save_pretrained wrote (adapter_config.json, adapter_model.safetensors)");
+  if (c.rc.typed.model.pretrained.empty())
+    c.warning("lora.r", "is set but model.pretrained is not: the adapters train beside a randomly initialised model",
+              "set model.pretrained to the Hugging Face folder to adapt");
+}
+
 void check_training(Checker& c) {
   const Config& t = c.rc.typed;
   if (t.model.gradient_checkpointing && t.fsdp.activation_checkpointing)
@@ -214,6 +232,7 @@ void check_training(Checker& c) {
   if (t.checkpoint.keep_best && t.checkpoint.keep == 0)
     c.warning("checkpoint.keep_best", "has no effect with checkpoint.keep 0 (every checkpoint is kept)",
               "set checkpoint.keep to how many of the newest to keep besides the best");
+  check_lora(c);
   // train.epochs over train.steps when given later (--set train.epochs=2 on a file with steps); both
   // in one place is a contradiction.
   auto layer = [&](const std::string& key) {

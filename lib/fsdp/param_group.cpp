@@ -90,8 +90,9 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
 
   at::TensorOptions shard_opts = at::TensorOptions().dtype(at::kFloat).device(shard_device);
   if (options_.offload_params && options_.device.is_cuda()) shard_opts = shard_opts.pinned_memory(true);
-  flat_shard_ = at::zeros({shard_numel_}, shard_opts);
+  flat_shard_ = at::zeros({trainable_numel_}, shard_opts);
   flat_grad_ = at::zeros({trainable_numel_}, shard_opts);
+  frozen_shard_ = at::zeros({shard_numel_ - trainable_numel_}, shard_opts.dtype(param_dtype));
 
   for (ShardedParam& p : params_) {
     const ShardLayout& l = p.layout;
@@ -99,11 +100,12 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     const at::Tensor full =
         (options_.init ? options_.init(p.name, l.shape).to(at::kFloat) : p.unsharded.detach()).reshape({-1});
     const int64_t begin = l.first_row() * l.row_numel(), count = l.valid_rows() * l.row_numel();
-    if (count > 0) flat_shard_.narrow(0, p.offset, count).copy_(full.narrow(0, begin, count));
+    const at::Tensor flat = shard_of(p);
+    if (count > 0) flat.narrow(0, 0, count).copy_(full.narrow(0, begin, count));
     std::vector<int64_t> shard_shape = l.shape;
     if (shard_shape.empty()) shard_shape.push_back(1);
     shard_shape[0] = l.chunk_rows();
-    p.sharded = flat_shard_.narrow(0, p.offset, l.shard_numel()).view(shard_shape);
+    p.sharded = flat.view(shard_shape);
 
     // The registered parameter becomes the unsharded leaf over storage this group owns (room for
     // W padded chunks, so a gather can be copied in whole); `buffer` writes that storage without
@@ -137,7 +139,9 @@ void ParamGroup::unshard() {
   // In-place gather: this rank's slot of the output is the input (cast, and copied from host memory
   // when offloaded).
   at::Tensor in = out.narrow(0, mesh_->shard.rank() * shard_numel_, shard_numel_);
-  in.copy_(flat_shard_, /*non_blocking=*/options_.offload_params);
+  in.narrow(0, 0, trainable_numel_).copy_(flat_shard_, /*non_blocking=*/options_.offload_params);
+  in.narrow(0, trainable_numel_, shard_numel_ - trainable_numel_)
+      .copy_(frozen_shard_, /*non_blocking=*/options_.offload_params);
   pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in, "gather " + display_name()), out};
 }
 
@@ -153,7 +157,7 @@ void ParamGroup::wait_for_unshard() {
     copy_out(pending_gather_->output);
     pending_gather_.reset();
   } else {
-    for (ShardedParam& p : params_) p.buffer.copy_(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()));
+    for (ShardedParam& p : params_) p.buffer.copy_(shard_of(p));
   }
   state_ = GroupState::kUnsharded;
 }
@@ -246,8 +250,14 @@ void ParamGroup::zero_grad() {
   for (ShardedParam& p : params_) p.accumulated = at::Tensor();
 }
 
+at::Tensor ParamGroup::shard_of(const ShardedParam& p) const {
+  const int64_t n = p.layout.shard_numel();
+  return p.trainable ? flat_shard_.narrow(0, p.offset, n) : frozen_shard_.narrow(0, p.offset - trainable_numel_, n);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_parameters() const {
-  return gather_full(flat_shard_, /*trainable_only=*/false);
+  c10::NoGradGuard no_grad;
+  return gather_full(at::cat({flat_shard_, frozen_shard_.to(at::kFloat)}), /*trainable_only=*/false);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradients() const {
@@ -258,8 +268,7 @@ at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
   c10::NoGradGuard no_grad;
   const ShardedParam& p = params_.at(i);
   dist::ProcessGroup shard = mesh_->shard;  // a handle; copies share the group
-  const at::Tensor all =
-      shard.all_gather_copies(flat_shard_.narrow(0, p.offset, p.layout.shard_numel()), "full value of " + p.name);
+  const at::Tensor all = shard.all_gather_copies(shard_of(p).to(at::kFloat), "full value of " + p.name);
   return all.narrow(0, 0, p.layout.numel()).view(p.layout.shape).clone();
 }
 
@@ -280,7 +289,7 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at
 }
 
 int64_t ParamGroup::param_bytes() const {
-  return shard_numel_ * 4;
+  return trainable_numel_ * 4 + frozen_shard_.numel() * frozen_shard_.element_size();
 }
 
 int64_t ParamGroup::grad_bytes() const {

@@ -6,12 +6,14 @@
 // 0 bytes while resharded, regrown and refilled in place by unshard(). The storage object is never
 // replaced (autograd's saved tensors alias it), and refills go through a second tensor over the
 // same storage, so the parameter's version counter is not bumped. The group owns the sharded fp32
-// master weights (one flat buffer, trainable parameters first), their fp32 gradients and, through
-// ShardedAdamW, the optimizer state.
+// master weights of the trainable parameters (one flat buffer), their fp32 gradients and, through
+// ShardedAdamW, the optimizer state; frozen parameters (LoRA's base) are kept in param_dtype alone,
+// with no fp32 copy, no gradient and no optimizer state.
 //
 // Flat layout of a unit's shard (S elements, the same on every rank):
 //   [ trainable, decayed (dim >= 2) | trainable, not decayed | frozen ]
-//   param i occupies [offset_i, offset_i + shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]).
+//   param i occupies [offset_i, offset_i + shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]);
+//   the trainable prefix lives in the fp32 flat shard, the frozen rest in a param_dtype one.
 // The all-gather output is (W, S) rank-major; the reduce-scatter input is (W, S_trainable).
 //
 // Streams and buffers on CUDA (as FSDP2 orders them, with the process group's own stream instead of
@@ -65,7 +67,7 @@ struct ShardedParam {
   int64_t offset = 0;      // in the unit's flat shard
   at::Tensor unsharded;    // the module's registered parameter: (shape), param_dtype
   at::Tensor buffer;       // (W * shard_numel) over unsharded's storage, own version counter
-  at::Tensor sharded;      // (chunk_rows, *shape[1:]) fp32 view of the flat shard
+  at::Tensor sharded;      // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen
   at::Tensor accumulated;  // (shape) fp32, no-sync accumulation; undefined when unused
 };
 
@@ -114,7 +116,7 @@ class ParamGroup {
   bool reduce_pending() const { return pending_reduce_.has_value(); }
 
   // Flat fp32 views for the optimizer: [0, trainable) and the part of it that decays.
-  at::Tensor flat_param() const { return flat_shard_; }         // (S)
+  at::Tensor flat_param() const { return flat_shard_; }         // (S_trainable)
   at::Tensor flat_grad() const { return flat_grad_; }           // (S_trainable)
   int64_t trainable_numel() const { return trainable_numel_; }  // S_trainable
   int64_t decay_numel() const { return decay_numel_; }          // S_decay <= S_trainable
@@ -129,7 +131,8 @@ class ParamGroup {
   // so no rank holds more than one full tensor.
   at::Tensor gather_full_parameter(size_t i) const;
 
-  // Persistent bytes this rank holds: sharded params, their gradients (fp32, padding included).
+  // Persistent bytes this rank holds: sharded params (fp32, frozen ones in param_dtype), their
+  // gradients (fp32), padding included.
   int64_t param_bytes() const;
   int64_t grad_bytes() const;
 
@@ -137,6 +140,7 @@ class ParamGroup {
   void log(const char* what) const;
   void copy_out(const at::Tensor& gathered);  // (W * S) param_dtype -> every param's buffer
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
+  at::Tensor shard_of(const ShardedParam& p) const;  // (shard_numel) in flat_shard_ or frozen_shard_
 
   std::string name_;
   std::shared_ptr<DeviceMesh> mesh_;
@@ -144,7 +148,8 @@ class ParamGroup {
   EventLog log_;
   std::vector<ShardedParam> params_;
   int64_t shard_numel_ = 0, trainable_numel_ = 0, decay_numel_ = 0;
-  at::Tensor flat_shard_;  // (S) fp32 master weights on the shard device
+  at::Tensor flat_shard_;    // (S_trainable) fp32 master weights on the shard device
+  at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
   at::Tensor flat_grad_;   // (S_trainable) fp32 on the shard device
   GroupState state_ = GroupState::kSharded;
   struct PendingGather {

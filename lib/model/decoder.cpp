@@ -14,6 +14,7 @@
 #include "fsdp/unit_call.h"
 #include "model/chunked_loss.h"
 #include "model/fused_ops.h"
+#include "model/lora.h"
 #include "util/error.h"
 #include "util/env.h"
 #include "util/log.h"
@@ -163,19 +164,20 @@ at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window) {
 LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
                                                           const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
-  at::Tensor q = q_proj(x).view({b, t, heads, head_dim});  // (B, T, H, D)
-  at::Tensor k = k_proj(x).view({b, t, kv_heads, head_dim});
+  at::Tensor q = lora_linear(q_proj, x).view({b, t, heads, head_dim});  // (B, T, H, D)
+  at::Tensor k = lora_linear(k_proj, x).view({b, t, kv_heads, head_dim});
   if (q_norm) {  // Qwen3: each head normalized before the rotation
     q = q_norm(q);
     k = k_norm(k);
   }
   if (x.is_cpu() && fused_kernels_enabled() && cos.dim() == 2) {  // q and k in one pass (not packed rows)
     auto [rq, rk] = fused_rotary(q, k, cos, sin);
-    return {rq.transpose(1, 2), rk.transpose(1, 2), v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
+    return {rq.transpose(1, 2), rk.transpose(1, 2),
+            lora_linear(v_proj, x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
   }
   return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
           apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
-          v_proj(x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
+          lora_linear(v_proj, x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
 }
 
 // Packed rows on a GPU in bf16/fp16: LibTorch's variable-length flash attention (the kernel SDPA
@@ -193,7 +195,7 @@ at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tens
   const at::Tensor y = std::get<0>(at::_flash_attention_forward(
       tokens(q), tokens(k), tokens(v), packed.cu_seqlens, packed.cu_seqlens, packed.max_len, packed.max_len,
       /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, /*scale=*/std::nullopt, left, right));
-  return o_proj(y.view({b, t, heads * head_dim}));
+  return lora_linear(o_proj, y.view({b, t, heads * head_dim}));
 }
 
 namespace {
@@ -225,7 +227,7 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   else
     y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
-  return o_proj(y.transpose(1, 2).reshape({b, t, heads * head_dim}));
+  return lora_linear(o_proj, y.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -253,8 +255,9 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP")
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  if (x.is_cpu() && fused_kernels_enabled()) return down_proj(fused_swiglu(gate_proj(x), up_proj(x)));
-  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+  if (x.is_cpu() && fused_kernels_enabled())
+    return lora_linear(down_proj, fused_swiglu(lora_linear(gate_proj, x), lora_linear(up_proj, x)));
+  return lora_linear(down_proj, at::silu(lora_linear(gate_proj, x)) * lora_linear(up_proj, x));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
@@ -366,6 +369,7 @@ ModelTraits llama_traits(const LlamaConfig& c) {
 }
 
 at::Tensor init_parameter(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {
+  if (is_lora_parameter(name)) return lora_init(seed, name, shape);
   if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) return at::ones(shape);
   if (ends_with(name, ".bias")) return at::zeros(shape);
   at::Generator g = at::make_generator<at::CPUGeneratorImpl>(stream_of(seed, name));

@@ -84,4 +84,16 @@ optim::ScheduleOptions schedule_of(const config::Config& config) {
   return s;
 }
 
+model::LoraSettings lora_settings_of(const config::Config& config) {
+  const config::LoraConfig& l = config.lora;
+  model::LoraSettings s;
+  s.r = l.r;
+  s.alpha = l.alpha;
+  s.dropout = l.dropout;
+  s.use_rslora = l.use_rslora;
+  s.target_modules = l.target_modules;
+  s.modules_to_save = l.modules_to_save;
+  return s;
+}
+
 }  // namespace fsdp::train

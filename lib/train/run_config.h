@@ -13,6 +13,7 @@
 #include "data/prepare.h"
 #include "fsdp/options.h"
 #include "model/hf_config.h"
+#include "model/lora.h"
 #include "optim/schedule.h"
 
 namespace fsdp::ckpt {
@@ -46,6 +47,9 @@ struct FsdpPlan {
 // layout (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, FSDP2's reshard flag and parallelism_config) from
 // config::effective_fsdp_layout. A config that is not FSDP runs as pure replication (shard size 1).
 FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device);
+
+// The lora section as model/lora.h takes it (r 0: no adapters).
+model::LoraSettings lora_settings_of(const config::Config& config);
 
 // lr_scheduler's type, warmup_steps and min_lr_ratio.
 optim::ScheduleOptions schedule_of(const config::Config& config);

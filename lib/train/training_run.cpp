@@ -11,12 +11,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/hf.h"
+#include "ckpt/peft.h"
 #include "ckpt/pretrained.h"
+#include "ckpt/safetensors_torch.h"
 #include "ckpt/sources.h"
 #include "config/show.h"
 #include "data/prepare.h"
@@ -220,6 +223,12 @@ void TrainingRun::build_model() {
   std::unique_ptr<ckpt::HfCheckpoint> pretrained;
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
   llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true);
+  const model::LoraSettings lora = lora_settings_of(config_);
+  std::optional<ckpt::PeftAdapter> adapter;
+  if (lora.enabled()) {
+    model::add_lora(*llama_, lora, /*free_after_create=*/true);
+    if (!config_.lora.init.empty()) adapter = ckpt::read_peft_adapter(config_.lora.init);
+  }
   FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
   plan.options.init = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape) {
@@ -227,7 +236,9 @@ void TrainingRun::build_model() {
   };
   if (pretrained) {  // checked before anything is built; the weights are loaded into the shards below
     pretrained->check_matches(model::describe(model_config_).params);
-    plan.options.init = [](const std::string&, at::IntArrayRef shape) { return at::zeros(shape); };
+    plan.options.init = [seed](const std::string& name, at::IntArrayRef shape) {
+      return model::is_lora_parameter(name) ? model::lora_init(seed, name, shape) : at::zeros(shape);
+    };
   }
   sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_),
                                fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size), plan.options);
@@ -240,12 +251,25 @@ void TrainingRun::build_model() {
             efficient ? "rank 0 read it and sent each rank its rows" : "each rank read its own rows",
             "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));
   }
+  if (adapter) {
+    ckpt::load_adapter(*sharded_, lora, *adapter);
+    say(str("[lora] the adapters start from ", config_.lora.init, "\n"));
+  }
+  if (lora.enabled()) {  // PEFT's print_trainable_parameters, counted the same way
+    const model::LoraCounts n = model::lora_counts(*llama_);
+    char percent[32];
+    std::snprintf(percent, sizeof percent, "%.4f", 100.0 * static_cast<double>(n.trainable) / static_cast<double>(n.all));
+    const std::string saved = lora.modules_to_save.empty() ? "" : ", training " + join(lora.modules_to_save, ", ");
+    say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
+            plural(static_cast<int64_t>(model::lora_target_names(*llama_, lora).size()), "linear layer"), saved,
+            "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
+  }
   const config::OptimConfig& o = config_.optimizer;
   adamw_ = std::make_unique<optim::ShardedAdamW>(*sharded_,
                                                  optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
   const auto bytes = sharded_->persistent_bytes();
   say(str("[train] model: ", model_config_.num_parameters(), " parameters, ", sharded_->groups().size(),
-          " units; per rank ", format_bytes(bytes.params), " of fp32 shards + ", format_bytes(bytes.grads),
+          " units; per rank ", format_bytes(bytes.params), lora.enabled() ? " of shards (frozen ones in the compute dtype) + " : " of fp32 shards + ", format_bytes(bytes.grads),
           " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ", plural(world_.size(), "rank"),
           " on ", context_.device.str(), world_.is_local() ? "" : " over " + world_.backend_name(), "\n"));
 }
@@ -261,6 +285,7 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
                                                                                             : ckpt::Format::kFull;
   options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
   options.fs = hooks.checkpoint_fs;
+  options.frozen_from_base = config_.lora.enabled();
   options.log = context_.is_main() ? &out_ : nullptr;
   if (!c.dir.empty()) claim_checkpoint_dir(options.fs ? *options.fs : ckpt::local_file_system());
   checkpointer_ =
@@ -404,10 +429,23 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
   return loss_sum;
 }
 
+// FSDPTRAIN_DUMP_GRADIENTS=DIR: every trainable parameter's full gradient of each step (averaged
+// over the ranks, before clipping), as DIR/step-N.safetensors, for comparing with another trainer.
+// Collective; it waits for the device.
+void TrainingRun::dump_gradients(int64_t step) const {
+  static const std::string dir = env_or("FSDPTRAIN_DUMP_GRADIENTS", "");
+  if (dir.empty()) return;
+  const auto grads = sharded_->gather_full_gradients();
+  if (world_.rank() != 0) return;
+  make_directories(dir);
+  ckpt::save_safetensors(str(dir, "/step-", step, ".safetensors"), grads);
+}
+
 // Clips and applies the gradients on the device, skipping the update there when the loss or the
 // norm is not finite or nothing was counted; then starts the copy of the step's numbers to the host.
 void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted) {
   if (world_.size() > 1) world_.all_reduce(loss_sum, dist::ReduceOp::kSum, "loss").wait();
+  dump_gradients(step);
   const at::Tensor norm = optim::grad_norm(*sharded_);
   optim::clip_grads(*sharded_, norm, config_.optimizer.grad_clip);
   const at::Tensor stats = at::cat({loss_sum, counted, norm.to(loss_sum.device())});
@@ -513,11 +551,20 @@ void TrainingRun::export_hf(int64_t step) {
   const Clock::time_point t = Clock::now();
   const ckpt::ExtraFiles extra = text_files();
   if (world_.rank() == 0) replace_own_export(dir, step);
-  ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra);
+  const model::LoraSettings lora = lora_settings_of(config_);
+  const bool peft = lora.enabled() && !config_.checkpoint.export_merged;
+  if (peft)
+    ckpt::export_peft(*sharded_, lora, model::lora_target_names(*llama_, lora),
+                      config_.model.pretrained.empty() ? "" : absolute_path(config_.model.pretrained), dir, extra);
+  else if (lora.enabled())
+    ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra);
+  else
+    ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra);
   if (world_.rank() == 0) write_file_atomic(dir + "/" + kExportNote, export_note(step));
   std::string names;
   for (const auto& [name, from] : extra) names += (names.empty() ? "; with " : ", ") + name;
-  say(str("[train] exported a Hugging Face folder to ", dir, " in ", format_seconds(seconds_since(t)), names, "\n"));
+  say(str("[train] exported ", peft ? "a PEFT adapter folder" : lora.enabled() ? "the merged model as a Hugging Face folder" : "a Hugging Face folder",
+          " to ", dir, " in ", format_seconds(seconds_since(t)), names, "\n"));
 }
 
 // What an export holds besides the weights, so it is a whole Hugging Face folder that transformers

@@ -111,6 +111,7 @@ class TrainingRun {
   at::Tensor global_targets(double local);
   at::Tensor forward_backward(const StepBatches& batches, const at::Tensor& counted);
   void queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted);
+  void dump_gradients(int64_t step) const;
   StepResult judge(const PendingStep& pending) const;
 
   const dist::WorkerContext context_;

@@ -11,7 +11,13 @@ linear, or constant) decay to lr * min_lr_ratio (lib/optim/schedule.h).
     python scripts/reference/fsdp2_llama.py --model HF_DIR --data TOKENS.bin --steps 20 \
         --world-size 2 --micro-batch-size 4 --sequence-length 32 --out losses.json
 
-writes {"losses": [...]} (one per step, as fsdptrain's metrics file reports them).
+writes {"losses": [...], "grad_norms": [...]} (one per step, as fsdptrain's metrics file reports them).
+
+With --adapter PEFT_DIR the model is PEFT's PeftModel over that adapter (is_trainable: its LoRA
+matrices and modules_to_save train, the rest is frozen), as fsdptrain's lora.init starts from it;
+--save-adapter DIR writes the trained adapter's tensors; --dump-gradients DIR writes each step's
+full gradients (before clipping) as DIR/step-N.safetensors under fsdptrain's names, as
+FSDPTRAIN_DUMP_GRADIENTS does.
 """
 import argparse
 import json
@@ -65,6 +71,25 @@ def learning_rate(args, step):
     return args.lr
 
 
+def our_name(name):
+    """PEFT's parameter name as fsdptrain names it: no wrapper prefix, no adapter name, the trained
+    copy of a module to save under the module's own name."""
+    name = name.removeprefix("base_model.model.")
+    return name.replace(".modules_to_save.default", "").replace(".default.", ".")
+
+
+def dump_gradients(model, folder, step, rank):
+    from safetensors.torch import save_file
+    grads = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            grads[our_name(name)] = g.detach().clone().contiguous()
+    if rank == 0:
+        os.makedirs(folder, exist_ok=True)
+        save_file(grads, os.path.join(folder, f"step-{step}.safetensors"))
+
+
 def worker(rank, args, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
@@ -72,12 +97,17 @@ def worker(rank, args, port):
     from torch.distributed.fsdp import fully_shard
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
-    for layer in model.model.layers:
+    model = LlamaForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    hf = model
+    if args.adapter:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, args.adapter, is_trainable=True)
+    for layer in hf.model.layers:
         fully_shard(layer)
     fully_shard(model)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.ndim >= 2]
+    no_decay = [p for p in trainable if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, foreach=False)
@@ -89,7 +119,7 @@ def worker(rank, args, port):
     train_count = sequences - held_out
     epoch, offset = 0, 0
     order = permutation(train_count, args.seed, epoch)
-    losses = []
+    losses, grad_norms = [], []
     for step in range(1, args.steps + 1):
         if offset + B * W > train_count:
             epoch, offset = epoch + 1, 0
@@ -107,8 +137,10 @@ def worker(rank, args, port):
         (loss_sum / (B * T)).backward()
         total = loss_sum.detach().clone()
         dist.all_reduce(total)
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        if args.dump_gradients:
+            dump_gradients(model, args.dump_gradients, step, rank)
+        norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
+        grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
         optimizer.step()
         optimizer.zero_grad()
         losses.append(total.item() / (B * T * W))
@@ -116,7 +148,17 @@ def worker(rank, args, port):
             print(f"step {step}: loss {losses[-1]:.6f}", flush=True)
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"losses": losses}, f)
+            json.dump({"losses": losses, "grad_norms": grad_norms}, f)
+    if args.save_adapter:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            from peft import get_peft_model_state_dict
+            from safetensors.torch import save_file
+            os.makedirs(args.save_adapter, exist_ok=True)
+            adapter = get_peft_model_state_dict(model, state_dict=full)
+            save_file({k: v.contiguous() for k, v in adapter.items()},
+                      os.path.join(args.save_adapter, "adapter_model.safetensors"), metadata={"format": "pt"})
     dist.destroy_process_group()
 
 
@@ -140,6 +182,11 @@ def main():
     ap.add_argument("--schedule", choices=["cosine", "linear", "constant"], default="cosine")
     ap.add_argument("--warmup-steps", type=int, default=10)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--adapter", help="a PEFT LoRA folder to train (PeftModel.from_pretrained, is_trainable)")
+    ap.add_argument("--save-adapter", help="write the trained adapter's tensors here (adapter_model.safetensors)")
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                    help="float64: the same training in double precision, a measure of float32's rounding")
+    ap.add_argument("--dump-gradients", help="write each step's full gradients here (step-N.safetensors)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     with socket.socket() as s:

@@ -404,7 +404,10 @@ void check_layout(const fsdp::ShardedModel& sharded, const std::map<std::string,
       const int64_t rows = static_cast<size_t>(rank) < chunks.size() ? chunks[rank].size(0) : 0;
       FSDP_ASSERT(p.sharded.size(0) == ceil_div(f.size(0), world), p.name, ": shard has ", p.sharded.size(0), " rows");
       if (rows > 0)
-        FSDP_ASSERT(p.sharded.narrow(0, 0, rows).equal(chunks[rank]), p.name, ": shard differs from chunk ", rank);
+        FSDP_ASSERT(p.sharded.narrow(0, 0, rows).equal(chunks[rank].to(p.sharded.scalar_type())), p.name,
+                    ": shard differs from chunk ", rank);  // frozen parameters are kept in param_dtype
+      FSDP_ASSERT(p.sharded.scalar_type() == (p.trainable ? at::kFloat : sharded.options().mixed_precision.param_dtype),
+                  p.name, ": shard dtype ", p.sharded.scalar_type());
       const at::Tensor pad = p.sharded.narrow(0, rows, p.sharded.size(0) - rows);
       FSDP_ASSERT(pad.numel() == 0 || pad.abs().max().item<float>() == 0.0f, p.name, ": padding is not zero");
       FSDP_ASSERT(p.unsharded.storage().nbytes() == 0, p.name, ": unsharded storage is not freed after sharding");
@@ -471,8 +474,8 @@ void check_step_bytes(const Case& c, fsdp::ShardedModel& sharded, TestModel& mod
                 static_cast<long long>(expect_rs), static_cast<long long>(expect_rs_calls));
 }
 
-// Persistent bytes: params + grads + AdamW state = (total + padding) / W exactly, where the padding
-// is less than one row per parameter per rank.
+// Persistent bytes: params + grads + AdamW state (frozen params in param_dtype alone) = (total + padding) / W
+// exactly, where the padding is less than one row per parameter per rank.
 void check_persistent_bytes(const Case& c, fsdp::ShardedModel& sharded, const std::map<std::string, at::Tensor>& full,
                             int rank, int w) {
   fsdp::optim::ShardedAdamW optimizer(sharded, {});
@@ -481,10 +484,12 @@ void check_persistent_bytes(const Case& c, fsdp::ShardedModel& sharded, const st
   for (const auto& g : sharded.groups())
     for (const auto& p : g->params()) {
       const at::Tensor& f = full.at(p.name);
-      const int64_t row = f.numel() / f.size(0), copies = p.trainable ? 4 : 1;  // param (+ grad, m, v)
-      total += f.numel() * 4 * copies;
-      padding += (ceil_div(f.size(0), w) * w - f.size(0)) * row * 4 * copies;
-      one_row_each += row * 4 * copies;
+      // A trainable parameter: fp32 param, grad, m, v; a frozen one: itself in param_dtype alone.
+      const int64_t row = f.numel() / f.size(0),
+                    bytes = p.trainable ? 16 : static_cast<int64_t>(c10::elementSize(sharded.options().mixed_precision.param_dtype));
+      total += f.numel() * bytes;
+      padding += (ceil_div(f.size(0), w) * w - f.size(0)) * row * bytes;
+      one_row_each += row * bytes;
     }
   FSDP_ASSERT(persistent * w == total + padding && padding < w * one_row_each, c.describe(), ": persistent ",
               persistent, " bytes per rank, total ", total, ", padding ", padding);

@@ -1,0 +1,210 @@
+#include "ckpt/peft.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/file_system.h"
+#include "ckpt/safetensors_torch.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/json.h"
+#include "util/strings.h"
+
+namespace fsdp::ckpt {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kAdapterConfig = "adapter_config.json";
+constexpr const char* kAdapterWeights = "adapter_model.safetensors";
+
+std::vector<std::string> string_list(const json& v) {
+  if (v.is_null()) return {};
+  if (v.is_string()) return {v.get<std::string>()};
+  std::vector<std::string> out;
+  for (const json& x : v) out.push_back(x.get<std::string>());
+  return out;
+}
+
+// Refuses the PEFT settings fsdptrain does not compute.
+void check_supported(const json& c, const std::string& where) {
+  auto refuse_if = [&](bool bad, const std::string& what) {
+    FSDP_CHECK(!bad, "[lora] ", where, ": ", what, " is not supported by fsdptrain; train this adapter with PEFT");
+  };
+  refuse_if(c.value("peft_type", "") != "LORA", str("peft_type ", quoted(c.value("peft_type", "(none)")), " (only LORA)"));
+  refuse_if(c.value("use_dora", false), "use_dora (DoRA)");
+  refuse_if(c.value("bias", std::string("none")) != "none", "bias " + c.value("bias", std::string()));
+  refuse_if(c.value("fan_in_fan_out", false), "fan_in_fan_out");
+  refuse_if(c.contains("rank_pattern") && !c["rank_pattern"].is_null() && !c["rank_pattern"].empty(), "rank_pattern");
+  refuse_if(c.contains("alpha_pattern") && !c["alpha_pattern"].is_null() && !c["alpha_pattern"].empty(),
+            "alpha_pattern");
+  refuse_if(c.contains("layers_to_transform") && !c["layers_to_transform"].is_null(), "layers_to_transform");
+}
+
+std::string adapter_config_json(const model::LoraSettings& s, const std::vector<std::string>& targets,
+                                const std::string& base_model) {
+  std::vector<std::string> sorted = targets;
+  std::sort(sorted.begin(), sorted.end());
+  json c = {{"peft_type", "LORA"},
+            {"task_type", "CAUSAL_LM"},
+            {"r", s.r},
+            {"lora_alpha", s.alpha},
+            {"lora_dropout", s.dropout},
+            {"use_rslora", s.use_rslora},
+            {"target_modules", sorted},
+            {"modules_to_save", s.modules_to_save.empty() ? json(nullptr) : json(s.modules_to_save)},
+            {"base_model_name_or_path", base_model.empty() ? json(nullptr) : json(base_model)},
+            {"bias", "none"},
+            {"fan_in_fan_out", false},
+            {"inference_mode", true},
+            {"init_lora_weights", true},
+            {"use_dora", false}};
+  return c.dump(2) + "\n";
+}
+
+bool writes(const ShardedModel& model) {
+  return model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
+}
+
+}  // namespace
+
+PeftAdapter read_peft_adapter(const std::string& dir) {
+  FSDP_CHECK(is_directory(dir), "[lora] no adapter folder at ", quoted(dir),
+             "; give the folder PEFT's save_pretrained (or an fsdptrain LoRA export) wrote");
+  const std::string config_path = dir + "/" + kAdapterConfig, weights_path = dir + "/" + kAdapterWeights;
+  FSDP_CHECK(file_exists(config_path), "[lora] ", quoted(dir), " has no ", kAdapterConfig,
+             "; give the folder PEFT's save_pretrained (or an fsdptrain LoRA export) wrote");
+  FSDP_CHECK(file_exists(weights_path), "[lora] ", quoted(dir), " has no ", kAdapterWeights,
+             " (fsdptrain reads safetensors adapters, not adapter_model.bin)");
+  const json c = read_json_file(config_path);
+  FSDP_CHECK(c.is_object(), "[lora] ", config_path, " is not a JSON object");
+  check_supported(c, config_path);
+  PeftAdapter a;
+  a.dir = dir;
+  try {
+    a.settings.r = c.at("r").get<int64_t>();
+    a.settings.alpha = c.value("lora_alpha", 8.0);
+    a.settings.dropout = c.value("lora_dropout", 0.0);
+    a.settings.use_rslora = c.value("use_rslora", false);
+    a.settings.target_modules = string_list(c.value("target_modules", json(nullptr)));
+    a.settings.modules_to_save = string_list(c.value("modules_to_save", json(nullptr)));
+    if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string())
+      a.base_model = c["base_model_name_or_path"].get<std::string>();
+  } catch (const json::exception& e) {
+    throw InputError(str("[lora] ", config_path, ": ", e.what()));
+  }
+  FSDP_CHECK(a.settings.r > 0, "[lora] ", config_path, ": r must be positive, got ", a.settings.r);
+  for (auto& [name, t] : load_safetensors(weights_path)) {
+    FSDP_CHECK(name.rfind(kPeftPrefix, 0) == 0, "[lora] ", weights_path, ": tensor ", quoted(name),
+               " does not start with ", kPeftPrefix, " (not a PEFT model's adapter)");
+    a.tensors[name.substr(std::string(kPeftPrefix).size())] = t.to(at::kFloat);
+  }
+  return a;
+}
+
+void export_peft(const ShardedModel& model, const model::LoraSettings& settings, const std::vector<std::string>& targets,
+                 const std::string& base_model, const std::string& dir, const ExtraFiles& extra) {
+  const bool writer = writes(model);
+  export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& g : model.groups())
+      for (size_t i = 0; i < g->params().size(); ++i) {
+        if (!g->params()[i].trainable) continue;
+        at::Tensor full = g->gather_full_parameter(i);  // collective: every rank, the same order
+        if (writer) tensors.emplace_back(kPeftPrefix + g->params()[i].name, full);
+      }
+    if (!writer) return;
+    std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    save_safetensors(tmp + "/" + kAdapterWeights, tensors, {{"format", "pt"}});
+    write_whole_file(fs, tmp + "/" + kAdapterConfig, adapter_config_json(settings, targets, base_model));
+  });
+}
+
+void export_merged(const ShardedModel& model, const model::ModelDescription& description, double scaling,
+                   const std::string& dir, const ExtraFiles& extra) {
+  std::map<std::string, std::pair<size_t, size_t>> where;  // every parameter: (group, index)
+  for (size_t g = 0; g < model.groups().size(); ++g)
+    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i)
+      where[model.groups()[g]->params()[i].name] = {g, i};
+  auto full = [&](const std::string& name) {
+    const auto [g, i] = where.at(name);
+    return model.groups()[g]->gather_full_parameter(i);
+  };
+  std::vector<TensorSpec> specs;
+  for (const auto& [name, gi] : where)
+    if (!model::is_lora_parameter(name))
+      specs.push_back({name, model.groups()[gi.first]->params()[gi.second].layout.shape});
+  const bool writer = writes(model);
+  export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
+    write_hf_folder(
+        specs,
+        [&](size_t k) {
+          const std::string& name = specs[k].name;
+          const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
+          if (!where.count(module + ".lora_A.weight")) return full(name);
+          std::map<std::string, at::Tensor> one = {{name, full(name)},
+                                                   {module + ".lora_A.weight", full(module + ".lora_A.weight")},
+                                                   {module + ".lora_B.weight", full(module + ".lora_B.weight")}};
+          model::merge_lora(one, scaling);
+          return one.at(name);
+        },
+        writer, description.config_json, tmp, kDefaultMaxShardBytes, fs);
+  });
+}
+
+void load_adapter(ShardedModel& model, const model::LoraSettings& settings, const PeftAdapter& adapter) {
+  const std::string config_path = adapter.dir + "/" + kAdapterConfig;
+  const model::LoraSettings& a = adapter.settings;
+  FSDP_CHECK(a.r == settings.r, "[lora] lora.r is ", settings.r, " but ", config_path, " has r ", a.r,
+             "; set lora.r: ", a.r, " to start from this adapter");
+  FSDP_CHECK(a.alpha == settings.alpha, "[lora] lora.alpha is ", settings.alpha, " but ", config_path,
+             " has lora_alpha ", a.alpha, "; set lora.alpha: ", a.alpha, " to start from this adapter");
+  FSDP_CHECK(a.use_rslora == settings.use_rslora, "[lora] lora.use_rslora is ", settings.use_rslora ? "true" : "false",
+             " but ", config_path, " has use_rslora ", a.use_rslora ? "true" : "false");
+  std::map<std::string, std::vector<int64_t>> stored;
+  for (const auto& [name, t] : adapter.tensors) stored[name] = t.sizes().vec();
+  std::vector<ExpectedTensor> expected;
+  for (const auto& g : model.groups())
+    for (const ShardedParam& p : g->params())
+      if (p.trainable) expected.push_back({p.name, p.layout.shape, {}});
+  check_tensors_match(adapter.dir + "/" + kAdapterWeights, stored, expected,
+                      "lora.target_modules and lora.modules_to_save must name what the adapter adapts and saves (its " +
+                          std::string(kAdapterConfig) + ")");
+  c10::NoGradGuard no_grad;
+  for (const auto& g : model.groups())
+    for (const ShardedParam& p : g->params()) {
+      if (!p.trainable) continue;
+      const int64_t n = p.layout.valid_rows();
+      if (n > 0)
+        p.sharded.narrow(0, 0, n).copy_(adapter.tensors.at(p.name).narrow(0, p.layout.first_row(), n));
+    }
+}
+
+void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
+  std::map<std::string, at::Tensor> params;
+  for (const auto& p : module.named_parameters()) params[p.key()] = p.value().detach().to(at::kFloat);
+  for (const auto& [name, t] : adapter.tensors) {
+    const bool lora = model::is_lora_parameter(name);
+    const std::string base = lora ? name.substr(0, name.find(".lora_")) + ".weight" : name;
+    auto it = params.find(base);
+    FSDP_CHECK(it != params.end(), "[lora] ", adapter.dir, " adapts ", base, ", which the model does not have; give "
+               "the adapter of this base model");
+    if (lora) {
+      params[name] = t;
+    } else {
+      FSDP_CHECK(it->second.sizes() == t.sizes(), "[lora] ", adapter.dir, ": ", name, " has shape ",
+                 t.sizes(), " but the model's is ", it->second.sizes());
+      it->second = t;
+    }
+  }
+  model::merge_lora(params, adapter.settings.scaling());
+  c10::NoGradGuard no_grad;
+  for (const auto& p : module.named_parameters()) p.value().copy_(params.at(p.key()));
+}
+
+}  // namespace fsdp::ckpt

@@ -1,0 +1,62 @@
+// PEFT adapter folders: what peft's PeftModel.save_pretrained writes and from_pretrained reads.
+//
+//   adapter_config.json        peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
+//                              use_rslora, target_modules (full module names), modules_to_save,
+//                              base_model_name_or_path
+//   adapter_model.safetensors  "base_model.model.<name>": the adapters ("...q_proj.lora_A.weight")
+//                              and the modules to save under their own names ("base_model.model.lm_head.weight")
+//
+// fsdptrain writes them from a LoRA run (export), starts a run from one (lora.init), and folds one
+// into a model to run it (generate --adapter, merge-weights --adapter).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/hf.h"
+#include "fsdp/fully_shard.h"
+#include "model/lora.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::ckpt {
+
+inline constexpr const char* kPeftPrefix = "base_model.model.";
+
+struct PeftAdapter {
+  std::string dir;
+  model::LoraSettings settings;  // r, alpha, dropout, use_rslora, target_modules, modules_to_save
+  std::string base_model;        // base_model_name_or_path ("" when null)
+  std::map<std::string, at::Tensor> tensors;  // by the model's names (prefix removed), fp32, CPU
+};
+
+// Reads a PEFT LoRA folder. Throws InputError naming the file for a folder that is not one, or for
+// what fsdptrain does not run (DoRA, biases, per-layer ranks or alphas, fan_in_fan_out).
+PeftAdapter read_peft_adapter(const std::string& dir);
+
+// Writes `model`'s trainable parameters (the adapters and the modules to save) as a PEFT folder at
+// `dir` (which must not exist; written as dir.tmp and renamed), with the `extra` files (tokenizer).
+// targets: the full names of the adapted modules. Collective over the shard group.
+void export_peft(const ShardedModel& model, const model::LoraSettings& settings, const std::vector<std::string>& targets,
+                 const std::string& base_model, const std::string& dir, const ExtraFiles& extra);
+
+// Writes a Hugging Face folder of the base with every adapter folded in (W + scaling * B A, PEFT's
+// merge_and_unload) and the modules to save as trained. Collective over the shard group.
+void export_merged(const ShardedModel& model, const model::ModelDescription& description, double scaling,
+                   const std::string& dir, const ExtraFiles& extra);
+
+// Copies the adapter's tensors into `model`'s trainable shards (lora.init). Throws InputError,
+// before anything changes, when the adapter's r, alpha or rsLoRA differ from `settings`, or its
+// tensors are not exactly the trainable parameters (each missing or unexpected one named).
+void load_adapter(ShardedModel& model, const model::LoraSettings& settings, const PeftAdapter& adapter);
+
+// Folds the adapter into an unsharded model's weights (fsdptrain generate --adapter). Throws
+// InputError naming what the model lacks.
+void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter);
+
+}  // namespace fsdp::ckpt

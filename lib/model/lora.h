@@ -1,0 +1,73 @@
+// LoRA (Hu et al., 2021) as PEFT's LoraConfig defines it, on the decoder's linear layers: a
+// targeted Linear W (out, in) gains lora_A (r, in) and lora_B (out, r), registered as its children,
+// so their names are PEFT's without the adapter name ("model.layers.0.self_attn.q_proj.lora_A.weight"),
+// and computes
+//     y = x W^T + b + scaling * lora_B(lora_A(dropout(x))),   scaling = alpha / r (alpha / sqrt(r): rsLoRA)
+// Every other parameter is frozen (requires_grad false) except those of modules_to_save, trained
+// whole. Initialisation is PEFT's default: A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform with
+// a = sqrt(5)), drawn from the seed and the parameter's name (the same at any world size); B = 0.
+//
+// Not thread-safe (LibTorch modules).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/linear.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp::model {
+
+class LlamaForCausalLMImpl;
+
+struct LoraSettings {
+  int64_t r = 0;  // 0: no adapter
+  double alpha = 8;
+  double dropout = 0;
+  bool use_rslora = false;
+  // Module names: "q_proj" (any module whose name is that or ends in ".q_proj"), a full name, a
+  // regular expression over full names (PEFT's single-string form), or "all-linear" (every linear
+  // layer of the decoder layers: not lm_head, as PEFT reads it). Empty: q_proj and v_proj, PEFT's
+  // default for these families.
+  std::vector<std::string> target_modules;
+  std::vector<std::string> modules_to_save;  // trained whole and saved with the adapter: lm_head, embed_tokens
+  bool enabled() const { return r > 0; }
+  double scaling() const;
+};
+
+// The linear layers of the decoder layers LoRA can target, by their short names.
+const std::vector<std::string>& lora_linear_names();
+
+// Adds the adapters to `model` and freezes the rest (see above); the new parameters hold zeros (or
+// no storage with `free_after_create`): fully_shard or init_parameters fills them. Throws
+// InputError naming the setting for a target or module to save that matches nothing (listing the
+// names the model has), for a target that is not a linear layer, and for modules to save that are
+// tied to the embedding.
+void add_lora(LlamaForCausalLMImpl& model, const LoraSettings& settings, bool free_after_create = false);
+
+// The full names of the modules `settings` targets in `model` (after add_lora or before).
+std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const LoraSettings& settings);
+
+// l(x), plus the adapter's term when add_lora gave `l` one. Dropout only in training mode.
+at::Tensor lora_linear(const torch::nn::Linear& l, const at::Tensor& x);
+
+// Whether a parameter name is an adapter's (".lora_A." or ".lora_B.").
+bool is_lora_parameter(const std::string& name);
+// PEFT's initial value of an adapter parameter: lora_A uniform from the seed and the name, lora_B 0.
+at::Tensor lora_init(uint64_t seed, const std::string& name, at::IntArrayRef shape);
+
+// Folds adapters into the weights they adapt: for every "<m>.lora_A.weight" in `params`,
+// "<m>.weight" += scaling * B @ A (in fp32, cast back), and the adapter tensors are removed. The
+// other entries (modules to save among them) are left as they are.
+void merge_lora(std::map<std::string, at::Tensor>& params, double scaling);
+
+// PEFT's trainable-parameter report: trainable (adapters and modules to save) against all (the
+// base, the adapters, and the modules to save counted twice, original and trained copy).
+struct LoraCounts {
+  int64_t trainable = 0, all = 0;
+};
+LoraCounts lora_counts(LlamaForCausalLMImpl& model);
+
+}  // namespace fsdp::model

@@ -1,0 +1,249 @@
+"""LoRA against PEFT: fsdptrain's lora section trains what PEFT's PeftModel trains, and writes what
+PEFT reads.
+
+From one tiny Llama (transformers, random) and adapters PEFT made (init_lora_weights=False, so
+every adapter matrix starts non-zero), with and without modules_to_save, at W=1 and W=2:
+  - fsdptrain (lora.init = the adapter) and scripts/reference/fsdp2_llama.py --adapter (PEFT's
+    PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
+    1e-5 relative, the same gradient of every trainable tensor (FSDPTRAIN_DUMP_GRADIENTS) within 1e-5
+    at step 1 and 1e-4 after (see parity()), and end with the same adapter tensors within 1e-4;
+  - the trainable and total parameter counts fsdptrain prints equal PEFT's get_nb_trainable_parameters();
+  - the export is a PEFT folder: its tensors are exactly the keys PEFT's own state dict has for
+    that config, PeftModel.from_pretrained loads it, and its logits equal those of the merged
+    export (checkpoint.export_merged), which equals PEFT's merge_and_unload();
+  - a resumed run (from a LoRA checkpoint: adapters and AdamW state only) continues exactly at the
+    same world size, and within 1e-5 at another.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
+from safetensors.torch import load_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+SETTINGS = {"steps": 6, "micro_batch_size": 4, "sequence_length": 32, "lr": 1e-3, "seed": 1234, "warmup": 2}
+CASES = {
+    # name: (LoraConfig arguments, fsdptrain's lora section)
+    "qv-down": (dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+                "lora:\n  r: 4\n  alpha: 8\n  target_modules: [q_proj, v_proj, down_proj]\n"),
+    "all-linear+lm_head": (dict(r=8, lora_alpha=16, target_modules="all-linear", use_rslora=True,
+                                modules_to_save=["lm_head"]),
+                           "lora:\n  r: 8\n  alpha: 16\n  target_modules: all-linear\n  use_rslora: true\n"
+                           "  modules_to_save: [lm_head]\n"),
+}
+
+
+def write_shard(path, tokens):
+    header = np.zeros(256, dtype=np.int32)
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+def relative(a, b):
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+class Failed(Exception):
+    pass
+
+
+def check(ok, what):
+    if not ok:
+        raise Failed(what)
+
+
+def run(cmd, what, timeout=600, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if r.returncode != 0:
+        raise Failed(f"{what} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    return r.stdout + r.stderr
+
+
+def fsdptrain(args, tmp, name, world, base, data, lora, extra="", gradients=None, micro=SETTINGS["micro_batch_size"]):
+    out = os.path.join(tmp, name)
+    yaml = os.path.join(tmp, name + ".yaml")
+    with open(yaml, "w") as f:
+        f.write(f"distributed_type: FSDP\nuse_cpu: true\nnum_processes: {world}\nmixed_precision: 'no'\n"
+                "fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+                f"model:\n  pretrained: {base}\ndata:\n  path: {data}\n  eval_fraction: 0.05\n"
+                f"train:\n  output_dir: {out}\n  steps: {SETTINGS['steps']}\n"
+                f"  micro_batch_size: {micro}\n"
+                f"  sequence_length: {SETTINGS['sequence_length']}\n  seed: {SETTINGS['seed']}\n"
+                "  eval_interval: 0\n  eval_batches: 1\n"
+                f"optimizer:\n  lr: {SETTINGS['lr']}\nschedule:\n  warmup_steps: {SETTINGS['warmup']}\n"
+                "logging:\n  interval: 1\n" + lora + extra)
+    env = dict(os.environ, FSDPTRAIN_DUMP_GRADIENTS=gradients) if gradients else None
+    text = run([args.fsdptrain, "launch", "--config", yaml, "--main_process_port", "0"], f"fsdptrain {name}", env=env)
+    lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
+    return out, text, {l["step"]: l for l in lines}
+
+
+def reference(args, tmp, name, world, base, data, adapter, dtype="float32"):
+    out = os.path.join(tmp, name + ".json")
+    saved = os.path.join(tmp, name + "-adapter")
+    run([sys.executable, os.path.join(args.source, "scripts/reference/fsdp2_llama.py"), "--model", base, "--data",
+         data, "--out", out, "--world-size", str(world), "--steps", str(SETTINGS["steps"]), "--micro-batch-size",
+         str(SETTINGS["micro_batch_size"]), "--sequence-length", str(SETTINGS["sequence_length"]), "--lr",
+         str(SETTINGS["lr"]), "--seed", str(SETTINGS["seed"]), "--warmup-steps", str(SETTINGS["warmup"]),
+         "--adapter", adapter, "--save-adapter", saved, "--dump-gradients", os.path.join(tmp, name + "-ref-grads"),
+         "--dtype", dtype],
+        f"the PEFT reference {name}")
+    return json.load(open(out)), load_file(os.path.join(saved, "adapter_model.safetensors"))
+
+
+def parity(args, tmp, case, world, base, data, adapter):
+    """Losses, gradient norms, every gradient and the trained adapter against PEFT's; returns the
+    run's folder and output. Step 1's gradients (from the same weights) are held to 1e-5; later ones
+    to 1e-4, because two float32 runs drift apart as AdamW divides each gradient by its running RMS:
+    PEFT's own float32 gradients differ from a float64 run's (fsdp2_llama.py --dtype float64) by up
+    to 1.5e-5 here by step 6."""
+    peft_args, lora = CASES[case]
+    name = f"{re.sub('[^a-z]', '', case)}-w{world}"
+    grads = os.path.join(tmp, name + "-grads")
+    out, text, ours = fsdptrain(args, tmp, name, world, base, data, lora + f"  init: {adapter}\n", gradients=grads)
+    ref, ref_adapter = reference(args, tmp, name, world, base, data, adapter)
+    worst, worst_tensor = 0.0, 0.0
+    for step in range(1, SETTINGS["steps"] + 1):
+        for key, theirs in (("loss", ref["losses"]), ("grad_norm", ref["grad_norms"])):
+            r = relative(ours[step][key], theirs[step - 1])
+            worst = max(worst, r)
+            check(r < 1e-5, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e})")
+    worst_grad = [0.0, 0.0]  # step 1, later steps
+    for step in range(1, SETTINGS["steps"] + 1):
+        mine = load_file(os.path.join(grads, f"step-{step}.safetensors"))
+        theirs = load_file(os.path.join(tmp, name + "-ref-grads", f"step-{step}.safetensors"))
+        check(set(mine) == set(theirs), f"{name}: gradient names differ: {sorted(set(mine) ^ set(theirs))}")
+        for key in mine:
+            r = relative(mine[key], theirs[key])
+            worst_grad[step > 1] = max(worst_grad[step > 1], r)
+            check(r < (1e-5 if step == 1 else 1e-4), f"{name} step {step}: the gradient of {key} differs from PEFT's "
+                                                     f"by {r:.2e}")
+    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
+    mine = load_file(os.path.join(export, "adapter_model.safetensors"))
+    check(set(mine) == set(ref_adapter), f"{name}: adapter keys differ: {sorted(set(mine) ^ set(ref_adapter))}")
+    # Six AdamW updates divide each gradient by its running RMS, which magnifies rounding where a
+    # gradient is tiny: the trained tensors are held to 1e-4.
+    for key in mine:
+        r = relative(mine[key], ref_adapter[key])
+        worst_tensor = max(worst_tensor, r)
+        check(r < 1e-4, f"{name}: trained {key} differs from PEFT's by {r:.2e}")
+    print(f"ok {name}: worst relative differences from PEFT's: losses and gradient norms {worst:.2e}; every "
+          f"trainable tensor's gradient at step 1 {worst_grad[0]:.2e}, at steps 2-{SETTINGS['steps']} "
+          f"{worst_grad[1]:.2e}; the {len(mine)} trained tensors {worst_tensor:.2e}")
+    return out, text
+
+
+def counts_match(text, base, adapter, name):
+    m = re.search(r"trainable params: (\d+) \|\| all params: (\d+)", text)
+    check(m is not None, f"{name}: no trainable-parameter line in the output")
+    model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base), adapter, is_trainable=True)
+    theirs = model.get_nb_trainable_parameters()
+    check((int(m.group(1)), int(m.group(2))) == tuple(theirs), f"{name}: counts {m.groups()} vs PEFT's {theirs}")
+    print(f"ok {name}: trainable params {theirs[0]} || all params {theirs[1]}, as PEFT counts them")
+
+
+def export_loads(tmp, base, export, merged, peft_args, name):
+    """PEFT loads our export with exactly its own keys; logits equal our merged export and PEFT's merge."""
+    config = LoraConfig(task_type="CAUSAL_LM", **peft_args)
+    expected = set(get_peft_model_state_dict(get_peft_model(LlamaForCausalLM.from_pretrained(base), config)))
+    got = {k for k in load_file(os.path.join(export, "adapter_model.safetensors"))}
+    check(got == expected, f"{name}: export keys vs PEFT's: missing {sorted(expected - got)}, "
+                           f"unexpected {sorted(got - expected)}")
+    written = json.load(open(os.path.join(export, "adapter_config.json")))
+    check(written["peft_type"] == "LORA" and written["task_type"] == "CAUSAL_LM" and written["r"] == peft_args["r"]
+          and written["lora_alpha"] == peft_args["lora_alpha"], f"{name}: adapter_config.json {written}")
+    check(os.path.exists(os.path.join(export, "fsdptrain_export.json")), f"{name}: no export note")
+    model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base, attn_implementation="eager"), export)
+    x = torch.arange(3, 67).view(1, 64) % 250
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+        theirs = model.merge_and_unload()
+        ours = LlamaForCausalLM.from_pretrained(merged, attn_implementation="eager")
+        merged_logits = ours(input_ids=x).logits
+    r = relative(logits, merged_logits)
+    check(r < 1e-5, f"{name}: PEFT's logits over our adapter vs our merged export: {r:.2e}")
+    mine = ours.state_dict()
+    worst = max(relative(mine[k], v) for k, v in theirs.state_dict().items())
+    check(worst < 1e-6, f"{name}: merged export vs PEFT's merge_and_unload: {worst:.2e}")
+    print(f"ok {name}: PeftModel.from_pretrained loads the export ({len(got)} tensors, none missing or unexpected); "
+          f"its logits equal the merged export's ({r:.2e}); merged weights equal merge_and_unload's ({worst:.2e})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fsdptrain", required=True)
+    ap.add_argument("--source", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    tmp = tempfile.mkdtemp(prefix="lora-test-")
+    try:
+        rng = np.random.default_rng(0)
+        phrases = [rng.integers(0, 256, int(rng.integers(5, 40))) for _ in range(64)]
+        tokens = np.concatenate([phrases[i] for i in rng.integers(0, 64, 1500)])
+        data = os.path.join(tmp, "tokens.bin")
+        write_shard(data, tokens)
+        config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
+        torch.manual_seed(0)
+        base = os.path.join(tmp, "base")
+        LlamaForCausalLM(LlamaConfig(**config)).save_pretrained(base, safe_serialization=True)
+
+        adapters = {}
+        for case, (peft_args, _) in CASES.items():
+            torch.manual_seed(1)
+            model = get_peft_model(LlamaForCausalLM.from_pretrained(base),
+                                   LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **peft_args))
+            adapters[case] = os.path.join(tmp, "peft-" + re.sub("[^a-z]", "", case))
+            model.save_pretrained(adapters[case])
+
+        runs = {}
+        for case in CASES:
+            for world in (1, 2):
+                runs[case, world] = parity(args, tmp, case, world, base, data, adapters[case])
+            counts_match(runs[case, 2][1], base, adapters[case], case)
+
+        # Resume from step 3 of a W=2 run: at W=2 the losses and adapter continue exactly; at W=1
+        # (twice the micro-batch: the same global batch) within reduction-order rounding. The W=2
+        # resume exports the merged model.
+        case = "all-linear+lm_head"
+        peft_args, lora = CASES[case]
+        first, _, full = fsdptrain(args, tmp, "interval", 2, base, data, lora,
+                                   "checkpoint:\n  interval: 3\n")
+        step3 = os.path.join(first, "checkpoints", "step-00000003")
+        saved = sorted(load_file(os.path.join(step3, "shard-00000-of-00002.safetensors")))
+        check(all(".lora_" in k or "lm_head" in k for k in saved),
+              f"a LoRA checkpoint holds the frozen base too: {[k for k in saved if '.lora_' not in k][:4]}")
+        for world, exact in ((2, True), (1, False)):
+            _, _, resumed = fsdptrain(args, tmp, f"resume-w{world}", world, base, data, lora,
+                                      f"checkpoint:\n  resume: {step3}\n  export_merged: true\n",
+                                      micro=SETTINGS["micro_batch_size"] * 2 // world)
+            for step in range(4, SETTINGS["steps"] + 1):
+                a, b = resumed[step]["loss"], full[step]["loss"]
+                check(a == b if exact else relative(a, b) < 1e-5, f"resume at W={world}, step {step}: {a} vs {b}")
+            print(f"ok resume at W={world}: steps 4-{SETTINGS['steps']} "
+                  f"{'equal bit for bit' if exact else 'within 1e-5'} to the uninterrupted run's "
+                  f"(the checkpoint holds {len(saved)} tensors: adapters, lm_head, AdamW state)")
+        export_loads(tmp, base, os.path.join(first, "export", f"step-{SETTINGS['steps']}"),
+                     os.path.join(tmp, "resume-w2", "export", f"step-{SETTINGS['steps']}"), peft_args, case)
+    except Failed as e:
+        print(f"FAIL {e}")
+        return 1
+    finally:
+        if os.environ.get("LORA_TEST_KEEP") != "1":  # keep the runs to look at
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
