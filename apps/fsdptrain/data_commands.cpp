@@ -6,13 +6,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "commands.h"
 #include "chat/chat_template.h"
+#include "commands.h"
 #include "data/corpus.h"
 #include "data/documents.h"
-#include "util/files.h"
 #include "tokenize/eos.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace fsdp::cli {
@@ -58,9 +58,9 @@ class TokenizeCommand final : public Command {
         data::tokenize_corpus(tok, eos, options_, [live](int64_t done, int64_t total, int64_t docs, int64_t tokens) {
           if (!live) return;
           const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
-          std::fprintf(stderr, "\r[%-20s] %3d%% %s of %s | %lld documents | %s tokens", std::string(pct / 5, '#').c_str(),
-                       pct, format_bytes(done).c_str(), format_bytes(total).c_str(), static_cast<long long>(docs),
-                       format_count(static_cast<double>(tokens)).c_str());
+          std::fprintf(stderr, "\r[%-20s] %3d%% %s of %s | %lld documents | %s tokens",
+                       std::string(pct / 5, '#').c_str(), pct, format_bytes(done).c_str(), format_bytes(total).c_str(),
+                       static_cast<long long>(docs), format_count(static_cast<double>(tokens)).c_str());
         });
     if (live) std::fprintf(stderr, "\n");
     std::cout << "tokenized " << plural(s.documents, "document") << " (" << format_bytes(s.bytes) << ") into "
@@ -90,8 +90,9 @@ class ChatTemplateCommand final : public Command {
  public:
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app = parent.add_subcommand(
-        "chat-template", "Render conversation records with a model's chat template: one JSON object per record with "
-                         "\"text\" and \"assistant_spans\" (the character spans the loss counts)");
+        "chat-template",
+        "Render conversation records with a model's chat template: one JSON object per record with "
+        "\"text\" and \"assistant_spans\" (the character spans the loss counts)");
     app->add_option("FILE", input_, "A .jsonl of conversation records (messages, ShareGPT, or prompt/completion lists)")
         ->required();
     app->add_option("--tokenizer", folder_, "The model or tokenizer folder holding the template")->required();
@@ -108,7 +109,8 @@ class ChatTemplateCommand final : public Command {
     for (auto docs = reader.next(size_t{1} << 20); !docs.empty(); docs = reader.next(size_t{1} << 20))
       for (const data::Document& d : docs) {
         const std::string where = str(input_, ":", d.line);
-        FSDP_CHECK(d.chat, "[chat-template] ", where, ": not a conversation record (messages, conversations, or "
+        FSDP_CHECK(d.chat, "[chat-template] ", where,
+                   ": not a conversation record (messages, conversations, or "
                    "prompt and completion as lists of messages)");
         std::cout << render(t, d.text, where).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
       }
@@ -124,7 +126,8 @@ class ChatTemplateCommand final : public Command {
       r = t.render_for_training(c, !all_tokens_);
       text = generation_prompt_ ? t.render(c, true) : r.text;
     } catch (const chat::TemplateRaise& e) {
-      throw InputError(str("[chat-template] ", where, ": the template (", e.where(), ":", e.line(), ") raised: ", e.what()));
+      throw InputError(
+          str("[chat-template] ", where, ": the template (", e.where(), ":", e.line(), ") raised: ", e.what()));
     } catch (const InputError& e) {
       throw InputError(str("[chat-template] ", where, ": ", e.what()));
     }
@@ -145,7 +148,11 @@ class ChatTemplateCommand final : public Command {
 
 }  // namespace
 
-std::unique_ptr<Command> make_tokenize_command() { return std::make_unique<TokenizeCommand>(); }
-std::unique_ptr<Command> make_chat_template_command() { return std::make_unique<ChatTemplateCommand>(); }
+std::unique_ptr<Command> make_tokenize_command() {
+  return std::make_unique<TokenizeCommand>();
+}
+std::unique_ptr<Command> make_chat_template_command() {
+  return std::make_unique<ChatTemplateCommand>();
+}
 
 }  // namespace fsdp::cli

@@ -13,6 +13,7 @@
 
 #include "chat/chat_template.h"
 #include "ckpt/load_model.h"
+#include "ckpt/peft.h"
 #include "commands.h"
 #include "data/documents.h"
 #include "model/generate.h"
@@ -33,14 +34,27 @@ constexpr int32_t kByteEnd = 256;  // the byte-level models' end-of-text id (dat
 struct LoadedModel {
   model::LlamaForCausalLM model{nullptr};
   std::string folder;
+  std::string adapter;  // the LoRA adapter folded into it, if any
 };
 
-// The folder --model names, its config.json's model, and its weights (checked before they load).
-LoadedModel load(const std::string& path) {
+// The folder --model names, its config.json's model, and its weights (checked before they load);
+// then the LoRA adapter folded in: --adapter's, or --model's own when it is an adapter folder
+// (adapter_config.json, no config.json: its base is base_model_name_or_path), as PEFT's
+// AutoPeftModelForCausalLM reads it.
+LoadedModel load(std::string path, std::string adapter) {
+  if (adapter.empty() && file_exists(path + "/adapter_config.json") && !file_exists(path + "/config.json")) {
+    adapter = path;
+    path = ckpt::read_peft_adapter(adapter).base_model;
+    FSDP_CHECK(!path.empty(), "[generate] ", adapter,
+               "/adapter_config.json names no base model "
+               "(base_model_name_or_path); give it as --model BASE --adapter ",
+               adapter);
+  }
   const ckpt::ModelFolder found = ckpt::find_model_folder(path);
   const model::LlamaConfig config = model::load_llama_config(found.folder + "/config.json");
-  LoadedModel out{model::LlamaForCausalLM(config), found.folder};
+  LoadedModel out{model::LlamaForCausalLM(config), found.folder, adapter};
   ckpt::load_weights(*out.model, found, model::describe(config));
+  if (!adapter.empty()) ckpt::apply_adapter(*out.model, ckpt::read_peft_adapter(adapter));
   return out;
 }
 
@@ -66,7 +80,8 @@ class TextCodec {
   // --chat: prompts become a user message rendered with the chat template of the tokenizer's folder
   // (or `file`), with the generation prompt; generation also stops at the template's end of turn.
   void use_chat(const std::string& file) {
-    FSDP_CHECK(tokenizer_, "[generate] --chat needs the model's tokenizer and chat template; this is a byte-level model");
+    FSDP_CHECK(tokenizer_,
+               "[generate] --chat needs the model's tokenizer and chat template; this is a byte-level model");
     chat_.emplace(chat::ChatTemplate::load(folder_, file));
   }
   bool chat() const { return chat_.has_value(); }
@@ -132,7 +147,6 @@ class TextCodec {
   }
 
  public:
-
  private:
   std::optional<tokenize::Tokenizer> tokenizer_;
   std::optional<chat::ChatTemplate> chat_;
@@ -169,8 +183,12 @@ class GenerateCommand final : public Command {
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app = parent.add_subcommand(
         "generate", "Generate text with a trained model (a Hugging Face folder or a checkpoint), streamed");
-    app->add_option("--model", model_, "A Hugging Face folder, a checkpoint step-N folder, or a checkpoint.dir")
+    app->add_option("--model", model_,
+                    "A Hugging Face folder, a checkpoint step-N folder, a checkpoint.dir, or a LoRA adapter folder "
+                    "(its base from adapter_config.json)")
         ->required();
+    app->add_option("--adapter", adapter_,
+                    "A LoRA adapter folder (PEFT's, or a LoRA run's export) to fold into --model");
     prompt_opt_ = app->add_option("--prompt", prompt_, "The prompt");
     auto* prompt = prompt_opt_;
     auto* prompts = app->add_option("--prompts", prompts_, "A JSONL file of {\"prompt\": ...} records");
@@ -204,7 +222,7 @@ class GenerateCommand final : public Command {
     FSDP_CHECK(device_ == "cpu" || device_ == "cuda", "--device: expected cpu or cuda, got ", quoted(device_));
     FSDP_CHECK(device_ == "cpu" || at::hasCUDA(), "--device cuda: this machine has no CUDA device; use --device cpu");
     FSDP_CHECK(threads_ >= 0, "--threads: expected a number of threads >= 1, got ", threads_);
-    LoadedModel loaded = load(model_);
+    LoadedModel loaded = load(model_, adapter_);
     loaded.model->eval();
     const int threads = threads_ > 0 ? threads_ : auto_threads(loaded.model->config.num_parameters());
     at::set_num_threads(threads);
@@ -213,10 +231,14 @@ class GenerateCommand final : public Command {
     FSDP_CHECK(chat_ || chat_template_.empty(), "--chat_template: give --chat too");
     if (chat_) codec.use_chat(chat_template_);
     options_.stop_ids = codec.stop_ids(loaded.folder);
-    std::cerr << "[generate] " << loaded.folder << ": " << model::family_names(loaded.model->config.family).architecture
-              << ", " << loaded.model->config.num_parameters() << " parameters on " << device_
+    std::cerr << "[generate] " << loaded.folder << (loaded.adapter.empty() ? "" : " with the adapter " + loaded.adapter)
+              << ": " << model::family_names(loaded.model->config.family).architecture << ", "
+              << loaded.model->config.num_parameters() << " parameters on " << device_
               << (device_ == "cpu" ? str(" (", plural(threads, "thread"), ")") : std::string()) << "; "
-              << (codec.bytes() ? "byte-level text" : codec.chat() ? "its tokenizer and chat template" : "its tokenizer") << "; "
+              << (codec.bytes()  ? "byte-level text"
+                  : codec.chat() ? "its tokenizer and chat template"
+                                 : "its tokenizer")
+              << "; "
               << (options_.temperature > 0 ? str("sampling at temperature ", options_.temperature, ", top_p ",
                                                  options_.top_p, ", seed ", options_.seed)
                                            : std::string("greedy"))
@@ -317,7 +339,7 @@ class GenerateCommand final : public Command {
     std::cerr << line;
   }
 
-  std::string model_, prompt_, prompts_, output_, tokenizer_, device_ = "cpu";
+  std::string model_, adapter_, prompt_, prompts_, output_, tokenizer_, device_ = "cpu";
   int threads_ = 0;  // 0: auto_threads
   bool chat_ = false;
   std::string chat_template_;

@@ -36,8 +36,8 @@ std::string trainer_keys_help() {
     line.clear();
   };
   for (const auto& spec : config::all_options()) {
-    static const std::set<std::string> kTrainerSections = {"model",    "data",       "train",  "optimizer",
-                                                           "schedule", "checkpoint", "lora",       "logging"};
+    static const std::set<std::string> kTrainerSections = {"model",    "data",       "train", "optimizer",
+                                                           "schedule", "checkpoint", "lora",  "logging"};
     if (!kTrainerSections.count(spec.section())) continue;
     const std::string name = spec.key.substr(spec.key.find('.') + 1);
     if (spec.section() != section) {
@@ -262,23 +262,26 @@ class MergeWeightsCommand final : public Command {
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app = parent.add_subcommand(
         "merge-weights",
-        "Merge a training checkpoint (SHARDED_STATE_DICT or FULL_STATE_DICT) into a Hugging Face folder that "
-        "transformers loads with from_pretrained");
+        "Merge a training checkpoint (SHARDED_STATE_DICT or FULL_STATE_DICT), or a LoRA adapter folder and its "
+        "base, into a Hugging Face folder that transformers loads with from_pretrained");
     app->add_option("CHECKPOINT_DIR", in_,
-                    "A checkpoint folder (step-N), or a folder holding them (checkpoint.dir: the newest is merged)")
+                    "A checkpoint folder (step-N), a folder holding them (checkpoint.dir: the newest is merged), or a "
+                    "PEFT adapter folder (adapter_config.json)")
         ->required();
     app->add_option("OUTPUT_DIR", out_, "The Hugging Face folder to create (must not exist)")->required();
     app->add_option("--max_shard_size,--max-shard-size", max_shard_,
                     "Split the weights into model-0000k-of-0000n.safetensors files above this size (default 5GB)");
+    app->add_option("--base", base_,
+                    "With an adapter folder: the Hugging Face folder it adapts (default: its base_model_name_or_path)");
     return app;
   }
   int run() override {
-    ckpt::merge_weights(in_, out_, parse_byte_size(max_shard_, "--max_shard_size"), std::cout);
+    ckpt::merge_weights(in_, out_, parse_byte_size(max_shard_, "--max_shard_size"), std::cout, base_);
     return 0;
   }
 
  private:
-  std::string in_, out_, max_shard_ = "5GB";
+  std::string in_, out_, base_, max_shard_ = "5GB";
 };
 
 class ToFsdp2Command final : public Command {

@@ -11,7 +11,7 @@ namespace fsdp::chat {
 
 namespace {
 
-const char* const kSpecialTokens[] = {"bos_token", "sep_token", "pad_token", "cls_token",
+const char* const kSpecialTokens[] = {"bos_token",  "sep_token", "pad_token", "cls_token",
                                       "mask_token", "unk_token", "eos_token"};
 
 // A special token's string: tokenizer_config.json writes it as a string or as {"content": ...}.
@@ -58,7 +58,8 @@ ChatTemplate ChatTemplate::load(const std::string& folder, const std::string& fi
              "give one with data.chat_template (a .jinja file), or use text or prompt/completion records");
   std::stable_partition(t.templates_.begin(), t.templates_.end(), [](const auto& n) { return n.first == "default"; });
   static const std::regex generation(R"(\{%-?\s*generation\s*-?%\})");
-  for (const std::string& s : t.sources_) t.generation_blocks_ = t.generation_blocks_ || std::regex_search(s, generation);
+  for (const std::string& s : t.sources_)
+    t.generation_blocks_ = t.generation_blocks_ || std::regex_search(s, generation);
   // Special tokens: tokenizer_config.json's, then special_tokens_map.json's for those it lacks.
   for (const std::string& path : {config_path, folder + "/special_tokens_map.json"}) {
     const std::optional<nlohmann::json> j = try_read_json_file(path);
@@ -97,7 +98,7 @@ std::string ChatTemplate::render(const Conversation& c, bool add_generation_prom
 }
 
 std::vector<std::pair<size_t, size_t>> ChatTemplate::assistant_spans(const Conversation& c,
-                                                                      const std::string& whole) const {
+                                                                     const std::string& whole) const {
   std::vector<std::pair<size_t, size_t>> spans;
   size_t searched = 0;  // turns are found in order
   for (size_t i = 0; i < c.messages.size(); ++i) {
@@ -146,7 +147,8 @@ ChatTemplate::Training ChatTemplate::render_for_training(const Conversation& c, 
     if (!t.text.empty()) t.counted.emplace_back(0, t.text.size());
   } else if (c.prompt_completion()) {
     const std::string prompt = run(c, c.prompt_messages, true).text;
-    FSDP_CHECK(starts_with(t.text, prompt), "[chat] the prompt rendered with add_generation_prompt is not how the "
+    FSDP_CHECK(starts_with(t.text, prompt),
+               "[chat] the prompt rendered with add_generation_prompt is not how the "
                "prompt and completion together begin, so the completion cannot be found; check the template");
     t.counted.emplace_back(prompt.size(), t.text.size());
   } else if (generation_blocks_) {

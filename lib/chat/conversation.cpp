@@ -33,8 +33,8 @@ Json read_messages(const Json& list, const char* key, bool sharegpt) {
         message[k] = v;
       }
     }
-    FSDP_CHECK(message.contains("role") && message["role"].is_string(), "\"", key, "\"[", i,
-               "] has no string \"", sharegpt ? "from" : "role", "\"");
+    FSDP_CHECK(message.contains("role") && message["role"].is_string(), "\"", key, "\"[", i, "] has no string \"",
+               sharegpt ? "from" : "role", "\"");
     out.push_back(std::move(message));
   }
   return out;

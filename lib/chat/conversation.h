@@ -20,9 +20,9 @@ namespace fsdp::chat {
 
 struct Conversation {
   Json messages = Json::array();
-  Json tools;                        // null, or the record's list
-  Json kwargs = Json::object();      // chat_template_kwargs
-  size_t prompt_messages = 0;        // conversational prompt/completion: the prompt's messages; 0 otherwise
+  Json tools;                    // null, or the record's list
+  Json kwargs = Json::object();  // chat_template_kwargs
+  size_t prompt_messages = 0;    // conversational prompt/completion: the prompt's messages; 0 otherwise
   bool prompt_completion() const { return prompt_messages > 0; }
 };
 

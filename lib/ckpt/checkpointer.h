@@ -48,8 +48,8 @@
 namespace fsdp::ckpt {
 
 struct CheckpointOptions {
-  std::string dir;   // checkpoints are <dir>/step-<N, 8 digits>
-  int64_t keep = 0;  // complete checkpoints kept; older ones are deleted (0: keep all)
+  std::string dir;         // checkpoints are <dir>/step-<N, 8 digits>
+  int64_t keep = 0;        // complete checkpoints kept; older ones are deleted (0: keep all)
   bool keep_best = false;  // with keep: also the one with the lowest TrainingState::eval_loss
   Format format = Format::kSharded;
   bool background = true;                 // SHARDED: write on a thread

@@ -1,10 +1,13 @@
 #include "ckpt/merge_weights.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <vector>
 
 #include "ckpt/format.h"
 #include "ckpt/hf.h"
+#include "ckpt/peft.h"
 #include "ckpt/sources.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -12,8 +15,51 @@
 
 namespace fsdp::ckpt {
 
+namespace {
+
+// Writes `specs` (full(i) gives each tensor, one at a time) with `config_json` as a Hugging Face
+// folder `out`, through out.tmp and a rename; returns the bytes written.
+int64_t write_folder(const std::vector<TensorSpec>& specs, const std::function<at::Tensor(size_t)>& full,
+                     const std::string& config_json, const std::string& out, int64_t max_shard_bytes,
+                     std::ostream& log) {
+  FileSystem& fs = local_file_system();
+  const std::string tmp = out + ".tmp";
+  fs.remove_all(tmp);
+  fs.make_dirs(tmp);
+  int64_t total = 0;
+  try {
+    for (const WrittenFile& f : write_hf_folder(specs, full, /*writer=*/true, config_json, tmp, max_shard_bytes, fs)) {
+      log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
+      total += static_cast<int64_t>(f.bytes);
+    }
+    fs.sync_dir(tmp);
+    fs.rename(tmp, out);
+  } catch (...) {
+    fs.remove_all(tmp);  // a full disk leaves nothing behind
+    throw;
+  }
+  return total;
+}
+
+std::vector<TensorSpec> specs_of(const Source& src, const std::vector<std::string>& names) {
+  std::vector<TensorSpec> specs;
+  for (const std::string& n : names) specs.push_back({n, src.info(n)->shape});
+  return specs;
+}
+
+at::Tensor whole(Source& src, const TensorSpec& t) {
+  return src.rows(t.name, 0, t.shape.empty() ? 1 : t.shape[0]);
+}
+
+}  // namespace
+
 std::string merge_weights(const std::string& checkpoint, const std::string& out, int64_t max_shard_bytes,
-                          std::ostream& log) {
+                          std::ostream& log, const std::string& base) {
+  FSDP_CHECK(!file_exists(out), "[merge-weights] ", quoted(out), " already exists; give a new output folder");
+  if (file_exists(checkpoint + "/adapter_config.json"))
+    return merge_adapter(checkpoint, base, out, max_shard_bytes, log);
+  FSDP_CHECK(base.empty(), "[merge-weights] --base is for merging a LoRA adapter folder, and ", quoted(checkpoint),
+             " has no adapter_config.json");
   FileSystem& fs = local_file_system();
   std::string path = checkpoint;
   if (!file_exists(path_in(path, kManifest))) {
@@ -22,7 +68,6 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
                " is neither a checkpoint (a folder with manifest.json) nor a folder holding step-N checkpoints");
     log << "[merge-weights] the newest checkpoint in " << checkpoint << " is " << path << "\n";
   }
-  FSDP_CHECK(!file_exists(out), "[merge-weights] ", quoted(out), " already exists; give a new output folder");
   verify_checkpoint(path);
   const std::string config_json = read_file(path_in(path, kConfig));  // the checkpoint's own, fp32
   auto src = open_source(path);
@@ -30,33 +75,58 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
   for (const std::string& n : src->names())
     if (n.rfind("optim.", 0) != 0) names.push_back(n);
   std::sort(names.begin(), names.end());
-
-  std::vector<TensorSpec> specs;
-  int64_t total = 0;
-  for (const std::string& n : names) {
-    specs.push_back({n, src->info(n)->shape});
-    int64_t bytes = 4;
-    for (int64_t d : specs.back().shape) bytes *= d;
-    total += bytes;
-  }
-  const std::string tmp = out + ".tmp";
-  fs.remove_all(tmp);
-  fs.make_dirs(tmp);
-  try {
-    const auto written = write_hf_folder(
-        specs, [&](size_t i) { return src->rows(specs[i].name, 0, specs[i].shape.empty() ? 1 : specs[i].shape[0]); },
-        /*writer=*/true, config_json, tmp, max_shard_bytes, fs);
-    for (const WrittenFile& f : written)
-      log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
-    fs.sync_dir(tmp);
-    fs.rename(tmp, out);
-  } catch (...) {
-    fs.remove_all(tmp);  // a full disk leaves nothing behind
-    throw;
-  }
+  FSDP_CHECK(
+      std::none_of(names.begin(), names.end(), model::is_lora_parameter), "[merge-weights] ", path,
+      " is a LoRA run's checkpoint: it holds the adapters, not the model they adapt. Resume it (checkpoint.resume) "
+      "to have the run export a PEFT folder, then merge that: fsdptrain merge-weights ADAPTER_DIR OUTPUT_DIR");
+  const std::vector<TensorSpec> specs = specs_of(*src, names);
+  const int64_t total = write_folder(
+      specs, [&](size_t i) { return whole(*src, specs[i]); }, config_json, out, max_shard_bytes, log);
   log << "[merge-weights] " << out << ": a Hugging Face folder of " << names.size() << " tensors ("
       << format_bytes(total) << ") from " << path << "\n";
   return path;
+}
+
+std::string merge_adapter(const std::string& adapter_dir, const std::string& base_dir, const std::string& out,
+                          int64_t max_shard_bytes, std::ostream& log) {
+  const PeftAdapter adapter = read_peft_adapter(adapter_dir);
+  const std::string base = base_dir.empty() ? adapter.base_model : base_dir;
+  FSDP_CHECK(!base.empty() && file_exists(base + "/config.json"), "[merge-weights] ", adapter_dir,
+             "/adapter_config.json names ",
+             base.empty() ? std::string("no base model") : str("the base ", fsdp::quoted(base)),
+             base.empty() ? "" : ", which is not a Hugging Face folder here",
+             "; give the model it adapts with --base MODEL_DIR");
+  FSDP_CHECK(!file_exists(out), "[merge-weights] ", quoted(out), " already exists; give a new output folder");
+  auto src = open_hf_source(base);
+  std::vector<std::string> names = src->names();
+  std::sort(names.begin(), names.end());
+  for (const auto& [name, t] : adapter.tensors) {
+    const std::string adapted = model::is_lora_parameter(name) ? name.substr(0, name.find(".lora_")) + ".weight" : name;
+    FSDP_CHECK(src->info(adapted) != nullptr, "[merge-weights] ", adapter_dir, " adapts ", adapted, ", which ", base,
+               " does not have; give the base model it was trained on with --base");
+  }
+  const std::vector<TensorSpec> specs = specs_of(*src, names);
+  const double scaling = adapter.settings.scaling();
+  const int64_t total = write_folder(
+      specs,
+      [&](size_t i) {
+        const std::string& name = specs[i].name;
+        const auto saved = adapter.tensors.find(name);  // a module to save: its trained value
+        if (saved != adapter.tensors.end()) return saved->second;
+        const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
+        const auto a = adapter.tensors.find(module + ".lora_A.weight");
+        if (a == adapter.tensors.end()) return whole(*src, specs[i]);
+        std::map<std::string, at::Tensor> one = {
+            {name, whole(*src, specs[i])},
+            {a->first, a->second},
+            {module + ".lora_B.weight", adapter.tensors.at(module + ".lora_B.weight")}};
+        model::merge_lora(one, scaling);
+        return one.at(name);
+      },
+      read_file(base + "/config.json"), out, max_shard_bytes, log);
+  log << "[merge-weights] " << out << ": " << base << " with the adapter " << adapter_dir << " folded in ("
+      << format_bytes(total) << ")\n";
+  return adapter_dir;
 }
 
 }  // namespace fsdp::ckpt

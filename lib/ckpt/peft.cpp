@@ -36,7 +36,8 @@ void check_supported(const json& c, const std::string& where) {
   auto refuse_if = [&](bool bad, const std::string& what) {
     FSDP_CHECK(!bad, "[lora] ", where, ": ", what, " is not supported by fsdptrain; train this adapter with PEFT");
   };
-  refuse_if(c.value("peft_type", "") != "LORA", str("peft_type ", quoted(c.value("peft_type", "(none)")), " (only LORA)"));
+  refuse_if(c.value("peft_type", "") != "LORA",
+            str("peft_type ", quoted(c.value("peft_type", "(none)")), " (only LORA)"));
   refuse_if(c.value("use_dora", false), "use_dora (DoRA)");
   refuse_if(c.value("bias", std::string("none")) != "none", "bias " + c.value("bias", std::string()));
   refuse_if(c.value("fan_in_fan_out", false), "fan_in_fan_out");
@@ -107,8 +108,9 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   return a;
 }
 
-void export_peft(const ShardedModel& model, const model::LoraSettings& settings, const std::vector<std::string>& targets,
-                 const std::string& base_model, const std::string& dir, const ExtraFiles& extra) {
+void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
+                 const std::vector<std::string>& targets, const std::string& base_model, const std::string& dir,
+                 const ExtraFiles& extra) {
   const bool writer = writes(model);
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
     std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -129,8 +131,7 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
                    const std::string& dir, const ExtraFiles& extra) {
   std::map<std::string, std::pair<size_t, size_t>> where;  // every parameter: (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
-    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i)
-      where[model.groups()[g]->params()[i].name] = {g, i};
+    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) where[model.groups()[g]->params()[i].name] = {g, i};
   auto full = [&](const std::string& name) {
     const auto [g, i] = where.at(name);
     return model.groups()[g]->gather_full_parameter(i);
@@ -180,8 +181,7 @@ void load_adapter(ShardedModel& model, const model::LoraSettings& settings, cons
     for (const ShardedParam& p : g->params()) {
       if (!p.trainable) continue;
       const int64_t n = p.layout.valid_rows();
-      if (n > 0)
-        p.sharded.narrow(0, 0, n).copy_(adapter.tensors.at(p.name).narrow(0, p.layout.first_row(), n));
+      if (n > 0) p.sharded.narrow(0, 0, n).copy_(adapter.tensors.at(p.name).narrow(0, p.layout.first_row(), n));
     }
 }
 
@@ -192,13 +192,14 @@ void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
     const bool lora = model::is_lora_parameter(name);
     const std::string base = lora ? name.substr(0, name.find(".lora_")) + ".weight" : name;
     auto it = params.find(base);
-    FSDP_CHECK(it != params.end(), "[lora] ", adapter.dir, " adapts ", base, ", which the model does not have; give "
+    FSDP_CHECK(it != params.end(), "[lora] ", adapter.dir, " adapts ", base,
+               ", which the model does not have; give "
                "the adapter of this base model");
     if (lora) {
       params[name] = t;
     } else {
-      FSDP_CHECK(it->second.sizes() == t.sizes(), "[lora] ", adapter.dir, ": ", name, " has shape ",
-                 t.sizes(), " but the model's is ", it->second.sizes());
+      FSDP_CHECK(it->second.sizes() == t.sizes(), "[lora] ", adapter.dir, ": ", name, " has shape ", t.sizes(),
+                 " but the model's is ", it->second.sizes());
       it->second = t;
     }
   }

@@ -30,8 +30,8 @@ inline constexpr const char* kPeftPrefix = "base_model.model.";
 
 struct PeftAdapter {
   std::string dir;
-  model::LoraSettings settings;  // r, alpha, dropout, use_rslora, target_modules, modules_to_save
-  std::string base_model;        // base_model_name_or_path ("" when null)
+  model::LoraSettings settings;               // r, alpha, dropout, use_rslora, target_modules, modules_to_save
+  std::string base_model;                     // base_model_name_or_path ("" when null)
   std::map<std::string, at::Tensor> tensors;  // by the model's names (prefix removed), fp32, CPU
 };
 
@@ -42,8 +42,9 @@ PeftAdapter read_peft_adapter(const std::string& dir);
 // Writes `model`'s trainable parameters (the adapters and the modules to save) as a PEFT folder at
 // `dir` (which must not exist; written as dir.tmp and renamed), with the `extra` files (tokenizer).
 // targets: the full names of the adapted modules. Collective over the shard group.
-void export_peft(const ShardedModel& model, const model::LoraSettings& settings, const std::vector<std::string>& targets,
-                 const std::string& base_model, const std::string& dir, const ExtraFiles& extra);
+void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
+                 const std::vector<std::string>& targets, const std::string& base_model, const std::string& dir,
+                 const ExtraFiles& extra);
 
 // Writes a Hugging Face folder of the base with every adapter folded in (W + scaling * B A, PEFT's
 // merge_and_unload) and the modules to save as trained. Collective over the shard group.

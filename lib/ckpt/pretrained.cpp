@@ -8,7 +8,8 @@ namespace fsdp::ckpt {
 void load_pretrained(ShardedModel& model, const std::string& dir, dist::ProcessGroup& world, bool efficient) {
   std::unique_ptr<Source> src = open_hf_source(dir);
   // Adapters (LoRA) are not the base's: they start from lora.init or their own initialisation.
-  const std::vector<Slot> slots = slots_of(model, [](const ShardedParam& p) { return !model::is_lora_parameter(p.name); });
+  const std::vector<Slot> slots =
+      slots_of(model, [](const ShardedParam& p) { return !model::is_lora_parameter(p.name); });
   check_matches_model(*src, slots, /*optimizer=*/false, dir,
                       "check that model.config describes the same architecture as " + dir + "/config.json");
   fill(slots, model, nullptr, src.get(), world, efficient);

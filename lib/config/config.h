@@ -148,7 +148,7 @@ struct DataConfig {
 struct TrainConfig {
   std::string output_dir;  // the run's folder, absolute
   int64_t steps = 100;
-  double epochs = 0;  // > 0: steps from the data (TrainingRun::steps)
+  double epochs = 0;             // > 0: steps from the data (TrainingRun::steps)
   int64_t micro_batch_size = 4;  // sequences per rank per micro-batch
   int64_t gradient_accumulation_steps = 1;
   int64_t sequence_length = 128;
@@ -197,9 +197,9 @@ struct LoraConfig {
 
 struct LoggingConfig {
   int64_t interval = 10;
-  std::string metrics_file;  // JSONL, one line per logging step (rank 0); run.json goes beside it
+  std::string metrics_file;     // JSONL, one line per logging step (rank 0); run.json goes beside it
   std::string tensorboard_dir;  // TensorBoard event files (rank 0); "" = none
-  double peak_tflops = 0;    // per device, for MFU; 0: from the table of known GPUs
+  double peak_tflops = 0;       // per device, for MFU; 0: from the table of known GPUs
   // Steps [profile_first, profile_last] traced by the profiler; 0: none; kProfileAuto: the default window.
   int64_t profile_first = 0, profile_last = 0;
   std::string profile_dir = "profile";  // one Chrome trace per rank
@@ -225,8 +225,8 @@ struct Config {
 // What actually runs: every FSDP1 strategy and FSDP2 setting reduced to one FSDP2 layout.
 // world = replicate_size x shard_size.
 struct FsdpLayout {
-  bool sharded = false;  // false: no FSDP (distributed_type is not FSDP)
-  int version = 2;       // fsdp_version: what Python programs run (FSDP_VERSION); the trainer is FSDP2 always
+  bool sharded = false;        // false: no FSDP (distributed_type is not FSDP)
+  int version = 2;             // fsdp_version: what Python programs run (FSDP_VERSION); the trainer is FSDP2 always
   std::string fsdp1_strategy;  // FSDP1: the sharding strategy's name
   bool reshard_after_forward = true;
   int replicate_size = 1;

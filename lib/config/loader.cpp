@@ -375,14 +375,14 @@ ShardingStrategy FsdpConfig::fsdp1_strategy() const {
 namespace {
 
 // The keys that name files the trainer reads (outputs such as checkpoint.dir stay where written).
-const char* const kInputPathKeys[] = {"model.config", "model.pretrained", "data.path", "data.eval_path",
+const char* const kInputPathKeys[] = {"model.config",   "model.pretrained",   "data.path", "data.eval_path",
                                       "data.tokenizer", "data.chat_template", "lora.init"};
 
 // What the trainer writes, and where each goes when its key is not set: under train.output_dir.
 const std::pair<const char*, const char*> kOutputPaths[] = {
-    {"checkpoint.dir", "checkpoints"},      {"checkpoint.export_dir", "export"},
+    {"checkpoint.dir", "checkpoints"},         {"checkpoint.export_dir", "export"},
     {"logging.metrics_file", "metrics.jsonl"}, {"logging.tensorboard_dir", "tensorboard"},
-    {"logging.profile_dir", "profile"},     {"data.cache_dir", "../fsdptrain-cache"}};
+    {"logging.profile_dir", "profile"},        {"data.cache_dir", "../fsdptrain-cache"}};
 
 // The base of a relative output path: the config file's folder for a value written in it (so a
 // run's outputs do not move with the working directory), else the working directory (a value typed

@@ -5,9 +5,8 @@
 #include <map>
 #include <type_traits>
 
-#include "config/option.h"
-
 #include "config/loader.h"
+#include "config/option.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -114,7 +113,9 @@ struct Row {
   Row& to(Section Config::*section, T Section::*field) {
     std::vector<std::string> choices = s.choices;
     s.apply = [section, field, choices](Config& c, const std::string& v) { assign(c.*section.*field, v, choices); };
-    s.same_field = [section, field](const Config& a, const Config& b) { return a.*section.*field == b.*section.*field; };
+    s.same_field = [section, field](const Config& a, const Config& b) {
+      return a.*section.*field == b.*section.*field;
+    };
     return *this;
   }
   operator OptionSpec() const { return s; }
@@ -872,12 +873,11 @@ std::vector<std::string> unused_by_trainer(const ResolvedConfig& rc) {
   std::vector<std::string> out;
   for (const ResolvedValue& v : rc.values) {
     const OptionSpec& spec = *v.spec;
-    if (spec.used_by != 0 || spec.type == ValueType::kIgnored || !rc.is_set(spec.key) ||
-        v.value == spec.default_value)
+    if (spec.used_by != 0 || spec.type == ValueType::kIgnored || !rc.is_set(spec.key) || v.value == spec.default_value)
       continue;
     if (spec.versions == FsdpVersions::kV1Only && rc.typed.fsdp.version == 2) continue;  // validation's business
-    out.push_back(str(spec.key, ": ", v.value, " (", v.origin.describe(),
-                      ") is not used by the built-in trainer", spec.env.empty() ? "" : " (programs get it as " + spec.env + ")",
+    out.push_back(str(spec.key, ": ", v.value, " (", v.origin.describe(), ") is not used by the built-in trainer",
+                      spec.env.empty() ? "" : " (programs get it as " + spec.env + ")",
                       "; FSDP2 has no such setting, so this run behaves as without it"));
   }
   return out;
@@ -969,9 +969,9 @@ Canonical canonical_int(const OptionSpec& spec, const std::string& t, std::strin
   auto n = parse_int(t);
   if (!n) return fail(error, str("expected a whole number, got ", quoted(t)));
   if ((spec.min_value && *n < *spec.min_value) || (spec.max_value && *n > *spec.max_value))
-    return fail(error, spec.max_value
-                           ? str("expected a whole number from ", *spec.min_value, " to ", *spec.max_value, ", got ", *n)
-                           : str("expected a whole number >= ", *spec.min_value, ", got ", *n));
+    return fail(error, spec.max_value ? str("expected a whole number from ", *spec.min_value, " to ", *spec.max_value,
+                                            ", got ", *n)
+                                      : str("expected a whole number >= ", *spec.min_value, ", got ", *n));
   return std::to_string(*n);
 }
 

@@ -237,11 +237,16 @@ void check_training(Checker& c) {
   // in one place is a contradiction.
   auto layer = [&](const std::string& key) {
     switch (c.rc.get(key).origin.kind) {
-      case OriginKind::kFile: return 1;
-      case OriginKind::kScheduler: return 2;
-      case OriginKind::kSet: return 3;
-      case OriginKind::kFlag: return 4;
-      default: return 0;
+      case OriginKind::kFile:
+        return 1;
+      case OriginKind::kScheduler:
+        return 2;
+      case OriginKind::kSet:
+        return 3;
+      case OriginKind::kFlag:
+        return 4;
+      default:
+        return 0;
     }
   };
   if (t.train.epochs > 0 && layer("train.steps") >= layer("train.epochs"))
@@ -279,7 +284,8 @@ void check_input_paths(Checker& c) {
             "give a text file, a .jsonl file, llm.c .bin shards, or a glob such as data/*.bin");
   for (const std::string& f : files)
     if (is_directory(f)) {
-      c.error("data.path", str(quoted(f), " is a folder"), str("a glob such as ", folder_glob(f), " reads the files in it"));
+      c.error("data.path", str(quoted(f), " is a folder"),
+              str("a glob such as ", folder_glob(f), " reads the files in it"));
       break;
     }
 }

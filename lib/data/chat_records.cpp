@@ -6,7 +6,8 @@
 namespace fsdp::data {
 
 ChatEncoder::ChatEncoder(const ChatOptions& options, const tokenize::Tokenizer& tokenizer)
-    : options_(options), tokenizer_(tokenizer),
+    : options_(options),
+      tokenizer_(tokenizer),
       template_(chat::ChatTemplate::load(options.folder, options.template_file)) {}
 
 ChatEncoder::Encoded ChatEncoder::encode(const std::string& record, const std::string& where) const {
@@ -33,7 +34,8 @@ std::vector<uint8_t> counted_tokens(const std::string& text, const std::vector<s
   std::vector<uint8_t> counted(offsets.size(), 0);
   std::vector<int64_t> token_at(text.size(), -1);  // byte -> the first token holding it
   for (size_t t = offsets.size(); t-- > 0;)
-    for (size_t b = offsets[t].first; b < offsets[t].second && b < text.size(); ++b) token_at[b] = static_cast<int64_t>(t);
+    for (size_t b = offsets[t].first; b < offsets[t].second && b < text.size(); ++b)
+      token_at[b] = static_cast<int64_t>(t);
   auto char_start = [&](size_t b) {  // the first byte of the character holding byte b
     while (b > 0 && (static_cast<unsigned char>(text[b]) & 0xC0) == 0x80) --b;
     return b;

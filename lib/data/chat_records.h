@@ -18,8 +18,8 @@
 namespace fsdp::data {
 
 struct ChatOptions {
-  std::string folder;         // holds the template (the tokenizer's folder)
-  std::string template_file;  // data.chat_template: a .jinja file instead ("": the folder's)
+  std::string folder;          // holds the template (the tokenizer's folder)
+  std::string template_file;   // data.chat_template: a .jinja file instead ("": the folder's)
   bool assistant_only = true;  // data.assistant_only_loss
 };
 

@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -78,7 +78,8 @@ std::vector<std::string> expand_inputs(const CorpusOptions& o) {
     const std::vector<std::string> found = glob_paths(in);
     FSDP_CHECK(!found.empty(), o.who, " ", quoted(in), " matches no file");
     for (const std::string& f : found) {
-      FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ", folder_glob(f));
+      FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ",
+                 folder_glob(f));
       files.push_back(f);
     }
   }
@@ -99,7 +100,7 @@ void write_summary(const std::string& folder, const CorpusOptions& o, int32_t eo
               {"longest_prompt",
                {{"tokens", s.longest_prompt.tokens}, {"file", s.longest_prompt.file}, {"line", s.longest_prompt.line}}},
               {"mask_format", kMaskFormat},
-      {"crc32c", json::object()}};
+              {"crc32c", json::object()}};
   for (const auto& [name, crc] : s.checksums) doc["crc32c"][name] = crc_hex(crc);
   write_file_atomic(folder + "/tokenize.json", doc.dump(2) + "\n");
 }
@@ -156,7 +157,8 @@ CorpusSummary tokenize_corpus(const tokenize::Tokenizer& tokenizer, int32_t eos,
   std::unique_ptr<ChatEncoder> chat;
   if (conversations) {
     ChatOptions c = o.chat;
-    if (c.folder.empty()) c.folder = is_directory(o.tokenizer_path) ? o.tokenizer_path : parent_folder(o.tokenizer_path);
+    if (c.folder.empty())
+      c.folder = is_directory(o.tokenizer_path) ? o.tokenizer_path : parent_folder(o.tokenizer_path);
     chat = std::make_unique<ChatEncoder>(c, tokenizer);
   }
   const std::string partial = o.output + ".partial";

@@ -33,7 +33,8 @@ class ByteDocuments {
 
  private:
   void add(const Document& d, const std::string& path) {
-    FSDP_CHECK(!d.chat, "[data] ", path, ":", d.line, ": a conversation needs the model's tokenizer and chat template, "
+    FSDP_CHECK(!d.chat, "[data] ", path, ":", d.line,
+               ": a conversation needs the model's tokenizer and chat template, "
                "and this byte-level model has none; give data.tokenizer (a folder with tokenizer.json and a chat "
                "template), or text or prompt/completion records");
     const size_t start = tokens.size();
@@ -282,8 +283,8 @@ Split split_sequences(int64_t sequences, double eval_fraction, const std::string
 
 SequenceReader::SequenceReader(const TokenStream& stream, int64_t seq_len, Packing packing, const std::string& what)
     : stream_(stream), seq_len_(seq_len), packing_(packing) {
-  FSDP_CHECK(packing == Packing::kPlain || stream.has_records(), "[data] data.packing: ",
-             packing == Packing::kPad ? "pad" : "masked", " needs records, and ", what,
+  FSDP_CHECK(packing == Packing::kPlain || stream.has_records(),
+             "[data] data.packing: ", packing == Packing::kPad ? "pad" : "masked", " needs records, and ", what,
              " marks none: it holds text (or shards from an fsdptrain tokenize before mask format 2). Use plain, or "
              "give prompt/completion or chat JSONL (tokenized again)");
   if (packing != Packing::kPad) {

@@ -188,8 +188,10 @@ Document DocumentReader::parse(const std::string& line) const {
   const bool chat = list_field("messages") || list_field("conversations") || list_field("prompt");
   const int kind = chat ? 3 : prompt && completion && (kind_ == 2 || !text) ? 2 : text ? 1 : 0;
   FSDP_CHECK(kind != 0 || kind_ != 0 || prompt || completion, who_, " ", path_, ":", line_, ": no string field ",
-             quoted(field_), " nor \"prompt\" and \"completion\" nor a \"messages\" or \"conversations\" list; name "
-             "the field that holds the text with ", hint_, ", or give prompt/completion or conversation records");
+             quoted(field_),
+             " nor \"prompt\" and \"completion\" nor a \"messages\" or \"conversations\" list; name "
+             "the field that holds the text with ",
+             hint_, ", or give prompt/completion or conversation records");
   FSDP_CHECK(kind != 0 || kind_ != 1, who_, " ", path_, ":", line_, ": no string field ", quoted(field_),
              ", as every record has to (the file's first record has it)");
   FSDP_CHECK(kind != 0, who_, " ", path_, ":", line_,

@@ -42,7 +42,7 @@ class DocumentReader {
   std::vector<Document> next(size_t max_bytes);
   // Whether the file holds prompt/completion pairs (reads its first record; no effect on next()).
   bool holds_pairs();
-  bool holds_conversations();  // the same for conversations
+  bool holds_conversations();                    // the same for conversations
   int64_t bytes_read() const { return bytes_; }  // of the file on disk (compressed, if it is)
   const std::string& path() const { return path_; }
 

@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "data/corpus.h"
 #include "data/dataset.h"
 #include "data/token_shard.h"
-#include "data/corpus.h"
 #include "tokenize/eos.h"
 #include "tokenize/tokenizer.h"
 #include "util/error.h"
@@ -132,7 +132,7 @@ void remove_dead_partials(const std::string& cache_dir) {
 
 // Tokenizes the inputs into cache_dir/key: into a folder of this process's own, then renamed.
 CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::vector<std::string>& inputs,
-                                   const std::string& folder, std::ostream* progress) {
+                         const std::string& folder, std::ostream* progress) {
   remove_dead_partials(o.cache_dir);
   const tokenize::Tokenizer tok = tokenize::Tokenizer::load(plan.tokenizer);
   const int32_t eos = tokenize::eos_id(plan.tokenizer, tok);
@@ -147,19 +147,19 @@ CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::
   c.chat.template_file = o.chat_template;
   c.chat.assistant_only = o.assistant_only_loss;
   remove_tree(c.output);
-  CorpusSummary s =
-      tokenize_corpus(tok, eos, c, [&o, progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
-        if (o.interrupted && o.interrupted()) {
-          if (progress) *progress << "\n";
-          throw Error(str("[data] interrupted while tokenizing ", o.path, ": ", total > 0 ? 100 * done / total : 100,
-                          "% of ", format_bytes(total), " done, none of it kept; the next launch tokenizes it from "
-                          "the start (for a corpus that takes long, tokenize it once with fsdptrain tokenize and "
-                          "train on the shards: data.path: DIR/*.bin)"));
-        }
-        if (!progress) return;
-        *progress << "\r[data] tokenizing: " << (total > 0 ? 100 * done / total : 100) << "% of " << format_bytes(total)
-                  << ", " << format_count(static_cast<double>(tokens)) << " tokens" << std::flush;
-      });
+  CorpusSummary s = tokenize_corpus(tok, eos, c, [&o, progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
+    if (o.interrupted && o.interrupted()) {
+      if (progress) *progress << "\n";
+      throw Error(str("[data] interrupted while tokenizing ", o.path, ": ", total > 0 ? 100 * done / total : 100,
+                      "% of ", format_bytes(total),
+                      " done, none of it kept; the next launch tokenizes it from "
+                      "the start (for a corpus that takes long, tokenize it once with fsdptrain tokenize and "
+                      "train on the shards: data.path: DIR/*.bin)"));
+    }
+    if (!progress) return;
+    *progress << "\r[data] tokenizing: " << (total > 0 ? 100 * done / total : 100) << "% of " << format_bytes(total)
+              << ", " << format_count(static_cast<double>(tokens)) << " tokens" << std::flush;
+  });
   if (progress) *progress << "\n";
   if (::rename(c.output.c_str(), folder.c_str()) != 0) {
     const int err = errno;
@@ -237,14 +237,15 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   } else {
     make_directories(o.cache_dir);
     s = make_cache(plan, o, inputs, folder, progress);
-    plan.note = str("[data] tokenized ", o.path, " (", plural(static_cast<long long>(inputs.size()), "file"), ", ",
-                    plural(s.documents, "document"), ") with ", plan.tokenizer, " into ", folder, ": ", s.tokens,
-                    " tokens in ", format_seconds(s.seconds),
-                    s.pairs > 0 ? str("; ", s.pairs, " prompt/completion pairs, loss on ", s.counted_tokens, " tokens")
-                    : s.conversations > 0
-                        ? str("; ", plural(s.conversations, "conversation"), " rendered with the chat template, loss on ",
-                              s.counted_tokens, " tokens (", o.assistant_only_loss ? "the assistant's turns" : "all", ")")
-                        : std::string());
+    plan.note =
+        str("[data] tokenized ", o.path, " (", plural(static_cast<long long>(inputs.size()), "file"), ", ",
+            plural(s.documents, "document"), ") with ", plan.tokenizer, " into ", folder, ": ", s.tokens, " tokens in ",
+            format_seconds(s.seconds),
+            s.pairs > 0 ? str("; ", s.pairs, " prompt/completion pairs, loss on ", s.counted_tokens, " tokens")
+            : s.conversations > 0
+                ? str("; ", plural(s.conversations, "conversation"), " rendered with the chat template, loss on ",
+                      s.counted_tokens, " tokens (", o.assistant_only_loss ? "the assistant's turns" : "all", ")")
+                : std::string());
   }
   plan.longest_prompt = s.longest_prompt.tokens;
   plan.longest_prompt_at = str(s.longest_prompt.file, ":", s.longest_prompt.line);

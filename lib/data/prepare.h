@@ -19,12 +19,12 @@
 namespace fsdp::data {
 
 struct DataOptions {
-  std::string path;        // data.path
-  std::string field;       // data.field: JSONL documents' field
-  std::string tokenizer;   // data.tokenizer: a tokenizer.json or a folder holding one ("" unset)
-  std::string pretrained;  // model.pretrained ("" unset)
-  std::string cache_dir;   // data.cache_dir
-  int64_t vocab_size = 0;  // the model's
+  std::string path;                 // data.path
+  std::string field;                // data.field: JSONL documents' field
+  std::string tokenizer;            // data.tokenizer: a tokenizer.json or a folder holding one ("" unset)
+  std::string pretrained;           // model.pretrained ("" unset)
+  std::string cache_dir;            // data.cache_dir
+  int64_t vocab_size = 0;           // the model's
   std::string chat_template;        // data.chat_template
   bool assistant_only_loss = true;  // data.assistant_only_loss
   // Asked between batches while tokenizing: true stops it (Ctrl-C), with an Error saying how far it
@@ -36,9 +36,9 @@ enum class DataKind { kShards, kBytes, kTokenize };
 
 struct DataPlan {
   DataKind kind = DataKind::kShards;
-  std::string tokenizer;  // kTokenize: the tokenizer.json used
-  std::string path;       // what read_tokens reads: data.path, or the cached shards' glob
-  std::string note;       // a line saying what was done (for the log), "" for nothing to say
+  std::string tokenizer;          // kTokenize: the tokenizer.json used
+  std::string path;               // what read_tokens reads: data.path, or the cached shards' glob
+  std::string note;               // a line saying what was done (for the log), "" for nothing to say
   int64_t longest_prompt = 0;     // kTokenize: of the prompt/completion records, in tokens
   std::string longest_prompt_at;  // and where it is, "file:line"
 };

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+
 namespace fsdp::detail {
 
 namespace {
@@ -92,8 +94,19 @@ TensorList register_post_backward(std::function<void()> on_backward, const Tenso
   return out;
 }
 
-TensorList checkpoint(const UnitFn& fn, const TensorList& inputs) {
-  return Checkpoint::apply(c10::make_intrusive<FnHolder>(fn), at::TensorList(inputs));
+TensorList checkpoint(const UnitFn& fn, const TensorList& inputs, bool params_need_grad) {
+  const bool any =
+      std::any_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  if (any || !params_need_grad) return Checkpoint::apply(c10::make_intrusive<FnHolder>(fn), at::TensorList(inputs));
+  // The unit's parameters need gradients though no input does (LoRA above a frozen embedding): one
+  // more input, empty and requiring grad, makes the outputs require grad, so backward reaches the
+  // recomputation. fn never sees it.
+  TensorList with = inputs;
+  with.push_back(at::empty({0}).requires_grad_());
+  UnitFn without = [fn, n = inputs.size()](const TensorList& in) {
+    return fn(TensorList(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n)));
+  };
+  return Checkpoint::apply(c10::make_intrusive<FnHolder>(std::move(without)), at::TensorList(with));
 }
 
 }  // namespace fsdp::detail

@@ -13,7 +13,8 @@ namespace fsdp::detail {
 TensorList register_post_backward(std::function<void()> on_backward, const TensorList& inputs);
 
 // Runs fn(inputs) without keeping its activations; backward runs it again with gradients on and
-// back-propagates through the recomputation (reentrant activation checkpointing).
-TensorList checkpoint(const UnitFn& fn, const TensorList& inputs);
+// back-propagates through the recomputation (reentrant activation checkpointing). params_need_grad:
+// the unit has trainable parameters, so its outputs must require grad even when no input does.
+TensorList checkpoint(const UnitFn& fn, const TensorList& inputs, bool params_need_grad);
 
 }  // namespace fsdp::detail

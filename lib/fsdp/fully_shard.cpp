@@ -232,7 +232,7 @@ TensorList ShardedModel::run_unit(size_t unit, const TensorList& inputs, const U
   // run the inner units' hooks a second time.
   const bool checkpointed =
       c10::GradMode::is_enabled() && options_.activation_checkpointing && unit != 0 && leaf_unit_[unit];
-  TensorList out = checkpointed ? detail::checkpoint(fn, in) : fn(in);
+  TensorList out = checkpointed ? detail::checkpoint(fn, in, groups_[unit]->has_trainable()) : fn(in);
   post_forward(unit, out);
   return out;
 }

@@ -150,7 +150,7 @@ class ParamGroup {
   int64_t shard_numel_ = 0, trainable_numel_ = 0, decay_numel_ = 0;
   at::Tensor flat_shard_;    // (S_trainable) fp32 master weights on the shard device
   at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
-  at::Tensor flat_grad_;   // (S_trainable) fp32 on the shard device
+  at::Tensor flat_grad_;     // (S_trainable) fp32 on the shard device
   GroupState state_ = GroupState::kSharded;
   struct PendingGather {
     dist::Work work;

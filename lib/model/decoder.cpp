@@ -14,9 +14,9 @@
 #include "fsdp/unit_call.h"
 #include "model/chunked_loss.h"
 #include "model/fused_ops.h"
-#include "model/lora.h"
-#include "util/error.h"
+#include "model/lora_layer.h"
 #include "util/env.h"
+#include "util/error.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -96,7 +96,8 @@ bool fused_kernels_enabled() {
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
   if (x.is_cuda() && x.scalar_type() == weight.scalar_type() && fused_kernels_enabled())
     return at::rms_norm(x, {weight.size(0)}, weight, eps);
-  if (x.is_cpu() && fused_kernels_enabled() && weight.is_contiguous()) return fused_rms_norm(x.contiguous(), weight, eps);
+  if (x.is_cpu() && fused_kernels_enabled() && weight.is_contiguous())
+    return fused_rms_norm(x.contiguous(), weight, eps);
   const at::Tensor h = x.to(at::kFloat);
   const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
@@ -156,9 +157,9 @@ Packed with_lengths(Packed p) {
 
 at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window) {
   const int64_t t = segments.size(1);
-  const at::Tensor causal = attention_mask(t, t, 0, window, segments.device());              // (T, T)
-  const at::Tensor same = segments.unsqueeze(2) == segments.unsqueeze(1);                   // (B, T, T)
-  return (same & causal).unsqueeze(1);                                                      // (B, 1, T, T)
+  const at::Tensor causal = attention_mask(t, t, 0, window, segments.device());  // (T, T)
+  const at::Tensor same = segments.unsqueeze(2) == segments.unsqueeze(1);        // (B, T, T)
+  return (same & causal).unsqueeze(1);                                           // (B, 1, T, T)
 }
 
 LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
@@ -203,8 +204,7 @@ namespace {
 // Whether packed rows can take variable-length flash attention (else SDPA with a mask).
 bool varlen_flash(const at::Tensor& q, const Packed& packed) {
   return packed.cu_seqlens.defined() && q.is_cuda() && fused_kernels_enabled() &&
-         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) % 8 == 0 &&
-         q.size(-1) <= 256;
+         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
 }
 
 }  // namespace
@@ -269,7 +269,7 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                           const Packed& packed) {
+                                          const Packed& packed) {
   const at::Tensor h = x + self_attn->forward(input_layernorm(x), cos, sin, packed);
   return h + mlp->forward(post_attention_layernorm(h));
 }
@@ -322,8 +322,8 @@ at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens, const P
                      ? embed->forward(tokens)
                      : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
   const Packed rows = packed.defined() ? packed.to(x.device()) : Packed{};
-  auto [cos, sin] = rows.defined() ? rope_cos_sin_at(inv_freq_, rows.positions, x)
-                                   : rope_cos_sin(inv_freq_, tokens.size(1), x);
+  auto [cos, sin] =
+      rows.defined() ? rope_cos_sin_at(inv_freq_, rows.positions, x) : rope_cos_sin(inv_freq_, tokens.size(1), x);
   for (const auto& m : *model->layers) {
     auto* layer = m->as<LlamaDecoderLayerImpl>();
     x = fsdp::call(*layer, TensorList{x, cos, sin}, [layer, rows](const TensorList& in) {

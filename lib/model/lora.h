@@ -10,13 +10,11 @@
 // Not thread-safe (LibTorch modules).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <torch/nn/modules/linear.h>
-
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
+
+#include "model/lora_layer.h"
 
 namespace fsdp::model {
 
@@ -49,19 +47,6 @@ void add_lora(LlamaForCausalLMImpl& model, const LoraSettings& settings, bool fr
 
 // The full names of the modules `settings` targets in `model` (after add_lora or before).
 std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const LoraSettings& settings);
-
-// l(x), plus the adapter's term when add_lora gave `l` one. Dropout only in training mode.
-at::Tensor lora_linear(const torch::nn::Linear& l, const at::Tensor& x);
-
-// Whether a parameter name is an adapter's (".lora_A." or ".lora_B.").
-bool is_lora_parameter(const std::string& name);
-// PEFT's initial value of an adapter parameter: lora_A uniform from the seed and the name, lora_B 0.
-at::Tensor lora_init(uint64_t seed, const std::string& name, at::IntArrayRef shape);
-
-// Folds adapters into the weights they adapt: for every "<m>.lora_A.weight" in `params`,
-// "<m>.weight" += scaling * B @ A (in fp32, cast back), and the adapter tensors are removed. The
-// other entries (modules to save among them) are left as they are.
-void merge_lora(std::map<std::string, at::Tensor>& params, double scaling);
 
 // PEFT's trainable-parameter report: trainable (adapters and modules to save) against all (the
 // base, the adapters, and the modules to save counted twice, original and trained copy).

@@ -353,7 +353,7 @@ struct Tokenizer::Impl {
   std::vector<bool> special;                       // by id: an added token with special: true
   std::vector<bool> is_added;                      // by id: an added token (its text is its content)
   bool byte_level = false;                         // a ByteLevel pre-tokenizer: tokens are bytes
-  std::string metaspace = "\xE2\x96\x81";           // what stands for a space in SentencePiece-style tokens
+  std::string metaspace = "\xE2\x96\x81";          // what stands for a space in SentencePiece-style tokens
   std::optional<NormalForm> normal_form;           // the normalizer's Unicode form, if it has one
   // Whether a space is prepended to each stretch of text between added tokens (a Prepend
   // normalizer; Metaspace's "always", unless it starts with one) or to the first only ("first").
@@ -701,7 +701,8 @@ std::string Tokenizer::Impl::surface(int32_t id) const {
   return replace_all(t, metaspace, " ");
 }
 
-std::vector<std::pair<size_t, size_t>> Tokenizer::offsets(std::string_view text, const std::vector<int32_t>& ids) const {
+std::vector<std::pair<size_t, size_t>> Tokenizer::offsets(std::string_view text,
+                                                          const std::vector<int32_t>& ids) const {
   const Impl& m = *impl_;
   std::vector<std::pair<size_t, size_t>> out(ids.size());
   auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
@@ -715,7 +716,8 @@ std::vector<std::pair<size_t, size_t>> Tokenizer::offsets(std::string_view text,
   bool virtual_space = prepends_at(0);
   for (size_t i = 0; i < ids.size();) {
     const int32_t id = ids[i];
-    FSDP_CHECK(id >= 0 && static_cast<size_t>(id) < m.tokens.size(), "[tokenize] id ", id, " is outside the vocabulary");
+    FSDP_CHECK(id >= 0 && static_cast<size_t>(id) < m.tokens.size(), "[tokenize] id ", id,
+               " is outside the vocabulary");
     const std::string s = m.surface(id);
     const bool added = m.is_added[static_cast<size_t>(id)];
     if (virtual_space && !added && !s.empty() && s[0] == ' ' &&

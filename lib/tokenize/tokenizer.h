@@ -45,7 +45,7 @@ class Tokenizer {
   // The text of `ids`, special tokens left out unless skip_special_tokens is false.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special_tokens = true) const;
 
-  int64_t vocab_size() const;  // the largest id + 1, added tokens included
+  int64_t vocab_size() const;       // the largest id + 1, added tokens included
   bool is_added(int32_t id) const;  // an added token (<|im_end|>, <|eot_id|>, ...): split out of text whole
   std::optional<int32_t> token_to_id(std::string_view token) const;
   std::optional<std::string> id_to_token(int32_t id) const;

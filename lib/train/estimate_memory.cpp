@@ -17,8 +17,11 @@ namespace fsdp::train {
 void check_fits_machine(const config::Config& config, const model::LlamaConfig& mc, const std::string& where,
                         int local_workers) {
   const FsdpPlan plan = fsdp_plan_from_config(config, c10::kCPU);
-  // fp32 weights, gradients and AdamW's two moments, sharded over the shard group.
-  const double per_rank = mc.parameter_count() * 16.0 / plan.shard_size;
+  // fp32 weights, gradients and AdamW's two moments, sharded over the shard group; under LoRA the
+  // frozen base alone, in the compute dtype.
+  const bool lora = config.lora.enabled();
+  const double per_rank = mc.parameter_count() *
+                          (lora ? c10::elementSize(plan.options.mixed_precision.param_dtype) : 16.0) / plan.shard_size;
   const bool gpu = !config.launch.use_cpu && !config.fsdp.offload_params && cuda_device_count() > 0;
   const double has = gpu ? static_cast<double>(cuda_device_memory(0))
                          : static_cast<double>(system_info().memory_total_bytes) / std::max(1, local_workers);
@@ -27,7 +30,8 @@ void check_fits_machine(const config::Config& config, const model::LlamaConfig& 
   throw InputError(
       str("[train] ", where, ": a ", model::family_names(mc.family).architecture, " of ",
           format_count(mc.parameter_count()), " parameters needs ", bytes(per_rank),
-          " per rank for its fp32 shards, gradients and AdamW state alone (sharded over ",
+          lora ? " per rank for its frozen shards alone (sharded over "
+               : " per rank for its fp32 shards, gradients and AdamW state alone (sharded over ",
           plural(plan.shard_size, "rank"), "), but ",
           gpu ? str("each GPU here has ", bytes(has))
               : str("this machine has ", bytes(has), " of memory for each of its ", plural(local_workers, "worker")),
@@ -42,6 +46,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const int64_t param_bytes = c10::elementSize(plan.options.mixed_precision.param_dtype);
   // The model's tree and shapes, one layer in memory at a time (the values are never read).
   model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  const model::LoraSettings lora = lora_settings_of(c);
+  if (lora.enabled()) model::add_lora(*llama, lora, /*free_after_create=*/true);
   MemoryEstimate e;
   int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;
   const auto units = plan_units(*llama, model::llama_traits(mc), plan.options);
@@ -49,9 +55,10 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
     int64_t padded = 0, padded_trainable = 0;
     for (const auto& [name, tensor] : units[u].params) {
       const ShardLayout l{tensor.sizes().vec(), plan.shard_size, 0};
-      e.params += l.shard_numel() * 4;
+      e.params += l.shard_numel() * (tensor.requires_grad() ? 4 : param_bytes);  // frozen: the compute dtype alone
       padded += l.padded_numel();
       if (tensor.requires_grad()) {
+        e.trainable += tensor.numel();
         e.grads += l.shard_numel() * 4;
         padded_trainable += l.padded_numel();
       }
@@ -89,6 +96,15 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   return e;
 }
 
+namespace {
+
+std::string param_bytes_name(const FsdpPlan& plan) {
+  const at::ScalarType t = plan.options.mixed_precision.param_dtype;
+  return t == at::kBFloat16 ? "bf16" : t == at::kHalf ? "fp16" : "fp32";
+}
+
+}  // namespace
+
 std::string format_memory_estimate(const config::Config& config, const model::LlamaConfig& mc, int world_size) {
   config::Config c = config;
   c.launch.num_processes = world_size;
@@ -111,9 +127,18 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
           plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ", plan.shard_size,
           "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
           plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
+  if (c.lora.enabled())
+    out += str("LoRA r ", c.lora.r, ": ", e.trainable, " trainable parameters (the adapters",
+               c.lora.modules_to_save.empty() ? "" : ", " + join(c.lora.modules_to_save, ", "), "); the rest frozen\n");
   out += "per rank:\n";
   const std::string where = offload ? "(host: fsdp_offload_params)" : "";
-  out += row("parameters (fp32 shards)", e.params, where);
+  if (c.lora.enabled()) {
+    out += row(param_bytes_name(plan) == "fp32" ? "parameters (trainable and frozen, fp32 shards)"
+                                                : "parameters (trainable fp32, frozen " + param_bytes_name(plan) + ")",
+               e.params, where);
+  } else {
+    out += row("parameters (fp32 shards)", e.params, where);
+  }
   out += row("gradients (fp32 shards)", e.grads, where);
   out += row("AdamW state (2 x fp32)", e.optimizer, where);
   out += row("gathered units and reduction buffers (peak)", e.gathered);

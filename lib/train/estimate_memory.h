@@ -16,15 +16,16 @@ struct MemoryEstimate {
   int64_t params = 0, grads = 0, optimizer = 0;           // persistent, per rank (host memory with offload)
   int64_t gathered = 0;                                   // unsharded units and reduction buffers at the peak
   int64_t activations = 0, activations_checkpointed = 0;  // one micro-batch
+  int64_t trainable = 0;                                  // parameters with gradients (all but LoRA's frozen base)
   int64_t persistent() const { return params + grads + optimizer; }
 };
 
 MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaConfig& model, int world_size);
 
 // Refuses (InputError), before any worker starts and before anything is built, a model whose fp32
-// shards, gradients and AdamW state alone need more memory per rank than this machine has for each
-// of its `local_workers` (GPU memory on a GPU run, else host memory), naming the model, the bytes
-// per rank and what the machine has. Arithmetic only: safe for any sizes config.json holds.
+// shards, gradients and AdamW state (under LoRA: its frozen shards) alone need more memory per rank than this machine
+// has for each of its `local_workers` (GPU memory on a GPU run, else host memory), naming the model, the bytes per rank
+// and what the machine has. Arithmetic only: safe for any sizes config.json holds.
 void check_fits_machine(const config::Config& config, const model::LlamaConfig& model, const std::string& where,
                         int local_workers);
 

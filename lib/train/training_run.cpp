@@ -56,23 +56,29 @@ model::Packed packed_rows(const data::Batch& b, int64_t rows, int64_t seq_len, b
 // for text.
 data::Packing packing_of(const config::Config& c, const data::TokenStream& tokens) {
   switch (c.data.packing) {
-    case config::Packing::kPlain: return data::Packing::kPlain;
-    case config::Packing::kMasked: return data::Packing::kMasked;
-    case config::Packing::kPad: return data::Packing::kPad;
-    case config::Packing::kAuto: break;
+    case config::Packing::kPlain:
+      return data::Packing::kPlain;
+    case config::Packing::kMasked:
+      return data::Packing::kMasked;
+    case config::Packing::kPad:
+      return data::Packing::kPad;
+    case config::Packing::kAuto:
+      break;
   }
   return tokens.has_records() ? data::Packing::kMasked : data::Packing::kPlain;
 }
 
 std::string packing_note(const data::SequenceReader& r, int64_t seq_len) {
   switch (r.packing()) {
-    case data::Packing::kPlain: return "";
-    case data::Packing::kMasked: return "; records packed, each attending only to itself (data.packing: masked)";
+    case data::Packing::kPlain:
+      return "";
+    case data::Packing::kMasked:
+      return "; records packed, each attending only to itself (data.packing: masked)";
     case data::Packing::kPad:
       return str("; one record per sequence, padded (data.packing: pad)",
-                 r.truncated() ? str(", ", plural(r.truncated(), "record"), " longer than ", seq_len + 1,
-                                     " tokens cut short")
-                               : "");
+                 r.truncated()
+                     ? str(", ", plural(r.truncated(), "record"), " longer than ", seq_len + 1, " tokens cut short")
+                     : "");
   }
   return "";
 }
@@ -213,8 +219,8 @@ void TrainingRun::read_data() {
           tokens_.has_mask() ? "; the loss counts only the tokens marked as targets (completions, assistant turns; "
                                "prompts are inputs, not targets)"
                              : "",
-          packing_note(*reader_, T), t.epochs > 0 ? str("; ", t.epochs, " epochs are ", steps_, " steps of ", per_step, " sequences") : "",
-          "\n"));
+          packing_note(*reader_, T),
+          t.epochs > 0 ? str("; ", t.epochs, " epochs are ", steps_, " steps of ", per_step, " sequences") : "", "\n"));
 }
 
 // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
@@ -258,7 +264,8 @@ void TrainingRun::build_model() {
   if (lora.enabled()) {  // PEFT's print_trainable_parameters, counted the same way
     const model::LoraCounts n = model::lora_counts(*llama_);
     char percent[32];
-    std::snprintf(percent, sizeof percent, "%.4f", 100.0 * static_cast<double>(n.trainable) / static_cast<double>(n.all));
+    std::snprintf(percent, sizeof percent, "%.4f",
+                  100.0 * static_cast<double>(n.trainable) / static_cast<double>(n.all));
     const std::string saved = lora.modules_to_save.empty() ? "" : ", training " + join(lora.modules_to_save, ", ");
     say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
             plural(static_cast<int64_t>(model::lora_target_names(*llama_, lora).size()), "linear layer"), saved,
@@ -269,9 +276,11 @@ void TrainingRun::build_model() {
                                                  optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
   const auto bytes = sharded_->persistent_bytes();
   say(str("[train] model: ", model_config_.num_parameters(), " parameters, ", sharded_->groups().size(),
-          " units; per rank ", format_bytes(bytes.params), lora.enabled() ? " of shards (frozen ones in the compute dtype) + " : " of fp32 shards + ", format_bytes(bytes.grads),
-          " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ", plural(world_.size(), "rank"),
-          " on ", context_.device.str(), world_.is_local() ? "" : " over " + world_.backend_name(), "\n"));
+          " units; per rank ", format_bytes(bytes.params),
+          lora.enabled() ? " of shards (frozen ones in the compute dtype) + " : " of fp32 shards + ",
+          format_bytes(bytes.grads), " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ",
+          plural(world_.size(), "rank"), " on ", context_.device.str(),
+          world_.is_local() ? "" : " over " + world_.backend_name(), "\n"));
 }
 
 void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
@@ -338,8 +347,8 @@ at::Tensor TrainingRun::loss_sum(const at::Tensor& inputs, const at::Tensor& tar
   const at::Tensor x = inputs.to(context_.device, /*non_blocking=*/true);
   const at::Tensor y = targets.to(context_.device, /*non_blocking=*/true);
   const model::Packed rows = packed.defined() ? packed.to(context_.device) : model::Packed{};
-  return sharded_->forward(
-      {x, y}, [&](const TensorList& in) { return TensorList{llama_->loss_sum(in[0], in[1], rows)}; })[0];
+  return sharded_->forward({x, y},
+                           [&](const TensorList& in) { return TensorList{llama_->loss_sum(in[0], in[1], rows)}; })[0];
 }
 
 at::Tensor TrainingRun::loss_sum(const data::Batch& b, int64_t rows) {
@@ -563,7 +572,10 @@ void TrainingRun::export_hf(int64_t step) {
   if (world_.rank() == 0) write_file_atomic(dir + "/" + kExportNote, export_note(step));
   std::string names;
   for (const auto& [name, from] : extra) names += (names.empty() ? "; with " : ", ") + name;
-  say(str("[train] exported ", peft ? "a PEFT adapter folder" : lora.enabled() ? "the merged model as a Hugging Face folder" : "a Hugging Face folder",
+  say(str("[train] exported ",
+          peft             ? "a PEFT adapter folder"
+          : lora.enabled() ? "the merged model as a Hugging Face folder"
+                           : "a Hugging Face folder",
           " to ", dir, " in ", format_seconds(seconds_since(t)), names, "\n"));
 }
 

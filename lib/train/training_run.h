@@ -80,8 +80,8 @@ class TrainingRun {
   // The mean loss over every held-out token the ranks read; NaN when nothing is held out.
   double evaluate();
   void save_checkpoint(int64_t step, std::optional<double> eval_loss = std::nullopt);  // precondition: checkpointing()
-  void export_hf(int64_t step);        // into checkpoint.export_dir/step-N
-  void wait_for_checkpoint();          // the last save is on disk
+  void export_hf(int64_t step);  // into checkpoint.export_dir/step-N
+  void wait_for_checkpoint();    // the last save is on disk
 
   bool checkpointing() const { return checkpointer_ != nullptr && !config_.checkpoint.dir.empty(); }
   void say(const std::string& line) const;  // rank 0 prints

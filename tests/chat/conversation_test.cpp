@@ -1,9 +1,7 @@
 // Conversation records and the spans their loss counts (issue 30), without Python: TRL's formats
 // read as TRL reads them, the messages as transformers hands them to a template, the span rules of
 // chat/chat_template.h on small templates, and transformers' rule from spans to tokens.
-#include "chat/chat_template.h"
 #include "chat/conversation.h"
-#include "data/chat_records.h"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -12,6 +10,8 @@
 #include <fstream>
 #include <string>
 
+#include "chat/chat_template.h"
+#include "data/chat_records.h"
 #include "util/error.h"
 
 using namespace fsdp;
@@ -65,8 +65,8 @@ TEST_CASE("TRL's formats: messages, ShareGPT as maybe_convert_to_chatml converts
                        doctest::Contains("\"messages\"[0] has no string \"role\""), InputError);
   CHECK_THROWS_WITH_AS(chat::read_conversation(Json::parse(R"({"prompt": [{"role": "user", "content": "q"}]})")),
                        doctest::Contains("needs \"prompt\" and \"completion\" both lists"), InputError);
-  CHECK_THROWS_WITH_AS(chat::read_conversation(Json::parse(R"({"messages": []})")),
-                       doctest::Contains("non-empty list"), InputError);
+  CHECK_THROWS_WITH_AS(chat::read_conversation(Json::parse(R"({"messages": []})")), doctest::Contains("non-empty list"),
+                       InputError);
 }
 
 TEST_CASE("messages reach the template as transformers hands them: nulls dropped, reasoning aliased") {
@@ -89,8 +89,9 @@ TEST_CASE("the assistant's turns: by prefixes, by generation blocks, the complet
   CHECK(counted(t.render_for_training(c, true)) == std::vector<std::string>{"a2<|im_end|>\n"});
 
   // {% generation %} blocks decide, as transformers' assistant mask.
-  TemplateFolder gen("{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}{% generation %}"
-                     "{{ m.content }};{% endgeneration %}{% else %}{{ m.content }};{% endif %}{% endfor %}");
+  TemplateFolder gen(
+      "{% for m in messages %}{{ m.role }}:{% if m.role == 'assistant' %}{% generation %}"
+      "{{ m.content }};{% endgeneration %}{% else %}{{ m.content }};{% endif %}{% endfor %}");
   const ChatTemplate g = ChatTemplate::load(gen.path);
   CHECK(g.has_generation_blocks());
   c.prompt_messages = 0;
@@ -98,11 +99,12 @@ TEST_CASE("the assistant's turns: by prefixes, by generation blocks, the complet
 
   // A template that moves the system prompt into the last user message (as Mistral's do): the
   // prefixes are not prefixes; each turn is its content and end-of-turn marker, found in order.
-  TemplateFolder moved("{% set sys = messages[0].content if messages[0].role == 'system' else '' %}"
-                       "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m.role == 'user' %}"
-                       "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}<s>{% for m in messages %}"
-                       "{% if m.role == 'user' %}[INST]{% if loop.index0 == ns.last and sys %}{{ sys }} {% endif %}"
-                       "{{ m.content }}[/INST]{% elif m.role == 'assistant' %}{{ m.content }}</s>{% endif %}{% endfor %}");
+  TemplateFolder moved(
+      "{% set sys = messages[0].content if messages[0].role == 'system' else '' %}"
+      "{% set ns = namespace(last=0) %}{% for m in messages %}{% if m.role == 'user' %}"
+      "{% set ns.last = loop.index0 %}{% endif %}{% endfor %}<s>{% for m in messages %}"
+      "{% if m.role == 'user' %}[INST]{% if loop.index0 == ns.last and sys %}{{ sys }} {% endif %}"
+      "{{ m.content }}[/INST]{% elif m.role == 'assistant' %}{{ m.content }}</s>{% endif %}{% endfor %}");
   const ChatTemplate mv = ChatTemplate::load(moved.path);
   Conversation s = chat::read_conversation(Json::parse(
       R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "q1"},
@@ -129,9 +131,12 @@ TEST_CASE("a folder without a template, and the template's raise_exception") {
 
 TEST_CASE("spans to tokens, as transformers: the token of the first character through the token of the last") {
   // "ab€c": tokens "a", "b", "€" split in two byte tokens, "c".
-  const std::string text = "ab\xE2\x82\xAC" "c";
+  const std::string text =
+      "ab\xE2\x82\xAC"
+      "c";
   const std::vector<std::pair<size_t, size_t>> offsets = {{0, 1}, {1, 2}, {2, 4}, {4, 5}, {5, 6}};
-  CHECK(data::counted_tokens(text, offsets, {{1, 5}}) == std::vector<uint8_t>{0, 1, 1, 0, 0});  // ends in "€": its first token
+  CHECK(data::counted_tokens(text, offsets, {{1, 5}}) ==
+        std::vector<uint8_t>{0, 1, 1, 0, 0});  // ends in "€": its first token
   CHECK(data::counted_tokens(text, offsets, {{2, 6}}) == std::vector<uint8_t>{0, 0, 1, 1, 1});
   // A span whose first character no token holds ends the marking (later spans too).
   const std::vector<std::pair<size_t, size_t>> gap = {{0, 1}, {2, 5}, {5, 6}};

@@ -1,7 +1,6 @@
 // Token inputs and the distributed loader: formats, errors, disjoint and deterministic reads across
 // world sizes, and an exact resume position.
 #include "data/dataset.h"
-#include "data/token_shard.h"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <numeric>
 #include <set>
 
+#include "data/token_shard.h"
 #include "support/error_of.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -102,8 +102,9 @@ TEST_CASE("a uint32 id beyond int32, an id beyond the vocabulary and a folder ar
   const TokenStream s = read_tokens(d.path + "/s_*.bin");
   CHECK(s.file_ends() == std::vector<int64_t>{3, 7});
   CHECK_NOTHROW(s.check_below(100, "raise vocab_size"));
-  CHECK(error_of([&] { s.check_below(50, "raise vocab_size"); })
-            .find(d.path + "/s_1.bin: token 2 is id 99 but the model's vocab_size is 50; raise vocab_size") !=
+  CHECK(error_of([&] {
+          s.check_below(50, "raise vocab_size");
+        }).find(d.path + "/s_1.bin: token 2 is id 99 but the model's vocab_size is 50; raise vocab_size") !=
         std::string::npos);
 
   const std::string folder = error_of([&] { read_tokens(d.path); });
@@ -124,20 +125,21 @@ TEST_CASE("bad inputs name the file and the fix") {
   write_shard(d.path + "/cut.bin", {1, 2, 3});
   ::truncate((d.path + "/cut.bin").c_str(), 1024 + 4);
   CHECK(error_of([&] { read_tokens(d.path + "/cut.bin"); }).find("truncated") != std::string::npos);
-  CHECK(error_of([&] {
-          read_tokens(d.file("x.jsonl", "{\"body\": 1}\n"));
-        }).find("x.jsonl:1: no string field \"text\" nor \"prompt\" and \"completion\" nor a \"messages\" or "
-                "\"conversations\" list; name the field that holds the text with data.field") != std::string::npos);
+  CHECK(error_of([&] { read_tokens(d.file("x.jsonl", "{\"body\": 1}\n")); })
+            .find("x.jsonl:1: no string field \"text\" nor \"prompt\" and \"completion\" nor a \"messages\" or "
+                  "\"conversations\" list; name the field that holds the text with data.field") != std::string::npos);
   const TokenStream tiny = counting(10);
   CHECK(error_of([&] { windows(tiny, 16); }).find("has 10 tokens, shorter than one sequence of 17") !=
         std::string::npos);
-  CHECK(error_of([] { split_sequences(1, 0.5, "few.txt"); })
-            .find("few.txt: nothing left to train on after holding out 1 of 1 sequence") != std::string::npos);
+  CHECK(error_of([] {
+          split_sequences(1, 0.5, "few.txt");
+        }).find("few.txt: nothing left to train on after holding out 1 of 1 sequence") != std::string::npos);
   const TokenStream s = counting(100);
   const SequenceReader r = windows(s, 8);
   CHECK(error_of([&] { DistributedLoader(r, 0, 3, 2, 0, 2, 1); }).find("cannot fill one step") != std::string::npos);
-  CHECK(error_of([&] { SequenceReader(s, 8, Packing::kMasked, "text.bin"); })
-            .find("data.packing: masked needs records, and text.bin marks none") != std::string::npos);
+  CHECK(error_of([&] {
+          SequenceReader(s, 8, Packing::kMasked, "text.bin");
+        }).find("data.packing: masked needs records, and text.bin marks none") != std::string::npos);
 }
 
 TEST_CASE("ranks read disjoint sequences; W ranks read what one rank with W times the batch reads") {
@@ -189,8 +191,9 @@ TEST_CASE("a saved position resumes the exact sequence of batches") {
 
 TEST_CASE("prompt/completion records: the prompt's tokens are inputs, never targets; the longest prompt is named") {
   TempDir d;
-  const std::string path = d.file("pairs.jsonl", "{\"prompt\": \"ab\", \"completion\": \"c\"}\n"
-                                                 "{\"prompt\": \"defg\", \"completion\": \"hi\"}\n");
+  const std::string path = d.file("pairs.jsonl",
+                                  "{\"prompt\": \"ab\", \"completion\": \"c\"}\n"
+                                  "{\"prompt\": \"defg\", \"completion\": \"hi\"}\n");
   const TokenStream s = read_tokens(path);
   const std::vector<int32_t> want{kByteEndOfText, 'a', 'b', 'c', kByteEndOfText, 'd', 'e', 'f', 'g', 'h', 'i'};
   REQUIRE(s.read_all() == want);
@@ -201,11 +204,12 @@ TEST_CASE("prompt/completion records: the prompt's tokens are inputs, never targ
   CHECK(mask == std::vector<uint8_t>{3, 0, 0, 1, 3, 0, 0, 0, 0, 1, 1});
   CHECK(s.has_records());
   CHECK(s.record_starts() == std::vector<int64_t>{0, 4});
-  CHECK(s.longest_prompt() == 5);                                      // EOT + "defg"
+  CHECK(s.longest_prompt() == 5);  // EOT + "defg"
   CHECK(s.longest_prompt_at() == path + ":2");
   CHECK_NOTHROW(s.check_prompts_fit(6));
-  CHECK(error_of([&] { s.check_prompts_fit(5); })
-            .find(path + ":2: the prompt is 5 tokens, and a sequence of train.sequence_length 5") != std::string::npos);
+  CHECK(error_of([&] {
+          s.check_prompts_fit(5);
+        }).find(path + ":2: the prompt is 5 tokens, and a sequence of train.sequence_length 5") != std::string::npos);
 
   // One sequence of the whole stream: every target that is a prompt's token is ignored.
   const SequenceReader r = windows(s, 10);
@@ -252,7 +256,7 @@ TEST_CASE("a shard's .mask is read beside it, and one of another length is refus
   s.read_mask(0, 6, mask.data());
   CHECK(mask == std::vector<uint8_t>{0, 0, 1, 1, 1, 1});
   d.file("shard_000001.mask", "x");
-  CHECK(error_of([&] { read_tokens(d.path + "/*.bin"); })
-            .find("shard_000001.mask has 1 bytes but " + d.path + "/shard_000001.bin has 2 tokens") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          read_tokens(d.path + "/*.bin");
+        }).find("shard_000001.mask has 1 bytes but " + d.path + "/shard_000001.bin has 2 tokens") != std::string::npos);
 }

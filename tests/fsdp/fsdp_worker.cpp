@@ -486,7 +486,9 @@ void check_persistent_bytes(const Case& c, fsdp::ShardedModel& sharded, const st
       const at::Tensor& f = full.at(p.name);
       // A trainable parameter: fp32 param, grad, m, v; a frozen one: itself in param_dtype alone.
       const int64_t row = f.numel() / f.size(0),
-                    bytes = p.trainable ? 16 : static_cast<int64_t>(c10::elementSize(sharded.options().mixed_precision.param_dtype));
+                    bytes = p.trainable
+                                ? 16
+                                : static_cast<int64_t>(c10::elementSize(sharded.options().mixed_precision.param_dtype));
       total += f.numel() * bytes;
       padding += (ceil_div(f.size(0), w) * w - f.size(0)) * row * bytes;
       one_row_each += row * bytes;

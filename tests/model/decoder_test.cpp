@@ -12,6 +12,7 @@
 #include "fsdp/fully_shard.h"
 #include "model/chunked_loss.h"
 #include "support/error_of.h"
+#include "tiny_config.h"
 #include "util/error.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
@@ -24,20 +25,7 @@ namespace {
 
 using fsdp::testing::error_of;
 
-LlamaConfig tiny(int64_t kv_heads = 2) {
-  LlamaConfig c;
-  c.vocab_size = 37;
-  c.hidden_size = 16;
-  c.intermediate_size = 24;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = kv_heads;
-  c.head_dim = 4;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 100.0;
-  c.initializer_range = 0.2;  // large enough that every term matters
-  return c;
-}
+using fsdp::model::testing::tiny;
 
 // Every parameter's gradient, then zeroed for the next backward.
 std::vector<at::Tensor> take_grads(LlamaForCausalLMImpl& m) {
@@ -457,7 +445,8 @@ TEST_CASE("describe() lists every parameter of every family as the decoder regis
         CHECK(d.params[i].name == named[i].key());
         CHECK(d.params[i].shape == named[i].value().sizes().vec());
       }
-      CHECK(d.params.front().aliases == (tied ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{}));
+      CHECK(d.params.front().aliases ==
+            (tied ? std::vector<std::string>{"lm_head.weight"} : std::vector<std::string>{}));
       CHECK(d.num_parameters == c.num_parameters());
       CHECK(d.architecture == family_names(c.family).architecture);
       CHECK(d.config_json.find("\"torch_dtype\": \"float32\"") != std::string::npos);

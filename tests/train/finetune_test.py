@@ -107,6 +107,29 @@ def check_generate(a, d, rows):
     print("finetune: a checkpoint missing config.json is refused:", r.stderr.strip().splitlines()[-1][:100], "...")
 
 
+def check_lora(a, d, rows):
+    """The README's LoRA line: adapters on every linear layer, the embedding and head trained whole;
+    the export is a PEFT folder that fsdptrain generate reads alone (its base from adapter_config.json)
+    and that completes the prompts as trained."""
+    r = launch(a, d, *LORA, f"checkpoint.export_dir={d}/lora-export", "checkpoint.dir=")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trainable params: 155136 || all params: 524448" in r.stdout, r.stdout
+    export = f"{d}/lora-export/step-300"
+    assert sorted(os.listdir(export))[:2] == ["adapter_config.json", "adapter_model.safetensors"], os.listdir(export)
+    unique = {r["prompt"]: r["completion"] for r in rows}
+    out = f"{d}/lora-generated.jsonl"
+    g = subprocess.run([a.fsdptrain, "generate", "--model", export, "--prompts", f"{d}/prompts.jsonl", "--output", out,
+                        "--max_new_tokens", "16"], capture_output=True, text=True, timeout=300)
+    assert g.returncode == 0, g.stderr
+    right = sum(x["completion"] == unique[x["prompt"]] for x in map(json.loads, open(out)))
+    assert right >= 0.9 * len(unique), right
+    print(f"finetune: with LoRA (155136 of 524448 parameters trained), fsdptrain generate on the PEFT export "
+          f"completes {right} of {len(unique)} prompts as trained")
+
+
+LORA = ["lora.r=16", "lora.alpha=32", "lora.target_modules=all-linear", "lora.modules_to_save=embed_tokens,lm_head"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
@@ -123,6 +146,7 @@ def main():
         key = check_cache(d, rows)
         check_completions(d, rows)
         check_generate(a, d, rows)
+        check_lora(a, d, rows)
 
         # The same global batch on 1 and 2 workers: the same losses (and the cache found, not remade).
         curves = []

@@ -1,0 +1,120 @@
+// LoRA on the decoder (model/lora.h): which modules a setting targets and what it refuses, the
+// frozen and trainable parameters, PEFT's initialisation, the forward with an adapter against the
+// same model with the adapter merged into its weights, and the counts.
+#include "model/lora.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+
+#include "model/decoder.h"
+#include "support/error_of.h"
+#include "tiny_config.h"
+#include "util/strings.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp;
+using namespace fsdp::model;
+using fsdp::testing::error_of;
+
+namespace {
+
+using fsdp::model::testing::tiny;
+
+LlamaForCausalLM with_lora(const LoraSettings& s, const LlamaConfig& c = tiny()) {
+  LlamaForCausalLM m(c);
+  add_lora(*m, s);
+  init_parameters(*m, 3);
+  return m;
+}
+
+LoraSettings settings(std::vector<std::string> targets, int64_t r = 4, double alpha = 8) {
+  LoraSettings s;
+  s.r = r;
+  s.alpha = alpha;
+  s.target_modules = std::move(targets);
+  return s;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("target_modules: short names, full names, regular expressions, all-linear; PEFT's default") {
+  LlamaForCausalLM m(tiny());
+  CHECK(lora_target_names(*m, settings({})) ==
+        std::vector<std::string>{"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj",
+                                 "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"});
+  CHECK(lora_target_names(*m, settings({"model.layers.1.mlp.down_proj"})) ==
+        std::vector<std::string>{"model.layers.1.mlp.down_proj"});
+  CHECK(lora_target_names(*m, settings({R"(.*\.0\..*_proj)"})).size() == 7);
+  CHECK(lora_target_names(*m, settings({"all-linear"})).size() == 14);  // not lm_head
+}
+
+TEST_CASE("a target the model lacks, or that is not a linear layer, is refused naming what it has") {
+  LlamaForCausalLM m(tiny());
+  const std::string typo = error_of([&] { lora_target_names(*m, settings({"q_prj"})); });
+  CHECK(contains(typo, "lora.target_modules: the model has no module named q_prj (did you mean q_proj?)"));
+  CHECK(contains(typo, "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+  CHECK(contains(error_of([&] { lora_target_names(*m, settings({"mlp"})); }), "is not a linear layer"));
+  CHECK(contains(error_of([&] { lora_target_names(*m, settings({"lm_head"})); }), "is not a linear layer"));
+  LoraSettings s = settings({"q_proj"});
+  s.modules_to_save = {"head"};
+  CHECK(contains(error_of([&] { add_lora(*m, s); }), "lora.modules_to_save: the model has no module named head"));
+  LlamaConfig tied = tiny();
+  tied.tie_word_embeddings = true;
+  LlamaForCausalLM t(tied);
+  s.modules_to_save = {"embed_tokens"};
+  CHECK(contains(error_of([&] { add_lora(*t, s); }), "tie_word_embeddings"));
+}
+
+TEST_CASE("only the adapters and the modules to save train; PEFT's names and initialisation") {
+  LoraSettings s = settings({"q_proj", "down_proj"});
+  s.modules_to_save = {"lm_head"};
+  LlamaForCausalLM m = with_lora(s);
+  std::map<std::string, at::Tensor> p;
+  for (const auto& kv : m->named_parameters()) p[kv.key()] = kv.value();
+  CHECK(p.at("model.layers.0.self_attn.q_proj.lora_A.weight").sizes() == at::IntArrayRef({4, 16}));
+  CHECK(p.at("model.layers.0.self_attn.q_proj.lora_B.weight").sizes() == at::IntArrayRef({16, 4}));
+  CHECK(p.at("model.layers.1.mlp.down_proj.lora_A.weight").sizes() == at::IntArrayRef({4, 24}));
+  for (const auto& [name, t] : p)
+    CHECK_MESSAGE(t.requires_grad() == (is_lora_parameter(name) || name == "lm_head.weight"), name);
+  // A uniform within 1/sqrt(in) from the seed and the name; B zero.
+  const at::Tensor a = p.at("model.layers.1.mlp.down_proj.lora_A.weight");
+  CHECK(a.abs().max().item<float>() <= 1.0 / std::sqrt(24.0));
+  CHECK(a.std().item<float>() > 0.5 / std::sqrt(3.0 * 24.0));
+  CHECK(a.equal(lora_init(3, "model.layers.1.mlp.down_proj.lora_A.weight", {4, 24})));
+  CHECK(!a.equal(lora_init(4, "model.layers.1.mlp.down_proj.lora_A.weight", {4, 24})));
+  CHECK(p.at("model.layers.1.mlp.down_proj.lora_B.weight").abs().max().item<float>() == 0);
+  const LoraCounts n = lora_counts(*m);
+  const int64_t adapters = 2 * (4 * 16 + 16 * 4) + 2 * (4 * 24 + 16 * 4), head = 37 * 16;
+  CHECK(n.trainable == adapters + head);
+  CHECK(n.all == tiny().num_parameters() + adapters + head);  // the head twice, as PEFT counts it
+}
+
+TEST_CASE("the adapted forward equals the merged model's, and equals the base while B is zero") {
+  const LoraSettings s = settings({"all-linear"}, 4, 16);
+  LlamaForCausalLM m = with_lora(s);
+  LlamaForCausalLM base(tiny());
+  init_parameters(*base, 3);
+  const at::Tensor tokens = at::arange(12).remainder(37).view({1, 12});
+  torch::NoGradGuard no_grad;
+  CHECK(at::allclose(m->forward(tokens), base->forward(tokens), 0, 0));
+  std::map<std::string, at::Tensor> params;
+  for (const auto& kv : m->named_parameters()) {
+    if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
+    params[kv.key()] = kv.value().clone();
+  }
+  merge_lora(params, s.scaling());
+  CHECK(params.size() == base->named_parameters().size());
+  const at::Tensor plain = base->forward(tokens);
+  for (const auto& kv : base->named_parameters()) kv.value().copy_(params.at(kv.key()));
+  const at::Tensor adapted = m->forward(tokens), merged = base->forward(tokens);
+  CHECK(!at::allclose(adapted, plain, 1e-3, 1e-3));  // the adapters now matter
+  CHECK(at::allclose(adapted, merged, 1e-5, 1e-5));
+}
