@@ -1,5 +1,6 @@
 """PyTorch FSDP2 reference: what fsdptrain's built-in trainer computes, written with torch's own
-fully_shard and Hugging Face transformers' LlamaForCausalLM, on CPU over Gloo.
+fully_shard and Hugging Face transformers' LlamaForCausalLM (or the folder's own family: Mistral,
+Qwen2, Qwen3), on CPU over Gloo.
 
 It reads the same inputs as a fsdptrain run (a Hugging Face folder to start from, an llm.c token
 shard) and reproduces the trainer's choices: the held-out split and the loader's order (Fisher-Yates
@@ -95,9 +96,9 @@ def worker(rank, args, port):
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
     torch.manual_seed(0)
     from torch.distributed.fsdp import fully_shard
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
     hf = model
     if args.adapter:
         from peft import PeftModel
@@ -159,6 +160,9 @@ def worker(rank, args, port):
             adapter = get_peft_model_state_dict(model, state_dict=full)
             save_file({k: v.contiguous() for k, v in adapter.items()},
                       os.path.join(args.save_adapter, "adapter_model.safetensors"), metadata={"format": "pt"})
+    # Every rank leaves together: a rank tearing Gloo down while another still works aborted it
+    # ("terminate called without an active exception") about one run in ten.
+    dist.barrier()
     dist.destroy_process_group()
 
 
