@@ -289,6 +289,11 @@ def main():
             print(f"ok resume at W={world}: steps 4-{SETTINGS['steps']} "
                   f"{'equal bit for bit' if exact else 'within 1e-5'} to the uninterrupted run's "
                   f"(the checkpoint holds {len(saved)} tensors: adapters, lm_head, AdamW state)")
+        for cmd in (["generate", "--model", step3, "--prompt", "x"], ["merge-weights", step3, f"{tmp}/never"]):
+            r = subprocess.run([args.fsdptrain, *cmd], capture_output=True, text=True, timeout=120)
+            check(r.returncode == 2 and "is a LoRA run's checkpoint" in r.stderr and not os.path.exists(f"{tmp}/never"),
+                  f"{cmd[0]} on a LoRA checkpoint: exit {r.returncode}, {r.stderr[-500:]}")
+        print("ok generate and merge-weights refuse a LoRA checkpoint (adapters without their base), saying what to do")
         adapter = os.path.join(first, "export", f"step-{SETTINGS['steps']}")
         merged = os.path.join(tmp, "resume-w2", "export", f"step-{SETTINGS['steps']}")
         export_loads(tmp, base, adapter, merged, peft_args, case)
