@@ -189,6 +189,9 @@ void check_lora(Checker& c) {
                   "set lora.r (8 or 16 are common) to train adapters");
     return;
   }
+  if (!(l.dropout >= 0 && l.dropout < 1))
+    c.error("lora.dropout", str("must be at least 0 and below 1, got ", l.dropout), "0 (the default) or 0.05 to 0.1");
+  if (!(l.alpha > 0)) c.error("lora.alpha", str("must be above 0, got ", l.alpha), "16 or 2 x lora.r are common");
   if (!l.init.empty() && !file_exists(l.init + "/adapter_model.safetensors"))
     c.error("lora.init", str(quoted(l.init), " holds no adapter_model.safetensors"),
             "give a folder PEFT's save_pretrained wrote (adapter_config.json, adapter_model.safetensors)");

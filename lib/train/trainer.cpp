@@ -3,8 +3,8 @@
 #include "train/trainer.h"
 
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,11 +46,16 @@ nlohmann::json typed_value(const config::ResolvedValue& v) {
   if (v.value.empty()) return nullptr;
   try {
     switch (v.spec->type) {
-      case config::ValueType::kBool: return v.value == "true";
-      case config::ValueType::kInt: return std::stoll(v.value);
-      case config::ValueType::kFloat: return std::stod(v.value);
-      case config::ValueType::kList: return split(v.value, ',');
-      default: return v.value;
+      case config::ValueType::kBool:
+        return v.value == "true";
+      case config::ValueType::kInt:
+        return std::stoll(v.value);
+      case config::ValueType::kFloat:
+        return std::stod(v.value);
+      case config::ValueType::kList:
+        return split(v.value, ',');
+      default:
+        return v.value;
     }
   } catch (const std::exception&) {
     return v.value;  // as written, when it does not read as its type
@@ -114,8 +119,8 @@ class RunReport {
     }
     summary_.steps = step;
     if (progress_)
-      run_.out() << kProgressLinePrefix
-                 << progress_bar(step, run_.steps(), summary_.last_loss, seconds_since(start_)) << std::endl;
+      run_.out() << kProgressLinePrefix << progress_bar(step, run_.steps(), summary_.last_loss, seconds_since(start_))
+                 << std::endl;
     // The held-out loss first: a checkpoint records it (checkpoint.keep_best keeps the lowest).
     std::optional<double> eval_loss;
     if (evaluates(step) || (saves(step) && config_.checkpoint.keep_best)) {
@@ -370,17 +375,30 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfi
   for (const auto& item : m->named_modules()) classes.insert(item.value()->name());
   for (const std::string& c : fsdp.transformer_layer_cls_to_wrap)
     FSDP_CHECK(classes.count(c), "[train] fsdp_config.fsdp_transformer_layer_cls_to_wrap: ", where, " is a ",
-               model::family_names(model.family).layer_class, " model, with no class ", quoted(c), "; its classes: ",
-               join(std::vector<std::string>(classes.begin(), classes.end()), ", "),
+               model::family_names(model.family).layer_class, " model, with no class ", quoted(c),
+               "; its classes: ", join(std::vector<std::string>(classes.begin(), classes.end()), ", "),
                ". Leave the key empty for its decoder layer (", model::family_names(model.family).layer_class, ")");
+}
+
+// LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked
+// on a stand-in with the model's family and layers but sizes of one, so no weight is allocated.
+void check_lora_targets(const config::Config& config, const model::LlamaConfig& model) {
+  if (!config.lora.enabled()) return;
+  model::LlamaConfig names_only = model;
+  names_only.vocab_size = 1;
+  names_only.num_attention_heads = names_only.num_key_value_heads;
+  names_only.head_dim = 1;
+  names_only.hidden_size = names_only.num_attention_heads;
+  names_only.intermediate_size = 1;
+  model::LlamaForCausalLM stand_in(names_only);
+  model::add_lora(*stand_in, lora_settings_of(config));
 }
 
 // What the run will leave behind, when that is less than a model.
 std::vector<std::string> output_warnings(const config::Config& config) {
   const config::CheckpointConfig& c = config.checkpoint;
   if (!c.export_dir.empty()) return {};
-  if (c.dir.empty())
-    return {"checkpoint.export_dir and checkpoint.dir are both off: this run saves no model"};
+  if (c.dir.empty()) return {"checkpoint.export_dir and checkpoint.dir are both off: this run saves no model"};
   return {str("checkpoint.export_dir is off: this run leaves training checkpoints in ", c.dir,
               " but no Hugging Face folder (fsdptrain merge-weights makes one from a checkpoint)")};
 }
@@ -393,6 +411,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   // Its config.json parses (InputError naming the file otherwise).
   const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
   check_layer_classes(resolved.typed.fsdp, model, model_config_path(resolved.typed));
+  check_lora_targets(resolved.typed, model);
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.
   check_fits_machine(resolved.typed, model, model_config_path(resolved.typed),
                      resolved.typed.launch.processes_per_machine());
@@ -434,7 +453,8 @@ class InterruptFlag {
   InterruptFlag& operator=(const InterruptFlag&) = delete;
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 }  // namespace
@@ -465,7 +485,7 @@ TrainSummary run_training(const dist::WorkerContext& context, const config::Reso
   TrainingRun run(context, resolved, out, hooks);  // group, data, model, optimizer, checkpointer
   try {
     const int64_t first_step = run.resume();  // 1, or the step after the checkpoint's
-    if (first_step > run.steps()) {  // a finished run, launched again: nothing is written
+    if (first_step > run.steps()) {           // a finished run, launched again: nothing is written
       run.say(str("[train] nothing to do: the checkpoint is at step ", first_step - 1, " and this run has ",
                   run.steps(), " steps (", run.config().train.epochs > 0 ? "train.epochs" : "train.steps",
                   "); it finished. Raise it to train further\n"));

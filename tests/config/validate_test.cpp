@@ -121,3 +121,17 @@ TEST_CASE("every problem is reported at once") {
       "fsdp_config:\n  fsdp_version: 2\n  fsdp_offload_params: maybe\n  fsdp_bogus: 1\n");
   CHECK(l.diags.error_count() == 5);  // bf8, maybe, fsdp_bogus, 3 % 2, main_process_ip
 }
+
+TEST_CASE("the lora section: ranges, a missing adapter folder, and keys that do nothing without lora.r") {
+  const std::string base = "distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\n";
+  CHECK(has(load_text(base + "lora:\n  r: 8\n  dropout: 2\n"), "lora.dropout: must be at least 0 and below 1, got 2"));
+  CHECK(has(load_text(base + "lora:\n  r: 8\n  alpha: 0\n"), "lora.alpha: must be above 0, got 0"));
+  CHECK(has(load_text(base + "lora:\n  r: 8\n  init: /no/such/adapter\n"),
+            "lora.init: \"/no/such/adapter\" holds no adapter_model.safetensors"));
+  const Loaded off = load_text(base + "lora:\n  alpha: 32\ncheckpoint:\n  export_merged: true\n");
+  CHECK(off.errors() == "");
+  CHECK(warns(off, "lora.alpha: has no effect without LoRA"));
+  CHECK(warns(off, "checkpoint.export_merged: has no effect without LoRA"));
+  CHECK(load_text(base + "lora:\n  r: 16\n  alpha: 32\n  dropout: 0.05\n  target_modules: all-linear\n").errors() ==
+        "");
+}
