@@ -102,7 +102,10 @@ TensorList checkpoint(const UnitFn& fn, const TensorList& inputs, bool params_ne
   // more input, empty and requiring grad, makes the outputs require grad, so backward reaches the
   // recomputation. fn never sees it.
   TensorList with = inputs;
-  with.push_back(at::empty({0}).requires_grad_());
+  c10::Device device(c10::kCPU);
+  for (const at::Tensor& t : inputs)
+    if (t.defined()) device = t.device();
+  with.push_back(at::empty({0}, at::TensorOptions().device(device)).requires_grad_());
   UnitFn without = [fn, n = inputs.size()](const TensorList& in) {
     return fn(TensorList(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n)));
   };

@@ -168,10 +168,18 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   if (!config_.launch.use_cpu && !context_.device.is_cuda())
     say("[train] warning: the config asks for GPUs (use_cpu is false), but this machine shows none: training on "
         "the CPU. Set use_cpu: true (or --cpu) to say so\n");
-  FSDP_CHECK(config_.train.sequence_length <= model_config_.max_position_embeddings, "[train] train.sequence_length ",
-             config_.train.sequence_length, " is beyond the model's max_position_embeddings ",
-             model_config_.max_position_embeddings, " (", model_config_path(config_),
-             "); positions past it were never trained. Lower train.sequence_length");
+  if (config_.train.sequence_length > model_config_.max_position_embeddings) {
+    // A trained model never saw those positions; an untrained one learns them, but should say so.
+    FSDP_CHECK(config_.model.pretrained.empty(), "[train] train.sequence_length ", config_.train.sequence_length,
+               " is beyond the model's max_position_embeddings ", model_config_.max_position_embeddings, " (",
+               model_config_path(config_), "); positions past it were never trained. Lower train.sequence_length");
+    say(str("[train] warning: train.sequence_length ", config_.train.sequence_length,
+            " is beyond max_position_embeddings ", model_config_.max_position_embeddings, " in ",
+            model_config_path(config_),
+            "; this model starts untrained and learns those positions, but the config.json "
+            "its checkpoints and exports carry says ",
+            model_config_.max_position_embeddings, ": raise it there to match\n"));
+  }
   read_data();  // first: a bad path fails in a second, before any model is built
   build_model();
   build_checkpointer(hooks);

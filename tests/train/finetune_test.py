@@ -178,6 +178,8 @@ def main():
         r = launch(a, d, f"data.path={d}/long.jsonl")
         assert r.returncode != 0 and f"{d}/long.jsonl:2: the prompt is " in r.stderr, r.stderr
         assert "raise train.sequence_length above" in r.stderr and "step 1/" not in r.stdout, r.stderr
+        r = launch(a, d, "train.sequence_length=100000")
+        assert r.returncode == 2 and "positions past it were never trained" in r.stdout + r.stderr, r.stdout + r.stderr
         r = launch(a, d, f"data.tokenizer={d}/missing")
         assert r.returncode != 0 and f"data.tokenizer \"{d}/missing\"" in r.stderr, r.stderr
         shutil.copytree(f"{d}/ex/model", f"{d}/bare")
