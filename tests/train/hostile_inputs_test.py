@@ -7,6 +7,7 @@ Full-disk cases mount small tmpfs folders (root only, as CI runs); without root 
 as skipped.
 """
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -204,9 +205,13 @@ QUICK = ["--set", "train.steps=4", "--set", "train.sequence_length=32", "--set",
          "--set", "logging.tensorboard_dir=", "--set", "logging.interval=1"]
 
 
+RUN_FOLDERS = []  # removed when the test ends
+
+
 def run_folder():
     """A run folder of its own (train.output_dir) for one launch: runs never meet in runs/quickstart."""
-    return ["--set", "train.output_dir=" + tempfile.mkdtemp(prefix="fsdp_hostile_run_")]
+    RUN_FOLDERS.append(tempfile.mkdtemp(prefix="fsdp_hostile_run_"))
+    return ["--set", "train.output_dir=" + RUN_FOLDERS[-1]]
 
 
 def launch(fsdptrain, source, extra, timeout=600):
@@ -426,6 +431,7 @@ def main():
     a = ap.parse_args()
     a.fsdptrain, a.hf_tool, a.source = map(os.path.abspath, (a.fsdptrain, a.hf_tool, a.source))
     SOURCE = a.source
+    atexit.register(lambda: [shutil.rmtree(f, ignore_errors=True) for f in RUN_FOLDERS])
     with tempfile.TemporaryDirectory() as d:
         def folder(name):
             os.makedirs(os.path.join(d, name))
