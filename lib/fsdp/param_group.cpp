@@ -39,6 +39,19 @@ void copy_into_rows(const at::Tensor& region, const at::Tensor& src, int64_t sha
   if (rest > 0) region[full_rows].narrow(0, 0, rest).copy_(src.narrow(0, full_rows * shard_numel, rest));
 }
 
+// Zeroes what copy_into_rows of `numel` elements leaves unwritten in `region` (the padding), so a
+// buffer can start uninitialised instead of zero-filled whole.
+void zero_rest_of_rows(const at::Tensor& region, int64_t numel, int64_t shard_numel) {
+  if (shard_numel == 0) return;
+  const int64_t rows = region.size(0), full_rows = std::min(numel / shard_numel, rows), rest = numel % shard_numel;
+  int64_t first_empty = full_rows;
+  if (rest > 0 && full_rows < rows) {
+    region[full_rows].narrow(0, rest, shard_numel - rest).zero_();
+    first_empty = full_rows + 1;
+  }
+  if (first_empty < rows) region.narrow(0, first_empty, rows - first_empty).zero_();
+}
+
 }  // namespace
 
 // Unsharded storage is freed and regrown in place: the StorageImpl stays the one autograd's saved
@@ -214,14 +227,20 @@ void ParamGroup::post_backward(bool sync) {
       at::TensorOptions().dtype(options_.mixed_precision.reduce_dtype).device(options_.device);
   // Row r of the input is the concatenation of every gradient's r-th padded chunk; a parameter that
   // got no gradient (unused this step) contributes zeros, so every rank issues the same collective.
-  at::Tensor input = at::zeros({world * trainable_numel_}, opts);
+  // Only the padding and such parameters are zeroed: the rest is written over.
+  at::Tensor input = at::empty({world * trainable_numel_}, opts);
   const at::Tensor rows = input.view({world, trainable_numel_});
   size_t k = 0;
   for (const ShardedParam& p : params_) {
     if (!p.trainable) continue;
     const at::Tensor& g = grads[k++];
-    if (g.defined())
-      copy_into_rows(rows.narrow(1, p.offset, p.layout.shard_numel()), g.reshape({-1}), p.layout.shard_numel());
+    const at::Tensor region = rows.narrow(1, p.offset, p.layout.shard_numel());
+    if (!g.defined()) {
+      region.zero_();
+      continue;
+    }
+    copy_into_rows(region, g.reshape({-1}), p.layout.shard_numel());
+    zero_rest_of_rows(region, g.numel(), p.layout.shard_numel());
   }
   if (mesh_->shard.is_local()) {
     pending_reduce_ = PendingReduce{dist::Work(), input, input};
