@@ -108,6 +108,14 @@ class Parser {
     e->line = line;
     return e;
   }
+  // A two-operand node of `kind` (with `op` for kBinary) over `left` and `right`.
+  ExprPtr binary(ExprKind kind, int line, ExprPtr left, ExprPtr right, BinOp op = BinOp::kAdd) {
+    ExprPtr e = node(kind, line);
+    e->bin_op = op;
+    e->children.push_back(std::move(left));
+    e->children.push_back(std::move(right));
+    return e;
+  }
 
   // ---- Statements ----
   std::vector<Stmt> subparse(const Names& end_tokens);
@@ -431,10 +439,7 @@ ExprPtr Parser::parse_or() {
   while (is_name("or")) {
     const int line = cur().line;
     next();
-    ExprPtr e = node(ExprKind::kOr, line);
-    e->children.push_back(std::move(left));
-    e->children.push_back(parse_and());
-    left = std::move(e);
+    left = binary(ExprKind::kOr, line, std::move(left), parse_and());
   }
   return left;
 }
@@ -444,10 +449,7 @@ ExprPtr Parser::parse_and() {
   while (is_name("and")) {
     const int line = cur().line;
     next();
-    ExprPtr e = node(ExprKind::kAnd, line);
-    e->children.push_back(std::move(left));
-    e->children.push_back(parse_not());
-    left = std::move(e);
+    left = binary(ExprKind::kAnd, line, std::move(left), parse_not());
   }
   return left;
 }
@@ -503,12 +505,10 @@ ExprPtr Parser::parse_compare() {
 ExprPtr Parser::parse_math1() {
   ExprPtr left = parse_concat();
   while (is_op("+") || is_op("-")) {
-    ExprPtr e = node(ExprKind::kBinary, cur().line);
-    e->bin_op = is_op("+") ? BinOp::kAdd : BinOp::kSub;
+    const int line = cur().line;
+    const BinOp op = is_op("+") ? BinOp::kAdd : BinOp::kSub;
     next();
-    e->children.push_back(std::move(left));
-    e->children.push_back(parse_concat());
-    left = std::move(e);
+    left = binary(ExprKind::kBinary, line, std::move(left), parse_concat(), op);
   }
   return left;
 }
@@ -533,24 +533,18 @@ ExprPtr Parser::parse_math2() {
       if (is_op(op.first)) match = &op;
     }
     if (match == nullptr) return left;
-    ExprPtr e = node(ExprKind::kBinary, cur().line);
-    e->bin_op = match->second;
+    const int line = cur().line;
     next();
-    e->children.push_back(std::move(left));
-    e->children.push_back(parse_pow());
-    left = std::move(e);
+    left = binary(ExprKind::kBinary, line, std::move(left), parse_pow(), match->second);
   }
 }
 
 ExprPtr Parser::parse_pow() {
   ExprPtr left = parse_unary();
   while (is_op("**")) {
-    ExprPtr e = node(ExprKind::kBinary, cur().line);
-    e->bin_op = BinOp::kPow;
+    const int line = cur().line;
     next();
-    e->children.push_back(std::move(left));
-    e->children.push_back(parse_unary());
-    left = std::move(e);
+    left = binary(ExprKind::kBinary, line, std::move(left), parse_unary(), BinOp::kPow);
   }
   return left;
 }

@@ -76,8 +76,7 @@ uint64_t checkpoint_size(const std::string& path) {
   return total;
 }
 
-std::vector<std::string> removable_before_save(const std::string& dir, int64_t keep, FileSystem& fs,
-                                               bool keep_best) {
+std::vector<std::string> removable_before_save(const std::string& dir, int64_t keep, FileSystem& fs, bool keep_best) {
   if (keep < 2) return {};
   std::vector<std::string> all = complete_checkpoints(dir, fs);
   if (keep_best) {

@@ -76,16 +76,16 @@ void restore_rng(const json& state, const c10::Device& device, const std::string
 
 json state_json(const TrainingState& s, Format format, const c10::Device& device) {
   json j{{"format", "fsdptrain-checkpoint"},
-              {"version", kFormatVersion},
-              {"state_dict_type", format == Format::kSharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT"},
-              {"step", s.step},
-              {"optimizer_steps", s.optimizer_steps},
-              {"loader", {{"epoch", s.loader_epoch}, {"offset", s.loader_offset}}},
-              {"seed", s.seed},
-              {"sequence_length", s.sequence_length},
-              {"train_sequences", s.train_sequences},
-              {"world_size", s.world_size},
-              {"rng", rng_json(device)}};
+         {"version", kFormatVersion},
+         {"state_dict_type", format == Format::kSharded ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT"},
+         {"step", s.step},
+         {"optimizer_steps", s.optimizer_steps},
+         {"loader", {{"epoch", s.loader_epoch}, {"offset", s.loader_offset}}},
+         {"seed", s.seed},
+         {"sequence_length", s.sequence_length},
+         {"train_sequences", s.train_sequences},
+         {"world_size", s.world_size},
+         {"rng", rng_json(device)}};
   if (s.eval_loss) j["eval_loss"] = *s.eval_loss;
   return j;
 }

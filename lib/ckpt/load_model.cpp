@@ -4,13 +4,12 @@
 #include <c10/core/GradMode.h>
 #include <torch/nn/module.h>
 
-#include <algorithm>
 #include <map>
 
 #include "ckpt/format.h"
 #include "ckpt/hf.h"
+#include "ckpt/peft.h"
 #include "ckpt/sources.h"
-#include "model/lora.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -37,12 +36,11 @@ ModelFolder find_model_folder(const std::string& path) {
 void load_weights(torch::nn::Module& module, const ModelFolder& f, const model::ModelDescription& description) {
   std::unique_ptr<Source> src = f.checkpoint ? open_source(f.folder) : open_hf_source(f.folder);
   // Every parameter is in `src` with its shape; a checkpoint's optimizer state is not a parameter.
+  const std::vector<std::string> names = src->names();
+  refuse_adapters_only(names, f.folder, "[generate]",
+                       "Give the run's export (a PEFT folder: --model EXPORT_DIR), or resume the run to write one");
   std::map<std::string, std::vector<int64_t>> stored;
-  for (const std::string& name : src->names()) stored[name] = src->info(name)->shape;
-  const auto names = src->names();
-  FSDP_CHECK(std::none_of(names.begin(), names.end(), model::is_lora_parameter), "[generate] ", f.folder,
-             " is a LoRA run's checkpoint: it holds the adapters, not the model they adapt. Give the run's export "
-             "(a PEFT folder: --model EXPORT_DIR), or resume the run to write one");
+  for (const std::string& name : names) stored[name] = src->info(name)->shape;
   std::vector<ExpectedTensor> expected;
   for (const model::ParamSpec& p : description.params) expected.push_back({p.name, p.shape, p.aliases});
   check_tensors_match(f.folder, stored, expected,

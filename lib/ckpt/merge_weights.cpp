@@ -75,10 +75,9 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
   for (const std::string& n : src->names())
     if (n.rfind("optim.", 0) != 0) names.push_back(n);
   std::sort(names.begin(), names.end());
-  FSDP_CHECK(
-      std::none_of(names.begin(), names.end(), model::is_lora_parameter), "[merge-weights] ", path,
-      " is a LoRA run's checkpoint: it holds the adapters, not the model they adapt. Resume it (checkpoint.resume) "
-      "to have the run export a PEFT folder, then merge that: fsdptrain merge-weights ADAPTER_DIR OUTPUT_DIR");
+  refuse_adapters_only(names, path, "[merge-weights]",
+                       "Resume it (checkpoint.resume) to have the run export a PEFT folder, then merge that: "
+                       "fsdptrain merge-weights ADAPTER_DIR OUTPUT_DIR");
   const std::vector<TensorSpec> specs = specs_of(*src, names);
   const int64_t total = write_folder(
       specs, [&](size_t i) { return whole(*src, specs[i]); }, config_json, out, max_shard_bytes, log);
@@ -101,7 +100,7 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
   std::vector<std::string> names = src->names();
   std::sort(names.begin(), names.end());
   for (const auto& [name, t] : adapter.tensors) {
-    const std::string adapted = model::is_lora_parameter(name) ? name.substr(0, name.find(".lora_")) + ".weight" : name;
+    const std::string adapted = model::is_lora_parameter(name) ? model::adapted_weight_name(name) : name;
     FSDP_CHECK(src->info(adapted) != nullptr, "[merge-weights] ", adapter_dir, " adapts ", adapted, ", which ", base,
                " does not have; give the base model it was trained on with --base");
   }
@@ -113,15 +112,10 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
         const std::string& name = specs[i].name;
         const auto saved = adapter.tensors.find(name);  // a module to save: its trained value
         if (saved != adapter.tensors.end()) return saved->second;
-        const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
-        const auto a = adapter.tensors.find(module + ".lora_A.weight");
-        if (a == adapter.tensors.end()) return whole(*src, specs[i]);
-        std::map<std::string, at::Tensor> one = {
-            {name, whole(*src, specs[i])},
-            {a->first, a->second},
-            {module + ".lora_B.weight", adapter.tensors.at(module + ".lora_B.weight")}};
-        model::merge_lora(one, scaling);
-        return one.at(name);
+        const auto a = adapter.tensors.find(model::lora_a_name(name));
+        if (!ends_with(name, ".weight") || a == adapter.tensors.end()) return whole(*src, specs[i]);
+        return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),
+                                    scaling, name);
       },
       read_file(base + "/config.json"), out, max_shard_bytes, log);
   log << "[merge-weights] " << out << ": " << base << " with the adapter " << adapter_dir << " folded in ("

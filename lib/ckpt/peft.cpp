@@ -146,13 +146,9 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
         specs,
         [&](size_t k) {
           const std::string& name = specs[k].name;
-          const std::string module = ends_with(name, ".weight") ? name.substr(0, name.size() - 7) : name;
-          if (!where.count(module + ".lora_A.weight")) return full(name);
-          std::map<std::string, at::Tensor> one = {{name, full(name)},
-                                                   {module + ".lora_A.weight", full(module + ".lora_A.weight")},
-                                                   {module + ".lora_B.weight", full(module + ".lora_B.weight")}};
-          model::merge_lora(one, scaling);
-          return one.at(name);
+          if (!ends_with(name, ".weight") || !where.count(model::lora_a_name(name))) return full(name);
+          return model::merged_weight(full(name), full(model::lora_a_name(name)), full(model::lora_b_name(name)),
+                                      scaling, name);
         },
         writer, description.config_json, tmp, kDefaultMaxShardBytes, fs);
   });
@@ -185,12 +181,18 @@ void load_adapter(ShardedModel& model, const model::LoraSettings& settings, cons
     }
 }
 
+void refuse_adapters_only(const std::vector<std::string>& names, const std::string& folder, const std::string& prefix,
+                          const std::string& what_to_do) {
+  FSDP_CHECK(std::none_of(names.begin(), names.end(), model::is_lora_parameter), prefix, " ", folder,
+             " is a LoRA run's checkpoint: it holds the adapters, not the model they adapt. ", what_to_do);
+}
+
 void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
   std::map<std::string, at::Tensor> params;
   for (const auto& p : module.named_parameters()) params[p.key()] = p.value().detach().to(at::kFloat);
   for (const auto& [name, t] : adapter.tensors) {
     const bool lora = model::is_lora_parameter(name);
-    const std::string base = lora ? name.substr(0, name.find(".lora_")) + ".weight" : name;
+    const std::string base = lora ? model::adapted_weight_name(name) : name;
     auto it = params.find(base);
     FSDP_CHECK(it != params.end(), "[lora] ", adapter.dir, " adapts ", base,
                ", which the model does not have; give "

@@ -56,6 +56,11 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
 // tensors are not exactly the trainable parameters (each missing or unexpected one named).
 void load_adapter(ShardedModel& model, const model::LoraSettings& settings, const PeftAdapter& adapter);
 
+// Refuses (InputError) a checkpoint `folder` whose tensors `names` are a LoRA run's: adapters
+// without the model they adapt. `prefix` names the command, `what_to_do` the way out.
+void refuse_adapters_only(const std::vector<std::string>& names, const std::string& folder, const std::string& prefix,
+                          const std::string& what_to_do);
+
 // Folds the adapter into an unsharded model's weights (fsdptrain generate --adapter). Throws
 // InputError naming what the model lacks.
 void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter);

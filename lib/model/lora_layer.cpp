@@ -54,22 +54,38 @@ at::Tensor lora_init(uint64_t seed, const std::string& name, at::IntArrayRef sha
   return at::empty(shape, at::kFloat).uniform_(-bound, bound, g);
 }
 
+std::string lora_a_name(const std::string& weight_name) {
+  return weight_name.substr(0, weight_name.rfind(".weight")) + ".lora_A.weight";
+}
+
+std::string lora_b_name(const std::string& weight_name) {
+  return weight_name.substr(0, weight_name.rfind(".weight")) + ".lora_B.weight";
+}
+
+std::string adapted_weight_name(const std::string& lora_name) {
+  return lora_name.substr(0, lora_name.find(".lora_")) + ".weight";
+}
+
+at::Tensor merged_weight(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, double scaling,
+                         const std::string& what) {
+  FSDP_CHECK(b.dim() == 2 && a.dim() == 2 && b.size(1) == a.size(0) &&
+                 weight.sizes() == at::IntArrayRef({b.size(0), a.size(1)}),
+             "adapter of ", what, ": lora_B ", b.sizes(), " times lora_A ", a.sizes(),
+             " does not give the shape of its weight ", weight.sizes());
+  const at::Tensor delta = at::matmul(b.to(at::kFloat), a.to(at::kFloat)) * scaling;
+  return (weight.to(at::kFloat) + delta).to(weight.scalar_type());
+}
+
 void merge_lora(std::map<std::string, at::Tensor>& params, double scaling) {
-  std::vector<std::string> adapters;
+  std::vector<std::string> weights;
   for (const auto& [name, t] : params)
-    if (ends_with(name, ".lora_A.weight")) adapters.push_back(name.substr(0, name.size() - 14));
-  for (const std::string& m : adapters) {
-    const at::Tensor a = params.at(m + ".lora_A.weight").to(at::kFloat);
-    const auto b_it = params.find(m + ".lora_B.weight");
-    const auto w_it = params.find(m + ".weight");
-    FSDP_CHECK(b_it != params.end() && w_it != params.end(), "adapter ", m, " lacks lora_B or the weight it adapts");
-    FSDP_CHECK(b_it->second.dim() == 2 && a.dim() == 2 && b_it->second.size(1) == a.size(0) &&
-                   w_it->second.sizes() == at::IntArrayRef({b_it->second.size(0), a.size(1)}),
-               "adapter ", m, ": lora_B ", b_it->second.sizes(), " times lora_A ", a.sizes(),
-               " does not give the shape of its weight ", w_it->second.sizes());
-    const at::Tensor delta = at::matmul(b_it->second.to(at::kFloat), a) * scaling;
-    w_it->second = (w_it->second.to(at::kFloat) + delta).to(w_it->second.scalar_type());
-    params.erase(m + ".lora_A.weight");
+    if (ends_with(name, ".lora_A.weight")) weights.push_back(adapted_weight_name(name));
+  for (const std::string& w : weights) {
+    const auto b_it = params.find(lora_b_name(w));
+    const auto w_it = params.find(w);
+    FSDP_CHECK(b_it != params.end() && w_it != params.end(), "adapter of ", w, " lacks lora_B or the weight it adapts");
+    w_it->second = merged_weight(w_it->second, params.at(lora_a_name(w)), b_it->second, scaling, w);
+    params.erase(lora_a_name(w));
     params.erase(b_it);
   }
 }

@@ -34,6 +34,17 @@ bool is_lora_parameter(const std::string& name);
 // PEFT's initial value of an adapter parameter: lora_A uniform from the seed and the name, lora_B 0.
 at::Tensor lora_init(uint64_t seed, const std::string& name, at::IntArrayRef shape);
 
+// The adapter names of the weight `weight_name` ("<m>.weight" -> "<m>.lora_A.weight", "<m>.lora_B.weight"),
+// and the weight an adapter parameter adapts ("<m>.lora_A.weight" -> "<m>.weight").
+std::string lora_a_name(const std::string& weight_name);
+std::string lora_b_name(const std::string& weight_name);
+std::string adapted_weight_name(const std::string& lora_name);
+
+// weight + scaling * B @ A, in fp32, cast back to weight's dtype: PEFT's merge of one adapter.
+// Throws InputError naming `what` when the shapes do not fit.
+at::Tensor merged_weight(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, double scaling,
+                         const std::string& what);
+
 // Folds adapters into the weights they adapt: for every "<m>.lora_A.weight" in `params`,
 // "<m>.weight" += scaling * B @ A (in fp32, cast back), and the adapter tensors are removed. The
 // other entries (modules to save among them) are left as they are. Throws InputError when the

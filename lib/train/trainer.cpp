@@ -2,6 +2,7 @@
 // between steps (metrics, checkpoints, exports, held-out loss) lives in RunReport below.
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -357,20 +358,25 @@ void check_run_folder(const config::Config& config) {  // see check_run_folder_f
                        "train.output_dir=...) or after deleting that folder"));
 }
 
-// fsdp_transformer_layer_cls_to_wrap names classes of this model (empty: its decoder layer, as
-// Accelerate reads _no_split_modules): a Llama name in a config pointed at a Qwen2 folder is refused
-// here, listing the family's classes, not on every rank after the model is built.
-void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfig& model, const std::string& where) {
-  if (fsdp.auto_wrap_policy != config::WrapPolicy::kTransformerBasedWrap) return;
-  // The classes of a one-layer model of the same family and switches (the shapes do not matter).
+// A model of the same family and switches with every size as small as it goes and `layers` decoder
+// layers: its module tree (names, classes) is the real one's, and building it allocates next to nothing.
+model::LlamaForCausalLM stand_in(const model::LlamaConfig& model, int64_t layers) {
   model::LlamaConfig tiny = model;
   tiny.vocab_size = 8;
   tiny.hidden_size = tiny.num_attention_heads * 2;
   tiny.head_dim = 2;
   tiny.intermediate_size = 2;
-  tiny.num_hidden_layers = 1;
-  tiny.sliding_layers.resize(1);
-  const model::LlamaForCausalLM m(tiny, /*free_after_create=*/true);
+  tiny.num_hidden_layers = layers;
+  tiny.sliding_layers.resize(std::min<size_t>(tiny.sliding_layers.size(), static_cast<size_t>(layers)));
+  return model::LlamaForCausalLM(tiny, /*free_after_create=*/true);
+}
+
+// fsdp_transformer_layer_cls_to_wrap names classes of this model (empty: its decoder layer, as
+// Accelerate reads _no_split_modules): a Llama name in a config pointed at a Qwen2 folder is refused
+// here, listing the family's classes, not on every rank after the model is built.
+void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfig& model, const std::string& where) {
+  if (fsdp.auto_wrap_policy != config::WrapPolicy::kTransformerBasedWrap) return;
+  const model::LlamaForCausalLM m = stand_in(model, 1);
   std::set<std::string> classes;
   for (const auto& item : m->named_modules()) classes.insert(item.value()->name());
   for (const std::string& c : fsdp.transformer_layer_cls_to_wrap)
@@ -381,17 +387,11 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfi
 }
 
 // LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked
-// on a stand-in with the model's family and layers but sizes of one, so no weight is allocated.
+// on a stand-in with all of the model's layers (a target may name a layer by its index).
 void check_lora_targets(const config::Config& config, const model::LlamaConfig& model) {
   if (!config.lora.enabled()) return;
-  model::LlamaConfig names_only = model;
-  names_only.vocab_size = 1;
-  names_only.num_attention_heads = names_only.num_key_value_heads;
-  names_only.head_dim = 1;
-  names_only.hidden_size = names_only.num_attention_heads;
-  names_only.intermediate_size = 1;
-  model::LlamaForCausalLM stand_in(names_only);
-  model::add_lora(*stand_in, lora_settings_of(config));
+  model::LlamaForCausalLM m = stand_in(model, model.num_hidden_layers);
+  model::add_lora(*m, lora_settings_of(config), /*free_after_create=*/true);
 }
 
 // What the run will leave behind, when that is less than a model.

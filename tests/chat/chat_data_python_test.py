@@ -26,7 +26,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,9 @@ import chat_template_python_test as ctt  # noqa: E402  (the templates of public 
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from llmc_shard import read_shard  # noqa: E402
 
 SPECIALS = {
     "qwen": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
@@ -176,9 +178,7 @@ def read_shards(folder):
     ids, mask = [], []
     for name in sorted(os.listdir(folder)):
         if name.endswith(".bin"):
-            data = open(os.path.join(folder, name), "rb").read()
-            magic, _, count = struct.unpack("<3i", data[:12])
-            ids += list(struct.unpack(f"<{count}{'H' if magic == 20240520 else 'I'}", data[1024:]))
+            ids += read_shard(os.path.join(folder, name))
             mask += list(open(os.path.join(folder, name[:-4] + ".mask"), "rb").read())
     starts = [i for i, m in enumerate(mask) if m & 2] + [len(ids)]
     return [(ids[a:b], [m & 1 for m in mask[a:b]]) for a, b in zip(starts, starts[1:])]

@@ -7,12 +7,14 @@ import argparse
 import gzip
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from llmc_shard import read_shard  # noqa: E402
 
 PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -33,14 +35,6 @@ def make_model(d, texts):
     json.dump({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|end_of_text|>"}},
               open(os.path.join(d, "model", "tokenizer_config.json"), "w"))
     return t
-
-
-def read_shard(path):
-    data = open(path, "rb").read()
-    magic, _, count = struct.unpack("<3i", data[:12])
-    width = {20240520: 2, 20240801: 4}[magic]
-    assert len(data) == 1024 + count * width, (path, len(data), count)
-    return list(struct.unpack(f"<{count}{'H' if width == 2 else 'I'}", data[1024:]))
 
 
 def shard_ids(out):

@@ -15,10 +15,12 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from llmc_shard import read_shard  # noqa: E402
 
 
 LAUNCHES = [0]
@@ -38,13 +40,6 @@ def launch(a, d, *sets, processes=2):
 
 def losses(path):
     return [json.loads(l)["loss"] for l in open(path) if '"loss"' in l]
-
-
-def read_shard(path):
-    data = open(path, "rb").read()
-    magic, _, count = struct.unpack("<3i", data[:12])
-    width = {20240520: 2, 20240801: 4}[magic]
-    return list(struct.unpack(f"<{count}{'H' if width == 2 else 'I'}", data[1024:]))
 
 
 def check_cache(d, rows):

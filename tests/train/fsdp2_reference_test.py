@@ -13,17 +13,11 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from llmc_shard import write_shard  # noqa: E402
 
 
 def main():

@@ -30,6 +30,9 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from llmc_shard import write_shard  # noqa: E402
+
 SETTINGS = {"steps": 6, "micro_batch_size": 4, "sequence_length": 32, "lr": 1e-3, "seed": 1234, "warmup": 2}
 CASES = {
     # name: (LoraConfig arguments, fsdptrain's lora section)
@@ -40,14 +43,6 @@ CASES = {
                            "lora:\n  r: 8\n  alpha: 16\n  target_modules: all-linear\n  use_rslora: true\n"
                            "  modules_to_save: [lm_head]\n"),
 }
-
-
-def write_shard(path, tokens):
-    header = np.zeros(256, dtype=np.int32)
-    header[0], header[1], header[2] = 20240520, 1, len(tokens)
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
 
 
 def relative(a, b):
