@@ -41,7 +41,8 @@ class Backend {
 
   // out (size*n) = concat over ranks of in (n). in may be a view into out (in-place gather).
   virtual std::unique_ptr<PendingWork> all_gather(at::Tensor out, at::Tensor in, const std::string& label) = 0;
-  // out (n) = op over ranks of in[rank*n : (rank+1)*n], in (size*n).
+  // out (n) = op over ranks of in[rank*n : (rank+1)*n], in (size*n). in is scratch: its contents
+  // are unspecified once the work is done (Gloo reduces in it).
   virtual std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op,
                                                       const std::string& label) = 0;
   virtual std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op, const std::string& label) = 0;

@@ -98,7 +98,8 @@ class ProcessGroup {
   // `label` says what the collective is for ("gather model.layers.3"); errors name it.
   // out: (size * n), in: (n), same dtype and device, both contiguous.
   Work all_gather(const at::Tensor& out, const at::Tensor& in, const std::string& label = "");
-  // out: (n), in: (size * n). kAvg divides by size() (in the reduction dtype of the tensor).
+  // out: (n), in: (size * n). kAvg divides by size() (in the reduction dtype of the tensor). in is
+  // scratch: what it holds afterwards is unspecified.
   Work reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op = ReduceOp::kSum,
                       const std::string& label = "");
   Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& label = "");

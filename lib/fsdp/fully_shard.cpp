@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "fsdp/autograd_hooks.h"
+#include "fsdp/host_cache.h"
 #include "fsdp/unit_call.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -347,6 +348,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModel::gather_full_gradie
 
 std::unique_ptr<ShardedModel> fully_shard(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh,
                                           FsdpOptions options) {
+  if (options.device.is_cpu()) install_host_cache();
   return std::make_unique<ShardedModel>(model, traits, std::move(mesh), std::move(options));
 }
 

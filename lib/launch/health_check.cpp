@@ -71,7 +71,8 @@ void run_health_check(dist::ProcessGroup& g, const HealthCheckOptions& options, 
     const int64_t S = full * 4;
     at::Tensor gather_in = pattern(n, rank * n, 1000, o);
     at::Tensor gather_out = at::empty({full}, o);
-    at::Tensor rs_in = pattern(full, 0, 7, o).mul_(rank + 1);
+    const at::Tensor rs_src = pattern(full, 0, 7, o).mul_(rank + 1);
+    at::Tensor rs_in = at::empty({full}, o);  // a reduce-scatter's input is scratch: refilled each run
     at::Tensor rs_out = at::empty({n}, o);
     at::Tensor ar = at::full({full}, static_cast<double>(rank + 1), o);
     at::Tensor bc = at::zeros({full}, o);
@@ -80,7 +81,11 @@ void run_health_check(dist::ProcessGroup& g, const HealthCheckOptions& options, 
     std::vector<Case> cases = {
         {Collective::kAllGather, [&] { return g.all_gather(gather_out, gather_in); },
          [&] { expect_equal(gather_out, pattern(full, 0, 1000, o), Collective::kAllGather, S, rank); }},
-        {Collective::kReduceScatter, [&] { return g.reduce_scatter(rs_out, rs_in); },
+        {Collective::kReduceScatter,
+         [&] {
+           rs_in.copy_(rs_src);
+           return g.reduce_scatter(rs_out, rs_in);
+         },
          [&] {
            expect_equal(rs_out, pattern(n, rank * n, 7, o).mul_(W * (W + 1) / 2), Collective::kReduceScatter, S, rank);
          }},

@@ -3,11 +3,13 @@
 // behaviour is fsdp_worker's (tests/fsdp/fsdp_worker.cpp).
 #include "fsdp/fully_shard.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
 #include <set>
 
 #include "dist/process_group.h"
+#include "fsdp/host_cache.h"
 #include "fsdp/shard_layout.h"
 #include "fsdp/test_models.h"
 #include "support/error_of.h"
@@ -168,4 +170,30 @@ TEST_CASE("regression: a module already sharded by a live ShardedModel is refuse
     INFO(name);
     CHECK(g.allclose(plain->named_parameters()[name].grad(), 1e-5, 1e-7));
   }
+}
+
+TEST_CASE("the host block cache reuses a freed large block and frees small ones at once") {
+  install_host_cache();  // fully_shard on the CPU does this; idempotent
+  const HostCacheStats before = host_cache_stats();
+  const void* first = nullptr;
+  {
+    const at::Tensor big = at::ones({1 << 20});  // 4 MiB: cached when freed
+    first = big.data_ptr();
+  }
+  const HostCacheStats freed = host_cache_stats();
+  CHECK(freed.cached_bytes >= before.cached_bytes + (4 << 20));
+  // A block of the same size, or up to an eighth smaller, is the cached one: no new pages.
+  const at::Tensor again = at::empty({(1 << 20) - 1000});
+  CHECK(again.data_ptr() == first);
+  CHECK(host_cache_stats().reused == freed.reused + 1);
+  // Much smaller is not served from it (a 4 MiB block is not spent on 1 MiB).
+  const at::Tensor small_big = at::empty({1 << 18});
+  CHECK(small_big.data_ptr() != first);
+  // Small tensors and LibTorch's raw allocations (kernels' scratch) go through it and come back.
+  c10::Allocator* cpu = c10::GetCPUAllocator();
+  void* raw = cpu->raw_allocate(3 << 20);
+  cpu->raw_deallocate(raw);
+  CHECK(host_cache_stats().cached_bytes >= (3 << 20));
+  const at::Tensor x = at::randn({64, 64});
+  CHECK(at::gelu(x).sub(x * 0.5 * (1 + at::erf(x / std::sqrt(2.0)))).abs().max().item<float>() < 1e-5);
 }

@@ -57,13 +57,20 @@ class GlooBackend : public Backend {
     return std::make_unique<GlooWork>(allgather_flat(*pg_, out, in), nullptr);
   }
 
+  // Gloo's own reduce-scatter clones the whole input and all-reduces the clone; the input is scratch
+  // here (Backend::reduce_scatter), so it is all-reduced in place and this rank's slice copied out:
+  // no second full-size buffer, no page faults for one.
   std::unique_ptr<PendingWork> reduce_scatter(at::Tensor out, at::Tensor in, ReduceOp op, const std::string&) override {
-    at::Tensor out_r = reduction_buffer(out), in_r = is_16bit_float(in) ? in.to(at::kFloat) : in;
-    c10d::ReduceScatterOptions o;
-    o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    return finish_reduction(reduce_scatter_flat(*pg_, out_r, in_r, o), out, out_r, op);
+    at::Tensor in_r = is_16bit_float(in) ? in.to(at::kFloat) : in;
+    std::vector<at::Tensor> ts{in_r};
+    const int64_t n = out.numel();
+    return std::make_unique<GlooWork>(pg_->allreduce(ts, c10d::AllreduceOptions{c10d::ReduceOp(c10d::ReduceOp::SUM)}),
+                                      [out, in_r, op, n, rank = rank_, size = size_] {
+                                        at::Tensor mine = in_r.narrow(0, rank * n, n);
+                                        if (op == ReduceOp::kAvg) mine.div_(size);
+                                        out.copy_(mine);
+                                      });
   }
-
   std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op, const std::string&) override {
     at::Tensor t_r = is_16bit_float(tensor) ? tensor.to(at::kFloat) : tensor;
     std::vector<at::Tensor> ts{t_r};
