@@ -39,6 +39,17 @@ void copy_into_rows(const at::Tensor& region, const at::Tensor& src, int64_t sha
   if (rest > 0) region[full_rows].narrow(0, 0, rest).copy_(src.narrow(0, full_rows * shard_numel, rest));
 }
 
+// The inverse: the first dst.numel() elements of a (W, shard_numel) region, read rank-major (the
+// padding past them is not copied), into dst.
+void copy_from_rows(const at::Tensor& dst, const at::Tensor& region) {
+  const int64_t numel = dst.numel(), shard_numel = region.size(1);
+  if (shard_numel == 0) return;
+  const int64_t full_rows = numel / shard_numel, rest = numel % shard_numel;
+  if (full_rows > 0)
+    dst.narrow(0, 0, full_rows * shard_numel).view({full_rows, shard_numel}).copy_(region.narrow(0, 0, full_rows));
+  if (rest > 0) dst.narrow(0, full_rows * shard_numel, rest).copy_(region[full_rows].narrow(0, 0, rest));
+}
+
 // Zeroes what copy_into_rows of `numel` elements leaves unwritten in `region` (the padding), so a
 // buffer can start uninitialised instead of zero-filled whole.
 void zero_rest_of_rows(const at::Tensor& region, int64_t numel, int64_t shard_numel) {
@@ -107,6 +118,16 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   flat_grad_ = at::zeros({trainable_numel_}, shard_opts);
   frozen_shard_ = at::zeros({shard_numel_ - trainable_numel_}, shard_opts.dtype(param_dtype));
 
+  // Every registered parameter becomes an unsharded leaf over one storage this group owns, laid end
+  // to end in params_' order with no padding (so parameters registered one after another, like
+  // q/k/v, form one (rows, columns) block a forward may use as a single weight: model/fused_ops'
+  // stacked_weights). `unsharded_` writes that storage without sharing any parameter's version counter.
+  int64_t unsharded_numel = 0;
+  for (ShardedParam& p : params_) {
+    p.unsharded_offset = unsharded_numel;
+    unsharded_numel += p.layout.numel();
+  }
+  unsharded_ = at::empty({unsharded_numel}, at::TensorOptions().dtype(param_dtype).device(options_.device));
   for (ShardedParam& p : params_) {
     const ShardLayout& l = p.layout;
     // This rank's rows of the full value; the padding rows stay zero.
@@ -119,17 +140,10 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     if (shard_shape.empty()) shard_shape.push_back(1);
     shard_shape[0] = l.chunk_rows();
     p.sharded = flat.view(shard_shape);
-
-    // The registered parameter becomes the unsharded leaf over storage this group owns (room for
-    // W padded chunks, so a gather can be copied in whole); `buffer` writes that storage without
-    // sharing the parameter's version counter.
-    at::Tensor owner = at::empty({l.padded_numel()}, at::TensorOptions().dtype(param_dtype).device(options_.device));
-    p.unsharded.set_data(owner.as_strided(l.shape, contiguous_strides(l.shape), 0));
+    p.unsharded.set_data(unsharded_.as_strided(l.shape, contiguous_strides(l.shape), p.unsharded_offset));
     p.unsharded.mutable_grad() = at::Tensor();
-    p.buffer = at::empty({0}, owner.options());
-    p.buffer.set_(owner.storage(), 0, {l.padded_numel()}, {1});
-    free_storage(p.unsharded);
   }
+  free_storage(unsharded_);
 }
 
 ParamGroup::~ParamGroup() = default;
@@ -163,14 +177,13 @@ void ParamGroup::wait_for_unshard() {
   RECORD_USER_SCOPE(str("fsdp wait gather ", display_name()));
   if (state_ == GroupState::kSharded) unshard();
   c10::NoGradGuard no_grad;
-  for (ShardedParam& p : params_)
-    alloc_storage(p.unsharded, static_cast<size_t>(p.layout.padded_numel()) * p.buffer.element_size());
+  alloc_storage(unsharded_, static_cast<size_t>(unsharded_.numel()) * unsharded_.element_size());
   if (pending_gather_) {
     pending_gather_->work.wait();
     copy_out(pending_gather_->output);
     pending_gather_.reset();
-  } else {
-    for (ShardedParam& p : params_) p.buffer.copy_(shard_of(p));
+  } else {  // one rank: the shard is the whole parameter
+    for (ShardedParam& p : params_) unsharded_of(p).copy_(shard_of(p).narrow(0, 0, p.layout.numel()));
   }
   state_ = GroupState::kUnsharded;
 }
@@ -178,10 +191,11 @@ void ParamGroup::wait_for_unshard() {
 void ParamGroup::copy_out(const at::Tensor& gathered) {
   const int64_t world = mesh_->shard.size();
   const at::Tensor rows = gathered.view({world, shard_numel_});
-  for (ShardedParam& p : params_) {
-    const int64_t n = p.layout.shard_numel();
-    p.buffer.view({world, n}).copy_(rows.narrow(1, p.offset, n));
-  }
+  for (ShardedParam& p : params_) copy_from_rows(unsharded_of(p), rows.narrow(1, p.offset, p.layout.shard_numel()));
+}
+
+at::Tensor ParamGroup::unsharded_of(const ShardedParam& p) const {
+  return unsharded_.narrow(0, p.unsharded_offset, p.layout.numel());
 }
 
 void ParamGroup::reshard() {
@@ -193,7 +207,7 @@ void ParamGroup::reshard() {
     state_ = GroupState::kSharded;
     return;
   }
-  for (ShardedParam& p : params_) free_storage(p.unsharded);
+  free_storage(unsharded_);
   state_ = GroupState::kSharded;
   if (!params_.empty()) log("free");
 }

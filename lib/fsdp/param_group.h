@@ -2,10 +2,12 @@
 // over the shard group, gathered with one flat all-gather and reduced with one flat reduce-scatter.
 //
 // Ownership. The module's registered parameters stay the tensors its forward reads; fully_shard
-// turns each into the *unsharded* leaf (param_dtype, full shape) whose storage this group owns:
-// 0 bytes while resharded, regrown and refilled in place by unshard(). The storage object is never
-// replaced (autograd's saved tensors alias it), and refills go through a second tensor over the
-// same storage, so the parameter's version counter is not bumped. The group owns the sharded fp32
+// turns each into the *unsharded* leaf (param_dtype, full shape), a view of one storage this group
+// owns for all of them, laid end to end in params() order without padding: 0 bytes while resharded,
+// regrown and refilled in place by unshard(). The storage object is never replaced (autograd's saved
+// tensors alias it), and refills go through a second tensor over the same storage, so no
+// parameter's version counter is bumped. Parameters registered one after another in the same
+// class below (q, k and v; gate and up) are therefore adjacent rows of one block. The group owns the sharded fp32
 // master weights of the trainable parameters (one flat buffer), their fp32 gradients and, through
 // ShardedAdamW, the optimizer state; frozen parameters (LoRA's base) are kept in param_dtype alone,
 // with no fp32 copy, no gradient and no optimizer state.
@@ -63,12 +65,12 @@ struct ShardedParam {
   std::vector<std::string> aliases;  // other names of a tied parameter
   ShardLayout layout;
   bool trainable = true;
-  bool decay = true;       // AdamW weight decay applies (dim >= 2)
-  int64_t offset = 0;      // in the unit's flat shard
-  at::Tensor unsharded;    // the module's registered parameter: (shape), param_dtype
-  at::Tensor buffer;       // (W * shard_numel) over unsharded's storage, own version counter
-  at::Tensor sharded;      // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen
-  at::Tensor accumulated;  // (shape) fp32, no-sync accumulation; undefined when unused
+  bool decay = true;     // AdamW weight decay applies (dim >= 2)
+  int64_t offset = 0;    // in the unit's flat shard
+  at::Tensor unsharded;  // the module's registered parameter: (shape), param_dtype, a view of the unit's storage
+  int64_t unsharded_offset = 0;  // where it starts in that storage (elements)
+  at::Tensor sharded;            // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen
+  at::Tensor accumulated;        // (shape) fp32, no-sync accumulation; undefined when unused
 };
 
 enum class GroupState { kSharded, kGathering, kUnsharded };
@@ -138,7 +140,8 @@ class ParamGroup {
 
  private:
   void log(const char* what) const;
-  void copy_out(const at::Tensor& gathered);  // (W * S) param_dtype -> every param's buffer
+  void copy_out(const at::Tensor& gathered);             // (W * S) param_dtype -> every param's unsharded rows
+  at::Tensor unsharded_of(const ShardedParam& p) const;  // (numel) of unsharded_ that p views
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
   at::Tensor shard_of(const ShardedParam& p) const;  // (shard_numel) in flat_shard_ or frozen_shard_
 
@@ -151,6 +154,7 @@ class ParamGroup {
   at::Tensor flat_shard_;    // (S_trainable) fp32 master weights on the shard device
   at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
   at::Tensor flat_grad_;     // (S_trainable) fp32 on the shard device
+  at::Tensor unsharded_;     // (sum of numel) param_dtype on the device: every parameter's full value
   GroupState state_ = GroupState::kSharded;
   struct PendingGather {
     dist::Work work;

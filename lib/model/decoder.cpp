@@ -15,6 +15,7 @@
 #include "model/chunked_loss.h"
 #include "model/fused_ops.h"
 #include "model/lora_layer.h"
+#include "model/stacked_weights.h"
 #include "util/env.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -87,6 +88,16 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("LlamaRMSNorm"), eps(e) {
   weight = register_parameter("weight", at::ones({dim}));
 }
+
+namespace {
+
+// y, a projection's product, plus its adapter's part when it has one (model/lora_layer.h).
+at::Tensor with_lora(const torch::nn::Linear& l, const at::Tensor& x, const at::Tensor& y) {
+  const at::Tensor delta = lora_delta(l, x);
+  return delta.defined() ? y + delta : y;
+}
+
+}  // namespace
 
 bool fused_kernels_enabled() {
   static const bool enabled = !env_is("FSDPTRAIN_FUSED", "0");
@@ -165,20 +176,34 @@ at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window) {
 LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, const at::Tensor& cos,
                                                           const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
-  at::Tensor q = lora_linear(q_proj, x).view({b, t, heads, head_dim});  // (B, T, H, D)
-  at::Tensor k = lora_linear(k_proj, x).view({b, t, kv_heads, head_dim});
+  auto [q_flat, k_flat, v_flat] = project_qkv(x);
+  at::Tensor q = q_flat.view({b, t, heads, head_dim});  // (B, T, H, D)
+  at::Tensor k = k_flat.view({b, t, kv_heads, head_dim});
+  const at::Tensor v = v_flat.view({b, t, kv_heads, head_dim}).transpose(1, 2);
   if (q_norm) {  // Qwen3: each head normalized before the rotation
     q = q_norm(q);
     k = k_norm(k);
   }
   if (x.is_cpu() && fused_kernels_enabled() && cos.dim() == 2) {  // q and k in one pass (not packed rows)
     auto [rq, rk] = fused_rotary(q, k, cos, sin);
-    return {rq.transpose(1, 2), rk.transpose(1, 2),
-            lora_linear(v_proj, x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
+    return {rq.transpose(1, 2), rk.transpose(1, 2), v};
   }
   return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
           apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
-          lora_linear(v_proj, x).view({b, t, kv_heads, head_dim}).transpose(1, 2)};
+          v};
+}
+
+// One product for q, k and v when fully_shard laid their weights end to end (model/stacked_weights.h),
+// three otherwise or on the reference path. Adapters add their own parts to each.
+std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
+  if (fused_kernels_enabled())
+    if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
+      const at::Tensor y = at::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
+      const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
+      return {with_lora(q_proj, x, y.narrow(-1, 0, qn)), with_lora(k_proj, x, y.narrow(-1, qn, kn)),
+              with_lora(v_proj, x, y.narrow(-1, qn + kn, kn))};
+    }
+  return {lora_linear(q_proj, x), lora_linear(k_proj, x), lora_linear(v_proj, x)};
 }
 
 // Packed rows on a GPU in bf16/fp16: LibTorch's variable-length flash attention (the kernel SDPA
@@ -255,9 +280,20 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP")
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  if (x.is_cpu() && fused_kernels_enabled())
-    return lora_linear(down_proj, fused_swiglu(lora_linear(gate_proj, x), lora_linear(up_proj, x)));
-  return lora_linear(down_proj, at::silu(lora_linear(gate_proj, x)) * lora_linear(up_proj, x));
+  auto swiglu = [&](const at::Tensor& gate, const at::Tensor& up) {
+    return x.is_cpu() && fused_kernels_enabled() ? fused_swiglu(gate.contiguous(), up.contiguous())
+                                                 : at::silu(gate) * up;
+  };
+  // gate and up as one product when fully_shard laid their weights end to end (model/stacked_weights.h).
+  const auto w = fused_kernels_enabled() ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
+  if (!w) return lora_linear(down_proj, swiglu(lora_linear(gate_proj, x), lora_linear(up_proj, x)));
+  const at::Tensor gate_up = at::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
+  const int64_t f = gate_proj->weight.size(0);
+  const at::Tensor gate_delta = lora_delta(gate_proj, x), up_delta = lora_delta(up_proj, x);
+  if (x.is_cpu() && !gate_delta.defined() && !up_delta.defined())
+    return lora_linear(down_proj, fused_swiglu(gate_up));  // reads gate and up from the one block
+  return lora_linear(down_proj, swiglu(with_lora(gate_proj, x, gate_up.narrow(-1, 0, f)),
+                                       with_lora(up_proj, x, gate_up.narrow(-1, f, f))));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)

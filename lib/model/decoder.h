@@ -21,6 +21,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -95,6 +96,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
     at::Tensor q, k, v;  // (B, H, T, D) rotated, (B, K, T, D) rotated, (B, K, T, D)
   };
   Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);  // (B, T, H * D), (B, T, K * D) twice
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed = {});
   at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packed& packed);
 };

@@ -28,6 +28,8 @@ TORCH_MODULE(LoraDown);
 // l(x), plus scaling * lora_B(lora_A(dropout(x))) when add_lora gave `l` the children lora_A and
 // lora_B. Dropout only in training mode.
 at::Tensor lora_linear(const torch::nn::Linear& l, const at::Tensor& x);
+// The adapter's part alone: scaling * lora_B(lora_A(dropout(x))), undefined when `l` has none.
+at::Tensor lora_delta(const torch::nn::Linear& l, const at::Tensor& x);
 
 // Whether a parameter name is an adapter's (".lora_A." or ".lora_B.").
 bool is_lora_parameter(const std::string& name);

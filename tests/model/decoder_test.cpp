@@ -11,6 +11,7 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "model/chunked_loss.h"
+#include "model/stacked_weights.h"
 #include "support/error_of.h"
 #include "tiny_config.h"
 #include "util/error.h"
@@ -493,4 +494,66 @@ TEST_CASE("packed records: loss and gradients equal the records' run one at a ti
   for (size_t i = 0; i < got.size(); ++i) CHECK(at::allclose(got[i], want[i], 1e-4, 1e-6));
   // Without the packing the records see each other: another loss, so the check above can tell.
   CHECK(m->loss_sum(row(tokens), row(targets)).item<double>() != doctest::Approx(alone).epsilon(1e-3));
+}
+
+TEST_CASE("stacked_weights: adjacent weights are one block over their storage, their gradients split back") {
+  const at::Tensor storage = at::randn({10 * 3}, at::kFloat);
+  auto part = [&](int64_t offset, int64_t rows) {
+    return storage.as_strided({rows, 3}, {3, 1}, offset).detach().requires_grad_();
+  };
+  const at::Tensor a = part(0, 4), b = part(12, 2), c = part(18, 4);
+  const auto block = stacked_weights({a, b, c});
+  REQUIRE(block.has_value());
+  CHECK(block->data_ptr() == a.data_ptr());  // a view: no copy
+  CHECK(at::equal(*block, at::cat({a, b, c}, 0)));
+  const at::Tensor x = at::randn({5, 3});
+  const at::Tensor g = at::randn({5, 10});
+  (at::linear(x, *block) * g).sum().backward();
+  CHECK(at::allclose(a.grad(), g.narrow(1, 0, 4).t().mm(x)));
+  CHECK(at::allclose(b.grad(), g.narrow(1, 4, 2).t().mm(x)));
+  CHECK(at::allclose(c.grad(), g.narrow(1, 6, 4).t().mm(x)));
+  CHECK_FALSE(stacked_weights({a, c}).has_value());                                     // a gap
+  CHECK_FALSE(stacked_weights({b, a}).has_value());                                     // out of order
+  CHECK_FALSE(stacked_weights({a, at::randn({2, 3})}).has_value());                     // another storage
+  CHECK_FALSE(stacked_weights({part(0, 4), part(12, 3).narrow(1, 0, 2)}).has_value());  // not contiguous
+  CHECK(at::equal(stacked_biases({at::ones({2}), at::zeros({1})}), at::tensor({1.f, 1.f, 0.f})));
+  CHECK_FALSE(stacked_biases({at::Tensor(), at::Tensor()}).defined());
+}
+
+TEST_CASE(
+    "under fully_shard q/k/v and gate/up are one block each, with the loss and gradients of one product per weight") {
+  torch::manual_seed(2);
+  for (const bool qwen2 : {false, true}) {
+    INFO("attention bias (Qwen2): " << qwen2);
+    LlamaConfig c = tiny();
+    c.attention_bias = qwen2;
+    LlamaForCausalLM plain = build(c, 4), sharded_model = build(c, 4);
+    auto sharded = fully_shard(*sharded_model, llama_traits(c),
+                               DeviceMesh{dist::make_single_process_group(), std::nullopt}, FsdpOptions{});
+    const auto params = sharded_model->named_parameters();
+    for (const std::string prefix : {"model.layers.1.self_attn.", "model.layers.1.mlp."}) {
+      const bool attn = prefix.find("attn") != std::string::npos;
+      const std::vector<std::string> names = attn ? std::vector<std::string>{"q_proj", "k_proj", "v_proj"}
+                                                  : std::vector<std::string>{"gate_proj", "up_proj"};
+      for (size_t i = 1; i < names.size(); ++i) {
+        const at::Tensor& before = params[prefix + names[i - 1] + ".weight"];
+        const at::Tensor& w = params[prefix + names[i] + ".weight"];
+        CHECK(w.storage().is_alias_of(before.storage()));
+        CHECK(w.storage_offset() == before.storage_offset() + before.numel());
+      }
+    }
+    const at::Tensor tokens = at::randint(0, c.vocab_size, {2, 6}, at::kLong);
+    const at::Tensor expected = plain->loss(tokens, tokens);
+    expected.backward();
+    const at::Tensor got = sharded->forward(
+        {tokens}, [&](const TensorList& in) { return TensorList{sharded_model->loss(in[0], in[0])}; })[0];
+    got.backward();
+    CHECK(got.item<double>() == doctest::Approx(expected.item<double>()).epsilon(1e-6));
+    const auto grads = sharded->gather_full_gradients();
+    const auto plain_params = plain->named_parameters();
+    for (const auto& [name, g] : grads) {
+      INFO(name);
+      CHECK(at::allclose(g, plain_params[name].grad(), 1e-5, 1e-6));
+    }
+  }
 }
