@@ -92,6 +92,9 @@ struct FsdpConfig {
   std::optional<ShardingStrategy> sharding_strategy;  // fsdp_sharding_strategy (FSDP1)
   // A strategy name written in fsdp_reshard_after_forward, as Accelerate's wizard does for FSDP1.
   std::optional<ShardingStrategy> reshard_after_forward_strategy;
+  // An integer N >= 2 written there: FSDP2's partial resharding (stay sharded over N ranks between
+  // forward and backward); in an FSDP1 file, Accelerate's strategy number (2-5). 0: none.
+  int reshard_after_forward_size = 0;
   bool offload_params = false;
   WrapPolicy auto_wrap_policy = WrapPolicy::kTransformerBasedWrap;
   std::vector<std::string> transformer_layer_cls_to_wrap;  // empty = the model's declared layer classes
@@ -231,6 +234,7 @@ struct FsdpLayout {
   bool reshard_after_forward = true;
   int replicate_size = 1;
   int shard_size = 1;
+  int post_forward_size = 0;  // partial resharding: N ranks of each shard group (1 < N < shard_size); 0: none
   // "FSDP2, reshard_after_forward=true, sharded over 8 ranks"; FSDP1 files say so, and what the
   // built-in trainer runs instead.
   std::string describe() const;

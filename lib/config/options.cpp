@@ -157,8 +157,10 @@ Row ignored(const std::string& key, const std::string& why) {
   return Row(key, ValueType::kIgnored).help("accepted for compatibility with Accelerate and ignored: " + why);
 }
 
-// fsdp_reshard_after_forward holds a boolean in FSDP2, but Accelerate's wizard stores the FSDP1
-// sharding strategy there (reference §1.6 Q1). Accept both; canonical: "true"/"false" or a strategy name.
+// fsdp_reshard_after_forward holds a boolean in FSDP2, or an integer N >= 2 (partial resharding over
+// N ranks, fully_shard(reshard_after_forward=N)); Accelerate's wizard stores the FSDP1 sharding
+// strategy there (reference §1.6 Q1), by name or as 1-5. Accept all; canonical: "true"/"false", a
+// strategy name, or the integer, which fsdp_version decides the meaning of (FsdpConfig).
 std::optional<std::string> parse_reshard(const RawValue& raw, std::string* error) {
   if (raw.shape != RawValue::Shape::kScalar) {
     *error = "expected true or false";
@@ -167,18 +169,22 @@ std::optional<std::string> parse_reshard(const RawValue& raw, std::string* error
   const std::string t = trim(raw.text);
   if (t == "0" || t == "1") return std::string(t == "1" ? "true" : "false");
   if (auto b = parse_bool(t)) return std::string(*b ? "true" : "false");
-  if (auto n = parse_int(t); n && *n >= 1 && *n <= 5) return std::string(kShardingStrategyNames[*n - 1]);
+  if (auto n = parse_int(t); n && *n >= 2) return std::to_string(*n);
   for (const char* name : kShardingStrategyNames)
     if (to_upper(t) == name) return std::string(name);
-  *error = str("expected true or false (or, in an FSDP1 config, a sharding strategy: ",
-               join(enum_names(kShardingStrategyNames), ", "), "), got ", quoted(t));
+  *error =
+      str("expected true, false, or a number of ranks N >= 2 to stay sharded over between forward and "
+          "backward (or, in an FSDP1 config, a sharding strategy: ",
+          join(enum_names(kShardingStrategyNames), ", "), "), got ", quoted(t));
   return std::nullopt;
 }
 
-// ... and fills two members: the boolean, or (FSDP1) the strategy named there.
+// ... and fills three members: the boolean, the strategy named there (FSDP1), or the integer.
 void apply_reshard(Config& c, const std::string& v) {
   c.fsdp.reshard_after_forward_strategy = enum_from_name<ShardingStrategy>(v, kShardingStrategyNames);
-  if (v == "true" || v == "false") c.fsdp.reshard_after_forward = v == "true";
+  const std::optional<int64_t> n = parse_int(v);
+  c.fsdp.reshard_after_forward_size = n ? static_cast<int>(*n) : 0;
+  if (v == "true" || v == "false" || n) c.fsdp.reshard_after_forward = v != "false";
 }
 
 // Who reads each option (OptionSpec::used_by). The trainer's own sections are all the trainer's.
@@ -400,7 +406,9 @@ std::vector<OptionSpec> build_table() {
           .env("FSDP_RESHARD_AFTER_FORWARD")
           .parse(parse_reshard)
           .def("true")
-          .help("Free each unit's gathered parameters after its forward (true) or keep them for backward (false)")
+          .help("Free each unit's gathered parameters after its forward (true), keep them for backward (false), or "
+                "(FSDP2) keep them sharded over N ranks, a divisor of the shard group such as one machine's GPUs, so "
+                "backward gathers inside those N")
           .apply(apply_reshard),
       Row("fsdp_config.fsdp_sharding_strategy", V::kEnum)
           .flag("fsdp_sharding_strategy")

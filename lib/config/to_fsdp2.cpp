@@ -191,14 +191,16 @@ std::optional<ShardingStrategy> effective_strategy(Conversion& c) {
   const Entry& r = *c.reshard_entry;
   const std::string v = canonical_value(r, c.file);
   const bool is_bool = v == "true" || v == "false";
-  const std::optional<ShardingStrategy> named = enum_from_name<ShardingStrategy>(v, kShardingStrategyNames);
+  std::optional<ShardingStrategy> named = enum_from_name<ShardingStrategy>(v, kShardingStrategyNames);
+  if (const std::optional<long long> n = parse_int(v); !named && n && *n >= 2 && *n <= 5)  // Accelerate's 1-5
+    named = static_cast<ShardingStrategy>(*n - 1);
   if (strategy && named && *named != *strategy)
     throw InputError(str(where(c.file, r.line, r.col), ": fsdp_config.", r.raw_key, ": names the strategy ",
                          enum_name(*named, kShardingStrategyNames), " but fsdp_sharding_strategy is ",
                          enum_name(*strategy, kShardingStrategyNames), "; keep one of the two keys"));
   if (strategy && is_bool)
-    c.result.notes.push_back(str("fsdp_config.", r.raw_key,
-                                 ": FSDP1 ignored this boolean; the strategy in fsdp_sharding_strategy decides"));
+    c.result.notes.push_back(
+        str("fsdp_config.", r.raw_key, ": FSDP1 ignored this boolean; the strategy in fsdp_sharding_strategy decides"));
   if (!strategy && named) return named;
   if (!strategy && is_bool) return v == "true" ? ShardingStrategy::kFullShard : ShardingStrategy::kShardGradOp;
   return strategy;
@@ -249,11 +251,15 @@ void convert_strategy(Conversion& c) {
     if (other && other != keep) c.erase(*other);
 }
 
-std::string scalar_of(const Entry& e) { return e.value.IsScalar() ? trim(e.value.Scalar()) : ""; }
+std::string scalar_of(const Entry& e) {
+  return e.value.IsScalar() ? trim(e.value.Scalar()) : "";
+}
 
 // ---- The rules for FSDP1 keys, one per key; keys not listed are renamed to their full name. ----
 
-void rule_version(Conversion& c, const Entry& e) { c.rewrite_line(e, "fsdp_version", "2"); }
+void rule_version(Conversion& c, const Entry& e) {
+  c.rewrite_line(e, "fsdp_version", "2");
+}
 
 void rule_backward_prefetch(Conversion& c, const Entry& e) {
   c.drop(e, "FSDP2 always prefetches the next unit's all-gather in backward");
@@ -330,8 +336,8 @@ void rule_other(Conversion& c, const Entry& e) {
 void convert_keys(Conversion& c) {
   for (const auto& e : c.entries) {
     if (&e == c.strategy_entry || &e == c.reshard_entry) continue;
-    auto rule = std::find_if(std::begin(kKeyRules), std::end(kKeyRules),
-                             [&](const KeyRule& r) { return e.key == r.key; });
+    auto rule =
+        std::find_if(std::begin(kKeyRules), std::end(kKeyRules), [&](const KeyRule& r) { return e.key == r.key; });
     (rule == std::end(kKeyRules) ? rule_other : rule->apply)(c, e);
   }
 }
@@ -339,11 +345,11 @@ void convert_keys(Conversion& c) {
 void append_parallelism(Conversion& c);
 
 // Whether an entry of an FSDP2 file is FSDP1's: a key FSDP2 does not have, or a strategy name
-// where FSDP2 expects reshard_after_forward's boolean.
+// where FSDP2 expects reshard_after_forward's boolean or number of ranks (partial resharding).
 bool is_stray_fsdp1(Conversion& c, const Entry& e) {
   if (e.key == "fsdp_reshard_after_forward") {
     const std::string v = canonical_value(e, c.file);
-    return v != "true" && v != "false" && !v.empty();
+    return v != "true" && v != "false" && !v.empty() && !parse_int(v);
   }
   const OptionSpec* spec = find_option("fsdp_config." + e.key);
   return spec != nullptr && spec->versions == FsdpVersions::kV1Only;
@@ -359,7 +365,7 @@ void convert_stray_fsdp1_keys(Conversion& c) {
   if (s && reshard_is_bool) {
     const ShardingStrategy strategy =
         *enum_from_name<ShardingStrategy>(canonical_value(*s, c.file), kShardingStrategyNames);
-    const bool reshard = canonical_value(*r, c.file) == "true";
+    const bool reshard = canonical_value(*r, c.file) != "false";  // true, or N ranks: it reshards
     if (reshards_after_forward(strategy) != reshard || is_hybrid(strategy))
       throw InputError(str(where(c.file, s->line, s->col), ": fsdp_config.", s->raw_key, ": ",
                            enum_name(strategy, kShardingStrategyNames), " disagrees with fsdp_reshard_after_forward: ",
@@ -370,8 +376,8 @@ void convert_stray_fsdp1_keys(Conversion& c) {
   }
   for (const auto& e : c.entries) {
     if (&e == c.strategy_entry || &e == c.reshard_entry || !is_stray_fsdp1(c, e)) continue;
-    auto rule = std::find_if(std::begin(kKeyRules), std::end(kKeyRules),
-                             [&](const KeyRule& k) { return e.key == k.key; });
+    auto rule =
+        std::find_if(std::begin(kKeyRules), std::end(kKeyRules), [&](const KeyRule& k) { return e.key == k.key; });
     if (rule != std::end(kKeyRules)) rule->apply(c, e);
   }
   if (c.hsdp) append_parallelism(c);
@@ -461,7 +467,8 @@ ToFsdp2Result convert_to_fsdp2(const std::string& text, const std::string& file)
   read_entries(c, *fsdp);
   // A string "2" counts (Accelerate compares to the int and converts again).
   if (const Entry* v = c.find("fsdp_version"); v && v->value.IsScalar() && trim(v->value.Scalar()) == "2") {
-    const bool stray = std::any_of(c.entries.begin(), c.entries.end(), [&](const Entry& e) { return is_stray_fsdp1(c, e); });
+    const bool stray =
+        std::any_of(c.entries.begin(), c.entries.end(), [&](const Entry& e) { return is_stray_fsdp1(c, e); });
     if (!stray) {
       c.result.notes.push_back("fsdp_config.fsdp_version is already 2: nothing to convert");
       return c.result;

@@ -83,6 +83,39 @@ void check_launch(Checker& c) {
   }
 }
 
+// fsdp_reshard_after_forward: N in an FSDP2 file: a divisor of the shard group, best one machine's
+// processes (backward's gathers then stay inside a machine).
+void check_partial_reshard(Checker& c) {
+  const Config& cfg = c.rc.typed;
+  const int n = cfg.fsdp.reshard_after_forward_size, shard = effective_fsdp_layout(cfg).shard_size;
+  const char* key = "fsdp_config.fsdp_reshard_after_forward";
+  std::vector<std::string> divisors;
+  for (int d = 2; d < shard; ++d)
+    if (shard % d == 0) divisors.push_back(std::to_string(d));
+  const std::string choices = divisors.empty() ? str("true or false (", shard, " ranks have no divisor between)")
+                                               : str(join(divisors, ", "), ", or true / false");
+  // `accelerate to-fsdp2` copies FSDP1's strategy number here (2 = SHARD_GRAD_OP): say what it meant.
+  const std::string legacy =
+      n <= 5 ? str("; if `accelerate to-fsdp2` wrote this file, ", n, " is FSDP1's strategy ",
+                   kShardingStrategyNames[n - 1], ", which is ",
+                   reshards_after_forward(static_cast<ShardingStrategy>(n - 1)) ? "true" : "false", " here")
+             : "";
+  if (n > shard || shard % n != 0) {
+    c.error(key, str("is ", n, " ranks, which does not divide the shard group's ", plural(shard, "rank"), legacy),
+            str("use one of ", choices));
+    return;
+  }
+  // As fully_shard: the whole group is not partial resharding (it is true), and may be a misreading.
+  if (n == shard)
+    c.error(key, str("is the whole shard group (", plural(shard, "rank"), "), which is not partial resharding", legacy),
+            divisors.empty() ? "write true" : str("write true, or one of ", join(divisors, ", ")));
+  const int per_machine = cfg.launch.processes_per_machine();
+  if (n < shard && cfg.launch.num_machines > 1 && n > per_machine)
+    c.warning(key,
+              str(n, " ranks span machines (", per_machine, " processes each): backward's gathers cross the network"),
+              str("use ", per_machine, " to keep them inside a machine"));
+}
+
 void check_fsdp(Checker& c) {
   const Config& cfg = c.rc.typed;
   const FsdpConfig& f = cfg.fsdp;
@@ -108,6 +141,12 @@ void check_fsdp(Checker& c) {
                   enum_name(*f.reshard_after_forward_strategy, kShardingStrategyNames)),
               c.to_fsdp2_hint());
   } else {
+    if (f.reshard_after_forward_size > 5)
+      c.error("fsdp_config.fsdp_reshard_after_forward",
+              str("is ", f.reshard_after_forward_size,
+                  ", but an FSDP1 config numbers sharding strategies 1-5 there; a number of ranks to stay sharded "
+                  "over after forward is FSDP2's partial resharding"),
+              c.to_fsdp2_hint());
     if (f.sharding_strategy && f.reshard_after_forward_strategy &&
         *f.sharding_strategy != *f.reshard_after_forward_strategy)
       c.error("fsdp_config.fsdp_reshard_after_forward",
@@ -144,6 +183,7 @@ void check_fsdp(Checker& c) {
       c.error("fsdp_config.fsdp_ignored_modules", str("is not a valid regular expression: ", e.what()));
     }
   }
+  if (v2 && f.reshard_after_forward_size > 0) check_partial_reshard(c);
   if (!v2) {
     if (is_hybrid(f.fsdp1_strategy()) && cfg.launch.num_machines == 1)
       c.warning(f.sharding_strategy ? "fsdp_config.fsdp_sharding_strategy" : "fsdp_config.fsdp_reshard_after_forward",
@@ -307,6 +347,19 @@ void validate_config(const ResolvedConfig& rc, Diagnostics& diags) {
 std::string FsdpLayout::describe() const {
   if (!sharded) return "no sharding (parameters replicated on every process)";
   std::string layout = str("reshard_after_forward=", reshard_after_forward ? "true" : "false", ", ");
+  if (post_forward_size > 0) {  // the groups of each shard group: consecutive ranks
+    const int groups = replicate_size * shard_size / post_forward_size;
+    std::vector<std::string> shown;
+    for (int g = 0; g < groups; ++g) {
+      if (groups > 4 && g == 2) {
+        shown.push_back("...");
+        g = groups - 2;
+      }
+      shown.push_back(str(g * post_forward_size, "-", (g + 1) * post_forward_size - 1));
+    }
+    layout = str("reshard_after_forward=", post_forward_size,
+                 " (between forward and backward each unit stays sharded over ", "ranks ", join(shown, ", "), "), ");
+  }
   if (replicate_size > 1)
     layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
   else
@@ -332,6 +385,8 @@ FsdpLayout effective_fsdp_layout(const Config& config) {
     bool all_one = p.dp_replicate_size == 1 && p.dp_shard_size == 1;
     layout.replicate_size = all_one ? 1 : p.dp_replicate_size;
     layout.shard_size = all_one ? world : p.dp_shard_size;
+    const int n = config.fsdp.reshard_after_forward_size;
+    if (n > 1 && n < layout.shard_size && layout.shard_size % n == 0) layout.post_forward_size = n;
     return layout;
   }
   const int machines = std::max(1, config.launch.num_machines);

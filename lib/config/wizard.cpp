@@ -54,6 +54,9 @@ const std::vector<WizardQuestionInfo>& questions() {
       {"fsdp_config.fsdp_sync_module_states",
        "Do you want to sync module states (broadcast rank 0's weights at start)?"},
       {"fsdp_config.fsdp_activation_checkpointing", "Do you want to enable FSDP activation checkpointing?"},
+      {"use_partial_reshard",
+       "Between forward and backward, keep each layer sharded over one machine's processes only (partial "
+       "resharding: backward's all-gathers stay inside the machine, for that fraction of each layer's memory)?"},
       {"use_parallelism_config",
        "Do you want to use hybrid sharding (HSDP: shard within groups of ranks, replicate across groups)?"},
       {"parallelism_config.parallelism_config_dp_replicate_size", "How many replicas (dp_replicate_size)?"},
@@ -108,10 +111,11 @@ class Wizard {
   std::string ask_wrap_policy();
   void ask_hsdp();
   void ask_processes();
+  void ask_partial_reshard();
   void ask_trainer();
   WizardResult finish();
 
-  bool distributed_ = false, cpu_ = false;
+  bool distributed_ = false, cpu_ = false, reshard_ = false;
   int machines_ = 1, replicate_ = 1, shard_ = 1, procs_ = 1;
 
   std::istream& in_;
@@ -231,6 +235,7 @@ WizardResult Wizard::run() {
   set("distributed_type", fsdp ? "FSDP" : distributed_ ? (cpu_ ? "MULTI_CPU" : "MULTI_GPU") : "NO");
   if (fsdp) ask_fsdp();
   ask_processes();
+  if (fsdp) ask_partial_reshard();
   set("mixed_precision", ask_choice("mixed_precision", {"no", "fp16", "bf16"}, "no"));
   ask_trainer();
   return finish();
@@ -260,8 +265,8 @@ void Wizard::ask_trainer() {
 }
 
 bool Wizard::ask_machines() {
-  const std::string machine =
-      ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"}, gpus_ > 0 ? "multi-GPU" : "multi-CPU");
+  const std::string machine = ask_choice("machine_type", {"No distributed training", "multi-CPU", "multi-GPU"},
+                                         gpus_ > 0 ? "multi-GPU" : "multi-CPU");
   distributed_ = machine != "No distributed training";
   cpu_ = machine == "multi-CPU";
   set_bool("use_cpu", cpu_);
@@ -287,7 +292,7 @@ void Wizard::ask_fsdp() {
   const bool v2 = version == "2";
   set("fsdp_config.fsdp_version", version);
   if (v2)
-    ask_and_set("fsdp_config.fsdp_reshard_after_forward", true);
+    reshard_ = ask_and_set("fsdp_config.fsdp_reshard_after_forward", true);
   else
     set("fsdp_config.fsdp_sharding_strategy",
         ask_choice("fsdp_config.fsdp_sharding_strategy", enum_names(kShardingStrategyNames), "FULL_SHARD"));
@@ -304,7 +309,9 @@ void Wizard::ask_fsdp() {
     ask_and_set("fsdp_config.fsdp_use_orig_params", true);
   }
   const bool efficient = ask_and_set("fsdp_config.fsdp_cpu_ram_efficient_loading", true);
-  if (!v2) set_bool("fsdp_config.fsdp_sync_module_states", efficient || ask_yes_no("fsdp_config.fsdp_sync_module_states", true));
+  if (!v2)
+    set_bool("fsdp_config.fsdp_sync_module_states",
+             efficient || ask_yes_no("fsdp_config.fsdp_sync_module_states", true));
   set_bool("fsdp_config.fsdp_activation_checkpointing",
            policy != "NO_WRAP" && ask_yes_no("fsdp_config.fsdp_activation_checkpointing", false));
   if (v2 && ask_yes_no("use_parallelism_config", false)) ask_hsdp();
@@ -355,6 +362,16 @@ void Wizard::ask_processes() {
         return n >= per_machine ? std::string()
                                 : str("each machine runs ", per_machine, " processes: list that many GPUs");
       }));
+}
+
+// FSDP2 over several machines: fsdp_reshard_after_forward may name one machine's processes instead
+// of true (asked once the process count is known).
+void Wizard::ask_partial_reshard() {
+  const int per_machine = procs_ / machines_, shard = replicate_ * shard_ > 1 ? shard_ : procs_;
+  if (!reshard_ || machines_ < 2 || per_machine < 2 || shard <= per_machine || shard % per_machine != 0) return;
+  if (!ask_yes_no("use_partial_reshard", false)) return;
+  for (auto& [key, value] : values_)
+    if (key == "fsdp_config.fsdp_reshard_after_forward") value = std::to_string(per_machine);
 }
 
 // The answers as a config file, validated so a bug in the wizard's own checks cannot write a bad file.

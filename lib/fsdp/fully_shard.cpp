@@ -99,18 +99,30 @@ std::vector<std::string> choose_units(
 
 }  // namespace
 
-DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size) {
+DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size, int post_forward_size) {
   FSDP_CHECK(replicate_size >= 1 && shard_size >= 1 && replicate_size * shard_size == world.size(),
              "[fsdp] parallelism_config: dp_replicate_size ", replicate_size, " x dp_shard_size ", shard_size,
              " must equal the number of processes, ", world.size());
-  if (replicate_size == 1) return DeviceMesh{world, std::nullopt};
+  FSDP_CHECK(post_forward_size == 0 || (post_forward_size >= 1 && shard_size % post_forward_size == 0),
+             "[fsdp] fsdp_reshard_after_forward: ", post_forward_size, " must divide the shard group's size, ",
+             shard_size);
+  DeviceMesh mesh(world);
   const int replica = world.rank() / shard_size, index = world.rank() % shard_size;
-  std::vector<int> shard_ranks, replicate_ranks;
-  for (int i = 0; i < shard_size; ++i) shard_ranks.push_back(replica * shard_size + i);
-  for (int j = 0; j < replicate_size; ++j) replicate_ranks.push_back(j * shard_size + index);
-  dist::ProcessGroup shard = world.new_group(shard_ranks);
-  dist::ProcessGroup replicate = world.new_group(replicate_ranks);
-  return DeviceMesh{shard, replicate};
+  if (replicate_size > 1) {
+    std::vector<int> shard_ranks, replicate_ranks;
+    for (int i = 0; i < shard_size; ++i) shard_ranks.push_back(replica * shard_size + i);
+    for (int j = 0; j < replicate_size; ++j) replicate_ranks.push_back(j * shard_size + index);
+    mesh.shard = world.new_group(shard_ranks);
+    mesh.replicate = world.new_group(replicate_ranks);
+  }
+  // 1 would keep everything gathered (reshard_after_forward: false) and shard_size resharding whole.
+  if (post_forward_size > 1 && post_forward_size < shard_size) {
+    std::vector<int> ranks;
+    const int first = replica * shard_size + index / post_forward_size * post_forward_size;
+    for (int i = 0; i < post_forward_size; ++i) ranks.push_back(first + i);
+    mesh.post_forward = world.new_group(ranks);
+  }
+  return mesh;
 }
 
 namespace {
@@ -242,6 +254,9 @@ TensorList ShardedModel::pre_forward(size_t unit, const TensorList& inputs) {
   if (unit == 0) {  // the root's forward is the whole model's: a new step
     forward_order_.clear();
     post_forward_order_.clear();
+    // A post-forward share whose backward never ran may predate an optimizer step: gather afresh.
+    for (auto& g : groups_)
+      if (g->state() == GroupState::kPartial) g->reshard();
   }
   forward_order_.push_back(unit);
   groups_[unit]->wait_for_unshard();
@@ -262,8 +277,12 @@ void ShardedModel::post_forward(size_t unit, const TensorList& outputs) {
   const bool root = unit == 0, grad = c10::GradMode::is_enabled();
   bool needs_backward = false;
   for (const at::Tensor& t : outputs) needs_backward = needs_backward || (grad && t.defined() && t.requires_grad());
-  // The root stays gathered for backward, which starts with it (FSDP2 does the same).
-  if (!needs_backward || (options_.reshard_after_forward && !root)) groups_[unit]->reshard();
+  // The root stays gathered for backward, which starts with it (FSDP2 does the same). With a
+  // post-forward group a unit keeps that group's share of its parameters for backward.
+  if (!needs_backward)
+    groups_[unit]->reshard();
+  else if (options_.reshard_after_forward && !root)
+    groups_[unit]->reshard_after_forward();
   if (needs_backward)
     for (const at::Tensor& t : outputs)
       if (t.defined() && t.requires_grad()) t.register_hook([this, unit](const at::Tensor&) { pre_backward(unit); });

@@ -153,29 +153,36 @@ void ParamGroup::log(const char* what) const {
 }
 
 void ParamGroup::unshard() {
-  if (state_ != GroupState::kSharded) return;
+  if (state_ != GroupState::kSharded && state_ != GroupState::kPartial) return;
   RECORD_USER_SCOPE(str("fsdp gather ", display_name()));
+  const bool partial = state_ == GroupState::kPartial;
   state_ = GroupState::kGathering;
   if (params_.empty()) return;
-  log("gather");
+  log(partial ? "gather post-forward" : "gather");
   const int world = mesh_->shard.size();
   if (mesh_->shard.is_local()) return;  // wait_for_unshard copies the shard in; no collective
   c10::NoGradGuard no_grad;
   at::Tensor out = at::empty({world * shard_numel_},
                              at::TensorOptions().dtype(options_.mixed_precision.param_dtype).device(options_.device));
+  if (partial) {  // this rank's share holds W/N ranks' rows; the group's N shares are all W rows, in order
+    at::Tensor in = std::move(post_forward_);
+    pending_gather_ = PendingGather{
+        mesh_->post_forward->all_gather(out, in, "gather " + display_name() + " (post-forward)"), out, in};
+    return;
+  }
   // In-place gather: this rank's slot of the output is the input (cast, and copied from host memory
   // when offloaded).
   at::Tensor in = out.narrow(0, mesh_->shard.rank() * shard_numel_, shard_numel_);
   in.narrow(0, 0, trainable_numel_).copy_(flat_shard_, /*non_blocking=*/options_.offload_params);
   in.narrow(0, trainable_numel_, shard_numel_ - trainable_numel_)
       .copy_(frozen_shard_, /*non_blocking=*/options_.offload_params);
-  pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in, "gather " + display_name()), out};
+  pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in, "gather " + display_name()), out, at::Tensor()};
 }
 
 void ParamGroup::wait_for_unshard() {
   if (state_ == GroupState::kUnsharded) return;
   RECORD_USER_SCOPE(str("fsdp wait gather ", display_name()));
-  if (state_ == GroupState::kSharded) unshard();
+  if (state_ == GroupState::kSharded || state_ == GroupState::kPartial) unshard();
   c10::NoGradGuard no_grad;
   alloc_storage(unsharded_, static_cast<size_t>(unsharded_.numel()) * unsharded_.element_size());
   if (pending_gather_) {
@@ -199,7 +206,11 @@ at::Tensor ParamGroup::unsharded_of(const ShardedParam& p) const {
 }
 
 void ParamGroup::reshard() {
-  if (state_ == GroupState::kSharded) return;
+  post_forward_ = at::Tensor();
+  if (state_ == GroupState::kSharded || state_ == GroupState::kPartial) {
+    state_ = GroupState::kSharded;
+    return;
+  }
   if (state_ == GroupState::kGathering) {
     // A prefetch that was not used: the collective is in flight on every rank, so it must finish.
     if (pending_gather_) pending_gather_->work.wait();
@@ -210,6 +221,27 @@ void ParamGroup::reshard() {
   free_storage(unsharded_);
   state_ = GroupState::kSharded;
   if (!params_.empty()) log("free");
+}
+
+void ParamGroup::reshard_after_forward() {
+  if (!mesh_->post_forward || state_ != GroupState::kUnsharded || params_.empty()) return reshard();
+  RECORD_USER_SCOPE(str("fsdp keep post-forward share ", display_name()));
+  c10::NoGradGuard no_grad;
+  // Rows [j * W/N, (j + 1) * W/N) of the (W, S) the shard group's gather produced, rebuilt from the
+  // full parameters: j is this rank's place in its post-forward group.
+  const int64_t rows = mesh_->shard.size() / mesh_->post_forward->size(), first = mesh_->post_forward->rank() * rows;
+  post_forward_ = at::empty({rows * shard_numel_}, unsharded_.options());
+  const at::Tensor block = post_forward_.view({rows, shard_numel_});
+  for (const ShardedParam& p : params_) {
+    const int64_t n = p.layout.shard_numel(), numel = p.layout.numel();
+    const int64_t begin = std::min(numel, first * n), count = std::min(numel - begin, rows * n);
+    const at::Tensor region = block.narrow(1, p.offset, n);
+    copy_into_rows(region, unsharded_of(p).narrow(0, begin, count), n);
+    zero_rest_of_rows(region, count, n);
+  }
+  free_storage(unsharded_);
+  state_ = GroupState::kPartial;
+  log("free to post-forward share");
 }
 
 void ParamGroup::post_backward(bool sync) {

@@ -73,7 +73,9 @@ struct ShardedParam {
   at::Tensor accumulated;        // (shape) fp32, no-sync accumulation; undefined when unused
 };
 
-enum class GroupState { kSharded, kGathering, kUnsharded };
+// kPartial: between forward and backward under partial resharding, this rank holds its
+// post-forward group's share of the unit (the gathered rows it will contribute in backward).
+enum class GroupState { kSharded, kGathering, kUnsharded, kPartial };
 
 // Releases a tensor's bytes but keeps its StorageImpl and shape (0-byte storage). The unsharded
 // parameters live this way between uses; a model builder may do it to a layer it just created.
@@ -100,13 +102,18 @@ class ParamGroup {
   bool empty() const { return params_.empty(); }
   bool has_trainable() const { return trainable_numel_ > 0; }
 
-  // Issues the all-gather (asynchronously where the backend allows). No-op unless sharded.
+  // Issues the all-gather (asynchronously where the backend allows): over the shard group, or over
+  // the post-forward group when kPartial. No-op unless sharded or partial.
   void unshard();
   // Finishes a pending gather: waits, regrows the parameters' storage and copies the gathered
   // rows in. Idempotent; calls unshard() first when nothing is pending.
   void wait_for_unshard();
-  // Frees the unsharded storage (0 bytes). No-op unless unsharded.
+  // Frees the unsharded storage (0 bytes) and any post-forward share. No-op when sharded.
   void reshard();
+  // After a forward that backward will follow: reshard(), or with a post-forward group (mesh), keep
+  // this rank's share of the gathered unit for that group ((W/N) x S elements, 1/N of the unit)
+  // and free the rest (kPartial), so backward's gather runs over the N ranks only.
+  void reshard_after_forward();
 
   // After this unit's backward: takes the parameters' gradients and, when `sync`, issues the
   // reduce-scatter (average over the shard group) of all of them, accumulated micro-batches
@@ -155,10 +162,12 @@ class ParamGroup {
   at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
   at::Tensor flat_grad_;     // (S_trainable) fp32 on the shard device
   at::Tensor unsharded_;     // (sum of numel) param_dtype on the device: every parameter's full value
+  at::Tensor post_forward_;  // kPartial: ((W/N) * S) param_dtype, rows j*W/N.. of the gathered (W, S)
   GroupState state_ = GroupState::kSharded;
   struct PendingGather {
     dist::Work work;
     at::Tensor output;  // (W * S) param_dtype
+    at::Tensor input;   // the post-forward share it gathers from, kept alive until the work is done
   };
   std::optional<PendingGather> pending_gather_;
   struct PendingReduce {

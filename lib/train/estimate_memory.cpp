@@ -69,7 +69,16 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
       largest = std::max(largest, padded);
     largest_trainable = std::max(largest_trainable, padded_trainable);
     all_units += u == 0 ? 0 : padded;
+    // What a rank receives: (W-1)/W of each gather and reduce-scatter; a non-root unit that reshards
+    // after forward is gathered again in backward, over the N ranks of its post-forward group.
+    const int64_t w = plan.shard_size, n = plan.post_forward_size;
+    e.forward_gather_bytes += padded * param_bytes * (w - 1) / w;
+    if (u > 0 && plan.options.reshard_after_forward)
+      e.backward_gather_bytes += n > 0 ? padded * param_bytes * (n - 1) / n : padded * param_bytes * (w - 1) / w;
+    e.reduce_bytes += padded_trainable * c10::elementSize(plan.options.mixed_precision.reduce_dtype) * (w - 1) / w;
   }
+  if (plan.post_forward_size > 0 && plan.options.reshard_after_forward)
+    e.post_forward = all_units / plan.post_forward_size * param_bytes;
   e.optimizer = 2 * e.grads;
   // Gathered: the root stays gathered through the step; with reshard_after_forward a unit and the
   // one prefetched next, otherwise every unit at the end of forward. Reduction: one unit's
@@ -119,7 +128,8 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
     return str("  ", w, b, note, "\n");
   };
   auto device_total = [&](bool with_offload, bool with_ac) {
-    return (with_offload ? 0 : e.persistent()) + e.gathered + (with_ac ? e.activations_checkpointed : e.activations);
+    return (with_offload ? 0 : e.persistent()) + e.gathered + e.post_forward +
+           (with_ac ? e.activations_checkpointed : e.activations);
   };
   std::string out =
       str("fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(),
@@ -142,6 +152,9 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
   out += row("gradients (fp32 shards)", e.grads, where);
   out += row("AdamW state (2 x fp32)", e.optimizer, where);
   out += row("gathered units and reduction buffers (peak)", e.gathered);
+  if (e.post_forward > 0)
+    out += row(str("post-forward shares (1/", plan.post_forward_size, " of each layer)"), e.post_forward,
+               str("kept from forward to backward (reshard_after_forward ", plan.post_forward_size, ")"));
   out += row(ac ? "activations, checkpointed (one micro-batch)" : "activations (one micro-batch)",
              ac ? e.activations_checkpointed : e.activations);
   out += row("total on the device (as configured)", device_total(offload, ac));
@@ -150,6 +163,12 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
     for (bool a : {false, true})
       out += row(str("  offload ", o ? "on " : "off", ", activation checkpointing ", a ? "on" : "off"),
                  device_total(o, a), o ? str("+ ", format_bytes(e.persistent()), " of host memory") : "");
+  out += str("received per rank per micro-batch: forward's all-gathers ", format_bytes(e.forward_gather_bytes),
+             " over ", plural(plan.shard_size, "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
+             plan.post_forward_size > 0 ? str(" inside groups of ", plan.post_forward_size, " ranks")
+                                        : str(" over ", plural(plan.shard_size, "rank")),
+             ", reduce-scatters ", format_bytes(e.reduce_bytes),
+             plan.replicate_size > 1 ? " (and HSDP's all-reduce)" : "", "\n");
   out += "The persistent rows are exact (the engine's own layout); gathered units and activations are estimates.\n";
   return out;
 }

@@ -13,8 +13,13 @@
 namespace fsdp::train {
 
 struct MemoryEstimate {
-  int64_t params = 0, grads = 0, optimizer = 0;           // persistent, per rank (host memory with offload)
-  int64_t gathered = 0;                                   // unsharded units and reduction buffers at the peak
+  int64_t params = 0, grads = 0, optimizer = 0;  // persistent, per rank (host memory with offload)
+  int64_t gathered = 0;                          // unsharded units and reduction buffers at the peak
+  int64_t post_forward = 0;  // reshard_after_forward=N: every unit's 1/N share kept from forward to backward
+  // Bytes one rank receives in one micro-batch's collectives: forward's all-gathers (over the shard
+  // group), backward's re-gathers (over the N ranks of a post-forward group under partial
+  // resharding; none without reshard_after_forward) and the reduce-scatters.
+  int64_t forward_gather_bytes = 0, backward_gather_bytes = 0, reduce_bytes = 0;
   int64_t activations = 0, activations_checkpointed = 0;  // one micro-batch
   int64_t trainable = 0;                                  // parameters with gradients (all but LoRA's frozen base)
   int64_t persistent() const { return params + grads + optimizer; }

@@ -63,6 +63,7 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
   o.reshard_after_forward = layout.reshard_after_forward;
   plan.replicate_size = layout.replicate_size;
   plan.shard_size = layout.shard_size;
+  plan.post_forward_size = layout.post_forward_size;
   return plan;
 }
 

@@ -255,7 +255,8 @@ void TrainingRun::build_model() {
     };
   }
   sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_),
-                               fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size), plan.options);
+                               fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size),
+                               plan.options);
   if (pretrained) {
     const bool efficient = config_.fsdp.cpu_ram_efficient_loading;
     const std::string before = host_peaks(world_, context_.device);

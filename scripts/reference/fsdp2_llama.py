@@ -103,9 +103,12 @@ def worker(rank, args, port):
     if args.adapter:
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, args.adapter, is_trainable=True)
+    reshard = {"true": True, "false": False}.get(args.reshard_after_forward)
+    if reshard is None:
+        reshard = int(args.reshard_after_forward)  # partial resharding: stay sharded over N ranks
     for layer in hf.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.ndim >= 2]
     no_decay = [p for p in trainable if p.ndim < 2]
@@ -186,6 +189,8 @@ def main():
     ap.add_argument("--schedule", choices=["cosine", "linear", "constant"], default="cosine")
     ap.add_argument("--warmup-steps", type=int, default=10)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--reshard-after-forward", default="true",
+                    help="fully_shard's reshard_after_forward: true, false, or N ranks (partial resharding)")
     ap.add_argument("--adapter", help="a PEFT LoRA folder to train (PeftModel.from_pretrained, is_trainable)")
     ap.add_argument("--save-adapter", help="write the trained adapter's tensors here (adapter_model.safetensors)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",

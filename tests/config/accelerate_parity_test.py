@@ -116,7 +116,8 @@ def main():
             check((v.returncode != 0) == broken,
                   f"{name}: fsdptrain validate of accelerate's output: rc={v.returncode} {v.stderr.strip()}")
             if broken:
-                check("FSDP2 expects true or false" in v.stderr, f"{name}: expected the FSDP2 bool error, got {v.stderr}")
+                check("2 is FSDP1's strategy SHARD_GRAD_OP, which is false here" in v.stderr,
+                      f"{name}: expected the error naming Accelerate's strategy number, got {v.stderr}")
 
         # Files fsdptrain writes load in Accelerate: `config default` and the wizard.
         env = dict(os.environ, HOME=tmp)

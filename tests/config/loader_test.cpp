@@ -86,7 +86,8 @@ TEST_CASE("YAML 1.1 traps read as the user meant") {
 
 TEST_CASE("bad values name the file position, the key, what was expected and what was found") {
   Loaded l = load_text(std::string(kFsdp2Base) + "  fsdp_reshard_after_forward: maybe\n");
-  CHECK(l.errors().find("test.yaml:5:3: fsdp_config.fsdp_reshard_after_forward: expected true or false") == 0);
+  CHECK(l.errors().find("test.yaml:5:3: fsdp_config.fsdp_reshard_after_forward: expected true, false, or a number of "
+                        "ranks N >= 2") == 0);
   CHECK(l.errors().find("got \"maybe\"") != std::string::npos);
 
   Loaded e = load_text("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf8\n");

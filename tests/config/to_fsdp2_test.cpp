@@ -74,6 +74,8 @@ TEST_CASE("strategy mapping: names in any case, integers 1-5, and the wizard's r
   CHECK(reshard_of("fsdp_sharding_strategy: 1"));
   CHECK_FALSE(reshard_of("fsdp_sharding_strategy: 2"));
   CHECK_FALSE(reshard_of("fsdp_reshard_after_forward: SHARD_GRAD_OP"));
+  CHECK_FALSE(reshard_of("fsdp_reshard_after_forward: 2"));  // FSDP1's numbering: SHARD_GRAD_OP
+  CHECK(reshard_of("fsdp_reshard_after_forward: 1"));
   CHECK(reshard_of("sharding_strategy: FULL_SHARD"));  // unprefixed, as Accelerate's launcher accepts
 }
 
@@ -166,8 +168,9 @@ TEST_CASE("regression: FSDP1 keys in an FSDP2 file are converted, so validate's 
   CHECK(r.output.find("fsdp_offload_params: false") != std::string::npos);
   CHECK(load_text(r.output).errors() == "");
   // Both keys, disagreeing: refused, naming them.
-  const std::string both = "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
-                           "  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: false\n";
+  const std::string both =
+      "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+      "  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_reshard_after_forward: false\n";
   CHECK_THROWS_WITH_AS(convert_to_fsdp2(both, "both.yaml"), doctest::Contains("FULL_SHARD disagrees with"),
                        fsdp::InputError);
   // Nothing of FSDP1's: nothing to convert.

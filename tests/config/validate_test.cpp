@@ -94,6 +94,50 @@ TEST_CASE("FSDP1 strategies are honoured wherever they are written, and conflict
             "fsdp_reshard_after_forward: names the strategy SHARD_GRAD_OP but fsdp_sharding_strategy is FULL_SHARD"));
 }
 
+TEST_CASE("fsdp_reshard_after_forward: N is partial resharding in FSDP2 and a strategy number in FSDP1") {
+  const std::string head =
+      "distributed_type: FSDP\nnum_processes: 8\nnum_machines: 2\nmain_process_ip: h0\nfsdp_config:\n";
+  const std::string v2 = head + "  fsdp_version: 2\n";
+  auto layout = [](const std::string& text) {
+    const Loaded l = load_text(text);
+    REQUIRE_MESSAGE(l.errors() == "", l.errors());
+    return effective_fsdp_layout(l.rc.typed);
+  };
+  const FsdpLayout partial = layout(v2 + "  fsdp_reshard_after_forward: 4\n");
+  CHECK(partial.reshard_after_forward);
+  CHECK(partial.post_forward_size == 4);
+  CHECK(partial.shard_size == 8);
+  CHECK(partial.describe().find("reshard_after_forward=4 (between forward and backward each unit stays sharded over "
+                                "ranks 0-3, 4-7)") != std::string::npos);
+  // With HSDP the groups are inside each shard group.
+  const FsdpLayout hsdp = layout(v2 +
+                                 "  fsdp_reshard_after_forward: 2\nparallelism_config:\n"
+                                 "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 4\n");
+  CHECK(hsdp.post_forward_size == 2);
+  CHECK(hsdp.describe().find("ranks 0-1, 2-3, 4-5, 6-7") != std::string::npos);
+  // The same integer in an FSDP1 file is Accelerate's strategy number: 2 is SHARD_GRAD_OP.
+  const FsdpLayout v1 = layout(head + "  fsdp_reshard_after_forward: 2\n");
+  CHECK(v1.fsdp1_strategy == "SHARD_GRAD_OP");
+  CHECK(v1.post_forward_size == 0);
+  CHECK(has(load_text(head + "  fsdp_reshard_after_forward: 8\n"),
+            "is 8, but an FSDP1 config numbers sharding strategies 1-5 there"));
+  // Refused: a size that does not divide the shard group; warned: the whole group, or one that spans machines.
+  CHECK(has(load_text(v2 + "  fsdp_reshard_after_forward: 3\n"),
+            "is 3 ranks, which does not divide the shard group's 8 ranks; if `accelerate to-fsdp2` wrote this file, 3 "
+            "is FSDP1's strategy NO_SHARD, which is false here (hint: use one of 2, 4, or true / false)"));
+  CHECK(has(load_text(v2 + "  fsdp_reshard_after_forward: 16\n"), "does not divide the shard group's 8 ranks"));
+  CHECK(has(load_text(v2 + "  fsdp_reshard_after_forward: 8\n"),
+            "is the whole shard group (8 ranks), which is not partial resharding (hint: write true, or one of 2, 4)"));
+  // What `accelerate to-fsdp2` writes for FSDP1's SHARD_GRAD_OP (2) on two processes: named, not run as true.
+  CHECK(has(load_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
+                      "  fsdp_reshard_after_forward: 2\n"),
+            "if `accelerate to-fsdp2` wrote this file, 2 is FSDP1's strategy SHARD_GRAD_OP, which is false here"));
+  const Loaded spans = load_text(
+      "distributed_type: FSDP\nnum_processes: 8\nnum_machines: 4\nmain_process_ip: h0\n"
+      "fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: 4\n");
+  CHECK(warns(spans, "4 ranks span machines (2 processes each): backward's gathers cross the network"));
+}
+
 TEST_CASE("parallelism_config: HSDP sizes must multiply to num_processes; TP/CP refused") {
   const std::string base = std::string(kFsdp2Base) + "parallelism_config:\n";
   Loaded ok = load_text(base + "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n");

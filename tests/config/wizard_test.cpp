@@ -118,6 +118,42 @@ TEST_CASE("preset answers are not asked; a complete set needs no input at all") 
   CHECK(effective_fsdp_layout(l.rc.typed).replicate_size == 2);
 }
 
+TEST_CASE("FSDP2 on several machines offers partial resharding over one machine's processes") {
+  std::map<std::string, std::string> preset = {{"machine_type", "multi-GPU"},
+                                               {"num_machines", "2"},
+                                               {"machine_rank", "0"},
+                                               {"main_process_ip", "10.0.0.1"},
+                                               {"main_process_port", "29500"},
+                                               {"same_network", "yes"},
+                                               {"debug", "no"},
+                                               {"use_fsdp", "yes"},
+                                               {"fsdp_config.fsdp_version", "2"},
+                                               {"fsdp_config.fsdp_reshard_after_forward", "yes"},
+                                               {"fsdp_config.fsdp_offload_params", "no"},
+                                               {"fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
+                                               {"use_model_layer_classes", "yes"},
+                                               {"fsdp_config.fsdp_state_dict_type", "SHARDED_STATE_DICT"},
+                                               {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"},
+                                               {"fsdp_config.fsdp_activation_checkpointing", "no"},
+                                               {"use_parallelism_config", "no"},
+                                               {"num_processes", "16"},
+                                               {"gpu_ids", "all"},
+                                               {"use_partial_reshard", "yes"},
+                                               {"mixed_precision", "bf16"},
+                                               {"model.pretrained", ""}};
+  Run r = run("", preset);
+  CHECK(r.transcript == "");
+  Loaded l = load_text(r.result.yaml);
+  CHECK_MESSAGE(l.errors() == "", l.errors());
+  CHECK(r.result.yaml.find("fsdp_reshard_after_forward: 8") != std::string::npos);
+  CHECK(effective_fsdp_layout(l.rc.typed).post_forward_size == 8);
+  // On one machine there is nothing to keep inside: the question is not asked.
+  preset["num_machines"] = "1";
+  preset["num_processes"] = "8";
+  Run one = run("", preset);
+  CHECK(one.result.yaml.find("fsdp_reshard_after_forward: true") != std::string::npos);
+}
+
 TEST_CASE("bad presets, unknown ids and input that ends early are errors") {
   CHECK_THROWS_WITH_AS(run("", {{"num_processes", "lots"},
                                 {"machine_type", "multi-GPU"},

@@ -20,8 +20,10 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
@@ -52,6 +54,7 @@ struct Case {
   bool checkpointing = false;
   Accum accum = Accum::kSingle;
   bool hsdp = false;
+  int post_forward = 0;            // partial resharding: ranks a unit stays sharded over after forward (0: none)
   c10::Device device = c10::kCPU;  // where the sharded run computes
   std::string ignored;             // fsdp_ignored_modules: a regex over module paths ("" = none)
 
@@ -64,7 +67,8 @@ struct Case {
                : precision == at::kBFloat16 ? "bf16"
                                             : "fp16",
                " offload=", offload, " ac=", checkpointing, " accum=", accums[static_cast<int>(accum)], " hsdp=", hsdp,
-               ignored.empty() ? "" : " ignored=" + ignored);
+               ignored.empty() ? "" : " ignored=" + ignored,
+               post_forward > 0 ? " reshard_after_forward=" + std::to_string(post_forward) : "");
   }
 };
 
@@ -211,7 +215,8 @@ fsdp::FsdpOptions options_for(const Case& c) {
 }
 
 fsdp::DeviceMesh mesh_for(const Case& c, const fsdp::dist::ProcessGroup& world) {
-  return c.hsdp ? fsdp::make_mesh(world, 2, world.size() / 2) : fsdp::DeviceMesh{world, std::nullopt};
+  return c.hsdp ? fsdp::make_mesh(world, 2, world.size() / 2, c.post_forward)
+                : fsdp::make_mesh(world, 1, world.size(), c.post_forward);
 }
 
 // The ignored parameters are exactly those the regex names, none of them is in a unit, and each
@@ -420,17 +425,26 @@ fsdp::dist::ByteCounters measured_step(fsdp::ShardedModel& sharded, TestModel& m
   auto [x, y] = make_batch(kind, 0);
   const int64_t rows = kGlobalBatch / world;
   fsdp::dist::ProcessGroup shard = sharded.mesh().shard;
+  std::optional<fsdp::dist::ProcessGroup> post_forward = sharded.mesh().post_forward;
   shard.reset_counters();
+  if (post_forward) post_forward->reset_counters();
   at::Tensor loss =
       sharded.forward({x.narrow(0, rank * rows, rows), y.narrow(0, rank * rows, rows)},
                       [&](const fsdp::TensorList& in) { return fsdp::TensorList{model.loss(in[0], in[1])}; })[0];
   loss.backward();
-  return shard.counters();
+  fsdp::dist::ByteCounters counters = shard.counters();
+  if (post_forward)
+    for (size_t i = 0; i < counters.bytes.size(); ++i) {
+      counters.bytes[i] += post_forward->counters().bytes[i];
+      counters.calls[i] += post_forward->counters().calls[i];
+    }
+  return counters;
 }
 
 // Bytes per step: for each unit, (all-gathers x padded size in param_dtype + reduce-scatters x
 // padded trainable size in reduce_dtype) x (W-1)/W. Non-root units gather twice with
-// reshard_after_forward, once without; the root once. Checks one measured step against it.
+// reshard_after_forward, once without; the root once. With reshard_after_forward=N a non-root
+// unit's backward gather runs over N ranks: padded x (N-1)/N instead. Checks one measured step.
 void check_step_bytes(const Case& c, fsdp::ShardedModel& sharded, TestModel& model,
                       const std::map<std::string, at::Tensor>& full, int rank, int w) {
   const int64_t param_size = c.precision == at::kBFloat16 ? 2 : 4, reduce_size = 4;
@@ -445,7 +459,9 @@ void check_step_bytes(const Case& c, fsdp::ShardedModel& sharded, TestModel& mod
     }
     const int gathers = (u == 0 || !c.reshard) ? 1 : 2;
     if (padded > 0 && w > 1) {
-      expect_ag += gathers * padded * param_size * (w - 1) / w;
+      const int n = c.post_forward;  // the second (backward) gather's group
+      expect_ag += padded * param_size * (w - 1) / w;
+      if (gathers == 2) expect_ag += n > 0 ? padded * param_size * (n - 1) / n : padded * param_size * (w - 1) / w;
       expect_ag_calls += gathers;
     }
     if (padded_trainable > 0 && w > 1) {
@@ -561,6 +577,18 @@ int run_accounting(fsdp::dist::ProcessGroup world) {
       }
     }
   }
+  if (w == 4)  // partial resharding over pairs of ranks: backward's gathers move a third of FSDP's bytes
+    for (const std::string kind : {"mlp", "transformer"}) {
+      Case c;
+      c.model = kind;
+      c.post_forward = 2;
+      TestModel model = make_model(kind);
+      std::map<std::string, at::Tensor> full;
+      for (auto& [name, p] : unique_parameters(*model.module)) full[name] = p.detach().clone();
+      auto sharded = fsdp::fully_shard(*model.module, model.traits, mesh_for(c, world), options_for(c));
+      check_step_bytes(c, *sharded, model, full, rank, w);
+      check_persistent_bytes(c, *sharded, full, rank, w);
+    }
   if (w == 1) check_world_of_one_is_silent(world);
   if (rank == 0) std::printf("accounting passed at W=%d\n", w);
   return 0;
@@ -652,6 +680,19 @@ int main(int argc, char** argv) {
         c.reshard = reshard;
         cases.push_back(c);
       }
+      if (world.size() == 4)  // partial resharding over pairs, alone and with what changes backward
+        for (const auto& [ac, accum, precision] :
+             {std::tuple{false, Accum::kSingle, at::kFloat}, std::tuple{true, Accum::kNoSync, at::kBFloat16}}) {
+          for (const std::string model : {"mlp", "transformer"}) {
+            Case c;
+            c.model = model;
+            c.post_forward = 2;
+            c.checkpointing = ac;
+            c.accum = accum;
+            c.precision = precision;
+            cases.push_back(c);
+          }
+        }
       return run_parity(cases, world);
     }
     if (mode == "product") return run_parity(most_used_product(), world);

@@ -291,3 +291,29 @@ TEST_CASE("estimate-memory's persistent rows and the run's report equal the shar
     CHECK(std::abs(parse_size(adamw) - 2 * want) <= 0.05 * 1024 + 1);
   }
 }
+
+TEST_CASE("estimate-memory with partial resharding: the post-forward shares and backward's smaller gathers") {
+  auto estimate = [](const std::string& reshard) {
+    const Result r = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", "4", "--set",
+                                          "fsdp_config.fsdp_reshard_after_forward=" + reshard});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  auto after = [](const std::string& s, const std::string& label) {
+    const size_t a = s.find(label);
+    if (a == std::string::npos) return std::string("(missing ") + label + ")";
+    const size_t first = s.find_first_not_of(' ', a + label.size());
+    return s.substr(first, s.find_first_of(" \n", s.find(' ', first) + 1) - first);
+  };
+  const std::string partial = estimate("2"), whole = estimate("true");
+  INFO(partial, whole);
+  CHECK(whole.find("post-forward") == std::string::npos);
+  CHECK(partial.find("inside groups of 2 ranks") != std::string::npos);
+  // Over 2 ranks a rank receives half of each layer in backward: exactly the half it kept after forward.
+  const std::string kept = after(partial, "post-forward shares (1/2 of each layer)");
+  CHECK(kept == after(partial, "backward's"));
+  CHECK(after(partial, "forward's all-gathers") == after(whole, "forward's all-gathers"));
+  // Over all 4 it receives three quarters: 1.5 times as much.
+  CHECK(parse_size(after(whole, "backward's")) / parse_size(kept) == doctest::Approx(1.5).epsilon(0.01));
+}
