@@ -119,9 +119,9 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   frozen_shard_ = at::zeros({shard_numel_ - trainable_numel_}, shard_opts.dtype(param_dtype));
 
   // Every registered parameter becomes an unsharded leaf over one storage this group owns, laid end
-  // to end in params_' order with no padding (so parameters registered one after another, like
-  // q/k/v, form one (rows, columns) block a forward may use as a single weight: model/fused_ops'
-  // stacked_weights). `unsharded_` writes that storage without sharing any parameter's version counter.
+  // to end in params_' order with no padding, so parameters registered one after another (q, k, v)
+  // form one block a forward may use as a single weight (model/stacked_weights.h). `unsharded_`
+  // writes that storage without sharing any parameter's version counter.
   int64_t unsharded_numel = 0;
   for (ShardedParam& p : params_) {
     p.unsharded_offset = unsharded_numel;

@@ -289,11 +289,12 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
   if (!w) return lora_linear(down_proj, swiglu(lora_linear(gate_proj, x), lora_linear(up_proj, x)));
   const at::Tensor gate_up = at::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
   const int64_t f = gate_proj->weight.size(0);
-  const at::Tensor gate_delta = lora_delta(gate_proj, x), up_delta = lora_delta(up_proj, x);
+  const at::Tensor gate_delta = lora_delta(gate_proj, x), up_delta = lora_delta(up_proj, x);  // adapters, in order
   if (x.is_cpu() && !gate_delta.defined() && !up_delta.defined())
     return lora_linear(down_proj, fused_swiglu(gate_up));  // reads gate and up from the one block
-  return lora_linear(down_proj, swiglu(with_lora(gate_proj, x, gate_up.narrow(-1, 0, f)),
-                                       with_lora(up_proj, x, gate_up.narrow(-1, f, f))));
+  auto plus = [](const at::Tensor& y, const at::Tensor& delta) { return delta.defined() ? y + delta : y; };
+  return lora_linear(down_proj,
+                     swiglu(plus(gate_up.narrow(-1, 0, f), gate_delta), plus(gate_up.narrow(-1, f, f), up_delta)));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
