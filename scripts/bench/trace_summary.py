@@ -7,7 +7,8 @@ Prints, per traced step (the mean over the window):
     the idle gaps where it waited for the host (the longest ones, with the host range they fall in),
     the time in each kind of kernel (matmul, attention, NCCL, norm/rotary/SwiGLU and other
     elementwise, loss, optimizer, copies) and the top kernels by total time;
-  - everywhere: the host time in each of fsdptrain's named ranges (step, forward/backward
+  - everywhere: the host ops by self time (summed over threads: on CPU, which ops the step's time
+    went to) and the host time in each of fsdptrain's named ranges (step, forward/backward
     micro-batch, fsdp gather/reduce, optimizer, ...).
 """
 import argparse
@@ -48,6 +49,28 @@ def gaps(intervals, lo, hi):
     return sorted(out, key=lambda g: g[0] - g[1])
 
 
+def op_self_times(events):
+    """Each host op's self time (its duration less the ops it called, on the same thread) and calls:
+    on CPU, where the step's time goes op by op. Nested user ranges are not subtracted."""
+    by_thread = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "cpu_op" and "dur" in e:
+            by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    self_us, calls = collections.defaultdict(float), collections.defaultdict(int)
+    for ops in by_thread.values():
+        ops.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []
+        for e in ops:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack:
+                self_us[stack[-1]["name"]] -= e["dur"]
+            self_us[e["name"]] += e["dur"]
+            calls[e["name"]] += 1
+            stack.append(e)
+    return self_us, calls
+
+
 def summarize(events, top):
     steps = [e for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"step \d+", e.get("name", ""))]
     if not steps:
@@ -60,8 +83,12 @@ def summarize(events, top):
     for e in events:
         if e.get("cat") == "user_annotation" and "dur" in e:
             ranges[re.sub(r"\d+", "N", e["name"]) if e["name"].startswith("step ") else e["name"]] += e["dur"]
+    self_us, calls = op_self_times(events)
     out = {"steps": n, "wall_ms_per_step": (hi - lo) / n / 1e3,
-           "host_ranges_ms_per_step": {k: v / n / 1e3 for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])}}
+           "host_ranges_ms_per_step": {k: v / n / 1e3 for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])},
+           "host_ops_ms_per_step": sum(self_us.values()) / n / 1e3,
+           "top_host_ops": [{"name": k, "self_ms_per_step": v / n / 1e3, "calls_per_step": calls[k] / n}
+                            for k, v in sorted(self_us.items(), key=lambda kv: -kv[1])[:top]]}
     if device:
         # The window a step's work ran in on the GPU: from the first kernel after the first step began
         # to the last kernel (the host runs ahead, so the GPU's window ends later than the host's).
@@ -108,7 +135,12 @@ def main():
         for k in s["top_kernels"]:
             print(f"| `{k['name']}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.0f} |")
     else:
-        print("no GPU kernels in the trace (a CPU run): host ranges only")
+        print("no GPU kernels in the trace (a CPU run): host ops and ranges only")
+    if s["top_host_ops"]:
+        print(f"\nhost ops, self time summed over threads: {s['host_ops_ms_per_step']:.1f} ms per step")
+        print("| host op | self ms per step | calls per step |\n| --- | --- | --- |")
+        for k in s["top_host_ops"]:
+            print(f"| `{k['name']}` | {k['self_ms_per_step']:.1f} | {k['calls_per_step']:.0f} |")
     print("\n| host range | ms per step |\n| --- | --- |")
     for k, v in list(s["host_ranges_ms_per_step"].items())[:args.top * 2]:
         print(f"| {k} | {v:.3f} |")
