@@ -35,6 +35,11 @@ enum class StateDictType { kFullStateDict, kLocalStateDict, kShardedStateDict };
 inline constexpr std::array<const char*, 3> kStateDictTypeNames = {"FULL_STATE_DICT", "LOCAL_STATE_DICT",
                                                                    "SHARDED_STATE_DICT"};
 
+// Accelerate's numbering of the strategies, 1-5 in kShardingStrategyNames' order; none otherwise.
+inline std::optional<ShardingStrategy> strategy_numbered(long long n) {
+  if (n < 1 || n > static_cast<long long>(kShardingStrategyNames.size())) return std::nullopt;
+  return static_cast<ShardingStrategy>(n - 1);
+}
 // FULL_SHARD and HYBRID_SHARD free parameters after forward; the ZeRO-2 style ones do not.
 inline bool reshards_after_forward(ShardingStrategy s) {
   return s == ShardingStrategy::kFullShard || s == ShardingStrategy::kHybridShard;

@@ -369,8 +369,8 @@ void read_scheduler_layer(const ConfigInputs& in, Layer& layer) {
 ShardingStrategy FsdpConfig::fsdp1_strategy() const {
   if (sharding_strategy) return *sharding_strategy;
   if (reshard_after_forward_strategy) return *reshard_after_forward_strategy;
-  if (reshard_after_forward_size >= 2 && reshard_after_forward_size <= 5)  // Accelerate's numbering, 1-5
-    return static_cast<ShardingStrategy>(reshard_after_forward_size - 1);
+  if (reshard_after_forward_size > 0)  // the wizard's numbers (1 is read as true)
+    if (auto s = strategy_numbered(reshard_after_forward_size)) return *s;
   return reshard_after_forward ? ShardingStrategy::kFullShard : ShardingStrategy::kShardGradOp;
 }
 

@@ -192,8 +192,7 @@ std::optional<ShardingStrategy> effective_strategy(Conversion& c) {
   const std::string v = canonical_value(r, c.file);
   const bool is_bool = v == "true" || v == "false";
   std::optional<ShardingStrategy> named = enum_from_name<ShardingStrategy>(v, kShardingStrategyNames);
-  if (const std::optional<long long> n = parse_int(v); !named && n && *n >= 2 && *n <= 5)  // Accelerate's 1-5
-    named = static_cast<ShardingStrategy>(*n - 1);
+  if (const std::optional<long long> n = parse_int(v); !named && n) named = strategy_numbered(*n);
   if (strategy && named && *named != *strategy)
     throw InputError(str(where(c.file, r.line, r.col), ": fsdp_config.", r.raw_key, ": names the strategy ",
                          enum_name(*named, kShardingStrategyNames), " but fsdp_sharding_strategy is ",

@@ -95,11 +95,11 @@ void check_partial_reshard(Checker& c) {
   const std::string choices = divisors.empty() ? str("true or false (", shard, " ranks have no divisor between)")
                                                : str(join(divisors, ", "), ", or true / false");
   // `accelerate to-fsdp2` copies FSDP1's strategy number here (2 = SHARD_GRAD_OP): say what it meant.
-  const std::string legacy =
-      n <= 5 ? str("; if `accelerate to-fsdp2` wrote this file, ", n, " is FSDP1's strategy ",
-                   kShardingStrategyNames[n - 1], ", which is ",
-                   reshards_after_forward(static_cast<ShardingStrategy>(n - 1)) ? "true" : "false", " here")
-             : "";
+  const std::optional<ShardingStrategy> numbered = strategy_numbered(n);
+  const std::string legacy = numbered ? str("; if `accelerate to-fsdp2` wrote this file, ", n, " is FSDP1's strategy ",
+                                            enum_name(*numbered, kShardingStrategyNames), ", which is ",
+                                            reshards_after_forward(*numbered) ? "true" : "false", " here")
+                                      : "";
   if (n > shard || shard % n != 0) {
     c.error(key, str("is ", n, " ranks, which does not divide the shard group's ", plural(shard, "rank"), legacy),
             str("use one of ", choices));
@@ -141,7 +141,7 @@ void check_fsdp(Checker& c) {
                   enum_name(*f.reshard_after_forward_strategy, kShardingStrategyNames)),
               c.to_fsdp2_hint());
   } else {
-    if (f.reshard_after_forward_size > 5)
+    if (f.reshard_after_forward_size > 0 && !strategy_numbered(f.reshard_after_forward_size))
       c.error("fsdp_config.fsdp_reshard_after_forward",
               str("is ", f.reshard_after_forward_size,
                   ", but an FSDP1 config numbers sharding strategies 1-5 there; a number of ranks to stay sharded "

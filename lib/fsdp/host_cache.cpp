@@ -28,14 +28,15 @@ size_t max_cached_bytes() {
 }
 
 // LibTorch's raw_allocate/raw_deallocate (used by some kernels) need a DataPtr whose context is
-// its data pointer and one deleter for every block: so every block comes from alloc_cpu, the large
-// ones are remembered by address, and the deleter caches those and frees the rest.
+// its data pointer and one raw deleter for every block: so every block comes from alloc_cpu, the
+// large ones are remembered by address, and release() caches those and frees the rest. A small
+// tensor's own deleter is free_cpu.
 class HostCache final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
-    if (n < kMinBytes) {
+    if (n < kMinBytes) {  // freed straight away: no lock, no lookup on the many small frees
       void* ptr = c10::alloc_cpu(n);
-      return {ptr, ptr, &HostCache::release, c10::Device(c10::kCPU)};
+      return {ptr, ptr, &c10::free_cpu, c10::Device(c10::kCPU)};
     }
     const size_t bytes = (n + kPage - 1) / kPage * kPage;
     void* ptr = take(bytes);

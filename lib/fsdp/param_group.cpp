@@ -21,22 +21,22 @@ void alloc_storage(const at::Tensor& t, size_t nbytes) {
   s->set_nbytes(nbytes);
 }
 
-std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * shape[i + 1];
-  return strides;
-}
-
-// Writes `src` (numel elements, a parameter or its gradient flattened) into the (W, shard_numel)
-// region of a rank-major flat buffer: element k lands in row k / shard_numel. Rows past numel are
-// left as they are (zero padding).
-void copy_into_rows(const at::Tensor& region, const at::Tensor& src, int64_t shard_numel) {
-  const int64_t numel = src.numel();
+// Writes `src` (numel elements, a parameter or its gradient flattened) into a (W, shard_numel)
+// region of a rank-major flat buffer: element k lands in row k / shard_numel. What is left (the
+// padding past numel) is zeroed, so the buffer can start uninitialised instead of zero-filled whole.
+void copy_into_rows(const at::Tensor& region, const at::Tensor& src) {
+  const int64_t numel = src.numel(), rows = region.size(0), shard_numel = region.size(1);
   if (shard_numel == 0) return;
   const int64_t full_rows = numel / shard_numel, rest = numel % shard_numel;
   if (full_rows > 0)
     region.narrow(0, 0, full_rows).copy_(src.narrow(0, 0, full_rows * shard_numel).view({full_rows, shard_numel}));
-  if (rest > 0) region[full_rows].narrow(0, 0, rest).copy_(src.narrow(0, full_rows * shard_numel, rest));
+  int64_t first_empty = full_rows;
+  if (rest > 0) {
+    region[full_rows].narrow(0, 0, rest).copy_(src.narrow(0, full_rows * shard_numel, rest));
+    region[full_rows].narrow(0, rest, shard_numel - rest).zero_();
+    first_empty = full_rows + 1;
+  }
+  if (first_empty < rows) region.narrow(0, first_empty, rows - first_empty).zero_();
 }
 
 // The inverse: the first dst.numel() elements of a (W, shard_numel) region, read rank-major (the
@@ -48,19 +48,6 @@ void copy_from_rows(const at::Tensor& dst, const at::Tensor& region) {
   if (full_rows > 0)
     dst.narrow(0, 0, full_rows * shard_numel).view({full_rows, shard_numel}).copy_(region.narrow(0, 0, full_rows));
   if (rest > 0) dst.narrow(0, full_rows * shard_numel, rest).copy_(region[full_rows].narrow(0, 0, rest));
-}
-
-// Zeroes what copy_into_rows of `numel` elements leaves unwritten in `region` (the padding), so a
-// buffer can start uninitialised instead of zero-filled whole.
-void zero_rest_of_rows(const at::Tensor& region, int64_t numel, int64_t shard_numel) {
-  if (shard_numel == 0) return;
-  const int64_t rows = region.size(0), full_rows = std::min(numel / shard_numel, rows), rest = numel % shard_numel;
-  int64_t first_empty = full_rows;
-  if (rest > 0 && full_rows < rows) {
-    region[full_rows].narrow(0, rest, shard_numel - rest).zero_();
-    first_empty = full_rows + 1;
-  }
-  if (first_empty < rows) region.narrow(0, first_empty, rows - first_empty).zero_();
 }
 
 }  // namespace
@@ -140,7 +127,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     if (shard_shape.empty()) shard_shape.push_back(1);
     shard_shape[0] = l.chunk_rows();
     p.sharded = flat.view(shard_shape);
-    p.unsharded.set_data(unsharded_.as_strided(l.shape, contiguous_strides(l.shape), p.unsharded_offset));
+    p.unsharded.set_data(unsharded_of(p).view(l.shape));
     p.unsharded.mutable_grad() = at::Tensor();
   }
   free_storage(unsharded_);
@@ -236,8 +223,7 @@ void ParamGroup::reshard_after_forward() {
     const int64_t n = p.layout.shard_numel(), numel = p.layout.numel();
     const int64_t begin = std::min(numel, first * n), count = std::min(numel - begin, rows * n);
     const at::Tensor region = block.narrow(1, p.offset, n);
-    copy_into_rows(region, unsharded_of(p).narrow(0, begin, count), n);
-    zero_rest_of_rows(region, count, n);
+    copy_into_rows(region, unsharded_of(p).narrow(0, begin, count));
   }
   free_storage(unsharded_);
   state_ = GroupState::kPartial;
@@ -285,8 +271,7 @@ void ParamGroup::post_backward(bool sync) {
       region.zero_();
       continue;
     }
-    copy_into_rows(region, g.reshape({-1}), p.layout.shard_numel());
-    zero_rest_of_rows(region, g.numel(), p.layout.shard_numel());
+    copy_into_rows(region, g.reshape({-1}));
   }
   if (mesh_->shard.is_local()) {
     pending_reduce_ = PendingReduce{dist::Work(), input, input};

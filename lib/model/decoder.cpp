@@ -89,16 +89,6 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("L
   weight = register_parameter("weight", at::ones({dim}));
 }
 
-namespace {
-
-// y, a projection's product, plus its adapter's part when it has one (model/lora_layer.h).
-at::Tensor with_lora(const torch::nn::Linear& l, const at::Tensor& x, const at::Tensor& y) {
-  const at::Tensor delta = lora_delta(l, x);
-  return delta.defined() ? y + delta : y;
-}
-
-}  // namespace
-
 bool fused_kernels_enabled() {
   static const bool enabled = !env_is("FSDPTRAIN_FUSED", "0");
   return enabled;
@@ -280,21 +270,23 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP")
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  auto swiglu = [&](const at::Tensor& gate, const at::Tensor& up) {
-    return x.is_cpu() && fused_kernels_enabled() ? fused_swiglu(gate.contiguous(), up.contiguous())
-                                                 : at::silu(gate) * up;
-  };
+  const bool fused = fused_kernels_enabled();
   // gate and up as one product when fully_shard laid their weights end to end (model/stacked_weights.h).
-  const auto w = fused_kernels_enabled() ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
-  if (!w) return lora_linear(down_proj, swiglu(lora_linear(gate_proj, x), lora_linear(up_proj, x)));
-  const at::Tensor gate_up = at::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
-  const int64_t f = gate_proj->weight.size(0);
-  const at::Tensor gate_delta = lora_delta(gate_proj, x), up_delta = lora_delta(up_proj, x);  // adapters, in order
-  if (x.is_cpu() && !gate_delta.defined() && !up_delta.defined())
-    return lora_linear(down_proj, fused_swiglu(gate_up));  // reads gate and up from the one block
-  auto plus = [](const at::Tensor& y, const at::Tensor& delta) { return delta.defined() ? y + delta : y; };
+  const auto w = fused ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
+  at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
+  if (w) {
+    const at::Tensor gate_up = at::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
+    if (x.is_cpu() && !has_lora(gate_proj) && !has_lora(up_proj))
+      return lora_linear(down_proj, fused_swiglu(gate_up));  // reads gate and up from the one block
+    const int64_t f = gate_proj->weight.size(0);
+    gate = with_lora(gate_proj, x, gate_up.narrow(-1, 0, f));
+    up = with_lora(up_proj, x, gate_up.narrow(-1, f, f));
+  } else {
+    gate = lora_linear(gate_proj, x);
+    up = lora_linear(up_proj, x);
+  }
   return lora_linear(down_proj,
-                     swiglu(plus(gate_up.narrow(-1, 0, f), gate_delta), plus(gate_up.narrow(-1, f, f), up_delta)));
+                     x.is_cpu() && fused ? fused_swiglu(gate.contiguous(), up.contiguous()) : at::silu(gate) * up);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)

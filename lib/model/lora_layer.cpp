@@ -30,21 +30,25 @@ LoraDownImpl::LoraDownImpl(int64_t in, int64_t r, double scale, double p) : scal
 }
 
 at::Tensor lora_linear(const torch::nn::Linear& l, const at::Tensor& x) {
-  const at::Tensor y = at::linear(x, l->weight, l->bias);  // LinearImpl::forward
-  const at::Tensor delta = lora_delta(l, x);
-  return delta.defined() ? y + delta : y;
+  return with_lora(l, x, at::linear(x, l->weight, l->bias));  // LinearImpl::forward, then the adapter
 }
 
-at::Tensor lora_delta(const torch::nn::Linear& l, const at::Tensor& x) {
-  if (l->children().empty()) return at::Tensor();
+bool has_lora(const torch::nn::Linear& l) {
+  if (l->children().empty()) return false;
+  const auto children = l->named_children();
+  return children.contains("lora_A") && children.contains("lora_B");
+}
+
+at::Tensor with_lora(const torch::nn::Linear& l, const at::Tensor& x, const at::Tensor& y) {
+  if (l->children().empty()) return y;
   const auto children = l->named_children();
   const auto* down = children.find("lora_A");
   const auto* up = children.find("lora_B");
-  if (down == nullptr || up == nullptr) return at::Tensor();
+  if (down == nullptr || up == nullptr) return y;
   const auto* a = (*down)->as<LoraDownImpl>();
   const auto* b = (*up)->as<torch::nn::LinearImpl>();
   const at::Tensor in = a->dropout > 0 ? at::dropout(x, a->dropout, l->is_training()) : x;
-  return at::linear(at::linear(in, a->weight), b->weight) * a->scaling;
+  return y + at::linear(at::linear(in, a->weight), b->weight) * a->scaling;
 }
 
 bool is_lora_parameter(const std::string& name) {

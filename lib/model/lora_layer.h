@@ -28,8 +28,11 @@ TORCH_MODULE(LoraDown);
 // l(x), plus scaling * lora_B(lora_A(dropout(x))) when add_lora gave `l` the children lora_A and
 // lora_B. Dropout only in training mode.
 at::Tensor lora_linear(const torch::nn::Linear& l, const at::Tensor& x);
-// The adapter's part alone: scaling * lora_B(lora_A(dropout(x))), undefined when `l` has none.
-at::Tensor lora_delta(const torch::nn::Linear& l, const at::Tensor& x);
+// y, l's product computed elsewhere (one slice of a stacked product), plus its adapter's part
+// scaling * lora_B(lora_A(dropout(x))) when `l` has an adapter; y itself otherwise.
+at::Tensor with_lora(const torch::nn::Linear& l, const at::Tensor& x, const at::Tensor& y);
+// Whether add_lora gave `l` an adapter.
+bool has_lora(const torch::nn::Linear& l);
 
 // Whether a parameter name is an adapter's (".lora_A." or ".lora_B.").
 bool is_lora_parameter(const std::string& name);

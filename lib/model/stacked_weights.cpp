@@ -43,9 +43,7 @@ struct StackedRows : torch::autograd::Function<StackedRows> {
     sizes[0] = rows;
     ctx->saved_data["rows"] = counts;
     at::Tensor block = at::empty({0}, parts.front().options());
-    std::vector<int64_t> strides(sizes.size(), 1);
-    for (int64_t d = static_cast<int64_t>(sizes.size()) - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
-    block.set_(parts.front().storage(), parts.front().storage_offset(), sizes, strides);
+    block.set_(parts.front().storage(), parts.front().storage_offset(), sizes);  // contiguous strides
     return block;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
