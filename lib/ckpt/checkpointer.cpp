@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -35,6 +36,16 @@ at::Tensor gather_slice(dist::ProcessGroup shard, const at::Tensor& slice, const
   return shard.all_gather_copies(slice, "save " + name).narrow(0, 0, layout.numel()).view(layout.shape).to(at::kCPU);
 }
 
+// Under tensor parallel, the whole tensor from every tp rank's block (collective over `tp`).
+at::Tensor whole_of(std::optional<dist::ProcessGroup>& tp, const at::Tensor& block, const TpSlice& slice,
+                    const std::string& name) {
+  if (!tp || !slice.split()) return block;
+  std::vector<int64_t> stacked = block.sizes().vec();
+  stacked.insert(stacked.begin(), tp->size());
+  const at::Tensor all = tp->all_gather_copies(block.contiguous().reshape({-1}), "save " + name).view(stacked);
+  return all.movedim(0, slice.dim).reshape(slice.full_shape(block.sizes().vec()));
+}
+
 }  // namespace
 
 struct Checkpointer::Impl {
@@ -44,8 +55,9 @@ struct Checkpointer::Impl {
   dist::ProcessGroup& world;
   CheckpointOptions o;
   FileSystem& fs;
-  std::unique_ptr<dist::Store> store;  // the writer thread's own connection (SHARDED, several shard ranks)
-  dist::ProcessGroup host_group;       // the writer thread's gathers (FULL): Gloo over the shard group
+  std::unique_ptr<dist::Store> store;               // the writer thread's own connection (SHARDED, several shard ranks)
+  dist::ProcessGroup host_group;                    // the writer thread's gathers (FULL): Gloo over the shard group
+  std::optional<dist::ProcessGroup> tp_host_group;  // and over the tp group, for tensor-parallel blocks
   std::thread writer;
   std::exception_ptr error;
 
@@ -61,7 +73,9 @@ struct Checkpointer::Impl {
 
   int shard_rank() const { return model.mesh().shard.rank(); }
   int shard_size() const { return model.mesh().shard.size(); }
+  // The ranks that take part in writing: one replica's (every tp rank of it gathers its blocks).
   bool is_writer() const { return !model.mesh().replicate || model.mesh().replicate->rank() == 0; }
+  int tp_rank() const { return model.mesh().tp ? model.mesh().tp->rank() : 0; }
   void say(const std::string& line) const {
     if (world.rank() == 0 && o.log != nullptr) *o.log << line << std::flush;
   }
@@ -235,14 +249,16 @@ struct Checkpointer::Impl {
   struct HostSlice {
     std::string name;
     const ShardLayout* layout = nullptr;
+    const TpSlice* tp = nullptr;
     at::Tensor slice;  // (shard_numel) fp32, CPU
+    std::vector<int64_t> full_shape() const { return tp->full_shape(layout->shape); }
   };
   std::vector<HostSlice> snapshot_slices() const {
     std::vector<HostSlice> out;
     for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
       auto add = [&](const std::string& name, const at::Tensor& slice) {
-        out.push_back({name, &p.layout, slice.reshape({-1}).to(at::kCPU, false, true)});
+        out.push_back({name, &p.layout, &p.tp, slice.reshape({-1}).to(at::kCPU, false, true)});
       };
       add(p.name, p.sharded);
       if (p.trainable) {
@@ -258,12 +274,14 @@ struct Checkpointer::Impl {
   // Hugging Face folder, optimizer.safetensors and the commit.
   void write_full(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
                   const std::string& final_dir) {
-    const bool writer = shard_rank() == 0;
-    auto full = [&](const HostSlice& h) { return gather_slice(host_group, h.slice, *h.layout, h.name); };
+    const bool writer = shard_rank() == 0 && tp_rank() == 0;
+    auto full = [&](const HostSlice& h) {
+      return whole_of(tp_host_group, gather_slice(host_group, h.slice, *h.layout, h.name), *h.tp, h.name);
+    };
     std::vector<const HostSlice*> params, optim;
     for (const HostSlice& h : slices) (h.name.rfind("optim.", 0) == 0 ? optim : params).push_back(&h);
     std::vector<TensorSpec> specs;
-    for (const HostSlice* h : params) specs.push_back({h->name, h->layout->shape});
+    for (const HostSlice* h : params) specs.push_back({h->name, h->full_shape()});
     std::vector<WrittenFile> written = write_hf_folder(
         specs, [&](size_t i) { return full(*params[i]); }, writer, description.config_json, tmp, o.max_shard_bytes, fs);
     std::sort(optim.begin(), optim.end(), [](const HostSlice* a, const HostSlice* b) { return a->name < b->name; });
@@ -271,8 +289,8 @@ struct Checkpointer::Impl {
     if (writer) {
       std::vector<TensorBytes> tensors;
       for (const HostSlice* h : optim)
-        tensors.push_back(
-            {h->name, Dtype::kF32, h->layout->shape, nullptr, static_cast<size_t>(h->layout->numel()) * 4});
+        tensors.push_back({h->name, Dtype::kF32, h->full_shape(), nullptr,
+                           static_cast<size_t>(h->layout->numel() * (h->tp->split() ? h->tp->parts : 1)) * 4});
       // All fp32: the writer's order is the name order, the order of the gathers below (append checks it).
       out = std::make_unique<SafetensorsWriter>(path_in(tmp, kOptimizer), tensors, std::map<std::string, std::string>{},
                                                 fs);
@@ -309,6 +327,15 @@ struct Checkpointer::Impl {
 Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, model::ModelDescription description,
                            dist::ProcessGroup& world, CheckpointOptions options)
     : impl_(std::make_unique<Impl>(model, adamw, std::move(description), world, std::move(options))) {
+  const std::optional<dist::ProcessGroup>& tp = model.mesh().tp;
+  FSDP_CHECK(!tp || impl_->o.format == Format::kFull,
+             "[ckpt] SHARDED_STATE_DICT checkpoints of a tensor-parallel run "
+             "are not written yet; set fsdp_state_dict_type: FULL_STATE_DICT (it loads into any layout)");
+  if (tp && tp->size() > 1) {
+    std::vector<int> all(static_cast<size_t>(tp->size()));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    impl_->tp_host_group = tp->new_host_group(all);
+  }
   if (impl_->shard_size() > 1) {
     const auto& shared = world.store();
     FSDP_ASSERT(shared != nullptr, "Checkpointer: a sharded world without a rendezvous store");
@@ -420,8 +447,8 @@ TrainingState Checkpointer::load(const std::string& path) {
       std::set<std::string> files;
       for (const Slot& s : slots) {
         const ShardedParam& p = *s.param;
-        const int64_t r0 = efficient ? 0 : p.layout.first_row(),
-                      r1 = efficient ? p.layout.dim0() : p.layout.first_row() + p.layout.valid_rows();
+        const auto [first, last] = stored_rows(p);
+        const int64_t r0 = efficient ? 0 : first, r1 = efficient ? p.full_shape()[0] : last;
         if (r0 == r1) continue;
         const std::string name = stored_name(*src, p);
         src->files(name, r0, r1, files);

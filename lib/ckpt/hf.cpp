@@ -105,15 +105,19 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
   return written;
 }
 
+bool writes_exports(const ShardedModel& model) {
+  const DeviceMesh& m = model.mesh();
+  return m.shard.rank() == 0 && (!m.replicate || m.replicate->rank() == 0) && (!m.tp || m.tp->rank() == 0);
+}
+
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs) {
-  const bool writer =
-      model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
+  const bool writer = writes_exports(model);
   std::vector<TensorSpec> specs;
   std::vector<std::pair<size_t, size_t>> where;  // (group, index) of specs[i]
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) {
-      specs.push_back({model.groups()[g]->params()[i].name, model.groups()[g]->params()[i].layout.shape});
+      specs.push_back({model.groups()[g]->params()[i].name, model.groups()[g]->params()[i].full_shape()});
       where.emplace_back(g, i);
     }
   return write_hf_folder(
@@ -123,8 +127,7 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
 
 void export_folder(const ShardedModel& model, const std::string& dir, const ExtraFiles& extra,
                    const std::function<void(const std::string& tmp, FileSystem& fs)>& write) {
-  const bool writer =
-      model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
+  const bool writer = writes_exports(model);
   FileSystem& fs = local_file_system();
   const std::string tmp = dir + ".tmp";
   if (writer) {

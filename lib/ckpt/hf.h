@@ -44,9 +44,12 @@ struct WrittenFile {
   uint32_t crc32c = 0;
 };
 
-// What export_hf writes, into the existing folder `dir` (no rename): config.json and the weights,
-// through `fs`. Collective over the shard group; returns the files on the writing rank (shard and
-// replicate rank 0), nothing on the others.
+// Whether this rank writes a model's exports: rank 0 of its shard, replicate and tp groups.
+bool writes_exports(const ShardedModel& model);
+
+// What export_hf writes, into the existing folder `dir` (no rename): config.json and the weights
+// (whole tensors: tensor-parallel blocks gathered), through `fs`. Collective over the shard (and tp)
+// group; returns the files on the writing rank (writes_exports), nothing on the others.
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs);
 

@@ -68,10 +68,6 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
   return c.dump(2) + "\n";
 }
 
-bool writes(const ShardedModel& model) {
-  return model.mesh().shard.rank() == 0 && (!model.mesh().replicate || model.mesh().replicate->rank() == 0);
-}
-
 }  // namespace
 
 PeftAdapter read_peft_adapter(const std::string& dir) {
@@ -111,7 +107,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
 void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
                  const std::vector<std::string>& targets, const std::string& base_model, const std::string& dir,
                  const ExtraFiles& extra) {
-  const bool writer = writes(model);
+  const bool writer = writes_exports(model);
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const auto& g : model.groups())
@@ -140,7 +136,7 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
   for (const auto& [name, gi] : where)
     if (!model::is_lora_parameter(name))
       specs.push_back({name, model.groups()[gi.first]->params()[gi.second].layout.shape});
-  const bool writer = writes(model);
+  const bool writer = writes_exports(model);
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
     write_hf_folder(
         specs,

@@ -165,6 +165,18 @@ at::Tensor state_rows(const at::Tensor& flat, const ShardedParam& p) {
   return flat.narrow(0, p.offset, p.layout.shard_numel()).view(shape);
 }
 
+std::pair<int64_t, int64_t> stored_rows(const ShardedParam& p) {
+  // Split along rows: this tp rank's block starts further down the whole tensor.
+  const int64_t first = p.layout.first_row() + (p.tp.split() && p.tp.dim == 0 ? p.tp.start(p.layout.dim0()) : 0);
+  return {first, first + p.layout.valid_rows()};
+}
+
+at::Tensor tp_block(const at::Tensor& rows, const ShardedParam& p) {
+  if (!p.tp.split() || p.tp.dim == 0) return rows;
+  const int64_t n = p.layout.shape[static_cast<size_t>(p.tp.dim)];
+  return rows.narrow(p.tp.dim, p.tp.start(n), n);
+}
+
 std::string stored_name(const Source& src, const ShardedParam& p) {
   if (src.info(p.name)) return p.name;
   for (const std::string& a : p.aliases)
@@ -179,9 +191,9 @@ void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool
   std::vector<ExpectedTensor> expected;
   for (const Slot& s : slots) {
     const ShardedParam& p = *s.param;
-    expected.push_back({p.name, p.layout.shape, p.aliases});
+    expected.push_back({p.name, p.full_shape(), p.aliases});
     if (optimizer && p.trainable)
-      for (const char* prefix : {kExpAvg, kExpAvgSq}) expected.push_back({prefix + p.name, p.layout.shape, {}});
+      for (const char* prefix : {kExpAvg, kExpAvgSq}) expected.push_back({prefix + p.name, p.full_shape(), {}});
   }
   check_tensors_match(where, stored, expected, hint, optimizer ? "" : "optim.");
 }
@@ -189,26 +201,28 @@ void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool
 void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAdamW* adamw, Source* src,
           dist::ProcessGroup& world, bool efficient) {
   const c10::Device device = model.options().device;
-  auto copy_rows = [&](const std::string& name, const ShardLayout& layout, const at::Tensor& dest) {
-    const int64_t n = layout.valid_rows();
+  auto copy_rows = [&](const std::string& name, const ShardedParam& p, const at::Tensor& dest) {
+    const int64_t n = p.layout.valid_rows();
+    const auto [r0, r1] = stored_rows(p);
     if (!efficient || world.size() == 1) {
-      if (n > 0) dest.narrow(0, 0, n).copy_(src->rows(name, layout.first_row(), layout.first_row() + n));
+      if (n > 0) dest.narrow(0, 0, n).copy_(tp_block(src->rows(name, r0, r1), p));
       return;
     }
-    at::Tensor full = world.rank() == 0 ? src->rows(name, 0, layout.dim0()).to(device)
-                                        : at::empty(layout.shape, at::TensorOptions().dtype(at::kFloat).device(device));
+    const std::vector<int64_t> shape = p.full_shape();
+    at::Tensor full = world.rank() == 0 ? src->rows(name, 0, shape[0]).to(device)
+                                        : at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(device));
     world.broadcast(full, 0, "load " + name).wait();
-    if (n > 0) dest.narrow(0, 0, n).copy_(full.narrow(0, layout.first_row(), n));
+    if (n > 0) dest.narrow(0, 0, n).copy_(tp_block(full.narrow(0, r0, n), p));
   };
   c10::NoGradGuard no_grad;
   for (const Slot& s : slots) {
     const ShardedParam& p = *s.param;
     const std::string name = stored_name(*src, p);
-    copy_rows(name, p.layout, p.sharded);
+    copy_rows(name, p, p.sharded);
     if (adamw != nullptr && p.trainable) {
       auto& st = adamw->mutable_state()[s.group];
-      copy_rows(kExpAvg + name, p.layout, state_rows(st.exp_avg, p));
-      copy_rows(kExpAvgSq + name, p.layout, state_rows(st.exp_avg_sq, p));
+      copy_rows(kExpAvg + name, p, state_rows(st.exp_avg, p));
+      copy_rows(kExpAvgSq + name, p, state_rows(st.exp_avg_sq, p));
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/safetensors.h"
@@ -61,6 +62,12 @@ std::vector<Slot> slots_of(const ShardedModel& model, const std::function<bool(c
 
 // The rows of a parameter's AdamW state this rank holds: (chunk_rows, *shape[1:]) fp32.
 at::Tensor state_rows(const at::Tensor& flat, const ShardedParam& p);
+
+// The rows [first, last) of the whole stored tensor that hold this rank's rows of a parameter (under
+// tensor parallel, of its block), and those rows cut to the rank's block (a tensor split along a
+// later dimension than rows).
+std::pair<int64_t, int64_t> stored_rows(const ShardedParam& p);
+at::Tensor tp_block(const at::Tensor& rows, const ShardedParam& p);
 
 // The stored name of a parameter: its own, or one of its aliases (a tied head saved under the
 // other name).

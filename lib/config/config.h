@@ -240,9 +240,11 @@ struct FsdpLayout {
   int replicate_size = 1;
   int shard_size = 1;
   int post_forward_size = 0;  // partial resharding: N ranks of each shard group (1 < N < shard_size); 0: none
+  int tp_size = 1;            // tensor parallel: ranks each layer's weights are split over (innermost)
   // "FSDP2, reshard_after_forward=true, sharded over 8 ranks"; FSDP1 files say so, and what the
   // built-in trainer runs instead.
   std::string describe() const;
+  std::string describe_tensor_parallel() const;
 };
 
 FsdpLayout effective_fsdp_layout(const Config& config);

@@ -221,6 +221,7 @@ void assign_consumers(std::vector<OptionSpec>& table) {
       {"fsdp_config.fsdp_ignored_modules", kTrainer},  // the engine; the trainer refuses it
       {"parallelism_config.parallelism_config_dp_replicate_size", kTrainer},
       {"parallelism_config.parallelism_config_dp_shard_size", kTrainer},
+      {"parallelism_config.parallelism_config_tp_size", kTrainer},
   };
   for (OptionSpec& spec : table) {
     if (spec.extension) spec.used_by = kTrainer;
@@ -520,14 +521,16 @@ std::vector<OptionSpec> build_table() {
           .env("PARALLELISM_CONFIG_DP_SHARD_SIZE")
           .range(1)
           .def("1")
-          .help("HSDP: ranks that shard one replica (replicate x shard = num_processes)")
+          .help("HSDP: ranks that shard one replica (replicate x shard x tp = num_processes)")
           .to(P, &ParallelismConfig::dp_shard_size),
       Row("parallelism_config.parallelism_config_tp_size", V::kInt)
           .flag("parallelism_config_tp_size")
           .env("PARALLELISM_CONFIG_TP_SIZE")
           .range(1)
           .def("1")
-          .help("Tensor parallel size (only 1 is supported)")
+          .help("Tensor parallel: ranks each layer's weights are split over (heads, MLP rows, vocabulary), with "
+                "sequence parallel between layers; innermost in the mesh (dp_replicate x dp_shard x tp), so a "
+                "group is consecutive ranks. Alone, dp_shard_size is num_processes / tp_size")
           .to(P, &ParallelismConfig::tp_size),
       Row("parallelism_config.parallelism_config_cp_size", V::kInt)
           .flag("parallelism_config_cp_size")

@@ -1,6 +1,9 @@
 #include "config/validate.h"
 
+#include <algorithm>
+#include <functional>
 #include <regex>
+#include <vector>
 
 #include "config/resolved.h"
 #include "util/error.h"
@@ -110,10 +113,11 @@ void check_partial_reshard(Checker& c) {
     c.error(key, str("is the whole shard group (", plural(shard, "rank"), "), which is not partial resharding", legacy),
             divisors.empty() ? "write true" : str("write true, or one of ", join(divisors, ", ")));
   const int per_machine = cfg.launch.processes_per_machine();
-  if (n < shard && cfg.launch.num_machines > 1 && n > per_machine)
+  const int tp = effective_fsdp_layout(cfg).tp_size;  // a shard group's N members span N tensor-parallel groups
+  if (n < shard && cfg.launch.num_machines > 1 && n * tp > per_machine)
     c.warning(key,
               str(n, " ranks span machines (", per_machine, " processes each): backward's gathers cross the network"),
-              str("use ", per_machine, " to keep them inside a machine"));
+              str("use ", per_machine / tp, " to keep them inside a machine"));
 }
 
 void check_fsdp(Checker& c) {
@@ -191,6 +195,32 @@ void check_fsdp(Checker& c) {
   }
 }
 
+// Tensor parallel: what the config alone decides (the model's sizes are checked against tp_size when
+// the trainer reads config.json, before any worker starts).
+void check_tensor_parallel(Checker& c) {
+  const Config& cfg = c.rc.typed;
+  const int tp = cfg.parallelism.tp_size;
+  const char* key = "parallelism_config.parallelism_config_tp_size";
+  const int per_machine = cfg.launch.processes_per_machine();
+  if (per_machine % tp != 0)
+    c.warning(key,
+              str(tp, " does not divide the ", per_machine,
+                  " processes of a machine: some tensor-parallel groups span machines, and every layer's "
+                  "collectives then cross the network"),
+              "a tp_size that divides the GPUs of one machine (8 is common)");
+  if (cfg.train.sequence_length % tp != 0)
+    c.error(key,
+            str(tp, " does not divide train.sequence_length ", cfg.train.sequence_length,
+                " (sequence parallel splits each sequence over the tensor-parallel ranks)"),
+            "a sequence_length that is a multiple of tp_size");
+  if (cfg.lora.enabled())
+    c.error(key, "LoRA adapters are not trained under tensor parallel yet", "set tp_size: 1 to train with lora.r");
+  if (cfg.fsdp.state_dict_type == StateDictType::kShardedStateDict)
+    c.error("fsdp_config.fsdp_state_dict_type",
+            "SHARDED_STATE_DICT checkpoints of a tensor-parallel run are not written yet",
+            "FULL_STATE_DICT: it resumes into any layout (another tp_size or number of processes)");
+}
+
 void check_parallelism(Checker& c) {
   const Config& cfg = c.rc.typed;
   const ParallelismConfig& p = cfg.parallelism;
@@ -201,8 +231,7 @@ void check_parallelism(Checker& c) {
             cfg.launch.distributed_type == DistributedType::kFsdp ? c.to_fsdp2_hint() : "set distributed_type: FSDP");
     return;
   }
-  if (p.tp_size > 1)
-    c.error("parallelism_config.parallelism_config_tp_size", "tensor parallelism is not supported (only 1)");
+  if (p.tp_size > 1) check_tensor_parallel(c);
   if (p.cp_size > 1)
     c.error("parallelism_config.parallelism_config_cp_size", "context parallelism is not supported (only 1)");
   if (!p.cp_comm_strategy.empty() && p.cp_size <= 1)
@@ -210,12 +239,15 @@ void check_parallelism(Checker& c) {
               "ignored because parallelism_config_cp_size is 1");
   const long long product = 1LL * p.dp_replicate_size * p.dp_shard_size * p.tp_size * p.cp_size;
   const bool all_one = product == 1;
-  if (!all_one && product != cfg.launch.num_processes)
+  // tp_size alone: the data-parallel ranks are the rest (dp_shard_size = num_processes / tp_size).
+  const bool dp_inferred = p.dp_replicate_size == 1 && p.dp_shard_size == 1 && p.cp_size == 1 && p.tp_size > 1 &&
+                           cfg.launch.num_processes % p.tp_size == 0;
+  if (!all_one && !dp_inferred && product != cfg.launch.num_processes)
     c.error(c.set("parallelism_config.parallelism_config_dp_shard_size")
                 ? "parallelism_config.parallelism_config_dp_shard_size"
                 : first,
-            str("dp_replicate_size x dp_shard_size = ", p.dp_replicate_size, " x ", p.dp_shard_size, " = ", product,
-                ", but num_processes is ", cfg.launch.num_processes),
+            str("dp_replicate_size x dp_shard_size x tp_size = ", p.dp_replicate_size, " x ", p.dp_shard_size, " x ",
+                p.tp_size, " = ", product, ", but num_processes is ", cfg.launch.num_processes),
             "the product of the parallelism sizes must equal num_processes");
 }
 
@@ -344,6 +376,42 @@ void validate_config(const ResolvedConfig& rc, Diagnostics& diags) {
   check_input_paths(c);
 }
 
+// "tensor parallel over 2 (tp groups 0-1, 2-3; each rank shards with the ranks of its tp index:
+// 0,2 and 1,3)": the mesh (dp_replicate, dp_shard, tp), tp innermost.
+std::string FsdpLayout::describe_tensor_parallel() const {
+  const int world = replicate_size * shard_size * tp_size, groups = world / tp_size;
+  auto listed = [](int count, const std::function<std::string(int)>& item, const char* separator) {
+    std::vector<std::string> shown;
+    for (int g = 0; g < count; ++g) {
+      if (count > 4 && g == 2) {
+        shown.push_back("...");
+        g = count - 2;
+      }
+      shown.push_back(item(g));
+    }
+    return join(shown, separator);
+  };
+  const std::string tp_groups = listed(
+      groups, [&](int g) { return str(g * tp_size, "-", (g + 1) * tp_size - 1); }, ", ");
+  // The ranks of one tp index across a shard group: (replica * shard_size + s) * tp_size + t.
+  const std::string dp_groups = listed(
+      replicate_size * tp_size,
+      [&](int k) {
+        const int replica = k / tp_size, t = k % tp_size;
+        std::vector<std::string> ranks;
+        for (int s = 0; s < shard_size; ++s) {
+          if (shard_size > 4 && s == 2) {
+            ranks.push_back("...");
+            s = shard_size - 1;
+          }
+          ranks.push_back(std::to_string((replica * shard_size + s) * tp_size + t));
+        }
+        return join(ranks, ",");
+      },
+      " / ");
+  return str("tensor parallel over ", tp_size, " (tp groups: ranks ", tp_groups, "; shard groups: ", dp_groups, ")");
+}
+
 std::string FsdpLayout::describe() const {
   if (!sharded) return "no sharding (parameters replicated on every process)";
   std::string layout = str("reshard_after_forward=", reshard_after_forward ? "true" : "false", ", ");
@@ -364,6 +432,7 @@ std::string FsdpLayout::describe() const {
     layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
   else
     layout += str("sharded over ", shard_size, " ranks");
+  if (tp_size > 1) layout += ", " + describe_tensor_parallel();
   if (version == 1)
     return str("FSDP1 ", fsdp1_strategy, " (programs get FSDP_VERSION=1; the built-in trainer runs it as FSDP2, ",
                layout, ")");
@@ -382,9 +451,10 @@ FsdpLayout effective_fsdp_layout(const Config& config) {
   if (config.fsdp.version == 2) {
     layout.reshard_after_forward = config.fsdp.reshard_after_forward;
     const ParallelismConfig& p = config.parallelism;
-    bool all_one = p.dp_replicate_size == 1 && p.dp_shard_size == 1;
-    layout.replicate_size = all_one ? 1 : p.dp_replicate_size;
-    layout.shard_size = all_one ? world : p.dp_shard_size;
+    const bool dp_unset = p.dp_replicate_size == 1 && p.dp_shard_size == 1;
+    layout.tp_size = std::max(1, p.tp_size);
+    layout.replicate_size = dp_unset ? 1 : p.dp_replicate_size;
+    layout.shard_size = dp_unset ? std::max(1, world / layout.tp_size) : p.dp_shard_size;
     const int n = config.fsdp.reshard_after_forward_size;
     if (n > 1 && n < layout.shard_size && layout.shard_size % n == 0) layout.post_forward_size = n;
     return layout;

@@ -22,12 +22,17 @@ struct DeviceMesh {
   // (one machine's GPUs, typically) over which a unit stays sharded between its forward and its
   // backward, so backward's all-gather runs inside them. None: resharded over the whole shard group.
   std::optional<dist::ProcessGroup> post_forward;
+  // Tensor parallel: the ranks that split each layer's weights between them (and read the same
+  // batch). The shard and replicate groups then join the ranks of one tp index across those groups.
+  std::optional<dist::ProcessGroup> tp;
 };
 
-// Splits `world` into replicate x shard (shard groups are consecutive ranks, one per machine
-// usually). replicate = 1 gives plain FSDP over the world. post_forward_size N (0: none) adds the
-// partial-resharding groups: N consecutive ranks of each shard group; N must divide shard_size.
-// Collective over `world`.
-DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size, int post_forward_size = 0);
+// Splits `world` into replicate x shard x tp, tp innermost (Accelerate's and TorchTitan's order):
+// rank = (replica * shard_size + shard index) * tp_size + tp index, so a tp group is consecutive
+// ranks (one machine's GPUs) and a shard group is consecutive groups of them. replicate = 1 and
+// tp = 1 give plain FSDP over the world. post_forward_size N (0: none) adds the partial-resharding
+// groups: N consecutive members of each shard group; N must divide shard_size. Collective over `world`.
+DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size, int post_forward_size = 0,
+                     int tp_size = 1);
 
 }  // namespace fsdp

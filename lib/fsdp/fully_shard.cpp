@@ -99,27 +99,40 @@ std::vector<std::string> choose_units(
 
 }  // namespace
 
-DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size, int post_forward_size) {
-  FSDP_CHECK(replicate_size >= 1 && shard_size >= 1 && replicate_size * shard_size == world.size(),
+DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size, int post_forward_size,
+                     int tp_size) {
+  FSDP_CHECK(replicate_size >= 1 && shard_size >= 1 && tp_size >= 1 &&
+                 1LL * replicate_size * shard_size * tp_size == world.size(),
              "[fsdp] parallelism_config: dp_replicate_size ", replicate_size, " x dp_shard_size ", shard_size,
-             " must equal the number of processes, ", world.size());
+             " x tp_size ", tp_size, " must equal the number of processes, ", world.size());
   FSDP_CHECK(post_forward_size == 0 || (post_forward_size >= 1 && shard_size % post_forward_size == 0),
              "[fsdp] fsdp_reshard_after_forward: ", post_forward_size, " must divide the shard group's size, ",
              shard_size);
   DeviceMesh mesh(world);
-  const int replica = world.rank() / shard_size, index = world.rank() % shard_size;
-  if (replicate_size > 1) {
+  const int t = world.rank() % tp_size, dp = world.rank() / tp_size;  // tp innermost
+  const int replica = dp / shard_size, index = dp % shard_size;
+  auto world_rank = [&](int r, int s) { return (r * shard_size + s) * tp_size + t; };
+  // Every rank makes its groups in this order (tp, shard, replicate, post-forward), so each one's
+  // k-th new_group is the same group as its fellow members' k-th.
+  if (tp_size > 1) {
+    std::vector<int> ranks;
+    for (int i = 0; i < tp_size; ++i) ranks.push_back(dp * tp_size + i);
+    mesh.tp = world.new_group(ranks);
+  }
+  if (replicate_size > 1 || tp_size > 1) {
     std::vector<int> shard_ranks, replicate_ranks;
-    for (int i = 0; i < shard_size; ++i) shard_ranks.push_back(replica * shard_size + i);
-    for (int j = 0; j < replicate_size; ++j) replicate_ranks.push_back(j * shard_size + index);
+    for (int i = 0; i < shard_size; ++i) shard_ranks.push_back(world_rank(replica, i));
     mesh.shard = world.new_group(shard_ranks);
-    mesh.replicate = world.new_group(replicate_ranks);
+    if (replicate_size > 1) {
+      for (int j = 0; j < replicate_size; ++j) replicate_ranks.push_back(world_rank(j, index));
+      mesh.replicate = world.new_group(replicate_ranks);
+    }
   }
   // 1 would keep everything gathered (reshard_after_forward: false) and shard_size resharding whole.
   if (post_forward_size > 1 && post_forward_size < shard_size) {
     std::vector<int> ranks;
-    const int first = replica * shard_size + index / post_forward_size * post_forward_size;
-    for (int i = 0; i < post_forward_size; ++i) ranks.push_back(first + i);
+    const int first = index / post_forward_size * post_forward_size;
+    for (int i = 0; i < post_forward_size; ++i) ranks.push_back(world_rank(replica, first + i));
     mesh.post_forward = world.new_group(ranks);
   }
   return mesh;
@@ -332,6 +345,8 @@ void ShardedModel::finish_backward() {
   for (auto it = post_forward_order_.rbegin(); it != post_forward_order_.rend(); ++it) post_backward(*it);
   for (size_t u : reduce_queue_) groups_[u]->finish_reduce();
   reduce_queue_.clear();
+  if (sync_)
+    for (auto& g : groups_) g->sum_whole_gradients_over_tp();
   for (auto& g : groups_) g->reshard();
   callback_queued_ = false;
   std::fill(backward_started_.begin(), backward_started_.end(), false);

@@ -55,6 +55,11 @@ struct FsdpOptions {
   // unit is sharded, one parameter at a time, and the module's own values are not read (their
   // storage may already be freed): the whole model never exists on one rank.
   std::function<at::Tensor(const std::string& name, at::IntArrayRef shape)> init;
+  // Tensor parallel (the mesh's tp group): the dimension along which a parameter's registered
+  // tensor is this rank's block of the whole one (TpSlice), or -1 for one every tp rank holds whole.
+  // init then makes the whole value and keeps the block; gathers return whole values; the gradients
+  // of the whole ones are summed over the tp group after each reducing backward. Unset: -1.
+  std::function<int(const std::string& name)> tensor_parallel_dim;
 };
 
 }  // namespace fsdp

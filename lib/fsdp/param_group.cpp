@@ -89,6 +89,11 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     p.name = pname;
     p.aliases = aliases[i];
     p.layout = ShardLayout{tensor.sizes().vec(), world, rank};
+    if (mesh_->tp && options_.tensor_parallel_dim) {
+      p.tp = TpSlice{options_.tensor_parallel_dim(pname), mesh_->tp->rank(), mesh_->tp->size()};
+      FSDP_CHECK(p.tp.dim < tensor.dim(), "[fsdp] parameter ", pname, " of ", tensor.dim(),
+                 " dimensions cannot be split for tensor parallel along dimension ", p.tp.dim);
+    }
     p.trainable = tensor.requires_grad();
     p.decay = p.trainable && tensor.dim() >= 2;
     p.offset = shard_numel_;
@@ -118,8 +123,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   for (ShardedParam& p : params_) {
     const ShardLayout& l = p.layout;
     // This rank's rows of the full value; the padding rows stay zero.
-    const at::Tensor full =
-        (options_.init ? options_.init(p.name, l.shape).to(at::kFloat) : p.unsharded.detach()).reshape({-1});
+    const at::Tensor full = (options_.init ? initial_value(p) : p.unsharded.detach()).reshape({-1});
     const int64_t begin = l.first_row() * l.row_numel(), count = l.valid_rows() * l.row_numel();
     const at::Tensor flat = shard_of(p);
     if (count > 0) flat.narrow(0, 0, count).copy_(full.narrow(0, begin, count));
@@ -319,7 +323,43 @@ at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
   const ShardedParam& p = params_.at(i);
   dist::ProcessGroup shard = mesh_->shard;  // a handle; copies share the group
   const at::Tensor all = shard.all_gather_copies(shard_of(p).to(at::kFloat), "full value of " + p.name);
-  return all.narrow(0, 0, p.layout.numel()).view(p.layout.shape).clone();
+  return whole(p, all.narrow(0, 0, p.layout.numel()).view(p.layout.shape)).clone();
+}
+
+// The whole fp32 value: init's, cut to this rank's tensor-parallel block.
+at::Tensor ParamGroup::initial_value(const ShardedParam& p) const {
+  const at::Tensor full = options_.init(p.name, p.full_shape()).to(at::kFloat);
+  if (!p.tp.split()) return full;
+  const int64_t n = p.layout.shape[static_cast<size_t>(p.tp.dim)];
+  return full.narrow(p.tp.dim, p.tp.start(n), n).contiguous();
+}
+
+at::Tensor ParamGroup::whole(const ShardedParam& p, const at::Tensor& block) const {
+  if (!p.tp.split()) return block;
+  dist::ProcessGroup tp = *mesh_->tp;
+  std::vector<int64_t> stacked = p.layout.shape;
+  stacked.insert(stacked.begin(), tp.size());
+  // (parts, *block) rank-major, the parts dimension moved next to the one it splits, then merged.
+  const at::Tensor all = tp.all_gather_copies(block.contiguous().reshape({-1}), "whole " + p.name).view(stacked);
+  return all.movedim(0, p.tp.dim).reshape(p.full_shape());
+}
+
+void ParamGroup::sum_whole_gradients_over_tp() {
+  if (!mesh_->tp || mesh_->tp->size() == 1) return;
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> slices;
+  for (const ShardedParam& p : params_)
+    if (p.trainable && !p.tp.split()) slices.push_back(flat_grad_.narrow(0, p.offset, p.layout.shard_numel()));
+  if (slices.empty()) return;
+  // Each tp rank's gradient of a parameter they all hold is its part (its sequence block, its heads).
+  const at::Tensor sum = at::cat(slices).to(options_.device);
+  dist::ProcessGroup tp = *mesh_->tp;
+  tp.all_reduce(sum, dist::ReduceOp::kSum, "tensor-parallel gradients of " + display_name()).wait();
+  int64_t at = 0;
+  for (const at::Tensor& s : slices) {
+    s.copy_(sum.narrow(0, at, s.numel()));
+    at += s.numel();
+  }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at::Tensor& flat,
@@ -333,7 +373,7 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at
     if (trainable_only && !p.trainable) continue;
     const int64_t k = p.layout.shard_numel();
     at::Tensor full = rows.narrow(1, p.offset, k).reshape({-1}).narrow(0, 0, p.layout.numel()).view(p.layout.shape);
-    out.emplace_back(p.name, full.clone());
+    out.emplace_back(p.name, whole(p, full).clone());
   }
   return out;
 }

@@ -39,7 +39,8 @@
 // how far the host runs ahead of the device.
 //
 // Collective: unshard, post_backward, finish_reduce and gather_full_parameters issue collectives on
-// the shard (and replicate) group; all ranks call them in the same order (the engine guarantees it
+// the shard (and replicate) group, the gathers of whole values and sum_whole_gradients_over_tp on the
+// tp group; all ranks call them in the same order (the engine guarantees it
 // because every rank runs the same model). Not thread-safe: one thread at a time, the training
 // thread in forward and, on CUDA, the autograd engine's device thread in backward (the engine's
 // hooks; the training thread waits in backward() meanwhile).
@@ -63,7 +64,8 @@ namespace fsdp {
 struct ShardedParam {
   std::string name;                  // fully qualified, e.g. "blocks.0.fc1.weight"
   std::vector<std::string> aliases;  // other names of a tied parameter
-  ShardLayout layout;
+  ShardLayout layout;                // of this rank's registered tensor (its tensor-parallel block, under tp)
+  TpSlice tp;                        // where that tensor sits in the whole parameter
   bool trainable = true;
   bool decay = true;     // AdamW weight decay applies (dim >= 2)
   int64_t offset = 0;    // in the unit's flat shard
@@ -71,6 +73,9 @@ struct ShardedParam {
   int64_t unsharded_offset = 0;  // where it starts in that storage (elements)
   at::Tensor sharded;            // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen
   at::Tensor accumulated;        // (shape) fp32, no-sync accumulation; undefined when unused
+
+  // The whole parameter's shape (what checkpoints and exports hold).
+  std::vector<int64_t> full_shape() const { return tp.full_shape(layout.shape); }
 };
 
 // kPartial: between forward and backward under partial resharding, this rank holds its
@@ -139,6 +144,9 @@ class ParamGroup {
   // The full fp32 value of params()[i] alone (collective over the shard group): what exports use,
   // so no rank holds more than one full tensor.
   at::Tensor gather_full_parameter(size_t i) const;
+  // Tensor parallel: sums over the tp group the sharded gradients of the parameters every tp rank
+  // holds whole (each rank's is its part). Collective over the tp group; no-op without one.
+  void sum_whole_gradients_over_tp();
 
   // Persistent bytes this rank holds: sharded params (fp32, frozen ones in param_dtype), their
   // gradients (fp32), padding included.
@@ -150,6 +158,10 @@ class ParamGroup {
   void copy_out(const at::Tensor& gathered);             // (W * S) param_dtype -> every param's unsharded rows
   at::Tensor unsharded_of(const ShardedParam& p) const;  // (numel) of unsharded_ that p views
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
+  at::Tensor initial_value(const ShardedParam& p) const;
+  // The whole parameter from every tp rank's block (collective over the tp group); `block` itself
+  // when the parameter is not split.
+  at::Tensor whole(const ShardedParam& p, const at::Tensor& block) const;
   at::Tensor shard_of(const ShardedParam& p) const;  // (shard_numel) in flat_shard_ or frozen_shard_
 
   std::string name_;

@@ -35,4 +35,23 @@ struct ShardLayout {
   int64_t padding_numel() const { return (chunk_rows() - valid_rows()) * row_numel(); }
 };
 
+// TpSlice: where a tensor-parallel rank's part of a parameter sits in the whole parameter. The
+// parameter is cut into `parts` equal blocks along `dim` and this rank holds block `index`
+// (Megatron's column-parallel weights: dim 0; row-parallel: dim 1); dim -1: every rank of the
+// tensor-parallel group holds the whole parameter (norms, row-parallel biases).
+struct TpSlice {
+  int dim = -1;
+  int index = 0;
+  int parts = 1;
+
+  bool split() const { return dim >= 0 && parts > 1; }
+  // The whole parameter's shape, from this rank's part's.
+  std::vector<int64_t> full_shape(std::vector<int64_t> local) const {
+    if (split()) local[static_cast<size_t>(dim)] *= parts;
+    return local;
+  }
+  // Where this rank's block starts along dim, for a part of `local_size` there.
+  int64_t start(int64_t local_size) const { return split() ? index * local_size : 0; }
+};
+
 }  // namespace fsdp

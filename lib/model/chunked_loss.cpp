@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "model/tensor_parallel.h"
+
 namespace fsdp::model {
 
 namespace {
@@ -13,11 +15,36 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The log-sum-exp over the vocabulary of each row of logits (m, V/P), and each row's logit of its
+// target (0 where the target is another rank's): over the tp group's logits when there is one.
+struct ChunkStats {
+  at::Tensor lse, picked;  // (m) fp32
+};
+
+ChunkStats chunk_stats(const at::Tensor& logits, const at::Tensor& safe_y, const TensorParallel* tp) {
+  if (tp == nullptr) return {at::logsumexp(logits, {1}), logits.gather(1, safe_y.unsqueeze(1)).squeeze(1)};
+  dist::ProcessGroup group = tp->group;  // a handle; copies share the group
+  const int64_t m = logits.size(0), vocab = logits.size(1), first = tp->rank() * vocab;
+  // The largest logit over every rank's columns, so exp() cannot overflow on any of them.
+  const at::Tensor local_max = std::get<0>(logits.max(1)).contiguous();
+  const at::Tensor maxes = at::empty({tp->size() * m}, local_max.options());
+  group.all_gather(maxes, local_max, "vocab-parallel loss (max)").wait();
+  const at::Tensor top = std::get<0>(maxes.view({tp->size(), m}).max(0));
+  const at::Tensor mine = (safe_y >= first) & (safe_y < first + vocab);
+  const at::Tensor local_y = (safe_y - first).clamp(0, vocab - 1);
+  const at::Tensor sums = at::stack({(logits - top.unsqueeze(1)).exp().sum(1),
+                                     logits.gather(1, local_y.unsqueeze(1)).squeeze(1) * mine.to(at::kFloat)})
+                              .contiguous();
+  group.all_reduce(sums, dist::ReduceOp::kSum, "vocab-parallel loss (sums)").wait();
+  return {sums[0].log() + top, sums[1]};
+}
+
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                               const at::Tensor& targets, int64_t rows, int64_t ignore_index) {
+                               const at::Tensor& targets, int64_t rows, int64_t ignore_index,
+                               const TensorParallel* tp) {
     const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
-    const int64_t n = hidden.size(0), vocab = weight.size(0);
+    const int64_t n = hidden.size(0), vocab = weight.size(0), first = tp ? tp->rank() * vocab : 0;
     if (rows <= 0) rows = default_chunk_rows(vocab);
     at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
     at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
@@ -25,16 +52,17 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     for (int64_t i = 0; i < n; i += rows) {
       const int64_t m = std::min(rows, n - i);
       const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
-      const at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);  // (m, V)
-      const at::Tensor lse = at::logsumexp(logits, {1});                   // (m)
+      const at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);  // (m, V) or (m, V/P)
       const at::Tensor valid = y.ne(ignore_index);
       const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
-      const at::Tensor picked = logits.gather(1, safe_y.unsqueeze(1)).squeeze(1);
+      const auto [lse, picked] = chunk_stats(logits, safe_y, tp);  // (m)
       loss.add_(((lse - picked) * valid.to(at::kFloat)).sum());
       if (!grad_h && !grad_w) continue;
-      // d loss / d logits = softmax - one_hot, zero on ignored tokens.
+      // d loss / d logits = softmax - one_hot, zero on ignored tokens (the one-hot in its rank's columns).
       at::Tensor g = (logits - lse.unsqueeze(1)).exp_();
-      g.scatter_add_(1, safe_y.unsqueeze(1), at::full({m, 1}, -1.0f, g.options()));
+      const at::Tensor local_y = (safe_y - first).clamp(0, vocab - 1);
+      const at::Tensor mine = ((safe_y >= first) & (safe_y < first + vocab)).to(at::kFloat).unsqueeze(1);
+      g.scatter_add_(1, local_y.unsqueeze(1), -mine);
       g.mul_(valid.to(at::kFloat).unsqueeze(1));
       if (grad_h) dh.narrow(0, i, m).copy_(at::matmul(g.to(weight.scalar_type()), weight));
       if (grad_w) dw.addmm_(g.t(), h.to(at::kFloat));
@@ -48,7 +76,11 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     const at::Tensor& g = grads[0];
     const at::Tensor dh = ctx->saved_data["dh"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
     return {dh.defined() ? dh * g.to(dh.scalar_type()) : at::Tensor(),
-            dw.defined() ? dw * g.to(dw.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            dw.defined() ? dw * g.to(dw.scalar_type()) : at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -59,8 +91,9 @@ int64_t default_chunk_rows(int64_t vocab_size) {
 }
 
 at::Tensor chunked_linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
-                                            const at::Tensor& targets, int64_t rows, int64_t ignore_index) {
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index)[0];
+                                            const at::Tensor& targets, int64_t rows, int64_t ignore_index,
+                                            const TensorParallel* tp) {
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index, tp)[0];
 }
 
 }  // namespace fsdp::model

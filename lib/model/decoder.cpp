@@ -16,6 +16,7 @@
 #include "model/fused_ops.h"
 #include "model/lora_layer.h"
 #include "model/stacked_weights.h"
+#include "model/tensor_parallel.h"
 #include "util/env.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -33,6 +34,18 @@ uint64_t stream_of(uint64_t seed, const std::string& name) {
     h *= 1099511628211ULL;
   }
   return h;
+}
+
+int parts_of(const std::shared_ptr<TensorParallel>& tp) {
+  return tp ? tp->size() : 1;
+}
+
+// Under tensor parallel, a rank's share of `what` (a count of heads, rows): count / P, which must divide.
+int64_t share(int64_t count, const std::shared_ptr<TensorParallel>& tp, const char* what) {
+  const int p = parts_of(tp);
+  FSDP_CHECK(count % p == 0, "[tp] ", what, " ", count, " do not divide over tp_size ", p,
+             " tensor-parallel ranks; choose a tp_size that divides it");
+  return count / p;
 }
 
 at::Tensor rotate_half(const at::Tensor& x) {
@@ -104,12 +117,13 @@ at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
   return weight * normed.to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer)
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> t)
     : torch::nn::Module("LlamaAttention"),
-      heads(c.num_attention_heads),
-      kv_heads(c.num_key_value_heads),
+      heads(share(c.num_attention_heads, t, "num_attention_heads")),
+      kv_heads(share(c.num_key_value_heads, t, "num_key_value_heads")),
       head_dim(c.head_dim),
-      window(c.window_of(layer)) {
+      window(c.window_of(layer)),
+      tp(std::move(t)) {
   auto linear = [&](int64_t in, int64_t out, bool bias) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
   };
@@ -211,7 +225,7 @@ at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tens
   const at::Tensor y = std::get<0>(at::_flash_attention_forward(
       tokens(q), tokens(k), tokens(v), packed.cu_seqlens, packed.cu_seqlens, packed.max_len, packed.max_len,
       /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, /*scale=*/std::nullopt, left, right));
-  return lora_linear(o_proj, y.view({b, t, heads * head_dim}));
+  return row_parallel_output(o_proj, y.view({b, t, heads * head_dim}), tp.get());
 }
 
 namespace {
@@ -242,17 +256,25 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   else
     y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
-  return lora_linear(o_proj, y.transpose(1, 2).reshape({b, t, heads * head_dim}));
+  return row_parallel_output(o_proj, y.transpose(1, 2).reshape({b, t, heads * head_dim}), tp.get());
+}
+
+at::Tensor row_parallel_output(const torch::nn::Linear& proj, const at::Tensor& x, const TensorParallel* tp) {
+  if (tp == nullptr) return lora_linear(proj, x);
+  // The bias after the sum, once: every rank holds it whole and adds it to its own tokens.
+  const at::Tensor y = reduce_scatter_along(at::linear(x, proj->weight), 1, *tp);
+  return proj->bias.defined() ? y + proj->bias : y;
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        const Packed& packed) {
-  const Projected p = project(x, cos, sin);
+  const Projected p = project(tp ? gather_along(x, 1, *tp) : x, cos, sin);  // attention sees the whole sequence
   return attend(p.q, p.k, p.v, 0, packed);
 }
 
 at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                               LayerCache& cache) {
+  FSDP_CHECK(!tp, "[model] decoding runs on a model without tensor parallel");
   const Projected p = project(x, cos, sin);
   const int64_t start = cache.k.defined() ? cache.k.size(2) : 0;
   cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
@@ -260,16 +282,19 @@ at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Ten
   return attend(p.q, cache.k, cache.v, start);
 }
 
-LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) : torch::nn::Module("LlamaMLP") {
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> t)
+    : torch::nn::Module("LlamaMLP"), tp(std::move(t)) {
   auto linear = [&](int64_t in, int64_t out) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.mlp_bias));
   };
-  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size));
-  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size));
-  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size));
+  const int64_t f = share(c.intermediate_size, tp, "intermediate_size");
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, f));
+  up_proj = register_module("up_proj", linear(c.hidden_size, f));
+  down_proj = register_module("down_proj", linear(f, c.hidden_size));
 }
 
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
+  const at::Tensor x = tp ? gather_along(input, 1, *tp) : input;
   const bool fused = fused_kernels_enabled();
   // gate and up as one product when fully_shard laid their weights end to end (model/stacked_weights.h).
   const auto w = fused ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
@@ -277,7 +302,7 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
   if (w) {
     const at::Tensor gate_up = at::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
     if (x.is_cpu() && !has_lora(gate_proj) && !has_lora(up_proj))
-      return lora_linear(down_proj, fused_swiglu(gate_up));  // reads gate and up from the one block
+      return row_parallel_output(down_proj, fused_swiglu(gate_up), tp.get());  // gate and up read from the one block
     const int64_t f = gate_proj->weight.size(0);
     gate = with_lora(gate_proj, x, gate_up.narrow(-1, 0, f));
     up = with_lora(up_proj, x, gate_up.narrow(-1, f, f));
@@ -285,14 +310,15 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
     gate = lora_linear(gate_proj, x);
     up = lora_linear(up_proj, x);
   }
-  return lora_linear(down_proj,
-                     x.is_cpu() && fused ? fused_swiglu(gate.contiguous(), up.contiguous()) : at::silu(gate) * up);
+  return row_parallel_output(
+      down_proj, x.is_cpu() && fused ? fused_swiglu(gate.contiguous(), up.contiguous()) : at::silu(gate) * up,
+      tp.get());
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer)
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp)
     : torch::nn::Module(family_names(c.family).layer_class) {
-  self_attn = register_module("self_attn", LlamaAttention(c, layer));
-  mlp = register_module("mlp", LlamaMLP(c));
+  self_attn = register_module("self_attn", LlamaAttention(c, layer, tp));
+  mlp = register_module("mlp", LlamaMLP(c, tp));
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
 }
@@ -309,36 +335,41 @@ at::Tensor LlamaDecoderLayerImpl::forward_cached(const at::Tensor& x, const at::
   return h + mlp->forward(post_attention_layernorm(h));
 }
 
-LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim) : torch::nn::Module("LlamaEmbedding") {
-  weight = register_parameter("weight", at::empty({vocab, dim}));
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t)
+    : torch::nn::Module("LlamaEmbedding"), tp(std::move(t)) {
+  weight = register_parameter("weight", at::empty({share(vocab, tp, "vocab_size"), dim}));
 }
 
 at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& tokens) {
-  return at::embedding(weight, tokens);
+  if (!tp) return at::embedding(weight, tokens);
+  return reduce_scatter_along(vocab_parallel_embedding(weight, tokens, *tp), 1, *tp);
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : torch::nn::Module("LlamaModel") {
-  embed_tokens = register_module("embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size));
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> tp)
+    : torch::nn::Module("LlamaModel") {
+  embed_tokens = register_module("embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size, tp));
   layers = register_module("layers", torch::nn::ModuleList());
   norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create)
-    : torch::nn::Module("LlamaForCausalLM"), config(c) {
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create,
+                                           std::shared_ptr<TensorParallel> t)
+    : torch::nn::Module("LlamaForCausalLM"), config(c), tp(t && t->size() > 1 ? std::move(t) : nullptr) {
   auto release = [&](torch::nn::Module& m) {
     if (free_after_create)
       for (auto& p : m.parameters()) fsdp::free_storage(p);
   };
-  model = register_module("model", LlamaModel(c));
+  model = register_module("model", LlamaModel(c, tp));
   release(*model);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {  // one layer exists at a time
-    LlamaDecoderLayer layer(c, i);
+    LlamaDecoderLayer layer(c, i, tp);
     release(*layer);
     model->layers->push_back(layer);
   }
   if (!c.tie_word_embeddings) {
-    lm_head = register_module("lm_head",
-                              torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+    lm_head = register_module(
+        "lm_head",
+        torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, share(c.vocab_size, tp, "vocab_size")).bias(false)));
     release(*lm_head);
   }
   inv_freq_ = rope_inv_freq(c);
@@ -359,7 +390,8 @@ at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens, const P
       return TensorList{layer->forward(in[0], in[1], in[2], rows)};
     })[0];
   }
-  return model->norm(x);
+  const at::Tensor normed = model->norm(x);
+  return tp ? gather_along(normed, 1, *tp) : normed;
 }
 
 const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
@@ -367,10 +399,12 @@ const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
-  return at::linear(hidden_states(tokens), head_weight());
+  const at::Tensor logits = at::linear(hidden_states(tokens), head_weight());
+  return tp ? gather_along(logits, -1, *tp) : logits;  // every rank's columns of the vocabulary
 }
 
 at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
+  FSDP_CHECK(!tp, "[model] decoding runs on a model without tensor parallel");
   cache.resize(static_cast<size_t>(config.num_hidden_layers));
   const int64_t start = cache[0].k.defined() ? cache[0].k.size(2) : 0, t = tokens.size(1);
   at::Tensor x = model->embed_tokens->forward(tokens);
@@ -384,7 +418,8 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::v
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
   const at::Tensor x = hidden_states(tokens, packed);
-  return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head_weight(), targets.reshape({-1}));
+  return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head_weight(), targets.reshape({-1}),
+                                          /*rows=*/0, /*ignore_index=*/-100, tp.get());
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {

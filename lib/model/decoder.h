@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,8 @@
 #include "model/hf_config.h"
 
 namespace fsdp::model {
+
+struct TensorParallel;  // model/tensor_parallel.h
 
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
@@ -79,7 +82,9 @@ at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  LlamaAttentionImpl(const LlamaConfig& c, int64_t layer);
+  // With `tp` (P ranks): this rank's H/P query and K/P kv heads, o_proj's matching columns; forward
+  // takes and returns this rank's block of the sequence (B, T/P, C) (model/tensor_parallel.h).
+  LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr);
   // x (B, T, C); cos, sin (T, D), or (B, 1, T, D) for packed rows, in x's dtype -> (B, T, C).
   // With `packed` (on x's device), each query attends only to keys of its own record.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
@@ -88,8 +93,9 @@ class LlamaAttentionImpl : public torch::nn::Module {
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
-  int64_t heads, kv_heads, head_dim;
-  int64_t window;  // 0: full causal attention
+  int64_t heads, kv_heads, head_dim;              // this rank's heads, under tensor parallel
+  int64_t window;                                 // 0: full causal attention
+  std::shared_ptr<TensorParallel> tp;
 
  private:
   struct Projected {
@@ -100,19 +106,27 @@ class LlamaAttentionImpl : public torch::nn::Module {
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed = {});
   at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packed& packed);
 };
+
+// proj(x) for a row-parallel projection (o_proj, down_proj): without tp, the layer as it is; with
+// tp, this rank's partial product summed over the group and split along the sequence, then the bias.
+at::Tensor row_parallel_output(const torch::nn::Linear& proj, const at::Tensor& x, const TensorParallel* tp);
 TORCH_MODULE(LlamaAttention);
 
 class LlamaMLPImpl : public torch::nn::Module {
  public:
-  explicit LlamaMLPImpl(const LlamaConfig& c);
+  // With `tp`: this rank's F/P rows of gate and up, the matching columns of down; forward takes and
+  // returns this rank's block of the sequence.
+  explicit LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> tp = nullptr);
   at::Tensor forward(const at::Tensor& x);  // down(silu(gate(x)) * up(x))
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  std::shared_ptr<TensorParallel> tp;
 };
 TORCH_MODULE(LlamaMLP);
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer);  // named as the family's class
+  // Named as the family's class.
+  LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   LlamaAttention self_attn{nullptr};
@@ -123,15 +137,17 @@ TORCH_MODULE(LlamaDecoderLayer);
 
 class LlamaEmbeddingImpl : public torch::nn::Module {
  public:
-  LlamaEmbeddingImpl(int64_t vocab, int64_t dim);
+  // With `tp`: this rank's V/P rows; forward gives this rank's block of the sequence (B, T/P, C).
+  LlamaEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> tp = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) int64 -> (B, T, C)
-  at::Tensor weight;                             // (V, C)
+  at::Tensor weight;                             // (V, C), (V/P, C) under tensor parallel
+  std::shared_ptr<TensorParallel> tp;
 };
 TORCH_MODULE(LlamaEmbedding);
 
 class LlamaModelImpl : public torch::nn::Module {
  public:
-  explicit LlamaModelImpl(const LlamaConfig& c);
+  explicit LlamaModelImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> tp = nullptr);
   LlamaEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   LlamaRMSNorm norm{nullptr};
@@ -143,7 +159,12 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Layers are created one at a time; with `free_after_create` each one's storage is released
   // right after it is created (shape kept, 0 bytes), so the whole model never exists on one rank:
   // fully_shard then creates each parameter's value with init_parameter (FsdpOptions::init).
-  explicit LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create = false);
+  // With `tp` (model/tensor_parallel.h): each parameter is this rank's block of it (its name's
+  // tensor_parallel_dim), the sequence is split between layers and the vocabulary in the head;
+  // loss_sum and hidden_states give every rank of the group the same values. Training only:
+  // forward_cached (decoding) takes an unsplit model.
+  explicit LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create = false,
+                                std::shared_ptr<TensorParallel> tp = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) -> logits (B, T, V) in the compute dtype
   // (B, T) -> the final norm's output (B, T, C): what the head turns into logits. With `packed`,
   // each record of a row is computed as if it were alone (HF's position_ids with a document mask).
@@ -161,6 +182,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   LlamaConfig config;
   LlamaModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // shares model.embed_tokens.weight when tied
+  std::shared_ptr<TensorParallel> tp;
 
  private:
   const at::Tensor& head_weight() const;  // lm_head's, or the embedding's when tied

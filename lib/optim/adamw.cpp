@@ -83,17 +83,29 @@ at::Tensor grad_norm(ShardedModel& model) {
   RECORD_USER_SCOPE("grad norm");
   c10::NoGradGuard no_grad;
   at::Tensor sum_sq;
+  const std::optional<dist::ProcessGroup>& tp = model.mesh().tp;
+  const int tp_size = tp ? tp->size() : 1;
   for (const auto& g : model.groups()) {
     if (g->trainable_numel() == 0) continue;
-    const at::Tensor s = g->flat_grad().to(at::kDouble).pow(2).sum();
+    at::Tensor s = g->flat_grad().to(at::kDouble).pow(2).sum();
+    if (tp_size > 1)  // a parameter every tp rank holds whole is counted once over the tp group
+      for (const ShardedParam& p : g->params())
+        if (p.trainable && !p.tp.split())
+          s -= g->flat_grad().narrow(0, p.offset, p.layout.shard_numel()).to(at::kDouble).pow(2).sum() *
+               (1.0 - 1.0 / tp_size);
     sum_sq = sum_sq.defined() ? sum_sq + s.to(sum_sq.device()) : s;
   }
   if (!sum_sq.defined()) return at::zeros({1}, at::kDouble);
   // On the compute device: with offload the gradients live in host memory, which NCCL must not get.
   sum_sq = sum_sq.reshape({1}).to(model.options().device).contiguous();
-  // Padding is zero and each rank holds distinct rows: the shard group's sum is the whole model's.
+  // Padding is zero and each rank holds distinct rows: the shard group's sum is the whole model's
+  // (under tensor parallel, of this rank's blocks; the tp group's sum adds the other blocks).
   dist::ProcessGroup shard = model.mesh().shard;  // a handle; copies share the group
   if (shard.size() > 1) shard.all_reduce(sum_sq, dist::ReduceOp::kSum, "gradient norm").wait();
+  if (tp_size > 1) {
+    dist::ProcessGroup group = *tp;
+    group.all_reduce(sum_sq, dist::ReduceOp::kSum, "gradient norm (tensor parallel)").wait();
+  }
   return sum_sq.sqrt();
 }
 

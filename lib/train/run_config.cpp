@@ -64,6 +64,7 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
   plan.replicate_size = layout.replicate_size;
   plan.shard_size = layout.shard_size;
   plan.post_forward_size = layout.post_forward_size;
+  plan.tp_size = layout.tp_size;
   return plan;
 }
 

@@ -42,6 +42,7 @@ struct FsdpPlan {
   int replicate_size = 1;     // HSDP replicas (1: plain FSDP)
   int shard_size = 1;         // ranks one shard group spans
   int post_forward_size = 0;  // partial resharding: ranks a unit stays sharded over after forward (0: none)
+  int tp_size = 1;            // tensor parallel: ranks each layer is split over (innermost)
 };
 // mixed_precision bf16|fp16 -> param_dtype bf16|fp16 with fp32 reduction and fp32 master weights;
 // the wrap policy, its classes and min_num_params, offload, activation checkpointing as named; the

@@ -386,6 +386,28 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfi
                ". Leave the key empty for its decoder layer (", model::family_names(model.family).layer_class, ")");
 }
 
+// Tensor parallel splits heads, kv heads, the MLP's rows and the vocabulary evenly over tp_size.
+void check_tensor_parallel(const config::Config& config, const model::LlamaConfig& model, const std::string& path) {
+  const int tp = config::effective_fsdp_layout(config).tp_size;
+  if (tp <= 1) return;
+  std::vector<std::string> bad;
+  for (const auto& [what, n] : {std::pair<const char*, int64_t>{"num_attention_heads", model.num_attention_heads},
+                                {"num_key_value_heads", model.num_key_value_heads},
+                                {"intermediate_size", model.intermediate_size},
+                                {"vocab_size", model.vocab_size}})
+    if (n % tp != 0) bad.push_back(str(what, " ", n));
+  std::vector<std::string> fits;
+  for (int d = 2; d <= 64; d *= 2)
+    if (model.num_attention_heads % d == 0 && model.num_key_value_heads % d == 0 && model.intermediate_size % d == 0 &&
+        model.vocab_size % d == 0)
+      fits.push_back(std::to_string(d));
+  FSDP_CHECK(bad.empty(), "[train] parallelism_config_tp_size ", tp, " does not divide ", join(bad, ", "), " of ", path,
+             ": tensor parallel gives each rank an equal share of the heads, the MLP and the vocabulary. ",
+             fits.empty() ? std::string("This model takes no tp_size above 1")
+                          : "Use tp_size " + join(fits, ", ") +
+                                (model.vocab_size % tp != 0 ? ", or pad vocab_size to a multiple of it" : ""));
+}
+
 // LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked
 // on a stand-in with all of the model's layers (a target may name a layer by its index).
 void check_lora_targets(const config::Config& config, const model::LlamaConfig& model) {
@@ -412,6 +434,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
   check_layer_classes(resolved.typed.fsdp, model, model_config_path(resolved.typed));
   check_lora_targets(resolved.typed, model);
+  check_tensor_parallel(resolved.typed, model, model_config_path(resolved.typed));
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.
   check_fits_machine(resolved.typed, model, model_config_path(resolved.typed),
                      resolved.typed.launch.processes_per_machine());

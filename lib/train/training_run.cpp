@@ -23,6 +23,7 @@
 #include "ckpt/sources.h"
 #include "config/show.h"
 #include "data/prepare.h"
+#include "model/tensor_parallel.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
 #include "util/clock.h"
@@ -83,12 +84,13 @@ std::string packing_note(const data::SequenceReader& r, int64_t seq_len) {
   return "";
 }
 
-// Sum over ranks of a double (the loss sum, a token count).
-double global_sum(dist::ProcessGroup& world, double v, const c10::Device& device) {
+// Sum over the data-parallel ranks of a double (the loss sum, a token count): over the world, of
+// which each tensor-parallel group's `tp` ranks hold the same value.
+double global_sum(dist::ProcessGroup& world, double v, const c10::Device& device, int tp) {
   if (world.size() == 1) return v;
   at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(device));
   world.all_reduce(t).wait();
-  return t.item<double>();
+  return t.item<double>() / tp;
 }
 
 // Every rank's value of v, in rank order (collective).
@@ -213,11 +215,11 @@ void TrainingRun::read_data() {
     split_.eval_sequences = eval_reader_->count();
   }
   every_target_counts_ = !tokens_.has_mask() && packing == data::Packing::kPlain;
-  loader_ = std::make_unique<data::DistributedLoader>(*reader_, 0, split_.train_sequences,
-                                                      config_.train.micro_batch_size, world_.rank(), world_.size(),
-                                                      static_cast<uint64_t>(config_.train.seed));
+  loader_ =
+      std::make_unique<data::DistributedLoader>(*reader_, 0, split_.train_sequences, config_.train.micro_batch_size,
+                                                dp_rank(), dp_size(), static_cast<uint64_t>(config_.train.seed));
   const config::TrainConfig& t = config_.train;
-  const int64_t per_step = world_.size() * t.micro_batch_size * t.gradient_accumulation_steps;
+  const int64_t per_step = dp_size() * t.micro_batch_size * t.gradient_accumulation_steps;
   steps_ = t.epochs > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
                                                    t.epochs * static_cast<double>(split_.train_sequences) / per_step)))
                         : t.steps;
@@ -236,14 +238,21 @@ void TrainingRun::read_data() {
 void TrainingRun::build_model() {
   std::unique_ptr<ckpt::HfCheckpoint> pretrained;
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
-  llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true);
+  FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
+  fsdp::DeviceMesh mesh =
+      fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size, plan.tp_size);
+  std::shared_ptr<model::TensorParallel> tp;
+  if (mesh.tp) {
+    tp = std::make_shared<model::TensorParallel>(*mesh.tp);
+    plan.options.tensor_parallel_dim = model::tensor_parallel_dim;
+  }
+  llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true, tp);
   const model::LoraSettings lora = lora_settings_of(config_);
   std::optional<ckpt::PeftAdapter> adapter;
   if (lora.enabled()) {
     model::add_lora(*llama_, lora, /*free_after_create=*/true);
     if (!config_.lora.init.empty()) adapter = ckpt::read_peft_adapter(config_.lora.init);
   }
-  FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
   plan.options.init = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape) {
     return model::init_parameter(mc, seed, name, shape);
@@ -254,9 +263,7 @@ void TrainingRun::build_model() {
       return model::is_lora_parameter(name) ? model::lora_init(seed, name, shape) : at::zeros(shape);
     };
   }
-  sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_),
-                               fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size),
-                               plan.options);
+  sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_), std::move(mesh), plan.options);
   if (pretrained) {
     const bool efficient = config_.fsdp.cpu_ram_efficient_loading;
     const std::string before = host_peaks(world_, context_.device);
@@ -348,7 +355,7 @@ int64_t TrainingRun::resume() {
 
 double TrainingRun::tokens_per_step() const {
   const config::TrainConfig& t = config_.train;
-  return static_cast<double>(world_.size() * t.micro_batch_size * t.sequence_length * t.gradient_accumulation_steps);
+  return static_cast<double>(dp_size() * t.micro_batch_size * t.sequence_length * t.gradient_accumulation_steps);
 }
 
 // The summed token losses of one micro-batch, through the sharded model.
@@ -401,7 +408,7 @@ at::Tensor TrainingRun::global_targets(double local) {
   if (every_target_counts_) return at::full({1}, tokens_per_step(), opts);
   at::Tensor t = at::full({1}, local, opts);
   if (world_.size() > 1) world_.all_reduce(t, dist::ReduceOp::kSum, "counted targets").wait();
-  return t;
+  return tp_size() > 1 ? t / tp_size() : t;  // a tensor-parallel group's ranks counted the same batch
 }
 
 std::optional<StepResult> TrainingRun::train_step(int64_t step) {
@@ -429,8 +436,10 @@ std::optional<StepResult> TrainingRun::train_step(int64_t step) {
 // The loss is the mean over the global batch's counted targets (all of them, but for prompts'):
 // each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
 at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::Tensor& counted) {
-  const double per_rank = tokens_per_step() / world_.size();
-  const at::Tensor per_rank_masked = !every_target_counts_ ? counted.clamp_min(1.0) / world_.size() : at::Tensor();
+  // Per data-parallel rank: fully_shard averages the gradients over those (tensor-parallel ranks
+  // each compute their part of the same loss's).
+  const double per_rank = tokens_per_step() / dp_size();
+  const at::Tensor per_rank_masked = !every_target_counts_ ? counted.clamp_min(1.0) / dp_size() : at::Tensor();
   at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
   for (size_t micro = 0; micro < batches.inputs.size(); ++micro) {
     sharded_->set_requires_gradient_sync(micro + 1 == batches.inputs.size());
@@ -463,6 +472,7 @@ void TrainingRun::dump_gradients(int64_t step) const {
 // norm is not finite or nothing was counted; then starts the copy of the step's numbers to the host.
 void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted) {
   if (world_.size() > 1) world_.all_reduce(loss_sum, dist::ReduceOp::kSum, "loss").wait();
+  if (tp_size() > 1) loss_sum.div_(tp_size());
   dump_gradients(step);
   const at::Tensor norm = optim::grad_norm(*sharded_);
   optim::clip_grads(*sharded_, norm, config_.optimizer.grad_clip);
@@ -520,7 +530,7 @@ StepResult TrainingRun::judge(const PendingStep& p) const {
 // sequences dealt round-robin over the ranks. Every rank runs the same number of forward passes (the
 // gathers are collective): a rank past the end runs a batch whose targets all count for nothing.
 double TrainingRun::evaluate() {
-  const int64_t T = config_.train.sequence_length, n = split_.eval_sequences, w = world_.size();
+  const int64_t T = config_.train.sequence_length, n = split_.eval_sequences, w = dp_size();
   if (n == 0) return std::numeric_limits<double>::quiet_NaN();
   const data::SequenceReader& reader = eval_reader_ ? *eval_reader_ : *reader_;
   const int64_t first = eval_reader_ ? 0 : split_.train_sequences;
@@ -531,14 +541,14 @@ double TrainingRun::evaluate() {
   for (int64_t pass = 0; pass < passes; ++pass) {
     data::Batch batch;
     for (int64_t i = 0; i < b; ++i) {
-      const int64_t k = (pass * b + i) * w + world_.rank();  // this rank's i-th sequence of the pass
+      const int64_t k = (pass * b + i) * w + dp_rank();  // this rank's i-th sequence of the pass
       reader.append(first + std::min(k, n - 1), batch);
       if (k >= n) std::fill(batch.targets.end() - T, batch.targets.end(), data::kIgnoreTarget);
     }
     count += static_cast<double>(batch.counted_targets());
     sum += loss_sum(batch, b).item<double>();
   }
-  return global_sum(world_, sum, context_.device) / global_sum(world_, count, context_.device);
+  return global_sum(world_, sum, context_.device, tp_size()) / global_sum(world_, count, context_.device, tp_size());
 }
 
 ckpt::TrainingState TrainingRun::state_at(int64_t step) const {

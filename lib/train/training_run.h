@@ -9,6 +9,7 @@
 
 #include <c10/core/Event.h>
 
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <optional>
@@ -96,6 +97,10 @@ class TrainingRun {
   std::ostream& out() const { return out_; }
 
  private:
+  // The data-parallel coordinates: tensor parallel's ranks (tp innermost) read the same batch.
+  int tp_size() const { return std::max(1, config::effective_fsdp_layout(config_).tp_size); }
+  int dp_rank() const { return world_.rank() / tp_size(); }
+  int dp_size() const { return world_.size() / tp_size(); }
   void read_data();
   void build_model();
   void build_checkpointer(const TrainHooks& hooks);

@@ -1,0 +1,111 @@
+#include "model/tensor_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdint>
+
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x with dim's length multiplied by P.
+std::vector<int64_t> grown(at::IntArrayRef shape, int64_t dim, int parts) {
+  std::vector<int64_t> out = shape.vec();
+  out[static_cast<size_t>(dim)] *= parts;
+  return out;
+}
+
+at::Tensor gather(const at::Tensor& x, int64_t dim, const TensorParallel& tp) {
+  dist::ProcessGroup group = tp.group;  // a handle; copies share the group
+  const at::Tensor in = x.contiguous().reshape({-1});
+  const at::Tensor out = at::empty({tp.size() * in.numel()}, in.options());
+  group.all_gather(out, in, "tensor-parallel gather").wait();
+  std::vector<int64_t> stacked = x.sizes().vec();
+  stacked.insert(stacked.begin(), tp.size());
+  return out.view(stacked).movedim(0, dim).reshape(grown(x.sizes(), dim, tp.size()));
+}
+
+at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, const TensorParallel& tp) {
+  const int p = tp.size();
+  FSDP_CHECK(x.size(dim) % p == 0, "[tp] a tensor of ", x.size(dim), " along dimension ", dim, " cannot be split over ",
+             p, " tensor-parallel ranks; train.sequence_length must divide by tp_size");
+  std::vector<int64_t> split = x.sizes().vec(), block = x.sizes().vec();
+  block[static_cast<size_t>(dim)] /= p;
+  split[static_cast<size_t>(dim)] /= p;
+  split.insert(split.begin() + dim, p);
+  // (..., P, n, ...) -> (P, ..., n, ...): each rank's block contiguous, rank-major.
+  const at::Tensor in = x.reshape(split).movedim(dim, 0).contiguous().reshape({-1});
+  const at::Tensor out = at::empty({in.numel() / p}, in.options());
+  dist::ProcessGroup group = tp.group;
+  group.reduce_scatter(out, in, dist::ReduceOp::kSum, "tensor-parallel reduce-scatter").wait();
+  return out.view(block);
+}
+
+const TensorParallel& group_of(AutogradContext* ctx) {
+  return *reinterpret_cast<const TensorParallel*>(static_cast<intptr_t>(ctx->saved_data["tp"].toInt()));
+}
+
+void remember(AutogradContext* ctx, const TensorParallel& tp, int64_t dim) {
+  ctx->saved_data["tp"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(&tp));
+  ctx->saved_data["dim"] = dim;
+}
+
+struct GatherAlong : torch::autograd::Function<GatherAlong> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, const TensorParallel* tp) {
+    remember(ctx, *tp, dim);
+    return gather(x, dim, *tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {reduce_scatter(grads[0], ctx->saved_data["dim"].toInt(), group_of(ctx)), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ReduceScatterAlong : torch::autograd::Function<ReduceScatterAlong> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t dim, const TensorParallel* tp) {
+    remember(ctx, *tp, dim);
+    return reduce_scatter(x, dim, *tp);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {gather(grads[0], ctx->saved_data["dim"].toInt(), group_of(ctx)), at::Tensor(), at::Tensor()};
+  }
+};
+
+int64_t wrapped(int64_t dim, int64_t rank) {
+  return dim < 0 ? dim + rank : dim;
+}
+
+}  // namespace
+
+int tensor_parallel_dim(const std::string& name) {
+  auto is = [&](const char* suffix) { return ends_with(name, suffix); };
+  for (const char* column : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
+                             "v_proj.bias", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias",
+                             "embed_tokens.weight", "lm_head.weight"})
+    if (is(column)) return 0;
+  if (is("o_proj.weight") || is("down_proj.weight")) return 1;
+  return -1;
+}
+
+at::Tensor gather_along(const at::Tensor& x, int64_t dim, const TensorParallel& tp) {
+  return GatherAlong::apply(x, wrapped(dim, x.dim()), &tp);
+}
+
+at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, const TensorParallel& tp) {
+  return ReduceScatterAlong::apply(x, wrapped(dim, x.dim()), &tp);
+}
+
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp) {
+  const int64_t n = weight.size(0), first = tp.rank() * n;
+  const at::Tensor mine = (tokens >= first) & (tokens < first + n);
+  const at::Tensor rows = at::embedding(weight, (tokens - first).clamp(0, n - 1));
+  return rows * mine.unsqueeze(-1).to(rows.scalar_type());
+}
+
+}  // namespace fsdp::model

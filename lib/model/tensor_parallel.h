@@ -1,0 +1,58 @@
+// Tensor parallel for the decoder: Megatron-LM's layout with sequence parallel, as TorchTitan runs
+// Llama (and PyTorch's ColwiseParallel / RowwiseParallel / SequenceParallel / loss_parallel give).
+//
+// Between layers the residual stream is split over the tp group along the sequence: (B, T/P, C) on
+// each of the P ranks, so the norms run on 1/P of the tokens. Each attention and MLP block gathers
+// its normed input along the sequence (gather_along), multiplies by its column-parallel weights
+// (q/k/v: this rank's heads; gate/up: its F/P rows), and its row-parallel output projection (o,
+// down: the matching F/P columns) gives a partial sum that reduce_scatter_along sums over the group
+// and splits along the sequence again. The embedding and the head are split along the vocabulary:
+// a rank embeds only its V/P tokens (the others' rows are zero, summed in the same reduce-scatter),
+// and the loss (model/chunked_loss.h with a TensorParallel) takes the log-sum-exp over the ranks'
+// logits, so no rank holds more than V/P logits of a token. Every rank of the group reads the same
+// batch and computes the same loss.
+//
+// Parameters every rank holds whole (the norms, Qwen3's q/k norms, row-parallel biases) get a
+// partial gradient on each rank (its tokens, its heads); fully_shard sums them over the group
+// (fsdp::FsdpOptions::tensor_parallel_dim says which ones are split and which are whole).
+//
+// Collective over the tp group: every function here, forward and backward, in the same order on
+// every rank of it (every rank runs the same layers).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+
+#include "dist/process_group.h"
+
+namespace fsdp::model {
+
+struct TensorParallel {
+  explicit TensorParallel(dist::ProcessGroup g) : group(std::move(g)) {}
+  int rank() const { return group.rank(); }
+  int size() const { return group.size(); }
+  dist::ProcessGroup group;  // P ranks
+};
+using TensorParallelPtr = std::shared_ptr<TensorParallel>;
+
+// The dimension along which tensor parallel splits a parameter of the decoder, by its Hugging Face
+// name: 0 for the column-parallel q/k/v and gate/up weights and biases, the embedding and lm_head
+// (vocabulary rows); 1 for the row-parallel o_proj and down_proj weights; -1 for what every rank
+// holds whole (norms, o_proj/down_proj biases).
+int tensor_parallel_dim(const std::string& name);
+
+// Every rank's x concatenated along `dim` (P times as long there); its gradient is the sum over the
+// ranks of the incoming gradient, cut to this rank's block.
+at::Tensor gather_along(const at::Tensor& x, int64_t dim, const TensorParallel& tp);
+// The sum over the ranks of x, cut along `dim` into P blocks, this rank's block (x.size(dim) must
+// divide by P); its gradient is gathered along `dim`.
+at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, const TensorParallel& tp);
+
+// weight (V/P, C): this rank's rows of the embedding, vocabulary rows [rank * V/P, (rank+1) * V/P).
+// tokens (B, T) -> (B, T, C): the rows of this rank's tokens, zeros for the others' (a partial
+// sum over the ranks).
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp);
+
+}  // namespace fsdp::model
