@@ -306,8 +306,12 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   options.dir = c.dir;
   options.keep = c.keep;
   options.keep_best = c.keep_best;
-  options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
-                                                                                            : ckpt::Format::kFull;
+  // Tensor parallel writes FULL checkpoints (config validate refuses SHARDED when the file asks for it).
+  options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict && tp_size() == 1
+                       ? ckpt::Format::kSharded
+                       : ckpt::Format::kFull;
+  if (config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict && tp_size() > 1)
+    say("[ckpt] tensor parallel: checkpoints are FULL_STATE_DICT (whole tensors, which resume into any layout)\n");
   options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
   options.fs = hooks.checkpoint_fs;
   options.frozen_from_base = config_.lora.enabled();

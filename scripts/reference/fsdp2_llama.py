@@ -14,6 +14,13 @@ linear, or constant) decay to lr * min_lr_ratio (lib/optim/schedule.h).
 
 writes {"losses": [...], "grad_norms": [...]} (one per step, as fsdptrain's metrics file reports them).
 
+With --tp N the model is first split by PyTorch's own tensor parallel (DTensor's parallelize_module
+over the mesh's "tp" dimension, the plan TorchTitan uses for Llama: ColwiseParallel q/k/v and
+gate/up, RowwiseParallel o and down with sequence-parallel outputs, SequenceParallel norms (Qwen3's
+q/k norms over the head dimension), a vocabulary-split embedding and head, loss_parallel), then
+fully_shard over the "dp" dimension: the mesh (dp, tp), tp innermost, as fsdptrain's
+parallelism_config_tp_size. The ranks of one tp group read the same batch.
+
 With --adapter PEFT_DIR the model is PEFT's PeftModel over that adapter (is_trainable: its LoRA
 matrices and modules_to_save train, the rest is frozen), as fsdptrain's lora.init starts from it;
 --save-adapter DIR writes the trained adapter's tensors; --dump-gradients DIR writes each step's
@@ -91,6 +98,41 @@ def dump_gradients(model, folder, step, rank):
         save_file(grads, os.path.join(folder, f"step-{step}.safetensors"))
 
 
+def tensor_parallel(model, tp_mesh):
+    """DTensor tensor parallel with sequence parallel over tp_mesh (Llama, Mistral, Qwen2, Qwen3)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    # The embedding's sum over the ranks stays whole (Replicate), so transformers' positions and masks
+    # see the whole sequence; the first layer takes its sequence block.
+    parallelize_module(model, tp_mesh, {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "model.layers.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                             use_local_output=True),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    })
+    for layer in model.model.layers:
+        plan = {
+            "input_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "post_attention_layernorm": SequenceParallel(),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        if hasattr(layer.self_attn, "q_norm"):  # Qwen3: each rank normalizes its own heads (dim 2)
+            plan["self_attn.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+            plan["self_attn.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        parallelize_module(layer, tp_mesh, plan)
+
+
 def worker(rank, args, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
@@ -106,9 +148,18 @@ def worker(rank, args, port):
     reshard = {"true": True, "false": False}.get(args.reshard_after_forward)
     if reshard is None:
         reshard = int(args.reshard_after_forward)  # partial resharding: stay sharded over N ranks
+    dp_mesh = None
+    if args.tp > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        shard = args.world_size // args.tp // args.dp_replicate
+        mesh = init_device_mesh("cpu", (args.dp_replicate, shard, args.tp),
+                                mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        tensor_parallel(hf, mesh["tp"])
+        # HSDP over (dp_replicate, dp_shard) when there are replicas: the 3-D case.
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if args.dp_replicate > 1 else mesh["dp_shard"]
     for layer in hf.model.layers:
-        fully_shard(layer, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(layer, reshard_after_forward=reshard, mesh=dp_mesh)
+    fully_shard(model, reshard_after_forward=reshard, mesh=dp_mesh)
     trainable = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trainable if p.ndim >= 2]
     no_decay = [p for p in trainable if p.ndim < 2]
@@ -117,7 +168,8 @@ def worker(rank, args, port):
                                   lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps, foreach=False)
 
     tokens = read_llmc_shard(args.data)
-    T, B, W = args.sequence_length, args.micro_batch_size, args.world_size
+    T, B, W = args.sequence_length, args.micro_batch_size, args.world_size // args.tp
+    data_rank = rank // args.tp  # the tp ranks of one group read the same batch
     sequences = (len(tokens) - 1) // T
     held_out = max(1, int(sequences * args.eval_fraction)) if args.eval_fraction > 0 else 0
     train_count = sequences - held_out
@@ -128,19 +180,29 @@ def worker(rank, args, port):
         if offset + B * W > train_count:
             epoch, offset = epoch + 1, 0
             order = permutation(train_count, args.seed, epoch)
-        rows = [order[offset + rank * B + i] for i in range(B)]
+        rows = [order[offset + data_rank * B + i] for i in range(B)]
         offset += B * W
         windows = np.stack([tokens[s * T:s * T + T + 1] for s in rows])
         x, y = torch.from_numpy(windows[:, :-1]), torch.from_numpy(windows[:, 1:])
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(args, step)
-        logits = model(input_ids=x).logits
-        loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
-                                                     reduction="sum")
-        # Each rank's mean over its tokens; fully_shard averages the gradients over the ranks.
-        (loss_sum / (B * T)).backward()
-        total = loss_sum.detach().clone()
+        if args.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+            with loss_parallel():
+                logits = model(input_ids=x, use_cache=False).logits
+                loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                                             reduction="sum")
+                (loss_sum / (B * T)).backward()
+            total = loss_sum.detach().full_tensor().clone()
+        else:
+            logits = model(input_ids=x).logits
+            loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                                         reduction="sum")
+            # Each rank's mean over its tokens; fully_shard averages the gradients over the ranks.
+            (loss_sum / (B * T)).backward()
+            total = loss_sum.detach().clone()
         dist.all_reduce(total)
+        total /= args.tp  # a tp group's ranks computed the same loss
         if args.dump_gradients:
             dump_gradients(model, args.dump_gradients, step, rank)
         norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
@@ -191,6 +253,9 @@ def main():
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--reshard-after-forward", default="true",
                     help="fully_shard's reshard_after_forward: true, false, or N ranks (partial resharding)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor parallel size: DTensor's parallelize_module over the mesh's innermost dimension")
+    ap.add_argument("--dp-replicate", type=int, default=1, help="with --tp: HSDP replicas (the 3-D mesh)")
     ap.add_argument("--adapter", help="a PEFT LoRA folder to train (PeftModel.from_pretrained, is_trainable)")
     ap.add_argument("--save-adapter", help="write the trained adapter's tensors here (adapter_model.safetensors)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",

@@ -138,7 +138,7 @@ TEST_CASE("fsdp_reshard_after_forward: N is partial resharding in FSDP2 and a st
   CHECK(warns(spans, "4 ranks span machines (2 processes each): backward's gathers cross the network"));
 }
 
-TEST_CASE("parallelism_config: HSDP sizes must multiply to num_processes; TP/CP refused") {
+TEST_CASE("parallelism_config: HSDP and TP sizes must multiply to num_processes; CP refused") {
   const std::string base = std::string(kFsdp2Base) + "parallelism_config:\n";
   Loaded ok = load_text(base + "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n");
   CHECK(ok.errors() == "");
@@ -146,9 +146,28 @@ TEST_CASE("parallelism_config: HSDP sizes must multiply to num_processes; TP/CP 
   CHECK(l.replicate_size == 2);
   CHECK(l.shard_size == 2);
   CHECK(has(load_text(base + "  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 3\n"),
-            "dp_replicate_size x dp_shard_size = 2 x 3 = 6, but num_processes is 4"));
-  CHECK(has(load_text(base + "  parallelism_config_tp_size: 2\n  parallelism_config_dp_shard_size: 2\n"),
-            "tensor parallelism is not supported"));
+            "dp_replicate_size x dp_shard_size x tp_size = 2 x 3 x 1 = 6, but num_processes is 4"));
+  // Tensor parallel: tp innermost; alone, the data-parallel ranks are the rest.
+  Loaded tp = load_text(base + "  parallelism_config_tp_size: 2\n");
+  CHECK(tp.errors() == "");
+  FsdpLayout t = effective_fsdp_layout(tp.rc.typed);
+  CHECK(t.tp_size == 2);
+  CHECK(t.shard_size == 2);
+  CHECK(t.describe() ==
+        "FSDP2, reshard_after_forward=true, sharded over 2 ranks, tensor parallel over 2 (tp groups: ranks 0-1, 2-3; "
+        "shard groups: 0,2 / 1,3)");
+  CHECK(has(load_text(base + "  parallelism_config_tp_size: 2\n  parallelism_config_dp_shard_size: 3\n"),
+            "1 x 3 x 2 = 6, but num_processes is 4"));
+  CHECK(has(load_text(base + "  parallelism_config_tp_size: 3\n"), "but num_processes is 4"));
+  CHECK(has(load_text(base + "  parallelism_config_tp_size: 2\ntrain:\n  sequence_length: 33\n"),
+            "2 does not divide train.sequence_length 33"));
+  CHECK(has(load_text(base + "  parallelism_config_tp_size: 2\nlora:\n  r: 8\n"), "LoRA adapters are not trained"));
+  CHECK(has(load_text(std::string(kFsdp2Base) + "  fsdp_state_dict_type: SHARDED_STATE_DICT\n" +
+                      "parallelism_config:\n  parallelism_config_tp_size: 2\n"),
+            "SHARDED_STATE_DICT checkpoints of a tensor-parallel run are not written yet"));
+  CHECK(warns(load_text(std::string("num_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.0.0.1\n") + kFsdp2Base +
+                        "parallelism_config:\n  parallelism_config_tp_size: 4\n"),
+              "some tensor-parallel groups span machines"));
   CHECK(
       has(load_text(
               "distributed_type: FSDP\nnum_processes: 4\nparallelism_config:\n  parallelism_config_dp_shard_size: 4\n"),
