@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "model/tensor_parallel.h"
+#include "util/error.h"
 
 namespace fsdp::model {
 
@@ -23,7 +24,8 @@ struct ChunkStats {
 
 ChunkStats chunk_stats(const at::Tensor& logits, const at::Tensor& safe_y, const TensorParallel* tp) {
   if (tp == nullptr) return {at::logsumexp(logits, {1}), logits.gather(1, safe_y.unsqueeze(1)).squeeze(1)};
-  dist::ProcessGroup group = tp->group;  // a handle; copies share the group
+  FSDP_ASSERT(tp->group.has_value(), "the vocabulary-parallel loss of a model built for its shapes alone");
+  dist::ProcessGroup group = *tp->group;  // a handle; copies share the group
   const int64_t m = logits.size(0), vocab = logits.size(1), first = tp->rank() * vocab;
   // The largest logit over every rank's columns, so exp() cannot overflow on any of them.
   const at::Tensor local_max = std::get<0>(logits.max(1)).contiguous();

@@ -22,8 +22,13 @@ std::vector<int64_t> grown(at::IntArrayRef shape, int64_t dim, int parts) {
   return out;
 }
 
+dist::ProcessGroup group_of(const TensorParallel& tp) {
+  FSDP_ASSERT(tp.group.has_value(), "a tensor-parallel collective on a model built for its shapes alone");
+  return *tp.group;  // a handle; copies share the group
+}
+
 at::Tensor gather(const at::Tensor& x, int64_t dim, const TensorParallel& tp) {
-  dist::ProcessGroup group = tp.group;  // a handle; copies share the group
+  dist::ProcessGroup group = group_of(tp);
   const at::Tensor in = x.contiguous().reshape({-1});
   const at::Tensor out = at::empty({tp.size() * in.numel()}, in.options());
   group.all_gather(out, in, "tensor-parallel gather").wait();
@@ -43,12 +48,12 @@ at::Tensor reduce_scatter(const at::Tensor& x, int64_t dim, const TensorParallel
   // (..., P, n, ...) -> (P, ..., n, ...): each rank's block contiguous, rank-major.
   const at::Tensor in = x.reshape(split).movedim(dim, 0).contiguous().reshape({-1});
   const at::Tensor out = at::empty({in.numel() / p}, in.options());
-  dist::ProcessGroup group = tp.group;
+  dist::ProcessGroup group = group_of(tp);
   group.reduce_scatter(out, in, dist::ReduceOp::kSum, "tensor-parallel reduce-scatter").wait();
   return out.view(block);
 }
 
-const TensorParallel& group_of(AutogradContext* ctx) {
+const TensorParallel& saved_group(AutogradContext* ctx) {
   return *reinterpret_cast<const TensorParallel*>(static_cast<intptr_t>(ctx->saved_data["tp"].toInt()));
 }
 
@@ -63,7 +68,7 @@ struct GatherAlong : torch::autograd::Function<GatherAlong> {
     return gather(x, dim, *tp);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {reduce_scatter(grads[0], ctx->saved_data["dim"].toInt(), group_of(ctx)), at::Tensor(), at::Tensor()};
+    return {reduce_scatter(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -73,7 +78,7 @@ struct ReduceScatterAlong : torch::autograd::Function<ReduceScatterAlong> {
     return reduce_scatter(x, dim, *tp);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {gather(grads[0], ctx->saved_data["dim"].toInt(), group_of(ctx)), at::Tensor(), at::Tensor()};
+    return {gather(grads[0], ctx->saved_data["dim"].toInt(), saved_group(ctx)), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -23,6 +23,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dist/process_group.h"
@@ -30,10 +31,17 @@
 namespace fsdp::model {
 
 struct TensorParallel {
-  explicit TensorParallel(dist::ProcessGroup g) : group(std::move(g)) {}
-  int rank() const { return group.rank(); }
-  int size() const { return group.size(); }
-  dist::ProcessGroup group;  // P ranks
+  explicit TensorParallel(dist::ProcessGroup g) : group(std::move(g)), rank_(group->rank()), size_(group->size()) {}
+  // Shapes alone (estimate-memory builds rank 0's blocks of a model it never runs): no group, and
+  // every collective here refuses.
+  static TensorParallel shapes_only(int size) { return TensorParallel(size); }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::optional<dist::ProcessGroup> group;  // P ranks
+
+ private:
+  explicit TensorParallel(int size) : size_(size) {}
+  int rank_ = 0, size_ = 1;
 };
 using TensorParallelPtr = std::shared_ptr<TensorParallel>;
 

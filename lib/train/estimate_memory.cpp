@@ -7,6 +7,7 @@
 #include "fsdp/shard_layout.h"
 #include "model/chunked_loss.h"
 #include "model/decoder.h"
+#include "model/tensor_parallel.h"
 #include "train/run_config.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -21,7 +22,8 @@ void check_fits_machine(const config::Config& config, const model::LlamaConfig& 
   // frozen base alone, in the compute dtype.
   const bool lora = config.lora.enabled();
   const double per_rank = mc.parameter_count() *
-                          (lora ? c10::elementSize(plan.options.mixed_precision.param_dtype) : 16.0) / plan.shard_size;
+                          (lora ? c10::elementSize(plan.options.mixed_precision.param_dtype) : 16.0) /
+                          (static_cast<double>(plan.shard_size) * plan.tp_size);
   const bool gpu = !config.launch.use_cpu && !config.fsdp.offload_params && cuda_device_count() > 0;
   const double has = gpu ? static_cast<double>(cuda_device_memory(0))
                          : static_cast<double>(system_info().memory_total_bytes) / std::max(1, local_workers);
@@ -44,8 +46,12 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   c.launch.num_processes = world_size;
   const FsdpPlan plan = fsdp_plan_from_config(c, c10::kCPU);
   const int64_t param_bytes = c10::elementSize(plan.options.mixed_precision.param_dtype);
-  // The model's tree and shapes, one layer in memory at a time (the values are never read).
-  model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  // The model's tree and shapes (tensor parallel: rank 0's blocks), one layer in memory at a time
+  // (the values are never read).
+  const int tp = plan.tp_size;
+  model::LlamaForCausalLM llama(
+      mc, /*free_after_create=*/true,
+      tp > 1 ? std::make_shared<model::TensorParallel>(model::TensorParallel::shapes_only(tp)) : nullptr);
   const model::LoraSettings lora = lora_settings_of(c);
   if (lora.enabled()) model::add_lora(*llama, lora, /*free_after_create=*/true);
   MemoryEstimate e;
@@ -91,17 +97,23 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The loss (model/chunked_loss.h) holds one
   // chunk's fp32 logits and their gradient, and the head's gradient in fp32 (and in the compute
   // dtype, saved for backward), never the whole (tokens, V) logits. With checkpointing only each
-  // layer's input (C) stays, plus one layer recomputed.
+  // layer's input (C) stays, plus one layer recomputed. Tensor parallel divides all of it by P but
+  // the two gathered (whole-sequence) norm outputs the column-parallel products keep (2 C).
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length;
-  const int64_t per_layer =
-      tokens *
-      ((6 * mc.hidden_size + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size) * param_bytes +
-       mc.num_attention_heads * 4);
-  const int64_t chunk = std::min<int64_t>(tokens, model::default_chunk_rows(mc.vocab_size));
-  const int64_t head = mc.vocab_size * mc.hidden_size;
-  const int64_t logits = chunk * mc.vocab_size * 4 * 2 + head * 4 + (param_bytes != 4 ? head * param_bytes : 0);
+  const int64_t C = mc.hidden_size;
+  const int64_t split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size;
+  const int64_t per_layer = tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
+                                      mc.num_attention_heads / tp * 4);
+  const int64_t vocab = mc.vocab_size / tp;
+  const int64_t chunk = std::min<int64_t>(tokens, model::default_chunk_rows(vocab));
+  const int64_t head = vocab * C;
+  const int64_t logits = chunk * vocab * 4 * 2 + head * 4 + (param_bytes != 4 ? head * param_bytes : 0) +
+                         (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
   e.activations = mc.num_hidden_layers * per_layer + logits;
-  e.activations_checkpointed = mc.num_hidden_layers * tokens * mc.hidden_size * param_bytes + per_layer + logits;
+  e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + per_layer + logits;
+  // Per layer 2 gathers and 2 reduce-scatters of (tokens, C) forward and again backward, plus the
+  // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
+  if (tp > 1) e.tp_bytes = (8 * mc.num_hidden_layers + 4) * tokens * C * param_bytes * (tp - 1) / tp;
   return e;
 }
 
@@ -135,6 +147,7 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
       str("fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(),
           " parameters on ", plural(world_size, "rank"), ": ",
           plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ", plan.shard_size,
+          plan.tp_size > 1 ? str(" x tensor parallel ", plan.tp_size, " (sequence parallel between layers)") : "",
           "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
           plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
   if (c.lora.enabled())
@@ -163,12 +176,16 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
     for (bool a : {false, true})
       out += row(str("  offload ", o ? "on " : "off", ", activation checkpointing ", a ? "on" : "off"),
                  device_total(o, a), o ? str("+ ", format_bytes(e.persistent()), " of host memory") : "");
-  out += str("received per rank per micro-batch: forward's all-gathers ", format_bytes(e.forward_gather_bytes),
-             " over ", plural(plan.shard_size, "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
-             plan.post_forward_size > 0 ? str(" inside groups of ", plan.post_forward_size, " ranks")
-                                        : str(" over ", plural(plan.shard_size, "rank")),
-             ", reduce-scatters ", format_bytes(e.reduce_bytes),
-             plan.replicate_size > 1 ? " (and HSDP's all-reduce)" : "", "\n");
+  out += str(
+      "received per rank per micro-batch: forward's all-gathers ", format_bytes(e.forward_gather_bytes), " over ",
+      plural(plan.shard_size, "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
+      plan.post_forward_size > 0 ? str(" inside groups of ", plan.post_forward_size, " ranks")
+                                 : str(" over ", plural(plan.shard_size, "rank")),
+      ", reduce-scatters ", format_bytes(e.reduce_bytes), plan.replicate_size > 1 ? " (and HSDP's all-reduce)" : "",
+      plan.tp_size > 1
+          ? str("; tensor parallel's activations ", format_bytes(e.tp_bytes), " over ", plural(plan.tp_size, "rank"))
+          : "",
+      "\n");
   out += "The persistent rows are exact (the engine's own layout); gathered units and activations are estimates.\n";
   return out;
 }

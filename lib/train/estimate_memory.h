@@ -20,6 +20,9 @@ struct MemoryEstimate {
   // group), backward's re-gathers (over the N ranks of a post-forward group under partial
   // resharding; none without reshard_after_forward) and the reduce-scatters.
   int64_t forward_gather_bytes = 0, backward_gather_bytes = 0, reduce_bytes = 0;
+  // Tensor parallel: what one rank receives in a micro-batch's sequence-parallel gathers and
+  // reduce-scatters of activations, forward and backward (0 without tp).
+  int64_t tp_bytes = 0;
   int64_t activations = 0, activations_checkpointed = 0;  // one micro-batch
   int64_t trainable = 0;                                  // parameters with gradients (all but LoRA's frozen base)
   int64_t persistent() const { return params + grads + optimizer; }
