@@ -141,7 +141,7 @@ TEST_CASE("eval under no_grad frees every unit, the root included") {
 
 TEST_CASE("make_mesh checks replicate x shard against the world") {
   const std::string e = error_of([] { make_mesh(dist::make_single_process_group(), 2, 2); });
-  CHECK(e.find("dp_replicate_size 2 x dp_shard_size 2 must equal the number of processes, 1") != std::string::npos);
+  CHECK(e.find("dp_replicate_size 2 x dp_shard_size 2 x tp_size 1 must equal the number of processes, 1") != std::string::npos);
 }
 
 TEST_CASE("regression: a module already sharded by a live ShardedModel is refused, not taken over") {

@@ -6,6 +6,8 @@ trainer fine-tunes the same folder from the same token stream. Over Gloo on CPU,
   - W=4, tp 2 x dp 2, each family: 10 losses and gradient norms within 1e-5 relative;
   - W=8, dp_replicate 2 x dp_shard 2 x tp 2 (HSDP + TP), Llama: the same;
   - a tied embedding (Qwen2 as its small models ship): tp 2 x dp 2 equals FSDP alone (tp 1 x dp 2);
+  - bf16 with activation checkpointing, offload and gradient accumulation: tp 2 x dp 2 equals FSDP
+    alone within bf16's rounding (2e-3);
   - the export of a tp 2 x dp 2 run holds the tensors FSDP alone exports, and transformers loads it
     with the same logits;
   - a FULL_STATE_DICT checkpoint of tp 2 x dp 2 resumes as tp 1 x dp 2 and as tp 2 x dp 1 (the same
@@ -126,6 +128,24 @@ def main():
             tied = save("qwen2-tied", tied_cfg)
             ok &= compare("qwen2 with a tied embedding: tp 2 x dp 2 against FSDP alone (tp 1 x dp 2)",
                           ours("tied-tp2", tied, 4, 2)[:2], ours("tied-tp1", tied, 2, 1)[:2], 1e-6, "FSDP alone")
+
+            # bf16, activation checkpointing, offload and 2 accumulated micro-batches keep working.
+            mixed = ("fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n"
+                     "  fsdp_activation_checkpointing: true\n  fsdp_offload_params: true\n")
+            def bf16(name, world, tp):
+                path = yaml_of(name, folders["llama"], world, tp, batch=BATCH // 2)
+                text = open(path).read().replace("mixed_precision: 'no'", "mixed_precision: bf16")
+                text = text.replace("fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n", mixed)
+                open(path, "w").write(text.replace("train:\n", "train:\n  gradient_accumulation_steps: 2\n"))
+                run = subprocess.run([args.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
+                                     capture_output=True, text=True, timeout=300)
+                if run.returncode != 0:
+                    raise RuntimeError(f"fsdptrain ({name}):\n{run.stdout}\n{run.stderr}")
+                rows = [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
+                return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
+            ok &= compare("llama in bf16 with activation checkpointing, offload and 2 accumulated micro-batches: "
+                          "tp 2 x dp 2 against FSDP alone", bf16("bf16-tp2", 4, 2), bf16("bf16-tp1", 2, 1), 2e-3,
+                          "FSDP alone")
 
             # Export and checkpoints: tp 2 x dp 2 with a checkpoint at step 5.
             saving = f"checkpoint:\n  dir: {tmp}/A/ckpt\n  interval: 5\n  export_dir: {tmp}/A/export\n"
