@@ -29,6 +29,12 @@ namespace {
 
 using json = nlohmann::json;
 
+size_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return static_cast<size_t>(n);
+}
+
 // The full value of one parameter's padded shard slice (flat, shard_numel elements on every rank)
 // on the CPU. Collective over the shard group.
 at::Tensor gather_slice(dist::ProcessGroup shard, const at::Tensor& slice, const ShardLayout& layout,
@@ -40,10 +46,7 @@ at::Tensor gather_slice(dist::ProcessGroup shard, const at::Tensor& slice, const
 at::Tensor whole_of(std::optional<dist::ProcessGroup>& tp, const at::Tensor& block, const TpSlice& slice,
                     const std::string& name) {
   if (!tp || !slice.split()) return block;
-  std::vector<int64_t> stacked = block.sizes().vec();
-  stacked.insert(stacked.begin(), tp->size());
-  const at::Tensor all = tp->all_gather_copies(block.contiguous().reshape({-1}), "save " + name).view(stacked);
-  return all.movedim(0, slice.dim).reshape(slice.full_shape(block.sizes().vec()));
+  return whole_from_blocks(*tp, block, slice, "save " + name);
 }
 
 }  // namespace
@@ -76,6 +79,10 @@ struct Checkpointer::Impl {
   // The ranks that take part in writing: one replica's (every tp rank of it gathers its blocks).
   bool is_writer() const { return !model.mesh().replicate || model.mesh().replicate->rank() == 0; }
   int tp_rank() const { return model.mesh().tp ? model.mesh().tp->rank() : 0; }
+  int tp_size() const { return model.mesh().tp ? model.mesh().tp->size() : 1; }
+  // SHARDED: one file per rank of a replica, shard-major (under tp, each rank writes its blocks' rows).
+  int file_index() const { return shard_rank() * tp_size() + tp_rank(); }
+  int file_count() const { return shard_size() * tp_size(); }
   void say(const std::string& line) const {
     if (world.rank() == 0 && o.log != nullptr) *o.log << line << std::flush;
   }
@@ -94,7 +101,8 @@ struct Checkpointer::Impl {
     std::string name;
     std::vector<int64_t> shape;  // the full tensor's
     int64_t r0 = 0, r1 = 0;
-    at::Tensor data;  // (r1 - r0, *shape[1:]) fp32, CPU
+    int64_t c0 = 0, c1 = 0;  // columns [c0, c1) when a tensor-parallel block splits dim 1; else 0, 0 (all)
+    at::Tensor data;         // (r1 - r0, *shape[1:]) fp32, CPU; dim 1 is c1 - c0 when split there
   };
   std::vector<Slot> saved_slots() const {
     if (!o.frozen_from_base) return slots_of(model);
@@ -105,10 +113,17 @@ struct Checkpointer::Impl {
     std::vector<HostRows> out;
     for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
-      const int64_t n = p.layout.valid_rows(), r0 = p.layout.first_row();
-      if (n == 0) continue;
+      const auto [r0, r1] = stored_rows(p);
+      const int64_t n = r1 - r0;  // the rank's rows that hold the parameter (not FSDP's or tp's padding)
+      if (n == 0 || (!p.tp.split() && tp_rank() != 0)) continue;  // one tp rank writes what they all hold
+      int64_t c0 = 0, c1 = 0;
+      if (p.tp.split() && p.tp.dim == 1) {
+        c0 = p.tp.start(p.layout.shape[1]);
+        c1 = c0 + p.layout.shape[1];
+      }
       auto add = [&](const std::string& name, const at::Tensor& rows) {
-        out.push_back({name, p.layout.shape, r0, r0 + n, rows.narrow(0, 0, n).to(at::kCPU, false, true).contiguous()});
+        out.push_back(
+            {name, p.full_shape(), r0, r0 + n, c0, c1, rows.narrow(0, 0, n).to(at::kCPU, false, true).contiguous()});
       };
       add(p.name, p.sharded);
       if (p.trainable) {
@@ -122,12 +137,13 @@ struct Checkpointer::Impl {
 
   // Writes this rank's shard file; returns its report for the index and the manifest.
   json write_shard(const std::vector<HostRows>& rows, const std::string& tmp) {
-    const std::string file = shard_file_name(shard_rank(), shard_size());
+    const std::string file = shard_file_name(file_index(), file_count());
     std::vector<TensorBytes> specs;
     std::map<std::string, const HostRows*> by_name;
     for (const HostRows& r : rows) {
       std::vector<int64_t> shape = r.shape;
       shape[0] = r.r1 - r.r0;
+      if (r.c1 > r.c0) shape[1] = r.c1 - r.c0;
       specs.push_back({r.name, Dtype::kF32, shape, nullptr, static_cast<size_t>(r.data.numel()) * 4});
       by_name[r.name] = &r;
     }
@@ -139,6 +155,7 @@ struct Checkpointer::Impl {
       tensors[r.name] = {{"shape", r.shape},
                          {"rows", {r.r0, r.r1}},
                          {"bytes", {out.file_offset(i), out.file_offset(i) + r.data.numel() * 4}}};
+      if (r.c1 > r.c0) tensors[r.name]["cols"] = {r.c0, r.c1};
     }
     out.finish();
     return json{{"file", file}, {"bytes", out.bytes()}, {"crc32c", crc_hex(out.checksum())}, {"tensors", tensors}};
@@ -162,8 +179,20 @@ struct Checkpointer::Impl {
           json& e = tensors[name];
           e["dtype"] = "F32";
           e["shape"] = t.at("shape");
-          e["pieces"].push_back({{"file", k}, {"rows", t.at("rows")}, {"bytes", t.at("bytes")}});
+          json piece = {{"file", k}, {"rows", t.at("rows")}, {"bytes", t.at("bytes")}};
+          if (t.contains("cols")) piece["cols"] = t.at("cols");
+          e["pieces"].push_back(piece);
         }
+      }
+      // In order of (columns, rows): under tensor parallel the files hold the blocks shard-major.
+      for (auto& [name, e] : tensors.items()) {
+        auto key = [](const json& p) {
+          return std::make_pair(p.contains("cols") ? p.at("cols").at(0).get<int64_t>() : 0,
+                                p.at("rows").at(0).get<int64_t>());
+        };
+        std::vector<json> pieces(e.at("pieces").begin(), e.at("pieces").end());
+        std::stable_sort(pieces.begin(), pieces.end(), [&](const json& a, const json& b) { return key(a) < key(b); });
+        e["pieces"] = pieces;
       }
       index["files"] = files;
       index["tensors"] = tensors;
@@ -289,8 +318,7 @@ struct Checkpointer::Impl {
     if (writer) {
       std::vector<TensorBytes> tensors;
       for (const HostSlice* h : optim)
-        tensors.push_back({h->name, Dtype::kF32, h->full_shape(), nullptr,
-                           static_cast<size_t>(h->layout->numel() * (h->tp->split() ? h->tp->parts : 1)) * 4});
+        tensors.push_back({h->name, Dtype::kF32, h->full_shape(), nullptr, numel_of(h->full_shape()) * 4});
       // All fp32: the writer's order is the name order, the order of the gathers below (append checks it).
       out = std::make_unique<SafetensorsWriter>(path_in(tmp, kOptimizer), tensors, std::map<std::string, std::string>{},
                                                 fs);
@@ -308,7 +336,7 @@ struct Checkpointer::Impl {
   // Rank 0's writer thread: waits for every shard rank's report.
   std::vector<json> collect(const std::string& name, json mine) {
     std::vector<json> reports{std::move(mine)};
-    for (int k = 1; k < shard_size(); ++k) {
+    for (int k = 1; k < file_count(); ++k) {
       const std::string key = str(name, "/shard", k);
       // A large shard on a slow disk takes long: wait the collective timeout (dist_timeout), at least
       // 30 minutes, then give up on this checkpoint (the previous one is untouched).
@@ -328,19 +356,16 @@ Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, mode
                            dist::ProcessGroup& world, CheckpointOptions options)
     : impl_(std::make_unique<Impl>(model, adamw, std::move(description), world, std::move(options))) {
   const std::optional<dist::ProcessGroup>& tp = model.mesh().tp;
-  FSDP_CHECK(!tp || impl_->o.format == Format::kFull,
-             "[ckpt] SHARDED_STATE_DICT checkpoints of a tensor-parallel run "
-             "are not written yet; set fsdp_state_dict_type: FULL_STATE_DICT (it loads into any layout)");
-  if (tp && tp->size() > 1) {
+  if (tp && tp->size() > 1 && impl_->o.format == Format::kFull) {
     std::vector<int> all(static_cast<size_t>(tp->size()));
     for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
     impl_->tp_host_group = tp->new_host_group(all);
   }
-  if (impl_->shard_size() > 1) {
+  if (impl_->file_count() > 1) {
     const auto& shared = world.store();
     FSDP_ASSERT(shared != nullptr, "Checkpointer: a sharded world without a rendezvous store");
     impl_->store = shared->new_client("ckpt/");
-    if (impl_->o.format == Format::kFull) {
+    if (impl_->o.format == Format::kFull && impl_->shard_size() > 1) {
       std::vector<int> all(static_cast<size_t>(impl_->shard_size()));
       for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
       impl_->host_group = model.mesh().shard.new_host_group(all);
@@ -400,13 +425,13 @@ double Checkpointer::save(const TrainingState& state) {
   auto job = [&m, rows = std::move(rows), state_doc, name, tmp, final_dir, t0, blocked]() {
     if (!m.is_writer()) return;
     json report = m.write_shard(rows, tmp);
-    if (m.shard_rank() != 0) {
-      m.store->set(str(name, "/shard", m.shard_rank()), report.dump());
+    if (m.file_index() != 0) {
+      m.store->set(str(name, "/shard", m.file_index()), report.dump());
       return;
     }
     if (m.world.rank() != 0) return;
     m.commit(m.collect(name, std::move(report)), {}, state_doc, tmp, final_dir);
-    m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", plural(m.shard_size(), "shard file"), ") in ",
+    m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", plural(m.file_count(), "shard file"), ") in ",
               format_seconds(seconds_since(t0)), "; training waited ", format_seconds(blocked), "\n"));
   };
   m.run(std::move(job), final_dir);

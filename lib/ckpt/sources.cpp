@@ -19,8 +19,9 @@ namespace {
 
 using json = nlohmann::json;
 
-// SHARDED_STATE_DICT: index.json says which rows of which tensor are in which shard file; files
-// are mapped when first read, so a rank opens only those holding its rows.
+// SHARDED_STATE_DICT: index.json says which rows of which tensor are in which shard file (and which
+// columns, for a tensor-parallel block split along dim 1); files are mapped when first read, so a
+// rank opens only those holding its rows.
 class ShardedSource final : public Source {
  public:
   explicit ShardedSource(const std::string& dir) : dir_(dir) {
@@ -39,21 +40,40 @@ class ShardedSource final : public Source {
         FSDP_CHECK(dtype, "[ckpt] ", where, ": ", name, " has an unknown dtype");
         e.info.dtype = *dtype;
         e.info.shape = t.at("shape").get<std::vector<int64_t>>();
-        int64_t next = 0;
+        // Each column range's pieces cover the rows in order, and the column ranges tile dim 1.
+        std::map<std::pair<int64_t, int64_t>, int64_t> next;  // (c0, c1) -> the next row
+        const int64_t dim0 = e.info.shape.empty() ? 1 : e.info.shape[0];
+        const int64_t dim1 = e.info.shape.size() < 2 ? 0 : e.info.shape[1];
         for (const auto& p : t.at("pieces")) {
           Piece piece;
           piece.file = p.at("file").get<size_t>();
           piece.r0 = p.at("rows").at(0).get<int64_t>();
           piece.r1 = p.at("rows").at(1).get<int64_t>();
+          if (p.contains("cols")) {
+            piece.c0 = p.at("cols").at(0).get<int64_t>();
+            piece.c1 = p.at("cols").at(1).get<int64_t>();
+            FSDP_CHECK(piece.c0 >= 0 && piece.c1 > piece.c0 && piece.c1 <= dim1, "[ckpt] ", where, ": ", name,
+                       "'s columns [", piece.c0, ", ", piece.c1, ") lie outside its shape; the index is corrupt");
+          }
           piece.byte0 = p.at("bytes").at(0).get<uint64_t>();
-          FSDP_CHECK(piece.file < files_.size() && piece.r0 == next && piece.r1 > piece.r0, "[ckpt] ", where, ": ",
-                     name, "'s pieces do not cover its rows in order; the index is corrupt");
-          next = piece.r1;
+          int64_t& row = next[{piece.c0, piece.c1}];
+          FSDP_CHECK(piece.file < files_.size() && piece.r0 == row && piece.r1 > piece.r0, "[ckpt] ", where, ": ", name,
+                     "'s pieces do not cover its rows in order; the index is corrupt");
+          row = piece.r1;
           e.pieces.push_back(piece);
         }
-        const int64_t dim0 = e.info.shape.empty() ? 1 : e.info.shape[0];
-        FSDP_CHECK(next == dim0, "[ckpt] ", where, ": ", name, "'s pieces cover ", next, " of ", dim0,
-                   " rows; the index is corrupt");
+        // One range of all the columns (0, 0), or ranges that tile [0, dim1) in order.
+        const bool all_columns = next.size() == 1 && next.begin()->first == std::pair<int64_t, int64_t>{0, 0};
+        int64_t col = 0;
+        for (const auto& [cols, rows] : next) {
+          FSDP_CHECK(rows == dim0, "[ckpt] ", where, ": ", name, "'s pieces cover ", rows, " of ", dim0,
+                     " rows; the index is corrupt");
+          FSDP_CHECK(all_columns || (cols.first == col && cols.second > cols.first), "[ckpt] ", where, ": ", name,
+                     "'s column ranges do not tile its columns; the index is corrupt");
+          col = cols.second;
+        }
+        FSDP_CHECK(all_columns || col == dim1, "[ckpt] ", where, ": ", name, "'s column ranges end at ", col, " of ",
+                   dim1, " columns; the index is corrupt");
         infos_[name] = e.info;
         entries_[name] = std::move(e);
       }
@@ -76,11 +96,15 @@ class ShardedSource final : public Source {
       if (lo >= hi) continue;
       const SafetensorsFile& f = open(p.file);
       const TensorInfo* t = f.header().find(name);
+      const bool block = p.c1 > p.c0;
       FSDP_CHECK(t != nullptr && f.header().data_start + t->begin == p.byte0 &&
-                     (t->shape.empty() ? 1 : t->shape[0]) == p.r1 - p.r0,
+                     (t->shape.empty() ? 1 : t->shape[0]) == p.r1 - p.r0 &&
+                     (!block || (t->shape.size() >= 2 && t->shape[1] == p.c1 - p.c0)),
                  "[ckpt] ", f.path(), " does not hold rows [", p.r0, ", ", p.r1, ") of ", name,
                  " where index.json says; the checkpoint is corrupt");
-      out.narrow(0, lo - r0, hi - lo).copy_(read_rows_fp32(f, *t, lo - p.r0, hi - p.r0));
+      at::Tensor dest = out.narrow(0, lo - r0, hi - lo);
+      if (block) dest = dest.narrow(1, p.c0, p.c1 - p.c0);
+      dest.copy_(read_rows_fp32(f, *t, lo - p.r0, hi - p.r0));
     }
     return out;
   }
@@ -89,6 +113,7 @@ class ShardedSource final : public Source {
   struct Piece {
     size_t file = 0;
     int64_t r0 = 0, r1 = 0;
+    int64_t c0 = 0, c1 = 0;  // columns [c0, c1) of a tensor-parallel block; 0, 0: all of them
     uint64_t byte0 = 0;
   };
   struct Entry {
@@ -166,9 +191,12 @@ at::Tensor state_rows(const at::Tensor& flat, const ShardedParam& p) {
 }
 
 std::pair<int64_t, int64_t> stored_rows(const ShardedParam& p) {
-  // Split along rows: this tp rank's block starts further down the whole tensor.
-  const int64_t first = p.layout.first_row() + (p.tp.split() && p.tp.dim == 0 ? p.tp.start(p.layout.dim0()) : 0);
-  return {first, first + p.layout.valid_rows()};
+  if (!p.tp.split() || p.tp.dim != 0) return {p.layout.first_row(), p.layout.first_row() + p.layout.valid_rows()};
+  // Split along rows: this tp rank's block starts further down the whole tensor, and rows past the
+  // whole (the last blocks' padding) are nobody's.
+  const int64_t block = p.layout.dim0(), offset = p.tp.start(block), valid = p.tp.valid(block);
+  const int64_t first = std::min(p.layout.first_row(), valid), last = std::min(first + p.layout.valid_rows(), valid);
+  return {offset + first, offset + last};
 }
 
 at::Tensor tp_block(const at::Tensor& rows, const ShardedParam& p) {
@@ -202,8 +230,8 @@ void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAda
           dist::ProcessGroup& world, bool efficient) {
   const c10::Device device = model.options().device;
   auto copy_rows = [&](const std::string& name, const ShardedParam& p, const at::Tensor& dest) {
-    const int64_t n = p.layout.valid_rows();
     const auto [r0, r1] = stored_rows(p);
+    const int64_t n = r1 - r0;  // the rows past them (FSDP's and tp's padding) stay zero
     if (!efficient || world.size() == 1) {
       if (n > 0) dest.narrow(0, 0, n).copy_(tp_block(src->rows(name, r0, r1), p));
       return;

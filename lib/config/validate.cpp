@@ -215,11 +215,6 @@ void check_tensor_parallel(Checker& c) {
             "a sequence_length that is a multiple of tp_size");
   if (cfg.lora.enabled())
     c.error(key, "LoRA adapters are not trained under tensor parallel yet", "set tp_size: 1 to train with lora.r");
-  // Unset, FSDP2's SHARDED default: such a run writes FULL checkpoints (and says so).
-  if (cfg.fsdp.state_dict_type == StateDictType::kShardedStateDict && c.set("fsdp_config.fsdp_state_dict_type"))
-    c.error("fsdp_config.fsdp_state_dict_type",
-            "SHARDED_STATE_DICT checkpoints of a tensor-parallel run are not written yet",
-            "FULL_STATE_DICT: it resumes into any layout (another tp_size or number of processes)");
 }
 
 void check_parallelism(Checker& c) {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/shard_layout.h"
+
 namespace fsdp {
 
 // FSDP2's MixedPrecisionPolicy: fp32 sharded master weights always; parameters are gathered and
@@ -55,11 +57,13 @@ struct FsdpOptions {
   // unit is sharded, one parameter at a time, and the module's own values are not read (their
   // storage may already be freed): the whole model never exists on one rank.
   std::function<at::Tensor(const std::string& name, at::IntArrayRef shape)> init;
-  // Tensor parallel (the mesh's tp group): the dimension along which a parameter's registered
-  // tensor is this rank's block of the whole one (TpSlice), or -1 for one every tp rank holds whole.
-  // init then makes the whole value and keeps the block; gathers return whole values; the gradients
-  // of the whole ones are summed over the tp group after each reducing backward. Unset: -1.
-  std::function<int(const std::string& name)> tensor_parallel_dim;
+  // Tensor parallel (the mesh's tp group): how a parameter's registered tensor is this rank's
+  // block of the whole one (fsdp/shard_layout.h's TpSlice: its dim, and its whole size along dim
+  // when the blocks pad it; the engine fills in index and parts), or dim -1 for one every tp rank
+  // holds whole. init then makes the whole value and keeps the block; gathers return whole values;
+  // the gradients of the whole ones are summed over the tp group after each reducing backward.
+  // Unset: every parameter whole.
+  std::function<TpSlice(const std::string& name)> tensor_parallel;
 };
 
 }  // namespace fsdp

@@ -89,8 +89,10 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     p.name = pname;
     p.aliases = aliases[i];
     p.layout = ShardLayout{tensor.sizes().vec(), world, rank};
-    if (mesh_->tp && options_.tensor_parallel_dim) {
-      p.tp = TpSlice{options_.tensor_parallel_dim(pname), mesh_->tp->rank(), mesh_->tp->size()};
+    if (mesh_->tp && options_.tensor_parallel) {
+      p.tp = options_.tensor_parallel(pname);
+      p.tp.index = mesh_->tp->rank();
+      p.tp.parts = mesh_->tp->size();
       FSDP_CHECK(p.tp.dim < tensor.dim(), "[fsdp] parameter ", pname, " of ", tensor.dim(),
                  " dimensions cannot be split for tensor parallel along dimension ", p.tp.dim);
     }
@@ -330,18 +332,28 @@ at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
 at::Tensor ParamGroup::initial_value(const ShardedParam& p) const {
   const at::Tensor full = options_.init(p.name, p.full_shape()).to(at::kFloat);
   if (!p.tp.split()) return full;
-  const int64_t n = p.layout.shape[static_cast<size_t>(p.tp.dim)];
-  return full.narrow(p.tp.dim, p.tp.start(n), n).contiguous();
+  const int64_t n = p.layout.shape[static_cast<size_t>(p.tp.dim)], valid = p.tp.valid(n);
+  at::Tensor block = at::zeros(p.layout.shape, full.options());  // the padding past the whole stays zero
+  block.narrow(p.tp.dim, 0, valid).copy_(full.narrow(p.tp.dim, p.tp.start(n), valid));
+  return block;
 }
 
 at::Tensor ParamGroup::whole(const ShardedParam& p, const at::Tensor& block) const {
   if (!p.tp.split()) return block;
   dist::ProcessGroup tp = *mesh_->tp;
-  std::vector<int64_t> stacked = p.layout.shape;
+  return whole_from_blocks(tp, block, p.tp, "whole " + p.name);
+}
+
+at::Tensor whole_from_blocks(dist::ProcessGroup& tp, const at::Tensor& block, const TpSlice& slice,
+                             const std::string& label) {
+  std::vector<int64_t> stacked = block.sizes().vec(), merged = block.sizes().vec();
   stacked.insert(stacked.begin(), tp.size());
-  // (parts, *block) rank-major, the parts dimension moved next to the one it splits, then merged.
-  const at::Tensor all = tp.all_gather_copies(block.contiguous().reshape({-1}), "whole " + p.name).view(stacked);
-  return all.movedim(0, p.tp.dim).reshape(p.full_shape());
+  merged[static_cast<size_t>(slice.dim)] *= tp.size();
+  // (parts, *block) rank-major, the parts dimension moved next to the one it splits, then merged,
+  // and the padding past the whole cut off.
+  const at::Tensor all = tp.all_gather_copies(block.contiguous().reshape({-1}), label).view(stacked);
+  const std::vector<int64_t> full = slice.full_shape(block.sizes().vec());
+  return all.movedim(0, slice.dim).reshape(merged).narrow(slice.dim, 0, full[static_cast<size_t>(slice.dim)]);
 }
 
 void ParamGroup::sum_whole_gradients_over_tp() {

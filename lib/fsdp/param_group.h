@@ -86,6 +86,11 @@ enum class GroupState { kSharded, kGathering, kUnsharded, kPartial };
 // parameters live this way between uses; a model builder may do it to a layer it just created.
 void free_storage(const at::Tensor& t);
 
+// The whole parameter from every tp rank's block of it (`block` this rank's, on the host or the
+// device), the padding past TpSlice::whole cut off. Collective over `tp`.
+at::Tensor whole_from_blocks(dist::ProcessGroup& tp, const at::Tensor& block, const TpSlice& slice,
+                             const std::string& label);
+
 class ParamGroup {
  public:
   using EventLog = std::function<void(const std::string&)>;

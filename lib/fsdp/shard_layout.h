@@ -38,20 +38,31 @@ struct ShardLayout {
 // TpSlice: where a tensor-parallel rank's part of a parameter sits in the whole parameter. The
 // parameter is cut into `parts` equal blocks along `dim` and this rank holds block `index`
 // (Megatron's column-parallel weights: dim 0; row-parallel: dim 1); dim -1: every rank of the
-// tensor-parallel group holds the whole parameter (norms, row-parallel biases).
+// tensor-parallel group holds the whole parameter (norms, row-parallel biases). When the whole size
+// along dim does not divide (a vocabulary of 257 rows over 2 ranks), `whole` is that size and the
+// blocks are ceil(whole / parts) long, the last ones padded past it with rows that stay zero.
 struct TpSlice {
   int dim = -1;
   int index = 0;
   int parts = 1;
+  int64_t whole = 0;  // the whole size along dim; 0: parts x the block's
 
   bool split() const { return dim >= 0 && parts > 1; }
   // The whole parameter's shape, from this rank's part's.
   std::vector<int64_t> full_shape(std::vector<int64_t> local) const {
-    if (split()) local[static_cast<size_t>(dim)] *= parts;
+    if (split()) {
+      int64_t& n = local[static_cast<size_t>(dim)];
+      n = whole > 0 ? whole : n * parts;
+    }
     return local;
   }
-  // Where this rank's block starts along dim, for a part of `local_size` there.
+  // Where this rank's block starts along dim, for a block of `local_size` there.
   int64_t start(int64_t local_size) const { return split() ? index * local_size : 0; }
+  // How many of the block's `local_size` entries along dim are the parameter's (the rest pad it).
+  int64_t valid(int64_t local_size) const {
+    if (!split() || whole == 0) return local_size;
+    return std::clamp<int64_t>(whole - start(local_size), 0, local_size);
+  }
 };
 
 }  // namespace fsdp

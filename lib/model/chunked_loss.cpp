@@ -22,11 +22,11 @@ struct ChunkStats {
   at::Tensor lse, picked;  // (m) fp32
 };
 
-ChunkStats chunk_stats(const at::Tensor& logits, const at::Tensor& safe_y, const TensorParallel* tp) {
+ChunkStats chunk_stats(const at::Tensor& logits, const at::Tensor& safe_y, const TensorParallel* tp, int64_t first) {
   if (tp == nullptr) return {at::logsumexp(logits, {1}), logits.gather(1, safe_y.unsqueeze(1)).squeeze(1)};
   FSDP_ASSERT(tp->group.has_value(), "the vocabulary-parallel loss of a model built for its shapes alone");
   dist::ProcessGroup group = *tp->group;  // a handle; copies share the group
-  const int64_t m = logits.size(0), vocab = logits.size(1), first = tp->rank() * vocab;
+  const int64_t m = logits.size(0), vocab = logits.size(1);
   // The largest logit over every rank's columns, so exp() cannot overflow on any of them.
   const at::Tensor local_max = std::get<0>(logits.max(1)).contiguous();
   const at::Tensor maxes = at::empty({tp->size() * m}, local_max.options());
@@ -43,10 +43,10 @@ ChunkStats chunk_stats(const at::Tensor& logits, const at::Tensor& safe_y, const
 
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                               const at::Tensor& targets, int64_t rows, int64_t ignore_index,
-                               const TensorParallel* tp) {
+                               const at::Tensor& targets, int64_t rows, int64_t ignore_index, const TensorParallel* tp,
+                               int64_t first) {
     const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
-    const int64_t n = hidden.size(0), vocab = weight.size(0), first = tp ? tp->rank() * vocab : 0;
+    const int64_t n = hidden.size(0), vocab = weight.size(0);
     if (rows <= 0) rows = default_chunk_rows(vocab);
     at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
     at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
@@ -57,7 +57,7 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       const at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);  // (m, V) or (m, V/P)
       const at::Tensor valid = y.ne(ignore_index);
       const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
-      const auto [lse, picked] = chunk_stats(logits, safe_y, tp);  // (m)
+      const auto [lse, picked] = chunk_stats(logits, safe_y, tp, first);  // (m)
       loss.add_(((lse - picked) * valid.to(at::kFloat)).sum());
       if (!grad_h && !grad_w) continue;
       // d loss / d logits = softmax - one_hot, zero on ignored tokens (the one-hot in its rank's columns).
@@ -82,6 +82,7 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
+            at::Tensor(),
             at::Tensor()};
   }
 };
@@ -94,8 +95,8 @@ int64_t default_chunk_rows(int64_t vocab_size) {
 
 at::Tensor chunked_linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
                                             const at::Tensor& targets, int64_t rows, int64_t ignore_index,
-                                            const TensorParallel* tp) {
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index, tp)[0];
+                                            const TensorParallel* tp, int64_t first_row) {
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index, tp, first_row)[0];
 }
 
 }  // namespace fsdp::model

@@ -19,11 +19,12 @@ int64_t default_chunk_rows(int64_t vocab_size);
 
 // hidden (N, C), weight (V, C) (both the compute dtype), targets (N) int64; tokens whose target is
 // ignore_index count for nothing. Returns the fp32 sum. rows <= 0 picks chunks of about 32M logits.
-// With `tp` (model/tensor_parallel.h), weight is this rank's vocabulary rows (V/P, C), every rank of
-// the group passes the same hidden and targets and gets the same sum (two small collectives a
-// chunk), and the gradient of hidden is this rank's part: the caller sums it over the group.
+// With `tp` (model/tensor_parallel.h), weight is this rank's vocabulary rows, [first_row, first_row +
+// weight.size(0)) of the whole (padding left out), every rank of the group passes the same hidden
+// and targets and gets the same sum (two small collectives a chunk), and the gradient of hidden is
+// this rank's part: the caller sums it over the group.
 at::Tensor chunked_linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
                                             const at::Tensor& targets, int64_t rows = 0, int64_t ignore_index = -100,
-                                            const TensorParallel* tp = nullptr);
+                                            const TensorParallel* tp = nullptr, int64_t first_row = 0);
 
 }  // namespace fsdp::model

@@ -337,7 +337,7 @@ at::Tensor LlamaDecoderLayerImpl::forward_cached(const at::Tensor& x, const at::
 
 LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t)
     : torch::nn::Module("LlamaEmbedding"), tp(std::move(t)) {
-  weight = register_parameter("weight", at::empty({share(vocab, tp, "vocab_size"), dim}));
+  weight = register_parameter("weight", at::empty({tp ? vocab_block(vocab, tp->size()) : vocab, dim}));
 }
 
 at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& tokens) {
@@ -368,8 +368,9 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   }
   if (!c.tie_word_embeddings) {
     lm_head = register_module(
-        "lm_head",
-        torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, share(c.vocab_size, tp, "vocab_size")).bias(false)));
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size,
+                                                              tp ? vocab_block(c.vocab_size, tp->size()) : c.vocab_size)
+                                         .bias(false)));
     release(*lm_head);
   }
   inv_freq_ = rope_inv_freq(c);
@@ -400,7 +401,8 @@ const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
   const at::Tensor logits = at::linear(hidden_states(tokens), head_weight());
-  return tp ? gather_along(logits, -1, *tp) : logits;  // every rank's columns of the vocabulary
+  // Every rank's columns of the vocabulary, the padding past vocab_size cut off.
+  return tp ? gather_along(logits, -1, *tp).narrow(-1, 0, config.vocab_size) : logits;
 }
 
 at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
@@ -417,9 +419,13 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::v
 }
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
-  const at::Tensor x = hidden_states(tokens, packed);
-  return chunked_linear_cross_entropy_sum(x.reshape({-1, config.hidden_size}), head_weight(), targets.reshape({-1}),
-                                          /*rows=*/0, /*ignore_index=*/-100, tp.get());
+  const at::Tensor x = hidden_states(tokens, packed).reshape({-1, config.hidden_size});
+  if (!tp) return chunked_linear_cross_entropy_sum(x, head_weight(), targets.reshape({-1}));
+  // This rank's vocabulary rows without their padding: no logit of a token that does not exist.
+  const int64_t block = head_weight().size(0), first = tp->rank() * block;
+  const int64_t valid = std::clamp<int64_t>(config.vocab_size - first, 0, block);
+  return chunked_linear_cross_entropy_sum(x, head_weight().narrow(0, 0, valid), targets.reshape({-1}), /*rows=*/0,
+                                          /*ignore_index=*/-100, tp.get(), first);
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "model/hf_config.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -96,6 +97,21 @@ int tensor_parallel_dim(const std::string& name) {
     if (is(column)) return 0;
   if (is("o_proj.weight") || is("down_proj.weight")) return 1;
   return -1;
+}
+
+fsdp::TpSlice tensor_parallel_slice(const LlamaConfig& config, const std::string& name) {
+  fsdp::TpSlice s;
+  s.dim = tensor_parallel_dim(name);
+  if (ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight")) s.whole = config.vocab_size;
+  return s;
+}
+
+int64_t vocab_block(int64_t vocab, int parts) {
+  const int64_t block = (vocab + parts - 1) / parts;
+  FSDP_CHECK(block * (parts - 1) < vocab, "[tp] vocab_size ", vocab, " over ", parts,
+             " tensor-parallel ranks would leave the last rank no token of its own (", block,
+             " a rank); choose a smaller tp_size");
+  return block;
 }
 
 at::Tensor gather_along(const at::Tensor& x, int64_t dim, const TensorParallel& tp) {

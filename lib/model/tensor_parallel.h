@@ -27,6 +27,7 @@
 #include <string>
 
 #include "dist/process_group.h"
+#include "fsdp/shard_layout.h"
 
 namespace fsdp::model {
 
@@ -51,6 +52,16 @@ using TensorParallelPtr = std::shared_ptr<TensorParallel>;
 // holds whole (norms, o_proj/down_proj biases).
 int tensor_parallel_dim(const std::string& name);
 
+struct LlamaConfig;
+// The same as the engine takes it (fsdp::FsdpOptions::tensor_parallel): the dim, and for the
+// vocabulary's rows (embedding, lm_head) the whole vocab_size, which the blocks pad to a multiple of P.
+fsdp::TpSlice tensor_parallel_slice(const LlamaConfig& config, const std::string& name);
+
+// A rank's rows of a vocabulary of `vocab` over P ranks: ceil(vocab / P), the last ranks' padded
+// past vocab (zero rows no token reads and no logit comes from). Throws when a rank would hold
+// padding alone (vocab below (P - 1) * ceil(vocab / P) + 1).
+int64_t vocab_block(int64_t vocab, int parts);
+
 // Every rank's x concatenated along `dim` (P times as long there); its gradient is the sum over the
 // ranks of the incoming gradient, cut to this rank's block.
 at::Tensor gather_along(const at::Tensor& x, int64_t dim, const TensorParallel& tp);
@@ -58,7 +69,8 @@ at::Tensor gather_along(const at::Tensor& x, int64_t dim, const TensorParallel& 
 // divide by P); its gradient is gathered along `dim`.
 at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, const TensorParallel& tp);
 
-// weight (V/P, C): this rank's rows of the embedding, vocabulary rows [rank * V/P, (rank+1) * V/P).
+// weight (V/P, C): this rank's rows of the embedding, vocabulary rows [rank * V/P, (rank+1) * V/P)
+// (V/P = vocab_block, padding past V included).
 // tokens (B, T) -> (B, T, C): the rows of this rank's tokens, zeros for the others' (a partial
 // sum over the ranks).
 at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp);

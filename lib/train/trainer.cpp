@@ -386,26 +386,26 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfi
                ". Leave the key empty for its decoder layer (", model::family_names(model.family).layer_class, ")");
 }
 
-// Tensor parallel splits heads, kv heads, the MLP's rows and the vocabulary evenly over tp_size.
+// Tensor parallel splits heads, kv heads and the MLP's rows evenly over tp_size, and the vocabulary
+// in blocks of ceil(V / tp_size) (the last padded).
 void check_tensor_parallel(const config::Config& config, const model::LlamaConfig& model, const std::string& path) {
   const int tp = config::effective_fsdp_layout(config).tp_size;
   if (tp <= 1) return;
   std::vector<std::string> bad;
   for (const auto& [what, n] : {std::pair<const char*, int64_t>{"num_attention_heads", model.num_attention_heads},
                                 {"num_key_value_heads", model.num_key_value_heads},
-                                {"intermediate_size", model.intermediate_size},
-                                {"vocab_size", model.vocab_size}})
+                                {"intermediate_size", model.intermediate_size}})
     if (n % tp != 0) bad.push_back(str(what, " ", n));
+  auto vocab_fits = [&](int d) { return (model.vocab_size + d - 1) / d * (d - 1) < model.vocab_size; };
+  if (!vocab_fits(tp)) bad.push_back(str("vocab_size ", model.vocab_size, " (the last rank would hold padding alone)"));
   std::vector<std::string> fits;
   for (int d = 2; d <= 64; d *= 2)
     if (model.num_attention_heads % d == 0 && model.num_key_value_heads % d == 0 && model.intermediate_size % d == 0 &&
-        model.vocab_size % d == 0)
+        vocab_fits(d))
       fits.push_back(std::to_string(d));
   FSDP_CHECK(bad.empty(), "[train] parallelism_config_tp_size ", tp, " does not divide ", join(bad, ", "), " of ", path,
-             ": tensor parallel gives each rank an equal share of the heads, the MLP and the vocabulary. ",
-             fits.empty() ? std::string("This model takes no tp_size above 1")
-                          : "Use tp_size " + join(fits, ", ") +
-                                (model.vocab_size % tp != 0 ? ", or pad vocab_size to a multiple of it" : ""));
+             ": tensor parallel gives each rank an equal share of the heads and the MLP. ",
+             fits.empty() ? std::string("This model takes no tp_size above 1") : "Use tp_size " + join(fits, ", "));
 }
 
 // LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked

@@ -244,7 +244,9 @@ void TrainingRun::build_model() {
   std::shared_ptr<model::TensorParallel> tp;
   if (mesh.tp) {
     tp = std::make_shared<model::TensorParallel>(*mesh.tp);
-    plan.options.tensor_parallel_dim = model::tensor_parallel_dim;
+    plan.options.tensor_parallel = [mc = model_config_](const std::string& name) {
+      return model::tensor_parallel_slice(mc, name);
+    };
   }
   llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true, tp);
   const model::LoraSettings lora = lora_settings_of(config_);
@@ -306,12 +308,8 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   options.dir = c.dir;
   options.keep = c.keep;
   options.keep_best = c.keep_best;
-  // Tensor parallel writes FULL checkpoints (config validate refuses SHARDED when the file asks for it).
-  options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict && tp_size() == 1
-                       ? ckpt::Format::kSharded
-                       : ckpt::Format::kFull;
-  if (config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict && tp_size() > 1)
-    say("[ckpt] tensor parallel: checkpoints are FULL_STATE_DICT (whole tensors, which resume into any layout)\n");
+  options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
+                                                                                            : ckpt::Format::kFull;
   options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
   options.fs = hooks.checkpoint_fs;
   options.frozen_from_base = config_.lora.enabled();

@@ -162,9 +162,6 @@ TEST_CASE("parallelism_config: HSDP and TP sizes must multiply to num_processes;
   CHECK(has(load_text(base + "  parallelism_config_tp_size: 2\ntrain:\n  sequence_length: 33\n"),
             "2 does not divide train.sequence_length 33"));
   CHECK(has(load_text(base + "  parallelism_config_tp_size: 2\nlora:\n  r: 8\n"), "LoRA adapters are not trained"));
-  CHECK(has(load_text(std::string(kFsdp2Base) + "  fsdp_state_dict_type: SHARDED_STATE_DICT\n" +
-                      "parallelism_config:\n  parallelism_config_tp_size: 2\n"),
-            "SHARDED_STATE_DICT checkpoints of a tensor-parallel run are not written yet"));
   CHECK(warns(load_text(std::string("num_machines: 2\nmachine_rank: 0\nmain_process_ip: 10.0.0.1\n") + kFsdp2Base +
                         "parallelism_config:\n  parallelism_config_tp_size: 4\n"),
               "some tensor-parallel groups span machines"));
