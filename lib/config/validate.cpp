@@ -419,10 +419,22 @@ std::string FsdpLayout::describe() const {
         shown.push_back("...");
         g = groups - 2;
       }
-      shown.push_back(str(g * post_forward_size, "-", (g + 1) * post_forward_size - 1));
+      if (tp_size == 1) {
+        shown.push_back(str(g * post_forward_size, "-", (g + 1) * post_forward_size - 1));
+        continue;
+      }
+      // Under tensor parallel a group's members are the ranks of one tp index, tp_size apart.
+      std::vector<std::string> ranks;
+      for (int t = 0; t < tp_size && shown.size() < 8; ++t) {
+        std::vector<std::string> members;
+        for (int i = 0; i < post_forward_size; ++i)
+          members.push_back(std::to_string((g * post_forward_size + i) * tp_size + t));
+        shown.push_back(join(members, ","));
+      }
     }
-    layout = str("reshard_after_forward=", post_forward_size,
-                 " (between forward and backward each unit stays sharded over ", "ranks ", join(shown, ", "), "), ");
+    layout =
+        str("reshard_after_forward=", post_forward_size, " (between forward and backward each unit stays sharded over ",
+            "ranks ", join(shown, tp_size == 1 ? ", " : " / "), "), ");
   }
   if (replicate_size > 1)
     layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");

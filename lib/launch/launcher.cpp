@@ -9,6 +9,7 @@
 #include <cstring>
 #include <iostream>
 
+#include "config/config.h"
 #include "launch/cpu_affinity.h"
 #include "launch/rendezvous.h"
 #include "launch/worker_group.h"
@@ -58,9 +59,12 @@ class SignalCatcher {
   struct sigaction old_[65]{};
 };
 
-void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, bool use_cpu, std::ostream& out) {
+void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, const config::Config& c,
+                   std::ostream& out) {
+  const bool use_cpu = c.launch.use_cpu;
   out << "# machine " << t.machine_rank << " of " << t.num_machines << ": " << t.local_world_size
       << " worker(s), world size " << t.world_size << "; rendezvous " << t.master_addr << ":" << t.master_port << "\n";
+  out << "# runs as: " << config::effective_fsdp_layout(c).describe() << "\n";  // the mesh: which ranks form each group
   if (use_cpu)
     out << "# use_cpu: every worker gets ACCELERATE_USE_CPU=true and runs on CPU processes over Gloo (accelerate "
            "launch exports it only from its single-process launcher, so its workers differ; README)\n";
@@ -123,7 +127,7 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
   check_capacity(topology.local_world_size, topology.num_machines, l.use_cpu, options,
                  static_cast<int>(cpu_facts().allowed.size()));
   if (options.dry_run) {
-    print_dry_run(plan_workers(rc, topology, options.command, 0), topology, rc.typed.launch.use_cpu, out);
+    print_dry_run(plan_workers(rc, topology, options.command, 0), topology, rc.typed, out);
     return 0;
   }
   const auto ms = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };
