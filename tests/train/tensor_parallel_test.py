@@ -247,6 +247,17 @@ def check_export_and_checkpoints(h, folders):
                   f"  dir: {tmp}/S2/ckpt\n  interval: 8\n")
     ok &= resumed("SHARDED, that run's step 8 resumed as tp 2 x dp 1 (micro batch 8), steps 9-10",
                   "sharded-tp2-dp1", 2, 2, 2 * BATCH, f"{tmp}/S2/ckpt/step-00000008", whole[0][8:])
+    ok &= resumed("SHARDED, tp 2 x dp 2's step 5 resumed on the same layout, steps 6-10", "sharded-same", 4, 2,
+                  BATCH, f"{tmp}/S/ckpt/step-00000005", whole[0][5:])
+    # merge-weights of the SHARDED tp checkpoint: the tensors the FULL run's export holds, bit for bit.
+    merge = subprocess.run([h.args.fsdptrain, "merge-weights", f"{tmp}/S/ckpt/step-{STEPS:08d}", f"{tmp}/merged"],
+                           capture_output=True, text=True, timeout=120)
+    merged = load_file(f"{tmp}/merged/model.safetensors") if merge.returncode == 0 else {}
+    exported = load_file(f"{tmp}/A/export/step-{STEPS}/model.safetensors")
+    good = sorted(merged) == sorted(exported) and all(merged[k].equal(exported[k]) for k in merged)
+    print(f"{'ok' if good else 'FAIL'}: merge-weights of the SHARDED tp 2 x dp 2 checkpoint gives the FULL run's "
+          f"exported tensors, bit for bit: {good} {merge.stderr.strip()}")
+    ok &= good
 
     return ok
 
