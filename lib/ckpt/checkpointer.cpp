@@ -1,6 +1,7 @@
 #include "ckpt/checkpointer.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
@@ -29,10 +31,11 @@ namespace {
 
 using json = nlohmann::json;
 
-size_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return static_cast<size_t>(n);
+// 0, 1, ..., n - 1: every rank of a group, for new_host_group.
+std::vector<int> every_rank(int n) {
+  std::vector<int> ranks(static_cast<size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ranks;
 }
 
 // The full value of one parameter's padded shard slice (flat, shard_numel elements on every rank)
@@ -318,7 +321,8 @@ struct Checkpointer::Impl {
     if (writer) {
       std::vector<TensorBytes> tensors;
       for (const HostSlice* h : optim)
-        tensors.push_back({h->name, Dtype::kF32, h->full_shape(), nullptr, numel_of(h->full_shape()) * 4});
+        tensors.push_back({h->name, Dtype::kF32, h->full_shape(), nullptr,
+                           static_cast<size_t>(c10::multiply_integers(h->full_shape())) * 4});
       // All fp32: the writer's order is the name order, the order of the gathers below (append checks it).
       out = std::make_unique<SafetensorsWriter>(path_in(tmp, kOptimizer), tensors, std::map<std::string, std::string>{},
                                                 fs);
@@ -356,20 +360,14 @@ Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, mode
                            dist::ProcessGroup& world, CheckpointOptions options)
     : impl_(std::make_unique<Impl>(model, adamw, std::move(description), world, std::move(options))) {
   const std::optional<dist::ProcessGroup>& tp = model.mesh().tp;
-  if (tp && tp->size() > 1 && impl_->o.format == Format::kFull) {
-    std::vector<int> all(static_cast<size_t>(tp->size()));
-    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-    impl_->tp_host_group = tp->new_host_group(all);
-  }
+  if (tp && tp->size() > 1 && impl_->o.format == Format::kFull)
+    impl_->tp_host_group = tp->new_host_group(every_rank(tp->size()));
   if (impl_->file_count() > 1) {
     const auto& shared = world.store();
     FSDP_ASSERT(shared != nullptr, "Checkpointer: a sharded world without a rendezvous store");
     impl_->store = shared->new_client("ckpt/");
-    if (impl_->o.format == Format::kFull && impl_->shard_size() > 1) {
-      std::vector<int> all(static_cast<size_t>(impl_->shard_size()));
-      for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-      impl_->host_group = model.mesh().shard.new_host_group(all);
-    }
+    if (impl_->o.format == Format::kFull && impl_->shard_size() > 1)
+      impl_->host_group = model.mesh().shard.new_host_group(every_rank(impl_->shard_size()));
   }
 }
 

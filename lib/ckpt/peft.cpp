@@ -135,7 +135,7 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
   std::vector<TensorSpec> specs;
   for (const auto& [name, gi] : where)
     if (!model::is_lora_parameter(name))
-      specs.push_back({name, model.groups()[gi.first]->params()[gi.second].layout.shape});
+      specs.push_back({name, model.groups()[gi.first]->params()[gi.second].full_shape()});
   const bool writer = writes_exports(model);
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
     write_hf_folder(

@@ -372,37 +372,35 @@ void validate_config(const ResolvedConfig& rc, Diagnostics& diags) {
   check_input_paths(c);
 }
 
-// "tensor parallel over 2 (tp groups 0-1, 2-3; each rank shards with the ranks of its tp index:
-// 0,2 and 1,3)": the mesh (dp_replicate, dp_shard, tp), tp innermost.
-std::string FsdpLayout::describe_tensor_parallel() const {
-  const int world = replicate_size * shard_size * tp_size, groups = world / tp_size;
-  auto listed = [](int count, const std::function<std::string(int)>& item, const char* separator) {
-    std::vector<std::string> shown;
-    for (int g = 0; g < count; ++g) {
-      if (count > 4 && g == 2) {
-        shown.push_back("...");
-        g = count - 2;
-      }
-      shown.push_back(item(g));
+namespace {
+
+// item(0), ..., item(count - 1) joined by `separator`; past four, the first two, "..." and the last two.
+std::string elided(int count, const std::function<std::string(int)>& item, const char* separator) {
+  std::vector<std::string> shown;
+  for (int k = 0; k < count; ++k) {
+    if (count > 4 && k == 2) {
+      shown.push_back("...");
+      k = count - 2;
     }
-    return join(shown, separator);
-  };
-  const std::string tp_groups = listed(
+    shown.push_back(item(k));
+  }
+  return join(shown, separator);
+}
+
+}  // namespace
+
+// "tensor parallel over 2 (tp groups: ranks 0-1, 2-3; shard groups: 0,2 / 1,3)": the mesh
+// (dp_replicate, dp_shard, tp), tp innermost; a shard group is the ranks of one tp index.
+std::string FsdpLayout::describe_tensor_parallel() const {
+  const int groups = replicate_size * shard_size;
+  const std::string tp_groups = elided(
       groups, [&](int g) { return str(g * tp_size, "-", (g + 1) * tp_size - 1); }, ", ");
-  // The ranks of one tp index across a shard group: (replica * shard_size + s) * tp_size + t.
-  const std::string dp_groups = listed(
+  const std::string dp_groups = elided(
       replicate_size * tp_size,
       [&](int k) {
         const int replica = k / tp_size, t = k % tp_size;
-        std::vector<std::string> ranks;
-        for (int s = 0; s < shard_size; ++s) {
-          if (shard_size > 4 && s == 2) {
-            ranks.push_back("...");
-            s = shard_size - 1;
-          }
-          ranks.push_back(std::to_string((replica * shard_size + s) * tp_size + t));
-        }
-        return join(ranks, ",");
+        return elided(
+            shard_size, [&](int s) { return std::to_string((replica * shard_size + s) * tp_size + t); }, ",");
       },
       " / ");
   return str("tensor parallel over ", tp_size, " (tp groups: ranks ", tp_groups, "; shard groups: ", dp_groups, ")");
@@ -411,30 +409,24 @@ std::string FsdpLayout::describe_tensor_parallel() const {
 std::string FsdpLayout::describe() const {
   if (!sharded) return "no sharding (parameters replicated on every process)";
   std::string layout = str("reshard_after_forward=", reshard_after_forward ? "true" : "false", ", ");
-  if (post_forward_size > 0) {  // the groups of each shard group: consecutive ranks
+  if (post_forward_size > 0) {  // N consecutive members of each shard group
     const int groups = replicate_size * shard_size / post_forward_size;
-    std::vector<std::string> shown;
-    for (int g = 0; g < groups; ++g) {
-      if (groups > 4 && g == 2) {
-        shown.push_back("...");
-        g = groups - 2;
-      }
-      if (tp_size == 1) {
-        shown.push_back(str(g * post_forward_size, "-", (g + 1) * post_forward_size - 1));
-        continue;
-      }
-      // Under tensor parallel a group's members are the ranks of one tp index, tp_size apart.
-      std::vector<std::string> ranks;
-      for (int t = 0; t < tp_size && shown.size() < 8; ++t) {
-        std::vector<std::string> members;
-        for (int i = 0; i < post_forward_size; ++i)
-          members.push_back(std::to_string((g * post_forward_size + i) * tp_size + t));
-        shown.push_back(join(members, ","));
-      }
-    }
-    layout =
-        str("reshard_after_forward=", post_forward_size, " (between forward and backward each unit stays sharded over ",
-            "ranks ", join(shown, tp_size == 1 ? ", " : " / "), "), ");
+    // Under tensor parallel a group's members are the ranks of one tp index, tp_size apart.
+    const std::string shown =
+        tp_size == 1
+            ? elided(
+                  groups, [&](int g) { return str(g * post_forward_size, "-", (g + 1) * post_forward_size - 1); }, ", ")
+            : elided(
+                  groups * tp_size,
+                  [&](int k) {
+                    std::vector<std::string> members;
+                    for (int i = 0; i < post_forward_size; ++i)
+                      members.push_back(std::to_string((k / tp_size * post_forward_size + i) * tp_size + k % tp_size));
+                    return join(members, ",");
+                  },
+                  " / ");
+    layout = str("reshard_after_forward=", post_forward_size,
+                 " (between forward and backward each unit stays sharded over ranks ", shown, "), ");
   }
   if (replicate_size > 1)
     layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");

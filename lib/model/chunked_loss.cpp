@@ -16,27 +16,36 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// A chunk's targets as columns of this rank's logits: the column (clamped into range) and whether
+// the target is this rank's (always, without tensor parallel).
+struct LocalTargets {
+  at::Tensor column;  // (m, 1) int64
+  at::Tensor mine;    // (m) fp32, 1 or 0
+};
+
+LocalTargets local_targets(const at::Tensor& safe_y, int64_t first, int64_t vocab) {
+  return {(safe_y - first).clamp(0, vocab - 1).unsqueeze(1),
+          ((safe_y >= first) & (safe_y < first + vocab)).to(at::kFloat)};
+}
+
 // The log-sum-exp over the vocabulary of each row of logits (m, V/P), and each row's logit of its
 // target (0 where the target is another rank's): over the tp group's logits when there is one.
 struct ChunkStats {
   at::Tensor lse, picked;  // (m) fp32
 };
 
-ChunkStats chunk_stats(const at::Tensor& logits, const at::Tensor& safe_y, const TensorParallel* tp, int64_t first) {
-  if (tp == nullptr) return {at::logsumexp(logits, {1}), logits.gather(1, safe_y.unsqueeze(1)).squeeze(1)};
+ChunkStats chunk_stats(const at::Tensor& logits, const LocalTargets& y, const TensorParallel* tp) {
+  const at::Tensor picked = logits.gather(1, y.column).squeeze(1) * y.mine;
+  if (tp == nullptr) return {at::logsumexp(logits, {1}), picked};
   FSDP_ASSERT(tp->group.has_value(), "the vocabulary-parallel loss of a model built for its shapes alone");
   dist::ProcessGroup group = *tp->group;  // a handle; copies share the group
-  const int64_t m = logits.size(0), vocab = logits.size(1);
+  const int64_t m = logits.size(0);
   // The largest logit over every rank's columns, so exp() cannot overflow on any of them.
   const at::Tensor local_max = std::get<0>(logits.max(1)).contiguous();
   const at::Tensor maxes = at::empty({tp->size() * m}, local_max.options());
   group.all_gather(maxes, local_max, "vocab-parallel loss (max)").wait();
   const at::Tensor top = std::get<0>(maxes.view({tp->size(), m}).max(0));
-  const at::Tensor mine = (safe_y >= first) & (safe_y < first + vocab);
-  const at::Tensor local_y = (safe_y - first).clamp(0, vocab - 1);
-  const at::Tensor sums = at::stack({(logits - top.unsqueeze(1)).exp().sum(1),
-                                     logits.gather(1, local_y.unsqueeze(1)).squeeze(1) * mine.to(at::kFloat)})
-                              .contiguous();
+  const at::Tensor sums = at::stack({(logits - top.unsqueeze(1)).exp().sum(1), picked}).contiguous();
   group.all_reduce(sums, dist::ReduceOp::kSum, "vocab-parallel loss (sums)").wait();
   return {sums[0].log() + top, sums[1]};
 }
@@ -57,14 +66,13 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       const at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);  // (m, V) or (m, V/P)
       const at::Tensor valid = y.ne(ignore_index);
       const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
-      const auto [lse, picked] = chunk_stats(logits, safe_y, tp, first);  // (m)
+      const LocalTargets local = local_targets(safe_y, first, vocab);
+      const auto [lse, picked] = chunk_stats(logits, local, tp);  // (m)
       loss.add_(((lse - picked) * valid.to(at::kFloat)).sum());
       if (!grad_h && !grad_w) continue;
       // d loss / d logits = softmax - one_hot, zero on ignored tokens (the one-hot in its rank's columns).
       at::Tensor g = (logits - lse.unsqueeze(1)).exp_();
-      const at::Tensor local_y = (safe_y - first).clamp(0, vocab - 1);
-      const at::Tensor mine = ((safe_y >= first) & (safe_y < first + vocab)).to(at::kFloat).unsqueeze(1);
-      g.scatter_add_(1, local_y.unsqueeze(1), -mine);
+      g.scatter_add_(1, local.column, -local.mine.unsqueeze(1));
       g.mul_(valid.to(at::kFloat).unsqueeze(1));
       if (grad_h) dh.narrow(0, i, m).copy_(at::matmul(g.to(weight.scalar_type()), weight));
       if (grad_w) dw.addmm_(g.t(), h.to(at::kFloat));

@@ -106,9 +106,13 @@ fsdp::TpSlice tensor_parallel_slice(const LlamaConfig& config, const std::string
   return s;
 }
 
+bool vocab_splits(int64_t vocab, int parts) {
+  return (vocab + parts - 1) / parts * (parts - 1) < vocab;
+}
+
 int64_t vocab_block(int64_t vocab, int parts) {
   const int64_t block = (vocab + parts - 1) / parts;
-  FSDP_CHECK(block * (parts - 1) < vocab, "[tp] vocab_size ", vocab, " over ", parts,
+  FSDP_CHECK(vocab_splits(vocab, parts), "[tp] vocab_size ", vocab, " over ", parts,
              " tensor-parallel ranks would leave the last rank no token of its own (", block,
              " a rank); choose a smaller tp_size");
   return block;

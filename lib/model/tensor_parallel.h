@@ -14,7 +14,7 @@
 //
 // Parameters every rank holds whole (the norms, Qwen3's q/k norms, row-parallel biases) get a
 // partial gradient on each rank (its tokens, its heads); fully_shard sums them over the group
-// (fsdp::FsdpOptions::tensor_parallel_dim says which ones are split and which are whole).
+// (fsdp::FsdpOptions::tensor_parallel says which ones are split and which are whole).
 //
 // Collective over the tp group: every function here, forward and backward, in the same order on
 // every rank of it (every rank runs the same layers).
@@ -44,7 +44,6 @@ struct TensorParallel {
   explicit TensorParallel(int size) : size_(size) {}
   int rank_ = 0, size_ = 1;
 };
-using TensorParallelPtr = std::shared_ptr<TensorParallel>;
 
 // The dimension along which tensor parallel splits a parameter of the decoder, by its Hugging Face
 // name: 0 for the column-parallel q/k/v and gate/up weights and biases, the embedding and lm_head
@@ -59,8 +58,10 @@ fsdp::TpSlice tensor_parallel_slice(const LlamaConfig& config, const std::string
 
 // A rank's rows of a vocabulary of `vocab` over P ranks: ceil(vocab / P), the last ranks' padded
 // past vocab (zero rows no token reads and no logit comes from). Throws when a rank would hold
-// padding alone (vocab below (P - 1) * ceil(vocab / P) + 1).
+// padding alone (vocab_splits is false).
 int64_t vocab_block(int64_t vocab, int parts);
+// Whether every one of P ranks holds at least one of the vocabulary's rows in those blocks.
+bool vocab_splits(int64_t vocab, int parts);
 
 // Every rank's x concatenated along `dim` (P times as long there); its gradient is the sum over the
 // ranks of the incoming gradient, cut to this rank's block.

@@ -104,7 +104,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const int64_t split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size;
   const int64_t per_layer = tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
                                       mc.num_attention_heads / tp * 4);
-  const int64_t vocab = (mc.vocab_size + tp - 1) / tp;
+  const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
   const int64_t chunk = std::min<int64_t>(tokens, model::default_chunk_rows(vocab));
   const int64_t head = vocab * C;
   const int64_t logits = chunk * vocab * 4 * 2 + head * 4 + (param_bytes != 4 ? head * param_bytes : 0) +

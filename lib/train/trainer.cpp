@@ -20,6 +20,7 @@
 #include "config/show.h"
 #include "dist/build_info.h"
 #include "dist/error_file.h"
+#include "model/tensor_parallel.h"
 #include "train/estimate_memory.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
@@ -396,12 +397,12 @@ void check_tensor_parallel(const config::Config& config, const model::LlamaConfi
                                 {"num_key_value_heads", model.num_key_value_heads},
                                 {"intermediate_size", model.intermediate_size}})
     if (n % tp != 0) bad.push_back(str(what, " ", n));
-  auto vocab_fits = [&](int d) { return (model.vocab_size + d - 1) / d * (d - 1) < model.vocab_size; };
-  if (!vocab_fits(tp)) bad.push_back(str("vocab_size ", model.vocab_size, " (the last rank would hold padding alone)"));
+  if (!fsdp::model::vocab_splits(model.vocab_size, tp))
+    bad.push_back(str("vocab_size ", model.vocab_size, " (the last rank would hold padding alone)"));
   std::vector<std::string> fits;
   for (int d = 2; d <= 64; d *= 2)
     if (model.num_attention_heads % d == 0 && model.num_key_value_heads % d == 0 && model.intermediate_size % d == 0 &&
-        vocab_fits(d))
+        fsdp::model::vocab_splits(model.vocab_size, d))
       fits.push_back(std::to_string(d));
   FSDP_CHECK(bad.empty(), "[train] parallelism_config_tp_size ", tp, " does not divide ", join(bad, ", "), " of ", path,
              ": tensor parallel gives each rank an equal share of the heads and the MLP. ",

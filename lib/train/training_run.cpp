@@ -156,6 +156,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
       config_(resolved.typed),
       out_(out),
       world_(init_group(context)),
+      tp_size_(std::max(1, config::effective_fsdp_layout(config_).tp_size)),
       model_config_(model_config_of(config_)) {
   // The resolved config's first and last lines (the file, how it runs); the whole table with --verbose.
   const std::string table = config::format_resolved(resolved, config::ShowFormat::kTable);

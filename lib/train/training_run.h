@@ -9,7 +9,6 @@
 
 #include <c10/core/Event.h>
 
-#include <algorithm>
 #include <future>
 #include <memory>
 #include <optional>
@@ -98,9 +97,9 @@ class TrainingRun {
 
  private:
   // The data-parallel coordinates: tensor parallel's ranks (tp innermost) read the same batch.
-  int tp_size() const { return std::max(1, config::effective_fsdp_layout(config_).tp_size); }
-  int dp_rank() const { return world_.rank() / tp_size(); }
-  int dp_size() const { return world_.size() / tp_size(); }
+  int tp_size() const { return tp_size_; }
+  int dp_rank() const { return world_.rank() / tp_size_; }
+  int dp_size() const { return world_.size() / tp_size_; }
   void read_data();
   void build_model();
   void build_checkpointer(const TrainHooks& hooks);
@@ -124,6 +123,7 @@ class TrainingRun {
   const config::Config& config_;
   std::ostream& out_;
   dist::ProcessGroup world_;
+  const int tp_size_;  // parallelism_config_tp_size (1: none)
   const model::LlamaConfig model_config_;
   data::TokenStream tokens_, eval_tokens_;  // eval_tokens_: data.eval_path's, when given
   std::unique_ptr<data::SequenceReader> reader_, eval_reader_;
