@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "model/linear.h"
 #include "model/tensor_parallel.h"
 #include "util/error.h"
 
@@ -59,11 +60,11 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     if (rows <= 0) rows = default_chunk_rows(vocab);
     at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
     at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
-    at::Tensor dw = grad_w ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    at::Tensor dw;  // fp32, summed over the chunks
     for (int64_t i = 0; i < n; i += rows) {
       const int64_t m = std::min(rows, n - i);
       const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
-      const at::Tensor logits = at::matmul(h, weight.t()).to(at::kFloat);  // (m, V) or (m, V/P)
+      const at::Tensor logits = matmul_nt(h, weight).to(at::kFloat);  // (m, V) or (m, V/P)
       const at::Tensor valid = y.ne(ignore_index);
       const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
       const LocalTargets local = local_targets(safe_y, first, vocab);
@@ -74,9 +75,13 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       at::Tensor g = (logits - lse.unsqueeze(1)).exp_();
       g.scatter_add_(1, local.column, -local.mine.unsqueeze(1));
       g.mul_(valid.to(at::kFloat).unsqueeze(1));
-      if (grad_h) dh.narrow(0, i, m).copy_(at::matmul(g.to(weight.scalar_type()), weight));
-      if (grad_w) dw.addmm_(g.t(), h.to(at::kFloat));
+      if (grad_h) dh.narrow(0, i, m).copy_(matmul_nt(g.to(weight.scalar_type()), weight.t()));
+      if (grad_w) {
+        const at::Tensor part = matmul_nt(g.t(), h.to(at::kFloat).t());  // (V, C)
+        dw = dw.defined() ? dw.add_(part) : part;
+      }
     }
+    if (grad_w && !dw.defined()) dw = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     ctx->saved_data["dh"] = dh;
     ctx->saved_data["dw"] = grad_w ? dw.to(weight.scalar_type()) : dw;
     return {loss};

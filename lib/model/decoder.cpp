@@ -14,6 +14,7 @@
 #include "fsdp/unit_call.h"
 #include "model/chunked_loss.h"
 #include "model/fused_ops.h"
+#include "model/linear.h"
 #include "model/lora_layer.h"
 #include "model/stacked_weights.h"
 #include "model/tensor_parallel.h"
@@ -202,7 +203,7 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
 std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
   if (fused_kernels_enabled())
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
-      const at::Tensor y = at::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
+      const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
       const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
       return {with_lora(q_proj, x, y.narrow(-1, 0, qn)), with_lora(k_proj, x, y.narrow(-1, qn, kn)),
               with_lora(v_proj, x, y.narrow(-1, qn + kn, kn))};
@@ -262,7 +263,7 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
 at::Tensor row_parallel_output(const torch::nn::Linear& proj, const at::Tensor& x, const TensorParallel* tp) {
   if (tp == nullptr) return lora_linear(proj, x);
   // The bias after the sum, once: every rank holds it whole and adds it to its own tokens.
-  const at::Tensor y = reduce_scatter_along(at::linear(x, proj->weight), 1, *tp);
+  const at::Tensor y = reduce_scatter_along(model::linear(x, proj->weight), 1, *tp);
   return proj->bias.defined() ? y + proj->bias : y;
 }
 
@@ -300,7 +301,7 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
   const auto w = fused ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
   at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
   if (w) {
-    const at::Tensor gate_up = at::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
+    const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
     if (x.is_cpu() && !has_lora(gate_proj) && !has_lora(up_proj))
       return row_parallel_output(down_proj, fused_swiglu(gate_up), tp.get());  // gate and up read from the one block
     const int64_t f = gate_proj->weight.size(0);
@@ -400,7 +401,7 @@ const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
-  const at::Tensor logits = at::linear(hidden_states(tokens), head_weight());
+  const at::Tensor logits = model::linear(hidden_states(tokens), head_weight());
   // Every rank's columns of the vocabulary, the padding past vocab_size cut off.
   return tp ? gather_along(logits, -1, *tp).narrow(-1, 0, config.vocab_size) : logits;
 }
@@ -415,7 +416,7 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::v
   sin = sin.narrow(0, start, t);
   for (size_t i = 0; i < cache.size(); ++i)
     x = model->layers[i]->as<LlamaDecoderLayerImpl>()->forward_cached(x, cos, sin, cache[i]);
-  return at::linear(model->norm(x), head_weight());
+  return model::linear(model->norm(x), head_weight());
 }
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/linear.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -30,7 +31,7 @@ LoraDownImpl::LoraDownImpl(int64_t in, int64_t r, double scale, double p) : scal
 }
 
 at::Tensor lora_linear(const torch::nn::Linear& l, const at::Tensor& x) {
-  return with_lora(l, x, at::linear(x, l->weight, l->bias));  // LinearImpl::forward, then the adapter
+  return with_lora(l, x, model::linear(x, l->weight, l->bias));  // LinearImpl::forward, then the adapter
 }
 
 bool has_lora(const torch::nn::Linear& l) {
@@ -48,7 +49,7 @@ at::Tensor with_lora(const torch::nn::Linear& l, const at::Tensor& x, const at::
   const auto* a = (*down)->as<LoraDownImpl>();
   const auto* b = (*up)->as<torch::nn::LinearImpl>();
   const at::Tensor in = a->dropout > 0 ? at::dropout(x, a->dropout, l->is_training()) : x;
-  return y + at::linear(at::linear(in, a->weight), b->weight) * a->scaling;
+  return y + model::linear(model::linear(in, a->weight), b->weight) * a->scaling;
 }
 
 bool is_lora_parameter(const std::string& name) {

@@ -1,0 +1,111 @@
+#include "model/linear.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "util/env.h"
+#include "util/error.h"
+
+namespace fsdp::model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Below this many multiply-adds oneDNN's fixed cost per call (~12 us here) outweighs its speed.
+constexpr int64_t kMinMultiplyAdds = int64_t{1} << 21;
+
+enum class Gemm { kAten, kOnednn, kOnednnAll };
+
+Gemm gemm_choice() {
+  static const Gemm choice = [] {
+    if (env_is("FSDPTRAIN_FUSED", "0")) return Gemm::kAten;
+    const std::string v = env_or("FSDPTRAIN_ONEDNN_GEMM", "1");
+    FSDP_CHECK(v == "0" || v == "1" || v == "all", "[env] FSDPTRAIN_ONEDNN_GEMM=\"", v,
+               "\": expected 0 (LibTorch's mm), 1 (oneDNN for large float32 "
+               "products on CPU, the default) or all (oneDNN for every float32 product on CPU)");
+    if (v == "0" || !at::hasMKLDNN()) return Gemm::kAten;
+    return v == "all" ? Gemm::kOnednnAll : Gemm::kOnednn;
+  }();
+  return choice;
+}
+
+using LinearPointwise = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                   std::string_view, c10::List<std::optional<at::Scalar>>,
+                                   std::optional<std::string_view>);
+
+// mkldnn::_linear_pointwise(X, W, B, "none", [], None) = X W^T + B on dense, strided CPU tensors.
+const c10::TypedOperatorHandle<LinearPointwise>* linear_pointwise() {
+  static const std::optional<c10::TypedOperatorHandle<LinearPointwise>> op =
+      []() -> std::optional<c10::TypedOperatorHandle<LinearPointwise>> {
+    auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    if (!handle.has_value()) return std::nullopt;
+    return handle->typed<LinearPointwise>();
+  }();
+  return op ? &*op : nullptr;
+}
+
+at::Tensor onednn_nt(const at::Tensor& a, const at::Tensor& b) {
+  return linear_pointwise()->call(a, b, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
+// a (m, k) b (n, k)^T by whichever path onednn_product picks.
+at::Tensor product_nt(const at::Tensor& a, const at::Tensor& b) {
+  if (onednn_product(a, b, a.size(0) * a.size(1) * b.size(0))) return onednn_nt(a, b);
+  return at::mm(a, b.t());
+}
+
+// x (..., in) weight^T with oneDNN's products in forward and backward; what at::linear's autograd
+// saves (x and weight), and no gradient autograd does not ask for.
+struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    ctx->save_for_backward({x, weight});
+    auto shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return onednn_nt(x.reshape({-1, x.size(-1)}), weight).view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor g = grads[0].reshape({-1, weight.size(0)});  // (N, out)
+    at::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) dx = product_nt(g, weight.t()).view(x.sizes());           // (N, in)
+    if (ctx->needs_input_grad(1)) dw = product_nt(g.t(), x.reshape({-1, x.size(-1)}).t());  // (out, in)
+    return {dx, dw};
+  }
+};
+
+}  // namespace
+
+bool onednn_product(const at::Tensor& a, const at::Tensor& b, int64_t multiply_adds) {
+  const Gemm choice = gemm_choice();
+  if (choice == Gemm::kAten) return false;
+  if (!a.is_cpu() || !b.is_cpu() || a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat) return false;
+  if (choice == Gemm::kOnednn && multiply_adds < kMinMultiplyAdds) return false;
+  return linear_pointwise() != nullptr;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  const int64_t in = x.dim() >= 1 ? x.size(-1) : 0;
+  if (in == 0 || x.numel() == 0 || weight.size(0) == 0 ||
+      !onednn_product(x, weight, x.numel() / in * weight.size(0) * in) ||
+      (bias.defined() && bias.scalar_type() != at::kFloat))
+    return at::linear(x, weight, bias);
+  const at::Tensor y = OnednnLinear::apply(x, weight);
+  return bias.defined() ? y + bias : y;  // bias as at::linear's autograd sums it
+}
+
+at::Tensor matmul_nt(const at::Tensor& a, const at::Tensor& b) {
+  FSDP_ASSERT(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "matmul_nt of ", a.sizes(), " and ", b.sizes());
+  return product_nt(a, b);
+}
+
+}  // namespace fsdp::model
