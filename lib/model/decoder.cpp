@@ -12,6 +12,7 @@
 
 #include "fsdp/param_group.h"
 #include "fsdp/unit_call.h"
+#include "model/causal_attention.h"
 #include "model/chunked_loss.h"
 #include "model/fused_ops.h"
 #include "model/linear.h"
@@ -245,6 +246,10 @@ bool varlen_flash(const at::Tensor& q, const Packed& packed) {
 at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start,
                                       const Packed& packed) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2);
+  const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window);
+  if (plain_causal && causal_attention_applies(q, k))  // CPU float32: products on oneDNN, kv heads shared
+    return row_parallel_output(o_proj, causal_attention(q, k, v).transpose(1, 2).reshape({b, t, heads * head_dim}),
+                               tp.get());
   if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
@@ -253,7 +258,7 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
   at::Tensor y;
   if (packed.defined())
     y = at::scaled_dot_product_attention(q, k, v, packed_attention_mask(packed.segments, window), 0.0, false);
-  else if (start == 0 && (window == 0 || t <= window))  // plain causal attention
+  else if (plain_causal)
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   else
     y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);

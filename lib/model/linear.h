@@ -30,6 +30,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // autograd: the chunked loss's products, which compute their own gradients.
 at::Tensor matmul_nt(const at::Tensor& a, const at::Tensor& b);
 
+// a b^T on oneDNN whatever its size, for callers that checked onednn_product once for a whole
+// computation of many small products (model/causal_attention.h): 2-D float32 CPU operands.
+at::Tensor onednn_matmul_nt(const at::Tensor& a, const at::Tensor& b);
+
 // Whether a product of this many multiply-adds with these operands takes oneDNN here.
 bool onednn_product(const at::Tensor& a, const at::Tensor& b, int64_t multiply_adds);
 
