@@ -1,6 +1,6 @@
 // model::causal_attention against SDPA's causal attention computed in float64, forward and
 // backward: grouped kv heads, a sequence that is not a whole number of blocks, q/k/v as the strided
-// views the projections give, and the small or non-float32 cases it leaves to SDPA.
+// views the projections give, and the small, head_dim < 64 or non-float32 cases it leaves to SDPA.
 #include "model/causal_attention.h"
 
 #include <ATen/ATen.h>
@@ -48,7 +48,7 @@ std::vector<at::Tensor> run(bool ours, const at::Tensor& q, const at::Tensor& k,
 
 TEST_CASE("causal_attention: SDPA's causal attention, forward and backward, kv heads shared") {
   at::manual_seed(0);
-  for (const auto [heads, kv, t, d] : std::vector<std::array<int64_t, 4>>{{4, 2, 300, 32}, {2, 2, 128, 64}}) {
+  for (const auto [heads, kv, t, d] : std::vector<std::array<int64_t, 4>>{{4, 2, 300, 64}, {2, 2, 128, 128}}) {
     const at::Tensor q = at::randn({2, heads, t, d}), k = at::randn({2, kv, t, d}), v = at::randn({2, kv, t, d});
     const at::Tensor up = at::randn({2, heads, t, d});
     CAPTURE(t);
@@ -64,10 +64,12 @@ TEST_CASE("causal_attention: SDPA's causal attention, forward and backward, kv h
   }
 }
 
-TEST_CASE("causal_attention: small and non-float32 attention stays with SDPA") {
+TEST_CASE("causal_attention: small, thin-headed and non-float32 attention stays with SDPA") {
   const at::Tensor q = at::randn({1, 2, 8, 16}), k = at::randn({1, 2, 8, 16});
   if (!fsdp::env_is("FSDPTRAIN_ONEDNN_GEMM", "all"))
     CHECK_FALSE(causal_attention_applies(q, k));  // 1,152 multiply-adds
+  const at::Tensor q32 = at::randn({2, 4, 1024, 32}), k32 = at::randn({2, 2, 1024, 32});
+  if (!fsdp::env_is("FSDPTRAIN_ONEDNN_GEMM", "all")) CHECK_FALSE(causal_attention_applies(q32, k32));  // head_dim < 64
   const at::Tensor qb = at::randn({2, 4, 512, 64}).to(at::kBFloat16), kb = at::randn({2, 4, 512, 64}).to(at::kBFloat16);
   CHECK_FALSE(causal_attention_applies(qb, kb));
 }
