@@ -75,28 +75,36 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
     const int64_t batch = q.size(0), heads = q.size(1), t = q.size(2), d = q.size(3), group = heads / k.size(1);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     const at::Tensor delta = (dout * out).sum(-1);  // (B, H, T): rowsum(dO * O), softmax's backward term
-    const at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::zeros(k.sizes(), k.options()),
-                     dv = at::zeros(v.sizes(), v.options());
+    const at::Tensor dq = at::empty(q.sizes(), q.options()), dk = at::empty(k.sizes(), k.options()),
+                     dv = at::empty(v.sizes(), v.options());
     const at::Tensor mask = causal_block_mask(std::min(kBlock, t), q.options());
-    at::Tensor kh, vh;  // the kv head's keys and values (T, D), dense
+    at::Tensor kh, vh;    // the kv head's keys and values (T, D), dense
+    at::Tensor dkt, dvt;  // their gradients, transposed (D, T): each block adds a (D, keys) product
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t h = 0; h < heads; ++h) {
         if (h % group == 0) {
           kh = k[b][h / group].contiguous();
           vh = v[b][h / group].contiguous();
+          dkt = at::zeros({d, t}, q.options());
+          dvt = at::zeros({d, t}, q.options());
         }
         const at::Tensor qs = q[b][h] * scale, doh = dout[b][h].contiguous();
-        const at::Tensor dkh = dk[b][h / group], dvh = dv[b][h / group];
         for (int64_t i = 0; i < t; i += kBlock) {
           const int64_t m = std::min(kBlock, t - i), keys = i + m;
           const at::Tensor p = block_scores(qs, kh, i, m, mask).sub_(lse[b][h].narrow(0, i, m).unsqueeze(1)).exp_();
+          // oneDNN copies a transposed input whole, so the (m, keys) blocks go in as the weight side
+          // (transposed weights are read in place) and the thin (m, D) ones as the input.
           const at::Tensor dout_i = doh.narrow(0, i, m);                         // (m, D)
-          dvh.narrow(0, 0, keys).add_(onednn_matmul_nt(p.t(), dout_i.t()));      // P^T dO
+          dvt.narrow(1, 0, keys).add_(onednn_matmul_nt(dout_i.t(), p.t()));      // dO^T P = (P^T dO)^T
           const at::Tensor ds = onednn_matmul_nt(dout_i, vh.narrow(0, 0, keys))  // dP = dO V^T
                                     .sub_(delta[b][h].narrow(0, i, m).unsqueeze(1))
                                     .mul_(p);  // dS = P (dP - delta)
           dq[b][h].narrow(0, i, m).copy_(onednn_matmul_nt(ds, kh.narrow(0, 0, keys).t())).mul_(scale);
-          dkh.narrow(0, 0, keys).add_(onednn_matmul_nt(ds.t(), qs.narrow(0, i, m).t()));  // dS^T (Q / sqrt(D))
+          dkt.narrow(1, 0, keys).add_(onednn_matmul_nt(qs.narrow(0, i, m).t(), ds.t()));  // (dS^T Q / sqrt(D))^T
+        }
+        if (h % group == group - 1) {  // the group's last query head: its kv head's gradients are whole
+          dk[b][h / group].copy_(dkt.t());
+          dv[b][h / group].copy_(dvt.t());
         }
       }
     return {dq, dk, dv};

@@ -60,7 +60,7 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     if (rows <= 0) rows = default_chunk_rows(vocab);
     at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
     at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
-    at::Tensor dw;  // fp32, summed over the chunks
+    at::Tensor dw;  // fp32, summed over the chunks as dw^T (C, V)
     for (int64_t i = 0; i < n; i += rows) {
       const int64_t m = std::min(rows, n - i);
       const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
@@ -76,12 +76,12 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
       g.scatter_add_(1, local.column, -local.mine.unsqueeze(1));
       g.mul_(valid.to(at::kFloat).unsqueeze(1));
       if (grad_h) dh.narrow(0, i, m).copy_(matmul_nt(g.to(weight.scalar_type()), weight.t()));
-      if (grad_w) {
-        const at::Tensor part = matmul_nt(g.t(), h.to(at::kFloat).t());  // (V, C)
+      if (grad_w) {  // dw^T = h^T g: g (m, V) goes in as oneDNN's weight, read in place
+        const at::Tensor part = matmul_nt(h.to(at::kFloat).t(), g.t());  // (C, V)
         dw = dw.defined() ? dw.add_(part) : part;
       }
     }
-    if (grad_w && !dw.defined()) dw = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+    if (grad_w) dw = dw.defined() ? dw.t().contiguous() : at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     ctx->saved_data["dh"] = dh;
     ctx->saved_data["dw"] = grad_w ? dw.to(weight.scalar_type()) : dw;
     return {loss};

@@ -88,8 +88,14 @@ struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
     const at::Tensor& weight = saved[1];
     const at::Tensor g = grads[0].reshape({-1, weight.size(0)});  // (N, out)
     at::Tensor dx, dw;
-    if (ctx->needs_input_grad(0)) dx = product_nt(g, weight.t()).view(x.sizes());           // (N, in)
-    if (ctx->needs_input_grad(1)) dw = product_nt(g.t(), x.reshape({-1, x.size(-1)}).t());  // (out, in)
+    if (ctx->needs_input_grad(0)) dx = product_nt(g, weight.t()).view(x.sizes());  // (N, in)
+    if (ctx->needs_input_grad(1)) {
+      // oneDNN copies a transposed input whole: g^T (N x out) for dw = g^T x, or x^T (N x in) for
+      // dw^T = x^T g, whose transposed result autograd then copies (out x in). The smaller copy wins.
+      const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+      const int64_t n = x2.size(0), in = x2.size(1), out = g.size(1);
+      dw = n * out <= n * in + in * out ? product_nt(g.t(), x2.t()) : product_nt(x2.t(), g.t()).t();  // (out, in)
+    }
     return {dx, dw};
   }
 };
