@@ -61,7 +61,7 @@ struct CausalAttention : torch::autograd::Function<CausalAttention> {
         }
       }
     ctx->save_for_backward({q, k, v});
-    ctx->saved_data["out"] = out;
+    ctx->saved_data["out"] = out;  // the output's storage, which the decoder only reads
     ctx->saved_data["lse"] = lse;
     return out.transpose(1, 2);
   }

@@ -3,7 +3,8 @@
 // CPU flash attention runs its blocks' products on MKL's sgemm, about 65 GFLOP/s of causal
 // attention on the Zen 5 machines here; this runs the same algorithm (blocks of queries against
 // the keys they may see, the log-sum-exp kept for backward, probabilities recomputed there) with
-// each block's products one oneDNN call, about 1.6x as fast at sequence 1024.
+// each block's products one oneDNN call: about 1.4x as fast with head_dim 64 and 1.7x with 128, at
+// sequence 1024 (thinner heads stay with SDPA, whose kernel wins there).
 //
 // Numerics: float32 throughout, the softmax shifted by its row maximum; results equal SDPA's to
 // float32 rounding (a few 1e-7 relative here), not bit for bit.

@@ -12,7 +12,8 @@
 // Which path a product takes depends on its shape alone (never on timing), so runs repeat exactly.
 //
 // Switches: FSDPTRAIN_FUSED=0 (the reference path) or FSDPTRAIN_ONEDNN_GEMM=0 keep at::linear
-// everywhere; FSDPTRAIN_ONEDNN_GEMM=all takes oneDNN for small products too (the tests use it).
+// everywhere; FSDPTRAIN_ONEDNN_GEMM=all takes oneDNN for small products and thin attention heads
+// too, so the golden tests, whose shapes are small, can be run on this path.
 // Threads: oneDNN runs on LibTorch's intra-op threads (at::get_num_threads()).
 #pragma once
 
