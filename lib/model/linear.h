@@ -2,7 +2,7 @@
 // it does not take for Intel's (AMD's Zen among them) runs its AVX2 code even where the core has
 // AVX-512: about 110 GFLOP/s a core on the 2-core Zen 5 machines our tests run on, where oneDNN's
 // matmul, which LibTorch ships in the same library (the op mkldnn::_linear_pointwise), chooses its
-// kernels by the core's instructions and runs the same shapes at 200-270. So large float32
+// kernels by the core's instructions and runs the same shapes at 190-270. So large float32
 // products on CPU go through oneDNN here, forward and backward; everything else (CUDA, bfloat16,
 // small products) runs at::linear / at::matmul as before.
 //
