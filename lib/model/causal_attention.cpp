@@ -8,7 +8,6 @@
 #include <limits>
 
 #include "model/linear.h"
-#include "util/env.h"
 #include "util/error.h"
 
 namespace fsdp::model {
@@ -118,7 +117,7 @@ bool causal_attention_applies(const at::Tensor& q, const at::Tensor& k) {
   if (q.size(1) % k.size(1) != 0 || q.stride(3) != 1 || k.stride(3) != 1) return false;
   // Below 64 a head's products are too thin for oneDNN to beat SDPA's kernel (head_dim 16: 29 ms
   // against 22 for 2 x 4 heads of 1024), unless every product is sent to oneDNN.
-  if (q.size(3) < kMinHeadDim && !env_is("FSDPTRAIN_ONEDNN_GEMM", "all")) return false;
+  if (q.size(3) < kMinHeadDim && !onednn_every_size()) return false;
   const int64_t t = q.size(2);
   return onednn_product(q, k, q.size(0) * q.size(1) * t * (t + 1) / 2 * q.size(3));
 }

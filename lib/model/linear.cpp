@@ -110,10 +110,13 @@ bool onednn_product(const at::Tensor& a, const at::Tensor& b, int64_t multiply_a
   return linear_pointwise() != nullptr;
 }
 
+bool onednn_every_size() {
+  return gemm_choice() == Gemm::kOnednnAll;
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  const int64_t in = x.dim() >= 1 ? x.size(-1) : 0;
-  if (in == 0 || x.numel() == 0 || weight.size(0) == 0 ||
-      !onednn_product(x, weight, x.numel() / in * weight.size(0) * in) ||
+  if (x.dim() == 0 || x.numel() == 0 || weight.size(0) == 0 ||
+      !onednn_product(x, weight, x.numel() * weight.size(0)) ||  // rows x out x in
       (bias.defined() && bias.scalar_type() != at::kFloat))
     return at::linear(x, weight, bias);
   const at::Tensor y = OnednnLinear::apply(x, weight);

@@ -37,5 +37,8 @@ at::Tensor onednn_matmul_nt(const at::Tensor& a, const at::Tensor& b);
 
 // Whether a product of this many multiply-adds with these operands takes oneDNN here.
 bool onednn_product(const at::Tensor& a, const at::Tensor& b, int64_t multiply_adds);
+// Whether FSDPTRAIN_ONEDNN_GEMM=all asked for oneDNN whatever the size (callers with size rules of
+// their own, such as causal attention's head_dim, drop them then).
+bool onednn_every_size();
 
 }  // namespace fsdp::model

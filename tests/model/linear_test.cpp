@@ -61,7 +61,7 @@ TEST_CASE("linear: float32 products on CPU equal at::linear, forward and backwar
   }
 }
 
-TEST_CASE("linear: only the gradients autograd asks for") {
+TEST_CASE("linear: a frozen weight, and an input without a gradient") {
   at::manual_seed(1);
   const at::Tensor x = at::randn({1024, 64}).requires_grad_(true);
   const at::Tensor frozen = at::randn({64, 64});  // a LoRA base weight: no gradient
