@@ -87,9 +87,11 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
       // fp32 only: the writer's order is the name order, the order of full() below (append checks it).
       out = std::make_unique<SafetensorsWriter>(dir + "/" + file, specs, std::map<std::string, std::string>{}, fs);
     }
+    // Each tensor comes to host memory as it is written (full() may give a device tensor, and every
+    // rank calls it: it gathers), so the host holds one tensor at a time, never the model.
     for (size_t i : shards[s]) {
-      const at::Tensor t = full(i).contiguous();
-      if (out) out->append(tensors[i].name, t.data_ptr(), static_cast<size_t>(t.numel()) * 4);
+      const at::Tensor t = full(i);
+      if (out) append_tensor(*out, tensors[i].name, t.to(at::kCPU, at::kFloat).contiguous());
     }
     if (out) {
       out->finish();

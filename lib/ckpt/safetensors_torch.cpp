@@ -36,6 +36,13 @@ constexpr std::pair<at::ScalarType, Dtype> kMap[] = {
 
 }  // namespace
 
+void append_tensor(SafetensorsWriter& out, const std::string& name, const at::Tensor& t) {
+  FSDP_ASSERT(t.device().is_cpu(), "[ckpt] ", name, " is a ", t.device(),
+              " tensor; the safetensors writer takes host memory only (copy it to the host first)");
+  FSDP_ASSERT(t.is_contiguous(), "[ckpt] ", name, " is not contiguous; the writer takes its bytes in order");
+  out.append(name, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+}
+
 std::optional<Dtype> safetensors_dtype(at::ScalarType t) {
   for (const auto& [s, d] : kMap)
     if (s == t) return d;
@@ -52,6 +59,7 @@ at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info) {
   const at::ScalarType type = scalar_type_of(info.dtype, file.path() + ": " + info.name);
   at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(type));
   if (info.nbytes() > 0) std::memcpy(t.data_ptr(), file.data(info), info.nbytes());
+  file.release(file.data(info), info.nbytes());  // the copy is what stays resident, not the mapped pages
   return t;
 }
 
@@ -66,7 +74,11 @@ at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, i
   if (r1 == r0) return at::empty(shape, at::kFloat);
   const at::Tensor view =
       at::from_blob(const_cast<uint8_t*>(file.data(info)) + r0 * row_bytes, shape, at::TensorOptions().dtype(type));
-  return view.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  at::Tensor rows = view.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  // Read once: the mapped pages leave this process's memory (a resume of a 14 GiB shard otherwise kept
+  // all of it resident, as the first GPU run's resume showed).
+  file.release(file.data(info) + r0 * row_bytes, static_cast<size_t>((r1 - r0) * row_bytes));
+  return rows;
 }
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,

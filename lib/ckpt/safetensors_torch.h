@@ -23,6 +23,11 @@ at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info);
 // Rows [r0, r1) of a mapped tensor (dim 0; a scalar is one row), copied and converted to fp32.
 at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1);
 
+// Appends a host tensor's bytes to `out` (SafetensorsWriter::append's order and size rules). The
+// writer takes host memory only: a tensor on any other device (CUDA, meta) is refused, naming it, so
+// a device pointer never reaches write(). Callers copy to the host one tensor at a time.
+void append_tensor(SafetensorsWriter& out, const std::string& name, const at::Tensor& t);
+
 // Writes `tensors` (CPU or not; made contiguous) to `path` atomically (temporary name, fsync,
 // rename). Names must be distinct and tensors must not share storage (write a tied weight once).
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,

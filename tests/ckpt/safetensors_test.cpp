@@ -163,6 +163,24 @@ TEST_CASE("LibTorch tensors round-trip through a file, memory-mapped on the way 
   std::remove(path.c_str());
 }
 
+// Regression (the first GPU run): an export handed a CUDA pointer to write() and failed with "Bad
+// address". The writer takes host memory only and says which tensor was not there; the meta device
+// stands in for the GPU.
+TEST_CASE("the writer refuses a tensor that is not in host memory, naming it") {
+  const std::string path = "/tmp/fsdp_st_dev_" + std::to_string(::getpid()) + ".safetensors";
+  const at::Tensor on_meta = at::empty({2, 3}, at::TensorOptions().device(at::kMeta));
+  {
+    SafetensorsWriter out(path, {TensorBytes{"model.norm.weight", Dtype::kF32, {2, 3}, nullptr, 24}});
+    const std::string e = error_of([&] { append_tensor(out, "model.norm.weight", on_meta); });
+    CHECK(e.find("model.norm.weight is a meta tensor") != std::string::npos);
+    CHECK(e.find("host memory only") != std::string::npos);
+    append_tensor(out, "model.norm.weight", at::ones({2, 3}));  // nothing was written by the refusal
+    out.finish();
+  }
+  CHECK(at::equal(load_safetensors(path).at(0).second, at::ones({2, 3})));
+  std::remove(path.c_str());
+}
+
 TEST_CASE("CRC-32C: the standard check value, running sums, and what the writer records") {
   const char* check = "123456789";
   CHECK(crc32c(check, 9) == 0xE3069283u);  // the Castagnoli check value (RFC 3720 B.4)
