@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/nn/module.h>
 
@@ -242,6 +243,9 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
   c10::NoGradGuard no_grad;
   for (auto& [name, p] : ignored_)  // left alone, but where the units compute
     if (p.device() != options_.device) p.set_data(p.detach().to(options_.device));
+  // Buffers (rotary frequencies) too: a forward never copies one from the host, which would wait.
+  for (at::Tensor& b : model.buffers())
+    if (b.device() != options_.device) b.set_data(b.to(options_.device));
 }
 
 ShardedModel::~ShardedModel() {
@@ -347,6 +351,10 @@ void ShardedModel::finish_backward() {
   reduce_queue_.clear();
   if (sync_)
     for (auto& g : groups_) g->sum_whole_gradients_over_tp();
+  // The one host wait offloading needs: the gradients came down to host memory without blocking
+  // (ParamGroup::finish_reduce), and the host optimizer reads them next.
+  if (options_.offload_params && !options_.device.is_cpu())
+    c10::impl::getDeviceGuardImpl(options_.device.type())->getStream(options_.device).synchronize();
   for (auto& g : groups_) g->reshard();
   callback_queued_ = false;
   std::fill(backward_started_.begin(), backward_started_.end(), false);

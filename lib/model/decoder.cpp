@@ -81,7 +81,7 @@ at::Tensor rope_inv_freq(const LlamaConfig& c) {
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like) {
   // fp32 angles, duplicated halves (HF's layout), cast to the activation dtype last.
   const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat).device(like.device()));
-  const at::Tensor freqs = at::outer(pos, inv_freq.to(like.device()));
+  const at::Tensor freqs = at::outer(pos, inv_freq);  // inv_freq lives on like's device (a buffer)
   const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, D)
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
@@ -89,7 +89,7 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64
 std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,
                                                   const at::Tensor& like) {
   const at::Tensor pos = positions.to(like.device(), at::kFloat).unsqueeze(-1);  // (B, T, 1)
-  const at::Tensor freqs = pos * inv_freq.to(like.device());                     // (B, T, D/2)
+  const at::Tensor freqs = pos * inv_freq;                                        // (B, T, D/2)
   const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);               // (B, 1, T, D)
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
@@ -110,7 +110,8 @@ bool fused_kernels_enabled() {
 }
 
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
-  if (x.is_cuda() && x.scalar_type() == weight.scalar_type() && fused_kernels_enabled())
+  // Any device but the CPU takes the GPU's kernels (so the meta device checks the GPU's path).
+  if (!x.is_cpu() && x.scalar_type() == weight.scalar_type() && fused_kernels_enabled())
     return at::rms_norm(x, {weight.size(0)}, weight, eps);
   if (x.is_cpu() && fused_kernels_enabled() && weight.is_contiguous())
     return fused_rms_norm(x.contiguous(), weight, eps);
@@ -168,7 +169,10 @@ Packed with_lengths(Packed p) {
   starts.push_back(static_cast<int32_t>(flat.numel()));
   p.max_len = 0;
   for (size_t i = 1; i < starts.size(); ++i) p.max_len = std::max<int64_t>(p.max_len, starts[i] - starts[i - 1]);
-  p.cu_seqlens = at::tensor(starts, at::kInt);
+  // Pinned like the positions it comes from, so Packed::to copies it without a host wait.
+  p.cu_seqlens = at::empty({static_cast<int64_t>(starts.size())},
+                           at::TensorOptions().dtype(at::kInt).pinned_memory(p.positions.is_pinned()));
+  std::copy(starts.begin(), starts.end(), p.cu_seqlens.data_ptr<int32_t>());
   return p;
 }
 
@@ -234,7 +238,7 @@ namespace {
 
 // Whether packed rows can take variable-length flash attention (else SDPA with a mask).
 bool varlen_flash(const at::Tensor& q, const Packed& packed) {
-  return packed.cu_seqlens.defined() && q.is_cuda() && fused_kernels_enabled() &&
+  return packed.cu_seqlens.defined() && !q.is_cpu() && fused_kernels_enabled() &&
          (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
 }
 
@@ -379,7 +383,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
                                          .bias(false)));
     release(*lm_head);
   }
-  inv_freq_ = rope_inv_freq(c);
+  // A buffer, so it moves with the model (fully_shard, Module::to) and no forward copies it from the host.
+  inv_freq_ = register_buffer("inv_freq", rope_inv_freq(c));
 }
 
 at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens, const Packed& packed) {

@@ -73,7 +73,8 @@ struct Packed {
   Packed to(const c10::Device& device) const;
 };
 
-// `p` (host tensors) with cu_seqlens and max_len filled in from its positions.
+// `p` (host tensors) with cu_seqlens and max_len filled in from its positions; cu_seqlens is pinned
+// when the positions are.
 Packed with_lengths(Packed p);
 
 // The keys each query of a packed row may attend to, (B, 1, T, T) bool: the causal ones of its own
@@ -186,7 +187,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
  private:
   const at::Tensor& head_weight() const;  // lm_head's, or the embedding's when tied
-  at::Tensor inv_freq_;                   // (D/2) fp32
+  at::Tensor inv_freq_;                   // (D/2) fp32, the registered buffer "inv_freq" (the model's device)
 };
 TORCH_MODULE(LlamaForCausalLM);
 

@@ -76,7 +76,8 @@ struct TinyAttentionImpl : torch::nn::Module {
     auto parts = qkv(x).chunk(3, -1);
     const int64_t t = x.size(1);
     at::Tensor scores = torch::matmul(parts[0], parts[1].transpose(1, 2)) / std::sqrt(static_cast<double>(x.size(2)));
-    at::Tensor mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+    // On the scores' device: a host mask met a CUDA tensor the first time this ran on a GPU.
+    at::Tensor mask = torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     scores = scores.masked_fill(mask, -1e4);
     return proj(torch::matmul(torch::softmax(scores, -1), parts[2]));
   }

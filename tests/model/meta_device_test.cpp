@@ -1,0 +1,218 @@
+// The GPU path's device discipline, checked on the CPU: every family's decoder (and the FSDP engine's
+// test models) trained on the `meta` device through fully_shard. Meta takes the branches any
+// non-CPU device takes (CUDA's kernels, not the CPU's), refuses an op that meets a host tensor, and
+// fails any read back to the host (.item(), a copy to the CPU). A watch over every dispatched op
+// also names an op that *reads* a host tensor (a copy of a host buffer to the device inside the
+// step, which on a GPU is a blocking copy in every forward): the first GPU run found a host causal
+// mask and a host rotary buffer copied in every forward exactly so.
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/test_models.h"
+#include "model/decoder.h"
+#include "model/lora.h"
+#include "optim/adamw.h"
+#include "tiny_config.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp;
+using namespace fsdp::model;
+
+namespace {
+
+using fsdp::model::testing::tiny;
+
+const c10::Device kMeta(c10::kMeta);
+
+// Names every op that gets a host tensor of one or more dimensions while armed (0-dim host tensors
+// are scalars, which every device takes by value).
+class HostTensorWatch {
+ public:
+  HostTensorWatch() {
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&HostTensorWatch::on_op).needsInputs(true));
+    armed() = true;
+  }
+  ~HostTensorWatch() {
+    armed() = false;
+    at::removeCallback(handle_);
+  }
+  static std::set<std::string> take() {
+    std::lock_guard<std::mutex> lock(mu());
+    std::set<std::string> out;
+    out.swap(found());
+    return out;
+  }
+
+ private:
+  static bool host(const c10::IValue& v) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      return t.defined() && t.device().is_cpu() && t.dim() > 0;
+    }
+    if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorVector())
+        if (t.defined() && t.device().is_cpu() && t.dim() > 0) return true;
+    return false;
+  }
+  static std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
+    if (!armed()) return nullptr;
+    for (const c10::IValue& v : fn.inputs())
+      if (host(v)) {
+        std::lock_guard<std::mutex> lock(mu());
+        found().insert(fn.name());
+        break;
+      }
+    return nullptr;
+  }
+  static std::atomic<bool>& armed() {
+    static std::atomic<bool> a{false};
+    return a;
+  }
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::set<std::string>& found() {
+    static std::set<std::string> f;
+    return f;
+  }
+  at::CallbackHandle handle_;
+};
+
+std::string joined(const std::set<std::string>& s) {
+  std::string out;
+  for (const std::string& x : s) out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
+
+LlamaConfig family_config(Family family) {
+  LlamaConfig c = tiny();
+  c.family = family;
+  c.head_dim = 8;  // SDPA's and flash attention's smallest head width
+  c.qkv_bias = family == Family::kQwen2;
+  c.qk_norm = family == Family::kQwen3;
+  if (family != Family::kLlama) {
+    c.sliding_window = 3;
+    c.sliding_layers = {family == Family::kMistral, true};
+  }
+  return c;
+}
+
+struct Case {
+  bool lora = false;
+  bool packed = false;
+  bool checkpointing = false;
+  at::ScalarType dtype = at::kFloat;
+};
+
+// One training step on meta (forward, backward, the norm, clipping, AdamW) with the watch armed from
+// building the inputs to the optimizer's update.
+void train_on_meta(Family family, const Case& k) {
+  CAPTURE(static_cast<int>(family));
+  CAPTURE(k.lora);
+  CAPTURE(k.packed);
+  CAPTURE(k.checkpointing);
+  CAPTURE(k.dtype);
+  const LlamaConfig c = family_config(family);
+  LlamaForCausalLM m(c, /*free_after_create=*/true);
+  if (k.lora) {
+    LoraSettings l;
+    l.r = 2;
+    l.target_modules = {"all-linear"};
+    add_lora(*m, l, /*free_after_create=*/true);
+  }
+  FsdpOptions o;
+  o.device = kMeta;
+  o.activation_checkpointing = k.checkpointing;
+  o.mixed_precision.param_dtype = k.dtype;
+  o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(c, 3, name, shape); };
+  auto sharded = fully_shard(*m, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
+
+  const int64_t B = 2, T = 6;
+  Packed packed;
+  if (k.packed) {  // two records a row (positions restart at 0), made on the host as the loader does
+    const at::Tensor pos = at::tensor({0, 1, 2, 0, 1, 2}, at::kLong).repeat({B, 1});
+    const at::Tensor seg = at::tensor({0, 0, 0, 1, 1, 1}, at::kLong).repeat({B, 1});
+    packed = with_lengths(Packed{pos, seg}).to(kMeta);  // the trainer's copy, before the step
+  }
+  HostTensorWatch watch;
+  const auto on_meta = at::TensorOptions().dtype(at::kLong).device(kMeta);
+  const at::Tensor tokens = at::empty({B, T}, on_meta), targets = at::empty({B, T}, on_meta);
+  const at::Tensor loss = sharded->forward({tokens}, [&](const TensorList& in) {
+    return TensorList{m->loss(in[0], targets, packed)};
+  })[0];
+  CHECK(loss.device() == kMeta);
+  loss.backward();
+  const at::Tensor norm = optim::grad_norm(*sharded);
+  optim::clip_grads(*sharded, norm, 1.0);
+  adamw.step();
+  const std::set<std::string> host_ops = HostTensorWatch::take();
+  CHECK_MESSAGE(host_ops.empty(), "ops that read a host tensor inside the step: ", joined(host_ops));
+  CHECK(norm.device() == kMeta);
+  for (const auto& g : sharded->groups())
+    if (g->trainable_numel() > 0) CHECK(g->flat_grad().device() == kMeta);
+}
+
+}  // namespace
+
+TEST_CASE("every family trains on the meta device with no host tensor inside the step") {
+  for (const Family family : {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3}) {
+    train_on_meta(family, Case{});
+    train_on_meta(family, Case{/*lora=*/true, /*packed=*/false, /*checkpointing=*/true, at::kBFloat16});
+    train_on_meta(family, Case{/*lora=*/false, /*packed=*/true, /*checkpointing=*/false, at::kFloat});
+  }
+}
+
+// Packed rows in bf16 take variable-length flash attention on a GPU; LibTorch registers that kernel
+// for CUDA only (no meta function), so on meta the same rows in bf16 would fail inside ATen, not in
+// our code. The fp32 packed case above runs the masked path that holds the same positions and
+// segments on the device.
+TEST_CASE("the decoder's CUDA branches are the ones meta takes") {
+  const LlamaConfig c = family_config(Family::kQwen3);
+  LlamaForCausalLM m(c);
+  init_parameters(*m, 4);
+  m->to(kMeta);
+  CHECK(m->named_buffers()["inv_freq"].device() == kMeta);  // the rotary buffer moves with the model
+  HostTensorWatch watch;
+  torch::NoGradGuard no_grad;
+  const at::Tensor logits = m->forward(at::empty({1, 5}, at::TensorOptions().dtype(at::kLong).device(kMeta)));
+  CHECK(logits.sizes() == at::IntArrayRef{1, 5, c.vocab_size});
+  CHECK_MESSAGE(HostTensorWatch::take().empty(), "a forward read a host tensor");
+}
+
+TEST_CASE("the FSDP engine's test models train on the meta device") {
+  using namespace fsdp::testing;
+  for (const bool checkpointing : {false, true}) {
+    CAPTURE(checkpointing);
+    TinyTransformer m;
+    FsdpOptions o;
+    o.device = kMeta;
+    o.activation_checkpointing = checkpointing;
+    auto sharded =
+        fully_shard(*m, TinyTransformerImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+    HostTensorWatch watch;
+    const at::Tensor tokens = at::empty({2, TinyTransformerImpl::kSeq}, at::TensorOptions().dtype(at::kLong).device(kMeta));
+    const at::Tensor logits =
+        sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{m->forward(in[0])}; })[0];
+    logits.pow(2).mean().backward();
+    CHECK_MESSAGE(HostTensorWatch::take().empty(), "the test transformer read a host tensor inside its step");
+  }
+  MlpStack stack;
+  FsdpOptions o;
+  o.device = kMeta;
+  auto sharded = fully_shard(*stack, MlpStackImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  HostTensorWatch watch;
+  const at::Tensor x = at::empty({3, MlpStackImpl::kIn}, at::TensorOptions().device(kMeta));
+  sharded->forward({x}, [&](const TensorList& in) { return TensorList{stack->forward(in[0])}; })[0].sum().backward();
+  CHECK(HostTensorWatch::take().empty());
+}
