@@ -18,11 +18,24 @@ def add_common_args(ap):
     ap.add_argument("--lr", type=float, default=3e-4)
 
 
+# llm.c's shard header (lib/data/token_shard.h): magic -> (the version llm.c writes with it, token type).
+SHARD_FORMATS = {20240520: (1, np.uint16), 20240801: (7, np.uint32)}
+
+
 def read_tokens(path):
-    """The tokens of an llm.c shard, memory-mapped."""
-    header = np.fromfile(path, dtype=np.int32, count=256)
-    dtype = {20240520: np.uint16, 20240801: np.uint32}[int(header[0])]
-    return np.memmap(path, dtype=dtype, mode="r", offset=1024, shape=(int(header[2]),))
+    """The tokens of an llm.c shard, memory-mapped; refuses the headers fsdptrain refuses."""
+    header = np.fromfile(path, dtype="<i4", count=256)
+    if len(header) < 256 or int(header[0]) not in SHARD_FORMATS:
+        raise ValueError(f"{path}: not an llm.c token shard (no 1024-byte header with magic 20240520 or 20240801)")
+    magic, version, count = (int(v) for v in header[:3])
+    want, dtype = SHARD_FORMATS[magic]
+    if version != want:
+        raise ValueError(f"{path}: version {version} with magic {magic}; llm.c writes version {want} there")
+    dtype = np.dtype(dtype).newbyteorder("<")
+    if os.path.getsize(path) != 1024 + count * dtype.itemsize:
+        raise ValueError(f"{path}: the header says {count} tokens of {dtype.itemsize} bytes, but the file has "
+                         f"{os.path.getsize(path) - 1024} bytes after the header")
+    return np.memmap(path, dtype=dtype, mode="r", offset=1024, shape=(count,))
 
 
 def batch(tokens, step, rank, world, micro_batch, seq_len):

@@ -10,9 +10,22 @@ each figure against fsdptrain's, and writes it with the raw numbers to --out-dir
 results.md). Synthetic tokens (uniform over the vocabulary, seeded) in an llm.c shard all three read.
 On CPU (--cpu, a check that the three run) Accelerate does not apply FSDP: its row says so.
 
+Rows (--only picks them; the default is the first four):
+  fsdptrain          fsdptrain launch with the YAML
+  accelerate         accelerate launch, transformers loop
+  fsdp2              fully_shard, eager
+  fsdp2-compile      fully_shard, torch.compile on every decoder layer
+  fsdptrain-offload  fsdptrain with --set fsdp_config.fsdp_offload_params=true
+  fsdp2-offload      fully_shard, eager, CPUOffloadPolicy(pin_memory=True) (fsdp2_train.py --offload)
+The two offload rows keep the sharded parameters, gradients and AdamW's state in host memory and
+step AdamW there; each -offload row is measured against fsdptrain-offload, the others against
+fsdptrain. Their peak memory is the GPU's, as for the others; the host memory they use is not in it.
+On CPU the offload rows only check that they run: everything is on the host already.
+
     python scripts/bench/compare.py                       # the ~1B Llama, sequence 2048, bf16, GPUs
     python scripts/bench/compare.py --cpu --model-config configs/models/tiny/config.json \
         --sequence-length 64 --micro-batch-size 4 --steps 8 --warmup 2 --world-size 2   # a CPU check
+    python scripts/bench/compare.py --only fsdptrain,fsdptrain-offload,fsdp2,fsdp2-offload  # offload
 """
 import argparse
 import json
@@ -27,6 +40,8 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROWS = ("fsdptrain", "accelerate", "fsdp2", "fsdp2-compile", "fsdptrain-offload", "fsdp2-offload")
+DEFAULT_ROWS = "fsdptrain,accelerate,fsdp2,fsdp2-compile"
 
 
 def flops_per_token(c, seq_len):
@@ -39,14 +54,24 @@ def flops_per_token(c, seq_len):
     return 6 * n + 12 * L * H * D * seq_len
 
 
+# llm.c's token shard, as lib/data/token_shard.h reads it: 256 little-endian int32 (magic, version,
+# token count, then zeros), then the tokens. Each magic goes with one version and one token width.
+SHARD_UINT16 = (20240520, 1, np.uint16)  # vocabularies up to 65,536 (GPT-2's 50,257)
+SHARD_UINT32 = (20240801, 7, np.uint32)  # larger ones (Llama 3's 128,256)
+
+
 def write_tokens(path, count, vocab, seed):
-    rng = np.random.default_rng(seed)
-    header = np.zeros(256, dtype=np.int32)
-    big = vocab > 65535
-    header[0], header[1], header[2] = (20240801 if big else 20240520), 1, count
+    """An llm.c shard of `count` tokens drawn uniformly from [0, vocab), seeded; uint16 where they fit,
+    as `fsdptrain tokenize` chooses (vocab <= 65,536), uint32 otherwise."""
+    if not 0 <= count <= np.iinfo(np.int32).max:
+        raise ValueError(f"write_tokens: {count} tokens do not fit the header's int32 count")
+    magic, version, dtype = SHARD_UINT16 if vocab <= 65536 else SHARD_UINT32
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = magic, version, count
+    tokens = np.random.default_rng(seed).integers(0, vocab, size=count, dtype=dtype)
     with open(path, "wb") as f:
         f.write(header.tobytes())
-        f.write(rng.integers(0, vocab, size=count, dtype=np.uint32 if big else np.uint16).tobytes())
+        f.write(tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
 
 
 def write_accelerate_yaml(path, world, cpu, mixed_precision):
@@ -84,23 +109,26 @@ def run(label, cmd, log):
     return True
 
 
-def summarize(name, step_times, tokens_per_step, world, peak, fpt, peak_flops):
+def summarize(row, name, step_times, tokens_per_step, world, peak, fpt, peak_flops):
     median = statistics.median(step_times)
     tps = tokens_per_step / median / world
-    return {"name": name, "tokens_per_s_per_device": tps, "mfu": fpt * tps / peak_flops if peak_flops else None,
-            "peak_memory_bytes": peak, "step_time_median_s": median, "step_time_min_s": min(step_times),
+    return {"row": row, "name": name, "tokens_per_s_per_device": tps,
+            "mfu": fpt * tps / peak_flops if peak_flops else None, "peak_memory_bytes": peak, "step_time_median_s": median, "step_time_min_s": min(step_times),
             "step_time_max_s": max(step_times), "timed_steps": len(step_times)}
+
+
+def baseline(results, row):
+    """The fsdptrain result a row is measured against: fsdptrain-offload for an -offload row, else fsdptrain."""
+    want = "fsdptrain-offload" if row.endswith("-offload") else "fsdptrain"
+    return next((r for r in results if r["row"] == want), None)
 
 
 def target_rows(results):
     """Issue 13's targets, each met or not, from one run's figures (fsdptrain against the others)."""
-    def find(test):
-        return next((r for r in results if test(r["name"])), None)
-    base = find(lambda n: n == "fsdptrain")
+    by = {r["row"]: r for r in results if r["row"] in ("fsdptrain", "accelerate", "fsdp2-compile")}
+    base = by.pop("fsdptrain", None)
     if base is None:
         return ["targets: fsdptrain did not run"]
-    by = {"accelerate": find(lambda n: n.startswith("accelerate")), "fsdp2-compile": find(lambda n: "compile" in n)}
-    by = {k: v for k, v in by.items() if v is not None}
 
     def row(what, ok, value):
         return f"- {'met' if ok else 'NOT met'}: {what} ({value})"
@@ -118,7 +146,7 @@ def target_rows(results):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-config", default="configs/models/llama-1b/config.json")
     ap.add_argument("--sequence-length", type=int, default=2048)
     ap.add_argument("--micro-batch-size", type=int, default=2)
@@ -130,8 +158,14 @@ def main():
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--fsdptrain", default=os.path.join(ROOT, "build/apps/fsdptrain/fsdptrain"))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "bench-results"))
-    ap.add_argument("--only", default="fsdptrain,accelerate,fsdp2,fsdp2-compile")
+    ap.add_argument("--only", default=DEFAULT_ROWS,
+                    help=f"comma-separated rows, of {', '.join(ROWS)} (default: {DEFAULT_ROWS}); the -offload "
+                         "rows keep shards, gradients and AdamW on the host, each against fsdptrain-offload")
     args = ap.parse_args()
+    only = args.only.split(",")
+    unknown = [name for name in only if name not in ROWS]
+    if unknown:
+        ap.error(f"--only: unknown row(s) {', '.join(unknown)}; the rows are {', '.join(ROWS)}")
     import torch
 
     if not args.cpu and torch.cuda.device_count() == 0:
@@ -146,7 +180,6 @@ def main():
     config = json.load(open(os.path.join(ROOT, args.model_config)))
     B, T, S = args.micro_batch_size, args.sequence_length, args.steps
     fpt = flops_per_token(config, T)
-    only = args.only.split(",")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         data, yaml = os.path.join(tmp, "tokens.bin"), os.path.join(tmp, "bench.yaml")
@@ -155,22 +188,25 @@ def main():
         common = ["--model-config", args.model_config, "--data", data, "--steps", str(S), "--warmup", str(args.warmup),
                   "--micro-batch-size", str(B), "--sequence-length", str(T)]
 
-        if "fsdptrain" in only:
-            metrics = os.path.join(tmp, "fsdptrain.jsonl")
+        for name, extra in (("fsdptrain", {}), ("fsdptrain-offload", {"fsdp_config.fsdp_offload_params": "true"})):
+            if name not in only:
+                continue
+            metrics = os.path.join(tmp, name + ".jsonl")
             sets = {"model.config": args.model_config, "data.path": data, "data.eval_fraction": "0",
                     "train.steps": S, "train.micro_batch_size": B, "train.sequence_length": T,
                     "schedule.warmup_steps": 0, "logging.metrics_file": metrics,
                     "checkpoint.dir": "none", "checkpoint.export_dir": "none",  # timing only: save nothing
                     # Each logged step reads the device (the others never wait for it): log every
                     # `warmup` steps, so each timed line is the mean step time of that many steps.
-                    "logging.interval": max(1, args.warmup)}
+                    "logging.interval": max(1, args.warmup)} | extra
             cmd = [args.fsdptrain, "launch", "--config", yaml, "--main_process_port", "0"]
             for k, v in sets.items():
                 cmd += ["--set", f"{k}={v}"]
-            if run("fsdptrain", cmd, os.path.join(args.out_dir, "fsdptrain.log")):
+            if run(name, cmd, os.path.join(args.out_dir, name + ".log")):
                 lines = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
                 timed = [l for l in lines if l["step"] > args.warmup] or lines
-                results.append(summarize("fsdptrain", [l["step_time_s"] for l in timed], B * T * world, world,
+                label = "fsdptrain" + (" + CPU offload" if extra else "")
+                results.append(summarize(name, label, [l["step_time_s"] for l in timed], B * T * world, world,
                                          max(l["peak_memory_bytes"] for l in lines), fpt,
                                          peak_flops))
         scripts = []
@@ -178,7 +214,7 @@ def main():
             accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
             scripts.append(("accelerate", [accelerate, "launch", "--config_file", yaml,
                                            os.path.join(ROOT, "scripts/bench/hf_accelerate_train.py")]))
-        for name, extra in (("fsdp2", []), ("fsdp2-compile", ["--compile"])):
+        for name, extra in (("fsdp2", []), ("fsdp2-compile", ["--compile"]), ("fsdp2-offload", ["--offload"])):
             if name in only:
                 scripts.append((name, [sys.executable, os.path.join(ROOT, "scripts/bench/fsdp2_train.py"),
                                        "--world-size", str(world), "--mixed-precision", mixed] + extra +
@@ -187,22 +223,26 @@ def main():
             out = os.path.join(tmp, name + ".json")
             if run(name, cmd + common + ["--out", out], os.path.join(args.out_dir, name + ".log")):
                 r = json.load(open(out))
-                results.append(summarize(r["name"], r["step_times_s"], r["tokens_per_step"], r["world_size"],
+                results.append(summarize(name, r["name"], r["step_times_s"], r["tokens_per_step"], r["world_size"],
                                          r["peak_memory_bytes"], fpt, peak_flops))
 
-    base = next((r for r in results if r["name"] == "fsdptrain"), None)
     gib = 1024.0 ** 3
     rows = [f"Llama {args.model_config}, sequence {T}, micro batch {B} x {world} process(es), {mixed}, {S} steps "
             f"({args.warmup} warm-up steps not timed), {'CPU' if args.cpu else torch.cuda.get_device_name(0)}", "",
             "| trainer | tokens/s per device | fsdptrain vs it | MFU | peak memory | fsdptrain's / its | "
             "step time median (min-max) |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
-        speed = base["tokens_per_s_per_device"] / r["tokens_per_s_per_device"] if base else float("nan")
-        mem = base["peak_memory_bytes"] / r["peak_memory_bytes"] if base and r["peak_memory_bytes"] else float("nan")
+        base = baseline(results, r["row"])
+        # n/a where the fsdptrain row it is measured against did not run
+        speed = f"{base['tokens_per_s_per_device'] / r['tokens_per_s_per_device']:.2f}x" if base else "n/a"
+        mem = f"{base['peak_memory_bytes'] / r['peak_memory_bytes']:.2f}" if base and r["peak_memory_bytes"] else "n/a"
         mfu = f"{100 * r['mfu']:.1f} %" if r["mfu"] is not None else "n/a"
-        rows.append(f"| {r['name']} | {r['tokens_per_s_per_device']:,.0f} | {speed:.2f}x | {mfu} | "
-                    f"{r['peak_memory_bytes'] / gib:.2f} GiB | {mem:.2f} | {1000 * r['step_time_median_s']:.1f} ms "
+        rows.append(f"| {r['name']} | {r['tokens_per_s_per_device']:,.0f} | {speed} | {mfu} | "
+                    f"{r['peak_memory_bytes'] / gib:.2f} GiB | {mem} | {1000 * r['step_time_median_s']:.1f} ms "
                     f"({1000 * r['step_time_min_s']:.1f}-{1000 * r['step_time_max_s']:.1f}) |")
+    if any(r["row"].endswith("-offload") for r in results):
+        rows += ["", "The CPU-offload rows are measured against fsdptrain + CPU offload, the others against fsdptrain"
+                 + (" (on CPU the offload rows only check that they run)." if args.cpu else ".")]
     rows += ["", *target_rows(results)]
     table = "\n".join(rows)
     print("\n" + table)
