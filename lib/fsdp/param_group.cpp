@@ -297,12 +297,20 @@ void ParamGroup::finish_reduce() {
   pending_reduce_.reset();
   if (mesh_->replicate && mesh_->replicate->size() > 1)
     mesh_->replicate->all_reduce(reduced, dist::ReduceOp::kAvg, "replicate " + display_name()).wait();
-  flat_grad_.add_(reduced.to(flat_grad_.device(), at::kFloat));
+  // Offloaded from a GPU: the first reduction since zero_grad goes down to the pinned host gradient
+  // without a host wait (the engine waits once, after the last unit: ShardedModel::finish_backward);
+  // a later micro-batch's is added on the host, which waits for it.
+  if (options_.offload_params && options_.device.is_cuda() && grad_zero_ && reduced.scalar_type() == at::kFloat)
+    flat_grad_.copy_(reduced, /*non_blocking=*/true);
+  else
+    flat_grad_.add_(reduced.to(flat_grad_.device(), at::kFloat));
+  grad_zero_ = false;
 }
 
 void ParamGroup::zero_grad() {
   c10::NoGradGuard no_grad;
   flat_grad_.zero_();
+  grad_zero_ = true;
   for (ShardedParam& p : params_) p.accumulated = at::Tensor();
 }
 

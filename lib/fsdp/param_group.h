@@ -178,6 +178,7 @@ class ParamGroup {
   at::Tensor flat_shard_;    // (S_trainable) fp32 master weights on the shard device
   at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
   at::Tensor flat_grad_;     // (S_trainable) fp32 on the shard device
+  bool grad_zero_ = true;    // flat_grad_ holds zeros (since zero_grad): a reduction is copied in, not added
   at::Tensor unsharded_;     // (sum of numel) param_dtype on the device: every parameter's full value
   at::Tensor post_forward_;  // kPartial: ((W/N) * S) param_dtype, rows j*W/N.. of the gathered (W, S)
   GroupState state_ = GroupState::kSharded;
