@@ -1,6 +1,8 @@
 #include "ckpt/checkpointer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/accumulate.h>
 
 #include <algorithm>
@@ -52,6 +54,45 @@ at::Tensor whole_of(std::optional<dist::ProcessGroup>& tp, const at::Tensor& blo
   return whole_from_blocks(*tp, block, slice, "save " + name);
 }
 
+// Host memory a save copies this rank's part into: one buffer, allocated by the first save and
+// reused by the later ones (a save joins the previous save's writer first), pinned when the model
+// is on a GPU so the copies run at the link's speed and queue behind the step instead of waiting for
+// it. The writer thread waits for them (an event) before it reads; training goes on meanwhile, and
+// the next optimizer step runs after the copies on the same stream, so they read this step's values.
+class Staging {
+ public:
+  std::vector<at::Tensor> stage(const std::vector<at::Tensor>& sources, const c10::Device& device) {
+    int64_t total = 0;
+    for (const at::Tensor& t : sources) total += t.numel();
+    const bool pinned = device.is_cuda();
+    if (!buffer_.defined() || buffer_.numel() < total)
+      buffer_ = at::empty({total}, at::TensorOptions().dtype(at::kFloat).pinned_memory(pinned));
+    std::vector<at::Tensor> out;
+    int64_t next = 0;
+    for (const at::Tensor& t : sources) {
+      at::Tensor dst = buffer_.narrow(0, next, t.numel()).view(t.sizes());
+      dst.copy_(t, /*non_blocking=*/pinned);
+      out.push_back(dst);
+      next += t.numel();
+    }
+    copied_.reset();
+    if (pinned) {
+      copied_.emplace(device.type());
+      copied_->record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
+    }
+    return out;
+  }
+  // The writer thread, before it reads what stage() returned.
+  void wait() const {
+    if (copied_) copied_->synchronize();
+  }
+  int64_t bytes() const { return buffer_.defined() ? buffer_.numel() * 4 : 0; }
+
+ private:
+  at::Tensor buffer_;  // (total) fp32, host
+  std::optional<c10::Event> copied_;
+};
+
 }  // namespace
 
 struct Checkpointer::Impl {
@@ -66,6 +107,7 @@ struct Checkpointer::Impl {
   std::optional<dist::ProcessGroup> tp_host_group;  // and over the tp group, for tensor-parallel blocks
   std::thread writer;
   std::exception_ptr error;
+  Staging staging;  // this rank's part of the last save, in host memory
 
   Impl(ShardedModel& m, optim::ShardedAdamW& a, model::ModelDescription d, dist::ProcessGroup& w,
        CheckpointOptions opts)
@@ -112,7 +154,7 @@ struct Checkpointer::Impl {
     return slots_of(model, [](const ShardedParam& p) { return p.trainable; });
   }
 
-  std::vector<HostRows> snapshot() const {
+  std::vector<HostRows> snapshot() {
     std::vector<HostRows> out;
     for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
@@ -125,8 +167,7 @@ struct Checkpointer::Impl {
         c1 = c0 + p.layout.shape[1];
       }
       auto add = [&](const std::string& name, const at::Tensor& rows) {
-        out.push_back(
-            {name, p.full_shape(), r0, r0 + n, c0, c1, rows.narrow(0, 0, n).to(at::kCPU, false, true).contiguous()});
+        out.push_back({name, p.full_shape(), r0, r0 + n, c0, c1, rows.narrow(0, 0, n)});
       };
       add(p.name, p.sharded);
       if (p.trainable) {
@@ -135,6 +176,10 @@ struct Checkpointer::Impl {
         add(kExpAvgSq + p.name, state_rows(st.exp_avg_sq, p));
       }
     }
+    std::vector<at::Tensor> sources;
+    for (const HostRows& r : out) sources.push_back(r.data);
+    const std::vector<at::Tensor> staged = staging.stage(sources, model.options().device);
+    for (size_t i = 0; i < out.size(); ++i) out[i].data = staged[i];
     return out;
   }
 
@@ -154,7 +199,7 @@ struct Checkpointer::Impl {
     json tensors = json::object();
     for (size_t i = 0; i < out.order().size(); ++i) {
       const HostRows& r = *by_name.at(out.order()[i]);
-      out.append(r.name, r.data.data_ptr(), static_cast<size_t>(r.data.numel()) * 4);
+      append_tensor(out, r.name, r.data);
       tensors[r.name] = {{"shape", r.shape},
                          {"rows", {r.r0, r.r1}},
                          {"bytes", {out.file_offset(i), out.file_offset(i) + r.data.numel() * 4}}};
@@ -285,12 +330,12 @@ struct Checkpointer::Impl {
     at::Tensor slice;  // (shard_numel) fp32, CPU
     std::vector<int64_t> full_shape() const { return tp->full_shape(layout->shape); }
   };
-  std::vector<HostSlice> snapshot_slices() const {
+  std::vector<HostSlice> snapshot_slices() {
     std::vector<HostSlice> out;
     for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
       auto add = [&](const std::string& name, const at::Tensor& slice) {
-        out.push_back({name, &p.layout, &p.tp, slice.reshape({-1}).to(at::kCPU, false, true)});
+        out.push_back({name, &p.layout, &p.tp, slice.reshape({-1})});
       };
       add(p.name, p.sharded);
       if (p.trainable) {
@@ -299,6 +344,10 @@ struct Checkpointer::Impl {
         add(kExpAvgSq + p.name, st.exp_avg_sq.narrow(0, p.offset, p.layout.shard_numel()));
       }
     }
+    std::vector<at::Tensor> sources;
+    for (const HostSlice& h : out) sources.push_back(h.slice);
+    const std::vector<at::Tensor> staged = staging.stage(sources, model.options().device);
+    for (size_t i = 0; i < out.size(); ++i) out[i].slice = staged[i];
     return out;
   }
 
@@ -329,7 +378,7 @@ struct Checkpointer::Impl {
     }
     for (const HostSlice* h : optim) {
       const at::Tensor t = full(*h);
-      if (out) out->append(h->name, t.data_ptr(), static_cast<size_t>(t.numel()) * 4);
+      if (out) append_tensor(*out, h->name, t.to(at::kCPU).contiguous());
     }
     if (!writer) return;
     out->finish();
@@ -408,6 +457,7 @@ double Checkpointer::save(const TrainingState& state) {
     m.run(
         [&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
           if (!m.is_writer()) return;
+          m.staging.wait();
           m.write_full(slices, state_doc, tmp, final_dir);
           m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", format_seconds(seconds_since(t0)),
                     "; training waited ", format_seconds(blocked), "\n"));
@@ -422,6 +472,7 @@ double Checkpointer::save(const TrainingState& state) {
   const double blocked = seconds_since(t0);
   auto job = [&m, rows = std::move(rows), state_doc, name, tmp, final_dir, t0, blocked]() {
     if (!m.is_writer()) return;
+    m.staging.wait();
     json report = m.write_shard(rows, tmp);
     if (m.file_index() != 0) {
       m.store->set(str(name, "/shard", m.file_index()), report.dump());
