@@ -12,7 +12,10 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -30,6 +33,17 @@ namespace {
 // abort, the next collective must throw its message, and tearing down must not touch the freed
 // communicator. Returns whether all of that happened.
 bool watchdog_aborts_a_stalled_collective(Store& store) {
+  // The case ends within its timeout (1 s) plus ten seconds, or reports itself: the first GPU run's
+  // process stayed up past 45 s after the abort (c10d's watchdog slept 60 s before aborting, and the
+  // first group's heartbeat monitor 480 s; nccl_backend.cpp's switches).
+  std::atomic<bool> done{false};
+  std::thread deadline([&done] {
+    for (int i = 0; i < 110 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (done) return;
+    std::printf("FAIL the watchdog case did not end within 11 s (dist_timeout 1 s + 10 s)\n");
+    std::fflush(stdout);
+    std::_Exit(1);
+  });
   bool ok = false;
   {
     ProcessGroup g(make_nccl_backend(store.with_prefix("stall/"), 0, 1, 0, std::chrono::seconds(1)),
@@ -51,6 +65,8 @@ bool watchdog_aborts_a_stalled_collective(Store& store) {
     }
   }  // the backend is destroyed here, after its abort
   cudaDeviceSynchronize();
+  done = true;
+  deadline.join();
   return ok;
 }
 #else
@@ -62,6 +78,7 @@ bool watchdog_aborts_a_stalled_collective(Store&) {
 }  // namespace
 
 int main() {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line as it happens, also into a pipe
   if (!nccl_usable()) {
     std::cout << "skipped: no CUDA device or no NCCL in this build\n";
     return 77;

@@ -21,14 +21,25 @@ namespace fsdp::dist {
 
 namespace {
 
-// c10d reads its switches from the environment when a group is built. Ours, unless the user set
-// them: clean up and let the next call throw on a failure (instead of killing the process), keep a
-// collective's tensors until wait() rather than recordStream, and bound communicator creation.
+// c10d reads its switches from the environment when a group is built (once per process: before the
+// first group, while no c10d thread runs). Ours, unless the user set them:
+//   - clean up and let the next call throw on a failure, instead of killing the process;
+//   - no debug dump on a timeout, and a short wait for one: with the defaults, c10d 2.11's watchdog
+//     sleeps 4 x TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC (60 s) before it aborts the communicator, and the
+//     first group's heartbeat monitor, signalled to dump, sleeps TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC (480 s)
+//     and then aborts the process; a group's destructor joins both threads, so a stalled collective
+//     held the process for a minute or more (the first GPU run's nccl_test);
+//   - bound the non-blocking communicator calls by the timeout (c10d caches the first value read,
+//     so the first group's timeout holds for the process).
 void set_c10d_switches(std::chrono::milliseconds timeout) {
-  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/1);  // the launcher's torchrun value is 1
-  ::setenv("TORCH_NCCL_AVOID_RECORD_STREAMS", "1", 0);
-  const int64_t seconds = std::max<int64_t>(1, (timeout.count() + 999) / 1000);
-  ::setenv("TORCH_NCCL_NONBLOCKING_TIMEOUT", std::to_string(seconds).c_str(), 0);
+  static std::once_flag once;
+  std::call_once(once, [timeout] {
+    ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/1);  // the launcher's torchrun value is 1
+    ::setenv("TORCH_NCCL_DUMP_ON_TIMEOUT", "0", 0);
+    ::setenv("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "100", 0);
+    const int64_t seconds = std::max<int64_t>(1, (timeout.count() + 999) / 1000);
+    ::setenv("TORCH_NCCL_NONBLOCKING_TIMEOUT", std::to_string(seconds).c_str(), 0);
+  });
 }
 
 const char* error_name(c10d::ErrorType e) {
@@ -87,14 +98,18 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
 
   // Shut down when everything issued was waited for and nothing failed; abort otherwise (an error
   // unwinding, a peer gone), so NCCL never waits for collectives the other ranks will not join.
+  // A failure the watchdog found that no call has read yet counts too. Releasing the group joins its
+  // watchdog and heartbeat threads, which with our switches end at once.
   ~NcclBackend() override {
     try {
-      if (failed_ || outstanding_ > 0 || std::uncaught_exceptions() > 0)
+      if (failed_ || outstanding_ > 0 || std::uncaught_exceptions() > 0 ||
+          pg_->getError() != c10d::ErrorType::SUCCESS)
         pg_->abort();
       else
         pg_->shutdown();
     } catch (const std::exception&) {
     }
+    pg_.reset();
   }
 
   std::string name() const override {
@@ -147,9 +162,8 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
     if (e == c10d::ErrorType::SUCCESS) return;
     failed_ = true;
     throw Error(str("[nccl] rank ", rank_, " of ", size_, ": ", error_name(e),
-                    " and the watchdog aborted the communicator (its log line above names the collective by SeqNum "
-                    "and OpType); the last collectives this rank issued: ",
-                    recent(),
+                    " and the watchdog aborted the communicator", failed_collective(),
+                    "; the last collectives this rank issued: ", recent(),
                     e == c10d::ErrorType::TIMEOUT
                         ? str("; with dist_timeout ", format_seconds(timeout_.count() / 1000.0),
                               ": a rank is missing, hung or called collectives in a different order")
@@ -177,22 +191,40 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
       throw Error(str("[nccl] ", what, label.empty() ? "" : " (" + label + ")", " on rank ", rank_, " of ", size_,
                       " could not be issued: ", brief_message(e)));
     }
-    remember(work->getSequencenumber(), what, label);
+    remember(work->getSequencenumber(), what, label, work->getFutureResult());
     ++outstanding_;
     return std::make_unique<NcclWork>(shared_from_this(), std::move(work), blocking);
   }
 
-  // The last few collectives by c10d's sequence number, for the failure message.
-  void remember(uint64_t seq, const char* what, const std::string& label) {
+  // The last few collectives by c10d's sequence number, for the failure message, each with the
+  // result c10d's watchdog marks (TIMEOUT or COMM_ERROR) on the collective it caught.
+  struct Issued {
+    std::string name;
+    c10::intrusive_ptr<c10::ivalue::Future> result;
+  };
+  void remember(uint64_t seq, const char* what, const std::string& label,
+                c10::intrusive_ptr<c10::ivalue::Future> result) {
     std::lock_guard<std::mutex> lock(mu_);
-    recent_.push_back(str("SeqNum ", seq, " ", what, label.empty() ? "" : " (" + label + ")"));
+    recent_.push_back({str("SeqNum ", seq, " ", what, label.empty() ? "" : " (" + label + ")"), std::move(result)});
     if (recent_.size() > 6) recent_.pop_front();
   }
   std::string recent() {
     std::lock_guard<std::mutex> lock(mu_);
     std::string out;
-    for (const std::string& r : recent_) out += (out.empty() ? "" : ", ") + r;
+    for (const Issued& r : recent_) out += (out.empty() ? "" : ", ") + r.name;
     return out.empty() ? "none" : out;
+  }
+  // ": <the collective> did not finish within the timeout" for the one the watchdog marked, if any.
+  std::string failed_collective() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Issued& r : recent_) {
+      if (!r.result || !r.result->completed() || r.result->hasError()) continue;
+      const auto code = static_cast<c10d::WorkResult>(r.result->value().toInt());
+      if (code == c10d::WorkResult::TIMEOUT)
+        return str(" after ", r.name, " did not finish within ", format_seconds(timeout_.count() / 1000.0));
+      if (code == c10d::WorkResult::COMM_ERROR) return str(" after NCCL failed in ", r.name);
+    }
+    return " (its log line above names the collective by SeqNum and OpType)";
   }
 
   int rank_, size_, device_;
@@ -201,7 +233,7 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
   std::atomic<int64_t> outstanding_{0};  // issued and not yet waited for
   std::atomic<bool> failed_{false};
   std::mutex mu_;
-  std::deque<std::string> recent_;
+  std::deque<Issued> recent_;
 };
 
 NcclWork::~NcclWork() {
