@@ -14,6 +14,7 @@
 
 #include "fsdp/autograd_hooks.h"
 #include "fsdp/host_cache.h"
+#include "fsdp/set_data.h"
 #include "fsdp/unit_call.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -242,10 +243,10 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
   backward_done_.assign(groups_.size(), false);
   c10::NoGradGuard no_grad;
   for (auto& [name, p] : ignored_)  // left alone, but where the units compute
-    if (p.device() != options_.device) p.set_data(p.detach().to(options_.device));
+    if (p.device() != options_.device) set_data_any_device(p, p.detach().to(options_.device));
   // Buffers (rotary frequencies) too: a forward never copies one from the host, which would wait.
   for (at::Tensor& b : model.buffers())
-    if (b.device() != options_.device) b.set_data(b.to(options_.device));
+    if (b.device() != options_.device) set_data_any_device(b, b.to(options_.device));
 }
 
 ShardedModel::~ShardedModel() {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "fsdp/set_data.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -133,7 +134,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     if (shard_shape.empty()) shard_shape.push_back(1);
     shard_shape[0] = l.chunk_rows();
     p.sharded = flat.view(shard_shape);
-    p.unsharded.set_data(unsharded_of(p).view(l.shape));
+    set_data_any_device(p.unsharded, unsharded_of(p).view(l.shape));
     p.unsharded.mutable_grad() = at::Tensor();
   }
   free_storage(unsharded_);

@@ -7,6 +7,7 @@
 // mask and a host rotary buffer copied in every forward exactly so.
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <torch/library.h>
 #include <torch/torch.h>
 
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/set_data.h"
 #include "fsdp/test_models.h"
 #include "model/decoder.h"
 #include "model/lora.h"
@@ -32,6 +34,63 @@ namespace {
 using fsdp::model::testing::tiny;
 
 const c10::Device kMeta(c10::kMeta);
+
+// Shape functions for the ops of a step that LibTorch registers for meta only from Python
+// (torch/_meta_registrations.py): the output's shape and dtype, and the same-device rule a GPU
+// kernel enforces.
+at::Tensor index_select_meta(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  TORCH_CHECK(index.device() == self.device(), "index_select: index on ", index.device(), ", self on ", self.device());
+  std::vector<int64_t> sizes = self.sizes().vec();
+  sizes.at(static_cast<size_t>(at::maybe_wrap_dim(dim, self.dim()))) = index.numel();
+  return at::empty(sizes, self.options());
+}
+
+void same_device(const char* op, std::initializer_list<const at::Tensor*> ts) {
+  for (const at::Tensor* t : ts)
+    TORCH_CHECK(t->device() == (*ts.begin())->device(), op, ": tensors on ", (*ts.begin())->device(), " and ", t->device());
+}
+
+at::Tensor where_meta(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
+  same_device("where", {&self, &cond, &other});
+  const std::vector<int64_t> sizes = at::infer_size(at::infer_size(cond.sizes(), self.sizes()), other.sizes());
+  return at::empty(sizes, self.options().dtype(at::result_type(self, other)));
+}
+
+at::Tensor& where_out_meta(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  const at::Tensor r = where_meta(cond, self, other);
+  out.resize_(r.sizes());
+  return out;
+}
+
+at::Tensor& unary_out_meta(const at::Tensor& self, at::Tensor& out) {
+  out.resize_(self.sizes());
+  return out;
+}
+
+at::Tensor embedding_dense_backward_meta(const at::Tensor& grad, const at::Tensor& indices, c10::SymInt num_weights,
+                                         c10::SymInt, bool) {
+  same_device("embedding_dense_backward", {&grad, &indices});
+  return at::empty({num_weights.expect_int(), grad.size(-1)}, grad.options());
+}
+
+// Updates in place: nothing to compute on meta, but every list must live on the parameters' device.
+void fused_adamw_meta(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                      at::TensorList, at::TensorList steps, double, double, double, double, double, bool, bool,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  for (at::TensorList list : {grads, exp_avgs, exp_avg_sqs, steps})
+    for (size_t i = 0; i < list.size(); ++i) same_device("_fused_adamw_", {&params[0], &list[i]});
+  if (grad_scale) same_device("_fused_adamw_", {&params[0], &*grad_scale});
+  if (found_inf) same_device("_fused_adamw_", {&params[0], &*found_inf});
+}
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("_fused_adamw_", fused_adamw_meta);
+  m.impl("embedding_dense_backward", embedding_dense_backward_meta);
+  m.impl("abs.out", unary_out_meta);
+  m.impl("where.self_out", where_out_meta);
+  m.impl("index_select", index_select_meta);
+  m.impl("where.self", where_meta);
+}
 
 // Names every op that gets a host tensor of one or more dimensions while armed (0-dim host tensors
 // are scalars, which every device takes by value).
@@ -181,10 +240,12 @@ TEST_CASE("the decoder's CUDA branches are the ones meta takes") {
   const LlamaConfig c = family_config(Family::kQwen3);
   LlamaForCausalLM m(c);
   init_parameters(*m, 4);
-  m->to(kMeta);
+  torch::NoGradGuard no_grad;
+  // Module::to, as generate does on a GPU; LibTorch's set_data refuses CPU to meta, so by hand.
+  for (at::Tensor& t : m->parameters()) set_data_any_device(t, t.to(kMeta));
+  for (at::Tensor& t : m->buffers()) set_data_any_device(t, t.to(kMeta));
   CHECK(m->named_buffers()["inv_freq"].device() == kMeta);  // the rotary buffer moves with the model
   HostTensorWatch watch;
-  torch::NoGradGuard no_grad;
   const at::Tensor logits = m->forward(at::empty({1, 5}, at::TensorOptions().dtype(at::kLong).device(kMeta)));
   CHECK(logits.sizes() == at::IntArrayRef{1, 5, c.vocab_size});
   CHECK_MESSAGE(HostTensorWatch::take().empty(), "a forward read a host tensor");
