@@ -1,35 +1,110 @@
 #!/usr/bin/env bash
-# Everything a GPU machine is for, in steps that each fit one 10-minute call of the device tool
-# (carry third_party/bundle from scripts/bundle-deps.sh; results land under $OUT, or ./gpu-results).
-# A call may land on a fresh machine, so each step builds first unless the build is already there,
-# or with PREBUILT=1 uses the binaries scripts/prebuilt.sh packed (carry third_party/prebuilt too):
+# Everything a GPU machine is for. One GPU session is ONE call of the device tool (10 minutes at
+# most): `session`, the default, runs the steps below in order, each bounded by `timeout` inside a
+# total budget (SESSION_BUDGET_S, 540 s), and writes each result under $OUT (or ./gpu-results) as it
+# finishes; $OUT/session.md says how each step ended. Carry third_party/bundle from
+# scripts/bundle-deps.sh, and with PREBUILT=1 the binaries scripts/prebuilt.sh packed
+# (third_party/prebuilt); without PREBUILT=1 a step builds first unless the build is already there.
+#   scripts/gpu-session.sh [session]   in one call, in this order:
+#     1. tests      the gpu-labelled tests                                  -> tests.log
+#     2. bench      scripts/bench/compare.py on the ~1B Llama: fsdptrain, accelerate, fsdp2,
+#                   fsdp2-compile (bench/, bench.log), then fsdptrain-offload and fsdp2-offload
+#                   with fewer steps (bench-offload/, bench-offload.log)
+#     3. features   fsdptrain's features at the same shape, a few steps each: activation
+#                   checkpointing, micro batch 4, offload, LoRA, FULL and SHARDED checkpoints,
+#                   resume, export, `generate --device cuda` from the export, packed chat data
+#                   -> feature-matrix.md (one row each, written as each ends), features/*.log
+#     4. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json}
+#   scripts/gpu-session.sh session --dry   (or DRY=1) the same steps on CPU at tiny shapes, in a
+#                   minute or two, so that a CPU test (tests/scripts/gpu_session_dry_test.sh)
+#                   keeps this script working; the gpu tests skip themselves there
+#   One step alone:
 #   scripts/gpu-session.sh build     build offline against the machine's torch, run the gpu-labelled tests
 #                                    (`tests` is the same; with PREBUILT=1 nothing is built)
 #   scripts/gpu-session.sh bench     the side-by-side benchmark (scripts/bench/compare.py) on the ~1B Llama
+#   scripts/gpu-session.sh features  the feature table above
 #   scripts/gpu-session.sh profile   trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
 #                                    and summarize where the time goes (scripts/bench/trace_summary.py)
 # Extra arguments go to compare.py (bench), or are --set overrides (profile), e.g. train.micro_batch_size=4.
+# Every session step exits non-zero when it fails; `session` exits non-zero when any step did.
+# Environment: OUT, BUILD_DIR (build-offline; dry: build), FSDPTRAIN (the binary), PYTHON (python3;
+# dry: .venv/bin/python where it exists), SESSION_BUDGET_S, SCRATCH_DIR (where checkpoints go: /tmp).
 set -euo pipefail
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/.."
+mode=${1:-session}
+[ $# -gt 0 ] && shift
+if [ "$mode" = session ] && [ "${1:-}" = --dry ]; then
+  export DRY=1
+  shift
+fi
+export DRY=${DRY:-0}
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
-export BUILD_DIR=${BUILD_DIR:-build-offline}
-FSDPTRAIN=$BUILD_DIR/apps/fsdptrain/fsdptrain
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt" || true
+OUT=$(cd "$OUT" && pwd)
+export OUT
+if [ "$DRY" = 1 ]; then
+  export BUILD_DIR=${BUILD_DIR:-build}
+  [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ] && PYTHON=$PWD/.venv/bin/python
+else
+  export BUILD_DIR=${BUILD_DIR:-build-offline}
+fi
+export PYTHON=${PYTHON:-python3}
+FSDPTRAIN=${FSDPTRAIN:-$BUILD_DIR/apps/fsdptrain/fsdptrain}
+child=${GPU_SESSION_CHILD:-0}  # a step that `session` started: the machine was described already
+SCRATCH=()  # scratch folders (checkpoints, token files), removed at exit, also when `timeout` ends a step
+trap 'rm -rf "${SCRATCH[@]}"' EXIT
+trap 'exit 143' TERM
 
 if [ "${PREBUILT:-0}" = 1 ]; then
   # This machine's torch provides LibTorch, CUDA and NCCL; the bundle the Debian libraries.
-  TORCH_DIR=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+  TORCH_DIR=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   export LD_LIBRARY_PATH=$TORCH_DIR/lib:$TORCH_DIR/../nvidia/nccl/lib:$TORCH_DIR/../nvidia/cu13/lib:/usr/local/cuda/lib64:$PWD/third_party/bundle/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   FSDPTRAIN=third_party/prebuilt/bin/fsdptrain
-  cat third_party/prebuilt/BUILT_FROM | tee "$OUT/prebuilt.txt"
+  [ "$child" = 1 ] || cat third_party/prebuilt/BUILT_FROM | tee "$OUT/prebuilt.txt"
 fi
+case $FSDPTRAIN in /*) ;; *) FSDPTRAIN=$PWD/$FSDPTRAIN ;; esac
+export FSDPTRAIN
+
+# The shapes: the ~1B Llama in bf16 on one GPU, or (dry) a tiny Llama on 2 CPU workers. The dry
+# model has a vocabulary of 512 so that the chat tokenizer's 259 ids fit.
+if [ "$DRY" = 1 ]; then
+  MODEL=configs/models/tiny/config.json SEQ=64 MB=2 STEPS=4 OFFLOAD_STEPS=2 DEVICE=cpu
+  LAUNCH=(--set use_cpu=true --num_processes 2 --mixed_precision no)
+  BENCH=(--cpu --model-config configs/models/tiny/config.json --sequence-length 32 --micro-batch-size 2
+         --world-size 2)
+  BENCH_ROWS=fsdptrain,accelerate,fsdp2  # fsdp2-compile needs inductor's C++ toolchain: GPU only
+  BENCH_STEPS=(--steps 4 --warmup 1) OFFLOAD_BENCH_STEPS=(--steps 2 --warmup 1)
+else
+  MODEL=configs/models/llama-1b/config.json SEQ=2048 MB=2 STEPS=6 OFFLOAD_STEPS=3 DEVICE=cuda
+  LAUNCH=(--set use_cpu=false --num_processes 1 --mixed_precision bf16)
+  BENCH=()
+  BENCH_ROWS=fsdptrain,accelerate,fsdp2,fsdp2-compile
+  BENCH_STEPS=(--steps 20 --warmup 5) OFFLOAD_BENCH_STEPS=(--steps 4 --warmup 1)
+fi
+
+describe_machine() {
+  if [ "$DRY" = 1 ]; then
+    echo "dry run on CPU ($(nproc) cores)" | tee "$OUT/gpu.txt"
+  else
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt" || true
+  fi
+}
+
+machine_name() {
+  if [ "$DRY" = 1 ]; then echo "CPU ($(nproc) cores)"; else
+    nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo "an unknown GPU"; fi
+}
 
 ensure_built() {
   if [ ! -x "$FSDPTRAIN" ]; then
+    if [ "$DRY" = 1 ]; then
+      echo "gpu-session: $FSDPTRAIN is not built (the dry run builds nothing; run scripts/setup.sh)" >&2
+      return 1
+    fi
     FSDP_NO_TESTS=1 scripts/build-offline.sh 2>&1 | tail -20 | tee "$OUT/build.log"
   fi
-  "$FSDPTRAIN" --version | tee -a "$OUT/gpu.txt"
+  [ "$child" = 1 ] || "$FSDPTRAIN" --version | tee -a "$OUT/gpu.txt"
 }
 
 # ctest -L gpu, or its three tests by hand for the prebuilt binaries (ctest's files name this
@@ -43,45 +118,257 @@ gpu_tests() {
   set +e
   "$bin/nccl_test"; rc=$?; [ $rc = 0 ] || [ $rc = 77 ] || failed=1; echo "nccl_test: exit $rc"
   "$bin/fsdp_worker" product-cuda; rc=$?; [ $rc = 0 ] || failed=1; echo "fsdp_product_cuda: exit $rc"
-  python3 tests/train/gpu_train_test.py --fsdptrain "$FSDPTRAIN" --source "$PWD"; rc=$?
+  "$PYTHON" tests/train/gpu_train_test.py --fsdptrain "$FSDPTRAIN" --source "$PWD"; rc=$?
   [ $rc = 0 ] || failed=1; echo "gpu_train_test: exit $rc"
   set -e
   return $failed
 }
 
-case "${1:-}" in
-  build|tests)
+# An llm.c token shard of COUNT uniform tokens over MODEL's vocabulary.
+write_tokens() {  # path count model_config
+  "$PYTHON" -c "
+import sys; sys.path.insert(0, 'scripts/bench'); import compare, json
+compare.write_tokens(sys.argv[1], int(sys.argv[2]), json.load(open(sys.argv[3]))['vocab_size'], 0)" "$@"
+}
+
+# The inputs of the features step in DIR: tokens.bin, a byte-level BPE tokenizer with ChatML
+# special tokens and template (tokenizer/), chat.jsonl (TRL's messages format) and, dry, the model.
+make_feature_inputs() {  # dir
+  local dir=$1
+  if [ "$DRY" = 1 ]; then
+    mkdir -p "$dir/model"
+    "$PYTHON" -c "
+import json, sys; c = json.load(open('configs/models/tiny/config.json')); c['vocab_size'] = 512
+json.dump(c, open(sys.argv[1], 'w'), indent=1)" "$dir/model/config.json"
+    MODEL=$dir/model/config.json
+  fi
+  write_tokens "$dir/tokens.bin" $((4 * STEPS * 4 * SEQ + SEQ + 1)) "$MODEL"
+  "$PYTHON" - "$dir" <<'EOF'
+import json, os, random, sys
+d = sys.argv[1]
+# GPT-2's byte-to-unicode table: the 256 byte tokens of a ByteLevel BPE with no merges.
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+vocab = {chr(c): i for i, c in enumerate(sorted(cs, key=lambda c: bs[cs.index(c)]))}
+special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+added = [{"id": 256 + i, "content": s, "single_word": False, "lstrip": False, "rstrip": False,
+          "normalized": False, "special": True} for i, s in enumerate(special)]
+vocab.update({s: 256 + i for i, s in enumerate(special)})
+byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+       "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+       "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                 "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                 "vocab": vocab, "merges": []}}
+template = ("{%- for message in messages %}"
+            "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+            "{%- endfor %}"
+            "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+os.makedirs(os.path.join(d, "tokenizer"), exist_ok=True)
+json.dump(tok, open(os.path.join(d, "tokenizer", "tokenizer.json"), "w"))
+json.dump({"eos_token": "<|im_end|>", "bos_token": None, "chat_template": template,
+           "tokenizer_class": "PreTrainedTokenizerFast"}, open(os.path.join(d, "tokenizer", "tokenizer_config.json"), "w"))
+rng = random.Random(0)
+objects = ["lantern", "kettle", "bicycle", "teapot", "umbrella", "violin", "satchel", "compass"]
+colors = ["teal", "amber", "crimson", "violet", "olive", "silver", "indigo", "coral"]
+with open(os.path.join(d, "chat.jsonl"), "w") as f:
+    for _ in range(1000):
+        a, b = rng.sample(objects, 2)
+        f.write(json.dumps({"messages": [
+            {"role": "system", "content": "You answer in one sentence."},
+            {"role": "user", "content": f"What color is the {a}?"},
+            {"role": "assistant", "content": f"The {a} is {rng.choice(colors)}."},
+            {"role": "user", "content": f"And the {b}?"},
+            {"role": "assistant", "content": f"The {b} is {rng.choice(colors)}."}]}) + "\n")
+EOF
+}
+
+# One row of feature-matrix.md from a feature's log and metrics (the last logged step).
+feature_row() {  # name what rc log metrics
+  "$PYTHON" - "$@" >> "$OUT/feature-matrix.md" <<'EOF'
+import json, os, re, sys
+name, what, rc, log, metrics = sys.argv[1:6]
+text = open(log, errors="replace").read() if os.path.exists(log) else ""
+notes = []
+for pattern, say in ((r"\[ckpt\] saved \S+ \((.*?)\) in ([0-9.]+ s); training waited ([0-9.]+ s)",
+                      lambda m: f"saved ({m[1]}) in {m[2]}, training waited {m[3]}"),
+                     (r"\[ckpt\] loaded \S+ \(.*?\) in ([0-9.]+ s)", lambda m: f"loaded in {m[1]}"),
+                     (r"\[train\] exported a Hugging Face folder to \S+ in ([0-9.]+ s)", lambda m: f"exported in {m[1]}"),
+                     (r"\[generate\] (\d+) new tokens .*? in ([0-9.]+ s): ([0-9.]+) tokens/s",
+                      lambda m: f"{m[1]} new tokens in {m[2]}")):
+    m = re.search(pattern, text)
+    if m:
+        notes.append(say(m))
+if rc != "0":
+    errors = [l for l in text.splitlines() if "error" in l.lower()] or text.splitlines()[-1:] or [""]
+    notes.append(("TIMED OUT" if rc in ("124", "137") else f"FAILED (exit {rc})") + ": " + errors[-1][:160])
+rows = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l] if os.path.exists(metrics) else []
+cells = ["-"] * 6
+if rows:
+    r = rows[-1]
+    cells = [str(r["step"]), f"{1000 * r['step_time_s']:.1f}", f"{r['tokens_per_s']:,.0f}",
+             f"{100 * r['mfu']:.1f} %" if r.get("mfu") is not None else "n/a",
+             f"{r['peak_memory_bytes'] / 2**30:.2f}", f"{r['loss']:.4f}"]
+m = re.search(r"\[generate\] \d+ new tokens .*?: ([0-9.]+) tokens/s", text)
+if m:
+    cells[2] = f"{float(m[1]):,.1f}"
+note = "; ".join(notes).replace("|", "\\|")
+print(f"| {name} | {what} | " + " | ".join(cells) + f" | {note} |")
+EOF
+}
+
+features() {
+  local scratch
+  scratch=$(mktemp -d "${SCRATCH_DIR:-/tmp}/gpu-session-features.XXXXXX")
+  SCRATCH+=("$scratch")
+  make_feature_inputs "$scratch"
+  local per=${FEATURE_TIMEOUT_S:-$([ "$DRY" = 1 ] && echo 60 || echo 120)} failed=0
+  mkdir -p "$OUT/features"
+  {
+    echo "fsdptrain's features at $MODEL, sequence $SEQ, micro batch $MB unless named, ${LAUNCH[*]}, $(machine_name)."
+    echo "Each row is the last logged step of a short run ($STEPS steps; offload $OFFLOAD_STEPS; resume $STEPS more); checkpoint and export rows include the save in their last step."
+    echo
+    echo "| feature | what | last step | step ms | tokens/s | MFU | peak GiB | loss | notes |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+  } > "$OUT/feature-matrix.md"
+  feature() {  # name what steps [key=value...]
+    local name=$1 what=$2 steps=$3 rc=0
+    shift 3
+    local sets=(--set "model.config=$MODEL" --set "data.path=$scratch/tokens.bin" --set data.eval_fraction=0
+                --set train.eval_interval=0 --set "train.steps=$steps" --set "train.micro_batch_size=$MB"
+                --set "train.sequence_length=$SEQ" --set schedule.warmup_steps=0 --set logging.interval=1
+                --set "logging.metrics_file=$scratch/$name.jsonl" --set logging.tensorboard_dir=
+                --set "train.output_dir=$scratch/run-$name" --set checkpoint.dir=none --set checkpoint.export_dir=none)
+    for s in "$@"; do sets+=(--set "$s"); done
+    echo "== $name: $what"
+    timeout -k 10 "$per" "$FSDPTRAIN" launch --config configs/quickstart.yaml --distributed_type FSDP \
+      --main_process_port 0 "${LAUNCH[@]}" "${sets[@]}" > "$OUT/features/$name.log" 2>&1 || rc=$?
+    feature_row "$name" "$what" "$rc" "$OUT/features/$name.log" "$scratch/$name.jsonl"
+    tail -1 "$OUT/feature-matrix.md"
+    [ "$rc" = 0 ] || failed=1
+  }
+  local ck=$scratch/checkpoints
+  feature base "reference" "$STEPS"
+  feature ac "fsdp_activation_checkpointing" "$STEPS" fsdp_config.fsdp_activation_checkpointing=true
+  feature mb4 "micro batch 4" "$STEPS" train.micro_batch_size=4
+  feature offload "fsdp_offload_params" "$OFFLOAD_STEPS" fsdp_config.fsdp_offload_params=true
+  feature lora "LoRA r 16, all-linear" "$STEPS" lora.r=16 lora.alpha=32 lora.target_modules=all-linear
+  feature ckpt_full "FULL_STATE_DICT save" "$STEPS" fsdp_config.fsdp_state_dict_type=FULL_STATE_DICT \
+    "checkpoint.dir=$ck-full"
+  rm -rf "$ck-full"
+  feature ckpt_sharded "SHARDED_STATE_DICT save" "$STEPS" fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT \
+    "checkpoint.dir=$ck-sharded"
+  feature resume "resume the SHARDED checkpoint, $STEPS steps more" $((2 * STEPS)) \
+    fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT "checkpoint.dir=$ck-sharded" checkpoint.resume=latest \
+    checkpoint.keep=1
+  rm -rf "$ck-sharded"
+  feature export "Hugging Face export" "$STEPS" "checkpoint.export_dir=$scratch/export"
+  local rc=0
+  echo "== generate: fsdptrain generate --device $DEVICE from the export"
+  timeout -k 10 "$per" "$FSDPTRAIN" generate --model "$scratch/export/step-$STEPS" --tokenizer "$scratch/tokenizer" \
+    --device "$DEVICE" --prompt "What color is the kettle?" --max_new_tokens 64 \
+    > "$OUT/features/generate.log" 2>&1 || rc=$?
+  feature_row generate "generate --device $DEVICE from the export, 64 new tokens, greedy" "$rc" \
+    "$OUT/features/generate.log" /nonexistent
+  tail -1 "$OUT/feature-matrix.md"
+  [ "$rc" = 0 ] || failed=1
+  rm -rf "$scratch/export"
+  feature chat "packed conversations (masked packing, assistant-only loss)" "$STEPS" \
+    "data.path=$scratch/chat.jsonl" "data.tokenizer=$scratch/tokenizer"
+  return $failed
+}
+
+profile() {
+  local sets data
+  data=$(mktemp -d "${SCRATCH_DIR:-/tmp}/gpu-session-profile.XXXXXX")
+  SCRATCH+=("$data")
+  local model=$MODEL seq=$SEQ
+  [ "$DRY" = 1 ] && seq=64
+  for s in "$@"; do case "$s" in model.config=*) model=${s#model.config=} ;; esac; done
+  write_tokens "$data/tokens.bin" $((8 * 4 * seq + seq + 1)) "$model"
+  sets=(--set "model.config=$model" --set "data.path=$data/tokens.bin"
+        --set data.eval_fraction=0 --set train.eval_interval=0 --set train.steps=6 --set train.micro_batch_size=2
+        --set "train.sequence_length=$seq" --set schedule.warmup_steps=0 --set logging.interval=1000
+        --set logging.profile_steps=4,5 --set "logging.profile_dir=$OUT/profile" --set checkpoint.export_dir=none
+        --set checkpoint.dir=none --set logging.metrics_file= --set logging.tensorboard_dir=
+        --set "train.output_dir=$data/run")
+  for s in "$@"; do sets+=(--set "$s"); done
+  "$FSDPTRAIN" launch --config configs/quickstart.yaml --distributed_type FSDP --main_process_port 0 \
+    "${LAUNCH[@]}" "${sets[@]}" 2>&1 | tail -30 | tee "$OUT/profile.log"
+  "$PYTHON" scripts/bench/trace_summary.py "$OUT/profile/rank0.steps-4-5.json" --json "$OUT/profile-summary.json" \
+    | tee "$OUT/profile-summary.md"
+}
+
+# The whole session: each step a child of this script under `timeout`, at most CAP seconds and
+# never into the RESERVE seconds kept for the steps after it (both scaled by SESSION_BUDGET_S / 540);
+# a step the budget no longer reaches is skipped (and counts as failed).
+session() {
+  local budget=${SESSION_BUDGET_S:-540} failed=0
+  local deadline=$((SECONDS + budget))
+  describe_machine
+  ensure_built
+  { echo "gpu-session $([ "$DRY" = 1 ] && echo 'session --dry' || echo session) on $(machine_name), budget $budget s"; echo
+    echo "| step | result | seconds | limit s |"; echo "| --- | --- | ---: | ---: |"; } > "$OUT/session.md"
+  step() {  # name cap reserve mode [args...]
+    local name=$1 cap=$2 reserve=$3 rc=0 t0=$SECONDS result
+    shift 3
+    cap=$((cap * budget / 540)) reserve=$((reserve * budget / 540))  # the caps are for 540 s
+    local limit=$((deadline - SECONDS - reserve))
+    [ "$limit" -gt "$cap" ] && limit=$cap
+    echo "=== $name (limit ${limit} s)"
+    if [ "$limit" -lt 5 ]; then
+      echo "| $name | skipped: the budget is spent | 0 | $limit |" >> "$OUT/session.md"
+      failed=1
+      return
+    fi
+    GPU_SESSION_CHILD=1 timeout -k 15 "$limit" bash "$SELF" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+    case $rc in
+      0) result=ok ;;
+      124 | 137) result="timed out" ;;
+      *) result="failed (exit $rc)" ;;
+    esac
+    [ "$rc" = 0 ] || failed=1
+    echo "| $name | $result | $((SECONDS - t0)) | $limit |" >> "$OUT/session.md"
+    echo "$name: $result in $((SECONDS - t0)) s"
+  }
+  step tests 120 380 tests
+  step bench 170 280 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
+  step bench-offload 70 230 bench --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" \
+    --out-dir "$OUT/bench-offload"
+  step features 240 50 features
+  step profile 90 0 profile
+  echo
+  cat "$OUT/session.md"
+  [ -f "$OUT/feature-matrix.md" ] && { echo; cat "$OUT/feature-matrix.md"; }
+  return $failed
+}
+
+[ "$child" = 1 ] || [ "$mode" = session ] || describe_machine
+case "$mode" in
+  session)
+    session
+    ;;
+  build | tests)
     ensure_built
     gpu_tests 2>&1 | tee "$OUT/gpu-tests.log"
     ;;
   bench)
-    shift
     ensure_built
-    python3 scripts/bench/compare.py --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench" "$@"
+    "$PYTHON" scripts/bench/compare.py --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench" "${BENCH[@]}" "$@"
+    ;;
+  features)
+    ensure_built
+    features
     ;;
   profile)
-    shift
     ensure_built
-    MODEL=configs/models/llama-1b/config.json
-    for s in "$@"; do case "$s" in model.config=*) MODEL=${s#model.config=} ;; esac; done
-    DATA=$(mktemp -d)
-    python3 -c "
-import sys; sys.path.insert(0, 'scripts/bench'); import compare, json
-c = json.load(open('$MODEL'))
-compare.write_tokens('$DATA/tokens.bin', 8 * 4 * 2048 + 2049, c['vocab_size'], 0)"
-    sets=(--set "model.config=$MODEL" --set "data.path=$DATA/tokens.bin"
-          --set data.eval_fraction=0 --set train.steps=6 --set train.micro_batch_size=2
-          --set train.sequence_length=2048 --set schedule.warmup_steps=0 --set logging.interval=1000
-          --set logging.profile_steps=4,5 --set "logging.profile_dir=$OUT/profile" --set checkpoint.export_dir=
-          --set logging.metrics_file= --set logging.tensorboard_dir= --set "train.output_dir=$OUT/run")
-    for s in "$@"; do sets+=(--set "$s"); done
-    "$FSDPTRAIN" launch --config configs/quickstart.yaml --set use_cpu=false --distributed_type FSDP \
-      --num_processes 1 --mixed_precision bf16 --main_process_port 0 "${sets[@]}" 2>&1 | tail -30 | tee "$OUT/profile.log"
-    python3 scripts/bench/trace_summary.py "$OUT/profile/rank0.steps-4-5.json" --json "$OUT/profile-summary.json" \
-      | tee "$OUT/profile-summary.md"
+    profile "$@"
     ;;
   *)
-    echo "usage: [PREBUILT=1] scripts/gpu-session.sh build|bench|profile [args]" >&2
+    echo "usage: [PREBUILT=1] [DRY=1] scripts/gpu-session.sh [session [--dry]|build|bench|features|profile] [args]" >&2
     exit 2
     ;;
 esac
