@@ -102,7 +102,8 @@ def reference(args, tmp, name, world, base, data, adapter, dtype="float32"):
 
 def parity(args, tmp, case, world, base, data, adapter):
     """Losses, gradient norms, every gradient and the trained adapter against PEFT's; returns the
-    run's folder and output. Step 1's gradients (from the same weights) are held to 1e-5; later ones
+    run's folder and output. Step 1's gradients (from the same weights) are held to 1e-5 or 4x the
+    float32 noise of PEFT's run against float64, whichever is larger; later ones
     to 1e-4, because two float32 runs drift apart as AdamW divides each gradient by its running RMS:
     PEFT's own float32 gradients differ from a float64 run's (fsdp2_llama.py --dtype float64) by up
     to 1.5e-5 here by step 6."""
@@ -117,6 +118,14 @@ def parity(args, tmp, case, world, base, data, adapter):
             r = relative(ours[step][key], theirs[step - 1])
             worst = max(worst, r)
             check(r < 1e-5, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e})")
+    # Step 1's bound per tensor comes from measured noise: PEFT's own float32 gradient against the same
+    # run in float64, times 4 (our rounding and theirs, with margin), and never below 1e-5. A tensor of
+    # small gradients (a lora_B whose inputs nearly cancel) rounds further than 1e-5 in both programs:
+    # PEFT's float32 differs from its float64 by up to a few 1e-6 here, and ours from PEFT's by 1.02e-5
+    # once on a machine of CI's kind.
+    reference(args, tmp, name + "-f64", world, base, data, adapter, dtype="float64")
+    exact = load_file(os.path.join(tmp, name + "-f64-ref-grads", "step-1.safetensors"))
+    noise = {}
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
         mine = load_file(os.path.join(grads, f"step-{step}.safetensors"))
@@ -125,8 +134,11 @@ def parity(args, tmp, case, world, base, data, adapter):
         for key in mine:
             r = relative(mine[key], theirs[key])
             worst_grad[step > 1] = max(worst_grad[step > 1], r)
-            check(r < (1e-5 if step == 1 else 1e-4), f"{name} step {step}: the gradient of {key} differs from PEFT's "
-                                                     f"by {r:.2e}")
+            if step == 1:
+                noise[key] = relative(theirs[key], exact[key])
+            bound = max(1e-5, 4 * noise[key]) if step == 1 else 1e-4
+            check(r < bound, f"{name} step {step}: the gradient of {key} differs from PEFT's by {r:.2e} (bound "
+                             f"{bound:.2e}{'; PEFT float32 vs float64: %.2e' % noise[key] if step == 1 else ''})")
     export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
     mine = load_file(os.path.join(export, "adapter_model.safetensors"))
     check(set(mine) == set(ref_adapter), f"{name}: adapter keys differ: {sorted(set(mine) ^ set(ref_adapter))}")
