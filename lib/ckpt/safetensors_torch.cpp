@@ -63,21 +63,28 @@ at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info) {
   return t;
 }
 
-at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1) {
+int64_t row_bytes(const TensorInfo& info) {
+  const int64_t dim0 = info.shape.empty() ? 1 : info.shape[0];
+  return dim0 == 0 ? 0 : static_cast<int64_t>(info.nbytes()) / dim0;
+}
+
+at::Tensor mapped_rows(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1) {
   const at::ScalarType type = scalar_type_of(info.dtype, file.path() + ": " + info.name);
   const int64_t dim0 = info.shape.empty() ? 1 : info.shape[0];
-  FSDP_ASSERT(0 <= r0 && r0 <= r1 && r1 <= dim0, "read_rows_fp32: rows [", r0, ", ", r1, ") of ", info.name);
+  FSDP_ASSERT(0 <= r0 && r0 <= r1 && r1 <= dim0, "mapped_rows: rows [", r0, ", ", r1, ") of ", info.name);
   std::vector<int64_t> shape = info.shape;
   if (shape.empty()) shape.push_back(1);
-  const int64_t row_bytes = dim0 == 0 ? 0 : static_cast<int64_t>(info.nbytes()) / dim0;
   shape[0] = r1 - r0;
-  if (r1 == r0) return at::empty(shape, at::kFloat);
-  const at::Tensor view =
-      at::from_blob(const_cast<uint8_t*>(file.data(info)) + r0 * row_bytes, shape, at::TensorOptions().dtype(type));
-  at::Tensor rows = view.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+  if (r1 == r0) return at::empty(shape, at::TensorOptions().dtype(type));
+  return at::from_blob(const_cast<uint8_t*>(file.data(info)) + r0 * row_bytes(info), shape,
+                       at::TensorOptions().dtype(type));
+}
+
+at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1) {
+  at::Tensor rows = mapped_rows(file, info, r0, r1).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
   // Read once: the mapped pages leave this process's memory (a resume of a 14 GiB shard otherwise kept
   // all of it resident, as the first GPU run's resume showed).
-  file.release(file.data(info) + r0 * row_bytes, static_cast<size_t>((r1 - r0) * row_bytes));
+  file.release(file.data(info) + r0 * row_bytes(info), static_cast<size_t>((r1 - r0) * row_bytes(info)));
   return rows;
 }
 

@@ -20,6 +20,10 @@ at::ScalarType scalar_type_of(Dtype d, const std::string& what);
 // A copy of one tensor of a mapped file, as a CPU tensor of its dtype and shape.
 at::Tensor read_tensor(const SafetensorsFile& file, const TensorInfo& info);
 
+// Rows [r0, r1) of a mapped tensor (dim 0; a scalar is one row) as a tensor over the mapping itself
+// (valid while `file` lives; copy out of it), and the bytes one row takes.
+at::Tensor mapped_rows(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1);
+int64_t row_bytes(const TensorInfo& info);
 // Rows [r0, r1) of a mapped tensor (dim 0; a scalar is one row), copied and converted to fp32.
 at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1);
 

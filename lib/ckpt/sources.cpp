@@ -86,11 +86,17 @@ class ShardedSource final : public Source {
       if (p.r0 < r1 && r0 < p.r1) out.insert(files_[p.file]);
   }
   at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
-    const Entry& e = entries_.at(name);
-    std::vector<int64_t> shape = e.info.shape;
+    std::vector<int64_t> shape = entries_.at(name).info.shape;
     if (shape.empty()) shape.push_back(1);
     shape[0] = r1 - r0;
     at::Tensor out = at::empty(shape, at::kFloat);
+    read_rows_into(name, r0, r1, out);
+    return out;
+  }
+  // Straight from the mapped file into `out` (the parameter's or the optimizer state's rows): one
+  // copy, converting the dtype on the way, and the mapped pages dropped once read.
+  void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
+    const Entry& e = entries_.at(name);
     for (const Piece& p : e.pieces) {
       const int64_t lo = std::max(r0, p.r0), hi = std::min(r1, p.r1);
       if (lo >= hi) continue;
@@ -104,9 +110,11 @@ class ShardedSource final : public Source {
                  " where index.json says; the checkpoint is corrupt");
       at::Tensor dest = out.narrow(0, lo - r0, hi - lo);
       if (block) dest = dest.narrow(1, p.c0, p.c1 - p.c0);
-      dest.copy_(read_rows_fp32(f, *t, lo - p.r0, hi - p.r0));
+      const uint8_t* begin = f.data(*t) + (lo - p.r0) * row_bytes(*t);
+      const size_t bytes = static_cast<size_t>((hi - lo) * row_bytes(*t));
+      dest.copy_(mapped_rows(f, *t, lo - p.r0, hi - p.r0));
+      f.release(begin, bytes);
     }
-    return out;
   }
 
  private:
@@ -233,7 +241,11 @@ void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAda
     const auto [r0, r1] = stored_rows(p);
     const int64_t n = r1 - r0;  // the rows past them (FSDP's and tp's padding) stay zero
     if (!efficient || world.size() == 1) {
-      if (n > 0) dest.narrow(0, 0, n).copy_(tp_block(src->rows(name, r0, r1), p));
+      if (n == 0) return;
+      if (!p.tp.split() || p.tp.dim == 0)
+        src->read_rows_into(name, r0, r1, dest.narrow(0, 0, n));
+      else
+        dest.narrow(0, 0, n).copy_(tp_block(src->rows(name, r0, r1), p));
       return;
     }
     const std::vector<int64_t> shape = p.full_shape();

@@ -40,6 +40,11 @@ class Source {
   }
   // Rows [r0, r1) of `name` as fp32 on the CPU.
   virtual at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) = 0;
+  // The same rows copied into `out` (any device and float dtype, their shape), without a host copy
+  // in between where the source can avoid one.
+  virtual void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) {
+    out.copy_(rows(name, r0, r1));
+  }
   // The files rows [r0, r1) of `name` are read from.
   virtual void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const = 0;
 

@@ -195,6 +195,16 @@ TEST_CASE("CRC-32C: the standard check value, running sums, and what the writer 
   CHECK(running == whole);
   data[5000] ^= 1;
   CHECK(crc32c(data.data(), data.size()) != whole);
+  // Large buffers run three chains joined by polynomial arithmetic: the same value as small pieces,
+  // also continuing a running sum and with a tail that is not a multiple of 24 bytes.
+  std::vector<uint8_t> big(1000003);
+  for (auto& b : big) b = static_cast<uint8_t>(gen());
+  uint32_t pieces = 0;
+  for (size_t at = 0; at < big.size(); at += 4099) pieces = crc32c(big.data() + at, std::min<size_t>(4099, big.size() - at), pieces);
+  CHECK(crc32c(big.data(), big.size()) == pieces);
+  CHECK(crc32c(big.data() + 7, big.size() - 7, crc32c(big.data(), 7)) == pieces);
+  big[999999] ^= 0x10;
+  CHECK(crc32c(big.data(), big.size()) != pieces);
 
   const std::string path = "/tmp/fsdp_crc_" + std::to_string(::getpid()) + ".safetensors";
   const std::vector<float> v(1000, 1.5f);
