@@ -86,7 +86,6 @@ class Staging {
   void wait() const {
     if (copied_) copied_->synchronize();
   }
-  int64_t bytes() const { return buffer_.defined() ? buffer_.numel() * 4 : 0; }
 
  private:
   at::Tensor buffer_;  // (total) fp32, host

@@ -191,7 +191,12 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
       throw Error(str("[nccl] ", what, label.empty() ? "" : " (" + label + ")", " on rank ", rank_, " of ", size_,
                       " could not be issued: ", brief_message(e)));
     }
-    remember(work->getSequencenumber(), what, label, work->getFutureResult());
+    c10::intrusive_ptr<c10::ivalue::Future> result;
+    try {  // c10d's WorkNCCL has one; a Work without it (Work's default throws) is named without it
+      result = work->getFutureResult();
+    } catch (const std::exception&) {
+    }
+    remember(work->getSequencenumber(), what, label, std::move(result));
     ++outstanding_;
     return std::make_unique<NcclWork>(shared_from_this(), std::move(work), blocking);
   }

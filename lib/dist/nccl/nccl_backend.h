@@ -7,7 +7,7 @@
 //   - Streams. Each collective runs on the group's own high-priority NCCL stream, which first waits
 //     for the caller's current stream (the producer of the input). PendingWork::wait does not block
 //     the host: it makes the caller's current stream wait for the collective. barrier() blocks.
-//   - Buffers. TORCH_NCCL_AVOID_RECORD_STREAMS=1: the group keeps its own references to a
+//   - Buffers. TORCH_NCCL_AVOID_RECORD_STREAMS (c10d 2.11's default): the group keeps its own references to a
 //     collective's tensors until wait() has made the caller's stream wait, then lets go; no
 //     recordStream, so the caching allocator may reuse those blocks on the caller's stream at once
 //     (that stream is ordered after the collective). A tensor dropped before wait() stays alive in the
@@ -18,6 +18,9 @@
 //     collectives this rank issued, so the error reaches the trainer's error file and the launcher.
 //     The watchdog counts a collective's time from when the host queued it; a trainer that queues
 //     one step ahead needs dist_timeout above two steps (the trainer warns otherwise).
+//     It aborts at once and the process can end at once: no debug dump on a timeout
+//     (TORCH_NCCL_DUMP_ON_TIMEOUT=0, whose wait and heartbeat sleep held a stalled process for
+//     minutes), unless the user set c10d's variables.
 //   - Init. The communicator is created at construction (eager), non-blocking, and bounded by the
 //     timeout (TORCH_NCCL_NONBLOCKING_TIMEOUT), so a rank that never arrives is an error, not a hang.
 //   - Teardown. Destroying the last handle shuts the group down when every collective was waited
