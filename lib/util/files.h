@@ -43,7 +43,9 @@ class OutputFile {
 void write_file_atomic(const std::string& path, const std::string& contents);
 
 // The path of `name`, a file a metadata file in `dir` names (a shard of an index, a weight_map
-// entry), when it stays inside `dir`: relative, no ".." step, and not a link out of the folder.
+// entry), when the name stays inside `dir`: relative, no ".." step. The rule is on the name the file
+// writes, not on where a link in the folder leads: the Hugging Face cache's snapshot folders hold
+// links into ../../blobs/, which transformers follows and so do we.
 // Throws InputError "WHERE names NAME, which is outside DIR; ..." otherwise.
 std::string confined_path(const std::string& dir, const std::string& name, const std::string& where);
 

@@ -9,6 +9,7 @@
 #include <functional>
 #include <random>
 
+#include "ckpt/hf.h"
 #include "ckpt/safetensors_torch.h"
 #include "support/error_of.h"
 #include "util/error.h"
@@ -179,6 +180,39 @@ TEST_CASE("the writer refuses a tensor that is not in host memory, naming it") {
   }
   CHECK(at::equal(load_safetensors(path).at(0).second, at::ones({2, 3})));
   std::remove(path.c_str());
+}
+
+// Regression (a new user's first day): a model downloaded by huggingface_hub lives in the cache as
+// models--ORG--NAME/snapshots/COMMIT/, whose files are relative links into ../../blobs/; the old rule
+// resolved the links before confining them and refused every such folder. Names the index writes
+// are still confined.
+TEST_CASE("a Hugging Face cache snapshot, whose files link into ../../blobs, is read; names leaving it are not") {
+  // Paths by hand: std::filesystem resolves to LibTorch's bundled copy here, which crashes.
+  FileSystem& fs = local_file_system();
+  const std::string root = "/tmp/fsdp_hub_" + std::to_string(::getpid()), repo = root + "/models--org--tiny";
+  const std::string snapshot = repo + "/snapshots/0123abcd";
+  fs.make_dirs(repo + "/blobs");
+  fs.make_dirs(snapshot);
+  fs.make_dirs(repo + "/refs");
+  fsdp::write_file_atomic(repo + "/refs/main", "0123abcd");
+  const at::Tensor w = torch::arange(6, torch::kFloat).view({2, 3});
+  save_safetensors(repo + "/blobs/9f1e", {{"model.norm.weight", w}});
+  fsdp::write_file_atomic(repo + "/blobs/77aa", "{\"model_type\": \"llama\"}");
+  fsdp::write_file_atomic(repo + "/blobs/5c5c",
+                          "{\"metadata\": {}, \"weight_map\": {\"model.norm.weight\": \"model.safetensors\"}}");
+  REQUIRE(::symlink("../../blobs/9f1e", (snapshot + "/model.safetensors").c_str()) == 0);
+  REQUIRE(::symlink("../../blobs/77aa", (snapshot + "/config.json").c_str()) == 0);
+  REQUIRE(::symlink("../../blobs/5c5c", (snapshot + "/model.safetensors.index.json").c_str()) == 0);
+  {
+    HfCheckpoint ck(snapshot);
+    CHECK(at::equal(ck.read("model.norm.weight"), w));
+  }
+  std::remove((snapshot + "/model.safetensors.index.json").c_str());
+  fsdp::write_file_atomic(snapshot + "/model.safetensors.index.json",
+                          "{\"metadata\": {}, \"weight_map\": {\"model.norm.weight\": \"../../blobs/9f1e\"}}");
+  const std::string e = error_of([&] { HfCheckpoint bad(snapshot); });
+  CHECK(e.find("names \"../../blobs/9f1e\", which is outside") != std::string::npos);
+  fs.remove_all(root);
 }
 
 TEST_CASE("CRC-32C: the standard check value, running sums, and what the writer records") {
