@@ -496,6 +496,8 @@ TrainingState Checkpointer::load(const std::string& path) {
   std::unique_ptr<Source> src;
   TrainingState state;
   json state_doc;
+  std::set<std::string> files;  // the big files this rank reads
+  bool checksum_while_reading = false;
   const std::vector<Slot> slots = m.saved_slots();
   // FULL with cpu_ram_efficient_loading: rank 0 reads every tensor and broadcasts it.
   bool efficient = false;
@@ -517,7 +519,6 @@ TrainingState Checkpointer::load(const std::string& path) {
     check_matches_model(*src, slots, /*optimizer=*/true, path, "");
     // The big files this rank will read: their sizes and checksums.
     if (!efficient || m.world.rank() == 0) {
-      std::set<std::string> files;
       for (const Slot& s : slots) {
         const ShardedParam& p = *s.param;
         const auto [first, last] = stored_rows(p);
@@ -530,7 +531,13 @@ TrainingState Checkpointer::load(const std::string& path) {
           src->files(kExpAvgSq + name, r0, r1, files);
         }
       }
-      verify_checkpoint(path, std::vector<std::string>(files.begin(), files.end()));
+      // SHARDED: sizes now, checksums as the rows are read (one pass over the files, not two), and
+      // checked before training goes on; a load runs only when a run starts, so the weights it
+      // overwrote before a mismatch showed are the run's fresh ones, and the run stops.
+      const std::vector<std::string> big(files.begin(), files.end());
+      verify_checkpoint(path, big, /*checksums=*/!sharded);  // sizes first: a truncated file says so
+      checksum_while_reading = sharded && src->checksum_while_reading(path, files);
+      if (sharded && !checksum_while_reading) verify_checkpoint(path, big);
     }
   } catch (const InputError& e) {
     failure = e.what();
@@ -539,6 +546,14 @@ TrainingState Checkpointer::load(const std::string& path) {
 
   for (const auto& g : m.model.groups()) g->reshard();
   fill(slots, m.model, &m.adamw, src.get(), m.world, efficient);
+  if (checksum_while_reading) {
+    try {
+      src->verify_read(path, files);
+    } catch (const InputError& e) {
+      failure = e.what();
+    }
+    agree(m.world, device, failure);
+  }
   m.adamw.set_steps(state.optimizer_steps);
   restore_rng(state_doc, device, path_in(path, kState));
   m.say(str("[ckpt] loaded ", path, " (step ", state.step, ", saved by ", plural(state.world_size, "rank"), ") in ",

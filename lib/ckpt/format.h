@@ -84,7 +84,9 @@ std::string latest_checkpoint(const std::string& dir, FileSystem& fs = local_fil
 nlohmann::json parse_json_file(const std::string& path);  // InputError naming the file when not JSON
 
 // Checks that every file the manifest of `path` lists (or only `files`, when given) exists with
-// the recorded size and CRC-32C. Throws InputError naming the first bad file.
-void verify_checkpoint(const std::string& path, const std::vector<std::string>& files = {});
+// the recorded size and (with `checksums`) CRC-32C. Throws InputError naming the first bad file.
+void verify_checkpoint(const std::string& path, const std::vector<std::string>& files = {}, bool checksums = true);
+// The CRC-32C manifest.json records for `file` (8 hex digits), and the refusal when `crc` is not it.
+void check_recorded_crc(const std::string& path, const std::string& file, uint32_t crc);
 
 }  // namespace fsdp::ckpt

@@ -83,6 +83,9 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   const Header& header() const { return header_; }
   const uint8_t* data(const TensorInfo& t) const { return base_ + header_.data_start + t.begin; }
+  // The whole file as mapped.
+  const uint8_t* mapped() const { return base_; }
+  size_t size() const { return size_; }
   // Drops [p, p + n) (inside this file's mapping) from the process's resident pages once read: the
   // page cache keeps them, a later read maps them again. Reading a checkpoint tensor by tensor so
   // holds about one tensor resident, not the whole file.

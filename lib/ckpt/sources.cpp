@@ -9,6 +9,7 @@
 #include "ckpt/format.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors_torch.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -93,26 +94,88 @@ class ShardedSource final : public Source {
     read_rows_into(name, r0, r1, out);
     return out;
   }
+  // Every file's header and this index's entries in it, checked before any read: a damaged header
+  // is refused here (as a corrupt file when its bytes are not the saved ones), on every rank alike,
+  // never in the middle of filling the model.
+  bool checksum_while_reading(const std::string& dir, const std::set<std::string>& files) override {
+    for (size_t i = 0; i < files_.size(); ++i) {
+      if (!files.count(files_[i])) continue;
+      try {
+        const SafetensorsFile& f = open(i);
+        for (const auto& [name, e] : entries_)
+          for (const Piece& p : e.pieces)
+            if (p.file == i) piece_info(f, name, p);
+      } catch (const InputError&) {
+        check_recorded_crc(dir, files_[i], crc32c_of_file(path_in(dir_, files_[i])));
+        throw;
+      }
+    }
+    checksums_ = true;
+    return true;
+  }
+
+  void verify_read(const std::string& dir, const std::set<std::string>& files) override {
+    for (size_t i = 0; i < files_.size(); ++i) {
+      if (!files.count(files_[i])) continue;
+      const SafetensorsFile& f = open(i);
+      std::vector<Segment>& pieces = read_[i];
+      std::sort(pieces.begin(), pieces.end(), [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
+      // The pieces in file order, and what lies between them (the header; rows this rank did not own).
+      uint32_t crc = 0;
+      uint64_t at = 0;
+      auto gap = [&](uint64_t end) {
+        crc = crc32c(f.mapped() + at, end - at, crc);
+        f.release(f.mapped() + at, end - at);
+        at = end;
+      };
+      bool overlap = false;
+      for (const Segment& s : pieces) {
+        if (s.offset < at) {
+          overlap = true;  // a piece read twice: the whole file again, simply
+          break;
+        }
+        gap(s.offset);
+        crc = crc32c_join(crc, s.crc, s.length);
+        at = s.offset + s.length;
+      }
+      if (overlap) {
+        crc = 0;
+        at = 0;
+      }
+      gap(f.size());
+      check_recorded_crc(dir, files_[i], crc);
+    }
+  }
+
   // Straight from the mapped file into `out` (the parameter's or the optimizer state's rows): one
-  // copy, converting the dtype on the way, and the mapped pages dropped once read.
+  // copy, converting the dtype on the way, and the mapped pages dropped once read. With checksums,
+  // host rows go in blocks of about 1 MiB and each block's checksum is taken while it is in cache.
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
     for (const Piece& p : e.pieces) {
       const int64_t lo = std::max(r0, p.r0), hi = std::min(r1, p.r1);
       if (lo >= hi) continue;
       const SafetensorsFile& f = open(p.file);
-      const TensorInfo* t = f.header().find(name);
+      const TensorInfo* t = &piece_info(f, name, p);
       const bool block = p.c1 > p.c0;
-      FSDP_CHECK(t != nullptr && f.header().data_start + t->begin == p.byte0 &&
-                     (t->shape.empty() ? 1 : t->shape[0]) == p.r1 - p.r0 &&
-                     (!block || (t->shape.size() >= 2 && t->shape[1] == p.c1 - p.c0)),
-                 "[ckpt] ", f.path(), " does not hold rows [", p.r0, ", ", p.r1, ") of ", name,
-                 " where index.json says; the checkpoint is corrupt");
       at::Tensor dest = out.narrow(0, lo - r0, hi - lo);
       if (block) dest = dest.narrow(1, p.c0, p.c1 - p.c0);
-      const uint8_t* begin = f.data(*t) + (lo - p.r0) * row_bytes(*t);
-      const size_t bytes = static_cast<size_t>((hi - lo) * row_bytes(*t));
-      dest.copy_(mapped_rows(f, *t, lo - p.r0, hi - p.r0));
+      const int64_t rb = row_bytes(*t);
+      const uint8_t* begin = f.data(*t) + (lo - p.r0) * rb;
+      const size_t bytes = static_cast<size_t>((hi - lo) * rb);
+      if (!checksums_) {
+        dest.copy_(mapped_rows(f, *t, lo - p.r0, hi - p.r0));
+      } else {
+        const int64_t block = dest.device().is_cpu() ? std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(rb, 1))
+                                                     : hi - lo;  // a device copy: one per piece
+        uint32_t crc = 0;
+        for (int64_t r = lo; r < hi; r += block) {
+          const int64_t k = std::min(block, hi - r);
+          dest.narrow(0, r - lo, k).copy_(mapped_rows(f, *t, r - p.r0, r - p.r0 + k));
+          crc = crc32c(f.data(*t) + (r - p.r0) * rb, static_cast<size_t>(k * rb), crc);
+        }
+        read_[p.file].push_back({static_cast<uint64_t>(begin - f.mapped()), bytes, crc});
+      }
       f.release(begin, bytes);
     }
   }
@@ -128,6 +191,16 @@ class ShardedSource final : public Source {
     StoredInfo info;
     std::vector<Piece> pieces;
   };
+  const TensorInfo& piece_info(const SafetensorsFile& f, const std::string& name, const Piece& p) const {
+    const TensorInfo* t = f.header().find(name);
+    const bool block = p.c1 > p.c0;
+    FSDP_CHECK(t != nullptr && f.header().data_start + t->begin == p.byte0 &&
+                   (t->shape.empty() ? 1 : t->shape[0]) == p.r1 - p.r0 &&
+                   (!block || (t->shape.size() >= 2 && t->shape[1] == p.c1 - p.c0)),
+               "[ckpt] ", f.path(), " does not hold rows [", p.r0, ", ", p.r1, ") of ", name,
+               " where index.json says; the checkpoint is corrupt");
+    return *t;
+  }
   const SafetensorsFile& open(size_t file) {
     auto& f = open_[file];
     if (!f) f = std::make_unique<SafetensorsFile>(path_in(dir_, files_[file]));
@@ -137,6 +210,13 @@ class ShardedSource final : public Source {
   std::vector<std::string> files_;
   std::map<std::string, Entry> entries_;
   std::map<size_t, std::unique_ptr<SafetensorsFile>> open_;
+  // With checksums: the byte ranges read from each file and their CRC-32C.
+  struct Segment {
+    uint64_t offset = 0, length = 0;
+    uint32_t crc = 0;
+  };
+  bool checksums_ = false;
+  std::map<size_t, std::vector<Segment>> read_;
 };
 
 // FULL_STATE_DICT (and any Hugging Face folder): whole tensors in the model files, and the AdamW

@@ -47,6 +47,22 @@ class Source {
   }
   // The files rows [r0, r1) of `name` are read from.
   virtual void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const = 0;
+  // Checksums while reading: from now on every read also takes the CRC-32C of the bytes it copies,
+  // so a file's checksum needs no second pass over it; first every one of `files` (names in the
+  // checkpoint folder `dir`) is opened and its header checked (InputError naming it). False, and
+  // nothing done, where the source cannot.
+  virtual bool checksum_while_reading(const std::string& dir, const std::set<std::string>& files) {
+    (void)dir;
+    (void)files;
+    return false;
+  }
+  // After the reads: each of `files` (names in the checkpoint folder `dir`), its checksum assembled
+  // from the pieces read and the bytes between them, against manifest.json. Throws InputError naming
+  // the first file that differs.
+  virtual void verify_read(const std::string& dir, const std::set<std::string>& files) {
+    (void)dir;
+    (void)files;
+  }
 
  protected:
   std::map<std::string, StoredInfo> infos_;

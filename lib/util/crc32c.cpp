@@ -101,11 +101,11 @@ uint32_t x_to_8n(uint64_t n) {
   return result;
 }
 
-uint32_t crc_join(uint32_t first, uint32_t second, uint64_t second_len) {
+}  // namespace
+
+uint32_t crc32c_join(uint32_t first, uint32_t second, uint64_t second_len) {
   return multiply_mod_p(x_to_8n(second_len), first) ^ second;
 }
-
-}  // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   const auto* p = static_cast<const uint8_t*>(data);
@@ -115,9 +115,9 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
     const size_t len = n / 24 * 8;
     uint32_t parts[3];
     crc_hardware3(p, len, parts);
-    crc = crc_join(crc, parts[0], len);
-    crc = crc_join(crc, parts[1], len);
-    crc = crc_join(crc, parts[2], len);
+    crc = crc32c_join(crc, parts[0], len);
+    crc = crc32c_join(crc, parts[1], len);
+    crc = crc32c_join(crc, parts[2], len);
     p += 3 * len;
     n -= 3 * len;
   }

@@ -10,9 +10,10 @@ Per case (model config, world size, SHARDED_STATE_DICT and FULL_STATE_DICT), on 
   3. the checkpoint folder's bytes (every file in it), then
      `dd if=/dev/zero of=<checkpoint.dir>/dd.bin bs=16M count=ceil(bytes/16M) conv=fsync` and
      `dd if=<that file> of=/dev/null bs=16M`.
-The reads come right after the writes, for both: fsdptrain's load and dd's read each read what
-their write just left in the page cache (no cache is dropped; that needs root), so the read
-columns compare memory-bound reads, not the disk. SHARDED saves write one file per rank at once;
+Both reads come from the disk: before fsdptrain's load and before dd's read the files' pages are
+dropped from the page cache (posix_fadvise DONTNEED after a sync; no root needed). With --warm they
+are not, and both read what their write left in the page cache (memory-bound reads, not the disk's;
+and unequal once training's own memory pushed a checkpoint out of the cache). SHARDED saves write one file per rank at once;
 FULL saves are written by rank 0 alone; dd is one writer. GB is 1e9 bytes.
 
 Prints a markdown table and, with --json PATH, writes the numbers there.
@@ -100,6 +101,19 @@ def dd(src, dst, extra):
     return int(m.group(1)), float(m.group(2))
 
 
+def evict(path):
+    """Drops `path`'s pages (a file, or every file under a folder) from the page cache, so the next read
+    comes from the disk. Needs no root: posix_fadvise on clean pages (os.sync() first makes them clean)."""
+    os.sync()
+    files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def measure(args, model, world, kind, scratch, logs):
     tag = f"{os.path.basename(os.path.dirname(model))}-w{world}-{kind.split('_')[0].lower()}"
     ckpt = os.path.join(scratch, tag, "checkpoints")
@@ -111,6 +125,8 @@ def measure(args, model, world, kind, scratch, logs):
         raise RuntimeError(f"{tag}: no '[ckpt] saved' line:\n" + "\n".join(out.splitlines()[-15:]))
     folder = saved.group(1)
     size = folder_bytes(folder)
+    if not args.warm:
+        evict(folder)
     out, load_wall = launch(args, model, world, common | {"checkpoint.resume": "latest",
                                                           "train.output_dir": os.path.join(scratch, tag, "run-load")},
                             logs and os.path.join(logs, tag + "-load.log"))
@@ -119,6 +135,8 @@ def measure(args, model, world, kind, scratch, logs):
         raise RuntimeError(f"{tag}: no '[ckpt] loaded' line:\n" + "\n".join(out.splitlines()[-15:]))
     blob = os.path.join(ckpt, "dd.bin")
     w_bytes, w_s = dd("/dev/zero", blob, [f"count={math.ceil(size / BLOCK)}", "conv=fsync"])
+    if not args.warm:
+        evict(blob)
     r_bytes, r_s = dd(blob, "/dev/null", [])
     shutil.rmtree(os.path.join(scratch, tag))
     save_s, waited_s, load_s = float(saved.group(3)), float(saved.group(4)), float(loaded.group(3))
@@ -136,9 +154,11 @@ def ratio(a, b):
     return f"{a / b:.2f}" if a and b else "n/a"
 
 
-def table(results, scratch_fs):
+def table(results, scratch_fs, warm):
+    reads = ("Reads follow the writes, so both read from the page cache." if warm else
+             "Both reads come from the disk (the files' pages dropped from the page cache first).")
     rows = [f"fsdptrain checkpoints against dd on the same disk ({scratch_fs}); CPU, 1 training step, sequence 128, "
-            "micro batch 1. Reads follow the writes, so both read from the page cache. GB = 1e9 bytes.", "",
+            f"micro batch 1. {reads} GB = 1e9 bytes.", "",
             "| model | ranks | type | size GB | save s | save GB/s | dd write GB/s | save/dd | training waited s "
             "| load s | load GB/s | dd read GB/s | load/dd |",
             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -161,6 +181,7 @@ def main():
     ap.add_argument("--dir", default=tempfile.gettempdir(),
                     help="where the checkpoints and dd's file go (a scratch folder is made and removed inside)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--warm", action="store_true", help="read from the page cache (no eviction before the reads)")
     ap.add_argument("--logs", help="keep each launch's output in this folder")
     args = ap.parse_args()
     args.fsdptrain = os.path.abspath(args.fsdptrain)
@@ -183,7 +204,7 @@ def main():
                 except RuntimeError as e:
                     failed.append(str(e))
                     print(e, file=sys.stderr)
-        text = table(results, fs_name)
+        text = table(results, fs_name, args.warm)
         print(text)
         if args.json:
             with open(args.json, "w") as f:

@@ -267,6 +267,17 @@ TEST_CASE("damaged, incomplete and mismatched checkpoints are refused before any
     CHECK(bad.err.find("the file is corrupt") != std::string::npos);
     CHECK(bad.out.find("step 5/8") == std::string::npos);
   }
+  SUBCASE("a flipped byte among the weights, found as the rows are read (checksums in the same pass)") {
+    sh("size=$(stat -c %s " + shard + "); printf '\\x5a' | dd of=" + shard +
+       " bs=1 seek=$((size - 100)) conv=notrunc status=none");
+    const Result bad = resume(ck);
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find("shard-00001-of-00002.safetensors has CRC-32C") != std::string::npos);
+    CHECK(bad.err.find("the file is corrupt") != std::string::npos);
+    CHECK(bad.err.find("another rank refused the checkpoint") != std::string::npos);  // every rank stops
+    CHECK(bad.out.find("step 5/8") == std::string::npos);
+  }
   SUBCASE("a truncated file") {
     sh("truncate -s 4096 " + shard);
     const Result bad = resume(ck);
