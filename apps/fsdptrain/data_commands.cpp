@@ -32,7 +32,7 @@ class TokenizeCommand final : public Command {
         "tokenize", "Turn text and JSONL files into llm.c token shards with a model's tokenizer (for data.path)");
     app->add_option("--tokenizer", tokenizer_, "A Hugging Face model folder or its tokenizer.json")->required();
     app->add_option("--input", options_.inputs,
-                    "Text or .jsonl files (.gz and .zst too), or globs (repeatable; in order). JSONL of "
+                    "Text, .jsonl or .json files (.gz and .zst too), or globs (repeatable; in order). JSON of "
                     "prompt/completion or conversation records also writes loss masks")
         ->required()
         ->expected(1, -1);

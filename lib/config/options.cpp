@@ -567,8 +567,8 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::model, &ModelConfig::gradient_checkpointing),
       Row("data.path", V::kString)
           .def("")
-          .help("Training data: text files, .jsonl (documents, or prompt/completion records; .gz/.zst too), llm.c .bin "
-                "token shards, or a glob")
+          .help("Training data: text files, .jsonl or .json (documents, prompt/completion or conversation records; a "
+                ".json array too; .gz/.zst too), llm.c .bin token shards, or a glob")
           .extension()
           .to(&Config::data, &DataConfig::path),
       Row("data.field", V::kString)

@@ -29,8 +29,16 @@ std::string strip_compression(const std::string& path) {
 }  // namespace
 
 bool is_jsonl(const std::string& path) {
-  return ends_with(strip_compression(path), ".jsonl");
+  return ends_with(strip_compression(path), ".jsonl") || ends_with(strip_compression(path), ".json");
 }
+
+namespace {
+
+constexpr const char* kFormats =
+    "fsdptrain reads text files (any UTF-8 text: .txt, .md, source code), JSON Lines (.jsonl), JSON (.json: an "
+    "array of records, or JSON Lines), and llm.c token shards (.bin), each optionally compressed as .gz or .zst";
+
+}  // namespace
 
 // The bytes of a file: as they are, or decompressed (gzip, zstd) as they are read.
 struct DocumentReader::Stream {
@@ -137,6 +145,42 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
     stream_ = std::make_unique<ZstdStream>(fd, path);
   else
     stream_ = std::make_unique<PlainStream>(fd, path);
+  const std::string plain = strip_compression(path);
+  for (const char* ext : {".parquet", ".arrow", ".feather", ".csv", ".tsv", ".xlsx", ".pkl", ".pickle", ".pt", ".pth",
+                          ".npy", ".npz", ".safetensors", ".zip", ".tar", ".h5", ".hdf5"})
+    FSDP_CHECK(!ends_with(plain, ext), who, " ", path, " is a ", ext + 1,
+               " file, which would be read as plain text; ", kFormats,
+               ". Convert it first (datasets: load_dataset(...).to_json(\"data.jsonl\"))");
+  // The first 64 KiB (decompressed) tell a JSON array from JSON Lines, and text from a binary file.
+  buffer_.resize(size_t{1} << 16);
+  buffer_.resize(fill(buffer_.data(), buffer_.size()));
+  eof_ = buffer_.empty();
+  if (jsonl_ && ends_with(plain, ".json")) {
+    const size_t first = buffer_.find_first_not_of(" \t\r\n\xef\xbb\xbf");
+    array_ = first != std::string::npos && buffer_[first] == '[';
+  }
+  if (!jsonl_) check_text();
+}
+
+void DocumentReader::check_text() const {
+  const bool parquet = buffer_.compare(0, 4, "PAR1") == 0;
+  FSDP_CHECK(!parquet && buffer_.find('\0') == std::string::npos, who_, " ", path_, " is not text (",
+             parquet ? "a Parquet file, by its first bytes" : "it holds NUL bytes: a binary file", ") and would be "
+             "trained on as bytes; ", kFormats);
+}
+
+// The whole array at once (a .json array cannot be streamed line by line); each record becomes
+// the one-line JSON a JSONL file would hold, and its number in the array stands for the line.
+void DocumentReader::read_array() {
+  std::string chunk(size_t{1} << 20, '\0');
+  for (size_t n; (n = fill(chunk.data(), chunk.size())) > 0;) buffer_.append(chunk, 0, n);
+  const nlohmann::json all = parse_json(buffer_, str(who_, " ", path_));
+  FSDP_CHECK(all.is_array(), who_, " ", path_, ": a .json file starting with [ must be one array of records");
+  for (const nlohmann::json& record : all) records_.push_back(record.dump());
+  buffer_.clear();
+  buffer_.shrink_to_fit();
+  at_ = 0;
+  eof_ = true;
 }
 
 DocumentReader::~DocumentReader() = default;
@@ -219,14 +263,26 @@ std::vector<Document> DocumentReader::next(size_t max_bytes) {
     if (done_) return docs;
     done_ = true;
     Document d;
+    d.text = std::move(buffer_);  // the first 64 KiB, read when the file was opened
+    buffer_.clear();
     std::string chunk(size_t{1} << 20, '\0');
     for (size_t n; (n = fill(chunk.data(), chunk.size())) > 0;) d.text.append(chunk, 0, n);
     docs.push_back(std::move(d));
     return docs;
   }
+  if (array_ && !done_) {
+    done_ = true;
+    read_array();
+  }
   size_t bytes = 0;
   std::string line;
-  while (bytes < max_bytes && next_line(line)) {
+  auto next_record = [&](std::string& out) {
+    if (!array_) return next_line(out);
+    if (next_record_ >= records_.size()) return false;
+    out = std::move(records_[next_record_++]);
+    return true;
+  };
+  while (bytes < max_bytes && next_record(line)) {
     ++line_;
     if (trim(line).empty()) continue;
     Document d = parse(line);

@@ -4,7 +4,11 @@
 //             "completion"), or a conversation (TRL's conversational formats, chat/conversation.h:
 //             "messages", "conversations", or "prompt" and "completion" as message lists). A file's
 //             first record sets which; every other line must match.
-//   other     a text file: the whole file is one document.
+//   *.json    the same records as a JSON array (read whole), or JSON Lines under that name (what
+//             datasets' to_json writes), told apart by the first character;
+//   other     a text file: the whole file is one document. A file that is not text (a NUL byte or
+//             Parquet's magic in its first 64 KiB) or a table (.parquet, .arrow, .csv, ...) is refused
+//             by name with the formats fsdptrain reads, never trained on as text.
 // Any of them may be compressed: *.gz (zlib) or *.zst (zstd), streamed, never whole in memory
 // (a text file's one document is, necessarily).
 #pragma once
@@ -57,6 +61,11 @@ class DocumentReader {
   std::string buffer_;
   size_t at_ = 0;
   bool jsonl_ = false, done_ = false, eof_ = false;
+  bool array_ = false;               // a .json file holding one array of records
+  std::vector<std::string> records_;  // its records, each as one JSON line, once read
+  size_t next_record_ = 0;
+  void read_array();
+  void check_text() const;
   int kind_ = 0;  // 0: not seen yet, 1: `field` documents, 2: pairs
   std::vector<Document> peeked_;
   int64_t line_ = 0, bytes_ = 0;

@@ -194,7 +194,7 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
 
 DataPlan plan_data(const DataOptions& o) {
   FSDP_CHECK(!o.path.empty(),
-             "[data] data.path is not set; give a text file, a .jsonl file, llm.c .bin shards, or a glob");
+             "[data] data.path is not set; give a text file, a .jsonl or .json file, llm.c .bin shards, or a glob");
   const std::vector<std::string> files = glob_paths(o.path);
   DataPlan plan;
   plan.path = o.path;

@@ -83,6 +83,27 @@ TEST_CASE("text and JSONL go through the byte tokenizer, each document after an 
   CHECK(j == std::vector<int32_t>{kByteEndOfText, 'a', 'b', kByteEndOfText, 0xC3, 0xA9});
 }
 
+// A new user's first day: a .json array of the same records became "1 file, 1 document" of raw JSON,
+// and a .parquet file was read as text. A .json file is read by what it holds (an array, or JSON
+// Lines as datasets' to_json writes them), and what is not text is refused by name.
+TEST_CASE("a .json array or JSON Lines reads as its records; tables and binary files are refused by name") {
+  TempDir d;
+  const std::string records = "{\"text\": \"ab\"}\n{\"text\": \"\\u00e9\"}\n";
+  const auto jsonl = read_tokens(d.file("r.jsonl", records)).read_all();
+  CHECK(jsonl == std::vector<int32_t>{kByteEndOfText, 'a', 'b', kByteEndOfText, 0xC3, 0xA9});
+  CHECK(read_tokens(d.file("array.json", " [{\"text\": \"ab\"},\n {\"text\": \"\\u00e9\"}]\n")).read_all() == jsonl);
+  CHECK(read_tokens(d.file("lines.json", records)).read_all() == jsonl);
+  CHECK(error_of([&] { read_tokens(d.file("obj.json", "[1, 2")); }).find("obj.json") != std::string::npos);
+  const std::string table = error_of([&] { read_tokens(d.file("train.parquet", "PAR1....")); });
+  CHECK(table.find("train.parquet is a parquet file, which would be read as plain text") != std::string::npos);
+  CHECK(table.find("JSON Lines (.jsonl)") != std::string::npos);
+  CHECK(error_of([&] { read_tokens(d.file("data.txt", "PAR1\x15\x04")); }).find("a Parquet file, by its first bytes") !=
+        std::string::npos);
+  CHECK(error_of([&] { read_tokens(d.file("blob.dat", std::string("ab\0cd", 5))); }).find("holds NUL bytes") !=
+        std::string::npos);
+  CHECK(read_tokens(d.file("note.md", "hi")).read_all() == std::vector<int32_t>{kByteEndOfText, 'h', 'i'});
+}
+
 // Issue 19, cases 8 and 9: an id of 2^31 or more in a uint32 shard once became a negative int32
 // and failed deep in LibTorch ("index out of range in self"); a folder failed in the stream library.
 TEST_CASE("a uint32 id beyond int32, an id beyond the vocabulary and a folder are named with the file and position") {
