@@ -100,11 +100,16 @@ const std::pair<const char*, const char*> kKeyAliases[] = {
     {"model_name_or_path", "model.pretrained"},
     {"dataset", "data.path"},
     {"dataset_text_field", "data.field"},
+    // PEFT's LoraConfig names, under lora: ("lora.rank" only there: a rank elsewhere is another thing).
+    {"lora.rank", "lora.r"},
+    {"lora.lora_r", "lora.r"},
+    {"lora.lora_alpha", "lora.alpha"},
+    {"lora.lora_dropout", "lora.dropout"},
 };
 
 std::string suggest_key(const std::string& key, const std::string& section) {
   for (const auto& [alias, ours] : kKeyAliases)
-    if (key == alias && find_option(ours)) return ours;
+    if ((key == alias || section + "." + key == alias) && find_option(ours)) return ours;
   std::vector<std::string> candidates;
   for (const auto& o : all_options())
     if (o.section() == section) candidates.push_back(o.leaf());

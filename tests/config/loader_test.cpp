@@ -135,6 +135,16 @@ TEST_CASE("unknown keys are errors with the closest known key, at every level") 
   CHECK(l.diags.error_count() == 4);
 }
 
+// A new user's first day: PEFT's LoraConfig spellings under lora: got no hint (lora.rank is far from
+// lora.r by spelling).
+TEST_CASE("PEFT's LoRA key names point at ours") {
+  Loaded l = load_text(std::string(kFsdp2Base) + "lora:\n  rank: 8\n  lora_alpha: 16\n  lora_dropout: 0.1\n");
+  const std::string e = l.errors();
+  CHECK(e.find("lora.rank: unknown key (hint: did you mean lora.r?)") != std::string::npos);
+  CHECK(e.find("lora.lora_alpha: unknown key (hint: did you mean lora.alpha?)") != std::string::npos);
+  CHECK(e.find("lora.lora_dropout: unknown key (hint: did you mean lora.dropout?)") != std::string::npos);
+}
+
 TEST_CASE("unprefixed fsdp_config keys and the pre-1.0 prefetch alias are read as Accelerate's launcher reads them") {
   Loaded l = load_text(
       "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  sharding_strategy: SHARD_GRAD_OP\n"
