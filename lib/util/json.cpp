@@ -41,6 +41,12 @@ Json parse_bounded(std::string_view text, const std::string& where) {
     std::string why = e.what();
     const size_t at = why.find(" at ");
     throw InputError(str(where, ": not valid JSON:", at == std::string::npos ? " " + why : why.substr(at)));
+  } catch (const nlohmann::json::out_of_range& e) {
+    // "[json.exception.out_of_range.406] number overflow parsing '1e400'": where it is, not the library's code.
+    std::string why = e.what();
+    const size_t close = why.find("] ");
+    throw InputError(str(where, ": ", close == std::string::npos ? why : why.substr(close + 2),
+                         " (a number beyond double's range)"));
   }
 }
 

@@ -102,6 +102,10 @@ TEST_CASE("a .json array or JSON Lines reads as its records; tables and binary f
   CHECK(error_of([&] { read_tokens(d.file("blob.dat", std::string("ab\0cd", 5))); }).find("holds NUL bytes") !=
         std::string::npos);
   CHECK(read_tokens(d.file("note.md", "hi")).read_all() == std::vector<int32_t>{kByteEndOfText, 'h', 'i'});
+  // A number beyond double's range is named with its file and line, not as the JSON library's code.
+  const std::string big = error_of([&] { read_tokens(d.file("big.jsonl", "{\"text\": \"a\"}\n{\"x\": 1e400}\n")); });
+  CHECK(big.find("big.jsonl:2: number overflow parsing '1e400' (a number beyond double's range)") != std::string::npos);
+  CHECK(big.find("json.exception") == std::string::npos);
 }
 
 // Issue 19, cases 8 and 9: an id of 2^31 or more in a uint32 shard once became a negative int32
