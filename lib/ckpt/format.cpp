@@ -188,11 +188,18 @@ std::string latest_checkpoint(const std::string& dir, FileSystem& fs) {
   return all.empty() ? "" : all.back();
 }
 
+namespace {
+
+void check_crc(const std::string& file, const std::string& recorded, uint32_t crc) {
+  FSDP_CHECK(crc_hex(crc) == recorded, "[ckpt] ", file, " has CRC-32C ", crc_hex(crc), " but the manifest records ",
+             recorded, ": the file is corrupt. Resume from another checkpoint");
+}
+
+}  // namespace
+
 void check_recorded_crc(const std::string& path, const std::string& file, uint32_t crc) {
   const json m = parse_json_file(path_in(path, kManifest));
-  const std::string recorded = m.at("files").at(file).at("crc32c").get<std::string>();
-  FSDP_CHECK(crc_hex(crc) == recorded, "[ckpt] ", path_in(path, file), " has CRC-32C ", crc_hex(crc),
-             " but the manifest records ", recorded, ": the file is corrupt. Resume from another checkpoint");
+  check_crc(path_in(path, file), m.at("files").at(file).at("crc32c").get<std::string>(), crc);
 }
 
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& files, bool checksums) {
@@ -219,11 +226,7 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
     FSDP_CHECK(size >= 0, "[ckpt] ", file, " is missing; the checkpoint is incomplete. Resume from another one");
     FSDP_CHECK(size == expected, "[ckpt] ", file, " is ", size, " bytes but the manifest records ", expected,
                ": the file is truncated or was changed. Resume from another checkpoint");
-    if (!checksums) continue;
-    const std::string crc = crc_hex(crc32c_of_file(file));
-    FSDP_CHECK(crc == entry.at("crc32c").get<std::string>(), "[ckpt] ", file, " has CRC-32C ", crc,
-               " but the manifest records ", entry.at("crc32c").get<std::string>(),
-               ": the file is corrupt. Resume from another checkpoint");
+    if (checksums) check_crc(file, entry.at("crc32c").get<std::string>(), crc32c_of_file(file));
   }
 }
 

@@ -128,19 +128,15 @@ class ShardedSource final : public Source {
         f.release(f.mapped() + at, end - at);
         at = end;
       };
-      bool overlap = false;
       for (const Segment& s : pieces) {
-        if (s.offset < at) {
-          overlap = true;  // a piece read twice: the whole file again, simply
+        if (s.offset < at) {  // a piece read twice: the whole file again, simply
+          crc = 0;
+          at = 0;
           break;
         }
         gap(s.offset);
         crc = crc32c_join(crc, s.crc, s.length);
         at = s.offset + s.length;
-      }
-      if (overlap) {
-        crc = 0;
-        at = 0;
       }
       gap(f.size());
       check_recorded_crc(dir, files_[i], crc);
@@ -163,19 +159,17 @@ class ShardedSource final : public Source {
       const int64_t rb = row_bytes(*t);
       const uint8_t* begin = f.data(*t) + (lo - p.r0) * rb;
       const size_t bytes = static_cast<size_t>((hi - lo) * rb);
-      if (!checksums_) {
-        dest.copy_(mapped_rows(f, *t, lo - p.r0, hi - p.r0));
-      } else {
-        const int64_t block = dest.device().is_cpu() ? std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(rb, 1))
-                                                     : hi - lo;  // a device copy: one per piece
-        uint32_t crc = 0;
-        for (int64_t r = lo; r < hi; r += block) {
-          const int64_t k = std::min(block, hi - r);
-          dest.narrow(0, r - lo, k).copy_(mapped_rows(f, *t, r - p.r0, r - p.r0 + k));
-          crc = crc32c(f.data(*t) + (r - p.r0) * rb, static_cast<size_t>(k * rb), crc);
-        }
-        read_[p.file].push_back({static_cast<uint64_t>(begin - f.mapped()), bytes, crc});
+      // One copy a piece, or with checksums on the host, 1 MiB blocks (a device copy: one a piece).
+      const int64_t rows_per_copy = checksums_ && dest.device().is_cpu()
+                                ? std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(rb, 1))
+                                : hi - lo;
+      uint32_t crc = 0;
+      for (int64_t r = lo; r < hi; r += rows_per_copy) {
+        const int64_t k = std::min(rows_per_copy, hi - r);
+        dest.narrow(0, r - lo, k).copy_(mapped_rows(f, *t, r - p.r0, r - p.r0 + k));
+        if (checksums_) crc = crc32c(f.data(*t) + (r - p.r0) * rb, static_cast<size_t>(k * rb), crc);
       }
+      if (checksums_) read_[p.file].push_back({static_cast<uint64_t>(begin - f.mapped()), bytes, crc});
       f.release(begin, bytes);
     }
   }

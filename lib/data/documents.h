@@ -71,7 +71,7 @@ class DocumentReader {
   int64_t line_ = 0, bytes_ = 0;
 };
 
-// Whether `path` names a JSONL file, compressed or not.
-bool is_jsonl(const std::string& path);
+// Whether `path` names a file of JSON records (.jsonl, or .json: an array or JSON Lines), compressed or not.
+bool holds_records(const std::string& path);
 
 }  // namespace fsdp::data
