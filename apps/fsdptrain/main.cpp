@@ -83,7 +83,10 @@ int run(int argc, char** argv) {
   table.push_back({"config", cli::make_validate_command()});
   table.push_back({"config", cli::make_update_command()});
   table.push_back({"config", cli::make_keys_command()});
-  table.push_back({"", cli::make_launch_command(cli::take_program_after_dashes(args))});
+  std::vector<std::string> program = cli::take_program_after_dashes(args);
+  std::vector<std::string> typed{argv[0]};  // the command line as typed, up to any `--`
+  typed.insert(typed.end(), args.begin(), args.end());
+  table.push_back({"", cli::make_launch_command(std::move(program), std::move(typed))});
   table.push_back({"", cli::make_worker_command()});
   table.push_back({"", cli::make_estimate_memory_command()});
   table.push_back({"", cli::make_merge_weights_command()});

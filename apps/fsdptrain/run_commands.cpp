@@ -15,6 +15,7 @@
 #include "launch/launcher.h"
 #include "train/estimate_memory.h"
 #include "train/plot.h"
+#include "train/stop_signals.h"
 #include "train/trainer.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -122,12 +123,13 @@ void check_flag_known(const CLI::App& app, const std::string& word) {
 
 class LaunchCommand final : public ConfigCommand {
  public:
-  explicit LaunchCommand(std::vector<std::string> program)
+  LaunchCommand(std::vector<std::string> program, std::vector<std::string> typed)
       : ConfigCommand("launch",
                       "Start and supervise the workers of this machine: with no program, the built-in trainer on the "
                       "config's model and data; or `fsdptrain launch [flags] -- PROGRAM ARGS...` (or SCRIPT.py "
                       "ARGS..., run with python3); or --check"),
-        program_(std::move(program)) {
+        program_(std::move(program)),
+        typed_(std::move(typed)) {
     args_.with_scheduler = true;
   }
   void add_flags(CLI::App* app) override {
@@ -178,6 +180,9 @@ class LaunchCommand final : public ConfigCommand {
         train::prepare_training_data(rc, std::cerr, ::isatty(STDERR_FILENO) != 0);
       }
       options_.command = {self_executable(), "worker", "--train"};
+      // Stopped by a signal, it saves a checkpoint; the same command with resume: latest goes on.
+      options_.saves_on_signal = !rc.typed.checkpoint.dir.empty();
+      options_.resume_command = resume_command(rc);
     }
     if (!options_.command.empty() && ends_with(options_.command.front(), ".py")) warn_if_python_lacks_torch();
     if (built_in) {
@@ -192,7 +197,16 @@ class LaunchCommand final : public ConfigCommand {
   launch::LaunchOptions options_;
   bool check_ = false, verbose_ = false;
   double grace_s_ = 5;
-  std::vector<std::string> program_, check_sizes_;
+  std::vector<std::string> program_, typed_, check_sizes_;
+
+  // This launch's command line, continuing from the newest checkpoint.
+  std::string resume_command(const config::ResolvedConfig& rc) const {
+    std::vector<std::string> words = typed_;
+    if (rc.typed.checkpoint.resume != "latest") words.insert(words.end(), {"--set", "checkpoint.resume=latest"});
+    std::vector<std::string> quoted;
+    for (const std::string& w : words) quoted.push_back(shell_quote(w));
+    return join(quoted, " ");
+  }
 
   void check_no_unknown_option(const std::vector<std::string>& before_program) const {
     if (!before_program.empty()) check_flag_known(*app_, before_program.front());
@@ -212,12 +226,10 @@ class WorkerCommand final : public ConfigCommand {
   }
   int run() override {
     FSDP_CHECK(check_ || train_, "fsdptrain worker: nothing to do (it is started by `fsdptrain launch`)");
+    if (train_) train::StopSignals::take_over_process();  // before any thread starts
     const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
     const dist::WorkerContext context = dist::worker_context(rc.typed.launch.use_cpu);
-    if (train_) {
-      train::run_training(context, rc, std::cout);
-      return 0;
-    }
+    if (train_) return train::run_training(context, rc, std::cout).stopped ? static_cast<int>(ExitCode::kStopped) : 0;
     dist::GroupOptions group_options;
     group_options.backend = context.backend;
     group_options.context = context;
@@ -352,8 +364,8 @@ std::vector<std::string> take_program_after_dashes(std::vector<std::string>& arg
   return program;  // nothing after `--`: the built-in trainer, as with no `--` (scripts pass an empty COMMAND)
 }
 
-std::unique_ptr<Command> make_launch_command(std::vector<std::string> program) {
-  return std::make_unique<LaunchCommand>(std::move(program));
+std::unique_ptr<Command> make_launch_command(std::vector<std::string> program, std::vector<std::string> typed) {
+  return std::make_unique<LaunchCommand>(std::move(program), std::move(typed));
 }
 std::unique_ptr<Command> make_worker_command() {
   return std::make_unique<WorkerCommand>();

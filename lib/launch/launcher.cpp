@@ -23,7 +23,7 @@ namespace fsdp::launch {
 
 namespace {
 
-// SIGINT/SIGTERM/SIGHUP to the launcher arrive here and are handled in the main loop.
+// SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the launcher arrive here and are handled in the main loop.
 int g_signal_pipe[2] = {-1, -1};
 
 void on_signal(int sig) {
@@ -33,6 +33,12 @@ void on_signal(int sig) {
   errno = saved;
 }
 
+constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+
+std::string signal_text(int sig) {
+  return sigabbrev_np(sig) ? str("SIG", sigabbrev_np(sig)) : str("signal ", sig);
+}
+
 class SignalCatcher {
  public:
   SignalCatcher() {
@@ -40,10 +46,10 @@ class SignalCatcher {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, &old_[sig]);
+    for (int sig : kCaught) ::sigaction(sig, &sa, &old_[sig]);
   }
   ~SignalCatcher() {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &old_[sig], nullptr);
+    for (int sig : kCaught) ::sigaction(sig, &old_[sig], nullptr);
     ::close(g_signal_pipe[0]);
     ::close(g_signal_pipe[1]);
   }
@@ -142,23 +148,43 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
   const TempDir errors("fsdptrain-errors");  // the workers' error files (dist/error_file.h)
 
   const auto interval = std::max(ms(l.monitor_interval), std::chrono::milliseconds(1));
+  int stopping = 0;  // the signal the workers were asked to stop on (options.saves_on_signal)
   for (int attempt = 0;; ++attempt) {
     const std::string error_dir = str(errors.path(), "/attempt", attempt);
     make_directories(error_dir);
     WorkerGroup group(plan_workers(rc, topology, options.command, attempt), options.log_dir, attempt, error_dir);
-    int received = 0;
+    int received = 0;  // a signal that ends the workers now
     std::optional<std::pair<int, std::string>> remote;
     while (!group.all_exited()) {
       group.poll(interval, signals.fd());
-      if ((received = signals.take())) break;
+      if (const int sig = signals.take()) {
+        // The built-in trainer saves and stops on its first signal; any program gets SIGUSR1 (SLURM's
+        // warning before a time limit) and keeps running. Anything else, or a second signal: now.
+        if (stopping || (!options.saves_on_signal && sig != SIGUSR1)) {
+          received = sig;
+          break;
+        }
+        if (options.saves_on_signal) stopping = sig;
+        group.signal_all(sig == SIGHUP ? SIGTERM : sig);  // the trainer takes a closed terminal as SIGTERM
+        if (stopping)
+          log_warn(str("[launch] received ", signal_text(sig),
+                       ": the workers finish their step, save a checkpoint and stop; ",
+                       sig == SIGINT ? "press Ctrl-C again" : "signal again", " to stop them at once (losing ",
+                       "the steps since the last checkpoint)"));
+        else
+          log_info(str("[launch] received SIGUSR1; passed on to the workers"));
+      }
       if (group.first_failure()) break;
       if ((remote = rdzv.failure(attempt))) break;
     }
     if (received) {
-      // Forward the signal, then SIGKILL whatever is left after the grace period.
-      log_warn(str("[launch] received ", sigabbrev_np(received) ? str("SIG", sigabbrev_np(received)) : "a signal",
-                   "; stopping the workers"));
-      group.stop(options.grace, received);
+      // Forward the signal, then SIGKILL whatever is left after the grace period (at once when asked twice).
+      log_warn(str("[launch] received ", signal_text(received), stopping ? " again; killing" : "; stopping",
+                   " the workers"));
+      if (stopping)
+        group.stop(std::chrono::milliseconds(0), SIGKILL);
+      else
+        group.stop(options.grace, received);
       rdzv.report_failure(attempt, 128 + received,
                           str("machine ", topology.machine_rank, "'s launcher was interrupted"));
       std::cerr << "[launch] workers stopped (attempt " << attempt << "):\n" << group.exit_table();
@@ -175,6 +201,12 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
         if (!rdzv.wait_until_all_done(attempt, ms(l.rdzv_timeout)))
           log_warn("[launch] not every machine reported its end; machine 0 closes the rendezvous anyway");
         failed = rdzv.failure(attempt);
+      }
+      if (!failed && group.any_stopped()) {
+        if (!options.resume_command.empty())
+          std::cerr << "[launch] the run stopped early with its work saved; continue it with:\n  "
+                    << options.resume_command << "\n";
+        return static_cast<int>(ExitCode::kStopped);
       }
       if (!failed) return 0;
       std::cerr << "[launch] this machine's workers succeeded, but " << failed->second << "\n";
@@ -199,6 +231,7 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
     }
     std::cerr << "[launch] " << what << "; the other workers were stopped (attempt " << attempt << "):\n"
               << group.exit_table();
+    if (stopping) return code;  // asked to stop: never restarted
     if (attempt >= l.max_restarts) {
       if (l.max_restarts > 0) std::cerr << "[launch] no restarts left (--max_restarts " << l.max_restarts << ")\n";
       return code;

@@ -19,6 +19,11 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{std::chrono::seconds(5)};  // SIGTERM -> SIGKILL
   int visible_gpus = 0;                                      // this machine's GPUs (0: none, or unknown)
   bool oversubscribe = false;                                // a CPU run: start more than 4 local workers per core
+  // The workers (the built-in trainer) save and stop on SIGINT, SIGTERM and SIGUSR1: the launcher
+  // passes its first such signal on and waits (SIGHUP as SIGTERM); a second kills them at once.
+  // Otherwise SIGINT, SIGTERM and SIGHUP stop them after `grace`, and SIGUSR1 is passed on.
+  bool saves_on_signal = false;
+  std::string resume_command;  // printed when the workers stopped with ExitCode::kStopped
 };
 
 // Throws InputError, before anything starts, when this machine is asked for more workers than it
@@ -27,8 +32,9 @@ struct LaunchOptions {
 void check_capacity(int local_workers, int num_machines, bool use_cpu, const LaunchOptions& options, int cores);
 
 // Runs the whole launch and returns the process exit code: 0 when every worker of every machine
-// exited 0; else the first failing rank's exit code (128 + signal when it was killed); 128 +
-// signal when the launcher itself was interrupted. Throws fsdp::Error for problems before any
+// exited 0; ExitCode::kStopped when they stopped early on a signal with their work saved; else the
+// first failing rank's exit code (128 + signal when it was killed); 128 + signal when the launcher
+// itself was interrupted (twice, with saves_on_signal). A run asked to stop is never restarted. Throws fsdp::Error for problems before any
 // worker starts (rendezvous, ports, check_capacity). With dry_run, prints each local rank's environment and
 // command to `out` and starts nothing.
 int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, std::ostream& out);

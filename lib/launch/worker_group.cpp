@@ -67,10 +67,16 @@ std::vector<char*> c_strings(std::vector<std::string>& items) {
 
 }  // namespace
 
+bool WorkerStatus::succeeded() const {
+  return !running && exited && (code == 0 || code == static_cast<int>(ExitCode::kStopped));
+}
+
 std::string WorkerStatus::describe() const {
   if (running) return "running";
+  if (exited && code == static_cast<int>(ExitCode::kStopped)) return str("stopped, its work saved (exit ", code, ")");
   std::string s = exited ? str("exit ", code) : signal_name(signal);
-  if (stopped_by_launcher) s += " (stopped by the launcher)";
+  // Only a signal is the launcher's doing: a worker that exited with a code of its own ended by itself.
+  if (stopped_by_launcher && !exited) s += " (stopped by the launcher)";
   return s;
 }
 
@@ -272,8 +278,14 @@ bool WorkerGroup::all_exited() const {
 
 bool WorkerGroup::all_succeeded() const {
   for (const auto& st : status_)
-    if (st.running || !st.exited || st.code != 0) return false;
+    if (!st.succeeded()) return false;
   return true;
+}
+
+bool WorkerGroup::any_stopped() const {
+  for (const auto& st : status_)
+    if (!st.running && st.exited && st.code == static_cast<int>(ExitCode::kStopped)) return true;
+  return false;
 }
 
 const WorkerStatus* WorkerGroup::first_failure() const {

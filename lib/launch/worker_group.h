@@ -33,8 +33,10 @@ struct WorkerStatus {
   int64_t ended_unix_ns = 0;  // the same moment on the clock error files use
   std::string error_file;     // where it records why it failed (dist/error_file.h); "" when none
 
-  bool failed() const { return !running && !(exited && code == 0) && !stopped_by_launcher; }
-  // "exit 0", "exit 3", "SIGKILL", "SIGTERM (stopped by the launcher)"
+  // Exit 0, or ExitCode::kStopped: the built-in trainer stopped on a signal with its work saved.
+  bool succeeded() const;
+  bool failed() const { return !running && !succeeded() && !stopped_by_launcher; }
+  // "exit 0", "exit 3", "SIGKILL", "SIGTERM (stopped by the launcher)", "stopped, its work saved (exit 75)"
   std::string describe() const;
   // The launcher's exit code for this worker's failure: its exit code, or 128 + signal.
   int exit_code() const { return exited ? code : 128 + signal; }
@@ -55,7 +57,8 @@ class WorkerGroup {
   void poll(std::chrono::milliseconds timeout, int wake_fd = -1);
 
   bool all_exited() const;
-  bool all_succeeded() const;
+  bool all_succeeded() const;  // each WorkerStatus::succeeded
+  bool any_stopped() const;    // some worker exited with ExitCode::kStopped
   const WorkerStatus* first_failure() const;  // the earliest to exit with a failure, or nullptr
   // The root cause, once the workers have exited: the worker that recorded the earliest error
   // (even one the launcher stopped while it was tearing down), else first_failure(); its message

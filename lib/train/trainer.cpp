@@ -24,6 +24,7 @@
 #include "train/estimate_memory.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
+#include "train/stop_signals.h"
 #include "train/tensorboard.h"
 #include "train/training_run.h"
 #include "util/clock.h"
@@ -140,13 +141,14 @@ class RunReport {
     }
   }
 
+  int64_t last_step() const { return summary_.steps; }
+
   TrainSummary finish() {
     if (run_.step_pending()) after_step(run_.finish_step());
     run_.wait_for_checkpoint();
     const int64_t trained = summary_.steps - summary_.resumed_from;
     if (trained == 0) summary_.eval_loss = run_.evaluate();  // nothing trained: the loaded model's
-    summary_.seconds = seconds_since(start_);
-    summary_.tokens_per_s = trained > 0 ? run_.tokens_per_step() * trained / summary_.seconds : 0;
+    time_summary();
     char line[256];
     std::snprintf(line, sizeof(line), "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; %s; %.0f tokens/s\n",
                   static_cast<long long>(trained), summary_.seconds, summary_.first_loss, summary_.last_loss,
@@ -158,7 +160,33 @@ class RunReport {
     return summary_;
   }
 
+  // After the step that read a stop request (StopSignals), before the last: saves a checkpoint of
+  // this step, unless one was just saved, and says where it is. `sig`: this rank's signal (0 when
+  // another rank's was).
+  TrainSummary stop(int sig) {
+    const int64_t step = summary_.steps;
+    const std::string why = sig ? StopSignals::name(sig) : std::string("another machine's stop request");
+    run_.say(str("[train] ", why, ": saving a checkpoint of step ", step, " of ", run_.steps(), " and stopping\n"));
+    std::optional<double> eval_loss;  // keep_best compares the held-out loss of every save
+    if (config_.checkpoint.keep_best && step != last_saved_) eval_loss = run_.evaluate();
+    save(step, eval_loss);
+    run_.wait_for_checkpoint();
+    time_summary();
+    summary_.stopped = true;
+    stopped_by_ = sig ? StopSignals::name(sig) : "a signal to another machine";
+    run_.say(str("[train] stopped at step ", step, " of ", run_.steps(), " (", why, "); its checkpoint: ",
+                 last_checkpoint_, "\n"));
+    if (run_.context().is_main()) write_run_summary();
+    return summary_;
+  }
+
  private:
+  void time_summary() {
+    const int64_t trained = summary_.steps - summary_.resumed_from;
+    summary_.seconds = seconds_since(start_);
+    summary_.tokens_per_s = trained > 0 ? run_.tokens_per_step() * trained / summary_.seconds : 0;
+  }
+
   // Every `interval` steps (0: never), and at the last step.
   bool due(int64_t step, int64_t interval) const {
     return (interval > 0 && step % interval == 0) || step == run_.steps();
@@ -209,6 +237,7 @@ class RunReport {
     const double per_device = summary_.tokens_per_s / ctx.world_size;
     const nlohmann::json doc = {
         {"finished", summary_.steps >= run_.steps()},
+        {"stopped_by", stopped_by_.empty() ? nlohmann::json(nullptr) : nlohmann::json(stopped_by_)},
         {"versions", version_line()},
         {"world_size", ctx.world_size},
         {"device", ctx.device.is_cuda() ? cuda_device_name(ctx.gpu) : std::string("cpu")},
@@ -310,6 +339,7 @@ class RunReport {
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t last_saved_ = -1;
   std::string last_checkpoint_, last_export_;
+  std::string stopped_by_;  // the signal that stopped the run early ("" when it was not)
   double best_loss_ = std::numeric_limits<double>::infinity();
   double best_eval_loss_ = std::numeric_limits<double>::infinity();
   TrainSummary summary_;
@@ -347,16 +377,37 @@ void check_run_folder(const config::Config& config) {  // see check_run_folder_f
   const std::string path = run_summary_path(config);
   if (!config.checkpoint.resume.empty() || !file_exists(path)) return;
   std::string what = "an earlier run";
+  bool finished = false;
+  const std::string& dir = config.checkpoint.dir;
+  const std::optional<std::string> holder = dir.empty() ? std::nullopt : ckpt::lock_holder(dir);
   if (const std::optional<nlohmann::json> j = try_read_json_file(path); j && j->is_object()) {
     const nlohmann::json& r = *j;
+    finished = r.value("finished", false);
     const int64_t steps = r.value("steps", r.value("resumed_from", int64_t{0}));
-    what = r.value("finished", false) ? str("a finished run (", steps, " steps)")
-                                      : str("an unfinished run (stopped after step ", steps, ", or still running)");
+    const std::string by = r.contains("stopped_by") && r["stopped_by"].is_string()
+                               ? str(" on ", r["stopped_by"].get<std::string>())
+                               : std::string();
+    if (finished)
+      what = str("a finished run (", steps, " steps)");
+    else if (holder)
+      what = str("a run that is still going (its checkpoint.dir is held by ", *holder, ")");
+    else
+      what = r.contains("stopped_by") ? str("a run that stopped at step ", steps, by)
+                                      : str("a run that ended before its last step");
   }
-  throw InputError(str("[train] train.output_dir ", config.train.output_dir, " holds ", what, " (", path,
-                       "); a new run there would mix its outputs with it. Continue it with checkpoint.resume: latest",
-                       " (raising train.steps if it finished), or start over in another train.output_dir (--set "
-                       "train.output_dir=...) or after deleting that folder"));
+  std::string saved;  // what a resume would continue from
+  if (!holder && !finished && !dir.empty()) {
+    const std::string latest = ckpt::latest_checkpoint(dir);
+    saved = latest.empty() ? str("; it saved no checkpoint in ", dir) : str("; its newest checkpoint: ", latest);
+  }
+  throw InputError(str("[train] train.output_dir ", config.train.output_dir, " holds ", what, " (", path, ")", saved,
+                       ". A new run there would mix its outputs with it. ",
+                       holder ? "Wait for it to end, or stop it (Ctrl-C in its terminal saves and stops it); then c"
+                              : "C",
+                       "ontinue it with the same command and --set checkpoint.resume=latest",
+                       finished ? " (raising train.steps)" : "",
+                       ", or start over in another train.output_dir (--set train.output_dir=...) or after deleting "
+                       "that folder"));
 }
 
 // A model of the same family and switches with every size as small as it goes and `layers` decoder
@@ -489,6 +540,8 @@ void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream&
   options.interrupted = [] { return g_interrupted != 0; };
   const data::DataPlan plan = data::prepare_data(options, live ? &log : nullptr);
   if (!plan.note.empty()) log << plan.note << "\n";
+  // A signal that came while nothing was tokenized still means stop: it must not be lost.
+  if (g_interrupted) throw Error("[train] interrupted before the workers started; nothing was trained");
   data::check_prompt_fits(plan.longest_prompt, plan.longest_prompt_at, resolved.typed.train.sequence_length);
 }
 
@@ -519,16 +572,28 @@ TrainSummary run_training(const dist::WorkerContext& context, const config::Reso
     }
     RunReport report(run, first_step);
     StepProfiler profiler(run.config().logging, run.steps(), context.rank, context.device);
-    for (int64_t step = first_step; step <= run.steps(); ++step) {
+    // Without checkpoints a signal ends the run as it always does: there is nothing to save.
+    std::optional<StopSignals> signals;
+    if (run.checkpointing()) signals.emplace();
+    bool stop = false;  // a rank was signalled: every rank reads it in the same step's numbers
+    for (int64_t step = first_step; step <= run.steps() && !stop; ++step) {
       profiler.before_step(step);
       // Queues micro-batches, loss, backward, clip, AdamW; returns the step before, read meanwhile.
-      if (std::optional<StepResult> before = run.train_step(step)) report.after_step(*before);
-      // Metrics, checkpoint, export, held-out loss: these read the step at once.
-      if (report.wants_now(step)) report.after_step(run.finish_step());
+      if (std::optional<StepResult> before = run.train_step(step, signals && StopSignals::received())) {
+        report.after_step(*before);
+        stop = before->stop;
+      }
+      // Metrics, checkpoint, export, held-out loss: these read the step at once; so does a stop.
+      if (stop || report.wants_now(step)) {
+        const StepResult now = run.finish_step();
+        report.after_step(now);
+        stop = stop || now.stop;
+      }
       if (const std::string trace = profiler.after_step(step); !trace.empty())
         run.say(str("[train] profiled steps ", profiler.window().first, "-", step, ": ", trace,
                     " (each rank wrote its own; open in https://ui.perfetto.dev)\n"));
     }
+    if (stop && report.last_step() < run.steps()) return report.stop(StopSignals::received());
     return report.finish();
   } catch (const std::exception& e) {
     // Recorded now, before `run` tears down the process groups and its peers fail for that.

@@ -21,6 +21,7 @@ struct TrainSummary {
   double seconds = 0;
   double tokens_per_s = 0;
   int64_t resumed_from = 0;  // the step of the checkpoint this run continued (0: a fresh start)
+  bool stopped = false;      // stopped early on a signal (StopSignals), with a checkpoint of `steps` saved
 };
 
 // Before a launch of the built-in trainer: throws InputError for a setting it cannot honour
@@ -43,7 +44,9 @@ void check_checkpoint_dir_free(const config::ResolvedConfig& resolved);
 void check_run_folder_free(const config::ResolvedConfig& resolved);
 
 // Trains on `context`'s device and ranks. Throws InputError for a bad model config, data or
-// checkpoint, Error for a failure during training (a NaN loss names the step).
+// checkpoint, Error for a failure during training (a NaN loss names the step). With checkpoints on,
+// SIGINT, SIGTERM or SIGUSR1 to any rank stops every rank after the same step, with a checkpoint of
+// it saved (TrainSummary::stopped; train/stop_signals.h).
 TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
                           const TrainHooks& hooks = {});
 

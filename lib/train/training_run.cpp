@@ -414,7 +414,7 @@ at::Tensor TrainingRun::global_targets(double local) {
   return tp_size() > 1 ? t / tp_size() : t;  // a tensor-parallel group's ranks counted the same batch
 }
 
-std::optional<StepResult> TrainingRun::train_step(int64_t step) {
+std::optional<StepResult> TrainingRun::train_step(int64_t step, bool stop) {
   RECORD_USER_SCOPE(str("step ", step));
   const double lr = optim::learning_rate(schedule_of(config_), config_.optimizer.lr, step, steps_);
   adamw_->set_lr(lr);
@@ -431,11 +431,13 @@ std::optional<StepResult> TrainingRun::train_step(int64_t step) {
   std::optional<StepResult> previous;
   if (pending_) previous = finish_step();
   const NoDeviceWaits queued(check);
+  if (stop) loss_sum.narrow(0, 1, 1).fill_(1.0);  // reduced with the loss: every rank learns it at the same step
   queue_update(step, lr, loss_sum, counted);
   return previous;
 }
 
-// Forward and backward of every micro-batch; returns this rank's loss sum, (1) double on the device.
+// Forward and backward of every micro-batch; returns this rank's loss sum and a stop flag (0), (2)
+// double on the device.
 // The loss is the mean over the global batch's counted targets (all of them, but for prompts'):
 // each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
 at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::Tensor& counted) {
@@ -443,7 +445,8 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
   // each compute their part of the same loss's).
   const double per_rank = tokens_per_step() / dp_size();
   const at::Tensor per_rank_masked = !every_target_counts_ ? counted.clamp_min(1.0) / dp_size() : at::Tensor();
-  at::Tensor loss_sum = at::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
+  at::Tensor reduced = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
+  at::Tensor loss_sum = reduced.narrow(0, 0, 1);
   for (size_t micro = 0; micro < batches.inputs.size(); ++micro) {
     sharded_->set_requires_gradient_sync(micro + 1 == batches.inputs.size());
     at::Tensor loss;
@@ -456,7 +459,7 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
         .backward();
     loss_sum.add_(loss.detach());
   }
-  return loss_sum;
+  return reduced;
 }
 
 // FSDPTRAIN_DUMP_GRADIENTS=DIR: every trainable parameter's full gradient of each step (averaged
@@ -479,14 +482,14 @@ void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, con
   dump_gradients(step);
   const at::Tensor norm = optim::grad_norm(*sharded_);
   optim::clip_grads(*sharded_, norm, config_.optimizer.grad_clip);
-  const at::Tensor stats = at::cat({loss_sum, counted, norm.to(loss_sum.device())});
+  const at::Tensor stats = at::cat({loss_sum, counted, norm.to(loss_sum.device())});  // loss, stop, counted, norm
   adamw_->step(at::logical_or(stats.isfinite().all().logical_not(), counted.eq(0).all()));
   sharded_->zero_grad();
   PendingStep p;
   p.step = step;
   p.lr = lr;
   if (context_.device.is_cuda()) {
-    p.host = at::empty({3}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    p.host = at::empty({4}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
     p.host.copy_(stats, /*non_blocking=*/true);
     const c10::impl::VirtualGuardImpl guard(context_.device.type());
     p.copied.emplace(context_.device.type());
@@ -508,11 +511,12 @@ StepResult TrainingRun::finish_step() {
 // A step's numbers, read: the result, or Error for a non-finite one (unless train.skip_nonfinite_loss).
 StepResult TrainingRun::judge(const PendingStep& p) const {
   const double* v = p.host.data_ptr<double>();
-  const double loss_sum = v[0], counted = v[1];
+  const double loss_sum = v[0], counted = v[2];
   StepResult r;
   r.step = p.step;
   r.lr = p.lr;
-  r.grad_norm = v[2];
+  r.stop = v[1] > 0;
+  r.grad_norm = v[3];
   if (counted == 0) {
     r.skipped = "the global batch holds no target token (only prompts); step skipped";
     return r;

@@ -36,6 +36,7 @@ struct StepResult {
   double grad_norm = 0;  // before clipping
   double lr = 0;
   std::string skipped;  // why the update was skipped (a non-finite loss or gradient, no target); "" when applied
+  bool stop = false;    // some rank was asked to stop (StopSignals) before this step's numbers were reduced
 };
 
 // One step's micro-batches, read ahead on a helper thread while the step before runs.
@@ -50,7 +51,7 @@ struct StepBatches {
 struct PendingStep {
   int64_t step = 0;
   double lr = 0;
-  at::Tensor host;                   // (3) double; pinned and filled by an asynchronous copy on a GPU
+  at::Tensor host;                   // (4) double: loss sum, stop flag, counted, norm; pinned and filled by an asynchronous copy on a GPU
   std::optional<c10::Event> copied;  // marks that copy done (none on CPU, where it is done at once)
 };
 
@@ -73,7 +74,10 @@ class TrainingRun {
   // never damages the model. The host learns of it one step later, when it reads that step's
   // numbers: then it throws Error naming the step, or (train.skip_nonfinite_loss) says it skipped
   // it. A step whose numbers are read at once (finish_step) is judged at once.
-  std::optional<StepResult> train_step(int64_t step);
+  //
+  // `stop`: this rank was asked to stop. The flag is summed with the loss, so every rank reads it
+  // in the same step's result (StepResult::stop) and they stop together.
+  std::optional<StepResult> train_step(int64_t step, bool stop = false);
   // Waits for the queued step and returns its numbers (throwing as train_step does).
   StepResult finish_step();
   bool step_pending() const { return pending_.has_value(); }

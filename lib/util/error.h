@@ -14,7 +14,9 @@ namespace fsdp {
 
 // Exit codes, documented in the README: 0 success, 1 runtime failure, 2 bad input (a config, a flag
 // or a file the user gave), 3 a conversion refused because it would lose information.
-enum class ExitCode : int { kOk = 0, kFailure = 1, kBadInput = 2, kLossy = 3 };
+// kStopped: the built-in trainer stopped early on a signal with its work saved; the same command with
+// checkpoint.resume: latest continues it (sysexits' EX_TEMPFAIL).
+enum class ExitCode : int { kOk = 0, kFailure = 1, kBadInput = 2, kLossy = 3, kStopped = 75 };
 
 class Error : public std::runtime_error {
  public:
