@@ -171,6 +171,9 @@ class RunReport {
     if (config_.checkpoint.keep_best && step != last_saved_) eval_loss = run_.evaluate();
     save(step, eval_loss);
     run_.wait_for_checkpoint();
+    // Rank 0 commits the checkpoint after the others wrote their shards: none exits before that, so a
+    // scheduler that ends the job when its first process exits (srun --kill-on-bad-exit) loses nothing.
+    run_.barrier();
     time_summary();
     summary_.stopped = true;
     stopped_by_ = sig ? StopSignals::name(sig) : "a signal to another machine";

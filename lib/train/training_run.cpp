@@ -581,6 +581,10 @@ void TrainingRun::wait_for_checkpoint() {
   if (checkpointer_) checkpointer_->wait();
 }
 
+void TrainingRun::barrier() {
+  if (world_.size() > 1) world_.barrier().wait();
+}
+
 void TrainingRun::export_hf(int64_t step) {
   const std::string dir = str(config_.checkpoint.export_dir, "/step-", step);
   const Clock::time_point t = Clock::now();

@@ -85,7 +85,8 @@ class TrainingRun {
   double evaluate();
   void save_checkpoint(int64_t step, std::optional<double> eval_loss = std::nullopt);  // precondition: checkpointing()
   void export_hf(int64_t step);  // into checkpoint.export_dir/step-N
-  void wait_for_checkpoint();    // the last save is on disk
+  void wait_for_checkpoint();    // this rank's part of the last save is on disk (rank 0's: all of it)
+  void barrier();                // every rank got here (collective)
 
   bool checkpointing() const { return checkpointer_ != nullptr && !config_.checkpoint.dir.empty(); }
   void say(const std::string& line) const;  // rank 0 prints

@@ -107,7 +107,7 @@ TEST_CASE("a run writes everything under one run folder; run.json says it finish
   const Result again = quick(out, {});
   CHECK(again.code == 2);
   CHECK(has(again.err, "train.output_dir " + out + " holds a finished run (4 steps)"));
-  CHECK(has(again.err, "checkpoint.resume: latest"));
+  CHECK(has(again.err, "--set checkpoint.resume=latest (raising train.steps)"));
   CHECK(read_bytes(out + "/run.json") == before);
   // With resume: latest, a finished run has nothing to do: it says so, exits 0 and writes nothing.
   const Result resumed = quick(out, {"checkpoint.resume=latest"});
