@@ -10,6 +10,7 @@
 #include "config/validate.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/json.h"
 #include "util/log.h"
 #include "util/strings.h"
 
@@ -448,7 +449,67 @@ void resolve_input_paths(ResolvedConfig& rc) {
   }
 }
 
+ResolvedValue& value_in(ResolvedConfig& rc, const std::string& key) {
+  for (auto& v : rc.values)
+    if (v.spec->key == key) return v;
+  FSDP_ASSERT(false, "no option ", key);
+  return rc.values.front();
+}
+
+constexpr const char* kFineTuningOrigin = "fine-tuning default (TRL's SFTConfig), as model.pretrained is set";
+
+// A fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults where the config is silent;
+// train.sequence_length (TRL's max_length) no longer than the model's positions.
+void apply_run_defaults(ResolvedConfig& rc) {
+  if (value_in(rc, "model.pretrained").value.empty()) return;
+  for (const auto& [key, value] : fine_tuning_defaults()) {
+    ResolvedValue& v = value_in(rc, key);
+    if (v.origin.kind != OriginKind::kDefault) continue;
+    v.value = value;
+    v.origin = Origin{OriginKind::kDerived, {}, kFineTuningOrigin};
+  }
+  ResolvedValue& seq = value_in(rc, "train.sequence_length");
+  if (seq.origin.detail != kFineTuningOrigin) return;
+  // The folder's config.json, if it reads (a bad one is reported where the model is read).
+  std::string folder = value_in(rc, "model.pretrained").value;
+  if (!rc.file.empty() && !folder.empty() && folder[0] != '/' && !file_exists(folder + "/config.json"))
+    folder = parent_folder(rc.file) + "/" + folder;  // as resolve_input_paths will read it
+  const std::optional<nlohmann::json> j = try_read_json_file(folder + "/config.json");
+  if (!j || !j->is_object() || !j->contains("max_position_embeddings")) return;
+  const nlohmann::json& p = (*j)["max_position_embeddings"];
+  if (!p.is_number_integer() || p.get<int64_t>() < 1 || p.get<int64_t>() >= std::stoll(seq.value)) return;
+  seq.value = std::to_string(p.get<int64_t>());
+  seq.origin.detail = str(kFineTuningOrigin, ", capped at the model's max_position_embeddings");
+}
+
 }  // namespace
+
+const std::vector<std::pair<std::string, std::string>>& fine_tuning_defaults() {
+  // TRL's SFTConfig (learning_rate 2e-5, max_length 1024) and the TrainingArguments it inherits:
+  // linear decay to 0 with no warmup, weight_decay 0, adam_beta2 0.999, no evaluation, save_steps 500.
+  static const std::vector<std::pair<std::string, std::string>> kDefaults = {
+      {"optimizer.lr", "2e-5"},        {"optimizer.beta2", "0.999"},    {"optimizer.weight_decay", "0"},
+      {"schedule.type", "linear"},     {"schedule.warmup_steps", "0"},  {"schedule.min_lr_ratio", "0"},
+      {"train.sequence_length", "1024"}, {"data.eval_fraction", "0"}, {"checkpoint.interval", "500"},
+      {"checkpoint.keep", "3"}};
+  return kDefaults;
+}
+
+std::string describe_run_defaults(const ResolvedConfig& rc) {
+  const bool fine_tuning = !rc.typed.model.pretrained.empty();
+  std::vector<std::string> parts;
+  for (const auto& [key, value] : fine_tuning_defaults()) {
+    const ResolvedValue& v = rc.get(key);
+    const bool defaulted = fine_tuning ? starts_with(v.origin.detail, kFineTuningOrigin)
+                                       : v.origin.kind == OriginKind::kDefault;
+    if (defaulted) parts.push_back(str(key, " ", v.value));
+  }
+  if (parts.empty()) return "";
+  return fine_tuning
+             ? str("fine-tuning defaults (TRL SFTTrainer's; model.pretrained is set): ", join(parts, ", "))
+             : str("pretraining defaults (model.config without model.pretrained; fine-tuning runs get TRL's): ",
+                   join(parts, ", "));
+}
 
 ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
   ResolvedConfig rc;
@@ -492,6 +553,7 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     sdt.value = v2 ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT";
     sdt.origin = Origin{OriginKind::kDerived, {}, v2 ? "FSDP2's default" : "FSDP1's default"};
   }
+  apply_run_defaults(rc);
   ResolvedValue& np = value_of("num_processes");
   if (np.value.empty() && value_of("distributed_type").value == "NO") {
     np.value = "1";

@@ -39,6 +39,13 @@ struct ConfigInputs {
 // whether to throw (diags.throw_if_errors()). The result is filled as far as the input allows.
 ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags);
 
+// The defaults a fine-tuning run (model.pretrained set) gets instead of the table's, for the keys
+// its config leaves out (TRL SFTTrainer's): key, canonical value. Their origin says so.
+const std::vector<std::pair<std::string, std::string>>& fine_tuning_defaults();
+// One line naming the defaults of those keys this run took, fine-tuning's or pretraining's; ""
+// when the config sets them all.
+std::string describe_run_defaults(const ResolvedConfig& rc);
+
 // Convenience for the CLI: reads `path` (if non-empty), loads, prints warnings, throws InputError
 // listing every error.
 ResolvedConfig load_config_or_throw(const ConfigInputs& inputs);

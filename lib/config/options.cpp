@@ -592,6 +592,7 @@ std::vector<OptionSpec> build_table() {
       Row("data.eval_fraction", V::kFloat)
           .range(0)
           .def("0.05")
+          .note("0.05; 0 with model.pretrained (Trainer evaluates only when asked)")
           .help("Fraction of the sequences held out for evaluation (0 to 0.5); not used with data.eval_path")
           .extension()
           .to(&Config::data, &DataConfig::eval_fraction),
@@ -661,6 +662,7 @@ std::vector<OptionSpec> build_table() {
       Row("train.sequence_length", V::kInt)
           .range(1)
           .def("128")
+          .note("128; 1024 with model.pretrained (TRL's max_length), at most its max_position_embeddings")
           .help("Tokens per sequence")
           .extension()
           .to(&Config::train, &TrainConfig::sequence_length),
@@ -689,6 +691,7 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::train, &TrainConfig::skip_nonfinite_loss),
       Row("optimizer.lr", V::kFloat)
           .def("3e-4")
+          .note("3e-4; 2e-5 with model.pretrained (TRL's SFTConfig)")
           .help("AdamW peak learning rate")
           .extension()
           .to(&Config::optimizer, &OptimConfig::lr),
@@ -701,6 +704,7 @@ std::vector<OptionSpec> build_table() {
       Row("optimizer.beta2", V::kFloat)
           .range(0)
           .def("0.95")
+          .note("0.95; 0.999 with model.pretrained (Trainer's)")
           .help("AdamW beta2")
           .extension()
           .to(&Config::optimizer, &OptimConfig::beta2),
@@ -712,6 +716,7 @@ std::vector<OptionSpec> build_table() {
       Row("optimizer.weight_decay", V::kFloat)
           .range(0)
           .def("0.1")
+          .note("0.1; 0 with model.pretrained (Trainer's)")
           .help("AdamW decoupled weight decay (matrices and embeddings only)")
           .extension()
           .to(&Config::optimizer, &OptimConfig::weight_decay),
@@ -724,18 +729,21 @@ std::vector<OptionSpec> build_table() {
       Row("schedule.type", V::kEnum)
           .choices(enum_names(kScheduleTypeNames))
           .def("cosine")
+          .note("cosine; linear with model.pretrained (Trainer's)")
           .help("Learning-rate schedule after warmup: cosine or linear decay to lr * min_lr_ratio, or constant")
           .extension()
           .to(&Config::schedule, &ScheduleConfig::type),
       Row("schedule.warmup_steps", V::kInt)
           .range(0)
           .def("10")
+          .note("10; 0 with model.pretrained (Trainer's)")
           .help("Steps of linear warmup from 0 to the peak learning rate")
           .extension()
           .to(&Config::schedule, &ScheduleConfig::warmup_steps),
       Row("schedule.min_lr_ratio", V::kFloat)
           .range(0)
           .def("0.1")
+          .note("0.1; 0 with model.pretrained (Trainer's linear decay ends at 0)")
           .help("Final learning rate as a fraction of the peak (0 to 1)")
           .extension()
           .to(&Config::schedule, &ScheduleConfig::min_lr_ratio),
@@ -749,12 +757,14 @@ std::vector<OptionSpec> build_table() {
       Row("checkpoint.interval", V::kInt)
           .range(0)
           .def("0")
+          .note("0; 500 with model.pretrained (Trainer's save_steps)")
           .help("Also save a checkpoint every N steps (0: only at the end)")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::interval),
       Row("checkpoint.keep", V::kInt)
           .range(0)
           .def("0")
+          .note("0; 3 with model.pretrained")
           .help("Keep the newest N complete checkpoints and delete older ones (0: keep all)")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::keep),

@@ -488,6 +488,11 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   // Its config.json parses (InputError naming the file otherwise).
   const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
   check_layer_classes(resolved.typed.fsdp, model, model_config_path(resolved.typed));
+  const config::TrainConfig& train = resolved.typed.train;
+  FSDP_CHECK(resolved.typed.model.pretrained.empty() || train.sequence_length <= model.max_position_embeddings,
+             "[train] train.sequence_length ", train.sequence_length, " is beyond the model's max_position_embeddings ",
+             model.max_position_embeddings, " (", model_config_path(resolved.typed),
+             "); positions past it were never trained. Lower train.sequence_length");
   check_lora_targets(resolved.typed, model);
   check_tensor_parallel(resolved.typed, model, model_config_path(resolved.typed));
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.

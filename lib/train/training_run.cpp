@@ -21,6 +21,7 @@
 #include "ckpt/pretrained.h"
 #include "ckpt/safetensors_torch.h"
 #include "ckpt/sources.h"
+#include "config/loader.h"
 #include "config/show.h"
 #include "data/prepare.h"
 #include "model/tensor_parallel.h"
@@ -168,6 +169,8 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   }
   say(str("[train] run folder: ", config_.train.output_dir, " (run.json there holds the resolved config",
           env_is("FSDPTRAIN_VERBOSE", "1") ? "" : "; launch --verbose prints it", ")\n"));
+  if (const std::string defaults = config::describe_run_defaults(resolved); !defaults.empty())
+    say(str("[train] ", defaults, "\n"));
   if (!config_.launch.use_cpu && !context_.device.is_cuda())
     say("[train] warning: the config asks for GPUs (use_cpu is false), but this machine shows none: training on "
         "the CPU. Set use_cpu: true (or --cpu) to say so\n");

@@ -1,6 +1,11 @@
 // Loading: YAML 1.1 traps, unknown keys with suggestions, precedence and origins.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
 #include "config/test_support.h"
 
 using namespace fsdp::config;
@@ -230,4 +235,54 @@ TEST_CASE("defaults: one documented choice where Accelerate's layers disagree") 
   CHECK(v2.rc.get("fsdp_config.fsdp_state_dict_type").origin.describe() == "derived: FSDP2's default");
   Loaded none = load_text("distributed_type: NO\n");
   CHECK(none.rc.typed.launch.num_processes == 1);
+}
+
+TEST_CASE("a fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults where the config is silent") {
+  const std::string dir = "/tmp/fsdp_loader_test_" + std::to_string(::getpid());
+  REQUIRE(std::system(("mkdir -p " + dir).c_str()) == 0);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "max_position_embeddings": 512})";
+  const std::string base = std::string(kFsdp2Base) + "data:\n  path: " + dir + "/config.json\n";
+  const std::string ft = base + "model:\n  pretrained: " + dir + "\n";
+  SUBCASE("each default is TRL's, says where it came from, and the sequence fits the model's positions") {
+    Loaded l = load_text(ft + "optimizer:\n  lr: 1e-4\n");
+    REQUIRE_MESSAGE(l.errors() == "", l.errors());
+    CHECK(l.rc.typed.optimizer.lr == doctest::Approx(1e-4));  // the config's own value stays
+    CHECK(l.rc.get("optimizer.lr").origin.kind == OriginKind::kFile);
+    CHECK(l.rc.typed.optimizer.beta2 == doctest::Approx(0.999));
+    CHECK(l.rc.typed.optimizer.weight_decay == 0);
+    CHECK(l.rc.typed.schedule.type == ScheduleType::kLinear);
+    CHECK(l.rc.typed.schedule.warmup_steps == 0);
+    CHECK(l.rc.typed.schedule.min_lr_ratio == 0);
+    CHECK(l.rc.typed.data.eval_fraction == 0);
+    CHECK(l.rc.typed.checkpoint.interval == 500);
+    CHECK(l.rc.typed.checkpoint.keep == 3);
+    CHECK(l.rc.typed.train.sequence_length == 512);  // TRL's 1024, capped
+    CHECK(l.rc.get("optimizer.beta2").origin.describe() ==
+          "derived: fine-tuning default (TRL's SFTConfig), as model.pretrained is set");
+    CHECK(l.rc.get("train.sequence_length").origin.describe().find("capped at the model's max_position_embeddings") !=
+          std::string::npos);
+    CHECK(describe_run_defaults(l.rc) ==
+          "fine-tuning defaults (TRL SFTTrainer's; model.pretrained is set): optimizer.beta2 0.999, "
+          "optimizer.weight_decay 0, schedule.type linear, schedule.warmup_steps 0, schedule.min_lr_ratio 0, "
+          "train.sequence_length 512, data.eval_fraction 0, checkpoint.interval 500, checkpoint.keep 3");
+  }
+  SUBCASE("with the lr from --set and no cap needed") {
+    std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 4096})";
+    Loaded l = load_text(ft, {"optimizer.lr=5e-5"});
+    CHECK(l.rc.typed.optimizer.lr == doctest::Approx(5e-5));
+    CHECK(l.rc.typed.train.sequence_length == 1024);
+  }
+  SUBCASE("a pretraining run (model.config) keeps the table's, and says so") {
+    Loaded l = load_text(base + "model:\n  config: " + dir + "/config.json\ntrain:\n  sequence_length: 64\n");
+    REQUIRE_MESSAGE(l.errors() == "", l.errors());
+    CHECK(l.rc.typed.optimizer.lr == doctest::Approx(3e-4));
+    CHECK(l.rc.typed.schedule.type == ScheduleType::kCosine);
+    CHECK(l.rc.typed.data.eval_fraction == doctest::Approx(0.05));
+    CHECK(l.rc.typed.checkpoint.interval == 0);
+    CHECK(describe_run_defaults(l.rc).rfind("pretraining defaults (model.config without model.pretrained; "
+                                            "fine-tuning runs get TRL's): optimizer.lr 3e-4, optimizer.beta2 0.95, ",
+                                            0) == 0);
+    CHECK(describe_run_defaults(l.rc).find("train.sequence_length") == std::string::npos);  // set: not a default
+  }
+  REQUIRE(std::system(("rm -rf " + dir).c_str()) == 0);
 }
