@@ -122,7 +122,7 @@ class ChatTemplateCommand final : public Command {
     chat::ChatTemplate::Training r;
     std::string text;
     try {
-      const chat::Conversation c = chat::read_conversation(chat::Json::parse(record));
+      const chat::Conversation c = chat::read_conversation(chat::Json::parse(record), !generation_prompt_);
       r = t.render_for_training(c, !all_tokens_);
       text = generation_prompt_ ? t.render(c, true) : r.text;
     } catch (const chat::TemplateRaise& e) {

@@ -127,14 +127,13 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const fsdp::Error& e) {
-    print_error(e.what());
-    fsdp::dist::record_worker_error(e.what());  // a launched worker tells its launcher (dist/error_file.h)
+    // A launched worker tells its launcher (dist/error_file.h), which prints it once for every rank.
+    if (!fsdp::dist::record_worker_error(e.what())) print_error(e.what());
     return static_cast<int>(e.code());
   } catch (const std::exception& e) {
     // LibTorch's errors carry a C++ backtrace: shown with debug: true or FSDPTRAIN_DEBUG=1.
     const std::string message = fsdp::dist::error_message(e, fsdp::debug_requested());
-    print_error(message);
-    fsdp::dist::record_worker_error(message);
+    if (!fsdp::dist::record_worker_error(message)) print_error(message);
     return static_cast<int>(fsdp::ExitCode::kFailure);
   }
 }

@@ -1,5 +1,7 @@
 #include "chat/conversation.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -35,6 +37,7 @@ Json read_messages(const Json& list, const char* key, bool sharegpt) {
     }
     FSDP_CHECK(message.contains("role") && message["role"].is_string(), "\"", key, "\"[", i, "] has no string \"",
                sharegpt ? "from" : "role", "\"");
+    message["role"] = sharegpt_role(message["role"].get<std::string>());  // human, gpt: as TRL maps ShareGPT's
     out.push_back(std::move(message));
   }
   return out;
@@ -48,7 +51,7 @@ bool is_conversation(const Json& record) {
   return list("messages") || list("conversations") || list("prompt") || list("completion");
 }
 
-Conversation read_conversation(const Json& record) {
+Conversation read_conversation(const Json& record, bool for_training) {
   Conversation c;
   if (record.contains("messages")) {
     c.messages = read_messages(record["messages"], "messages", false);
@@ -62,6 +65,16 @@ Conversation read_conversation(const Json& record) {
     c.prompt_messages = c.messages.size();
     for (Json& m : read_messages(record["completion"], "completion", false)) c.messages.push_back(std::move(m));
   }
+  bool answered = false;
+  std::vector<std::string> roles;
+  for (const Json& m : c.messages) {
+    answered = answered || m["role"] == "assistant";
+    if (std::find(roles.begin(), roles.end(), m["role"].get<std::string>()) == roles.end())
+      roles.push_back(m["role"]);
+  }
+  FSDP_CHECK(answered || !for_training, "the conversation has no \"assistant\" message (its roles: ", join(roles, ", "),
+             "), so it holds nothing to learn to answer; give each conversation an assistant turn, or train on the "
+             "text as documents");
   if (record.contains("tools") && !record["tools"].is_null()) {
     FSDP_CHECK(record["tools"].is_array(), "\"tools\" must be a list of tool schemas");
     c.tools = record["tools"];

@@ -32,8 +32,10 @@ bool is_conversation(const Json& record);
 
 // The conversation of a record for which is_conversation() holds. Throws InputError saying what
 // is wrong (the caller names the file and line): a message that is not an object with a string
-// role, an empty list, a prompt list without a completion list, tools that are not a list.
-Conversation read_conversation(const Json& record);
+// role, an empty list, a prompt list without a completion list, tools that are not a list; with
+// for_training, a conversation without an assistant message. ShareGPT's roles (human, gpt) become
+// user and assistant, under either key, as TRL maps them.
+Conversation read_conversation(const Json& record, bool for_training = true);
 
 // The messages as transformers hands them to the template (see above).
 Json template_messages(const Json& messages);

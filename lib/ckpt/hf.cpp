@@ -46,12 +46,16 @@ void check_tensors_match(const std::string& where, const std::map<std::string, s
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
                                          const std::string& config_json, const std::string& dir,
-                                         int64_t max_shard_bytes, FileSystem& fs) {
+                                         int64_t max_shard_bytes, FileSystem& fs, Dtype dtype) {
+  FSDP_ASSERT(dtype == Dtype::kF32 || dtype == Dtype::kBF16 || dtype == Dtype::kF16, "an export in ",
+              dtype_name(dtype));
+  const at::ScalarType scalar = scalar_type_of(dtype, "an export");
+  const int64_t element = dtype == Dtype::kF32 ? 4 : 2;
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
   auto bytes_of = [&](size_t i) {
-    int64_t n = 4;
+    int64_t n = element;
     for (int64_t d : tensors[i].shape) n *= d;
     return n;
   };
@@ -81,17 +85,17 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
       std::vector<TensorBytes> specs;
       for (size_t i : shards[s]) {
         specs.push_back(
-            TensorBytes{tensors[i].name, Dtype::kF32, tensors[i].shape, nullptr, static_cast<size_t>(bytes_of(i))});
+            TensorBytes{tensors[i].name, dtype, tensors[i].shape, nullptr, static_cast<size_t>(bytes_of(i))});
         weight_map[tensors[i].name] = file;
       }
-      // fp32 only: the writer's order is the name order, the order of full() below (append checks it).
+      // The writer's order is the name order, the order of full() below (append checks it).
       out = std::make_unique<SafetensorsWriter>(dir + "/" + file, specs, std::map<std::string, std::string>{}, fs);
     }
     // Each tensor comes to host memory as it is written (full() may give a device tensor, and every
     // rank calls it: it gathers), so the host holds one tensor at a time, never the model.
     for (size_t i : shards[s]) {
       const at::Tensor t = full(i);
-      if (out) append_tensor(*out, tensors[i].name, t.to(at::kCPU, at::kFloat).contiguous());
+      if (out) append_tensor(*out, tensors[i].name, t.to(at::kCPU, scalar).contiguous());
     }
     if (out) {
       out->finish();
@@ -112,8 +116,17 @@ bool writes_exports(const ShardedModel& model) {
   return m.shard.rank() == 0 && (!m.replicate || m.replicate->rank() == 0) && (!m.tp || m.tp->rank() == 0);
 }
 
+std::string config_with_dtype(const std::string& config_json, Dtype dtype) {
+  nlohmann::json j = nlohmann::json::parse(config_json);
+  const char* name = dtype == Dtype::kBF16 ? "bfloat16" : dtype == Dtype::kF16 ? "float16" : "float32";
+  j["torch_dtype"] = name;
+  j["dtype"] = name;
+  return j.dump(2) + "\n";
+}
+
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
-                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs) {
+                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs,
+                                        Dtype dtype) {
   const bool writer = writes_exports(model);
   std::vector<TensorSpec> specs;
   std::vector<std::pair<size_t, size_t>> where;  // (group, index) of specs[i]
@@ -124,7 +137,7 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
     }
   return write_hf_folder(
       specs, [&](size_t k) { return model.groups()[where[k].first]->gather_full_parameter(where[k].second); }, writer,
-      description.config_json, dir, max_shard_bytes, fs);
+      config_with_dtype(description.config_json, dtype), dir, max_shard_bytes, fs, dtype);
 }
 
 void export_folder(const ShardedModel& model, const std::string& dir, const ExtraFiles& extra,
@@ -153,9 +166,9 @@ void export_folder(const ShardedModel& model, const std::string& dir, const Extr
 }
 
 void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
-               const ExtraFiles& extra, int64_t max_shard_bytes) {
+               const ExtraFiles& extra, int64_t max_shard_bytes, Dtype dtype) {
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
-    write_hf_model(model, description, tmp, max_shard_bytes, fs);
+    write_hf_model(model, description, tmp, max_shard_bytes, fs, dtype);
   });
 }
 

@@ -28,8 +28,11 @@ inline constexpr int64_t kDefaultMaxShardBytes = 5000000000;  // "5GB", decimal 
 // at the end, and the .tmp removed when the writer fails (a full disk). A tied head is written
 // once, as HF does.
 using ExtraFiles = std::vector<std::pair<std::string, std::string>>;
+// `dtype` (F32, BF16 or F16): the weights' dtype, rounded to it as at::Tensor::to does; config.json
+// says it (torch_dtype and dtype).
 void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
-               const ExtraFiles& extra = {}, int64_t max_shard_bytes = kDefaultMaxShardBytes);
+               const ExtraFiles& extra = {}, int64_t max_shard_bytes = kDefaultMaxShardBytes,
+               Dtype dtype = Dtype::kF32);
 
 // export_hf's folder handling around `write`, which writes the files into the temporary folder it
 // is given (collective as the caller needs; every rank calls it, only the writing rank's files
@@ -51,9 +54,10 @@ bool writes_exports(const ShardedModel& model);
 // (whole tensors: tensor-parallel blocks gathered), through `fs`. Collective over the shard (and tp)
 // group; returns the files on the writing rank (writes_exports), nothing on the others.
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
-                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs);
+                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs,
+                                        Dtype dtype = Dtype::kF32);
 
-// The folder itself: `config_json` as config.json and fp32 `tensors` in name order, in huggingface_hub's greedy
+// The folder itself: `config_json` as config.json and `tensors` in name order, as `dtype`, in huggingface_hub's greedy
 // shards above max_shard_bytes (with model.safetensors.index.json). full(i) gives tensors[i]'s
 // full value; it is called for every tensor in name order on every rank (it may be collective),
 // and only `writer` writes. Returns the files written.
@@ -64,7 +68,11 @@ struct TensorSpec {
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
                                          const std::string& config_json, const std::string& dir,
-                                         int64_t max_shard_bytes, FileSystem& fs);
+                                         int64_t max_shard_bytes, FileSystem& fs, Dtype dtype = Dtype::kF32);
+
+// `config_json` with torch_dtype and dtype (both, as transformers reads either) naming `dtype`:
+// "float32", "bfloat16" or "float16".
+std::string config_with_dtype(const std::string& config_json, Dtype dtype);
 
 // A tensor a model expects to load: its name, the other names it may be stored under (a tied
 // head), and its shape.

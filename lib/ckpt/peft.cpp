@@ -124,7 +124,7 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
 }
 
 void export_merged(const ShardedModel& model, const model::ModelDescription& description, double scaling,
-                   const std::string& dir, const ExtraFiles& extra) {
+                   const std::string& dir, const ExtraFiles& extra, Dtype dtype) {
   std::map<std::string, std::pair<size_t, size_t>> where;  // every parameter: (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) where[model.groups()[g]->params()[i].name] = {g, i};
@@ -146,7 +146,7 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
           return model::merged_weight(full(name), full(model::lora_a_name(name)), full(model::lora_b_name(name)),
                                       scaling, name);
         },
-        writer, description.config_json, tmp, kDefaultMaxShardBytes, fs);
+        writer, config_with_dtype(description.config_json, dtype), tmp, kDefaultMaxShardBytes, fs, dtype);
   });
 }
 

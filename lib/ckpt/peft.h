@@ -49,7 +49,7 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
 // Writes a Hugging Face folder of the base with every adapter folded in (W + scaling * B A, PEFT's
 // merge_and_unload) and the modules to save as trained. Collective over the shard group.
 void export_merged(const ShardedModel& model, const model::ModelDescription& description, double scaling,
-                   const std::string& dir, const ExtraFiles& extra);
+                   const std::string& dir, const ExtraFiles& extra, Dtype dtype);
 
 // Copies the adapter's tensors into `model`'s trainable shards (lora.init). Throws InputError,
 // before anything changes, when the adapter's r, alpha or rsLoRA differ from `settings`, or its

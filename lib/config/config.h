@@ -180,6 +180,9 @@ struct ScheduleConfig {
   double min_lr_ratio = 0.1;  // the schedule ends at lr * min_lr_ratio
 };
 
+enum class ExportDtype { kAuto, kFloat32, kBfloat16, kFloat16 };
+inline constexpr std::array<const char*, 4> kExportDtypeNames = {"auto", "float32", "bfloat16", "float16"};
+
 struct CheckpointConfig {
   std::string dir;              // training checkpoints: <dir>/step-<N> (format: fsdp_state_dict_type)
   int64_t interval = 0;         // save every N steps (0: only at the end); needs dir
@@ -189,6 +192,7 @@ struct CheckpointConfig {
   std::string export_dir;       // Hugging Face folders written here: step-<N>
   int64_t export_interval = 0;  // also every N steps (0: only at the end)
   bool export_merged = false;   // with LoRA: the adapters folded into a whole Hugging Face model
+  ExportDtype export_dtype = ExportDtype::kAuto;  // exported weights (auto: model.pretrained's torch_dtype, else fp32)
 };
 
 // LoRA adapters (PEFT's LoraConfig; model/lora.h): r 0 trains every parameter.

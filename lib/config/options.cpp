@@ -800,6 +800,15 @@ std::vector<OptionSpec> build_table() {
                 "PEFT adapter folder (adapter_config.json, adapter_model.safetensors)")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::export_merged),
+      Row("checkpoint.export_dtype", V::kEnum)
+          .choices(enum_names(kExportDtypeNames))
+          .def("auto")
+          .help("The dtype of an export's weights (and of its config.json's torch_dtype), as transformers' "
+                "save_pretrained writes a model in its dtype: auto (model.pretrained's torch_dtype; float32 for a "
+                "model trained from model.config), float32, bfloat16 or float16. A PEFT adapter stays float32, "
+                "as PEFT saves it")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::export_dtype),
       Row("lora.r", V::kInt)
           .range(0)
           .def("0")

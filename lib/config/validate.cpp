@@ -289,7 +289,8 @@ void check_training(Checker& c) {
   fraction("schedule.min_lr_ratio", t.schedule.min_lr_ratio, 1.0);
   fraction("data.eval_fraction", t.data.eval_fraction, 0.5);
   if (t.logging.peak_tflops < 0) c.error("logging.peak_tflops", str("must be >= 0, got ", t.logging.peak_tflops));
-  if (t.checkpoint.dir.empty() && t.checkpoint.interval > 0)
+  // A fine-tuning default interval (loader.h) with checkpoints off is no mistake: nothing is saved.
+  if (t.checkpoint.dir.empty() && t.checkpoint.interval > 0 && c.rc.is_set("checkpoint.interval"))
     c.error("checkpoint.interval", "is set but checkpoint.dir is empty",
             "set checkpoint.dir to the folder the checkpoints go to");
   if (t.checkpoint.dir.empty() && t.checkpoint.resume == "latest")

@@ -217,6 +217,24 @@ bool DocumentReader::next_line(std::string& line) {
   }
 }
 
+// A record that is no kind, but looks like a conversation: its "messages" is not a list, or (in a
+// file of conversations) it has no list under either name, perhaps a near miss.
+void DocumentReader::check_conversation_keys(const json& j) const {
+  for (const char* key : {"messages", "conversations"})
+    FSDP_CHECK(!j.contains(key), who_, " ", path_, ":", line_, ": a conversation record's ", quoted(key), " is ",
+               j[key].type_name(), ", not a list of messages ({\"role\": ..., \"content\": ...})");
+  std::vector<std::string> keys;
+  for (const auto& item : j.items()) keys.push_back(item.key());
+  std::string near;
+  for (const std::string& k : keys)
+    if (auto m = closest_match(k, {"messages", "conversations"}); m && near.empty())
+      near = str("; did you mean \"", *m, "\" for \"", k, "\"?");
+  FSDP_CHECK(kind_ != 3 && near.empty(), who_, " ", path_, ":", line_,
+             ": a conversation record needs a \"messages\" list (or ShareGPT's \"conversations\"); this one has ",
+             keys.empty() ? std::string("no keys") : "keys " + join(keys, ", "),
+             kind_ == 3 ? " (the file's first record is a conversation)" : "", near);
+}
+
 Document DocumentReader::parse(const std::string& line) const {
   const json j = parse_json(line, str(who_, " ", path_, ":", line_));
   Document d;
@@ -230,6 +248,7 @@ Document DocumentReader::parse(const std::string& line) const {
   const json* text = string_field(field_.c_str());
   const bool chat = list_field("messages") || list_field("conversations") || list_field("prompt");
   const int kind = chat ? 3 : prompt && completion && (kind_ == 2 || !text) ? 2 : text ? 1 : 0;
+  if (kind == 0 && j.is_object()) check_conversation_keys(j);
   FSDP_CHECK(kind != 0 || kind_ != 0 || prompt || completion, who_, " ", path_, ":", line_, ": no string field ",
              quoted(field_),
              " nor \"prompt\" and \"completion\" nor a \"messages\" or \"conversations\" list; name "

@@ -13,6 +13,8 @@
 // (a text file's one document is, necessarily).
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -56,6 +58,7 @@ class DocumentReader {
   size_t fill(char* out, size_t n);  // the stream's next bytes; errors name the caller
   bool next_line(std::string& line);
   Document parse(const std::string& line) const;
+  void check_conversation_keys(const nlohmann::json& record) const;
   std::string path_, field_, who_, hint_;
   std::unique_ptr<Stream> stream_;
   std::string buffer_;

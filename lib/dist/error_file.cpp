@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -12,9 +13,9 @@
 
 namespace fsdp::dist {
 
-void record_worker_error(const std::string& message) {
+bool record_worker_error(const std::string& message) {
   const char* path = std::getenv(kErrorFileVariable);
-  if (path == nullptr || *path == '\0') return;
+  if (path == nullptr || *path == '\0') return false;
   const int64_t ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const nlohmann::json doc = {
@@ -23,9 +24,9 @@ void record_worker_error(const std::string& message) {
       {"fsdptrain", {{"unix_ns", ns}}}};
   const std::string text = doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const int fd = ::open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);  // the first error wins
-  if (fd < 0) return;
-  [[maybe_unused]] ssize_t n = ::write(fd, text.data(), text.size());
-  ::close(fd);
+  if (fd < 0) return errno == EEXIST;
+  const bool whole = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  return ::close(fd) == 0 && whole;
 }
 
 std::optional<RecordedError> read_worker_error(const std::string& path) {

@@ -17,8 +17,9 @@ namespace fsdp::dist {
 inline constexpr const char* kErrorFileVariable = "TORCHELASTIC_ERROR_FILE";
 
 // Writes `message` and the time now to this worker's error file, unless the launcher gave none or
-// an error was recorded already (the first one is the cause). Never throws.
-void record_worker_error(const std::string& message);
+// an error was recorded already (the first one is the cause). Never throws. Returns whether the
+// file holds an error now: then the launcher shows it, once for all ranks, and the worker need not.
+bool record_worker_error(const std::string& message);
 
 struct RecordedError {
   std::string message;

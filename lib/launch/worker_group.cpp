@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iomanip>
@@ -20,6 +21,7 @@
 #include "util/error.h"
 #include "util/files.h"
 #include "util/log.h"
+#include "util/strings.h"
 
 extern char** environ;
 
@@ -336,6 +338,27 @@ WorkerGroup::RootCause WorkerGroup::root_cause() const {
   constexpr int64_t kSlackNs = 1000000000;
   if (killed && (root.message.empty() || earliest > killed->ended_unix_ns - kSlackNs)) root = {killed, ""};
   return root;
+}
+
+std::vector<std::string> WorkerGroup::other_errors(const std::string& root_message) const {
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_message;  // in rank order of first sight
+  for (const auto& st : status_) {
+    if (st.error_file.empty()) continue;
+    const auto e = dist::read_worker_error(st.error_file);
+    if (!e) continue;
+    auto it = std::find_if(by_message.begin(), by_message.end(), [&](const auto& m) { return m.first == e->message; });
+    if (it == by_message.end()) it = by_message.insert(by_message.end(), {e->message, {}});
+    it->second.push_back(std::to_string(st.rank));
+  }
+  std::vector<std::string> lines;
+  for (const auto& [message, ranks] : by_message) {
+    const std::string who = str(ranks.size() > 1 ? "ranks " : "rank ", join(ranks, ", "));
+    if (message != root_message)
+      lines.push_back(str(who, ": ", message.substr(0, message.find('\n'))));
+    else if (ranks.size() > 1)
+      lines.insert(lines.begin(), str(who, " failed the same way"));
+  }
+  return lines;
 }
 
 std::string WorkerGroup::exit_table() const {

@@ -68,6 +68,9 @@ class WorkerGroup {
     std::string message;
   };
   RootCause root_cause() const;
+  // Once the workers have exited: a line per other error they recorded ("ranks 1, 3 failed the same
+  // way", "rank 2: <its first line>"), given the root cause's message.
+  std::vector<std::string> other_errors(const std::string& root_message) const;
   const std::vector<WorkerStatus>& status() const { return status_; }
 
   // Sends `sig` to every running worker's process group.

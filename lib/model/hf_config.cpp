@@ -173,6 +173,36 @@ FamilyNames family_names(Family f) {
   return {"llama", "LlamaForCausalLM", "LlamaDecoderLayer"};
 }
 
+namespace {
+
+// "Qwen2" for Qwen2ForCausalLM: the prefix of transformers' class names in that family.
+std::string class_prefix(Family f) {
+  const std::string arch = family_names(f).architecture;
+  return arch.substr(0, arch.size() - std::string("ForCausalLM").size());
+}
+
+// Ours that transformers names differently than by the family prefix.
+const std::pair<const char*, const char*> kPlainTorchNames[] = {{"torch::nn::LinearImpl", "Linear"},
+                                                                {"LlamaEmbedding", "Embedding"}};
+
+}  // namespace
+
+std::string hf_class_name(const std::string& ours, Family f) {
+  for (const auto& [mine, theirs] : kPlainTorchNames)
+    if (ours == mine) return theirs;
+  if (ours.rfind("Llama", 0) == 0) return class_prefix(f) + ours.substr(5);
+  return ours;
+}
+
+std::string our_class_name(const std::string& hf, Family f) {
+  for (const auto& [mine, theirs] : kPlainTorchNames)
+    if (hf == theirs) return mine;
+  const std::string prefix = class_prefix(f);
+  // The decoder layer carries the family's own name already (family_names().layer_class).
+  if (hf.rfind(prefix, 0) == 0 && hf != family_names(f).layer_class) return "Llama" + hf.substr(prefix.size());
+  return hf;
+}
+
 double LlamaConfig::parameter_count() const {
   const double c = static_cast<double>(hidden_size), d = static_cast<double>(head_dim),
                h = static_cast<double>(num_attention_heads), k = static_cast<double>(num_key_value_heads),

@@ -29,6 +29,11 @@ struct FamilyNames {
   const char* layer_class;
 };
 FamilyNames family_names(Family f);
+// transformers' name for one of our module classes in a model of family `f` ("LlamaMLP" is
+// "Qwen2MLP" in a Qwen2 model, "torch::nn::LinearImpl" is "Linear"), and ours for one of its.
+// Names that are neither come back unchanged.
+std::string hf_class_name(const std::string& ours, Family f);
+std::string our_class_name(const std::string& hf, Family f);
 
 // HF config.json fields (transformers' LlamaConfig and its relatives'), with their defaults.
 struct LlamaConfig {

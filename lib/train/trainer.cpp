@@ -432,12 +432,15 @@ model::LlamaForCausalLM stand_in(const model::LlamaConfig& model, int64_t layers
 void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfig& model, const std::string& where) {
   if (fsdp.auto_wrap_policy != config::WrapPolicy::kTransformerBasedWrap) return;
   const model::LlamaForCausalLM m = stand_in(model, 1);
-  std::set<std::string> classes;
-  for (const auto& item : m->named_modules()) classes.insert(item.value()->name());
+  std::set<std::string> classes, hf_names;  // ours, and transformers' names for them
+  for (const auto& item : m->named_modules()) {
+    classes.insert(item.value()->name());
+    hf_names.insert(model::hf_class_name(item.value()->name(), model.family));
+  }
   for (const std::string& c : fsdp.transformer_layer_cls_to_wrap)
-    FSDP_CHECK(classes.count(c), "[train] fsdp_config.fsdp_transformer_layer_cls_to_wrap: ", where, " is a ",
-               model::family_names(model.family).layer_class, " model, with no class ", quoted(c),
-               "; its classes: ", join(std::vector<std::string>(classes.begin(), classes.end()), ", "),
+    FSDP_CHECK(classes.count(model::our_class_name(c, model.family)), "[train] fsdp_config.fsdp_transformer_layer_cls_to_wrap: ",
+               where, " is a ", model::family_names(model.family).architecture, " model, with no class ", quoted(c),
+               "; its classes (transformers' names): ", join(std::vector<std::string>(hf_names.begin(), hf_names.end()), ", "),
                ". Leave the key empty for its decoder layer (", model::family_names(model.family).layer_class, ")");
 }
 

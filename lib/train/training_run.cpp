@@ -243,6 +243,7 @@ void TrainingRun::build_model() {
   std::unique_ptr<ckpt::HfCheckpoint> pretrained;
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
   FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
+  for (std::string& c : plan.options.layer_classes) c = model::our_class_name(c, model_config_.family);
   fsdp::DeviceMesh mesh =
       fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size, plan.tp_size);
   std::shared_ptr<model::TensorParallel> tp;
@@ -599,9 +600,10 @@ void TrainingRun::export_hf(int64_t step) {
     ckpt::export_peft(*sharded_, lora, model::lora_target_names(*llama_, lora),
                       config_.model.pretrained.empty() ? "" : absolute_path(config_.model.pretrained), dir, extra);
   else if (lora.enabled())
-    ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra);
+    ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra, export_dtype().first);
   else
-    ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra);
+    ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra, ckpt::kDefaultMaxShardBytes,
+                    export_dtype().first);
   if (world_.rank() == 0) write_file_atomic(dir + "/" + kExportNote, export_note(step));
   std::string names;
   for (const auto& [name, from] : extra) names += (names.empty() ? "; with " : ", ") + name;
@@ -609,7 +611,29 @@ void TrainingRun::export_hf(int64_t step) {
           peft             ? "a PEFT adapter folder"
           : lora.enabled() ? "the merged model as a Hugging Face folder"
                            : "a Hugging Face folder",
-          " to ", dir, " in ", format_seconds(seconds_since(t)), names, "\n"));
+          peft ? "" : str(" (", export_dtype().second, ")"), " to ", dir, " in ", format_seconds(seconds_since(t)),
+          names, "\n"));
+}
+
+// checkpoint.export_dtype, and how this run came to it.
+std::pair<ckpt::Dtype, std::string> TrainingRun::export_dtype() const {
+  using config::ExportDtype;
+  switch (config_.checkpoint.export_dtype) {
+    case ExportDtype::kFloat32:
+      return {ckpt::Dtype::kF32, "float32"};
+    case ExportDtype::kBfloat16:
+      return {ckpt::Dtype::kBF16, "bfloat16"};
+    case ExportDtype::kFloat16:
+      return {ckpt::Dtype::kF16, "float16"};
+    case ExportDtype::kAuto:
+      break;
+  }
+  if (config_.model.pretrained.empty()) return {ckpt::Dtype::kF32, "float32"};
+  const std::string& d = model_config_.dtype;  // the pretrained folder's torch_dtype
+  const std::string why = str(", as model.pretrained's torch_dtype");
+  if (d == "bfloat16") return {ckpt::Dtype::kBF16, "bfloat16" + why};
+  if (d == "float16") return {ckpt::Dtype::kF16, "float16" + why};
+  return {ckpt::Dtype::kF32, d == "float32" ? "float32" + why : "float32"};
 }
 
 // What an export holds besides the weights, so it is a whole Hugging Face folder that transformers

@@ -48,7 +48,8 @@ const char* const kChatML =
 
 TEST_CASE("TRL's formats: messages, ShareGPT as maybe_convert_to_chatml converts it, prompt/completion lists") {
   const Conversation m = chat::read_conversation(Json::parse(
-      R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}], "chat_template_kwargs": {"x": 1}})"));
+      R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}], "chat_template_kwargs": {"x": 1}})"),
+      /*for_training=*/false);  // a prompt to answer
   CHECK(m.messages.size() == 1);
   CHECK(m.tools.size() == 1);
   CHECK(m.kwargs["x"] == 1);
@@ -67,6 +68,17 @@ TEST_CASE("TRL's formats: messages, ShareGPT as maybe_convert_to_chatml converts
                        doctest::Contains("needs \"prompt\" and \"completion\" both lists"), InputError);
   CHECK_THROWS_WITH_AS(chat::read_conversation(Json::parse(R"({"messages": []})")), doctest::Contains("non-empty list"),
                        InputError);
+}
+
+TEST_CASE("issue 40: a training conversation without an assistant turn is refused; ShareGPT roles inside messages map") {
+  CHECK_THROWS_WITH_AS(
+      chat::read_conversation(Json::parse(R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]})")),
+      "the conversation has no \"assistant\" message (its roles: system, user), so it holds nothing to learn to answer; "
+      "give each conversation an assistant turn, or train on the text as documents",
+      InputError);
+  const Conversation mapped = chat::read_conversation(
+      Json::parse(R"({"messages": [{"role": "human", "content": "q"}, {"role": "gpt", "content": "a"}]})"));
+  CHECK(mapped.messages.dump() == R"([{"role":"user","content":"q"},{"role":"assistant","content":"a"}])");
 }
 
 TEST_CASE("messages reach the template as transformers hands them: nulls dropped, reasoning aliased") {

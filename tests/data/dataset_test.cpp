@@ -106,6 +106,14 @@ TEST_CASE("a .json array or JSON Lines reads as its records; tables and binary f
   const std::string big = error_of([&] { read_tokens(d.file("big.jsonl", "{\"text\": \"a\"}\n{\"x\": 1e400}\n")); });
   CHECK(big.find("big.jsonl:2: number overflow parsing '1e400' (a number beyond double's range)") != std::string::npos);
   CHECK(big.find("json.exception") == std::string::npos);
+  // A conversation with a misspelt or mistyped "messages" is named as such, not as a prompt/completion pair.
+  const std::string typo =
+      error_of([&] { read_tokens(d.file("typo.jsonl", "{\"message\": [{\"role\": \"user\", \"content\": \"q\"}]}\n")); });
+  CHECK(typo.find("typo.jsonl:1: a conversation record needs a \"messages\" list (or ShareGPT's \"conversations\"); "
+                  "this one has keys message; did you mean \"messages\" for \"message\"?") != std::string::npos);
+  const std::string text = error_of([&] { read_tokens(d.file("str.jsonl", "{\"messages\": \"hello\"}\n")); });
+  CHECK(text.find("str.jsonl:1: a conversation record's \"messages\" is string, not a list of messages") !=
+        std::string::npos);
 }
 
 // Issue 19, cases 8 and 9: an id of 2^31 or more in a uint32 shard once became a negative int32

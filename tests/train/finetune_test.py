@@ -122,6 +122,37 @@ def check_lora(a, d, rows):
           f"completes {right} of {len(unique)} prompts as trained")
 
 
+def check_export_dtype(a, d):
+    """checkpoint.export_dtype: auto follows model.pretrained's torch_dtype, as save_pretrained writes a
+    model in its dtype; the weights are the fp32 export's rounded by torch, and transformers loads them."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    shutil.copytree(f"{d}/ex/model", f"{d}/bf16-model")
+    config = json.load(open(f"{d}/bf16-model/config.json"))
+    config["torch_dtype"] = "bfloat16"
+    config.pop("dtype", None)
+    json.dump(config, open(f"{d}/bf16-model/config.json", "w"))
+    exports, said = {}, {}
+    for name, sets in (("auto", [f"model.pretrained={d}/bf16-model"]), ("float32", ["checkpoint.export_dtype=float32"])):
+        r = launch(a, d, "train.steps=2", f"checkpoint.export_dir={d}/dtype-{name}", "checkpoint.dir=", *sets)
+        assert r.returncode == 0, r.stdout + r.stderr
+        exports[name], said[name] = f"{d}/dtype-{name}/step-2", r.stdout
+    assert f"a Hugging Face folder (bfloat16, as model.pretrained's torch_dtype) to {exports['auto']}" in said["auto"]
+    assert f"a Hugging Face folder (float32) to {exports['float32']}" in said["float32"], said["float32"]
+    bf16, fp32 = load_file(f"{exports['auto']}/model.safetensors"), load_file(f"{exports['float32']}/model.safetensors")
+    assert all(t.dtype == torch.bfloat16 for t in bf16.values()) and all(t.dtype == torch.float32 for t in fp32.values())
+    assert bf16.keys() == fp32.keys() and all(torch.equal(bf16[k], fp32[k].to(torch.bfloat16)) for k in bf16)
+    assert json.load(open(f"{exports['auto']}/config.json"))["torch_dtype"] == "bfloat16"
+    assert json.load(open(f"{exports['float32']}/config.json"))["torch_dtype"] == "float32"
+    assert os.path.getsize(f"{exports['auto']}/model.safetensors") < 0.6 * os.path.getsize(
+        f"{exports['float32']}/model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(exports["auto"], torch_dtype="auto")
+    assert model.dtype == torch.bfloat16, model.dtype
+    print(f"finetune: export_dtype auto wrote bfloat16 (the folder's torch_dtype): {len(bf16)} tensors, each the "
+          f"float32 export's rounded by torch; transformers loads it as {model.dtype}")
+
+
 LORA = ["lora.r=16", "lora.alpha=32", "lora.target_modules=all-linear", "lora.modules_to_save=embed_tokens,lm_head"]
 
 
@@ -142,6 +173,7 @@ def main():
         check_completions(d, rows)
         check_generate(a, d, rows)
         check_lora(a, d, rows)
+        check_export_dtype(a, d)
 
         # The same global batch on 1 and 2 workers: the same losses (and the cache found, not remade).
         curves = []

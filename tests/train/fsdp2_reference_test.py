@@ -49,11 +49,13 @@ def main():
                         "fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n"
                         f"  fsdp_reshard_after_forward: {reshard}\n"
                         f"checkpoint:\n  dir: {tmp}/{name}/ckpt\n  export_dir: {tmp}/{name}/export\n"
-                        f"model:\n  pretrained: {model_dir}\ndata:\n  path: {data}\n"
+                        f"model:\n  pretrained: {model_dir}\ndata:\n  path: {data}\n  eval_fraction: 0.05\n"
                         f"train:\n  steps: {settings['steps']}\n  micro_batch_size: {settings['micro_batch_size']}\n"
                         f"  sequence_length: {settings['sequence_length']}\n  seed: {settings['seed']}\n"
                         "  eval_interval: 0\n  eval_batches: 1\n"
-                        f"optimizer:\n  lr: {settings['lr']}\n"
+                        f"optimizer:\n  lr: {settings['lr']}\n  beta2: 0.95\n  weight_decay: 0.1\n"
+                        # the reference's schedule and AdamW (scripts/reference/fsdp2_llama.py), not fine-tuning's
+                        "schedule:\n  type: cosine\n  warmup_steps: 10\n  min_lr_ratio: 0.1\n"
                         f"logging:\n  interval: 1\n  metrics_file: {tmp}/{name}/metrics.jsonl\n")
             run = subprocess.run([args.fsdptrain, "launch", "--config", yaml, "--main_process_port", "0"],
                                  capture_output=True, text=True, timeout=300)

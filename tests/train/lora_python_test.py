@@ -78,7 +78,8 @@ def fsdptrain(args, tmp, name, world, base, data, lora, extra="", gradients=None
                 f"  micro_batch_size: {micro}\n  gradient_accumulation_steps: {accumulation}\n"
                 f"  sequence_length: {SETTINGS['sequence_length']}\n  seed: {SETTINGS['seed']}\n"
                 "  eval_interval: 0\n  eval_batches: 1\n"
-                f"optimizer:\n  lr: {SETTINGS['lr']}\nschedule:\n  warmup_steps: {SETTINGS['warmup']}\n"
+                f"optimizer:\n  lr: {SETTINGS['lr']}\n  beta2: 0.95\n  weight_decay: 0.1\n"
+                f"schedule:\n  type: cosine\n  warmup_steps: {SETTINGS['warmup']}\n  min_lr_ratio: 0.1\n"
                 "logging:\n  interval: 1\n" + lora + extra)
     env = dict(os.environ, FSDPTRAIN_DUMP_GRADIENTS=gradients) if gradients else None
     text = run([args.fsdptrain, "launch", "--config", yaml, "--main_process_port", "0", *[a for s in sets for a in ("--set", s)]],

@@ -67,10 +67,12 @@ def helpers(args, tmp, data, tokens):
         with open(path, "w") as f:
             f.write(f"distributed_type: FSDP\nuse_cpu: true\nnum_processes: {world}\nmixed_precision: 'no'\n"
                     f"fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: {fmt}\n" + layout +
-                    f"model:\n  pretrained: {model}\ndata:\n  path: {data}\n"
+                    f"model:\n  pretrained: {model}\ndata:\n  path: {data}\n  eval_fraction: 0.05\n"
                     f"train:\n  output_dir: {tmp}/{name}\n  steps: {STEPS}\n  micro_batch_size: {batch}\n"
                     f"  sequence_length: {SEQ}\n  seed: 1234\n  eval_interval: 0\n  eval_batches: 1\n"
-                    f"optimizer:\n  lr: {LR}\nlogging:\n  interval: 1\n" + extra)
+                    f"optimizer:\n  lr: {LR}\n  beta2: 0.95\n  weight_decay: 0.1\n"
+                    "schedule:\n  type: cosine\n  warmup_steps: 10\n  min_lr_ratio: 0.1\n"  # the DTensor peer's
+                    "logging:\n  interval: 1\n" + extra)
         return path
 
     def ours(name, model, world, tp, replicate=1, batch=BATCH, extra="", fmt="FULL_STATE_DICT"):
