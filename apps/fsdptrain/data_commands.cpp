@@ -140,7 +140,7 @@ class ChatTemplateCommand final : public Command {
     nlohmann::json spans = nlohmann::json::array();
     if (text.compare(0, r.text.size(), r.text) == 0)
       for (const auto& [b, e] : r.counted) spans.push_back({chars(b), chars(e)});
-    return {{"text", text}, {"assistant_spans", spans}};
+    return {{"text", text}, {"assistant_spans", spans}, {"rule", r.rule}};
   }
   std::string input_, folder_, template_file_;
   bool generation_prompt_ = false, all_tokens_ = false;

@@ -97,9 +97,10 @@ std::string ChatTemplate::render(const Conversation& c, bool add_generation_prom
   return run(c, c.messages.size(), add_generation_prompt).text;
 }
 
-std::vector<std::pair<size_t, size_t>> ChatTemplate::assistant_spans(const Conversation& c,
-                                                                     const std::string& whole) const {
+std::vector<std::pair<size_t, size_t>> ChatTemplate::assistant_spans(const Conversation& c, const std::string& whole,
+                                                                     std::string* rule) const {
   std::vector<std::pair<size_t, size_t>> spans;
+  *rule = "prefixes";
   size_t searched = 0;  // turns are found in order
   for (size_t i = 0; i < c.messages.size(); ++i) {
     if (c.messages[i].value("role", "") != "assistant") continue;
@@ -129,11 +130,24 @@ std::vector<std::pair<size_t, size_t>> ChatTemplate::assistant_spans(const Conve
       text.erase(0, std::min(text.size(), text.find_first_not_of('\n')));
       at = after.empty() || text.empty() ? std::string::npos : whole.find(text + after, from);
     }
+    *rule = "content search";
+    size_t end = at + text.size() + after.size();
+    if (at == std::string::npos && !text.empty() && (at = whole.find(text, from)) != std::string::npos) {
+      // What follows the last turn differs from what follows this one (Phi-3 ends the conversation
+      // with EOS after the end-of-turn marker): the content, and as much of that as follows it here.
+      // Cut back to the end of a whole marker (a '>' or a newline): "<|end|>\n<|user|>" and
+      // "<|end|>\n</s>" share "<|end|>\n<", whose last '<' begins the next turn.
+      const size_t content_end = at + text.size();
+      size_t k = 0;
+      while (k < after.size() && content_end + k < whole.size() && whole[content_end + k] == after[k]) ++k;
+      while (k > 0 && after[k - 1] != '>' && after[k - 1] != '\n') --k;
+      end = content_end + k;
+    }
     FSDP_CHECK(at != std::string::npos, "[chat] assistant message ", i,
-               ": the template renders it differently once later messages follow, and its content with the "
-               "end-of-turn marker cannot be found in the whole rendering; give a template with {% generation %} "
-               "blocks (data.chat_template) or set data.assistant_only_loss: false");
-    spans.emplace_back(before_prefix ? before.size() : at, at + text.size() + after.size());
+               ": the template renders it differently once later messages follow, and its content cannot be "
+               "found in the whole rendering; give a template with {% generation %} blocks (data.chat_template) "
+               "or set data.assistant_only_loss: false");
+    spans.emplace_back(before_prefix ? before.size() : at, end);
     searched = spans.back().second;
   }
   return spans;
@@ -144,6 +158,7 @@ ChatTemplate::Training ChatTemplate::render_for_training(const Conversation& c, 
   const Template::Output whole = run(c, c.messages.size(), false);
   t.text = whole.text;
   if (!assistant_only) {
+    t.rule = "every token";
     if (!t.text.empty()) t.counted.emplace_back(0, t.text.size());
   } else if (c.prompt_completion()) {
     const std::string prompt = run(c, c.prompt_messages, true).text;
@@ -151,10 +166,12 @@ ChatTemplate::Training ChatTemplate::render_for_training(const Conversation& c, 
                "[chat] the prompt rendered with add_generation_prompt is not how the "
                "prompt and completion together begin, so the completion cannot be found; check the template");
     t.counted.emplace_back(prompt.size(), t.text.size());
+    t.rule = "the completion";
   } else if (generation_blocks_) {
     t.counted = whole.generation_spans;
+    t.rule = "generation blocks";
   } else {
-    t.counted = assistant_spans(c, t.text);
+    t.counted = assistant_spans(c, t.text, &t.rule);
   }
   return t;
 }

@@ -50,6 +50,10 @@ class ChatTemplate {
   struct Training {
     std::string text;
     std::vector<std::pair<size_t, size_t>> counted;  // byte spans [begin, end) of `text`, ascending
+    // How they were found: "every token", "the completion", "generation blocks", "prefixes" (each
+    // turn between the renderings before and through it), or "content search" (a turn found by its
+    // content where the renderings are no prefixes).
+    std::string rule;
   };
   // The text a conversation trains on and the spans its loss counts. Throws TemplateRaise for the
   // template's raise_exception, InputError for a turn the spans cannot be found for.
@@ -66,7 +70,8 @@ class ChatTemplate {
   ChatTemplate() = default;
   const Template& pick(const Conversation& c) const;
   Template::Output run(const Conversation& c, size_t messages, bool add_generation_prompt) const;
-  std::vector<std::pair<size_t, size_t>> assistant_spans(const Conversation& c, const std::string& whole) const;
+  std::vector<std::pair<size_t, size_t>> assistant_spans(const Conversation& c, const std::string& whole,
+                                                         std::string* rule) const;
 
   std::vector<std::pair<std::string, Template>> templates_;  // by name; "default" first when there is one
   std::vector<std::string> sources_;

@@ -266,9 +266,10 @@ struct Checkpointer::Impl {
     if (o.keep <= 0) return;
     auto all = complete_checkpoints(o.dir, fs);
     const std::string best = o.keep_best ? best_checkpoint(o.dir, fs) : "";
-    if (!best.empty()) all.erase(std::remove(all.begin(), all.end(), best), all.end());  // kept besides `keep`
+    // The newest `keep`, and the best besides them when it is older (Trainer's rule: a best that is
+    // also among the newest takes no second place).
     for (size_t i = 0; i + static_cast<size_t>(o.keep) < all.size(); ++i)
-      if (all[i] != just_written) {
+      if (all[i] != just_written && all[i] != best) {
         fs.remove_all(all[i]);
         say(str("[ckpt] removed ", all[i], " (checkpoint.keep: ", o.keep,
                 best.empty() ? "" : str("; the best by held-out loss, ", best, ", stays"), ")\n"));

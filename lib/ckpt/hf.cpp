@@ -111,6 +111,24 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
   return written;
 }
 
+ExtraFiles model_text_files(const std::vector<std::string>& folders) {
+  std::vector<std::string> names = {"tokenizer.json",         "tokenizer_config.json", "special_tokens_map.json",
+                                    "added_tokens.json",      "chat_template.jinja",   "chat_template.json",
+                                    "generation_config.json", "tokenizer.model",       "vocab.json",
+                                    "merges.txt"};
+  for (const std::string& folder : folders)  // transformers 5 keeps named templates in a folder of their own
+    for (const std::string& f : glob_paths(folder + "/additional_chat_templates/*.jinja"))
+      names.push_back("additional_chat_templates/" + base_name(f));
+  ExtraFiles out;
+  for (const std::string& name : names)
+    for (const std::string& folder : folders)
+      if (file_problem(folder + "/" + name).empty()) {
+        out.emplace_back(name, folder + "/" + name);
+        break;
+      }
+  return out;
+}
+
 bool writes_exports(const ShardedModel& model) {
   const DeviceMesh& m = model.mesh();
   return m.shard.rank() == 0 && (!m.replicate || m.replicate->rank() == 0) && (!m.tp || m.tp->rank() == 0);

@@ -34,6 +34,11 @@ void export_hf(const ShardedModel& model, const model::ModelDescription& descrip
                const ExtraFiles& extra = {}, int64_t max_shard_bytes = kDefaultMaxShardBytes,
                Dtype dtype = Dtype::kF32);
 
+// The tokenizer, chat template and generation files of a Hugging Face folder that go with its
+// weights (tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json, ...):
+// each from the first of `folders` that has it, as (name in the folder, source path).
+ExtraFiles model_text_files(const std::vector<std::string>& folders);
+
 // export_hf's folder handling around `write`, which writes the files into the temporary folder it
 // is given (collective as the caller needs; every rank calls it, only the writing rank's files
 // count): the extras are copied after it, then the folder is renamed into place.

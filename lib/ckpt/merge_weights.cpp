@@ -18,10 +18,10 @@ namespace fsdp::ckpt {
 namespace {
 
 // Writes `specs` (full(i) gives each tensor, one at a time) with `config_json` as a Hugging Face
-// folder `out`, through out.tmp and a rename; returns the bytes written.
+// folder `out`, with a copy of each `extra` file, through out.tmp and a rename; returns the bytes written.
 int64_t write_folder(const std::vector<TensorSpec>& specs, const std::function<at::Tensor(size_t)>& full,
                      const std::string& config_json, const std::string& out, int64_t max_shard_bytes,
-                     std::ostream& log) {
+                     std::ostream& log, const ExtraFiles& extra = {}) {
   FileSystem& fs = local_file_system();
   const std::string tmp = out + ".tmp";
   fs.remove_all(tmp);
@@ -31,6 +31,11 @@ int64_t write_folder(const std::vector<TensorSpec>& specs, const std::function<a
     for (const WrittenFile& f : write_hf_folder(specs, full, /*writer=*/true, config_json, tmp, max_shard_bytes, fs)) {
       log << "[merge-weights] wrote " << f.name << " (" << format_bytes(f.bytes) << ")\n";
       total += static_cast<int64_t>(f.bytes);
+    }
+    for (const auto& [name, from] : extra) {
+      if (name.find('/') != std::string::npos) fs.make_dirs(tmp + "/" + parent_folder(name));
+      write_whole_file(fs, tmp + "/" + name, read_file(from));
+      log << "[merge-weights] copied " << name << " from " << parent_folder(from) << "\n";
     }
     fs.sync_dir(tmp);
     fs.rename(tmp, out);
@@ -117,7 +122,8 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
         return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),
                                     scaling, name);
       },
-      read_file(base + "/config.json"), out, max_shard_bytes, log);
+      read_file(base + "/config.json"), out, max_shard_bytes, log,
+      model_text_files({adapter_dir, base}));  // so generate --chat and transformers find the tokenizer
   log << "[merge-weights] " << out << ": " << base << " with the adapter " << adapter_dir << " folded in ("
       << format_bytes(total) << ")\n";
   return adapter_dir;

@@ -12,9 +12,12 @@ ChatEncoder::ChatEncoder(const ChatOptions& options, const tokenize::Tokenizer& 
 
 ChatEncoder::Encoded ChatEncoder::encode(const std::string& record, const std::string& where) const {
   chat::ChatTemplate::Training t;
+  Encoded out;
   try {
     const chat::Json j = chat::Json::parse(record);
     t = template_.render_for_training(chat::read_conversation(j), options_.assistant_only);
+    out.ids = tokenizer_.encode(t.text, /*add_special_tokens=*/false);
+    out.counted = counted_tokens(t.text, tokenizer_.offsets(t.text, out.ids), t.counted);
   } catch (const chat::TemplateRaise& e) {
     throw InputError(str("[data] ", where, ": the chat template (", e.where(), ":", e.line(), ") refuses this ",
                          "conversation: ", e.what()));
@@ -23,9 +26,6 @@ ChatEncoder::Encoded ChatEncoder::encode(const std::string& record, const std::s
   } catch (const InputError& e) {
     throw InputError(str("[data] ", where, ": ", e.what()));
   }
-  Encoded out;
-  out.ids = tokenizer_.encode(t.text, /*add_special_tokens=*/false);
-  out.counted = counted_tokens(t.text, tokenizer_.offsets(t.text, out.ids), t.counted);
   return out;
 }
 

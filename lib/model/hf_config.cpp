@@ -182,8 +182,8 @@ std::string class_prefix(Family f) {
 }
 
 // Ours that transformers names differently than by the family prefix.
-const std::pair<const char*, const char*> kPlainTorchNames[] = {{"torch::nn::LinearImpl", "Linear"},
-                                                                {"LlamaEmbedding", "Embedding"}};
+const std::pair<const char*, const char*> kPlainTorchNames[] = {
+    {"torch::nn::LinearImpl", "Linear"}, {"torch::nn::ModuleListImpl", "ModuleList"}, {"LlamaEmbedding", "Embedding"}};
 
 }  // namespace
 

@@ -755,8 +755,23 @@ std::vector<std::pair<size_t, size_t>> Tokenizer::offsets(std::string_view text,
     // normalized text. As tokenizers aligns it, normalized character t came from source character t
     // (a composed character from the first of its parts; extra characters from the last), and a
     // token covers the source characters of the normalized characters it spells.
-    FSDP_CHECK(m.normal_form.has_value(), "[tokenize] the tokens do not spell the text at byte ", at,
-               " (a token of another text?)");
+    if (!m.normal_form) {
+      // Most often a character the vocabulary cannot spell, which the model dropped (a byte-level
+      // BPE trained without the byte alphabet; transformers drops it without a word).
+      const std::string_view c = at < text.size() ? code_points(text.substr(at, 4)).front() : std::string_view();
+      char code[16] = "";
+      if (!c.empty()) {
+        const unsigned char lead = static_cast<unsigned char>(c[0]);
+        uint32_t v = c.size() == 1 ? lead : c.size() == 2 ? lead & 0x1F : c.size() == 3 ? lead & 0x0F : lead & 0x07;
+        for (size_t b = 1; b < c.size(); ++b) v = (v << 6) | (static_cast<unsigned char>(c[b]) & 0x3F);
+        std::snprintf(code, sizeof(code), "U+%04X", static_cast<unsigned>(v));
+      }
+      throw InputError(str("[tokenize] the tokenizer has no token for ",
+                           c.empty() ? std::string("the end of the text") : str("the character \"", c, "\" (", code, ")"),
+                           " at byte ", at, " of the text: its vocabulary cannot spell it, so the text would lose it "
+                           "(transformers drops it silently). Remove the character from the data, or use a tokenizer "
+                           "whose vocabulary covers it (a byte-level BPE with all 256 bytes does)"));
+    }
     const std::vector<std::string_view> chars = code_points(text.substr(at));
     std::string spelled = s, raw;
     size_t j = i + 1, k = 0, end = at;

@@ -644,27 +644,7 @@ ckpt::ExtraFiles TrainingRun::text_files() const {
   const std::string& tok = config_.data.tokenizer;
   if (!tok.empty()) folders.push_back(is_directory(tok) ? tok : parent_folder(tok));
   if (!config_.model.pretrained.empty()) folders.push_back(config_.model.pretrained);
-  ckpt::ExtraFiles out;
-  std::vector<std::string> names = {"tokenizer.json",
-                                    "tokenizer_config.json",
-                                    "special_tokens_map.json",
-                                    "added_tokens.json",
-                                    "chat_template.jinja",
-                                    "chat_template.json",
-                                    "generation_config.json",
-                                    "tokenizer.model",
-                                    "vocab.json",
-                                    "merges.txt"};
-  for (const std::string& folder : folders)  // transformers 5 keeps named templates in a folder of their own
-    for (const std::string& f : glob_paths(folder + "/additional_chat_templates/*.jinja"))
-      names.push_back("additional_chat_templates/" + base_name(f));
-  for (const std::string& name : names)
-    for (const std::string& folder : folders)
-      if (file_problem(folder + "/" + name).empty()) {
-        out.emplace_back(name, folder + "/" + name);
-        break;
-      }
-  return out;
+  return ckpt::model_text_files(folders);
 }
 
 // Which run wrote an export: a resumed run replaces the exports of steps after its checkpoint that

@@ -126,6 +126,19 @@ TEST_CASE("the assistant's turns: by prefixes, by generation blocks, the complet
   CHECK(tr.text == "<s>[INST]q1[/INST]a1</s>[INST]S q2[/INST]a2</s>");
   CHECK(counted(tr) == std::vector<std::string>{"a1</s>", "a2</s>"});
 
+  // A template that writes EOS after the last turn only (as Phi-3's, Phi-3.5's do): an earlier turn
+  // is its content and as much of the last turn's ending as follows it.
+  TemplateFolder phi3(
+      "{% for m in messages %}{% if m.role == 'user' %}{{ '<|user|>\n' + m.content + '<|end|>\n' }}"
+      "{% elif m.role == 'assistant' %}{{ '<|assistant|>\n' + m.content + '<|end|>\n' }}{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}");
+  const ChatTemplate::Training ph = ChatTemplate::load(phi3.path).render_for_training(c, true);
+  CHECK(ph.text == "<|user|>\nq1<|end|>\n<|assistant|>\na1<|end|>\n<|user|>\nq2<|end|>\n<|assistant|>\na2<|end|>\n</s>");
+  CHECK(counted(ph) == std::vector<std::string>{"a1<|end|>\n", "a2<|end|>\n</s>"});
+  CHECK(ph.rule == "content search");
+  CHECK(t.render_for_training(c, true).rule == "prefixes");
+  CHECK(g.render_for_training(c, true).rule == "generation blocks");
+
   // A turn that cannot be found is refused, naming the ways on.
   TemplateFolder hides("{% for m in messages %}{% if loop.last %}{{ m.content }}{% endif %}{% endfor %}");
   CHECK_THROWS_WITH_AS(ChatTemplate::load(hides.path).render_for_training(c, true),

@@ -165,6 +165,21 @@ def main():
         check_refused(a.tool, d, base, lambda j: j["model"].update(dropout=0.1), ["BPE dropout 0.1 is not supported"])
         check_refused(a.tool, d, base, lambda j: j.update(post_processor={"type": "BertProcessing"}),
                       ["post_processor BertProcessing is not supported"])
+        # A byte-level BPE trained without the byte alphabet cannot spell a character it never saw:
+        # tokenizers drops it without a word; fsdptrain names it instead of training on less text.
+        narrow = Tokenizer(models.BPE())
+        narrow.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        narrow.decoder = decoders.ByteLevel()
+        narrow.train_from_iterator(["ab ba ab"], trainers.BpeTrainer(vocab_size=50))
+        narrow_path = os.path.join(d, "narrow.json")
+        narrow.save(narrow_path)
+        assert narrow.decode(narrow.encode("a\u20acb").ids) == "ab"  # the euro sign vanished
+        out = subprocess.run([a.tool, narrow_path], input="a\u20acb".encode().hex() + "\n", capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 2, (out.returncode, out.stderr)
+        assert "the tokenizer has no token for the character \"\u20ac\" (U+20AC) at byte 1 of the text" in out.stderr, \
+            out.stderr
+        print("narrow.json: a character outside the vocabulary is named:", out.stderr.strip()[:120], "...")
         missing = subprocess.run([a.tool, d], input="", capture_output=True, text=True, timeout=60)
         assert missing.returncode == 2 and "has no tokenizer.json" in missing.stderr, missing.stderr
     print("tokenizer_python_test: ok")

@@ -118,6 +118,17 @@ def check_lora(a, d, rows):
     assert g.returncode == 0, g.stderr
     right = sum(x["completion"] == unique[x["prompt"]] for x in map(json.loads, open(out)))
     assert right >= 0.9 * len(unique), right
+    # merge-weights of the adapter carries the tokenizer files: the merged folder generates alone.
+    merged = f"{d}/lora-merged"
+    m = subprocess.run([a.fsdptrain, "merge-weights", export, merged], capture_output=True, text=True, timeout=300)
+    assert m.returncode == 0, m.stderr
+    assert os.path.exists(f"{merged}/tokenizer.json") and "copied tokenizer.json" in m.stdout, m.stdout
+    merged_out = f"{d}/lora-merged-generated.jsonl"
+    g = subprocess.run([a.fsdptrain, "generate", "--model", merged, "--prompts", f"{d}/prompts.jsonl", "--output",
+                        merged_out, "--max_new_tokens", "16"], capture_output=True, text=True, timeout=300)
+    assert g.returncode == 0, g.stderr
+    assert [x["completion"] for x in map(json.loads, open(merged_out))] == \
+        [x["completion"] for x in map(json.loads, open(out))]
     print(f"finetune: with LoRA (155136 of 524448 parameters trained), fsdptrain generate on the PEFT export "
           f"completes {right} of {len(unique)} prompts as trained")
 

@@ -214,8 +214,16 @@ TEST_CASE("the layer class defaults to the family's, a class the model lacks is 
   const Result bad = fsdptrain_in_source({"config", "validate", kQuickstart, "--set", qwen, "--set",
                                           "fsdp_config.fsdp_transformer_layer_cls_to_wrap=LlamaDecoderLayer"});
   CHECK(bad.code == 2);
-  CHECK(has(bad.err, "is a Qwen2DecoderLayer model, with no class \"LlamaDecoderLayer\"; its classes: "));
-  CHECK(has(bad.err, "Qwen2DecoderLayer"));
+  CHECK(has(bad.err, "is a Qwen2ForCausalLM model, with no class \"LlamaDecoderLayer\"; its classes (transformers' "
+                     "names): "));
+  // transformers' names for the family, not fsdptrain's own module names.
+  for (const char* c : {"Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm", "Embedding", "Linear"})
+    CHECK_MESSAGE(has(bad.err, c), c);
+  CHECK_FALSE(has(bad.err, "LlamaMLP"));
+  CHECK_FALSE(has(bad.err, "torch::nn::LinearImpl"));
+  const Result theirs = fsdptrain_in_source({"config", "validate", kQuickstart, "--set", qwen, "--set",
+                                             "fsdp_config.fsdp_transformer_layer_cls_to_wrap=Qwen2DecoderLayer"});
+  CHECK_FALSE(has(theirs.err, "fsdp_transformer_layer_cls_to_wrap"));  // accepted (the byte data is refused next)
   CHECK(has(bad.err, "Leave the key empty for its decoder layer (Qwen2DecoderLayer)"));
   // A config's positional file, as config validate takes it, for show too.
   const Result show = fsdptrain_in_source({"config", "show", kQuickstart});
