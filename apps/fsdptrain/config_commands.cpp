@@ -15,6 +15,7 @@
 #include "train/trainer.h"
 #include "util/log.h"
 #include "dist/build_info.h"
+#include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
 
@@ -124,8 +125,14 @@ class ValidateCommand final : public ConfigCommand {
       : ConfigCommand("validate", "Check a config; report every problem with file:line:col", /*positional_file=*/true) {}
   int run() override {
     const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
-    if (!rc.typed.model.config.empty() || !rc.typed.model.pretrained.empty())  // the built-in trainer's sections
+    if (!rc.typed.model.config.empty() || !rc.typed.model.pretrained.empty()) {  // the built-in trainer's sections
       for (const std::string& w : train::check_trainer_config(rc)) log_warn("[train] " + w);
+      try {  // what a launch of it would find in its run folder, said as the launch says it
+        train::check_run_folder_free(rc);
+      } catch (const InputError& e) {
+        log_warn(str("a launch of this config would stop here: ", e.what()));
+      }
+    }
     std::cout << (rc.file.empty() ? std::string("the default settings") : rc.file) << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
               << plural(rc.typed.launch.num_processes, "process", "processes") << "\n";
     return 0;

@@ -17,6 +17,7 @@
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/format.h"
+#include "ckpt/hf.h"
 #include "config/show.h"
 #include "dist/build_info.h"
 #include "dist/error_file.h"
@@ -491,6 +492,10 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   // Its config.json parses (InputError naming the file otherwise).
   const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
   check_layer_classes(resolved.typed.fsdp, model, model_config_path(resolved.typed));
+  // The weights' folder opens and holds every tensor this model needs (headers only, no weights read):
+  // a damaged folder or a broken link is named here, not by every rank after the workers start.
+  if (!resolved.typed.model.pretrained.empty())
+    ckpt::HfCheckpoint(resolved.typed.model.pretrained).check_matches(model::describe(model).params);
   const config::TrainConfig& train = resolved.typed.train;
   FSDP_CHECK(resolved.typed.model.pretrained.empty() || train.sequence_length <= model.max_position_embeddings,
              "[train] train.sequence_length ", train.sequence_length, " is beyond the model's max_position_embeddings ",

@@ -233,13 +233,22 @@ def check_refusals(fsdptrain, d, folder):
     make_tokenizer("qwen", raising, "{% if messages[0].role != 'user' %}{{ raise_exception('Conversations must "
                    "start with a user message') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}")
     sysfirst = os.path.join(d, "sys.jsonl")
-    open(sysfirst, "w").write(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n" + json.dumps(
-        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}]}) + "\n")
+    answer = {"role": "assistant", "content": "b"}
+    open(sysfirst, "w").write(json.dumps({"messages": [{"role": "user", "content": "a"}, answer]}) + "\n" + json.dumps(
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "a"}, answer]}) + "\n")
     r = run([fsdptrain, "tokenize", "--tokenizer", raising, "--input", sysfirst, "--output", os.path.join(d, "r2")])
     assert r.returncode == 2 and f"{sysfirst}:2: the chat template" in r.stderr and \
         "Conversations must start with a user message" in r.stderr, r.stderr
     assert not os.path.exists(os.path.join(d, "r2"))
-    print("refusals: a message without a role and the template's raise_exception name the file and line")
+    unanswered = os.path.join(d, "unanswered.jsonl")
+    open(unanswered, "w").write(json.dumps({"messages": [{"role": "user", "content": "a"}, answer]}) + "\n" +
+                                json.dumps({"messages": [{"role": "system", "content": "s"},
+                                                         {"role": "user", "content": "a"}]}) + "\n")
+    r = run([fsdptrain, "tokenize", "--tokenizer", folder, "--input", unanswered, "--output", os.path.join(d, "r3")])
+    assert r.returncode == 2 and f'{unanswered}:2: the conversation has no "assistant" message (its roles: system, ' \
+        'user)' in r.stderr, r.stderr
+    print("refusals: a message without a role, the template's raise_exception and a conversation without an "
+          "assistant turn name the file and line")
 
 
 def check_training(fsdptrain, d, folder, recs):
