@@ -104,7 +104,10 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
   auto src = open_hf_source(base);
   std::vector<std::string> names = src->names();
   std::sort(names.begin(), names.end());
-  for (const auto& [name, t] : adapter.tensors) {
+  std::map<std::string, at::Tensor> tensors = adapter.tensors;
+  if (src->info("lm_head.weight") == nullptr && src->info("model.embed_tokens.weight") != nullptr)
+    tie_saved_head(tensors, adapter_dir);  // a tied base: its head is the embedding
+  for (const auto& [name, t] : tensors) {
     const std::string adapted = model::is_lora_parameter(name) ? model::adapted_weight_name(name) : name;
     FSDP_CHECK(src->info(adapted) != nullptr, "[merge-weights] ", adapter_dir, " adapts ", adapted, ", which ", base,
                " does not have; give the base model it was trained on with --base");
@@ -115,8 +118,8 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
       specs,
       [&](size_t i) {
         const std::string& name = specs[i].name;
-        const auto saved = adapter.tensors.find(name);  // a module to save: its trained value
-        if (saved != adapter.tensors.end()) return saved->second;
+        const auto saved = tensors.find(name);  // a module to save: its trained value
+        if (saved != tensors.end()) return saved->second;
         const auto a = adapter.tensors.find(model::lora_a_name(name));
         if (!ends_with(name, ".weight") || a == adapter.tensors.end()) return whole(*src, specs[i]);
         return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),

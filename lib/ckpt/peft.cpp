@@ -47,8 +47,22 @@ void check_supported(const json& c, const std::string& where) {
   refuse_if(c.contains("layers_to_transform") && !c["layers_to_transform"].is_null(), "layers_to_transform");
 }
 
+constexpr const char* kEmbedding = "model.embed_tokens.weight";
+constexpr const char* kHead = "lm_head.weight";
+
+// The model's head is its embedding (tie_word_embeddings): it has no lm_head parameter of its own.
+bool tied_head(const ShardedModel& model) {
+  bool embedding = false, head = false;
+  for (const auto& g : model.groups())
+    for (const ShardedParam& p : g->params()) {
+      embedding = embedding || p.name == kEmbedding;
+      head = head || p.name == kHead;
+    }
+  return embedding && !head;
+}
+
 std::string adapter_config_json(const model::LoraSettings& s, const std::vector<std::string>& targets,
-                                const std::string& base_model) {
+                                const std::string& base_model, bool tied_saved) {
   std::vector<std::string> sorted = targets;
   std::sort(sorted.begin(), sorted.end());
   json c = {{"peft_type", "LORA"},
@@ -65,10 +79,30 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
             {"inference_mode", true},
             {"init_lora_weights", true},
             {"use_dora", false}};
+  if (tied_saved) c["ensure_weight_tying"] = true;  // PEFT keeps the head tied to the trained embedding
   return c.dump(2) + "\n";
 }
 
 }  // namespace
+
+// An adapter of a tied model holds the trained embedding under both names (PEFT's ensure_weight_tying),
+// or the head alone: the embedding's, as a model whose head is its embedding reads it. A head that
+// differs from the embedding beside it was trained untied (PEFT without ensure_weight_tying), which a
+// tied model cannot hold.
+void tie_saved_head(std::map<std::string, at::Tensor>& tensors, const std::string& dir) {
+  const auto head = tensors.find("lm_head.weight");
+  if (head == tensors.end()) return;
+  const auto embedding = tensors.find("model.embed_tokens.weight");
+  if (embedding == tensors.end()) {
+    tensors["model.embed_tokens.weight"] = head->second;
+  } else {
+    FSDP_CHECK(at::equal(head->second, embedding->second), "[lora] ", dir, " holds lm_head.weight and ",
+               "model.embed_tokens.weight trained apart (PEFT's modules_to_save without ensure_weight_tying), but ",
+               "this model's head is its embedding (tie_word_embeddings): train the adapter with "
+               "ensure_weight_tying=True, or give a model with an untied head");
+  }
+  tensors.erase("lm_head.weight");
+}
 
 PeftAdapter read_peft_adapter(const std::string& dir) {
   FSDP_CHECK(is_directory(dir), "[lora] no adapter folder at ", quoted(dir),
@@ -110,16 +144,23 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
   const bool writer = writes_exports(model);
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
     std::vector<std::pair<std::string, at::Tensor>> tensors;
+    const bool tied = tied_head(model);
+    bool tied_saved = false;
     for (const auto& g : model.groups())
       for (size_t i = 0; i < g->params().size(); ++i) {
         if (!g->params()[i].trainable) continue;
         at::Tensor full = g->gather_full_parameter(i);  // collective: every rank, the same order
-        if (writer) tensors.emplace_back(kPeftPrefix + g->params()[i].name, full);
+        if (!writer) continue;
+        tensors.emplace_back(kPeftPrefix + g->params()[i].name, full);
+        if (tied && g->params()[i].name == kEmbedding) {  // PEFT saves the tied head under its own name too
+          tensors.emplace_back(std::string(kPeftPrefix) + kHead, full.clone());  // a file of its own bytes
+          tied_saved = true;
+        }
       }
     if (!writer) return;
     std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     save_safetensors(tmp + "/" + kAdapterWeights, tensors, {{"format", "pt"}});
-    write_whole_file(fs, tmp + "/" + kAdapterConfig, adapter_config_json(settings, targets, base_model));
+    write_whole_file(fs, tmp + "/" + kAdapterConfig, adapter_config_json(settings, targets, base_model, tied_saved));
   });
 }
 
@@ -159,8 +200,10 @@ void load_adapter(ShardedModel& model, const model::LoraSettings& settings, cons
              " has lora_alpha ", a.alpha, "; set lora.alpha: ", a.alpha, " to start from this adapter");
   FSDP_CHECK(a.use_rslora == settings.use_rslora, "[lora] lora.use_rslora is ", settings.use_rslora ? "true" : "false",
              " but ", config_path, " has use_rslora ", a.use_rslora ? "true" : "false");
+  std::map<std::string, at::Tensor> tensors = adapter.tensors;
+  if (tied_head(model)) tie_saved_head(tensors, adapter.dir);
   std::map<std::string, std::vector<int64_t>> stored;
-  for (const auto& [name, t] : adapter.tensors) stored[name] = t.sizes().vec();
+  for (const auto& [name, t] : tensors) stored[name] = t.sizes().vec();
   std::vector<ExpectedTensor> expected;
   for (const auto& g : model.groups())
     for (const ShardedParam& p : g->params())
@@ -173,7 +216,7 @@ void load_adapter(ShardedModel& model, const model::LoraSettings& settings, cons
     for (const ShardedParam& p : g->params()) {
       if (!p.trainable) continue;
       const int64_t n = p.layout.valid_rows();
-      if (n > 0) p.sharded.narrow(0, 0, n).copy_(adapter.tensors.at(p.name).narrow(0, p.layout.first_row(), n));
+      if (n > 0) p.sharded.narrow(0, 0, n).copy_(tensors.at(p.name).narrow(0, p.layout.first_row(), n));
     }
 }
 
@@ -186,7 +229,9 @@ void refuse_adapters_only(const std::vector<std::string>& names, const std::stri
 void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
   std::map<std::string, at::Tensor> params;
   for (const auto& p : module.named_parameters()) params[p.key()] = p.value().detach().to(at::kFloat);
-  for (const auto& [name, t] : adapter.tensors) {
+  std::map<std::string, at::Tensor> tensors = adapter.tensors;
+  if (params.count(kEmbedding) && !params.count(kHead)) tie_saved_head(tensors, adapter.dir);
+  for (const auto& [name, t] : tensors) {
     const bool lora = model::is_lora_parameter(name);
     const std::string base = lora ? model::adapted_weight_name(name) : name;
     auto it = params.find(base);

@@ -48,6 +48,11 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
 
 // Writes a Hugging Face folder of the base with every adapter folded in (W + scaling * B A, PEFT's
 // merge_and_unload) and the modules to save as trained. Collective over the shard group.
+// For a model whose head is its embedding (tie_word_embeddings): an adapter's saved head folded into
+// its embedding. PEFT's ensure_weight_tying saves the trained embedding under both names; a head alone
+// is the embedding; a head that differs from the embedding beside it (trained untied) is refused.
+void tie_saved_head(std::map<std::string, at::Tensor>& tensors, const std::string& dir);
+
 void export_merged(const ShardedModel& model, const model::ModelDescription& description, double scaling,
                    const std::string& dir, const ExtraFiles& extra, Dtype dtype);
 

@@ -58,17 +58,20 @@ std::vector<std::string> matching_modules(LlamaForCausalLMImpl& model, const std
   return out;
 }
 
+// The modules one modules_to_save item names. With a tied head (tie_word_embeddings) lm_head is the
+// embedding: trained once, tied, as PEFT's ensure_weight_tying trains it.
+std::vector<std::string> saved_modules(LlamaForCausalLMImpl& model, const std::string& item) {
+  if (model.config.tie_word_embeddings && short_name(item) == "lm_head") return matching_modules(model, "embed_tokens");
+  return matching_modules(model, item);
+}
+
 void check_modules_to_save(LlamaForCausalLMImpl& model, const LoraSettings& s) {
   for (const std::string& item : s.modules_to_save) {
-    const std::vector<std::string> found = matching_modules(model, item);
+    const std::vector<std::string> found = saved_modules(model, item);
     if (found.empty())
       throw InputError(
           str("lora.modules_to_save: the model has no module named ", item, " (it has: ", module_names(model), ")"));
     for (const std::string& m : found) {
-      if (model.config.tie_word_embeddings && (short_name(m) == "lm_head" || short_name(m) == "embed_tokens"))
-        throw InputError(str("lora.modules_to_save: ", m,
-                             " shares its weight with the input embedding (tie_word_embeddings in config.json), so "
-                             "training it alone would untie them; leave it out of modules_to_save"));
       if (is_lora_linear(m))
         throw InputError(str("lora.modules_to_save: ", m, " is also a LoRA target; list it in one of the two"));
     }
@@ -128,7 +131,7 @@ void add_lora(LlamaForCausalLMImpl& model, const LoraSettings& s, bool free_afte
   check_modules_to_save(model, s);
   std::set<std::string> trained;  // modules_to_save's parameters
   for (const std::string& item : s.modules_to_save)
-    for (const std::string& m : matching_modules(model, item))
+    for (const std::string& m : saved_modules(model, item))
       for (const auto& p : model.named_modules("", false)[m]->named_parameters(/*recurse=*/false))
         trained.insert(m + "." + p.key());
   for (const auto& p : model.named_parameters()) p.value().set_requires_grad(trained.count(p.key()) > 0);

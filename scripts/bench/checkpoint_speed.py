@@ -27,7 +27,7 @@ saving; the trainer reported a peak of 8.0 GiB per rank, 16 GiB of the 24). The 
 The data are synthetic tokens (an llm.c shard written here), so any vocabulary works.
 
     .venv/bin/python scripts/bench/checkpoint_speed.py [--model-config configs/models/qwen2.5-0.5b/config.json]
-        [--world-size 2] [--fsdptrain build/apps/fsdptrain/fsdptrain] [--dir /tmp] [--json results.json]
+        [--type FULL_STATE_DICT] [--set fsdp_config.fsdp_cpu_ram_efficient_loading=false] [--world-size 2] [--fsdptrain build/apps/fsdptrain/fsdptrain] [--dir /tmp] [--json results.json]
 """
 import argparse
 import array
@@ -74,7 +74,7 @@ def launch(args, model, world, sets, log):
             "train.micro_batch_size": 1, "train.sequence_length": 128,
             "train.eval_interval": 0, "train.eval_batches": 1, "logging.interval": 1,
             "checkpoint.export_dir": ""}
-    for k, v in (base | sets).items():
+    for k, v in (base | sets | dict(s.split("=", 1) for s in args.set)).items():
         cmd += ["--set", f"{k}={v}"]
     t0 = time.monotonic()
     r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -183,6 +183,9 @@ def main():
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--warm", action="store_true", help="read from the page cache (no eviction before the reads)")
     ap.add_argument("--logs", help="keep each launch's output in this folder")
+    ap.add_argument("--type", choices=TYPES, action="append", help="only this fsdp_state_dict_type (repeatable)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config value for every launch (repeatable), as fsdptrain's --set")
     args = ap.parse_args()
     args.fsdptrain = os.path.abspath(args.fsdptrain)
     models = args.model_config or ["configs/models/llama-125m/config.json"]
@@ -197,7 +200,7 @@ def main():
     try:
         for model in models:
             write_tokens(args.tokens, 64 * 128 + 1, json.load(open(os.path.join(ROOT, model)))["vocab_size"])
-            for kind in TYPES:
+            for kind in args.type or TYPES:
                 print(f"== {model}, {args.world_size} ranks, {kind}", file=sys.stderr, flush=True)
                 try:
                     results.append(measure(args, model, args.world_size, kind, scratch, logs))

@@ -201,14 +201,33 @@ def qwen2_parity(args, tmp, data):
     torch.manual_seed(2)
     base = os.path.join(tmp, "qwen2")
     Qwen2ForCausalLM(Qwen2Config(**config)).save_pretrained(base, safe_serialization=True)
-    CASES["qwen2"] = (dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj"]),
-                      "lora:\n  r: 4\n  target_modules: [q_proj, k_proj, o_proj]\n")
+    # The tied embedding and head trained as one weight, as PEFT's ensure_weight_tying trains them.
+    CASES["qwen2"] = (dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj"],
+                           modules_to_save=["embed_tokens", "lm_head"], ensure_weight_tying=True),
+                      "lora:\n  r: 4\n  target_modules: [q_proj, k_proj, o_proj]\n"
+                      "  modules_to_save: [embed_tokens, lm_head]\n")
     torch.manual_seed(1)
     model = get_peft_model(Qwen2ForCausalLM.from_pretrained(base),
                            LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES["qwen2"][0]))
     adapter = os.path.join(tmp, "peft-qwen2")
     model.save_pretrained(adapter)
-    parity(args, tmp, "qwen2", 2, base, data, adapter)
+    out, text = parity(args, tmp, "qwen2", 2, base, data, adapter)
+    # Its export: PEFT's keys for that config, ensure_weight_tying said, and PEFT loads it with the head tied.
+    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
+    config = LoraConfig(task_type="CAUSAL_LM", **CASES["qwen2"][0])
+    expected = set(get_peft_model_state_dict(get_peft_model(Qwen2ForCausalLM.from_pretrained(base), config)))
+    got = set(load_file(os.path.join(export, "adapter_model.safetensors")))
+    check(got == expected, f"qwen2: export keys vs PEFT's: missing {sorted(expected - got)}, "
+                           f"unexpected {sorted(got - expected)}")
+    check(json.load(open(os.path.join(export, "adapter_config.json"))).get("ensure_weight_tying") is True,
+          "qwen2: the export's adapter_config.json does not ask PEFT to keep the head tied")
+    loaded = PeftModel.from_pretrained(Qwen2ForCausalLM.from_pretrained(base), export).merge_and_unload()
+    trained = load_file(os.path.join(export, "adapter_model.safetensors"))
+    embedding = trained["base_model.model.model.embed_tokens.weight"]
+    check(torch.equal(loaded.model.embed_tokens.weight, embedding) and torch.equal(loaded.lm_head.weight, embedding),
+          "qwen2: PEFT loaded the export's embedding and head apart")
+    print(f"ok qwen2: the tied embedding and head train as one weight; the export has PEFT's {len(got)} keys, "
+          f"ensure_weight_tying, and PEFT loads it with both set to the trained embedding")
 
 
 def commands_take_adapters(args, tmp, base, adapter, merged):
