@@ -1,0 +1,111 @@
+"""The outputs README.md shows, made again by the code: so a shown output cannot go stale.
+
+For each shown block it runs the command that makes it (in a scratch folder, never the repository's
+runs/), then either checks the README's block against it (--check, what the tests run) or writes the
+new output into the README (--write). Checking compares line by line with every number masked
+(timings, losses and token counts differ between machines and between commits), the paths mapped
+to the README's, and a `[...]` line in the README standing for any lines left out there.
+
+    .venv/bin/python scripts/readme_outputs.py --check [--fsdptrain build/apps/fsdptrain/fsdptrain]
+    .venv/bin/python scripts/readme_outputs.py --write
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ELIDED = "[...]"
+
+
+def quickstart(fsdptrain, scratch):
+    """The quickstart's training output (rank 0's lines), as if run in the repository's runs/."""
+    out = os.path.join(scratch, "quickstart")
+    r = subprocess.run([fsdptrain, "launch", "--config", "configs/quickstart.yaml", "--main_process_port", "0",
+                        "--set", f"train.output_dir={out}", "--set", f"data.cache_dir={scratch}/cache"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"readme_outputs: the quickstart failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
+    lines = r.stdout.replace(out, os.path.join(ROOT, "runs", "quickstart")).splitlines()
+    # The README keeps steps 1, 500 and 1000 of the step lines.
+    kept, gap = [], False
+    for line in lines:
+        m = re.match(r"\[rank 0\] step (\d+)/", line)
+        if m and m.group(1) not in ("1", "500", "1000"):
+            if not gap:
+                kept.append(ELIDED)
+            gap = True
+            continue
+        gap = gap and not m
+        kept.append(line)
+    return kept
+
+
+# README marker (the sentence before the block) -> the function that makes the block.
+BLOCKS = [("The quickstart's output (2 workers on a 2-core machine", quickstart)]
+
+
+def block_span(text, marker):
+    at = text.index(marker)
+    start = text.index("```\n", at) + 4
+    return start, text.index("```\n", start)
+
+
+def masked(line):
+    line = re.sub(r"/\S*/runs/", "<root>/runs/", line)  # wherever the clone is
+    line = re.sub(r"events\.out\.tfevents\.\S+", "events.out.tfevents.<stamp>", line)
+    line = re.sub(r"ETA \S+", "ETA #", line)  # 45s or 1m09s
+    line = re.sub(r"\S+ m?s/step", "# /step", line)  # 23 ms/step or 1.2 s/step
+    return re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?[kMG]?", "#", line)  # 3.00e-04, 29.7k
+
+
+def matches(shown, made):
+    """Whether the README's lines (with [...] for any run of lines) equal the made ones, masked."""
+    shown, made = [masked(x) for x in shown], [masked(x) for x in made]
+
+    def at(i, j):
+        if i == len(shown):
+            return j == len(made)
+        if shown[i] == ELIDED:
+            return any(at(i + 1, k) for k in range(j, len(made) + 1))
+        return j < len(made) and shown[i] == made[j] and at(i + 1, j + 1)
+    return at(0, 0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="fail when a shown output differs from the code's")
+    mode.add_argument("--write", action="store_true", help="write the code's outputs into README.md")
+    ap.add_argument("--fsdptrain", default=os.path.join(ROOT, "build/apps/fsdptrain/fsdptrain"))
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    a = ap.parse_args()
+    fsdptrain = os.path.abspath(a.fsdptrain)
+    text = open(a.readme, encoding="utf-8").read()
+    stale = []
+    with tempfile.TemporaryDirectory(prefix="fsdptrain_readme.") as scratch:
+        for marker, make in BLOCKS:
+            made = make(fsdptrain, scratch)
+            start, end = block_span(text, marker)
+            shown = text[start:end].splitlines()
+            if a.write:
+                text = text[:start] + "\n".join(made) + "\n" + text[end:]
+            elif not matches(shown, made):
+                diff = [f"  README: {s}\n  now:    {m}" for s, m in zip(shown, made) if masked(s) != masked(m)][:5]
+                stale.append(f"{marker}...: the README shows another output than the code makes now "
+                             f"(numbers masked); first differences:\n" + "\n".join(diff) +
+                             "\nRun scripts/readme_outputs.py --write and review the change")
+            else:
+                print(f"readme_outputs: {marker}...: {len(shown)} lines shown, as the code makes them")
+    if a.write:
+        open(a.readme, "w", encoding="utf-8").write(text)
+        print(f"readme_outputs: wrote {len(BLOCKS)} block(s) into {a.readme}")
+    for s in stale:
+        print(s, file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
