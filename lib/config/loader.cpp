@@ -141,6 +141,42 @@ std::string normalise_section_key(const std::string& section, const std::string&
   return key;
 }
 
+// A flow collection the parser reached the end of before it closed is reported where the parser
+// gave up, often lines later: say where it opened. "" when nothing before `pos` is left open.
+std::string unclosed_flow(const std::string& text, int pos) {
+  std::vector<std::pair<char, size_t>> open;  // '[' or '{', and where
+  char quote = 0;
+  bool comment = false;
+  for (size_t i = 0; i < text.size() && i < static_cast<size_t>(std::max(pos, 0)); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      comment = false;
+      if (open.empty()) quote = 0;  // a block scalar's quote character ends with its line
+      continue;
+    }
+    if (comment) continue;
+    if (quote) {
+      if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      if (i == 0 || text[i - 1] == ' ' || text[i - 1] == '[' || text[i - 1] == '{' || text[i - 1] == ',' ||
+          text[i - 1] == ':')
+        quote = c;
+    } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n')) {
+      comment = true;
+    } else if (c == '[' || c == '{') {
+      open.emplace_back(c, i);
+    } else if ((c == ']' || c == '}') && !open.empty()) {
+      open.pop_back();
+    }
+  }
+  if (open.empty()) return "";
+  const size_t at = open.back().second;
+  const size_t line = static_cast<size_t>(std::count(text.begin(), text.begin() + static_cast<long>(at), '\n')) + 1;
+  const size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
+  const size_t column = at - (line_start == std::string::npos || at == 0 ? 0 : line_start + 1) + 1;
+  return str(" (the '", open.back().first, "' opened at line ", line, ", column ", column, " is not closed)");
+}
+
 // Reads one config file's keys into a Layer, reporting every problem (unknown keys with the
 // closest known one, duplicates, sections that are not mappings) into the diagnostics.
 class FileReader {
@@ -174,7 +210,8 @@ class FileReader {
     try {
       root = YAML::Load(text);
     } catch (const YAML::Exception& e) {
-      diags_.error(str(file_, ":", e.mark.line + 1, ":", e.mark.column + 1), "", "YAML syntax error: " + e.msg);
+      diags_.error(str(file_, ":", e.mark.line + 1, ":", e.mark.column + 1), "",
+                   "YAML syntax error: " + e.msg + unclosed_flow(text, e.mark.pos));
       return std::nullopt;
     }
     if (!root.IsDefined() || root.IsNull()) {

@@ -286,3 +286,12 @@ TEST_CASE("a fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults w
   }
   REQUIRE(std::system(("rm -rf " + dir).c_str()) == 0);
 }
+
+TEST_CASE("issue 40: a flow list or map left open is named where it opened, not only where the parser gave up") {
+  Loaded l = load_text("distributed_type: FSDP\ntrain:\n  steps: [10\n  seed: 3\nnum_processes: 2\n");
+  CHECK(l.errors().find("test.yaml:4:7:") != std::string::npos);  // where yaml-cpp stopped
+  CHECK(l.errors().find("end of sequence flow not found (the '[' opened at line 3, column 10 is not closed)") !=
+        std::string::npos);
+  Loaded quoted = load_text("distributed_type: FSDP\nmodel:\n  config: \"a[b\"\n  x: {y: 1\n");
+  CHECK(quoted.errors().find("(the '{' opened at line 4, column 6 is not closed)") != std::string::npos);
+}
