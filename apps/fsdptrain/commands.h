@@ -57,7 +57,7 @@ std::unique_ptr<Command> make_keys_command();
 // run_commands.cpp
 // program: what followed `--`; typed: the command line before it, argv[0] first.
 std::unique_ptr<Command> make_launch_command(std::vector<std::string> program, std::vector<std::string> typed);
-std::unique_ptr<Command> make_worker_command();                                  // hidden: started by launch
+std::unique_ptr<Command> make_worker_command();  // hidden: started by launch
 std::unique_ptr<Command> make_estimate_memory_command();
 std::unique_ptr<Command> make_merge_weights_command();
 std::unique_ptr<Command> make_to_fsdp2_command();

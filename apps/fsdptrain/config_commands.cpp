@@ -11,12 +11,12 @@
 #include "config/wizard.h"
 #include "config/worker_env.h"
 #include "config_args.h"
+#include "dist/build_info.h"
 #include "launch/env_report.h"
 #include "train/trainer.h"
-#include "util/log.h"
-#include "dist/build_info.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/log.h"
 #include "util/strings.h"
 
 namespace fsdp::cli {
@@ -122,7 +122,8 @@ class ShowCommand final : public ConfigCommand {
 class ValidateCommand final : public ConfigCommand {
  public:
   ValidateCommand()
-      : ConfigCommand("validate", "Check a config; report every problem with file:line:col", /*positional_file=*/true) {}
+      : ConfigCommand("validate", "Check a config; report every problem with file:line:col", /*positional_file=*/true) {
+  }
   int run() override {
     const config::ResolvedConfig rc = config::load_config_or_throw(args_.inputs());
     if (!rc.typed.model.config.empty() || !rc.typed.model.pretrained.empty()) {  // the built-in trainer's sections
@@ -133,7 +134,8 @@ class ValidateCommand final : public ConfigCommand {
         log_warn(str("a launch of this config would stop here: ", e.what()));
       }
     }
-    std::cout << (rc.file.empty() ? std::string("the default settings") : rc.file) << ": valid; runs as " << config::effective_fsdp_layout(rc.typed).describe() << " on "
+    std::cout << (rc.file.empty() ? std::string("the default settings") : rc.file) << ": valid; runs as "
+              << config::effective_fsdp_layout(rc.typed).describe() << " on "
               << plural(rc.typed.launch.num_processes, "process", "processes") << "\n";
     return 0;
   }
@@ -177,12 +179,26 @@ class KeysCommand final : public Command {
 
 }  // namespace
 
-std::unique_ptr<Command> make_env_command() { return std::make_unique<EnvCommand>(); }
-std::unique_ptr<Command> make_wizard_command() { return std::make_unique<WizardCommand>(); }
-std::unique_ptr<Command> make_default_command() { return std::make_unique<DefaultCommand>(); }
-std::unique_ptr<Command> make_show_command() { return std::make_unique<ShowCommand>(); }
-std::unique_ptr<Command> make_validate_command() { return std::make_unique<ValidateCommand>(); }
-std::unique_ptr<Command> make_update_command() { return std::make_unique<UpdateCommand>(); }
-std::unique_ptr<Command> make_keys_command() { return std::make_unique<KeysCommand>(); }
+std::unique_ptr<Command> make_env_command() {
+  return std::make_unique<EnvCommand>();
+}
+std::unique_ptr<Command> make_wizard_command() {
+  return std::make_unique<WizardCommand>();
+}
+std::unique_ptr<Command> make_default_command() {
+  return std::make_unique<DefaultCommand>();
+}
+std::unique_ptr<Command> make_show_command() {
+  return std::make_unique<ShowCommand>();
+}
+std::unique_ptr<Command> make_validate_command() {
+  return std::make_unique<ValidateCommand>();
+}
+std::unique_ptr<Command> make_update_command() {
+  return std::make_unique<UpdateCommand>();
+}
+std::unique_ptr<Command> make_keys_command() {
+  return std::make_unique<KeysCommand>();
+}
 
 }  // namespace fsdp::cli

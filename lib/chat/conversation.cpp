@@ -69,8 +69,7 @@ Conversation read_conversation(const Json& record, bool for_training) {
   std::vector<std::string> roles;
   for (const Json& m : c.messages) {
     answered = answered || m["role"] == "assistant";
-    if (std::find(roles.begin(), roles.end(), m["role"].get<std::string>()) == roles.end())
-      roles.push_back(m["role"]);
+    if (std::find(roles.begin(), roles.end(), m["role"].get<std::string>()) == roles.end()) roles.push_back(m["role"]);
   }
   FSDP_CHECK(answered || !for_training, "the conversation has no \"assistant\" message (its roles: ", join(roles, ", "),
              "), so it holds nothing to learn to answer; give each conversation an assistant turn, or train on the "

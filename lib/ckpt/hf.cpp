@@ -112,9 +112,15 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
 }
 
 ExtraFiles model_text_files(const std::vector<std::string>& folders) {
-  std::vector<std::string> names = {"tokenizer.json",         "tokenizer_config.json", "special_tokens_map.json",
-                                    "added_tokens.json",      "chat_template.jinja",   "chat_template.json",
-                                    "generation_config.json", "tokenizer.model",       "vocab.json",
+  std::vector<std::string> names = {"tokenizer.json",
+                                    "tokenizer_config.json",
+                                    "special_tokens_map.json",
+                                    "added_tokens.json",
+                                    "chat_template.jinja",
+                                    "chat_template.json",
+                                    "generation_config.json",
+                                    "tokenizer.model",
+                                    "vocab.json",
                                     "merges.txt"};
   for (const std::string& folder : folders)  // transformers 5 keeps named templates in a folder of their own
     for (const std::string& f : glob_paths(folder + "/additional_chat_templates/*.jinja"))
@@ -143,8 +149,7 @@ std::string config_with_dtype(const std::string& config_json, Dtype dtype) {
 }
 
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
-                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs,
-                                        Dtype dtype) {
+                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs, Dtype dtype) {
   const bool writer = writes_exports(model);
   std::vector<TensorSpec> specs;
   std::vector<std::pair<size_t, size_t>> where;  // (group, index) of specs[i]

@@ -20,8 +20,8 @@ namespace {
 // Writes `specs` (full(i) gives each tensor, one at a time) with `config_json` as a Hugging Face
 // folder `out`, with a copy of each `extra` file, through out.tmp and a rename; returns the bytes written.
 int64_t write_folder(const std::vector<TensorSpec>& specs, const std::function<at::Tensor(size_t)>& full,
-                     const std::string& config_json, const std::string& out, int64_t max_shard_bytes,
-                     std::ostream& log, const ExtraFiles& extra = {}) {
+                     const std::string& config_json, const std::string& out, int64_t max_shard_bytes, std::ostream& log,
+                     const ExtraFiles& extra = {}) {
   FileSystem& fs = local_file_system();
   const std::string tmp = out + ".tmp";
   fs.remove_all(tmp);

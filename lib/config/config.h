@@ -184,14 +184,14 @@ enum class ExportDtype { kAuto, kFloat32, kBfloat16, kFloat16 };
 inline constexpr std::array<const char*, 4> kExportDtypeNames = {"auto", "float32", "bfloat16", "float16"};
 
 struct CheckpointConfig {
-  std::string dir;              // training checkpoints: <dir>/step-<N> (format: fsdp_state_dict_type)
-  int64_t interval = 0;         // save every N steps (0: only at the end); needs dir
-  int64_t keep = 0;             // complete checkpoints kept, newest first (0: all)
-  bool keep_best = false;       // also keep the checkpoint with the lowest held-out loss
-  std::string resume;           // "", "latest" (the newest under dir) or a checkpoint folder
-  std::string export_dir;       // Hugging Face folders written here: step-<N>
-  int64_t export_interval = 0;  // also every N steps (0: only at the end)
-  bool export_merged = false;   // with LoRA: the adapters folded into a whole Hugging Face model
+  std::string dir;                                // training checkpoints: <dir>/step-<N> (format: fsdp_state_dict_type)
+  int64_t interval = 0;                           // save every N steps (0: only at the end); needs dir
+  int64_t keep = 0;                               // complete checkpoints kept, newest first (0: all)
+  bool keep_best = false;                         // also keep the checkpoint with the lowest held-out loss
+  std::string resume;                             // "", "latest" (the newest under dir) or a checkpoint folder
+  std::string export_dir;                         // Hugging Face folders written here: step-<N>
+  int64_t export_interval = 0;                    // also every N steps (0: only at the end)
+  bool export_merged = false;                     // with LoRA: the adapters folded into a whole Hugging Face model
   ExportDtype export_dtype = ExportDtype::kAuto;  // exported weights (auto: model.pretrained's torch_dtype, else fp32)
 };
 

@@ -525,9 +525,9 @@ const std::vector<std::pair<std::string, std::string>>& fine_tuning_defaults() {
   // TRL's SFTConfig (learning_rate 2e-5, max_length 1024) and the TrainingArguments it inherits:
   // linear decay to 0 with no warmup, weight_decay 0, adam_beta2 0.999, no evaluation, save_steps 500.
   static const std::vector<std::pair<std::string, std::string>> kDefaults = {
-      {"optimizer.lr", "2e-5"},        {"optimizer.beta2", "0.999"},    {"optimizer.weight_decay", "0"},
-      {"schedule.type", "linear"},     {"schedule.warmup_steps", "0"},  {"schedule.min_lr_ratio", "0"},
-      {"train.sequence_length", "1024"}, {"data.eval_fraction", "0"}, {"checkpoint.interval", "500"},
+      {"optimizer.lr", "2e-5"},          {"optimizer.beta2", "0.999"},   {"optimizer.weight_decay", "0"},
+      {"schedule.type", "linear"},       {"schedule.warmup_steps", "0"}, {"schedule.min_lr_ratio", "0"},
+      {"train.sequence_length", "1024"}, {"data.eval_fraction", "0"},    {"checkpoint.interval", "500"},
       {"checkpoint.keep", "3"}};
   return kDefaults;
 }
@@ -537,15 +537,14 @@ std::string describe_run_defaults(const ResolvedConfig& rc) {
   std::vector<std::string> parts;
   for (const auto& [key, value] : fine_tuning_defaults()) {
     const ResolvedValue& v = rc.get(key);
-    const bool defaulted = fine_tuning ? starts_with(v.origin.detail, kFineTuningOrigin)
-                                       : v.origin.kind == OriginKind::kDefault;
+    const bool defaulted =
+        fine_tuning ? starts_with(v.origin.detail, kFineTuningOrigin) : v.origin.kind == OriginKind::kDefault;
     if (defaulted) parts.push_back(str(key, " ", v.value));
   }
   if (parts.empty()) return "";
-  return fine_tuning
-             ? str("fine-tuning defaults (TRL SFTTrainer's; model.pretrained is set): ", join(parts, ", "))
-             : str("pretraining defaults (model.config without model.pretrained; fine-tuning runs get TRL's): ",
-                   join(parts, ", "));
+  return fine_tuning ? str("fine-tuning defaults (TRL SFTTrainer's; model.pretrained is set): ", join(parts, ", "))
+                     : str("pretraining defaults (model.config without model.pretrained; fine-tuning runs get TRL's): ",
+                           join(parts, ", "));
 }
 
 ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {

@@ -148,9 +148,8 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
   const std::string plain = strip_compression(path);
   for (const char* ext : {".parquet", ".arrow", ".feather", ".csv", ".tsv", ".xlsx", ".pkl", ".pickle", ".pt", ".pth",
                           ".npy", ".npz", ".safetensors", ".zip", ".tar", ".h5", ".hdf5"})
-    FSDP_CHECK(!ends_with(plain, ext), who, " ", path, " is a ", ext + 1,
-               " file, which would be read as plain text; ", kFormats,
-               ". Convert it first (datasets: load_dataset(...).to_json(\"data.jsonl\"))");
+    FSDP_CHECK(!ends_with(plain, ext), who, " ", path, " is a ", ext + 1, " file, which would be read as plain text; ",
+               kFormats, ". Convert it first (datasets: load_dataset(...).to_json(\"data.jsonl\"))");
   // The first 64 KiB (decompressed) tell a JSON array from JSON Lines, and text from a binary file.
   buffer_.resize(size_t{1} << 16);
   buffer_.resize(fill(buffer_.data(), buffer_.size()));
@@ -165,8 +164,10 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
 void DocumentReader::check_text() const {
   const bool parquet = buffer_.compare(0, 4, "PAR1") == 0;
   FSDP_CHECK(!parquet && buffer_.find('\0') == std::string::npos, who_, " ", path_, " is not text (",
-             parquet ? "a Parquet file, by its first bytes" : "it holds NUL bytes: a binary file", ") and would be "
-             "trained on as bytes; ", kFormats);
+             parquet ? "a Parquet file, by its first bytes" : "it holds NUL bytes: a binary file",
+             ") and would be "
+             "trained on as bytes; ",
+             kFormats);
 }
 
 // The whole array at once (a .json array cannot be streamed line by line); each record becomes

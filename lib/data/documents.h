@@ -13,10 +13,9 @@
 // (a text file's one document is, necessarily).
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -64,7 +63,7 @@ class DocumentReader {
   std::string buffer_;
   size_t at_ = 0;
   bool jsonl_ = false, done_ = false, eof_ = false;
-  bool array_ = false;               // a .json file holding one array of records
+  bool array_ = false;                // a .json file holding one array of records
   std::vector<std::string> records_;  // its records, each as one JSON line, once read
   size_t next_record_ = 0;
   void read_array();

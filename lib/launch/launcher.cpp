@@ -223,7 +223,8 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
       const WorkerStatus& f = *root.worker;
       code = f.failed() ? f.exit_code() : first->exit_code();
       const std::string who = str("rank ", f.rank, " (machine ", topology.machine_rank, ", pid ", f.pid, ")");
-      what = str(who, " ", root.message.empty() ? "ended with " + f.describe() : str("failed first: ", first_line(root.message)));
+      what = str(who, " ",
+                 root.message.empty() ? "ended with " + f.describe() : str("failed first: ", first_line(root.message)));
       rdzv.report_failure(attempt, code, what);
       // The workers leave their errors to the launcher: the cause in full, once, then what else the ranks said.
       if (!root.message.empty()) {
@@ -236,8 +237,8 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
       code = remote->first;
       what = remote->second;
     }
-    std::cerr << "[launch] " << (what.empty() ? std::string("the") : what + "; the") << " other workers were stopped (attempt "
-              << attempt << "):\n"
+    std::cerr << "[launch] " << (what.empty() ? std::string("the") : what + "; the")
+              << " other workers were stopped (attempt " << attempt << "):\n"
               << group.exit_table();
     if (stopping) return code;  // asked to stop: never restarted
     if (attempt >= l.max_restarts) {

@@ -34,9 +34,9 @@ void check_capacity(int local_workers, int num_machines, bool use_cpu, const Lau
 // Runs the whole launch and returns the process exit code: 0 when every worker of every machine
 // exited 0; ExitCode::kStopped when they stopped early on a signal with their work saved; else the
 // first failing rank's exit code (128 + signal when it was killed); 128 + signal when the launcher
-// itself was interrupted (twice, with saves_on_signal). A run asked to stop is never restarted. Throws fsdp::Error for problems before any
-// worker starts (rendezvous, ports, check_capacity). With dry_run, prints each local rank's environment and
-// command to `out` and starts nothing.
+// itself was interrupted (twice, with saves_on_signal). A run asked to stop is never restarted. Throws fsdp::Error for
+// problems before any worker starts (rendezvous, ports, check_capacity). With dry_run, prints each local rank's
+// environment and command to `out` and starts nothing.
 int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, std::ostream& out);
 
 }  // namespace fsdp::launch

@@ -57,8 +57,8 @@ class WorkerGroup {
   void poll(std::chrono::milliseconds timeout, int wake_fd = -1);
 
   bool all_exited() const;
-  bool all_succeeded() const;  // each WorkerStatus::succeeded
-  bool any_stopped() const;    // some worker exited with ExitCode::kStopped
+  bool all_succeeded() const;                 // each WorkerStatus::succeeded
+  bool any_stopped() const;                   // some worker exited with ExitCode::kStopped
   const WorkerStatus* first_failure() const;  // the earliest to exit with a failure, or nullptr
   // The root cause, once the workers have exited: the worker that recorded the earliest error
   // (even one the launcher stopped while it was tearing down), else first_failure(); its message

@@ -766,11 +766,13 @@ std::vector<std::pair<size_t, size_t>> Tokenizer::offsets(std::string_view text,
         for (size_t b = 1; b < c.size(); ++b) v = (v << 6) | (static_cast<unsigned char>(c[b]) & 0x3F);
         std::snprintf(code, sizeof(code), "U+%04X", static_cast<unsigned>(v));
       }
-      throw InputError(str("[tokenize] the tokenizer has no token for ",
-                           c.empty() ? std::string("the end of the text") : str("the character \"", c, "\" (", code, ")"),
-                           " at byte ", at, " of the text: its vocabulary cannot spell it, so the text would lose it "
-                           "(transformers drops it silently). Remove the character from the data, or use a tokenizer "
-                           "whose vocabulary covers it (a byte-level BPE with all 256 bytes does)"));
+      throw InputError(
+          str("[tokenize] the tokenizer has no token for ",
+              c.empty() ? std::string("the end of the text") : str("the character \"", c, "\" (", code, ")"),
+              " at byte ", at,
+              " of the text: its vocabulary cannot spell it, so the text would lose it "
+              "(transformers drops it silently). Remove the character from the data, or use a tokenizer "
+              "whose vocabulary covers it (a byte-level BPE with all 256 bytes does)"));
     }
     const std::vector<std::string_view> chars = code_points(text.substr(at));
     std::string spelled = s, raw;

@@ -166,7 +166,7 @@ class RunReport {
   // another rank's was).
   TrainSummary stop(int sig) {
     const int64_t step = summary_.steps;
-    const std::string why = sig ? StopSignals::name(sig) : std::string("another machine's stop request");
+    const std::string why = sig ? StopSignals::name(sig) : std::string("another rank's stop request");
     run_.say(str("[train] ", why, ": saving a checkpoint of step ", step, " of ", run_.steps(), " and stopping\n"));
     std::optional<double> eval_loss;  // keep_best compares the held-out loss of every save
     if (config_.checkpoint.keep_best && step != last_saved_) eval_loss = run_.evaluate();
@@ -177,9 +177,9 @@ class RunReport {
     run_.barrier();
     time_summary();
     summary_.stopped = true;
-    stopped_by_ = sig ? StopSignals::name(sig) : "a signal to another machine";
-    run_.say(str("[train] stopped at step ", step, " of ", run_.steps(), " (", why, "); its checkpoint: ",
-                 last_checkpoint_, "\n"));
+    stopped_by_ = sig ? StopSignals::name(sig) : "a signal to another rank";
+    run_.say(str("[train] stopped at step ", step, " of ", run_.steps(), " (", why,
+                 "); its checkpoint: ", last_checkpoint_, "\n"));
     if (run_.context().is_main()) write_run_summary();
     return summary_;
   }
@@ -404,14 +404,13 @@ void check_run_folder(const config::Config& config) {  // see check_run_folder_f
     const std::string latest = ckpt::latest_checkpoint(dir);
     saved = latest.empty() ? str("; it saved no checkpoint in ", dir) : str("; its newest checkpoint: ", latest);
   }
-  throw InputError(str("[train] train.output_dir ", config.train.output_dir, " holds ", what, " (", path, ")", saved,
-                       ". A new run there would mix its outputs with it. ",
-                       holder ? "Wait for it to end, or stop it (Ctrl-C in its terminal saves and stops it); then c"
-                              : "C",
-                       "ontinue it with the same command and --set checkpoint.resume=latest",
-                       finished ? " (raising train.steps)" : "",
-                       ", or start over in another train.output_dir (--set train.output_dir=...) or after deleting "
-                       "that folder"));
+  throw InputError(str(
+      "[train] train.output_dir ", config.train.output_dir, " holds ", what, " (", path, ")", saved,
+      ". A new run there would mix its outputs with it. ",
+      holder ? "Wait for it to end, or stop it (Ctrl-C in its terminal saves and stops it); then c" : "C",
+      "ontinue it with the same command and --set checkpoint.resume=latest", finished ? " (raising train.steps)" : "",
+      ", or start over in another train.output_dir (--set train.output_dir=...) or after deleting "
+      "that folder"));
 }
 
 // A model of the same family and switches with every size as small as it goes and `layers` decoder
@@ -439,10 +438,12 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfi
     hf_names.insert(model::hf_class_name(item.value()->name(), model.family));
   }
   for (const std::string& c : fsdp.transformer_layer_cls_to_wrap)
-    FSDP_CHECK(classes.count(model::our_class_name(c, model.family)), "[train] fsdp_config.fsdp_transformer_layer_cls_to_wrap: ",
-               where, " is a ", model::family_names(model.family).architecture, " model, with no class ", quoted(c),
-               "; its classes (transformers' names): ", join(std::vector<std::string>(hf_names.begin(), hf_names.end()), ", "),
-               ". Leave the key empty for its decoder layer (", model::family_names(model.family).layer_class, ")");
+    FSDP_CHECK(
+        classes.count(model::our_class_name(c, model.family)),
+        "[train] fsdp_config.fsdp_transformer_layer_cls_to_wrap: ", where, " is a ",
+        model::family_names(model.family).architecture, " model, with no class ", quoted(c),
+        "; its classes (transformers' names): ", join(std::vector<std::string>(hf_names.begin(), hf_names.end()), ", "),
+        ". Leave the key empty for its decoder layer (", model::family_names(model.family).layer_class, ")");
 }
 
 // Tensor parallel splits heads, kv heads and the MLP's rows evenly over tp_size, and the vocabulary

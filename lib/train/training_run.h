@@ -51,7 +51,8 @@ struct StepBatches {
 struct PendingStep {
   int64_t step = 0;
   double lr = 0;
-  at::Tensor host;                   // (4) double: loss sum, stop flag, counted, norm; pinned and filled by an asynchronous copy on a GPU
+  at::Tensor
+      host;  // (4) double: loss sum, stop flag, counted, norm; pinned and filled by an asynchronous copy on a GPU
   std::optional<c10::Event> copied;  // marks that copy done (none on CPU, where it is done at once)
 };
 
@@ -84,10 +85,10 @@ class TrainingRun {
   // The mean loss over every held-out token the ranks read; NaN when nothing is held out.
   double evaluate();
   void save_checkpoint(int64_t step, std::optional<double> eval_loss = std::nullopt);  // precondition: checkpointing()
-  void export_hf(int64_t step);  // into checkpoint.export_dir/step-N
+  void export_hf(int64_t step);                              // into checkpoint.export_dir/step-N
   std::pair<ckpt::Dtype, std::string> export_dtype() const;  // checkpoint.export_dtype, and where it came from
-  void wait_for_checkpoint();    // this rank's part of the last save is on disk (rank 0's: all of it)
-  void barrier();                // every rank got here (collective)
+  void wait_for_checkpoint();  // this rank's part of the last save is on disk (rank 0's: all of it)
+  void barrier();              // every rank got here (collective)
 
   bool checkpointing() const { return checkpointer_ != nullptr && !config_.checkpoint.dir.empty(); }
   void say(const std::string& line) const;  // rank 0 prints

@@ -47,8 +47,9 @@ const char* const kChatML =
 }  // namespace
 
 TEST_CASE("TRL's formats: messages, ShareGPT as maybe_convert_to_chatml converts it, prompt/completion lists") {
-  const Conversation m = chat::read_conversation(Json::parse(
-      R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}], "chat_template_kwargs": {"x": 1}})"),
+  const Conversation m = chat::read_conversation(
+      Json::parse(
+          R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}], "chat_template_kwargs": {"x": 1}})"),
       /*for_training=*/false);  // a prompt to answer
   CHECK(m.messages.size() == 1);
   CHECK(m.tools.size() == 1);
@@ -70,12 +71,14 @@ TEST_CASE("TRL's formats: messages, ShareGPT as maybe_convert_to_chatml converts
                        InputError);
 }
 
-TEST_CASE("issue 40: a training conversation without an assistant turn is refused; ShareGPT roles inside messages map") {
-  CHECK_THROWS_WITH_AS(
-      chat::read_conversation(Json::parse(R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]})")),
-      "the conversation has no \"assistant\" message (its roles: system, user), so it holds nothing to learn to answer; "
-      "give each conversation an assistant turn, or train on the text as documents",
-      InputError);
+TEST_CASE(
+    "issue 40: a training conversation without an assistant turn is refused; ShareGPT roles inside messages map") {
+  CHECK_THROWS_WITH_AS(chat::read_conversation(Json::parse(
+                           R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]})")),
+                       "the conversation has no \"assistant\" message (its roles: system, user), so it holds nothing "
+                       "to learn to answer; "
+                       "give each conversation an assistant turn, or train on the text as documents",
+                       InputError);
   const Conversation mapped = chat::read_conversation(
       Json::parse(R"({"messages": [{"role": "human", "content": "q"}, {"role": "gpt", "content": "a"}]})"));
   CHECK(mapped.messages.dump() == R"([{"role":"user","content":"q"},{"role":"assistant","content":"a"}])");
@@ -133,7 +136,8 @@ TEST_CASE("the assistant's turns: by prefixes, by generation blocks, the complet
       "{% elif m.role == 'assistant' %}{{ '<|assistant|>\n' + m.content + '<|end|>\n' }}{% endif %}{% endfor %}"
       "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}");
   const ChatTemplate::Training ph = ChatTemplate::load(phi3.path).render_for_training(c, true);
-  CHECK(ph.text == "<|user|>\nq1<|end|>\n<|assistant|>\na1<|end|>\n<|user|>\nq2<|end|>\n<|assistant|>\na2<|end|>\n</s>");
+  CHECK(ph.text ==
+        "<|user|>\nq1<|end|>\n<|assistant|>\na1<|end|>\n<|user|>\nq2<|end|>\n<|assistant|>\na2<|end|>\n</s>");
   CHECK(counted(ph) == std::vector<std::string>{"a1<|end|>\n", "a2<|end|>\n</s>"});
   CHECK(ph.rule == "content search");
   CHECK(t.render_for_training(c, true).rule == "prefixes");

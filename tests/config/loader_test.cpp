@@ -1,6 +1,5 @@
 // Loading: YAML 1.1 traps, unknown keys with suggestions, precedence and origins.
 #include <doctest/doctest.h>
-
 #include <unistd.h>
 
 #include <cstdlib>

@@ -107,8 +107,8 @@ TEST_CASE("a .json array or JSON Lines reads as its records; tables and binary f
   CHECK(big.find("big.jsonl:2: number overflow parsing '1e400' (a number beyond double's range)") != std::string::npos);
   CHECK(big.find("json.exception") == std::string::npos);
   // A conversation with a misspelt or mistyped "messages" is named as such, not as a prompt/completion pair.
-  const std::string typo =
-      error_of([&] { read_tokens(d.file("typo.jsonl", "{\"message\": [{\"role\": \"user\", \"content\": \"q\"}]}\n")); });
+  const std::string typo = error_of(
+      [&] { read_tokens(d.file("typo.jsonl", "{\"message\": [{\"role\": \"user\", \"content\": \"q\"}]}\n")); });
   CHECK(typo.find("typo.jsonl:1: a conversation record needs a \"messages\" list (or ShareGPT's \"conversations\"); "
                   "this one has keys message; did you mean \"messages\" for \"message\"?") != std::string::npos);
   const std::string text = error_of([&] { read_tokens(d.file("str.jsonl", "{\"messages\": \"hello\"}\n")); });

@@ -162,9 +162,12 @@ TEST_CASE("a peer killed mid-run: the survivor says the peer is gone, not that a
   const std::string port = std::to_string(ntohs(a.sin_port));
   close(s);
   auto env = [&](int rank) {
-    return std::map<std::string, std::string>{{"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
-                                              {"WORLD_SIZE", "2"},  {"MASTER_ADDR", "127.0.0.1"},
-                                              {"MASTER_PORT", port}, {"FSDPTRAIN_DIST_TIMEOUT", "600"}};
+    return std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
+                                              {"LOCAL_RANK", std::to_string(rank)},
+                                              {"WORLD_SIZE", "2"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", port},
+                                              {"FSDPTRAIN_DIST_TIMEOUT", "600"}};
   };
   const std::vector<std::string> unset{"TORCHELASTIC_USE_AGENT_STORE"};
   fsdp::testing::ChildProcess r0(FSDP_DIST_WORKER, {"kill", "1"}, env(0), unset);
@@ -430,8 +433,8 @@ std::string allowed_cpus_of(const std::string& out, int rank) {
 }  // namespace
 
 TEST_CASE("enable_cpu_affinity pins each CPU worker to its own share of the cores") {
-  const std::vector<std::string> common{"launch", "--cpu", "--distributed_type", "MULTI_CPU", "--num_processes",
-                                        "2", "--main_process_port", "0"};
+  const std::vector<std::string> common{"launch",          "--cpu", "--distributed_type",  "MULTI_CPU",
+                                        "--num_processes", "2",     "--main_process_port", "0"};
   const std::vector<std::string> program{"--", "/bin/sh", "-c", "grep Cpus_allowed_list /proc/self/status"};
   std::vector<std::string> pinned = common, free = common;
   pinned.push_back("--enable_cpu_affinity");

@@ -214,8 +214,9 @@ TEST_CASE("the layer class defaults to the family's, a class the model lacks is 
   const Result bad = fsdptrain_in_source({"config", "validate", kQuickstart, "--set", qwen, "--set",
                                           "fsdp_config.fsdp_transformer_layer_cls_to_wrap=LlamaDecoderLayer"});
   CHECK(bad.code == 2);
-  CHECK(has(bad.err, "is a Qwen2ForCausalLM model, with no class \"LlamaDecoderLayer\"; its classes (transformers' "
-                     "names): "));
+  CHECK(has(bad.err,
+            "is a Qwen2ForCausalLM model, with no class \"LlamaDecoderLayer\"; its classes (transformers' "
+            "names): "));
   // transformers' names for the family, not fsdptrain's own module names.
   for (const char* c : {"Qwen2DecoderLayer", "Qwen2Attention", "Qwen2MLP", "Qwen2RMSNorm", "Embedding", "Linear"})
     CHECK_MESSAGE(has(bad.err, c), c);
