@@ -145,7 +145,8 @@ class LaunchCommand final : public ConfigCommand {
                   "Start more than 4 workers per core on a CPU run (more workers than GPUs is always refused: "
                   "each rank needs a GPU of its own)");
     app->add_option("--grace_period,--grace-period", grace_s_,
-                    "Seconds workers get to exit after SIGTERM before SIGKILL (default 5)");
+                    "Seconds a program's workers get to exit after SIGINT/SIGTERM before SIGKILL (default 5); the "
+                    "built-in trainer instead saves a checkpoint and stops (exit 75), and a second signal kills it");
     app->add_flag("--verbose", verbose_,
                   "The built-in trainer prints the whole resolved config first (it is in the run folder's run.json "
                   "either way)");

@@ -369,9 +369,54 @@ def bench(tool, src, variables, seconds=1.5):
     return r["renders"] / r["seconds"], py_rate
 
 
+ANSWERS = ("Hello, friend.", "The sky is blue.")
+PROMPTS = ("Be brief.", "Hi there", "Color of sky?")
+
+
+def training_spans(fsdptrain, names, templates):
+    """fsdptrain chat-template on a two-answer conversation for each template transformers renders:
+    it finds the assistant turns (by generation blocks, prefixes or content search), each answer lies
+    in a span, and no span holds a user or system turn. A template that refuses the conversation
+    (raise_exception: no system role, say) is tried without the system message; one that needs what
+    the conversation lacks (tools, content lists) fails in both engines and is skipped."""
+    rules, skipped, failed = {}, [], []
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>"}, f)
+        turns = [{"role": "user", "content": PROMPTS[1]}, {"role": "assistant", "content": ANSWERS[0]},
+                 {"role": "user", "content": PROMPTS[2]}, {"role": "assistant", "content": ANSWERS[1]}]
+        for name in names:
+            template = os.path.join(d, "t.jinja")
+            with open(template, "w", encoding="utf-8") as f:
+                f.write(templates[name])
+            for messages in ([{"role": "system", "content": PROMPTS[0]}] + turns, turns):
+                with open(os.path.join(d, "c.jsonl"), "w") as f:
+                    f.write(json.dumps({"messages": messages}) + "\n")
+                r = subprocess.run([fsdptrain, "chat-template", os.path.join(d, "c.jsonl"), "--tokenizer", d,
+                                    "--chat_template", template], capture_output=True, text=True, timeout=60)
+                if r.returncode == 0 or "cannot be found in the whole rendering" in r.stderr:
+                    break
+            if r.returncode != 0:
+                (failed if "cannot be found" in r.stderr else skipped).append(f"{name}: {r.stderr.strip()[-160:]}")
+                continue
+            j = json.loads(r.stdout.splitlines()[0])
+            spans = [j["text"][b:e] for b, e in j["assistant_spans"]]
+            missing = [a for a in ANSWERS if a in j["text"] and not any(a in x for x in spans)]
+            leaked = [p for p in PROMPTS if any(p in x for x in spans)]
+            if missing or leaked:
+                failed.append(f"{name} ({j['rule']}): answers outside the spans {missing}, prompts inside {leaked}")
+            rules[j["rule"]] = rules.get(j["rule"], 0) + 1
+    print(f"training spans: {sum(rules.values())} templates ({', '.join(f'{n} by {r}' for r, n in rules.items())}); "
+          f"{len(skipped)} skipped (the conversation lacks what they need), {len(failed)} failed")
+    for f in failed:
+        print(f"SPANS: {f}")
+    return not failed
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tool", required=True, help="path of jinja_tool")
+    ap.add_argument("--fsdptrain", help="also check the assistant spans fsdptrain chat-template finds")
     ap.add_argument("--cache", default=os.environ.get("FSDP_CHAT_TEMPLATE_CACHE",
                                                       os.path.expanduser("~/.cache/fsdptrain/chat-templates")))
     ap.add_argument("--only", default="", help="only templates whose name contains this")
@@ -404,6 +449,8 @@ def main():
     print(f"compared: {STATS['texts']} equal texts ({STATS['span sets']} with {STATS['spans']} generation spans), "
           f"{STATS['raises']} equal raise_exception messages, {STATS['both fail']} renders both engines fail")
     failed = bool(by["differing"])
+    if args.fsdptrain and not training_spans(args.fsdptrain, by["equal"], templates):
+        failed = True
     for req in REQUIRED:
         if req in results and results[req][0] != "equal":
             print(f"FAILED: required template {req} is {results[req][0]}")
