@@ -109,6 +109,42 @@ std::string first_line(const std::string& text) {
   return line.size() > 160 ? line.substr(0, 160) + "..." : line;
 }
 
+// What ended the watch over one attempt's workers: a signal that ends them now, or another
+// machine's failure (neither: they all exited, or one failed here).
+struct Watched {
+  int received = 0;
+  std::optional<std::pair<int, std::string>> remote;
+};
+
+// Relays the workers' output until they have all exited, one failed, another machine reported a
+// failure, or a signal ends them now. The built-in trainer (options.saves_on_signal) saves and stops
+// on its first signal, passed on and noted in `stopping`; any program gets SIGUSR1 (SLURM's warning
+// before a time limit) and keeps running. Anything else, or a second signal, ends them now.
+Watched watch(WorkerGroup& group, SignalCatcher& signals, Rendezvous& rdzv, int attempt,
+              std::chrono::milliseconds interval, const LaunchOptions& options, int& stopping) {
+  Watched w;
+  while (!group.all_exited()) {
+    group.poll(interval, signals.fd());
+    if (const int sig = signals.take()) {
+      if (stopping || (!options.saves_on_signal && sig != SIGUSR1)) {
+        w.received = sig;
+        return w;
+      }
+      if (options.saves_on_signal) stopping = sig;
+      group.signal_all(sig == SIGHUP ? SIGTERM : sig);  // the trainer takes a closed terminal as SIGTERM
+      if (stopping)
+        log_warn(str("[launch] received ", signal_text(sig), ": the workers finish their step, save a checkpoint and ",
+                     "stop; ", sig == SIGINT ? "press Ctrl-C again" : "signal again",
+                     " to stop them at once (losing the steps since the last checkpoint)"));
+      else
+        log_info("[launch] received SIGUSR1; passed on to the workers");
+    }
+    if (group.first_failure()) return w;
+    if ((w.remote = rdzv.failure(attempt))) return w;
+  }
+  return w;
+}
+
 }  // namespace
 
 void check_capacity(int local, int num_machines, bool use_cpu, const LaunchOptions& o, int cores) {
@@ -153,30 +189,7 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
     const std::string error_dir = str(errors.path(), "/attempt", attempt);
     make_directories(error_dir);
     WorkerGroup group(plan_workers(rc, topology, options.command, attempt), options.log_dir, attempt, error_dir);
-    int received = 0;  // a signal that ends the workers now
-    std::optional<std::pair<int, std::string>> remote;
-    while (!group.all_exited()) {
-      group.poll(interval, signals.fd());
-      if (const int sig = signals.take()) {
-        // The built-in trainer saves and stops on its first signal; any program gets SIGUSR1 (SLURM's
-        // warning before a time limit) and keeps running. Anything else, or a second signal: now.
-        if (stopping || (!options.saves_on_signal && sig != SIGUSR1)) {
-          received = sig;
-          break;
-        }
-        if (options.saves_on_signal) stopping = sig;
-        group.signal_all(sig == SIGHUP ? SIGTERM : sig);  // the trainer takes a closed terminal as SIGTERM
-        if (stopping)
-          log_warn(str("[launch] received ", signal_text(sig),
-                       ": the workers finish their step, save a checkpoint and stop; ",
-                       sig == SIGINT ? "press Ctrl-C again" : "signal again", " to stop them at once (losing ",
-                       "the steps since the last checkpoint)"));
-        else
-          log_info(str("[launch] received SIGUSR1; passed on to the workers"));
-      }
-      if (group.first_failure()) break;
-      if ((remote = rdzv.failure(attempt))) break;
-    }
+    const auto [received, remote] = watch(group, signals, rdzv, attempt, interval, options, stopping);
     if (received) {
       // Forward the signal, then SIGKILL whatever is left after the grace period (at once when asked twice).
       log_warn(str("[launch] received ", signal_text(received), stopping ? " again; killing" : "; stopping",
