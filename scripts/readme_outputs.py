@@ -4,12 +4,15 @@ For each shown block it runs the command that makes it (in a scratch folder, nev
 runs/), then either checks the README's block against it (--check, what the tests run) or writes the
 new output into the README (--write). Checking compares line by line with every number masked
 (timings, losses and token counts differ between machines and between commits), the paths mapped
-to the README's, and a `[...]` line in the README standing for any lines left out there.
+to the README's, and a `[...]` line in the README standing for any lines left out there. Blocks: the
+quickstart's training output, and the fine-tuning example's (scripts/examples/finetune.sh's steps;
+its log lines only, since a trained model's words may differ between machines).
 
     .venv/bin/python scripts/readme_outputs.py --check [--fsdptrain build/apps/fsdptrain/fsdptrain]
     .venv/bin/python scripts/readme_outputs.py --write
 """
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -43,8 +46,42 @@ def quickstart(fsdptrain, scratch):
     return kept
 
 
-# README marker (the sentence before the block) -> the function that makes the block.
-BLOCKS = [("The quickstart's output (2 workers on a 2-core machine", quickstart)]
+def finetune(fsdptrain, scratch):
+    """scripts/examples/finetune.sh's output, its steps run in the scratch folder as if in runs/finetune."""
+    out = os.path.join(scratch, "finetune")
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    steps = [
+        [python if os.path.exists(python) else sys.executable, "scripts/examples/make_finetune_example.py", "--out", out],
+        [fsdptrain, "launch", "--config", "configs/finetune.yaml", "--main_process_port", "0",
+         "--set", f"model.pretrained={out}/model", "--set", f"data.path={out}/train.jsonl",
+         "--set", f"train.output_dir={out}/run", "--set", f"data.cache_dir={out}/fsdptrain-cache"],
+    ]
+    text = ""
+    export = f"{out}/run/export/step-300"
+    steps += [[fsdptrain, "generate", "--model", export, "--prompts", f"{out}/prompts.jsonl", "--max_new_tokens", "16"],
+              [fsdptrain, "generate", "--model", export, "--prompt", "Q: What color is the lantern?\nA:",
+               "--max_new_tokens", "16"]]
+    for cmd in steps:
+        if cmd[1] == "generate" and not os.path.exists(f"{out}/prompts.jsonl"):  # as finetune.sh: four prompts
+            with open(f"{out}/train.jsonl") as f, open(f"{out}/prompts.jsonl", "w") as p:
+                p.writelines(json.dumps({"prompt": json.loads(line)["prompt"]}) + "\n" for line in f.readlines()[:4])
+        r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        if r.returncode != 0:
+            raise SystemExit(f"readme_outputs: {' '.join(cmd[:3])} failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
+        text += r.stdout
+    text = text.replace(out, "runs/finetune").replace(f"{ROOT}/runs/finetune", "runs/finetune")
+    return [line for line in text.splitlines() if line.strip()]
+
+
+# README marker (the sentence before the block) -> the function that makes the block, and whether
+# only the log lines count (a trained model's words may differ in a digit of a loss between machines).
+BLOCKS = [("The quickstart's output (2 workers on a 2-core machine", quickstart, False),
+          ("with LoRA too (see [LoRA](#lora) for the line). What it prints:", finetune, True)]
+
+
+def log_lines(lines):
+    """The lines a program logs ([tag] ... or made ...), not the text a model generated."""
+    return [x for x in lines if x.startswith("[") or x.startswith("made ")]
 
 
 def block_span(text, marker):
@@ -54,7 +91,8 @@ def block_span(text, marker):
 
 
 def masked(line):
-    line = re.sub(r"/\S*/runs/", "<root>/runs/", line)  # wherever the clone is
+    line = re.sub(r"/\S*/runs/", "runs/", line)  # wherever the clone is
+    line = re.sub(r"fsdptrain-cache/[0-9a-f]{16}", "fsdptrain-cache/<key>", line)
     line = re.sub(r"events\.out\.tfevents\.\S+", "events.out.tfevents.<stamp>", line)
     line = re.sub(r"ETA \S+", "ETA #", line)  # 45s or 1m09s
     line = re.sub(r"\S+ m?s/step", "# /step", line)  # 23 ms/step or 1.2 s/step
@@ -86,13 +124,16 @@ def main():
     text = open(a.readme, encoding="utf-8").read()
     stale = []
     with tempfile.TemporaryDirectory(prefix="fsdptrain_readme.") as scratch:
-        for marker, make in BLOCKS:
+        for marker, make, logs_only in BLOCKS:
             made = make(fsdptrain, scratch)
             start, end = block_span(text, marker)
             shown = text[start:end].splitlines()
             if a.write:
                 text = text[:start] + "\n".join(made) + "\n" + text[end:]
-            elif not matches(shown, made):
+                continue
+            if logs_only:
+                shown, made = log_lines(shown), log_lines(made)
+            if not matches(shown, made):
                 diff = [f"  README: {s}\n  now:    {m}" for s, m in zip(shown, made) if masked(s) != masked(m)][:5]
                 stale.append(f"{marker}...: the README shows another output than the code makes now "
                              f"(numbers masked); first differences:\n" + "\n".join(diff) +
