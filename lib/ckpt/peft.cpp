@@ -90,18 +90,18 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
 // differs from the embedding beside it was trained untied (PEFT without ensure_weight_tying), which a
 // tied model cannot hold.
 void tie_saved_head(std::map<std::string, at::Tensor>& tensors, const std::string& dir) {
-  const auto head = tensors.find("lm_head.weight");
+  const auto head = tensors.find(kHead);
   if (head == tensors.end()) return;
-  const auto embedding = tensors.find("model.embed_tokens.weight");
+  const auto embedding = tensors.find(kEmbedding);
   if (embedding == tensors.end()) {
-    tensors["model.embed_tokens.weight"] = head->second;
+    tensors[kEmbedding] = head->second;
   } else {
     FSDP_CHECK(at::equal(head->second, embedding->second), "[lora] ", dir, " holds lm_head.weight and ",
                "model.embed_tokens.weight trained apart (PEFT's modules_to_save without ensure_weight_tying), but ",
                "this model's head is its embedding (tie_word_embeddings): train the adapter with "
                "ensure_weight_tying=True, or give a model with an untied head");
   }
-  tensors.erase("lm_head.weight");
+  tensors.erase(kHead);
 }
 
 PeftAdapter read_peft_adapter(const std::string& dir) {

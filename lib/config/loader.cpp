@@ -508,10 +508,7 @@ void apply_run_defaults(ResolvedConfig& rc) {
   ResolvedValue& seq = value_in(rc, "train.sequence_length");
   if (seq.origin.detail != kFineTuningOrigin) return;
   // The folder's config.json, if it reads (a bad one is reported where the model is read).
-  std::string folder = value_in(rc, "model.pretrained").value;
-  if (!rc.file.empty() && !folder.empty() && folder[0] != '/' && !file_exists(folder + "/config.json"))
-    folder = parent_folder(rc.file) + "/" + folder;  // as resolve_input_paths will read it
-  const std::optional<nlohmann::json> j = try_read_json_file(folder + "/config.json");
+  const std::optional<nlohmann::json> j = try_read_json_file(value_in(rc, "model.pretrained").value + "/config.json");
   if (!j || !j->is_object() || !j->contains("max_position_embeddings")) return;
   const nlohmann::json& p = (*j)["max_position_embeddings"];
   if (!p.is_number_integer() || p.get<int64_t>() < 1 || p.get<int64_t>() >= std::stoll(seq.value)) return;
@@ -577,25 +574,19 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     }
   }
   // Defaults that depend on other keys.
-  auto value_of = [&rc](const std::string& key) -> ResolvedValue& {
-    for (auto& v : rc.values)
-      if (v.spec->key == key) return v;
-    FSDP_ASSERT(false, "no option ", key);
-    return rc.values.front();
-  };
-  ResolvedValue& sdt = value_of("fsdp_config.fsdp_state_dict_type");
+  ResolvedValue& sdt = value_in(rc, "fsdp_config.fsdp_state_dict_type");
   if (sdt.value.empty()) {
-    bool v2 = value_of("fsdp_config.fsdp_version").value == "2";
+    bool v2 = value_in(rc, "fsdp_config.fsdp_version").value == "2";
     sdt.value = v2 ? "SHARDED_STATE_DICT" : "FULL_STATE_DICT";
     sdt.origin = Origin{OriginKind::kDerived, {}, v2 ? "FSDP2's default" : "FSDP1's default"};
   }
-  apply_run_defaults(rc);
-  ResolvedValue& np = value_of("num_processes");
-  if (np.value.empty() && value_of("distributed_type").value == "NO") {
+  ResolvedValue& np = value_in(rc, "num_processes");
+  if (np.value.empty() && value_in(rc, "distributed_type").value == "NO") {
     np.value = "1";
     np.origin = Origin{OriginKind::kDerived, {}, "distributed_type NO runs one process"};
   }
   resolve_input_paths(rc);
+  apply_run_defaults(rc);  // after the paths: it reads model.pretrained's config.json
   resolve_output_paths(rc);
   for (const auto& v : rc.values)
     if (v.spec->apply) v.spec->apply(rc.typed, v.value);

@@ -17,6 +17,7 @@
 #include "util/error.h"
 #include "util/files.h"
 #include "util/log.h"
+#include "util/signal_name.h"
 #include "util/strings.h"
 
 namespace fsdp::launch {
@@ -34,10 +35,6 @@ void on_signal(int sig) {
 }
 
 constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
-
-std::string signal_text(int sig) {
-  return sigabbrev_np(sig) ? str("SIG", sigabbrev_np(sig)) : str("signal ", sig);
-}
 
 class SignalCatcher {
  public:
@@ -133,7 +130,7 @@ Watched watch(WorkerGroup& group, SignalCatcher& signals, Rendezvous& rdzv, int 
       if (options.saves_on_signal) stopping = sig;
       group.signal_all(sig == SIGHUP ? SIGTERM : sig);  // the trainer takes a closed terminal as SIGTERM
       if (stopping)
-        log_warn(str("[launch] received ", signal_text(sig), ": the workers finish their step, save a checkpoint and ",
+        log_warn(str("[launch] received ", signal_name(sig), ": the workers finish their step, save a checkpoint and ",
                      "stop; ", sig == SIGINT ? "press Ctrl-C again" : "signal again",
                      " to stop them at once (losing the steps since the last checkpoint)"));
       else
@@ -192,7 +189,7 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
     const auto [received, remote] = watch(group, signals, rdzv, attempt, interval, options, stopping);
     if (received) {
       // Forward the signal, then SIGKILL whatever is left after the grace period (at once when asked twice).
-      log_warn(str("[launch] received ", signal_text(received), stopping ? " again; killing" : "; stopping",
+      log_warn(str("[launch] received ", signal_name(received), stopping ? " again; killing" : "; stopping",
                    " the workers"));
       if (stopping)
         group.stop(std::chrono::milliseconds(0), SIGKILL);

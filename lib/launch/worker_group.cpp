@@ -21,6 +21,7 @@
 #include "util/error.h"
 #include "util/files.h"
 #include "util/log.h"
+#include "util/signal_name.h"
 #include "util/strings.h"
 
 extern char** environ;
@@ -28,11 +29,6 @@ extern char** environ;
 namespace fsdp::launch {
 
 namespace {
-
-std::string signal_name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? std::string("SIG") + abbrev : str("signal ", sig);
-}
 
 void write_all(int fd, const std::string& text) {
   const char* p = text.data();

@@ -15,6 +15,13 @@ model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::s
   return model::load_llama_config(model_config_path(cfg), warnings);
 }
 
+void check_positions(const config::Config& config, const model::LlamaConfig& model) {
+  FSDP_CHECK(config.model.pretrained.empty() || config.train.sequence_length <= model.max_position_embeddings,
+             "[train] train.sequence_length ", config.train.sequence_length,
+             " is beyond the model's max_position_embeddings ", model.max_position_embeddings, " (",
+             model_config_path(config), "); positions past it were never trained. Lower train.sequence_length");
+}
+
 data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size) {
   data::DataOptions o;
   o.path = config.data.path;

@@ -33,6 +33,10 @@ std::string model_config_path(const config::Config& config);
 // set, or naming the file when its config.json does not parse. warnings: fields it does not know.
 model::LlamaConfig model_config_of(const config::Config& config, std::vector<std::string>* warnings = nullptr);
 
+// Throws InputError when a pretrained model (model.pretrained) would train on positions beyond its
+// max_position_embeddings, which it never saw. A model trained from model.config may learn them.
+void check_positions(const config::Config& config, const model::LlamaConfig& model);
+
 // What data/prepare.h needs of a config, for a model of `vocab_size`.
 data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size);
 

@@ -4,11 +4,9 @@
 #include <signal.h>
 
 #include <atomic>
-#include <cstring>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
-
-#include "util/error.h"
 
 namespace fsdp::train {
 
@@ -74,11 +72,6 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() {
   return g_first.load();
-}
-
-std::string StopSignals::name(int sig) {
-  const char* abbrev = sigabbrev_np(sig);
-  return abbrev ? str("SIG", abbrev) : str("signal ", sig);
 }
 
 }  // namespace fsdp::train

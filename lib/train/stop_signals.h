@@ -15,7 +15,6 @@
 #pragma once
 
 #include <chrono>
-#include <string>
 
 namespace fsdp::train {
 
@@ -31,10 +30,8 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // The first signal noted since construction, or 0.
+  // The first signal noted since construction, or 0 (util/signal_name.h names it).
   static int received();
-  // "SIGINT", "SIGTERM", "SIGUSR1".
-  static std::string name(int sig);
 };
 
 }  // namespace fsdp::train

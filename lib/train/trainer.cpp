@@ -34,6 +34,7 @@
 #include "util/files.h"
 #include "util/json.h"
 #include "util/log.h"
+#include "util/signal_name.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
@@ -166,7 +167,7 @@ class RunReport {
   // another rank's was).
   TrainSummary stop(int sig) {
     const int64_t step = summary_.steps;
-    const std::string why = sig ? StopSignals::name(sig) : std::string("another rank's stop request");
+    const std::string why = sig ? signal_name(sig) : std::string("another rank's stop request");
     run_.say(str("[train] ", why, ": saving a checkpoint of step ", step, " of ", run_.steps(), " and stopping\n"));
     std::optional<double> eval_loss;  // keep_best compares the held-out loss of every save
     if (config_.checkpoint.keep_best && step != last_saved_) eval_loss = run_.evaluate();
@@ -177,7 +178,7 @@ class RunReport {
     run_.barrier();
     time_summary();
     summary_.stopped = true;
-    stopped_by_ = sig ? StopSignals::name(sig) : "a signal to another rank";
+    stopped_by_ = sig ? signal_name(sig) : "a signal to another rank";
     run_.say(str("[train] stopped at step ", step, " of ", run_.steps(), " (", why,
                  "); its checkpoint: ", last_checkpoint_, "\n"));
     if (run_.context().is_main()) write_run_summary();
@@ -497,11 +498,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   // a damaged folder or a broken link is named here, not by every rank after the workers start.
   if (!resolved.typed.model.pretrained.empty())
     ckpt::HfCheckpoint(resolved.typed.model.pretrained).check_matches(model::describe(model).params);
-  const config::TrainConfig& train = resolved.typed.train;
-  FSDP_CHECK(resolved.typed.model.pretrained.empty() || train.sequence_length <= model.max_position_embeddings,
-             "[train] train.sequence_length ", train.sequence_length, " is beyond the model's max_position_embeddings ",
-             model.max_position_embeddings, " (", model_config_path(resolved.typed),
-             "); positions past it were never trained. Lower train.sequence_length");
+  check_positions(resolved.typed, model);
   check_lora_targets(resolved.typed, model);
   check_tensor_parallel(resolved.typed, model, model_config_path(resolved.typed));
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.

@@ -176,9 +176,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
         "the CPU. Set use_cpu: true (or --cpu) to say so\n");
   if (config_.train.sequence_length > model_config_.max_position_embeddings) {
     // A trained model never saw those positions; an untrained one learns them, but should say so.
-    FSDP_CHECK(config_.model.pretrained.empty(), "[train] train.sequence_length ", config_.train.sequence_length,
-               " is beyond the model's max_position_embeddings ", model_config_.max_position_embeddings, " (",
-               model_config_path(config_), "); positions past it were never trained. Lower train.sequence_length");
+    check_positions(config_, model_config_);
     say(str("[train] warning: train.sequence_length ", config_.train.sequence_length,
             " is beyond max_position_embeddings ", model_config_.max_position_embeddings, " in ",
             model_config_path(config_),
@@ -596,14 +594,14 @@ void TrainingRun::export_hf(int64_t step) {
   if (world_.rank() == 0) replace_own_export(dir, step);
   const model::LoraSettings lora = lora_settings_of(config_);
   const bool peft = lora.enabled() && !config_.checkpoint.export_merged;
+  const auto [dtype, dtype_why] = export_dtype();
   if (peft)
     ckpt::export_peft(*sharded_, lora, model::lora_target_names(*llama_, lora),
                       config_.model.pretrained.empty() ? "" : absolute_path(config_.model.pretrained), dir, extra);
   else if (lora.enabled())
-    ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra, export_dtype().first);
+    ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra, dtype);
   else
-    ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra, ckpt::kDefaultMaxShardBytes,
-                    export_dtype().first);
+    ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra, ckpt::kDefaultMaxShardBytes, dtype);
   if (world_.rank() == 0) write_file_atomic(dir + "/" + kExportNote, export_note(step));
   std::string names;
   for (const auto& [name, from] : extra) names += (names.empty() ? "; with " : ", ") + name;
@@ -611,8 +609,7 @@ void TrainingRun::export_hf(int64_t step) {
           peft             ? "a PEFT adapter folder"
           : lora.enabled() ? "the merged model as a Hugging Face folder"
                            : "a Hugging Face folder",
-          peft ? "" : str(" (", export_dtype().second, ")"), " to ", dir, " in ", format_seconds(seconds_since(t)),
-          names, "\n"));
+          peft ? "" : str(" (", dtype_why, ")"), " to ", dir, " in ", format_seconds(seconds_since(t)), names, "\n"));
 }
 
 // checkpoint.export_dtype, and how this run came to it.
