@@ -2,8 +2,8 @@
 # Installs what fsdptrain needs (idempotent) and builds it. Fast when nothing changed.
 #   - Debian packages: build tools, yaml-cpp, CLI11, nlohmann-json, doctest, PCRE2 and libunistring (the
 #     tokenizer's regexes and Unicode normalization), zlib and zstd (compressed inputs), ccache, rsvg-convert (apt-get, only if missing)
-#   - a virtual environment with torch==2.11.0 (its LibTorch and NCCL) and the test-time Python
-#     references, under ~/.cache/fsdptrain/venv-<hash of scripts/requirements.txt>, reused by every clone
+#   - a virtual environment with torch==2.11.0 (its LibTorch and NCCL), pyarrow (its Arrow C++ and
+#     Parquet libraries) and the test-time Python references, under ~/.cache/fsdptrain/venv-<hash of scripts/requirements.txt>, reused by every clone
 #   - CMake configure (once) and build into ./build with -j2
 # Environment: FSDPTRAIN_CACHE (default ~/.cache/fsdptrain), BUILD_DIR (default build), JOBS (default 2).
 set -euo pipefail
@@ -48,6 +48,16 @@ if [ ! -f "$TOOLS" ]; then
   say "installing scripts/requirements-tools.txt into $VENV"
   "$PY" -m pip install -q -r scripts/requirements-tools.txt
   touch "$TOOLS"
+fi
+# The Arrow C++ libraries fsdptrain links (inside pyarrow's wheel) and the datasets reference, likewise.
+DATA=$VENV/.data-$(sha256sum scripts/requirements-data.txt | cut -c1-12)
+if [ ! -f "$DATA" ]; then
+  say "installing scripts/requirements-data.txt into $VENV"
+  if ! "$PY" -m pip install -q -r scripts/requirements-data.txt; then
+    echo "[setup] error: pip could not install scripts/requirements-data.txt from PyPI (see above); fsdptrain reads Parquet with the pyarrow wheel's Arrow C++ libraries" >&2
+    exit 1
+  fi
+  touch "$DATA"
 fi
 ln -sfn "$VENV" "$ROOT/.venv"
 

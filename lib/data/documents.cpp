@@ -9,6 +9,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "data/table_records.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
@@ -29,14 +30,20 @@ std::string strip_compression(const std::string& path) {
 }  // namespace
 
 bool holds_records(const std::string& path) {
-  return ends_with(strip_compression(path), ".jsonl") || ends_with(strip_compression(path), ".json");
+  return ends_with(strip_compression(path), ".jsonl") || ends_with(strip_compression(path), ".json") ||
+         TableRecords::is_table(path);
 }
 
 namespace {
 
 constexpr const char* kFormats =
     "fsdptrain reads text files (any UTF-8 text: .txt, .md, source code), JSON Lines (.jsonl), JSON (.json: an "
-    "array of records, or JSON Lines), and llm.c token shards (.bin), each optionally compressed as .gz or .zst";
+    "array of records, or JSON Lines), each optionally compressed as .gz or .zst; Parquet (.parquet) and Arrow "
+    "(.arrow, as datasets' save_to_disk writes) tables; and llm.c token shards (.bin)";
+
+// The columns a record of each kind is read from (a table's others are not decoded).
+const std::vector<std::string> kRecordColumns = {"prompt", "completion", "messages", "conversations", "tools",
+                                                 "chat_template_kwargs"};
 
 }  // namespace
 
@@ -137,6 +144,14 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
   // Not a FIFO (it would block until written) nor a device (/dev/zero never ends): files only.
   const std::string problem = file_problem(path);
   FSDP_CHECK(problem.empty(), who, " cannot read ", quoted(path), ": ", problem);
+  for (const char* ext : {".parquet.gz", ".parquet.zst", ".arrow.gz", ".arrow.zst"})
+    FSDP_CHECK(!ends_with(path, ext), who, " ", path,
+               " is a compressed table; Parquet and Arrow files compress their own columns, so "
+               "decompress it and give the .parquet or .arrow file");
+  if (TableRecords::is_table(path)) {
+    open_table();
+    return;
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   FSDP_CHECK(fd >= 0, who, " cannot read ", quoted(path), ": ", std::strerror(errno));
   if (ends_with(path, ".gz"))
@@ -146,10 +161,10 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
   else
     stream_ = std::make_unique<PlainStream>(fd, path);
   const std::string plain = strip_compression(path);
-  for (const char* ext : {".parquet", ".arrow", ".feather", ".csv", ".tsv", ".xlsx", ".pkl", ".pickle", ".pt", ".pth",
+  for (const char* ext : {".feather", ".csv", ".tsv", ".xlsx", ".pkl", ".pickle", ".pt", ".pth",
                           ".npy", ".npz", ".safetensors", ".zip", ".tar", ".h5", ".hdf5"})
     FSDP_CHECK(!ends_with(plain, ext), who, " ", path, " is a ", ext + 1, " file, which would be read as plain text; ",
-               kFormats, ". Convert it first (datasets: load_dataset(...).to_json(\"data.jsonl\"))");
+               kFormats, ". Convert it first (datasets: load_dataset(...).to_parquet(\"data.parquet\"))");
   // The first 64 KiB (decompressed) tell a JSON array from JSON Lines, and text from a binary file.
   buffer_.resize(size_t{1} << 16);
   buffer_.resize(fill(buffer_.data(), buffer_.size()));
@@ -168,6 +183,27 @@ void DocumentReader::check_text() const {
              ") and would be "
              "trained on as bytes; ",
              kFormats);
+}
+
+// A Parquet or Arrow table: its rows become the one-line JSON a JSONL file would hold, and a row's
+// number stands for the line. Its columns must hold one kind of record.
+void DocumentReader::open_table() {
+  std::vector<std::string> wanted = kRecordColumns;
+  wanted.push_back(field_);
+  table_ = std::make_unique<TableRecords>(path_, who_, wanted);
+  const std::vector<std::string>& have = table_->columns();
+  auto has = [&](const std::string& c) { return std::find(have.begin(), have.end(), c) != have.end(); };
+  if (has(field_) || (has("prompt") && has("completion")) || has("messages") || has("conversations")) return;
+  std::string near;
+  for (const std::string& c : have)
+    if (auto m = closest_match(c, {field_, "prompt", "completion", "messages", "conversations"}); m && near.empty())
+      near = str("; did you mean \"", *m, "\" for \"", c, "\"?");
+  throw InputError(str(who_, " ", path_, " has the column", have.size() == 1 ? " " : "s ",
+                       have.empty() ? std::string("(none)") : join(have, ", "), " and no records fsdptrain reads: ",
+                       "documents need a string column ", quoted(field_), " (name another with ", hint_,
+                       "), prompt/completion pairs \"prompt\" and \"completion\", conversations a \"messages\" "
+                       "column (or ShareGPT's \"conversations\")",
+                       near));
 }
 
 // The whole array at once (a .json array cannot be streamed line by line); each record becomes
@@ -296,6 +332,11 @@ std::vector<Document> DocumentReader::next(size_t max_bytes) {
   size_t bytes = 0;
   std::string line;
   auto next_record = [&](std::string& out) {
+    if (table_) {
+      const bool got = table_->next(out);
+      bytes_ = table_->bytes_read();
+      return got;
+    }
     if (!array_) return next_line(out);
     if (next_record_ >= records_.size()) return false;
     out = std::move(records_[next_record_++]);

@@ -6,8 +6,10 @@
 //             first record sets which; every other line must match.
 //   *.json    the same records as a JSON array (read whole), or JSON Lines under that name (what
 //             datasets' to_json writes), told apart by the first character;
+//   *.parquet, *.arrow  a table (data/table_records.h: Parquet, or the Arrow files datasets'
+//             save_to_disk writes) whose rows are the same records, read a row group at a time;
 //   other     a text file: the whole file is one document. A file that is not text (a NUL byte or
-//             Parquet's magic in its first 64 KiB) or a table (.parquet, .arrow, .csv, ...) is refused
+//             Parquet's magic in its first 64 KiB) or another table format (.csv, .feather, ...) is refused
 //             by name with the formats fsdptrain reads, never trained on as text.
 // Any of them may be compressed: *.gz (zlib) or *.zst (zstd), streamed, never whole in memory
 // (a text file's one document is, necessarily).
@@ -20,6 +22,8 @@
 #include <vector>
 
 namespace fsdp::data {
+
+class TableRecords;  // data/table_records.h
 
 struct Document {
   std::string text;        // the document, or the prompt of a pair
@@ -64,6 +68,8 @@ class DocumentReader {
   size_t at_ = 0;
   bool jsonl_ = false, done_ = false, eof_ = false;
   bool array_ = false;                // a .json file holding one array of records
+  std::unique_ptr<TableRecords> table_;        // a Parquet or Arrow file's rows
+  void open_table();
   std::vector<std::string> records_;  // its records, each as one JSON line, once read
   size_t next_record_ = 0;
   void read_array();
