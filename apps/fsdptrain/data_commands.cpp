@@ -13,6 +13,7 @@
 #include "tokenize/eos.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/strings.h"
 
 namespace fsdp::cli {
@@ -29,13 +30,21 @@ class TokenizeCommand final : public Command {
  public:
   CLI::App* add(CLI::App& parent) override {
     CLI::App* app = parent.add_subcommand(
-        "tokenize", "Turn text and JSONL files into llm.c token shards with a model's tokenizer (for data.path)");
-    app->add_option("--tokenizer", tokenizer_, "A Hugging Face model folder or its tokenizer.json")->required();
+        "tokenize",
+        "Turn text, JSONL and Parquet files into llm.c token shards with a model's tokenizer (for data.path)");
+    app->add_option("--tokenizer", tokenizer_,
+                    "A Hugging Face model folder or its tokenizer.json, or a model's Hub id in the Hugging Face cache")
+        ->required();
     app->add_option("--input", options_.inputs,
-                    "Text, .jsonl or .json files (.gz and .zst too), or globs (repeatable; in order). JSON of "
-                    "prompt/completion or conversation records also writes loss masks")
-        ->required()
+                    "Text, .jsonl or .json files (.gz and .zst too), .parquet or .arrow files, folders datasets' "
+                    "save_to_disk wrote, or globs (repeatable; in order). Prompt/completion or conversation records "
+                    "also write loss masks")
         ->expected(1, -1);
+    app->add_option("--dataset", dataset_,
+                    "A dataset's Hub id (ORG/NAME) in the Hugging Face cache, read after the inputs (as data.dataset)");
+    app->add_option("--split", options_.split, "Of --dataset or a save_to_disk folder of several splits (default train)");
+    app->add_option("--config", config_, "Of --dataset: its subset (default: its only or \"default\" one)");
+    app->add_option("--revision", revision_, "Of --dataset: a branch, tag or commit in the cache (default main)");
     app->add_option("--output", options_.output, "The folder of shards to create (must not exist)")->required();
     app->add_option("--field", options_.field, "The JSONL field holding each document (default text)");
     app->add_option("--shard_size,--shard-size", shard_size_, "Tokens per shard, such as 100M (default)");
@@ -48,6 +57,14 @@ class TokenizeCommand final : public Command {
     return app;
   }
   int run() override {
+    FSDP_CHECK(!options_.inputs.empty() || !dataset_.empty(),
+               "[tokenize] nothing to tokenize: give --input files (or globs), or --dataset ORG/NAME");
+    if (!dataset_.empty()) {
+      const hub::DatasetFiles found = hub::dataset_files(dataset_, config_, options_.split, revision_);
+      FSDP_CHECK(found.error.empty(), "[tokenize] --dataset: ", found.error);
+      options_.inputs.insert(options_.inputs.end(), found.files.begin(), found.files.end());
+    }
+    tokenizer_ = hub::model_folder(tokenizer_);
     options_.shard_tokens = parse_token_count(shard_size_);
     options_.tokenizer_path = tokenizer_;
     options_.chat.assistant_only = !all_tokens_;
@@ -80,7 +97,7 @@ class TokenizeCommand final : public Command {
   }
 
  private:
-  std::string tokenizer_, eos_, shard_size_ = "100M";
+  std::string tokenizer_, eos_, shard_size_ = "100M", dataset_, config_, revision_ = "main";
   bool all_tokens_ = false;
   data::CorpusOptions options_;
 };

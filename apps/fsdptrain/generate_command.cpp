@@ -21,6 +21,7 @@
 #include "tokenize/tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/strings.h"
 #include "util/system_info.h"
 
@@ -42,6 +43,8 @@ struct LoadedModel {
 // (adapter_config.json, no config.json: its base is base_model_name_or_path), as PEFT's
 // AutoPeftModelForCausalLM reads it.
 LoadedModel load(std::string path, std::string adapter) {
+  path = hub::model_folder(path);  // Hub ids: their snapshots in the Hugging Face cache
+  adapter = hub::model_folder(adapter);
   if (adapter.empty() && file_exists(path + "/adapter_config.json") && !file_exists(path + "/config.json")) {
     adapter = path;
     path = ckpt::read_peft_adapter(adapter).base_model;
@@ -62,7 +65,7 @@ LoadedModel load(std::string path, std::string adapter) {
 class TextCodec {
  public:
   TextCodec(const std::string& tokenizer_path, const std::string& model_folder, int64_t vocab_size) {
-    std::string path = tokenizer_path;
+    std::string path = hub::model_folder(tokenizer_path);
     if (path.empty() && file_exists(model_folder + "/tokenizer.json")) path = model_folder;
     if (path.empty()) {
       FSDP_CHECK(vocab_size == 257, "[generate] ", model_folder, " has no tokenizer.json and its vocab_size is ",

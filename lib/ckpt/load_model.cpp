@@ -12,11 +12,15 @@
 #include "ckpt/sources.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/strings.h"
 
 namespace fsdp::ckpt {
 
-ModelFolder find_model_folder(const std::string& path) {
+ModelFolder find_model_folder(const std::string& given) {
+  const std::string path = hub::model_folder(given);  // a Hub id: its snapshot in the Hugging Face cache
+  FSDP_CHECK(is_directory(path) || !hub::is_repo_id(path) || file_exists(path), "[generate] --model ", quoted(path),
+             " is no folder here, and ", hub::not_cached(hub::RepoType::kModel, path, "main"));
   FSDP_CHECK(is_directory(path), "[generate] --model ", quoted(path), " is ",
              file_problem(path).empty() ? "a file" : file_problem(path),
              "; give a Hugging Face folder or an fsdptrain checkpoint (a step-N folder or the checkpoint.dir)");

@@ -11,6 +11,7 @@
 #include "ckpt/sources.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/strings.h"
 
 namespace fsdp::ckpt {
@@ -61,8 +62,8 @@ at::Tensor whole(Source& src, const TensorSpec& t) {
 std::string merge_weights(const std::string& checkpoint, const std::string& out, int64_t max_shard_bytes,
                           std::ostream& log, const std::string& base) {
   FSDP_CHECK(!file_exists(out), "[merge-weights] ", quoted(out), " already exists; give a new output folder");
-  if (file_exists(checkpoint + "/adapter_config.json"))
-    return merge_adapter(checkpoint, base, out, max_shard_bytes, log);
+  if (const std::string cached = hub::model_folder(checkpoint); file_exists(cached + "/adapter_config.json"))
+    return merge_adapter(cached, base, out, max_shard_bytes, log);  // an adapter folder, or its Hub id
   FSDP_CHECK(base.empty(), "[merge-weights] --base is for merging a LoRA adapter folder, and ", quoted(checkpoint),
              " has no adapter_config.json");
   FileSystem& fs = local_file_system();
@@ -94,7 +95,11 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
 std::string merge_adapter(const std::string& adapter_dir, const std::string& base_dir, const std::string& out,
                           int64_t max_shard_bytes, std::ostream& log) {
   const PeftAdapter adapter = read_peft_adapter(adapter_dir);
-  const std::string base = base_dir.empty() ? adapter.base_model : base_dir;
+  const std::string named = base_dir.empty() ? adapter.base_model : base_dir;
+  const std::string base = hub::model_folder(named);  // a Hub id: its snapshot in the Hugging Face cache
+  FSDP_CHECK(!(base == named && !is_directory(base) && hub::is_repo_id(base)), "[merge-weights] ", adapter_dir,
+             " adapts ", quoted(base), ", which is no folder here, and ", hub::not_cached(hub::RepoType::kModel, base, "main"),
+             "; or give the base model's folder with --base MODEL_DIR");
   FSDP_CHECK(!base.empty() && file_exists(base + "/config.json"), "[merge-weights] ", adapter_dir,
              "/adapter_config.json names ",
              base.empty() ? std::string("no base model") : str("the base ", fsdp::quoted(base)),

@@ -132,6 +132,7 @@ struct ParallelismConfig {
 struct ModelConfig {
   std::string config;                   // a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3)
   std::string pretrained;               // a Hugging Face folder to start from (its config.json and weights)
+  std::string revision = "main";        // of pretrained given as a Hub id (the loader finds its snapshot)
   bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
 };
 
@@ -142,7 +143,11 @@ inline constexpr std::array<const char*, 4> kPackingNames = {"auto", "masked", "
 // directory or beside the config file, outputs (the run folder and what goes under it) made absolute;
 // an output "" is off.
 struct DataConfig {
-  std::string path;             // text, .jsonl, llm.c .bin shards, or a glob of them
+  std::string path;             // text, .jsonl, .parquet, llm.c .bin shards, a glob of them, a save_to_disk folder
+  std::string dataset;          // a Hub dataset id, read from the Hugging Face cache, instead of path
+  std::string split = "train";  // of dataset (or of a save_to_disk DatasetDict)
+  std::string config;           // of dataset: its subset ("": the only or default one)
+  std::string revision = "main";
   double eval_fraction = 0.05;  // sequences held out at the end for evaluation
   std::string eval_path;        // held-out data of its own ("": eval_fraction of path)
   std::string field = "text";   // JSONL: the field holding each document

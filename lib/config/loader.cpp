@@ -10,6 +10,7 @@
 #include "config/validate.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/json.h"
 #include "util/log.h"
 #include "util/strings.h"
@@ -100,6 +101,10 @@ const std::pair<const char*, const char*> kKeyAliases[] = {
     {"eval_steps", "train.eval_interval"},
     {"model_name_or_path", "model.pretrained"},
     {"dataset", "data.path"},
+    {"dataset_name", "data.dataset"},
+    {"dataset_config", "data.config"},
+    {"dataset_train_split", "data.split"},
+    {"model_revision", "model.revision"},
     {"dataset_text_field", "data.field"},
     // PEFT's LoraConfig names, under lora: ("lora.rank" only there: a rank elsewhere is another thing).
     {"lora.rank", "lora.r"},
@@ -493,6 +498,22 @@ ResolvedValue& value_in(ResolvedConfig& rc, const std::string& key) {
   return rc.values.front();
 }
 
+// A model named by its Hub id (model.pretrained, data.tokenizer, lora.init) that is no folder here
+// is its snapshot in the Hugging Face cache, as from_pretrained finds it offline; one the cache
+// lacks stays as written, for validation to say where it looked and how to fetch it.
+void resolve_hub_ids(ResolvedConfig& rc) {
+  const std::string revision = value_in(rc, "model.revision").value;
+  for (const char* key : {"model.pretrained", "data.tokenizer", "lora.init"}) {
+    ResolvedValue& v = value_in(rc, key);
+    if (v.value.empty() || !glob_paths(v.value).empty() || !hub::is_repo_id(v.value)) continue;
+    const std::string rev = std::string(key) == "model.pretrained" ? revision : "main";
+    const std::string snapshot = hub::find_snapshot(hub::RepoType::kModel, v.value, rev);
+    if (snapshot.empty()) continue;
+    v.origin.detail = str("the Hugging Face cache's ", v.value, rev == "main" ? "" : "@" + rev);
+    v.value = snapshot;
+  }
+}
+
 constexpr const char* kFineTuningOrigin = "fine-tuning default (TRL's SFTConfig), as model.pretrained is set";
 
 // A fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults where the config is silent;
@@ -586,6 +607,7 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     np.origin = Origin{OriginKind::kDerived, {}, "distributed_type NO runs one process"};
   }
   resolve_input_paths(rc);
+  resolve_hub_ids(rc);
   apply_run_defaults(rc);  // after the paths: it reads model.pretrained's config.json
   resolve_output_paths(rc);
   for (const auto& v : rc.values)

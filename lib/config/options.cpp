@@ -556,10 +556,17 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::model, &ModelConfig::config),
       Row("model.pretrained", V::kString)
           .def("")
-          .help("A Hugging Face folder (config.json + safetensors, tokenizer.json) to start from; its config.json is "
-                "the model unless model.config is also given, which must then match it")
+          .help("A Hugging Face folder (config.json + safetensors, tokenizer.json) to start from, or its Hub id "
+                "(ORG/NAME) in the Hugging Face cache (a folder of that name wins); its config.json is the model "
+                "unless model.config is also given, which must then match it")
           .extension()
           .to(&Config::model, &ModelConfig::pretrained),
+      Row("model.revision", V::kString)
+          .def("main")
+          .help("With model.pretrained as a Hub id: the branch, tag or commit of it in the cache (from_pretrained's "
+                "revision)")
+          .extension()
+          .to(&Config::model, &ModelConfig::revision),
       Row("model.gradient_checkpointing", V::kBool)
           .def("false")
           .help("Transformers' switch; fsdptrain checkpoints with fsdp_config.fsdp_activation_checkpointing")
@@ -568,9 +575,33 @@ std::vector<OptionSpec> build_table() {
       Row("data.path", V::kString)
           .def("")
           .help("Training data: text files, .jsonl or .json (documents, prompt/completion or conversation records; a "
-                ".json array too; .gz/.zst too), llm.c .bin token shards, or a glob")
+                ".json array too; .gz/.zst too), .parquet or .arrow tables of the same records, a folder datasets' "
+                "save_to_disk wrote, llm.c .bin token shards, or a glob")
           .extension()
           .to(&Config::data, &DataConfig::path),
+      Row("data.dataset", V::kString)
+          .def("")
+          .help("Training data by its Hub id (ORG/NAME), as load_dataset names it: its files in the Hugging Face "
+                "cache (Parquet, Arrow or JSON; hf download ORG/NAME --repo-type dataset puts them there); instead "
+                "of data.path")
+          .extension()
+          .to(&Config::data, &DataConfig::dataset),
+      Row("data.split", V::kString)
+          .def("train")
+          .help("With data.dataset, or a save_to_disk folder of several splits: the split to train on")
+          .extension()
+          .to(&Config::data, &DataConfig::split),
+      Row("data.config", V::kString)
+          .def("")
+          .help("With data.dataset: the subset (load_dataset's name), for a dataset of several; default: its only or "
+                "\"default\" one")
+          .extension()
+          .to(&Config::data, &DataConfig::config),
+      Row("data.revision", V::kString)
+          .def("main")
+          .help("With data.dataset: the branch, tag (refs/convert/parquet) or commit of it in the cache")
+          .extension()
+          .to(&Config::data, &DataConfig::revision),
       Row("data.field", V::kString)
           .def("text")
           .help("JSONL: the field holding each document (records with \"prompt\" and \"completion\" train on the "

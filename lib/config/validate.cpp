@@ -8,6 +8,7 @@
 #include "config/resolved.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/strings.h"
 
 namespace fsdp::config {
@@ -261,7 +262,10 @@ void check_lora(Checker& c) {
     c.error("lora.dropout", str("must be at least 0 and below 1, got ", l.dropout), "0 (the default) or 0.05 to 0.1");
   if (!(l.alpha > 0)) c.error("lora.alpha", str("must be above 0, got ", l.alpha), "16 or 2 x lora.r are common");
   if (!l.init.empty() && !file_exists(l.init + "/adapter_model.safetensors"))
-    c.error("lora.init", str(quoted(l.init), " holds no adapter_model.safetensors"),
+    c.error("lora.init",
+            !is_directory(l.init) && hub::is_repo_id(l.init)
+                ? str("is no folder here, and ", hub::not_cached(hub::RepoType::kModel, l.init, "main"))
+                : str(quoted(l.init), " holds no adapter_model.safetensors"),
             "give a folder PEFT's save_pretrained wrote (adapter_config.json, adapter_model.safetensors)");
   if (c.rc.typed.model.pretrained.empty())
     c.warning("lora.r", "is set but model.pretrained is not: the adapters train beside a randomly initialised model",
@@ -334,6 +338,40 @@ std::string places_tried(const Checker& c, const std::string& key) {
              " (beside the config file)");
 }
 
+// data.path (files, a glob, a save_to_disk folder) or data.dataset (a Hub id in the cache) names data.
+void check_data_paths(Checker& c) {
+  const DataConfig& d = c.rc.typed.data;
+  if (!d.dataset.empty()) {
+    if (!d.path.empty())
+      c.error("data.dataset", str("and data.path are both set (", quoted(d.dataset), ", ", quoted(d.path), ")"),
+              "give one: the Hub id of a dataset in the Hugging Face cache, or files");
+    else if (const hub::DatasetFiles f = hub::dataset_files(d.dataset, d.config, d.split, d.revision); !f.error.empty())
+      c.error("data.dataset", f.error, "give the Hub id of a dataset in the Hugging Face cache, or data.path");
+    return;
+  }
+  for (const char* key : {"data.split", "data.config", "data.revision"})
+    if (c.rc.is_set(key) && !(std::string(key) == "data.split" && hub::is_saved_dataset(d.path)))
+      c.warning(key, "has no effect without data.dataset", "set data.dataset to the Hub id of the dataset");
+  if (d.path.empty()) return;
+  if (is_directory(d.path) && hub::is_saved_dataset(d.path)) {
+    if (const hub::DatasetFiles f = hub::saved_dataset_files(d.path, d.split); !f.error.empty())
+      c.error("data.path", f.error, "give the folder datasets' save_to_disk wrote, whole");
+    return;
+  }
+  const std::vector<std::string> files = glob_paths(d.path);
+  if (files.empty())
+    c.error("data.path", str("matches no file at ", places_tried(c, "data.path")),
+            hub::is_repo_id(d.path) && !hub::find_snapshot(hub::RepoType::kDataset, d.path, "main").empty()
+                ? str("to read the Hub dataset ", d.path, " from the Hugging Face cache, set data.dataset: ", d.path)
+                : "give a text file, a .jsonl or .parquet file, llm.c .bin shards, or a glob such as data/*.bin");
+  for (const std::string& f : files)
+    if (is_directory(f)) {
+      c.error("data.path", str(quoted(f), " is a folder"),
+              str("a glob such as ", folder_glob(f), " reads the files in it"));
+      break;
+    }
+}
+
 // The files the trainer reads exist, before any worker starts.
 void check_input_paths(Checker& c) {
   const ModelConfig& m = c.rc.typed.model;
@@ -343,23 +381,20 @@ void check_input_paths(Checker& c) {
   else if (!m.config.empty() && !file_exists(m.config))
     c.error("model.config", str("no file at ", places_tried(c, "model.config")),
             "give a Hugging Face config.json, such as configs/models/tiny/config.json");
-  if (!m.pretrained.empty() && !file_exists(m.pretrained + "/config.json"))
-    c.error("model.pretrained",
-            str(is_directory(m.pretrained) ? quoted(m.pretrained) + " has no config.json"
-                                           : "no folder at " + places_tried(c, "model.pretrained")),
-            "give a Hugging Face model folder (config.json and safetensors weights)");
-  const std::string& data = c.rc.typed.data.path;
-  if (data.empty()) return;
-  const std::vector<std::string> files = glob_paths(data);
-  if (files.empty())
-    c.error("data.path", str("matches no file at ", places_tried(c, "data.path")),
-            "give a text file, a .jsonl file, llm.c .bin shards, or a glob such as data/*.bin");
-  for (const std::string& f : files)
-    if (is_directory(f)) {
-      c.error("data.path", str(quoted(f), " is a folder"),
-              str("a glob such as ", folder_glob(f), " reads the files in it"));
-      break;
-    }
+  if (!m.pretrained.empty() && !file_exists(m.pretrained + "/config.json")) {
+    if (!is_directory(m.pretrained) && hub::is_repo_id(m.pretrained))
+      c.error("model.pretrained",
+              str("is no folder at ", places_tried(c, "model.pretrained"), ", and ",
+                  hub::not_cached(hub::RepoType::kModel, m.pretrained, m.revision)),
+              "give a Hugging Face model folder, or the Hub id of one in the cache");
+    else
+      c.error("model.pretrained",
+              str(is_directory(m.pretrained) ? quoted(m.pretrained) + " has no config.json"
+                                             : "no folder at " + places_tried(c, "model.pretrained")),
+              "give a Hugging Face model folder (config.json and safetensors weights), or its Hub id (ORG/NAME) in "
+              "the Hugging Face cache");
+  }
+  check_data_paths(c);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "util/crc32c.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/json.h"
 #include "util/strings.h"
 #include "util/system_info.h"
@@ -78,6 +79,12 @@ std::vector<std::string> expand_inputs(const CorpusOptions& o) {
     const std::vector<std::string> found = glob_paths(in);
     FSDP_CHECK(!found.empty(), o.who, " ", quoted(in), " matches no file");
     for (const std::string& f : found) {
+      if (is_directory(f) && hub::is_saved_dataset(f)) {  // datasets' save_to_disk: its Arrow files
+        const hub::DatasetFiles saved = hub::saved_dataset_files(f, o.split);
+        FSDP_CHECK(saved.error.empty(), o.who, " ", saved.error);
+        files.insert(files.end(), saved.files.begin(), saved.files.end());
+        continue;
+      }
       FSDP_CHECK(!is_directory(f), o.who, " ", quoted(f), " is a folder; give files or a glob such as ",
                  folder_glob(f));
       files.push_back(f);

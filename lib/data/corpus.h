@@ -34,6 +34,7 @@ struct CorpusOptions {
   std::vector<std::string> inputs;     // files or globs: *.jsonl[.gz|.zst] (JSON per line), else text
   std::string output;                  // the folder to create (must not exist)
   std::string field = "text";          // JSONL: the field holding each document
+  std::string split = "train";         // the split of a save_to_disk DatasetDict folder among the inputs
   std::string field_hint = "--field";  // how the user names another field (errors say it)
   std::string who = "[tokenize]";      // starts error messages
   std::string tokenizer_path;          // recorded in tokenize.json

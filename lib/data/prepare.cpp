@@ -18,6 +18,7 @@
 #include "tokenize/tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/strings.h"
 
 namespace fsdp::data {
@@ -150,7 +151,7 @@ CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::
   CorpusSummary s = tokenize_corpus(tok, eos, c, [&o, progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
     if (o.interrupted && o.interrupted()) {
       if (progress) *progress << "\n";
-      throw Error(str("[data] interrupted while tokenizing ", o.path, ": ", total > 0 ? 100 * done / total : 100,
+      throw Error(str("[data] interrupted while tokenizing ", input_name(o), ": ", total > 0 ? 100 * done / total : 100,
                       "% of ", format_bytes(total),
                       " done, none of it kept; the next launch tokenizes it from "
                       "the start (for a corpus that takes long, tokenize it once with fsdptrain tokenize and "
@@ -192,10 +193,27 @@ uint64_t hash_bytes(const void* data, size_t n, uint64_t seed) {
   return h * 0xD6E8FEB86659FD93ULL ^ (h >> 32);
 }
 
+std::vector<std::string> input_files(const DataOptions& o) {
+  hub::DatasetFiles found;
+  if (!o.dataset.empty())
+    found = hub::dataset_files(o.dataset, o.config, o.split, o.revision);
+  else if (is_directory(o.path) && hub::is_saved_dataset(o.path))
+    found = hub::saved_dataset_files(o.path, o.split);
+  else
+    return glob_paths(o.path);
+  FSDP_CHECK(found.error.empty(), "[data] ", o.dataset.empty() ? "data.path: " : "data.dataset: ", found.error);
+  return found.files;
+}
+
+std::string input_name(const DataOptions& o) {
+  return o.dataset.empty() ? o.path : str(o.dataset, o.config.empty() ? "" : "/" + o.config, " (", o.split, ")");
+}
+
 DataPlan plan_data(const DataOptions& o) {
-  FSDP_CHECK(!o.path.empty(),
-             "[data] data.path is not set; give a text file, a .jsonl or .json file, llm.c .bin shards, or a glob");
-  const std::vector<std::string> files = glob_paths(o.path);
+  FSDP_CHECK(!o.path.empty() || !o.dataset.empty(),
+             "[data] data.path is not set; give a text file, a .jsonl, .json or .parquet file, llm.c .bin shards, or "
+             "a glob (or data.dataset: the Hub id of a dataset in the Hugging Face cache)");
+  const std::vector<std::string> files = input_files(o);
   DataPlan plan;
   plan.path = o.path;
   const auto shards =
@@ -209,6 +227,9 @@ DataPlan plan_data(const DataOptions& o) {
     plan.kind = DataKind::kTokenize;
     return plan;
   }
+  FSDP_CHECK(o.dataset.empty() && !hub::is_saved_dataset(o.path), "[data] ", input_name(o),
+             " has no tokenizer to be read with: set data.tokenizer to a tokenizer.json or the model folder holding "
+             "it (a byte-level model reads only files named by data.path)");
   FSDP_CHECK(o.vocab_size == kByteVocabSize, "[data] data.path ", quoted(o.path), " is text, and the model's ",
              o.vocab_size,
              "-token vocabulary needs its tokenizer: set data.tokenizer to a tokenizer.json or the "
@@ -222,7 +243,7 @@ DataPlan plan_data(const DataOptions& o) {
 DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   DataPlan plan = plan_data(o);
   if (plan.kind != DataKind::kTokenize) return plan;
-  const std::vector<std::string> inputs = glob_paths(o.path);
+  const std::vector<std::string> inputs = input_files(o);
   const std::string stamp = stamp_of(plan, o, inputs) + str("\nmask format ", kMaskFormat);
   const std::string stamp_file = o.cache_dir + "/stamps/" + hex(hash_bytes(stamp.data(), stamp.size()));
   std::string key = read_or_empty(stamp_file);
@@ -232,13 +253,13 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   CorpusSummary s;
   if (file_exists(folder + "/tokenize.json")) {
     s = read_corpus_summary(folder);
-    plan.note = str("[data] ", o.path, ": the tokens of ", plural(s.documents, "document"), " with ", plan.tokenizer,
+    plan.note = str("[data] ", input_name(o), ": the tokens of ", plural(s.documents, "document"), " with ", plan.tokenizer,
                     " are in ", folder, " (", s.tokens, " tokens; inputs unchanged, not tokenized again)");
   } else {
     make_directories(o.cache_dir);
     s = make_cache(plan, o, inputs, folder, progress);
     plan.note =
-        str("[data] tokenized ", o.path, " (", plural(static_cast<long long>(inputs.size()), "file"), ", ",
+        str("[data] tokenized ", input_name(o), " (", plural(static_cast<long long>(inputs.size()), "file"), ", ",
             plural(s.documents, "document"), ") with ", plan.tokenizer, " into ", folder, ": ", s.tokens, " tokens in ",
             format_seconds(s.seconds),
             s.pairs > 0 ? str("; ", s.pairs, " prompt/completion pairs, loss on ", s.counted_tokens, " tokens")

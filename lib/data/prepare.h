@@ -15,11 +15,16 @@
 #include <functional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace fsdp::data {
 
 struct DataOptions {
-  std::string path;                 // data.path
+  std::string path;                 // data.path: files, a glob, or a folder datasets' save_to_disk wrote
+  std::string dataset;              // data.dataset: a Hub id in the Hugging Face cache, instead of path
+  std::string split = "train";      // data.split (of dataset, or of a save_to_disk DatasetDict)
+  std::string config;               // data.config (of dataset)
+  std::string revision = "main";    // data.revision (of dataset)
   std::string field;                // data.field: JSONL documents' field
   std::string tokenizer;            // data.tokenizer: a tokenizer.json or a folder holding one ("" unset)
   std::string pretrained;           // model.pretrained ("" unset)
@@ -42,6 +47,13 @@ struct DataPlan {
   int64_t longest_prompt = 0;     // kTokenize: of the prompt/completion records, in tokens
   std::string longest_prompt_at;  // and where it is, "file:line"
 };
+
+// The files data.path or data.dataset names, in order: a glob's matches, the Arrow files of a
+// save_to_disk folder, a cached Hub dataset's files of data.split. Throws InputError for a folder
+// or dataset that holds none (saying what it holds instead); an unmatched glob is empty.
+std::vector<std::string> input_files(const DataOptions& options);
+// "data.path X", or "the dataset ORG/NAME (split S)", for messages.
+std::string input_name(const DataOptions& options);
 
 // Which of the three data.path is, and for kTokenize the tokenizer; makes nothing. Throws
 // InputError naming the key to set for text that the model needs a tokenizer for, shards mixed

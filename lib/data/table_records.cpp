@@ -22,6 +22,8 @@ namespace {
 
 using json = nlohmann::json;
 
+constexpr int64_t kBatchRows = 1024;  // rows decoded at a time from a Parquet file
+
 template <typename T>
 const T& as(const arrow::Array& a) {
   return static_cast<const T&>(a);
@@ -111,15 +113,14 @@ struct TableRecords::Impl {
   std::vector<std::string> columns;
   std::shared_ptr<arrow::io::ReadableFile> file;
   std::unique_ptr<parquet::arrow::FileReader> parquet;        // a Parquet file
-  std::shared_ptr<arrow::RecordBatchReader> batches;          // an Arrow stream
+  std::shared_ptr<arrow::RecordBatchReader> batches;          // a Parquet file's batches, or an Arrow stream
   std::shared_ptr<arrow::ipc::RecordBatchFileReader> arrow_file;  // an Arrow file (Feather v2)
-  std::vector<int> leaves;      // Parquet: the leaf columns to decode
   std::vector<int> selected;    // Arrow: the top-level columns to decode
-  int next_group = 0;           // Parquet row group, or Arrow file batch
+  int next_group = 0;           // an Arrow file's next batch
   std::shared_ptr<arrow::RecordBatch> batch;
   std::vector<std::string> names;  // of the batch's kept columns
   std::vector<std::shared_ptr<arrow::Array>> arrays;
-  int64_t row = 0, rows_before = 0, bytes = 0, total_rows = -1;
+  int64_t row = 0, rows_before = 0, bytes = 0, total_rows = -1, file_bytes = 0;
 
   [[noreturn]] void fail(const std::string& what, const arrow::Status& s) const {
     const std::string check = ends_with(path, ".parquet")
@@ -160,8 +161,14 @@ TableRecords::TableRecords(const std::string& path, const std::string& who, cons
   if (parquet) {
     parquet::ReaderProperties properties;
     properties.set_page_checksum_verification(true);  // where the writer stored them (write_page_checksum)
+    properties.enable_buffered_stream();              // a page at a time, not a row group's column whole
+    properties.set_buffer_size(int64_t{1} << 20);
+    parquet::ArrowReaderProperties arrow_properties;
+    arrow_properties.set_batch_size(kBatchRows);
+    arrow_properties.set_pre_buffer(false);
     parquet::arrow::FileReaderBuilder builder;
     if (const arrow::Status s = builder.Open(m.file, properties); !s.ok()) m.fail("is not a readable Parquet file", s);
+    builder.properties(arrow_properties);
     m.parquet = m.take(builder.Build(), "is not a readable Parquet file");
     if (const arrow::Status s = m.parquet->GetSchema(&schema); !s.ok()) m.fail("has a schema Arrow cannot read", s);
     m.total_rows = m.parquet->parquet_reader()->metadata()->num_rows();
@@ -179,10 +186,17 @@ TableRecords::TableRecords(const std::string& path, const std::string& who, cons
     }
   }
   for (const auto& f : schema->fields()) m.columns.push_back(f->name());
+  std::vector<int> leaves;
   for (int c = 0; c < schema->num_fields(); ++c) {
     if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), m.columns[c]) == wanted.end()) continue;
     m.selected.push_back(c);
-    if (parquet) collect_leaves(m.parquet->manifest().schema_fields[c], m.leaves);
+    if (parquet) collect_leaves(m.parquet->manifest().schema_fields[c], leaves);
+  }
+  if (parquet) {  // every row group, in order, kBatchRows rows at a time: memory holds one batch
+    std::vector<int> groups(m.parquet->num_row_groups());
+    for (size_t g = 0; g < groups.size(); ++g) groups[g] = static_cast<int>(g);
+    m.batches = m.take(m.parquet->GetRecordBatchReader(groups, leaves), "cannot be read");
+    m.file_bytes = m.take(m.file->GetSize(), "cannot be read");
   }
 }
 
@@ -207,37 +221,31 @@ void TableRecords::Impl::keep(const std::shared_ptr<arrow::RecordBatch>& b) {
   row = 0;
 }
 
-// The next row group or batch that holds rows; false at the end.
+// The next batch that holds rows; false at the end.
 bool TableRecords::Impl::load_next() {
   for (;;) {
     std::shared_ptr<arrow::RecordBatch> b;
+    const std::string where = str("after row ", rows_before + row);
     if (parquet) {
-      if (next_group >= parquet->num_row_groups()) return false;
-      const int g = next_group++;
-      std::shared_ptr<arrow::Table> table;
       try {
-        table = take(parquet->ReadRowGroup(g, leaves), str("row group ", g, " cannot be decoded"));
-        b = take(table->CombineChunksToBatch(), str("row group ", g, " cannot be decoded"));
+        if (const arrow::Status s = batches->ReadNext(&b); !s.ok()) fail(str("cannot be decoded ", where), s);
       } catch (const parquet::ParquetException& e) {
-        throw InputError(str(who, " ", path, " row group ", g, " cannot be decoded: ", e.what(),
-                             ". The file is damaged; write it again"));
+        fail(str("cannot be decoded ", where), arrow::Status::IOError(e.what()));
       }
-      bytes += parquet->parquet_reader()->metadata()->RowGroup(g)->total_compressed_size();
+      if (b && total_rows > 0) bytes = std::min(file_bytes, file_bytes * (rows_before + row + b->num_rows()) / total_rows);
     } else if (arrow_file) {
       if (next_group >= arrow_file->num_record_batches()) return false;
       const int g = next_group++;
       b = take(arrow_file->ReadRecordBatch(g), str("record batch ", g, " cannot be decoded"));
       bytes = take(file->Tell(), "cannot be read");
     } else {
-      if (const arrow::Status s = batches->ReadNext(&b); !s.ok())
-        fail(str("record batch ", next_group, " cannot be decoded"), s);
+      if (const arrow::Status s = batches->ReadNext(&b); !s.ok()) fail(str("cannot be decoded ", where), s);
       ++next_group;
       if (!b) return false;
       bytes = take(file->Tell(), "cannot be read");
     }
     if (!b) return false;
-    if (const arrow::Status s = b->ValidateFull(); !s.ok())
-      fail(str(parquet ? "row group " : "record batch ", next_group - 1, " is not valid"), s);
+    if (const arrow::Status s = b->ValidateFull(); !s.ok()) fail(str("holds data that is not valid ", where), s);
     keep(b);
     if (b->num_rows() > 0) return true;
   }

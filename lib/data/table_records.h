@@ -1,8 +1,9 @@
 // The rows of a Parquet file, or of an Arrow IPC file (what datasets' save_to_disk and
 // Dataset.to_parquet write), as the one-line JSON objects a JSONL file of the same records holds:
 // strings, numbers and booleans as they are, lists as arrays, structs (a message) as objects, a
-// missing value as null. Read a row group (Parquet) or a record batch (Arrow) at a time, so host
-// memory holds one of them however large the file; only the columns asked for are decoded.
+// missing value as null. A Parquet file is decoded 1,024 rows at a time, its pages read as needed,
+// and an Arrow file a record batch at a time, so host memory holds one batch however large the file
+// (or its row groups); only the columns asked for are decoded.
 // This is the one translation unit that includes Arrow's headers.
 #pragma once
 
@@ -28,10 +29,10 @@ class TableRecords {
 
   const std::vector<std::string>& columns() const;  // every top-level column of the file, in order
   // The next row as one line of JSON; false after the last. Throws InputError naming the file and
-  // the row group for a part that cannot be decoded (a damaged file), and the row for a value that
-  // is not text where text is needed (bytes that are not UTF-8).
+  // the row after which a part cannot be decoded (a damaged file), and the row of a value that is
+  // not text where text is needed (bytes that are not UTF-8).
   bool next(std::string& record);
-  int64_t bytes_read() const;  // of the file: the row groups (batches) decoded so far
+  int64_t bytes_read() const;  // of the file, about: in proportion to the rows decoded so far
   int64_t row_count() const;   // the file's rows (-1 for an Arrow stream, which does not say)
 
   struct Impl;

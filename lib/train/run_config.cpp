@@ -25,6 +25,10 @@ void check_positions(const config::Config& config, const model::LlamaConfig& mod
 data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size) {
   data::DataOptions o;
   o.path = config.data.path;
+  o.dataset = config.data.dataset;
+  o.split = config.data.split;
+  o.config = config.data.config;
+  o.revision = config.data.revision;
   o.field = config.data.field;
   o.tokenizer = config.data.tokenizer;
   o.pretrained = config.model.pretrained;

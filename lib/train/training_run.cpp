@@ -196,6 +196,7 @@ void TrainingRun::read_data() {
   // The launcher tokenized text already; this finds its cache (or makes it, run without a launcher).
   auto read = [&](const std::string& path) {
     data::DataOptions o = data_options_of(config_, model_config_.vocab_size);
+    if (&path == &config_.data.eval_path) o.dataset.clear();  // held-out files of their own
     o.path = path;
     const data::DataPlan plan = data::prepare_data(o);
     data::TokenStream s = data::read_tokens(plan.path, config_.data.field);
