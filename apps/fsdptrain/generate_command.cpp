@@ -188,10 +188,10 @@ class GenerateCommand final : public Command {
         "generate", "Generate text with a trained model (a Hugging Face folder or a checkpoint), streamed");
     app->add_option("--model", model_,
                     "A Hugging Face folder, a checkpoint step-N folder, a checkpoint.dir, or a LoRA adapter folder "
-                    "(its base from adapter_config.json)")
+                    "(its base from adapter_config.json); or a model's Hub id (ORG/NAME) in the Hugging Face cache")
         ->required();
     app->add_option("--adapter", adapter_,
-                    "A LoRA adapter folder (PEFT's, or a LoRA run's export) to fold into --model");
+                    "A LoRA adapter folder (PEFT's, or a LoRA run's export; or its Hub id) to fold into --model");
     prompt_opt_ = app->add_option("--prompt", prompt_, "The prompt");
     auto* prompt = prompt_opt_;
     auto* prompts = app->add_option("--prompts", prompts_, "A JSONL file of {\"prompt\": ...} records");

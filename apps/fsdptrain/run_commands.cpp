@@ -285,7 +285,8 @@ class MergeWeightsCommand final : public Command {
     app->add_option("--max_shard_size,--max-shard-size", max_shard_,
                     "Split the weights into model-0000k-of-0000n.safetensors files above this size (default 5GB)");
     app->add_option("--base", base_,
-                    "With an adapter folder: the Hugging Face folder it adapts (default: its base_model_name_or_path)");
+                    "With an adapter folder: the Hugging Face folder (or Hub id in the Hugging Face cache) it adapts "
+                    "(default: its base_model_name_or_path)");
     return app;
   }
   int run() override {

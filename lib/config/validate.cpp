@@ -346,7 +346,7 @@ void check_data_paths(Checker& c) {
       c.error("data.dataset", str("and data.path are both set (", quoted(d.dataset), ", ", quoted(d.path), ")"),
               "give one: the Hub id of a dataset in the Hugging Face cache, or files");
     else if (const hub::DatasetFiles f = hub::dataset_files(d.dataset, d.config, d.split, d.revision); !f.error.empty())
-      c.error("data.dataset", f.error, "give the Hub id of a dataset in the Hugging Face cache, or data.path");
+      c.error("data.dataset", f.error, "");
     return;
   }
   for (const char* key : {"data.split", "data.config", "data.revision"})
@@ -355,7 +355,7 @@ void check_data_paths(Checker& c) {
   if (d.path.empty()) return;
   if (is_directory(d.path) && hub::is_saved_dataset(d.path)) {
     if (const hub::DatasetFiles f = hub::saved_dataset_files(d.path, d.split); !f.error.empty())
-      c.error("data.path", f.error, "give the folder datasets' save_to_disk wrote, whole");
+      c.error("data.path", f.error, "");
     return;
   }
   const std::vector<std::string> files = glob_paths(d.path);
@@ -384,9 +384,8 @@ void check_input_paths(Checker& c) {
   if (!m.pretrained.empty() && !file_exists(m.pretrained + "/config.json")) {
     if (!is_directory(m.pretrained) && hub::is_repo_id(m.pretrained))
       c.error("model.pretrained",
-              str("is no folder at ", places_tried(c, "model.pretrained"), ", and ",
-                  hub::not_cached(hub::RepoType::kModel, m.pretrained, m.revision)),
-              "give a Hugging Face model folder, or the Hub id of one in the cache");
+              str("is no folder here, and ", hub::not_cached(hub::RepoType::kModel, m.pretrained, m.revision)),
+              "or give the model's folder");
     else
       c.error("model.pretrained",
               str(is_directory(m.pretrained) ? quoted(m.pretrained) + " has no config.json"
