@@ -42,7 +42,8 @@ class TokenizeCommand final : public Command {
         ->expected(1, -1);
     app->add_option("--dataset", dataset_,
                     "A dataset's Hub id (ORG/NAME) in the Hugging Face cache, read after the inputs (as data.dataset)");
-    app->add_option("--split", options_.split, "Of --dataset or a save_to_disk folder of several splits (default train)");
+    app->add_option("--split", options_.split,
+                    "Of --dataset or a save_to_disk folder of several splits (default train)");
     app->add_option("--config", config_, "Of --dataset: its subset (default: its only or \"default\" one)");
     app->add_option("--revision", revision_, "Of --dataset: a branch, tag or commit in the cache (default main)");
     app->add_option("--output", options_.output, "The folder of shards to create (must not exist)")->required();
@@ -110,7 +111,8 @@ class ChatTemplateCommand final : public Command {
         "chat-template",
         "Render conversation records with a model's chat template: one JSON object per record with "
         "\"text\" and \"assistant_spans\" (the character spans the loss counts)");
-    app->add_option("FILE", input_, "A .jsonl of conversation records (messages, ShareGPT, or prompt/completion lists)")
+    app->add_option("FILE", input_,
+                    "A .jsonl (or .parquet) of conversation records (messages, ShareGPT, or prompt/completion lists)")
         ->required();
     app->add_option("--tokenizer", folder_, "The model or tokenizer folder holding the template")->required();
     app->add_option("--chat_template,--chat-template", template_file_, "A Jinja template file instead");

@@ -98,7 +98,8 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
   const std::string named = base_dir.empty() ? adapter.base_model : base_dir;
   const std::string base = hub::model_folder(named);  // a Hub id: its snapshot in the Hugging Face cache
   FSDP_CHECK(!(base == named && !is_directory(base) && hub::is_repo_id(base)), "[merge-weights] ", adapter_dir,
-             " adapts ", quoted(base), ", which is no folder here, and ", hub::not_cached(hub::RepoType::kModel, base, "main"),
+             " adapts ", quoted(base), ", which is no folder here, and ",
+             hub::not_cached(hub::RepoType::kModel, base, "main"),
              "; or give the base model's folder with --base MODEL_DIR");
   FSDP_CHECK(!base.empty() && file_exists(base + "/config.json"), "[merge-weights] ", adapter_dir,
              "/adapter_config.json names ",

@@ -42,8 +42,8 @@ constexpr const char* kFormats =
     "(.arrow, as datasets' save_to_disk writes) tables; and llm.c token shards (.bin)";
 
 // The columns a record of each kind is read from (a table's others are not decoded).
-const std::vector<std::string> kRecordColumns = {"prompt", "completion", "messages", "conversations", "tools",
-                                                 "chat_template_kwargs"};
+const std::vector<std::string> kRecordColumns = {"prompt",        "completion", "messages",
+                                                 "conversations", "tools",      "chat_template_kwargs"};
 
 }  // namespace
 
@@ -161,8 +161,8 @@ DocumentReader::DocumentReader(const std::string& path, const std::string& field
   else
     stream_ = std::make_unique<PlainStream>(fd, path);
   const std::string plain = strip_compression(path);
-  for (const char* ext : {".feather", ".csv", ".tsv", ".xlsx", ".pkl", ".pickle", ".pt", ".pth",
-                          ".npy", ".npz", ".safetensors", ".zip", ".tar", ".h5", ".hdf5"})
+  for (const char* ext : {".feather", ".csv", ".tsv", ".xlsx", ".pkl", ".pickle", ".pt", ".pth", ".npy", ".npz",
+                          ".safetensors", ".zip", ".tar", ".h5", ".hdf5"})
     FSDP_CHECK(!ends_with(plain, ext), who, " ", path, " is a ", ext + 1, " file, which would be read as plain text; ",
                kFormats, ". Convert it first (datasets: load_dataset(...).to_parquet(\"data.parquet\"))");
   // The first 64 KiB (decompressed) tell a JSON array from JSON Lines, and text from a binary file.

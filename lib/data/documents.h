@@ -67,8 +67,8 @@ class DocumentReader {
   std::string buffer_;
   size_t at_ = 0;
   bool jsonl_ = false, done_ = false, eof_ = false;
-  bool array_ = false;                // a .json file holding one array of records
-  std::unique_ptr<TableRecords> table_;        // a Parquet or Arrow file's rows
+  bool array_ = false;                   // a .json file holding one array of records
+  std::unique_ptr<TableRecords> table_;  // a Parquet or Arrow file's rows
   void open_table();
   std::vector<std::string> records_;  // its records, each as one JSON line, once read
   size_t next_record_ = 0;

@@ -253,8 +253,9 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
   CorpusSummary s;
   if (file_exists(folder + "/tokenize.json")) {
     s = read_corpus_summary(folder);
-    plan.note = str("[data] ", input_name(o), ": the tokens of ", plural(s.documents, "document"), " with ", plan.tokenizer,
-                    " are in ", folder, " (", s.tokens, " tokens; inputs unchanged, not tokenized again)");
+    plan.note =
+        str("[data] ", input_name(o), ": the tokens of ", plural(s.documents, "document"), " with ", plan.tokenizer,
+            " are in ", folder, " (", s.tokens, " tokens; inputs unchanged, not tokenized again)");
   } else {
     make_directories(o.cache_dir);
     s = make_cache(plan, o, inputs, folder, progress);

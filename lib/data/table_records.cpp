@@ -20,7 +20,7 @@ namespace fsdp::data {
 
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // a struct's fields in the schema's order, as datasets gives them
 
 constexpr int64_t kBatchRows = 1024;  // rows decoded at a time from a Parquet file
 
@@ -66,29 +66,49 @@ json value_of(const arrow::Array& a, int64_t i) {
   using arrow::Type;
   if (a.IsNull(i)) return nullptr;
   switch (a.type_id()) {
-    case Type::NA: return nullptr;
+    case Type::NA:
+      return nullptr;
     case Type::STRING:
-    case Type::BINARY: return std::string(as<arrow::BinaryArray>(a).GetView(i));
+    case Type::BINARY:
+      return std::string(as<arrow::BinaryArray>(a).GetView(i));
     case Type::LARGE_STRING:
-    case Type::LARGE_BINARY: return std::string(as<arrow::LargeBinaryArray>(a).GetView(i));
+    case Type::LARGE_BINARY:
+      return std::string(as<arrow::LargeBinaryArray>(a).GetView(i));
     case Type::STRING_VIEW:
-    case Type::BINARY_VIEW: return std::string(as<arrow::BinaryViewArray>(a).GetView(i));
-    case Type::BOOL: return as<arrow::BooleanArray>(a).Value(i);
-    case Type::INT8: return as<arrow::Int8Array>(a).Value(i);
-    case Type::INT16: return as<arrow::Int16Array>(a).Value(i);
-    case Type::INT32: return as<arrow::Int32Array>(a).Value(i);
-    case Type::INT64: return as<arrow::Int64Array>(a).Value(i);
-    case Type::UINT8: return as<arrow::UInt8Array>(a).Value(i);
-    case Type::UINT16: return as<arrow::UInt16Array>(a).Value(i);
-    case Type::UINT32: return as<arrow::UInt32Array>(a).Value(i);
-    case Type::UINT64: return as<arrow::UInt64Array>(a).Value(i);
-    case Type::FLOAT: return as<arrow::FloatArray>(a).Value(i);
-    case Type::DOUBLE: return as<arrow::DoubleArray>(a).Value(i);
-    case Type::LIST: return list_of(as<arrow::ListArray>(a), i);
-    case Type::LARGE_LIST: return list_of(as<arrow::LargeListArray>(a), i);
-    case Type::FIXED_SIZE_LIST: return list_of(as<arrow::FixedSizeListArray>(a), i);
-    case Type::STRUCT: return struct_of(as<arrow::StructArray>(a), i);
-    case Type::MAP: return map_of(as<arrow::MapArray>(a), i);
+    case Type::BINARY_VIEW:
+      return std::string(as<arrow::BinaryViewArray>(a).GetView(i));
+    case Type::BOOL:
+      return as<arrow::BooleanArray>(a).Value(i);
+    case Type::INT8:
+      return as<arrow::Int8Array>(a).Value(i);
+    case Type::INT16:
+      return as<arrow::Int16Array>(a).Value(i);
+    case Type::INT32:
+      return as<arrow::Int32Array>(a).Value(i);
+    case Type::INT64:
+      return as<arrow::Int64Array>(a).Value(i);
+    case Type::UINT8:
+      return as<arrow::UInt8Array>(a).Value(i);
+    case Type::UINT16:
+      return as<arrow::UInt16Array>(a).Value(i);
+    case Type::UINT32:
+      return as<arrow::UInt32Array>(a).Value(i);
+    case Type::UINT64:
+      return as<arrow::UInt64Array>(a).Value(i);
+    case Type::FLOAT:
+      return as<arrow::FloatArray>(a).Value(i);
+    case Type::DOUBLE:
+      return as<arrow::DoubleArray>(a).Value(i);
+    case Type::LIST:
+      return list_of(as<arrow::ListArray>(a), i);
+    case Type::LARGE_LIST:
+      return list_of(as<arrow::LargeListArray>(a), i);
+    case Type::FIXED_SIZE_LIST:
+      return list_of(as<arrow::FixedSizeListArray>(a), i);
+    case Type::STRUCT:
+      return struct_of(as<arrow::StructArray>(a), i);
+    case Type::MAP:
+      return map_of(as<arrow::MapArray>(a), i);
     case Type::DICTIONARY: {
       const auto& d = as<arrow::DictionaryArray>(a);
       return value_of(*d.dictionary(), d.GetValueIndex(i));
@@ -112,20 +132,21 @@ struct TableRecords::Impl {
   std::string path, who;
   std::vector<std::string> columns;
   std::shared_ptr<arrow::io::ReadableFile> file;
-  std::unique_ptr<parquet::arrow::FileReader> parquet;        // a Parquet file
-  std::shared_ptr<arrow::RecordBatchReader> batches;          // a Parquet file's batches, or an Arrow stream
+  std::unique_ptr<parquet::arrow::FileReader> parquet;            // a Parquet file
+  std::shared_ptr<arrow::RecordBatchReader> batches;              // a Parquet file's batches, or an Arrow stream
   std::shared_ptr<arrow::ipc::RecordBatchFileReader> arrow_file;  // an Arrow file (Feather v2)
-  std::vector<int> selected;    // Arrow: the top-level columns to decode
-  int next_group = 0;           // an Arrow file's next batch
+  std::vector<int> selected;                                      // Arrow: the top-level columns to decode
+  int next_group = 0;                                             // an Arrow file's next batch
   std::shared_ptr<arrow::RecordBatch> batch;
   std::vector<std::string> names;  // of the batch's kept columns
   std::vector<std::shared_ptr<arrow::Array>> arrays;
   int64_t row = 0, rows_before = 0, bytes = 0, total_rows = -1, file_bytes = 0;
 
   [[noreturn]] void fail(const std::string& what, const arrow::Status& s) const {
-    const std::string check = ends_with(path, ".parquet")
-                                  ? str("import pyarrow.parquet as pq; pq.read_table('", path, "')")
-                                  : str("import pyarrow as pa; pa.ipc.open_stream(open('", path, "', 'rb')).read_all()");
+    const std::string check =
+        ends_with(path, ".parquet")
+            ? str("import pyarrow.parquet as pq; pq.read_table('", path, "')")
+            : str("import pyarrow as pa; pa.ipc.open_stream(open('", path, "', 'rb')).read_all()");
     std::vector<std::string> lines;  // Arrow's reason may span lines, each ending in a period
     for (std::string line : split(s.message(), '\n')) {
       while (!line.empty() && (line.back() == '.' || line.back() == ' ')) line.pop_back();
@@ -202,9 +223,15 @@ TableRecords::TableRecords(const std::string& path, const std::string& who, cons
 
 TableRecords::~TableRecords() = default;
 
-const std::vector<std::string>& TableRecords::columns() const { return impl_->columns; }
-int64_t TableRecords::bytes_read() const { return impl_->bytes; }
-int64_t TableRecords::row_count() const { return impl_->total_rows; }
+const std::vector<std::string>& TableRecords::columns() const {
+  return impl_->columns;
+}
+int64_t TableRecords::bytes_read() const {
+  return impl_->bytes;
+}
+int64_t TableRecords::row_count() const {
+  return impl_->total_rows;
+}
 
 void TableRecords::Impl::keep(const std::shared_ptr<arrow::RecordBatch>& b) {
   batch = b;
@@ -232,7 +259,8 @@ bool TableRecords::Impl::load_next() {
       } catch (const parquet::ParquetException& e) {
         fail(str("cannot be decoded ", where), arrow::Status::IOError(e.what()));
       }
-      if (b && total_rows > 0) bytes = std::min(file_bytes, file_bytes * (rows_before + row + b->num_rows()) / total_rows);
+      if (b && total_rows > 0)
+        bytes = std::min(file_bytes, file_bytes * (rows_before + row + b->num_rows()) / total_rows);
     } else if (arrow_file) {
       if (next_group >= arrow_file->num_record_batches()) return false;
       const int g = next_group++;

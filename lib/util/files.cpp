@@ -155,7 +155,7 @@ std::string absolute_path(const std::string& path) {
 std::string folder_glob(const std::string& folder) {
   std::string best = ".bin";
   size_t most = 0;
-  for (const char* ext : {".bin", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".txt"}) {
+  for (const char* ext : {".bin", ".jsonl", ".jsonl.gz", ".jsonl.zst", ".parquet", ".txt"}) {
     const size_t n = glob_paths(folder + "/*" + ext).size();
     if (n > most) {
       most = n;

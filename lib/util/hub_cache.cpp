@@ -154,6 +154,10 @@ std::string top_folder(const std::string& rel) {
   return slash == std::string::npos ? "" : rel.substr(0, slash);
 }
 
+std::string listed(const std::set<std::string>& names) {
+  return join(std::vector<std::string>(names.begin(), names.end()), ", ");
+}
+
 }  // namespace
 
 DatasetFiles dataset_files(const std::string& id, const std::string& config, const std::string& split,
@@ -177,32 +181,34 @@ DatasetFiles dataset_files(const std::string& id, const std::string& config, con
   std::string chosen = config;
   if (chosen.empty() && configs.size() > 1 && configs.count("default")) chosen = "default";
   if (!config.empty() && !configs.count(config)) {
-    out.error = str(quoted(id), " has no config ", quoted(config), " in ", snapshot, configs.empty() ? " (it has one config: leave data.config unset)" : str(" (its configs: ", join(std::vector<std::string>(configs.begin(), configs.end()), ", "), ")"));
+    out.error =
+        str(quoted(id), " has no config ", quoted(config), " in ", snapshot,
+            configs.empty() ? " (it has one: leave data.config unset)" : " (its configs: " + listed(configs) + ")");
     return out;
   }
   if (chosen.empty() && configs.size() > 1) {
-    out.error = str(quoted(id), " has several configs (", join(std::vector<std::string>(configs.begin(), configs.end()), ", "), "); choose one with data.config");
+    out.error = str(quoted(id), " has several configs (", listed(configs), "); choose one with data.config");
     return out;
   }
-  std::vector<std::string> candidates;
+  std::vector<std::string> candidates;  // relative to the config's folder, when there is one
   for (const std::string& f : all)
-    if (chosen.empty() || top_folder(f) == chosen) candidates.push_back(f);
+    if (chosen.empty() || top_folder(f) == chosen)
+      candidates.push_back(chosen.empty() ? f : f.substr(chosen.size() + 1));
+  const std::string base = chosen.empty() ? snapshot : snapshot + "/" + chosen;
   std::set<std::string> splits;
   for (const std::string& f : candidates) {
     const std::string s = split_of(f, split);
     if (!s.empty()) splits.insert(s);
-    if (s == split) out.files.push_back(snapshot + "/" + f);
+    if (s == split) out.files.push_back(base + "/" + f);
   }
-  if (out.files.empty() && splits.empty() && split == "train")
-    for (const std::string& f : candidates) out.files.push_back(snapshot + "/" + f);
-  if (out.files.empty())
-    out.error = candidates.empty()
-                    ? str(quoted(id), " holds no data files (.parquet, .arrow, .jsonl, .json) in ", snapshot,
-                          chosen.empty() ? "" : "/" + chosen)
-                    : str(quoted(id), chosen.empty() ? "" : " config " + fsdp::quoted(chosen), " has no split ",
-                          quoted(split), " (its splits: ",
-                          splits.empty() ? std::string("train") : join(std::vector<std::string>(splits.begin(), splits.end()), ", "),
-                          "); set data.split");
+  if (out.files.empty() && splits.empty() && split == "train")  // no file names a split: all are train
+    for (const std::string& f : candidates) out.files.push_back(base + "/" + f);
+  if (out.files.empty() && candidates.empty())
+    out.error = str(quoted(id), " holds no data files (.parquet, .arrow, .jsonl, .json) in ", base);
+  else if (out.files.empty())
+    out.error =
+        str(quoted(id), chosen.empty() ? "" : " config " + fsdp::quoted(chosen), " has no split ", quoted(split),
+            " (its splits: ", splits.empty() ? std::string("train") : listed(splits), "); set data.split");
   return out;
 }
 

@@ -6,6 +6,7 @@ model and two datasets written by `datasets` in Parquet (several files, several 
 and a test split), and `test-org/plain` (the Hub's data/ layout, plus a refs/convert/parquet branch).
   - `fsdptrain tokenize` of the JSONL, of the dataset by id (--dataset/--config/--revision), of a
     Parquet file and of a save_to_disk DatasetDict folder writes byte-identical shards and masks;
+    text, conversational prompt/completion, ShareGPT and tool-calling records too;
   - fine-tuning with model.pretrained and data.dataset as Hub ids gives the same losses, step by
     step, as the model's folder with the JSONL, and so does data.path as a save_to_disk folder;
   - generate --model by id, merge-weights of a PEFT adapter whose base_model_name_or_path is an id
@@ -146,6 +147,53 @@ def check_tokenize(a, d, cache, model):
           "datasets by id (configs chat and pc; data/ layout; refs/convert/parquet)")
 
 
+# Renders what each record kind carries (tools, tool calls and their arguments, reasoning), so a
+# record read differently from Parquet than from JSONL tokenizes differently.
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{%- endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{%- if m.reasoning_content %} (thinking: {{ m.reasoning_content }}){%- endif %}"
+    "{%- if m.tool_calls %}{%- for c in m.tool_calls %}<call>{{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}</call>{%- endfor %}{%- endif %}<|im_end|>\n{%- endfor %}")
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                         "parameters": {"type": "object", "required": ["city"],
+                                                        "properties": {"city": {"type": "string"}}}}}
+KINDS = {
+    "text": [{"text": f"Document {i}: the lantern is teal, the kettle amber. " * (i + 1)} for i in range(12)],
+    "conversational prompt/completion": [
+        {"prompt": [{"role": "user", "content": f"Name fruit {i}."}],
+         "completion": [{"role": "assistant", "content": f"A pear, {i}."}]} for i in range(12)],
+    "ShareGPT": [{"conversations": [{"from": "human", "value": f"Say hi {i}"}, {"from": "gpt", "value": "Hi!"}]}
+                 for i in range(12)],
+    "tools": [{"messages": [
+        {"role": "user", "content": f"Weather in city {i}?"},
+        {"role": "assistant", "content": "",
+         "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": f"c{i}"}}}]},
+        {"role": "tool", "content": "Sunny"},
+        {"role": "assistant", "content": f"Sunny in c{i}.", "reasoning_content": "the tool said so"}],
+        "tools": [TOOL]} for i in range(12)],
+}
+
+
+def check_record_kinds(a, d, cache):
+    """Every record kind reads from Parquet columns (nested lists of structs, nulls where datasets
+    fills a struct's missing keys) as from JSONL: the same shards and masks."""
+    from datasets import Dataset
+    with open(f"{d}/tools.jinja", "w") as f:
+        f.write(TOOL_TEMPLATE)
+    for n, (kind, rows) in enumerate(KINDS.items()):
+        with open(f"{d}/kind{n}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        Dataset.from_list(rows).to_parquet(f"{d}/kind{n}.parquet", batch_size=5)
+        made = []
+        for ext in ("jsonl", "parquet"):
+            run(a, d, cache, "tokenize", "--tokenizer", "test-org/tiny-chat", "--input", f"{d}/kind{n}.{ext}",
+                "--chat_template", f"{d}/tools.jinja", "--output", f"{d}/t_kind{n}_{ext}")
+            made.append(shards(f"{d}/t_kind{n}_{ext}"))
+        assert made[0] == made[1], kind
+    print(f"hub: {', '.join(KINDS)} records read from Parquet as from JSONL (the same shards and masks)")
+
+
 def train(a, d, cache, name, *sets):
     out = f"{d}/{name}"
     args = ["launch", "--config", os.path.join(a.source, "configs", "finetune.yaml"), "--main_process_port", "0",
@@ -264,6 +312,7 @@ def main():
     try:
         cache, model = make_world(a, d)
         check_tokenize(a, d, cache, model)
+        check_record_kinds(a, d, cache)
         check_training(a, d, cache, model)
         check_adapters(a, d, cache, model)
         check_refusals(a, d, cache)
