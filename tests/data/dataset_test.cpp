@@ -85,8 +85,9 @@ TEST_CASE("text and JSONL go through the byte tokenizer, each document after an 
 
 // A new user's first day: a .json array of the same records became "1 file, 1 document" of raw JSON,
 // and a .parquet file was read as text. A .json file is read by what it holds (an array, or JSON
-// Lines as datasets' to_json writes them), and what is not text is refused by name.
-TEST_CASE("a .json array or JSON Lines reads as its records; tables and binary files are refused by name") {
+// Lines as datasets' to_json writes them), a .parquet file as a table, and what is not text is
+// refused by name.
+TEST_CASE("a .json array or JSON Lines reads as its records; other tables and binary files are refused by name") {
   TempDir d;
   const std::string records = "{\"text\": \"ab\"}\n{\"text\": \"\\u00e9\"}\n";
   const auto jsonl = read_tokens(d.file("r.jsonl", records)).read_all();
@@ -94,9 +95,13 @@ TEST_CASE("a .json array or JSON Lines reads as its records; tables and binary f
   CHECK(read_tokens(d.file("array.json", " [{\"text\": \"ab\"},\n {\"text\": \"\\u00e9\"}]\n")).read_all() == jsonl);
   CHECK(read_tokens(d.file("lines.json", records)).read_all() == jsonl);
   CHECK(error_of([&] { read_tokens(d.file("obj.json", "[1, 2")); }).find("obj.json") != std::string::npos);
-  const std::string table = error_of([&] { read_tokens(d.file("train.parquet", "PAR1....")); });
-  CHECK(table.find("train.parquet is a parquet file, which would be read as plain text") != std::string::npos);
+  const std::string table = error_of([&] { read_tokens(d.file("train.csv", "text\nab\n")); });
+  CHECK(table.find("train.csv is a csv file, which would be read as plain text") != std::string::npos);
   CHECK(table.find("JSON Lines (.jsonl)") != std::string::npos);
+  CHECK(table.find("Parquet (.parquet)") != std::string::npos);
+  // A .parquet file is read as a table (tests/data/hub_parquet_test.py): one that is not is named.
+  CHECK(error_of([&] { read_tokens(d.file("train.parquet", "PAR1....")); })
+            .find("train.parquet is not a readable Parquet file") != std::string::npos);
   CHECK(error_of([&] { read_tokens(d.file("data.txt", "PAR1\x15\x04")); }).find("a Parquet file, by its first bytes") !=
         std::string::npos);
   CHECK(error_of([&] { read_tokens(d.file("blob.dat", std::string("ab\0cd", 5))); }).find("holds NUL bytes") !=
