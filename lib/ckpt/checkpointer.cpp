@@ -386,6 +386,21 @@ struct Checkpointer::Impl {
     commit({}, written, state_doc, tmp, final_dir);
   }
 
+  // A FULL load: every rank read its rows of the same files; rank 0 gets the others' segments (over
+  // the rendezvous store) to join each file's checksum.
+  void join_read_segments(Source& src, const std::string& path) {
+    if (world.size() == 1) return;
+    const std::shared_ptr<dist::Store>& shared = world.store();
+    FSDP_ASSERT(shared != nullptr, "Checkpointer: a world without a rendezvous store");
+    const std::string key = str("ckpt-load/", ++loads, "/", path, "/rank");
+    if (world.rank() != 0) {
+      shared->set(key + std::to_string(world.rank()), src.read_segments());
+      return;
+    }
+    for (int r = 1; r < world.size(); ++r) src.add_read_segments(shared->get(key + std::to_string(r)));
+  }
+  int64_t loads = 0;  // FULL loads so far: each one's keys in the store are its own
+
   // Rank 0's writer thread: waits for every shard rank's report.
   std::vector<json> collect(const std::string& name, json mine) {
     std::vector<json> reports{std::move(mine)};
@@ -497,59 +512,56 @@ TrainingState Checkpointer::load(const std::string& path) {
   std::unique_ptr<Source> src;
   TrainingState state;
   json state_doc;
-  std::set<std::string> files;  // the big files this rank reads
-  bool checksum_while_reading = false;
+  std::set<std::string> files;  // the big files this rank reads (FULL, rank 0: all of them)
+  bool checksum_while_reading = false, sharded = false;
   const std::vector<Slot> slots = m.saved_slots();
-  // FULL with cpu_ram_efficient_loading: rank 0 reads every tensor and broadcasts it.
-  bool efficient = false;
   try {
     verify_checkpoint(path, {kState, kConfig});
     state_doc = parse_json_file(path_in(path, kState));
     state = parse_state(state_doc, path_in(path, kState));
     // The format the state names (a lost index.json is then reported as that, not as a missing
     // Hugging Face model file).
-    const bool sharded =
-        state_doc.value("state_dict_type", "") == "SHARDED_STATE_DICT" || file_exists(path_in(path, kIndex));
+    sharded = state_doc.value("state_dict_type", "") == "SHARDED_STATE_DICT" || file_exists(path_in(path, kIndex));
     if (sharded) verify_checkpoint(path, {kIndex});
-    efficient = !sharded && m.o.cpu_ram_efficient_loading;
     check_state_matches_folder(state, path);
     FSDP_CHECK(m.description.canonical_config(path_in(path, kConfig)) == m.description.config_json, "[ckpt] ", path,
                "/config.json describes another model than this run's; resume with the model.config it was "
                "trained with, or start a new run in another checkpoint.dir");
     src = open_source(path);
     check_matches_model(*src, slots, /*optimizer=*/true, path, "");
-    // The big files this rank will read: their sizes and checksums.
-    if (!efficient || m.world.rank() == 0) {
-      for (const Slot& s : slots) {
-        const ShardedParam& p = *s.param;
-        const auto [first, last] = stored_rows(p);
-        const int64_t r0 = efficient ? 0 : first, r1 = efficient ? p.full_shape()[0] : last;
-        if (r0 == r1) continue;
-        const std::string name = stored_name(*src, p);
-        src->files(name, r0, r1, files);
-        if (p.trainable) {
-          src->files(kExpAvg + name, r0, r1, files);
-          src->files(kExpAvgSq + name, r0, r1, files);
-        }
+    // The big files this rank will read (a FULL load's rank 0, which checks every file: all of them).
+    const bool everything = !sharded && m.world.rank() == 0;
+    for (const Slot& s : slots) {
+      const ShardedParam& p = *s.param;
+      const auto [first, last] = stored_rows(p);
+      const int64_t r0 = everything ? 0 : first, r1 = everything ? p.full_shape()[0] : last;
+      if (r0 == r1) continue;
+      const std::string name = stored_name(*src, p);
+      src->files(name, r0, r1, files);
+      if (p.trainable) {
+        src->files(kExpAvg + name, r0, r1, files);
+        src->files(kExpAvgSq + name, r0, r1, files);
       }
-      // SHARDED: sizes now, checksums as the rows are read (one pass over the files, not two), and
-      // checked before training goes on; a load runs only when a run starts, so the weights it
-      // overwrote before a mismatch showed are the run's fresh ones, and the run stops.
-      const std::vector<std::string> big(files.begin(), files.end());
-      verify_checkpoint(path, big, /*checksums=*/!sharded);  // sizes first: a truncated file says so
-      checksum_while_reading = sharded && src->checksum_while_reading(path, files);
-      if (sharded && !checksum_while_reading) verify_checkpoint(path, big);
     }
+    // Sizes now, checksums as the rows are read (one pass over the files, not two; a FULL load's
+    // ranks each read their rows and rank 0 joins them), checked before training goes on; a load runs
+    // only when a run starts, so the weights it overwrote before a mismatch showed are the run's
+    // fresh ones, and the run stops.
+    const std::vector<std::string> big(files.begin(), files.end());
+    verify_checkpoint(path, big, /*checksums=*/false);  // sizes first: a truncated file says so
+    checksum_while_reading = src->checksum_while_reading(path, files);
+    if (!checksum_while_reading) verify_checkpoint(path, big);
   } catch (const InputError& e) {
     failure = e.what();
   }
   agree(m.world, device, failure);
 
   for (const auto& g : m.model.groups()) g->reshard();
-  fill(slots, m.model, &m.adamw, src.get(), m.world, efficient);
+  fill(slots, m.model, &m.adamw, src.get(), m.world, /*efficient=*/false);  // each rank its own rows
   if (checksum_while_reading) {
     try {
-      src->verify_read(path, files);
+      if (!sharded) m.join_read_segments(*src, path);
+      if (sharded || m.world.rank() == 0) src->verify_read(path, files);
     } catch (const InputError& e) {
       failure = e.what();
     }

@@ -23,8 +23,11 @@
 // rank 0's thread commits the folder when every shard rank has reported its file (through its own
 // connection to the rendezvous store). FULL: the writer threads gather each tensor over a Gloo
 // group of their own (never the training group's stream) and shard rank 0 writes the Hugging Face
-// folder and commits. Loading verifies the manifest (sizes, checksums) of every file a rank will
-// read before any weight changes.
+// folder and commits. Loading (either format)
+// reads each rank's own rows from the mapped files, checking sizes first and taking each piece's
+// CRC-32C as it is copied; each file's checksum is joined from the pieces (a FULL load's on rank 0,
+// from every rank's pieces over the rendezvous store) and checked against the manifest before
+// training goes on.
 //
 // Collective: save, load and resume are called by every rank of `world` in the same order; wait()
 // is local (it joins this rank's writer thread). Thread safety: one thread calls the Checkpointer;
@@ -53,7 +56,6 @@ struct CheckpointOptions {
   bool keep_best = false;  // with keep: also the one with the lowest TrainingState::eval_loss
   Format format = Format::kSharded;
   bool background = true;                 // SHARDED: write on a thread
-  bool cpu_ram_efficient_loading = true;  // FULL: rank 0 reads, the others receive their rows
   int64_t max_shard_bytes = 5000000000;   // FULL: Hugging Face shards above this
   FileSystem* fs = nullptr;               // null: local_file_system()
   std::ostream* log = nullptr;            // rank 0's progress lines; null: none

@@ -20,6 +20,75 @@ namespace {
 
 using json = nlohmann::json;
 
+// A byte range of a file read into the model, and its CRC-32C, taken as it was copied.
+struct Segment {
+  uint64_t offset = 0, length = 0;
+  uint32_t crc = 0;
+};
+
+// The CRC-32C of a whole mapped file from the segments read (in any order, by any ranks) and the
+// bytes no segment holds (the header, rows nobody read), read here and dropped from the page cache.
+// A segment inside bytes already joined (the same rows read by two replicas) counts once; one that
+// overlaps them in part is read again from its first byte not yet joined.
+uint32_t joined_crc(const SafetensorsFile& f, std::vector<Segment> pieces) {
+  std::sort(pieces.begin(), pieces.end(), [](const Segment& a, const Segment& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.length > b.length;
+  });
+  uint32_t crc = 0;
+  uint64_t at = 0;
+  auto gap = [&](uint64_t end) {
+    crc = crc32c(f.mapped() + at, end - at, crc);
+    f.release(f.mapped() + at, end - at);
+    at = end;
+  };
+  for (const Segment& s : pieces) {
+    if (s.offset + s.length <= at) continue;
+    if (s.offset < at) {
+      gap(s.offset + s.length);
+      continue;
+    }
+    gap(s.offset);
+    crc = crc32c_join(crc, s.crc, s.length);
+    at = s.offset + s.length;
+  }
+  gap(f.size());
+  return crc;
+}
+
+// Rows [lo, hi) of stored tensor `t` (whose row `first` is at `begin`) copied into `dest` from the
+// mapped file: one copy, or with checksums on the host, 1 MiB blocks, each block's CRC-32C taken
+// while it is in cache; the pages dropped once read. Returns the segment read.
+Segment copy_mapped(const SafetensorsFile& f, const TensorInfo& t, int64_t first, int64_t lo, int64_t hi,
+                    const at::Tensor& dest, bool checksums) {
+  const int64_t rb = row_bytes(t);
+  const uint8_t* begin = f.data(t) + (lo - first) * rb;
+  const size_t bytes = static_cast<size_t>((hi - lo) * rb);
+  const int64_t rows_per_copy = checksums && dest.device().is_cpu()
+                                    ? std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(rb, 1))
+                                    : hi - lo;
+  uint32_t crc = 0;
+  for (int64_t r = lo; r < hi; r += rows_per_copy) {
+    const int64_t k = std::min(rows_per_copy, hi - r);
+    dest.narrow(0, r - lo, k).copy_(mapped_rows(f, t, r - first, r - first + k));
+    if (checksums) crc = crc32c(f.data(t) + (r - first) * rb, static_cast<size_t>(k * rb), crc);
+  }
+  f.release(begin, bytes);
+  return {static_cast<uint64_t>(begin - f.mapped()), bytes, crc};
+}
+
+json segments_json(const std::map<std::string, std::vector<Segment>>& read) {
+  json out = json::object();
+  for (const auto& [file, segments] : read)
+    for (const Segment& s : segments) out[file].push_back({s.offset, s.length, s.crc});
+  return out;
+}
+
+void add_segments(std::map<std::string, std::vector<Segment>>& read, const std::string& text) {
+  for (const auto& [file, list] : json::parse(text).items())
+    for (const auto& s : list)
+      read[file].push_back({s.at(0).get<uint64_t>(), s.at(1).get<uint64_t>(), s.at(2).get<uint32_t>()});
+}
+
 // SHARDED_STATE_DICT: index.json says which rows of which tensor are in which shard file (and which
 // columns, for a tensor-parallel block split along dim 1); files are mapped when first read, so a
 // rank opens only those holding its rows.
@@ -115,62 +184,22 @@ class ShardedSource final : public Source {
   }
 
   void verify_read(const std::string& dir, const std::set<std::string>& files) override {
-    for (size_t i = 0; i < files_.size(); ++i) {
-      if (!files.count(files_[i])) continue;
-      const SafetensorsFile& f = open(i);
-      std::vector<Segment>& pieces = read_[i];
-      std::sort(pieces.begin(), pieces.end(), [](const Segment& a, const Segment& b) { return a.offset < b.offset; });
-      // The pieces in file order, and what lies between them (the header; rows this rank did not own).
-      uint32_t crc = 0;
-      uint64_t at = 0;
-      auto gap = [&](uint64_t end) {
-        crc = crc32c(f.mapped() + at, end - at, crc);
-        f.release(f.mapped() + at, end - at);
-        at = end;
-      };
-      for (const Segment& s : pieces) {
-        if (s.offset < at) {  // a piece read twice: the whole file again, simply
-          crc = 0;
-          at = 0;
-          break;
-        }
-        gap(s.offset);
-        crc = crc32c_join(crc, s.crc, s.length);
-        at = s.offset + s.length;
-      }
-      gap(f.size());
-      check_recorded_crc(dir, files_[i], crc);
-    }
+    for (size_t i = 0; i < files_.size(); ++i)
+      if (files.count(files_[i])) check_recorded_crc(dir, files_[i], joined_crc(open(i), read_[files_[i]]));
   }
 
   // Straight from the mapped file into `out` (the parameter's or the optimizer state's rows): one
-  // copy, converting the dtype on the way, and the mapped pages dropped once read. With checksums,
-  // host rows go in blocks of about 1 MiB and each block's checksum is taken while it is in cache.
+  // copy, converting the dtype on the way (copy_mapped).
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
     for (const Piece& p : e.pieces) {
       const int64_t lo = std::max(r0, p.r0), hi = std::min(r1, p.r1);
       if (lo >= hi) continue;
       const SafetensorsFile& f = open(p.file);
-      const TensorInfo* t = &piece_info(f, name, p);
-      const bool block = p.c1 > p.c0;
       at::Tensor dest = out.narrow(0, lo - r0, hi - lo);
-      if (block) dest = dest.narrow(1, p.c0, p.c1 - p.c0);
-      const int64_t rb = row_bytes(*t);
-      const uint8_t* begin = f.data(*t) + (lo - p.r0) * rb;
-      const size_t bytes = static_cast<size_t>((hi - lo) * rb);
-      // One copy a piece, or with checksums on the host, 1 MiB blocks (a device copy: one a piece).
-      const int64_t rows_per_copy = checksums_ && dest.device().is_cpu()
-                                ? std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(rb, 1))
-                                : hi - lo;
-      uint32_t crc = 0;
-      for (int64_t r = lo; r < hi; r += rows_per_copy) {
-        const int64_t k = std::min(rows_per_copy, hi - r);
-        dest.narrow(0, r - lo, k).copy_(mapped_rows(f, *t, r - p.r0, r - p.r0 + k));
-        if (checksums_) crc = crc32c(f.data(*t) + (r - p.r0) * rb, static_cast<size_t>(k * rb), crc);
-      }
-      if (checksums_) read_[p.file].push_back({static_cast<uint64_t>(begin - f.mapped()), bytes, crc});
-      f.release(begin, bytes);
+      if (p.c1 > p.c0) dest = dest.narrow(1, p.c0, p.c1 - p.c0);
+      const Segment s = copy_mapped(f, piece_info(f, name, p), p.r0, lo, hi, dest, checksums_);
+      if (checksums_) read_[files_[p.file]].push_back(s);
     }
   }
 
@@ -204,13 +233,9 @@ class ShardedSource final : public Source {
   std::vector<std::string> files_;
   std::map<std::string, Entry> entries_;
   std::map<size_t, std::unique_ptr<SafetensorsFile>> open_;
-  // With checksums: the byte ranges read from each file and their CRC-32C.
-  struct Segment {
-    uint64_t offset = 0, length = 0;
-    uint32_t crc = 0;
-  };
+  // With checksums: the byte ranges read from each file (by name) and their CRC-32C.
   bool checksums_ = false;
-  std::map<size_t, std::vector<Segment>> read_;
+  std::map<std::string, std::vector<Segment>> read_;
 };
 
 // FULL_STATE_DICT (and any Hugging Face folder): whole tensors in the model files, and the AdamW
@@ -232,15 +257,35 @@ class FullSource final : public Source {
     const Entry& e = entries_.at(name);
     return read_rows_fp32(*e.file, *e.tensor, r0, r1);
   }
+  void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
+    const Entry& e = entries_.at(name);
+    const Segment s = copy_mapped(*e.file, *e.tensor, 0, r0, r1, out, checksums_);
+    if (checksums_) read_[base_name(e.file->path())].push_back(s);
+  }
+  bool checksum_while_reading(const std::string&, const std::set<std::string>&) override {
+    checksums_ = true;  // every header was read and checked when the folder was opened
+    return true;
+  }
+  std::string read_segments() const override { return segments_json(read_).dump(); }
+  void add_read_segments(const std::string& other) override { add_segments(read_, other); }
+  void verify_read(const std::string& dir, const std::set<std::string>& files) override {
+    for (const SafetensorsFile* f : files_)
+      if (files.count(base_name(f->path())))
+        check_recorded_crc(dir, base_name(f->path()), joined_crc(*f, read_[base_name(f->path())]));
+  }
 
  private:
   struct Entry {
     const SafetensorsFile* file = nullptr;
     const TensorInfo* tensor = nullptr;
   };
+  bool checksums_ = false;
+  std::map<std::string, std::vector<Segment>> read_;  // with checksums: by file name
+  std::vector<const SafetensorsFile*> files_;
   void add(const SafetensorsFile& f, const TensorInfo& t) {
     infos_[t.name] = StoredInfo{t.dtype, t.shape};
     entries_[t.name] = {&f, &t};
+    if (std::find(files_.begin(), files_.end(), &f) == files_.end()) files_.push_back(&f);
   }
   HfCheckpoint hf_;
   std::unique_ptr<SafetensorsFile> optimizer_;

@@ -63,6 +63,11 @@ class Source {
     (void)dir;
     (void)files;
   }
+  // The segments read so far (with checksums), as text for another rank, and another rank's added
+  // to this one's: the ranks of a FULL load each read their rows of the same files, and one of them
+  // joins every rank's segments into each file's checksum.
+  virtual std::string read_segments() const { return "{}"; }
+  virtual void add_read_segments(const std::string& other) { (void)other; }
 
  protected:
   std::map<std::string, StoredInfo> infos_;

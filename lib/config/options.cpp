@@ -486,7 +486,8 @@ std::vector<OptionSpec> build_table() {
           .flag("fsdp_cpu_ram_efficient_loading")
           .env("FSDP_CPU_RAM_EFFICIENT_LOADING")
           .def("true")
-          .help("Only rank 0 reads a checkpoint; the others receive their shards")
+          .help("model.pretrained: only rank 0 reads the Hugging Face folder and sends each rank its rows (false: "
+                "each rank reads its own); a checkpoint is read by each rank, its own rows")
           .to(F, &FsdpConfig::cpu_ram_efficient_loading),
       Row("fsdp_config.fsdp_sync_module_states", V::kBool)
           .flag("fsdp_sync_module_states")

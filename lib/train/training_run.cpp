@@ -314,7 +314,6 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   options.keep_best = c.keep_best;
   options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
                                                                                             : ckpt::Format::kFull;
-  options.cpu_ram_efficient_loading = config_.fsdp.cpu_ram_efficient_loading;
   options.fs = hooks.checkpoint_fs;
   options.frozen_from_base = config_.lora.enabled();
   options.log = context_.is_main() ? &out_ : nullptr;

@@ -247,6 +247,36 @@ TEST_CASE("a crash in the middle of a save leaves the previous checkpoint, and r
   sh("rm -rf " + dir + " " + ref + " " + dir + ".jsonl " + ref + ".jsonl " + cfg);
 }
 
+// A FULL load: each rank reads its own rows of the same files, and rank 0 joins every rank's
+// pieces into each file's checksum; a byte changed in rows only rank 1 reads is found all the same.
+TEST_CASE("a FULL checkpoint is read by each rank, its rows, and a changed byte anywhere is refused") {
+  const std::string cfg = write_config("full_read", "FULL_STATE_DICT"), dir = temp_path("full_read");
+  sh("rm -rf " + dir);
+  const Result r = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "train.steps=4"});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  const std::string ck = dir + "/step-00000004";
+  const Result ok = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "checkpoint.resume=" + ck, "train.steps=5"});
+  INFO(ok.out, ok.err);
+  CHECK(ok.code == 0);
+  CHECK(ok.out.find("[ckpt] loaded " + ck) != std::string::npos);
+  for (const std::string file : {"model.safetensors", "optimizer.safetensors"}) {
+    SUBCASE(file.c_str()) {
+      const std::string path = ck + "/" + file;
+      sh("cp " + path + " " + path + ".good; size=$(stat -c %s " + path + "); printf '\\x5a' | dd of=" + path +
+         " bs=1 seek=$((size - 60)) conv=notrunc status=none");  // the last rows of the last tensor: rank 1's
+      const Result bad = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "checkpoint.resume=" + ck, "train.steps=8"});
+      INFO(bad.out, bad.err);
+      CHECK(bad.code == 2);
+      CHECK(bad.err.find(file + " has CRC-32C") != std::string::npos);
+      CHECK(bad.err.find("the file is corrupt") != std::string::npos);
+      CHECK(bad.out.find("step 5/8") == std::string::npos);
+      sh("mv " + path + ".good " + path);
+    }
+  }
+  sh("rm -rf " + dir + " " + cfg);
+}
+
 TEST_CASE("damaged, incomplete and mismatched checkpoints are refused before any step, naming the problem") {
   const std::string cfg = write_config("bad", "SHARDED_STATE_DICT"), dir = temp_path("bad");
   sh("rm -rf " + dir);

@@ -11,7 +11,7 @@ trainer fine-tunes the same folder from the same token stream. Over Gloo on CPU,
     divide (each rank 129 rows, one of them padding): tp 2 x dp 2 equals FSDP alone (tp 1 x dp 2),
     and so does its export;
   - bf16 with activation checkpointing, offload and gradient accumulation: tp 2 x dp 2 equals FSDP
-    alone within bf16's rounding (2e-3);
+    alone within bf16's rounding (twice FSDP alone's bf16-against-float32 difference, at least 2e-3);
   - the export of a tp 2 x dp 2 run holds the tensors FSDP alone exports, and transformers loads it
     with the same logits;
   - a FULL_STATE_DICT checkpoint of tp 2 x dp 2 resumes as tp 1 x dp 2 and as tp 2 x dp 1 (the same
@@ -174,9 +174,9 @@ def check_tied_and_mixed(h, folders):
     # bf16, activation checkpointing, offload and 2 accumulated micro-batches keep working.
     mixed = ("fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n"
              "  fsdp_activation_checkpointing: true\n  fsdp_offload_params: true\n")
-    def bf16(name, world, tp):
+    def bf16(name, world, tp, precision="bf16"):
         path = yaml_of(name, folders["llama"], world, tp, batch=BATCH // 2)
-        text = open(path).read().replace("mixed_precision: 'no'", "mixed_precision: bf16")
+        text = open(path).read().replace("mixed_precision: 'no'", f"mixed_precision: {precision}")
         text = text.replace("fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: FULL_STATE_DICT\n", mixed)
         open(path, "w").write(text.replace("train:\n", "train:\n  gradient_accumulation_steps: 2\n"))
         run = subprocess.run([args.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
@@ -185,8 +185,15 @@ def check_tied_and_mixed(h, folders):
             raise RuntimeError(f"fsdptrain ({name}):\n{run.stdout}\n{run.stderr}")
         rows = [json.loads(l) for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
         return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
+    # The bound comes from bf16's own noise on this data: FSDP alone in bf16 against the same run in
+    # float32. Tensor parallel reorders bf16 sums, so it may differ from FSDP alone by about as much
+    # again: twice that noise, and never below 2e-3 (the data, lib/'s sources, changes with the code).
+    alone = bf16("bf16-tp1", 2, 1)
+    exact = bf16("fp32-tp1", 2, 1, precision="'no'")
+    noise = max(abs(a - b) / abs(b) for a, b in zip(alone[0] + alone[1], exact[0] + exact[1]))
+    print(f"bf16's noise here: FSDP alone in bf16 against float32 differs by up to {noise:.2e}")
     ok &= compare("llama in bf16 with activation checkpointing, offload and 2 accumulated micro-batches: "
-                  "tp 2 x dp 2 against FSDP alone", bf16("bf16-tp2", 4, 2), bf16("bf16-tp1", 2, 1), 2e-3,
+                  "tp 2 x dp 2 against FSDP alone", bf16("bf16-tp2", 4, 2), alone, max(2e-3, 2 * noise),
                   "FSDP alone")
 
     return ok
