@@ -4,9 +4,10 @@ For each shown block it runs the command that makes it (in a scratch folder, nev
 runs/), then either checks the README's block against it (--check, what the tests run) or writes the
 new output into the README (--write). Checking compares line by line with every number masked
 (timings, losses and token counts differ between machines and between commits), the paths mapped
-to the README's, and a `[...]` line in the README standing for any lines left out there. Blocks: the
-quickstart's training output, and the fine-tuning example's (scripts/examples/finetune.sh's steps;
-its log lines only, since a trained model's words may differ between machines).
+to the README's, and a `[...]` (or `...`) line in the README standing for any lines left out there.
+Blocks: the quickstart's training output, the fine-tuning example's (scripts/examples/finetune.sh's
+steps; its log lines only, since a trained model's words may differ between machines), and every
+`$ fsdptrain ...` command of COMMANDS shown with its output (run from the repository's root).
 
     .venv/bin/python scripts/readme_outputs.py --check [--fsdptrain build/apps/fsdptrain/fsdptrain]
     .venv/bin/python scripts/readme_outputs.py --write
@@ -32,6 +33,11 @@ def quickstart(fsdptrain, scratch):
     if r.returncode != 0:
         raise SystemExit(f"readme_outputs: the quickstart failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     lines = r.stdout.replace(out, os.path.join(ROOT, "runs", "quickstart")).splitlines()
+    # The last checkpoint's writer thread and the export run at once: their two lines come in either
+    # order. The README shows the save's first.
+    for i in range(len(lines) - 1):
+        if "[train] exported" in lines[i] and "[ckpt] saved" in lines[i + 1]:
+            lines[i], lines[i + 1] = lines[i + 1], lines[i]
     # The README keeps steps 1, 500 and 1000 of the step lines.
     kept, gap = [], False
     for line in lines:
@@ -79,6 +85,63 @@ BLOCKS = [("The quickstart's output (2 workers on a 2-core machine", quickstart,
           ("with LoRA too (see [LoRA](#lora) for the line). What it prints:", finetune, True)]
 
 
+# Commands the README shows with their output, by the start of their `$` line; each runs as shown.
+COMMANDS = ["fsdptrain --version",
+            "fsdptrain config validate configs/fsdp2/hybrid.yaml",
+            "fsdptrain config show --config configs/fsdp2/full_shard.yaml",
+            "fsdptrain to-fsdp2 --config_file configs/fsdp1/no_shard.yaml",
+            "fsdptrain launch --cpu --distributed_type MULTI_CPU --num_processes 3 -- sh -c",
+            "fsdptrain estimate-memory --config configs/quickstart.yaml"]
+
+
+def command_segments(text):
+    """(start, end, command) of each shown command's output in the README's code blocks: the lines
+    after a `$ fsdptrain` line (continued by a trailing backslash) up to the next `$` line or the
+    block's end."""
+    out, at, inside, current = [], 0, False, None
+
+    def close(end):
+        if current and any(current[1].startswith(c) for c in COMMANDS):
+            while text[current[0]:end].endswith("\n\n"):  # the blank line before the next command
+                end -= 1
+            out.append((current[0], end, current[1]))
+
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            if inside:
+                close(at)
+                current = None
+            inside = not inside
+        elif inside and line.startswith("$ "):
+            close(at)
+            command = line[2:].rstrip("\n")
+            while command.endswith("\\") and i + 1 < len(lines):
+                at += len(lines[i])
+                i += 1
+                command = command[:-1] + lines[i].strip()
+            current = (at + len(lines[i]), command)
+        at += len(lines[i])
+        i += 1
+    return out
+
+
+def run_command(fsdptrain, scratch, command):
+    """A shown command's output (stdout and stderr as a terminal shows them), run from the
+    repository's root as the README shows it, with this `fsdptrain` first on the PATH (the commands
+    of COMMANDS write nothing)."""
+    bin_dir = os.path.join(scratch, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    if not os.path.lexists(os.path.join(bin_dir, "fsdptrain")):
+        os.symlink(fsdptrain, os.path.join(bin_dir, "fsdptrain"))
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"])
+    r = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300)
+    return [line for line in r.stdout.splitlines() if line.strip()]
+
+
 def log_lines(lines):
     """The lines a program logs ([tag] ... or made ...), not the text a model generated."""
     return [x for x in lines if x.startswith("[") or x.startswith("made ")]
@@ -91,7 +154,7 @@ def block_span(text, marker):
 
 
 def masked(line):
-    line = re.sub(r"/\S*/runs/", "runs/", line)  # wherever the clone is
+    line = re.sub(r"/\S*/runs/", "runs/", line.rstrip())  # wherever the clone is; trailing blanks unseen
     line = re.sub(r"fsdptrain-cache/[0-9a-f]{16}", "fsdptrain-cache/<key>", line)
     line = re.sub(r"events\.out\.tfevents\.\S+", "events.out.tfevents.<stamp>", line)
     line = re.sub(r"ETA \S+", "ETA #", line)  # 45s or 1m09s
@@ -106,7 +169,7 @@ def matches(shown, made):
     def at(i, j):
         if i == len(shown):
             return j == len(made)
-        if shown[i] == ELIDED:
+        if shown[i] in (ELIDED, "..."):
             return any(at(i + 1, k) for k in range(j, len(made) + 1))
         return j < len(made) and shown[i] == made[j] and at(i + 1, j + 1)
     return at(0, 0)
@@ -140,6 +203,20 @@ def main():
                              "\nRun scripts/readme_outputs.py --write and review the change")
             else:
                 print(f"readme_outputs: {marker}...: {len(shown)} lines shown, as the code makes them")
+        for start, end, command in reversed(command_segments(text)):  # from the end: earlier offsets hold
+            made = run_command(fsdptrain, scratch, command)
+            shown = [line for line in text[start:end].splitlines() if line.strip()]
+            if a.write:
+                if not matches(shown, made):
+                    text = text[:start] + "\n".join(made) + "\n" + text[end:]
+                continue
+            if not matches(shown, made):
+                diff = [f"  README: {s}\n  now:    {m}" for s, m in zip(shown, made) if masked(s) != masked(m)][:5]
+                stale.append(f"$ {command}: the README shows another output than the code makes now (numbers "
+                             f"masked); first differences:\n" + "\n".join(diff) +
+                             "\nRun scripts/readme_outputs.py --write and review the change")
+            else:
+                print(f"readme_outputs: $ {command[:60]}: {len(shown)} lines shown, as the code makes them")
     if a.write:
         open(a.readme, "w", encoding="utf-8").write(text)
         print(f"readme_outputs: wrote {len(BLOCKS)} block(s) into {a.readme}")
