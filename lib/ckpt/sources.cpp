@@ -84,7 +84,8 @@ json segments_json(const std::map<std::string, std::vector<Segment>>& read) {
 }
 
 void add_segments(std::map<std::string, std::vector<Segment>>& read, const std::string& text) {
-  for (const auto& [file, list] : json::parse(text).items())
+  const json segments = json::parse(text);  // held here: items() of a temporary would dangle
+  for (const auto& [file, list] : segments.items())
     for (const auto& s : list)
       read[file].push_back({s.at(0).get<uint64_t>(), s.at(1).get<uint64_t>(), s.at(2).get<uint32_t>()});
 }
