@@ -6,7 +6,8 @@ new output into the README (--write). Checking compares line by line with every 
 (timings, losses and token counts differ between machines and between commits), the paths mapped
 to the README's, and a `[...]` (or `...`) line in the README standing for any lines left out there.
 Blocks: the quickstart's training output, the fine-tuning example's (scripts/examples/finetune.sh's
-steps; its log lines only, since a trained model's words may differ between machines), and every
+steps; its log lines only, since a trained model's words may differ between machines), the chat
+example's rendering and chat (scripts/examples/chat.sh's; its log lines likewise), and every
 `$ fsdptrain ...` command of COMMANDS shown with its output (run from the repository's root).
 
     .venv/bin/python scripts/readme_outputs.py --check [--fsdptrain build/apps/fsdptrain/fsdptrain]
@@ -79,10 +80,34 @@ def finetune(fsdptrain, scratch):
     return [line for line in text.splitlines() if line.strip()]
 
 
-# README marker (the sentence before the block) -> the function that makes the block, and whether
-# only the log lines count (a trained model's words may differ in a digit of a loss between machines).
-BLOCKS = [("The quickstart's output (2 workers on a 2-core machine", quickstart, False),
-          ("with LoRA too (see [LoRA](#lora) for the line). What it prints:", finetune, True)]
+def chat(fsdptrain, scratch):
+    """scripts/examples/chat.sh's rendering of the first conversation and its chat after training,
+    run in the scratch folder as if in runs/chat, with the `$` lines the README shows."""
+    out = os.path.join(scratch, "chat")
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    subprocess.run([python if os.path.exists(python) else sys.executable, "scripts/examples/make_chat_example.py",
+                    "--out", out], cwd=ROOT, check=True, capture_output=True)
+    with open(f"{out}/train.jsonl") as f, open(f"{out}/first.jsonl", "w") as first:
+        first.write(f.readline())
+    shown = {"template": "$ fsdptrain chat-template runs/chat/first.jsonl --tokenizer runs/chat/model      "
+                         "# [--add-generation-prompt] [--all_tokens] [--chat_template F]",
+             "generate": "$ fsdptrain generate --model runs/chat/run/export/step-200 --chat --prompt "
+                         "'What color is the violin?'"}
+    steps = [("template", [fsdptrain, "chat-template", f"{out}/first.jsonl", "--tokenizer", f"{out}/model"]),
+             (None, [fsdptrain, "launch", "--config", "configs/chat.yaml", "--main_process_port", "0",
+                     "--set", f"model.pretrained={out}/model", "--set", f"data.path={out}/train.jsonl",
+                     "--set", f"train.output_dir={out}/run", "--set", f"data.cache_dir={out}/fsdptrain-cache"]),
+             ("generate", [fsdptrain, "generate", "--model", f"{out}/run/export/step-200", "--chat", "--prompt",
+                           "What color is the violin?", "--max_new_tokens", "16"])]
+    lines = []
+    for name, cmd in steps:
+        r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        if r.returncode != 0:
+            raise SystemExit(f"readme_outputs: {' '.join(cmd[:3])} failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
+        if name:
+            lines.append(shown[name])
+            lines += [x for x in r.stdout.replace(out, "runs/chat").splitlines() if x.strip()]
+    return lines
 
 
 # Commands the README shows with their output, by the start of their `$` line; each runs as shown.
@@ -144,7 +169,20 @@ def run_command(fsdptrain, scratch, command):
 
 def log_lines(lines):
     """The lines a program logs ([tag] ... or made ...), not the text a model generated."""
-    return [x for x in lines if x.startswith("[") or x.startswith("made ")]
+    return [x for x in lines if x.startswith(("[", "made "))]
+
+
+def chat_lines(lines):
+    """The chat block's: its log lines, the commands shown and the rendering (JSON), not the reply."""
+    return [x for x in lines if x.startswith(("[", "$ ", "{"))]
+
+
+# README marker (the sentence before the block) -> the function that makes the block, and which of
+# its lines count (None: all; the others leave out what a trained model said, whose words may
+# differ in a digit of a loss between machines).
+BLOCKS = [("The quickstart's output (2 workers on a 2-core machine", quickstart, None),
+          ("with LoRA too (see [LoRA](#lora) for the line). What it prints:", finetune, log_lines),
+          ("**See what trains**, and chat with the result:", chat, chat_lines)]
 
 
 def block_span(text, marker):
@@ -187,15 +225,15 @@ def main():
     text = open(a.readme, encoding="utf-8").read()
     stale = []
     with tempfile.TemporaryDirectory(prefix="fsdptrain_readme.") as scratch:
-        for marker, make, logs_only in BLOCKS:
+        for marker, make, kept in BLOCKS:
             made = make(fsdptrain, scratch)
             start, end = block_span(text, marker)
             shown = text[start:end].splitlines()
             if a.write:
                 text = text[:start] + "\n".join(made) + "\n" + text[end:]
                 continue
-            if logs_only:
-                shown, made = log_lines(shown), log_lines(made)
+            if kept:
+                shown, made = kept(shown), kept(made)
             if not matches(shown, made):
                 diff = [f"  README: {s}\n  now:    {m}" for s, m in zip(shown, made) if masked(s) != masked(m)][:5]
                 stale.append(f"{marker}...: the README shows another output than the code makes now "
