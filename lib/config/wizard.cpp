@@ -11,6 +11,7 @@
 #include "config/yaml_writer.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/hub_cache.h"
 #include "util/strings.h"
 
 namespace fsdp::config {
@@ -66,10 +67,10 @@ const std::vector<WizardQuestionInfo>& questions() {
       {"mixed_precision", "Do you wish to use mixed precision?"},
       {"model.pretrained",
        "Which model should the built-in trainer fine-tune (a Hugging Face folder with config.json and safetensors "
-       "weights)? Leave it empty to launch your own program instead"},
+       "weights, or its Hub id in the Hugging Face cache)? Leave it empty to launch your own program instead"},
       {"data.path",
-       "What should it train on (a .jsonl of text or prompt/completion records, a text file, llm.c .bin shards, or "
-       "a glob of them)?"},
+       "What should it train on (a .jsonl or .parquet of text, prompt/completion or conversation records, a text "
+       "file, llm.c .bin shards, a glob of them, a save_to_disk folder, or a dataset's Hub id in the cache)?"},
   };
   return q;
 }
@@ -254,14 +255,26 @@ void Wizard::ask_trainer() {
   };
   const std::string model = answer("model.pretrained", true);
   if (model.empty()) return;
-  FSDP_CHECK(file_exists(model + "/config.json"), "config: model.pretrained: ", quoted(model),
-             " holds no config.json; give a Hugging Face model folder");
-  set("model.pretrained", absolute_path(model));
+  // A Hub id stays an id (each run finds its snapshot in the cache); a folder becomes absolute.
+  const bool model_id = !is_directory(model) && hub::is_repo_id(model);
+  FSDP_CHECK(!model_id || file_exists(hub::model_folder(model) + "/config.json"),
+             "config: model.pretrained: ", quoted(model), " is no folder here, and ",
+             hub::not_cached(hub::RepoType::kModel, model, "main"));
+  FSDP_CHECK(model_id || file_exists(model + "/config.json"), "config: model.pretrained: ", quoted(model),
+             " holds no config.json; give a Hugging Face model folder, or a model's Hub id in the Hugging Face cache");
+  set("model.pretrained", model_id ? model : absolute_path(model));
   const std::string data = answer("data.path", false);
-  FSDP_CHECK(!glob_paths(data).empty(), "config: data.path: ", quoted(data), " matches no file");
-  set("data.path", data[0] == '/' ? data : absolute_path(data));
+  if (glob_paths(data).empty() && hub::is_repo_id(data) &&
+      !hub::find_snapshot(hub::RepoType::kDataset, data, "main").empty()) {
+    set("data.dataset", data);  // a dataset in the cache, by its id
+  } else {
+    FSDP_CHECK(!glob_paths(data).empty(), "config: data.path: ", quoted(data), " matches no file",
+               hub::is_repo_id(data) ? str(", and ", hub::not_cached(hub::RepoType::kDataset, data, "main")) : "");
+    set("data.path", data[0] == '/' ? data : absolute_path(data));
+  }
   // The run folder where the wizard ran (the config itself may live in ~/.cache/fsdptrain).
-  set("train.output_dir", absolute_path("runs/" + base_name(lexically_normal(absolute_path(model)))));
+  set("train.output_dir",
+      absolute_path("runs/" + base_name(model_id ? model : lexically_normal(absolute_path(model)))));
 }
 
 bool Wizard::ask_machines() {

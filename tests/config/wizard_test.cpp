@@ -2,11 +2,13 @@
 #include "config/wizard.h"
 
 #include <doctest/doctest.h>
+#include <stdlib.h>
 
 #include <sstream>
 
 #include "config/test_support.h"
 #include "util/error.h"
+#include "util/files.h"
 
 using namespace fsdp;
 using namespace fsdp::config;
@@ -212,4 +214,36 @@ TEST_CASE("the wizard asks for the trainer's model and data, and writes them as 
   CHECK(value_of(none.result, "data.path") == "<absent>");
   CHECK_THROWS_WITH_AS(run("", {{"machine_type", "multi-CPU"}, {"model.pretrained", "/nonexistent"}}),
                        doctest::Contains("holds no config.json"), InputError);
+}
+
+// Issue 42: a model and a dataset named by their Hub ids, in the Hugging Face cache, stay ids.
+TEST_CASE("the wizard takes a cached model's and dataset's Hub ids, and names the fetch command for others") {
+  char name[] = "/tmp/fsdptrain-wizard-hub-XXXXXX";
+  const std::string cache = ::mkdtemp(name);
+  ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  const std::string commit(40, 'c');
+  for (const std::string repo : {"models--org--tiny", "datasets--org--chats"}) {
+    make_directories(cache + "/" + repo + "/refs");
+    write_file_atomic(cache + "/" + repo + "/refs/main", commit);
+    make_directories(cache + "/" + repo + "/snapshots/" + commit);
+  }
+  write_file_atomic(cache + "/models--org--tiny/snapshots/" + commit + "/config.json",
+                    read_file(std::string(FSDP_SOURCE_DIR) + "/configs/models/tiny/config.json"));
+  write_file_atomic(cache + "/datasets--org--chats/snapshots/" + commit + "/train.jsonl", "{\"text\": \"a\"}\n");
+  Run r = run("", {{"machine_type", "multi-CPU"},
+                   {"num_processes", "2"},
+                   {"model.pretrained", "org/tiny"},
+                   {"data.path", "org/chats"}});
+  CHECK(value_of(r.result, "model.pretrained") == "org/tiny");
+  CHECK(value_of(r.result, "data.dataset") == "org/chats");
+  CHECK(value_of(r.result, "data.path") == "<absent>");
+  CHECK(value_of(r.result, "train.output_dir").find("/runs/tiny") != std::string::npos);
+  Loaded written = load_text(r.result.yaml);  // the config it writes finds both in the cache
+  CHECK_MESSAGE(written.errors() == "", written.errors());
+  CHECK(written.rc.typed.model.pretrained == cache + "/models--org--tiny/snapshots/" + commit);
+  CHECK(written.rc.typed.data.dataset == "org/chats");
+  CHECK_THROWS_WITH_AS(run("", {{"machine_type", "multi-CPU"}, {"model.pretrained", "org/absent"}}),
+                       doctest::Contains("hf download org/absent"), InputError);
+  ::unsetenv("HF_HUB_CACHE");
+  remove_tree(cache);
 }
