@@ -215,7 +215,8 @@ def check_training(a, d, cache, model):
     assert len(folder) == 6 and by_id == folder and saved == folder, (folder, by_id, saved)
     assert "test-org/mixed/chat (train)" in log, log
     shown = run(a, d, cache, "config", "show", os.path.join(a.source, "configs", "finetune.yaml"), "--set",
-                "model.pretrained=test-org/tiny-chat").stdout
+                "model.pretrained=test-org/tiny-chat", "--set", "data.path=", "--set", "data.dataset=test-org/plain",
+                "--set", f"train.output_dir={d}/shown").stdout
     assert "the Hugging Face cache's test-org/tiny-chat" in shown and model in shown, shown
     print(f"hub: fine-tuning by id (model and dataset) and from a save_to_disk folder gives the folder-and-JSONL "
           f"run's losses exactly: {', '.join(f'{x:.4f}' for x in folder)}")
