@@ -76,9 +76,13 @@ std::string not_cached(RepoType type, const std::string& id, const std::string& 
   const bool dataset = type == RepoType::kDataset;
   const std::string rev = revision.empty() ? "main" : revision;
   const std::string repo = repo_folder(type, id);
+  const std::string ref = repo + "/refs/" + rev;
+  const std::string named = !is_commit(rev) && file_exists(ref) ? trim(read_file(ref)) : "";
   std::string where = !is_directory(repo) ? str("no folder ", repo)
                       : is_commit(rev)    ? str("no snapshots/", rev, " in ", repo)
-                                          : str("no refs/", rev, " in ", repo);
+                      : !named.empty() ? str("refs/", rev, " names commit ", named, " but ", repo, "/snapshots/", named,
+                                             " is missing: an interrupted download")
+                                       : str("no refs/", rev, " in ", repo);
   return str(quoted(id), rev == "main" ? "" : " at revision " + rev, " is not in the Hugging Face cache (", where,
              "; the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). fsdptrain never "
              "downloads: fetch it where there is network with: hf download ",

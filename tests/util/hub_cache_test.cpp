@@ -72,6 +72,10 @@ TEST_CASE("a model's snapshot through refs/REVISION, or by commit; a missing one
   const std::string why = hub::not_cached(hub::RepoType::kModel, "org/m", "v2");
   CHECK(why.find("no refs/v2 in " + c.root + "/models--org--m") != std::string::npos);
   CHECK(why.find("hf download org/m --revision v2") != std::string::npos);
+  c.ref("models--org--m", "v3", std::string(40, 'f'));  // a ref whose snapshot never came
+  CHECK(hub::find_snapshot(hub::RepoType::kModel, "org/m", "v3").empty());
+  CHECK(hub::not_cached(hub::RepoType::kModel, "org/m", "v3").find("refs/v3 names commit " + std::string(40, 'f')) !=
+        std::string::npos);
 }
 
 TEST_CASE("a dataset's files: the data/ layout, config folders, splits by their words") {
