@@ -223,6 +223,16 @@ def matches(shown, made):
     return at(0, 0)
 
 
+def check(name, shown, made, stale):
+    """Says that a block is as the code makes it, or adds to `stale` how it differs."""
+    if matches(shown, made):
+        print(f"readme_outputs: {name[:80]}: {len(shown)} lines shown, as the code makes them")
+        return
+    stale.append(f"{name}: the README shows another output than the code makes now (numbers masked); first "
+                 f"differences:\n" + "\n".join(differences(shown, made)) +
+                 "\nRun scripts/readme_outputs.py --write and review the change")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -244,13 +254,7 @@ def main():
                 continue
             if kept:
                 shown, made = kept(shown), kept(made)
-            if not matches(shown, made):
-                diff = differences(shown, made)
-                stale.append(f"{marker}...: the README shows another output than the code makes now "
-                             f"(numbers masked); first differences:\n" + "\n".join(diff) +
-                             "\nRun scripts/readme_outputs.py --write and review the change")
-            else:
-                print(f"readme_outputs: {marker}...: {len(shown)} lines shown, as the code makes them")
+            check(f"{marker}...", shown, made, stale)
         for start, end, command in reversed(command_segments(text)):  # from the end: earlier offsets hold
             made = run_command(fsdptrain, scratch, command)
             shown = [line for line in text[start:end].splitlines() if line.strip()]
@@ -258,13 +262,7 @@ def main():
                 if not matches(shown, made):
                     text = text[:start] + "\n".join(made) + "\n" + text[end:]
                 continue
-            if not matches(shown, made):
-                diff = differences(shown, made)
-                stale.append(f"$ {command}: the README shows another output than the code makes now (numbers "
-                             f"masked); first differences:\n" + "\n".join(diff) +
-                             "\nRun scripts/readme_outputs.py --write and review the change")
-            else:
-                print(f"readme_outputs: $ {command[:60]}: {len(shown)} lines shown, as the code makes them")
+            check(f"$ {command}", shown, made, stale)
     if a.write:
         open(a.readme, "w", encoding="utf-8").write(text)
         print(f"readme_outputs: wrote {len(BLOCKS)} block(s) into {a.readme}")
