@@ -61,6 +61,12 @@ if [ "${PREBUILT:-0}" = 1 ]; then
   TORCH_DIR=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
   export LD_LIBRARY_PATH=$TORCH_DIR/lib:$TORCH_DIR/../nvidia/nccl/lib:$TORCH_DIR/../nvidia/cu13/lib:/usr/local/cuda/lib64:$PWD/third_party/bundle/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   FSDPTRAIN=third_party/prebuilt/bin/fsdptrain
+  if [ -f third_party/prebuilt/lib/arrow.tar.xz ]; then  # the Arrow libraries fsdptrain was linked with
+    ARROW_LIB=${TMPDIR:-/tmp}/fsdptrain-prebuilt-lib
+    [ -d "$ARROW_LIB" ] || "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      third_party/prebuilt/lib/arrow.tar.xz "$ARROW_LIB"
+    export LD_LIBRARY_PATH=$ARROW_LIB:$LD_LIBRARY_PATH
+  fi
   [ "$child" = 1 ] || cat third_party/prebuilt/BUILT_FROM | tee "$OUT/prebuilt.txt"
 fi
 case $FSDPTRAIN in /*) ;; *) FSDPTRAIN=$PWD/$FSDPTRAIN ;; esac

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Packs this machine's build for a GPU machine, so a device call spends its minutes on the GPU and
 # not on compiling: the stripped fsdptrain and the gpu tests' binaries (nccl_test, fsdp_worker) go
-# to third_party/prebuilt/ (a few MB; carry it together with third_party/bundle). They load
+# to third_party/prebuilt/ (about 20 MB; carry it together with third_party/bundle), with the Arrow
+# and Parquet libraries fsdptrain links (from this venv's pyarrow, xz-packed in lib/arrow.tar.xz: that
+# machine's pyarrow may be another version). They load
 # LibTorch, NCCL and CUDA from that machine's torch, which must be this build's wheel
 # (torch==2.11.0+cu130, as the device tool's machines have it); scripts/gpu-session.sh uses them
 # when PREBUILT=1, and builds there otherwise.
@@ -16,6 +18,13 @@ mkdir -p "$DEST/bin"
 for b in apps/fsdptrain/fsdptrain tests/nccl_test tests/fsdp_worker; do
   strip -o "$DEST/bin/$(basename "$b")" "$BUILD_DIR/$b"
 done
+# The Arrow libraries the binary needs, by the names it needs them (libarrow.so.2600, ...).
+arrow=$(.venv/bin/python -c 'import os, pyarrow; print(os.path.dirname(pyarrow.__file__))')
+mapfile -t needed < <(readelf -d "$DEST/bin/fsdptrain" | sed -n 's/.*Shared library: \[\(lib\(arrow\|parquet\)[^]]*\)\]/\1/p')
+if [ "${#needed[@]}" -gt 0 ]; then
+  mkdir -p "$DEST/lib"
+  tar -C "$arrow" -cf - "${needed[@]}" | xz -T"${JOBS:-2}" -6 > "$DEST/lib/arrow.tar.xz"
+fi
 {
   echo "commit $(git rev-parse HEAD)$(git diff --quiet HEAD -- lib apps tests || echo ' plus uncommitted changes')"
   echo "torch $(.venv/bin/python -c 'import torch; print(torch.__version__)')"
