@@ -202,7 +202,7 @@ notes = []
 for pattern, say in ((r"\[ckpt\] saved \S+ \((.*?)\) in ([0-9.]+ s); training waited ([0-9.]+ s)",
                       lambda m: f"saved ({m[1]}) in {m[2]}, training waited {m[3]}"),
                      (r"\[ckpt\] loaded \S+ \(.*?\) in ([0-9.]+ s)", lambda m: f"loaded in {m[1]}"),
-                     (r"\[train\] exported a Hugging Face folder to \S+ in ([0-9.]+ s)", lambda m: f"exported in {m[1]}"),
+                     (r"\[train\] exported a Hugging Face folder (?:\(\w+\) )?to \S+ in ([0-9.]+ s)", lambda m: f"exported in {m[1]}"),
                      (r"\[generate\] (\d+) new tokens .*? in ([0-9.]+ s): ([0-9.]+) tokens/s",
                       lambda m: f"{m[1]} new tokens in {m[2]}")):
     m = re.search(pattern, text)
@@ -344,7 +344,7 @@ session() {
   step bench 170 280 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
   step bench-offload 70 230 bench --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" \
     --out-dir "$OUT/bench-offload"
-  step features 240 50 features
+  step features 275 40 features
   step profile 90 0 profile
   echo
   cat "$OUT/session.md"
