@@ -267,7 +267,11 @@ void ParamGroup::post_backward(bool sync) {
   // Row r of the input is the concatenation of every gradient's r-th padded chunk; a parameter that
   // got no gradient (unused this step) contributes zeros, so every rank issues the same collective.
   // Only the padding and such parameters are zeroed: the rest is written over.
-  at::Tensor input = at::empty({world * trainable_numel_}, opts);
+  // The first reduction since zero_grad in fp32 on the gradient's device is written straight into
+  // the flat gradient (reduced into it, or at one rank laid out in it), not into a buffer then added.
+  const bool into_grad = grad_zero_ && opts.dtype() == at::kFloat && flat_grad_.device() == options_.device;
+  if (into_grad) grad_zero_ = false;
+  at::Tensor input = into_grad && mesh_->shard.is_local() ? flat_grad_ : at::empty({world * trainable_numel_}, opts);
   const at::Tensor rows = input.view({world, trainable_numel_});
   size_t k = 0;
   for (const ShardedParam& p : params_) {
@@ -281,12 +285,13 @@ void ParamGroup::post_backward(bool sync) {
     copy_into_rows(region, g.reshape({-1}));
   }
   if (mesh_->shard.is_local()) {
-    pending_reduce_ = PendingReduce{dist::Work(), input, input};
+    pending_reduce_ = PendingReduce{dist::Work(), input, input, into_grad};
     return;
   }
-  at::Tensor output = at::empty({trainable_numel_}, opts);
-  pending_reduce_ = PendingReduce{
-      mesh_->shard.reduce_scatter(output, input, dist::ReduceOp::kAvg, "reduce " + display_name()), input, output};
+  at::Tensor output = into_grad ? flat_grad_ : at::empty({trainable_numel_}, opts);
+  pending_reduce_ =
+      PendingReduce{mesh_->shard.reduce_scatter(output, input, dist::ReduceOp::kAvg, "reduce " + display_name()),
+                    input, output, into_grad};
 }
 
 void ParamGroup::finish_reduce() {
@@ -295,9 +300,11 @@ void ParamGroup::finish_reduce() {
   c10::NoGradGuard no_grad;
   pending_reduce_->work.wait();
   at::Tensor reduced = pending_reduce_->output;
+  const bool into_grad = pending_reduce_->into_grad;
   pending_reduce_.reset();
   if (mesh_->replicate && mesh_->replicate->size() > 1)
     mesh_->replicate->all_reduce(reduced, dist::ReduceOp::kAvg, "replicate " + display_name()).wait();
+  if (into_grad) return;  // reduced is flat_grad_
   // Offloaded from a GPU: the first reduction since zero_grad goes down to the pinned host gradient
   // without a host wait (the engine waits once, after the last unit: ShardedModel::finish_backward);
   // a later micro-batch's is added on the host, which waits for it.

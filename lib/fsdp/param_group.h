@@ -192,6 +192,7 @@ class ParamGroup {
     dist::Work work;
     at::Tensor input;   // (W * S_trainable) reduce_dtype; kept alive until the work is done
     at::Tensor output;  // (S_trainable) reduce_dtype
+    bool into_grad = false;  // output is flat_grad_ itself: nothing to add when it is done
   };
   std::optional<PendingReduce> pending_reduce_;
 };

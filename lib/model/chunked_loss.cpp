@@ -51,6 +51,43 @@ ChunkStats chunk_stats(const at::Tensor& logits, const LocalTargets& y, const Te
   return {sums[0].log() + top, sums[1]};
 }
 
+// The weight's gradient, summed over the chunks in fp32 as (V, C): dw += g^T h, with g (m, V) and h
+// (m, C) in the weight's dtype. On a GPU (and on meta, which takes its branches) one product per
+// chunk with bf16/fp16 operands reads and writes the fp32 sum in place (cuBLAS accumulates in fp32:
+// no fp32 product, no separate add, no transposed copy). On CPU, oneDNN's layout: the chunk's
+// product as (C, V) in the weight's dtype, added to an fp32 (C, V) sum transposed once at the end.
+struct WeightGradient {
+  at::Tensor sum;  // fp32: (V, C) off the CPU, (C, V) on it
+  bool on_cpu = false;
+
+  void add(const at::Tensor& g, const at::Tensor& h) {
+    on_cpu = h.is_cpu();
+    if (on_cpu) {
+      const at::Tensor part = matmul_nt(h.t(), g.t());  // (C, V): g goes in as oneDNN's weight, read in place
+      sum = sum.defined() ? sum.add_(part) : part.to(at::kFloat);  // part is new: no copy in fp32
+      return;
+    }
+    const bool first = !sum.defined();
+    if (first) sum = at::empty({g.size(1), h.size(1)}, h.options().dtype(at::kFloat));
+    if (h.scalar_type() == at::kFloat)
+      at::addmm_out(sum, sum, g.t(), h, /*beta=*/first ? 0 : 1);
+    else
+      at::addmm_out(sum, sum, g.t(), h, at::kFloat, /*beta=*/first ? 0 : 1);
+  }
+
+  // The sum in the weight's layout and dtype (zeros when no chunk added to it).
+  at::Tensor take(const at::Tensor& weight) const {
+    if (!sum.defined()) return at::zeros(weight.sizes(), weight.options());
+    if (on_cpu) return at::empty(weight.sizes(), weight.options()).copy_(sum.t());  // one pass: layout and dtype
+    return sum.scalar_type() == weight.scalar_type() ? sum : sum.to(weight.scalar_type());
+  }
+};
+
+// The loss over rows of hidden states (n, C) and the head's weight (V, C) in the compute dtype:
+// each chunk's logits come out of one product in that dtype (fp32 accumulation inside it) and are
+// upcast to fp32 for the softmax, as TorchTitan's loss does; the chunk's gradient g goes back to
+// the compute dtype once, for both products of the backward. Both gradients are computed here, in
+// the forward, so no chunk's logits are kept.
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                                const at::Tensor& targets, int64_t rows, int64_t ignore_index, const TensorParallel* tp,
@@ -60,30 +97,35 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     if (rows <= 0) rows = default_chunk_rows(vocab);
     at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
     at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
-    at::Tensor dw;  // fp32, summed over the chunks as dw^T (C, V)
+    WeightGradient dw;
     for (int64_t i = 0; i < n; i += rows) {
       const int64_t m = std::min(rows, n - i);
       const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
-      const at::Tensor logits = matmul_nt(h, weight).to(at::kFloat);  // (m, V) or (m, V/P)
+      at::Tensor logits = matmul_nt(h, weight);  // (m, V) or (m, V/P), the compute dtype
+      if (logits.scalar_type() != at::kFloat) logits = logits.to(at::kFloat);
       const at::Tensor valid = y.ne(ignore_index);
       const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
       const LocalTargets local = local_targets(safe_y, first, vocab);
       const auto [lse, picked] = chunk_stats(logits, local, tp);  // (m)
       loss.add_(((lse - picked) * valid.to(at::kFloat)).sum());
       if (!grad_h && !grad_w) continue;
-      // d loss / d logits = softmax - one_hot, zero on ignored tokens (the one-hot in its rank's columns).
-      at::Tensor g = (logits - lse.unsqueeze(1)).exp_();
+      // d loss / d logits = softmax - one_hot, zero on ignored tokens (the one-hot in its rank's
+      // columns), in place of the logits.
+      at::Tensor g = logits.sub_(lse.unsqueeze(1)).exp_();
       g.scatter_add_(1, local.column, -local.mine.unsqueeze(1));
       g.mul_(valid.to(at::kFloat).unsqueeze(1));
-      if (grad_h) dh.narrow(0, i, m).copy_(matmul_nt(g.to(weight.scalar_type()), weight.t()));
-      if (grad_w) {  // dw^T = h^T g: g (m, V) goes in as oneDNN's weight, read in place
-        const at::Tensor part = matmul_nt(h.to(at::kFloat).t(), g.t());  // (C, V)
-        dw = dw.defined() ? dw.add_(part) : part;
+      if (g.scalar_type() != weight.scalar_type()) g = g.to(weight.scalar_type());
+      if (grad_h) {
+        at::Tensor rows_of_dh = dh.narrow(0, i, m);
+        if (g.is_cpu())
+          rows_of_dh.copy_(matmul_nt(g, weight.t()));
+        else
+          at::mm_out(rows_of_dh, g, weight);  // written in place
       }
+      if (grad_w) dw.add(g, h);
     }
-    if (grad_w) dw = dw.defined() ? dw.t().contiguous() : at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     ctx->saved_data["dh"] = dh;
-    ctx->saved_data["dw"] = grad_w ? dw.to(weight.scalar_type()) : dw;
+    ctx->saved_data["dw"] = grad_w ? dw.take(weight) : at::Tensor();
     return {loss};
   }
 

@@ -81,13 +81,20 @@ int64_t ShardedAdamW::state_bytes() const {
 
 namespace {
 
-// The sum of squares of `g` in float64. Offloaded gradients (host memory, gigabytes) are not copied
-// to float64 first, which cost more than the host optimizer step: fp32 norms of 1M-element chunks
-// (one _foreach_norm, vectorized over the host's cores), squared and summed in float64.
-at::Tensor sum_of_squares(const at::Tensor& g, bool offloaded) {
-  if (!offloaded || g.numel() <= (1 << 20)) return g.to(at::kDouble).pow(2).sum();
-  const std::vector<at::Tensor> norms = at::_foreach_norm(g.split(1 << 20), 2);
-  return at::stack(norms).to(at::kDouble).pow(2).sum();
+// The sum of the squares of every tensor in `ts` (all on one device), in fp32: one _foreach_norm
+// (a few multi-tensor kernels on a GPU, vectorized over the host's cores on CPU), squared and summed,
+// as torch.nn.utils.clip_grad_norm_ does. Offloaded gradients (host memory, gigabytes) go in as
+// 1M-element chunks so the host's threads share them.
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& ts, bool offloaded) {
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& t : ts) {
+    if (!offloaded || t.numel() <= (1 << 20)) {
+      parts.push_back(t);
+      continue;
+    }
+    for (const at::Tensor& chunk : t.split(1 << 20)) parts.push_back(chunk);
+  }
+  return at::stack(at::_foreach_norm(parts, 2)).square().sum();
 }
 
 }  // namespace
@@ -95,21 +102,22 @@ at::Tensor sum_of_squares(const at::Tensor& g, bool offloaded) {
 at::Tensor grad_norm(ShardedModel& model) {
   RECORD_USER_SCOPE("grad norm");
   c10::NoGradGuard no_grad;
-  at::Tensor sum_sq;
   const std::optional<dist::ProcessGroup>& tp = model.mesh().tp;
   const int tp_size = tp ? tp->size() : 1;
   const bool offloaded = model.options().offload_params;
+  std::vector<at::Tensor> grads, whole;  // whole: parameters every tp rank holds in full
   for (const auto& g : model.groups()) {
     if (g->trainable_numel() == 0) continue;
-    at::Tensor s = sum_of_squares(g->flat_grad(), offloaded);
-    if (tp_size > 1)  // a parameter every tp rank holds whole is counted once over the tp group
+    grads.push_back(g->flat_grad());
+    if (tp_size > 1)
       for (const ShardedParam& p : g->params())
-        if (p.trainable && !p.tp.split())
-          s -= g->flat_grad().narrow(0, p.offset, p.layout.shard_numel()).to(at::kDouble).pow(2).sum() *
-               (1.0 - 1.0 / tp_size);
-    sum_sq = sum_sq.defined() ? sum_sq + s.to(sum_sq.device()) : s;
+        if (p.trainable && !p.tp.split()) whole.push_back(g->flat_grad().narrow(0, p.offset, p.layout.shard_numel()));
   }
-  if (!sum_sq.defined()) return at::zeros({1}, at::kDouble);
+  const auto on_device = at::TensorOptions().dtype(at::kFloat).device(model.options().device);
+  if (grads.empty()) return at::zeros({1}, on_device);
+  at::Tensor sum_sq = sum_of_squares(grads, offloaded);
+  // A parameter every tp rank holds whole is counted once over the tp group.
+  if (!whole.empty()) sum_sq -= sum_of_squares(whole, offloaded) * (1.0 - 1.0 / tp_size);
   // On the compute device: with offload the gradients live in host memory, which NCCL must not get.
   sum_sq = sum_sq.reshape({1}).to(model.options().device).contiguous();
   // Padding is zero and each rank holds distinct rows: the shard group's sum is the whole model's
@@ -129,10 +137,13 @@ void clip_grads(ShardedModel& model, const at::Tensor& norm, double max_norm) {
   c10::NoGradGuard no_grad;
   // A factor of 1 leaves a gradient's bits as they are, so clamping to 1 equals not scaling.
   const at::Tensor coef = at::full_like(norm, max_norm).div_(norm + 1e-6).clamp_max_(1.0).reshape({});
-  // Offloaded gradients are scaled on the host: one copy of the factor there (a wait), not one a unit.
-  const at::Tensor here = model.options().offload_params ? coef.to(at::kCPU) : coef;
+  std::vector<at::Tensor> grads;
   for (const auto& g : model.groups())
-    if (g->trainable_numel() > 0) g->flat_grad().mul_(here.to(g->flat_grad().device()));
+    if (g->trainable_numel() > 0) grads.push_back(g->flat_grad());
+  if (grads.empty()) return;
+  // Offloaded gradients are scaled on the host: one copy of the factor there (a wait), then one
+  // multi-tensor multiply over every unit's gradient.
+  at::_foreach_mul_(grads, coef.to(grads.front().device()));
 }
 
 double clip_grad_norm(ShardedModel& model, double max_norm) {

@@ -66,7 +66,7 @@ class ShardedAdamW {
   at::Tensor steps_;          // () float on the state's device: the bias correction's t, counted there
 };
 
-// The L2 norm of the whole model's gradient: a 1-element double tensor on the gradients' device,
+// The L2 norm of the whole model's gradient: a 1-element fp32 tensor on the compute device,
 // not read back. Collective over the shard group (one all-reduce; none at world size 1).
 at::Tensor grad_norm(ShardedModel& model);
 // Scales every sharded gradient by min(1, max_norm / (norm + 1e-6)) on the device, `norm` from
