@@ -22,7 +22,7 @@
 #   scripts/gpu-session.sh build     build offline against the machine's torch, run the gpu-labelled tests
 #                                    (`tests` is the same; with PREBUILT=1 nothing is built)
 #   scripts/gpu-session.sh bench     the side-by-side benchmark (scripts/bench/compare.py) on the ~1B Llama
-#   scripts/gpu-session.sh features  the feature table above
+#   scripts/gpu-session.sh features  the feature table above (FEATURES="ckpt_sharded resume": those rows alone)
 #   scripts/gpu-session.sh profile   trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
 #                                    and summarize where the time goes (scripts/bench/trace_summary.py)
 # Extra arguments go to compare.py (bench), or are --set overrides (profile), e.g. train.micro_batch_size=4.
@@ -243,6 +243,7 @@ features() {
   feature() {  # name what steps [key=value...]
     local name=$1 what=$2 steps=$3 rc=0
     shift 3
+    [ -z "${FEATURES:-}" ] || [[ " $FEATURES " == *" $name "* ]] || return 0
     local sets=(--set "model.config=$MODEL" --set "data.path=$scratch/tokens.bin" --set data.eval_fraction=0
                 --set train.eval_interval=0 --set "train.steps=$steps" --set "train.micro_batch_size=$MB"
                 --set "train.sequence_length=$SEQ" --set schedule.warmup_steps=0 --set logging.interval=1
@@ -272,15 +273,17 @@ features() {
     checkpoint.keep=1
   rm -rf "$ck-sharded"
   feature export "Hugging Face export" "$STEPS" "checkpoint.export_dir=$scratch/export"
-  local rc=0
-  echo "== generate: fsdptrain generate --device $DEVICE from the export"
-  timeout -k 10 "$per" "$FSDPTRAIN" generate --model "$scratch/export/step-$STEPS" --tokenizer "$scratch/tokenizer" \
-    --device "$DEVICE" --prompt "What color is the kettle?" --max_new_tokens 64 \
-    > "$OUT/features/generate.log" 2>&1 || rc=$?
-  feature_row generate "generate --device $DEVICE from the export, 64 new tokens, greedy" "$rc" \
-    "$OUT/features/generate.log" /nonexistent
-  tail -1 "$OUT/feature-matrix.md"
-  [ "$rc" = 0 ] || failed=1
+  if [ -z "${FEATURES:-}" ] || [[ " $FEATURES " == *" generate "* ]]; then
+    local rc=0
+    echo "== generate: fsdptrain generate --device $DEVICE from the export"
+    timeout -k 10 "$per" "$FSDPTRAIN" generate --model "$scratch/export/step-$STEPS" --tokenizer "$scratch/tokenizer" \
+      --device "$DEVICE" --prompt "What color is the kettle?" --max_new_tokens 64 \
+      > "$OUT/features/generate.log" 2>&1 || rc=$?
+    feature_row generate "generate --device $DEVICE from the export, 64 new tokens, greedy" "$rc" \
+      "$OUT/features/generate.log" /nonexistent
+    tail -1 "$OUT/feature-matrix.md"
+    [ "$rc" = 0 ] || failed=1
+  fi
   rm -rf "$scratch/export"
   feature chat "packed conversations (masked packing, assistant-only loss)" "$STEPS" \
     "data.path=$scratch/chat.jsonl" "data.tokenizer=$scratch/tokenizer"

@@ -50,9 +50,11 @@ int64_t share(int64_t count, const std::shared_ptr<TensorParallel>& tp, const ch
   return count / p;
 }
 
+// The halves as one split, not two narrows: autograd takes a split's gradient back as one cat, and
+// each narrow's as a zero-filled copy of the whole input (and their sum): on a GPU, kernels for nothing.
 at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  const std::vector<at::Tensor> halves = x.chunk(2, -1);
+  return at::cat({-halves[1], halves[0]}, -1);
 }
 
 }  // namespace
@@ -210,8 +212,8 @@ std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
       const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
       const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
-      return {with_lora(q_proj, x, y.narrow(-1, 0, qn)), with_lora(k_proj, x, y.narrow(-1, qn, kn)),
-              with_lora(v_proj, x, y.narrow(-1, qn + kn, kn))};
+      const std::vector<at::Tensor> qkv = y.split_with_sizes({qn, kn, kn}, -1);  // one cat in the backward (rotate_half)
+      return {with_lora(q_proj, x, qkv[0]), with_lora(k_proj, x, qkv[1]), with_lora(v_proj, x, qkv[2])};
     }
   return {lora_linear(q_proj, x), lora_linear(k_proj, x), lora_linear(v_proj, x)};
 }
@@ -313,9 +315,9 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
     if (x.is_cpu() && !has_lora(gate_proj) && !has_lora(up_proj))
       return row_parallel_output(down_proj, fused_swiglu(gate_up), tp.get());  // gate and up read from the one block
-    const int64_t f = gate_proj->weight.size(0);
-    gate = with_lora(gate_proj, x, gate_up.narrow(-1, 0, f));
-    up = with_lora(up_proj, x, gate_up.narrow(-1, f, f));
+    const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);  // one cat in the backward (rotate_half)
+    gate = with_lora(gate_proj, x, parts[0]);
+    up = with_lora(up_proj, x, parts[1]);
   } else {
     gate = lora_linear(gate_proj, x);
     up = lora_linear(up_proj, x);
