@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
-#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -60,29 +59,15 @@ at::Tensor whole_of(std::optional<dist::ProcessGroup>& tp, const at::Tensor& blo
 // is on a GPU so the copies run at the link's speed and queue behind the step instead of waiting for
 // it. The writer thread waits for them (an event) before it reads; training goes on meanwhile, and
 // the next optimizer step runs after the copies on the same stream, so they read this step's values.
-//
-// Pinning host memory is slow (seconds for the ~14 GiB of a 1B model's fp32 state), so a run that
-// will save starts allocating the buffer on a thread when it starts (reserve), and its first save
-// finds it ready instead of waiting for it.
+// The first save pays for pinning the buffer (6.2 s for the 14.8 GB of a 1.24B model on an H200):
+// pinning it on a thread from the run's start only moved that cost into step 1 (7.8 s instead of
+// 0.8 s, measured there), since the driver serializes it with the step's launches.
 class Staging {
  public:
-  void reserve(int64_t total, const c10::Device& device) {
-    const bool pinned = device.is_cuda();
-    reserving_ = std::async(std::launch::async, [total, pinned] {
-      return at::empty({total}, at::TensorOptions().dtype(at::kFloat).pinned_memory(pinned));
-    });
-  }
-
   std::vector<at::Tensor> stage(const std::vector<at::Tensor>& sources, const c10::Device& device) {
     int64_t total = 0;
     for (const at::Tensor& t : sources) total += t.numel();
     const bool pinned = device.is_cuda();
-    if (reserving_.valid()) {
-      try {
-        buffer_ = reserving_.get();
-      } catch (const std::exception&) {  // out of host memory then: the allocation below says so
-      }
-    }
     if (!buffer_.defined() || buffer_.numel() < total)
       buffer_ = at::empty({total}, at::TensorOptions().dtype(at::kFloat).pinned_memory(pinned));
     std::vector<at::Tensor> out;
@@ -107,7 +92,6 @@ class Staging {
 
  private:
   at::Tensor buffer_;  // (total) fp32, host
-  std::future<at::Tensor> reserving_;
   std::optional<c10::Event> copied_;
 };
 
@@ -172,8 +156,7 @@ struct Checkpointer::Impl {
     return slots_of(model, [](const ShardedParam& p) { return p.trainable; });
   }
 
-  // What snapshot() copies, still on the model's device.
-  std::vector<HostRows> device_rows() const {
+  std::vector<HostRows> snapshot() {
     std::vector<HostRows> out;
     for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
@@ -195,11 +178,6 @@ struct Checkpointer::Impl {
         add(kExpAvgSq + p.name, state_rows(st.exp_avg_sq, p));
       }
     }
-    return out;
-  }
-
-  std::vector<HostRows> snapshot() {
-    std::vector<HostRows> out = device_rows();
     std::vector<at::Tensor> sources;
     for (const HostRows& r : out) sources.push_back(r.data);
     const std::vector<at::Tensor> staged = staging.stage(sources, model.options().device);
@@ -355,8 +333,7 @@ struct Checkpointer::Impl {
     at::Tensor slice;  // (shard_numel) fp32, CPU
     std::vector<int64_t> full_shape() const { return tp->full_shape(layout->shape); }
   };
-  // What snapshot_slices() copies, still on the model's device.
-  std::vector<HostSlice> device_slices() const {
+  std::vector<HostSlice> snapshot_slices() {
     std::vector<HostSlice> out;
     for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
@@ -370,11 +347,6 @@ struct Checkpointer::Impl {
         add(kExpAvgSq + p.name, st.exp_avg_sq.narrow(0, p.offset, p.layout.shard_numel()));
       }
     }
-    return out;
-  }
-
-  std::vector<HostSlice> snapshot_slices() {
-    std::vector<HostSlice> out = device_slices();
     std::vector<at::Tensor> sources;
     for (const HostSlice& h : out) sources.push_back(h.slice);
     const std::vector<at::Tensor> staged = staging.stage(sources, model.options().device);
@@ -464,17 +436,6 @@ Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, mode
     if (impl_->o.format == Format::kFull && impl_->shard_size() > 1)
       impl_->host_group = model.mesh().shard.new_host_group(every_rank(impl_->shard_size()));
   }
-}
-
-void Checkpointer::reserve_staging() {
-  Impl& m = *impl_;
-  if (!m.is_writer() || !m.model.options().device.is_cuda()) return;  // host memory unpinned costs nothing up front
-  int64_t total = 0;
-  if (m.o.format == Format::kFull)
-    for (const Impl::HostSlice& h : m.device_slices()) total += h.slice.numel();
-  else
-    for (const Impl::HostRows& r : m.device_rows()) total += r.data.numel();
-  m.staging.reserve(total, m.model.options().device);
 }
 
 Checkpointer::~Checkpointer() {

@@ -77,10 +77,6 @@ class Checkpointer {
   // Collective. Waits for the previous save, then saves `state` and the current parameters and
   // optimizer state as <dir>/step-<state.step>. Returns the seconds training was held up.
   double save(const TrainingState& state);
-  // Starts allocating, on a thread, the pinned host memory a save copies this rank's part into (on a
-  // GPU: pinning ~14 GiB takes seconds), so the first save does not wait for it. Call it once a run
-  // knows it will save; without it the first save allocates.
-  void reserve_staging();
   // Not collective: joins this rank's writer thread, so this rank's part of the last save is on disk
   // (on rank 0: the checkpoint committed). Throws the writer's error.
   void wait();

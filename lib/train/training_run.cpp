@@ -320,7 +320,6 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   if (!c.dir.empty()) claim_checkpoint_dir(options.fs ? *options.fs : ckpt::local_file_system());
   checkpointer_ =
       std::make_unique<ckpt::Checkpointer>(*sharded_, *adamw_, model::describe(model_config_), world_, options);
-  if (!c.dir.empty()) checkpointer_->reserve_staging();
 }
 
 // Rank 0 locks checkpoint.dir for the run and checks it before step 1 (writable, no damaged
