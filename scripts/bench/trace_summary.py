@@ -6,7 +6,8 @@ Prints, per traced step (the mean over the window):
   - on a GPU: the time the GPU was busy (the union of its kernels and copies) against the wall time,
     the idle gaps where it waited for the host (the longest ones, with the host range they fall in),
     the time in each kind of kernel (matmul, attention, NCCL, norm/rotary/SwiGLU and other
-    elementwise, loss, optimizer, copies) and the top kernels by total time;
+    elementwise, loss, optimizer, copies), the top kernels by total time, and the GPU time by what
+    launched it (fsdptrain's named range, the outermost host op, the kernel);
   - everywhere: the host ops by self time (summed over threads: on CPU, which ops the step's time
     went to) and the host time in each of fsdptrain's named ranges (step, forward/backward
     micro-batch, fsdp gather/reduce, optimizer, ...).
@@ -71,6 +72,48 @@ def op_self_times(events):
     return self_us, calls
 
 
+def enclosing(spans, ts, pick):
+    """The span of (start, end, name) in `spans` that holds ts, by `pick` (min or max on the length)."""
+    holding = [sp for sp in spans if sp[0] <= ts <= sp[1]]
+    return pick(holding, key=lambda sp: sp[1] - sp[0])[2] if holding else None
+
+
+def by_scope(events, device, n, top):
+    """GPU time by what launched each kernel: the innermost named range on the launching thread
+    (fsdp gather/reduce, optimizer, grad norm, forward; the autograd thread's launches have none and
+    count as the backward) and the outermost host op there (aten::addmm, autograd's node)."""
+    launches = {}
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = (e.get("tid"), e["ts"])
+    ranges, ops = collections.defaultdict(list), collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        span = (e["ts"], e["ts"] + e["dur"], e["name"])
+        if e.get("cat") == "user_annotation" and not re.fullmatch(r"(step \d+|ProfilerStep#\d+)", e["name"]):
+            ranges[e.get("tid")].append(span)
+        elif e.get("cat") == "cpu_op":
+            ops[e.get("tid")].append(span)
+    scopes, rows = collections.defaultdict(float), collections.defaultdict(lambda: [0.0, 0])
+    for e in device:
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        tid, ts = launch if launch else (None, None)
+        if launch is None:
+            scope = "launched before the trace began"
+        else:
+            scope = enclosing(ranges[tid], ts, min)
+            scope = re.sub(r"model\.layers\.\d+", "model.layers.N", scope) if scope else "backward (no named range)"
+        op = (enclosing(ops[tid], ts, max) if launch else None) or "-"
+        scopes[scope] += e["dur"]
+        row = rows[(scope, op, e["name"][:80])]
+        row[0] += e["dur"]
+        row[1] += 1
+    return ({k: v / n / 1e3 for k, v in sorted(scopes.items(), key=lambda kv: -kv[1])},
+            [{"scope": k[0], "op": k[1], "kernel": k[2], "ms_per_step": v[0] / n / 1e3, "calls_per_step": v[1] / n}
+             for k, v in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]])
+
+
 def summarize(events, top):
     steps = [e for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"step \d+", e.get("name", ""))]
     if not steps:
@@ -112,6 +155,8 @@ def summarize(events, top):
                             for k, v in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:top]],
             "longest_gaps_ms": [round((b - a) / 1e3, 3) for a, b in idle[:top]],
         })
+        out["gpu_ms_by_scope"], out["top_launches"] = by_scope(events, [e for e in device if e["ts"] >= first], n,
+                                                               top * 2)
     return out
 
 
@@ -134,6 +179,12 @@ def main():
         print("\n| top kernels | ms per step | calls per step |\n| --- | --- | --- |")
         for k in s["top_kernels"]:
             print(f"| `{k['name']}` | {k['ms_per_step']:.3f} | {k['calls_per_step']:.0f} |")
+        print("\n| GPU time by the range that launched it | ms per step |\n| --- | --- |")
+        for k, v in list(s["gpu_ms_by_scope"].items())[:args.top]:
+            print(f"| {k} | {v:.3f} |")
+        print("\n| range | host op | kernel | ms per step | calls per step |\n| --- | --- | --- | --- | --- |")
+        for r in s["top_launches"]:
+            print(f"| {r['scope']} | `{r['op']}` | `{r['kernel']}` | {r['ms_per_step']:.3f} | {r['calls_per_step']:.0f} |")
     else:
         print("no GPU kernels in the trace (a CPU run): host ops and ranges only")
     if s["top_host_ops"]:

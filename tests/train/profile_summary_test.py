@@ -24,10 +24,22 @@ def synthetic(before=()):
     ev = list(before) + [{"ph": "X", "cat": "user_annotation", "name": "step 3", "ts": 0, "dur": 500},
           {"ph": "X", "cat": "user_annotation", "name": "step 4", "ts": 500, "dur": 500},
           {"ph": "X", "cat": "user_annotation", "name": "optimizer", "ts": 400, "dur": 50},
-          {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 100, "dur": 300},
-          {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 350, "dur": 100},  # overlaps: +50
-          {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 600, "dur": 150},
+          # Launches: the first gemm outside any named range (the autograd thread's), the second
+          # inside the optimizer's range under aten::_fused_adamw_; the others' launches are not in
+          # the trace (queued before it began).
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 50, "dur": 5, "tid": 2,
+           "args": {"correlation": 1}},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::_fused_adamw_", "ts": 410, "dur": 30, "tid": 1},
+          {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 420, "dur": 5, "tid": 1,
+           "args": {"correlation": 2}},
+          {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 100, "dur": 300, "args": {"correlation": 1}},
+          {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 350, "dur": 100,  # overlaps: +50
+           "args": {"correlation": 2}},
+          {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": 600, "dur": 150, "args": {"correlation": 3}},
           {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 1000, "dur": 100}]
+    for e in ev:
+        if e.get("cat") == "user_annotation":
+            e["tid"] = 1
     return trace_summary.summarize(ev, top=5)
 
 
@@ -43,6 +55,11 @@ def main():
     failures += check(abs(kinds["matmul"] - 0.2) < 1e-9 and abs(kinds["attention"] - 0.075) < 1e-9
                       and abs(kinds["NCCL"] - 0.05) < 1e-9, f"kinds per step: {kinds}")
     failures += check(s["top_kernels"][0]["calls_per_step"] == 1.0, "two gemm calls over two steps")
+    scopes = s["gpu_ms_by_scope"]
+    failures += check(scopes == {"backward (no named range)": 0.15, "launched before the trace began": 0.125,
+                                 "optimizer": 0.05}, f"GPU time by the range that launched it: {scopes}")
+    failures += check(any(r["scope"] == "optimizer" and r["op"] == "aten::_fused_adamw_" for r in s["top_launches"]),
+                      f"the optimizer's gemm under its host op: {s['top_launches']}")
     early = synthetic([{"ph": "X", "cat": "kernel", "name": "elementwise_kernel", "ts": -300, "dur": 250}])
     failures += check(abs(early["gpu_busy_fraction"] - 0.6) < 1e-9 and early["kinds_ms_per_step"] == kinds,
                       f"a kernel from before the window counts neither as busy nor in the kinds: {early}")
