@@ -47,7 +47,8 @@ at::Tensor index_select_meta(const at::Tensor& self, int64_t dim, const at::Tens
 
 void same_device(const char* op, std::initializer_list<const at::Tensor*> ts) {
   for (const at::Tensor* t : ts)
-    TORCH_CHECK(t->device() == (*ts.begin())->device(), op, ": tensors on ", (*ts.begin())->device(), " and ", t->device());
+    TORCH_CHECK(t->device() == (*ts.begin())->device(), op, ": tensors on ", (*ts.begin())->device(), " and ",
+                t->device());
 }
 
 at::Tensor where_meta(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
@@ -73,6 +74,20 @@ at::Tensor embedding_dense_backward_meta(const at::Tensor& grad, const at::Tenso
   return at::empty({num_weights.expect_int(), grad.size(-1)}, grad.options());
 }
 
+// The loss head's weight gradient on a GPU: bf16 operands accumulated into an fp32 sum in place.
+at::Tensor& addmm_dtype_out_meta(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                                 at::ScalarType out_dtype, const at::Scalar&, const at::Scalar&, at::Tensor& out) {
+  same_device("addmm.dtype_out", {&out, &self, &mat1, &mat2});
+  TORCH_CHECK(mat1.scalar_type() == mat2.scalar_type() && out.scalar_type() == out_dtype &&
+                  (self.scalar_type() == out_dtype || self.scalar_type() == mat1.scalar_type()),
+              "addmm.dtype_out: dtypes ", self.scalar_type(), ", ", mat1.scalar_type(), ", ", mat2.scalar_type(),
+              " into ", out_dtype);
+  TORCH_CHECK(mat1.dim() == 2 && mat2.dim() == 2 && mat1.size(1) == mat2.size(0), "addmm.dtype_out: shapes ",
+              mat1.sizes(), " and ", mat2.sizes());
+  out.resize_({mat1.size(0), mat2.size(1)});
+  return out;
+}
+
 // Updates in place: nothing to compute on meta, but every list must live on the parameters' device.
 void fused_adamw_meta(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                       at::TensorList, at::TensorList steps, double, double, double, double, double, bool, bool,
@@ -85,6 +100,7 @@ void fused_adamw_meta(at::TensorList params, at::TensorList grads, at::TensorLis
 
 TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_fused_adamw_", fused_adamw_meta);
+  m.impl("addmm.dtype_out", addmm_dtype_out_meta);
   m.impl("embedding_dense_backward", embedding_dense_backward_meta);
   m.impl("abs.out", unary_out_meta);
   m.impl("where.self_out", where_out_meta);
@@ -207,9 +223,8 @@ void train_on_meta(Family family, const Case& k) {
   HostTensorWatch watch;
   const auto on_meta = at::TensorOptions().dtype(at::kLong).device(kMeta);
   const at::Tensor tokens = at::empty({B, T}, on_meta), targets = at::empty({B, T}, on_meta);
-  const at::Tensor loss = sharded->forward({tokens}, [&](const TensorList& in) {
-    return TensorList{m->loss(in[0], targets, packed)};
-  })[0];
+  const at::Tensor loss =
+      sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{m->loss(in[0], targets, packed)}; })[0];
   CHECK(loss.device() == kMeta);
   loss.backward();
   const at::Tensor norm = optim::grad_norm(*sharded);
@@ -262,7 +277,8 @@ TEST_CASE("the FSDP engine's test models train on the meta device") {
     auto sharded =
         fully_shard(*m, TinyTransformerImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
     HostTensorWatch watch;
-    const at::Tensor tokens = at::empty({2, TinyTransformerImpl::kSeq}, at::TensorOptions().dtype(at::kLong).device(kMeta));
+    const at::Tensor tokens =
+        at::empty({2, TinyTransformerImpl::kSeq}, at::TensorOptions().dtype(at::kLong).device(kMeta));
     const at::Tensor logits =
         sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{m->forward(in[0])}; })[0];
     logits.pow(2).mean().backward();
@@ -271,7 +287,8 @@ TEST_CASE("the FSDP engine's test models train on the meta device") {
   MlpStack stack;
   FsdpOptions o;
   o.device = kMeta;
-  auto sharded = fully_shard(*stack, MlpStackImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  auto sharded =
+      fully_shard(*stack, MlpStackImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
   HostTensorWatch watch;
   const at::Tensor x = at::empty({3, MlpStackImpl::kIn}, at::TensorOptions().device(kMeta));
   sharded->forward({x}, [&](const TensorList& in) { return TensorList{stack->forward(in[0])}; })[0].sum().backward();

@@ -1,0 +1,352 @@
+// The bill of one bf16 training step at the ~1B Llama's widths (configs/models/llama-1b: hidden 2048,
+// 32 heads of 64, 8 key/value heads, MLP 8192, the full 128,256-token vocabulary; 2 of its 16
+// layers, micro batch 2 of 2048 tokens), run through fully_shard on the `meta` device, which takes
+// the GPU's branches and allocates nothing. Every op the step dispatches is recorded (LibTorch's
+// RecordFunction, with its inputs' dtypes and shapes) and the bill is checked against the GPU
+// step's dtype plan:
+//   - every matrix product runs with bf16 operands (the loss head's included): its FLOPs all bf16;
+//   - no float64 tensor anywhere in the step;
+//   - per decoder layer (three layers' bill less two's): the ops that would launch a kernel (the
+//     innermost ops that are not views), the bytes elementwise ops and copies read in the forward
+//     and backward (in activations' bytes) and those FSDP, the norm, clipping and AdamW read (in the
+//     layer's fp32 parameters' bytes) stay under stated bounds.
+// The first GPU profile's waste (fp32 loss-head products, float64 norms) fails the first two.
+// The bill is printed (ctest --output-on-failure, or model_test -tc='*bill*' -s).
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "model/decoder.h"
+#include "optim/adamw.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp;
+using namespace fsdp::model;
+
+namespace {
+
+bool is_attention(const std::string& name) {
+  return name.find("scaled_dot_product") != std::string::npos || name.find("flash_attention") != std::string::npos;
+}
+
+struct Op {
+  std::string name;
+  std::vector<at::ScalarType> dtypes;  // of its tensor inputs (tensor lists flattened)
+  std::vector<std::vector<int64_t>> shapes;
+  int64_t bytes = 0;  // its tensor inputs' bytes
+  bool leaf = true;   // no op ran inside it
+  bool inside_attention = false;
+  std::string scope;        // the innermost of fsdptrain's named ranges around it ("fsdp gather ...", "optimizer")
+  bool user_scope = false;  // it is such a range, not an op
+  int64_t seq = -1;         // autograd's sequence number: a backward node's is its forward op's
+  bool attention_backward = false;  // a backward node of an op inside attention's forward
+};
+
+// Records every aten op dispatched while it lives (any thread: the backward's too).
+class Recorder {
+ public:
+  Recorder() {
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&Recorder::enter, &Recorder::leave)
+            .needsInputs(true)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION, at::RecordScope::USER_SCOPE}));
+    self() = this;
+  }
+  ~Recorder() {
+    at::removeCallback(handle_);
+    self() = nullptr;
+  }
+  std::vector<Op> ops() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ops_;
+  }
+
+ private:
+  struct Index : at::ObserverContext {
+    explicit Index(size_t i) : i(i) {}
+    size_t i;
+  };
+  static std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
+    Recorder* r = self();
+    if (r == nullptr) return nullptr;
+    Op op;
+    op.name = fn.name();
+    op.seq = fn.seqNr();
+    // Python-style scalars (x * 0.5) arrive as 0-dim double "wrapped numbers": not float64 data.
+    auto add = [&](const at::Tensor& t) {
+      if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
+      op.dtypes.push_back(t.scalar_type());
+      op.shapes.push_back(t.sizes().vec());
+      op.bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    };
+    for (const c10::IValue& v : fn.inputs()) {
+      if (v.isTensor()) add(v.toTensor());
+      if (v.isTensorList())
+        for (const at::Tensor& t : v.toTensorVector()) add(t);
+    }
+    std::lock_guard<std::mutex> lock(r->mu_);
+    std::vector<size_t>& stack = r->stacks_[std::this_thread::get_id()];
+    op.user_scope = fn.scope() == at::RecordScope::USER_SCOPE;
+    for (size_t parent : stack) {
+      if (r->ops_[parent].user_scope) {
+        op.scope = r->ops_[parent].name;
+        continue;
+      }
+      r->ops_[parent].leaf = false;
+      if (is_attention(r->ops_[parent].name) || r->ops_[parent].attention_backward) op.inside_attention = true;
+    }
+    // On meta, SDPA takes its math path (a GPU runs one fused kernel each way): its ops, and the
+    // backward nodes autograd made for them, are attention's.
+    const bool node = fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
+    if (op.inside_attention && !node && op.seq >= 0) r->attention_seq_.insert(op.seq);
+    if (node && r->attention_seq_.count(op.seq) > 0) op.attention_backward = true;
+    r->ops_.push_back(std::move(op));
+    stack.push_back(r->ops_.size() - 1);
+    return std::make_unique<Index>(r->ops_.size() - 1);
+  }
+  static void leave(const at::RecordFunction&, at::ObserverContext* ctx) {
+    Recorder* r = self();
+    if (r == nullptr || ctx == nullptr) return;
+    std::lock_guard<std::mutex> lock(r->mu_);
+    std::vector<size_t>& stack = r->stacks_[std::this_thread::get_id()];
+    if (!stack.empty() && stack.back() == static_cast<Index*>(ctx)->i) stack.pop_back();
+  }
+  static Recorder*& self() {
+    static Recorder* r = nullptr;
+    return r;
+  }
+  std::mutex mu_;
+  std::vector<Op> ops_;
+  std::set<int64_t> attention_seq_;
+  std::map<std::thread::id, std::vector<size_t>> stacks_;
+  at::CallbackHandle handle_;
+};
+
+// Ops that only describe memory (views, shapes, allocation): no kernel on a GPU.
+bool is_view(const std::string& name) {
+  static const std::set<std::string> views = {"aten::view",
+                                              "aten::reshape",
+                                              "aten::_reshape_alias",
+                                              "aten::slice",
+                                              "aten::narrow",
+                                              "aten::select",
+                                              "aten::t",
+                                              "aten::transpose",
+                                              "aten::permute",
+                                              "aten::expand",
+                                              "aten::as_strided",
+                                              "aten::unsqueeze",
+                                              "aten::squeeze",
+                                              "aten::split",
+                                              "aten::split_with_sizes",
+                                              "aten::chunk",
+                                              "aten::unbind",
+                                              "aten::detach",
+                                              "aten::alias",
+                                              "aten::empty",
+                                              "aten::empty_like",
+                                              "aten::empty_strided",
+                                              "aten::resize_",
+                                              "aten::_unsafe_view",
+                                              "aten::lift_fresh",
+                                              "aten::contiguous",
+                                              "aten::to",
+                                              "aten::result_type",
+                                              "aten::set_",
+                                              "aten::expand_as",
+                                              "aten::view_as",
+                                              "aten::flatten",
+                                              "aten::unflatten",
+                                              "aten::movedim",
+                                              "aten::numpy_T",
+                                              "aten::_local_scalar_dense",
+                                              "aten::is_same_size",
+                                              "aten::size",
+                                              "aten::stride",
+                                              "aten::record_stream",
+                                              "aten::_nested_tensor_from_mask_left_aligned",
+                                              "aten::align_tensors",
+                                              "aten::type_as"};
+  return views.count(name) > 0;
+}
+
+bool is_product(const std::string& name) {
+  static const std::set<std::string> products = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"};
+  return products.count(name) > 0;
+}
+
+// Which tensor inputs multiply: mm/bmm's first two; addmm/baddbmm's second and third (after self).
+size_t first_operand(const Op& op) {
+  return op.name == "aten::addmm" || op.name == "aten::baddbmm" ? 1 : 0;
+}
+
+// 2 m k n for mm/addmm, b times that for bmm/baddbmm.
+double product_flops(const Op& op) {
+  const size_t i = first_operand(op);
+  if (op.shapes.size() < i + 2) return 0;
+  const auto& a = op.shapes[i];
+  const auto& b = op.shapes[i + 1];
+  if (a.size() == 2 && b.size() == 2) return 2.0 * a[0] * a[1] * b[1];
+  if (a.size() == 3 && b.size() == 3) return 2.0 * a[0] * a[1] * a[2] * b[2];
+  return 0;
+}
+
+struct Bill {
+  double product_flops = 0, bf16_product_flops = 0;
+  std::map<std::string, double> fp32_products;  // name -> FLOPs, products with an operand not in bf16
+  std::set<std::string> float64_ops;
+  std::vector<std::string> notes;  // each float64 or non-bf16 product op with its inputs' shapes
+  int64_t launches = 0;            // innermost non-view ops, attention apart
+  int64_t attention = 0;           // SDPA calls
+  std::map<std::string, int64_t> launches_by_op;
+  double moved_bytes = 0;  // the tensor inputs of the launching ops that are not products or attention
+  double state_bytes = 0;  // of those, inside FSDP's gathers and reductions, the norm, clipping, AdamW
+};
+
+// Whether an op moves parameter-sized state (FSDP's copies and casts, the gradient norm, clipping,
+// the optimizer) rather than activations.
+bool state_scope(const std::string& scope) {
+  return scope.rfind("fsdp ", 0) == 0 || scope == "optimizer" || scope == "grad norm" || scope == "clip gradients";
+}
+
+Bill bill_of(const std::vector<Op>& ops) {
+  Bill b;
+  for (const Op& op : ops) {
+    auto note = [&](const char* what) {
+      std::ostringstream line;
+      line << what << " " << op.name << ":";
+      for (size_t i = 0; i < op.shapes.size(); ++i) line << " " << op.dtypes[i] << at::IntArrayRef(op.shapes[i]);
+      b.notes.push_back(line.str());
+    };
+    for (at::ScalarType t : op.dtypes)
+      if (t == at::kDouble) {
+        b.float64_ops.insert(op.name);
+        note("float64");
+        break;
+      }
+    if (is_product(op.name) && !op.inside_attention) {
+      const double f = product_flops(op);
+      b.product_flops += f;
+      const size_t i = first_operand(op);
+      const bool bf16 = op.dtypes.size() >= i + 2 && op.dtypes[i] == at::kBFloat16 && op.dtypes[i + 1] == at::kBFloat16;
+      if (bf16)
+        b.bf16_product_flops += f;
+      else {
+        b.fp32_products[op.name] += f;
+        note("non-bf16 product");
+      }
+    }
+    // Kernels: the innermost aten ops that are not views, attention apart (one fused kernel each way
+    // on a GPU, counted by itself).
+    if (op.user_scope) continue;
+    if (is_attention(op.name) && !op.inside_attention) ++b.attention;
+    if (op.inside_attention || is_attention(op.name) || is_view(op.name) || !op.leaf) continue;
+    if (op.name.rfind("aten::", 0) != 0) continue;  // autograd's nodes and detach: no kernel of their own
+    ++b.launches;
+    ++b.launches_by_op[op.name];
+    if (!is_product(op.name)) b.moved_bytes += static_cast<double>(op.bytes);
+    if (!is_product(op.name) && state_scope(op.scope)) b.state_bytes += static_cast<double>(op.bytes);
+  }
+  return b;
+}
+
+LlamaConfig one_b_widths(int64_t layers) {
+  LlamaConfig c;  // configs/models/llama-1b's widths
+  c.vocab_size = 128256;
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 64;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+// One bf16 training step (forward, backward, norm, clipping, AdamW) on meta, recorded.
+std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq) {
+  const LlamaConfig c = one_b_widths(layers);
+  LlamaForCausalLM m(c, /*free_after_create=*/true);
+  FsdpOptions o;
+  o.device = c10::Device(c10::kMeta);
+  o.mixed_precision.param_dtype = at::kBFloat16;
+  o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(c, 3, name, shape); };
+  auto sharded = fully_shard(*m, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
+  const auto ids = at::TensorOptions().dtype(at::kLong).device(o.device);
+  const at::Tensor tokens = at::empty({batch, seq}, ids), targets = at::empty({batch, seq}, ids);
+  Recorder recorder;
+  const at::Tensor loss =
+      sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{m->loss(in[0], targets)}; })[0];
+  loss.backward();
+  const at::Tensor norm = optim::grad_norm(*sharded);
+  optim::clip_grads(*sharded, norm, 1.0);
+  adamw.step();
+  return recorder.ops();
+}
+
+std::string describe(const Bill& b, int64_t layers) {
+  std::ostringstream s;
+  s << "step bill (" << layers << " layers): " << b.product_flops / 1e12 << " TFLOP in products, "
+    << 100.0 * b.bf16_product_flops / b.product_flops << " % in bf16; " << b.launches << " launching ops; "
+    << b.moved_bytes / 1e9 << " GB read by elementwise ops and copies\n  launching ops:";
+  for (const auto& [name, n] : b.launches_by_op) s << " " << name << " " << n << ";";
+  for (const auto& [name, f] : b.fp32_products) s << "\n  non-bf16 product: " << name << " " << f / 1e9 << " GFLOP";
+  for (const std::string& name : b.float64_ops) s << "\n  float64 in: " << name;
+  for (const std::string& what : b.notes) s << "\n  " << what;
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("the bill of a bf16 step at the 1B widths: bf16 products, no float64, bounded launches and bytes") {
+  const int64_t batch = 2, seq = 2048;
+  const Bill two = bill_of(record_step(2, batch, seq));
+  const Bill three = bill_of(record_step(3, batch, seq));
+  MESSAGE(describe(two, 2));
+  MESSAGE(describe(three, 3));
+  // Every matrix product's FLOPs in bf16, the loss head's included.
+  CHECK_MESSAGE(two.fp32_products.empty(), describe(two, 2));
+  CHECK(two.bf16_product_flops == two.product_flops);
+  // No float64 anywhere in the step.
+  CHECK_MESSAGE(two.float64_ops.empty(), describe(two, 2));
+  // A decoder layer's share: the difference between three layers and two.
+  const int64_t per_layer = three.launches - two.launches;
+  std::ostringstream ops;
+  for (const auto& [name, n] : three.launches_by_op) {
+    const auto it = two.launches_by_op.find(name);
+    const int64_t d = n - (it == two.launches_by_op.end() ? 0 : it->second);
+    if (d != 0) ops << " " << name << " " << d << ";";
+  }
+  // Activations: one (batch, seq, hidden) bf16 tensor. State: a layer's parameters in fp32.
+  const double activation = 2.0 * batch * seq * 2048;
+  const double layer_params = 4.0 * (2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192 + 2 * 2048);
+  const double activation_bytes = (three.moved_bytes - three.state_bytes) - (two.moved_bytes - two.state_bytes);
+  const double state_bytes = three.state_bytes - two.state_bytes;
+  MESSAGE("per decoder layer: " << per_layer << " launching ops (attention apart);" << ops.str() << "\n  "
+                                << activation_bytes / activation << " activations' bytes read by elementwise ops "
+                                << "and copies in the forward and backward; " << state_bytes / layer_params
+                                << " times its fp32 parameters' bytes by FSDP's casts and copies, the norm, "
+                                << "clipping and AdamW");
+  // Bounds: what this code has (124 ops, 170 and 10.5), with a little room; the ops are named in the
+  // message above. On meta RMSNorm and _foreach_norm take their composite paths (mean, rsqrt, mul;
+  // one norm a tensor), which a GPU runs as one kernel each: the counts are a GPU's plus those; SDPA
+  // takes its math path, whose ops (and their backward nodes, by autograd's sequence numbers) count as
+  // attention, apart.
+  CHECK(per_layer <= 130);
+  CHECK(activation_bytes <= 180 * activation);
+  CHECK(state_bytes <= 11 * layer_params);  // AdamW alone reads 4 (parameter, gradient, two moments)
+}
