@@ -8,7 +8,8 @@ to the README's, and a `[...]` (or `...`) line in the README standing for any li
 Blocks: the quickstart's training output, the fine-tuning example's (scripts/examples/finetune.sh's
 steps; its log lines only, since a trained model's words may differ between machines), the chat
 example's rendering and chat (scripts/examples/chat.sh's; its log lines likewise), and every
-`$ fsdptrain ...` command of COMMANDS shown with its output (run from the repository's root).
+`$ fsdptrain ...` command of COMMANDS shown with its output (run in a copy of the repository's root
+made of links, with the files a `$ cat FILE` block shows).
 
     .venv/bin/python scripts/readme_outputs.py --check [--fsdptrain build/apps/fsdptrain/fsdptrain]
     .venv/bin/python scripts/readme_outputs.py --write
@@ -114,10 +115,12 @@ def chat(fsdptrain, scratch):
 # (The failing launch's table is not among them: which lines its three processes print, and in what
 # order, depends on the machine's load.)
 COMMANDS = ["fsdptrain --version",
+            "fsdptrain config validate typo.yaml",
             "fsdptrain config validate configs/fsdp2/hybrid.yaml",
             "fsdptrain config show --config configs/fsdp2/full_shard.yaml",
             "fsdptrain to-fsdp2 --config_file configs/fsdp1/no_shard.yaml",
-            "fsdptrain estimate-memory --config configs/quickstart.yaml"]
+            "fsdptrain estimate-memory --config configs/quickstart.yaml",
+            "fsdptrain plot runs/quickstart/metrics.jsonl"]
 
 
 def command_segments(text):
@@ -154,16 +157,31 @@ def command_segments(text):
     return out
 
 
-def run_command(fsdptrain, scratch, command):
-    """A shown command's output (stdout and stderr as a terminal shows them), run from the
-    repository's root as the README shows it, with this `fsdptrain` first on the PATH (the commands
-    of COMMANDS write nothing)."""
-    bin_dir = os.path.join(scratch, "bin")
-    os.makedirs(bin_dir, exist_ok=True)
-    if not os.path.lexists(os.path.join(bin_dir, "fsdptrain")):
+def shown_files(text):
+    """The files the README shows whole with `$ cat NAME` (typo.yaml): name -> content."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\$ cat (\S+)\n(.*?)(?=^\$ |^```)", text, re.M | re.S)}
+
+
+def run_command(fsdptrain, scratch, command, files):
+    """A shown command's output (stdout and stderr as a terminal shows them), run as the README
+    shows it, with this `fsdptrain` first on the PATH, in a folder that looks like the repository's
+    root (its entries linked; runs/quickstart is the quickstart block's run; the files `$ cat` shows
+    written there), so that what a command writes stays in the scratch folder."""
+    bin_dir, root = os.path.join(scratch, "bin"), os.path.join(scratch, "root")
+    if not os.path.isdir(root):
+        os.makedirs(bin_dir, exist_ok=True)
         os.symlink(fsdptrain, os.path.join(bin_dir, "fsdptrain"))
+        os.makedirs(os.path.join(root, "runs"))
+        for name in os.listdir(ROOT):
+            if name not in ("runs", ".git"):
+                os.symlink(os.path.join(ROOT, name), os.path.join(root, name))
+        if os.path.isdir(os.path.join(scratch, "quickstart")):
+            os.symlink(os.path.join(scratch, "quickstart"), os.path.join(root, "runs", "quickstart"))
+        for name, content in files.items():
+            with open(os.path.join(root, name), "w") as f:
+                f.write(content)
     env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"])
-    r = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    r = subprocess.run(["bash", "-c", command], cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=300)
     return [line for line in r.stdout.splitlines() if line.strip()]
 
@@ -255,8 +273,9 @@ def main():
             if kept:
                 shown, made = kept(shown), kept(made)
             check(f"{marker}...", shown, made, stale)
+        files = shown_files(text)
         for start, end, command in reversed(command_segments(text)):  # from the end: earlier offsets hold
-            made = run_command(fsdptrain, scratch, command)
+            made = run_command(fsdptrain, scratch, command, files)
             shown = [line for line in text[start:end].splitlines() if line.strip()]
             if a.write:
                 if not matches(shown, made):
