@@ -83,7 +83,7 @@ at::Tensor rope_inv_freq(const LlamaConfig& c) {
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like) {
   // fp32 angles, duplicated halves (HF's layout), cast to the activation dtype last.
   const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat).device(like.device()));
-  const at::Tensor freqs = at::outer(pos, inv_freq);  // inv_freq lives on like's device (a buffer)
+  const at::Tensor freqs = at::outer(pos, inv_freq);   // inv_freq lives on like's device (a buffer)
   const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, D)
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
@@ -91,7 +91,7 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64
 std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,
                                                   const at::Tensor& like) {
   const at::Tensor pos = positions.to(like.device(), at::kFloat).unsqueeze(-1);  // (B, T, 1)
-  const at::Tensor freqs = pos * inv_freq;                                        // (B, T, D/2)
+  const at::Tensor freqs = pos * inv_freq;                                       // (B, T, D/2)
   const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);               // (B, 1, T, D)
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
@@ -212,7 +212,8 @@ std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
       const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
       const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
-      const std::vector<at::Tensor> qkv = y.split_with_sizes({qn, kn, kn}, -1);  // one cat in the backward (rotate_half)
+      // Split, not narrowed: one cat in the backward (see rotate_half).
+      const std::vector<at::Tensor> qkv = y.split_with_sizes({qn, kn, kn}, -1);
       return {with_lora(q_proj, x, qkv[0]), with_lora(k_proj, x, qkv[1]), with_lora(v_proj, x, qkv[2])};
     }
   return {lora_linear(q_proj, x), lora_linear(k_proj, x), lora_linear(v_proj, x)};
@@ -315,7 +316,7 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
     if (x.is_cpu() && !has_lora(gate_proj) && !has_lora(up_proj))
       return row_parallel_output(down_proj, fused_swiglu(gate_up), tp.get());  // gate and up read from the one block
-    const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);  // one cat in the backward (rotate_half)
+    const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);  // split: one cat in the backward (see rotate_half)
     gate = with_lora(gate_proj, x, parts[0]);
     up = with_lora(up_proj, x, parts[1]);
   } else {
