@@ -9,7 +9,8 @@ Blocks: the quickstart's training output, the fine-tuning example's (scripts/exa
 steps; its log lines only, since a trained model's words may differ between machines), the chat
 example's rendering and chat (scripts/examples/chat.sh's; its log lines likewise), and every
 `$ fsdptrain ...` command of COMMANDS shown with its output (run in a copy of the repository's root
-made of links, with the files a `$ cat FILE` block shows).
+made of links, with the files a `$ cat FILE` block shows). Not made again: the sampled text of
+`generate` (a trained model's words), the failing launch's table and the profiling run's lines.
 
     .venv/bin/python scripts/readme_outputs.py --check [--fsdptrain build/apps/fsdptrain/fsdptrain]
     .venv/bin/python scripts/readme_outputs.py --write
@@ -120,7 +121,8 @@ COMMANDS = ["fsdptrain --version",
             "fsdptrain config show --config configs/fsdp2/full_shard.yaml",
             "fsdptrain to-fsdp2 --config_file configs/fsdp1/no_shard.yaml",
             "fsdptrain estimate-memory --config configs/quickstart.yaml",
-            "fsdptrain plot runs/quickstart/metrics.jsonl"]
+            "fsdptrain plot runs/quickstart/metrics.jsonl",
+            "fsdptrain tokenize --tokenizer model --input docs.jsonl"]
 
 
 def command_segments(text):
@@ -166,17 +168,25 @@ def run_command(fsdptrain, scratch, command, files):
     """A shown command's output (stdout and stderr as a terminal shows them), run as the README
     shows it, with this `fsdptrain` first on the PATH, in a folder that looks like the repository's
     root (its entries linked; runs/quickstart is the quickstart block's run; the files `$ cat` shows
-    written there), so that what a command writes stays in the scratch folder."""
+    written there; `model` and `docs.jsonl` for the tokenize example), so that what a command writes
+    stays in the scratch folder."""
     bin_dir, root = os.path.join(scratch, "bin"), os.path.join(scratch, "root")
     if not os.path.isdir(root):
         os.makedirs(bin_dir, exist_ok=True)
         os.symlink(fsdptrain, os.path.join(bin_dir, "fsdptrain"))
         os.makedirs(os.path.join(root, "runs"))
         for name in os.listdir(ROOT):
-            if name not in ("runs", ".git"):
+            if name not in ("runs", ".git", "model", "docs.jsonl", "out", *files):
                 os.symlink(os.path.join(ROOT, name), os.path.join(root, name))
         if os.path.isdir(os.path.join(scratch, "quickstart")):
             os.symlink(os.path.join(scratch, "quickstart"), os.path.join(root, "runs", "quickstart"))
+        # The tokenize example's `model` and `docs.jsonl` stand for the reader's own: the chat
+        # example's tokenizer and a few documents (its numbers are masked in the comparison).
+        if os.path.isdir(os.path.join(scratch, "chat", "model")):
+            os.symlink(os.path.join(scratch, "chat", "model"), os.path.join(root, "model"))
+        with open(os.path.join(root, "docs.jsonl"), "w") as f:
+            f.writelines(json.dumps({"text": f"Document {i}: the {c} lantern is lit."}) + "\n"
+                         for i, c in enumerate(["teal", "amber", "olive", "coral"]))
         for name, content in files.items():
             with open(os.path.join(root, name), "w") as f:
                 f.write(content)
