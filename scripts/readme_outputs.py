@@ -27,6 +27,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ELIDED = "[...]"
 
 
+def example_python():
+    """The project's virtual environment's Python, where there is one (the examples need transformers)."""
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    return python if os.path.exists(python) else sys.executable
+
+
+def run_step(cmd):
+    """One step of an example, run from the repository's root: its output (stdout and stderr), or exit
+    naming the step."""
+    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"readme_outputs: {' '.join(cmd[:3])} failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
+    return r.stdout
+
+
 def quickstart(fsdptrain, scratch):
     """The quickstart's training output (rank 0's lines), as if run in the repository's runs/."""
     out = os.path.join(scratch, "quickstart")
@@ -58,9 +73,8 @@ def quickstart(fsdptrain, scratch):
 def finetune(fsdptrain, scratch):
     """scripts/examples/finetune.sh's output, its steps run in the scratch folder as if in runs/finetune."""
     out = os.path.join(scratch, "finetune")
-    python = os.path.join(ROOT, ".venv", "bin", "python")
     steps = [
-        [python if os.path.exists(python) else sys.executable, "scripts/examples/make_finetune_example.py", "--out", out],
+        [example_python(), "scripts/examples/make_finetune_example.py", "--out", out],
         [fsdptrain, "launch", "--config", "configs/finetune.yaml", "--main_process_port", "0",
          "--set", f"model.pretrained={out}/model", "--set", f"data.path={out}/train.jsonl",
          "--set", f"train.output_dir={out}/run", "--set", f"data.cache_dir={out}/fsdptrain-cache"],
@@ -74,10 +88,7 @@ def finetune(fsdptrain, scratch):
         if cmd[1] == "generate" and not os.path.exists(f"{out}/prompts.jsonl"):  # as finetune.sh: four prompts
             with open(f"{out}/train.jsonl") as f, open(f"{out}/prompts.jsonl", "w") as p:
                 p.writelines(json.dumps({"prompt": json.loads(line)["prompt"]}) + "\n" for line in f.readlines()[:4])
-        r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-        if r.returncode != 0:
-            raise SystemExit(f"readme_outputs: {' '.join(cmd[:3])} failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
-        text += r.stdout
+        text += run_step(cmd)
     text = text.replace(out, "runs/finetune").replace(f"{ROOT}/runs/finetune", "runs/finetune")
     return [line for line in text.splitlines() if line.strip()]
 
@@ -86,9 +97,7 @@ def chat(fsdptrain, scratch):
     """scripts/examples/chat.sh's rendering of the first conversation and its chat after training,
     run in the scratch folder as if in runs/chat, with the `$` lines the README shows."""
     out = os.path.join(scratch, "chat")
-    python = os.path.join(ROOT, ".venv", "bin", "python")
-    subprocess.run([python if os.path.exists(python) else sys.executable, "scripts/examples/make_chat_example.py",
-                    "--out", out], cwd=ROOT, check=True, capture_output=True)
+    run_step([example_python(), "scripts/examples/make_chat_example.py", "--out", out])
     with open(f"{out}/train.jsonl") as f, open(f"{out}/first.jsonl", "w") as first:
         first.write(f.readline())
     shown = {"template": "$ fsdptrain chat-template runs/chat/first.jsonl --tokenizer runs/chat/model      "
@@ -103,12 +112,10 @@ def chat(fsdptrain, scratch):
                            "What color is the violin?", "--max_new_tokens", "16"])]
     lines = []
     for name, cmd in steps:
-        r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-        if r.returncode != 0:
-            raise SystemExit(f"readme_outputs: {' '.join(cmd[:3])} failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
+        output = run_step(cmd)
         if name:
             lines.append(shown[name])
-            lines += [x for x in r.stdout.replace(out, "runs/chat").splitlines() if x.strip()]
+            lines += [x for x in output.replace(out, "runs/chat").splitlines() if x.strip()]
     return lines
 
 
@@ -168,8 +175,8 @@ def run_command(fsdptrain, scratch, command, files):
     """A shown command's output (stdout and stderr as a terminal shows them), run as the README
     shows it, with this `fsdptrain` first on the PATH, in a folder that looks like the repository's
     root (its entries linked; runs/quickstart is the quickstart block's run; the files `$ cat` shows
-    written there; `model` and `docs.jsonl` for the tokenize example), so that what a command writes
-    stays in the scratch folder."""
+    written there; `model` and `docs.jsonl` for the tokenize example, whose `out` is left unlinked),
+    so that what a command writes stays in the scratch folder."""
     bin_dir, root = os.path.join(scratch, "bin"), os.path.join(scratch, "root")
     if not os.path.isdir(root):
         os.makedirs(bin_dir, exist_ok=True)

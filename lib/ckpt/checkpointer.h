@@ -23,11 +23,10 @@
 // rank 0's thread commits the folder when every shard rank has reported its file (through its own
 // connection to the rendezvous store). FULL: the writer threads gather each tensor over a Gloo
 // group of their own (never the training group's stream) and shard rank 0 writes the Hugging Face
-// folder and commits. Loading (either format)
-// reads each rank's own rows from the mapped files, checking sizes first and taking each piece's
-// CRC-32C as it is copied; each file's checksum is joined from the pieces (a FULL load's on rank 0,
-// from every rank's pieces over the rendezvous store) and checked against the manifest before
-// training goes on.
+// folder and commits. Loading (either format) reads each rank's own rows from the mapped files,
+// checking sizes first and taking each piece's CRC-32C as it is copied; each file's checksum is
+// joined from the pieces (a FULL load's on rank 0, from every rank's pieces over the rendezvous
+// store) and checked against the manifest before training goes on.
 //
 // Collective: save, load and resume are called by every rank of `world` in the same order; wait()
 // is local (it joins this rank's writer thread). Thread safety: one thread calls the Checkpointer;

@@ -251,8 +251,7 @@ class FullSource final : public Source {
     }
   }
   void files(const std::string& name, int64_t, int64_t, std::set<std::string>& out) const override {
-    const std::string& path = entries_.at(name).file->path();
-    out.insert(path.substr(path.rfind('/') + 1));
+    out.insert(base_name(entries_.at(name).file->path()));
   }
   at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
     const Entry& e = entries_.at(name);
@@ -270,9 +269,7 @@ class FullSource final : public Source {
   std::string read_segments() const override { return segments_json(read_).dump(); }
   void add_read_segments(const std::string& other) override { add_segments(read_, other); }
   void verify_read(const std::string& dir, const std::set<std::string>& files) override {
-    for (const SafetensorsFile* f : files_)
-      if (files.count(base_name(f->path())))
-        check_recorded_crc(dir, base_name(f->path()), joined_crc(*f, read_[base_name(f->path())]));
+    for (const std::string& name : files) check_recorded_crc(dir, name, joined_crc(*by_name_.at(name), read_[name]));
   }
 
  private:
@@ -282,11 +279,11 @@ class FullSource final : public Source {
   };
   bool checksums_ = false;
   std::map<std::string, std::vector<Segment>> read_;  // with checksums: by file name
-  std::vector<const SafetensorsFile*> files_;
+  std::map<std::string, const SafetensorsFile*> by_name_;
   void add(const SafetensorsFile& f, const TensorInfo& t) {
     infos_[t.name] = StoredInfo{t.dtype, t.shape};
     entries_[t.name] = {&f, &t};
-    if (std::find(files_.begin(), files_.end(), &f) == files_.end()) files_.push_back(&f);
+    by_name_.emplace(base_name(f.path()), &f);
   }
   HfCheckpoint hf_;
   std::unique_ptr<SafetensorsFile> optimizer_;

@@ -301,8 +301,9 @@ std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq) {
 std::string describe(const Bill& b, int64_t layers) {
   std::ostringstream s;
   s << "step bill (" << layers << " layers): " << b.product_flops / 1e12 << " TFLOP in products, "
-    << 100.0 * b.bf16_product_flops / b.product_flops << " % in bf16; " << b.launches << " launching ops; "
-    << b.moved_bytes / 1e9 << " GB read by elementwise ops and copies\n  launching ops:";
+    << 100.0 * b.bf16_product_flops / b.product_flops << " % in bf16; " << b.launches << " launching ops and "
+    << b.attention << " attention calls; " << b.moved_bytes / 1e9
+    << " GB read by elementwise ops and copies\n  launching ops:";
   for (const auto& [name, n] : b.launches_by_op) s << " " << name << " " << n << ";";
   for (const auto& [name, f] : b.fp32_products) s << "\n  non-bf16 product: " << name << " " << f / 1e9 << " GFLOP";
   for (const std::string& name : b.float64_ops) s << "\n  float64 in: " << name;

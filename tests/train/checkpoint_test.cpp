@@ -85,6 +85,15 @@ void check_same_losses(const std::map<int64_t, double>& want, const std::map<int
   CHECK(got.begin()->first == first);
 }
 
+// Trains 4 steps on 2 ranks into a fresh checkpoint.dir `dir`; returns its step-4 checkpoint.
+std::string four_step_checkpoint(const std::string& cfg, const std::string& dir) {
+  sh("rm -rf " + dir);
+  const Result r = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "train.steps=4"});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  return dir + "/step-00000004";
+}
+
 }  // namespace
 
 TEST_CASE("exact resume: 12 steps equal 6 + save + resume + 6, bit for bit") {
@@ -251,39 +260,30 @@ TEST_CASE("a crash in the middle of a save leaves the previous checkpoint, and r
 // pieces into each file's checksum; a byte changed in rows only rank 1 reads is found all the same.
 TEST_CASE("a FULL checkpoint is read by each rank, its rows, and a changed byte anywhere is refused") {
   const std::string cfg = write_config("full_read", "FULL_STATE_DICT"), dir = temp_path("full_read");
-  sh("rm -rf " + dir);
-  const Result r = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "train.steps=4"});
-  INFO(r.out, r.err);
-  REQUIRE(r.code == 0);
-  const std::string ck = dir + "/step-00000004";
+  const std::string ck = four_step_checkpoint(cfg, dir);
   const Result ok = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "checkpoint.resume=" + ck, "train.steps=5"});
   INFO(ok.out, ok.err);
   CHECK(ok.code == 0);
   CHECK(ok.out.find("[ckpt] loaded " + ck) != std::string::npos);
-  for (const std::string file : {"model.safetensors", "optimizer.safetensors"}) {
-    SUBCASE(file.c_str()) {
-      const std::string path = ck + "/" + file;
-      sh("cp " + path + " " + path + ".good; size=$(stat -c %s " + path + "); printf '\\x5a' | dd of=" + path +
-         " bs=1 seek=$((size - 60)) conv=notrunc status=none");  // the last rows of the last tensor: rank 1's
-      const Result bad = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "checkpoint.resume=" + ck, "train.steps=8"});
-      INFO(bad.out, bad.err);
-      CHECK(bad.code == 2);
-      CHECK(bad.err.find(file + " has CRC-32C") != std::string::npos);
-      CHECK(bad.err.find("the file is corrupt") != std::string::npos);
-      CHECK(bad.out.find("step 5/8") == std::string::npos);
-      sh("mv " + path + ".good " + path);
-    }
+  for (const std::string file : {"model.safetensors", "optimizer.safetensors"}) {  // one trained checkpoint for both
+    CAPTURE(file);
+    const std::string path = ck + "/" + file;
+    sh("cp " + path + " " + path + ".good; size=$(stat -c %s " + path + "); printf '\\x5a' | dd of=" + path +
+       " bs=1 seek=$((size - 60)) conv=notrunc status=none");  // the last rows of the last tensor: rank 1's
+    const Result bad = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "checkpoint.resume=" + ck, "train.steps=8"});
+    INFO(bad.out, bad.err);
+    CHECK(bad.code == 2);
+    CHECK(bad.err.find(file + " has CRC-32C") != std::string::npos);
+    CHECK(bad.err.find("the file is corrupt") != std::string::npos);
+    CHECK(bad.out.find("step 5/8") == std::string::npos);
+    sh("mv " + path + ".good " + path);
   }
   sh("rm -rf " + dir + " " + cfg);
 }
 
 TEST_CASE("damaged, incomplete and mismatched checkpoints are refused before any step, naming the problem") {
   const std::string cfg = write_config("bad", "SHARDED_STATE_DICT"), dir = temp_path("bad");
-  sh("rm -rf " + dir);
-  const Result r = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "train.steps=4"});
-  INFO(r.out, r.err);
-  REQUIRE(r.code == 0);
-  const std::string ck = dir + "/step-00000004", shard = ck + "/shard-00001-of-00002.safetensors";
+  const std::string ck = four_step_checkpoint(cfg, dir), shard = ck + "/shard-00001-of-00002.safetensors";
   auto resume = [&](const std::string& path, std::vector<std::string> more = {}) {
     more.insert(more.end(), {"checkpoint.resume=" + path, "train.steps=8"});
     return train(cfg, 2, 4, more);
