@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fsdp::dist {
 
@@ -48,6 +49,10 @@ class Backend {
   virtual std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op, const std::string& label) = 0;
   virtual std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root, const std::string& label) = 0;
   virtual std::unique_ptr<PendingWork> barrier(const std::string& label) = 0;
+  // out and in flat; out_splits[r] elements of out come from rank r, in_splits[r] of in go to rank r
+  // (c10d's all_to_all_single). Every rank's in_splits[j] equals rank j's out_splits[this rank].
+  virtual std::unique_ptr<PendingWork> all_to_all(at::Tensor out, at::Tensor in, std::vector<int64_t> out_splits,
+                                                  std::vector<int64_t> in_splits, const std::string& label) = 0;
 };
 
 // Work that is already complete (the local backend, and zero-sized collectives).

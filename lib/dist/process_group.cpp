@@ -54,6 +54,11 @@ class LocalBackend : public Backend {
     return std::make_unique<DoneWork>();
   }
   std::unique_ptr<PendingWork> barrier(const std::string&) override { return std::make_unique<DoneWork>(); }
+  std::unique_ptr<PendingWork> all_to_all(at::Tensor out, at::Tensor in, std::vector<int64_t>, std::vector<int64_t>,
+                                          const std::string&) override {
+    if (!out.is_same(in)) out.copy_(in);
+    return std::make_unique<DoneWork>();
+  }
 };
 
 int env_port() {
@@ -79,7 +84,10 @@ int64_t bytes_sent(Collective c, int64_t s, int world_size) {
       return s * (w - 1) / w;
     case Collective::kAllReduce:
       return 2 * s * (w - 1) / w;
+    case Collective::kAllToAll:
+      return s * (w - 1) / w;
     case Collective::kBroadcast:
+    case Collective::kShift:
       return s;
     case Collective::kBarrier:
       return 0;
@@ -137,15 +145,15 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Backend> backend, std::chrono::millis
       store_(std::move(store)),
       gpu_(gpu) {}
 
-ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks) const {
-  return make_group(ranks, false);
+ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks, bool own) const {
+  return make_group(ranks, false, own);
 }
 
 ProcessGroup ProcessGroup::new_host_group(const std::vector<int>& ranks) const {
   return make_group(ranks, true);
 }
 
-ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host) const {
+ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host, bool own) const {
   int index = -1;
   std::string key = str("group", (*subgroups_made_)++, "/");
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -156,7 +164,7 @@ ProcessGroup ProcessGroup::make_group(const std::vector<int>& ranks, bool host) 
   }
   FSDP_ASSERT(index >= 0, "new_group: rank ", rank(), " is not a member");
   if (ranks.size() == 1) return make_single_process_group();
-  if (static_cast<int>(ranks.size()) == size() && !host) return *this;
+  if (static_cast<int>(ranks.size()) == size() && !host && !own) return *this;
   FSDP_ASSERT(store_ != nullptr, "new_group on a group without a store");
   if (host) key = "host" + key;
   // Each member list gets its own key space in the store, so several subgroups can form at once.
@@ -227,8 +235,8 @@ void ProcessGroup::check_across_ranks(Collective c, const std::string& label, co
   at::Tensor all = at::empty({w * static_cast<int64_t>(sizeof(Fingerprint))}, at::kByte);
   at::Tensor slot = all.narrow(0, rank() * static_cast<int64_t>(sizeof(Fingerprint)), sizeof(Fingerprint));
   std::memcpy(slot.data_ptr(), &mine, sizeof(Fingerprint));
-  const int64_t number =
-      counters_->calls[0] + counters_->calls[1] + counters_->calls[2] + counters_->calls[3] + counters_->calls[4] + 1;
+  int64_t number = 1;
+  for (const int64_t calls : counters_->calls) number += calls;
   Work(check_->all_gather(all, slot, "debug check"), Collective::kAllGather,
        "the debug check before collective #" + std::to_string(number), rank(), w, timeout_, all.numel())
       .wait();
@@ -301,6 +309,29 @@ Work ProcessGroup::broadcast(const at::Tensor& tensor, int root, const std::stri
 
 Work ProcessGroup::barrier(const std::string& label) {
   return issue(Collective::kBarrier, label, {}, 0, 0, [&] { return backend_->barrier(label); });
+}
+
+Work ProcessGroup::all_to_all(const at::Tensor& out, const at::Tensor& in, const std::string& label) {
+  FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "all_to_all: dtypes differ");
+  FSDP_ASSERT(out.numel() == in.numel() && in.numel() % size() == 0, "all_to_all: ", in.numel(), " elements in and ",
+              out.numel(), " out, which must be equal and divide by ", size());
+  return issue(Collective::kAllToAll, label, {{"out", &out}, {"in", &in}}, nbytes(in), 0, [&] {
+    return backend_->all_to_all(out.reshape({-1}), in.reshape({-1}), {}, {}, label);
+  });
+}
+
+Work ProcessGroup::shift(const at::Tensor& out, const at::Tensor& in, int offset, const std::string& label) {
+  FSDP_ASSERT(out.scalar_type() == in.scalar_type() && out.numel() == in.numel(), "shift: out and in differ");
+  FSDP_ASSERT(!out.is_same(in), "shift: out and in must be distinct");
+  const int w = size();
+  const int to = ((rank() + offset) % w + w) % w, from = ((rank() - offset) % w + w) % w;
+  return issue(Collective::kShift, label, {{"out", &out}, {"in", &in}}, nbytes(in), offset, [&] {
+    std::vector<int64_t> out_splits(static_cast<size_t>(w), 0), in_splits(static_cast<size_t>(w), 0);
+    out_splits[static_cast<size_t>(from)] = out.numel();
+    in_splits[static_cast<size_t>(to)] = in.numel();
+    return backend_->all_to_all(out.reshape({-1}), in.reshape({-1}), std::move(out_splits), std::move(in_splits),
+                                label);
+  });
 }
 
 at::Tensor ProcessGroup::all_gather_copies(const at::Tensor& mine, const std::string& label) {

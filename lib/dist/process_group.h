@@ -32,19 +32,20 @@
 
 namespace fsdp::dist {
 
-enum class Collective { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-inline constexpr std::array<const char*, 5> kCollectiveNames = {"all_gather", "reduce_scatter", "all_reduce",
-                                                                "broadcast", "barrier"};
+enum class Collective { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kAllToAll, kShift };
+inline constexpr std::array<const char*, 7> kCollectiveNames = {
+    "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_to_all", "shift"};
 
 // Bytes each rank sends, per collective, as the ring algorithms that nccl-tests' bus bandwidth
 // assumes (S = the larger of the two buffers, W = group size, all 0 when W = 1):
 //   all_gather (W-1)/W * S    reduce_scatter (W-1)/W * S    all_reduce 2(W-1)/W * S
 //   broadcast S               barrier 0
+//   all_to_all (W-1)/W * S    shift S (all of it to one neighbour)
 // Bus bandwidth is then bytes_sent / time. Counts are exact integers: S*(W-1)/W is whole
 // because S is W equal chunks.
 struct ByteCounters {
-  std::array<int64_t, 5> bytes{};  // by Collective
-  std::array<int64_t, 5> calls{};
+  std::array<int64_t, 7> bytes{};  // by Collective
+  std::array<int64_t, 7> calls{};
   int64_t total() const;
   int64_t of(Collective c) const { return bytes[static_cast<size_t>(c)]; }
   int64_t calls_of(Collective c) const { return calls[static_cast<size_t>(c)]; }
@@ -105,6 +106,12 @@ class ProcessGroup {
   Work all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& label = "");
   Work broadcast(const at::Tensor& tensor, int root, const std::string& label = "");
   Work barrier(const std::string& label = "");
+  // out, in: (size * n), same dtype and device, contiguous: out's block r (n elements) is rank r's
+  // block `rank()` of in (c10d's all_to_all_single with equal splits; Ulysses' head/sequence swap).
+  Work all_to_all(const at::Tensor& out, const at::Tensor& in, const std::string& label = "");
+  // The ring step: this rank's in goes to rank (rank + offset) mod size, and out receives rank
+  // (rank - offset) mod size's; out and in the same shape, distinct. Context parallel's K/V ring.
+  Work shift(const at::Tensor& out, const at::Tensor& in, int offset = 1, const std::string& label = "");
   // Every rank's `mine` (n elements, the same n on every rank) concatenated rank-major: (W * n), on
   // mine's device, waited for. The gather itself runs where the backend moves data (this rank's GPU
   // for NCCL), so host tensors (offloaded shards, checkpoint slices) may be gathered over any backend.
@@ -121,8 +128,9 @@ class ProcessGroup {
   // members only: every member calls it with the same list, and every rank of this group makes
   // its k-th new_group call for the same subgroup as the other members' k-th (so one mesh built
   // twice gets fresh groups). Used for HSDP's shard and replicate groups. A list of one gives the
-  // single-process group.
-  ProcessGroup new_group(const std::vector<int>& ranks) const;
+  // single-process group; a list of all of this group's ranks gives this group, unless `own` (a
+  // transport and counters of its own: context parallel's group beside FSDP's over the same ranks).
+  ProcessGroup new_group(const std::vector<int>& ranks, bool own = false) const;
   // The same over Gloo, always a new group (also for every rank, also when this one is NCCL): for
   // host-memory collectives run by another thread (the checkpoint writer) without interleaving
   // with this group's.
@@ -144,7 +152,7 @@ class ProcessGroup {
              Issue fn);
   void check_across_ranks(Collective c, const std::string& label, const at::Tensor* out, const at::Tensor* in,
                           int64_t detail);
-  ProcessGroup make_group(const std::vector<int>& ranks, bool host) const;
+  ProcessGroup make_group(const std::vector<int>& ranks, bool host, bool own = false) const;
   std::shared_ptr<Backend> backend_;
   std::shared_ptr<Backend> check_;  // debug: a Gloo group of the same ranks for the cross-rank check
   std::chrono::milliseconds timeout_;

@@ -25,14 +25,20 @@ struct DeviceMesh {
   // Tensor parallel: the ranks that split each layer's weights between them (and read the same
   // batch). The shard and replicate groups then join the ranks of one tp index across those groups.
   std::optional<dist::ProcessGroup> tp;
+  // Context or Ulysses sequence parallel: the ranks that split each sequence between them (and read
+  // the same batch). They are members of the shard group too: FSDP shards over dp_shard x cp, as
+  // TorchTitan's and Accelerate's dp_shard_cp.
+  std::optional<dist::ProcessGroup> cp;
 };
 
-// Splits `world` into replicate x shard x tp, tp innermost (Accelerate's and TorchTitan's order):
-// rank = (replica * shard_size + shard index) * tp_size + tp index, so a tp group is consecutive
-// ranks (one machine's GPUs) and a shard group is consecutive groups of them. replicate = 1 and
-// tp = 1 give plain FSDP over the world. post_forward_size N (0: none) adds the partial-resharding
-// groups: N consecutive members of each shard group; N must divide shard_size. Collective over `world`.
+// Splits `world` into replicate x shard x cp x tp, tp innermost (TorchTitan's order):
+// rank = ((replica * shard_size + shard index) * cp_size + cp index) * tp_size + tp index, so a tp
+// group is consecutive ranks (one machine's GPUs), a cp group is ranks tp_size apart, and FSDP's
+// shard group is the shard_size x cp_size ranks of one replica and tp index. replicate = 1, tp = 1
+// and cp = 1 give plain FSDP over the world. post_forward_size N (0: none) adds the
+// partial-resharding groups: N consecutive members of each shard group; N must divide
+// shard_size x cp_size. Collective over `world`.
 DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size, int post_forward_size = 0,
-                     int tp_size = 1);
+                     int tp_size = 1, int cp_size = 1);
 
 }  // namespace fsdp

@@ -101,12 +101,14 @@ std::vector<std::string> choose_units(
 
 }  // namespace
 
-DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int shard_size, int post_forward_size,
-                     int tp_size) {
-  FSDP_CHECK(replicate_size >= 1 && shard_size >= 1 && tp_size >= 1 &&
-                 1LL * replicate_size * shard_size * tp_size == world.size(),
-             "[fsdp] parallelism_config: dp_replicate_size ", replicate_size, " x dp_shard_size ", shard_size,
-             " x tp_size ", tp_size, " must equal the number of processes, ", world.size());
+DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int data_shard_size, int post_forward_size,
+                     int tp_size, int cp_size) {
+  FSDP_CHECK(replicate_size >= 1 && data_shard_size >= 1 && tp_size >= 1 && cp_size >= 1 &&
+                 1LL * replicate_size * data_shard_size * cp_size * tp_size == world.size(),
+             "[fsdp] parallelism_config: dp_replicate_size ", replicate_size, " x dp_shard_size ", data_shard_size,
+             cp_size > 1 ? str(" x cp_size ", cp_size) : std::string(), " x tp_size ", tp_size,
+             " must equal the number of processes, ", world.size());
+  const int shard_size = data_shard_size * cp_size;  // FSDP shards over dp_shard x cp
   FSDP_CHECK(post_forward_size == 0 || (post_forward_size >= 1 && shard_size % post_forward_size == 0),
              "[fsdp] fsdp_reshard_after_forward: ", post_forward_size, " must divide the shard group's size, ",
              shard_size);
@@ -114,12 +116,17 @@ DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int sh
   const int t = world.rank() % tp_size, dp = world.rank() / tp_size;  // tp innermost
   const int replica = dp / shard_size, index = dp % shard_size;
   auto world_rank = [&](int r, int s) { return (r * shard_size + s) * tp_size + t; };
-  // Every rank makes its groups in this order (tp, shard, replicate, post-forward), so each one's
-  // k-th new_group is the same group as its fellow members' k-th.
+  // Every rank makes its groups in this order (tp, cp, shard, replicate, post-forward), so each
+  // one's k-th new_group is the same group as its fellow members' k-th.
   if (tp_size > 1) {
     std::vector<int> ranks;
     for (int i = 0; i < tp_size; ++i) ranks.push_back(dp * tp_size + i);
     mesh.tp = world.new_group(ranks);
+  }
+  if (cp_size > 1) {  // the cp_size consecutive members of the shard group that share a data shard
+    std::vector<int> ranks;
+    for (int i = 0; i < cp_size; ++i) ranks.push_back(world_rank(replica, index / cp_size * cp_size + i));
+    mesh.cp = world.new_group(ranks, /*own=*/true);  // its bytes counted apart from FSDP's
   }
   if (replicate_size > 1 || tp_size > 1) {
     std::vector<int> shard_ranks, replicate_ranks;

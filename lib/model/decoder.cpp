@@ -14,6 +14,7 @@
 #include "fsdp/unit_call.h"
 #include "model/causal_attention.h"
 #include "model/chunked_loss.h"
+#include "model/context_parallel.h"
 #include "model/fused_ops.h"
 #include "model/linear.h"
 #include "model/lora_layer.h"
@@ -122,13 +123,19 @@ at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
   return weight * normed.to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> t)
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> t,
+                                       std::shared_ptr<ContextParallel> s)
     : torch::nn::Module("LlamaAttention"),
       heads(share(c.num_attention_heads, t, "num_attention_heads")),
       kv_heads(share(c.num_key_value_heads, t, "num_key_value_heads")),
       head_dim(c.head_dim),
       window(c.window_of(layer)),
-      tp(std::move(t)) {
+      tp(std::move(t)),
+      cp(std::move(s)) {
+  if (cp && cp->ulysses())
+    FSDP_CHECK(heads % cp->size() == 0 && kv_heads % cp->size() == 0, "[sp] ", heads, " query and ", kv_heads,
+               " kv heads", tp ? " (this rank's, under tensor parallel)" : "", " do not divide over sp_size ",
+               cp->size(), "; Ulysses gives each sp rank a share of both");
   auto linear = [&](int64_t in, int64_t out, bool bias) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
   };
@@ -224,8 +231,8 @@ std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
 // flash attention's left window. q, k, v (B, H, T, D), k and v with H heads.
 at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const Packed& packed) {
-  const int64_t b = q.size(0), t = q.size(2);
-  auto tokens = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({b * t, heads, head_dim}); };
+  const int64_t b = q.size(0), t = q.size(2), h = q.size(1);
+  auto tokens = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({b * t, h, head_dim}); };
   std::optional<int64_t> left, right;
   if (window > 0) {
     left = window - 1;  // keys i - window + 1 .. i
@@ -234,7 +241,7 @@ at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tens
   const at::Tensor y = std::get<0>(at::_flash_attention_forward(
       tokens(q), tokens(k), tokens(v), packed.cu_seqlens, packed.cu_seqlens, packed.max_len, packed.max_len,
       /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, /*scale=*/std::nullopt, left, right));
-  return row_parallel_output(o_proj, y.view({b, t, heads * head_dim}), tp.get());
+  return y.view({b, t, h * head_dim});
 }
 
 namespace {
@@ -252,14 +259,13 @@ bool varlen_flash(const at::Tensor& q, const Packed& packed) {
 // CPU kernel here, its memory-efficient one on a GPU in fp32).
 at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start,
                                       const Packed& packed) {
-  const int64_t b = q.size(0), t = q.size(2), keys = k.size(2);
+  const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);
   const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window);
   if (plain_causal && causal_attention_applies(q, k))  // CPU float32: products on oneDNN, kv heads shared
-    return row_parallel_output(o_proj, causal_attention(q, k, v).transpose(1, 2).reshape({b, t, heads * head_dim}),
-                               tp.get());
-  if (kv_heads != heads) {  // query head j uses kv head j / (H / K)
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
+    return causal_attention(q, k, v).transpose(1, 2).reshape({b, t, h * head_dim});
+  if (k.size(1) != h) {  // query head j uses kv head j / (H / K)
+    k = k.repeat_interleave(h / k.size(1), 1);
+    v = v.repeat_interleave(h / v.size(1), 1);
   }
   if (packed.defined() && varlen_flash(q, packed)) return attend_varlen(q, k, v, packed);
   at::Tensor y;
@@ -269,7 +275,15 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
     y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
   else
     y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
-  return row_parallel_output(o_proj, y.transpose(1, 2).reshape({b, t, heads * head_dim}), tp.get());
+  return y.transpose(1, 2).reshape({b, t, h * head_dim});
+}
+
+// Ulysses: every token of this rank's share of the heads, attention as without it, and back.
+at::Tensor LlamaAttentionImpl::attend_ulysses(const Projected& p, const Packed& packed) {
+  auto to_heads = [&](const at::Tensor& x) { return ulysses_to_heads(x.transpose(1, 2), *cp).transpose(1, 2); };
+  const at::Tensor y = attend(to_heads(p.q), to_heads(p.k), to_heads(p.v), 0, packed);  // (B, T, H/P * D)
+  const int64_t b = y.size(0), t = y.size(1), l = p.q.size(2);
+  return ulysses_to_tokens(y.view({b, t, heads / cp->size(), head_dim}), *cp).reshape({b, l, heads * head_dim});
 }
 
 at::Tensor row_parallel_output(const torch::nn::Linear& proj, const at::Tensor& x, const TensorParallel* tp) {
@@ -282,7 +296,16 @@ at::Tensor row_parallel_output(const torch::nn::Linear& proj, const at::Tensor& 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        const Packed& packed) {
   const Projected p = project(tp ? gather_along(x, 1, *tp) : x, cos, sin);  // attention sees the whole sequence
-  return attend(p.q, p.k, p.v, 0, packed);
+  if (cp && cp->ulysses()) return row_parallel_output(o_proj, attend_ulysses(p, packed), tp.get());
+  if (cp) {
+    FSDP_CHECK(!packed.defined(), "[cp] packed records (data.packing: masked) are not split by context parallel; "
+               "use data.packing: pad or plain, or Ulysses (parallelism_config_sp_size), which keeps them");
+    FSDP_CHECK(window == 0 || p.q.size(2) * cp->size() <= window, "[cp] a sliding attention window (", window,
+               " tokens) is not split by context parallel; use Ulysses (parallelism_config_sp_size) for this model");
+    const at::Tensor y = context_attention(p.q, p.k, p.v, *cp);  // (B, H, L, D)
+    return row_parallel_output(o_proj, y.transpose(1, 2).reshape({y.size(0), y.size(2), heads * head_dim}), tp.get());
+  }
+  return row_parallel_output(o_proj, attend(p.q, p.k, p.v, 0, packed), tp.get());
 }
 
 at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -292,7 +315,7 @@ at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Ten
   const int64_t start = cache.k.defined() ? cache.k.size(2) : 0;
   cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
   cache.v = cache.v.defined() ? at::cat({cache.v, p.v}, 2) : p.v;
-  return attend(p.q, cache.k, cache.v, start);
+  return row_parallel_output(o_proj, attend(p.q, cache.k, cache.v, start), tp.get());
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> t)
@@ -328,9 +351,10 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
       tp.get());
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp)
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp,
+                                             std::shared_ptr<ContextParallel> cp)
     : torch::nn::Module(family_names(c.family).layer_class) {
-  self_attn = register_module("self_attn", LlamaAttention(c, layer, tp));
+  self_attn = register_module("self_attn", LlamaAttention(c, layer, tp, std::move(cp)));
   mlp = register_module("mlp", LlamaMLP(c, tp));
   input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
@@ -366,8 +390,11 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, std::shared_ptr<TensorParal
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create,
-                                           std::shared_ptr<TensorParallel> t)
-    : torch::nn::Module("LlamaForCausalLM"), config(c), tp(t && t->size() > 1 ? std::move(t) : nullptr) {
+                                           std::shared_ptr<TensorParallel> t, std::shared_ptr<ContextParallel> s)
+    : torch::nn::Module("LlamaForCausalLM"),
+      config(c),
+      tp(t && t->size() > 1 ? std::move(t) : nullptr),
+      cp(s && s->size() > 1 ? std::move(s) : nullptr) {
   auto release = [&](torch::nn::Module& m) {
     if (free_after_create)
       for (auto& p : m.parameters()) fsdp::free_storage(p);
@@ -375,7 +402,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   model = register_module("model", LlamaModel(c, tp));
   release(*model);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {  // one layer exists at a time
-    LlamaDecoderLayer layer(c, i, tp);
+    LlamaDecoderLayer layer(c, i, tp, cp);
     release(*layer);
     model->layers->push_back(layer);
   }
@@ -390,15 +417,24 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   inv_freq_ = register_buffer("inv_freq", rope_inv_freq(c));
 }
 
-at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& tokens, const Packed& packed) {
+at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packed& packed) {
   LlamaEmbeddingImpl* embed = model->embed_tokens.get();
+  // Under context parallel, this rank's tokens of each sequence, and their positions' angles.
+  const at::Tensor mine = cp ? sequence_positions(all_tokens.size(1), *cp, all_tokens.device()) : at::Tensor();
+  const at::Tensor tokens = cp ? all_tokens.index_select(1, mine) : all_tokens;
   // Tied: the embedding also computes the logits, so it stays in the root with the head.
   at::Tensor x = config.tie_word_embeddings
                      ? embed->forward(tokens)
                      : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
   const Packed rows = packed.defined() ? packed.to(x.device()) : Packed{};
-  auto [cos, sin] =
-      rows.defined() ? rope_cos_sin_at(inv_freq_, rows.positions, x) : rope_cos_sin(inv_freq_, tokens.size(1), x);
+  auto [cos, sin] = rows.defined() ? rope_cos_sin_at(inv_freq_, cp ? rows.positions.index_select(1, mine.to(x.device()))
+                                                                    : rows.positions,
+                                                     x)
+                                   : rope_cos_sin(inv_freq_, all_tokens.size(1), x);
+  if (cp && !rows.defined()) {
+    cos = cos.index_select(0, mine.to(x.device()));
+    sin = sin.index_select(0, mine.to(x.device()));
+  }
   for (const auto& m : *model->layers) {
     auto* layer = m->as<LlamaDecoderLayerImpl>();
     x = fsdp::call(*layer, TensorList{x, cos, sin}, [layer, rows](const TensorList& in) {
@@ -414,13 +450,14 @@ const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
+  FSDP_CHECK(!cp, "[model] logits of whole sequences come from a model without context or sequence parallel");
   const at::Tensor logits = model::linear(hidden_states(tokens), head_weight());
   // Every rank's columns of the vocabulary, the padding past vocab_size cut off.
   return tp ? gather_along(logits, -1, *tp).narrow(-1, 0, config.vocab_size) : logits;
 }
 
 at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
-  FSDP_CHECK(!tp, "[model] decoding runs on a model without tensor parallel");
+  FSDP_CHECK(!tp && !cp, "[model] decoding runs on a model without tensor, context or sequence parallel");
   cache.resize(static_cast<size_t>(config.num_hidden_layers));
   const int64_t start = cache[0].k.defined() ? cache[0].k.size(2) : 0, t = tokens.size(1);
   at::Tensor x = model->embed_tokens->forward(tokens);
@@ -434,11 +471,15 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::v
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
   const at::Tensor x = hidden_states(tokens, packed).reshape({-1, config.hidden_size});
-  if (!tp) return chunked_linear_cross_entropy_sum(x, head_weight(), targets.reshape({-1}));
+  // This rank's tokens' targets, under context parallel.
+  const at::Tensor y =
+      (cp ? targets.index_select(1, sequence_positions(targets.size(1), *cp, targets.device())) : targets)
+          .reshape({-1});
+  if (!tp) return chunked_linear_cross_entropy_sum(x, head_weight(), y);
   // This rank's vocabulary rows without their padding: no logit of a token that does not exist.
   const int64_t block = head_weight().size(0), first = tp->rank() * block;
   const int64_t valid = std::clamp<int64_t>(config.vocab_size - first, 0, block);
-  return chunked_linear_cross_entropy_sum(x, head_weight().narrow(0, 0, valid), targets.reshape({-1}), /*rows=*/0,
+  return chunked_linear_cross_entropy_sum(x, head_weight().narrow(0, 0, valid), y, /*rows=*/0,
                                           /*ignore_index=*/-100, tp.get(), first);
 }
 

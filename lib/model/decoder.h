@@ -33,7 +33,8 @@
 
 namespace fsdp::model {
 
-struct TensorParallel;  // model/tensor_parallel.h
+struct TensorParallel;   // model/tensor_parallel.h
+struct ContextParallel;  // model/context_parallel.h
 
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
@@ -85,7 +86,10 @@ class LlamaAttentionImpl : public torch::nn::Module {
  public:
   // With `tp` (P ranks): this rank's H/P query and K/P kv heads, o_proj's matching columns; forward
   // takes and returns this rank's block of the sequence (B, T/P, C) (model/tensor_parallel.h).
-  LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr);
+  // With `cp`: x, cos and sin are this rank's tokens of each sequence, and attention reaches the
+  // others' through the group (model/context_parallel.h).
+  LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr,
+                     std::shared_ptr<ContextParallel> cp = nullptr);
   // x (B, T, C); cos, sin (T, D), or (B, 1, T, D) for packed rows, in x's dtype -> (B, T, C).
   // With `packed` (on x's device), each query attends only to keys of its own record.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
@@ -97,6 +101,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   int64_t heads, kv_heads, head_dim;              // this rank's heads, under tensor parallel
   int64_t window;                                 // 0: full causal attention
   std::shared_ptr<TensorParallel> tp;
+  std::shared_ptr<ContextParallel> cp;
 
  private:
   struct Projected {
@@ -104,8 +109,11 @@ class LlamaAttentionImpl : public torch::nn::Module {
   };
   Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);  // (B, T, H * D), (B, T, K * D) twice
+  // softmax(q k^T / sqrt(D)) v over the keys each query may see: q (B, Hq, T, D), k and v (B, Kq, S, D)
+  // (this rank's heads) -> (B, T, Hq * D), before o_proj.
   at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed = {});
   at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packed& packed);
+  at::Tensor attend_ulysses(const Projected& p, const Packed& packed);
 };
 
 // proj(x) for a row-parallel projection (o_proj, down_proj): without tp, the layer as it is; with
@@ -127,7 +135,8 @@ TORCH_MODULE(LlamaMLP);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   // Named as the family's class.
-  LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr);
+  LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr,
+                        std::shared_ptr<ContextParallel> cp = nullptr);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   LlamaAttention self_attn{nullptr};
@@ -162,10 +171,14 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // fully_shard then creates each parameter's value with init_parameter (FsdpOptions::init).
   // With `tp` (model/tensor_parallel.h): each parameter is this rank's block of it (its name's
   // tensor_parallel_dim), the sequence is split between layers and the vocabulary in the head;
-  // loss_sum and hidden_states give every rank of the group the same values. Training only:
-  // forward_cached (decoding) takes an unsplit model.
+  // loss_sum and hidden_states give every rank of the group the same values. With `cp`
+  // (model/context_parallel.h): every rank of its group takes the whole batch and keeps its tokens
+  // of each sequence (sequence_positions); hidden_states gives those, and loss_sum sums over them
+  // (the group's sums add up to the sequence's). Training only: forward (logits) and forward_cached
+  // (decoding) take an unsplit model.
   explicit LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create = false,
-                                std::shared_ptr<TensorParallel> tp = nullptr);
+                                std::shared_ptr<TensorParallel> tp = nullptr,
+                                std::shared_ptr<ContextParallel> cp = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) -> logits (B, T, V) in the compute dtype
   // (B, T) -> the final norm's output (B, T, C): what the head turns into logits. With `packed`,
   // each record of a row is computed as if it were alone (HF's position_ids with a document mask).
@@ -184,6 +197,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   LlamaModel model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // shares model.embed_tokens.weight when tied
   std::shared_ptr<TensorParallel> tp;
+  std::shared_ptr<ContextParallel> cp;
 
  private:
   const at::Tensor& head_weight() const;  // lm_head's, or the embedding's when tied

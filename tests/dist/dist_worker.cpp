@@ -35,7 +35,7 @@ void expect(bool ok, const std::string& what) {
 
 void collectives(ProcessGroup& g) {
   const int W = g.size(), r = g.rank();
-  int64_t expect_bytes[5] = {0, 0, 0, 0, 0};
+  int64_t expect_bytes[7] = {0, 0, 0, 0, 0, 0, 0};
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     const int64_t elem = dtype == at::kFloat ? 4 : 2;
     for (int64_t n : {1, 3, 7, 1000, 4099}) {  // per-rank chunks; the totals are not powers of two
@@ -79,10 +79,28 @@ void collectives(ProcessGroup& g) {
         expect(at::equal(t, input_of(root, n, dtype, 3)), "broadcast from " + std::to_string(root) + " " + tag);
         if (W > 1) expect_bytes[3] += n * elem;
       }
+
+      // all_to_all: block q of out is rank q's block r (every rank's input differs).
+      {
+        at::Tensor a2a = at::empty({n * W}, at::TensorOptions().dtype(dtype));
+        g.all_to_all(a2a, input_of(r, n * W, dtype, 4)).wait();
+        std::vector<at::Tensor> blocks;
+        for (int q = 0; q < W; ++q) blocks.push_back(input_of(q, n * W, dtype, 4).slice(0, r * n, (r + 1) * n));
+        expect(at::equal(a2a, at::cat(blocks)), "all_to_all " + tag);
+        expect_bytes[5] += (W - 1) * n * elem;
+      }
+      // shift: the ring step, both ways.
+      for (int offset : {1, -1}) {
+        at::Tensor got = at::empty({n}, at::TensorOptions().dtype(dtype));
+        g.shift(got, input_of(r, n, dtype, 5), offset).wait();
+        expect(at::equal(got, input_of(((r - offset) % W + W) % W, n, dtype, 5)),
+               str("shift by ", offset, " ", tag));
+        if (W > 1) expect_bytes[6] += n * elem;
+      }
     }
   }
   g.barrier().wait();
-  for (int c = 0; c < 4; ++c)
+  for (int c = 0; c < 7; ++c)
     expect(g.counters().bytes[c] == expect_bytes[c],
            str(kCollectiveNames[c], " counted ", g.counters().bytes[c], " bytes, formula says ", expect_bytes[c]));
   std::cout << "collectives ok: rank " << r << " of " << W << " (" << g.backend_name() << "), sent "

@@ -89,6 +89,16 @@ class GlooBackend : public Backend {
     return std::make_unique<GlooWork>(pg_->barrier(), nullptr);
   }
 
+  std::unique_ptr<PendingWork> all_to_all(at::Tensor out, at::Tensor in, std::vector<int64_t> out_splits,
+                                          std::vector<int64_t> in_splits, const std::string&) override {
+    if (is_16bit_float(in)) {  // bits moved, as all_gather's
+      out = out.view(at::kHalf);
+      in = in.view(at::kHalf);
+    }
+    c10d::AllToAllOptions o;
+    return std::make_unique<GlooWork>(pg_->alltoall_base(out, in, out_splits, in_splits, o), nullptr);
+  }
+
  private:
   static bool is_16bit_float(const at::Tensor& t) {
     return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;

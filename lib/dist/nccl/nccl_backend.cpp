@@ -150,6 +150,12 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
     return launch("broadcast", label, false, [&] { return pg_->broadcast(ts, o); });
   }
 
+  std::unique_ptr<PendingWork> all_to_all(at::Tensor out, at::Tensor in, std::vector<int64_t> out_splits,
+                                          std::vector<int64_t> in_splits, const std::string& label) override {
+    c10d::AllToAllOptions o;
+    return launch("all_to_all", label, false, [&] { return pg_->alltoall_base(out, in, out_splits, in_splits, o); });
+  }
+
   std::unique_ptr<PendingWork> barrier(const std::string& label) override {
     c10d::BarrierOptions o;
     o.device_ids = {static_cast<int64_t>(device_)};

@@ -1,0 +1,77 @@
+// Long sequences split over ranks: context parallel (Accelerate's parallelism_config_cp_size, as
+// PyTorch's context_parallel and TorchTitan run it) and Ulysses sequence parallel
+// (parallelism_config_sp_size, DeepSpeed's ALST). The P ranks of a group read the same batch and
+// each holds 1/P of every sequence's tokens through the whole model: the embedding, the norms, the
+// MLP, the loss (each token counted once, by the rank that holds it). Only attention needs the
+// other ranks' tokens:
+//
+//   context parallel: each sequence is cut into 2P chunks; rank i holds chunks i and 2P-1-i (the
+//     causal load balance: every rank's queries see the same number of keys), its positions (and
+//     so its rotary angles) theirs. Its queries attend to every key at or before them through
+//     - allgather: K and V (at their grouped size, K heads) all-gathered before attention, their
+//       gradients reduce-scattered after; or
+//     - alltoall (the ring): K/V blocks passed to the next rank P-1 times while each rank merges
+//       its partial attention with the log-sum-exp rule, so no rank holds the sequence's K/V; in
+//       backward they go round again with their gradients, which reach their owner after P steps.
+//     Each block (a query chunk against a key chunk before it, or its own chunk, causally) is one
+//     flash-attention call that returns its log-sum-exp: SDPA's CPU flash kernel, CUDA's flash
+//     kernel in bf16/fp16; elsewhere (fp32 on a GPU, the meta device) the same sums op by op.
+//   Ulysses: rank i holds the i-th contiguous block of T/P tokens; before attention an all-to-all
+//     turns q, k, v from (its tokens, all heads) into (every token, its H/P heads), attention runs
+//     whole (causal, windows, packed records as without it), and an all-to-all turns it back.
+//
+// Collective over the group: every function here, forward and backward, in the same order on every
+// rank of it (every rank runs the same layers).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+#include "dist/process_group.h"
+
+namespace fsdp::model {
+
+enum class SequenceSplit { kAllGather, kRing, kUlysses };
+// "allgather", "alltoall" (Accelerate's names for the ring and the gather), "ulysses".
+const char* sequence_split_name(SequenceSplit how);
+
+struct ContextParallel {
+  ContextParallel(dist::ProcessGroup g, SequenceSplit h) : group(std::move(g)), how(h), rank_(group->rank()), size_(group->size()) {}
+  // Shapes alone (estimate-memory): no group; every collective here refuses.
+  static ContextParallel shapes_only(int size, SequenceSplit h) { return ContextParallel(size, h); }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool ulysses() const { return how == SequenceSplit::kUlysses; }
+  std::optional<dist::ProcessGroup> group;  // P ranks
+  SequenceSplit how;
+
+ private:
+  ContextParallel(int size, SequenceSplit h) : how(h), size_(size) {}
+  int rank_ = 0, size_ = 1;
+};
+
+// The tokens of a sequence a rank holds: their positions 0..T-1 (int64, on `device`), in the order
+// the rank holds them. How many tokens a sequence must divide into: 2P (context parallel) or P.
+at::Tensor sequence_positions(int64_t seq_len, const ContextParallel& cp, const c10::Device& device);
+int64_t sequence_multiple(const ContextParallel& cp);
+
+// Context parallel's causal attention: q (B, H, L, D), k and v (B, K, L, D), this rank's L = T/P
+// tokens as sequence_positions lays them out (rotated already); H a multiple of K. Returns
+// (B, H, L, D) in q's dtype. Differentiable in q, k and v.
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp);
+
+// Ulysses' all-to-all: x (B, L, N, D), this rank's L = T/P tokens of N heads -> (B, T, N/P, D), every
+// token of this rank's N/P heads; and back. N must divide by P. Their gradients are each other.
+at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp);
+at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp);
+
+// The bytes one rank's sequence-split collectives send for one layer's attention, forward and
+// backward (dist::bytes_sent's rule), for B sequences of T tokens, H query and K kv heads of D over
+// this group (heads as this rank's tensor-parallel share), activations of `elem` bytes. What the
+// accounting test asserts and estimate-memory reports.
+int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim, int64_t elem);
+
+}  // namespace fsdp::model

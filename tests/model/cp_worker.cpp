@@ -1,0 +1,185 @@
+// cp_worker: context parallel (both strategies) and Ulysses sequence parallel against the unsplit
+// model, and their collectives' bytes against the formula. Run under `fsdptrain launch --cpu
+// --num_processes 2` (cp 2 allgather and alltoall, sp 2) or 4 (cp 4 both ways, cp 2 x tp 2 both
+// ways). For Llama (4 query heads over 2 kv heads), Qwen2 (q/k/v biases) and Qwen3 (q/k norms, a
+// head_dim of its own), each layout's sharded model (fully_shard over its cp ranks) computes one
+// batch's loss and every gradient; each rank also computes them with the whole model alone, from
+// the same initial weights. Asserted, per layout and family:
+//   - the group's loss sums add up to the whole model's (1e-5 relative), every parameter's gradient
+//     equals its (1e-5 of the largest), and the ranks' tokens are each token once;
+//   - the bytes the cp group's collectives send in that forward and backward equal
+//     sequence_split_bytes for each layer (model/context_parallel.h), in the calls it says.
+// Rank 0 prints each layout's numbers.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <map>
+#include <optional>
+
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "model/context_parallel.h"
+#include "model/decoder.h"
+#include "model/tensor_parallel.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace {
+
+using fsdp::dist::Collective;
+using fsdp::model::SequenceSplit;
+constexpr int64_t kBatch = 2, kSeq = 16;
+
+struct Family {
+  std::string name;
+  fsdp::model::LlamaConfig config;
+};
+
+std::vector<Family> families() {
+  fsdp::model::LlamaConfig c;
+  c.vocab_size = 41;
+  c.hidden_size = 32;
+  c.intermediate_size = 40;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 100.0;
+  c.initializer_range = 0.2;  // large enough that every term matters
+  fsdp::model::LlamaConfig qwen2 = c, qwen3 = c;
+  qwen2.family = fsdp::model::Family::kQwen2;
+  qwen2.qkv_bias = true;
+  qwen3.family = fsdp::model::Family::kQwen3;
+  qwen3.qk_norm = true;
+  qwen3.head_dim = 6;
+  return {{"llama", c}, {"qwen2", qwen2}, {"qwen3", qwen3}};
+}
+
+struct Layout {
+  int cp = 1, tp = 1;
+  SequenceSplit how = SequenceSplit::kAllGather;
+  std::string describe() const {
+    return fsdp::str(how == SequenceSplit::kUlysses ? "sp " : "cp ", cp,
+                     how == SequenceSplit::kUlysses ? "" : fsdp::str(" (", fsdp::model::sequence_split_name(how), ")"),
+                     tp > 1 ? fsdp::str(" x tp ", tp) : "");
+  }
+};
+
+struct Whole {
+  double loss = 0;
+  std::map<std::string, at::Tensor> grads;
+};
+
+// The unsplit model's loss sum and gradients, on this rank alone.
+Whole whole_model(const fsdp::model::LlamaConfig& c, const at::Tensor& x, const at::Tensor& y) {
+  fsdp::model::LlamaForCausalLM model(c);
+  fsdp::model::init_parameters(*model, 7);
+  const at::Tensor loss = model->loss_sum(x, y);
+  loss.backward();
+  Whole w;
+  w.loss = loss.item<double>();
+  for (const auto& p : model->named_parameters()) w.grads[p.key()] = p.value().grad().clone();
+  return w;
+}
+
+void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const Layout& l) {
+  const fsdp::model::LlamaConfig& c = family.config;
+  fsdp::DeviceMesh mesh = fsdp::make_mesh(world, 1, 1, 0, l.tp, l.cp);
+  FSDP_ASSERT(mesh.cp.has_value(), "no cp group");
+  fsdp::dist::ProcessGroup cp_group = *mesh.cp;
+  auto cp = std::make_shared<fsdp::model::ContextParallel>(cp_group, l.how);
+  std::shared_ptr<fsdp::model::TensorParallel> tp;
+  fsdp::FsdpOptions o;
+  o.init = [c](const std::string& name, at::IntArrayRef shape) {
+    return fsdp::model::init_parameter(c, 7, name, shape);
+  };
+  if (mesh.tp) {
+    tp = std::make_shared<fsdp::model::TensorParallel>(*mesh.tp);
+    o.tensor_parallel = [c](const std::string& name) { return fsdp::model::tensor_parallel_slice(c, name); };
+  }
+  fsdp::model::LlamaForCausalLM model(c, /*free_after_create=*/true, tp, cp);
+  auto sharded = fsdp::fully_shard(*model, fsdp::model::llama_traits(c), mesh, o);
+  torch::manual_seed(11);  // every rank the same batch
+  const at::Tensor x = torch::randint(c.vocab_size, {kBatch, kSeq}), y = torch::randint(c.vocab_size, {kBatch, kSeq});
+  cp_group.reset_counters();
+  const at::Tensor mine = sharded->forward(
+      {x, y}, [&](const fsdp::TensorList& in) { return fsdp::TensorList{model->loss_sum(in[0], in[1])}; })[0];
+  // The shard group is the cp group here, and fully_shard averages over it: P x each rank's part
+  // makes the averaged gradient the sum's.
+  (mine * cp->size()).backward();
+  const fsdp::dist::ByteCounters got = cp_group.counters();
+  at::Tensor total = mine.detach().clone();
+  cp_group.all_reduce(total).wait();
+  const auto grads = sharded->gather_full_gradients();
+  const Whole w = whole_model(c, x, y);
+
+  const std::string what = fsdp::str(family.name, ", ", l.describe());
+  const double loss = total.item<double>();
+  FSDP_ASSERT(std::abs(loss - w.loss) <= 1e-5 * std::abs(w.loss), what, ": loss sum ", loss, ", whole model ", w.loss);
+  double worst = 0;
+  for (const auto& [name, g] : grads) {
+    const at::Tensor& want = w.grads.at(name);
+    const double scale = want.abs().max().item<double>();
+    const double diff = (g - want).abs().max().item<double>() / std::max(scale, 1e-30);
+    FSDP_ASSERT(diff <= 1e-5, what, ": the gradient of ", name, " differs by ", diff, " of its largest");
+    worst = std::max(worst, diff);
+  }
+  FSDP_ASSERT(grads.size() == w.grads.size(), what, ": ", grads.size(), " gradients, the whole model has ",
+              w.grads.size());
+
+  // The bytes: each layer's attention, over this rank's share of the heads.
+  const int64_t per_layer = fsdp::model::sequence_split_bytes(*cp, kBatch, kSeq, c.num_attention_heads / l.tp,
+                                                              c.num_key_value_heads / l.tp, c.head_dim, 4);
+  const int64_t want_bytes = per_layer * c.num_hidden_layers;
+  const int64_t p = l.cp, layers = c.num_hidden_layers;
+  std::map<Collective, int64_t> want_calls;
+  if (l.how == SequenceSplit::kAllGather) want_calls = {{Collective::kAllGather, layers}, {Collective::kReduceScatter, layers}};
+  if (l.how == SequenceSplit::kRing) want_calls = {{Collective::kShift, layers * (2 * (p - 1) + p)}};
+  if (l.how == SequenceSplit::kUlysses) want_calls = {{Collective::kAllToAll, layers * 8}};
+  FSDP_ASSERT(got.total() == want_bytes, what, ": the cp group sent ", got.total(), " bytes; the formula says ",
+              want_bytes);
+  for (size_t i = 0; i < got.calls.size(); ++i) {
+    const auto it = want_calls.find(static_cast<Collective>(i));
+    const int64_t want = it == want_calls.end() ? 0 : it->second;
+    FSDP_ASSERT(got.calls[i] == want, what, ": ", got.calls[i], " ", fsdp::dist::kCollectiveNames[i],
+                " calls; the formula's ", want);
+  }
+  if (world.rank() == 0)
+    std::printf("%-6s %-26s loss sum %.7f = whole %.7f; gradients within %.1e; cp group sent %lld bytes = formula\n",
+                family.name.c_str(), l.describe().c_str(), loss, w.loss, worst, static_cast<long long>(got.total()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const std::string mode = argc > 1 ? argv[1] : "";
+    if (mode != "exact") {
+      std::fprintf(stderr, "usage: cp_worker exact\n");
+      return 2;
+    }
+    torch::set_num_threads(1);
+    fsdp::dist::GroupOptions go;
+    go.backend = "gloo";
+    fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group(go);
+    const int w = world.size();
+    std::vector<Layout> layouts;
+    if (w == 2)
+      layouts = {{2, 1, SequenceSplit::kAllGather}, {2, 1, SequenceSplit::kRing}, {2, 1, SequenceSplit::kUlysses}};
+    else if (w == 4)
+      layouts = {{4, 1, SequenceSplit::kAllGather},
+                 {4, 1, SequenceSplit::kRing},
+                 {2, 2, SequenceSplit::kAllGather},
+                 {2, 2, SequenceSplit::kRing}};
+    else
+      throw fsdp::Error(fsdp::str("cp_worker runs at 2 or 4 processes, not ", w));
+    for (const Family& f : families())
+      for (const Layout& l : layouts) check_layout(world, f, l);
+    if (world.rank() == 0) std::printf("context-parallel exactness and accounting passed at W=%d\n", w);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cp_worker: %s\n", e.what());
+    return 1;
+  }
+}
