@@ -124,7 +124,15 @@ struct ParallelismConfig {
   int dp_shard_size = 1;
   int tp_size = 1;
   int cp_size = 1;
-  std::string cp_comm_strategy;
+  std::string cp_backend = "torch";
+  std::string cp_comm_strategy = "allgather";  // or "alltoall" (the ring)
+  int sp_size = 1;                             // Ulysses
+  std::string sp_backend = "deepspeed";
+  std::string sp_seq_length;  // "" = None
+  bool sp_seq_length_is_variable = true;
+  std::string sp_attn_implementation = "sdpa";
+  // The ranks that split each sequence (cp or sp, at most one above 1).
+  int sequence_size() const { return cp_size > 1 ? cp_size : sp_size; }
 };
 
 // ---- The built-in trainer's sections (fsdptrain extension keys; Accelerate has no trainer). ----
@@ -250,10 +258,16 @@ struct FsdpLayout {
   int shard_size = 1;
   int post_forward_size = 0;  // partial resharding: N ranks of each shard group (1 < N < shard_size); 0: none
   int tp_size = 1;            // tensor parallel: ranks each layer's weights are split over (innermost)
+  // Context parallel (cp_size) or Ulysses (sp_size): ranks each sequence is split over, between the
+  // data-parallel dimensions and tp; FSDP shards over shard_size x cp_size.
+  int cp_size = 1;
+  std::string cp_kind;  // "allgather", "alltoall" or "ulysses" when cp_size > 1
+  int fsdp_shard_size() const { return shard_size * cp_size; }
   // "FSDP2, reshard_after_forward=true, sharded over 8 ranks"; FSDP1 files say so, and what the
   // built-in trainer runs instead.
   std::string describe() const;
   std::string describe_tensor_parallel() const;
+  std::string describe_context_parallel() const;
 };
 
 FsdpLayout effective_fsdp_layout(const Config& config);

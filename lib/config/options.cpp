@@ -538,15 +538,61 @@ std::vector<OptionSpec> build_table() {
           .env("PARALLELISM_CONFIG_CP_SIZE")
           .range(1)
           .def("1")
-          .help("Context parallel size (only 1 is supported)")
+          .help("Context parallel: ranks each sequence is split over (2 x cp_size chunks, rank i holding chunks i "
+                "and 2cp-1-i); they read the same batch, and FSDP shards over dp_shard x cp. In the mesh "
+                "dp_replicate x dp_shard x cp x tp")
           .to(P, &ParallelismConfig::cp_size),
+      Row("parallelism_config.parallelism_config_cp_backend", V::kEnum)
+          .flag("parallelism_config_cp_backend")
+          .env("PARALLELISM_CONFIG_CP_BACKEND")
+          .choices({"torch"})
+          .def("torch")
+          .help("Context parallel's implementation (Accelerate's only one: torch, FSDP2's)")
+          .to(P, &ParallelismConfig::cp_backend),
       Row("parallelism_config.parallelism_config_cp_comm_strategy", V::kEnum)
           .flag("parallelism_config_cp_comm_strategy")
           .env("PARALLELISM_CONFIG_CP_COMM_STRATEGY")
           .choices({"allgather", "alltoall"})
-          .def("")
-          .help("Context parallel communication (only with cp_size > 1)")
+          .def("allgather")
+          .help("Context parallel's K/V exchange: allgather (gathered before attention, gradients reduce-scattered) "
+                "or alltoall (a ring: blocks passed around the group, no rank holds the whole sequence's K/V)")
           .to(P, &ParallelismConfig::cp_comm_strategy),
+      Row("parallelism_config.parallelism_config_sp_size", V::kInt)
+          .flag("parallelism_config_sp_size")
+          .env("PARALLELISM_CONFIG_SP_SIZE")
+          .range(1)
+          .def("1")
+          .help("Ulysses sequence parallel: ranks each sequence is split over in contiguous blocks, swapped for "
+                "heads around attention (all-to-all); heads and kv heads must divide by it. Not with cp_size")
+          .to(P, &ParallelismConfig::sp_size),
+      Row("parallelism_config.parallelism_config_sp_backend", V::kEnum)
+          .flag("parallelism_config_sp_backend")
+          .env("PARALLELISM_CONFIG_SP_BACKEND")
+          .choices({"deepspeed"})
+          .def("deepspeed")
+          .help("Sequence parallel's implementation in Accelerate (DeepSpeed's ALST/Ulysses); fsdptrain runs its own "
+                "Ulysses beside FSDP")
+          .to(P, &ParallelismConfig::sp_backend),
+      Row("parallelism_config.parallelism_config_sp_seq_length", V::kString)
+          .flag("parallelism_config_sp_seq_length")
+          .env("PARALLELISM_CONFIG_SP_SEQ_LENGTH")
+          .def("")
+          .help("With sp_seq_length_is_variable: false, every batch's sequence length (must be "
+                "train.sequence_length)")
+          .to(P, &ParallelismConfig::sp_seq_length),
+      Row("parallelism_config.parallelism_config_sp_seq_length_is_variable", V::kBool)
+          .flag("parallelism_config_sp_seq_length_is_variable")
+          .env("PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE")
+          .def("true")
+          .help("Whether batches' sequence lengths may vary (fsdptrain's are train.sequence_length)")
+          .to(P, &ParallelismConfig::sp_seq_length_is_variable),
+      Row("parallelism_config.parallelism_config_sp_attn_implementation", V::kString)
+          .flag("parallelism_config_sp_attn_implementation")
+          .env("PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION")
+          .def("sdpa")
+          .help("Attention under sequence parallel in Accelerate: sdpa, flash_attention_2 or flash_attention_3 "
+                "(fsdptrain picks its kernels itself: flash attention where the device has it)")
+          .to(P, &ParallelismConfig::sp_attn_implementation),
 
       // ---- the built-in trainer (fsdptrain extension sections) ----
       Row("model.config", V::kString)

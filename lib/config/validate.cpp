@@ -91,7 +91,7 @@ void check_launch(Checker& c) {
 // processes (backward's gathers then stay inside a machine).
 void check_partial_reshard(Checker& c) {
   const Config& cfg = c.rc.typed;
-  const int n = cfg.fsdp.reshard_after_forward_size, shard = effective_fsdp_layout(cfg).shard_size;
+  const int n = cfg.fsdp.reshard_after_forward_size, shard = effective_fsdp_layout(cfg).fsdp_shard_size();
   const char* key = "fsdp_config.fsdp_reshard_after_forward";
   std::vector<std::string> divisors;
   for (int d = 2; d < shard; ++d)
@@ -218,6 +218,48 @@ void check_tensor_parallel(Checker& c) {
     c.error(key, "LoRA adapters are not trained under tensor parallel yet", "set tp_size: 1 to train with lora.r");
 }
 
+// Context parallel (cp_size) or Ulysses (sp_size): what the split needs of the sequence and the data
+// (the model's heads and windows are checked by the trainer, which reads config.json).
+void check_sequence_split(Checker& c) {
+  const Config& cfg = c.rc.typed;
+  const ParallelismConfig& p = cfg.parallelism;
+  const bool ulysses = p.sp_size > 1;
+  const char* key = ulysses ? "parallelism_config.parallelism_config_sp_size" : "parallelism_config.parallelism_config_cp_size";
+  // Each rank's tokens must also split over the tensor-parallel ranks (sequence parallel between layers).
+  const long long m = 1LL * (ulysses ? p.sp_size : 2 * p.cp_size) * std::max(1, p.tp_size);
+  const long long t = cfg.train.sequence_length;
+  if (t % m != 0) {
+    const long long below = t / m * m, above = below + m;
+    c.error("train.sequence_length",
+            str(t, " does not split into ", m, ulysses ? " blocks (sp_size" : " chunks (2 x cp_size",
+                p.tp_size > 1 ? " x tp_size" : "", ")"),
+            str("use a multiple of ", m, below > 0 ? str(": ", below, " or ", above) : str(": ", above)));
+  }
+  const int per_machine = cfg.launch.processes_per_machine();
+  if (p.sequence_size() * std::max(1, p.tp_size) > per_machine)
+    c.warning(key, str("x tp_size spans machines (", per_machine, " processes each): every layer's attention then "
+                       "exchanges K/V across the network"),
+              "keep cp_size x tp_size within one machine's GPUs");
+  if (!ulysses && cfg.data.packing == Packing::kMasked)
+    c.error("data.packing",
+            "masked packing (records packed into a row, each attending only to itself) is not split by context "
+            "parallel",
+            "use packing: pad or plain, or Ulysses (parallelism_config_sp_size), which keeps packed records whole");
+  if (ulysses && !p.sp_seq_length_is_variable) {
+    const std::optional<long long> n = parse_int(p.sp_seq_length);
+    if (!n || *n != t)
+      c.error("parallelism_config.parallelism_config_sp_seq_length",
+              p.sp_seq_length.empty() ? std::string("is unset, but sp_seq_length_is_variable is false")
+                                      : str("is ", p.sp_seq_length, ", but every batch is train.sequence_length ", t),
+              str("set it to ", t, ", or sp_seq_length_is_variable: true"));
+  }
+  for (const char* unsupported : {"eager", "flex_attention"})
+    if (p.sp_attn_implementation == unsupported)
+      c.error("parallelism_config.parallelism_config_sp_attn_implementation",
+              str(unsupported, " cannot run under sequence parallel (Accelerate refuses it too)"),
+              "sdpa, flash_attention_2 or flash_attention_3");
+}
+
 void check_parallelism(Checker& c) {
   const Config& cfg = c.rc.typed;
   const ParallelismConfig& p = cfg.parallelism;
@@ -229,22 +271,30 @@ void check_parallelism(Checker& c) {
     return;
   }
   if (p.tp_size > 1) check_tensor_parallel(c);
-  if (p.cp_size > 1)
-    c.error("parallelism_config.parallelism_config_cp_size", "context parallelism is not supported (only 1)");
-  if (!p.cp_comm_strategy.empty() && p.cp_size <= 1)
+  if (p.cp_size > 1 && p.sp_size > 1)
+    c.error("parallelism_config.parallelism_config_sp_size",
+            str("is ", p.sp_size, " beside parallelism_config_cp_size ", p.cp_size,
+                ": context parallel and Ulysses sequence parallel split the same sequence, one at a time"),
+            "set one of them to 1");
+  else if (p.sequence_size() > 1)
+    check_sequence_split(c);
+  if (c.set("parallelism_config.parallelism_config_cp_comm_strategy") && p.cp_size <= 1)
     c.warning("parallelism_config.parallelism_config_cp_comm_strategy",
               "ignored because parallelism_config_cp_size is 1");
-  const long long product = 1LL * p.dp_replicate_size * p.dp_shard_size * p.tp_size * p.cp_size;
+  const long long product = 1LL * p.dp_replicate_size * p.dp_shard_size * p.tp_size * p.cp_size * p.sp_size;
   const bool all_one = product == 1;
-  // tp_size alone: the data-parallel ranks are the rest (dp_shard_size = num_processes / tp_size).
-  const bool dp_inferred = p.dp_replicate_size == 1 && p.dp_shard_size == 1 && p.cp_size == 1 && p.tp_size > 1 &&
-                           cfg.launch.num_processes % p.tp_size == 0;
+  // tp, cp or sp alone: the data-parallel ranks are the rest (dp_shard_size = num_processes / them).
+  const int split = p.tp_size * p.sequence_size();
+  const bool dp_inferred = p.dp_replicate_size == 1 && p.dp_shard_size == 1 && split > 1 &&
+                           cfg.launch.num_processes % split == 0;
   if (!all_one && !dp_inferred && product != cfg.launch.num_processes)
     c.error(c.set("parallelism_config.parallelism_config_dp_shard_size")
                 ? "parallelism_config.parallelism_config_dp_shard_size"
                 : first,
-            str("dp_replicate_size x dp_shard_size x tp_size = ", p.dp_replicate_size, " x ", p.dp_shard_size, " x ",
-                p.tp_size, " = ", product, ", but num_processes is ", cfg.launch.num_processes),
+            str("dp_replicate_size x dp_shard_size x tp_size", p.cp_size > 1 ? " x cp_size" : "",
+                p.sp_size > 1 ? " x sp_size" : "", " = ", p.dp_replicate_size, " x ", p.dp_shard_size, " x ",
+                p.tp_size, p.cp_size > 1 ? str(" x ", p.cp_size) : "", p.sp_size > 1 ? str(" x ", p.sp_size) : "",
+                " = ", product, ", but num_processes is ", cfg.launch.num_processes),
             "the product of the parallelism sizes must equal num_processes");
 }
 
@@ -427,6 +477,7 @@ std::string elided(int count, const std::function<std::string(int)>& item, const
 // "tensor parallel over 2 (tp groups: ranks 0-1, 2-3; shard groups: 0,2 / 1,3)": the mesh
 // (dp_replicate, dp_shard, tp), tp innermost; a shard group is the ranks of one tp index.
 std::string FsdpLayout::describe_tensor_parallel() const {
+  const int shard_size = fsdp_shard_size();  // the cp ranks are members of the shard groups
   const int groups = replicate_size * shard_size;
   const std::string tp_groups = elided(
       groups, [&](int g) { return str(g * tp_size, "-", (g + 1) * tp_size - 1); }, ", ");
@@ -441,8 +492,28 @@ std::string FsdpLayout::describe_tensor_parallel() const {
   return str("tensor parallel over ", tp_size, " (tp groups: ranks ", tp_groups, "; shard groups: ", dp_groups, ")");
 }
 
+// "context parallel over 2 (alltoall, the K/V ring; cp groups: ranks 0,1 / 2,3)".
+std::string FsdpLayout::describe_context_parallel() const {
+  const int groups = replicate_size * shard_size * tp_size;
+  const std::string cp_groups = elided(
+      groups,
+      [&](int k) {
+        const int data = k / tp_size, t = k % tp_size;  // data = replica * shard_size + shard index
+        return elided(
+            cp_size, [&](int c) { return std::to_string((data * cp_size + c) * tp_size + t); }, ",");
+      },
+      " / ");
+  const bool ulysses = cp_kind == "ulysses";
+  return str(ulysses ? "Ulysses sequence parallel over " : "context parallel over ", cp_size, " (",
+             ulysses ? "all-to-all around attention"
+             : cp_kind == "alltoall" ? "alltoall: a ring of K/V blocks"
+                                     : "allgather of K/V",
+             "; ", ulysses ? "sp" : "cp", " groups: ranks ", cp_groups, ")");
+}
+
 std::string FsdpLayout::describe() const {
   if (!sharded) return "no sharding (parameters replicated on every process)";
+  const int shard_size = fsdp_shard_size();
   std::string layout = str("reshard_after_forward=", reshard_after_forward ? "true" : "false", ", ");
   if (post_forward_size > 0) {  // N consecutive members of each shard group
     const int groups = replicate_size * shard_size / post_forward_size;
@@ -467,6 +538,8 @@ std::string FsdpLayout::describe() const {
     layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
   else
     layout += str("sharded over ", shard_size, " ranks");
+  if (cp_size > 1) layout += str(" (dp_shard ", this->shard_size, " x ", cp_kind == "ulysses" ? "sp " : "cp ", cp_size, ")");
+  if (cp_size > 1) layout += ", " + describe_context_parallel();
   if (tp_size > 1) layout += ", " + describe_tensor_parallel();
   if (version == 1)
     return str("FSDP1 ", fsdp1_strategy, " (programs get FSDP_VERSION=1; the built-in trainer runs it as FSDP2, ",
@@ -488,10 +561,12 @@ FsdpLayout effective_fsdp_layout(const Config& config) {
     const ParallelismConfig& p = config.parallelism;
     const bool dp_unset = p.dp_replicate_size == 1 && p.dp_shard_size == 1;
     layout.tp_size = std::max(1, p.tp_size);
+    layout.cp_size = std::max(1, p.sequence_size());
+    if (layout.cp_size > 1) layout.cp_kind = p.cp_size > 1 ? p.cp_comm_strategy : "ulysses";
     layout.replicate_size = dp_unset ? 1 : p.dp_replicate_size;
-    layout.shard_size = dp_unset ? std::max(1, world / layout.tp_size) : p.dp_shard_size;
-    const int n = config.fsdp.reshard_after_forward_size;
-    if (n > 1 && n < layout.shard_size && layout.shard_size % n == 0) layout.post_forward_size = n;
+    layout.shard_size = dp_unset ? std::max(1, world / (layout.tp_size * layout.cp_size)) : p.dp_shard_size;
+    const int n = config.fsdp.reshard_after_forward_size, shards = layout.fsdp_shard_size();
+    if (n > 1 && n < shards && shards % n == 0) layout.post_forward_size = n;
     return layout;
   }
   const int machines = std::max(1, config.launch.num_machines);

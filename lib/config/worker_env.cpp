@@ -13,14 +13,7 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
   bool any_parallelism = false;
   for (const auto& v : rc.values)
     any_parallelism |= v.spec->section() == "parallelism_config" && rc.is_set(v.spec->key);
-  if (any_parallelism) {
-    env.emplace_back("ACCELERATE_USE_PARALLELISM_CONFIG", "true");
-    // Accelerate 1.x also exports its context/sequence parallel settings; fsdptrain has neither,
-    // so they are Accelerate's defaults.
-    env.emplace_back("PARALLELISM_CONFIG_CP_BACKEND", "torch");
-    env.emplace_back("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed");
-    env.emplace_back("PARALLELISM_CONFIG_SP_SIZE", "1");
-  }
+  if (any_parallelism) env.emplace_back("ACCELERATE_USE_PARALLELISM_CONFIG", "true");
   for (const auto& v : rc.values) {
     const OptionSpec& s = *v.spec;
     if (s.env.empty()) continue;
@@ -39,7 +32,18 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
       if (s.key == "fsdp_config.fsdp_activation_checkpointing")
         env.emplace_back("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "false");
     } else if (section == "parallelism_config") {
-      if (any_parallelism && !v.value.empty()) env.emplace_back(s.env, v.value);
+      if (!any_parallelism) continue;
+      // As Accelerate: the strategy only with cp_size > 1, the sp_* settings only with sp_size > 1,
+      // spelled as Python prints them (None, True).
+      const bool cp_detail = s.key == "parallelism_config.parallelism_config_cp_comm_strategy";
+      const bool sp_detail = s.key.find("parallelism_config_sp_") != std::string::npos &&
+                             s.key != "parallelism_config.parallelism_config_sp_size" &&
+                             s.key != "parallelism_config.parallelism_config_sp_backend";
+      if ((cp_detail && c.parallelism.cp_size <= 1) || (sp_detail && c.parallelism.sp_size <= 1)) continue;
+      std::string value = v.value;
+      if (sp_detail && s.type == ValueType::kBool) value = value == "true" ? "True" : "False";
+      if (sp_detail && value.empty()) value = "None";
+      if (!value.empty()) env.emplace_back(s.env, value);
     } else if (s.key == "gpu_ids") {
       if (v.value != "all" && !c.launch.use_cpu) env.emplace_back(s.env, v.value);
     } else if (s.key == "enable_cpu_affinity") {

@@ -76,6 +76,8 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
   plan.shard_size = layout.shard_size;
   plan.post_forward_size = layout.post_forward_size;
   plan.tp_size = layout.tp_size;
+  plan.cp_size = layout.cp_size;
+  plan.cp_kind = layout.cp_kind;
   return plan;
 }
 

@@ -47,6 +47,8 @@ struct FsdpPlan {
   int shard_size = 1;         // ranks one shard group spans
   int post_forward_size = 0;  // partial resharding: ranks a unit stays sharded over after forward (0: none)
   int tp_size = 1;            // tensor parallel: ranks each layer is split over (innermost)
+  int cp_size = 1;            // context or Ulysses sequence parallel: ranks each sequence is split over
+  std::string cp_kind;        // "allgather", "alltoall" or "ulysses" (config::FsdpLayout::cp_kind)
 };
 // mixed_precision bf16|fp16 -> param_dtype bf16|fp16 with fp32 reduction and fp32 master weights;
 // the wrap policy, its classes and min_num_params, offload, activation checkpointing as named; the

@@ -469,6 +469,35 @@ void check_tensor_parallel(const config::Config& config, const model::LlamaConfi
              fits.empty() ? std::string("This model takes no tp_size above 1") : "Use tp_size " + join(fits, ", "));
 }
 
+// Ulysses gives each sp rank an equal share of the (tp rank's) heads and kv heads; context parallel
+// does not split a sliding window shorter than the sequence.
+void check_sequence_split(const config::Config& config, const model::LlamaConfig& model, const std::string& path) {
+  const config::FsdpLayout layout = config::effective_fsdp_layout(config);
+  if (layout.cp_size <= 1) return;
+  if (layout.cp_kind == "ulysses") {
+    const int64_t per = static_cast<int64_t>(layout.cp_size) * layout.tp_size;
+    if (model.num_attention_heads % per == 0 && model.num_key_value_heads % per == 0) return;
+    std::vector<std::string> fits;
+    for (int d = 2; d <= 64; d *= 2)
+      if (model.num_attention_heads % (d * layout.tp_size) == 0 && model.num_key_value_heads % (d * layout.tp_size) == 0)
+        fits.push_back(std::to_string(d));
+    throw InputError(str("[train] parallelism_config_sp_size ", layout.cp_size,
+                         layout.tp_size > 1 ? str(" x tp_size ", layout.tp_size) : "", " does not divide ",
+                         model.num_attention_heads, " query and ", model.num_key_value_heads, " kv heads of ", path,
+                         ": Ulysses gives each rank an equal share of both. ",
+                         fits.empty() ? std::string("This model takes no sp_size above 1 here; use cp_size (context "
+                                                    "parallel), which splits tokens instead")
+                                      : "Use sp_size " + join(fits, ", ") + ", or cp_size (context parallel)"));
+  }
+  for (int64_t layer = 0; layer < model.num_hidden_layers; ++layer) {
+    const int64_t w = model.window_of(layer);
+    FSDP_CHECK(w == 0 || w >= config.train.sequence_length, "[train] layer ", layer, " of ", path,
+               " attends through a sliding window of ", w, " tokens, shorter than train.sequence_length ",
+               config.train.sequence_length, ", which context parallel does not split; use Ulysses "
+               "(parallelism_config_sp_size) for this model, or a sequence_length of at most ", w);
+  }
+}
+
 // LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked
 // on a stand-in with all of the model's layers (a target may name a layer by its index).
 void check_lora_targets(const config::Config& config, const model::LlamaConfig& model) {
@@ -501,6 +530,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   check_positions(resolved.typed, model);
   check_lora_targets(resolved.typed, model);
   check_tensor_parallel(resolved.typed, model, model_config_path(resolved.typed));
+  check_sequence_split(resolved.typed, model, model_config_path(resolved.typed));
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.
   check_fits_machine(resolved.typed, model, model_config_path(resolved.typed),
                      resolved.typed.launch.processes_per_machine());

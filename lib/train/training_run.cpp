@@ -24,6 +24,7 @@
 #include "config/loader.h"
 #include "config/show.h"
 #include "data/prepare.h"
+#include "model/context_parallel.h"
 #include "model/tensor_parallel.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
@@ -67,7 +68,10 @@ data::Packing packing_of(const config::Config& c, const data::TokenStream& token
     case config::Packing::kAuto:
       break;
   }
-  return tokens.has_records() ? data::Packing::kMasked : data::Packing::kPlain;
+  if (!tokens.has_records()) return data::Packing::kPlain;
+  // Context parallel splits rows into chunks, which records packed behind each other would cross.
+  const config::FsdpLayout layout = config::effective_fsdp_layout(c);
+  return layout.cp_size > 1 && layout.cp_kind != "ulysses" ? data::Packing::kPad : data::Packing::kMasked;
 }
 
 std::string packing_note(const data::SequenceReader& r, int64_t seq_len) {
@@ -158,6 +162,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
       out_(out),
       world_(init_group(context)),
       tp_size_(std::max(1, config::effective_fsdp_layout(config_).tp_size)),
+      cp_size_(std::max(1, config::effective_fsdp_layout(config_).cp_size)),
       model_config_(model_config_of(config_)) {
   // The resolved config's first and last lines (the file, how it runs); the whole table with --verbose.
   const std::string table = config::format_resolved(resolved, config::ShowFormat::kTable);
@@ -243,8 +248,13 @@ void TrainingRun::build_model() {
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
   FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
   for (std::string& c : plan.options.layer_classes) c = model::our_class_name(c, model_config_.family);
-  fsdp::DeviceMesh mesh =
-      fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size, plan.tp_size);
+  fsdp::DeviceMesh mesh = fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size,
+                                           plan.tp_size, plan.cp_size);
+  std::shared_ptr<model::ContextParallel> cp;
+  if (mesh.cp)
+    cp = std::make_shared<model::ContextParallel>(*mesh.cp, plan.cp_kind == "ulysses"   ? model::SequenceSplit::kUlysses
+                                                            : plan.cp_kind == "alltoall" ? model::SequenceSplit::kRing
+                                                                                         : model::SequenceSplit::kAllGather);
   std::shared_ptr<model::TensorParallel> tp;
   if (mesh.tp) {
     tp = std::make_shared<model::TensorParallel>(*mesh.tp);
@@ -252,7 +262,7 @@ void TrainingRun::build_model() {
       return model::tensor_parallel_slice(mc, name);
     };
   }
-  llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true, tp);
+  llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true, tp, cp);
   const model::LoraSettings lora = lora_settings_of(config_);
   std::optional<ckpt::PeftAdapter> adapter;
   if (lora.enabled()) {
@@ -443,10 +453,12 @@ std::optional<StepResult> TrainingRun::train_step(int64_t step, bool stop) {
 // The loss is the mean over the global batch's counted targets (all of them, but for prompts'):
 // each rank's loss sum is scaled so the ranks' averaged gradients are that mean's.
 at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::Tensor& counted) {
-  // Per data-parallel rank: fully_shard averages the gradients over those (tensor-parallel ranks
-  // each compute their part of the same loss's).
-  const double per_rank = tokens_per_step() / dp_size();
-  const at::Tensor per_rank_masked = !every_target_counts_ ? counted.clamp_min(1.0) / dp_size() : at::Tensor();
+  // Per rank that fully_shard averages the gradients over: the data-parallel ranks and each one's
+  // context-parallel ranks, which hold parts of its tokens (tensor-parallel ranks each compute their
+  // part of the same loss's).
+  const int averaged = dp_size() * cp_size_;
+  const double per_rank = tokens_per_step() / averaged;
+  const at::Tensor per_rank_masked = !every_target_counts_ ? counted.clamp_min(1.0) / averaged : at::Tensor();
   at::Tensor reduced = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
   at::Tensor loss_sum = reduced.narrow(0, 0, 1);
   for (size_t micro = 0; micro < batches.inputs.size(); ++micro) {

@@ -105,8 +105,9 @@ class TrainingRun {
  private:
   // The data-parallel coordinates: tensor parallel's ranks (tp innermost) read the same batch.
   int tp_size() const { return tp_size_; }
-  int dp_rank() const { return world_.rank() / tp_size_; }
-  int dp_size() const { return world_.size() / tp_size_; }
+  // The ranks of a tp group and of a cp group read the same batch; the data-parallel ranks are the rest.
+  int dp_rank() const { return world_.rank() / (tp_size_ * cp_size_); }
+  int dp_size() const { return world_.size() / (tp_size_ * cp_size_); }
   void read_data();
   void build_model();
   void build_checkpointer(const TrainHooks& hooks);
@@ -131,6 +132,7 @@ class TrainingRun {
   std::ostream& out_;
   dist::ProcessGroup world_;
   const int tp_size_;  // parallelism_config_tp_size (1: none)
+  const int cp_size_;  // parallelism_config_cp_size or sp_size (1: none)
   const model::LlamaConfig model_config_;
   data::TokenStream tokens_, eval_tokens_;  // eval_tokens_: data.eval_path's, when given
   std::unique_ptr<data::SequenceReader> reader_, eval_reader_;

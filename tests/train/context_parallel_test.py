@@ -1,0 +1,223 @@
+"""Context parallel (parallelism_config_cp_size, both cp_comm_strategy values) and Ulysses sequence
+parallel (parallelism_config_sp_size) through the trainer, against the same run without them: for
+Llama (4 query heads over 2 kv heads), Qwen2 (q/k/v biases) and Qwen3 (q/k norms), transformers
+saves a small model and fsdptrain fine-tunes it from one token stream. Over Gloo on CPU, fp32:
+  - cp 2 and cp 4 (allgather and alltoall), sp 2 and cp 2 x tp 2 give the losses and gradient norms
+    of the cp 1 run (one process, the same global batch) within 1e-5 relative for 10 steps, and
+    cp 2 x dp 2 those of dp 2 alone;
+  - with the rest: activation checkpointing and 2 accumulated micro-batches, LoRA adapters, and bf16
+    (within bf16's own noise on this data, as tensor_parallel_test bounds it);
+  - a SHARDED and a FULL checkpoint saved at cp 2 resume at cp 1 with the same losses;
+  - bad layouts are refused before any worker starts, naming the key and the sizes that fit.
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from llmc_shard import write_shard  # noqa: E402
+
+STEPS, BATCH, SEQ, LR = 10, 2, 32, 3e-3
+
+
+def families():
+    common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
+    return {
+        "llama": transformers.LlamaConfig(**common),
+        "qwen2": transformers.Qwen2Config(**common, use_sliding_window=False),
+        "qwen3": transformers.Qwen3Config(**common, head_dim=24, attention_bias=False),
+    }
+
+
+class Runs:
+    def __init__(self, fsdptrain, tmp, data):
+        self.fsdptrain, self.tmp, self.data = fsdptrain, tmp, data
+
+    def save(self, name, config):
+        folder = os.path.join(self.tmp, name)
+        torch.manual_seed(0)
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
+        return folder
+
+    def yaml_of(self, name, model, world, layout, batch=BATCH, extra="", fsdp_extra="", precision="'no'", seq=SEQ,
+                fmt="SHARDED_STATE_DICT"):
+        """layout: the parallelism_config keys, e.g. {"cp_size": 2, "cp_comm_strategy": "alltoall"}."""
+        path = os.path.join(self.tmp, f"{name}.yaml")
+        keys = "".join(f"  parallelism_config_{k}: {v}\n" for k, v in layout.items())
+        with open(path, "w") as f:
+            f.write(f"distributed_type: FSDP\nuse_cpu: true\nnum_processes: {world}\nmixed_precision: {precision}\n"
+                    f"fsdp_config:\n  fsdp_version: 2\n  fsdp_state_dict_type: {fmt}\n{fsdp_extra}" +
+                    (f"parallelism_config:\n{keys}" if keys else "") +
+                    f"model:\n  pretrained: {model}\ndata:\n  path: {self.data}\n  eval_fraction: 0.05\n"
+                    f"train:\n  output_dir: {self.tmp}/{name}\n  steps: {STEPS}\n  micro_batch_size: {batch}\n"
+                    f"  sequence_length: {seq}\n  seed: 1234\n  eval_interval: 0\n  eval_batches: 1\n"
+                    f"optimizer:\n  lr: {LR}\n  beta2: 0.95\n  weight_decay: 0.1\n"
+                    "schedule:\n  type: cosine\n  warmup_steps: 10\n  min_lr_ratio: 0.1\n"
+                    "logging:\n  interval: 1\n" + extra)
+        return path
+
+    def run(self, name, model, world, layout, **kw):
+        """Losses, gradient norms and the run's output."""
+        run = subprocess.run([self.fsdptrain, "launch", "--config", self.yaml_of(name, model, world, layout, **kw),
+                              "--main_process_port", "0"], capture_output=True, text=True, timeout=300)
+        if run.returncode != 0:
+            raise RuntimeError(f"fsdptrain ({name}):\n{run.stdout}\n{run.stderr}")
+        rows = [json.loads(l) for l in open(f"{self.tmp}/{name}/metrics.jsonl") if '"loss"' in l]
+        return [r["loss"] for r in rows], [r["grad_norm"] for r in rows], run.stdout
+
+
+def compare(title, mine, theirs, tolerance, them="cp 1", learns=0.3):
+    (ml, mg), (tl, tg) = mine[:2], theirs[:2]
+    worst = max([abs(a - b) / abs(b) for a, b in zip(ml + mg, tl + tg)] or [1.0])
+    good = len(ml) == len(tl) == STEPS and worst <= tolerance and ml[-1] < ml[0] - learns
+    print(f"{'ok' if good else 'FAIL'}: {title}: worst relative difference {worst:.2e} against {them} "
+          f"(losses and gradient norms, {len(ml)} steps; loss {ml[0]:.4f} -> {ml[-1]:.4f})")
+    return good
+
+
+LAYOUTS = [  # (title, processes, parallelism_config)
+    ("cp 2 allgather", 2, {"cp_size": 2}),
+    ("cp 2 alltoall", 2, {"cp_size": 2, "cp_comm_strategy": "alltoall"}),
+    ("cp 4 allgather", 4, {"cp_size": 4}),
+    ("cp 4 alltoall", 4, {"cp_size": 4, "cp_comm_strategy": "alltoall"}),
+    ("sp 2", 2, {"sp_size": 2}),
+    ("cp 2 x tp 2", 4, {"cp_size": 2, "tp_size": 2, "cp_comm_strategy": "alltoall"}),
+]
+
+
+def check_layouts(r, folders):
+    ok = True
+    for name, folder in folders.items():
+        base = r.run(f"{name}-cp1", folder, 1, {})
+        for title, world, layout in LAYOUTS:
+            mine = r.run(f"{name}-{title.replace(' ', '-')}", folder, world, layout)
+            if name == "llama" and title in ("cp 2 x tp 2", "sp 2"):
+                print("   ", next(l for l in mine[2].splitlines() if "# runs as" in l))
+            ok &= compare(f"{name}, {title}", mine, base, 1e-5)
+        # cp 2 x dp 2 reads the global batch of dp 2.
+        dp2 = r.run(f"{name}-dp2", folder, 2, {})
+        ok &= compare(f"{name}, cp 2 x dp 2", r.run(f"{name}-cp2-dp2", folder, 4, {"cp_size": 2, "dp_shard_size": 2}),
+                      dp2, 1e-5, "dp 2 alone")
+    return ok
+
+
+def check_with_rest(r, folders):
+    ok = True
+    llama = folders["llama"]
+    ring = {"cp_size": 2, "cp_comm_strategy": "alltoall"}
+    ac = "  fsdp_activation_checkpointing: true\n"
+    def accumulate(name, world, layout):
+        path = r.yaml_of(name, llama, world, layout, batch=1, fsdp_extra=ac)
+        text = open(path).read().replace("train:\n", "train:\n  gradient_accumulation_steps: 2\n")
+        open(path, "w").write(text)
+        run = subprocess.run([r.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
+                             capture_output=True, text=True, timeout=300)
+        if run.returncode != 0:
+            raise RuntimeError(f"fsdptrain ({name}):\n{run.stdout}\n{run.stderr}")
+        rows = [json.loads(l) for l in open(f"{r.tmp}/{name}/metrics.jsonl") if '"loss"' in l]
+        return [x["loss"] for x in rows], [x["grad_norm"] for x in rows]
+    ok &= compare("llama, cp 2 alltoall with activation checkpointing and 2 accumulated micro-batches",
+                  accumulate("ac-cp2", 2, ring), accumulate("ac-cp1", 1, {}), 1e-5)
+    lora = "lora:\n  r: 8\n  alpha: 16\n"
+    ok &= compare("llama, sp 2 with LoRA adapters (r 8)", r.run("lora-sp2", llama, 2, {"sp_size": 2}, extra=lora),
+                  r.run("lora-cp1", llama, 1, {}, extra=lora), 1e-5, learns=0.03)
+    ok &= compare("llama, cp 2 allgather with LoRA adapters (r 8)", r.run("lora-cp2", llama, 2, {"cp_size": 2},
+                                                                           extra=lora),
+                  r.run("lora-cp1b", llama, 1, {}, extra=lora), 1e-5, learns=0.03)
+    # bf16: the bound is bf16's own noise here (cp 1 in bf16 against float32), twice it, at least 2e-3.
+    alone = r.run("bf16-cp1", llama, 1, {}, precision="bf16")
+    exact = r.run("fp32-cp1", llama, 1, {})
+    noise = max(abs(a - b) / abs(b) for a, b in zip(alone[0] + alone[1], exact[0] + exact[1]))
+    print(f"    bf16's noise here: cp 1 in bf16 against float32 differs by up to {noise:.2e}")
+    ok &= compare("llama in bf16, cp 2 alltoall", r.run("bf16-cp2", llama, 2, ring, precision="bf16"), alone,
+                  max(2e-3, 2 * noise), "cp 1 in bf16")
+    return ok
+
+
+def check_checkpoints(r, folders):
+    ok = True
+    llama = folders["llama"]
+    for fmt in ("SHARDED_STATE_DICT", "FULL_STATE_DICT"):
+        tag = fmt.split("_")[0].lower()
+        saved = r.run(f"save-{tag}", llama, 2, {"cp_size": 2, "cp_comm_strategy": "alltoall"}, fmt=fmt,
+                      extra=f"checkpoint:\n  dir: {r.tmp}/{tag}/ckpt\n  interval: 5\n")
+        path = r.yaml_of(f"resume-{tag}", llama, 1, {}, fmt=fmt,
+                         extra=f"checkpoint:\n  resume: {r.tmp}/{tag}/ckpt/step-00000005\n")
+        run = subprocess.run([r.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
+                             capture_output=True, text=True, timeout=300)
+        if run.returncode != 0:
+            raise RuntimeError(f"fsdptrain (resume-{tag}):\n{run.stdout}\n{run.stderr}")
+        losses = [json.loads(l)["loss"] for l in open(f"{r.tmp}/resume-{tag}/metrics.jsonl") if '"loss"' in l]
+        want = saved[0][5:]
+        diff = max(abs(x - y) / y for x, y in zip(losses, want)) if len(losses) == len(want) else 1.0
+        print(f"{'ok' if diff <= 1e-5 else 'FAIL'}: a checkpoint saved at cp 2 ({tag}) resumed at cp 1, steps 6-10: "
+              f"{[round(x, 6) for x in losses]} against {[round(x, 6) for x in want]} (worst {diff:.2e})")
+        ok &= diff <= 1e-5
+    return ok
+
+
+def check_refusals(r, folders):
+    ok = True
+    llama = folders["llama"]
+    cases = (
+        ("bad-length", 4, {"cp_size": 4}, {"seq": 36},
+         "train.sequence_length: 36 does not split into 8 chunks (2 x cp_size) (hint: use a multiple of 8: 32 or 40)"),
+        ("bad-heads", 4, {"sp_size": 4}, {}, "parallelism_config_sp_size 4 does not divide 4 query and 2 kv heads"),
+        ("both", 4, {"sp_size": 2, "cp_size": 2}, {}, "context parallel and Ulysses sequence parallel split the same"),
+        ("packed", 2, {"cp_size": 2}, {"extra": "data:\n  packing: masked\n"}, "is not split by context parallel"),
+    )
+    for name, world, layout, kw, expected in cases:
+        extra = kw.pop("extra", "")
+        path = r.yaml_of(name, llama, world, layout, **kw)
+        if extra:
+            text = open(path).read().replace("data:\n", extra, 1)
+            open(path, "w").write(text)
+        run = subprocess.run([r.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
+                             capture_output=True, text=True, timeout=120)
+        said = run.stdout + run.stderr
+        good = run.returncode != 0 and expected in said and "[rank" not in said
+        print(f"{'ok' if good else 'FAIL'}: {name} refused before any worker started: "
+              f"{said.strip().splitlines()[-1] if said.strip() else '(nothing)'}")
+        ok &= good
+    return ok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fsdptrain", required=True)
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--only", default="", help="run one check: layouts, rest, checkpoints, refusals")
+    args = ap.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = []
+        for path in sorted(glob.glob(os.path.join(args.source, "lib/*/*.cpp")))[:30]:
+            tokens.append(256)
+            tokens.extend(open(path, "rb").read())
+        data = os.path.join(tmp, "tokens.bin")
+        write_shard(data, tokens)
+        r = Runs(args.fsdptrain, tmp, data)
+        try:
+            folders = {name: r.save(name, config) for name, config in families().items()}
+            checks = {"layouts": check_layouts, "rest": check_with_rest, "checkpoints": check_checkpoints,
+                      "refusals": check_refusals}
+            for name, check in checks.items():
+                if not args.only or args.only == name:
+                    ok &= check(r, folders)
+        except RuntimeError as e:
+            print(f"FAIL {e}")
+            return 1
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
