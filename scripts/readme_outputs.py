@@ -125,6 +125,7 @@ def chat(fsdptrain, scratch):
 COMMANDS = ["fsdptrain --version",
             "fsdptrain config validate typo.yaml",
             "fsdptrain config validate configs/fsdp2/hybrid.yaml",
+            "fsdptrain config validate configs/long_context_cpu.yaml",
             "fsdptrain config show --config configs/fsdp2/full_shard.yaml",
             "fsdptrain to-fsdp2 --config_file configs/fsdp1/no_shard.yaml",
             "fsdptrain estimate-memory --config configs/quickstart.yaml",

@@ -222,6 +222,14 @@ void assign_consumers(std::vector<OptionSpec>& table) {
       {"parallelism_config.parallelism_config_dp_replicate_size", kTrainer},
       {"parallelism_config.parallelism_config_dp_shard_size", kTrainer},
       {"parallelism_config.parallelism_config_tp_size", kTrainer},
+      {"parallelism_config.parallelism_config_cp_size", kTrainer},
+      {"parallelism_config.parallelism_config_cp_backend", kTrainer},
+      {"parallelism_config.parallelism_config_cp_comm_strategy", kTrainer},
+      {"parallelism_config.parallelism_config_sp_size", kTrainer},
+      {"parallelism_config.parallelism_config_sp_backend", kTrainer},
+      {"parallelism_config.parallelism_config_sp_seq_length", kTrainer},
+      {"parallelism_config.parallelism_config_sp_seq_length_is_variable", kTrainer},
+      {"parallelism_config.parallelism_config_sp_attn_implementation", kTrainer},
   };
   for (OptionSpec& spec : table) {
     if (spec.extension) spec.used_by = kTrainer;
@@ -530,8 +538,8 @@ std::vector<OptionSpec> build_table() {
           .range(1)
           .def("1")
           .help("Tensor parallel: ranks each layer's weights are split over (heads, MLP rows, vocabulary), with "
-                "sequence parallel between layers; innermost in the mesh (dp_replicate x dp_shard x tp), so a "
-                "group is consecutive ranks. Alone, dp_shard_size is num_processes / tp_size")
+                "sequence parallel between layers; innermost in the mesh (dp_replicate x dp_shard x cp x tp), so a "
+                "group is consecutive ranks. Alone, dp_shard_size is num_processes / (tp_size x cp_size)")
           .to(P, &ParallelismConfig::tp_size),
       Row("parallelism_config.parallelism_config_cp_size", V::kInt)
           .flag("parallelism_config_cp_size")

@@ -537,7 +537,7 @@ std::string FsdpLayout::describe() const {
   if (replicate_size > 1)
     layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
   else
-    layout += str("sharded over ", shard_size, " ranks");
+    layout += str("sharded over ", plural(shard_size, "rank"));
   if (cp_size > 1) layout += str(" (dp_shard ", this->shard_size, " x ", cp_kind == "ulysses" ? "sp " : "cp ", cp_size, ")");
   if (cp_size > 1) layout += ", " + describe_context_parallel();
   if (tp_size > 1) layout += ", " + describe_tensor_parallel();

@@ -30,7 +30,8 @@ const ContextParallel& saved_cp(AutogradContext* ctx) {
 
 enum class Kernel { kCpuFlash, kCudaFlash, kMath };
 
-Kernel kernel_for(const at::Tensor& q) {
+Kernel kernel_for(const at::Tensor& q, bool reference) {
+  if (reference) return Kernel::kMath;
   if (q.is_cpu()) return Kernel::kCpuFlash;
   const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
   if (q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256) return Kernel::kCudaFlash;
@@ -61,8 +62,8 @@ at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, bool causal) {
   return s;
 }
 
-Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  switch (kernel_for(q)) {
+Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, bool reference) {
+  switch (kernel_for(q, reference)) {
     case Kernel::kCpuFlash: {  // takes grouped heads itself
       auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal);
       return {out, lse.to(at::kFloat)};
@@ -86,9 +87,9 @@ Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // probabilities are exp(score - the whole row's lse), and D = rowsum(dout * out) is the whole row's).
 std::array<at::Tensor, 3> block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                         bool causal) {
+                                         bool causal, bool reference) {
   const int64_t h = q.size(1), kv = k.size(1);
-  switch (kernel_for(q)) {
+  switch (kernel_for(q, reference)) {
     case Kernel::kCpuFlash: {
       auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal);
       return {dq, dk, dv};
@@ -157,7 +158,8 @@ void attend_owner(const std::array<at::Tensor, 2>& q, const at::Tensor& kv, int6
   const auto k = halves(kv[0]), v = halves(kv[1]);
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
-      if (theirs[j] <= mine[i]) merged[i].add(block_forward(q[i], k[j], v[j], theirs[j] == mine[i]));
+      if (theirs[j] <= mine[i])
+        merged[i].add(block_forward(q[i], k[j], v[j], theirs[j] == mine[i], cp.reference_kernels));
 }
 
 // The backward of attend_owner: dq accumulates into dq (float32, two chunks), dk and dv into dkv
@@ -171,7 +173,8 @@ void attend_owner_backward(const std::array<at::Tensor, 2>& dout, const std::arr
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) {
       if (theirs[j] > mine[i]) continue;
-      auto [gq, gk, gv] = block_backward(dout[i], q[i], k[j], v[j], out[i], lse[i], theirs[j] == mine[i]);
+      auto [gq, gk, gv] =
+          block_backward(dout[i], q[i], k[j], v[j], out[i], lse[i], theirs[j] == mine[i], cp.reference_kernels);
       dq[i].add_(gq);
       dk[j].add_(gk);
       dv[j].add_(gv);

@@ -46,6 +46,9 @@ struct ContextParallel {
   bool ulysses() const { return how == SequenceSplit::kUlysses; }
   std::optional<dist::ProcessGroup> group;  // P ranks
   SequenceSplit how;
+  // Each block's sums op by op (matmul, logsumexp) on any device instead of a flash kernel: what
+  // fp32 on a GPU and the meta device take; tests set it to check the flash kernels against it.
+  bool reference_kernels = false;
 
  private:
   ContextParallel(int size, SequenceSplit h) : how(h), size_(size) {}

@@ -6,6 +6,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/shard_layout.h"
 #include "model/chunked_loss.h"
+#include "model/context_parallel.h"
 #include "model/decoder.h"
 #include "model/tensor_parallel.h"
 #include "train/run_config.h"
@@ -23,7 +24,7 @@ void check_fits_machine(const config::Config& config, const model::LlamaConfig& 
   const bool lora = config.lora.enabled();
   const double per_rank = mc.parameter_count() *
                           (lora ? c10::elementSize(plan.options.mixed_precision.param_dtype) : 16.0) /
-                          (static_cast<double>(plan.shard_size) * plan.tp_size);
+                          (static_cast<double>(plan.shard_size) * plan.cp_size * plan.tp_size);
   const bool gpu = !config.launch.use_cpu && !config.fsdp.offload_params && cuda_device_count() > 0;
   const double has = gpu ? static_cast<double>(cuda_device_memory(0))
                          : static_cast<double>(system_info().memory_total_bytes) / std::max(1, local_workers);
@@ -34,7 +35,7 @@ void check_fits_machine(const config::Config& config, const model::LlamaConfig& 
           format_count(mc.parameter_count()), " parameters needs ", bytes(per_rank),
           lora ? " per rank for its frozen shards alone (sharded over "
                : " per rank for its fp32 shards, gradients and AdamW state alone (sharded over ",
-          plural(plan.shard_size, "rank"), "), but ",
+          plural(plan.shard_size * plan.cp_size, "rank"), "), but ",
           gpu ? str("each GPU here has ", bytes(has))
               : str("this machine has ", bytes(has), " of memory for each of its ", plural(local_workers, "worker")),
           ". Check the sizes in config.json, or shard over more ranks (fsdptrain estimate-memory shows "
@@ -55,12 +56,13 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const model::LoraSettings lora = lora_settings_of(c);
   if (lora.enabled()) model::add_lora(*llama, lora, /*free_after_create=*/true);
   MemoryEstimate e;
+  const int shards = plan.shard_size * plan.cp_size;  // FSDP shards over dp_shard x cp
   int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;
   const auto units = plan_units(*llama, model::llama_traits(mc), plan.options);
   for (size_t u = 0; u < units.size(); ++u) {
     int64_t padded = 0, padded_trainable = 0;
     for (const auto& [name, tensor] : units[u].params) {
-      const ShardLayout l{tensor.sizes().vec(), plan.shard_size, 0};
+      const ShardLayout l{tensor.sizes().vec(), shards, 0};
       e.params += l.shard_numel() * (tensor.requires_grad() ? 4 : param_bytes);  // frozen: the compute dtype alone
       padded += l.padded_numel();
       if (tensor.requires_grad()) {
@@ -77,7 +79,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
     all_units += u == 0 ? 0 : padded;
     // What a rank receives: (W-1)/W of each gather and reduce-scatter; a non-root unit that reshards
     // after forward is gathered again in backward, over the N ranks of its post-forward group.
-    const int64_t w = plan.shard_size, n = plan.post_forward_size;
+    const int64_t w = shards, n = plan.post_forward_size;
     e.forward_gather_bytes += padded * param_bytes * (w - 1) / w;
     if (u > 0 && plan.options.reshard_after_forward)
       e.backward_gather_bytes += n > 0 ? padded * param_bytes * (n - 1) / n : padded * param_bytes * (w - 1) / w;
@@ -98,12 +100,19 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   // chunk's fp32 logits and their gradient, and the head's gradient in fp32 (and in the compute
   // dtype, saved for backward), never the whole (tokens, V) logits. With checkpointing only each
   // layer's input (C) stays, plus one layer recomputed. Tensor parallel divides all of it by P but
-  // the two gathered (whole-sequence) norm outputs the column-parallel products keep (2 C).
-  const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length;
+  // the two gathered (whole-sequence) norm outputs the column-parallel products keep (2 C). Context
+  // and Ulysses sequence parallel divide the tokens by their size; allgather's gathered K/V (the
+  // other ranks' 2 K D per token, kept for backward) come on top.
+  const int cp = plan.cp_size;
+  const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
   const int64_t C = mc.hidden_size;
   const int64_t split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size;
+  const int64_t gathered_kv = plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp *
+                                                                  mc.head_dim * param_bytes
+                                                            : 0;
   const int64_t per_layer = tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
-                                      mc.num_attention_heads / tp * 4);
+                                      mc.num_attention_heads / tp * 4) +
+                            gathered_kv;
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
   const int64_t chunk = std::min<int64_t>(tokens, model::default_chunk_rows(vocab));
   const int64_t head = vocab * C;
@@ -114,6 +123,15 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   // Per layer 2 gathers and 2 reduce-scatters of (tokens, C) forward and again backward, plus the
   // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
   if (tp > 1) e.tp_bytes = (8 * mc.num_hidden_layers + 4) * tokens * C * param_bytes * (tp - 1) / tp;
+  if (cp > 1) {
+    const auto how = plan.cp_kind == "ulysses"    ? model::SequenceSplit::kUlysses
+                     : plan.cp_kind == "alltoall" ? model::SequenceSplit::kRing
+                                                  : model::SequenceSplit::kAllGather;
+    e.cp_bytes = mc.num_hidden_layers *
+                 model::sequence_split_bytes(model::ContextParallel::shapes_only(cp, how), c.train.micro_batch_size,
+                                             c.train.sequence_length, mc.num_attention_heads / tp,
+                                             mc.num_key_value_heads / tp, mc.head_dim, param_bytes);
+  }
   return e;
 }
 
@@ -146,7 +164,12 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
   std::string out =
       str("fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(),
           " parameters on ", plural(world_size, "rank"), ": ",
-          plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ", plan.shard_size,
+          plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ",
+          plan.shard_size * plan.cp_size,
+          plan.cp_size > 1 ? str(" (", plan.cp_kind == "ulysses" ? "Ulysses sequence parallel " : "context parallel ",
+                                 plan.cp_size, plan.cp_kind == "ulysses" ? "" : ", " + plan.cp_kind,
+                                 ": each rank holds 1/", plan.cp_size, " of every sequence)")
+                           : "",
           plan.tp_size > 1 ? str(" x tensor parallel ", plan.tp_size, " (sequence parallel between layers)") : "",
           "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
           plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
@@ -178,13 +201,16 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
                  device_total(o, a), o ? str("+ ", format_bytes(e.persistent()), " of host memory") : "");
   out += str(
       "received per rank per micro-batch: forward's all-gathers ", format_bytes(e.forward_gather_bytes), " over ",
-      plural(plan.shard_size, "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
+      plural(plan.shard_size * plan.cp_size, "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
       plan.post_forward_size > 0 ? str(" inside groups of ", plan.post_forward_size, " ranks")
-                                 : str(" over ", plural(plan.shard_size, "rank")),
+                                 : str(" over ", plural(plan.shard_size * plan.cp_size, "rank")),
       ", reduce-scatters ", format_bytes(e.reduce_bytes), plan.replicate_size > 1 ? " (and HSDP's all-reduce)" : "",
       plan.tp_size > 1
           ? str("; tensor parallel's activations ", format_bytes(e.tp_bytes), " over ", plural(plan.tp_size, "rank"))
           : "",
+      plan.cp_size > 1 ? str("; ", plan.cp_kind == "ulysses" ? "Ulysses' all-to-alls " : "context parallel's K/V ",
+                             format_bytes(e.cp_bytes), " over ", plural(plan.cp_size, "rank"))
+                       : "",
       "\n");
   out += "The persistent rows are exact (the engine's own layout); gathered units and activations are estimates.\n";
   return out;

@@ -23,6 +23,10 @@ struct MemoryEstimate {
   // Tensor parallel: what one rank receives in a micro-batch's sequence-parallel gathers and
   // reduce-scatters of activations, forward and backward (0 without tp).
   int64_t tp_bytes = 0;
+  // Context or Ulysses sequence parallel: what one rank sends (and receives) in a micro-batch's
+  // exchanges of K/V (or all-to-alls around attention), forward and backward (0 without them):
+  // model::sequence_split_bytes for every layer.
+  int64_t cp_bytes = 0;
   int64_t activations = 0, activations_checkpointed = 0;  // one micro-batch
   int64_t trainable = 0;                                  // parameters with gradients (all but LoRA's frozen base)
   int64_t persistent() const { return params + grads + optimizer; }

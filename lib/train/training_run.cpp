@@ -216,6 +216,9 @@ void TrainingRun::read_data() {
   const bool own_eval = !config_.data.eval_path.empty();
   if (own_eval) eval_tokens_ = read(config_.data.eval_path);
   const data::Packing packing = packing_of(config_, tokens_);
+  if (config_.data.packing == config::Packing::kAuto && packing == data::Packing::kPad)
+    say("[train] data.packing auto: one record to a row (pad), not packed (masked): context parallel splits each row "
+        "into chunks, which records packed behind each other would cross\n");
   reader_ = std::make_unique<data::SequenceReader>(tokens_, T, packing, config_.data.path);
   split_ = data::split_sequences(reader_->count(), own_eval ? 0 : config_.data.eval_fraction, config_.data.path);
   if (own_eval) {
@@ -423,7 +426,8 @@ at::Tensor TrainingRun::global_targets(double local) {
   if (every_target_counts_) return at::full({1}, tokens_per_step(), opts);
   at::Tensor t = at::full({1}, local, opts);
   if (world_.size() > 1) world_.all_reduce(t, dist::ReduceOp::kSum, "counted targets").wait();
-  return tp_size() > 1 ? t / tp_size() : t;  // a tensor-parallel group's ranks counted the same batch
+  // A tensor-parallel group's ranks, and a context-parallel group's, counted the same batch.
+  return tp_size() * cp_size_ > 1 ? t / (tp_size() * cp_size_) : t;
 }
 
 std::optional<StepResult> TrainingRun::train_step(int64_t step, bool stop) {
@@ -569,7 +573,9 @@ double TrainingRun::evaluate() {
     count += static_cast<double>(batch.counted_targets());
     sum += loss_sum(batch, b).item<double>();
   }
-  return global_sum(world_, sum, context_.device, tp_size()) / global_sum(world_, count, context_.device, tp_size());
+  // The ranks of a cp group hold parts of the loss sum, but each counted the whole batch's targets.
+  return global_sum(world_, sum, context_.device, tp_size()) /
+         global_sum(world_, count, context_.device, tp_size() * cp_size_);
 }
 
 ckpt::TrainingState TrainingRun::state_at(int64_t step) const {

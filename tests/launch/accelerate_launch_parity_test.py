@@ -90,14 +90,28 @@ def main():
     files = sorted(glob.glob(os.path.join(args.configs, "fsdp2", "*.yaml"))) + [
         os.path.join(args.configs, "fsdp1", n) for n in ("full_shard.yaml", "shard_grad_op.yaml", "int_strategy.yaml")] + [
         os.path.join(args.configs, "quickstart_cpu.yaml")]  # use_cpu: true
+    # Context parallel as the file has it (cp 2, alltoall), and Ulysses in its place (the sp_* exports).
+    long_context = os.path.join(args.configs, "long_context_cpu.yaml")
+    sequence_split = {(long_context, "cp"): [], (long_context, "sp"): [
+        "--parallelism_config_cp_size", "1", "--parallelism_config_sp_size", "2"]}
     checks = failures = 0
-    for path in files:
+    for path in files + list(sequence_split):
+        split_flags = sequence_split.get(path) if isinstance(path, tuple) else None
+        path = path[0] if isinstance(path, tuple) else path
         config = yaml.safe_load(open(path))
+        if split_flags is not None:  # Accelerate refuses the trainer's sections: its keys alone
+            config = {k: v for k, v in config.items()
+                      if k not in ("model", "data", "train", "optimizer", "schedule", "logging", "checkpoint")}
+            path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fsdptrain-parity-long-context.yaml")
+            with open(path, "w") as f:
+                yaml.safe_dump(config, f)
         # Every file runs on this machine alone, with the same flags given to both launchers; an HSDP
         # layout shrinks to 2 replicas x 2 shards.
         n = 2
         flags = ["--num_machines", "1", "--machine_rank", "0"]
-        if config.get("parallelism_config"):
+        if split_flags is not None:
+            flags += split_flags
+        elif config.get("parallelism_config"):
             n = 4
             flags += ["--parallelism_config_dp_replicate_size", "2", "--parallelism_config_dp_shard_size", "2"]
         flags += ["--num_processes", str(n)]
@@ -106,7 +120,8 @@ def main():
                             "--main_process_port", str(free_port()), script], env)
         ours = rank_envs([args.fsdptrain, "launch", "--config_file", path, *flags,
                           "--main_process_port", str(free_port()), "--", sys.executable, script], env)
-        name = os.path.relpath(path, args.configs)
+        name = ("long_context_cpu.yaml" + (" (sp 2)" if split_flags else "") if split_flags is not None
+                else os.path.relpath(path, args.configs))
         if sorted(theirs) != list(range(n)) or sorted(ours) != list(range(n)):
             print(f"FAIL {name}: ranks seen: accelerate {sorted(theirs)}, fsdptrain {sorted(ours)}")
             failures += 1

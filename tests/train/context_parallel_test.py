@@ -4,7 +4,8 @@ Llama (4 query heads over 2 kv heads), Qwen2 (q/k/v biases) and Qwen3 (q/k norms
 saves a small model and fsdptrain fine-tunes it from one token stream. Over Gloo on CPU, fp32:
   - cp 2 and cp 4 (allgather and alltoall), sp 2 and cp 2 x tp 2 give the losses and gradient norms
     of the cp 1 run (one process, the same global batch) within 1e-5 relative for 10 steps, and
-    cp 2 x dp 2 those of dp 2 alone;
+    cp 2 x dp 2 (and, for Llama, cp 2 x dp_replicate 2) those of dp 2 alone;
+  - records packed into rows (data.packing: masked) train under sp 2 as under cp 1 (Qwen2);
   - with the rest: activation checkpointing and 2 accumulated micro-batches, LoRA adapters, and bf16
     (within bf16's own noise on this data, as tensor_parallel_test bounds it);
   - a SHARDED and a FULL checkpoint saved at cp 2 resume at cp 1 with the same losses;
@@ -39,8 +40,8 @@ def families():
 
 
 class Runs:
-    def __init__(self, fsdptrain, tmp, data):
-        self.fsdptrain, self.tmp, self.data = fsdptrain, tmp, data
+    def __init__(self, fsdptrain, tmp, data, source):
+        self.fsdptrain, self.tmp, self.data, self.source = fsdptrain, tmp, data, source
 
     def save(self, name, config):
         folder = os.path.join(self.tmp, name)
@@ -107,7 +108,44 @@ def check_layouts(r, folders):
         dp2 = r.run(f"{name}-dp2", folder, 2, {})
         ok &= compare(f"{name}, cp 2 x dp 2", r.run(f"{name}-cp2-dp2", folder, 4, {"cp_size": 2, "dp_shard_size": 2}),
                       dp2, 1e-5, "dp 2 alone")
+        if name == "llama":  # and with HSDP: 2 replicas, each sharded over its cp pair
+            ok &= compare(f"{name}, cp 2 x dp_replicate 2", r.run(f"{name}-cp2-hsdp", folder, 4, {
+                "cp_size": 2, "dp_replicate_size": 2, "dp_shard_size": 1, "cp_comm_strategy": "alltoall"}),
+                dp2, 1e-5, "dp 2 alone")
     return ok
+
+
+def check_packed(r, folders):
+    """Records packed into rows (data.packing: masked) under Ulysses, which keeps them whole."""
+    records = os.path.join(r.tmp, "records.jsonl")
+    lines = [line.strip() for path in sorted(glob.glob(os.path.join(r.source, "lib/*/*.h")))[:12]
+             for line in open(path, encoding="utf-8", errors="replace") if 4 <= len(line.strip()) <= 12 and line.isascii()]
+    with open(records, "w") as f:  # prompt/completion records of 8-26 tokens, several to a row of 32
+        for prompt, completion in zip(lines[0::2], lines[1::2]):
+            f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+    packed = f"data:\n  path: {records}\n  packing: PACKING\n  eval_fraction: 0.05\n"
+    config = families()["qwen2"]
+    config.vocab_size = 257  # text is read as bytes by a byte-level model
+    model = r.save("qwen2-bytes", config)
+    def run(name, world, layout, packing="masked"):
+        path = r.yaml_of(name, model, world, layout)
+        text = open(path).read().replace("eval_interval: 0", "eval_interval: 5")  # the held-out loss too
+        text = text[:text.index("data:\n")] + packed.replace("PACKING", packing) + text[text.index("train:\n"):]
+        open(path, "w").write(text)
+        out = subprocess.run([r.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
+                             capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            raise RuntimeError(f"fsdptrain ({name}):\n{out.stdout}\n{out.stderr}")
+        rows = [json.loads(l) for l in open(f"{r.tmp}/{name}/metrics.jsonl")]
+        held_out = [x["eval_loss"] for x in rows if "eval_loss" in x]
+        assert len(held_out) == 2, f"{name}: held-out losses {held_out}"
+        return [x["loss"] for x in rows if "loss" in x], [x["grad_norm"] for x in rows if "grad_norm" in x] + held_out
+    ok = compare("qwen2, packed records (masked), sp 2 (and its held-out losses at steps 5 and 10)",
+                 run("packed-sp2", 2, {"sp_size": 2}), run("packed-cp1", 1, {}), 1e-5, learns=0.1)
+    # Context parallel: packing auto packs one record per row (pad), the prompts not counted.
+    return ok & compare("qwen2, prompt/completion records one to a row (packing auto -> pad), cp 2 alltoall",
+                        run("pad-cp2", 2, {"cp_size": 2, "cp_comm_strategy": "alltoall"}, "auto"),
+                        run("pad-cp1", 1, {}, "pad"), 1e-5, learns=0.1)
 
 
 def check_with_rest(r, folders):
@@ -195,7 +233,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("--only", default="", help="run one check: layouts, rest, checkpoints, refusals")
+    ap.add_argument("--only", default="", help="run one check: layouts, packed, rest, checkpoints, refusals")
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,11 +243,11 @@ def main():
             tokens.extend(open(path, "rb").read())
         data = os.path.join(tmp, "tokens.bin")
         write_shard(data, tokens)
-        r = Runs(args.fsdptrain, tmp, data)
+        r = Runs(args.fsdptrain, tmp, data, args.source)
         try:
             folders = {name: r.save(name, config) for name, config in families().items()}
-            checks = {"layouts": check_layouts, "rest": check_with_rest, "checkpoints": check_checkpoints,
-                      "refusals": check_refusals}
+            checks = {"layouts": check_layouts, "packed": check_packed, "rest": check_with_rest,
+                      "checkpoints": check_checkpoints, "refusals": check_refusals}
             for name, check in checks.items():
                 if not args.only or args.only == name:
                     ok &= check(r, folders)
