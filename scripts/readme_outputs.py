@@ -10,7 +10,8 @@ steps; its log lines only, since a trained model's words may differ between mach
 example's rendering and chat (scripts/examples/chat.sh's; its log lines likewise), and every
 `$ fsdptrain ...` command of COMMANDS shown with its output (run in a copy of the repository's root
 made of links, with the files a `$ cat FILE` block shows). Not made again: the sampled text of
-`generate` (a trained model's words), the failing launch's table and the profiling run's lines.
+`generate` (a trained model's words), the failing launch's table, the profiling run's lines and the
+long-context run's (minutes of an 85M model at 8192 tokens).
 
     .venv/bin/python scripts/readme_outputs.py --check [--fsdptrain build/apps/fsdptrain/fsdptrain]
     .venv/bin/python scripts/readme_outputs.py --write
