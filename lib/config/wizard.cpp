@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <istream>
+#include <numeric>
 #include <ostream>
 #include <set>
 
@@ -62,6 +63,13 @@ const std::vector<WizardQuestionInfo>& questions() {
        "Do you want to use hybrid sharding (HSDP: shard within groups of ranks, replicate across groups)?"},
       {"parallelism_config.parallelism_config_dp_replicate_size", "How many replicas (dp_replicate_size)?"},
       {"parallelism_config.parallelism_config_dp_shard_size", "How many ranks shard each replica (dp_shard_size)?"},
+      {"use_context_parallel",
+       "Will you train on sequences too long for one GPU's memory, split over several processes (context parallel)?"},
+      {"parallelism_config.parallelism_config_cp_size",
+       "How many processes should split each sequence (cp_size; each holds 1/cp_size of its tokens)?"},
+      {"parallelism_config.parallelism_config_cp_comm_strategy",
+       "How should they exchange keys and values: allgather (gathered before attention) or alltoall (a ring: no "
+       "process holds a whole sequence's)?"},
       {"num_processes", "How many processes (GPUs) should be used in total, across ALL machines?"},
       {"gpu_ids", "Which GPU(s) (by id) should be used on each machine, as a comma-separated list?"},
       {"mixed_precision", "Do you wish to use mixed precision?"},
@@ -111,13 +119,14 @@ class Wizard {
   void ask_fsdp();
   std::string ask_wrap_policy();
   void ask_hsdp();
+  void ask_context_parallel();
   void ask_processes();
   void ask_partial_reshard();
   void ask_trainer();
   WizardResult finish();
 
   bool distributed_ = false, cpu_ = false, reshard_ = false;
-  int machines_ = 1, replicate_ = 1, shard_ = 1, procs_ = 1;
+  int machines_ = 1, replicate_ = 1, shard_ = 1, procs_ = 1, cp_ = 1;
 
   std::istream& in_;
   std::ostream& out_;
@@ -328,6 +337,7 @@ void Wizard::ask_fsdp() {
   set_bool("fsdp_config.fsdp_activation_checkpointing",
            policy != "NO_WRAP" && ask_yes_no("fsdp_config.fsdp_activation_checkpointing", false));
   if (v2 && ask_yes_no("use_parallelism_config", false)) ask_hsdp();
+  if (v2) ask_context_parallel();
 }
 
 std::string Wizard::ask_wrap_policy() {
@@ -355,14 +365,30 @@ void Wizard::ask_hsdp() {
   set("parallelism_config.parallelism_config_dp_shard_size", std::to_string(shard_));
 }
 
+// Context parallel (FSDP2): how many processes split each sequence, and how they exchange K/V.
+void Wizard::ask_context_parallel() {
+  if (!ask_yes_no("use_context_parallel", false)) return;
+  cp_ = static_cast<int>(*parse_int(ask_option("parallelism_config.parallelism_config_cp_size", "2",
+                                                [](const std::string& v) {
+                                                  return *parse_int(v) >= 2 ? std::string()
+                                                                            : std::string("it must be 2 or more");
+                                                })));
+  set("parallelism_config.parallelism_config_cp_size", std::to_string(cp_));
+  set("parallelism_config.parallelism_config_cp_comm_strategy",
+      ask_choice("parallelism_config.parallelism_config_cp_comm_strategy", {"allgather", "alltoall"}, "allgather"));
+}
+
 void Wizard::ask_processes() {
   if (distributed_) {
-    const int layout = replicate_ * shard_;
+    const int layout = replicate_ * shard_ > 1 ? replicate_ * shard_ * cp_ : 0;
+    const int step = machines_ * cp_ / std::gcd(machines_, cp_);  // a multiple of the machines and of cp_size
     procs_ = static_cast<int>(*parse_int(ask_option(
-        "num_processes", layout > 1 ? std::to_string(layout) : std::to_string(machines_), [&](const std::string& v) {
+        "num_processes", layout > 0 ? std::to_string(layout) : std::to_string(step), [&](const std::string& v) {
           long long n = *parse_int(v);
           if (n % machines_ != 0) return str("the total must be a multiple of the ", machines_, " machines");
-          if (layout > 1 && n != layout) return str("HSDP needs replicate x shard = ", layout, " processes");
+          if (layout > 0 && n != layout)
+            return str("HSDP needs replicate x shard", cp_ > 1 ? " x cp" : "", " = ", layout, " processes");
+          if (n % cp_ != 0) return str("the total must be a multiple of cp_size ", cp_);
           return std::string();
         })));
   }
@@ -380,7 +406,8 @@ void Wizard::ask_processes() {
 // FSDP2 over several machines: fsdp_reshard_after_forward may name one machine's processes instead
 // of true (asked once the process count is known).
 void Wizard::ask_partial_reshard() {
-  const int per_machine = procs_ / machines_, shard = replicate_ * shard_ > 1 ? shard_ : procs_;
+  // FSDP's shard group: dp_shard x cp ranks (all of them without HSDP).
+  const int per_machine = procs_ / machines_, shard = replicate_ * shard_ > 1 ? shard_ * cp_ : procs_;
   if (!reshard_ || machines_ < 2 || per_machine < 2 || shard <= per_machine || shard % per_machine != 0) return;
   if (!ask_yes_no("use_partial_reshard", false)) return;
   for (auto& [key, value] : values_)

@@ -238,23 +238,27 @@ struct ContextAttention : torch::autograd::Function<ContextAttention> {
       group.reduce_scatter(dkv_mine, dkv.reshape({-1}), dist::ReduceOp::kSum, "context-parallel K/V gradients").wait();
       dkv_mine = dkv_mine.view(dkv.sizes().slice(1));
     } else {
-      at::Tensor kv = pack(k, v), dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+      // The gradients of the K/V a rank uses travel on with them, each rank adding its share; after
+      // P steps they are home. A step's share is computed while the previous step's sum is in flight.
+      at::Tensor kv = pack(k, v), in_flight;
+      dist::Work kv_arriving, sum_arriving;
       for (int64_t step = 0; step < p; ++step) {
         at::Tensor next;
-        dist::Work arriving;
         if (step + 1 < p) {
           next = at::empty_like(kv);
-          arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
+          kv_arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
         }
-        attend_owner_backward(douts, qs, outs, lses, kv, dkv, (r - step + p) % p, cp, dq);
-        // The gradients of the K/V just used travel on with them; after P steps they are home.
-        const at::Tensor dkv_next = at::empty_like(dkv);
-        group.shift(dkv_next, dkv, 1, "context-parallel ring of K/V gradients").wait();
-        dkv = dkv_next;
-        arriving.wait();
+        const at::Tensor share = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+        attend_owner_backward(douts, qs, outs, lses, kv, share, (r - step + p) % p, cp, dq);
+        sum_arriving.wait();  // the other ranks' shares for the same K/V, so far
+        if (in_flight.defined()) share.add_(in_flight);
+        in_flight = at::empty_like(share);
+        sum_arriving = group.shift(in_flight, share, 1, "context-parallel ring of K/V gradients");
+        kv_arriving.wait();
         if (next.defined()) kv = next;
       }
-      dkv_mine = dkv;
+      sum_arriving.wait();
+      dkv_mine = in_flight;
     }
     return {dq_all.to(q.scalar_type()), dkv_mine[0].to(k.scalar_type()), dkv_mine[1].to(v.scalar_type()),
             at::Tensor()};
@@ -320,6 +324,11 @@ const char* sequence_split_name(SequenceSplit how) {
       return "ulysses";
   }
   return "?";
+}
+
+SequenceSplit sequence_split_named(const std::string& name) {
+  if (name == "ulysses") return SequenceSplit::kUlysses;
+  return name == "alltoall" ? SequenceSplit::kRing : SequenceSplit::kAllGather;
 }
 
 int64_t sequence_multiple(const ContextParallel& cp) {

@@ -34,8 +34,10 @@
 namespace fsdp::model {
 
 enum class SequenceSplit { kAllGather, kRing, kUlysses };
-// "allgather", "alltoall" (Accelerate's names for the ring and the gather), "ulysses".
+// "allgather", "alltoall" (Accelerate's names for the gather and the ring), "ulysses"; and back
+// (config::FsdpLayout::cp_kind; anything else is allgather, Accelerate's default).
 const char* sequence_split_name(SequenceSplit how);
+SequenceSplit sequence_split_named(const std::string& name);
 
 struct ContextParallel {
   ContextParallel(dist::ProcessGroup g, SequenceSplit h) : group(std::move(g)), how(h), rank_(group->rank()), size_(group->size()) {}

@@ -124,11 +124,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
   if (tp > 1) e.tp_bytes = (8 * mc.num_hidden_layers + 4) * tokens * C * param_bytes * (tp - 1) / tp;
   if (cp > 1) {
-    const auto how = plan.cp_kind == "ulysses"    ? model::SequenceSplit::kUlysses
-                     : plan.cp_kind == "alltoall" ? model::SequenceSplit::kRing
-                                                  : model::SequenceSplit::kAllGather;
     e.cp_bytes = mc.num_hidden_layers *
-                 model::sequence_split_bytes(model::ContextParallel::shapes_only(cp, how), c.train.micro_batch_size,
+                 model::sequence_split_bytes(model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind)), c.train.micro_batch_size,
                                              c.train.sequence_length, mc.num_attention_heads / tp,
                                              mc.num_key_value_heads / tp, mc.head_dim, param_bytes);
   }

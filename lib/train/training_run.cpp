@@ -254,10 +254,7 @@ void TrainingRun::build_model() {
   fsdp::DeviceMesh mesh = fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size,
                                            plan.tp_size, plan.cp_size);
   std::shared_ptr<model::ContextParallel> cp;
-  if (mesh.cp)
-    cp = std::make_shared<model::ContextParallel>(*mesh.cp, plan.cp_kind == "ulysses"   ? model::SequenceSplit::kUlysses
-                                                            : plan.cp_kind == "alltoall" ? model::SequenceSplit::kRing
-                                                                                         : model::SequenceSplit::kAllGather);
+  if (mesh.cp) cp = std::make_shared<model::ContextParallel>(*mesh.cp, model::sequence_split_named(plan.cp_kind));
   std::shared_ptr<model::TensorParallel> tp;
   if (mesh.tp) {
     tp = std::make_shared<model::TensorParallel>(*mesh.tp);

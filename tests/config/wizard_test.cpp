@@ -108,6 +108,7 @@ TEST_CASE("preset answers are not asked; a complete set needs no input at all") 
                                                {"use_parallelism_config", "yes"},
                                                {"parallelism_config.parallelism_config_dp_replicate_size", "2"},
                                                {"parallelism_config.parallelism_config_dp_shard_size", "2"},
+                                               {"use_context_parallel", "no"},
                                                {"num_processes", "4"},
                                                {"mixed_precision", "no"},
                                                {"model.pretrained", ""}};
@@ -138,6 +139,7 @@ TEST_CASE("FSDP2 on several machines offers partial resharding over one machine'
                                                {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"},
                                                {"fsdp_config.fsdp_activation_checkpointing", "no"},
                                                {"use_parallelism_config", "no"},
+                                               {"use_context_parallel", "no"},
                                                {"num_processes", "16"},
                                                {"gpu_ids", "all"},
                                                {"use_partial_reshard", "yes"},
@@ -154,6 +156,34 @@ TEST_CASE("FSDP2 on several machines offers partial resharding over one machine'
   preset["num_processes"] = "8";
   Run one = run("", preset);
   CHECK(one.result.yaml.find("fsdp_reshard_after_forward: true") != std::string::npos);
+}
+
+TEST_CASE("FSDP2 asks for context parallel: cp_size and its strategy, and processes that split by it") {
+  std::map<std::string, std::string> preset = {{"machine_type", "multi-CPU"},
+                                               {"num_machines", "1"},
+                                               {"debug", "no"},
+                                               {"use_fsdp", "yes"},
+                                               {"fsdp_config.fsdp_version", "2"},
+                                               {"fsdp_config.fsdp_reshard_after_forward", "yes"},
+                                               {"fsdp_config.fsdp_offload_params", "no"},
+                                               {"fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
+                                               {"use_model_layer_classes", "yes"},
+                                               {"fsdp_config.fsdp_state_dict_type", "SHARDED_STATE_DICT"},
+                                               {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"},
+                                               {"fsdp_config.fsdp_activation_checkpointing", "no"},
+                                               {"use_parallelism_config", "no"},
+                                               {"use_context_parallel", "yes"},
+                                               {"mixed_precision", "no"},
+                                               {"model.pretrained", ""}};
+  // cp_size 1 is re-asked; 6 processes do not split into groups of 4.
+  Run r = run("1\n4\n2\n6\n8\n", preset);
+  CHECK(r.transcript.find("Please try again: it must be 2 or more.") != std::string::npos);
+  CHECK(r.transcript.find("Please try again: the total must be a multiple of cp_size 4.") != std::string::npos);
+  Loaded l = load_text(r.result.yaml);
+  CHECK_MESSAGE(l.errors() == "", l.errors());
+  CHECK(l.rc.typed.parallelism.cp_size == 4);
+  CHECK(l.rc.typed.parallelism.cp_comm_strategy == "alltoall");
+  CHECK(effective_fsdp_layout(l.rc.typed).shard_size == 2);  // 8 processes: dp_shard 2 x cp 4
 }
 
 TEST_CASE("bad presets, unknown ids and input that ends early are errors") {

@@ -256,6 +256,18 @@ double parse_size(const std::string& text) {
 
 }  // namespace
 
+namespace {
+
+// The value printed after `label` in an estimate-memory report ("1.5 MiB"): its first two words.
+std::string after(const std::string& s, const std::string& label) {
+  const size_t a = s.find(label);
+  if (a == std::string::npos) return std::string("(missing ") + label + ")";
+  const size_t first = s.find_first_not_of(' ', a + label.size());
+  return s.substr(first, s.find_first_of(" \n", s.find(' ', first) + 1) - first);
+}
+
+}  // namespace
+
 TEST_CASE("estimate-memory's persistent rows and the run's report equal the sharded sizes") {
   for (const std::string w : {"2", "3"}) {
     const Result est = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", w});
@@ -300,12 +312,6 @@ TEST_CASE("estimate-memory with partial resharding: the post-forward shares and 
     REQUIRE(r.code == 0);
     return r.out;
   };
-  auto after = [](const std::string& s, const std::string& label) {
-    const size_t a = s.find(label);
-    if (a == std::string::npos) return std::string("(missing ") + label + ")";
-    const size_t first = s.find_first_not_of(' ', a + label.size());
-    return s.substr(first, s.find_first_of(" \n", s.find(' ', first) + 1) - first);
-  };
   const std::string partial = estimate("2"), whole = estimate("true");
   INFO(partial, whole);
   CHECK(whole.find("post-forward") == std::string::npos);
@@ -316,4 +322,29 @@ TEST_CASE("estimate-memory with partial resharding: the post-forward shares and 
   CHECK(after(partial, "forward's all-gathers") == after(whole, "forward's all-gathers"));
   // Over all 4 it receives three quarters: 1.5 times as much.
   CHECK(parse_size(after(whole, "backward's")) / parse_size(kept) == doctest::Approx(1.5).epsilon(0.01));
+}
+
+TEST_CASE("estimate-memory under context parallel: activations at 1/cp, allgather's K/V on top, the ring's bytes") {
+  auto estimate = [](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"estimate-memory", "--config", kQuickstart, "--num_processes", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = fsdptrain_in_source(args);
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  const std::string dp = estimate({});
+  const std::string ring =
+      estimate({"--parallelism_config_cp_size", "2", "--parallelism_config_cp_comm_strategy", "alltoall"});
+  const std::string gather = estimate({"--parallelism_config_cp_size", "2"});
+  INFO(dp, ring, gather);
+  CHECK(ring.find("context parallel 2, alltoall: each rank holds 1/2 of every sequence") != std::string::npos);
+  const double whole = parse_size(after(dp, "activations (one micro-batch)"));
+  const double halved = parse_size(after(ring, "activations (one micro-batch)"));
+  CHECK(halved <= 0.55 * whole);  // half the tokens; the head's gradient is not split
+  CHECK(parse_size(after(gather, "activations (one micro-batch)")) > halved);  // the gathered K/V kept
+  // fp32 at cp 2: allgather sends K/V once and their gradients once; the ring sends K/V once each way
+  // and their gradients twice: 2 x the bytes.
+  CHECK(parse_size(after(ring, "context parallel's K/V")) ==
+        doctest::Approx(2 * parse_size(after(gather, "context parallel's K/V"))).epsilon(0.01));
 }
