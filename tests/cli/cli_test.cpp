@@ -186,9 +186,9 @@ TEST_CASE("the wizard through a pipe and an answers file, with no terminal") {
                                      "machine_type: multi-CPU\nnum_machines: 1\ndebug: no\nuse_fsdp: yes\n"
                                      "fsdp_config.fsdp_version: 2\nnum_processes: 2\n");
   // The remaining questions come from stdin: reshard, offload, wrap policy, layer classes, state dict,
-  // RAM-efficient loading, activation checkpointing, HSDP, mixed precision.
+  // RAM-efficient loading, activation checkpointing, HSDP, context parallel, mixed precision.
   Result r = run({"config", "--config_file", t / "w.yaml", "--answers", answers, "--fsdp_offload_params", "true"},
-                 "no\n\n\n\n\nyes\n\nbf16\n");
+                 "no\n\n\n\n\nyes\n\n\nbf16\n");
   CHECK_MESSAGE(r.code == 0, r.err);
   CHECK(r.out.find("fsdptrain configuration saved at " + t / "w.yaml") != std::string::npos);
   CHECK(r.out.find("offload") == std::string::npos);  // answered by the flag, not asked
