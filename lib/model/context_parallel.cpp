@@ -292,23 +292,17 @@ at::Tensor to_tokens(const at::Tensor& x, const ContextParallel& cp) {
   return out.permute({1, 2, 0, 3, 4}).reshape({b, t / p, p * n, d});  // rank q's heads q-th
 }
 
-struct ToHeads : torch::autograd::Function<ToHeads> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const ContextParallel* cp) {
+// Ulysses' swap as autograd sees it: each direction's gradient is the other direction.
+struct UlyssesSwap : torch::autograd::Function<UlyssesSwap> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const ContextParallel* cp, bool heads) {
     ctx->saved_data["cp"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(cp));
-    return to_heads(x, *cp);
+    ctx->saved_data["heads"] = heads;
+    return heads ? to_heads(x, *cp) : to_tokens(x, *cp);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {to_tokens(grads[0], saved_cp(ctx)), at::Tensor()};
-  }
-};
-
-struct ToTokens : torch::autograd::Function<ToTokens> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const ContextParallel* cp) {
-    ctx->saved_data["cp"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(cp));
-    return to_tokens(x, *cp);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {to_heads(grads[0], saved_cp(ctx)), at::Tensor()};
+    const ContextParallel& cp = saved_cp(ctx);
+    return {ctx->saved_data["heads"].toBool() ? to_tokens(grads[0], cp) : to_heads(grads[0], cp), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -357,11 +351,11 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp) {
-  return ToHeads::apply(x, &cp);
+  return UlyssesSwap::apply(x, &cp, true);
 }
 
 at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp) {
-  return ToTokens::apply(x, &cp);
+  return UlyssesSwap::apply(x, &cp, false);
 }
 
 int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads,

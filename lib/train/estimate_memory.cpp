@@ -24,7 +24,7 @@ void check_fits_machine(const config::Config& config, const model::LlamaConfig& 
   const bool lora = config.lora.enabled();
   const double per_rank = mc.parameter_count() *
                           (lora ? c10::elementSize(plan.options.mixed_precision.param_dtype) : 16.0) /
-                          (static_cast<double>(plan.shard_size) * plan.cp_size * plan.tp_size);
+                          (static_cast<double>(plan.fsdp_shard_size()) * plan.tp_size);
   const bool gpu = !config.launch.use_cpu && !config.fsdp.offload_params && cuda_device_count() > 0;
   const double has = gpu ? static_cast<double>(cuda_device_memory(0))
                          : static_cast<double>(system_info().memory_total_bytes) / std::max(1, local_workers);
@@ -35,7 +35,7 @@ void check_fits_machine(const config::Config& config, const model::LlamaConfig& 
           format_count(mc.parameter_count()), " parameters needs ", bytes(per_rank),
           lora ? " per rank for its frozen shards alone (sharded over "
                : " per rank for its fp32 shards, gradients and AdamW state alone (sharded over ",
-          plural(plan.shard_size * plan.cp_size, "rank"), "), but ",
+          plural(plan.fsdp_shard_size(), "rank"), "), but ",
           gpu ? str("each GPU here has ", bytes(has))
               : str("this machine has ", bytes(has), " of memory for each of its ", plural(local_workers, "worker")),
           ". Check the sizes in config.json, or shard over more ranks (fsdptrain estimate-memory shows "
@@ -56,7 +56,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const model::LoraSettings lora = lora_settings_of(c);
   if (lora.enabled()) model::add_lora(*llama, lora, /*free_after_create=*/true);
   MemoryEstimate e;
-  const int shards = plan.shard_size * plan.cp_size;  // FSDP shards over dp_shard x cp
+  const int shards = plan.fsdp_shard_size();
   int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;
   const auto units = plan_units(*llama, model::llama_traits(mc), plan.options);
   for (size_t u = 0; u < units.size(); ++u) {
@@ -162,7 +162,7 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
       str("fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(),
           " parameters on ", plural(world_size, "rank"), ": ",
           plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ",
-          plan.shard_size * plan.cp_size,
+          plan.fsdp_shard_size(),
           plan.cp_size > 1 ? str(" (", plan.cp_kind == "ulysses" ? "Ulysses sequence parallel " : "context parallel ",
                                  plan.cp_size, plan.cp_kind == "ulysses" ? "" : ", " + plan.cp_kind,
                                  ": each rank holds 1/", plan.cp_size, " of every sequence)")
@@ -198,9 +198,9 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
                  device_total(o, a), o ? str("+ ", format_bytes(e.persistent()), " of host memory") : "");
   out += str(
       "received per rank per micro-batch: forward's all-gathers ", format_bytes(e.forward_gather_bytes), " over ",
-      plural(plan.shard_size * plan.cp_size, "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
+      plural(plan.fsdp_shard_size(), "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
       plan.post_forward_size > 0 ? str(" inside groups of ", plan.post_forward_size, " ranks")
-                                 : str(" over ", plural(plan.shard_size * plan.cp_size, "rank")),
+                                 : str(" over ", plural(plan.fsdp_shard_size(), "rank")),
       ", reduce-scatters ", format_bytes(e.reduce_bytes), plan.replicate_size > 1 ? " (and HSDP's all-reduce)" : "",
       plan.tp_size > 1
           ? str("; tensor parallel's activations ", format_bytes(e.tp_bytes), " over ", plural(plan.tp_size, "rank"))

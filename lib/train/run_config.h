@@ -49,6 +49,7 @@ struct FsdpPlan {
   int tp_size = 1;            // tensor parallel: ranks each layer is split over (innermost)
   int cp_size = 1;            // context or Ulysses sequence parallel: ranks each sequence is split over
   std::string cp_kind;        // "allgather", "alltoall" or "ulysses" (config::FsdpLayout::cp_kind)
+  int fsdp_shard_size() const { return shard_size * cp_size; }  // FSDP shards over dp_shard x cp
 };
 // mixed_precision bf16|fp16 -> param_dtype bf16|fp16 with fp32 reduction and fp32 master weights;
 // the wrap policy, its classes and min_num_params, offload, activation checkpointing as named; the
