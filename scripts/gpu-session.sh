@@ -124,6 +124,7 @@ gpu_tests() {
   set +e
   "$bin/nccl_test"; rc=$?; [ $rc = 0 ] || [ $rc = 77 ] || failed=1; echo "nccl_test: exit $rc"
   "$bin/fsdp_worker" product-cuda; rc=$?; [ $rc = 0 ] || failed=1; echo "fsdp_product_cuda: exit $rc"
+  "$bin/packed_cuda_test"; rc=$?; [ $rc = 0 ] || [ $rc = 77 ] || failed=1; echo "packed_cuda_test: exit $rc"
   "$PYTHON" tests/train/gpu_train_test.py --fsdptrain "$FSDPTRAIN" --source "$PWD"; rc=$?
   [ $rc = 0 ] || failed=1; echo "gpu_train_test: exit $rc"
   set -e
