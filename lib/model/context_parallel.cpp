@@ -95,11 +95,13 @@ std::array<at::Tensor, 3> block_backward(const at::Tensor& dout, const at::Tenso
       return {dq, dk, dv};
     }
     case Kernel::kCudaFlash: {
+      // The kernel reads the log-sum-exp as a dense (B, H, Lq) array, whatever its strides say: a chunk's
+      // rows narrowed out of the whole row's (B, H, 2Lq) would be read from the wrong places.
       const int64_t l = q.size(2);
       const at::Tensor none = at::zeros({2}, q.options().dtype(at::kLong));  // no dropout: no generator state
       auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_backward(
-          dout, q, expand_heads(k, h), expand_heads(v, h), out, lse, at::Tensor(), at::Tensor(), l, k.size(2), 0.0,
-          causal, none, none);
+          dout, q, expand_heads(k, h), expand_heads(v, h), out, lse.contiguous(), at::Tensor(), at::Tensor(), l,
+          k.size(2), 0.0, causal, none, none);
       return {dq, fold_heads(dk, kv), fold_heads(dv, kv)};
     }
     case Kernel::kMath: {
