@@ -83,62 +83,188 @@ struct WeightGradient {
   }
 };
 
-// The loss over rows of hidden states (n, C) and the head's weight (V, C) in the compute dtype:
-// each chunk's logits come out of one product in that dtype (fp32 accumulation inside it) and are
-// upcast to fp32 for the softmax, as TorchTitan's loss does; the chunk's gradient g goes back to
-// the compute dtype once, for both products of the backward. Both gradients are computed here, in
-// the forward, so no chunk's logits are kept.
+// What the loss's forward computes: the fp32 sum, and the gradients of hidden and weight for a loss
+// gradient of 1 (undefined where not required).
+struct LossAndGradients {
+  at::Tensor loss, dh, dw;
+};
+
+// Chunks of `rows` tokens against the whole vocabulary (the CPU's kernel): each chunk's logits come
+// out of one product in the compute dtype (fp32 accumulation inside it) and are upcast to fp32 for
+// the softmax, as TorchTitan's loss does; the chunk's gradient g goes back to the compute dtype once,
+// for both products. The weight's gradient is a sum over the chunks (WeightGradient).
+LossAndGradients by_token_chunks(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                 int64_t rows, int64_t ignore_index, const TensorParallel* tp, int64_t first) {
+  const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
+  const int64_t n = hidden.size(0), vocab = weight.size(0);
+  if (rows <= 0) rows = default_chunk_rows(vocab);
+  at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
+  at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
+  WeightGradient dw;
+  for (int64_t i = 0; i < n; i += rows) {
+    const int64_t m = std::min(rows, n - i);
+    const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
+    at::Tensor logits = matmul_nt(h, weight);  // (m, V) or (m, V/P), the compute dtype
+    if (logits.scalar_type() != at::kFloat) logits = logits.to(at::kFloat);
+    const at::Tensor valid = y.ne(ignore_index);
+    const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
+    const LocalTargets local = local_targets(safe_y, first, vocab);
+    const auto [lse, picked] = chunk_stats(logits, local, tp);  // (m)
+    loss.add_(((lse - picked) * valid.to(at::kFloat)).sum());
+    if (!grad_h && !grad_w) continue;
+    // d loss / d logits = softmax - one_hot, zero on ignored tokens (the one-hot in its rank's
+    // columns), in place of the logits.
+    at::Tensor g = logits.sub_(lse.unsqueeze(1)).exp_();
+    g.scatter_add_(1, local.column, -local.mine.unsqueeze(1));
+    g.mul_(valid.to(at::kFloat).unsqueeze(1));
+    if (g.scalar_type() != weight.scalar_type()) g = g.to(weight.scalar_type());
+    if (grad_h) {
+      at::Tensor rows_of_dh = dh.narrow(0, i, m);
+      if (g.is_cpu())
+        rows_of_dh.copy_(matmul_nt(g, weight.t()));
+      else
+        at::mm_out(rows_of_dh, g, weight);  // written in place
+    }
+    if (grad_w) dw.add(g, h);
+  }
+  return {loss, dh, grad_w ? dw.take(weight) : at::Tensor()};
+}
+
+// out (fp32) = beta out + a b with a and b in their dtype and the sum in fp32 (one product in place;
+// CPU has no mixed-dtype product, so there the operands are upcast first). beta 0 ignores out.
+void product_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, double beta) {  // out: a handle
+  if (a.scalar_type() == at::kFloat)
+    at::addmm_out(out, out, a, b, beta);
+  else if (a.is_cpu())
+    at::addmm_out(out, out, a.to(at::kFloat), b.to(at::kFloat), beta);
+  else
+    at::addmm_out(out, out, a, b, at::kFloat, beta);
+}
+
+// The sizes of the vocabulary-chunked loss: tokens per block (their fp32 gradient of hidden, rows x C,
+// at most 256 MiB) and vocabulary rows per chunk (about 32M logits of the block).
+int64_t block_rows_for(int64_t hidden_size) {
+  return std::max<int64_t>(1, (int64_t{1} << 26) / std::max<int64_t>(1, hidden_size));
+}
+int64_t vocab_rows_for(int64_t block_rows, int64_t vocab) {
+  return std::clamp<int64_t>((int64_t{1} << 25) / std::max<int64_t>(1, block_rows), 256, std::max<int64_t>(vocab, 1));
+}
+
+// Blocks of tokens against chunks of the vocabulary (every other device's kernel): two passes over
+// a block's chunks, the first for each token's log-sum-exp and target logit, the second recomputing
+// each chunk's logits for its gradient. A chunk's rows of the weight's gradient are then one product
+// over all the block's tokens, written once (in the weight's dtype when one block holds every token;
+// else summed over the blocks in fp32), and what is summed over the chunks is the gradient of the
+// block's hidden states, (rows, C) in fp32: small where the (V, C) sum of token chunks is not. The
+// logits are (chunk, tokens), tokens along rows, so a token's statistics are column reductions and
+// both gradient products read g as it lies. An extra row takes the one-hot writes of tokens whose
+// target is in no chunk of this pass.
+LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                      int64_t rows, int64_t vocab_rows, int64_t ignore_index, const TensorParallel* tp,
+                                      int64_t first) {
+  const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
+  const int64_t n = hidden.size(0), vocab = weight.size(0), width = hidden.size(1);
+  if (rows <= 0) rows = block_rows_for(width);
+  rows = std::min(rows, std::max<int64_t>(n, 1));
+  if (vocab_rows <= 0) vocab_rows = vocab_rows_for(rows, vocab);
+  vocab_rows = std::min(vocab_rows, vocab);
+  const auto f32 = hidden.options().dtype(at::kFloat);
+  const bool fp32 = weight.scalar_type() == at::kFloat;
+  at::Tensor loss = at::zeros({}, f32);
+  at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
+  const bool one_block = rows >= n;
+  // The weight's gradient: written chunk by chunk in its dtype, or summed over blocks in fp32.
+  at::Tensor dw = !grad_w ? at::Tensor() : at::empty(weight.sizes(), one_block ? weight.options() : f32);
+  const at::Tensor scores = at::empty({(vocab_rows + 1) * rows}, f32);  // a chunk's fp32 logits (+ a spare row)
+  const at::Tensor g_buffer = fp32 ? scores : at::empty({(vocab_rows + 1) * rows}, weight.options());
+  for (int64_t i = 0; i < n; i += rows) {
+    const int64_t m = std::min(rows, n - i);
+    const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
+    const at::Tensor valid = y.ne(ignore_index);
+    const at::Tensor column = at::where(valid, y, at::zeros_like(y)) - first;  // in this rank's rows, or not
+    auto chunk_logits = [&](int64_t j, int64_t c) {  // (c, m) fp32: rows j..j+c of the weight against h
+      const at::Tensor s = scores.narrow(0, 0, c * m).view({c, m});
+      product_into(s, weight.narrow(0, j, c), h.t(), 0.0);
+      return s;
+    };
+    // Pass 1: each token's log-sum-exp over this rank's vocabulary, and its target's logit.
+    at::Tensor lse = at::full({m}, -INFINITY, f32), picked = at::zeros({m}, f32);
+    for (int64_t j = 0; j < vocab; j += vocab_rows) {
+      const int64_t c = std::min(vocab_rows, vocab - j);
+      const at::Tensor s = chunk_logits(j, c);
+      const at::Tensor here = (column >= j) & (column < j + c);
+      picked.add_(s.gather(0, (column - j).clamp(0, c - 1).unsqueeze(0)).squeeze(0) * here);
+      const at::Tensor top = s.amax(0);
+      lse = at::logaddexp(lse, s.sub_(top).exp_().sum(0).log_().add_(top));
+    }
+    if (tp != nullptr) {
+      FSDP_ASSERT(tp->group.has_value(), "the vocabulary-parallel loss of a model built for its shapes alone");
+      dist::ProcessGroup group = *tp->group;
+      const at::Tensor all = at::empty({tp->size() * m}, f32);
+      group.all_gather(all, lse, "vocab-parallel loss (log-sum-exp)").wait();
+      lse = at::logsumexp(all.view({tp->size(), m}), {0});
+      group.all_reduce(picked, dist::ReduceOp::kSum, "vocab-parallel loss (target logits)").wait();
+    }
+    loss.add_(((lse - picked) * valid).sum());
+    if (!grad_h && !grad_w) continue;
+    // Pass 2: g = softmax - one-hot, zero for ignored tokens (their log-sum-exp taken as infinite),
+    // the target's entry p - 1 computed in fp32 before its rounding to the weight's dtype.
+    const at::Tensor shift = at::where(valid, lse, at::full({}, INFINITY, f32));
+    const at::Tensor target_g = (at::exp(picked - lse) - 1).to(weight.scalar_type());
+    const at::Tensor token = at::arange(m, column.options());
+    at::Tensor dh_sum = !grad_h ? at::Tensor() : fp32 ? dh.narrow(0, i, m) : at::empty({m, width}, f32);
+    for (int64_t j = 0; j < vocab; j += vocab_rows) {
+      const int64_t c = std::min(vocab_rows, vocab - j);
+      const at::Tensor s = chunk_logits(j, c).sub_(shift);
+      at::Tensor g = g_buffer.narrow(0, 0, c * m).view({c, m});
+      at::exp_out(g, s);
+      const at::Tensor row = at::where(valid & (column >= j) & (column < j + c), column - j, c);
+      g_buffer.narrow(0, 0, (c + 1) * m).scatter_(0, row * m + token, target_g);
+      const at::Tensor w = weight.narrow(0, j, c);
+      if (grad_w) {
+        at::Tensor rows_of_dw = dw.narrow(0, j, c);
+        if (one_block)
+          at::mm_out(rows_of_dw, g, h);  // all tokens: the chunk's rows, rounded once
+        else
+          product_into(rows_of_dw, g, h, i == 0 ? 0.0 : 1.0);
+      }
+      if (grad_h) product_into(dh_sum, g.t(), w, j == 0 ? 0.0 : 1.0);
+    }
+    if (grad_h && !fp32) dh.narrow(0, i, m).copy_(dh_sum);
+  }
+  if (dw.defined() && dw.scalar_type() != weight.scalar_type()) dw = dw.to(weight.scalar_type());
+  return {loss, dh, dw};
+}
+
+// The loss as one autograd function. Both gradients are computed in the forward, so no chunk's logits
+// are kept; backward scales them, in place, by the incoming gradient.
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                                const at::Tensor& targets, int64_t rows, int64_t ignore_index, const TensorParallel* tp,
-                               int64_t first) {
-    const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
-    const int64_t n = hidden.size(0), vocab = weight.size(0);
-    if (rows <= 0) rows = default_chunk_rows(vocab);
-    at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
-    at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
-    WeightGradient dw;
-    for (int64_t i = 0; i < n; i += rows) {
-      const int64_t m = std::min(rows, n - i);
-      const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
-      at::Tensor logits = matmul_nt(h, weight);  // (m, V) or (m, V/P), the compute dtype
-      if (logits.scalar_type() != at::kFloat) logits = logits.to(at::kFloat);
-      const at::Tensor valid = y.ne(ignore_index);
-      const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
-      const LocalTargets local = local_targets(safe_y, first, vocab);
-      const auto [lse, picked] = chunk_stats(logits, local, tp);  // (m)
-      loss.add_(((lse - picked) * valid.to(at::kFloat)).sum());
-      if (!grad_h && !grad_w) continue;
-      // d loss / d logits = softmax - one_hot, zero on ignored tokens (the one-hot in its rank's
-      // columns), in place of the logits.
-      at::Tensor g = logits.sub_(lse.unsqueeze(1)).exp_();
-      g.scatter_add_(1, local.column, -local.mine.unsqueeze(1));
-      g.mul_(valid.to(at::kFloat).unsqueeze(1));
-      if (g.scalar_type() != weight.scalar_type()) g = g.to(weight.scalar_type());
-      if (grad_h) {
-        at::Tensor rows_of_dh = dh.narrow(0, i, m);
-        if (g.is_cpu())
-          rows_of_dh.copy_(matmul_nt(g, weight.t()));
-        else
-          at::mm_out(rows_of_dh, g, weight);  // written in place
-      }
-      if (grad_w) dw.add(g, h);
-    }
-    ctx->saved_data["dh"] = dh;
-    ctx->saved_data["dw"] = grad_w ? dw.take(weight) : at::Tensor();
-    return {loss};
+                               int64_t first, int64_t how, int64_t vocab_rows) {
+    const bool by_vocabulary = static_cast<LossChunking>(how) == LossChunking::kVocabulary ||
+                               (static_cast<LossChunking>(how) == LossChunking::kAuto && !hidden.is_cpu());
+    const LossAndGradients r =
+        by_vocabulary ? by_vocabulary_chunks(hidden, weight, targets, rows, vocab_rows, ignore_index, tp, first)
+                      : by_token_chunks(hidden, weight, targets, rows, ignore_index, tp, first);
+    ctx->saved_data["dh"] = r.dh;
+    ctx->saved_data["dw"] = r.dw;
+    return {r.loss};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    FSDP_CHECK(ctx->saved_data.count("dh") > 0,
+               "[model] the chunked loss's backward ran twice (retain_graph): its gradients were computed once, "
+               "in the forward; compute the loss again instead");
+    at::Tensor dh = ctx->saved_data["dh"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
+    ctx->saved_data.erase("dh");
+    ctx->saved_data.erase("dw");
+    // In place: the gradients are this function's own, and a second (V, C) tensor at the start of the
+    // backward, where activations peak, is what the peak memory would pay for.
     const at::Tensor& g = grads[0];
-    const at::Tensor dh = ctx->saved_data["dh"].toTensor(), dw = ctx->saved_data["dw"].toTensor();
-    return {dh.defined() ? dh * g.to(dh.scalar_type()) : at::Tensor(),
-            dw.defined() ? dw * g.to(dw.scalar_type()) : at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor(),
-            at::Tensor()};
+    if (dh.defined()) dh.mul_(g.to(dh.scalar_type()));
+    if (dw.defined()) dw.mul_(g.to(dw.scalar_type()));
+    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -148,10 +274,25 @@ int64_t default_chunk_rows(int64_t vocab_size) {
   return std::max<int64_t>(1, (int64_t{1} << 25) / std::max<int64_t>(1, vocab_size));
 }
 
+int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool device_is_cpu) {
+  const int64_t head = vocab * hidden;
+  if (device_is_cpu) {  // a chunk's fp32 logits and their exp, the fp32 (V, C) sum and its copy in the dtype
+    const int64_t chunk = std::min<int64_t>(tokens, default_chunk_rows(vocab));
+    return chunk * vocab * 4 * 2 + head * 4 + (dtype_bytes != 4 ? head * dtype_bytes : 0);
+  }
+  const int64_t rows = std::min<int64_t>(std::max<int64_t>(tokens, 1), block_rows_for(hidden));
+  const int64_t chunk = (std::min(vocab_rows_for(rows, vocab), vocab) + 1) * rows;
+  const bool one_block = rows >= tokens;
+  return chunk * 4 + (dtype_bytes != 4 ? chunk * dtype_bytes + rows * hidden * 4 : 0) +
+         (one_block ? head * dtype_bytes : head * 4 + (dtype_bytes != 4 ? head * dtype_bytes : 0));
+}
+
 at::Tensor chunked_linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
                                             const at::Tensor& targets, int64_t rows, int64_t ignore_index,
-                                            const TensorParallel* tp, int64_t first_row) {
-  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index, tp, first_row)[0];
+                                            const TensorParallel* tp, int64_t first_row, LossChunking how,
+                                            int64_t vocab_rows) {
+  return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index, tp, first_row,
+                                          static_cast<int64_t>(how), vocab_rows)[0];
 }
 
 }  // namespace fsdp::model

@@ -96,9 +96,9 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
                largest_trainable * (param_bytes + 4);
   // Activations kept for backward, per layer, per token (compute dtype): the norms' outputs and the
   // residuals (4 C), q/k/v and the attention output (2 C + 2 K D), SwiGLU's gate, up, their product
-  // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The loss (model/chunked_loss.h) holds one
-  // chunk's fp32 logits and their gradient, and the head's gradient in fp32 (and in the compute
-  // dtype, saved for backward), never the whole (tokens, V) logits. With checkpointing only each
+  // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The loss (model/chunked_loss.h) holds a
+  // chunk's fp32 logits and their gradient and the head's gradient (model::loss_working_bytes: on the
+  // run's device's kernel), never the whole (tokens, V) logits. With checkpointing only each
   // layer's input (C) stays, plus one layer recomputed. Tensor parallel divides all of it by P but
   // the two gathered (whole-sequence) norm outputs the column-parallel products keep (2 C). Context
   // and Ulysses sequence parallel divide the tokens by their size; allgather's gathered K/V (the
@@ -114,9 +114,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
                                       mc.num_attention_heads / tp * 4) +
                             gathered_kv;
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
-  const int64_t chunk = std::min<int64_t>(tokens, model::default_chunk_rows(vocab));
-  const int64_t head = vocab * C;
-  const int64_t logits = chunk * vocab * 4 * 2 + head * 4 + (param_bytes != 4 ? head * param_bytes : 0) +
+  const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, c.launch.use_cpu) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
   e.activations = mc.num_hidden_layers * per_layer + logits;
   e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + per_layer + logits;

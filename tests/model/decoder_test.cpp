@@ -295,15 +295,27 @@ TEST_CASE("the shipped model configs parse; Llama-3-8B has its known parameter c
   CHECK(big.flops_per_token(8192) == doctest::Approx(6 * n_prime + 12.0 * 32 * 32 * 128 * 8192));
 }
 
-TEST_CASE("the chunked loss equals cross-entropy over the full logits: value and gradients, ignored tokens") {
+TEST_CASE("the chunked loss equals cross-entropy over the full logits: both chunkings, ignored tokens") {
   torch::manual_seed(3);
-  for (const int64_t rows : {0, 1, 7, 64}) {
-    CAPTURE(rows);
+  struct Case {
+    LossChunking how;
+    int64_t rows, vocab_rows;
+  };
+  // By tokens: chunks of 1, 7, 64 tokens or the default. By the vocabulary: one block or blocks of 7
+  // tokens (the weight's gradient summed over blocks), chunks of 1, 13 or all of the 101 rows.
+  const Case cases[] = {
+      {LossChunking::kTokens, 0, 0},      {LossChunking::kTokens, 1, 0},     {LossChunking::kTokens, 7, 0},
+      {LossChunking::kTokens, 64, 0},     {LossChunking::kVocabulary, 0, 0}, {LossChunking::kVocabulary, 0, 13},
+      {LossChunking::kVocabulary, 7, 13}, {LossChunking::kVocabulary, 7, 1}, {LossChunking::kVocabulary, 64, 101}};
+  for (const Case& k : cases) {
+    CAPTURE(static_cast<int>(k.how));
+    CAPTURE(k.rows);
+    CAPTURE(k.vocab_rows);
     const at::Tensor h0 = torch::randn({37, 16}, torch::kDouble), w0 = torch::randn({101, 16}, torch::kDouble);
     at::Tensor y = torch::randint(0, 101, {37}, torch::kLong);
     y.index_put_({torch::tensor({3, 20})}, -100);
     const at::Tensor h = h0.to(torch::kFloat).requires_grad_(), w = w0.to(torch::kFloat).requires_grad_();
-    const at::Tensor loss = chunked_linear_cross_entropy_sum(h, w, y, rows);
+    const at::Tensor loss = chunked_linear_cross_entropy_sum(h, w, y, k.rows, -100, nullptr, 0, k.how, k.vocab_rows);
     (loss * 0.5).backward();
     // The reference in float64 through autograd.
     const at::Tensor hr = h0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
@@ -317,9 +329,44 @@ TEST_CASE("the chunked loss equals cross-entropy over the full logits: value and
   // Without gradients (evaluation) only the value is computed.
   c10::NoGradGuard no_grad;
   const at::Tensor h = torch::randn({9, 8}), w = torch::randn({30, 8}), y = torch::randint(0, 30, {9}, torch::kLong);
-  CHECK(chunked_linear_cross_entropy_sum(h, w, y, 2).item<double>() ==
-        doctest::Approx(at::cross_entropy_loss(at::matmul(h, w.t()), y, {}, at::Reduction::Sum).item<double>())
-            .epsilon(1e-5));
+  const double ref = at::cross_entropy_loss(at::matmul(h, w.t()), y, {}, at::Reduction::Sum).item<double>();
+  CHECK(chunked_linear_cross_entropy_sum(h, w, y, 2).item<double>() == doctest::Approx(ref).epsilon(1e-5));
+  CHECK(chunked_linear_cross_entropy_sum(h, w, y, 2, -100, nullptr, 0, LossChunking::kVocabulary, 7).item<double>() ==
+        doctest::Approx(ref).epsilon(1e-5));
+}
+
+TEST_CASE("the chunked loss in bf16: both chunkings within bf16's rounding of the float64 gradients") {
+  // bf16 operands and gradients, fp32 logits and softmax: each gradient within a few bf16 roundings
+  // (2^-8 relative) of float64's, the vocabulary's chunks (one product per chunk over all tokens,
+  // rounded once) no further than the tokens' (a sum over chunks in fp32, rounded once).
+  torch::manual_seed(5);
+  const at::Tensor h0 = torch::randn({64, 32}, torch::kDouble), w0 = torch::randn({300, 32}, torch::kDouble) * 0.3;
+  at::Tensor y = torch::randint(0, 300, {64}, torch::kLong);
+  y.index_put_({torch::tensor({0, 9})}, -100);
+  const at::Tensor hr = h0.to(torch::kBFloat16).to(torch::kDouble).requires_grad_();
+  const at::Tensor wr = w0.to(torch::kBFloat16).to(torch::kDouble).requires_grad_();
+  const at::Tensor ref = at::cross_entropy_loss(at::matmul(hr, wr.t()), y, {}, at::Reduction::Sum, -100);
+  ref.backward();
+  for (const LossChunking how : {LossChunking::kTokens, LossChunking::kVocabulary}) {
+    CAPTURE(static_cast<int>(how));
+    const at::Tensor h = h0.to(torch::kBFloat16).requires_grad_(), w = w0.to(torch::kBFloat16).requires_grad_();
+    const at::Tensor loss = chunked_linear_cross_entropy_sum(h, w, y, 16, -100, nullptr, 0, how, 64);
+    loss.backward();
+    CHECK((h.grad().scalar_type() == torch::kBFloat16));
+    CHECK((w.grad().scalar_type() == torch::kBFloat16));
+    CHECK(loss.item<double>() == doctest::Approx(ref.item<double>()).epsilon(1e-3));
+    for (const auto& [got, want] : {std::pair{h.grad(), hr.grad()}, std::pair{w.grad(), wr.grad()}}) {
+      const double rel = ((got.to(torch::kDouble) - want).norm() / want.norm()).item<double>();
+      CHECK(rel < 8e-3);
+    }
+  }
+}
+
+TEST_CASE("the chunked loss's backward runs once: a second one (retain_graph) is refused, not doubled") {
+  const at::Tensor h = torch::randn({5, 4}).requires_grad_(), w = torch::randn({11, 4});
+  const at::Tensor loss = chunked_linear_cross_entropy_sum(h, w, torch::randint(0, 11, {5}, torch::kLong));
+  loss.backward({}, /*retain_graph=*/true);
+  CHECK(error_of([&] { loss.backward(); }).find("ran twice") != std::string::npos);
 }
 
 TEST_CASE("the model's loss is the cross-entropy of its logits, tied head or not") {

@@ -25,6 +25,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "model/chunked_loss.h"
 #include "model/decoder.h"
 #include "optim/adamw.h"
 
@@ -84,11 +85,14 @@ class Recorder {
     op.name = fn.name();
     op.seq = fn.seqNr();
     // Python-style scalars (x * 0.5) arrive as 0-dim double "wrapped numbers": not float64 data.
+    // gather and scatter touch only their indices' elements of the tensor they index (its bytes not
+    // counted; the index and the values are).
+    const bool indexing = op.name == "aten::gather" || op.name == "aten::scatter_" || op.name == "aten::scatter";
     auto add = [&](const at::Tensor& t) {
       if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
       op.dtypes.push_back(t.scalar_type());
       op.shapes.push_back(t.sizes().vec());
-      op.bytes += t.numel() * static_cast<int64_t>(t.element_size());
+      if (!indexing || op.shapes.size() > 1) op.bytes += t.numel() * static_cast<int64_t>(t.element_size());
     };
     for (const c10::IValue& v : fn.inputs()) {
       if (v.isTensor()) add(v.toTensor());
@@ -350,4 +354,40 @@ TEST_CASE("the bill of a bf16 step at the 1B widths: bf16 products, no float64, 
   CHECK(per_layer <= 130);
   CHECK(activation_bytes <= 180 * activation);
   CHECK(state_bytes <= 11 * layer_params);  // AdamW alone reads 4 (parameter, gradient, two moments)
+}
+
+TEST_CASE("the loss head's bill at the 1B shape: bf16 products, no (V, C) accumulator, bounded passes per logit") {
+  // 4096 tokens of width 2048 against the 128,256-row head on meta (the GPU's kernel: vocabulary
+  // chunks). The token-chunked kernel read and wrote an fp32 (V, C) sum in every one of its 16
+  // chunks (15.5 ms of the H100's 135 ms step on 2026-11-26) and made 38 bytes of elementwise
+  // reads per logit; this one makes the logits twice and reads each about 25 bytes' worth (the
+  // log-sum-exp's max, shift, exp and sum; the gradient's shift and exp; the head's gradient scaled).
+  const int64_t n = 4096, width = 2048, vocab = 128256;
+  const auto bf16 = at::TensorOptions().device(c10::kMeta).dtype(at::kBFloat16);
+  const at::Tensor h = at::empty({n, width}, bf16).requires_grad_(),
+                   w = at::empty({vocab, width}, bf16).requires_grad_();
+  const at::Tensor y = at::empty({n}, bf16.dtype(at::kLong));
+  std::vector<Op> ops;
+  {
+    Recorder recorder;
+    (chunked_linear_cross_entropy_sum(h, w, y) / 4096.0).backward();
+    ops = recorder.ops();
+  }
+  const Bill b = bill_of(ops);
+  const double logits = static_cast<double>(n) * vocab, product = 2.0 * n * width * vocab;
+  double accumulator = 0;  // the largest sum a product (addmm) adds into: dh's (N, C), never the head's (V, C)
+  for (const Op& op : ops)
+    if (op.name == "aten::addmm" && !op.shapes.empty()) {
+      double elements = 1;
+      for (int64_t d : op.shapes[0]) elements *= static_cast<double>(d);
+      accumulator = std::max(accumulator, elements);
+    }
+  MESSAGE(describe(b, 0) << "\n  loss head: " << b.product_flops / product << " products of (N, C, V); "
+                         << b.moved_bytes / logits << " bytes read by elementwise ops per logit; largest "
+                         << "accumulator " << accumulator << " elements");
+  CHECK(b.fp32_products.empty());
+  CHECK(b.float64_ops.empty());
+  CHECK(b.product_flops <= 4.01 * product);                     // the logits twice, dh and dW once
+  CHECK(accumulator < static_cast<double>(vocab) * width / 4);  // a chunk's logits or dh's sum, not (V, C)
+  CHECK(b.moved_bytes <= 28 * logits);
 }

@@ -17,6 +17,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "model/chunked_loss.h"
 #include "model/decoder.h"
 #include "model/tensor_parallel.h"
 #include "model/tiny_config.h"
@@ -139,6 +140,40 @@ void run_layout(fsdp::dist::ProcessGroup world, const Layout& l) {
         static_cast<long long>(got_tp.of(Collective::kAllReduce)));
 }
 
+// The vocabulary-parallel loss chunked by the vocabulary (the GPU's kernel: one gather of each
+// token's log-sum-exp and one sum of target logits a block) against chunked by tokens (the CPU's,
+// whose accounting run_layout checks): the same sum and gradients on every rank of the tp group.
+void check_vocabulary_chunks(fsdp::dist::ProcessGroup world) {
+  fsdp::DeviceMesh mesh = fsdp::make_mesh(world, 1, world.size() / 2, 0, 2);
+  const fsdp::model::TensorParallel tp(*mesh.tp);
+  torch::manual_seed(11);  // every rank: the same tokens and head
+  const int64_t n = 29, width = 8, vocab = 37, block = (vocab + 1) / 2, first = tp.rank() * block;
+  const at::Tensor h0 = torch::randn({n, width}), w0 = torch::randn({vocab, width});
+  at::Tensor y = torch::randint(vocab, {n});
+  y[4] = -100;
+  const int64_t rows = std::min(block, vocab - first);
+  double worst = 0, loss[2] = {0, 0};
+  at::Tensor grads[2][2];
+  for (int k = 0; k < 2; ++k) {
+    const auto how = k == 0 ? fsdp::model::LossChunking::kTokens : fsdp::model::LossChunking::kVocabulary;
+    const at::Tensor h = h0.clone().requires_grad_(), w = w0.narrow(0, first, rows).clone().requires_grad_();
+    const at::Tensor l = fsdp::model::chunked_linear_cross_entropy_sum(h, w, y, /*rows=*/k == 0 ? 0 : 10, -100, &tp,
+                                                                       first, how, /*vocab_rows=*/7);
+    l.backward();
+    loss[k] = l.item<double>();
+    grads[k][0] = h.grad();
+    grads[k][1] = w.grad();
+  }
+  for (int i = 0; i < 2; ++i)
+    worst = std::max(worst, ((grads[0][i] - grads[1][i]).abs().max() / grads[0][i].abs().max()).item<double>());
+  FSDP_ASSERT(std::abs(loss[0] - loss[1]) <= 1e-5 * std::abs(loss[0]) && worst <= 1e-5,
+              "the vocabulary-chunked tp loss differs from the token-chunked one: loss ", loss[1], " vs ", loss[0],
+              ", gradients ", worst);
+  if (world.rank() == 0)
+    std::printf("vocabulary-parallel loss chunked by the vocabulary = by tokens: %.6f, gradients within %.1e\n",
+                loss[1], worst);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,6 +191,7 @@ int main(int argc, char** argv) {
     if (w == 4) {
       run_layout(world, Layout{1, 4, 0});
       run_layout(world, Layout{2, 2, 0});
+      check_vocabulary_chunks(world);
     } else if (w == 8) {
       run_layout(world, Layout{2, 4, 0});
       run_layout(world, Layout{2, 4, 2});
