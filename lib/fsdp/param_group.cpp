@@ -154,7 +154,7 @@ void ParamGroup::unshard() {
   if (params_.empty()) return;
   log(partial ? "gather post-forward" : "gather");
   const int world = mesh_->shard.size();
-  if (mesh_->shard.is_local()) return;  // wait_for_unshard copies the shard in; no collective
+  if (world == 1) return;  // wait_for_unshard copies the shard in: a group of one needs no collective
   c10::NoGradGuard no_grad;
   at::Tensor out = at::empty({world * shard_numel_},
                              at::TensorOptions().dtype(options_.mixed_precision.param_dtype).device(options_.device));
@@ -183,8 +183,16 @@ void ParamGroup::wait_for_unshard() {
     pending_gather_->work.wait();
     copy_out(pending_gather_->output);
     pending_gather_.reset();
-  } else {  // one rank: the shard is the whole parameter
-    for (ShardedParam& p : params_) unsharded_of(p).copy_(shard_of(p).narrow(0, 0, p.layout.numel()));
+  } else {
+    // One rank: each shard is its whole parameter, unpadded and in the unsharded storage's order
+    // (trainable first), so the flat shards are that storage: two casts, where a collective of one
+    // would cast into a buffer, copy it to another and copy each parameter out of that.
+    FSDP_ASSERT(mesh_->shard.size() == 1 && shard_numel_ == unsharded_.numel(), "[fsdp] ", display_name(),
+                ": a gather without a collective on ", mesh_->shard.size(), " ranks");
+    const bool offloaded = options_.offload_params;
+    unsharded_.narrow(0, 0, trainable_numel_).copy_(flat_shard_, /*non_blocking=*/offloaded);
+    unsharded_.narrow(0, trainable_numel_, shard_numel_ - trainable_numel_)
+        .copy_(frozen_shard_, /*non_blocking=*/offloaded);
   }
   state_ = GroupState::kUnsharded;
 }
@@ -271,7 +279,7 @@ void ParamGroup::post_backward(bool sync) {
   // the flat gradient (reduced into it, or at one rank laid out in it), not into a buffer then added.
   const bool into_grad = grad_zero_ && opts.dtype() == at::kFloat && flat_grad_.device() == options_.device;
   if (into_grad) grad_zero_ = false;
-  at::Tensor input = into_grad && mesh_->shard.is_local() ? flat_grad_ : at::empty({world * trainable_numel_}, opts);
+  at::Tensor input = into_grad && world == 1 ? flat_grad_ : at::empty({world * trainable_numel_}, opts);
   const at::Tensor rows = input.view({world, trainable_numel_});
   size_t k = 0;
   for (const ShardedParam& p : params_) {
@@ -284,7 +292,7 @@ void ParamGroup::post_backward(bool sync) {
     }
     copy_into_rows(region, g.reshape({-1}));
   }
-  if (mesh_->shard.is_local()) {
+  if (world == 1) {  // the sum over one rank is its gradient: no collective
     pending_reduce_ = PendingReduce{dist::Work(), input, input, into_grad};
     return;
   }

@@ -658,7 +658,8 @@ int main(int argc, char** argv) {
       }
       go.backend = "nccl";
       fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group(go);
-      // Also at world size 1: c10d's NCCL group of one, its stream and its buffers, not the local copies.
+      // Also at world size 1: c10d's NCCL group of one (the engine needs no collective on one rank, so
+      // there the cases check the CUDA kernels and the one-rank gather and reduce; nccl_test the group).
       if (world.backend_name() != "nccl") throw fsdp::Error("product-cuda runs over " + world.backend_name());
       std::vector<Case> cases = most_used_product();
       const char* local = std::getenv("LOCAL_RANK");
