@@ -16,6 +16,7 @@
 #include "model/chunked_loss.h"
 #include "model/context_parallel.h"
 #include "model/fused_ops.h"
+#include "model/kernels/elementwise.h"
 #include "model/linear.h"
 #include "model/lora_layer.h"
 #include "model/stacked_weights.h"
@@ -207,6 +208,8 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
     auto [rq, rk] = fused_rotary(q, k, cos, sin);
     return {rq.transpose(1, 2), rk.transpose(1, 2), v};
   }
+  if (!x.is_cpu() && fused_kernels_enabled() && kernels::available(x))  // one kernel each way for q, for k
+    return {kernels::rotary(q.transpose(1, 2), cos, sin), kernels::rotary(k.transpose(1, 2), cos, sin), v};
   return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
           apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
           v};
@@ -337,8 +340,10 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
   at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
   if (w) {
     const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
-    if (x.is_cpu() && !has_lora(gate_proj) && !has_lora(up_proj))
-      return row_parallel_output(down_proj, fused_swiglu(gate_up), tp.get());  // gate and up read from the one block
+    if (!has_lora(gate_proj) && !has_lora(up_proj)) {  // gate and up read from the one block
+      if (x.is_cpu()) return row_parallel_output(down_proj, fused_swiglu(gate_up), tp.get());
+      if (kernels::available(x)) return row_parallel_output(down_proj, kernels::swiglu(gate_up), tp.get());
+    }
     const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);  // split: one cat in the backward (see rotate_half)
     gate = with_lora(gate_proj, x, parts[0]);
     up = with_lora(up_proj, x, parts[1]);
@@ -346,9 +351,14 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     gate = lora_linear(gate_proj, x);
     up = lora_linear(up_proj, x);
   }
-  return row_parallel_output(
-      down_proj, x.is_cpu() && fused ? fused_swiglu(gate.contiguous(), up.contiguous()) : at::silu(gate) * up,
-      tp.get());
+  at::Tensor product;
+  if (x.is_cpu() && fused)
+    product = fused_swiglu(gate.contiguous(), up.contiguous());
+  else if (fused && kernels::available(x))
+    product = kernels::swiglu(gate, up);
+  else
+    product = at::silu(gate) * up;
+  return row_parallel_output(down_proj, product, tp.get());
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp,

@@ -1,0 +1,191 @@
+#include "model/kernels/elementwise.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/native/TensorIterator.h>
+#include <ATen/native/cpu/Loops.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <tuple>
+
+#include "model/kernels/functors.h"
+#include "util/error.h"
+
+#if FSDP_CUDA_KERNELS
+#include "model/kernels/elementwise_cuda.h"
+#endif
+
+namespace fsdp::model::kernels {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+enum class Where { kCpu, kCuda, kShapesOnly };
+
+Where where_to_run(const at::TensorIteratorBase& iter, const char* op) {
+  const c10::DeviceType d = iter.device_type(0);
+  if (d == c10::kCPU) return Where::kCpu;
+  if (d == c10::kMeta) return Where::kShapesOnly;
+  FSDP_CHECK(d == c10::kCUDA && FSDP_CUDA_KERNELS, "[model] fsdptrain's ", op, " kernel has no launcher for device ",
+             c10::DeviceTypeName(d), " in this build (built without nvcc: FSDPTRAIN_FUSED=0 takes ATen's ops)");
+  return Where::kCuda;
+}
+
+// An iterator over same-dtype tensors: outputs given (their shapes are the iteration's), inputs
+// broadcast to them.
+at::TensorIterator iterator(std::initializer_list<at::Tensor> outputs, std::initializer_list<at::Tensor> inputs) {
+  at::TensorIteratorConfig config;
+  config.check_all_same_dtype(true).resize_outputs(false);
+  for (const at::Tensor& t : outputs) config.add_output(t);
+  for (const at::Tensor& t : inputs) config.add_const_input(t);
+  return config.build();
+}
+
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, float sign) {
+  const int64_t h = x.size(-1) / 2;
+  at::Tensor out = at::empty_like(x);
+  rotate_halves_out(out.narrow(-1, 0, h), out.narrow(-1, h, h), x.narrow(-1, 0, h), x.narrow(-1, h, h),
+                    cos.narrow(-1, 0, h), sin.narrow(-1, 0, h), sign);
+  return out;
+}
+
+struct Rotary : torch::autograd::Function<Rotary> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rotate(x, cos, sin, 1.0f);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {rotate(grads[0], saved[0], saved[1], -1.0f), at::Tensor(), at::Tensor()};
+  }
+};
+
+std::vector<int64_t> with_last(at::IntArrayRef sizes, int64_t last) {
+  std::vector<int64_t> s = sizes.vec();
+  s.back() = last;
+  return s;
+}
+
+struct SwiGLUStacked : torch::autograd::Function<SwiGLUStacked> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate_up) {
+    ctx->save_for_backward({gate_up});
+    const int64_t f = gate_up.size(-1) / 2;
+    at::Tensor out = at::empty(with_last(gate_up.sizes(), f), gate_up.options());
+    swiglu_out(out, gate_up.narrow(-1, 0, f), gate_up.narrow(-1, f, f));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor gate_up = ctx->get_saved_variables()[0];
+    const int64_t f = gate_up.size(-1) / 2;
+    at::Tensor d = at::empty(gate_up.sizes(), gate_up.options());
+    swiglu_backward_out(d.narrow(-1, 0, f), d.narrow(-1, f, f), grads[0], gate_up.narrow(-1, 0, f),
+                        gate_up.narrow(-1, f, f));
+    return {d};
+  }
+};
+
+struct SwiGLUPair : torch::autograd::Function<SwiGLUPair> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    at::Tensor out = at::empty(gate.sizes(), gate.options());
+    swiglu_out(out, gate, up);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor dgate = at::empty(saved[0].sizes(), saved[0].options()),
+               dup = at::empty(saved[1].sizes(), saved[1].options());
+    swiglu_backward_out(dgate, dup, grads[0], saved[0], saved[1]);
+    return {dgate, dup};
+  }
+};
+
+}  // namespace
+
+bool available(const at::Tensor& x) {
+  return x.is_cpu() || x.is_meta() || (x.is_cuda() && FSDP_CUDA_KERNELS);
+}
+
+void rotate_halves_out(const at::Tensor& out1, const at::Tensor& out2, const at::Tensor& x1, const at::Tensor& x2,
+                       const at::Tensor& cos, const at::Tensor& sin, float sign) {
+  RECORD_FUNCTION("fsdptrain::rotary", std::vector<c10::IValue>({x1, x2, cos, sin}));
+  at::TensorIterator iter = iterator({out1, out2}, {x1, x2, cos, sin});
+  switch (where_to_run(iter, "rotary")) {
+    case Where::kCpu:
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::rotary", [&] {
+        at::native::cpu_kernel_multiple_outputs(iter, [sign](scalar_t a, scalar_t b, scalar_t c, scalar_t s) {
+          const Two<scalar_t> r = kernels::rotate_halves(a, b, c, s, sign);
+          return std::make_tuple(r.first, r.second);
+        });
+      });
+      break;
+    case Where::kCuda:
+#if FSDP_CUDA_KERNELS
+      cuda::rotate_halves(iter, sign);
+#endif
+      break;
+    case Where::kShapesOnly:
+      break;
+  }
+}
+
+void swiglu_out(const at::Tensor& out, const at::Tensor& gate, const at::Tensor& up) {
+  RECORD_FUNCTION("fsdptrain::swiglu", std::vector<c10::IValue>({gate, up}));
+  at::TensorIterator iter = iterator({out}, {gate, up});
+  switch (where_to_run(iter, "swiglu")) {
+    case Where::kCpu:
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu", [&] {
+        at::native::cpu_kernel(iter, [](scalar_t g, scalar_t u) { return kernels::swiglu(g, u); });
+      });
+      break;
+    case Where::kCuda:
+#if FSDP_CUDA_KERNELS
+      cuda::swiglu(iter);
+#endif
+      break;
+    case Where::kShapesOnly:
+      break;
+  }
+}
+
+void swiglu_backward_out(const at::Tensor& dgate, const at::Tensor& dup, const at::Tensor& grad, const at::Tensor& gate,
+                         const at::Tensor& up) {
+  RECORD_FUNCTION("fsdptrain::swiglu_backward", std::vector<c10::IValue>({grad, gate, up}));
+  at::TensorIterator iter = iterator({dgate, dup}, {grad, gate, up});
+  switch (where_to_run(iter, "swiglu_backward")) {
+    case Where::kCpu:
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu_backward", [&] {
+        at::native::cpu_kernel_multiple_outputs(iter, [](scalar_t g, scalar_t a, scalar_t u) {
+          const Two<scalar_t> r = kernels::swiglu_backward(g, a, u);
+          return std::make_tuple(r.first, r.second);
+        });
+      });
+      break;
+    case Where::kCuda:
+#if FSDP_CUDA_KERNELS
+      cuda::swiglu_backward(iter);
+#endif
+      break;
+    case Where::kShapesOnly:
+      break;
+  }
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  FSDP_CHECK(x.size(-1) % 2 == 0 && cos.size(-1) == x.size(-1) && sin.size(-1) == x.size(-1),
+             "[model] rotary: head size ", x.size(-1), " with angles of ", cos.size(-1));
+  return Rotary::apply(x, cos, sin);
+}
+
+at::Tensor swiglu(const at::Tensor& gate_up) {
+  return SwiGLUStacked::apply(gate_up);
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
+  return SwiGLUPair::apply(gate, up);
+}
+
+}  // namespace fsdp::model::kernels

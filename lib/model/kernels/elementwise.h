@@ -1,0 +1,37 @@
+// Fused elementwise kernels for the decoder off the CPU (the CPU has its vectorized ones in
+// model/fused_ops.h): the rotary embedding and SwiGLU as autograd functions whose forward and
+// backward are one kernel each, where ATen's ops take five (rotary) or two and three (SwiGLU) and
+// SwiGLU keeps silu(gate) for its backward besides gate and up. The arithmetic is one functor per op
+// (kernels/functors.h) run by ATen's TensorIterator loops on every device: gpu_kernel on CUDA
+// (kernels/elementwise_cuda.cu, compiled by nvcc on every build where it is found), cpu_kernel on
+// the host (what the tests check), and on the meta device the iterators are built (shapes, dtypes,
+// broadcasting checked) and no kernel runs. Each launch is recorded as "fsdptrain::<op>" for
+// profiles and the step's bill.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace fsdp::model::kernels {
+
+// Whether these kernels run on x's device in this build: CUDA where nvcc compiled them, the meta
+// device, the CPU (for tests: the decoder takes model/fused_ops.h there).
+bool available(const at::Tensor& x);
+
+// x * cos + rotate_half(x) * sin for x (..., D) and cos, sin broadcastable to it, in HF's layout
+// (the angles' two halves equal: only the first D/2 columns are read). Backward: x's gradient.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// silu(gate) * up from gate_up (..., 2F), gate its first F columns (one product of the stacked
+// weights). Backward: gate_up's gradient, written as one tensor.
+at::Tensor swiglu(const at::Tensor& gate_up);
+// The same from gate and up of one shape. Backward: both gradients.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
+
+// The launches themselves, into given outputs (tests run them on the CPU against ATen's ops).
+void rotate_halves_out(const at::Tensor& out1, const at::Tensor& out2, const at::Tensor& x1, const at::Tensor& x2,
+                       const at::Tensor& cos, const at::Tensor& sin, float sign);
+void swiglu_out(const at::Tensor& out, const at::Tensor& gate, const at::Tensor& up);
+void swiglu_backward_out(const at::Tensor& dgate, const at::Tensor& dup, const at::Tensor& grad, const at::Tensor& gate,
+                         const at::Tensor& up);
+
+}  // namespace fsdp::model::kernels

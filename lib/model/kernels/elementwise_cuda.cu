@@ -1,0 +1,40 @@
+// kernels/functors.h on a GPU, launched by ATen's own elementwise loops (gpu_kernel and
+// gpu_kernel_multiple_outputs from ATen/native/cuda/Loops.cuh) on the current stream.
+#include <ATen/Dispatch.h>
+#include <ATen/native/TensorIterator.h>
+
+#include <ATen/native/cuda/Loops.cuh>
+
+#include "model/kernels/elementwise_cuda.h"
+#include "model/kernels/functors.h"
+
+namespace fsdp::model::kernels::cuda {
+
+void rotate_halves(at::TensorIteratorBase& iter, float sign) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::rotary", [&] {
+    at::native::gpu_kernel_multiple_outputs(
+        iter, [sign] GPU_LAMBDA(scalar_t x1, scalar_t x2, scalar_t c, scalar_t s) -> thrust::tuple<scalar_t, scalar_t> {
+          const Two<scalar_t> r = kernels::rotate_halves(x1, x2, c, s, sign);
+          return {r.first, r.second};
+        });
+  });
+}
+
+void swiglu(at::TensorIteratorBase& iter) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu", [&] {
+    at::native::gpu_kernel(iter,
+                           [] GPU_LAMBDA(scalar_t gate, scalar_t up) -> scalar_t { return kernels::swiglu(gate, up); });
+  });
+}
+
+void swiglu_backward(at::TensorIteratorBase& iter) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu_backward", [&] {
+    at::native::gpu_kernel_multiple_outputs(
+        iter, [] GPU_LAMBDA(scalar_t g, scalar_t gate, scalar_t up) -> thrust::tuple<scalar_t, scalar_t> {
+          const Two<scalar_t> r = kernels::swiglu_backward(g, gate, up);
+          return {r.first, r.second};
+        });
+  });
+}
+
+}  // namespace fsdp::model::kernels::cuda

@@ -1,0 +1,15 @@
+// The CUDA launchers of kernels/functors.h (kernels/elementwise_cuda.cu, built where nvcc is found:
+// FSDP_CUDA_KERNELS). Each takes a TensorIterator kernels/elementwise.cpp built.
+#pragma once
+
+namespace at {
+class TensorIteratorBase;
+}
+
+namespace fsdp::model::kernels::cuda {
+
+void rotate_halves(at::TensorIteratorBase& iter, float sign);  // outputs (out1, out2); inputs (x1, x2, cos, sin)
+void swiglu(at::TensorIteratorBase& iter);                     // output out; inputs (gate, up)
+void swiglu_backward(at::TensorIteratorBase& iter);            // outputs (dgate, dup); inputs (g, gate, up)
+
+}  // namespace fsdp::model::kernels::cuda
