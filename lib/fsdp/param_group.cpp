@@ -278,7 +278,7 @@ void ParamGroup::post_backward(bool sync) {
   // The first reduction since zero_grad in fp32 on the gradient's device is written straight into
   // the flat gradient (reduced into it, or at one rank laid out in it), not into a buffer then added.
   const bool into_grad = grad_zero_ && opts.dtype() == at::kFloat && flat_grad_.device() == options_.device;
-  if (into_grad) grad_zero_ = false;
+  if (into_grad) grad_zero_ = zeros_pending_ = false;  // every element is written below or by the collective
   at::Tensor input = into_grad && world == 1 ? flat_grad_ : at::empty({world * trainable_numel_}, opts);
   const at::Tensor rows = input.view({world, trainable_numel_});
   size_t k = 0;
@@ -318,14 +318,18 @@ void ParamGroup::finish_reduce() {
   // a later micro-batch's is added on the host, which waits for it.
   if (options_.offload_params && options_.device.is_cuda() && grad_zero_ && reduced.scalar_type() == at::kFloat)
     flat_grad_.copy_(reduced, /*non_blocking=*/true);
+  else if (grad_zero_)  // the first reduction since zero_grad: its zeros need not exist
+    flat_grad_.copy_(reduced);
   else
     flat_grad_.add_(reduced.to(flat_grad_.device(), at::kFloat));
-  grad_zero_ = false;
+  grad_zero_ = zeros_pending_ = false;
 }
 
+// The zeros are written lazily (flat_grad): the step's first reduction overwrites the whole flat
+// gradient, so a step that reduces every unit never writes them (on a GPU a pass over the model's
+// fp32 gradients; offloaded, a memset of them in host memory).
 void ParamGroup::zero_grad() {
-  c10::NoGradGuard no_grad;
-  flat_grad_.zero_();
+  zeros_pending_ = true;
   grad_zero_ = true;
   for (ShardedParam& p : params_) p.accumulated = at::Tensor();
 }
@@ -341,7 +345,16 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_paramete
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradients() const {
-  return gather_full(flat_grad_, /*trainable_only=*/true);
+  return gather_full(flat_grad(), /*trainable_only=*/true);
+}
+
+at::Tensor ParamGroup::flat_grad() const {
+  if (zeros_pending_) {
+    c10::NoGradGuard no_grad;
+    flat_grad_.zero_();
+    zeros_pending_ = false;
+  }
+  return flat_grad_;
 }
 
 at::Tensor ParamGroup::gather_full_parameter(size_t i) const {
@@ -385,7 +398,7 @@ void ParamGroup::sum_whole_gradients_over_tp() {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> slices;
   for (const ShardedParam& p : params_)
-    if (p.trainable && !p.tp.split()) slices.push_back(flat_grad_.narrow(0, p.offset, p.layout.shard_numel()));
+    if (p.trainable && !p.tp.split()) slices.push_back(flat_grad().narrow(0, p.offset, p.layout.shard_numel()));
   if (slices.empty()) return;
   // Each tp rank's gradient of a parameter they all hold is its part (its sequence block, its heads).
   const at::Tensor sum = at::cat(slices).to(options_.device);

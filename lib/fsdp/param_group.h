@@ -136,7 +136,7 @@ class ParamGroup {
 
   // Flat fp32 views for the optimizer: [0, trainable) and the part of it that decays.
   at::Tensor flat_param() const { return flat_shard_; }         // (S_trainable)
-  at::Tensor flat_grad() const { return flat_grad_; }           // (S_trainable)
+  at::Tensor flat_grad() const;                                 // (S_trainable), zeros written if pending
   int64_t trainable_numel() const { return trainable_numel_; }  // S_trainable
   int64_t decay_numel() const { return decay_numel_; }          // S_decay <= S_trainable
   int64_t shard_numel() const { return shard_numel_; }          // S
@@ -179,6 +179,9 @@ class ParamGroup {
   at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
   at::Tensor flat_grad_;     // (S_trainable) fp32 on the shard device
   bool grad_zero_ = true;    // flat_grad_ holds zeros (since zero_grad): a reduction is copied in, not added
+  // zero_grad's zeros not written yet: the first reduction writes every element, so they are written
+  // only when flat_grad_ is read before one (a unit that got no reduction this step).
+  mutable bool zeros_pending_ = false;
   at::Tensor unsharded_;     // (sum of numel) param_dtype on the device: every parameter's full value
   at::Tensor post_forward_;  // kPartial: ((W/N) * S) param_dtype, rows j*W/N.. of the gathered (W, S)
   GroupState state_ = GroupState::kSharded;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "model/kernels/elementwise.h"
 #include "model/linear.h"
 #include "model/tensor_parallel.h"
 #include "util/error.h"
@@ -170,6 +171,7 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
   vocab_rows = std::min(vocab_rows, vocab);
   const auto f32 = hidden.options().dtype(at::kFloat);
   const bool fp32 = weight.scalar_type() == at::kFloat;
+  const bool fused = kernels::available(hidden);  // model/kernels: exp(s - shift) in one pass
   at::Tensor loss = at::zeros({}, f32);
   at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
   const bool one_block = rows >= n;
@@ -195,7 +197,11 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
       const at::Tensor here = (column >= j) & (column < j + c);
       picked.add_(s.gather(0, (column - j).clamp(0, c - 1).unsqueeze(0)).squeeze(0) * here);
       const at::Tensor top = s.amax(0);
-      lse = at::logaddexp(lse, s.sub_(top).exp_().sum(0).log_().add_(top));
+      if (fused)
+        kernels::exp_shifted_out(s, s, top);
+      else
+        s.sub_(top).exp_();
+      lse = at::logaddexp(lse, s.sum(0).log_().add_(top));
     }
     if (tp != nullptr) {
       FSDP_ASSERT(tp->group.has_value(), "the vocabulary-parallel loss of a model built for its shapes alone");
@@ -215,9 +221,12 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
     at::Tensor dh_sum = !grad_h ? at::Tensor() : fp32 ? dh.narrow(0, i, m) : at::empty({m, width}, f32);
     for (int64_t j = 0; j < vocab; j += vocab_rows) {
       const int64_t c = std::min(vocab_rows, vocab - j);
-      const at::Tensor s = chunk_logits(j, c).sub_(shift);
+      const at::Tensor s = chunk_logits(j, c);
       at::Tensor g = g_buffer.narrow(0, 0, c * m).view({c, m});
-      at::exp_out(g, s);
+      if (fused)
+        kernels::exp_shifted_out(g, s, shift);  // one pass, in the weight's dtype
+      else
+        at::exp_out(g, s.sub_(shift));
       const at::Tensor row = at::where(valid & (column >= j) & (column < j + c), column - j, c);
       g_buffer.narrow(0, 0, (c + 1) * m).scatter_(0, row * m + token, target_g);
       const at::Tensor w = weight.narrow(0, j, c);

@@ -130,6 +130,33 @@ TEST_CASE("unsharded storage is freed between uses and refilled without bumping 
     CHECK(g.allclose(plain->named_parameters()[name].grad(), 1e-6, 1e-7));
 }
 
+TEST_CASE("zero_grad's zeros: written when read before a reduction, overwritten by a step's first reduction") {
+  MlpStack m(2, -1);
+  auto s = fully_shard(*m, MlpStackImpl::traits(), single(), {});
+  auto step = [&](const at::Tensor& x) {
+    s->forward({x}, [&](const TensorList& in) { return TensorList{m->forward(in[0]).pow(2).mean()}; })[0].backward();
+  };
+  auto norm = [&] {
+    double sum = 0;
+    for (const auto& g : s->groups())
+      if (g->trainable_numel() > 0) sum += g->flat_grad().abs().sum().item<double>();
+    return sum;
+  };
+  const at::Tensor x = torch::randn({4, MlpStackImpl::kIn});
+  step(x);
+  const double once = norm();
+  CHECK(once > 0);
+  s->zero_grad();
+  CHECK(norm() == 0);  // no backward since: the zeros, not the last step's gradients
+  step(x);
+  CHECK(norm() == doctest::Approx(once).epsilon(1e-12));
+  s->zero_grad();
+  step(x);  // the reduction writes over the unwritten zeros: the same gradient, not twice it
+  CHECK(norm() == doctest::Approx(once).epsilon(1e-12));
+  step(x);  // without zero_grad the next one adds
+  CHECK(norm() == doctest::Approx(2 * once).epsilon(1e-9));
+}
+
 TEST_CASE("eval under no_grad frees every unit, the root included") {
   MlpStack m;
   auto s = fully_shard(*m, MlpStackImpl::traits(), single(), {});

@@ -86,6 +86,19 @@ TEST_CASE("the fused SwiGLU kernels equal silu(gate) * up, from one block or two
   }
 }
 
+TEST_CASE("the fused softmax numerator exp(a - b): fp32 in, fp32 (in place) or bf16 out, b broadcast per column") {
+  torch::manual_seed(9);
+  const at::Tensor a = torch::randn({7, 5}) * 4.0, b = torch::randn({5});
+  const at::Tensor want = (a.to(at::kDouble) - b.to(at::kDouble)).exp();
+  at::Tensor half = at::empty({7, 5}, at::kBFloat16);
+  kernels::exp_shifted_out(half, a, b);
+  CHECK(relative(half, want) < 4e-3);  // one bf16 rounding
+  at::Tensor same = a.clone();
+  kernels::exp_shifted_out(same, same, b);
+  CHECK(relative(same, want) < 1e-6);
+  CHECK_THROWS(kernels::exp_shifted_out(half, a.to(at::kBFloat16), b));  // reads fp32 only
+}
+
 TEST_CASE("the fused kernels on the meta device: shapes and dtypes checked, one recorded launch each, no kernel") {
   const auto meta = at::TensorOptions().device(c10::kMeta).dtype(at::kBFloat16);
   const at::Tensor x = at::empty({2, 4, 16, 8}, meta).requires_grad_(), cos = at::empty({16, 8}, meta);

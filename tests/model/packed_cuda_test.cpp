@@ -155,11 +155,18 @@ bool check_fused_kernels() {
     auto rel = [](const at::Tensor& a, const at::Tensor& b) {
       return ((a.to(at::kFloat) - b.to(at::kFloat)).norm() / b.to(at::kFloat).norm()).item<double>();
     };
-    const double worst = std::max({rel(out, ref), rel(x.grad(), xr.grad()), rel(s, sr), rel(gu.grad(), gur.grad())});
+    // The loss's softmax numerators: fp32 logits in, the dtype out.
+    const at::Tensor logits = at::randn({512, 300}, opts.dtype(at::kFloat)) * 4,
+                     shift = at::randn({300}, logits.options());
+    at::Tensor e = at::empty({512, 300}, opts);
+    kernels::exp_shifted_out(e, logits, shift);
+    const double ex = rel(e, (logits - shift).exp());
+    const double worst =
+        std::max({rel(out, ref), rel(x.grad(), xr.grad()), rel(s, sr), rel(gu.grad(), gur.grad()), ex});
     const double bound = dtype == at::kFloat ? 1e-6 : 8e-3;
     std::cout << "fused kernels (" << dtype << ") against ATen's ops on the GPU: rotary " << rel(out, ref) << " (grad "
               << rel(x.grad(), xr.grad()) << "), swiglu " << rel(s, sr) << " (grad " << rel(gu.grad(), gur.grad())
-              << "); bound " << bound << "\n";
+              << "), exp_shifted " << ex << "; bound " << bound << "\n";
     ok &= worst < bound;
   }
   return ok;

@@ -174,6 +174,29 @@ void swiglu_backward_out(const at::Tensor& dgate, const at::Tensor& dup, const a
   }
 }
 
+void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+  FSDP_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat, "[model] exp_shifted reads fp32, not ",
+             a.scalar_type(), " and ", b.scalar_type());
+  RECORD_FUNCTION("fsdptrain::exp_shifted", std::vector<c10::IValue>({a, b}));
+  at::TensorIteratorConfig config;
+  config.check_all_same_dtype(false).resize_outputs(false).add_output(out).add_const_input(a).add_const_input(b);
+  at::TensorIterator iter = config.build();
+  switch (where_to_run(iter, "exp_shifted")) {
+    case Where::kCpu:
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.dtype(0), "fsdptrain::exp_shifted", [&] {
+        at::native::cpu_kernel(iter, [](float x, float y) { return kernels::exp_shifted<scalar_t>(x, y); });
+      });
+      break;
+    case Where::kCuda:
+#if FSDP_CUDA_KERNELS
+      cuda::exp_shifted(iter);
+#endif
+      break;
+    case Where::kShapesOnly:
+      break;
+  }
+}
+
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   FSDP_CHECK(x.size(-1) % 2 == 0 && cos.size(-1) == x.size(-1) && sin.size(-1) == x.size(-1),
              "[model] rotary: head size ", x.size(-1), " with angles of ", cos.size(-1));

@@ -27,6 +27,11 @@ at::Tensor swiglu(const at::Tensor& gate_up);
 // The same from gate and up of one shape. Backward: both gradients.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
+// out = exp(a - b) for fp32 a and b broadcast to it (b a token's shift), out in fp32, bf16 or fp16 (in
+// place when out is a): the loss's softmax numerators in one pass where ATen's ops take a
+// subtraction and an exponential (and a cast).
+void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+
 // The launches themselves, into given outputs (tests run them on the CPU against ATen's ops).
 void rotate_halves_out(const at::Tensor& out1, const at::Tensor& out2, const at::Tensor& x1, const at::Tensor& x2,
                        const at::Tensor& cos, const at::Tensor& sin, float sign);

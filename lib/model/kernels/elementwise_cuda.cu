@@ -37,4 +37,11 @@ void swiglu_backward(at::TensorIteratorBase& iter) {
   });
 }
 
+void exp_shifted(at::TensorIteratorBase& iter) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.dtype(0), "fsdptrain::exp_shifted", [&] {
+    at::native::gpu_kernel(
+        iter, [] GPU_LAMBDA(float a, float b) -> scalar_t { return kernels::exp_shifted<scalar_t>(a, b); });
+  });
+}
+
 }  // namespace fsdp::model::kernels::cuda

@@ -11,5 +11,6 @@ namespace fsdp::model::kernels::cuda {
 void rotate_halves(at::TensorIteratorBase& iter, float sign);  // outputs (out1, out2); inputs (x1, x2, cos, sin)
 void swiglu(at::TensorIteratorBase& iter);                     // output out; inputs (gate, up)
 void swiglu_backward(at::TensorIteratorBase& iter);            // outputs (dgate, dup); inputs (g, gate, up)
+void exp_shifted(at::TensorIteratorBase& iter);                // output out (fp32, bf16 or fp16); inputs fp32 a, b
 
 }  // namespace fsdp::model::kernels::cuda

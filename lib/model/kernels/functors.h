@@ -43,4 +43,11 @@ C10_HOST_DEVICE inline Two<T> swiglu_backward(T g, T gate, T up) {
   return {static_cast<T>(gg * static_cast<A>(up) * s * (A(1) + a * (A(1) - s))), static_cast<T>(gg * a * s)};
 }
 
+// The softmax's numerator: exp(a - b), from fp32 logits a and each token's shift b (its running
+// maximum, or its log-sum-exp for probabilities), written in the output's dtype.
+template <typename Out>
+C10_HOST_DEVICE inline Out exp_shifted(float a, float b) {
+  return static_cast<Out>(std::exp(a - b));
+}
+
 }  // namespace fsdp::model::kernels
