@@ -283,8 +283,9 @@ int64_t default_chunk_rows(int64_t vocab_size) {
   return std::max<int64_t>(1, (int64_t{1} << 25) / std::max<int64_t>(1, vocab_size));
 }
 
-int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool device_is_cpu) {
-  const int64_t head = vocab * hidden;
+int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool device_is_cpu,
+                           bool head_trains) {
+  const int64_t head = head_trains ? vocab * hidden : 0;
   if (device_is_cpu) {  // a chunk's fp32 logits and their exp, the fp32 (V, C) sum and its copy in the dtype
     const int64_t chunk = std::min<int64_t>(tokens, default_chunk_rows(vocab));
     return chunk * vocab * 4 * 2 + head * 4 + (dtype_bytes != 4 ? head * dtype_bytes : 0);

@@ -28,8 +28,10 @@ enum class LossChunking { kAuto, kTokens, kVocabulary };  // kAuto: tokens on CP
 int64_t default_chunk_rows(int64_t vocab_size);
 
 // The bytes the loss holds beyond its inputs while it runs on `device_is_cpu`'s kernel, for `tokens`
-// tokens of width `hidden` against `vocab` rows in a compute dtype of `dtype_bytes` (estimate-memory).
-int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool device_is_cpu);
+// tokens of width `hidden` against `vocab` rows in a compute dtype of `dtype_bytes`, the head's
+// gradient included when it trains (estimate-memory).
+int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool device_is_cpu,
+                           bool head_trains);
 
 // hidden (N, C), weight (V, C) (both the compute dtype), targets (N) int64; tokens whose target is
 // ignore_index count for nothing. Returns the fp32 sum. rows: tokens per chunk (by tokens) or per block

@@ -114,7 +114,10 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
                                       mc.num_attention_heads / tp * 4) +
                             gathered_kv;
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
-  const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, c.launch.use_cpu) +
+  const auto named = llama->named_parameters();
+  const at::Tensor* head = named.find(mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  const bool head_trains = head == nullptr || head->requires_grad();
+  const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, c.launch.use_cpu, head_trains) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
   e.activations = mc.num_hidden_layers * per_layer + logits;
   e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + per_layer + logits;
