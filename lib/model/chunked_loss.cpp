@@ -175,8 +175,11 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
   at::Tensor loss = at::zeros({}, f32);
   at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
   const bool one_block = rows >= n;
-  // The weight's gradient: written chunk by chunk in its dtype, or summed over blocks in fp32.
-  at::Tensor dw = !grad_w ? at::Tensor() : at::empty(weight.sizes(), one_block ? weight.options() : f32);
+  // The weight's gradient: written chunk by chunk in its dtype, or summed over blocks in fp32 (zeros
+  // when there is no token to write it).
+  at::Tensor dw = !grad_w  ? at::Tensor()
+                  : n == 0 ? at::zeros(weight.sizes(), weight.options())
+                           : at::empty(weight.sizes(), one_block ? weight.options() : f32);
   const at::Tensor scores = at::empty({(vocab_rows + 1) * rows}, f32);  // a chunk's fp32 logits (+ a spare row)
   const at::Tensor g_buffer = fp32 ? scores : at::empty({(vocab_rows + 1) * rows}, weight.options());
   for (int64_t i = 0; i < n; i += rows) {

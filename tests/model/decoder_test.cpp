@@ -362,6 +362,17 @@ TEST_CASE("the chunked loss in bf16: both chunkings within bf16's rounding of th
   }
 }
 
+TEST_CASE("the chunked loss over no tokens: a zero sum and zero gradients, both chunkings") {
+  for (const LossChunking how : {LossChunking::kTokens, LossChunking::kVocabulary}) {
+    const at::Tensor h = torch::randn({0, 4}).requires_grad_(), w = torch::randn({11, 4}).requires_grad_();
+    const at::Tensor loss =
+        chunked_linear_cross_entropy_sum(h, w, torch::empty({0}, torch::kLong), 0, -100, nullptr, 0, how);
+    loss.backward();
+    CHECK(loss.item<double>() == 0);
+    CHECK(w.grad().abs().max().item<double>() == 0);
+  }
+}
+
 TEST_CASE("the chunked loss's backward runs once: a second one (retain_graph) is refused, not doubled") {
   const at::Tensor h = torch::randn({5, 4}).requires_grad_(), w = torch::randn({11, 4});
   const at::Tensor loss = chunked_linear_cross_entropy_sum(h, w, torch::randint(0, 11, {5}, torch::kLong));
