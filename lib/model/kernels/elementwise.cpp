@@ -34,6 +34,21 @@ Where where_to_run(const at::TensorIteratorBase& iter, const char* op) {
   return Where::kCuda;
 }
 
+// Runs a kernel where the iterator's tensors are: cpu() on the host, cuda() on a GPU, nothing on meta.
+template <typename Cpu, typename Cuda>
+void launch(at::TensorIteratorBase& iter, const char* op, Cpu&& cpu, Cuda&& cuda) {
+  switch (where_to_run(iter, op)) {
+    case Where::kCpu:
+      cpu();
+      break;
+    case Where::kCuda:
+      cuda();
+      break;
+    case Where::kShapesOnly:
+      break;
+  }
+}
+
 // An iterator over same-dtype tensors: outputs given (their shapes are the iteration's), inputs
 // broadcast to them.
 at::TensorIterator iterator(std::initializer_list<at::Tensor> outputs, std::initializer_list<at::Tensor> inputs) {
@@ -113,65 +128,60 @@ void rotate_halves_out(const at::Tensor& out1, const at::Tensor& out2, const at:
                        const at::Tensor& cos, const at::Tensor& sin, float sign) {
   RECORD_FUNCTION("fsdptrain::rotary", std::vector<c10::IValue>({x1, x2, cos, sin}));
   at::TensorIterator iter = iterator({out1, out2}, {x1, x2, cos, sin});
-  switch (where_to_run(iter, "rotary")) {
-    case Where::kCpu:
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::rotary", [&] {
-        at::native::cpu_kernel_multiple_outputs(iter, [sign](scalar_t a, scalar_t b, scalar_t c, scalar_t s) {
-          const Two<scalar_t> r = kernels::rotate_halves(a, b, c, s, sign);
-          return std::make_tuple(r.first, r.second);
+  launch(
+      iter, "rotary",
+      [&] {
+        AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::rotary", [&] {
+          at::native::cpu_kernel_multiple_outputs(iter, [sign](scalar_t a, scalar_t b, scalar_t c, scalar_t s) {
+            const Two<scalar_t> r = kernels::rotate_halves(a, b, c, s, sign);
+            return std::make_tuple(r.first, r.second);
+          });
         });
-      });
-      break;
-    case Where::kCuda:
+      },
+      [&] {
 #if FSDP_CUDA_KERNELS
-      cuda::rotate_halves(iter, sign);
+        cuda::rotate_halves(iter, sign);
 #endif
-      break;
-    case Where::kShapesOnly:
-      break;
-  }
+      });
 }
 
 void swiglu_out(const at::Tensor& out, const at::Tensor& gate, const at::Tensor& up) {
   RECORD_FUNCTION("fsdptrain::swiglu", std::vector<c10::IValue>({gate, up}));
   at::TensorIterator iter = iterator({out}, {gate, up});
-  switch (where_to_run(iter, "swiglu")) {
-    case Where::kCpu:
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu", [&] {
-        at::native::cpu_kernel(iter, [](scalar_t g, scalar_t u) { return kernels::swiglu(g, u); });
-      });
-      break;
-    case Where::kCuda:
+  launch(
+      iter, "swiglu",
+      [&] {
+        AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu", [&] {
+          at::native::cpu_kernel(iter, [](scalar_t g, scalar_t u) { return kernels::swiglu(g, u); });
+        });
+      },
+      [&] {
 #if FSDP_CUDA_KERNELS
-      cuda::swiglu(iter);
+        cuda::swiglu(iter);
 #endif
-      break;
-    case Where::kShapesOnly:
-      break;
-  }
+      });
 }
 
 void swiglu_backward_out(const at::Tensor& dgate, const at::Tensor& dup, const at::Tensor& grad, const at::Tensor& gate,
                          const at::Tensor& up) {
   RECORD_FUNCTION("fsdptrain::swiglu_backward", std::vector<c10::IValue>({grad, gate, up}));
   at::TensorIterator iter = iterator({dgate, dup}, {grad, gate, up});
-  switch (where_to_run(iter, "swiglu_backward")) {
-    case Where::kCpu:
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu_backward", [&] {
-        at::native::cpu_kernel_multiple_outputs(iter, [](scalar_t g, scalar_t a, scalar_t u) {
-          const Two<scalar_t> r = kernels::swiglu_backward(g, a, u);
-          return std::make_tuple(r.first, r.second);
-        });
-      });
-      break;
-    case Where::kCuda:
+  launch(
+      iter, "swiglu_backward",
+      [&] {
+        AT_DISPATCH_FLOATING_TYPES_AND2(
+            at::kHalf, at::kBFloat16, iter.common_dtype(), "fsdptrain::swiglu_backward", [&] {
+              at::native::cpu_kernel_multiple_outputs(iter, [](scalar_t g, scalar_t a, scalar_t u) {
+                const Two<scalar_t> r = kernels::swiglu_backward(g, a, u);
+                return std::make_tuple(r.first, r.second);
+              });
+            });
+      },
+      [&] {
 #if FSDP_CUDA_KERNELS
-      cuda::swiglu_backward(iter);
+        cuda::swiglu_backward(iter);
 #endif
-      break;
-    case Where::kShapesOnly:
-      break;
-  }
+      });
 }
 
 void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
@@ -181,20 +191,18 @@ void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tenso
   at::TensorIteratorConfig config;
   config.check_all_same_dtype(false).resize_outputs(false).add_output(out).add_const_input(a).add_const_input(b);
   at::TensorIterator iter = config.build();
-  switch (where_to_run(iter, "exp_shifted")) {
-    case Where::kCpu:
-      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.dtype(0), "fsdptrain::exp_shifted", [&] {
-        at::native::cpu_kernel(iter, [](float x, float y) { return kernels::exp_shifted<scalar_t>(x, y); });
-      });
-      break;
-    case Where::kCuda:
+  launch(
+      iter, "exp_shifted",
+      [&] {
+        AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.dtype(0), "fsdptrain::exp_shifted", [&] {
+          at::native::cpu_kernel(iter, [](float x, float y) { return kernels::exp_shifted<scalar_t>(x, y); });
+        });
+      },
+      [&] {
 #if FSDP_CUDA_KERNELS
-      cuda::exp_shifted(iter);
+        cuda::exp_shifted(iter);
 #endif
-      break;
-    case Where::kShapesOnly:
-      break;
-  }
+      });
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
