@@ -32,6 +32,24 @@ std::string value_of(const WizardResult& r, const std::string& key) {
     if (k == key) return v;
   return "<absent>";
 }
+// FSDP2 answers every FSDP question (resharding, SHARDED state dict, transformer units, no offload,
+// no checkpointing, no parallelism config), with the machine's and the case's own answers on top.
+std::map<std::string, std::string> fsdp2_preset(const std::map<std::string, std::string>& own) {
+  std::map<std::string, std::string> preset = {{"debug", "no"},
+                                               {"use_fsdp", "yes"},
+                                               {"fsdp_config.fsdp_version", "2"},
+                                               {"fsdp_config.fsdp_reshard_after_forward", "yes"},
+                                               {"fsdp_config.fsdp_offload_params", "no"},
+                                               {"fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
+                                               {"use_model_layer_classes", "yes"},
+                                               {"fsdp_config.fsdp_state_dict_type", "SHARDED_STATE_DICT"},
+                                               {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"},
+                                               {"fsdp_config.fsdp_activation_checkpointing", "no"},
+                                               {"use_parallelism_config", "no"},
+                                               {"model.pretrained", ""}};
+  for (const auto& [k, v] : own) preset[k] = v;
+  return preset;
+}
 }  // namespace
 
 TEST_CASE("all defaults (multi-GPU, FSDP2) give a valid FSDP2 config") {
@@ -122,29 +140,17 @@ TEST_CASE("preset answers are not asked; a complete set needs no input at all") 
 }
 
 TEST_CASE("FSDP2 on several machines offers partial resharding over one machine's processes") {
-  std::map<std::string, std::string> preset = {{"machine_type", "multi-GPU"},
-                                               {"num_machines", "2"},
-                                               {"machine_rank", "0"},
-                                               {"main_process_ip", "10.0.0.1"},
-                                               {"main_process_port", "29500"},
-                                               {"same_network", "yes"},
-                                               {"debug", "no"},
-                                               {"use_fsdp", "yes"},
-                                               {"fsdp_config.fsdp_version", "2"},
-                                               {"fsdp_config.fsdp_reshard_after_forward", "yes"},
-                                               {"fsdp_config.fsdp_offload_params", "no"},
-                                               {"fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
-                                               {"use_model_layer_classes", "yes"},
-                                               {"fsdp_config.fsdp_state_dict_type", "SHARDED_STATE_DICT"},
-                                               {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"},
-                                               {"fsdp_config.fsdp_activation_checkpointing", "no"},
-                                               {"use_parallelism_config", "no"},
-                                               {"use_context_parallel", "no"},
-                                               {"num_processes", "16"},
-                                               {"gpu_ids", "all"},
-                                               {"use_partial_reshard", "yes"},
-                                               {"mixed_precision", "bf16"},
-                                               {"model.pretrained", ""}};
+  std::map<std::string, std::string> preset = fsdp2_preset({{"machine_type", "multi-GPU"},
+                                                            {"num_machines", "2"},
+                                                            {"machine_rank", "0"},
+                                                            {"main_process_ip", "10.0.0.1"},
+                                                            {"main_process_port", "29500"},
+                                                            {"same_network", "yes"},
+                                                            {"use_context_parallel", "no"},
+                                                            {"num_processes", "16"},
+                                                            {"gpu_ids", "all"},
+                                                            {"use_partial_reshard", "yes"},
+                                                            {"mixed_precision", "bf16"}});
   Run r = run("", preset);
   CHECK(r.transcript == "");
   Loaded l = load_text(r.result.yaml);
@@ -159,22 +165,10 @@ TEST_CASE("FSDP2 on several machines offers partial resharding over one machine'
 }
 
 TEST_CASE("FSDP2 asks for context parallel: cp_size and its strategy, and processes that split by it") {
-  std::map<std::string, std::string> preset = {{"machine_type", "multi-CPU"},
-                                               {"num_machines", "1"},
-                                               {"debug", "no"},
-                                               {"use_fsdp", "yes"},
-                                               {"fsdp_config.fsdp_version", "2"},
-                                               {"fsdp_config.fsdp_reshard_after_forward", "yes"},
-                                               {"fsdp_config.fsdp_offload_params", "no"},
-                                               {"fsdp_config.fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"},
-                                               {"use_model_layer_classes", "yes"},
-                                               {"fsdp_config.fsdp_state_dict_type", "SHARDED_STATE_DICT"},
-                                               {"fsdp_config.fsdp_cpu_ram_efficient_loading", "yes"},
-                                               {"fsdp_config.fsdp_activation_checkpointing", "no"},
-                                               {"use_parallelism_config", "no"},
-                                               {"use_context_parallel", "yes"},
-                                               {"mixed_precision", "no"},
-                                               {"model.pretrained", ""}};
+  const std::map<std::string, std::string> preset = fsdp2_preset({{"machine_type", "multi-CPU"},
+                                                                  {"num_machines", "1"},
+                                                                  {"use_context_parallel", "yes"},
+                                                                  {"mixed_precision", "no"}});
   // cp_size 1 is re-asked; 6 processes do not split into groups of 4.
   Run r = run("1\n4\n2\n6\n8\n", preset);
   CHECK(r.transcript.find("Please try again: it must be 2 or more.") != std::string::npos);
