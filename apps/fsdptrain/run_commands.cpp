@@ -37,8 +37,8 @@ std::string trainer_keys_help() {
     line.clear();
   };
   for (const auto& spec : config::all_options()) {
-    static const std::set<std::string> kTrainerSections = {"model",    "data",       "train", "optimizer",
-                                                           "schedule", "checkpoint", "lora",  "logging"};
+    static const std::set<std::string> kTrainerSections = {"model",      "data", "train",   "optimizer", "schedule",
+                                                           "checkpoint", "lora", "logging", "engine"};
     if (!kTrainerSections.count(spec.section())) continue;
     const std::string name = spec.key.substr(spec.key.find('.') + 1);
     if (spec.section() != section) {
@@ -147,9 +147,6 @@ class LaunchCommand final : public ConfigCommand {
     app->add_option("--grace_period,--grace-period", grace_s_,
                     "Seconds a program's workers get to exit after SIGINT/SIGTERM before SIGKILL (default 5); the "
                     "built-in trainer instead saves a checkpoint and stops (exit 75), and a second signal kills it");
-    app->add_flag("--verbose", verbose_,
-                  "The built-in trainer prints the whole resolved config first (it is in the run folder's run.json "
-                  "either way)");
     app->footer(trainer_keys_help());
     app->prefix_command();
   }
@@ -162,7 +159,6 @@ class LaunchCommand final : public ConfigCommand {
     FSDP_CHECK(grace_s_ >= 0, "--grace_period: expected seconds >= 0, got ", grace_s_);
     options_.grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s_ * 1000));
     options_.visible_gpus = cuda_device_count();
-    if (verbose_) ::setenv("FSDPTRAIN_VERBOSE", "1", 1);  // the workers inherit it
     const config::ConfigInputs inputs = args_.inputs();
     const config::ResolvedConfig rc = config::load_config_or_throw(inputs);
     const bool built_in = check_ || options_.command.empty();  // our own worker, which reads the config too
@@ -196,7 +192,7 @@ class LaunchCommand final : public ConfigCommand {
  private:
   CLI::App* app_ = nullptr;
   launch::LaunchOptions options_;
-  bool check_ = false, verbose_ = false;
+  bool check_ = false;
   double grace_s_ = 5;
   std::vector<std::string> program_, typed_, check_sizes_;
 

@@ -228,6 +228,25 @@ struct LoggingConfig {
   // Steps [profile_first, profile_last] traced by the profiler; 0: none; kProfileAuto: the default window.
   int64_t profile_first = 0, profile_last = 0;
   std::string profile_dir = "profile";  // one Chrome trace per rank
+  bool verbose = false;                 // the trainer prints the whole resolved config first
+};
+
+// The engine's switches (fsdptrain extension keys), each also a FSDPTRAIN_* variable `launch` exports.
+// Who computes the decoder's ops (model/kernels/provider.h: the names are the same, in one order).
+enum class KernelProvider { kAuto, kHost, kPortable, kReference };
+inline constexpr std::array<const char*, 4> kKernelProviderNames = {"auto", "host", "portable", "reference"};
+enum class OnednnProducts { kLarge, kAll, kOff };
+inline constexpr std::array<const char*, 3> kOnednnProductsNames = {"large", "all", "off"};
+enum class ReadAhead { kAuto, kOn, kOff };
+inline constexpr std::array<const char*, 3> kReadAheadNames = {"auto", "on", "off"};
+
+struct EngineConfig {
+  KernelProvider kernels = KernelProvider::kAuto;
+  OnednnProducts onednn_products = OnednnProducts::kLarge;
+  ReadAhead read_ahead = ReadAhead::kAuto;  // auto: on a GPU
+  bool host_cache = true;                   // CPU runs: fsdp/host_cache.h's allocator
+  bool sync_debug = false;                  // CUDA: a synchronizing op inside a step is an error
+  std::string dump_gradients;               // a folder: each step's full gradients ("": none)
 };
 
 // logging.profile_steps given without steps (`--profile`): steps 3 and 4, after the warm-up.
@@ -245,6 +264,7 @@ struct Config {
   LoggingConfig logging;
   CheckpointConfig checkpoint;
   LoraConfig lora;
+  EngineConfig engine;
 };
 
 // What actually runs: every FSDP1 strategy and FSDP2 setting reduced to one FSDP2 layout.

@@ -432,7 +432,8 @@ const char* const kInputPathKeys[] = {"model.config",   "model.pretrained",   "d
 const std::pair<const char*, const char*> kOutputPaths[] = {
     {"checkpoint.dir", "checkpoints"},         {"checkpoint.export_dir", "export"},
     {"logging.metrics_file", "metrics.jsonl"}, {"logging.tensorboard_dir", "tensorboard"},
-    {"logging.profile_dir", "profile"},        {"data.cache_dir", "../fsdptrain-cache"}};
+    {"logging.profile_dir", "profile"},        {"data.cache_dir", "../fsdptrain-cache"},
+    {"engine.dump_gradients", nullptr}};  // nullptr: none unless given
 
 // The base of a relative output path: the config file's folder for a value written in it (so a
 // run's outputs do not move with the working directory), else the working directory (a value typed
@@ -463,7 +464,7 @@ void resolve_output_paths(ResolvedConfig& rc) {
   for (const auto& [key, under] : kOutputPaths) {
     ResolvedValue& v = *std::find_if(rc.values.begin(), rc.values.end(),
                                      [key = key](const ResolvedValue& r) { return r.spec->key == key; });
-    if (v.value == "none" || (v.value.empty() && v.origin.kind != OriginKind::kDefault)) {
+    if (v.value == "none" || (v.value.empty() && (v.origin.kind != OriginKind::kDefault || under == nullptr))) {
       v.value.clear();
     } else if (v.value.empty()) {
       v.value = joined(out.value, under);

@@ -978,6 +978,63 @@ std::vector<OptionSpec> build_table() {
           .help("Where logging.profile_steps writes its traces: rank<R>.steps-<first>-<last>.json")
           .extension()
           .to(&Config::logging, &LoggingConfig::profile_dir),
+      Row("logging.verbose", V::kBool)
+          .flag("verbose")
+          .env("FSDPTRAIN_VERBOSE")
+          .def("false")
+          .help("The built-in trainer prints the whole resolved config first (it is in the run folder's run.json "
+                "either way)")
+          .extension()
+          .to(&Config::logging, &LoggingConfig::verbose),
+      // ---- engine: how the trainer computes (the same results, to the rounding) ----
+      Row("engine.kernels", V::kEnum)
+          .env("FSDPTRAIN_KERNELS")
+          .choices(enum_names(kKernelProviderNames))
+          .def("auto")
+          .help("Who computes the model's ops: host (the CPU's own kernels: fused RMSNorm, rotary and SwiGLU, "
+                "oneDNN's products, the loss by token chunks), portable (the kernels a GPU runs, launched by "
+                "ATen's loops on any device: on the CPU it runs the GPU's arithmetic), reference (ATen's ops one "
+                "by one, to compare against); auto: host on the CPU, portable on a GPU")
+          .extension()
+          .to(&Config::engine, &EngineConfig::kernels),
+      Row("engine.onednn_products", V::kEnum)
+          .env("FSDPTRAIN_ONEDNN_PRODUCTS")
+          .choices(enum_names(kOnednnProductsNames))
+          .def("large")
+          .help("With the host kernels, which float32 products (and attention) run on oneDNN rather than "
+                "LibTorch's mm and SDPA: large (those big enough to pay oneDNN's fixed cost per call), all, off")
+          .extension()
+          .to(&Config::engine, &EngineConfig::onednn_products),
+      Row("engine.read_ahead", V::kEnum)
+          .env("FSDPTRAIN_READ_AHEAD")
+          .choices(enum_names(kReadAheadNames))
+          .def("auto")
+          .help("Read the next step's batches on a thread while the step runs; auto: on a GPU (on the CPU the "
+                "thread would take turns with the step's own threads)")
+          .extension()
+          .to(&Config::engine, &EngineConfig::read_ahead),
+      Row("engine.host_cache", V::kBool)
+          .env("FSDPTRAIN_HOST_CACHE")
+          .def("true")
+          .help("CPU runs: keep freed large host blocks for reuse (the step allocates the same sizes every time) "
+                "instead of returning them to the system allocator")
+          .extension()
+          .to(&Config::engine, &EngineConfig::host_cache),
+      Row("engine.sync_debug", V::kBool)
+          .env("FSDPTRAIN_SYNC_DEBUG")
+          .def("false")
+          .help("CUDA: stop with an error naming the op when anything inside a training step waits for the GPU "
+                "(LibTorch's sync debug mode)")
+          .extension()
+          .to(&Config::engine, &EngineConfig::sync_debug),
+      Row("engine.dump_gradients", V::kString)
+          .env("FSDPTRAIN_DUMP_GRADIENTS")
+          .def("")
+          .help("A folder: every trainable parameter's full gradient of each step (averaged over the ranks, "
+                "before clipping) as step-<N>.safetensors, to compare with another trainer; waits for the device "
+                "every step. Empty: none")
+          .extension()
+          .to(&Config::engine, &EngineConfig::dump_gradients),
   };
   assign_consumers(t);
   return t;

@@ -398,7 +398,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModel::gather_full_gradie
 
 std::unique_ptr<ShardedModel> fully_shard(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh,
                                           FsdpOptions options) {
-  if (options.device.is_cpu()) install_host_cache();
+  if (options.device.is_cpu() && options.host_cache) install_host_cache();
   return std::make_unique<ShardedModel>(model, traits, std::move(mesh), std::move(options));
 }
 

@@ -129,7 +129,8 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& tr
 
 // Shards `model` by the options' wrap policy. Throws InputError for a wrap class the model does
 // not have (listing the ones it has) or one it cannot run as a unit. Collective over the mesh.
-// On the CPU it first installs the host block cache (fsdp/host_cache.h) as LibTorch's CPU allocator.
+// On the CPU it first installs the host block cache (fsdp/host_cache.h) as LibTorch's CPU allocator,
+// unless options.host_cache is false.
 std::unique_ptr<ShardedModel> fully_shard(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh,
                                           FsdpOptions options);
 

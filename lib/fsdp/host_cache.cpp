@@ -9,8 +9,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "util/env.h"
-
 namespace fsdp {
 
 namespace {
@@ -104,7 +102,6 @@ class HostCache final : public c10::Allocator {
 
 void install_host_cache() {
   static const bool installed = [] {
-    if (env_is("FSDPTRAIN_HOST_CACHE", "0")) return false;
     HostCache& cache = HostCache::instance();
     c10::SetCPUAllocator(&cache, /*priority=*/1);
     return true;

@@ -17,7 +17,8 @@ struct HostCacheStats {
 };
 
 // Makes the cache LibTorch's CPU allocator for tensors created from now on (idempotent). A tensor
-// created before keeps the allocator it had. FSDPTRAIN_HOST_CACHE=0 leaves the default in place.
+// created before keeps the allocator it had. fully_shard installs it unless FsdpOptions::host_cache
+// is false (engine.host_cache).
 void install_host_cache();
 HostCacheStats host_cache_stats();
 

@@ -47,6 +47,7 @@ struct FsdpOptions {
   bool activation_checkpointing = false;  // recompute each innermost unit's forward in backward
   bool prefetch = true;                   // issue the next unit's all-gather before this one computes
   c10::Device device = c10::kCPU;         // where units compute
+  bool host_cache = true;                 // on the CPU, fsdp/host_cache.h's allocator (installed first)
   bool record_events = false;             // keep the gather/free/reduce log (tests)
   // FSDP2's ignored_params, chosen as Accelerate's fsdp_ignored_modules does: a regex full-matched
   // against module paths ("model.layers.0.mlp"). Every parameter under a matching module is left

@@ -24,8 +24,8 @@ namespace fsdp::model {
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Whether causal_attention takes these operands here: CPU float32, head_dim 64 or more, where
-// model/linear.h takes oneDNN for a product the size of the attention's (FSDPTRAIN_ONEDNN_GEMM=all:
-// any head_dim; =0 or FSDPTRAIN_FUSED=0: never).
+// model/linear.h takes oneDNN for a product the size of the attention's (engine.onednn_products all:
+// any head_dim; off, or kernels other than the host's: never).
 bool causal_attention_applies(const at::Tensor& q, const at::Tensor& k);
 
 }  // namespace fsdp::model

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "model/kernels/elementwise.h"
+#include "model/kernels/provider.h"
 #include "model/linear.h"
 #include "model/tensor_parallel.h"
 #include "util/error.h"
@@ -171,7 +172,8 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
   vocab_rows = std::min(vocab_rows, vocab);
   const auto f32 = hidden.options().dtype(at::kFloat);
   const bool fp32 = weight.scalar_type() == at::kFloat;
-  const bool fused = kernels::available(hidden);  // model/kernels: exp(s - shift) in one pass
+  // model/kernels: exp(s - shift) in one pass, unless the reference provider was asked for.
+  const bool fused = kernels::provider_for(hidden) != kernels::Provider::kReference;
   at::Tensor loss = at::zeros({}, f32);
   at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
   const bool one_block = rows >= n;
@@ -255,7 +257,8 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
                                const at::Tensor& targets, int64_t rows, int64_t ignore_index, const TensorParallel* tp,
                                int64_t first, int64_t how, int64_t vocab_rows) {
     const bool by_vocabulary = static_cast<LossChunking>(how) == LossChunking::kVocabulary ||
-                               (static_cast<LossChunking>(how) == LossChunking::kAuto && !hidden.is_cpu());
+                               (static_cast<LossChunking>(how) == LossChunking::kAuto &&
+                                kernels::provider_for(hidden) == kernels::Provider::kPortable);
     const LossAndGradients r =
         by_vocabulary ? by_vocabulary_chunks(hidden, weight, targets, rows, vocab_rows, ignore_index, tp, first)
                       : by_token_chunks(hidden, weight, targets, rows, ignore_index, tp, first);
@@ -286,10 +289,10 @@ int64_t default_chunk_rows(int64_t vocab_size) {
   return std::max<int64_t>(1, (int64_t{1} << 25) / std::max<int64_t>(1, vocab_size));
 }
 
-int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool device_is_cpu,
+int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool token_chunks,
                            bool head_trains) {
   const int64_t head = head_trains ? vocab * hidden : 0;
-  if (device_is_cpu) {  // a chunk's fp32 logits and their exp, the fp32 (V, C) sum and its copy in the dtype
+  if (token_chunks) {  // a chunk's fp32 logits and their exp, the fp32 (V, C) sum and its copy in the dtype
     const int64_t chunk = std::min<int64_t>(tokens, default_chunk_rows(vocab));
     return chunk * vocab * 4 * 2 + head * 4 + (dtype_bytes != 4 ? head * dtype_bytes : 0);
   }

@@ -3,9 +3,10 @@
 // the loss and into the gradients of h and W (softmax minus one-hot), and dropped, so the logits never
 // exist whole: for a Llama 3 vocabulary (V = 128256) and 4096 tokens that is 2 GiB of fp32 logits,
 // their softmax and its gradient not held. Two ways to chunk, one kernel per device:
-//   - token chunks (CPU): `rows` tokens against the whole vocabulary, oneDNN's products; the weight's
-//     gradient is summed over the chunks in fp32.
-//   - vocabulary chunks (every other device, the meta device included): blocks of tokens against
+//   - token chunks (the host and reference providers, model/kernels/provider.h): `rows` tokens
+//     against the whole vocabulary, oneDNN's products on the host; the weight's gradient is summed
+//     over the chunks in fp32.
+//   - vocabulary chunks (the portable provider: a GPU's, the meta device's): blocks of tokens against
 //     chunks of the vocabulary in two passes (log-sum-exp first, then the gradient, the logits made
 //     twice); each chunk's rows of the weight's gradient are one product over all the block's tokens,
 //     written once, so no (V, C) fp32 sum is read and written once per chunk (on a GPU that sum was
@@ -22,15 +23,15 @@ namespace fsdp::model {
 
 struct TensorParallel;
 
-enum class LossChunking { kAuto, kTokens, kVocabulary };  // kAuto: tokens on CPU, the vocabulary elsewhere
+enum class LossChunking { kAuto, kTokens, kVocabulary };  // kAuto: the vocabulary for the portable provider
 
 // Tokens per chunk of the token-chunked loss when rows <= 0: about 32M logits (128 MiB in fp32) a chunk.
 int64_t default_chunk_rows(int64_t vocab_size);
 
-// The bytes the loss holds beyond its inputs while it runs on `device_is_cpu`'s kernel, for `tokens`
+// The bytes the loss holds beyond its inputs while it runs by token chunks or not, for `tokens`
 // tokens of width `hidden` against `vocab` rows in a compute dtype of `dtype_bytes`, the head's
 // gradient included when it trains (estimate-memory).
-int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool device_is_cpu,
+int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool token_chunks,
                            bool head_trains);
 
 // hidden (N, C), weight (V, C) (both the compute dtype), targets (N) int64; tokens whose target is

@@ -17,11 +17,11 @@
 #include "model/context_parallel.h"
 #include "model/fused_ops.h"
 #include "model/kernels/elementwise.h"
+#include "model/kernels/provider.h"
 #include "model/linear.h"
 #include "model/lora_layer.h"
 #include "model/stacked_weights.h"
 #include "model/tensor_parallel.h"
-#include "util/env.h"
 #include "util/error.h"
 #include "util/log.h"
 #include "util/strings.h"
@@ -108,16 +108,11 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("L
   weight = register_parameter("weight", at::ones({dim}));
 }
 
-bool fused_kernels_enabled() {
-  static const bool enabled = !env_is("FSDPTRAIN_FUSED", "0");
-  return enabled;
-}
-
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
-  // Any device but the CPU takes the GPU's kernels (so the meta device checks the GPU's path).
-  if (!x.is_cpu() && x.scalar_type() == weight.scalar_type() && fused_kernels_enabled())
+  const kernels::Provider provider = kernels::provider_for(x);
+  if (provider == kernels::Provider::kPortable && x.scalar_type() == weight.scalar_type())
     return at::rms_norm(x, {weight.size(0)}, weight, eps);
-  if (x.is_cpu() && fused_kernels_enabled() && weight.is_contiguous())
+  if (provider == kernels::Provider::kHost && weight.is_contiguous())
     return fused_rms_norm(x.contiguous(), weight, eps);
   const at::Tensor h = x.to(at::kFloat);
   const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
@@ -204,11 +199,12 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
     q = q_norm(q);
     k = k_norm(k);
   }
-  if (x.is_cpu() && fused_kernels_enabled() && cos.dim() == 2) {  // q and k in one pass (not packed rows)
+  const kernels::Provider provider = kernels::provider_for(x);
+  if (provider == kernels::Provider::kHost && cos.dim() == 2) {  // q and k in one pass (not packed rows)
     auto [rq, rk] = fused_rotary(q, k, cos, sin);
     return {rq.transpose(1, 2), rk.transpose(1, 2), v};
   }
-  if (!x.is_cpu() && fused_kernels_enabled() && kernels::available(x))  // one kernel each way for q, for k
+  if (provider != kernels::Provider::kReference)  // one kernel each way for q, for k
     return {kernels::rotary(q.transpose(1, 2), cos, sin), kernels::rotary(k.transpose(1, 2), cos, sin), v};
   return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
           apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
@@ -218,7 +214,7 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
 // One product for q, k and v when fully_shard laid their weights end to end (model/stacked_weights.h),
 // three otherwise or on the reference path. Adapters add their own parts to each.
 std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
-  if (fused_kernels_enabled())
+  if (kernels::provider_for(x) != kernels::Provider::kReference)
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
       const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
       const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
@@ -251,7 +247,7 @@ namespace {
 
 // Whether packed rows can take variable-length flash attention (else SDPA with a mask).
 bool varlen_flash(const at::Tensor& q, const Packed& packed) {
-  return packed.cu_seqlens.defined() && !q.is_cpu() && fused_kernels_enabled() &&
+  return packed.cu_seqlens.defined() && !q.is_cpu() && kernels::provider_for(q) == kernels::Provider::kPortable &&
          (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
 }
 
@@ -334,15 +330,17 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel>
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
   const at::Tensor x = tp ? gather_along(input, 1, *tp) : input;
-  const bool fused = fused_kernels_enabled();
+  const kernels::Provider provider = kernels::provider_for(x);
   // gate and up as one product when fully_shard laid their weights end to end (model/stacked_weights.h).
-  const auto w = fused ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
+  const auto w =
+      provider != kernels::Provider::kReference ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
   at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
   if (w) {
     const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
     if (!has_lora(gate_proj) && !has_lora(up_proj)) {  // gate and up read from the one block
-      if (x.is_cpu()) return row_parallel_output(down_proj, fused_swiglu(gate_up), tp.get());
-      if (kernels::available(x)) return row_parallel_output(down_proj, kernels::swiglu(gate_up), tp.get());
+      const at::Tensor product =
+          provider == kernels::Provider::kHost ? fused_swiglu(gate_up) : kernels::swiglu(gate_up);
+      return row_parallel_output(down_proj, product, tp.get());
     }
     const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);  // split: one cat in the backward (see rotate_half)
     gate = with_lora(gate_proj, x, parts[0]);
@@ -352,9 +350,9 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     up = lora_linear(up_proj, x);
   }
   at::Tensor product;
-  if (x.is_cpu() && fused)
+  if (provider == kernels::Provider::kHost)
     product = fused_swiglu(gate.contiguous(), up.contiguous());
-  else if (fused && kernels::available(x))
+  else if (provider == kernels::Provider::kPortable)
     product = kernels::swiglu(gate, up);
   else
     product = at::silu(gate) * up;

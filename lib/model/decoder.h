@@ -39,19 +39,15 @@ struct ContextParallel;  // model/context_parallel.h
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
   LlamaRMSNormImpl(int64_t dim, double eps);
-  // fp32 statistics, cast back, then * weight. On a GPU with x and weight of one dtype, LibTorch's
-  // fused rms_norm (one kernel each way; the product with weight before the cast, so bf16 rounds once
-  // instead of twice); on CPU model/fused_ops.h's; unless FSDPTRAIN_FUSED=0.
+  // fp32 statistics, cast back, then * weight. The portable provider (model/kernels/provider.h), with
+  // x and weight of one dtype: LibTorch's fused rms_norm (one kernel each way on a GPU; the product
+  // with weight before the cast, so bf16 rounds once instead of twice); the host provider:
+  // model/fused_ops.h's; the reference: ATen's ops one by one.
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;  // (C)
   double eps;
 };
 TORCH_MODULE(LlamaRMSNorm);
-
-// Whether the model takes fused kernels where it has an op-by-op reference path: on a GPU
-// LibTorch's (rms_norm), on CPU ours (model/fused_ops.h: RMSNorm, the rotary embedding of q and k in
-// one pass, SwiGLU). FSDPTRAIN_FUSED=0: never, to compare speed or numerics.
-bool fused_kernels_enabled();
 
 // One layer's keys and values so far (B, K, L, D), for decoding a token at a time.
 struct LayerCache {

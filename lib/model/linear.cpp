@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "util/env.h"
+#include "model/kernels/provider.h"
 #include "util/error.h"
 
 namespace fsdp::model {
@@ -23,17 +23,13 @@ constexpr int64_t kMinMultiplyAdds = int64_t{1} << 21;
 
 enum class Gemm { kAten, kOnednn, kOnednnAll };
 
+// oneDNN's products belong to the host provider (model/kernels/provider.h); read per call, as the
+// choice may be set after the first product (the trainer sets it from engine.kernels).
 Gemm gemm_choice() {
-  static const Gemm choice = [] {
-    if (env_is("FSDPTRAIN_FUSED", "0")) return Gemm::kAten;
-    const std::string v = env_or("FSDPTRAIN_ONEDNN_GEMM", "1");
-    FSDP_CHECK(v == "0" || v == "1" || v == "all", "[env] FSDPTRAIN_ONEDNN_GEMM=\"", v,
-               "\": expected 0 (LibTorch's mm), 1 (oneDNN for large float32 "
-               "products on CPU, the default) or all (oneDNN for every float32 product on CPU)");
-    if (v == "0" || !at::hasMKLDNN()) return Gemm::kAten;
-    return v == "all" ? Gemm::kOnednnAll : Gemm::kOnednn;
-  }();
-  return choice;
+  const kernels::KernelChoice choice = kernels::kernel_choice();
+  const bool host = choice.provider == kernels::Provider::kAuto || choice.provider == kernels::Provider::kHost;
+  if (!host || choice.onednn == kernels::OnednnProducts::kOff || !at::hasMKLDNN()) return Gemm::kAten;
+  return choice.onednn == kernels::OnednnProducts::kAll ? Gemm::kOnednnAll : Gemm::kOnednn;
 }
 
 using LinearPointwise = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,

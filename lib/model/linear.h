@@ -11,9 +11,10 @@
 // oneDNN runs at ieee float32 precision unless LibTorch's mkldnn matmul precision was lowered.
 // Which path a product takes depends on its shape alone (never on timing), so runs repeat exactly.
 //
-// Switches: FSDPTRAIN_FUSED=0 (the reference path) or FSDPTRAIN_ONEDNN_GEMM=0 keep at::linear
-// everywhere; FSDPTRAIN_ONEDNN_GEMM=all takes oneDNN for small products and thin attention heads
-// too, so the golden tests, whose shapes are small, can be run on this path.
+// oneDNN is the host provider's (model/kernels/provider.h): engine.kernels portable or reference,
+// or engine.onednn_products off, keep at::linear everywhere; engine.onednn_products all takes
+// oneDNN for small products and thin attention heads too, so the golden tests, whose shapes are
+// small, can be run on this path.
 // Threads: oneDNN runs on LibTorch's intra-op threads (at::get_num_threads()).
 #pragma once
 
@@ -37,7 +38,7 @@ at::Tensor onednn_matmul_nt(const at::Tensor& a, const at::Tensor& b);
 
 // Whether a product of this many multiply-adds with these operands takes oneDNN here.
 bool onednn_product(const at::Tensor& a, const at::Tensor& b, int64_t multiply_adds);
-// Whether FSDPTRAIN_ONEDNN_GEMM=all asked for oneDNN whatever the size (callers with size rules of
+// Whether engine.onednn_products all asked for oneDNN whatever the size (callers with size rules of
 // their own, such as causal attention's head_dim, drop them then).
 bool onednn_every_size();
 

@@ -97,8 +97,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   // Activations kept for backward, per layer, per token (compute dtype): the norms' outputs and the
   // residuals (4 C), q/k/v and the attention output (2 C + 2 K D), SwiGLU's gate, up, their product
   // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The loss (model/chunked_loss.h) holds a
-  // chunk's fp32 logits and their gradient and the head's gradient (model::loss_working_bytes: on the
-  // run's device's kernel), never the whole (tokens, V) logits. With checkpointing only each
+  // chunk's fp32 logits and their gradient and the head's gradient (model::loss_working_bytes: by
+  // the run's kernels' chunking), never the whole (tokens, V) logits. With checkpointing only each
   // layer's input (C) stays, plus one layer recomputed. Tensor parallel divides all of it by P but
   // the two gathered (whole-sequence) norm outputs the column-parallel products keep (2 C). Context
   // and Ulysses sequence parallel divide the tokens by their size; allgather's gathered K/V (the
@@ -117,7 +117,10 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const auto named = llama->named_parameters();
   const at::Tensor* head = named.find(mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   const bool head_trains = head == nullptr || head->requires_grad();
-  const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, c.launch.use_cpu, head_trains) +
+  const config::KernelProvider kernels = c.engine.kernels;  // model/kernels/provider.h: who chunks by tokens
+  const bool token_chunks = kernels == config::KernelProvider::kReference ||
+                            (c.launch.use_cpu && kernels != config::KernelProvider::kPortable);
+  const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
   e.activations = mc.num_hidden_layers * per_layer + logits;
   e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + per_layer + logits;

@@ -70,6 +70,7 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
   o.offload_params = config.fsdp.offload_params;
   o.activation_checkpointing = config.fsdp.activation_checkpointing;
   o.device = device;
+  o.host_cache = config.engine.host_cache;
   const config::FsdpLayout layout = config::effective_fsdp_layout(config);
   o.reshard_after_forward = layout.reshard_after_forward;
   plan.replicate_size = layout.replicate_size;

@@ -25,11 +25,11 @@
 #include "config/show.h"
 #include "data/prepare.h"
 #include "model/context_parallel.h"
+#include "model/kernels/provider.h"
 #include "model/tensor_parallel.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
 #include "util/clock.h"
-#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
@@ -116,7 +116,7 @@ std::string host_peaks(dist::ProcessGroup& world, const c10::Device& device) {
   return out;
 }
 
-// With FSDPTRAIN_SYNC_DEBUG=1 on a GPU, a host wait for the device (item(), a blocking copy, a
+// With engine.sync_debug on a GPU, a host wait for the device (item(), a blocking copy, a
 // synchronize) while this is alive throws: LibTorch's sync debug mode, which tests use to prove that
 // a step's queued work waits for nothing.
 class NoDeviceWaits {
@@ -140,11 +140,6 @@ class NoDeviceWaits {
   bool on_;
 };
 
-bool sync_debug_requested(const c10::Device& device) {
-  static const bool requested = env_is("FSDPTRAIN_SYNC_DEBUG", "1");
-  return device.is_cuda() && requested;
-}
-
 dist::ProcessGroup init_group(const dist::WorkerContext& context) {
   dist::GroupOptions options;
   options.backend = context.backend;
@@ -166,14 +161,14 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
       model_config_(model_config_of(config_)) {
   // The resolved config's first and last lines (the file, how it runs); the whole table with --verbose.
   const std::string table = config::format_resolved(resolved, config::ShowFormat::kTable);
-  if (env_is("FSDPTRAIN_VERBOSE", "1")) {
+  if (config_.logging.verbose) {
     say(table);
   } else {
     for (const std::string& line : split(table, '\n'))
       if (starts_with(line, "# config:") || starts_with(line, "# runs as:")) say(line + "\n");
   }
   say(str("[train] run folder: ", config_.train.output_dir, " (run.json there holds the resolved config",
-          env_is("FSDPTRAIN_VERBOSE", "1") ? "" : "; launch --verbose prints it", ")\n"));
+          config_.logging.verbose ? "" : "; launch --verbose prints it", ")\n"));
   if (const std::string defaults = config::describe_run_defaults(resolved); !defaults.empty())
     say(str("[train] ", defaults, "\n"));
   if (!config_.launch.use_cpu && !context_.device.is_cuda())
@@ -190,6 +185,10 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
             model_config_.max_position_embeddings, ": raise it there to match\n"));
   }
   read_data();  // first: a bad path fails in a second, before any model is built
+  model::kernels::set_kernel_choice(
+      {model::kernels::provider_named(config::enum_name(config_.engine.kernels, config::kKernelProviderNames)),
+       model::kernels::onednn_products_named(
+           config::enum_name(config_.engine.onednn_products, config::kOnednnProductsNames))});
   build_model();
   build_checkpointer(hooks);
 }
@@ -405,12 +404,13 @@ StepBatches TrainingRun::read_batches() {
 
 // This step's batches. On a GPU they were read ahead while the last step ran, and the next step's
 // read starts now; on CPU the cores are busy computing, so a helper thread would only take turns
-// with the step (it measured 6 % slower on 2 cores), and they are read now (FSDPTRAIN_PREFETCH=1
-// reads ahead there too, for tests).
+// with the step (it measured 6 % slower on 2 cores), and they are read now (engine.read_ahead
+// chooses otherwise).
 StepBatches TrainingRun::take_batches() {
   RECORD_USER_SCOPE("data");
-  static const bool forced = env_is("FSDPTRAIN_PREFETCH", "1");
-  if (!context_.device.is_cuda() && !forced) return read_batches();
+  const config::ReadAhead ahead = config_.engine.read_ahead;
+  if (ahead == config::ReadAhead::kOff || (ahead == config::ReadAhead::kAuto && !context_.device.is_cuda()))
+    return read_batches();
   StepBatches b = next_batches_.valid() ? next_batches_.get() : read_batches();
   next_batches_ = std::async(std::launch::async, [this] { return read_batches(); });
   return b;
@@ -433,7 +433,7 @@ std::optional<StepResult> TrainingRun::train_step(int64_t step, bool stop) {
   adamw_->set_lr(lr);
   const StepBatches batches = take_batches();
   consumed_ = batches.after;
-  const bool check = sync_debug_requested(context_.device);
+  const bool check = context_.device.is_cuda() && config_.engine.sync_debug;
   at::Tensor counted, loss_sum;
   {
     const NoDeviceWaits queued(check);
@@ -477,11 +477,11 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
   return reduced;
 }
 
-// FSDPTRAIN_DUMP_GRADIENTS=DIR: every trainable parameter's full gradient of each step (averaged
-// over the ranks, before clipping), as DIR/step-N.safetensors, for comparing with another trainer.
+// engine.dump_gradients DIR: every trainable parameter's full gradient of each step (averaged over
+// the ranks, before clipping), as DIR/step-N.safetensors, for comparing with another trainer.
 // Collective; it waits for the device.
 void TrainingRun::dump_gradients(int64_t step) const {
-  static const std::string dir = env_or("FSDPTRAIN_DUMP_GRADIENTS", "");
+  const std::string& dir = config_.engine.dump_gradients;
   if (dir.empty()) return;
   const auto grads = sharded_->gather_full_gradients();
   if (world_.rank() != 0) return;

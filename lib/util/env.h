@@ -6,7 +6,7 @@
 
 namespace fsdp {
 
-// Whether `name` is set to exactly `value` (FSDPTRAIN_PREFETCH=1 and such).
+// Whether `name` is set to exactly `value` (FSDPTRAIN_LAUNCHED=1 and such).
 bool env_is(const char* name, const char* value);
 // The variable's value; `fallback` when it is unset or empty.
 std::string env_or(const char* name, const std::string& fallback);

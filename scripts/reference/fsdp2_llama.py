@@ -25,7 +25,7 @@ With --adapter PEFT_DIR the model is PEFT's PeftModel over that adapter (is_trai
 matrices and modules_to_save train, the rest is frozen), as fsdptrain's lora.init starts from it;
 --save-adapter DIR writes the trained adapter's tensors; --dump-gradients DIR writes each step's
 full gradients (before clipping) as DIR/step-N.safetensors under fsdptrain's names, as
-FSDPTRAIN_DUMP_GRADIENTS does.
+fsdptrain's engine.dump_gradients does.
 """
 import argparse
 import json

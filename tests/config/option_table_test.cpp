@@ -1,12 +1,17 @@
 // The option table is the single declaration of every option: check it is consistent.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "config/option.h"
 #include "config/show.h"
+#include "config/test_support.h"
+#include "config/worker_env.h"
 
 using namespace fsdp::config;
+using fsdp::config::testing::load_text;
+using fsdp::config::testing::Loaded;
 
 TEST_CASE("every option has a unique key and flag, help, and a default its own parser accepts") {
   std::set<std::string> keys, flags, envs;
@@ -105,4 +110,38 @@ TEST_CASE("every option names the part of fsdptrain that reads it, or reaches pr
     if (o.section() == "fsdp_config" && o.versions != FsdpVersions::kV1Only)
       CHECK_MESSAGE(o.used_by != 0, "an FSDP2 key the engine does not read");
   }
+}
+
+TEST_CASE("fsdptrain's own switches are rows: each with its FSDPTRAIN_* variable, exported as resolved") {
+  for (const std::string name :
+       {"FSDPTRAIN_KERNELS", "FSDPTRAIN_ONEDNN_PRODUCTS", "FSDPTRAIN_READ_AHEAD", "FSDPTRAIN_HOST_CACHE",
+        "FSDPTRAIN_SYNC_DEBUG", "FSDPTRAIN_DUMP_GRADIENTS", "FSDPTRAIN_VERBOSE", "FSDPTRAIN_DIST_TIMEOUT"}) {
+    INFO(name);
+    CHECK(std::count_if(all_options().begin(), all_options().end(),
+                        [&](const OptionSpec& s) { return s.env == name && (s.used_by & kTrainer); }) == 1);
+  }
+  const Loaded l = load_text("distributed_type: FSDP\nnum_processes: 2\n",
+                             {"engine.kernels=portable", "engine.sync_debug=true", "engine.dump_gradients=grads"},
+                             {{"logging.verbose", "true"}});
+  INFO(l.errors());
+  CHECK(l.errors().empty());
+  CHECK((l.rc.typed.engine.kernels == KernelProvider::kPortable));
+  CHECK(l.rc.typed.logging.verbose);
+  const auto env = worker_env(l.rc);
+  auto exported = [&](const std::string& k, const std::string& v) {
+    return std::find(env.begin(), env.end(), std::make_pair(k, v)) != env.end();
+  };
+  CHECK(exported("FSDPTRAIN_KERNELS", "portable"));
+  CHECK(exported("FSDPTRAIN_ONEDNN_PRODUCTS", "large"));
+  CHECK(exported("FSDPTRAIN_SYNC_DEBUG", "true"));
+  CHECK(exported("FSDPTRAIN_VERBOSE", "true"));
+  // An output folder, made absolute as the others are.
+  const std::string& dump = l.rc.typed.engine.dump_gradients;
+  CHECK(dump.front() == '/');
+  CHECK(dump.size() > 6);
+  CHECK(dump.substr(dump.size() - 6) == "/grads");
+  CHECK(load_text("").rc.typed.engine.dump_gradients.empty());  // none unless given
+  const Loaded bad = load_text("", {"engine.kernels=fused"});
+  CHECK(bad.errors().find("engine.kernels") != std::string::npos);
+  CHECK(bad.errors().find("portable") != std::string::npos);
 }

@@ -9,7 +9,7 @@
 #include <array>
 #include <vector>
 
-#include "util/env.h"
+#include "model/linear.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
 #include <doctest/doctest.h>
@@ -66,10 +66,9 @@ TEST_CASE("causal_attention: SDPA's causal attention, forward and backward, kv h
 
 TEST_CASE("causal_attention: small, thin-headed and non-float32 attention stays with SDPA") {
   const at::Tensor q = at::randn({1, 2, 8, 16}), k = at::randn({1, 2, 8, 16});
-  if (!fsdp::env_is("FSDPTRAIN_ONEDNN_GEMM", "all"))
-    CHECK_FALSE(causal_attention_applies(q, k));  // 1,152 multiply-adds
+  if (!fsdp::model::onednn_every_size()) CHECK_FALSE(causal_attention_applies(q, k));  // 1,152 multiply-adds
   const at::Tensor q32 = at::randn({2, 4, 1024, 32}), k32 = at::randn({2, 2, 1024, 32});
-  if (!fsdp::env_is("FSDPTRAIN_ONEDNN_GEMM", "all")) CHECK_FALSE(causal_attention_applies(q32, k32));  // head_dim < 64
+  if (!fsdp::model::onednn_every_size()) CHECK_FALSE(causal_attention_applies(q32, k32));  // head_dim < 64
   const at::Tensor qb = at::randn({2, 4, 512, 64}).to(at::kBFloat16), kb = at::randn({2, 4, 512, 64}).to(at::kBFloat16);
   CHECK_FALSE(causal_attention_applies(qb, kb));
 }

@@ -9,8 +9,6 @@
 
 #include <vector>
 
-#include "util/env.h"
-
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
 #include <doctest/doctest.h>
 
@@ -80,7 +78,7 @@ TEST_CASE("linear: a frozen weight, and an input without a gradient") {
 TEST_CASE("linear: small and non-float32 products are at::linear's, bit for bit") {
   at::manual_seed(2);
   const at::Tensor x = at::randn({4, 16}), w = at::randn({8, 16});
-  if (!fsdp::env_is("FSDPTRAIN_ONEDNN_GEMM", "all")) {  // which takes oneDNN for these too
+  if (!fsdp::model::onednn_every_size()) {  // which takes oneDNN for these too
     CHECK_FALSE(onednn_product(x, w, 4 * 8 * 16));
     CHECK(at::equal(fsdp::model::linear(x, w), at::linear(x, w)));
   }

@@ -97,43 +97,44 @@ std::string four_step_checkpoint(const std::string& cfg, const std::string& dir)
 }  // namespace
 
 TEST_CASE("exact resume: 12 steps equal 6 + save + resume + 6, bit for bit") {
-  // FSDPTRAIN_PREFETCH=1: the next step's data is read ahead (as on a GPU), and the checkpoint
+  // engine.read_ahead on: the next step's data is read ahead (as on a GPU), and the checkpoint
   // still records where the steps taken left the data, not where the read-ahead did.
-  for (const std::string prefetch : {"0", "1"})
-  for (const std::string type : {"SHARDED_STATE_DICT", "FULL_STATE_DICT"}) {
-    SUBCASE((type + (prefetch == "1" ? " with data read ahead" : "")).c_str()) {
-      setenv("FSDPTRAIN_PREFETCH", prefetch.c_str(), 1);
-      const std::string cfg = write_config("exact", type), a = temp_path("exact_a"), b = temp_path("exact_b");
-      sh("rm -rf " + a + " " + b + " " + a + ".jsonl " + b + ".jsonl && mkdir -p " + b);
-      const Result ra =
-          train(cfg, 2, 4, {"checkpoint.dir=" + a, "checkpoint.interval=6", "logging.metrics_file=" + a + ".jsonl"});
-      INFO(ra.out, ra.err);
-      REQUIRE(ra.code == 0);
-      REQUIRE(exists(a + "/step-00000006/manifest.json"));
-      REQUIRE(exists(a + "/step-00000012/manifest.json"));
-      // The run stopped after step 6: only that checkpoint exists.
-      sh("cp -r " + a + "/step-00000006 " + b + "/");
-      const Result rb =
-          train(cfg, 2, 4, {"checkpoint.dir=" + b, "checkpoint.resume=latest", "logging.metrics_file=" + b + ".jsonl"});
-      INFO(rb.out, rb.err);
-      REQUIRE(rb.code == 0);
-      CHECK(rb.out.find("[ckpt] loaded " + b + "/step-00000006 (step 6") != std::string::npos);
-      check_same_losses(losses_by_step(a + ".jsonl"), losses_by_step(b + ".jsonl"), 7, 12, 0.0);
-      // Parameters and AdamW state at step 12: the same bytes.
-      const std::vector<std::string> files =
-          type == "FULL_STATE_DICT"
-              ? std::vector<std::string>{"model.safetensors", "optimizer.safetensors"}
-              : std::vector<std::string>{"shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"};
-      for (const std::string& f : files) {
-        INFO(f);
-        const std::string x = read_bytes(a + "/step-00000012/" + f), y = read_bytes(b + "/step-00000012/" + f);
-        CHECK(x.size() > 1000);
-        CHECK(x == y);
+  for (const std::string ahead : {"off", "on"})
+    for (const std::string type : {"SHARDED_STATE_DICT", "FULL_STATE_DICT"}) {
+      SUBCASE((type + (ahead == "on" ? " with data read ahead" : "")).c_str()) {
+        const std::string read_ahead = "engine.read_ahead=" + ahead;
+        const std::string cfg = write_config("exact", type), a = temp_path("exact_a"), b = temp_path("exact_b");
+        sh("rm -rf " + a + " " + b + " " + a + ".jsonl " + b + ".jsonl && mkdir -p " + b);
+        const Result ra =
+            train(cfg, 2, 4,
+                  {"checkpoint.dir=" + a, "checkpoint.interval=6", "logging.metrics_file=" + a + ".jsonl", read_ahead});
+        INFO(ra.out, ra.err);
+        REQUIRE(ra.code == 0);
+        REQUIRE(exists(a + "/step-00000006/manifest.json"));
+        REQUIRE(exists(a + "/step-00000012/manifest.json"));
+        // The run stopped after step 6: only that checkpoint exists.
+        sh("cp -r " + a + "/step-00000006 " + b + "/");
+        const Result rb = train(
+            cfg, 2, 4,
+            {"checkpoint.dir=" + b, "checkpoint.resume=latest", "logging.metrics_file=" + b + ".jsonl", read_ahead});
+        INFO(rb.out, rb.err);
+        REQUIRE(rb.code == 0);
+        CHECK(rb.out.find("[ckpt] loaded " + b + "/step-00000006 (step 6") != std::string::npos);
+        check_same_losses(losses_by_step(a + ".jsonl"), losses_by_step(b + ".jsonl"), 7, 12, 0.0);
+        // Parameters and AdamW state at step 12: the same bytes.
+        const std::vector<std::string> files =
+            type == "FULL_STATE_DICT"
+                ? std::vector<std::string>{"model.safetensors", "optimizer.safetensors"}
+                : std::vector<std::string>{"shard-00000-of-00002.safetensors", "shard-00001-of-00002.safetensors"};
+        for (const std::string& f : files) {
+          INFO(f);
+          const std::string x = read_bytes(a + "/step-00000012/" + f), y = read_bytes(b + "/step-00000012/" + f);
+          CHECK(x.size() > 1000);
+          CHECK(x == y);
+        }
+        sh("rm -rf " + a + " " + b + " " + a + ".jsonl " + b + ".jsonl " + cfg);
       }
-      sh("rm -rf " + a + " " + b + " " + a + ".jsonl " + b + ".jsonl " + cfg);
-      unsetenv("FSDPTRAIN_PREFETCH");
     }
-  }
 }
 
 // Issue 16: shards are read in place; the windows that cross from one shard into the next, the

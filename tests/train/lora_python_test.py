@@ -4,9 +4,10 @@ PEFT reads.
 From one tiny Llama (transformers, random) and adapters PEFT made (init_lora_weights=False, so
 every adapter matrix starts non-zero), with and without modules_to_save, at W=1 and W=2 (and a
 tiny Qwen2, biases and a tied head, at W=2):
-  - fsdptrain (lora.init = the adapter) and scripts/reference/fsdp2_llama.py --adapter (PEFT's
-    PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
-    1e-5 relative, the same gradient of every trainable tensor (FSDPTRAIN_DUMP_GRADIENTS) within 1e-5
+  - fsdptrain (lora.init = the adapter; at W=2 with each kernel provider: the CPU's own kernels,
+    the GPU's run by the CPU, ATen's ops one by one) and scripts/reference/fsdp2_llama.py --adapter
+    (PEFT's PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
+    1e-5 relative, the same gradient of every trainable tensor (engine.dump_gradients) within 1e-5
     at step 1 and 1e-4 after (see parity()), and end with the same adapter tensors within 1e-4;
   - the trainable and total parameter counts fsdptrain prints equal PEFT's get_nb_trainable_parameters();
   - the export is a PEFT folder: its tensors are exactly the keys PEFT's own state dict has for
@@ -81,9 +82,9 @@ def fsdptrain(args, tmp, name, world, base, data, lora, extra="", gradients=None
                 f"optimizer:\n  lr: {SETTINGS['lr']}\n  beta2: 0.95\n  weight_decay: 0.1\n"
                 f"schedule:\n  type: cosine\n  warmup_steps: {SETTINGS['warmup']}\n  min_lr_ratio: 0.1\n"
                 "logging:\n  interval: 1\n" + lora + extra)
-    env = dict(os.environ, FSDPTRAIN_DUMP_GRADIENTS=gradients) if gradients else None
+    sets = list(sets) + ([f"engine.dump_gradients={gradients}"] if gradients else [])
     text = run([args.fsdptrain, "launch", "--config", yaml, "--main_process_port", "0", *[a for s in sets for a in ("--set", s)]],
-               f"fsdptrain {name}", env=env)
+               f"fsdptrain {name}")
     lines = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     return out, text, {l["step"]: l for l in lines}
 
@@ -101,24 +102,19 @@ def reference(args, tmp, name, world, base, data, adapter, dtype="float32"):
     return json.load(open(out)), load_file(os.path.join(saved, "adapter_model.safetensors"))
 
 
-def parity(args, tmp, case, world, base, data, adapter):
-    """Losses, gradient norms, every gradient and the trained adapter against PEFT's; returns the
-    run's folder and output. Step 1's gradients (from the same weights) are held to 1e-5 or 4x the
-    float32 noise of PEFT's run against float64, whichever is larger; later ones
-    to 1e-4, because two float32 runs drift apart as AdamW divides each gradient by its running RMS:
-    PEFT's own float32 gradients differ from a float64 run's (fsdp2_llama.py --dtype float64) by up
-    to 1.5e-5 here by step 6."""
-    peft_args, lora = CASES[case]
+# fsdptrain's kernel providers (model/kernels/provider.h), as the settings that choose them.
+PROVIDERS = {"host": [], "portable": ["engine.kernels=portable"], "reference": ["engine.kernels=reference"]}
+
+
+def parity(args, tmp, case, world, base, data, adapter, providers=("host",)):
+    """Losses, gradient norms, every gradient and the trained adapter against PEFT's, for each of
+    `providers` (PEFT's runs shared); returns the first one's folder and output. Step 1's gradients
+    (from the same weights) are held to 1e-5 or 4x the float32 noise of PEFT's run against float64,
+    whichever is larger; later ones to 1e-4, because two float32 runs drift apart as AdamW divides
+    each gradient by its running RMS: PEFT's own float32 gradients differ from a float64 run's
+    (fsdp2_llama.py --dtype float64) by up to 1.5e-5 here by step 6."""
     name = f"{re.sub('[^a-z]', '', case)}-w{world}"
-    grads = os.path.join(tmp, name + "-grads")
-    out, text, ours = fsdptrain(args, tmp, name, world, base, data, lora + f"  init: {adapter}\n", gradients=grads)
     ref, ref_adapter = reference(args, tmp, name, world, base, data, adapter)
-    worst, worst_tensor = 0.0, 0.0
-    for step in range(1, SETTINGS["steps"] + 1):
-        for key, theirs in (("loss", ref["losses"]), ("grad_norm", ref["grad_norms"])):
-            r = relative(ours[step][key], theirs[step - 1])
-            worst = max(worst, r)
-            check(r < 1e-5, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e})")
     # Step 1's bound per tensor comes from measured noise: PEFT's own float32 gradient against the same
     # run in float64, times 4 (our rounding and theirs, with margin), and never below 1e-5. A tensor of
     # small gradients (a lora_B whose inputs nearly cancel) rounds further than 1e-5 in both programs:
@@ -126,11 +122,32 @@ def parity(args, tmp, case, world, base, data, adapter):
     # once on a machine of CI's kind.
     reference(args, tmp, name + "-f64", world, base, data, adapter, dtype="float64")
     exact = load_file(os.path.join(tmp, name + "-f64-ref-grads", "step-1.safetensors"))
+    first = None
+    for provider in providers:
+        run_name = name if provider == providers[0] else f"{name}-{provider}"
+        result = compare_to_peft(args, tmp, case, run_name, world, base, data, adapter, provider,
+                                 (ref, ref_adapter, os.path.join(tmp, name + "-ref-grads"), exact))
+        first = first or result
+    return first
+
+
+def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider, peft):
+    ref, ref_adapter, ref_grads, exact = peft
+    _, lora = CASES[case]
+    grads = os.path.join(tmp, name + "-grads")
+    out, text, ours = fsdptrain(args, tmp, name, world, base, data, lora + f"  init: {adapter}\n", gradients=grads,
+                                sets=PROVIDERS[provider])
+    worst, worst_tensor = 0.0, 0.0
+    for step in range(1, SETTINGS["steps"] + 1):
+        for key, theirs in (("loss", ref["losses"]), ("grad_norm", ref["grad_norms"])):
+            r = relative(ours[step][key], theirs[step - 1])
+            worst = max(worst, r)
+            check(r < 1e-5, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e})")
     noise = {}
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
         mine = load_file(os.path.join(grads, f"step-{step}.safetensors"))
-        theirs = load_file(os.path.join(tmp, name + "-ref-grads", f"step-{step}.safetensors"))
+        theirs = load_file(os.path.join(ref_grads, f"step-{step}.safetensors"))
         check(set(mine) == set(theirs), f"{name}: gradient names differ: {sorted(set(mine) ^ set(theirs))}")
         for key in mine:
             r = relative(mine[key], theirs[key])
@@ -149,9 +166,9 @@ def parity(args, tmp, case, world, base, data, adapter):
         r = relative(mine[key], ref_adapter[key])
         worst_tensor = max(worst_tensor, r)
         check(r < 1e-4, f"{name}: trained {key} differs from PEFT's by {r:.2e}")
-    print(f"ok {name}: worst relative differences from PEFT's: losses and gradient norms {worst:.2e}; every "
-          f"trainable tensor's gradient at step 1 {worst_grad[0]:.2e}, at steps 2-{SETTINGS['steps']} "
-          f"{worst_grad[1]:.2e}; the {len(mine)} trained tensors {worst_tensor:.2e}")
+    print(f"ok {name} ({provider} kernels): worst relative differences from PEFT's: losses and gradient norms "
+          f"{worst:.2e}; every trainable tensor's gradient at step 1 {worst_grad[0]:.2e}, at steps "
+          f"2-{SETTINGS['steps']} {worst_grad[1]:.2e}; the {len(mine)} trained tensors {worst_tensor:.2e}")
     return out, text
 
 
@@ -254,6 +271,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--source", required=True)
+    ap.add_argument("--providers", default=",".join(PROVIDERS),
+                    help="the kernels the W=2 parity cases run with, of " + ", ".join(PROVIDERS))
     args = ap.parse_args()
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="lora-test-")
@@ -279,7 +298,8 @@ def main():
         runs = {}
         for case in CASES:
             for world in (1, 2):
-                runs[case, world] = parity(args, tmp, case, world, base, data, adapters[case])
+                runs[case, world] = parity(args, tmp, case, world, base, data, adapters[case],
+                                           tuple(args.providers.split(",")) if world == 2 else ("host",))
             counts_match(runs[case, 2][1], base, adapters[case], case)
 
         qwen2_parity(args, tmp, data)

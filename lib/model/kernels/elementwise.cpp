@@ -30,7 +30,7 @@ Where where_to_run(const at::TensorIteratorBase& iter, const char* op) {
   if (d == c10::kCPU) return Where::kCpu;
   if (d == c10::kMeta) return Where::kShapesOnly;
   FSDP_CHECK(d == c10::kCUDA && FSDP_CUDA_KERNELS, "[model] fsdptrain's ", op, " kernel has no launcher for device ",
-             c10::DeviceTypeName(d), " in this build (built without nvcc: FSDPTRAIN_FUSED=0 takes ATen's ops)");
+             c10::DeviceTypeName(d), " in this build (built without nvcc); engine.kernels: reference takes ATen's ops");
   return Where::kCuda;
 }
 
