@@ -20,11 +20,15 @@ ShardedAdamW::ShardedAdamW(ShardedModel& model, AdamWOptions options) : model_(m
 }
 
 void ShardedAdamW::step() {
-  update(nullptr);
+  update(nullptr, nullptr);
 }
 
 void ShardedAdamW::step(const at::Tensor& skip) {
-  update(&skip);
+  update(&skip, nullptr);
+}
+
+void ShardedAdamW::step(const at::Tensor& skip, const at::Tensor& grad_divisor) {
+  update(&skip, grad_divisor.defined() ? &grad_divisor : nullptr);
 }
 
 int64_t ShardedAdamW::steps() const {
@@ -35,13 +39,15 @@ void ShardedAdamW::set_steps(int64_t steps) {
   steps_.fill_(static_cast<double>(steps));
 }
 
-void ShardedAdamW::update(const at::Tensor* skip) {
+void ShardedAdamW::update(const at::Tensor* skip, const at::Tensor* grad_divisor) {
   RECORD_USER_SCOPE("optimizer");
   c10::NoGradGuard no_grad;
   // The bias correction's t counts applied updates only; a skipped one leaves it (and the kernel
   // leaves everything else).
   std::optional<at::Tensor> found_inf;
   if (skip) found_inf = skip->to(steps_.device(), at::kFloat).reshape({});
+  std::optional<at::Tensor> grad_scale;  // the kernel divides each gradient by it
+  if (grad_divisor) grad_scale = grad_divisor->to(steps_.device(), at::kFloat).reshape({});
   steps_.add_(1);
   if (found_inf) steps_.sub_(*found_inf);
   // LibTorch's fused AdamW (one kernel over a list of tensors, CPU and CUDA), called twice: on the
@@ -69,7 +75,7 @@ void ShardedAdamW::update(const at::Tensor* skip) {
     if (l->params.empty()) continue;
     at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, /*max_exp_avg_sqs=*/{}, l->steps, options_.lr,
                       options_.beta1, options_.beta2, l == &decayed ? options_.weight_decay : 0.0, options_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
   }
 }
 
@@ -149,6 +155,12 @@ void clip_grads(ShardedModel& model, const at::Tensor& norm, double max_norm) {
   // Offloaded gradients are scaled on the host: one copy of the factor there (a wait), then one
   // multi-tensor multiply over every unit's gradient.
   at::_foreach_mul_(grads, coef.to(grads.front().device()));
+}
+
+at::Tensor clip_divisor(const at::Tensor& norm, double max_norm) {
+  if (max_norm <= 0) return {};
+  // A divisor of 1 leaves a gradient's bits as they are, so clamping to 1 equals not clipping.
+  return (norm.reshape({}) + 1e-6).div_(max_norm).clamp_min_(1.0);
 }
 
 double clip_grad_norm(ShardedModel& model, double max_norm) {

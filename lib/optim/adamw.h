@@ -43,6 +43,11 @@ class ShardedAdamW {
   // kernel leaves the weights, the state and the step count as they were (GradScaler's found_inf).
   // Decided on the device: the host does not wait.
   void step(const at::Tensor& skip);
+  // The same with every gradient divided by `grad_divisor` (a 1-element float tensor on any device;
+  // undefined: by 1) inside the kernel, as GradScaler's unscaling is: how a trainer clips
+  // (clip_divisor), with no pass over the gradients of its own. The divided gradients may be
+  // written back: read them before, or zero them after.
+  void step(const at::Tensor& skip, const at::Tensor& grad_divisor);
   void set_lr(double lr) { options_.lr = lr; }
   double lr() const { return options_.lr; }
   int64_t steps() const;  // updates applied so far; waits for the device
@@ -58,7 +63,7 @@ class ShardedAdamW {
   void set_steps(int64_t steps);
 
  private:
-  void update(const at::Tensor* skip);
+  void update(const at::Tensor* skip, const at::Tensor* grad_divisor);
 
   ShardedModel& model_;
   AdamWOptions options_;
@@ -72,6 +77,9 @@ at::Tensor grad_norm(ShardedModel& model);
 // Scales every sharded gradient by min(1, max_norm / (norm + 1e-6)) on the device, `norm` from
 // grad_norm. max_norm <= 0: leaves them. A non-finite norm makes them non-finite (skip the step).
 void clip_grads(ShardedModel& model, const at::Tensor& norm, double max_norm);
+// What clipping divides the gradients by, for ShardedAdamW::step: max(1, (norm + 1e-6) / max_norm),
+// a () fp32 tensor on norm's device (not read back); undefined for max_norm <= 0 (no clipping).
+at::Tensor clip_divisor(const at::Tensor& norm, double max_norm);
 // Both, and the norm (before clipping) read back: waits for the device.
 double clip_grad_norm(ShardedModel& model, double max_norm);
 

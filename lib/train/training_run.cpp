@@ -496,9 +496,10 @@ void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, con
   if (tp_size() > 1) loss_sum.div_(tp_size());
   dump_gradients(step);
   const at::Tensor norm = optim::grad_norm(*sharded_);
-  optim::clip_grads(*sharded_, norm, config_.optimizer.grad_clip);
   const at::Tensor stats = at::cat({loss_sum, counted, norm.to(loss_sum.device())});  // loss, stop, counted, norm
-  adamw_->step(at::logical_or(stats.isfinite().all().logical_not(), counted.eq(0).all()));
+  // Clipped inside AdamW's kernel (the gradients divided there): no pass over them of its own.
+  adamw_->step(at::logical_or(stats.isfinite().all().logical_not(), counted.eq(0).all()),
+               optim::clip_divisor(norm, config_.optimizer.grad_clip));
   sharded_->zero_grad();
   PendingStep p;
   p.step = step;
