@@ -281,6 +281,7 @@ void ParamGroup::post_backward(bool sync) {
   if (into_grad) grad_zero_ = zeros_pending_ = false;  // every element is written below or by the collective
   at::Tensor input = into_grad && world == 1 ? flat_grad_ : at::empty({world * trainable_numel_}, opts);
   const at::Tensor rows = input.view({world, trainable_numel_});
+  std::vector<at::Tensor> regions, sources;  // one rank: each gradient is its whole region
   size_t k = 0;
   for (const ShardedParam& p : params_) {
     if (!p.trainable) continue;
@@ -288,10 +289,16 @@ void ParamGroup::post_backward(bool sync) {
     const at::Tensor region = rows.narrow(1, p.offset, p.layout.shard_numel());
     if (!g.defined()) {
       region.zero_();
-      continue;
+    } else if (world == 1) {
+      regions.push_back(region.view({-1}));
+      sources.push_back(g.reshape({-1}));
+    } else {
+      copy_into_rows(region, g.reshape({-1}));
     }
-    copy_into_rows(region, g.reshape({-1}));
   }
+  // One multi-tensor copy (and cast) for the group: on a GPU one vectorized kernel, where a copy_
+  // per gradient took ATen's unvectorized casting loop (3.2 ms of the 1B step on an H200).
+  if (!regions.empty()) at::_foreach_copy_(regions, sources);
   if (world == 1) {  // the sum over one rank is its gradient: no collective
     pending_reduce_ = PendingReduce{dist::Work(), input, input, into_grad};
     return;
