@@ -1,6 +1,7 @@
 #include "model/decoder.h"
 
 #include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
 #include <c10/core/GradMode.h>
 
 #include <cmath>
@@ -245,6 +246,17 @@ at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tens
 
 namespace {
 
+// Grouped-query attention without k and v copied once per query head, where SDPA's fused kernel
+// takes the heads grouped (flash or cuDNN on a GPU: each query head reads its kv head in place);
+// elsewhere (the CPU, meta, a backend without it) the heads are repeated first. Asked of SDPA's own
+// choice, so the call below runs what was asked about.
+bool sdpa_groups_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (q.is_cpu() || q.is_meta() || kernels::provider_for(q) != kernels::Provider::kPortable) return false;
+  const auto backend = static_cast<at::SDPBackend>(
+      at::_fused_sdp_choice(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true));
+  return backend == at::SDPBackend::flash_attention || backend == at::SDPBackend::cudnn_attention;
+}
+
 // Whether packed rows can take variable-length flash attention (else SDPA with a mask).
 bool varlen_flash(const at::Tensor& q, const Packed& packed) {
   return packed.cu_seqlens.defined() && !q.is_cpu() && kernels::provider_for(q) == kernels::Provider::kPortable &&
@@ -262,7 +274,8 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
   const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window);
   if (plain_causal && causal_attention_applies(q, k))  // CPU float32: products on oneDNN, kv heads shared
     return causal_attention(q, k, v).transpose(1, 2).reshape({b, t, h * head_dim});
-  if (k.size(1) != h) {  // query head j uses kv head j / (H / K)
+  const bool grouped = plain_causal && k.size(1) != h && sdpa_groups_heads(q, k, v);
+  if (k.size(1) != h && !grouped) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(h / k.size(1), 1);
     v = v.repeat_interleave(h / v.size(1), 1);
   }
@@ -271,7 +284,8 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
   if (packed.defined())
     y = at::scaled_dot_product_attention(q, k, v, packed_attention_mask(packed.segments, window), 0.0, false);
   else if (plain_causal)
-    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                         /*scale=*/std::nullopt, /*enable_gqa=*/grouped);
   else
     y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
   return y.transpose(1, 2).reshape({b, t, h * head_dim});
