@@ -20,8 +20,11 @@ using torch::profiler::impl::ActivityType;
 
 namespace {
 
+// Each op with its inputs' shapes and dtypes (the trace's "Input Dims" and "Input type"), so a
+// trace says which products ran in which dtype (scripts/bench/trace_summary.py sums them).
 torch::profiler::impl::ProfilerConfig kineto_config() {
-  return torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO);
+  return torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO,
+                                               /*report_input_shapes=*/true);
 }
 
 std::set<ActivityType> activities_for(const c10::Device& device) {

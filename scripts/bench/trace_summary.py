@@ -8,7 +8,8 @@ Prints, per traced step (the mean over the window):
     the time in each kind of kernel (matmul, attention, NCCL, norm/rotary/SwiGLU and other
     elementwise, loss, optimizer, copies), the top kernels by total time, and the GPU time by what
     launched it (fsdptrain's named range, the outermost host op, the kernel);
-  - everywhere: the host ops by self time (summed over threads: on CPU, which ops the step's time
+  - everywhere: the matrix products by their inputs' dtypes (the trace's "Input type"), with the GPU
+    time each kind took; the host ops by self time (summed over threads: on CPU, which ops the step's time
     went to) and the host time in each of fsdptrain's named ranges (step, forward/backward
     micro-batch, fsdp gather/reduce, optimizer, ...).
 """
@@ -114,6 +115,33 @@ def by_scope(events, device, n, top):
              for k, v in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]])
 
 
+# Matrix products as the trace names their host ops (ATen's, oneDNN's on the CPU).
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "mkldnn::_linear_pointwise")
+
+
+def products_by_dtype(events, device, n):
+    """Each product op by its inputs' dtypes (the trace's "Input type", which fsdptrain's --profile
+    records): calls per step, and on a GPU the kernel time its launches took (a kernel counts for the
+    innermost product op on the thread that launched it)."""
+    launches = {e["args"]["correlation"]: (e.get("tid"), e["ts"]) for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    spans, rows = collections.defaultdict(list), collections.defaultdict(lambda: [0, 0.0])
+    for e in events:
+        if e.get("cat") == "cpu_op" and e.get("name") in PRODUCTS and "dur" in e:
+            types = e.get("args", {}).get("Input type", [])  # the tensors' dtypes; not the scalars' types
+            types = [t for t in types if t and t != "Scalar" and not t.endswith("List")]
+            key = (e["name"], ", ".join(types) or "unrecorded")
+            spans[e.get("tid")].append((e["ts"], e["ts"] + e["dur"], key))
+            rows[key][0] += 1
+    for e in device:
+        launch = launches.get(e.get("args", {}).get("correlation"))
+        key = enclosing(spans[launch[0]], launch[1], min) if launch else None
+        if key:
+            rows[key][1] += e["dur"]
+    return [{"op": k[0], "input_types": k[1], "calls_per_step": v[0] / n, "gpu_ms_per_step": v[1] / n / 1e3}
+            for k, v in sorted(rows.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))]
+
+
 def summarize(events, top):
     steps = [e for e in events if e.get("cat") == "user_annotation" and re.fullmatch(r"step \d+", e.get("name", ""))]
     if not steps:
@@ -127,11 +155,13 @@ def summarize(events, top):
         if e.get("cat") == "user_annotation" and "dur" in e:
             ranges[re.sub(r"\d+", "N", e["name"]) if e["name"].startswith("step ") else e["name"]] += e["dur"]
     self_us, calls = op_self_times(events)
+    window = [e for e in device if e["ts"] >= lo]
     out = {"steps": n, "wall_ms_per_step": (hi - lo) / n / 1e3,
            "host_ranges_ms_per_step": {k: v / n / 1e3 for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])},
            "host_ops_ms_per_step": sum(self_us.values()) / n / 1e3,
            "top_host_ops": [{"name": k, "self_ms_per_step": v / n / 1e3, "calls_per_step": calls[k] / n}
-                            for k, v in sorted(self_us.items(), key=lambda kv: -kv[1])[:top]]}
+                            for k, v in sorted(self_us.items(), key=lambda kv: -kv[1])[:top]],
+           "products_by_dtype": products_by_dtype(events, window, n)}
     if device:
         # The window a step's work ran in on the GPU: from the first kernel after the first step began
         # to the last kernel (the host runs ahead, so the GPU's window ends later than the host's).
@@ -187,6 +217,10 @@ def main():
             print(f"| {r['scope']} | `{r['op']}` | `{r['kernel']}` | {r['ms_per_step']:.3f} | {r['calls_per_step']:.0f} |")
     else:
         print("no GPU kernels in the trace (a CPU run): host ops and ranges only")
+    if s["products_by_dtype"]:
+        print("\n| product | input dtypes | calls per step | GPU ms per step |\n| --- | --- | --- | --- |")
+        for r in s["products_by_dtype"][:args.top]:
+            print(f"| `{r['op']}` | {r['input_types']} | {r['calls_per_step']:.0f} | {r['gpu_ms_per_step']:.3f} |")
     if s["top_host_ops"]:
         print(f"\nhost ops, self time summed over threads: {s['host_ops_ms_per_step']:.1f} ms per step")
         print("| host op | self ms per step | calls per step |\n| --- | --- | --- |")

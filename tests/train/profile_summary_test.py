@@ -1,5 +1,6 @@
 """scripts/bench/trace_summary.py reads what `fsdptrain launch --profile` writes, and its GPU
-accounting (busy fraction, idle gaps, kernel kinds) is right on a trace whose answer is known.
+accounting (busy fraction, idle gaps, kernel kinds, products by input dtype) is right on a trace
+whose answer is known.
 """
 import argparse
 import json
@@ -30,6 +31,9 @@ def synthetic(before=()):
           {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 50, "dur": 5, "tid": 2,
            "args": {"correlation": 1}},
           {"ph": "X", "cat": "cpu_op", "name": "aten::_fused_adamw_", "ts": 410, "dur": 30, "tid": 1},
+          # The first gemm's host op, with the input dtypes --profile records.
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 45, "dur": 20, "tid": 2,
+           "args": {"Input type": ["c10::BFloat16", "c10::BFloat16"], "Input Dims": [[8, 4], [4, 8]]}},
           {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 420, "dur": 5, "tid": 1,
            "args": {"correlation": 2}},
           {"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": 100, "dur": 300, "args": {"correlation": 1}},
@@ -60,6 +64,9 @@ def main():
                                  "optimizer": 0.05}, f"GPU time by the range that launched it: {scopes}")
     failures += check(any(r["scope"] == "optimizer" and r["op"] == "aten::_fused_adamw_" for r in s["top_launches"]),
                       f"the optimizer's gemm under its host op: {s['top_launches']}")
+    failures += check(s["products_by_dtype"] == [{"op": "aten::mm", "input_types": "c10::BFloat16, c10::BFloat16",
+                                                  "calls_per_step": 0.5, "gpu_ms_per_step": 0.15}],
+                      f"the products by input dtype, with the GPU time their launches took: {s['products_by_dtype']}")
     early = synthetic([{"ph": "X", "cat": "kernel", "name": "elementwise_kernel", "ts": -300, "dur": 250}])
     failures += check(abs(early["gpu_busy_fraction"] - 0.6) < 1e-9 and early["kinds_ms_per_step"] == kinds,
                       f"a kernel from before the window counts neither as busy nor in the kinds: {early}")
@@ -86,6 +93,11 @@ def main():
                               "the host ranges are there")
             failures += check(0 < ranges["optimizer"] < ranges["step N"] <= got["wall_ms_per_step"] * 1.001,
                               "each range within its step")
+            # --profile records each op's input dtypes: the quickstart's fp32 products say so.
+            products = got["products_by_dtype"]
+            failures += check(any(r["input_types"].startswith("float, float") for r in products) and
+                              all(r["input_types"] != "unrecorded" for r in products),
+                              f"the trace says which products ran in which dtype: {products}")
     return 1 if failures else 0
 
 
