@@ -9,6 +9,7 @@
 #include <functional>
 #include <random>
 
+#include "ckpt/file_system.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors_torch.h"
 #include "support/error_of.h"
@@ -247,5 +248,23 @@ TEST_CASE("CRC-32C: the standard check value, running sums, and what the writer 
   w.finish();
   CHECK(w.checksum() == crc32c_of_file(path));
   CHECK(w.bytes() == fsdp::read_file(path).size());
+  std::remove(path.c_str());
+}
+
+TEST_CASE("a file written past the writeback window (its first 64 MiB queued for the disk early) reads back whole") {
+  const std::string path = "/tmp/fsdp_writeback_" + std::to_string(::getpid()) + ".bin";
+  std::vector<uint8_t> piece(7 << 20);  // 7 MiB appends: the 64 MiB window falls inside one
+  std::unique_ptr<WritableFile> f = local_file_system().create(path);
+  uint32_t crc = 0;
+  for (int i = 0; i < 21; ++i) {  // 147 MiB: two windows queued, the rest left for sync()
+    for (size_t j = 0; j < piece.size(); j += 4096) piece[j] = static_cast<uint8_t>(i * 31 + j / 4096);
+    f->append(piece.data(), piece.size());
+    crc = crc32c(piece.data(), piece.size(), crc);
+  }
+  f->sync();
+  f->close();
+  CHECK(f->bytes() == uint64_t{21} * piece.size());
+  CHECK(crc32c_of_file(path) == crc);
+  CHECK(f->checksum() == crc);
   std::remove(path.c_str());
 }
