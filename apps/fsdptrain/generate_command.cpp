@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "data/documents.h"
 #include "model/generate.h"
+#include "model/kernels/provider.h"
 #include "tokenize/eos.h"
 #include "tokenize/tokenizer.h"
 #include "util/error.h"
@@ -225,6 +226,12 @@ class GenerateCommand final : public Command {
     FSDP_CHECK(device_ == "cpu" || device_ == "cuda", "--device: expected cpu or cuda, got ", quoted(device_));
     FSDP_CHECK(device_ == "cpu" || at::hasCUDA(), "--device cuda: this machine has no CUDA device; use --device cpu");
     FSDP_CHECK(threads_ >= 0, "--threads: expected a number of threads >= 1, got ", threads_);
+    // The kernels come from the environment (generate reads no config): a bad choice is named now,
+    // before the model loads, not at the first token.
+    const model::kernels::KernelChoice kernels = model::kernels::kernel_choice();
+    FSDP_CHECK(!(device_ == "cuda" && kernels.provider == model::kernels::Provider::kHost),
+               "[env] FSDPTRAIN_KERNELS=host is the CPU's kernels; with --device cuda use auto, portable or "
+               "reference");
     LoadedModel loaded = load(model_, adapter_);
     loaded.model->eval();
     const int threads = threads_ > 0 ? threads_ : auto_threads(loaded.model->config.num_parameters());

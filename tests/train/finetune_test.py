@@ -100,6 +100,13 @@ def check_generate(a, d, rows):
                        text=True)
     assert r.returncode == 2 and "config.json" in r.stderr, r.stderr
     print("finetune: a checkpoint missing config.json is refused:", r.stderr.strip().splitlines()[-1][:100], "...")
+    # The kernels generate takes from its environment (it reads no config): a bad name is refused before
+    # anything is generated, naming the variable and its choices.
+    r = subprocess.run([a.fsdptrain, "generate", "--model", f"{d}/export/step-300", "--prompt", "x"],
+                       capture_output=True, text=True, env=dict(os.environ, FSDPTRAIN_KERNELS="gpu"))
+    assert r.returncode == 2 and r.stdout == "" and \
+        'FSDPTRAIN_KERNELS="gpu": expected one of auto, host, portable, reference' in r.stderr, (r.stdout, r.stderr)
+    print("finetune: generate refuses a bad FSDPTRAIN_KERNELS before generating:", r.stderr.strip()[:90], "...")
 
 
 def check_lora(a, d, rows):
