@@ -63,3 +63,33 @@ TEST_CASE("clipping inside AdamW's kernel equals clipping the gradients first") 
   CHECK_FALSE(optim::clip_divisor(at::ones({1}), 0).defined());  // max_norm 0: no clipping
   CHECK(optim::clip_divisor(at::full({1}, 3.0), 1.5).item<double>() == doctest::Approx(2.0).epsilon(1e-6));
 }
+
+namespace {
+
+struct Wide : torch::nn::Module {
+  Wide() : torch::nn::Module("Wide") {
+    // 3,001,000 and 777 elements: rows of 16K and a tail, and a tensor shorter than one row.
+    weight = register_parameter("weight", torch::zeros({1000, 3001}));
+    bias = register_parameter("bias", torch::zeros({777}));
+  }
+  at::Tensor weight, bias;
+};
+
+}  // namespace
+
+TEST_CASE("the host gradient norm is float64's to 1e-6, over rows of every length") {
+  Wide m;
+  FsdpOptions o;
+  o.wrap_policy = WrapPolicy::kNoWrap;
+  auto s = fully_shard(m, ModelTraits{}, DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  torch::manual_seed(7);
+  std::vector<at::Tensor> grads;
+  for (const auto& g : s->groups()) {
+    // A mean beside the spread: an fp32 running sum over millions of squares drifts on such values.
+    g->flat_grad().normal_(1e-4, 1e-3);
+    grads.push_back(g->flat_grad().to(at::kDouble));
+  }
+  const double exact = at::cat(grads).norm().item<double>();
+  const double norm = optim::grad_norm(*s).item<double>();
+  CHECK(std::abs(norm - exact) / exact < 1e-6);
+}
