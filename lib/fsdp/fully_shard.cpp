@@ -14,6 +14,7 @@
 
 #include "fsdp/autograd_hooks.h"
 #include "fsdp/host_cache.h"
+#include "fsdp/host_transfer.h"
 #include "fsdp/set_data.h"
 #include "fsdp/unit_call.h"
 #include "util/error.h"
@@ -225,6 +226,10 @@ std::vector<UnitPlan> plan_units(torch::nn::Module& model, const ModelTraits& tr
 
 ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, DeviceMesh mesh, FsdpOptions options)
     : mesh_(std::move(mesh)), options_(std::move(options)) {
+  // Offloaded units go up and their gradients come down on streams of their own, shared by every
+  // unit, so the copies overlap compute (fsdp/host_transfer.h).
+  if (options_.offload_params && !options_.device.is_cpu() && !options_.host_transfer)
+    options_.host_transfer = make_stream_transfer(options_.device);
   auto shared_mesh = std::make_shared<DeviceMesh>(mesh_);
   ParamGroup::EventLog log;
   if (options_.record_events) log = [this](const std::string& e) { events_.push_back(e); };
@@ -360,9 +365,13 @@ void ShardedModel::finish_backward() {
   if (sync_)
     for (auto& g : groups_) g->sum_whole_gradients_over_tp();
   // The one host wait offloading needs: the gradients came down to host memory without blocking
-  // (ParamGroup::finish_reduce), and the host optimizer reads them next.
-  if (options_.offload_params && !options_.device.is_cpu())
-    c10::impl::getDeviceGuardImpl(options_.device.type())->getStream(options_.device).synchronize();
+  // (ParamGroup::finish_reduce), and the host optimizer reads them next and then writes the master
+  // weights that uploads read.
+  if (options_.offload_params && options_.host_transfer) {
+    if (!options_.device.is_cpu())
+      c10::impl::getDeviceGuardImpl(options_.device.type())->getStream(options_.device).synchronize();
+    options_.host_transfer->synchronize();
+  }
   for (auto& g : groups_) g->reshard();
   callback_queued_ = false;
   std::fill(backward_started_.begin(), backward_started_.end(), false);

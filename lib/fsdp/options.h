@@ -9,12 +9,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fsdp/shard_layout.h"
 
 namespace fsdp {
+
+class HostTransfer;  // fsdp/host_transfer.h
 
 // FSDP2's MixedPrecisionPolicy: fp32 sharded master weights always; parameters are gathered and
 // computed in param_dtype; gradients are reduced in reduce_dtype and accumulated in fp32.
@@ -44,6 +47,9 @@ struct FsdpOptions {
   bool reshard_after_forward = true;       // false: ZeRO-2 (one all-gather per step per unit)
   MixedPrecisionPolicy mixed_precision;
   bool offload_params = false;            // shards, gradients and optimizer state in host memory
+  // With offload_params: the copies between host and device (fsdp/host_transfer.h). Null: the
+  // device's own upload and download streams off the CPU, plain copies on it; tests set one.
+  std::shared_ptr<HostTransfer> host_transfer;
   bool activation_checkpointing = false;  // recompute each innermost unit's forward in backward
   bool prefetch = true;                   // issue the next unit's all-gather before this one computes
   c10::Device device = c10::kCPU;         // where units compute

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "fsdp/host_transfer.h"
 #include "fsdp/set_data.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -154,7 +155,15 @@ void ParamGroup::unshard() {
   if (params_.empty()) return;
   log(partial ? "gather post-forward" : "gather");
   const int world = mesh_->shard.size();
-  if (world == 1) return;  // wait_for_unshard copies the shard in: a group of one needs no collective
+  HostTransfer* transfer = options_.offload_params ? options_.host_transfer.get() : nullptr;
+  if (world == 1) {  // a group of one needs no collective: the shards are copied into place
+    if (transfer) {  // offloaded: the upload starts now, on its own stream (wait_for_unshard waits)
+      c10::NoGradGuard no_grad;
+      alloc_storage(unsharded_, static_cast<size_t>(unsharded_.numel()) * unsharded_.element_size());
+      upload_ = transfer->upload([this] { copy_shards_into(unsharded_); });
+    }
+    return;  // otherwise wait_for_unshard casts them in
+  }
   c10::NoGradGuard no_grad;
   at::Tensor out = at::empty({world * shard_numel_},
                              at::TensorOptions().dtype(options_.mixed_precision.param_dtype).device(options_.device));
@@ -167,10 +176,28 @@ void ParamGroup::unshard() {
   // In-place gather: this rank's slot of the output is the input (cast, and copied from host memory
   // when offloaded).
   at::Tensor in = out.narrow(0, mesh_->shard.rank() * shard_numel_, shard_numel_);
-  in.narrow(0, 0, trainable_numel_).copy_(flat_shard_, /*non_blocking=*/options_.offload_params);
-  in.narrow(0, trainable_numel_, shard_numel_ - trainable_numel_)
-      .copy_(frozen_shard_, /*non_blocking=*/options_.offload_params);
-  pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in, "gather " + display_name()), out, at::Tensor()};
+  if (!transfer) {
+    copy_shards_into(in);
+    pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in, "gather " + display_name()), out, at::Tensor()};
+    return;
+  }
+  // Offloaded: the upload and then the all-gather are issued from the upload stream, so the gather
+  // waits for the upload and the current stream for neither until wait_for_unshard.
+  dist::Work work;
+  upload_ = transfer->upload([&] {
+    copy_shards_into(in);
+    work = mesh_->shard.all_gather(out, in, "gather " + display_name());
+  });
+  pending_gather_ = PendingGather{std::move(work), out, at::Tensor()};
+}
+
+// The flat shards (trainable fp32, frozen param_dtype) into `dst` (shard_numel_ elements,
+// param_dtype, on the device), cast on the way: from pinned host memory without a host wait when
+// offloaded.
+void ParamGroup::copy_shards_into(const at::Tensor& dst) const {
+  const bool offloaded = options_.offload_params;
+  dst.narrow(0, 0, trainable_numel_).copy_(flat_shard_, /*non_blocking=*/offloaded);
+  dst.narrow(0, trainable_numel_, shard_numel_ - trainable_numel_).copy_(frozen_shard_, /*non_blocking=*/offloaded);
 }
 
 void ParamGroup::wait_for_unshard() {
@@ -181,20 +208,26 @@ void ParamGroup::wait_for_unshard() {
   alloc_storage(unsharded_, static_cast<size_t>(unsharded_.numel()) * unsharded_.element_size());
   if (pending_gather_) {
     pending_gather_->work.wait();
+    finish_upload();
     copy_out(pending_gather_->output);
     pending_gather_.reset();
+  } else if (upload_) {
+    finish_upload();  // one rank, offloaded: the upload filled the storage
   } else {
     // One rank: each shard is its whole parameter, unpadded and in the unsharded storage's order
     // (trainable first), so the flat shards are that storage: two casts, where a collective of one
     // would cast into a buffer, copy it to another and copy each parameter out of that.
     FSDP_ASSERT(mesh_->shard.size() == 1 && shard_numel_ == unsharded_.numel(), "[fsdp] ", display_name(),
                 ": a gather without a collective on ", mesh_->shard.size(), " ranks");
-    const bool offloaded = options_.offload_params;
-    unsharded_.narrow(0, 0, trainable_numel_).copy_(flat_shard_, /*non_blocking=*/offloaded);
-    unsharded_.narrow(0, trainable_numel_, shard_numel_ - trainable_numel_)
-        .copy_(frozen_shard_, /*non_blocking=*/offloaded);
+    copy_shards_into(unsharded_);
   }
   state_ = GroupState::kUnsharded;
+}
+
+void ParamGroup::finish_upload() {
+  if (!upload_) return;
+  options_.host_transfer->wait(*upload_);
+  upload_.reset();
 }
 
 void ParamGroup::copy_out(const at::Tensor& gathered) {
@@ -214,9 +247,12 @@ void ParamGroup::reshard() {
     return;
   }
   if (state_ == GroupState::kGathering) {
-    // A prefetch that was not used: the collective is in flight on every rank, so it must finish.
+    // A prefetch that was not used: the collective is in flight on every rank, so it must finish,
+    // and an upload must finish before its memory goes back to the current stream.
     if (pending_gather_) pending_gather_->work.wait();
     pending_gather_.reset();
+    finish_upload();
+    free_storage(unsharded_);  // one rank, offloaded: the upload's storage
     state_ = GroupState::kSharded;
     return;
   }
@@ -277,7 +313,11 @@ void ParamGroup::post_backward(bool sync) {
   // Only the padding and such parameters are zeroed: the rest is written over.
   // The first reduction since zero_grad in fp32 on the gradient's device is written straight into
   // the flat gradient (reduced into it, or at one rank laid out in it), not into a buffer then added.
-  const bool into_grad = grad_zero_ && opts.dtype() == at::kFloat && flat_grad_.device() == options_.device;
+  // Offloaded gradients come down through the HostTransfer, whatever the device (the CPU tests take
+  // a GPU's path that way).
+  const bool transferred = options_.offload_params && options_.host_transfer;
+  const bool into_grad =
+      grad_zero_ && opts.dtype() == at::kFloat && flat_grad_.device() == options_.device && !transferred;
   if (into_grad) grad_zero_ = zeros_pending_ = false;  // every element is written below or by the collective
   at::Tensor input = into_grad && world == 1 ? flat_grad_ : at::empty({world * trainable_numel_}, opts);
   const at::Tensor rows = input.view({world, trainable_numel_});
@@ -320,15 +360,18 @@ void ParamGroup::finish_reduce() {
   if (mesh_->replicate && mesh_->replicate->size() > 1)
     mesh_->replicate->all_reduce(reduced, dist::ReduceOp::kAvg, "replicate " + display_name()).wait();
   if (into_grad) return;  // reduced is flat_grad_
-  // Offloaded from a GPU: the first reduction since zero_grad goes down to the pinned host gradient
-  // without a host wait (the engine waits once, after the last unit: ShardedModel::finish_backward);
-  // a later micro-batch's is added on the host, which waits for it.
-  if (options_.offload_params && options_.device.is_cuda() && grad_zero_ && reduced.scalar_type() == at::kFloat)
-    flat_grad_.copy_(reduced, /*non_blocking=*/true);
-  else if (grad_zero_)  // the first reduction since zero_grad: its zeros need not exist
+  // Offloaded: the first reduction since zero_grad goes down to the pinned host gradient on the
+  // download stream, without a host wait (the engine waits once, after the last unit:
+  // ShardedModel::finish_backward); a later one is added on the host, which waits for both.
+  HostTransfer* transfer = options_.offload_params ? options_.host_transfer.get() : nullptr;
+  if (transfer && grad_zero_ && reduced.scalar_type() == at::kFloat) {
+    transfer->download(flat_grad_, reduced);
+  } else if (grad_zero_) {  // the first reduction since zero_grad: its zeros need not exist
     flat_grad_.copy_(reduced);
-  else
+  } else {
+    if (transfer) transfer->synchronize_downloads();
     flat_grad_.add_(reduced.to(flat_grad_.device(), at::kFloat));
+  }
   grad_zero_ = zeros_pending_ = false;
 }
 

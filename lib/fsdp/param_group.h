@@ -21,16 +21,19 @@
 // Streams and buffers on CUDA (as FSDP2 orders them, with the process group's own stream instead of
 // FSDP2's separate all-gather and reduce-scatter streams):
 //   - unshard(): the gather's output (W * S, param_dtype) is allocated and this rank's slot is
-//     filled (the cast, or the host-to-device copy under offload) on the *current* stream; the
-//     all-gather runs on the NCCL group's stream, which first waits for the current stream, so a
-//     prefetch issued before a unit computes overlaps that computation.
+//     filled (the cast) on the *current* stream; the all-gather runs on the NCCL group's stream,
+//     which first waits for the current stream, so a prefetch issued before a unit computes
+//     overlaps that computation. Under offload the slot is filled by the host-to-device copy on
+//     the upload stream (fsdp/host_transfer.h), the all-gather issued from there; with one rank,
+//     the upload fills the parameters' storage itself.
 //   - wait_for_unshard(): Work::wait makes the current stream wait for the gather (no host wait);
 //     the copy-out into the parameters' storage runs on the current stream after it.
 //   - post_backward(): the reduce-scatter's input is built on the current stream (in backward: the
 //     autograd engine's device thread, whose current stream is the one forward ran on); the
 //     reduce-scatter runs on the group's stream after it.
 //   - finish_reduce(): Work::wait orders the current stream after the reduce-scatter; the fp32
-//     accumulation into the sharded gradient runs there.
+//     accumulation into the sharded gradient runs there (under offload, the copy down to the host
+//     gradient runs on the download stream).
 // A buffer is kept alive by PendingGather/PendingReduce until its Work::wait, and by the process
 // group itself (c10d's stash, TORCH_NCCL_AVOID_RECORD_STREAMS) until then too. Once wait() has
 // ordered the current stream after the collective, dropping the buffer is safe without
@@ -48,6 +51,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -161,6 +165,8 @@ class ParamGroup {
  private:
   void log(const char* what) const;
   void copy_out(const at::Tensor& gathered);             // (W * S) param_dtype -> every param's unsharded rows
+  void copy_shards_into(const at::Tensor& dst) const;    // the flat shards -> (S) param_dtype, cast
+  void finish_upload();                                  // the current stream waits for upload_
   at::Tensor unsharded_of(const ShardedParam& p) const;  // (numel) of unsharded_ that p views
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
   at::Tensor initial_value(const ShardedParam& p) const;
@@ -191,6 +197,7 @@ class ParamGroup {
     at::Tensor input;   // the post-forward share it gathers from, kept alive until the work is done
   };
   std::optional<PendingGather> pending_gather_;
+  std::optional<uint64_t> upload_;  // offloaded: the HostTransfer ticket of the shards' upload in flight
   struct PendingReduce {
     dist::Work work;
     at::Tensor input;   // (W * S_trainable) reduce_dtype; kept alive until the work is done

@@ -27,6 +27,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/recording_transfer.h"
 #include "fsdp/test_models.h"
 #include "optim/adamw.h"
 #include "util/error.h"
@@ -208,6 +209,9 @@ fsdp::FsdpOptions options_for(const Case& c) {
   o.reshard_after_forward = c.reshard;
   o.mixed_precision.param_dtype = c.precision;
   o.offload_params = c.offload;
+  // Offloaded on the CPU, the copies go through a recording HostTransfer: the path a GPU's streams
+  // take (the all-gather issued with the upload, gradients downloaded), checked here.
+  if (c.offload && c.device.is_cpu()) o.host_transfer = std::make_shared<fsdp::testing::RecordingTransfer>();
   o.activation_checkpointing = c.checkpointing;
   o.device = c.device;
   o.ignored_modules = c.ignored;
@@ -235,7 +239,9 @@ void check_ignored(const Case& c, const fsdp::ShardedModel& sharded, const std::
 
 Result train_sharded(const Case& c, fsdp::dist::ProcessGroup world) {
   TestModel model = make_model(c.model);
-  auto sharded = fsdp::fully_shard(*model.module, model.traits, mesh_for(c, world), options_for(c));
+  const fsdp::FsdpOptions options = options_for(c);
+  const auto transfer = std::dynamic_pointer_cast<fsdp::testing::RecordingTransfer>(options.host_transfer);
+  auto sharded = fsdp::fully_shard(*model.module, model.traits, mesh_for(c, world), options);
   std::map<std::string, at::Tensor> ignored_before;  // what the engine must leave as it is
   for (const auto& [name, p] : sharded->ignored_params()) ignored_before[name] = p.detach().cpu().clone();
   check_ignored(c, *sharded, ignored_before);
@@ -264,6 +270,8 @@ Result train_sharded(const Case& c, fsdp::dist::ProcessGroup world) {
     fsdp::optim::clip_grad_norm(*sharded, kMaxNorm);
     optimizer.step();
     sharded->zero_grad();
+    FSDP_ASSERT(!transfer || transfer->outstanding() == 0, c.describe(), ": ", transfer->outstanding(),
+                " uploads were never waited for");
   }
   for (auto& [name, p] : sharded->gather_full_state()) r.final_params[name] = p.cpu();
   for (const auto& [name, p] : sharded->ignored_params()) {

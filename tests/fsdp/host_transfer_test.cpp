@@ -1,0 +1,110 @@
+// CPU offload's copies through a HostTransfer (fsdp/host_transfer.h), checked on the CPU with a
+// recording one (tests/fsdp/recording_transfer.h): the order a GPU's streams rely on, and the same
+// training as offload without it. On a GPU the uploads and downloads run on streams of their own;
+// this test is what shows, without one, that a unit's upload is issued before the unit before it
+// computes, that each one is waited for exactly once, and that the host waits once per step.
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "dist/process_group.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/recording_transfer.h"
+#include "fsdp/test_models.h"
+#include "optim/adamw.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp;
+using namespace fsdp::testing;
+
+namespace {
+
+struct Run {
+  std::vector<at::Tensor> weights;
+  std::vector<std::vector<std::string>> logs;  // the transfer's log of each step
+};
+
+// Three steps of a four-block stack (four units and the root) on one rank; `transfer` null: no
+// offload. The forward is MlpStack's, with each block's compute logged.
+Run train(std::shared_ptr<RecordingTransfer> transfer, bool offload) {
+  torch::manual_seed(11);
+  MlpStack m(4, 2);  // block 2 frozen: its unit has nothing to download
+  FsdpOptions o;
+  o.offload_params = offload;
+  o.host_transfer = transfer;
+  auto s = fully_shard(*m, MlpStackImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  optim::ShardedAdamW adamw(*s, optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
+  auto forward = [&](const at::Tensor& x) {
+    at::Tensor h = m->in_proj(x);
+    for (const auto& mod : *m->layers) {
+      auto* block = mod->as<MlpBlockImpl>();
+      h = fsdp::call(*block, h, [&, block](const at::Tensor& in) {
+        if (transfer) transfer->log.push_back("compute");
+        return block->forward(in);
+      });
+    }
+    return m->head(h);
+  };
+  Run r;
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor x = torch::randn({6, MlpStackImpl::kIn});
+    s->forward({x}, [&](const TensorList& in) { return TensorList{forward(in[0]).pow(2).sum()}; })[0].backward();
+    adamw.step(at::zeros({}), optim::clip_divisor(optim::grad_norm(*s), 0.5));
+    s->zero_grad();
+    if (transfer) {
+      CHECK(transfer->outstanding() == 0);  // every upload was waited for
+      r.logs.push_back(transfer->log);
+      transfer->log.clear();
+    }
+  }
+  for (const auto& g : s->groups()) r.weights.push_back(g->flat_param().clone());
+  return r;
+}
+
+size_t count(const std::vector<std::string>& log, const std::string& what) {
+  return static_cast<size_t>(std::count(log.begin(), log.end(), what));
+}
+
+}  // namespace
+
+TEST_CASE("offload through a HostTransfer: uploads ahead of compute, one host wait, the same training") {
+  auto transfer = std::make_shared<RecordingTransfer>();
+  const Run recorded = train(transfer, /*offload=*/true);
+  const Run plain = train(nullptr, /*offload=*/true), on_device = train(nullptr, /*offload=*/false);
+  REQUIRE(recorded.weights.size() == plain.weights.size());
+  for (size_t i = 0; i < plain.weights.size(); ++i) {
+    CHECK(at::equal(recorded.weights[i], plain.weights[i]));
+    CHECK(at::equal(recorded.weights[i], on_device.weights[i]));
+  }
+  for (const std::vector<std::string>& log : recorded.logs) {
+    INFO(join(log, ", "));
+    // Forward: before each block's compute but the last, the next block's upload was issued (the
+    // prefetch a stream overlaps with this compute), and its wait comes after this compute.
+    std::vector<size_t> computes;
+    for (size_t i = 0; i < log.size(); ++i)
+      if (log[i] == "compute") computes.push_back(i);
+    REQUIRE(computes.size() == 4);
+    for (size_t k = 0; k + 1 < computes.size(); ++k) {
+      const size_t at = computes[k];
+      REQUIRE(log[at - 1].rfind("upload ", 0) == 0);
+      const std::string ticket = log[at - 1].substr(7);
+      const auto waited = std::find(log.begin(), log.end(), "wait " + ticket);
+      CHECK(waited - log.begin() > static_cast<long>(at));
+      CHECK(waited - log.begin() < static_cast<long>(computes[k + 1]));
+    }
+    // The root and four blocks go up for forward, the four blocks again for backward (the root
+    // stays gathered); the root and the three trainable blocks come down once each.
+    size_t uploads = 0;
+    for (const std::string& e : log) uploads += e.rfind("upload ", 0) == 0;
+    CHECK(uploads == 9);
+    CHECK(count(log, "download") == 4);
+    // One host wait, after the last download: the optimizer's.
+    CHECK(count(log, "synchronize") == 1);
+    CHECK(count(log, "synchronize downloads") == 0);
+    const auto last_download = std::find(log.rbegin(), log.rend(), "download");
+    const auto sync = std::find(log.rbegin(), log.rend(), "synchronize");
+    CHECK(sync < last_download);  // reverse iterators: the synchronize comes later
+  }
+}
