@@ -10,11 +10,14 @@
 #     2. bench      scripts/bench/compare.py on the ~1B Llama: fsdptrain, accelerate, fsdp2,
 #                   fsdp2-compile (bench/, bench.log), then fsdptrain-offload and fsdp2-offload
 #                   with fewer steps (bench-offload/, bench-offload.log)
-#     3. features   fsdptrain's features at the same shape, a few steps each: activation
+#     3. host       the host side of CPU offload at the 1B shape's 1.24B parameters: the gradient
+#                   norm and AdamW beside a plain copy of the same bytes (tests/optim/host_adamw_bench.cpp)
+#                   -> host-adamw.md: the floor an offloaded step cannot go under on this machine
+#     4. features   fsdptrain's features at the same shape, a few steps each: activation
 #                   checkpointing, micro batch 4, offload, LoRA, FULL and SHARDED checkpoints,
 #                   resume, export, `generate --device cuda` from the export, packed chat data
 #                   -> feature-matrix.md (one row each, written as each ends), features/*.log
-#     4. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json}
+#     5. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json}
 #   scripts/gpu-session.sh session --dry   (or DRY=1) the same steps on CPU at tiny shapes, in a
 #                   minute or two, so that a CPU test (tests/scripts/gpu_session_dry_test.sh)
 #                   keeps this script working; the gpu tests skip themselves there
@@ -22,6 +25,7 @@
 #   scripts/gpu-session.sh build     build offline against the machine's torch, run the gpu-labelled tests
 #                                    (`tests` is the same; with PREBUILT=1 nothing is built)
 #   scripts/gpu-session.sh bench     the side-by-side benchmark (scripts/bench/compare.py) on the ~1B Llama
+#   scripts/gpu-session.sh host      the host AdamW benchmark alone
 #   scripts/gpu-session.sh features  the feature table above (FEATURES="ckpt_sharded resume": those rows alone)
 #   scripts/gpu-session.sh profile   trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
 #                                    and summarize where the time goes (scripts/bench/trace_summary.py)
@@ -75,14 +79,15 @@ export FSDPTRAIN
 # The shapes: the ~1B Llama in bf16 on one GPU, or (dry) a tiny Llama on 2 CPU workers. The dry
 # model has a vocabulary of 512 so that the chat tokenizer's 259 ids fit.
 if [ "$DRY" = 1 ]; then
-  MODEL=configs/models/tiny/config.json SEQ=64 MB=2 STEPS=4 OFFLOAD_STEPS=2 DEVICE=cpu
+  MODEL=configs/models/tiny/config.json SEQ=64 MB=2 STEPS=4 OFFLOAD_STEPS=2 DEVICE=cpu HOST_PARAMS=2000000
   LAUNCH=(--set use_cpu=true --num_processes 2 --mixed_precision no)
   BENCH=(--cpu --model-config configs/models/tiny/config.json --sequence-length 32 --micro-batch-size 2
          --world-size 2)
   BENCH_ROWS=fsdptrain,accelerate,fsdp2  # fsdp2-compile needs inductor's C++ toolchain: GPU only
   BENCH_STEPS=(--steps 4 --warmup 1) OFFLOAD_BENCH_STEPS=(--steps 2 --warmup 1)
 else
-  MODEL=configs/models/llama-1b/config.json SEQ=2048 MB=2 STEPS=6 OFFLOAD_STEPS=3 DEVICE=cuda
+  # HOST_PARAMS: the ~1B Llama's parameter count (configs/models/llama-1b, tied embeddings)
+  MODEL=configs/models/llama-1b/config.json SEQ=2048 MB=2 STEPS=6 OFFLOAD_STEPS=3 DEVICE=cuda HOST_PARAMS=1235814400
   LAUNCH=(--set use_cpu=false --num_processes 1 --mixed_precision bf16)
   BENCH=()
   BENCH_ROWS=fsdptrain,accelerate,fsdp2,fsdp2-compile
@@ -129,6 +134,14 @@ gpu_tests() {
   [ $rc = 0 ] || failed=1; echo "gpu_train_test: exit $rc"
   set -e
   return $failed
+}
+
+# The host side of CPU offload over HOST_PARAMS fp32 parameters (about 45 GB of host memory at the
+# 1B shape: the state, and the copy's source and destination).
+host_adamw() {
+  local bin=$BUILD_DIR/tests/host_adamw_bench
+  [ "${PREBUILT:-0}" = 1 ] && bin=third_party/prebuilt/bin/host_adamw_bench
+  { echo "$(machine_name), a host of $(nproc) cores:"; "$bin" "$HOST_PARAMS" 3; } | tee "$OUT/host-adamw.md"
 }
 
 # An llm.c token shard of COUNT uniform tokens over MODEL's vocabulary.
@@ -350,6 +363,7 @@ session() {
   step bench 170 280 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
   step bench-offload 70 230 bench --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" \
     --out-dir "$OUT/bench-offload"
+  step host 30 230 host
   step features 275 40 features
   step profile 90 0 profile
   echo
@@ -371,6 +385,9 @@ case "$mode" in
     ensure_built
     "$PYTHON" scripts/bench/compare.py --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench" "${BENCH[@]}" "$@"
     ;;
+  host)
+    host_adamw
+    ;;
   features)
     ensure_built
     features
@@ -380,7 +397,7 @@ case "$mode" in
     profile "$@"
     ;;
   *)
-    echo "usage: [PREBUILT=1] [DRY=1] scripts/gpu-session.sh [session [--dry]|build|bench|features|profile] [args]" >&2
+    echo "usage: [PREBUILT=1] [DRY=1] scripts/gpu-session.sh [session [--dry]|build|bench|host|features|profile] [args]" >&2
     exit 2
     ;;
 esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/gpu-session.sh's dry run: the GPU session's steps (gpu tests, benchmark, feature table,
+# scripts/gpu-session.sh's dry run: the GPU session's steps (gpu tests, benchmark, host AdamW, feature table,
 # profile) on CPU at tiny shapes, so the script that a lent GPU runs once cannot rot in between.
 # Passes when the session exits 0 and every result file it promises exists and is not empty.
 # Usage: tests/scripts/gpu_session_dry_test.sh [FSDPTRAIN] [PYTHON]
@@ -23,7 +23,7 @@ failed=0
 fail() { echo "FAIL: $*"; failed=1; }
 [ "$rc" = 0 ] || fail "the dry session exited $rc"
 for f in gpu.txt session.md tests.log bench.log bench/results.md bench/results.json \
-         bench-offload.log bench-offload/results.md features.log feature-matrix.md \
+         bench-offload.log bench-offload/results.md host.log host-adamw.md features.log feature-matrix.md \
          features/base.log features/ac.log features/mb4.log features/offload.log features/lora.log \
          features/ckpt_full.log features/ckpt_sharded.log features/resume.log features/export.log \
          features/generate.log features/chat.log profile.log profile-summary.md profile-summary.json; do
