@@ -4,6 +4,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/accumulate.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -23,6 +25,7 @@
 #include "ckpt/sources.h"
 #include "dist/store.h"
 #include "util/clock.h"
+#include "util/crc32c.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -354,10 +357,123 @@ struct Checkpointer::Impl {
     return out;
   }
 
+  // FULL_STATE_DICT when every shard rank sees the checkpoint folder (one machine, or a shared file
+  // system) and nothing is split for tensor parallel: each rank writes its own rows of every tensor
+  // straight into the files, as a FULL load reads them, instead of sending them to shard rank 0,
+  // which then wrote the whole model alone (half of a 125M FULL save's time was that gather on two
+  // ranks, and rank 0's inbound bytes grow with the ranks). Collective over host_group: rank 0
+  // leaves a marker named by a random number in `tmp`, and every rank looks for it.
+  bool every_rank_sees(const std::string& tmp) {
+    if (!o.full_rows_in_place || shard_size() == 1 || tp_size() > 1) return false;
+    at::Tensor token = at::zeros({1}, at::kLong);
+    if (shard_rank() == 0) token.fill_(int64_t{std::random_device{}()} << 20 | (::getpid() & 0xFFFFF));
+    host_group.broadcast(token, 0, "checkpoint folder check").wait();
+    const std::string marker = path_in(tmp, str(".every-rank-sees-", token.item<int64_t>()));
+    if (shard_rank() == 0) write_whole_file(fs, marker, "");
+    host_group.barrier("checkpoint folder check").wait();
+    at::Tensor seen = at::full({1}, fs.exists(marker) ? 1 : 0, at::kLong);
+    host_group.all_reduce(seen, dist::ReduceOp::kSum, "checkpoint folder check").wait();
+    if (shard_rank() == 0) fs.remove_all(marker);
+    return seen.item<int64_t>() == shard_size();
+  }
+
+  // One file of a FULL save written in place: its name, layout and its tensors' slices in file order.
+  struct InPlaceFile {
+    std::string name;
+    SafetensorsLayout layout;
+    std::vector<const HostSlice*> slices;
+  };
+
+  // The in-place FULL save: shard rank 0 creates every file at its full size with its header; every
+  // rank writes its valid rows of each tensor at their offset, fsyncs its writes and sends the
+  // CRC-32C of each piece to rank 0, which joins them into each file's checksum and commits.
+  void write_full_in_place(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
+                           const std::string& final_dir) {
+    const bool lead = shard_rank() == 0;
+    std::map<std::string, const HostSlice*> by_name;
+    std::vector<TensorSpec> params;
+    std::vector<TensorBytes> optim;
+    for (const HostSlice& h : slices) {
+      by_name[h.name] = &h;
+      if (h.name.rfind("optim.", 0) == 0)
+        optim.push_back({h.name, Dtype::kF32, h.full_shape(), nullptr, static_cast<size_t>(h.layout->numel()) * 4});
+      else
+        params.push_back({h.name, h.full_shape()});
+    }
+    const HfShardPlan plan = plan_hf_shards(params, Dtype::kF32, o.max_shard_bytes);
+    std::vector<InPlaceFile> files;
+    auto add_file = [&](const std::string& name, const std::vector<TensorBytes>& specs) {
+      InPlaceFile f{name, safetensors_layout(specs), {}};
+      for (const std::string& t : f.layout.order) f.slices.push_back(by_name.at(t));
+      files.push_back(std::move(f));
+    };
+    for (size_t k = 0; k < plan.shards.size(); ++k) add_file(plan.shards[k].file, plan.specs_of(k));
+    add_file(kOptimizer, optim);
+    std::vector<uint32_t> header_crcs;
+    if (lead)
+      for (const InPlaceFile& f : files) {
+        auto out = fs.create(path_in(tmp, f.name));
+        out->append(f.layout.header.data(), f.layout.header.size());
+        out->resize(f.layout.size);
+        out->sync();
+        out->close();
+        header_crcs.push_back(out->checksum());
+      }
+    host_group.barrier("save " + final_dir + " (files created)").wait();
+    // Each rank starts at a different file: writes into one file take its inode's lock in turn, so
+    // ranks on different files copy at once.
+    std::vector<std::vector<int64_t>> file_crcs(files.size());  // this rank's piece of each tensor
+    for (size_t j = 0; j < files.size(); ++j) {
+      const size_t k = (j + static_cast<size_t>(shard_rank())) % files.size();
+      const InPlaceFile& f = files[k];
+      auto out = fs.open_existing(path_in(tmp, f.name));
+      for (size_t i = 0; i < f.slices.size(); ++i) {
+        const ShardLayout& l = *f.slices[i]->layout;
+        const size_t n = static_cast<size_t>(l.valid_rows() * l.row_numel()) * 4;
+        const void* rows = f.slices[i]->slice.data_ptr();
+        if (n > 0)
+          out->write_at(f.layout.offsets[i] + static_cast<uint64_t>(l.first_row() * l.row_numel()) * 4, rows, n);
+        file_crcs[k].push_back(n > 0 ? crc32c(rows, n) : 0);
+      }
+      out->sync();
+      out->close();
+    }
+    std::vector<int64_t> crcs;  // file after file
+    for (const std::vector<int64_t>& c : file_crcs) crcs.insert(crcs.end(), c.begin(), c.end());
+    // Every rank's pieces are on disk once this returns.
+    const at::Tensor gathered =
+        host_group.all_gather_copies(at::tensor(crcs, at::kLong), "save " + final_dir + " (checksums)");
+    if (!lead) return;
+    const at::Tensor by_rank = gathered.view({shard_size(), -1});
+    const auto all = by_rank.accessor<int64_t, 2>();
+    std::vector<WrittenFile> written;
+    int64_t piece = 0;
+    for (size_t k = 0; k < files.size(); ++k) {
+      const InPlaceFile& f = files[k];
+      uint32_t crc = header_crcs[k];
+      for (const HostSlice* h : f.slices) {
+        for (int r = 0; r < shard_size(); ++r) {
+          const ShardLayout l{h->layout->shape, shard_size(), r};
+          const uint64_t n = static_cast<uint64_t>(l.valid_rows() * l.row_numel()) * 4;
+          if (n > 0) crc = crc32c_join(crc, static_cast<uint32_t>(all[r][piece]), n);
+        }
+        ++piece;
+      }
+      written.push_back({f.name, f.layout.size, crc});
+    }
+    for (WrittenFile& f : write_hf_side_files(plan, description.config_json, tmp, fs)) written.push_back(std::move(f));
+    commit({}, written, state_doc, tmp, final_dir);
+  }
+
   // Gathers every slice (collective over host_group, in name order) and, on shard rank 0, writes the
-  // Hugging Face folder, optimizer.safetensors and the commit.
-  void write_full(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
+  // Hugging Face folder, optimizer.safetensors and the commit; or has every rank write its rows
+  // (write_full_in_place), and then returns true.
+  bool write_full(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
                   const std::string& final_dir) {
+    if (every_rank_sees(tmp)) {
+      write_full_in_place(slices, state_doc, tmp, final_dir);
+      return true;
+    }
     const bool writer = shard_rank() == 0 && tp_rank() == 0;
     auto full = [&](const HostSlice& h) {
       return whole_of(tp_host_group, gather_slice(host_group, h.slice, *h.layout, h.name), *h.tp, h.name);
@@ -383,10 +499,11 @@ struct Checkpointer::Impl {
       const at::Tensor t = full(*h);
       if (out) append_tensor(*out, h->name, t.to(at::kCPU).contiguous());
     }
-    if (!writer) return;
+    if (!writer) return false;
     out->finish();
     written.push_back({kOptimizer, out->bytes(), out->checksum()});
     commit({}, written, state_doc, tmp, final_dir);
+    return false;
   }
 
   // A FULL load: every rank read its rows of the same files; rank 0 gets the others' segments (over
@@ -476,9 +593,10 @@ double Checkpointer::save(const TrainingState& state) {
         [&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
           if (!m.is_writer()) return;
           m.staging.wait();
-          m.write_full(slices, state_doc, tmp, final_dir);
-          m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT) in ", format_seconds(seconds_since(t0)),
-                    "; training waited ", format_seconds(blocked), "\n"));
+          const bool in_place = m.write_full(slices, state_doc, tmp, final_dir);
+          m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT",
+                    in_place ? str(", each of ", m.shard_size(), " ranks wrote its rows") : "", ") in ",
+                    format_seconds(seconds_since(t0)), "; training waited ", format_seconds(blocked), "\n"));
         },
         final_dir);
     return blocked;

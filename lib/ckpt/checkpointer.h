@@ -56,6 +56,10 @@ struct CheckpointOptions {
   Format format = Format::kSharded;
   bool background = true;                 // SHARDED: write on a thread
   int64_t max_shard_bytes = 5000000000;   // FULL: Hugging Face shards above this
+  // FULL: when every shard rank sees the checkpoint folder, each writes its own rows into the files
+  // (false: they send them to shard rank 0, which writes everything, as across machines without a
+  // shared file system).
+  bool full_rows_in_place = true;
   FileSystem* fs = nullptr;               // null: local_file_system()
   std::ostream* log = nullptr;            // rank 0's progress lines; null: none
   // LoRA: frozen parameters are not saved (the run loads them from model.pretrained again), so a

@@ -27,9 +27,10 @@ std::string os_error() {
 
 class LocalFile final : public WritableFile {
  public:
-  explicit LocalFile(const std::string& path) : WritableFile(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) throw Error(str("[ckpt] cannot create ", quoted(path), ": ", os_error()));
+  LocalFile(const std::string& path, bool existing) : WritableFile(path) {
+    fd_ = existing ? ::open(path.c_str(), O_WRONLY | O_CLOEXEC)
+                   : ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error(str("[ckpt] cannot ", existing ? "open " : "create ", quoted(path), ": ", os_error()));
   }
   ~LocalFile() override {
     if (fd_ >= 0) ::close(fd_);
@@ -40,14 +41,26 @@ class LocalFile final : public WritableFile {
     while (left > 0) {
       const ssize_t w = ::write(fd_, p, left);
       if (w < 0 && errno == EINTR) continue;
-      if (w < 0 && (errno == ENOSPC || errno == EDQUOT))
-        throw DiskFullError(str("[ckpt] cannot write ", quoted(path()), ": ", os_error()));
-      if (w <= 0) throw Error(str("[ckpt] cannot write ", quoted(path()), ": ", os_error()));
+      fail_unless_written(w);
       p += w;
       left -= static_cast<size_t>(w);
     }
     account(data, n);
     start_writeback();
+  }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      fail_unless_written(w);
+      p += w;
+      offset += static_cast<uint64_t>(w);
+      n -= static_cast<size_t>(w);
+    }
+  }
+  void resize(uint64_t size) override {
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) fail_unless_written(-1);
   }
   void sync() override {
     if (::fsync(fd_) == 0) return;
@@ -76,13 +89,25 @@ class LocalFile final : public WritableFile {
     queued_ = bytes();
 #endif
   }
+  // A write call's result: nothing written is an error naming the file (a full disk as such).
+  void fail_unless_written(ssize_t w) const {
+    if (w > 0) return;
+    if (w < 0 && (errno == ENOSPC || errno == EDQUOT))
+      throw DiskFullError(str("[ckpt] cannot write ", quoted(path()), ": ", os_error()));
+    throw Error(str("[ckpt] cannot write ", quoted(path()), ": ", w < 0 ? os_error() : "nothing was written"));
+  }
   int fd_ = -1;
   uint64_t queued_ = 0;  // bytes queued for writeback so far
 };
 
 class LocalFileSystem final : public FileSystem {
  public:
-  std::unique_ptr<WritableFile> create(const std::string& path) override { return std::make_unique<LocalFile>(path); }
+  std::unique_ptr<WritableFile> create(const std::string& path) override {
+    return std::make_unique<LocalFile>(path, /*existing=*/false);
+  }
+  std::unique_ptr<WritableFile> open_existing(const std::string& path) override {
+    return std::make_unique<LocalFile>(path, /*existing=*/true);
+  }
   void rename(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0)
       throw Error(str("[ckpt] cannot rename ", quoted(from), " to ", quoted(to), ": ", os_error()));

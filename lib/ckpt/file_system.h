@@ -35,6 +35,10 @@ class WritableFile {
   virtual void append(const void* data, size_t n) = 0;
   virtual void sync() = 0;   // fsync
   virtual void close() = 0;  // after sync; the destructor closes an unclosed file
+  // Positional writes, for a file several ranks fill at once (a FULL save's rows): `n` bytes at
+  // `offset`, not counted in bytes() or checksum(). Errors as append's.
+  virtual void write_at(uint64_t offset, const void* data, size_t n) = 0;
+  virtual void resize(uint64_t size) = 0;  // the file's length (ftruncate): the rest reads as zeros
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
   uint32_t checksum() const { return crc_; }
@@ -57,6 +61,8 @@ class FileSystem {
   virtual ~FileSystem() = default;
   // Creates (truncating) a file for writing.
   virtual std::unique_ptr<WritableFile> create(const std::string& path) = 0;
+  // Opens an existing file for write_at, keeping its contents.
+  virtual std::unique_ptr<WritableFile> open_existing(const std::string& path) = 0;
   virtual void rename(const std::string& from, const std::string& to) = 0;
   virtual void sync_dir(const std::string& dir) = 0;  // makes renames and creations in `dir` durable
   virtual void make_dirs(const std::string& dir) = 0;

@@ -43,6 +43,62 @@ void check_tensors_match(const std::string& where, const std::map<std::string, s
   throw InputError(hint.empty() ? msg : msg + "\n  " + hint);
 }
 
+HfShardPlan plan_hf_shards(const std::vector<TensorSpec>& tensors, Dtype dtype, int64_t max_shard_bytes) {
+  const int64_t element = dtype == Dtype::kF32 ? 4 : 2;
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
+  HfShardPlan plan;
+  // Greedy shards in name order (huggingface_hub's rule): a new file when the next tensor would
+  // pass the limit; a tensor above the limit gets a file of its own.
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t in_shard = 0;
+  for (size_t i : order) {
+    int64_t bytes = element;
+    for (int64_t d : tensors[i].shape) bytes *= d;
+    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += bytes;
+    plan.total_bytes += bytes;
+  }
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    plan.shards.push_back({shards.size() == 1 ? "model.safetensors" : name, std::move(shards[s])});
+  }
+  for (const HfShard& shard : plan.shards)
+    for (size_t i : shard.tensors)
+      plan.specs.push_back({tensors[i].name, dtype, tensors[i].shape, nullptr,
+                            static_cast<size_t>(element * c10::multiply_integers(tensors[i].shape))});
+  return plan;
+}
+
+std::vector<TensorBytes> HfShardPlan::specs_of(size_t shard) const {
+  size_t first = 0;
+  for (size_t s = 0; s < shard; ++s) first += shards[s].tensors.size();
+  return {specs.begin() + static_cast<std::ptrdiff_t>(first),
+          specs.begin() + static_cast<std::ptrdiff_t>(first + shards[shard].tensors.size())};
+}
+
+std::vector<WrittenFile> write_hf_side_files(const HfShardPlan& plan, const std::string& config_json,
+                                             const std::string& dir, FileSystem& fs) {
+  std::vector<WrittenFile> written;
+  written.push_back({"config.json", config_json.size(), write_whole_file(fs, dir + "/config.json", config_json)});
+  if (plan.shards.size() < 2) return written;
+  nlohmann::json weight_map = nlohmann::json::object();
+  size_t k = 0;  // specs are in shard order
+  for (const HfShard& shard : plan.shards)
+    for (size_t n = 0; n < shard.tensors.size(); ++n) weight_map[plan.specs[k++].name] = shard.file;
+  nlohmann::json index = {{"metadata", {{"total_size", plan.total_bytes}}}, {"weight_map", weight_map}};
+  const std::string text = index.dump(2) + "\n";
+  written.push_back(
+      {"model.safetensors.index.json", text.size(), write_whole_file(fs, dir + "/model.safetensors.index.json", text)});
+  return written;
+}
+
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
                                          const std::string& config_json, const std::string& dir,
@@ -50,64 +106,28 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
   FSDP_ASSERT(dtype == Dtype::kF32 || dtype == Dtype::kBF16 || dtype == Dtype::kF16, "an export in ",
               dtype_name(dtype));
   const at::ScalarType scalar = scalar_type_of(dtype, "an export");
-  const int64_t element = dtype == Dtype::kF32 ? 4 : 2;
-  std::vector<size_t> order(tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
-  auto bytes_of = [&](size_t i) {
-    int64_t n = element;
-    for (int64_t d : tensors[i].shape) n *= d;
-    return n;
-  };
-  // Greedy shards in name order (huggingface_hub's rule): a new file when the next tensor would
-  // pass the limit; a tensor above the limit gets a file of its own.
-  std::vector<std::vector<size_t>> shards(1);
-  int64_t in_shard = 0, total = 0;
-  for (size_t i : order) {
-    if (!shards.back().empty() && in_shard + bytes_of(i) > max_shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(i);
-    in_shard += bytes_of(i);
-    total += bytes_of(i);
-  }
+  const HfShardPlan plan = plan_hf_shards(tensors, dtype, max_shard_bytes);
   std::vector<WrittenFile> written;
-  if (writer)
-    written.push_back({"config.json", config_json.size(), write_whole_file(fs, dir + "/config.json", config_json)});
-  nlohmann::json weight_map = nlohmann::json::object();
-  for (size_t s = 0; s < shards.size(); ++s) {
-    char name[64];
-    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    const std::string file = shards.size() == 1 ? "model.safetensors" : name;
+  for (size_t s = 0; s < plan.shards.size(); ++s) {
+    const HfShard& shard = plan.shards[s];
     std::unique_ptr<SafetensorsWriter> out;
-    if (writer) {
-      std::vector<TensorBytes> specs;
-      for (size_t i : shards[s]) {
-        specs.push_back(
-            TensorBytes{tensors[i].name, dtype, tensors[i].shape, nullptr, static_cast<size_t>(bytes_of(i))});
-        weight_map[tensors[i].name] = file;
-      }
-      // The writer's order is the name order, the order of full() below (append checks it).
-      out = std::make_unique<SafetensorsWriter>(dir + "/" + file, specs, std::map<std::string, std::string>{}, fs);
-    }
+    // The writer's order is the name order, the order of full() below (append checks it).
+    if (writer)
+      out = std::make_unique<SafetensorsWriter>(dir + "/" + shard.file, plan.specs_of(s),
+                                                std::map<std::string, std::string>{}, fs);
     // Each tensor comes to host memory as it is written (full() may give a device tensor, and every
     // rank calls it: it gathers), so the host holds one tensor at a time, never the model.
-    for (size_t i : shards[s]) {
+    for (size_t i : shard.tensors) {
       const at::Tensor t = full(i);
       if (out) append_tensor(*out, tensors[i].name, t.to(at::kCPU, scalar).contiguous());
     }
     if (out) {
       out->finish();
-      written.push_back({file, out->bytes(), out->checksum()});
+      written.push_back({shard.file, out->bytes(), out->checksum()});
     }
   }
-  if (writer && shards.size() > 1) {
-    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    const std::string text = index.dump(2) + "\n";
-    written.push_back({"model.safetensors.index.json", text.size(),
-                       write_whole_file(fs, dir + "/model.safetensors.index.json", text)});
-  }
+  if (!writer) return written;
+  for (WrittenFile& f : write_hf_side_files(plan, config_json, dir, fs)) written.push_back(std::move(f));
   return written;
 }
 

@@ -62,14 +62,33 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs,
                                         Dtype dtype = Dtype::kF32);
 
-// The folder itself: `config_json` as config.json and `tensors` in name order, as `dtype`, in huggingface_hub's greedy
-// shards above max_shard_bytes (with model.safetensors.index.json). full(i) gives tensors[i]'s
-// full value; it is called for every tensor in name order on every rank (it may be collective),
-// and only `writer` writes. Returns the files written.
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
 };
+
+// huggingface_hub's greedy shards of `tensors` in name order (a new file when the next tensor would
+// pass max_shard_bytes; one of its own for a tensor above it): each file's name and its tensors
+// (indices into `tensors`, in name order), and their specs (TensorBytes without data) in that order.
+struct HfShard {
+  std::string file;  // model.safetensors, or model-0000k-of-0000n.safetensors
+  std::vector<size_t> tensors;
+};
+struct HfShardPlan {
+  std::vector<HfShard> shards;
+  std::vector<TensorBytes> specs;  // every shard's tensors, shard after shard
+  int64_t total_bytes = 0;
+  std::vector<TensorBytes> specs_of(size_t shard) const;
+};
+HfShardPlan plan_hf_shards(const std::vector<TensorSpec>& tensors, Dtype dtype, int64_t max_shard_bytes);
+// config.json and, for a plan of several files, model.safetensors.index.json, into `dir`.
+std::vector<WrittenFile> write_hf_side_files(const HfShardPlan& plan, const std::string& config_json,
+                                             const std::string& dir, FileSystem& fs);
+
+// The folder itself: `config_json` as config.json and `tensors` in name order, as `dtype`, in huggingface_hub's greedy
+// shards above max_shard_bytes (with model.safetensors.index.json). full(i) gives tensors[i]'s
+// full value; it is called for every tensor in name order on every rank (it may be collective),
+// and only `writer` writes. Returns the files written.
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
                                          const std::string& config_json, const std::string& dir,

@@ -257,20 +257,30 @@ std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
   return out;
 }
 
+SafetensorsLayout safetensors_layout(const std::vector<TensorBytes>& specs,
+                                     std::map<std::string, std::string> metadata) {
+  std::vector<const TensorBytes*> order;
+  SafetensorsLayout l;
+  l.header = build_header(specs, std::move(metadata), &order);
+  l.size = l.header.size();
+  for (const TensorBytes* t : order) {
+    l.order.push_back(t->name);
+    l.sizes.push_back(t->nbytes);
+    l.offsets.push_back(l.size);
+    l.size += t->nbytes;
+  }
+  return l;
+}
+
 SafetensorsWriter::SafetensorsWriter(std::string path, const std::vector<TensorBytes>& specs,
                                      std::map<std::string, std::string> metadata, FileSystem& fs)
     : fs_(fs), path_(std::move(path)), tmp_(path_ + ".tmp") {
-  std::vector<const TensorBytes*> order;
-  const std::string header = build_header(specs, std::move(metadata), &order);
-  uint64_t at = header.size();
-  for (const TensorBytes* t : order) {
-    order_.push_back(t->name);
-    sizes_.push_back(t->nbytes);
-    offsets_.push_back(at);
-    at += t->nbytes;
-  }
+  SafetensorsLayout l = safetensors_layout(specs, std::move(metadata));
+  order_ = std::move(l.order);
+  sizes_ = std::move(l.sizes);
+  offsets_ = std::move(l.offsets);
   file_ = fs_.create(tmp_);
-  file_->append(header.data(), header.size());
+  file_->append(l.header.data(), l.header.size());
 }
 
 SafetensorsWriter::~SafetensorsWriter() {

@@ -113,6 +113,20 @@ struct TensorBytes {
 std::string serialize_safetensors(const std::vector<TensorBytes>& tensors,
                                   std::map<std::string, std::string> metadata = {});
 
+// Where a safetensors file of these tensors (TensorBytes without data) puts everything: the header
+// bytes (length prefix included), then each tensor's bytes in file order: its name, size and the
+// offset they start at; size is the file's. SafetensorsWriter writes this layout; a FULL save's
+// ranks each write their rows into it at those offsets.
+struct SafetensorsLayout {
+  std::string header;
+  std::vector<std::string> order;
+  std::vector<size_t> sizes;
+  std::vector<uint64_t> offsets;
+  uint64_t size = 0;
+};
+SafetensorsLayout safetensors_layout(const std::vector<TensorBytes>& specs,
+                                     std::map<std::string, std::string> metadata = {});
+
 // Writes a file one tensor at a time, so a writer never holds more than one tensor: the header
 // comes from the specs (TensorBytes without data), then append() takes each tensor's bytes in
 // order(), and finish() fsyncs and renames the temporary file into place. A writer destroyed

@@ -47,6 +47,11 @@ class FaultyFile final : public ckpt::WritableFile {
   }
   void sync() override { inner_->sync(); }
   void close() override { inner_->close(); }
+  void write_at(uint64_t offset, const void* data, size_t n) override {
+    before_write_(n);
+    inner_->write_at(offset, data, n);
+  }
+  void resize(uint64_t size) override { inner_->resize(size); }
 
  private:
   std::unique_ptr<ckpt::WritableFile> inner_;
@@ -81,6 +86,9 @@ class FaultyFileSystem final : public ckpt::FileSystem {
       ++saves_;
     }
     return std::make_unique<FaultyFile>(local().create(path), [this, path](size_t n) { before_write(path, n); });
+  }
+  std::unique_ptr<ckpt::WritableFile> open_existing(const std::string& path) override {
+    return std::make_unique<FaultyFile>(local().open_existing(path), [this, path](size_t n) { before_write(path, n); });
   }
   void rename(const std::string& a, const std::string& b) override { local().rename(a, b); }
   void sync_dir(const std::string& d) override { local().sync_dir(d); }
@@ -166,7 +174,10 @@ int resave(const std::vector<std::string>& args) {
   optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
   ckpt::CheckpointOptions co;
   co.dir = args.at(2);
-  co.format = args.at(3) == "full" ? ckpt::Format::kFull : ckpt::Format::kSharded;
+  // full: each rank writes its rows into the files (one machine); full-gathered: they go to rank 0,
+  // which writes them all, as across machines without a shared file system.
+  co.format = args.at(3).rfind("full", 0) == 0 ? ckpt::Format::kFull : ckpt::Format::kSharded;
+  co.full_rows_in_place = args.at(3) != "full-gathered";
   co.log = world.rank() == 0 ? &std::cout : nullptr;
   ckpt::Checkpointer checkpointer(*sharded, adamw, model::describe(mc), world, co);
   ckpt::TrainingState state = checkpointer.load(args.at(1));

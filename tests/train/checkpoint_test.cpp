@@ -6,9 +6,14 @@
 // pretrained weights loaded with and without cpu_ram_efficient_loading.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "support/train_run.h"
 
@@ -23,6 +28,13 @@ using fsdp::testing::run_in_source;
 using fsdp::testing::sh;
 using fsdp::testing::temp_path;
 
+// The names in a checkpoint folder, sorted.
+std::vector<std::string> ckpt_files(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
 
 // The tiny model on fsdptrain's own sources; short sequences so a run takes seconds.
 std::string write_config(const std::string& name, const std::string& state_dict_type) {
@@ -174,8 +186,9 @@ TEST_CASE("exact resume on data in several llm.c shards read in place") {
 
 TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continues with the same losses") {
   const std::string cfg = write_config("reshard", "SHARDED_STATE_DICT"), r4 = temp_path("r4"), r2 = temp_path("r2"),
-                    r3 = temp_path("r3"), f1 = temp_path("f1"), f0 = temp_path("f0");
-  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + r4 + "*.jsonl");
+                    r3 = temp_path("r3"), f1 = temp_path("f1"), f0 = temp_path("f0"), f3 = temp_path("f3"),
+                    g2 = temp_path("g2");
+  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + f3 + " " + g2 + " " + r4 + "*.jsonl");
   // A global batch of 12 sequences on every world size: 4 x 3, 2 x 6, 3 x 4, 1 x 12.
   const Result ref =
       train(cfg, 4, 3, {"checkpoint.dir=" + r4, "checkpoint.interval=6", "logging.metrics_file=" + r4 + ".jsonl"});
@@ -183,20 +196,38 @@ TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continue
   REQUIRE(ref.code == 0);
   const std::string step = "/step-00000006";
   for (const auto& [world, from, to, format] : std::vector<std::tuple<int, std::string, std::string, std::string>>{
-           {2, r4, r2, "sharded"}, {3, r2, r3, "sharded"}, {1, r3, f1, "full"}, {1, r4, f0, "full"}}) {
+           {2, r4, r2, "sharded"},
+           {3, r2, r3, "sharded"},
+           {1, r3, f1, "full"},
+           {1, r4, f0, "full"},
+           // FULL from 3 ranks writing their rows in place (uneven: 3 does not divide every row
+           // count), and from 2 ranks sending them to rank 0
+           {3, r4, f3, "full"},
+           {2, r4, g2, "full-gathered"}}) {
     const Result r = resave(world, from + step, to, format);
     INFO(from, " -> ", to, r.out, r.err);
     REQUIRE(r.code == 0);
+    const bool in_place = r.out.find("(FULL_STATE_DICT, each of " + std::to_string(world) + " ranks wrote its rows)") !=
+                          std::string::npos;
+    CHECK(in_place == (format == "full" && world > 1));
   }
   CHECK(read_bytes(r2 + step + "/index.json").find("\"world_size\": 2") != std::string::npos);
   CHECK(read_bytes(r3 + step + "/index.json").find("\"world_size\": 3") != std::string::npos);
-  // 4 -> 2 -> 3 -> 1 against 4 -> 1: the same bytes, weights and AdamW state.
+  // 4 -> 2 -> 3 -> 1 against 4 -> 1, and the FULL saves of 3 and 2 ranks: the same bytes, weights and
+  // AdamW state, and the same checksums in the manifests (rows written in place: rank 0 joined the
+  // ranks' pieces' checksums).
+  const nlohmann::json manifest = nlohmann::json::parse(read_bytes(f0 + step + "/manifest.json"))["files"];
   for (const std::string f : {"model.safetensors", "optimizer.safetensors"}) {
     INFO(f);
-    const std::string x = read_bytes(f0 + step + "/" + f), y = read_bytes(f1 + step + "/" + f);
+    const std::string x = read_bytes(f0 + step + "/" + f);
     CHECK(x.size() > 1000);
-    CHECK(x == y);
+    for (const std::string& other : {f1, f3, g2}) {
+      INFO(other);
+      CHECK(x == read_bytes(other + step + "/" + f));
+      CHECK(nlohmann::json::parse(read_bytes(other + step + "/manifest.json"))["files"][f] == manifest[f]);
+    }
   }
+  CHECK(ckpt_files(f3 + step) == ckpt_files(f0 + step));  // no marker or temporary file left
   // Training continues from each: the losses of the 4-rank run, within float tolerance (the
   // reductions add in another order).
   const auto want = losses_by_step(r4 + ".jsonl");
@@ -209,8 +240,8 @@ TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continue
     REQUIRE(r.code == 0);
     check_same_losses(want, losses_by_step(m), 7, 12, 1e-5);
   }
-  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + temp_path("r*.jsonl") + " " +
-     temp_path("f1.jsonl") + " " + cfg);
+  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + f3 + " " + g2 + " " + temp_path("r*.jsonl") +
+     " " + temp_path("f1.jsonl") + " " + cfg);
 }
 
 TEST_CASE("a crash in the middle of a save leaves the previous checkpoint, and resuming from it is exact") {
