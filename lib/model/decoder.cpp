@@ -349,9 +349,13 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
   const auto w =
       provider != kernels::Provider::kReference ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
   at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
+  const bool adapters = has_lora(gate_proj) || has_lora(up_proj);
+  if (w && !adapters && provider == kernels::Provider::kPortable && !gate_proj->bias.defined() &&
+      !up_proj->bias.defined())  // both products and the activation in contiguous blocks
+    return row_parallel_output(down_proj, kernels::gate_up_swiglu(x, *w), tp.get());
   if (w) {
     const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
-    if (!has_lora(gate_proj) && !has_lora(up_proj)) {  // gate and up read from the one block
+    if (!adapters) {  // gate and up read from the one block
       const at::Tensor product =
           provider == kernels::Provider::kHost ? fused_swiglu(gate_up) : kernels::swiglu(gate_up);
       return row_parallel_output(down_proj, product, tp.get());

@@ -2,7 +2,8 @@
 // same TensorIterator launch the GPU's gpu_kernel uses, against ATen's ops: the rotary embedding and
 // SwiGLU, forward and backward through autograd, in float64 (equal to rounding) and bf16 (within its
 // rounding), with the layouts the decoder passes (q as a transposed view, angles broadcast from
-// (T, D) and from packed rows' (B, 1, T, D), gate and up as halves of one block).
+// (T, D) and from packed rows' (B, 1, T, D), gate and up as halves of one block), and the gate and
+// up products with SwiGLU as one function.
 #include <torch/torch.h>
 
 #include "model/kernels/elementwise.h"
@@ -84,6 +85,35 @@ TEST_CASE("the fused SwiGLU kernels equal silu(gate) * up, from one block or two
     CHECK(relative(a.grad(), gur.grad().narrow(-1, 0, 6)) < bound);
     CHECK(relative(u.grad(), gur.grad().narrow(-1, 6, 6)) < bound);
   }
+}
+
+TEST_CASE("the gate and up products with SwiGLU in one function equal linear, silu and the product, gradients too") {
+  torch::manual_seed(10);
+  const int64_t f = 6, c = 5;
+  for (const auto dtype : {at::kDouble, at::kBFloat16}) {
+    CAPTURE(dtype);
+    const at::Tensor xb = torch::randn({2, 3, c}, torch::kDouble), wb = torch::randn({2 * f, c}, torch::kDouble);
+    const at::Tensor x = xb.to(dtype).detach().requires_grad_(), w = wb.to(dtype).detach().requires_grad_();
+    const at::Tensor xr = xb.to(dtype).detach().requires_grad_(), wr = wb.to(dtype).detach().requires_grad_();
+    const at::Tensor out = kernels::gate_up_swiglu(x, w);
+    const auto parts = at::linear(xr, wr).chunk(2, -1);
+    const at::Tensor ref = at::silu(parts[0]) * parts[1];
+    const at::Tensor g = torch::randn(out.sizes(), torch::kDouble).to(dtype);
+    out.backward(g);
+    ref.backward(g);
+    // bf16: a couple of roundings of 2^-8 (the products, and x's gradient summed from its two halves)
+    const double bound = dtype == at::kDouble ? 1e-14 : 8e-3;
+    CHECK(out.sizes() == ref.sizes());
+    CHECK(relative(out, ref) < bound);
+    CHECK(relative(x.grad(), xr.grad()) < bound);
+    CHECK(relative(w.grad(), wr.grad()) < bound);
+  }
+  // Without the weight's gradient (frozen), x's alone.
+  const at::Tensor x = torch::randn({4, c}, torch::kDouble).requires_grad_(),
+                   w = torch::randn({2 * f, c}, torch::kDouble);
+  kernels::gate_up_swiglu(x, w).sum().backward();
+  CHECK(x.grad().defined());
+  CHECK_THROWS(kernels::gate_up_swiglu(x, torch::randn({2 * f + 1, c})));  // not two halves
 }
 
 TEST_CASE("the fused softmax numerator exp(a - b): fp32 in, fp32 (in place) or bf16 out, b broadcast per column") {

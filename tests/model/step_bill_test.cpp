@@ -16,6 +16,7 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
@@ -45,6 +46,7 @@ struct Op {
   std::string name;
   std::vector<at::ScalarType> dtypes;  // of its tensor inputs (tensor lists flattened)
   std::vector<std::vector<int64_t>> shapes;
+  std::vector<bool> contiguous;  // of each tensor input
   int64_t bytes = 0;  // its tensor inputs' bytes
   bool leaf = true;   // no op ran inside it
   bool inside_attention = false;
@@ -92,6 +94,7 @@ class Recorder {
       if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return;
       op.dtypes.push_back(t.scalar_type());
       op.shapes.push_back(t.sizes().vec());
+      op.contiguous.push_back(t.is_contiguous());
       if (!indexing || op.shapes.size() > 1) op.bytes += t.numel() * static_cast<int64_t>(t.element_size());
     };
     for (const c10::IValue& v : fn.inputs()) {
@@ -186,13 +189,15 @@ bool is_view(const std::string& name) {
 }
 
 bool is_product(const std::string& name) {
-  static const std::set<std::string> products = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"};
+  static const std::set<std::string> products = {"aten::mm",  "aten::addmm",   "aten::addmm_",
+                                                 "aten::bmm", "aten::baddbmm", "aten::baddbmm_"};
   return products.count(name) > 0;
 }
 
-// Which tensor inputs multiply: mm/bmm's first two; addmm/baddbmm's second and third (after self).
+// Which tensor inputs multiply: mm/bmm's first two; addmm/baddbmm's (and their in-place forms')
+// second and third (after self).
 size_t first_operand(const Op& op) {
-  return op.name == "aten::addmm" || op.name == "aten::baddbmm" ? 1 : 0;
+  return op.name.rfind("aten::addmm", 0) == 0 || op.name.rfind("aten::baddbmm", 0) == 0 ? 1 : 0;
 }
 
 // 2 m k n for mm/addmm, b times that for bmm/baddbmm.
@@ -208,6 +213,7 @@ double product_flops(const Op& op) {
 
 struct Bill {
   double product_flops = 0, bf16_product_flops = 0;
+  std::vector<std::string> strided_swiglu;      // SwiGLU launches with a strided input (unvectorized on a GPU)
   std::map<std::string, double> fp32_products;  // name -> FLOPs, products with an operand not in bf16
   std::set<std::string> float64_ops;
   std::vector<std::string> notes;  // each float64 or non-bf16 product op with its inputs' shapes
@@ -259,6 +265,11 @@ Bill bill_of(const std::vector<Op>& ops) {
     // Autograd's nodes and detach launch no kernel of their own; fsdptrain's fused kernels
     // (model/kernels/elementwise.h) record one launch each as "fsdptrain::<op>".
     if (op.name.rfind("aten::", 0) != 0 && op.name.rfind("fsdptrain::", 0) != 0) continue;
+    if (op.name.rfind("fsdptrain::swiglu", 0) == 0 &&
+        std::find(op.contiguous.begin(), op.contiguous.end(), false) != op.contiguous.end()) {
+      note("strided SwiGLU");
+      b.strided_swiglu.push_back(op.name);
+    }
     ++b.launches;
     ++b.launches_by_op[op.name];
     if (!is_product(op.name)) b.moved_bytes += static_cast<double>(op.bytes);
@@ -347,8 +358,12 @@ TEST_CASE("the bill of a bf16 step at the 1B widths: bf16 products, no float64, 
                                 << "and copies in the forward and backward; " << state_bytes / layer_params
                                 << " times its fp32 parameters' bytes by FSDP's casts and copies, the norm, "
                                 << "clipping and AdamW");
-  // Bounds: what this code has (89 ops, 135 and 9.5; before the fused rotary and SwiGLU kernels 124
-  // and 170, before clipping moved into AdamW's kernel 10.5), with a little room; the ops are named in the message
+  // SwiGLU reads and writes contiguous blocks: ATen's GPU loops vectorize only those (the halves of
+  // one (N, 2F) product took 4.5 ms of the 1B step on an H200).
+  CHECK_MESSAGE(three.strided_swiglu.empty(), describe(three, 3));
+  // Bounds: what this code has (92 ops, 135 and 9.5; before the fused rotary and SwiGLU kernels 124
+  // and 170, before clipping moved into AdamW's kernel 10.5; the gate and up products are two since
+  // SwiGLU reads them as contiguous blocks), with a little room; the ops are named in the message
   // above. On meta RMSNorm and _foreach_norm take their composite paths (mean, rsqrt, mul; one norm a tensor), which a
   // GPU runs as one kernel each: the counts are a GPU's plus those; SDPA takes its math path, whose ops (and their
   // backward nodes, by autograd's sequence numbers) count as attention, apart.

@@ -118,6 +118,46 @@ struct SwiGLUPair : torch::autograd::Function<SwiGLUPair> {
   }
 };
 
+// The gate and up products and SwiGLU as one function of x (..., C) and the stacked weight (2F, C):
+// the two products are written as the two contiguous (N, F) halves of one (2, N, F) tensor.
+struct GateUpSwiGLU : torch::autograd::Function<GateUpSwiGLU> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    const int64_t f = w.size(0) / 2;
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    at::Tensor gate_up = at::empty({2, rows.size(0), f}, x.options());
+    for (int64_t k = 0; k < 2; ++k) {
+      at::Tensor half = gate_up[k];
+      at::mm_out(half, rows, w.narrow(0, k * f, f).t());
+    }
+    at::Tensor out = at::empty({rows.size(0), f}, x.options());
+    swiglu_out(out, gate_up[0], gate_up[1]);
+    ctx->save_for_backward({x, w, gate_up});
+    return out.view(with_last(x.sizes(), f));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &gate_up = saved[2];
+    const int64_t f = w.size(0) / 2;
+    const at::Tensor rows = x.reshape({-1, x.size(-1)});
+    at::Tensor d = at::empty_like(gate_up);
+    swiglu_backward_out(d[0], d[1], grads[0].reshape({-1, f}), gate_up[0], gate_up[1]);
+    at::Tensor dx, dw;
+    if (ctx->needs_input_grad(0)) {
+      dx = at::mm(d[0], w.narrow(0, 0, f));
+      dx.addmm_(d[1], w.narrow(0, f, f));
+      dx = dx.view(x.sizes());
+    }
+    if (ctx->needs_input_grad(1)) {
+      dw = at::empty_like(w);
+      for (int64_t k = 0; k < 2; ++k) {
+        at::Tensor half = dw.narrow(0, k * f, f);
+        at::mm_out(half, d[k].t(), rows);
+      }
+    }
+    return {dx, dw};
+  }
+};
+
 }  // namespace
 
 bool available(const at::Tensor& x) {
@@ -217,6 +257,12 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
   return SwiGLUPair::apply(gate, up);
+}
+
+at::Tensor gate_up_swiglu(const at::Tensor& x, const at::Tensor& w) {
+  FSDP_CHECK(w.dim() == 2 && w.size(0) % 2 == 0 && w.size(1) == x.size(-1), "[model] gate_up_swiglu: weight ",
+             w.sizes(), " for input ", x.sizes());
+  return GateUpSwiGLU::apply(x, w);
 }
 
 }  // namespace fsdp::model::kernels
