@@ -5,7 +5,8 @@
 //   fsdp_worker accounting   layout, bytes per step against the formula, persistent memory,
 //                            event order, no collectives at W = 1
 //   fsdp_worker bench STEPS  step time of the sharded run against the unsharded reference
-//   fsdp_worker product-cuda the product cases with the sharded run on this rank's GPU over NCCL
+//   fsdp_worker product-cuda the product cases with the sharded run on this rank's GPU over NCCL,
+//                            and offloaded ones
 //                            (the reference stays on the CPU); prints "skipped: no CUDA device"
 //                            and exits 0 where there is none (ctest's gpu label skips on that line)
 //
@@ -670,6 +671,18 @@ int main(int argc, char** argv) {
       // there the cases check the CUDA kernels and the one-rank gather and reduce; nccl_test the group).
       if (world.backend_name() != "nccl") throw fsdp::Error("product-cuda runs over " + world.backend_name());
       std::vector<Case> cases = most_used_product();
+      // CPU offload from the GPU: the uploads and downloads on their own streams
+      // (fsdp/host_transfer.h), with accumulation on the device and on the host.
+      for (bool bf16 : {false, true})
+        for (Accum a : {Accum::kSingle, Accum::kSyncEach, Accum::kNoSync}) {
+          Case c;
+          c.model = "transformer";
+          c.precision = bf16 ? at::kBFloat16 : at::kFloat;
+          c.offload = true;
+          c.checkpointing = a == Accum::kSyncEach;
+          c.accum = a;
+          cases.push_back(c);
+        }
       const char* local = std::getenv("LOCAL_RANK");
       const int gpu = local ? std::atoi(local) : 0;
       for (Case& c : cases) c.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(gpu));
