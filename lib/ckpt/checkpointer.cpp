@@ -357,24 +357,42 @@ struct Checkpointer::Impl {
     return out;
   }
 
-  // FULL_STATE_DICT when every shard rank sees the checkpoint folder (one machine, or a shared file
-  // system) and nothing is split for tensor parallel: each rank writes its own rows of every tensor
-  // straight into the files, as a FULL load reads them, instead of sending them to shard rank 0,
-  // which then wrote the whole model alone (half of a 125M FULL save's time was that gather on two
-  // ranks, and rank 0's inbound bytes grow with the ranks). Collective over host_group: rank 0
-  // leaves a marker named by a random number in `tmp`, and every rank looks for it.
-  bool every_rank_sees(const std::string& tmp) {
+  // FULL_STATE_DICT when every shard rank runs on shard rank 0's machine and nothing is split for
+  // tensor parallel: each rank writes its own rows of every tensor straight into the files, as a
+  // FULL load reads them, instead of sending them to shard rank 0, which then wrote the whole model
+  // alone (half of a 125M FULL save's time was that gather on two ranks, and rank 0's inbound bytes
+  // grow with the ranks). One machine, not merely a shared file system: its page cache makes
+  // writes of neighbouring bytes by several processes safe, where a network file system's clients
+  // may each write back whole pages. Collective over host_group: rank 0 leaves a marker named by a
+  // random number in `tmp` holding its kernel's boot id, and every rank reads it and compares its
+  // own.
+  bool every_rank_on_this_machine(const std::string& tmp) {
     if (!o.full_rows_in_place || shard_size() == 1 || tp_size() > 1) return false;
     at::Tensor token = at::zeros({1}, at::kLong);
     if (shard_rank() == 0) token.fill_(int64_t{std::random_device{}()} << 20 | (::getpid() & 0xFFFFF));
     host_group.broadcast(token, 0, "checkpoint folder check").wait();
-    const std::string marker = path_in(tmp, str(".every-rank-sees-", token.item<int64_t>()));
-    if (shard_rank() == 0) write_whole_file(fs, marker, "");
+    const std::string marker = path_in(tmp, str(".same-machine-", token.item<int64_t>()));
+    const std::string boot_id = machine_boot_id();
+    if (shard_rank() == 0) write_whole_file(fs, marker, boot_id);
     host_group.barrier("checkpoint folder check").wait();
-    at::Tensor seen = at::full({1}, fs.exists(marker) ? 1 : 0, at::kLong);
-    host_group.all_reduce(seen, dist::ReduceOp::kSum, "checkpoint folder check").wait();
+    bool same = false;
+    try {
+      same = !boot_id.empty() && read_file(marker) == boot_id;
+    } catch (const std::exception&) {  // not there: another machine's folder
+    }
+    at::Tensor count = at::full({1}, same ? 1 : 0, at::kLong);
+    host_group.all_reduce(count, dist::ReduceOp::kSum, "checkpoint folder check").wait();
     if (shard_rank() == 0) fs.remove_all(marker);
-    return seen.item<int64_t>() == shard_size();
+    return count.item<int64_t>() == shard_size();
+  }
+
+  // This boot of this machine's kernel ("" where there is none to read).
+  static std::string machine_boot_id() {
+    try {
+      return read_file("/proc/sys/kernel/random/boot_id");
+    } catch (const std::exception&) {
+      return "";
+    }
   }
 
   // One file of a FULL save written in place: its name, layout and its tensors' slices in file order.
@@ -470,7 +488,7 @@ struct Checkpointer::Impl {
   // (write_full_in_place), and then returns true.
   bool write_full(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
                   const std::string& final_dir) {
-    if (every_rank_sees(tmp)) {
+    if (every_rank_on_this_machine(tmp)) {
       write_full_in_place(slices, state_doc, tmp, final_dir);
       return true;
     }

@@ -56,9 +56,8 @@ struct CheckpointOptions {
   Format format = Format::kSharded;
   bool background = true;                 // SHARDED: write on a thread
   int64_t max_shard_bytes = 5000000000;   // FULL: Hugging Face shards above this
-  // FULL: when every shard rank sees the checkpoint folder, each writes its own rows into the files
-  // (false: they send them to shard rank 0, which writes everything, as across machines without a
-  // shared file system).
+  // FULL: when every shard rank runs on shard rank 0's machine, each writes its own rows into the
+  // files (false: they send them to shard rank 0, which writes everything, as across machines).
   bool full_rows_in_place = true;
   FileSystem* fs = nullptr;               // null: local_file_system()
   std::ostream* log = nullptr;            // rank 0's progress lines; null: none

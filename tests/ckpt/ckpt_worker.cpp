@@ -175,7 +175,7 @@ int resave(const std::vector<std::string>& args) {
   ckpt::CheckpointOptions co;
   co.dir = args.at(2);
   // full: each rank writes its rows into the files (one machine); full-gathered: they go to rank 0,
-  // which writes them all, as across machines without a shared file system.
+  // which writes them all, as across machines.
   co.format = args.at(3).rfind("full", 0) == 0 ? ckpt::Format::kFull : ckpt::Format::kSharded;
   co.full_rows_in_place = args.at(3) != "full-gathered";
   co.log = world.rank() == 0 ? &std::cout : nullptr;
