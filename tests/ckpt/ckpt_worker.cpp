@@ -178,6 +178,7 @@ int resave(const std::vector<std::string>& args) {
   // which writes them all, as across machines.
   co.format = args.at(3).rfind("full", 0) == 0 ? ckpt::Format::kFull : ckpt::Format::kSharded;
   co.full_rows_in_place = args.at(3) != "full-gathered";
+  if (args.size() > 4) co.max_shard_bytes = std::stoll(args.at(4));  // FULL: Hugging Face shards above this
   co.log = world.rank() == 0 ? &std::cout : nullptr;
   ckpt::Checkpointer checkpointer(*sharded, adamw, model::describe(mc), world, co);
   ckpt::TrainingState state = checkpointer.load(args.at(1));

@@ -1,9 +1,9 @@
 // Checkpoints end to end, through the real launcher and trainer on the tiny Llama: exact resume
 // (2N steps against N + save + resume + N, bit for bit) in both formats; resharding 4 -> 2 -> 3 -> 1
 // (every tensor, optimizer state included, comes back identical; training continues with the same
-// losses); a crash in the middle of a save leaves the previous checkpoint loadable; truncated,
-// corrupt, incomplete and mismatched checkpoints are refused with the reason; keep; merge-weights;
-// pretrained weights loaded with and without cpu_ram_efficient_loading.
+// losses), FULL saves with each rank writing its rows in place or sending them to rank 0; a crash in the middle of a
+// save leaves the previous checkpoint loadable; truncated, corrupt, incomplete and mismatched checkpoints are refused
+// with the reason; keep; merge-weights; pretrained weights loaded with and without cpu_ram_efficient_loading.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -77,10 +77,26 @@ Result train_with_fault(const std::string& config, int world, int batch, const s
   return fsdptrain_in_source(args);
 }
 
-Result resave(int world, const std::string& checkpoint, const std::string& out, const std::string& format) {
-  return fsdptrain_in_source({"launch", "--cpu", "--distributed_type", world > 1 ? "MULTI_CPU" : "NO",
-                              "--num_processes", std::to_string(world), "--main_process_port", "0", "--",
-                              FSDP_CKPT_WORKER, "resave", "configs/models/tiny/config.json", checkpoint, out, format});
+// max_shard_bytes: FULL's Hugging Face shards above this ("" for the default, 5 GB).
+Result resave(int world, const std::string& checkpoint, const std::string& out, const std::string& format,
+              const std::string& max_shard_bytes = "") {
+  std::vector<std::string> args{"launch",
+                                "--cpu",
+                                "--distributed_type",
+                                world > 1 ? "MULTI_CPU" : "NO",
+                                "--num_processes",
+                                std::to_string(world),
+                                "--main_process_port",
+                                "0",
+                                "--",
+                                FSDP_CKPT_WORKER,
+                                "resave",
+                                "configs/models/tiny/config.json",
+                                checkpoint,
+                                out,
+                                format};
+  if (!max_shard_bytes.empty()) args.push_back(max_shard_bytes);
+  return fsdptrain_in_source(args);
 }
 
 void check_same_losses(const std::map<int64_t, double>& want, const std::map<int64_t, double>& got, int64_t first,
@@ -187,8 +203,10 @@ TEST_CASE("exact resume on data in several llm.c shards read in place") {
 TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continues with the same losses") {
   const std::string cfg = write_config("reshard", "SHARDED_STATE_DICT"), r4 = temp_path("r4"), r2 = temp_path("r2"),
                     r3 = temp_path("r3"), f1 = temp_path("f1"), f0 = temp_path("f0"), f3 = temp_path("f3"),
-                    g2 = temp_path("g2");
-  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + f3 + " " + g2 + " " + r4 + "*.jsonl");
+                    g2 = temp_path("g2"), s3 = temp_path("s3"), s1 = temp_path("s1");
+  const std::string folders =
+      r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + f3 + " " + g2 + " " + s3 + " " + s1;
+  sh("rm -rf " + folders + " " + r4 + "*.jsonl");
   // A global batch of 12 sequences on every world size: 4 x 3, 2 x 6, 3 x 4, 1 x 12.
   const Result ref =
       train(cfg, 4, 3, {"checkpoint.dir=" + r4, "checkpoint.interval=6", "logging.metrics_file=" + r4 + ".jsonl"});
@@ -228,6 +246,19 @@ TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continue
     }
   }
   CHECK(ckpt_files(f3 + step) == ckpt_files(f0 + step));  // no marker or temporary file left
+  // In place into Hugging Face shards of 200 KB (several files and their index), then back to one
+  // rank and one file: the bytes of the 4 -> 1 save.
+  const Result split = resave(3, r4 + step, s3, "full", "200000");
+  INFO(split.out, split.err);
+  REQUIRE(split.code == 0);
+  CHECK(split.out.find("each of 3 ranks wrote its rows") != std::string::npos);
+  CHECK(exists(s3 + step + "/model.safetensors.index.json"));
+  CHECK(exists(s3 + step + "/model-00002-of-00003.safetensors"));
+  const Result joined = resave(1, s3 + step, s1, "full");
+  INFO(joined.out, joined.err);
+  REQUIRE(joined.code == 0);
+  for (const std::string f : {"model.safetensors", "optimizer.safetensors"})
+    CHECK(read_bytes(s1 + step + "/" + f) == read_bytes(f0 + step + "/" + f));
   // Training continues from each: the losses of the 4-rank run, within float tolerance (the
   // reductions add in another order).
   const auto want = losses_by_step(r4 + ".jsonl");
@@ -240,8 +271,7 @@ TEST_CASE("resharding 4 -> 2 -> 3 -> 1 keeps every tensor, and training continue
     REQUIRE(r.code == 0);
     check_same_losses(want, losses_by_step(m), 7, 12, 1e-5);
   }
-  sh("rm -rf " + r4 + " " + r2 + " " + r3 + " " + f1 + " " + f0 + " " + f3 + " " + g2 + " " + temp_path("r*.jsonl") +
-     " " + temp_path("f1.jsonl") + " " + cfg);
+  sh("rm -rf " + folders + " " + temp_path("r*.jsonl") + " " + temp_path("f1.jsonl") + " " + cfg);
 }
 
 TEST_CASE("a crash in the middle of a save leaves the previous checkpoint, and resuming from it is exact") {
