@@ -136,8 +136,8 @@ gpu_tests() {
   return $failed
 }
 
-# The host side of CPU offload over HOST_PARAMS fp32 parameters (about 45 GB of host memory at the
-# 1B shape: the state, and the copy's source and destination).
+# The host side of CPU offload over HOST_PARAMS fp32 parameters (about 60 GB of host memory at the
+# 1B shape: parameters, gradients and AdamW's moments, and the copy's source and destination).
 host_adamw() {
   local bin=$BUILD_DIR/tests/host_adamw_bench
   [ "${PREBUILT:-0}" = 1 ] && bin=third_party/prebuilt/bin/host_adamw_bench
@@ -363,7 +363,7 @@ session() {
   step bench 170 280 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
   step bench-offload 70 230 bench --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" \
     --out-dir "$OUT/bench-offload"
-  step host 30 230 host
+  step host 60 230 host
   step features 275 40 features
   step profile 90 0 profile
   echo
