@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs this machine's build for a GPU machine, so a device call spends its minutes on the GPU and
 # not on compiling: the stripped fsdptrain and the gpu tests' binaries (nccl_test, fsdp_worker, packed_cuda_test) and host_adamw_bench go
-# to third_party/prebuilt/ (about 20 MB; carry it together with third_party/bundle), with the Arrow
+# to third_party/prebuilt/ (about 34 MB; carry it together with third_party/bundle), with the Arrow
 # and Parquet libraries fsdptrain links (from this venv's pyarrow, xz-packed in lib/arrow.tar.xz: that
 # machine's pyarrow may be another version). They load
 # LibTorch, NCCL and CUDA from that machine's torch, which must be this build's wheel
