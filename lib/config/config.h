@@ -245,6 +245,7 @@ struct EngineConfig {
   OnednnProducts onednn_products = OnednnProducts::kLarge;
   ReadAhead read_ahead = ReadAhead::kAuto;  // auto: on a GPU
   bool host_cache = true;                   // CPU runs: fsdp/host_cache.h's allocator
+  bool offload_overlap = true;              // offload: each unit's host update when the next forward needs it
   bool sync_debug = false;                  // CUDA: a synchronizing op inside a step is an error
   std::string dump_gradients;               // a folder: each step's full gradients ("": none)
 };

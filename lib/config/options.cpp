@@ -1020,6 +1020,14 @@ std::vector<OptionSpec> build_table() {
                 "instead of returning them to the system allocator")
           .extension()
           .to(&Config::engine, &EngineConfig::host_cache),
+      Row("engine.offload_overlap", V::kBool)
+          .env("FSDPTRAIN_OFFLOAD_OVERLAP")
+          .def("true")
+          .help("With fsdp_offload_params: apply each unit's optimizer update on the host when the next forward "
+                "gathers the unit, so the host updates unit k+1 while unit k's weights go up to the GPU and "
+                "compute (the same results); false: the whole update at the step, before any upload")
+          .extension()
+          .to(&Config::engine, &EngineConfig::offload_overlap),
       Row("engine.sync_debug", V::kBool)
           .env("FSDPTRAIN_SYNC_DEBUG")
           .def("false")

@@ -148,6 +148,7 @@ void ParamGroup::log(const char* what) const {
 }
 
 void ParamGroup::unshard() {
+  apply_deferred_update();  // the shards this gather reads: the last step's update
   if (state_ != GroupState::kSharded && state_ != GroupState::kPartial) return;
   RECORD_USER_SCOPE(str("fsdp gather ", display_name()));
   const bool partial = state_ == GroupState::kPartial;
@@ -283,6 +284,7 @@ void ParamGroup::reshard_after_forward() {
 
 void ParamGroup::post_backward(bool sync) {
   if (!has_trainable()) return;
+  apply_deferred_update();  // it reads the gradient this backward writes
   RECORD_USER_SCOPE(str(sync ? "fsdp reduce " : "fsdp accumulate ", display_name()));
   c10::NoGradGuard no_grad;
   // Gradients leave the unsharded parameters here; the next backward starts from none.
@@ -350,6 +352,7 @@ void ParamGroup::post_backward(bool sync) {
 }
 
 void ParamGroup::finish_reduce() {
+  apply_deferred_update();
   if (!pending_reduce_) return;
   RECORD_USER_SCOPE(str("fsdp finish reduce ", display_name()));
   c10::NoGradGuard no_grad;
@@ -366,11 +369,13 @@ void ParamGroup::finish_reduce() {
   HostTransfer* transfer = options_.offload_params ? options_.host_transfer.get() : nullptr;
   if (transfer && grad_zero_ && reduced.scalar_type() == at::kFloat) {
     transfer->download(flat_grad_, reduced);
+    grad_squares_ = sum_of_squares({reduced});  // before reduced's memory goes back
   } else if (grad_zero_) {  // the first reduction since zero_grad: its zeros need not exist
     flat_grad_.copy_(reduced);
   } else {
     if (transfer) transfer->synchronize_downloads();
     flat_grad_.add_(reduced.to(flat_grad_.device(), at::kFloat));
+    grad_squares_ = at::Tensor();  // of the first reduction alone
   }
   grad_zero_ = zeros_pending_ = false;
 }
@@ -378,18 +383,36 @@ void ParamGroup::finish_reduce() {
 // The zeros are written lazily (flat_grad): the step's first reduction overwrites the whole flat
 // gradient, so a step that reduces every unit never writes them (on a GPU a pass over the model's
 // fp32 gradients; offloaded, a memset of them in host memory).
+void ParamGroup::defer_update(std::function<void()> update) {
+  apply_deferred_update();
+  deferred_update_ = std::move(update);
+}
+
+void ParamGroup::apply_deferred_update() const {
+  if (!deferred_update_) return;
+  const std::function<void()> update = std::move(deferred_update_);
+  deferred_update_ = nullptr;
+  log("update");
+  update();
+}
+
+// Leaves a deferred update's gradient as it is: the update reads flat_grad_ itself, and every
+// accessor that would write the zeros applies it first.
 void ParamGroup::zero_grad() {
+  grad_squares_ = at::Tensor();
   zeros_pending_ = true;
   grad_zero_ = true;
   for (ShardedParam& p : params_) p.accumulated = at::Tensor();
 }
 
 at::Tensor ParamGroup::shard_of(const ShardedParam& p) const {
+  apply_deferred_update();
   const int64_t n = p.layout.shard_numel();
   return p.trainable ? flat_shard_.narrow(0, p.offset, n) : frozen_shard_.narrow(0, p.offset - trainable_numel_, n);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_parameters() const {
+  apply_deferred_update();
   c10::NoGradGuard no_grad;
   return gather_full(at::cat({flat_shard_, frozen_shard_.to(at::kFloat)}), /*trainable_only=*/false);
 }
@@ -399,6 +422,8 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradient
 }
 
 at::Tensor ParamGroup::flat_grad() const {
+  apply_deferred_update();       // before the zeros: the update reads the step's gradient
+  grad_squares_ = at::Tensor();  // the reader may change the gradient
   if (zeros_pending_) {
     c10::NoGradGuard no_grad;
     flat_grad_.zero_();
@@ -431,6 +456,31 @@ at::Tensor ParamGroup::whole(const ShardedParam& p, const at::Tensor& block) con
   return whole_from_blocks(tp, block, p.tp, "whole " + p.name);
 }
 
+// Host tensors (CPU runs, offloaded gradients) are reduced in rows of 16K elements: LibTorch's fp32
+// norm of a long vector loses digits (2e-3 relative at 7M elements: each thread accumulates its
+// share in fp32), while rows' norms squared and summed in float64 stay within 1e-5 of the float64
+// norm. The rows of a tensor are one (rows, 16K) norm along dim 1, which ATen splits over the host's
+// cores; a list of 16K-element chunks (this function's first form) ran each chunk's norm on one
+// thread, so the whole norm ran on one core (0.16 s for 250M parameters on one core or two; the
+// rows' form 0.05 s on two).
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& ts) {
+  if (ts.empty() || !ts.front().is_cpu()) return at::stack(at::_foreach_norm(ts, 2)).square().sum();
+  const int64_t row = 1 << 14;
+  at::Tensor sum = at::zeros({}, at::kDouble);
+  for (const at::Tensor& t : ts) {
+    const at::Tensor flat = t.reshape({-1});
+    const int64_t rows = flat.numel() / row, tail = flat.numel() - rows * row;
+    at::Tensor part = at::zeros({}, at::kDouble);
+    if (rows > 0) {
+      const at::Tensor norms = at::linalg_vector_norm(flat.narrow(0, 0, rows * row).view({rows, row}), 2, {1});
+      part += norms.to(at::kDouble).square().sum();
+    }
+    if (tail > 0) part += at::linalg_vector_norm(flat.narrow(0, rows * row, tail), 2).to(at::kDouble).square();
+    sum += part;
+  }
+  return sum;
+}
+
 at::Tensor whole_from_blocks(dist::ProcessGroup& tp, const at::Tensor& block, const TpSlice& slice,
                              const std::string& label) {
   std::vector<int64_t> stacked = block.sizes().vec(), merged = block.sizes().vec();
@@ -445,6 +495,7 @@ at::Tensor whole_from_blocks(dist::ProcessGroup& tp, const at::Tensor& block, co
 
 void ParamGroup::sum_whole_gradients_over_tp() {
   if (!mesh_->tp || mesh_->tp->size() == 1) return;
+  apply_deferred_update();
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> slices;
   for (const ShardedParam& p : params_)

@@ -92,6 +92,12 @@ void free_storage(const at::Tensor& t);
 
 // The whole parameter from every tp rank's block of it (`block` this rank's, on the host or the
 // device), the padding past TpSlice::whole cut off. Collective over `tp`.
+// The sum of the squares of every element of `ts` (all on one device), unrounded: a () fp32 tensor on
+// a device (one _foreach_norm over the tensors, reduced in a tree, squared and summed, as
+// torch.nn.utils.clip_grad_norm_ does); on the host a () float64 one, each tensor's part added in
+// turn (so parts taken one tensor at a time and added in the same order give the same bits).
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& ts);
+
 at::Tensor whole_from_blocks(dist::ProcessGroup& tp, const at::Tensor& block, const TpSlice& slice,
                              const std::string& label);
 
@@ -112,7 +118,11 @@ class ParamGroup {
   const std::string& name() const { return name_; }
   std::string display_name() const { return name_.empty() ? "<root>" : name_; }
   GroupState state() const { return state_; }
-  const std::vector<ShardedParam>& params() const { return params_; }
+  // The parameters (their sharded views included), any deferred update applied first.
+  const std::vector<ShardedParam>& params() const {
+    apply_deferred_update();
+    return params_;
+  }
   bool empty() const { return params_.empty(); }
   bool has_trainable() const { return trainable_numel_ > 0; }
 
@@ -139,12 +149,30 @@ class ParamGroup {
   bool reduce_pending() const { return pending_reduce_.has_value(); }
 
   // Flat fp32 views for the optimizer: [0, trainable) and the part of it that decays.
-  at::Tensor flat_param() const { return flat_shard_; }         // (S_trainable)
+  at::Tensor flat_param() const {  // (S_trainable), any deferred update applied
+    apply_deferred_update();
+    return flat_shard_;
+  }
   at::Tensor flat_grad() const;                                 // (S_trainable), zeros written if pending
+  // Offloaded: sum_of_squares of this rank's sharded gradient, taken where the gradient was reduced
+  // (on a GPU: before it went down, so the norm needs no pass over host memory) when this step's one
+  // reduction is all it holds; undefined otherwise, and once flat_grad() has been read (its reader
+  // may change it).
+  at::Tensor grad_squares() const { return grad_squares_; }
   int64_t trainable_numel() const { return trainable_numel_; }  // S_trainable
   int64_t decay_numel() const { return decay_numel_; }          // S_decay <= S_trainable
   int64_t shard_numel() const { return shard_numel_; }          // S
   void zero_grad();
+
+  // Offload (ShardedAdamW): this unit's optimizer update, held until the unit is next needed (its
+  // gather, its gradients' reduction, any read of its shards, gradient or params()) instead of
+  // applied at the step, so that on a GPU the host computes unit k+1's update while unit k's shards
+  // go up and unit k computes. At most one is held: `update` must not read this group through its
+  // accessors (it would apply itself), and a second one applies the first before it is held.
+  void defer_update(std::function<void()> update);
+  // Applies the held update, if any ("update X" in the event log); then nothing is held.
+  void apply_deferred_update() const;
+  bool update_deferred() const { return static_cast<bool>(deferred_update_); }
 
   // The full fp32 value of every parameter, or of every trainable parameter's sharded gradient
   // (collective over the shard group).
@@ -198,6 +226,8 @@ class ParamGroup {
   };
   std::optional<PendingGather> pending_gather_;
   std::optional<uint64_t> upload_;  // offloaded: the HostTransfer ticket of the shards' upload in flight
+  mutable std::function<void()> deferred_update_;  // defer_update's, until apply_deferred_update
+  mutable at::Tensor grad_squares_;                // grad_squares()
   struct PendingReduce {
     dist::Work work;
     at::Tensor input;   // (W * S_trainable) reduce_dtype; kept alive until the work is done

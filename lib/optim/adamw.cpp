@@ -4,8 +4,11 @@
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
+
+#include "util/error.h"
 
 namespace fsdp::optim {
 
@@ -36,12 +39,57 @@ int64_t ShardedAdamW::steps() const {
 }
 
 void ShardedAdamW::set_steps(int64_t steps) {
+  apply_deferred_updates();
   steps_.fill_(static_cast<double>(steps));
 }
+
+const std::vector<ShardedAdamW::State>& ShardedAdamW::state() const {
+  apply_deferred_updates();
+  return state_;
+}
+
+std::vector<ShardedAdamW::State>& ShardedAdamW::mutable_state() {
+  apply_deferred_updates();
+  return state_;
+}
+
+void ShardedAdamW::apply_deferred_updates() const {
+  for (const auto& g : model_.groups()) g->apply_deferred_update();
+}
+
+namespace {
+
+// LibTorch's fused AdamW (one kernel over a list of tensors, CPU and CUDA), called twice: on the
+// decayed parts, then on the rest without weight decay. Every list entry reads the one step counter.
+struct FusedLists {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  void add(const at::Tensor& p, const at::Tensor& g, const ShardedAdamW::State& s, const at::Tensor& step, int64_t from,
+           int64_t n) {
+    if (n == 0) return;
+    params.push_back(p.narrow(0, from, n));
+    grads.push_back(g.narrow(0, from, n));
+    exp_avgs.push_back(s.exp_avg.narrow(0, from, n));
+    exp_avg_sqs.push_back(s.exp_avg_sq.narrow(0, from, n));
+    steps.push_back(step);
+  }
+};
+
+void fused_adamw(const FusedLists& decayed, const FusedLists& plain, const AdamWOptions& o,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  for (const FusedLists* l : {&decayed, &plain}) {
+    if (l->params.empty()) continue;
+    at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, /*max_exp_avg_sqs=*/{}, l->steps, o.lr, o.beta1,
+                      o.beta2, l == &decayed ? o.weight_decay : 0.0, o.eps,
+                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
+  }
+}
+
+}  // namespace
 
 void ShardedAdamW::update(const at::Tensor* skip, const at::Tensor* grad_divisor) {
   RECORD_USER_SCOPE("optimizer");
   c10::NoGradGuard no_grad;
+  apply_deferred_updates();  // the last step's, which read the step counter as it was
   // The bias correction's t counts applied updates only; a skipped one leaves it (and the kernel
   // leaves everything else).
   std::optional<at::Tensor> found_inf;
@@ -50,33 +98,31 @@ void ShardedAdamW::update(const at::Tensor* skip, const at::Tensor* grad_divisor
   if (grad_divisor) grad_scale = grad_divisor->to(steps_.device(), at::kFloat).reshape({});
   steps_.add_(1);
   if (found_inf) steps_.sub_(*found_inf);
-  // LibTorch's fused AdamW (one kernel over a list of tensors, CPU and CUDA), called twice: on the
-  // decayed part of every unit's flat shard, then on the rest without weight decay. Every list
-  // entry reads the one step counter.
-  struct Lists {
-    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
-  } decayed, plain;
-  auto add = [this](Lists& l, const at::Tensor& p, const at::Tensor& g, const State& s, int64_t from, int64_t n) {
-    if (n == 0) return;
-    l.params.push_back(p.narrow(0, from, n));
-    l.grads.push_back(g.narrow(0, from, n));
-    l.exp_avgs.push_back(s.exp_avg.narrow(0, from, n));
-    l.exp_avg_sqs.push_back(s.exp_avg_sq.narrow(0, from, n));
-    l.steps.push_back(steps_);
-  };
+  // On the device: two launches for all units. Offloaded: each unit's own two calls, held by its
+  // group (with this step's learning rate, divisor and skip flag) until the unit is next needed.
+  const bool defer = options_.defer_offloaded_updates && model_.options().offload_params;
+  FusedLists decayed, plain;
   for (size_t u = 0; u < model_.groups().size(); ++u) {
-    const ParamGroup& g = *model_.groups()[u];
+    ParamGroup& g = *model_.groups()[u];
     if (g.trainable_numel() == 0) continue;
     const at::Tensor p = g.flat_param(), grad = g.flat_grad();
-    add(decayed, p, grad, state_[u], 0, g.decay_numel());
-    add(plain, p, grad, state_[u], g.decay_numel(), g.trainable_numel() - g.decay_numel());
+    const int64_t d = g.decay_numel(), n = g.trainable_numel();
+    if (!defer) {
+      decayed.add(p, grad, state_[u], steps_, 0, d);
+      plain.add(p, grad, state_[u], steps_, d, n - d);
+      continue;
+    }
+    FusedLists unit_decayed, unit_plain;
+    unit_decayed.add(p, grad, state_[u], steps_, 0, d);
+    unit_plain.add(p, grad, state_[u], steps_, d, n - d);
+    g.defer_update([unit_decayed = std::move(unit_decayed), unit_plain = std::move(unit_plain), o = options_,
+                    grad_scale, found_inf, label = str("optimizer ", g.display_name())] {
+      RECORD_USER_SCOPE(label);
+      c10::NoGradGuard no_grad;
+      fused_adamw(unit_decayed, unit_plain, o, grad_scale, found_inf);
+    });
   }
-  for (Lists* l : {&decayed, &plain}) {
-    if (l->params.empty()) continue;
-    at::_fused_adamw_(l->params, l->grads, l->exp_avgs, l->exp_avg_sqs, /*max_exp_avg_sqs=*/{}, l->steps, options_.lr,
-                      options_.beta1, options_.beta2, l == &decayed ? options_.weight_decay : 0.0, options_.eps,
-                      /*amsgrad=*/false, /*maximize=*/false, grad_scale, found_inf);
-  }
+  if (!defer) fused_adamw(decayed, plain, options_, grad_scale, found_inf);
 }
 
 int64_t ShardedAdamW::state_bytes() const {
@@ -85,55 +131,38 @@ int64_t ShardedAdamW::state_bytes() const {
   return b;
 }
 
-namespace {
-
-// The sum of the squares of every tensor in `ts` (all on one device), in fp32: one _foreach_norm
-// over the tensors on a GPU (a few multi-tensor kernels, reduced in a tree), squared and summed, as
-// torch.nn.utils.clip_grad_norm_ does.
-//
-// Host tensors (CPU runs, offloaded gradients) are reduced in rows of 16K elements: LibTorch's fp32
-// norm of a long vector loses digits (2e-3 relative at 7M elements: each thread accumulates its
-// share in fp32), while rows' norms squared and summed in float64 stay within 1e-5 of the float64
-// norm. The rows of a tensor are one (rows, 16K) norm along dim 1, which ATen splits over the host's
-// cores; a list of 16K-element chunks (this function's first form) ran each chunk's norm on one
-// thread, so the whole norm ran on one core (0.16 s for 250M parameters on one core or two; the
-// rows' form 0.05 s on two).
-at::Tensor sum_of_squares(const std::vector<at::Tensor>& ts) {
-  if (ts.empty() || !ts.front().is_cpu()) return at::stack(at::_foreach_norm(ts, 2)).square().sum();
-  const int64_t row = 1 << 14;
-  at::Tensor sum = at::zeros({}, at::kDouble);
-  for (const at::Tensor& t : ts) {
-    const at::Tensor flat = t.reshape({-1});
-    const int64_t rows = flat.numel() / row, tail = flat.numel() - rows * row;
-    if (rows > 0) {
-      const at::Tensor norms = at::linalg_vector_norm(flat.narrow(0, 0, rows * row).view({rows, row}), 2, {1});
-      sum += norms.to(at::kDouble).square().sum();
-    }
-    if (tail > 0) sum += at::linalg_vector_norm(flat.narrow(0, rows * row, tail), 2).to(at::kDouble).square();
-  }
-  return sum.to(at::kFloat);
-}
-
-}  // namespace
-
 at::Tensor grad_norm(ShardedModel& model) {
   RECORD_USER_SCOPE("grad norm");
   c10::NoGradGuard no_grad;
   const std::optional<dist::ProcessGroup>& tp = model.mesh().tp;
   const int tp_size = tp ? tp->size() : 1;
+  // Offloaded, each unit's squares were taken where its gradient was reduced (ParamGroup::grad_squares):
+  // summed in the order sum_of_squares adds them, they give its bits without a pass over host memory.
+  std::vector<at::Tensor> parts;
+  for (const auto& g : model.groups())
+    if (g->trainable_numel() > 0) parts.push_back(g->grad_squares());
+  const bool from_parts = tp_size == 1 && !parts.empty() &&
+                          std::all_of(parts.begin(), parts.end(), [](const at::Tensor& t) { return t.defined(); });
   std::vector<at::Tensor> grads, whole;  // whole: parameters every tp rank holds in full
   for (const auto& g : model.groups()) {
-    if (g->trainable_numel() == 0) continue;
+    if (g->trainable_numel() == 0 || from_parts) continue;
     grads.push_back(g->flat_grad());
     if (tp_size > 1)
       for (const ShardedParam& p : g->params())
         if (p.trainable && !p.tp.split()) whole.push_back(g->flat_grad().narrow(0, p.offset, p.layout.shard_numel()));
   }
   const auto on_device = at::TensorOptions().dtype(at::kFloat).device(model.options().device);
-  if (grads.empty()) return at::zeros({1}, on_device);
-  at::Tensor sum_sq = sum_of_squares(grads);
+  if (grads.empty() && !from_parts) return at::zeros({1}, on_device);
+  at::Tensor sum_sq;
+  if (from_parts && parts.front().is_cpu()) {
+    sum_sq = at::zeros({}, parts.front().options());
+    for (const at::Tensor& part : parts) sum_sq += part;
+  } else {
+    sum_sq = from_parts ? at::stack(parts).sum() : sum_of_squares(grads);
+  }
   // A parameter every tp rank holds whole is counted once over the tp group.
   if (!whole.empty()) sum_sq -= sum_of_squares(whole) * (1.0 - 1.0 / tp_size);
+  sum_sq = sum_sq.to(at::kFloat);
   // On the compute device: with offload the gradients live in host memory, which NCCL must not get.
   sum_sq = sum_sq.reshape({1}).to(model.options().device).contiguous();
   // Padding is zero and each rank holds distinct rows: the shard group's sum is the whole model's

@@ -9,7 +9,12 @@
 //
 // Not collective except grad_norm and clip_grad_norm (one all-reduce over the shard group;
 // replicas of an HSDP mesh hold identical gradients after the backward). With offload_params the
-// state lives in host memory and the step runs there.
+// state lives in host memory and the step runs there, each unit's update held by its ParamGroup
+// until the unit is next needed (ParamGroup::defer_update; defer_offloaded_updates): the next
+// forward's gather of unit k applies unit k's update, so on a GPU the host updates unit k+1 while
+// unit k's shards go up and unit k computes, instead of every upload waiting for the whole update.
+// The results are the same bits: the same kernel on the same tensors, only later; whatever reads a
+// unit's shards, gradient or this optimizer's state applies what is held first.
 //
 // Nothing here waits for the device but clip_grad_norm and steps(): the norm, the clipping, the
 // step count and the decision to skip a step stay on the device, so a trainer can queue step n+1
@@ -31,6 +36,7 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
+  bool defer_offloaded_updates = true;  // offload_params: each unit's update applied when next needed
 };
 
 class ShardedAdamW {
@@ -58,12 +64,14 @@ class ShardedAdamW {
     at::Tensor exp_avg;     // (S_trainable) fp32, per unit
     at::Tensor exp_avg_sq;  // (S_trainable) fp32
   };
-  const std::vector<State>& state() const { return state_; }
-  std::vector<State>& mutable_state() { return state_; }
+  // The state, every deferred update applied first (so are set_steps and the next step).
+  const std::vector<State>& state() const;
+  std::vector<State>& mutable_state();
   void set_steps(int64_t steps);
 
  private:
   void update(const at::Tensor* skip, const at::Tensor* grad_divisor);
+  void apply_deferred_updates() const;
 
   ShardedModel& model_;
   AdamWOptions options_;

@@ -303,8 +303,8 @@ void TrainingRun::build_model() {
             "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
   }
   const config::OptimConfig& o = config_.optimizer;
-  adamw_ = std::make_unique<optim::ShardedAdamW>(*sharded_,
-                                                 optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay});
+  adamw_ = std::make_unique<optim::ShardedAdamW>(
+      *sharded_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, config_.engine.offload_overlap});
   const auto bytes = sharded_->persistent_bytes();
   say(str("[train] model: ", model_config_.num_parameters(), " parameters, ", sharded_->groups().size(),
           " units; per rank ", format_bytes(bytes.params),

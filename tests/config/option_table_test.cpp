@@ -113,9 +113,9 @@ TEST_CASE("every option names the part of fsdptrain that reads it, or reaches pr
 }
 
 TEST_CASE("fsdptrain's own switches are rows: each with its FSDPTRAIN_* variable, exported as resolved") {
-  for (const std::string name :
-       {"FSDPTRAIN_KERNELS", "FSDPTRAIN_ONEDNN_PRODUCTS", "FSDPTRAIN_READ_AHEAD", "FSDPTRAIN_HOST_CACHE",
-        "FSDPTRAIN_SYNC_DEBUG", "FSDPTRAIN_DUMP_GRADIENTS", "FSDPTRAIN_VERBOSE", "FSDPTRAIN_DIST_TIMEOUT"}) {
+  for (const std::string name : {"FSDPTRAIN_KERNELS", "FSDPTRAIN_ONEDNN_PRODUCTS", "FSDPTRAIN_READ_AHEAD",
+                                 "FSDPTRAIN_HOST_CACHE", "FSDPTRAIN_OFFLOAD_OVERLAP", "FSDPTRAIN_SYNC_DEBUG",
+                                 "FSDPTRAIN_DUMP_GRADIENTS", "FSDPTRAIN_VERBOSE", "FSDPTRAIN_DIST_TIMEOUT"}) {
     INFO(name);
     CHECK(std::count_if(all_options().begin(), all_options().end(),
                         [&](const OptionSpec& s) { return s.env == name && (s.used_by & kTrainer); }) == 1);

@@ -23,19 +23,23 @@ namespace {
 
 struct Run {
   std::vector<at::Tensor> weights;
-  std::vector<std::vector<std::string>> logs;  // the transfer's log of each step
+  std::vector<std::vector<std::string>> logs;    // the transfer's log of each step
+  std::vector<std::vector<std::string>> events;  // the engine's events of each step
+  std::vector<size_t> deferred;                  // units holding an update after each step
 };
 
 // Three steps of a four-block stack (four units and the root) on one rank; `transfer` null: no
-// offload. The forward is MlpStack's, with each block's compute logged.
-Run train(std::shared_ptr<RecordingTransfer> transfer, bool offload) {
+// offload. The forward is MlpStack's, with each block's compute logged. defer: the optimizer's
+// offloaded updates held until each unit is next needed (AdamWOptions::defer_offloaded_updates).
+Run train(std::shared_ptr<RecordingTransfer> transfer, bool offload, bool defer = true) {
   torch::manual_seed(11);
   MlpStack m(4, 2);  // block 2 frozen: its unit has nothing to download
   FsdpOptions o;
   o.offload_params = offload;
   o.host_transfer = transfer;
+  o.record_events = true;
   auto s = fully_shard(*m, MlpStackImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
-  optim::ShardedAdamW adamw(*s, optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1});
+  optim::ShardedAdamW adamw(*s, optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1, defer});
   auto forward = [&](const at::Tensor& x) {
     at::Tensor h = m->in_proj(x);
     for (const auto& mod : *m->layers) {
@@ -48,11 +52,26 @@ Run train(std::shared_ptr<RecordingTransfer> transfer, bool offload) {
     return m->head(h);
   };
   Run r;
+  size_t seen = 0;
   for (int step = 0; step < 3; ++step) {
     const at::Tensor x = torch::randn({6, MlpStackImpl::kIn});
     s->forward({x}, [&](const TensorList& in) { return TensorList{forward(in[0]).pow(2).sum()}; })[0].backward();
+    if (transfer && offload && step == 1) {
+      // Each trainable unit's squares were taken as its gradient went down; the norm from them has
+      // the bits of a pass over the host gradients (reading flat_grad() drops them).
+      for (const auto& g : s->groups()) CHECK(g->grad_squares().defined() == g->has_trainable());
+      const at::Tensor from_parts = optim::grad_norm(*s);
+      for (const auto& g : s->groups()) g->flat_grad();
+      CHECK_FALSE(s->groups()[0]->grad_squares().defined());
+      CHECK(at::equal(optim::grad_norm(*s), from_parts));
+    }
     adamw.step(at::zeros({}), optim::clip_divisor(optim::grad_norm(*s), 0.5));
     s->zero_grad();
+    size_t held = 0;
+    for (const auto& g : s->groups()) held += g->update_deferred();
+    r.deferred.push_back(held);
+    r.events.emplace_back(s->events().begin() + static_cast<long>(seen), s->events().end());
+    seen = s->events().size();
     if (transfer) {
       CHECK(transfer->outstanding() == 0);  // every upload was waited for
       r.logs.push_back(transfer->log);
@@ -73,10 +92,37 @@ TEST_CASE("offload through a HostTransfer: uploads ahead of compute, one host wa
   auto transfer = std::make_shared<RecordingTransfer>();
   const Run recorded = train(transfer, /*offload=*/true);
   const Run plain = train(nullptr, /*offload=*/true), on_device = train(nullptr, /*offload=*/false);
+  const Run at_the_step = train(transfer, /*offload=*/true, /*defer=*/false);
   REQUIRE(recorded.weights.size() == plain.weights.size());
   for (size_t i = 0; i < plain.weights.size(); ++i) {
     CHECK(at::equal(recorded.weights[i], plain.weights[i]));
     CHECK(at::equal(recorded.weights[i], on_device.weights[i]));
+    CHECK(at::equal(recorded.weights[i], at_the_step.weights[i]));
+  }
+  // Offloaded, the step leaves each trainable unit's update held (the root and blocks 0, 1, 3);
+  // on the device, or asked not to, it applies them.
+  CHECK(recorded.deferred == std::vector<size_t>{4, 4, 4});
+  CHECK(on_device.deferred == std::vector<size_t>{0, 0, 0});
+  CHECK(at_the_step.deferred == std::vector<size_t>{0, 0, 0});
+  for (const auto& events : at_the_step.events) CHECK(count(events, "update <root>") == 0);
+  // The next forward applies unit k's update right before its gather, after unit k - 1's gather
+  // (the upload a GPU runs while the host updates unit k); the frozen block has none.
+  for (size_t step = 1; step < recorded.events.size(); ++step) {
+    const std::vector<std::string>& e = recorded.events[step];
+    INFO("step ", step, ": ", join(e, ", "));
+    auto at = [&](const std::string& what) {
+      const auto it = std::find(e.begin(), e.end(), what);
+      REQUIRE(it != e.end());
+      return it - e.begin();
+    };
+    CHECK(at("update <root>") == 0);
+    const std::vector<std::string> units = {"<root>", "blocks.0", "blocks.1", "blocks.3"};
+    for (size_t k = 0; k < units.size(); ++k) {
+      CHECK(count(e, "update " + units[k]) == 1);
+      CHECK(at("gather " + units[k]) == at("update " + units[k]) + 1);
+      if (k > 0) CHECK(at("update " + units[k]) > at("gather " + units[k - 1]));
+    }
+    CHECK(count(e, "update blocks.2") == 0);
   }
   for (const std::vector<std::string>& log : recorded.logs) {
     INFO(join(log, ", "));
