@@ -108,9 +108,9 @@ PROVIDERS = {"host": [], "portable": ["engine.kernels=portable"], "reference": [
 
 def parity(args, tmp, case, world, base, data, adapter, providers=("host",)):
     """Losses, gradient norms, every gradient and the trained adapter against PEFT's, for each of
-    `providers` (PEFT's runs shared); returns the first one's folder and output. Step 1's gradients
-    (from the same weights) are held to 1e-5 or 4x the float32 noise of PEFT's run against float64,
-    whichever is larger; later ones to 1e-4, because two float32 runs drift apart as AdamW divides
+    `providers` (PEFT's runs shared); returns the first one's folder and output. Each step's loss and
+    gradient norm, and step 1's gradients (from the same weights), are held to 1e-5 or 4x the float32
+    noise of PEFT's run against float64 at that step, whichever is larger; later gradients to 1e-4, because two float32 runs drift apart as AdamW divides
     each gradient by its running RMS: PEFT's own float32 gradients differ from a float64 run's
     (fsdp2_llama.py --dtype float64) by up to 1.5e-5 here by step 6."""
     name = f"{re.sub('[^a-z]', '', case)}-w{world}"
@@ -120,29 +120,36 @@ def parity(args, tmp, case, world, base, data, adapter, providers=("host",)):
     # small gradients (a lora_B whose inputs nearly cancel) rounds further than 1e-5 in both programs:
     # PEFT's float32 differs from its float64 by up to a few 1e-6 here, and ours from PEFT's by 1.02e-5
     # once on a machine of CI's kind.
-    reference(args, tmp, name + "-f64", world, base, data, adapter, dtype="float64")
+    ref64, _ = reference(args, tmp, name + "-f64", world, base, data, adapter, dtype="float64")
     exact = load_file(os.path.join(tmp, name + "-f64-ref-grads", "step-1.safetensors"))
     first = None
     for provider in providers:
         run_name = name if provider == providers[0] else f"{name}-{provider}"
         result = compare_to_peft(args, tmp, case, run_name, world, base, data, adapter, provider,
-                                 (ref, ref_adapter, os.path.join(tmp, name + "-ref-grads"), exact))
+                                 (ref, ref_adapter, os.path.join(tmp, name + "-ref-grads"), exact, ref64))
         first = first or result
     return first
 
 
 def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider, peft):
-    ref, ref_adapter, ref_grads, exact = peft
+    ref, ref_adapter, ref_grads, exact, ref64 = peft
     _, lora = CASES[case]
     grads = os.path.join(tmp, name + "-grads")
     out, text, ours = fsdptrain(args, tmp, name, world, base, data, lora + f"  init: {adapter}\n", gradients=grads,
                                 sets=PROVIDERS[provider])
     worst, worst_tensor = 0.0, 0.0
+    # The losses and norms drift as the gradients do (a norm of 1.6 differed from PEFT's by 1.29e-5 at
+    # step 3 of the reference kernels' all-linear run at W=2 on one machine of CI's kind): each step's
+    # bound is 4x PEFT's own float32-against-float64 difference there, and never below 1e-5.
     for step in range(1, SETTINGS["steps"] + 1):
-        for key, theirs in (("loss", ref["losses"]), ("grad_norm", ref["grad_norms"])):
+        for key, theirs, exact_run in (("loss", ref["losses"], ref64["losses"]),
+                                       ("grad_norm", ref["grad_norms"], ref64["grad_norms"])):
             r = relative(ours[step][key], theirs[step - 1])
             worst = max(worst, r)
-            check(r < 1e-5, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e})")
+            drift = relative(theirs[step - 1], exact_run[step - 1])
+            bound = max(1e-5, 4 * drift)
+            check(r < bound, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e}; "
+                             f"bound {bound:.2e}, PEFT float32 vs float64: {drift:.2e})")
     noise = {}
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
