@@ -380,9 +380,6 @@ void ParamGroup::finish_reduce() {
   grad_zero_ = zeros_pending_ = false;
 }
 
-// The zeros are written lazily (flat_grad): the step's first reduction overwrites the whole flat
-// gradient, so a step that reduces every unit never writes them (on a GPU a pass over the model's
-// fp32 gradients; offloaded, a memset of them in host memory).
 void ParamGroup::defer_update(std::function<void()> update) {
   apply_deferred_update();
   deferred_update_ = std::move(update);
@@ -396,8 +393,11 @@ void ParamGroup::apply_deferred_update() const {
   update();
 }
 
-// Leaves a deferred update's gradient as it is: the update reads flat_grad_ itself, and every
-// accessor that would write the zeros applies it first.
+// The zeros are written lazily (flat_grad): the step's first reduction overwrites the whole flat
+// gradient, so a step that reduces every unit never writes them (on a GPU a pass over the model's
+// fp32 gradients; offloaded, a memset of them in host memory). A deferred update's gradient is left
+// as it is: the update reads flat_grad_ itself, and every accessor that would write the zeros
+// applies it first.
 void ParamGroup::zero_grad() {
   grad_squares_ = at::Tensor();
   zeros_pending_ = true;

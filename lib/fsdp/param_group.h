@@ -90,14 +90,14 @@ enum class GroupState { kSharded, kGathering, kUnsharded, kPartial };
 // parameters live this way between uses; a model builder may do it to a layer it just created.
 void free_storage(const at::Tensor& t);
 
-// The whole parameter from every tp rank's block of it (`block` this rank's, on the host or the
-// device), the padding past TpSlice::whole cut off. Collective over `tp`.
 // The sum of the squares of every element of `ts` (all on one device), unrounded: a () fp32 tensor on
 // a device (one _foreach_norm over the tensors, reduced in a tree, squared and summed, as
 // torch.nn.utils.clip_grad_norm_ does); on the host a () float64 one, each tensor's part added in
 // turn (so parts taken one tensor at a time and added in the same order give the same bits).
 at::Tensor sum_of_squares(const std::vector<at::Tensor>& ts);
 
+// The whole parameter from every tp rank's block of it (`block` this rank's, on the host or the
+// device), the padding past TpSlice::whole cut off. Collective over `tp`.
 at::Tensor whole_from_blocks(dist::ProcessGroup& tp, const at::Tensor& block, const TpSlice& slice,
                              const std::string& label);
 
