@@ -28,6 +28,10 @@ class DiskFullError : public Error {
   using Error::Error;
 };
 
+// What append_image needs of its buffer and writes it in units of: the largest logical block size
+// of the disks O_DIRECT is used on.
+constexpr size_t kDirectAlignment = 4096;
+
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
@@ -39,6 +43,13 @@ class WritableFile {
   // `offset`, not counted in bytes() or checksum(). Errors as append's.
   virtual void write_at(uint64_t offset, const void* data, size_t n) = 0;
   virtual void resize(uint64_t size) = 0;  // the file's length (ftruncate): the rest reads as zeros
+  // append() of a whole file's bytes from a buffer that starts on a kDirectAlignment boundary and
+  // has room up to the next one past `n` (those bytes are written too, then cut off): straight from
+  // the buffer to the disk where the file system allows it (O_DIRECT), not through the page cache,
+  // whose pages a large save would otherwise allocate (and evict training's memory for) as it
+  // copies into them. Where it does not, or the file is not empty, as append(). Counted and checked
+  // as append.
+  virtual void append_image(const void* data, size_t n) { append(data, n); }
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
   uint32_t checksum() const { return crc_; }

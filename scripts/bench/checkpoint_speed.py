@@ -2,19 +2,24 @@
 disk, in one run.
 
 Per case (model config, world size, SHARDED_STATE_DICT and FULL_STATE_DICT), on CPU:
-  1. `fsdptrain launch` trains 1 step and saves a checkpoint at the end; its line
-     "[ckpt] saved DIR (...) in X s; training waited Y s" gives the save time (from the start of the
-     save to the folder renamed into place, fsynced) and how long the training loop was blocked;
-  2. a second launch resumes from it (checkpoint.resume=latest, nothing left to train); its line
-     "[ckpt] loaded DIR (...) in Z s" gives the load time;
-  3. the checkpoint folder's bytes (every file in it), then
-     `dd if=/dev/zero of=<checkpoint.dir>/dd.bin bs=16M count=ceil(bytes/16M) conv=fsync` and
-     `dd if=<that file> of=/dev/null bs=16M`.
-Both reads come from the disk: before fsdptrain's load and before dd's read the files' pages are
-dropped from the page cache (posix_fadvise DONTNEED after a sync; no root needed). With --warm they
-are not, and both read what their write left in the page cache (memory-bound reads, not the disk's;
-and unequal once training's own memory pushed a checkpoint out of the cache). SHARDED saves write one file per rank at once;
-FULL saves are written by rank 0 alone; dd is one writer. GB is 1e9 bytes.
+  1. `fsdptrain launch` trains 2 steps and saves a checkpoint after each (checkpoint.interval 1);
+     its lines "[ckpt] saved DIR (...) in X s; training waited Y s" give each save's time (from the
+     start of the save to the folder renamed into place, fsynced) and how long the training loop was
+     blocked. The first save also allocates the staging buffer every later save reuses: both are
+     shown, and save/dd is the first's (the slower);
+  2. a second launch resumes from the last (checkpoint.resume=latest, nothing left to train); its
+     line "[ckpt] loaded DIR (...) in Z s" gives the load time;
+  3. the checkpoint folder's bytes (every file in it), then dd writing as many through the page
+     cache, `dd if=/dev/zero of=<checkpoint.dir>/dd.bin bs=16M count=ceil(bytes/16M) conv=fsync`,
+     and past it (oflag=direct, as fsdptrain's SHARDED saves write where the file system allows),
+     and reading that file both ways (`dd if=<it> of=/dev/null bs=16M`, and with iflag=direct).
+save/dd and load/dd divide by the faster of dd's two ways. Reads come from the disk: before
+fsdptrain's load and before dd's buffered read the files' pages are dropped from the page cache
+(posix_fadvise DONTNEED after a sync; no root needed). With --warm they are not, and both read what
+their write left in the page cache (memory-bound reads, not the disk's; and unequal once training's
+own memory pushed a checkpoint out of the cache). SHARDED saves write one file per rank at once;
+FULL saves are written by rank 0 alone, or by every rank into the same files when all run on one
+machine; dd is one writer. GB is 1e9 bytes.
 
 Prints a markdown table and, with --json PATH, writes the numbers there.
 
@@ -117,13 +122,14 @@ def evict(path):
 def measure(args, model, world, kind, scratch, logs):
     tag = f"{os.path.basename(os.path.dirname(model))}-w{world}-{kind.split('_')[0].lower()}"
     ckpt = os.path.join(scratch, tag, "checkpoints")
-    common = {"fsdp_config.fsdp_state_dict_type": kind, "checkpoint.dir": ckpt, "train.steps": 1}
+    common = {"fsdp_config.fsdp_state_dict_type": kind, "checkpoint.dir": ckpt, "train.steps": 2,
+              "checkpoint.interval": 1, "checkpoint.keep": 1}
     out, save_wall = launch(args, model, world, common | {"train.output_dir": os.path.join(scratch, tag, "run-save")},
                             logs and os.path.join(logs, tag + "-save.log"))
-    saved = SAVED.search(out)
-    if not saved:
-        raise RuntimeError(f"{tag}: no '[ckpt] saved' line:\n" + "\n".join(out.splitlines()[-15:]))
-    folder = saved.group(1)
+    saves = SAVED.findall(out)
+    if len(saves) != 2:
+        raise RuntimeError(f"{tag}: {len(saves)} '[ckpt] saved' lines, not 2:\n" + "\n".join(out.splitlines()[-15:]))
+    folder = saves[-1][0]
     size = folder_bytes(folder)
     if not args.warm:
         evict(folder)
@@ -134,42 +140,52 @@ def measure(args, model, world, kind, scratch, logs):
     if not loaded:
         raise RuntimeError(f"{tag}: no '[ckpt] loaded' line:\n" + "\n".join(out.splitlines()[-15:]))
     blob = os.path.join(ckpt, "dd.bin")
-    w_bytes, w_s = dd("/dev/zero", blob, [f"count={math.ceil(size / BLOCK)}", "conv=fsync"])
+    count = f"count={math.ceil(size / BLOCK)}"
+    w_bytes, w_s = dd("/dev/zero", blob, [count, "conv=fsync"])
     if not args.warm:
         evict(blob)
     r_bytes, r_s = dd(blob, "/dev/null", [])
+    os.remove(blob)
+    wd_bytes, wd_s = dd("/dev/zero", blob, [count, "oflag=direct", "conv=fsync"])
+    rd_bytes, rd_s = dd(blob, "/dev/null", ["iflag=direct"])
     shutil.rmtree(os.path.join(scratch, tag))
-    save_s, waited_s, load_s = float(saved.group(3)), float(saved.group(4)), float(loaded.group(3))
+    (save_s, waited_s), (next_s, next_waited_s) = [(float(x[2]), float(x[3])) for x in saves]
+    load_s = float(loaded.group(3))
     gb = 1e9
+    dd_write = max(w_bytes / w_s, wd_bytes / wd_s) / gb
+    dd_read = max(r_bytes / r_s, rd_bytes / rd_s) / gb
     return {"model_config": model, "world_size": world, "state_dict_type": kind, "checkpoint_bytes": size,
-            "save_detail": saved.group(2), "save_s": save_s, "training_waited_s": waited_s, "load_s": load_s,
+            "save_detail": saves[0][1], "save_s": save_s, "training_waited_s": waited_s,
+            "next_save_s": next_s, "next_training_waited_s": next_waited_s, "load_s": load_s,
             "save_gb_per_s": size / save_s / gb if save_s else None,
             "load_gb_per_s": size / load_s / gb if load_s else None,
             "dd_write_bytes": w_bytes, "dd_write_s": w_s, "dd_write_gb_per_s": w_bytes / w_s / gb,
+            "dd_direct_write_s": wd_s, "dd_direct_write_gb_per_s": wd_bytes / wd_s / gb,
             "dd_read_bytes": r_bytes, "dd_read_s": r_s, "dd_read_gb_per_s": r_bytes / r_s / gb,
+            "dd_direct_read_s": rd_s, "dd_direct_read_gb_per_s": rd_bytes / rd_s / gb,
+            "save_over_dd": size / save_s / gb / dd_write if save_s else None,
+            "load_over_dd": size / load_s / gb / dd_read if load_s else None,
             "save_launch_wall_s": round(save_wall, 2), "load_launch_wall_s": round(load_wall, 2)}
-
-
-def ratio(a, b):
-    return f"{a / b:.2f}" if a and b else "n/a"
 
 
 def table(results, scratch_fs, warm):
     reads = ("Reads follow the writes, so both read from the page cache." if warm else
              "Both reads come from the disk (the files' pages dropped from the page cache first).")
-    rows = [f"fsdptrain checkpoints against dd on the same disk ({scratch_fs}); CPU, 1 training step, sequence 128, "
-            f"micro batch 1. {reads} GB = 1e9 bytes.", "",
-            "| model | ranks | type | size GB | save s | save GB/s | dd write GB/s | save/dd | training waited s "
-            "| load s | load GB/s | dd read GB/s | load/dd |",
+    rows = [f"fsdptrain checkpoints against dd on the same disk ({scratch_fs}); CPU, 2 training steps with a save "
+            f"after each, sequence 128, micro batch 1. {reads} dd's columns are through the page cache / past it "
+            "(direct); save/dd and load/dd divide by the faster, and save/dd is the first save's. GB = 1e9 bytes.", "",
+            "| model | ranks | type | size GB | save s (first / next) | save GB/s | dd write GB/s | save/dd "
+            "| training waited s (first / next) | load s | load GB/s | dd read GB/s | load/dd |",
             "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     f = lambda x: f"{x:.2f}" if x is not None else "n/a"  # noqa: E731
     for r in results:
         rows.append(f"| {os.path.basename(os.path.dirname(r['model_config']))} | {r['world_size']} | "
-                    f"{r['state_dict_type'].split('_')[0]} | {r['checkpoint_bytes'] / 1e9:.2f} | {r['save_s']:.2f} | "
-                    f"{f(r['save_gb_per_s'])} | {r['dd_write_gb_per_s']:.2f} | "
-                    f"{ratio(r['save_gb_per_s'], r['dd_write_gb_per_s'])} | {r['training_waited_s']:.2f} | "
-                    f"{r['load_s']:.2f} | {f(r['load_gb_per_s'])} | {r['dd_read_gb_per_s']:.2f} | "
-                    f"{ratio(r['load_gb_per_s'], r['dd_read_gb_per_s'])} |")
+                    f"{r['state_dict_type'].split('_')[0]} | {r['checkpoint_bytes'] / 1e9:.2f} | "
+                    f"{r['save_s']:.2f} / {r['next_save_s']:.2f} | {f(r['save_gb_per_s'])} | "
+                    f"{r['dd_write_gb_per_s']:.2f} / {r['dd_direct_write_gb_per_s']:.2f} | {f(r['save_over_dd'])} | "
+                    f"{r['training_waited_s']:.2f} / {r['next_training_waited_s']:.2f} | "
+                    f"{r['load_s']:.2f} | {f(r['load_gb_per_s'])} | "
+                    f"{r['dd_read_gb_per_s']:.2f} / {r['dd_direct_read_gb_per_s']:.2f} | {f(r['load_over_dd'])} |")
     return "\n".join(rows)
 
 

@@ -2,9 +2,12 @@
 // of malformed files is refused with the reason (the rules of the reference reader).
 #include "ckpt/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -267,4 +270,64 @@ TEST_CASE("a file written past the writeback window (its first 64 MiB queued for
   CHECK(crc32c_of_file(path) == crc);
   CHECK(f->checksum() == crc);
   std::remove(path.c_str());
+}
+
+namespace {
+
+// Whether the file system holding `dir` takes O_DIRECT writes (tmpfs does not).
+bool takes_direct_writes(const std::string& dir) {
+  const std::string probe = dir + "/fsdp_direct_probe_" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd >= 0) ::close(fd);
+  std::remove(probe.c_str());
+  return fd >= 0;
+}
+
+// How many of `path`'s pages are in the page cache.
+size_t cached_pages(const std::string& path, size_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((size + page - 1) / page);
+  ::mincore(map, size, resident.data());
+  ::munmap(map, size);
+  size_t n = 0;
+  for (unsigned char r : resident) n += r & 1;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a file's image goes to the disk past the page cache where the file system allows, cut to its size") {
+  const size_t n = (size_t{70} << 20) + 123;  // more than one 64 MiB chunk, and a partial last block
+  const size_t room = (n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment + kDirectAlignment;
+  void* raw = std::aligned_alloc(kDirectAlignment, room);
+  auto* buffer = static_cast<uint8_t*>(raw);
+  for (size_t i = 0; i < room; ++i) buffer[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  const std::string dir = "/tmp";
+  const std::string path = dir + "/fsdp_image_" + std::to_string(::getpid()) + ".bin";
+  struct Case {
+    const char* what;
+    size_t skew;     // bytes past the aligned start: an unaligned buffer goes through the page cache
+    size_t already;  // bytes appended first: a file not empty goes through the page cache
+  };
+  for (const Case& c : {Case{"aligned", 0, 0}, Case{"unaligned buffer", 8, 0}, Case{"after a header", 0, 24}}) {
+    CAPTURE(c.what);
+    std::unique_ptr<WritableFile> f = local_file_system().create(path);
+    if (c.already > 0) f->append(buffer + room - c.already, c.already);
+    f->append_image(buffer + c.skew, n - c.skew);
+    f->sync();
+    f->close();
+    uint32_t crc = c.already > 0 ? crc32c(buffer + room - c.already, c.already) : 0;
+    crc = crc32c(buffer + c.skew, n - c.skew, crc);
+    CHECK(f->bytes() == n - c.skew + c.already);
+    CHECK(static_cast<size_t>(fsdp::file_size(path)) == n - c.skew + c.already);
+    CHECK(f->checksum() == crc);
+    if (c.skew == 0 && c.already == 0 && takes_direct_writes(dir))  // before anything reads it
+      CHECK(cached_pages(path, n) == 0);  // the host memory a save needs is its staging buffer alone
+    CHECK(crc32c_of_file(path) == crc);
+    std::remove(path.c_str());
+  }
+  std::free(raw);
 }
