@@ -34,6 +34,7 @@ class LocalFile final : public WritableFile {
   }
   ~LocalFile() override {
     if (fd_ >= 0) ::close(fd_);
+    if (direct_fd_ >= 0) ::close(direct_fd_);
   }
   void append(const void* data, size_t n) override {
     const char* p = static_cast<const char*>(data);
@@ -50,22 +51,26 @@ class LocalFile final : public WritableFile {
   }
   void append_image(const void* data, size_t n) override {
     const bool aligned = reinterpret_cast<uintptr_t>(data) % kDirectAlignment == 0;
-    const size_t whole = (n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-    if (bytes() != 0 || !aligned || n < kDirectBytesAtLeast || !write_direct(data, whole)) return append(data, n);
+    if (bytes() != 0 || !aligned || n < kDirectBytesAtLeast ||
+        !write_direct(0, static_cast<const char*>(data), round_up(n), /*bounce=*/false))
+      return append(data, n);
     resize(n);  // the padding of the last block off again
     if (::lseek(fd_, static_cast<off_t>(n), SEEK_SET) < 0) fail_unless_written(-1);
     account(data, n);
   }
+  // A large piece's whole blocks go to the disk with O_DIRECT (copied through an aligned buffer,
+  // since the piece may start anywhere in a block), its partial first and last blocks through the
+  // page cache: several ranks writing neighbouring pieces of one file share only those blocks, and
+  // the page cache keeps each one whole.
   void write_at(uint64_t offset, const void* data, size_t n) override {
     const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
-      if (w < 0 && errno == EINTR) continue;
-      fail_unless_written(w);
-      p += w;
-      offset += static_cast<uint64_t>(w);
-      n -= static_cast<size_t>(w);
+    const uint64_t first = round_up(offset), last = (offset + n) / kDirectAlignment * kDirectAlignment;
+    if (n >= kDirectBytesAtLeast && last > first && write_direct(first, p + (first - offset), last - first, true)) {
+      write_buffered(offset, p, first - offset);
+      write_buffered(last, p + (last - offset), offset + n - last);
+      return;
     }
+    write_buffered(offset, p, n);
   }
   void resize(uint64_t size) override {
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) fail_unless_written(-1);
@@ -77,6 +82,8 @@ class LocalFile final : public WritableFile {
     throw Error(str("[ckpt] cannot sync ", quoted(path()), ": ", os_error()));
   }
   void close() override {
+    if (direct_fd_ >= 0) ::close(direct_fd_);  // sync() made its writes durable: nothing to report
+    direct_fd_ = -2;
     const int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) throw Error(str("[ckpt] cannot close ", quoted(path()), ": ", os_error()));
@@ -97,27 +104,49 @@ class LocalFile final : public WritableFile {
     queued_ = bytes();
 #endif
   }
-  // Writes `n` bytes (whole blocks) from the file's start with O_DIRECT, in chunks of 64 MiB (the
-  // disk's queue stays full without one call holding the whole file). False, with nothing written
-  // and the file as it was, when the file system refuses O_DIRECT (tmpfs, some network and FUSE
-  // file systems: EINVAL at fcntl or at the first write); errors after that throw as append's.
-  bool write_direct(const void* data, size_t n) {
-    const int flags = ::fcntl(fd_, F_GETFL);
-    if (flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_DIRECT) != 0) return false;
-    const char* p = static_cast<const char*>(data);
-    constexpr size_t kChunk = size_t{64} << 20;
+  static uint64_t round_up(uint64_t n) {
+    return (n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+  }
+  void write_buffered(uint64_t offset, const char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      fail_unless_written(w);
+      p += w;
+      offset += static_cast<uint64_t>(w);
+      n -= static_cast<size_t>(w);
+    }
+  }
+  // Writes `n` bytes (whole blocks) at `offset` (a block boundary) with O_DIRECT through a second
+  // descriptor of the file, in chunks of 64 MiB from `p` (aligned), or with `bounce` copied through
+  // an aligned buffer of this file's first. False, with nothing written, when the file system
+  // refuses O_DIRECT (tmpfs, some network and FUSE file systems: EINVAL at open or at the first
+  // write), and for every later call on this file; errors after that throw as append's.
+  bool write_direct(uint64_t offset, const char* p, size_t n, bool bounce) {
+    if (direct_fd_ == -1) {
+      direct_fd_ = ::open(path().c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+      if (direct_fd_ < 0) direct_fd_ = -2;
+    }
+    if (direct_fd_ < 0) return false;
+    constexpr size_t kChunk = size_t{64} << 20, kBounce = size_t{16} << 20;
+    if (bounce && !bounce_) bounce_.reset(static_cast<char*>(std::aligned_alloc(kDirectAlignment, kBounce)));
+    const size_t step = bounce ? kBounce : kChunk;
     size_t done = 0;
     while (done < n) {
-      const ssize_t w = ::pwrite(fd_, p + done, std::min(kChunk, n - done), static_cast<off_t>(done));
+      const size_t k = std::min(step, n - done);
+      if (bounce) std::memcpy(bounce_.get(), p + done, k);
+      const ssize_t w = ::pwrite(direct_fd_, bounce ? bounce_.get() : p + done, k, static_cast<off_t>(offset + done));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0 && errno == EINVAL && done == 0) {
-        ::fcntl(fd_, F_SETFL, flags);
+        ::close(direct_fd_);
+        direct_fd_ = -2;
         return false;
       }
       fail_unless_written(w);
-      done += static_cast<size_t>(w);
+      FSDP_CHECK(static_cast<size_t>(w) == k, "[ckpt] cannot write ", quoted(path()), ": a direct write of ", k,
+                 " bytes wrote ", w);
+      done += k;
     }
-    ::fcntl(fd_, F_SETFL, flags);
     return true;
   }
   // Below this, a file goes through the page cache: nothing to gain from O_DIRECT.
@@ -131,6 +160,8 @@ class LocalFile final : public WritableFile {
     throw Error(str("[ckpt] cannot write ", quoted(path()), ": ", w < 0 ? os_error() : "nothing was written"));
   }
   int fd_ = -1;
+  int direct_fd_ = -1;  // with O_DIRECT: -1 not opened yet, -2 refused
+  std::unique_ptr<char, decltype(&std::free)> bounce_{nullptr, &std::free};
   uint64_t queued_ = 0;  // bytes queued for writeback so far
 };
 

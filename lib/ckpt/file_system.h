@@ -1,7 +1,8 @@
 // The file-system operations checkpoints are written with, behind an interface so tests can inject
 // a failure (an I/O error, or the process dying) at any byte of a save and check that the previous
-// checkpoint survives. Every byte written goes through WritableFile::append, which also keeps the
-// file's CRC-32C, so a save knows each file's size and checksum without reading it back.
+// checkpoint survives. Every byte written goes through a WritableFile, whose append and
+// append_image also keep the file's CRC-32C, so a save knows each file's size and checksum without
+// reading it back.
 //
 // Thread safety: a FileSystem is used from the checkpoint writer thread and the training thread;
 // implementations must allow that (the local one holds no state).
@@ -40,7 +41,9 @@ class WritableFile {
   virtual void sync() = 0;   // fsync
   virtual void close() = 0;  // after sync; the destructor closes an unclosed file
   // Positional writes, for a file several ranks fill at once (a FULL save's rows): `n` bytes at
-  // `offset`, not counted in bytes() or checksum(). Errors as append's.
+  // `offset`, not counted in bytes() or checksum(). The whole blocks of a large write go past the
+  // page cache where append_image's would; its partial first and last blocks, which a neighbouring
+  // writer may share, through it. Errors as append's.
   virtual void write_at(uint64_t offset, const void* data, size_t n) = 0;
   virtual void resize(uint64_t size) = 0;  // the file's length (ftruncate): the rest reads as zeros
   // append() of a whole file's bytes from a buffer that starts on a kDirectAlignment boundary and
