@@ -8,11 +8,9 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "util/crc32c.h"
 #include "util/error.h"
 #include "util/json.h"
 #include "util/strings.h"
@@ -209,55 +207,6 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
 SafetensorsFile::~SafetensorsFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
-  if (direct_fd_ >= 0) ::close(direct_fd_);
-}
-
-void SafetensorsFile::read(const uint8_t* p, size_t n, uint8_t* out, uint32_t* crc) const {
-  FSDP_ASSERT(p >= base_ && p + n <= base_ + size_, "SafetensorsFile::read: a range outside ", path_);
-  if (n >= (size_t{1} << 20) && read_direct(static_cast<size_t>(p - base_), n, out, crc)) return;
-  constexpr size_t kBlock = size_t{1} << 20;  // each block's checksum while it is in cache
-  for (size_t done = 0; done < n; done += kBlock) {
-    const size_t k = std::min(kBlock, n - done);
-    std::memcpy(out + done, p + done, k);
-    if (crc) *crc = crc32c(out + done, k, *crc);
-  }
-  release(p, n);
-}
-
-bool SafetensorsFile::read_direct(size_t offset, size_t n, uint8_t* out, uint32_t* crc) const {
-  constexpr size_t kAlign = 4096, kBounce = size_t{16} << 20;
-  if (direct_fd_ == -1) {
-    direct_fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (direct_fd_ < 0) direct_fd_ = -2;
-  }
-  if (direct_fd_ < 0) return false;
-  if (!bounce_) bounce_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, kBounce)));
-  const size_t end = offset + n;
-  size_t at = offset / kAlign * kAlign;  // the block `offset` is in
-  bool first = true;
-  while (at < end) {
-    const size_t want = std::min(kBounce, (end - at + kAlign - 1) / kAlign * kAlign);
-    const ssize_t r = ::pread(direct_fd_, bounce_.get(), want, static_cast<off_t>(at));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && errno == EINVAL && first) {
-      ::close(direct_fd_);
-      direct_fd_ = -2;
-      return false;
-    }
-    FSDP_CHECK(r > 0, "[ckpt] cannot read ", quoted(path_), " at byte ", at, ": ",
-               r < 0 ? std::strerror(errno) : "the file ended early (was it truncated while being read?)");
-    first = false;
-    const size_t got = static_cast<size_t>(r);
-    const size_t lo = std::max(at, offset), hi = std::min(at + got, end);
-    if (hi > lo) {
-      std::memcpy(out + (lo - offset), bounce_.get() + (lo - at), hi - lo);
-      if (crc) *crc = crc32c(out + (lo - offset), hi - lo, *crc);
-    }
-    FSDP_CHECK(got == want || at + got >= end, "[ckpt] cannot read ", quoted(path_), " at byte ", at + got,
-               ": the file ended early (was it truncated while being read?)");
-    at += got;
-  }
-  return true;
 }
 
 namespace {

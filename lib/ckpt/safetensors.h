@@ -90,18 +90,9 @@ class SafetensorsFile {
   // page cache keeps them, a later read maps them again. Reading a checkpoint tensor by tensor so
   // holds about one tensor resident, not the whole file.
   void release(const uint8_t* p, size_t n) const;
-  // Copies [p, p + n) (inside this file's mapping) into `out`, taking its CRC-32C on the way into
-  // *crc when crc is not null: read past the page cache (O_DIRECT, whole blocks through an aligned
-  // buffer of 16 MiB) where the file system allows and the range is 1 MiB or more, so a resume
-  // allocates no page cache for the checkpoint's bytes (0.5B, 2 ranks, on a 2-core virtual machine:
-  // 3.3-3.4 s against 4.0-4.7 s through the mapping); through the mapping otherwise.
-  void read(const uint8_t* p, size_t n, uint8_t* out, uint32_t* crc) const;
   const std::string& path() const { return path_; }
 
  private:
-  bool read_direct(size_t offset, size_t n, uint8_t* out, uint32_t* crc) const;
-  mutable int direct_fd_ = -1;  // -1 not opened yet, -2 refused
-  mutable std::unique_ptr<uint8_t, void (*)(void*)> bounce_{nullptr, &std::free};
   std::string path_;
   const uint8_t* base_ = nullptr;
   size_t size_ = 0;

@@ -55,21 +55,14 @@ uint32_t joined_crc(const SafetensorsFile& f, std::vector<Segment> pieces) {
   return crc;
 }
 
-// Rows [lo, hi) of stored tensor `t` (whose row `first` is at `begin`) copied into `dest`: into
-// host memory of the stored dtype, in place, with SafetensorsFile::read; otherwise from the mapped
-// file, in one copy (converting the dtype on the way), or with checksums on the host in 1 MiB
-// blocks, each block's CRC-32C taken while it is in cache; the pages dropped once read. Returns the
-// segment read.
+// Rows [lo, hi) of stored tensor `t` (whose row `first` is at `begin`) copied into `dest` from the
+// mapped file: one copy, or with checksums on the host, 1 MiB blocks, each block's CRC-32C taken
+// while it is in cache; the pages dropped once read. Returns the segment read.
 Segment copy_mapped(const SafetensorsFile& f, const TensorInfo& t, int64_t first, int64_t lo, int64_t hi,
                     const at::Tensor& dest, bool checksums) {
   const int64_t rb = row_bytes(t);
   const uint8_t* begin = f.data(t) + (lo - first) * rb;
   const size_t bytes = static_cast<size_t>((hi - lo) * rb);
-  if (dest.device().is_cpu() && dest.is_contiguous() && dest.scalar_type() == scalar_type_of(t.dtype, t.name)) {
-    uint32_t crc = 0;
-    f.read(begin, bytes, static_cast<uint8_t*>(dest.data_ptr()), checksums ? &crc : nullptr);
-    return {static_cast<uint64_t>(begin - f.mapped()), bytes, crc};
-  }
   const int64_t rows_per_copy = checksums && dest.device().is_cpu()
                                     ? std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(rb, 1))
                                     : hi - lo;
