@@ -165,7 +165,7 @@ struct Checkpointer::Impl {
         description(std::move(d)),
         world(w),
         o(std::move(opts)),
-        fs(o.fs ? *o.fs : local_file_system()),
+        fs(o.fs ? *o.fs : local_file_system(o.direct_io)),
         host_group(dist::make_single_process_group()) {}
 
   int shard_rank() const { return model.mesh().shard.rank(); }

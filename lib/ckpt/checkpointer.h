@@ -59,7 +59,8 @@ struct CheckpointOptions {
   // FULL: when every shard rank runs on shard rank 0's machine, each writes its own rows into the
   // files (false: they send them to shard rank 0, which writes everything, as across machines).
   bool full_rows_in_place = true;
-  FileSystem* fs = nullptr;               // null: local_file_system()
+  FileSystem* fs = nullptr;               // null: local_file_system(direct_io)
+  bool direct_io = true;                  // see local_file_system
   std::ostream* log = nullptr;            // rank 0's progress lines; null: none
   // LoRA: frozen parameters are not saved (the run loads them from model.pretrained again), so a
   // checkpoint holds the adapters, the modules to save and their AdamW state.

@@ -27,7 +27,7 @@ std::string os_error() {
 
 class LocalFile final : public WritableFile {
  public:
-  LocalFile(const std::string& path, bool existing) : WritableFile(path) {
+  LocalFile(const std::string& path, bool existing, bool direct) : WritableFile(path), direct_fd_(direct ? -1 : -2) {
     fd_ = existing ? ::open(path.c_str(), O_WRONLY | O_CLOEXEC)
                    : ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error(str("[ckpt] cannot ", existing ? "open " : "create ", quoted(path), ": ", os_error()));
@@ -160,18 +160,19 @@ class LocalFile final : public WritableFile {
     throw Error(str("[ckpt] cannot write ", quoted(path()), ": ", w < 0 ? os_error() : "nothing was written"));
   }
   int fd_ = -1;
-  int direct_fd_ = -1;  // with O_DIRECT: -1 not opened yet, -2 refused
+  int direct_fd_ = -1;  // with O_DIRECT: -1 not opened yet, -2 refused or not wanted
   std::unique_ptr<char, decltype(&std::free)> bounce_{nullptr, &std::free};
   uint64_t queued_ = 0;  // bytes queued for writeback so far
 };
 
 class LocalFileSystem final : public FileSystem {
  public:
+  explicit LocalFileSystem(bool direct) : direct_(direct) {}
   std::unique_ptr<WritableFile> create(const std::string& path) override {
-    return std::make_unique<LocalFile>(path, /*existing=*/false);
+    return std::make_unique<LocalFile>(path, /*existing=*/false, direct_);
   }
   std::unique_ptr<WritableFile> open_existing(const std::string& path) override {
-    return std::make_unique<LocalFile>(path, /*existing=*/true);
+    return std::make_unique<LocalFile>(path, /*existing=*/true, direct_);
   }
   void rename(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0)
@@ -217,13 +218,16 @@ class LocalFileSystem final : public FileSystem {
     }
     return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
   }
+
+ private:
+  const bool direct_;
 };
 
 }  // namespace
 
-FileSystem& local_file_system() {
-  static LocalFileSystem fs;
-  return fs;
+FileSystem& local_file_system(bool direct) {
+  static LocalFileSystem with(true), without(false);
+  return direct ? with : without;
 }
 
 uint32_t write_whole_file(FileSystem& fs, const std::string& path, const std::string& contents) {

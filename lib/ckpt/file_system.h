@@ -89,8 +89,9 @@ class FileSystem {
   virtual uint64_t available_bytes(const std::string& path) = 0;
 };
 
-// The machine's own file system (POSIX calls).
-FileSystem& local_file_system();
+// The machine's own file system (POSIX calls). `direct` false: append_image and write_at never
+// bypass the page cache.
+FileSystem& local_file_system(bool direct = true);
 
 // Writes `contents` to `path` through `fs` and fsyncs it; returns its checksum.
 uint32_t write_whole_file(FileSystem& fs, const std::string& path, const std::string& contents);

@@ -860,6 +860,13 @@ std::vector<OptionSpec> build_table() {
                 "checkpoint.keep prunes")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::keep_best),
+      Row("checkpoint.direct_io", V::kBool)
+          .def("true")
+          .help("Write checkpoints from their staging buffer straight to the disk (O_DIRECT), allocating no page "
+                "cache for them, where the file system takes it (elsewhere through the page cache); false: always "
+                "through the page cache, for a file system whose direct writes are slow")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::direct_io),
       Row("checkpoint.resume", V::kString)
           .def("")
           .help("Continue a run: 'latest' (the newest complete checkpoint in checkpoint.dir, or a fresh start when "

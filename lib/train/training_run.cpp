@@ -324,6 +324,7 @@ void TrainingRun::build_checkpointer(const TrainHooks& hooks) {
   options.format = config_.fsdp.state_dict_type == config::StateDictType::kShardedStateDict ? ckpt::Format::kSharded
                                                                                             : ckpt::Format::kFull;
   options.fs = hooks.checkpoint_fs;
+  options.direct_io = c.direct_io;
   options.frozen_from_base = config_.lora.enabled();
   options.log = context_.is_main() ? &out_ : nullptr;
   if (!c.dir.empty()) claim_checkpoint_dir(options.fs ? *options.fs : ckpt::local_file_system());
