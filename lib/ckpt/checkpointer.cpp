@@ -98,7 +98,7 @@ class Staging {
   // a file whose image it holds can be written with WritableFile::append_image. Returns the copies.
   std::vector<at::Tensor> stage(const std::string& prefix, const std::vector<at::Tensor>& sources,
                                 const std::vector<uint64_t>& offsets, uint64_t bytes, const c10::Device& device) {
-    const auto floats = static_cast<int64_t>((bytes + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment / 4);
+    const auto floats = static_cast<int64_t>(round_up_to_block(bytes) / 4);
     const bool pinned = device.is_cuda();
     if (!buffer_.defined() || buffer_.numel() < floats) {
       buffer_ = at::Tensor();  // the old one goes first: both at once may not fit
@@ -207,6 +207,7 @@ struct Checkpointer::Impl {
   // tensors where the layout puts them).
   struct ShardImage {
     std::vector<HostRows> rows;
+    std::vector<uint64_t> offsets;  // where each of rows starts in the file
     SafetensorsLayout layout;
   };
   ShardImage snapshot() {
@@ -243,13 +244,12 @@ struct Checkpointer::Impl {
     std::map<std::string, uint64_t> offset_of;
     for (size_t i = 0; i < image.layout.order.size(); ++i) offset_of[image.layout.order[i]] = image.layout.offsets[i];
     std::vector<at::Tensor> sources;
-    std::vector<uint64_t> offsets;
     for (const HostRows& r : out) {
       sources.push_back(r.data);
-      offsets.push_back(offset_of.at(r.name));
+      image.offsets.push_back(offset_of.at(r.name));
     }
     const std::vector<at::Tensor> staged =
-        staging.stage(image.layout.header, sources, offsets, image.layout.size, model.options().device);
+        staging.stage(image.layout.header, sources, image.offsets, image.layout.size, model.options().device);
     for (size_t i = 0; i < out.size(); ++i) out[i].data = staged[i];
     return image;
   }
@@ -262,11 +262,10 @@ struct Checkpointer::Impl {
     out->append_image(staging.data(), image.layout.size);
     out->sync();
     out->close();
-    std::map<std::string, uint64_t> offset_of;
-    for (size_t i = 0; i < image.layout.order.size(); ++i) offset_of[image.layout.order[i]] = image.layout.offsets[i];
     json tensors = json::object();
-    for (const HostRows& r : image.rows) {
-      const uint64_t at = offset_of.at(r.name);
+    for (size_t i = 0; i < image.rows.size(); ++i) {
+      const HostRows& r = image.rows[i];
+      const uint64_t at = image.offsets[i];
       tensors[r.name] = {{"shape", r.shape}, {"rows", {r.r0, r.r1}}, {"bytes", {at, at + r.data.numel() * 4}}};
       if (r.c1 > r.c0) tensors[r.name]["cols"] = {r.c0, r.c1};
     }

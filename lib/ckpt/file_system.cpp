@@ -52,7 +52,7 @@ class LocalFile final : public WritableFile {
   void append_image(const void* data, size_t n) override {
     const bool aligned = reinterpret_cast<uintptr_t>(data) % kDirectAlignment == 0;
     if (bytes() != 0 || !aligned || n < kDirectBytesAtLeast ||
-        !write_direct(0, static_cast<const char*>(data), round_up(n), /*bounce=*/false))
+        !write_direct(0, static_cast<const char*>(data), round_up_to_block(n), /*bounce=*/false))
       return append(data, n);
     resize(n);  // the padding of the last block off again
     if (::lseek(fd_, static_cast<off_t>(n), SEEK_SET) < 0) fail_unless_written(-1);
@@ -64,7 +64,7 @@ class LocalFile final : public WritableFile {
   // the page cache keeps each one whole.
   void write_at(uint64_t offset, const void* data, size_t n) override {
     const char* p = static_cast<const char*>(data);
-    const uint64_t first = round_up(offset), last = (offset + n) / kDirectAlignment * kDirectAlignment;
+    const uint64_t first = round_up_to_block(offset), last = (offset + n) / kDirectAlignment * kDirectAlignment;
     if (n >= kDirectBytesAtLeast && last > first && write_direct(first, p + (first - offset), last - first, true)) {
       write_buffered(offset, p, first - offset);
       write_buffered(last, p + (last - offset), offset + n - last);
@@ -104,9 +104,6 @@ class LocalFile final : public WritableFile {
     queued_ = bytes();
 #endif
   }
-  static uint64_t round_up(uint64_t n) {
-    return (n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
-  }
   void write_buffered(uint64_t offset, const char* p, size_t n) {
     while (n > 0) {
       const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
@@ -143,8 +140,8 @@ class LocalFile final : public WritableFile {
         return false;
       }
       fail_unless_written(w);
-      FSDP_CHECK(static_cast<size_t>(w) == k, "[ckpt] cannot write ", quoted(path()), ": a direct write of ", k,
-                 " bytes wrote ", w);
+      FSDP_CHECK(static_cast<size_t>(w) == k, "[ckpt] cannot write ", quoted(path()), ": a direct (O_DIRECT) write of ",
+                 k, " bytes wrote ", w, "; set checkpoint.direct_io: false to write through the page cache");
       done += k;
     }
     return true;

@@ -32,6 +32,10 @@ class DiskFullError : public Error {
 // What append_image needs of its buffer and writes it in units of: the largest logical block size
 // of the disks O_DIRECT is used on.
 constexpr size_t kDirectAlignment = 4096;
+// `n` rounded up to a whole number of those blocks.
+constexpr uint64_t round_up_to_block(uint64_t n) {
+  return (n + kDirectAlignment - 1) / kDirectAlignment * kDirectAlignment;
+}
 
 class WritableFile {
  public:
