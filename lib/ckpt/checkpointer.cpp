@@ -9,11 +9,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
@@ -59,14 +61,11 @@ at::Tensor whole_of(std::optional<dist::ProcessGroup>& tp, const at::Tensor& blo
   return whole_from_blocks(*tp, block, slice, "save " + name);
 }
 
-// `count` floats of host memory for a save's copies on CPU, mapped at once and filled in by the
-// kernel in one call (MADV_POPULATE_WRITE, Linux 5.14), in 2 MiB pages where it has them
-// (MADV_HUGEPAGE): not a fault per 4 KiB page as the copy first touches it, each of which leaves a
-// virtual machine for its hypervisor. Both are advice: where the kernel declines, the copy faults
-// the pages in as before. A C program mapping and copying 0.65 GB on a 2-core virtual machine took
-// 0.12 s so and 0.35-0.44 s faulting the pages in; memory its hypervisor has not backed yet costs
-// more either way (1.3 s for the same bytes in a 125M model's first save there).
-at::Tensor populated_host_floats(int64_t count) {
+// `count` floats of host memory for a save's copies on CPU, in 2 MiB pages where the kernel has them
+// (MADV_HUGEPAGE): fewer faults as the copies first touch it, each of which leaves a virtual machine
+// for its hypervisor. Not touched here: Staging fills it in (populate) piece by piece as it copies,
+// so a writer can write the first pieces while the later ones are still being backed.
+at::Tensor mapped_host_floats(int64_t count) {
   constexpr size_t kHuge = size_t{2} << 20;
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(float);
   const size_t mapped = bytes + kHuge;  // room to start on a 2 MiB boundary
@@ -77,68 +76,172 @@ at::Tensor populated_host_floats(int64_t count) {
 #ifdef MADV_HUGEPAGE
   ::madvise(data, bytes, MADV_HUGEPAGE);
 #endif
-  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, which older headers lack
-  ::madvise(data, bytes, kPopulateWrite);
   return at::from_blob(
       data, {count}, [base, mapped](void*) { ::munmap(base, mapped); }, at::TensorOptions().dtype(at::kFloat));
+}
+
+// Has the kernel back [p, p + n) of a mapping with memory in one call (MADV_POPULATE_WRITE, Linux
+// 5.14), not a fault per page as a copy first touches it. A C program mapping and copying 0.65 GB on
+// a 2-core virtual machine took 0.12 s so and 0.35-0.44 s faulting the pages in; memory its
+// hypervisor has not backed yet costs more either way. Advice: where the kernel declines, the copy
+// faults the pages in as before.
+void populate(void* p, size_t n) {
+  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, which older headers lack
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n + page - 1) & ~(page - 1);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, kPopulateWrite);
 }
 
 // Host memory a save copies this rank's part into: one buffer, allocated by the first save and
 // reused by the later ones (a save joins the previous save's writer first), pinned when the model
 // is on a GPU so the copies run at the link's speed and queue behind the step instead of waiting for
-// it. The writer thread waits for them (an event) before it reads; training goes on meanwhile, and
-// the next optimizer step runs after the copies on the same stream, so they read this step's values.
-// The first save pays for pinning the buffer (6.2 s for the 14.8 GB of a 1.24B model on an H200):
-// pinning it on a thread from the run's start only moved that cost into step 1 (7.8 s instead of
-// 0.8 s, measured there), since the driver serializes it with the step's launches.
+// it. plan() says where each tensor goes; the writer thread starts; copy() then copies on the
+// training thread in the buffer's order, and the writer writes each piece once ready() says it is
+// there, so a save takes about the longer of the copies and the writes, not their sum (the first
+// save's copies, into memory not yet backed, cost as much as the writes on a virtual machine).
+// Training goes on after copy(); on a GPU the copies queue on the step's stream and the next
+// optimizer step runs after them, so they read this step's values, and ready() waits for their
+// event. The first save pays for pinning the buffer (6.2 s for the 14.8 GB of a 1.24B model on an
+// H200): pinning it on a thread from the run's start only moved that cost into step 1 (7.8 s
+// instead of 0.8 s, measured there), since the driver serializes it with the step's launches.
 class Staging {
  public:
-  // Copies each source to `offsets[i]` bytes into the buffer (a multiple of 4), after `prefix`'s
-  // bytes at its start; `bytes` in all. The buffer ends on a kDirectAlignment boundary past them, so
-  // a file whose image it holds can be written with WritableFile::append_image. Returns the copies.
-  std::vector<at::Tensor> stage(const std::string& prefix, const std::vector<at::Tensor>& sources,
-                                const std::vector<uint64_t>& offsets, uint64_t bytes, const c10::Device& device) {
+  // Plans copying each source to `offsets[i]` bytes into the buffer (a multiple of 4), after
+  // `prefix`'s bytes at its start; `bytes` in all. The buffer ends on a kDirectAlignment boundary
+  // past them, so a file whose image it holds can be written with WritableFile::append_image.
+  // Returns where each source will be; copy() fills them.
+  std::vector<at::Tensor> plan(const std::string& prefix, const std::vector<at::Tensor>& sources,
+                               const std::vector<uint64_t>& offsets, uint64_t bytes, const c10::Device& device) {
     const auto floats = static_cast<int64_t>(round_up_to_block(bytes) / 4);
-    const bool pinned = device.is_cuda();
+    pinned_ = device.is_cuda();
+    device_ = device;
     if (!buffer_.defined() || buffer_.numel() < floats) {
       buffer_ = at::Tensor();  // the old one goes first: both at once may not fit
-      buffer_ = pinned ? at::empty({floats}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true))
-                       : populated_host_floats(floats);
+      buffer_ = pinned_ ? at::empty({floats}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true))
+                        : mapped_host_floats(floats);
+      backed_ = pinned_ ? static_cast<uint64_t>(floats) * 4 : 0;
     }
-    std::memcpy(buffer_.data_ptr(), prefix.data(), prefix.size());
+    prefix_ = prefix;
+    copies_.clear();
     std::vector<at::Tensor> out;
     for (size_t i = 0; i < sources.size(); ++i) {
       const at::Tensor& t = sources[i];
       FSDP_ASSERT(offsets[i] % 4 == 0 && offsets[i] >= prefix.size(), "Staging: offset ", offsets[i]);
       at::Tensor dst = buffer_.narrow(0, static_cast<int64_t>(offsets[i] / 4), t.numel()).view(t.sizes());
-      dst.copy_(t, /*non_blocking=*/pinned);
+      copies_.push_back({offsets[i], t, dst});
       out.push_back(dst);
     }
+    std::sort(copies_.begin(), copies_.end(), [](const Copy& a, const Copy& b) { return a.offset < b.offset; });
+    planned_ = true;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    staged_ = 0;
+    end_ = bytes;
+    failed_ = false;
     copied_.reset();
-    if (pinned) {
-      copied_.emplace(device.type());
-      copied_->record(c10::impl::getDeviceGuardImpl(device.type())->getStream(device));
-    }
     return out;
   }
   // The tensors one after another from the buffer's start.
-  std::vector<at::Tensor> stage(const std::vector<at::Tensor>& sources, const c10::Device& device) {
+  std::vector<at::Tensor> plan(const std::vector<at::Tensor>& sources, const c10::Device& device) {
     std::vector<uint64_t> offsets;
     uint64_t next = 0;
     for (const at::Tensor& t : sources) {
       offsets.push_back(next);
       next += static_cast<uint64_t>(t.numel()) * 4;
     }
-    return stage("", sources, offsets, next, device);
+    return plan("", sources, offsets, next, device);
   }
-  // The writer thread, before it reads what stage() returned.
-  void wait() const {
-    if (copied_) copied_->synchronize();
+  // Makes the copies plan() planned (none when it was not called since the last copy()), in the
+  // buffer's order, telling ready() about each 32 MiB as it lands (on a GPU: queues them all, and
+  // ready() waits for them). After a failure ready() throws, so a writer waiting for bytes that
+  // never come ends.
+  void copy() {
+    if (!planned_) return;
+    planned_ = false;
+    try {
+      char* base = static_cast<char*>(buffer_.data_ptr());
+      std::memcpy(base, prefix_.data(), prefix_.size());
+      if (!pinned_) publish(prefix_.size());
+      constexpr int64_t kPiece = int64_t{32} << 20;
+      for (const Copy& c : copies_) {
+        const at::Tensor src = c.src.reshape({-1}), dst = c.dst.view({-1});
+        for (int64_t at = 0; at < src.numel(); at += kPiece / 4) {
+          const int64_t k = std::min(kPiece / 4, src.numel() - at);
+          const uint64_t upto = c.offset + static_cast<uint64_t>(at + k) * 4;
+          if (upto > backed_) {  // a piece ahead of the copy, in one call
+            const uint64_t ahead = std::min<uint64_t>(static_cast<uint64_t>(buffer_.numel()) * 4, upto + kPiece);
+            populate(base + backed_, ahead - backed_);
+            backed_ = ahead;
+          }
+          dst.narrow(0, at, k).copy_(src.narrow(0, at, k), /*non_blocking=*/pinned_);
+          if (!pinned_) publish(upto);
+        }
+      }
+      if (pinned_) {  // before end_ is published: ready() reads it then
+        copied_.emplace(device_.type());
+        copied_->record(c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_));
+      }
+      publish(end_);
+      copies_.clear();  // the sources are the model's: no reason to hold them here
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      failed_ = true;
+      ready_.notify_all();
+      throw;
+    }
   }
-  const void* data() const { return buffer_.data_ptr(); }
+  // Forgets the plan and has the whole buffer backed with memory now (pinned memory already is), so
+  // the first save copies at the speed of the later ones. Returns its bytes.
+  uint64_t back_all() {
+    planned_ = false;
+    copies_.clear();
+    const auto size = static_cast<uint64_t>(buffer_.numel()) * 4;
+    if (backed_ < size) populate(static_cast<char*>(buffer_.data_ptr()) + backed_, size - backed_);
+    backed_ = size;
+    return size;
+  }
+  // Seconds from `t0` until copy() had made every copy (the writer thread: after ready() of them all).
+  double copied_at(Clock::time_point t0) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return std::chrono::duration<double>(done_ - t0).count();
+  }
+  // The writer thread: waits until the buffer's first `upto` bytes hold this save's values; returns
+  // the buffer's start.
+  const char* ready(uint64_t upto) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    ready_.wait(lock, [&] { return failed_ || staged_ >= upto; });
+    FSDP_CHECK(!failed_, "[ckpt] the copy of this rank's part to host memory failed; the save was abandoned");
+    if (copied_) {
+      copied_->synchronize();
+      copied_.reset();
+    }
+    return static_cast<const char*>(buffer_.data_ptr());
+  }
 
  private:
-  at::Tensor buffer_;  // fp32, host
+  struct Copy {
+    uint64_t offset;
+    at::Tensor src, dst;
+  };
+  void publish(uint64_t upto) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    staged_ = upto;
+    if (upto == end_) done_ = Clock::now();
+    ready_.notify_all();
+  }
+
+  at::Tensor buffer_;    // fp32, host
+  bool pinned_ = false;  // on a GPU: pinned memory, copies queued on the step's stream
+  c10::Device device_{at::kCPU};
+  uint64_t backed_ = 0;  // the bytes from the buffer's start populate() has backed
+  std::string prefix_;
+  std::vector<Copy> copies_;  // by offset
+  bool planned_ = false;      // copy() has copies_ to make
+  std::mutex mutex_;          // the rest, shared with the writer thread
+  std::condition_variable ready_;
+  uint64_t staged_ = 0, end_ = 0;
+  Clock::time_point done_;
+  bool failed_ = false;
   std::optional<c10::Event> copied_;
 };
 
@@ -249,17 +352,21 @@ struct Checkpointer::Impl {
       image.offsets.push_back(offset_of.at(r.name));
     }
     const std::vector<at::Tensor> staged =
-        staging.stage(image.layout.header, sources, image.offsets, image.layout.size, model.options().device);
+        staging.plan(image.layout.header, sources, image.offsets, image.layout.size, model.options().device);
     for (size_t i = 0; i < out.size(); ++i) out[i].data = staged[i];
     return image;
   }
 
-  // Writes this rank's shard file from its staged image; returns its report for the index and the
-  // manifest.
+  // Writes this rank's shard file from its staged image, 64 MiB at a time as the copies land;
+  // returns its report for the index and the manifest.
   json write_shard(const ShardImage& image, const std::string& tmp) {
     const std::string file = shard_file_name(file_index(), file_count());
     auto out = fs.create(path_in(tmp, file));
-    out->append_image(staging.data(), image.layout.size);
+    constexpr uint64_t kPiece = uint64_t{64} << 20;  // whole blocks, as append_image's pieces must be
+    for (uint64_t at = 0; at < image.layout.size; at += kPiece) {
+      const uint64_t n = std::min(kPiece, image.layout.size - at);
+      out->append_image(staging.ready(at + n) + at, n);
+    }
     out->sync();
     out->close();
     json tensors = json::object();
@@ -371,7 +478,31 @@ struct Checkpointer::Impl {
     });
   }
 
+  // run() of a save's writing part with its copies (Staging::copy) on this thread: after them
+  // without background writes; else before them, so the writer writes what has landed while the rest
+  // is copied. Returns the seconds from `t0` until the copies were made: how long training waited.
+  double run_staged(std::function<void()> job, const std::string& final_dir, Clock::time_point t0) {
+    if (o.background) {
+      run(std::move(job), final_dir);
+      staging.copy();
+      return seconds_since(t0);
+    }
+    staging.copy();
+    const double blocked = seconds_since(t0);
+    run(std::move(job), final_dir);
+    return blocked;
+  }
+
   uint64_t needed() const { return checkpoint_bytes(description.num_parameters); }
+
+  uint64_t reserve() {
+    if (!is_writer()) return 0;
+    if (o.format == Format::kFull)
+      snapshot_slices();
+    else
+      snapshot();
+    return staging.back_all();
+  }
 
   // Rank 0, before a save: when the disk has less free than a checkpoint needs, removes the oldest
   // complete checkpoints that keep would prune after this save anyway (keep >= 2: one always stays).
@@ -391,7 +522,8 @@ struct Checkpointer::Impl {
     std::string name;
     const ShardLayout* layout = nullptr;
     const TpSlice* tp = nullptr;
-    at::Tensor slice;  // (shard_numel) fp32, CPU
+    at::Tensor slice;         // (shard_numel) fp32, CPU: in the staging buffer
+    uint64_t staged_end = 0;  // Staging::ready(staged_end) before reading it
     std::vector<int64_t> full_shape() const { return tp->full_shape(layout->shape); }
   };
   std::vector<HostSlice> snapshot_slices() {
@@ -399,7 +531,7 @@ struct Checkpointer::Impl {
     for (const Slot& s : saved_slots()) {
       const ShardedParam& p = *s.param;
       auto add = [&](const std::string& name, const at::Tensor& slice) {
-        out.push_back({name, &p.layout, &p.tp, slice.reshape({-1})});
+        out.push_back({name, &p.layout, &p.tp, slice.reshape({-1}), 0});
       };
       add(p.name, p.sharded);
       if (p.trainable) {
@@ -410,8 +542,13 @@ struct Checkpointer::Impl {
     }
     std::vector<at::Tensor> sources;
     for (const HostSlice& h : out) sources.push_back(h.slice);
-    const std::vector<at::Tensor> staged = staging.stage(sources, model.options().device);
-    for (size_t i = 0; i < out.size(); ++i) out[i].slice = staged[i];
+    const std::vector<at::Tensor> staged = staging.plan(sources, model.options().device);
+    uint64_t end = 0;  // plan() puts them one after another
+    for (size_t i = 0; i < out.size(); ++i) {
+      out[i].slice = staged[i];
+      end += static_cast<uint64_t>(staged[i].numel()) * 4;
+      out[i].staged_end = end;
+    }
     return out;
   }
 
@@ -506,6 +643,7 @@ struct Checkpointer::Impl {
       for (size_t i = 0; i < f.slices.size(); ++i) {
         const ShardLayout& l = *f.slices[i]->layout;
         const size_t n = static_cast<size_t>(l.valid_rows() * l.row_numel()) * 4;
+        staging.ready(f.slices[i]->staged_end);
         const void* rows = f.slices[i]->slice.data_ptr();
         if (n > 0)
           out->write_at(f.layout.offsets[i] + static_cast<uint64_t>(l.first_row() * l.row_numel()) * 4, rows, n);
@@ -552,6 +690,7 @@ struct Checkpointer::Impl {
     }
     const bool writer = shard_rank() == 0 && tp_rank() == 0;
     auto full = [&](const HostSlice& h) {
+      staging.ready(h.staged_end);
       return whole_of(tp_host_group, gather_slice(host_group, h.slice, *h.layout, h.name), *h.tp, h.name);
     };
     std::vector<const HostSlice*> params, optim;
@@ -639,6 +778,10 @@ Checkpointer::~Checkpointer() {
   }
 }
 
+uint64_t Checkpointer::reserve() {
+  return impl_->reserve();
+}
+
 void Checkpointer::wait() {
   impl_->join();
 }
@@ -664,27 +807,23 @@ double Checkpointer::save(const TrainingState& state) {
   if (m.o.format == Format::kFull) {  // host copies now; the thread gathers them one tensor at a time
     std::vector<Impl::HostSlice> slices;
     if (m.is_writer()) slices = m.snapshot_slices();
-    const double blocked = seconds_since(t0);
-    m.run(
-        [&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, blocked]() {
+    return m.run_staged(
+        [&m, slices = std::move(slices), state_doc, tmp, final_dir, t0]() {
           if (!m.is_writer()) return;
-          m.staging.wait();
           const bool in_place = m.write_full(slices, state_doc, tmp, final_dir);
           m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT",
                     in_place ? str(", each of ", m.shard_size(), " ranks wrote its rows") : "", ") in ",
-                    format_seconds(seconds_since(t0)), "; training waited ", format_seconds(blocked), "\n"));
+                    format_seconds(seconds_since(t0)), "; training waited ", format_seconds(m.staging.copied_at(t0)),
+                    "\n"));
         },
-        final_dir);
-    return blocked;
+        final_dir, t0);
   }
 
-  // SHARDED: copy to host now, write on the thread.
+  // SHARDED: the copies to host memory now, the writes on the thread as they land.
   Impl::ShardImage rows;
   if (m.is_writer()) rows = m.snapshot();
-  const double blocked = seconds_since(t0);
-  auto job = [&m, rows = std::move(rows), state_doc, name, tmp, final_dir, t0, blocked]() {
+  auto job = [&m, rows = std::move(rows), state_doc, name, tmp, final_dir, t0]() {
     if (!m.is_writer()) return;
-    m.staging.wait();
     json report = m.write_shard(rows, tmp);
     if (m.file_index() != 0) {
       m.store->set(str(name, "/shard", m.file_index()), report.dump());
@@ -693,10 +832,9 @@ double Checkpointer::save(const TrainingState& state) {
     if (m.world.rank() != 0) return;
     m.commit(m.collect(name, std::move(report)), {}, state_doc, tmp, final_dir);
     m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", plural(m.file_count(), "shard file"), ") in ",
-              format_seconds(seconds_since(t0)), "; training waited ", format_seconds(blocked), "\n"));
+              format_seconds(seconds_since(t0)), "; training waited ", format_seconds(m.staging.copied_at(t0)), "\n"));
   };
-  m.run(std::move(job), final_dir);
-  return blocked;
+  return m.run_staged(std::move(job), final_dir, t0);
 }
 
 TrainingState Checkpointer::load(const std::string& path) {

@@ -80,6 +80,11 @@ class Checkpointer {
   // Collective. Waits for the previous save, then saves `state` and the current parameters and
   // optimizer state as <dir>/step-<state.step>. Returns the seconds training was held up.
   double save(const TrainingState& state);
+  // Not collective. Allocates the host memory every save copies this rank's part into (pinned on a
+  // GPU) now, which the first save would otherwise: a run that saves learns at its start whether it
+  // fits, and its first save runs as fast as the later ones. Returns its bytes (0 on a rank that
+  // writes nothing: a replica's).
+  uint64_t reserve();
   // Not collective: joins this rank's writer thread, so this rank's part of the last save is on disk
   // (on rank 0: the checkpoint committed). Throws the writer's error.
   void wait();

@@ -50,12 +50,13 @@ class LocalFile final : public WritableFile {
     start_writeback();
   }
   void append_image(const void* data, size_t n) override {
-    const bool aligned = reinterpret_cast<uintptr_t>(data) % kDirectAlignment == 0;
-    if (bytes() != 0 || !aligned || n < kDirectBytesAtLeast ||
-        !write_direct(0, static_cast<const char*>(data), round_up_to_block(n), /*bounce=*/false))
+    const uint64_t at = bytes();
+    const bool aligned = reinterpret_cast<uintptr_t>(data) % kDirectAlignment == 0 && at % kDirectAlignment == 0;
+    if (!aligned || (at == 0 && n < kDirectBytesAtLeast) ||
+        !write_direct(at, static_cast<const char*>(data), round_up_to_block(n), /*bounce=*/false))
       return append(data, n);
-    resize(n);  // the padding of the last block off again
-    if (::lseek(fd_, static_cast<off_t>(n), SEEK_SET) < 0) fail_unless_written(-1);
+    resize(at + n);  // the padding of the last block off again
+    if (::lseek(fd_, static_cast<off_t>(at + n), SEEK_SET) < 0) fail_unless_written(-1);
     account(data, n);
   }
   // A large piece's whole blocks go to the disk with O_DIRECT (copied through an aligned buffer,

@@ -50,12 +50,13 @@ class WritableFile {
   // writer may share, through it. Errors as append's.
   virtual void write_at(uint64_t offset, const void* data, size_t n) = 0;
   virtual void resize(uint64_t size) = 0;  // the file's length (ftruncate): the rest reads as zeros
-  // append() of a whole file's bytes from a buffer that starts on a kDirectAlignment boundary and
-  // has room up to the next one past `n` (those bytes are written too, then cut off): straight from
-  // the buffer to the disk where the file system allows it (O_DIRECT), not through the page cache,
-  // whose pages a large save would otherwise allocate (and evict training's memory for) as it
-  // copies into them. Where it does not, or the file is not empty, as append(). Counted and checked
-  // as append.
+  // append() of a file's bytes from a buffer that starts on a kDirectAlignment boundary and has room
+  // up to the next one past `n` (those bytes are written too, then cut off): straight from the
+  // buffer to the disk where the file system allows it (O_DIRECT), not through the page cache, whose
+  // pages a large save would otherwise allocate (and evict training's memory for) as it copies into
+  // them. A file may be written so in pieces, each but the last a whole number of blocks, as they
+  // become ready. Where the file system does not allow it, or the file's end is not on a block
+  // boundary (or a file of under 1 MiB starts with it), as append(). Counted and checked as append.
   virtual void append_image(const void* data, size_t n) { append(data, n); }
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }

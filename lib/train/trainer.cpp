@@ -614,6 +614,7 @@ TrainSummary run_training(const dist::WorkerContext& context, const config::Reso
       done.steps = done.resumed_from = first_step - 1;
       return done;
     }
+    run.reserve_checkpoint_memory();
     RunReport report(run, first_step);
     StepProfiler profiler(run.config().logging, run.steps(), context.rank, context.device);
     // Without checkpoints a signal ends the run as it always does: there is nothing to save.

@@ -596,6 +596,16 @@ void TrainingRun::save_checkpoint(int64_t step, std::optional<double> eval_loss)
   checkpointer_->save(state);
 }
 
+void TrainingRun::reserve_checkpoint_memory() {
+  if (!checkpointing()) return;
+  const Clock::time_point t0 = Clock::now();
+  const uint64_t bytes = checkpointer_->reserve();
+  say(str("[ckpt] ", format_bytes(static_cast<long long>(bytes)), " of ", context_.device.is_cuda() ? "pinned " : "",
+          "host memory reserved for saves on rank 0 (", format_seconds(seconds_since(t0)),
+          "): each save copies the rank's part there, and training goes on while "
+          "it is written\n"));
+}
+
 void TrainingRun::wait_for_checkpoint() {
   if (checkpointer_) checkpointer_->wait();
 }

@@ -87,6 +87,8 @@ class TrainingRun {
   void save_checkpoint(int64_t step, std::optional<double> eval_loss = std::nullopt);  // precondition: checkpointing()
   void export_hf(int64_t step);                              // into checkpoint.export_dir/step-N
   std::pair<ckpt::Dtype, std::string> export_dtype() const;  // checkpoint.export_dtype, and where it came from
+  // When checkpointing: the host memory saves copy into, allocated before step 1 (Checkpointer::reserve).
+  void reserve_checkpoint_memory();
   void wait_for_checkpoint();  // this rank's part of the last save is on disk (rank 0's: all of it)
   void barrier();              // every rank got here (collective)
 

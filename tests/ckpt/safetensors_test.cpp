@@ -310,16 +310,19 @@ TEST_CASE("a file's image goes to the disk past the page cache where the file sy
   struct Case {
     const char* what;
     size_t skew;     // bytes past the aligned start: an unaligned buffer goes through the page cache
-    size_t already;  // bytes appended first: a file not empty goes through the page cache
+    size_t already;  // bytes appended first: a file whose end is inside a block goes through the page cache
     bool direct;     // false: checkpoint.direct_io off
+    size_t piece;    // appended in pieces of this many bytes (whole blocks) as a save's copies land; 0: at once
   };
   const bool direct = takes_direct_writes(dir);
-  for (const Case& c : {Case{"aligned", 0, 0, true}, Case{"unaligned buffer", 8, 0, true},
-                        Case{"after a header", 0, 24, true}, Case{"direct_io off", 0, 0, false}}) {
+  for (const Case& c :
+       {Case{"aligned", 0, 0, true, 0}, Case{"unaligned buffer", 8, 0, true, 0}, Case{"after a header", 0, 24, true, 0},
+        Case{"direct_io off", 0, 0, false, 0}, Case{"in pieces", 0, 0, true, size_t{16} << 20}}) {
     CAPTURE(c.what);
     std::unique_ptr<WritableFile> f = local_file_system(c.direct).create(path);
     if (c.already > 0) f->append(buffer + room - c.already, c.already);
-    f->append_image(buffer + c.skew, n - c.skew);
+    const size_t piece = c.piece > 0 ? c.piece : n;
+    for (size_t at = c.skew; at < n; at += piece) f->append_image(buffer + at, std::min(piece, n - at));
     f->sync();
     f->close();
     uint32_t crc = c.already > 0 ? crc32c(buffer + room - c.already, c.already) : 0;
