@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/direct_read.h"
 #include "ckpt/format.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors_torch.h"
@@ -75,6 +76,53 @@ Segment copy_mapped(const SafetensorsFile& f, const TensorInfo& t, int64_t first
   f.release(begin, bytes);
   return {static_cast<uint64_t>(begin - f.mapped()), bytes, crc};
 }
+
+// Copies noted between Source::start_reads and finish_reads, made at once by read_ranges_direct;
+// each file's segments (with their checksums) go to `read` under the file's name.
+class DeferredReads {
+ public:
+  void start() { on_ = true; }
+  // Notes rows [lo, hi) of `t` (whose row `first` is at its start) for `dest` when they can be read
+  // straight into it; false when they must be copied now.
+  bool add(const SafetensorsFile& f, const TensorInfo& t, int64_t first, int64_t lo, int64_t hi, const at::Tensor& dest,
+           const std::string& file_name) {
+    if (!on_ || t.dtype != Dtype::kF32 || dest.scalar_type() != at::kFloat || !dest.device().is_cpu() ||
+        !dest.is_contiguous())
+      return false;
+    const int64_t rb = row_bytes(t);
+    const auto offset = static_cast<uint64_t>(f.data(t) - f.mapped() + (lo - first) * rb);
+    const auto length = static_cast<uint64_t>((hi - lo) * rb);
+    if (length == 0) return true;
+    reads_.push_back({f.path(), offset, length, dest.data_ptr(), 0, false});
+    notes_.push_back({&f, &t, first, lo, hi, dest, file_name});
+    return true;
+  }
+  // Makes the noted copies; what read_ranges_direct left is copied from the mapped files.
+  void finish(bool checksums, std::map<std::string, std::vector<Segment>>& read) {
+    on_ = false;
+    read_ranges_direct(reads_);
+    for (size_t i = 0; i < reads_.size(); ++i) {
+      const Note& n = notes_[i];
+      const Segment s = reads_[i].done ? Segment{reads_[i].offset, reads_[i].length, reads_[i].crc}
+                                       : copy_mapped(*n.file, *n.tensor, n.first, n.lo, n.hi, n.dest, checksums);
+      if (checksums) read[n.file_name].push_back(s);
+    }
+    reads_.clear();
+    notes_.clear();
+  }
+
+ private:
+  struct Note {
+    const SafetensorsFile* file;
+    const TensorInfo* tensor;
+    int64_t first, lo, hi;
+    at::Tensor dest;
+    std::string file_name;
+  };
+  bool on_ = false;
+  std::vector<RangeRead> reads_;
+  std::vector<Note> notes_;
+};
 
 json segments_json(const std::map<std::string, std::vector<Segment>>& read) {
   json out = json::object();
@@ -161,7 +209,7 @@ class ShardedSource final : public Source {
     if (shape.empty()) shape.push_back(1);
     shape[0] = r1 - r0;
     at::Tensor out = at::empty(shape, at::kFloat);
-    read_rows_into(name, r0, r1, out);
+    read_pieces(name, r0, r1, out, /*defer=*/false);  // the caller uses them at once
     return out;
   }
   // Every file's header and this index's entries in it, checked before any read: a damaged header
@@ -192,6 +240,13 @@ class ShardedSource final : public Source {
   // Straight from the mapped file into `out` (the parameter's or the optimizer state's rows): one
   // copy, converting the dtype on the way (copy_mapped).
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
+    read_pieces(name, r0, r1, out, /*defer=*/true);
+  }
+  void start_reads() override { deferred_.start(); }
+  void finish_reads() override { deferred_.finish(checksums_, read_); }
+
+ private:
+  void read_pieces(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out, bool defer) {
     const Entry& e = entries_.at(name);
     for (const Piece& p : e.pieces) {
       const int64_t lo = std::max(r0, p.r0), hi = std::min(r1, p.r1);
@@ -199,12 +254,12 @@ class ShardedSource final : public Source {
       const SafetensorsFile& f = open(p.file);
       at::Tensor dest = out.narrow(0, lo - r0, hi - lo);
       if (p.c1 > p.c0) dest = dest.narrow(1, p.c0, p.c1 - p.c0);
-      const Segment s = copy_mapped(f, piece_info(f, name, p), p.r0, lo, hi, dest, checksums_);
+      const TensorInfo& t = piece_info(f, name, p);
+      if (defer && deferred_.add(f, t, p.r0, lo, hi, dest, files_[p.file])) continue;
+      const Segment s = copy_mapped(f, t, p.r0, lo, hi, dest, checksums_);
       if (checksums_) read_[files_[p.file]].push_back(s);
     }
   }
-
- private:
   struct Piece {
     size_t file = 0;
     int64_t r0 = 0, r1 = 0;
@@ -237,6 +292,7 @@ class ShardedSource final : public Source {
   // With checksums: the byte ranges read from each file (by name) and their CRC-32C.
   bool checksums_ = false;
   std::map<std::string, std::vector<Segment>> read_;
+  DeferredReads deferred_;
 };
 
 // FULL_STATE_DICT (and any Hugging Face folder): whole tensors in the model files, and the AdamW
@@ -259,9 +315,12 @@ class FullSource final : public Source {
   }
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
+    if (deferred_.add(*e.file, *e.tensor, 0, r0, r1, out, base_name(e.file->path()))) return;
     const Segment s = copy_mapped(*e.file, *e.tensor, 0, r0, r1, out, checksums_);
     if (checksums_) read_[base_name(e.file->path())].push_back(s);
   }
+  void start_reads() override { deferred_.start(); }
+  void finish_reads() override { deferred_.finish(checksums_, read_); }
   bool checksum_while_reading(const std::string&, const std::set<std::string>&) override {
     checksums_ = true;  // every header was read and checked when the folder was opened
     return true;
@@ -279,6 +338,7 @@ class FullSource final : public Source {
   };
   bool checksums_ = false;
   std::map<std::string, std::vector<Segment>> read_;  // with checksums: by file name
+  DeferredReads deferred_;
   std::map<std::string, const SafetensorsFile*> by_name_;
   void add(const SafetensorsFile& f, const TensorInfo& t) {
     infos_[t.name] = StoredInfo{t.dtype, t.shape};
@@ -372,6 +432,8 @@ void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAda
     if (n > 0) dest.narrow(0, 0, n).copy_(tp_block(full.narrow(0, r0, n), p));
   };
   c10::NoGradGuard no_grad;
+  const bool own_rows = !efficient || world.size() == 1;  // this rank reads its rows itself
+  if (own_rows) src->start_reads();
   for (const Slot& s : slots) {
     const ShardedParam& p = *s.param;
     const std::string name = stored_name(*src, p);
@@ -382,6 +444,7 @@ void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAda
       copy_rows(kExpAvgSq + name, p, state_rows(st.exp_avg_sq, p));
     }
   }
+  if (own_rows) src->finish_reads();
 }
 
 void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure, const std::string& what) {

@@ -45,6 +45,12 @@ class Source {
   virtual void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) {
     out.copy_(rows(name, r0, r1));
   }
+  // Between these two, read_rows_into may only note the copies it can make straight from a file
+  // (fp32 rows into contiguous host memory), and finish_reads() makes them all at once, in file
+  // order with several requests in flight past the page cache (ckpt/direct_read.h); the rest are
+  // copied as before. The destinations must stay as they are until then.
+  virtual void start_reads() {}
+  virtual void finish_reads() {}
   // The files rows [r0, r1) of `name` are read from.
   virtual void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const = 0;
   // Checksums while reading: from now on every read also takes the CRC-32C of the bytes it copies,
