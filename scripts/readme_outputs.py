@@ -37,7 +37,9 @@ def example_python():
 def run_step(cmd):
     """One step of an example, run from the repository's root: its output (stdout and stderr), or exit
     naming the step."""
-    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    # No progress bars (transformers' save_pretrained draws one with tqdm): a person sees them, a log does not.
+    r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,
+                       env=os.environ | {"TQDM_DISABLE": "1"})
     if r.returncode != 0:
         raise SystemExit(f"readme_outputs: {' '.join(cmd[:3])} failed (exit {r.returncode}):\n{r.stdout[-3000:]}")
     return r.stdout
