@@ -93,18 +93,17 @@ void populate(void* p, size_t n) {
   if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, kPopulateWrite);
 }
 
-// Host memory a save copies this rank's part into: one buffer, allocated by the first save and
-// reused by the later ones (a save joins the previous save's writer first), pinned when the model
-// is on a GPU so the copies run at the link's speed and queue behind the step instead of waiting for
-// it. plan() says where each tensor goes; the writer thread starts; copy() then copies on the
-// training thread in the buffer's order, and the writer writes each piece once ready() says it is
-// there, so a save takes about the longer of the copies and the writes, not their sum (the first
-// save's copies, into memory not yet backed, cost as much as the writes on a virtual machine).
-// Training goes on after copy(); on a GPU the copies queue on the step's stream and the next
-// optimizer step runs after them, so they read this step's values, and ready() waits for their
-// event. The first save pays for pinning the buffer (6.2 s for the 14.8 GB of a 1.24B model on an
-// H200): pinning it on a thread from the run's start only moved that cost into step 1 (7.8 s
-// instead of 0.8 s, measured there), since the driver serializes it with the step's launches.
+// Host memory a save copies this rank's part into: one buffer, allocated by reserve() before step 1
+// (or else by the first save) and reused by every save (a save joins the previous save's writer
+// first), pinned when the model is on a GPU so the copies run at the link's speed and queue behind
+// the step instead of waiting for it. plan() says where each tensor goes; the writer thread starts; copy() then copies
+// on the training thread in the buffer's order, and the writer writes each piece once ready() says it is there, so a
+// save takes about the longer of the copies and the writes, not their sum (the first save's copies, into memory not yet
+// backed, cost as much as the writes on a virtual machine). Training goes on after copy(); on a GPU the copies queue on
+// the step's stream and the next optimizer step runs after them, so they read this step's values, and ready() waits for
+// their event. Pinning the buffer costs 6.2 s for the 14.8 GB of a 1.24B model on an H200: reserve() pays it on the
+// training thread before step 1, since pinning on a thread beside the steps only moved that cost into step 1 (7.8 s
+// instead of 0.8 s, measured there; the driver serializes it with the step's launches).
 class Staging {
  public:
   // Plans copying each source to `offsets[i]` bytes into the buffer (a multiple of 4), after
@@ -497,11 +496,20 @@ struct Checkpointer::Impl {
 
   uint64_t reserve() {
     if (!is_writer()) return 0;
-    if (o.format == Format::kFull)
-      snapshot_slices();
-    else
-      snapshot();
-    return staging.back_all();
+    try {
+      if (o.format == Format::kFull)
+        snapshot_slices();
+      else
+        snapshot();
+      return staging.back_all();
+    } catch (const std::exception& e) {
+      throw Error(
+          str("[ckpt] cannot allocate the host memory every save copies this rank's part of a checkpoint "
+              "into (its parameters and AdamW state in fp32): ",
+              e.what(),
+              ". Free host memory, or shard the model over more ranks (each then holds less); a run "
+              "without checkpoint.dir needs none"));
+    }
   }
 
   // Rank 0, before a save: when the disk has less free than a checkpoint needs, removes the oldest

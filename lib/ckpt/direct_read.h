@@ -21,7 +21,7 @@ struct RangeRead {
 
 struct DirectReadOptions {
   // Requests in flight. A 2-rank load of a 125M checkpoint on a 2-core virtual machine: 1.3 s with
-  // one, 0.75-1.0 s with 2-4 (4 evened out the two ranks' shares of the disk).
+  // one, 0.75-1.07 s with 2-4 (4 evened out the two ranks' shares of the disk best).
   int threads = 4;
   uint64_t request_bytes = uint64_t{8} << 20;  // each one's size (a multiple of 4096)
   // Neighbouring ranges at most this far apart are read in one sweep (the bytes between them too).
