@@ -900,7 +900,7 @@ TrainingState Checkpointer::load(const std::string& path) {
   agree(m.world, device, failure);
 
   for (const auto& g : m.model.groups()) g->reshard();
-  fill(slots, m.model, &m.adamw, src.get(), m.world, /*efficient=*/false);  // each rank its own rows
+  fill(slots, m.model, &m.adamw, src.get(), m.world, /*efficient=*/false, m.o.direct_io);  // each rank its own rows
   if (checksum_while_reading) {
     try {
       if (!sharded) m.join_read_segments(*src, path);

@@ -60,7 +60,7 @@ struct CheckpointOptions {
   // files (false: they send them to shard rank 0, which writes everything, as across machines).
   bool full_rows_in_place = true;
   FileSystem* fs = nullptr;               // null: local_file_system(direct_io)
-  bool direct_io = true;                  // see local_file_system
+  bool direct_io = true;                  // see local_file_system; loads too (fill's direct_reads)
   std::ostream* log = nullptr;            // rank 0's progress lines; null: none
   // LoRA: frozen parameters are not saved (the run loads them from model.pretrained again), so a
   // checkpoint holds the adapters, the modules to save and their AdamW state.

@@ -103,7 +103,9 @@ bool serve(const Request& q, OpenFile& f, char* buffer, std::vector<RangeRead>& 
     const ssize_t r = ::pread(f.fd, buffer + got, q.length - got, static_cast<off_t>(q.offset + got));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0 && errno == EINVAL && got == 0) return false;
-    if (r < 0) throw Error(str("[ckpt] cannot read ", quoted(f.path), ": ", std::strerror(errno)));
+    if (r < 0)
+      throw Error(str("[ckpt] cannot read ", quoted(f.path), ": a direct (O_DIRECT) read failed: ",
+                      std::strerror(errno), "; set checkpoint.direct_io: false to read through the page cache"));
     if (r == 0) break;  // the file's end
     got += static_cast<uint64_t>(r);
     if (got % kDirectAlignment != 0) break;  // a direct read ends short only at the file's end

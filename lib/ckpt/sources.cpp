@@ -412,7 +412,7 @@ void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool
 }
 
 void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAdamW* adamw, Source* src,
-          dist::ProcessGroup& world, bool efficient) {
+          dist::ProcessGroup& world, bool efficient, bool direct_reads) {
   const c10::Device device = model.options().device;
   auto copy_rows = [&](const std::string& name, const ShardedParam& p, const at::Tensor& dest) {
     const auto [r0, r1] = stored_rows(p);
@@ -433,7 +433,7 @@ void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAda
   };
   c10::NoGradGuard no_grad;
   const bool own_rows = !efficient || world.size() == 1;  // this rank reads its rows itself
-  if (own_rows) src->start_reads();
+  if (own_rows && direct_reads) src->start_reads();
   for (const Slot& s : slots) {
     const ShardedParam& p = *s.param;
     const std::string name = stored_name(*src, p);
@@ -444,7 +444,7 @@ void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAda
       copy_rows(kExpAvgSq + name, p, state_rows(st.exp_avg_sq, p));
     }
   }
-  if (own_rows) src->finish_reads();
+  if (own_rows && direct_reads) src->finish_reads();
 }
 
 void agree(dist::ProcessGroup& world, const c10::Device& device, const std::string& failure, const std::string& what) {

@@ -112,9 +112,10 @@ void check_matches_model(const Source& src, const std::vector<Slot>& slots, bool
 
 // Copies the rows (and AdamW state, when adamw is given) this rank owns of every slot's parameter
 // from `src`. efficient: rank 0 of `world` reads whole tensors and broadcasts them, one at a time;
-// the others read nothing (src may be null there). Collective over `world` when efficient.
+// the others read nothing (src may be null there). Collective over `world` when efficient. Rows a
+// rank reads itself go past the page cache (Source::start_reads) unless `direct_reads` is false.
 void fill(const std::vector<Slot>& slots, ShardedModel& model, optim::ShardedAdamW* adamw, Source* src,
-          dist::ProcessGroup& world, bool efficient);
+          dist::ProcessGroup& world, bool efficient, bool direct_reads = true);
 
 // Throws on every rank when any rank's check failed (failure non-empty): the failing rank with its
 // reason, the others pointing at it. Collective over `world`.

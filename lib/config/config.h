@@ -201,7 +201,7 @@ struct CheckpointConfig {
   int64_t interval = 0;                           // save every N steps (0: only at the end); needs dir
   int64_t keep = 0;                               // complete checkpoints kept, newest first (0: all)
   bool keep_best = false;                         // also keep the checkpoint with the lowest held-out loss
-  bool direct_io = true;                          // files past the page cache (O_DIRECT) where the file system takes it
+  bool direct_io = true;  // saves and resumes past the page cache (O_DIRECT) where the file system takes it
   std::string resume;                             // "", "latest" (the newest under dir) or a checkpoint folder
   std::string export_dir;                         // Hugging Face folders written here: step-<N>
   int64_t export_interval = 0;                    // also every N steps (0: only at the end)

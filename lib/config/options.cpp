@@ -862,9 +862,10 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::checkpoint, &CheckpointConfig::keep_best),
       Row("checkpoint.direct_io", V::kBool)
           .def("true")
-          .help("Write checkpoints from their staging buffer straight to the disk (O_DIRECT), allocating no page "
-                "cache for them, where the file system takes it (elsewhere through the page cache); false: always "
-                "through the page cache, for a file system whose direct writes are slow")
+          .help("Write checkpoints from their staging buffer straight to the disk (O_DIRECT), and read them on a "
+                "resume straight into the model, allocating no page cache for them, where the file system takes it "
+                "(elsewhere through the page cache); false: always through the page cache, for a file system whose "
+                "direct I/O is slow")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::direct_io),
       Row("checkpoint.resume", V::kString)
