@@ -246,6 +246,7 @@ void TrainingRun::read_data() {
 // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
 // Not FSDP (MULTI_CPU/MULTI_GPU): the plan replicates over every rank, plain data parallel.
 void TrainingRun::build_model() {
+  const Clock::time_point started = Clock::now();
   std::unique_ptr<ckpt::HfCheckpoint> pretrained;
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
   FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
@@ -311,7 +312,8 @@ void TrainingRun::build_model() {
           lora.enabled() ? " of shards (frozen ones in the compute dtype) + " : " of fp32 shards + ",
           format_bytes(bytes.grads), " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ",
           plural(world_.size(), "rank"), " on ", context_.device.str(),
-          world_.is_local() ? "" : " over " + world_.backend_name(), "\n"));
+          world_.is_local() ? "" : " over " + world_.backend_name(), "; built in ",
+          format_seconds(seconds_since(started)), "\n"));
 }
 
 void TrainingRun::build_checkpointer(const TrainHooks& hooks) {

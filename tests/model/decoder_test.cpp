@@ -206,6 +206,26 @@ TEST_CASE("GQA equals full attention with each kv head repeated") {
   CHECK(at::allclose(a->forward(tokens), b->forward(tokens), 1e-4, 1e-5));
 }
 
+TEST_CASE("a large initial weight fills in blocks on every core: the same values on one thread or two, N(0, std)") {
+  LlamaConfig c = tiny();
+  c.initializer_range = 0.02;
+  const std::vector<int64_t> shape{3000, 1000};  // 3M values: three blocks of 2^20 (the last one short)
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const at::Tensor one = init_parameter(c, 9, "model.embed_tokens.weight", shape);
+  at::set_num_threads(2);
+  const at::Tensor two = init_parameter(c, 9, "model.embed_tokens.weight", shape);
+  at::set_num_threads(threads);
+  CHECK(at::equal(one, two));
+  CHECK(std::abs(one.mean().item<double>()) < 1e-4);        // 3M draws: the mean's error is ~1e-5
+  CHECK(std::abs(one.std().item<double>() - 0.02) < 1e-4);  // and the std's ~1e-5
+  const at::Tensor flat = one.reshape({-1});
+  const int64_t block = int64_t{1} << 20;  // each block its own generator: no block repeats another
+  CHECK(!at::equal(flat.narrow(0, 0, 1000), flat.narrow(0, block, 1000)));
+  CHECK(!at::equal(flat.narrow(0, block, 1000), flat.narrow(0, 2 * block, 1000)));
+  CHECK(!at::equal(one, init_parameter(c, 10, "model.embed_tokens.weight", shape)));
+}
+
 TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer sharding builds the same model") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig c = tiny();
