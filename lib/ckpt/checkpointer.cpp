@@ -794,10 +794,26 @@ void Checkpointer::wait() {
   impl_->join();
 }
 
+namespace {
+
+// "training waited X s" of a save's line, and when the last save was still writing at this one's
+// start, how much of X was spent waiting for it.
+std::string waited_note(double waited, double behind) {
+  std::string note = "; training waited " + format_seconds(waited);
+  if (behind >= 0.05)
+    note += str(" (", format_seconds(behind),
+                " of it for the last save to finish: saves come faster than the disk takes them; "
+                "a longer checkpoint.interval hides them)");
+  return note;
+}
+
+}  // namespace
+
 double Checkpointer::save(const TrainingState& state) {
   Impl& m = *impl_;
   const Clock::time_point t0 = Clock::now();
   m.join();
+  const double behind = seconds_since(t0);
   const std::string name = checkpoint_name(state.step);
   const std::string final_dir = path_in(m.o.dir, name), tmp = final_dir + ".tmp";
   if (m.world.rank() == 0) {
@@ -816,13 +832,12 @@ double Checkpointer::save(const TrainingState& state) {
     std::vector<Impl::HostSlice> slices;
     if (m.is_writer()) slices = m.snapshot_slices();
     return m.run_staged(
-        [&m, slices = std::move(slices), state_doc, tmp, final_dir, t0]() {
+        [&m, slices = std::move(slices), state_doc, tmp, final_dir, t0, behind]() {
           if (!m.is_writer()) return;
           const bool in_place = m.write_full(slices, state_doc, tmp, final_dir);
           m.say(str("[ckpt] saved ", final_dir, " (FULL_STATE_DICT",
                     in_place ? str(", each of ", m.shard_size(), " ranks wrote its rows") : "", ") in ",
-                    format_seconds(seconds_since(t0)), "; training waited ", format_seconds(m.staging.copied_at(t0)),
-                    "\n"));
+                    format_seconds(seconds_since(t0)), waited_note(m.staging.copied_at(t0), behind), "\n"));
         },
         final_dir, t0);
   }
@@ -830,7 +845,7 @@ double Checkpointer::save(const TrainingState& state) {
   // SHARDED: the copies to host memory now, the writes on the thread as they land.
   Impl::ShardImage rows;
   if (m.is_writer()) rows = m.snapshot();
-  auto job = [&m, rows = std::move(rows), state_doc, name, tmp, final_dir, t0]() {
+  auto job = [&m, rows = std::move(rows), state_doc, name, tmp, final_dir, t0, behind]() {
     if (!m.is_writer()) return;
     json report = m.write_shard(rows, tmp);
     if (m.file_index() != 0) {
@@ -840,7 +855,7 @@ double Checkpointer::save(const TrainingState& state) {
     if (m.world.rank() != 0) return;
     m.commit(m.collect(name, std::move(report)), {}, state_doc, tmp, final_dir);
     m.say(str("[ckpt] saved ", final_dir, " (SHARDED_STATE_DICT, ", plural(m.file_count(), "shard file"), ") in ",
-              format_seconds(seconds_since(t0)), "; training waited ", format_seconds(m.staging.copied_at(t0)), "\n"));
+              format_seconds(seconds_since(t0)), waited_note(m.staging.copied_at(t0), behind), "\n"));
   };
   return m.run_staged(std::move(job), final_dir, t0);
 }

@@ -1,11 +1,12 @@
 // Worker programs of the checkpoint tests, started by `fsdptrain launch ... -- ckpt_worker MODE`:
 //
 //   ckpt_worker train CONFIG [--set key=value]... [--fault crash|error|enospc --at-save K --after-bytes B
-//                            --rank R] [--disk-bytes N]
+//                            --rank R] [--disk-bytes N] [--write-delay-ms D]
 //     The built-in trainer, writing checkpoints through a file system that, on rank R, during its
 //     K-th save, after B bytes, either kills the process (crash: _exit, as a power cut or the OOM
 //     killer would), fails the write (error: an I/O error), or reports a full disk (enospc). With
-//     --disk-bytes, checkpoint.dir lies on a simulated disk of N bytes.
+//     --disk-bytes, checkpoint.dir lies on a simulated disk of N bytes. With --write-delay-ms, every
+//     write of every rank takes D ms more: a slow disk.
 //   ckpt_worker resave MODEL_CONFIG CHECKPOINT OUT_DIR sharded|full
 //     Loads CHECKPOINT into the model sharded over this launch's ranks and saves it again to
 //     OUT_DIR in the given format: what resharding W -> W' does to every tensor.
@@ -15,14 +16,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ckpt/checkpointer.h"
-#include "ckpt/pretrained.h"
 #include "ckpt/hf.h"
+#include "ckpt/pretrained.h"
 #include "config/loader.h"
 #include "dist/process_group.h"
 #include "model/decoder.h"
@@ -73,12 +76,14 @@ uint64_t disk_usage(const std::string& path) {
 // beyond it fail as a full disk does, and available_bytes reports what is left.
 class FaultyFileSystem final : public ckpt::FileSystem {
  public:
-  FaultyFileSystem(std::string fault, int at_save, uint64_t after_bytes, uint64_t disk_bytes, std::string root)
+  FaultyFileSystem(std::string fault, int at_save, uint64_t after_bytes, uint64_t disk_bytes, std::string root,
+                   int write_delay_ms)
       : fault_(std::move(fault)),
         at_save_(at_save),
         after_bytes_(after_bytes),
         disk_bytes_(disk_bytes),
-        root_(std::move(root)) {}
+        root_(std::move(root)),
+        write_delay_ms_(write_delay_ms) {}
   std::unique_ptr<ckpt::WritableFile> create(const std::string& path) override {
     const std::string dir = path.substr(0, path.rfind('/'));
     if (dir != current_dir_) {
@@ -105,6 +110,7 @@ class FaultyFileSystem final : public ckpt::FileSystem {
  private:
   static ckpt::FileSystem& local() { return ckpt::local_file_system(); }
   void before_write(const std::string& path, size_t n) {
+    if (write_delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(write_delay_ms_));
     if (disk_bytes_ > 0 && n > available_bytes(root_))
       throw ckpt::DiskFullError(str("[ckpt] cannot write \"", path, "\": No space left on device"));
     if (saves_ != at_save_) return;
@@ -123,6 +129,7 @@ class FaultyFileSystem final : public ckpt::FileSystem {
   int at_save_;
   uint64_t after_bytes_, disk_bytes_;
   std::string root_;
+  int write_delay_ms_;
   std::string current_dir_;
   int saves_ = 0;
   uint64_t written_ = 0;
@@ -134,7 +141,7 @@ int train_mode(const std::vector<std::string>& args) {
   in.text = read_file(in.file);
   in.has_file = true;
   std::string fault;
-  int at_save = 0, fault_rank = 0;
+  int at_save = 0, fault_rank = 0, write_delay_ms = 0;
   uint64_t after_bytes = 0, disk_bytes = 0;
   for (size_t i = 1; i + 1 < args.size(); i += 2) {
     if (args[i] == "--set")
@@ -147,6 +154,8 @@ int train_mode(const std::vector<std::string>& args) {
       after_bytes = std::stoull(args[i + 1]);
     else if (args[i] == "--disk-bytes")
       disk_bytes = std::stoull(args[i + 1]);
+    else if (args[i] == "--write-delay-ms")
+      write_delay_ms = std::stoi(args[i + 1]);
     else if (args[i] == "--rank")
       fault_rank = std::stoi(args[i + 1]);
     else
@@ -155,7 +164,8 @@ int train_mode(const std::vector<std::string>& args) {
   const char* rank = std::getenv("RANK");
   const bool here = !fault.empty() && (rank ? std::atoi(rank) : 0) == fault_rank;
   const config::ResolvedConfig resolved = config::load_config_or_throw(in);
-  FaultyFileSystem fs(fault, here ? at_save : -1, after_bytes, disk_bytes, resolved.typed.checkpoint.dir);
+  FaultyFileSystem fs(fault, here ? at_save : -1, after_bytes, disk_bytes, resolved.typed.checkpoint.dir,
+                      write_delay_ms);
   train::TrainHooks hooks;
   hooks.checkpoint_fs = &fs;
   train::run_training(dist::worker_context(resolved.typed.launch.use_cpu), resolved, std::cout, hooks);

@@ -124,6 +124,26 @@ std::string four_step_checkpoint(const std::string& cfg, const std::string& dir)
 
 }  // namespace
 
+TEST_CASE("a save that finds the last one still writing says how long training waited for it, and why") {
+  // A disk that takes 150 ms a write, saves every step: each save waits for the one before.
+  const std::string cfg = write_config("slow_disk", "SHARDED_STATE_DICT"), dir = temp_path("slow_disk");
+  sh("rm -rf " + dir);
+  const Result r = train_with_fault(cfg, 2, 4, {"checkpoint.dir=" + dir, "checkpoint.interval=1", "train.steps=3"},
+                                    {"--write-delay-ms", "150"});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  const size_t first = r.out.find("[ckpt] saved " + dir + "/step-00000001");
+  const size_t second = r.out.find("[ckpt] saved " + dir + "/step-00000002");
+  REQUIRE(first != std::string::npos);
+  REQUIRE(second != std::string::npos);
+  const std::string first_line = r.out.substr(first, r.out.find('\n', first) - first);
+  const std::string second_line = r.out.substr(second, r.out.find('\n', second) - second);
+  CHECK(first_line.find("for the last save to finish") == std::string::npos);  // nothing was writing
+  CHECK(second_line.find("of it for the last save to finish: saves come faster than the disk takes them; a longer "
+                         "checkpoint.interval hides them") != std::string::npos);
+  CHECK(exists(dir + "/step-00000003/manifest.json"));
+}
+
 TEST_CASE("exact resume: 12 steps equal 6 + save + resume + 6, bit for bit") {
   // engine.read_ahead on: the next step's data is read ahead (as on a GPU), and the checkpoint
   // still records where the steps taken left the data, not where the read-ahead did.
