@@ -7,17 +7,20 @@
 # (third_party/prebuilt); without PREBUILT=1 a step builds first unless the build is already there.
 #   scripts/gpu-session.sh [session]   in one call, in this order:
 #     1. tests      the gpu-labelled tests                                  -> tests.log
-#     2. bench      scripts/bench/compare.py on the ~1B Llama: fsdptrain, accelerate, fsdp2,
-#                   fsdp2-compile (bench/, bench.log), then fsdptrain-offload and fsdp2-offload
-#                   with fewer steps (bench-offload/, bench-offload.log)
-#     3. host       the host side of CPU offload at the 1B shape's 1.24B parameters: the gradient
+#     2. bench      scripts/bench/compare.py on the ~1B Llama: fsdptrain, accelerate and
+#                   fsdp2-compile (bench/, bench.log; `bench` alone runs the eager fsdp2 row too)
+#     3. features   fsdptrain's features at the same shape, a few steps each: activation
+#                   checkpointing, micro batch 4, offload, LoRA, a FULL checkpoint with the export,
+#                   `generate --device cuda` from the export, SHARDED checkpoints and their resume,
+#                   packed chat data -> feature-matrix.md (one row each, written as each ends),
+#                   features/*.log; the bench's fsdptrain row is the reference they differ from
+#     4. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json}
+#     5. bench-offload  fsdptrain-offload and fsdp2-offload, fewer steps (bench-offload/, bench-offload.log)
+#     6. host       the host side of CPU offload at the 1B shape's 1.24B parameters: the gradient
 #                   norm and AdamW beside a plain copy of the same bytes (tests/optim/host_adamw_bench.cpp)
 #                   -> host-adamw.md: the floor an offloaded step cannot go under on this machine
-#     4. features   fsdptrain's features at the same shape, a few steps each: activation
-#                   checkpointing, micro batch 4, offload, LoRA, FULL and SHARDED checkpoints,
-#                   resume, export, `generate --device cuda` from the export, packed chat data
-#                   -> feature-matrix.md (one row each, written as each ends), features/*.log
-#     5. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json}
+#   At the 1B shape each fsdptrain run starts in about 25 s on an H200 (2026-11-27), so the six
+#   steps need about eleven minutes: the last ones get what the budget leaves, or are skipped.
 #   scripts/gpu-session.sh session --dry   (or DRY=1) the same steps on CPU at tiny shapes, in a
 #                   minute or two, so that a CPU test (tests/scripts/gpu_session_dry_test.sh)
 #                   keeps this script working; the gpu tests skip themselves there
@@ -83,15 +86,15 @@ if [ "$DRY" = 1 ]; then
   LAUNCH=(--set use_cpu=true --num_processes 2 --mixed_precision no)
   BENCH=(--cpu --model-config configs/models/tiny/config.json --sequence-length 32 --micro-batch-size 2
          --world-size 2)
-  BENCH_ROWS=fsdptrain,accelerate,fsdp2  # fsdp2-compile needs inductor's C++ toolchain: GPU only
+  BENCH_ROWS=fsdptrain,accelerate  # fsdp2-compile needs inductor's C++ toolchain: GPU only
   BENCH_STEPS=(--steps 4 --warmup 1) OFFLOAD_BENCH_STEPS=(--steps 2 --warmup 1)
 else
   # HOST_PARAMS: the ~1B Llama's parameter count (configs/models/llama-1b, tied embeddings)
   MODEL=configs/models/llama-1b/config.json SEQ=2048 MB=2 STEPS=6 OFFLOAD_STEPS=3 DEVICE=cuda HOST_PARAMS=1235814400
   LAUNCH=(--set use_cpu=false --num_processes 1 --mixed_precision bf16)
   BENCH=()
-  BENCH_ROWS=fsdptrain,accelerate,fsdp2,fsdp2-compile
-  BENCH_STEPS=(--steps 20 --warmup 5) OFFLOAD_BENCH_STEPS=(--steps 4 --warmup 1)
+  BENCH_ROWS=fsdptrain,accelerate,fsdp2-compile
+  BENCH_STEPS=(--steps 20 --warmup 5) OFFLOAD_BENCH_STEPS=(--steps 3 --warmup 1)
 fi
 
 describe_machine() {
@@ -217,7 +220,8 @@ notes = []
 saves = re.findall(r"\[ckpt\] saved \S+ \((.*?)\) in ([0-9.]+ s); training waited ([0-9.]+ s)", text)
 if saves:
     notes.append(f"saved ({saves[0][0]}) " + ", then ".join(f"in {s[1]}, training waited {s[2]}" for s in saves))
-for pattern, say in ((r"\[ckpt\] loaded \S+ \(.*?\) in ([0-9.]+ s)", lambda m: f"loaded in {m[1]}"),
+for pattern, say in ((r"\[train\] model: .*; built in ([0-9.]+ s)", lambda m: f"built in {m[1]}"),
+                     (r"\[ckpt\] loaded \S+ \(.*?\) in ([0-9.]+ s)", lambda m: f"loaded in {m[1]}"),
                      (r"\[train\] exported a Hugging Face folder (?:\(\w+\) )?to \S+ in ([0-9.]+ s)", lambda m: f"exported in {m[1]}"),
                      (r"\[generate\] (\d+) new tokens .*? in ([0-9.]+ s): ([0-9.]+) tokens/s",
                       lambda m: f"{m[1]} new tokens in {m[2]}")):
@@ -251,7 +255,7 @@ features() {
   mkdir -p "$OUT/features"
   {
     echo "fsdptrain's features at $MODEL, sequence $SEQ, micro batch $MB unless named, ${LAUNCH[*]}, $(machine_name)."
-    echo "Each row is the last logged step of a short run ($STEPS steps; offload $OFFLOAD_STEPS; resume $STEPS more); checkpoint and export rows include the save in their last step."
+    echo "Each row is the last logged step of a short run ($STEPS steps; offload $OFFLOAD_STEPS; resume $STEPS more); checkpoint rows include the save in their last step. \"built\": the model's build, from the log."
     echo
     echo "| feature | what | last step | step ms | tokens/s | MFU | peak GiB | loss | notes |"
     echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
@@ -274,21 +278,13 @@ features() {
     [ "$rc" = 0 ] || failed=1
   }
   local ck=$scratch/checkpoints
-  feature base "reference" "$STEPS"
   feature ac "fsdp_activation_checkpointing" "$STEPS" fsdp_config.fsdp_activation_checkpointing=true
   feature mb4 "micro batch 4" "$STEPS" train.micro_batch_size=4
   feature offload "fsdp_offload_params" "$OFFLOAD_STEPS" fsdp_config.fsdp_offload_params=true
   feature lora "LoRA r 16, all-linear" "$STEPS" lora.r=16 lora.alpha=32 lora.target_modules=all-linear
-  feature ckpt_full "FULL_STATE_DICT save" "$STEPS" fsdp_config.fsdp_state_dict_type=FULL_STATE_DICT \
-    "checkpoint.dir=$ck-full"
+  feature ckpt_full "FULL_STATE_DICT save and the Hugging Face export" "$STEPS" \
+    fsdp_config.fsdp_state_dict_type=FULL_STATE_DICT "checkpoint.dir=$ck-full" "checkpoint.export_dir=$scratch/export"
   rm -rf "$ck-full"
-  feature ckpt_sharded "SHARDED_STATE_DICT saves at steps $((STEPS / 2)) and $STEPS" "$STEPS" \
-    fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT "checkpoint.dir=$ck-sharded" "checkpoint.interval=$((STEPS / 2))"
-  feature resume "resume the SHARDED checkpoint, $STEPS steps more" $((2 * STEPS)) \
-    fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT "checkpoint.dir=$ck-sharded" checkpoint.resume=latest \
-    checkpoint.keep=1
-  rm -rf "$ck-sharded"
-  feature export "Hugging Face export" "$STEPS" "checkpoint.export_dir=$scratch/export"
   if [ -z "${FEATURES:-}" ] || [[ " $FEATURES " == *" generate "* ]]; then
     local rc=0
     echo "== generate: fsdptrain generate --device $DEVICE from the export"
@@ -301,6 +297,15 @@ features() {
     [ "$rc" = 0 ] || failed=1
   fi
   rm -rf "$scratch/export"
+  # keep 1: the second save replaces the first, so the resume's own saves have room (at the 1B
+  # shape a SHARDED checkpoint is 13.9 GiB, and two of them left a 64 GiB disk too full)
+  feature ckpt_sharded "SHARDED_STATE_DICT saves at steps $((STEPS / 2)) and $STEPS" "$STEPS" \
+    fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT "checkpoint.dir=$ck-sharded" "checkpoint.interval=$((STEPS / 2))" \
+    checkpoint.keep=1
+  feature resume "resume the SHARDED checkpoint, $STEPS steps more" $((2 * STEPS)) \
+    fsdp_config.fsdp_state_dict_type=SHARDED_STATE_DICT "checkpoint.dir=$ck-sharded" checkpoint.resume=latest \
+    checkpoint.keep=1
+  rm -rf "$ck-sharded"
   feature chat "packed conversations (masked packing, assistant-only loss)" "$STEPS" \
     "data.path=$scratch/chat.jsonl" "data.tokenizer=$scratch/tokenizer"
   return $failed
@@ -359,13 +364,13 @@ session() {
     echo "| $name | $result | $((SECONDS - t0)) | $limit |" >> "$OUT/session.md"
     echo "$name: $result in $((SECONDS - t0)) s"
   }
-  step tests 120 380 tests
-  step bench 170 280 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
-  step bench-offload 70 230 bench --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" \
+  step tests 110 400 tests
+  step bench 160 260 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
+  step features 300 25 features
+  step profile 40 0 profile
+  step bench-offload 80 0 bench --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" \
     --out-dir "$OUT/bench-offload"
-  step host 60 230 host
-  step features 275 40 features
-  step profile 90 0 profile
+  step host 60 0 host
   echo
   cat "$OUT/session.md"
   [ -f "$OUT/feature-matrix.md" ] && { echo; cat "$OUT/feature-matrix.md"; }
