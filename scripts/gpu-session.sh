@@ -221,6 +221,8 @@ saves = re.findall(r"\[ckpt\] saved \S+ \((.*?)\) in ([0-9.]+ s); training waite
 if saves:
     notes.append(f"saved ({saves[0][0]}) " + ", then ".join(f"in {s[1]}, training waited {s[2]}" for s in saves))
 for pattern, say in ((r"\[train\] model: .*; built in ([0-9.]+ s)", lambda m: f"built in {m[1]}"),
+                     (r"\[train\] offload: AdamW on the host took ([0-9.]+ ms) an update .*?\(([0-9.]+ GB/s)",
+                      lambda m: f"host AdamW {m[1]} an update at {m[2]}"),
                      (r"\[ckpt\] loaded \S+ \(.*?\) in ([0-9.]+ s)", lambda m: f"loaded in {m[1]}"),
                      (r"\[train\] exported a Hugging Face folder (?:\(\w+\) )?to \S+ in ([0-9.]+ s)", lambda m: f"exported in {m[1]}"),
                      (r"\[generate\] (\d+) new tokens .*? in ([0-9.]+ s): ([0-9.]+) tokens/s",

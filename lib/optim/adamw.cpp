@@ -5,6 +5,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 
@@ -84,6 +85,12 @@ void fused_adamw(const FusedLists& decayed, const FusedLists& plain, const AdamW
   }
 }
 
+void count_host_update(ShardedAdamW::HostUpdates& host, std::chrono::steady_clock::time_point t0, int64_t params) {
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  host.nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count();
+  host.params += params;
+}
+
 }  // namespace
 
 void ShardedAdamW::update(const at::Tensor* skip, const at::Tensor* grad_divisor) {
@@ -102,11 +109,13 @@ void ShardedAdamW::update(const at::Tensor* skip, const at::Tensor* grad_divisor
   // group (with this step's learning rate, divisor and skip flag) until the unit is next needed.
   const bool defer = options_.defer_offloaded_updates && model_.options().offload_params;
   FusedLists decayed, plain;
+  int64_t updated = 0;
   for (size_t u = 0; u < model_.groups().size(); ++u) {
     ParamGroup& g = *model_.groups()[u];
     if (g.trainable_numel() == 0) continue;
     const at::Tensor p = g.flat_param(), grad = g.flat_grad();
     const int64_t d = g.decay_numel(), n = g.trainable_numel();
+    updated += n;
     if (!defer) {
       decayed.add(p, grad, state_[u], steps_, 0, d);
       plain.add(p, grad, state_[u], steps_, d, n - d);
@@ -116,13 +125,18 @@ void ShardedAdamW::update(const at::Tensor* skip, const at::Tensor* grad_divisor
     unit_decayed.add(p, grad, state_[u], steps_, 0, d);
     unit_plain.add(p, grad, state_[u], steps_, d, n - d);
     g.defer_update([unit_decayed = std::move(unit_decayed), unit_plain = std::move(unit_plain), o = options_,
-                    grad_scale, found_inf, label = str("optimizer ", g.display_name())] {
+                    grad_scale, found_inf, label = str("optimizer ", g.display_name()), host = host_, n] {
       RECORD_USER_SCOPE(label);
       c10::NoGradGuard no_grad;
+      const auto t0 = std::chrono::steady_clock::now();
       fused_adamw(unit_decayed, unit_plain, o, grad_scale, found_inf);
+      count_host_update(*host, t0, n);
     });
   }
-  if (!defer) fused_adamw(decayed, plain, options_, grad_scale, found_inf);
+  if (defer) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  fused_adamw(decayed, plain, options_, grad_scale, found_inf);
+  if (model_.options().offload_params) count_host_update(*host_, t0, updated);
 }
 
 int64_t ShardedAdamW::state_bytes() const {

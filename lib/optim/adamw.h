@@ -23,7 +23,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "fsdp/fully_shard.h"
@@ -59,6 +61,13 @@ class ShardedAdamW {
   int64_t steps() const;  // updates applied so far; waits for the device
   // Persistent bytes of optimizer state on this rank.
   int64_t state_bytes() const;
+  // With offload_params: the wall time the host's updates have taken so far (on whichever thread
+  // applied them), and the parameters they updated, each update counting its unit's trainable ones.
+  struct HostUpdates {
+    std::atomic<int64_t> nanoseconds{0};
+    std::atomic<int64_t> params{0};
+  };
+  const HostUpdates& host_updates() const { return *host_; }
 
   struct State {
     at::Tensor exp_avg;     // (S_trainable) fp32, per unit
@@ -77,6 +86,7 @@ class ShardedAdamW {
   AdamWOptions options_;
   std::vector<State> state_;  // by unit, as model.groups()
   at::Tensor steps_;          // () float on the state's device: the bias correction's t, counted there
+  std::shared_ptr<HostUpdates> host_ = std::make_shared<HostUpdates>();  // shared with the held updates
 };
 
 // The L2 norm of the whole model's gradient: a 1-element fp32 tensor on the compute device,

@@ -158,6 +158,7 @@ class RunReport {
                                                  : str("held-out loss ", format_loss(summary_.eval_loss)).c_str(),
                   summary_.tokens_per_s);
     run_.say(line);
+    run_.say(run_.offload_note());
     if (run_.context().is_main()) write_run_summary();
     return summary_;
   }

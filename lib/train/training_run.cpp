@@ -612,6 +612,26 @@ void TrainingRun::wait_for_checkpoint() {
   if (checkpointer_) checkpointer_->wait();
 }
 
+std::string TrainingRun::offload_note() const {
+  if (!config_.fsdp.offload_params || !adamw_) return "";
+  const optim::ShardedAdamW::HostUpdates& host = adamw_->host_updates();
+  int64_t per_update = 0;
+  for (const auto& g : sharded_->groups()) per_update += g->trainable_numel();
+  if (host.params == 0 || host.nanoseconds == 0 || per_update == 0) return "";
+  const double seconds = 1e-9 * static_cast<double>(host.nanoseconds.load());
+  const double updates = static_cast<double>(host.params.load()) / static_cast<double>(per_update);
+  // fused AdamW reads the parameter, its gradient and both moments and writes all but the gradient
+  const double bytes = 28.0 * static_cast<double>(host.params.load());
+  char line[320];
+  std::snprintf(line, sizeof line,
+                "[train] offload: AdamW on the host took %.*f ms an update over %lld parameters on rank %d "
+                "(%.1f GB/s of the 28 bytes a parameter it reads and writes): host memory's speed bounds an "
+                "offloaded step from below\n",
+                1e3 * seconds / updates < 10 ? 1 : 0, 1e3 * seconds / updates, static_cast<long long>(per_update),
+                world_.rank(), bytes / seconds / 1e9);
+  return line;
+}
+
 void TrainingRun::barrier() {
   if (world_.size() > 1) world_.barrier().wait();
 }

@@ -90,6 +90,9 @@ class TrainingRun {
   // When checkpointing: the host memory saves copy into, allocated before step 1 (Checkpointer::reserve).
   void reserve_checkpoint_memory();
   void wait_for_checkpoint();  // this rank's part of the last save is on disk (rank 0's: all of it)
+  // With offload_params, what the host's AdamW cost on this rank: "[train] offload: ..." (its time
+  // per update and the bandwidth of the bytes it moves); "" otherwise or before any update.
+  std::string offload_note() const;
   void barrier();              // every rank got here (collective)
 
   bool checkpointing() const { return checkpointer_ != nullptr && !config_.checkpoint.dir.empty(); }

@@ -37,6 +37,8 @@ grep -q 'saved .*SHARDED_STATE_DICT' "$out/feature-matrix.md" || fail "no SHARDE
 grep -q 'loaded in' "$out/feature-matrix.md" || fail "the resume row did not load the checkpoint"
 grep -q 'new tokens in' "$out/feature-matrix.md" || fail "the generate row has no speed"
 grep -q 'exported in' "$out/feature-matrix.md" || fail "the ckpt_full row did not export"
+grep -q '^| offload | .*host AdamW [0-9.]* ms an update at [0-9.]* GB/s' "$out/feature-matrix.md" ||
+  fail "the offload row does not say what the host's AdamW cost"
 grep -q 'built in' "$out/feature-matrix.md" || fail "no row says how long the model took to build"
 if [ "$failed" != 0 ]; then
   echo "--- the session's output (last 60 lines)"

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -201,8 +202,19 @@ TEST_CASE("offload: updates held until each unit is needed save, resume and trai
     REQUIRE(r.code == 0);
     return r;
   };
-  run(a, {});
-  run(c, {"engine.offload_overlap=false"});
+  const Result ra = run(a, {});
+  const Result rc = run(c, {"engine.offload_overlap=false"});
+  // Both ways, the run ends saying what the host's AdamW cost: the floor of an offloaded step.
+  for (const Result* r : {&ra, &rc}) {
+    const std::regex cost(
+        R"(\[train\] offload: AdamW on the host took [0-9.]+ ms an update over (\d+) parameters on rank 0 )"
+        R"(\(([0-9.]+) GB/s of the 28 bytes a parameter it reads and writes\))");
+    std::smatch m;
+    INFO(r->out);
+    REQUIRE(std::regex_search(r->out, m, cost));
+    CHECK(std::stoll(m[1]) > 1000);  // rank 0's trainable shard of the tiny model
+    CHECK(std::stod(m[2]) > 0.0);
+  }
   sh("cp -r " + a + "/step-00000006 " + b + "/");
   const Result rb = run(b, {"checkpoint.resume=latest"});
   CHECK(rb.out.find("[ckpt] loaded " + b + "/step-00000006 (step 6") != std::string::npos);
