@@ -64,6 +64,10 @@ struct FsdpOptions {
   // unit is sharded, one parameter at a time, and the module's own values are not read (their
   // storage may already be freed): the whole model never exists on one rank.
   std::function<at::Tensor(const std::string& name, at::IntArrayRef shape)> init;
+  // Optional beside init: values [begin, begin + count) of init(name, shape) flattened (a 1-D fp32
+  // tensor), made without the rest, so each rank makes only its shard's rows of a parameter that
+  // tensor parallel does not split (those still come from init). Must equal init's values there.
+  std::function<at::Tensor(const std::string& name, at::IntArrayRef shape, int64_t begin, int64_t count)> init_range;
   // Tensor parallel (the mesh's tp group): how a parameter's registered tensor is this rank's
   // block of the whole one (fsdp/shard_layout.h's TpSlice: its dim, and its whole size along dim
   // when the blocks pad it; the engine fills in index and parts), or dim -1 for one every tp rank

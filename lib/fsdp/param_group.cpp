@@ -126,11 +126,15 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   unsharded_ = at::empty({unsharded_numel}, at::TensorOptions().dtype(param_dtype).device(options_.device));
   for (ShardedParam& p : params_) {
     const ShardLayout& l = p.layout;
-    // This rank's rows of the full value; the padding rows stay zero.
-    const at::Tensor full = (options_.init ? initial_value(p) : p.unsharded.detach()).reshape({-1});
+    // This rank's rows of the full value (init_range: made without the rest); the padding rows stay zero.
     const int64_t begin = l.first_row() * l.row_numel(), count = l.valid_rows() * l.row_numel();
     const at::Tensor flat = shard_of(p);
-    if (count > 0) flat.narrow(0, 0, count).copy_(full.narrow(0, begin, count));
+    if (count > 0 && options_.init_range && options_.init && !p.tp.split()) {
+      flat.narrow(0, 0, count).copy_(options_.init_range(p.name, p.full_shape(), begin, count));
+    } else if (count > 0) {
+      const at::Tensor full = (options_.init ? initial_value(p) : p.unsharded.detach()).reshape({-1});
+      flat.narrow(0, 0, count).copy_(full.narrow(0, begin, count));
+    }
     std::vector<int64_t> shard_shape = l.shape;
     if (shard_shape.empty()) shard_shape.push_back(1);
     shard_shape[0] = l.chunk_rows();

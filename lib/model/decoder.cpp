@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/SDPBackend.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <cmath>
@@ -43,23 +44,32 @@ uint64_t stream_of(uint64_t seed, const std::string& name) {
   return h;
 }
 
-// N(0, std) values in blocks of 2^20, each block drawn from its own generator, seeded by the
-// parameter's stream and the block's index (mixed as SplitMix64 does, since a generator keeps 32
-// bits of its seed): a value depends on the seed, the name, the shape and its index alone, never on
-// the thread count, and the blocks fill on every core. One generator for the whole tensor drew the
-// ~1B Llama's 1.24B values on one core, about 6 s, before every run's first step.
-at::Tensor normal_in_blocks(uint64_t stream, double std, at::IntArrayRef shape) {
-  at::Tensor out = at::empty(shape, at::kFloat);
-  const int64_t n = out.numel(), block = int64_t{1} << 20;
+// Values [begin, begin + count) of an N(0, std) tensor of n values drawn in blocks of 2^20, each
+// block (its length min(2^20, n - its start)) from its own generator, seeded by the parameter's
+// stream and the block's index (mixed as SplitMix64 does, since a generator keeps 32 bits of its
+// seed): a value depends on the seed, the name, n and its index alone, never on the thread count
+// or on which range is asked for, so each rank draws only its shard's blocks, on every core. One
+// generator for the whole tensor drew the ~1B Llama's 1.24B values on one core (about 6 s) on
+// every rank before the first step.
+at::Tensor normal_range(uint64_t stream, double std, int64_t n, int64_t begin, int64_t count) {
+  at::Tensor out = at::empty({count}, at::kFloat);
+  if (count == 0) return out;
+  const int64_t block = int64_t{1} << 20, first = begin / block, last = (begin + count - 1) / block;
   float* data = out.data_ptr<float>();
-  at::parallel_for(0, (n + block - 1) / block, 1, [&](int64_t first, int64_t last) {
-    for (int64_t b = first; b < last; ++b) {
+  at::parallel_for(first, last + 1, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
       uint64_t z = stream + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(b + 1);
       z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
       z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
       at::Generator g = at::make_generator<at::CPUGeneratorImpl>(z ^ (z >> 31));
-      const int64_t lo = b * block;
-      at::from_blob(data + lo, {std::min(block, n - lo)}, at::kFloat).normal_(0.0, std, g);
+      const int64_t lo = b * block, len = std::min(block, n - lo);
+      const int64_t from = std::max(lo, begin), to = std::min(lo + len, begin + count);
+      if (from == lo && to == lo + len) {  // the whole block is wanted: drawn in place
+        at::from_blob(data + (lo - begin), {len}, at::kFloat).normal_(0.0, std, g);
+        continue;
+      }
+      const at::Tensor whole = at::empty({len}, at::kFloat).normal_(0.0, std, g);
+      std::copy_n(whole.data_ptr<float>() + (from - lo), to - from, data + (from - begin));
     }
   });
   return out;
@@ -544,10 +554,18 @@ ModelTraits llama_traits(const LlamaConfig& c) {
 }
 
 at::Tensor init_parameter(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {
-  if (is_lora_parameter(name)) return lora_init(seed, name, shape);
-  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) return at::ones(shape);
-  if (ends_with(name, ".bias")) return at::zeros(shape);
-  return normal_in_blocks(stream_of(seed, name), c.initializer_range, shape);
+  return init_parameter_range(c, seed, name, shape, 0, c10::multiply_integers(shape)).view(shape);
+}
+
+at::Tensor init_parameter_range(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape,
+                                int64_t begin, int64_t count) {
+  const int64_t n = c10::multiply_integers(shape);
+  FSDP_CHECK(begin >= 0 && count >= 0 && begin + count <= n, "init_parameter_range: [", begin, ", ", begin + count,
+             ") is outside ", name, "'s ", n, " values");
+  if (is_lora_parameter(name)) return lora_init(seed, name, shape).reshape({-1}).narrow(0, begin, count).clone();
+  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) return at::ones({count});
+  if (ends_with(name, ".bias")) return at::zeros({count});
+  return normal_range(stream_of(seed, name), c.initializer_range, n, begin, count);
 }
 
 void init_parameters(LlamaForCausalLMImpl& model, uint64_t seed) {

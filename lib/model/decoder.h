@@ -220,6 +220,10 @@ ModelTraits llama_traits(const LlamaConfig& c);
 // world size or the order of creation): HF's init, normal(0, initializer_range) for linear and
 // embedding weights, ones for norms, zeros for biases. fp32.
 at::Tensor init_parameter(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape);
+// Values [begin, begin + count) of init_parameter(c, seed, name, shape) flattened, made without the
+// rest (FsdpOptions::init_range: a rank makes only its shard's rows), as a 1-D tensor.
+at::Tensor init_parameter_range(const LlamaConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape,
+                                int64_t begin, int64_t count);
 // Initialises every parameter of an unsharded model in place (tests, single process).
 void init_parameters(LlamaForCausalLMImpl& model, uint64_t seed);
 

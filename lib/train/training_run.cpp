@@ -273,11 +273,16 @@ void TrainingRun::build_model() {
   plan.options.init = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape) {
     return model::init_parameter(mc, seed, name, shape);
   };
+  plan.options.init_range = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape, int64_t begin,
+                                                       int64_t count) {
+    return model::init_parameter_range(mc, seed, name, shape, begin, count);
+  };
   if (pretrained) {  // checked before anything is built; the weights are loaded into the shards below
     pretrained->check_matches(model::describe(model_config_).params);
     plan.options.init = [seed](const std::string& name, at::IntArrayRef shape) {
       return model::is_lora_parameter(name) ? model::lora_init(seed, name, shape) : at::zeros(shape);
     };
+    plan.options.init_range = nullptr;  // the weights come from the checkpoint
   }
   sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_), std::move(mesh), plan.options);
   if (pretrained) {

@@ -226,6 +226,29 @@ TEST_CASE("a large initial weight fills in blocks on every core: the same values
   CHECK(!at::equal(one, init_parameter(c, 10, "model.embed_tokens.weight", shape)));
 }
 
+TEST_CASE("a rank's range of an initial weight, made alone, equals that range of the whole") {
+  LlamaConfig c = tiny();
+  const std::vector<int64_t> shape{3000, 1000};  // three blocks of 2^20, the last one short
+  const int64_t block = int64_t{1} << 20, n = 3000 * 1000;
+  for (const std::string name : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                                 "model.layers.0.self_attn.q_proj.bias", "model.layers.0.mlp.up_proj.lora_A.weight"}) {
+    const at::Tensor whole = init_parameter(c, 9, name, shape).reshape({-1});
+    for (const auto& [begin, count] : std::vector<std::pair<int64_t, int64_t>>{{0, n},
+                                                                               {0, 1},
+                                                                               {block - 1000, 2000},
+                                                                               {block, block},
+                                                                               {2 * block - 7, n - 2 * block + 7},
+                                                                               {n - 5, 5},
+                                                                               {17, 0}}) {
+      INFO(name, " [", begin, ", ", begin + count, ")");
+      CHECK(at::equal(init_parameter_range(c, 9, name, shape, begin, count), whole.narrow(0, begin, count)));
+    }
+  }
+  CHECK(error_of([&] {
+          init_parameter_range(c, 9, "model.embed_tokens.weight", shape, n - 1, 2);
+        }).find("outside model.embed_tokens.weight's 3000000 values") != std::string::npos);
+}
+
 TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer sharding builds the same model") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   LlamaConfig c = tiny();
@@ -238,6 +261,9 @@ TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer 
   for (const auto& p : lazy->parameters()) CHECK(p.storage().nbytes() == 0);
   FsdpOptions o;
   o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(c, 9, name, shape); };
+  o.init_range = [&](const std::string& name, at::IntArrayRef shape, int64_t begin, int64_t count) {
+    return init_parameter_range(c, 9, name, shape, begin, count);  // what a run gives fully_shard
+  };
   auto sharded = fully_shard(*lazy, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
   const at::Tensor tokens = at::randint(0, c.vocab_size, {2, 5}, at::kLong);
   torch::NoGradGuard no_grad;
