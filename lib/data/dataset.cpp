@@ -11,6 +11,7 @@
 #include "data/token_shard.h"
 #include "util/error.h"
 #include "util/files.h"
+#include "util/splitmix.h"
 #include "util/strings.h"
 
 namespace fsdp::data {
@@ -375,12 +376,7 @@ void DistributedLoader::shuffle() {
   // Fisher-Yates driven by SplitMix64, spelled out (not std::shuffle, whose draws differ between
   // standard libraries) so other tools can reproduce the order: scripts/reference/ does.
   uint64_t state = seed_ * 1000003ULL + static_cast<uint64_t>(epoch_);
-  auto next = [&state]() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  };
+  auto next = [&state]() { return splitmix64_mix(state += kSplitMixStep); };
   for (int64_t i = count_ - 1; i > 0; --i)
     std::swap(order_[i], order_[static_cast<int64_t>(next() % static_cast<uint64_t>(i + 1))]);
 }

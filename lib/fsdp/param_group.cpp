@@ -129,11 +129,12 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     // This rank's rows of the full value (init_range: made without the rest); the padding rows stay zero.
     const int64_t begin = l.first_row() * l.row_numel(), count = l.valid_rows() * l.row_numel();
     const at::Tensor flat = shard_of(p);
-    if (count > 0 && options_.init_range && options_.init && !p.tp.split()) {
-      flat.narrow(0, 0, count).copy_(options_.init_range(p.name, p.full_shape(), begin, count));
-    } else if (count > 0) {
-      const at::Tensor full = (options_.init ? initial_value(p) : p.unsharded.detach()).reshape({-1});
-      flat.narrow(0, 0, count).copy_(full.narrow(0, begin, count));
+    if (count > 0) {
+      const at::Tensor rows =
+          options_.init && options_.init_range && !p.tp.split()
+              ? options_.init_range(p.name, p.full_shape(), begin, count)
+              : (options_.init ? initial_value(p) : p.unsharded.detach()).reshape({-1}).narrow(0, begin, count);
+      flat.narrow(0, 0, count).copy_(rows);
     }
     std::vector<int64_t> shard_shape = l.shape;
     if (shard_shape.empty()) shard_shape.push_back(1);

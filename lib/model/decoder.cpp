@@ -28,6 +28,7 @@
 #include "model/tensor_parallel.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "util/splitmix.h"
 #include "util/strings.h"
 
 namespace fsdp::model {
@@ -58,10 +59,9 @@ at::Tensor normal_range(uint64_t stream, double std, int64_t n, int64_t begin, i
   float* data = out.data_ptr<float>();
   at::parallel_for(first, last + 1, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      uint64_t z = stream + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(b + 1);
-      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-      z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(z ^ (z >> 31));
+      // SplitMix64's output b + 1 from the stream
+      const uint64_t seed = splitmix64_mix(stream + kSplitMixStep * static_cast<uint64_t>(b + 1));
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
       const int64_t lo = b * block, len = std::min(block, n - lo);
       const int64_t from = std::max(lo, begin), to = std::min(lo + len, begin + count);
       if (from == lo && to == lo + len) {  // the whole block is wanted: drawn in place

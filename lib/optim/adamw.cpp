@@ -9,6 +9,7 @@
 #include <cmath>
 #include <optional>
 
+#include "util/clock.h"
 #include "util/error.h"
 
 namespace fsdp::optim {
@@ -85,9 +86,8 @@ void fused_adamw(const FusedLists& decayed, const FusedLists& plain, const AdamW
   }
 }
 
-void count_host_update(ShardedAdamW::HostUpdates& host, std::chrono::steady_clock::time_point t0, int64_t params) {
-  const auto elapsed = std::chrono::steady_clock::now() - t0;
-  host.nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count();
+void count_host_update(ShardedAdamW::HostUpdates& host, Clock::time_point t0, int64_t params) {
+  host.nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   host.params += params;
 }
 
@@ -128,13 +128,13 @@ void ShardedAdamW::update(const at::Tensor* skip, const at::Tensor* grad_divisor
                     grad_scale, found_inf, label = str("optimizer ", g.display_name()), host = host_, n] {
       RECORD_USER_SCOPE(label);
       c10::NoGradGuard no_grad;
-      const auto t0 = std::chrono::steady_clock::now();
+      const Clock::time_point t0 = Clock::now();
       fused_adamw(unit_decayed, unit_plain, o, grad_scale, found_inf);
       count_host_update(*host, t0, n);
     });
   }
   if (defer) return;
-  const auto t0 = std::chrono::steady_clock::now();
+  const Clock::time_point t0 = Clock::now();
   fused_adamw(decayed, plain, options_, grad_scale, found_inf);
   if (model_.options().offload_params) count_host_update(*host_, t0, updated);
 }

@@ -270,19 +270,19 @@ void TrainingRun::build_model() {
     if (!config_.lora.init.empty()) adapter = ckpt::read_peft_adapter(config_.lora.init);
   }
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
-  plan.options.init = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape) {
-    return model::init_parameter(mc, seed, name, shape);
-  };
-  plan.options.init_range = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape, int64_t begin,
-                                                       int64_t count) {
-    return model::init_parameter_range(mc, seed, name, shape, begin, count);
-  };
   if (pretrained) {  // checked before anything is built; the weights are loaded into the shards below
     pretrained->check_matches(model::describe(model_config_).params);
     plan.options.init = [seed](const std::string& name, at::IntArrayRef shape) {
       return model::is_lora_parameter(name) ? model::lora_init(seed, name, shape) : at::zeros(shape);
     };
-    plan.options.init_range = nullptr;  // the weights come from the checkpoint
+  } else {
+    plan.options.init = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape) {
+      return model::init_parameter(mc, seed, name, shape);
+    };
+    plan.options.init_range = [mc = model_config_, seed](const std::string& name, at::IntArrayRef shape, int64_t begin,
+                                                         int64_t count) {
+      return model::init_parameter_range(mc, seed, name, shape, begin, count);
+    };
   }
   sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_), std::move(mesh), plan.options);
   if (pretrained) {
@@ -624,7 +624,7 @@ std::string TrainingRun::offload_note() const {
   for (const auto& g : sharded_->groups()) per_update += g->trainable_numel();
   if (host.params == 0 || host.nanoseconds == 0 || per_update == 0) return "";
   const double seconds = 1e-9 * static_cast<double>(host.nanoseconds.load());
-  const double updates = static_cast<double>(host.params.load()) / static_cast<double>(per_update);
+  const double ms = 1e3 * seconds * static_cast<double>(per_update) / static_cast<double>(host.params.load());
   // fused AdamW reads the parameter, its gradient and both moments and writes all but the gradient
   const double bytes = 28.0 * static_cast<double>(host.params.load());
   char line[320];
@@ -632,8 +632,7 @@ std::string TrainingRun::offload_note() const {
                 "[train] offload: AdamW on the host took %.*f ms an update over %lld parameters on rank %d "
                 "(%.1f GB/s of the 28 bytes a parameter it reads and writes): host memory's speed bounds an "
                 "offloaded step from below\n",
-                1e3 * seconds / updates < 10 ? 1 : 0, 1e3 * seconds / updates, static_cast<long long>(per_update),
-                world_.rank(), bytes / seconds / 1e9);
+                ms < 10 ? 1 : 0, ms, static_cast<long long>(per_update), world_.rank(), bytes / seconds / 1e9);
   return line;
 }
 
