@@ -10,7 +10,8 @@
 #     2. bench      scripts/bench/compare.py on the ~1B Llama: fsdptrain, accelerate and
 #                   fsdp2-compile (bench/, bench.log; `bench` alone runs the eager fsdp2 row too)
 #     3. features   fsdptrain's features at the same shape, a few steps each: activation
-#                   checkpointing, micro batch 4, offload, LoRA, a FULL checkpoint with the export,
+#                   checkpointing, micro batch 4, offload (and accumulation 4 with and without it),
+#                   LoRA, a FULL checkpoint with the export,
 #                   `generate --device cuda` from the export, SHARDED checkpoints and their resume,
 #                   packed chat data -> feature-matrix.md (one row each, written as each ends),
 #                   features/*.log; the bench's fsdptrain row is the reference they differ from
@@ -224,6 +225,8 @@ for pattern, say in ((r"\[train\] model: .*; built in ([0-9.]+ s)", lambda m: f"
                      (r"\[train\] offload: AdamW on the host took ([0-9.]+ ms) an update .*?\(([0-9.]+ GB/s)",
                       lambda m: f"host AdamW {m[1]} an update at {m[2]}"),
                      (r"\[ckpt\] loaded \S+ \(.*?\) in ([0-9.]+ s)", lambda m: f"loaded in {m[1]}"),
+                     (r"\[train\] peak host memory per rank: (.*?) before loading, (.*?) after",
+                      lambda m: f"peak host memory {m[1]} before loading, {m[2]} after"),
                      (r"\[train\] exported a Hugging Face folder (?:\(\w+\) )?to \S+ in ([0-9.]+ s)", lambda m: f"exported in {m[1]}"),
                      (r"\[generate\] (\d+) new tokens .*? in ([0-9.]+ s): ([0-9.]+) tokens/s",
                       lambda m: f"{m[1]} new tokens in {m[2]}")):
@@ -283,6 +286,11 @@ features() {
   feature ac "fsdp_activation_checkpointing" "$STEPS" fsdp_config.fsdp_activation_checkpointing=true
   feature mb4 "micro batch 4" "$STEPS" train.micro_batch_size=4
   feature offload "fsdp_offload_params" "$OFFLOAD_STEPS" fsdp_config.fsdp_offload_params=true
+  # Offload's cost per update is the host's AdamW: over more tokens an update (accumulation) it
+  # weighs less; the first row is the second's baseline.
+  feature accum4 "gradient accumulation 4" "$OFFLOAD_STEPS" train.gradient_accumulation_steps=4
+  feature offload_accum4 "fsdp_offload_params, gradient accumulation 4" "$OFFLOAD_STEPS" \
+    fsdp_config.fsdp_offload_params=true train.gradient_accumulation_steps=4
   feature lora "LoRA r 16, all-linear" "$STEPS" lora.r=16 lora.alpha=32 lora.target_modules=all-linear
   feature ckpt_full "FULL_STATE_DICT save and the Hugging Face export" "$STEPS" \
     fsdp_config.fsdp_state_dict_type=FULL_STATE_DICT "checkpoint.dir=$ck-full" "checkpoint.export_dir=$scratch/export"

@@ -247,6 +247,7 @@ struct EngineConfig {
   ReadAhead read_ahead = ReadAhead::kAuto;  // auto: on a GPU
   bool host_cache = true;                   // CPU runs: fsdp/host_cache.h's allocator
   bool offload_overlap = true;              // offload: each unit's host update when the next forward needs it
+  bool offload_keep_on_device = true;       // offload: each unit's param_dtype shard kept on the device until updated
   bool sync_debug = false;                  // CUDA: a synchronizing op inside a step is an error
   std::string dump_gradients;               // a folder: each step's full gradients ("": none)
 };

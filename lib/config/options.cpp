@@ -1036,6 +1036,15 @@ std::vector<OptionSpec> build_table() {
                 "compute (the same results); false: the whole update at the step, before any upload")
           .extension()
           .to(&Config::engine, &EngineConfig::offload_overlap),
+      Row("engine.offload_keep_on_device", V::kBool)
+          .env("FSDPTRAIN_OFFLOAD_KEEP_ON_DEVICE")
+          .def("true")
+          .help("With fsdp_offload_params on a GPU: keep each unit's weights on the GPU in the compute dtype from "
+                "their upload until the unit's next update (2 bytes a parameter over the shard group in bf16), so "
+                "backward and every accumulated micro-batch find them there instead of uploading the fp32 shards "
+                "again; false: upload at every gather, as FSDP2's CPUOffloadPolicy does, for the least GPU memory")
+          .extension()
+          .to(&Config::engine, &EngineConfig::offload_keep_on_device),
       Row("engine.sync_debug", V::kBool)
           .env("FSDPTRAIN_SYNC_DEBUG")
           .def("false")

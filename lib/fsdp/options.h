@@ -50,6 +50,11 @@ struct FsdpOptions {
   // With offload_params: the copies between host and device (fsdp/host_transfer.h). Null: the
   // device's own upload and download streams off the CPU, plain copies on it; tests set one.
   std::shared_ptr<HostTransfer> host_transfer;
+  // With offload_params and a host_transfer: each unit's shard stays on the device in param_dtype
+  // (2 bytes a parameter over the shard group in bf16) from its upload until its next update, so
+  // backward's gather and every accumulated micro-batch's find it there instead of uploading the
+  // fp32 shard again; false: each gather uploads (FSDP2's CPUOffloadPolicy does).
+  bool offload_keep_on_device = true;
   bool activation_checkpointing = false;  // recompute each innermost unit's forward in backward
   bool prefetch = true;                   // issue the next unit's all-gather before this one computes
   c10::Device device = c10::kCPU;         // where units compute

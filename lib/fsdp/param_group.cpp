@@ -163,12 +163,13 @@ void ParamGroup::unshard() {
   const int world = mesh_->shard.size();
   HostTransfer* transfer = options_.offload_params ? options_.host_transfer.get() : nullptr;
   if (world == 1) {  // a group of one needs no collective: the shards are copied into place
-    if (transfer) {  // offloaded: the upload starts now, on its own stream (wait_for_unshard waits)
+    if (transfer && !on_device_) {  // offloaded: the upload starts now, on its own stream (wait_for_unshard waits)
       c10::NoGradGuard no_grad;
       alloc_storage(unsharded_, static_cast<size_t>(unsharded_.numel()) * unsharded_.element_size());
       upload_ = transfer->upload([this] { copy_shards_into(unsharded_); });
+      on_device_ = keeps_on_device();
     }
-    return;  // otherwise wait_for_unshard casts them in
+    return;  // otherwise wait_for_unshard casts them in, or they are there (on_device_)
   }
   c10::NoGradGuard no_grad;
   at::Tensor out = at::empty({world * shard_numel_},
@@ -188,13 +189,30 @@ void ParamGroup::unshard() {
     return;
   }
   // Offloaded: the upload and then the all-gather are issued from the upload stream, so the gather
-  // waits for the upload and the current stream for neither until wait_for_unshard.
+  // waits for the upload and the current stream for neither until wait_for_unshard. Kept on the
+  // device: the upload goes to device_shard_, the gather's input, and a gather while it is current
+  // uploads nothing.
+  const std::string label = "gather " + display_name();
   dist::Work work;
-  upload_ = transfer->upload([&] {
-    copy_shards_into(in);
-    work = mesh_->shard.all_gather(out, in, "gather " + display_name());
-  });
-  pending_gather_ = PendingGather{std::move(work), out, at::Tensor()};
+  if (!keeps_on_device()) {
+    upload_ = transfer->upload([&] {
+      copy_shards_into(in);
+      work = mesh_->shard.all_gather(out, in, label);
+    });
+    pending_gather_ = PendingGather{std::move(work), out, at::Tensor()};
+    return;
+  }
+  if (!device_shard_.defined()) device_shard_ = at::empty({shard_numel_}, out.options());
+  if (on_device_) {
+    work = mesh_->shard.all_gather(out, device_shard_, label);
+  } else {
+    upload_ = transfer->upload([&] {
+      copy_shards_into(device_shard_);
+      work = mesh_->shard.all_gather(out, device_shard_, label);
+    });
+    on_device_ = true;
+  }
+  pending_gather_ = PendingGather{std::move(work), out, device_shard_};
 }
 
 // The flat shards (trainable fp32, frozen param_dtype) into `dst` (shard_numel_ elements,
@@ -219,6 +237,8 @@ void ParamGroup::wait_for_unshard() {
     pending_gather_.reset();
   } else if (upload_) {
     finish_upload();  // one rank, offloaded: the upload filled the storage
+  } else if (on_device_) {
+    // One rank, offloaded: the storage kept since the shards' last upload holds them.
   } else {
     // One rank: each shard is its whole parameter, unpadded and in the unsharded storage's order
     // (trainable first), so the flat shards are that storage: two casts, where a collective of one
@@ -234,6 +254,10 @@ void ParamGroup::finish_upload() {
   if (!upload_) return;
   options_.host_transfer->wait(*upload_);
   upload_.reset();
+}
+
+bool ParamGroup::keeps_on_device() const {
+  return options_.offload_params && options_.offload_keep_on_device && options_.host_transfer;
 }
 
 void ParamGroup::copy_out(const at::Tensor& gathered) {
@@ -258,13 +282,15 @@ void ParamGroup::reshard() {
     if (pending_gather_) pending_gather_->work.wait();
     pending_gather_.reset();
     finish_upload();
-    free_storage(unsharded_);  // one rank, offloaded: the upload's storage
+    if (!on_device_) free_storage(unsharded_);  // one rank, offloaded: the upload's storage, unless kept
     state_ = GroupState::kSharded;
     return;
   }
-  free_storage(unsharded_);
+  // One rank, offloaded and kept on the device: the storage is the shards' device copy.
+  const bool keep = on_device_ && mesh_->shard.size() == 1;
+  if (!keep) free_storage(unsharded_);
   state_ = GroupState::kSharded;
-  if (!params_.empty()) log("free");
+  if (!params_.empty()) log(keep ? "free (kept on the device)" : "free");
 }
 
 void ParamGroup::reshard_after_forward() {
@@ -394,6 +420,7 @@ void ParamGroup::apply_deferred_update() const {
   if (!deferred_update_) return;
   const std::function<void()> update = std::move(deferred_update_);
   deferred_update_ = nullptr;
+  on_device_ = false;  // the device's copy is the shards before this update
   log("update");
   update();
 }

@@ -25,7 +25,9 @@
 //     which first waits for the current stream, so a prefetch issued before a unit computes
 //     overlaps that computation. Under offload the slot is filled by the host-to-device copy on
 //     the upload stream (fsdp/host_transfer.h), the all-gather issued from there; with one rank,
-//     the upload fills the parameters' storage itself.
+//     the upload fills the parameters' storage itself. With offload_keep_on_device the upload's
+//     result stays on the device until the unit's next update (see on_device_), and a gather
+//     before then uploads nothing.
 //   - wait_for_unshard(): Work::wait makes the current stream wait for the gather (no host wait);
 //     the copy-out into the parameters' storage runs on the current stream after it.
 //   - post_backward(): the reduce-scatter's input is built on the current stream (in backward: the
@@ -119,8 +121,10 @@ class ParamGroup {
   std::string display_name() const { return name_.empty() ? "<root>" : name_; }
   GroupState state() const { return state_; }
   // The parameters (their sharded views included), any deferred update applied first.
+  // Whoever gets them may write the shards: the device's copy (on_device_) is dropped.
   const std::vector<ShardedParam>& params() const {
     apply_deferred_update();
+    on_device_ = false;
     return params_;
   }
   bool empty() const { return params_.empty(); }
@@ -149,8 +153,9 @@ class ParamGroup {
   bool reduce_pending() const { return pending_reduce_.has_value(); }
 
   // Flat fp32 views for the optimizer: [0, trainable) and the part of it that decays.
-  at::Tensor flat_param() const {  // (S_trainable), any deferred update applied
+  at::Tensor flat_param() const {  // (S_trainable), any deferred update applied; writable (as params())
     apply_deferred_update();
+    on_device_ = false;
     return flat_shard_;
   }
   at::Tensor flat_grad() const;                                 // (S_trainable), zeros written if pending
@@ -195,6 +200,7 @@ class ParamGroup {
   void copy_out(const at::Tensor& gathered);             // (W * S) param_dtype -> every param's unsharded rows
   void copy_shards_into(const at::Tensor& dst) const;    // the flat shards -> (S) param_dtype, cast
   void finish_upload();                                  // the current stream waits for upload_
+  bool keeps_on_device() const;                          // offloaded with offload_keep_on_device
   at::Tensor unsharded_of(const ShardedParam& p) const;  // (numel) of unsharded_ that p views
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
   at::Tensor initial_value(const ShardedParam& p) const;
@@ -226,6 +232,12 @@ class ParamGroup {
   };
   std::optional<PendingGather> pending_gather_;
   std::optional<uint64_t> upload_;  // offloaded: the HostTransfer ticket of the shards' upload in flight
+  // keeps_on_device(): this rank's shards as last uploaded, in param_dtype on the device ((S), the
+  // gather's input; with one rank the parameters' storage itself is kept, allocated, instead), and
+  // whether they still equal the host shards: set by an upload; cleared by an update and by every
+  // accessor that hands the shards out (params(), flat_param()), since their taker may write them.
+  at::Tensor device_shard_;
+  mutable bool on_device_ = false;
   mutable std::function<void()> deferred_update_;  // defer_update's, until apply_deferred_update
   mutable at::Tensor grad_squares_;                // grad_squares()
   struct PendingReduce {

@@ -64,6 +64,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
     for (const auto& [name, tensor] : units[u].params) {
       const ShardLayout l{tensor.sizes().vec(), shards, 0};
       e.params += l.shard_numel() * (tensor.requires_grad() ? 4 : param_bytes);  // frozen: the compute dtype alone
+      if (c.engine.offload_keep_on_device) e.offload_kept += l.shard_numel() * param_bytes;
       padded += l.padded_numel();
       if (tensor.requires_grad()) {
         e.trainable += tensor.numel();
@@ -159,7 +160,7 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
     return str("  ", w, b, note, "\n");
   };
   auto device_total = [&](bool with_offload, bool with_ac) {
-    return (with_offload ? 0 : e.persistent()) + e.gathered + e.post_forward +
+    return (with_offload ? e.offload_kept : e.persistent()) + e.gathered + e.post_forward +
            (with_ac ? e.activations_checkpointed : e.activations);
   };
   std::string out =
@@ -188,6 +189,9 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
   }
   out += row("gradients (fp32 shards)", e.grads, where);
   out += row("AdamW state (2 x fp32)", e.optimizer, where);
+  if (offload && e.offload_kept > 0)
+    out += row(str("shards kept on the device (", param_bytes_name(plan), ")"), e.offload_kept,
+               "from each upload to the next update (engine.offload_keep_on_device)");
   out += row("gathered units and reduction buffers (peak)", e.gathered);
   if (e.post_forward > 0)
     out += row(str("post-forward shares (1/", plan.post_forward_size, " of each layer)"), e.post_forward,

@@ -29,6 +29,9 @@ struct MemoryEstimate {
   int64_t cp_bytes = 0;
   int64_t activations = 0, activations_checkpointed = 0;  // one micro-batch
   int64_t trainable = 0;                                  // parameters with gradients (all but LoRA's frozen base)
+  // With offload: every unit's shard in the compute dtype, kept on the device between its upload and
+  // its next update (engine.offload_keep_on_device).
+  int64_t offload_kept = 0;
   int64_t persistent() const { return params + grads + optimizer; }
 };
 

@@ -68,6 +68,7 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
   o.ignored_modules = config.fsdp.ignored_modules;
   o.min_num_params = config.fsdp.min_num_params;
   o.offload_params = config.fsdp.offload_params;
+  o.offload_keep_on_device = config.engine.offload_keep_on_device;
   o.activation_checkpointing = config.fsdp.activation_checkpointing;
   o.device = device;
   o.host_cache = config.engine.host_cache;

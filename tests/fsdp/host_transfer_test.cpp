@@ -30,16 +30,23 @@ struct Run {
 
 // Three steps of a four-block stack (four units and the root) on one rank; `transfer` null: no
 // offload. The forward is MlpStack's, with each block's compute logged. defer: the optimizer's
-// offloaded updates held until each unit is next needed (AdamWOptions::defer_offloaded_updates).
-Run train(std::shared_ptr<RecordingTransfer> transfer, bool offload, bool defer = true) {
+// offloaded updates held until each unit is next needed (AdamWOptions::defer_offloaded_updates);
+// keep: FsdpOptions::offload_keep_on_device; micro: micro-batches a step (their gradients summed).
+struct Settings {
+  bool defer = true, keep = true;
+  int micro = 1;
+};
+
+Run train(std::shared_ptr<RecordingTransfer> transfer, bool offload, Settings settings = {}) {
   torch::manual_seed(11);
   MlpStack m(4, 2);  // block 2 frozen: its unit has nothing to download
   FsdpOptions o;
   o.offload_params = offload;
   o.host_transfer = transfer;
+  o.offload_keep_on_device = settings.keep;
   o.record_events = true;
   auto s = fully_shard(*m, MlpStackImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
-  optim::ShardedAdamW adamw(*s, optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1, defer});
+  optim::ShardedAdamW adamw(*s, optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.1, settings.defer});
   auto forward = [&](const at::Tensor& x) {
     at::Tensor h = m->in_proj(x);
     for (const auto& mod : *m->layers) {
@@ -55,8 +62,11 @@ Run train(std::shared_ptr<RecordingTransfer> transfer, bool offload, bool defer 
   size_t seen = 0;
   for (int step = 0; step < 3; ++step) {
     const at::Tensor x = torch::randn({6, MlpStackImpl::kIn});
-    s->forward({x}, [&](const TensorList& in) { return TensorList{forward(in[0]).pow(2).sum()}; })[0].backward();
-    if (transfer && offload && step == 1) {
+    for (int k = 0; k < settings.micro; ++k) {
+      const at::Tensor part = x.narrow(0, k * 6 / settings.micro, 6 / settings.micro);
+      s->forward({part}, [&](const TensorList& in) { return TensorList{forward(in[0]).pow(2).sum()}; })[0].backward();
+    }
+    if (transfer && offload && step == 1 && settings.micro == 1) {
       // Each trainable unit's squares were taken as its gradient went down; the norm from them has
       // the bits of a pass over the host gradients (reading flat_grad() drops them).
       for (const auto& g : s->groups()) CHECK(g->grad_squares().defined() == g->has_trainable());
@@ -86,13 +96,22 @@ size_t count(const std::vector<std::string>& log, const std::string& what) {
   return static_cast<size_t>(std::count(log.begin(), log.end(), what));
 }
 
+size_t count_starting(const std::vector<std::string>& log, const std::string& prefix) {
+  return static_cast<size_t>(
+      std::count_if(log.begin(), log.end(), [&](const std::string& e) { return e.rfind(prefix, 0) == 0; }));
+}
+
+size_t uploads(const std::vector<std::string>& log) {
+  return count_starting(log, "upload ");
+}
+
 }  // namespace
 
 TEST_CASE("offload through a HostTransfer: uploads ahead of compute, one host wait, the same training") {
   auto transfer = std::make_shared<RecordingTransfer>();
   const Run recorded = train(transfer, /*offload=*/true);
   const Run plain = train(nullptr, /*offload=*/true), on_device = train(nullptr, /*offload=*/false);
-  const Run at_the_step = train(transfer, /*offload=*/true, /*defer=*/false);
+  const Run at_the_step = train(transfer, /*offload=*/true, Settings{/*defer=*/false});
   REQUIRE(recorded.weights.size() == plain.weights.size());
   for (size_t i = 0; i < plain.weights.size(); ++i) {
     CHECK(at::equal(recorded.weights[i], plain.weights[i]));
@@ -124,27 +143,32 @@ TEST_CASE("offload through a HostTransfer: uploads ahead of compute, one host wa
     }
     CHECK(count(e, "update blocks.2") == 0);
   }
-  for (const std::vector<std::string>& log : recorded.logs) {
-    INFO(join(log, ", "));
+  for (size_t step = 0; step < recorded.logs.size(); ++step) {
+    const std::vector<std::string>& log = recorded.logs[step];
+    INFO("step ", step, ": ", join(log, ", "));
     // Forward: before each block's compute but the last, the next block's upload was issued (the
-    // prefetch a stream overlaps with this compute), and its wait comes after this compute.
+    // prefetch a stream overlaps with this compute), and its wait comes after this compute. The
+    // frozen block 2 never changes: after the first step it is on the device already.
     std::vector<size_t> computes;
     for (size_t i = 0; i < log.size(); ++i)
       if (log[i] == "compute") computes.push_back(i);
-    REQUIRE(computes.size() == 4);
+    REQUIRE(computes.size() == 4);  // one micro-batch
     for (size_t k = 0; k + 1 < computes.size(); ++k) {
       const size_t at = computes[k];
+      if (step > 0 && k + 1 == 2) {
+        CHECK(log[at - 1].rfind("upload ", 0) != 0);
+        continue;
+      }
       REQUIRE(log[at - 1].rfind("upload ", 0) == 0);
       const std::string ticket = log[at - 1].substr(7);
       const auto waited = std::find(log.begin(), log.end(), "wait " + ticket);
       CHECK(waited - log.begin() > static_cast<long>(at));
       CHECK(waited - log.begin() < static_cast<long>(computes[k + 1]));
     }
-    // The root and four blocks go up for forward, the four blocks again for backward (the root
-    // stays gathered); the root and the three trainable blocks come down once each.
-    size_t uploads = 0;
-    for (const std::string& e : log) uploads += e.rfind("upload ", 0) == 0;
-    CHECK(uploads == 9);
+    // The root and four blocks go up for forward, once: backward finds them on the device
+    // (offload_keep_on_device), and so does every later step the frozen block; the root and the
+    // three trainable blocks come down once each.
+    CHECK(uploads(log) == (step == 0 ? 5 : 4));
     CHECK(count(log, "download") == 4);
     // One host wait, after the last download: the optimizer's.
     CHECK(count(log, "synchronize") == 1);
@@ -153,4 +177,57 @@ TEST_CASE("offload through a HostTransfer: uploads ahead of compute, one host wa
     const auto sync = std::find(log.rbegin(), log.rend(), "synchronize");
     CHECK(sync < last_download);  // reverse iterators: the synchronize comes later
   }
+}
+
+TEST_CASE("offload keeps each unit's shard on the device until its update: one upload a unit a step") {
+  // Three micro-batches a step: kept on the device, each trainable unit goes up once a step (its
+  // updated shard, for the first forward), however many forwards and backwards read it, and the
+  // frozen block once a run; uploading at every gather (FSDP2's CPUOffloadPolicy), the root once
+  // and each block twice a micro-batch. The weights are the same bits either way, and the same as
+  // without offload.
+  auto transfer = std::make_shared<RecordingTransfer>();
+  const Run kept = train(transfer, /*offload=*/true, Settings{true, /*keep=*/true, /*micro=*/3});
+  auto each_gather = std::make_shared<RecordingTransfer>();
+  const Run uploaded = train(each_gather, /*offload=*/true, Settings{true, /*keep=*/false, /*micro=*/3});
+  const Run on_device = train(nullptr, /*offload=*/false, Settings{true, true, /*micro=*/3});
+  REQUIRE(kept.weights.size() == on_device.weights.size());
+  for (size_t i = 0; i < kept.weights.size(); ++i) {
+    CHECK(at::equal(kept.weights[i], uploaded.weights[i]));
+    CHECK(at::equal(kept.weights[i], on_device.weights[i]));
+  }
+  REQUIRE(kept.logs.size() == 3);
+  for (size_t step = 0; step < 3; ++step) {
+    CHECK(uploads(kept.logs[step]) == (step == 0 ? 5 : 4));
+    CHECK(uploads(uploaded.logs[step]) == 3 * 9);
+    // With one rank the kept copy is the parameters' storage itself: no unit frees it.
+    CHECK(count_starting(kept.events[step], "free ") ==
+          count_starting(kept.events[step], "free (kept on the device) "));
+    CHECK(count_starting(kept.events[step], "free (kept on the device) ") > 0);
+    CHECK(count_starting(uploaded.events[step], "free (kept") == 0);
+    CHECK(count_starting(uploaded.events[step], "free ") > 0);
+  }
+  // Whoever takes the shards may write them: the next gather uploads again.
+  auto again = std::make_shared<RecordingTransfer>();
+  torch::manual_seed(3);
+  MlpStack m(2, -1);
+  FsdpOptions o;
+  o.offload_params = true;
+  o.host_transfer = again;
+  auto s = fully_shard(*m, MlpStackImpl::traits(), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  const at::Tensor x = torch::randn({2, MlpStackImpl::kIn});
+  auto loss = [&] {
+    c10::NoGradGuard no_grad;
+    return s->forward({x}, [&](const TensorList& in) { return TensorList{m->forward(in[0]).pow(2).sum()}; })[0];
+  };
+  const at::Tensor before = loss();
+  CHECK(uploads(again->log) == 3);
+  loss();
+  CHECK(uploads(again->log) == 3);  // forward again: nothing goes up
+  for (const auto& g : s->groups()) g->flat_param().mul_(0.5);
+  const at::Tensor after = loss();
+  CHECK(uploads(again->log) == 6);
+  CHECK_FALSE(at::equal(before, after));
+  for (const auto& g : s->groups()) g->flat_param().mul_(2.0);
+  CHECK(at::equal(loss(), before));
+  CHECK(again->outstanding() == 0);
 }

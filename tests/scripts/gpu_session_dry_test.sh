@@ -24,17 +24,20 @@ fail() { echo "FAIL: $*"; failed=1; }
 [ "$rc" = 0 ] || fail "the dry session exited $rc"
 for f in gpu.txt session.md tests.log bench.log bench/results.md bench/results.json \
          bench-offload.log bench-offload/results.md host.log host-adamw.md features.log feature-matrix.md \
-         features/ac.log features/mb4.log features/offload.log features/lora.log \
+         features/ac.log features/mb4.log features/offload.log features/accum4.log features/offload_accum4.log \
+         features/lora.log \
          features/ckpt_full.log features/ckpt_sharded.log features/resume.log \
          features/generate.log features/chat.log profile.log profile-summary.md profile-summary.json; do
   [ -s "$out/$f" ] || fail "$f is missing or empty"
 done
 grep -Eq 'failed|timed out|skipped' "$out/session.md" && fail "a step did not succeed (session.md above)"
 rows=$(grep -c '^| [a-z_0-9]* | ' "$out/feature-matrix.md" || true)
-[ "$rows" = 10 ] || fail "feature-matrix.md has $((rows - 1)) feature rows, expected 9"
+[ "$rows" = 12 ] || fail "feature-matrix.md has $((rows - 1)) feature rows, expected 11"
 grep -Eq 'FAILED|TIMED OUT' "$out/feature-matrix.md" && fail "a feature failed"
 grep -q 'saved .*SHARDED_STATE_DICT' "$out/feature-matrix.md" || fail "no SHARDED save in the feature table"
 grep -q 'loaded in' "$out/feature-matrix.md" || fail "the resume row did not load the checkpoint"
+grep -q '^| resume | .*peak host memory .* before loading, .* after' "$out/feature-matrix.md" ||
+  fail "the resume row does not say what the load did to host memory"
 grep -q 'new tokens in' "$out/feature-matrix.md" || fail "the generate row has no speed"
 grep -q 'exported in' "$out/feature-matrix.md" || fail "the ckpt_full row did not export"
 grep -q '^| offload | .*host AdamW [0-9.]* ms an update at [0-9.]* GB/s' "$out/feature-matrix.md" ||
