@@ -21,7 +21,7 @@
 #                   norm and AdamW beside a plain copy of the same bytes (tests/optim/host_adamw_bench.cpp)
 #                   -> host-adamw.md: the floor an offloaded step cannot go under on this machine
 #   At the 1B shape each fsdptrain run starts in about 25 s on an H200 (2026-11-27), so the six
-#   steps need about eleven minutes: the last ones get what the budget leaves, or are skipped.
+#   steps need about twelve minutes: the last ones get what the budget leaves, or are skipped.
 #   scripts/gpu-session.sh session --dry   (or DRY=1) the same steps on CPU at tiny shapes, in a
 #                   minute or two, so that a CPU test (tests/scripts/gpu_session_dry_test.sh)
 #                   keeps this script working; the gpu tests skip themselves there
