@@ -548,14 +548,26 @@ struct Checkpointer::Impl {
         add(kExpAvgSq + p.name, st.exp_avg_sq.narrow(0, p.offset, p.layout.shard_numel()));
       }
     }
+    // One after another, each placed so that its address and the file offset its rows go to in an
+    // in-place save agree modulo the direct-I/O block: those writes then go to the disk straight
+    // from the buffer, with no copy through an aligned one (at most a block of padding each).
+    const InPlacePlan files = plan_in_place(out);
     std::vector<at::Tensor> sources;
-    for (const HostSlice& h : out) sources.push_back(h.slice);
-    const std::vector<at::Tensor> staged = staging.plan(sources, model.options().device);
-    uint64_t end = 0;  // plan() puts them one after another
+    std::vector<uint64_t> offsets;
+    uint64_t next = 0;
+    for (const HostSlice& h : out) {
+      const uint64_t phase =
+          (files.offset.at(h.name) + static_cast<uint64_t>(h.layout->first_row() * h.layout->row_numel()) * 4) %
+          kDirectAlignment;
+      next += (phase + kDirectAlignment - next % kDirectAlignment) % kDirectAlignment;
+      sources.push_back(h.slice);
+      offsets.push_back(next);
+      next += static_cast<uint64_t>(h.slice.numel()) * 4;
+    }
+    const std::vector<at::Tensor> staged = staging.plan("", sources, offsets, next, model.options().device);
     for (size_t i = 0; i < out.size(); ++i) {
       out[i].slice = staged[i];
-      end += static_cast<uint64_t>(staged[i].numel()) * 4;
-      out[i].staged_end = end;
+      out[i].staged_end = offsets[i] + static_cast<uint64_t>(staged[i].numel()) * 4;
     }
     return out;
   }
@@ -604,13 +616,14 @@ struct Checkpointer::Impl {
     SafetensorsLayout layout;
     std::vector<const HostSlice*> slices;
   };
-
-  // The in-place FULL save: shard rank 0 creates every file at its full size with its header; every
-  // rank writes its valid rows of each tensor at their offset, fsyncs its writes and sends the
-  // CRC-32C of each piece to rank 0, which joins them into each file's checksum and commits.
-  void write_full_in_place(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
-                           const std::string& final_dir) {
-    const bool lead = shard_rank() == 0;
+  // The files of a FULL save from its slices' names and shapes alone: the Hugging Face shards of the
+  // parameters, then optimizer.safetensors; where each tensor starts in its file.
+  struct InPlacePlan {
+    HfShardPlan hf;
+    std::vector<InPlaceFile> files;
+    std::map<std::string, uint64_t> offset;
+  };
+  InPlacePlan plan_in_place(const std::vector<HostSlice>& slices) const {
     std::map<std::string, const HostSlice*> by_name;
     std::vector<TensorSpec> params;
     std::vector<TensorBytes> optim;
@@ -621,15 +634,30 @@ struct Checkpointer::Impl {
       else
         params.push_back({h.name, h.full_shape()});
     }
-    const HfShardPlan plan = plan_hf_shards(params, Dtype::kF32, o.max_shard_bytes);
-    std::vector<InPlaceFile> files;
+    InPlacePlan out;
+    out.hf = plan_hf_shards(params, Dtype::kF32, o.max_shard_bytes);
     auto add_file = [&](const std::string& name, const std::vector<TensorBytes>& specs) {
       InPlaceFile f{name, safetensors_layout(specs), {}};
-      for (const std::string& t : f.layout.order) f.slices.push_back(by_name.at(t));
-      files.push_back(std::move(f));
+      for (size_t i = 0; i < f.layout.order.size(); ++i) {
+        f.slices.push_back(by_name.at(f.layout.order[i]));
+        out.offset[f.layout.order[i]] = f.layout.offsets[i];
+      }
+      out.files.push_back(std::move(f));
     };
-    for (size_t k = 0; k < plan.shards.size(); ++k) add_file(plan.shards[k].file, plan.specs_of(k));
+    for (size_t k = 0; k < out.hf.shards.size(); ++k) add_file(out.hf.shards[k].file, out.hf.specs_of(k));
     add_file(kOptimizer, optim);
+    return out;
+  }
+
+  // The in-place FULL save: shard rank 0 creates every file at its full size with its header; every
+  // rank writes its valid rows of each tensor at their offset, fsyncs its writes and sends the
+  // CRC-32C of each piece to rank 0, which joins them into each file's checksum and commits.
+  void write_full_in_place(const std::vector<HostSlice>& slices, const json& state_doc, const std::string& tmp,
+                           const std::string& final_dir) {
+    const bool lead = shard_rank() == 0;
+    const InPlacePlan in_place = plan_in_place(slices);
+    const HfShardPlan& plan = in_place.hf;
+    const std::vector<InPlaceFile>& files = in_place.files;
     std::vector<uint32_t> header_crcs;
     if (lead)
       for (const InPlaceFile& f : files) {

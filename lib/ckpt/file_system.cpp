@@ -59,14 +59,15 @@ class LocalFile final : public WritableFile {
     if (::lseek(fd_, static_cast<off_t>(at + n), SEEK_SET) < 0) fail_unless_written(-1);
     account(data, n);
   }
-  // A large piece's whole blocks go to the disk with O_DIRECT (copied through an aligned buffer,
-  // since the piece may start anywhere in a block), its partial first and last blocks through the
-  // page cache: several ranks writing neighbouring pieces of one file share only those blocks, and
-  // the page cache keeps each one whole.
+  // A large piece's whole blocks go to the disk with O_DIRECT (straight from `data` when its address
+  // and `offset` agree modulo the block, else copied through an aligned buffer), its partial first
+  // and last blocks through the page cache: several ranks writing neighbouring pieces of one file
+  // share only those blocks, and the page cache keeps each one whole.
   void write_at(uint64_t offset, const void* data, size_t n) override {
     const char* p = static_cast<const char*>(data);
     const uint64_t first = round_up_to_block(offset), last = (offset + n) / kDirectAlignment * kDirectAlignment;
-    if (n >= kDirectBytesAtLeast && last > first && write_direct(first, p + (first - offset), last - first, true)) {
+    const bool bounce = (reinterpret_cast<uintptr_t>(p) - offset) % kDirectAlignment != 0;
+    if (n >= kDirectBytesAtLeast && last > first && write_direct(first, p + (first - offset), last - first, bounce)) {
       write_buffered(offset, p, first - offset);
       write_buffered(last, p + (last - offset), offset + n - last);
       return;

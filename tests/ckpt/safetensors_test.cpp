@@ -341,7 +341,9 @@ TEST_CASE("a file's image goes to the disk past the page cache where the file sy
 
 TEST_CASE("pieces written at any offset by several writers (a FULL save's rows) read back whole") {
   // Two writers of one file, as two ranks: pieces of 1.5 MiB and more at offsets inside blocks,
-  // alternating, each piece's whole blocks past the page cache and its edges through it.
+  // alternating, each piece's whole blocks past the page cache and its edges through it. From
+  // memory whose addresses agree with the file offsets modulo the block (a FULL save's staging
+  // buffer) the blocks go straight to the disk; from memory 8 bytes off, through an aligned copy.
   const std::vector<size_t> sizes = {(size_t{3} << 19) + 1000, 4093, (size_t{5} << 20) + 12, (size_t{2} << 20) + 4,
                                      (size_t{3} << 20) + 2048};
   std::vector<uint64_t> offsets{100};  // after a header of 100 bytes
@@ -349,23 +351,31 @@ TEST_CASE("pieces written at any offset by several writers (a FULL save's rows) 
   std::vector<uint8_t> bytes(offsets.back());
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 11);
   const std::string path = "/tmp/fsdp_pieces_" + std::to_string(::getpid()) + ".bin";
-  {
-    std::unique_ptr<WritableFile> f = local_file_system().create(path);
-    f->append(bytes.data(), offsets[0]);
-    f->resize(bytes.size());
-    f->close();
+  const size_t room = round_up_to_block(bytes.size() + 8);
+  std::unique_ptr<uint8_t, decltype(&std::free)> memory(static_cast<uint8_t*>(std::aligned_alloc(kDirectAlignment, room)),
+                                                        &std::free);
+  for (size_t shift : {size_t{0}, size_t{8}}) {
+    INFO("memory ", shift, " bytes off the file's offsets");
+    uint8_t* source = memory.get() + shift;  // source[k] is the file's byte k
+    std::memcpy(source, bytes.data(), bytes.size());
+    {
+      std::unique_ptr<WritableFile> f = local_file_system().create(path);
+      f->append(bytes.data(), offsets[0]);
+      f->resize(bytes.size());
+      f->close();
+    }
+    std::unique_ptr<WritableFile> a = local_file_system().open_existing(path);
+    std::unique_ptr<WritableFile> b = local_file_system().open_existing(path);
+    for (size_t i = 0; i < sizes.size(); ++i) (i % 2 ? b : a)->write_at(offsets[i], source + offsets[i], sizes[i]);
+    for (auto* f : {a.get(), b.get()}) {
+      f->sync();
+      f->close();
+    }
+    if (takes_direct_writes("/tmp"))  // the edges' blocks alone in the page cache: two per piece at most
+      CHECK(cached_pages(path, bytes.size()) <= 2 * sizes.size());
+    CHECK(fsdp::read_file(path) == std::string(bytes.begin(), bytes.end()));
+    std::remove(path.c_str());
   }
-  std::unique_ptr<WritableFile> a = local_file_system().open_existing(path);
-  std::unique_ptr<WritableFile> b = local_file_system().open_existing(path);
-  for (size_t i = 0; i < sizes.size(); ++i) (i % 2 ? b : a)->write_at(offsets[i], bytes.data() + offsets[i], sizes[i]);
-  for (auto* f : {a.get(), b.get()}) {
-    f->sync();
-    f->close();
-  }
-  if (takes_direct_writes("/tmp"))  // the edges' blocks alone in the page cache: two per piece at most
-    CHECK(cached_pages(path, bytes.size()) <= 2 * sizes.size());
-  CHECK(fsdp::read_file(path) == std::string(bytes.begin(), bytes.end()));
-  std::remove(path.c_str());
 }
 
 TEST_CASE("byte ranges read past the page cache, several in flight, land whole with their checksums") {
