@@ -35,16 +35,6 @@ namespace fsdp::model {
 
 namespace {
 
-// 64-bit FNV-1a of the name, mixed with the seed: a parameter's own random stream.
-uint64_t stream_of(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ULL ^ (seed * 0x9E3779B97F4A7C15ULL);
-  for (unsigned char ch : name) {
-    h ^= ch;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
 // Values [begin, begin + count) of an N(0, std) tensor of n values drawn in blocks of 2^20, each
 // block (its length min(2^20, n - its start)) from its own generator, seeded by the parameter's
 // stream and the block's index (mixed as SplitMix64 does, since a generator keeps 32 bits of its
@@ -565,7 +555,7 @@ at::Tensor init_parameter_range(const LlamaConfig& c, uint64_t seed, const std::
   if (is_lora_parameter(name)) return lora_init(seed, name, shape).reshape({-1}).narrow(0, begin, count).clone();
   if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) return at::ones({count});
   if (ends_with(name, ".bias")) return at::zeros({count});
-  return normal_range(stream_of(seed, name), c.initializer_range, n, begin, count);
+  return normal_range(named_stream(seed, name), c.initializer_range, n, begin, count);
 }
 
 void init_parameters(LlamaForCausalLMImpl& model, uint64_t seed) {

@@ -8,23 +8,10 @@
 
 #include "model/linear.h"
 #include "util/error.h"
+#include "util/splitmix.h"
 #include "util/strings.h"
 
 namespace fsdp::model {
-
-namespace {
-
-// The same stream for a name at any world size (decoder.cpp's parameter streams, another salt).
-uint64_t lora_stream(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ULL ^ (seed * 0x9E3779B97F4A7C15ULL) ^ 0x4C6F5241ULL;
-  for (unsigned char ch : name) {
-    h ^= ch;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-}  // namespace
 
 LoraDownImpl::LoraDownImpl(int64_t in, int64_t r, double scale, double p) : scaling(scale), dropout(p) {
   weight = register_parameter("weight", at::zeros({r, in}));
@@ -60,7 +47,7 @@ at::Tensor lora_init(uint64_t seed, const std::string& name, at::IntArrayRef sha
   if (name.find(".lora_B.") != std::string::npos) return at::zeros(shape);
   // kaiming_uniform_(a = sqrt(5)) on (r, in): gain sqrt(2 / 6), bound gain * sqrt(3 / in) = 1 / sqrt(in).
   const double bound = 1.0 / std::sqrt(static_cast<double>(shape.back()));
-  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(lora_stream(seed, name));
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(named_stream(seed, name, /*salt=*/0x4C6F5241ULL));
   return at::empty(shape, at::kFloat).uniform_(-bound, bound, g);
 }
 
