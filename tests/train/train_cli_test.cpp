@@ -304,6 +304,27 @@ TEST_CASE("estimate-memory's persistent rows and the run's report equal the shar
   }
 }
 
+TEST_CASE("estimate-memory with offload: the weights kept on the device in bf16 are counted there") {
+  auto estimate = [](const std::string& keep) {
+    const Result r = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", "2", "--set",
+                                          "fsdp_config.fsdp_offload_params=true", "--set", "mixed_precision=bf16",
+                                          "--set", "engine.offload_keep_on_device=" + keep, "--set",
+                                          "train.micro_batch_size=1", "--set", "train.sequence_length=8"});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  const std::string kept = estimate("true"), uploaded = estimate("false");
+  INFO(kept, uploaded);
+  // Half the fp32 shards' bytes (2 of 4 a parameter), on top of what offload without them keeps.
+  const double shards = parse_size(after(kept, "parameters (fp32 shards)"));
+  const double on_device = parse_size(after(kept, "shards kept on the device (bf16)"));
+  CHECK(on_device == doctest::Approx(shards / 2).epsilon(0.02));
+  CHECK(uploaded.find("shards kept on the device") == std::string::npos);
+  CHECK(parse_size(after(kept, "total on the device (as configured)")) ==
+        doctest::Approx(parse_size(after(uploaded, "total on the device (as configured)")) + on_device).epsilon(0.002));
+}
+
 TEST_CASE("estimate-memory with partial resharding: the post-forward shares and backward's smaller gathers") {
   auto estimate = [](const std::string& reshard) {
     const Result r = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", "4", "--set",
