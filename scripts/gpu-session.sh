@@ -10,10 +10,10 @@
 #     2. bench      scripts/bench/compare.py on the ~1B Llama: fsdptrain, accelerate and
 #                   fsdp2-compile (bench/, bench.log; `bench` alone runs the eager fsdp2 row too)
 #     3. features   fsdptrain's features at the same shape, a few steps each: activation
-#                   checkpointing, micro batch 4, offload (and accumulation 4 with and without it),
-#                   LoRA, a FULL checkpoint with the export,
+#                   checkpointing, micro batch 4, offload, LoRA, a FULL checkpoint with the export,
 #                   `generate --device cuda` from the export, SHARDED checkpoints and their resume,
-#                   packed chat data -> feature-matrix.md (one row each, written as each ends),
+#                   packed chat data, gradient accumulation 4 without and with offload
+#                   -> feature-matrix.md (one row each, written as each ends),
 #                   features/*.log; the bench's fsdptrain row is the reference they differ from
 #     4. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json}
 #     5. bench-offload  fsdptrain-offload and fsdp2-offload, fewer steps (bench-offload/, bench-offload.log)
@@ -286,11 +286,6 @@ features() {
   feature ac "fsdp_activation_checkpointing" "$STEPS" fsdp_config.fsdp_activation_checkpointing=true
   feature mb4 "micro batch 4" "$STEPS" train.micro_batch_size=4
   feature offload "fsdp_offload_params" "$OFFLOAD_STEPS" fsdp_config.fsdp_offload_params=true
-  # Offload's cost per update is the host's AdamW: over more tokens an update (accumulation) it
-  # weighs less; the first row is the second's baseline.
-  feature accum4 "gradient accumulation 4" "$OFFLOAD_STEPS" train.gradient_accumulation_steps=4
-  feature offload_accum4 "fsdp_offload_params, gradient accumulation 4" "$OFFLOAD_STEPS" \
-    fsdp_config.fsdp_offload_params=true train.gradient_accumulation_steps=4
   feature lora "LoRA r 16, all-linear" "$STEPS" lora.r=16 lora.alpha=32 lora.target_modules=all-linear
   feature ckpt_full "FULL_STATE_DICT save and the Hugging Face export" "$STEPS" \
     fsdp_config.fsdp_state_dict_type=FULL_STATE_DICT "checkpoint.dir=$ck-full" "checkpoint.export_dir=$scratch/export"
@@ -318,6 +313,12 @@ features() {
   rm -rf "$ck-sharded"
   feature chat "packed conversations (masked packing, assistant-only loss)" "$STEPS" \
     "data.path=$scratch/chat.jsonl" "data.tokenizer=$scratch/tokenizer"
+  # Offload's cost per update is the host's AdamW: over more tokens an update (accumulation) it
+  # weighs less; the first row is the second's baseline (last: the rows above come first
+  # when the session's budget is short).
+  feature accum4 "gradient accumulation 4" "$OFFLOAD_STEPS" train.gradient_accumulation_steps=4
+  feature offload_accum4 "fsdp_offload_params, gradient accumulation 4" "$OFFLOAD_STEPS" \
+    fsdp_config.fsdp_offload_params=true train.gradient_accumulation_steps=4
   return $failed
 }
 
