@@ -276,6 +276,9 @@ struct Checkpointer::Impl {
   bool is_writer() const { return !model.mesh().replicate || model.mesh().replicate->rank() == 0; }
   int tp_rank() const { return model.mesh().tp ? model.mesh().tp->rank() : 0; }
   int tp_size() const { return model.mesh().tp ? model.mesh().tp->size() : 1; }
+  // A FULL save whose ranks may each write their own rows into the files (when they also share a
+  // machine: every_rank_on_this_machine).
+  bool may_write_in_place() const { return o.full_rows_in_place && shard_size() > 1 && tp_size() == 1; }
   // SHARDED: one file per rank of a replica, shard-major (under tp, each rank writes its blocks' rows).
   int file_index() const { return shard_rank() * tp_size() + tp_rank(); }
   int file_count() const { return shard_size() * tp_size(); }
@@ -548,17 +551,20 @@ struct Checkpointer::Impl {
         add(kExpAvgSq + p.name, st.exp_avg_sq.narrow(0, p.offset, p.layout.shard_numel()));
       }
     }
-    // One after another, each placed so that its address and the file offset its rows go to in an
-    // in-place save agree modulo the direct-I/O block: those writes then go to the disk straight
-    // from the buffer, with no copy through an aligned one (at most a block of padding each).
-    const InPlacePlan files = plan_in_place(out);
+    // One after another; where the save may be written in place (write_full_in_place), each placed
+    // so that its address and the file offset its rows go to agree modulo the direct-I/O block:
+    // those writes then go to the disk straight from the buffer, with no copy through an aligned one
+    // (at most a block of padding each).
+    const bool in_place = may_write_in_place();
+    const InPlacePlan files = in_place ? plan_in_place(out) : InPlacePlan{};
     std::vector<at::Tensor> sources;
     std::vector<uint64_t> offsets;
     uint64_t next = 0;
     for (const HostSlice& h : out) {
       const uint64_t phase =
-          (files.offset.at(h.name) + static_cast<uint64_t>(h.layout->first_row() * h.layout->row_numel()) * 4) %
-          kDirectAlignment;
+          in_place ? (files.offset.at(h.name) + static_cast<uint64_t>(h.layout->first_row() * h.layout->row_numel()) * 4) %
+                         kDirectAlignment
+                   : next % kDirectAlignment;
       next += (phase + kDirectAlignment - next % kDirectAlignment) % kDirectAlignment;
       sources.push_back(h.slice);
       offsets.push_back(next);
@@ -582,7 +588,7 @@ struct Checkpointer::Impl {
   // random number in `tmp` holding its kernel's boot id, and every rank reads it and compares its
   // own.
   bool every_rank_on_this_machine(const std::string& tmp) {
-    if (!o.full_rows_in_place || shard_size() == 1 || tp_size() > 1) return false;
+    if (!may_write_in_place()) return false;
     at::Tensor token = at::zeros({1}, at::kLong);
     if (shard_rank() == 0) token.fill_(int64_t{std::random_device{}()} << 20 | (::getpid() & 0xFFFFF));
     host_group.broadcast(token, 0, "checkpoint folder check").wait();
@@ -616,8 +622,8 @@ struct Checkpointer::Impl {
     SafetensorsLayout layout;
     std::vector<const HostSlice*> slices;
   };
-  // The files of a FULL save from its slices' names and shapes alone: the Hugging Face shards of the
-  // parameters, then optimizer.safetensors; where each tensor starts in its file.
+  // The files of an in-place FULL save from its slices' names and shapes alone: the Hugging Face
+  // shards of the parameters, then optimizer.safetensors; where each tensor starts in its file.
   struct InPlacePlan {
     HfShardPlan hf;
     std::vector<InPlaceFile> files;
