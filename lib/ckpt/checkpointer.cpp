@@ -561,11 +561,11 @@ struct Checkpointer::Impl {
     std::vector<uint64_t> offsets;
     uint64_t next = 0;
     for (const HostSlice& h : out) {
-      const uint64_t phase =
-          in_place ? (files.offset.at(h.name) + static_cast<uint64_t>(h.layout->first_row() * h.layout->row_numel()) * 4) %
-                         kDirectAlignment
-                   : next % kDirectAlignment;
-      next += (phase + kDirectAlignment - next % kDirectAlignment) % kDirectAlignment;
+      if (in_place) {  // padding up to the address whose place in a block is that of the rows' file offset
+        const uint64_t file_offset =
+            files.offset.at(h.name) + static_cast<uint64_t>(h.layout->first_row() * h.layout->row_numel()) * 4;
+        next += (file_offset % kDirectAlignment + kDirectAlignment - next % kDirectAlignment) % kDirectAlignment;
+      }
       sources.push_back(h.slice);
       offsets.push_back(next);
       next += static_cast<uint64_t>(h.slice.numel()) * 4;

@@ -192,27 +192,21 @@ void ParamGroup::unshard() {
   // waits for the upload and the current stream for neither until wait_for_unshard. Kept on the
   // device: the upload goes to device_shard_, the gather's input, and a gather while it is current
   // uploads nothing.
+  const bool keep = keeps_on_device();
+  if (keep && !device_shard_.defined()) device_shard_ = at::empty({shard_numel_}, out.options());
+  const at::Tensor src = keep ? device_shard_ : in;  // the gather's input, which the upload fills
   const std::string label = "gather " + display_name();
   dist::Work work;
-  if (!keeps_on_device()) {
-    upload_ = transfer->upload([&] {
-      copy_shards_into(in);
-      work = mesh_->shard.all_gather(out, in, label);
-    });
-    pending_gather_ = PendingGather{std::move(work), out, at::Tensor()};
-    return;
-  }
-  if (!device_shard_.defined()) device_shard_ = at::empty({shard_numel_}, out.options());
   if (on_device_) {
-    work = mesh_->shard.all_gather(out, device_shard_, label);
+    work = mesh_->shard.all_gather(out, src, label);
   } else {
     upload_ = transfer->upload([&] {
-      copy_shards_into(device_shard_);
-      work = mesh_->shard.all_gather(out, device_shard_, label);
+      copy_shards_into(src);
+      work = mesh_->shard.all_gather(out, src, label);
     });
-    on_device_ = true;
+    on_device_ = keep;
   }
-  pending_gather_ = PendingGather{std::move(work), out, device_shard_};
+  pending_gather_ = PendingGather{std::move(work), out, keep ? src : at::Tensor()};
 }
 
 // The flat shards (trainable fp32, frozen param_dtype) into `dst` (shard_numel_ elements,
@@ -276,18 +270,18 @@ void ParamGroup::reshard() {
     state_ = GroupState::kSharded;
     return;
   }
+  // One rank, offloaded and kept on the device: the storage is the shards' device copy.
+  const bool keep = on_device_ && mesh_->shard.size() == 1;
   if (state_ == GroupState::kGathering) {
     // A prefetch that was not used: the collective is in flight on every rank, so it must finish,
     // and an upload must finish before its memory goes back to the current stream.
     if (pending_gather_) pending_gather_->work.wait();
     pending_gather_.reset();
     finish_upload();
-    if (!on_device_) free_storage(unsharded_);  // one rank, offloaded: the upload's storage, unless kept
+    if (!keep) free_storage(unsharded_);  // one rank, offloaded: the upload's storage
     state_ = GroupState::kSharded;
     return;
   }
-  // One rank, offloaded and kept on the device: the storage is the shards' device copy.
-  const bool keep = on_device_ && mesh_->shard.size() == 1;
   if (!keep) free_storage(unsharded_);
   state_ = GroupState::kSharded;
   if (!params_.empty()) log(keep ? "free (kept on the device)" : "free");
