@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs this machine's build for a GPU machine, so a device call spends its minutes on the GPU and
-# not on compiling: the stripped fsdptrain and the gpu tests' binaries (nccl_test, fsdp_worker, packed_cuda_test) and host_adamw_bench go
+# not on compiling: the stripped fsdptrain and the gpu tests' binaries (nccl_test, fsdp_worker, packed_cuda_test, float8_cuda_test) and host_adamw_bench go
 # to third_party/prebuilt/ (about 34 MB; carry it together with third_party/bundle), with the Arrow
 # and Parquet libraries fsdptrain links (from this venv's pyarrow, xz-packed in lib/arrow.tar.xz: that
 # machine's pyarrow may be another version). They load
@@ -12,10 +12,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 DEST=third_party/prebuilt
-cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target fsdptrain nccl_test fsdp_worker packed_cuda_test host_adamw_bench
+cmake --build "$BUILD_DIR" -j "${JOBS:-2}" --target fsdptrain nccl_test fsdp_worker packed_cuda_test float8_cuda_test host_adamw_bench
 rm -rf "$DEST"
 mkdir -p "$DEST/bin"
-for b in apps/fsdptrain/fsdptrain tests/nccl_test tests/fsdp_worker tests/packed_cuda_test tests/host_adamw_bench; do
+for b in apps/fsdptrain/fsdptrain tests/nccl_test tests/fsdp_worker tests/packed_cuda_test tests/float8_cuda_test \
+  tests/host_adamw_bench; do
   strip -o "$DEST/bin/$(basename "$b")" "$BUILD_DIR/$b"
 done
 # The Arrow libraries the binary needs, by the names it needs them (libarrow.so.2600, ...).

@@ -240,11 +240,14 @@ enum class OnednnProducts { kLarge, kAll, kOff };
 inline constexpr std::array<const char*, 3> kOnednnProductsNames = {"large", "all", "off"};
 enum class ReadAhead { kAuto, kOn, kOff };
 inline constexpr std::array<const char*, 3> kReadAheadNames = {"auto", "on", "off"};
+enum class Float8Training { kNone, kTensorwise, kRowwise };  // model/float8.h's recipes
+inline constexpr std::array<const char*, 3> kFloat8TrainingNames = {"none", "tensorwise", "rowwise"};
 
 struct EngineConfig {
   KernelProvider kernels = KernelProvider::kAuto;
   OnednnProducts onednn_products = OnednnProducts::kLarge;
-  ReadAhead read_ahead = ReadAhead::kAuto;  // auto: on a GPU
+  Float8Training float8 = Float8Training::kNone;  // the decoder layers' products in float8 (GPUs)
+  ReadAhead read_ahead = ReadAhead::kAuto;         // auto: on a GPU
   bool host_cache = true;                   // CPU runs: fsdp/host_cache.h's allocator
   bool offload_overlap = true;              // offload: each unit's host update when the next forward needs it
   bool offload_keep_on_device = true;       // offload: each unit's param_dtype shard kept on the device until updated

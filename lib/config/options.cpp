@@ -276,7 +276,8 @@ std::vector<OptionSpec> build_table() {
           .flag("mixed_precision")
           .env("ACCELERATE_MIXED_PRECISION")
           .choices(enum_names(kMixedPrecisionNames))
-          .unsupported({{"FP8", "fp8 training is not supported yet; use bf16"}})
+          .unsupported({{"FP8", "Accelerate's fp8 mode is not read; for float8 training set mixed_precision: bf16 and "
+                                "engine.float8: tensorwise (torchao's recipe, as Accelerate's AO backend)"}})
           .def("no")
           .help("Compute dtype: bf16 or fp16 gathers parameters in that dtype (fp32 master weights, fp32 reductions)")
           .to(L, &LaunchConfig::mixed_precision),
@@ -397,7 +398,7 @@ std::vector<OptionSpec> build_table() {
       ignored("dynamo_backend", "fsdptrain compiles ahead of time; torch.compile settings do not apply"),
       ignored("deepspeed_config", "DeepSpeed is not supported"),
       ignored("megatron_lm_config", "Megatron-LM is not supported"),
-      ignored("fp8_config", "fp8 is not supported yet"),
+      ignored("fp8_config", "Accelerate's fp8 settings are not read; engine.float8 chooses float8 training"),
       ignored("mpirun_config", "fsdptrain starts its own workers; MPI is not used"),
       ignored("ipex_config", "Intel extension settings do not apply"),
 
@@ -1013,6 +1014,16 @@ std::vector<OptionSpec> build_table() {
                 "LibTorch's mm and SDPA: large (those big enough to pay oneDNN's fixed cost per call), all, off")
           .extension()
           .to(&Config::engine, &EngineConfig::onednn_products),
+      Row("engine.float8", V::kEnum)
+          .env("FSDPTRAIN_FLOAT8")
+          .choices(enum_names(kFloat8TrainingNames))
+          .def("none")
+          .help("float8 training of the decoder layers' linear products, as torchao's recipes (the loss head, "
+                "embeddings, norms and attention stay in bf16): tensorwise (one scale a tensor; e4m3 inputs and "
+                "weights, e5m2 gradients) or rowwise (a scale a row, all e4m3, scales powers of 2). GPUs of "
+                "compute capability 8.9 and up (Ada, Hopper), with mixed_precision: bf16; none: bf16 products")
+          .extension()
+          .to(&Config::engine, &EngineConfig::float8),
       Row("engine.read_ahead", V::kEnum)
           .env("FSDPTRAIN_READ_AHEAD")
           .choices(enum_names(kReadAheadNames))

@@ -322,6 +322,26 @@ void check_lora(Checker& c) {
               "set model.pretrained to the Hugging Face folder to adapt");
 }
 
+// float8 (engine.float8): bf16 products on GPUs, one weight scale over the whole weight.
+void check_float8(Checker& c) {
+  const Config& t = c.rc.typed;
+  if (t.engine.float8 == Float8Training::kNone) return;
+  const char* key = "engine.float8";
+  if (t.launch.use_cpu)
+    c.error(key, "makes GPU products faster (compute capability 8.9 and up); a CPU run would only emulate them",
+            "remove engine.float8 for a CPU run (or set use_cpu: false on a GPU machine)");
+  if (t.launch.mixed_precision != MixedPrecision::kBf16)
+    c.error(key, str("runs with bf16 compute, and mixed_precision is ",
+                     enum_name(t.launch.mixed_precision, kMixedPrecisionNames)),
+            "set mixed_precision: bf16");
+  if (t.lora.enabled())
+    c.error(key, "does not train LoRA adapters yet (the frozen weights would be cast to float8 at every step)",
+            "set engine.float8: none to train adapters");
+  if (t.parallelism.tp_size > 1)
+    c.error(key, "does not run under tensor parallel yet (each rank's block of a weight would take its own scale)",
+            "set parallelism_config_tp_size: 1, or engine.float8: none");
+}
+
 void check_training(Checker& c) {
   const Config& t = c.rc.typed;
   if (t.model.gradient_checkpointing && t.fsdp.activation_checkpointing)
@@ -359,6 +379,7 @@ void check_training(Checker& c) {
     c.warning("checkpoint.keep_best", "has no effect with checkpoint.keep 0 (every checkpoint is kept)",
               "set checkpoint.keep to how many of the newest to keep besides the best");
   check_lora(c);
+  check_float8(c);
   // train.epochs over train.steps when given later (--set train.epochs=2 on a file with steps); both
   // in one place is a contradiction.
   auto layer = [&](const std::string& key) {

@@ -19,6 +19,7 @@
 #include "model/causal_attention.h"
 #include "model/chunked_loss.h"
 #include "model/context_parallel.h"
+#include "model/float8.h"
 #include "model/fused_ops.h"
 #include "model/kernels/elementwise.h"
 #include "model/kernels/provider.h"
@@ -82,6 +83,27 @@ int64_t share(int64_t count, const std::shared_ptr<TensorParallel>& tp, const ch
 at::Tensor rotate_half(const at::Tensor& x) {
   const std::vector<at::Tensor> halves = x.chunk(2, -1);
   return at::cat({-halves[1], halves[0]}, -1);
+}
+
+// A Linear of (out, in) whose values are left uninitialised for the caller (init_parameter, a
+// checkpoint) to write: LibTorch's constructor draws kaiming-uniform values on one host core, which
+// every caller replaced, at every start (the ~1B Llama's 1.2 billion draws).
+torch::nn::Linear uninitialized_linear(int64_t in, int64_t out, bool bias) {
+  torch::nn::Linear l(torch::nn::LinearOptions(1, 0).bias(bias));  // no values to draw
+  l->options.in_features(in).out_features(out);
+  l->weight.set_data(at::empty({out, in}));
+  if (bias) l->bias.set_data(at::empty({out}));
+  return l;
+}
+
+// A decoder layer's projection: in float8 when engine.float8 asks (model/float8.h; the config keeps
+// adapters and tensor parallel out of it), else the weight's product in the compute dtype with the
+// layer's adapter.
+at::Tensor layer_linear(const torch::nn::Linear& l, const at::Tensor& x) {
+  const Float8Recipe recipe = float8_recipe();
+  if (recipe == Float8Recipe::kNone) return lora_linear(l, x);
+  const at::Tensor y = float8_linear(x, l->weight, recipe);
+  return l->bias.defined() ? y + l->bias : y;
 }
 
 }  // namespace
@@ -157,9 +179,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std:
     FSDP_CHECK(heads % cp->size() == 0 && kv_heads % cp->size() == 0, "[sp] ", heads, " query and ", kv_heads,
                " kv heads", tp ? " (this rank's, under tensor parallel)" : "", " do not divide over sp_size ",
                cp->size(), "; Ulysses gives each sp rank a share of both");
-  auto linear = [&](int64_t in, int64_t out, bool bias) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
-  };
+  auto linear = [&](int64_t in, int64_t out, bool bias) { return uninitialized_linear(in, out, bias); };
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
@@ -239,6 +259,8 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
 // One product for q, k and v when fully_shard laid their weights end to end (model/stacked_weights.h),
 // three otherwise or on the reference path. Adapters add their own parts to each.
 std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
+  if (float8_recipe() != Float8Recipe::kNone)  // one float8 scale a weight, as torchao's Float8Linear each
+    return {layer_linear(q_proj, x), layer_linear(k_proj, x), layer_linear(v_proj, x)};
   if (kernels::provider_for(x) != kernels::Provider::kReference)
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
       const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
@@ -324,7 +346,7 @@ at::Tensor LlamaAttentionImpl::attend_ulysses(const Projected& p, const Packed& 
 }
 
 at::Tensor row_parallel_output(const torch::nn::Linear& proj, const at::Tensor& x, const TensorParallel* tp) {
-  if (tp == nullptr) return lora_linear(proj, x);
+  if (tp == nullptr) return layer_linear(proj, x);
   // The bias after the sum, once: every rank holds it whole and adds it to its own tokens.
   const at::Tensor y = reduce_scatter_along(model::linear(x, proj->weight), 1, *tp);
   return proj->bias.defined() ? y + proj->bias : y;
@@ -357,9 +379,7 @@ at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Ten
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> t)
     : torch::nn::Module("LlamaMLP"), tp(std::move(t)) {
-  auto linear = [&](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.mlp_bias));
-  };
+  auto linear = [&](int64_t in, int64_t out) { return uninitialized_linear(in, out, c.mlp_bias); };
   const int64_t f = share(c.intermediate_size, tp, "intermediate_size");
   gate_proj = register_module("gate_proj", linear(c.hidden_size, f));
   up_proj = register_module("up_proj", linear(c.hidden_size, f));
@@ -369,9 +389,12 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel>
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
   const at::Tensor x = tp ? gather_along(input, 1, *tp) : input;
   const kernels::Provider provider = kernels::provider_for(x);
-  // gate and up as one product when fully_shard laid their weights end to end (model/stacked_weights.h).
-  const auto w =
-      provider != kernels::Provider::kReference ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
+  // gate and up as one product when fully_shard laid their weights end to end (model/stacked_weights.h);
+  // in float8 one product (and scale) each.
+  const bool float8 = float8_recipe() != Float8Recipe::kNone;
+  const auto w = provider != kernels::Provider::kReference && !float8
+                     ? stacked_weights({gate_proj->weight, up_proj->weight})
+                     : std::nullopt;
   at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
   const bool adapters = has_lora(gate_proj) || has_lora(up_proj);
   if (w && !adapters && provider == kernels::Provider::kPortable && !gate_proj->bias.defined() &&
@@ -388,8 +411,8 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     gate = with_lora(gate_proj, x, parts[0]);
     up = with_lora(up_proj, x, parts[1]);
   } else {
-    gate = lora_linear(gate_proj, x);
-    up = lora_linear(up_proj, x);
+    gate = layer_linear(gate_proj, x);
+    up = layer_linear(up_proj, x);
   }
   at::Tensor product;
   if (provider == kernels::Provider::kHost)
@@ -458,9 +481,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   }
   if (!c.tie_word_embeddings) {
     lm_head = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size,
-                                                              tp ? vocab_block(c.vocab_size, tp->size()) : c.vocab_size)
-                                         .bias(false)));
+        "lm_head", uninitialized_linear(c.hidden_size, tp ? vocab_block(c.vocab_size, tp->size()) : c.vocab_size,
+                                        /*bias=*/false));
     release(*lm_head);
   }
   // A buffer, so it moves with the model (fully_shard, Module::to) and no forward copies it from the host.

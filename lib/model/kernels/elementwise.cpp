@@ -245,6 +245,70 @@ void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tenso
       });
 }
 
+namespace {
+
+template <typename Fp8>
+void to_float8_cpu(at::TensorIteratorBase& iter, float max) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.input_dtype(0), "fsdptrain::to_float8", [&] {
+    at::native::cpu_kernel(iter, [max](scalar_t x, float scale) -> Fp8 {
+      return static_cast<Fp8>(kernels::scaled_saturated(static_cast<float>(x), scale, max));
+    });
+  });
+}
+
+}  // namespace
+
+void to_float8_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, float max) {
+  FSDP_CHECK(out.scalar_type() == at::kFloat8_e4m3fn || out.scalar_type() == at::kFloat8_e5m2,
+             "[model] to_float8 writes float8_e4m3fn or float8_e5m2, not ", out.scalar_type());
+  FSDP_CHECK(scale.scalar_type() == at::kFloat, "[model] to_float8's scale is fp32, not ", scale.scalar_type());
+  RECORD_FUNCTION("fsdptrain::to_float8", std::vector<c10::IValue>({x, scale}));
+  at::TensorIteratorConfig config;
+  config.check_all_same_dtype(false).resize_outputs(false).add_output(out).add_const_input(x).add_const_input(scale);
+  at::TensorIterator iter = config.build();
+  launch(
+      iter, "to_float8",
+      [&] {
+        if (out.scalar_type() == at::kFloat8_e4m3fn)
+          to_float8_cpu<c10::Float8_e4m3fn>(iter, max);
+        else
+          to_float8_cpu<c10::Float8_e5m2>(iter, max);
+      },
+      [&] {
+#if FSDP_CUDA_KERNELS
+        cuda::to_float8(iter, max);
+#endif
+      });
+}
+
+void float8_scale_out(const at::Tensor& scale, const at::Tensor& inverse, const at::Tensor& amax, float max,
+                      bool power_of_2) {
+  FSDP_CHECK(scale.scalar_type() == at::kFloat && inverse.scalar_type() == at::kFloat,
+             "[model] float8 scales are fp32, not ", scale.scalar_type(), " and ", inverse.scalar_type());
+  RECORD_FUNCTION("fsdptrain::float8_scale", std::vector<c10::IValue>({amax}));
+  at::TensorIteratorConfig config;
+  config.check_all_same_dtype(false).resize_outputs(false).add_output(scale).add_output(inverse).add_const_input(
+      amax);
+  at::TensorIterator iter = config.build();
+  launch(
+      iter, "float8_scale",
+      [&] {
+        AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.input_dtype(0), "fsdptrain::float8_scale",
+                                        [&] {
+                                          at::native::cpu_kernel_multiple_outputs(iter, [&](scalar_t a) {
+                                            const Two<float> r =
+                                                kernels::float8_scale(static_cast<float>(a), max, power_of_2);
+                                            return std::make_tuple(r.first, r.second);
+                                          });
+                                        });
+      },
+      [&] {
+#if FSDP_CUDA_KERNELS
+        cuda::float8_scale(iter, max, power_of_2);
+#endif
+      });
+}
+
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   FSDP_CHECK(x.size(-1) % 2 == 0 && cos.size(-1) == x.size(-1) && sin.size(-1) == x.size(-1),
              "[model] rotary: head size ", x.size(-1), " with angles of ", cos.size(-1));

@@ -41,6 +41,16 @@ at::Tensor gate_up_swiglu(const at::Tensor& x, const at::Tensor& w);
 // subtraction and an exponential (and a cast).
 void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
+// float8 training (model/float8.h): out (float8_e4m3fn or float8_e5m2) = x * scale saturated to the
+// format's largest finite value `max`, for x of a floating dtype and an fp32 scale broadcast to it
+// (one value, one a row or one a column): one pass where ATen's ops take a cast to fp32, a product,
+// a clamp and a cast.
+void to_float8_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, float max);
+// The fp32 scale and its inverse from amax (a floating dtype, any shape; out of its shape):
+// functors.h's float8_scale, one launch for what ATen's ops take five.
+void float8_scale_out(const at::Tensor& scale, const at::Tensor& inverse, const at::Tensor& amax, float max,
+                      bool power_of_2);
+
 // The launches themselves, into given outputs (tests run them on the CPU against ATen's ops).
 void rotate_halves_out(const at::Tensor& out1, const at::Tensor& out2, const at::Tensor& x1, const at::Tensor& x2,
                        const at::Tensor& cos, const at::Tensor& sin, float sign);

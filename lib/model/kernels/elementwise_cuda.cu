@@ -44,4 +44,30 @@ void exp_shifted(at::TensorIteratorBase& iter) {
   });
 }
 
+template <typename Fp8>
+void to_float8_as(at::TensorIteratorBase& iter, float max) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.input_dtype(0), "fsdptrain::to_float8", [&] {
+    at::native::gpu_kernel(iter, [max] GPU_LAMBDA(scalar_t x, float scale) -> Fp8 {
+      return static_cast<Fp8>(kernels::scaled_saturated(static_cast<float>(x), scale, max));
+    });
+  });
+}
+
+void to_float8(at::TensorIteratorBase& iter, float max) {
+  if (iter.dtype(0) == at::kFloat8_e4m3fn)
+    to_float8_as<c10::Float8_e4m3fn>(iter, max);
+  else
+    to_float8_as<c10::Float8_e5m2>(iter, max);
+}
+
+void float8_scale(at::TensorIteratorBase& iter, float max, bool power_of_2) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.input_dtype(0), "fsdptrain::float8_scale", [&] {
+    at::native::gpu_kernel_multiple_outputs(
+        iter, [max, power_of_2] GPU_LAMBDA(scalar_t amax) -> thrust::tuple<float, float> {
+          const Two<float> r = kernels::float8_scale(static_cast<float>(amax), max, power_of_2);
+          return {r.first, r.second};
+        });
+  });
+}
+
 }  // namespace fsdp::model::kernels::cuda

@@ -12,5 +12,7 @@ void rotate_halves(at::TensorIteratorBase& iter, float sign);  // outputs (out1,
 void swiglu(at::TensorIteratorBase& iter);                     // output out; inputs (gate, up)
 void swiglu_backward(at::TensorIteratorBase& iter);            // outputs (dgate, dup); inputs (g, gate, up)
 void exp_shifted(at::TensorIteratorBase& iter);                // output out (fp32, bf16 or fp16); inputs fp32 a, b
+void to_float8(at::TensorIteratorBase& iter, float max);        // output out (a float8 dtype); inputs x, fp32 scale
+void float8_scale(at::TensorIteratorBase& iter, float max, bool power_of_2);  // outputs scale, inverse; input amax
 
 }  // namespace fsdp::model::kernels::cuda

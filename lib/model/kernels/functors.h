@@ -43,6 +43,25 @@ C10_HOST_DEVICE inline Two<T> swiglu_backward(T g, T gate, T up) {
   return {static_cast<T>(gg * static_cast<A>(up) * s * (A(1) + a * (A(1) - s))), static_cast<T>(gg * a * s)};
 }
 
+// float8 training (model/float8.h): x * scale in fp32, saturated to the format's largest finite
+// value `max` (NaN stays NaN), then rounded to the float8 format by the caller's cast: torchao's
+// `to_fp8_saturated(x.to(float32) * scale)`.
+C10_HOST_DEVICE inline float scaled_saturated(float x, float scale, float max) {
+  const float v = x * scale;
+  return v < -max ? -max : (v > max ? max : v);
+}
+
+// A float8 scale and its inverse from a tensor's (or row's) largest magnitude: scale = max / amax,
+// the division in float64 with amax at least 1e-12, rounded to float32 (torchao's amax_to_scale),
+// rounded down to a power of 2 when asked (its rowwise recipe); the inverse is what the product
+// multiplies by.
+C10_HOST_DEVICE inline Two<float> float8_scale(float amax, float max, bool power_of_2) {
+  const double a = static_cast<double>(amax) < 1e-12 ? 1e-12 : static_cast<double>(amax);
+  float scale = static_cast<float>(static_cast<double>(max) / a);
+  if (power_of_2) scale = ::exp2f(::floorf(::log2f(scale)));
+  return {scale, 1.0f / scale};
+}
+
 // The softmax's numerator: exp(a - b), from fp32 logits a and each token's shift b (its running
 // maximum, or its log-sum-exp for probabilities), written in the output's dtype.
 template <typename Out>
