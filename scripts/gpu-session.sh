@@ -1,40 +1,49 @@
 #!/usr/bin/env bash
 # Everything a GPU machine is for. One GPU session is ONE call of the device tool (10 minutes at
-# most): `session`, the default, runs the steps below in order, each bounded by `timeout` inside a
-# total budget (SESSION_BUDGET_S, 540 s), and writes each result under $OUT (or ./gpu-results) as it
-# finishes; $OUT/session.md says how each step ended. Carry third_party/bundle from
-# scripts/bundle-deps.sh, and with PREBUILT=1 the binaries scripts/prebuilt.sh packed
-# (third_party/prebuilt); without PREBUILT=1 a step builds first unless the build is already there.
-#   scripts/gpu-session.sh [session]   in one call, in this order:
-#     1. tests      the gpu-labelled tests                                  -> tests.log
-#     2. bench      scripts/bench/compare.py on the ~1B Llama: fsdptrain, accelerate and
-#                   fsdp2-compile (bench/, bench.log; `bench` alone runs the eager fsdp2 row too)
-#     3. features   fsdptrain's features at the same shape, a few steps each: activation
-#                   checkpointing, micro batch 4, offload, LoRA, a FULL checkpoint with the export,
-#                   `generate --device cuda` from the export, SHARDED checkpoints and their resume,
-#                   packed chat data, gradient accumulation 4 without and with offload
-#                   -> feature-matrix.md (one row each, written as each ends),
-#                   features/*.log; the bench's fsdptrain row is the reference they differ from
-#     4. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json}
-#     5. bench-offload  fsdptrain-offload and fsdp2-offload, fewer steps (bench-offload/, bench-offload.log)
-#     6. host       the host side of CPU offload at the 1B shape's 1.24B parameters: the gradient
-#                   norm and AdamW beside a plain copy of the same bytes (tests/optim/host_adamw_bench.cpp)
-#                   -> host-adamw.md: the floor an offloaded step cannot go under on this machine
-#   At the 1B shape each fsdptrain run starts in about 25 s on an H200 (2026-11-27), so the six
-#   steps need about twelve minutes: the last ones get what the budget leaves, or are skipped.
-#   scripts/gpu-session.sh session --dry   (or DRY=1) the same steps on CPU at tiny shapes, in a
-#                   minute or two, so that a CPU test (tests/scripts/gpu_session_dry_test.sh)
-#                   keeps this script working; the gpu tests skip themselves there
-#   One step alone:
-#   scripts/gpu-session.sh build     build offline against the machine's torch, run the gpu-labelled tests
-#                                    (`tests` is the same; with PREBUILT=1 nothing is built)
-#   scripts/gpu-session.sh bench     the side-by-side benchmark (scripts/bench/compare.py) on the ~1B Llama
-#   scripts/gpu-session.sh host      the host AdamW benchmark alone
-#   scripts/gpu-session.sh features  the feature table above (FEATURES="ckpt_sharded resume": those rows alone)
-#   scripts/gpu-session.sh profile   trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
-#                                    and summarize where the time goes (scripts/bench/trace_summary.py)
-# Extra arguments go to compare.py (bench), or are --set overrides (profile), e.g. train.micro_batch_size=4.
-# Every session step exits non-zero when it fails; `session` exits non-zero when any step did.
+# most; give it 560 s or more): `session`, the default, runs the steps below in order, each bounded by
+# `timeout` inside a total budget (SESSION_BUDGET_S, 530 s), and writes each result under $OUT (or
+# ./gpu-results) as it finishes; $OUT/session.md says how each step ended. Carry third_party/bundle
+# from scripts/bundle-deps.sh (the Debian libraries, and the benchmark peers' wheels, installed here
+# with pip --no-index --no-deps --target into a temporary folder put on PYTHONPATH), and with
+# PREBUILT=1 the binaries scripts/prebuilt.sh packed (third_party/prebuilt); without PREBUILT=1 a step
+# builds first unless the build is already there.
+#   scripts/gpu-session.sh [session]   in one call, in this order (at most, of 530 s):
+#     1. tests      the gpu-labelled tests; a test that skips on a machine whose nvidia-smi sees a
+#                   GPU fails                                             -> tests.log     85 s
+#     2. bench      scripts/bench/compare.py at the ~1B shape, 12 steps (4 warm-up): fsdptrain,
+#                   compiled, torchtitan, fsdp2-compile, liger, accelerate, each row within 75 s
+#                   -> bench/ (results, host.md, every row's log and result), bench.log   205 s
+#     3. bench8b    compare.py --shape 8b: Llama 3.1 8B's layers, as many as fit, sequence 8192,
+#                   8 steps (3 warm-up): fsdptrain, torchtitan, fsdptrain-float8, torchtitan-float8,
+#                   fsdp2-compile, fsdptrain-float8-rowwise, each within 100 s -> bench8b/   200 s
+#     4. profile    steps 4-5 traced and summarized -> profile.log, profile-summary.{md,json} 40 s
+#   Each fsdptrain 1B run starts in about 20 s on an H200, a Python peer in 20-40 s and torch.compile
+#   adds 30-60 s: a row the step's time no longer reaches is listed as skipped in its table, and the
+#   rows before it are written already.
+#   scripts/gpu-session.sh session --dry   (or DRY=1) the same steps on CPU at tiny shapes, the GPU-only
+#                   rows (liger, the float8 ones) skipped with a line saying so, so that a CPU test
+#                   (tests/scripts/gpu_session_dry_test.sh) keeps this script working; the gpu tests
+#                   skip themselves there
+#   One step alone (by name; the first three are not in the default session):
+#   scripts/gpu-session.sh features       fsdptrain's features at the 1B shape, a few steps each: activation
+#                                         checkpointing, micro batch 4, offload, LoRA, a FULL checkpoint with
+#                                         the export, `generate --device cuda` from it, SHARDED checkpoints and
+#                                         their resume, packed chat data, gradient accumulation 4 without and
+#                                         with offload -> feature-matrix.md, features/*.log
+#                                         (FEATURES="ckpt_sharded resume": those rows alone)
+#   scripts/gpu-session.sh bench-offload  fsdptrain-offload and fsdp2-offload, few steps -> bench-offload/
+#   scripts/gpu-session.sh host           the host side of CPU offload at the 1B shape's 1.24B parameters:
+#                                         the gradient norm and AdamW beside a plain copy of the same bytes
+#                                         (tests/optim/host_adamw_bench.cpp) -> host-adamw.md
+#   scripts/gpu-session.sh build          build offline against the machine's torch, run the gpu-labelled
+#                                         tests (`tests` is the same; with PREBUILT=1 nothing is built)
+#   scripts/gpu-session.sh bench          the side-by-side benchmark on the ~1B Llama (compare.py's defaults)
+#   scripts/gpu-session.sh bench8b        the same at the 8B shape (compare.py --shape 8b)
+#   scripts/gpu-session.sh profile        trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
+#                                         and summarize where the time goes (scripts/bench/trace_summary.py)
+# Extra arguments go to compare.py (bench, bench8b), or are --set overrides (profile), e.g.
+# train.micro_batch_size=4. Every session step exits non-zero when it fails; `session` exits non-zero
+# when any step did.
 # Environment: OUT, BUILD_DIR (build-offline; dry: build), FSDPTRAIN (the binary), PYTHON (python3;
 # dry: .venv/bin/python where it exists), SESSION_BUDGET_S, SCRATCH_DIR (where checkpoints go: /tmp).
 set -euo pipefail
@@ -80,22 +89,32 @@ fi
 case $FSDPTRAIN in /*) ;; *) FSDPTRAIN=$PWD/$FSDPTRAIN ;; esac
 export FSDPTRAIN
 
-# The shapes: the ~1B Llama in bf16 on one GPU, or (dry) a tiny Llama on 2 CPU workers. The dry
-# model has a vocabulary of 512 so that the chat tokenizer's 259 ids fit.
+# The benchmark's rows (compare.py skips the GPU-only ones on CPU, saying so): the ~1B shape, then
+# the 8B shape ordered so that its verdicts' rows (fsdptrain, TorchTitan compiled, float8 tensorwise)
+# come first when the step's time runs short.
+BENCH_ROWS=fsdptrain,compiled,torchtitan,fsdp2-compile,liger,accelerate
+BENCH8B_ROWS=fsdptrain,torchtitan,fsdptrain-float8,torchtitan-float8,fsdp2-compile,fsdptrain-float8-rowwise
+# The shapes: the ~1B Llama in bf16 on one GPU, or (dry) a tiny Llama, on 2 CPU workers for the
+# features and on one for the benchmark (its compiled row runs one process). The dry features' model
+# has a vocabulary of 512 so that the chat tokenizer's 259 ids fit.
 if [ "$DRY" = 1 ]; then
   MODEL=configs/models/tiny/config.json SEQ=64 MB=2 STEPS=4 OFFLOAD_STEPS=2 DEVICE=cpu HOST_PARAMS=2000000
   LAUNCH=(--set use_cpu=true --num_processes 2 --mixed_precision no)
-  BENCH=(--cpu --model-config configs/models/tiny/config.json --sequence-length 32 --micro-batch-size 2
-         --world-size 2)
-  BENCH_ROWS=fsdptrain,accelerate  # fsdp2-compile needs inductor's C++ toolchain: GPU only
-  BENCH_STEPS=(--steps 4 --warmup 1) OFFLOAD_BENCH_STEPS=(--steps 2 --warmup 1)
+  TINY=(--cpu --model-config configs/models/tiny/config.json --world-size 1)
+  BENCH=("${TINY[@]}" --sequence-length 32 --micro-batch-size 2 --row-timeout 150)
+  BENCH8B=("${TINY[@]}" --sequence-length 64 --micro-batch-size 1 --row-timeout 150)
+  BENCH_STEPS=(--steps 4 --warmup 1) BENCH8B_STEPS=(--steps 3 --warmup 1) OFFLOAD_BENCH_STEPS=(--steps 2 --warmup 1)
 else
   # HOST_PARAMS: the ~1B Llama's parameter count (configs/models/llama-1b, tied embeddings)
   MODEL=configs/models/llama-1b/config.json SEQ=2048 MB=2 STEPS=6 OFFLOAD_STEPS=3 DEVICE=cuda HOST_PARAMS=1235814400
   LAUNCH=(--set use_cpu=false --num_processes 1 --mixed_precision bf16)
-  BENCH=()
-  BENCH_ROWS=fsdptrain,accelerate,fsdp2-compile
-  BENCH_STEPS=(--steps 20 --warmup 5) OFFLOAD_BENCH_STEPS=(--steps 3 --warmup 1)
+  BENCH=(--row-timeout 75) BENCH8B=(--row-timeout 100)
+  BENCH_STEPS=(--steps 12 --warmup 4) BENCH8B_STEPS=(--steps 8 --warmup 3) OFFLOAD_BENCH_STEPS=(--steps 3 --warmup 1)
+fi
+# Within a session, a step's compare.py starts no row 10 s before the step's limit (STEP_LIMIT_S).
+if [ -n "${STEP_LIMIT_S:-}" ]; then
+  BENCH+=(--budget-s $((STEP_LIMIT_S - 10)))
+  BENCH8B+=(--budget-s $((STEP_LIMIT_S - 10)))
 fi
 
 describe_machine() {
@@ -122,22 +141,72 @@ ensure_built() {
   [ "$child" = 1 ] || "$FSDPTRAIN" --version | tee -a "$OUT/gpu.txt"
 }
 
-# ctest -L gpu, or its three tests by hand for the prebuilt binaries (ctest's files name this
-# machine's paths).
+# True where nvidia-smi sees a GPU: there a gpu test that skips (exit 77, or "skipped" in its
+# output) did not test what it is for, and fails.
+gpu_visible() {
+  command -v nvidia-smi > /dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU '
+}
+
+# ctest -L gpu, or its tests by hand for the prebuilt binaries (ctest's files name this machine's
+# paths); with a GPU visible, a skipped test fails.
 gpu_tests() {
+  local log
+  log=$(mktemp)
+  SCRATCH+=("$log")
   if [ "${PREBUILT:-0}" != 1 ]; then
-    (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 600)
+    (cd "$BUILD_DIR" && ctest -L gpu --output-on-failure --timeout 600) 2>&1 | tee "$log" || return 1
+    if gpu_visible && grep -q '\*\*\*Skipped' "$log"; then
+      echo "gpu-session: a gpu test skipped on a machine whose nvidia-smi sees a GPU (above): failed"
+      return 1
+    fi
     return
   fi
-  local bin=third_party/prebuilt/bin failed=0 rc
-  set +e
-  "$bin/nccl_test"; rc=$?; [ $rc = 0 ] || [ $rc = 77 ] || failed=1; echo "nccl_test: exit $rc"
-  "$bin/fsdp_worker" product-cuda; rc=$?; [ $rc = 0 ] || failed=1; echo "fsdp_product_cuda: exit $rc"
-  "$bin/packed_cuda_test"; rc=$?; [ $rc = 0 ] || [ $rc = 77 ] || failed=1; echo "packed_cuda_test: exit $rc"
-  "$PYTHON" tests/train/gpu_train_test.py --fsdptrain "$FSDPTRAIN" --source "$PWD"; rc=$?
-  [ $rc = 0 ] || failed=1; echo "gpu_train_test: exit $rc"
-  set -e
+  local bin=third_party/prebuilt/bin failed=0
+  gpu_test() {  # name command...
+    local name=$1 rc=0
+    shift
+    "$@" > "$log" 2>&1 || rc=$?
+    cat "$log"
+    if grep -qi skipped "$log" || [ $rc = 77 ]; then
+      if gpu_visible; then
+        echo "$name: FAILED: skipped (exit $rc) on a machine whose nvidia-smi sees a GPU"
+        failed=1
+      else
+        echo "$name: skipped, no GPU here (exit $rc)"
+      fi
+    elif [ $rc = 0 ]; then
+      echo "$name: passed"
+    else
+      echo "$name: FAILED (exit $rc)"
+      failed=1
+    fi
+  }
+  gpu_test nccl_test "$bin/nccl_test"
+  gpu_test fsdp_product_cuda "$bin/fsdp_worker" product-cuda
+  gpu_test packed_cuda_test "$bin/packed_cuda_test"
+  gpu_test float8_cuda_test "$bin/float8_cuda_test"
+  gpu_test gpu_train_test "$PYTHON" tests/train/gpu_train_test.py --fsdptrain "$FSDPTRAIN" --source "$PWD"
   return $failed
+}
+
+# The benchmark peers' wheels (scripts/bundle-deps.sh wheels) installed into a folder named after
+# their checksum, once a machine, and put on PYTHONPATH; without them compare.py's torchtitan and
+# liger rows say they are not installed.
+install_peer_wheels() {
+  local wheels=third_party/bundle/wheels
+  if ! compgen -G "$wheels/*.whl" > /dev/null; then
+    echo "gpu-session: no wheels in $wheels (scripts/bundle-deps.sh wheels): the torchtitan and liger rows" \
+      "will be skipped"
+    return
+  fi
+  local site
+  site=${TMPDIR:-/tmp}/fsdptrain-peers-$(cat "$wheels"/*.whl | cksum | cut -d' ' -f1)
+  if [ ! -d "$site" ]; then
+    rm -rf "$site.tmp"  # what an install cut short left
+    "$PYTHON" -m pip install --quiet --no-index --no-deps --target "$site.tmp" "$wheels"/*.whl
+    mv "$site.tmp" "$site"
+  fi
+  export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 }
 
 # The host side of CPU offload over HOST_PARAMS fp32 parameters (about 60 GB of host memory at the
@@ -344,10 +413,10 @@ profile() {
 }
 
 # The whole session: each step a child of this script under `timeout`, at most CAP seconds and
-# never into the RESERVE seconds kept for the steps after it (both scaled by SESSION_BUDGET_S / 540);
+# never into the RESERVE seconds kept for the steps after it (both scaled by SESSION_BUDGET_S / 530);
 # a step the budget no longer reaches is skipped (and counts as failed).
 session() {
-  local budget=${SESSION_BUDGET_S:-540} failed=0
+  local budget=${SESSION_BUDGET_S:-530} failed=0
   local deadline=$((SECONDS + budget))
   describe_machine
   ensure_built
@@ -356,7 +425,7 @@ session() {
   step() {  # name cap reserve mode [args...]
     local name=$1 cap=$2 reserve=$3 rc=0 t0=$SECONDS result
     shift 3
-    cap=$((cap * budget / 540)) reserve=$((reserve * budget / 540))  # the caps are for 540 s
+    cap=$((cap * budget / 530)) reserve=$((reserve * budget / 530))  # the caps are for 530 s
     local limit=$((deadline - SECONDS - reserve))
     [ "$limit" -gt "$cap" ] && limit=$cap
     echo "=== $name (limit ${limit} s)"
@@ -365,7 +434,7 @@ session() {
       failed=1
       return
     fi
-    GPU_SESSION_CHILD=1 timeout -k 15 "$limit" bash "$SELF" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+    GPU_SESSION_CHILD=1 STEP_LIMIT_S=$limit timeout -k 15 "$limit" bash "$SELF" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
     case $rc in
       0) result=ok ;;
       124 | 137) result="timed out" ;;
@@ -375,16 +444,15 @@ session() {
     echo "| $name | $result | $((SECONDS - t0)) | $limit |" >> "$OUT/session.md"
     echo "$name: $result in $((SECONDS - t0)) s"
   }
-  step tests 110 400 tests
-  step bench 160 260 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
-  step features 300 25 features
+  step tests 85 445 tests
+  step bench 205 240 bench --only "$BENCH_ROWS" "${BENCH_STEPS[@]}"
+  step bench8b 200 40 bench8b --only "$BENCH8B_ROWS" "${BENCH8B_STEPS[@]}"
   step profile 40 0 profile
-  step bench-offload 80 0 bench --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" \
-    --out-dir "$OUT/bench-offload"
-  step host 60 0 host
   echo
   cat "$OUT/session.md"
-  [ -f "$OUT/feature-matrix.md" ] && { echo; cat "$OUT/feature-matrix.md"; }
+  for table in bench/results.md bench8b/results.md; do
+    [ -f "$OUT/$table" ] && { echo; cat "$OUT/$table"; }
+  done
   return $failed
 }
 
@@ -399,7 +467,18 @@ case "$mode" in
     ;;
   bench)
     ensure_built
+    install_peer_wheels
     "$PYTHON" scripts/bench/compare.py --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench" "${BENCH[@]}" "$@"
+    ;;
+  bench8b)
+    ensure_built
+    install_peer_wheels
+    "$PYTHON" scripts/bench/compare.py --shape 8b --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench8b" "${BENCH8B[@]}" "$@"
+    ;;
+  bench-offload)
+    ensure_built
+    "$PYTHON" scripts/bench/compare.py --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench-offload" "${BENCH[@]}" \
+      --only fsdptrain-offload,fsdp2-offload "${OFFLOAD_BENCH_STEPS[@]}" "$@"
     ;;
   host)
     host_adamw
@@ -413,7 +492,8 @@ case "$mode" in
     profile "$@"
     ;;
   *)
-    echo "usage: [PREBUILT=1] [DRY=1] scripts/gpu-session.sh [session [--dry]|build|bench|host|features|profile] [args]" >&2
+    echo "usage: [PREBUILT=1] [DRY=1] scripts/gpu-session.sh" \
+      "[session [--dry]|build|tests|bench|bench8b|profile|features|bench-offload|host] [args]" >&2
     exit 2
     ;;
 esac

@@ -1,10 +1,24 @@
 """What the benchmark's Python trainers share: their command line, the token shard they read (the
-llm.c .bin fsdptrain reads), which windows a rank takes each step, and starting W processes."""
+llm.c .bin fsdptrain reads), which windows a rank takes each step, the transformers model they
+build, the step loop that times every trainer the same way, the result file compare.py reads, and
+starting W processes.
+
+A trainer that cannot run here (a GPU-only kernel on CPU, a peer package that is not installed, a
+peer that does not import on this torch) prints one line "skipped: <why>" and exits SKIP_EXIT (77,
+ctest's "skipped"); compare.py lists the row as skipped with that line, and fails only on rows that
+ran and failed."""
+import json
 import os
+import resource
 import socket
+import sys
+import time
 
 import numpy as np
+import torch
 import torch.multiprocessing as mp
+
+SKIP_EXIT = 77
 
 
 def add_common_args(ap):
@@ -12,10 +26,18 @@ def add_common_args(ap):
     ap.add_argument("--data", required=True, help="llm.c token shard (.bin)")
     ap.add_argument("--out", required=True, help="JSON file for the measurements (rank 0)")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5, help="steps left out of the timings")
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--sequence-length", type=int, default=2048)
     ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute every decoder layer in backward (full per-layer checkpointing, as "
+                         "TorchTitan's 'full' mode)")
+
+
+def skip(reason):
+    """Ends a trainer that cannot run here: one line saying why, then SKIP_EXIT."""
+    print(f"skipped: {reason}", flush=True)
+    sys.exit(SKIP_EXIT)
 
 
 # llm.c's shard header (lib/data/token_shard.h): magic -> (the version llm.c writes with it, token type).
@@ -43,6 +65,72 @@ def batch(tokens, step, rank, world, micro_batch, seq_len):
     windows = (len(tokens) - 1) // seq_len
     rows = [((step * world + rank) * micro_batch + i) % windows for i in range(micro_batch)]
     return np.stack([tokens[r * seq_len:r * seq_len + seq_len + 1].astype(np.int64) for r in rows])
+
+
+def hf_llama(model_config, device):
+    """transformers' LlamaForCausalLM from a config.json with fp32 weights, SDPA attention and no KV
+    cache, built on `device` after torch.manual_seed(0): every transformers row starts from the same
+    weights on a given device."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**json.load(open(model_config)))
+    config.use_cache = False
+    with torch.device(device):
+        return LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+
+
+def wrap_layers(model, checkpoint, compile):
+    """Full activation checkpointing (torch's checkpoint_wrapper, which TorchTitan's 'full' mode
+    applies), then torch.compile, on every decoder layer of a transformers Llama, in TorchTitan's
+    order; fully_shard, where a trainer applies it, comes after. Returns the layers."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = model.model.layers
+    for i in range(len(layers)):
+        if checkpoint:
+            layers[i] = checkpoint_wrapper(layers[i])
+        if compile:
+            layers[i].compile()
+    return list(layers)
+
+
+def cross_entropy(logits, x):
+    """The mean next-token loss of (B, T, V) logits over (B, T + 1) tokens, in fp32."""
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+
+
+def run_steps(args, step, rank, world, device, reports):
+    """Trains args.steps steps, timing each the same way for every trainer: the step's tokens are read
+    and moved to `device`, step(x) runs forward, backward and the optimizer on them ((B, T + 1)
+    int64) and returns the loss, and loss.item() is the step's one host synchronisation. Returns each
+    step's seconds and loss (this rank's tokens); the reporting rank prints every step."""
+    tokens = read_tokens(args.data)
+    B, T, S = args.micro_batch_size, args.sequence_length, args.steps
+    times, losses = [], []
+    for s in range(S):
+        t0 = time.perf_counter()
+        x = torch.from_numpy(batch(tokens, s, rank, world, B, T)).to(device)
+        losses.append(step(x).item())  # waits for the step
+        times.append(time.perf_counter() - t0)
+        if reports:
+            print(f"step {s + 1}/{S}: loss {losses[-1]:.4f}, {times[-1] * 1000:.0f} ms", flush=True)
+    return times, losses
+
+
+def peak_memory(device):
+    """The GPU allocator's peak; on CPU this process's peak resident set (VmHWM, as fsdptrain reports it)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def write_result(path, name, times, losses, tokens_per_step, world, peak):
+    """The file compare.py reads: every step's seconds and loss (warm-up steps included), the tokens
+    one step trains over all ranks, the world size and the peak memory of the reporting rank."""
+    with open(path, "w") as f:
+        json.dump({"name": name, "step_times_s": times, "losses": losses, "tokens_per_step": tokens_per_step,
+                   "world_size": world, "peak_memory_bytes": peak}, f, indent=1)
 
 
 def spawn(worker, args, world_size):
