@@ -259,8 +259,13 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
 // One product for q, k and v when fully_shard laid their weights end to end (model/stacked_weights.h),
 // three otherwise or on the reference path. Adapters add their own parts to each.
 std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
-  if (float8_recipe() != Float8Recipe::kNone)  // one float8 scale a weight, as torchao's Float8Linear each
-    return {layer_linear(q_proj, x), layer_linear(k_proj, x), layer_linear(v_proj, x)};
+  if (const Float8Recipe recipe = float8_recipe(); recipe != Float8Recipe::kNone) {  // x cast once, a scale a weight
+    std::vector<at::Tensor> y = float8_linears(x, {q_proj->weight, k_proj->weight, v_proj->weight}, recipe);
+    const torch::nn::Linear* projections[] = {&q_proj, &k_proj, &v_proj};
+    for (size_t i = 0; i < 3; ++i)
+      if ((*projections[i])->bias.defined()) y[i] = y[i] + (*projections[i])->bias;
+    return {y[0], y[1], y[2]};
+  }
   if (kernels::provider_for(x) != kernels::Provider::kReference)
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
       const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
@@ -410,9 +415,13 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);  // split: one cat in the backward (see rotate_half)
     gate = with_lora(gate_proj, x, parts[0]);
     up = with_lora(up_proj, x, parts[1]);
+  } else if (float8) {  // x cast once for both
+    std::vector<at::Tensor> y = float8_linears(x, {gate_proj->weight, up_proj->weight}, float8_recipe());
+    gate = gate_proj->bias.defined() ? y[0] + gate_proj->bias : y[0];
+    up = up_proj->bias.defined() ? y[1] + up_proj->bias : y[1];
   } else {
-    gate = layer_linear(gate_proj, x);
-    up = layer_linear(up_proj, x);
+    gate = lora_linear(gate_proj, x);
+    up = lora_linear(up_proj, x);
   }
   at::Tensor product;
   if (provider == kernels::Provider::kHost)

@@ -31,89 +31,125 @@ float largest(at::ScalarType dtype) {
   return dtype == kE4m3 ? 448.0f : 57344.0f;  // the formats' largest finite values
 }
 
-// An empty (rows, cols) tensor laid out column by column when asked.
-at::Tensor empty_2d(int64_t rows, int64_t cols, bool column_major, const at::TensorOptions& options) {
-  return column_major ? at::empty({cols, rows}, options).t() : at::empty({rows, cols}, options);
+// Empty float8 bits for x (M, K) in the layouts asked for.
+Float8Tensor empty_bits(const at::Tensor& x, at::ScalarType dtype, Float8Layout layout) {
+  const at::TensorOptions options = x.options().dtype(dtype);
+  Float8Tensor t;
+  if (layout != Float8Layout::kColumns) t.rows = at::empty({x.size(0), x.size(1)}, options);
+  if (layout != Float8Layout::kRows) t.columns = at::empty({x.size(1), x.size(0)}, options).t();
+  return t;
 }
 
 // ATen's ops one by one, as torchao writes them: the reference the fused kernels are tested against.
 Float8Tensor to_float8_reference(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> dim,
-                                 bool power_of_2, bool column_major) {
+                                 bool power_of_2, Float8Layout layout) {
   const double max = largest(dtype);
   const at::Tensor amax = dim ? x.abs().amax({*dim}, /*keepdim=*/true) : x.abs().max();
   at::Tensor scale = (max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
   if (power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
-  at::Tensor bits = empty_2d(x.size(0), x.size(1), column_major, x.options().dtype(dtype));
-  bits.copy_((x.to(at::kFloat) * scale).clamp(-max, max));
-  return {bits, scale.reciprocal()};
+  const at::Tensor scaled = (x.to(at::kFloat) * scale).clamp(-max, max);
+  Float8Tensor t = empty_bits(x, dtype, layout);
+  for (at::Tensor* bits : {&t.rows, &t.columns})
+    if (bits->defined()) bits->copy_(scaled);
+  t.inverse = scale.reciprocal();
+  return t;
 }
 
-// A row-major copy of a column-major (or any) 2-D tensor, and the other way.
-at::Tensor row_major(const at::Tensor& t) {
-  return t.contiguous();
-}
-at::Tensor column_major(const at::Tensor& t) {
-  return t.t().contiguous().t();
-}
-
-void check_shapes(const at::Tensor& x2, const at::Tensor& weight) {
+void check_shapes(const at::Tensor& x2, const std::vector<at::Tensor>& weights) {
   if (!x2.is_cuda()) return;
-  const int64_t m = x2.size(0), k = x2.size(1), n = weight.size(0);
-  FSDP_CHECK(k % 16 == 0 && n % 16 == 0 && m % 16 == 0, "[model] engine.float8: cuBLAS's float8 products need ",
-             "multiples of 16, and this layer has ", n, " outputs and ", k, " inputs over ", m,
-             " tokens a micro-batch; choose a model and a sequence length x micro batch that divide by 16, or "
-             "engine.float8: none");
+  const int64_t m = x2.size(0), k = x2.size(1);
+  for (const at::Tensor& w : weights)
+    FSDP_CHECK(k % 16 == 0 && w.size(0) % 16 == 0 && m % 16 == 0, "[model] engine.float8: cuBLAS's float8 products ",
+               "need multiples of 16, and this layer has ", w.size(0), " outputs and ", k, " inputs over ", m,
+               " tokens a micro-batch; choose a model and a sequence length x micro batch that divide by 16, or "
+               "engine.float8: none");
 }
 
-// torchao's matmul_with_hp_or_float8_args for one recipe: the output's product in forward, the
-// input's and the weight's in backward, each from operands cast for that product.
-struct Float8Linear : torch::autograd::Function<Float8Linear> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, int64_t recipe) {
+// torchao's matmul_with_hp_or_float8_args for one recipe, over one input and up to three weights:
+// the outputs' products in forward, the input's and the weights' gradients in backward, each from
+// operands cast for that product. The weights past `count` are absent (autograd edges only for the
+// others, so needs_input_grad(1 + i) is weight i's).
+struct Float8Linears : torch::autograd::Function<Float8Linears> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w0,
+                               const std::optional<at::Tensor>& w1, const std::optional<at::Tensor>& w2, int64_t count,
+                               int64_t recipe) {
+    std::vector<at::Tensor> ws = {w0};
+    for (const std::optional<at::Tensor>& w : {w1, w2})
+      if (w) ws.push_back(*w);
+    FSDP_ASSERT(static_cast<int64_t>(ws.size()) == count, "Float8Linears of ", ws.size(), " weights, not ", count);
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // (M, K)
-    check_shapes(x2, weight);
+    check_shapes(x2, ws);
     const bool rowwise = static_cast<Float8Recipe>(recipe) == Float8Recipe::kRowwise;
     ctx->saved_data["rowwise"] = rowwise;
-    const std::optional<int64_t> rows = rowwise ? std::optional<int64_t>(-1) : std::nullopt;
-    const Float8Tensor xq = to_float8(x2, kE4m3, rows, rowwise);
-    const Float8Tensor wq = to_float8(weight, kE4m3, rows, rowwise);  // (N, K): its transpose is column-major
-    const at::Tensor y = float8_mm(xq, {wq.bits.t(), wq.inverse.t()}, x.scalar_type(), /*fast_accum=*/true);
-    if (rowwise)  // each backward product casts along its own dimensions: the high-precision operands
-      ctx->save_for_backward({x2, weight});
-    else  // one scale a tensor: the backward products reuse the same bits
-      ctx->save_for_backward({xq.bits, xq.inverse, wq.bits, wq.inverse});
+    ctx->saved_data["count"] = count;
     ctx->saved_data["shape"] = x.sizes().vec();
-    auto shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    return y.view(shape);
+    variable_list ys;
+    std::vector<at::Tensor> saved;
+    if (rowwise) {  // a scale a row of x and of each weight; backward casts along other dims: keep x and w
+      const Float8Tensor xq = to_float8(x2, kE4m3, -1, true);
+      for (const at::Tensor& w : ws) {
+        const Float8Tensor wq = to_float8(w, kE4m3, -1, true);  // (N, K): its transpose is column-major
+        ys.push_back(float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse.t(), x.scalar_type(), true));
+      }
+      saved = {x2};
+      saved.insert(saved.end(), ws.begin(), ws.end());
+    } else {  // one scale a tensor: backward reuses the bits, laid out for its products
+      const Float8Tensor xq = to_float8(x2, kE4m3, std::nullopt, false, Float8Layout::kBoth);
+      saved = {xq.columns, xq.inverse};
+      for (const at::Tensor& w : ws) {
+        const Float8Tensor wq = to_float8(w, kE4m3, std::nullopt, false, Float8Layout::kBoth);
+        ys.push_back(float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse, x.scalar_type(), true));
+        saved.push_back(wq.columns);
+        saved.push_back(wq.inverse);
+      }
+    }
+    ctx->save_for_backward(saved);
+    for (at::Tensor& y : ys) {
+      auto shape = x.sizes().vec();
+      shape.back() = y.size(1);
+      y = y.view(shape);
+    }
+    return ys;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const bool rowwise = ctx->saved_data["rowwise"].toBool();
-    const auto saved = ctx->get_saved_variables();
+    const int64_t count = ctx->saved_data["count"].toInt();
     const std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
-    const at::Tensor go = grads[0].reshape({-1, grads[0].size(-1)});  // (M, N)
-    const at::ScalarType out = go.scalar_type();
-    at::Tensor dx, dw;
-    if (rowwise) {
-      const at::Tensor &x2 = saved[0], &weight = saved[1];
-      if (ctx->needs_input_grad(0)) {
-        const Float8Tensor gq = to_float8(go, kE4m3, -1, true);                             // (M, N), (M, 1)
-        const Float8Tensor wq = to_float8(weight, kE4m3, 0, true, /*column_major=*/true);  // (N, K), (1, K)
-        dx = float8_mm(gq, wq, out, false).view(shape);
+    const auto saved = ctx->get_saved_variables();
+    variable_list out(6);
+    at::Tensor dx;
+    Float8Tensor xq;  // x for the weights' gradients: by columns
+    if (!rowwise) xq = {at::Tensor(), saved[0], saved[1]};
+    for (int64_t i = 0; i < count; ++i) {
+      if (!grads[i].defined()) continue;
+      const at::Tensor go = grads[i].reshape({-1, grads[i].size(-1)});  // (M, N_i)
+      const at::ScalarType dtype = go.scalar_type();
+      const bool want_w = ctx->needs_input_grad(1 + i);
+      at::Tensor dx_i;
+      if (rowwise) {
+        const at::Tensor &x2 = saved[0], &w = saved[1 + i];
+        if (ctx->needs_input_grad(0)) {
+          const Float8Tensor gq = to_float8(go, kE4m3, -1, true);                          // (M, 1)
+          const Float8Tensor wq = to_float8(w, kE4m3, 0, true, Float8Layout::kColumns);  // (1, K)
+          dx_i = float8_mm(gq.rows, gq.inverse, wq.columns, wq.inverse, dtype, false);
+        }
+        if (want_w) {
+          if (!xq.columns.defined()) xq = to_float8(x2, kE4m3, 0, true, Float8Layout::kColumns);  // (1, K)
+          const Float8Tensor gq = to_float8(go, kE4m3, 0, true, Float8Layout::kColumns);       // (1, N)
+          out[1 + i] = float8_mm(gq.columns.t(), gq.inverse.t(), xq.columns, xq.inverse, dtype, false);
+        }
+      } else {
+        const at::Tensor &w_columns = saved[2 + 2 * i], &w_inverse = saved[3 + 2 * i];
+        const Float8Tensor gq = to_float8(go, kE5m2, std::nullopt, false,
+                                          want_w ? Float8Layout::kBoth : Float8Layout::kRows);
+        if (ctx->needs_input_grad(0)) dx_i = float8_mm(gq.rows, gq.inverse, w_columns, w_inverse, dtype, false);
+        if (want_w) out[1 + i] = float8_mm(gq.columns.t(), gq.inverse, xq.columns, xq.inverse, dtype, false);
       }
-      if (ctx->needs_input_grad(1)) {
-        const Float8Tensor gq = to_float8(go, kE4m3, 0, true, /*column_major=*/true);  // (M, N), (1, N)
-        const Float8Tensor xq = to_float8(x2, kE4m3, 0, true, /*column_major=*/true);  // (M, K), (1, K)
-        dw = float8_mm({gq.bits.t(), gq.inverse.t()}, xq, out, false);                  // (N, M) (M, K)
-      }
-      return {dx, dw, at::Tensor()};
+      if (dx_i.defined()) dx = dx.defined() ? dx.add_(dx_i) : dx_i;
     }
-    const Float8Tensor xq{saved[0], saved[1]}, wq{saved[2], saved[3]};
-    const Float8Tensor gq = to_float8(go, kE5m2);
-    if (ctx->needs_input_grad(0)) dx = float8_mm(gq, {column_major(wq.bits), wq.inverse}, out, false).view(shape);
-    if (ctx->needs_input_grad(1))
-      dw = float8_mm({row_major(gq.bits.t()), gq.inverse}, {column_major(xq.bits), xq.inverse}, out, false);
-    return {dx, dw, at::Tensor()};
+    if (dx.defined()) out[0] = dx.view(shape);
+    return out;
   }
 };
 
@@ -135,39 +171,49 @@ Float8Recipe float8_recipe_named(const std::string& name) {
 }
 
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> reduce_dim, bool power_of_2,
-                       bool column_major) {
+                       Float8Layout layout) {
   FSDP_ASSERT(x.dim() == 2 && (dtype == kE4m3 || dtype == kE5m2), "to_float8 of ", x.sizes(), " to ", dtype);
   if (kernels::provider_for(x) == kernels::Provider::kReference)
-    return to_float8_reference(x, dtype, reduce_dim, power_of_2, column_major);
+    return to_float8_reference(x, dtype, reduce_dim, power_of_2, layout);
   const float max = largest(dtype);
   // max |x| in one reduction (abs().amax() would write |x| first); exact in x's dtype.
   const at::Tensor amax = reduce_dim ? at::linalg_vector_norm(x, INFINITY, at::IntArrayRef{*reduce_dim}, true)
                                      : at::linalg_vector_norm(x, INFINITY);
   const at::TensorOptions fp32 = amax.options().dtype(at::kFloat);
-  at::Tensor scale = at::empty(amax.sizes(), fp32), inverse = at::empty(amax.sizes(), fp32);
-  kernels::float8_scale_out(scale, inverse, amax, max, power_of_2);
-  at::Tensor bits = empty_2d(x.size(0), x.size(1), column_major, x.options().dtype(dtype));
-  kernels::to_float8_out(bits, x, scale, max);
-  return {bits, inverse};
+  at::Tensor scale = at::empty(amax.sizes(), fp32);
+  Float8Tensor t = empty_bits(x, dtype, layout);
+  t.inverse = at::empty(amax.sizes(), fp32);
+  kernels::float8_scale_out(scale, t.inverse, amax, max, power_of_2);
+  kernels::to_float8_out(t.rows, t.columns, x, scale, max);
+  return t;
 }
 
-at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype, bool fast_accum) {
-  FSDP_ASSERT(a.bits.dim() == 2 && b.bits.dim() == 2 && a.bits.size(1) == b.bits.size(0), "float8_mm of ",
-              a.bits.sizes(), " and ", b.bits.sizes());
-  RECORD_FUNCTION("fsdptrain::float8_mm", std::vector<c10::IValue>({a.bits, b.bits, a.inverse, b.inverse}));
-  const int64_t m = a.bits.size(0), n = b.bits.size(1);
-  if (a.bits.is_meta()) return at::empty({m, n}, a.bits.options().dtype(out_dtype));  // no meta _scaled_mm in C++
-  const bool one_scale = a.inverse.numel() == 1 && b.inverse.numel() == 1;
-  if (a.bits.is_cpu() && !one_scale)  // LibTorch's CPU _scaled_mm takes one scale an operand
-    return at::mm(a.bits.to(at::kFloat) * a.inverse, b.bits.to(at::kFloat) * b.inverse).to(out_dtype);
-  return at::_scaled_mm(a.bits, b.bits, a.inverse, b.inverse, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt,
-                        out_dtype, fast_accum);
+at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b,
+                     const at::Tensor& b_inverse, at::ScalarType out_dtype, bool fast_accum) {
+  FSDP_ASSERT(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "float8_mm of ", a.sizes(), " and ", b.sizes());
+  RECORD_FUNCTION("fsdptrain::float8_mm", std::vector<c10::IValue>({a, b, a_inverse, b_inverse}));
+  const int64_t m = a.size(0), n = b.size(1);
+  if (a.is_meta()) return at::empty({m, n}, a.options().dtype(out_dtype));  // no meta _scaled_mm in C++
+  const bool one_scale = a_inverse.numel() == 1 && b_inverse.numel() == 1;
+  if (a.is_cpu() && !one_scale)  // LibTorch's CPU _scaled_mm takes one scale an operand
+    return at::mm(a.to(at::kFloat) * a_inverse, b.to(at::kFloat) * b_inverse).to(out_dtype);
+  return at::_scaled_mm(a, b, a_inverse, b_inverse, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out_dtype,
+                        fast_accum);
+}
+
+std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                       Float8Recipe recipe) {
+  FSDP_ASSERT(recipe != Float8Recipe::kNone && !weights.empty() && weights.size() <= 3, "float8_linears of ",
+              weights.size(), " weights");
+  for (const at::Tensor& w : weights)
+    FSDP_ASSERT(w.dim() == 2 && x.size(-1) == w.size(1), "float8_linear of ", x.sizes(), " and ", w.sizes());
+  auto at = [&](size_t i) { return i < weights.size() ? std::optional<at::Tensor>(weights[i]) : std::nullopt; };
+  return Float8Linears::apply(x, weights[0], at(1), at(2), static_cast<int64_t>(weights.size()),
+                              static_cast<int64_t>(recipe));
 }
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, Float8Recipe recipe) {
-  FSDP_ASSERT(recipe != Float8Recipe::kNone && weight.dim() == 2 && x.size(-1) == weight.size(1),
-              "float8_linear of ", x.sizes(), " and ", weight.sizes());
-  return Float8Linear::apply(x, weight, static_cast<int64_t>(recipe));
+  return float8_linears(x, {weight}, recipe)[0];
 }
 
 void check_float8_device(const c10::Device& device) {

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fsdp::model {
 
@@ -38,26 +39,34 @@ Float8Recipe float8_recipe();
 // By name ("none", "tensorwise", "rowwise"); throws InputError naming engine.float8 otherwise.
 Float8Recipe float8_recipe_named(const std::string& name);
 
-// A tensor in float8 and the inverse scale a product multiplies it by.
+// A 2-D tensor in float8, laid out as the products need it, and the inverse scale a product
+// multiplies it by. A product's left operand is read by rows, its right one by columns.
 struct Float8Tensor {
-  at::Tensor bits;     // float8_e4m3fn or float8_e5m2, the input's shape
-  at::Tensor inverse;  // fp32: one value (tensorwise), else the input's shape with 1 along the reduced dim
+  at::Tensor rows;     // float8_e4m3fn or float8_e5m2 (M, K) row-major, or undefined
+  at::Tensor columns;  // the same values (M, K) column-major (strides (1, M)), or undefined
+  at::Tensor inverse;  // fp32: one value (tensorwise), else (M, 1) or (1, K): 1 along the reduced dim
 };
+enum class Float8Layout { kRows, kColumns, kBoth };
 
 // x (2-D) in `dtype` with one scale for the whole tensor (reduce_dim unset) or one for each slice
-// along reduce_dim (the amax is taken over that dim: -1 gives one per row). With column_major the
-// bits are laid out column by column (strides (1, rows)), as a right-hand operand of a product
-// needs them.
+// along reduce_dim (the amax is taken over that dim: -1 gives one a row), in the layouts asked for
+// (both from one read of x on a GPU).
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> reduce_dim = std::nullopt,
-                       bool power_of_2 = false, bool column_major = false);
+                       bool power_of_2 = false, Float8Layout layout = Float8Layout::kRows);
 
 // a (M, K) b (K, N) from float8 operands, a row-major and b column-major, with inverse scales of one
 // value each or (M, 1) and (1, N); fp32 accumulation, the result (M, N) in out_dtype.
-at::Tensor float8_mm(const Float8Tensor& a, const Float8Tensor& b, at::ScalarType out_dtype, bool fast_accum);
+at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b,
+                     const at::Tensor& b_inverse, at::ScalarType out_dtype, bool fast_accum);
 
-// x (..., K) weight^T for weight (N, K), no bias, with the recipe's float8 products forward and
-// backward; differentiable in x and weight (a frozen weight's gradient is not computed). On a GPU, K,
-// N and the rows of x must be multiples of 16 (cuBLAS's float8 kernels): InputError otherwise.
+// x (..., K) weight_i^T for each weight (N_i, K) (one to three: q, k and v, or gate and up, read
+// the same input), no bias, with the recipe's float8 products forward and backward: x is cast once
+// for all of them, each weight with its own scale (torchao's Float8Linear for each). Differentiable
+// in x and every weight (a frozen weight's gradient is not computed). On a GPU, K, each N_i and the
+// rows of x must be multiples of 16 (cuBLAS's float8 kernels): InputError otherwise.
+std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                                       Float8Recipe recipe);
+// One weight.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, Float8Recipe recipe);
 
 // InputError unless `device` runs float8 products: a GPU of compute capability 8.9 or later.

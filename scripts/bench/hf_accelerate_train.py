@@ -58,7 +58,7 @@ def main():
 
     def step(x):
         if args.liger:
-            loss = model(input_ids=x[:, :-1], shift_labels=x[:, 1:]).loss
+            loss = model(input_ids=x[:, :-1], shift_labels=x[:, 1:].contiguous()).loss
         else:
             loss = cross_entropy(model(input_ids=x[:, :-1]).logits, x)
         accelerator.backward(loss)

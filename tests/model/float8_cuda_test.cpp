@@ -29,38 +29,50 @@ struct Choice {
 };
 
 Float8Tensor cast(kernels::Provider p, const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> dim,
-                  bool pow2, bool column_major) {
+                  bool pow2, Float8Layout layout) {
   Choice c(p);
-  return to_float8(x, dtype, dim, pow2, column_major);
+  return to_float8(x, dtype, dim, pow2, layout);
+}
+
+at::Tensor bytes_of(const at::Tensor& bits) {
+  return bits.defined() ? bits.contiguous().view(at::kByte).cpu() : at::Tensor();
 }
 
 bool same(const Float8Tensor& a, const Float8Tensor& b) {
-  return at::equal(a.bits.contiguous().view(at::kByte).cpu(), b.bits.contiguous().view(at::kByte).cpu()) &&
-         at::equal(a.inverse.cpu(), b.inverse.cpu());
+  auto eq = [](const at::Tensor& x, const at::Tensor& y) {
+    return x.defined() == y.defined() && (!x.defined() || at::equal(bytes_of(x), bytes_of(y)));
+  };
+  return eq(a.rows, b.rows) && eq(a.columns, b.columns) && at::equal(a.inverse.cpu(), b.inverse.cpu());
 }
 
+// Rows and columns by 16 take the tiled kernel (kernels/float8_cuda.cu), others ATen's loops on the
+// GPU: both against ATen's ops there and the CPU's run of the functors.
 bool check_casts() {
-  at::Tensor x = at::randn({96, 64}) * at::exp(at::randn({96, 64}) * 2);
-  x[3].zero_();
-  x = x.to(at::kBFloat16);
-  const at::Tensor xg = x.cuda();
   bool ok = true;
-  for (at::ScalarType dtype : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
-    for (std::optional<int64_t> dim : {std::optional<int64_t>(), std::optional<int64_t>(-1), std::optional<int64_t>(0)})
-      for (bool pow2 : {false, true})
-        for (bool column_major : {false, true}) {
-          const Float8Tensor fused = cast(kernels::Provider::kPortable, xg, dtype, dim, pow2, column_major);
-          const Float8Tensor ref = cast(kernels::Provider::kReference, xg, dtype, dim, pow2, column_major);
-          const Float8Tensor host = cast(kernels::Provider::kPortable, x, dtype, dim, pow2, column_major);
-          if (!same(fused, ref) || !same(fused, host)) {
-            std::cout << "float8 cast to " << dtype << " (dim " << dim.value_or(99) << ", power of 2 " << pow2
-                      << ", column-major " << column_major << "): the GPU kernel differs from "
-                      << (!same(fused, ref) ? "ATen's ops" : "the CPU's kernel") << "\n";
-            ok = false;
+  for (const auto& shape : {std::pair<int64_t, int64_t>{192, 320}, {40, 24}}) {
+    at::Tensor x = at::randn({shape.first, shape.second}) * at::exp(at::randn({shape.first, shape.second}) * 2);
+    x[3].zero_();
+    x = x.to(at::kBFloat16);
+    const at::Tensor xg = x.cuda();
+    for (at::ScalarType dtype : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
+      for (std::optional<int64_t> dim :
+           {std::optional<int64_t>(), std::optional<int64_t>(-1), std::optional<int64_t>(0)})
+        for (bool pow2 : {false, true})
+          for (Float8Layout layout : {Float8Layout::kRows, Float8Layout::kColumns, Float8Layout::kBoth}) {
+            const Float8Tensor fused = cast(kernels::Provider::kPortable, xg, dtype, dim, pow2, layout);
+            const Float8Tensor ref = cast(kernels::Provider::kReference, xg, dtype, dim, pow2, layout);
+            const Float8Tensor host = cast(kernels::Provider::kPortable, x, dtype, dim, pow2, layout);
+            if (!same(fused, ref) || !same(fused, host)) {
+              std::cout << "float8 cast of " << shape.first << " x " << shape.second << " to " << dtype << " (dim "
+                        << dim.value_or(99) << ", power of 2 " << pow2 << ", layout " << static_cast<int>(layout)
+                        << "): the GPU kernel differs from " << (!same(fused, ref) ? "ATen's ops" : "the CPU's kernel")
+                        << "\n";
+              ok = false;
+            }
           }
-        }
-  std::cout << "float8 casts on the GPU: " << (ok ? "the bits and scales of ATen's ops and of the CPU" : "DIFFER")
-            << "\n";
+  }
+  std::cout << "float8 casts on the GPU (tiled and ATen's loops): "
+            << (ok ? "the bits and scales of ATen's ops and of the CPU" : "DIFFER") << "\n";
   return ok;
 }
 
@@ -102,6 +114,42 @@ double time_layer(const at::Tensor& x, const at::Tensor& w, const at::Tensor& go
   return ms[ms.size() / 2];
 }
 
+// Milliseconds of fn, the median of 10 after 3 warm-ups.
+template <typename Fn>
+double time_of(Fn&& fn) {
+  std::vector<float> ms;
+  for (int i = 0; i < 13; ++i) {
+    at::cuda::CUDAEvent start(cudaEventDefault), stop(cudaEventDefault);
+    start.record();
+    fn();
+    stop.record();
+    stop.synchronize();
+    if (i >= 3) ms.push_back(start.elapsed_time(stop));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Where a float8 layer's time goes at x (M, K), w (N, K): the pieces alone, with the bytes each
+// moves over its time (GB/s), for the session's log.
+void time_pieces(int64_t m, int64_t k, int64_t n) {
+  const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor x = at::randn({m, k}, bf16), w = at::randn({n, k}, bf16) * 0.02;
+  const Float8Tensor xq = to_float8(x, at::kFloat8_e4m3fn, std::nullopt, false, Float8Layout::kBoth);
+  const Float8Tensor wq = to_float8(w, at::kFloat8_e4m3fn, std::nullopt, false, Float8Layout::kBoth);
+  const double e = static_cast<double>(m * k);
+  const double amax = time_of([&] { at::linalg_vector_norm(x, INFINITY); });
+  const double cast_rows = time_of([&] { to_float8(x, at::kFloat8_e4m3fn); });
+  const double cast_both = time_of([&] { to_float8(x, at::kFloat8_e4m3fn, std::nullopt, false, Float8Layout::kBoth); });
+  const double mm8 = time_of([&] { float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse, at::kBFloat16, true); });
+  const double mm16 = time_of([&] { at::mm(x, w.t()); });
+  std::cout << "pieces at " << m << " x " << k << " -> " << n << ": amax " << amax << " ms (" << 2 * e / amax / 1e6
+            << " GB/s); cast by rows " << cast_rows << " ms (" << 5 * e / cast_rows / 1e6 << " GB/s with the amax); "
+            << "both layouts " << cast_both << " ms (" << 6 * e / cast_both / 1e6 << " GB/s); float8 product " << mm8
+            << " ms (" << 2.0 * m * k * n / mm8 / 1e9 << " TFLOP/s) against bf16's " << mm16 << " ms ("
+            << 2.0 * m * k * n / mm16 / 1e9 << " TFLOP/s)\n";
+}
+
 void time_layers() {
   const int64_t m = 8192, k = 4096, n = 14336;
   const auto bf16 = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
@@ -136,6 +184,8 @@ int main() {
   const bool casts = check_casts();
   const bool sqnr = check_sqnr();
   time_layers();
+  time_pieces(8192, 4096, 14336);
+  time_pieces(8192, 14336, 4096);
   if (casts && sqnr) std::cout << "ok\n";
   return casts && sqnr ? 0 : 1;
 }

@@ -46,8 +46,8 @@ at::Tensor awkward(int64_t rows, int64_t cols, uint64_t seed) {
   return x.to(at::kBFloat16);
 }
 
-at::Tensor bits_of(const Float8Tensor& t) {
-  return t.bits.contiguous().view(at::kByte);
+at::Tensor bytes_of(const at::Tensor& bits) {
+  return bits.contiguous().view(at::kByte);
 }
 
 }  // namespace
@@ -57,34 +57,44 @@ TEST_CASE("float8 casts: the fused kernels give torchao's ATen arithmetic bit fo
   for (at::ScalarType dtype : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
     for (std::optional<int64_t> dim : {std::optional<int64_t>(), std::optional<int64_t>(-1), std::optional<int64_t>(0)})
       for (bool pow2 : {false, true})
-        for (bool column_major : {false, true}) {
+        for (Float8Layout layout : {Float8Layout::kRows, Float8Layout::kColumns, Float8Layout::kBoth}) {
           CAPTURE(c10::toString(dtype));
           CAPTURE(dim.value_or(99));
           CAPTURE(pow2);
-          CAPTURE(column_major);
+          CAPTURE(static_cast<int>(layout));
           Float8Tensor ref, fused;
           {
             Choice c(kernels::Provider::kReference);
-            ref = to_float8(x, dtype, dim, pow2, column_major);
+            ref = to_float8(x, dtype, dim, pow2, layout);
           }
           {
             Choice c(kernels::Provider::kPortable);
-            fused = to_float8(x, dtype, dim, pow2, column_major);
+            fused = to_float8(x, dtype, dim, pow2, layout);
           }
-          CHECK((fused.bits.scalar_type() == dtype));
-          CHECK((fused.bits.sizes() == x.sizes()));
-          CHECK((fused.bits.stride(0) == 1) == column_major);
-          CHECK(at::equal(bits_of(fused), bits_of(ref)));
+          CHECK(fused.rows.defined() == (layout != Float8Layout::kColumns));
+          CHECK(fused.columns.defined() == (layout != Float8Layout::kRows));
+          if (fused.rows.defined()) {
+            CHECK((fused.rows.scalar_type() == dtype));
+            CHECK(fused.rows.is_contiguous());
+            CHECK(at::equal(bytes_of(fused.rows), bytes_of(ref.rows)));
+          }
+          if (fused.columns.defined()) {
+            CHECK((fused.columns.sizes() == x.sizes()));
+            CHECK(fused.columns.stride(0) == 1);
+            CHECK(at::equal(bytes_of(fused.columns), bytes_of(ref.columns)));
+            if (fused.rows.defined()) CHECK(at::equal(bytes_of(fused.columns), bytes_of(fused.rows)));
+          }
           CHECK(at::equal(fused.inverse, ref.inverse));
           CHECK((fused.inverse.sizes() == ref.inverse.sizes()));
+          const at::Tensor bits = fused.rows.defined() ? fused.rows : fused.columns;
           // The largest magnitude lands on the format's largest value (scales rounded down: at most it).
           const double top = dtype == at::kFloat8_e4m3fn ? 448 : 57344;
-          const double biggest = fused.bits.to(at::kFloat).abs().max().item<double>();
+          const double biggest = bits.to(at::kFloat).abs().max().item<double>();
           CHECK(biggest <= top);
           if (!pow2 && !dim) CHECK(biggest == top);
           // Dequantized, the values come back within the format's relative step (3 mantissa bits for
           // e4m3, 2 for e5m2), except those scaled below its smallest normal.
-          const at::Tensor back = fused.bits.to(at::kFloat) * fused.inverse;
+          const at::Tensor back = bits.to(at::kFloat) * fused.inverse;
           const double step = dtype == at::kFloat8_e4m3fn ? 1.0 / 16 : 1.0 / 8;
           const at::Tensor xf = x.to(at::kFloat);
           const at::Tensor normal = (xf.abs() / fused.inverse) >= (dtype == at::kFloat8_e4m3fn ? 0.015625 : 6.2e-5);
@@ -96,13 +106,13 @@ TEST_CASE("float8 casts: the fused kernels give torchao's ATen arithmetic bit fo
 TEST_CASE("float8 casts: an all-zero tensor gives zeros and a finite scale; NaN stays NaN") {
   Choice c(kernels::Provider::kPortable);
   const Float8Tensor z = to_float8(at::zeros({16, 16}, at::kBFloat16), at::kFloat8_e4m3fn);
-  CHECK(z.bits.to(at::kFloat).abs().sum().item<double>() == 0);
+  CHECK(z.rows.to(at::kFloat).abs().sum().item<double>() == 0);
   CHECK(std::isfinite(z.inverse.item<double>()));
   at::Tensor x = at::ones({4, 4}, at::kBFloat16);
   x[0][0] = NAN;
   const Float8Tensor n = to_float8(x, at::kFloat8_e4m3fn, -1);  // the NaN row's scale is NaN; the others are not
-  CHECK(std::isnan(n.bits.to(at::kFloat)[0][1].item<double>()));
-  CHECK(n.bits.to(at::kFloat)[1].eq(448).all().item<bool>());
+  CHECK(std::isnan(n.rows.to(at::kFloat)[0][1].item<double>()));
+  CHECK(n.rows.to(at::kFloat)[1].eq(448).all().item<bool>());
 }
 
 TEST_CASE("float8 linear layers keep torchao's signal-to-noise ratios against the fp32 product") {
@@ -135,6 +145,38 @@ TEST_CASE("float8 linear layers keep torchao's signal-to-noise ratios against th
       CHECK(dw >= 17);
       CHECK(dx >= 17);
     }
+}
+
+TEST_CASE("float8_linears casts the shared input once: the outputs and gradients of one float8_linear a weight") {
+  at::Generator g = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor x0 = at::randn({2, 32, 64}, g).to(at::kBFloat16);
+  const std::vector<at::Tensor> w0 = {(at::randn({48, 64}, g) * 0.05).to(at::kBFloat16),
+                                      (at::randn({16, 64}, g) * 0.05).to(at::kBFloat16),
+                                      (at::randn({32, 64}, g) * 0.05).to(at::kBFloat16)};
+  for (Float8Recipe recipe : {Float8Recipe::kTensorwise, Float8Recipe::kRowwise}) {
+    CAPTURE(static_cast<int>(recipe));
+    Choice c(kernels::Provider::kPortable, recipe);
+    const at::Tensor xa = x0.clone().requires_grad_(), xb = x0.clone().requires_grad_();
+    std::vector<at::Tensor> wa, wb;
+    for (const at::Tensor& w : w0) {
+      wa.push_back(w.clone().requires_grad_());
+      wb.push_back(w.clone().requires_grad_());
+    }
+    const std::vector<at::Tensor> ya = float8_linears(xa, wa, recipe);
+    at::Tensor loss_a = at::zeros({}, at::kFloat), loss_b = at::zeros({}, at::kFloat);
+    for (size_t i = 0; i < w0.size(); ++i) {
+      const at::Tensor yb = float8_linear(xb, wb[i], recipe);
+      CHECK(at::equal(ya[i], yb));
+      const at::Tensor probe = at::randn(yb.sizes(), g).to(at::kBFloat16);  // a different gradient each
+      loss_a = loss_a + (ya[i] * probe).sum().to(at::kFloat);
+      loss_b = loss_b + (yb * probe).sum().to(at::kFloat);
+    }
+    loss_a.backward();
+    loss_b.backward();
+    for (size_t i = 0; i < w0.size(); ++i) CHECK(at::equal(wa[i].grad(), wb[i].grad()));
+    // The input's gradient: the same three products, summed in bf16 in another order.
+    CHECK(at::allclose(xa.grad().to(at::kFloat), xb.grad().to(at::kFloat), 2e-2, 1e-2));
+  }
 }
 
 TEST_CASE("a frozen weight takes no gradient product; the recipe names parse and are refused by name") {

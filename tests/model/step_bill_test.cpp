@@ -445,10 +445,11 @@ TEST_CASE("the bill of a float8 step at the 1B widths: every decoder product in 
     CHECK(three.float8_product_flops - two.float8_product_flops == doctest::Approx(6.0 * tokens * layer_linear));
     // What stays bf16 is what the bf16 step has beyond the decoder layers' products: the loss head.
     CHECK(two.bf16_product_flops == doctest::Approx(bf16.bf16_product_flops - 2 * 6.0 * tokens * layer_linear));
-    // The casts: an amax reduction, a scale and a cast per operand and product (rowwise casts each
-    // gradient and the weights twice), three transposed copies a projection (tensorwise). What this
-    // code has (163 and 205 against bf16's 92), with a little room.
-    CHECK(per_layer <= (recipe == Float8Recipe::kRowwise ? 210 : 170));
+    // The casts: an amax reduction, a scale and a cast per operand (rowwise casts each gradient and
+    // weight twice, along rows and columns), the input once for q, k and v and once for gate and up.
+    // What this code has (133 and 187 against bf16's 92; 163 and 205 with a cast of x a projection
+    // and transposing copies), with a little room.
+    CHECK(per_layer <= (recipe == Float8Recipe::kRowwise ? 195 : 140));
   }
 }
 

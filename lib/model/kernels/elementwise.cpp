@@ -258,11 +258,9 @@ void to_float8_cpu(at::TensorIteratorBase& iter, float max) {
 
 }  // namespace
 
-void to_float8_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, float max) {
-  FSDP_CHECK(out.scalar_type() == at::kFloat8_e4m3fn || out.scalar_type() == at::kFloat8_e5m2,
-             "[model] to_float8 writes float8_e4m3fn or float8_e5m2, not ", out.scalar_type());
-  FSDP_CHECK(scale.scalar_type() == at::kFloat, "[model] to_float8's scale is fp32, not ", scale.scalar_type());
-  RECORD_FUNCTION("fsdptrain::to_float8", std::vector<c10::IValue>({x, scale}));
+namespace {
+
+void to_float8_loops(const at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, float max) {
   at::TensorIteratorConfig config;
   config.check_all_same_dtype(false).resize_outputs(false).add_output(out).add_const_input(x).add_const_input(scale);
   at::TensorIterator iter = config.build();
@@ -279,6 +277,22 @@ void to_float8_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor&
         cuda::to_float8(iter, max);
 #endif
       });
+}
+
+}  // namespace
+
+void to_float8_out(const at::Tensor& rows, const at::Tensor& cols, const at::Tensor& x, const at::Tensor& scale,
+                   float max) {
+  for (const at::Tensor& out : {rows, cols})
+    FSDP_CHECK(!out.defined() || out.scalar_type() == at::kFloat8_e4m3fn || out.scalar_type() == at::kFloat8_e5m2,
+               "[model] to_float8 writes float8_e4m3fn or float8_e5m2, not ", out.scalar_type());
+  FSDP_CHECK(scale.scalar_type() == at::kFloat, "[model] to_float8's scale is fp32, not ", scale.scalar_type());
+  RECORD_FUNCTION("fsdptrain::to_float8", std::vector<c10::IValue>({x, scale}));
+#if FSDP_CUDA_KERNELS
+  if (x.is_cuda() && cuda::cast_to_float8_tiles(x, scale, rows, cols, max)) return;
+#endif
+  for (const at::Tensor& out : {rows, cols})
+    if (out.defined()) to_float8_loops(out, x, scale, max);
 }
 
 void float8_scale_out(const at::Tensor& scale, const at::Tensor& inverse, const at::Tensor& amax, float max,

@@ -41,11 +41,15 @@ at::Tensor gate_up_swiglu(const at::Tensor& x, const at::Tensor& w);
 // subtraction and an exponential (and a cast).
 void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
-// float8 training (model/float8.h): out (float8_e4m3fn or float8_e5m2) = x * scale saturated to the
-// format's largest finite value `max`, for x of a floating dtype and an fp32 scale broadcast to it
-// (one value, one a row or one a column): one pass where ATen's ops take a cast to fp32, a product,
-// a clamp and a cast.
-void to_float8_out(const at::Tensor& out, const at::Tensor& x, const at::Tensor& scale, float max);
+// float8 training (model/float8.h): x * scale saturated to the format's largest finite value `max`,
+// for x of a floating dtype and an fp32 scale broadcast to it (one value, one a row or one a
+// column), into `rows` and/or `cols` (float8_e4m3fn or float8_e5m2, x's shape; either may be
+// undefined), which may be laid out differently (row-major and column-major: a product's two
+// operands). On a GPU a 2-D x of rows and columns by 16 is read once for both (kernels/float8_cuda.cu);
+// elsewhere ATen's loops write each. One pass where ATen's ops take a cast to fp32, a product, a
+// clamp, a cast and a transposing copy.
+void to_float8_out(const at::Tensor& rows, const at::Tensor& cols, const at::Tensor& x, const at::Tensor& scale,
+                   float max);
 // The fp32 scale and its inverse from amax (a floating dtype, any shape; out of its shape):
 // functors.h's float8_scale, one launch for what ATen's ops take five.
 void float8_scale_out(const at::Tensor& scale, const at::Tensor& inverse, const at::Tensor& amax, float max,
