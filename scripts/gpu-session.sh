@@ -2,11 +2,15 @@
 # Everything a GPU machine is for. One GPU session is ONE call of the device tool (10 minutes at
 # most; give it 560 s or more): `session`, the default, runs the steps below in order, each bounded by
 # `timeout` inside a total budget (SESSION_BUDGET_S, 530 s), and writes each result under $OUT (or
-# ./gpu-results) as it finishes; $OUT/session.md says how each step ended. Carry third_party/bundle
-# from scripts/bundle-deps.sh (the Debian libraries, and the benchmark peers' wheels, installed here
-# with pip --no-index --no-deps --target into a temporary folder put on PYTHONPATH), and with
-# PREBUILT=1 the binaries scripts/prebuilt.sh packed (third_party/prebuilt); without PREBUILT=1 a step
-# builds first unless the build is already there.
+# ./gpu-results) as it finishes; $OUT/session.md says how each step ended. With PREBUILT=1 it runs
+# the binaries scripts/prebuilt.sh packed: carry third_party/device (about 26 MB; the device tool
+# sends at most 64 MiB), which holds them, the Debian libraries of scripts/bundle-deps.sh and the
+# benchmark peers' wheels (installed here with pip --no-index --no-deps --target into a temporary
+# folder put on PYTHONPATH), unpacked on the first run:
+#   scripts/bundle-deps.sh && scripts/prebuilt.sh      # here, then one device call of
+#   PREBUILT=1 OUT=/tmp/g scripts/gpu-session.sh; tar -czf $OUT/all.tgz -C /tmp/g .   # carry third_party/device
+# (only 8 files come back from a call: tar the results). Without PREBUILT=1 a step builds first
+# (carry third_party/bundle) unless the build is already there.
 #   scripts/gpu-session.sh [session]   in one call, in this order (at most, of 530 s):
 #     1. tests      the gpu-labelled tests; a test that skips on a machine whose nvidia-smi sees a
 #                   GPU fails                                             -> tests.log     85 s
@@ -73,6 +77,15 @@ SCRATCH=()  # scratch folders (checkpoints, token files), removed at exit, also 
 trap 'rm -rf "${SCRATCH[@]}"' EXIT
 trap 'exit 143' TERM
 
+if [ "${PREBUILT:-0}" = 1 ] && [ ! -x third_party/prebuilt/bin/fsdptrain ] && [ -f third_party/device/prebuilt.tar.xz ]; then
+  # What scripts/prebuilt.sh packed for the device call (carried as third_party/device), unpacked once.
+  mkdir -p third_party/prebuilt third_party/bundle/usr/lib/x86_64-linux-gnu
+  tar -xJf third_party/device/prebuilt.tar.xz -C third_party/prebuilt
+  [ -f third_party/device/bundle-libs.tar.xz ] &&
+    tar -xJf third_party/device/bundle-libs.tar.xz -C third_party/bundle/usr/lib/x86_64-linux-gnu
+  [ -d third_party/device/wheels ] && [ ! -d third_party/bundle/wheels ] &&
+    cp -r third_party/device/wheels third_party/bundle/wheels
+fi
 if [ "${PREBUILT:-0}" = 1 ]; then
   # This machine's torch provides LibTorch, CUDA and NCCL; the bundle the Debian libraries.
   TORCH_DIR=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
