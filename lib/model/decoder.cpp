@@ -362,7 +362,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   const Projected p = project(tp ? gather_along(x, 1, *tp) : x, cos, sin);  // attention sees the whole sequence
   if (cp && cp->ulysses()) return row_parallel_output(o_proj, attend_ulysses(p, packed), tp.get());
   if (cp) {
-    FSDP_CHECK(!packed.defined(), "[cp] packed records (data.packing: masked) are not split by context parallel; "
+    FSDP_CHECK(!packed.defined(),
+               "[cp] packed records (data.packing: masked) are not split by context parallel; "
                "use data.packing: pad or plain, or Ulysses (parallelism_config_sp_size), which keeps them");
     FSDP_CHECK(window == 0 || p.q.size(2) * cp->size() <= window, "[cp] a sliding attention window (", window,
                " tokens) is not split by context parallel; use Ulysses (parallelism_config_sp_size) for this model");
@@ -508,10 +509,10 @@ at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& all_tokens, con
                      ? embed->forward(tokens)
                      : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
   const Packed rows = packed.defined() ? packed.to(x.device()) : Packed{};
-  auto [cos, sin] = rows.defined() ? rope_cos_sin_at(inv_freq_, cp ? rows.positions.index_select(1, mine.to(x.device()))
-                                                                    : rows.positions,
-                                                     x)
-                                   : rope_cos_sin(inv_freq_, all_tokens.size(1), x);
+  auto [cos, sin] =
+      rows.defined()
+          ? rope_cos_sin_at(inv_freq_, cp ? rows.positions.index_select(1, mine.to(x.device())) : rows.positions, x)
+          : rope_cos_sin(inv_freq_, all_tokens.size(1), x);
   if (cp && !rows.defined()) {
     cos = cos.index_select(0, mine.to(x.device()));
     sin = sin.index_select(0, mine.to(x.device()));

@@ -41,8 +41,8 @@ Float8Tensor empty_bits(const at::Tensor& x, at::ScalarType dtype, Float8Layout 
 }
 
 // ATen's ops one by one, as torchao writes them: the reference the fused kernels are tested against.
-Float8Tensor to_float8_reference(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> dim,
-                                 bool power_of_2, Float8Layout layout) {
+Float8Tensor to_float8_reference(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> dim, bool power_of_2,
+                                 Float8Layout layout) {
   const double max = largest(dtype);
   const at::Tensor amax = dim ? x.abs().amax({*dim}, /*keepdim=*/true) : x.abs().max();
   at::Tensor scale = (max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
@@ -130,19 +130,19 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
       if (rowwise) {
         const at::Tensor &x2 = saved[0], &w = saved[1 + i];
         if (ctx->needs_input_grad(0)) {
-          const Float8Tensor gq = to_float8(go, kE4m3, -1, true);                          // (M, 1)
+          const Float8Tensor gq = to_float8(go, kE4m3, -1, true);                        // (M, 1)
           const Float8Tensor wq = to_float8(w, kE4m3, 0, true, Float8Layout::kColumns);  // (1, K)
           dx_i = float8_mm(gq.rows, gq.inverse, wq.columns, wq.inverse, dtype, false);
         }
         if (want_w) {
           if (!xq.columns.defined()) xq = to_float8(x2, kE4m3, 0, true, Float8Layout::kColumns);  // (1, K)
-          const Float8Tensor gq = to_float8(go, kE4m3, 0, true, Float8Layout::kColumns);       // (1, N)
+          const Float8Tensor gq = to_float8(go, kE4m3, 0, true, Float8Layout::kColumns);          // (1, N)
           out[1 + i] = float8_mm(gq.columns.t(), gq.inverse.t(), xq.columns, xq.inverse, dtype, false);
         }
       } else {
         const at::Tensor &w_columns = saved[2 + 2 * i], &w_inverse = saved[3 + 2 * i];
-        const Float8Tensor gq = to_float8(go, kE5m2, std::nullopt, false,
-                                          want_w ? Float8Layout::kBoth : Float8Layout::kRows);
+        const Float8Tensor gq =
+            to_float8(go, kE5m2, std::nullopt, false, want_w ? Float8Layout::kBoth : Float8Layout::kRows);
         if (ctx->needs_input_grad(0)) dx_i = float8_mm(gq.rows, gq.inverse, w_columns, w_inverse, dtype, false);
         if (want_w) out[1 + i] = float8_mm(gq.columns.t(), gq.inverse, xq.columns, xq.inverse, dtype, false);
       }
@@ -188,8 +188,8 @@ Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, std::optional<
   return t;
 }
 
-at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b,
-                     const at::Tensor& b_inverse, at::ScalarType out_dtype, bool fast_accum) {
+at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b, const at::Tensor& b_inverse,
+                     at::ScalarType out_dtype, bool fast_accum) {
   FSDP_ASSERT(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "float8_mm of ", a.sizes(), " and ", b.sizes());
   RECORD_FUNCTION("fsdptrain::float8_mm", std::vector<c10::IValue>({a, b, a_inverse, b_inverse}));
   const int64_t m = a.size(0), n = b.size(1);

@@ -56,8 +56,8 @@ Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, std::optional<
 
 // a (M, K) b (K, N) from float8 operands, a row-major and b column-major, with inverse scales of one
 // value each or (M, 1) and (1, N); fp32 accumulation, the result (M, N) in out_dtype.
-at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b,
-                     const at::Tensor& b_inverse, at::ScalarType out_dtype, bool fast_accum);
+at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b, const at::Tensor& b_inverse,
+                     at::ScalarType out_dtype, bool fast_accum);
 
 // x (..., K) weight_i^T for each weight (N_i, K) (one to three: q, k and v, or gate and up, read
 // the same input), no bias, with the recipe's float8 products forward and backward: x is cast once

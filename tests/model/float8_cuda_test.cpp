@@ -28,8 +28,8 @@ struct Choice {
   ~Choice() { kernels::set_kernel_choice({kernels::Provider::kAuto, kernels::OnednnProducts::kLarge}); }
 };
 
-Float8Tensor cast(kernels::Provider p, const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> dim,
-                  bool pow2, Float8Layout layout) {
+Float8Tensor cast(kernels::Provider p, const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> dim, bool pow2,
+                  Float8Layout layout) {
   Choice c(p);
   return to_float8(x, dtype, dim, pow2, layout);
 }
@@ -161,8 +161,8 @@ void time_layers() {
             << flop / base / 1e9 << " TFLOP/s)";
   for (Float8Recipe recipe : {Float8Recipe::kTensorwise, Float8Recipe::kRowwise}) {
     const double t = time_layer(x, w, go, recipe);
-    std::cout << "; float8 " << kFloat8RecipeNames[static_cast<size_t>(recipe)] << " " << t << " ms ("
-              << base / t << "x)";
+    std::cout << "; float8 " << kFloat8RecipeNames[static_cast<size_t>(recipe)] << " " << t << " ms (" << base / t
+              << "x)";
   }
   std::cout << "\n";
 }

@@ -1,6 +1,8 @@
 // float8 training (model/float8.h) on the CPU, as torchao tests its recipes: the fused casts give
 // torchao's arithmetic bit for bit, each layer's output and gradients keep their signal-to-noise
 // ratio against the high-precision product, and a small model's loss curve stays with bf16's.
+#include "model/float8.h"
+
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
@@ -12,7 +14,6 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "model/decoder.h"
-#include "model/float8.h"
 #include "model/kernels/provider.h"
 #include "optim/adamw.h"
 
@@ -139,8 +140,8 @@ TEST_CASE("float8 linear layers keep torchao's signal-to-noise ratios against th
       CHECK((w.grad().sizes() == w.sizes()));
       const double out = sqnr_db(yr, y), dw = sqnr_db(wr.grad(), w.grad()), dx = sqnr_db(xr.grad(), x.grad());
       const std::string name = kFloat8RecipeNames[static_cast<size_t>(recipe)], provider = kernels::provider_name(p);
-      MESSAGE(name << " (" << provider << "): output " << out << " dB, weight gradient " << dw
-                   << " dB, input gradient " << dx << " dB");
+      MESSAGE(name << " (" << provider << "): output " << out << " dB, weight gradient " << dw << " dB, input gradient "
+                   << dx << " dB");
       CHECK(out >= 18);
       CHECK(dw >= 17);
       CHECK(dx >= 17);

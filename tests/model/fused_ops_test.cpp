@@ -338,6 +338,7 @@ TEST_CASE("the fused ops in decoder.cpp's modules give the modules' results") {
     {
       c10::NoGradGuard no_grad;
       norm->weight.normal_(1.0, 0.3);
+      for (auto& p : mlp->parameters()) p.normal_(0.0, 0.2);  // modules start uninitialised
     }
     norm->to(dtype);
     mlp->to(dtype);

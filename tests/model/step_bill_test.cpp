@@ -48,8 +48,8 @@ struct Op {
   std::vector<at::ScalarType> dtypes;  // of its tensor inputs (tensor lists flattened)
   std::vector<std::vector<int64_t>> shapes;
   std::vector<bool> contiguous;  // of each tensor input
-  int64_t bytes = 0;  // its tensor inputs' bytes
-  bool leaf = true;   // no op ran inside it
+  int64_t bytes = 0;             // its tensor inputs' bytes
+  bool leaf = true;              // no op ran inside it
   bool inside_attention = false;
   std::string scope;        // the innermost of fsdptrain's named ranges around it ("fsdp gather ...", "optimizer")
   bool user_scope = false;  // it is such a range, not an op
@@ -190,9 +190,9 @@ bool is_view(const std::string& name) {
 }
 
 bool is_product(const std::string& name) {
-  static const std::set<std::string> products = {"aten::mm",  "aten::addmm",   "aten::addmm_",
-                                                 "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
-                                                 "fsdptrain::float8_mm"};  // model/float8.h
+  static const std::set<std::string> products = {
+      "aten::mm",      "aten::addmm",    "aten::addmm_",        "aten::bmm",
+      "aten::baddbmm", "aten::baddbmm_", "fsdptrain::float8_mm"};  // model/float8.h
   return products.count(name) > 0;
 }
 
@@ -333,8 +333,7 @@ std::string describe(const Bill& b, int64_t layers) {
   s << "step bill (" << layers << " layers): " << b.product_flops / 1e12 << " TFLOP in products, "
     << 100.0 * b.bf16_product_flops / b.product_flops << " % in bf16";
   if (b.float8_product_flops > 0) s << ", " << 100.0 * b.float8_product_flops / b.product_flops << " % in float8";
-  s << "; " << b.launches << " launching ops and "
-    << b.attention << " attention calls; " << b.moved_bytes / 1e9
+  s << "; " << b.launches << " launching ops and " << b.attention << " attention calls; " << b.moved_bytes / 1e9
     << " GB read by elementwise ops and copies\n  launching ops:";
   for (const auto& [name, n] : b.launches_by_op) s << " " << name << " " << n << ";";
   for (const auto& [name, f] : b.fp32_products) s << "\n  non-bf16 product: " << name << " " << f / 1e9 << " GFLOP";
@@ -452,4 +451,3 @@ TEST_CASE("the bill of a float8 step at the 1B widths: every decoder product in 
     CHECK(per_layer <= (recipe == Float8Recipe::kRowwise ? 195 : 140));
   }
 }
-

@@ -301,20 +301,17 @@ void float8_scale_out(const at::Tensor& scale, const at::Tensor& inverse, const 
              "[model] float8 scales are fp32, not ", scale.scalar_type(), " and ", inverse.scalar_type());
   RECORD_FUNCTION("fsdptrain::float8_scale", std::vector<c10::IValue>({amax}));
   at::TensorIteratorConfig config;
-  config.check_all_same_dtype(false).resize_outputs(false).add_output(scale).add_output(inverse).add_const_input(
-      amax);
+  config.check_all_same_dtype(false).resize_outputs(false).add_output(scale).add_output(inverse).add_const_input(amax);
   at::TensorIterator iter = config.build();
   launch(
       iter, "float8_scale",
       [&] {
-        AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.input_dtype(0), "fsdptrain::float8_scale",
-                                        [&] {
-                                          at::native::cpu_kernel_multiple_outputs(iter, [&](scalar_t a) {
-                                            const Two<float> r =
-                                                kernels::float8_scale(static_cast<float>(a), max, power_of_2);
-                                            return std::make_tuple(r.first, r.second);
-                                          });
-                                        });
+        AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, iter.input_dtype(0), "fsdptrain::float8_scale", [&] {
+          at::native::cpu_kernel_multiple_outputs(iter, [&](scalar_t a) {
+            const Two<float> r = kernels::float8_scale(static_cast<float>(a), max, power_of_2);
+            return std::make_tuple(r.first, r.second);
+          });
+        });
       },
       [&] {
 #if FSDP_CUDA_KERNELS

@@ -14,7 +14,7 @@ void rotate_halves(at::TensorIteratorBase& iter, float sign);  // outputs (out1,
 void swiglu(at::TensorIteratorBase& iter);                     // output out; inputs (gate, up)
 void swiglu_backward(at::TensorIteratorBase& iter);            // outputs (dgate, dup); inputs (g, gate, up)
 void exp_shifted(at::TensorIteratorBase& iter);                // output out (fp32, bf16 or fp16); inputs fp32 a, b
-void to_float8(at::TensorIteratorBase& iter, float max);        // output out (a float8 dtype); inputs x, fp32 scale
+void to_float8(at::TensorIteratorBase& iter, float max);       // output out (a float8 dtype); inputs x, fp32 scale
 void float8_scale(at::TensorIteratorBase& iter, float max, bool power_of_2);  // outputs scale, inverse; input amax
 // kernels/float8_cuda.cu: x (M, K) cast into `row` (row-major) and/or `col` (column-major), either
 // undefined, in one pass over 64 x 64 tiles; false (nothing launched) where the layout does not fit

@@ -22,9 +22,9 @@ namespace fsdp::model::kernels::cuda {
 
 namespace {
 
-constexpr int kTile = 64;   // rows and columns of a tile
-constexpr int kRun = 16;    // values a thread reads, writes and gathers
-constexpr int kPad = 16;    // shared row padding (bytes): columns gathered from different banks
+constexpr int kTile = 64;                       // rows and columns of a tile
+constexpr int kRun = 16;                        // values a thread reads, writes and gathers
+constexpr int kPad = 16;                        // shared row padding (bytes): columns gathered from different banks
 constexpr int kThreads = kTile * kTile / kRun;  // 256
 
 // The float8 byte of one value (the functor's arithmetic, c10's rounding).
@@ -36,10 +36,9 @@ __device__ inline uint8_t to_byte(float x, float scale, float max) {
 
 // scale[m * scale_m + k * scale_k]: strides 0 broadcast one value, a row's or a column's.
 template <typename In, typename Out>
-__global__ void __launch_bounds__(kThreads) cast_tiles(const In* __restrict__ x, int64_t rows, int64_t cols,
-                                                        const float* __restrict__ scale, int64_t scale_m,
-                                                        int64_t scale_k, float max, uint8_t* __restrict__ row_out,
-                                                        uint8_t* __restrict__ col_out) {
+__global__ void __launch_bounds__(kThreads)
+    cast_tiles(const In* __restrict__ x, int64_t rows, int64_t cols, const float* __restrict__ scale, int64_t scale_m,
+               int64_t scale_k, float max, uint8_t* __restrict__ row_out, uint8_t* __restrict__ col_out) {
   __shared__ __align__(16) uint8_t tile[kTile][kTile + kPad];
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTile, k0 = static_cast<int64_t>(blockIdx.x) * kTile;
   const int t = threadIdx.x;
@@ -83,9 +82,11 @@ void launch_for(const at::Tensor& x, const at::Tensor& scale, int64_t scale_m, i
   const In* src = reinterpret_cast<const In*>(x.const_data_ptr());
   const float* s = scale.const_data_ptr<float>();
   if (out_dtype == at::kFloat8_e4m3fn)
-    cast_tiles<In, c10::Float8_e4m3fn><<<grid, kThreads, 0, stream>>>(src, rows, cols, s, scale_m, scale_k, max, row, col);
+    cast_tiles<In, c10::Float8_e4m3fn>
+        <<<grid, kThreads, 0, stream>>>(src, rows, cols, s, scale_m, scale_k, max, row, col);
   else
-    cast_tiles<In, c10::Float8_e5m2><<<grid, kThreads, 0, stream>>>(src, rows, cols, s, scale_m, scale_k, max, row, col);
+    cast_tiles<In, c10::Float8_e5m2>
+        <<<grid, kThreads, 0, stream>>>(src, rows, cols, s, scale_m, scale_k, max, row, col);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -103,7 +104,7 @@ bool cast_to_float8_tiles(const at::Tensor& x, const at::Tensor& scale, const at
       x.dim() == 2 && x.is_contiguous() && x.size(0) % kRun == 0 && x.size(1) % kRun == 0 && aligned(x) &&
       (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf || x.scalar_type() == at::kFloat) &&
       scale.is_cuda() && (scale.numel() == 1 || scale.dim() == 2) &&
-      (!row.defined() || (row.is_contiguous() && aligned(row))) &&                                       // (M, K)
+      (!row.defined() || (row.is_contiguous() && aligned(row))) &&                             // (M, K)
       (!col.defined() || (col.stride(0) == 1 && col.stride(1) == x.size(0) && aligned(col)));  // (M, K) by columns
   if (!fits || (!row.defined() && !col.defined())) return false;
   const at::ScalarType out_dtype = row.defined() ? row.scalar_type() : col.scalar_type();
