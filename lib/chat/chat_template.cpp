@@ -1,10 +1,9 @@
 #include "chat/chat_template.h"
 
-#include <regex>
-
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
+#include "util/regex.h"
 #include "util/strings.h"
 
 namespace fsdp::chat {
@@ -27,12 +26,12 @@ bool starts_with(const std::string& s, const std::string& prefix) {
 
 }  // namespace
 
-ChatTemplate ChatTemplate::load(const std::string& folder, const std::string& file) {
+ChatTemplate ChatTemplate::load(const std::string& folder, const std::string& file, const TemplateLimits& limits) {
   ChatTemplate t;
   const std::string config_path = folder + "/tokenizer_config.json";
   const std::optional<nlohmann::json> config = try_read_json_file(config_path);
   auto add = [&](const std::string& name, const std::string& source, const std::string& where) {
-    t.templates_.emplace_back(name, Template(source, where));
+    t.templates_.emplace_back(name, Template(source, where, limits));
     t.sources_.push_back(name + "\n" + source);
   };
   if (!file.empty()) {
@@ -57,9 +56,9 @@ ChatTemplate ChatTemplate::load(const std::string& folder, const std::string& fi
              " has no chat template (neither chat_template.jinja nor a chat_template in tokenizer_config.json); "
              "give one with data.chat_template (a .jinja file), or use text or prompt/completion records");
   std::stable_partition(t.templates_.begin(), t.templates_.end(), [](const auto& n) { return n.first == "default"; });
-  static const std::regex generation(R"(\{%-?\s*generation\s*-?%\})");
+  static const Regex generation(R"(\{%[-+]?\s*generation\s*[-+]?%\})", "the {% generation %} tag");
   for (const std::string& s : t.sources_)
-    t.generation_blocks_ = t.generation_blocks_ || std::regex_search(s, generation);
+    t.generation_blocks_ = t.generation_blocks_ || !generation.find_all(s).empty();
   // Special tokens: tokenizer_config.json's, then special_tokens_map.json's for those it lacks.
   for (const std::string& path : {config_path, folder + "/special_tokens_map.json"}) {
     const std::optional<nlohmann::json> j = try_read_json_file(path);

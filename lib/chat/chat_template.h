@@ -41,8 +41,8 @@ class ChatTemplate {
  public:
   // `folder`: a model or tokenizer folder; `file`: a template file used instead ("": none). Throws
   // InputError naming the folder when it has no template, or the file and line of a template the
-  // engine cannot read.
-  static ChatTemplate load(const std::string& folder, const std::string& file = "");
+  // engine cannot read. Every render runs within `limits`.
+  static ChatTemplate load(const std::string& folder, const std::string& file = "", const TemplateLimits& limits = {});
 
   // The conversation rendered (the prompt of a generation with add_generation_prompt).
   std::string render(const Conversation& c, bool add_generation_prompt) const;

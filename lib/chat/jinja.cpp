@@ -6,14 +6,14 @@
 
 namespace fsdp::chat {
 
-Template::Template(const std::string& source, const std::string& where) {
+Template::Template(const std::string& source, const std::string& where, const TemplateLimits& limits) {
   const size_t bad = jinja::utf8_first_invalid(source);
   if (bad != std::string::npos) {
     int line = 1;
     for (size_t i = 0; i < bad; ++i) line += source[i] == '\n';
     throw InputError(str(where, ":", line, ": the template is not valid UTF-8 (byte ", bad, ")"));
   }
-  ast_ = jinja::parse_template(source, where);
+  ast_ = jinja::parse_template(source, where, limits);
 }
 
 const std::string& Template::where() const {
@@ -36,6 +36,9 @@ Template::Output Template::render(const Json& variables, std::time_t now) const 
     throw InputError(str(ast_->where, ":", interp.line, ": ", f.what()));
   } catch (const Error&) {
     throw;
+  } catch (const std::bad_alloc&) {  // a template that builds more than the machine holds
+    throw InputError(str(ast_->where, ":", interp.line, ": the template ran out of memory; its limits ",
+                         "(data.chat_template_max_output, _max_string, _max_iterations) bound what it may build"));
   } catch (const std::exception& e) {  // a bug of ours, not the template's
     throw Error(str(ast_->where, ":", interp.line, ": internal error of the Jinja engine: ", e.what()));
   }

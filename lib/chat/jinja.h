@@ -21,6 +21,7 @@
 // threads at once. Copies share the parsed form.
 #pragma once
 
+#include <cstdint>
 #include <ctime>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "chat/template_limits.h"
 #include "util/error.h"
 
 namespace fsdp::chat {
@@ -58,7 +60,8 @@ class Template {
   // Parses `source` once. `where` names it in messages (a file, "tokenizer_config.json:chat_template").
   // Throws InputError "WHERE:LINE: what is wrong" for a syntax error or a construct the engine does
   // not support, and for source that is not valid UTF-8.
-  Template(const std::string& source, const std::string& where);
+  // Throws InputError naming `limits.max_depth` for a template nested deeper.
+  Template(const std::string& source, const std::string& where, const TemplateLimits& limits = {});
 
   struct Output {
     std::string text;
@@ -74,8 +77,9 @@ class Template {
 
   // Renders with `variables` (a JSON object: messages, tools, add_generation_prompt, bos_token,
   // ...). Throws TemplateRaise for raise_exception(), InputError "WHERE:LINE: ..." for what jinja2
-  // would fail on while rendering (an undefined value used, a type error, a sandbox violation) or
-  // a construct the engine refuses at run time. strftime_now() reads the clock.
+  // would fail on while rendering (an undefined value used, a type error, a sandbox violation), a
+  // construct the engine refuses at run time, a limit exceeded (TemplateLimits) or memory running
+  // out. strftime_now() reads the clock.
   Output render(const Json& variables) const;
   // The same, with strftime_now() formatting `now` (seconds since the epoch, in the local time
   // zone) instead of the current time: for reproducible renders and tests.

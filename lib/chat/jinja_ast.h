@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "chat/jinja_value.h"
+#include "chat/template_limits.h"
 
 namespace fsdp::chat::jinja {
 
@@ -136,13 +137,17 @@ struct Stmt {
 
 struct TemplateAst {
   std::string where;
+  TemplateLimits limits;
   Body root;
   std::vector<std::string> symbols;  // symbol id -> name
   int loop_symbol = -1, varargs_symbol = -1, kwargs_symbol = -1;
 };
 
-// Throws fsdp::InputError "WHERE:LINE: ..." for a syntax error or a construct the engine refuses.
-std::unique_ptr<TemplateAst> parse_template(std::string_view source, const std::string& where);
+// Throws fsdp::InputError "WHERE:LINE: ..." for a syntax error, a construct the engine refuses, or
+// nesting deeper than limits.max_depth (the parser and every pass over the tree recurse).
+std::unique_ptr<TemplateAst> parse_template(std::string_view source, const std::string& where,
+                                            const TemplateLimits& limits);
+
 
 // ---- Filters and tests (jinja_filters.cpp) ----
 

@@ -269,6 +269,20 @@ Value binary_op(BinOp op, const Value& a, const Value& b) {
 }
 
 Value Interp::eval(const Expr& e) {
+  // Expressions and the macro calls inside them recurse: a bounded stack on any thread.
+  if (++nest_ > 4 * ast_.limits.max_depth) {
+    --nest_;
+    throw Failure(over_limit("the template's expressions and macro calls nest deeper than", 4 * ast_.limits.max_depth,
+                             "data.chat_template_max_depth (4 times it)"));
+  }
+  struct Leave {
+    int& n;
+    ~Leave() { --n; }
+  } leave{nest_};
+  return eval_node(e);
+}
+
+Value Interp::eval_node(const Expr& e) {
   switch (e.kind) {
     case ExprKind::kConst:
       return e.value;

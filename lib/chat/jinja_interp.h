@@ -57,6 +57,7 @@ class Interp {
   // in bytes and in code points.
   std::string render(Spans* spans, Spans* char_spans);
 
+  // Throws Failure when expressions and macro calls nest past 4 x limits.max_depth.
   Value eval(const Expr& e);
   // The arguments of a call, filter or test node (children[1..] and kwargs).
   CallArgs eval_args(const Expr& node);
@@ -89,6 +90,7 @@ class Interp {
   Value context_value(int symbol);
   void assign(const Target& target, const Value& v, Scope& scope);
 
+  Value eval_node(const Expr& e);
   Value eval_call(const Expr& e);
   Value eval_item(const Expr& e);
   Value eval_compare(const Expr& e);
@@ -108,7 +110,13 @@ class Interp {
   std::string* out_ = &root_out_;
   Spans* spans_ = nullptr;
   Spans* char_spans_ = nullptr;
-  int depth_ = 0;
+  int depth_ = 0;  // macro calls
+  int nest_ = 0;   // eval() calls in progress
+  // This render's budget (TemplateLimits), set as the thread's while the Interp lives.
+  RenderBudget budget_;
+  RenderBudget* outer_budget_ = nullptr;
+  // Throws Failure when the text being written has grown past limits.max_output_bytes.
+  void check_output() const;
 };
 
 // Python's binary operators (+ - * / // % **) on values, and str % args.

@@ -163,8 +163,32 @@ class Parser {
     return cur_in(extra_end_rules);
   }
 
+  // The depth of the tree being built, bounded by limits.max_depth: the parser and every pass over
+  // the tree (constant folding, scopes, rendering, the destructors) recurse once a level. A guard
+  // holds a level for a recursive step (`enter` at construction) and one more for each time a loop
+  // wraps what it built so far in a new node (a + b + c, x|f|g, a.b.c).
+  class Depth {
+   public:
+    explicit Depth(Parser& p, bool enter = true) : p_(p) {
+      if (enter) wrap();
+    }
+    void wrap() {
+      ++held_;
+      if (++p_.nesting_ > p_.ast_.limits.max_depth)
+        p_.fail(over_limit("the template nests deeper than", p_.ast_.limits.max_depth, "data.chat_template_max_depth"));
+    }
+    ~Depth() { p_.nesting_ -= held_; }
+    Depth(const Depth&) = delete;
+    Depth& operator=(const Depth&) = delete;
+
+   private:
+    Parser& p_;
+    int held_ = 0;
+  };
+
   std::vector<Token> toks_;
   size_t i_ = 0;
+  int nesting_ = 0;
   TemplateAst& ast_;
   std::unordered_map<std::string, int> symbol_ids_;
   int loop_depth_ = 0;  // for loops around the current statement, within the current macro
@@ -211,6 +235,7 @@ std::vector<Stmt> Parser::parse_statements(const Names& end_tokens, bool drop_ne
 }
 
 void Parser::parse_statement(std::vector<Stmt>& out) {
+  const Depth depth(*this);
   if (cur().type != Tok::kName) fail("tag name expected");
   const std::string tag = cur().text;
   const int line = cur().line;
@@ -421,7 +446,9 @@ Target Parser::parse_target_primary(bool with_namespace) {
 ExprPtr Parser::parse_condexpr() {
   int line = cur().line;
   ExprPtr expr1 = parse_or();
+  Depth chain(*this, false);
   while (skip_name("if")) {
+    chain.wrap();
     ExprPtr expr2 = parse_or();
     ExprPtr expr3 = skip_name("else") ? parse_condexpr() : nullptr;
     ExprPtr cond = node(ExprKind::kCond, line);
@@ -436,9 +463,11 @@ ExprPtr Parser::parse_condexpr() {
 
 ExprPtr Parser::parse_or() {
   ExprPtr left = parse_and();
+  Depth chain(*this, false);
   while (is_name("or")) {
     const int line = cur().line;
     next();
+    chain.wrap();
     left = binary(ExprKind::kOr, line, std::move(left), parse_and());
   }
   return left;
@@ -446,9 +475,11 @@ ExprPtr Parser::parse_or() {
 
 ExprPtr Parser::parse_and() {
   ExprPtr left = parse_not();
+  Depth chain(*this, false);
   while (is_name("and")) {
     const int line = cur().line;
     next();
+    chain.wrap();
     left = binary(ExprKind::kAnd, line, std::move(left), parse_not());
   }
   return left;
@@ -456,6 +487,7 @@ ExprPtr Parser::parse_and() {
 
 ExprPtr Parser::parse_not() {
   if (is_name("not")) {
+    const Depth depth(*this);
     ExprPtr e = node(ExprKind::kNot, cur().line);
     next();
     e->children.push_back(parse_not());
@@ -504,7 +536,9 @@ ExprPtr Parser::parse_compare() {
 
 ExprPtr Parser::parse_math1() {
   ExprPtr left = parse_concat();
+  Depth chain(*this, false);
   while (is_op("+") || is_op("-")) {
+    chain.wrap();
     const int line = cur().line;
     const BinOp op = is_op("+") ? BinOp::kAdd : BinOp::kSub;
     next();
@@ -525,6 +559,7 @@ ExprPtr Parser::parse_concat() {
 
 ExprPtr Parser::parse_math2() {
   ExprPtr left = parse_pow();
+  Depth chain(*this, false);
   static const std::pair<const char*, BinOp> kOps[] = {
       {"*", BinOp::kMul}, {"/", BinOp::kDiv}, {"//", BinOp::kFloorDiv}, {"%", BinOp::kMod}};
   while (true) {
@@ -533,6 +568,7 @@ ExprPtr Parser::parse_math2() {
       if (is_op(op.first)) match = &op;
     }
     if (match == nullptr) return left;
+    chain.wrap();
     const int line = cur().line;
     next();
     left = binary(ExprKind::kBinary, line, std::move(left), parse_pow(), match->second);
@@ -541,7 +577,9 @@ ExprPtr Parser::parse_math2() {
 
 ExprPtr Parser::parse_pow() {
   ExprPtr left = parse_unary();
+  Depth chain(*this, false);
   while (is_op("**")) {
+    chain.wrap();
     const int line = cur().line;
     next();
     left = binary(ExprKind::kBinary, line, std::move(left), parse_unary(), BinOp::kPow);
@@ -550,6 +588,7 @@ ExprPtr Parser::parse_pow() {
 }
 
 ExprPtr Parser::parse_unary(bool with_filter) {
+  const Depth depth(*this);
   ExprPtr e;
   if (is_op("-") || is_op("+")) {
     e = node(is_op("-") ? ExprKind::kNeg : ExprKind::kPos, cur().line);
@@ -648,7 +687,9 @@ ExprPtr Parser::parse_dict() {
 }
 
 ExprPtr Parser::parse_postfix(ExprPtr e) {
+  Depth chain(*this, false);
   while (true) {
+    if (is_op(".") || is_op("[") || is_op("(")) chain.wrap();
     if (is_op(".") || is_op("[")) {
       e = parse_subscript(std::move(e));
     } else if (is_op("(")) {
@@ -663,7 +704,9 @@ ExprPtr Parser::parse_postfix(ExprPtr e) {
 }
 
 ExprPtr Parser::parse_filter_expr(ExprPtr e) {
+  Depth chain(*this, false);
   while (true) {
+    if (is_op("|") || is_name("is") || is_op("(")) chain.wrap();
     if (is_op("|")) {
       e = parse_filter(std::move(e), false);
     } else if (is_name("is")) {
@@ -765,7 +808,9 @@ void Parser::parse_call_args(Expr& call) {
 }
 
 ExprPtr Parser::parse_filter(ExprPtr e, bool start_inline) {
+  Depth chain(*this, false);
   while (is_op("|") || start_inline) {
+    chain.wrap();
     if (!start_inline) next();
     start_inline = false;
     const int line = cur().line;
@@ -868,9 +913,11 @@ class NameChecker {
 void analyze_frames(TemplateAst& ast);  // jinja_scope.cpp
 void fold_constants(TemplateAst& ast);  // jinja_fold.cpp
 
-std::unique_ptr<TemplateAst> parse_template(std::string_view source, const std::string& where) {
+std::unique_ptr<TemplateAst> parse_template(std::string_view source, const std::string& where,
+                                            const TemplateLimits& limits) {
   auto ast = std::make_unique<TemplateAst>();
   ast->where = where;
+  ast->limits = limits;
   Parser parser(lex_template(source, where), *ast);
   ast->root = parser.parse_root();
   NameChecker(where).body(ast->root, false);

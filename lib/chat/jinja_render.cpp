@@ -5,8 +5,6 @@
 namespace fsdp::chat::jinja {
 namespace {
 
-constexpr int kMaxDepth = 200;  // macro calls; jinja2 would hit Python's recursion limit
-
 struct MacroValue : Callable {
   std::shared_ptr<const MacroDef> def;
   std::shared_ptr<Scope> closure;
@@ -44,9 +42,19 @@ Interp::Interp(const TemplateAst& ast, const Json& variables, std::time_t now)
       context_known_(ast.symbols.size(), 0),
       scope_(std::make_shared<Scope>()) {
   scopes_.push_back(scope_);
+  budget_.limits = &ast.limits;
+  outer_budget_ = render_budget();
+  render_budget() = &budget_;
+}
+
+void Interp::check_output() const {
+  if (static_cast<int64_t>(out_->size()) > ast_.limits.max_output_bytes)
+    throw Failure(over_limit("the template wrote more bytes than", ast_.limits.max_output_bytes,
+                             "data.chat_template_max_output"));
 }
 
 Interp::~Interp() {
+  render_budget() = outer_budget_;
   for (const auto& s : scopes_) s->vars.clear();
   for (const auto& ns : namespaces_) ns->attrs.items.clear();
   for (const auto& l : loops_) l->changed_value = Value();
@@ -73,9 +81,11 @@ Flow Interp::exec_stmt(const Stmt& s) {
   switch (s.kind) {
     case StmtKind::kText:
       out_->append(s.text);
+      check_output();
       break;
     case StmtKind::kOutput:
       for (const ExprPtr& e : s.exprs) append_py_str(*out_, eval(*e));
+      check_output();
       break;
     case StmtKind::kIf:
       return exec_if(s);
@@ -106,6 +116,7 @@ Flow Interp::exec_stmt(const Stmt& s) {
       Value v = Value::string(render_frame(s.bodies[0]));
       line = s.line;
       append_py_str(*out_, apply_filter_chain(s.exprs[0].get(), std::move(v)));
+      check_output();
       break;
     }
     case StmtKind::kWith:
@@ -136,6 +147,7 @@ void Interp::exec_for(const Stmt& s) {
     auto kept = std::make_shared<std::vector<Value>>();
     const std::shared_ptr<Scope> outer = scope_;
     for (size_t i = 0; i < items.size(); ++i) {
+      budget_.charge(1);
       scope_ = std::make_shared<Scope>();
       scope_->parent = outer;
       scopes_.push_back(scope_);
@@ -163,6 +175,7 @@ void Interp::exec_for(const Stmt& s) {
   const Value loop_value = Value::object(Type::kLoop, loop);
   const std::shared_ptr<Scope> outer = scope_;
   for (size_t i = 0; i < items.size(); ++i) {
+    budget_.charge(1);
     loop->index0 = i;
     scope_ = new_scope(outer, s.bodies[0]);
     scope_->set(ast_.loop_symbol, loop_value);
@@ -183,6 +196,7 @@ void Interp::exec_generation(const Stmt& s) {
   const size_t char_start = utf8_length(root_out_);
   char_spans_->emplace_back(char_start, char_start + utf8_length(text));
   out_->append(text);
+  check_output();
 }
 
 void Interp::exec_with(const Stmt& s) {
@@ -225,7 +239,8 @@ Value Interp::apply_filter_chain(const Expr* filter, Value input) {
 }
 
 Value Interp::call_macro(const MacroDef& macro, const std::shared_ptr<Scope>& closure, CallArgs& args) {
-  if (depth_ >= kMaxDepth) throw Failure("macro calls nested deeper than " + std::to_string(kMaxDepth));
+  if (depth_ >= ast_.limits.max_depth)
+    throw Failure(over_limit("macro calls nest deeper than", ast_.limits.max_depth, "data.chat_template_max_depth"));
   const size_t n = macro.params.size();
   if (args.positional.size() > n && !macro.uses_varargs) {
     throw Failure("macro " + py_repr_string(macro.name) + " takes not more than " + std::to_string(n) + " argument(s)");

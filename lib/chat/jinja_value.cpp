@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "chat/template_limits.h"
 #include "chat/jinja_unicode.h"
 
 namespace fsdp::chat::jinja {
@@ -118,7 +119,25 @@ void append_dict_repr(std::string& out, const DictObj& d) {
 
 }  // namespace
 
+RenderBudget*& render_budget() {
+  thread_local RenderBudget* budget = nullptr;
+  return budget;
+}
+
+void RenderBudget::charge(int64_t units) {
+  work += units;
+  if (work > limits->max_iterations)
+    throw Failure(over_limit("the template did more steps (loop iterations, list items and KiB of strings made) than",
+                             limits->max_iterations, "data.chat_template_max_iterations"));
+}
+
 Value Value::string(std::string text, bool markup) {
+  if (RenderBudget* b = render_budget()) {
+    if (static_cast<int64_t>(text.size()) > b->limits->max_string_bytes)
+      throw Failure(over_limit("the template made a string longer than", b->limits->max_string_bytes,
+                               "data.chat_template_max_string"));
+    b->charge(1 + static_cast<int64_t>(text.size() >> 10));
+  }
   auto obj = std::make_shared<StringObj>();
   obj->text = std::move(text);
   obj->markup = markup;
@@ -128,6 +147,7 @@ Value Value::string(std::string text, bool markup) {
 }
 
 Value Value::seq(std::vector<Value> items, SeqKind kind) {
+  if (RenderBudget* b = render_budget()) b->charge(static_cast<int64_t>(items.size()));
   auto obj = std::make_shared<SeqObj>();
   obj->items = std::move(items);
   obj->kind = kind;

@@ -18,7 +18,22 @@
 
 #include "chat/jinja_failure.h"
 
+namespace fsdp::chat {
+struct TemplateLimits;  // chat/jinja.h
+}
+
 namespace fsdp::chat::jinja {
+
+// What the render running on this thread may still do (null outside a render): Value::string and
+// Value::seq charge it, as the interpreter's loops do, so that a template cannot build without
+// bound (TemplateLimits). Set by the interpreter for its render.
+struct RenderBudget {
+  const TemplateLimits* limits = nullptr;
+  int64_t work = 0;  // loop iterations, list items made, KiB of strings made
+  // Adds `units` of work; throws Failure past limits->max_iterations.
+  void charge(int64_t units);
+};
+RenderBudget*& render_budget();
 
 using Json = nlohmann::ordered_json;
 

@@ -198,8 +198,10 @@ void check_crc(const std::string& file, const std::string& recorded, uint32_t cr
 }  // namespace
 
 void check_recorded_crc(const std::string& path, const std::string& file, uint32_t crc) {
+  const std::string where = "[ckpt] " + path_in(path, kManifest);
   const json m = parse_json_file(path_in(path, kManifest));
-  check_crc(path_in(path, file), m.at("files").at(file).at("crc32c").get<std::string>(), crc);
+  const json& entry = json_field(json_field(m, "files", where), file, where + ": files");
+  check_crc(path_in(path, file), json_string(entry, "crc32c", str(where, ": files.", file)), crc);
 }
 
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& files, bool checksums) {
@@ -212,8 +214,9 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
   FSDP_CHECK(file_exists(path_in(path, kManifest)), "[ckpt] ", quoted(path),
              " has no manifest.json, so it is not a complete checkpoint (a save that was cut off leaves its "
              "files without one); resume from an earlier step-N folder or from checkpoint.resume: latest");
+  const std::string where = "[ckpt] " + path_in(path, kManifest);
   const json m = parse_json_file(path_in(path, kManifest));
-  FSDP_CHECK(m.contains("files") && m["files"].is_object(), "[ckpt] ", path, "/manifest.json has no files table");
+  FSDP_CHECK(m.is_object() && m.contains("files") && m["files"].is_object(), where, " has no files table");
   std::set<std::string> wanted(files.begin(), files.end());
   for (const std::string& f : files)
     FSDP_CHECK(m["files"].contains(f), "[ckpt] ", path, "/manifest.json does not list ", f,
@@ -222,11 +225,14 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
     if (!wanted.empty() && !wanted.count(name)) continue;
     const std::string file = confined_path(path, name, "[ckpt] " + path + "/manifest.json");
     const int64_t size = file_size(file);
-    const int64_t expected = entry.at("bytes").get<int64_t>();
+    const std::string at = str(where, ": files.", name);
+    json_object(entry, at);
+    const int64_t expected = json_int(entry, "bytes", at);
+    const std::string recorded = checksums ? json_string(entry, "crc32c", at) : "";
     FSDP_CHECK(size >= 0, "[ckpt] ", file, " is missing; the checkpoint is incomplete. Resume from another one");
     FSDP_CHECK(size == expected, "[ckpt] ", file, " is ", size, " bytes but the manifest records ", expected,
                ": the file is truncated or was changed. Resume from another checkpoint");
-    if (checksums) check_crc(file, entry.at("crc32c").get<std::string>(), crc32c_of_file(file));
+    if (checksums) check_crc(file, recorded, crc32c_of_file(file));
   }
 }
 

@@ -23,27 +23,20 @@ using json = nlohmann::json;
 constexpr const char* kAdapterConfig = "adapter_config.json";
 constexpr const char* kAdapterWeights = "adapter_model.safetensors";
 
-std::vector<std::string> string_list(const json& v) {
-  if (v.is_null()) return {};
-  if (v.is_string()) return {v.get<std::string>()};
-  std::vector<std::string> out;
-  for (const json& x : v) out.push_back(x.get<std::string>());
-  return out;
-}
-
 // Refuses the PEFT settings fsdptrain does not compute.
 void check_supported(const json& c, const std::string& where) {
   auto refuse_if = [&](bool bad, const std::string& what) {
     FSDP_CHECK(!bad, "[lora] ", where, ": ", what, " is not supported by fsdptrain; train this adapter with PEFT");
   };
-  refuse_if(c.value("peft_type", "") != "LORA",
-            str("peft_type ", quoted(c.value("peft_type", "(none)")), " (only LORA)"));
-  refuse_if(c.value("use_dora", false), "use_dora (DoRA)");
-  refuse_if(c.value("bias", std::string("none")) != "none", "bias " + c.value("bias", std::string()));
-  refuse_if(c.value("fan_in_fan_out", false), "fan_in_fan_out");
-  refuse_if(c.contains("rank_pattern") && !c["rank_pattern"].is_null() && !c["rank_pattern"].empty(), "rank_pattern");
-  refuse_if(c.contains("alpha_pattern") && !c["alpha_pattern"].is_null() && !c["alpha_pattern"].empty(),
-            "alpha_pattern");
+  const std::string type = json_string_or(c, "peft_type", "(none)", where);
+  refuse_if(type != "LORA", str("peft_type ", quoted(type), " (only LORA)"));
+  refuse_if(json_bool_or(c, "use_dora", false, where), "use_dora (DoRA)");
+  const std::string bias = json_string_or(c, "bias", "none", where);
+  refuse_if(bias != "none", "bias " + quoted(bias));
+  refuse_if(json_bool_or(c, "fan_in_fan_out", false, where), "fan_in_fan_out");
+  auto set = [&](const char* key) { return c.contains(key) && !c[key].is_null() && !c[key].empty(); };
+  refuse_if(set("rank_pattern"), "rank_pattern");
+  refuse_if(set("alpha_pattern"), "alpha_pattern");
   refuse_if(c.contains("layers_to_transform") && !c["layers_to_transform"].is_null(), "layers_to_transform");
 }
 
@@ -113,27 +106,34 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   FSDP_CHECK(file_exists(weights_path), "[lora] ", quoted(dir), " has no ", kAdapterWeights,
              " (fsdptrain reads safetensors adapters, not adapter_model.bin)");
   const json c = read_json_file(config_path);
-  FSDP_CHECK(c.is_object(), "[lora] ", config_path, " is not a JSON object");
-  check_supported(c, config_path);
+  json_object(c, "[lora] " + config_path);
+  const std::string where = "[lora] " + config_path;
+  check_supported(c, where);
   PeftAdapter a;
   a.dir = dir;
-  try {
-    a.settings.r = c.at("r").get<int64_t>();
-    a.settings.alpha = c.value("lora_alpha", 8.0);
-    a.settings.dropout = c.value("lora_dropout", 0.0);
-    a.settings.use_rslora = c.value("use_rslora", false);
-    a.settings.target_modules = string_list(c.value("target_modules", json(nullptr)));
-    a.settings.modules_to_save = string_list(c.value("modules_to_save", json(nullptr)));
-    if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string())
-      a.base_model = c["base_model_name_or_path"].get<std::string>();
-  } catch (const json::exception& e) {
-    throw InputError(str("[lora] ", config_path, ": ", e.what()));
-  }
-  FSDP_CHECK(a.settings.r > 0, "[lora] ", config_path, ": r must be positive, got ", a.settings.r);
+  a.settings.r = json_int(c, "r", where);
+  a.settings.alpha = json_number_or(c, "lora_alpha", 8.0, where);
+  a.settings.dropout = json_number_or(c, "lora_dropout", 0.0, where);
+  a.settings.use_rslora = json_bool_or(c, "use_rslora", false, where);
+  a.settings.target_modules = json_strings_or_empty(c, "target_modules", where);
+  a.settings.modules_to_save = json_strings_or_empty(c, "modules_to_save", where);
+  if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string())
+    a.base_model = c["base_model_name_or_path"].get<std::string>();
+  FSDP_CHECK(a.settings.r > 0 && a.settings.r <= (int64_t{1} << 20), where, ": r must be between 1 and 1048576, got ",
+             a.settings.r);
   for (auto& [name, t] : load_safetensors(weights_path)) {
     FSDP_CHECK(name.rfind(kPeftPrefix, 0) == 0, "[lora] ", weights_path, ": tensor ", quoted(name),
                " does not start with ", kPeftPrefix, " (not a PEFT model's adapter)");
     a.tensors[name.substr(std::string(kPeftPrefix).size())] = t.to(at::kFloat);
+  }
+  // The config's r is the tensors' rank: lora_A (r, in) and lora_B (out, r). Merging with another
+  // r's scaling would change the model silently.
+  for (const auto& [name, t] : a.tensors) {
+    const bool down = name.find(".lora_A.") != std::string::npos, up = name.find(".lora_B.") != std::string::npos;
+    if (!down && !up) continue;
+    FSDP_CHECK(t.dim() == 2 && t.size(down ? 0 : 1) == a.settings.r, "[lora] ", weights_path, ": ", name, " is ",
+               t.sizes(), ", which is not rank ", a.settings.r, " as ", kAdapterConfig,
+               "'s r says; the config and the weights are of different adapters");
   }
   return a;
 }

@@ -164,6 +164,12 @@ struct DataConfig {
   Packing packing = Packing::kAuto;
   std::string chat_template;        // a .jinja file for conversations instead of the model's ("")
   bool assistant_only_loss = true;  // conversations: the loss counts the assistant's turns only
+  // What one render of a chat template may take (chat::TemplateLimits: a template from the Hub is
+  // untrusted input).
+  int64_t chat_template_max_output = int64_t{64} << 20;
+  int64_t chat_template_max_iterations = 10000000;
+  int chat_template_max_depth = 200;
+  int64_t chat_template_max_string = int64_t{64} << 20;
 };
 
 struct TrainConfig {
@@ -197,15 +203,15 @@ enum class ExportDtype { kAuto, kFloat32, kBfloat16, kFloat16 };
 inline constexpr std::array<const char*, 4> kExportDtypeNames = {"auto", "float32", "bfloat16", "float16"};
 
 struct CheckpointConfig {
-  std::string dir;                                // training checkpoints: <dir>/step-<N> (format: fsdp_state_dict_type)
-  int64_t interval = 0;                           // save every N steps (0: only at the end); needs dir
-  int64_t keep = 0;                               // complete checkpoints kept, newest first (0: all)
-  bool keep_best = false;                         // also keep the checkpoint with the lowest held-out loss
-  bool direct_io = true;  // saves and resumes past the page cache (O_DIRECT) where the file system takes it
-  std::string resume;                             // "", "latest" (the newest under dir) or a checkpoint folder
-  std::string export_dir;                         // Hugging Face folders written here: step-<N>
-  int64_t export_interval = 0;                    // also every N steps (0: only at the end)
-  bool export_merged = false;                     // with LoRA: the adapters folded into a whole Hugging Face model
+  std::string dir;              // training checkpoints: <dir>/step-<N> (format: fsdp_state_dict_type)
+  int64_t interval = 0;         // save every N steps (0: only at the end); needs dir
+  int64_t keep = 0;             // complete checkpoints kept, newest first (0: all)
+  bool keep_best = false;       // also keep the checkpoint with the lowest held-out loss
+  bool direct_io = true;        // saves and resumes past the page cache (O_DIRECT) where the file system takes it
+  std::string resume;           // "", "latest" (the newest under dir) or a checkpoint folder
+  std::string export_dir;       // Hugging Face folders written here: step-<N>
+  int64_t export_interval = 0;  // also every N steps (0: only at the end)
+  bool export_merged = false;   // with LoRA: the adapters folded into a whole Hugging Face model
   ExportDtype export_dtype = ExportDtype::kAuto;  // exported weights (auto: model.pretrained's torch_dtype, else fp32)
 };
 
@@ -247,12 +253,12 @@ struct EngineConfig {
   KernelProvider kernels = KernelProvider::kAuto;
   OnednnProducts onednn_products = OnednnProducts::kLarge;
   Float8Training float8 = Float8Training::kNone;  // the decoder layers' products in float8 (GPUs)
-  ReadAhead read_ahead = ReadAhead::kAuto;         // auto: on a GPU
-  bool host_cache = true;                   // CPU runs: fsdp/host_cache.h's allocator
-  bool offload_overlap = true;              // offload: each unit's host update when the next forward needs it
-  bool offload_keep_on_device = true;       // offload: each unit's param_dtype shard kept on the device until updated
-  bool sync_debug = false;                  // CUDA: a synchronizing op inside a step is an error
-  std::string dump_gradients;               // a folder: each step's full gradients ("": none)
+  ReadAhead read_ahead = ReadAhead::kAuto;        // auto: on a GPU
+  bool host_cache = true;                         // CPU runs: fsdp/host_cache.h's allocator
+  bool offload_overlap = true;                    // offload: each unit's host update when the next forward needs it
+  bool offload_keep_on_device = true;  // offload: each unit's param_dtype shard kept on the device until updated
+  bool sync_debug = false;             // CUDA: a synchronizing op inside a step is an error
+  std::string dump_gradients;          // a folder: each step's full gradients ("": none)
 };
 
 // logging.profile_steps given without steps (`--profile`): steps 3 and 4, after the warm-up.

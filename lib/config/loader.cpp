@@ -360,7 +360,8 @@ const OptionSpec* resolve_key(const std::string& name) {
 
 void read_set_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
   for (const auto& s : in.sets) {
-    const std::string where = "--set " + s;
+    // The key and the start of the value: a long value (a regex, a path) is not echoed whole.
+    const std::string where = "--set " + (s.size() <= 120 ? s : s.substr(0, 100) + str("... (", s.size(), " bytes)"));
     auto eq = s.find('=');
     if (eq == std::string::npos || eq == 0) {
       diags.error(where, "", "expected KEY=VALUE, such as --set fsdp_config.fsdp_offload_params=true");

@@ -2,6 +2,7 @@
 // Accelerate's three default layers (wizard, launcher, worker plugin) disagree, the default here
 // is what `accelerate launch` uses for a file that omits the key, unless `default_note` says why not.
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <type_traits>
 
@@ -18,6 +19,16 @@ template <typename T>
 struct is_optional : std::false_type {};
 template <typename T>
 struct is_optional<std::optional<T>> : std::true_type {};
+
+// T, or what a std::optional<T> holds.
+template <typename T>
+struct unwrapped {
+  using type = T;
+};
+template <typename T>
+struct unwrapped<std::optional<T>> {
+  using type = T;
+};
 
 template <typename T>
 void assign(T& out, const std::string& v, const std::vector<std::string>& choices) {
@@ -111,6 +122,16 @@ struct Row {
   }
   template <typename Section, typename T>
   Row& to(Section Config::*section, T Section::*field) {
+    using Stored = typename unwrapped<T>::type;
+    if constexpr (std::is_integral_v<Stored> && !std::is_same_v<Stored, bool>) {
+      // Every integer fits the field it lands in (no 4294967298 wrapping to 2 in an int).
+      const long long lo = static_cast<long long>(std::numeric_limits<Stored>::min());
+      const long long hi = std::numeric_limits<Stored>::max() > std::numeric_limits<long long>::max()
+                               ? std::numeric_limits<long long>::max()
+                               : static_cast<long long>(std::numeric_limits<Stored>::max());
+      s.min_value = std::max(s.min_value.value_or(lo), lo);
+      s.max_value = std::min(s.max_value.value_or(hi), hi);
+    }
     std::vector<std::string> choices = s.choices;
     s.apply = [section, field, choices](Config& c, const std::string& v) { assign(c.*section.*field, v, choices); };
     s.same_field = [section, field](const Config& a, const Config& b) {
@@ -276,8 +297,9 @@ std::vector<OptionSpec> build_table() {
           .flag("mixed_precision")
           .env("ACCELERATE_MIXED_PRECISION")
           .choices(enum_names(kMixedPrecisionNames))
-          .unsupported({{"FP8", "Accelerate's fp8 mode is not read; for float8 training set mixed_precision: bf16 and "
-                                "engine.float8: tensorwise (torchao's recipe, as Accelerate's AO backend)"}})
+          .unsupported({{"FP8",
+                         "Accelerate's fp8 mode is not read; for float8 training set mixed_precision: bf16 and "
+                         "engine.float8: tensorwise (torchao's recipe, as Accelerate's AO backend)"}})
           .def("no")
           .help("Compute dtype: bf16 or fp16 gathers parameters in that dtype (fp32 master weights, fp32 reductions)")
           .to(L, &LaunchConfig::mixed_precision),
@@ -705,6 +727,34 @@ std::vector<OptionSpec> build_table() {
                 "(TRL's *_training.jinja variants, whose {% generation %} blocks mark the assistant's tokens)")
           .extension()
           .to(&Config::data, &DataConfig::chat_template),
+      Row("data.chat_template_max_output", V::kInt)
+          .range(1)
+          .def("67108864")
+          .help("Bytes one render of a chat template may write (64 MiB): a template comes with a model from the "
+                "Hub, and one that loops without end is refused, naming this limit")
+          .extension()
+          .to(&Config::data, &DataConfig::chat_template_max_output),
+      Row("data.chat_template_max_iterations", V::kInt)
+          .range(1)
+          .def("10000000")
+          .help("Steps one render of a chat template may take: loop iterations, list items and KiB of strings "
+                "made")
+          .extension()
+          .to(&Config::data, &DataConfig::chat_template_max_iterations),
+      Row("data.chat_template_max_depth", V::kInt)
+          .range(1, 10000)
+          .def("200")
+          .help("How deep a chat template may nest expressions, blocks and macro calls (its parser and renderer "
+                "recurse once a level)")
+          .extension()
+          .to(&Config::data, &DataConfig::chat_template_max_depth),
+      Row("data.chat_template_max_string", V::kInt)
+          .range(1)
+          .def("67108864")
+          .help("Bytes of the longest string one render of a chat template may make (64 MiB), a message's "
+                "content included")
+          .extension()
+          .to(&Config::data, &DataConfig::chat_template_max_string),
       Row("data.assistant_only_loss", V::kBool)
           .def("true")
           .help("For conversation records: the loss counts the assistant's turns only (TRL's assistant_only_loss); "

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <functional>
-#include <regex>
 #include <vector>
 
 #include "config/resolved.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/hub_cache.h"
+#include "util/regex.h"
 #include "util/strings.h"
 
 namespace fsdp::config {
@@ -183,8 +183,8 @@ void check_fsdp(Checker& c) {
               str("ignored because fsdp_auto_wrap_policy is ", enum_name(f.auto_wrap_policy, kWrapPolicyNames)));
   if (!f.ignored_modules.empty()) {
     try {
-      std::regex re(f.ignored_modules);
-    } catch (const std::regex_error& e) {
+      const Regex re(f.ignored_modules, "fsdp_config.fsdp_ignored_modules");
+    } catch (const InputError& e) {
       c.error("fsdp_config.fsdp_ignored_modules", str("is not a valid regular expression: ", e.what()));
     }
   }
@@ -224,7 +224,8 @@ void check_sequence_split(Checker& c) {
   const Config& cfg = c.rc.typed;
   const ParallelismConfig& p = cfg.parallelism;
   const bool ulysses = p.sp_size > 1;
-  const char* key = ulysses ? "parallelism_config.parallelism_config_sp_size" : "parallelism_config.parallelism_config_cp_size";
+  const char* key =
+      ulysses ? "parallelism_config.parallelism_config_sp_size" : "parallelism_config.parallelism_config_cp_size";
   // Each rank's tokens must also split over the tensor-parallel ranks (sequence parallel between layers).
   const long long m = 1LL * (ulysses ? p.sp_size : 2 * p.cp_size) * std::max(1, p.tp_size);
   const long long t = cfg.train.sequence_length;
@@ -237,8 +238,10 @@ void check_sequence_split(Checker& c) {
   }
   const int per_machine = cfg.launch.processes_per_machine();
   if (p.sequence_size() * std::max(1, p.tp_size) > per_machine)
-    c.warning(key, str("x tp_size spans machines (", per_machine, " processes each): every layer's attention then "
-                       "exchanges K/V across the network"),
+    c.warning(key,
+              str("x tp_size spans machines (", per_machine,
+                  " processes each): every layer's attention then "
+                  "exchanges K/V across the network"),
               "keep cp_size x tp_size within one machine's GPUs");
   if (!ulysses && cfg.data.packing == Packing::kMasked)
     c.error("data.packing",
@@ -285,16 +288,16 @@ void check_parallelism(Checker& c) {
   const bool all_one = product == 1;
   // tp, cp or sp alone: the data-parallel ranks are the rest (dp_shard_size = num_processes / them).
   const int split = p.tp_size * p.sequence_size();
-  const bool dp_inferred = p.dp_replicate_size == 1 && p.dp_shard_size == 1 && split > 1 &&
-                           cfg.launch.num_processes % split == 0;
+  const bool dp_inferred =
+      p.dp_replicate_size == 1 && p.dp_shard_size == 1 && split > 1 && cfg.launch.num_processes % split == 0;
   if (!all_one && !dp_inferred && product != cfg.launch.num_processes)
     c.error(c.set("parallelism_config.parallelism_config_dp_shard_size")
                 ? "parallelism_config.parallelism_config_dp_shard_size"
                 : first,
             str("dp_replicate_size x dp_shard_size x tp_size", p.cp_size > 1 ? " x cp_size" : "",
-                p.sp_size > 1 ? " x sp_size" : "", " = ", p.dp_replicate_size, " x ", p.dp_shard_size, " x ",
-                p.tp_size, p.cp_size > 1 ? str(" x ", p.cp_size) : "", p.sp_size > 1 ? str(" x ", p.sp_size) : "",
-                " = ", product, ", but num_processes is ", cfg.launch.num_processes),
+                p.sp_size > 1 ? " x sp_size" : "", " = ", p.dp_replicate_size, " x ", p.dp_shard_size, " x ", p.tp_size,
+                p.cp_size > 1 ? str(" x ", p.cp_size) : "", p.sp_size > 1 ? str(" x ", p.sp_size) : "", " = ", product,
+                ", but num_processes is ", cfg.launch.num_processes),
             "the product of the parallelism sizes must equal num_processes");
 }
 
@@ -331,8 +334,9 @@ void check_float8(Checker& c) {
     c.error(key, "makes GPU products faster (compute capability 8.9 and up); a CPU run would only emulate them",
             "remove engine.float8 for a CPU run (or set use_cpu: false on a GPU machine)");
   if (t.launch.mixed_precision != MixedPrecision::kBf16)
-    c.error(key, str("runs with bf16 compute, and mixed_precision is ",
-                     enum_name(t.launch.mixed_precision, kMixedPrecisionNames)),
+    c.error(key,
+            str("runs with bf16 compute, and mixed_precision is ",
+                enum_name(t.launch.mixed_precision, kMixedPrecisionNames)),
             "set mixed_precision: bf16");
   if (t.lora.enabled())
     c.error(key, "does not train LoRA adapters yet (the frozen weights would be cast to float8 at every step)",
@@ -412,6 +416,10 @@ std::string places_tried(const Checker& c, const std::string& key) {
 // data.path (files, a glob, a save_to_disk folder) or data.dataset (a Hub id in the cache) names data.
 void check_data_paths(Checker& c) {
   const DataConfig& d = c.rc.typed.data;
+  if (!hub::is_revision(d.revision)) {
+    c.error("data.revision", hub::bad_revision("data.revision", d.revision), "main is the default");
+    return;
+  }
   if (!d.dataset.empty()) {
     if (!d.path.empty())
       c.error("data.dataset", str("and data.path are both set (", quoted(d.dataset), ", ", quoted(d.path), ")"),
@@ -452,7 +460,9 @@ void check_input_paths(Checker& c) {
   else if (!m.config.empty() && !file_exists(m.config))
     c.error("model.config", str("no file at ", places_tried(c, "model.config")),
             "give a Hugging Face config.json, such as configs/models/tiny/config.json");
-  if (!m.pretrained.empty() && !file_exists(m.pretrained + "/config.json")) {
+  if (!hub::is_revision(m.revision))
+    c.error("model.revision", hub::bad_revision("model.revision", m.revision), "main is the default");
+  else if (!m.pretrained.empty() && !file_exists(m.pretrained + "/config.json")) {
     if (!is_directory(m.pretrained) && hub::is_repo_id(m.pretrained))
       c.error("model.pretrained",
               str("is no folder here, and ", hub::not_cached(hub::RepoType::kModel, m.pretrained, m.revision)),
@@ -526,7 +536,7 @@ std::string FsdpLayout::describe_context_parallel() const {
       " / ");
   const bool ulysses = cp_kind == "ulysses";
   return str(ulysses ? "Ulysses sequence parallel over " : "context parallel over ", cp_size, " (",
-             ulysses ? "all-to-all around attention"
+             ulysses                 ? "all-to-all around attention"
              : cp_kind == "alltoall" ? "alltoall: a ring of K/V blocks"
                                      : "allgather of K/V",
              "; ", ulysses ? "sp" : "cp", " groups: ranks ", cp_groups, ")");
@@ -559,7 +569,8 @@ std::string FsdpLayout::describe() const {
     layout += str("HSDP: ", replicate_size, " replicas x ", shard_size, " shards");
   else
     layout += str("sharded over ", plural(shard_size, "rank"));
-  if (cp_size > 1) layout += str(" (dp_shard ", this->shard_size, " x ", cp_kind == "ulysses" ? "sp " : "cp ", cp_size, ")");
+  if (cp_size > 1)
+    layout += str(" (dp_shard ", this->shard_size, " x ", cp_kind == "ulysses" ? "sp " : "cp ", cp_size, ")");
   if (cp_size > 1) layout += ", " + describe_context_parallel();
   if (tp_size > 1) layout += ", " + describe_tensor_parallel();
   if (version == 1)

@@ -1,6 +1,7 @@
 #include "data/chat_records.h"
 
 #include "util/error.h"
+#include "util/json.h"
 #include "util/strings.h"
 
 namespace fsdp::data {
@@ -8,13 +9,13 @@ namespace fsdp::data {
 ChatEncoder::ChatEncoder(const ChatOptions& options, const tokenize::Tokenizer& tokenizer)
     : options_(options),
       tokenizer_(tokenizer),
-      template_(chat::ChatTemplate::load(options.folder, options.template_file)) {}
+      template_(chat::ChatTemplate::load(options.folder, options.template_file, options.limits)) {}
 
 ChatEncoder::Encoded ChatEncoder::encode(const std::string& record, const std::string& where) const {
   chat::ChatTemplate::Training t;
   Encoded out;
   try {
-    const chat::Json j = chat::Json::parse(record);
+    const chat::Json j = parse_ordered_json(record, "the record");  // bounded nesting
     t = template_.render_for_training(chat::read_conversation(j), options_.assistant_only);
     out.ids = tokenizer_.encode(t.text, /*add_special_tokens=*/false);
     out.counted = counted_tokens(t.text, tokenizer_.offsets(t.text, out.ids), t.counted);
@@ -22,7 +23,7 @@ ChatEncoder::Encoded ChatEncoder::encode(const std::string& record, const std::s
     throw InputError(str("[data] ", where, ": the chat template (", e.where(), ":", e.line(), ") refuses this ",
                          "conversation: ", e.what()));
   } catch (const chat::Json::exception& e) {
-    throw InputError(str("[data] ", where, ": ", e.what()));
+    throw InputError(str("[data] ", where, ": ", json_error_words(e)));
   } catch (const InputError& e) {
     throw InputError(str("[data] ", where, ": ", e.what()));
   }

@@ -18,9 +18,10 @@
 namespace fsdp::data {
 
 struct ChatOptions {
-  std::string folder;          // holds the template (the tokenizer's folder)
-  std::string template_file;   // data.chat_template: a .jinja file instead ("": the folder's)
-  bool assistant_only = true;  // data.assistant_only_loss
+  std::string folder;           // holds the template (the tokenizer's folder)
+  std::string template_file;    // data.chat_template: a .jinja file instead ("": the folder's)
+  bool assistant_only = true;   // data.assistant_only_loss
+  chat::TemplateLimits limits;  // data.chat_template_max_*
 };
 
 class ChatEncoder {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -41,26 +42,29 @@ struct Encoded {
 std::vector<Encoded> encode_batch(const tokenize::Tokenizer& tok, int32_t eos, const std::vector<Document>& docs,
                                   int jobs, const ChatEncoder* chat, const std::string& file) {
   std::vector<Encoded> out(docs.size());
-  std::vector<std::string> errors(docs.size());
+  std::vector<std::exception_ptr> errors(docs.size());
   auto work = [&](size_t first, size_t step) {
     for (size_t i = first; i < docs.size(); i += step) {
-      if (docs[i].chat) {
-        try {  // (no throw on a helper thread)
+      try {  // nothing may escape a helper thread (it would end the process): kept for the caller
+        if (docs[i].chat) {
           ChatEncoder::Encoded e = chat->encode(docs[i].text, str(file, ":", docs[i].line));
           out[i].ids = std::move(e.ids);
           out[i].counted = std::move(e.counted);
-        } catch (const InputError& e) {
-          errors[i] = e.what();
+          continue;
         }
-        continue;
+        out[i].ids = tok.encode(docs[i].text);
+        if (docs[i].pair) {
+          out[i].prompt = out[i].ids.size();
+          const std::vector<int32_t> completion = tok.encode(docs[i].completion, /*add_special_tokens=*/false);
+          out[i].ids.insert(out[i].ids.end(), completion.begin(), completion.end());
+        }
+        out[i].ids.push_back(eos);
+      } catch (const std::bad_alloc&) {
+        errors[i] = std::make_exception_ptr(
+            Error(str(file, ":", docs[i].line, ": the record took more memory than this machine has to encode")));
+      } catch (...) {
+        errors[i] = std::current_exception();
       }
-      out[i].ids = tok.encode(docs[i].text);
-      if (docs[i].pair) {
-        out[i].prompt = out[i].ids.size();
-        const std::vector<int32_t> completion = tok.encode(docs[i].completion, /*add_special_tokens=*/false);
-        out[i].ids.insert(out[i].ids.end(), completion.begin(), completion.end());
-      }
-      out[i].ids.push_back(eos);
     }
   };
   const size_t n = std::min<size_t>(static_cast<size_t>(jobs), docs.size());
@@ -68,8 +72,8 @@ std::vector<Encoded> encode_batch(const tokenize::Tokenizer& tok, int32_t eos, c
   for (size_t t = 1; t < n; ++t) threads.emplace_back(work, t, n);
   work(0, std::max<size_t>(n, 1));
   for (auto& t : threads) t.join();
-  for (const std::string& e : errors)  // the first bad record, in file order
-    if (!e.empty()) throw InputError(e);
+  for (const std::exception_ptr& e : errors)  // the first bad record, in file order
+    if (e) std::rethrow_exception(e);
   return out;
 }
 

@@ -147,6 +147,7 @@ CorpusSummary make_cache(const DataPlan& plan, const DataOptions& o, const std::
   c.shard_tokens = 100000000;
   c.chat.template_file = o.chat_template;
   c.chat.assistant_only = o.assistant_only_loss;
+  c.chat.limits = o.template_limits;
   remove_tree(c.output);
   CorpusSummary s = tokenize_corpus(tok, eos, c, [&o, progress](int64_t done, int64_t total, int64_t, int64_t tokens) {
     if (o.interrupted && o.interrupted()) {

@@ -17,21 +17,24 @@
 #include <string>
 #include <vector>
 
+#include "chat/jinja.h"
+
 namespace fsdp::data {
 
 struct DataOptions {
-  std::string path;                 // data.path: files, a glob, or a folder datasets' save_to_disk wrote
-  std::string dataset;              // data.dataset: a Hub id in the Hugging Face cache, instead of path
-  std::string split = "train";      // data.split (of dataset, or of a save_to_disk DatasetDict)
-  std::string config;               // data.config (of dataset)
-  std::string revision = "main";    // data.revision (of dataset)
-  std::string field;                // data.field: JSONL documents' field
-  std::string tokenizer;            // data.tokenizer: a tokenizer.json or a folder holding one ("" unset)
-  std::string pretrained;           // model.pretrained ("" unset)
-  std::string cache_dir;            // data.cache_dir
-  int64_t vocab_size = 0;           // the model's
-  std::string chat_template;        // data.chat_template
-  bool assistant_only_loss = true;  // data.assistant_only_loss
+  std::string path;                      // data.path: files, a glob, or a folder datasets' save_to_disk wrote
+  std::string dataset;                   // data.dataset: a Hub id in the Hugging Face cache, instead of path
+  std::string split = "train";           // data.split (of dataset, or of a save_to_disk DatasetDict)
+  std::string config;                    // data.config (of dataset)
+  std::string revision = "main";         // data.revision (of dataset)
+  std::string field;                     // data.field: JSONL documents' field
+  std::string tokenizer;                 // data.tokenizer: a tokenizer.json or a folder holding one ("" unset)
+  std::string pretrained;                // model.pretrained ("" unset)
+  std::string cache_dir;                 // data.cache_dir
+  int64_t vocab_size = 0;                // the model's
+  std::string chat_template;             // data.chat_template
+  bool assistant_only_loss = true;       // data.assistant_only_loss
+  chat::TemplateLimits template_limits;  // data.chat_template_max_*
   // Asked between batches while tokenizing: true stops it (Ctrl-C), with an Error saying how far it
   // got; nothing partial is kept.
   std::function<bool()> interrupted;

@@ -281,15 +281,22 @@ bool TableRecords::Impl::load_next() {
 
 bool TableRecords::next(std::string& record) {
   Impl& m = *impl_;
-  if (!m.batch || m.row >= m.batch->num_rows())
-    if (!m.load_next()) return false;
-  json row = json::object();
-  for (size_t c = 0; c < m.arrays.size(); ++c) row[m.names[c]] = value_of(*m.arrays[c], m.row);
   try {
-    record = row.dump();
-  } catch (const json::type_error&) {
+    if (!m.batch || m.row >= m.batch->num_rows())
+      if (!m.load_next()) return false;
+    json row = json::object();
+    for (size_t c = 0; c < m.arrays.size(); ++c) row[m.names[c]] = value_of(*m.arrays[c], m.row);
+    try {
+      record = row.dump();
+    } catch (const json::type_error&) {
+      throw InputError(str(m.who, " ", m.path, ": row ", m.rows_before + m.row + 1,
+                           " holds bytes that are not UTF-8 text where text is read"));
+    }
+  } catch (const std::bad_alloc&) {  // a row (or its batch) larger than the memory this process may take
     throw InputError(str(m.who, " ", m.path, ": row ", m.rows_before + m.row + 1,
-                         " holds bytes that are not UTF-8 text where text is read"));
+                         " (or the batch of rows holding "
+                         "it) needs more memory than this process can have; split the file into smaller rows, or "
+                         "raise the process's memory limit (ulimit -v)"));
   }
   ++m.row;
   return true;

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <map>
-#include <regex>
 #include <set>
 #include <unordered_map>
 
@@ -18,6 +17,7 @@
 #include "fsdp/set_data.h"
 #include "fsdp/unit_call.h"
 #include "util/error.h"
+#include "util/regex.h"
 #include "util/strings.h"
 
 namespace fsdp {
@@ -155,9 +155,9 @@ std::set<const at::TensorImpl*> ignored_tensors(
     const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules, const FsdpOptions& options) {
   std::set<const at::TensorImpl*> out;
   if (options.ignored_modules.empty()) return out;
-  const std::regex pattern(options.ignored_modules);
+  const Regex pattern(options.ignored_modules, "fsdp_config.fsdp_ignored_modules");
   for (const auto& item : modules)
-    if (std::regex_match(item.key(), pattern))
+    if (pattern.full_match(item.key()))
       for (const auto& p : item.value()->parameters(/*recurse=*/true)) out.insert(p.unsafeGetTensorImpl());
   return out;
 }

@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <vector>
 
 #include "config/config.h"
 #include "launch/cpu_affinity.h"
@@ -24,13 +27,24 @@ namespace fsdp::launch {
 
 namespace {
 
-// SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the launcher arrive here and are handled in the main loop.
+// SIGINT/SIGTERM/SIGHUP/SIGUSR1 to the launcher arrive here and are handled in the main loop: each
+// delivery as a record of the signal, its sender and when it came (async-signal-safe calls only).
 int g_signal_pipe[2] = {-1, -1};
 
-void on_signal(int sig) {
+struct Delivery {
+  int32_t sig;
+  int32_t sender;  // si_pid: the process that sent it; 0 from the kernel (a terminal's Ctrl-C)
+  int32_t from_terminal;
+  int64_t at_ns;  // CLOCK_MONOTONIC
+};
+
+void on_signal(int sig, siginfo_t* info, void*) {
   const int saved = errno;
-  const char b = static_cast<char>(sig);
-  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &b, 1);
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  const Delivery d{sig, info != nullptr ? info->si_pid : 0, info != nullptr && info->si_code == SI_KERNEL,
+                   static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec};
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &d, sizeof d);  // atomic: under PIPE_BUF
   errno = saved;
 }
 
@@ -41,7 +55,8 @@ class SignalCatcher {
   SignalCatcher() {
     FSDP_CHECK(::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "[launch] pipe: ", std::strerror(errno));
     struct sigaction sa {};
-    sa.sa_handler = on_signal;
+    sa.sa_sigaction = on_signal;
+    sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
     for (int sig : kCaught) ::sigaction(sig, &sa, &old_[sig]);
   }
@@ -51,16 +66,34 @@ class SignalCatcher {
     ::close(g_signal_pipe[1]);
   }
   int fd() const { return g_signal_pipe[0]; }
-  // The last signal received since the previous call, or 0.
-  int take() {
-    char b = 0, last = 0;
-    while (::read(g_signal_pipe[0], &b, 1) == 1) last = b;
-    return last;
+  // The deliveries since the previous call, in order.
+  std::vector<Delivery> take() {
+    std::vector<Delivery> out;
+    Delivery d{};
+    while (::read(g_signal_pipe[0], &d, sizeof d) == static_cast<ssize_t>(sizeof d)) out.push_back(d);
+    return out;
   }
 
  private:
   struct sigaction old_[65]{};
 };
+
+// The stop the workers were asked for, and the delivery that asked.
+struct StopRequest {
+  int sig = 0;
+  Delivery by{};
+};
+
+// One logical signal often arrives twice: `timeout` signals the launcher and then its whole process
+// group, supervisors and `kill -- -PGID` reach every process of a group. A delivery of the stop's
+// own signal from the same sender within kRepeatWindow of the first is that one request again. A
+// terminal's Ctrl-C (from the kernel) is always the user's own: pressed again, it stops at once.
+constexpr int64_t kRepeatWindowNs = 1000000000;
+
+bool repeats(const StopRequest& stop, const Delivery& d) {
+  return stop.sig == d.sig && !d.from_terminal && !stop.by.from_terminal && d.sender == stop.by.sender &&
+         d.at_ns - stop.by.at_ns < kRepeatWindowNs;
+}
 
 void print_dry_run(const std::vector<WorkerSpec>& specs, const Topology& t, const config::Config& c,
                    std::ostream& out) {
@@ -115,21 +148,23 @@ struct Watched {
 
 // Relays the workers' output until they have all exited, one failed, another machine reported a
 // failure, or a signal ends them now. The built-in trainer (options.saves_on_signal) saves and stops
-// on its first signal, passed on and noted in `stopping`; any program gets SIGUSR1 (SLURM's warning
+// on its first signal, passed on and noted in `stop`; any program gets SIGUSR1 (SLURM's warning
 // before a time limit) and keeps running. Anything else, or a second signal, ends them now.
 Watched watch(WorkerGroup& group, SignalCatcher& signals, Rendezvous& rdzv, int attempt,
-              std::chrono::milliseconds interval, const LaunchOptions& options, int& stopping) {
+              std::chrono::milliseconds interval, const LaunchOptions& options, StopRequest& stop) {
   Watched w;
   while (!group.all_exited()) {
     group.poll(interval, signals.fd());
-    if (const int sig = signals.take()) {
-      if (stopping || (!options.saves_on_signal && sig != SIGUSR1)) {
+    for (const Delivery& d : signals.take()) {
+      const int sig = d.sig;
+      if (stop.sig && repeats(stop, d)) continue;  // the same request delivered twice
+      if (stop.sig || (!options.saves_on_signal && sig != SIGUSR1)) {
         w.received = sig;
         return w;
       }
-      if (options.saves_on_signal) stopping = sig;
+      if (options.saves_on_signal) stop = {sig, d};
       group.signal_all(sig == SIGHUP ? SIGTERM : sig);  // the trainer takes a closed terminal as SIGTERM
-      if (stopping)
+      if (stop.sig)
         log_warn(str("[launch] received ", signal_name(sig), ": the workers finish their step, save a checkpoint and ",
                      "stop; ", sig == SIGINT ? "press Ctrl-C again" : "signal again",
                      " to stop them at once (losing the steps since the last checkpoint)"));
@@ -181,12 +216,13 @@ int run_launch(const config::ResolvedConfig& rc, const LaunchOptions& options, s
   const TempDir errors("fsdptrain-errors");  // the workers' error files (dist/error_file.h)
 
   const auto interval = std::max(ms(l.monitor_interval), std::chrono::milliseconds(1));
-  int stopping = 0;  // the signal the workers were asked to stop on (options.saves_on_signal)
+  StopRequest stop;  // the signal the workers were asked to stop on (options.saves_on_signal)
   for (int attempt = 0;; ++attempt) {
     const std::string error_dir = str(errors.path(), "/attempt", attempt);
     make_directories(error_dir);
     WorkerGroup group(plan_workers(rc, topology, options.command, attempt), options.log_dir, attempt, error_dir);
-    const auto [received, remote] = watch(group, signals, rdzv, attempt, interval, options, stopping);
+    const auto [received, remote] = watch(group, signals, rdzv, attempt, interval, options, stop);
+    const bool stopping = stop.sig != 0;
     if (received) {
       // Forward the signal, then SIGKILL whatever is left after the grace period (at once when asked twice).
       log_warn(str("[launch] received ", signal_name(received), stopping ? " again; killing" : "; stopping",

@@ -5,27 +5,20 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
-#include <regex>
+#include <memory>
 #include <set>
 #include <unordered_set>
 
 #include "fsdp/param_group.h"
 #include "model/decoder.h"
 #include "util/error.h"
+#include "util/regex.h"
 #include "util/strings.h"
+#include "util/system_info.h"
 
 namespace fsdp::model {
 
 namespace {
-
-bool name_matches(const std::string& name, const std::string& pattern) {
-  if (name == pattern || ends_with(name, "." + pattern)) return true;
-  try {
-    return std::regex_match(name, std::regex(pattern));
-  } catch (const std::regex_error&) {
-    return false;
-  }
-}
 
 std::string short_name(const std::string& name) {
   const size_t dot = name.rfind('.');
@@ -51,26 +44,43 @@ std::string module_names(LlamaForCausalLMImpl& model) {
   return join(std::vector<std::string>(shorts.begin(), shorts.end()), ", ");
 }
 
-std::vector<std::string> matching_modules(LlamaForCausalLMImpl& model, const std::string& pattern) {
+// The modules `pattern` names: its name or its last parts (q_proj, self_attn.q_proj), else a regular
+// expression over full names (PEFT's re.fullmatch), bounded (util/regex.h). A pattern that is no
+// valid regular expression matches by name alone, as before.
+std::vector<std::string> matching_modules(LlamaForCausalLMImpl& model, const std::string& pattern,
+                                          const char* key = "lora.target_modules") {
+  std::unique_ptr<Regex> re;
+  auto matches = [&](const std::string& name) {
+    if (name == pattern || ends_with(name, "." + pattern)) return true;
+    if (!re) {
+      try {
+        re = std::make_unique<Regex>(pattern, key);
+      } catch (const InputError&) {
+        return false;
+      }
+    }
+    return re->full_match(name);
+  };
   std::vector<std::string> out;
   for (const auto& m : model.named_modules("", /*include_self=*/false))
-    if (short_name(m.key()).rfind("lora_", 0) != 0 && name_matches(m.key(), pattern)) out.push_back(m.key());
+    if (short_name(m.key()).rfind("lora_", 0) != 0 && matches(m.key())) out.push_back(m.key());
   return out;
 }
 
 // The modules one modules_to_save item names. With a tied head (tie_word_embeddings) lm_head is the
 // embedding: trained once, tied, as PEFT's ensure_weight_tying trains it.
 std::vector<std::string> saved_modules(LlamaForCausalLMImpl& model, const std::string& item) {
-  if (model.config.tie_word_embeddings && short_name(item) == "lm_head") return matching_modules(model, "embed_tokens");
-  return matching_modules(model, item);
+  if (model.config.tie_word_embeddings && short_name(item) == "lm_head")
+    return matching_modules(model, "embed_tokens", "lora.modules_to_save");
+  return matching_modules(model, item, "lora.modules_to_save");
 }
 
 void check_modules_to_save(LlamaForCausalLMImpl& model, const LoraSettings& s) {
   for (const std::string& item : s.modules_to_save) {
     const std::vector<std::string> found = saved_modules(model, item);
     if (found.empty())
-      throw InputError(
-          str("lora.modules_to_save: the model has no module named ", item, " (it has: ", module_names(model), ")"));
+      throw InputError(str("lora.modules_to_save: the model has no module named ", excerpt(item),
+                           " (it has: ", module_names(model), ")"));
     for (const std::string& m : found) {
       if (is_lora_linear(m))
         throw InputError(str("lora.modules_to_save: ", m, " is also a LoRA target; list it in one of the two"));
@@ -104,7 +114,7 @@ std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const Lo
     }
     if (found.empty()) {
       const auto near = closest_match(item, lora_linear_names());
-      throw InputError(str("lora.target_modules: the model has no module named ", item,
+      throw InputError(str("lora.target_modules: the model has no module named ", excerpt(item),
                            near ? str(" (did you mean ", *near, "?)") : std::string(),
                            "; LoRA adapts its linear "
                            "layers: ",
@@ -112,7 +122,7 @@ std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const Lo
     }
     for (const std::string& m : found) {
       if (!is_lora_linear(m))
-        throw InputError(str("lora.target_modules: ", m, " (from ", item,
+        throw InputError(str("lora.target_modules: ", m, " (from ", excerpt(item),
                              ") is not a linear layer of a decoder "
                              "layer; LoRA adapts ",
                              join(lora_linear_names(), ", "), " (or all-linear)"));
@@ -128,6 +138,21 @@ std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const Lo
 void add_lora(LlamaForCausalLMImpl& model, const LoraSettings& s, bool free_after_create) {
   FSDP_CHECK(s.enabled(), "add_lora needs lora.r > 0");
   const std::vector<std::string> targets = lora_target_names(model, s);
+  // The adapters' size follows from lora.r: made on the host first (fp32), then trained with a
+  // gradient and AdamW's two moments each. Checked before any of it is allocated.
+  auto modules = model.named_modules("", false);
+  double params = 0;
+  for (const std::string& name : targets) {
+    const auto* linear = modules[name]->as<torch::nn::LinearImpl>();
+    if (linear)
+      params += static_cast<double>(s.r) * static_cast<double>(linear->weight.size(0) + linear->weight.size(1));
+  }
+  const double host = static_cast<double>(system_info().memory_available_bytes);
+  FSDP_CHECK(host <= 0 || 4 * params <= host, "lora.r ", s.r, " makes adapters of ", format_count(params),
+             " parameters on ", targets.size(), " layers: ", format_bytes(static_cast<long long>(4 * params)),
+             " to create them and ", format_bytes(static_cast<long long>(16 * params)), " to train them, and this ",
+             "machine has ", format_bytes(static_cast<long long>(host)),
+             " of memory available; lora.r is usually 8 to ", "64 (it cannot add rank beyond a layer's smaller width)");
   check_modules_to_save(model, s);
   std::set<std::string> trained;  // modules_to_save's parameters
   for (const std::string& item : s.modules_to_save)
@@ -136,7 +161,6 @@ void add_lora(LlamaForCausalLMImpl& model, const LoraSettings& s, bool free_afte
         trained.insert(m + "." + p.key());
   for (const auto& p : model.named_parameters()) p.value().set_requires_grad(trained.count(p.key()) > 0);
 
-  auto modules = model.named_modules("", false);
   for (const std::string& name : targets) {
     auto* linear = modules[name]->as<torch::nn::LinearImpl>();
     FSDP_CHECK(linear != nullptr, "LoRA target ", name, " is not a Linear");

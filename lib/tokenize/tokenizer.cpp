@@ -10,11 +10,11 @@
 #include <queue>
 #include <unordered_map>
 
-#include "tokenize/regex.h"
 #include "tokenize/unicode.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
+#include "util/regex.h"
 #include "util/strings.h"
 
 namespace fsdp::tokenize {
@@ -591,7 +591,11 @@ Tokenizer Tokenizer::load(const std::string& path) {
              is_directory(path) ? "; the model folder has no tokenizer.json (fsdptrain reads Hugging Face's fast "
                                   "tokenizer file, not tokenizer.model)"
                                 : "; give a tokenizer.json or a model folder holding one");
-  return parse(read_file(file), file);
+  try {
+    return parse(read_file(file), file);
+  } catch (const nlohmann::json::exception& e) {  // a field of another type than tokenizer.json's
+    throw InputError(str("[tokenize] ", file, ": ", json_error_words(e)));
+  }
 }
 
 Tokenizer Tokenizer::parse(const std::string& json_text, const std::string& where) {

@@ -22,6 +22,15 @@ void check_positions(const config::Config& config, const model::LlamaConfig& mod
              model_config_path(config), "); positions past it were never trained. Lower train.sequence_length");
 }
 
+chat::TemplateLimits template_limits_of(const config::Config& config) {
+  chat::TemplateLimits l;
+  l.max_output_bytes = config.data.chat_template_max_output;
+  l.max_iterations = config.data.chat_template_max_iterations;
+  l.max_depth = config.data.chat_template_max_depth;
+  l.max_string_bytes = config.data.chat_template_max_string;
+  return l;
+}
+
 data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size) {
   data::DataOptions o;
   o.path = config.data.path;
@@ -36,6 +45,7 @@ data::DataOptions data_options_of(const config::Config& config, int64_t vocab_si
   o.vocab_size = vocab_size;
   o.chat_template = config.data.chat_template;
   o.assistant_only_loss = config.data.assistant_only_loss;
+  o.template_limits = template_limits_of(config);
   return o;
 }
 

@@ -39,6 +39,8 @@ void check_positions(const config::Config& config, const model::LlamaConfig& mod
 
 // What data/prepare.h needs of a config, for a model of `vocab_size`.
 data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size);
+// data.chat_template_max_*: what one render of a chat template may take.
+chat::TemplateLimits template_limits_of(const config::Config& config);
 
 // How the engine shards, from the config.
 struct FsdpPlan {

@@ -480,7 +480,8 @@ void check_sequence_split(const config::Config& config, const model::LlamaConfig
     if (model.num_attention_heads % per == 0 && model.num_key_value_heads % per == 0) return;
     std::vector<std::string> fits;
     for (int d = 2; d <= 64; d *= 2)
-      if (model.num_attention_heads % (d * layout.tp_size) == 0 && model.num_key_value_heads % (d * layout.tp_size) == 0)
+      if (model.num_attention_heads % (d * layout.tp_size) == 0 &&
+          model.num_key_value_heads % (d * layout.tp_size) == 0)
         fits.push_back(std::to_string(d));
     throw InputError(str("[train] parallelism_config_sp_size ", layout.cp_size,
                          layout.tp_size > 1 ? str(" x tp_size ", layout.tp_size) : "", " does not divide ",
@@ -494,8 +495,10 @@ void check_sequence_split(const config::Config& config, const model::LlamaConfig
     const int64_t w = model.window_of(layer);
     FSDP_CHECK(w == 0 || w >= config.train.sequence_length, "[train] layer ", layer, " of ", path,
                " attends through a sliding window of ", w, " tokens, shorter than train.sequence_length ",
-               config.train.sequence_length, ", which context parallel does not split; use Ulysses "
-               "(parallelism_config_sp_size) for this model, or a sequence_length of at most ", w);
+               config.train.sequence_length,
+               ", which context parallel does not split; use Ulysses "
+               "(parallelism_config_sp_size) for this model, or a sequence_length of at most ",
+               w);
   }
 }
 
@@ -548,10 +551,15 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;
+volatile std::sig_atomic_t g_interrupted = 0;  // the signal, or 0
 
-void on_interrupt(int) {
-  g_interrupted = 1;
+void on_interrupt(int sig) {
+  g_interrupted = sig;
+}
+
+// The exit a signal would have given, 128 + its number (130 for Ctrl-C), as the launcher's own.
+ExitCode interrupted_exit() {
+  return static_cast<ExitCode>(128 + g_interrupted);
 }
 
 // SIGINT and SIGTERM set g_interrupted while it lives (tokenizing stops between batches, saying so).
@@ -583,10 +591,17 @@ void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream&
   const InterruptFlag flag;
   data::DataOptions options = data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size);
   options.interrupted = [] { return g_interrupted != 0; };
-  const data::DataPlan plan = data::prepare_data(options, live ? &log : nullptr);
+  data::DataPlan plan;
+  try {
+    plan = data::prepare_data(options, live ? &log : nullptr);
+  } catch (const Error& e) {
+    if (g_interrupted) throw Error(e.what(), interrupted_exit());  // stopped by the signal, not failed
+    throw;
+  }
   if (!plan.note.empty()) log << plan.note << "\n";
   // A signal that came while nothing was tokenized still means stop: it must not be lost.
-  if (g_interrupted) throw Error("[train] interrupted before the workers started; nothing was trained");
+  if (g_interrupted)
+    throw Error("[train] interrupted before the workers started; nothing was trained", interrupted_exit());
   data::check_prompt_fits(plan.longest_prompt, plan.longest_prompt_at, resolved.typed.train.sequence_length);
 }
 

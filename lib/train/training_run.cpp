@@ -255,8 +255,8 @@ void TrainingRun::build_model() {
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
   FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
   for (std::string& c : plan.options.layer_classes) c = model::our_class_name(c, model_config_.family);
-  fsdp::DeviceMesh mesh = fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size,
-                                           plan.tp_size, plan.cp_size);
+  fsdp::DeviceMesh mesh =
+      fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size, plan.tp_size, plan.cp_size);
   std::shared_ptr<model::ContextParallel> cp;
   if (mesh.cp) cp = std::make_shared<model::ContextParallel>(*mesh.cp, model::sequence_split_named(plan.cp_kind));
   std::shared_ptr<model::TensorParallel> tp;

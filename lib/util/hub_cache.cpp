@@ -37,7 +37,31 @@ bool good_part(const std::string& p) {
          p.find("..") == std::string::npos;
 }
 
+// The commit a refs/ file names: its first line when that is 40 hexadecimal digits (huggingface_hub
+// writes the hash alone), else "". A file larger than a hash and a newline is not read at all.
+std::string commit_in_ref(const std::string& path) {
+  if (!file_exists(path) || file_size(path) > 64) return "";
+  const std::string commit = trim(read_file(path));
+  return is_commit(commit) ? commit : "";
+}
+
 }  // namespace
+
+bool is_revision(const std::string& revision) {
+  if (is_commit(revision)) return true;
+  if (revision.empty() || revision.size() > 200) return false;
+  for (const std::string& part : split(revision, '/')) {
+    if (part.empty() || part.front() == '.' || part.front() == '-') return false;
+    for (char c : part)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+  }
+  return true;
+}
+
+std::string bad_revision(const std::string& what, const std::string& revision) {
+  return str(what, ": ", excerpt(revision), " is not a revision: give a branch or tag name (letters, digits, '.', ",
+             "'_', '-', parts joined by '/', as main or refs/convert/parquet) or a commit's 40 hexadecimal digits");
+}
 
 std::string cache_folder() {
   if (std::string v = set_env("HF_HUB_CACHE"); !v.empty()) return v;
@@ -64,10 +88,9 @@ std::string repo_folder(RepoType type, const std::string& id) {
 std::string find_snapshot(RepoType type, const std::string& id, const std::string& revision) {
   if (!is_repo_id(id)) return "";
   const std::string repo = repo_folder(type, id), rev = revision.empty() ? "main" : revision;
-  std::string commit = is_commit(rev) ? rev : "";
-  if (commit.empty() && rev.find("..") == std::string::npos && file_exists(repo + "/refs/" + rev))
-    commit = trim(read_file(repo + "/refs/" + rev));
-  if (commit.empty() || commit.find('/') != std::string::npos) return "";
+  if (!is_revision(rev)) return "";
+  const std::string commit = is_commit(rev) ? rev : commit_in_ref(repo + "/refs/" + rev);
+  if (commit.empty()) return "";
   const std::string snapshot = repo + "/snapshots/" + commit;
   return is_directory(snapshot) ? snapshot : "";
 }
@@ -75,14 +98,16 @@ std::string find_snapshot(RepoType type, const std::string& id, const std::strin
 std::string not_cached(RepoType type, const std::string& id, const std::string& revision) {
   const bool dataset = type == RepoType::kDataset;
   const std::string rev = revision.empty() ? "main" : revision;
+  if (!is_revision(rev)) return bad_revision("revision", rev);
   const std::string repo = repo_folder(type, id);
   const std::string ref = repo + "/refs/" + rev;
-  const std::string named = !is_commit(rev) && file_exists(ref) ? trim(read_file(ref)) : "";
+  const std::string named = is_commit(rev) ? "" : commit_in_ref(ref);
   std::string where = !is_directory(repo) ? str("no folder ", repo)
                       : is_commit(rev)    ? str("no snapshots/", rev, " in ", repo)
                       : !named.empty() ? str("refs/", rev, " names commit ", named, " but ", repo, "/snapshots/", named,
                                              " is missing: an interrupted download")
-                                       : str("no refs/", rev, " in ", repo);
+                      : file_exists(ref) ? str(ref, " holds no commit hash: a damaged cache")
+                                         : str("no refs/", rev, " in ", repo);
   return str(quoted(id), rev == "main" ? "" : " at revision " + rev, " is not in the Hugging Face cache (", where,
              "; the cache is $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub). fsdptrain never "
              "downloads: fetch it where there is network with: hf download ",

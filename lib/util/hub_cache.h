@@ -19,6 +19,14 @@ std::string cache_folder();
 // and '.', neither part starting or ending with '-' or '.', no "--" or "..".
 bool is_repo_id(const std::string& name);
 
+// Whether `revision` is spelled as a Hub revision: a commit (40 hexadecimal digits) or a branch or
+// tag name: parts of letters, digits, '.', '_' and '-' joined by '/' (refs/convert/parquet), none
+// empty or starting with '.' or '-', 200 bytes at most. A file under refs/ is opened only for such
+// a name, so no revision reaches outside the repository's folder.
+bool is_revision(const std::string& revision);
+// The message for a revision that is not one, naming `what` (model.revision, --revision, ...).
+std::string bad_revision(const std::string& what, const std::string& revision);
+
 // <cache>/models--ORG--NAME (or datasets--...).
 std::string repo_folder(RepoType type, const std::string& id);
 

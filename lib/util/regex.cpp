@@ -1,16 +1,35 @@
-#include "tokenize/regex.h"
+#include "util/regex.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
 #include "util/error.h"
+#include "util/strings.h"
 
-namespace fsdp::tokenize {
+namespace fsdp {
 
 struct Regex::Impl {
   pcre2_code* code = nullptr;
+  pcre2_match_context* limits = nullptr;
   bool jit = false;
   std::string pattern, where;
+
+  // A match from `start` (with `options`), or PCRE2's negative code.
+  int match(std::string_view text, size_t start, uint32_t options, pcre2_match_data* md) const {
+    const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    // The JIT does not anchor at the end: an end-anchored match takes the interpreter.
+    if (jit && (options & PCRE2_ENDANCHORED) == 0)
+      return pcre2_jit_match(code, subject, text.size(), start, options, md, limits);
+    return pcre2_match(code, subject, text.size(), start, options | PCRE2_NO_UTF_CHECK, md, limits);
+  }
+
+  [[noreturn]] void gave_up(int rc, size_t at) const {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(rc, message, sizeof(message));
+    throw InputError(str(where, ": the regex ", excerpt(pattern), " gave up at byte ", at, " of a text (",
+                         reinterpret_cast<const char*>(message),
+                         "): it backtracks without end on this input. Fix the regex, or remove that text"));
+  }
 };
 
 Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::make_unique<Impl>()) {
@@ -23,33 +42,30 @@ Regex::Regex(const std::string& pattern, const std::string& where) : impl_(std::
   if (impl_->code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error, message, sizeof(message));
-    throw InputError(str(where, ": the regex ", pattern, " does not compile at offset ", offset, ": ",
+    throw InputError(str(where, ": the regex ", excerpt(pattern), " does not compile at offset ", offset, ": ",
                          reinterpret_cast<const char*>(message)));
   }
+  impl_->limits = pcre2_match_context_create(nullptr);
+  pcre2_set_match_limit(impl_->limits, kMatchLimit);
   impl_->jit = pcre2_jit_compile(impl_->code, PCRE2_JIT_COMPLETE) == 0;
 }
 
 Regex::~Regex() {
-  if (impl_ && impl_->code) pcre2_code_free(impl_->code);
+  if (!impl_) return;
+  if (impl_->limits) pcre2_match_context_free(impl_->limits);
+  if (impl_->code) pcre2_code_free(impl_->code);
 }
 
 std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
   std::vector<std::pair<size_t, size_t>> out;
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t start = 0;
   while (start <= text.size()) {
-    const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, text.size(), start, 0, md, nullptr)
-                              : pcre2_match(impl_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK, md, nullptr);
+    const int rc = impl_->match(text, start, 0, md);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(rc, message, sizeof(message));
       pcre2_match_data_free(md);
-      throw InputError(str(impl_->where, ": the Split regex ", impl_->pattern, " gave up at byte ", start,
-                           " of a text (", reinterpret_cast<const char*>(message),
-                           "): it backtracks without end on this input, and tokenizers fails on it too. Fix the "
-                           "regex, or remove that text"));
+      impl_->gave_up(rc, start);
     }
     const PCRE2_SIZE* v = pcre2_get_ovector_pointer(md);
     if (v[1] > v[0]) {
@@ -64,4 +80,13 @@ std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) co
   return out;
 }
 
-}  // namespace fsdp::tokenize
+bool Regex::full_match(std::string_view text) const {
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
+  const int rc = impl_->match(text, 0, PCRE2_ANCHORED | PCRE2_ENDANCHORED, md);
+  pcre2_match_data_free(md);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  if (rc < 0) impl_->gave_up(rc, 0);
+  return true;
+}
+
+}  // namespace fsdp

@@ -114,7 +114,32 @@ std::optional<std::string> closest_match(std::string_view word, const std::vecto
 }
 
 std::string quoted(std::string_view s) {
-  return "\"" + std::string(s) + "\"";
+  std::string out = "\"";
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  return out + "\"";
+}
+
+std::string excerpt(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return quoted(s);
+  size_t cut = max_bytes;  // not inside a UTF-8 sequence
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return quoted(s.substr(0, cut)) + str("... (", s.size(), " bytes)");
 }
 
 long long parse_byte_size(const std::string& text, const std::string& what) {

@@ -40,7 +40,20 @@ std::string format_count(double n);
 // InputError naming `what` for anything else.
 long long parse_byte_size(const std::string& text, const std::string& what);
 
-// Double-quotes a string for messages: "maybe".
+// Double-quotes a string for messages: "maybe". Control characters (a terminal's escape sequences
+// among them) are written as \n, \t, \r or \xHH, so a name read from a file cannot drive the
+// terminal.
 std::string quoted(std::string_view s);
+// Exact matches, so that these win over std::quoted, which argument-dependent lookup also finds
+// for a std::string or a C string where <iomanip> is included (and which escapes no control character).
+inline std::string quoted(const std::string& s) {
+  return quoted(std::string_view(s));
+}
+inline std::string quoted(const char* s) {
+  return quoted(std::string_view(s));
+}
+// The same for text read from a file rather than written by the user: at most `max_bytes` of it,
+// then "... (N bytes)".
+std::string excerpt(std::string_view s, size_t max_bytes = 60);
 
 }  // namespace fsdp

@@ -568,7 +568,8 @@ TEST_CASE("what the engine does not implement is refused at run time, never appr
   CHECK(error_of("{{ cycler('a') }}") == "t.jinja:1: cycler() is not supported");
   CHECK(error_of("{{ (1).real }}") == "t.jinja:1: the attribute 'real' of numbers is not supported");
   CHECK(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}") ==
-        "t.jinja:1: macro calls nested deeper than 200");
+        "t.jinja:1: macro calls nest deeper than 200, the limit for a template (set data.chat_template_max_depth higher "
+          "to allow more)");
   // jinja2 renders the loop variable of such a macro as "missing".
   CHECK(error_of("{% set ns = namespace() %}{% for i in [1] %}{% macro m() %}{{ i }}{% endmacro %}{% set ns.m = m %}"
                  "{% endfor %}{{ ns.m() }}") ==

@@ -110,7 +110,7 @@ TEST_CASE("bad values name the file position, the key, what was expected and wha
 TEST_CASE("values Accelerate knows but fsdptrain does not support get a reason") {
   CHECK(load_text("distributed_type: DEEPSPEED\n").errors().find("\"DEEPSPEED\" is not supported: DeepSpeed") !=
         std::string::npos);
-  CHECK(load_text("distributed_type: NO\nmixed_precision: fp8\n").errors().find("fp8 training is not supported") !=
+  CHECK(load_text("distributed_type: NO\nmixed_precision: fp8\n").errors().find("for float8 training set mixed_precision: bf16 and engine.float8") !=
         std::string::npos);
   CHECK(load_text("distributed_type: NO\ncompute_environment: AMAZON_SAGEMAKER\n").errors().find("SageMaker") !=
         std::string::npos);

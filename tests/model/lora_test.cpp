@@ -59,13 +59,13 @@ TEST_CASE("target_modules: short names, full names, regular expressions, all-lin
 TEST_CASE("a target the model lacks, or that is not a linear layer, is refused naming what it has") {
   LlamaForCausalLM m(tiny());
   const std::string typo = error_of([&] { lora_target_names(*m, settings({"q_prj"})); });
-  CHECK(contains(typo, "lora.target_modules: the model has no module named q_prj (did you mean q_proj?)"));
+  CHECK(contains(typo, "lora.target_modules: the model has no module named \"q_prj\" (did you mean q_proj?)"));
   CHECK(contains(typo, "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
   CHECK(contains(error_of([&] { lora_target_names(*m, settings({"mlp"})); }), "is not a linear layer"));
   CHECK(contains(error_of([&] { lora_target_names(*m, settings({"lm_head"})); }), "is not a linear layer"));
   LoraSettings s = settings({"q_proj"});
   s.modules_to_save = {"head"};
-  CHECK(contains(error_of([&] { add_lora(*m, s); }), "lora.modules_to_save: the model has no module named head"));
+  CHECK(contains(error_of([&] { add_lora(*m, s); }), "lora.modules_to_save: the model has no module named \"head\""));
   LlamaConfig tied = tiny();
   tied.tie_word_embeddings = true;
   LlamaForCausalLM t(tied);

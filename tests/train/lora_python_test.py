@@ -318,7 +318,7 @@ def main():
             fsdptrain(args, tmp, "typo", 2, base, data, lora.replace("v_proj", "v_prj"))
             check(False, "a LoRA target the model lacks was accepted")
         except Failed as e:
-            check("exit 2" in str(e) and "no module named v_prj (did you mean v_proj?)" in str(e)
+            check("exit 2" in str(e) and "no module named \"v_prj\" (did you mean v_proj?)" in str(e)
                   and "[rank" not in str(e) and not os.path.exists(os.path.join(tmp, "typo")), str(e))
         print("ok a LoRA target the model lacks is refused before any worker starts, naming the ones it has")
 

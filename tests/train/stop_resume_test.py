@@ -5,15 +5,20 @@
   - that printed command, run as printed, gives the uninterrupted run's losses at every step;
   - a fresh launch into the stopped run's folder names the stop and its newest checkpoint, and
     one into a folder whose run is still going says so;
-  - a second Ctrl-C kills the workers at once (exit 130)."""
+  - a second Ctrl-C at a terminal kills the workers at once (exit 130); the same signal sent twice at
+    once by one process (as `timeout` does) is one stop."""
 import argparse
+import fcntl
 import json
 import os
+import pty
+import select
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 
 STEPS = 300  # about 25 ms each here: time to signal mid-run
@@ -58,6 +63,46 @@ def wait_for_step(d, run, step, proc):
             return
         time.sleep(0.02)
     raise AssertionError(f"{run} did not reach step {step}")
+
+
+def on_terminal(d, run, *keys):
+    """Runs `run` with a pseudo-terminal as its controlling terminal, types each of `keys` there
+    (50 ms apart) once it reached step 10, and returns its exit code and everything it printed."""
+    master, slave = pty.openpty()
+
+    def become_session_leader():
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    proc = subprocess.Popen(command(d, run), stdin=slave, stdout=slave, stderr=slave, cwd=d,
+                            preexec_fn=become_session_leader)
+    os.close(slave)
+    chunks = []
+
+    def drain(seconds):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # the terminal closed: every process on it ended
+                    return
+                if not data:
+                    return
+                chunks.append(data)
+            elif proc.poll() is not None:
+                return
+    path = f"{d}/{run}/metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(path) and any('"step":10,' in l for l in open(path))):
+        drain(0.1)
+    for key in keys:
+        os.write(master, key)
+        drain(0.05)
+    drain(60)
+    proc.wait(timeout=60)
+    os.close(master)
+    return proc.returncode, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
 
 
 def children(pid):
@@ -125,17 +170,22 @@ def main():
         proc.send_signal(signal.SIGUSR1)
         stopped(d, "usr1", proc, "SIGUSR1")
 
-        # A second Ctrl-C does not wait for the save.
-        proc = start(d, "twice")
-        wait_for_step(d, "twice", 10, proc)
-        proc.send_signal(signal.SIGINT)
-        time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 130, (proc.returncode, err)
-        assert "received SIGINT again; killing the workers" in err, err
-        assert "SIGKILL (stopped by the launcher)" in err, err
-        print("stop: a second Ctrl-C killed the workers at once (exit 130)")
+        # A second Ctrl-C at a terminal does not wait for the save: the launcher runs on a
+        # pseudo-terminal, and ^C typed twice reaches it as the kernel's SIGINT each time.
+        code, out = on_terminal(d, "twice", b"\x03", b"\x03")
+        assert code == 130, (code, out)
+        assert "received SIGINT again; killing the workers" in out, out
+        assert "SIGKILL (stopped by the launcher)" in out, out
+        print("stop: a second Ctrl-C at the terminal killed the workers at once (exit 130)")
+
+        # The same signal twice at once from one sender (`timeout` signals the launcher and then its
+        # process group): one stop, saved.
+        proc = start(d, "same")
+        wait_for_step(d, "same", 10, proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        stopped(d, "same", proc, "SIGTERM")
+        print("stop: SIGTERM sent twice at once by one process stopped once, with its checkpoint (exit 75)")
 
 
 if __name__ == "__main__":
