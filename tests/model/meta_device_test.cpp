@@ -18,6 +18,7 @@
 #include "fsdp/fully_shard.h"
 #include "fsdp/set_data.h"
 #include "fsdp/test_models.h"
+#include "host_tensor_watch.h"
 #include "model/decoder.h"
 #include "model/lora.h"
 #include "optim/adamw.h"
@@ -28,6 +29,8 @@
 
 using namespace fsdp;
 using namespace fsdp::model;
+using fsdp::model::testing::HostTensorWatch;
+using fsdp::model::testing::joined;
 
 namespace {
 
@@ -106,67 +109,6 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("where.self_out", where_out_meta);
   m.impl("index_select", index_select_meta);
   m.impl("where.self", where_meta);
-}
-
-// Names every op that gets a host tensor of one or more dimensions while armed (0-dim host tensors
-// are scalars, which every device takes by value).
-class HostTensorWatch {
- public:
-  HostTensorWatch() {
-    handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&HostTensorWatch::on_op).needsInputs(true));
-    armed() = true;
-  }
-  ~HostTensorWatch() {
-    armed() = false;
-    at::removeCallback(handle_);
-  }
-  static std::set<std::string> take() {
-    std::lock_guard<std::mutex> lock(mu());
-    std::set<std::string> out;
-    out.swap(found());
-    return out;
-  }
-
- private:
-  static bool host(const c10::IValue& v) {
-    if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      return t.defined() && t.device().is_cpu() && t.dim() > 0;
-    }
-    if (v.isTensorList())
-      for (const at::Tensor& t : v.toTensorVector())
-        if (t.defined() && t.device().is_cpu() && t.dim() > 0) return true;
-    return false;
-  }
-  static std::unique_ptr<at::ObserverContext> on_op(const at::RecordFunction& fn) {
-    if (!armed()) return nullptr;
-    for (const c10::IValue& v : fn.inputs())
-      if (host(v)) {
-        std::lock_guard<std::mutex> lock(mu());
-        found().insert(fn.name());
-        break;
-      }
-    return nullptr;
-  }
-  static std::atomic<bool>& armed() {
-    static std::atomic<bool> a{false};
-    return a;
-  }
-  static std::mutex& mu() {
-    static std::mutex m;
-    return m;
-  }
-  static std::set<std::string>& found() {
-    static std::set<std::string> f;
-    return f;
-  }
-  at::CallbackHandle handle_;
-};
-
-std::string joined(const std::set<std::string>& s) {
-  std::string out;
-  for (const std::string& x : s) out += (out.empty() ? "" : ", ") + x;
-  return out;
 }
 
 LlamaConfig family_config(Family family) {

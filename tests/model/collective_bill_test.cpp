@@ -1,0 +1,190 @@
+// The step users run at scale, checked without the GPUs: one training step at the ~1B Llama's widths
+// on the `meta` device through process groups that move no bytes (dist/meta_group.h: rank 0 of
+// ranks that exist in name), so every collective the W > 1 path issues is counted as a real group's
+// would be and held against its formula:
+//   - FSDP over 8 ranks: each unit's all-gathers (two a step for a resharded unit, one for the root)
+//     of its padded size in bf16 and its reduce-scatter in fp32, times 7/8; the gradient norm's
+//     all-reduce; nothing else;
+//   - dp_shard 2 x tp 2 x cp 2: FSDP over the 4 ranks of dp_shard x cp as above (tensor-parallel
+//     blocks sharded); per decoder layer, tensor parallel's four sequence gathers and four
+//     reduce-scatters of the activations (forward and backward) and the whole parameters' gradients
+//     summed over the tp group; context parallel's K/V gathers (model::sequence_split_bytes);
+//   - no host tensor reaches an op inside the step.
+// Layers: the difference between a 3-layer and a 2-layer model is one decoder layer's bill.
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "dist/meta_group.h"
+#include "fsdp/fully_shard.h"
+#include "host_tensor_watch.h"
+#include "model/context_parallel.h"
+#include "model/decoder.h"
+#include "model/tensor_parallel.h"
+#include "optim/adamw.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
+
+using namespace fsdp;
+using namespace fsdp::model;
+using dist::ByteCounters;
+using dist::Collective;
+
+namespace {
+
+LlamaConfig one_b_widths(int64_t layers) {
+  LlamaConfig c;  // configs/models/llama-1b's widths
+  c.vocab_size = 128256;
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = 32;
+  c.num_key_value_heads = 8;
+  c.head_dim = 64;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+struct Mesh {
+  int shard = 1, tp = 1, cp = 1;
+};
+
+// One step's counters, per group, and the FSDP formula's, for a model of `layers` layers.
+struct StepBill {
+  ByteCounters shard, tp, cp;
+  int64_t fsdp_gather_bytes = 0, fsdp_gather_calls = 0, fsdp_reduce_bytes = 0, fsdp_reduce_calls = 0;
+  std::set<std::string> host_ops;
+};
+
+// One bf16 step (forward, backward, the gradient norm, AdamW) of rank 0 on meta. B sequences of T
+// tokens a rank of the data-parallel dimension (the tp and cp ranks of a data rank read the same).
+StepBill step_bill(int64_t layers, const Mesh& m, int64_t B, int64_t T) {
+  const LlamaConfig c = one_b_widths(layers);
+  DeviceMesh mesh(dist::make_meta_group(0, m.shard));
+  std::shared_ptr<TensorParallel> tp;
+  std::shared_ptr<ContextParallel> cp;
+  if (m.tp > 1) {
+    mesh.tp = dist::make_meta_group(0, m.tp);
+    tp = std::make_shared<TensorParallel>(*mesh.tp);
+  }
+  if (m.cp > 1) {
+    mesh.cp = dist::make_meta_group(0, m.cp);
+    cp = std::make_shared<ContextParallel>(*mesh.cp, SequenceSplit::kAllGather);
+  }
+  LlamaForCausalLM model(c, /*free_after_create=*/true, tp, cp);
+  FsdpOptions o;
+  o.device = c10::Device(c10::kMeta);
+  o.mixed_precision.param_dtype = at::kBFloat16;
+  o.init = [](const std::string&, at::IntArrayRef shape) { return at::empty(shape); };  // values unread
+  if (tp) o.tensor_parallel = [&](const std::string& name) { return tensor_parallel_slice(c, name); };
+  auto sharded = fully_shard(*model, llama_traits(c), mesh, o);
+  optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
+  StepBill bill;
+  const int W = m.shard;
+  for (size_t u = 0; u < sharded->groups().size(); ++u) {
+    int64_t padded = 0, trainable = 0;
+    for (const ShardedParam& p : sharded->groups()[u]->params()) {
+      const int64_t n = p.layout.shard_numel() * W;
+      padded += n;
+      if (p.trainable) trainable += n;
+    }
+    const int gathers = u == 0 ? 1 : 2;  // the root stays gathered from forward to backward
+    if (W > 1 && padded > 0) {
+      bill.fsdp_gather_bytes += gathers * padded * 2 * (W - 1) / W;
+      bill.fsdp_gather_calls += gathers;
+    }
+    if (W > 1 && trainable > 0) {
+      bill.fsdp_reduce_bytes += trainable * 4 * (W - 1) / W;
+      ++bill.fsdp_reduce_calls;
+    }
+  }
+  const auto ids = at::TensorOptions().dtype(at::kLong).device(o.device);
+  const at::Tensor tokens = at::empty({B, T}, ids), targets = at::empty({B, T}, ids);
+  mesh.shard.reset_counters();
+  if (mesh.tp) mesh.tp->reset_counters();
+  if (mesh.cp) mesh.cp->reset_counters();
+  {
+    testing::HostTensorWatch watch;
+    const at::Tensor loss = sharded->forward(
+        {tokens}, [&](const TensorList& in) { return TensorList{model->loss_sum(in[0], targets)}; })[0];
+    loss.backward();
+    const at::Tensor norm = optim::grad_norm(*sharded);
+    adamw.step(at::zeros({1}, norm.options()), optim::clip_divisor(norm, 1.0));
+    bill.host_ops = testing::HostTensorWatch::take();
+  }
+  bill.shard = sharded->mesh().shard.counters();
+  if (mesh.tp) bill.tp = sharded->mesh().tp->counters();
+  if (mesh.cp) bill.cp = sharded->mesh().cp->counters();
+  return bill;
+}
+
+std::string describe(const ByteCounters& b) {
+  std::ostringstream s;
+  for (size_t i = 0; i < b.bytes.size(); ++i)
+    if (b.calls[i] > 0) s << " " << dist::kCollectiveNames[i] << " " << b.calls[i] << " calls, " << b.bytes[i] << " B;";
+  return s.str();
+}
+
+void check_fsdp(const StepBill& b, const std::string& what) {
+  CAPTURE(what);
+  CHECK(b.host_ops.empty());
+  CHECK(b.shard.of(Collective::kAllGather) == b.fsdp_gather_bytes);
+  CHECK(b.shard.calls_of(Collective::kAllGather) == b.fsdp_gather_calls);
+  CHECK(b.shard.of(Collective::kReduceScatter) == b.fsdp_reduce_bytes);
+  CHECK(b.shard.calls_of(Collective::kReduceScatter) == b.fsdp_reduce_calls);
+  // The gradient norm: one fp32 sum of squares over the shard group; nothing else on it.
+  CHECK(b.shard.calls_of(Collective::kAllReduce) == 1);
+  CHECK(b.shard.total() == b.fsdp_gather_bytes + b.fsdp_reduce_bytes + b.shard.of(Collective::kAllReduce));
+}
+
+}  // namespace
+
+TEST_CASE("FSDP at W = 8 on meta: every collective of a 1B step equals its formula, and no host tensor") {
+  const Mesh mesh{8, 1, 1};
+  const StepBill two = step_bill(2, mesh, 1, 2048), three = step_bill(3, mesh, 1, 2048);
+  MESSAGE("W = 8, 2 layers: shard group" << describe(two.shard));
+  check_fsdp(two, "2 layers");
+  check_fsdp(three, "3 layers");
+  // A decoder layer's share: two bf16 gathers and one fp32 reduce-scatter of its padded parameters.
+  const double layer = 2.0 * 2048 * 2048 + 2.0 * 2048 * 512 + 3.0 * 2048 * 8192 + 2 * 2048;
+  const int64_t gather = three.shard.of(Collective::kAllGather) - two.shard.of(Collective::kAllGather);
+  const int64_t reduce = three.shard.of(Collective::kReduceScatter) - two.shard.of(Collective::kReduceScatter);
+  CHECK(static_cast<double>(gather) == doctest::Approx(2 * 2 * layer * 7 / 8).epsilon(1e-4));
+  CHECK(static_cast<double>(reduce) == doctest::Approx(4 * layer * 7 / 8).epsilon(1e-4));
+}
+
+TEST_CASE("dp_shard 2 x tp 2 x cp 2 on meta: FSDP, tensor and context parallel's collectives equal their formulas") {
+  const Mesh mesh{4, 2, 2};  // FSDP over dp_shard x cp
+  const int64_t B = 1, T = 2048, C = 2048, P = 2;
+  const StepBill two = step_bill(2, mesh, B, T), three = step_bill(3, mesh, B, T);
+  MESSAGE("dp2 x tp2 x cp2, 2 layers: shard group" << describe(two.shard) << "\n  tp group" << describe(two.tp)
+                                                   << "\n  cp group" << describe(two.cp));
+  check_fsdp(two, "2 layers");
+  check_fsdp(three, "3 layers");
+  // Tensor parallel, a layer: the normed input gathered along this cp rank's T / cp tokens before
+  // attention and the MLP, the two output projections' partial sums reduce-scattered, forward; the
+  // same turned round backward: 8 collectives of (B, T / cp, C) bf16, each (P - 1) / P of it sent.
+  // The whole parameters (the two norms) sum their partial gradients over the tp group after FSDP's
+  // reduce-scatter, on this rank's shard of them (C / 4 each, fp32), in one all-reduce a unit.
+  const int64_t act = B * (T / 2) * C * 2;
+  const int64_t tp_layer = 8 * act * (P - 1) / P + 2 * (P - 1) * (2 * (C / 4) * 4) / P;
+  CHECK(three.tp.total() - two.tp.total() == tp_layer);
+  CHECK(three.tp.calls_of(Collective::kAllGather) - two.tp.calls_of(Collective::kAllGather) == 4);
+  CHECK(three.tp.calls_of(Collective::kReduceScatter) - two.tp.calls_of(Collective::kReduceScatter) == 4);
+  CHECK(three.tp.calls_of(Collective::kAllReduce) - two.tp.calls_of(Collective::kAllReduce) == 1);
+  // Context parallel, a layer: this tp rank's K/V heads gathered over the cp group (bf16) and their
+  // gradients reduce-scattered (fp32).
+  const ContextParallel cp = ContextParallel::shapes_only(2, SequenceSplit::kAllGather);
+  const int64_t cp_layer = sequence_split_bytes(cp, B, T, 32 / P, 8 / P, 64, 2);
+  CHECK(three.cp.total() - two.cp.total() == cp_layer);
+  CHECK(two.cp.total() == 2 * cp_layer);
+}
