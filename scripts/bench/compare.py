@@ -606,6 +606,9 @@ def run_row(name, run, runner, out_dir):
     out = os.path.join(out_dir, name + (".jsonl" if how == "fsdptrain" else ".json"))
     if os.path.exists(out):
         os.remove(out)
+    # This call's own run folder for the row (train.output_dir): an earlier call's finished run there
+    # would be refused as a run to continue, so it goes with the row's other outputs.
+    shutil.rmtree(os.path.join(out_dir, "runs", name), ignore_errors=True)
     before = snapshot()
     status, reason, seconds = runner.run(name, row_command(name, run, out), log)
     after = snapshot()

@@ -31,7 +31,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import chat_template_python_test as ctt  # noqa: E402  (the templates of public packages, downloaded once)
+import chat_template_python_test as ctt  # noqa: E402  (the templates of public packages, fetched by setup.sh)
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -319,8 +319,7 @@ def check_example(fsdptrain, d):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
-    ap.add_argument("--cache", default=os.environ.get("FSDP_CHAT_TEMPLATE_CACHE",
-                                                      os.path.expanduser("~/.cache/fsdptrain/chat-templates")))
+    ap.add_argument("--cache", default=ctt.default_cache())
     a = ap.parse_args()
     templates = ctt.load_templates(a.cache)
     with tempfile.TemporaryDirectory() as d:

@@ -5,11 +5,13 @@ tool calls, reasoning, Unicode, empty content, generation prompts, extra variabl
 conversations the templates reject with raise_exception. Text, raise messages and the spans of
 {% generation %} blocks must be equal byte for byte.
 
-The templates come from two pinned PyPI packages, downloaded once into a cache folder
-(--cache, or $FSDP_CHAT_TEMPLATE_CACHE, default ~/.cache/fsdptrain/chat-templates):
+The templates come from two pinned PyPI packages that scripts/setup.sh fetches once (this script with
+--fetch) into a cache folder (--cache, or $FSDP_CHAT_TEMPLATE_CACHE, default
+$FSDPTRAIN_CACHE/chat-templates, that is ~/.cache/fsdptrain/chat-templates):
 llama-cpp-python's sdist (llama.cpp's models/templates: the templates of Llama 3.x, Qwen2.5,
 Qwen3, Mistral, Gemma, Phi, DeepSeek, Granite, SmolLM, ...) and trl's wheel (trl/chat_templates,
-with the *_training variants that carry {% generation %}). A failed download fails the test.
+with the *_training variants that carry {% generation %}). The test itself downloads nothing: templates
+missing from the cache fail it, naming the command that fetches them.
 
 A template rendered differently is always a failure. A template the engine refuses (a construct it
 does not support) is listed with the reason; that fails the test only for the required templates
@@ -104,12 +106,22 @@ def extract(path, kind, dest):
     return found
 
 
-def load_templates(cache):
+def default_cache():
+    """$FSDP_CHAT_TEMPLATE_CACHE, else $FSDPTRAIN_CACHE/chat-templates (scripts/setup.sh's cache)."""
+    root = os.environ.get("FSDPTRAIN_CACHE") or os.path.expanduser("~/.cache/fsdptrain")
+    return os.environ.get("FSDP_CHAT_TEMPLATE_CACHE", os.path.join(root, "chat-templates"))
+
+
+def load_templates(cache, fetch=False):
+    """The packages' templates from the cache; with fetch, downloads the packages missing there."""
     templates = {}
     for name, version, kind, sha256, folder in PACKAGES:
         dest = os.path.join(cache, f"{name}-{version}")
         stamp = os.path.join(dest, "COMPLETE")
         if not os.path.exists(stamp) or open(stamp).read().strip() != sha256:
+            if not fetch:
+                raise SystemExit(f"FAILED: the chat templates of {name}=={version} are not in {cache}: "
+                                 f"bash scripts/setup.sh fetches them (or: {sys.argv[0]} --fetch)")
             t0 = time.time()
             found = download(name, version, kind, sha256, dest)
             n = 0
@@ -415,15 +427,21 @@ def training_spans(fsdptrain, names, templates):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tool", required=True, help="path of jinja_tool")
+    ap.add_argument("--tool", help="path of jinja_tool (required unless --fetch)")
+    ap.add_argument("--fetch", action="store_true",
+                    help="download the pinned packages missing from the cache, then exit (scripts/setup.sh)")
     ap.add_argument("--fsdptrain", help="also check the assistant spans fsdptrain chat-template finds")
-    ap.add_argument("--cache", default=os.environ.get("FSDP_CHAT_TEMPLATE_CACHE",
-                                                      os.path.expanduser("~/.cache/fsdptrain/chat-templates")))
+    ap.add_argument("--cache", default=default_cache())
     ap.add_argument("--only", default="", help="only templates whose name contains this")
     ap.add_argument("--no-bench", action="store_true")
     args = ap.parse_args()
     t_start = time.time()
-    templates = load_templates(args.cache)
+    if not args.fetch and not args.tool:
+        ap.error("--tool is required (the path of jinja_tool)")
+    templates = load_templates(args.cache, args.fetch)
+    if args.fetch:
+        print(f"chat templates: {len(templates)} in {args.cache}")
+        return
     for req in REQUIRED:
         if req not in templates:
             raise SystemExit(f"FAILED: required template {req} is not in the downloaded packages")
