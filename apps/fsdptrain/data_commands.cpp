@@ -61,7 +61,7 @@ class TokenizeCommand final : public Command {
     FSDP_CHECK(!options_.inputs.empty() || !dataset_.empty(),
                "[tokenize] nothing to tokenize: give --input files (or globs), or --dataset ORG/NAME");
     if (!dataset_.empty()) {
-      FSDP_CHECK(hub::is_revision(revision_), "[tokenize] ", hub::bad_revision("--revision", revision_));
+      FSDP_CHECK(hub::is_revision(revision_), "[tokenize] --revision ", hub::bad_revision(revision_));
       const hub::DatasetFiles found = hub::dataset_files(dataset_, config_, options_.split, revision_);
       FSDP_CHECK(found.error.empty(), "[tokenize] --dataset: ", found.error);
       options_.inputs.insert(options_.inputs.end(), found.files.begin(), found.files.end());

@@ -417,7 +417,7 @@ std::string places_tried(const Checker& c, const std::string& key) {
 void check_data_paths(Checker& c) {
   const DataConfig& d = c.rc.typed.data;
   if (!hub::is_revision(d.revision)) {
-    c.error("data.revision", hub::bad_revision("data.revision", d.revision), "main is the default");
+    c.error("data.revision", hub::bad_revision(d.revision), "main is the default");
     return;
   }
   if (!d.dataset.empty()) {
@@ -461,7 +461,7 @@ void check_input_paths(Checker& c) {
     c.error("model.config", str("no file at ", places_tried(c, "model.config")),
             "give a Hugging Face config.json, such as configs/models/tiny/config.json");
   if (!hub::is_revision(m.revision))
-    c.error("model.revision", hub::bad_revision("model.revision", m.revision), "main is the default");
+    c.error("model.revision", hub::bad_revision(m.revision), "main is the default");
   else if (!m.pretrained.empty() && !file_exists(m.pretrained + "/config.json")) {
     if (!is_directory(m.pretrained) && hub::is_repo_id(m.pretrained))
       c.error("model.pretrained",

@@ -58,8 +58,8 @@ bool is_revision(const std::string& revision) {
   return true;
 }
 
-std::string bad_revision(const std::string& what, const std::string& revision) {
-  return str(what, ": ", excerpt(revision), " is not a revision: give a branch or tag name (letters, digits, '.', ",
+std::string bad_revision(const std::string& revision) {
+  return str(excerpt(revision), " is not a revision: give a branch or tag name (letters, digits, '.', ",
              "'_', '-', parts joined by '/', as main or refs/convert/parquet) or a commit's 40 hexadecimal digits");
 }
 
@@ -98,7 +98,7 @@ std::string find_snapshot(RepoType type, const std::string& id, const std::strin
 std::string not_cached(RepoType type, const std::string& id, const std::string& revision) {
   const bool dataset = type == RepoType::kDataset;
   const std::string rev = revision.empty() ? "main" : revision;
-  if (!is_revision(rev)) return bad_revision("revision", rev);
+  if (!is_revision(rev)) return str(quoted(id), ": ", bad_revision(rev));
   const std::string repo = repo_folder(type, id);
   const std::string ref = repo + "/refs/" + rev;
   const std::string named = is_commit(rev) ? "" : commit_in_ref(ref);

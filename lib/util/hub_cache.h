@@ -24,8 +24,9 @@ bool is_repo_id(const std::string& name);
 // empty or starting with '.' or '-', 200 bytes at most. A file under refs/ is opened only for such
 // a name, so no revision reaches outside the repository's folder.
 bool is_revision(const std::string& revision);
-// The message for a revision that is not one, naming `what` (model.revision, --revision, ...).
-std::string bad_revision(const std::string& what, const std::string& revision);
+// Why `revision` is not one, for the caller to put after the key or flag it came from:
+// "\"../x\" is not a revision: give a branch or tag name ...".
+std::string bad_revision(const std::string& revision);
 
 // <cache>/models--ORG--NAME (or datasets--...).
 std::string repo_folder(RepoType type, const std::string& id);
