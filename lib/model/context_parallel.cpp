@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/kernels/attention_rule.h"
+#include "model/kernels/provider.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -30,12 +32,13 @@ const ContextParallel& saved_cp(AutogradContext* ctx) {
 
 enum class Kernel { kCpuFlash, kCudaFlash, kMath };
 
-Kernel kernel_for(const at::Tensor& q, bool reference) {
-  if (reference) return Kernel::kMath;
+// engine.kernels: reference takes ATen's ops one by one, as the decoder's attention does; otherwise
+// SDPA's flash kernel on the CPU, a GPU's where it applies (model/kernels/attention_rule.h), else
+// the same ops (fp32 on a GPU, the meta device).
+Kernel kernel_for(const at::Tensor& q) {
+  if (kernels::provider_for(q) == kernels::Provider::kReference) return Kernel::kMath;
   if (q.is_cpu()) return Kernel::kCpuFlash;
-  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
-  if (q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256) return Kernel::kCudaFlash;
-  return Kernel::kMath;
+  return kernels::flash_attention_applies(q) ? Kernel::kCudaFlash : Kernel::kMath;
 }
 
 // k (B, K, L, D) -> (B, H, L, D): query head j reads kv head j / (H / K).
@@ -62,8 +65,8 @@ at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, bool causal) {
   return s;
 }
 
-Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, bool reference) {
-  switch (kernel_for(q, reference)) {
+Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  switch (kernel_for(q)) {
     case Kernel::kCpuFlash: {  // takes grouped heads itself
       auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal);
       return {out, lse.to(at::kFloat)};
@@ -87,11 +90,12 @@ Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // probabilities are exp(score - the whole row's lse), and D = rowsum(dout * out) is the whole row's).
 std::array<at::Tensor, 3> block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                         bool causal, bool reference) {
+                                         bool causal) {
   const int64_t h = q.size(1), kv = k.size(1);
-  switch (kernel_for(q, reference)) {
+  switch (kernel_for(q)) {
     case Kernel::kCpuFlash: {
-      auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal);
+      auto [dq, dk, dv] =
+          at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal);
       return {dq, dk, dv};
     }
     case Kernel::kCudaFlash: {
@@ -160,8 +164,7 @@ void attend_owner(const std::array<at::Tensor, 2>& q, const at::Tensor& kv, int6
   const auto k = halves(kv[0]), v = halves(kv[1]);
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
-      if (theirs[j] <= mine[i])
-        merged[i].add(block_forward(q[i], k[j], v[j], theirs[j] == mine[i], cp.reference_kernels));
+      if (theirs[j] <= mine[i]) merged[i].add(block_forward(q[i], k[j], v[j], theirs[j] == mine[i]));
 }
 
 // The backward of attend_owner: dq accumulates into dq (float32, two chunks), dk and dv into dkv
@@ -175,8 +178,7 @@ void attend_owner_backward(const std::array<at::Tensor, 2>& dout, const std::arr
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j) {
       if (theirs[j] > mine[i]) continue;
-      auto [gq, gk, gv] =
-          block_backward(dout[i], q[i], k[j], v[j], out[i], lse[i], theirs[j] == mine[i], cp.reference_kernels);
+      auto [gq, gk, gv] = block_backward(dout[i], q[i], k[j], v[j], out[i], lse[i], theirs[j] == mine[i]);
       dq[i].add_(gq);
       dk[j].add_(gk);
       dv[j].add_(gv);
@@ -262,8 +264,7 @@ struct ContextAttention : torch::autograd::Function<ContextAttention> {
       sum_arriving.wait();
       dkv_mine = in_flight;
     }
-    return {dq_all.to(q.scalar_type()), dkv_mine[0].to(k.scalar_type()), dkv_mine[1].to(v.scalar_type()),
-            at::Tensor()};
+    return {dq_all.to(q.scalar_type()), dkv_mine[0].to(k.scalar_type()), dkv_mine[1].to(v.scalar_type()), at::Tensor()};
   }
 
   static std::vector<int64_t> prepend(int64_t n, at::IntArrayRef sizes) {
@@ -360,8 +361,8 @@ at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp) {
   return UlyssesSwap::apply(x, &cp, false);
 }
 
-int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads,
-                             int64_t kv_heads, int64_t head_dim, int64_t elem) {
+int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads, int64_t kv_heads,
+                             int64_t head_dim, int64_t elem) {
   const int64_t p = cp.size();
   if (p == 1) return 0;
   const int64_t l = seq_len / p;

@@ -40,7 +40,8 @@ const char* sequence_split_name(SequenceSplit how);
 SequenceSplit sequence_split_named(const std::string& name);
 
 struct ContextParallel {
-  ContextParallel(dist::ProcessGroup g, SequenceSplit h) : group(std::move(g)), how(h), rank_(group->rank()), size_(group->size()) {}
+  ContextParallel(dist::ProcessGroup g, SequenceSplit h)
+      : group(std::move(g)), how(h), rank_(group->rank()), size_(group->size()) {}
   // Shapes alone (estimate-memory): no group; every collective here refuses.
   static ContextParallel shapes_only(int size, SequenceSplit h) { return ContextParallel(size, h); }
   int rank() const { return rank_; }
@@ -48,9 +49,6 @@ struct ContextParallel {
   bool ulysses() const { return how == SequenceSplit::kUlysses; }
   std::optional<dist::ProcessGroup> group;  // P ranks
   SequenceSplit how;
-  // Each block's sums op by op (matmul, logsumexp) on any device instead of a flash kernel: what
-  // fp32 on a GPU and the meta device take; tests set it to check the flash kernels against it.
-  bool reference_kernels = false;
 
  private:
   ContextParallel(int size, SequenceSplit h) : how(h), size_(size) {}
@@ -76,7 +74,7 @@ at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp);
 // backward (dist::bytes_sent's rule), for B sequences of T tokens, H query and K kv heads of D over
 // this group (heads as this rank's tensor-parallel share), activations of `elem` bytes. What the
 // accounting test asserts and estimate-memory reports.
-int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads,
-                             int64_t kv_heads, int64_t head_dim, int64_t elem);
+int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads, int64_t kv_heads,
+                             int64_t head_dim, int64_t elem);
 
 }  // namespace fsdp::model

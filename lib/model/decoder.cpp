@@ -21,6 +21,7 @@
 #include "model/context_parallel.h"
 #include "model/float8.h"
 #include "model/fused_ops.h"
+#include "model/kernels/attention_rule.h"
 #include "model/kernels/elementwise.h"
 #include "model/kernels/provider.h"
 #include "model/linear.h"
@@ -310,8 +311,7 @@ bool sdpa_groups_heads(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 // Whether packed rows can take variable-length flash attention (else SDPA with a mask).
 bool varlen_flash(const at::Tensor& q, const Packed& packed) {
-  return packed.cu_seqlens.defined() && !q.is_cpu() && kernels::provider_for(q) == kernels::Provider::kPortable &&
-         (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf) && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
+  return packed.cu_seqlens.defined() && kernels::flash_attention_applies(q);
 }
 
 }  // namespace

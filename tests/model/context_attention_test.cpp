@@ -1,14 +1,15 @@
 // Context parallel's blockwise attention on one rank (model/context_parallel.h): the two chunks a
 // rank holds, each against the key chunks before it and its own (causally), merged by log-sum-exp,
 // equal SDPA's causal attention over the whole sequence, forward and backward, through the CPU flash
-// kernel and through the op-by-op sums a GPU takes in fp32; on the meta device (CUDA's branches, no
-// host tensor) the shapes and dtypes come out right. Several ranks: cp_worker and
-// context_parallel_test; CUDA's flash kernel: packed_cuda_test (label gpu).
+// kernel and through the op-by-op sums (engine.kernels: reference, and a GPU in fp32); on the meta device (CUDA's
+// branches, no host tensor) the shapes and dtypes come out right. Several ranks: cp_worker and context_parallel_test;
+// CUDA's flash kernel: packed_cuda_test (label gpu).
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 
 #include "dist/process_group.h"
 #include "model/context_parallel.h"
+#include "model/kernels/provider.h"
 
 using fsdp::model::ContextParallel;
 using fsdp::model::SequenceSplit;
@@ -33,6 +34,22 @@ Grads run(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, cons
   return {out.detach(), q.grad(), k.grad(), v.grad()};
 }
 
+// engine.kernels: reference for a scope (else auto), as the trainer sets it.
+class ReferenceScope {
+ public:
+  explicit ReferenceScope(bool reference) : before_(fsdp::model::kernels::kernel_choice()) {
+    fsdp::model::kernels::set_kernel_choice(
+        {reference ? fsdp::model::kernels::Provider::kReference : fsdp::model::kernels::Provider::kAuto,
+         before_.onednn});
+  }
+  ~ReferenceScope() { fsdp::model::kernels::set_kernel_choice(before_); }
+  ReferenceScope(const ReferenceScope&) = delete;
+  ReferenceScope& operator=(const ReferenceScope&) = delete;
+
+ private:
+  fsdp::model::kernels::KernelChoice before_;
+};
+
 double relative(const at::Tensor& a, const at::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max()).item<double>();
 }
@@ -48,7 +65,7 @@ TEST_CASE("one rank's two chunks of blockwise attention equal SDPA's causal atte
   for (SequenceSplit how : {SequenceSplit::kAllGather, SequenceSplit::kRing})
     for (bool reference : {false, true}) {
       ContextParallel cp(fsdp::dist::make_single_process_group(), how);
-      cp.reference_kernels = reference;
+      const ReferenceScope scope(reference);  // engine.kernels: reference reaches context parallel too
       CAPTURE(fsdp::model::sequence_split_name(how));
       CAPTURE(reference);
       const Grads got = run(q, k, v, g, &cp);

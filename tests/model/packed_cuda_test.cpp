@@ -14,6 +14,7 @@
 #include "model/context_parallel.h"
 #include "model/decoder.h"
 #include "model/kernels/elementwise.h"
+#include "model/kernels/provider.h"
 
 using fsdp::model::LlamaConfig;
 using fsdp::model::LlamaForCausalLM;
@@ -101,13 +102,16 @@ bool check_context_blocks() {
     std::vector<at::Tensor> results[2];
     for (bool reference : {false, true}) {
       fsdp::model::ContextParallel cp(fsdp::dist::make_single_process_group(), how);
-      cp.reference_kernels = reference;
+      fsdp::model::kernels::set_kernel_choice(
+          {reference ? fsdp::model::kernels::Provider::kReference : fsdp::model::kernels::Provider::kAuto,
+           fsdp::model::kernels::OnednnProducts::kLarge});
       at::Tensor qq = q.clone().requires_grad_(), kk = k.clone().requires_grad_(), vv = v.clone().requires_grad_();
       const at::Tensor out = fsdp::model::context_attention(qq, kk, vv, cp);
       out.backward(g);
       results[reference] = {out.to(at::kFloat), qq.grad().to(at::kFloat), kk.grad().to(at::kFloat),
                             vv.grad().to(at::kFloat)};
     }
+    fsdp::model::kernels::set_kernel_choice({});  // engine.kernels: auto again
     double worst = 0;
     std::ostringstream each;
     const char* names[] = {"out", "dq", "dk", "dv"};

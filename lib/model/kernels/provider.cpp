@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "model/kernels/attention_rule.h"
 #include "model/kernels/elementwise.h"
 #include "util/env.h"
 #include "util/error.h"
@@ -66,6 +67,11 @@ Provider provider_for(const at::Tensor& x) {
       return p;
   }
   return p;
+}
+
+bool flash_attention_applies(const at::Tensor& q) {
+  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  return q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256 && provider_for(q) == Provider::kPortable;
 }
 
 const char* provider_name(Provider p) {
