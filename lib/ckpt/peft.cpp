@@ -106,8 +106,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   FSDP_CHECK(file_exists(weights_path), "[lora] ", quoted(dir), " has no ", kAdapterWeights,
              " (fsdptrain reads safetensors adapters, not adapter_model.bin)");
   const json c = read_json_file(config_path);
-  json_object(c, "[lora] " + config_path);
   const std::string where = "[lora] " + config_path;
+  json_object(c, where);
   check_supported(c, where);
   PeftAdapter a;
   a.dir = dir;

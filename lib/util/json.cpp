@@ -73,10 +73,9 @@ std::string json_error_words(const std::exception& e) {
 }
 
 std::string json_kind(const nlohmann::json& v) {
-  const std::string dumped = v.is_structured() || v.is_string() ? "" : v.dump();
   const std::string text = v.is_structured() ? ""
                            : v.is_string()   ? " (" + excerpt(v.get<std::string>(), 40) + ")"
-                                             : " (" + dumped.substr(0, 40) + ")";
+                                             : " (" + v.dump().substr(0, 40) + ")";
   switch (v.type()) {
     case nlohmann::json::value_t::null:
       return "null";

@@ -24,6 +24,7 @@
 #include "dist/meta_group.h"
 #include "fsdp/fully_shard.h"
 #include "host_tensor_watch.h"
+#include "llama_1b_widths.h"
 #include "model/context_parallel.h"
 #include "model/decoder.h"
 #include "model/tensor_parallel.h"
@@ -38,21 +39,6 @@ using dist::ByteCounters;
 using dist::Collective;
 
 namespace {
-
-LlamaConfig one_b_widths(int64_t layers) {
-  LlamaConfig c;  // configs/models/llama-1b's widths
-  c.vocab_size = 128256;
-  c.hidden_size = 2048;
-  c.intermediate_size = 8192;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 8;
-  c.head_dim = 64;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 500000.0;
-  c.tie_word_embeddings = true;
-  return c;
-}
 
 struct Mesh {
   int shard = 1, tp = 1, cp = 1;

@@ -26,6 +26,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "llama_1b_widths.h"
 #include "model/chunked_loss.h"
 #include "model/decoder.h"
 #include "model/float8.h"
@@ -285,21 +286,6 @@ Bill bill_of(const std::vector<Op>& ops) {
     if (!is_product(op.name) && state_scope(op.scope)) b.state_bytes += static_cast<double>(op.bytes);
   }
   return b;
-}
-
-LlamaConfig one_b_widths(int64_t layers) {
-  LlamaConfig c;  // configs/models/llama-1b's widths
-  c.vocab_size = 128256;
-  c.hidden_size = 2048;
-  c.intermediate_size = 8192;
-  c.num_hidden_layers = layers;
-  c.num_attention_heads = 32;
-  c.num_key_value_heads = 8;
-  c.head_dim = 64;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 500000.0;
-  c.tie_word_embeddings = true;
-  return c;
 }
 
 // One bf16 training step (forward, backward, norm, clipping, AdamW) on meta, recorded; the decoder
