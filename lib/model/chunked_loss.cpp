@@ -6,9 +6,9 @@
 
 #include <algorithm>
 
-#include "model/kernels/elementwise.h"
-#include "model/kernels/provider.h"
-#include "model/linear.h"
+#include "model/kernels/linear.h"
+#include "model/kernels/loss_products.h"
+#include "model/kernels/ops.h"
 #include "model/tensor_parallel.h"
 #include "util/error.h"
 
@@ -53,38 +53,6 @@ ChunkStats chunk_stats(const at::Tensor& logits, const LocalTargets& y, const Te
   return {sums[0].log() + top, sums[1]};
 }
 
-// The weight's gradient, summed over the chunks in fp32 as (V, C): dw += g^T h, with g (m, V) and h
-// (m, C) in the weight's dtype. On a GPU (and on meta, which takes its branches) one product per
-// chunk with bf16/fp16 operands reads and writes the fp32 sum in place (cuBLAS accumulates in fp32:
-// no fp32 product, no separate add, no transposed copy). On CPU, oneDNN's layout: the chunk's
-// product as (C, V) in the weight's dtype, added to an fp32 (C, V) sum transposed once at the end.
-struct WeightGradient {
-  at::Tensor sum;  // fp32: (V, C) off the CPU, (C, V) on it
-  bool on_cpu = false;
-
-  void add(const at::Tensor& g, const at::Tensor& h) {
-    on_cpu = h.is_cpu();
-    if (on_cpu) {
-      const at::Tensor part = matmul_nt(h.t(), g.t());  // (C, V): g goes in as oneDNN's weight, read in place
-      sum = sum.defined() ? sum.add_(part) : part.to(at::kFloat);  // part is new: no copy in fp32
-      return;
-    }
-    const bool first = !sum.defined();
-    if (first) sum = at::empty({g.size(1), h.size(1)}, h.options().dtype(at::kFloat));
-    if (h.scalar_type() == at::kFloat)
-      at::addmm_out(sum, sum, g.t(), h, /*beta=*/first ? 0 : 1);
-    else
-      at::addmm_out(sum, sum, g.t(), h, at::kFloat, /*beta=*/first ? 0 : 1);
-  }
-
-  // The sum in the weight's layout and dtype (zeros when no chunk added to it).
-  at::Tensor take(const at::Tensor& weight) const {
-    if (!sum.defined()) return at::zeros(weight.sizes(), weight.options());
-    if (on_cpu) return at::empty(weight.sizes(), weight.options()).copy_(sum.t());  // one pass: layout and dtype
-    return sum.scalar_type() == weight.scalar_type() ? sum : sum.to(weight.scalar_type());
-  }
-};
-
 // What the loss's forward computes: the fp32 sum, and the gradients of hidden and weight for a loss
 // gradient of 1 (undefined where not required).
 struct LossAndGradients {
@@ -102,7 +70,7 @@ LossAndGradients by_token_chunks(const at::Tensor& hidden, const at::Tensor& wei
   if (rows <= 0) rows = default_chunk_rows(vocab);
   at::Tensor loss = at::zeros({}, hidden.options().dtype(at::kFloat));
   at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
-  WeightGradient dw;
+  kernels::WeightGradient dw;
   for (int64_t i = 0; i < n; i += rows) {
     const int64_t m = std::min(rows, n - i);
     const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
@@ -122,25 +90,11 @@ LossAndGradients by_token_chunks(const at::Tensor& hidden, const at::Tensor& wei
     if (g.scalar_type() != weight.scalar_type()) g = g.to(weight.scalar_type());
     if (grad_h) {
       at::Tensor rows_of_dh = dh.narrow(0, i, m);
-      if (g.is_cpu())
-        rows_of_dh.copy_(matmul_nt(g, weight.t()));
-      else
-        at::mm_out(rows_of_dh, g, weight);  // written in place
+      kernels::mm_into(rows_of_dh, g, weight);
     }
     if (grad_w) dw.add(g, h);
   }
   return {loss, dh, grad_w ? dw.take(weight) : at::Tensor()};
-}
-
-// out (fp32) = beta out + a b with a and b in their dtype and the sum in fp32 (one product in place;
-// CPU has no mixed-dtype product, so there the operands are upcast first). beta 0 ignores out.
-void product_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, double beta) {  // out: a handle
-  if (a.scalar_type() == at::kFloat)
-    at::addmm_out(out, out, a, b, beta);
-  else if (a.is_cpu())
-    at::addmm_out(out, out, a.to(at::kFloat), b.to(at::kFloat), beta);
-  else
-    at::addmm_out(out, out, a, b, at::kFloat, beta);
 }
 
 // The sizes of the vocabulary-chunked loss: tokens per block (their fp32 gradient of hidden, rows x C,
@@ -172,8 +126,7 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
   vocab_rows = std::min(vocab_rows, vocab);
   const auto f32 = hidden.options().dtype(at::kFloat);
   const bool fp32 = weight.scalar_type() == at::kFloat;
-  // model/kernels: exp(s - shift) in one pass, unless the reference provider was asked for.
-  const bool fused = kernels::provider_for(hidden) != kernels::Provider::kReference;
+  const kernels::Ops& ops = kernels::ops_for(hidden);  // exp(s - shift): one pass but for the reference
   at::Tensor loss = at::zeros({}, f32);
   at::Tensor dh = grad_h ? at::empty_like(hidden) : at::Tensor();
   const bool one_block = rows >= n;
@@ -191,7 +144,7 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
     const at::Tensor column = at::where(valid, y, at::zeros_like(y)) - first;  // in this rank's rows, or not
     auto chunk_logits = [&](int64_t j, int64_t c) {  // (c, m) fp32: rows j..j+c of the weight against h
       const at::Tensor s = scores.narrow(0, 0, c * m).view({c, m});
-      product_into(s, weight.narrow(0, j, c), h.t(), 0.0);
+      kernels::product_into(s, weight.narrow(0, j, c), h.t(), 0.0);
       return s;
     };
     // Pass 1: each token's log-sum-exp over this rank's vocabulary, and its target's logit.
@@ -202,10 +155,7 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
       const at::Tensor here = (column >= j) & (column < j + c);
       picked.add_(s.gather(0, (column - j).clamp(0, c - 1).unsqueeze(0)).squeeze(0) * here);
       const at::Tensor top = s.amax(0);
-      if (fused)
-        kernels::exp_shifted_out(s, s, top);
-      else
-        s.sub_(top).exp_();
+      ops.exp_shifted_out(s, s, top);
       lse = at::logaddexp(lse, s.sum(0).log_().add_(top));
     }
     if (tp != nullptr) {
@@ -228,10 +178,7 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
       const int64_t c = std::min(vocab_rows, vocab - j);
       const at::Tensor s = chunk_logits(j, c);
       at::Tensor g = g_buffer.narrow(0, 0, c * m).view({c, m});
-      if (fused)
-        kernels::exp_shifted_out(g, s, shift);  // one pass, in the weight's dtype
-      else
-        at::exp_out(g, s.sub_(shift));
+      ops.exp_shifted_out(g, s, shift);  // in the weight's dtype
       const at::Tensor row = at::where(valid & (column >= j) & (column < j + c), column - j, c);
       g_buffer.narrow(0, 0, (c + 1) * m).scatter_(0, row * m + token, target_g);
       const at::Tensor w = weight.narrow(0, j, c);
@@ -240,9 +187,9 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
         if (one_block)
           at::mm_out(rows_of_dw, g, h);  // all tokens: the chunk's rows, rounded once
         else
-          product_into(rows_of_dw, g, h, i == 0 ? 0.0 : 1.0);
+          kernels::product_into(rows_of_dw, g, h, i == 0 ? 0.0 : 1.0);
       }
-      if (grad_h) product_into(dh_sum, g.t(), w, j == 0 ? 0.0 : 1.0);
+      if (grad_h) kernels::product_into(dh_sum, g.t(), w, j == 0 ? 0.0 : 1.0);
     }
     if (grad_h && !fp32) dh.narrow(0, i, m).copy_(dh_sum);
   }
@@ -256,9 +203,9 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                                const at::Tensor& targets, int64_t rows, int64_t ignore_index, const TensorParallel* tp,
                                int64_t first, int64_t how, int64_t vocab_rows) {
-    const bool by_vocabulary = static_cast<LossChunking>(how) == LossChunking::kVocabulary ||
-                               (static_cast<LossChunking>(how) == LossChunking::kAuto &&
-                                kernels::provider_for(hidden) == kernels::Provider::kPortable);
+    const bool by_vocabulary =
+        static_cast<LossChunking>(how) == LossChunking::kVocabulary ||
+        (static_cast<LossChunking>(how) == LossChunking::kAuto && kernels::ops_for(hidden).loss_by_vocabulary());
     const LossAndGradients r =
         by_vocabulary ? by_vocabulary_chunks(hidden, weight, targets, rows, vocab_rows, ignore_index, tp, first)
                       : by_token_chunks(hidden, weight, targets, rows, ignore_index, tp, first);

@@ -7,8 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/kernels/attention_rule.h"
-#include "model/kernels/provider.h"
+#include "model/kernels/ops.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -30,16 +29,7 @@ const ContextParallel& saved_cp(AutogradContext* ctx) {
 
 // --- one block of attention: a query chunk against a key chunk -------------------------------------
 
-enum class Kernel { kCpuFlash, kCudaFlash, kMath };
-
-// engine.kernels: reference takes ATen's ops one by one, as the decoder's attention does; otherwise
-// SDPA's flash kernel on the CPU, a GPU's where it applies (model/kernels/attention_rule.h), else
-// the same ops (fp32 on a GPU, the meta device).
-Kernel kernel_for(const at::Tensor& q) {
-  if (kernels::provider_for(q) == kernels::Provider::kReference) return Kernel::kMath;
-  if (q.is_cpu()) return Kernel::kCpuFlash;
-  return kernels::flash_attention_applies(q) ? Kernel::kCudaFlash : Kernel::kMath;
-}
+using kernels::BlockAttention;
 
 // k (B, K, L, D) -> (B, H, L, D): query head j reads kv head j / (H / K).
 at::Tensor expand_heads(const at::Tensor& k, int64_t heads) {
@@ -66,17 +56,17 @@ at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, bool causal) {
 }
 
 Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  switch (kernel_for(q)) {
-    case Kernel::kCpuFlash: {  // takes grouped heads itself
+  switch (kernels::ops_for(q).block_attention(q)) {  // engine.kernels (model/kernels/ops.h)
+    case BlockAttention::kCpuFlash: {                // takes grouped heads itself
       auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal);
       return {out, lse.to(at::kFloat)};
     }
-    case Kernel::kCudaFlash: {
+    case BlockAttention::kCudaFlash: {
       const int64_t h = q.size(1);
       auto r = at::_scaled_dot_product_flash_attention(q, expand_heads(k, h), expand_heads(v, h), 0.0, causal);
       return {std::get<0>(r), std::get<1>(r).to(at::kFloat)};
     }
-    case Kernel::kMath: {
+    case BlockAttention::kMath: {
       const int64_t h = q.size(1);
       const at::Tensor s = block_scores(q, expand_heads(k, h), causal);
       const at::Tensor lse = s.logsumexp(-1);
@@ -92,13 +82,13 @@ std::array<at::Tensor, 3> block_backward(const at::Tensor& dout, const at::Tenso
                                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                          bool causal) {
   const int64_t h = q.size(1), kv = k.size(1);
-  switch (kernel_for(q)) {
-    case Kernel::kCpuFlash: {
+  switch (kernels::ops_for(q).block_attention(q)) {  // engine.kernels (model/kernels/ops.h)
+    case BlockAttention::kCpuFlash: {
       auto [dq, dk, dv] =
           at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal);
       return {dq, dk, dv};
     }
-    case Kernel::kCudaFlash: {
+    case BlockAttention::kCudaFlash: {
       // The kernel reads the log-sum-exp as a dense (B, H, Lq) array, whatever its strides say: a chunk's
       // rows narrowed out of the whole row's (B, H, 2Lq) would be read from the wrong places.
       const int64_t l = q.size(2);
@@ -108,7 +98,7 @@ std::array<at::Tensor, 3> block_backward(const at::Tensor& dout, const at::Tenso
           k.size(2), 0.0, causal, none, none);
       return {dq, fold_heads(dk, kv), fold_heads(dv, kv)};
     }
-    case Kernel::kMath: {
+    case BlockAttention::kMath: {
       const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
       const at::Tensor ke = expand_heads(k, h).to(at::kFloat), ve = expand_heads(v, h).to(at::kFloat);
       const at::Tensor g = dout.to(at::kFloat);

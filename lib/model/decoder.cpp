@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/SDPBackend.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/accumulate.h>
 
@@ -16,15 +15,11 @@
 
 #include "fsdp/param_group.h"
 #include "fsdp/unit_call.h"
-#include "model/causal_attention.h"
 #include "model/chunked_loss.h"
 #include "model/context_parallel.h"
 #include "model/float8.h"
-#include "model/fused_ops.h"
-#include "model/kernels/attention_rule.h"
-#include "model/kernels/elementwise.h"
-#include "model/kernels/provider.h"
-#include "model/linear.h"
+#include "model/kernels/linear.h"
+#include "model/kernels/ops.h"
 #include "model/lora_layer.h"
 #include "model/stacked_weights.h"
 #include "model/tensor_parallel.h"
@@ -77,13 +72,6 @@ int64_t share(int64_t count, const std::shared_ptr<TensorParallel>& tp, const ch
   FSDP_CHECK(count % p == 0, "[tp] ", what, " ", count, " do not divide over tp_size ", p,
              " tensor-parallel ranks; choose a tp_size that divides it");
   return count / p;
-}
-
-// The halves as one split, not two narrows: autograd takes a split's gradient back as one cat, and
-// each narrow's as a zero-filled copy of the whole input (and their sum): on a GPU, kernels for nothing.
-at::Tensor rotate_half(const at::Tensor& x) {
-  const std::vector<at::Tensor> halves = x.chunk(2, -1);
-  return at::cat({-halves[1], halves[0]}, -1);
 }
 
 // A Linear of (out, in) whose values are left uninitialised for the caller (init_parameter, a
@@ -146,10 +134,6 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, co
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
 
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return x * cos + rotate_half(x) * sin;
-}
-
 // --- modules -----------------------------------------------------------------------------------
 
 LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("LlamaRMSNorm"), eps(e) {
@@ -157,14 +141,7 @@ LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("L
 }
 
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
-  const kernels::Provider provider = kernels::provider_for(x);
-  if (provider == kernels::Provider::kPortable && x.scalar_type() == weight.scalar_type())
-    return at::rms_norm(x, {weight.size(0)}, weight, eps);
-  if (provider == kernels::Provider::kHost && weight.is_contiguous())
-    return fused_rms_norm(x.contiguous(), weight, eps);
-  const at::Tensor h = x.to(at::kFloat);
-  const at::Tensor normed = h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
+  return kernels::ops_for(x).rms_norm(x, weight, eps);
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> t,
@@ -245,20 +222,12 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
     q = q_norm(q);
     k = k_norm(k);
   }
-  const kernels::Provider provider = kernels::provider_for(x);
-  if (provider == kernels::Provider::kHost && cos.dim() == 2) {  // q and k in one pass (not packed rows)
-    auto [rq, rk] = fused_rotary(q, k, cos, sin);
-    return {rq.transpose(1, 2), rk.transpose(1, 2), v};
-  }
-  if (provider != kernels::Provider::kReference)  // one kernel each way for q, for k
-    return {kernels::rotary(q.transpose(1, 2), cos, sin), kernels::rotary(k.transpose(1, 2), cos, sin), v};
-  return {apply_rotary(q.transpose(1, 2), cos, sin),  // (B, H, T, D)
-          apply_rotary(k.transpose(1, 2), cos, sin),  // (B, K, T, D)
-          v};
+  auto [rq, rk] = kernels::ops_for(x).rotary(q, k, cos, sin);  // (B, H, T, D), (B, K, T, D)
+  return {rq, rk, v};
 }
 
 // One product for q, k and v when fully_shard laid their weights end to end (model/stacked_weights.h),
-// three otherwise or on the reference path. Adapters add their own parts to each.
+// three otherwise or where the provider takes one product per weight. Adapters add their own parts to each.
 std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
   if (const Float8Recipe recipe = float8_recipe(); recipe != Float8Recipe::kNone) {  // x cast once, a scale a weight
     std::vector<at::Tensor> y = float8_linears(x, {q_proj->weight, k_proj->weight, v_proj->weight}, recipe);
@@ -267,11 +236,11 @@ std::array<at::Tensor, 3> LlamaAttentionImpl::project_qkv(const at::Tensor& x) {
       if ((*projections[i])->bias.defined()) y[i] = y[i] + (*projections[i])->bias;
     return {y[0], y[1], y[2]};
   }
-  if (kernels::provider_for(x) != kernels::Provider::kReference)
+  if (kernels::ops_for(x).stacked_products())
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
       const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
       const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
-      // Split, not narrowed: one cat in the backward (see rotate_half).
+      // Split, not narrowed: one cat in the backward (see model/kernels/reference.cpp's rotate_half).
       const std::vector<at::Tensor> qkv = y.split_with_sizes({qn, kn, kn}, -1);
       return {with_lora(q_proj, x, qkv[0]), with_lora(k_proj, x, qkv[1]), with_lora(v_proj, x, qkv[2])};
     }
@@ -296,26 +265,6 @@ at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tens
   return y.view({b, t, h * head_dim});
 }
 
-namespace {
-
-// Grouped-query attention without k and v copied once per query head, where SDPA's fused kernel
-// takes the heads grouped (flash or cuDNN on a GPU: each query head reads its kv head in place);
-// elsewhere (the CPU, meta, a backend without it) the heads are repeated first. Asked of SDPA's own
-// choice, so the call below runs what was asked about.
-bool sdpa_groups_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (q.is_cpu() || q.is_meta() || kernels::provider_for(q) != kernels::Provider::kPortable) return false;
-  const auto backend = static_cast<at::SDPBackend>(
-      at::_fused_sdp_choice(q, k, v, {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true));
-  return backend == at::SDPBackend::flash_attention || backend == at::SDPBackend::cudnn_attention;
-}
-
-// Whether packed rows can take variable-length flash attention (else SDPA with a mask).
-bool varlen_flash(const at::Tensor& q, const Packed& packed) {
-  return packed.cu_seqlens.defined() && kernels::flash_attention_applies(q);
-}
-
-}  // namespace
-
 // softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
 // Packed rows take variable-length flash attention on a GPU, else an explicit mask (SDPA's masked
 // CPU kernel here, its memory-efficient one on a GPU in fp32).
@@ -323,14 +272,17 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
                                       const Packed& packed) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);
   const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window);
-  if (plain_causal && causal_attention_applies(q, k))  // CPU float32: products on oneDNN, kv heads shared
-    return causal_attention(q, k, v).transpose(1, 2).reshape({b, t, h * head_dim});
-  const bool grouped = plain_causal && k.size(1) != h && sdpa_groups_heads(q, k, v);
+  const kernels::Ops& ops = kernels::ops_for(q);
+  if (plain_causal)  // the host's: products on oneDNN, kv heads shared (CPU float32)
+    if (std::optional<at::Tensor> y = ops.causal_attention(q, k, v))
+      return y->transpose(1, 2).reshape({b, t, h * head_dim});
+  const bool grouped = plain_causal && k.size(1) != h && ops.attention_groups_heads(q, k, v);
   if (k.size(1) != h && !grouped) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(h / k.size(1), 1);
     v = v.repeat_interleave(h / v.size(1), 1);
   }
-  if (packed.defined() && varlen_flash(q, packed)) return attend_varlen(q, k, v, packed);
+  if (packed.defined() && packed.cu_seqlens.defined() && ops.varlen_flash_attention(q))
+    return attend_varlen(q, k, v, packed);
   at::Tensor y;
   if (packed.defined())
     y = at::scaled_dot_product_attention(q, k, v, packed_attention_mask(packed.segments, window), 0.0, false);
@@ -394,26 +346,23 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel>
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
   const at::Tensor x = tp ? gather_along(input, 1, *tp) : input;
-  const kernels::Provider provider = kernels::provider_for(x);
+  const kernels::Ops& ops = kernels::ops_for(x);
   // gate and up as one product when fully_shard laid their weights end to end (model/stacked_weights.h);
   // in float8 one product (and scale) each.
   const bool float8 = float8_recipe() != Float8Recipe::kNone;
-  const auto w = provider != kernels::Provider::kReference && !float8
-                     ? stacked_weights({gate_proj->weight, up_proj->weight})
-                     : std::nullopt;
+  const auto w =
+      ops.stacked_products() && !float8 ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
   at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
   const bool adapters = has_lora(gate_proj) || has_lora(up_proj);
-  if (w && !adapters && provider == kernels::Provider::kPortable && !gate_proj->bias.defined() &&
-      !up_proj->bias.defined())  // both products and the activation in contiguous blocks
-    return row_parallel_output(down_proj, kernels::gate_up_swiglu(x, *w), tp.get());
+  if (w && !adapters && !gate_proj->bias.defined() && !up_proj->bias.defined())
+    if (std::optional<at::Tensor> y = ops.gate_up_swiglu(x, *w))  // products and activation in contiguous blocks
+      return row_parallel_output(down_proj, *y, tp.get());
   if (w) {
     const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
-    if (!adapters) {  // gate and up read from the one block
-      const at::Tensor product =
-          provider == kernels::Provider::kHost ? fused_swiglu(gate_up) : kernels::swiglu(gate_up);
-      return row_parallel_output(down_proj, product, tp.get());
-    }
-    const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);  // split: one cat in the backward (see rotate_half)
+    if (!adapters)  // gate and up read from the one block
+      return row_parallel_output(down_proj, ops.swiglu(gate_up), tp.get());
+    const std::vector<at::Tensor> parts =
+        gate_up.chunk(2, -1);  // split: one cat in the backward (see model/kernels/reference.cpp's rotate_half)
     gate = with_lora(gate_proj, x, parts[0]);
     up = with_lora(up_proj, x, parts[1]);
   } else if (float8) {  // x cast once for both
@@ -424,14 +373,7 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     gate = lora_linear(gate_proj, x);
     up = lora_linear(up_proj, x);
   }
-  at::Tensor product;
-  if (provider == kernels::Provider::kHost)
-    product = fused_swiglu(gate.contiguous(), up.contiguous());
-  else if (provider == kernels::Provider::kPortable)
-    product = kernels::swiglu(gate, up);
-  else
-    product = at::silu(gate) * up;
-  return row_parallel_output(down_proj, product, tp.get());
+  return row_parallel_output(down_proj, ops.swiglu(gate, up), tp.get());
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp,

@@ -39,10 +39,10 @@ struct ContextParallel;  // model/context_parallel.h
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
   LlamaRMSNormImpl(int64_t dim, double eps);
-  // fp32 statistics, cast back, then * weight. The portable provider (model/kernels/provider.h), with
-  // x and weight of one dtype: LibTorch's fused rms_norm (one kernel each way on a GPU; the product
-  // with weight before the cast, so bf16 rounds once instead of twice); the host provider:
-  // model/fused_ops.h's; the reference: ATen's ops one by one.
+  // fp32 statistics, cast back, then * weight: the rms_norm op (model/kernels/ops.h). The portable
+  // provider, with x and weight of one dtype: LibTorch's fused rms_norm (one kernel each way on a GPU;
+  // the product with weight before the cast, so bf16 rounds once instead of twice); the host's:
+  // model/kernels/fused_ops.h; the reference: ATen's ops one by one.
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;  // (C)
   double eps;
@@ -203,13 +203,12 @@ TORCH_MODULE(LlamaForCausalLM);
 
 // Rotary embeddings as HF computes them: inv_freq[i] = theta^(-2i/D) (fp32, with Llama 3 scaling
 // when configured); cos/sin (T, D) of the angles duplicated over both halves, cast to `like`'s dtype
-// last; and x * cos + rotate_half(x) * sin, rotate_half(x) = [-x[D/2:], x[:D/2]].
+// last (the rotation itself is an op: model/kernels/ops.h).
 at::Tensor rope_inv_freq(const LlamaConfig& c);
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like);
 // The same at given positions (B, T) int64: (B, 1, T, D), broadcasting over the heads.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,
                                                   const at::Tensor& like);
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // The classes fully_shard may make units, and the family's decoder layer (LlamaDecoderLayer,
 // MistralDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer) as the layer class. A tied

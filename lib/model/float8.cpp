@@ -1,8 +1,6 @@
 #include "model/float8.h"
 
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -10,8 +8,8 @@
 #include <cmath>
 #include <vector>
 
-#include "model/kernels/elementwise.h"
-#include "model/kernels/provider.h"
+#include "model/kernels/float8_products.h"
+#include "model/kernels/ops.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -40,31 +38,6 @@ Float8Tensor empty_bits(const at::Tensor& x, at::ScalarType dtype, Float8Layout 
   return t;
 }
 
-// ATen's ops one by one, as torchao writes them: the reference the fused kernels are tested against.
-Float8Tensor to_float8_reference(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> dim, bool power_of_2,
-                                 Float8Layout layout) {
-  const double max = largest(dtype);
-  const at::Tensor amax = dim ? x.abs().amax({*dim}, /*keepdim=*/true) : x.abs().max();
-  at::Tensor scale = (max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
-  if (power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
-  const at::Tensor scaled = (x.to(at::kFloat) * scale).clamp(-max, max);
-  Float8Tensor t = empty_bits(x, dtype, layout);
-  for (at::Tensor* bits : {&t.rows, &t.columns})
-    if (bits->defined()) bits->copy_(scaled);
-  t.inverse = scale.reciprocal();
-  return t;
-}
-
-void check_shapes(const at::Tensor& x2, const std::vector<at::Tensor>& weights) {
-  if (!x2.is_cuda()) return;
-  const int64_t m = x2.size(0), k = x2.size(1);
-  for (const at::Tensor& w : weights)
-    FSDP_CHECK(k % 16 == 0 && w.size(0) % 16 == 0 && m % 16 == 0, "[model] engine.float8: cuBLAS's float8 products ",
-               "need multiples of 16, and this layer has ", w.size(0), " outputs and ", k, " inputs over ", m,
-               " tokens a micro-batch; choose a model and a sequence length x micro batch that divide by 16, or "
-               "engine.float8: none");
-}
-
 // torchao's matmul_with_hp_or_float8_args for one recipe, over one input and up to three weights:
 // the outputs' products in forward, the input's and the weights' gradients in backward, each from
 // operands cast for that product. The weights past `count` are absent (autograd edges only for the
@@ -78,7 +51,7 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
       if (w) ws.push_back(*w);
     FSDP_ASSERT(static_cast<int64_t>(ws.size()) == count, "Float8Linears of ", ws.size(), " weights, not ", count);
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});  // (M, K)
-    check_shapes(x2, ws);
+    kernels::check_float8_shapes(x2, ws);
     const bool rowwise = static_cast<Float8Recipe>(recipe) == Float8Recipe::kRowwise;
     ctx->saved_data["rowwise"] = rowwise;
     ctx->saved_data["count"] = count;
@@ -89,7 +62,7 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
       const Float8Tensor xq = to_float8(x2, kE4m3, -1, true);
       for (const at::Tensor& w : ws) {
         const Float8Tensor wq = to_float8(w, kE4m3, -1, true);  // (N, K): its transpose is column-major
-        ys.push_back(float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse.t(), x.scalar_type(), true));
+        ys.push_back(kernels::float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse.t(), x.scalar_type(), true));
       }
       saved = {x2};
       saved.insert(saved.end(), ws.begin(), ws.end());
@@ -98,7 +71,7 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
       saved = {xq.columns, xq.inverse};
       for (const at::Tensor& w : ws) {
         const Float8Tensor wq = to_float8(w, kE4m3, std::nullopt, false, Float8Layout::kBoth);
-        ys.push_back(float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse, x.scalar_type(), true));
+        ys.push_back(kernels::float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse, x.scalar_type(), true));
         saved.push_back(wq.columns);
         saved.push_back(wq.inverse);
       }
@@ -132,19 +105,20 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
         if (ctx->needs_input_grad(0)) {
           const Float8Tensor gq = to_float8(go, kE4m3, -1, true);                        // (M, 1)
           const Float8Tensor wq = to_float8(w, kE4m3, 0, true, Float8Layout::kColumns);  // (1, K)
-          dx_i = float8_mm(gq.rows, gq.inverse, wq.columns, wq.inverse, dtype, false);
+          dx_i = kernels::float8_mm(gq.rows, gq.inverse, wq.columns, wq.inverse, dtype, false);
         }
         if (want_w) {
           if (!xq.columns.defined()) xq = to_float8(x2, kE4m3, 0, true, Float8Layout::kColumns);  // (1, K)
           const Float8Tensor gq = to_float8(go, kE4m3, 0, true, Float8Layout::kColumns);          // (1, N)
-          out[1 + i] = float8_mm(gq.columns.t(), gq.inverse.t(), xq.columns, xq.inverse, dtype, false);
+          out[1 + i] = kernels::float8_mm(gq.columns.t(), gq.inverse.t(), xq.columns, xq.inverse, dtype, false);
         }
       } else {
         const at::Tensor &w_columns = saved[2 + 2 * i], &w_inverse = saved[3 + 2 * i];
         const Float8Tensor gq =
             to_float8(go, kE5m2, std::nullopt, false, want_w ? Float8Layout::kBoth : Float8Layout::kRows);
-        if (ctx->needs_input_grad(0)) dx_i = float8_mm(gq.rows, gq.inverse, w_columns, w_inverse, dtype, false);
-        if (want_w) out[1 + i] = float8_mm(gq.columns.t(), gq.inverse, xq.columns, xq.inverse, dtype, false);
+        if (ctx->needs_input_grad(0))
+          dx_i = kernels::float8_mm(gq.rows, gq.inverse, w_columns, w_inverse, dtype, false);
+        if (want_w) out[1 + i] = kernels::float8_mm(gq.columns.t(), gq.inverse, xq.columns, xq.inverse, dtype, false);
       }
       if (dx_i.defined()) dx = dx.defined() ? dx.add_(dx_i) : dx_i;
     }
@@ -173,32 +147,9 @@ Float8Recipe float8_recipe_named(const std::string& name) {
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> reduce_dim, bool power_of_2,
                        Float8Layout layout) {
   FSDP_ASSERT(x.dim() == 2 && (dtype == kE4m3 || dtype == kE5m2), "to_float8 of ", x.sizes(), " to ", dtype);
-  if (kernels::provider_for(x) == kernels::Provider::kReference)
-    return to_float8_reference(x, dtype, reduce_dim, power_of_2, layout);
-  const float max = largest(dtype);
-  // max |x| in one reduction (abs().amax() would write |x| first); exact in x's dtype.
-  const at::Tensor amax = reduce_dim ? at::linalg_vector_norm(x, INFINITY, at::IntArrayRef{*reduce_dim}, true)
-                                     : at::linalg_vector_norm(x, INFINITY);
-  const at::TensorOptions fp32 = amax.options().dtype(at::kFloat);
-  at::Tensor scale = at::empty(amax.sizes(), fp32);
   Float8Tensor t = empty_bits(x, dtype, layout);
-  t.inverse = at::empty(amax.sizes(), fp32);
-  kernels::float8_scale_out(scale, t.inverse, amax, max, power_of_2);
-  kernels::to_float8_out(t.rows, t.columns, x, scale, max);
+  t.inverse = kernels::ops_for(x).to_float8_out(t.rows, t.columns, x, reduce_dim, power_of_2, largest(dtype));
   return t;
-}
-
-at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b, const at::Tensor& b_inverse,
-                     at::ScalarType out_dtype, bool fast_accum) {
-  FSDP_ASSERT(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "float8_mm of ", a.sizes(), " and ", b.sizes());
-  RECORD_FUNCTION("fsdptrain::float8_mm", std::vector<c10::IValue>({a, b, a_inverse, b_inverse}));
-  const int64_t m = a.size(0), n = b.size(1);
-  if (a.is_meta()) return at::empty({m, n}, a.options().dtype(out_dtype));  // no meta _scaled_mm in C++
-  const bool one_scale = a_inverse.numel() == 1 && b_inverse.numel() == 1;
-  if (a.is_cpu() && !one_scale)  // LibTorch's CPU _scaled_mm takes one scale an operand
-    return at::mm(a.to(at::kFloat) * a_inverse, b.to(at::kFloat) * b_inverse).to(out_dtype);
-  return at::_scaled_mm(a, b, a_inverse, b_inverse, /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, out_dtype,
-                        fast_accum);
 }
 
 std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
@@ -214,16 +165,6 @@ std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, Float8Recipe recipe) {
   return float8_linears(x, {weight}, recipe)[0];
-}
-
-void check_float8_device(const c10::Device& device) {
-  FSDP_CHECK(device.is_cuda(), "engine.float8: float8 products make training faster on GPUs (compute capability 8.9 ",
-             "and up); this run is on ", device.str(), ", where they would only be emulated: remove engine.float8 ",
-             "(or set it to none)");
-  const cudaDeviceProp* p = at::cuda::getDeviceProperties(device.index());
-  FSDP_CHECK(p->major * 10 + p->minor >= 89, "engine.float8: ", p->name, " (compute capability ", p->major, ".",
-             p->minor, ") has no float8 tensor cores; they start at 8.9 (Ada, Hopper, Blackwell): set engine.float8: ",
-             "none on this GPU");
 }
 
 double sqnr_db(const at::Tensor& ref, const at::Tensor& x) {

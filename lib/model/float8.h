@@ -54,11 +54,6 @@ enum class Float8Layout { kRows, kColumns, kBoth };
 Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, std::optional<int64_t> reduce_dim = std::nullopt,
                        bool power_of_2 = false, Float8Layout layout = Float8Layout::kRows);
 
-// a (M, K) b (K, N) from float8 operands, a row-major and b column-major, with inverse scales of one
-// value each or (M, 1) and (1, N); fp32 accumulation, the result (M, N) in out_dtype.
-at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& a_inverse, const at::Tensor& b, const at::Tensor& b_inverse,
-                     at::ScalarType out_dtype, bool fast_accum);
-
 // x (..., K) weight_i^T for each weight (N_i, K) (one to three: q, k and v, or gate and up, read
 // the same input), no bias, with the recipe's float8 products forward and backward: x is cast once
 // for all of them, each weight with its own scale (torchao's Float8Linear for each). Differentiable
@@ -68,9 +63,6 @@ std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at
                                        Float8Recipe recipe);
 // One weight.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, Float8Recipe recipe);
-
-// InputError unless `device` runs float8 products: a GPU of compute capability 8.9 or later.
-void check_float8_device(const c10::Device& device);
 
 // 10 log10(|ref|^2 / |ref - x|^2) in dB, over fp32 copies: torchao's measure of a float8 result
 // against the high-precision one (its tests ask >= 18 dB for outputs, >= 17 for weight gradients).

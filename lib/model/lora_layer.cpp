@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "model/linear.h"
+#include "model/kernels/linear.h"
 #include "util/error.h"
 #include "util/splitmix.h"
 #include "util/strings.h"

@@ -8,6 +8,7 @@
 #include "model/chunked_loss.h"
 #include "model/context_parallel.h"
 #include "model/decoder.h"
+#include "model/kernels/ops.h"
 #include "model/tensor_parallel.h"
 #include "train/run_config.h"
 #include "util/error.h"
@@ -108,9 +109,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
   const int64_t C = mc.hidden_size;
   const int64_t split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size;
-  const int64_t gathered_kv = plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp *
-                                                                  mc.head_dim * param_bytes
-                                                            : 0;
+  const int64_t gathered_kv =
+      plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
   const int64_t per_layer = tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
                                       mc.num_attention_heads / tp * 4) +
                             gathered_kv;
@@ -118,9 +118,10 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const auto named = llama->named_parameters();
   const at::Tensor* head = named.find(mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   const bool head_trains = head == nullptr || head->requires_grad();
-  const config::KernelProvider kernels = c.engine.kernels;  // model/kernels/provider.h: who chunks by tokens
-  const bool token_chunks = kernels == config::KernelProvider::kReference ||
-                            (c.launch.use_cpu && kernels != config::KernelProvider::kPortable);
+  const model::kernels::Provider kernels =  // model/kernels/ops.h: who chunks by tokens
+      model::kernels::provider_named(config::enum_name(c.engine.kernels, config::kKernelProviderNames));
+  const bool token_chunks =
+      !model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA).loss_by_vocabulary();
   const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
   e.activations = mc.num_hidden_layers * per_layer + logits;
@@ -129,10 +130,11 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
   if (tp > 1) e.tp_bytes = (8 * mc.num_hidden_layers + 4) * tokens * C * param_bytes * (tp - 1) / tp;
   if (cp > 1) {
-    e.cp_bytes = mc.num_hidden_layers *
-                 model::sequence_split_bytes(model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind)), c.train.micro_batch_size,
-                                             c.train.sequence_length, mc.num_attention_heads / tp,
-                                             mc.num_key_value_heads / tp, mc.head_dim, param_bytes);
+    e.cp_bytes =
+        mc.num_hidden_layers *
+        model::sequence_split_bytes(model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind)),
+                                    c.train.micro_batch_size, c.train.sequence_length, mc.num_attention_heads / tp,
+                                    mc.num_key_value_heads / tp, mc.head_dim, param_bytes);
   }
   return e;
 }
@@ -163,18 +165,17 @@ std::string format_memory_estimate(const config::Config& config, const model::Ll
     return (with_offload ? e.offload_kept : e.persistent()) + e.gathered + e.post_forward +
            (with_ac ? e.activations_checkpointed : e.activations);
   };
-  std::string out =
-      str("fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(),
-          " parameters on ", plural(world_size, "rank"), ": ",
-          plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ",
-          plan.fsdp_shard_size(),
-          plan.cp_size > 1 ? str(" (", plan.cp_kind == "ulysses" ? "Ulysses sequence parallel " : "context parallel ",
-                                 plan.cp_size, plan.cp_kind == "ulysses" ? "" : ", " + plan.cp_kind,
-                                 ": each rank holds 1/", plan.cp_size, " of every sequence)")
-                           : "",
-          plan.tp_size > 1 ? str(" x tensor parallel ", plan.tp_size, " (sequence parallel between layers)") : "",
-          "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
-          plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
+  std::string out = str(
+      "fsdptrain memory estimate: ", model::family_names(mc.family).architecture, " with ", mc.num_parameters(),
+      " parameters on ", plural(world_size, "rank"), ": ",
+      plan.replicate_size > 1 ? str(plan.replicate_size, " replicas x ") : "", "shards over ", plan.fsdp_shard_size(),
+      plan.cp_size > 1 ? str(" (", plan.cp_kind == "ulysses" ? "Ulysses sequence parallel " : "context parallel ",
+                             plan.cp_size, plan.cp_kind == "ulysses" ? "" : ", " + plan.cp_kind, ": each rank holds 1/",
+                             plan.cp_size, " of every sequence)")
+                       : "",
+      plan.tp_size > 1 ? str(" x tensor parallel ", plan.tp_size, " (sequence parallel between layers)") : "",
+      "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
+      plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
   if (c.lora.enabled())
     out += str("LoRA r ", c.lora.r, ": ", e.trainable, " trainable parameters (the adapters",
                c.lora.modules_to_save.empty() ? "" : ", " + join(c.lora.modules_to_save, ", "), "); the rest frozen\n");

@@ -26,6 +26,7 @@
 #include "data/prepare.h"
 #include "model/context_parallel.h"
 #include "model/float8.h"
+#include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
 #include "model/tensor_parallel.h"
 #include "optim/schedule.h"
@@ -190,7 +191,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
       {model::kernels::provider_named(config::enum_name(config_.engine.kernels, config::kKernelProviderNames)),
        model::kernels::onednn_products_named(
            config::enum_name(config_.engine.onednn_products, config::kOnednnProductsNames))});
-  if (config_.engine.float8 != config::Float8Training::kNone) model::check_float8_device(context_.device);
+  if (config_.engine.float8 != config::Float8Training::kNone) model::kernels::check_float8_device(context_.device);
   model::set_float8_recipe(
       model::float8_recipe_named(config::enum_name(config_.engine.float8, config::kFloat8TrainingNames)));
   build_model();

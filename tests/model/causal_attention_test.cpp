@@ -1,7 +1,7 @@
 // model::causal_attention against SDPA's causal attention computed in float64, forward and
 // backward: grouped kv heads, a sequence that is not a whole number of blocks, q/k/v as the strided
 // views the projections give, and the small, head_dim < 64 or non-float32 cases it leaves to SDPA.
-#include "model/causal_attention.h"
+#include "model/kernels/causal_attention.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -9,7 +9,7 @@
 #include <array>
 #include <vector>
 
-#include "model/linear.h"
+#include "model/kernels/linear.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
 #include <doctest/doctest.h>

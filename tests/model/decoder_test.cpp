@@ -11,6 +11,7 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "model/chunked_loss.h"
+#include "model/kernels/ops.h"
 #include "model/stacked_weights.h"
 #include "support/error_of.h"
 #include "tiny_config.h"
@@ -144,7 +145,7 @@ TEST_CASE("rotary embeddings: a rotation, and attention scores depend on relativ
   const at::Tensor like = at::zeros({1}, at::kDouble);
   auto [cos, sin] = rope_cos_sin(inv, 12, like);
   const at::Tensor q = at::randn({c.head_dim}, at::kDouble), k = at::randn({c.head_dim}, at::kDouble);
-  auto at_pos = [&](const at::Tensor& v, int64_t p) { return apply_rotary(v, cos[p], sin[p]); };
+  auto at_pos = [&](const at::Tensor& v, int64_t p) { return kernels::apply_rotary(v, cos[p], sin[p]); };
   CHECK(std::abs(at_pos(q, 7).norm().item<double>() - q.norm().item<double>()) < 1e-6);
   const double d1 = at_pos(q, 9).dot(at_pos(k, 4)).item<double>();
   const double d2 = at_pos(q, 5).dot(at_pos(k, 0)).item<double>();

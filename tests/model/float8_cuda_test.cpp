@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/float8.h"
+#include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
 
 using namespace fsdp::model;
@@ -141,7 +142,8 @@ void time_pieces(int64_t m, int64_t k, int64_t n) {
   const double amax = time_of([&] { at::linalg_vector_norm(x, INFINITY); });
   const double cast_rows = time_of([&] { to_float8(x, at::kFloat8_e4m3fn); });
   const double cast_both = time_of([&] { to_float8(x, at::kFloat8_e4m3fn, std::nullopt, false, Float8Layout::kBoth); });
-  const double mm8 = time_of([&] { float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse, at::kBFloat16, true); });
+  const double mm8 =
+      time_of([&] { kernels::float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse, at::kBFloat16, true); });
   const double mm16 = time_of([&] { at::mm(x, w.t()); });
   std::cout << "pieces at " << m << " x " << k << " -> " << n << ": amax " << amax << " ms (" << 2 * e / amax / 1e6
             << " GB/s); cast by rows " << cast_rows << " ms (" << 5 * e / cast_rows / 1e6 << " GB/s with the amax); "

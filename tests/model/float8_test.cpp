@@ -14,6 +14,7 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "model/decoder.h"
+#include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
 #include "optim/adamw.h"
 
@@ -189,7 +190,7 @@ TEST_CASE("a frozen weight takes no gradient product; the recipe names parse and
   CHECK_FALSE(w.grad().defined());
   CHECK(float8_recipe_named("rowwise") == Float8Recipe::kRowwise);
   CHECK_THROWS_WITH(float8_recipe_named("delayed"), doctest::Contains("engine.float8"));
-  CHECK_THROWS_WITH(check_float8_device(c10::Device(c10::kCPU)), doctest::Contains("only be emulated"));
+  CHECK_THROWS_WITH(kernels::check_float8_device(c10::Device(c10::kCPU)), doctest::Contains("only be emulated"));
 }
 
 namespace {

@@ -3,7 +3,7 @@
 // inputs, odd sizes (C not a multiple of the vector width, T = 1, B = 3), rows split over two
 // threads, strided and missing gradients, and the refusals. A skipped case times them
 // (fused_ops_test --no-skip -tc='*speed*').
-#include "model/fused_ops.h"
+#include "model/kernels/fused_ops.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/decoder.h"
+#include "model/kernels/ops.h"
 #include "support/error_of.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
@@ -42,7 +43,7 @@ at::Tensor reference_rms_norm(const at::Tensor& x, const at::Tensor& weight, dou
 
 // x (B, T, heads, D): as the decoder, rotated after the transpose to (B, heads, T, D); returned in x's layout.
 at::Tensor reference_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return apply_rotary(x.transpose(1, 2), cos, sin).transpose(1, 2);
+  return kernels::apply_rotary(x.transpose(1, 2), cos, sin).transpose(1, 2);
 }
 
 at::Tensor reference_swiglu(const at::Tensor& gate, const at::Tensor& up) {
@@ -358,8 +359,8 @@ TEST_CASE("the fused ops in decoder.cpp's modules give the modules' results") {
     const at::Tensor q = randn({3, 5, c.num_attention_heads, c.head_dim}, dtype);
     const at::Tensor k = randn({3, 5, c.num_key_value_heads, c.head_dim}, dtype);
     auto [fq, fk] = fused_rotary(q, k, cos, sin);
-    CHECK(rel_error(fq.transpose(1, 2), apply_rotary(q.transpose(1, 2), cos, sin)) <= tolerance(dtype));
-    CHECK(rel_error(fk.transpose(1, 2), apply_rotary(k.transpose(1, 2), cos, sin)) <= tolerance(dtype));
+    CHECK(rel_error(fq.transpose(1, 2), kernels::apply_rotary(q.transpose(1, 2), cos, sin)) <= tolerance(dtype));
+    CHECK(rel_error(fk.transpose(1, 2), kernels::apply_rotary(k.transpose(1, 2), cos, sin)) <= tolerance(dtype));
   }
 }
 
@@ -445,7 +446,8 @@ TEST_CASE("fused ops: speed against the reference on the ~125M model's shapes (p
       const Tensors g = {randn({B, H, T, D}, dtype), randn({B, H, T, D}, dtype)};  // attention's layout
       // The reference as the decoder runs it, on the transposed q and k; the fused op before them.
       auto decoder_rot = [&](const Tensors& in) {
-        return Tensors{apply_rotary(in[0].transpose(1, 2), cos, sin), apply_rotary(in[1].transpose(1, 2), cos, sin)};
+        return Tensors{kernels::apply_rotary(in[0].transpose(1, 2), cos, sin),
+                       kernels::apply_rotary(in[1].transpose(1, 2), cos, sin)};
       };
       auto fused_then_transposed = [&](const Tensors& in) {
         auto [fq, fk] = fused_rotary(in[0], in[1], cos, sin);

@@ -2,7 +2,7 @@
 // the float32 products oneDNN runs on CPU equal them to float32 rounding (1e-5 of the largest
 // value), a weight that is a view of a larger block (the stacked q/k/v rows) included, gradients
 // autograd does not ask for are not made, and small or non-float32 products run at::linear itself.
-#include "model/linear.h"
+#include "model/kernels/linear.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>

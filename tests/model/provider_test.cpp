@@ -17,8 +17,8 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "model/decoder.h"
-#include "model/fused_ops.h"
-#include "model/linear.h"
+#include "model/kernels/fused_ops.h"
+#include "model/kernels/linear.h"
 #include "support/error_of.h"
 #include "tiny_config.h"
 
@@ -188,7 +188,7 @@ TEST_CASE("every kernel provider gives the float64 model's loss and gradients, w
       // What ran: the GPU's functors and LibTorch's rms_norm for portable; none of fsdptrain's kernels
       // for reference (the host takes the functor for packed rows' rotation); RMSNorm's own loop
       // (no rsqrt op) for the host, where its vectorized kernels run (a CPU without AVX-512 takes
-      // the reference op by op: model/fused_ops.h).
+      // the reference op by op: model/kernels/fused_ops.h).
       CHECK(names.saw("fsdptrain::swiglu") == (p == Provider::kPortable));
       CHECK(names.saw("fsdptrain::exp_shifted") == (p == Provider::kPortable));
       CHECK(names.saw("aten::rms_norm") == (p == Provider::kPortable));

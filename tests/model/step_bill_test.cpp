@@ -193,7 +193,7 @@ bool is_view(const std::string& name) {
 bool is_product(const std::string& name) {
   static const std::set<std::string> products = {
       "aten::mm",      "aten::addmm",    "aten::addmm_",        "aten::bmm",
-      "aten::baddbmm", "aten::baddbmm_", "fsdptrain::float8_mm"};  // model/float8.h
+      "aten::baddbmm", "aten::baddbmm_", "fsdptrain::float8_mm"};  // model/kernels/float8_products.h
   return products.count(name) > 0;
 }
 

@@ -161,7 +161,11 @@ struct GateUpSwiGLU : torch::autograd::Function<GateUpSwiGLU> {
 }  // namespace
 
 bool available(const at::Tensor& x) {
-  return x.is_cpu() || x.is_meta() || (x.is_cuda() && FSDP_CUDA_KERNELS);
+  return available_on(x.device());
+}
+
+bool available_on(const c10::Device& device) {
+  return device.is_cpu() || device.is_meta() || (device.is_cuda() && FSDP_CUDA_KERNELS);
 }
 
 void rotate_halves_out(const at::Tensor& out1, const at::Tensor& out2, const at::Tensor& x1, const at::Tensor& x2,

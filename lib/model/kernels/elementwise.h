@@ -1,5 +1,5 @@
 // Fused elementwise kernels for the decoder off the CPU (the CPU has its vectorized ones in
-// model/fused_ops.h): the rotary embedding and SwiGLU as autograd functions whose forward and
+// model/kernels/fused_ops.h): the rotary embedding and SwiGLU as autograd functions whose forward and
 // backward are one kernel each, where ATen's ops take five (rotary) or two and three (SwiGLU) and
 // SwiGLU keeps silu(gate) for its backward besides gate and up. The arithmetic is one functor per op
 // (kernels/functors.h) run by ATen's TensorIterator loops on every device: gpu_kernel on CUDA
@@ -14,8 +14,9 @@
 namespace fsdp::model::kernels {
 
 // Whether these kernels run on x's device in this build: CUDA where nvcc compiled them, the meta
-// device, the CPU (for tests: the decoder takes model/fused_ops.h there).
+// device, the CPU (for tests: the decoder takes model/kernels/fused_ops.h there).
 bool available(const at::Tensor& x);
+bool available_on(const c10::Device& device);  // the same for a device
 
 // x * cos + rotate_half(x) * sin for x (..., D) and cos, sin broadcastable to it, in HF's layout
 // (the angles' two halves equal: only the first D/2 columns are read). Backward: x's gradient.

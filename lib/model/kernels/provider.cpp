@@ -51,16 +51,17 @@ KernelChoice kernel_choice() {
 
 Provider provider_for(const at::Tensor& x) {
   const Provider p = kernel_choice().provider;
+  const c10::Device device = x.device();
   switch (p) {
     case Provider::kAuto:
-      if (x.is_cpu()) return Provider::kHost;
-      return available(x) ? Provider::kPortable : Provider::kReference;
+      if (device.is_cpu()) return Provider::kHost;
+      return available_on(device) ? Provider::kPortable : Provider::kReference;
     case Provider::kHost:
-      FSDP_CHECK(x.is_cpu(), "[model] engine.kernels: host is the CPU's kernels, and this run's tensors are on ",
-                 x.device().str(), "; use auto (portable there) or reference");
+      FSDP_CHECK(device.is_cpu(), "[model] engine.kernels: host is the CPU's kernels, and this run's tensors are on ",
+                 device.str(), "; use auto (portable there) or reference");
       return p;
     case Provider::kPortable:
-      FSDP_CHECK(available(x), "[model] engine.kernels: portable has no kernels for ", x.device().str(),
+      FSDP_CHECK(available_on(device), "[model] engine.kernels: portable has no kernels for ", device.str(),
                  " in this build (built without nvcc); use engine.kernels: reference");
       return p;
     case Provider::kReference:
@@ -71,7 +72,7 @@ Provider provider_for(const at::Tensor& x) {
 
 bool flash_attention_applies(const at::Tensor& q) {
   const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
-  return q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256 && provider_for(q) == Provider::kPortable;
+  return q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
 }
 
 const char* provider_name(Provider p) {

@@ -1,8 +1,9 @@
-// Who computes the decoder's named ops (rms_norm, rotary, swiglu, the q/k/v and gate/up products,
-// attention, the loss). Three providers, one choice per process:
-//   - host: the CPU's own kernels: model/fused_ops.h (RMSNorm, the rotary embedding of q and k in one
-//     pass, SwiGLU), oneDNN's products and attention where they pay (engine.onednn_products), the
-//     token-chunked loss. The CPU only.
+// Who computes the model's named ops (model/kernels/ops.h: rms_norm, rotary, swiglu, attention, the
+// loss's pieces, float8 casts; the products in model/kernels/linear.h). Three providers, one choice
+// per process, each a table of ops in its own file (host.cpp, portable.cpp, reference.cpp):
+//   - host: the CPU's own kernels: model/kernels/fused_ops.h (RMSNorm, the rotary embedding of q and k
+//     in one pass, SwiGLU), oneDNN's products and attention where they pay (engine.onednn_products),
+//     the token-chunked loss. The CPU only.
 //   - portable: the kernels a GPU runs: model/kernels' functors launched by ATen's TensorIterator
 //     (gpu_kernel on CUDA, cpu_kernel on the host, shapes only on meta), LibTorch's rms_norm,
 //     stacked products, variable-length flash attention for packed rows (GPUs), the

@@ -1,4 +1,4 @@
-#include "model/fused_ops.h"
+#include "model/kernels/fused_ops.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -33,7 +33,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 at::Tensor matmul_nt(const at::Tensor& a, const at::Tensor& b);
 
 // a b^T on oneDNN whatever its size, for callers that checked onednn_product once for a whole
-// computation of many small products (model/causal_attention.h): 2-D float32 CPU operands.
+// computation of many small products (model/kernels/causal_attention.h): 2-D float32 CPU operands.
 at::Tensor onednn_matmul_nt(const at::Tensor& a, const at::Tensor& b);
 
 // Whether a product of this many multiply-adds with these operands takes oneDNN here.

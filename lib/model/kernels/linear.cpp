@@ -1,4 +1,4 @@
-#include "model/linear.h"
+#include "model/kernels/linear.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -1,4 +1,4 @@
-#include "model/causal_attention.h"
+#include "model/kernels/causal_attention.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "model/linear.h"
+#include "model/kernels/linear.h"
 #include "util/error.h"
 
 namespace fsdp::model {

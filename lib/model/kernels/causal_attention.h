@@ -1,4 +1,4 @@
-// Causal self-attention on CPU in float32 with its products on oneDNN (model/linear.h), forward and
+// Causal self-attention on CPU in float32 with its products on oneDNN (model/kernels/linear.h), forward and
 // backward: the decoder's plain causal case (no window, no packed rows, no KV cache). LibTorch's
 // CPU flash attention runs its blocks' products on MKL's sgemm, about 65 GFLOP/s of causal
 // attention on the Zen 5 machines here; this runs the same algorithm (blocks of queries against
@@ -24,7 +24,7 @@ namespace fsdp::model {
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Whether causal_attention takes these operands here: CPU float32, head_dim 64 or more, where
-// model/linear.h takes oneDNN for a product the size of the attention's (engine.onednn_products all:
+// model/kernels/linear.h takes oneDNN for a product the size of the attention's (engine.onednn_products all:
 // any head_dim; off, or kernels other than the host's: never).
 bool causal_attention_applies(const at::Tensor& q, const at::Tensor& k);
 
