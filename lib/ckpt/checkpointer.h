@@ -26,7 +26,9 @@
 // folder and commits. Loading (either format) reads each rank's own rows from the mapped files,
 // checking sizes first and taking each piece's CRC-32C as it is copied; each file's checksum is
 // joined from the pieces (a FULL load's on rank 0, from every rank's pieces over the rendezvous
-// store) and checked against the manifest before training goes on.
+// store) and checked against the manifest before training goes on. The parts, each in a file of
+// its own: ckpt/checkpoint_plan.h, checkpoint_stage.h, checkpoint_write.h, checkpoint_commit.h and
+// checkpoint_load.h.
 //
 // Collective: save, load and resume are called by every rank of `world` in the same order; wait()
 // is local (it joins this rank's writer thread). Thread safety: one thread calls the Checkpointer;
