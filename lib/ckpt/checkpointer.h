@@ -26,7 +26,9 @@
 // folder and commits. Loading (either format) reads each rank's own rows from the mapped files,
 // checking sizes first and taking each piece's CRC-32C as it is copied; each file's checksum is
 // joined from the pieces (a FULL load's on rank 0, from every rank's pieces over the rendezvous
-// store) and checked against the manifest before training goes on.
+// store) and checked against the manifest before training goes on. The parts, each in a file of
+// its own: ckpt/checkpoint_plan.h, checkpoint_stage.h, checkpoint_write.h, checkpoint_commit.h and
+// checkpoint_load.h.
 //
 // Collective: save, load and resume are called by every rank of `world` in the same order; wait()
 // is local (it joins this rank's writer thread). Thread safety: one thread calls the Checkpointer;
@@ -40,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint_options.h"
 #include "ckpt/file_system.h"
 #include "ckpt/format.h"
 #include "dist/process_group.h"
@@ -48,24 +51,6 @@
 #include "optim/adamw.h"
 
 namespace fsdp::ckpt {
-
-struct CheckpointOptions {
-  std::string dir;         // checkpoints are <dir>/step-<N, 8 digits>
-  int64_t keep = 0;        // complete checkpoints kept; older ones are deleted (0: keep all)
-  bool keep_best = false;  // with keep: also the one with the lowest TrainingState::eval_loss
-  Format format = Format::kSharded;
-  bool background = true;                 // SHARDED: write on a thread
-  int64_t max_shard_bytes = 5000000000;   // FULL: Hugging Face shards above this
-  // FULL: when every shard rank runs on shard rank 0's machine, each writes its own rows into the
-  // files (false: they send them to shard rank 0, which writes everything, as across machines).
-  bool full_rows_in_place = true;
-  FileSystem* fs = nullptr;               // null: local_file_system(direct_io)
-  bool direct_io = true;                  // see local_file_system; loads too (fill's direct_reads)
-  std::ostream* log = nullptr;            // rank 0's progress lines; null: none
-  // LoRA: frozen parameters are not saved (the run loads them from model.pretrained again), so a
-  // checkpoint holds the adapters, the modules to save and their AdamW state.
-  bool frozen_from_base = false;
-};
 
 class Checkpointer {
  public:
