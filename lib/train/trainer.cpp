@@ -98,7 +98,7 @@ class RunReport {
         window_step_(first_step - 1) {
     summary_.resumed_from = summary_.steps = first_step - 1;
     // A live bar on the launcher's terminal.
-    progress_ = run.context().is_main() && env_is("FSDPTRAIN_PROGRESS", "1");
+    progress_ = run.context().is_main() && env_flag(env::kProgress);
     if (run.context().is_main() && !config_.logging.metrics_file.empty()) {
       make_directories(parent_folder(config_.logging.metrics_file));
       metrics_.open(config_.logging.metrics_file, std::ios::app);
