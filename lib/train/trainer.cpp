@@ -551,56 +551,27 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;  // the signal, or 0
-
-void on_interrupt(int sig) {
-  g_interrupted = sig;
-}
-
 // The exit a signal would have given, 128 + its number (130 for Ctrl-C), as the launcher's own.
 ExitCode interrupted_exit() {
-  return static_cast<ExitCode>(128 + g_interrupted);
+  return static_cast<ExitCode>(128 + StopSignals::received());
 }
-
-// SIGINT and SIGTERM set g_interrupted while it lives (tokenizing stops between batches, saying so).
-class InterruptFlag {
- public:
-  InterruptFlag() {
-    g_interrupted = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_interrupt;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~InterruptFlag() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  InterruptFlag(const InterruptFlag&) = delete;
-  InterruptFlag& operator=(const InterruptFlag&) = delete;
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{};
-};
 
 }  // namespace
 
 void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream& log, bool live) {
-  const InterruptFlag flag;
+  const StopSignals signals;  // tokenizing stops between batches, saying so
   data::DataOptions options = data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size);
-  options.interrupted = [] { return g_interrupted != 0; };
+  options.interrupted = [] { return StopSignals::received() != 0; };
   data::DataPlan plan;
   try {
     plan = data::prepare_data(options, live ? &log : nullptr);
   } catch (const Error& e) {
-    if (g_interrupted) throw Error(e.what(), interrupted_exit());  // stopped by the signal, not failed
+    if (StopSignals::received()) throw Error(e.what(), interrupted_exit());  // stopped by the signal, not failed
     throw;
   }
   if (!plan.note.empty()) log << plan.note << "\n";
   // A signal that came while nothing was tokenized still means stop: it must not be lost.
-  if (g_interrupted)
+  if (StopSignals::received())
     throw Error("[train] interrupted before the workers started; nothing was trained", interrupted_exit());
   data::check_prompt_fits(plan.longest_prompt, plan.longest_prompt_at, resolved.typed.train.sequence_length);
 }
