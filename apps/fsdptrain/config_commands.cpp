@@ -163,8 +163,9 @@ class UpdateCommand final : public Command {
 class KeysCommand final : public Command {
  public:
   CLI::App* add(CLI::App& parent) override {
-    CLI::App* app =
-        parent.add_subcommand("keys", "List every config key: type, default, CLI flag, worker env variable");
+    CLI::App* app = parent.add_subcommand("keys",
+                                          "List every config key (type, default, CLI flag, worker env variable), then "
+                                          "the environment variables no key sets");
     app->add_flag("--markdown", markdown_, "As a Markdown table");
     return app;
   }

@@ -17,6 +17,7 @@
 #include "train/plot.h"
 #include "train/stop_signals.h"
 #include "train/trainer.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/log.h"
@@ -96,7 +97,7 @@ void warn_if_python_lacks_torch() {
   if (missing.empty()) return;
   const std::string exe = self_executable();  // <root>/build/apps/fsdptrain/fsdptrain
   std::vector<std::string> candidates;
-  if (const char* p = std::getenv("FSDPTRAIN_PYTHON"); p && *p) candidates.push_back(p);
+  if (const std::string p = env_text(env::kPython); !p.empty()) candidates.push_back(p);
   candidates.push_back(parent_folder(parent_folder(parent_folder(parent_folder(exe)))) + "/.venv/bin/python");
   std::string hint = "install " + missing + " there, or give the interpreter after `--`";
   for (const std::string& c : candidates)
@@ -230,6 +231,7 @@ class WorkerCommand final : public ConfigCommand {
     dist::GroupOptions group_options;
     group_options.backend = context.backend;
     group_options.context = context;
+    group_options.timeout = std::chrono::milliseconds(static_cast<int64_t>(rc.typed.launch.dist_timeout * 1000));
     dist::ProcessGroup group = dist::init_process_group(group_options);
     launch::HealthCheckOptions options;
     options.cuda = context.device.is_cuda();

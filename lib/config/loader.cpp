@@ -8,6 +8,7 @@
 #include <set>
 
 #include "config/validate.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/hub_cache.h"
@@ -641,7 +642,7 @@ std::string fsdptrain_default_config_path() {
 }
 
 DefaultConfig find_default_config() {
-  if (const char* env = std::getenv("FSDPTRAIN_CONFIG_FILE"); env && *env) return {env, "$FSDPTRAIN_CONFIG_FILE"};
+  if (const std::string env = env_text(env::kConfigFile); !env.empty()) return {env, "$FSDPTRAIN_CONFIG_FILE"};
   if (file_exists(fsdptrain_default_config_path())) return {fsdptrain_default_config_path(), "fsdptrain default"};
   if (file_exists(accelerate_default_config_path())) return {accelerate_default_config_path(), "Accelerate default"};
   return {"", "looked for " + fsdptrain_default_config_path() + " and " + accelerate_default_config_path()};

@@ -8,6 +8,7 @@
 
 #include "config/loader.h"
 #include "config/option.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -74,8 +75,15 @@ struct Row {
     s.flag_alone = true;
     return *this;
   }
+  // A variable only exported (Accelerate's, for Python workers).
   Row& env(std::string e) {
     s.env = std::move(e);
+    return *this;
+  }
+  // A variable fsdptrain also reads: declared in util/env.h, where the reader knows it.
+  Row& env(const EnvSetting& e) {
+    FSDP_ASSERT(s.key == e.key, e.name, " is declared for ", e.key, ", not ", s.key);
+    s.env = e.name;
     return *this;
   }
   Row& choices(std::vector<std::string> c, bool int_aliases = false) {
@@ -311,7 +319,7 @@ std::vector<OptionSpec> build_table() {
           .to(L, &LaunchConfig::use_cpu),
       Row("debug", V::kBool)
           .flag("debug")
-          .env("ACCELERATE_DEBUG_MODE")
+          .env(env::kAccelerateDebug)
           .def("false")
           .help("Check that every rank issues the same collectives (slower)")
           .to(L, &LaunchConfig::debug),
@@ -400,7 +408,7 @@ std::vector<OptionSpec> build_table() {
           .to(L, &LaunchConfig::rdzv_timeout),
       Row("dist_timeout", V::kFloat)
           .flag("dist_timeout")
-          .env("FSDPTRAIN_DIST_TIMEOUT")
+          .env(env::kDistTimeout)
           .def("600")
           .help("Seconds a collective may take before the rank fails naming it (fsdptrain extension key)")
           .extension()
@@ -1039,7 +1047,7 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::logging, &LoggingConfig::profile_dir),
       Row("logging.verbose", V::kBool)
           .flag("verbose")
-          .env("FSDPTRAIN_VERBOSE")
+          .env(env::kVerbose)
           .def("false")
           .help("The built-in trainer prints the whole resolved config first (it is in the run folder's run.json "
                 "either way)")
@@ -1047,7 +1055,7 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::logging, &LoggingConfig::verbose),
       // ---- engine: how the trainer computes (the same results, to the rounding) ----
       Row("engine.kernels", V::kEnum)
-          .env("FSDPTRAIN_KERNELS")
+          .env(env::kKernels)
           .choices(enum_names(kKernelProviderNames))
           .def("auto")
           .help("Who computes the model's ops: host (the CPU's own kernels: fused RMSNorm, rotary and SwiGLU, "
@@ -1057,7 +1065,7 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::engine, &EngineConfig::kernels),
       Row("engine.onednn_products", V::kEnum)
-          .env("FSDPTRAIN_ONEDNN_PRODUCTS")
+          .env(env::kOnednnProducts)
           .choices(enum_names(kOnednnProductsNames))
           .def("large")
           .help("With the host kernels, which float32 products (and attention) run on oneDNN rather than "
@@ -1065,7 +1073,7 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::engine, &EngineConfig::onednn_products),
       Row("engine.float8", V::kEnum)
-          .env("FSDPTRAIN_FLOAT8")
+          .env(env::kFloat8)
           .choices(enum_names(kFloat8TrainingNames))
           .def("none")
           .help("float8 training of the decoder layers' linear products, as torchao's recipes (the loss head, "
@@ -1075,7 +1083,7 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::engine, &EngineConfig::float8),
       Row("engine.read_ahead", V::kEnum)
-          .env("FSDPTRAIN_READ_AHEAD")
+          .env(env::kReadAhead)
           .choices(enum_names(kReadAheadNames))
           .def("auto")
           .help("Read the next step's batches on a thread while the step runs; auto: on a GPU (on the CPU the "
@@ -1083,14 +1091,14 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::engine, &EngineConfig::read_ahead),
       Row("engine.host_cache", V::kBool)
-          .env("FSDPTRAIN_HOST_CACHE")
+          .env(env::kHostCache)
           .def("true")
           .help("CPU runs: keep freed large host blocks for reuse (the step allocates the same sizes every time) "
                 "instead of returning them to the system allocator")
           .extension()
           .to(&Config::engine, &EngineConfig::host_cache),
       Row("engine.offload_overlap", V::kBool)
-          .env("FSDPTRAIN_OFFLOAD_OVERLAP")
+          .env(env::kOffloadOverlap)
           .def("true")
           .help("With fsdp_offload_params: apply each unit's optimizer update on the host when the next forward "
                 "gathers the unit, so the host updates unit k+1 while unit k's weights go up to the GPU and "
@@ -1098,7 +1106,7 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::engine, &EngineConfig::offload_overlap),
       Row("engine.offload_keep_on_device", V::kBool)
-          .env("FSDPTRAIN_OFFLOAD_KEEP_ON_DEVICE")
+          .env(env::kOffloadKeepOnDevice)
           .def("true")
           .help("With fsdp_offload_params on a GPU: keep each unit's weights on the GPU in the compute dtype from "
                 "their upload until the unit's next update (2 bytes a parameter over the shard group in bf16), so "
@@ -1107,14 +1115,14 @@ std::vector<OptionSpec> build_table() {
           .extension()
           .to(&Config::engine, &EngineConfig::offload_keep_on_device),
       Row("engine.sync_debug", V::kBool)
-          .env("FSDPTRAIN_SYNC_DEBUG")
+          .env(env::kSyncDebug)
           .def("false")
           .help("CUDA: stop with an error naming the op when anything inside a training step waits for the GPU "
                 "(LibTorch's sync debug mode)")
           .extension()
           .to(&Config::engine, &EngineConfig::sync_debug),
       Row("engine.dump_gradients", V::kString)
-          .env("FSDPTRAIN_DUMP_GRADIENTS")
+          .env(env::kDumpGradients)
           .def("")
           .help("A folder: every trainable parameter's full gradient of each step (averaged over the ranks, "
                 "before clipping) as step-<N>.safetensors, to compare with another trainer; waits for the device "
@@ -1180,6 +1188,11 @@ std::string OptionSpec::leaf() const {
   return dot == std::string::npos ? key : key.substr(dot + 1);
 }
 
+// The environment's reader holds the rule (util/env.h), so a variable and a key read alike.
+std::optional<bool> parse_bool(const std::string& text) {
+  return fsdp::parse_bool(text);
+}
+
 std::string OptionSpec::type_name() const {
   switch (type) {
     case ValueType::kBool:
@@ -1200,13 +1213,6 @@ std::string OptionSpec::type_name() const {
       return "ignored";
   }
   return "?";
-}
-
-std::optional<bool> parse_bool(const std::string& text) {
-  const std::string t = to_lower(trim(text));
-  if (t == "true" || t == "yes" || t == "y" || t == "on" || t == "t" || t == "1") return true;
-  if (t == "false" || t == "no" || t == "n" || t == "off" || t == "f" || t == "0") return false;
-  return std::nullopt;
 }
 
 namespace {
@@ -1243,8 +1249,7 @@ Canonical canonical_float(const OptionSpec& spec, const std::string& t, std::str
 }
 
 Canonical canonical_enum(const OptionSpec& spec, const std::string& t, std::string* error) {
-  for (const auto& c : spec.choices)
-    if (to_lower(c) == to_lower(t)) return c;
+  if (const std::optional<size_t> i = find_any_case(spec.choices, t)) return spec.choices[*i];
   if (spec.int_aliases) {
     if (auto n = parse_int(t); n && *n >= 1 && *n <= static_cast<long long>(spec.choices.size()))
       return spec.choices[*n - 1];

@@ -6,6 +6,7 @@
 #include "config/loader.h"
 #include "config/worker_env.h"
 #include "config/yaml_writer.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -91,6 +92,36 @@ std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
   return out;
 }
 
+namespace {
+
+const char* env_kind_name(EnvKind kind) {
+  switch (kind) {
+    case EnvKind::kFlag:
+      return "bool";
+    case EnvKind::kSeconds:
+      return "seconds";
+    case EnvKind::kChoice:
+      return "choice";
+    case EnvKind::kText:
+      return "string";
+  }
+  return "?";
+}
+
+// The settings of util/env.h that no key sets, after the keys.
+std::string format_environment_settings(bool markdown) {
+  std::string out = markdown ? "\n| environment variable (no config key) | type | meaning |\n|---|---|---|\n"
+                             : "\nEnvironment variables without a config key:\n";
+  for (const EnvSetting* e : env_settings()) {
+    if (*e->key) continue;
+    out += markdown ? str("| `", e->name, "` | ", env_kind_name(e->kind), " | ", e->help, " |\n")
+                    : str(e->name, "  (", env_kind_name(e->kind), ")\n    ", e->help, "\n");
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string format_option_table(bool markdown) {
   std::string out;
   if (markdown) {
@@ -101,7 +132,7 @@ std::string format_option_table(bool markdown) {
       out += str("| `", o.key, "` | ", type, " | ", default_text(o), " | ", o.flag.empty() ? "" : "`--" + o.flag + "`",
                  " | ", o.env.empty() ? "" : "`" + o.env + "`", " | ", o.help, " |\n");
     }
-    return out;
+    return out + format_environment_settings(true);
   }
   for (const auto& o : all_options()) {
     out += o.key + "  (" + o.type_name() + ")\n";
@@ -111,7 +142,7 @@ std::string format_option_table(bool markdown) {
     if (!o.env.empty()) out += "    worker env: " + o.env + "\n";
     if (o.versions == FsdpVersions::kV1Only) out += "    FSDP1 only\n";
   }
-  return out;
+  return out + format_environment_settings(false);
 }
 
 }  // namespace fsdp::config

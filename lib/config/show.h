@@ -20,7 +20,8 @@ std::vector<std::pair<std::string, std::string>> file_values(const ResolvedConfi
 enum class ShowFormat { kTable, kYaml, kJson };
 
 std::string format_resolved(const ResolvedConfig& rc, ShowFormat format);
-// The option table: key, type, default, CLI flag, worker env variable, help. Markdown when asked.
+// The option table: key, type, default, CLI flag, worker env variable, help; then the environment
+// variables that no key sets (util/env.h). Markdown when asked.
 std::string format_option_table(bool markdown);
 
 }  // namespace fsdp::config

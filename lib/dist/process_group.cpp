@@ -357,11 +357,8 @@ namespace {
 
 std::chrono::milliseconds timeout_of(const GroupOptions& options) {
   if (options.timeout) return *options.timeout;
-  if (const char* t = std::getenv("FSDPTRAIN_DIST_TIMEOUT"); t && *t) {
-    auto seconds = parse_float(t);
-    FSDP_CHECK(seconds && *seconds > 0, "[dist] FSDPTRAIN_DIST_TIMEOUT=", quoted(t), " is not a number of seconds > 0");
+  if (const std::optional<double> seconds = env_seconds(env::kDistTimeout))
     return std::chrono::milliseconds(static_cast<int64_t>(*seconds * 1000));
-  }
   return std::chrono::seconds(600);
 }
 

@@ -5,6 +5,7 @@
 #include "config/loader.h"
 #include "config/show.h"
 #include "dist/build_info.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/system_info.h"
 
@@ -32,7 +33,7 @@ std::string env_report(const config::ConfigInputs& inputs, const std::string& co
   line("OS", s.os);
   line("Hostname", s.hostname);
   for (const char* var : {"CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "MASTER_ADDR",
-                          "MASTER_PORT", "FSDPTRAIN_CONFIG_FILE", "HF_HOME"}) {
+                          "MASTER_PORT", env::kConfigFile.name, "HF_HOME"}) {
     if (const char* v = std::getenv(var)) line(std::string("$") + var, v);
   }
   out += "\n";

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "config/worker_env.h"
+#include "util/env.h"
 #include "util/strings.h"
 #include "util/system_info.h"
 
@@ -85,9 +86,9 @@ std::vector<WorkerSpec> plan_workers(const config::ResolvedConfig& rc, const Top
         {"OMP_NUM_THREADS", omp_threads(t.local_world_size, pinned[static_cast<size_t>(local)])},
         {"PYTHONUNBUFFERED", "1"},
         // Our own workers leave the "[rank N] " prefix to the launcher.
-        {"FSDPTRAIN_LAUNCHED", "1"},
+        {env::kLaunched.name, "1"},
         // Live progress lines are worth drawing only on a terminal (util/log.h).
-        {"FSDPTRAIN_PROGRESS", ::isatty(STDOUT_FILENO) ? "1" : "0"},
+        {env::kProgress.name, ::isatty(STDOUT_FILENO) ? "1" : "0"},
     };
     w.env.insert(w.env.end(), common.begin(), common.end());
     w.cpus = pinned[static_cast<size_t>(local)];

@@ -1,7 +1,6 @@
 #include "train/stop_signals.h"
 
 #include <pthread.h>
-#include <signal.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -12,14 +11,17 @@ namespace fsdp::train {
 
 namespace {
 
-std::atomic<bool> g_noting{false};  // a StopSignals lives
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1};
+
+std::atomic<bool> g_noting{false};      // a StopSignals lives
+std::atomic<bool> g_taken_over{false};  // take_over_process ran: the signal thread receives them
 std::atomic<int> g_first{0};
-std::chrono::steady_clock::time_point g_first_at;  // written and read by the signal thread only
+std::atomic<int64_t> g_first_at_ns{0};  // the steady clock's
 
 sigset_t stop_set() {
   sigset_t set;
   sigemptyset(&set);
-  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&set, sig);
+  for (int sig : kStopSignals) sigaddset(&set, sig);
   return set;
 }
 
@@ -34,19 +36,25 @@ sigset_t stop_set() {
   std::_Exit(128 + sig);  // not reached
 }
 
+// The header's contract for one delivery, whichever receives it: the signal thread or, in a process
+// that did not take them over, the handler (async-signal-safe).
+void note(int sig) {
+  if (!g_noting) die_of(sig);
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  int none = 0;
+  if (g_first.compare_exchange_strong(none, sig)) {
+    g_first_at_ns = now;
+  } else if (now - g_first_at_ns >= std::chrono::nanoseconds(StopSignals::kRepeatWindow).count()) {
+    die_of(sig);  // asked again: stop now
+  }
+}
+
 void take_signals() {
   const sigset_t set = stop_set();
   for (;;) {
     int sig = 0;
-    if (::sigwait(&set, &sig) != 0) continue;
-    if (!g_noting) die_of(sig);
-    const auto now = std::chrono::steady_clock::now();
-    int none = 0;
-    if (g_first.compare_exchange_strong(none, sig)) {
-      g_first_at = now;
-    } else if (now - g_first_at >= StopSignals::kRepeatWindow) {
-      die_of(sig);  // asked again: stop now
-    }
+    if (::sigwait(&set, &sig) == 0) note(sig);
   }
 }
 
@@ -57,17 +65,25 @@ void StopSignals::take_over_process() {
   std::call_once(once, [] {
     const sigset_t set = stop_set();
     ::pthread_sigmask(SIG_BLOCK, &set, nullptr);  // inherited by every thread started from here on
+    g_taken_over = true;
     std::thread(take_signals).detach();
   });
 }
 
-StopSignals::StopSignals() {
+StopSignals::StopSignals() : handled_(!g_taken_over) {
   g_first = 0;
   g_noting = true;
+  if (!handled_) return;
+  struct sigaction sa {};
+  sa.sa_handler = note;
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < kSignals; ++i) ::sigaction(kStopSignals[i], &sa, &previous_[i]);
 }
 
 StopSignals::~StopSignals() {
   g_noting = false;
+  if (!handled_) return;
+  for (size_t i = 0; i < kSignals; ++i) ::sigaction(kStopSignals[i], &previous_[i], nullptr);
 }
 
 int StopSignals::received() {

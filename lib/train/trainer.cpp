@@ -1,355 +1,33 @@
-// The training loop. Each step's work lives in TrainingRun (training_run.cpp); what happens
-// between steps (metrics, checkpoints, exports, held-out loss) lives in RunReport below.
+// The training loop (run_training, at the end), read top to bottom: each step's work lives in
+// TrainingRun (training_run.cpp); the loop then asks for the held-out loss, a checkpoint and an export
+// when each is due, and tells RunReport (run_report.cpp), which reports and does nothing else. Before
+// it, the launcher's checks of a config for the built-in trainer.
 #include "train/trainer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <csignal>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
 #include "ckpt/checkpoint_dir.h"
-#include "ckpt/format.h"
 #include "ckpt/hf.h"
-#include "config/show.h"
-#include "dist/build_info.h"
 #include "dist/error_file.h"
 #include "model/tensor_parallel.h"
 #include "train/estimate_memory.h"
-#include "train/metrics.h"
 #include "train/profiler.h"
+#include "train/run_report.h"
 #include "train/stop_signals.h"
-#include "train/tensorboard.h"
 #include "train/training_run.h"
-#include "util/clock.h"
-#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
 #include "util/log.h"
-#include "util/signal_name.h"
 #include "util/strings.h"
 
 namespace fsdp::train {
 
 namespace {
-
-// run.json: in the run folder, written when the run starts (finished: false) and when it ends.
-std::string run_summary_path(const config::Config& c) {
-  return c.train.output_dir + "/run.json";
-}
-
-// A resolved value as JSON of its type: numbers and booleans as such, lists as arrays, unset as null.
-nlohmann::json typed_value(const config::ResolvedValue& v) {
-  if (v.value.empty()) return nullptr;
-  try {
-    switch (v.spec->type) {
-      case config::ValueType::kBool:
-        return v.value == "true";
-      case config::ValueType::kInt:
-        return std::stoll(v.value);
-      case config::ValueType::kFloat:
-        return std::stod(v.value);
-      case config::ValueType::kList:
-        return split(v.value, ',');
-      default:
-        return v.value;
-    }
-  } catch (const std::exception&) {
-    return v.value;  // as written, when it does not read as its type
-  }
-}
-
-nlohmann::json typed_values(const config::ResolvedConfig& rc) {
-  nlohmann::json values = nlohmann::json::object();
-  for (const auto& v : rc.values)
-    if (v.spec->type != config::ValueType::kIgnored) values[v.spec->key] = typed_value(v);
-  return values;
-}
-
-std::string format_loss(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.4f", v);
-  return buf;
-}
-
-nlohmann::json finite_or_null(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-
-// What happens after a step: metrics (printed, metrics file, TensorBoard, progress bar), a
-// checkpoint, a Hugging Face export and the held-out loss, each when its interval comes due and
-// once more after the last step; and the summary (printed, run.json) when the run ends.
-class RunReport {
- public:
-  RunReport(TrainingRun& run, int64_t first_step)
-      : run_(run),
-        config_(run.config()),
-        start_(Clock::now()),
-        peak_(peak_flops(run.context().device, config_.logging.peak_tflops)),
-        window_start_(start_),
-        window_step_(first_step - 1) {
-    summary_.resumed_from = summary_.steps = first_step - 1;
-    // A live bar on the launcher's terminal.
-    progress_ = run.context().is_main() && env_is("FSDPTRAIN_PROGRESS", "1");
-    if (run.context().is_main() && !config_.logging.metrics_file.empty()) {
-      make_directories(parent_folder(config_.logging.metrics_file));
-      metrics_.open(config_.logging.metrics_file, std::ios::app);
-      FSDP_CHECK(metrics_.good(), "[train] cannot open logging.metrics_file ", quoted(config_.logging.metrics_file));
-    }
-    if (run.context().is_main() && !config_.logging.tensorboard_dir.empty()) open_tensorboard(first_step);
-    if (run.context().is_main()) write_run_start(first_step);
-  }
-
-  // Whether step `step` is read at once (it is logged, checkpointed, exported or evaluated, or it is
-  // the last); the others are read while the next step runs.
-  bool wants_now(int64_t step) const { return logs(step) || saves(step) || exports(step) || evaluates(step); }
-
-  void after_step(const StepResult& result) {
-    const int64_t step = result.step;
-    if (!result.skipped.empty()) {
-      run_.say(str("[train] step ", step, ": ", result.skipped, "\n"));
-    } else {
-      if (summary_.steps == summary_.resumed_from) summary_.first_loss = result.loss;
-      summary_.last_loss = result.loss;
-      best_loss_ = std::min(best_loss_, result.loss);
-      if (logs(step)) log_metrics(result);
-    }
-    summary_.steps = step;
-    if (progress_)
-      run_.out() << kProgressLinePrefix << progress_bar(step, run_.steps(), summary_.last_loss, seconds_since(start_))
-                 << std::endl;
-    // The held-out loss first: a checkpoint records it (checkpoint.keep_best keeps the lowest).
-    std::optional<double> eval_loss;
-    if (evaluates(step) || (saves(step) && config_.checkpoint.keep_best)) {
-      eval_loss = run_.evaluate();
-      log_eval(step, *eval_loss);
-    }
-    if (saves(step)) save(step, eval_loss);
-    if (exports(step)) {
-      run_.export_hf(step);
-      last_export_ = str(config_.checkpoint.export_dir, "/step-", step);
-    }
-    if (wants_now(step)) {  // the device is idle here: the next timing window starts now
-      window_start_ = Clock::now();
-      window_step_ = step;
-    }
-  }
-
-  int64_t last_step() const { return summary_.steps; }
-
-  TrainSummary finish() {
-    if (run_.step_pending()) after_step(run_.finish_step());
-    run_.wait_for_checkpoint();
-    const int64_t trained = summary_.steps - summary_.resumed_from;
-    if (trained == 0) summary_.eval_loss = run_.evaluate();  // nothing trained: the loaded model's
-    time_summary();
-    char line[256];
-    std::snprintf(line, sizeof(line), "[train] done: %lld steps in %.1f s; loss %.4f -> %.4f; %s; %.0f tokens/s\n",
-                  static_cast<long long>(trained), summary_.seconds, summary_.first_loss, summary_.last_loss,
-                  std::isnan(summary_.eval_loss) ? "nothing held out (data.eval_fraction)"
-                                                 : str("held-out loss ", format_loss(summary_.eval_loss)).c_str(),
-                  summary_.tokens_per_s);
-    run_.say(line);
-    run_.say(run_.offload_note());
-    if (run_.context().is_main()) write_run_summary();
-    return summary_;
-  }
-
-  // After the step that read a stop request (StopSignals), before the last: saves a checkpoint of
-  // this step, unless one was just saved, and says where it is. `sig`: this rank's signal (0 when
-  // another rank's was).
-  TrainSummary stop(int sig) {
-    const int64_t step = summary_.steps;
-    const std::string why = sig ? signal_name(sig) : std::string("another rank's stop request");
-    run_.say(str("[train] ", why, ": saving a checkpoint of step ", step, " of ", run_.steps(), " and stopping\n"));
-    std::optional<double> eval_loss;  // keep_best compares the held-out loss of every save
-    if (config_.checkpoint.keep_best && step != last_saved_) eval_loss = run_.evaluate();
-    save(step, eval_loss);
-    run_.wait_for_checkpoint();
-    // Rank 0 commits the checkpoint after the others wrote their shards: none exits before that, so a
-    // scheduler that ends the job when its first process exits (srun --kill-on-bad-exit) loses nothing.
-    run_.barrier();
-    time_summary();
-    summary_.stopped = true;
-    stopped_by_ = sig ? signal_name(sig) : "a signal to another rank";
-    run_.say(str("[train] stopped at step ", step, " of ", run_.steps(), " (", why,
-                 "); its checkpoint: ", last_checkpoint_, "\n"));
-    if (run_.context().is_main()) write_run_summary();
-    return summary_;
-  }
-
- private:
-  void time_summary() {
-    const int64_t trained = summary_.steps - summary_.resumed_from;
-    summary_.seconds = seconds_since(start_);
-    summary_.tokens_per_s = trained > 0 ? run_.tokens_per_step() * trained / summary_.seconds : 0;
-  }
-
-  // Every `interval` steps (0: never), and at the last step.
-  bool due(int64_t step, int64_t interval) const {
-    return (interval > 0 && step % interval == 0) || step == run_.steps();
-  }
-  bool logs(int64_t step) const { return step == 1 || due(step, config_.logging.interval); }
-  bool saves(int64_t step) const { return run_.checkpointing() && due(step, config_.checkpoint.interval); }
-  bool exports(int64_t step) const {
-    return !config_.checkpoint.export_dir.empty() && due(step, config_.checkpoint.export_interval);
-  }
-  bool evaluates(int64_t step) const { return due(step, config_.train.eval_interval); }
-
-  // A resumed run tells TensorBoard to drop what earlier runs logged from first_step on.
-  void open_tensorboard(int64_t first_step) {
-    tensorboard_ = std::make_unique<TensorBoardWriter>(config_.logging.tensorboard_dir);
-    if (first_step > 1) tensorboard_->start_session(first_step);
-    tensorboard_->add_text("config", first_step,
-                           "```\n" + config::format_resolved(run_.resolved(), config::ShowFormat::kTable) + "```");
-    run_.say(str("[train] TensorBoard events: ", tensorboard_->path(), "\n"));
-  }
-
-  void log_scalars(const StepMetrics& m) {
-    if (!tensorboard_) return;
-    tensorboard_->add_scalar("train/loss", m.step, m.loss);
-    tensorboard_->add_scalar("train/learning_rate", m.step, m.lr);
-    tensorboard_->add_scalar("train/grad_norm", m.step, m.grad_norm);
-    tensorboard_->add_scalar("train/tokens_per_s", m.step, m.tokens_per_s);
-    if (m.mfu) tensorboard_->add_scalar("train/mfu", m.step, *m.mfu);
-    tensorboard_->add_scalar("train/peak_memory_gib", m.step, static_cast<double>(m.peak_memory_bytes) / (1 << 30));
-    tensorboard_->add_scalar("train/step_time_s", m.step, m.step_time_s);
-  }
-
-  // run.json as the run starts: that it has not finished, what it will do, the resolved config.
-  void write_run_start(int64_t first_step) const {
-    make_directories(config_.train.output_dir);
-    const nlohmann::json doc = {{"finished", false},
-                                {"versions", version_line()},
-                                {"world_size", run_.context().world_size},
-                                {"steps_planned", run_.steps()},
-                                {"resumed_from", first_step - 1},
-                                {"config", typed_values(run_.resolved())}};
-    write_file_atomic(run_summary_path(config_), doc.dump(2) + "\n");
-  }
-
-  // run.json: what a script comparing runs needs, in one file.
-  void write_run_summary() const {
-    const std::string path = run_summary_path(config_);
-    const dist::WorkerContext& ctx = run_.context();
-    const double per_device = summary_.tokens_per_s / ctx.world_size;
-    const nlohmann::json doc = {
-        {"finished", summary_.steps >= run_.steps()},
-        {"stopped_by", stopped_by_.empty() ? nlohmann::json(nullptr) : nlohmann::json(stopped_by_)},
-        {"versions", version_line()},
-        {"world_size", ctx.world_size},
-        {"device", ctx.device.is_cuda() ? cuda_device_name(ctx.gpu) : std::string("cpu")},
-        {"parameters", run_.num_parameters()},
-        {"steps", summary_.steps},
-        {"steps_planned", run_.steps()},
-        {"resumed_from", summary_.resumed_from},
-        {"first_loss", finite_or_null(summary_.first_loss)},
-        {"final_loss", finite_or_null(summary_.last_loss)},
-        {"best_loss", finite_or_null(best_loss_)},
-        {"final_eval_loss", finite_or_null(summary_.eval_loss)},
-        {"best_eval_loss", finite_or_null(best_eval_loss_)},
-        {"tokens_per_s", summary_.tokens_per_s},
-        {"tokens_per_s_per_device", per_device},
-        {"mfu", peak_ ? nlohmann::json(run_.flops_per_token() * per_device / *peak_) : nlohmann::json(nullptr)},
-        {"peak_memory_bytes", peak_memory_bytes(ctx.device)},
-        {"wall_time_s", summary_.seconds},
-        {"checkpoint", last_checkpoint_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_checkpoint_)},
-        {"best_checkpoint", best_checkpoint()},
-        {"metrics_file", config_.logging.metrics_file},
-        {"tensorboard", tensorboard_ ? nlohmann::json(tensorboard_->path()) : nlohmann::json(nullptr)},
-        {"export", last_export_.empty() ? nlohmann::json(nullptr) : nlohmann::json(last_export_)},
-        {"config", typed_values(run_.resolved())}};
-    write_file_atomic(path, doc.dump(2) + "\n");
-    run_.say(str("[train] run summary: ", path, "\n"));
-  }
-
-  // With checkpoint.keep_best: the checkpoint it keeps (null otherwise, or before any was measured).
-  nlohmann::json best_checkpoint() const {
-    if (!config_.checkpoint.keep_best || config_.checkpoint.dir.empty()) return nullptr;
-    const std::string best = ckpt::best_checkpoint(config_.checkpoint.dir, ckpt::local_file_system());
-    return best.empty() ? nlohmann::json(nullptr) : nlohmann::json(best);
-  }
-
-  // Speed over the steps since the device was last idle (the last logged, saved, exported or
-  // evaluated step): the host runs ahead of the device, so one step's host time says nothing.
-  void log_metrics(const StepResult& result) {
-    StepMetrics m;
-    m.step = result.step;
-    m.steps = run_.steps();
-    m.loss = result.loss;
-    m.lr = result.lr;
-    m.grad_norm = result.grad_norm;
-    m.step_time_s = seconds_since(window_start_) / static_cast<double>(result.step - window_step_);
-    m.tokens_per_s = run_.tokens_per_step() / m.step_time_s;
-    m.tokens_per_s_per_device = m.tokens_per_s / run_.context().world_size;
-    if (peak_) m.mfu = run_.flops_per_token() * m.tokens_per_s_per_device / *peak_;
-    m.peak_memory_bytes = peak_memory_bytes(run_.context().device);
-    m.elapsed_s = seconds_since(start_);
-    run_.say(format_metrics(m) + "\n");
-    if (!timeout_warned_) {
-      const std::string w =
-          dist_timeout_warning(m.step_time_s, config_.launch.dist_timeout, run_.context().device.is_cuda());
-      timeout_warned_ = !w.empty();
-      if (timeout_warned_) run_.say(w + "\n");
-    }
-    record(metrics_json(m));
-    log_scalars(m);
-  }
-
-  void save(int64_t step, std::optional<double> eval_loss) {
-    if (step == last_saved_) return;
-    run_.save_checkpoint(step, eval_loss && std::isfinite(*eval_loss) ? eval_loss : std::nullopt);
-    last_saved_ = step;
-    last_checkpoint_ = config_.checkpoint.dir + "/" + ckpt::checkpoint_name(step);
-  }
-
-  void log_eval(int64_t step, double loss) {
-    summary_.eval_loss = loss;
-    if (!std::isfinite(loss)) return;
-    best_eval_loss_ = std::min(best_eval_loss_, loss);
-    if (tensorboard_) tensorboard_->add_scalar("eval/loss", step, loss);
-    run_.say(str("[train] step ", step, ": held-out loss ", loss, "\n"));
-    // Through the JSON writer, like the step lines: every digit of the double, not the stream's six.
-    record(nlohmann::json{{"step", step}, {"eval_loss", loss}}.dump());
-  }
-
-  // One line of the metrics file, whole: a write that fails (a full disk) stops the run at once,
-  // naming the file, rather than training on with a record that silently ends.
-  void record(const std::string& line) {
-    if (!metrics_.is_open()) return;
-    metrics_ << line << "\n" << std::flush;
-    if (!metrics_.good())
-      throw Error(str("[train] cannot write logging.metrics_file ", quoted(config_.logging.metrics_file), ": ",
-                      std::strerror(errno),
-                      " (a full disk?); stopping so no record is lost unseen. Free space and "
-                      "resume from the last checkpoint"));
-  }
-
-  TrainingRun& run_;
-  const config::Config& config_;
-  const Clock::time_point start_;
-  const std::optional<double> peak_;
-  Clock::time_point window_start_;  // timing: since the device was last idle, at the end of step window_step_
-  int64_t window_step_;
-  bool progress_ = false;
-  bool timeout_warned_ = false;
-  std::ofstream metrics_;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;
-  int64_t last_saved_ = -1;
-  std::string last_checkpoint_, last_export_;
-  std::string stopped_by_;  // the signal that stopped the run early ("" when it was not)
-  double best_loss_ = std::numeric_limits<double>::infinity();
-  double best_eval_loss_ = std::numeric_limits<double>::infinity();
-  TrainSummary summary_;
-};
 
 // Settings the built-in trainer cannot honour: refused, in the launcher and in every worker.
 void refuse_unsupported(const config::ResolvedConfig& resolved) {
@@ -551,56 +229,27 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;  // the signal, or 0
-
-void on_interrupt(int sig) {
-  g_interrupted = sig;
-}
-
 // The exit a signal would have given, 128 + its number (130 for Ctrl-C), as the launcher's own.
 ExitCode interrupted_exit() {
-  return static_cast<ExitCode>(128 + g_interrupted);
+  return static_cast<ExitCode>(128 + StopSignals::received());
 }
-
-// SIGINT and SIGTERM set g_interrupted while it lives (tokenizing stops between batches, saying so).
-class InterruptFlag {
- public:
-  InterruptFlag() {
-    g_interrupted = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_interrupt;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~InterruptFlag() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  InterruptFlag(const InterruptFlag&) = delete;
-  InterruptFlag& operator=(const InterruptFlag&) = delete;
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{};
-};
 
 }  // namespace
 
 void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream& log, bool live) {
-  const InterruptFlag flag;
+  const StopSignals signals;  // tokenizing stops between batches, saying so
   data::DataOptions options = data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size);
-  options.interrupted = [] { return g_interrupted != 0; };
+  options.interrupted = [] { return StopSignals::received() != 0; };
   data::DataPlan plan;
   try {
     plan = data::prepare_data(options, live ? &log : nullptr);
   } catch (const Error& e) {
-    if (g_interrupted) throw Error(e.what(), interrupted_exit());  // stopped by the signal, not failed
+    if (StopSignals::received()) throw Error(e.what(), interrupted_exit());  // stopped by the signal, not failed
     throw;
   }
   if (!plan.note.empty()) log << plan.note << "\n";
   // A signal that came while nothing was tokenized still means stop: it must not be lost.
-  if (g_interrupted)
+  if (StopSignals::received())
     throw Error("[train] interrupted before the workers started; nothing was trained", interrupted_exit());
   data::check_prompt_fits(plan.longest_prompt, plan.longest_prompt_at, resolved.typed.train.sequence_length);
 }
@@ -616,22 +265,74 @@ void check_checkpoint_dir_free(const config::ResolvedConfig& resolved) {
   ckpt::check_unlocked(dir);
 }
 
+namespace {
+
+// A finished run, launched again: nothing is written.
+TrainSummary nothing_to_do(TrainingRun& run, int64_t first_step) {
+  run.say(str("[train] nothing to do: the checkpoint is at step ", first_step - 1, " and this run has ", run.steps(),
+              " steps (", run.config().train.epochs > 0 ? "train.epochs" : "train.steps",
+              "); it finished. Raise it to train further\n"));
+  TrainSummary done;
+  done.steps = done.resumed_from = first_step - 1;
+  return done;
+}
+
+// A checkpoint of `step`, with its held-out loss when measured (checkpoint.keep_best keeps the lowest).
+void save_checkpoint(TrainingRun& run, RunReport& report, int64_t step, std::optional<double> held_out) {
+  run.save_checkpoint(step, held_out && std::isfinite(*held_out) ? held_out : std::nullopt);
+  report.saved(step);
+}
+
+// What follows a step once its numbers are read: its metrics, then the held-out loss, a checkpoint and
+// a Hugging Face export, each when due. Returns whether a rank asked to stop.
+bool after_step(TrainingRun& run, RunReport& report, const Due& due, const StepResult& result) {
+  const int64_t step = result.step;
+  report.step(result);
+  std::optional<double> held_out;  // first: a checkpoint records it
+  if (due.evaluation(step)) {
+    held_out = run.evaluate();
+    report.held_out(step, *held_out);
+  }
+  if (due.checkpoint(step)) save_checkpoint(run, report, step, held_out);
+  if (due.export_hf(step)) {
+    run.export_hf(step);
+    report.exported(step);
+  }
+  if (due.any(step)) report.device_idle(step);
+  return result.stop;
+}
+
+// After the step that read a stop request (StopSignals), before the last: a checkpoint of that step,
+// unless one was just saved. `sig`: this rank's signal (0 when another rank's was).
+TrainSummary stop_with_checkpoint(TrainingRun& run, RunReport& report, int sig) {
+  const int64_t step = report.last_step();
+  report.stopping(sig);
+  if (report.last_saved() != step) {
+    std::optional<double> held_out;  // keep_best compares the held-out loss of every save
+    if (run.config().checkpoint.keep_best) held_out = run.evaluate();
+    save_checkpoint(run, report, step, held_out);
+  }
+  run.wait_for_checkpoint();
+  // Rank 0 commits the checkpoint after the others wrote their shards: none exits before that, so a
+  // scheduler that ends the job when its first process exits (srun --kill-on-bad-exit) loses nothing.
+  run.barrier();
+  return report.stopped(sig);
+}
+
+}  // namespace
+
+// The loop: each step's data, forward, backward and optimizer step are TrainingRun's; then its metrics,
+// held-out loss, checkpoint and export (after_step), each when due; at the end the summary.
 TrainSummary run_training(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
                           const TrainHooks& hooks) {
   refuse_unsupported(resolved);                    // the launcher ran check_trainer_config; the workers need only this
   TrainingRun run(context, resolved, out, hooks);  // group, data, model, optimizer, checkpointer
   try {
     const int64_t first_step = run.resume();  // 1, or the step after the checkpoint's
-    if (first_step > run.steps()) {           // a finished run, launched again: nothing is written
-      run.say(str("[train] nothing to do: the checkpoint is at step ", first_step - 1, " and this run has ",
-                  run.steps(), " steps (", run.config().train.epochs > 0 ? "train.epochs" : "train.steps",
-                  "); it finished. Raise it to train further\n"));
-      TrainSummary done;
-      done.steps = done.resumed_from = first_step - 1;
-      return done;
-    }
+    if (first_step > run.steps()) return nothing_to_do(run, first_step);
     run.reserve_checkpoint_memory();
-    RunReport report(run, first_step);
+    const Due due(run);
+    RunReport report(run, due, first_step);
     StepProfiler profiler(run.config().logging, run.steps(), context.rank, context.device);
     // Without checkpoints a signal ends the run as it always does: there is nothing to save.
     std::optional<StopSignals> signals;
@@ -640,21 +341,18 @@ TrainSummary run_training(const dist::WorkerContext& context, const config::Reso
     for (int64_t step = first_step; step <= run.steps() && !stop; ++step) {
       profiler.before_step(step);
       // Queues micro-batches, loss, backward, clip, AdamW; returns the step before, read meanwhile.
-      if (std::optional<StepResult> before = run.train_step(step, signals && StopSignals::received())) {
-        report.after_step(*before);
-        stop = before->stop;
-      }
-      // Metrics, checkpoint, export, held-out loss: these read the step at once; so does a stop.
-      if (stop || report.wants_now(step)) {
-        const StepResult now = run.finish_step();
-        report.after_step(now);
-        stop = stop || now.stop;
-      }
+      if (std::optional<StepResult> before = run.train_step(step, signals && StopSignals::received()))
+        stop = after_step(run, report, due, *before);
+      // Metrics, held-out loss, checkpoint, export: these read the step at once; so does a stop.
+      if (stop || due.any(step)) stop = after_step(run, report, due, run.finish_step()) || stop;
       if (const std::string trace = profiler.after_step(step); !trace.empty())
         run.say(str("[train] profiled steps ", profiler.window().first, "-", step, ": ", trace,
                     " (each rank wrote its own; open in https://ui.perfetto.dev)\n"));
     }
-    if (stop && report.last_step() < run.steps()) return report.stop(StopSignals::received());
+    if (stop && report.last_step() < run.steps()) return stop_with_checkpoint(run, report, StopSignals::received());
+    if (run.step_pending()) after_step(run, report, due, run.finish_step());
+    run.wait_for_checkpoint();
+    if (report.trained() == 0) report.untrained_held_out(run.evaluate());  // the loaded model's
     return report.finish();
   } catch (const std::exception& e) {
     // Recorded now, before `run` tears down the process groups and its peers fail for that.

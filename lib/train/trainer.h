@@ -11,18 +11,9 @@
 #include "data/prepare.h"
 #include "dist/worker_context.h"
 #include "train/run_config.h"
+#include "train/train_summary.h"
 
 namespace fsdp::train {
-
-struct TrainSummary {
-  int64_t steps = 0;  // the last step done (a resumed run counts from the checkpoint's)
-  double first_loss = 0, last_loss = 0;
-  double eval_loss = 0;  // NaN when nothing was held out
-  double seconds = 0;
-  double tokens_per_s = 0;
-  int64_t resumed_from = 0;  // the step of the checkpoint this run continued (0: a fresh start)
-  bool stopped = false;      // stopped early on a signal (StopSignals), with a checkpoint of `steps` saved
-};
 
 // Before a launch of the built-in trainer: throws InputError for a setting it cannot honour
 // (fsdp_ignored_modules) or a model config.json that does not parse, and returns warnings for keys

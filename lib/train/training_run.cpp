@@ -142,10 +142,12 @@ class NoDeviceWaits {
   bool on_;
 };
 
-dist::ProcessGroup init_group(const dist::WorkerContext& context) {
+// The config's dist_timeout as read here, not again from the FSDPTRAIN_DIST_TIMEOUT `launch` exports it in.
+dist::ProcessGroup init_group(const dist::WorkerContext& context, const config::LaunchConfig& launch) {
   dist::GroupOptions options;
   options.backend = context.backend;
   options.context = context;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(launch.dist_timeout * 1000));
   return dist::init_process_group(options);
 }
 
@@ -157,7 +159,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
       resolved_(resolved),
       config_(resolved.typed),
       out_(out),
-      world_(init_group(context)),
+      world_(init_group(context, config_.launch)),
       tp_size_(std::max(1, config::effective_fsdp_layout(config_).tp_size)),
       cp_size_(std::max(1, config::effective_fsdp_layout(config_).cp_size)),
       model_config_(model_config_of(config_)) {

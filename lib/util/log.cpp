@@ -5,6 +5,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "util/env.h"
+
 namespace fsdp {
 
 namespace {
@@ -27,8 +29,7 @@ void set_progress_line_live(bool live) {
 
 std::string rank_prefix() {
   // Under `fsdptrain launch` the launcher prefixes every line of worker output already.
-  const char* launched = std::getenv("FSDPTRAIN_LAUNCHED");
-  if (launched && std::string(launched) == "1") return std::string();
+  if (env_flag(env::kLaunched)) return std::string();
   const char* rank = std::getenv("RANK");
   return rank && *rank ? std::string("[rank ") + rank + "] " : std::string();
 }

@@ -8,6 +8,8 @@
 #include "config/show.h"
 #include "config/test_support.h"
 #include "config/worker_env.h"
+#include "util/env.h"
+#include "util/strings.h"
 
 using namespace fsdp::config;
 using fsdp::config::testing::load_text;
@@ -144,4 +146,47 @@ TEST_CASE("fsdptrain's own switches are rows: each with its FSDPTRAIN_* variable
   const Loaded bad = load_text("", {"engine.kernels=fused"});
   CHECK(bad.errors().find("engine.kernels") != std::string::npos);
   CHECK(bad.errors().find("portable") != std::string::npos);
+}
+
+// Issue 59: FSDPTRAIN_DIST_TIMEOUT was a row and also read and parsed apart in lib/dist; debug_requested()
+// took 1/true/yes where the table's booleans also take on/off/y/n.
+TEST_CASE("every variable fsdptrain reads is declared once in util/env.h, and a row names its declaration") {
+  std::set<std::string> declared;
+  for (const fsdp::EnvSetting* e : fsdp::env_settings()) {
+    CAPTURE(e->name);
+    CHECK(declared.insert(e->name).second);
+    if (!*e->key) {  // the environment's alone: it says what it does
+      CHECK(std::string(e->name).rfind("FSDPTRAIN_", 0) == 0);
+      CHECK(std::string(e->help).size() > 10);
+      continue;
+    }
+    const OptionSpec* row = find_option(e->key);
+    REQUIRE(row);
+    CHECK(row->env == e->name);
+    const ValueType expected = e->kind == fsdp::EnvKind::kFlag      ? ValueType::kBool
+                               : e->kind == fsdp::EnvKind::kSeconds ? ValueType::kFloat
+                               : e->kind == fsdp::EnvKind::kChoice  ? ValueType::kEnum
+                                                                    : ValueType::kString;
+    CHECK((row->type == expected));
+  }
+  for (const auto& o : all_options())
+    if (o.env.rfind("FSDPTRAIN_", 0) == 0) CHECK_MESSAGE(declared.count(o.env), o.key);
+  // `config keys` lists the ones no key sets, after the keys.
+  for (const bool markdown : {false, true}) {
+    const std::string table = format_option_table(markdown);
+    for (const char* name :
+         {"FSDPTRAIN_CONFIG_FILE", "FSDPTRAIN_DEBUG", "FSDPTRAIN_PYTHON", "FSDPTRAIN_LAUNCHED", "FSDPTRAIN_PROGRESS"})
+      CHECK_MESSAGE(table.find(name) != std::string::npos, name);
+  }
+}
+
+TEST_CASE("the environment's booleans and the table's are one parser") {
+  for (const char* yes : {"1", "true", "yes", "on", "y", "t", "TRUE", " On "}) CHECK(fsdp::parse_bool(yes) == true);
+  for (const char* no : {"0", "false", "no", "off", "n", "f", "False"}) CHECK(fsdp::parse_bool(no) == false);
+  CHECK_FALSE(fsdp::parse_bool("maybe").has_value());
+  RawValue raw;
+  raw.shape = RawValue::Shape::kScalar;
+  raw.text = "on";
+  std::string error;
+  CHECK(canonicalize(*find_option("debug"), raw, &error) == std::string("true"));
 }

@@ -13,9 +13,6 @@ namespace fsdp::model::kernels {
 
 namespace {
 
-constexpr char kProviderVariable[] = "FSDPTRAIN_KERNELS";        // engine.kernels
-constexpr char kOnednnVariable[] = "FSDPTRAIN_ONEDNN_PRODUCTS";  // engine.onednn_products
-
 // -1: not set by set_kernel_choice (the environment decides).
 std::atomic<int> g_provider{-1}, g_onednn{-1};
 
@@ -25,12 +22,6 @@ int index_named(const std::string& value, const std::array<const char*, N>& name
   FSDP_CHECK(it != names.end(), what, "=", quoted(value), ": expected one of ",
              join(std::vector<std::string>(names.begin(), names.end()), ", "));
   return static_cast<int>(it - names.begin());
-}
-
-template <size_t N>
-int from_environment(const char* variable, const std::array<const char*, N>& names) {
-  const std::string v = env_or(variable, "");
-  return v.empty() ? 0 : index_named(v, names, std::string("[env] ") + variable);
 }
 
 }  // namespace
@@ -44,8 +35,8 @@ KernelChoice kernel_choice() {
   const int p = g_provider.load(std::memory_order_relaxed), o = g_onednn.load(std::memory_order_relaxed);
   if (p >= 0 && o >= 0) return {static_cast<Provider>(p), static_cast<OnednnProducts>(o)};
   static const KernelChoice environment = {
-      static_cast<Provider>(from_environment(kProviderVariable, kProviderNames)),
-      static_cast<OnednnProducts>(from_environment(kOnednnVariable, kOnednnProductsNames))};
+      static_cast<Provider>(env_choice(env::kKernels, kProviderNames)),
+      static_cast<OnednnProducts>(env_choice(env::kOnednnProducts, kOnednnProductsNames))};
   return environment;
 }
 
