@@ -58,9 +58,6 @@ nlohmann::json finite_or_null(double v) {
   return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
 }
 
-// What happens after a step: metrics (printed, metrics file, TensorBoard, progress bar), a
-// checkpoint, a Hugging Face export and the held-out loss, each when its interval comes due and
-
 }  // namespace
 
 std::string run_summary_path(const config::Config& c) {

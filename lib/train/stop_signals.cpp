@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <thread>
 
@@ -12,6 +13,7 @@ namespace fsdp::train {
 namespace {
 
 constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGUSR1};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "the handler reads it: it must be lock-free");
 
 std::atomic<bool> g_noting{false};      // a StopSignals lives
 std::atomic<bool> g_taken_over{false};  // take_over_process ran: the signal thread receives them
@@ -71,19 +73,22 @@ void StopSignals::take_over_process() {
 }
 
 StopSignals::StopSignals() : handled_(!g_taken_over) {
+  static_assert(std::size(kStopSignals) == kSignals, "stop_signals.h: kSignals counts these");
   g_first = 0;
+  g_first_at_ns = 0;
   g_noting = true;
   if (!handled_) return;
   struct sigaction sa {};
   sa.sa_handler = note;
-  sigemptyset(&sa.sa_mask);
+  sa.sa_mask = stop_set();   // one handler at a time: a second signal waits until the first is noted
+  sa.sa_flags = SA_RESTART;  // a system call the signal interrupts resumes instead of failing with EINTR
   for (size_t i = 0; i < kSignals; ++i) ::sigaction(kStopSignals[i], &sa, &previous_[i]);
 }
 
 StopSignals::~StopSignals() {
+  if (handled_)
+    for (size_t i = 0; i < kSignals; ++i) ::sigaction(kStopSignals[i], &previous_[i], nullptr);
   g_noting = false;
-  if (!handled_) return;
-  for (size_t i = 0; i < kSignals; ++i) ::sigaction(kStopSignals[i], &previous_[i], nullptr);
 }
 
 int StopSignals::received() {

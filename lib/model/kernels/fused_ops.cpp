@@ -18,7 +18,7 @@
 
 // LibTorch's OpenMP build inlines at::parallel_for as an OpenMP loop, compiled in this file.
 #if AT_PARALLEL_OPENMP && !defined(_OPENMP)
-#error "model/fused_ops.cpp needs -fopenmp (and LibTorch's libgomp): else at::parallel_for runs on one thread"
+#error "model/kernels/fused_ops.cpp needs -fopenmp (and LibTorch's libgomp): else at::parallel_for runs on one thread"
 #endif
 
 // What ATen's vector headers include besides themselves, first, so that below only the vector types

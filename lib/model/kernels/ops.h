@@ -6,7 +6,8 @@
 //     attention), which on the CPU run the GPU's arithmetic so that CPU tests check them;
 //   - reference.cpp: ATen's ops one by one, the numerics the others are tested against
 //     (tests/model/ops_test.cpp holds every op of every provider to it).
-// ops_for(x) is the one place a provider is chosen: engine.kernels resolved for x's device.
+// ops_for(x) is the one place an op's provider is chosen: engine.kernels resolved for x's device
+// (the products in model/kernels/linear.h read the same choice for oneDNN's).
 // A new kernel is a new op here and one implementation in each of the three files.
 //
 // Thread safety: the tables are immutable; ops_for reads the process's choice (set before the model
@@ -72,7 +73,7 @@ class Ops {
   // token chunks.
   virtual bool loss_by_vocabulary() const = 0;
   // out = exp(a - b) for fp32 a and b broadcast to it, out fp32, bf16 or fp16 (in place when out is
-  // a): the loss's softmax numerators.
+  // a): the loss's softmax numerators. a is the caller's scratch: it may be overwritten.
   virtual void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const = 0;
 
   // --- float8 (model/float8.h) --------------------------------------------------------------------------

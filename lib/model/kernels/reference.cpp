@@ -47,11 +47,11 @@ class ReferenceOps final : public Ops {
 
   bool loss_by_vocabulary() const override { return false; }
   void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {
-    at::Tensor o = out;  // a handle: exp_out writes through it
+    at::Tensor o = out, scratch = a;  // handles: written through
     if (o.is_same(a))
       o.sub_(b).exp_();
     else
-      at::exp_out(o, a - b);
+      at::exp_out(o, scratch.sub_(b));  // in a's memory, no temporary
   }
 
   at::Tensor to_float8_out(const at::Tensor& rows, const at::Tensor& cols, const at::Tensor& x,
