@@ -131,7 +131,7 @@ bool check_context_blocks() {
 // fp32 and bf16, in the decoder's layouts (q a transposed view, gate and up halves of one block).
 bool check_fused_kernels() {
   namespace kernels = fsdp::model::kernels;
-  if (!kernels::available(at::empty({1}, at::TensorOptions().device(at::kCUDA)))) {
+  if (!kernels::available_on(c10::Device(at::kCUDA))) {
     std::cout << "fused kernels: not built (no nvcc), skipped\n";
     return true;
   }

@@ -6,22 +6,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "util/error.h"
+#include "support/error_of.h"
 
 using namespace fsdp;
-
-namespace {
-
-std::string error_of(void (*fn)()) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using fsdp::testing::error_of;
 
 TEST_CASE("a flag takes every boolean spelling of the option table; anything else is false") {
   ::setenv("FSDPTRAIN_PROGRESS", "On", 1);

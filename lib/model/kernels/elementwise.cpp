@@ -160,10 +160,6 @@ struct GateUpSwiGLU : torch::autograd::Function<GateUpSwiGLU> {
 
 }  // namespace
 
-bool available(const at::Tensor& x) {
-  return available_on(x.device());
-}
-
 bool available_on(const c10::Device& device) {
   return device.is_cpu() || device.is_meta() || (device.is_cuda() && FSDP_CUDA_KERNELS);
 }

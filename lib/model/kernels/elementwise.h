@@ -13,10 +13,9 @@
 
 namespace fsdp::model::kernels {
 
-// Whether these kernels run on x's device in this build: CUDA where nvcc compiled them, the meta
+// Whether these kernels run on `device` in this build: CUDA where nvcc compiled them, the meta
 // device, the CPU (for tests: the decoder takes model/kernels/fused_ops.h there).
-bool available(const at::Tensor& x);
-bool available_on(const c10::Device& device);  // the same for a device
+bool available_on(const c10::Device& device);
 
 // x * cos + rotate_half(x) * sin for x (..., D) and cos, sin broadcastable to it, in HF's layout
 // (the angles' two halves equal: only the first D/2 columns are read). Backward: x's gradient.

@@ -62,7 +62,7 @@ class Ops {
   // Whether SDPA's causal kernel for these tensors reads grouped kv heads in place (else k and v are
   // repeated per query head first).
   virtual bool attention_groups_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const = 0;
-  // Whether packed rows take variable-length flash attention (model/kernels/attention_rule.h), else
+  // Whether packed rows take variable-length flash attention (portable.cpp: flash_attention_applies), else
   // SDPA with a mask.
   virtual bool varlen_flash_attention(const at::Tensor& q) const = 0;
   // Context parallel's kernel for a block of q (B, H, L, D).

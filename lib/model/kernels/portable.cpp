@@ -4,13 +4,20 @@
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
 
-#include "model/kernels/attention_rule.h"
 #include "model/kernels/elementwise.h"
 #include "model/kernels/ops.h"
 
 namespace fsdp::model::kernels {
 
 namespace {
+
+// When attention takes LibTorch's CUDA flash kernels (the decoder's packed rows, context parallel's
+// blocks): q (B, H, T, D) on a CUDA device, in bf16 or fp16, with D a multiple of 8 up to 256 (the
+// kernel's head sizes). Elsewhere attention takes SDPA's other kernels or ATen's ops one by one.
+bool flash_attention_applies(const at::Tensor& q) {
+  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  return q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
+}
 
 class PortableOps final : public Ops {
  public:

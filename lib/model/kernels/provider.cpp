@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "model/kernels/attention_rule.h"
 #include "model/kernels/elementwise.h"
 #include "util/env.h"
 #include "util/error.h"
@@ -59,11 +58,6 @@ Provider provider_for(const at::Tensor& x) {
       return p;
   }
   return p;
-}
-
-bool flash_attention_applies(const at::Tensor& q) {
-  const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
-  return q.is_cuda() && half && q.size(-1) % 8 == 0 && q.size(-1) <= 256;
 }
 
 const char* provider_name(Provider p) {
