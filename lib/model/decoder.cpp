@@ -99,11 +99,15 @@ at::Tensor layer_linear(const torch::nn::Linear& l, const at::Tensor& x) {
 
 // --- rotary embeddings ---
 
-at::Tensor rope_inv_freq(const LlamaConfig& c) {
-  // inv_freq[i] = theta^(-2i/D), with Llama 3's frequency-dependent scaling when configured.
+at::Tensor rope_inv_freq(const LlamaConfig& c, bool local) {
+  // inv_freq[i] = theta^(-2i/D), with Llama 3's frequency-dependent scaling or linear scaling when
+  // configured (the global table only).
   const int64_t d = c.head_dim;
-  at::Tensor inv_freq = 1.0 / at::pow(c.rope_theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
-  if (c.rope_scaling) {
+  const double theta = local ? c.local_rope_theta : c.rope_theta;
+  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
+  if (c.rope_scaling && !local && c.rope_scaling->type == RopeScaling::Type::kLinear) {
+    inv_freq = inv_freq / c.rope_scaling->factor;
+  } else if (c.rope_scaling && !local) {
     const RopeScaling& s = *c.rope_scaling;
     const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
     const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
@@ -136,13 +140,27 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, co
 
 // --- modules -----------------------------------------------------------------------------------
 
-LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e) : torch::nn::Module("LlamaRMSNorm"), eps(e) {
-  weight = register_parameter("weight", at::ones({dim}));
+LlamaRMSNormImpl::LlamaRMSNormImpl(int64_t dim, double e, bool offset, bool fp32)
+    : torch::nn::Module("LlamaRMSNorm"), eps(e), unit_offset(offset), fp32_product(fp32) {
+  weight = register_parameter("weight", offset ? at::zeros({dim}) : at::ones({dim}));
 }
 
 at::Tensor LlamaRMSNormImpl::forward(const at::Tensor& x) {
-  return kernels::ops_for(x).rms_norm(x, weight, eps);
+  const kernels::Ops& ops = kernels::ops_for(x);
+  if (!unit_offset && !fp32_product) return ops.rms_norm(x, weight, eps);
+  // In fp32 throughout, then cast: the op's cast after the statistics is then no cast.
+  const at::Tensor w = unit_offset ? weight.to(at::kFloat) + 1.0 : weight.to(at::kFloat);
+  return ops.rms_norm(x.to(at::kFloat), w, eps).to(x.scalar_type());
 }
+
+namespace {
+
+// A norm of `dim` in the config's form.
+LlamaRMSNorm norm_of(const LlamaConfig& c, int64_t dim) {
+  return LlamaRMSNorm(dim, c.rms_norm_eps, c.norm_unit_offset, c.norm_fp32_product);
+}
+
+}  // namespace
 
 LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> t,
                                        std::shared_ptr<ContextParallel> s)
@@ -150,7 +168,11 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std:
       heads(share(c.num_attention_heads, t, "num_attention_heads")),
       kv_heads(share(c.num_key_value_heads, t, "num_key_value_heads")),
       head_dim(c.head_dim),
-      window(c.window_of(layer)),
+      window(c.plan(layer).window),
+      rotary(c.plan(layer).rotary),
+      qk_norm_whole(c.qk_norm_whole),
+      scale(c.attention_scale > 0 ? std::optional<double>(c.attention_scale) : std::nullopt),
+      softcap(c.attn_softcap),
       tp(std::move(t)),
       cp(std::move(s)) {
   if (cp && cp->ulysses())
@@ -164,8 +186,14 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std:
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
   if (c.qk_norm) {
-    q_norm = register_module("q_norm", LlamaRMSNorm(head_dim, c.rms_norm_eps));
-    k_norm = register_module("k_norm", LlamaRMSNorm(head_dim, c.rms_norm_eps));
+    q_norm = register_module("q_norm", norm_of(c, head_dim));
+    k_norm = register_module("k_norm", norm_of(c, head_dim));
+  } else if (c.qk_norm_whole) {
+    FSDP_CHECK(!tp, "[tp] ", family_names(c.family).architecture,
+               "'s q_norm and k_norm normalize every head together, which tensor parallel's heads split; "
+               "train it with tp_size 1 (FSDP shards it)");
+    q_norm = register_module("q_norm", norm_of(c, heads * head_dim));
+    k_norm = register_module("k_norm", norm_of(c, kv_heads * head_dim));
   }
 }
 
@@ -215,13 +243,18 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
                                                           const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
   auto [q_flat, k_flat, v_flat] = project_qkv(x);
+  if (qk_norm_whole) {  // OLMo 2: every head together, before they split
+    q_flat = q_norm(q_flat);
+    k_flat = k_norm(k_flat);
+  }
   at::Tensor q = q_flat.view({b, t, heads, head_dim});  // (B, T, H, D)
   at::Tensor k = k_flat.view({b, t, kv_heads, head_dim});
   const at::Tensor v = v_flat.view({b, t, kv_heads, head_dim}).transpose(1, 2);
-  if (q_norm) {  // Qwen3: each head normalized before the rotation
+  if (q_norm && !qk_norm_whole) {  // Qwen3, Gemma 3: each head normalized before the rotation
     q = q_norm(q);
     k = k_norm(k);
   }
+  if (!rotary) return {q.transpose(1, 2), k.transpose(1, 2), v};  // a NoPE layer
   auto [rq, rk] = kernels::ops_for(x).rotary(q, k, cos, sin);  // (B, H, T, D), (B, K, T, D)
   return {rq, rk, v};
 }
@@ -261,7 +294,7 @@ at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tens
   }
   const at::Tensor y = std::get<0>(at::_flash_attention_forward(
       tokens(q), tokens(k), tokens(v), packed.cu_seqlens, packed.cu_seqlens, packed.max_len, packed.max_len,
-      /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, /*scale=*/std::nullopt, left, right));
+      /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale, left, right));
   return y.view({b, t, h * head_dim});
 }
 
@@ -271,9 +304,9 @@ at::Tensor LlamaAttentionImpl::attend_varlen(const at::Tensor& q, const at::Tens
 at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start,
                                       const Packed& packed) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);
-  const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window);
+  const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window) && softcap == 0;
   const kernels::Ops& ops = kernels::ops_for(q);
-  if (plain_causal)  // the host's: products on oneDNN, kv heads shared (CPU float32)
+  if (plain_causal && !scale)  // the host's: products on oneDNN, kv heads shared (CPU float32)
     if (std::optional<at::Tensor> y = ops.causal_attention(q, k, v))
       return y->transpose(1, 2).reshape({b, t, h * head_dim});
   const bool grouped = plain_causal && k.size(1) != h && ops.attention_groups_heads(q, k, v);
@@ -281,16 +314,21 @@ at::Tensor LlamaAttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Ten
     k = k.repeat_interleave(h / k.size(1), 1);
     v = v.repeat_interleave(h / v.size(1), 1);
   }
-  if (packed.defined() && packed.cu_seqlens.defined() && ops.varlen_flash_attention(q))
-    return attend_varlen(q, k, v, packed);
+  const auto mask = [&] {
+    return packed.defined() ? packed_attention_mask(packed.segments, window)
+                            : attention_mask(t, keys, start, window, q.device());
+  };
   at::Tensor y;
-  if (packed.defined())
-    y = at::scaled_dot_product_attention(q, k, v, packed_attention_mask(packed.segments, window), 0.0, false);
+  if (softcap > 0)  // no fused kernel takes the cap
+    y = ops.softcapped_attention(q, k, v, mask(), scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))),
+                                 softcap);
+  else if (packed.defined() && packed.cu_seqlens.defined() && ops.varlen_flash_attention(q))
+    return attend_varlen(q, k, v, packed);
   else if (plain_causal)
-    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                         /*scale=*/std::nullopt, /*enable_gqa=*/grouped);
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale,
+                                         /*enable_gqa=*/grouped);
   else
-    y = at::scaled_dot_product_attention(q, k, v, attention_mask(t, keys, start, window, q.device()), 0.0, false);
+    y = at::scaled_dot_product_attention(q, k, v, mask(), 0.0, false, scale);
   return y.transpose(1, 2).reshape({b, t, h * head_dim});
 }
 
@@ -319,6 +357,10 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
                "use data.packing: pad or plain, or Ulysses (parallelism_config_sp_size), which keeps them");
     FSDP_CHECK(window == 0 || p.q.size(2) * cp->size() <= window, "[cp] a sliding attention window (", window,
                " tokens) is not split by context parallel; use Ulysses (parallelism_config_sp_size) for this model");
+    FSDP_CHECK(softcap == 0 && !scale, "[cp] this model's attention ",
+               softcap > 0 ? "soft-caps its scores (attn_logit_softcapping)" : "scales its scores by its own factor",
+               ", which context parallel's all-gather and ring strategies do not; use Ulysses "
+               "(parallelism_config_sp_size) for this model");
     const at::Tensor y = context_attention(p.q, p.k, p.v, *cp);  // (B, H, L, D)
     return row_parallel_output(o_proj, y.transpose(1, 2).reshape({y.size(0), y.size(2), heads * head_dim}), tp.get());
   }
@@ -336,7 +378,7 @@ at::Tensor LlamaAttentionImpl::forward_cached(const at::Tensor& x, const at::Ten
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> t)
-    : torch::nn::Module("LlamaMLP"), tp(std::move(t)) {
+    : torch::nn::Module("LlamaMLP"), tp(std::move(t)), activation(c.activation) {
   auto linear = [&](int64_t in, int64_t out) { return uninitialized_linear(in, out, c.mlp_bias); };
   const int64_t f = share(c.intermediate_size, tp, "intermediate_size");
   gate_proj = register_module("gate_proj", linear(c.hidden_size, f));
@@ -353,13 +395,13 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
   const auto w =
       ops.stacked_products() && !float8 ? stacked_weights({gate_proj->weight, up_proj->weight}) : std::nullopt;
   at::Tensor gate, up;  // computed in this order: the adapters' dropout draws come gate first
-  const bool adapters = has_lora(gate_proj) || has_lora(up_proj);
-  if (w && !adapters && !gate_proj->bias.defined() && !up_proj->bias.defined())
+  const bool adapters = has_lora(gate_proj) || has_lora(up_proj), silu = activation == Activation::kSilu;
+  if (w && !adapters && silu && !gate_proj->bias.defined() && !up_proj->bias.defined())
     if (std::optional<at::Tensor> y = ops.gate_up_swiglu(x, *w))  // products and activation in contiguous blocks
       return row_parallel_output(down_proj, *y, tp.get());
   if (w) {
     const at::Tensor gate_up = model::linear(x, *w, stacked_biases({gate_proj->bias, up_proj->bias}));  // (..., 2F)
-    if (!adapters)  // gate and up read from the one block
+    if (!adapters && silu)  // gate and up read from the one block
       return row_parallel_output(down_proj, ops.swiglu(gate_up), tp.get());
     const std::vector<at::Tensor> parts =
         gate_up.chunk(2, -1);  // split: one cat in the backward (see model/kernels/reference.cpp's rotate_half)
@@ -373,45 +415,74 @@ at::Tensor LlamaMLPImpl::forward(const at::Tensor& input) {
     gate = lora_linear(gate_proj, x);
     up = lora_linear(up_proj, x);
   }
+  if (!silu) return row_parallel_output(down_proj, at::gelu(gate, "tanh") * up, tp.get());
   return row_parallel_output(down_proj, ops.swiglu(gate, up), tp.get());
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp,
                                              std::shared_ptr<ContextParallel> cp)
-    : torch::nn::Module(family_names(c.family).layer_class) {
+    : torch::nn::Module(family_names(c.family).layer_class),
+      norms(c.norms),
+      residual_multiplier(c.residual_multiplier) {
   self_attn = register_module("self_attn", LlamaAttention(c, layer, tp, std::move(cp)));
   mlp = register_module("mlp", LlamaMLP(c, tp));
-  input_layernorm = register_module("input_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm = register_module("post_attention_layernorm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  LlamaRMSNorm* slots[] = {&input_layernorm, &post_attention_layernorm, &pre_feedforward_layernorm,
+                           &post_feedforward_layernorm};
+  const char* slot_names[] = {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                              "post_feedforward_layernorm"};
+  for (const char* name : layer_norm_names(c.norms))
+    for (size_t i = 0; i < 4; ++i)
+      if (std::string(name) == slot_names[i]) *slots[i] = register_module(name, norm_of(c, c.hidden_size));
+}
+
+at::Tensor LlamaDecoderLayerImpl::residual(const at::Tensor& x, const at::Tensor& y) const {
+  return residual_multiplier == 1.0 ? x + y : x + y * residual_multiplier;
+}
+
+// The MLP's half of the layer. Pre: post_attention_layernorm is the MLP's input norm.
+at::Tensor LlamaDecoderLayerImpl::mlp_part(const at::Tensor& h) {
+  switch (norms) {
+    case NormPlacement::kPre:
+      return residual(h, mlp->forward(post_attention_layernorm(h)));
+    case NormPlacement::kPost:
+      return residual(h, post_feedforward_layernorm(mlp->forward(h)));
+    case NormPlacement::kSandwich:
+      break;
+  }
+  return residual(h, post_feedforward_layernorm(mlp->forward(pre_feedforward_layernorm(h))));
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                           const Packed& packed) {
-  const at::Tensor h = x + self_attn->forward(input_layernorm(x), cos, sin, packed);
-  return h + mlp->forward(post_attention_layernorm(h));
+  const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
+  at::Tensor y = self_attn->forward(in, cos, sin, packed);
+  if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
+  return mlp_part(residual(x, y));
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                                  LayerCache& cache) {
-  const at::Tensor h = x + self_attn->forward_cached(input_layernorm(x), cos, sin, cache);
-  return h + mlp->forward(post_attention_layernorm(h));
+  const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
+  at::Tensor y = self_attn->forward_cached(in, cos, sin, cache);
+  if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
+  return mlp_part(residual(x, y));
 }
 
-LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t)
-    : torch::nn::Module("LlamaEmbedding"), tp(std::move(t)) {
+LlamaEmbeddingImpl::LlamaEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t, int64_t pad)
+    : torch::nn::Module("LlamaEmbedding"), tp(std::move(t)), padding_idx(pad) {
   weight = register_parameter("weight", at::empty({tp ? vocab_block(vocab, tp->size()) : vocab, dim}));
 }
 
 at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& tokens) {
-  if (!tp) return at::embedding(weight, tokens);
-  return reduce_scatter_along(vocab_parallel_embedding(weight, tokens, *tp), 1, *tp);
+  if (!tp) return at::embedding(weight, tokens, padding_idx);
+  return reduce_scatter_along(vocab_parallel_embedding(weight, tokens, *tp, padding_idx), 1, *tp);
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> tp)
     : torch::nn::Module("LlamaModel") {
-  embed_tokens = register_module("embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size, tp));
+  embed_tokens = register_module("embed_tokens", LlamaEmbedding(c.vocab_size, c.hidden_size, tp, c.pad_token_id));
   layers = register_module("layers", torch::nn::ModuleList());
-  norm = register_module("norm", LlamaRMSNorm(c.hidden_size, c.rms_norm_eps));
+  norm = register_module("norm", norm_of(c, c.hidden_size));
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after_create,
@@ -437,30 +508,58 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
                                         /*bias=*/false));
     release(*lm_head);
   }
-  // A buffer, so it moves with the model (fully_shard, Module::to) and no forward copies it from the host.
-  inv_freq_ = register_buffer("inv_freq", rope_inv_freq(c));
+  // Buffers, so they move with the model (fully_shard, Module::to) and no forward copies them from the host.
+  inv_freq_.push_back(register_buffer("inv_freq", rope_inv_freq(c)));
+  if (c.local_rope_theta > 0) inv_freq_.push_back(register_buffer("inv_freq_local", rope_inv_freq(c, true)));
+}
+
+at::Tensor LlamaForCausalLMImpl::embed(const at::Tensor& tokens) {
+  LlamaEmbeddingImpl* e = model->embed_tokens.get();
+  // Tied: the embedding also computes the logits, so it stays in the root with the head.
+  const at::Tensor x = config.tie_word_embeddings
+                           ? e->forward(tokens)
+                           : fsdp::call(*e, tokens, [e](const at::Tensor& t) { return e->forward(t); });
+  if (config.embedding_scale == 1.0) return x;
+  // Gemma: sqrt(hidden_size) rounded to the activations' dtype first, as transformers does.
+  if (config.embed_scale_in_dtype) return x * at::scalar_tensor(config.embedding_scale, x.options());
+  return x * config.embedding_scale;
+}
+
+LlamaForCausalLMImpl::Angles LlamaForCausalLMImpl::angles(int64_t seq_len, const at::Tensor& like) const {
+  Angles out;
+  for (const at::Tensor& f : inv_freq_) out.push_back(rope_cos_sin(f, seq_len, like));
+  return out;
+}
+
+at::Tensor LlamaForCausalLMImpl::logits_of(const at::Tensor& h) {
+  at::Tensor logits = model::linear(h, head_weight());
+  if (config.logits_scaling != 1.0) logits = logits / config.logits_scaling;
+  if (config.final_softcap > 0) logits = at::tanh(logits / config.final_softcap) * config.final_softcap;
+  return logits;
 }
 
 at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packed& packed) {
-  LlamaEmbeddingImpl* embed = model->embed_tokens.get();
   // Under context parallel, this rank's tokens of each sequence, and their positions' angles.
   const at::Tensor mine = cp ? sequence_positions(all_tokens.size(1), *cp, all_tokens.device()) : at::Tensor();
   const at::Tensor tokens = cp ? all_tokens.index_select(1, mine) : all_tokens;
-  // Tied: the embedding also computes the logits, so it stays in the root with the head.
-  at::Tensor x = config.tie_word_embeddings
-                     ? embed->forward(tokens)
-                     : fsdp::call(*embed, tokens, [embed](const at::Tensor& t) { return embed->forward(t); });
+  at::Tensor x = embed(tokens);
   const Packed rows = packed.defined() ? packed.to(x.device()) : Packed{};
-  auto [cos, sin] =
-      rows.defined()
-          ? rope_cos_sin_at(inv_freq_, cp ? rows.positions.index_select(1, mine.to(x.device())) : rows.positions, x)
-          : rope_cos_sin(inv_freq_, all_tokens.size(1), x);
-  if (cp && !rows.defined()) {
-    cos = cos.index_select(0, mine.to(x.device()));
-    sin = sin.index_select(0, mine.to(x.device()));
+  Angles tables;
+  if (rows.defined()) {
+    const at::Tensor positions = cp ? rows.positions.index_select(1, mine.to(x.device())) : rows.positions;
+    for (const at::Tensor& f : inv_freq_) tables.push_back(rope_cos_sin_at(f, positions, x));
+  } else {
+    tables = angles(all_tokens.size(1), x);
   }
+  if (cp && !rows.defined())
+    for (auto& [cos, sin] : tables) {
+      cos = cos.index_select(0, mine.to(x.device()));
+      sin = sin.index_select(0, mine.to(x.device()));
+    }
+  int64_t i = 0;
   for (const auto& m : *model->layers) {
     auto* layer = m->as<LlamaDecoderLayerImpl>();
+    const auto& [cos, sin] = tables[static_cast<size_t>(config.plan(i++).rope)];
     x = fsdp::call(*layer, TensorList{x, cos, sin}, [layer, rows](const TensorList& in) {
       return TensorList{layer->forward(in[0], in[1], in[2], rows)};
     })[0];
@@ -475,7 +574,7 @@ const at::Tensor& LlamaForCausalLMImpl::head_weight() const {
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
   FSDP_CHECK(!cp, "[model] logits of whole sequences come from a model without context or sequence parallel");
-  const at::Tensor logits = model::linear(hidden_states(tokens), head_weight());
+  const at::Tensor logits = logits_of(hidden_states(tokens));
   // Every rank's columns of the vocabulary, the padding past vocab_size cut off.
   return tp ? gather_along(logits, -1, *tp).narrow(-1, 0, config.vocab_size) : logits;
 }
@@ -484,21 +583,32 @@ at::Tensor LlamaForCausalLMImpl::forward_cached(const at::Tensor& tokens, std::v
   FSDP_CHECK(!tp && !cp, "[model] decoding runs on a model without tensor, context or sequence parallel");
   cache.resize(static_cast<size_t>(config.num_hidden_layers));
   const int64_t start = cache[0].k.defined() ? cache[0].k.size(2) : 0, t = tokens.size(1);
-  at::Tensor x = model->embed_tokens->forward(tokens);
-  auto [cos, sin] = rope_cos_sin(inv_freq_, start + t, x);
-  cos = cos.narrow(0, start, t);
-  sin = sin.narrow(0, start, t);
-  for (size_t i = 0; i < cache.size(); ++i)
+  at::Tensor x = embed(tokens);
+  Angles tables = angles(start + t, x);
+  for (auto& [cos, sin] : tables) {
+    cos = cos.narrow(0, start, t);
+    sin = sin.narrow(0, start, t);
+  }
+  for (size_t i = 0; i < cache.size(); ++i) {
+    const auto& [cos, sin] = tables[static_cast<size_t>(config.plan(static_cast<int64_t>(i)).rope)];
     x = model->layers[i]->as<LlamaDecoderLayerImpl>()->forward_cached(x, cos, sin, cache[i]);
-  return model::linear(model->norm(x), head_weight());
+  }
+  return logits_of(model->norm(x));
 }
 
 at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
-  const at::Tensor x = hidden_states(tokens, packed).reshape({-1, config.hidden_size});
+  at::Tensor x = hidden_states(tokens, packed).reshape({-1, config.hidden_size});
   // This rank's tokens' targets, under context parallel.
   const at::Tensor y =
       (cp ? targets.index_select(1, sequence_positions(targets.size(1), *cp, targets.device())) : targets)
           .reshape({-1});
+  if (config.final_softcap > 0) {  // the cap is not linear: the logits whole, then the loss
+    FSDP_CHECK(!tp, "[tp] final_logit_softcapping caps every logit, and the tensor-parallel loss splits the "
+                    "vocabulary; train this model with tp_size 1");
+    const at::Tensor logits = logits_of(x).to(at::kFloat);
+    return at::cross_entropy_loss(logits, y, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
+  }
+  if (config.logits_scaling != 1.0) x = x / config.logits_scaling;  // (x / s) W^T: the logits / s
   if (!tp) return chunked_linear_cross_entropy_sum(x, head_weight(), y);
   // This rank's vocabulary rows without their padding: no logit of a token that does not exist.
   const int64_t block = head_weight().size(0), first = tp->rank() * block;
@@ -527,7 +637,8 @@ at::Tensor init_parameter_range(const LlamaConfig& c, uint64_t seed, const std::
   FSDP_CHECK(begin >= 0 && count >= 0 && begin + count <= n, "init_parameter_range: [", begin, ", ", begin + count,
              ") is outside ", name, "'s ", n, " values");
   if (is_lora_parameter(name)) return lora_init(seed, name, shape).reshape({-1}).narrow(0, begin, count).clone();
-  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) return at::ones({count});
+  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight"))  // Gemma's (1 + w): zeros
+    return c.norm_unit_offset ? at::zeros({count}) : at::ones({count});
   if (ends_with(name, ".bias")) return at::zeros({count});
   return normal_range(named_stream(seed, name), c.initializer_range, n, begin, count);
 }

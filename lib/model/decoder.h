@@ -1,12 +1,14 @@
 // The decoder: Llama as Hugging Face's LlamaForCausalLM computes it, with HF's parameter names, so
 // checkpoints map one to one ("model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...).
 //
-// Its relatives are the same decoder with their differences as data (LlamaConfig's family
-// switches, read from config.json by model/hf_config.h), each as transformers computes it: Mistral
+// Its relatives are the same decoder with their differences as data: the form and the per-layer
+// plan that model/hf_config.h reads from config.json, each as transformers computes it — Mistral
 // (a sliding attention window), Qwen2 and Qwen2.5 (biases on q/k/v; a sliding window from
 // max_window_layers on, when use_sliding_window), Qwen3 (an RMSNorm over head_dim on each query and
-// key head, head_dim independent of hidden_size). A next family (Gemma, OLMo) adds its switches
-// here and its parsing in hf_config.cpp.
+// key head, head_dim independent of hidden_size), Gemma 2 and 3 (sandwich norms of (1 + w), GELU,
+// scaled embeddings, soft-capped scores and logits, local and global rotary tables), OLMo 2 (norms
+// after each block, q/k norms over the whole projection), SmolLM3 (layers without rotary), Granite
+// (multipliers). The modules read the config's form and their layer's plan, never the family.
 //
 // Shapes use one vocabulary: B batch, T sequence, C hidden_size, H query heads, K kv heads,
 // D head_dim, F intermediate_size, V vocab_size.
@@ -38,7 +40,9 @@ struct ContextParallel;  // model/context_parallel.h
 
 class LlamaRMSNormImpl : public torch::nn::Module {
  public:
-  LlamaRMSNormImpl(int64_t dim, double eps);
+  // unit_offset (Gemma): normed * (1 + weight). fp32_product (Gemma, OLMo 2): the product with the
+  // weight in fp32, then the cast to x's dtype (Llama: the cast, then the product).
+  LlamaRMSNormImpl(int64_t dim, double eps, bool unit_offset = false, bool fp32_product = false);
   // fp32 statistics, cast back, then * weight: the rms_norm op (model/kernels/ops.h). The portable
   // provider, with x and weight of one dtype: LibTorch's fused rms_norm (one kernel each way on a GPU;
   // the product with weight before the cast, so bf16 rounds once instead of twice); the host's:
@@ -46,6 +50,7 @@ class LlamaRMSNormImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;  // (C)
   double eps;
+  bool unit_offset, fp32_product;
 };
 TORCH_MODULE(LlamaRMSNorm);
 
@@ -93,9 +98,14 @@ class LlamaAttentionImpl : public torch::nn::Module {
   // and values to `cache`.
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
-  LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
-  int64_t heads, kv_heads, head_dim;              // this rank's heads, under tensor parallel
-  int64_t window;                                 // 0: full causal attention
+  // Per head (Qwen3, Gemma 3), or over the whole projection (OLMo 2: qk_norm_whole); else none.
+  LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};
+  int64_t heads, kv_heads, head_dim;  // this rank's heads, under tensor parallel
+  int64_t window;                     // 0: full causal attention
+  bool rotary;                        // false: no position rotation (a NoPE layer)
+  bool qk_norm_whole;
+  std::optional<double> scale;  // the scores' factor; none: 1/sqrt(head_dim)
+  double softcap;               // the scores' tanh cap; 0: none
   std::shared_ptr<TensorParallel> tp;
   std::shared_ptr<ContextParallel> cp;
 
@@ -122,9 +132,10 @@ class LlamaMLPImpl : public torch::nn::Module {
   // With `tp`: this rank's F/P rows of gate and up, the matching columns of down; forward takes and
   // returns this rank's block of the sequence.
   explicit LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<TensorParallel> tp = nullptr);
-  at::Tensor forward(const at::Tensor& x);  // down(silu(gate(x)) * up(x))
+  at::Tensor forward(const at::Tensor& x);  // down(act(gate(x)) * up(x)), act SiLU or GELU's tanh form
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
   std::shared_ptr<TensorParallel> tp;
+  Activation activation;
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -137,17 +148,30 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
-  LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  // As the config's NormPlacement places them (layer_norm_names): pre (input, post_attention on the
+  // MLP's input), post (post_attention and post_feedforward on the blocks' outputs) or sandwich (all four).
+  LlamaRMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr}, pre_feedforward_layernorm{nullptr},
+      post_feedforward_layernorm{nullptr};
+  NormPlacement norms;
+  double residual_multiplier;
+
+ private:
+  // x + block's output (times residual_multiplier when it is not 1).
+  at::Tensor residual(const at::Tensor& x, const at::Tensor& y) const;
+  at::Tensor mlp_part(const at::Tensor& h);  // h plus the MLP's part, with its norms
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
 class LlamaEmbeddingImpl : public torch::nn::Module {
  public:
   // With `tp`: this rank's V/P rows; forward gives this rank's block of the sequence (B, T/P, C).
-  LlamaEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> tp = nullptr);
+  // padding_idx (>= 0): the row whose lookups give no gradient (the config's pad_token_id).
+  LlamaEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> tp = nullptr,
+                     int64_t padding_idx = -1);
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) int64 -> (B, T, C)
   at::Tensor weight;                             // (V, C), (V/P, C) under tensor parallel
   std::shared_ptr<TensorParallel> tp;
+  int64_t padding_idx;
 };
 TORCH_MODULE(LlamaEmbedding);
 
@@ -188,6 +212,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // (one LayerCache per layer, empty at the start), which grows by them. Equals forward() on the
   // whole sequence, position by position.
   at::Tensor forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache);
+  // hidden states (..., C) -> logits (..., V) with the config's logits_scaling and final soft cap
+  // (an unsplit model).
+  at::Tensor logits_of(const at::Tensor& h);
 
   LlamaConfig config;
   LlamaModel model{nullptr};
@@ -197,14 +224,21 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
  private:
   const at::Tensor& head_weight() const;  // lm_head's, or the embedding's when tied
-  at::Tensor inv_freq_;                   // (D/2) fp32, the registered buffer "inv_freq" (the model's device)
+  at::Tensor embed(const at::Tensor& tokens);  // the embedding's output, times the config's embedding scale
+  // The rotary tables' (cos, sin): each layer takes its plan's (LayerPlan::rope).
+  using Angles = std::vector<std::pair<at::Tensor, at::Tensor>>;
+  Angles angles(int64_t seq_len, const at::Tensor& like) const;
+  // (D/2) fp32: the registered buffers "inv_freq" and, with a local table (Gemma 3), "inv_freq_local"
+  // (the model's device).
+  std::vector<at::Tensor> inv_freq_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 
 // Rotary embeddings as HF computes them: inv_freq[i] = theta^(-2i/D) (fp32, with Llama 3 scaling
 // when configured); cos/sin (T, D) of the angles duplicated over both halves, cast to `like`'s dtype
 // last (the rotation itself is an op: model/kernels/ops.h).
-at::Tensor rope_inv_freq(const LlamaConfig& c);
+// `local`: Gemma 3's sliding layers' table (local_rope_theta, unscaled).
+at::Tensor rope_inv_freq(const LlamaConfig& c, bool local = false);
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like);
 // The same at given positions (B, T) int64: (B, 1, T, D), broadcasting over the heads.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,

@@ -1,5 +1,7 @@
 #include "model/hf_config.h"
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -39,7 +41,10 @@ const std::set<std::string>& known_fields() {
       "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias",
       "tie_word_embeddings", "initializer_range", "dtype", "torch_dtype", "hidden_act", "rope_theta", "rope_scaling",
       "rope_parameters", "model_type", "attention_dropout", "sliding_window", "use_sliding_window", "max_window_layers",
-      "layer_types",
+      "layer_types", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+      "sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq", "use_bidirectional_attention",
+      "no_rope_layers", "no_rope_layer_interval", "embedding_multiplier", "attention_multiplier",
+      "residual_multiplier", "logits_scaling",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
@@ -47,7 +52,7 @@ const std::set<std::string>& known_fields() {
       "prefix", "task_specific_params", "finetuning_task", "is_decoder", "is_encoder_decoder", "add_cross_attention",
       "tie_encoder_decoder", "chunk_size_feed_forward", "max_length", "min_length", "do_sample", "temperature", "top_k",
       "top_p", "num_beams", "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "early_stopping",
-      "num_return_sequences", "bad_words_ids", "use_bfloat16", "quantization_config"};
+      "num_return_sequences", "bad_words_ids", "use_bfloat16", "quantization_config", "cache_implementation"};
   return known;
 }
 
@@ -79,75 +84,139 @@ void check_positive(const std::string& where, std::initializer_list<std::pair<co
     FSDP_CHECK(value >= 1, where, ": ", name, " is ", value, "; it must be a whole number >= 1");
 }
 
-// RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object; "default" or
-// Llama 3's "llama3" scaling, any other type refused by name.
+// One rope_scaling / rope_parameters object's scaling: "default" (none), Llama 3's "llama3" or
+// "linear"; any other type refused by name.
+std::optional<RopeScaling> parse_scaling(const json& scaling, const std::string& where) {
+  if (!scaling.is_object()) return std::nullopt;
+  const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  if (type == "default") return std::nullopt;
+  RopeScaling s;
+  s.factor = field<double>(scaling, "factor", s.factor, where);
+  if (type == "linear") {
+    s.type = RopeScaling::Type::kLinear;
+    FSDP_CHECK(s.factor > 0, where, ": rope_scaling's factor (", s.factor, ") must be > 0");
+    return s;
+  }
+  FSDP_CHECK(type == "llama3", where, ": rope type ", quoted(type),
+             " is not supported; fsdptrain implements \"default\", \"linear\" and \"llama3\"");
+  s.low_freq_factor = field<double>(scaling, "low_freq_factor", s.low_freq_factor, where);
+  s.high_freq_factor = field<double>(scaling, "high_freq_factor", s.high_freq_factor, where);
+  s.original_max_position_embeddings =
+      field<int64_t>(scaling, "original_max_position_embeddings", s.original_max_position_embeddings, where);
+  FSDP_CHECK(s.factor > 0 && s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor &&
+                 s.original_max_position_embeddings > 0,
+             where,
+             ": rope_scaling needs factor, low_freq_factor and original_max_position_embeddings > 0 and "
+             "high_freq_factor > low_freq_factor");
+  return s;
+}
+
+// RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object. Gemma 3 has two
+// tables: rope_parameters keyed by layer type (or rope_theta + rope_scaling for the full layers and
+// rope_local_base_freq for the sliding ones), the local one unscaled.
 void parse_rope(const json& j, const std::string& where, LlamaConfig& c) {
   json rope = j.value("rope_parameters", json());
   json scaling = j.value("rope_scaling", json());
-  c.rope_theta = field<double>(j, "rope_theta", c.rope_theta, where);
+  const bool gemma3 = c.family == Family::kGemma3;
+  c.rope_theta = field<double>(j, "rope_theta", gemma3 ? 1e6 : c.rope_theta, where);
+  if (gemma3) {
+    c.local_rope_theta = field<double>(j, "rope_local_base_freq", 1e4, where);
+    if (rope.is_object() && (rope.contains("full_attention") || rope.contains("sliding_attention"))) {
+      const json local = rope.value("sliding_attention", json());
+      if (local.is_object()) {
+        c.local_rope_theta = field<double>(local, "rope_theta", c.local_rope_theta, where);
+        FSDP_CHECK(!parse_scaling(local, where), where,
+                   ": rope_parameters.sliding_attention is scaled; fsdptrain scales only Gemma 3's full-attention "
+                   "layers' rotary (as transformers' released configs do)");
+      }
+      rope = rope.value("full_attention", json());
+    }
+    FSDP_CHECK(c.local_rope_theta > 0, where, ": the sliding layers' rope_theta (", c.local_rope_theta,
+               ") must be > 0");
+  }
   if (rope.is_object()) {
     c.rope_theta = field<double>(rope, "rope_theta", c.rope_theta, where);
     if (scaling.is_null()) scaling = rope;
   }
-  if (scaling.is_object()) {
-    const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
-    if (type == "llama3") {
-      RopeScaling s;
-      s.factor = field<double>(scaling, "factor", s.factor, where);
-      s.low_freq_factor = field<double>(scaling, "low_freq_factor", s.low_freq_factor, where);
-      s.high_freq_factor = field<double>(scaling, "high_freq_factor", s.high_freq_factor, where);
-      s.original_max_position_embeddings =
-          field<int64_t>(scaling, "original_max_position_embeddings", s.original_max_position_embeddings, where);
-      c.rope_scaling = s;
-    } else {
-      FSDP_CHECK(type == "default", where, ": rope type ", quoted(type),
-                 " is not supported; fsdptrain implements \"default\" and \"llama3\"");
-    }
-  }
+  c.rope_scaling = parse_scaling(scaling, where);
 }
+
+constexpr Family kAllFamilies[] = {Family::kLlama,  Family::kMistral, Family::kQwen2,   Family::kQwen3,  Family::kGemma2,
+                                   Family::kGemma3, Family::kOlmo2,   Family::kSmolLM3, Family::kGranite};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
-  static const Family all[] = {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3};
   std::string type = j.value("model_type", std::string());
   if (type.empty() && j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
-    for (Family f : all)
+    for (Family f : kAllFamilies)
       if (j["architectures"][0] == family_names(f).architecture) type = family_names(f).model_type;
   if (type.empty()) return Family::kLlama;
-  for (Family f : all)
+  for (Family f : kAllFamilies)
     if (type == family_names(f).model_type) return f;
-  throw InputError(str(where, ": model_type ", quoted(type), " is not supported; fsdptrain trains llama ",
-                       "(LlamaForCausalLM), mistral (MistralForCausalLM), qwen2 (Qwen2ForCausalLM: Qwen2 and Qwen2.5) "
-                       "and qwen3 (Qwen3ForCausalLM)"));
+  FSDP_CHECK(type != "gemma3", where,
+             ": model_type \"gemma3\" is Gemma3ForConditionalGeneration (text and vision); fsdptrain trains its "
+             "text model as Gemma3ForCausalLM: give a folder whose config.json has model_type \"gemma3_text\" (the "
+             "text_config's fields, the weights without the \"model.language_model.\" prefix)");
+  std::string known;
+  for (Family f : kAllFamilies)
+    known += str(known.empty() ? "" : ", ", family_names(f).model_type, " (", family_names(f).architecture, ")");
+  throw InputError(str(where, ": model_type ", quoted(type), " is not supported; fsdptrain trains ", known));
+}
+
+bool is_gemma(Family f) {
+  return f == Family::kGemma2 || f == Family::kGemma3;
+}
+
+// Whether the family's sliding window is switched by use_sliding_window (Qwen2, Qwen3, SmolLM3).
+bool window_is_switched(Family f) {
+  return f == Family::kQwen2 || f == Family::kQwen3 || f == Family::kSmolLM3;
+}
+
+// The layer's type when layer_types is not written, as transformers' config fills it in.
+bool default_sliding(const LlamaConfig& c, const json& j, int64_t i, const std::string& where) {
+  switch (c.family) {
+    case Family::kGemma2:
+      return (i + 1) % 2 != 0;
+    case Family::kGemma3: {
+      const int64_t pattern =
+          field<int64_t>(j, "sliding_window_pattern", field<int64_t>(j, "_sliding_window_pattern", 6, where), where);
+      FSDP_CHECK(pattern >= 1, where, ": sliding_window_pattern is ", pattern, "; it must be >= 1");
+      return (i + 1) % pattern != 0;
+    }
+    case Family::kSmolLM3:
+      return !c.plan(i).rotary;
+    default:
+      return i >= c.max_window_layers;
+  }
 }
 
 // Which layers attend through a sliding window, as transformers decides: Mistral's every layer when
-// sliding_window is set; Qwen2/Qwen3's layer_types, else (use_sliding_window) the layers from
-// max_window_layers on.
+// sliding_window is set; Qwen2/Qwen3/SmolLM3's layer_types when use_sliding_window (else, without
+// layer_types, Qwen's layers from max_window_layers on and SmolLM3's NoPE layers); Gemma's
+// layer_types, else every second layer (Gemma 2) or five of each six (Gemma 3).
 void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& c) {
   const int64_t n = c.num_hidden_layers;
   c.use_sliding_window = field<bool>(j, "use_sliding_window", false, where);
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
-  const int64_t window = field<int64_t>(j, "sliding_window", 0, where);
-  if (c.family == Family::kLlama) {
-    FSDP_CHECK(window == 0, where,
-               ": sliding_window is not a field of LlamaForCausalLM (transformers ignores it); "
-               "remove it, or set model_type to mistral");
+  const int64_t window = field<int64_t>(j, "sliding_window", is_gemma(c.family) ? 4096 : 0, where);
+  if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite) {
+    FSDP_CHECK(window == 0, where, ": sliding_window is not a field of ", family_names(c.family).architecture,
+               " (transformers ignores it); remove it",
+               c.family == Family::kLlama ? ", or set model_type to mistral" : "");
     return;
   }
-  const bool qwen = c.family == Family::kQwen2 || c.family == Family::kQwen3;
-  if (qwen && !c.use_sliding_window) return;  // sliding_window is then written but unused
+  if (window_is_switched(c.family) && !c.use_sliding_window) return;  // sliding_window is then written but unused
   if (window == 0) return;
   FSDP_CHECK(window >= 1, where, ": sliding_window is ", window, "; it must be >= 1 (or null for none)");
   c.sliding_window = window;
-  c.sliding_layers.assign(static_cast<size_t>(n), !qwen);
-  if (!qwen) return;
+  c.sliding_layers.assign(static_cast<size_t>(n), c.family == Family::kMistral);
+  if (c.family == Family::kMistral) return;
   const json types = j.value("layer_types", json());
   FSDP_CHECK(types.is_null() || (types.is_array() && static_cast<int64_t>(types.size()) == n), where,
              ": layer_types must list one type per layer (", n, ")");
   for (int64_t i = 0; i < n; ++i) {
     if (types.is_null()) {
-      c.sliding_layers[i] = i >= c.max_window_layers;
+      c.sliding_layers[i] = default_sliding(c, j, i, where);
       continue;
     }
     const std::string t = types[i].is_string() ? types[i].get<std::string>() : types[i].dump();
@@ -155,6 +224,86 @@ void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& 
                "; fsdptrain knows \"full_attention\" and \"sliding_attention\"");
     c.sliding_layers[i] = t == "sliding_attention";
   }
+}
+
+// SmolLM3's NoPE layers: no_rope_layers (1 where a layer rotates), else one layer in each
+// no_rope_layer_interval without.
+void parse_rope_layers(const json& j, const std::string& where, LlamaConfig& c) {
+  if (c.family != Family::kSmolLM3) {
+    FSDP_CHECK(!j.contains("no_rope_layers") || j["no_rope_layers"].is_null(), where,
+               ": no_rope_layers is a field of SmolLM3ForCausalLM, not of ", family_names(c.family).architecture,
+               "; remove it, or set model_type to smollm3");
+    return;
+  }
+  const int64_t n = c.num_hidden_layers;
+  c.no_rope_layer_interval = field<int64_t>(j, "no_rope_layer_interval", 4, where);
+  const json layers = j.value("no_rope_layers", json());
+  if (layers.is_null()) {
+    FSDP_CHECK(c.no_rope_layer_interval >= 1, where, ": no_rope_layer_interval is ", c.no_rope_layer_interval,
+               "; it must be >= 1");
+    for (int64_t i = 0; i < n; ++i) c.rope_layers.push_back((i + 1) % c.no_rope_layer_interval != 0 ? 1 : 0);
+    return;
+  }
+  FSDP_CHECK(layers.is_array() && static_cast<int64_t>(layers.size()) == n, where,
+             ": no_rope_layers must list one 0 or 1 per layer (", n, ")");
+  for (const json& v : layers) {
+    FSDP_CHECK(v.is_number_integer() && (v == 0 || v == 1), where, ": no_rope_layers holds ", v.dump(),
+               "; each entry is 1 (the layer rotates) or 0 (it does not)");
+    c.rope_layers.push_back(v.get<int64_t>());
+  }
+}
+
+// The MLP's activation: hidden_act, or Gemma's hidden_activation.
+Activation parse_activation(const json& j, const std::string& where, Family family) {
+  const char* key = j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation"
+                                                                                        : "hidden_act";
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return is_gemma(family) ? Activation::kGeluTanh : Activation::kSilu;
+  if (*it == "silu") return Activation::kSilu;
+  if (*it == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  throw InputError(str(where, ": ", key, " ", it->dump(),
+                       " is not supported; fsdptrain implements \"silu\" and \"gelu_pytorch_tanh\""));
+}
+
+// The layer's form and the multipliers: the defaults transformers gives each family, then the
+// fields that change them.
+void parse_form(const json& j, const std::string& where, LlamaConfig& c) {
+  c.activation = parse_activation(j, where, c.family);
+  if (is_gemma(c.family)) {
+    c.norms = NormPlacement::kSandwich;
+    c.norm_unit_offset = c.norm_fp32_product = true;
+    c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+    c.embed_scale_in_dtype = true;
+    c.query_pre_attn_scalar = field<double>(j, "query_pre_attn_scalar", 256.0, where);
+    FSDP_CHECK(c.query_pre_attn_scalar > 0, where, ": query_pre_attn_scalar (", c.query_pre_attn_scalar,
+               ") must be > 0");
+    c.attention_scale = 1.0 / std::sqrt(c.query_pre_attn_scalar);
+    const bool two = c.family == Family::kGemma2;
+    c.attn_softcap = field<double>(j, "attn_logit_softcapping", two ? 50.0 : 0.0, where);
+    c.final_softcap = field<double>(j, "final_logit_softcapping", two ? 30.0 : 0.0, where);
+    FSDP_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0, where,
+               ": attn_logit_softcapping and final_logit_softcapping must be > 0 (or null for none)");
+    FSDP_CHECK(!field<bool>(j, "use_bidirectional_attention", false, where), where,
+               ": use_bidirectional_attention makes an encoder (EmbeddingGemma); fsdptrain trains causal decoders");
+  } else if (c.family == Family::kOlmo2) {
+    c.norms = NormPlacement::kPost;
+    c.norm_fp32_product = c.qk_norm_whole = true;
+  } else if (c.family == Family::kGranite) {
+    c.embedding_scale = field<double>(j, "embedding_multiplier", 1.0, where);
+    c.attention_scale = field<double>(j, "attention_multiplier", 1.0, where);
+    c.residual_multiplier = field<double>(j, "residual_multiplier", 1.0, where);
+    c.logits_scaling = field<double>(j, "logits_scaling", 1.0, where);
+    FSDP_CHECK(c.embedding_scale > 0 && c.attention_scale > 0 && c.residual_multiplier > 0 && c.logits_scaling > 0,
+               where,
+               ": embedding_multiplier, attention_multiplier, residual_multiplier and logits_scaling must be > 0");
+  }
+  for (const char* key : {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"})
+    FSDP_CHECK(is_gemma(c.family) || !j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of Gemma, not of ",
+               family_names(c.family).architecture, "; remove it, or set model_type to gemma2 or gemma3_text");
+  for (const char* key : {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"})
+    FSDP_CHECK(c.family == Family::kGranite || !j.contains(key) || j[key].is_null(), where, ": ", key,
+               " is a field of GraniteForCausalLM, not of ", family_names(c.family).architecture,
+               "; remove it, or set model_type to granite");
 }
 
 }  // namespace
@@ -167,6 +316,16 @@ FamilyNames family_names(Family f) {
       return {"qwen2", "Qwen2ForCausalLM", "Qwen2DecoderLayer"};
     case Family::kQwen3:
       return {"qwen3", "Qwen3ForCausalLM", "Qwen3DecoderLayer"};
+    case Family::kGemma2:
+      return {"gemma2", "Gemma2ForCausalLM", "Gemma2DecoderLayer"};
+    case Family::kGemma3:
+      return {"gemma3_text", "Gemma3ForCausalLM", "Gemma3DecoderLayer"};
+    case Family::kOlmo2:
+      return {"olmo2", "Olmo2ForCausalLM", "Olmo2DecoderLayer"};
+    case Family::kSmolLM3:
+      return {"smollm3", "SmolLM3ForCausalLM", "SmolLM3DecoderLayer"};
+    case Family::kGranite:
+      return {"granite", "GraniteForCausalLM", "GraniteDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -203,6 +362,27 @@ std::string our_class_name(const std::string& hf, Family f) {
   return hf;
 }
 
+std::vector<const char*> layer_norm_names(NormPlacement placement) {
+  switch (placement) {
+    case NormPlacement::kPost:
+      return {"post_attention_layernorm", "post_feedforward_layernorm"};
+    case NormPlacement::kSandwich:
+      return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+              "post_feedforward_layernorm"};
+    case NormPlacement::kPre:
+      break;
+  }
+  return {"input_layernorm", "post_attention_layernorm"};
+}
+
+LayerPlan LlamaConfig::plan(int64_t layer) const {
+  LayerPlan p;
+  p.window = window_of(layer);
+  p.rotary = layer >= static_cast<int64_t>(rope_layers.size()) || rope_layers[layer] != 0;
+  p.rope = local_rope_theta > 0 && p.window > 0 ? 1 : 0;
+  return p;
+}
+
 double LlamaConfig::parameter_count() const {
   const double c = static_cast<double>(hidden_size), d = static_cast<double>(head_dim),
                h = static_cast<double>(num_attention_heads), k = static_cast<double>(num_key_value_heads),
@@ -211,9 +391,10 @@ double LlamaConfig::parameter_count() const {
   if (attention_bias) attn += h * d + 2 * k * d + c;
   if (qkv_bias) attn += h * d + 2 * k * d;
   if (qk_norm) attn += 2 * d;
+  if (qk_norm_whole) attn += h * d + k * d;
   double mlp = 3 * c * f;
   if (mlp_bias) mlp += 2 * f + c;
-  const double layer = attn + mlp + 2 * c;
+  const double layer = attn + mlp + (norms == NormPlacement::kSandwich ? 4 : 2) * c;
   return static_cast<double>(vocab_size) * c * (tie_word_embeddings ? 1 : 2) +
          static_cast<double>(num_hidden_layers) * layer + c;
 }
@@ -224,7 +405,12 @@ int64_t LlamaConfig::num_parameters() const {
 
 double LlamaConfig::flops_per_token(int64_t seq_len) const {
   const double n = static_cast<double>(num_parameters() - (tie_word_embeddings ? 0 : vocab_size * hidden_size));
-  return 6.0 * n + 12.0 * num_hidden_layers * num_attention_heads * head_dim * static_cast<double>(seq_len);
+  double attention = 0;  // a sliding layer's query attends to at most its window's keys
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    const int64_t w = window_of(l);
+    attention += 12.0 * num_attention_heads * head_dim * static_cast<double>(w > 0 ? std::min(w, seq_len) : seq_len);
+  }
+  return 6.0 * n + attention;
 }
 
 LlamaConfig parse_llama_config(const std::string& text, const std::string& where, std::vector<std::string>* warnings) {
@@ -256,32 +442,27 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   c.attention_bias = field<bool>(j, "attention_bias", false, where);
   c.mlp_bias = field<bool>(j, "mlp_bias", false, where);
   c.qkv_bias = c.family == Family::kQwen2;
-  c.qk_norm = c.family == Family::kQwen3;
+  c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3;
   if (c.family == Family::kMistral || c.family == Family::kQwen2)  // fields their classes do not have
     FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
                family_names(c.family).architecture, "; transformers ignores them, so remove them");
+  parse_rope_layers(j, where, c);
   parse_sliding_window(j, where, c);
-  c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", false, where);
+  parse_form(j, where, c);
+  const bool tied_by_default = is_gemma(c.family) || c.family == Family::kSmolLM3;
+  c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", tied_by_default, where);
   c.initializer_range = field<double>(j, "initializer_range", c.initializer_range, where);
+  if (const int64_t pad = field<int64_t>(j, "pad_token_id", -1, where); pad >= 0 && pad < c.vocab_size)
+    c.pad_token_id = pad;
   if (auto d = j.find("dtype"); d != j.end() && d->is_string())
     c.dtype = *d;
   else if (auto t = j.find("torch_dtype"); t != j.end() && t->is_string())
     c.dtype = *t;
-  if (auto act = j.find("hidden_act"); act != j.end() && act->is_string())
-    FSDP_CHECK(*act == "silu", where, ": hidden_act ", act->dump(), " is not supported; Llama uses \"silu\"");
-
   parse_rope(j, where, c);
   check_positive(where, {{"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings}});
   FSDP_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0 && c.initializer_range >= 0, where, ": rms_norm_eps (",
              c.rms_norm_eps, ") and rope_theta (", c.rope_theta, ") must be > 0 and initializer_range (",
              c.initializer_range, ") >= 0");
-  if (c.rope_scaling)
-    FSDP_CHECK(c.rope_scaling->factor > 0 && c.rope_scaling->low_freq_factor > 0 &&
-                   c.rope_scaling->high_freq_factor > c.rope_scaling->low_freq_factor &&
-                   c.rope_scaling->original_max_position_embeddings > 0,
-               where,
-               ": rope_scaling needs factor, low_freq_factor and original_max_position_embeddings > 0 and "
-               "high_freq_factor > low_freq_factor");
   FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ", c.num_attention_heads,
              " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
   FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
@@ -317,7 +498,7 @@ std::string llama_config_json(const LlamaConfig& c) {
             {"num_attention_heads", c.num_attention_heads},
             {"num_key_value_heads", c.num_key_value_heads},
             {"head_dim", c.head_dim},
-            {"hidden_act", "silu"},
+            {"hidden_act", c.activation == Activation::kSilu ? "silu" : "gelu_pytorch_tanh"},
             {"max_position_embeddings", c.max_position_embeddings},
             {"rms_norm_eps", c.rms_norm_eps},
             {"rope_theta", c.rope_theta},
@@ -326,29 +507,63 @@ std::string llama_config_json(const LlamaConfig& c) {
             {"mlp_bias", c.mlp_bias},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"initializer_range", c.initializer_range},
+            {"pad_token_id", c.pad_token_id >= 0 ? json(c.pad_token_id) : json(nullptr)},
             {"torch_dtype", c.dtype},
             {"dtype", c.dtype}};
   if (c.family == Family::kMistral || c.family == Family::kQwen2) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }
-  if (c.family != Family::kLlama) j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-  if (c.family == Family::kQwen2 || c.family == Family::kQwen3) {
-    j["use_sliding_window"] = c.use_sliding_window;
-    j["max_window_layers"] = c.max_window_layers;
+  const bool gemma = is_gemma(c.family);
+  if (gemma) {
+    j.erase("mlp_bias");
+    j["hidden_activation"] = j["hidden_act"];
+    j.erase("hidden_act");
+    // An int in transformers' GemmaConfig classes (a float is refused there): written as one when whole.
+    const double scalar = c.query_pre_attn_scalar;
+    j["query_pre_attn_scalar"] =
+        scalar == std::floor(scalar) && scalar < 1e15 ? json(static_cast<int64_t>(scalar)) : json(scalar);
+    j["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json(nullptr);
+    j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
+  }
+  if (c.family == Family::kGranite) {
+    j["embedding_multiplier"] = c.embedding_scale;
+    j["attention_multiplier"] = c.attention_scale;
+    j["residual_multiplier"] = c.residual_multiplier;
+    j["logits_scaling"] = c.logits_scaling;
+  }
+  const bool windowed = c.family != Family::kLlama && c.family != Family::kOlmo2 && c.family != Family::kGranite;
+  if (windowed) j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  if (window_is_switched(c.family)) j["use_sliding_window"] = c.use_sliding_window;
+  if (c.family == Family::kQwen2 || c.family == Family::kQwen3) j["max_window_layers"] = c.max_window_layers;
+  if (windowed && c.family != Family::kMistral) {
     json types = json::array();
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
       types.push_back(c.window_of(i) > 0 ? "sliding_attention" : "full_attention");
     j["layer_types"] = types;
   }
-  if (c.rope_scaling)
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope_scaling->factor},
-                         {"low_freq_factor", c.rope_scaling->low_freq_factor},
-                         {"high_freq_factor", c.rope_scaling->high_freq_factor},
-                         {"original_max_position_embeddings", c.rope_scaling->original_max_position_embeddings}};
-  else
-    j["rope_scaling"] = nullptr;
+  if (c.family == Family::kSmolLM3) {
+    j["no_rope_layers"] = c.rope_layers;
+    j["no_rope_layer_interval"] = c.no_rope_layer_interval;
+  }
+  json scaling = nullptr;
+  if (c.rope_scaling && c.rope_scaling->type == RopeScaling::Type::kLinear)
+    scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling->factor}};
+  else if (c.rope_scaling)
+    scaling = {{"rope_type", "llama3"},
+               {"factor", c.rope_scaling->factor},
+               {"low_freq_factor", c.rope_scaling->low_freq_factor},
+               {"high_freq_factor", c.rope_scaling->high_freq_factor},
+               {"original_max_position_embeddings", c.rope_scaling->original_max_position_embeddings}};
+  if (c.family == Family::kGemma3) {  // one table per layer type, as transformers v5 writes them
+    json full = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
+    full["rope_theta"] = c.rope_theta;
+    j.erase("rope_theta");
+    j["rope_parameters"] = {{"full_attention", full},
+                            {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", c.local_rope_theta}}}};
+  } else {
+    j["rope_scaling"] = scaling;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -387,12 +602,14 @@ ModelDescription describe(const LlamaConfig& c) {
     if (c.qk_norm) {
       add(p + "self_attn.q_norm.weight", {D});
       add(p + "self_attn.k_norm.weight", {D});
+    } else if (c.qk_norm_whole) {
+      add(p + "self_attn.q_norm.weight", {H * D});
+      add(p + "self_attn.k_norm.weight", {K * D});
     }
     linear(p + "mlp.gate_proj", C, F, c.mlp_bias);
     linear(p + "mlp.up_proj", C, F, c.mlp_bias);
     linear(p + "mlp.down_proj", F, C, c.mlp_bias);
-    add(p + "input_layernorm.weight", {C});
-    add(p + "post_attention_layernorm.weight", {C});
+    for (const char* norm : layer_norm_names(c.norms)) add(p + norm + ".weight", {C});
   }
   add("model.norm.weight", {C});
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, C});

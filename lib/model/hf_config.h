@@ -1,6 +1,11 @@
-// The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3):
-// read into one LlamaConfig (the families' differences as switches), written back for exports, and
-// described for the checkpoint layer (model/description.h). No LibTorch.
+// The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
+// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3): read into one LlamaConfig, written back for exports,
+// and described for the checkpoint layer (model/description.h). No LibTorch.
+//
+// A family is data, not code: the config gives the decoder its form (where the norms sit, the
+// activation, the scores' scale and soft cap, the multipliers) and each layer its plan (LayerPlan:
+// window, rotary or not, which rotary table). The modules (model/decoder.h) read these, never the
+// family; the family only names things (family_names) and picks the defaults transformers picks.
 //
 // Shapes use one vocabulary: C hidden_size, H query heads, K kv heads, D head_dim,
 // F intermediate_size, V vocab_size, L layers.
@@ -15,12 +20,34 @@
 
 namespace fsdp::model {
 
-struct RopeScaling {  // Llama 3 "llama3" scaling; absent: plain RoPE
+// Scaled RoPE: Llama 3's "llama3" (frequency-dependent) or "linear" (every frequency / factor);
+// absent: plain RoPE.
+struct RopeScaling {
+  enum class Type { kLlama3, kLinear };
+  Type type = Type::kLlama3;
   double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
 };
 
-enum class Family { kLlama, kMistral, kQwen2, kQwen3 };
+enum class Family { kLlama, kMistral, kQwen2, kQwen3, kGemma2, kGemma3, kOlmo2, kSmolLM3, kGranite };
+
+// Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
+// post_attention_layernorm before the MLP. kPost (OLMo 2): post_attention_layernorm on attention's
+// output, post_feedforward_layernorm on the MLP's, before each residual sum. kSandwich (Gemma): both,
+// four a layer (input, post_attention, pre_feedforward, post_feedforward).
+enum class NormPlacement { kPre, kPost, kSandwich };
+// The MLP's gate activation: SiLU (hidden_act "silu") or GELU's tanh form ("gelu_pytorch_tanh").
+enum class Activation { kSilu, kGeluTanh };
+
+// A decoder layer's norms' names, in the order the layer registers them.
+std::vector<const char*> layer_norm_names(NormPlacement placement);
+
+// One decoder layer's attention, as the config plans it.
+struct LayerPlan {
+  int64_t window = 0;  // 0: full causal attention; else a query sees keys at most window - 1 back
+  bool rotary = true;  // false: no position rotation (SmolLM3's NoPE layers)
+  int rope = 0;        // the rotary table: 0 the global one (rope_theta), 1 the local (Gemma 3's sliding layers)
+};
 
 // A family's Hugging Face names: config.json's model_type and architectures, the decoder layer class.
 struct FamilyNames {
@@ -51,7 +78,7 @@ struct LlamaConfig {
   std::optional<RopeScaling> rope_scaling;
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
-  bool qk_norm = false;   // Qwen3: q_norm and k_norm, RMSNorm over head_dim before the rotation
+  bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
   // Sliding-window attention: a query sees the keys at most sliding_window - 1 positions back, in
   // the layers marked in sliding_layers (one per layer; empty: none).
   int64_t sliding_window = 0;
@@ -61,18 +88,46 @@ struct LlamaConfig {
   int64_t window_of(int64_t layer) const {  // 0: full causal attention
     return layer < static_cast<int64_t>(sliding_layers.size()) && sliding_layers[layer] ? sliding_window : 0;
   }
+  // SmolLM3's no_rope_layers as written: 1 where a layer rotates (empty: every layer does).
+  std::vector<int64_t> rope_layers;
+  int64_t no_rope_layer_interval = 0;  // as written, for the export
+  // Gemma 3: the sliding layers' rotary base (rope_local_base_freq); 0: every layer takes rope_theta.
+  double local_rope_theta = 0;
+  LayerPlan plan(int64_t layer) const;
+
+  // The layer's form (each as transformers computes it for the family):
+  NormPlacement norms = NormPlacement::kPre;
+  bool norm_unit_offset = false;   // Gemma: normed * (1 + weight), the weights starting at 0
+  bool norm_fp32_product = false;  // Gemma, OLMo 2: normed * weight in fp32, then the cast (Llama: the cast first)
+  bool qk_norm_whole = false;      // OLMo 2: q_norm/k_norm over the whole projection (H*D, K*D), before the heads split
+  Activation activation = Activation::kSilu;
+  // The attention scores' factor: 0 for 1/sqrt(head_dim); Gemma's query_pre_attn_scalar^-1/2,
+  // Granite's attention_multiplier.
+  double attention_scale = 0;
+  double query_pre_attn_scalar = 0;  // Gemma's, as written
+  double attn_softcap = 0;           // attn_logit_softcapping: scores -> cap * tanh(scores / cap); 0: none
+  double final_softcap = 0;          // final_logit_softcapping, the same on the logits
+  // The embedding's output times embedding_scale: Gemma's sqrt(hidden_size), rounded to the
+  // activations' dtype first (embed_scale_in_dtype); Granite's embedding_multiplier.
+  double embedding_scale = 1.0;
+  bool embed_scale_in_dtype = false;
+  double residual_multiplier = 1.0;  // Granite: x + block(x) * residual_multiplier
+  double logits_scaling = 1.0;       // Granite: logits / logits_scaling
   double initializer_range = 0.02;
+  // pad_token_id: the embedding row lookups give no gradient (nn.Embedding's padding_idx, which
+  // transformers sets from it in every family); -1: none (also for an id outside the vocabulary).
+  int64_t pad_token_id = -1;
   std::string dtype = "float32";  // torch_dtype / dtype as written (informational)
 
   int64_t num_parameters() const;  // distinct parameters (a tied head counted once)
   double parameter_count() const;  // the same in floating point: no overflow for any sizes
-  // Training FLOPs per token, the PaLM/torchtitan convention: 6 * N' + 12 * L * H * D * T, where N'
-  // excludes the input embedding unless it is tied.
+  // Training FLOPs per token, the PaLM/torchtitan convention: 6 * N' + 12 * H * D * T per layer, where
+  // N' excludes the input embedding unless it is tied, and a sliding layer's T is at most its window.
   double flops_per_token(int64_t seq_len) const;
 };
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
-// qwen3; another is refused listing these). Accepts torch_dtype or dtype, rope_theta/rope_scaling or
+// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite; another is refused listing these). Accepts torch_dtype or dtype, rope_theta/rope_scaling or
 // the newer rope_parameters, legacy "type" for rope_type, sliding_window / use_sliding_window /
 // max_window_layers / layer_types. Throws InputError naming `where` and the field, also
 // for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,

@@ -126,10 +126,12 @@ at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, const TensorPa
   return ReduceScatterAlong::apply(x, wrapped(dim, x.dim()), &tp);
 }
 
-at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp) {
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp,
+                                    int64_t padding_idx) {
   const int64_t n = weight.size(0), first = tp.rank() * n;
   const at::Tensor mine = (tokens >= first) & (tokens < first + n);
-  const at::Tensor rows = at::embedding(weight, (tokens - first).clamp(0, n - 1));
+  const int64_t local_padding = padding_idx >= first && padding_idx < first + n ? padding_idx - first : -1;
+  const at::Tensor rows = at::embedding(weight, (tokens - first).clamp(0, n - 1), local_padding);
   return rows * mine.unsqueeze(-1).to(rows.scalar_type());
 }
 

@@ -74,6 +74,8 @@ at::Tensor reduce_scatter_along(const at::Tensor& x, int64_t dim, const TensorPa
 // (V/P = vocab_block, padding past V included).
 // tokens (B, T) -> (B, T, C): the rows of this rank's tokens, zeros for the others' (a partial
 // sum over the ranks).
-at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp);
+// padding_idx (>= 0, a token id of the whole vocabulary): the row whose lookups give no gradient.
+at::Tensor vocab_parallel_embedding(const at::Tensor& weight, const at::Tensor& tokens, const TensorParallel& tp,
+                                   int64_t padding_idx = -1);
 
 }  // namespace fsdp::model

@@ -40,12 +40,7 @@ nlohmann::json packed_json(fsdp::model::LlamaForCausalLMImpl& m) {
   auto row = [n](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).view({1, n}); };
   const fsdp::model::Packed packed{row(positions), row(segments)};
   const at::Tensor x = row(kTokens);
-  const at::Tensor logits = at::linear(m.hidden_states(x, packed), m.config.tie_word_embeddings
-                                                                      ? m.model->embed_tokens->weight
-                                                                      : m.lm_head->weight)
-                                .to(at::kDouble)
-                                .reshape({-1})
-                                .contiguous();
+  const at::Tensor logits = m.logits_of(m.hidden_states(x, packed)).to(at::kDouble).reshape({-1}).contiguous();
   return {{"positions", positions},
           {"targets", targets},
           {"logits", std::vector<double>(logits.data_ptr<double>(), logits.data_ptr<double>() + logits.numel())},

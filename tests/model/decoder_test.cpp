@@ -158,7 +158,7 @@ TEST_CASE("Llama 3 rope scaling: high frequencies kept, low ones divided by the 
   LlamaConfig c = tiny();
   c.head_dim = 128;
   c.rope_theta = 500000.0;
-  c.rope_scaling = RopeScaling{8.0, 1.0, 4.0, 8192};
+  c.rope_scaling = RopeScaling{RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192};
   LlamaConfig plain = c;
   plain.rope_scaling.reset();
   const at::Tensor s = rope_inv_freq(c).to(at::kDouble), p = rope_inv_freq(plain).to(at::kDouble);
@@ -305,6 +305,78 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
           parse_llama_config(R"({"hidden_size":"big"})", "h.json");
         }).find("h.json: \"hidden_size\": expected a number") != std::string::npos);
   CHECK(error_of([] { load_llama_config("/nonexistent/config.json"); }).find("cannot read") != std::string::npos);
+}
+
+// Issue 60: the families' forms and layer plans as transformers' configs fill them in, written back
+// the same, and what is not theirs refused by name.
+TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-layer plan, a round trip, refusals") {
+  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2)";
+  auto parse = [&](const std::string& type, const std::string& extra = "") {
+    return parse_llama_config(R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}",
+                              type + ".json");
+  };
+  const LlamaConfig g2 = parse("gemma2", R"("head_dim": 8)");
+  CHECK(g2.norms == NormPlacement::kSandwich);
+  CHECK((g2.norm_unit_offset && g2.norm_fp32_product && g2.tie_word_embeddings));
+  CHECK(g2.activation == Activation::kGeluTanh);
+  CHECK((g2.attn_softcap == 50.0 && g2.final_softcap == 30.0 && g2.query_pre_attn_scalar == 256.0));
+  CHECK(g2.attention_scale == doctest::Approx(1.0 / 16));
+  CHECK(g2.embedding_scale == doctest::Approx(std::sqrt(32.0)));
+  for (int64_t i = 0; i < 4; ++i) CHECK(g2.plan(i).window == (i % 2 == 0 ? 4096 : 0));  // every second layer
+  // Gemma 3's older spelling: rope_theta, rope_local_base_freq and rope_scaling; five of six layers slide.
+  const LlamaConfig g3 =
+      parse("gemma3_text", R"("head_dim": 8, "sliding_window": 16, "sliding_window_pattern": 3, "rope_theta": 1e6,
+          "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0})");
+  CHECK((g3.qk_norm && g3.attn_softcap == 0 && g3.final_softcap == 0));
+  CHECK((g3.local_rope_theta == 1e4 && g3.rope_theta == 1e6));
+  REQUIRE(g3.rope_scaling.has_value());
+  CHECK(g3.rope_scaling->type == RopeScaling::Type::kLinear);
+  for (int64_t i = 0; i < 4; ++i) {
+    const bool slides = (i + 1) % 3 != 0;
+    CHECK(g3.plan(i).window == (slides ? 16 : 0));
+    CHECK(g3.plan(i).rope == (slides ? 1 : 0));  // the local table for the sliding layers
+  }
+  // The local table is unscaled, the global one divided by the factor.
+  const at::Tensor global = rope_inv_freq(g3), local = rope_inv_freq(g3, /*local=*/true);
+  CHECK(global[1].item<double>() == doctest::Approx(std::pow(1e6, -2.0 / 8) / 8));
+  CHECK(local[1].item<double>() == doctest::Approx(std::pow(1e4, -2.0 / 8)));
+  const LlamaConfig olmo = parse("olmo2");
+  CHECK((olmo.norms == NormPlacement::kPost && olmo.qk_norm_whole && !olmo.qk_norm && !olmo.tie_word_embeddings));
+  const LlamaConfig smol = parse("smollm3", R"("use_sliding_window": true, "sliding_window": 8)");
+  for (int64_t i = 0; i < 4; ++i) {  // every fourth layer without rotary, and (without layer_types) sliding
+    CHECK(smol.plan(i).rotary == (i != 3));
+    CHECK(smol.plan(i).window == (i == 3 ? 8 : 0));
+  }
+  const LlamaConfig granite = parse("granite", R"("attention_multiplier": 0.5, "logits_scaling": 4.0)");
+  CHECK((granite.attention_scale == 0.5 && granite.logits_scaling == 4.0 && granite.embedding_scale == 1.0));
+  for (const LlamaConfig& c : {g2, g3, olmo, smol, granite}) {  // the export reads back as the same model
+    INFO(family_names(c.family).model_type);
+    const LlamaConfig back = parse_llama_config(llama_config_json(c), "export");
+    CHECK(llama_config_json(back) == llama_config_json(c));
+    for (int64_t i = 0; i < 4; ++i) {
+      CHECK(back.plan(i).window == c.plan(i).window);
+      CHECK(back.plan(i).rotary == c.plan(i).rotary);
+      CHECK(back.plan(i).rope == c.plan(i).rope);
+    }
+    CHECK(back.num_parameters() == c.num_parameters());
+  }
+  auto error = [&](const std::string& type, const std::string& extra) {
+    return error_of([&] { parse(type, extra); });
+  };
+  CHECK(error("llama", R"("hidden_act": "relu")") ==
+        "llama.json: hidden_act \"relu\" is not supported; fsdptrain implements \"silu\" and \"gelu_pytorch_tanh\"");
+  CHECK(error("llama", R"("attn_logit_softcapping": 50.0)")
+            .find("attn_logit_softcapping is a field of Gemma, not of LlamaForCausalLM") != std::string::npos);
+  CHECK(error("qwen3", R"("logits_scaling": 2.0)")
+            .find("logits_scaling is a field of GraniteForCausalLM, not of Qwen3ForCausalLM") != std::string::npos);
+  CHECK(error("smollm3", R"("no_rope_layers": [1, 0])").find("no_rope_layers must list one 0 or 1 per layer (4)") !=
+        std::string::npos);
+  CHECK(error("gemma3", "").find("model_type \"gemma3\" is Gemma3ForConditionalGeneration") != std::string::npos);
+  CHECK(error("gemma2", R"("head_dim": 8, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})")
+            .find("rope type \"yarn\" is not supported") != std::string::npos);
+  CHECK(error("olmo2", R"("sliding_window": 8)").find("sliding_window is not a field of Olmo2ForCausalLM") !=
+        std::string::npos);
 }
 
 TEST_CASE("regression: a misspelled config.json field is not silently replaced by a default") {
@@ -531,6 +603,27 @@ TEST_CASE("the KV cache: prefill then one token at a time equals the full forwar
   }
 }
 
+TEST_CASE("the KV cache of each new layer kind equals its full forward, position by position") {
+  for (const auto& [name, c] : fsdp::model::testing::tiny_new_kinds()) {
+    CAPTURE(name);
+    LlamaForCausalLM m(c);
+    init_parameters(*m, 22);
+    c10::NoGradGuard no_grad;
+    for (auto& p : m->named_parameters())  // norms away from their initial values
+      if (p.key().find("norm") != std::string::npos) p.value().add_(torch::randn(p.value().sizes()) * 0.3);
+    const at::Tensor x = torch::randint(0, c.vocab_size, {1, 9}, torch::kLong);
+    const at::Tensor full = m->forward(x);
+    std::vector<LayerCache> cache;
+    std::vector<at::Tensor> parts{m->forward_cached(x.narrow(1, 0, 4), cache)};
+    for (int64_t i = 4; i < 9; ++i) parts.push_back(m->forward_cached(x.narrow(1, i, 1), cache));
+    CHECK((at::cat(parts, 1) - full).abs().max().item<double>() <= 1e-5);
+    // The loss is the cross-entropy of those logits (the soft cap and logits_scaling in both).
+    const at::Tensor y = torch::randint(0, c.vocab_size, {1, 9}, torch::kLong);
+    const at::Tensor want = at::cross_entropy_loss(full.reshape({9, -1}), y.reshape({-1}), {}, at::Reduction::Sum);
+    CHECK(m->loss_sum(x, y).item<double>() == doctest::Approx(want.item<double>()).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("describe() lists every parameter of every family as the decoder registers it, ties as aliases") {
   for (const char* model : {"tiny", "llama3-8b", "mistral-7b", "qwen2.5-0.5b", "qwen3-1.7b"}) {
     LlamaConfig c = load_llama_config(std::string(FSDP_SOURCE_DIR) + "/configs/models/" + model + "/config.json");
@@ -558,6 +651,20 @@ TEST_CASE("describe() lists every parameter of every family as the decoder regis
       CHECK(d.config_json.find("\"torch_dtype\": \"float32\"") != std::string::npos);
     }
   }
+  for (auto [name, c] : fsdp::model::testing::tiny_new_kinds())
+    for (bool tied : {false, true}) {
+      c.tie_word_embeddings = tied;
+      INFO(name, tied ? " tied" : "");
+      const ModelDescription d = describe(c);
+      LlamaForCausalLM m(c);
+      const auto named = m->named_parameters();
+      REQUIRE(d.params.size() == named.size());
+      for (size_t i = 0; i < named.size(); ++i) {
+        CHECK(d.params[i].name == named[i].key());
+        CHECK(d.params[i].shape == named[i].value().sizes().vec());
+      }
+      CHECK(d.num_parameters == c.num_parameters());
+    }
 }
 
 // Issue 27: records packed into one row (data.packing: masked) train as if each were alone: their

@@ -1,6 +1,9 @@
-"""Golden tests of the model families against transformers (issue 17): for Mistral (sliding
-window), Qwen2 (q/k/v biases, tied embeddings, a sliding window from max_window_layers on) and
-Qwen3 (q_norm/k_norm, head_dim independent of hidden_size), and Llama beside them, transformers
+"""Golden tests of the model families against transformers (issues 17 and 60): for Mistral (sliding
+window), Qwen2 (q/k/v biases, tied embeddings, a sliding window from max_window_layers on), Qwen3
+(q_norm/k_norm, head_dim independent of hidden_size), Gemma 2 (sandwich norms, GELU, scaled
+embeddings, soft-capped scores and logits), Gemma 3 (per-head norms, a local rotary table, linear
+scaling), OLMo 2 (norms after the blocks), SmolLM3 (a layer without rotary, a window) and Granite
+(multipliers), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -14,8 +17,8 @@ of transformers' float32 run from its float64 one, at least 1e-6):
 decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt;
 sampling with a seed gives the same ids twice and other ids with another seed; a prompt longer
 than the model's positions is refused.
-The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B) have the parameter
-counts transformers builds from them. A config.json of a family fsdptrain does not train is
+The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B) have the
+parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
 import argparse
 import json
@@ -39,6 +42,28 @@ def families():
         "qwen2": (transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=4, max_window_layers=1,
                                            tie_word_embeddings=True), transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config(**common, head_dim=24, attention_bias=False), transformers.Qwen3ForCausalLM),
+        # Issue 60's families, each with the settings that make it differ from Llama away from their
+        # defaults, so a mistake in one shows: caps small enough to bend the random model's scores
+        # and logits, a scale that is not 1/sqrt(head_dim), windows shorter than the prompts.
+        "gemma2": (transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+                                             attn_logit_softcapping=5.0, final_logit_softcapping=2.0),
+                   transformers.Gemma2ForCausalLM),
+        "gemma3": (transformers.Gemma3TextConfig(
+            **{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16, query_pre_attn_scalar=20,
+            sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+            transformers.Gemma3ForCausalLM),
+        "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
+        # pad_token_id 0 (its default is past this vocabulary): token 0's lookups get no gradient, as
+        # in Gemma, whose default it is.
+        "smollm3": (transformers.SmolLM3Config(**common, pad_token_id=0, no_rope_layers=[1, 0, 1],
+                                               use_sliding_window=True, sliding_window=4,
+                                               layer_types=["full_attention", "sliding_attention", "full_attention"]),
+                    transformers.SmolLM3ForCausalLM),
+        "granite": (transformers.GraniteConfig(**common, embedding_multiplier=3.0, attention_multiplier=0.3,
+                                               residual_multiplier=0.5, logits_scaling=2.0),
+                    transformers.GraniteForCausalLM),
     }
 
 
@@ -187,7 +212,11 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
-    flops = 6 * n_prime + 12 * c.num_hidden_layers * c.num_attention_heads * head_dim * len(ours["tokens"])
+    t = len(ours["tokens"])
+    window = lambda i: (c.sliding_window if (getattr(c, "layer_types", None) or ["full_attention"] * 99)[i] ==  # noqa: E731
+                        "sliding_attention" or name == "mistral" else None)
+    flops = 6 * n_prime + sum(12 * c.num_attention_heads * head_dim * min(t, window(i) or t)
+                              for i in range(c.num_hidden_layers))
     print(f"{name}: export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
     assert e_export <= 1e-5, name
     assert ours["num_parameters"] == n and abs(ours["flops_per_token"] - flops) <= 1e-9 * flops
@@ -200,7 +229,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 
 def check_shapes(tool, source):
-    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b"):
+    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b"):
         folder = os.path.join(source, "configs", "models", name)
         run = subprocess.run([tool, "count", os.path.join(folder, "config.json")], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr

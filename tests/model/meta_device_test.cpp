@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
@@ -35,6 +36,7 @@ using fsdp::model::testing::joined;
 namespace {
 
 using fsdp::model::testing::tiny;
+using fsdp::model::testing::tiny_new_kinds;
 
 const c10::Device kMeta(c10::kMeta);
 
@@ -133,13 +135,12 @@ struct Case {
 
 // One training step on meta (forward, backward, the norm, clipping, AdamW) with the watch armed from
 // building the inputs to the optimizer's update.
-void train_on_meta(Family family, const Case& k) {
-  CAPTURE(static_cast<int>(family));
+void train_on_meta(const LlamaConfig& c, const Case& k) {
+  CAPTURE(static_cast<int>(c.family));
   CAPTURE(k.lora);
   CAPTURE(k.packed);
   CAPTURE(k.checkpointing);
   CAPTURE(k.dtype);
-  const LlamaConfig c = family_config(family);
   LlamaForCausalLM m(c, /*free_after_create=*/true);
   if (k.lora) {
     LoraSettings l;
@@ -181,10 +182,17 @@ void train_on_meta(Family family, const Case& k) {
 }  // namespace
 
 TEST_CASE("every family trains on the meta device with no host tensor inside the step") {
-  for (const Family family : {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3}) {
-    train_on_meta(family, Case{});
-    train_on_meta(family, Case{/*lora=*/true, /*packed=*/false, /*checkpointing=*/true, at::kBFloat16});
-    train_on_meta(family, Case{/*lora=*/false, /*packed=*/true, /*checkpointing=*/false, at::kFloat});
+  std::vector<LlamaConfig> configs;
+  for (const Family family : {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3})
+    configs.push_back(family_config(family));
+  for (auto [name, c] : tiny_new_kinds()) {  // each new layer kind
+    c.head_dim = 8;  // SDPA's and flash attention's smallest head width
+    configs.push_back(c);
+  }
+  for (const LlamaConfig& c : configs) {
+    train_on_meta(c, Case{});
+    train_on_meta(c, Case{/*lora=*/true, /*packed=*/false, /*checkpointing=*/true, at::kBFloat16});
+    train_on_meta(c, Case{/*lora=*/false, /*packed=*/true, /*checkpointing=*/false, at::kFloat});
   }
 }
 

@@ -110,6 +110,16 @@ std::vector<OpCase> op_cases() {
                      const std::optional<at::Tensor> y = o.causal_attention(in[0], in[1], in[2]);
                      return y ? Tensors{*y} : Tensors{};
                    }});
+  // A window of 3 and a cap of 2: scores of these inputs reach past it, so the tanh bends them.
+  const at::Tensor window_mask = [&] {
+    const at::Tensor i = at::arange(t).unsqueeze(1), j = at::arange(t).unsqueeze(0);
+    return (j <= i) & (j > i - 3);
+  }();
+  cases.push_back({"softcapped_attention",
+                   {r({b, h, t, d}), r({b, h, t, d}), r({b, h, t, d})},
+                   [window_mask](const Ops& o, const Tensors& in) {
+                     return Tensors{o.softcapped_attention(in[0], in[1], in[2], window_mask, 0.3, 2.0)};
+                   }});
   cases.push_back({"exp_shifted_out", {r({5, 7}), r({1, 7})}, [](const Ops& o, const Tensors& in) {
                      const at::Tensor a = in[0].to(at::kFloat).detach(), shift = in[1].to(at::kFloat).detach();
                      const at::Tensor out = at::empty(a.sizes(), in[0].options().requires_grad(false));
@@ -155,6 +165,20 @@ TEST_CASE("every op of every provider gives the reference's float64 result, forw
   }
   for (const auto& [type, distance] : worst) MESSAGE(type, ": the largest distance from float64 ", distance);
   CHECK(worst["Float"] > 0);  // float32 rounds: the providers did not compute in float64
+}
+
+TEST_CASE("soft-capped attention: a cap far past the scores is SDPA's attention with that scale and mask") {
+  torch::manual_seed(6);
+  const at::Tensor q = at::randn({2, 4, 7, 8}, at::kDouble), k = at::randn({2, 4, 7, 8}, at::kDouble),
+                   v = at::randn({2, 4, 7, 8}, at::kDouble);
+  const at::Tensor i = at::arange(7).unsqueeze(1), j = at::arange(7).unsqueeze(0);
+  const at::Tensor mask = (j <= i) & (j > i - 3);
+  const at::Tensor sdpa = at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, 0.3);
+  for (const Ops* ops : kProviders) {
+    CAPTURE(kernels::provider_name(ops->provider()));
+    CHECK(relative(ops->softcapped_attention(q, k, v, mask, 0.3, 1e9), sdpa) < 1e-12);
+    CHECK(relative(ops->softcapped_attention(q, k, v, mask, 0.3, 1.0), sdpa) > 1e-2);  // a small cap bends them
+  }
 }
 
 TEST_CASE("float8 casts: every provider writes the reference's bits and inverse scales") {

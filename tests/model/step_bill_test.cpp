@@ -290,12 +290,12 @@ Bill bill_of(const std::vector<Op>& ops) {
 
 // One bf16 training step (forward, backward, norm, clipping, AdamW) on meta, recorded; the decoder
 // layers' products in float8 when `recipe` asks (model/float8.h).
-std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq, Float8Recipe recipe = Float8Recipe::kNone) {
+std::vector<Op> record_step_of(const LlamaConfig& c, int64_t batch, int64_t seq,
+                               Float8Recipe recipe = Float8Recipe::kNone) {
   struct Recipe {  // the process's float8 recipe for this step only
     explicit Recipe(Float8Recipe r) { set_float8_recipe(r); }
     ~Recipe() { set_float8_recipe(Float8Recipe::kNone); }
   } scoped(recipe);
-  const LlamaConfig c = one_b_widths(layers);
   LlamaForCausalLM m(c, /*free_after_create=*/true);
   FsdpOptions o;
   o.device = c10::Device(c10::kMeta);
@@ -312,6 +312,22 @@ std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq, Float8Re
   const at::Tensor norm = optim::grad_norm(*sharded);
   adamw.step(at::zeros({1}, norm.options()), optim::clip_divisor(norm, 1.0));  // the trainer's clipping
   return recorder.ops();
+}
+
+std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq, Float8Recipe recipe = Float8Recipe::kNone) {
+  return record_step_of(one_b_widths(layers), batch, seq, recipe);
+}
+
+// The 1B widths in a config.json of `model_type` plus `extra`: each new layer kind as the parser
+// makes it (Gemma 3: sandwich norms of (1 + w), GELU, per-head q/k norms, a local rotary table, a
+// sliding layer; Gemma 2: soft-capped scores and logits; OLMo 2: norms after the blocks and over
+// the whole projections; SmolLM3: a layer without rotary; Granite: the multipliers).
+LlamaConfig one_b_of(const std::string& model_type, const std::string& extra) {
+  return parse_llama_config(R"({"model_type": ")" + model_type + R"(", "vocab_size": 128256, "hidden_size": 2048,
+      "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+      "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": true)" +
+                                (extra.empty() ? std::string() : ", " + extra) + "}",
+                            model_type);
 }
 
 std::string describe(const Bill& b, int64_t layers) {
@@ -371,6 +387,22 @@ TEST_CASE("the bill of a bf16 step at the 1B widths: bf16 products, no float64, 
   CHECK(per_layer <= 95);
   CHECK(activation_bytes <= 142 * activation);
   CHECK(state_bytes <= 10 * layer_params);  // AdamW alone reads 4 (parameter, gradient, two moments)
+}
+
+TEST_CASE("each new layer kind's bf16 step at the 1B widths: bf16 products, no float64") {
+  const std::string sliding = R"("sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"])";
+  const std::pair<const char*, std::string> kinds[] = {
+      {"gemma3_text", sliding}, {"gemma2", sliding}, {"olmo2", ""}, {"smollm3", R"("no_rope_layers": [1, 0])"},
+      {"granite", R"("embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+                     "logits_scaling": 8.0)"}};
+  for (const auto& [type, extra] : kinds) {
+    CAPTURE(type);
+    const Bill b = bill_of(record_step_of(one_b_of(type, extra), 1, 1024));
+    MESSAGE(type << ": " << describe(b, 2));
+    CHECK_MESSAGE(b.fp32_products.empty(), describe(b, 2));
+    CHECK(b.bf16_product_flops == b.product_flops);
+    CHECK_MESSAGE(b.float64_ops.empty(), describe(b, 2));
+  }
 }
 
 TEST_CASE("the loss head's bill at the 1B shape: bf16 products, no (V, C) accumulator, bounded passes per logit") {

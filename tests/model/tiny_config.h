@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "model/hf_config.h"
 
@@ -21,6 +24,34 @@ inline LlamaConfig tiny(int64_t kv_heads = 2) {
   c.rope_theta = 100.0;
   c.initializer_range = 0.2;  // large enough that every term matters
   return c;
+}
+
+// tiny()'s sizes in a config.json of `model_type` plus `extra` (more of the object's members, or
+// nothing), read as a user's file is: the family's form and layer plan as the parser makes them.
+inline LlamaConfig tiny_of(const std::string& model_type, const std::string& extra = "") {
+  const std::string text = R"({"model_type": ")" + model_type +
+                           R"(", "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+      "rope_theta": 100.0, "initializer_range": 0.2)" +
+                           (extra.empty() ? std::string() : ", " + extra) + "}";
+  return parse_llama_config(text, "tiny " + model_type);
+}
+
+// One tiny model of each layer kind issue 60 added, with the settings that make it differ from
+// Llama: Gemma 2's soft-capped scores and logits (sandwich norms of (1 + w), GELU, its own score
+// scale, a sliding layer), Gemma 3's per-head norms and local rotary table, OLMo 2's norms after
+// the blocks and over the whole projections, SmolLM3's layer without rotary, Granite's multipliers.
+inline std::vector<std::pair<std::string, LlamaConfig>> tiny_new_kinds() {
+  const std::string sliding = R"("sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"])";
+  return {{"gemma2", tiny_of("gemma2", sliding + R"(, "head_dim": 4, "query_pre_attn_scalar": 6,
+                                 "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0)")},
+          {"gemma3_text", tiny_of("gemma3_text", sliding + R"(, "head_dim": 4, "rope_parameters": {
+                                      "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}})")},
+          {"olmo2", tiny_of("olmo2")},
+          {"smollm3", tiny_of("smollm3", R"("no_rope_layers": [1, 0])")},
+          {"granite", tiny_of("granite", R"("embedding_multiplier": 3.0, "attention_multiplier": 0.3,
+                                 "residual_multiplier": 0.5, "logits_scaling": 2.0)")}};
 }
 
 }  // namespace fsdp::model::testing

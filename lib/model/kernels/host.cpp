@@ -47,6 +47,10 @@ class HostOps final : public Ops {
     return false;  // SDPA's CPU kernels take the heads repeated
   }
   bool varlen_flash_attention(const at::Tensor&) const override { return false; }
+  at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                  double scale, double cap) const override {
+    return apply_softcapped_attention(q, k, v, mask, scale, cap);  // no fused kernel takes the cap
+  }
   BlockAttention block_attention(const at::Tensor&) const override { return BlockAttention::kCpuFlash; }
 
   bool loss_by_vocabulary() const override { return false; }  // token chunks: oneDNN's (C, V) layout

@@ -65,6 +65,13 @@ class Ops {
   // Whether packed rows take variable-length flash attention (portable.cpp: flash_attention_applies), else
   // SDPA with a mask.
   virtual bool varlen_flash_attention(const at::Tensor& q) const = 0;
+  // softmax(cap * tanh(q k^T * scale / cap)) v over the keys `mask` allows (bool, broadcast to
+  // (B, H, T, S)): q (B, H, T, D), k and v (B, H, S, D) (kv heads repeated) -> (B, H, T, D). Gemma 2's
+  // soft-capped scores, which no fused attention kernel takes (SDPA's flash, memory-efficient or
+  // cuDNN kernels): every provider computes the scores whole, as transformers' eager attention does
+  // (apply_softcapped_attention).
+  virtual at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const at::Tensor& mask, double scale, double cap) const = 0;
   // Context parallel's kernel for a block of q (B, H, L, D).
   virtual BlockAttention block_attention(const at::Tensor& q) const = 0;
 
@@ -96,6 +103,12 @@ const Ops& reference_ops();
 // The reference rotation of one tensor, x * cos + rotate_half(x) * sin with rotate_half(x) =
 // [-x[D/2:], x[:D/2]], for x (..., D) and cos, sin broadcastable to it (HF's apply_rotary_pos_emb).
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// Soft-capped attention as transformers' eager attention computes it: the scores in q's dtype, the
+// softmax in fp32 (float64 for float64 q) and cast back, then the product with v (the providers'
+// softcapped_attention).
+at::Tensor apply_softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& mask, double scale, double cap);
 
 // The table a run on `device` would take for a choice, in a build with that device's kernels: what
 // memory estimates ask before any tensor exists. Never throws.

@@ -52,6 +52,10 @@ class PortableOps final : public Ops {
     return backend == at::SDPBackend::flash_attention || backend == at::SDPBackend::cudnn_attention;
   }
   bool varlen_flash_attention(const at::Tensor& q) const override { return flash_attention_applies(q); }
+  at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                  double scale, double cap) const override {
+    return apply_softcapped_attention(q, k, v, mask, scale, cap);  // no fused kernel takes the cap
+  }
   BlockAttention block_attention(const at::Tensor& q) const override {
     if (q.is_cpu()) return BlockAttention::kCpuFlash;
     return flash_attention_applies(q) ? BlockAttention::kCudaFlash : BlockAttention::kMath;

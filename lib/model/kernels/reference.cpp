@@ -2,6 +2,8 @@
 // write them. Every other provider is tested against these numerics.
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "model/kernels/ops.h"
 
 namespace fsdp::model::kernels {
@@ -43,6 +45,10 @@ class ReferenceOps final : public Ops {
   }
   bool attention_groups_heads(const at::Tensor&, const at::Tensor&, const at::Tensor&) const override { return false; }
   bool varlen_flash_attention(const at::Tensor&) const override { return false; }
+  at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                  double scale, double cap) const override {
+    return apply_softcapped_attention(q, k, v, mask, scale, cap);  // no fused kernel takes the cap
+  }
   BlockAttention block_attention(const at::Tensor&) const override { return BlockAttention::kMath; }
 
   bool loss_by_vocabulary() const override { return false; }
@@ -70,6 +76,14 @@ class ReferenceOps final : public Ops {
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return x * cos + rotate_half(x) * sin;
+}
+
+at::Tensor apply_softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& mask, double scale, double cap) {
+  const at::Tensor scores = at::tanh(at::matmul(q, k.transpose(-2, -1)) * scale / cap) * cap;
+  const at::Tensor masked = scores.masked_fill(mask.bitwise_not(), -std::numeric_limits<double>::infinity());
+  const at::ScalarType softmax_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // at least fp32
+  return at::matmul(at::softmax(masked, -1, softmax_type).to(q.scalar_type()), v);
 }
 
 const Ops& reference_ops() {
