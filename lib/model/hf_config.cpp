@@ -44,7 +44,7 @@ const std::set<std::string>& known_fields() {
       "layer_types", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
       "sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq", "use_bidirectional_attention",
       "no_rope_layers", "no_rope_layer_interval", "embedding_multiplier", "attention_multiplier",
-      "residual_multiplier", "logits_scaling",
+      "residual_multiplier", "logits_scaling", "partial_rotary_factor",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
@@ -454,6 +454,9 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   c.initializer_range = field<double>(j, "initializer_range", c.initializer_range, where);
   if (const int64_t pad = field<int64_t>(j, "pad_token_id", -1, where); pad >= 0 && pad < c.vocab_size)
     c.pad_token_id = pad;
+  for (const auto& [key, text] :
+       {std::pair{"bos_token_id", &c.bos_token_id_json}, std::pair{"eos_token_id", &c.eos_token_id_json}})
+    if (const auto it = j.find(key); it != j.end() && !it->is_null()) *text = it->dump();
   if (auto d = j.find("dtype"); d != j.end() && d->is_string())
     c.dtype = *d;
   else if (auto t = j.find("torch_dtype"); t != j.end() && t->is_string())
@@ -466,6 +469,10 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ", c.num_attention_heads,
              " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
   FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
+  // transformers rotates only this share of each head (Phi-4-mini, StableLM); fsdptrain rotates all of it.
+  const double partial = field<double>(j, "partial_rotary_factor", 1.0, where);
+  FSDP_CHECK(partial == 1.0, where, ": partial_rotary_factor ", partial,
+             " is not supported; fsdptrain rotates the whole head (1.0)");
   FSDP_CHECK(field<double>(j, "attention_dropout", 0.0, where) == 0.0, where, ": attention_dropout ",
              j["attention_dropout"].dump(), " is not supported; fsdptrain trains without dropout (set it to 0.0)");
   // Far past any model (a quadrillion parameters), and past what a double counts exactly: sizes
@@ -487,35 +494,12 @@ LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>*
   return parse_llama_config(ss.str(), path, warnings);
 }
 
-std::string llama_config_json(const LlamaConfig& c) {
-  const FamilyNames names = family_names(c.family);
-  json j = {{"architectures", {names.architecture}},
-            {"model_type", names.model_type},
-            {"vocab_size", c.vocab_size},
-            {"hidden_size", c.hidden_size},
-            {"intermediate_size", c.intermediate_size},
-            {"num_hidden_layers", c.num_hidden_layers},
-            {"num_attention_heads", c.num_attention_heads},
-            {"num_key_value_heads", c.num_key_value_heads},
-            {"head_dim", c.head_dim},
-            {"hidden_act", c.activation == Activation::kSilu ? "silu" : "gelu_pytorch_tanh"},
-            {"max_position_embeddings", c.max_position_embeddings},
-            {"rms_norm_eps", c.rms_norm_eps},
-            {"rope_theta", c.rope_theta},
-            {"attention_bias", c.attention_bias},
-            {"attention_dropout", 0.0},
-            {"mlp_bias", c.mlp_bias},
-            {"tie_word_embeddings", c.tie_word_embeddings},
-            {"initializer_range", c.initializer_range},
-            {"pad_token_id", c.pad_token_id >= 0 ? json(c.pad_token_id) : json(nullptr)},
-            {"torch_dtype", c.dtype},
-            {"dtype", c.dtype}};
-  if (c.family == Family::kMistral || c.family == Family::kQwen2) {
-    j.erase("attention_bias");
-    j.erase("mlp_bias");
-  }
-  const bool gemma = is_gemma(c.family);
-  if (gemma) {
+namespace {
+
+// The family's own fields of the layer's form: Gemma's caps and scale, Granite's multipliers, the
+// windows and their switches, SmolLM3's NoPE layers.
+void write_form(json& j, const LlamaConfig& c) {
+  if (is_gemma(c.family)) {
     j.erase("mlp_bias");
     j["hidden_activation"] = j["hidden_act"];
     j.erase("hidden_act");
@@ -546,6 +530,10 @@ std::string llama_config_json(const LlamaConfig& c) {
     j["no_rope_layers"] = c.rope_layers;
     j["no_rope_layer_interval"] = c.no_rope_layer_interval;
   }
+}
+
+// RoPE as the family writes it: rope_theta + rope_scaling, or Gemma 3's table per layer type.
+void write_rope(json& j, const LlamaConfig& c) {
   json scaling = nullptr;
   if (c.rope_scaling && c.rope_scaling->type == RopeScaling::Type::kLinear)
     scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling->factor}};
@@ -564,6 +552,41 @@ std::string llama_config_json(const LlamaConfig& c) {
   } else {
     j["rope_scaling"] = scaling;
   }
+}
+
+}  // namespace
+
+std::string llama_config_json(const LlamaConfig& c) {
+  const FamilyNames names = family_names(c.family);
+  json j = {{"architectures", {names.architecture}},
+            {"model_type", names.model_type},
+            {"vocab_size", c.vocab_size},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_key_value_heads},
+            {"head_dim", c.head_dim},
+            {"hidden_act", c.activation == Activation::kSilu ? "silu" : "gelu_pytorch_tanh"},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"rms_norm_eps", c.rms_norm_eps},
+            {"rope_theta", c.rope_theta},
+            {"attention_bias", c.attention_bias},
+            {"attention_dropout", 0.0},
+            {"mlp_bias", c.mlp_bias},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"initializer_range", c.initializer_range},
+            {"pad_token_id", c.pad_token_id >= 0 ? json(c.pad_token_id) : json(nullptr)},
+            {"bos_token_id", c.bos_token_id_json.empty() ? json(nullptr) : json::parse(c.bos_token_id_json)},
+            {"eos_token_id", c.eos_token_id_json.empty() ? json(nullptr) : json::parse(c.eos_token_id_json)},
+            {"torch_dtype", c.dtype},
+            {"dtype", c.dtype}};
+  if (c.family == Family::kMistral || c.family == Family::kQwen2) {
+    j.erase("attention_bias");
+    j.erase("mlp_bias");
+  }
+  write_form(j, c);
+  write_rope(j, c);
   return j.dump(2) + "\n";
 }
 

@@ -117,6 +117,9 @@ struct LlamaConfig {
   // pad_token_id: the embedding row lookups give no gradient (nn.Embedding's padding_idx, which
   // transformers sets from it in every family); -1: none (also for an id outside the vocabulary).
   int64_t pad_token_id = -1;
+  // bos_token_id and eos_token_id as written (JSON text: a number or, for eos, a list; empty: not
+  // written), carried into exports so transformers reads the ids the folder had.
+  std::string bos_token_id_json, eos_token_id_json;
   std::string dtype = "float32";  // torch_dtype / dtype as written (informational)
 
   int64_t num_parameters() const;  // distinct parameters (a tied head counted once)

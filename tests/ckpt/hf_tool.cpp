@@ -10,6 +10,8 @@
 //       and the layer class; the logits and loss of kTokens packed as two records (data.packing:
 //       masked: positions restart at kPackedStart, each record sees only itself); then exports the loaded model to OUT through the sharded engine.
 //   hf_tool count CONFIG_JSON   prints the parameter count and layer class of a config.json.
+//   hf_tool logits-of DIR TOKENS   loads DIR of any family and prints, as JSON, its logits on each
+//       token list of TOKENS (a JSON list of lists), one flat list each.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
@@ -123,6 +125,18 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "golden" && argc >= 4) return golden(argv[2], argv[3]);
+    if (mode == "logits-of" && argc >= 4) {
+      fsdp::model::LlamaForCausalLM m = load(argv[2]);
+      c10::NoGradGuard no_grad;
+      nlohmann::json out = nlohmann::json::array();
+      for (const auto& ids : nlohmann::json::parse(argv[3])) {
+        const at::Tensor x = at::tensor(ids.get<std::vector<int64_t>>(), at::kLong).view({1, -1});
+        const at::Tensor logits = m->forward(x).to(at::kDouble).reshape({-1}).contiguous();
+        out.push_back(std::vector<double>(logits.data_ptr<double>(), logits.data_ptr<double>() + logits.numel()));
+      }
+      std::cout << out.dump() << "\n";
+      return 0;
+    }
     if (mode == "count") {  // a config.json's parameter count and layer class
       const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(argv[2]);
       std::cout << nlohmann::json{{"num_parameters", c.num_parameters()},
@@ -131,7 +145,8 @@ int main(int argc, char** argv) {
                 << "\n";
       return 0;
     }
-    std::cerr << "usage: hf_tool export DIR MAX_SHARD_BYTES [tied] | hf_tool logits DIR | hf_tool golden DIR OUT\n";
+    std::cerr << "usage: hf_tool export DIR MAX_SHARD_BYTES [tied] | hf_tool logits DIR | hf_tool golden DIR OUT | "
+                 "hf_tool count CONFIG_JSON | hf_tool logits-of DIR TOKENS\n";
     return 2;
   } catch (const fsdp::Error& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -341,7 +341,12 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
   const at::Tensor global = rope_inv_freq(g3), local = rope_inv_freq(g3, /*local=*/true);
   CHECK(global[1].item<double>() == doctest::Approx(std::pow(1e6, -2.0 / 8) / 8));
   CHECK(local[1].item<double>() == doctest::Approx(std::pow(1e4, -2.0 / 8)));
-  const LlamaConfig olmo = parse("olmo2");
+  const LlamaConfig olmo = parse("olmo2", R"("pad_token_id": 3, "bos_token_id": 2, "eos_token_id": [1, 5])");
+  CHECK(olmo.pad_token_id == 3);  // nn.Embedding's padding_idx
+  // The ids are carried into the export as written (an id out of the vocabulary is no padding row).
+  CHECK(llama_config_json(olmo).find("\"eos_token_id\": [\n    1,\n    5\n  ]") != std::string::npos);
+  CHECK(llama_config_json(olmo).find("\"bos_token_id\": 2") != std::string::npos);
+  CHECK(parse("olmo2", R"("pad_token_id": 64)").pad_token_id == -1);
   CHECK((olmo.norms == NormPlacement::kPost && olmo.qk_norm_whole && !olmo.qk_norm && !olmo.tie_word_embeddings));
   const LlamaConfig smol = parse("smollm3", R"("use_sliding_window": true, "sliding_window": 8)");
   for (int64_t i = 0; i < 4; ++i) {  // every fourth layer without rotary, and (without layer_types) sliding
@@ -375,6 +380,8 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
   CHECK(error("gemma3", "").find("model_type \"gemma3\" is Gemma3ForConditionalGeneration") != std::string::npos);
   CHECK(error("gemma2", R"("head_dim": 8, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})")
             .find("rope type \"yarn\" is not supported") != std::string::npos);
+  CHECK(error("llama", R"("partial_rotary_factor": 0.75)") ==
+        "llama.json: partial_rotary_factor 0.75 is not supported; fsdptrain rotates the whole head (1.0)");
   CHECK(error("olmo2", R"("sliding_window": 8)").find("sliding_window is not a field of Olmo2ForCausalLM") !=
         std::string::npos);
 }
