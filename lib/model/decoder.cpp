@@ -426,13 +426,12 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, int64_t layer
       residual_multiplier(c.residual_multiplier) {
   self_attn = register_module("self_attn", LlamaAttention(c, layer, tp, std::move(cp)));
   mlp = register_module("mlp", LlamaMLP(c, tp));
-  LlamaRMSNorm* slots[] = {&input_layernorm, &post_attention_layernorm, &pre_feedforward_layernorm,
-                           &post_feedforward_layernorm};
-  const char* slot_names[] = {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                              "post_feedforward_layernorm"};
-  for (const char* name : layer_norm_names(c.norms))
-    for (size_t i = 0; i < 4; ++i)
-      if (std::string(name) == slot_names[i]) *slots[i] = register_module(name, norm_of(c, c.hidden_size));
+  // In layer_norm_names' order (describe() lists them so; decoder_test holds the two together).
+  auto add = [&](const char* name) { return register_module(name, norm_of(c, c.hidden_size)); };
+  if (norms != NormPlacement::kPost) input_layernorm = add("input_layernorm");
+  post_attention_layernorm = add("post_attention_layernorm");
+  if (norms == NormPlacement::kSandwich) pre_feedforward_layernorm = add("pre_feedforward_layernorm");
+  if (norms != NormPlacement::kPre) post_feedforward_layernorm = add("post_feedforward_layernorm");
 }
 
 at::Tensor LlamaDecoderLayerImpl::residual(const at::Tensor& x, const at::Tensor& y) const {
