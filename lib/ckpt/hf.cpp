@@ -171,16 +171,38 @@ std::string config_with_dtype(const std::string& config_json, Dtype dtype) {
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs, Dtype dtype) {
   const bool writer = writes_exports(model);
-  std::vector<TensorSpec> specs;
-  std::vector<std::pair<size_t, size_t>> where;  // (group, index) of specs[i]
+  std::map<std::string, std::pair<size_t, size_t>> slot;  // a parameter's (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
-    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) {
-      specs.push_back({model.groups()[g]->params()[i].name, model.groups()[g]->params()[i].full_shape()});
-      where.emplace_back(g, i);
+    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) slot[model.groups()[g]->params()[i].name] = {g, i};
+  // Each tensor the folder holds: a parameter, or (description.fused) several end to end.
+  std::vector<TensorSpec> specs;
+  std::vector<std::vector<std::pair<size_t, size_t>>> parts;  // specs[k]'s parameters
+  std::set<std::string> in_fused;
+  for (const model::FusedTensor& f : description.fused) {
+    std::vector<std::pair<size_t, size_t>> of;
+    for (const auto& [name, rows] : f.parts)
+      if (slot.count(name)) of.push_back(slot.at(name));
+    if (of.size() != f.parts.size()) continue;  // a part this model lacks: its parameters as they are
+    std::vector<int64_t> shape = model.groups()[of[0].first]->params()[of[0].second].full_shape();
+    shape[0] = 0;
+    for (const auto& [g, i] : of) shape[0] += model.groups()[g]->params()[i].full_shape()[0];
+    for (const auto& [name, rows] : f.parts) in_fused.insert(name);
+    specs.push_back({f.name, shape});
+    parts.push_back(std::move(of));
+  }
+  for (const auto& [name, at] : slot)
+    if (!in_fused.count(name)) {
+      specs.push_back({name, model.groups()[at.first]->params()[at.second].full_shape()});
+      parts.push_back({at});
     }
   return write_hf_folder(
-      specs, [&](size_t k) { return model.groups()[where[k].first]->gather_full_parameter(where[k].second); }, writer,
-      config_with_dtype(description.config_json, dtype), dir, max_shard_bytes, fs, dtype);
+      specs,
+      [&](size_t k) {
+        std::vector<at::Tensor> whole;  // every rank gathers each part (collective), in the same order
+        for (const auto& [g, i] : parts[k]) whole.push_back(model.groups()[g]->gather_full_parameter(i));
+        return whole.size() == 1 ? whole[0] : at::cat(whole, 0);
+      },
+      writer, config_with_dtype(description.config_json, dtype), dir, max_shard_bytes, fs, dtype);
 }
 
 void export_folder(const ShardedModel& model, const std::string& dir, const ExtraFiles& extra,
@@ -241,9 +263,24 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   }
 }
 
-void HfCheckpoint::check_matches(const std::vector<model::ParamSpec>& params) const {
+void HfCheckpoint::check_matches(const model::ModelDescription& description) const {
   std::map<std::string, std::vector<int64_t>> stored;
   for (const auto& [name, where] : tensors_) stored[name] = where.second->shape;
+  // A fused tensor of the right rows stands for its parts, as open_hf_source reads it.
+  for (const model::FusedTensor& f : description.fused) {
+    const auto it = stored.find(f.name);
+    int64_t rows = 0;
+    bool stored_apart = false;
+    for (const auto& [part, n] : f.parts) {
+      stored_apart = stored_apart || stored.count(part) > 0;
+      rows += n;
+    }
+    if (it == stored.end() || stored_apart || it->second.empty() || it->second[0] != rows) continue;
+    const std::vector<int64_t> shape = it->second;
+    stored.erase(it);
+    for (const auto& [part, n] : f.parts) (stored[part] = shape)[0] = n;
+  }
+  const std::vector<model::ParamSpec>& params = description.params;
   // A tied head is the embedding (its alias): HF writes it once, but a folder may hold both names.
   std::vector<ExpectedTensor> expected;
   for (const model::ParamSpec& p : params) expected.push_back({p.name, p.shape, p.aliases});

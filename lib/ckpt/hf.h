@@ -120,7 +120,8 @@ class HfCheckpoint {
   explicit HfCheckpoint(const std::string& dir);  // throws InputError naming what is missing
   // Refuses (InputError) a checkpoint whose tensors do not match `params` (names, aliases, shapes),
   // listing every missing, unexpected and mis-shaped tensor.
-  void check_matches(const std::vector<model::ParamSpec>& params) const;
+  // Its fused tensors (description.fused) stand for their parts.
+  void check_matches(const model::ModelDescription& description) const;
   // One tensor as fp32.
   at::Tensor read(const std::string& name) const;
   // Every tensor of the folder by name: its file and header entry.

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "model/description.h"
 
 namespace fsdp::ckpt {
 
@@ -12,7 +14,9 @@ namespace fsdp::ckpt {
 // rank its rows), after checking that
 // its tensors match the model (InputError listing every mismatch). efficient
 // (fsdp_cpu_ram_efficient_loading): only rank 0 of `world` reads the files and broadcasts one
-// tensor at a time; otherwise every rank reads its own rows from the mapped files. Collective.
-void load_pretrained(ShardedModel& model, const std::string& dir, dist::ProcessGroup& world, bool efficient);
+// tensor at a time; otherwise every rank reads its own rows from the mapped files. `fused`: the
+// folder's tensors that hold several parameters (model::ModelDescription::fused). Collective.
+void load_pretrained(ShardedModel& model, const std::string& dir, dist::ProcessGroup& world, bool efficient,
+                     const std::vector<model::FusedTensor>& fused = {});
 
 }  // namespace fsdp::ckpt

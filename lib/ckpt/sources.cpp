@@ -306,15 +306,42 @@ class FullSource final : public Source {
       for (const TensorInfo& t : optimizer_->header().tensors) add(*optimizer_, t);
     }
   }
+  // Each tensor `fused` names that the folder holds, and none of its parts, read as its parts: rows
+  // of the stored tensor, one part after another.
+  void split_fused(const std::vector<model::FusedTensor>& fused) {
+    for (const model::FusedTensor& f : fused) {
+      const auto it = entries_.find(f.name);
+      if (it == entries_.end()) continue;
+      int64_t rows = 0;
+      bool stored_apart = false;  // the parameters are stored themselves as well: they are read
+      for (const auto& [part, n] : f.parts) {
+        stored_apart = stored_apart || infos_.count(part) > 0;
+        rows += n;
+      }
+      const StoredInfo whole = infos_.at(f.name);
+      if (stored_apart || whole.shape.empty() || whole.shape[0] != rows) continue;  // the check names it
+      int64_t row0 = 0;
+      for (const auto& [part, n] : f.parts) {
+        entries_[part] = {it->second.file, it->second.tensor, row0};
+        infos_[part] = whole;
+        infos_[part].shape[0] = n;
+        row0 += n;
+      }
+      entries_.erase(it);
+      infos_.erase(f.name);
+    }
+  }
   void files(const std::string& name, int64_t, int64_t, std::set<std::string>& out) const override {
     out.insert(base_name(entries_.at(name).file->path()));
   }
   at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
     const Entry& e = entries_.at(name);
-    return read_rows_fp32(*e.file, *e.tensor, r0, r1);
+    return read_rows_fp32(*e.file, *e.tensor, e.row0 + r0, e.row0 + r1);
   }
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
+    r0 += e.row0;
+    r1 += e.row0;
     if (deferred_.add(*e.file, *e.tensor, 0, r0, r1, out, base_name(e.file->path()))) return;
     const Segment s = copy_mapped(*e.file, *e.tensor, 0, r0, r1, out, checksums_);
     if (checksums_) read_[base_name(e.file->path())].push_back(s);
@@ -335,6 +362,7 @@ class FullSource final : public Source {
   struct Entry {
     const SafetensorsFile* file = nullptr;
     const TensorInfo* tensor = nullptr;
+    int64_t row0 = 0;  // a fused tensor's part: where its rows start in the stored tensor
   };
   bool checksums_ = false;
   std::map<std::string, std::vector<Segment>> read_;  // with checksums: by file name
@@ -357,8 +385,10 @@ std::unique_ptr<Source> open_source(const std::string& dir) {
   return std::make_unique<FullSource>(dir);
 }
 
-std::unique_ptr<Source> open_hf_source(const std::string& dir) {
-  return std::make_unique<FullSource>(dir);
+std::unique_ptr<Source> open_hf_source(const std::string& dir, const std::vector<model::FusedTensor>& fused) {
+  auto src = std::make_unique<FullSource>(dir);
+  src->split_fused(fused);
+  return src;
 }
 
 std::vector<Slot> slots_of(const ShardedModel& model, const std::function<bool(const ShardedParam&)>& keep) {

@@ -16,6 +16,7 @@
 #include "ckpt/safetensors.h"
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
+#include "model/description.h"
 #include "optim/adamw.h"
 
 namespace fsdp::ckpt {
@@ -82,7 +83,9 @@ class Source {
 // SHARDED_STATE_DICT when `dir` has an index.json, else FULL_STATE_DICT (any Hugging Face folder,
 // plus optimizer.safetensors when there is one). Throws InputError for a malformed folder.
 std::unique_ptr<Source> open_source(const std::string& dir);
-std::unique_ptr<Source> open_hf_source(const std::string& dir);
+// A Hugging Face folder, its tensors that `fused` names read as their parts (Phi-3's qkv_proj as
+// q_proj, k_proj and v_proj; model::ModelDescription::fused).
+std::unique_ptr<Source> open_hf_source(const std::string& dir, const std::vector<model::FusedTensor>& fused = {});
 
 // A parameter's slot: where it lives in the engine.
 struct Slot {

@@ -99,42 +99,98 @@ at::Tensor layer_linear(const torch::nn::Linear& l, const at::Tensor& x) {
 
 // --- rotary embeddings ---
 
-at::Tensor rope_inv_freq(const LlamaConfig& c, bool local) {
-  // inv_freq[i] = theta^(-2i/D), with Llama 3's frequency-dependent scaling or linear scaling when
-  // configured (the global table only).
-  const int64_t d = c.head_dim;
-  const double theta = local ? c.local_rope_theta : c.rope_theta;
-  at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, d, 2, at::kDouble) / static_cast<double>(d));
-  if (c.rope_scaling && !local && c.rope_scaling->type == RopeScaling::Type::kLinear) {
-    inv_freq = inv_freq / c.rope_scaling->factor;
-  } else if (c.rope_scaling && !local) {
-    const RopeScaling& s = *c.rope_scaling;
-    const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-    const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-    const at::Tensor wavelen = 2 * M_PI / inv_freq;
-    const at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
-    const at::Tensor smooth =
-        (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-    const at::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
-    const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
-    inv_freq = at::where(medium, blended, scaled);
-  }
-  return inv_freq.to(at::kFloat);
+namespace {
+
+// inv_freq[i] = theta^(-2i/d) over the rotated dimensions d, in double, on `device`.
+at::Tensor plain_inv_freq(double theta, int64_t d, const c10::Device& device = c10::kCPU) {
+  return 1.0 / at::pow(theta, at::arange(0, d, 2, at::TensorOptions().dtype(at::kDouble).device(device)) /
+                                  static_cast<double>(d));
 }
 
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like) {
-  // fp32 angles, duplicated halves (HF's layout), cast to the activation dtype last.
+// Llama 3's: long wavelengths divided by factor, short ones kept, the medium ones blended.
+at::Tensor llama3_inv_freq(const at::Tensor& inv_freq, const RopeScaling& s) {
+  const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+  const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+  const at::Tensor wavelen = 2 * M_PI / inv_freq;
+  const at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+  const at::Tensor smooth =
+      (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  const at::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  const at::Tensor medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+  return at::where(medium, blended, scaled);
+}
+
+// YaRN's: interpolated (/ factor) below the ramp's low dimension, kept above its high one, blended
+// linearly between; the ramp's ends from the rotations beta_fast and beta_slow make over
+// original_max_position_embeddings.
+at::Tensor yarn_inv_freq(const at::Tensor& inv_freq, double theta, int64_t d, const RopeScaling& s) {
+  auto dim_of = [&](double rotations) {
+    return d * std::log(s.original_max_position_embeddings / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+  };
+  double low = dim_of(s.beta_fast), high = dim_of(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(d - 1));
+  if (low == high) high += 0.001;  // no division by zero, as transformers
+  const at::Tensor ramp = ((at::arange(d / 2, at::kDouble) - low) / (high - low)).clamp(0, 1);
+  return inv_freq / s.factor * ramp + inv_freq * (1 - ramp);
+}
+
+}  // namespace
+
+at::Tensor rope_inv_freq(const LlamaConfig& c, bool local, int64_t seq_len, const c10::Device& device) {
+  const int64_t d = c.rotary_dim();
+  double theta = local ? c.local_rope_theta : c.rope_theta;
+  if (local || !c.rope_scaling) return plain_inv_freq(theta, d).to(at::kFloat);
+  const RopeScaling& s = *c.rope_scaling;
+  switch (s.type) {
+    case RopeScaling::Type::kLinear:
+      return (plain_inv_freq(theta, d) / s.factor).to(at::kFloat);
+    case RopeScaling::Type::kDynamic:  // NTK: a larger base past max_position_embeddings
+      if (seq_len > c.max_position_embeddings) {
+        const double grown = s.factor * static_cast<double>(seq_len) / static_cast<double>(c.max_position_embeddings);
+        theta *= std::pow(grown - (s.factor - 1), static_cast<double>(d) / static_cast<double>(d - 2));
+      }
+      return plain_inv_freq(theta, d, device).to(at::kFloat);
+    case RopeScaling::Type::kYarn:
+      return yarn_inv_freq(plain_inv_freq(theta, d), theta, d, s).to(at::kFloat);
+    case RopeScaling::Type::kLongRope: {
+      const std::vector<double>& f = seq_len > s.original_max_position_embeddings ? s.long_factor : s.short_factor;
+      const at::Tensor factors = at::tensor(at::ArrayRef<double>(f), at::kDouble);
+      return (plain_inv_freq(theta, d) / factors).to(at::kFloat);
+    }
+    case RopeScaling::Type::kLlama3:
+      break;
+  }
+  return llama3_inv_freq(plain_inv_freq(theta, d), s).to(at::kFloat);
+}
+
+bool rope_depends_on_length(const LlamaConfig& c, int64_t seq_len) {
+  if (!c.rope_scaling) return false;
+  const RopeScaling& s = *c.rope_scaling;
+  return (s.type == RopeScaling::Type::kDynamic && seq_len > c.max_position_embeddings) ||
+         (s.type == RopeScaling::Type::kLongRope && seq_len > s.original_max_position_embeddings);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like,
+                                               double factor) {
+  // fp32 angles, duplicated halves (HF's layout), times the attention factor, cast to the activation dtype last.
   const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kFloat).device(like.device()));
   const at::Tensor freqs = at::outer(pos, inv_freq);   // inv_freq lives on like's device (a buffer)
   const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, D)
+  if (factor != 1.0) return {(emb.cos() * factor).to(like.scalar_type()), (emb.sin() * factor).to(like.scalar_type())};
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,
-                                                  const at::Tensor& like) {
+                                                  const at::Tensor& like, double factor) {
   const at::Tensor pos = positions.to(like.device(), at::kFloat).unsqueeze(-1);  // (B, T, 1)
   const at::Tensor freqs = pos * inv_freq;                                       // (B, T, D/2)
   const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);               // (B, 1, T, D)
+  if (factor != 1.0) return {(emb.cos() * factor).to(like.scalar_type()), (emb.sin() * factor).to(like.scalar_type())};
   return {emb.cos().to(like.scalar_type()), emb.sin().to(like.scalar_type())};
 }
 
@@ -168,6 +224,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, int64_t layer, std:
       heads(share(c.num_attention_heads, t, "num_attention_heads")),
       kv_heads(share(c.num_key_value_heads, t, "num_key_value_heads")),
       head_dim(c.head_dim),
+      rotary_dim(c.rotary_dim()),
       window(c.plan(layer).window),
       rotary(c.plan(layer).rotary),
       qk_norm_whole(c.qk_norm_whole),
@@ -255,6 +312,12 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
     k = k_norm(k);
   }
   if (!rotary) return {q.transpose(1, 2), k.transpose(1, 2), v};  // a NoPE layer
+  if (rotary_dim < head_dim) {  // Phi-3/4: the first rotary_dim dimensions turn, the rest pass through
+    const int64_t r = rotary_dim;
+    auto [rq, rk] = kernels::ops_for(x).rotary(q.narrow(-1, 0, r).contiguous(), k.narrow(-1, 0, r).contiguous(), cos, sin);
+    return {at::cat({rq, q.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1),
+            at::cat({rk, k.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1), v};
+  }
   auto [rq, rk] = kernels::ops_for(x).rotary(q, k, cos, sin);  // (B, H, T, D), (B, K, T, D)
   return {rq, rk, v};
 }
@@ -510,6 +573,9 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   // Buffers, so they move with the model (fully_shard, Module::to) and no forward copies them from the host.
   inv_freq_.push_back(register_buffer("inv_freq", rope_inv_freq(c)));
   if (c.local_rope_theta > 0) inv_freq_.push_back(register_buffer("inv_freq_local", rope_inv_freq(c, true)));
+  if (c.rope_scaling && c.rope_scaling->type == RopeScaling::Type::kLongRope)  // past original_max_position_embeddings
+    inv_freq_.push_back(register_buffer(
+        "inv_freq_long", rope_inv_freq(c, false, c.rope_scaling->original_max_position_embeddings + 1)));
 }
 
 at::Tensor LlamaForCausalLMImpl::embed(const at::Tensor& tokens) {
@@ -524,9 +590,23 @@ at::Tensor LlamaForCausalLMImpl::embed(const at::Tensor& tokens) {
   return x * config.embedding_scale;
 }
 
+std::vector<at::Tensor> LlamaForCausalLMImpl::inv_freq_for(int64_t seq_len, const at::Tensor& like) const {
+  std::vector<at::Tensor> out(inv_freq_.begin(), inv_freq_.begin() + (config.local_rope_theta > 0 ? 2 : 1));
+  if (!rope_depends_on_length(config, seq_len)) return out;
+  // Past its original positions longrope takes its long table (a buffer); past max_position_embeddings
+  // dynamic's base grows with the length (computed on the model's device).
+  out[0] = config.rope_scaling->type == RopeScaling::Type::kLongRope
+               ? inv_freq_.back()
+               : rope_inv_freq(config, false, seq_len, like.device());
+  return out;
+}
+
 LlamaForCausalLMImpl::Angles LlamaForCausalLMImpl::angles(int64_t seq_len, const at::Tensor& like) const {
   Angles out;
-  for (const at::Tensor& f : inv_freq_) out.push_back(rope_cos_sin(f, seq_len, like));
+  const double factor = config.rope_attention_factor();
+  const std::vector<at::Tensor> freqs = inv_freq_for(seq_len, like);
+  for (size_t i = 0; i < freqs.size(); ++i)  // the local table (Gemma 3's) is never scaled
+    out.push_back(rope_cos_sin(freqs[i], seq_len, like, i == 0 ? factor : 1.0));
   return out;
 }
 
@@ -546,7 +626,13 @@ at::Tensor LlamaForCausalLMImpl::hidden_states(const at::Tensor& all_tokens, con
   Angles tables;
   if (rows.defined()) {
     const at::Tensor positions = cp ? rows.positions.index_select(1, mine.to(x.device())) : rows.positions;
-    for (const at::Tensor& f : inv_freq_) tables.push_back(rope_cos_sin_at(f, positions, x));
+    // As transformers: the table for the longest record's length (its largest position + 1).
+    int64_t longest = all_tokens.size(1);
+    if (rope_depends_on_length(config, longest))
+      longest = packed.max_len > 0 ? packed.max_len : packed.positions.max().item<int64_t>() + 1;
+    const std::vector<at::Tensor> freqs = inv_freq_for(longest, x);
+    for (size_t f = 0; f < freqs.size(); ++f)
+      tables.push_back(rope_cos_sin_at(freqs[f], positions, x, f == 0 ? config.rope_attention_factor() : 1.0));
   } else {
     tables = angles(all_tokens.size(1), x);
   }

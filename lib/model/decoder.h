@@ -8,7 +8,9 @@
 // key head, head_dim independent of hidden_size), Gemma 2 and 3 (sandwich norms of (1 + w), GELU,
 // scaled embeddings, soft-capped scores and logits, local and global rotary tables), OLMo 2 (norms
 // after each block, q/k norms over the whole projection), SmolLM3 (layers without rotary), Granite
-// (multipliers). The modules read the config's form and their layer's plan, never the family.
+// (multipliers), Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
+// gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
+// the same). The modules read the config's form and their layer's plan, never the family.
 //
 // Shapes use one vocabulary: B batch, T sequence, C hidden_size, H query heads, K kv heads,
 // D head_dim, F intermediate_size, V vocab_size.
@@ -101,6 +103,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   // Per head (Qwen3, Gemma 3), or over the whole projection (OLMo 2: qk_norm_whole); else none.
   LlamaRMSNorm q_norm{nullptr}, k_norm{nullptr};
   int64_t heads, kv_heads, head_dim;  // this rank's heads, under tensor parallel
+  int64_t rotary_dim;                 // the rotated share of each head (Phi-3/4's partial rotation; else head_dim)
   int64_t window;                     // 0: full causal attention
   bool rotary;                        // false: no position rotation (a NoPE layer)
   bool qk_norm_whole;
@@ -228,21 +231,30 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // The rotary tables' (cos, sin): each layer takes its plan's (LayerPlan::rope).
   using Angles = std::vector<std::pair<at::Tensor, at::Tensor>>;
   Angles angles(int64_t seq_len, const at::Tensor& like) const;
-  // (D/2) fp32: the registered buffers "inv_freq" and, with a local table (Gemma 3), "inv_freq_local"
-  // (the model's device).
+  // The tables' inv_freq for sequences of seq_len positions: the buffers, or the global table
+  // computed for that length where its rope type depends on it.
+  std::vector<at::Tensor> inv_freq_for(int64_t seq_len, const at::Tensor& like) const;
+  // (D/2) fp32: the registered buffers "inv_freq" and, with a local table (Gemma 3), "inv_freq_local",
+  // and with longrope "inv_freq_long" (its long factors), last (the model's device).
   std::vector<at::Tensor> inv_freq_;
 };
 TORCH_MODULE(LlamaForCausalLM);
 
-// Rotary embeddings as HF computes them: inv_freq[i] = theta^(-2i/D) (fp32, with Llama 3 scaling
-// when configured); cos/sin (T, D) of the angles duplicated over both halves, cast to `like`'s dtype
-// last (the rotation itself is an op: model/kernels/ops.h).
-// `local`: Gemma 3's sliding layers' table (local_rope_theta, unscaled).
-at::Tensor rope_inv_freq(const LlamaConfig& c, bool local = false);
-std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like);
-// The same at given positions (B, T) int64: (B, 1, T, D), broadcasting over the heads.
+// Rotary embeddings as HF computes them: inv_freq[i] = theta^(-2i/d) over the rotated dimensions d
+// (fp32, scaled as the config's rope type says: RopeScaling); cos/sin (T, d) of the angles duplicated
+// over both halves, times `factor` (the config's rope_attention_factor), cast to `like`'s dtype last
+// (the rotation itself is an op: model/kernels/ops.h).
+// `local`: Gemma 3's sliding layers' table (local_rope_theta, unscaled). seq_len: the sequences'
+// length, which longrope's and dynamic's tables depend on (0: within every limit).
+at::Tensor rope_inv_freq(const LlamaConfig& c, bool local = false, int64_t seq_len = 0,
+                         const c10::Device& device = c10::kCPU);
+// Whether the global table for sequences of seq_len positions differs from the one for short ones.
+bool rope_depends_on_length(const LlamaConfig& c, int64_t seq_len);
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len, const at::Tensor& like,
+                                               double factor = 1.0);
+// The same at given positions (B, T) int64: (B, 1, T, d), broadcasting over the heads.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin_at(const at::Tensor& inv_freq, const at::Tensor& positions,
-                                                  const at::Tensor& like);
+                                                  const at::Tensor& like, double factor = 1.0);
 
 // The classes fully_shard may make units, and the family's decoder layer (LlamaDecoderLayer,
 // MistralDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer) as the layer class. A tied

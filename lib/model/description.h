@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::model {
@@ -16,6 +17,13 @@ struct ParamSpec {
   std::string name;                  // the Hugging Face name, "model.layers.3.mlp.up_proj.weight"
   std::vector<int64_t> shape;        // the full tensor's
   std::vector<std::string> aliases;  // other names it may be stored under (a tied head: "lm_head.weight")
+};
+
+// One tensor of a Hugging Face folder that holds several parameters' rows end to end (Phi-3's
+// self_attn.qkv_proj.weight: q_proj's, k_proj's, v_proj's): read into them, written from them.
+struct FusedTensor {
+  std::string name;                                    // the stored name
+  std::vector<std::pair<std::string, int64_t>> parts;  // each parameter's name and rows, in order
 };
 
 struct ModelDescription {
@@ -30,6 +38,9 @@ struct ModelDescription {
   // Every parameter, as the model registers them. Each is split over the FSDP shard group along its
   // dim 0 (fsdp/shard_layout.h).
   std::vector<ParamSpec> params;
+  // The tensors a Hugging Face folder (a pretrained model, an export) holds fused; checkpoints hold
+  // the parameters as they are.
+  std::vector<FusedTensor> fused;
 };
 
 }  // namespace fsdp::model

@@ -45,6 +45,15 @@ Generation generate(LlamaForCausalLMImpl& model, const std::vector<int32_t>& pro
       break;
     }
     if (static_cast<int64_t>(g.ids.size()) == o.max_new_tokens) break;
+    ids.push_back(next);
+    const int64_t cached = static_cast<int64_t>(ids.size()) - 1;
+    if (rope_depends_on_length(model.config, cached + 1) && !rope_depends_on_length(model.config, cached)) {
+      // The sequence has just passed longrope's original positions: every key takes the long table
+      // from now on, so the cache is made again over the whole sequence (as transformers' Phi-3 does).
+      cache.clear();
+      logits = model.forward_cached(at::tensor(ids, at::kLong).view({1, -1}).to(device), cache);
+      continue;
+    }
     logits = model.forward_cached(
         at::full({1, 1}, static_cast<int64_t>(next), at::TensorOptions(at::kLong).device(device)), cache);
   }

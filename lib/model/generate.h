@@ -2,7 +2,9 @@
 // step attending to the cached keys and values. Greedy unless temperature > 0; sampling (softmax
 // of logits / temperature, then the smallest set of most likely tokens whose probabilities reach
 // top_p) draws from one generator seeded by `seed`, on the CPU, so a seed gives the same tokens on
-// any device. Greedy decoding picks what transformers' generate(do_sample=False) picks.
+// any device. Greedy decoding picks what transformers' generate(do_sample=False) picks; as there, a
+// longrope model (Phi-3) whose sequence passes its original positions makes its cache again over the
+// whole sequence once, with the long table.
 #pragma once
 
 #include <cstdint>

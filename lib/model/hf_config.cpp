@@ -44,7 +44,8 @@ const std::set<std::string>& known_fields() {
       "layer_types", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
       "sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq", "use_bidirectional_attention",
       "no_rope_layers", "no_rope_layer_interval", "embedding_multiplier", "attention_multiplier",
-      "residual_multiplier", "logits_scaling", "partial_rotary_factor",
+      "residual_multiplier", "logits_scaling", "partial_rotary_factor", "original_max_position_embeddings",
+      "resid_pdrop", "embd_pdrop",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
@@ -84,21 +85,82 @@ void check_positive(const std::string& where, std::initializer_list<std::pair<co
     FSDP_CHECK(value >= 1, where, ": ", name, " is ", value, "; it must be a whole number >= 1");
 }
 
-// One rope_scaling / rope_parameters object's scaling: "default" (none), Llama 3's "llama3" or
-// "linear"; any other type refused by name.
-std::optional<RopeScaling> parse_scaling(const json& scaling, const std::string& where) {
+// A list of numbers (longrope's short_factor and long_factor), one per rotated frequency.
+std::vector<double> factor_list(const json& scaling, const char* key, int64_t count, const std::string& where) {
+  const json v = scaling.value(key, json());
+  FSDP_CHECK(v.is_array() && static_cast<int64_t>(v.size()) == count, where, ": rope_scaling's ", key,
+             " must list ", count, " numbers (one per rotated frequency: the rotated dimensions / 2), got ", v.dump());
+  std::vector<double> out;
+  for (const json& x : v) {
+    FSDP_CHECK(x.is_number() && x.get<double>() > 0, where, ": rope_scaling's ", key, " holds ", x.dump(),
+               "; each is a number > 0");
+    out.push_back(x.get<double>());
+  }
+  return out;
+}
+
+// One rope_scaling / rope_parameters object's scaling: "default" (none), "llama3", "linear",
+// "dynamic", "yarn" or "longrope" (Phi-3's older "su" and "yarn" are its longrope, as transformers
+// reads them); another type refused by name. The scaled types' original_max_position_embeddings
+// default to max_position_embeddings (Phi-3's top-level field first), as transformers' do.
+std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, const std::string& where,
+                                         const LlamaConfig& c) {
   if (!scaling.is_object()) return std::nullopt;
-  const std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
+  if (c.family == Family::kPhi3 && (type == "su" || type == "yarn")) type = "longrope";
   if (type == "default") return std::nullopt;
   RopeScaling s;
-  s.factor = field<double>(scaling, "factor", s.factor, where);
-  if (type == "linear") {
-    s.type = RopeScaling::Type::kLinear;
+  const bool phi3 = c.family == Family::kPhi3;
+  FSDP_CHECK(!phi3 || type == "longrope", where, ": rope type ", quoted(type),
+             " is not one of Phi3ForCausalLM's (\"default\", \"longrope\")");
+  auto original_max = [&](int64_t fallback) {
+    const int64_t top = phi3 ? field<int64_t>(j, "original_max_position_embeddings", 0, where) : 0;
+    const int64_t v = top > 0 ? top : field<int64_t>(scaling, "original_max_position_embeddings", fallback, where);
+    FSDP_CHECK(v > 0, where, ": original_max_position_embeddings (", v, ") must be > 0");
+    return v;
+  };
+  s.factor_written = scaling.contains("factor") && !scaling["factor"].is_null();
+  s.factor = field<double>(scaling, "factor", 0.0, where);
+  if (type == "longrope") {
+    s.type = RopeScaling::Type::kLongRope;
+    s.original_max_position_embeddings = original_max(c.max_position_embeddings);
+    if (!s.factor_written)
+      s.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+    if (scaling.contains("attention_factor") && !scaling["attention_factor"].is_null())
+      s.attention_factor = field<double>(scaling, "attention_factor", 1.0, where);
+    const int64_t frequencies = c.rotary_dim() / 2;
+    s.short_factor = factor_list(scaling, "short_factor", frequencies, where);
+    s.long_factor = factor_list(scaling, "long_factor", frequencies, where);
+    FSDP_CHECK(s.factor > 0 && (!s.attention_factor || *s.attention_factor > 0), where,
+               ": rope_scaling's factor and attention_factor must be > 0");
+    return s;
+  }
+  FSDP_CHECK(s.factor_written || type == "yarn", where, ": rope type ", quoted(type), " needs a factor");
+  if (type == "linear" || type == "dynamic") {
+    s.type = type == "linear" ? RopeScaling::Type::kLinear : RopeScaling::Type::kDynamic;
     FSDP_CHECK(s.factor > 0, where, ": rope_scaling's factor (", s.factor, ") must be > 0");
     return s;
   }
+  if (type == "yarn") {
+    s.type = RopeScaling::Type::kYarn;
+    s.original_max_position_embeddings = original_max(c.max_position_embeddings);
+    if (!s.factor_written)
+      s.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+    // transformers takes 0 (or null) as "not given" for the betas, as `or` does in Python.
+    if (const double b = field<double>(scaling, "beta_fast", 0.0, where); b != 0) s.beta_fast = b;
+    if (const double b = field<double>(scaling, "beta_slow", 0.0, where); b != 0) s.beta_slow = b;
+    s.truncate = field<bool>(scaling, "truncate", true, where);
+    s.mscale = field<double>(scaling, "mscale", 0.0, where);
+    s.mscale_all_dim = field<double>(scaling, "mscale_all_dim", 0.0, where);
+    if (scaling.contains("attention_factor") && !scaling["attention_factor"].is_null())
+      s.attention_factor = field<double>(scaling, "attention_factor", 1.0, where);
+    FSDP_CHECK(s.factor > 0 && (!s.attention_factor || *s.attention_factor > 0), where,
+               ": rope_scaling's factor and attention_factor must be > 0");
+    return s;
+  }
   FSDP_CHECK(type == "llama3", where, ": rope type ", quoted(type),
-             " is not supported; fsdptrain implements \"default\", \"linear\" and \"llama3\"");
+             " is not supported; fsdptrain implements \"default\", \"linear\", \"dynamic\", \"llama3\", \"yarn\" "
+             "and \"longrope\"");
   s.low_freq_factor = field<double>(scaling, "low_freq_factor", s.low_freq_factor, where);
   s.high_freq_factor = field<double>(scaling, "high_freq_factor", s.high_freq_factor, where);
   s.original_max_position_embeddings =
@@ -125,7 +187,7 @@ void parse_rope(const json& j, const std::string& where, LlamaConfig& c) {
       const json local = rope.value("sliding_attention", json());
       if (local.is_object()) {
         c.local_rope_theta = field<double>(local, "rope_theta", c.local_rope_theta, where);
-        FSDP_CHECK(!parse_scaling(local, where), where,
+        FSDP_CHECK(!parse_scaling(local, j, where, c), where,
                    ": rope_parameters.sliding_attention is scaled; fsdptrain scales only Gemma 3's full-attention "
                    "layers' rotary (as transformers' released configs do)");
       }
@@ -138,11 +200,29 @@ void parse_rope(const json& j, const std::string& where, LlamaConfig& c) {
     c.rope_theta = field<double>(rope, "rope_theta", c.rope_theta, where);
     if (scaling.is_null()) scaling = rope;
   }
-  c.rope_scaling = parse_scaling(scaling, where);
+  c.rope_scaling = parse_scaling(scaling, j, where, c);
 }
 
-constexpr Family kAllFamilies[] = {Family::kLlama,  Family::kMistral, Family::kQwen2,   Family::kQwen3,  Family::kGemma2,
-                                   Family::kGemma3, Family::kOlmo2,   Family::kSmolLM3, Family::kGranite};
+// Phi-3/4's partial rotation: partial_rotary_factor at the top level or (transformers v5) in the
+// rope parameters. Other families' transformers classes rotate the whole head whatever it says.
+void parse_partial_rotary(const json& j, const std::string& where, LlamaConfig& c) {
+  double partial = field<double>(j, "partial_rotary_factor", 1.0, where);
+  for (const char* key : {"rope_parameters", "rope_scaling"})
+    if (const json r = j.value(key, json()); r.is_object() && r.contains("partial_rotary_factor"))
+      partial = field<double>(r, "partial_rotary_factor", partial, where);
+  FSDP_CHECK(partial == 1.0 || c.family == Family::kPhi3, where, ": partial_rotary_factor ", partial,
+             " is not supported for ", family_names(c.family).architecture,
+             " (transformers' class rotates the whole head); only Phi3ForCausalLM rotates a share of it");
+  FSDP_CHECK(partial > 0 && partial <= 1.0, where, ": partial_rotary_factor (", partial, ") must be in (0, 1]");
+  c.partial_rotary_factor = partial;
+  FSDP_CHECK(c.rotary_dim() >= 2 && c.rotary_dim() % 2 == 0, where, ": head_dim ", c.head_dim,
+             " times partial_rotary_factor ", partial, " gives ", c.rotary_dim(),
+             " rotated dimensions; the rotation needs an even number >= 2");
+}
+
+constexpr Family kAllFamilies[] = {Family::kLlama,  Family::kMistral, Family::kQwen2,   Family::kQwen3,
+                                   Family::kGemma2, Family::kGemma3,  Family::kOlmo2,   Family::kSmolLM3,
+                                   Family::kGranite, Family::kPhi3};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -165,6 +245,11 @@ Family family_of(const json& j, const std::string& where) {
 
 bool is_gemma(Family f) {
   return f == Family::kGemma2 || f == Family::kGemma3;
+}
+
+// Whether the family's sliding_window, when set, is every layer's (Mistral, Phi-3).
+bool window_is_uniform(Family f) {
+  return f == Family::kMistral || f == Family::kPhi3;
 }
 
 // Whether the family's sliding window is switched by use_sliding_window (Qwen2, Qwen3, SmolLM3).
@@ -190,8 +275,8 @@ bool default_sliding(const LlamaConfig& c, const json& j, int64_t i, const std::
   }
 }
 
-// Which layers attend through a sliding window, as transformers decides: Mistral's every layer when
-// sliding_window is set; Qwen2/Qwen3/SmolLM3's layer_types when use_sliding_window (else, without
+// Which layers attend through a sliding window, as transformers decides: Mistral's and Phi-3's every
+// layer when sliding_window is set; Qwen2/Qwen3/SmolLM3's layer_types when use_sliding_window (else, without
 // layer_types, Qwen's layers from max_window_layers on and SmolLM3's NoPE layers); Gemma's
 // layer_types, else every second layer (Gemma 2) or five of each six (Gemma 3).
 void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& c) {
@@ -209,8 +294,8 @@ void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& 
   if (window == 0) return;
   FSDP_CHECK(window >= 1, where, ": sliding_window is ", window, "; it must be >= 1 (or null for none)");
   c.sliding_window = window;
-  c.sliding_layers.assign(static_cast<size_t>(n), c.family == Family::kMistral);
-  if (c.family == Family::kMistral) return;
+  c.sliding_layers.assign(static_cast<size_t>(n), window_is_uniform(c.family));
+  if (window_is_uniform(c.family)) return;
   const json types = j.value("layer_types", json());
   FSDP_CHECK(types.is_null() || (types.is_array() && static_cast<int64_t>(types.size()) == n), where,
              ": layer_types must list one type per layer (", n, ")");
@@ -326,6 +411,8 @@ FamilyNames family_names(Family f) {
       return {"smollm3", "SmolLM3ForCausalLM", "SmolLM3DecoderLayer"};
     case Family::kGranite:
       return {"granite", "GraniteForCausalLM", "GraniteDecoderLayer"};
+    case Family::kPhi3:
+      return {"phi3", "Phi3ForCausalLM", "Phi3DecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -373,6 +460,23 @@ std::vector<const char*> layer_norm_names(NormPlacement placement) {
       break;
   }
   return {"input_layernorm", "post_attention_layernorm"};
+}
+
+int64_t LlamaConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+}
+
+double LlamaConfig::rope_attention_factor() const {
+  if (!rope_scaling) return 1.0;
+  const RopeScaling& s = *rope_scaling;
+  if (s.attention_factor) return *s.attention_factor;
+  if (s.type == RopeScaling::Type::kLongRope)
+    return s.factor <= 1.0 ? 1.0
+                           : std::sqrt(1 + std::log(s.factor) /
+                                               std::log(static_cast<double>(s.original_max_position_embeddings)));
+  if (s.type != RopeScaling::Type::kYarn) return 1.0;
+  auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(s.factor) + 1.0; };
+  return s.mscale != 0 && s.mscale_all_dim != 0 ? mscale(s.mscale) / mscale(s.mscale_all_dim) : mscale(1.0);
 }
 
 LayerPlan LlamaConfig::plan(int64_t layer) const {
@@ -443,7 +547,8 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   c.mlp_bias = field<bool>(j, "mlp_bias", false, where);
   c.qkv_bias = c.family == Family::kQwen2;
   c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3;
-  if (c.family == Family::kMistral || c.family == Family::kQwen2)  // fields their classes do not have
+  c.fused_projections = c.family == Family::kPhi3;
+  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3)  // not their fields
     FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
                family_names(c.family).architecture, "; transformers ignores them, so remove them");
   parse_rope_layers(j, where, c);
@@ -452,29 +557,33 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   const bool tied_by_default = is_gemma(c.family) || c.family == Family::kSmolLM3;
   c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", tied_by_default, where);
   c.initializer_range = field<double>(j, "initializer_range", c.initializer_range, where);
-  if (const int64_t pad = field<int64_t>(j, "pad_token_id", -1, where); pad >= 0 && pad < c.vocab_size)
+  // Phi3Config's defaults, which its folders carry when the ids are not written.
+  const bool phi3 = c.family == Family::kPhi3;
+  if (const int64_t pad = field<int64_t>(j, "pad_token_id", phi3 && !j.contains("pad_token_id") ? 32000 : -1, where);
+      pad >= 0 && pad < c.vocab_size)
     c.pad_token_id = pad;
   for (const auto& [key, text] :
        {std::pair{"bos_token_id", &c.bos_token_id_json}, std::pair{"eos_token_id", &c.eos_token_id_json}})
-    if (const auto it = j.find(key); it != j.end() && !it->is_null()) *text = it->dump();
+    if (const auto it = j.find(key); it != j.end() && !it->is_null())
+      *text = it->dump();
+    else if (phi3 && it == j.end())
+      *text = text == &c.bos_token_id_json ? "1" : "32000";
   if (auto d = j.find("dtype"); d != j.end() && d->is_string())
     c.dtype = *d;
   else if (auto t = j.find("torch_dtype"); t != j.end() && t->is_string())
     c.dtype = *t;
-  parse_rope(j, where, c);
   check_positive(where, {{"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings}});
+  parse_partial_rotary(j, where, c);
+  parse_rope(j, where, c);
   FSDP_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0 && c.initializer_range >= 0, where, ": rms_norm_eps (",
              c.rms_norm_eps, ") and rope_theta (", c.rope_theta, ") must be > 0 and initializer_range (",
              c.initializer_range, ") >= 0");
   FSDP_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": num_attention_heads ", c.num_attention_heads,
              " must be a multiple of num_key_value_heads ", c.num_key_value_heads);
   FSDP_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " must be even for rotary embeddings");
-  // transformers rotates only this share of each head (Phi-4-mini, StableLM); fsdptrain rotates all of it.
-  const double partial = field<double>(j, "partial_rotary_factor", 1.0, where);
-  FSDP_CHECK(partial == 1.0, where, ": partial_rotary_factor ", partial,
-             " is not supported; fsdptrain rotates the whole head (1.0)");
-  FSDP_CHECK(field<double>(j, "attention_dropout", 0.0, where) == 0.0, where, ": attention_dropout ",
-             j["attention_dropout"].dump(), " is not supported; fsdptrain trains without dropout (set it to 0.0)");
+  for (const char* key : {"attention_dropout", "resid_pdrop", "embd_pdrop"})
+    FSDP_CHECK(field<double>(j, key, 0.0, where) == 0.0, where, ": ", key, " ", j[key].dump(),
+               " is not supported; fsdptrain trains without dropout (set it to 0.0)");
   // Far past any model (a quadrillion parameters), and past what a double counts exactly: sizes
   // this large are a mistake, refused before anything is built from them.
   FSDP_CHECK(c.parameter_count() < 1e15, where, ": these sizes make ", c.parameter_count(), " parameters (hidden_size ",
@@ -520,7 +629,7 @@ void write_form(json& j, const LlamaConfig& c) {
   if (windowed) j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   if (window_is_switched(c.family)) j["use_sliding_window"] = c.use_sliding_window;
   if (c.family == Family::kQwen2 || c.family == Family::kQwen3) j["max_window_layers"] = c.max_window_layers;
-  if (windowed && c.family != Family::kMistral) {
+  if (windowed && !window_is_uniform(c.family)) {
     json types = json::array();
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
       types.push_back(c.window_of(i) > 0 ? "sliding_attention" : "full_attention");
@@ -532,17 +641,44 @@ void write_form(json& j, const LlamaConfig& c) {
   }
 }
 
-// RoPE as the family writes it: rope_theta + rope_scaling, or Gemma 3's table per layer type.
+// One scaling as rope_scaling holds it: the type's own fields, as they were given.
+json scaling_json(const RopeScaling& s) {
+  using T = RopeScaling::Type;
+  const char* type = s.type == T::kLinear    ? "linear"
+                     : s.type == T::kDynamic ? "dynamic"
+                     : s.type == T::kYarn    ? "yarn"
+                     : s.type == T::kLongRope ? "longrope"
+                                              : "llama3";
+  json out = {{"rope_type", type}};
+  if (s.factor_written) out["factor"] = s.factor;
+  if (s.type == T::kLinear || s.type == T::kDynamic) return out;
+  out["original_max_position_embeddings"] = s.original_max_position_embeddings;
+  if (s.attention_factor) out["attention_factor"] = *s.attention_factor;
+  if (s.type == T::kLlama3) {
+    out["low_freq_factor"] = s.low_freq_factor;
+    out["high_freq_factor"] = s.high_freq_factor;
+  } else if (s.type == T::kYarn) {
+    out["beta_fast"] = s.beta_fast;
+    out["beta_slow"] = s.beta_slow;
+    out["truncate"] = s.truncate;
+    if (s.mscale != 0) out["mscale"] = s.mscale;
+    if (s.mscale_all_dim != 0) out["mscale_all_dim"] = s.mscale_all_dim;
+  } else {
+    out["short_factor"] = s.short_factor;
+    out["long_factor"] = s.long_factor;
+  }
+  return out;
+}
+
+// RoPE as the family writes it: rope_theta + rope_scaling, or Gemma 3's table per layer type;
+// Phi-3's partial rotation and its top-level original_max_position_embeddings (which its config
+// class reads before the scaling's).
 void write_rope(json& j, const LlamaConfig& c) {
-  json scaling = nullptr;
-  if (c.rope_scaling && c.rope_scaling->type == RopeScaling::Type::kLinear)
-    scaling = {{"rope_type", "linear"}, {"factor", c.rope_scaling->factor}};
-  else if (c.rope_scaling)
-    scaling = {{"rope_type", "llama3"},
-               {"factor", c.rope_scaling->factor},
-               {"low_freq_factor", c.rope_scaling->low_freq_factor},
-               {"high_freq_factor", c.rope_scaling->high_freq_factor},
-               {"original_max_position_embeddings", c.rope_scaling->original_max_position_embeddings}};
+  const json scaling = c.rope_scaling ? scaling_json(*c.rope_scaling) : json(nullptr);
+  if (c.family == Family::kPhi3) {
+    j["partial_rotary_factor"] = c.partial_rotary_factor;
+    if (c.rope_scaling) j["original_max_position_embeddings"] = c.rope_scaling->original_max_position_embeddings;
+  }
   if (c.family == Family::kGemma3) {  // one table per layer type, as transformers v5 writes them
     json full = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
     full["rope_theta"] = c.rope_theta;
@@ -581,7 +717,7 @@ std::string llama_config_json(const LlamaConfig& c) {
             {"eos_token_id", c.eos_token_id_json.empty() ? json(nullptr) : json::parse(c.eos_token_id_json)},
             {"torch_dtype", c.dtype},
             {"dtype", c.dtype}};
-  if (c.family == Family::kMistral || c.family == Family::kQwen2) {
+  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }
@@ -633,6 +769,12 @@ ModelDescription describe(const LlamaConfig& c) {
     linear(p + "mlp.up_proj", C, F, c.mlp_bias);
     linear(p + "mlp.down_proj", F, C, c.mlp_bias);
     for (const char* norm : layer_norm_names(c.norms)) add(p + norm + ".weight", {C});
+    if (c.fused_projections) {  // Phi-3: the folder's qkv_proj and gate_up_proj (no biases in the family)
+      const std::string a = p + "self_attn.", m = p + "mlp.";
+      d.fused.push_back(
+          {a + "qkv_proj.weight", {{a + "q_proj.weight", H * D}, {a + "k_proj.weight", K * D}, {a + "v_proj.weight", K * D}}});
+      d.fused.push_back({m + "gate_up_proj.weight", {{m + "gate_proj.weight", F}, {m + "up_proj.weight", F}}});
+    }
   }
   add("model.norm.weight", {C});
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, C});

@@ -1,5 +1,5 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
-// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3): read into one LlamaConfig, written back for exports,
+// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4): read into one LlamaConfig, written back for exports,
 // and described for the checkpoint layer (model/description.h). No LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
@@ -20,16 +20,29 @@
 
 namespace fsdp::model {
 
-// Scaled RoPE: Llama 3's "llama3" (frequency-dependent) or "linear" (every frequency / factor);
-// absent: plain RoPE.
+// Scaled RoPE, as transformers' rope types compute it (absent: plain RoPE, "default"):
+//   - kLlama3 "llama3": frequency-dependent, between low_freq_factor and high_freq_factor;
+//   - kLinear "linear": every frequency / factor;
+//   - kDynamic "dynamic" (NTK): plain within max_position_embeddings, which no sequence passes here
+//     (training and generate refuse longer ones), so plain RoPE exactly;
+//   - kYarn "yarn": frequencies blended between interpolated and not by a ramp over the dimensions
+//     (beta_fast, beta_slow, truncate), cos and sin times attention_factor;
+//   - kLongRope "longrope" (Phi-3/3.5/4): frequencies divided by short_factor, or long_factor for a
+//     sequence longer than original_max_position_embeddings, cos and sin times attention_factor.
 struct RopeScaling {
-  enum class Type { kLlama3, kLinear };
+  enum class Type { kLlama3, kLinear, kDynamic, kYarn, kLongRope };
   Type type = Type::kLlama3;
   double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  double beta_fast = 32, beta_slow = 1;  // yarn
+  bool truncate = true;                  // yarn
+  double mscale = 0, mscale_all_dim = 0;  // yarn's attention_factor from these when both are set
+  std::optional<double> attention_factor;  // as written; none: from factor (yarn, longrope)
+  bool factor_written = true;              // longrope: false when factor comes from the positions' ratio
+  std::vector<double> short_factor, long_factor;  // longrope, one per rotated frequency
 };
 
-enum class Family { kLlama, kMistral, kQwen2, kQwen3, kGemma2, kGemma3, kOlmo2, kSmolLM3, kGranite };
+enum class Family { kLlama, kMistral, kQwen2, kQwen3, kGemma2, kGemma3, kOlmo2, kSmolLM3, kGranite, kPhi3 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
 // post_attention_layernorm before the MLP. kPost (OLMo 2): post_attention_layernorm on attention's
@@ -76,6 +89,14 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   std::optional<RopeScaling> rope_scaling;
+  // Phi-3/4: the share of each head the rotation turns (its first rotary_dim() dimensions); the rest
+  // passes through.
+  double partial_rotary_factor = 1.0;
+  int64_t rotary_dim() const;  // head_dim * partial_rotary_factor, as transformers rounds it
+  // The rotary tables' factor on cos and sin (yarn's and longrope's attention_factor; else 1).
+  double rope_attention_factor() const;
+  // Phi-3/4 checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj.
+  bool fused_projections = false;
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
   bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
@@ -130,7 +151,7 @@ struct LlamaConfig {
 };
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
-// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite; another is refused listing these). Accepts torch_dtype or dtype, rope_theta/rope_scaling or
+// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3; another is refused listing these). Accepts torch_dtype or dtype, rope_theta/rope_scaling or
 // the newer rope_parameters, legacy "type" for rope_type, sliding_window / use_sliding_window /
 // max_window_layers / layer_types. Throws InputError naming `where` and the field, also
 // for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
@@ -145,7 +166,8 @@ std::string llama_config_json(const LlamaConfig& c);
 
 // What the checkpoint layer saves and loads of a model of config `c`: every parameter's Hugging
 // Face name and shape in the order the decoder registers them (a tied head as the embedding's
-// alias), and the config.json to write beside them (fp32).
+// alias), the tensors a Hugging Face folder of the family holds fused (Phi-3's qkv_proj and
+// gate_up_proj), and the config.json to write beside them (fp32).
 ModelDescription describe(const LlamaConfig& c);
 
 }  // namespace fsdp::model

@@ -110,6 +110,9 @@ std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const Lo
       for (const auto& m : model.named_modules("", false))
         if (is_lora_linear(m.key())) found.push_back(m.key());
     } else {
+      FSDP_CHECK(!model.config.fused_projections || (item != "qkv_proj" && item != "gate_up_proj"),
+                 "lora.target_modules: ", item, " is ", family_names(model.config.family).architecture,
+                 "'s fused projection, which fsdptrain does not adapt yet; target o_proj and down_proj");
       found = matching_modules(model, item);
     }
     if (found.empty()) {
@@ -129,6 +132,15 @@ std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const Lo
       chosen.insert(m);
     }
   }
+  // Phi-3's checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj: PEFT
+  // adapts those whole (one A for the three), which adapters on the parts are not, nor load as.
+  if (model.config.fused_projections)
+    for (const std::string& m : chosen)
+      for (const char* part : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"})
+        FSDP_CHECK(!ends_with(m, std::string(".") + part), "lora.target_modules: ", m, " (", join(patterns, ", "),
+                   ") is part of ", family_names(model.config.family).architecture,
+                   "'s fused qkv_proj or gate_up_proj, which fsdptrain does not adapt yet (PEFT adapts them whole); "
+                   "target o_proj and down_proj");
   std::vector<std::string> out;  // in the model's order
   for (const auto& m : model.named_modules("", false))
     if (chosen.count(m.key())) out.push_back(m.key());

@@ -208,7 +208,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   // The weights' folder opens and holds every tensor this model needs (headers only, no weights read):
   // a damaged folder or a broken link is named here, not by every rank after the workers start.
   if (!resolved.typed.model.pretrained.empty())
-    ckpt::HfCheckpoint(resolved.typed.model.pretrained).check_matches(model::describe(model).params);
+    ckpt::HfCheckpoint(resolved.typed.model.pretrained).check_matches(model::describe(model));
   check_positions(resolved.typed, model);
   check_lora_targets(resolved.typed, model);
   check_tensor_parallel(resolved.typed, model, model_config_path(resolved.typed));

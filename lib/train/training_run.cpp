@@ -278,7 +278,7 @@ void TrainingRun::build_model() {
   }
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
   if (pretrained) {  // checked before anything is built; the weights are loaded into the shards below
-    pretrained->check_matches(model::describe(model_config_).params);
+    pretrained->check_matches(model::describe(model_config_));
     plan.options.init = [seed](const std::string& name, at::IntArrayRef shape) {
       return model::is_lora_parameter(name) ? model::lora_init(seed, name, shape) : at::zeros(shape);
     };
@@ -296,7 +296,7 @@ void TrainingRun::build_model() {
     const bool efficient = config_.fsdp.cpu_ram_efficient_loading;
     const std::string before = host_peaks(world_, context_.device);
     const Clock::time_point t = Clock::now();
-    ckpt::load_pretrained(*sharded_, config_.model.pretrained, world_, efficient);
+    ckpt::load_pretrained(*sharded_, config_.model.pretrained, world_, efficient, model::describe(model_config_).fused);
     say(str("[train] loaded ", config_.model.pretrained, " in ", format_seconds(seconds_since(t)), " (",
             efficient ? "rank 0 read it and sent each rank its rows" : "each rank read its own rows",
             "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));

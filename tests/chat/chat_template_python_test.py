@@ -48,7 +48,7 @@ PACKAGES = [
      "trl/chat_templates/"),
 ]
 
-# Must all render equal: the families fsdptrain fine-tunes first.
+# Must all render equal: the families fsdptrain fine-tunes.
 REQUIRED = [
     "llama-cpp-python/meta-llama-Llama-3.1-8B-Instruct",
     "llama-cpp-python/meta-llama-Llama-3.2-3B-Instruct",
@@ -63,6 +63,17 @@ REQUIRED = [
     "trl/qwen2_5_training",
     "trl/qwen3",
     "trl/qwen3_training",
+    # Issue 60's families: Gemma 2/3, Phi-3.5/4, SmolLM3, Granite 3.
+    "llama-cpp-python/google-gemma-2-2b-it",
+    "llama-cpp-python/microsoft-Phi-3.5-mini-instruct",
+    "llama-cpp-python/HuggingFaceTB-SmolLM3-3B",
+    "llama-cpp-python/ibm-granite-granite-3.3-2B-Instruct",
+    "trl/gemma",
+    "trl/gemma3",
+    "trl/gemma3_training",
+    "trl/phi3",
+    "trl/phi3_5",
+    "trl/phi3_5_training",
 ]
 BENCH_TEMPLATE = "llama-cpp-python/meta-llama-Llama-3.1-8B-Instruct"
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/hf.h"
+#include "ckpt/sources.h"
 #include "dist/process_group.h"
 #include "model/decoder.h"
 #include "util/error.h"
@@ -56,31 +57,49 @@ nlohmann::json logits_json(fsdp::model::LlamaForCausalLMImpl& m) {
   return std::vector<double>(logits.data_ptr<double>(), logits.data_ptr<double>() + logits.numel());
 }
 
+// A parameter of `dir` (a fused tensor's part read as the parameter, as training reads it).
+at::Tensor read_param(fsdp::ckpt::Source& src, const std::string& name, at::IntArrayRef shape) {
+  return src.rows(name, 0, shape.empty() ? 1 : shape[0]).view(shape);
+}
+
 // Loads `dir` into an unsharded model (exit 2 for a config.json of no known family, or listing
 // mismatched tensors).
 fsdp::model::LlamaForCausalLM load(const std::string& dir) {
   const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(dir + "/config.json");
   fsdp::ckpt::HfCheckpoint ck(dir);
   fsdp::model::LlamaForCausalLM m(c);
-  ck.check_matches(fsdp::model::describe(c).params);
+  ck.check_matches(fsdp::model::describe(c));
+  const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).fused);
   c10::NoGradGuard no_grad;
-  for (const auto& p : m->named_parameters()) p.value().copy_(ck.read(p.key()));
+  for (const auto& p : m->named_parameters()) {
+    const std::string name = src->info(p.key()) ? p.key() : "model.embed_tokens.weight";  // a tied head
+    p.value().copy_(read_param(*src, name, p.value().sizes()));
+  }
   return m;
 }
 
 int golden(const std::string& dir, const std::string& out) {
   const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(dir + "/config.json");
   fsdp::model::LlamaForCausalLM m = load(dir);
-  fsdp::ckpt::HfCheckpoint ck(dir);
   nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}, {"packed", packed_json(*m)}};
   std::vector<int64_t> next(kTokens.begin() + 1, kTokens.end());
   next.push_back(kTokens.front());
   const at::Tensor loss = m->loss_sum(at::tensor(kTokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));
   loss.backward();
   j["loss"] = loss.item<double>();
-  for (const auto& p : m->named_parameters()) {
-    const at::Tensor g = p.value().grad().to(at::kDouble).reshape({-1}).contiguous();
-    j["grads"][p.key()] = std::vector<double>(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
+  std::map<std::string, at::Tensor> grads;
+  for (const auto& p : m->named_parameters()) grads[p.key()] = p.value().grad();
+  for (const fsdp::model::FusedTensor& f : fsdp::model::describe(c).fused) {  // under the folder's names
+    std::vector<at::Tensor> parts;
+    for (const auto& [name, rows] : f.parts) {
+      parts.push_back(grads.at(name));
+      grads.erase(name);
+    }
+    grads[f.name] = at::cat(parts, 0);
+  }
+  for (const auto& [name, grad] : grads) {
+    const at::Tensor g = grad.to(at::kDouble).reshape({-1}).contiguous();
+    j["grads"][name] = std::vector<double>(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
   }
   j["num_parameters"] = c.num_parameters();
   j["flops_per_token"] = c.flops_per_token(static_cast<int64_t>(kTokens.size()));
@@ -89,7 +108,10 @@ int golden(const std::string& dir, const std::string& out) {
   fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
   fsdp::model::LlamaForCausalLM lazy(c, /*free_after_create=*/true);
   fsdp::FsdpOptions o;
-  o.init = [&ck](const std::string& name, at::IntArrayRef) { return ck.read(name); };
+  const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).fused);
+  o.init = [&src](const std::string& name, at::IntArrayRef shape) {
+    return read_param(*src, src->info(name) ? name : "model.embed_tokens.weight", shape);
+  };
   auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
   fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), out, {}, int64_t{5} << 30);
   std::cout << j.dump() << "\n";

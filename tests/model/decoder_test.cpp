@@ -158,7 +158,10 @@ TEST_CASE("Llama 3 rope scaling: high frequencies kept, low ones divided by the 
   LlamaConfig c = tiny();
   c.head_dim = 128;
   c.rope_theta = 500000.0;
-  c.rope_scaling = RopeScaling{RopeScaling::Type::kLlama3, 8.0, 1.0, 4.0, 8192};
+  c.rope_scaling = RopeScaling{};  // Llama 3's: factor 8, low 1, high 4, over 8192 positions
+  CHECK((c.rope_scaling->type == RopeScaling::Type::kLlama3 && c.rope_scaling->factor == 8.0 &&
+         c.rope_scaling->low_freq_factor == 1.0 && c.rope_scaling->high_freq_factor == 4.0 &&
+         c.rope_scaling->original_max_position_embeddings == 8192));
   LlamaConfig plain = c;
   plain.rope_scaling.reset();
   const at::Tensor s = rope_inv_freq(c).to(at::kDouble), p = rope_inv_freq(plain).to(at::kDouble);
@@ -378,10 +381,12 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
   CHECK(error("smollm3", R"("no_rope_layers": [1, 0])").find("no_rope_layers must list one 0 or 1 per layer (4)") !=
         std::string::npos);
   CHECK(error("gemma3", "").find("model_type \"gemma3\" is Gemma3ForConditionalGeneration") != std::string::npos);
-  CHECK(error("gemma2", R"("head_dim": 8, "rope_scaling": {"rope_type": "yarn", "factor": 4.0})")
-            .find("rope type \"yarn\" is not supported") != std::string::npos);
+  CHECK(error("gemma2", R"("head_dim": 8, "rope_scaling": {"rope_type": "su", "factor": 4.0})")
+            .find("rope type \"su\" is not supported; fsdptrain implements \"default\", \"linear\", \"dynamic\", "
+                  "\"llama3\", \"yarn\" and \"longrope\"") != std::string::npos);
   CHECK(error("llama", R"("partial_rotary_factor": 0.75)") ==
-        "llama.json: partial_rotary_factor 0.75 is not supported; fsdptrain rotates the whole head (1.0)");
+        "llama.json: partial_rotary_factor 0.75 is not supported for LlamaForCausalLM (transformers' class rotates the "
+        "whole head); only Phi3ForCausalLM rotates a share of it");
   CHECK(error("olmo2", R"("sliding_window": 8)").find("sliding_window is not a field of Olmo2ForCausalLM") !=
         std::string::npos);
 }
@@ -610,6 +615,78 @@ TEST_CASE("the KV cache: prefill then one token at a time equals the full forwar
   }
 }
 
+TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, longrope, yarn, dynamic") {
+  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64)";
+  auto parse = [&](const std::string& type, const std::string& extra = "") {
+    return parse_llama_config(R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}",
+                              type + ".json");
+  };
+  // Phi-3: head_dim 8, three quarters rotated (6 dimensions, 3 frequencies); longrope's factor from
+  // the positions' ratio (64 / 16), its short factors up to 16 positions and its long ones past them.
+  const LlamaConfig phi = parse("phi3", R"("partial_rotary_factor": 0.75, "sliding_window": 5,
+      "original_max_position_embeddings": 16, "rope_scaling": {"type": "longrope", "short_factor": [1, 2, 4],
+      "long_factor": [3, 5, 7]})");
+  CHECK((phi.fused_projections && phi.head_dim == 8 && phi.rotary_dim() == 6));
+  CHECK((phi.bos_token_id_json == "1" && phi.eos_token_id_json == "32000" && phi.pad_token_id == -1));
+  for (int64_t i = 0; i < 2; ++i) CHECK(phi.plan(i).window == 5);  // every layer, as Mistral's
+  REQUIRE(phi.rope_scaling.has_value());
+  CHECK(phi.rope_scaling->type == RopeScaling::Type::kLongRope);
+  CHECK(phi.rope_attention_factor() == doctest::Approx(std::sqrt(1 + std::log(4.0) / std::log(16.0))));
+  CHECK(!rope_depends_on_length(phi, 16));
+  CHECK(rope_depends_on_length(phi, 17));
+  const at::Tensor short_freq = rope_inv_freq(phi, false, 16), long_freq = rope_inv_freq(phi, false, 17);
+  REQUIRE(short_freq.numel() == 3);
+  CHECK(short_freq[2].item<double>() == doctest::Approx(std::pow(1e4, -4.0 / 6) / 4));
+  CHECK(long_freq[2].item<double>() == doctest::Approx(std::pow(1e4, -4.0 / 6) / 7));
+  const ModelDescription d = describe(phi);
+  REQUIRE(d.fused.size() == 4);  // two a layer
+  CHECK(d.fused[0].name == "model.layers.0.self_attn.qkv_proj.weight");
+  CHECK(d.fused[0].parts == std::vector<std::pair<std::string, int64_t>>{
+                                {"model.layers.0.self_attn.q_proj.weight", 32},
+                                {"model.layers.0.self_attn.k_proj.weight", 16},
+                                {"model.layers.0.self_attn.v_proj.weight", 16}});
+  CHECK(d.fused[1].name == "model.layers.0.mlp.gate_up_proj.weight");
+  CHECK(describe(tiny()).fused.empty());
+  // YaRN: with d = 8 over 32 original positions the ramp keeps the first frequency and divides the
+  // others by the factor; cos and sin grow by 0.1 ln(factor) + 1.
+  const LlamaConfig yarn = parse("llama", R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0,
+      "factor": 4.0, "original_max_position_embeddings": 32})");
+  REQUIRE(yarn.rope_scaling.has_value());
+  CHECK(yarn.rope_attention_factor() == doctest::Approx(0.1 * std::log(4.0) + 1));
+  const at::Tensor y = rope_inv_freq(yarn);
+  CHECK(y[0].item<double>() == doctest::Approx(1.0));
+  CHECK(y[3].item<double>() == doctest::Approx(std::pow(1e4, -6.0 / 8) / 4));
+  // Dynamic NTK: plain within max_position_embeddings, a larger base past it.
+  const LlamaConfig dynamic = parse("qwen2", R"("rope_scaling": {"type": "dynamic", "factor": 2.0})");
+  CHECK(rope_inv_freq(dynamic, false, 64).equal(rope_inv_freq(parse("qwen2"), false, 64)));
+  CHECK(!rope_depends_on_length(dynamic, 64));
+  const double grown = 1e4 * std::pow(2.0 * 128 / 64 - 1, 8.0 / 6);
+  CHECK(rope_inv_freq(dynamic, false, 128)[1].item<double>() == doctest::Approx(std::pow(grown, -2.0 / 8)));
+  for (const LlamaConfig& c : {phi, yarn, dynamic}) {  // the export reads back as the same model
+    INFO(family_names(c.family).model_type);
+    const LlamaConfig back = parse_llama_config(llama_config_json(c), "export");
+    CHECK(llama_config_json(back) == llama_config_json(c));
+    CHECK(rope_inv_freq(back, false, 100).equal(rope_inv_freq(c, false, 100)));
+    CHECK(back.rope_attention_factor() == c.rope_attention_factor());
+    CHECK(back.rotary_dim() == c.rotary_dim());
+  }
+  auto error = [&](const std::string& type, const std::string& extra) {
+    return error_of([&] { parse(type, extra); });
+  };
+  CHECK(error("phi3", R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})") ==
+        "phi3.json: rope type \"linear\" is not one of Phi3ForCausalLM's (\"default\", \"longrope\")");
+  CHECK(error("phi3", R"("rope_scaling": {"rope_type": "longrope", "short_factor": [1, 2], "long_factor": [1, 2, 3, 4]})")
+            .find("rope_scaling's short_factor must list 4 numbers") != std::string::npos);
+  CHECK(error("phi3", R"("resid_pdrop": 0.1)") ==
+        "phi3.json: resid_pdrop 0.1 is not supported; fsdptrain trains without dropout (set it to 0.0)");
+  CHECK(error("phi3", R"("attention_bias": true)").find("attention_bias/mlp_bias are not fields of Phi3ForCausalLM") !=
+        std::string::npos);
+  CHECK(error("phi3", R"("partial_rotary_factor": 0.1)").find("gives 0 rotated dimensions") != std::string::npos);
+  CHECK(error("llama", R"("rope_scaling": {"rope_type": "dynamic"})") ==
+        "llama.json: rope type \"dynamic\" needs a factor");
+}
+
 TEST_CASE("the KV cache of each new layer kind equals its full forward, position by position") {
   for (const auto& [name, c] : fsdp::model::testing::tiny_new_kinds()) {
     CAPTURE(name);
@@ -621,8 +698,10 @@ TEST_CASE("the KV cache of each new layer kind equals its full forward, position
     const at::Tensor x = torch::randint(0, c.vocab_size, {1, 9}, torch::kLong);
     const at::Tensor full = m->forward(x);
     std::vector<LayerCache> cache;
-    std::vector<at::Tensor> parts{m->forward_cached(x.narrow(1, 0, 4), cache)};
-    for (int64_t i = 4; i < 9; ++i) parts.push_back(m->forward_cached(x.narrow(1, i, 1), cache));
+    // A prefill past Phi-3's 4 original positions: its keys then take the long factors, as the full
+    // forward's do (transformers too keeps a shorter prefill's keys with the short ones).
+    std::vector<at::Tensor> parts{m->forward_cached(x.narrow(1, 0, 5), cache)};
+    for (int64_t i = 5; i < 9; ++i) parts.push_back(m->forward_cached(x.narrow(1, i, 1), cache));
     CHECK((at::cat(parts, 1) - full).abs().max().item<double>() <= 1e-5);
     // The loss is the cross-entropy of those logits (the soft cap and logits_scaling in both).
     const at::Tensor y = torch::randint(0, c.vocab_size, {1, 9}, torch::kLong);

@@ -3,7 +3,8 @@ window), Qwen2 (q/k/v biases, tied embeddings, a sliding window from max_window_
 (q_norm/k_norm, head_dim independent of hidden_size), Gemma 2 (sandwich norms, GELU, scaled
 embeddings, soft-capped scores and logits), Gemma 3 (per-head norms, a local rotary table, linear
 scaling), OLMo 2 (norms after the blocks), SmolLM3 (a layer without rotary, a window) and Granite
-(multipliers), and Llama beside them, transformers
+(multipliers), Phi-3 (a partial rotation with longrope, a window, fused projections in the folder)
+and Llama with YaRN, and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -17,7 +18,7 @@ of transformers' float32 run from its float64 one, at least 1e-6):
 decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt;
 sampling with a seed gives the same ids twice and other ids with another seed; a prompt longer
 than the model's positions is refused.
-The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B) have the
+The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Phi-4) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
 import argparse
@@ -64,6 +65,20 @@ def families():
         "granite": (transformers.GraniteConfig(**common, embedding_multiplier=3.0, attention_multiplier=0.3,
                                                residual_multiplier=0.5, logits_scaling=2.0),
                     transformers.GraniteForCausalLM),
+        # Phi-3/4: a partial rotation (12 of 16 dimensions) with longrope, past whose 8 original
+        # positions the 10 tokens take the long factors and the packed records the short ones; a
+        # window; the folder's fused qkv_proj and gate_up_proj.
+        "phi3": (transformers.Phi3Config(**common, pad_token_id=0, partial_rotary_factor=0.75, sliding_window=5,
+                                         original_max_position_embeddings=8,
+                                         rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0],
+                                                       "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]}),
+                 transformers.Phi3ForCausalLM),
+        # YaRN's ramp and attention factor, on Llama.
+        "llama_yarn": (transformers.LlamaConfig(**{k: v for k, v in common.items() if k != "rope_theta"},
+                                                rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                                 "factor": 4.0,
+                                                                 "original_max_position_embeddings": 32}),
+                       transformers.LlamaForCausalLM),
     }
 
 
@@ -214,7 +229,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
     t = len(ours["tokens"])
     window = lambda i: (c.sliding_window if (getattr(c, "layer_types", None) or ["full_attention"] * 99)[i] ==  # noqa: E731
-                        "sliding_attention" or name == "mistral" else None)
+                        "sliding_attention" or name in ("mistral", "phi3") else None)
     flops = 6 * n_prime + sum(12 * c.num_attention_heads * head_dim * min(t, window(i) or t)
                               for i in range(c.num_hidden_layers))
     print(f"{name}: export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
@@ -229,7 +244,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 
 def check_shapes(tool, source):
-    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b"):
+    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "phi-4"):
         folder = os.path.join(source, "configs", "models", name)
         run = subprocess.run([tool, "count", os.path.join(folder, "config.json")], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr

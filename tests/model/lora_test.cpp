@@ -56,6 +56,19 @@ TEST_CASE("target_modules: short names, full names, regular expressions, all-lin
   CHECK(lora_target_names(*m, settings({"all-linear"})).size() == 14);  // not lm_head
 }
 
+TEST_CASE("Phi-3's fused projections: o_proj and down_proj adapted, the parts of qkv_proj and gate_up_proj refused") {
+  const LlamaConfig phi = fsdp::model::testing::tiny_of("phi3");
+  LlamaForCausalLM m(phi);
+  CHECK(lora_target_names(*m, settings({"o_proj", "down_proj"})).size() == 4);
+  for (const std::vector<std::string>& targets : std::vector<std::vector<std::string>>{{}, {"all-linear"}, {"up_proj"}})
+    CHECK(contains(error_of([&] { lora_target_names(*m, settings(targets)); }),
+                   "is part of Phi3ForCausalLM's fused qkv_proj or gate_up_proj, which fsdptrain does not adapt yet "
+                   "(PEFT adapts them whole); target o_proj and down_proj"));
+  CHECK(error_of([&] { lora_target_names(*m, settings({"qkv_proj"})); }) ==
+        "lora.target_modules: qkv_proj is Phi3ForCausalLM's fused projection, which fsdptrain does not adapt yet; "
+        "target o_proj and down_proj");
+}
+
 TEST_CASE("a target the model lacks, or that is not a linear layer, is refused naming what it has") {
   LlamaForCausalLM m(tiny());
   const std::string typo = error_of([&] { lora_target_names(*m, settings({"q_prj"})); });

@@ -145,7 +145,9 @@ void train_on_meta(const LlamaConfig& c, const Case& k) {
   if (k.lora) {
     LoraSettings l;
     l.r = 2;
-    l.target_modules = {"all-linear"};
+    // Phi-3's fused projections are not adapted (lora.cpp): its other linear layers.
+    l.target_modules = c.fused_projections ? std::vector<std::string>{"o_proj", "down_proj"}
+                                           : std::vector<std::string>{"all-linear"};
     add_lora(*m, l, /*free_after_create=*/true);
   }
   FsdpOptions o;

@@ -40,7 +40,8 @@ inline LlamaConfig tiny_of(const std::string& model_type, const std::string& ext
 // One tiny model of each layer kind issue 60 added, with the settings that make it differ from
 // Llama: Gemma 2's soft-capped scores and logits (sandwich norms of (1 + w), GELU, its own score
 // scale, a sliding layer), Gemma 3's per-head norms and local rotary table, OLMo 2's norms after
-// the blocks and over the whole projections, SmolLM3's layer without rotary, Granite's multipliers.
+// the blocks and over the whole projections, SmolLM3's layer without rotary, Granite's multipliers,
+// Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window.
 inline std::vector<std::pair<std::string, LlamaConfig>> tiny_new_kinds() {
   const std::string sliding = R"("sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"])";
   return {{"gemma2", tiny_of("gemma2", sliding + R"(, "head_dim": 4, "query_pre_attn_scalar": 6,
@@ -51,7 +52,11 @@ inline std::vector<std::pair<std::string, LlamaConfig>> tiny_new_kinds() {
           {"olmo2", tiny_of("olmo2")},
           {"smollm3", tiny_of("smollm3", R"("no_rope_layers": [1, 0])")},
           {"granite", tiny_of("granite", R"("embedding_multiplier": 3.0, "attention_multiplier": 0.3,
-                                 "residual_multiplier": 0.5, "logits_scaling": 2.0)")}};
+                                 "residual_multiplier": 0.5, "logits_scaling": 2.0)")},
+          {"phi3", tiny_of("phi3", R"("head_dim": 8, "partial_rotary_factor": 0.5, "sliding_window": 3,
+                              "max_position_embeddings": 64, "original_max_position_embeddings": 4,
+                              "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.5],
+                                               "long_factor": [2.0, 4.0]})")}};
 }
 
 }  // namespace fsdp::model::testing

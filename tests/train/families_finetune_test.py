@@ -7,7 +7,8 @@ initial weights, the fine-tuning example's tokenizer and records), `fsdptrain la
   - transformers' greedy continuation of each prompt equals `fsdptrain generate`'s on the export,
     token for token.
 The families' configs set what makes them differ from Llama away from its default (caps, scales,
-windows shorter than a record, a layer without rotary, the multipliers)."""
+windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
+and the folder's fused projections)."""
 import argparse
 import json
 import os
@@ -40,6 +41,13 @@ def configs(vocab):
         "granite": (transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
                                                residual_multiplier=0.4, logits_scaling=2.0),
                     transformers.GraniteForCausalLM),
+        # A partial rotation with longrope: records of up to 64 tokens pass original_max_position_embeddings
+        # (the long factors); the window is shorter than a record. The folder holds qkv_proj and gate_up_proj.
+        "phi3": (transformers.Phi3Config(**common, partial_rotary_factor=0.75, sliding_window=12,
+                                         original_max_position_embeddings=32,
+                                         rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0],
+                                                       "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0]}),
+                 transformers.Phi3ForCausalLM),
     }
 
 
@@ -99,7 +107,7 @@ def main():
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("--families", default="gemma2,gemma3,olmo2,smollm3,granite")
+    ap.add_argument("--families", default="gemma2,gemma3,olmo2,smollm3,granite,phi3")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])
