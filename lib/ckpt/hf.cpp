@@ -174,11 +174,11 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
   std::map<std::string, std::pair<size_t, size_t>> slot;  // a parameter's (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) slot[model.groups()[g]->params()[i].name] = {g, i};
-  // Each tensor the folder holds: a parameter, or (description.fused) several end to end.
+  // Each tensor the folder holds: a parameter, or (description.layout.fused) several end to end.
   std::vector<TensorSpec> specs;
   std::vector<std::vector<std::pair<size_t, size_t>>> parts;  // specs[k]'s parameters
   std::set<std::string> in_fused;
-  for (const model::FusedTensor& f : description.fused) {
+  for (const model::FusedTensor& f : description.layout.fused) {
     std::vector<std::pair<size_t, size_t>> of;
     for (const auto& [name, rows] : f.parts)
       if (slot.count(name)) of.push_back(slot.at(name));
@@ -264,10 +264,13 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
 }
 
 void HfCheckpoint::check_matches(const model::ModelDescription& description) const {
+  // The folder's tensors under the model's names, as open_hf_source reads them: the left-out ones
+  // gone, prefixes renamed, a fused tensor of the right rows standing for its parts.
   std::map<std::string, std::vector<int64_t>> stored;
-  for (const auto& [name, where] : tensors_) stored[name] = where.second->shape;
-  // A fused tensor of the right rows stands for its parts, as open_hf_source reads it.
-  for (const model::FusedTensor& f : description.fused) {
+  for (const auto& [name, where] : tensors_)
+    if (const std::string mine = description.layout.ours(name); !mine.empty() && !stored.count(mine))
+      stored[mine] = where.second->shape;
+  for (const model::FusedTensor& f : description.layout.fused) {
     const auto it = stored.find(f.name);
     int64_t rows = 0;
     bool stored_apart = false;

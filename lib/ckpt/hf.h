@@ -120,7 +120,8 @@ class HfCheckpoint {
   explicit HfCheckpoint(const std::string& dir);  // throws InputError naming what is missing
   // Refuses (InputError) a checkpoint whose tensors do not match `params` (names, aliases, shapes),
   // listing every missing, unexpected and mis-shaped tensor.
-  // Its fused tensors (description.fused) stand for their parts.
+  // Its tensors are read as description.layout says (fused ones standing for their parts, a
+  // multimodal folder's text model under the model's names).
   void check_matches(const model::ModelDescription& description) const;
   // One tensor as fp32.
   at::Tensor read(const std::string& name) const;

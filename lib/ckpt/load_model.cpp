@@ -38,7 +38,7 @@ ModelFolder find_model_folder(const std::string& given) {
 }
 
 void load_weights(torch::nn::Module& module, const ModelFolder& f, const model::ModelDescription& description) {
-  std::unique_ptr<Source> src = f.checkpoint ? open_source(f.folder) : open_hf_source(f.folder, description.fused);
+  std::unique_ptr<Source> src = f.checkpoint ? open_source(f.folder) : open_hf_source(f.folder, description.layout);
   // Every parameter is in `src` with its shape; a checkpoint's optimizer state is not a parameter.
   const std::vector<std::string> names = src->names();
   refuse_adapters_only(names, f.folder, "[generate]",

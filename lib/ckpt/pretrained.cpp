@@ -6,8 +6,8 @@
 namespace fsdp::ckpt {
 
 void load_pretrained(ShardedModel& model, const std::string& dir, dist::ProcessGroup& world, bool efficient,
-                     const std::vector<model::FusedTensor>& fused) {
-  std::unique_ptr<Source> src = open_hf_source(dir, fused);
+                     const model::FolderLayout& layout) {
+  std::unique_ptr<Source> src = open_hf_source(dir, layout);
   // Adapters (LoRA) are not the base's: they start from lora.init or their own initialisation.
   const std::vector<Slot> slots =
       slots_of(model, [](const ShardedParam& p) { return !model::is_lora_parameter(p.name); });

@@ -14,9 +14,9 @@ namespace fsdp::ckpt {
 // rank its rows), after checking that
 // its tensors match the model (InputError listing every mismatch). efficient
 // (fsdp_cpu_ram_efficient_loading): only rank 0 of `world` reads the files and broadcasts one
-// tensor at a time; otherwise every rank reads its own rows from the mapped files. `fused`: the
-// folder's tensors that hold several parameters (model::ModelDescription::fused). Collective.
+// tensor at a time; otherwise every rank reads its own rows from the mapped files. `layout`: how the
+// folder holds the parameters (model::ModelDescription::layout). Collective.
 void load_pretrained(ShardedModel& model, const std::string& dir, dist::ProcessGroup& world, bool efficient,
-                     const std::vector<model::FusedTensor>& fused = {});
+                     const model::FolderLayout& layout = {});
 
 }  // namespace fsdp::ckpt

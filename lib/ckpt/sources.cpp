@@ -306,10 +306,23 @@ class FullSource final : public Source {
       for (const TensorInfo& t : optimizer_->header().tensors) add(*optimizer_, t);
     }
   }
-  // Each tensor `fused` names that the folder holds, and none of its parts, read as its parts: rows
-  // of the stored tensor, one part after another.
-  void split_fused(const std::vector<model::FusedTensor>& fused) {
-    for (const model::FusedTensor& f : fused) {
+  // The folder's tensors under the model's names (`layout`): the left-out ones gone, the prefixed
+  // ones renamed; then each fused tensor the folder holds, and none of its parts, read as its parts:
+  // rows of the stored tensor, one part after another.
+  void apply(const model::FolderLayout& layout) {
+    if (!layout.prefixes.empty() || !layout.left_out.empty()) {
+      std::map<std::string, StoredInfo> infos;
+      std::map<std::string, Entry> entries;
+      for (const auto& [stored, info] : infos_) {
+        const std::string mine = layout.ours(stored);
+        if (mine.empty() || infos.count(mine)) continue;  // left out; or two spellings: the first
+        infos[mine] = info;
+        entries[mine] = entries_.at(stored);
+      }
+      infos_ = std::move(infos);
+      entries_ = std::move(entries);
+    }
+    for (const model::FusedTensor& f : layout.fused) {
       const auto it = entries_.find(f.name);
       if (it == entries_.end()) continue;
       int64_t rows = 0;
@@ -385,9 +398,9 @@ std::unique_ptr<Source> open_source(const std::string& dir) {
   return std::make_unique<FullSource>(dir);
 }
 
-std::unique_ptr<Source> open_hf_source(const std::string& dir, const std::vector<model::FusedTensor>& fused) {
+std::unique_ptr<Source> open_hf_source(const std::string& dir, const model::FolderLayout& layout) {
   auto src = std::make_unique<FullSource>(dir);
-  src->split_fused(fused);
+  src->apply(layout);
   return src;
 }
 

@@ -83,9 +83,10 @@ class Source {
 // SHARDED_STATE_DICT when `dir` has an index.json, else FULL_STATE_DICT (any Hugging Face folder,
 // plus optimizer.safetensors when there is one). Throws InputError for a malformed folder.
 std::unique_ptr<Source> open_source(const std::string& dir);
-// A Hugging Face folder, its tensors that `fused` names read as their parts (Phi-3's qkv_proj as
-// q_proj, k_proj and v_proj; model::ModelDescription::fused).
-std::unique_ptr<Source> open_hf_source(const std::string& dir, const std::vector<model::FusedTensor>& fused = {});
+// A Hugging Face folder, its tensors read under the model's names as `layout` says
+// (model::ModelDescription::layout: Phi-3's qkv_proj as q_proj, k_proj and v_proj; a
+// Gemma3ForConditionalGeneration folder's text model without its prefix, its vision tower left out).
+std::unique_ptr<Source> open_hf_source(const std::string& dir, const model::FolderLayout& layout = {});
 
 // A parameter's slot: where it lives in the engine.
 struct Slot {

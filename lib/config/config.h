@@ -138,10 +138,11 @@ struct ParallelismConfig {
 // ---- The built-in trainer's sections (fsdptrain extension keys; Accelerate has no trainer). ----
 
 struct ModelConfig {
-  std::string config;                   // a Hugging Face config.json (Llama, Mistral, Qwen2, Qwen3)
+  std::string config;                   // a Hugging Face config.json (model/hf_config.h: its families)
   std::string pretrained;               // a Hugging Face folder to start from (its config.json and weights)
   std::string revision = "main";        // of pretrained given as a Hub id (the loader finds its snapshot)
   bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
+  bool text_only = false;               // a text-and-vision folder: train its text model, the vision tower left out
 };
 
 enum class Packing { kAuto, kMasked, kPlain, kPad };

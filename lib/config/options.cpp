@@ -636,8 +636,8 @@ std::vector<OptionSpec> build_table() {
       // ---- the built-in trainer (fsdptrain extension sections) ----
       Row("model.config", V::kString)
           .def("")
-          .help("Hugging Face config.json of the model to train: Llama, Mistral, Qwen2/2.5 or Qwen3 (see "
-                "configs/models/)")
+          .help("Hugging Face config.json of the model to train: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3, OLMo "
+                "2, SmolLM3, Granite 3 or Phi-3/3.5/4 (see configs/models/)")
           .extension()
           .to(&Config::model, &ModelConfig::config),
       Row("model.pretrained", V::kString)
@@ -658,6 +658,13 @@ std::vector<OptionSpec> build_table() {
           .help("Transformers' switch; fsdptrain checkpoints with fsdp_config.fsdp_activation_checkpointing")
           .extension()
           .to(&Config::model, &ModelConfig::gradient_checkpointing),
+      Row("model.text_only", V::kBool)
+          .def("false")
+          .help("With a Gemma3ForConditionalGeneration folder (text and vision): train its text model, leaving the "
+                "vision tower out of the run and its exports (Gemma3ForCausalLM folders); without it such a folder "
+                "is refused")
+          .extension()
+          .to(&Config::model, &ModelConfig::text_only),
       Row("data.path", V::kString)
           .def("")
           .help("Training data: text files, .jsonl or .json (documents, prompt/completion or conversation records; a "

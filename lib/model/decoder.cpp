@@ -314,7 +314,8 @@ LlamaAttentionImpl::Projected LlamaAttentionImpl::project(const at::Tensor& x, c
   if (!rotary) return {q.transpose(1, 2), k.transpose(1, 2), v};  // a NoPE layer
   if (rotary_dim < head_dim) {  // Phi-3/4: the first rotary_dim dimensions turn, the rest pass through
     const int64_t r = rotary_dim;
-    auto [rq, rk] = kernels::ops_for(x).rotary(q.narrow(-1, 0, r).contiguous(), k.narrow(-1, 0, r).contiguous(), cos, sin);
+    auto [rq, rk] =
+        kernels::ops_for(x).rotary(q.narrow(-1, 0, r).contiguous(), k.narrow(-1, 0, r).contiguous(), cos, sin);
     return {at::cat({rq, q.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1),
             at::cat({rk, k.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1), v};
   }
@@ -574,8 +575,8 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c, bool free_after
   inv_freq_.push_back(register_buffer("inv_freq", rope_inv_freq(c)));
   if (c.local_rope_theta > 0) inv_freq_.push_back(register_buffer("inv_freq_local", rope_inv_freq(c, true)));
   if (c.rope_scaling && c.rope_scaling->type == RopeScaling::Type::kLongRope)  // past original_max_position_embeddings
-    inv_freq_.push_back(register_buffer(
-        "inv_freq_long", rope_inv_freq(c, false, c.rope_scaling->original_max_position_embeddings + 1)));
+    inv_freq_.push_back(register_buffer("inv_freq_long",
+                                        rope_inv_freq(c, false, c.rope_scaling->original_max_position_embeddings + 1)));
 }
 
 at::Tensor LlamaForCausalLMImpl::embed(const at::Tensor& tokens) {
@@ -688,8 +689,9 @@ at::Tensor LlamaForCausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Te
       (cp ? targets.index_select(1, sequence_positions(targets.size(1), *cp, targets.device())) : targets)
           .reshape({-1});
   if (config.final_softcap > 0) {  // the cap is not linear: the logits whole, then the loss
-    FSDP_CHECK(!tp, "[tp] final_logit_softcapping caps every logit, and the tensor-parallel loss splits the "
-                    "vocabulary; train this model with tp_size 1");
+    FSDP_CHECK(!tp,
+               "[tp] final_logit_softcapping caps every logit, and the tensor-parallel loss splits the "
+               "vocabulary; train this model with tp_size 1");
     const at::Tensor logits = logits_of(x).to(at::kFloat);
     return at::cross_entropy_loss(logits, y, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
   }

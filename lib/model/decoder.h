@@ -226,7 +226,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   std::shared_ptr<ContextParallel> cp;
 
  private:
-  const at::Tensor& head_weight() const;  // lm_head's, or the embedding's when tied
+  const at::Tensor& head_weight() const;       // lm_head's, or the embedding's when tied
   at::Tensor embed(const at::Tensor& tokens);  // the embedding's output, times the config's embedding scale
   // The rotary tables' (cos, sin): each layer takes its plan's (LayerPlan::rope).
   using Angles = std::vector<std::pair<at::Tensor, at::Tensor>>;

@@ -26,6 +26,24 @@ struct FusedTensor {
   std::vector<std::pair<std::string, int64_t>> parts;  // each parameter's name and rows, in order
 };
 
+// How a Hugging Face folder holds the model's parameters where it differs from one tensor each under
+// the parameter's name: Phi-3's fused projections; a Gemma3ForConditionalGeneration folder's text
+// model under its own prefixes, beside a vision tower the model leaves out.
+struct FolderLayout {
+  std::vector<FusedTensor> fused;
+  // (ours, stored): a stored name that starts with `stored` is ours with that start (first match).
+  std::vector<std::pair<std::string, std::string>> prefixes;
+  std::vector<std::string> left_out;  // stored names starting with one of these are not the model's
+  // The model's name for a stored one ("" when left out).
+  std::string ours(const std::string& stored) const {
+    for (const std::string& p : left_out)
+      if (stored.rfind(p, 0) == 0) return "";
+    for (const auto& [mine, theirs] : prefixes)
+      if (stored.rfind(theirs, 0) == 0) return mine + stored.substr(theirs.size());
+    return stored;
+  }
+};
+
 struct ModelDescription {
   std::string architecture;  // "LlamaForCausalLM", for messages
   // The config.json a checkpoint or export writes (fp32 dtype), and that a stored one must equal,
@@ -38,9 +56,9 @@ struct ModelDescription {
   // Every parameter, as the model registers them. Each is split over the FSDP shard group along its
   // dim 0 (fsdp/shard_layout.h).
   std::vector<ParamSpec> params;
-  // The tensors a Hugging Face folder (a pretrained model, an export) holds fused; checkpoints hold
-  // the parameters as they are.
-  std::vector<FusedTensor> fused;
+  // How a Hugging Face folder it is read from holds them (exports: `fused` alone, the rest under
+  // the parameters' names); checkpoints hold the parameters as they are.
+  FolderLayout layout;
 };
 
 }  // namespace fsdp::model

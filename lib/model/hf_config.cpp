@@ -43,9 +43,8 @@ const std::set<std::string>& known_fields() {
       "rope_parameters", "model_type", "attention_dropout", "sliding_window", "use_sliding_window", "max_window_layers",
       "layer_types", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
       "sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq", "use_bidirectional_attention",
-      "no_rope_layers", "no_rope_layer_interval", "embedding_multiplier", "attention_multiplier",
-      "residual_multiplier", "logits_scaling", "partial_rotary_factor", "original_max_position_embeddings",
-      "resid_pdrop", "embd_pdrop",
+      "no_rope_layers", "no_rope_layer_interval", "embedding_multiplier", "attention_multiplier", "residual_multiplier",
+      "logits_scaling", "partial_rotary_factor", "original_max_position_embeddings", "resid_pdrop", "embd_pdrop",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
@@ -88,8 +87,8 @@ void check_positive(const std::string& where, std::initializer_list<std::pair<co
 // A list of numbers (longrope's short_factor and long_factor), one per rotated frequency.
 std::vector<double> factor_list(const json& scaling, const char* key, int64_t count, const std::string& where) {
   const json v = scaling.value(key, json());
-  FSDP_CHECK(v.is_array() && static_cast<int64_t>(v.size()) == count, where, ": rope_scaling's ", key,
-             " must list ", count, " numbers (one per rotated frequency: the rotated dimensions / 2), got ", v.dump());
+  FSDP_CHECK(v.is_array() && static_cast<int64_t>(v.size()) == count, where, ": rope_scaling's ", key, " must list ",
+             count, " numbers (one per rotated frequency: the rotated dimensions / 2), got ", v.dump());
   std::vector<double> out;
   for (const json& x : v) {
     FSDP_CHECK(x.is_number() && x.get<double>() > 0, where, ": rope_scaling's ", key, " holds ", x.dump(),
@@ -125,7 +124,8 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
     s.type = RopeScaling::Type::kLongRope;
     s.original_max_position_embeddings = original_max(c.max_position_embeddings);
     if (!s.factor_written)
-      s.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+      s.factor =
+          static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
     if (scaling.contains("attention_factor") && !scaling["attention_factor"].is_null())
       s.attention_factor = field<double>(scaling, "attention_factor", 1.0, where);
     const int64_t frequencies = c.rotary_dim() / 2;
@@ -145,7 +145,8 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
     s.type = RopeScaling::Type::kYarn;
     s.original_max_position_embeddings = original_max(c.max_position_embeddings);
     if (!s.factor_written)
-      s.factor = static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+      s.factor =
+          static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
     // transformers takes 0 (or null) as "not given" for the betas, as `or` does in Python.
     if (const double b = field<double>(scaling, "beta_fast", 0.0, where); b != 0) s.beta_fast = b;
     if (const double b = field<double>(scaling, "beta_slow", 0.0, where); b != 0) s.beta_slow = b;
@@ -220,8 +221,8 @@ void parse_partial_rotary(const json& j, const std::string& where, LlamaConfig& 
              " rotated dimensions; the rotation needs an even number >= 2");
 }
 
-constexpr Family kAllFamilies[] = {Family::kLlama,  Family::kMistral, Family::kQwen2,   Family::kQwen3,
-                                   Family::kGemma2, Family::kGemma3,  Family::kOlmo2,   Family::kSmolLM3,
+constexpr Family kAllFamilies[] = {Family::kLlama,   Family::kMistral, Family::kQwen2, Family::kQwen3,
+                                   Family::kGemma2,  Family::kGemma3,  Family::kOlmo2, Family::kSmolLM3,
                                    Family::kGranite, Family::kPhi3};
 
 // The family of a config.json: model_type, else the first of architectures.
@@ -233,10 +234,6 @@ Family family_of(const json& j, const std::string& where) {
   if (type.empty()) return Family::kLlama;
   for (Family f : kAllFamilies)
     if (type == family_names(f).model_type) return f;
-  FSDP_CHECK(type != "gemma3", where,
-             ": model_type \"gemma3\" is Gemma3ForConditionalGeneration (text and vision); fsdptrain trains its "
-             "text model as Gemma3ForCausalLM: give a folder whose config.json has model_type \"gemma3_text\" (the "
-             "text_config's fields, the weights without the \"model.language_model.\" prefix)");
   std::string known;
   for (Family f : kAllFamilies)
     known += str(known.empty() ? "" : ", ", family_names(f).model_type, " (", family_names(f).architecture, ")");
@@ -340,8 +337,8 @@ void parse_rope_layers(const json& j, const std::string& where, LlamaConfig& c) 
 
 // The MLP's activation: hidden_act, or Gemma's hidden_activation.
 Activation parse_activation(const json& j, const std::string& where, Family family) {
-  const char* key = j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation"
-                                                                                        : "hidden_act";
+  const char* key =
+      j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation" : "hidden_act";
   const auto it = j.find(key);
   if (it == j.end() || it->is_null()) return is_gemma(family) ? Activation::kGeluTanh : Activation::kSilu;
   if (*it == "silu") return Activation::kSilu;
@@ -383,8 +380,9 @@ void parse_form(const json& j, const std::string& where, LlamaConfig& c) {
                ": embedding_multiplier, attention_multiplier, residual_multiplier and logits_scaling must be > 0");
   }
   for (const char* key : {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"})
-    FSDP_CHECK(is_gemma(c.family) || !j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of Gemma, not of ",
-               family_names(c.family).architecture, "; remove it, or set model_type to gemma2 or gemma3_text");
+    FSDP_CHECK(is_gemma(c.family) || !j.contains(key) || j[key].is_null(), where, ": ", key,
+               " is a field of Gemma, not of ", family_names(c.family).architecture,
+               "; remove it, or set model_type to gemma2 or gemma3_text");
   for (const char* key : {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"})
     FSDP_CHECK(c.family == Family::kGranite || !j.contains(key) || j[key].is_null(), where, ": ", key,
                " is a field of GraniteForCausalLM, not of ", family_names(c.family).architecture,
@@ -454,8 +452,7 @@ std::vector<const char*> layer_norm_names(NormPlacement placement) {
     case NormPlacement::kPost:
       return {"post_attention_layernorm", "post_feedforward_layernorm"};
     case NormPlacement::kSandwich:
-      return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-              "post_feedforward_layernorm"};
+      return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"};
     case NormPlacement::kPre:
       break;
   }
@@ -471,9 +468,9 @@ double LlamaConfig::rope_attention_factor() const {
   const RopeScaling& s = *rope_scaling;
   if (s.attention_factor) return *s.attention_factor;
   if (s.type == RopeScaling::Type::kLongRope)
-    return s.factor <= 1.0 ? 1.0
-                           : std::sqrt(1 + std::log(s.factor) /
-                                               std::log(static_cast<double>(s.original_max_position_embeddings)));
+    return s.factor <= 1.0
+               ? 1.0
+               : std::sqrt(1 + std::log(s.factor) / std::log(static_cast<double>(s.original_max_position_embeddings)));
   if (s.type != RopeScaling::Type::kYarn) return 1.0;
   auto mscale = [&](double m) { return s.factor <= 1 ? 1.0 : 0.1 * m * std::log(s.factor) + 1.0; };
   return s.mscale != 0 && s.mscale_all_dim != 0 ? mscale(s.mscale) / mscale(s.mscale_all_dim) : mscale(1.0);
@@ -517,9 +514,44 @@ double LlamaConfig::flops_per_token(int64_t seq_len) const {
   return 6.0 * n + attention;
 }
 
+namespace {
+
+// Gemma3TextConfig's defaults for the fields a Gemma3ForConditionalGeneration folder's text_config
+// may leave out (the released ones write only what differs from them).
+const std::pair<const char*, json> kGemma3TextDefaults[] = {
+    {"vocab_size", 262208},      {"hidden_size", 2304},
+    {"intermediate_size", 9216}, {"num_hidden_layers", 26},
+    {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+    {"head_dim", 256},           {"max_position_embeddings", 131072},
+    {"pad_token_id", 0},         {"bos_token_id", 2},
+    {"eos_token_id", 1}};
+
+bool is_multimodal_gemma3(const json& j) {
+  if (j.value("model_type", std::string()) == "gemma3") return true;
+  const json arch = j.value("architectures", json());
+  return !j.contains("model_type") && arch.is_array() && !arch.empty() && arch[0] == "Gemma3ForConditionalGeneration";
+}
+
+}  // namespace
+
 LlamaConfig parse_llama_config(const std::string& text, const std::string& where, std::vector<std::string>* warnings) {
   const json j = parse_json(text, where);
   FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
+  if (is_multimodal_gemma3(j)) {  // Gemma3ForConditionalGeneration: its text model
+    json t = j.value("text_config", json());
+    FSDP_CHECK(t.is_object(), where,
+               ": a Gemma3ForConditionalGeneration config.json (model_type \"gemma3\") needs its text_config");
+    t["model_type"] = "gemma3_text";
+    t.erase("architectures");
+    for (const char* key :
+         {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype"})
+      if (!t.contains(key) && j.contains(key)) t[key] = j[key];
+    for (const auto& [key, value] : kGemma3TextDefaults)
+      if (!t.contains(key)) t[key] = value;
+    LlamaConfig c = parse_llama_config(t.dump(), where + " (text_config)", warnings);
+    c.text_of_multimodal = true;
+    return c;
+  }
   LlamaConfig c;
   c.family = family_of(j, where);
   c.vocab_size = field<int64_t>(j, "vocab_size", c.vocab_size, where);
@@ -644,9 +676,9 @@ void write_form(json& j, const LlamaConfig& c) {
 // One scaling as rope_scaling holds it: the type's own fields, as they were given.
 json scaling_json(const RopeScaling& s) {
   using T = RopeScaling::Type;
-  const char* type = s.type == T::kLinear    ? "linear"
-                     : s.type == T::kDynamic ? "dynamic"
-                     : s.type == T::kYarn    ? "yarn"
+  const char* type = s.type == T::kLinear     ? "linear"
+                     : s.type == T::kDynamic  ? "dynamic"
+                     : s.type == T::kYarn     ? "yarn"
                      : s.type == T::kLongRope ? "longrope"
                                               : "llama3";
   json out = {{"rope_type", type}};
@@ -771,13 +803,21 @@ ModelDescription describe(const LlamaConfig& c) {
     for (const char* norm : layer_norm_names(c.norms)) add(p + norm + ".weight", {C});
     if (c.fused_projections) {  // Phi-3: the folder's qkv_proj and gate_up_proj (no biases in the family)
       const std::string a = p + "self_attn.", m = p + "mlp.";
-      d.fused.push_back(
-          {a + "qkv_proj.weight", {{a + "q_proj.weight", H * D}, {a + "k_proj.weight", K * D}, {a + "v_proj.weight", K * D}}});
-      d.fused.push_back({m + "gate_up_proj.weight", {{m + "gate_proj.weight", F}, {m + "up_proj.weight", F}}});
+      d.layout.fused.push_back(
+          {a + "qkv_proj.weight",
+           {{a + "q_proj.weight", H * D}, {a + "k_proj.weight", K * D}, {a + "v_proj.weight", K * D}}});
+      d.layout.fused.push_back({m + "gate_up_proj.weight", {{m + "gate_proj.weight", F}, {m + "up_proj.weight", F}}});
     }
   }
   add("model.norm.weight", {C});
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, C});
+  if (c.text_of_multimodal) {  // the text model's names in the folder (older and newer transformers), the rest left out
+    d.layout.prefixes = {{"model.", "language_model.model."},
+                         {"model.", "model.language_model."},
+                         {"lm_head.", "language_model.lm_head."}};
+    d.layout.left_out = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                         "model.multi_modal_projector."};
+  }
   return d;
 }
 

@@ -34,11 +34,11 @@ struct RopeScaling {
   Type type = Type::kLlama3;
   double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
-  double beta_fast = 32, beta_slow = 1;  // yarn
-  bool truncate = true;                  // yarn
-  double mscale = 0, mscale_all_dim = 0;  // yarn's attention_factor from these when both are set
-  std::optional<double> attention_factor;  // as written; none: from factor (yarn, longrope)
-  bool factor_written = true;              // longrope: false when factor comes from the positions' ratio
+  double beta_fast = 32, beta_slow = 1;           // yarn
+  bool truncate = true;                           // yarn
+  double mscale = 0, mscale_all_dim = 0;          // yarn's attention_factor from these when both are set
+  std::optional<double> attention_factor;         // as written; none: from factor (yarn, longrope)
+  bool factor_written = true;                     // longrope: false when factor comes from the positions' ratio
   std::vector<double> short_factor, long_factor;  // longrope, one per rotated frequency
 };
 
@@ -97,6 +97,9 @@ struct LlamaConfig {
   double rope_attention_factor() const;
   // Phi-3/4 checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj.
   bool fused_projections = false;
+  // Read from a Gemma3ForConditionalGeneration config.json (text and vision): this is its text model
+  // (text_config), stored under that model's prefixes beside a vision tower it leaves out.
+  bool text_of_multimodal = false;
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
   bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
@@ -151,12 +154,13 @@ struct LlamaConfig {
 };
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
-// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3; another is refused listing these). Accepts torch_dtype or dtype, rope_theta/rope_scaling or
-// the newer rope_parameters, legacy "type" for rope_type, sliding_window / use_sliding_window /
-// max_window_layers / layer_types. Throws InputError naming `where` and the field, also
-// for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
-// num_attention_heads) and for settings that change the math and are not implemented. warnings
-// (optional): one line per field it does not know, with the closest known field.
+// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3; another is refused listing these;
+// gemma3, Gemma3ForConditionalGeneration, gives its text_config's model, text_of_multimodal). Accepts torch_dtype or
+// dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
+// use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the field, also for a
+// missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) and for
+// settings that change the math and are not implemented. warnings (optional): one line per field it does not know, with
+// the closest known field.
 LlamaConfig parse_llama_config(const std::string& json_text, const std::string& where,
                                std::vector<std::string>* warnings = nullptr);
 LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);

@@ -12,7 +12,17 @@ model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::s
   FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
              "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
              "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
-  return model::load_llama_config(model_config_path(cfg), warnings);
+  const std::string path = model_config_path(cfg);
+  model::LlamaConfig c = model::load_llama_config(path, warnings);
+  FSDP_CHECK(!c.text_of_multimodal || cfg.model.text_only, "[train] ", path,
+             " is Gemma3ForConditionalGeneration (text and vision); fsdptrain trains its text model alone: set "
+             "model.text_only: true to train that, leaving out the vision tower (vision_tower.*, "
+             "multi_modal_projector.*), and the exports are Gemma3ForCausalLM folders");
+  FSDP_CHECK(c.text_of_multimodal || !cfg.model.text_only,
+             "[train] model.text_only is for a model of text and vision "
+             "(Gemma3ForConditionalGeneration); ",
+             path, " is ", model::family_names(c.family).architecture, ", text only already: remove model.text_only");
+  return c;
 }
 
 void check_positions(const config::Config& config, const model::LlamaConfig& model) {

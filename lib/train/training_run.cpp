@@ -296,10 +296,15 @@ void TrainingRun::build_model() {
     const bool efficient = config_.fsdp.cpu_ram_efficient_loading;
     const std::string before = host_peaks(world_, context_.device);
     const Clock::time_point t = Clock::now();
-    ckpt::load_pretrained(*sharded_, config_.model.pretrained, world_, efficient, model::describe(model_config_).fused);
+    ckpt::load_pretrained(*sharded_, config_.model.pretrained, world_, efficient,
+                          model::describe(model_config_).layout);
     say(str("[train] loaded ", config_.model.pretrained, " in ", format_seconds(seconds_since(t)), " (",
             efficient ? "rank 0 read it and sent each rank its rows" : "each rank read its own rows",
             "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));
+    if (model_config_.text_of_multimodal)
+      say(str("[train] ", config_.model.pretrained,
+              " is Gemma3ForConditionalGeneration: its text model trains "
+              "(model.text_only), its vision tower is left out, and the exports are Gemma3ForCausalLM folders\n"));
   }
   if (adapter) {
     ckpt::load_adapter(*sharded_, lora, *adapter);

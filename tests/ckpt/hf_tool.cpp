@@ -8,7 +8,8 @@
 //       on kTokens, the summed loss of predicting each next token (the last predicts the first),
 //       every parameter's gradient of that loss, the parameter count, FLOPs per token at T = 10
 //       and the layer class; the logits and loss of kTokens packed as two records (data.packing:
-//       masked: positions restart at kPackedStart, each record sees only itself); then exports the loaded model to OUT through the sharded engine.
+//       masked: positions restart at kPackedStart, each record sees only itself); then exports the loaded model to OUT
+//       through the sharded engine.
 //   hf_tool count CONFIG_JSON   prints the parameter count and layer class of a config.json.
 //   hf_tool logits-of DIR TOKENS   loads DIR of any family and prints, as JSON, its logits on each
 //       token list of TOKENS (a JSON list of lists), one flat list each.
@@ -69,7 +70,7 @@ fsdp::model::LlamaForCausalLM load(const std::string& dir) {
   fsdp::ckpt::HfCheckpoint ck(dir);
   fsdp::model::LlamaForCausalLM m(c);
   ck.check_matches(fsdp::model::describe(c));
-  const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).fused);
+  const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).layout);
   c10::NoGradGuard no_grad;
   for (const auto& p : m->named_parameters()) {
     const std::string name = src->info(p.key()) ? p.key() : "model.embed_tokens.weight";  // a tied head
@@ -84,12 +85,13 @@ int golden(const std::string& dir, const std::string& out) {
   nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}, {"packed", packed_json(*m)}};
   std::vector<int64_t> next(kTokens.begin() + 1, kTokens.end());
   next.push_back(kTokens.front());
-  const at::Tensor loss = m->loss_sum(at::tensor(kTokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));
+  const at::Tensor loss =
+      m->loss_sum(at::tensor(kTokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));
   loss.backward();
   j["loss"] = loss.item<double>();
   std::map<std::string, at::Tensor> grads;
   for (const auto& p : m->named_parameters()) grads[p.key()] = p.value().grad();
-  for (const fsdp::model::FusedTensor& f : fsdp::model::describe(c).fused) {  // under the folder's names
+  for (const fsdp::model::FusedTensor& f : fsdp::model::describe(c).layout.fused) {  // under the folder's names
     std::vector<at::Tensor> parts;
     for (const auto& [name, rows] : f.parts) {
       parts.push_back(grads.at(name));
@@ -108,7 +110,7 @@ int golden(const std::string& dir, const std::string& out) {
   fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
   fsdp::model::LlamaForCausalLM lazy(c, /*free_after_create=*/true);
   fsdp::FsdpOptions o;
-  const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).fused);
+  const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).layout);
   o.init = [&src](const std::string& name, at::IntArrayRef shape) {
     return read_param(*src, src->info(name) ? name : "model.embed_tokens.weight", shape);
   };

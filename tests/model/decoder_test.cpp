@@ -369,9 +369,7 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
     }
     CHECK(back.num_parameters() == c.num_parameters());
   }
-  auto error = [&](const std::string& type, const std::string& extra) {
-    return error_of([&] { parse(type, extra); });
-  };
+  auto error = [&](const std::string& type, const std::string& extra) { return error_of([&] { parse(type, extra); }); };
   CHECK(error("llama", R"("hidden_act": "relu")") ==
         "llama.json: hidden_act \"relu\" is not supported; fsdptrain implements \"silu\" and \"gelu_pytorch_tanh\"");
   CHECK(error("llama", R"("attn_logit_softcapping": 50.0)")
@@ -380,7 +378,6 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
             .find("logits_scaling is a field of GraniteForCausalLM, not of Qwen3ForCausalLM") != std::string::npos);
   CHECK(error("smollm3", R"("no_rope_layers": [1, 0])").find("no_rope_layers must list one 0 or 1 per layer (4)") !=
         std::string::npos);
-  CHECK(error("gemma3", "").find("model_type \"gemma3\" is Gemma3ForConditionalGeneration") != std::string::npos);
   CHECK(error("gemma2", R"("head_dim": 8, "rope_scaling": {"rope_type": "su", "factor": 4.0})")
             .find("rope type \"su\" is not supported; fsdptrain implements \"default\", \"linear\", \"dynamic\", "
                   "\"llama3\", \"yarn\" and \"longrope\"") != std::string::npos);
@@ -640,14 +637,14 @@ TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, l
   CHECK(short_freq[2].item<double>() == doctest::Approx(std::pow(1e4, -4.0 / 6) / 4));
   CHECK(long_freq[2].item<double>() == doctest::Approx(std::pow(1e4, -4.0 / 6) / 7));
   const ModelDescription d = describe(phi);
-  REQUIRE(d.fused.size() == 4);  // two a layer
-  CHECK(d.fused[0].name == "model.layers.0.self_attn.qkv_proj.weight");
-  CHECK(d.fused[0].parts == std::vector<std::pair<std::string, int64_t>>{
-                                {"model.layers.0.self_attn.q_proj.weight", 32},
-                                {"model.layers.0.self_attn.k_proj.weight", 16},
-                                {"model.layers.0.self_attn.v_proj.weight", 16}});
-  CHECK(d.fused[1].name == "model.layers.0.mlp.gate_up_proj.weight");
-  CHECK(describe(tiny()).fused.empty());
+  REQUIRE(d.layout.fused.size() == 4);  // two a layer
+  CHECK(d.layout.fused[0].name == "model.layers.0.self_attn.qkv_proj.weight");
+  CHECK(d.layout.fused[0].parts ==
+        std::vector<std::pair<std::string, int64_t>>{{"model.layers.0.self_attn.q_proj.weight", 32},
+                                                     {"model.layers.0.self_attn.k_proj.weight", 16},
+                                                     {"model.layers.0.self_attn.v_proj.weight", 16}});
+  CHECK(d.layout.fused[1].name == "model.layers.0.mlp.gate_up_proj.weight");
+  CHECK(describe(tiny()).layout.fused.empty());
   // YaRN: with d = 8 over 32 original positions the ramp keeps the first frequency and divides the
   // others by the factor; cos and sin grow by 0.1 ln(factor) + 1.
   const LlamaConfig yarn = parse("llama", R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0,
@@ -671,13 +668,12 @@ TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, l
     CHECK(back.rope_attention_factor() == c.rope_attention_factor());
     CHECK(back.rotary_dim() == c.rotary_dim());
   }
-  auto error = [&](const std::string& type, const std::string& extra) {
-    return error_of([&] { parse(type, extra); });
-  };
+  auto error = [&](const std::string& type, const std::string& extra) { return error_of([&] { parse(type, extra); }); };
   CHECK(error("phi3", R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})") ==
         "phi3.json: rope type \"linear\" is not one of Phi3ForCausalLM's (\"default\", \"longrope\")");
-  CHECK(error("phi3", R"("rope_scaling": {"rope_type": "longrope", "short_factor": [1, 2], "long_factor": [1, 2, 3, 4]})")
-            .find("rope_scaling's short_factor must list 4 numbers") != std::string::npos);
+  CHECK(
+      error("phi3", R"("rope_scaling": {"rope_type": "longrope", "short_factor": [1, 2], "long_factor": [1, 2, 3, 4]})")
+          .find("rope_scaling's short_factor must list 4 numbers") != std::string::npos);
   CHECK(error("phi3", R"("resid_pdrop": 0.1)") ==
         "phi3.json: resid_pdrop 0.1 is not supported; fsdptrain trains without dropout (set it to 0.0)");
   CHECK(error("phi3", R"("attention_bias": true)").find("attention_bias/mlp_bias are not fields of Phi3ForCausalLM") !=
@@ -685,6 +681,39 @@ TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, l
   CHECK(error("phi3", R"("partial_rotary_factor": 0.1)").find("gives 0 rotated dimensions") != std::string::npos);
   CHECK(error("llama", R"("rope_scaling": {"rope_type": "dynamic"})") ==
         "llama.json: rope type \"dynamic\" needs a factor");
+}
+
+TEST_CASE(
+    "a Gemma3ForConditionalGeneration config.json: its text model, Gemma3TextConfig's defaults, the folder's names") {
+  // As the released folders write it: text_config holds only what differs from Gemma3TextConfig.
+  const LlamaConfig c = parse_llama_config(R"({"architectures": ["Gemma3ForConditionalGeneration"],
+      "model_type": "gemma3", "torch_dtype": "bfloat16", "eos_token_id": [1, 106],
+      "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                      "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                      "sliding_window": 1024},
+      "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}})",
+                                           "gemma-3-4b/config.json");
+  CHECK(c.text_of_multimodal);
+  CHECK(c.family == Family::kGemma3);
+  CHECK((c.vocab_size == 262208 && c.num_attention_heads == 8 && c.num_key_value_heads == 4 && c.head_dim == 256));
+  CHECK((c.max_position_embeddings == 131072 && c.pad_token_id == 0 && c.tie_word_embeddings));
+  CHECK((c.eos_token_id_json == "[1,106]" && c.bos_token_id_json == "2" && c.dtype == "bfloat16"));
+  CHECK((c.plan(0).window == 1024 && c.plan(5).window == 0));  // five of six layers slide
+  // The export is the text model alone, Gemma3ForCausalLM: its config.json says nothing of vision.
+  const std::string exported = llama_config_json(c);
+  CHECK(exported.find("\"Gemma3ForCausalLM\"") != std::string::npos);
+  CHECK(exported.find("vision") == std::string::npos);
+  CHECK(!parse_llama_config(exported, "export").text_of_multimodal);
+  // Both spellings of the text model's names in the folder, the vision tower's left out.
+  const FolderLayout layout = describe(c).layout;
+  CHECK(layout.ours("language_model.model.layers.3.mlp.up_proj.weight") == "model.layers.3.mlp.up_proj.weight");
+  CHECK(layout.ours("model.language_model.norm.weight") == "model.norm.weight");
+  CHECK(layout.ours("language_model.lm_head.weight") == "lm_head.weight");
+  CHECK(layout.ours("vision_tower.vision_model.embeddings.patch_embedding.weight").empty());
+  CHECK(layout.ours("model.multi_modal_projector.mm_input_projection_weight").empty());
+  CHECK(describe(tiny()).layout.ours("model.norm.weight") == "model.norm.weight");
+  CHECK(error_of([] { parse_llama_config(R"({"model_type": "gemma3"})", "g.json"); }) ==
+        "g.json: a Gemma3ForConditionalGeneration config.json (model_type \"gemma3\") needs its text_config");
 }
 
 TEST_CASE("the KV cache of each new layer kind equals its full forward, position by position") {

@@ -146,8 +146,8 @@ void train_on_meta(const LlamaConfig& c, const Case& k) {
     LoraSettings l;
     l.r = 2;
     // Phi-3's fused projections are not adapted (lora.cpp): its other linear layers.
-    l.target_modules = c.fused_projections ? std::vector<std::string>{"o_proj", "down_proj"}
-                                           : std::vector<std::string>{"all-linear"};
+    l.target_modules =
+        c.fused_projections ? std::vector<std::string>{"o_proj", "down_proj"} : std::vector<std::string>{"all-linear"};
     add_lora(*m, l, /*free_after_create=*/true);
   }
   FsdpOptions o;
@@ -188,7 +188,7 @@ TEST_CASE("every family trains on the meta device with no host tensor inside the
   for (const Family family : {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3})
     configs.push_back(family_config(family));
   for (auto [name, c] : tiny_new_kinds()) {  // each new layer kind
-    c.head_dim = 8;  // SDPA's and flash attention's smallest head width
+    c.head_dim = 8;                          // SDPA's and flash attention's smallest head width
     configs.push_back(c);
   }
   for (const LlamaConfig& c : configs) {

@@ -8,7 +8,8 @@ initial weights, the fine-tuning example's tokenizer and records), `fsdptrain la
     token for token.
 The families' configs set what makes them differ from Llama away from its default (caps, scales,
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
-and the folder's fused projections)."""
+and the folder's fused projections); and a Gemma3ForConditionalGeneration folder, refused without
+model.text_only and trained as its text model with it."""
 import argparse
 import json
 import os
@@ -61,21 +62,30 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def check_family(a, d, name, config, cls, rows, fast):
+def launch(a, d, name, folder, *extra, check=True):
+    out = os.path.join(d, name, "run")
+    args = [a.fsdptrain, "launch", "--config", os.path.join(a.source, "configs", "finetune.yaml"), "--main_process_port",
+            "0", "--num_processes", "2", "--set", f"train.output_dir={out}", "--set", f"model.pretrained={folder}",
+            "--set", f"data.path={d}/train.jsonl", "--set", f"data.cache_dir={d}/{name}/cache", "--set",
+            "train.steps=30", "--set", "logging.interval=1", "--set", "checkpoint.dir=", "--set",
+            "schedule.warmup_steps=2", *extra]
+    if not check:
+        return subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=d)
+    run(args, cwd=d)
+    return out
+
+
+def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=()):
     folder = os.path.join(d, name, "model")
     fast.save_pretrained(folder)
     torch.manual_seed(0)
     cls(config).save_pretrained(folder, safe_serialization=True)
-    out = os.path.join(d, name, "run")
-    run([a.fsdptrain, "launch", "--config", os.path.join(a.source, "configs", "finetune.yaml"), "--main_process_port",
-         "0", "--num_processes", "2", "--set", f"train.output_dir={out}", "--set", f"model.pretrained={folder}",
-         "--set", f"data.path={d}/train.jsonl", "--set", f"data.cache_dir={d}/{name}/cache", "--set", "train.steps=30",
-         "--set", "logging.interval=1", "--set", "checkpoint.dir=", "--set", "schedule.warmup_steps=2"], cwd=d)
+    out = launch(a, d, name, folder, *extra)
     losses = [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     export = os.path.join(out, "export", "step-30")
     assert losses[-1] < 0.8 * losses[0], (name, losses)
 
-    model = cls.from_pretrained(export, dtype=torch.float32, attn_implementation="eager").eval()
+    model = (export_cls or cls).from_pretrained(export, dtype=torch.float32, attn_implementation="eager").eval()
     texts = sorted({r["prompt"] + r["completion"] for r in rows})[:8]
     tokens = [fast(t).input_ids for t in texts]
     ours = json.loads(run([a.tool, "logits-of", export, json.dumps(tokens)]).stdout.splitlines()[-1])
@@ -102,12 +112,45 @@ def check_family(a, d, name, config, cls, rows, fast):
           f"prompts equal fsdptrain generate's")
 
 
+def check_multimodal(a, d, rows, fast, vocab):
+    """A Gemma3ForConditionalGeneration folder (text and vision): without model.text_only the run is
+    refused naming it; fsdptrain reads the folder's text model as transformers computes it on text
+    (logits-of against the multimodal model's own); with text_only the text model trains and its
+    export is a Gemma3ForCausalLM folder (check_family's checks)."""
+    name = "gemma3_multimodal"
+    text = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"], bos_token_id=0,
+                eos_token_id=1, pad_token_id=1)
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    folder = os.path.join(d, name, "model")
+    torch.manual_seed(0)
+    multimodal = transformers.Gemma3ForConditionalGeneration(config).eval()
+    multimodal.save_pretrained(folder, safe_serialization=True)
+    fast.save_pretrained(folder)
+    refused = launch(a, d, name + "_refused", folder, check=False)
+    assert refused.returncode != 0 and "set model.text_only: true" in refused.stderr, refused.stderr[-2000:]
+    tokens = [fast(t).input_ids for t in sorted({r["prompt"] + r["completion"] for r in rows})[:4]]
+    ours = json.loads(run([a.tool, "logits-of", folder, json.dumps(tokens)]).stdout.splitlines()[-1])
+    with torch.no_grad():
+        worst = max(rel(torch.tensor(mine, dtype=torch.float64),
+                        multimodal(input_ids=torch.tensor([ids])).logits.reshape(-1).double())
+                    for ids, mine in zip(tokens, ours))
+    assert worst <= 1e-5, worst
+    print(f"{name}: refused without model.text_only; its text model's logits within {worst:.1e} of "
+          f"Gemma3ForConditionalGeneration's on {len(tokens)} records")
+    check_family(a, d, name, config, transformers.Gemma3ForConditionalGeneration, rows, fast,
+                 export_cls=transformers.Gemma3ForCausalLM, extra=("--set", "model.text_only=true"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("--families", default="gemma2,gemma3,olmo2,smollm3,granite,phi3")
+    ap.add_argument("--families", default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])
@@ -119,6 +162,8 @@ def main():
         for name, (config, cls) in configs(tok.get_vocab_size()).items():
             if name in a.families.split(","):
                 check_family(a, d, name, config, cls, rows, fast)
+        if "gemma3_multimodal" in a.families.split(","):
+            check_multimodal(a, d, rows, fast, tok.get_vocab_size())
     print("families_finetune_test: ok")
 
 

@@ -17,6 +17,8 @@ trainer fine-tunes the same folder from the same token stream. Over Gloo on CPU,
   - a FULL_STATE_DICT checkpoint of tp 2 x dp 2 resumes as tp 1 x dp 2 and as tp 2 x dp 1 (the same
     global batch), continuing the same losses; a SHARDED_STATE_DICT one (each rank's blocks, o and
     down as column ranges) resumes along tp 2 x dp 2 -> tp 1 x dp 4 -> tp 2 x dp 1;
+  - Gemma 3, Granite and Phi-3 (issue 60's families tp splits): tp 2 x dp 2 equals FSDP alone
+    (tp 1 x dp 2) within 1e-5;
   - bad layouts are refused before any worker starts, naming the key and the fix.
 """
 import argparse
@@ -271,6 +273,34 @@ def check_export_and_checkpoints(h, folders):
     return ok
 
 
+def check_new_families(h, folders):
+    """Issue 60's families that tensor parallel splits, against FSDP alone (DTensor's reference script
+    builds Llama's relatives only): Gemma 3 (tied vocabulary-parallel embedding scaled by sqrt(hidden),
+    per-head q/k norms, sliding layers with their own rotary base), Granite (the multipliers) and Phi-3
+    (the folder's fused projections split per rank, a partial rotation with longrope past 16 positions,
+    a window in every layer)."""
+    common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0,
+                  eos_token_id=1, pad_token_id=1)
+    configs = {
+        "gemma3": transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=8,
+                                                layer_types=["sliding_attention", "full_attention"]),
+        "granite": transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
+                                              residual_multiplier=0.4, logits_scaling=2.0),
+        "phi3": transformers.Phi3Config(**common, partial_rotary_factor=0.75, sliding_window=12,
+                                        original_max_position_embeddings=16,
+                                        rope_scaling={"rope_type": "longrope",
+                                                      "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0],
+                                                      "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0]}),
+    }
+    ok = True
+    for name, config in configs.items():
+        folder = h.save(name, config)
+        ok &= h.compare(f"{name}: tp 2 x dp 2 against FSDP alone (tp 1 x dp 2)", h.ours(f"{name}-tp2", folder, 4, 2)[:2],
+                        h.ours(f"{name}-tp1", folder, 2, 1)[:2], 1e-5, "FSDP alone")
+    return ok
+
+
 def check_refusals(h, folders):
     """Bad layouts refused before any worker starts."""
     yaml_of = h.yaml_of
@@ -311,7 +341,8 @@ def main():
         h = helpers(args, tmp, data, tokens)
         try:
             folders = {name: h.save(name, config) for name, config in families().items()}
-            for check in (check_parity, check_tied_and_mixed, check_export_and_checkpoints, check_refusals):
+            for check in (check_parity, check_tied_and_mixed, check_new_families, check_export_and_checkpoints,
+                          check_refusals):
                 ok &= check(h, folders)
         except RuntimeError as e:
             print(f"FAIL {e}")
