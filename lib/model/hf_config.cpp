@@ -112,27 +112,30 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
   const bool phi3 = c.family == Family::kPhi3;
   FSDP_CHECK(!phi3 || type == "longrope", where, ": rope type ", quoted(type),
              " is not one of Phi3ForCausalLM's (\"default\", \"longrope\")");
-  auto original_max = [&](int64_t fallback) {
-    const int64_t top = phi3 ? field<int64_t>(j, "original_max_position_embeddings", 0, where) : 0;
-    const int64_t v = top > 0 ? top : field<int64_t>(scaling, "original_max_position_embeddings", fallback, where);
-    FSDP_CHECK(v > 0, where, ": original_max_position_embeddings (", v, ") must be > 0");
-    return v;
-  };
   s.factor_written = scaling.contains("factor") && !scaling["factor"].is_null();
   s.factor = field<double>(scaling, "factor", 0.0, where);
-  if (type == "longrope") {
-    s.type = RopeScaling::Type::kLongRope;
-    s.original_max_position_embeddings = original_max(c.max_position_embeddings);
+  // yarn's and longrope's common part: the original positions, the factor from them when not
+  // written, the attention factor as written.
+  auto read_extension = [&](RopeScaling::Type t) {
+    s.type = t;
+    const int64_t top = phi3 ? field<int64_t>(j, "original_max_position_embeddings", 0, where) : 0;
+    s.original_max_position_embeddings =
+        top > 0 ? top : field<int64_t>(scaling, "original_max_position_embeddings", c.max_position_embeddings, where);
+    FSDP_CHECK(s.original_max_position_embeddings > 0, where, ": original_max_position_embeddings (",
+               s.original_max_position_embeddings, ") must be > 0");
     if (!s.factor_written)
       s.factor =
           static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
     if (scaling.contains("attention_factor") && !scaling["attention_factor"].is_null())
       s.attention_factor = field<double>(scaling, "attention_factor", 1.0, where);
+    FSDP_CHECK(s.factor > 0 && (!s.attention_factor || *s.attention_factor > 0), where, ": rope_scaling's factor (",
+               s.factor, ") and attention_factor (", s.attention_factor ? *s.attention_factor : 1.0, ") must be > 0");
+  };
+  if (type == "longrope") {
+    read_extension(RopeScaling::Type::kLongRope);
     const int64_t frequencies = c.rotary_dim() / 2;
     s.short_factor = factor_list(scaling, "short_factor", frequencies, where);
     s.long_factor = factor_list(scaling, "long_factor", frequencies, where);
-    FSDP_CHECK(s.factor > 0 && (!s.attention_factor || *s.attention_factor > 0), where,
-               ": rope_scaling's factor and attention_factor must be > 0");
     return s;
   }
   FSDP_CHECK(s.factor_written || type == "yarn", where, ": rope type ", quoted(type), " needs a factor");
@@ -142,21 +145,13 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
     return s;
   }
   if (type == "yarn") {
-    s.type = RopeScaling::Type::kYarn;
-    s.original_max_position_embeddings = original_max(c.max_position_embeddings);
-    if (!s.factor_written)
-      s.factor =
-          static_cast<double>(c.max_position_embeddings) / static_cast<double>(s.original_max_position_embeddings);
+    read_extension(RopeScaling::Type::kYarn);
     // transformers takes 0 (or null) as "not given" for the betas, as `or` does in Python.
     if (const double b = field<double>(scaling, "beta_fast", 0.0, where); b != 0) s.beta_fast = b;
     if (const double b = field<double>(scaling, "beta_slow", 0.0, where); b != 0) s.beta_slow = b;
     s.truncate = field<bool>(scaling, "truncate", true, where);
     s.mscale = field<double>(scaling, "mscale", 0.0, where);
     s.mscale_all_dim = field<double>(scaling, "mscale_all_dim", 0.0, where);
-    if (scaling.contains("attention_factor") && !scaling["attention_factor"].is_null())
-      s.attention_factor = field<double>(scaling, "attention_factor", 1.0, where);
-    FSDP_CHECK(s.factor > 0 && (!s.attention_factor || *s.attention_factor > 0), where,
-               ": rope_scaling's factor and attention_factor must be > 0");
     return s;
   }
   FSDP_CHECK(type == "llama3", where, ": rope type ", quoted(type),
