@@ -10,8 +10,9 @@ The templates come from two pinned PyPI packages that scripts/setup.sh fetches o
 $FSDPTRAIN_CACHE/chat-templates, that is ~/.cache/fsdptrain/chat-templates):
 llama-cpp-python's sdist (llama.cpp's models/templates: the templates of Llama 3.x, Qwen2.5,
 Qwen3, Mistral, Gemma, Phi, DeepSeek, Granite, SmolLM, ...) and trl's wheel (trl/chat_templates,
-with the *_training variants that carry {% generation %}). The test itself downloads nothing: templates
-missing from the cache fail it, naming the command that fetches them.
+with the *_training variants that carry {% generation %}); and from templates/ beside this script,
+for models those lack (Phi-4). The test itself downloads nothing: templates missing from the cache
+fail it, naming the command that fetches them.
 
 A template rendered differently is always a failure. A template the engine refuses (a construct it
 does not support) is listed with the reason; that fails the test only for the required templates
@@ -74,6 +75,8 @@ REQUIRED = [
     "trl/phi3",
     "trl/phi3_5",
     "trl/phi3_5_training",
+    "tests/microsoft-phi-4",
+    "tests/microsoft-phi-4_training",
 ]
 BENCH_TEMPLATE = "llama-cpp-python/meta-llama-Llama-3.1-8B-Instruct"
 
@@ -151,6 +154,12 @@ def load_templates(cache, fetch=False):
             if fn.endswith(".jinja"):
                 with open(os.path.join(dest, fn), encoding="utf-8") as f:
                     templates[f"{name}/{fn[:-6]}"] = f.read()
+    # Templates the packages lack, kept beside this test (templates/README.md says where each is from).
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+    for fn in sorted(os.listdir(here)):
+        if fn.endswith(".jinja"):
+            with open(os.path.join(here, fn), encoding="utf-8") as f:
+                templates[f"tests/{fn[:-6]}"] = f.read()
     return templates
 
 
