@@ -1,5 +1,5 @@
 // `fsdptrain generate`: text from a trained model (a Hugging Face folder or a checkpoint), with its
-// tokenizer, a KV cache, greedy or sampled decoding, streamed to the terminal (model/generate.h).
+// tokenizer, a KV cache, greedy or sampled decoding, streamed to the terminal (model/generate/generate.h).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include "ckpt/peft.h"
 #include "commands.h"
 #include "data/documents.h"
-#include "model/generate.h"
+#include "model/generate/generate.h"
 #include "model/kernels/provider.h"
 #include "tokenize/eos.h"
 #include "tokenize/tokenizer.h"
@@ -34,7 +34,7 @@ using json = nlohmann::json;
 constexpr int32_t kByteEnd = 256;  // the byte-level models' end-of-text id (data/dataset.h)
 
 struct LoadedModel {
-  model::LlamaForCausalLM model{nullptr};
+  model::CausalLM model{nullptr};
   std::string folder;
   std::string adapter;  // the LoRA adapter folded into it, if any
 };
@@ -55,8 +55,8 @@ LoadedModel load(std::string path, std::string adapter) {
                adapter);
   }
   const ckpt::ModelFolder found = ckpt::find_model_folder(path);
-  const model::LlamaConfig config = model::load_llama_config(found.folder + "/config.json");
-  LoadedModel out{model::LlamaForCausalLM(config), found.folder, adapter};
+  const model::DecoderConfig config = model::load_llama_config(found.folder + "/config.json");
+  LoadedModel out{model::CausalLM(config), found.folder, adapter};
   ckpt::load_weights(*out.model, found, model::describe(config));
   if (!adapter.empty()) ckpt::apply_adapter(*out.model, ckpt::read_peft_adapter(adapter));
   return out;
@@ -268,7 +268,7 @@ class GenerateCommand final : public Command {
   }
 
   // The prompt's ids, and how many new tokens fit the model's positions.
-  std::vector<int32_t> prompt_ids(const model::LlamaConfig& c, const TextCodec& codec, const std::string& text,
+  std::vector<int32_t> prompt_ids(const model::DecoderConfig& c, const TextCodec& codec, const std::string& text,
                                   const std::string& where, model::SamplingOptions& o) const {
     std::vector<int32_t> ids = codec.encode(text);
     const int64_t n = static_cast<int64_t>(ids.size()), limit = c.max_position_embeddings;
@@ -279,7 +279,7 @@ class GenerateCommand final : public Command {
     return ids;
   }
 
-  int one(model::LlamaForCausalLMImpl& m, const TextCodec& codec) {
+  int one(model::CausalLMImpl& m, const TextCodec& codec) {
     model::SamplingOptions o = options_;
     const std::vector<int32_t> ids = prompt_ids(m.config, codec, prompt_, "--prompt", o);
     if (o.max_new_tokens < options_.max_new_tokens)
@@ -295,7 +295,7 @@ class GenerateCommand final : public Command {
 
   // Every prompt is read and checked before the first is generated, and --output is written whole
   // (a temporary renamed at the end): a bad line or a full disk leaves an earlier output as it was.
-  int batch(model::LlamaForCausalLMImpl& m, const TextCodec& codec) {
+  int batch(model::CausalLMImpl& m, const TextCodec& codec) {
     struct Prompt {
       data::Document doc;
       std::vector<int32_t> ids;

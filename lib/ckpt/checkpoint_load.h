@@ -19,7 +19,7 @@
 #include "ckpt/sources.h"
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/description.h"
+#include "model/config/description.h"
 #include "optim/adamw.h"
 
 namespace fsdp::ckpt {

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "ckpt/safetensors_torch.h"
+#include "model/layers/lora_layer.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
@@ -169,11 +170,14 @@ std::string config_with_dtype(const std::string& config_json, Dtype dtype) {
 }
 
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
-                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs, Dtype dtype) {
+                                        const std::string& dir, int64_t max_shard_bytes, FileSystem& fs, Dtype dtype,
+                                        const ParamValue& value) {
   const bool writer = writes_exports(model);
   std::map<std::string, std::pair<size_t, size_t>> slot;  // a parameter's (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
-    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) slot[model.groups()[g]->params()[i].name] = {g, i};
+    for (size_t i = 0; i < model.groups()[g]->params().size(); ++i)
+      if (!model::is_lora_parameter(model.groups()[g]->params()[i].name))
+        slot[model.groups()[g]->params()[i].name] = {g, i};
   // Each tensor the folder holds: a parameter, or (description.layout.fused) several end to end.
   std::vector<TensorSpec> specs;
   std::vector<std::vector<std::pair<size_t, size_t>>> parts;  // specs[k]'s parameters
@@ -199,7 +203,9 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
       specs,
       [&](size_t k) {
         std::vector<at::Tensor> whole;  // every rank gathers each part (collective), in the same order
-        for (const auto& [g, i] : parts[k]) whole.push_back(model.groups()[g]->gather_full_parameter(i));
+        for (const auto& [g, i] : parts[k])
+          whole.push_back(value ? value(model.groups()[g]->params()[i].name)
+                                : model.groups()[g]->gather_full_parameter(i));
         return whole.size() == 1 ? whole[0] : at::cat(whole, 0);
       },
       writer, config_with_dtype(description.config_json, dtype), dir, max_shard_bytes, fs, dtype);
@@ -264,25 +270,10 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
 }
 
 void HfCheckpoint::check_matches(const model::ModelDescription& description) const {
-  // The folder's tensors under the model's names, as open_hf_source reads them: the left-out ones
-  // gone, prefixes renamed, a fused tensor of the right rows standing for its parts.
-  std::map<std::string, std::vector<int64_t>> stored;
-  for (const auto& [name, where] : tensors_)
-    if (const std::string mine = description.layout.ours(name); !mine.empty() && !stored.count(mine))
-      stored[mine] = where.second->shape;
-  for (const model::FusedTensor& f : description.layout.fused) {
-    const auto it = stored.find(f.name);
-    int64_t rows = 0;
-    bool stored_apart = false;
-    for (const auto& [part, n] : f.parts) {
-      stored_apart = stored_apart || stored.count(part) > 0;
-      rows += n;
-    }
-    if (it == stored.end() || stored_apart || it->second.empty() || it->second[0] != rows) continue;
-    const std::vector<int64_t> shape = it->second;
-    stored.erase(it);
-    for (const auto& [part, n] : f.parts) (stored[part] = shape)[0] = n;
-  }
+  // The folder's tensors under the model's names, as open_hf_source reads them (FolderLayout::places).
+  std::map<std::string, std::vector<int64_t>> shapes, stored;
+  for (const auto& [name, where] : tensors_) shapes[name] = where.second->shape;
+  for (const auto& [mine, place] : description.layout.places(shapes)) stored[mine] = place.shape;
   const std::vector<model::ParamSpec>& params = description.params;
   // A tied head is the embedding (its alias): HF writes it once, but a folder may hold both names.
   std::vector<ExpectedTensor> expected;

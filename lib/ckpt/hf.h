@@ -14,7 +14,7 @@
 
 #include "ckpt/safetensors.h"
 #include "fsdp/fully_shard.h"
-#include "model/description.h"
+#include "model/config/description.h"
 
 namespace fsdp::ckpt {
 
@@ -56,11 +56,15 @@ struct WrittenFile {
 bool writes_exports(const ShardedModel& model);
 
 // What export_hf writes, into the existing folder `dir` (no rename): config.json and the weights
-// (whole tensors: tensor-parallel blocks gathered), through `fs`. Collective over the shard (and tp)
-// group; returns the files on the writing rank (writes_exports), nothing on the others.
+// (whole tensors: tensor-parallel blocks gathered; the description's fused tensors joined from their
+// parts), through `fs`. Collective over the shard (and tp) group; returns the files on the writing
+// rank (writes_exports), nothing on the others. `value`: a parameter's whole value by its name
+// (collective: every rank calls it for the same names in the same order; export_merged folds the
+// adapters in there); default, the parameter gathered. Adapter parameters are never written.
+using ParamValue = std::function<at::Tensor(const std::string& name)>;
 std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::ModelDescription& description,
                                         const std::string& dir, int64_t max_shard_bytes, FileSystem& fs,
-                                        Dtype dtype = Dtype::kF32);
+                                        Dtype dtype = Dtype::kF32, const ParamValue& value = {});
 
 struct TensorSpec {
   std::string name;

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "model/description.h"
+#include "model/config/description.h"
 
 namespace torch::nn {
 class Module;

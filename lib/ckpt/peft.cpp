@@ -169,25 +169,24 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
   std::map<std::string, std::pair<size_t, size_t>> where;  // every parameter: (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) where[model.groups()[g]->params()[i].name] = {g, i};
+  auto param = [&](const std::string& name) -> const ShardedParam& {
+    const auto [g, i] = where.at(name);
+    return model.groups()[g]->params()[i];
+  };
   auto full = [&](const std::string& name) {
     const auto [g, i] = where.at(name);
     return model.groups()[g]->gather_full_parameter(i);
   };
-  std::vector<TensorSpec> specs;
-  for (const auto& [name, gi] : where)
-    if (!model::is_lora_parameter(name))
-      specs.push_back({name, model.groups()[gi.first]->params()[gi.second].full_shape()});
-  const bool writer = writes_exports(model);
+  auto has = [&](const std::string& name) { return where.count(name) > 0; };
+  auto rows = [&](const std::string& name) { return param(name).full_shape()[0]; };
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
-    write_hf_folder(
-        specs,
-        [&](size_t k) {
-          const std::string& name = specs[k].name;
-          if (!ends_with(name, ".weight") || !where.count(model::lora_a_name(name))) return full(name);
-          return model::merged_weight(full(name), full(model::lora_a_name(name)), full(model::lora_b_name(name)),
-                                      scaling, name);
-        },
-        writer, config_with_dtype(description.config_json, dtype), tmp, kDefaultMaxShardBytes, fs, dtype);
+    // Each weight with its adapter folded in: its own, or its rows of a fused projection's (Phi-3).
+    write_hf_model(model, description, tmp, kDefaultMaxShardBytes, fs, dtype, [&](const std::string& name) {
+      const std::optional<model::AdapterSlice> s = model::adapter_of(name, has, rows);
+      if (!s) return full(name);
+      const at::Tensor w = full(name);
+      return model::merged_weight(w, full(s->a), full(s->b).narrow(0, s->begin, w.size(0)), scaling, name);
+    });
   });
 }
 
@@ -233,7 +232,12 @@ void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
   if (params.count(kEmbedding) && !params.count(kHead)) tie_saved_head(tensors, adapter.dir);
   for (const auto& [name, t] : tensors) {
     const bool lora = model::is_lora_parameter(name);
-    const std::string base = lora ? model::adapted_weight_name(name) : name;
+    std::string base = lora ? model::adapted_weight_name(name) : name;
+    if (lora && !params.count(base)) {  // a fused projection's adapter (Phi-3): its first part stands for it
+      const std::string leaf = base.substr(0, base.size() - std::string(".weight").size());
+      const std::vector<std::string> parts = model::fused_projection_parts(leaf.substr(leaf.rfind('.') + 1));
+      if (!parts.empty()) base = leaf.substr(0, leaf.rfind('.') + 1) + parts[0] + ".weight";
+    }
     auto it = params.find(base);
     FSDP_CHECK(it != params.end(), "[lora] ", adapter.dir, " adapts ", base,
                ", which the model does not have; give "

@@ -18,7 +18,7 @@
 
 #include "ckpt/hf.h"
 #include "fsdp/fully_shard.h"
-#include "model/lora.h"
+#include "model/lora/lora.h"
 
 namespace torch::nn {
 class Module;

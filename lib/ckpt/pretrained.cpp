@@ -1,7 +1,7 @@
 #include "ckpt/pretrained.h"
 
 #include "ckpt/sources.h"
-#include "model/lora.h"
+#include "model/lora/lora.h"
 
 namespace fsdp::ckpt {
 

@@ -6,7 +6,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/description.h"
+#include "model/config/description.h"
 
 namespace fsdp::ckpt {
 

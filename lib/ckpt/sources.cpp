@@ -306,43 +306,20 @@ class FullSource final : public Source {
       for (const TensorInfo& t : optimizer_->header().tensors) add(*optimizer_, t);
     }
   }
-  // The folder's tensors under the model's names (`layout`): the left-out ones gone, the prefixed
-  // ones renamed; then each fused tensor the folder holds, and none of its parts, read as its parts:
-  // rows of the stored tensor, one part after another.
+  // The folder's tensors under the model's names (FolderLayout::places): the left-out ones gone,
+  // the prefixed ones renamed, a fused tensor read as its parts (rows of the stored tensor).
   void apply(const model::FolderLayout& layout) {
-    if (!layout.prefixes.empty() || !layout.left_out.empty()) {
-      std::map<std::string, StoredInfo> infos;
-      std::map<std::string, Entry> entries;
-      for (const auto& [stored, info] : infos_) {
-        const std::string mine = layout.ours(stored);
-        if (mine.empty() || infos.count(mine)) continue;  // left out; or two spellings: the first
-        infos[mine] = info;
-        entries[mine] = entries_.at(stored);
-      }
-      infos_ = std::move(infos);
-      entries_ = std::move(entries);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [name, info] : infos_) shapes[name] = info.shape;
+    std::map<std::string, StoredInfo> infos;
+    std::map<std::string, Entry> entries;
+    for (const auto& [mine, place] : layout.places(shapes)) {
+      infos[mine] = {infos_.at(place.stored).dtype, place.shape};
+      const Entry& e = entries_.at(place.stored);
+      entries[mine] = {e.file, e.tensor, e.row0 + place.row0};
     }
-    for (const model::FusedTensor& f : layout.fused) {
-      const auto it = entries_.find(f.name);
-      if (it == entries_.end()) continue;
-      int64_t rows = 0;
-      bool stored_apart = false;  // the parameters are stored themselves as well: they are read
-      for (const auto& [part, n] : f.parts) {
-        stored_apart = stored_apart || infos_.count(part) > 0;
-        rows += n;
-      }
-      const StoredInfo whole = infos_.at(f.name);
-      if (stored_apart || whole.shape.empty() || whole.shape[0] != rows) continue;  // the check names it
-      int64_t row0 = 0;
-      for (const auto& [part, n] : f.parts) {
-        entries_[part] = {it->second.file, it->second.tensor, row0};
-        infos_[part] = whole;
-        infos_[part].shape[0] = n;
-        row0 += n;
-      }
-      entries_.erase(it);
-      infos_.erase(f.name);
-    }
+    infos_ = std::move(infos);
+    entries_ = std::move(entries);
   }
   void files(const std::string& name, int64_t, int64_t, std::set<std::string>& out) const override {
     out.insert(base_name(entries_.at(name).file->path()));

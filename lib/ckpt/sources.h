@@ -16,7 +16,7 @@
 #include "ckpt/safetensors.h"
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/description.h"
+#include "model/config/description.h"
 #include "optim/adamw.h"
 
 namespace fsdp::ckpt {

@@ -138,7 +138,7 @@ struct ParallelismConfig {
 // ---- The built-in trainer's sections (fsdptrain extension keys; Accelerate has no trainer). ----
 
 struct ModelConfig {
-  std::string config;                   // a Hugging Face config.json (model/hf_config.h: its families)
+  std::string config;                   // a Hugging Face config.json (model/config/hf_config.h: its families)
   std::string pretrained;               // a Hugging Face folder to start from (its config.json and weights)
   std::string revision = "main";        // of pretrained given as a Hub id (the loader finds its snapshot)
   bool gradient_checkpointing = false;  // Transformers' switch; use fsdp_activation_checkpointing
@@ -216,7 +216,7 @@ struct CheckpointConfig {
   ExportDtype export_dtype = ExportDtype::kAuto;  // exported weights (auto: model.pretrained's torch_dtype, else fp32)
 };
 
-// LoRA adapters (PEFT's LoraConfig; model/lora.h): r 0 trains every parameter.
+// LoRA adapters (PEFT's LoraConfig; model/lora/lora.h): r 0 trains every parameter.
 struct LoraConfig {
   int64_t r = 0;
   double alpha = 8;
@@ -247,7 +247,7 @@ enum class OnednnProducts { kLarge, kAll, kOff };
 inline constexpr std::array<const char*, 3> kOnednnProductsNames = {"large", "all", "off"};
 enum class ReadAhead { kAuto, kOn, kOff };
 inline constexpr std::array<const char*, 3> kReadAheadNames = {"auto", "on", "off"};
-enum class Float8Training { kNone, kTensorwise, kRowwise };  // model/float8.h's recipes
+enum class Float8Training { kNone, kTensorwise, kRowwise };  // model/kernels/float8.h's recipes
 inline constexpr std::array<const char*, 3> kFloat8TrainingNames = {"none", "tensorwise", "rowwise"};
 
 struct EngineConfig {

@@ -30,7 +30,7 @@ namespace fsdp::data {
 
 inline constexpr int32_t kByteEndOfText = 256;
 inline constexpr int64_t kByteVocabSize = 257;
-inline constexpr int64_t kIgnoreTarget = -100;  // the loss's ignore_index (model/chunked_loss.h)
+inline constexpr int64_t kIgnoreTarget = -100;  // the loss's ignore_index (model/layers/chunked_loss.h)
 
 class TokenStream {
  public:

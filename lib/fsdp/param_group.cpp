@@ -116,7 +116,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
 
   // Every registered parameter becomes an unsharded leaf over one storage this group owns, laid end
   // to end in params_' order with no padding, so parameters registered one after another (q, k, v)
-  // form one block a forward may use as a single weight (model/stacked_weights.h). `unsharded_`
+  // form one block a forward may use as a single weight (model/kernels/stacked_weights.h). `unsharded_`
   // writes that storage without sharing any parameter's version counter.
   int64_t unsharded_numel = 0;
   for (ShardedParam& p : params_) {

@@ -5,11 +5,11 @@
 #include "dist/build_info.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/shard_layout.h"
-#include "model/chunked_loss.h"
-#include "model/context_parallel.h"
-#include "model/decoder.h"
 #include "model/kernels/ops.h"
-#include "model/tensor_parallel.h"
+#include "model/layers/chunked_loss.h"
+#include "model/layers/decoder.h"
+#include "model/parallel/context_parallel.h"
+#include "model/parallel/tensor_parallel.h"
 #include "train/run_config.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -17,7 +17,7 @@
 
 namespace fsdp::train {
 
-void check_fits_machine(const config::Config& config, const model::LlamaConfig& mc, const std::string& where,
+void check_fits_machine(const config::Config& config, const model::DecoderConfig& mc, const std::string& where,
                         int local_workers) {
   const FsdpPlan plan = fsdp_plan_from_config(config, c10::kCPU);
   // fp32 weights, gradients and AdamW's two moments, sharded over the shard group; under LoRA the
@@ -43,7 +43,7 @@ void check_fits_machine(const config::Config& config, const model::LlamaConfig& 
           "the whole budget)"));
 }
 
-MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaConfig& mc, int world_size) {
+MemoryEstimate estimate_memory(const config::Config& config, const model::DecoderConfig& mc, int world_size) {
   config::Config c = config;
   c.launch.num_processes = world_size;
   const FsdpPlan plan = fsdp_plan_from_config(c, c10::kCPU);
@@ -51,15 +51,15 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   // The model's tree and shapes (tensor parallel: rank 0's blocks), one layer in memory at a time
   // (the values are never read).
   const int tp = plan.tp_size;
-  model::LlamaForCausalLM llama(
+  model::CausalLM lm(
       mc, /*free_after_create=*/true,
       tp > 1 ? std::make_shared<model::TensorParallel>(model::TensorParallel::shapes_only(tp)) : nullptr);
   const model::LoraSettings lora = lora_settings_of(c);
-  if (lora.enabled()) model::add_lora(*llama, lora, /*free_after_create=*/true);
+  if (lora.enabled()) model::add_lora(*lm, lora, /*free_after_create=*/true);
   MemoryEstimate e;
   const int shards = plan.fsdp_shard_size();
   int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;
-  const auto units = plan_units(*llama, model::llama_traits(mc), plan.options);
+  const auto units = plan_units(*lm, model::decoder_traits(mc), plan.options);
   for (size_t u = 0; u < units.size(); ++u) {
     int64_t padded = 0, padded_trainable = 0;
     for (const auto& [name, tensor] : units[u].params) {
@@ -98,7 +98,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
                largest_trainable * (param_bytes + 4);
   // Activations kept for backward, per layer, per token (compute dtype): the norms' outputs and the
   // residuals (4 C), q/k/v and the attention output (2 C + 2 K D), SwiGLU's gate, up, their product
-  // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The loss (model/chunked_loss.h) holds a
+  // and silu (4 F); plus SDPA's fp32 log-sum-exp (H). The loss (model/layers/chunked_loss.h) holds a
   // chunk's fp32 logits and their gradient and the head's gradient (model::loss_working_bytes: by
   // the run's kernels' chunking), never the whole (tokens, V) logits. With checkpointing only each
   // layer's input (C) stays, plus one layer recomputed. Tensor parallel divides all of it by P but
@@ -111,11 +111,18 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaC
   const int64_t split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size;
   const int64_t gathered_kv =
       plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
+  // Soft-capped attention (Gemma 2) has no fused kernel (model/kernels/ops.h): its (B, H, T, T)
+  // scores stay for backward as tanh's output, the fp32 softmax and, below fp32, the softmax's cast:
+  // 8 bytes a score. Ulysses gives a rank H / sp heads over every token.
+  const int64_t score_heads = mc.num_attention_heads / tp / (plan.cp_kind == "ulysses" ? cp : 1);
+  const int64_t scores = mc.attn_softcap > 0 ? c.train.micro_batch_size * score_heads * c.train.sequence_length *
+                                                   c.train.sequence_length * 8
+                                             : 0;
   const int64_t per_layer = tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
                                       mc.num_attention_heads / tp * 4) +
-                            gathered_kv;
+                            gathered_kv + scores;
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
-  const auto named = llama->named_parameters();
+  const auto named = lm->named_parameters();
   const at::Tensor* head = named.find(mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   const bool head_trains = head == nullptr || head->requires_grad();
   const model::kernels::Provider kernels =  // model/kernels/ops.h: who chunks by tokens
@@ -148,7 +155,7 @@ std::string param_bytes_name(const FsdpPlan& plan) {
 
 }  // namespace
 
-std::string format_memory_estimate(const config::Config& config, const model::LlamaConfig& mc, int world_size) {
+std::string format_memory_estimate(const config::Config& config, const model::DecoderConfig& mc, int world_size) {
   config::Config c = config;
   c.launch.num_processes = world_size;
   const FsdpPlan plan = fsdp_plan_from_config(c, c10::kCPU);

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "config/config.h"
-#include "model/hf_config.h"
+#include "model/config/hf_config.h"
 
 namespace fsdp::train {
 
@@ -35,16 +35,16 @@ struct MemoryEstimate {
   int64_t persistent() const { return params + grads + optimizer; }
 };
 
-MemoryEstimate estimate_memory(const config::Config& config, const model::LlamaConfig& model, int world_size);
+MemoryEstimate estimate_memory(const config::Config& config, const model::DecoderConfig& model, int world_size);
 
 // Refuses (InputError), before any worker starts and before anything is built, a model whose fp32
 // shards, gradients and AdamW state (under LoRA: its frozen shards) alone need more memory per rank than this machine
 // has for each of its `local_workers` (GPU memory on a GPU run, else host memory), naming the model, the bytes per rank
 // and what the machine has. Arithmetic only: safe for any sizes config.json holds.
-void check_fits_machine(const config::Config& config, const model::LlamaConfig& model, const std::string& where,
+void check_fits_machine(const config::Config& config, const model::DecoderConfig& model, const std::string& where,
                         int local_workers);
 
 // The report `fsdptrain estimate-memory` prints.
-std::string format_memory_estimate(const config::Config& config, const model::LlamaConfig& model, int world_size);
+std::string format_memory_estimate(const config::Config& config, const model::DecoderConfig& model, int world_size);
 
 }  // namespace fsdp::train

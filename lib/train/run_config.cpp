@@ -8,12 +8,12 @@ std::string model_config_path(const config::Config& cfg) {
   return cfg.model.config.empty() ? cfg.model.pretrained + "/config.json" : cfg.model.config;
 }
 
-model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::string>* warnings) {
+model::DecoderConfig model_config_of(const config::Config& cfg, std::vector<std::string>* warnings) {
   FSDP_CHECK(!cfg.model.config.empty() || !cfg.model.pretrained.empty(),
              "[train] neither model.config nor model.pretrained is set; give a Hugging Face config.json (such as "
              "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
   const std::string path = model_config_path(cfg);
-  model::LlamaConfig c = model::load_llama_config(path, warnings);
+  model::DecoderConfig c = model::load_llama_config(path, warnings);
   FSDP_CHECK(!c.text_of_multimodal || cfg.model.text_only, "[train] ", path,
              " is Gemma3ForConditionalGeneration (text and vision); fsdptrain trains its text model alone: set "
              "model.text_only: true to train that, leaving out the vision tower (vision_tower.*, "
@@ -25,7 +25,7 @@ model::LlamaConfig model_config_of(const config::Config& cfg, std::vector<std::s
   return c;
 }
 
-void check_positions(const config::Config& config, const model::LlamaConfig& model) {
+void check_positions(const config::Config& config, const model::DecoderConfig& model) {
   FSDP_CHECK(config.model.pretrained.empty() || config.train.sequence_length <= model.max_position_embeddings,
              "[train] train.sequence_length ", config.train.sequence_length,
              " is beyond the model's max_position_embeddings ", model.max_position_embeddings, " (",

@@ -12,8 +12,8 @@
 #include "config/config.h"
 #include "data/prepare.h"
 #include "fsdp/options.h"
-#include "model/hf_config.h"
-#include "model/lora.h"
+#include "model/config/hf_config.h"
+#include "model/lora/lora.h"
 #include "optim/schedule.h"
 
 namespace fsdp::ckpt {
@@ -31,11 +31,11 @@ struct TrainHooks {
 std::string model_config_path(const config::Config& config);
 // The model a config trains. Throws InputError when neither model.config nor model.pretrained is
 // set, or naming the file when its config.json does not parse. warnings: fields it does not know.
-model::LlamaConfig model_config_of(const config::Config& config, std::vector<std::string>* warnings = nullptr);
+model::DecoderConfig model_config_of(const config::Config& config, std::vector<std::string>* warnings = nullptr);
 
 // Throws InputError when a pretrained model (model.pretrained) would train on positions beyond its
 // max_position_embeddings, which it never saw. A model trained from model.config may learn them.
-void check_positions(const config::Config& config, const model::LlamaConfig& model);
+void check_positions(const config::Config& config, const model::DecoderConfig& model);
 
 // What data/prepare.h needs of a config, for a model of `vocab_size`.
 data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size);
@@ -59,7 +59,7 @@ struct FsdpPlan {
 // config::effective_fsdp_layout. A config that is not FSDP runs as pure replication (shard size 1).
 FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device);
 
-// The lora section as model/lora.h takes it (r 0: no adapters).
+// The lora section as model/lora/lora.h takes it (r 0: no adapters).
 model::LoraSettings lora_settings_of(const config::Config& config);
 
 // lr_scheduler's type, warmup_steps and min_lr_ratio.

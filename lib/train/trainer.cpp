@@ -13,7 +13,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/hf.h"
 #include "dist/error_file.h"
-#include "model/tensor_parallel.h"
+#include "model/parallel/tensor_parallel.h"
 #include "train/estimate_memory.h"
 #include "train/profiler.h"
 #include "train/run_report.h"
@@ -95,23 +95,23 @@ void check_run_folder(const config::Config& config) {  // see check_run_folder_f
 
 // A model of the same family and switches with every size as small as it goes and `layers` decoder
 // layers: its module tree (names, classes) is the real one's, and building it allocates next to nothing.
-model::LlamaForCausalLM stand_in(const model::LlamaConfig& model, int64_t layers) {
-  model::LlamaConfig tiny = model;
+model::CausalLM stand_in(const model::DecoderConfig& model, int64_t layers) {
+  model::DecoderConfig tiny = model;
   tiny.vocab_size = 8;
   tiny.hidden_size = tiny.num_attention_heads * 2;
   tiny.head_dim = 2;
   tiny.intermediate_size = 2;
   tiny.num_hidden_layers = layers;
   tiny.sliding_layers.resize(std::min<size_t>(tiny.sliding_layers.size(), static_cast<size_t>(layers)));
-  return model::LlamaForCausalLM(tiny, /*free_after_create=*/true);
+  return model::CausalLM(tiny, /*free_after_create=*/true);
 }
 
 // fsdp_transformer_layer_cls_to_wrap names classes of this model (empty: its decoder layer, as
 // Accelerate reads _no_split_modules): a Llama name in a config pointed at a Qwen2 folder is refused
 // here, listing the family's classes, not on every rank after the model is built.
-void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfig& model, const std::string& where) {
+void check_layer_classes(const config::FsdpConfig& fsdp, const model::DecoderConfig& model, const std::string& where) {
   if (fsdp.auto_wrap_policy != config::WrapPolicy::kTransformerBasedWrap) return;
-  const model::LlamaForCausalLM m = stand_in(model, 1);
+  const model::CausalLM m = stand_in(model, 1);
   std::set<std::string> classes, hf_names;  // ours, and transformers' names for them
   for (const auto& item : m->named_modules()) {
     classes.insert(item.value()->name());
@@ -128,7 +128,7 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::LlamaConfi
 
 // Tensor parallel splits heads, kv heads and the MLP's rows evenly over tp_size, and the vocabulary
 // in blocks of ceil(V / tp_size) (the last padded).
-void check_tensor_parallel(const config::Config& config, const model::LlamaConfig& model, const std::string& path) {
+void check_tensor_parallel(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const int tp = config::effective_fsdp_layout(config).tp_size;
   if (tp <= 1) return;
   std::vector<std::string> bad;
@@ -150,7 +150,7 @@ void check_tensor_parallel(const config::Config& config, const model::LlamaConfi
 
 // Ulysses gives each sp rank an equal share of the (tp rank's) heads and kv heads; context parallel
 // does not split a sliding window shorter than the sequence.
-void check_sequence_split(const config::Config& config, const model::LlamaConfig& model, const std::string& path) {
+void check_sequence_split(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const config::FsdpLayout layout = config::effective_fsdp_layout(config);
   if (layout.cp_size <= 1) return;
   if (layout.cp_kind == "ulysses") {
@@ -182,9 +182,9 @@ void check_sequence_split(const config::Config& config, const model::LlamaConfig
 
 // LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked
 // on a stand-in with all of the model's layers (a target may name a layer by its index).
-void check_lora_targets(const config::Config& config, const model::LlamaConfig& model) {
+void check_lora_targets(const config::Config& config, const model::DecoderConfig& model) {
   if (!config.lora.enabled()) return;
-  model::LlamaForCausalLM m = stand_in(model, model.num_hidden_layers);
+  model::CausalLM m = stand_in(model, model.num_hidden_layers);
   model::add_lora(*m, lora_settings_of(config), /*free_after_create=*/true);
 }
 
@@ -203,7 +203,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   refuse_unsupported(resolved);
   std::vector<std::string> warnings = config::unused_by_trainer(resolved);
   // Its config.json parses (InputError naming the file otherwise).
-  const model::LlamaConfig model = model_config_of(resolved.typed, &warnings);
+  const model::DecoderConfig model = model_config_of(resolved.typed, &warnings);
   check_layer_classes(resolved.typed.fsdp, model, model_config_path(resolved.typed));
   // The weights' folder opens and holds every tensor this model needs (headers only, no weights read):
   // a damaged folder or a broken link is named here, not by every rank after the workers start.

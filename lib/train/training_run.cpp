@@ -24,11 +24,11 @@
 #include "config/loader.h"
 #include "config/show.h"
 #include "data/prepare.h"
-#include "model/context_parallel.h"
-#include "model/float8.h"
+#include "model/parallel/context_parallel.h"
+#include "model/kernels/float8.h"
 #include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
-#include "model/tensor_parallel.h"
+#include "model/parallel/tensor_parallel.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
 #include "util/clock.h"
@@ -269,11 +269,11 @@ void TrainingRun::build_model() {
       return model::tensor_parallel_slice(mc, name);
     };
   }
-  llama_ = model::LlamaForCausalLM(model_config_, /*free_after_create=*/true, tp, cp);
+  lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp);
   const model::LoraSettings lora = lora_settings_of(config_);
   std::optional<ckpt::PeftAdapter> adapter;
   if (lora.enabled()) {
-    model::add_lora(*llama_, lora, /*free_after_create=*/true);
+    model::add_lora(*lm_, lora, /*free_after_create=*/true);
     if (!config_.lora.init.empty()) adapter = ckpt::read_peft_adapter(config_.lora.init);
   }
   const uint64_t seed = static_cast<uint64_t>(config_.train.seed);
@@ -291,7 +291,7 @@ void TrainingRun::build_model() {
       return model::init_parameter_range(mc, seed, name, shape, begin, count);
     };
   }
-  sharded_ = fsdp::fully_shard(*llama_, model::llama_traits(model_config_), std::move(mesh), plan.options);
+  sharded_ = fsdp::fully_shard(*lm_, model::decoder_traits(model_config_), std::move(mesh), plan.options);
   if (pretrained) {
     const bool efficient = config_.fsdp.cpu_ram_efficient_loading;
     const std::string before = host_peaks(world_, context_.device);
@@ -311,13 +311,13 @@ void TrainingRun::build_model() {
     say(str("[lora] the adapters start from ", config_.lora.init, "\n"));
   }
   if (lora.enabled()) {  // PEFT's print_trainable_parameters, counted the same way
-    const model::LoraCounts n = model::lora_counts(*llama_);
+    const model::LoraCounts n = model::lora_counts(*lm_);
     char percent[32];
     std::snprintf(percent, sizeof percent, "%.4f",
                   100.0 * static_cast<double>(n.trainable) / static_cast<double>(n.all));
     const std::string saved = lora.modules_to_save.empty() ? "" : ", training " + join(lora.modules_to_save, ", ");
     say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
-            plural(static_cast<int64_t>(model::lora_target_names(*llama_, lora).size()), "linear layer"), saved,
+            plural(static_cast<int64_t>(model::lora_target_names(*lm_, lora).size()), "linear layer"), saved,
             "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
   }
   const config::OptimConfig& o = config_.optimizer;
@@ -398,7 +398,7 @@ at::Tensor TrainingRun::loss_sum(const at::Tensor& inputs, const at::Tensor& tar
   const at::Tensor y = targets.to(context_.device, /*non_blocking=*/true);
   const model::Packed rows = packed.defined() ? packed.to(context_.device) : model::Packed{};
   return sharded_->forward({x, y},
-                           [&](const TensorList& in) { return TensorList{llama_->loss_sum(in[0], in[1], rows)}; })[0];
+                           [&](const TensorList& in) { return TensorList{lm_->loss_sum(in[0], in[1], rows)}; })[0];
 }
 
 at::Tensor TrainingRun::loss_sum(const data::Batch& b, int64_t rows) {
@@ -661,7 +661,7 @@ void TrainingRun::export_hf(int64_t step) {
   const bool peft = lora.enabled() && !config_.checkpoint.export_merged;
   const auto [dtype, dtype_why] = export_dtype();
   if (peft)
-    ckpt::export_peft(*sharded_, lora, model::lora_target_names(*llama_, lora),
+    ckpt::export_peft(*sharded_, lora, model::lora_target_names(*lm_, lora),
                       config_.model.pretrained.empty() ? "" : absolute_path(config_.model.pretrained), dir, extra);
   else if (lora.enabled())
     ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra, dtype);

@@ -23,7 +23,7 @@
 #include "dist/process_group.h"
 #include "dist/worker_context.h"
 #include "fsdp/fully_shard.h"
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 #include "optim/adamw.h"
 #include "train/run_config.h"
 
@@ -138,14 +138,14 @@ class TrainingRun {
   dist::ProcessGroup world_;
   const int tp_size_;  // parallelism_config_tp_size (1: none)
   const int cp_size_;  // parallelism_config_cp_size or sp_size (1: none)
-  const model::LlamaConfig model_config_;
+  const model::DecoderConfig model_config_;
   data::TokenStream tokens_, eval_tokens_;  // eval_tokens_: data.eval_path's, when given
   std::unique_ptr<data::SequenceReader> reader_, eval_reader_;
   data::Split split_;
   bool every_target_counts_ = true;  // no prompts, no record boundaries: the count is known
   int64_t steps_ = 0;
   std::unique_ptr<data::DistributedLoader> loader_;
-  model::LlamaForCausalLM llama_{nullptr};
+  model::CausalLM lm_{nullptr};
   std::unique_ptr<ShardedModel> sharded_;
   std::unique_ptr<optim::ShardedAdamW> adamw_;
   std::unique_ptr<ckpt::DirLock> dir_lock_;  // rank 0: held until the run ends

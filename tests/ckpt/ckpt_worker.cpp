@@ -28,7 +28,7 @@
 #include "ckpt/pretrained.h"
 #include "config/loader.h"
 #include "dist/process_group.h"
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 #include "optim/adamw.h"
 #include "train/trainer.h"
 #include "util/error.h"
@@ -173,14 +173,14 @@ int train_mode(const std::vector<std::string>& args) {
 }
 
 int resave(const std::vector<std::string>& args) {
-  const model::LlamaConfig mc = model::load_llama_config(args.at(0));
+  const model::DecoderConfig mc = model::load_llama_config(args.at(0));
   dist::GroupOptions go;
   go.backend = "gloo";
   dist::ProcessGroup world = dist::init_process_group(go);
-  model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  model::CausalLM llama(mc, /*free_after_create=*/true);
   FsdpOptions options;
   options.init = [](const std::string&, at::IntArrayRef shape) { return at::zeros(shape); };
-  auto sharded = fully_shard(*llama, model::llama_traits(mc), make_mesh(world, 1, world.size()), options);
+  auto sharded = fully_shard(*llama, model::decoder_traits(mc), make_mesh(world, 1, world.size()), options);
   optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
   ckpt::CheckpointOptions co;
   co.dir = args.at(2);
@@ -199,14 +199,14 @@ int resave(const std::vector<std::string>& args) {
 }
 
 int reexport(const std::vector<std::string>& args) {
-  const model::LlamaConfig mc = model::load_llama_config(args.at(0) + "/config.json");
+  const model::DecoderConfig mc = model::load_llama_config(args.at(0) + "/config.json");
   dist::GroupOptions go;
   go.backend = "gloo";
   dist::ProcessGroup world = dist::init_process_group(go);
-  model::LlamaForCausalLM llama(mc, /*free_after_create=*/true);
+  model::CausalLM llama(mc, /*free_after_create=*/true);
   FsdpOptions options;
   options.init = [](const std::string&, at::IntArrayRef shape) { return at::full(shape, 7.0f); };
-  auto sharded = fully_shard(*llama, model::llama_traits(mc), make_mesh(world, 1, world.size()), options);
+  auto sharded = fully_shard(*llama, model::decoder_traits(mc), make_mesh(world, 1, world.size()), options);
   ckpt::load_pretrained(*sharded, args.at(0), world, args.at(2) == "efficient");
   ckpt::export_hf(*sharded, model::describe(mc), args.at(1));
   return 0;

@@ -22,7 +22,7 @@
 #include "ckpt/hf.h"
 #include "ckpt/sources.h"
 #include "dist/process_group.h"
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 #include "util/error.h"
 
 namespace {
@@ -31,7 +31,7 @@ const std::vector<int64_t> kTokens = {3, 17, 42, 100, 256, 0, 5, 9, 77, 200};
 constexpr int64_t kPackedStart = 4;  // the second record's first token
 
 // kTokens as two packed records: logits, and the loss of each next token within its record.
-nlohmann::json packed_json(fsdp::model::LlamaForCausalLMImpl& m) {
+nlohmann::json packed_json(fsdp::model::CausalLMImpl& m) {
   c10::NoGradGuard no_grad;
   const int64_t n = static_cast<int64_t>(kTokens.size());
   std::vector<int64_t> positions, segments, targets;
@@ -51,7 +51,7 @@ nlohmann::json packed_json(fsdp::model::LlamaForCausalLMImpl& m) {
           {"loss", m.loss_sum(x, row(targets), packed).item<double>()}};
 }
 
-nlohmann::json logits_json(fsdp::model::LlamaForCausalLMImpl& m) {
+nlohmann::json logits_json(fsdp::model::CausalLMImpl& m) {
   c10::NoGradGuard no_grad;
   const at::Tensor x = at::tensor(kTokens, at::kLong).view({1, -1});
   const at::Tensor logits = m.forward(x).to(at::kDouble).reshape({-1}).contiguous();
@@ -65,10 +65,10 @@ at::Tensor read_param(fsdp::ckpt::Source& src, const std::string& name, at::IntA
 
 // Loads `dir` into an unsharded model (exit 2 for a config.json of no known family, or listing
 // mismatched tensors).
-fsdp::model::LlamaForCausalLM load(const std::string& dir) {
-  const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(dir + "/config.json");
+fsdp::model::CausalLM load(const std::string& dir) {
+  const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(dir + "/config.json");
   fsdp::ckpt::HfCheckpoint ck(dir);
-  fsdp::model::LlamaForCausalLM m(c);
+  fsdp::model::CausalLM m(c);
   ck.check_matches(fsdp::model::describe(c));
   const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).layout);
   c10::NoGradGuard no_grad;
@@ -80,8 +80,8 @@ fsdp::model::LlamaForCausalLM load(const std::string& dir) {
 }
 
 int golden(const std::string& dir, const std::string& out) {
-  const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(dir + "/config.json");
-  fsdp::model::LlamaForCausalLM m = load(dir);
+  const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(dir + "/config.json");
+  fsdp::model::CausalLM m = load(dir);
   nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}, {"packed", packed_json(*m)}};
   std::vector<int64_t> next(kTokens.begin() + 1, kTokens.end());
   next.push_back(kTokens.front());
@@ -108,13 +108,13 @@ int golden(const std::string& dir, const std::string& out) {
   j["layer_class"] = fsdp::model::family_names(c.family).layer_class;
   // The export: the loaded weights sharded by the engine (one rank), written as a Hugging Face folder.
   fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
-  fsdp::model::LlamaForCausalLM lazy(c, /*free_after_create=*/true);
+  fsdp::model::CausalLM lazy(c, /*free_after_create=*/true);
   fsdp::FsdpOptions o;
   const auto src = fsdp::ckpt::open_hf_source(dir, fsdp::model::describe(c).layout);
   o.init = [&src](const std::string& name, at::IntArrayRef shape) {
     return read_param(*src, src->info(name) ? name : "model.embed_tokens.weight", shape);
   };
-  auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
+  auto sharded = fsdp::fully_shard(*lazy, fsdp::model::decoder_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
   fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), out, {}, int64_t{5} << 30);
   std::cout << j.dump() << "\n";
   return 0;
@@ -126,31 +126,31 @@ int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 2 ? argv[1] : "";
     if (mode == "export" && argc >= 4) {
-      fsdp::model::LlamaConfig c =
+      fsdp::model::DecoderConfig c =
           fsdp::model::load_llama_config(std::string(FSDP_SOURCE_DIR) + "/configs/models/tiny/config.json");
       if (argc > 4 && std::string(argv[4]) == "tied") c.tie_word_embeddings = true;
       fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
-      fsdp::model::LlamaForCausalLM reference(c);
+      fsdp::model::CausalLM reference(c);
       fsdp::model::init_parameters(*reference, 11);
-      fsdp::model::LlamaForCausalLM lazy(c, /*free_after_create=*/true);
+      fsdp::model::CausalLM lazy(c, /*free_after_create=*/true);
       fsdp::FsdpOptions o;
       o.init = [&c](const std::string& name, at::IntArrayRef shape) {
         return fsdp::model::init_parameter(c, 11, name, shape);
       };
-      auto sharded = fsdp::fully_shard(*lazy, fsdp::model::llama_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
+      auto sharded = fsdp::fully_shard(*lazy, fsdp::model::decoder_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
       fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), argv[2], {}, std::stoll(argv[3]));
       if (world.rank() == 0)
         std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*reference)}}.dump() << "\n";
       return 0;
     }
     if (mode == "logits") {
-      fsdp::model::LlamaForCausalLM m = load(argv[2]);
+      fsdp::model::CausalLM m = load(argv[2]);
       std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*m)}}.dump() << "\n";
       return 0;
     }
     if (mode == "golden" && argc >= 4) return golden(argv[2], argv[3]);
     if (mode == "logits-of" && argc >= 4) {
-      fsdp::model::LlamaForCausalLM m = load(argv[2]);
+      fsdp::model::CausalLM m = load(argv[2]);
       c10::NoGradGuard no_grad;
       nlohmann::json out = nlohmann::json::array();
       for (const auto& ids : nlohmann::json::parse(argv[3])) {
@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "count") {  // a config.json's parameter count and layer class
-      const fsdp::model::LlamaConfig c = fsdp::model::load_llama_config(argv[2]);
+      const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(argv[2]);
       std::cout << nlohmann::json{{"num_parameters", c.num_parameters()},
                                   {"layer_class", fsdp::model::family_names(c.family).layer_class}}
                        .dump()

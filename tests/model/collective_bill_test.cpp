@@ -25,9 +25,9 @@
 #include "fsdp/fully_shard.h"
 #include "host_tensor_watch.h"
 #include "llama_1b_widths.h"
-#include "model/context_parallel.h"
-#include "model/decoder.h"
-#include "model/tensor_parallel.h"
+#include "model/parallel/context_parallel.h"
+#include "model/layers/decoder.h"
+#include "model/parallel/tensor_parallel.h"
 #include "optim/adamw.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
@@ -54,7 +54,7 @@ struct StepBill {
 // One bf16 step (forward, backward, the gradient norm, AdamW) of rank 0 on meta. B sequences of T
 // tokens a rank of the data-parallel dimension (the tp and cp ranks of a data rank read the same).
 StepBill step_bill(int64_t layers, const Mesh& m, int64_t B, int64_t T) {
-  const LlamaConfig c = one_b_widths(layers);
+  const DecoderConfig c = one_b_widths(layers);
   DeviceMesh mesh(dist::make_meta_group(0, m.shard));
   std::shared_ptr<TensorParallel> tp;
   std::shared_ptr<ContextParallel> cp;
@@ -66,13 +66,13 @@ StepBill step_bill(int64_t layers, const Mesh& m, int64_t B, int64_t T) {
     mesh.cp = dist::make_meta_group(0, m.cp);
     cp = std::make_shared<ContextParallel>(*mesh.cp, SequenceSplit::kAllGather);
   }
-  LlamaForCausalLM model(c, /*free_after_create=*/true, tp, cp);
+  CausalLM model(c, /*free_after_create=*/true, tp, cp);
   FsdpOptions o;
   o.device = c10::Device(c10::kMeta);
   o.mixed_precision.param_dtype = at::kBFloat16;
   o.init = [](const std::string&, at::IntArrayRef shape) { return at::empty(shape); };  // values unread
   if (tp) o.tensor_parallel = [&](const std::string& name) { return tensor_parallel_slice(c, name); };
-  auto sharded = fully_shard(*model, llama_traits(c), mesh, o);
+  auto sharded = fully_shard(*model, decoder_traits(c), mesh, o);
   optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
   StepBill bill;
   const int W = m.shard;

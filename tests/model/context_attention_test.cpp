@@ -1,4 +1,4 @@
-// Context parallel's blockwise attention on one rank (model/context_parallel.h): the two chunks a
+// Context parallel's blockwise attention on one rank (model/parallel/context_parallel.h): the two chunks a
 // rank holds, each against the key chunks before it and its own (causally), merged by log-sum-exp,
 // equal SDPA's causal attention over the whole sequence, forward and backward, through the CPU flash
 // kernel and through the op-by-op sums (engine.kernels: reference, and a GPU in fp32); on the meta device (CUDA's
@@ -8,7 +8,7 @@
 #include <doctest/doctest.h>
 
 #include "dist/process_group.h"
-#include "model/context_parallel.h"
+#include "model/parallel/context_parallel.h"
 #include "model/kernels/provider.h"
 
 using fsdp::model::ContextParallel;

@@ -8,7 +8,7 @@
 //   - the group's loss sums add up to the whole model's (1e-5 relative), every parameter's gradient
 //     equals its (1e-5 of the largest), and the ranks' tokens are each token once;
 //   - the bytes the cp group's collectives send in that forward and backward equal
-//     sequence_split_bytes for each layer (model/context_parallel.h), in the calls it says.
+//     sequence_split_bytes for each layer (model/parallel/context_parallel.h), in the calls it says.
 // Rank 0 prints each layout's numbers.
 #include <torch/torch.h>
 
@@ -18,9 +18,9 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/context_parallel.h"
-#include "model/decoder.h"
-#include "model/tensor_parallel.h"
+#include "model/parallel/context_parallel.h"
+#include "model/layers/decoder.h"
+#include "model/parallel/tensor_parallel.h"
 #include "model/tiny_config.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -33,11 +33,11 @@ constexpr int64_t kBatch = 2, kSeq = 16;
 
 struct Family {
   std::string name;
-  fsdp::model::LlamaConfig config;
+  fsdp::model::DecoderConfig config;
 };
 
 std::vector<Family> families() {
-  fsdp::model::LlamaConfig c;
+  fsdp::model::DecoderConfig c;
   c.vocab_size = 41;
   c.hidden_size = 32;
   c.intermediate_size = 40;
@@ -48,7 +48,7 @@ std::vector<Family> families() {
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 100.0;
   c.initializer_range = 0.2;  // large enough that every term matters
-  fsdp::model::LlamaConfig qwen2 = c, qwen3 = c;
+  fsdp::model::DecoderConfig qwen2 = c, qwen3 = c;
   qwen2.family = fsdp::model::Family::kQwen2;
   qwen2.qkv_bias = true;
   qwen3.family = fsdp::model::Family::kQwen3;
@@ -72,7 +72,7 @@ struct Layout {
 // Whether the model composes with the layout, or refuses it by name (the README's table): scores of
 // their own (a cap, a scale) or a window shorter than the sequence take Ulysses only; a logit cap or
 // q/k norms over every head take no tensor parallel.
-bool composes(const fsdp::model::LlamaConfig& c, const Layout& l) {
+bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
   bool split_window = false;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) split_window |= c.window_of(i) > 0 && c.window_of(i) < kSeq;
   if (l.how != SequenceSplit::kUlysses && (c.attn_softcap > 0 || c.attention_scale > 0 || split_window)) return false;
@@ -85,8 +85,8 @@ struct Whole {
 };
 
 // The unsplit model's loss sum and gradients, on this rank alone.
-Whole whole_model(const fsdp::model::LlamaConfig& c, const at::Tensor& x, const at::Tensor& y) {
-  fsdp::model::LlamaForCausalLM model(c);
+Whole whole_model(const fsdp::model::DecoderConfig& c, const at::Tensor& x, const at::Tensor& y) {
+  fsdp::model::CausalLM model(c);
   fsdp::model::init_parameters(*model, 7);
   const at::Tensor loss = model->loss_sum(x, y);
   loss.backward();
@@ -97,7 +97,7 @@ Whole whole_model(const fsdp::model::LlamaConfig& c, const at::Tensor& x, const 
 }
 
 void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const Layout& l) {
-  const fsdp::model::LlamaConfig& c = family.config;
+  const fsdp::model::DecoderConfig& c = family.config;
   fsdp::DeviceMesh mesh = fsdp::make_mesh(world, 1, 1, 0, l.tp, l.cp);
   FSDP_ASSERT(mesh.cp.has_value(), "no cp group");
   fsdp::dist::ProcessGroup cp_group = *mesh.cp;
@@ -111,8 +111,8 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
     tp = std::make_shared<fsdp::model::TensorParallel>(*mesh.tp);
     o.tensor_parallel = [c](const std::string& name) { return fsdp::model::tensor_parallel_slice(c, name); };
   }
-  fsdp::model::LlamaForCausalLM model(c, /*free_after_create=*/true, tp, cp);
-  auto sharded = fsdp::fully_shard(*model, fsdp::model::llama_traits(c), mesh, o);
+  fsdp::model::CausalLM model(c, /*free_after_create=*/true, tp, cp);
+  auto sharded = fsdp::fully_shard(*model, fsdp::model::decoder_traits(c), mesh, o);
   torch::manual_seed(11);  // every rank the same batch
   const at::Tensor x = torch::randint(c.vocab_size, {kBatch, kSeq}), y = torch::randint(c.vocab_size, {kBatch, kSeq});
   cp_group.reset_counters();

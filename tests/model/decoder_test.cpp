@@ -1,7 +1,7 @@
 // Llama against numbers computed independently here: a float64 reimplementation of the whole
 // forward pass, RMSNorm, rotary identities, causal masking, GQA as repeated heads, Llama 3 rope
 // scaling, config.json spellings, and initialisation that depends only on the seed and the name.
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 
 #include <torch/torch.h>
 
@@ -10,9 +10,9 @@
 #include "data/dataset.h"
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/chunked_loss.h"
 #include "model/kernels/ops.h"
-#include "model/stacked_weights.h"
+#include "model/kernels/stacked_weights.h"
+#include "model/layers/chunked_loss.h"
 #include "support/error_of.h"
 #include "tiny_config.h"
 #include "util/error.h"
@@ -30,20 +30,20 @@ using fsdp::testing::error_of;
 using fsdp::model::testing::tiny;
 
 // Every parameter's gradient, then zeroed for the next backward.
-std::vector<at::Tensor> take_grads(LlamaForCausalLMImpl& m) {
+std::vector<at::Tensor> take_grads(CausalLMImpl& m) {
   std::vector<at::Tensor> g;
   for (const auto& p : m.parameters()) g.push_back(p.grad().clone());
   m.zero_grad();
   return g;
 }
 
-LlamaForCausalLM build(const LlamaConfig& c, uint64_t seed = 5) {
-  LlamaForCausalLM m(c);
+CausalLM build(const DecoderConfig& c, uint64_t seed = 5) {
+  CausalLM m(c);
   init_parameters(*m, seed);
   return m;
 }
 
-std::map<std::string, at::Tensor> weights64(LlamaForCausalLMImpl& m) {
+std::map<std::string, at::Tensor> weights64(CausalLMImpl& m) {
   std::map<std::string, at::Tensor> w;
   for (const auto& p : m.named_parameters()) w[p.key()] = p.value().detach().to(at::kDouble);
   return w;
@@ -52,7 +52,7 @@ std::map<std::string, at::Tensor> weights64(LlamaForCausalLMImpl& m) {
 // The forward pass written out in float64 from the formulas (HF modeling_llama), without the
 // model's code: explicit rotation of pairs (i, i + D/2), an explicit causal mask and softmax, and
 // kv head h / (H / K) for query head h.
-at::Tensor reference_logits(const LlamaConfig& c, std::map<std::string, at::Tensor> w, const at::Tensor& tokens) {
+at::Tensor reference_logits(const DecoderConfig& c, std::map<std::string, at::Tensor> w, const at::Tensor& tokens) {
   const int64_t B = tokens.size(0), T = tokens.size(1), H = c.num_attention_heads, K = c.num_key_value_heads,
                 D = c.head_dim;
   auto rms = [&](const at::Tensor& x, const at::Tensor& g) {
@@ -98,9 +98,9 @@ at::Tensor reference_logits(const LlamaConfig& c, std::map<std::string, at::Tens
 TEST_CASE("a fixed-seed model's logits equal a float64 reimplementation") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   for (bool tied : {false, true}) {
-    LlamaConfig c = tiny();
+    DecoderConfig c = tiny();
     c.tie_word_embeddings = tied;
-    LlamaForCausalLM m = build(c);
+    CausalLM m = build(c);
     const at::Tensor tokens = at::randint(0, c.vocab_size, {3, 7}, at::kLong);
     const at::Tensor got = m->forward(tokens).to(at::kDouble);
     const at::Tensor want = reference_logits(c, weights64(*m), tokens);
@@ -112,8 +112,8 @@ TEST_CASE("a fixed-seed model's logits equal a float64 reimplementation") {
 
 TEST_CASE("HF parameter names and shapes") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaConfig c = tiny();
-  LlamaForCausalLM m(c);
+  DecoderConfig c = tiny();
+  CausalLM m(c);
   auto params = m->named_parameters();
   CHECK(params["model.layers.1.self_attn.q_proj.weight"].sizes().vec() == std::vector<int64_t>{16, 16});
   CHECK(params["model.layers.1.self_attn.k_proj.weight"].sizes().vec() == std::vector<int64_t>{8, 16});
@@ -127,7 +127,7 @@ TEST_CASE("HF parameter names and shapes") {
 
 TEST_CASE("RMSNorm: fp32 statistics, cast back to bf16 before the (bf16) weight") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaRMSNorm norm(8, 1e-6);
+  RmsNorm norm(8, 1e-6);
   norm->weight.data().copy_(at::linspace(0.5, 2.0, 8));
   norm->to(at::kBFloat16);
   const at::Tensor x = (at::randn({2, 3, 8}) * 3).to(at::kBFloat16);
@@ -140,7 +140,7 @@ TEST_CASE("RMSNorm: fp32 statistics, cast back to bf16 before the (bf16) weight"
 
 TEST_CASE("rotary embeddings: a rotation, and attention scores depend on relative position only") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaConfig c = tiny();
+  DecoderConfig c = tiny();
   const at::Tensor inv = rope_inv_freq(c);
   const at::Tensor like = at::zeros({1}, at::kDouble);
   auto [cos, sin] = rope_cos_sin(inv, 12, like);
@@ -155,14 +155,14 @@ TEST_CASE("rotary embeddings: a rotation, and attention scores depend on relativ
 
 TEST_CASE("Llama 3 rope scaling: high frequencies kept, low ones divided by the factor, the middle blended") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaConfig c = tiny();
+  DecoderConfig c = tiny();
   c.head_dim = 128;
   c.rope_theta = 500000.0;
   c.rope_scaling = RopeScaling{};  // Llama 3's: factor 8, low 1, high 4, over 8192 positions
   CHECK((c.rope_scaling->type == RopeScaling::Type::kLlama3 && c.rope_scaling->factor == 8.0 &&
          c.rope_scaling->low_freq_factor == 1.0 && c.rope_scaling->high_freq_factor == 4.0 &&
          c.rope_scaling->original_max_position_embeddings == 8192));
-  LlamaConfig plain = c;
+  DecoderConfig plain = c;
   plain.rope_scaling.reset();
   const at::Tensor s = rope_inv_freq(c).to(at::kDouble), p = rope_inv_freq(plain).to(at::kDouble);
   for (int64_t i = 0; i < 64; ++i) {
@@ -182,8 +182,8 @@ TEST_CASE("Llama 3 rope scaling: high frequencies kept, low ones divided by the 
 
 TEST_CASE("causal: a token's logits do not depend on later tokens") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaConfig c = tiny();
-  LlamaForCausalLM m = build(c);
+  DecoderConfig c = tiny();
+  CausalLM m = build(c);
   at::Tensor a = at::randint(0, c.vocab_size, {1, 8}, at::kLong);
   at::Tensor b = a.clone();
   b.narrow(1, 5, 3).add_(1).remainder_(c.vocab_size);  // every later token differs
@@ -194,8 +194,8 @@ TEST_CASE("causal: a token's logits do not depend on later tokens") {
 
 TEST_CASE("GQA equals full attention with each kv head repeated") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaConfig gqa = tiny(2), full = tiny(4);
-  LlamaForCausalLM a = build(gqa), b = build(full);
+  DecoderConfig gqa = tiny(2), full = tiny(4);
+  CausalLM a = build(gqa), b = build(full);
   torch::NoGradGuard no_grad;
   auto pa = a->named_parameters(), pb = b->named_parameters();
   for (const auto& p : pa) {
@@ -211,7 +211,7 @@ TEST_CASE("GQA equals full attention with each kv head repeated") {
 }
 
 TEST_CASE("a large initial weight fills in blocks on every core: the same values on one thread or two, N(0, std)") {
-  LlamaConfig c = tiny();
+  DecoderConfig c = tiny();
   c.initializer_range = 0.02;
   const std::vector<int64_t> shape{3000, 1000};  // 3M values: three blocks of 2^20 (the last one short)
   const int threads = at::get_num_threads();
@@ -231,7 +231,7 @@ TEST_CASE("a large initial weight fills in blocks on every core: the same values
 }
 
 TEST_CASE("a rank's range of an initial weight, made alone, equals that range of the whole") {
-  LlamaConfig c = tiny();
+  DecoderConfig c = tiny();
   const std::vector<int64_t> shape{3000, 1000};  // three blocks of 2^20, the last one short
   const int64_t block = int64_t{1} << 20, n = 3000 * 1000;
   for (const std::string name : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
@@ -255,20 +255,20 @@ TEST_CASE("a rank's range of an initial weight, made alone, equals that range of
 
 TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer sharding builds the same model") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaConfig c = tiny();
+  DecoderConfig c = tiny();
   CHECK(at::equal(init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16}),
                   init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16})));
   CHECK(!at::equal(init_parameter(c, 9, "model.layers.1.mlp.up_proj.weight", {24, 16}),
                    init_parameter(c, 9, "model.layers.0.mlp.up_proj.weight", {24, 16})));
-  LlamaForCausalLM full = build(c, 9);
-  LlamaForCausalLM lazy(c, /*free_after_create=*/true);
+  CausalLM full = build(c, 9);
+  CausalLM lazy(c, /*free_after_create=*/true);
   for (const auto& p : lazy->parameters()) CHECK(p.storage().nbytes() == 0);
   FsdpOptions o;
   o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(c, 9, name, shape); };
   o.init_range = [&](const std::string& name, at::IntArrayRef shape, int64_t begin, int64_t count) {
     return init_parameter_range(c, 9, name, shape, begin, count);  // what a run gives fully_shard
   };
-  auto sharded = fully_shard(*lazy, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  auto sharded = fully_shard(*lazy, decoder_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
   const at::Tensor tokens = at::randint(0, c.vocab_size, {2, 5}, at::kLong);
   torch::NoGradGuard no_grad;
   const at::Tensor got =
@@ -278,7 +278,7 @@ TEST_CASE("initial weights depend only on the seed and the name; layer-by-layer 
 
 TEST_CASE("config.json: HF spellings old and new, and clear errors") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  const LlamaConfig a = parse_llama_config(
+  const DecoderConfig a = parse_decoder_config(
       R"({"model_type":"llama","vocab_size":257,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,
           "num_attention_heads":4,"torch_dtype":"bfloat16",
           "rope_theta":500000.0,"rope_scaling":{"type":"llama3","factor":8.0,"low_freq_factor":1.0,
@@ -290,7 +290,7 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
   CHECK(a.rope_theta == 500000.0);
   REQUIRE(a.rope_scaling.has_value());
   CHECK(a.rope_scaling->factor == 8.0);
-  const LlamaConfig b = parse_llama_config(
+  const DecoderConfig b = parse_decoder_config(
       R"({"vocab_size":257,"hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
           "dtype":"float32","torch_dtype":"bfloat16",
           "rope_parameters":{"rope_type":"llama3","rope_theta":10000.0,"factor":4.0}})",
@@ -299,13 +299,13 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
   CHECK(b.rope_theta == 10000.0);
   REQUIRE(b.rope_scaling.has_value());
   CHECK(b.rope_scaling->factor == 4.0);
-  CHECK(parse_llama_config(llama_config_json(b), "round trip").rope_scaling->factor == 4.0);
-  CHECK(error_of([] { parse_llama_config("{", "c.json"); }).find("c.json: not valid JSON") != std::string::npos);
+  CHECK(parse_decoder_config(decoder_config_json(b), "round trip").rope_scaling->factor == 4.0);
+  CHECK(error_of([] { parse_decoder_config("{", "c.json"); }).find("c.json: not valid JSON") != std::string::npos);
   CHECK(error_of([] {
-          parse_llama_config(R"({"model_type":"gpt2"})", "g.json");
+          parse_decoder_config(R"({"model_type":"gpt2"})", "g.json");
         }).find("model_type \"gpt2\" is not supported") != std::string::npos);
   CHECK(error_of([] {
-          parse_llama_config(R"({"hidden_size":"big"})", "h.json");
+          parse_decoder_config(R"({"hidden_size":"big"})", "h.json");
         }).find("h.json: \"hidden_size\": expected a number") != std::string::npos);
   CHECK(error_of([] { load_llama_config("/nonexistent/config.json"); }).find("cannot read") != std::string::npos);
 }
@@ -316,19 +316,25 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
   const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
       "num_attention_heads": 4, "num_key_value_heads": 2)";
   auto parse = [&](const std::string& type, const std::string& extra = "") {
-    return parse_llama_config(R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}",
-                              type + ".json");
+    return parse_decoder_config(
+        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
   };
-  const LlamaConfig g2 = parse("gemma2", R"("head_dim": 8)");
+  const DecoderConfig g2 = parse("gemma2", R"("head_dim": 8)");
   CHECK(g2.norms == NormPlacement::kSandwich);
   CHECK((g2.norm_unit_offset && g2.norm_fp32_product && g2.tie_word_embeddings));
   CHECK(g2.activation == Activation::kGeluTanh);
   CHECK((g2.attn_softcap == 50.0 && g2.final_softcap == 30.0 && g2.query_pre_attn_scalar == 256.0));
+  // null is no cap, as transformers reads it (not the default), and an export writes it back so.
+  const DecoderConfig uncapped =
+      parse("gemma2", R"("head_dim": 8, "attn_logit_softcapping": null, "final_logit_softcapping": null)");
+  CHECK((uncapped.attn_softcap == 0 && uncapped.final_softcap == 0));
+  const DecoderConfig again = parse_decoder_config(decoder_config_json(uncapped), "export.json");
+  CHECK((again.attn_softcap == 0 && again.final_softcap == 0));
   CHECK(g2.attention_scale == doctest::Approx(1.0 / 16));
   CHECK(g2.embedding_scale == doctest::Approx(std::sqrt(32.0)));
   for (int64_t i = 0; i < 4; ++i) CHECK(g2.plan(i).window == (i % 2 == 0 ? 4096 : 0));  // every second layer
   // Gemma 3's older spelling: rope_theta, rope_local_base_freq and rope_scaling; five of six layers slide.
-  const LlamaConfig g3 =
+  const DecoderConfig g3 =
       parse("gemma3_text", R"("head_dim": 8, "sliding_window": 16, "sliding_window_pattern": 3, "rope_theta": 1e6,
           "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0})");
   CHECK((g3.qk_norm && g3.attn_softcap == 0 && g3.final_softcap == 0));
@@ -344,24 +350,24 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
   const at::Tensor global = rope_inv_freq(g3), local = rope_inv_freq(g3, /*local=*/true);
   CHECK(global[1].item<double>() == doctest::Approx(std::pow(1e6, -2.0 / 8) / 8));
   CHECK(local[1].item<double>() == doctest::Approx(std::pow(1e4, -2.0 / 8)));
-  const LlamaConfig olmo = parse("olmo2", R"("pad_token_id": 3, "bos_token_id": 2, "eos_token_id": [1, 5])");
+  const DecoderConfig olmo = parse("olmo2", R"("pad_token_id": 3, "bos_token_id": 2, "eos_token_id": [1, 5])");
   CHECK(olmo.pad_token_id == 3);  // nn.Embedding's padding_idx
   // The ids are carried into the export as written (an id out of the vocabulary is no padding row).
-  CHECK(llama_config_json(olmo).find("\"eos_token_id\": [\n    1,\n    5\n  ]") != std::string::npos);
-  CHECK(llama_config_json(olmo).find("\"bos_token_id\": 2") != std::string::npos);
+  CHECK(decoder_config_json(olmo).find("\"eos_token_id\": [\n    1,\n    5\n  ]") != std::string::npos);
+  CHECK(decoder_config_json(olmo).find("\"bos_token_id\": 2") != std::string::npos);
   CHECK(parse("olmo2", R"("pad_token_id": 64)").pad_token_id == -1);
   CHECK((olmo.norms == NormPlacement::kPost && olmo.qk_norm_whole && !olmo.qk_norm && !olmo.tie_word_embeddings));
-  const LlamaConfig smol = parse("smollm3", R"("use_sliding_window": true, "sliding_window": 8)");
+  const DecoderConfig smol = parse("smollm3", R"("use_sliding_window": true, "sliding_window": 8)");
   for (int64_t i = 0; i < 4; ++i) {  // every fourth layer without rotary, and (without layer_types) sliding
     CHECK(smol.plan(i).rotary == (i != 3));
     CHECK(smol.plan(i).window == (i == 3 ? 8 : 0));
   }
-  const LlamaConfig granite = parse("granite", R"("attention_multiplier": 0.5, "logits_scaling": 4.0)");
+  const DecoderConfig granite = parse("granite", R"("attention_multiplier": 0.5, "logits_scaling": 4.0)");
   CHECK((granite.attention_scale == 0.5 && granite.logits_scaling == 4.0 && granite.embedding_scale == 1.0));
-  for (const LlamaConfig& c : {g2, g3, olmo, smol, granite}) {  // the export reads back as the same model
+  for (const DecoderConfig& c : {g2, g3, olmo, smol, granite}) {  // the export reads back as the same model
     INFO(family_names(c.family).model_type);
-    const LlamaConfig back = parse_llama_config(llama_config_json(c), "export");
-    CHECK(llama_config_json(back) == llama_config_json(c));
+    const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+    CHECK(decoder_config_json(back) == decoder_config_json(c));
     for (int64_t i = 0; i < 4; ++i) {
       CHECK(back.plan(i).window == c.plan(i).window);
       CHECK(back.plan(i).rotary == c.plan(i).rotary);
@@ -391,30 +397,30 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
 TEST_CASE("regression: a misspelled config.json field is not silently replaced by a default") {
   const std::string fields = R"("vocab_size":257,"hidden_size":64,"intermediate_size":128,"num_attention_heads":4)";
   // A required field spelled wrong: refused, pointing at the misspelling.
-  CHECK(error_of([&] { parse_llama_config("{" + fields + R"(,"num_hiden_layers":2})", "t.json"); })
+  CHECK(error_of([&] { parse_decoder_config("{" + fields + R"(,"num_hiden_layers":2})", "t.json"); })
             .find("t.json: num_hidden_layers is missing; a model needs it (\"num_hiden_layers\" is there: a "
                   "misspelling?)") != std::string::npos);
   // An optional one: a warning with the closest field; fields HF configs carry pass silently.
   std::vector<std::string> warnings;
-  const LlamaConfig c = parse_llama_config(
+  const DecoderConfig c = parse_decoder_config(
       "{" + fields + R"(,"num_hidden_layers":2,"rms_norm_epsilon":1e-6,"bos_token_id":1,"use_cache":true})", "t.json",
       &warnings);
   CHECK(c.num_hidden_layers == 2);
   REQUIRE(warnings.size() == 1);
   CHECK(warnings[0] == "t.json: unknown field \"rms_norm_epsilon\" (did you mean rms_norm_eps?)");
   CHECK(error_of([&] {
-          parse_llama_config("{" + fields + R"(,"num_hidden_layers":2,"attention_dropout":0.1})", "d.json");
+          parse_decoder_config("{" + fields + R"(,"num_hidden_layers":2,"attention_dropout":0.1})", "d.json");
         }).find("attention_dropout 0.1 is not supported") != std::string::npos);
 }
 
 TEST_CASE("the shipped model configs parse; Llama-3-8B has its known parameter count and FLOPs per token") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
   const std::string dir = std::string(FSDP_SOURCE_DIR) + "/configs/models/";
-  const LlamaConfig tiny_model = load_llama_config(dir + "tiny/config.json");
+  const DecoderConfig tiny_model = load_llama_config(dir + "tiny/config.json");
   CHECK(tiny_model.vocab_size == 257);  // byte-level text: 256 bytes + end-of-text
   CHECK(load_llama_config(dir + "llama-125m/config.json").num_parameters() / 1000000 == 109);  // 85M + tied embedding
   CHECK(load_llama_config(dir + "llama-1b/config.json").num_parameters() == 1235814400);       // Llama 3.2 1B
-  const LlamaConfig big = load_llama_config(dir + "llama3-8b/config.json");
+  const DecoderConfig big = load_llama_config(dir + "llama3-8b/config.json");
   CHECK(big.num_parameters() == 8030261248);
   CHECK(big.head_dim == 128);
   REQUIRE(big.rope_scaling.has_value());
@@ -511,9 +517,9 @@ TEST_CASE("the chunked loss's backward runs once: a second one (retain_graph) is
 TEST_CASE("the model's loss is the cross-entropy of its logits, tied head or not") {
   for (const bool tied : {false, true}) {
     CAPTURE(tied);
-    LlamaConfig c = tiny();
+    DecoderConfig c = tiny();
     c.tie_word_embeddings = tied;
-    LlamaForCausalLM m(c);
+    CausalLM m(c);
     init_parameters(*m, 5);
     const at::Tensor x = torch::randint(0, c.vocab_size, {2, 9}, torch::kLong);
     const at::Tensor y = torch::randint(0, c.vocab_size, {2, 9}, torch::kLong);
@@ -542,8 +548,8 @@ TEST_CASE("the model's loss is the cross-entropy of its logits, tied head or not
 
 // Issue 16: fine-tuning on prompt/completion records trains on the completions only.
 TEST_CASE("prompt tokens contribute nothing: the gradient is that of the completion tokens' loss alone") {
-  LlamaConfig c = tiny();
-  LlamaForCausalLM m(c);
+  DecoderConfig c = tiny();
+  CausalLM m(c);
   init_parameters(*m, 11);
   // Two records packed into one sequence: [BOS-like 1] prompt... completion... ; mask 0 on prompts.
   std::vector<int32_t> tokens{1, 5, 6, 7, 20, 21, 2, 1, 8, 9, 22, 23, 24, 2, 1, 5};
@@ -588,7 +594,7 @@ TEST_CASE("prompt tokens contribute nothing: the gradient is that of the complet
 TEST_CASE("the KV cache: prefill then one token at a time equals the full forward, position by position") {
   for (const Family family : {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3}) {
     CAPTURE(static_cast<int>(family));
-    LlamaConfig c = tiny();
+    DecoderConfig c = tiny();
     c.family = family;
     c.qkv_bias = family == Family::kQwen2;
     c.qk_norm = family == Family::kQwen3;
@@ -596,7 +602,7 @@ TEST_CASE("the KV cache: prefill then one token at a time equals the full forwar
       c.sliding_window = 3;
       c.sliding_layers = {family == Family::kMistral, true};
     }
-    LlamaForCausalLM m(c);
+    CausalLM m(c);
     init_parameters(*m, 21);
     c10::NoGradGuard no_grad;
     for (auto& p : m->named_parameters())  // biases and norms away from their initial zeros and ones
@@ -616,12 +622,12 @@ TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, l
   const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
       "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64)";
   auto parse = [&](const std::string& type, const std::string& extra = "") {
-    return parse_llama_config(R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}",
-                              type + ".json");
+    return parse_decoder_config(
+        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
   };
   // Phi-3: head_dim 8, three quarters rotated (6 dimensions, 3 frequencies); longrope's factor from
   // the positions' ratio (64 / 16), its short factors up to 16 positions and its long ones past them.
-  const LlamaConfig phi = parse("phi3", R"("partial_rotary_factor": 0.75, "sliding_window": 5,
+  const DecoderConfig phi = parse("phi3", R"("partial_rotary_factor": 0.75, "sliding_window": 5,
       "original_max_position_embeddings": 16, "rope_scaling": {"type": "longrope", "short_factor": [1, 2, 4],
       "long_factor": [3, 5, 7]})");
   CHECK((phi.fused_projections && phi.head_dim == 8 && phi.rotary_dim() == 6));
@@ -647,7 +653,7 @@ TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, l
   CHECK(describe(tiny()).layout.fused.empty());
   // YaRN: with d = 8 over 32 original positions the ramp keeps the first frequency and divides the
   // others by the factor; cos and sin grow by 0.1 ln(factor) + 1.
-  const LlamaConfig yarn = parse("llama", R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0,
+  const DecoderConfig yarn = parse("llama", R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0,
       "factor": 4.0, "original_max_position_embeddings": 32})");
   REQUIRE(yarn.rope_scaling.has_value());
   CHECK(yarn.rope_attention_factor() == doctest::Approx(0.1 * std::log(4.0) + 1));
@@ -655,15 +661,15 @@ TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, l
   CHECK(y[0].item<double>() == doctest::Approx(1.0));
   CHECK(y[3].item<double>() == doctest::Approx(std::pow(1e4, -6.0 / 8) / 4));
   // Dynamic NTK: plain within max_position_embeddings, a larger base past it.
-  const LlamaConfig dynamic = parse("qwen2", R"("rope_scaling": {"type": "dynamic", "factor": 2.0})");
+  const DecoderConfig dynamic = parse("qwen2", R"("rope_scaling": {"type": "dynamic", "factor": 2.0})");
   CHECK(rope_inv_freq(dynamic, false, 64).equal(rope_inv_freq(parse("qwen2"), false, 64)));
   CHECK(!rope_depends_on_length(dynamic, 64));
   const double grown = 1e4 * std::pow(2.0 * 128 / 64 - 1, 8.0 / 6);
   CHECK(rope_inv_freq(dynamic, false, 128)[1].item<double>() == doctest::Approx(std::pow(grown, -2.0 / 8)));
-  for (const LlamaConfig& c : {phi, yarn, dynamic}) {  // the export reads back as the same model
+  for (const DecoderConfig& c : {phi, yarn, dynamic}) {  // the export reads back as the same model
     INFO(family_names(c.family).model_type);
-    const LlamaConfig back = parse_llama_config(llama_config_json(c), "export");
-    CHECK(llama_config_json(back) == llama_config_json(c));
+    const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+    CHECK(decoder_config_json(back) == decoder_config_json(c));
     CHECK(rope_inv_freq(back, false, 100).equal(rope_inv_freq(c, false, 100)));
     CHECK(back.rope_attention_factor() == c.rope_attention_factor());
     CHECK(back.rotary_dim() == c.rotary_dim());
@@ -686,13 +692,13 @@ TEST_CASE("config.json of Phi-3/4 and the scaled rope types: partial rotation, l
 TEST_CASE(
     "a Gemma3ForConditionalGeneration config.json: its text model, Gemma3TextConfig's defaults, the folder's names") {
   // As the released folders write it: text_config holds only what differs from Gemma3TextConfig.
-  const LlamaConfig c = parse_llama_config(R"({"architectures": ["Gemma3ForConditionalGeneration"],
+  const DecoderConfig c = parse_decoder_config(R"({"architectures": ["Gemma3ForConditionalGeneration"],
       "model_type": "gemma3", "torch_dtype": "bfloat16", "eos_token_id": [1, 106],
       "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
                       "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
                       "sliding_window": 1024},
       "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}})",
-                                           "gemma-3-4b/config.json");
+                                               "gemma-3-4b/config.json");
   CHECK(c.text_of_multimodal);
   CHECK(c.family == Family::kGemma3);
   CHECK((c.vocab_size == 262208 && c.num_attention_heads == 8 && c.num_key_value_heads == 4 && c.head_dim == 256));
@@ -700,10 +706,10 @@ TEST_CASE(
   CHECK((c.eos_token_id_json == "[1,106]" && c.bos_token_id_json == "2" && c.dtype == "bfloat16"));
   CHECK((c.plan(0).window == 1024 && c.plan(5).window == 0));  // five of six layers slide
   // The export is the text model alone, Gemma3ForCausalLM: its config.json says nothing of vision.
-  const std::string exported = llama_config_json(c);
+  const std::string exported = decoder_config_json(c);
   CHECK(exported.find("\"Gemma3ForCausalLM\"") != std::string::npos);
   CHECK(exported.find("vision") == std::string::npos);
-  CHECK(!parse_llama_config(exported, "export").text_of_multimodal);
+  CHECK(!parse_decoder_config(exported, "export").text_of_multimodal);
   // Both spellings of the text model's names in the folder, the vision tower's left out.
   const FolderLayout layout = describe(c).layout;
   CHECK(layout.ours("language_model.model.layers.3.mlp.up_proj.weight") == "model.layers.3.mlp.up_proj.weight");
@@ -712,14 +718,14 @@ TEST_CASE(
   CHECK(layout.ours("vision_tower.vision_model.embeddings.patch_embedding.weight").empty());
   CHECK(layout.ours("model.multi_modal_projector.mm_input_projection_weight").empty());
   CHECK(describe(tiny()).layout.ours("model.norm.weight") == "model.norm.weight");
-  CHECK(error_of([] { parse_llama_config(R"({"model_type": "gemma3"})", "g.json"); }) ==
+  CHECK(error_of([] { parse_decoder_config(R"({"model_type": "gemma3"})", "g.json"); }) ==
         "g.json: a Gemma3ForConditionalGeneration config.json (model_type \"gemma3\") needs its text_config");
 }
 
 TEST_CASE("the KV cache of each new layer kind equals its full forward, position by position") {
   for (const auto& [name, c] : fsdp::model::testing::tiny_new_kinds()) {
     CAPTURE(name);
-    LlamaForCausalLM m(c);
+    CausalLM m(c);
     init_parameters(*m, 22);
     c10::NoGradGuard no_grad;
     for (auto& p : m->named_parameters())  // norms away from their initial values
@@ -742,9 +748,9 @@ TEST_CASE("the KV cache of each new layer kind equals its full forward, position
 namespace {
 
 // describe(c)'s names and shapes are the parameters a model of `c` registers, in its order.
-void check_described_as_registered(const LlamaConfig& c) {
+void check_described_as_registered(const DecoderConfig& c) {
   const ModelDescription d = describe(c);
-  LlamaForCausalLM m(c);
+  CausalLM m(c);
   const auto named = m->named_parameters();
   REQUIRE(d.params.size() == named.size());
   for (size_t i = 0; i < named.size(); ++i) {
@@ -758,7 +764,7 @@ void check_described_as_registered(const LlamaConfig& c) {
 
 TEST_CASE("describe() lists every parameter of every family as the decoder registers it, ties as aliases") {
   for (const char* model : {"tiny", "llama3-8b", "mistral-7b", "qwen2.5-0.5b", "qwen3-1.7b"}) {
-    LlamaConfig c = load_llama_config(std::string(FSDP_SOURCE_DIR) + "/configs/models/" + model + "/config.json");
+    DecoderConfig c = load_llama_config(std::string(FSDP_SOURCE_DIR) + "/configs/models/" + model + "/config.json");
     c.num_hidden_layers = 2;  // the names repeat per layer; two are enough and keep the module small
     c.sliding_layers.resize(2);
     c.vocab_size = 64;
@@ -788,10 +794,10 @@ TEST_CASE("describe() lists every parameter of every family as the decoder regis
 // positions restart, they see only themselves (within a sliding window too), and the loss and its
 // gradient are the sum of the records' own.
 TEST_CASE("packed records: loss and gradients equal the records' run one at a time") {
-  LlamaConfig c = tiny();
+  DecoderConfig c = tiny();
   c.sliding_window = 3;
   c.sliding_layers = {false, true};  // layer 1 slides: the window applies within a record
-  LlamaForCausalLM m = build(c, 17);
+  CausalLM m = build(c, 17);
   const std::vector<std::vector<int64_t>> records{{1, 5, 9, 2}, {3, 4, 6, 7, 8, 10}, {11, 12}};
   std::vector<int64_t> tokens, targets, positions, segments;
   for (size_t r = 0; r < records.size(); ++r)
@@ -854,10 +860,10 @@ TEST_CASE(
   torch::manual_seed(2);
   for (const bool qwen2 : {false, true}) {
     INFO("attention bias (Qwen2): " << qwen2);
-    LlamaConfig c = tiny();
+    DecoderConfig c = tiny();
     c.attention_bias = qwen2;
-    LlamaForCausalLM plain = build(c, 4), sharded_model = build(c, 4);
-    auto sharded = fully_shard(*sharded_model, llama_traits(c),
+    CausalLM plain = build(c, 4), sharded_model = build(c, 4);
+    auto sharded = fully_shard(*sharded_model, decoder_traits(c),
                                DeviceMesh{dist::make_single_process_group(), std::nullopt}, FsdpOptions{});
     const auto params = sharded_model->named_parameters();
     for (const std::string prefix : {"model.layers.1.self_attn.", "model.layers.1.mlp."}) {

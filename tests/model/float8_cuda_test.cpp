@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#include "model/float8.h"
+#include "model/kernels/float8.h"
 #include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
 

@@ -1,7 +1,7 @@
-// float8 training (model/float8.h) on the CPU, as torchao tests its recipes: the fused casts give
+// float8 training (model/kernels/float8.h) on the CPU, as torchao tests its recipes: the fused casts give
 // torchao's arithmetic bit for bit, each layer's output and gradients keep their signal-to-noise
 // ratio against the high-precision product, and a small model's loss curve stays with bf16's.
-#include "model/float8.h"
+#include "model/kernels/float8.h"
 
 #include <ATen/ATen.h>
 #include <torch/torch.h>
@@ -13,7 +13,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 #include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
 #include "optim/adamw.h"
@@ -200,7 +200,7 @@ namespace {
 // vocabulary: the step is read off the first two tokens): the losses of `steps` steps of AdamW.
 std::vector<double> loss_curve(Float8Recipe recipe, int steps) {
   Choice c(kernels::Provider::kPortable, recipe);
-  LlamaConfig cfg;
+  DecoderConfig cfg;
   cfg.vocab_size = 64;
   cfg.hidden_size = 64;
   cfg.intermediate_size = 128;
@@ -210,11 +210,11 @@ std::vector<double> loss_curve(Float8Recipe recipe, int steps) {
   cfg.head_dim = 16;
   cfg.rms_norm_eps = 1e-5;
   cfg.rope_theta = 10000.0;
-  LlamaForCausalLM m(cfg, /*free_after_create=*/true);
+  CausalLM m(cfg, /*free_after_create=*/true);
   FsdpOptions o;
   o.mixed_precision.param_dtype = at::kBFloat16;
   o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(cfg, 5, name, shape); };
-  auto sharded = fully_shard(*m, llama_traits(cfg), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  auto sharded = fully_shard(*m, decoder_traits(cfg), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
   optim::AdamWOptions ao;
   ao.lr = 3e-3;
   optim::ShardedAdamW adamw(*sharded, ao);

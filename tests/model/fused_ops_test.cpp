@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 #include "model/kernels/ops.h"
 #include "support/error_of.h"
 
@@ -325,7 +325,7 @@ TEST_CASE("rows split over two threads: the one-thread results, bit for bit") {
 
 TEST_CASE("the fused ops in decoder.cpp's modules give the modules' results") {
   torch::manual_seed(1);  // fixed inputs: the same comparison on every run
-  LlamaConfig c;
+  DecoderConfig c;
   c.hidden_size = 40;
   c.intermediate_size = 52;
   c.num_attention_heads = 4;
@@ -334,8 +334,8 @@ TEST_CASE("the fused ops in decoder.cpp's modules give the modules' results") {
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     INFO("dtype ", dtype);
     const at::Tensor x = randn({3, 5, c.hidden_size}, dtype);
-    LlamaRMSNorm norm(c.hidden_size, 1e-6);
-    LlamaMLP mlp(c);
+    RmsNorm norm(c.hidden_size, 1e-6);
+    GatedMlp mlp(c);
     {
       c10::NoGradGuard no_grad;
       norm->weight.normal_(1.0, 0.3);

@@ -4,10 +4,10 @@
 
 #include <cstdint>
 
-#include "model/hf_config.h"
+#include "model/config/hf_config.h"
 
-inline fsdp::model::LlamaConfig one_b_widths(int64_t layers) {
-  fsdp::model::LlamaConfig c;
+inline fsdp::model::DecoderConfig one_b_widths(int64_t layers) {
+  fsdp::model::DecoderConfig c;
   c.vocab_size = 128256;
   c.hidden_size = 2048;
   c.intermediate_size = 8192;

@@ -1,14 +1,14 @@
-// LoRA on the decoder (model/lora.h): which modules a setting targets and what it refuses, the
+// LoRA on the decoder (model/lora/lora.h): which modules a setting targets and what it refuses, the
 // frozen and trainable parameters, PEFT's initialisation, the forward with an adapter against the
 // same model with the adapter merged into its weights, and the counts.
-#include "model/lora.h"
+#include "model/lora/lora.h"
 
 #include <torch/torch.h>
 
 #include <cmath>
 #include <map>
 
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 #include "support/error_of.h"
 #include "tiny_config.h"
 #include "util/strings.h"
@@ -24,8 +24,8 @@ namespace {
 
 using fsdp::model::testing::tiny;
 
-LlamaForCausalLM with_lora(const LoraSettings& s, const LlamaConfig& c = tiny()) {
-  LlamaForCausalLM m(c);
+CausalLM with_lora(const LoraSettings& s, const DecoderConfig& c = tiny()) {
+  CausalLM m(c);
   add_lora(*m, s);
   init_parameters(*m, 3);
   return m;
@@ -46,7 +46,7 @@ bool contains(const std::string& text, const std::string& part) {
 }  // namespace
 
 TEST_CASE("target_modules: short names, full names, regular expressions, all-linear; PEFT's default") {
-  LlamaForCausalLM m(tiny());
+  CausalLM m(tiny());
   CHECK(lora_target_names(*m, settings({})) ==
         std::vector<std::string>{"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj",
                                  "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"});
@@ -56,21 +56,37 @@ TEST_CASE("target_modules: short names, full names, regular expressions, all-lin
   CHECK(lora_target_names(*m, settings({"all-linear"})).size() == 14);  // not lm_head
 }
 
-TEST_CASE("Phi-3's fused projections: o_proj and down_proj adapted, the parts of qkv_proj and gate_up_proj refused") {
-  const LlamaConfig phi = fsdp::model::testing::tiny_of("phi3");
-  LlamaForCausalLM m(phi);
-  CHECK(lora_target_names(*m, settings({"o_proj", "down_proj"})).size() == 4);
-  for (const std::vector<std::string>& targets : std::vector<std::vector<std::string>>{{}, {"all-linear"}, {"up_proj"}})
-    CHECK(contains(error_of([&] { lora_target_names(*m, settings(targets)); }),
-                   "is part of Phi3ForCausalLM's fused qkv_proj or gate_up_proj, which fsdptrain does not adapt yet "
-                   "(PEFT adapts them whole); target o_proj and down_proj"));
-  CHECK(error_of([&] { lora_target_names(*m, settings({"qkv_proj"})); }) ==
-        "lora.target_modules: qkv_proj is Phi3ForCausalLM's fused projection, which fsdptrain does not adapt yet; "
-        "target o_proj and down_proj");
+TEST_CASE(
+    "Phi-3's fused projections: qkv_proj and gate_up_proj adapted whole under PEFT's names, their parts refused") {
+  const DecoderConfig phi = fsdp::model::testing::tiny_of("phi3");
+  CausalLM m(phi);
+  CHECK(lora_target_names(*m, settings({"qkv_proj", "gate_up_proj"})) ==
+        std::vector<std::string>{"model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj",
+                                 "model.layers.1.self_attn.qkv_proj", "model.layers.1.mlp.gate_up_proj"});
+  // all-linear as PEFT reads it on Phi3ForCausalLM: the fused projections, o_proj and down_proj.
+  CHECK(lora_target_names(*m, settings({"all-linear"})).size() == 8);
+  CHECK(lora_target_names(*m, settings({R"(.*\.1\.self_attn\.qkv_proj)"})) ==
+        std::vector<std::string>{"model.layers.1.self_attn.qkv_proj"});
+  CHECK(error_of([&] { lora_target_names(*m, settings({"up_proj"})); }) ==
+        "lora.target_modules: model.layers.0.mlp.up_proj (\"up_proj\") is part of Phi3ForCausalLM's fused gate_up_proj, "
+        "which PEFT adapts whole; target gate_up_proj instead");
+  CHECK(error_of([&] { lora_target_names(*m, settings({})); }) ==
+        "lora.target_modules: Phi3ForCausalLM has no default targets (PEFT asks for them too); name qkv_proj, "
+        "o_proj, gate_up_proj, down_proj or all-linear");
+  add_lora(*m, settings({"qkv_proj", "gate_up_proj"}));
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : m->named_parameters())
+    if (p.value().requires_grad()) shapes[p.key()] = p.value().sizes().vec();
+  const int64_t c = phi.hidden_size, qkv = (phi.num_attention_heads + 2 * phi.num_key_value_heads) * phi.head_dim;
+  CHECK(shapes.size() == 8);
+  CHECK(shapes.at("model.layers.0.self_attn.qkv_proj.lora_A.weight") == std::vector<int64_t>{4, c});
+  CHECK(shapes.at("model.layers.0.self_attn.qkv_proj.lora_B.weight") == std::vector<int64_t>{qkv, 4});
+  CHECK(shapes.at("model.layers.1.mlp.gate_up_proj.lora_B.weight") ==
+        std::vector<int64_t>{2 * phi.intermediate_size, 4});
 }
 
 TEST_CASE("a target the model lacks, or that is not a linear layer, is refused naming what it has") {
-  LlamaForCausalLM m(tiny());
+  CausalLM m(tiny());
   const std::string typo = error_of([&] { lora_target_names(*m, settings({"q_prj"})); });
   CHECK(contains(typo, "lora.target_modules: the model has no module named \"q_prj\" (did you mean q_proj?)"));
   CHECK(contains(typo, "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
@@ -79,9 +95,9 @@ TEST_CASE("a target the model lacks, or that is not a linear layer, is refused n
   LoraSettings s = settings({"q_proj"});
   s.modules_to_save = {"head"};
   CHECK(contains(error_of([&] { add_lora(*m, s); }), "lora.modules_to_save: the model has no module named \"head\""));
-  LlamaConfig tied = tiny();
+  DecoderConfig tied = tiny();
   tied.tie_word_embeddings = true;
-  LlamaForCausalLM t(tied);
+  CausalLM t(tied);
   // A tied head is the embedding: lm_head and embed_tokens name one weight, trained once (PEFT's
   // ensure_weight_tying), and nothing else trains beside the adapters.
   s.modules_to_save = {"lm_head"};
@@ -95,7 +111,7 @@ TEST_CASE("a target the model lacks, or that is not a linear layer, is refused n
 TEST_CASE("only the adapters and the modules to save train; PEFT's names and initialisation") {
   LoraSettings s = settings({"q_proj", "down_proj"});
   s.modules_to_save = {"lm_head"};
-  LlamaForCausalLM m = with_lora(s);
+  CausalLM m = with_lora(s);
   std::map<std::string, at::Tensor> p;
   for (const auto& kv : m->named_parameters()) p[kv.key()] = kv.value();
   CHECK(p.at("model.layers.0.self_attn.q_proj.lora_A.weight").sizes() == at::IntArrayRef({4, 16}));
@@ -117,23 +133,28 @@ TEST_CASE("only the adapters and the modules to save train; PEFT's names and ini
 }
 
 TEST_CASE("the adapted forward equals the merged model's, and equals the base while B is zero") {
-  const LoraSettings s = settings({"all-linear"}, 4, 16);
-  LlamaForCausalLM m = with_lora(s);
-  LlamaForCausalLM base(tiny());
-  init_parameters(*base, 3);
-  const at::Tensor tokens = at::arange(12).remainder(37).view({1, 12});
-  torch::NoGradGuard no_grad;
-  CHECK(at::allclose(m->forward(tokens), base->forward(tokens), 0, 0));
-  std::map<std::string, at::Tensor> params;
-  for (const auto& kv : m->named_parameters()) {
-    if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
-    params[kv.key()] = kv.value().clone();
+  // And Phi-3's: fused adapters, each part's rows of lora_B folded into its own weight.
+  for (const bool fused : {false, true}) {
+    CAPTURE(fused);
+    const DecoderConfig c = fused ? fsdp::model::testing::tiny_of("phi3") : tiny();
+    const LoraSettings s = settings({"all-linear"}, 4, 16);
+    CausalLM m = with_lora(s, c);
+    CausalLM base(c);
+    init_parameters(*base, 3);
+    const at::Tensor tokens = at::arange(12).remainder(37).view({1, 12});
+    torch::NoGradGuard no_grad;
+    CHECK(at::allclose(m->forward(tokens), base->forward(tokens), 0, 0));
+    std::map<std::string, at::Tensor> params;
+    for (const auto& kv : m->named_parameters()) {
+      if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
+      params[kv.key()] = kv.value().clone();
+    }
+    merge_lora(params, s.scaling());
+    CHECK(params.size() == base->named_parameters().size());
+    const at::Tensor plain = base->forward(tokens);
+    for (const auto& kv : base->named_parameters()) kv.value().copy_(params.at(kv.key()));
+    const at::Tensor adapted = m->forward(tokens), merged = base->forward(tokens);
+    CHECK(!at::allclose(adapted, plain, 1e-3, 1e-3));  // the adapters now matter
+    CHECK(at::allclose(adapted, merged, 1e-5, 1e-5));
   }
-  merge_lora(params, s.scaling());
-  CHECK(params.size() == base->named_parameters().size());
-  const at::Tensor plain = base->forward(tokens);
-  for (const auto& kv : base->named_parameters()) kv.value().copy_(params.at(kv.key()));
-  const at::Tensor adapted = m->forward(tokens), merged = base->forward(tokens);
-  CHECK(!at::allclose(adapted, plain, 1e-3, 1e-3));  // the adapters now matter
-  CHECK(at::allclose(adapted, merged, 1e-5, 1e-5));
 }

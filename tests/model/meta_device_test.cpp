@@ -20,8 +20,8 @@
 #include "fsdp/set_data.h"
 #include "fsdp/test_models.h"
 #include "host_tensor_watch.h"
-#include "model/decoder.h"
-#include "model/lora.h"
+#include "model/layers/decoder.h"
+#include "model/lora/lora.h"
 #include "optim/adamw.h"
 #include "tiny_config.h"
 
@@ -113,8 +113,8 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("where.self", where_meta);
 }
 
-LlamaConfig family_config(Family family) {
-  LlamaConfig c = tiny();
+DecoderConfig family_config(Family family) {
+  DecoderConfig c = tiny();
   c.family = family;
   c.head_dim = 8;  // SDPA's and flash attention's smallest head width
   c.qkv_bias = family == Family::kQwen2;
@@ -135,19 +135,17 @@ struct Case {
 
 // One training step on meta (forward, backward, the norm, clipping, AdamW) with the watch armed from
 // building the inputs to the optimizer's update.
-void train_on_meta(const LlamaConfig& c, const Case& k) {
+void train_on_meta(const DecoderConfig& c, const Case& k) {
   CAPTURE(static_cast<int>(c.family));
   CAPTURE(k.lora);
   CAPTURE(k.packed);
   CAPTURE(k.checkpointing);
   CAPTURE(k.dtype);
-  LlamaForCausalLM m(c, /*free_after_create=*/true);
+  CausalLM m(c, /*free_after_create=*/true);
   if (k.lora) {
     LoraSettings l;
     l.r = 2;
-    // Phi-3's fused projections are not adapted (lora.cpp): its other linear layers.
-    l.target_modules =
-        c.fused_projections ? std::vector<std::string>{"o_proj", "down_proj"} : std::vector<std::string>{"all-linear"};
+    l.target_modules = {"all-linear"};  // Phi-3: its fused qkv_proj and gate_up_proj among them
     add_lora(*m, l, /*free_after_create=*/true);
   }
   FsdpOptions o;
@@ -155,7 +153,7 @@ void train_on_meta(const LlamaConfig& c, const Case& k) {
   o.activation_checkpointing = k.checkpointing;
   o.mixed_precision.param_dtype = k.dtype;
   o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(c, 3, name, shape); };
-  auto sharded = fully_shard(*m, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  auto sharded = fully_shard(*m, decoder_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
   optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
 
   const int64_t B = 2, T = 6;
@@ -184,14 +182,14 @@ void train_on_meta(const LlamaConfig& c, const Case& k) {
 }  // namespace
 
 TEST_CASE("every family trains on the meta device with no host tensor inside the step") {
-  std::vector<LlamaConfig> configs;
+  std::vector<DecoderConfig> configs;
   for (const Family family : {Family::kLlama, Family::kMistral, Family::kQwen2, Family::kQwen3})
     configs.push_back(family_config(family));
   for (auto [name, c] : tiny_new_kinds()) {  // each new layer kind
     c.head_dim = 8;                          // SDPA's and flash attention's smallest head width
     configs.push_back(c);
   }
-  for (const LlamaConfig& c : configs) {
+  for (const DecoderConfig& c : configs) {
     train_on_meta(c, Case{});
     train_on_meta(c, Case{/*lora=*/true, /*packed=*/false, /*checkpointing=*/true, at::kBFloat16});
     train_on_meta(c, Case{/*lora=*/false, /*packed=*/true, /*checkpointing=*/false, at::kFloat});
@@ -203,8 +201,8 @@ TEST_CASE("every family trains on the meta device with no host tensor inside the
 // our code. The fp32 packed case above runs the masked path that holds the same positions and
 // segments on the device.
 TEST_CASE("the decoder's CUDA branches are the ones meta takes") {
-  const LlamaConfig c = family_config(Family::kQwen3);
-  LlamaForCausalLM m(c);
+  const DecoderConfig c = family_config(Family::kQwen3);
+  CausalLM m(c);
   init_parameters(*m, 4);
   torch::NoGradGuard no_grad;
   // Module::to, as generate does on a GPU; LibTorch's set_data refuses CPU to meta, so by hand.

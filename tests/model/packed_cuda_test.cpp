@@ -3,7 +3,7 @@
 // gives (the path tested against transformers on CPU), with and without a sliding window, in bf16.
 // Also the fused elementwise kernels (model/kernels/elementwise.h: nvcc's build of the functors the
 // CPU tests check) against ATen's ops on the GPU, and context parallel's blocks on one rank: CUDA's flash kernel per
-// block (bf16), merged by log-sum-exp, against the op-by-op sums (model/context_parallel.h), forward and backward.
+// block (bf16), merged by log-sum-exp, against the op-by-op sums (model/parallel/context_parallel.h), forward and backward.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
@@ -11,19 +11,19 @@
 #include <sstream>
 
 #include "dist/process_group.h"
-#include "model/context_parallel.h"
-#include "model/decoder.h"
+#include "model/parallel/context_parallel.h"
+#include "model/layers/decoder.h"
 #include "model/kernels/elementwise.h"
 #include "model/kernels/provider.h"
 
-using fsdp::model::LlamaConfig;
-using fsdp::model::LlamaForCausalLM;
+using fsdp::model::DecoderConfig;
+using fsdp::model::CausalLM;
 using fsdp::model::Packed;
 
 namespace {
 
-LlamaConfig config(int64_t window) {
-  LlamaConfig c;
+DecoderConfig config(int64_t window) {
+  DecoderConfig c;
   c.vocab_size = 97;
   c.hidden_size = 128;
   c.intermediate_size = 256;
@@ -42,7 +42,7 @@ struct Result {
   std::vector<at::Tensor> grads;
 };
 
-Result run(LlamaForCausalLM& m, const at::Tensor& x, const at::Tensor& y, const Packed& p) {
+Result run(CausalLM& m, const at::Tensor& x, const at::Tensor& y, const Packed& p) {
   m->zero_grad();
   const at::Tensor loss = m->loss_sum(x, y, p);
   loss.backward();
@@ -53,8 +53,8 @@ Result run(LlamaForCausalLM& m, const at::Tensor& x, const at::Tensor& y, const 
 
 // Rows of 64 tokens holding records of 5..40 tokens; the last target of each record not counted.
 bool check(int64_t window) {
-  const LlamaConfig c = config(window);
-  LlamaForCausalLM m(c);
+  const DecoderConfig c = config(window);
+  CausalLM m(c);
   fsdp::model::init_parameters(*m, 3);
   m->to(at::kCUDA, at::kBFloat16);
   const int64_t B = 3, T = 64;

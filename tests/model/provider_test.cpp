@@ -16,7 +16,7 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 #include "model/kernels/fused_ops.h"
 #include "model/kernels/linear.h"
 #include "support/error_of.h"
@@ -109,14 +109,14 @@ struct Result {
   std::map<std::string, at::Tensor> grads;
 };
 
-LlamaForCausalLM build(const LlamaConfig& c) {
-  LlamaForCausalLM m(c);
+CausalLM build(const DecoderConfig& c) {
+  CausalLM m(c);
   init_parameters(*m, 11);
   return m;
 }
 
-Result run_plain(const LlamaConfig& c, at::ScalarType dtype) {
-  LlamaForCausalLM m = build(c);
+Result run_plain(const DecoderConfig& c, at::ScalarType dtype) {
+  CausalLM m = build(c);
   m->to(dtype);
   const Batch b = batch(c.vocab_size);
   const at::Tensor loss = m->loss_sum(b.tokens, b.targets) +
@@ -128,10 +128,10 @@ Result run_plain(const LlamaConfig& c, at::ScalarType dtype) {
 }
 
 // The same under fully_shard on one rank: q/k/v and gate/up are one product each.
-Result run_sharded(const LlamaConfig& c) {
-  LlamaForCausalLM m = build(c);
+Result run_sharded(const DecoderConfig& c) {
+  CausalLM m = build(c);
   auto sharded =
-      fully_shard(*m, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, FsdpOptions{});
+      fully_shard(*m, decoder_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, FsdpOptions{});
   const Batch b = batch(c.vocab_size);
   Result r;
   for (const bool packed : {false, true}) {
@@ -159,7 +159,7 @@ double distance(const Result& got, const Result& want) {
 }  // namespace
 
 TEST_CASE("every kernel provider gives the float64 model's loss and gradients, within float32's own noise") {
-  LlamaConfig c = fsdp::model::testing::tiny();
+  DecoderConfig c = fsdp::model::testing::tiny();
   c.sliding_window = 3;  // layer 1 slides: the masks the providers build differ
   c.sliding_layers = {false, true};
   Result want;

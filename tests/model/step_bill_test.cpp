@@ -27,9 +27,9 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "llama_1b_widths.h"
-#include "model/chunked_loss.h"
-#include "model/decoder.h"
-#include "model/float8.h"
+#include "model/layers/chunked_loss.h"
+#include "model/layers/decoder.h"
+#include "model/kernels/float8.h"
 #include "optim/adamw.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
@@ -289,19 +289,19 @@ Bill bill_of(const std::vector<Op>& ops) {
 }
 
 // One bf16 training step (forward, backward, norm, clipping, AdamW) on meta, recorded; the decoder
-// layers' products in float8 when `recipe` asks (model/float8.h).
-std::vector<Op> record_step_of(const LlamaConfig& c, int64_t batch, int64_t seq,
+// layers' products in float8 when `recipe` asks (model/kernels/float8.h).
+std::vector<Op> record_step_of(const DecoderConfig& c, int64_t batch, int64_t seq,
                                Float8Recipe recipe = Float8Recipe::kNone) {
   struct Recipe {  // the process's float8 recipe for this step only
     explicit Recipe(Float8Recipe r) { set_float8_recipe(r); }
     ~Recipe() { set_float8_recipe(Float8Recipe::kNone); }
   } scoped(recipe);
-  LlamaForCausalLM m(c, /*free_after_create=*/true);
+  CausalLM m(c, /*free_after_create=*/true);
   FsdpOptions o;
   o.device = c10::Device(c10::kMeta);
   o.mixed_precision.param_dtype = at::kBFloat16;
   o.init = [&](const std::string& name, at::IntArrayRef shape) { return init_parameter(c, 3, name, shape); };
-  auto sharded = fully_shard(*m, llama_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+  auto sharded = fully_shard(*m, decoder_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
   optim::ShardedAdamW adamw(*sharded, optim::AdamWOptions{});
   const auto ids = at::TensorOptions().dtype(at::kLong).device(o.device);
   const at::Tensor tokens = at::empty({batch, seq}, ids), targets = at::empty({batch, seq}, ids);
@@ -322,8 +322,8 @@ std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq, Float8Re
 // makes it (Gemma 3: sandwich norms of (1 + w), GELU, per-head q/k norms, a local rotary table, a
 // sliding layer; Gemma 2: soft-capped scores and logits; OLMo 2: norms after the blocks and over
 // the whole projections; SmolLM3: a layer without rotary; Granite: the multipliers).
-LlamaConfig one_b_of(const std::string& model_type, const std::string& extra) {
-  return parse_llama_config(R"({"model_type": ")" + model_type + R"(", "vocab_size": 128256, "hidden_size": 2048,
+DecoderConfig one_b_of(const std::string& model_type, const std::string& extra) {
+  return parse_decoder_config(R"({"model_type": ")" + model_type + R"(", "vocab_size": 128256, "hidden_size": 2048,
       "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
       "head_dim": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": true)" +
                                 (extra.empty() ? std::string() : ", " + extra) + "}",
@@ -442,7 +442,7 @@ TEST_CASE("the loss head's bill at the 1B shape: bf16 products, no (V, C) accumu
 }
 
 TEST_CASE("the bill of a float8 step at the 1B widths: every decoder product in float8, the head in bf16") {
-  // engine.float8 (model/float8.h) on meta: each decoder layer's seven projections make three float8
+  // engine.float8 (model/kernels/float8.h) on meta: each decoder layer's seven projections make three float8
   // products each (output, input's and weight's gradients): 6 N x (the layer's linear parameters)
   // FLOPs; the loss head keeps its bf16 products; no float64; the casts' launches stay bounded.
   const int64_t batch = 2, seq = 2048, tokens = batch * seq;

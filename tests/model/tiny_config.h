@@ -7,12 +7,12 @@
 #include <utility>
 #include <vector>
 
-#include "model/hf_config.h"
+#include "model/config/hf_config.h"
 
 namespace fsdp::model::testing {
 
-inline LlamaConfig tiny(int64_t kv_heads = 2) {
-  LlamaConfig c;
+inline DecoderConfig tiny(int64_t kv_heads = 2) {
+  DecoderConfig c;
   c.vocab_size = 37;
   c.hidden_size = 16;
   c.intermediate_size = 24;
@@ -28,13 +28,13 @@ inline LlamaConfig tiny(int64_t kv_heads = 2) {
 
 // tiny()'s sizes in a config.json of `model_type` plus `extra` (more of the object's members, or
 // nothing), read as a user's file is: the family's form and layer plan as the parser makes them.
-inline LlamaConfig tiny_of(const std::string& model_type, const std::string& extra = "") {
+inline DecoderConfig tiny_of(const std::string& model_type, const std::string& extra = "") {
   const std::string text = R"({"model_type": ")" + model_type +
                            R"(", "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
       "rope_theta": 100.0, "initializer_range": 0.2)" +
                            (extra.empty() ? std::string() : ", " + extra) + "}";
-  return parse_llama_config(text, "tiny " + model_type);
+  return parse_decoder_config(text, "tiny " + model_type);
 }
 
 // One tiny model of each layer kind issue 60 added, with the settings that make it differ from
@@ -42,7 +42,7 @@ inline LlamaConfig tiny_of(const std::string& model_type, const std::string& ext
 // scale, a sliding layer), Gemma 3's per-head norms and local rotary table, OLMo 2's norms after
 // the blocks and over the whole projections, SmolLM3's layer without rotary, Granite's multipliers,
 // Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window.
-inline std::vector<std::pair<std::string, LlamaConfig>> tiny_new_kinds() {
+inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
   const std::string sliding = R"("sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"])";
   return {{"gemma2", tiny_of("gemma2", sliding + R"(, "head_dim": 4, "query_pre_attn_scalar": 6,
                                  "attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0)")},

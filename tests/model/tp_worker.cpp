@@ -17,9 +17,9 @@
 
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
-#include "model/chunked_loss.h"
-#include "model/decoder.h"
-#include "model/tensor_parallel.h"
+#include "model/layers/chunked_loss.h"
+#include "model/layers/decoder.h"
+#include "model/parallel/tensor_parallel.h"
 #include "model/tiny_config.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -70,7 +70,7 @@ fsdp::dist::ByteCounters shard_formula(const fsdp::ShardedModel& sharded, const 
 }
 
 // The formula's bytes for the tp group (fp32): see the file's comment.
-fsdp::dist::ByteCounters tp_formula(const fsdp::ShardedModel& sharded, const fsdp::model::LlamaConfig& c, int p) {
+fsdp::dist::ByteCounters tp_formula(const fsdp::ShardedModel& sharded, const fsdp::model::DecoderConfig& c, int p) {
   fsdp::dist::ByteCounters e;
   if (p == 1) return e;
   const int64_t activation = kBatch * kSeq * c.hidden_size * 4, tokens = kBatch * kSeq;
@@ -100,7 +100,7 @@ void check(const fsdp::dist::ByteCounters& got, const fsdp::dist::ByteCounters& 
 }
 
 void run_layout(fsdp::dist::ProcessGroup world, const Layout& l) {
-  const fsdp::model::LlamaConfig c = fsdp::model::testing::tiny();
+  const fsdp::model::DecoderConfig c = fsdp::model::testing::tiny();
   fsdp::DeviceMesh mesh = fsdp::make_mesh(world, 1, l.shard, l.post_forward, l.tp);
   std::shared_ptr<fsdp::model::TensorParallel> tp;
   fsdp::FsdpOptions o;
@@ -111,8 +111,8 @@ void run_layout(fsdp::dist::ProcessGroup world, const Layout& l) {
     tp = std::make_shared<fsdp::model::TensorParallel>(*mesh.tp);
     o.tensor_parallel = [c](const std::string& name) { return fsdp::model::tensor_parallel_slice(c, name); };
   }
-  fsdp::model::LlamaForCausalLM model(c, /*free_after_create=*/true, tp);
-  auto sharded = fsdp::fully_shard(*model, fsdp::model::llama_traits(c), mesh, o);
+  fsdp::model::CausalLM model(c, /*free_after_create=*/true, tp);
+  auto sharded = fsdp::fully_shard(*model, fsdp::model::decoder_traits(c), mesh, o);
   torch::manual_seed(world.rank() / l.tp);  // a tp group's ranks read the same batch
   const at::Tensor x = torch::randint(c.vocab_size, {kBatch, kSeq}), y = torch::randint(c.vocab_size, {kBatch, kSeq});
   fsdp::dist::ProcessGroup shard = sharded->mesh().shard;

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
@@ -254,6 +254,74 @@ def qwen2_parity(args, tmp, data):
           f"ensure_weight_tying, and PEFT loads it with both set to the trained embedding")
 
 
+def phi3_parity(args, tmp, data):
+    """Phi-3's checkpoints fuse q, k and v into qkv_proj and gate and up into gate_up_proj, which PEFT
+    adapts whole (one lora_A for the parts): adapters on them train as PEFT's at W=2, export under
+    PEFT's keys, and fold into a merged export (and merge-weights) that transformers loads as Phi-3,
+    with the logits of PEFT's merge_and_unload."""
+    config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
+    config.update(model_type="phi3", architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.75, pad_token_id=0)
+    for key in ("attention_bias", "mlp_bias"):
+        config.pop(key)
+    torch.manual_seed(3)
+    base = os.path.join(tmp, "phi3")
+    Phi3ForCausalLM(Phi3Config(**config)).save_pretrained(base, safe_serialization=True)
+    CASES["phi3"] = (dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj"]),
+                     "lora:\n  r: 4\n  alpha: 8\n  target_modules: [qkv_proj, o_proj, gate_up_proj]\n")
+    torch.manual_seed(1)
+    model = get_peft_model(Phi3ForCausalLM.from_pretrained(base),
+                           LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES["phi3"][0]))
+    adapter = os.path.join(tmp, "peft-phi3")
+    model.save_pretrained(adapter)
+    out, _ = parity(args, tmp, "phi3", 2, base, data, adapter)
+    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
+    config = LoraConfig(task_type="CAUSAL_LM", **CASES["phi3"][0])
+    expected = set(get_peft_model_state_dict(get_peft_model(Phi3ForCausalLM.from_pretrained(base), config)))
+    got = set(load_file(os.path.join(export, "adapter_model.safetensors")))
+    check(got == expected and any(".qkv_proj.lora_A." in k for k in got),
+          f"phi3: export keys vs PEFT's: missing {sorted(expected - got)}, unexpected {sorted(got - expected)}")
+    # The same run with the adapters folded in: a Phi-3 folder (fused tensors) of PEFT's merge.
+    merged_out, _, _ = fsdptrain(args, tmp, "phi3-merged", 2, base, data, CASES["phi3"][1] + f"  init: {adapter}\n",
+                                 sets=["checkpoint.export_merged=true"])
+    merged = os.path.join(merged_out, "export", f"step-{SETTINGS['steps']}")
+    x = torch.arange(3, 67).view(1, 64) % 250
+    with torch.no_grad():
+        peft = PeftModel.from_pretrained(Phi3ForCausalLM.from_pretrained(base, attn_implementation="eager"), export)
+        logits = peft(input_ids=x).logits
+        theirs = peft.merge_and_unload().state_dict()
+        ours_model = Phi3ForCausalLM.from_pretrained(merged, attn_implementation="eager")
+        merged_logits = ours_model(input_ids=x).logits
+    mine = ours_model.state_dict()
+    check(set(mine) == set(theirs), f"phi3: merged export's tensors vs merge_and_unload's: {sorted(set(mine) ^ set(theirs))}")
+    r = relative(logits, merged_logits)
+    check(r < 1e-5, f"phi3: PEFT's logits over our adapter vs our merged export: {r:.2e}")
+    worst = max(relative(mine[k], v) for k, v in theirs.items())
+    check(worst < 1e-6, f"phi3: merged export vs PEFT's merge_and_unload: {worst:.2e}")
+    folded = os.path.join(tmp, "phi3-merge-weights")
+    run([args.fsdptrain, "merge-weights", export, folded, "--base", base], "fsdptrain merge-weights (phi3)")
+    a, b = load_file(os.path.join(folded, "model.safetensors")), load_file(os.path.join(merged, "model.safetensors"))
+    check(set(a) == set(b) and max(relative(a[k], b[k]) for k in a) < 1e-6,
+          "phi3: merge-weights of the adapter differs from the run's merged export")
+    # generate folds the fused adapters in as the merged export holds them.
+    texts = []
+    for model in (["--model", merged], ["--model", base, "--adapter", export]):
+        g = subprocess.run([args.fsdptrain, "generate", *model, "--prompt", "int main(", "--max_new_tokens", "24"],
+                           capture_output=True, timeout=120)
+        check(g.returncode == 0, f"phi3: generate {model}: {g.stderr[-2000:]}")
+        texts.append(g.stdout)
+    check(texts[0] == texts[1], f"phi3: generate --adapter differs from the merged model: {texts}")
+    # q_proj alone is part of the fused qkv_proj: refused by name, before any worker starts.
+    try:
+        fsdptrain(args, tmp, "phi3-part", 1, base, data, "lora:\n  r: 4\n  target_modules: [q_proj]\n")
+        check(False, "an adapter on part of Phi-3's fused qkv_proj was accepted")
+    except Failed as e:
+        check("exit 2" in str(e) and "is part of Phi3ForCausalLM's fused qkv_proj, which PEFT adapts whole; "
+              "target qkv_proj instead" in str(e), str(e))
+    print(f"ok phi3: adapters on the fused qkv_proj and gate_up_proj train as PEFT's; the export has PEFT's "
+          f"{len(got)} keys; the merged export and merge-weights are PEFT's merge ({worst:.2e}; logits {r:.2e}); "
+          f"generate --adapter writes the merged model's text; q_proj alone is refused by name")
+
+
 def commands_take_adapters(args, tmp, base, adapter, merged):
     """merge-weights folds an adapter folder into its base as the run's merged export did; generate
     reads the adapter (with --adapter, or alone: its base from adapter_config.json) and writes what
@@ -310,6 +378,7 @@ def main():
             counts_match(runs[case, 2][1], base, adapters[case], case)
 
         qwen2_parity(args, tmp, data)
+        phi3_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any
         # output folder exists.

@@ -369,3 +369,23 @@ TEST_CASE("estimate-memory under context parallel: activations at 1/cp, allgathe
   CHECK(parse_size(after(ring, "context parallel's K/V")) ==
         doctest::Approx(2 * parse_size(after(gather, "context parallel's K/V"))).epsilon(0.01));
 }
+
+TEST_CASE("estimate-memory counts soft-capped attention's scores: no fused kernel takes the cap") {
+  // Gemma 2's attn_logit_softcapping: every layer keeps (B, H, T, T) scores for backward, as tanh's
+  // output and the fp32 softmax (8 bytes a score in fp32); without the cap SDPA keeps none.
+  auto estimate = [](const std::string& cap) {
+    const std::string path = temp_path("gemma2-" + cap + ".json");
+    std::ofstream(path) << R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 257,
+      "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "attn_logit_softcapping": )"
+                        << cap << "}\n";
+    const Result r = fsdptrain_in_source(
+        {"estimate-memory", "--config", kQuickstart, "--num_processes", "2", "--set", "model.config=" + path});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    return parse_size(after(r.out, "activations (one micro-batch)"));
+  };
+  const double capped = estimate("50.0"), plain = estimate("null");
+  const double scores = 2.0 * 8 * 4 * 128 * 128 * 8;  // layers x B x H x T x T x 8 bytes (quickstart: B 8, T 128)
+  CHECK(capped - plain == doctest::Approx(scores).epsilon(0.01));
+}

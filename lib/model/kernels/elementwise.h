@@ -41,7 +41,7 @@ at::Tensor gate_up_swiglu(const at::Tensor& x, const at::Tensor& w);
 // subtraction and an exponential (and a cast).
 void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
-// float8 training (model/float8.h): x * scale saturated to the format's largest finite value `max`,
+// float8 training (model/kernels/float8.h): x * scale saturated to the format's largest finite value `max`,
 // for x of a floating dtype and an fp32 scale broadcast to it (one value, one a row or one a
 // column), into `rows` and/or `cols` (float8_e4m3fn or float8_e5m2, x's shape; either may be
 // undefined), which may be laid out differently (row-major and column-major: a product's two

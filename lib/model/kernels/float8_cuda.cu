@@ -1,4 +1,4 @@
-// float8 casts on a GPU (model/float8.h): x (M, K) row-major, scaled and saturated by
+// float8 casts on a GPU (model/kernels/float8.h): x (M, K) row-major, scaled and saturated by
 // kernels/functors.h's scaled_saturated, written row-major, column-major or both in one pass over x.
 // A block takes a 64 x 64 tile: each thread reads 16 consecutive values of a row (two 16-byte
 // loads of bf16), writes their 16 float8 bytes to the row-major output in one store, and leaves them

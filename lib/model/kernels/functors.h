@@ -43,7 +43,7 @@ C10_HOST_DEVICE inline Two<T> swiglu_backward(T g, T gate, T up) {
   return {static_cast<T>(gg * static_cast<A>(up) * s * (A(1) + a * (A(1) - s))), static_cast<T>(gg * a * s)};
 }
 
-// float8 training (model/float8.h): x * scale in fp32, saturated to the format's largest finite
+// float8 training (model/kernels/float8.h): x * scale in fp32, saturated to the format's largest finite
 // value `max` (NaN stays NaN), then rounded to the float8 format by the caller's cast: torchao's
 // `to_fp8_saturated(x.to(float32) * scale)`.
 C10_HOST_DEVICE inline float scaled_saturated(float x, float scale, float max) {

@@ -1,4 +1,4 @@
-// The chunked loss's products (model/chunked_loss.h) for each device: where the CPU takes oneDNN's
+// The chunked loss's products (model/layers/chunked_loss.h) for each device: where the CPU takes oneDNN's
 // layouts and a GPU takes cuBLAS's mixed-dtype products, so the loss's code asks for a product and
 // never which device it is on. No state beyond WeightGradient's sum; not thread-safe per object.
 #pragma once

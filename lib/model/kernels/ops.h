@@ -49,7 +49,7 @@ class Ops {
   // op (elementwise.h's gate_up_swiglu), where the provider has one; else nullopt (a product, then
   // swiglu).
   virtual std::optional<at::Tensor> gate_up_swiglu(const at::Tensor& x, const at::Tensor& w) const = 0;
-  // Whether weights laid end to end (model/stacked_weights.h) are multiplied as one product; the
+  // Whether weights laid end to end (model/kernels/stacked_weights.h) are multiplied as one product; the
   // reference takes one product per weight.
   virtual bool stacked_products() const = 0;
 
@@ -76,14 +76,14 @@ class Ops {
   virtual BlockAttention block_attention(const at::Tensor& q) const = 0;
 
   // --- the loss head ----------------------------------------------------------------------------------
-  // Whether the chunked loss's auto chunking takes vocabulary chunks (model/chunked_loss.h), else
+  // Whether the chunked loss's auto chunking takes vocabulary chunks (model/layers/chunked_loss.h), else
   // token chunks.
   virtual bool loss_by_vocabulary() const = 0;
   // out = exp(a - b) for fp32 a and b broadcast to it, out fp32, bf16 or fp16 (in place when out is
   // a): the loss's softmax numerators. a is the caller's scratch: it may be overwritten.
   virtual void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const = 0;
 
-  // --- float8 (model/float8.h) --------------------------------------------------------------------------
+  // --- float8 (model/kernels/float8.h) --------------------------------------------------------------------------
   // x (M, K) scaled by max / amax (x's whole amax, or along reduce_dim; a power of 2 when asked),
   // saturated to +-max and written into rows (M, K) and/or cols (K, M) column-major (either may be
   // undefined). Returns the fp32 inverse scale (amax's shape, dimensions kept).

@@ -38,7 +38,7 @@ int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_
 // ignore_index count for nothing. Returns the fp32 sum. rows: tokens per chunk (by tokens) or per block
 // (by the vocabulary); vocab_rows: vocabulary rows per chunk (by the vocabulary); <= 0 picks them (about
 // 32M logits a chunk; blocks whose fp32 gradient of hidden is at most 256 MiB).
-// With `tp` (model/tensor_parallel.h), weight is this rank's vocabulary rows, [first_row, first_row +
+// With `tp` (model/parallel/tensor_parallel.h), weight is this rank's vocabulary rows, [first_row, first_row +
 // weight.size(0)) of the whole (padding left out), every rank of the group passes the same hidden
 // and targets and gets the same sum (two small collectives a chunk, or a block), and the gradient of hidden is
 // this rank's part: the caller sums it over the group.

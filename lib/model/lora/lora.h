@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "model/lora_layer.h"
+#include "model/layers/lora_layer.h"
 
 namespace fsdp::model {
 
-class LlamaForCausalLMImpl;
+class CausalLMImpl;
 
 struct LoraSettings {
   int64_t r = 0;  // 0: no adapter
@@ -43,16 +43,16 @@ const std::vector<std::string>& lora_linear_names();
 // InputError naming the setting for a target or module to save that matches nothing (listing the
 // names the model has), for a target that is not a linear layer, and for modules to save that are
 // tied to the embedding.
-void add_lora(LlamaForCausalLMImpl& model, const LoraSettings& settings, bool free_after_create = false);
+void add_lora(CausalLMImpl& model, const LoraSettings& settings, bool free_after_create = false);
 
 // The full names of the modules `settings` targets in `model` (after add_lora or before).
-std::vector<std::string> lora_target_names(LlamaForCausalLMImpl& model, const LoraSettings& settings);
+std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettings& settings);
 
 // PEFT's trainable-parameter report: trainable (adapters and modules to save) against all (the
 // base, the adapters, and the modules to save counted twice, original and trained copy).
 struct LoraCounts {
   int64_t trainable = 0, all = 0;
 };
-LoraCounts lora_counts(LlamaForCausalLMImpl& model);
+LoraCounts lora_counts(CausalLMImpl& model);
 
 }  // namespace fsdp::model

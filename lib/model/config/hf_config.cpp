@@ -1,4 +1,4 @@
-#include "model/hf_config.h"
+#include "model/config/hf_config.h"
 
 #include <algorithm>
 #include <cmath>
@@ -103,7 +103,7 @@ std::vector<double> factor_list(const json& scaling, const char* key, int64_t co
 // reads them); another type refused by name. The scaled types' original_max_position_embeddings
 // default to max_position_embeddings (Phi-3's top-level field first), as transformers' do.
 std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, const std::string& where,
-                                         const LlamaConfig& c) {
+                                         const DecoderConfig& c) {
   if (!scaling.is_object()) return std::nullopt;
   std::string type = scaling.value("rope_type", scaling.value("type", std::string("default")));
   if (c.family == Family::kPhi3 && (type == "su" || type == "yarn")) type = "longrope";
@@ -172,7 +172,7 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
 // RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object. Gemma 3 has two
 // tables: rope_parameters keyed by layer type (or rope_theta + rope_scaling for the full layers and
 // rope_local_base_freq for the sliding ones), the local one unscaled.
-void parse_rope(const json& j, const std::string& where, LlamaConfig& c) {
+void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
   json rope = j.value("rope_parameters", json());
   json scaling = j.value("rope_scaling", json());
   const bool gemma3 = c.family == Family::kGemma3;
@@ -201,7 +201,7 @@ void parse_rope(const json& j, const std::string& where, LlamaConfig& c) {
 
 // Phi-3/4's partial rotation: partial_rotary_factor at the top level or (transformers v5) in the
 // rope parameters. Other families' transformers classes rotate the whole head whatever it says.
-void parse_partial_rotary(const json& j, const std::string& where, LlamaConfig& c) {
+void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig& c) {
   double partial = field<double>(j, "partial_rotary_factor", 1.0, where);
   for (const char* key : {"rope_parameters", "rope_scaling"})
     if (const json r = j.value(key, json()); r.is_object() && r.contains("partial_rotary_factor"))
@@ -250,7 +250,7 @@ bool window_is_switched(Family f) {
 }
 
 // The layer's type when layer_types is not written, as transformers' config fills it in.
-bool default_sliding(const LlamaConfig& c, const json& j, int64_t i, const std::string& where) {
+bool default_sliding(const DecoderConfig& c, const json& j, int64_t i, const std::string& where) {
   switch (c.family) {
     case Family::kGemma2:
       return (i + 1) % 2 != 0;
@@ -271,7 +271,7 @@ bool default_sliding(const LlamaConfig& c, const json& j, int64_t i, const std::
 // layer when sliding_window is set; Qwen2/Qwen3/SmolLM3's layer_types when use_sliding_window (else, without
 // layer_types, Qwen's layers from max_window_layers on and SmolLM3's NoPE layers); Gemma's
 // layer_types, else every second layer (Gemma 2) or five of each six (Gemma 3).
-void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& c) {
+void parse_sliding_window(const json& j, const std::string& where, DecoderConfig& c) {
   const int64_t n = c.num_hidden_layers;
   c.use_sliding_window = field<bool>(j, "use_sliding_window", false, where);
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
@@ -305,7 +305,7 @@ void parse_sliding_window(const json& j, const std::string& where, LlamaConfig& 
 
 // SmolLM3's NoPE layers: no_rope_layers (1 where a layer rotates), else one layer in each
 // no_rope_layer_interval without.
-void parse_rope_layers(const json& j, const std::string& where, LlamaConfig& c) {
+void parse_rope_layers(const json& j, const std::string& where, DecoderConfig& c) {
   if (c.family != Family::kSmolLM3) {
     FSDP_CHECK(!j.contains("no_rope_layers") || j["no_rope_layers"].is_null(), where,
                ": no_rope_layers is a field of SmolLM3ForCausalLM, not of ", family_names(c.family).architecture,
@@ -344,7 +344,7 @@ Activation parse_activation(const json& j, const std::string& where, Family fami
 
 // The layer's form and the multipliers: the defaults transformers gives each family, then the
 // fields that change them.
-void parse_form(const json& j, const std::string& where, LlamaConfig& c) {
+void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
   c.activation = parse_activation(j, where, c.family);
   if (is_gemma(c.family)) {
     c.norms = NormPlacement::kSandwich;
@@ -356,8 +356,12 @@ void parse_form(const json& j, const std::string& where, LlamaConfig& c) {
                ") must be > 0");
     c.attention_scale = 1.0 / std::sqrt(c.query_pre_attn_scalar);
     const bool two = c.family == Family::kGemma2;
-    c.attn_softcap = field<double>(j, "attn_logit_softcapping", two ? 50.0 : 0.0, where);
-    c.final_softcap = field<double>(j, "final_logit_softcapping", two ? 30.0 : 0.0, where);
+    // null is no cap (transformers tests `is not None`); absent is the family's default.
+    auto cap = [&](const char* key, double fallback) {
+      return j.contains(key) && j[key].is_null() ? 0.0 : field<double>(j, key, fallback, where);
+    };
+    c.attn_softcap = cap("attn_logit_softcapping", two ? 50.0 : 0.0);
+    c.final_softcap = cap("final_logit_softcapping", two ? 30.0 : 0.0);
     FSDP_CHECK(c.attn_softcap >= 0 && c.final_softcap >= 0, where,
                ": attn_logit_softcapping and final_logit_softcapping must be > 0 (or null for none)");
     FSDP_CHECK(!field<bool>(j, "use_bidirectional_attention", false, where), where,
@@ -420,26 +424,34 @@ std::string class_prefix(Family f) {
   return arch.substr(0, arch.size() - std::string("ForCausalLM").size());
 }
 
-// Ours that transformers names differently than by the family prefix.
-const std::pair<const char*, const char*> kPlainTorchNames[] = {
-    {"torch::nn::LinearImpl", "Linear"}, {"torch::nn::ModuleListImpl", "ModuleList"}, {"LlamaEmbedding", "Embedding"}};
+// Our module classes and transformers' names for them: the family's prefix and a suffix ("GatedMlp"
+// is "Qwen2MLP" in a Qwen2 model), or LibTorch's and ours that transformers names without a prefix.
+struct ClassName {
+  const char* ours;
+  const char* theirs;
+  bool prefixed;
+};
+const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
+                                 {"Attention", "Attention", true},
+                                 {"GatedMlp", "MLP", true},
+                                 {"Decoder", "Model", true},
+                                 {"CausalLM", "ForCausalLM", true},
+                                 {"TokenEmbedding", "Embedding", false},
+                                 {"torch::nn::LinearImpl", "Linear", false},
+                                 {"torch::nn::ModuleListImpl", "ModuleList", false}};
 
 }  // namespace
 
 std::string hf_class_name(const std::string& ours, Family f) {
-  for (const auto& [mine, theirs] : kPlainTorchNames)
-    if (ours == mine) return theirs;
-  if (ours.rfind("Llama", 0) == 0) return class_prefix(f) + ours.substr(5);
+  for (const ClassName& n : kClassNames)
+    if (ours == n.ours) return n.prefixed ? class_prefix(f) + n.theirs : std::string(n.theirs);
   return ours;
 }
 
 std::string our_class_name(const std::string& hf, Family f) {
-  for (const auto& [mine, theirs] : kPlainTorchNames)
-    if (hf == theirs) return mine;
-  const std::string prefix = class_prefix(f);
-  // The decoder layer carries the family's own name already (family_names().layer_class).
-  if (hf.rfind(prefix, 0) == 0 && hf != family_names(f).layer_class) return "Llama" + hf.substr(prefix.size());
-  return hf;
+  for (const ClassName& n : kClassNames)
+    if (hf == (n.prefixed ? class_prefix(f) + n.theirs : std::string(n.theirs))) return n.ours;
+  return hf;  // the decoder layer carries the family's own name already (family_names().layer_class)
 }
 
 std::vector<const char*> layer_norm_names(NormPlacement placement) {
@@ -454,11 +466,11 @@ std::vector<const char*> layer_norm_names(NormPlacement placement) {
   return {"input_layernorm", "post_attention_layernorm"};
 }
 
-int64_t LlamaConfig::rotary_dim() const {
+int64_t DecoderConfig::rotary_dim() const {
   return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
 }
 
-double LlamaConfig::rope_attention_factor() const {
+double DecoderConfig::rope_attention_factor() const {
   if (!rope_scaling) return 1.0;
   const RopeScaling& s = *rope_scaling;
   if (s.attention_factor) return *s.attention_factor;
@@ -471,7 +483,7 @@ double LlamaConfig::rope_attention_factor() const {
   return s.mscale != 0 && s.mscale_all_dim != 0 ? mscale(s.mscale) / mscale(s.mscale_all_dim) : mscale(1.0);
 }
 
-LayerPlan LlamaConfig::plan(int64_t layer) const {
+LayerPlan DecoderConfig::plan(int64_t layer) const {
   LayerPlan p;
   p.window = window_of(layer);
   p.rotary = layer >= static_cast<int64_t>(rope_layers.size()) || rope_layers[layer] != 0;
@@ -479,7 +491,7 @@ LayerPlan LlamaConfig::plan(int64_t layer) const {
   return p;
 }
 
-double LlamaConfig::parameter_count() const {
+double DecoderConfig::parameter_count() const {
   const double c = static_cast<double>(hidden_size), d = static_cast<double>(head_dim),
                h = static_cast<double>(num_attention_heads), k = static_cast<double>(num_key_value_heads),
                f = static_cast<double>(intermediate_size);
@@ -495,11 +507,11 @@ double LlamaConfig::parameter_count() const {
          static_cast<double>(num_hidden_layers) * layer + c;
 }
 
-int64_t LlamaConfig::num_parameters() const {
-  return static_cast<int64_t>(parameter_count());  // exact: parse_llama_config keeps it below 2^53
+int64_t DecoderConfig::num_parameters() const {
+  return static_cast<int64_t>(parameter_count());  // exact: parse_decoder_config keeps it below 2^53
 }
 
-double LlamaConfig::flops_per_token(int64_t seq_len) const {
+double DecoderConfig::flops_per_token(int64_t seq_len) const {
   const double n = static_cast<double>(num_parameters() - (tie_word_embeddings ? 0 : vocab_size * hidden_size));
   double attention = 0;  // a sliding layer's query attends to at most its window's keys
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
@@ -529,7 +541,8 @@ bool is_multimodal_gemma3(const json& j) {
 
 }  // namespace
 
-LlamaConfig parse_llama_config(const std::string& text, const std::string& where, std::vector<std::string>* warnings) {
+DecoderConfig parse_decoder_config(const std::string& text, const std::string& where,
+                                   std::vector<std::string>* warnings) {
   const json j = parse_json(text, where);
   FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
   if (is_multimodal_gemma3(j)) {  // Gemma3ForConditionalGeneration: its text model
@@ -543,11 +556,11 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
       if (!t.contains(key) && j.contains(key)) t[key] = j[key];
     for (const auto& [key, value] : kGemma3TextDefaults)
       if (!t.contains(key)) t[key] = value;
-    LlamaConfig c = parse_llama_config(t.dump(), where + " (text_config)", warnings);
+    DecoderConfig c = parse_decoder_config(t.dump(), where + " (text_config)", warnings);
     c.text_of_multimodal = true;
     return c;
   }
-  LlamaConfig c;
+  DecoderConfig c;
   c.family = family_of(j, where);
   c.vocab_size = field<int64_t>(j, "vocab_size", c.vocab_size, where);
   c.hidden_size = field<int64_t>(j, "hidden_size", c.hidden_size, where);
@@ -621,20 +634,20 @@ LlamaConfig parse_llama_config(const std::string& text, const std::string& where
   return c;
 }
 
-LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings) {
+DecoderConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings) {
   std::ifstream in(path);
   FSDP_CHECK(in.good(), "[model] cannot read ", quoted(path),
              "; give a Hugging Face config.json (see configs/models/)");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_llama_config(ss.str(), path, warnings);
+  return parse_decoder_config(ss.str(), path, warnings);
 }
 
 namespace {
 
 // The family's own fields of the layer's form: Gemma's caps and scale, Granite's multipliers, the
 // windows and their switches, SmolLM3's NoPE layers.
-void write_form(json& j, const LlamaConfig& c) {
+void write_form(json& j, const DecoderConfig& c) {
   if (is_gemma(c.family)) {
     j.erase("mlp_bias");
     j["hidden_activation"] = j["hidden_act"];
@@ -700,7 +713,7 @@ json scaling_json(const RopeScaling& s) {
 // RoPE as the family writes it: rope_theta + rope_scaling, or Gemma 3's table per layer type;
 // Phi-3's partial rotation and its top-level original_max_position_embeddings (which its config
 // class reads before the scaling's).
-void write_rope(json& j, const LlamaConfig& c) {
+void write_rope(json& j, const DecoderConfig& c) {
   const json scaling = c.rope_scaling ? scaling_json(*c.rope_scaling) : json(nullptr);
   if (c.family == Family::kPhi3) {
     j["partial_rotary_factor"] = c.partial_rotary_factor;
@@ -719,7 +732,7 @@ void write_rope(json& j, const LlamaConfig& c) {
 
 }  // namespace
 
-std::string llama_config_json(const LlamaConfig& c) {
+std::string decoder_config_json(const DecoderConfig& c) {
   const FamilyNames names = family_names(c.family);
   json j = {{"architectures", {names.architecture}},
             {"model_type", names.model_type},
@@ -756,14 +769,14 @@ std::string llama_config_json(const LlamaConfig& c) {
 namespace {
 
 // config.json as checkpoints and exports write it: fp32, so two configs compare as text.
-std::string canonical_json(LlamaConfig c) {
+std::string canonical_json(DecoderConfig c) {
   c.dtype = "float32";
-  return llama_config_json(c);
+  return decoder_config_json(c);
 }
 
 }  // namespace
 
-ModelDescription describe(const LlamaConfig& c) {
+ModelDescription describe(const DecoderConfig& c) {
   ModelDescription d;
   d.architecture = family_names(c.family).architecture;
   d.config_json = canonical_json(c);

@@ -1,4 +1,4 @@
-#include "model/chunked_loss.h"
+#include "model/layers/chunked_loss.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -9,7 +9,7 @@
 #include "model/kernels/linear.h"
 #include "model/kernels/loss_products.h"
 #include "model/kernels/ops.h"
-#include "model/tensor_parallel.h"
+#include "model/parallel/tensor_parallel.h"
 #include "util/error.h"
 
 namespace fsdp::model {

@@ -1,4 +1,4 @@
-#include "model/float8.h"
+#include "model/kernels/float8.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

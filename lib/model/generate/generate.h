@@ -11,7 +11,7 @@
 #include <functional>
 #include <vector>
 
-#include "model/decoder.h"
+#include "model/layers/decoder.h"
 
 namespace fsdp::model {
 
@@ -31,7 +31,7 @@ struct Generation {
 
 // Generates after `prompt` (non-empty) with an unsharded model on its device; on_token, when
 // given, sees each new id as soon as it is chosen. Throws InputError for an empty prompt.
-Generation generate(LlamaForCausalLMImpl& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
+Generation generate(CausalLMImpl& model, const std::vector<int32_t>& prompt, const SamplingOptions& options,
                     const std::function<void(int32_t)>& on_token = {});
 
 // The next id from one position's logits (V): argmax, or a draw as described above.

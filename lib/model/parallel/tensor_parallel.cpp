@@ -1,11 +1,11 @@
-#include "model/tensor_parallel.h"
+#include "model/parallel/tensor_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
 
-#include "model/hf_config.h"
+#include "model/config/hf_config.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -99,7 +99,7 @@ int tensor_parallel_dim(const std::string& name) {
   return -1;
 }
 
-fsdp::TpSlice tensor_parallel_slice(const LlamaConfig& config, const std::string& name) {
+fsdp::TpSlice tensor_parallel_slice(const DecoderConfig& config, const std::string& name) {
   fsdp::TpSlice s;
   s.dim = tensor_parallel_dim(name);
   if (ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight")) s.whole = config.vocab_size;

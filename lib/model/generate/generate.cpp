@@ -1,4 +1,4 @@
-#include "model/generate.h"
+#include "model/generate/generate.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -24,7 +24,7 @@ int32_t pick_token(const at::Tensor& logits, const SamplingOptions& o, at::Gener
   return static_cast<int32_t>(at::multinomial(probs, 1, /*replacement=*/false, generator).item<int64_t>());
 }
 
-Generation generate(LlamaForCausalLMImpl& model, const std::vector<int32_t>& prompt, const SamplingOptions& o,
+Generation generate(CausalLMImpl& model, const std::vector<int32_t>& prompt, const SamplingOptions& o,
                     const std::function<void(int32_t)>& on_token) {
   FSDP_CHECK(!prompt.empty(), "[generate] the prompt has no tokens");
   c10::NoGradGuard no_grad;

@@ -8,7 +8,7 @@
 // down: the matching F/P columns) gives a partial sum that reduce_scatter_along sums over the group
 // and splits along the sequence again. The embedding and the head are split along the vocabulary:
 // a rank embeds only its V/P tokens (the others' rows are zero, summed in the same reduce-scatter),
-// and the loss (model/chunked_loss.h with a TensorParallel) takes the log-sum-exp over the ranks'
+// and the loss (model/layers/chunked_loss.h with a TensorParallel) takes the log-sum-exp over the ranks'
 // logits, so no rank holds more than V/P logits of a token. Every rank of the group reads the same
 // batch and computes the same loss.
 //
@@ -51,10 +51,10 @@ struct TensorParallel {
 // holds whole (norms, o_proj/down_proj biases).
 int tensor_parallel_dim(const std::string& name);
 
-struct LlamaConfig;
+struct DecoderConfig;
 // The same as the engine takes it (fsdp::FsdpOptions::tensor_parallel): the dim, and for the
 // vocabulary's rows (embedding, lm_head) the whole vocab_size, which the blocks pad to a multiple of P.
-fsdp::TpSlice tensor_parallel_slice(const LlamaConfig& config, const std::string& name);
+fsdp::TpSlice tensor_parallel_slice(const DecoderConfig& config, const std::string& name);
 
 // A rank's rows of a vocabulary of `vocab` over P ranks: ceil(vocab / P), the last ranks' padded
 // past vocab (zero rows no token reads and no logit comes from). Throws when a rank would hold

@@ -1,12 +1,13 @@
 // ModelDescription: what the checkpoint layer (lib/ckpt) knows of a model, whatever its family: the
 // tensors it saves and loads, how each is split across ranks, and the Hugging Face config.json to
-// write beside them. model/ describes each family (model/hf_config.h: describe()); ckpt/ reads only
+// write beside them. model/ describes each family (model/config/hf_config.h: describe()); ckpt/ reads only
 // this, so a new family, an adapter or a tensor-parallel layout changes model/ (and the engine),
 // not ckpt/. Plain data; no LibTorch.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,43 @@ struct FolderLayout {
     for (const auto& [mine, theirs] : prefixes)
       if (stored.rfind(theirs, 0) == 0) return mine + stored.substr(theirs.size());
     return stored;
+  }
+  // Where each tensor the model reads lies in a folder that stores `stored` (name -> shape): the
+  // left-out ones gone, prefixed ones under the model's names (two spellings: the first in name
+  // order), and a fused tensor of its parts' rows read as its parts, one after another, unless the
+  // parts are stored themselves or its rows differ (the checkpoint check then names it). One rule
+  // for reading a folder (ckpt/sources.cpp) and checking it (ckpt/hf.cpp).
+  struct Place {
+    std::string stored;          // the stored tensor's name
+    int64_t row0 = 0;            // where this tensor's rows start in it
+    std::vector<int64_t> shape;  // this tensor's
+  };
+  std::map<std::string, Place> places(const std::map<std::string, std::vector<int64_t>>& stored) const {
+    std::map<std::string, Place> out;
+    for (const auto& [name, shape] : stored)
+      if (const std::string mine = ours(name); !mine.empty() && !out.count(mine)) out[mine] = {name, 0, shape};
+    for (const FusedTensor& f : fused) {
+      const auto it = out.find(f.name);
+      if (it == out.end()) continue;
+      int64_t rows = 0;
+      bool apart = false;
+      for (const auto& [part, n] : f.parts) {
+        apart = apart || out.count(part) > 0;
+        rows += n;
+      }
+      const Place whole = it->second;
+      if (apart || whole.shape.empty() || whole.shape[0] != rows) continue;
+      out.erase(it);
+      int64_t row0 = 0;
+      for (const auto& [part, n] : f.parts) {
+        Place p = whole;
+        p.row0 = row0;
+        p.shape[0] = n;
+        out[part] = p;
+        row0 += n;
+      }
+    }
+    return out;
   }
 };
 

@@ -1,4 +1,4 @@
-#include "model/context_parallel.h"
+#include "model/parallel/context_parallel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

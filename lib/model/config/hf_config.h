@@ -1,10 +1,10 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
 // Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4): read into one LlamaConfig, written back for exports,
-// and described for the checkpoint layer (model/description.h). No LibTorch.
+// and described for the checkpoint layer (model/config/description.h). No LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
 // activation, the scores' scale and soft cap, the multipliers) and each layer its plan (LayerPlan:
-// window, rotary or not, which rotary table). The modules (model/decoder.h) read these, never the
+// window, rotary or not, which rotary table). The modules (model/layers/decoder.h) read these, never the
 // family; the family only names things (family_names) and picks the defaults transformers picks.
 //
 // Shapes use one vocabulary: C hidden_size, H query heads, K kv heads, D head_dim,
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "model/description.h"
+#include "model/config/description.h"
 
 namespace fsdp::model {
 
@@ -76,7 +76,7 @@ std::string hf_class_name(const std::string& ours, Family f);
 std::string our_class_name(const std::string& hf, Family f);
 
 // HF config.json fields (transformers' LlamaConfig and its relatives'), with their defaults.
-struct LlamaConfig {
+struct DecoderConfig {
   Family family = Family::kLlama;
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
@@ -161,17 +161,17 @@ struct LlamaConfig {
 // missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) and for
 // settings that change the math and are not implemented. warnings (optional): one line per field it does not know, with
 // the closest known field.
-LlamaConfig parse_llama_config(const std::string& json_text, const std::string& where,
+DecoderConfig parse_decoder_config(const std::string& json_text, const std::string& where,
                                std::vector<std::string>* warnings = nullptr);
-LlamaConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
+DecoderConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
 // The config.json text for `c` (its family's names and fields, both dtype spellings, rope_theta +
 // rope_scaling), for exports.
-std::string llama_config_json(const LlamaConfig& c);
+std::string decoder_config_json(const DecoderConfig& c);
 
 // What the checkpoint layer saves and loads of a model of config `c`: every parameter's Hugging
 // Face name and shape in the order the decoder registers them (a tied head as the embedding's
 // alias), the tensors a Hugging Face folder of the family holds fused (Phi-3's qkv_proj and
 // gate_up_proj), and the config.json to write beside them (fp32).
-ModelDescription describe(const LlamaConfig& c);
+ModelDescription describe(const DecoderConfig& c);
 
 }  // namespace fsdp::model

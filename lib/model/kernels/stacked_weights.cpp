@@ -1,4 +1,4 @@
-#include "model/stacked_weights.h"
+#include "model/kernels/stacked_weights.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

@@ -1,0 +1,241 @@
+#include "model/layers/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/kernels/float8.h"
+#include "model/kernels/linear.h"
+#include "model/kernels/ops.h"
+#include "model/kernels/stacked_weights.h"
+#include "model/layers/projection.h"
+#include "model/layers/lora_layer.h"
+#include "model/parallel/context_parallel.h"
+#include "model/parallel/tensor_parallel.h"
+#include "util/error.h"
+
+namespace fsdp::model {
+
+AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> t,
+                             std::shared_ptr<ContextParallel> s)
+    : torch::nn::Module("Attention"),
+      heads(share(c.num_attention_heads, t, "num_attention_heads")),
+      kv_heads(share(c.num_key_value_heads, t, "num_key_value_heads")),
+      head_dim(c.head_dim),
+      rotary_dim(c.rotary_dim()),
+      window(c.plan(layer).window),
+      rotary(c.plan(layer).rotary),
+      qk_norm_whole(c.qk_norm_whole),
+      scale(c.attention_scale > 0 ? std::optional<double>(c.attention_scale) : std::nullopt),
+      softcap(c.attn_softcap),
+      tp(std::move(t)),
+      cp(std::move(s)) {
+  if (cp && cp->ulysses())
+    FSDP_CHECK(heads % cp->size() == 0 && kv_heads % cp->size() == 0, "[sp] ", heads, " query and ", kv_heads,
+               " kv heads", tp ? " (this rank's, under tensor parallel)" : "", " do not divide over sp_size ",
+               cp->size(), "; Ulysses gives each sp rank a share of both");
+  auto linear = [&](int64_t in, int64_t out, bool bias) { return uninitialized_linear(in, out, bias); };
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+  o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", norm_of(c, head_dim));
+    k_norm = register_module("k_norm", norm_of(c, head_dim));
+  } else if (c.qk_norm_whole) {
+    FSDP_CHECK(!tp, "[tp] ", family_names(c.family).architecture,
+               "'s q_norm and k_norm normalize every head together, which tensor parallel's heads split; "
+               "train it with tp_size 1 (FSDP shards it)");
+    q_norm = register_module("q_norm", norm_of(c, heads * head_dim));
+    k_norm = register_module("k_norm", norm_of(c, kv_heads * head_dim));
+  }
+}
+
+namespace {
+
+// Queries i (absolute positions start + i) and keys j: j <= start + i, and within the window.
+at::Tensor attention_mask(int64_t queries, int64_t keys, int64_t start, int64_t window, const c10::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor i = at::arange(start, start + queries, opts).unsqueeze(1);
+  const at::Tensor j = at::arange(keys, opts).unsqueeze(0);
+  at::Tensor mask = j <= i;
+  if (window > 0) mask = mask & (j > i - window);
+  return mask;
+}
+
+}  // namespace
+
+Packed Packed::to(const c10::Device& device) const {
+  auto moved = [&](const at::Tensor& t) { return t.defined() ? t.to(device, /*non_blocking=*/true) : t; };
+  return Packed{moved(positions), moved(segments), moved(cu_seqlens), max_len};
+}
+
+Packed with_lengths(Packed p) {
+  const at::Tensor flat = p.positions.reshape({-1}).to(at::kCPU).contiguous();
+  const int64_t* pos = flat.data_ptr<int64_t>();
+  std::vector<int32_t> starts;
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    if (pos[i] == 0) starts.push_back(static_cast<int32_t>(i));
+  starts.push_back(static_cast<int32_t>(flat.numel()));
+  p.max_len = 0;
+  for (size_t i = 1; i < starts.size(); ++i) p.max_len = std::max<int64_t>(p.max_len, starts[i] - starts[i - 1]);
+  // Pinned like the positions it comes from, so Packed::to copies it without a host wait.
+  p.cu_seqlens = at::empty({static_cast<int64_t>(starts.size())},
+                           at::TensorOptions().dtype(at::kInt).pinned_memory(p.positions.is_pinned()));
+  std::copy(starts.begin(), starts.end(), p.cu_seqlens.data_ptr<int32_t>());
+  return p;
+}
+
+at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window) {
+  const int64_t t = segments.size(1);
+  const at::Tensor causal = attention_mask(t, t, 0, window, segments.device());  // (T, T)
+  const at::Tensor same = segments.unsqueeze(2) == segments.unsqueeze(1);        // (B, T, T)
+  return (same & causal).unsqueeze(1);                                           // (B, 1, T, T)
+}
+
+AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t b = x.size(0), t = x.size(1);
+  auto [q_flat, k_flat, v_flat] = project_qkv(x);
+  if (qk_norm_whole) {  // OLMo 2: every head together, before they split
+    q_flat = q_norm(q_flat);
+    k_flat = k_norm(k_flat);
+  }
+  at::Tensor q = q_flat.view({b, t, heads, head_dim});  // (B, T, H, D)
+  at::Tensor k = k_flat.view({b, t, kv_heads, head_dim});
+  const at::Tensor v = v_flat.view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  if (q_norm && !qk_norm_whole) {  // Qwen3, Gemma 3: each head normalized before the rotation
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  if (!rotary) return {q.transpose(1, 2), k.transpose(1, 2), v};  // a NoPE layer
+  if (rotary_dim < head_dim) {  // Phi-3/4: the first rotary_dim dimensions turn, the rest pass through
+    const int64_t r = rotary_dim;
+    auto [rq, rk] =
+        kernels::ops_for(x).rotary(q.narrow(-1, 0, r).contiguous(), k.narrow(-1, 0, r).contiguous(), cos, sin);
+    return {at::cat({rq, q.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1),
+            at::cat({rk, k.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1), v};
+  }
+  auto [rq, rk] = kernels::ops_for(x).rotary(q, k, cos, sin);  // (B, H, T, D), (B, K, T, D)
+  return {rq, rk, v};
+}
+
+// One product for q, k and v when fully_shard laid their weights end to end (model/kernels/stacked_weights.h),
+// three otherwise or where the provider takes one product per weight. Adapters add their own parts to each.
+std::array<at::Tensor, 3> AttentionImpl::project_qkv(const at::Tensor& x) {
+  if (const Float8Recipe recipe = float8_recipe(); recipe != Float8Recipe::kNone) {  // x cast once, a scale a weight
+    std::vector<at::Tensor> y = float8_linears(x, {q_proj->weight, k_proj->weight, v_proj->weight}, recipe);
+    const torch::nn::Linear* projections[] = {&q_proj, &k_proj, &v_proj};
+    for (size_t i = 0; i < 3; ++i)
+      if ((*projections[i])->bias.defined()) y[i] = y[i] + (*projections[i])->bias;
+    return {y[0], y[1], y[2]};
+  }
+  if (kernels::ops_for(x).stacked_products())
+    if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
+      const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
+      const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
+      // Split, not narrowed: one cat in the backward (see model/kernels/reference.cpp's rotate_half).
+      const std::vector<at::Tensor> qkv = y.split_with_sizes({qn, kn, kn}, -1);
+      return with_fused_lora({with_lora(q_proj, x, qkv[0]), with_lora(k_proj, x, qkv[1]), with_lora(v_proj, x, qkv[2])},
+                             x);
+    }
+  return with_fused_lora({lora_linear(q_proj, x), lora_linear(k_proj, x), lora_linear(v_proj, x)}, x);
+}
+
+std::array<at::Tensor, 3> AttentionImpl::with_fused_lora(std::array<at::Tensor, 3> qkv, const at::Tensor& x) {
+  if (!qkv_proj) return qkv;
+  const std::vector<at::Tensor> d = qkv_proj->forward(x);
+  return {qkv[0] + d[0], qkv[1] + d[1], qkv[2] + d[2]};
+}
+
+// Packed rows on a GPU in bf16/fp16: LibTorch's variable-length flash attention (the kernel SDPA
+// runs for nested tensors) over the records laid end to end, causal, with the layer's window as
+// flash attention's left window. q, k, v (B, H, T, D), k and v with H heads.
+at::Tensor AttentionImpl::attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const Packed& packed) {
+  const int64_t b = q.size(0), t = q.size(2), h = q.size(1);
+  auto tokens = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({b * t, h, head_dim}); };
+  std::optional<int64_t> left, right;
+  if (window > 0) {
+    left = window - 1;  // keys i - window + 1 .. i
+    right = 0;
+  }
+  const at::Tensor y = std::get<0>(at::_flash_attention_forward(
+      tokens(q), tokens(k), tokens(v), packed.cu_seqlens, packed.cu_seqlens, packed.max_len, packed.max_len,
+      /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, scale, left, right));
+  return y.view({b, t, h * head_dim});
+}
+
+// softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
+// Packed rows take variable-length flash attention on a GPU, else an explicit mask (SDPA's masked
+// CPU kernel here, its memory-efficient one on a GPU in fp32).
+at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed) {
+  const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);
+  const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window) && softcap == 0;
+  const kernels::Ops& ops = kernels::ops_for(q);
+  if (plain_causal && !scale)  // the host's: products on oneDNN, kv heads shared (CPU float32)
+    if (std::optional<at::Tensor> y = ops.causal_attention(q, k, v))
+      return y->transpose(1, 2).reshape({b, t, h * head_dim});
+  const bool grouped = plain_causal && k.size(1) != h && ops.attention_groups_heads(q, k, v);
+  if (k.size(1) != h && !grouped) {  // query head j uses kv head j / (H / K)
+    k = k.repeat_interleave(h / k.size(1), 1);
+    v = v.repeat_interleave(h / v.size(1), 1);
+  }
+  const auto mask = [&] {
+    return packed.defined() ? packed_attention_mask(packed.segments, window)
+                            : attention_mask(t, keys, start, window, q.device());
+  };
+  at::Tensor y;
+  if (softcap > 0)  // no fused kernel takes the cap
+    y = ops.softcapped_attention(q, k, v, mask(), scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))),
+                                 softcap);
+  else if (packed.defined() && packed.cu_seqlens.defined() && ops.varlen_flash_attention(q))
+    return attend_varlen(q, k, v, packed);
+  else if (plain_causal)
+    y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, scale,
+                                         /*enable_gqa=*/grouped);
+  else
+    y = at::scaled_dot_product_attention(q, k, v, mask(), 0.0, false, scale);
+  return y.transpose(1, 2).reshape({b, t, h * head_dim});
+}
+
+// Ulysses: every token of this rank's share of the heads, attention as without it, and back.
+at::Tensor AttentionImpl::attend_ulysses(const Projected& p, const Packed& packed) {
+  auto to_heads = [&](const at::Tensor& x) { return ulysses_to_heads(x.transpose(1, 2), *cp).transpose(1, 2); };
+  const at::Tensor y = attend(to_heads(p.q), to_heads(p.k), to_heads(p.v), 0, packed);  // (B, T, H/P * D)
+  const int64_t b = y.size(0), t = y.size(1), l = p.q.size(2);
+  return ulysses_to_tokens(y.view({b, t, heads / cp->size(), head_dim}), *cp).reshape({b, l, heads * head_dim});
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  const Packed& packed) {
+  const Projected p = project(tp ? gather_along(x, 1, *tp) : x, cos, sin);  // attention sees the whole sequence
+  if (cp && cp->ulysses()) return row_parallel_output(o_proj, attend_ulysses(p, packed), tp.get());
+  if (cp) {
+    FSDP_CHECK(!packed.defined(),
+               "[cp] packed records (data.packing: masked) are not split by context parallel; "
+               "use data.packing: pad or plain, or Ulysses (parallelism_config_sp_size), which keeps them");
+    FSDP_CHECK(window == 0 || p.q.size(2) * cp->size() <= window, "[cp] a sliding attention window (", window,
+               " tokens) is not split by context parallel; use Ulysses (parallelism_config_sp_size) for this model");
+    FSDP_CHECK(softcap == 0 && !scale, "[cp] this model's attention ",
+               softcap > 0 ? "soft-caps its scores (attn_logit_softcapping)" : "scales its scores by its own factor",
+               ", which context parallel's all-gather and ring strategies do not; use Ulysses "
+               "(parallelism_config_sp_size) for this model");
+    const at::Tensor y = context_attention(p.q, p.k, p.v, *cp);  // (B, H, L, D)
+    return row_parallel_output(o_proj, y.transpose(1, 2).reshape({y.size(0), y.size(2), heads * head_dim}), tp.get());
+  }
+  return row_parallel_output(o_proj, attend(p.q, p.k, p.v, 0, packed), tp.get());
+}
+
+at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                         LayerCache& cache) {
+  FSDP_CHECK(!tp, "[model] decoding runs on a model without tensor parallel");
+  const Projected p = project(x, cos, sin);
+  const int64_t start = cache.k.defined() ? cache.k.size(2) : 0;
+  cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
+  cache.v = cache.v.defined() ? at::cat({cache.v, p.v}, 2) : p.v;
+  return row_parallel_output(o_proj, attend(p.q, cache.k, cache.v, start), tp.get());
+}
+
+}  // namespace fsdp::model

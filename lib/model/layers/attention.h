@@ -1,0 +1,99 @@
+// Self-attention as the layer's plan sets it: full or a sliding window, grouped kv heads, q/k norms
+// (per head or over the whole projection), partial or no rotation, its own score scale and soft cap.
+// Which kernel each form takes on each device: attend() in attention.cpp, and model/kernels/ops.h.
+// Not thread-safe (LibTorch modules).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "model/config/hf_config.h"
+#include "model/layers/norm.h"
+#include "model/layers/lora_layer.h"
+
+namespace fsdp::model {
+
+struct TensorParallel;   // model/parallel/tensor_parallel.h
+struct ContextParallel;  // model/parallel/context_parallel.h
+
+// One layer's keys and values so far (B, K, L, D), for decoding a token at a time.
+struct LayerCache {
+  at::Tensor k, v;
+};
+
+// Several records packed into each row (data.packing: masked): each token's position within its
+// record, and which tokens each may attend to.
+struct Packed {
+  Packed() = default;
+  Packed(at::Tensor p, at::Tensor s, at::Tensor cu = {}, int64_t longest = 0)
+      : positions(std::move(p)), segments(std::move(s)), cu_seqlens(std::move(cu)), max_len(longest) {}
+  at::Tensor positions;  // (B, T) int64; 0 at each record's first token (and each row's first)
+  at::Tensor segments;   // (B, T) int64: the record's index within its row, ascending
+  // For LibTorch's variable-length flash attention (CUDA, bf16/fp16): where each record starts in
+  // the B * T tokens, then B * T, int32; and the longest record. Made by with_lengths().
+  at::Tensor cu_seqlens;
+  int64_t max_len = 0;
+  bool defined() const { return positions.defined(); }
+  Packed to(const c10::Device& device) const;
+};
+
+// `p` (host tensors) with cu_seqlens and max_len filled in from its positions; cu_seqlens is pinned
+// when the positions are.
+Packed with_lengths(Packed p);
+
+// The keys each query of a packed row may attend to, (B, 1, T, T) bool: the causal ones of its own
+// segment, and within `window` (0: any distance) when the layer has one.
+at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  // With `tp` (P ranks): this rank's H/P query and K/P kv heads, o_proj's matching columns; forward
+  // takes and returns this rank's block of the sequence (B, T/P, C) (model/parallel/tensor_parallel.h).
+  // With `cp`: x, cos and sin are this rank's tokens of each sequence, and attention reaches the
+  // others' through the group (model/parallel/context_parallel.h).
+  AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr,
+                std::shared_ptr<ContextParallel> cp = nullptr);
+  // x (B, T, C); cos, sin (T, D), or (B, 1, T, D) for packed rows, in x's dtype -> (B, T, C).
+  // With `packed` (on x's device), each query attends only to keys of its own record.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
+  // The same for T new tokens after the cache's (cos, sin of their positions); appends their keys
+  // and values to `cache`.
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  FusedLora qkv_proj{nullptr};  // LoRA on a checkpoint's fused q/k/v (Phi-3), added by add_lora
+  // Per head (Qwen3, Gemma 3), or over the whole projection (OLMo 2: qk_norm_whole); else none.
+  RmsNorm q_norm{nullptr}, k_norm{nullptr};
+  int64_t heads, kv_heads, head_dim;  // this rank's heads, under tensor parallel
+  int64_t rotary_dim;                 // the rotated share of each head (Phi-3/4's partial rotation; else head_dim)
+  int64_t window;                     // 0: full causal attention
+  bool rotary;                        // false: no position rotation (a NoPE layer)
+  bool qk_norm_whole;
+  std::optional<double> scale;  // the scores' factor; none: 1/sqrt(head_dim)
+  double softcap;               // the scores' tanh cap; 0: none
+  std::shared_ptr<TensorParallel> tp;
+  std::shared_ptr<ContextParallel> cp;
+
+ private:
+  struct Projected {
+    at::Tensor q, k, v;  // (B, H, T, D) rotated, (B, K, T, D) rotated, (B, K, T, D)
+  };
+  Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);  // (B, T, H * D), (B, T, K * D) twice
+  std::array<at::Tensor, 3> with_fused_lora(std::array<at::Tensor, 3> qkv, const at::Tensor& x);  // + qkv_proj's
+  // softmax(q k^T / sqrt(D)) v over the keys each query may see: q (B, Hq, T, D), k and v (B, Kq, S, D)
+  // (this rank's heads) -> (B, T, Hq * D), before o_proj.
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed = {});
+  at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packed& packed);
+  at::Tensor attend_ulysses(const Projected& p, const Packed& packed);
+};
+
+TORCH_MODULE(Attention);
+
+}  // namespace fsdp::model

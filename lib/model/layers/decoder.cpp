@@ -1,0 +1,322 @@
+#include "model/layers/decoder.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/accumulate.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "fsdp/param_group.h"
+#include "fsdp/unit_call.h"
+#include "model/kernels/linear.h"
+#include "model/layers/chunked_loss.h"
+#include "model/layers/projection.h"
+#include "model/layers/lora_layer.h"
+#include "model/parallel/context_parallel.h"
+#include "model/parallel/tensor_parallel.h"
+#include "util/error.h"
+#include "util/log.h"
+#include "util/splitmix.h"
+#include "util/strings.h"
+
+namespace fsdp::model {
+
+namespace {
+
+// Values [begin, begin + count) of an N(0, std) tensor of n values drawn in blocks of 2^20, each
+// block (its length min(2^20, n - its start)) from its own generator, seeded by the parameter's
+// stream and the block's index (mixed as SplitMix64 does, since a generator keeps 32 bits of its
+// seed): a value depends on the seed, the name, n and its index alone, never on the thread count
+// or on which range is asked for, so each rank draws only its shard's blocks, on every core. One
+// generator for the whole tensor drew the ~1B Llama's 1.24B values on one core (about 6 s) on
+// every rank before the first step.
+at::Tensor normal_range(uint64_t stream, double std, int64_t n, int64_t begin, int64_t count) {
+  at::Tensor out = at::empty({count}, at::kFloat);
+  if (count == 0) return out;
+  const int64_t block = int64_t{1} << 20, first = begin / block, last = (begin + count - 1) / block;
+  float* data = out.data_ptr<float>();
+  at::parallel_for(first, last + 1, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      // SplitMix64's output b + 1 from the stream
+      const uint64_t seed = splitmix64_mix(stream + kSplitMixStep * static_cast<uint64_t>(b + 1));
+      at::Generator g = at::make_generator<at::CPUGeneratorImpl>(seed);
+      const int64_t lo = b * block, len = std::min(block, n - lo);
+      const int64_t from = std::max(lo, begin), to = std::min(lo + len, begin + count);
+      if (from == lo && to == lo + len) {  // the whole block is wanted: drawn in place
+        at::from_blob(data + (lo - begin), {len}, at::kFloat).normal_(0.0, std, g);
+        continue;
+      }
+      const at::Tensor whole = at::empty({len}, at::kFloat).normal_(0.0, std, g);
+      std::copy_n(whole.data_ptr<float>() + (from - lo), to - from, data + (from - begin));
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp,
+                                   std::shared_ptr<ContextParallel> cp)
+    : torch::nn::Module(family_names(c.family).layer_class),
+      norms(c.norms),
+      residual_multiplier(c.residual_multiplier) {
+  self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
+  mlp = register_module("mlp", GatedMlp(c, tp));
+  // In layer_norm_names' order (describe() lists them so; decoder_test holds the two together).
+  auto add = [&](const char* name) { return register_module(name, norm_of(c, c.hidden_size)); };
+  if (norms != NormPlacement::kPost) input_layernorm = add("input_layernorm");
+  post_attention_layernorm = add("post_attention_layernorm");
+  if (norms == NormPlacement::kSandwich) pre_feedforward_layernorm = add("pre_feedforward_layernorm");
+  if (norms != NormPlacement::kPre) post_feedforward_layernorm = add("post_feedforward_layernorm");
+}
+
+at::Tensor DecoderLayerImpl::residual(const at::Tensor& x, const at::Tensor& y) const {
+  return residual_multiplier == 1.0 ? x + y : x + y * residual_multiplier;
+}
+
+// The MLP's half of the layer. Pre: post_attention_layernorm is the MLP's input norm.
+at::Tensor DecoderLayerImpl::mlp_part(const at::Tensor& h) {
+  switch (norms) {
+    case NormPlacement::kPre:
+      return residual(h, mlp->forward(post_attention_layernorm(h)));
+    case NormPlacement::kPost:
+      return residual(h, post_feedforward_layernorm(mlp->forward(h)));
+    case NormPlacement::kSandwich:
+      break;
+  }
+  return residual(h, post_feedforward_layernorm(mlp->forward(pre_feedforward_layernorm(h))));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                     const Packed& packed) {
+  const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
+  at::Tensor y = self_attn->forward(in, cos, sin, packed);
+  if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
+  return mlp_part(residual(x, y));
+}
+
+at::Tensor DecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                            LayerCache& cache) {
+  const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
+  at::Tensor y = self_attn->forward_cached(in, cos, sin, cache);
+  if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
+  return mlp_part(residual(x, y));
+}
+
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t, int64_t pad)
+    : torch::nn::Module("TokenEmbedding"), tp(std::move(t)), padding_idx(pad) {
+  weight = register_parameter("weight", at::empty({tp ? vocab_block(vocab, tp->size()) : vocab, dim}));
+}
+
+at::Tensor TokenEmbeddingImpl::forward(const at::Tensor& tokens) {
+  if (!tp) return at::embedding(weight, tokens, padding_idx);
+  return reduce_scatter_along(vocab_parallel_embedding(weight, tokens, *tp, padding_idx), 1, *tp);
+}
+
+DecoderImpl::DecoderImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> tp) : torch::nn::Module("Decoder") {
+  embed_tokens = register_module("embed_tokens", TokenEmbedding(c.vocab_size, c.hidden_size, tp, c.pad_token_id));
+  layers = register_module("layers", torch::nn::ModuleList());
+  norm = register_module("norm", norm_of(c, c.hidden_size));
+}
+
+CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::shared_ptr<TensorParallel> t,
+                           std::shared_ptr<ContextParallel> s)
+    : torch::nn::Module("CausalLM"),
+      config(c),
+      tp(t && t->size() > 1 ? std::move(t) : nullptr),
+      cp(s && s->size() > 1 ? std::move(s) : nullptr) {
+  auto release = [&](torch::nn::Module& m) {
+    if (free_after_create)
+      for (auto& p : m.parameters()) fsdp::free_storage(p);
+  };
+  model = register_module("model", Decoder(c, tp));
+  release(*model);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {  // one layer exists at a time
+    DecoderLayer layer(c, i, tp, cp);
+    release(*layer);
+    model->layers->push_back(layer);
+  }
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module(
+        "lm_head", uninitialized_linear(c.hidden_size, tp ? vocab_block(c.vocab_size, tp->size()) : c.vocab_size,
+                                        /*bias=*/false));
+    release(*lm_head);
+  }
+  // Buffers, so they move with the model (fully_shard, Module::to) and no forward copies them from the host.
+  inv_freq_.push_back(register_buffer("inv_freq", rope_inv_freq(c)));
+  if (c.local_rope_theta > 0) inv_freq_.push_back(register_buffer("inv_freq_local", rope_inv_freq(c, true)));
+  if (c.rope_scaling && c.rope_scaling->type == RopeScaling::Type::kLongRope)  // past original_max_position_embeddings
+    inv_freq_.push_back(register_buffer("inv_freq_long",
+                                        rope_inv_freq(c, false, c.rope_scaling->original_max_position_embeddings + 1)));
+}
+
+at::Tensor CausalLMImpl::embed(const at::Tensor& tokens) {
+  TokenEmbeddingImpl* e = model->embed_tokens.get();
+  // Tied: the embedding also computes the logits, so it stays in the root with the head.
+  const at::Tensor x = config.tie_word_embeddings
+                           ? e->forward(tokens)
+                           : fsdp::call(*e, tokens, [e](const at::Tensor& t) { return e->forward(t); });
+  if (config.embedding_scale == 1.0) return x;
+  // Gemma: sqrt(hidden_size) rounded to the activations' dtype first, as transformers does.
+  if (config.embed_scale_in_dtype) return x * at::scalar_tensor(config.embedding_scale, x.options());
+  return x * config.embedding_scale;
+}
+
+std::vector<at::Tensor> CausalLMImpl::inv_freq_for(int64_t seq_len, const at::Tensor& like) const {
+  std::vector<at::Tensor> out(inv_freq_.begin(), inv_freq_.begin() + (config.local_rope_theta > 0 ? 2 : 1));
+  if (!rope_depends_on_length(config, seq_len)) return out;
+  // Past its original positions longrope takes its long table (a buffer); past max_position_embeddings
+  // dynamic's base grows with the length (computed on the model's device).
+  out[0] = config.rope_scaling->type == RopeScaling::Type::kLongRope
+               ? inv_freq_.back()
+               : rope_inv_freq(config, false, seq_len, like.device());
+  return out;
+}
+
+CausalLMImpl::Angles CausalLMImpl::angles(int64_t seq_len, const at::Tensor& like) const {
+  Angles out;
+  const double factor = config.rope_attention_factor();
+  const std::vector<at::Tensor> freqs = inv_freq_for(seq_len, like);
+  for (size_t i = 0; i < freqs.size(); ++i)  // the local table (Gemma 3's) is never scaled
+    out.push_back(rope_cos_sin(freqs[i], seq_len, like, i == 0 ? factor : 1.0));
+  return out;
+}
+
+at::Tensor CausalLMImpl::logits_of(const at::Tensor& h) {
+  at::Tensor logits = model::linear(h, head_weight());
+  if (config.logits_scaling != 1.0) logits = logits / config.logits_scaling;
+  if (config.final_softcap > 0) logits = at::tanh(logits / config.final_softcap) * config.final_softcap;
+  return logits;
+}
+
+at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packed& packed) {
+  // Under context parallel, this rank's tokens of each sequence, and their positions' angles.
+  const at::Tensor mine = cp ? sequence_positions(all_tokens.size(1), *cp, all_tokens.device()) : at::Tensor();
+  const at::Tensor tokens = cp ? all_tokens.index_select(1, mine) : all_tokens;
+  at::Tensor x = embed(tokens);
+  const Packed rows = packed.defined() ? packed.to(x.device()) : Packed{};
+  Angles tables;
+  if (rows.defined()) {
+    const at::Tensor positions = cp ? rows.positions.index_select(1, mine.to(x.device())) : rows.positions;
+    // As transformers: the table for the longest record's length (its largest position + 1).
+    int64_t longest = all_tokens.size(1);
+    if (rope_depends_on_length(config, longest))
+      longest = packed.max_len > 0 ? packed.max_len : packed.positions.max().item<int64_t>() + 1;
+    const std::vector<at::Tensor> freqs = inv_freq_for(longest, x);
+    for (size_t f = 0; f < freqs.size(); ++f)
+      tables.push_back(rope_cos_sin_at(freqs[f], positions, x, f == 0 ? config.rope_attention_factor() : 1.0));
+  } else {
+    tables = angles(all_tokens.size(1), x);
+  }
+  if (cp && !rows.defined())
+    for (auto& [cos, sin] : tables) {
+      cos = cos.index_select(0, mine.to(x.device()));
+      sin = sin.index_select(0, mine.to(x.device()));
+    }
+  int64_t i = 0;
+  for (const auto& m : *model->layers) {
+    auto* layer = m->as<DecoderLayerImpl>();
+    const auto& [cos, sin] = tables[static_cast<size_t>(config.plan(i++).rope)];
+    x = fsdp::call(*layer, TensorList{x, cos, sin}, [layer, rows](const TensorList& in) {
+      return TensorList{layer->forward(in[0], in[1], in[2], rows)};
+    })[0];
+  }
+  const at::Tensor normed = model->norm(x);
+  return tp ? gather_along(normed, 1, *tp) : normed;
+}
+
+const at::Tensor& CausalLMImpl::head_weight() const {
+  return config.tie_word_embeddings ? model->embed_tokens->weight : lm_head->weight;
+}
+
+at::Tensor CausalLMImpl::forward(const at::Tensor& tokens) {
+  FSDP_CHECK(!cp, "[model] logits of whole sequences come from a model without context or sequence parallel");
+  const at::Tensor logits = logits_of(hidden_states(tokens));
+  // Every rank's columns of the vocabulary, the padding past vocab_size cut off.
+  return tp ? gather_along(logits, -1, *tp).narrow(-1, 0, config.vocab_size) : logits;
+}
+
+at::Tensor CausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
+  FSDP_CHECK(!tp && !cp, "[model] decoding runs on a model without tensor, context or sequence parallel");
+  cache.resize(static_cast<size_t>(config.num_hidden_layers));
+  const int64_t start = cache[0].k.defined() ? cache[0].k.size(2) : 0, t = tokens.size(1);
+  at::Tensor x = embed(tokens);
+  Angles tables = angles(start + t, x);
+  for (auto& [cos, sin] : tables) {
+    cos = cos.narrow(0, start, t);
+    sin = sin.narrow(0, start, t);
+  }
+  for (size_t i = 0; i < cache.size(); ++i) {
+    const auto& [cos, sin] = tables[static_cast<size_t>(config.plan(static_cast<int64_t>(i)).rope)];
+    x = model->layers[i]->as<DecoderLayerImpl>()->forward_cached(x, cos, sin, cache[i]);
+  }
+  return logits_of(model->norm(x));
+}
+
+at::Tensor CausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
+  at::Tensor x = hidden_states(tokens, packed).reshape({-1, config.hidden_size});
+  // This rank's tokens' targets, under context parallel.
+  const at::Tensor y =
+      (cp ? targets.index_select(1, sequence_positions(targets.size(1), *cp, targets.device())) : targets)
+          .reshape({-1});
+  if (config.final_softcap > 0) {  // the cap is not linear: the logits whole, then the loss
+    FSDP_CHECK(!tp,
+               "[tp] final_logit_softcapping caps every logit, and the tensor-parallel loss splits the "
+               "vocabulary; train this model with tp_size 1");
+    const at::Tensor logits = logits_of(x).to(at::kFloat);
+    return at::cross_entropy_loss(logits, y, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
+  }
+  if (config.logits_scaling != 1.0) x = x / config.logits_scaling;  // (x / s) W^T: the logits / s
+  if (!tp) return chunked_linear_cross_entropy_sum(x, head_weight(), y);
+  // This rank's vocabulary rows without their padding: no logit of a token that does not exist.
+  const int64_t block = head_weight().size(0), first = tp->rank() * block;
+  const int64_t valid = std::clamp<int64_t>(config.vocab_size - first, 0, block);
+  return chunked_linear_cross_entropy_sum(x, head_weight().narrow(0, 0, valid), y, /*rows=*/0,
+                                          /*ignore_index=*/-100, tp.get(), first);
+}
+
+at::Tensor CausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
+  return loss_sum(tokens, targets, packed) / targets.ne(-100).sum().clamp_min(1).to(at::kFloat);
+}
+
+ModelTraits decoder_traits(const DecoderConfig& c) {
+  const std::string layer = family_names(c.family).layer_class;
+  if (c.tie_word_embeddings) return ModelTraits{{layer}, {layer}};
+  return ModelTraits{{layer}, {layer, "TokenEmbedding"}};
+}
+
+at::Tensor init_parameter(const DecoderConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {
+  return init_parameter_range(c, seed, name, shape, 0, c10::multiply_integers(shape)).view(shape);
+}
+
+at::Tensor init_parameter_range(const DecoderConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape,
+                                int64_t begin, int64_t count) {
+  const int64_t n = c10::multiply_integers(shape);
+  FSDP_CHECK(begin >= 0 && count >= 0 && begin + count <= n, "init_parameter_range: [", begin, ", ", begin + count,
+             ") is outside ", name, "'s ", n, " values");
+  if (is_lora_parameter(name)) return lora_init(seed, name, shape).reshape({-1}).narrow(0, begin, count).clone();
+  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight"))  // Gemma's (1 + w): zeros
+    return c.norm_unit_offset ? at::zeros({count}) : at::ones({count});
+  if (ends_with(name, ".bias")) return at::zeros({count});
+  return normal_range(named_stream(seed, name), c.initializer_range, n, begin, count);
+}
+
+void init_parameters(CausalLMImpl& model, uint64_t seed) {
+  c10::NoGradGuard no_grad;
+  for (const auto& p : model.named_parameters()) {
+    at::Tensor v = init_parameter(model.config, seed, p.key(), p.value().sizes());
+    if (p.value().storage().nbytes() == 0)
+      p.value().set_data(v);
+    else
+      p.value().copy_(v);
+  }
+}
+
+}  // namespace fsdp::model

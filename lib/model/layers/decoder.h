@@ -1,0 +1,162 @@
+// The decoder as transformers' *ForCausalLM classes compute it, with their parameter names, so
+// checkpoints map one to one ("model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...):
+// CausalLM (the head and the rotary tables) over Decoder (embedding, layers, final norm), each
+// DecoderLayer an Attention (model/layers/attention.h) and a GatedMlp (model/layers/mlp.h) between
+// RmsNorms (model/layers/norm.h) placed as the config says.
+//
+// Every family is this decoder with its differences as data: the form and the per-layer plan that
+// model/config/hf_config.h reads from config.json, each as transformers computes it — Llama,
+// Mistral (a sliding attention window), Qwen2 and Qwen2.5 (biases on q/k/v; a sliding window from
+// max_window_layers on, when use_sliding_window), Qwen3 (an RMSNorm over head_dim on each query and
+// key head, head_dim independent of hidden_size), Gemma 2 and 3 (sandwich norms of (1 + w), GELU,
+// scaled embeddings, soft-capped scores and logits, local and global rotary tables), OLMo 2 (norms
+// after each block, q/k norms over the whole projection), SmolLM3 (layers without rotary), Granite
+// (multipliers), Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
+// gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
+// the same). The modules read the config's form and their layer's plan, never the family.
+//
+// Shapes use one vocabulary: B batch, T sequence, C hidden_size, H query heads, K kv heads,
+// D head_dim, F intermediate_size, V vocab_size.
+//
+// Not thread-safe (LibTorch modules). The model runs its decoder layers and embedding through
+// fsdp::call, so fully_shard can make them units; decoder_traits() declares the family's decoder
+// layer class (LlamaDecoderLayer, Gemma3DecoderLayer, ...) as the layer class for TRANSFORMER_BASED_WRAP.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/options.h"
+#include "model/config/hf_config.h"
+#include "model/layers/attention.h"
+#include "model/layers/mlp.h"
+#include "model/layers/norm.h"
+#include "model/layers/rotary.h"
+
+namespace fsdp::model {
+
+struct TensorParallel;   // model/parallel/tensor_parallel.h
+struct ContextParallel;  // model/parallel/context_parallel.h
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  // Named as the family's class.
+  DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr,
+                   std::shared_ptr<ContextParallel> cp = nullptr);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
+  Attention self_attn{nullptr};
+  GatedMlp mlp{nullptr};
+  // As the config's NormPlacement places them (layer_norm_names): pre (input, post_attention on the
+  // MLP's input), post (post_attention and post_feedforward on the blocks' outputs) or sandwich (all four).
+  RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr}, pre_feedforward_layernorm{nullptr},
+      post_feedforward_layernorm{nullptr};
+  NormPlacement norms;
+  double residual_multiplier;
+
+ private:
+  // x + block's output (times residual_multiplier when it is not 1).
+  at::Tensor residual(const at::Tensor& x, const at::Tensor& y) const;
+  at::Tensor mlp_part(const at::Tensor& h);  // h plus the MLP's part, with its norms
+};
+TORCH_MODULE(DecoderLayer);
+
+class TokenEmbeddingImpl : public torch::nn::Module {
+ public:
+  // With `tp`: this rank's V/P rows; forward gives this rank's block of the sequence (B, T/P, C).
+  // padding_idx (>= 0): the row whose lookups give no gradient (the config's pad_token_id).
+  TokenEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> tp = nullptr,
+                     int64_t padding_idx = -1);
+  at::Tensor forward(const at::Tensor& tokens);  // (B, T) int64 -> (B, T, C)
+  at::Tensor weight;                             // (V, C), (V/P, C) under tensor parallel
+  std::shared_ptr<TensorParallel> tp;
+  int64_t padding_idx;
+};
+TORCH_MODULE(TokenEmbedding);
+
+class DecoderImpl : public torch::nn::Module {
+ public:
+  explicit DecoderImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> tp = nullptr);
+  TokenEmbedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RmsNorm norm{nullptr};
+};
+TORCH_MODULE(Decoder);
+
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  // Layers are created one at a time; with `free_after_create` each one's storage is released
+  // right after it is created (shape kept, 0 bytes), so the whole model never exists on one rank:
+  // fully_shard then creates each parameter's value with init_parameter (FsdpOptions::init).
+  // With `tp` (model/parallel/tensor_parallel.h): each parameter is this rank's block of it (its name's
+  // tensor_parallel_dim), the sequence is split between layers and the vocabulary in the head;
+  // loss_sum and hidden_states give every rank of the group the same values. With `cp`
+  // (model/parallel/context_parallel.h): every rank of its group takes the whole batch and keeps its tokens
+  // of each sequence (sequence_positions); hidden_states gives those, and loss_sum sums over them
+  // (the group's sums add up to the sequence's). Training only: forward (logits) and forward_cached
+  // (decoding) take an unsplit model.
+  explicit CausalLMImpl(const DecoderConfig& c, bool free_after_create = false,
+                        std::shared_ptr<TensorParallel> tp = nullptr, std::shared_ptr<ContextParallel> cp = nullptr);
+  at::Tensor forward(const at::Tensor& tokens);  // (B, T) -> logits (B, T, V) in the compute dtype
+  // (B, T) -> the final norm's output (B, T, C): what the head turns into logits. With `packed`,
+  // each record of a row is computed as if it were alone (HF's position_ids with a document mask).
+  at::Tensor hidden_states(const at::Tensor& tokens, const Packed& packed = {});
+  // Mean cross-entropy (fp32 logits) over targets that are not -100.
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed = {});
+  // As loss(), but the sum (divide by the global token count yourself). Computed a chunk of tokens
+  // at a time (model/layers/chunked_loss.h): the (B, T, V) logits are never held whole.
+  at::Tensor loss_sum(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed = {});
+  // Decoding (an unsharded model): the logits (B, T, V) of T new tokens that follow the `cache`
+  // (one LayerCache per layer, empty at the start), which grows by them. Equals forward() on the
+  // whole sequence, position by position.
+  at::Tensor forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache);
+  // hidden states (..., C) -> logits (..., V) with the config's logits_scaling and final soft cap
+  // (an unsplit model).
+  at::Tensor logits_of(const at::Tensor& h);
+
+  DecoderConfig config;
+  Decoder model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // shares model.embed_tokens.weight when tied
+  std::shared_ptr<TensorParallel> tp;
+  std::shared_ptr<ContextParallel> cp;
+
+ private:
+  const at::Tensor& head_weight() const;       // lm_head's, or the embedding's when tied
+  at::Tensor embed(const at::Tensor& tokens);  // the embedding's output, times the config's embedding scale
+  // The rotary tables' (cos, sin): each layer takes its plan's (LayerPlan::rope).
+  using Angles = std::vector<std::pair<at::Tensor, at::Tensor>>;
+  Angles angles(int64_t seq_len, const at::Tensor& like) const;
+  // The tables' inv_freq for sequences of seq_len positions: the buffers, or the global table
+  // computed for that length where its rope type depends on it.
+  std::vector<at::Tensor> inv_freq_for(int64_t seq_len, const at::Tensor& like) const;
+  // (D/2) fp32: the registered buffers "inv_freq" and, with a local table (Gemma 3), "inv_freq_local",
+  // and with longrope "inv_freq_long" (its long factors), last (the model's device).
+  std::vector<at::Tensor> inv_freq_;
+};
+TORCH_MODULE(CausalLM);
+
+// The classes fully_shard may make units, and the family's decoder layer (LlamaDecoderLayer,
+// MistralDecoderLayer, Qwen2DecoderLayer, Qwen3DecoderLayer) as the layer class. A tied
+// embedding also computes the logits, so it is then not a unit candidate.
+ModelTraits decoder_traits(const DecoderConfig& c);
+
+// A parameter's initial value from the seed and its name alone (so it is the same whatever the
+// world size or the order of creation): HF's init, normal(0, initializer_range) for linear and
+// embedding weights, ones for norms, zeros for biases. fp32.
+at::Tensor init_parameter(const DecoderConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape);
+// Values [begin, begin + count) of init_parameter(c, seed, name, shape) flattened, made without the
+// rest (FsdpOptions::init_range: a rank makes only its shard's rows), as a 1-D tensor.
+at::Tensor init_parameter_range(const DecoderConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape,
+                                int64_t begin, int64_t count);
+// Initialises every parameter of an unsharded model in place (tests, single process).
+void init_parameters(CausalLMImpl& model, uint64_t seed);
+
+}  // namespace fsdp::model

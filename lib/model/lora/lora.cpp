@@ -1,0 +1,297 @@
+#include "model/lora/lora.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <set>
+#include <unordered_set>
+
+#include "fsdp/param_group.h"
+#include "model/layers/decoder.h"
+#include "util/error.h"
+#include "util/regex.h"
+#include "util/strings.h"
+#include "util/system_info.h"
+
+namespace fsdp::model {
+
+namespace {
+
+std::string short_name(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+bool in_layers(const std::string& name) {
+  return name.rfind("model.layers.", 0) == 0;
+}
+
+bool is_lora_linear(const std::string& name) {
+  const auto& names = lora_linear_names();
+  return in_layers(name) && std::find(names.begin(), names.end(), short_name(name)) != names.end();
+}
+
+// The fused projection (Phi-3's checkpoints) that holds `leaf` ("q_proj" -> "qkv_proj"), or "".
+std::string fused_of(const std::string& leaf) {
+  for (const char* fused : {"qkv_proj", "gate_up_proj"}) {
+    const std::vector<std::string> parts = fused_projection_parts(fused);
+    if (std::find(parts.begin(), parts.end(), leaf) != parts.end()) return fused;
+  }
+  return "";
+}
+
+bool is_fused_name(const std::string& name) {
+  return !fused_projection_parts(short_name(name)).empty();
+}
+
+// Short names of the modules `model` has, for messages: "embed_tokens, input_layernorm, ...".
+std::string module_names(CausalLMImpl& model) {
+  std::set<std::string> shorts;
+  for (const auto& m : model.named_modules("", /*include_self=*/false)) {
+    const std::string s = short_name(m.key());
+    if (s.find_first_not_of("0123456789") != std::string::npos && s.rfind("lora_", 0) != 0) shorts.insert(s);
+  }
+  return join(std::vector<std::string>(shorts.begin(), shorts.end()), ", ");
+}
+
+// The names among `names` that `pattern` names: the name or its last parts (q_proj,
+// self_attn.q_proj), else a regular expression over full names (PEFT's re.fullmatch), bounded
+// (util/regex.h). A pattern that is no valid regular expression matches by name alone, as before.
+std::vector<std::string> matching_names(const std::vector<std::string>& names, const std::string& pattern,
+                                        const char* key) {
+  std::unique_ptr<Regex> re;
+  auto matches = [&](const std::string& name) {
+    if (name == pattern || ends_with(name, "." + pattern)) return true;
+    if (!re) {
+      try {
+        re = std::make_unique<Regex>(pattern, key);
+      } catch (const InputError&) {
+        return false;
+      }
+    }
+    return re->full_match(name);
+  };
+  std::vector<std::string> out;
+  for (const std::string& name : names)
+    if (matches(name)) out.push_back(name);
+  return out;
+}
+
+// The model's modules, adapters' own left out.
+std::vector<std::string> module_list(CausalLMImpl& model) {
+  std::vector<std::string> out;
+  for (const auto& m : model.named_modules("", /*include_self=*/false))
+    if (short_name(m.key()).rfind("lora_", 0) != 0) out.push_back(m.key());
+  return out;
+}
+
+std::vector<std::string> matching_modules(CausalLMImpl& model, const std::string& pattern,
+                                          const char* key = "lora.target_modules") {
+  return matching_names(module_list(model), pattern, key);
+}
+
+// The linear layers LoRA may adapt, named as the checkpoint's model names them (PEFT's view): ours,
+// but where the family's checkpoints fuse projections (Phi-3), the fused one in place of its parts
+// ("model.layers.0.self_attn.qkv_proj" for q_proj, k_proj, v_proj), in the model's order.
+std::vector<std::string> adaptable_modules(CausalLMImpl& model) {
+  std::vector<std::string> out;
+  for (const std::string& m : module_list(model)) {
+    if (!is_lora_linear(m)) continue;
+    if (!model.config.fused_projections) {
+      out.push_back(m);
+      continue;
+    }
+    const std::string leaf = short_name(m), parent = m.substr(0, m.size() - leaf.size());
+    if (leaf == "q_proj")
+      out.push_back(parent + "qkv_proj");
+    else if (leaf == "gate_proj")
+      out.push_back(parent + "gate_up_proj");
+    else if (fused_of(leaf).empty())
+      out.push_back(m);
+  }
+  return out;
+}
+
+// The modules one modules_to_save item names. With a tied head (tie_word_embeddings) lm_head is the
+// embedding: trained once, tied, as PEFT's ensure_weight_tying trains it.
+std::vector<std::string> saved_modules(CausalLMImpl& model, const std::string& item) {
+  if (model.config.tie_word_embeddings && short_name(item) == "lm_head")
+    return matching_modules(model, "embed_tokens", "lora.modules_to_save");
+  return matching_modules(model, item, "lora.modules_to_save");
+}
+
+void check_modules_to_save(CausalLMImpl& model, const LoraSettings& s) {
+  for (const std::string& item : s.modules_to_save) {
+    const std::vector<std::string> found = saved_modules(model, item);
+    if (found.empty())
+      throw InputError(str("lora.modules_to_save: the model has no module named ", excerpt(item),
+                           " (it has: ", module_names(model), ")"));
+    for (const std::string& m : found) {
+      if (is_lora_linear(m))
+        throw InputError(str("lora.modules_to_save: ", m, " is also a LoRA target; list it in one of the two"));
+    }
+  }
+}
+
+}  // namespace
+
+double LoraSettings::scaling() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+const std::vector<std::string>& lora_linear_names() {
+  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+  return names;
+}
+
+std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettings& settings) {
+  const bool fused = model.config.fused_projections;
+  const std::string arch = family_names(model.config.family).architecture;
+  const std::vector<std::string> adaptable = adaptable_modules(model);
+  std::vector<std::string> shorts;  // for messages: "q_proj, k_proj, ..." or Phi-3's "qkv_proj, o_proj, ..."
+  for (const std::string& m : adaptable)
+    if (std::find(shorts.begin(), shorts.end(), short_name(m)) == shorts.end()) shorts.push_back(short_name(m));
+  std::vector<std::string> patterns = settings.target_modules;
+  if (patterns.empty()) {
+    // PEFT has no default for these families either (it asks for target_modules).
+    FSDP_CHECK(!fused, "lora.target_modules: ", arch, " has no default targets (PEFT asks for them too); name ",
+               join(shorts, ", "), " or all-linear");
+    patterns = {"q_proj", "v_proj"};
+  }
+  // The names PEFT sees: ours, but for Phi-3 the fused projections in place of their parts.
+  const std::vector<std::string> ours = module_list(model);
+  std::vector<std::string> names;
+  for (const std::string& m : ours)
+    if (!fused || !is_lora_linear(m) || fused_of(short_name(m)).empty()) names.push_back(m);
+  for (const std::string& m : adaptable)
+    if (is_fused_name(m) && std::find(names.begin(), names.end(), m) == names.end()) names.push_back(m);
+  std::set<std::string> chosen;
+  for (const std::string& item : patterns) {
+    const std::vector<std::string> found =
+        item == "all-linear" ? adaptable : matching_names(names, item, "lora.target_modules");
+    if (found.empty() && fused) {
+      // Phi-3's checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj:
+      // PEFT adapts those whole (one lora_A for the parts), which adapters on the parts are not.
+      for (const std::string& m : matching_names(ours, item, "lora.target_modules"))
+        FSDP_CHECK(!is_lora_linear(m) || fused_of(short_name(m)).empty(), "lora.target_modules: ", m, " (",
+                   excerpt(item), ") is part of ", arch, "'s fused ", fused_of(short_name(m)),
+                   ", which PEFT adapts whole; target ", fused_of(short_name(m)), " instead");
+    }
+    if (found.empty()) {
+      const auto near = closest_match(item, shorts);
+      throw InputError(str("lora.target_modules: the model has no module named ", excerpt(item),
+                           near ? str(" (did you mean ", *near, "?)") : std::string(),
+                           "; LoRA adapts its linear layers: ", join(shorts, ", "),
+                           " (or all-linear for all of them)"));
+    }
+    for (const std::string& m : found) {
+      if (std::find(adaptable.begin(), adaptable.end(), m) == adaptable.end())
+        throw InputError(str("lora.target_modules: ", m, " (from ", excerpt(item),
+                             ") is not a linear layer of a decoder layer; LoRA adapts ", join(shorts, ", "),
+                             " (or all-linear)"));
+      chosen.insert(m);
+    }
+  }
+  std::vector<std::string> out;  // in the model's order
+  for (const std::string& m : adaptable)
+    if (chosen.count(m)) out.push_back(m);
+  return out;
+}
+
+void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create) {
+  FSDP_CHECK(s.enabled(), "add_lora needs lora.r > 0");
+  const std::vector<std::string> targets = lora_target_names(model, s);
+  // The adapters' size follows from lora.r: made on the host first (fp32), then trained with a
+  // gradient and AdamW's two moments each. Checked before any of it is allocated.
+  auto modules = model.named_modules("", false);
+  double params = 0;
+  // A fused projection's adapter (Phi-3): lora_A on its input, lora_B over its parts' rows.
+  auto fused_parts = [&](const std::string& name) {
+    const std::string parent = name.substr(0, name.rfind('.') + 1);
+    std::vector<const torch::nn::LinearImpl*> out;
+    for (const std::string& p : fused_projection_parts(short_name(name)))
+      out.push_back(modules[parent + p]->as<torch::nn::LinearImpl>());
+    return out;
+  };
+  for (const std::string& name : targets) {
+    if (is_fused_name(name)) {
+      const auto parts = fused_parts(name);
+      params += static_cast<double>(s.r) * static_cast<double>(parts[0]->weight.size(1));
+      for (const auto* p : parts) params += static_cast<double>(s.r) * static_cast<double>(p->weight.size(0));
+      continue;
+    }
+    const auto* linear = modules[name]->as<torch::nn::LinearImpl>();
+    if (linear)
+      params += static_cast<double>(s.r) * static_cast<double>(linear->weight.size(0) + linear->weight.size(1));
+  }
+  for (const std::string& name : targets)
+    FSDP_CHECK(!is_fused_name(name) || !model.tp, "[tp] lora.target_modules: ", name, " is ",
+               family_names(model.config.family).architecture, "'s fused ", short_name(name),
+               ", whose adapter tensor parallel does not split; train it with tp_size 1 (FSDP shards it) or "
+               "target o_proj and down_proj");
+  const double host = static_cast<double>(system_info().memory_available_bytes);
+  FSDP_CHECK(host <= 0 || 4 * params <= host, "lora.r ", s.r, " makes adapters of ", format_count(params),
+             " parameters on ", targets.size(), " layers: ", format_bytes(static_cast<long long>(4 * params)),
+             " to create them and ", format_bytes(static_cast<long long>(16 * params)), " to train them, and this ",
+             "machine has ", format_bytes(static_cast<long long>(host)),
+             " of memory available; lora.r is usually 8 to ", "64 (it cannot add rank beyond a layer's smaller width)");
+  check_modules_to_save(model, s);
+  std::set<std::string> trained;  // modules_to_save's parameters
+  for (const std::string& item : s.modules_to_save)
+    for (const std::string& m : saved_modules(model, item))
+      for (const auto& p : model.named_modules("", false)[m]->named_parameters(/*recurse=*/false))
+        trained.insert(m + "." + p.key());
+  for (const auto& p : model.named_parameters()) p.value().set_requires_grad(trained.count(p.key()) > 0);
+
+  for (const std::string& name : targets) {
+    if (is_fused_name(name)) {  // registered where the fused projection would be: PEFT's names
+      const auto parts = fused_parts(name);
+      std::vector<int64_t> rows;
+      for (const auto* p : parts) rows.push_back(p->weight.size(0));
+      FusedLora adapter(parts[0]->weight.size(1), rows, s.r, s.scaling(), s.dropout);
+      const std::string parent = name.substr(0, name.rfind('.'));
+      if (auto* attn = modules[parent]->as<AttentionImpl>())
+        attn->qkv_proj = attn->register_module(short_name(name), adapter);
+      else if (auto* mlp = modules[parent]->as<GatedMlpImpl>())
+        mlp->gate_up_proj = mlp->register_module(short_name(name), adapter);
+      else
+        FSDP_ASSERT(false, "fused LoRA target ", name, " is in neither an attention nor an MLP");
+      if (free_after_create)
+        for (auto& p : adapter->parameters()) free_storage(p);
+      continue;
+    }
+    auto* linear = modules[name]->as<torch::nn::LinearImpl>();
+    FSDP_CHECK(linear != nullptr, "LoRA target ", name, " is not a Linear");
+    const int64_t in = linear->weight.size(1), out = linear->weight.size(0);
+    auto down = linear->register_module("lora_A", LoraDown(in, s.r, s.scaling(), s.dropout));
+    auto up = linear->register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(s.r, out).bias(false)));
+    c10::NoGradGuard no_grad;
+    up->weight.zero_();
+    if (free_after_create) {
+      free_storage(down->weight);
+      free_storage(up->weight);
+    }
+  }
+}
+
+LoraCounts lora_counts(CausalLMImpl& model) {
+  LoraCounts c;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : model.named_parameters()) {
+    if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
+    const int64_t n = p.value().numel();
+    c.all += n;
+    if (p.value().requires_grad()) {
+      c.trainable += n;
+      if (!is_lora_parameter(p.key())) c.all += n;  // modules_to_save: PEFT holds the original and the copy
+    }
+  }
+  return c;
+}
+
+}  // namespace fsdp::model
