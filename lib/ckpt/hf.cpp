@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <map>
+#include <optional>
 #include <set>
 
 #include "ckpt/safetensors_torch.h"
@@ -194,18 +196,56 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
     specs.push_back({f.name, shape});
     parts.push_back(std::move(of));
   }
+  // A stacked parameter (description.layout.stacked: experts) as the Hub holds it: each row's parts
+  // apart, of equal rows.
+  struct Piece {
+    int64_t row = 0, first = 0, rows = 0;
+  };
+  std::vector<std::optional<Piece>> pieces(specs.size());
+  std::map<std::pair<size_t, size_t>, int64_t> pieces_of;  // per stacked parameter: its pieces not yet written
+  for (const model::StackedTensor& st : description.layout.stacked) {
+    const auto it = slot.find(st.name);
+    if (it == slot.end()) continue;
+    const std::vector<int64_t> shape = model.groups()[it->second.first]->params()[it->second.second].full_shape();
+    FSDP_ASSERT(static_cast<int64_t>(st.rows.size()) == shape.at(0), st.name, ": ", st.rows.size(), " rows listed");
+    for (size_t r = 0; r < st.rows.size(); ++r) {
+      const auto n = static_cast<int64_t>(st.rows[r].size());
+      const int64_t rows = shape.at(1) / n;
+      for (int64_t k = 0; k < n; ++k) {
+        std::vector<int64_t> part(shape.begin() + 1, shape.end());
+        part[0] = rows;
+        specs.push_back({st.rows[r][static_cast<size_t>(k)], part});
+        parts.push_back({it->second});
+        pieces.push_back(Piece{static_cast<int64_t>(r), k * rows, rows});
+        ++pieces_of[it->second];
+      }
+    }
+    in_fused.insert(st.name);
+  }
   for (const auto& [name, at] : slot)
     if (!in_fused.count(name)) {
-      specs.push_back({name, model.groups()[at.first]->params()[at.second].full_shape()});
+      specs.push_back({description.layout.stored_name(name), model.groups()[at.first]->params()[at.second].full_shape()});
       parts.push_back({at});
+      pieces.emplace_back();
     }
+  // A stacked parameter is gathered once and held until its last piece is written (the pieces come
+  // in name order, which interleaves parameters).
+  std::map<std::pair<size_t, size_t>, at::Tensor> held;
+  auto gathered = [&](size_t g, size_t i) {
+    return value ? value(model.groups()[g]->params()[i].name) : model.groups()[g]->gather_full_parameter(i);
+  };
   return write_hf_folder(
       specs,
       [&](size_t k) {
+        if (const std::optional<Piece>& p = pieces[k]) {
+          const std::pair<size_t, size_t> at = parts[k][0];
+          if (!held.count(at)) held[at] = gathered(at.first, at.second);  // every rank, in the same order
+          const at::Tensor piece = held[at][p->row].narrow(0, p->first, p->rows).clone();
+          if (--pieces_of[at] == 0) held.erase(at);
+          return piece;
+        }
         std::vector<at::Tensor> whole;  // every rank gathers each part (collective), in the same order
-        for (const auto& [g, i] : parts[k])
-          whole.push_back(value ? value(model.groups()[g]->params()[i].name)
-                                : model.groups()[g]->gather_full_parameter(i));
+        for (const auto& [g, i] : parts[k]) whole.push_back(gathered(g, i));
         return whole.size() == 1 ? whole[0] : at::cat(whole, 0);
       },
       writer, config_with_dtype(description.config_json, dtype), dir, max_shard_bytes, fs, dtype);

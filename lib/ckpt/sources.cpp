@@ -307,13 +307,24 @@ class FullSource final : public Source {
     }
   }
   // The folder's tensors under the model's names (FolderLayout::places): the left-out ones gone,
-  // the prefixed ones renamed, a fused tensor read as its parts (rows of the stored tensor).
+  // the prefixed ones renamed, a fused tensor read as its parts (rows of the stored tensor), a
+  // stacked parameter from the tensors apart that make its rows.
   void apply(const model::FolderLayout& layout) {
     std::map<std::string, std::vector<int64_t>> shapes;
     for (const auto& [name, info] : infos_) shapes[name] = info.shape;
     std::map<std::string, StoredInfo> infos;
     std::map<std::string, Entry> entries;
     for (const auto& [mine, place] : layout.places(shapes)) {
+      if (!place.stack.empty()) {
+        Entry stacked;
+        for (const std::vector<std::string>& row : place.stack) {
+          stacked.stack.emplace_back();
+          for (const std::string& part : row) stacked.stack.back().push_back(entries_.at(part));
+        }
+        infos[mine] = {infos_.at(place.stack[0][0]).dtype, place.shape};
+        entries[mine] = std::move(stacked);
+        continue;
+      }
       infos[mine] = {infos_.at(place.stored).dtype, place.shape};
       const Entry& e = entries_.at(place.stored);
       entries[mine] = {e.file, e.tensor, e.row0 + place.row0};
@@ -321,15 +332,43 @@ class FullSource final : public Source {
     infos_ = std::move(infos);
     entries_ = std::move(entries);
   }
-  void files(const std::string& name, int64_t, int64_t, std::set<std::string>& out) const override {
-    out.insert(base_name(entries_.at(name).file->path()));
+  void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const override {
+    const Entry& e = entries_.at(name);
+    if (e.stack.empty()) {
+      out.insert(base_name(e.file->path()));
+      return;
+    }
+    for (int64_t r = r0; r < r1; ++r)
+      for (const Entry& part : e.stack[static_cast<size_t>(r)]) out.insert(base_name(part.file->path()));
   }
   at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
     const Entry& e = entries_.at(name);
-    return read_rows_fp32(*e.file, *e.tensor, e.row0 + r0, e.row0 + r1);
+    if (e.stack.empty()) return read_rows_fp32(*e.file, *e.tensor, e.row0 + r0, e.row0 + r1);
+    std::vector<at::Tensor> out;
+    for (int64_t r = r0; r < r1; ++r) {
+      std::vector<at::Tensor> parts;
+      for (const Entry& part : e.stack[static_cast<size_t>(r)])
+        parts.push_back(read_rows_fp32(*part.file, *part.tensor, 0, part.tensor->shape.at(0)));
+      out.push_back(at::cat(parts, 0));
+    }
+    return at::stack(out, 0);
   }
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
+    if (!e.stack.empty()) {  // each row's parts into its block, one after another
+      for (int64_t r = r0; r < r1; ++r) {
+        int64_t at_row = 0;
+        for (const Entry& part : e.stack[static_cast<size_t>(r)]) {
+          const int64_t n = part.tensor->shape.at(0);
+          const at::Tensor dest = out[r - r0].narrow(0, at_row, n);
+          at_row += n;
+          if (deferred_.add(*part.file, *part.tensor, 0, 0, n, dest, base_name(part.file->path()))) continue;
+          const Segment s = copy_mapped(*part.file, *part.tensor, 0, 0, n, dest, checksums_);
+          if (checksums_) read_[base_name(part.file->path())].push_back(s);
+        }
+      }
+      return;
+    }
     r0 += e.row0;
     r1 += e.row0;
     if (deferred_.add(*e.file, *e.tensor, 0, r0, r1, out, base_name(e.file->path()))) return;
@@ -353,6 +392,7 @@ class FullSource final : public Source {
     const SafetensorsFile* file = nullptr;
     const TensorInfo* tensor = nullptr;
     int64_t row0 = 0;  // a fused tensor's part: where its rows start in the stored tensor
+    std::vector<std::vector<Entry>> stack;  // a stacked parameter: each row's stored tensors (file, tensor)
   };
   bool checksums_ = false;
   std::map<std::string, std::vector<Segment>> read_;  // with checksums: by file name

@@ -269,6 +269,11 @@ void TrainingRun::build_model() {
       return model::tensor_parallel_slice(mc, name);
     };
   }
+  const model::MoeConfig& moe = model_config_.moe;
+  FSDP_CHECK(!(plan.options.activation_checkpointing && moe.output_router_logits && moe.router_aux_loss_coef > 0),
+             "[config] fsdp_activation_checkpointing with the model's output_router_logits (its auxiliary "
+             "load-balancing loss) is not implemented yet; turn one of them off (output_router_logits: false in "
+             "the model's config.json, or fsdp_activation_checkpointing: false)");
   lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp);
   const model::LoraSettings lora = lora_settings_of(config_);
   std::optional<ckpt::PeftAdapter> adapter;
@@ -490,8 +495,17 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
       loss = this->loss_sum(batches.inputs[micro], batches.targets[micro], batches.packed[micro]);
     }
     RECORD_USER_SCOPE(str("backward micro-batch ", micro));
-    (per_rank_masked.defined() ? loss / per_rank_masked.to(loss.scalar_type()).reshape({}) : loss / per_rank)
-        .backward();
+    at::Tensor objective =
+        per_rank_masked.defined() ? loss / per_rank_masked.to(loss.scalar_type()).reshape({}) : loss / per_rank;
+    // A mixture of experts with output_router_logits: each micro-batch's auxiliary load-balancing
+    // loss times router_aux_loss_coef, as transformers adds it to each forward's loss (the ranks'
+    // and micro-batches' mean, as their gradients average).
+    const model::MoeConfig& moe = lm_->config.moe;
+    if (moe.output_router_logits && moe.router_aux_loss_coef > 0)
+      if (const at::Tensor aux = lm_->router_aux_loss(); aux.defined())
+        objective = objective + aux.to(objective.scalar_type()) *
+                                    (moe.router_aux_loss_coef / static_cast<double>(batches.inputs.size()));
+    objective.backward();
     loss_sum.add_(loss.detach());
   }
   return reduced;

@@ -6,7 +6,8 @@
 //       logits on kTokens as JSON; exit 2 listing the mismatches when DIR does not fit the model.
 //   hf_tool golden DIR OUT   (one process) loads DIR of any family and prints, as JSON, its logits
 //       on kTokens, the summed loss of predicting each next token (the last predicts the first),
-//       every parameter's gradient of that loss, the parameter count, FLOPs per token at T = 10
+//       every parameter's gradient of that loss (a mixture of experts: its auxiliary loss and each
+//       expert's assignments on that forward), the parameter count, FLOPs per token at T = 10
 //       and the layer class; the logits and loss of kTokens packed as two records (data.packing:
 //       masked: positions restart at kPackedStart, each record sees only itself); then exports the loaded model to OUT
 //       through the sharded engine.
@@ -89,6 +90,11 @@ int golden(const std::string& dir, const std::string& out) {
       m->loss_sum(at::tensor(kTokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));
   loss.backward();
   j["loss"] = loss.item<double>();
+  if (const at::Tensor aux = m->router_aux_loss(); aux.defined()) {  // the routing of the loss's forward
+    j["aux_loss"] = aux.item<double>();
+    const at::Tensor load = m->expert_load();
+    j["expert_load"] = std::vector<float>(load.data_ptr<float>(), load.data_ptr<float>() + load.numel());
+  }
   std::map<std::string, at::Tensor> grads;
   for (const auto& p : m->named_parameters()) grads[p.key()] = p.value().grad();
   for (const fsdp::model::FusedTensor& f : fsdp::model::describe(c).layout.fused) {  // under the folder's names

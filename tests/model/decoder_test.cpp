@@ -16,6 +16,7 @@
 #include "support/error_of.h"
 #include "tiny_config.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
 #include <doctest/doctest.h>
@@ -788,6 +789,66 @@ TEST_CASE("describe() lists every parameter of every family as the decoder regis
       INFO(name, tied ? " tied" : "");
       check_described_as_registered(c);
     }
+}
+
+// Issue 61: the mixtures of experts' fields, their layers' plan, parameters and folder layout.
+TEST_CASE("config.json of the mixtures of experts: sparse layers, counts, a round trip, the Hub's layout, refusals") {
+  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2)";
+  auto parse = [&](const std::string& type, const std::string& extra = "") {
+    return parse_decoder_config(
+        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
+  };
+  const DecoderConfig q3 = parse("qwen3_moe", R"("num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+      "decoder_sparse_step": 2, "mlp_only_layers": [3], "output_router_logits": true)");
+  CHECK((q3.qk_norm && !q3.moe.norm_topk_prob && q3.moe.output_router_logits && q3.moe.router_aux_loss_coef == 0.001));
+  for (int64_t i = 0; i < 4; ++i) CHECK(q3.plan(i).moe == (i == 1));  // (i + 1) % 2 == 0, but layer 3 is dense
+  // Counted: the routers and experts of the one sparse layer; active: 2 of its 6 experts.
+  const double expert = 3.0 * 32 * 8;
+  CHECK(q3.parameter_count() - q3.active_parameter_count() == doctest::Approx(4 * expert));
+  const DecoderConfig q2 = parse("qwen2_moe", R"("num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+      "shared_expert_intermediate_size": 12)");
+  CHECK((q2.qkv_bias && q2.moe.shared_expert_intermediate_size == 12 && q2.plan(0).moe && q2.plan(3).moe));
+  const DecoderConfig mx = parse("mixtral", R"("num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8)");
+  CHECK((mx.moe.num_experts == 4 && mx.moe.intermediate_size == 48 && mx.moe.norm_topk_prob && mx.plan(2).window == 8));
+  for (const DecoderConfig& c : {q3, q2, mx}) {
+    INFO(family_names(c.family).model_type);
+    const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+    CHECK(decoder_config_json(back) == decoder_config_json(c));
+    CHECK(back.num_parameters() == c.num_parameters());
+    for (int64_t i = 0; i < 4; ++i) CHECK(back.plan(i).moe == c.plan(i).moe);
+    check_described_as_registered(c);
+  }
+  // The Hub's folders hold the experts one by one; the model stacks them (gate's rows, then up's).
+  const FolderLayout layout = describe(mx).layout;
+  std::map<std::string, std::vector<int64_t>> stored;
+  for (int64_t e = 0; e < 4; ++e)
+    for (const char* w : {"w1", "w2", "w3"})
+      stored[str("model.layers.0.block_sparse_moe.experts.", e, ".", w, ".weight")] =
+          w == std::string("w2") ? std::vector<int64_t>{32, 48} : std::vector<int64_t>{48, 32};
+  stored["model.layers.0.block_sparse_moe.gate.weight"] = {4, 32};
+  const auto places = layout.places(stored);
+  REQUIRE(places.count("model.layers.0.mlp.experts.gate_up_proj"));
+  CHECK(places.at("model.layers.0.mlp.experts.gate_up_proj").shape == std::vector<int64_t>{4, 96, 32});
+  CHECK(places.at("model.layers.0.mlp.experts.gate_up_proj").stack[1] ==
+        std::vector<std::string>{"model.layers.0.block_sparse_moe.experts.1.w1.weight",
+                                 "model.layers.0.block_sparse_moe.experts.1.w3.weight"});
+  CHECK(places.at("model.layers.0.mlp.experts.down_proj").shape == std::vector<int64_t>{4, 32, 48});
+  CHECK(places.at("model.layers.0.mlp.gate.weight").stored == "model.layers.0.block_sparse_moe.gate.weight");
+  CHECK(places.size() == 3);  // the parts are read as the stacked parameters, not beside them
+  CHECK(layout.stored_name("model.layers.0.mlp.gate.weight") == "model.layers.0.block_sparse_moe.gate.weight");
+  auto error = [&](const std::string& type, const std::string& extra) { return error_of([&] { parse(type, extra); }); };
+  CHECK(error("qwen3", R"("num_experts": 8)").find("num_experts is a mixture-of-experts field, not one of "
+                                                     "Qwen3ForCausalLM; remove it, or set model_type to qwen3_moe") !=
+        std::string::npos);
+  CHECK(error("qwen3_moe", R"("num_experts": 2, "num_experts_per_tok": 3)")
+            .find("num_experts_per_tok (3) is more than the experts (2)") != std::string::npos);
+  CHECK(error("qwen3_moe", R"("mlp_only_layers": [4])").find("mlp_only_layers holds 4; each is a layer index in [0, 4)") !=
+        std::string::npos);
+  CHECK(error("mixtral", R"("router_jitter_noise": 0.1)").find("router_jitter_noise 0.1 is not supported") !=
+        std::string::npos);
+  CHECK(error("qwen3_moe", R"("use_sliding_window": true, "sliding_window": 8)")
+            .find("does not implement Qwen3MoeForCausalLM's sliding windows yet") != std::string::npos);
 }
 
 // Issue 27: records packed into one row (data.packing: masked) train as if each were alone: their

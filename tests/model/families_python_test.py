@@ -4,15 +4,19 @@ window), Qwen2 (q/k/v biases, tied embeddings, a sliding window from max_window_
 embeddings, soft-capped scores and logits), Gemma 3 (per-head norms, a local rotary table, linear
 scaling), OLMo 2 (norms after the blocks), SmolLM3 (a layer without rotary, a window) and Granite
 (multipliers), Phi-3 (a partial rotation with longrope, a window, fused projections in the folder)
-and Llama with YaRN, and Llama beside them, transformers
+and Llama with YaRN, the mixtures of experts of issue 61 (Qwen3-MoE with a dense layer among sparse
+ones and the top-k renormalised, Qwen2-MoE with its shared expert and sparse layers every second,
+Mixtral; the Hub's folders hold the experts one by one, the model stacked), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
 of transformers' float32 run from its float64 one, at least 1e-6):
   - logits, the summed next-token loss, and packed records' logits and loss,
+  - a mixture of experts' auxiliary load-balancing loss (transformers' aux_loss),
   - the loss's gradient, parameter by parameter (the worst parameter's relative error),
   - an export that transformers loads and computes the same logits with (<= 1e-5 of its float32 run),
-  - the parameter count transformers counts and FLOPs per token by the formula, and the family's
+  - the parameter count transformers counts and FLOPs per token by the formula (a mixture of experts:
+    its active parameters, experts_per_token of each sparse layer's experts), and the family's
     decoder layer class (what fsdp_transformer_layer_cls_to_wrap names).
 `fsdptrain generate` on each folder (a tokenizer trained by tokenizers added to it): greedy
 decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt;
@@ -79,6 +83,18 @@ def families():
                                                                  "factor": 4.0,
                                                                  "original_max_position_embeddings": 32}),
                        transformers.LlamaForCausalLM),
+        # Issue 61's mixtures of experts: few experts, so each of the 10 tokens' top 2 spread over
+        # them; Qwen3-MoE with layer 1 dense (mlp_only_layers) and the top-k renormalised, Qwen2-MoE
+        # sparse every second layer (decoder_sparse_step 2) with its shared expert, Mixtral.
+        "qwen3_moe": (transformers.Qwen3MoeConfig(**common, head_dim=24, num_experts=6, num_experts_per_tok=2,
+                                                  moe_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=True),
+                      transformers.Qwen3MoeForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig(**common, num_experts=5, num_experts_per_tok=2,
+                                                  moe_intermediate_size=40, shared_expert_intermediate_size=56,
+                                                  decoder_sparse_step=2),
+                      transformers.Qwen2MoeForCausalLM),
+        "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
+                    transformers.MixtralForCausalLM),
     }
 
 
@@ -108,6 +124,18 @@ def hf_golden(model, tokens):
 
 
 PROMPTS = ["The quick brown fox", "int main() {", "Sliding windows and caches:", "a"]
+
+
+def hf_aux_loss(model, tokens):
+    """A mixture of experts' auxiliary load-balancing loss (before router_aux_loss_coef), None for a dense model."""
+    if not hasattr(model.config, "router_aux_loss_coef"):
+        return None
+    with torch.no_grad():
+        return model(torch.tensor([tokens]), output_router_logits=True).aux_loss.item()
+
+
+def sparse_layers(model):
+    return [i for i, layer in enumerate(model.model.layers) if type(layer.mlp).__name__.endswith("SparseMoeBlock")]
 
 
 def packed_golden(model, ours):
@@ -206,8 +234,11 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     saved, out = os.path.join(d, name), os.path.join(d, name + "_export")
     model.save_pretrained(saved)
     ours, host_run = ours_golden(tool, saved, out, "host")
-    model = cls.from_pretrained(saved, dtype=torch.float32, attn_implementation="eager").eval()
-    model64 = cls.from_pretrained(saved, dtype=torch.float64, attn_implementation="eager").eval()
+    # transformers' own loops (its grouped products take no float64), as in its eager attention.
+    eager = dict(attn_implementation="eager",
+                 **({"experts_implementation": "eager"} if hasattr(config, "router_aux_loss_coef") else {}))
+    model = cls.from_pretrained(saved, dtype=torch.float32, **eager).eval()
+    model64 = cls.from_pretrained(saved, dtype=torch.float64, **eager).eval()
     golden, packed = hf_golden(model64, ours["tokens"]), packed_golden(model64, ours)
     logits, loss, grads = hf_golden(model, ours["tokens"])
     packed32 = packed_golden(model, ours)
@@ -220,16 +251,31 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
               ", ".join(f"{k} {mine[k]:.1e} ({noise[k]:.1e}, {max(4 * noise[k], 1e-6):.1e})" for k in mine))
         for k in mine:
             assert mine[k] <= max(4 * noise[k], 1e-6), (name, provider, k, mine[k], noise[k])
-    exported = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    aux64 = hf_aux_loss(model64, ours["tokens"])
+    assert (aux64 is None) == ("aux_loss" not in ours), name
+    if aux64 is not None:
+        aux32 = hf_aux_loss(model, ours["tokens"])
+        err, noise_aux = abs(ours["aux_loss"] - aux64) / aux64, abs(aux32 - aux64) / aux64
+        k, sparse = model.config.num_experts_per_tok, sparse_layers(model)
+        print(f"{name}: auxiliary loss {ours['aux_loss']:.6f} against transformers' {aux64:.6f} in float64: "
+              f"{err:.1e} (its float32's {noise_aux:.1e}); {len(sparse)} sparse layers, assignments per expert "
+              f"{ours['expert_load']}")
+        assert err <= max(4 * noise_aux, 1e-6), (name, err, noise_aux)
+        assert sum(ours["expert_load"]) == len(ours["tokens"]) * k * len(sparse)
+    exported = cls.from_pretrained(out, dtype=torch.float32, **eager).eval()
     with torch.no_grad():
         e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)
     n = sum(p.numel() for p in model.parameters())  # tied weights counted once
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
+    if hasattr(c, "num_experts_per_tok"):  # the active parameters: experts_per_token experts of each sparse layer
+        experts = getattr(c, "num_local_experts", None) or c.num_experts
+        width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
+        n_prime -= len(sparse_layers(model)) * (experts - c.num_experts_per_tok) * 3 * c.hidden_size * width
     t = len(ours["tokens"])
     window = lambda i: (c.sliding_window if (getattr(c, "layer_types", None) or ["full_attention"] * 99)[i] ==  # noqa: E731
-                        "sliding_attention" or name in ("mistral", "phi3") else None)
+                        "sliding_attention" or name in ("mistral", "phi3", "mixtral") else None)
     flops = 6 * n_prime + sum(12 * c.num_attention_heads * head_dim * min(t, window(i) or t)
                               for i in range(c.num_hidden_layers))
     print(f"{name}: export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
@@ -261,12 +307,17 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--fsdptrain", required=True)
+    ap.add_argument("--families", default="", help="only these (comma-separated), for a quicker look")
     ap.add_argument("--providers", default=",".join(PROVIDERS), help="the kernels to check, of " + ", ".join(PROVIDERS))
     a = ap.parse_args()
     check_shapes(a.tool, a.source)
     with tempfile.TemporaryDirectory() as d:
         for name, (config, cls) in families().items():
+            if a.families and name not in a.families.split(","):
+                continue
             check_family(name, config, cls, a.tool, d, a.fsdptrain, a.providers.split(","))
+        if a.families:
+            return print("families_python_test: ok (" + a.families + ")")
         os.makedirs(os.path.join(d, "gemma"))
         cfg = json.load(open(os.path.join(d, "llama", "config.json")))
         cfg["model_type"] = "gemma"

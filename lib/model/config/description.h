@@ -27,21 +27,42 @@ struct FusedTensor {
   std::vector<std::pair<std::string, int64_t>> parts;  // each parameter's name and rows, in order
 };
 
+// One parameter (E, R, ...) that a Hugging Face folder holds as tensors apart: its row e is the
+// tensors of rows[e] end to end (the Hub's Qwen3-MoE: experts.e.gate_proj.weight (I, C) and
+// experts.e.up_proj.weight for experts.gate_up_proj's (2I, C)). A folder may hold the parameter
+// whole instead (transformers v5 can write either); exports write the tensors apart, as the Hub has them.
+struct StackedTensor {
+  std::string name;                             // the parameter's
+  std::vector<std::vector<std::string>> rows;   // each row's stored tensors, in order
+};
+
 // How a Hugging Face folder holds the model's parameters where it differs from one tensor each under
-// the parameter's name: Phi-3's fused projections; a Gemma3ForConditionalGeneration folder's text
+// the parameter's name: Phi-3's fused projections; experts one by one; a Gemma3ForConditionalGeneration folder's text
 // model under its own prefixes, beside a vision tower the model leaves out.
 struct FolderLayout {
   std::vector<FusedTensor> fused;
+  std::vector<StackedTensor> stacked;
   // (ours, stored): a stored name that starts with `stored` is ours with that start (first match).
   std::vector<std::pair<std::string, std::string>> prefixes;
   std::vector<std::string> left_out;  // stored names starting with one of these are not the model's
+  // (ours, stored): a parameter the folder holds under another name, read and exported so (Mixtral's
+  // mlp.gate.weight is block_sparse_moe.gate.weight).
+  std::vector<std::pair<std::string, std::string>> renamed;
   // The model's name for a stored one ("" when left out).
   std::string ours(const std::string& stored) const {
     for (const std::string& p : left_out)
       if (stored.rfind(p, 0) == 0) return "";
+    for (const auto& [mine, theirs] : renamed)
+      if (stored == theirs) return mine;
     for (const auto& [mine, theirs] : prefixes)
       if (stored.rfind(theirs, 0) == 0) return mine + stored.substr(theirs.size());
     return stored;
+  }
+  // The name an export gives parameter `mine`.
+  std::string stored_name(const std::string& mine) const {
+    for (const auto& [ours, theirs] : renamed)
+      if (mine == ours) return theirs;
+    return mine;
   }
   // Where each tensor the model reads lies in a folder that stores `stored` (name -> shape): the
   // left-out ones gone, prefixed ones under the model's names (two spellings: the first in name
@@ -52,6 +73,9 @@ struct FolderLayout {
     std::string stored;          // the stored tensor's name
     int64_t row0 = 0;            // where this tensor's rows start in it
     std::vector<int64_t> shape;  // this tensor's
+    // A stacked parameter read from tensors apart (stored then empty): row e is these stored
+    // tensors, end to end.
+    std::vector<std::vector<std::string>> stack;
   };
   std::map<std::string, Place> places(const std::map<std::string, std::vector<int64_t>>& stored) const {
     std::map<std::string, Place> out;
@@ -77,6 +101,39 @@ struct FolderLayout {
         out[part] = p;
         row0 += n;
       }
+    }
+    for (const StackedTensor& s : stacked) {  // stored whole: read as it is
+      if (out.count(s.name) || s.rows.empty()) continue;
+      std::vector<int64_t> row_shape;
+      std::vector<std::vector<std::string>> stored_rows;  // the stored tensors' own names
+      bool whole = true;
+      for (const std::vector<std::string>& row : s.rows) {
+        int64_t n = 0;
+        std::vector<int64_t> first;
+        stored_rows.emplace_back();
+        for (const std::string& name : row) {
+          const auto it = out.find(name);
+          if (it == out.end() || it->second.shape.empty() || it->second.row0 != 0) {
+            whole = false;
+            break;
+          }
+          if (first.empty()) first = it->second.shape;
+          n += it->second.shape[0];
+          stored_rows.back().push_back(it->second.stored);
+        }
+        if (!whole) break;
+        first[0] = n;
+        if (row_shape.empty()) row_shape = first;
+        whole = whole && first == row_shape;  // rows of one shape, else the check names the parts
+      }
+      if (!whole) continue;
+      Place p;
+      p.shape = row_shape;
+      p.shape.insert(p.shape.begin(), static_cast<int64_t>(s.rows.size()));
+      p.stack = std::move(stored_rows);
+      for (const std::vector<std::string>& row : s.rows)
+        for (const std::string& name : row) out.erase(name);
+      out[s.name] = p;
     }
     return out;
   }

@@ -45,6 +45,9 @@ const std::set<std::string>& known_fields() {
       "sliding_window_pattern", "_sliding_window_pattern", "rope_local_base_freq", "use_bidirectional_attention",
       "no_rope_layers", "no_rope_layer_interval", "embedding_multiplier", "attention_multiplier", "residual_multiplier",
       "logits_scaling", "partial_rotary_factor", "original_max_position_embeddings", "resid_pdrop", "embd_pdrop",
+      "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+      "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "router_aux_loss_coef",
+      "output_router_logits", "router_jitter_noise", "qkv_bias",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
@@ -216,9 +219,10 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
              " rotated dimensions; the rotation needs an even number >= 2");
 }
 
-constexpr Family kAllFamilies[] = {Family::kLlama,   Family::kMistral, Family::kQwen2, Family::kQwen3,
-                                   Family::kGemma2,  Family::kGemma3,  Family::kOlmo2, Family::kSmolLM3,
-                                   Family::kGranite, Family::kPhi3};
+constexpr Family kAllFamilies[] = {Family::kLlama,   Family::kMistral,  Family::kQwen2,    Family::kQwen3,
+                                   Family::kGemma2,  Family::kGemma3,   Family::kOlmo2,    Family::kSmolLM3,
+                                   Family::kGranite, Family::kPhi3,     Family::kQwen3Moe, Family::kQwen2Moe,
+                                   Family::kMixtral};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -239,14 +243,19 @@ bool is_gemma(Family f) {
   return f == Family::kGemma2 || f == Family::kGemma3;
 }
 
-// Whether the family's sliding_window, when set, is every layer's (Mistral, Phi-3).
+// Whether the family's sliding_window, when set, is every layer's (Mistral, Phi-3, Mixtral).
 bool window_is_uniform(Family f) {
-  return f == Family::kMistral || f == Family::kPhi3;
+  return f == Family::kMistral || f == Family::kPhi3 || f == Family::kMixtral;
 }
 
-// Whether the family's sliding window is switched by use_sliding_window (Qwen2, Qwen3, SmolLM3).
+// Whether the family's sliding window is switched by use_sliding_window (Qwen2, Qwen3, SmolLM3, the Qwen MoEs).
 bool window_is_switched(Family f) {
-  return f == Family::kQwen2 || f == Family::kQwen3 || f == Family::kSmolLM3;
+  return f == Family::kQwen2 || f == Family::kQwen3 || f == Family::kSmolLM3 || f == Family::kQwen3Moe ||
+         f == Family::kQwen2Moe;
+}
+
+bool is_qwen_moe(Family f) {
+  return f == Family::kQwen3Moe || f == Family::kQwen2Moe;
 }
 
 // The layer's type when layer_types is not written, as transformers' config fills it in.
@@ -284,6 +293,8 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   }
   if (window_is_switched(c.family) && !c.use_sliding_window) return;  // sliding_window is then written but unused
   if (window == 0) return;
+  FSDP_CHECK(!is_qwen_moe(c.family), where, ": use_sliding_window is true; fsdptrain does not implement ",
+             family_names(c.family).architecture, "'s sliding windows yet (its released models set it false)");
   FSDP_CHECK(window >= 1, where, ": sliding_window is ", window, "; it must be >= 1 (or null for none)");
   c.sliding_window = window;
   c.sliding_layers.assign(static_cast<size_t>(n), window_is_uniform(c.family));
@@ -388,6 +399,59 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
                "; remove it, or set model_type to granite");
 }
 
+// The mixture of experts: Qwen3-MoE's and Qwen2-MoE's fields (num_experts, moe_intermediate_size,
+// decoder_sparse_step, mlp_only_layers, norm_topk_prob; Qwen2-MoE's shared expert), Mixtral's
+// (num_local_experts, intermediate_size per expert, the top-k always renormalised). Dense families
+// refuse the fields.
+void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
+  MoeConfig& m = c.moe;
+  const bool mixtral = c.family == Family::kMixtral;
+  if (!mixtral && !is_qwen_moe(c.family)) {
+    for (const char* key : {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                            "shared_expert_intermediate_size"})
+      FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a mixture-of-experts field, not one of ",
+                 family_names(c.family).architecture,
+                 "; remove it, or set model_type to qwen3_moe, qwen2_moe or mixtral");
+    return;
+  }
+  const bool qwen2 = c.family == Family::kQwen2Moe;
+  // The Hub's Qwen configs write num_experts; transformers 5 saves them as num_local_experts, as Mixtral's.
+  const char* experts_key = !mixtral && j.contains("num_experts") ? "num_experts" : "num_local_experts";
+  m.num_experts = field<int64_t>(j, experts_key, mixtral ? 8 : qwen2 ? 60 : 128, where);
+  m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : qwen2 ? 4 : 8, where);
+  m.intermediate_size =
+      mixtral ? c.intermediate_size : field<int64_t>(j, "moe_intermediate_size", qwen2 ? 1408 : 768, where);
+  m.norm_topk_prob = mixtral || field<bool>(j, "norm_topk_prob", false, where);
+  m.router_aux_loss_coef = field<double>(j, "router_aux_loss_coef", 0.001, where);
+  m.output_router_logits = field<bool>(j, "output_router_logits", false, where);
+  check_positive(where, {{experts_key, m.num_experts},
+                         {"num_experts_per_tok", m.experts_per_token},
+                         {mixtral ? "intermediate_size" : "moe_intermediate_size", m.intermediate_size}});
+  FSDP_CHECK(m.experts_per_token <= m.num_experts, where, ": num_experts_per_tok (", m.experts_per_token,
+             ") is more than the experts (", m.num_experts, ")");
+  FSDP_CHECK(m.router_aux_loss_coef >= 0, where, ": router_aux_loss_coef (", m.router_aux_loss_coef, ") must be >= 0");
+  if (mixtral) {
+    FSDP_CHECK(field<double>(j, "router_jitter_noise", 0.0, where) == 0.0, where, ": router_jitter_noise ",
+               j["router_jitter_noise"].dump(),
+               " is not supported; fsdptrain routes without noise (set it to 0.0, as Mixtral's released configs do)");
+    return;
+  }
+  m.decoder_sparse_step = field<int64_t>(j, "decoder_sparse_step", 1, where);
+  check_positive(where, {{"decoder_sparse_step", m.decoder_sparse_step}});
+  if (const json only = j.value("mlp_only_layers", json()); !only.is_null()) {
+    FSDP_CHECK(only.is_array(), where, ": mlp_only_layers must list layer indices, got ", only.dump());
+    for (const json& v : only) {
+      FSDP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < c.num_hidden_layers, where,
+                 ": mlp_only_layers holds ", v.dump(), "; each is a layer index in [0, ", c.num_hidden_layers, ")");
+      m.mlp_only_layers.push_back(v.get<int64_t>());
+    }
+  }
+  if (qwen2) {
+    m.shared_expert_intermediate_size = field<int64_t>(j, "shared_expert_intermediate_size", 5632, where);
+    check_positive(where, {{"shared_expert_intermediate_size", m.shared_expert_intermediate_size}});
+  }
+}
+
 }  // namespace
 
 FamilyNames family_names(Family f) {
@@ -410,6 +474,12 @@ FamilyNames family_names(Family f) {
       return {"granite", "GraniteForCausalLM", "GraniteDecoderLayer"};
     case Family::kPhi3:
       return {"phi3", "Phi3ForCausalLM", "Phi3DecoderLayer"};
+    case Family::kQwen3Moe:
+      return {"qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeDecoderLayer"};
+    case Family::kQwen2Moe:
+      return {"qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeDecoderLayer"};
+    case Family::kMixtral:
+      return {"mixtral", "MixtralForCausalLM", "MixtralDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -434,6 +504,8 @@ struct ClassName {
 const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
                                  {"Attention", "Attention", true},
                                  {"GatedMlp", "MLP", true},
+                                 {"MoeBlock", "SparseMoeBlock", true},
+                                 {"Experts", "Experts", true},
                                  {"Decoder", "Model", true},
                                  {"CausalLM", "ForCausalLM", true},
                                  {"TokenEmbedding", "Embedding", false},
@@ -483,28 +555,51 @@ double DecoderConfig::rope_attention_factor() const {
   return s.mscale != 0 && s.mscale_all_dim != 0 ? mscale(s.mscale) / mscale(s.mscale_all_dim) : mscale(1.0);
 }
 
+bool DecoderConfig::is_moe(int64_t layer) const {
+  return moe.num_experts > 0 && (layer + 1) % moe.decoder_sparse_step == 0 &&
+         std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), layer) == moe.mlp_only_layers.end();
+}
+
 LayerPlan DecoderConfig::plan(int64_t layer) const {
   LayerPlan p;
+  p.moe = is_moe(layer);
   p.window = window_of(layer);
   p.rotary = layer >= static_cast<int64_t>(rope_layers.size()) || rope_layers[layer] != 0;
   p.rope = local_rope_theta > 0 && p.window > 0 ? 1 : 0;
   return p;
 }
 
-double DecoderConfig::parameter_count() const {
-  const double c = static_cast<double>(hidden_size), d = static_cast<double>(head_dim),
-               h = static_cast<double>(num_attention_heads), k = static_cast<double>(num_key_value_heads),
-               f = static_cast<double>(intermediate_size);
+namespace {
+
+// The parameters of the model `c`, each sparse layer's experts counted `experts` at a time.
+double count_parameters(const DecoderConfig& dc, double experts) {
+  const double c = static_cast<double>(dc.hidden_size), d = static_cast<double>(dc.head_dim),
+               h = static_cast<double>(dc.num_attention_heads), k = static_cast<double>(dc.num_key_value_heads),
+               f = static_cast<double>(dc.intermediate_size);
   double attn = c * h * d + 2 * c * k * d + h * d * c;
-  if (attention_bias) attn += h * d + 2 * k * d + c;
-  if (qkv_bias) attn += h * d + 2 * k * d;
-  if (qk_norm) attn += 2 * d;
-  if (qk_norm_whole) attn += h * d + k * d;
+  if (dc.attention_bias) attn += h * d + 2 * k * d + c;
+  if (dc.qkv_bias) attn += h * d + 2 * k * d;
+  if (dc.qk_norm) attn += 2 * d;
+  if (dc.qk_norm_whole) attn += h * d + k * d;
   double mlp = 3 * c * f;
-  if (mlp_bias) mlp += 2 * f + c;
-  const double layer = attn + mlp + (norms == NormPlacement::kSandwich ? 4 : 2) * c;
-  return static_cast<double>(vocab_size) * c * (tie_word_embeddings ? 1 : 2) +
-         static_cast<double>(num_hidden_layers) * layer + c;
+  if (dc.mlp_bias) mlp += 2 * f + c;
+  const MoeConfig& m = dc.moe;
+  double sparse = static_cast<double>(m.num_experts) * c + experts * 3 * c * static_cast<double>(m.intermediate_size);
+  if (m.shared_expert_intermediate_size > 0) sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + c;
+  const double norms = (dc.norms == NormPlacement::kSandwich ? 4 : 2) * c;
+  double layers = 0;
+  for (int64_t l = 0; l < dc.num_hidden_layers; ++l) layers += attn + norms + (dc.is_moe(l) ? sparse : mlp);
+  return static_cast<double>(dc.vocab_size) * c * (dc.tie_word_embeddings ? 1 : 2) + layers + c;
+}
+
+}  // namespace
+
+double DecoderConfig::parameter_count() const {
+  return count_parameters(*this, static_cast<double>(moe.num_experts));
+}
+
+double DecoderConfig::active_parameter_count() const {
+  return count_parameters(*this, static_cast<double>(moe.experts_per_token));
 }
 
 int64_t DecoderConfig::num_parameters() const {
@@ -512,7 +607,8 @@ int64_t DecoderConfig::num_parameters() const {
 }
 
 double DecoderConfig::flops_per_token(int64_t seq_len) const {
-  const double n = static_cast<double>(num_parameters() - (tie_word_embeddings ? 0 : vocab_size * hidden_size));
+  const double n = active_parameter_count() -
+                   (tie_word_embeddings ? 0 : static_cast<double>(vocab_size) * static_cast<double>(hidden_size));
   double attention = 0;  // a sliding layer's query attends to at most its window's keys
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
     const int64_t w = window_of(l);
@@ -585,14 +681,20 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   c.rms_norm_eps = field<double>(j, "rms_norm_eps", c.rms_norm_eps, where);
   c.attention_bias = field<bool>(j, "attention_bias", false, where);
   c.mlp_bias = field<bool>(j, "mlp_bias", false, where);
-  c.qkv_bias = c.family == Family::kQwen2;
-  c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3;
+  c.qkv_bias = c.family == Family::kQwen2 ||
+               (c.family == Family::kQwen2Moe && field<bool>(j, "qkv_bias", true, where));
+  FSDP_CHECK(c.family == Family::kQwen2Moe || !j.contains("qkv_bias") || j["qkv_bias"].is_null(), where,
+             ": qkv_bias is a field of Qwen2MoeForCausalLM, not of ", family_names(c.family).architecture,
+             "; remove it");
+  c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3 || c.family == Family::kQwen3Moe;
   c.fused_projections = c.family == Family::kPhi3;
-  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3)  // not their fields
+  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
+      c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
     FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
                family_names(c.family).architecture, "; transformers ignores them, so remove them");
   parse_rope_layers(j, where, c);
   parse_sliding_window(j, where, c);
+  parse_moe(j, where, c);
   parse_form(j, where, c);
   const bool tied_by_default = is_gemma(c.family) || c.family == Family::kSmolLM3;
   c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", tied_by_default, where);
@@ -668,7 +770,8 @@ void write_form(json& j, const DecoderConfig& c) {
   const bool windowed = c.family != Family::kLlama && c.family != Family::kOlmo2 && c.family != Family::kGranite;
   if (windowed) j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   if (window_is_switched(c.family)) j["use_sliding_window"] = c.use_sliding_window;
-  if (c.family == Family::kQwen2 || c.family == Family::kQwen3) j["max_window_layers"] = c.max_window_layers;
+  if (c.family == Family::kQwen2 || c.family == Family::kQwen3 || c.family == Family::kQwen2Moe)
+    j["max_window_layers"] = c.max_window_layers;
   if (windowed && !window_is_uniform(c.family)) {
     json types = json::array();
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
@@ -679,6 +782,31 @@ void write_form(json& j, const DecoderConfig& c) {
     j["no_rope_layers"] = c.rope_layers;
     j["no_rope_layer_interval"] = c.no_rope_layer_interval;
   }
+}
+
+// The mixture of experts' fields, as the family names them.
+void write_moe(json& j, const DecoderConfig& c) {
+  const MoeConfig& m = c.moe;
+  if (c.family == Family::kMixtral) {
+    j["num_local_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.experts_per_token;
+    j["router_jitter_noise"] = 0.0;
+  } else if (is_qwen_moe(c.family)) {
+    j["num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.experts_per_token;
+    j["moe_intermediate_size"] = m.intermediate_size;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["decoder_sparse_step"] = m.decoder_sparse_step;
+    j["mlp_only_layers"] = m.mlp_only_layers;
+    if (c.family == Family::kQwen2Moe) {
+      j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+      j["qkv_bias"] = c.qkv_bias;
+    }
+  } else {
+    return;
+  }
+  j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+  j["output_router_logits"] = m.output_router_logits;
 }
 
 // One scaling as rope_scaling holds it: the type's own fields, as they were given.
@@ -757,10 +885,12 @@ std::string decoder_config_json(const DecoderConfig& c) {
             {"eos_token_id", c.eos_token_id_json.empty() ? json(nullptr) : json::parse(c.eos_token_id_json)},
             {"torch_dtype", c.dtype},
             {"dtype", c.dtype}};
-  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3) {
+  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
+      c.family == Family::kQwen2Moe || c.family == Family::kMixtral) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }
+  write_moe(j, c);
   write_form(j, c);
   write_rope(j, c);
   return j.dump(2) + "\n";
@@ -805,9 +935,35 @@ ModelDescription describe(const DecoderConfig& c) {
       add(p + "self_attn.q_norm.weight", {H * D});
       add(p + "self_attn.k_norm.weight", {K * D});
     }
-    linear(p + "mlp.gate_proj", C, F, c.mlp_bias);
-    linear(p + "mlp.up_proj", C, F, c.mlp_bias);
-    linear(p + "mlp.down_proj", F, C, c.mlp_bias);
+    if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
+      const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
+      const std::string m = p + "mlp.", x = m + "experts.";
+      linear(m + "gate", C, E, false);
+      add(x + "gate_up_proj", {E, 2 * I, C});
+      add(x + "down_proj", {E, C, I});
+      // The Hub's names: experts.N.{gate,up,down}_proj (Qwen), block_sparse_moe.experts.N.{w1,w3,w2} (Mixtral).
+      const bool mixtral = c.family == Family::kMixtral;
+      const std::string hub = mixtral ? p + "block_sparse_moe.experts." : x;
+      StackedTensor gate_up{x + "gate_up_proj", {}}, down{x + "down_proj", {}};
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string n = str(hub, e, ".");
+        gate_up.rows.push_back({n + (mixtral ? "w1" : "gate_proj") + ".weight", n + (mixtral ? "w3" : "up_proj") + ".weight"});
+        down.rows.push_back({n + (mixtral ? "w2" : "down_proj") + ".weight"});
+      }
+      d.layout.stacked.push_back(std::move(gate_up));
+      d.layout.stacked.push_back(std::move(down));
+      if (mixtral) d.layout.renamed.push_back({m + "gate.weight", p + "block_sparse_moe.gate.weight"});
+      if (const int64_t S = c.moe.shared_expert_intermediate_size; S > 0) {
+        linear(m + "shared_expert.gate_proj", C, S, false);
+        linear(m + "shared_expert.up_proj", C, S, false);
+        linear(m + "shared_expert.down_proj", S, C, false);
+        linear(m + "shared_expert_gate", C, 1, false);
+      }
+    } else {
+      linear(p + "mlp.gate_proj", C, F, c.mlp_bias);
+      linear(p + "mlp.up_proj", C, F, c.mlp_bias);
+      linear(p + "mlp.down_proj", F, C, c.mlp_bias);
+    }
     for (const char* norm : layer_norm_names(c.norms)) add(p + norm + ".weight", {C});
     if (c.fused_projections) {  // Phi-3: the folder's qkv_proj and gate_up_proj (no biases in the family)
       const std::string a = p + "self_attn.", m = p + "mlp.";

@@ -1,14 +1,15 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
-// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4): read into one LlamaConfig, written back for exports,
+// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, and the mixtures of experts Qwen3-MoE,
+// Qwen2-MoE and Mixtral): read into one DecoderConfig, written back for exports,
 // and described for the checkpoint layer (model/config/description.h). No LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
 // activation, the scores' scale and soft cap, the multipliers) and each layer its plan (LayerPlan:
-// window, rotary or not, which rotary table). The modules (model/layers/decoder.h) read these, never the
+// window, rotary or not, which rotary table, dense or mixture-of-experts feed-forward). The modules (model/layers/decoder.h) read these, never the
 // family; the family only names things (family_names) and picks the defaults transformers picks.
 //
 // Shapes use one vocabulary: C hidden_size, H query heads, K kv heads, D head_dim,
-// F intermediate_size, V vocab_size, L layers.
+// F intermediate_size, V vocab_size, L layers, E experts, I an expert's intermediate size.
 #pragma once
 
 #include <cstdint>
@@ -42,7 +43,21 @@ struct RopeScaling {
   std::vector<double> short_factor, long_factor;  // longrope, one per rotated frequency
 };
 
-enum class Family { kLlama, kMistral, kQwen2, kQwen3, kGemma2, kGemma3, kOlmo2, kSmolLM3, kGranite, kPhi3 };
+enum class Family {
+  kLlama,
+  kMistral,
+  kQwen2,
+  kQwen3,
+  kGemma2,
+  kGemma3,
+  kOlmo2,
+  kSmolLM3,
+  kGranite,
+  kPhi3,
+  kQwen3Moe,
+  kQwen2Moe,
+  kMixtral
+};
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
 // post_attention_layernorm before the MLP. kPost (OLMo 2): post_attention_layernorm on attention's
@@ -60,6 +75,25 @@ struct LayerPlan {
   int64_t window = 0;  // 0: full causal attention; else a query sees keys at most window - 1 back
   bool rotary = true;  // false: no position rotation (SmolLM3's NoPE layers)
   int rope = 0;        // the rotary table: 0 the global one (rope_theta), 1 the local (Gemma 3's sliding layers)
+  bool moe = false;    // the feed-forward is a mixture of experts (MoeConfig), else the dense GatedMlp
+};
+
+// A mixture-of-experts feed-forward (Qwen3-MoE, Qwen2-MoE, Mixtral), as transformers computes it: a
+// router (a bias-free linear C -> E) scores each token, the top experts_per_token of the softmax
+// (renormalised to sum 1 when norm_topk_prob) weigh their experts' SwiGLU outputs (each of width
+// intermediate_size); Qwen2-MoE adds a shared expert (its own width) times sigmoid(shared_expert_gate(x)).
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: every layer dense
+  int64_t experts_per_token = 0;
+  int64_t intermediate_size = 0;  // an expert's I (moe_intermediate_size; Mixtral's intermediate_size)
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;  // layer l is sparse when (l + 1) % step == 0 and not in mlp_only_layers
+  std::vector<int64_t> mlp_only_layers;
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE; 0: none
+  // The auxiliary load-balancing loss (transformers' load_balancing_loss_func) times this is added
+  // to the loss when output_router_logits, as transformers adds it.
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
 };
 
 // A family's Hugging Face names: config.json's model_type and architectures, the decoder layer class.
@@ -103,6 +137,8 @@ struct DecoderConfig {
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
   bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
+  MoeConfig moe;          // the sparse layers' feed-forward (LayerPlan::moe)
+  bool is_moe(int64_t layer) const;
   // Sliding-window attention: a query sees the keys at most sliding_window - 1 positions back, in
   // the layers marked in sliding_layers (one per layer; empty: none).
   int64_t sliding_window = 0;
@@ -148,13 +184,16 @@ struct DecoderConfig {
 
   int64_t num_parameters() const;  // distinct parameters (a tied head counted once)
   double parameter_count() const;  // the same in floating point: no overflow for any sizes
+  // The parameters a token passes through (a sparse layer's experts_per_token experts of num_experts).
+  double active_parameter_count() const;
   // Training FLOPs per token, the PaLM/torchtitan convention: 6 * N' + 12 * H * D * T per layer, where
-  // N' excludes the input embedding unless it is tied, and a sliding layer's T is at most its window.
+  // N' is the active parameters without the input embedding unless it is tied, and a sliding
+  // layer's T is at most its window.
   double flops_per_token(int64_t seq_len) const;
 };
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
-// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3; another is refused listing these;
+// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral; another is refused listing these;
 // gemma3, Gemma3ForConditionalGeneration, gives its text_config's model, text_of_multimodal). Accepts torch_dtype or
 // dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
 // use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the field, also for a
@@ -171,7 +210,9 @@ std::string decoder_config_json(const DecoderConfig& c);
 // What the checkpoint layer saves and loads of a model of config `c`: every parameter's Hugging
 // Face name and shape in the order the decoder registers them (a tied head as the embedding's
 // alias), the tensors a Hugging Face folder of the family holds fused (Phi-3's qkv_proj and
-// gate_up_proj), and the config.json to write beside them (fp32).
+// gate_up_proj) or apart (the Hub's experts one by one, which the model holds stacked as
+// transformers v5 does: experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)), and the
+// config.json to write beside them (fp32).
 ModelDescription describe(const DecoderConfig& c);
 
 }  // namespace fsdp::model

@@ -68,7 +68,14 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
       norms(c.norms),
       residual_multiplier(c.residual_multiplier) {
   self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
-  mlp = register_module("mlp", GatedMlp(c, tp));
+  if (c.plan(layer).moe) {
+    FSDP_CHECK(!tp, "[model] ", family_names(c.family).architecture,
+               ": a mixture-of-experts layer under tensor parallel is not implemented yet; set "
+               "parallelism_config_tp_size: 1");
+    moe = register_module("mlp", MoeBlock(c));
+  } else {
+    mlp = register_module("mlp", GatedMlp(c, tp));
+  }
   // In layer_norm_names' order (describe() lists them so; decoder_test holds the two together).
   auto add = [&](const char* name) { return register_module(name, norm_of(c, c.hidden_size)); };
   if (norms != NormPlacement::kPost) input_layernorm = add("input_layernorm");
@@ -81,17 +88,21 @@ at::Tensor DecoderLayerImpl::residual(const at::Tensor& x, const at::Tensor& y) 
   return residual_multiplier == 1.0 ? x + y : x + y * residual_multiplier;
 }
 
+at::Tensor DecoderLayerImpl::feed_forward(const at::Tensor& h) {
+  return moe ? moe->forward(h) : mlp->forward(h);
+}
+
 // The MLP's half of the layer. Pre: post_attention_layernorm is the MLP's input norm.
 at::Tensor DecoderLayerImpl::mlp_part(const at::Tensor& h) {
   switch (norms) {
     case NormPlacement::kPre:
-      return residual(h, mlp->forward(post_attention_layernorm(h)));
+      return residual(h, feed_forward(post_attention_layernorm(h)));
     case NormPlacement::kPost:
-      return residual(h, post_feedforward_layernorm(mlp->forward(h)));
+      return residual(h, post_feedforward_layernorm(feed_forward(h)));
     case NormPlacement::kSandwich:
       break;
   }
-  return residual(h, post_feedforward_layernorm(mlp->forward(pre_feedforward_layernorm(h))));
+  return residual(h, post_feedforward_layernorm(feed_forward(pre_feedforward_layernorm(h))));
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -194,6 +205,29 @@ at::Tensor CausalLMImpl::logits_of(const at::Tensor& h) {
   if (config.logits_scaling != 1.0) logits = logits / config.logits_scaling;
   if (config.final_softcap > 0) logits = at::tanh(logits / config.final_softcap) * config.final_softcap;
   return logits;
+}
+
+namespace {
+
+std::vector<const RouterStats*> router_stats(const Decoder& model) {
+  std::vector<const RouterStats*> out;
+  for (const auto& layer : *model->layers)
+    if (const auto& moe = layer->as<DecoderLayerImpl>()->moe) out.push_back(&moe->last);
+  return out;
+}
+
+}  // namespace
+
+at::Tensor CausalLMImpl::router_aux_loss() const {
+  return load_balancing_loss(router_stats(model), config.moe.num_experts);
+}
+
+at::Tensor CausalLMImpl::expert_load() const {
+  at::Tensor out;
+  for (const RouterStats* s : router_stats(model))
+    if (s->tokens_per_expert.defined())
+      out = out.defined() ? out + s->tokens_per_expert : s->tokens_per_expert;
+  return out;
 }
 
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packed& packed) {

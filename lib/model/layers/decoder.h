@@ -38,6 +38,7 @@
 #include "model/config/hf_config.h"
 #include "model/layers/attention.h"
 #include "model/layers/mlp.h"
+#include "model/layers/moe.h"
 #include "model/layers/norm.h"
 #include "model/layers/rotary.h"
 
@@ -54,7 +55,9 @@ class DecoderLayerImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   Attention self_attn{nullptr};
+  // The feed-forward, registered as "mlp": dense, or a mixture of experts where the plan says (LayerPlan::moe).
   GatedMlp mlp{nullptr};
+  MoeBlock moe{nullptr};
   // As the config's NormPlacement places them (layer_norm_names): pre (input, post_attention on the
   // MLP's input), post (post_attention and post_feedforward on the blocks' outputs) or sandwich (all four).
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr}, pre_feedforward_layernorm{nullptr},
@@ -65,7 +68,8 @@ class DecoderLayerImpl : public torch::nn::Module {
  private:
   // x + block's output (times residual_multiplier when it is not 1).
   at::Tensor residual(const at::Tensor& x, const at::Tensor& y) const;
-  at::Tensor mlp_part(const at::Tensor& h);  // h plus the MLP's part, with its norms
+  at::Tensor mlp_part(const at::Tensor& h);      // h plus the MLP's part, with its norms
+  at::Tensor feed_forward(const at::Tensor& h);  // the dense MLP's or the experts' output
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -121,6 +125,12 @@ class CausalLMImpl : public torch::nn::Module {
   // hidden states (..., C) -> logits (..., V) with the config's logits_scaling and final soft cap
   // (an unsplit model).
   at::Tensor logits_of(const at::Tensor& h);
+  // The auxiliary load-balancing loss of the last forward's routing (transformers'
+  // load_balancing_loss_func over every sparse layer, before router_aux_loss_coef); undefined for a
+  // dense model.
+  at::Tensor router_aux_loss() const;
+  // The last forward's top-k assignments per expert (E) fp32, summed over the sparse layers; undefined for a dense model.
+  at::Tensor expert_load() const;
 
   DecoderConfig config;
   Decoder model{nullptr};

@@ -12,10 +12,10 @@
 
 namespace fsdp::model {
 
-GatedMlpImpl::GatedMlpImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> t)
+GatedMlpImpl::GatedMlpImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> t, int64_t intermediate)
     : torch::nn::Module("GatedMlp"), tp(std::move(t)), activation(c.activation) {
   auto linear = [&](int64_t in, int64_t out) { return uninitialized_linear(in, out, c.mlp_bias); };
-  const int64_t f = share(c.intermediate_size, tp, "intermediate_size");
+  const int64_t f = share(intermediate > 0 ? intermediate : c.intermediate_size, tp, "intermediate_size");
   gate_proj = register_module("gate_proj", linear(c.hidden_size, f));
   up_proj = register_module("up_proj", linear(c.hidden_size, f));
   down_proj = register_module("down_proj", linear(f, c.hidden_size));

@@ -1,0 +1,95 @@
+#include "model/layers/moe.h"
+
+#include <ATen/ATen.h>
+
+#include "model/kernels/ops.h"
+#include "model/layers/projection.h"
+
+namespace fsdp::model {
+
+ExpertsImpl::ExpertsImpl(const DecoderConfig& c) : torch::nn::Module("Experts"), activation(c.activation) {
+  const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size, C = c.hidden_size;
+  gate_up_proj = register_parameter("gate_up_proj", at::empty({E, 2 * I, C}));
+  down_proj = register_parameter("down_proj", at::empty({E, C, I}));
+}
+
+at::Tensor ExpertsImpl::forward(const at::Tensor& x, const std::vector<int64_t>& counts) {
+  const kernels::Ops& ops = kernels::ops_for(x);
+  std::vector<at::Tensor> out;
+  int64_t row = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] == 0) continue;
+    const at::Tensor xe = x.narrow(0, row, counts[e]);
+    row += counts[e];
+    const at::Tensor gate_up = at::matmul(xe, gate_up_proj[static_cast<int64_t>(e)].t());  // (n, 2I)
+    at::Tensor h;
+    if (activation == Activation::kSilu) {
+      h = ops.swiglu(gate_up);
+    } else {
+      const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);
+      h = at::gelu(parts[0], "tanh") * parts[1];
+    }
+    out.push_back(at::matmul(h, down_proj[static_cast<int64_t>(e)].t()));  // (n, C)
+  }
+  if (out.empty()) return x.new_zeros({0, x.size(1)});
+  return out.size() == 1 ? out[0] : at::cat(out, 0);
+}
+
+MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c)
+    : torch::nn::Module("MoeBlock"), top_k(c.moe.experts_per_token), norm_topk_prob(c.moe.norm_topk_prob) {
+  // In describe()'s order: the router, the experts, the shared expert and its gate.
+  gate = register_module("gate", uninitialized_linear(c.hidden_size, c.moe.num_experts, false));
+  experts = register_module("experts", Experts(c));
+  if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
+    DecoderConfig shared = c;
+    shared.mlp_bias = false;
+    shared_expert = register_module("shared_expert", GatedMlp(shared, nullptr, s));
+    shared_expert_gate = register_module("shared_expert_gate", uninitialized_linear(c.hidden_size, 1, false));
+  }
+}
+
+at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
+  const int64_t C = input.size(-1), E = gate->weight.size(0);
+  const at::Tensor x = input.reshape({-1, C});  // (N, C)
+  const int64_t N = x.size(0);
+  const at::Tensor logits = at::linear(x, gate->weight);  // (N, E), the compute dtype
+  const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
+  auto [weights, chosen] = at::topk(probs, top_k, -1);  // (N, k) fp32, int64
+  if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  // The aux loss's statistics: transformers' load_balancing_loss_func takes the softmax in the
+  // logits' dtype and its own top-k of it (the same experts in fp32).
+  last.tokens_per_expert =  // no host sync (bincount's length would take one on a GPU)
+      at::zeros({E}, probs.options()).scatter_add_(0, chosen.reshape(-1), at::ones({N * top_k}, probs.options()));
+  last.probability_sum = (logits.scalar_type() == at::kFloat ? probs : at::softmax(logits, -1).to(at::kFloat)).sum(0);
+  last.rows = N;
+  // Group the (token, slot) pairs by expert; each token's outputs then add in expert order.
+  const at::Tensor flat = chosen.reshape(-1);
+  const at::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));  // (N k)
+  const at::Tensor token = order.div(top_k, "floor");
+  const std::vector<int64_t> counts = [&] {
+    const at::Tensor n = last.tokens_per_expert.to(at::kCPU).to(at::kLong);  // once a layer
+    return std::vector<int64_t>(n.data_ptr<int64_t>(), n.data_ptr<int64_t>() + E);
+  }();
+  const at::Tensor y = experts->forward(x.index_select(0, token), counts);  // (N k, C)
+  const at::Tensor w = weights.reshape(-1).index_select(0, order).unsqueeze(1);  // (N k, 1) fp32
+  at::Tensor out = at::zeros({N, C}, x.options().dtype(at::kFloat)).index_add(0, token, y.to(at::kFloat) * w);
+  out = out.to(x.scalar_type());
+  if (shared_expert)
+    out = out + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x.unsqueeze(0)).squeeze(0);
+  return out.reshape(input.sizes());
+}
+
+at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts) {
+  at::Tensor tokens, probability;
+  double rows = 0;
+  for (const RouterStats* s : layers) {
+    if (!s->probability_sum.defined()) continue;
+    tokens = tokens.defined() ? tokens + s->tokens_per_expert : s->tokens_per_expert;
+    probability = probability.defined() ? probability + s->probability_sum : s->probability_sum;
+    rows += static_cast<double>(s->rows);
+  }
+  if (!tokens.defined() || rows == 0) return {};
+  return (tokens / rows * (probability / rows)).sum() * static_cast<double>(num_experts);
+}
+
+}  // namespace fsdp::model

@@ -1,0 +1,66 @@
+// The mixture-of-experts feed-forward (Qwen3-MoE, Qwen2-MoE, Mixtral), as transformers computes it
+// and names it: a router `gate` (C -> E, no bias) scores each token; softmax over the experts in
+// fp32, the top experts_per_token kept (renormalised to sum 1 when norm_topk_prob); each kept
+// expert's SwiGLU output times its weight, summed in fp32; Qwen2-MoE adds a shared expert times
+// sigmoid(shared_expert_gate(x)). The experts are held stacked as transformers v5 holds them
+// (experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)); the checkpoint layer reads and
+// writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
+//
+// Tokens are grouped by expert (a stable sort of the routed (token, slot) pairs by expert, so each
+// token's outputs add in expert order, as transformers' loop adds them) and each expert's rows run
+// as one product each for gate/up and down. The expert counts come to the host once a layer.
+//
+// Not thread-safe (LibTorch modules).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "model/config/hf_config.h"
+#include "model/layers/mlp.h"
+
+namespace fsdp::model {
+
+// The experts' weights, stacked: expert e's gate rows then up rows in gate_up_proj[e], its down in down_proj[e].
+class ExpertsImpl : public torch::nn::Module {
+ public:
+  explicit ExpertsImpl(const DecoderConfig& c);
+  // x (N, C): rows grouped by expert, counts[e] rows for expert e in order -> (N, C), each row
+  // through its expert's SwiGLU.
+  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& counts);
+  at::Tensor gate_up_proj, down_proj;
+  Activation activation;
+};
+TORCH_MODULE(Experts);
+
+// What the router did in a forward, for the auxiliary load-balancing loss and the load log.
+struct RouterStats {
+  at::Tensor tokens_per_expert;  // (E) fp32: top-k assignments per expert (no gradient)
+  at::Tensor probability_sum;    // (E) fp32: the softmax's column sums (with gradient)
+  int64_t rows = 0;              // tokens routed
+};
+
+class MoeBlockImpl : public torch::nn::Module {
+ public:
+  explicit MoeBlockImpl(const DecoderConfig& c);
+  at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
+  torch::nn::Linear gate{nullptr};           // the router (E, C)
+  Experts experts{nullptr};
+  GatedMlp shared_expert{nullptr};                 // Qwen2-MoE
+  torch::nn::Linear shared_expert_gate{nullptr};  // Qwen2-MoE: (1, C)
+  int64_t top_k;
+  bool norm_topk_prob;
+  RouterStats last;  // the last forward's, when it recorded gradients or the router is asked
+};
+TORCH_MODULE(MoeBlock);
+
+// transformers' load_balancing_loss_func over the layers' stats (summed over layers, then the
+// product): num_experts * sum_e (assignments_e / rows) * (probability_e / rows). Undefined with no stats.
+at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts);
+
+}  // namespace fsdp::model
