@@ -38,15 +38,31 @@ double eta_seconds(int64_t step, int64_t steps, double elapsed_s) {
   return step > 0 ? elapsed_s / static_cast<double>(step) * static_cast<double>(steps - step) : 0;
 }
 
+// label then v with `digits` decimals.
+std::string fixed(const char* label, double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%s%.*f", label, digits, v);
+  return buf;
+}
+
 }  // namespace
 
 std::string format_metrics(const StepMetrics& m) {
   char head[160];
   std::snprintf(head, sizeof(head), "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f",
                 static_cast<long long>(m.step), static_cast<long long>(m.steps), m.loss, m.lr, m.grad_norm);
+  std::string moe;
+  if (m.aux_loss) moe += fixed(" | aux loss ", *m.aux_loss, 4);
+  if (!m.expert_load.empty()) {
+    double sum = 0;
+    for (double v : m.expert_load) sum += v;
+    const double mean = sum / static_cast<double>(m.expert_load.size());
+    const auto [lo, hi] = std::minmax_element(m.expert_load.begin(), m.expert_load.end());
+    if (mean > 0) moe += fixed(" | experts' load max ", *hi / mean, 2) + fixed(" min ", *lo / mean, 2) + " of mean";
+  }
   char mfu[32] = "n/a";
   if (m.mfu) std::snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * *m.mfu);
-  return str(head, " | ", format_count(m.tokens_per_s), " tok/s (", format_count(m.tokens_per_s_per_device),
+  return str(head, moe, " | ", format_count(m.tokens_per_s), " tok/s (", format_count(m.tokens_per_s_per_device),
              "/device) | MFU ", mfu, " | peak mem ", format_bytes(m.peak_memory_bytes), " | ",
              static_cast<int64_t>(m.step_time_s * 1000 + 0.5), " ms/step | ETA ",
              duration(eta_seconds(m.step, m.steps, m.elapsed_s)));
@@ -73,6 +89,8 @@ std::string metrics_json(const StepMetrics& m) {
                       {"mfu", m.mfu ? nlohmann::json(*m.mfu) : nlohmann::json(nullptr)},
                       {"peak_memory_bytes", m.peak_memory_bytes},
                       {"step_time_s", m.step_time_s}};
+  if (m.aux_loss) j["aux_loss"] = *m.aux_loss;
+  if (!m.expert_load.empty()) j["expert_load"] = m.expert_load;
   return j.dump();
 }
 

@@ -247,6 +247,8 @@ void RunReport::log_metrics(const StepResult& result) {
   m.loss = result.loss;
   m.lr = result.lr;
   m.grad_norm = result.grad_norm;
+  m.aux_loss = result.aux_loss;
+  m.expert_load = result.expert_load;
   m.step_time_s = seconds_since(window_start_) / static_cast<double>(result.step - window_step_);
   m.tokens_per_s = run_.tokens_per_step() / m.step_time_s;
   m.tokens_per_s_per_device = m.tokens_per_s / run_.context().world_size;

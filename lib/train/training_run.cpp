@@ -329,7 +329,18 @@ void TrainingRun::build_model() {
   adamw_ = std::make_unique<optim::ShardedAdamW>(
       *sharded_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, config_.engine.offload_overlap});
   const auto bytes = sharded_->persistent_bytes();
-  say(str("[train] model: ", model_config_.num_parameters(), " parameters, ", sharded_->groups().size(),
+  std::string experts;  // a mixture of experts: what a token passes through
+  if (const model::MoeConfig& m = model_config_.moe; m.num_experts > 0) {
+    int64_t sparse = 0;
+    for (int64_t l = 0; l < model_config_.num_hidden_layers; ++l) sparse += model_config_.is_moe(l) ? 1 : 0;
+    experts = str(" (", static_cast<int64_t>(model_config_.active_parameter_count()), " active a token: ",
+                  m.experts_per_token, " of ", m.num_experts, " experts in ", sparse, " of ",
+                  model_config_.num_hidden_layers, " layers",
+                  m.output_router_logits ? str(", the auxiliary loss times ", m.router_aux_loss_coef, " added")
+                                         : std::string(", the auxiliary loss logged, not added (output_router_logits)"),
+                  ")");
+  }
+  say(str("[train] model: ", model_config_.num_parameters(), " parameters", experts, ", ", sharded_->groups().size(),
           " units; per rank ", format_bytes(bytes.params),
           lora.enabled() ? " of shards (frozen ones in the compute dtype) + " : " of fp32 shards + ",
           format_bytes(bytes.grads), " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ",
@@ -485,8 +496,12 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
   const int averaged = dp_size() * cp_size_;
   const double per_rank = tokens_per_step() / averaged;
   const at::Tensor per_rank_masked = !every_target_counts_ ? counted.clamp_min(1.0) / averaged : at::Tensor();
-  at::Tensor reduced = at::zeros({2}, at::TensorOptions().dtype(at::kDouble).device(context_.device));
+  // loss sum, stop flag, and for a mixture of experts the aux loss and each expert's load.
+  const model::MoeConfig& moe = lm_->config.moe;
+  at::Tensor reduced = at::zeros({moe.num_experts > 0 ? 3 + moe.num_experts : 2},
+                                 at::TensorOptions().dtype(at::kDouble).device(context_.device));
   at::Tensor loss_sum = reduced.narrow(0, 0, 1);
+  const double micro_batches = static_cast<double>(batches.inputs.size());
   for (size_t micro = 0; micro < batches.inputs.size(); ++micro) {
     sharded_->set_requires_gradient_sync(micro + 1 == batches.inputs.size());
     at::Tensor loss;
@@ -499,12 +514,13 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
         per_rank_masked.defined() ? loss / per_rank_masked.to(loss.scalar_type()).reshape({}) : loss / per_rank;
     // A mixture of experts with output_router_logits: each micro-batch's auxiliary load-balancing
     // loss times router_aux_loss_coef, as transformers adds it to each forward's loss (the ranks'
-    // and micro-batches' mean, as their gradients average).
-    const model::MoeConfig& moe = lm_->config.moe;
-    if (moe.output_router_logits && moe.router_aux_loss_coef > 0)
-      if (const at::Tensor aux = lm_->router_aux_loss(); aux.defined())
-        objective = objective + aux.to(objective.scalar_type()) *
-                                    (moe.router_aux_loss_coef / static_cast<double>(batches.inputs.size()));
+    // and micro-batches' mean, as their gradients average). Logged either way, with the load.
+    if (const at::Tensor aux = lm_->router_aux_loss(); aux.defined()) {
+      if (moe.output_router_logits && moe.router_aux_loss_coef > 0)
+        objective = objective + aux.to(objective.scalar_type()) * (moe.router_aux_loss_coef / micro_batches);
+      reduced.narrow(0, 2, 1).add_(aux.detach().to(at::kDouble) / micro_batches);
+      reduced.narrow(0, 3, moe.num_experts).add_(lm_->expert_load().to(at::kDouble));
+    }
     objective.backward();
     loss_sum.add_(loss.detach());
   }
@@ -530,7 +546,9 @@ void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, con
   if (tp_size() > 1) loss_sum.div_(tp_size());
   dump_gradients(step);
   const at::Tensor norm = optim::grad_norm(*sharded_);
-  const at::Tensor stats = at::cat({loss_sum, counted, norm.to(loss_sum.device())});  // loss, stop, counted, norm
+  // loss, stop, counted, norm (and a mixture of experts' aux loss and load)
+  const at::Tensor stats = at::cat({loss_sum.narrow(0, 0, 2), counted, norm.to(loss_sum.device()),
+                                    loss_sum.narrow(0, 2, loss_sum.size(0) - 2)});
   // Clipped inside AdamW's kernel (the gradients divided there): no pass over them of its own.
   adamw_->step(at::logical_or(stats.isfinite().all().logical_not(), counted.eq(0).all()),
                optim::clip_divisor(norm, config_.optimizer.grad_clip));
@@ -539,7 +557,7 @@ void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, con
   p.step = step;
   p.lr = lr;
   if (context_.device.is_cuda()) {
-    p.host = at::empty({4}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    p.host = at::empty({stats.size(0)}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
     p.host.copy_(stats, /*non_blocking=*/true);
     const c10::impl::VirtualGuardImpl guard(context_.device.type());
     p.copied.emplace(context_.device.type());
@@ -567,6 +585,10 @@ StepResult TrainingRun::judge(const PendingStep& p) const {
   r.lr = p.lr;
   r.stop = v[1] > 0;
   r.grad_norm = v[3];
+  if (const int64_t extra = p.host.size(0) - 4; extra > 0) {  // a mixture of experts
+    r.aux_loss = v[4] / static_cast<double>(dp_size() * cp_size_);
+    r.expert_load.assign(v + 5, v + 4 + extra);
+  }
   if (counted == 0) {
     r.skipped = "the global batch holds no target token (only prompts); step skipped";
     return r;

@@ -37,6 +37,10 @@ struct StepResult {
   double lr = 0;
   std::string skipped;  // why the update was skipped (a non-finite loss or gradient, no target); "" when applied
   bool stop = false;    // some rank was asked to stop (StopSignals) before this step's numbers were reduced
+  // A mixture of experts: the auxiliary loss (the ranks' and micro-batches' mean, before
+  // router_aux_loss_coef) and the step's top-k assignments per expert, summed over ranks and layers.
+  std::optional<double> aux_loss;
+  std::vector<double> expert_load;
 };
 
 // One step's micro-batches, read ahead on a helper thread while the step before runs.
@@ -52,7 +56,8 @@ struct PendingStep {
   int64_t step = 0;
   double lr = 0;
   at::Tensor
-      host;  // (4) double: loss sum, stop flag, counted, norm; pinned and filled by an asynchronous copy on a GPU
+      host;  // (4) double: loss sum, stop flag, counted, norm (a mixture of experts: then the aux loss
+             // and each expert's load); pinned and filled by an asynchronous copy on a GPU
   std::optional<c10::Event> copied;  // marks that copy done (none on CPU, where it is done at once)
 };
 

@@ -141,7 +141,11 @@ def worker(rank, args, port):
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa")
+    from transformers import AutoConfig
+    moe = hasattr(AutoConfig.from_pretrained(args.model), "router_aux_loss_coef")
+    # A mixture of experts: transformers' own loop over the experts (its grouped products take no float64).
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa",
+                                                 **({"experts_implementation": "eager"} if moe else {}))
     hf = model
     if args.adapter:
         from peft import PeftModel
@@ -196,11 +200,17 @@ def worker(rank, args, port):
                 (loss_sum / (B * T)).backward()
             total = loss_sum.detach().full_tensor().clone()
         else:
-            logits = model(input_ids=x).logits
+            out = model(input_ids=x)
+            logits = out.logits
             loss_sum = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
                                                          reduction="sum")
-            # Each rank's mean over its tokens; fully_shard averages the gradients over the ranks.
-            (loss_sum / (B * T)).backward()
+            # Each rank's mean over its tokens; fully_shard averages the gradients over the ranks. A
+            # mixture of experts with output_router_logits adds its auxiliary loss, as transformers'
+            # own loss does (the logged loss stays the cross-entropy).
+            objective = loss_sum / (B * T)
+            if getattr(out, "aux_loss", None) is not None:
+                objective = objective + hf.config.router_aux_loss_coef * out.aux_loss
+            objective.backward()
             total = loss_sum.detach().clone()
         dist.all_reduce(total)
         total /= args.tp  # a tp group's ranks computed the same loss

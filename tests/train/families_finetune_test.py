@@ -1,4 +1,4 @@
-"""A fine-tune of each family issue 60 added, end to end: transformers makes the folder (its own
+"""A fine-tune of each family issues 60 and 61 added, end to end: transformers makes the folder (its own
 initial weights, the fine-tuning example's tokenizer and records), `fsdptrain launch` trains it on
 2 CPU workers (FSDP, packed prompt/completion records) and exports it, and then
   - the loss falls over the run;
@@ -8,7 +8,8 @@ initial weights, the fine-tuning example's tokenizer and records), `fsdptrain la
     token for token.
 The families' configs set what makes them differ from Llama away from its default (caps, scales,
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
-and the folder's fused projections); and a Gemma3ForConditionalGeneration folder, refused without
+and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
+the auxiliary loss in the training loss); and a Gemma3ForConditionalGeneration folder, refused without
 model.text_only and trained as its text model with it."""
 import argparse
 import json
@@ -49,6 +50,17 @@ def configs(vocab):
                                          rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0],
                                                        "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0]}),
                  transformers.Phi3ForCausalLM),
+        # Issue 61's mixtures of experts: Qwen3-MoE with its auxiliary loss in the training loss
+        # (output_router_logits) and a dense layer, Qwen2-MoE's shared expert, Mixtral.
+        "qwen3_moe": (transformers.Qwen3MoeConfig(**common, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, mlp_only_layers=[2], norm_topk_prob=True,
+                                                  output_router_logits=True, router_aux_loss_coef=0.01),
+                      transformers.Qwen3MoeForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, shared_expert_intermediate_size=48),
+                      transformers.Qwen2MoeForCausalLM),
+        "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
+                    transformers.MixtralForCausalLM),
     }
 
 
@@ -85,7 +97,9 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
     export = os.path.join(out, "export", "step-30")
     assert losses[-1] < 0.8 * losses[0], (name, losses)
 
-    model = (export_cls or cls).from_pretrained(export, dtype=torch.float32, attn_implementation="eager").eval()
+    eager = {"experts_implementation": "eager"} if hasattr(config, "router_aux_loss_coef") else {}
+    model = (export_cls or cls).from_pretrained(export, dtype=torch.float32, attn_implementation="eager",
+                                                **eager).eval()
     texts = sorted({r["prompt"] + r["completion"] for r in rows})[:8]
     tokens = [fast(t).input_ids for t in texts]
     ours = json.loads(run([a.tool, "logits-of", export, json.dumps(tokens)]).stdout.splitlines()[-1])
@@ -150,7 +164,8 @@ def main():
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("--families", default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal")
+    ap.add_argument("--families",
+                    default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal,qwen3_moe,qwen2_moe,mixtral")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])

@@ -3,7 +3,7 @@ PEFT reads.
 
 From one tiny Llama (transformers, random) and adapters PEFT made (init_lora_weights=False, so
 every adapter matrix starts non-zero), with and without modules_to_save, at W=1 and W=2 (and a
-tiny Qwen2, biases and a tied head, at W=2):
+tiny Qwen2, biases and a tied head, at W=2; a Qwen2-MoE, its stacked experts frozen, at W=2):
   - fsdptrain (lora.init = the adapter; at W=2 with each kernel provider: the CPU's own kernels,
     the GPU's run by the CPU, ATen's ops one by one) and scripts/reference/fsdp2_llama.py --adapter
     (PEFT's PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
@@ -254,6 +255,38 @@ def qwen2_parity(args, tmp, data):
           f"ensure_weight_tying, and PEFT loads it with both set to the trained embedding")
 
 
+def moe_parity(args, tmp, data):
+    """A mixture of experts (issue 61): Qwen2-MoE with a dense layer and a sparse one (a router, 4
+    stacked experts, a shared expert), adapters on attention and on every down_proj PEFT adapts (the
+    dense layer's and the shared expert's; the stacked experts are no linear layers, so they stay
+    frozen, as in PEFT), at W=2: PEFT's losses, gradients and trained tensors; the export has PEFT's keys."""
+    config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
+    config.update(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+                  moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[0])
+    for key in ("attention_bias", "mlp_bias", "head_dim"):
+        config.pop(key)
+    torch.manual_seed(3)
+    base = os.path.join(tmp, "qwen2_moe")
+    Qwen2MoeForCausalLM(Qwen2MoeConfig(**config)).save_pretrained(base, safe_serialization=True)
+    CASES["qwen2_moe"] = (dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
+                          "lora:\n  r: 4\n  target_modules: [q_proj, v_proj, down_proj]\n")
+    torch.manual_seed(1)
+    model = get_peft_model(Qwen2MoeForCausalLM.from_pretrained(base),
+                           LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES["qwen2_moe"][0]))
+    adapter = os.path.join(tmp, "peft-qwen2moe")
+    model.save_pretrained(adapter)
+    out, _ = parity(args, tmp, "qwen2_moe", 2, base, data, adapter)
+    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
+    config = LoraConfig(task_type="CAUSAL_LM", **CASES["qwen2_moe"][0])
+    expected = set(get_peft_model_state_dict(get_peft_model(Qwen2MoeForCausalLM.from_pretrained(base), config)))
+    got = set(load_file(os.path.join(export, "adapter_model.safetensors")))
+    check(got == expected, f"qwen2_moe: export keys vs PEFT's: missing {sorted(expected - got)}, "
+                           f"unexpected {sorted(got - expected)}")
+    check(any("shared_expert.down_proj" in k for k in got), "qwen2_moe: no adapter on the shared expert")
+    print(f"ok qwen2_moe: the export has PEFT's {len(got)} keys (the shared expert's and the dense layer's "
+          f"down_proj among them; the stacked experts frozen)")
+
+
 def phi3_parity(args, tmp, data):
     """Phi-3's checkpoints fuse q, k and v into qkv_proj and gate and up into gate_up_proj, which PEFT
     adapts whole (one lora_A for the parts): adapters on them train as PEFT's at W=2, export under
@@ -379,6 +412,7 @@ def main():
 
         qwen2_parity(args, tmp, data)
         phi3_parity(args, tmp, data)
+        moe_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any
         # output folder exists.

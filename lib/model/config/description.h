@@ -29,8 +29,9 @@ struct FusedTensor {
 
 // One parameter (E, R, ...) that a Hugging Face folder holds as tensors apart: its row e is the
 // tensors of rows[e] end to end (the Hub's Qwen3-MoE: experts.e.gate_proj.weight (I, C) and
-// experts.e.up_proj.weight for experts.gate_up_proj's (2I, C)). A folder may hold the parameter
-// whole instead (transformers v5 can write either); exports write the tensors apart, as the Hub has them.
+// experts.e.up_proj.weight for experts.gate_up_proj's (2I, C)); a row's parts have equal rows. A
+// folder may hold the parameter whole instead (transformers v5 can write either); exports write the
+// tensors apart, as the Hub has them.
 struct StackedTensor {
   std::string name;                             // the parameter's
   std::vector<std::vector<std::string>> rows;   // each row's stored tensors, in order
@@ -65,10 +66,12 @@ struct FolderLayout {
     return mine;
   }
   // Where each tensor the model reads lies in a folder that stores `stored` (name -> shape): the
-  // left-out ones gone, prefixed ones under the model's names (two spellings: the first in name
-  // order), and a fused tensor of its parts' rows read as its parts, one after another, unless the
-  // parts are stored themselves or its rows differ (the checkpoint check then names it). One rule
-  // for reading a folder (ckpt/sources.cpp) and checking it (ckpt/hf.cpp).
+  // left-out ones gone, prefixed and renamed ones under the model's names (two spellings: the first
+  // in name order), a fused tensor of its parts' rows read as its parts, one after another, unless
+  // the parts are stored themselves or its rows differ, and a stacked parameter stored apart read
+  // from its rows' tensors, unless it is stored whole or a part is missing (the checkpoint check
+  // then names what differs). One rule for reading a folder (ckpt/sources.cpp) and checking it
+  // (ckpt/hf.cpp).
   struct Place {
     std::string stored;          // the stored tensor's name
     int64_t row0 = 0;            // where this tensor's rows start in it
@@ -80,7 +83,7 @@ struct FolderLayout {
   std::map<std::string, Place> places(const std::map<std::string, std::vector<int64_t>>& stored) const {
     std::map<std::string, Place> out;
     for (const auto& [name, shape] : stored)
-      if (const std::string mine = ours(name); !mine.empty() && !out.count(mine)) out[mine] = {name, 0, shape};
+      if (const std::string mine = ours(name); !mine.empty() && !out.count(mine)) out[mine] = {name, 0, shape, {}};
     for (const FusedTensor& f : fused) {
       const auto it = out.find(f.name);
       if (it == out.end()) continue;

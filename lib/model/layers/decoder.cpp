@@ -67,15 +67,20 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
     : torch::nn::Module(family_names(c.family).layer_class),
       norms(c.norms),
       residual_multiplier(c.residual_multiplier) {
-  self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
-  if (c.plan(layer).moe) {
+  const bool sparse = c.plan(layer).moe;
+  if (sparse) {
     FSDP_CHECK(!tp, "[model] ", family_names(c.family).architecture,
                ": a mixture-of-experts layer under tensor parallel is not implemented yet; set "
                "parallelism_config_tp_size: 1");
-    moe = register_module("mlp", MoeBlock(c));
-  } else {
-    mlp = register_module("mlp", GatedMlp(c, tp));
+    FSDP_CHECK(!cp, "[model] ", family_names(c.family).architecture,
+               ": a mixture of experts under context parallel is not checked yet, so it is refused; set "
+               "parallelism_config_cp_size: 1 (and parallelism_config_sp_size: 1)");
   }
+  self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
+  if (sparse)
+    moe = register_module("mlp", MoeBlock(c));
+  else
+    mlp = register_module("mlp", GatedMlp(c, tp));
   // In layer_norm_names' order (describe() lists them so; decoder_test holds the two together).
   auto add = [&](const char* name) { return register_module(name, norm_of(c, c.hidden_size)); };
   if (norms != NormPlacement::kPost) input_layernorm = add("input_layernorm");

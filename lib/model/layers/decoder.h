@@ -1,7 +1,8 @@
 // The decoder as transformers' *ForCausalLM classes compute it, with their parameter names, so
 // checkpoints map one to one ("model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...):
 // CausalLM (the head and the rotary tables) over Decoder (embedding, layers, final norm), each
-// DecoderLayer an Attention (model/layers/attention.h) and a GatedMlp (model/layers/mlp.h) between
+// DecoderLayer an Attention (model/layers/attention.h) and a GatedMlp (model/layers/mlp.h) or a
+// MoeBlock (model/layers/moe.h) between
 // RmsNorms (model/layers/norm.h) placed as the config says.
 //
 // Every family is this decoder with its differences as data: the form and the per-layer plan that
@@ -13,7 +14,9 @@
 // after each block, q/k norms over the whole projection), SmolLM3 (layers without rotary), Granite
 // (multipliers), Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
 // gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
-// the same). The modules read the config's form and their layer's plan, never the family.
+// the same), and the mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral (a MoeBlock, model/layers/moe.h,
+// in place of the dense MLP where the plan says). The modules read the config's form and their
+// layer's plan, never the family.
 //
 // Shapes use one vocabulary: B batch, T sequence, C hidden_size, H query heads, K kv heads,
 // D head_dim, F intermediate_size, V vocab_size.
