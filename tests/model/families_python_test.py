@@ -12,7 +12,8 @@ saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, agai
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
 of transformers' float32 run from its float64 one, at least 1e-6):
   - logits, the summed next-token loss, and packed records' logits and loss,
-  - a mixture of experts' auxiliary load-balancing loss (transformers' aux_loss),
+  - a mixture of experts' auxiliary load-balancing loss (transformers' aux_loss), and the same
+    logits, bit for bit, from the folder with its experts stored stacked (transformers 5's layout),
   - the loss's gradient, parameter by parameter (the worst parameter's relative error),
   - an export that transformers loads and computes the same logits with (<= 1e-5 of its float32 run),
   - the parameter count transformers counts and FLOPs per token by the formula (a mixture of experts:
@@ -28,6 +29,7 @@ refused, listing those it trains."""
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -136,6 +138,28 @@ def hf_aux_loss(model, tokens):
 
 def sparse_layers(model):
     return [i for i, layer in enumerate(model.model.layers) if type(layer.mlp).__name__.endswith("SparseMoeBlock")]
+
+
+def stacked_copy(saved, out):
+    """The folder with its experts stacked as transformers 5 holds them in memory (experts.gate_up_proj
+    (E, 2I, C), experts.down_proj (E, C, I), Mixtral's block_sparse_moe under mlp), as a folder may store them."""
+    from safetensors.torch import load_file, save_file
+    tensors, experts = {}, {}
+    for name, t in load_file(os.path.join(saved, "model.safetensors")).items():
+        m = re.fullmatch(r"(model\.layers\.\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight", name)
+        if m:
+            experts.setdefault(m[1], {}).setdefault(int(m[2]), {})[m[3]] = t
+        else:
+            tensors[name.replace(".block_sparse_moe.", ".mlp.")] = t
+    for layer, by_expert in experts.items():
+        gate, up, down = ("w1", "w3", "w2") if "w1" in by_expert[0] else ("gate_proj", "up_proj", "down_proj")
+        rows = [by_expert[e] for e in range(len(by_expert))]
+        tensors[layer + ".mlp.experts.gate_up_proj"] = torch.stack([torch.cat([r[gate], r[up]]) for r in rows])
+        tensors[layer + ".mlp.experts.down_proj"] = torch.stack([r[down] for r in rows])
+    os.makedirs(out)
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(os.path.join(saved, "config.json"), out)
+    return len(experts)
 
 
 def packed_golden(model, ours):
@@ -262,6 +286,15 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
               f"{ours['expert_load']}")
         assert err <= max(4 * noise_aux, 1e-6), (name, err, noise_aux)
         assert sum(ours["expert_load"]) == len(ours["tokens"]) * k * len(sparse)
+        # The same weights stored stacked (transformers 5's layout): the same logits, bit for bit.
+        stacked = os.path.join(d, name + "_stacked")
+        layers = stacked_copy(saved, stacked)
+        logits_of = lambda folder: json.loads(subprocess.run(  # noqa: E731
+            [tool, "logits-of", folder, json.dumps([ours["tokens"]])], capture_output=True, text=True,
+            check=True).stdout.splitlines()[-1])
+        assert layers == len(sparse) and logits_of(stacked) == logits_of(saved), name
+        print(f"{name}: the experts stored stacked ({layers} layers of experts.gate_up_proj, experts.down_proj) "
+              "give the same logits as stored one by one")
     exported = cls.from_pretrained(out, dtype=torch.float32, **eager).eval()
     with torch.no_grad():
         e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)
