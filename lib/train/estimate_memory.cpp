@@ -104,11 +104,14 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   // layer's input (C) stays, plus one layer recomputed. Tensor parallel divides all of it by P but
   // the two gathered (whole-sequence) norm outputs the column-parallel products keep (2 C). Context
   // and Ulysses sequence parallel divide the tokens by their size; allgather's gathered K/V (the
-  // other ranks' 2 K D per token, kept for backward) come on top.
+  // other ranks' 2 K D per token, kept for backward) come on top. A mixture-of-experts layer keeps,
+  // per token, instead of the dense MLP's 4 F: each of its k routed copies' input and output (2 C)
+  // and gate, up, their product and silu (4 I), the router's logits (E), a shared expert's 4 S, and
+  // in fp32 the softmax (E), the weighted outputs (k C) and their sum (C).
   const int cp = plan.cp_size;
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
   const int64_t C = mc.hidden_size;
-  const int64_t split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim + 4 * mc.intermediate_size;
+  const int64_t attention_split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim;
   const int64_t gathered_kv =
       plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
   // Soft-capped attention (Gemma 2) has no fused kernel (model/kernels/ops.h): its (B, H, T, T)
@@ -118,9 +121,23 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   const int64_t scores = mc.attn_softcap > 0 ? c.train.micro_batch_size * score_heads * c.train.sequence_length *
                                                    c.train.sequence_length * 8
                                              : 0;
-  const int64_t per_layer = tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
-                                      mc.num_attention_heads / tp * 4) +
-                            gathered_kv + scores;
+  // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes.
+  auto layer_bytes = [&](int64_t mlp, int64_t fp32) {
+    const int64_t split = attention_split + mlp;
+    return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
+                     mc.num_attention_heads / tp * 4 + fp32) +
+           gathered_kv + scores;
+  };
+  const model::MoeConfig& moe = mc.moe;
+  const int64_t dense = layer_bytes(4 * mc.intermediate_size, 0),
+                sparse = layer_bytes(moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +
+                                         4 * moe.shared_expert_intermediate_size,
+                                     4 * (moe.num_experts + moe.experts_per_token * C + C));
+  int64_t layers = 0, per_layer = 0;  // every layer's, and the largest one's
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+    layers += mc.is_moe(l) ? sparse : dense;
+    per_layer = std::max(per_layer, mc.is_moe(l) ? sparse : dense);
+  }
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
   const auto named = lm->named_parameters();
   const at::Tensor* head = named.find(mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
@@ -131,7 +148,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
       !model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA).loss_by_vocabulary();
   const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
-  e.activations = mc.num_hidden_layers * per_layer + logits;
+  e.activations = layers + logits;
   e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + per_layer + logits;
   // Per layer 2 gathers and 2 reduce-scatters of (tokens, C) forward and again backward, plus the
   // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
