@@ -370,6 +370,30 @@ TEST_CASE("estimate-memory under context parallel: activations at 1/cp, allgathe
         doctest::Approx(2 * parse_size(after(gather, "context parallel's K/V"))).epsilon(0.01));
 }
 
+// Issue 61: a sparse layer keeps its k routed copies' activations (2 C + 4 I each), the router's
+// logits and fp32 softmax, the fp32 combine; a dense layer its MLP's 4 F.
+TEST_CASE("estimate-memory counts a mixture of experts' activations by its routed copies, not the dense width") {
+  auto estimate = [](const std::string& only) {
+    const std::string path = temp_path("qwen3moe-" + std::to_string(only.size()) + ".json");
+    std::ofstream(path) << R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 257,
+      "hidden_size": 64, "intermediate_size": 1720, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 24, "mlp_only_layers": )"
+                        << only << "}\n";
+    const Result r = fsdptrain_in_source(
+        {"estimate-memory", "--config", kQuickstart, "--num_processes", "2", "--set", "model.config=" + path});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    return parse_size(after(r.out, "activations (one micro-batch)"));
+  };
+  const double sparse = estimate("[]"), one_dense = estimate("[1]");
+  // Layer 1 dense instead of sparse: 4 F in the compute dtype (fp32 in the quickstart) in place of the
+  // routed copies' k (2 C + 4 I) and the router's E, and of the fp32 E + k C + C, per token (B 8 x T 128).
+  const double tokens = 8.0 * 128, per_token = 4.0 * (4 * 1720) - 4.0 * (2 * (2 * 64 + 4 * 24) + 8) -
+                                                4.0 * (8 + 2 * 64 + 64);
+  CHECK(one_dense - sparse == doctest::Approx(tokens * per_token).epsilon(0.01));
+}
+
 TEST_CASE("estimate-memory counts soft-capped attention's scores: no fused kernel takes the cap") {
   // Gemma 2's attn_logit_softcapping: every layer keeps (B, H, T, T) scores for backward, as tanh's
   // output and the fp32 softmax (8 bytes a score in fp32); without the cap SDPA keeps none.
