@@ -23,7 +23,8 @@ of transformers' float32 run from its float64 one, at least 1e-6):
 decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt;
 sampling with a seed gives the same ids twice and other ids with another seed; a prompt longer
 than the model's positions is refused.
-The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Phi-4) have the
+The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Phi-4, Qwen3-30B-A3B,
+Mixtral-8x7B) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
 import argparse
@@ -323,7 +324,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 
 def check_shapes(tool, source):
-    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "phi-4"):
+    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "phi-4", "qwen3-30b-a3b", "mixtral-8x7b"):
         folder = os.path.join(source, "configs", "models", name)
         run = subprocess.run([tool, "count", os.path.join(folder, "config.json")], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
