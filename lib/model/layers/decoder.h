@@ -2,8 +2,7 @@
 // checkpoints map one to one ("model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...):
 // CausalLM (the head and the rotary tables) over Decoder (embedding, layers, final norm), each
 // DecoderLayer an Attention (model/layers/attention.h) and a GatedMlp (model/layers/mlp.h) or a
-// MoeBlock (model/layers/moe.h) between
-// RmsNorms (model/layers/norm.h) placed as the config says.
+// MoeBlock (model/layers/moe.h) between RmsNorms (model/layers/norm.h) placed as the config says.
 //
 // Every family is this decoder with its differences as data: the form and the per-layer plan that
 // model/config/hf_config.h reads from config.json, each as transformers computes it — Llama,

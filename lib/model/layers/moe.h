@@ -55,7 +55,7 @@ class MoeBlockImpl : public torch::nn::Module {
   torch::nn::Linear shared_expert_gate{nullptr};  // Qwen2-MoE: (1, C)
   int64_t top_k;
   bool norm_topk_prob;
-  RouterStats last;  // the last forward's, when it recorded gradients or the router is asked
+  RouterStats last;  // the last forward's (CausalLM::router_aux_loss and expert_load read them)
 };
 TORCH_MODULE(MoeBlock);
 
