@@ -216,34 +216,49 @@ def export_loads(tmp, base, export, merged, peft_args, name):
           f"its logits equal the merged export's ({r:.2e}); merged weights equal merge_and_unload's ({worst:.2e})")
 
 
+def family_base(args, tmp, name, cls, config_cls, seed, drop, case, **fields):
+    """The tiny Llama's shapes as family `name` (fields set, `drop` removed), saved by transformers
+    with seed `seed`, and a PEFT adapter of CASES[case]'s settings on it (init_lora_weights=False)."""
+    config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
+    config.update(fields)
+    for key in drop:
+        config.pop(key)
+    torch.manual_seed(seed)
+    base = os.path.join(tmp, name)
+    cls(config_cls(**config)).save_pretrained(base, safe_serialization=True)
+    torch.manual_seed(1)
+    model = get_peft_model(cls.from_pretrained(base),
+                           LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES[case][0]))
+    adapter = os.path.join(tmp, "peft-" + re.sub("[^a-z0-9]", "", case))
+    model.save_pretrained(adapter)
+    return base, adapter
+
+
+def export_keys(cls, base, case, out):
+    """The run's adapter export, and its keys, checked to be exactly PEFT's own for CASES[case] on `base`."""
+    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
+    config = LoraConfig(task_type="CAUSAL_LM", **CASES[case][0])
+    expected = set(get_peft_model_state_dict(get_peft_model(cls.from_pretrained(base), config)))
+    got = set(load_file(os.path.join(export, "adapter_model.safetensors")))
+    check(got == expected, f"{case}: export keys vs PEFT's: missing {sorted(expected - got)}, "
+                           f"unexpected {sorted(got - expected)}")
+    return export, got
+
+
 def qwen2_parity(args, tmp, data):
     """Another family: Qwen2 (biases on q/k/v, the head tied to the embedding), adapters on the
     projections that have biases, at W=2."""
-    config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
-    config.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True)
-    for key in ("attention_bias", "mlp_bias", "head_dim"):
-        config.pop(key)
-    torch.manual_seed(2)
-    base = os.path.join(tmp, "qwen2")
-    Qwen2ForCausalLM(Qwen2Config(**config)).save_pretrained(base, safe_serialization=True)
     # The tied embedding and head trained as one weight, as PEFT's ensure_weight_tying trains them.
     CASES["qwen2"] = (dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "o_proj"],
                            modules_to_save=["embed_tokens", "lm_head"], ensure_weight_tying=True),
                       "lora:\n  r: 4\n  target_modules: [q_proj, k_proj, o_proj]\n"
                       "  modules_to_save: [embed_tokens, lm_head]\n")
-    torch.manual_seed(1)
-    model = get_peft_model(Qwen2ForCausalLM.from_pretrained(base),
-                           LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES["qwen2"][0]))
-    adapter = os.path.join(tmp, "peft-qwen2")
-    model.save_pretrained(adapter)
+    base, adapter = family_base(args, tmp, "qwen2", Qwen2ForCausalLM, Qwen2Config, 2,
+                                ("attention_bias", "mlp_bias", "head_dim"), "qwen2", model_type="qwen2",
+                                architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True)
     out, text = parity(args, tmp, "qwen2", 2, base, data, adapter)
     # Its export: PEFT's keys for that config, ensure_weight_tying said, and PEFT loads it with the head tied.
-    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
-    config = LoraConfig(task_type="CAUSAL_LM", **CASES["qwen2"][0])
-    expected = set(get_peft_model_state_dict(get_peft_model(Qwen2ForCausalLM.from_pretrained(base), config)))
-    got = set(load_file(os.path.join(export, "adapter_model.safetensors")))
-    check(got == expected, f"qwen2: export keys vs PEFT's: missing {sorted(expected - got)}, "
-                           f"unexpected {sorted(got - expected)}")
+    export, got = export_keys(Qwen2ForCausalLM, base, "qwen2", out)
     check(json.load(open(os.path.join(export, "adapter_config.json"))).get("ensure_weight_tying") is True,
           "qwen2: the export's adapter_config.json does not ask PEFT to keep the head tied")
     loaded = PeftModel.from_pretrained(Qwen2ForCausalLM.from_pretrained(base), export).merge_and_unload()
@@ -260,28 +275,14 @@ def moe_parity(args, tmp, data):
     stacked experts, a shared expert), adapters on attention and on every down_proj PEFT adapts (the
     dense layer's and the shared expert's; the stacked experts are no linear layers, so they stay
     frozen, as in PEFT), at W=2: PEFT's losses, gradients and trained tensors; the export has PEFT's keys."""
-    config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
-    config.update(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
-                  moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[0])
-    for key in ("attention_bias", "mlp_bias", "head_dim"):
-        config.pop(key)
-    torch.manual_seed(3)
-    base = os.path.join(tmp, "qwen2_moe")
-    Qwen2MoeForCausalLM(Qwen2MoeConfig(**config)).save_pretrained(base, safe_serialization=True)
     CASES["qwen2_moe"] = (dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
                           "lora:\n  r: 4\n  target_modules: [q_proj, v_proj, down_proj]\n")
-    torch.manual_seed(1)
-    model = get_peft_model(Qwen2MoeForCausalLM.from_pretrained(base),
-                           LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES["qwen2_moe"][0]))
-    adapter = os.path.join(tmp, "peft-qwen2moe")
-    model.save_pretrained(adapter)
+    base, adapter = family_base(args, tmp, "qwen2_moe", Qwen2MoeForCausalLM, Qwen2MoeConfig, 3,
+                                ("attention_bias", "mlp_bias", "head_dim"), "qwen2_moe", model_type="qwen2_moe",
+                                architectures=["Qwen2MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[0])
     out, _ = parity(args, tmp, "qwen2_moe", 2, base, data, adapter)
-    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
-    config = LoraConfig(task_type="CAUSAL_LM", **CASES["qwen2_moe"][0])
-    expected = set(get_peft_model_state_dict(get_peft_model(Qwen2MoeForCausalLM.from_pretrained(base), config)))
-    got = set(load_file(os.path.join(export, "adapter_model.safetensors")))
-    check(got == expected, f"qwen2_moe: export keys vs PEFT's: missing {sorted(expected - got)}, "
-                           f"unexpected {sorted(got - expected)}")
+    _, got = export_keys(Qwen2MoeForCausalLM, base, "qwen2_moe", out)
     check(any("shared_expert.down_proj" in k for k in got), "qwen2_moe: no adapter on the shared expert")
     print(f"ok qwen2_moe: the export has PEFT's {len(got)} keys (the shared expert's and the dense layer's "
           f"down_proj among them; the stacked experts frozen)")
@@ -292,27 +293,14 @@ def phi3_parity(args, tmp, data):
     adapts whole (one lora_A for the parts): adapters on them train as PEFT's at W=2, export under
     PEFT's keys, and fold into a merged export (and merge-weights) that transformers loads as Phi-3,
     with the logits of PEFT's merge_and_unload."""
-    config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
-    config.update(model_type="phi3", architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.75, pad_token_id=0)
-    for key in ("attention_bias", "mlp_bias"):
-        config.pop(key)
-    torch.manual_seed(3)
-    base = os.path.join(tmp, "phi3")
-    Phi3ForCausalLM(Phi3Config(**config)).save_pretrained(base, safe_serialization=True)
     CASES["phi3"] = (dict(r=4, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj"]),
                      "lora:\n  r: 4\n  alpha: 8\n  target_modules: [qkv_proj, o_proj, gate_up_proj]\n")
-    torch.manual_seed(1)
-    model = get_peft_model(Phi3ForCausalLM.from_pretrained(base),
-                           LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES["phi3"][0]))
-    adapter = os.path.join(tmp, "peft-phi3")
-    model.save_pretrained(adapter)
+    base, adapter = family_base(args, tmp, "phi3", Phi3ForCausalLM, Phi3Config, 3, ("attention_bias", "mlp_bias"),
+                                "phi3", model_type="phi3", architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.75,
+                                pad_token_id=0)
     out, _ = parity(args, tmp, "phi3", 2, base, data, adapter)
-    export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
-    config = LoraConfig(task_type="CAUSAL_LM", **CASES["phi3"][0])
-    expected = set(get_peft_model_state_dict(get_peft_model(Phi3ForCausalLM.from_pretrained(base), config)))
-    got = set(load_file(os.path.join(export, "adapter_model.safetensors")))
-    check(got == expected and any(".qkv_proj.lora_A." in k for k in got),
-          f"phi3: export keys vs PEFT's: missing {sorted(expected - got)}, unexpected {sorted(got - expected)}")
+    export, got = export_keys(Phi3ForCausalLM, base, "phi3", out)
+    check(any(".qkv_proj.lora_A." in k for k in got), "phi3: the export has no adapter on the fused qkv_proj")
     # The same run with the adapters folded in: a Phi-3 folder (fused tensors) of PEFT's merge.
     merged_out, _, _ = fsdptrain(args, tmp, "phi3-merged", 2, base, data, CASES["phi3"][1] + f"  init: {adapter}\n",
                                  sets=["checkpoint.export_merged=true"])

@@ -370,21 +370,28 @@ TEST_CASE("estimate-memory under context parallel: activations at 1/cp, allgathe
         doctest::Approx(2 * parse_size(after(gather, "context parallel's K/V"))).epsilon(0.01));
 }
 
+// estimate-memory's activations (one micro-batch) for the quickstart at 2 ranks with model.config the
+// config.json text `json`, written to the file `name`.
+double estimated_activations(const std::string& name, const std::string& json) {
+  const std::string path = temp_path(name);
+  std::ofstream(path) << json << "\n";
+  const Result r = fsdptrain_in_source(
+      {"estimate-memory", "--config", kQuickstart, "--num_processes", "2", "--set", "model.config=" + path});
+  INFO(r.out, r.err);
+  REQUIRE(r.code == 0);
+  return parse_size(after(r.out, "activations (one micro-batch)"));
+}
+
 // Issue 61: a sparse layer keeps its k routed copies' activations (2 C + 4 I each), the router's
 // logits and fp32 softmax, the fp32 combine; a dense layer its MLP's 4 F.
 TEST_CASE("estimate-memory counts a mixture of experts' activations by its routed copies, not the dense width") {
   auto estimate = [](const std::string& only) {
-    const std::string path = temp_path("qwen3moe-" + std::to_string(only.size()) + ".json");
-    std::ofstream(path) << R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 257,
+    return estimated_activations(
+        "qwen3moe-" + std::to_string(only.size()) + ".json",
+        R"({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 257,
       "hidden_size": 64, "intermediate_size": 1720, "num_hidden_layers": 2, "num_attention_heads": 4,
       "num_key_value_heads": 2, "head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
-      "moe_intermediate_size": 24, "mlp_only_layers": )"
-                        << only << "}\n";
-    const Result r = fsdptrain_in_source(
-        {"estimate-memory", "--config", kQuickstart, "--num_processes", "2", "--set", "model.config=" + path});
-    INFO(r.out, r.err);
-    REQUIRE(r.code == 0);
-    return parse_size(after(r.out, "activations (one micro-batch)"));
+      "moe_intermediate_size": 24, "mlp_only_layers": )" + only + "}");
   };
   const double sparse = estimate("[]"), one_dense = estimate("[1]");
   // Layer 1 dense instead of sparse: 4 F in the compute dtype (fp32 in the quickstart) in place of the
@@ -398,16 +405,11 @@ TEST_CASE("estimate-memory counts soft-capped attention's scores: no fused kerne
   // Gemma 2's attn_logit_softcapping: every layer keeps (B, H, T, T) scores for backward, as tanh's
   // output and the fp32 softmax (8 bytes a score in fp32); without the cap SDPA keeps none.
   auto estimate = [](const std::string& cap) {
-    const std::string path = temp_path("gemma2-" + cap + ".json");
-    std::ofstream(path) << R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 257,
+    return estimated_activations(
+        "gemma2-" + cap + ".json",
+        R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 257,
       "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "num_key_value_heads": 2, "head_dim": 16, "attn_logit_softcapping": )"
-                        << cap << "}\n";
-    const Result r = fsdptrain_in_source(
-        {"estimate-memory", "--config", kQuickstart, "--num_processes", "2", "--set", "model.config=" + path});
-    INFO(r.out, r.err);
-    REQUIRE(r.code == 0);
-    return parse_size(after(r.out, "activations (one micro-batch)"));
+      "num_key_value_heads": 2, "head_dim": 16, "attn_logit_softcapping": )" + cap + "}");
   };
   const double capped = estimate("50.0"), plain = estimate("null");
   const double scores = 2.0 * 8 * 4 * 128 * 128 * 8;  // layers x B x H x T x T x 8 bytes (quickstart: B 8, T 128)
