@@ -159,6 +159,7 @@ struct DataConfig {
   std::string revision = "main";
   double eval_fraction = 0.05;  // sequences held out at the end for evaluation
   std::string eval_path;        // held-out data of its own ("": eval_fraction of path)
+  std::string eval_split;       // of dataset: a split held out for evaluation (TRL's dataset_test_split)
   std::string field = "text";   // JSONL: the field holding each document
   std::string tokenizer;        // a tokenizer.json or a folder with one; "" for model.pretrained's
   std::string cache_dir;        // where tokenized text is kept (data/prepare.h)
@@ -197,6 +198,7 @@ inline constexpr std::array<const char*, 3> kScheduleTypeNames = {"cosine", "lin
 struct ScheduleConfig {
   ScheduleType type = ScheduleType::kCosine;
   int64_t warmup_steps = 10;
+  double warmup_ratio = 0;  // > 0: warmup_steps = ceil(ratio x the run's steps), as Trainer's warmup_ratio
   double min_lr_ratio = 0.1;  // the schedule ends at lr * min_lr_ratio
 };
 

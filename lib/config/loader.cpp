@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "config/trainer_keys.h"
 #include "config/validate.h"
 #include "util/env.h"
 #include "util/error.h"
@@ -199,7 +200,8 @@ class FileReader {
       if (!check_duplicate(key, mark)) continue;
       if (std::find(sections.begin(), sections.end(), key) != sections.end())
         read_section(key, mark, kv.second);
-      else if (kv.second.IsMap() && !find_option(key))  // a section of another name
+      else if (kv.second.IsMap() && !find_option(key) && !read_trainer_key(key, Origin{OriginKind::kFile, mark, ""},
+                                                                           kv.second))  // a section of another name
         unknown_section(key, mark, sections);
       else
         read_top_key(key, Origin{OriginKind::kFile, mark, ""}, kv.second);
@@ -233,11 +235,19 @@ class FileReader {
     return root;
   }
 
-  bool check_duplicate(const std::string& dotted, const Mark& m) {
+  // `as`: the Trainer/TRL key this one was written as, if any.
+  bool check_duplicate(const std::string& dotted, const Mark& m, const std::string& as = "") {
     auto [it, inserted] = seen_.emplace(dotted, m);
-    if (inserted) return true;
-    diags_.error(str(file_, ":", m.line, ":", m.col), dotted,
-                 str("duplicate key (first written at line ", it->second.line, ")"), "keep one of them");
+    if (inserted) {
+      if (!as.empty()) written_as_[dotted] = as;
+      return true;
+    }
+    const auto first_as = written_as_.find(dotted);
+    const std::string first = first_as == written_as_.end() ? "" : " as " + first_as->second;
+    diags_.error(str(file_, ":", m.line, ":", m.col), as.empty() ? dotted : as,
+                 str(as.empty() ? "duplicate key" : "is read as " + dotted + ", which is already written",
+                     " (first written at line ", it->second.line, first, ")"),
+                 "keep one of them");
     return false;
   }
 
@@ -286,6 +296,7 @@ class FileReader {
       return;
     }
     const OptionSpec* spec = find_option(key);
+    if ((!spec || !spec->section().empty()) && read_trainer_key(key, origin, node)) return;
     if (!spec || !spec->section().empty()) {
       const std::string near = diags_.full() ? "" : suggest_key(key, "");
       const OptionSpec* other = near.empty() ? nullptr : find_option(near);
@@ -304,6 +315,15 @@ class FileReader {
       return;
     }
     layer_.values.emplace_back(spec, std::move(raw));
+  }
+
+  // A key of Trainer's or TRL's (num_train_epochs, gradient_checkpointing, ...): read as ours.
+  bool read_trainer_key(const std::string& key, const Origin& origin, const YAML::Node& node) {
+    std::vector<std::pair<const OptionSpec*, RawValue>> read;
+    if (!config::read_trainer_key(key, node, origin, diags_, read)) return false;
+    for (auto& [spec, raw] : read)
+      if (check_duplicate(spec->key, origin.mark, key)) layer_.values.emplace_back(spec, std::move(raw));
+    return true;
   }
 
   // fp16: true becomes mixed_precision: fp16 (with a warning) unless mixed_precision says otherwise.
@@ -333,6 +353,7 @@ class FileReader {
   Layer& layer_;
   Diagnostics& diags_;
   std::map<std::string, Mark> seen_;
+  std::map<std::string, std::string> written_as_;  // a key read from a Trainer/TRL key: that key
   bool has_distributed_type_ = false;
   std::optional<RawValue> legacy_fp16_;
 };
@@ -519,20 +540,36 @@ void resolve_hub_ids(ResolvedConfig& rc) {
 
 constexpr const char* kFineTuningOrigin = "fine-tuning default (TRL's SFTConfig), as model.pretrained is set";
 
+// Why a fine-tuning default of TRL's is not taken: "" when it is.
+std::string why_not_trl_default(ResolvedConfig& rc, const std::string& key, const std::optional<nlohmann::json>& model) {
+  if (key == "train.epochs" && value_in(rc, "train.steps").origin.kind != OriginKind::kDefault)
+    return "train.steps is set";
+  if (key == "model.gradient_checkpointing") {
+    if (value_in(rc, "fsdp_config.fsdp_activation_checkpointing").origin.kind != OriginKind::kDefault)
+      return "fsdp_activation_checkpointing is set";
+    if (value_in(rc, "fsdp_config.fsdp_auto_wrap_policy").value == "NO_WRAP")
+      return "fsdp_auto_wrap_policy NO_WRAP has no layers to recompute";
+    // The auxiliary loss of a mixture of experts is not recomputed (training_run.cpp refuses the pair).
+    if (model && model->is_object() && model->value("output_router_logits", false) == true)
+      return "the model's output_router_logits (its auxiliary loss) is not recomputed";
+  }
+  return "";
+}
+
 // A fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults where the config is silent;
 // train.sequence_length (TRL's max_length) no longer than the model's positions.
 void apply_run_defaults(ResolvedConfig& rc) {
   if (value_in(rc, "model.pretrained").value.empty()) return;
+  // The folder's config.json, if it reads (a bad one is reported where the model is read).
+  const std::optional<nlohmann::json> j = try_read_json_file(value_in(rc, "model.pretrained").value + "/config.json");
   for (const auto& [key, value] : fine_tuning_defaults()) {
     ResolvedValue& v = value_in(rc, key);
-    if (v.origin.kind != OriginKind::kDefault) continue;
+    if (v.origin.kind != OriginKind::kDefault || !why_not_trl_default(rc, key, j).empty()) continue;
     v.value = value;
     v.origin = Origin{OriginKind::kDerived, {}, kFineTuningOrigin};
   }
   ResolvedValue& seq = value_in(rc, "train.sequence_length");
   if (seq.origin.detail != kFineTuningOrigin) return;
-  // The folder's config.json, if it reads (a bad one is reported where the model is read).
-  const std::optional<nlohmann::json> j = try_read_json_file(value_in(rc, "model.pretrained").value + "/config.json");
   if (!j || !j->is_object() || !j->contains("max_position_embeddings")) return;
   const nlohmann::json& p = (*j)["max_position_embeddings"];
   if (!p.is_number_integer() || p.get<int64_t>() < 1 || p.get<int64_t>() >= std::stoll(seq.value)) return;
@@ -540,17 +577,50 @@ void apply_run_defaults(ResolvedConfig& rc) {
   seq.origin.detail = str(kFineTuningOrigin, ", capped at the model's max_position_embeddings");
 }
 
+// Trainer's and TRL's gradient_checkpointing is our activation checkpointing, under its own name.
+void apply_gradient_checkpointing(ResolvedConfig& rc) {
+  ResolvedValue& ac = value_in(rc, "fsdp_config.fsdp_activation_checkpointing");
+  const ResolvedValue& gc = value_in(rc, "model.gradient_checkpointing");
+  if (gc.value != "true" || ac.origin.kind != OriginKind::kDefault) return;
+  ac.value = "true";
+  ac.origin = Origin{OriginKind::kDerived, {}, "model.gradient_checkpointing: true (" + gc.origin.describe() + ")"};
+}
+
 }  // namespace
 
 const std::vector<std::pair<std::string, std::string>>& fine_tuning_defaults() {
   // TRL's SFTConfig (learning_rate 2e-5, max_length 1024) and the TrainingArguments it inherits:
   // linear decay to 0 with no warmup, weight_decay 0, adam_beta2 0.999, no evaluation, save_steps 500.
+  // Its per_device_train_batch_size 8, num_train_epochs 3, save_total_limit None (every checkpoint
+  // kept), gradient_checkpointing True and assistant_only_loss False. Its packing False is not
+  // taken: see kept_fine_tuning_defaults.
   static const std::vector<std::pair<std::string, std::string>> kDefaults = {
-      {"optimizer.lr", "2e-5"},          {"optimizer.beta2", "0.999"},   {"optimizer.weight_decay", "0"},
-      {"schedule.type", "linear"},       {"schedule.warmup_steps", "0"}, {"schedule.min_lr_ratio", "0"},
-      {"train.sequence_length", "1024"}, {"data.eval_fraction", "0"},    {"checkpoint.interval", "500"},
-      {"checkpoint.keep", "3"}};
+      {"optimizer.lr", "2e-5"},
+      {"optimizer.beta2", "0.999"},
+      {"optimizer.weight_decay", "0"},
+      {"schedule.type", "linear"},
+      {"schedule.warmup_steps", "0"},
+      {"schedule.min_lr_ratio", "0"},
+      {"train.sequence_length", "1024"},
+      {"train.epochs", "3"},
+      {"train.micro_batch_size", "8"},
+      {"model.gradient_checkpointing", "true"},
+      {"data.assistant_only_loss", "false"},
+      {"data.eval_fraction", "0"},
+      {"checkpoint.interval", "500"},
+      {"checkpoint.keep", "0"}};
   return kDefaults;
+}
+
+std::vector<std::string> kept_fine_tuning_defaults(const ResolvedConfig& rc) {
+  std::vector<std::string> kept;
+  if (rc.typed.model.pretrained.empty()) return kept;
+  if (rc.get("data.packing").origin.kind == OriginKind::kDefault)
+    kept.push_back(
+        "data.packing auto, not TRL's packing false: records share rows, each attending only to itself with its "
+        "positions restarting, so every record's loss is what a padded row gives, without computing the padding "
+        "(data.packing: pad for TRL's rows)");
+  return kept;
 }
 
 std::string describe_run_defaults(const ResolvedConfig& rc) {
@@ -612,6 +682,7 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
   resolve_input_paths(rc);
   resolve_hub_ids(rc);
   apply_run_defaults(rc);  // after the paths: it reads model.pretrained's config.json
+  apply_gradient_checkpointing(rc);  // after the defaults: fine-tuning turns it on
   resolve_output_paths(rc);
   for (const auto& v : rc.values)
     if (v.spec->apply) v.spec->apply(rc.typed, v.value);

@@ -42,6 +42,9 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags);
 // The defaults a fine-tuning run (model.pretrained set) gets instead of the table's, for the keys
 // its config leaves out (TRL SFTTrainer's): key, canonical value. Their origin says so.
 const std::vector<std::pair<std::string, std::string>>& fine_tuning_defaults();
+// The defaults of TRL's that a fine-tuning run does not take where its config is silent, each with
+// why (fsdptrain's is better): for the start-of-run line. Empty for a pretraining run.
+std::vector<std::string> kept_fine_tuning_defaults(const ResolvedConfig& rc);
 // One line naming the defaults of those keys this run took, fine-tuning's or pretraining's; ""
 // when the config sets them all.
 std::string describe_run_defaults(const ResolvedConfig& rc);

@@ -655,7 +655,9 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::model, &ModelConfig::revision),
       Row("model.gradient_checkpointing", V::kBool)
           .def("false")
-          .help("Transformers' switch; fsdptrain checkpoints with fsdp_config.fsdp_activation_checkpointing")
+          .note("false; true with model.pretrained (TRL's)")
+          .help("Transformers' and TRL's switch (gradient_checkpointing): true turns on "
+                "fsdp_config.fsdp_activation_checkpointing, which does the same")
           .extension()
           .to(&Config::model, &ModelConfig::gradient_checkpointing),
       Row("model.text_only", V::kBool)
@@ -722,10 +724,17 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::data, &DataConfig::eval_fraction),
       Row("data.eval_path", V::kString)
           .def("")
-          .help("Held-out data of your own (the same kinds of file as data.path, tokenized the same way); the "
+          .help("Held-out data of your own (the same kinds of file as data.path, tokenized the same way), or the Hub "
+                "id (ORG/NAME) of a dataset in the Hugging Face cache (its split data.eval_split, else test); the "
                 "training data is then used whole")
           .extension()
           .to(&Config::data, &DataConfig::eval_path),
+      Row("data.eval_split", V::kString)
+          .def("")
+          .help("A split of data.dataset (or of a save_to_disk DatasetDict at data.path) held out for evaluation, "
+                "as TRL's dataset_test_split; with data.eval_path as a Hub id, the split of that dataset")
+          .extension()
+          .to(&Config::data, &DataConfig::eval_split),
       Row("data.packing", V::kEnum)
           .choices(enum_names(kPackingNames))
           .def("auto")
@@ -772,6 +781,7 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::data, &DataConfig::chat_template_max_string),
       Row("data.assistant_only_loss", V::kBool)
           .def("true")
+          .note("true; false with model.pretrained (TRL's)")
           .help("For conversation records: the loss counts the assistant's turns only (TRL's assistant_only_loss); "
                 "false: every token (conversational prompt/completion records always count the completion only "
                 "when true)")
@@ -794,6 +804,7 @@ std::vector<OptionSpec> build_table() {
       Row("train.epochs", V::kFloat)
           .range(0)
           .def("0")
+          .note("0; 3 with model.pretrained and no train.steps (TRL's num_train_epochs)")
           .help("Train for this many passes over the training data instead of train.steps (0: use train.steps); "
                 "the steps are counted once the data is read. Given on the command line, it overrides the file's "
                 "train.steps")
@@ -802,6 +813,7 @@ std::vector<OptionSpec> build_table() {
       Row("train.micro_batch_size", V::kInt)
           .range(1)
           .def("4")
+          .note("4; 8 with model.pretrained (TRL's per_device_train_batch_size)")
           .help("Sequences per rank per micro-batch")
           .extension()
           .to(&Config::train, &TrainConfig::micro_batch_size),
@@ -892,6 +904,13 @@ std::vector<OptionSpec> build_table() {
           .help("Steps of linear warmup from 0 to the peak learning rate")
           .extension()
           .to(&Config::schedule, &ScheduleConfig::warmup_steps),
+      Row("schedule.warmup_ratio", V::kFloat)
+          .range(0)
+          .def("0")
+          .help("The warmup as a fraction of the run's steps (Trainer's warmup_ratio: ceil(ratio x steps) steps), "
+                "instead of schedule.warmup_steps")
+          .extension()
+          .to(&Config::schedule, &ScheduleConfig::warmup_ratio),
       Row("schedule.min_lr_ratio", V::kFloat)
           .range(0)
           .def("0.1")
@@ -916,7 +935,6 @@ std::vector<OptionSpec> build_table() {
       Row("checkpoint.keep", V::kInt)
           .range(0)
           .def("0")
-          .note("0; 3 with model.pretrained")
           .help("Keep the newest N complete checkpoints and delete older ones (0: keep all)")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::keep),

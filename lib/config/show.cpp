@@ -88,7 +88,13 @@ std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
     out += str("# ", plural(static_cast<long long>(rc.values.size() - shown.size()), "key"), " of ",
                fsdp ? str("FSDP", rc.typed.fsdp.version == 2 ? 1 : 2) : std::string("fsdp_config"),
                " left out: they do not apply to this run (--format json lists every key)\n");
-  out += "# runs as: " + effective_fsdp_layout(rc.typed).describe() + "\n";
+  // What costs memory and time beside the layout, always named (a Trainer user's gradient_checkpointing
+  // shows here as the activation checkpointing it turned on).
+  const Config& t = rc.typed;
+  out += str("# runs as: ", effective_fsdp_layout(t).describe(), "; mixed_precision ",
+             enum_name(t.launch.mixed_precision, kMixedPrecisionNames), ", activation checkpointing ",
+             t.fsdp.activation_checkpointing ? "on" : "off", ", offload ",
+             fsdp && t.fsdp.offload_params ? "on (fsdp_offload_params)" : "off", "\n");
   return out;
 }
 

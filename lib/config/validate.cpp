@@ -110,9 +110,11 @@ void check_partial_reshard(Checker& c) {
     return;
   }
   // As fully_shard: the whole group is not partial resharding (it is true), and may be a misreading.
+  // The hint writes what the number meant: FSDP1's strategy where it reads as one, else fully_shard's.
+  const std::string meant = numbered && !reshards_after_forward(*numbered) ? "false" : "true";
   if (n == shard)
     c.error(key, str("is the whole shard group (", plural(shard, "rank"), "), which is not partial resharding", legacy),
-            divisors.empty() ? "write true" : str("write true, or one of ", join(divisors, ", ")));
+            divisors.empty() ? str("write ", meant) : str("write ", meant, ", or one of ", join(divisors, ", ")));
   const int per_machine = cfg.launch.processes_per_machine();
   const int tp = effective_fsdp_layout(cfg).tp_size;  // a shard group's N members span N tensor-parallel groups
   if (n < shard && cfg.launch.num_machines > 1 && n * tp > per_machine)
@@ -348,9 +350,14 @@ void check_float8(Checker& c) {
 
 void check_training(Checker& c) {
   const Config& t = c.rc.typed;
-  if (t.model.gradient_checkpointing && t.fsdp.activation_checkpointing)
-    c.error("model.gradient_checkpointing", "is set together with fsdp_config.fsdp_activation_checkpointing",
-            "use fsdp_config.fsdp_activation_checkpointing: true alone (as Transformers' Trainer requires with FSDP)");
+  if (t.model.gradient_checkpointing && !t.fsdp.activation_checkpointing)
+    c.error("model.gradient_checkpointing",
+            "is true and fsdp_config.fsdp_activation_checkpointing false: both name the same recompute",
+            "keep one of them");
+  if (t.schedule.warmup_ratio >= 1) c.error("schedule.warmup_ratio", str("must be below 1, got ", t.schedule.warmup_ratio));
+  if (t.schedule.warmup_ratio > 0 && c.rc.is_set("schedule.warmup_steps") && t.schedule.warmup_steps > 0)
+    c.error("schedule.warmup_ratio", "and schedule.warmup_steps are both set", "give one (Trainer's warmup_ratio is "
+            "ceil(ratio x steps) warmup steps)");
   auto positive = [&](const char* key, double v) {
     if (!(v > 0)) c.error(key, str("must be > 0, got ", v));
   };
@@ -400,7 +407,8 @@ void check_training(Checker& c) {
         return 0;
     }
   };
-  if (t.train.epochs > 0 && layer("train.steps") >= layer("train.epochs"))
+  // (A fine-tuning run's epochs are TRL's default only where train.steps is not set.)
+  if (t.train.epochs > 0 && layer("train.epochs") > 0 && layer("train.steps") >= layer("train.epochs"))
     c.error("train.epochs", "and train.steps are both set", "give one: epochs over the data, or a number of steps");
 }
 
@@ -451,6 +459,65 @@ void check_data_paths(Checker& c) {
     }
 }
 
+// A dataset's error, whose fix names data.split, for the key that chose this split.
+std::string for_key(std::string error, const std::string& key) {
+  const std::string said = "set data.split";
+  if (ends_with(error, said)) error.replace(error.size() - said.size(), said.size(), "set " + key);
+  return error;
+}
+
+// The split of data.eval_path given as a Hub id: data.eval_split, else TRL's default.
+std::string hub_eval_split(const DataConfig& d) {
+  return d.eval_split.empty() ? "test" : d.eval_split;
+}
+
+// The held-out data (data.eval_split of the dataset, data.eval_path's files or Hub dataset) exists.
+void check_eval_data(Checker& c) {
+  const DataConfig& d = c.rc.typed.data;
+  if (d.eval_path.empty() && !d.eval_split.empty()) {
+    const bool saved = !d.path.empty() && is_directory(d.path) && hub::is_saved_dataset(d.path);
+    if (d.dataset.empty() && !saved) {
+      c.error("data.eval_split", str("names the split ", quoted(d.eval_split), ", and there is no dataset to take it from"),
+              "set data.dataset to the Hub id of a dataset in the Hugging Face cache, or give data.eval_path");
+    } else if (d.eval_split == d.split) {
+      c.error("data.eval_split", str("is the training split (data.split ", quoted(d.split), ")"),
+              "name a split held out from training, such as test");
+    } else {
+      const hub::DatasetFiles f = saved ? hub::saved_dataset_files(d.path, d.eval_split)
+                                        : hub::dataset_files(d.dataset, d.config, d.eval_split, d.revision);
+      if (!f.error.empty()) c.error("data.eval_split", for_key(f.error, "data.eval_split"), "");
+    }
+    return;
+  }
+  if (d.eval_path.empty()) return;
+  const std::vector<std::string> files = glob_paths(d.eval_path);
+  if (!files.empty()) {
+    if (!d.eval_split.empty() && !(is_directory(d.eval_path) && hub::is_saved_dataset(d.eval_path)))
+      c.warning("data.eval_split", str("has no effect with data.eval_path's files (", quoted(d.eval_path), ")"),
+                "remove one of them");
+    for (const std::string& f : files)
+      if (is_directory(f) && !hub::is_saved_dataset(f)) {
+        c.error("data.eval_path", str(quoted(f), " is a folder"),
+                str("a glob such as ", folder_glob(f), " reads the files in it"));
+        break;
+      }
+    return;
+  }
+  if (hub::is_repo_id(d.eval_path) && !hub::find_snapshot(hub::RepoType::kDataset, d.eval_path, "main").empty()) {
+    if (const hub::DatasetFiles f = hub::dataset_files(d.eval_path, "", hub_eval_split(d), "main"); !f.error.empty())
+      c.error("data.eval_path", for_key(f.error, "data.eval_split"), "");
+    return;
+  }
+  // A split's name written as a path (data.eval_path: test) is the common slip.
+  const bool split_name = !d.dataset.empty() && hub::dataset_files(d.dataset, d.config, d.eval_path, d.revision).error.empty();
+  c.error("data.eval_path",
+          str("matches no file at ", places_tried(c, "data.eval_path"),
+              hub::is_repo_id(d.eval_path) ? str(", and ", hub::not_cached(hub::RepoType::kDataset, d.eval_path, "main"))
+                                           : ""),
+          split_name ? str("to hold out the split ", d.eval_path, " of data.dataset, write data.eval_split: ", d.eval_path)
+                     : "give held-out files (as data.path takes), or the Hub id of a dataset in the Hugging Face cache");
+}
+
 // The files the trainer reads exist, before any worker starts.
 void check_input_paths(Checker& c) {
   const ModelConfig& m = c.rc.typed.model;
@@ -475,6 +542,7 @@ void check_input_paths(Checker& c) {
               "the Hugging Face cache");
   }
   check_data_paths(c);
+  check_eval_data(c);
 }
 
 }  // namespace

@@ -254,7 +254,18 @@ TEST_CASE("a fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults w
     CHECK(l.rc.typed.schedule.min_lr_ratio == 0);
     CHECK(l.rc.typed.data.eval_fraction == 0);
     CHECK(l.rc.typed.checkpoint.interval == 500);
-    CHECK(l.rc.typed.checkpoint.keep == 3);
+    CHECK(l.rc.typed.checkpoint.keep == 0);  // save_total_limit None: every one kept
+    CHECK(l.rc.typed.train.epochs == 3);
+    CHECK(l.rc.typed.train.micro_batch_size == 8);
+    CHECK(l.rc.typed.data.assistant_only_loss == false);
+    CHECK(l.rc.typed.model.gradient_checkpointing);
+    CHECK(l.rc.typed.fsdp.activation_checkpointing);  // what gradient checkpointing is here
+    CHECK(l.rc.get("fsdp_config.fsdp_activation_checkpointing").origin.describe() ==
+          "derived: model.gradient_checkpointing: true (derived: fine-tuning default (TRL's SFTConfig), as "
+          "model.pretrained is set)");
+    CHECK(l.rc.typed.data.packing == Packing::kAuto);  // kept, and the start of the run says why
+    REQUIRE(kept_fine_tuning_defaults(l.rc).size() == 1);
+    CHECK(kept_fine_tuning_defaults(l.rc)[0].rfind("data.packing auto, not TRL's packing false", 0) == 0);
     CHECK(l.rc.typed.train.sequence_length == 512);  // TRL's 1024, capped
     CHECK(l.rc.get("optimizer.beta2").origin.describe() ==
           "derived: fine-tuning default (TRL's SFTConfig), as model.pretrained is set");
@@ -263,7 +274,27 @@ TEST_CASE("a fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults w
     CHECK(describe_run_defaults(l.rc) ==
           "fine-tuning defaults (TRL SFTTrainer's; model.pretrained is set): optimizer.beta2 0.999, "
           "optimizer.weight_decay 0, schedule.type linear, schedule.warmup_steps 0, schedule.min_lr_ratio 0, "
-          "train.sequence_length 512, data.eval_fraction 0, checkpoint.interval 500, checkpoint.keep 3");
+          "train.sequence_length 512, train.epochs 3, train.micro_batch_size 8, model.gradient_checkpointing true, "
+          "data.assistant_only_loss false, data.eval_fraction 0, checkpoint.interval 500, checkpoint.keep 0");
+  }
+  SUBCASE("TRL's epochs and gradient checkpointing give way to what the config says, and to what cannot take them") {
+    Loaded l = load_text(ft + "train:\n  steps: 7\n");
+    REQUIRE_MESSAGE(l.errors() == "", l.errors());
+    CHECK(l.rc.typed.train.epochs == 0);  // train.steps counts the run
+    CHECK(l.rc.typed.train.steps == 7);
+    Loaded off = load_text(std::string(kFsdp2Base) + "  fsdp_activation_checkpointing: false\ndata:\n  path: " + dir +
+                           "/config.json\nmodel:\n  pretrained: " + dir + "\n");
+    REQUIRE_MESSAGE(off.errors() == "", off.errors());
+    CHECK_FALSE(off.rc.typed.fsdp.activation_checkpointing);
+    CHECK_FALSE(off.rc.typed.model.gradient_checkpointing);
+    Loaded no_wrap = load_text(std::string(kFsdp2Base) + "  fsdp_auto_wrap_policy: NO_WRAP\ndata:\n  path: " + dir +
+                               "/config.json\nmodel:\n  pretrained: " + dir + "\n");
+    REQUIRE_MESSAGE(no_wrap.errors() == "", no_wrap.errors());
+    CHECK_FALSE(no_wrap.rc.typed.fsdp.activation_checkpointing);
+    std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 512, "output_router_logits": true})";
+    Loaded moe = load_text(ft);
+    REQUIRE_MESSAGE(moe.errors() == "", moe.errors());
+    CHECK_FALSE(moe.rc.typed.fsdp.activation_checkpointing);  // the auxiliary loss is not recomputed
   }
   SUBCASE("with the lr from --set and no cap needed") {
     std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 4096})";

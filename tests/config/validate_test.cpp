@@ -131,7 +131,8 @@ TEST_CASE("fsdp_reshard_after_forward: N is partial resharding in FSDP2 and a st
   // What `accelerate to-fsdp2` writes for FSDP1's SHARD_GRAD_OP (2) on two processes: named, not run as true.
   CHECK(has(load_text("distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
                       "  fsdp_reshard_after_forward: 2\n"),
-            "if `accelerate to-fsdp2` wrote this file, 2 is FSDP1's strategy SHARD_GRAD_OP, which is false here"));
+            "if `accelerate to-fsdp2` wrote this file, 2 is FSDP1's strategy SHARD_GRAD_OP, which is false here "
+            "(hint: write false)"));  // issue 63: the hint writes what it meant, not true
   const Loaded spans = load_text(
       "distributed_type: FSDP\nnum_processes: 8\nnum_machines: 4\nmain_process_ip: h0\n"
       "fsdp_config:\n  fsdp_version: 2\n  fsdp_reshard_after_forward: 4\n");

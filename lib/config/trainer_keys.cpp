@@ -1,0 +1,210 @@
+#include "config/trainer_keys.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <optional>
+
+#include "config/loader.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace fsdp::config {
+
+namespace {
+
+// Trainer's TrainingArguments and TRL's SFTConfig / ScriptArguments / ModelConfig, by the name they
+// give each, and the fsdptrain key that means the same.
+struct TrainerKey {
+  const char* name;
+  const char* ours;
+  const char* whose;
+};
+
+const TrainerKey kTrainerKeys[] = {
+    {"learning_rate", "optimizer.lr", "Trainer's"},
+    {"weight_decay", "optimizer.weight_decay", "Trainer's"},
+    {"adam_beta1", "optimizer.beta1", "Trainer's"},
+    {"adam_beta2", "optimizer.beta2", "Trainer's"},
+    {"adam_epsilon", "optimizer.eps", "Trainer's"},
+    {"max_grad_norm", "optimizer.grad_clip", "Trainer's"},
+    {"lr_scheduler_type", "schedule.type", "Trainer's"},
+    {"warmup_steps", "schedule.warmup_steps", "Trainer's"},
+    {"warmup_ratio", "schedule.warmup_ratio", "Trainer's"},
+    {"num_train_epochs", "train.epochs", "Trainer's"},
+    {"max_steps", "train.steps", "Trainer's"},
+    {"per_device_train_batch_size", "train.micro_batch_size", "Trainer's"},
+    {"gradient_accumulation_steps", "train.gradient_accumulation_steps", "Trainer's"},
+    {"seed", "train.seed", "Trainer's"},
+    {"output_dir", "train.output_dir", "Trainer's"},
+    {"eval_steps", "train.eval_interval", "Trainer's"},
+    {"save_steps", "checkpoint.interval", "Trainer's"},
+    {"save_total_limit", "checkpoint.keep", "Trainer's"},
+    {"resume_from_checkpoint", "checkpoint.resume", "Trainer's"},
+    {"logging_steps", "logging.interval", "Trainer's"},
+    {"logging_dir", "logging.tensorboard_dir", "Trainer's"},
+    {"bf16", "mixed_precision", "Trainer's"},
+    {"gradient_checkpointing", "model.gradient_checkpointing", "Trainer's"},
+    {"model_name_or_path", "model.pretrained", "TRL's"},
+    {"model_revision", "model.revision", "TRL's"},
+    {"dataset_name", "data.dataset", "TRL's"},
+    {"dataset_config", "data.config", "TRL's"},
+    {"dataset_train_split", "data.split", "TRL's"},
+    {"dataset_test_split", "data.eval_split", "TRL's"},
+    {"dataset_text_field", "data.field", "TRL's"},
+    {"max_length", "train.sequence_length", "TRL's"},
+    {"max_seq_length", "train.sequence_length", "TRL's (before 0.20)"},
+    {"packing", "data.packing", "TRL's"},
+    {"padding_free", "data.packing", "TRL's"},
+    {"assistant_only_loss", "data.assistant_only_loss", "TRL's"},
+};
+
+const TrainerKey* find_trainer_key(const std::string& name) {
+  for (const TrainerKey& k : kTrainerKeys)
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+std::optional<bool> bool_of(const RawValue& raw) {
+  return raw.shape == RawValue::Shape::kScalar ? parse_bool(raw.text) : std::nullopt;
+}
+
+// The value in fsdptrain's spelling; nullopt when the key sets nothing (Trainer's "unset" values).
+std::optional<RawValue> translated(const TrainerKey& k, RawValue raw, Diagnostics& diags, bool& failed) {
+  const std::string key = k.name;
+  const std::string text = raw.shape == RawValue::Shape::kScalar ? to_lower(trim(raw.text)) : "";
+  auto expect_bool = [&]() -> std::optional<bool> {
+    std::optional<bool> b = bool_of(raw);
+    if (!b) {
+      diags.error_at(raw.origin, key, str("expected true or false, got ", quoted(raw.text)));
+      failed = true;
+    }
+    return b;
+  };
+  if (key == "max_steps" && text == "-1") return std::nullopt;  // Trainer's "count steps from the epochs"
+  if (key == "save_total_limit" && (raw.shape == RawValue::Shape::kNull || text == "none")) {
+    raw.shape = RawValue::Shape::kScalar;  // Trainer's None keeps every checkpoint: checkpoint.keep 0
+    raw.text = "0";
+  } else if (key == "lr_scheduler_type" && (text == "constant_with_warmup" || text == "cosine_with_min_lr")) {
+    raw.text = text == "constant_with_warmup" ? "constant" : "cosine";  // ours warm up first, then decay or hold
+  } else if (key == "bf16") {
+    const std::optional<bool> b = expect_bool();
+    if (!b || !*b) return std::nullopt;
+    raw.text = "bf16";
+  } else if (key == "packing" || key == "padding_free") {
+    // TRL's packing (best-fit, positions restarting per record) and its padding-free batches attend
+    // within each record, as data.packing masked does; packing false is one record to a row.
+    const std::optional<bool> b = expect_bool();
+    if (!b || (key == "padding_free" && !*b)) return std::nullopt;
+    raw.text = *b ? "masked" : "pad";
+  } else if (key == "resume_from_checkpoint" && (text == "true" || text == "false")) {
+    raw.text = text == "true" ? "latest" : "";  // Trainer's True: the newest checkpoint of output_dir
+  }
+  raw.origin.detail = str("as ", k.whose, " ", key);
+  return raw;
+}
+
+void refuse(Diagnostics& diags, const Origin& origin, const std::string& key, const std::string& why,
+            const std::string& hint) {
+  diags.error_at(origin, key, why, hint);
+}
+
+// The keys that are not a value of ours: report_to, push_to_hub, eval_strategy, completion_only_loss,
+// gradient_checkpointing_kwargs. True when `key` is one of them.
+bool read_special_key(const std::string& key, const YAML::Node& node, const RawValue& raw, Diagnostics& diags,
+                      std::vector<std::pair<const OptionSpec*, RawValue>>& out) {
+  const Origin& origin = raw.origin;
+  auto set = [&](const char* ours, const std::string& value) {
+    RawValue v = raw;
+    v.shape = RawValue::Shape::kScalar;
+    v.text = value;
+    v.items.clear();
+    v.origin.detail = str("as Trainer's ", key, ": ", raw.shape == RawValue::Shape::kScalar ? raw.text : "...");
+    out.emplace_back(find_option(ours), v);
+  };
+  if (key == "report_to") {
+    std::vector<std::string> to = raw.shape == RawValue::Shape::kSequence ? raw.items : std::vector<std::string>{};
+    if (raw.shape == RawValue::Shape::kScalar) to = {raw.text};
+    bool none = raw.shape == RawValue::Shape::kNull, tensorboard = false;
+    for (const std::string& t : to) {
+      const std::string v = to_lower(trim(t));
+      if (v == "none" || v.empty()) {
+        none = true;
+      } else if (v == "tensorboard" || v == "all") {
+        tensorboard = true;
+      } else {
+        refuse(diags, origin, key,
+               str("names ", quoted(t), ", which fsdptrain does not report to: it writes TensorBoard event files "
+                                        "(logging.tensorboard_dir) and metrics.jsonl (logging.metrics_file)"),
+               "write report_to: tensorboard (or none), and point your tracker at those files");
+        return true;
+      }
+    }
+    if (none && !tensorboard) set("logging.tensorboard_dir", "none");
+    return true;
+  }
+  if (key == "push_to_hub") {
+    const std::optional<bool> b = bool_of(raw);
+    if (!b)
+      refuse(diags, origin, key, str("expected true or false, got ", quoted(raw.text)), "");
+    else if (*b)
+      refuse(diags, origin, key, "is not done by fsdptrain: a run writes its Hugging Face folders locally",
+             "remove it, and upload the export when the run ends: hf upload ORG/NAME <checkpoint.export_dir>/step-N");
+    return true;
+  }
+  if (key == "eval_strategy" || key == "evaluation_strategy") {
+    const std::string v = raw.shape == RawValue::Shape::kScalar ? to_lower(trim(raw.text)) : "";
+    if (v == "no")
+      set("data.eval_fraction", "0");
+    else if (v == "epoch")
+      refuse(diags, origin, key, "epoch is not an interval fsdptrain evaluates at",
+             "write eval_strategy: steps and eval_steps: N (train.eval_interval)");
+    else if (v != "steps")
+      refuse(diags, origin, key, str("expected no, steps or epoch, got ", quoted(raw.text)), "");
+    return true;
+  }
+  if (key == "completion_only_loss") {
+    const std::optional<bool> b = raw.shape == RawValue::Shape::kNull ? std::optional<bool>(true) : bool_of(raw);
+    if (!b)
+      refuse(diags, origin, key, str("expected true, false or null, got ", quoted(raw.text)), "");
+    else if (!*b)
+      refuse(diags, origin, key,
+             "false is not offered: fsdptrain's loss on prompt/completion records counts the completion only "
+             "(TRL's default)",
+             "remove it, or write the records as text (data.field) for a loss on every token");
+    return true;
+  }
+  if (key == "gradient_checkpointing_kwargs") {
+    if (raw.shape == RawValue::Shape::kNull) return true;
+    if (!node.IsMap()) {
+      refuse(diags, origin, key, "expected a mapping such as {use_reentrant: false}", "");
+      return true;
+    }
+    for (const auto& kv : node)
+      if (kv.first.Scalar() != "use_reentrant")
+        refuse(diags, origin, key + "." + kv.first.Scalar(), "is not a setting of fsdptrain's activation checkpointing",
+               "use_reentrant is the one read (either value: fsdptrain recomputes each layer the same way)");
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool read_trainer_key(const std::string& key, const YAML::Node& node, const Origin& origin, Diagnostics& diags,
+                      std::vector<std::pair<const OptionSpec*, RawValue>>& out) {
+  const RawValue raw = raw_value_from_yaml(node, origin);
+  if (read_special_key(key, node, raw, diags, out)) return true;
+  const TrainerKey* k = find_trainer_key(key);
+  if (!k) return false;
+  bool failed = false;
+  std::optional<RawValue> v = translated(*k, raw, diags, failed);
+  if (v && !failed) out.emplace_back(find_option(k->ours), std::move(*v));
+  return true;
+}
+
+std::string trainer_key_meaning(const std::string& key) {
+  const TrainerKey* k = find_trainer_key(key);
+  return k ? k->ours : "";
+}
+
+}  // namespace fsdp::config

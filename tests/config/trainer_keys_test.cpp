@@ -1,0 +1,176 @@
+// Issue 63: what a user of Trainer or TRL writes means what it means there — read as our keys, with
+// their origin; what fsdptrain does not do is refused by name; held-out data from the same dataset.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "config/show.h"
+#include "config/test_support.h"
+#include "util/files.h"
+
+using namespace fsdp;
+using namespace fsdp::config;
+using namespace fsdp::config::testing;
+
+namespace {
+
+// A folder with a config.json (model.pretrained) and a JSONL file (data.path), removed at the end.
+struct Folder {
+  std::string dir = "/tmp/fsdp_trainer_keys_test_" + std::to_string(::getpid());
+  Folder() {
+    make_directories(dir);
+    std::ofstream(dir + "/config.json") << R"({"model_type": "llama", "max_position_embeddings": 4096})";
+    std::ofstream(dir + "/train.jsonl") << "{\"content\": \"a\"}\n";
+  }
+  ~Folder() { remove_tree(dir); }
+  std::string base() const {
+    return std::string(kFsdp2Base) + "model_name_or_path: " + dir + "\ndata:\n  path: " + dir + "/train.jsonl\n";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a TRL SFTConfig recipe's keys are read as ours, each naming the key it was written as") {
+  Folder f;
+  Loaded l = load_text(f.base() +
+                       "learning_rate: 1.0e-4\n"
+                       "num_train_epochs: 2\n"
+                       "max_steps: -1\n"
+                       "per_device_train_batch_size: 2\n"
+                       "gradient_accumulation_steps: 4\n"
+                       "max_length: 256\n"
+                       "warmup_ratio: 0.1\n"
+                       "lr_scheduler_type: cosine_with_min_lr\n"
+                       "save_total_limit: null\n"
+                       "save_steps: 50\n"
+                       "logging_steps: 5\n"
+                       "gradient_checkpointing: true\n"
+                       "gradient_checkpointing_kwargs: {use_reentrant: false}\n"
+                       "bf16: true\n"
+                       "report_to: none\n"
+                       "packing: false\n"
+                       "assistant_only_loss: true\n"
+                       "completion_only_loss: null\n"
+                       "eval_strategy: steps\n"
+                       "eval_steps: 20\n"
+                       "seed: 42\n"
+                       "push_to_hub: false\n"
+                       "dataset_text_field: content\n");
+  REQUIRE_MESSAGE(l.errors() == "", l.errors());
+  const Config& t = l.rc.typed;
+  CHECK(t.model.pretrained == f.dir);
+  CHECK(t.optimizer.lr == doctest::Approx(1e-4));
+  CHECK(t.train.epochs == 2);
+  CHECK(t.train.micro_batch_size == 2);
+  CHECK(t.train.gradient_accumulation_steps == 4);
+  CHECK(t.train.sequence_length == 256);
+  CHECK(t.schedule.warmup_ratio == doctest::Approx(0.1));
+  CHECK(t.schedule.type == ScheduleType::kCosine);
+  CHECK(t.checkpoint.keep == 0);
+  CHECK(t.checkpoint.interval == 50);
+  CHECK(t.logging.interval == 5);
+  CHECK(t.model.gradient_checkpointing);
+  CHECK(t.fsdp.activation_checkpointing);
+  CHECK(t.launch.mixed_precision == MixedPrecision::kBf16);
+  CHECK(t.logging.tensorboard_dir.empty());  // report_to: none
+  CHECK(t.data.packing == Packing::kPad);    // one record to a row, as TRL's packing: false
+  CHECK(t.data.assistant_only_loss);
+  CHECK(t.train.eval_interval == 20);
+  CHECK(t.train.seed == 42);
+  CHECK(t.data.field == "content");
+  CHECK(l.rc.get("optimizer.lr").origin.describe() == "test.yaml:8:1 (as Trainer's learning_rate)");
+  CHECK(l.rc.get("train.steps").origin.kind == OriginKind::kDefault);  // max_steps -1: the epochs count
+  CHECK(l.rc.get("fsdp_config.fsdp_activation_checkpointing").origin.describe() ==
+        "derived: model.gradient_checkpointing: true (test.yaml:19:1 (as Trainer's gradient_checkpointing))");
+  // The first lines of a run name what the recipe's switches became.
+  CHECK(format_resolved(l.rc, ShowFormat::kTable)
+            .find("# runs as: FSDP2, reshard_after_forward=true, sharded over 4 ranks; mixed_precision bf16, "
+                  "activation checkpointing on, offload off\n") != std::string::npos);
+  // TRL's defaults are not taken where the recipe speaks.
+  CHECK(describe_run_defaults(l.rc).find("micro_batch_size") == std::string::npos);
+  CHECK(kept_fine_tuning_defaults(l.rc).empty());  // packing written
+}
+
+TEST_CASE("Trainer's keys fsdptrain does not act on are refused by name, with what to do") {
+  Folder f;
+  auto errors_of = [&](const std::string& extra) { return load_text(f.base() + extra).errors(); };
+  CHECK(errors_of("report_to: wandb\n").find("report_to: names \"wandb\", which fsdptrain does not report to") !=
+        std::string::npos);
+  CHECK(errors_of("report_to: [tensorboard]\n") == "");
+  CHECK(errors_of("push_to_hub: true\n").find("hf upload ORG/NAME <checkpoint.export_dir>/step-N") !=
+        std::string::npos);
+  CHECK(errors_of("eval_strategy: epoch\n").find("eval_steps: N") != std::string::npos);
+  CHECK(errors_of("completion_only_loss: false\n").find("completion_only_loss: false is not offered") !=
+        std::string::npos);
+  CHECK(errors_of("gradient_checkpointing_kwargs: {preserve_rng_state: false}\n")
+            .find("gradient_checkpointing_kwargs.preserve_rng_state: is not a setting") != std::string::npos);
+  CHECK(errors_of("bf16: maybe\n").find("bf16: expected true or false") != std::string::npos);
+  // The same value twice, under both names: which wins would be a guess.
+  CHECK(errors_of("learning_rate: 1e-4\noptimizer:\n  lr: 2e-4\n")
+            .find("optimizer.lr: duplicate key (first written at line 8 as learning_rate)") != std::string::npos);
+  CHECK(errors_of("optimizer:\n  lr: 2e-4\nlearning_rate: 1e-4\n")
+            .find("learning_rate: is read as optimizer.lr, which is already written (first written at line 9)") !=
+        std::string::npos);
+  // Gradient checkpointing on and activation checkpointing off contradict each other.
+  const std::string both = f.base() + "gradient_checkpointing: true\n";
+  CHECK(load_text(both.substr(0, both.find("  fsdp_version: 2\n")) + "  fsdp_version: 2\n" +
+                  "  fsdp_activation_checkpointing: false\n" + both.substr(both.find("model_name_or_path")))
+            .errors()
+            .find("model.gradient_checkpointing: is true and fsdp_config.fsdp_activation_checkpointing false") !=
+        std::string::npos);
+  CHECK(errors_of("warmup_ratio: 0.1\nwarmup_steps: 5\n").find("schedule.warmup_ratio: and schedule.warmup_steps "
+                                                               "are both set") != std::string::npos);
+  CHECK(errors_of("warmup_ratio: 1.5\n").find("schedule.warmup_ratio: must be below 1") != std::string::npos);
+}
+
+TEST_CASE("model.gradient_checkpointing turns activation checkpointing on, as under Trainer") {
+  Loaded l = load_text(std::string(kFsdp2Base) + "model:\n  config: " + FSDP_SOURCE_DIR +
+                       "/configs/models/tiny/config.json\n  gradient_checkpointing: true\n");
+  REQUIRE_MESSAGE(l.errors() == "", l.errors());
+  CHECK(l.rc.typed.fsdp.activation_checkpointing);
+  Loaded both = load_text(std::string(kFsdp2Base) + "  fsdp_activation_checkpointing: true\nmodel:\n  config: " +
+                          FSDP_SOURCE_DIR + "/configs/models/tiny/config.json\n  gradient_checkpointing: true\n");
+  CHECK_MESSAGE(both.errors() == "", both.errors());  // the same thing said twice is no contradiction
+}
+
+TEST_CASE("held-out data: a split of the dataset, a Hub dataset of its own, and a bad data.eval_path named") {
+  char name[] = "/tmp/fsdptrain-eval-hub-XXXXXX";
+  const std::string cache = ::mkdtemp(name);
+  ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
+  const std::string commit(40, 'e');
+  for (const std::string repo : {"datasets--org--chats", "datasets--org--other"}) {
+    make_directories(cache + "/" + repo + "/refs");
+    write_file_atomic(cache + "/" + repo + "/refs/main", commit);
+    make_directories(cache + "/" + repo + "/snapshots/" + commit + "/data");
+  }
+  const std::string chats = cache + "/datasets--org--chats/snapshots/" + commit + "/data/";
+  write_file_atomic(chats + "train-00000-of-00001.jsonl", "{\"text\": \"a\"}\n");
+  write_file_atomic(chats + "test-00000-of-00001.jsonl", "{\"text\": \"b\"}\n");
+  write_file_atomic(cache + "/datasets--org--other/snapshots/" + commit + "/data/validation.jsonl",
+                    "{\"text\": \"c\"}\n");
+  const std::string base = std::string(kFsdp2Base) + "model:\n  config: " + FSDP_SOURCE_DIR +
+                           "/configs/models/tiny/config.json\ndata:\n  dataset: org/chats\n";
+  auto errors_of = [&](const std::string& extra) { return load_text(base + extra).errors(); };
+  CHECK(errors_of("  eval_split: test\n") == "");
+  CHECK(errors_of("dataset_test_split: test\n") == "");  // TRL's name for it
+  CHECK(errors_of("  eval_split: validation\n").find("data.eval_split: \"org/chats\" has no split \"validation\" "
+                                                     "(its splits: test, train); set data.eval_split") !=
+        std::string::npos);
+  CHECK(errors_of("  eval_split: train\n").find("data.eval_split: is the training split") != std::string::npos);
+  CHECK(errors_of("  eval_path: org/other\n  eval_split: validation\n") == "");
+  CHECK(errors_of("  eval_path: org/other\n").find("data.eval_path: \"org/other\" has no split \"test\"") !=
+        std::string::npos);  // its split is validation
+  // A split's name written where a path goes: the key named before any worker starts, and the fix.
+  const std::string slip = errors_of("  eval_path: test\n");
+  CHECK(slip.find("data.eval_path: matches no file") != std::string::npos);
+  CHECK(slip.find("write data.eval_split: test") != std::string::npos);
+  CHECK(errors_of("  eval_path: org/absent\n").find("hf download org/absent --repo-type dataset") !=
+        std::string::npos);
+  Loaded no_dataset = load_text(std::string(kFsdp2Base) + "data:\n  eval_split: test\n");
+  CHECK(no_dataset.errors().find("data.eval_split: names the split \"test\", and there is no dataset") !=
+        std::string::npos);
+  ::unsetenv("HF_HUB_CACHE");
+  remove_tree(cache);
+}
