@@ -212,6 +212,7 @@ struct CheckpointConfig {
   bool keep_best = false;       // also keep the checkpoint with the lowest held-out loss
   bool direct_io = true;        // saves and resumes past the page cache (O_DIRECT) where the file system takes it
   std::string resume;           // "", "latest" (the newest under dir) or a checkpoint folder
+  bool resume_new_batch = false;  // resume with another global batch (its steps and learning rates change)
   std::string export_dir;       // Hugging Face folders written here: step-<N>
   int64_t export_interval = 0;  // also every N steps (0: only at the end)
   bool export_merged = false;   // with LoRA: the adapters folded into a whole Hugging Face model

@@ -188,7 +188,9 @@ std::string unclosed_flow(const std::string& text, int pos) {
 // closest known one, duplicates, sections that are not mappings) into the diagnostics.
 class FileReader {
  public:
-  FileReader(const std::string& file, Layer& layer, Diagnostics& diags) : file_(file), layer_(layer), diags_(diags) {}
+  // recipe: a TRL recipe's file (--recipe), which holds the training's keys and not the launch's.
+  FileReader(const std::string& file, Layer& layer, Diagnostics& diags, bool recipe = false)
+      : file_(file), layer_(layer), diags_(diags), recipe_(recipe) {}
 
   void read(const std::string& text) {
     const std::optional<YAML::Node> root = parse(text);
@@ -207,7 +209,8 @@ class FileReader {
         read_top_key(key, Origin{OriginKind::kFile, mark, ""}, kv.second);
     }
     apply_legacy_fp16();
-    if (!has_distributed_type_)
+    apply_use_peft();
+    if (!has_distributed_type_ && !recipe_)
       diags_.error(file_, "distributed_type", "missing; Accelerate requires it too",
                    "add distributed_type: FSDP (or NO, MULTI_CPU, MULTI_GPU)");
   }
@@ -319,11 +322,48 @@ class FileReader {
 
   // A key of Trainer's or TRL's (num_train_epochs, gradient_checkpointing, ...): read as ours.
   bool read_trainer_key(const std::string& key, const Origin& origin, const YAML::Node& node) {
+    if (key == "use_peft") {  // TRL's switch for its lora_* keys: applied once every key is read
+      use_peft_ = raw_value_from_yaml(node, origin);
+      return true;
+    }
     std::vector<std::pair<const OptionSpec*, RawValue>> read;
     if (!config::read_trainer_key(key, node, origin, diags_, read)) return false;
     for (auto& [spec, raw] : read)
       if (check_duplicate(spec->key, origin.mark, key)) layer_.values.emplace_back(spec, std::move(raw));
     return true;
+  }
+
+  // TRL's use_peft: true trains LoRA adapters with its ModelConfig's lora_r 16, lora_alpha 32 and
+  // lora_dropout 0.05 where the lora_* keys leave them out; without it TRL ignores lora_*, and so
+  // does this (saying so).
+  void apply_use_peft() {
+    std::optional<bool> on = false;
+    if (use_peft_) on = use_peft_->shape == RawValue::Shape::kScalar ? parse_bool(use_peft_->text) : std::nullopt;
+    if (!on) {
+      diags_.error_at(use_peft_->origin, "use_peft", str("expected true or false, got ", quoted(use_peft_->text)));
+      return;
+    }
+    if (!*on) {
+      for (auto it = layer_.values.begin(); it != layer_.values.end();) {
+        const auto as = written_as_.find(it->first->key);
+        if (it->first->section() == "lora" && as != written_as_.end() && starts_with(as->second, "lora_")) {
+          diags_.warning_at(it->second.origin, as->second, "has no effect without use_peft: true (as under TRL)",
+                            "add use_peft: true to train LoRA adapters");
+          it = layer_.values.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      return;
+    }
+    for (const auto& [key, value] : {std::pair<const char*, const char*>{"lora.r", "16"}, {"lora.alpha", "32"},
+                                     {"lora.dropout", "0.05"}}) {
+      if (seen_.count(key)) continue;
+      RawValue v = *use_peft_;
+      v.text = value;
+      v.origin.detail = str("TRL's default with use_peft: true");
+      layer_.values.emplace_back(find_option(key), v);
+    }
   }
 
   // fp16: true becomes mixed_precision: fp16 (with a warning) unless mixed_precision says otherwise.
@@ -355,11 +395,17 @@ class FileReader {
   std::map<std::string, Mark> seen_;
   std::map<std::string, std::string> written_as_;  // a key read from a Trainer/TRL key: that key
   bool has_distributed_type_ = false;
+  const bool recipe_;
   std::optional<RawValue> legacy_fp16_;
+  std::optional<RawValue> use_peft_;
 };
 
 void read_file_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
   FileReader(in.file, layer, diags).read(in.text);
+}
+
+void read_recipe_layer(const ConfigInputs& in, Layer& layer, Diagnostics& diags) {
+  FileReader(in.recipe_file, layer, diags, /*recipe=*/true).read(in.recipe_text);
 }
 
 // Finds an option from a name typed in --set: the dotted key, the fsdp_config key without its
@@ -462,9 +508,10 @@ const std::pair<const char*, const char*> kOutputPaths[] = {
 // run's outputs do not move with the working directory), else the working directory (a value typed
 // on the command line, as the shell reads it).
 std::string output_base(const ResolvedConfig& rc, const Origin& origin) {
-  return origin.kind == OriginKind::kFile || (origin.kind == OriginKind::kDefault && !rc.file.empty())
-             ? absolute_path(parent_folder(rc.file))
-             : absolute_path(".");
+  // A recipe's (--recipe) are Trainer's output_dir: from the working directory.
+  const bool in_file = origin.kind == OriginKind::kFile && origin.mark.file == rc.file;
+  return in_file || (origin.kind == OriginKind::kDefault && !rc.file.empty()) ? absolute_path(parent_folder(rc.file))
+                                                                               : absolute_path(".");
 }
 
 std::string joined(const std::string& base, const std::string& path) {
@@ -506,7 +553,8 @@ void resolve_input_paths(ResolvedConfig& rc) {
   for (ResolvedValue& v : rc.values) {
     if (std::find(std::begin(kInputPathKeys), std::end(kInputPathKeys), v.spec->key) == std::end(kInputPathKeys))
       continue;
-    if (v.value.empty() || v.value[0] == '/' || v.origin.kind != OriginKind::kFile || !glob_paths(v.value).empty())
+    if (v.value.empty() || v.value[0] == '/' || v.origin.kind != OriginKind::kFile || v.origin.mark.file != rc.file ||
+        !glob_paths(v.value).empty())
       continue;
     const std::string beside = lexically_normal(folder + "/" + v.value);
     if (glob_paths(beside).empty()) continue;
@@ -645,13 +693,14 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
     if (o.type == ValueType::kIgnored) continue;
     rc.values.push_back({&o, o.default_value, Origin{}});
   }
-  Layer file_layer, scheduler_layer, set_layer, flag_layer;
+  Layer file_layer, recipe_layer, scheduler_layer, set_layer, flag_layer;
   if (inputs.has_file) read_file_layer(inputs, file_layer, diags);
+  if (!inputs.recipe_file.empty()) read_recipe_layer(inputs, recipe_layer, diags);
   read_scheduler_layer(inputs, scheduler_layer);
   read_set_layer(inputs, set_layer, diags);
   read_flag_layer(inputs, flag_layer);
 
-  for (const Layer* layer : {&file_layer, &scheduler_layer, &set_layer, &flag_layer}) {
+  for (const Layer* layer : {&file_layer, &recipe_layer, &scheduler_layer, &set_layer, &flag_layer}) {
     for (const auto& [spec, raw] : layer->values) {
       std::string error;
       std::optional<std::string> canonical = canonicalize(*spec, raw, &error);

@@ -26,6 +26,9 @@ struct ConfigInputs {
   std::string file;  // path shown in messages; "" = no file
   std::string text;  // the file's contents (read by the caller, so tests can pass text directly)
   bool has_file = false;
+  // A TRL recipe (--recipe): Trainer's and TRL's keys (or fsdptrain's sections) over the file's,
+  // its relative paths from the working directory, as Trainer reads them. "" = none.
+  std::string recipe_file, recipe_text;
   std::vector<std::string> sets;                           // "dotted.key=value", in order
   std::vector<std::pair<std::string, std::string>> flags;  // (option key, text) from the command line
   // Values a job scheduler implies (launch/slurm.h): option key, text, and the variable it came from.

@@ -958,6 +958,13 @@ std::vector<OptionSpec> build_table() {
                 "there is none) or a checkpoint folder; empty: start fresh")
           .extension()
           .to(&Config::checkpoint, &CheckpointConfig::resume),
+      Row("checkpoint.resume_new_batch", V::kBool)
+          .def("false")
+          .help("Resume a checkpoint with another global batch (processes x micro batch x accumulation) than the run "
+                "that saved it, whose steps and learning rates then change; without it such a resume is refused, "
+                "saying what would change")
+          .extension()
+          .to(&Config::checkpoint, &CheckpointConfig::resume_new_batch),
       Row("checkpoint.export_dir", V::kString)
           .def("")
           .note("<train.output_dir>/export")

@@ -6,6 +6,7 @@
 
 #include "config/loader.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/strings.h"
 
 namespace fsdp::config {
@@ -56,6 +57,14 @@ const TrainerKey kTrainerKeys[] = {
     {"packing", "data.packing", "TRL's"},
     {"padding_free", "data.packing", "TRL's"},
     {"assistant_only_loss", "data.assistant_only_loss", "TRL's"},
+    {"chat_template_path", "data.chat_template", "TRL's"},
+    // TRL's ModelConfig: its LoRA, read with use_peft: true (the loader applies that switch).
+    {"lora_r", "lora.r", "TRL's"},
+    {"lora_alpha", "lora.alpha", "TRL's"},
+    {"lora_dropout", "lora.dropout", "TRL's"},
+    {"lora_target_modules", "lora.target_modules", "TRL's"},
+    {"lora_modules_to_save", "lora.modules_to_save", "TRL's"},
+    {"use_rslora", "lora.use_rslora", "TRL's"},
 };
 
 const TrainerKey* find_trainer_key(const std::string& name) {
@@ -198,7 +207,9 @@ bool read_trainer_key(const std::string& key, const YAML::Node& node, const Orig
   if (!k) return false;
   bool failed = false;
   std::optional<RawValue> v = translated(*k, raw, diags, failed);
-  if (v && !failed) out.emplace_back(find_option(k->ours), std::move(*v));
+  // TRL hands dataset_name to load_dataset, which also takes a local file or folder: data.path then.
+  const bool path = key == "dataset_name" && raw.shape == RawValue::Shape::kScalar && !glob_paths(raw.text).empty();
+  if (v && !failed) out.emplace_back(find_option(path ? "data.path" : k->ours), std::move(*v));
   return true;
 }
 

@@ -174,3 +174,37 @@ TEST_CASE("held-out data: a split of the dataset, a Hub dataset of its own, and 
   ::unsetenv("HF_HUB_CACHE");
   remove_tree(cache);
 }
+
+TEST_CASE("TRL's use_peft trains LoRA with its ModelConfig's defaults; its lora_* keys alone do nothing, as there") {
+  Folder f;
+  Loaded on = load_text(f.base() + "use_peft: true\nlora_target_modules: all-linear\nlora_r: 8\n");
+  REQUIRE_MESSAGE(on.errors() == "", on.errors());
+  CHECK(on.rc.typed.lora.r == 8);
+  CHECK(on.rc.typed.lora.alpha == 32);
+  CHECK(on.rc.typed.lora.dropout == doctest::Approx(0.05));
+  CHECK(on.rc.typed.lora.target_modules == std::vector<std::string>{"all-linear"});
+  CHECK(on.rc.get("lora.alpha").origin.describe() == "test.yaml:8:1 (TRL's default with use_peft: true)");
+  Loaded off = load_text(f.base() + "lora_r: 8\n");
+  CHECK(off.errors() == "");
+  CHECK_FALSE(off.rc.typed.lora.enabled());
+  CHECK(off.warnings().find("lora_r: has no effect without use_peft: true (as under TRL)") != std::string::npos);
+}
+
+TEST_CASE("a TRL recipe beside the Accelerate config (--recipe): its keys over the file's, its paths from here") {
+  Folder f;
+  ConfigInputs in;
+  in.file = "accelerate.yaml";
+  in.text = std::string(kFsdp2Base) + "mixed_precision: 'no'\ndata:\n  path: " + f.dir + "/train.jsonl\n";
+  in.has_file = true;
+  in.recipe_file = "recipe.yaml";
+  in.recipe_text = "model_name_or_path: " + f.dir + "\nbf16: true\noutput_dir: out/run\nnum_train_epochs: 1\n";
+  Diagnostics diags;
+  const ResolvedConfig rc = load_config(in, diags);
+  std::string errors;
+  for (const auto& e : diags.errors()) errors += e + "\n";
+  REQUIRE_MESSAGE(errors == "", errors);  // no distributed_type asked of the recipe
+  CHECK(rc.typed.launch.mixed_precision == MixedPrecision::kBf16);  // the recipe's over the file's
+  CHECK(rc.get("mixed_precision").origin.describe() == "recipe.yaml:2:1 (as Trainer's bf16)");
+  CHECK(rc.typed.train.output_dir == absolute_path("out/run"));  // Trainer's output_dir: from the working directory
+  CHECK(rc.typed.train.epochs == 1);
+}
