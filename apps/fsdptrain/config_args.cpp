@@ -45,6 +45,10 @@ void ConfigArgs::add_to(CLI::App* app, bool positional_file) {
   app->add_option("--config,--config_file,--config-file", file,
                   "Config file (default: $FSDPTRAIN_CONFIG_FILE, ~/.cache/fsdptrain/default_config.yaml, "
                   "then Accelerate's default_config.yaml)");
+  app->add_option("--recipe", recipe,
+                  "A TRL recipe (the YAML of `trl sft --config`): its keys, Trainer's and TRL's names such as "
+                  "num_train_epochs or dataset_name, over the config file's; its relative paths are from the working "
+                  "directory");
   app->add_option("--set", sets, "Override a key: --set fsdp_config.fsdp_offload_params=true (repeatable)")
       ->allow_extra_args(false);
   flags.add_to(app);
@@ -66,6 +70,13 @@ config::ConfigInputs ConfigArgs::inputs(std::string* source) const {
     in.text = read_file(found.path);
     in.has_file = true;
   }
+  if (!recipe.empty()) {
+    const std::string problem = file_problem(recipe);
+    FSDP_CHECK(problem.empty(), "--recipe ", recipe, problem == "not found" ? " not found" : ": " + problem,
+               "; give the YAML file of the TRL recipe");
+    in.recipe_file = recipe;
+    in.recipe_text = read_file(recipe);
+  }
   in.sets = sets;
   in.flags = flags.given();
   if (with_scheduler) in.scheduler = launch::slurm_values(launch::process_env());
@@ -76,6 +87,7 @@ config::ConfigInputs ConfigArgs::inputs(std::string* source) const {
 std::vector<std::string> ConfigArgs::forward(const config::ConfigInputs& inputs) {
   std::vector<std::string> args;
   if (inputs.has_file) args.insert(args.end(), {"--config_file", inputs.file});
+  if (!inputs.recipe_file.empty()) args.insert(args.end(), {"--recipe", inputs.recipe_file});
   for (const auto& s : inputs.sets) args.insert(args.end(), {"--set", s});
   for (const auto& [key, value] : inputs.flags) args.push_back("--" + config::find_option(key)->flag + "=" + value);
   return args;

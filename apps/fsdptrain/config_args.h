@@ -24,6 +24,7 @@ struct TableFlags {
 struct ConfigArgs {
   bool with_scheduler = false;  // read SLURM's environment too (launch and its workers)
   std::string file;
+  std::string recipe;  // --recipe: a TRL recipe's YAML
   std::vector<std::string> sets;
   TableFlags flags;
 

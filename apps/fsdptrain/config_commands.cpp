@@ -1,11 +1,13 @@
 // env, config (the wizard) and config default/show/validate/update/keys.
 #include <unistd.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 
 #include "commands.h"
 #include "config/commands.h"
+#include "config/option.h"
 #include "config/show.h"
 #include "config/validate.h"
 #include "config/wizard.h"
@@ -62,6 +64,18 @@ class WizardCommand final : public Command {
     const std::string path = path_.empty() ? config::fsdptrain_default_config_path() : path_;
     write_file_atomic(path, r.yaml);
     std::cout << "fsdptrain configuration saved at " << path << "\n";
+    // Accelerate refuses a file with keys it does not know: say so, and what to do, rather than let
+    // `accelerate launch` be the one to find out.
+    std::vector<std::string> own;
+    for (const auto& [key, value] : r.values) {
+      const config::OptionSpec* spec = config::find_option(key);
+      const std::string section = spec && spec->extension && !value.empty() ? spec->section() : "";
+      if (!section.empty() && std::find(own.begin(), own.end(), section) == own.end()) own.push_back(section);
+    }
+    if (!own.empty())
+      std::cout << "note: the file holds fsdptrain's own sections (" << join(own, ", ")
+                << "), which `accelerate launch` refuses as unknown keys: run it with `fsdptrain launch`, or delete "
+                   "those sections for Accelerate\n";
     return 0;
   }
 

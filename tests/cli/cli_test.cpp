@@ -180,6 +180,28 @@ TEST_CASE("config update: a clear error without a file; legacy spellings moderni
   CHECK(run({"config", "validate", path}).code == 0);
 }
 
+// Issue 63: Accelerate refuses a file with keys it does not know; the wizard says so when it writes
+// fsdptrain's own sections, and what to do.
+TEST_CASE("the wizard says when its file holds sections accelerate launch refuses") {
+  TempDir t;
+  const std::string data = t.file("train.txt", "some text to train on\n");
+  const std::string answers =
+      t.file("answers.yaml", "machine_type: multi-CPU\nnum_machines: 1\ndebug: no\nuse_fsdp: yes\n"
+                             "fsdp_config.fsdp_version: 2\nnum_processes: 2\nmodel.pretrained: " FSDP_SOURCE_DIR
+                             "/configs/models/tiny\ndata.path: " + data + "\n");
+  Result r = run({"config", "--config_file", t / "w.yaml", "--answers", answers}, "");
+  CHECK_MESSAGE(r.code == 0, r.err);
+  CHECK(r.out.find("note: the file holds fsdptrain's own sections (") != std::string::npos);
+  CHECK(r.out.find("which `accelerate launch` refuses as unknown keys: run it with `fsdptrain launch`") !=
+        std::string::npos);
+  Result plain = run({"config", "--config_file", t / "p.yaml", "--answers",
+                      t.file("plain.yaml", "machine_type: multi-CPU\nnum_machines: 1\ndebug: no\nuse_fsdp: yes\n"
+                                           "fsdp_config.fsdp_version: 2\nnum_processes: 2\n")},
+                     "");
+  CHECK_MESSAGE(plain.code == 0, plain.err);
+  CHECK(plain.out.find("note: the file holds") == std::string::npos);  // Accelerate's keys alone: nothing to say
+}
+
 TEST_CASE("the wizard through a pipe and an answers file, with no terminal") {
   TempDir t;
   const std::string answers = t.file("answers.yaml",
