@@ -85,6 +85,7 @@ json state_json(const TrainingState& s, Format format, const c10::Device& device
          {"sequence_length", s.sequence_length},
          {"train_sequences", s.train_sequences},
          {"world_size", s.world_size},
+         {"global_batch", s.global_batch},
          {"rng", rng_json(device)}};
   if (s.eval_loss) j["eval_loss"] = *s.eval_loss;
   return j;
@@ -101,6 +102,7 @@ TrainingState parse_state(const json& j, const std::string& where) {
     s.sequence_length = j.at("sequence_length").get<int64_t>();
     s.train_sequences = j.at("train_sequences").get<int64_t>();
     s.world_size = j.at("world_size").get<int>();
+    s.global_batch = j.value("global_batch", int64_t{0});
     if (j.contains("eval_loss") && j["eval_loss"].is_number()) s.eval_loss = j["eval_loss"].get<double>();
     return s;
   } catch (const json::exception& e) {

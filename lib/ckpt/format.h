@@ -54,6 +54,7 @@ struct TrainingState {
   int64_t sequence_length = 0;
   int64_t train_sequences = 0;  // the data's training windows: the loader's permutation depends on it
   int world_size = 0;           // of the run that saved
+  int64_t global_batch = 0;     // its sequences per step (0: a checkpoint from before it was recorded)
   std::optional<double> eval_loss;  // the held-out loss at this step, when it was measured (keep_best)
 };
 

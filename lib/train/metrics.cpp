@@ -33,9 +33,11 @@ std::string duration(double s) {
   return buf;
 }
 
-// In doubles: steps may be up to 2^63, where step * 100 would overflow.
-double eta_seconds(int64_t step, int64_t steps, double elapsed_s) {
-  return step > 0 ? elapsed_s / static_cast<double>(step) * static_cast<double>(steps - step) : 0;
+// In doubles: steps may be up to 2^63, where step * 100 would overflow. The pace is this launch's:
+// elapsed_s covers the steps after resumed_from only.
+double eta_seconds(int64_t step, int64_t steps, double elapsed_s, int64_t resumed_from) {
+  const int64_t done = step - resumed_from;
+  return done > 0 ? elapsed_s / static_cast<double>(done) * static_cast<double>(steps - step) : 0;
 }
 
 // label then v with `digits` decimals.
@@ -65,10 +67,10 @@ std::string format_metrics(const StepMetrics& m) {
   return str(head, moe, " | ", format_count(m.tokens_per_s), " tok/s (", format_count(m.tokens_per_s_per_device),
              "/device) | MFU ", mfu, " | peak mem ", format_bytes(m.peak_memory_bytes), " | ",
              static_cast<int64_t>(m.step_time_s * 1000 + 0.5), " ms/step | ETA ",
-             duration(eta_seconds(m.step, m.steps, m.elapsed_s)));
+             duration(eta_seconds(m.step, m.steps, m.elapsed_s, m.resumed_from)));
 }
 
-std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s) {
+std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s, int64_t resumed_from) {
   constexpr int kWidth = 20;
   const double done = steps > 0 ? std::min(1.0, static_cast<double>(step) / static_cast<double>(steps)) : 1.0;
   const int filled = static_cast<int>(kWidth * done);
@@ -76,7 +78,7 @@ std::string progress_bar(int64_t step, int64_t steps, double loss, double elapse
   std::snprintf(tail, sizeof(tail), "] %3d%% step %lld/%lld | loss %.4f | ETA ", static_cast<int>(100 * done),
                 static_cast<long long>(step), static_cast<long long>(steps), loss);
   return "[" + std::string(filled, '#') + std::string(kWidth - filled, '-') + tail +
-         duration(eta_seconds(step, steps, elapsed_s));
+         duration(eta_seconds(step, steps, elapsed_s, resumed_from));
 }
 
 std::string metrics_json(const StepMetrics& m) {

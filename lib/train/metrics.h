@@ -17,7 +17,8 @@ struct StepMetrics {
   std::optional<double> mfu;  // fraction of peak; none on CPU or an unknown GPU
   int64_t peak_memory_bytes = 0;
   double step_time_s = 0;
-  double elapsed_s = 0;  // since the first step
+  double elapsed_s = 0;     // since this launch's first step
+  int64_t resumed_from = 0;  // steps done before this launch (a resume): the ETA counts this launch's
   // A mixture of experts: the auxiliary load-balancing loss (before router_aux_loss_coef; the ranks'
   // and micro-batches' mean) and the step's top-k assignments per expert over every sparse layer.
   std::optional<double> aux_loss;
@@ -30,7 +31,8 @@ struct StepMetrics {
 std::string format_metrics(const StepMetrics& m);
 std::string metrics_json(const StepMetrics& m);
 // "[########------------] 40% step 400/1000 | loss 1.4627 | ETA 22s"
-std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s);
+// resumed_from: as StepMetrics'.
+std::string progress_bar(int64_t step, int64_t steps, double loss, double elapsed_s, int64_t resumed_from = 0);
 
 // A GPU trainer queues a step's collectives while the step before still runs, and the collective
 // watchdog counts from when the host queued them: a dist_timeout under two steps times collectives

@@ -1,6 +1,8 @@
 #include "train/run_config.h"
 
 #include "util/error.h"
+#include "util/files.h"
+#include "util/hub_cache.h"
 
 namespace fsdp::train {
 
@@ -56,6 +58,26 @@ data::DataOptions data_options_of(const config::Config& config, int64_t vocab_si
   o.chat_template = config.data.chat_template;
   o.assistant_only_loss = config.data.assistant_only_loss;
   o.template_limits = template_limits_of(config);
+  return o;
+}
+
+std::optional<data::DataOptions> eval_data_options_of(const config::Config& config, int64_t vocab_size) {
+  const config::DataConfig& d = config.data;
+  if (d.eval_path.empty() && d.eval_split.empty()) return std::nullopt;
+  data::DataOptions o = data_options_of(config, vocab_size);
+  if (d.eval_path.empty()) {  // a split of the training dataset (or of its save_to_disk DatasetDict)
+    o.split = d.eval_split;
+  } else if (glob_paths(d.eval_path).empty() && hub::is_repo_id(d.eval_path)) {  // a Hub dataset of its own
+    o.path.clear();
+    o.dataset = d.eval_path;
+    o.config.clear();
+    o.revision = "main";
+    o.split = d.eval_split.empty() ? "test" : d.eval_split;
+  } else {  // files of its own (or a save_to_disk folder: its data.eval_split, else data.split)
+    o.path = d.eval_path;
+    o.dataset.clear();
+    if (!d.eval_split.empty()) o.split = d.eval_split;
+  }
   return o;
 }
 

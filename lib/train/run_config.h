@@ -6,6 +6,7 @@
 
 #include <c10/core/Device.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ void check_positions(const config::Config& config, const model::DecoderConfig& m
 
 // What data/prepare.h needs of a config, for a model of `vocab_size`.
 data::DataOptions data_options_of(const config::Config& config, int64_t vocab_size);
+// The same for the held-out data, when it has its own (data.eval_path's files or Hub dataset,
+// data.eval_split of the dataset); nullopt when it is data.eval_fraction of the training data.
+std::optional<data::DataOptions> eval_data_options_of(const config::Config& config, int64_t vocab_size);
 // data.chat_template_max_*: what one render of a chat template may take.
 chat::TemplateLimits template_limits_of(const config::Config& config);
 

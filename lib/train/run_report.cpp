@@ -96,7 +96,7 @@ void RunReport::step(const StepResult& result) {
   }
   summary_.steps = step;
   if (progress_)
-    run_.out() << kProgressLinePrefix << progress_bar(step, run_.steps(), summary_.last_loss, seconds_since(start_))
+    run_.out() << kProgressLinePrefix << progress_bar(step, run_.steps(), summary_.last_loss, seconds_since(start_), summary_.resumed_from)
                << std::endl;
 }
 
@@ -255,6 +255,7 @@ void RunReport::log_metrics(const StepResult& result) {
   if (peak_) m.mfu = run_.flops_per_token() * m.tokens_per_s_per_device / *peak_;
   m.peak_memory_bytes = peak_memory_bytes(run_.context().device);
   m.elapsed_s = seconds_since(start_);
+  m.resumed_from = summary_.resumed_from;
   run_.say(format_metrics(m) + "\n");
   if (!timeout_warned_) {
     const std::string w =

@@ -240,14 +240,21 @@ void prepare_training_data(const config::ResolvedConfig& resolved, std::ostream&
   const StopSignals signals;  // tokenizing stops between batches, saying so
   data::DataOptions options = data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size);
   options.interrupted = [] { return StopSignals::received() != 0; };
+  std::optional<data::DataOptions> eval_options =
+      eval_data_options_of(resolved.typed, model_config_of(resolved.typed).vocab_size);
+  if (eval_options) eval_options->interrupted = options.interrupted;
   data::DataPlan plan;
   try {
     plan = data::prepare_data(options, live ? &log : nullptr);
+    if (!plan.note.empty()) log << plan.note << "\n";
+    // The held-out data too, so no worker tokenizes it (and one failure is said once, here).
+    if (eval_options && !StopSignals::received())
+      if (const data::DataPlan eval = data::prepare_data(*eval_options, live ? &log : nullptr); !eval.note.empty())
+        log << eval.note << "\n";
   } catch (const Error& e) {
     if (StopSignals::received()) throw Error(e.what(), interrupted_exit());  // stopped by the signal, not failed
     throw;
   }
-  if (!plan.note.empty()) log << plan.note << "\n";
   // A signal that came while nothing was tokenized still means stop: it must not be lost.
   if (StopSignals::received())
     throw Error("[train] interrupted before the workers started; nothing was trained", interrupted_exit());

@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -151,6 +152,40 @@ dist::ProcessGroup init_group(const dist::WorkerContext& context, const config::
   return dist::init_process_group(options);
 }
 
+// The Hub id of a model folder in the Hugging Face cache (.../models--ORG--NAME/snapshots/COMMIT),
+// as from_pretrained was given it; "" for a folder of another kind.
+std::string hub_id_of(const std::string& folder) {
+  const std::string snapshots = parent_folder(lexically_normal(folder));
+  const std::string repo = base_name(parent_folder(snapshots));
+  if (base_name(snapshots) != "snapshots" || !starts_with(repo, "models--")) return "";
+  std::string id = repo.substr(std::string("models--").size());
+  if (const size_t sep = id.find("--"); sep != std::string::npos) id.replace(sep, 2, "/");
+  return id;
+}
+
+// adapter_config.json's target_modules as PEFT writes them: what the config asked for (all-linear as
+// the distinct module names it chose, as PEFT expands it), not the path of every adapted module; a
+// pattern PEFT would read otherwise (a regex) keeps those paths, which say exactly what was adapted.
+std::vector<std::string> peft_target_modules(const config::LoraConfig& lora, const std::vector<std::string>& adapted) {
+  const std::vector<std::string> asked =
+      lora.target_modules.empty() ? std::vector<std::string>{"q_proj", "v_proj"} : lora.target_modules;
+  std::vector<std::string> out;
+  auto add = [&](const std::string& name) {
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  };
+  for (const std::string& item : asked) {
+    if (item == "all-linear") {
+      for (const std::string& m : adapted) add(m.substr(m.rfind('.') + 1));
+    } else if (std::all_of(item.begin(), item.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) ||
+                                                                          c == '_' || c == '.'; })) {
+      add(item);
+    } else {
+      return adapted;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
@@ -171,10 +206,18 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
     for (const std::string& line : split(table, '\n'))
       if (starts_with(line, "# config:") || starts_with(line, "# runs as:")) say(line + "\n");
   }
-  say(str("[train] run folder: ", config_.train.output_dir, " (run.json there holds the resolved config",
-          config_.logging.verbose ? "" : "; launch --verbose prints it", ")\n"));
+  // Where a default run folder goes is not where a Trainer user looks (its output_dir is relative to
+  // the working directory): say so.
+  const config::Origin& folder = resolved.get("train.output_dir").origin;
+  say(str("[train] run folder: ", config_.train.output_dir, " (",
+          folder.kind == config::OriginKind::kDerived && !resolved.file.empty()
+              ? "beside the config file, train.output_dir's default; "
+              : "",
+          "run.json there holds the resolved config", config_.logging.verbose ? "" : "; launch --verbose prints it",
+          ")\n"));
   if (const std::string defaults = config::describe_run_defaults(resolved); !defaults.empty())
     say(str("[train] ", defaults, "\n"));
+  for (const std::string& kept : config::kept_fine_tuning_defaults(resolved)) say(str("[train] kept: ", kept, "\n"));
   if (!config_.launch.use_cpu && !context_.device.is_cuda())
     say("[train] warning: the config asks for GPUs (use_cpu is false), but this machine shows none: training on "
         "the CPU. Set use_cpu: true (or --cpu) to say so\n");
@@ -205,10 +248,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
 void TrainingRun::read_data() {
   const int64_t T = config_.train.sequence_length;
   // The launcher tokenized text already; this finds its cache (or makes it, run without a launcher).
-  auto read = [&](const std::string& path) {
-    data::DataOptions o = data_options_of(config_, model_config_.vocab_size);
-    if (&path == &config_.data.eval_path) o.dataset.clear();  // held-out files of their own
-    o.path = path;
+  auto read = [&](const data::DataOptions& o) {
     const data::DataPlan plan = data::prepare_data(o);
     data::TokenStream s = data::read_tokens(plan.path, config_.data.field);
     s.check_below(model_config_.vocab_size,
@@ -218,9 +258,11 @@ void TrainingRun::read_data() {
     s.check_prompts_fit(T);
     return s;
   };
-  tokens_ = read(config_.data.path);
-  const bool own_eval = !config_.data.eval_path.empty();
-  if (own_eval) eval_tokens_ = read(config_.data.eval_path);
+  tokens_ = read(data_options_of(config_, model_config_.vocab_size));
+  const std::optional<data::DataOptions> eval_options = eval_data_options_of(config_, model_config_.vocab_size);
+  const bool own_eval = eval_options.has_value();
+  const std::string eval_name = own_eval ? data::input_name(*eval_options) : "";
+  if (own_eval) eval_tokens_ = read(*eval_options);
   const data::Packing packing = packing_of(config_, tokens_);
   if (config_.data.packing == config::Packing::kAuto && packing == data::Packing::kPad)
     say("[train] data.packing auto: one record to a row (pad), not packed (masked): context parallel splits each row "
@@ -228,7 +270,7 @@ void TrainingRun::read_data() {
   reader_ = std::make_unique<data::SequenceReader>(tokens_, T, packing, config_.data.path);
   split_ = data::split_sequences(reader_->count(), own_eval ? 0 : config_.data.eval_fraction, config_.data.path);
   if (own_eval) {
-    eval_reader_ = std::make_unique<data::SequenceReader>(eval_tokens_, T, packing, config_.data.eval_path);
+    eval_reader_ = std::make_unique<data::SequenceReader>(eval_tokens_, T, packing, eval_name);
     split_.eval_sequences = eval_reader_->count();
   }
   every_target_counts_ = !tokens_.has_mask() && packing == data::Packing::kPlain;
@@ -236,13 +278,15 @@ void TrainingRun::read_data() {
       std::make_unique<data::DistributedLoader>(*reader_, 0, split_.train_sequences, config_.train.micro_batch_size,
                                                 dp_rank(), dp_size(), static_cast<uint64_t>(config_.train.seed));
   const config::TrainConfig& t = config_.train;
-  const int64_t per_step = dp_size() * t.micro_batch_size * t.gradient_accumulation_steps;
+  const int64_t per_step = sequences_per_step();
   steps_ = t.epochs > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
                                                    t.epochs * static_cast<double>(split_.train_sequences) / per_step)))
                         : t.steps;
   say(str("[train] data: ", plural(static_cast<long long>(tokens_.files().size()), "file"), ", ", tokens_.size(),
           " tokens; ", split_.train_sequences, " training and ", split_.eval_sequences, " held-out sequences of ", T,
-          " tokens", own_eval ? " (held out: data.eval_path)" : "",
+          " tokens",
+          own_eval ? str(" (held out: ", eval_options->dataset.empty() ? std::string("data.eval_path") : eval_name, ")")
+                   : "",
           tokens_.has_mask() ? "; the loss counts only the tokens marked as targets (completions, assistant turns; "
                                "prompts are inputs, not targets)"
                              : "",
@@ -395,12 +439,51 @@ int64_t TrainingRun::resume() {
   }
   const std::string before = host_peaks(world_, context_.device);
   const ckpt::TrainingState saved = checkpointer_->resume(path, state_at(0));
+  check_resumed_batch(saved, path);
   say(str("[train] peak host memory per rank: ", before, " before loading, ", host_peaks(world_, context_.device),
           " after\n"));
   loader_->set_position({saved.loader_epoch, saved.loader_offset});
   consumed_ = loader_->position();
   resumed_from_ = saved.step;
   return saved.step + 1;
+}
+
+double TrainingRun::learning_rate_at(int64_t step, int64_t steps) const {
+  optim::ScheduleOptions schedule = schedule_of(config_);
+  if (config_.schedule.warmup_ratio > 0)  // Trainer's: ceil(ratio x the run's steps)
+    schedule.warmup_steps = static_cast<int64_t>(std::ceil(config_.schedule.warmup_ratio * static_cast<double>(steps)));
+  return optim::learning_rate(schedule, config_.optimizer.lr, step, steps);
+}
+
+int64_t TrainingRun::sequences_per_step() const {
+  const config::TrainConfig& t = config_.train;
+  return dp_size() * t.micro_batch_size * t.gradient_accumulation_steps;
+}
+
+void TrainingRun::check_resumed_batch(const ckpt::TrainingState& saved, const std::string& path) const {
+  const int64_t now = sequences_per_step();
+  if (saved.global_batch == 0 || saved.global_batch == now) return;
+  const config::TrainConfig& t = config_.train;
+  // What the run would have been at the saved batch: its steps (train.epochs count them from the
+  // batch) and so the next step's learning rate.
+  const int64_t then = t.epochs > 0 ? std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
+                                                              t.epochs * static_cast<double>(split_.train_sequences) /
+                                                              static_cast<double>(saved.global_batch))))
+                                    : steps_;
+  const int64_t next = saved.step + 1;
+  std::string changes = str("each step trains on ", now, " sequences instead of ", saved.global_batch);
+  if (then != steps_) changes += str(", the run is ", steps_, " steps instead of ", then, " (train.epochs ", t.epochs, ")");
+  const double lr_now = learning_rate_at(next, steps_), lr_then = learning_rate_at(next, then);
+  if (lr_now != lr_then) changes += str(", and step ", next, "'s learning rate is ", lr_now, " instead of ", lr_then);
+  if (config_.checkpoint.resume_new_batch) {
+    say(str("[train] resuming at another global batch (checkpoint.resume_new_batch): ", changes, "\n"));
+    return;
+  }
+  throw InputError(str("[train] ", path, " was saved by a run of ", saved.global_batch,
+                       " sequences a step; this run's global batch is ", now, " (", dp_size(),
+                       " data-parallel ranks x train.micro_batch_size ", t.micro_batch_size,
+                       " x train.gradient_accumulation_steps ", t.gradient_accumulation_steps, "): ", changes,
+                       ". Set checkpoint.resume_new_batch: true to continue so, or give the run the saved batch"));
 }
 
 double TrainingRun::tokens_per_step() const {
@@ -465,7 +548,7 @@ at::Tensor TrainingRun::global_targets(double local) {
 
 std::optional<StepResult> TrainingRun::train_step(int64_t step, bool stop) {
   RECORD_USER_SCOPE(str("step ", step));
-  const double lr = optim::learning_rate(schedule_of(config_), config_.optimizer.lr, step, steps_);
+  const double lr = learning_rate_at(step, steps_);
   adamw_->set_lr(lr);
   const StepBatches batches = take_batches();
   consumed_ = batches.after;
@@ -642,6 +725,7 @@ ckpt::TrainingState TrainingRun::state_at(int64_t step) const {
   s.sequence_length = config_.train.sequence_length;
   s.train_sequences = split_.train_sequences;
   s.world_size = world_.size();
+  s.global_batch = sequences_per_step();
   return s;
 }
 
@@ -696,13 +780,17 @@ void TrainingRun::export_hf(int64_t step) {
   const model::LoraSettings lora = lora_settings_of(config_);
   const bool peft = lora.enabled() && !config_.checkpoint.export_merged;
   const auto [dtype, dtype_why] = export_dtype();
-  if (peft)
-    ckpt::export_peft(*sharded_, lora, model::lora_target_names(*lm_, lora),
-                      config_.model.pretrained.empty() ? "" : absolute_path(config_.model.pretrained), dir, extra);
-  else if (lora.enabled())
+  if (peft) {
+    // The base as the run was given it: a Hub id stays one (the cache's snapshot is this machine's path).
+    const std::string& base = config_.model.pretrained;
+    const std::string id = base.empty() ? "" : hub_id_of(absolute_path(base));
+    ckpt::export_peft(*sharded_, lora, peft_target_modules(config_.lora, model::lora_target_names(*lm_, lora)),
+                      base.empty() ? "" : id.empty() ? absolute_path(base) : id, dir, extra);
+  } else if (lora.enabled()) {
     ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra, dtype);
-  else
+  } else {
     ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra, ckpt::kDefaultMaxShardBytes, dtype);
+  }
   if (world_.rank() == 0) write_file_atomic(dir + "/" + kExportNote, export_note(step));
   std::string names;
   for (const auto& [name, from] : extra) names += (names.empty() ? "; with " : ", ") + name;

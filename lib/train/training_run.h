@@ -123,6 +123,13 @@ class TrainingRun {
   void build_checkpointer(const TrainHooks& hooks);
   void claim_checkpoint_dir(ckpt::FileSystem& fs);
   ckpt::TrainingState state_at(int64_t step) const;
+  // Sequences a step trains on, over every data-parallel rank.
+  int64_t sequences_per_step() const;
+  // The learning rate of `step` in a run of `steps` (train.schedule; warmup_ratio counts `steps`).
+  double learning_rate_at(int64_t step, int64_t steps) const;
+  // A resume at another global batch than `saved`'s: refused unless checkpoint.resume_new_batch,
+  // saying what changes (the steps train.epochs make, the learning rates).
+  void check_resumed_batch(const ckpt::TrainingState& saved, const std::string& path) const;
   at::Tensor loss_sum(const data::Batch& batch, int64_t rows);  // evaluation's
   at::Tensor loss_sum(const at::Tensor& inputs, const at::Tensor& targets, const model::Packed& packed);
   ckpt::ExtraFiles text_files() const;

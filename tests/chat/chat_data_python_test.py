@@ -276,7 +276,7 @@ def check_training(fsdptrain, d, folder, recs):
     open(yaml, "w").write(
         "distributed_type: FSDP\nuse_cpu: true\nnum_processes: 2\nfsdp_config:\n  fsdp_version: 2\n"
         f"model:\n  pretrained: {folder}\ndata:\n  path: {folder}/convs.jsonl\n  eval_path: {folder}/convs.jsonl\n"
-        f"  packing: pad\ntrain:\n  output_dir: {d}/run\n  steps: 1\n  micro_batch_size: 2\n  sequence_length: 1024\n"
+        f"  packing: pad\n  assistant_only_loss: true\ntrain:\n  output_dir: {d}/run\n  steps: 1\n  micro_batch_size: 2\n  sequence_length: 1024\n"
         "  eval_batches: 100\noptimizer:\n  lr: 1.0e-30\n  weight_decay: 0.0\nschedule:\n  warmup_steps: 0\n")
     r = run([fsdptrain, "launch", "--config", yaml, "--main_process_port", "0"])
     assert r.returncode == 0, r.stdout + r.stderr

@@ -214,12 +214,78 @@ def check_training(a, d, cache, model):
     saved, _ = train(a, d, cache, "run_saved", "model.pretrained=test-org/tiny-chat", f"data.path={d}/saved_chat")
     assert len(folder) == 6 and by_id == folder and saved == folder, (folder, by_id, saved)
     assert "test-org/mixed/chat (train)" in log, log
+    # Issue 63: held-out data from the same Hub dataset (TRL's dataset_test_split) evaluates, and a
+    # LoRA export names the Hub id it was trained from and the modules asked for, as TRL writes them.
+    _, log = train(a, d, cache, "run_eval", "model.pretrained=test-org/tiny-chat", "data.dataset=test-org/mixed",
+                   "data.config=chat", "data.eval_split=test", "lora.r=4", f"checkpoint.export_dir={d}/run_eval/export")
+    assert "(held out: " in log and "chat (test)" in log and "held-out loss" in log, log
+    adapter = json.load(open(f"{d}/run_eval/export/step-6/adapter_config.json"))
+    assert adapter["base_model_name_or_path"] == "test-org/tiny-chat", adapter
+    assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"], adapter
     shown = run(a, d, cache, "config", "show", os.path.join(a.source, "configs", "finetune.yaml"), "--set",
                 "model.pretrained=test-org/tiny-chat", "--set", "data.path=", "--set", "data.dataset=test-org/plain",
                 "--set", f"train.output_dir={d}/shown").stdout
     assert "the Hugging Face cache's test-org/tiny-chat" in shown and model in shown, shown
     print(f"hub: fine-tuning by id (model and dataset) and from a save_to_disk folder gives the folder-and-JSONL "
           f"run's losses exactly: {', '.join(f'{x:.4f}' for x in folder)}")
+
+
+RECIPE = """\
+# A TRL recipe, as `trl sft --config recipe.yaml` reads it
+model_name_or_path: test-org/tiny-chat
+dataset_name: test-org/mixed
+dataset_config: chat
+dataset_test_split: test
+learning_rate: 1.0e-4
+max_steps: 4
+per_device_train_batch_size: 2
+max_length: 128
+gradient_checkpointing: true
+eval_strategy: steps
+eval_steps: 2
+logging_steps: 1
+report_to: none
+output_dir: recipe-run
+use_peft: true
+lora_target_modules: all-linear
+"""
+
+
+def check_recipe(a, d, cache):
+    """Issue 63: a TRL recipe runs unchanged beside an Accelerate config (--recipe): config show names
+    each of its keys by the name it was written as and every TRL default the run takes; the run
+    evaluates the dataset's test split, lands under the working directory (Trainer's output_dir) and
+    exports an adapter naming the Hub id and the modules PEFT would."""
+    with open(f"{d}/recipe.yaml", "w") as f:
+        f.write(RECIPE)
+    with open(f"{d}/accelerate.yaml", "w") as f:
+        f.write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nuse_cpu: true\nnum_machines: 1\n"
+                "num_processes: 1\nmixed_precision: 'no'\nfsdp_config:\n  fsdp_version: 2\n")
+    shown = run(a, d, cache, "config", "show", "--config", "accelerate.yaml", "--recipe", "recipe.yaml").stdout
+    rows = {l.split()[0]: l for l in shown.splitlines() if l and not l.startswith("#")}
+    assert "recipe.yaml:7:1 (as Trainer's learning_rate)" in rows["optimizer.lr"], shown
+    assert "recipe.yaml:6:1 (as TRL's dataset_test_split)" in rows["data.eval_split"], shown
+    assert "TRL's default with use_peft: true" in rows["lora.r"] and " 16 " in rows["lora.r"], shown
+    trl = "derived: fine-tuning default (TRL's SFTConfig), as model.pretrained is set"
+    for key, value in (("optimizer.beta2", "0.999"), ("optimizer.weight_decay", "0"), ("schedule.type", "linear"),
+                       ("checkpoint.keep", "0"), ("data.assistant_only_loss", "false"), ("checkpoint.interval", "500")):
+        assert f" {value} " in rows[key] and trl in rows[key], (key, rows[key])
+    assert "model.gradient_checkpointing: true" in rows["fsdp_config.fsdp_activation_checkpointing"], shown
+    assert "activation checkpointing on" in shown, shown
+    r = run(a, d, cache, "launch", "--config", "accelerate.yaml", "--recipe", "recipe.yaml", "--main_process_port", "0")
+    log = r.stdout + r.stderr
+    out = f"{d}/recipe-run"
+    assert f"[train] run folder: {out} (" in log, log
+    evals = [json.loads(l)["eval_loss"] for l in open(f"{out}/metrics.jsonl") if "eval_loss" in l]
+    assert len(evals) >= 2 and "chat (test)" in log, log
+    adapter = json.load(open(f"{out}/export/step-4/adapter_config.json"))
+    assert adapter["base_model_name_or_path"] == "test-org/tiny-chat", adapter
+    assert sorted(adapter["target_modules"]) == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                        "down_proj"]), adapter
+    assert adapter["r"] == 16 and adapter["lora_alpha"] == 32, adapter
+    print(f"hub: a TRL recipe ran unchanged beside an Accelerate config: its keys read by their names, TRL's "
+          f"defaults named, held-out losses {', '.join(f'{x:.4f}' for x in evals)} on the test split, the adapter "
+          f"naming test-org/tiny-chat")
 
 
 def check_adapters(a, d, cache, model):
@@ -278,6 +344,11 @@ def check_refusals(a, d, cache):
     assert "no split \"validation\"" in out and "test, train" in out, out
     out = refused(a, d, cache, "data.dataset=test-org/plain", f"data.path={d}/pairs.jsonl")
     assert "data.dataset" in out and "both set" in out, out
+    # Issue 63: a split's name written as data.eval_path is named before any worker starts, with the fix.
+    out = refused(a, d, cache, "data.dataset=test-org/mixed", "data.config=chat", "data.eval_path=test")
+    assert "data.eval_path: matches no file" in out and "write data.eval_split: test" in out, out
+    out = refused(a, d, cache, "data.dataset=test-org/mixed", "data.config=chat", "data.eval_split=dev")
+    assert "data.eval_split: " in out and "no split \"dev\"" in out and "set data.eval_split" in out, out
     out = refused(a, d, cache, f"data.path={d}/saved_chat", "data.split=dev")
     assert "no split \"dev\"" in out and "train, test" in out, out
     # A table without the columns, and a damaged one: refused by name, nothing made.
@@ -316,6 +387,7 @@ def main():
         check_record_kinds(a, d, cache)
         check_training(a, d, cache, model)
         check_adapters(a, d, cache, model)
+        check_recipe(a, d, cache)
         check_refusals(a, d, cache)
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -186,6 +186,31 @@ TEST_CASE("exact resume: 12 steps equal 6 + save + resume + 6, bit for bit") {
     }
 }
 
+// Issue 63: resuming with another global batch re-planned the run silently (another step count with
+// train.epochs, other learning rates). It is refused, saying what would change, unless asked for.
+TEST_CASE("a resume at another global batch says what changes and needs checkpoint.resume_new_batch") {
+  const std::string cfg = write_config("batch", "SHARDED_STATE_DICT"), dir = temp_path("batch");
+  sh("rm -rf " + dir);
+  const Result saved = train(cfg, 2, 4, {"checkpoint.dir=" + dir, "checkpoint.interval=6"});
+  INFO(saved.out, saved.err);
+  REQUIRE(saved.code == 0);
+  sh("rm -rf " + dir + "/step-00000012");
+  // 2 ranks x 2 sequences: half the saved run's 8 a step.
+  const Result refused = train(cfg, 2, 2, {"checkpoint.dir=" + dir, "checkpoint.resume=latest"});
+  CHECK(refused.code != 0);
+  CHECK(refused.err.find("was saved by a run of 8 sequences a step; this run's global batch is 4 (2 data-parallel "
+                         "ranks x train.micro_batch_size 2 x train.gradient_accumulation_steps 1): each step trains "
+                         "on 4 sequences instead of 8") != std::string::npos);
+  CHECK(refused.err.find("Set checkpoint.resume_new_batch: true") != std::string::npos);
+  const Result taken =
+      train(cfg, 2, 2, {"checkpoint.dir=" + dir, "checkpoint.resume=latest", "checkpoint.resume_new_batch=true"});
+  INFO(taken.out, taken.err);
+  CHECK(taken.code == 0);
+  CHECK(taken.out.find("[train] resuming at another global batch (checkpoint.resume_new_batch): each step trains on "
+                       "4 sequences instead of 8") != std::string::npos);
+  sh("rm -rf " + dir + " " + cfg);
+}
+
 // Offloaded, each unit's optimizer update is held until the next forward needs the unit
 // (engine.offload_overlap): a save between steps must store the update as if it had been applied at
 // the step, and a resume must not have a held update written over what it loaded.

@@ -192,13 +192,17 @@ def counts_match(text, base, adapter, name):
 def export_loads(tmp, base, export, merged, peft_args, name):
     """PEFT loads our export with exactly its own keys; logits equal our merged export and PEFT's merge."""
     config = LoraConfig(task_type="CAUSAL_LM", **peft_args)
-    expected = set(get_peft_model_state_dict(get_peft_model(LlamaForCausalLM.from_pretrained(base), config)))
+    theirs = get_peft_model(LlamaForCausalLM.from_pretrained(base), config)
+    expected = set(get_peft_model_state_dict(theirs))
     got = {k for k in load_file(os.path.join(export, "adapter_model.safetensors"))}
     check(got == expected, f"{name}: export keys vs PEFT's: missing {sorted(expected - got)}, "
                            f"unexpected {sorted(got - expected)}")
     written = json.load(open(os.path.join(export, "adapter_config.json")))
     check(written["peft_type"] == "LORA" and written["task_type"] == "CAUSAL_LM" and written["r"] == peft_args["r"]
           and written["lora_alpha"] == peft_args["lora_alpha"], f"{name}: adapter_config.json {written}")
+    # Issue 63: the target modules as asked (all-linear as PEFT expands it), not 42 module paths.
+    asked = set(theirs.peft_config["default"].target_modules)
+    check(set(written["target_modules"]) == asked, f"{name}: target_modules {written['target_modules']} vs PEFT's {asked}")
     check(os.path.exists(os.path.join(export, "fsdptrain_export.json")), f"{name}: no export note")
     model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base, attn_implementation="eager"), export)
     x = torch.arange(3, 67).view(1, 64) % 250

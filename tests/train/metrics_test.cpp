@@ -24,6 +24,20 @@ TEST_CASE("the ETA is in days for long runs and never overflows") {
   CHECK(fsdp::train::format_metrics(m).find("ETA over 100000 days") != std::string::npos);
 }
 
+// Issue 63: a run resumed at step 500 of 1000 that took 10 s for its first 10 steps has 490 s left,
+// not the 9.6 s that counting the earlier launch's 500 steps as this one's gives.
+TEST_CASE("after a resume the ETA counts this launch's steps") {
+  CHECK(progress_bar(510, 1000, 1.5, 10.0, 500).find("ETA 8m10s") != std::string::npos);
+  fsdp::train::StepMetrics m;
+  m.step = 510;
+  m.steps = 1000;
+  m.elapsed_s = 10;
+  m.resumed_from = 500;
+  CHECK(fsdp::train::format_metrics(m).find("ETA 8m10s") != std::string::npos);
+  m.resumed_from = 0;
+  CHECK(fsdp::train::format_metrics(m).find("ETA 10s") != std::string::npos);  // what it said before
+}
+
 TEST_CASE("a dist_timeout under two steps is warned about on a GPU, where steps are queued ahead") {
   using fsdp::train::dist_timeout_warning;
   const std::string w = dist_timeout_warning(40.0, 60.0, /*queued_ahead=*/true);
