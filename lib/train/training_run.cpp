@@ -163,9 +163,10 @@ std::string hub_id_of(const std::string& folder) {
   return id;
 }
 
-// adapter_config.json's target_modules as PEFT writes them: what the config asked for (all-linear as
-// the distinct module names it chose, as PEFT expands it), not the path of every adapted module; a
-// pattern PEFT would read otherwise (a regex) keeps those paths, which say exactly what was adapted.
+// adapter_config.json's target_modules as PEFT saves them: the names the config asked for (q_proj,
+// v_proj), not the path of every module they matched; all-linear as PEFT expands it, every adapted
+// module's path; a pattern PEFT would read otherwise (a regex) keeps those paths too, which say
+// exactly what was adapted.
 std::vector<std::string> peft_target_modules(const config::LoraConfig& lora, const std::vector<std::string>& adapted) {
   const std::vector<std::string> asked =
       lora.target_modules.empty() ? std::vector<std::string>{"q_proj", "v_proj"} : lora.target_modules;
@@ -175,7 +176,7 @@ std::vector<std::string> peft_target_modules(const config::LoraConfig& lora, con
   };
   for (const std::string& item : asked) {
     if (item == "all-linear") {
-      for (const std::string& m : adapted) add(m.substr(m.rfind('.') + 1));
+      for (const std::string& m : adapted) add(m);
     } else if (std::all_of(item.begin(), item.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) ||
                                                                           c == '_' || c == '.'; })) {
       add(item);
