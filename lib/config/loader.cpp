@@ -673,8 +673,13 @@ std::vector<std::string> kept_fine_tuning_defaults(const ResolvedConfig& rc) {
 
 std::string describe_run_defaults(const ResolvedConfig& rc) {
   const bool fine_tuning = !rc.typed.model.pretrained.empty();
+  // A pretraining run's epochs, batch, recompute and conversation loss are the table's as any run's:
+  // its line names the values a fine-tuning run would take otherwise (optimizer, schedule, saves).
+  static const std::set<std::string> kFineTuningOnly = {"train.epochs", "train.micro_batch_size",
+                                                        "model.gradient_checkpointing", "data.assistant_only_loss"};
   std::vector<std::string> parts;
   for (const auto& [key, value] : fine_tuning_defaults()) {
+    if (!fine_tuning && kFineTuningOnly.count(key)) continue;
     const ResolvedValue& v = rc.get(key);
     const bool defaulted =
         fine_tuning ? starts_with(v.origin.detail, kFineTuningOrigin) : v.origin.kind == OriginKind::kDefault;
