@@ -327,7 +327,7 @@ class FileReader {
       return true;
     }
     std::vector<std::pair<const OptionSpec*, RawValue>> read;
-    if (!config::read_trainer_key(key, node, origin, diags_, read)) return false;
+    if (!config::read_trainer_key(key, node, raw_value_from_yaml(node, origin), diags_, read)) return false;
     for (auto& [spec, raw] : read)
       if (check_duplicate(spec->key, origin.mark, key)) layer_.values.emplace_back(spec, std::move(raw));
     return true;
@@ -680,6 +680,7 @@ std::string describe_run_defaults(const ResolvedConfig& rc) {
   std::vector<std::string> parts;
   for (const auto& [key, value] : fine_tuning_defaults()) {
     if (!fine_tuning && kFineTuningOnly.count(key)) continue;
+    if (key == "schedule.warmup_steps" && rc.typed.schedule.warmup_ratio > 0) continue;  // the ratio counts them
     const ResolvedValue& v = rc.get(key);
     const bool defaulted =
         fine_tuning ? starts_with(v.origin.detail, kFineTuningOrigin) : v.origin.kind == OriginKind::kDefault;

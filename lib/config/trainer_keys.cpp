@@ -4,7 +4,6 @@
 
 #include <optional>
 
-#include "config/loader.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/strings.h"
@@ -199,9 +198,8 @@ bool read_special_key(const std::string& key, const YAML::Node& node, const RawV
 
 }  // namespace
 
-bool read_trainer_key(const std::string& key, const YAML::Node& node, const Origin& origin, Diagnostics& diags,
+bool read_trainer_key(const std::string& key, const YAML::Node& node, const RawValue& raw, Diagnostics& diags,
                       std::vector<std::pair<const OptionSpec*, RawValue>>& out) {
-  const RawValue raw = raw_value_from_yaml(node, origin);
   if (read_special_key(key, node, raw, diags, out)) return true;
   const TrainerKey* k = find_trainer_key(key);
   if (!k) return false;

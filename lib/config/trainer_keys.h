@@ -18,8 +18,9 @@ class Node;
 namespace fsdp::config {
 
 // Reads `key` (top level) when it is one of Trainer's or TRL's: appends what it sets to `out` (or
-// reports why it cannot) and returns true; false for a key of neither.
-bool read_trainer_key(const std::string& key, const YAML::Node& node, const Origin& origin, Diagnostics& diags,
+// reports why it cannot) and returns true; false for a key of neither. `raw` is `node` as written
+// (loader.h's raw_value_from_yaml), with its origin.
+bool read_trainer_key(const std::string& key, const YAML::Node& node, const RawValue& raw, Diagnostics& diags,
                       std::vector<std::pair<const OptionSpec*, RawValue>>& out);
 
 // The fsdptrain key a Trainer/TRL key is read as ("" for none, or one handled apart such as report_to).

@@ -292,7 +292,10 @@ void TrainingRun::read_data() {
                                "prompts are inputs, not targets)"
                              : "",
           packing_note(*reader_, T),
-          t.epochs > 0 ? str("; ", t.epochs, " epochs are ", steps_, " steps of ", per_step, " sequences") : "", "\n"));
+          t.epochs > 0 ? str("; ", t.epochs, t.epochs == 1 ? " epoch is " : " epochs are ", steps_, " steps of ", per_step,
+                             " sequences")
+                       : "",
+          "\n"));
 }
 
 // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
