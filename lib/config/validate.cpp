@@ -510,10 +510,12 @@ void check_eval_data(Checker& c) {
   }
   // A split's name written as a path (data.eval_path: test) is the common slip.
   const bool split_name = !d.dataset.empty() && hub::dataset_files(d.dataset, d.config, d.eval_path, d.revision).error.empty();
+  // An ORG/NAME that is no file is a Hub id the cache lacks: say how to fetch it (a bare word is
+  // more likely a split's name or a file's).
+  const bool hub_id = !split_name && hub::is_repo_id(d.eval_path) && d.eval_path.find('/') != std::string::npos;
   c.error("data.eval_path",
           str("matches no file at ", places_tried(c, "data.eval_path"),
-              hub::is_repo_id(d.eval_path) ? str(", and ", hub::not_cached(hub::RepoType::kDataset, d.eval_path, "main"))
-                                           : ""),
+              hub_id ? str(", and ", hub::not_cached(hub::RepoType::kDataset, d.eval_path, "main")) : ""),
           split_name ? str("to hold out the split ", d.eval_path, " of data.dataset, write data.eval_split: ", d.eval_path)
                      : "give held-out files (as data.path takes), or the Hub id of a dataset in the Hugging Face cache");
 }

@@ -441,9 +441,18 @@ int64_t TrainingRun::resume() {
             ": starting at step 1\n"));
     return 1;
   }
+  // The batch before any weight is read, so a refusal costs nothing (a state that does not read is
+  // the loader's to report, with the rest of the checkpoint's checks).
+  if (const std::optional<nlohmann::json> state = try_read_json_file(path + "/" + ckpt::kState)) {
+    std::optional<ckpt::TrainingState> early;
+    try {
+      early = ckpt::parse_state(*state, path);
+    } catch (const InputError&) {
+    }
+    if (early) check_resumed_batch(*early, path);
+  }
   const std::string before = host_peaks(world_, context_.device);
   const ckpt::TrainingState saved = checkpointer_->resume(path, state_at(0));
-  check_resumed_batch(saved, path);
   say(str("[train] peak host memory per rank: ", before, " before loading, ", host_peaks(world_, context_.device),
           " after\n"));
   loader_->set_position({saved.loader_epoch, saved.loader_offset});
