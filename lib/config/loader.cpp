@@ -589,13 +589,14 @@ void resolve_hub_ids(ResolvedConfig& rc) {
 constexpr const char* kFineTuningOrigin = "fine-tuning default (TRL's SFTConfig), as model.pretrained is set";
 
 // Why a fine-tuning default of TRL's is not taken: "" when it is.
-std::string why_not_trl_default(ResolvedConfig& rc, const std::string& key, const std::optional<nlohmann::json>& model) {
-  if (key == "train.epochs" && value_in(rc, "train.steps").origin.kind != OriginKind::kDefault)
-    return "train.steps is set";
+// Those the config's own keys decide end in "is set".
+std::string why_not_trl_default(const ResolvedConfig& rc, const std::string& key,
+                                const std::optional<nlohmann::json>& model) {
+  if (key == "train.epochs" && rc.get("train.steps").origin.kind != OriginKind::kDefault) return "train.steps is set";
   if (key == "model.gradient_checkpointing") {
-    if (value_in(rc, "fsdp_config.fsdp_activation_checkpointing").origin.kind != OriginKind::kDefault)
+    if (rc.get("fsdp_config.fsdp_activation_checkpointing").origin.kind != OriginKind::kDefault)
       return "fsdp_activation_checkpointing is set";
-    if (value_in(rc, "fsdp_config.fsdp_auto_wrap_policy").value == "NO_WRAP")
+    if (rc.get("fsdp_config.fsdp_auto_wrap_policy").value == "NO_WRAP")
       return "fsdp_auto_wrap_policy NO_WRAP has no layers to recompute";
     // The auxiliary loss of a mixture of experts is not recomputed (training_run.cpp refuses the pair).
     if (model && model->is_object() && model->value("output_router_logits", false) == true)
@@ -663,6 +664,13 @@ const std::vector<std::pair<std::string, std::string>>& fine_tuning_defaults() {
 std::vector<std::string> kept_fine_tuning_defaults(const ResolvedConfig& rc) {
   std::vector<std::string> kept;
   if (rc.typed.model.pretrained.empty()) return kept;
+  // Those TRL's default cannot be taken for, and why.
+  const std::optional<nlohmann::json> j = try_read_json_file(rc.typed.model.pretrained + "/config.json");
+  for (const auto& [key, value] : fine_tuning_defaults()) {
+    const ResolvedValue& v = rc.get(key);
+    const std::string why = v.origin.kind == OriginKind::kDefault ? why_not_trl_default(rc, key, j) : "";
+    if (!why.empty() && !ends_with(why, " is set")) kept.push_back(str(key, " ", v.value, ", not TRL's ", value, ": ", why));
+  }
   if (rc.get("data.packing").origin.kind == OriginKind::kDefault)
     kept.push_back(
         "data.packing auto, not TRL's packing false: records share rows, each attending only to itself with its "

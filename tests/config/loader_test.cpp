@@ -291,10 +291,16 @@ TEST_CASE("a fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults w
                                "/config.json\nmodel:\n  pretrained: " + dir + "\n");
     REQUIRE_MESSAGE(no_wrap.errors() == "", no_wrap.errors());
     CHECK_FALSE(no_wrap.rc.typed.fsdp.activation_checkpointing);
+    CHECK(kept_fine_tuning_defaults(no_wrap.rc).at(0) ==
+          "model.gradient_checkpointing false, not TRL's true: fsdp_auto_wrap_policy NO_WRAP has no layers to recompute");
     std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 512, "output_router_logits": true})";
     Loaded moe = load_text(ft);
     REQUIRE_MESSAGE(moe.errors() == "", moe.errors());
     CHECK_FALSE(moe.rc.typed.fsdp.activation_checkpointing);  // the auxiliary loss is not recomputed
+    CHECK(kept_fine_tuning_defaults(moe.rc).at(0) ==
+          "model.gradient_checkpointing false, not TRL's true: the model's output_router_logits (its auxiliary loss) "
+          "is not recomputed");
+    CHECK(kept_fine_tuning_defaults(off.rc).size() == 1);  // the config's own choice needs no reason: packing's only
   }
   SUBCASE("with the lr from --set and no cap needed") {
     std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 4096})";
