@@ -210,6 +210,7 @@ class FileReader {
     }
     apply_legacy_fp16();
     apply_use_peft();
+    apply_max_steps();
     if (!has_distributed_type_ && !recipe_)
       diags_.error(file_, "distributed_type", "missing; Accelerate requires it too",
                    "add distributed_type: FSDP (or NO, MULTI_CPU, MULTI_GPU)");
@@ -364,6 +365,21 @@ class FileReader {
       v.origin.detail = str("TRL's default with use_peft: true");
       layer_.values.emplace_back(find_option(key), v);
     }
+  }
+
+  // Trainer's max_steps (above 0) overrides its num_train_epochs: both in one file mean that here too.
+  void apply_max_steps() {
+    const auto steps = written_as_.find("train.steps"), epochs = written_as_.find("train.epochs");
+    if (steps == written_as_.end() || epochs == written_as_.end() || steps->second != "max_steps" ||
+        epochs->second != "num_train_epochs")
+      return;
+    for (auto it = layer_.values.begin(); it != layer_.values.end(); ++it)
+      if (it->first->key == "train.epochs") {
+        diags_.warning_at(it->second.origin, "num_train_epochs", "has no effect: max_steps is set (as under Trainer)",
+                          "remove one of them");
+        layer_.values.erase(it);
+        return;
+      }
   }
 
   // fp16: true becomes mixed_precision: fp16 (with a warning) unless mixed_precision says otherwise.

@@ -208,3 +208,16 @@ TEST_CASE("a TRL recipe beside the Accelerate config (--recipe): its keys over t
   CHECK(rc.typed.train.output_dir == absolute_path("out/run"));  // Trainer's output_dir: from the working directory
   CHECK(rc.typed.train.epochs == 1);
 }
+
+TEST_CASE("Trainer's max_steps overrides its num_train_epochs, as there, and says so") {
+  Folder f;
+  Loaded l = load_text(f.base() + "num_train_epochs: 2\nmax_steps: 5\n");
+  REQUIRE_MESSAGE(l.errors() == "", l.errors());
+  CHECK(l.rc.typed.train.steps == 5);
+  CHECK(l.rc.typed.train.epochs == 0);
+  CHECK(l.warnings().find("num_train_epochs: has no effect: max_steps is set (as under Trainer)") != std::string::npos);
+  // max_steps -1 (Trainer's "unset") leaves the epochs to count.
+  Loaded epochs = load_text(f.base() + "num_train_epochs: 2\nmax_steps: -1\n");
+  REQUIRE_MESSAGE(epochs.errors() == "", epochs.errors());
+  CHECK(epochs.rc.typed.train.epochs == 2);
+}
