@@ -111,6 +111,28 @@ std::optional<RawValue> translated(const TrainerKey& k, RawValue raw, Diagnostic
   return raw;
 }
 
+// Keys of Trainer's and TRL's that decide nothing fsdptrain computes: accepted, each warned of with
+// why (a recipe runs unchanged, and nothing is silently ignored).
+const std::pair<const char*, const char*> kNoEffect[] = {
+    {"attn_implementation", "fsdptrain chooses its attention kernels itself (engine.kernels)"},
+    {"torch_dtype", "the weights train in float32, computed in mixed_precision's dtype; exports use "
+                    "checkpoint.export_dtype"},
+    {"dtype", "the weights train in float32, computed in mixed_precision's dtype; exports use checkpoint.export_dtype"},
+    {"model_init_kwargs", "the model is built from model.pretrained's config.json, its weights in float32"},
+    {"per_device_eval_batch_size", "held-out batches are train.micro_batch_size sequences"},
+    {"logging_strategy", "logging.interval counts steps (logging_steps)"},
+    {"save_strategy", "checkpoint.interval counts steps (save_steps)"},
+    {"run_name", "a run is named by its folder (output_dir)"},
+    {"dataset_num_proc", "the launcher tokenizes once, on its own threads"},
+    {"overwrite_output_dir", "a run folder that holds another run is refused; checkpoint.resume continues one"},
+    {"do_train", "launch trains"},
+    {"do_eval", "evaluation follows eval_strategy/eval_steps (train.eval_interval)"},
+    {"remove_unused_columns", "records are read by their fields (prompt/completion, messages, data.field)"},
+    {"ddp_find_unused_parameters", "FSDP2 needs no such search"},
+    {"use_liger_kernel", "fsdptrain's kernels are its own (a fused loss included)"},
+    {"hub_model_id", "fsdptrain does not upload (push_to_hub)"},
+};
+
 void refuse(Diagnostics& diags, const Origin& origin, const std::string& key, const std::string& why,
             const std::string& hint) {
   diags.error_at(origin, key, why, hint);
@@ -179,6 +201,18 @@ bool read_special_key(const std::string& key, const YAML::Node& node, const RawV
              "false is not offered: fsdptrain's loss on prompt/completion records counts the completion only "
              "(TRL's default)",
              "remove it, or write the records as text (data.field) for a loss on every token");
+    return true;
+  }
+  for (const auto& [name, why] : kNoEffect)
+    if (key == name) {
+      diags.warning_at(origin, key, str("has no effect in fsdptrain: ", why), "remove it to silence this");
+      return true;
+    }
+  if (key == "optim") {  // Trainer's AdamW spellings are fsdptrain's one optimizer
+    const std::string v = raw.shape == RawValue::Shape::kScalar ? to_lower(trim(raw.text)) : "";
+    if (v != "adamw_torch" && v != "adamw_torch_fused" && v != "adamw_hf")
+      refuse(diags, origin, key, str(quoted(raw.text), " is not fsdptrain's optimizer, AdamW"),
+             "write optim: adamw_torch (or leave it out)");
     return true;
   }
   if (key == "gradient_checkpointing_kwargs") {

@@ -221,3 +221,17 @@ TEST_CASE("Trainer's max_steps overrides its num_train_epochs, as there, and say
   REQUIRE_MESSAGE(epochs.errors() == "", epochs.errors());
   CHECK(epochs.rc.typed.train.epochs == 2);
 }
+
+TEST_CASE("a recipe's keys that decide nothing here load, each warned of with why; another optimizer is refused") {
+  Folder f;
+  Loaded l = load_text(f.base() + "attn_implementation: flash_attention_2\nmodel_init_kwargs: {torch_dtype: bfloat16}\n"
+                                  "optim: adamw_torch_fused\nrun_name: sft\n");
+  REQUIRE_MESSAGE(l.errors() == "", l.errors());
+  CHECK(l.warnings().find("attn_implementation: has no effect in fsdptrain: fsdptrain chooses its attention kernels") !=
+        std::string::npos);
+  CHECK(l.warnings().find("model_init_kwargs: has no effect in fsdptrain") != std::string::npos);
+  CHECK(l.warnings().find("run_name: has no effect in fsdptrain") != std::string::npos);
+  CHECK(l.warnings().find("optim") == std::string::npos);  // AdamW under Trainer's name: what runs
+  CHECK(load_text(f.base() + "optim: adafactor\n").errors().find("optim: \"adafactor\" is not fsdptrain's optimizer") !=
+        std::string::npos);
+}
