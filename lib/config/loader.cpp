@@ -77,45 +77,26 @@ std::vector<std::string> all_keys() {
   return keys;
 }
 
-// What users of Trainer, TRL and TorchTitan write for the trainer's keys: the key fsdptrain names it.
+// What TorchTitan and other trainers' users write for the trainer's keys: the key fsdptrain names it
+// (Trainer's and TRL's own names are trainer_keys.h's, read as ours at the top level).
 const std::pair<const char*, const char*> kKeyAliases[] = {
-    {"learning_rate", "optimizer.lr"},
-    {"max_seq_length", "train.sequence_length"},
-    {"max_length", "train.sequence_length"},
     {"seq_len", "train.sequence_length"},
     {"seq_length", "train.sequence_length"},
     {"block_size", "train.sequence_length"},
     {"batch_size", "train.micro_batch_size"},
-    {"per_device_train_batch_size", "train.micro_batch_size"},
     {"local_batch_size", "train.micro_batch_size"},
-    {"max_steps", "train.steps"},
     {"num_steps", "train.steps"},
     {"training_steps", "train.steps"},
     {"gradient_accumulation", "train.gradient_accumulation_steps"},
-    {"num_train_epochs", "train.epochs"},
     {"warmup", "schedule.warmup_steps"},
-    {"lr_scheduler_type", "schedule.type"},
-    {"max_grad_norm", "optimizer.grad_clip"},
-    {"save_steps", "checkpoint.interval"},
-    {"save_total_limit", "checkpoint.keep"},
-    {"resume_from_checkpoint", "checkpoint.resume"},
-    {"logging_steps", "logging.interval"},
-    {"eval_steps", "train.eval_interval"},
-    {"model_name_or_path", "model.pretrained"},
     {"dataset", "data.path"},
-    {"dataset_name", "data.dataset"},
-    {"dataset_config", "data.config"},
-    {"dataset_train_split", "data.split"},
-    {"model_revision", "model.revision"},
-    {"dataset_text_field", "data.field"},
-    // PEFT's LoraConfig names, under lora: ("lora.rank" only there: a rank elsewhere is another thing).
+    // PEFT's LoraConfig's rank, under lora: only (a rank elsewhere is another thing).
     {"lora.rank", "lora.r"},
-    {"lora.lora_r", "lora.r"},
-    {"lora.lora_alpha", "lora.alpha"},
-    {"lora.lora_dropout", "lora.dropout"},
 };
 
 std::string suggest_key(const std::string& key, const std::string& section) {
+  // A Trainer or TRL name written inside a section (train: {max_steps: 10}): the key it means.
+  if (const std::string ours = trainer_key_meaning(key); !ours.empty() && find_option(ours)) return ours;
   for (const auto& [alias, ours] : kKeyAliases)
     if ((key == alias || section + "." + key == alias) && find_option(ours)) return ours;
   std::vector<std::string> candidates;

@@ -77,15 +77,13 @@ std::optional<bool> bool_of(const RawValue& raw) {
 }
 
 // The value in fsdptrain's spelling; nullopt when the key sets nothing (Trainer's "unset" values).
-std::optional<RawValue> translated(const TrainerKey& k, RawValue raw, Diagnostics& diags, bool& failed) {
+// (A value that does not read is reported here, and also sets nothing.)
+std::optional<RawValue> translated(const TrainerKey& k, RawValue raw, Diagnostics& diags) {
   const std::string key = k.name;
   const std::string text = raw.shape == RawValue::Shape::kScalar ? to_lower(trim(raw.text)) : "";
   auto expect_bool = [&]() -> std::optional<bool> {
     std::optional<bool> b = bool_of(raw);
-    if (!b) {
-      diags.error_at(raw.origin, key, str("expected true or false, got ", quoted(raw.text)));
-      failed = true;
-    }
+    if (!b) diags.error_at(raw.origin, key, str("expected true or false, got ", quoted(raw.text)));
     return b;
   };
   if (key == "max_steps" && text == "-1") return std::nullopt;  // Trainer's "count steps from the epochs"
@@ -133,13 +131,8 @@ const std::pair<const char*, const char*> kNoEffect[] = {
     {"hub_model_id", "fsdptrain does not upload (push_to_hub)"},
 };
 
-void refuse(Diagnostics& diags, const Origin& origin, const std::string& key, const std::string& why,
-            const std::string& hint) {
-  diags.error_at(origin, key, why, hint);
-}
-
-// The keys that are not a value of ours: report_to, push_to_hub, eval_strategy, completion_only_loss,
-// gradient_checkpointing_kwargs. True when `key` is one of them.
+// The keys that are no value of ours: report_to, push_to_hub, eval_strategy, completion_only_loss,
+// kNoEffect's, optim, gradient_checkpointing_kwargs. True when `key` is one of them.
 bool read_special_key(const std::string& key, const YAML::Node& node, const RawValue& raw, Diagnostics& diags,
                       std::vector<std::pair<const OptionSpec*, RawValue>>& out) {
   const Origin& origin = raw.origin;
@@ -162,7 +155,7 @@ bool read_special_key(const std::string& key, const YAML::Node& node, const RawV
       } else if (v == "tensorboard" || v == "all") {
         tensorboard = true;
       } else {
-        refuse(diags, origin, key,
+        diags.error_at(origin, key,
                str("names ", quoted(t), ", which fsdptrain does not report to: it writes TensorBoard event files "
                                         "(logging.tensorboard_dir) and metrics.jsonl (logging.metrics_file)"),
                "write report_to: tensorboard (or none), and point your tracker at those files");
@@ -175,9 +168,9 @@ bool read_special_key(const std::string& key, const YAML::Node& node, const RawV
   if (key == "push_to_hub") {
     const std::optional<bool> b = bool_of(raw);
     if (!b)
-      refuse(diags, origin, key, str("expected true or false, got ", quoted(raw.text)), "");
+      diags.error_at(origin, key, str("expected true or false, got ", quoted(raw.text)), "");
     else if (*b)
-      refuse(diags, origin, key, "is not done by fsdptrain: a run writes its Hugging Face folders locally",
+      diags.error_at(origin, key, "is not done by fsdptrain: a run writes its Hugging Face folders locally",
              "remove it, and upload the export when the run ends: hf upload ORG/NAME <checkpoint.export_dir>/step-N");
     return true;
   }
@@ -186,18 +179,18 @@ bool read_special_key(const std::string& key, const YAML::Node& node, const RawV
     if (v == "no")
       set("data.eval_fraction", "0");
     else if (v == "epoch")
-      refuse(diags, origin, key, "epoch is not an interval fsdptrain evaluates at",
+      diags.error_at(origin, key, "epoch is not an interval fsdptrain evaluates at",
              "write eval_strategy: steps and eval_steps: N (train.eval_interval)");
     else if (v != "steps")
-      refuse(diags, origin, key, str("expected no, steps or epoch, got ", quoted(raw.text)), "");
+      diags.error_at(origin, key, str("expected no, steps or epoch, got ", quoted(raw.text)), "");
     return true;
   }
   if (key == "completion_only_loss") {
     const std::optional<bool> b = raw.shape == RawValue::Shape::kNull ? std::optional<bool>(true) : bool_of(raw);
     if (!b)
-      refuse(diags, origin, key, str("expected true, false or null, got ", quoted(raw.text)), "");
+      diags.error_at(origin, key, str("expected true, false or null, got ", quoted(raw.text)), "");
     else if (!*b)
-      refuse(diags, origin, key,
+      diags.error_at(origin, key,
              "false is not offered: fsdptrain's loss on prompt/completion records counts the completion only "
              "(TRL's default)",
              "remove it, or write the records as text (data.field) for a loss on every token");
@@ -211,19 +204,19 @@ bool read_special_key(const std::string& key, const YAML::Node& node, const RawV
   if (key == "optim") {  // Trainer's AdamW spellings are fsdptrain's one optimizer
     const std::string v = raw.shape == RawValue::Shape::kScalar ? to_lower(trim(raw.text)) : "";
     if (v != "adamw_torch" && v != "adamw_torch_fused" && v != "adamw_hf")
-      refuse(diags, origin, key, str(quoted(raw.text), " is not fsdptrain's optimizer, AdamW"),
+      diags.error_at(origin, key, str(quoted(raw.text), " is not fsdptrain's optimizer, AdamW"),
              "write optim: adamw_torch (or leave it out)");
     return true;
   }
   if (key == "gradient_checkpointing_kwargs") {
     if (raw.shape == RawValue::Shape::kNull) return true;
     if (!node.IsMap()) {
-      refuse(diags, origin, key, "expected a mapping such as {use_reentrant: false}", "");
+      diags.error_at(origin, key, "expected a mapping such as {use_reentrant: false}", "");
       return true;
     }
     for (const auto& kv : node)
       if (kv.first.Scalar() != "use_reentrant")
-        refuse(diags, origin, key + "." + kv.first.Scalar(), "is not a setting of fsdptrain's activation checkpointing",
+        diags.error_at(origin, key + "." + kv.first.Scalar(), "is not a setting of fsdptrain's activation checkpointing",
                "use_reentrant is the one read (either value: fsdptrain recomputes each layer the same way)");
     return true;
   }
@@ -237,11 +230,10 @@ bool read_trainer_key(const std::string& key, const YAML::Node& node, const RawV
   if (read_special_key(key, node, raw, diags, out)) return true;
   const TrainerKey* k = find_trainer_key(key);
   if (!k) return false;
-  bool failed = false;
-  std::optional<RawValue> v = translated(*k, raw, diags, failed);
+  std::optional<RawValue> v = translated(*k, raw, diags);
   // TRL hands dataset_name to load_dataset, which also takes a local file or folder: data.path then.
   const bool path = key == "dataset_name" && raw.shape == RawValue::Shape::kScalar && !glob_paths(raw.text).empty();
-  if (v && !failed) out.emplace_back(find_option(path ? "data.path" : k->ours), std::move(*v));
+  if (v) out.emplace_back(find_option(path ? "data.path" : k->ours), std::move(*v));
   return true;
 }
 

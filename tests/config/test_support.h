@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/loader.h"
+#include "util/files.h"
 
 namespace fsdp::config::testing {
 
@@ -38,6 +39,16 @@ inline Loaded load_text(const std::string& text, std::vector<std::string> sets =
   in.flags = std::move(flags);
   l.rc = load_config(in, l.diags);
   return l;
+}
+
+// A repository in a Hugging Face cache folder as huggingface_hub lays it out: refs/main naming
+// `commit`, and its snapshot folder (returned, empty) for the test to fill.
+inline std::string hub_repo(const std::string& cache, const std::string& repo, const std::string& commit) {
+  make_directories(cache + "/" + repo + "/refs");
+  write_file_atomic(cache + "/" + repo + "/refs/main", commit);
+  const std::string snapshot = cache + "/" + repo + "/snapshots/" + commit;
+  make_directories(snapshot);
+  return snapshot;
 }
 
 // A valid minimal FSDP2 config that tests extend.

@@ -140,16 +140,13 @@ TEST_CASE("held-out data: a split of the dataset, a Hub dataset of its own, and 
   const std::string cache = ::mkdtemp(name);
   ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
   const std::string commit(40, 'e');
-  for (const std::string repo : {"datasets--org--chats", "datasets--org--other"}) {
-    make_directories(cache + "/" + repo + "/refs");
-    write_file_atomic(cache + "/" + repo + "/refs/main", commit);
-    make_directories(cache + "/" + repo + "/snapshots/" + commit + "/data");
-  }
-  const std::string chats = cache + "/datasets--org--chats/snapshots/" + commit + "/data/";
+  const std::string chats = hub_repo(cache, "datasets--org--chats", commit) + "/data/";
+  make_directories(chats);
   write_file_atomic(chats + "train-00000-of-00001.jsonl", "{\"text\": \"a\"}\n");
   write_file_atomic(chats + "test-00000-of-00001.jsonl", "{\"text\": \"b\"}\n");
-  write_file_atomic(cache + "/datasets--org--other/snapshots/" + commit + "/data/validation.jsonl",
-                    "{\"text\": \"c\"}\n");
+  const std::string other = hub_repo(cache, "datasets--org--other", commit) + "/data/";
+  make_directories(other);
+  write_file_atomic(other + "validation.jsonl", "{\"text\": \"c\"}\n");
   const std::string base = std::string(kFsdp2Base) + "model:\n  config: " + FSDP_SOURCE_DIR +
                            "/configs/models/tiny/config.json\ndata:\n  dataset: org/chats\n";
   auto errors_of = [&](const std::string& extra) { return load_text(base + extra).errors(); };

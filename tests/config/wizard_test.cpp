@@ -246,14 +246,9 @@ TEST_CASE("the wizard takes a cached model's and dataset's Hub ids, and names th
   const std::string cache = ::mkdtemp(name);
   ::setenv("HF_HUB_CACHE", cache.c_str(), 1);
   const std::string commit(40, 'c');
-  for (const std::string repo : {"models--org--tiny", "datasets--org--chats"}) {
-    make_directories(cache + "/" + repo + "/refs");
-    write_file_atomic(cache + "/" + repo + "/refs/main", commit);
-    make_directories(cache + "/" + repo + "/snapshots/" + commit);
-  }
-  write_file_atomic(cache + "/models--org--tiny/snapshots/" + commit + "/config.json",
+  write_file_atomic(hub_repo(cache, "models--org--tiny", commit) + "/config.json",
                     read_file(std::string(FSDP_SOURCE_DIR) + "/configs/models/tiny/config.json"));
-  write_file_atomic(cache + "/datasets--org--chats/snapshots/" + commit + "/train.jsonl", "{\"text\": \"a\"}\n");
+  write_file_atomic(hub_repo(cache, "datasets--org--chats", commit) + "/train.jsonl", "{\"text\": \"a\"}\n");
   Run r = run("", {{"machine_type", "multi-CPU"},
                    {"num_processes", "2"},
                    {"model.pretrained", "org/tiny"},
