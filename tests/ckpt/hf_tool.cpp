@@ -4,10 +4,10 @@
 //       an unsharded copy of the same weights computes on kTokens, as JSON.
 //   hf_tool logits DIR   loads DIR (config.json + safetensors) into fsdptrain's Llama and prints its
 //       logits on kTokens as JSON; exit 2 listing the mismatches when DIR does not fit the model.
-//   hf_tool golden DIR OUT   (one process) loads DIR of any family and prints, as JSON, its logits
-//       on kTokens, the summed loss of predicting each next token (the last predicts the first),
+//   hf_tool golden DIR OUT [LENGTH]   (one process) loads DIR of any family and prints, as JSON, its logits
+//       on kTokens (or LENGTH tokens drawn from the vocabulary, the second record starting at 3/5 of them), the summed loss of predicting each next token (the last predicts the first),
 //       every parameter's gradient of that loss (a mixture of experts: its auxiliary loss and each
-//       expert's assignments on that forward), the parameter count, FLOPs per token at T = 10
+//       expert's assignments on that forward), the parameter count, FLOPs per token at T = the tokens
 //       and the layer class; the logits and loss of kTokens packed as two records (data.packing:
 //       masked: positions restart at kPackedStart, each record sees only itself); then exports the loaded model to OUT
 //       through the sharded engine.
@@ -31,20 +31,21 @@ namespace {
 const std::vector<int64_t> kTokens = {3, 17, 42, 100, 256, 0, 5, 9, 77, 200};
 constexpr int64_t kPackedStart = 4;  // the second record's first token
 
-// kTokens as two packed records: logits, and the loss of each next token within its record.
-nlohmann::json packed_json(fsdp::model::CausalLMImpl& m) {
+// `tokens` as two packed records, the second from `start`: logits, and the loss of each next token
+// within its record.
+nlohmann::json packed_json(fsdp::model::CausalLMImpl& m, const std::vector<int64_t>& tokens, int64_t start) {
   c10::NoGradGuard no_grad;
-  const int64_t n = static_cast<int64_t>(kTokens.size());
+  const int64_t n = static_cast<int64_t>(tokens.size());
   std::vector<int64_t> positions, segments, targets;
   for (int64_t i = 0; i < n; ++i) {
-    const bool second = i >= kPackedStart;
-    positions.push_back(second ? i - kPackedStart : i);
+    const bool second = i >= start;
+    positions.push_back(second ? i - start : i);
     segments.push_back(second ? 1 : 0);
-    targets.push_back(i + 1 == kPackedStart || i + 1 == n ? -100 : kTokens[static_cast<size_t>(i) + 1]);
+    targets.push_back(i + 1 == start || i + 1 == n ? -100 : tokens[static_cast<size_t>(i) + 1]);
   }
   auto row = [n](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).view({1, n}); };
   const fsdp::model::Packed packed{row(positions), row(segments)};
-  const at::Tensor x = row(kTokens);
+  const at::Tensor x = row(tokens);
   const at::Tensor logits = m.logits_of(m.hidden_states(x, packed)).to(at::kDouble).reshape({-1}).contiguous();
   return {{"positions", positions},
           {"targets", targets},
@@ -52,9 +53,9 @@ nlohmann::json packed_json(fsdp::model::CausalLMImpl& m) {
           {"loss", m.loss_sum(x, row(targets), packed).item<double>()}};
 }
 
-nlohmann::json logits_json(fsdp::model::CausalLMImpl& m) {
+nlohmann::json logits_json(fsdp::model::CausalLMImpl& m, const std::vector<int64_t>& tokens = kTokens) {
   c10::NoGradGuard no_grad;
-  const at::Tensor x = at::tensor(kTokens, at::kLong).view({1, -1});
+  const at::Tensor x = at::tensor(tokens, at::kLong).view({1, -1});
   const at::Tensor logits = m.forward(x).to(at::kDouble).reshape({-1}).contiguous();
   return std::vector<double>(logits.data_ptr<double>(), logits.data_ptr<double>() + logits.numel());
 }
@@ -80,14 +81,21 @@ fsdp::model::CausalLM load(const std::string& dir) {
   return m;
 }
 
-int golden(const std::string& dir, const std::string& out) {
+int golden(const std::string& dir, const std::string& out, int64_t length) {
   const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(dir + "/config.json");
   fsdp::model::CausalLM m = load(dir);
-  nlohmann::json j{{"tokens", kTokens}, {"logits", logits_json(*m)}, {"packed", packed_json(*m)}};
-  std::vector<int64_t> next(kTokens.begin() + 1, kTokens.end());
-  next.push_back(kTokens.front());
+  std::vector<int64_t> tokens = kTokens;
+  int64_t start = kPackedStart;
+  if (length > 0) {  // spread over the vocabulary, none repeating the one before
+    tokens.clear();
+    for (int64_t i = 0; i < length; ++i) tokens.push_back((i * 37 + i * i * 11 + 3) % c.vocab_size);
+    start = length * 3 / 5;
+  }
+  nlohmann::json j{{"tokens", tokens}, {"logits", logits_json(*m, tokens)}, {"packed", packed_json(*m, tokens, start)}};
+  std::vector<int64_t> next(tokens.begin() + 1, tokens.end());
+  next.push_back(tokens.front());
   const at::Tensor loss =
-      m->loss_sum(at::tensor(kTokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));
+      m->loss_sum(at::tensor(tokens, at::kLong).view({1, -1}), at::tensor(next, at::kLong).view({1, -1}));
   loss.backward();
   j["loss"] = loss.item<double>();
   if (const at::Tensor aux = m->router_aux_loss(); aux.defined()) {  // the routing of the loss's forward
@@ -110,7 +118,7 @@ int golden(const std::string& dir, const std::string& out) {
     j["grads"][name] = std::vector<double>(g.data_ptr<double>(), g.data_ptr<double>() + g.numel());
   }
   j["num_parameters"] = c.num_parameters();
-  j["flops_per_token"] = c.flops_per_token(static_cast<int64_t>(kTokens.size()));
+  j["flops_per_token"] = c.flops_per_token(static_cast<int64_t>(tokens.size()));
   j["layer_class"] = fsdp::model::family_names(c.family).layer_class;
   // The export: the loaded weights sharded by the engine (one rank), written as a Hugging Face folder.
   fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
@@ -154,7 +162,7 @@ int main(int argc, char** argv) {
       std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*m)}}.dump() << "\n";
       return 0;
     }
-    if (mode == "golden" && argc >= 4) return golden(argv[2], argv[3]);
+    if (mode == "golden" && argc >= 4) return golden(argv[2], argv[3], argc > 4 ? std::stoll(argv[4]) : 0);
     if (mode == "logits-of" && argc >= 4) {
       fsdp::model::CausalLM m = load(argv[2]);
       c10::NoGradGuard no_grad;

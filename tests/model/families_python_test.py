@@ -40,10 +40,18 @@ import torch
 import transformers
 
 
+HYBRID = ("qwen3_5", "qwen3_next")  # Gated DeltaNet among their layers
+HYBRID_TOKENS = 200  # the hybrids' golden sequence (and their positions): several chunks of 64 and a partial one
+
+
 def families():
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
                   bos_token_id=0, eos_token_id=1)
+    hybrid = dict({k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16, max_position_embeddings=HYBRID_TOKENS,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25},
+                  linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                  linear_conv_kernel_dim=4)
     return {
         "llama": (transformers.LlamaConfig(**common), transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig(**common, sliding_window=4), transformers.MistralForCausalLM),
@@ -98,6 +106,18 @@ def families():
                       transformers.Qwen2MoeForCausalLM),
         "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
                     transformers.MixtralForCausalLM),
+        # Issue 62's hybrids: Gated DeltaNet layers (two value heads per key head, widths of their
+        # own) around a gated full-attention layer with a partial rotation (a quarter of its 16
+        # dimensions); Qwen3-Next with its fused projections and a mixture of experts with a shared
+        # expert, one layer dense. Run on 200 tokens: three chunks of 64 and a partial one.
+        "qwen3_5": (transformers.Qwen3_5TextConfig(**hybrid, layer_types=["linear_attention", "full_attention",
+                                                                         "linear_attention"]),
+                    transformers.Qwen3_5ForCausalLM),
+        "qwen3_next": (transformers.Qwen3NextConfig(**hybrid, layer_types=["linear_attention", "linear_attention",
+                                                                           "full_attention"],
+                                                    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                                    shared_expert_intermediate_size=40, mlp_only_layers=[1]),
+                       transformers.Qwen3NextForCausalLM),
     }
 
 
@@ -163,10 +183,12 @@ def stacked_copy(saved, out):
     return len(experts)
 
 
-def packed_golden(model, ours):
+def packed_golden(model, ours, hybrid=False):
     """Two records packed in one row: transformers' logits given the same position_ids (which it
     reads as packed sequences, each attending only to itself, when there is no cache), the loss, and
-    the logits of each record run alone."""
+    the logits of each record run alone. A hybrid's (Gated DeltaNet) PyTorch path does not restart its
+    state at a record's start given position_ids alone, so there the records run alone are the golden,
+    logits and loss."""
     p = ours["packed"]
     x, pos = torch.tensor([ours["tokens"]]), torch.tensor([p["positions"]])
     with torch.no_grad():
@@ -175,6 +197,8 @@ def packed_golden(model, ours):
         alone = torch.cat([model(x[:, :start]).logits, model(x[:, start:]).logits], dim=1)
         # Without the packing the second record sees the first: other logits, so the check can tell.
         assert rel(torch.tensor(p["logits"], dtype=torch.float64), model(x).logits.reshape(-1).double()) > 1e-3
+    if hybrid:
+        logits = alone
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(p["targets"]),
                                              ignore_index=-100, reduction="sum").item()
     return logits.reshape(-1).double(), alone.reshape(-1).double(), loss
@@ -240,10 +264,10 @@ PROVIDERS = {"host": {}, "host+onednn-all": {"FSDPTRAIN_ONEDNN_PRODUCTS": "all"}
              "portable": {"FSDPTRAIN_KERNELS": "portable"}, "reference": {"FSDPTRAIN_KERNELS": "reference"}}
 
 
-def ours_golden(tool, saved, out, provider):
+def ours_golden(tool, saved, out, provider, length=()):
     env = dict(os.environ, **PROVIDERS[provider])
     shutil.rmtree(out, ignore_errors=True)  # each run exports its own
-    run = subprocess.run([tool, "golden", saved, out], capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run([tool, "golden", saved, out, *length], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr
     ours = json.loads(run.stdout.splitlines()[-1])
     as64 = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
@@ -258,19 +282,21 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     model.eval()
     saved, out = os.path.join(d, name), os.path.join(d, name + "_export")
     model.save_pretrained(saved)
-    ours, host_run = ours_golden(tool, saved, out, "host")
+    length = [str(HYBRID_TOKENS)] if name in HYBRID else []
+    ours, host_run = ours_golden(tool, saved, out, "host", length)
     # transformers' own loops (its grouped products take no float64), as in its eager attention.
     eager = dict(attn_implementation="eager",
                  **({"experts_implementation": "eager"} if hasattr(config, "router_aux_loss_coef") else {}))
     model = cls.from_pretrained(saved, dtype=torch.float32, **eager).eval()
     model64 = cls.from_pretrained(saved, dtype=torch.float64, **eager).eval()
-    golden, packed = hf_golden(model64, ours["tokens"]), packed_golden(model64, ours)
+    hybrid = name in HYBRID
+    golden, packed = hf_golden(model64, ours["tokens"]), packed_golden(model64, ours, hybrid)
     logits, loss, grads = hf_golden(model, ours["tokens"])
-    packed32 = packed_golden(model, ours)
+    packed32 = packed_golden(model, ours, hybrid)
     assert set(ours["grads"]) == set(grads), set(ours["grads"]) ^ set(grads)
     noise = errors((logits, loss, grads, packed32[0], packed32[2]), golden, packed)
     for provider in providers:
-        run = host_run if provider == "host" else ours_golden(tool, saved, out, provider)[1]  # host's ran above
+        run = host_run if provider == "host" else ours_golden(tool, saved, out, provider, length)[1]  # host's ran above
         mine = errors(run, golden, packed)
         print(f"{name} ({provider} kernels): against transformers in float64 (its float32's noise, the bound): " +
               ", ".join(f"{k} {mine[k]:.1e} ({noise[k]:.1e}, {max(4 * noise[k], 1e-6):.1e})" for k in mine))
@@ -310,7 +336,11 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     t = len(ours["tokens"])
     window = lambda i: (c.sliding_window if (getattr(c, "layer_types", None) or ["full_attention"] * 99)[i] ==  # noqa: E731
                         "sliding_attention" or name in ("mistral", "phi3", "mixtral") else None)
-    flops = 6 * n_prime + sum(12 * c.num_attention_heads * head_dim * min(t, window(i) or t)
+    linear = lambda i: (getattr(c, "layer_types", None) or [""] * 99)[i] == "linear_attention"  # noqa: E731
+    if hybrid:  # a gated q_proj; Gated DeltaNet's chunked products (chunks of 64), three times the forward's
+        dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
+        delta_rule = 3 * c.linear_num_value_heads * (64 * (5 * dk + 3 * dv) + 6 * dk * dv)
+    flops = 6 * n_prime + sum(delta_rule if linear(i) else 12 * c.num_attention_heads * head_dim * min(t, window(i) or t)
                               for i in range(c.num_hidden_layers))
     print(f"{name}: export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
     assert e_export <= 1e-5, name

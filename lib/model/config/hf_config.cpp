@@ -29,6 +29,11 @@ T field(const json& j, const char* key, T fallback, const std::string& where) {
   }
 }
 
+// Qwen3.5/3.6 and Qwen3-Next: Gated DeltaNet layers among gated full-attention ones.
+bool is_hybrid(Family f) {
+  return f == Family::kQwen3_5 || f == Family::kQwen3Next;
+}
+
 // The fields that fix the model's shapes: a config.json without one of them is refused.
 const char* const kRequiredFields[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                        "num_attention_heads"};
@@ -47,7 +52,12 @@ const std::set<std::string>& known_fields() {
       "logits_scaling", "partial_rotary_factor", "original_max_position_embeddings", "resid_pdrop", "embd_pdrop",
       "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
       "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "router_aux_loss_coef",
-      "output_router_logits", "router_jitter_noise", "qkv_bias",
+      "output_router_logits", "router_jitter_noise", "qkv_bias", "linear_conv_kernel_dim", "linear_key_head_dim",
+      "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval",
+      "attn_output_gate",
+      // Qwen3.5's multi-token-prediction head (its folder's mtp.* tensors, which the model leaves out, as
+      // transformers does) and its state dtype for other kernels:
+      "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "mamba_ssm_dtype",
       // Read by nobody here, and harmless:
       "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
       "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
@@ -205,13 +215,15 @@ void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
 // Phi-3/4's partial rotation: partial_rotary_factor at the top level or (transformers v5) in the
 // rope parameters. Other families' transformers classes rotate the whole head whatever it says.
 void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig& c) {
-  double partial = field<double>(j, "partial_rotary_factor", 1.0, where);
+  // Qwen3.5/3.6 and Qwen3-Next turn a quarter of each head unless told otherwise.
+  double partial = field<double>(j, "partial_rotary_factor", is_hybrid(c.family) ? 0.25 : 1.0, where);
   for (const char* key : {"rope_parameters", "rope_scaling"})
     if (const json r = j.value(key, json()); r.is_object() && r.contains("partial_rotary_factor"))
       partial = field<double>(r, "partial_rotary_factor", partial, where);
-  FSDP_CHECK(partial == 1.0 || c.family == Family::kPhi3, where, ": partial_rotary_factor ", partial,
-             " is not supported for ", family_names(c.family).architecture,
-             " (transformers' class rotates the whole head); only Phi3ForCausalLM rotates a share of it");
+  FSDP_CHECK(partial == 1.0 || c.family == Family::kPhi3 || is_hybrid(c.family), where, ": partial_rotary_factor ",
+             partial, " is not supported for ", family_names(c.family).architecture,
+             " (transformers' class rotates the whole head); only Phi-3/4, Qwen3.5/3.6 and Qwen3-Next rotate a share "
+             "of it");
   FSDP_CHECK(partial > 0 && partial <= 1.0, where, ": partial_rotary_factor (", partial, ") must be in (0, 1]");
   c.partial_rotary_factor = partial;
   FSDP_CHECK(c.rotary_dim() >= 2 && c.rotary_dim() % 2 == 0, where, ": head_dim ", c.head_dim,
@@ -222,7 +234,7 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
 constexpr Family kAllFamilies[] = {Family::kLlama,   Family::kMistral,  Family::kQwen2,    Family::kQwen3,
                                    Family::kGemma2,  Family::kGemma3,   Family::kOlmo2,    Family::kSmolLM3,
                                    Family::kGranite, Family::kPhi3,     Family::kQwen3Moe, Family::kQwen2Moe,
-                                   Family::kMixtral};
+                                   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -285,7 +297,7 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   c.use_sliding_window = field<bool>(j, "use_sliding_window", false, where);
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
   const int64_t window = field<int64_t>(j, "sliding_window", is_gemma(c.family) ? 4096 : 0, where);
-  if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite) {
+  if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite || is_hybrid(c.family)) {
     FSDP_CHECK(window == 0, where, ": sliding_window is not a field of ", family_names(c.family).architecture,
                " (transformers ignores it); remove it",
                c.family == Family::kLlama ? ", or set model_type to mistral" : "");
@@ -377,6 +389,8 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
                ": attn_logit_softcapping and final_logit_softcapping must be > 0 (or null for none)");
     FSDP_CHECK(!field<bool>(j, "use_bidirectional_attention", false, where), where,
                ": use_bidirectional_attention makes an encoder (EmbeddingGemma); fsdptrain trains causal decoders");
+  } else if (is_hybrid(c.family)) {  // Qwen3_5RMSNorm: (1 + w), in fp32, then the cast
+    c.norm_unit_offset = c.norm_fp32_product = true;
   } else if (c.family == Family::kOlmo2) {
     c.norms = NormPlacement::kPost;
     c.norm_fp32_product = c.qk_norm_whole = true;
@@ -405,23 +419,25 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
 // refuse the fields.
 void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   MoeConfig& m = c.moe;
-  const bool mixtral = c.family == Family::kMixtral;
-  if (!mixtral && !is_qwen_moe(c.family)) {
+  const bool mixtral = c.family == Family::kMixtral, next = c.family == Family::kQwen3Next;
+  if (!mixtral && !is_qwen_moe(c.family) && !next) {
     for (const char* key : {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                             "shared_expert_intermediate_size"})
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a mixture-of-experts field, not one of ",
                  family_names(c.family).architecture,
-                 "; remove it, or set model_type to qwen3_moe, qwen2_moe or mixtral");
+                 "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral or qwen3_next");
     return;
   }
   const bool qwen2 = c.family == Family::kQwen2Moe;
   // The Hub's Qwen configs write num_experts; transformers 5 saves them as num_local_experts, as Mixtral's.
   const char* experts_key = !mixtral && j.contains("num_experts") ? "num_experts" : "num_local_experts";
-  m.num_experts = field<int64_t>(j, experts_key, mixtral ? 8 : qwen2 ? 60 : 128, where);
-  m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : qwen2 ? 4 : 8, where);
-  m.intermediate_size =
-      mixtral ? c.intermediate_size : field<int64_t>(j, "moe_intermediate_size", qwen2 ? 1408 : 768, where);
-  m.norm_topk_prob = mixtral || field<bool>(j, "norm_topk_prob", false, where);
+  // Qwen3-Next: num_experts 0 makes every layer dense, as in transformers.
+  m.num_experts = field<int64_t>(j, experts_key, mixtral ? 8 : qwen2 ? 60 : next ? 512 : 128, where);
+  if (next && m.num_experts == 0) return;
+  m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : qwen2 ? 4 : next ? 10 : 8, where);
+  m.intermediate_size = mixtral ? c.intermediate_size
+                                : field<int64_t>(j, "moe_intermediate_size", qwen2 ? 1408 : next ? 512 : 768, where);
+  m.norm_topk_prob = mixtral || field<bool>(j, "norm_topk_prob", next, where);
   m.router_aux_loss_coef = field<double>(j, "router_aux_loss_coef", 0.001, where);
   m.output_router_logits = field<bool>(j, "output_router_logits", false, where);
   check_positive(where, {{experts_key, m.num_experts},
@@ -446,9 +462,54 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
       m.mlp_only_layers.push_back(v.get<int64_t>());
     }
   }
-  if (qwen2) {
-    m.shared_expert_intermediate_size = field<int64_t>(j, "shared_expert_intermediate_size", 5632, where);
+  if (qwen2 || next) {
+    m.shared_expert_intermediate_size = field<int64_t>(j, "shared_expert_intermediate_size", qwen2 ? 5632 : 512, where);
     check_positive(where, {{"shared_expert_intermediate_size", m.shared_expert_intermediate_size}});
+  }
+}
+
+// Qwen3.5/3.6 and Qwen3-Next: which layers are Gated DeltaNet (layer_types, else every layer but each
+// full_attention_interval-th), its heads and widths, and the gated full attention of the others.
+// Other families refuse the fields.
+void parse_linear_attention(const json& j, const std::string& where, DecoderConfig& c) {
+  if (!is_hybrid(c.family)) {
+    for (const char* key : {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                            "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval"})
+      FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of the hybrid models (",
+                 "Gated DeltaNet), not of ", family_names(c.family).architecture,
+                 "; remove it, or set model_type to qwen3_5_text or qwen3_next");
+    return;
+  }
+  LinearAttentionConfig& l = c.linear_attention;
+  l.key_heads = field<int64_t>(j, "linear_num_key_heads", l.key_heads, where);
+  l.value_heads = field<int64_t>(j, "linear_num_value_heads", l.value_heads, where);
+  l.key_head_dim = field<int64_t>(j, "linear_key_head_dim", l.key_head_dim, where);
+  l.value_head_dim = field<int64_t>(j, "linear_value_head_dim", l.value_head_dim, where);
+  l.conv_kernel = field<int64_t>(j, "linear_conv_kernel_dim", l.conv_kernel, where);
+  l.fused_projections = c.family == Family::kQwen3Next;
+  check_positive(where, {{"linear_num_key_heads", l.key_heads},
+                         {"linear_num_value_heads", l.value_heads},
+                         {"linear_key_head_dim", l.key_head_dim},
+                         {"linear_value_head_dim", l.value_head_dim},
+                         {"linear_conv_kernel_dim", l.conv_kernel}});
+  FSDP_CHECK(l.value_heads % l.key_heads == 0, where, ": linear_num_value_heads ", l.value_heads,
+             " must be a multiple of linear_num_key_heads ", l.key_heads, " (each key head serves as many value heads)");
+  c.attn_output_gate = true;  // transformers' classes gate whatever attn_output_gate says
+  const int64_t n = c.num_hidden_layers;
+  const json types = j.value("layer_types", json());
+  if (types.is_null()) {
+    const int64_t every = field<int64_t>(j, "full_attention_interval", 4, where);
+    check_positive(where, {{"full_attention_interval", every}});
+    for (int64_t i = 0; i < n; ++i) c.linear_layers.push_back((i + 1) % every != 0);
+    return;
+  }
+  FSDP_CHECK(types.is_array() && static_cast<int64_t>(types.size()) == n, where,
+             ": layer_types must list one type per layer (", n, ")");
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string t = types[i].is_string() ? types[i].get<std::string>() : types[i].dump();
+    FSDP_CHECK(t == "linear_attention" || t == "full_attention", where, ": layer_types[", i, "] is ", quoted(t),
+               "; ", family_names(c.family).architecture, " has \"linear_attention\" and \"full_attention\" layers");
+    c.linear_layers.push_back(t == "linear_attention");
   }
 }
 
@@ -480,6 +541,10 @@ FamilyNames family_names(Family f) {
       return {"qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeDecoderLayer"};
     case Family::kMixtral:
       return {"mixtral", "MixtralForCausalLM", "MixtralDecoderLayer"};
+    case Family::kQwen3_5:
+      return {"qwen3_5_text", "Qwen3_5ForCausalLM", "Qwen3_5DecoderLayer"};
+    case Family::kQwen3Next:
+      return {"qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -505,6 +570,8 @@ const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
                                  {"Attention", "Attention", true},
                                  {"GatedMlp", "MLP", true},
                                  {"MoeBlock", "SparseMoeBlock", true},
+                                 {"GatedDeltaNet", "GatedDeltaNet", true},
+                                 {"RMSNormGated", "RMSNormGated", true},
                                  {"Experts", "Experts", true},
                                  {"Decoder", "Model", true},
                                  {"CausalLM", "ForCausalLM", true},
@@ -563,6 +630,7 @@ bool DecoderConfig::is_moe(int64_t layer) const {
 LayerPlan DecoderConfig::plan(int64_t layer) const {
   LayerPlan p;
   p.moe = is_moe(layer);
+  p.linear = is_linear(layer);
   p.window = window_of(layer);
   p.rotary = layer >= static_cast<int64_t>(rope_layers.size()) || rope_layers[layer] != 0;
   p.rope = local_rope_theta > 0 && p.window > 0 ? 1 : 0;
@@ -576,8 +644,9 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   const double c = static_cast<double>(dc.hidden_size), d = static_cast<double>(dc.head_dim),
                h = static_cast<double>(dc.num_attention_heads), k = static_cast<double>(dc.num_key_value_heads),
                f = static_cast<double>(dc.intermediate_size);
-  double attn = c * h * d + 2 * c * k * d + h * d * c;
-  if (dc.attention_bias) attn += h * d + 2 * k * d + c;
+  const double q_rows = h * d * (dc.attn_output_gate ? 2 : 1);  // a gate beside each head's query
+  double attn = c * q_rows + 2 * c * k * d + h * d * c;
+  if (dc.attention_bias) attn += q_rows + 2 * k * d + c;
   if (dc.qkv_bias) attn += h * d + 2 * k * d;
   if (dc.qk_norm) attn += 2 * d;
   if (dc.qk_norm_whole) attn += h * d + k * d;
@@ -587,8 +656,15 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   double sparse = static_cast<double>(m.num_experts) * c + experts * 3 * c * static_cast<double>(m.intermediate_size);
   if (m.shared_expert_intermediate_size > 0) sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + c;
   const double norms = (dc.norms == NormPlacement::kSandwich ? 4 : 2) * c;
+  const LinearAttentionConfig& la = dc.linear_attention;
+  const double conv = static_cast<double>(la.conv_dim()), values = static_cast<double>(la.value_dim()),
+               vh = static_cast<double>(la.value_heads);
+  // in_proj_qkv, _z, _b, _a (or qkvz, ba: as many), the convolution, dt_bias, A_log, the gated norm, out_proj
+  const double linear = c * (conv + values + 2 * vh) + conv * static_cast<double>(la.conv_kernel) + 2 * vh +
+                        static_cast<double>(la.value_head_dim) + values * c;
   double layers = 0;
-  for (int64_t l = 0; l < dc.num_hidden_layers; ++l) layers += attn + norms + (dc.is_moe(l) ? sparse : mlp);
+  for (int64_t l = 0; l < dc.num_hidden_layers; ++l)
+    layers += (dc.is_linear(l) ? linear : attn) + norms + (dc.is_moe(l) ? sparse : mlp);
   return static_cast<double>(dc.vocab_size) * c * (dc.tie_word_embeddings ? 1 : 2) + layers + c;
 }
 
@@ -610,7 +686,15 @@ double DecoderConfig::flops_per_token(int64_t seq_len) const {
   const double n = active_parameter_count() -
                    (tie_word_embeddings ? 0 : static_cast<double>(vocab_size) * static_cast<double>(hidden_size));
   double attention = 0;  // a sliding layer's query attends to at most its window's keys
+  const LinearAttentionConfig& la = linear_attention;
+  const double chunk = static_cast<double>(LinearAttentionConfig::kChunk), dk = static_cast<double>(la.key_head_dim),
+               dv = static_cast<double>(la.value_head_dim);
+  const double delta_rule = 3.0 * static_cast<double>(la.value_heads) * (chunk * (5 * dk + 3 * dv) + 6 * dk * dv);
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    if (is_linear(l)) {
+      attention += delta_rule;
+      continue;
+    }
     const int64_t w = window_of(l);
     attention += 12.0 * num_attention_heads * head_dim * static_cast<double>(w > 0 ? std::min(w, seq_len) : seq_len);
   }
@@ -629,10 +713,34 @@ const std::pair<const char*, json> kGemma3TextDefaults[] = {
     {"pad_token_id", 0},         {"bos_token_id", 2},
     {"eos_token_id", 1}};
 
-bool is_multimodal_gemma3(const json& j) {
-  if (j.value("model_type", std::string()) == "gemma3") return true;
+// Qwen3_5TextConfig's, likewise, for a Qwen3_5ForConditionalGeneration folder's text_config.
+const std::pair<const char*, json> kQwen3_5TextDefaults[] = {
+    {"vocab_size", 248320},      {"hidden_size", 4096},          {"intermediate_size", 12288},
+    {"num_hidden_layers", 32},   {"num_attention_heads", 16},    {"num_key_value_heads", 4},
+    {"head_dim", 256},           {"max_position_embeddings", 32768}};
+
+// A multimodal folder whose text model fsdptrain trains: its model_type and architecture, the text
+// model's model_type and the defaults its text_config may leave out.
+struct Multimodal {
+  const char* model_type;
+  const char* architecture;
+  const char* text_model_type;
+  const std::pair<const char*, json>* defaults;
+  size_t n_defaults;
+};
+const Multimodal kMultimodal[] = {
+    {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", kGemma3TextDefaults, std::size(kGemma3TextDefaults)},
+    {"qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5_text", kQwen3_5TextDefaults,
+     std::size(kQwen3_5TextDefaults)}};
+
+const Multimodal* multimodal_of(const json& j) {
+  const std::string type = j.value("model_type", std::string());
   const json arch = j.value("architectures", json());
-  return !j.contains("model_type") && arch.is_array() && !arch.empty() && arch[0] == "Gemma3ForConditionalGeneration";
+  for (const Multimodal& m : kMultimodal) {
+    if (type == m.model_type) return &m;
+    if (type.empty() && arch.is_array() && !arch.empty() && arch[0] == m.architecture) return &m;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -641,17 +749,17 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
                                    std::vector<std::string>* warnings) {
   const json j = parse_json(text, where);
   FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
-  if (is_multimodal_gemma3(j)) {  // Gemma3ForConditionalGeneration: its text model
+  if (const Multimodal* mm = multimodal_of(j)) {  // Gemma3ForConditionalGeneration, ...: its text model
     json t = j.value("text_config", json());
-    FSDP_CHECK(t.is_object(), where,
-               ": a Gemma3ForConditionalGeneration config.json (model_type \"gemma3\") needs its text_config");
-    t["model_type"] = "gemma3_text";
+    FSDP_CHECK(t.is_object(), where, ": a ", mm->architecture, " config.json (model_type \"", mm->model_type,
+               "\") needs its text_config");
+    t["model_type"] = mm->text_model_type;
     t.erase("architectures");
     for (const char* key :
          {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype"})
       if (!t.contains(key) && j.contains(key)) t[key] = j[key];
-    for (const auto& [key, value] : kGemma3TextDefaults)
-      if (!t.contains(key)) t[key] = value;
+    for (size_t i = 0; i < mm->n_defaults; ++i)
+      if (!t.contains(mm->defaults[i].first)) t[mm->defaults[i].first] = mm->defaults[i].second;
     DecoderConfig c = parse_decoder_config(t.dump(), where + " (text_config)", warnings);
     c.text_of_multimodal = true;
     return c;
@@ -686,15 +794,19 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   FSDP_CHECK(c.family == Family::kQwen2Moe || !j.contains("qkv_bias") || j["qkv_bias"].is_null(), where,
              ": qkv_bias is a field of Qwen2MoeForCausalLM, not of ", family_names(c.family).architecture,
              "; remove it");
-  c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3 || c.family == Family::kQwen3Moe;
+  c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3 || c.family == Family::kQwen3Moe ||
+              is_hybrid(c.family);
   c.fused_projections = c.family == Family::kPhi3;
   if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
       c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
     FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
                family_names(c.family).architecture, "; transformers ignores them, so remove them");
+  FSDP_CHECK(!is_hybrid(c.family) || !c.mlp_bias, where, ": mlp_bias is not a field of ",
+             family_names(c.family).architecture, "; transformers ignores it, so remove it");
   parse_rope_layers(j, where, c);
   parse_sliding_window(j, where, c);
   parse_moe(j, where, c);
+  parse_linear_attention(j, where, c);
   parse_form(j, where, c);
   const bool tied_by_default = is_gemma(c.family) || c.family == Family::kSmolLM3;
   c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", tied_by_default, where);
@@ -778,6 +890,17 @@ void write_form(json& j, const DecoderConfig& c) {
       types.push_back(c.window_of(i) > 0 ? "sliding_attention" : "full_attention");
     j["layer_types"] = types;
   }
+  if (is_hybrid(c.family)) {
+    const LinearAttentionConfig& l = c.linear_attention;
+    j["linear_num_key_heads"] = l.key_heads;
+    j["linear_num_value_heads"] = l.value_heads;
+    j["linear_key_head_dim"] = l.key_head_dim;
+    j["linear_value_head_dim"] = l.value_head_dim;
+    j["linear_conv_kernel_dim"] = l.conv_kernel;
+    json types = json::array();
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) types.push_back(c.is_linear(i) ? "linear_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
   if (c.family == Family::kSmolLM3) {
     j["no_rope_layers"] = c.rope_layers;
     j["no_rope_layer_interval"] = c.no_rope_layer_interval;
@@ -791,17 +914,19 @@ void write_moe(json& j, const DecoderConfig& c) {
     j["num_local_experts"] = m.num_experts;
     j["num_experts_per_tok"] = m.experts_per_token;
     j["router_jitter_noise"] = 0.0;
-  } else if (is_qwen_moe(c.family)) {
+  } else if (c.family == Family::kQwen3Next && m.num_experts == 0) {
+    j["num_experts"] = 0;
+    return;
+  } else if (is_qwen_moe(c.family) || c.family == Family::kQwen3Next) {
     j["num_experts"] = m.num_experts;
     j["num_experts_per_tok"] = m.experts_per_token;
     j["moe_intermediate_size"] = m.intermediate_size;
     j["norm_topk_prob"] = m.norm_topk_prob;
     j["decoder_sparse_step"] = m.decoder_sparse_step;
     j["mlp_only_layers"] = m.mlp_only_layers;
-    if (c.family == Family::kQwen2Moe) {
+    if (c.family == Family::kQwen2Moe) j["qkv_bias"] = c.qkv_bias;
+    if (m.shared_expert_intermediate_size > 0)
       j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
-      j["qkv_bias"] = c.qkv_bias;
-    }
   } else {
     return;
   }
@@ -847,7 +972,13 @@ void write_rope(json& j, const DecoderConfig& c) {
     j["partial_rotary_factor"] = c.partial_rotary_factor;
     if (c.rope_scaling) j["original_max_position_embeddings"] = c.rope_scaling->original_max_position_embeddings;
   }
-  if (c.family == Family::kGemma3) {  // one table per layer type, as transformers v5 writes them
+  if (is_hybrid(c.family)) {  // transformers v5's one object, the partial rotation in it
+    json rope = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
+    rope["rope_theta"] = c.rope_theta;
+    rope["partial_rotary_factor"] = c.partial_rotary_factor;
+    j.erase("rope_theta");
+    j["rope_parameters"] = rope;
+  } else if (c.family == Family::kGemma3) {  // one table per layer type, as transformers v5 writes them
     json full = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
     full["rope_theta"] = c.rope_theta;
     j.erase("rope_theta");
@@ -890,6 +1021,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }
+  if (is_hybrid(c.family)) j.erase("mlp_bias");
   write_moe(j, c);
   write_form(j, c);
   write_rope(j, c);
@@ -924,16 +1056,35 @@ ModelDescription describe(const DecoderConfig& c) {
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = str("model.layers.", l, ".");
-    linear(p + "self_attn.q_proj", C, H * D, qkv_bias);
-    linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
-    linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
-    linear(p + "self_attn.o_proj", H * D, C, c.attention_bias);
-    if (c.qk_norm) {
-      add(p + "self_attn.q_norm.weight", {D});
-      add(p + "self_attn.k_norm.weight", {D});
-    } else if (c.qk_norm_whole) {
-      add(p + "self_attn.q_norm.weight", {H * D});
-      add(p + "self_attn.k_norm.weight", {K * D});
+    if (c.is_linear(l)) {  // in the order GatedDeltaNet registers them
+      const LinearAttentionConfig& la = c.linear_attention;
+      const std::string a = p + "linear_attn.";
+      if (la.fused_projections) {
+        linear(a + "in_proj_qkvz", C, la.conv_dim() + la.value_dim(), false);
+        linear(a + "in_proj_ba", C, 2 * la.value_heads, false);
+      } else {
+        linear(a + "in_proj_qkv", C, la.conv_dim(), false);
+        linear(a + "in_proj_z", C, la.value_dim(), false);
+        linear(a + "in_proj_b", C, la.value_heads, false);
+        linear(a + "in_proj_a", C, la.value_heads, false);
+      }
+      add(a + "conv1d.weight", {la.conv_dim(), 1, la.conv_kernel});
+      add(a + "dt_bias", {la.value_heads});
+      add(a + "A_log", {la.value_heads});
+      add(a + "norm.weight", {la.value_head_dim});
+      linear(a + "out_proj", la.value_dim(), C, false);
+    } else {
+      linear(p + "self_attn.q_proj", C, H * D * (c.attn_output_gate ? 2 : 1), qkv_bias);
+      linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
+      linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
+      linear(p + "self_attn.o_proj", H * D, C, c.attention_bias);
+      if (c.qk_norm) {
+        add(p + "self_attn.q_norm.weight", {D});
+        add(p + "self_attn.k_norm.weight", {D});
+      } else if (c.qk_norm_whole) {
+        add(p + "self_attn.q_norm.weight", {H * D});
+        add(p + "self_attn.k_norm.weight", {K * D});
+      }
     }
     if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
       const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
@@ -980,8 +1131,9 @@ ModelDescription describe(const DecoderConfig& c) {
                          {"model.", "model.language_model."},
                          {"lm_head.", "language_model.lm_head."}};
     d.layout.left_out = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                         "model.multi_modal_projector."};
+                         "model.multi_modal_projector.", "model.visual."};
   }
+  if (is_hybrid(c.family)) d.layout.left_out.push_back("mtp.");  // Qwen3.5's multi-token prediction, unused
   return d;
 }
 

@@ -1,11 +1,11 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
-// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, and the mixtures of experts Qwen3-MoE,
-// Qwen2-MoE and Mixtral): read into one DecoderConfig, written back for exports,
+// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, the mixtures of experts Qwen3-MoE,
+// Qwen2-MoE and Mixtral, and the hybrids Qwen3.5/3.6 and Qwen3-Next): read into one DecoderConfig, written back for exports,
 // and described for the checkpoint layer (model/config/description.h). No LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
 // activation, the scores' scale and soft cap, the multipliers) and each layer its plan (LayerPlan:
-// window, rotary or not, which rotary table, dense or mixture-of-experts feed-forward). The modules (model/layers/decoder.h) read these, never the
+// window, rotary or not, which rotary table, attention or Gated DeltaNet, dense or mixture-of-experts feed-forward). The modules (model/layers/decoder.h) read these, never the
 // family; the family only names things (family_names) and picks the defaults transformers picks.
 //
 // Shapes use one vocabulary: C hidden_size, H query heads, K kv heads, D head_dim,
@@ -56,7 +56,9 @@ enum class Family {
   kPhi3,
   kQwen3Moe,
   kQwen2Moe,
-  kMixtral
+  kMixtral,
+  kQwen3_5,
+  kQwen3Next
 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
@@ -76,6 +78,24 @@ struct LayerPlan {
   bool rotary = true;  // false: no position rotation (SmolLM3's NoPE layers)
   int rope = 0;        // the rotary table: 0 the global one (rope_theta), 1 the local (Gemma 3's sliding layers)
   bool moe = false;    // the feed-forward is a mixture of experts (MoeConfig), else the dense GatedMlp
+  bool linear = false; // the token mixer is Gated DeltaNet (LinearAttentionConfig), not attention
+};
+
+// Gated DeltaNet, the linear attention of Qwen3.5/3.6 and Qwen3-Next (model/layers/gated_deltanet.h),
+// as transformers computes it: key and value heads of their own widths (each key head serves
+// value_heads / key_heads value heads), a depthwise causal convolution of conv_kernel taps.
+struct LinearAttentionConfig {
+  int64_t key_heads = 16, value_heads = 32;        // linear_num_key_heads, linear_num_value_heads
+  int64_t key_head_dim = 128, value_head_dim = 128;  // linear_key_head_dim, linear_value_head_dim
+  int64_t conv_kernel = 4;                           // linear_conv_kernel_dim
+  // Qwen3-Next's projections: in_proj_qkvz and in_proj_ba, each key head's q, k, v, z (and b, a) side
+  // by side; Qwen3.5's: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a.
+  bool fused_projections = false;
+  // The chunked rule's chunk (model/kernels/delta_rule.h's kDeltaChunk), for its FLOPs.
+  static constexpr int64_t kChunk = 64;
+  int64_t key_dim() const { return key_heads * key_head_dim; }
+  int64_t value_dim() const { return value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
 };
 
 // A mixture-of-experts feed-forward (Qwen3-MoE, Qwen2-MoE, Mixtral), as transformers computes it: a
@@ -131,13 +151,23 @@ struct DecoderConfig {
   double rope_attention_factor() const;
   // Phi-3/4 checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj.
   bool fused_projections = false;
-  // Read from a Gemma3ForConditionalGeneration config.json (text and vision): this is its text model
+  // Read from a Gemma3ForConditionalGeneration or Qwen3_5ForConditionalGeneration config.json (text and vision): this is its text model
   // (text_config), stored under that model's prefixes beside a vision tower it leaves out.
   bool text_of_multimodal = false;
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
   bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
   MoeConfig moe;          // the sparse layers' feed-forward (LayerPlan::moe)
+  // Qwen3.5/3.6, Qwen3-Next: the layers whose token mixer is Gated DeltaNet (layer_types'
+  // "linear_attention"; empty: none), and its shape.
+  std::vector<bool> linear_layers;
+  LinearAttentionConfig linear_attention;
+  bool is_linear(int64_t layer) const {
+    return layer < static_cast<int64_t>(linear_layers.size()) && linear_layers[layer];
+  }
+  // Qwen3.5/3.6, Qwen3-Next: q_proj gives each head's query and a gate side by side, and attention's
+  // output is times sigmoid(gate) before o_proj.
+  bool attn_output_gate = false;
   bool is_moe(int64_t layer) const;
   // Sliding-window attention: a query sees the keys at most sliding_window - 1 positions back, in
   // the layers marked in sliding_layers (one per layer; empty: none).
@@ -188,13 +218,17 @@ struct DecoderConfig {
   double active_parameter_count() const;
   // Training FLOPs per token, the PaLM/torchtitan convention: 6 * N' + 12 * H * D * T per layer, where
   // N' is the active parameters without the input embedding unless it is tied, and a sliding
-  // layer's T is at most its window.
+  // layer's T is at most its window. A Gated DeltaNet layer's mixer counts the chunked rule's
+  // products instead, three times their forward (as 6 N' is 3 x 2 N'): per value head,
+  // L (5 Dk + 3 Dv) + 6 Dk Dv with L the chunk (k k^T, q k^T and the scores times the values, 2 L D
+  // each; the two unit triangular solves, L D each; three products with the state, 2 Dk Dv each).
   double flops_per_token(int64_t seq_len) const;
 };
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
-// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral; another is refused listing these;
-// gemma3, Gemma3ForConditionalGeneration, gives its text_config's model, text_of_multimodal). Accepts torch_dtype or
+// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,
+// qwen3_next; another is refused listing these; gemma3 (Gemma3ForConditionalGeneration) and qwen3_5
+// (Qwen3_5ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts torch_dtype or
 // dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
 // use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the field, also for a
 // missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) and for

@@ -6,6 +6,7 @@
 #include "model/kernels/causal_attention.h"
 #include "model/kernels/elementwise.h"
 #include "model/kernels/fused_ops.h"
+#include "model/kernels/delta_rule.h"
 #include "model/kernels/ops.h"
 
 namespace fsdp::model::kernels {
@@ -52,6 +53,12 @@ class HostOps final : public Ops {
     return apply_softcapped_attention(q, k, v, mask, scale, cap);  // no fused kernel takes the cap
   }
   BlockAttention block_attention(const at::Tensor&) const override { return BlockAttention::kCpuFlash; }
+
+  std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const at::Tensor& g, const at::Tensor& beta,
+                                               const at::Tensor& state) const override {
+    return delta_rule_chunked(q, k, v, g, beta, state);
+  }
 
   bool loss_by_vocabulary() const override { return false; }  // token chunks: oneDNN's (C, V) layout
   void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {

@@ -75,6 +75,14 @@ class Ops {
   // Context parallel's kernel for a block of q (B, H, L, D).
   virtual BlockAttention block_attention(const at::Tensor& q) const = 0;
 
+  // --- linear attention ---------------------------------------------------------------------------
+  // The gated delta rule (model/kernels/delta_rule.h): o (B, H, T, Dv) and the final state from q, k
+  // (B, H, T, Dk), v, g, beta (B, H, T) and the entering state (undefined: zeros), all fp32. The
+  // reference steps token by token; the others take the chunked form.
+  virtual std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& g, const at::Tensor& beta,
+                                                       const at::Tensor& state) const = 0;
+
   // --- the loss head ----------------------------------------------------------------------------------
   // Whether the chunked loss's auto chunking takes vocabulary chunks (model/layers/chunked_loss.h), else
   // token chunks.

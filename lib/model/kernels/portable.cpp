@@ -5,6 +5,7 @@
 #include <ATen/SDPBackend.h>
 
 #include "model/kernels/elementwise.h"
+#include "model/kernels/delta_rule.h"
 #include "model/kernels/ops.h"
 
 namespace fsdp::model::kernels {
@@ -59,6 +60,11 @@ class PortableOps final : public Ops {
   BlockAttention block_attention(const at::Tensor& q) const override {
     if (q.is_cpu()) return BlockAttention::kCpuFlash;
     return flash_attention_applies(q) ? BlockAttention::kCudaFlash : BlockAttention::kMath;
+  }
+  std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const at::Tensor& g, const at::Tensor& beta,
+                                               const at::Tensor& state) const override {
+    return delta_rule_chunked(q, k, v, g, beta, state);
   }
 
   bool loss_by_vocabulary() const override { return true; }

@@ -27,6 +27,7 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
       window(c.plan(layer).window),
       rotary(c.plan(layer).rotary),
       qk_norm_whole(c.qk_norm_whole),
+      output_gate(c.attn_output_gate),
       scale(c.attention_scale > 0 ? std::optional<double>(c.attention_scale) : std::nullopt),
       softcap(c.attn_softcap),
       tp(std::move(t)),
@@ -37,7 +38,7 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
                cp->size(), "; Ulysses gives each sp rank a share of both");
   auto linear = [&](int64_t in, int64_t out, bool bias) { return uninitialized_linear(in, out, bias); };
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim, qkv_bias));
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim * (output_gate ? 2 : 1), qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
@@ -98,27 +99,33 @@ at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window) {
 AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1);
   auto [q_flat, k_flat, v_flat] = project_qkv(x);
+  at::Tensor gate;
+  if (output_gate) {  // each head's query, then its gate
+    const std::vector<at::Tensor> halves = q_flat.view({b, t, heads, 2 * head_dim}).chunk(2, -1);
+    q_flat = halves[0];
+    gate = halves[1].reshape({b, t, heads * head_dim});
+  }
   if (qk_norm_whole) {  // OLMo 2: every head together, before they split
     q_flat = q_norm(q_flat);
     k_flat = k_norm(k_flat);
   }
-  at::Tensor q = q_flat.view({b, t, heads, head_dim});  // (B, T, H, D)
+  at::Tensor q = q_flat.reshape({b, t, heads, head_dim});  // (B, T, H, D)
   at::Tensor k = k_flat.view({b, t, kv_heads, head_dim});
   const at::Tensor v = v_flat.view({b, t, kv_heads, head_dim}).transpose(1, 2);
   if (q_norm && !qk_norm_whole) {  // Qwen3, Gemma 3: each head normalized before the rotation
     q = q_norm(q);
     k = k_norm(k);
   }
-  if (!rotary) return {q.transpose(1, 2), k.transpose(1, 2), v};  // a NoPE layer
+  if (!rotary) return {q.transpose(1, 2), k.transpose(1, 2), v, gate};  // a NoPE layer
   if (rotary_dim < head_dim) {  // Phi-3/4: the first rotary_dim dimensions turn, the rest pass through
     const int64_t r = rotary_dim;
     auto [rq, rk] =
         kernels::ops_for(x).rotary(q.narrow(-1, 0, r).contiguous(), k.narrow(-1, 0, r).contiguous(), cos, sin);
     return {at::cat({rq, q.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1),
-            at::cat({rk, k.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1), v};
+            at::cat({rk, k.narrow(-1, r, head_dim - r).transpose(1, 2)}, -1), v, gate};
   }
   auto [rq, rk] = kernels::ops_for(x).rotary(q, k, cos, sin);  // (B, H, T, D), (B, K, T, D)
-  return {rq, rk, v};
+  return {rq, rk, v, gate};
 }
 
 // One product for q, k and v when fully_shard laid their weights end to end (model/kernels/stacked_weights.h),
@@ -134,7 +141,7 @@ std::array<at::Tensor, 3> AttentionImpl::project_qkv(const at::Tensor& x) {
   if (kernels::ops_for(x).stacked_products())
     if (auto w = stacked_weights({q_proj->weight, k_proj->weight, v_proj->weight})) {
       const at::Tensor y = model::linear(x, *w, stacked_biases({q_proj->bias, k_proj->bias, v_proj->bias}));
-      const int64_t qn = heads * head_dim, kn = kv_heads * head_dim;
+      const int64_t qn = q_proj->weight.size(0), kn = kv_heads * head_dim;
       // Split, not narrowed: one cat in the backward (see model/kernels/reference.cpp's rotate_half).
       const std::vector<at::Tensor> qkv = y.split_with_sizes({qn, kn, kn}, -1);
       return with_fused_lora({with_lora(q_proj, x, qkv[0]), with_lora(k_proj, x, qkv[1]), with_lora(v_proj, x, qkv[2])},
@@ -208,10 +215,14 @@ at::Tensor AttentionImpl::attend_ulysses(const Projected& p, const Packed& packe
   return ulysses_to_tokens(y.view({b, t, heads / cp->size(), head_dim}), *cp).reshape({b, l, heads * head_dim});
 }
 
+at::Tensor AttentionImpl::output(const at::Tensor& y, const Projected& p) {
+  return row_parallel_output(o_proj, p.gate.defined() ? y * at::sigmoid(p.gate) : y, tp.get());
+}
+
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   const Packed& packed) {
   const Projected p = project(tp ? gather_along(x, 1, *tp) : x, cos, sin);  // attention sees the whole sequence
-  if (cp && cp->ulysses()) return row_parallel_output(o_proj, attend_ulysses(p, packed), tp.get());
+  if (cp && cp->ulysses()) return output(attend_ulysses(p, packed), p);
   if (cp) {
     FSDP_CHECK(!packed.defined(),
                "[cp] packed records (data.packing: masked) are not split by context parallel; "
@@ -223,9 +234,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
                ", which context parallel's all-gather and ring strategies do not; use Ulysses "
                "(parallelism_config_sp_size) for this model");
     const at::Tensor y = context_attention(p.q, p.k, p.v, *cp);  // (B, H, L, D)
-    return row_parallel_output(o_proj, y.transpose(1, 2).reshape({y.size(0), y.size(2), heads * head_dim}), tp.get());
+    return output(y.transpose(1, 2).reshape({y.size(0), y.size(2), heads * head_dim}), p);
   }
-  return row_parallel_output(o_proj, attend(p.q, p.k, p.v, 0, packed), tp.get());
+  return output(attend(p.q, p.k, p.v, 0, packed), p);
 }
 
 at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -235,7 +246,8 @@ at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& 
   const int64_t start = cache.k.defined() ? cache.k.size(2) : 0;
   cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
   cache.v = cache.v.defined() ? at::cat({cache.v, p.v}, 2) : p.v;
-  return row_parallel_output(o_proj, attend(p.q, cache.k, cache.v, start), tp.get());
+  cache.length += x.size(1);
+  return output(attend(p.q, cache.k, cache.v, start), p);
 }
 
 }  // namespace fsdp::model

@@ -23,9 +23,13 @@ namespace fsdp::model {
 struct TensorParallel;   // model/parallel/tensor_parallel.h
 struct ContextParallel;  // model/parallel/context_parallel.h
 
-// One layer's keys and values so far (B, K, L, D), for decoding a token at a time.
+// One layer's past, for decoding a token at a time: an attention layer's keys and values so far
+// (B, K, L, D); a Gated DeltaNet layer's convolution window (its last conv_kernel - 1 inputs,
+// (B, conv_dim, conv_kernel - 1)) and recurrent state (B, Hv, Dk, Dv). `length`: the tokens seen.
 struct LayerCache {
   at::Tensor k, v;
+  at::Tensor conv, state;
+  int64_t length = 0;
 };
 
 // Several records packed into each row (data.packing: masked): each token's position within its
@@ -75,6 +79,7 @@ class AttentionImpl : public torch::nn::Module {
   int64_t window;                     // 0: full causal attention
   bool rotary;                        // false: no position rotation (a NoPE layer)
   bool qk_norm_whole;
+  bool output_gate;  // Qwen3.5/3.6, Qwen3-Next: q_proj gives each head's query and gate side by side
   std::optional<double> scale;  // the scores' factor; none: 1/sqrt(head_dim)
   double softcap;               // the scores' tanh cap; 0: none
   std::shared_ptr<TensorParallel> tp;
@@ -83,7 +88,10 @@ class AttentionImpl : public torch::nn::Module {
  private:
   struct Projected {
     at::Tensor q, k, v;  // (B, H, T, D) rotated, (B, K, T, D) rotated, (B, K, T, D)
+    at::Tensor gate;     // (B, T, H * D) with an output gate, else undefined
   };
+  // The attention's output (B, T, H * D) times sigmoid(gate) when the layer has one, then o_proj.
+  at::Tensor output(const at::Tensor& y, const Projected& p);
   Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);  // (B, T, H * D), (B, T, K * D) twice
   std::array<at::Tensor, 3> with_fused_lora(std::array<at::Tensor, 3> qkv, const at::Tensor& x);  // + qkv_proj's

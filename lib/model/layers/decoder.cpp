@@ -76,7 +76,17 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
                ": a mixture of experts under context parallel is not checked yet, so it is refused; set "
                "parallelism_config_cp_size: 1 (and parallelism_config_sp_size: 1)");
   }
-  self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
+  if (c.plan(layer).linear) {
+    const char* arch = family_names(c.family).architecture;
+    FSDP_CHECK(!tp, "[model] ", arch, ": a Gated DeltaNet (linear attention) layer under tensor parallel is not "
+               "implemented yet; set parallelism_config_tp_size: 1 (FSDP shards it)");
+    FSDP_CHECK(!cp, "[model] ", arch, ": a Gated DeltaNet (linear attention) layer carries its state along the "
+               "sequence, which context and sequence parallel split; set parallelism_config_cp_size: 1 and "
+               "parallelism_config_sp_size: 1");
+    linear_attn = register_module("linear_attn", GatedDeltaNet(c));
+  } else {
+    self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
+  }
   if (sparse)
     moe = register_module("mlp", MoeBlock(c));
   else
@@ -110,10 +120,15 @@ at::Tensor DecoderLayerImpl::mlp_part(const at::Tensor& h) {
   return residual(h, post_feedforward_layernorm(feed_forward(pre_feedforward_layernorm(h))));
 }
 
+at::Tensor DecoderLayerImpl::mix(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin,
+                                 const Packed& packed) {
+  return linear_attn ? linear_attn->forward(in, packed) : self_attn->forward(in, cos, sin, packed);
+}
+
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                      const Packed& packed) {
   const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
-  at::Tensor y = self_attn->forward(in, cos, sin, packed);
+  at::Tensor y = mix(in, cos, sin, packed);
   if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
   return mlp_part(residual(x, y));
 }
@@ -121,7 +136,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
 at::Tensor DecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                             LayerCache& cache) {
   const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
-  at::Tensor y = self_attn->forward_cached(in, cos, sin, cache);
+  at::Tensor y = linear_attn ? linear_attn->forward_cached(in, cache) : self_attn->forward_cached(in, cos, sin, cache);
   if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
   return mlp_part(residual(x, y));
 }
@@ -285,7 +300,7 @@ at::Tensor CausalLMImpl::forward(const at::Tensor& tokens) {
 at::Tensor CausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<LayerCache>& cache) {
   FSDP_CHECK(!tp && !cp, "[model] decoding runs on a model without tensor, context or sequence parallel");
   cache.resize(static_cast<size_t>(config.num_hidden_layers));
-  const int64_t start = cache[0].k.defined() ? cache[0].k.size(2) : 0, t = tokens.size(1);
+  const int64_t start = cache[0].length, t = tokens.size(1);
   at::Tensor x = embed(tokens);
   Angles tables = angles(start + t, x);
   for (auto& [cos, sin] : tables) {
@@ -341,6 +356,13 @@ at::Tensor init_parameter_range(const DecoderConfig& c, uint64_t seed, const std
   FSDP_CHECK(begin >= 0 && count >= 0 && begin + count <= n, "init_parameter_range: [", begin, ", ", begin + count,
              ") is outside ", name, "'s ", n, " values");
   if (is_lora_parameter(name)) return lora_init(seed, name, shape).reshape({-1}).narrow(0, begin, count).clone();
+  // Gated DeltaNet's: the gated norm's weight (plain w), dt_bias ones, A_log the log of U(0.01, 16) as
+  // transformers draws it.
+  if (ends_with(name, "linear_attn.norm.weight") || ends_with(name, "linear_attn.dt_bias")) return at::ones({count});
+  if (ends_with(name, "linear_attn.A_log")) {
+    at::Generator g = at::make_generator<at::CPUGeneratorImpl>(named_stream(seed, name));
+    return at::empty({n}).uniform_(0.01, 16.0, g).log_().narrow(0, begin, count).clone();
+  }
   if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight"))  // Gemma's (1 + w): zeros
     return c.norm_unit_offset ? at::zeros({count}) : at::ones({count});
   if (ends_with(name, ".bias")) return at::zeros({count});

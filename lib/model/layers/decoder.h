@@ -1,7 +1,7 @@
 // The decoder as transformers' *ForCausalLM classes compute it, with their parameter names, so
 // checkpoints map one to one ("model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...):
 // CausalLM (the head and the rotary tables) over Decoder (embedding, layers, final norm), each
-// DecoderLayer an Attention (model/layers/attention.h) and a GatedMlp (model/layers/mlp.h) or a
+// DecoderLayer an Attention (model/layers/attention.h) or a GatedDeltaNet (model/layers/gated_deltanet.h) and a GatedMlp (model/layers/mlp.h) or a
 // MoeBlock (model/layers/moe.h) between RmsNorms (model/layers/norm.h) placed as the config says.
 //
 // Every family is this decoder with its differences as data: the form and the per-layer plan that
@@ -14,7 +14,9 @@
 // (multipliers), Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
 // gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
 // the same), and the mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral (a MoeBlock, model/layers/moe.h,
-// in place of the dense MLP where the plan says). The modules read the config's form and their
+// in place of the dense MLP where the plan says), and the hybrids Qwen3.5/3.6 and Qwen3-Next (a
+// GatedDeltaNet in place of attention where the plan says; attention with an output gate, (1 + w)
+// norms and a partial rotation elsewhere). The modules read the config's form and their
 // layer's plan, never the family.
 //
 // Shapes use one vocabulary: B batch, T sequence, C hidden_size, H query heads, K kv heads,
@@ -39,6 +41,7 @@
 #include "fsdp/options.h"
 #include "model/config/hf_config.h"
 #include "model/layers/attention.h"
+#include "model/layers/gated_deltanet.h"
 #include "model/layers/mlp.h"
 #include "model/layers/moe.h"
 #include "model/layers/norm.h"
@@ -56,7 +59,9 @@ class DecoderLayerImpl : public torch::nn::Module {
                    std::shared_ptr<ContextParallel> cp = nullptr);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
+  // The token mixer: attention, or Gated DeltaNet ("linear_attn") where the plan says (LayerPlan::linear).
   Attention self_attn{nullptr};
+  GatedDeltaNet linear_attn{nullptr};
   // The feed-forward, registered as "mlp": dense, or a mixture of experts where the plan says (LayerPlan::moe).
   GatedMlp mlp{nullptr};
   MoeBlock moe{nullptr};
@@ -72,6 +77,8 @@ class DecoderLayerImpl : public torch::nn::Module {
   at::Tensor residual(const at::Tensor& x, const at::Tensor& y) const;
   at::Tensor mlp_part(const at::Tensor& h);      // h plus the MLP's part, with its norms
   at::Tensor feed_forward(const at::Tensor& h);  // the dense MLP's or the experts' output
+  // The token mixer's output for the normed input.
+  at::Tensor mix(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed);
 };
 TORCH_MODULE(DecoderLayer);
 

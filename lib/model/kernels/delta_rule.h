@@ -1,0 +1,38 @@
+// The gated delta rule of Gated DeltaNet (Qwen3.5/3.6, Qwen3-Next), as transformers'
+// torch_recurrent_gated_delta_rule and torch_chunk_gated_delta_rule compute it. Per value head, a state
+// S (Dk, Dv) starts at `state` (zeros) and for each token t:
+//   S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t.
+// Shapes: q, k (B, H, T, Dk) (the key heads already repeated to the value heads, L2-normalised, q
+// times Dk^-1/2), v (B, H, T, Dv), g and beta (B, H, T), state (B, H, Dk, Dv); all fp32.
+// Returns o (B, H, T, Dv) and the final state.
+//
+// Two forms, one result (tests/model/ops_test.cpp holds them together):
+//   - recurrent: token by token, what the reference provider runs (model/kernels/ops.h) and what
+//     decoding a token at a time takes;
+//   - chunked: kDeltaChunk tokens at a time in matrix products (within a chunk a unit lower
+//     triangular solve, between chunks the state carried), as the host and portable providers run
+//     it. Its backward is written: the forward keeps only each chunk's entering state, and the
+//     backward recomputes one chunk at a time, last to first, carrying the state's gradient back,
+//     so its activation memory is the states, never every chunk's products.
+// Not thread-safe beyond ATen's own guarantees; no collective.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace fsdp::model::kernels {
+
+// The chunk the providers take (DecoderConfig::flops_per_token counts the same, LinearAttentionConfig::chunk).
+inline constexpr int64_t kDeltaChunk = 64;
+
+std::pair<at::Tensor, at::Tensor> delta_rule_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const at::Tensor& g, const at::Tensor& beta,
+                                                       const at::Tensor& state);
+
+std::pair<at::Tensor, at::Tensor> delta_rule_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& g, const at::Tensor& beta,
+                                                     const at::Tensor& state, int64_t chunk = kDeltaChunk);
+
+}  // namespace fsdp::model::kernels

@@ -1,0 +1,139 @@
+#include "model/layers/gated_deltanet.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <vector>
+
+#include "model/kernels/delta_rule.h"
+#include "model/kernels/ops.h"
+#include "model/layers/projection.h"
+
+namespace fsdp::model {
+
+WeightHolderImpl::WeightHolderImpl(const std::string& name, at::Tensor value) : torch::nn::Module(name) {
+  weight = register_parameter("weight", std::move(value));
+}
+
+GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c)
+    : torch::nn::Module("GatedDeltaNet"), shape(c.linear_attention), eps(c.rms_norm_eps) {
+  const int64_t hidden = c.hidden_size, hv = shape.value_heads;
+  dt_bias = register_parameter("dt_bias", at::ones({hv}));
+  A_log = register_parameter("A_log", at::zeros({hv}));
+  auto linear = [&](const char* name, int64_t out) {
+    return register_module(name, uninitialized_linear(hidden, out, /*bias=*/false));
+  };
+  if (shape.fused_projections) {
+    in_proj_qkvz = linear("in_proj_qkvz", shape.conv_dim() + shape.value_dim());
+    in_proj_ba = linear("in_proj_ba", 2 * hv);
+  } else {
+    in_proj_qkv = linear("in_proj_qkv", shape.conv_dim());
+    in_proj_z = linear("in_proj_z", shape.value_dim());
+    in_proj_b = linear("in_proj_b", hv);
+    in_proj_a = linear("in_proj_a", hv);
+  }
+  conv1d = register_module("conv1d", WeightHolder("Conv1d", at::empty({shape.conv_dim(), 1, shape.conv_kernel})));
+  norm = register_module("norm", WeightHolder("RMSNormGated", at::ones({shape.value_head_dim})));
+  out_proj = register_module("out_proj", uninitialized_linear(shape.value_dim(), hidden, /*bias=*/false));
+}
+
+GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const at::Tensor& x) {
+  const int64_t b = x.size(0), t = x.size(1), hk = shape.key_heads, hv = shape.value_heads;
+  const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
+  if (!shape.fused_projections)
+    return {layer_linear(in_proj_qkv, x), layer_linear(in_proj_z, x).view({b, t, hv, dv}), layer_linear(in_proj_b, x),
+            layer_linear(in_proj_a, x)};
+  // Qwen3-Next: per key head, its q (Dk), k (Dk), and its value heads' v and z (r Dv each), r = Hv / Hk;
+  // then its value heads' b and a (r each).
+  const int64_t r = hv / hk;
+  const std::vector<at::Tensor> qkvz =
+      layer_linear(in_proj_qkvz, x).view({b, t, hk, 2 * dk + 2 * r * dv}).split_with_sizes({dk, dk, r * dv, r * dv}, -1);
+  const std::vector<at::Tensor> ba = layer_linear(in_proj_ba, x).view({b, t, hk, 2 * r}).split_with_sizes({r, r}, -1);
+  const at::Tensor qkv = at::cat({qkvz[0].reshape({b, t, hk * dk}), qkvz[1].reshape({b, t, hk * dk}),
+                                  qkvz[2].reshape({b, t, hv * dv})},
+                                 -1);
+  return {qkv, qkvz[3].reshape({b, t, hv, dv}), ba[0].reshape({b, t, hv}), ba[1].reshape({b, t, hv})};
+}
+
+at::Tensor GatedDeltaNetImpl::convolve(const at::Tensor& qkv, const at::Tensor& window) {
+  const int64_t t = qkv.size(1), taps = shape.conv_kernel, channels = shape.conv_dim();
+  at::Tensor in = qkv.transpose(1, 2);  // (B, conv_dim, T)
+  if (window.defined()) in = at::cat({window.to(in.scalar_type()), in}, 2);
+  // Causal: the window's inputs before the first token, else zeros (padding on both sides, of which
+  // the first T outputs are the causal ones).
+  const at::Tensor out = at::conv1d(in, conv1d->weight, /*bias=*/{}, /*stride=*/1,
+                                    /*padding=*/window.defined() ? 0 : taps - 1, /*dilation=*/1, /*groups=*/channels);
+  return at::silu(out.narrow(2, 0, t)).transpose(1, 2);
+}
+
+at::Tensor GatedDeltaNetImpl::mix(const at::Tensor& qkv, const at::Tensor& b_in, const at::Tensor& a_in,
+                                  at::Tensor* state, bool step_by_step) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), hk = shape.key_heads, hv = shape.value_heads;
+  const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
+  const std::vector<at::Tensor> parts = qkv.split_with_sizes({hk * dk, hk * dk, hv * dv}, -1);
+  // (B, T, Hk, Dk) -> (B, Hv, T, Dk) fp32: each key head repeated for its value heads, as transformers does
+  // before its L2 norm (which is per vector, so the order does not matter).
+  auto heads = [&](const at::Tensor& x, int64_t n, int64_t d) {
+    at::Tensor y = x.reshape({b, t, n, d}).to(at::kFloat);
+    if (n != hv) y = y.repeat_interleave(hv / n, 2);
+    return y.transpose(1, 2);
+  };
+  auto l2 = [](const at::Tensor& x) { return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6); };
+  const at::Tensor q = l2(heads(parts[0], hk, dk)) * (1.0 / std::sqrt(static_cast<double>(dk)));
+  const at::Tensor k = l2(heads(parts[1], hk, dk));
+  const at::Tensor v = heads(parts[2], hv, dv);
+  const at::Tensor beta = at::sigmoid(b_in).to(at::kFloat).transpose(1, 2);  // (B, Hv, T)
+  const at::Tensor g = (-at::exp(A_log.to(at::kFloat)) * at::softplus(a_in.to(at::kFloat) + dt_bias.to(at::kFloat)))
+                           .transpose(1, 2);
+  const at::Tensor entering = state && state->defined() ? *state : at::Tensor();
+  auto [o, leaving] = step_by_step ? kernels::delta_rule_recurrent(q, k, v, g, beta, entering)
+                                   : kernels::ops_for(q).delta_rule(q, k, v, g, beta, entering);
+  if (state) *state = leaving;
+  return o.transpose(1, 2).to(qkv.scalar_type());  // (B, T, Hv, Dv)
+}
+
+at::Tensor GatedDeltaNetImpl::finish(const at::Tensor& o, const at::Tensor& z) {
+  // Qwen3_5RMSNormGated: statistics in fp32, the cast back, times the weight, times SiLU(z) in fp32.
+  const at::Tensor h = o.to(at::kFloat);
+  const at::Tensor normed = (h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(o.scalar_type());
+  const at::Tensor gated = (norm->weight * normed) * at::silu(z.to(at::kFloat));
+  const int64_t b = o.size(0), t = o.size(1);
+  return layer_linear(out_proj, gated.to(o.scalar_type()).reshape({b, t, shape.value_dim()}));
+}
+
+at::Tensor GatedDeltaNetImpl::forward_rows(const at::Tensor& x) {
+  const Projected p = project(x);
+  return finish(mix(convolve(p.qkv), p.b, p.a, nullptr, false), p.z);
+}
+
+at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, const Packed& packed) {
+  if (!packed.defined()) return forward_rows(x);
+  // Each record alone: its tokens laid into a row of their own (R records, the longest L tokens,
+  // zeros after a shorter one's end, which nothing before them sees), computed, and put back.
+  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+  const at::Tensor per_row = std::get<0>(packed.segments.max(1)) + 1;  // records in each row
+  const at::Tensor first = per_row.cumsum(0) - per_row;                 // each row's first record
+  const int64_t records = per_row.sum().item<int64_t>();
+  const int64_t longest = packed.max_len > 0 ? packed.max_len : packed.positions.max().item<int64_t>() + 1;
+  const at::Tensor slot = ((packed.segments + first.unsqueeze(1)) * longest + packed.positions).reshape({-1});
+  const at::Tensor rows = at::zeros({records * longest, c}, x.options()).index_copy(0, slot, x.reshape({-1, c}));
+  const at::Tensor y = forward_rows(rows.view({records, longest, c}));
+  return y.reshape({records * longest, -1}).index_select(0, slot).view({b, t, -1});
+}
+
+at::Tensor GatedDeltaNetImpl::forward_cached(const at::Tensor& x, LayerCache& cache) {
+  const Projected p = project(x);
+  const int64_t keep = shape.conv_kernel - 1;
+  at::Tensor window = cache.conv.defined()
+                          ? cache.conv
+                          : at::zeros({x.size(0), shape.conv_dim(), keep}, x.options());
+  const at::Tensor in = at::cat({window, p.qkv.transpose(1, 2)}, 2);
+  cache.conv = in.narrow(2, in.size(2) - keep, keep);
+  const at::Tensor mixed = convolve(p.qkv, window);
+  // One token: the recurrence's step, as transformers decodes; more: the provider's form.
+  const at::Tensor o = mix(mixed, p.b, p.a, &cache.state, /*step_by_step=*/x.size(1) == 1);
+  cache.length += x.size(1);
+  return finish(o, p.z);
+}
+
+}  // namespace fsdp::model

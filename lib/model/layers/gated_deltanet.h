@@ -1,0 +1,74 @@
+// Gated DeltaNet, the linear attention of Qwen3.5/3.6 (Qwen3_5GatedDeltaNet) and Qwen3-Next
+// (Qwen3NextGatedDeltaNet), as transformers computes it, with its parameter names:
+//   q, k, v, z, b, a from x: Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, or Qwen3-Next's
+//     in_proj_qkvz and in_proj_ba, which hold each key head's q, k, v, z (and b, a) side by side;
+//   q, k, v through a depthwise causal convolution (conv1d, linear_conv_kernel_dim taps) and SiLU;
+//   q and k L2-normalised, q times Dk^-1/2, each key head serving Hv / Hk value heads;
+//   beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) (fp32);
+//   the gated delta rule (model/kernels/delta_rule.h, through the kernel seam: ops.h's delta_rule);
+//   the output's RMSNorm over each value head (norm.weight, in fp32), times SiLU(z); out_proj.
+// Packed records (data.packing: masked) each start from a zero state and an empty convolution
+// window: the rows are taken apart into their records, computed, and put back, so a record's
+// output is what it would be alone. Tensor and context parallel are refused by the decoder layer.
+//
+// Shapes: B batch, T tokens, C hidden_size, Hk/Hv key/value heads, Dk/Dv their widths.
+// Not thread-safe (LibTorch modules).
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+
+#include "model/config/hf_config.h"
+#include "model/layers/attention.h"
+
+namespace fsdp::model {
+
+// A module that holds one parameter, "weight": the convolution's (conv_dim, 1, kernel) and the
+// gated norm's (Dv), named as transformers' Conv1d and RMSNormGated hold theirs.
+class WeightHolderImpl : public torch::nn::Module {
+ public:
+  WeightHolderImpl(const std::string& name, at::Tensor value);
+  at::Tensor weight;
+};
+TORCH_MODULE(WeightHolder);
+
+class GatedDeltaNetImpl : public torch::nn::Module {
+ public:
+  explicit GatedDeltaNetImpl(const DecoderConfig& c);
+  // x (B, T, C) -> (B, T, C); with `packed` (on x's device), each record as if alone.
+  at::Tensor forward(const at::Tensor& x, const Packed& packed = {});
+  // T new tokens after the cache's: their output, the cache's window and state carried on.
+  at::Tensor forward_cached(const at::Tensor& x, LayerCache& cache);
+
+  at::Tensor dt_bias, A_log;  // (Hv)
+  torch::nn::Linear in_proj_qkv{nullptr}, in_proj_z{nullptr}, in_proj_b{nullptr}, in_proj_a{nullptr};
+  torch::nn::Linear in_proj_qkvz{nullptr}, in_proj_ba{nullptr};  // Qwen3-Next's
+  WeightHolder conv1d{nullptr}, norm{nullptr};
+  torch::nn::Linear out_proj{nullptr};
+  LinearAttentionConfig shape;
+  double eps;
+
+ private:
+  struct Projected {
+    at::Tensor qkv;   // (B, T, 2 Hk Dk + Hv Dv): q, k, v end to end, before the convolution
+    at::Tensor z;     // (B, T, Hv, Dv)
+    at::Tensor b, a;  // (B, T, Hv)
+  };
+  Projected project(const at::Tensor& x);
+  // The convolution (with `window`, its last inputs before x's, else zeros) and SiLU:
+  // qkv (B, T, conv_dim) -> (B, T, conv_dim).
+  at::Tensor convolve(const at::Tensor& qkv, const at::Tensor& window = {});
+  // The rule's output (B, T, Hv, Dv) in x's dtype from the convolved q, k, v and b, a; `state`:
+  // the entering state (undefined: zeros), set to the leaving one when given.
+  at::Tensor mix(const at::Tensor& qkv, const at::Tensor& b, const at::Tensor& a, at::Tensor* state,
+                 bool step_by_step);
+  // The gated norm of o (B, T, Hv, Dv) by z, then out_proj.
+  at::Tensor finish(const at::Tensor& o, const at::Tensor& z);
+  at::Tensor forward_rows(const at::Tensor& x);
+};
+TORCH_MODULE(GatedDeltaNet);
+
+}  // namespace fsdp::model
