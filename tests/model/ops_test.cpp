@@ -6,6 +6,9 @@
 // makes (stacked products, attention's kernels, the loss's chunking) and ops_for's choice.
 #include "model/kernels/ops.h"
 
+#include "model/config/hf_config.h"
+#include "model/kernels/delta_rule.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -120,6 +123,20 @@ std::vector<OpCase> op_cases() {
                    [window_mask](const Ops& o, const Tensors& in) {
                      return Tensors{o.softcapped_attention(in[0], in[1], in[2], window_mask, 0.3, 2.0)};
                    }});
+  // The gated delta rule: 150 tokens (two chunks of 64 and a part of one), two key widths' worth of
+  // value width, L2-normalised q and k (q times Dk^-1/2), decays g <= 0, beta in (0, 1), an entering
+  // state; the chunked form (host, portable) against the token-by-token recurrence (the reference).
+  {
+    const int64_t n = 150, heads = 2, dk = 8, dv = 12;
+    auto unit = [&](int64_t rows) { const at::Tensor x = r({b, heads, rows, dk}); return x / x.norm(2, -1, true); };
+    cases.push_back({"delta_rule",
+                     {unit(n) / std::sqrt(8.0), unit(n), r({b, heads, n, dv}), -at::softplus(r({b, heads, n})),
+                      at::sigmoid(r({b, heads, n})), 0.1 * r({b, heads, dk, dv})},
+                     [](const Ops& o, const Tensors& in) {
+                       auto [y, state] = o.delta_rule(in[0], in[1], in[2], in[3], in[4], in[5]);
+                       return Tensors{y, state.to(y.scalar_type())};
+                     }});
+  }
   cases.push_back({"exp_shifted_out", {r({5, 7}), r({1, 7})}, [](const Ops& o, const Tensors& in) {
                      const at::Tensor a = in[0].to(at::kFloat).detach(), shift = in[1].to(at::kFloat).detach();
                      const at::Tensor out = at::empty(a.sizes(), in[0].options().requires_grad(false));
@@ -240,4 +257,29 @@ TEST_CASE("each provider's decisions on the CPU, and ops_for's choice of provide
   }
   ChoiceScope host_on_meta({Provider::kHost, kernels::OnednnProducts::kLarge});
   CHECK_THROWS_WITH(kernels::ops_for(meta), doctest::Contains("engine.kernels: host is the CPU's kernels"));
+}
+
+TEST_CASE("the gated delta rule: chunks of any size give the recurrence, and a sequence split in two carries its state") {
+  torch::manual_seed(12);
+  const int64_t b = 1, h = 3, t = 70, dk = 4, dv = 5;
+  auto unit = [&](int64_t n) { const at::Tensor x = at::randn({b, h, n, dk}, at::kDouble); return x / x.norm(2, -1, true); };
+  const at::Tensor q = unit(t) / 2, k = unit(t), v = at::randn({b, h, t, dv}, at::kDouble);
+  const at::Tensor g = -at::softplus(at::randn({b, h, t}, at::kDouble)), beta = at::sigmoid(at::randn({b, h, t}, at::kDouble));
+  const auto [want, want_state] = kernels::delta_rule_recurrent(q, k, v, g, beta, {});
+  for (const int64_t chunk : {1, 7, 64, 70, 128}) {
+    CAPTURE(chunk);
+    const auto [got, state] = kernels::delta_rule_chunked(q, k, v, g, beta, {}, chunk);
+    CHECK(relative(got, want) < 1e-12);
+    CHECK(relative(state, want_state) < 1e-12);
+  }
+  // The first 33 tokens, then the rest from their state: the whole sequence's outputs and state
+  // (what decoding after a prompt does).
+  const auto [head, mid] = kernels::delta_rule_chunked(q.narrow(2, 0, 33), k.narrow(2, 0, 33), v.narrow(2, 0, 33),
+                                                       g.narrow(2, 0, 33), beta.narrow(2, 0, 33), {});
+  const auto [tail, last] = kernels::delta_rule_chunked(q.narrow(2, 33, t - 33), k.narrow(2, 33, t - 33),
+                                                        v.narrow(2, 33, t - 33), g.narrow(2, 33, t - 33),
+                                                        beta.narrow(2, 33, t - 33), mid);
+  CHECK(relative(at::cat({head, tail}, 2), want) < 1e-12);
+  CHECK(relative(last, want_state) < 1e-12);
+  CHECK(kernels::kDeltaChunk == fsdp::model::LinearAttentionConfig::kChunk);  // what the FLOPs count
 }

@@ -38,7 +38,8 @@ Within within(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const int64_t l = q.size(-2);
   const at::Tensor cum = g.cumsum(-1);
   const at::Tensor above = at::ones({l, l}, q.options().dtype(at::kBool)).triu(1);
-  const at::Tensor a = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(above, -std::numeric_limits<float>::infinity()).exp();
+  const at::Tensor a =
+      (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(above, -std::numeric_limits<double>::infinity()).exp();
   const at::Tensor kt = k.transpose(-1, -2), kb = k * beta.unsqueeze(-1), e = cum.exp().unsqueeze(-1);
   const at::Tensor system = at::matmul(kb, kt) * a;  // its diagonal and upper part are not read (unit lower)
   Within out;
@@ -122,17 +123,23 @@ void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), ", g ", g.sizes(), ", beta ", beta.sizes());
 }
 
+// The rule's arithmetic: fp32, or float64 for float64 inputs (the tests' reference).
+at::Tensor widened(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+}
+
 at::Tensor zero_state(const at::Tensor& q, const at::Tensor& v) {
   return at::zeros({q.size(0), q.size(1), q.size(3), v.size(3)}, v.options());
 }
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> delta_rule_recurrent(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                       const at::Tensor& g, const at::Tensor& beta,
-                                                       const at::Tensor& state) {
-  check_shapes(q, k, v, g, beta);
-  at::Tensor s = state.defined() ? state : zero_state(q, v);
+std::pair<at::Tensor, at::Tensor> delta_rule_recurrent(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                       const at::Tensor& v_in, const at::Tensor& g_in,
+                                                       const at::Tensor& beta_in, const at::Tensor& state) {
+  check_shapes(q_in, k_in, v_in, g_in, beta_in);
+  const at::Tensor q = widened(q_in), k = widened(k_in), v = widened(v_in), g = widened(g_in), beta = widened(beta_in);
+  at::Tensor s = state.defined() ? widened(state) : zero_state(q, v);
   std::vector<at::Tensor> outs;
   for (int64_t t = 0; t < q.size(2); ++t) {
     s = s * g.select(2, t).exp().unsqueeze(-1).unsqueeze(-1);
@@ -142,13 +149,14 @@ std::pair<at::Tensor, at::Tensor> delta_rule_recurrent(const at::Tensor& q, cons
     s = s + kt * delta.unsqueeze(-2);
     outs.push_back((s * q.select(2, t).unsqueeze(-1)).sum(-2));
   }
-  return {at::stack(outs, 2), s};
+  return {at::stack(outs, 2).to(q_in.scalar_type()), s};
 }
 
-std::pair<at::Tensor, at::Tensor> delta_rule_chunked(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                     const at::Tensor& g, const at::Tensor& beta,
-                                                     const at::Tensor& state, int64_t chunk) {
-  check_shapes(q, k, v, g, beta);
+std::pair<at::Tensor, at::Tensor> delta_rule_chunked(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                     const at::Tensor& v_in, const at::Tensor& g_in,
+                                                     const at::Tensor& beta_in, const at::Tensor& state, int64_t chunk) {
+  check_shapes(q_in, k_in, v_in, g_in, beta_in);
+  const at::Tensor q = widened(q_in), k = widened(k_in), v = widened(v_in), g = widened(g_in), beta = widened(beta_in);
   FSDP_CHECK(chunk >= 1, "[model] the gated delta rule's chunk is ", chunk, "; it must be >= 1");
   const int64_t t = q.size(2), pad = (chunk - t % chunk) % chunk;
   // Padding after the last token: k = 0 writes nothing and g = 0 decays nothing, so neither the
@@ -156,8 +164,8 @@ std::pair<at::Tensor, at::Tensor> delta_rule_chunked(const at::Tensor& q, const 
   auto tokens = [&](const at::Tensor& x) { return pad == 0 ? x : at::constant_pad_nd(x, {0, 0, 0, pad}); };
   auto steps = [&](const at::Tensor& x) { return pad == 0 ? x : at::constant_pad_nd(x, {0, pad}); };
   const variable_list r = ChunkedRule::apply(tokens(q), tokens(k), tokens(v), steps(g), steps(beta),
-                                             state.defined() ? state : zero_state(q, v), chunk);
-  return {pad == 0 ? r[0] : r[0].narrow(2, 0, t), r[1]};
+                                             state.defined() ? widened(state) : zero_state(q, v), chunk);
+  return {(pad == 0 ? r[0] : r[0].narrow(2, 0, t)).to(q_in.scalar_type()), r[1]};
 }
 
 }  // namespace fsdp::model::kernels
