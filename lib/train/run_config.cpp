@@ -16,13 +16,13 @@ model::DecoderConfig model_config_of(const config::Config& cfg, std::vector<std:
              "configs/models/tiny/config.json) or a Hugging Face model folder to start from");
   const std::string path = model_config_path(cfg);
   model::DecoderConfig c = model::load_llama_config(path, warnings);
-  FSDP_CHECK(!c.text_of_multimodal || cfg.model.text_only, "[train] ", path,
-             " is Gemma3ForConditionalGeneration (text and vision); fsdptrain trains its text model alone: set "
-             "model.text_only: true to train that, leaving out the vision tower (vision_tower.*, "
-             "multi_modal_projector.*), and the exports are Gemma3ForCausalLM folders");
+  FSDP_CHECK(!c.text_of_multimodal || cfg.model.text_only, "[train] ", path, " is ", c.multimodal_architecture,
+             " (text and vision); fsdptrain trains its text model alone: set model.text_only: true to train that, "
+             "leaving out the vision tower, and the exports are ",
+             model::family_names(c.family).architecture, " folders");
   FSDP_CHECK(c.text_of_multimodal || !cfg.model.text_only,
              "[train] model.text_only is for a model of text and vision "
-             "(Gemma3ForConditionalGeneration); ",
+             "(Gemma3ForConditionalGeneration, Qwen3_5ForConditionalGeneration); ",
              path, " is ", model::family_names(c.family).architecture, ", text only already: remove model.text_only");
   return c;
 }

@@ -355,9 +355,9 @@ void TrainingRun::build_model() {
             efficient ? "rank 0 read it and sent each rank its rows" : "each rank read its own rows",
             "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));
     if (model_config_.text_of_multimodal)
-      say(str("[train] ", config_.model.pretrained,
-              " is Gemma3ForConditionalGeneration: its text model trains "
-              "(model.text_only), its vision tower is left out, and the exports are Gemma3ForCausalLM folders\n"));
+      say(str("[train] ", config_.model.pretrained, " is ", model_config_.multimodal_architecture,
+              ": its text model trains (model.text_only), its vision tower is left out, and the exports are ",
+              model::family_names(model_config_.family).architecture, " folders\n"));
   }
   if (adapter) {
     ckpt::load_adapter(*sharded_, lora, *adapter);

@@ -9,8 +9,10 @@ initial weights, the fine-tuning example's tokenizer and records), `fsdptrain la
 The families' configs set what makes them differ from Llama away from its default (caps, scales,
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
-the auxiliary loss in the training loss); and a Gemma3ForConditionalGeneration folder, refused without
-model.text_only and trained as its text model with it."""
+the auxiliary loss in the training loss), issue 62's hybrids (Qwen3.5, Qwen3-Next: Gated DeltaNet layers,
+packed records each starting from a zero state); and a Gemma3ForConditionalGeneration and a
+Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
+models with it."""
 import argparse
 import json
 import os
@@ -61,7 +63,18 @@ def configs(vocab):
                       transformers.Qwen2MoeForCausalLM),
         "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
                     transformers.MixtralForCausalLM),
+        # Issue 62's hybrids: Gated DeltaNet layers around a gated full-attention one; Qwen3-Next's
+        # fused projections and experts with a shared expert.
+        "qwen3_5": (transformers.Qwen3_5TextConfig(**hybrid_text(common)), transformers.Qwen3_5ForCausalLM),
+        "qwen3_next": (transformers.Qwen3NextConfig(**hybrid_text(common), num_experts=4, num_experts_per_tok=2,
+                                                    moe_intermediate_size=32, shared_expert_intermediate_size=48),
+                       transformers.Qwen3NextForCausalLM),
     }
+
+
+def hybrid_text(common):
+    return dict(common, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                linear_value_head_dim=12, layer_types=["linear_attention", "full_attention", "linear_attention"])
 
 
 def run(args, **kw):
@@ -126,23 +139,33 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
           f"prompts equal fsdptrain generate's")
 
 
-def check_multimodal(a, d, rows, fast, vocab):
-    """A Gemma3ForConditionalGeneration folder (text and vision): without model.text_only the run is
-    refused naming it; fsdptrain reads the folder's text model as transformers computes it on text
-    (logits-of against the multimodal model's own); with text_only the text model trains and its
-    export is a Gemma3ForCausalLM folder (check_family's checks)."""
-    name = "gemma3_multimodal"
+def multimodal(name, vocab):
+    """A multimodal config (text and a small vision tower) and its classes: the folder's, the export's."""
     text = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=8,
-                layer_types=["sliding_attention", "sliding_attention", "full_attention"], bos_token_id=0,
-                eos_token_id=1, pad_token_id=1)
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
+                pad_token_id=1)
+    if name == "qwen3_5_multimodal":
+        vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)
+        return (transformers.Qwen3_5Config(text_config=hybrid_text(text), vision_config=vision),
+                transformers.Qwen3_5ForConditionalGeneration, transformers.Qwen3_5ForCausalLM)
+    text.update(sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                   patch_size=14)
-    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    return (transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4),
+            transformers.Gemma3ForConditionalGeneration, transformers.Gemma3ForCausalLM)
+
+
+def check_multimodal(a, d, rows, fast, vocab, name):
+    """A Gemma3ForConditionalGeneration or Qwen3_5ForConditionalGeneration folder (text and vision):
+    without model.text_only the run is refused naming it; fsdptrain reads the folder's text model as
+    transformers computes it on text (logits-of against the multimodal model's own); with text_only
+    the text model trains and its export is a Gemma3ForCausalLM (Qwen3_5ForCausalLM) folder
+    (check_family's checks)."""
+    config, cls, export_cls = multimodal(name, vocab)
     folder = os.path.join(d, name, "model")
     torch.manual_seed(0)
-    multimodal = transformers.Gemma3ForConditionalGeneration(config).eval()
-    multimodal.save_pretrained(folder, safe_serialization=True)
+    multimodal_model = cls(config).eval()
+    multimodal_model.save_pretrained(folder, safe_serialization=True)
     fast.save_pretrained(folder)
     refused = launch(a, d, name + "_refused", folder, check=False)
     assert refused.returncode != 0 and "set model.text_only: true" in refused.stderr, refused.stderr[-2000:]
@@ -150,13 +173,12 @@ def check_multimodal(a, d, rows, fast, vocab):
     ours = json.loads(run([a.tool, "logits-of", folder, json.dumps(tokens)]).stdout.splitlines()[-1])
     with torch.no_grad():
         worst = max(rel(torch.tensor(mine, dtype=torch.float64),
-                        multimodal(input_ids=torch.tensor([ids])).logits.reshape(-1).double())
+                        multimodal_model(input_ids=torch.tensor([ids])).logits.reshape(-1).double())
                     for ids, mine in zip(tokens, ours))
     assert worst <= 1e-5, worst
     print(f"{name}: refused without model.text_only; its text model's logits within {worst:.1e} of "
-          f"Gemma3ForConditionalGeneration's on {len(tokens)} records")
-    check_family(a, d, name, config, transformers.Gemma3ForConditionalGeneration, rows, fast,
-                 export_cls=transformers.Gemma3ForCausalLM, extra=("--set", "model.text_only=true"))
+          f"{cls.__name__}'s on {len(tokens)} records")
+    check_family(a, d, name, config, cls, rows, fast, export_cls=export_cls, extra=("--set", "model.text_only=true"))
 
 
 def main():
@@ -165,7 +187,8 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--families",
-                    default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal,qwen3_moe,qwen2_moe,mixtral")
+                    default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal,qwen3_moe,qwen2_moe,mixtral,"
+                            "qwen3_5,qwen3_next,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])
@@ -177,8 +200,9 @@ def main():
         for name, (config, cls) in configs(tok.get_vocab_size()).items():
             if name in a.families.split(","):
                 check_family(a, d, name, config, cls, rows, fast)
-        if "gemma3_multimodal" in a.families.split(","):
-            check_multimodal(a, d, rows, fast, tok.get_vocab_size())
+        for name in ("gemma3_multimodal", "qwen3_5_multimodal"):
+            if name in a.families.split(","):
+                check_multimodal(a, d, rows, fast, tok.get_vocab_size(), name)
     print("families_finetune_test: ok")
 
 

@@ -762,6 +762,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
       if (!t.contains(mm->defaults[i].first)) t[mm->defaults[i].first] = mm->defaults[i].second;
     DecoderConfig c = parse_decoder_config(t.dump(), where + " (text_config)", warnings);
     c.text_of_multimodal = true;
+    c.multimodal_architecture = mm->architecture;
     return c;
   }
   DecoderConfig c;

@@ -154,6 +154,7 @@ struct DecoderConfig {
   // Read from a Gemma3ForConditionalGeneration or Qwen3_5ForConditionalGeneration config.json (text and vision): this is its text model
   // (text_config), stored under that model's prefixes beside a vision tower it leaves out.
   bool text_of_multimodal = false;
+  std::string multimodal_architecture;  // then: the folder's ("Gemma3ForConditionalGeneration", ...)
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
   bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
