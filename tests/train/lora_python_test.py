@@ -30,7 +30,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file
 from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen2MoeConfig, Qwen2MoeForCausalLM)
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
@@ -293,6 +293,28 @@ def moe_parity(args, tmp, data):
           f"down_proj among them; the stacked experts frozen)")
 
 
+def hybrid_parity(args, tmp, data):
+    """A hybrid (issue 62): Qwen3.5 with a Gated DeltaNet layer and a gated full-attention one,
+    adapters on the DeltaNet's projections by PEFT's names (in_proj_qkv, in_proj_z, out_proj) beside
+    attention's q_proj and the MLP's down_proj, at W=2: PEFT's losses, gradients and trained
+    tensors; the export has PEFT's keys."""
+    targets = ["q_proj", "in_proj_qkv", "in_proj_z", "out_proj", "down_proj"]
+    CASES["qwen3_5"] = (dict(r=4, lora_alpha=8, target_modules=targets),
+                        "lora:\n  r: 4\n  target_modules: [" + ", ".join(targets) + "]\n")
+    base, adapter = family_base(args, tmp, "qwen3_5", Qwen3_5ForCausalLM, Qwen3_5TextConfig, 4,
+                                ("mlp_bias", "rope_theta", "rope_scaling"), "qwen3_5", model_type="qwen3_5_text",
+                                architectures=["Qwen3_5ForCausalLM"], linear_num_key_heads=2,
+                                linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                                layer_types=["linear_attention", "full_attention"],
+                                rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                 "partial_rotary_factor": 0.25})
+    out, _ = parity(args, tmp, "qwen3_5", 2, base, data, adapter)
+    _, got = export_keys(Qwen3_5ForCausalLM, base, "qwen3_5", out)
+    check(any("linear_attn.in_proj_qkv.lora_A" in k for k in got), "qwen3_5: no adapter on in_proj_qkv")
+    print(f"ok qwen3_5: the export has PEFT's {len(got)} keys (Gated DeltaNet's in_proj_qkv, in_proj_z and "
+          f"out_proj among them)")
+
+
 def phi3_parity(args, tmp, data):
     """Phi-3's checkpoints fuse q, k and v into qkv_proj and gate and up into gate_up_proj, which PEFT
     adapts whole (one lora_A for the parts): adapters on them train as PEFT's at W=2, export under
@@ -406,6 +428,7 @@ def main():
         qwen2_parity(args, tmp, data)
         phi3_parity(args, tmp, data)
         moe_parity(args, tmp, data)
+        hybrid_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any
         # output folder exists.

@@ -144,8 +144,11 @@ double LoraSettings::scaling() const {
 }
 
 const std::vector<std::string>& lora_linear_names() {
-  static const std::vector<std::string> names = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                 "gate_proj", "up_proj", "down_proj"};
+  // Attention's and the MLP's; Gated DeltaNet's (Qwen3.5's four input projections or Qwen3-Next's
+  // two, and out_proj).
+  static const std::vector<std::string> names = {
+      "q_proj",      "k_proj",    "v_proj",    "o_proj",    "gate_proj",    "up_proj",    "down_proj",
+      "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"};
   return names;
 }
 
@@ -159,8 +162,8 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
   std::vector<std::string> patterns = settings.target_modules;
   if (patterns.empty()) {
     // PEFT has no default for these families either (it asks for target_modules).
-    FSDP_CHECK(!fused, "lora.target_modules: ", arch, " has no default targets (PEFT asks for them too); name ",
-               join(shorts, ", "), " or all-linear");
+    FSDP_CHECK(!fused && model.config.linear_layers.empty(), "lora.target_modules: ", arch,
+               " has no default targets (PEFT asks for them too); name ", join(shorts, ", "), " or all-linear");
     patterns = {"q_proj", "v_proj"};
   }
   // The names PEFT sees: ours, but for Phi-3 the fused projections in place of their parts.
