@@ -107,11 +107,20 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   // other ranks' 2 K D per token, kept for backward) come on top. A mixture-of-experts layer keeps,
   // per token, instead of the dense MLP's 4 F: each of its k routed copies' input and output (2 C)
   // and gate, up, their product and silu (4 I), the router's logits (E), a shared expert's 4 S, and
-  // in fp32 the softmax (E), the weighted outputs (k C) and their sum (C).
+  // in fp32 the softmax (E), the weighted outputs (k C) and their sum (C). An output gate (Qwen3.5)
+  // adds its H D. A Gated DeltaNet layer keeps, instead of attention's, the projections' outputs
+  // before and after the convolution (2 x conv_dim), z, b and a, the rule's output, its norm and the
+  // gated product (about 5 Hv Dv), and in fp32 q and k repeated to the value heads, v, g and beta, and
+  // each chunk's entering state (Hv Dk Dv a 64 tokens: model/kernels/delta_rule.h).
   const int cp = plan.cp_size;
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
   const int64_t C = mc.hidden_size;
-  const int64_t attention_split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim;
+  const int64_t attention_split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim +
+                                  (mc.attn_output_gate ? mc.num_attention_heads * mc.head_dim : 0);
+  const model::LinearAttentionConfig& la = mc.linear_attention;
+  const int64_t linear_split = 2 * C + 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
+  const int64_t linear_fp32 = 4 * la.value_heads * (3 * la.key_head_dim + 2 * la.value_head_dim + 2) +
+                              4 * la.value_heads * la.key_head_dim * la.value_head_dim / model::LinearAttentionConfig::kChunk;
   const int64_t gathered_kv =
       plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
   // Soft-capped attention (Gemma 2) has no fused kernel (model/kernels/ops.h): its (B, H, T, T)
@@ -121,22 +130,26 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   const int64_t scores = mc.attn_softcap > 0 ? c.train.micro_batch_size * score_heads * c.train.sequence_length *
                                                    c.train.sequence_length * 8
                                              : 0;
-  // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes.
-  auto layer_bytes = [&](int64_t mlp, int64_t fp32) {
+  // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
+  // `linear`: its mixer is Gated DeltaNet (no tensor or context parallel: the model refuses them).
+  auto layer_bytes = [&](int64_t mlp, int64_t fp32, bool linear) {
+    if (linear) return tokens * ((linear_split + mlp + 2 * C) * param_bytes + linear_fp32 + fp32);
     const int64_t split = attention_split + mlp;
     return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
                      mc.num_attention_heads / tp * 4 + fp32) +
            gathered_kv + scores;
   };
   const model::MoeConfig& moe = mc.moe;
-  const int64_t dense = layer_bytes(4 * mc.intermediate_size, 0),
-                sparse = layer_bytes(moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +
-                                         4 * moe.shared_expert_intermediate_size,
-                                     4 * (moe.num_experts + moe.experts_per_token * C + C));
+  const int64_t sparse_mlp = moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +
+                             4 * moe.shared_expert_intermediate_size,
+                sparse_fp32 = 4 * (moe.num_experts + moe.experts_per_token * C + C);
   int64_t layers = 0, per_layer = 0;  // every layer's, and the largest one's
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
-    layers += mc.is_moe(l) ? sparse : dense;
-    per_layer = std::max(per_layer, mc.is_moe(l) ? sparse : dense);
+    const bool sparse = mc.is_moe(l);
+    const int64_t bytes = layer_bytes(sparse ? sparse_mlp : 4 * mc.intermediate_size, sparse ? sparse_fp32 : 0,
+                                      mc.is_linear(l));
+    layers += bytes;
+    per_layer = std::max(per_layer, bytes);
   }
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
   const auto named = lm->named_parameters();
