@@ -321,7 +321,8 @@ std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq, Float8Re
 // The 1B widths in a config.json of `model_type` plus `extra`: each new layer kind as the parser
 // makes it (Gemma 3: sandwich norms of (1 + w), GELU, per-head q/k norms, a local rotary table, a
 // sliding layer; Gemma 2: soft-capped scores and logits; OLMo 2: norms after the blocks and over
-// the whole projections; SmolLM3: a layer without rotary; Granite: the multipliers).
+// the whole projections; SmolLM3: a layer without rotary; Granite: the multipliers; Qwen3.5 and
+// Qwen3-Next: Gated DeltaNet, an output gate, (1 + w) norms, a partial rotation).
 DecoderConfig one_b_of(const std::string& model_type, const std::string& extra) {
   return parse_decoder_config(R"({"model_type": ")" + model_type + R"(", "vocab_size": 128256, "hidden_size": 2048,
       "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -394,7 +395,10 @@ TEST_CASE("each new layer kind's bf16 step at the 1B widths: bf16 products, no f
   const std::pair<const char*, std::string> kinds[] = {
       {"gemma3_text", sliding}, {"gemma2", sliding}, {"olmo2", ""}, {"smollm3", R"("no_rope_layers": [1, 0])"},
       {"granite", R"("embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
-                     "logits_scaling": 8.0)"}};
+                     "logits_scaling": 8.0)"},
+      // The hybrids: a Gated DeltaNet layer (every product of the chunked rule) and a gated full-attention one.
+      {"qwen3_5_text", R"("layer_types": ["linear_attention", "full_attention"])"},
+      {"qwen3_next", R"("layer_types": ["linear_attention", "full_attention"], "num_experts": 0)"}};
   for (const auto& [type, extra] : kinds) {
     CAPTURE(type);
     const Bill b = bill_of(record_step_of(one_b_of(type, extra), 1, 1024));

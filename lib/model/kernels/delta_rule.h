@@ -3,8 +3,10 @@
 // S (Dk, Dv) starts at `state` (zeros) and for each token t:
 //   S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t.
 // Shapes: q, k (B, H, T, Dk) (the key heads already repeated to the value heads, L2-normalised, q
-// times Dk^-1/2), v (B, H, T, Dv), g and beta (B, H, T), state (B, H, Dk, Dv). Computed in fp32
-// (float64 for float64 inputs). Returns o (B, H, T, Dv) in q's dtype and the final state in fp32.
+// times Dk^-1/2), v (B, H, T, Dv), g and beta (B, H, T), state (B, H, Dk, Dv). The recurrence
+// computes in fp32 (float64 for float64 inputs); the chunked form takes its products in q's dtype
+// (bf16 under mixed precision, on tensor cores) and the rest (the decays, the triangular solve, the
+// sums, the state) in fp32. Returns o (B, H, T, Dv) in q's dtype and the final state in fp32.
 //
 // Two forms, one result (tests/model/ops_test.cpp holds them together):
 //   - recurrent: token by token, what the reference provider runs (model/kernels/ops.h) and what

@@ -61,6 +61,12 @@ at::Tensor GatedDeltaNetImpl::convolve(const at::Tensor& qkv, const at::Tensor& 
   if (window.defined()) in = at::cat({window.to(in.scalar_type()), in}, 2);
   // Causal: the window's inputs before the first token, else zeros (padding on both sides, of which
   // the first T outputs are the causal ones).
+  if (in.is_meta()) {  // no convolution on meta (shape proofs, the step's bill): the same sum, tap by tap
+    const at::Tensor padded = window.defined() ? in : at::constant_pad_nd(in, {taps - 1, 0});
+    at::Tensor out = padded.narrow(2, 0, t) * conv1d->weight.select(2, 0);
+    for (int64_t j = 1; j < taps; ++j) out = out + padded.narrow(2, j, t) * conv1d->weight.select(2, j);
+    return at::silu(out).transpose(1, 2);
+  }
   const at::Tensor out = at::conv1d(in, conv1d->weight, /*bias=*/{}, /*stride=*/1,
                                     /*padding=*/window.defined() ? 0 : taps - 1, /*dilation=*/1, /*groups=*/channels);
   return at::silu(out.narrow(2, 0, t)).transpose(1, 2);
@@ -79,9 +85,11 @@ at::Tensor GatedDeltaNetImpl::mix(const at::Tensor& qkv, const at::Tensor& b_in,
     return y.transpose(1, 2);
   };
   auto l2 = [](const at::Tensor& x) { return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6); };
-  const at::Tensor q = l2(heads(parts[0], hk, dk)) * (1.0 / std::sqrt(static_cast<double>(dk)));
-  const at::Tensor k = l2(heads(parts[1], hk, dk));
-  const at::Tensor v = heads(parts[2], hv, dv);
+  // Normalised in fp32, then in the compute dtype for the rule's products (model/kernels/delta_rule.h).
+  const at::ScalarType dt = qkv.scalar_type();
+  const at::Tensor q = (l2(heads(parts[0], hk, dk)) * (1.0 / std::sqrt(static_cast<double>(dk)))).to(dt);
+  const at::Tensor k = l2(heads(parts[1], hk, dk)).to(dt);
+  const at::Tensor v = heads(parts[2], hv, dv).to(dt);
   const at::Tensor beta = at::sigmoid(b_in).to(at::kFloat).transpose(1, 2);  // (B, Hv, T)
   const at::Tensor g = (-at::exp(A_log.to(at::kFloat)) * at::softplus(a_in.to(at::kFloat) + dt_bias.to(at::kFloat)))
                            .transpose(1, 2);
