@@ -134,6 +134,12 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         ids = fast(p, return_tensors="pt").input_ids
         want = model.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=1, pad_token_id=1)[0, ids.shape[1]:]
         assert got == want.tolist(), (name, p, got, want.tolist())
+    if name == "qwen3_5":  # tensor and context parallel split what Gated DeltaNet carries: refused, naming it
+        for key in ("tp_size", "cp_size"):
+            r = launch(a, d, f"{name}_{key}", folder, "--set", f"parallelism_config.parallelism_config_{key}=2",
+                       check=False)
+            assert r.returncode != 0 and "Gated DeltaNet (linear attention) layer" in r.stderr, r.stderr[-2000:]
+            print(f"{name}: {key} 2 refused: " + next(l for l in r.stderr.splitlines() if "Gated DeltaNet" in l)[:160])
     print(f"{name}: 2 workers, 30 steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; transformers loads the export: "
           f"logits of {len(tokens)} records within {worst:.1e} of ours; greedy continuations of {len(prompts)} "
           f"prompts equal fsdptrain generate's")
