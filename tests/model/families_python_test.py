@@ -43,7 +43,7 @@ import torch
 import transformers
 
 
-HYBRID = ("qwen3_5", "qwen3_next")  # Gated DeltaNet among their layers
+HYBRID = ("qwen3_5", "qwen3_next", "qwen3_5_moe")  # Gated DeltaNet among their layers
 HYBRID_TOKENS = 200  # the hybrids' golden sequence (and their positions): several chunks of 64 and a partial one
 
 
@@ -121,6 +121,12 @@ def families():
                                                     num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                                                     shared_expert_intermediate_size=40, mlp_only_layers=[1]),
                        transformers.Qwen3NextForCausalLM),
+        # Qwen3.5-MoE: Qwen3.5's layers, every feed-forward sparse with a shared expert.
+        "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig(
+            **{k: v for k, v in hybrid.items() if k != "intermediate_size"},
+            layer_types=["linear_attention", "full_attention", "linear_attention"], num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=40),
+            transformers.Qwen3_5MoeForCausalLM),
     }
 
 

@@ -9,7 +9,7 @@ initial weights, the fine-tuning example's tokenizer and records), `fsdptrain la
 The families' configs set what makes them differ from Llama away from its default (caps, scales,
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
-the auxiliary loss in the training loss), issue 62's hybrids (Qwen3.5, Qwen3-Next: Gated DeltaNet layers,
+the auxiliary loss in the training loss), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
 packed records each starting from a zero state); and a Gemma3ForConditionalGeneration and a
 Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
 models with it."""
@@ -69,6 +69,10 @@ def configs(vocab):
         "qwen3_next": (transformers.Qwen3NextConfig(**hybrid_text(common), num_experts=4, num_experts_per_tok=2,
                                                     moe_intermediate_size=32, shared_expert_intermediate_size=48),
                        transformers.Qwen3NextForCausalLM),
+        "qwen3_5_moe": (transformers.Qwen3_5MoeTextConfig(
+            **{k: v for k, v in hybrid_text(common).items() if k != "intermediate_size"}, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48),
+            transformers.Qwen3_5MoeForCausalLM),
     }
 
 
@@ -194,7 +198,7 @@ def main():
     ap.add_argument("--source", required=True)
     ap.add_argument("--families",
                     default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal,qwen3_moe,qwen2_moe,mixtral,"
-                            "qwen3_5,qwen3_next,qwen3_5_multimodal")
+                            "qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])

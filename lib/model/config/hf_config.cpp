@@ -31,7 +31,7 @@ T field(const json& j, const char* key, T fallback, const std::string& where) {
 
 // Qwen3.5/3.6 and Qwen3-Next: Gated DeltaNet layers among gated full-attention ones.
 bool is_hybrid(Family f) {
-  return f == Family::kQwen3_5 || f == Family::kQwen3Next;
+  return f == Family::kQwen3_5 || f == Family::kQwen3Next || f == Family::kQwen3_5Moe;
 }
 
 // The fields that fix the model's shapes: a config.json without one of them is refused.
@@ -234,7 +234,7 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
 constexpr Family kAllFamilies[] = {Family::kLlama,   Family::kMistral,  Family::kQwen2,    Family::kQwen3,
                                    Family::kGemma2,  Family::kGemma3,   Family::kOlmo2,    Family::kSmolLM3,
                                    Family::kGranite, Family::kPhi3,     Family::kQwen3Moe, Family::kQwen2Moe,
-                                   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next};
+                                   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next, Family::kQwen3_5Moe};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -419,25 +419,35 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
 // refuse the fields.
 void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   MoeConfig& m = c.moe;
-  const bool mixtral = c.family == Family::kMixtral, next = c.family == Family::kQwen3Next;
-  if (!mixtral && !is_qwen_moe(c.family) && !next) {
+  // Qwen3-Next and Qwen3.5-MoE: Qwen2-MoE's shared expert; Qwen3.5-MoE's every layer sparse and its
+  // top-k always renormalised (its class has no decoder_sparse_step, mlp_only_layers or norm_topk_prob).
+  const bool mixtral = c.family == Family::kMixtral, next = c.family == Family::kQwen3Next,
+             moe35 = c.family == Family::kQwen3_5Moe;
+  if (!mixtral && !is_qwen_moe(c.family) && !next && !moe35) {
     for (const char* key : {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                             "shared_expert_intermediate_size"})
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a mixture-of-experts field, not one of ",
                  family_names(c.family).architecture,
-                 "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral or qwen3_next");
+                 "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral, qwen3_next or qwen3_5_moe_text");
     return;
   }
   const bool qwen2 = c.family == Family::kQwen2Moe;
   // The Hub's Qwen configs write num_experts; transformers 5 saves them as num_local_experts, as Mixtral's.
   const char* experts_key = !mixtral && j.contains("num_experts") ? "num_experts" : "num_local_experts";
   // Qwen3-Next: num_experts 0 makes every layer dense, as in transformers.
-  m.num_experts = field<int64_t>(j, experts_key, mixtral ? 8 : qwen2 ? 60 : next ? 512 : 128, where);
+  m.num_experts = field<int64_t>(j, experts_key, mixtral ? 8 : qwen2 ? 60 : next ? 512 : moe35 ? 256 : 128, where);
   if (next && m.num_experts == 0) return;
   m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", mixtral ? 2 : qwen2 ? 4 : next ? 10 : 8, where);
-  m.intermediate_size = mixtral ? c.intermediate_size
-                                : field<int64_t>(j, "moe_intermediate_size", qwen2 ? 1408 : next ? 512 : 768, where);
-  m.norm_topk_prob = mixtral || field<bool>(j, "norm_topk_prob", next, where);
+  m.intermediate_size =
+      mixtral ? c.intermediate_size
+              : field<int64_t>(j, "moe_intermediate_size", qwen2 ? 1408 : next || moe35 ? 512 : 768, where);
+  if (moe35)
+    for (const char* key : {"norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"})
+      FSDP_CHECK(!j.contains(key) || j[key].is_null() || j[key] == json(true) || j[key] == json(1) ||
+                     j[key] == json::array(),
+                 where, ": ", key, " ", j[key].dump(), " is not a field of Qwen3_5MoeForCausalLM, whose every layer "
+                 "is sparse with its top-k renormalised (transformers ignores it); remove it");
+  m.norm_topk_prob = mixtral || moe35 || field<bool>(j, "norm_topk_prob", next, where);
   m.router_aux_loss_coef = field<double>(j, "router_aux_loss_coef", 0.001, where);
   m.output_router_logits = field<bool>(j, "output_router_logits", false, where);
   check_positive(where, {{experts_key, m.num_experts},
@@ -450,6 +460,11 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
     FSDP_CHECK(field<double>(j, "router_jitter_noise", 0.0, where) == 0.0, where, ": router_jitter_noise ",
                j["router_jitter_noise"].dump(),
                " is not supported; fsdptrain routes without noise (set it to 0.0, as Mixtral's released configs do)");
+    return;
+  }
+  if (moe35) {
+    m.shared_expert_intermediate_size = field<int64_t>(j, "shared_expert_intermediate_size", 512, where);
+    check_positive(where, {{"shared_expert_intermediate_size", m.shared_expert_intermediate_size}});
     return;
   }
   m.decoder_sparse_step = field<int64_t>(j, "decoder_sparse_step", 1, where);
@@ -477,7 +492,7 @@ void parse_linear_attention(const json& j, const std::string& where, DecoderConf
                             "linear_value_head_dim", "linear_conv_kernel_dim", "full_attention_interval"})
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of the hybrid models (",
                  "Gated DeltaNet), not of ", family_names(c.family).architecture,
-                 "; remove it, or set model_type to qwen3_5_text or qwen3_next");
+                 "; remove it, or set model_type to qwen3_5_text, qwen3_5_moe_text or qwen3_next");
     return;
   }
   LinearAttentionConfig& l = c.linear_attention;
@@ -545,6 +560,8 @@ FamilyNames family_names(Family f) {
       return {"qwen3_5_text", "Qwen3_5ForCausalLM", "Qwen3_5DecoderLayer"};
     case Family::kQwen3Next:
       return {"qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextDecoderLayer"};
+    case Family::kQwen3_5Moe:
+      return {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -719,6 +736,12 @@ const std::pair<const char*, json> kQwen3_5TextDefaults[] = {
     {"num_hidden_layers", 32},   {"num_attention_heads", 16},    {"num_key_value_heads", 4},
     {"head_dim", 256},           {"max_position_embeddings", 32768}};
 
+// Qwen3_5MoeTextConfig's.
+const std::pair<const char*, json> kQwen3_5MoeTextDefaults[] = {
+    {"vocab_size", 248320},      {"hidden_size", 2048},          {"num_hidden_layers", 40},
+    {"num_attention_heads", 16}, {"num_key_value_heads", 2},     {"head_dim", 256},
+    {"max_position_embeddings", 32768}};
+
 // A multimodal folder whose text model fsdptrain trains: its model_type and architecture, the text
 // model's model_type and the defaults its text_config may leave out.
 struct Multimodal {
@@ -731,7 +754,9 @@ struct Multimodal {
 const Multimodal kMultimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", kGemma3TextDefaults, std::size(kGemma3TextDefaults)},
     {"qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5_text", kQwen3_5TextDefaults,
-     std::size(kQwen3_5TextDefaults)}};
+     std::size(kQwen3_5TextDefaults)},
+    {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", kQwen3_5MoeTextDefaults,
+     std::size(kQwen3_5MoeTextDefaults)}};
 
 const Multimodal* multimodal_of(const json& j) {
   const std::string type = j.value("model_type", std::string());
@@ -767,6 +792,12 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   }
   DecoderConfig c;
   c.family = family_of(j, where);
+  if (c.family == Family::kQwen3_5Moe && !j.contains("intermediate_size")) {
+    // Its class has no dense MLP (every layer is sparse) and no intermediate_size: the expert's width stands in.
+    json filled = j;
+    filled["intermediate_size"] = j.value("moe_intermediate_size", json(512));
+    return parse_decoder_config(filled.dump(), where, warnings);
+  }
   c.vocab_size = field<int64_t>(j, "vocab_size", c.vocab_size, where);
   c.hidden_size = field<int64_t>(j, "hidden_size", c.hidden_size, where);
   c.intermediate_size = field<int64_t>(j, "intermediate_size", c.intermediate_size, where);
@@ -918,6 +949,12 @@ void write_moe(json& j, const DecoderConfig& c) {
   } else if (c.family == Family::kQwen3Next && m.num_experts == 0) {
     j["num_experts"] = 0;
     return;
+  } else if (c.family == Family::kQwen3_5Moe) {
+    j["num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.experts_per_token;
+    j["moe_intermediate_size"] = m.intermediate_size;
+    j["shared_expert_intermediate_size"] = m.shared_expert_intermediate_size;
+    j.erase("intermediate_size");  // not a field of its class: every layer is sparse
   } else if (is_qwen_moe(c.family) || c.family == Family::kQwen3Next) {
     j["num_experts"] = m.num_experts;
     j["num_experts_per_tok"] = m.experts_per_token;

@@ -1,6 +1,6 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
 // Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, the mixtures of experts Qwen3-MoE,
-// Qwen2-MoE and Mixtral, and the hybrids Qwen3.5/3.6 and Qwen3-Next): read into one DecoderConfig, written back for exports,
+// Qwen2-MoE and Mixtral, and the hybrids Qwen3.5/3.6, Qwen3.5-MoE and Qwen3-Next): read into one DecoderConfig, written back for exports,
 // and described for the checkpoint layer (model/config/description.h). No LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
@@ -58,7 +58,8 @@ enum class Family {
   kQwen2Moe,
   kMixtral,
   kQwen3_5,
-  kQwen3Next
+  kQwen3Next,
+  kQwen3_5Moe
 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
@@ -228,8 +229,8 @@ struct DecoderConfig {
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
 // qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,
-// qwen3_next; another is refused listing these; gemma3 (Gemma3ForConditionalGeneration) and qwen3_5
-// (Qwen3_5ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts torch_dtype or
+// qwen3_next, qwen3_5_moe_text; another is refused listing these; gemma3, qwen3_5 and qwen3_5_moe (their
+// *ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts torch_dtype or
 // dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
 // use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the field, also for a
 // missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) and for
