@@ -118,7 +118,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   const int64_t attention_split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim +
                                   (mc.attn_output_gate ? mc.num_attention_heads * mc.head_dim : 0);
   const model::LinearAttentionConfig& la = mc.linear_attention;
-  const int64_t linear_split = 2 * C + 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
+  const int64_t linear_split = 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
   const int64_t linear_fp32 = 4 * la.value_heads * (3 * la.key_head_dim + 2 * la.value_head_dim + 2) +
                               4 * la.value_heads * la.key_head_dim * la.value_head_dim / model::LinearAttentionConfig::kChunk;
   const int64_t gathered_kv =
@@ -131,13 +131,13 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
                                                    c.train.sequence_length * 8
                                              : 0;
   // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
-  // `linear`: its mixer is Gated DeltaNet (no tensor or context parallel: the model refuses them).
+  // `linear`: its mixer is Gated DeltaNet (its heads split by tensor parallel as attention's; no
+  // context parallel: the model refuses it).
   auto layer_bytes = [&](int64_t mlp, int64_t fp32, bool linear) {
-    if (linear) return tokens * ((linear_split + mlp + 2 * C) * param_bytes + linear_fp32 + fp32);
-    const int64_t split = attention_split + mlp;
-    return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes +
-                     mc.num_attention_heads / tp * 4 + fp32) +
-           gathered_kv + scores;
+    const int64_t split = (linear ? linear_split : attention_split) + mlp;
+    const int64_t wide = linear ? linear_fp32 / tp : mc.num_attention_heads / tp * 4;
+    return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes + wide + fp32) +
+           (linear ? 0 : gathered_kv + scores);
   };
   const model::MoeConfig& moe = mc.moe;
   const int64_t sparse_mlp = moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +

@@ -138,12 +138,26 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         ids = fast(p, return_tensors="pt").input_ids
         want = model.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=1, pad_token_id=1)[0, ids.shape[1]:]
         assert got == want.tolist(), (name, p, got, want.tolist())
-    if name == "qwen3_5":  # tensor and context parallel split what Gated DeltaNet carries: refused, naming it
-        for key in ("tp_size", "cp_size"):
-            r = launch(a, d, f"{name}_{key}", folder, "--set", f"parallelism_config.parallelism_config_{key}=2",
-                       check=False)
-            assert r.returncode != 0 and "Gated DeltaNet (linear attention) layer" in r.stderr, r.stderr[-2000:]
-            print(f"{name}: {key} 2 refused: " + next(l for l in r.stderr.splitlines() if "Gated DeltaNet" in l)[:160])
+    if name == "qwen3_5":
+        # Context parallel splits the sequence Gated DeltaNet's state runs along: refused, naming it.
+        r = launch(a, d, f"{name}_cp", folder, "--set", "parallelism_config.parallelism_config_cp_size=2", check=False)
+        assert r.returncode != 0 and "Gated DeltaNet (linear attention) layer" in r.stderr, r.stderr[-2000:]
+        print(f"{name}: cp_size 2 refused: " + next(l for l in r.stderr.splitlines() if "Gated DeltaNet" in l)[:160])
+        # Tensor parallel splits its heads: tp 2 on 2 ranks (packed records, one data-parallel rank) gives
+        # the losses of 1 rank alone.
+        runs = {}
+        for tp in (1, 2):
+            out_tp = os.path.join(d, f"{name}_tp{tp}")
+            run([a.fsdptrain, "launch", "--config", os.path.join(a.source, "configs", "finetune.yaml"),
+                 "--main_process_port", "0", "--num_processes", str(tp), "--set", f"train.output_dir={out_tp}",
+                 "--set", f"model.pretrained={folder}", "--set", f"data.path={d}/train.jsonl", "--set",
+                 f"data.cache_dir={d}/{name}/cache", "--set", "train.steps=8", "--set", "logging.interval=1",
+                 "--set", "checkpoint.dir=", "--set", f"parallelism_config.parallelism_config_tp_size={tp}"], cwd=d)
+            runs[tp] = [json.loads(l)["loss"] for l in open(os.path.join(out_tp, "metrics.jsonl")) if '"loss"' in l]
+        worst_tp = max(abs(x - y) / abs(y) for x, y in zip(runs[2], runs[1]))
+        assert len(runs[2]) == len(runs[1]) == 8 and worst_tp <= 1e-5, (runs, worst_tp)
+        print(f"{name}: tp 2 (its Gated DeltaNet heads split, packed records) gives 1 rank's 8 losses within "
+              f"{worst_tp:.1e}")
     print(f"{name}: 2 workers, 30 steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; transformers loads the export: "
           f"logits of {len(tokens)} records within {worst:.1e} of ours; greedy continuations of {len(prompts)} "
           f"prompts equal fsdptrain generate's")

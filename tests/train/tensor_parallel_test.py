@@ -278,10 +278,12 @@ def check_new_families(h, folders):
     builds Llama's relatives only): Gemma 3 (tied vocabulary-parallel embedding scaled by sqrt(hidden),
     per-head q/k norms, sliding layers with their own rotary base), Granite (the multipliers) and Phi-3
     (the folder's fused projections split per rank, a partial rotation with longrope past 16 positions,
-    a window in every layer)."""
+    a window in every layer), and the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split)."""
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0,
                   eos_token_id=1, pad_token_id=1)
+    hybrid = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                  linear_value_head_dim=12, layer_types=["linear_attention", "full_attention"])
     configs = {
         "gemma3": transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=8,
                                                 layer_types=["sliding_attention", "full_attention"]),
@@ -292,6 +294,11 @@ def check_new_families(h, folders):
                                         rope_scaling={"rope_type": "longrope",
                                                       "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0],
                                                       "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0]}),
+        # Issue 62's hybrids: each rank its share of the Gated DeltaNet heads (1 of 2 key heads, 2 of 4
+        # value heads) over the gathered sequence, of the gated attention's heads; Qwen3-Next's fused
+        # projections (dense here: experts under tensor parallel are refused).
+        "qwen3_5": transformers.Qwen3_5TextConfig(**common, **hybrid),
+        "qwen3_next": transformers.Qwen3NextConfig(**common, **hybrid, num_experts=0),
     }
     ok = True
     for name, config in configs.items():

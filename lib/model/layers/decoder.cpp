@@ -78,12 +78,10 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
   }
   if (c.plan(layer).linear) {
     const char* arch = family_names(c.family).architecture;
-    FSDP_CHECK(!tp, "[model] ", arch, ": a Gated DeltaNet (linear attention) layer under tensor parallel is not "
-               "implemented yet; set parallelism_config_tp_size: 1 (FSDP shards it)");
     FSDP_CHECK(!cp, "[model] ", arch, ": a Gated DeltaNet (linear attention) layer carries its state along the "
                "sequence, which context and sequence parallel split; set parallelism_config_cp_size: 1 and "
                "parallelism_config_sp_size: 1");
-    linear_attn = register_module("linear_attn", GatedDeltaNet(c));
+    linear_attn = register_module("linear_attn", GatedDeltaNet(c, tp));
   } else {
     self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
   }

@@ -6,8 +6,12 @@
 #include <vector>
 
 #include "model/kernels/delta_rule.h"
+#include "model/kernels/linear.h"
 #include "model/kernels/ops.h"
+#include "model/layers/lora_layer.h"
 #include "model/layers/projection.h"
+#include "model/parallel/tensor_parallel.h"
+#include "util/error.h"
 
 namespace fsdp::model {
 
@@ -15,8 +19,13 @@ WeightHolderImpl::WeightHolderImpl(const std::string& name, at::Tensor value) : 
   weight = register_parameter("weight", std::move(value));
 }
 
-GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c)
-    : torch::nn::Module("GatedDeltaNet"), shape(c.linear_attention), eps(c.rms_norm_eps) {
+GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> t)
+    : torch::nn::Module("GatedDeltaNet"),
+      shape(c.linear_attention),
+      eps(c.rms_norm_eps),
+      tp(std::move(t)),
+      key_heads(share(shape.key_heads, tp, "linear_num_key_heads")),
+      value_heads(share(shape.value_heads, tp, "linear_num_value_heads")) {
   const int64_t hidden = c.hidden_size, hv = shape.value_heads;
   dt_bias = register_parameter("dt_bias", at::ones({hv}));
   A_log = register_parameter("A_log", at::zeros({hv}));
@@ -37,18 +46,39 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c)
   out_proj = register_module("out_proj", uninitialized_linear(shape.value_dim(), hidden, /*bias=*/false));
 }
 
+at::Tensor GatedDeltaNetImpl::local_rows(const at::Tensor& w,
+                                         std::initializer_list<std::pair<int64_t, int64_t>> parts) const {
+  if (!tp) return w;
+  std::vector<at::Tensor> blocks;
+  for (const auto& [start, count] : parts) blocks.push_back(w.narrow(0, start + tp->rank() * count, count));
+  return blocks.size() == 1 ? blocks[0] : at::cat(blocks, 0);
+}
+
+at::Tensor GatedDeltaNetImpl::local_linear(const torch::nn::Linear& l, const at::Tensor& x,
+                                           std::initializer_list<std::pair<int64_t, int64_t>> parts) const {
+  if (!tp) return layer_linear(l, x);
+  FSDP_CHECK(!has_lora(l), "[tp] LoRA on Gated DeltaNet's projections under tensor parallel is not implemented; "
+             "train the adapters with tp_size 1 or leave in_proj_* and out_proj out of lora.target_modules");
+  return model::linear(x, local_rows(l->weight, parts));
+}
+
 GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const at::Tensor& x) {
-  const int64_t b = x.size(0), t = x.size(1), hk = shape.key_heads, hv = shape.value_heads;
+  const int64_t b = x.size(0), t = x.size(1), hk = key_heads, hv = value_heads;
   const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
-  if (!shape.fused_projections)
-    return {layer_linear(in_proj_qkv, x), layer_linear(in_proj_z, x).view({b, t, hv, dv}), layer_linear(in_proj_b, x),
-            layer_linear(in_proj_a, x)};
+  if (!shape.fused_projections) {  // this rank's q, k and v rows of in_proj_qkv, its value heads' of the rest
+    const int64_t keys = shape.key_dim();
+    return {local_linear(in_proj_qkv, x, {{0, hk * dk}, {keys, hk * dk}, {2 * keys, hv * dv}}),
+            local_linear(in_proj_z, x, {{0, hv * dv}}).view({b, t, hv, dv}), local_linear(in_proj_b, x, {{0, hv}}),
+            local_linear(in_proj_a, x, {{0, hv}})};
+  }
   // Qwen3-Next: per key head, its q (Dk), k (Dk), and its value heads' v and z (r Dv each), r = Hv / Hk;
-  // then its value heads' b and a (r each).
+  // then its value heads' b and a (r each). A rank's key heads' rows are one block.
   const int64_t r = hv / hk;
-  const std::vector<at::Tensor> qkvz =
-      layer_linear(in_proj_qkvz, x).view({b, t, hk, 2 * dk + 2 * r * dv}).split_with_sizes({dk, dk, r * dv, r * dv}, -1);
-  const std::vector<at::Tensor> ba = layer_linear(in_proj_ba, x).view({b, t, hk, 2 * r}).split_with_sizes({r, r}, -1);
+  const std::vector<at::Tensor> qkvz = local_linear(in_proj_qkvz, x, {{0, hk * (2 * dk + 2 * r * dv)}})
+                                           .view({b, t, hk, 2 * dk + 2 * r * dv})
+                                           .split_with_sizes({dk, dk, r * dv, r * dv}, -1);
+  const std::vector<at::Tensor> ba =
+      local_linear(in_proj_ba, x, {{0, hk * 2 * r}}).view({b, t, hk, 2 * r}).split_with_sizes({r, r}, -1);
   const at::Tensor qkv = at::cat({qkvz[0].reshape({b, t, hk * dk}), qkvz[1].reshape({b, t, hk * dk}),
                                   qkvz[2].reshape({b, t, hv * dv})},
                                  -1);
@@ -56,25 +86,27 @@ GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const at::Tensor& x) {
 }
 
 at::Tensor GatedDeltaNetImpl::convolve(const at::Tensor& qkv, const at::Tensor& window) {
-  const int64_t t = qkv.size(1), taps = shape.conv_kernel, channels = shape.conv_dim();
+  const int64_t t = qkv.size(1), taps = shape.conv_kernel, channels = qkv.size(2);
+  const int64_t keys = shape.key_dim(), qk = key_heads * shape.key_head_dim;
+  const at::Tensor weight = local_rows(conv1d->weight, {{0, qk}, {keys, qk}, {2 * keys, value_heads * shape.value_head_dim}});
   at::Tensor in = qkv.transpose(1, 2);  // (B, conv_dim, T)
   if (window.defined()) in = at::cat({window.to(in.scalar_type()), in}, 2);
   // Causal: the window's inputs before the first token, else zeros (padding on both sides, of which
   // the first T outputs are the causal ones).
   if (in.is_meta()) {  // no convolution on meta (shape proofs, the step's bill): the same sum, tap by tap
     const at::Tensor padded = window.defined() ? in : at::constant_pad_nd(in, {taps - 1, 0});
-    at::Tensor out = padded.narrow(2, 0, t) * conv1d->weight.select(2, 0);
-    for (int64_t j = 1; j < taps; ++j) out = out + padded.narrow(2, j, t) * conv1d->weight.select(2, j);
+    at::Tensor out = padded.narrow(2, 0, t) * weight.select(2, 0);
+    for (int64_t j = 1; j < taps; ++j) out = out + padded.narrow(2, j, t) * weight.select(2, j);
     return at::silu(out).transpose(1, 2);
   }
-  const at::Tensor out = at::conv1d(in, conv1d->weight, /*bias=*/{}, /*stride=*/1,
+  const at::Tensor out = at::conv1d(in, weight, /*bias=*/{}, /*stride=*/1,
                                     /*padding=*/window.defined() ? 0 : taps - 1, /*dilation=*/1, /*groups=*/channels);
   return at::silu(out.narrow(2, 0, t)).transpose(1, 2);
 }
 
 at::Tensor GatedDeltaNetImpl::mix(const at::Tensor& qkv, const at::Tensor& b_in, const at::Tensor& a_in,
                                   at::Tensor* state, bool step_by_step) {
-  const int64_t b = qkv.size(0), t = qkv.size(1), hk = shape.key_heads, hv = shape.value_heads;
+  const int64_t b = qkv.size(0), t = qkv.size(1), hk = key_heads, hv = value_heads;
   const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
   const std::vector<at::Tensor> parts = qkv.split_with_sizes({hk * dk, hk * dk, hv * dv}, -1);
   // (B, T, Hk, Dk) -> (B, Hv, T, Dk) fp32: each key head repeated for its value heads, as transformers does
@@ -91,8 +123,9 @@ at::Tensor GatedDeltaNetImpl::mix(const at::Tensor& qkv, const at::Tensor& b_in,
   const at::Tensor k = l2(heads(parts[1], hk, dk)).to(dt);
   const at::Tensor v = heads(parts[2], hv, dv).to(dt);
   const at::Tensor beta = at::sigmoid(b_in).to(at::kFloat).transpose(1, 2);  // (B, Hv, T)
-  const at::Tensor g = (-at::exp(A_log.to(at::kFloat)) * at::softplus(a_in.to(at::kFloat) + dt_bias.to(at::kFloat)))
-                           .transpose(1, 2);
+  const at::Tensor a_log = local_rows(A_log, {{0, hv}}), bias = local_rows(dt_bias, {{0, hv}});
+  const at::Tensor g =
+      (-at::exp(a_log.to(at::kFloat)) * at::softplus(a_in.to(at::kFloat) + bias.to(at::kFloat))).transpose(1, 2);
   const at::Tensor entering = state && state->defined() ? *state : at::Tensor();
   auto [o, leaving] = step_by_step ? kernels::delta_rule_recurrent(q, k, v, g, beta, entering)
                                    : kernels::ops_for(q).delta_rule(q, k, v, g, beta, entering);
@@ -106,7 +139,13 @@ at::Tensor GatedDeltaNetImpl::finish(const at::Tensor& o, const at::Tensor& z) {
   const at::Tensor normed = (h * at::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(o.scalar_type());
   const at::Tensor gated = (norm->weight * normed) * at::silu(z.to(at::kFloat));
   const int64_t b = o.size(0), t = o.size(1);
-  return layer_linear(out_proj, gated.to(o.scalar_type()).reshape({b, t, shape.value_dim()}));
+  const at::Tensor y = gated.to(o.scalar_type()).reshape({b, t, value_heads * shape.value_head_dim});
+  if (!tp) return layer_linear(out_proj, y);
+  // This rank's value heads' columns: a partial sum, summed over the group and split along the sequence.
+  FSDP_CHECK(!has_lora(out_proj), "[tp] LoRA on Gated DeltaNet's out_proj under tensor parallel is not "
+             "implemented; train the adapters with tp_size 1 or leave out_proj out of lora.target_modules");
+  const int64_t width = value_heads * shape.value_head_dim;
+  return reduce_scatter_along(model::linear(y, out_proj->weight.narrow(1, tp->rank() * width, width)), 1, *tp);
 }
 
 at::Tensor GatedDeltaNetImpl::forward_rows(const at::Tensor& x) {
@@ -114,7 +153,8 @@ at::Tensor GatedDeltaNetImpl::forward_rows(const at::Tensor& x) {
   return finish(mix(convolve(p.qkv), p.b, p.a, nullptr, false), p.z);
 }
 
-at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, const Packed& packed) {
+at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x_in, const Packed& packed) {
+  const at::Tensor x = tp ? gather_along(x_in, 1, *tp) : x_in;  // every token: the state runs along them
   if (!packed.defined()) return forward_rows(x);
   // Each record alone: its tokens laid into a row of their own (R records, the longest L tokens,
   // zeros after a shorter one's end, which nothing before them sees), computed, and put back.
@@ -125,8 +165,14 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x, const Packed& packed)
   const int64_t longest = packed.max_len > 0 ? packed.max_len : packed.positions.max().item<int64_t>() + 1;
   const at::Tensor slot = ((packed.segments + first.unsqueeze(1)) * longest + packed.positions).reshape({-1});
   const at::Tensor rows = at::zeros({records * longest, c}, x.options()).index_copy(0, slot, x.reshape({-1, c}));
-  const at::Tensor y = forward_rows(rows.view({records, longest, c}));
-  return y.reshape({records * longest, -1}).index_select(0, slot).view({b, t, -1});
+  // Rows apart before out_proj's sum over the tensor-parallel group, which splits the sequence.
+  const Projected p = project(rows.view({records, longest, c}));
+  const at::Tensor o = mix(convolve(p.qkv), p.b, p.a, nullptr, false);  // (R, L, Hv, Dv)
+  const int64_t heads = o.size(2), width = o.size(3);
+  auto back = [&](const at::Tensor& y) {
+    return y.reshape({records * longest, -1}).index_select(0, slot).view({b, t, heads, width});
+  };
+  return finish(back(o), back(p.z));
 }
 
 at::Tensor GatedDeltaNetImpl::forward_cached(const at::Tensor& x, LayerCache& cache) {

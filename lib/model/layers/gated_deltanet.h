@@ -9,7 +9,13 @@
 //   the output's RMSNorm over each value head (norm.weight, in fp32), times SiLU(z); out_proj.
 // Packed records (data.packing: masked) each start from a zero state and an empty convolution
 // window: the rows are taken apart into their records, computed, and put back, so a record's
-// output is what it would be alone. Tensor and context parallel are refused by the decoder layer.
+// output is what it would be alone.
+// Under tensor parallel (P ranks) each rank computes Hk / P key heads and their Hv / P value heads
+// over the whole sequence (gathered along it): its rows of the input projections and of the
+// convolution, its dt_bias and A_log, its columns of out_proj, whose partial sums are summed and
+// split along the sequence again, as attention's o_proj. The parameters stay whole on every rank
+// (their gradients, each rank's heads' rows, are summed over the group), so adapters and float8 do
+// not apply to its projections there. Context parallel is refused by the decoder layer.
 //
 // Shapes: B batch, T tokens, C hidden_size, Hk/Hv key/value heads, Dk/Dv their widths.
 // Not thread-safe (LibTorch modules).
@@ -20,11 +26,16 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <utility>
 
 #include "model/config/hf_config.h"
 #include "model/layers/attention.h"
 
 namespace fsdp::model {
+
+struct TensorParallel;  // model/parallel/tensor_parallel.h
 
 // A module that holds one parameter, "weight": the convolution's (conv_dim, 1, kernel) and the
 // gated norm's (Dv), named as transformers' Conv1d and RMSNormGated hold theirs.
@@ -37,7 +48,7 @@ TORCH_MODULE(WeightHolder);
 
 class GatedDeltaNetImpl : public torch::nn::Module {
  public:
-  explicit GatedDeltaNetImpl(const DecoderConfig& c);
+  explicit GatedDeltaNetImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> tp = nullptr);
   // x (B, T, C) -> (B, T, C); with `packed` (on x's device), each record as if alone.
   at::Tensor forward(const at::Tensor& x, const Packed& packed = {});
   // T new tokens after the cache's: their output, the cache's window and state carried on.
@@ -50,6 +61,8 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   torch::nn::Linear out_proj{nullptr};
   LinearAttentionConfig shape;
   double eps;
+  std::shared_ptr<TensorParallel> tp;
+  int64_t key_heads, value_heads;  // this rank's (all of them without tensor parallel)
 
  private:
   struct Projected {
@@ -68,6 +81,12 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   // The gated norm of o (B, T, Hv, Dv) by z, then out_proj.
   at::Tensor finish(const at::Tensor& o, const at::Tensor& z);
   at::Tensor forward_rows(const at::Tensor& x);
+  // `w`'s rows (dim 0) of this rank's heads: for each (start, count) of one rank's share, that
+  // share's block of this rank, end to end; w itself without tensor parallel.
+  at::Tensor local_rows(const at::Tensor& w, std::initializer_list<std::pair<int64_t, int64_t>> parts) const;
+  // l(x) over this rank's rows of l's weight.
+  at::Tensor local_linear(const torch::nn::Linear& l, const at::Tensor& x,
+                          std::initializer_list<std::pair<int64_t, int64_t>> parts) const;
 };
 TORCH_MODULE(GatedDeltaNet);
 
