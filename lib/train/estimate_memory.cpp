@@ -43,6 +43,60 @@ void check_fits_machine(const config::Config& config, const model::DecoderConfig
           "the whole budget)"));
 }
 
+namespace {
+
+// The decoder layers' activations kept for backward (see estimate_memory's account): every layer's
+// bytes and the largest one's.
+struct LayerActivations {
+  int64_t all = 0, largest = 0;
+};
+
+LayerActivations layer_activations(const config::Config& c, const model::DecoderConfig& mc, const FsdpPlan& plan,
+                                   int64_t param_bytes) {
+  const int cp = plan.cp_size, tp = plan.tp_size;
+  const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
+  const int64_t C = mc.hidden_size;
+  const int64_t attention_split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim +
+                                  (mc.attn_output_gate ? mc.num_attention_heads * mc.head_dim : 0);
+  const model::LinearAttentionConfig& la = mc.linear_attention;
+  const int64_t linear_split = 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
+  const int64_t linear_fp32 = 4 * la.value_heads * (3 * la.key_head_dim + 2 * la.value_head_dim + 2) +
+                              4 * la.value_heads * la.key_head_dim * la.value_head_dim / model::LinearAttentionConfig::kChunk;
+  const int64_t gathered_kv =
+      plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
+  // Soft-capped attention (Gemma 2) has no fused kernel (model/kernels/ops.h): its (B, H, T, T)
+  // scores stay for backward as tanh's output, the fp32 softmax and, below fp32, the softmax's cast:
+  // 8 bytes a score. Ulysses gives a rank H / sp heads over every token.
+  const int64_t score_heads = mc.num_attention_heads / tp / (plan.cp_kind == "ulysses" ? cp : 1);
+  const int64_t scores = mc.attn_softcap > 0 ? c.train.micro_batch_size * score_heads * c.train.sequence_length *
+                                                   c.train.sequence_length * 8
+                                             : 0;
+  // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
+  // `linear`: its mixer is Gated DeltaNet (its heads split by tensor parallel as attention's; no
+  // context parallel: the model refuses it).
+  auto layer_bytes = [&](int64_t mlp, int64_t fp32, bool linear) {
+    const int64_t split = (linear ? linear_split : attention_split) + mlp;
+    const int64_t wide = linear ? linear_fp32 / tp : mc.num_attention_heads / tp * 4;
+    return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes + wide + fp32) +
+           (linear ? 0 : gathered_kv + scores);
+  };
+  const model::MoeConfig& moe = mc.moe;
+  const int64_t sparse_mlp = moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +
+                             4 * moe.shared_expert_intermediate_size,
+                sparse_fp32 = 4 * (moe.num_experts + moe.experts_per_token * C + C);
+  LayerActivations out;
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+    const bool sparse = mc.is_moe(l);
+    const int64_t bytes = layer_bytes(sparse ? sparse_mlp : 4 * mc.intermediate_size, sparse ? sparse_fp32 : 0,
+                                      mc.is_linear(l));
+    out.all += bytes;
+    out.largest = std::max(out.largest, bytes);
+  }
+  return out;
+}
+
+}  // namespace
+
 MemoryEstimate estimate_memory(const config::Config& config, const model::DecoderConfig& mc, int world_size) {
   config::Config c = config;
   c.launch.num_processes = world_size;
@@ -112,45 +166,9 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   // before and after the convolution (2 x conv_dim), z, b and a, the rule's output, its norm and the
   // gated product (about 5 Hv Dv), and in fp32 q and k repeated to the value heads, v, g and beta, and
   // each chunk's entering state (Hv Dk Dv a 64 tokens: model/kernels/delta_rule.h).
-  const int cp = plan.cp_size;
-  const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
+  const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / plan.cp_size;
   const int64_t C = mc.hidden_size;
-  const int64_t attention_split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim +
-                                  (mc.attn_output_gate ? mc.num_attention_heads * mc.head_dim : 0);
-  const model::LinearAttentionConfig& la = mc.linear_attention;
-  const int64_t linear_split = 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
-  const int64_t linear_fp32 = 4 * la.value_heads * (3 * la.key_head_dim + 2 * la.value_head_dim + 2) +
-                              4 * la.value_heads * la.key_head_dim * la.value_head_dim / model::LinearAttentionConfig::kChunk;
-  const int64_t gathered_kv =
-      plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
-  // Soft-capped attention (Gemma 2) has no fused kernel (model/kernels/ops.h): its (B, H, T, T)
-  // scores stay for backward as tanh's output, the fp32 softmax and, below fp32, the softmax's cast:
-  // 8 bytes a score. Ulysses gives a rank H / sp heads over every token.
-  const int64_t score_heads = mc.num_attention_heads / tp / (plan.cp_kind == "ulysses" ? cp : 1);
-  const int64_t scores = mc.attn_softcap > 0 ? c.train.micro_batch_size * score_heads * c.train.sequence_length *
-                                                   c.train.sequence_length * 8
-                                             : 0;
-  // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
-  // `linear`: its mixer is Gated DeltaNet (its heads split by tensor parallel as attention's; no
-  // context parallel: the model refuses it).
-  auto layer_bytes = [&](int64_t mlp, int64_t fp32, bool linear) {
-    const int64_t split = (linear ? linear_split : attention_split) + mlp;
-    const int64_t wide = linear ? linear_fp32 / tp : mc.num_attention_heads / tp * 4;
-    return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes + wide + fp32) +
-           (linear ? 0 : gathered_kv + scores);
-  };
-  const model::MoeConfig& moe = mc.moe;
-  const int64_t sparse_mlp = moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +
-                             4 * moe.shared_expert_intermediate_size,
-                sparse_fp32 = 4 * (moe.num_experts + moe.experts_per_token * C + C);
-  int64_t layers = 0, per_layer = 0;  // every layer's, and the largest one's
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
-    const bool sparse = mc.is_moe(l);
-    const int64_t bytes = layer_bytes(sparse ? sparse_mlp : 4 * mc.intermediate_size, sparse ? sparse_fp32 : 0,
-                                      mc.is_linear(l));
-    layers += bytes;
-    per_layer = std::max(per_layer, bytes);
-  }
+  const LayerActivations layers = layer_activations(c, mc, plan, param_bytes);
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
   const auto named = lm->named_parameters();
   const at::Tensor* head = named.find(mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
@@ -161,12 +179,12 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
       !model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA).loss_by_vocabulary();
   const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
-  e.activations = layers + logits;
-  e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + per_layer + logits;
+  e.activations = layers.all + logits;
+  e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + layers.largest + logits;
   // Per layer 2 gathers and 2 reduce-scatters of (tokens, C) forward and again backward, plus the
   // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
   if (tp > 1) e.tp_bytes = (8 * mc.num_hidden_layers + 4) * tokens * C * param_bytes * (tp - 1) / tp;
-  if (cp > 1) {
+  if (const int cp = plan.cp_size; cp > 1) {
     e.cp_bytes =
         mc.num_hidden_layers *
         model::sequence_split_bytes(model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind)),

@@ -768,28 +768,32 @@ const Multimodal* multimodal_of(const json& j) {
   return nullptr;
 }
 
+// A multimodal folder's config: its text_config (with the ids and dtype written beside it, and the
+// text config class's defaults for what it leaves out) as the text model's.
+DecoderConfig parse_text_config(const json& j, const Multimodal& mm, const std::string& where,
+                                std::vector<std::string>* warnings) {
+  json t = j.value("text_config", json());
+  FSDP_CHECK(t.is_object(), where, ": a ", mm.architecture, " config.json (model_type \"", mm.model_type,
+             "\") needs its text_config");
+  t["model_type"] = mm.text_model_type;
+  t.erase("architectures");
+  for (const char* key : {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype"})
+    if (!t.contains(key) && j.contains(key)) t[key] = j[key];
+  for (size_t i = 0; i < mm.n_defaults; ++i)
+    if (!t.contains(mm.defaults[i].first)) t[mm.defaults[i].first] = mm.defaults[i].second;
+  DecoderConfig c = parse_decoder_config(t.dump(), where + " (text_config)", warnings);
+  c.text_of_multimodal = true;
+  c.multimodal_architecture = mm.architecture;
+  return c;
+}
+
 }  // namespace
 
 DecoderConfig parse_decoder_config(const std::string& text, const std::string& where,
                                    std::vector<std::string>* warnings) {
   const json j = parse_json(text, where);
   FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
-  if (const Multimodal* mm = multimodal_of(j)) {  // Gemma3ForConditionalGeneration, ...: its text model
-    json t = j.value("text_config", json());
-    FSDP_CHECK(t.is_object(), where, ": a ", mm->architecture, " config.json (model_type \"", mm->model_type,
-               "\") needs its text_config");
-    t["model_type"] = mm->text_model_type;
-    t.erase("architectures");
-    for (const char* key :
-         {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype"})
-      if (!t.contains(key) && j.contains(key)) t[key] = j[key];
-    for (size_t i = 0; i < mm->n_defaults; ++i)
-      if (!t.contains(mm->defaults[i].first)) t[mm->defaults[i].first] = mm->defaults[i].second;
-    DecoderConfig c = parse_decoder_config(t.dump(), where + " (text_config)", warnings);
-    c.text_of_multimodal = true;
-    c.multimodal_architecture = mm->architecture;
-    return c;
-  }
+  if (const Multimodal* mm = multimodal_of(j)) return parse_text_config(j, *mm, where, warnings);
   DecoderConfig c;
   c.family = family_of(j, where);
   if (c.family == Family::kQwen3_5Moe && !j.contains("intermediate_size")) {
