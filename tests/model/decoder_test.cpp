@@ -390,7 +390,7 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
                   "\"llama3\", \"yarn\" and \"longrope\"") != std::string::npos);
   CHECK(error("llama", R"("partial_rotary_factor": 0.75)") ==
         "llama.json: partial_rotary_factor 0.75 is not supported for LlamaForCausalLM (transformers' class rotates the "
-        "whole head); only Phi3ForCausalLM rotates a share of it");
+        "whole head); only Phi-3/4, Qwen3.5/3.6 and Qwen3-Next rotate a share of it");
   CHECK(error("olmo2", R"("sliding_window": 8)").find("sliding_window is not a field of Olmo2ForCausalLM") !=
         std::string::npos);
 }

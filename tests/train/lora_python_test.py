@@ -299,17 +299,17 @@ def hybrid_parity(args, tmp, data):
     attention's q_proj and the MLP's down_proj, at W=2: PEFT's losses, gradients and trained
     tensors; the export has PEFT's keys."""
     targets = ["q_proj", "in_proj_qkv", "in_proj_z", "out_proj", "down_proj"]
-    CASES["qwen3_5"] = (dict(r=4, lora_alpha=8, target_modules=targets),
+    CASES["hybrid"] = (dict(r=4, lora_alpha=8, target_modules=targets),
                         "lora:\n  r: 4\n  target_modules: [" + ", ".join(targets) + "]\n")
     base, adapter = family_base(args, tmp, "qwen3_5", Qwen3_5ForCausalLM, Qwen3_5TextConfig, 4,
-                                ("mlp_bias", "rope_theta", "rope_scaling"), "qwen3_5", model_type="qwen3_5_text",
+                                ("mlp_bias", "rope_theta", "rope_scaling"), "hybrid", model_type="qwen3_5_text",
                                 architectures=["Qwen3_5ForCausalLM"], linear_num_key_heads=2,
                                 linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
                                 layer_types=["linear_attention", "full_attention"],
                                 rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                  "partial_rotary_factor": 0.25})
-    out, _ = parity(args, tmp, "qwen3_5", 2, base, data, adapter)
-    _, got = export_keys(Qwen3_5ForCausalLM, base, "qwen3_5", out)
+    out, _ = parity(args, tmp, "hybrid", 2, base, data, adapter)  # its runs' names: "hybrid-w2", ...
+    _, got = export_keys(Qwen3_5ForCausalLM, base, "hybrid", out)
     check(any("linear_attn.in_proj_qkv.lora_A" in k for k in got), "qwen3_5: no adapter on in_proj_qkv")
     print(f"ok qwen3_5: the export has PEFT's {len(got)} keys (Gated DeltaNet's in_proj_qkv, in_proj_z and "
           f"out_proj among them)")

@@ -13,9 +13,10 @@
 //     decoding a token at a time takes;
 //   - chunked: kDeltaChunk tokens at a time in matrix products (within a chunk a unit lower
 //     triangular solve, between chunks the state carried), as the host and portable providers run
-//     it. Its backward is written: the forward keeps only each chunk's entering state, and the
-//     backward recomputes one chunk at a time, last to first, carrying the state's gradient back,
-//     so its activation memory is the states, never every chunk's products.
+//     it. Its backward is written: the forward keeps only its inputs and each chunk's entering
+//     state, and the backward recomputes the chunks' state-free products (all chunks at once) and
+//     walks the chunks back by hand, last to first, carrying the state's gradient, so what stays
+//     between forward and backward is the states, never the chunks' products.
 // Not thread-safe beyond ATen's own guarantees; no collective.
 #pragma once
 

@@ -161,7 +161,10 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x_in, const Packed& pack
   const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
   const at::Tensor per_row = std::get<0>(packed.segments.max(1)) + 1;  // records in each row
   const at::Tensor first = per_row.cumsum(0) - per_row;                 // each row's first record
-  const int64_t records = per_row.sum().item<int64_t>();
+  // The records' count and the longest one's length from the host's lengths when the batch has them
+  // (with_lengths), else from the device.
+  const int64_t records =
+      packed.cu_seqlens.defined() ? packed.cu_seqlens.size(0) - 1 : per_row.sum().item<int64_t>();
   const int64_t longest = packed.max_len > 0 ? packed.max_len : packed.positions.max().item<int64_t>() + 1;
   const at::Tensor slot = ((packed.segments + first.unsqueeze(1)) * longest + packed.positions).reshape({-1});
   const at::Tensor rows = at::zeros({records * longest, c}, x.options()).index_copy(0, slot, x.reshape({-1, c}));
