@@ -662,9 +662,10 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::model, &ModelConfig::gradient_checkpointing),
       Row("model.text_only", V::kBool)
           .def("false")
-          .help("With a Gemma3ForConditionalGeneration or Qwen3_5ForConditionalGeneration folder (text and "
-                "vision): train its text model, leaving the vision tower out of the run and its exports "
-                "(Gemma3ForCausalLM, Qwen3_5ForCausalLM folders); without it such a folder is refused")
+          .help("With a Gemma3ForConditionalGeneration, Qwen3_5ForConditionalGeneration or "
+                "Qwen3_5MoeForConditionalGeneration folder (text and vision): train its text model, leaving the "
+                "vision tower out of the run and its exports (its *ForCausalLM folders); without it such a folder "
+                "is refused")
           .extension()
           .to(&Config::model, &ModelConfig::text_only),
       Row("data.path", V::kString)

@@ -104,13 +104,18 @@ Within within(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   return out;
 }
 
+// What a chunk writes beyond what its entering state predicts, from that state in the products'
+// dtype (`read`), in that dtype.
+at::Tensor fresh_values(const Within& c, const at::Tensor& read, at::ScalarType wide) {
+  return (c.u.to(wide) - at::matmul(c.w, read).to(wide)).to(read.scalar_type());
+}
+
 // One chunk (B, H, L, .) from its entering state s (B, H, Dk, Dv, the arithmetic's dtype): its
 // output (that dtype) and the leaving state.
 std::pair<at::Tensor, at::Tensor> across(const Within& c, const at::Tensor& s) {
   const at::ScalarType dt = c.u.scalar_type(), wide = s.scalar_type();
   const at::Tensor read = s.to(dt);
-  // What the chunk writes beyond what s predicts.
-  const at::Tensor fresh = (c.u.to(wide) - at::matmul(c.w, read).to(wide)).to(dt);
+  const at::Tensor fresh = fresh_values(c, read, wide);
   at::Tensor o = at::matmul(c.q_read, read).to(wide) + at::matmul(c.scores, fresh).to(wide);
   at::Tensor next = s * c.decay + at::matmul(c.k_write.transpose(-1, -2), fresh).to(wide);
   return {std::move(o), std::move(next)};
@@ -163,7 +168,7 @@ class ChunkedRule : public torch::autograd::Function<ChunkedRule> {
         const at::ScalarType dt = c.u.scalar_type(), wide = s.scalar_type();
         // The chunk's forward again: what it read of s and what it wrote.
         const at::Tensor read = s.to(dt);
-        const at::Tensor fresh = (c.u.to(wide) - at::matmul(c.w, read).to(wide)).to(dt);
+        const at::Tensor fresh = fresh_values(c, read, wide);
         const at::Tensor d_o = d_out_chunks.select(2, i).to(dt), d_next = d_state.to(dt);
         const at::Tensor d_fresh = (at::matmul(c.scores.transpose(-1, -2), d_o).to(wide) +
                                     at::matmul(c.k_write, d_next).to(wide))
@@ -199,9 +204,9 @@ void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              q.sizes(), ", k ", k.sizes(), ", v ", v.sizes(), ", g ", g.sizes(), ", beta ", beta.sizes());
 }
 
-// The rule's arithmetic: fp32, or float64 for float64 inputs (the tests' reference).
-at::Tensor widened(const at::Tensor& x) {
-  return x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+// The rule's arithmetic for products in `products`: fp32, or float64 for float64 (the tests' reference).
+at::ScalarType arithmetic_dtype(at::ScalarType products) {
+  return products == at::kDouble ? at::kDouble : at::kFloat;
 }
 
 // Zeros (B, H, Dk, Dv) in `like`'s dtype.
@@ -215,8 +220,9 @@ std::pair<at::Tensor, at::Tensor> delta_rule_recurrent(const at::Tensor& q_in, c
                                                        const at::Tensor& v_in, const at::Tensor& g_in,
                                                        const at::Tensor& beta_in, const at::Tensor& state) {
   check_shapes(q_in, k_in, v_in, g_in, beta_in);
-  const at::Tensor q = widened(q_in), k = widened(k_in), v = widened(v_in), g = widened(g_in), beta = widened(beta_in);
-  at::Tensor s = state.defined() ? widened(state) : zero_state(q, v, v);
+  const at::ScalarType wide = arithmetic_dtype(q_in.scalar_type());
+  const at::Tensor q = q_in.to(wide), k = k_in.to(wide), v = v_in.to(wide), g = g_in.to(wide), beta = beta_in.to(wide);
+  at::Tensor s = state.defined() ? state.to(wide) : zero_state(q, v, v);
   std::vector<at::Tensor> outs;
   for (int64_t t = 0; t < q.size(2); ++t) {
     s = s * g.select(2, t).exp().unsqueeze(-1).unsqueeze(-1);
@@ -234,9 +240,8 @@ std::pair<at::Tensor, at::Tensor> delta_rule_chunked(const at::Tensor& q_in, con
                                                      const at::Tensor& beta_in, const at::Tensor& state, int64_t chunk) {
   check_shapes(q_in, k_in, v_in, g_in, beta_in);
   // The products in q's dtype; the rest in fp32 (float64 when q is).
-  const at::ScalarType dt = q_in.scalar_type();
-  auto arithmetic = [dt](const at::Tensor& x) { return dt == at::kDouble ? x.to(at::kDouble) : x.to(at::kFloat); };
-  const at::Tensor q = q_in, k = k_in.to(dt), v = v_in.to(dt), g = arithmetic(g_in), beta = arithmetic(beta_in);
+  const at::ScalarType dt = q_in.scalar_type(), wide = arithmetic_dtype(dt);
+  const at::Tensor q = q_in, k = k_in.to(dt), v = v_in.to(dt), g = g_in.to(wide), beta = beta_in.to(wide);
   FSDP_CHECK(chunk >= 1, "[model] the gated delta rule's chunk is ", chunk, "; it must be >= 1");
   const int64_t t = q.size(2), pad = (chunk - t % chunk) % chunk;
   // Padding after the last token: k = 0 writes nothing and g = 0 decays nothing, so neither the
@@ -244,7 +249,7 @@ std::pair<at::Tensor, at::Tensor> delta_rule_chunked(const at::Tensor& q_in, con
   auto tokens = [&](const at::Tensor& x) { return pad == 0 ? x : at::constant_pad_nd(x, {0, 0, 0, pad}); };
   auto steps = [&](const at::Tensor& x) { return pad == 0 ? x : at::constant_pad_nd(x, {0, pad}); };
   const variable_list r = ChunkedRule::apply(tokens(q), tokens(k), tokens(v), steps(g), steps(beta),
-                                             state.defined() ? arithmetic(state) : zero_state(q, v, g), chunk);
+                                             state.defined() ? state.to(wide) : zero_state(q, v, g), chunk);
   return {(pad == 0 ? r[0] : r[0].narrow(2, 0, t)).to(q_in.scalar_type()), r[1]};
 }
 

@@ -85,12 +85,13 @@ GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const at::Tensor& x) {
   return {qkv, qkvz[3].reshape({b, t, hv, dv}), ba[0].reshape({b, t, hv}), ba[1].reshape({b, t, hv})};
 }
 
-at::Tensor GatedDeltaNetImpl::convolve(const at::Tensor& qkv, const at::Tensor& window) {
+at::Tensor GatedDeltaNetImpl::convolve(const at::Tensor& qkv, const at::Tensor& window, at::Tensor* next_window) {
   const int64_t t = qkv.size(1), taps = shape.conv_kernel, channels = qkv.size(2);
   const int64_t keys = shape.key_dim(), qk = key_heads * shape.key_head_dim;
   const at::Tensor weight = local_rows(conv1d->weight, {{0, qk}, {keys, qk}, {2 * keys, value_heads * shape.value_head_dim}});
   at::Tensor in = qkv.transpose(1, 2);  // (B, conv_dim, T)
   if (window.defined()) in = at::cat({window.to(in.scalar_type()), in}, 2);
+  if (next_window) *next_window = in.narrow(2, in.size(2) - (taps - 1), taps - 1);  // its last inputs
   // Causal: the window's inputs before the first token, else zeros (padding on both sides, of which
   // the first T outputs are the causal ones).
   if (in.is_meta()) {  // no convolution on meta (shape proofs, the step's bill): the same sum, tap by tap
@@ -109,19 +110,19 @@ at::Tensor GatedDeltaNetImpl::mix(const at::Tensor& qkv, const at::Tensor& b_in,
   const int64_t b = qkv.size(0), t = qkv.size(1), hk = key_heads, hv = value_heads;
   const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
   const std::vector<at::Tensor> parts = qkv.split_with_sizes({hk * dk, hk * dk, hv * dv}, -1);
-  // (B, T, Hk, Dk) -> (B, Hv, T, Dk) fp32: each key head repeated for its value heads, as transformers does
-  // before its L2 norm (which is per vector, so the order does not matter).
-  auto heads = [&](const at::Tensor& x, int64_t n, int64_t d) {
-    at::Tensor y = x.reshape({b, t, n, d}).to(at::kFloat);
-    if (n != hv) y = y.repeat_interleave(hv / n, 2);
-    return y.transpose(1, 2);
-  };
-  auto l2 = [](const at::Tensor& x) { return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6); };
-  // Normalised in fp32, then in the compute dtype for the rule's products (model/kernels/delta_rule.h).
+  // (B, T, Hk, Dk) -> (B, Hv, T, Dk): each key head's vector L2-normalised in fp32 (q also times
+  // Dk^-1/2), then repeated for its value heads (transformers repeats first; the norm is per vector,
+  // so the values are the same), in the compute dtype for the rule's products (model/kernels/delta_rule.h).
   const at::ScalarType dt = qkv.scalar_type();
-  const at::Tensor q = (l2(heads(parts[0], hk, dk)) * (1.0 / std::sqrt(static_cast<double>(dk)))).to(dt);
-  const at::Tensor k = l2(heads(parts[1], hk, dk)).to(dt);
-  const at::Tensor v = heads(parts[2], hv, dv).to(dt);
+  auto heads = [&](const at::Tensor& x, double scale) {
+    at::Tensor y = x.reshape({b, t, hk, dk}).to(at::kFloat);
+    y = y * at::rsqrt((y * y).sum(-1, /*keepdim=*/true) + 1e-6);
+    if (scale != 1.0) y = y * scale;
+    if (hk != hv) y = y.repeat_interleave(hv / hk, 2);
+    return y.to(dt).transpose(1, 2);
+  };
+  const at::Tensor q = heads(parts[0], 1.0 / std::sqrt(static_cast<double>(dk))), k = heads(parts[1], 1.0);
+  const at::Tensor v = parts[2].reshape({b, t, hv, dv}).transpose(1, 2);
   const at::Tensor beta = at::sigmoid(b_in).to(at::kFloat).transpose(1, 2);  // (B, Hv, T)
   const at::Tensor a_log = local_rows(A_log, {{0, hv}}), bias = local_rows(dt_bias, {{0, hv}});
   const at::Tensor g =
@@ -180,13 +181,10 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x_in, const Packed& pack
 
 at::Tensor GatedDeltaNetImpl::forward_cached(const at::Tensor& x, LayerCache& cache) {
   const Projected p = project(x);
-  const int64_t keep = shape.conv_kernel - 1;
-  at::Tensor window = cache.conv.defined()
-                          ? cache.conv
-                          : at::zeros({x.size(0), shape.conv_dim(), keep}, x.options());
-  const at::Tensor in = at::cat({window, p.qkv.transpose(1, 2)}, 2);
-  cache.conv = in.narrow(2, in.size(2) - keep, keep);
-  const at::Tensor mixed = convolve(p.qkv, window);
+  const at::Tensor window = cache.conv.defined()
+                                ? cache.conv
+                                : at::zeros({x.size(0), shape.conv_dim(), shape.conv_kernel - 1}, x.options());
+  const at::Tensor mixed = convolve(p.qkv, window, &cache.conv);
   // One token: the recurrence's step, as transformers decodes; more: the provider's form.
   const at::Tensor o = mix(mixed, p.b, p.a, &cache.state, /*step_by_step=*/x.size(1) == 1);
   cache.length += x.size(1);

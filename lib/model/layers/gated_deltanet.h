@@ -72,8 +72,9 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   };
   Projected project(const at::Tensor& x);
   // The convolution (with `window`, its last inputs before x's, else zeros) and SiLU:
-  // qkv (B, T, conv_dim) -> (B, T, conv_dim).
-  at::Tensor convolve(const at::Tensor& qkv, const at::Tensor& window = {});
+  // qkv (B, T, conv_dim) -> (B, T, conv_dim). next_window (decoding): set to the last conv_kernel - 1
+  // inputs, the window of the tokens after these.
+  at::Tensor convolve(const at::Tensor& qkv, const at::Tensor& window = {}, at::Tensor* next_window = nullptr);
   // The rule's output (B, T, Hv, Dv) in x's dtype from the convolved q, k, v and b, a; `state`:
   // the entering state (undefined: zeros), set to the leaving one when given.
   at::Tensor mix(const at::Tensor& qkv, const at::Tensor& b, const at::Tensor& a, at::Tensor* state,
