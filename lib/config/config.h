@@ -164,7 +164,8 @@ struct DataConfig {
   std::string tokenizer;        // a tokenizer.json or a folder with one; "" for model.pretrained's
   std::string cache_dir;        // where tokenized text is kept (data/prepare.h)
   Packing packing = Packing::kAuto;
-  std::string chat_template;        // a .jinja file for conversations instead of the model's ("")
+  std::string chat_template;        // a .jinja file for conversations instead of the model's ("", or "model")
+  std::string training_templates;   // TRL's chat_templates folder ("": found; "none": none), training_template.h
   bool assistant_only_loss = true;  // conversations: the loss counts the assistant's turns only
   // What one render of a chat template may take (chat::TemplateLimits: a template from the Hub is
   // untrusted input).

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "config/trainer_keys.h"
+#include "config/training_template.h"
 #include "config/validate.h"
 #include "util/env.h"
 #include "util/error.h"
@@ -492,7 +493,8 @@ namespace {
 
 // The keys that name files the trainer reads (outputs such as checkpoint.dir stay where written).
 const char* const kInputPathKeys[] = {"model.config",   "model.pretrained",   "data.path", "data.eval_path",
-                                      "data.tokenizer", "data.chat_template", "lora.init"};
+                                      "data.tokenizer", "data.chat_template", "data.training_templates",
+                                      "lora.init"};
 
 // What the trainer writes, and where each goes when its key is not set: under train.output_dir.
 const std::pair<const char*, const char*> kOutputPaths[] = {
@@ -743,6 +745,7 @@ ResolvedConfig load_config(const ConfigInputs& inputs, Diagnostics& diags) {
   resolve_hub_ids(rc);
   apply_run_defaults(rc);  // after the paths: it reads model.pretrained's config.json
   apply_gradient_checkpointing(rc);  // after the defaults: fine-tuning turns it on
+  apply_training_template(rc);       // after the defaults (assistant_only_loss) and the Hub ids
   resolve_output_paths(rc);
   for (const auto& v : rc.values)
     if (v.spec->apply) v.spec->apply(rc.typed, v.value);

@@ -747,11 +747,22 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::data, &DataConfig::packing),
       Row("data.chat_template", V::kString)
           .def("")
-          .note("the tokenizer folder's (chat_template.jinja, or tokenizer_config.json's chat_template)")
+          .note("the tokenizer folder's (chat_template.jinja, or tokenizer_config.json's chat_template); with "
+                "assistant-only loss, TRL's training variant of it where data.training_templates has one")
           .help("For conversation records: a Jinja chat template file to render them with instead of the model's "
-                "(TRL's *_training.jinja variants, whose {% generation %} blocks mark the assistant's tokens)")
+                "(TRL's *_training.jinja variants, whose {% generation %} blocks mark the assistant's tokens); "
+                "model: the model's own, never a training variant")
           .extension()
           .to(&Config::data, &DataConfig::chat_template),
+      Row("data.training_templates", V::kString)
+          .def("")
+          .note("TRL's chat_templates folder in the active Python environment, when TRL is installed")
+          .help("A folder of chat templates NAME.jinja and their training variants NAME_training.jinja (TRL's "
+                "trl/chat_templates): with assistant-only loss and data.chat_template unset, a model whose template "
+                "is NAME.jinja byte for byte renders its conversations with NAME_training.jinja, as TRL's "
+                "SFTTrainer does; none: never")
+          .extension()
+          .to(&Config::data, &DataConfig::training_templates),
       Row("data.chat_template_max_output", V::kInt)
           .range(1)
           .def("67108864")

@@ -266,7 +266,8 @@ DataPlan prepare_data(const DataOptions& o, std::ostream* progress) {
             format_seconds(s.seconds),
             s.pairs > 0 ? str("; ", s.pairs, " prompt/completion pairs, loss on ", s.counted_tokens, " tokens")
             : s.conversations > 0
-                ? str("; ", plural(s.conversations, "conversation"), " rendered with the chat template, loss on ",
+                ? str("; ", plural(s.conversations, "conversation"), " rendered with ",
+                      o.chat_template.empty() ? "the model's chat template" : base_name(o.chat_template), ", loss on ",
                       s.counted_tokens, " tokens (", o.assistant_only_loss ? "the assistant's turns" : "all", ")")
                 : std::string());
   }

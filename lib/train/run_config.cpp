@@ -55,7 +55,7 @@ data::DataOptions data_options_of(const config::Config& config, int64_t vocab_si
   o.pretrained = config.model.pretrained;
   o.cache_dir = config.data.cache_dir;
   o.vocab_size = vocab_size;
-  o.chat_template = config.data.chat_template;
+  o.chat_template = config.data.chat_template == "model" ? "" : config.data.chat_template;
   o.assistant_only_loss = config.data.assistant_only_loss;
   o.template_limits = template_limits_of(config);
   return o;

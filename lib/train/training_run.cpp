@@ -24,6 +24,7 @@
 #include "ckpt/sources.h"
 #include "config/loader.h"
 #include "config/show.h"
+#include "config/training_template.h"
 #include "data/prepare.h"
 #include "model/parallel/context_parallel.h"
 #include "model/kernels/float8.h"
@@ -219,6 +220,7 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   if (const std::string defaults = config::describe_run_defaults(resolved); !defaults.empty())
     say(str("[train] ", defaults, "\n"));
   for (const std::string& kept : config::kept_fine_tuning_defaults(resolved)) say(str("[train] kept: ", kept, "\n"));
+  if (const std::string t = config::describe_training_template(resolved); !t.empty()) say(str("[train] ", t, "\n"));
   if (!config_.launch.use_cpu && !context_.device.is_cuda())
     say("[train] warning: the config asks for GPUs (use_cpu is false), but this machine shows none: training on "
         "the CPU. Set use_cpu: true (or --cpu) to say so\n");

@@ -280,12 +280,83 @@ def check_training(fsdptrain, d, folder, recs):
         "  eval_batches: 100\noptimizer:\n  lr: 1.0e-30\n  weight_decay: 0.0\nschedule:\n  warmup_steps: 0\n")
     r = run([fsdptrain, "launch", "--config", yaml, "--main_process_port", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "rendered with the chat template, loss on" in r.stdout + r.stderr, r.stderr
+    assert "rendered with the model's chat template, loss on" in r.stdout + r.stderr, r.stderr
     assert "cut short" not in r.stdout, r.stdout  # every record whole in its row
     got = next(json.loads(l)["eval_loss"] for l in open(f"{d}/run/metrics.jsonl") if "eval_loss" in l)
     assert math.isclose(got, want, rel_tol=1e-5), (got, want)
     print(f"training: 2 workers; held-out loss of the conversations {got:.6f} vs transformers' assistant-only "
           f"{want:.6f} over {count} assistant tokens")
+
+
+def trl_reference(tok, template, record):
+    """(ids, mask) as TRL's SFTTrainer tokenizes a conversation with assistant_only_loss: the
+    template's {% generation %} blocks, through transformers' assistant mask."""
+    msgs, tools, _ = to_messages(record)
+    out = tok.apply_chat_template(msgs, tools=tools, chat_template=template, tokenize=True, return_dict=True,
+                                  return_assistant_tokens_mask=True)
+    return list(out["input_ids"]), list(out["assistant_masks"])
+
+
+def check_trl_training_template(fsdptrain, d, templates, cache):
+    """A model whose template is TRL's qwen3.jinja trains, with assistant-only loss, on TRL's
+    qwen3_training.jinja found where TRL is installed: the ids and counted tokens TRL's SFTTrainer
+    gets; data.chat_template: model keeps the model's own (fewer tokens: earlier turns lose their
+    think block)."""
+    folder = os.path.join(d, "trl_qwen3")
+    make_tokenizer("qwen", folder, templates["trl/qwen3"])
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(folder)
+    cfg = transformers.Qwen3Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                   max_position_embeddings=2048)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(cfg).save_pretrained(folder)
+    recs = [r for r in records() if "prompt" not in r]
+    path = os.path.join(folder, "convs.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    # An environment with TRL installed, as a TRL user's venv holds it (its chat_templates folder).
+    venv = os.path.join(d, "venv")
+    site = os.path.join(venv, "lib", "python3.12", "site-packages", "trl")
+    os.makedirs(site)
+    os.symlink(os.path.join(cache, "trl-1.16.0"), os.path.join(site, "chat_templates"))
+    env = dict(os.environ, VIRTUAL_ENV=venv)
+    yaml = os.path.join(d, "trl.yaml")
+    open(yaml, "w").write(
+        "distributed_type: NO\nuse_cpu: true\n"
+        f"model:\n  pretrained: {folder}\ndata:\n  path: {path}\n  packing: pad\n  assistant_only_loss: true\n"
+        "train:\n  steps: 1\n  micro_batch_size: 1\n  sequence_length: 256\n")
+    r = subprocess.run([fsdptrain, "config", "show", "--config", yaml], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    line = next(l for l in r.stdout.splitlines() if l.lstrip().startswith("data.chat_template"))
+    assert "qwen3_training.jinja" in line and "TRL's training variant" in line and "qwen3.jinja" in line, line
+    counts = {}
+    for how, extra in (("trl", []), ("model", ["--set", "data.chat_template=model"])):
+        cache_dir = os.path.join(d, f"cache_{how}")
+        r = subprocess.run([fsdptrain, "launch", "--config", yaml, "--set", f"data.cache_dir={cache_dir}",
+                            "--set", f"train.output_dir={d}/run_{how}"] + extra,
+                           capture_output=True, text=True, env=env, timeout=600)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out
+        assert ("[train] assistant-only loss renders conversations with qwen3_training.jinja, TRL's training "
+                "variant of the model's chat template qwen3.jinja (from the installed TRL's" in out) == (how == "trl"), out
+        rendered = "qwen3_training.jinja" if how == "trl" else "the model's chat template"
+        assert f"rendered with {rendered}, loss on" in out, out
+        key = next(n for n in os.listdir(cache_dir) if n != "stamps")
+        got = read_shards(os.path.join(cache_dir, key))
+        assert len(got) == len(recs), (len(got), len(recs))
+        template = templates["trl/qwen3_training" if how == "trl" else "trl/qwen3"]
+        for k, (rec, (ids, mask)) in enumerate(zip(recs, got)):
+            want_ids, want_mask = (trl_reference(tok, template, rec) if how == "trl"
+                                   else reference(tok, template, rec, False)[:2])
+            assert ids == want_ids, f"{how} record {k}: ids differ\nours {ids}\ntheirs {want_ids}"
+            assert mask == want_mask, f"{how} record {k}: masks differ\nours   {mask}\ntheirs {want_mask}"
+        counts[how] = sum(sum(m) for _, m in got)
+        assert f"loss on {counts[how]} tokens" in out, out
+    assert counts["trl"] > counts["model"], counts
+    print(f"TRL's training template: found in an environment with TRL, {len(recs)} Qwen3 conversations count "
+          f"{counts['trl']} tokens as TRL's SFTTrainer does (ids and masks equal; the model's own template, "
+          f"data.chat_template: model, counts {counts['model']})")
 
 
 def check_example(fsdptrain, d):
@@ -329,6 +400,7 @@ def main():
         folder, recs = done["llama-cpp-python/Qwen-Qwen2.5-7B-Instruct"]
         check_refusals(a.fsdptrain, d, folder)
         check_training(a.fsdptrain, d, folder, recs)
+        check_trl_training_template(a.fsdptrain, d, templates, a.cache)
         check_example(a.fsdptrain, d)
     print("all equal")
     return 0

@@ -232,3 +232,44 @@ TEST_CASE("a recipe's keys that decide nothing here load, each warned of with wh
   CHECK(load_text(f.base() + "optim: adafactor\n").errors().find("optim: \"adafactor\" is not fsdptrain's optimizer") !=
         std::string::npos);
 }
+
+TEST_CASE("with assistant-only loss, a model whose template is one of TRL's trains on TRL's training variant") {
+  Folder f;
+  const std::string trl = f.dir + "/trl/chat_templates";
+  make_directories(trl);
+  std::ofstream(trl + "/chatml.jinja") << "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+  std::ofstream(trl + "/chatml_training.jinja")
+      << "{% for m in messages %}<{{ m.role }}>{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}";
+  std::ofstream(trl + "/other.jinja") << "{{ messages }}";
+  std::ofstream(trl + "/other_training.jinja") << "{% generation %}{{ messages }}{% endgeneration %}";
+  // The model's template, byte for byte TRL's chatml.jinja, as tokenizer_config.json holds it.
+  std::ofstream(f.dir + "/tokenizer_config.json")
+      << R"({"chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"})";
+  auto chat_template = [&](const std::vector<std::string>& sets) {
+    Loaded l = load_text(f.base(), sets);
+    REQUIRE_MESSAGE(l.errors() == "", l.errors());
+    return l.rc.get("data.chat_template");
+  };
+  const std::vector<std::string> trained = {"data.training_templates=" + trl, "data.assistant_only_loss=true"};
+  const ResolvedValue v = chat_template(trained);
+  CHECK(v.value == trl + "/chatml_training.jinja");
+  CHECK(v.origin.kind == OriginKind::kDerived);
+  CHECK(v.origin.detail.find("TRL's training variant of the model's chat template chatml.jinja (from "
+                             "data.training_templates " + trl + ")") == 0);
+  // TRL's default (every token counted), the model's own asked for, no folder, another template: none.
+  CHECK(chat_template({"data.training_templates=" + trl}).value == "");
+  CHECK(chat_template({trained[0], trained[1], "data.chat_template=model"}).value == "model");
+  CHECK(chat_template({"data.training_templates=none", trained[1]}).value == "");
+  std::ofstream(f.dir + "/tokenizer_config.json") << R"({"chat_template": "{{ messages }} "})";
+  CHECK(chat_template(trained).value == "");
+  // Found in an activated environment where TRL is installed.
+  std::ofstream(f.dir + "/tokenizer_config.json") << R"({"chat_template": "{{ messages }}"})";
+  const std::string venv = f.dir + "/venv";
+  make_directories(venv + "/lib/python3.12/site-packages/trl");
+  REQUIRE(::symlink(trl.c_str(), (venv + "/lib/python3.12/site-packages/trl/chat_templates").c_str()) == 0);
+  ::setenv("VIRTUAL_ENV", venv.c_str(), 1);
+  const ResolvedValue found = chat_template({trained[1]});
+  ::unsetenv("VIRTUAL_ENV");
+  CHECK(found.value == venv + "/lib/python3.12/site-packages/trl/chat_templates/other_training.jinja");
+  CHECK(found.origin.detail.find("(from the installed TRL's " + venv) != std::string::npos);
+}
