@@ -55,7 +55,7 @@ bool tied_head(const ShardedModel& model) {
 }
 
 std::string adapter_config_json(const model::LoraSettings& s, const std::vector<std::string>& targets,
-                                const std::string& base_model, bool tied_saved) {
+                                const std::string& base_model, const std::string& revision, bool tied_saved) {
   std::vector<std::string> sorted = targets;
   std::sort(sorted.begin(), sorted.end());
   json c = {{"peft_type", "LORA"},
@@ -67,6 +67,7 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
             {"target_modules", sorted},
             {"modules_to_save", s.modules_to_save.empty() ? json(nullptr) : json(s.modules_to_save)},
             {"base_model_name_or_path", base_model.empty() ? json(nullptr) : json(base_model)},
+            {"revision", revision.empty() ? json(nullptr) : json(revision)},
             {"bias", "none"},
             {"fan_in_fan_out", false},
             {"inference_mode", true},
@@ -139,8 +140,8 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
 }
 
 void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
-                 const std::vector<std::string>& targets, const std::string& base_model, const std::string& dir,
-                 const ExtraFiles& extra) {
+                 const std::vector<std::string>& targets, const std::string& base_model,
+                 const std::string& base_revision, const std::string& dir, const ExtraFiles& extra) {
   const bool writer = writes_exports(model);
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
     std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -160,7 +161,7 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
     if (!writer) return;
     std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     save_safetensors(tmp + "/" + kAdapterWeights, tensors, {{"format", "pt"}});
-    write_whole_file(fs, tmp + "/" + kAdapterConfig, adapter_config_json(settings, targets, base_model, tied_saved));
+    write_whole_file(fs, tmp + "/" + kAdapterConfig, adapter_config_json(settings, targets, base_model, base_revision, tied_saved));
   });
 }
 

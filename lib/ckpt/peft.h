@@ -2,7 +2,7 @@
 //
 //   adapter_config.json        peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
 //                              use_rslora, target_modules (full module names), modules_to_save,
-//                              base_model_name_or_path
+//                              base_model_name_or_path, revision (the base's, null for main or a folder)
 //   adapter_model.safetensors  "base_model.model.<name>": the adapters ("...q_proj.lora_A.weight")
 //                              and the modules to save under their own names ("base_model.model.lm_head.weight")
 //
@@ -41,10 +41,11 @@ PeftAdapter read_peft_adapter(const std::string& dir);
 
 // Writes `model`'s trainable parameters (the adapters and the modules to save) as a PEFT folder at
 // `dir` (which must not exist; written as dir.tmp and renamed), with the `extra` files (tokenizer).
-// targets: the full names of the adapted modules. Collective over the shard group.
+// targets: the full names of the adapted modules; base_revision: the Hub revision of base_model
+// ("" for main or a folder). Collective over the shard group.
 void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
-                 const std::vector<std::string>& targets, const std::string& base_model, const std::string& dir,
-                 const ExtraFiles& extra);
+                 const std::vector<std::string>& targets, const std::string& base_model,
+                 const std::string& base_revision, const std::string& dir, const ExtraFiles& extra);
 
 // Writes a Hugging Face folder of the base with every adapter folded in (W + scaling * B A, PEFT's
 // merge_and_unload) and the modules to save as trained. Collective over the shard group.

@@ -173,6 +173,9 @@ struct DataConfig {
   int64_t chat_template_max_iterations = 10000000;
   int chat_template_max_depth = 200;
   int64_t chat_template_max_string = int64_t{64} << 20;
+
+  // The split of eval_path given as a Hub id: eval_split, else TRL's dataset_test_split default.
+  std::string hub_eval_split() const { return eval_split.empty() ? "test" : eval_split; }
 };
 
 struct TrainConfig {

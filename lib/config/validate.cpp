@@ -466,11 +466,6 @@ std::string for_key(std::string error, const std::string& key) {
   return error;
 }
 
-// The split of data.eval_path given as a Hub id: data.eval_split, else TRL's default.
-std::string hub_eval_split(const DataConfig& d) {
-  return d.eval_split.empty() ? "test" : d.eval_split;
-}
-
 // The held-out data (data.eval_split of the dataset, data.eval_path's files or Hub dataset) exists.
 void check_eval_data(Checker& c) {
   const DataConfig& d = c.rc.typed.data;
@@ -504,7 +499,7 @@ void check_eval_data(Checker& c) {
     return;
   }
   if (hub::is_repo_id(d.eval_path) && !hub::find_snapshot(hub::RepoType::kDataset, d.eval_path, "main").empty()) {
-    if (const hub::DatasetFiles f = hub::dataset_files(d.eval_path, "", hub_eval_split(d), "main"); !f.error.empty())
+    if (const hub::DatasetFiles f = hub::dataset_files(d.eval_path, "", d.hub_eval_split(), "main"); !f.error.empty())
       c.error("data.eval_path", for_key(f.error, "data.eval_split"), "");
     return;
   }

@@ -72,7 +72,7 @@ std::optional<data::DataOptions> eval_data_options_of(const config::Config& conf
     o.dataset = d.eval_path;
     o.config.clear();
     o.revision = "main";
-    o.split = d.eval_split.empty() ? "test" : d.eval_split;
+    o.split = d.hub_eval_split();
   } else {  // files of its own (or a save_to_disk folder: its data.eval_split, else data.split)
     o.path = d.eval_path;
     o.dataset.clear();

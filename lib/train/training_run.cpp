@@ -796,11 +796,13 @@ void TrainingRun::export_hf(int64_t step) {
   const bool peft = lora.enabled() && !config_.checkpoint.export_merged;
   const auto [dtype, dtype_why] = export_dtype();
   if (peft) {
-    // The base as the run was given it: a Hub id stays one (the cache's snapshot is this machine's path).
+    // The base as the run was given it: a Hub id stays one (the cache's snapshot is this machine's path),
+    // with its revision when that is not main, as PEFT's LoraConfig(revision=...) writes it.
     const std::string& base = config_.model.pretrained;
     const std::string id = base.empty() ? "" : hub_id_of(absolute_path(base));
+    const std::string revision = id.empty() || config_.model.revision == "main" ? "" : config_.model.revision;
     ckpt::export_peft(*sharded_, lora, peft_target_modules(config_.lora, model::lora_target_names(*lm_, lora)),
-                      base.empty() ? "" : id.empty() ? absolute_path(base) : id, dir, extra);
+                      base.empty() ? "" : id.empty() ? absolute_path(base) : id, revision, dir, extra);
   } else if (lora.enabled()) {
     ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra, dtype);
   } else {

@@ -215,12 +215,15 @@ def check_training(a, d, cache, model):
     assert len(folder) == 6 and by_id == folder and saved == folder, (folder, by_id, saved)
     assert "test-org/mixed/chat (train)" in log, log
     # Issue 63: held-out data from the same Hub dataset (TRL's dataset_test_split) evaluates, and a
-    # LoRA export names the Hub id it was trained from and the modules asked for, as TRL writes them.
-    _, log = train(a, d, cache, "run_eval", "model.pretrained=test-org/tiny-chat", "data.dataset=test-org/mixed",
-                   "data.config=chat", "data.eval_split=test", "lora.r=4", f"checkpoint.export_dir={d}/run_eval/export")
+    # LoRA export names the Hub id it was trained from (and its revision, when not main, as PEFT's
+    # LoraConfig(revision=...)) and the modules asked for, as TRL writes them.
+    _, log = train(a, d, cache, "run_eval", "model.pretrained=test-org/tiny-chat", f"model.revision={COMMIT_MODEL}",
+                   "data.dataset=test-org/mixed", "data.config=chat", "data.eval_split=test", "lora.r=4",
+                   f"checkpoint.export_dir={d}/run_eval/export")
     assert "(held out: " in log and "chat (test)" in log and "held-out loss" in log, log
     adapter = json.load(open(f"{d}/run_eval/export/step-6/adapter_config.json"))
     assert adapter["base_model_name_or_path"] == "test-org/tiny-chat", adapter
+    assert adapter["revision"] == COMMIT_MODEL, adapter
     assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"], adapter
     shown = run(a, d, cache, "config", "show", os.path.join(a.source, "configs", "finetune.yaml"), "--set",
                 "model.pretrained=test-org/tiny-chat", "--set", "data.path=", "--set", "data.dataset=test-org/plain",
@@ -279,7 +282,7 @@ def check_recipe(a, d, cache):
     evals = [json.loads(l)["eval_loss"] for l in open(f"{out}/metrics.jsonl") if "eval_loss" in l]
     assert len(evals) >= 2 and "chat (test)" in log, log
     adapter = json.load(open(f"{out}/export/step-4/adapter_config.json"))
-    assert adapter["base_model_name_or_path"] == "test-org/tiny-chat", adapter
+    assert adapter["base_model_name_or_path"] == "test-org/tiny-chat" and adapter["revision"] is None, adapter
     # all-linear as PEFT saves it: every adapted module's path (the seven projections of each layer)
     assert {m.rsplit(".", 1)[-1] for m in adapter["target_modules"]} == {
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, adapter
