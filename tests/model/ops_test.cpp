@@ -137,6 +137,13 @@ std::vector<OpCase> op_cases() {
                        return Tensors{y, state.to(y.scalar_type())};
                      }});
   }
+  // Experts' products: 11 rows in groups of 3, 0 and 8 (an expert nobody chose), each expert's
+  // (out, in) weights read transposed, as the experts hold them; widths that at::_grouped_mm takes
+  // in fp32 and bf16 (16 bytes), so host and portable run it and the reference its loop.
+  cases.push_back({"grouped_mm", {r({11, 16}), r({3, 24, 16})}, [](const Ops& o, const Tensors& in) {
+                     const at::Tensor offsets = at::tensor({3, 3, 11}, at::kInt);
+                     return Tensors{o.grouped_mm(in[0], in[1].transpose(1, 2), offsets)};
+                   }});
   cases.push_back({"exp_shifted_out", {r({5, 7}), r({1, 7})}, [](const Ops& o, const Tensors& in) {
                      const at::Tensor a = in[0].to(at::kFloat).detach(), shift = in[1].to(at::kFloat).detach();
                      const at::Tensor out = at::empty(a.sizes(), in[0].options().requires_grad(false));

@@ -193,7 +193,8 @@ bool is_view(const std::string& name) {
 bool is_product(const std::string& name) {
   static const std::set<std::string> products = {
       "aten::mm",      "aten::addmm",    "aten::addmm_",        "aten::bmm",
-      "aten::baddbmm", "aten::baddbmm_", "fsdptrain::float8_mm"};  // model/kernels/float8_products.h
+      "aten::baddbmm", "aten::baddbmm_", "fsdptrain::float8_mm",  // model/kernels/float8_products.h
+      "aten::_grouped_mm"};                                        // a mixture of experts' products
   return products.count(name) > 0;
 }
 
@@ -209,7 +210,8 @@ double product_flops(const Op& op) {
   if (op.shapes.size() < i + 2) return 0;
   const auto& a = op.shapes[i];
   const auto& b = op.shapes[i + 1];
-  if (a.size() == 2 && b.size() == 2) return 2.0 * a[0] * a[1] * b[1];
+  if (a.size() == 2 && b.size() == 2) return 2.0 * a[0] * a[1] * b[1];  // also grouped along K: (K, M) x (M, N)
+  if (a.size() == 2 && b.size() == 3) return 2.0 * a[0] * a[1] * b[2];  // grouped: each row by its group's (K, N)
   if (a.size() == 3 && b.size() == 3) return 2.0 * a[0] * a[1] * a[2] * b[2];
   return 0;
 }
@@ -407,6 +409,36 @@ TEST_CASE("each new layer kind's bf16 step at the 1B widths: bf16 products, no f
     CHECK(b.bf16_product_flops == b.product_flops);
     CHECK_MESSAGE(b.float64_ops.empty(), describe(b, 2));
   }
+}
+
+TEST_CASE("a mixture of experts' bf16 step: every expert product one grouped bf16 product, routing without host syncs") {
+  // Qwen3-30B-A3B's expert widths (128 experts of 768, 8 a token) at the 1B's hidden size, 2 layers of
+  // 1 x 2048 tokens. On meta a host sync cannot happen (a meta tensor has no value to read): the step
+  // running at all says routing never waits for the host.
+  const int64_t layers = 2, tokens = 2048, experts_per_token = 8, hidden = 2048, expert = 768;
+  const DecoderConfig c = one_b_of("qwen3_moe", R"("num_experts": 128, "num_experts_per_tok": 8,
+                                                  "moe_intermediate_size": 768)");
+  const std::vector<Op> ops = record_step_of(c, 1, tokens);
+  const Bill b = bill_of(ops);
+  MESSAGE("qwen3_moe: " << describe(b, layers));
+  CHECK_MESSAGE(b.fp32_products.empty(), describe(b, layers));
+  CHECK(b.bf16_product_flops == b.product_flops);
+  CHECK_MESSAGE(b.float64_ops.empty(), describe(b, layers));
+  double grouped = 0;
+  int64_t grouped_calls = 0, host_reads = 0;
+  for (const Op& op : ops) {
+    if (op.name == "aten::_grouped_mm") {
+      grouped += product_flops(op);
+      ++grouped_calls;
+    }
+    if (op.name == "aten::_local_scalar_dense" || op.name == "aten::item") ++host_reads;
+  }
+  // Per layer: gate, up and down forward, and each one's two gradients (input and weights).
+  CHECK(grouped_calls == 9 * layers);
+  const double forward = 2.0 * tokens * experts_per_token * (hidden * 2 * expert + expert * hidden);
+  CHECK(grouped == 3 * forward * layers);
+  CHECK(host_reads == 0);
+  CHECK_MESSAGE(b.strided_swiglu.empty(), describe(b, layers));  // gate and up apart: contiguous blocks
 }
 
 TEST_CASE("the loss head's bill at the 1B shape: bf16 products, no (V, C) accumulator, bounded passes per logit") {

@@ -60,6 +60,10 @@ class HostOps final : public Ops {
     return delta_rule_chunked(q, k, v, g, beta, state);
   }
 
+  at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets) const override {
+    return grouped_mm_applies(x, w) ? at::_grouped_mm(x, w, offsets) : grouped_mm_by_group(x, w, offsets);
+  }
+
   bool loss_by_vocabulary() const override { return false; }  // token chunks: oneDNN's (C, V) layout
   void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {
     kernels::exp_shifted_out(out, a, b);

@@ -83,6 +83,15 @@ class Ops {
                                                        const at::Tensor& g, const at::Tensor& beta,
                                                        const at::Tensor& state) const = 0;
 
+  // --- mixtures of experts ------------------------------------------------------------------------
+  // x (N, K), its rows grouped by expert, times each expert's w (E, K, M) (any strides; a transposed
+  // view of (E, M, K) weights is read in place): rows offsets[e - 1] .. offsets[e] - 1 by w[e], with
+  // offsets (E) int32 the groups' cumulative ends on x's device -> (N, M). Host and portable: one
+  // grouped product (at::_grouped_mm: CUTLASS's grouped GEMM in bf16 on sm90 and later, else one
+  // product a group inside ATen), the offsets never read on the host; the reference: one product an
+  // expert, its rows found from the offsets read on the host.
+  virtual at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets) const = 0;
+
   // --- the loss head ----------------------------------------------------------------------------------
   // Whether the chunked loss's auto chunking takes vocabulary chunks (model/layers/chunked_loss.h), else
   // token chunks.
@@ -107,6 +116,13 @@ const Ops& ops_for(const at::Tensor& x);
 const Ops& host_ops();
 const Ops& portable_ops();
 const Ops& reference_ops();
+
+// Ops::grouped_mm as one product a group, the groups' ends read on the host (the reference's, and
+// the others' where at::_grouped_mm does not take the operands).
+at::Tensor grouped_mm_by_group(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets);
+// Whether at::_grouped_mm takes x (N, K) and w (E, K, M): fp32, bf16 or fp16, each operand's rows or
+// columns contiguous with the other stride, K and M a multiple of 16 bytes, its data 16-byte aligned.
+bool grouped_mm_applies(const at::Tensor& x, const at::Tensor& w);
 
 // The reference rotation of one tensor, x * cos + rotate_half(x) * sin with rotate_half(x) =
 // [-x[D/2:], x[:D/2]], for x (..., D) and cos, sin broadcastable to it (HF's apply_rotary_pos_emb).

@@ -3,6 +3,7 @@
 // it runs the GPU's arithmetic (what the CPU tests check); on the meta device, shapes alone.
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
+#include <torch/library.h>
 
 #include "model/kernels/elementwise.h"
 #include "model/kernels/delta_rule.h"
@@ -67,6 +68,10 @@ class PortableOps final : public Ops {
     return delta_rule_chunked(q, k, v, g, beta, state);
   }
 
+  at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets) const override {
+    return grouped_mm_applies(x, w) ? at::_grouped_mm(x, w, offsets) : grouped_mm_by_group(x, w, offsets);
+  }
+
   bool loss_by_vocabulary() const override { return true; }
   void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {
     kernels::exp_shifted_out(out, a, b);
@@ -85,6 +90,29 @@ class PortableOps final : public Ops {
     return inverse;
   }
 };
+
+
+// ATen's _grouped_mm has no meta kernel in C++ (its fallback reads the offsets): its shapes, so a
+// mixture of experts runs on meta (shape proofs, the step's bill) as a GPU runs it. 2D x 3D (the
+// forward, and the input's gradient), 2D x 2D with groups along K (the weights' gradient: one
+// (K, N) block a group), 3D x 2D, 3D x 3D.
+at::Tensor grouped_mm_meta(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                           const std::optional<at::Tensor>&, std::optional<at::ScalarType> out_dtype) {
+  std::vector<int64_t> shape;
+  if (a.dim() == 2 && b.dim() == 3)
+    shape = {a.size(0), b.size(2)};
+  else if (a.dim() == 3 && b.dim() == 2)
+    shape = {a.size(1), b.size(1)};
+  else if (a.dim() == 2 && b.dim() == 2)
+    shape = {offs ? offs->size(0) : 1, a.size(0), b.size(1)};
+  else
+    shape = {a.size(0), a.size(1), b.size(2)};
+  return at::empty(shape, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+}
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  m.impl("_grouped_mm", grouped_mm_meta);
+}
 
 }  // namespace
 

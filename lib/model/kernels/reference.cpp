@@ -58,6 +58,10 @@ class ReferenceOps final : public Ops {
     return delta_rule_recurrent(q, k, v, g, beta, state);
   }
 
+  at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets) const override {
+    return grouped_mm_by_group(x, w, offsets);
+  }
+
   bool loss_by_vocabulary() const override { return false; }
   void exp_shifted_out(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b) const override {
     at::Tensor o = out, scratch = a;  // handles: written through

@@ -13,26 +13,15 @@ ExpertsImpl::ExpertsImpl(const DecoderConfig& c) : torch::nn::Module("Experts"),
   down_proj = register_parameter("down_proj", at::empty({E, C, I}));
 }
 
-at::Tensor ExpertsImpl::forward(const at::Tensor& x, const std::vector<int64_t>& counts) {
+at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets) {
   const kernels::Ops& ops = kernels::ops_for(x);
-  std::vector<at::Tensor> out;
-  int64_t row = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    if (counts[e] == 0) continue;
-    const at::Tensor xe = x.narrow(0, row, counts[e]);
-    row += counts[e];
-    const at::Tensor gate_up = at::matmul(xe, gate_up_proj[static_cast<int64_t>(e)].t());  // (n, 2I)
-    at::Tensor h;
-    if (activation == Activation::kSilu) {
-      h = ops.swiglu(gate_up);
-    } else {
-      const std::vector<at::Tensor> parts = gate_up.chunk(2, -1);
-      h = at::gelu(parts[0], "tanh") * parts[1];
-    }
-    out.push_back(at::matmul(h, down_proj[static_cast<int64_t>(e)].t()));  // (n, C)
-  }
-  if (out.empty()) return x.new_zeros({0, x.size(1)});
-  return out.size() == 1 ? out[0] : at::cat(out, 0);
+  // One grouped product each for gate, up and down, the (E, out, in) weights read transposed in
+  // place; gate and up apart, so SwiGLU reads contiguous blocks (a GPU's loops vectorize only those).
+  const int64_t inner = gate_up_proj.size(1) / 2;
+  const at::Tensor gate = ops.grouped_mm(x, gate_up_proj.narrow(1, 0, inner).transpose(1, 2), offsets);  // (N, I)
+  const at::Tensor up = ops.grouped_mm(x, gate_up_proj.narrow(1, inner, inner).transpose(1, 2), offsets);
+  const at::Tensor h = activation == Activation::kSilu ? ops.swiglu(gate, up) : at::gelu(gate, "tanh") * up;
+  return ops.grouped_mm(h, down_proj.transpose(1, 2), offsets);  // (N, C)
 }
 
 MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c)
@@ -58,19 +47,18 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   // The aux loss's statistics: transformers' load_balancing_loss_func takes the softmax in the
   // logits' dtype and its own top-k of it (the same experts in fp32).
-  last.tokens_per_expert =  // no host sync (bincount's length would take one on a GPU)
-      at::zeros({E}, probs.options()).scatter_add_(0, chosen.reshape(-1), at::ones({N * top_k}, probs.options()));
+  const at::Tensor flat = chosen.reshape(-1);
+  // Assignments per expert, counted on the device (bincount's length would take a host sync on a GPU).
+  const at::Tensor counts = at::zeros({E}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
+  last.tokens_per_expert = counts.to(at::kFloat);
   last.probability_sum = (logits.scalar_type() == at::kFloat ? probs : at::softmax(logits, -1).to(at::kFloat)).sum(0);
   last.rows = N;
-  // Group the (token, slot) pairs by expert; each token's outputs then add in expert order.
-  const at::Tensor flat = chosen.reshape(-1);
+  // Group the (token, slot) pairs by expert; each token's outputs then add in expert order. The
+  // groups' ends stay on the device: nothing in routing waits for the host.
   const at::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));  // (N k)
   const at::Tensor token = order.div(top_k, "floor");
-  const std::vector<int64_t> counts = [&] {
-    const at::Tensor n = last.tokens_per_expert.to(at::kCPU).to(at::kLong);  // once a layer
-    return std::vector<int64_t>(n.data_ptr<int64_t>(), n.data_ptr<int64_t>() + E);
-  }();
-  const at::Tensor y = experts->forward(x.index_select(0, token), counts);  // (N k, C)
+  const at::Tensor offsets = counts.cumsum(0).to(at::kInt);
+  const at::Tensor y = experts->forward(x.index_select(0, token), offsets);  // (N k, C)
   const at::Tensor w = weights.reshape(-1).index_select(0, order).unsqueeze(1);  // (N k, 1) fp32
   at::Tensor out = at::zeros({N, C}, x.options().dtype(at::kFloat)).index_add(0, token, y.to(at::kFloat) * w);
   out = out.to(x.scalar_type());

@@ -7,8 +7,9 @@
 // writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
 //
 // Tokens are grouped by expert (a stable sort of the routed (token, slot) pairs by expert, so each
-// token's outputs add in expert order, as transformers' loop adds them) and each expert's rows run
-// as one product each for gate/up and down. The expert counts come to the host once a layer.
+// token's outputs add in expert order, as transformers' loop adds them) and all experts' rows run as
+// one grouped product each for gate, up and down, the groups' ends kept on the device: routing
+// never waits for the host.
 //
 // Not thread-safe (LibTorch modules).
 #pragma once
@@ -30,9 +31,10 @@ namespace fsdp::model {
 class ExpertsImpl : public torch::nn::Module {
  public:
   explicit ExpertsImpl(const DecoderConfig& c);
-  // x (N, C): rows grouped by expert, counts[e] rows for expert e in order -> (N, C), each row
-  // through its expert's SwiGLU.
-  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& counts);
+  // x (N, C): rows grouped by expert, expert e's ending at offsets[e] (E, int32, cumulative, on x's
+  // device) -> (N, C), each row through its expert's SwiGLU: one grouped product each for gate, up
+  // and down (kernels::Ops::grouped_mm).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& offsets);
   at::Tensor gate_up_proj, down_proj;
   Activation activation;
 };
