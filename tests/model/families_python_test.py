@@ -109,6 +109,17 @@ def families():
                       transformers.Qwen2MoeForCausalLM),
         "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
                     transformers.MixtralForCausalLM),
+        # gpt-oss: attention sinks, sliding windows (4 tokens) on alternate layers, biases on q/k/v/o, YaRN
+        # (not truncated); a router with a bias and the softmax of the top-k logits, biased experts with
+        # gate and up interleaved, and a SwiGLU limit low enough that the random model's values clamp.
+        "gpt_oss": (transformers.GptOssConfig(**{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16,
+                                              num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                                              swiglu_limit=0.5,
+                                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                               "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                               "truncate": False,
+                                                               "original_max_position_embeddings": 32}),
+                    transformers.GptOssForCausalLM),
         # Issue 62's hybrids: Gated DeltaNet layers (two value heads per key head, widths of their
         # own) around a gated full-attention layer with a partial rotation (a quarter of its 16
         # dimensions); Qwen3-Next with its fused projections and a mixture of experts with a shared
@@ -167,7 +178,8 @@ def hf_aux_loss(model, tokens):
 
 
 def sparse_layers(model):
-    return [i for i, layer in enumerate(model.model.layers) if type(layer.mlp).__name__.endswith("SparseMoeBlock")]
+    return [i for i, layer in enumerate(model.model.layers)
+            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP"))]
 
 
 def stacked_copy(saved, out):
@@ -192,12 +204,12 @@ def stacked_copy(saved, out):
     return len(experts)
 
 
-def packed_golden(model, ours, hybrid=False):
+def packed_golden(model, ours, alone_golden=False):
     """Two records packed in one row: transformers' logits given the same position_ids (which it
     reads as packed sequences, each attending only to itself, when there is no cache), the loss, and
     the logits of each record run alone. A hybrid's (Gated DeltaNet) PyTorch path does not restart its
-    state at a record's start given position_ids alone, so there the records run alone are the golden,
-    logits and loss."""
+    state at a record's start given position_ids alone, nor does gpt-oss's mask keep the records apart,
+    so there (alone_golden) the records run alone are the golden, logits and loss."""
     p = ours["packed"]
     x, pos = torch.tensor([ours["tokens"]]), torch.tensor([p["positions"]])
     with torch.no_grad():
@@ -206,7 +218,7 @@ def packed_golden(model, ours, hybrid=False):
         alone = torch.cat([model(x[:, :start]).logits, model(x[:, start:]).logits], dim=1)
         # Without the packing the second record sees the first: other logits, so the check can tell.
         assert rel(torch.tensor(p["logits"], dtype=torch.float64), model(x).logits.reshape(-1).double()) > 1e-3
-    if hybrid:
+    if alone_golden:
         logits = alone
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.tensor(p["targets"]),
                                              ignore_index=-100, reduction="sum").item()
@@ -299,9 +311,12 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     model = cls.from_pretrained(saved, dtype=torch.float32, **eager).eval()
     model64 = cls.from_pretrained(saved, dtype=torch.float64, **eager).eval()
     hybrid = name in HYBRID
-    golden, packed = hf_golden(model64, ours["tokens"]), packed_golden(model64, ours, hybrid)
+    # transformers' gpt-oss, like the hybrids, does not keep packed records apart given position_ids alone
+    # (its mask lets the second record see the first): there the records run alone are the golden.
+    alone = hybrid or name == "gpt_oss"
+    golden, packed = hf_golden(model64, ours["tokens"]), packed_golden(model64, ours, alone)
     logits, loss, grads = hf_golden(model, ours["tokens"])
-    packed32 = packed_golden(model, ours, hybrid)
+    packed32 = packed_golden(model, ours, alone)
     assert set(ours["grads"]) == set(grads), set(ours["grads"]) ^ set(grads)
     noise = errors((logits, loss, grads, packed32[0], packed32[2]), golden, packed)
     for provider in providers:
@@ -322,6 +337,9 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
               f"{ours['expert_load']}")
         assert err <= max(4 * noise_aux, 1e-6), (name, err, noise_aux)
         assert sum(ours["expert_load"]) == len(ours["tokens"]) * k * len(sparse)
+        if name == "gpt_oss":  # its folders hold the experts fused already, as transformers holds them
+            aux64 = None
+    if aux64 is not None:
         # The same weights stored stacked (transformers 5's layout): the same logits, bit for bit.
         stacked = os.path.join(d, name + "_stacked")
         layers = stacked_copy(saved, stacked)
@@ -341,7 +359,8 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     if hasattr(c, "num_experts_per_tok"):  # the active parameters: experts_per_token experts of each sparse layer
         experts = getattr(c, "num_local_experts", None) or c.num_experts
         width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
-        n_prime -= len(sparse_layers(model)) * (experts - c.num_experts_per_tok) * 3 * c.hidden_size * width
+        per_expert = 3 * c.hidden_size * width + (2 * width + c.hidden_size if name == "gpt_oss" else 0)  # biases
+        n_prime -= len(sparse_layers(model)) * (experts - c.num_experts_per_tok) * per_expert
     t = len(ours["tokens"])
     window = lambda i: (c.sliding_window if (getattr(c, "layer_types", None) or ["full_attention"] * 99)[i] ==  # noqa: E731
                         "sliding_attention" or name in ("mistral", "phi3", "mixtral") else None)

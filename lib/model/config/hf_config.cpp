@@ -54,7 +54,10 @@ const std::set<std::string>& known_fields() {
       "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size", "router_aux_loss_coef",
       "output_router_logits", "router_jitter_noise", "qkv_bias", "linear_conv_kernel_dim", "linear_key_head_dim",
       "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval",
-      "attn_output_gate",
+      "attn_output_gate", "swiglu_limit", "swiglu_alpha",
+      // gpt-oss's: its context before YaRN (rope_scaling's original_max_position_embeddings holds it) and
+      // num_experts_per_tok's older name, as the released configs write them.
+      "initial_context_length", "experts_per_token",
       // Qwen3.5's multi-token-prediction head (its folder's mtp.* tensors, which the model leaves out, as
       // transformers does) and its state dtype for other kernels:
       "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "mamba_ssm_dtype",
@@ -188,8 +191,13 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
 void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
   json rope = j.value("rope_parameters", json());
   json scaling = j.value("rope_scaling", json());
-  const bool gemma3 = c.family == Family::kGemma3;
-  c.rope_theta = field<double>(j, "rope_theta", gemma3 ? 1e6 : c.rope_theta, where);
+  const bool gemma3 = c.family == Family::kGemma3, gpt_oss = c.family == Family::kGptOss;
+  // GptOssConfig's: rope_theta 150000 and, with neither object written, YaRN (factor 32 over 4096
+  // positions, betas 32 and 1, not truncated).
+  if (gpt_oss && rope.is_null() && scaling.is_null())
+    scaling = {{"rope_type", "yarn"},  {"factor", 32.0},   {"beta_fast", 32.0},
+               {"beta_slow", 1.0},     {"truncate", false}, {"original_max_position_embeddings", 4096}};
+  c.rope_theta = field<double>(j, "rope_theta", gemma3 ? 1e6 : gpt_oss ? 150000.0 : c.rope_theta, where);
   if (gemma3) {
     c.local_rope_theta = field<double>(j, "rope_local_base_freq", 1e4, where);
     if (rope.is_object() && (rope.contains("full_attention") || rope.contains("sliding_attention"))) {
@@ -234,7 +242,8 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
 constexpr Family kAllFamilies[] = {Family::kLlama,   Family::kMistral,  Family::kQwen2,    Family::kQwen3,
                                    Family::kGemma2,  Family::kGemma3,   Family::kOlmo2,    Family::kSmolLM3,
                                    Family::kGranite, Family::kPhi3,     Family::kQwen3Moe, Family::kQwen2Moe,
-                                   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next, Family::kQwen3_5Moe};
+                                   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next, Family::kQwen3_5Moe,
+                                   Family::kGptOss};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -274,6 +283,7 @@ bool is_qwen_moe(Family f) {
 bool default_sliding(const DecoderConfig& c, const json& j, int64_t i, const std::string& where) {
   switch (c.family) {
     case Family::kGemma2:
+    case Family::kGptOss:
       return (i + 1) % 2 != 0;
     case Family::kGemma3: {
       const int64_t pattern =
@@ -296,7 +306,8 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   const int64_t n = c.num_hidden_layers;
   c.use_sliding_window = field<bool>(j, "use_sliding_window", false, where);
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
-  const int64_t window = field<int64_t>(j, "sliding_window", is_gemma(c.family) ? 4096 : 0, where);
+  const int64_t window =
+      field<int64_t>(j, "sliding_window", is_gemma(c.family) ? 4096 : c.family == Family::kGptOss ? 128 : 0, where);
   if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite || is_hybrid(c.family)) {
     FSDP_CHECK(window == 0, where, ": sliding_window is not a field of ", family_names(c.family).architecture,
                " (transformers ignores it); remove it",
@@ -391,6 +402,8 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
                ": use_bidirectional_attention makes an encoder (EmbeddingGemma); fsdptrain trains causal decoders");
   } else if (is_hybrid(c.family)) {  // Qwen3_5RMSNorm: (1 + w), in fp32, then the cast
     c.norm_unit_offset = c.norm_fp32_product = true;
+  } else if (c.family == Family::kGptOss) {  // GptOssRMSNorm: w times the normed in fp32, then the cast
+    c.norm_fp32_product = c.attention_sinks = true;
   } else if (c.family == Family::kOlmo2) {
     c.norms = NormPlacement::kPost;
     c.norm_fp32_product = c.qk_norm_whole = true;
@@ -413,6 +426,28 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
                "; remove it, or set model_type to granite");
 }
 
+// gpt-oss's experts: num_local_experts (as num_experts), num_experts_per_tok (or experts_per_token,
+// as its released configs also write), intermediate_size per expert, every layer sparse, the router's
+// bias, the clamped SwiGLU's limit and gain (GptOssConfig's defaults).
+void parse_gpt_oss_moe(const json& j, const std::string& where, DecoderConfig& c) {
+  MoeConfig& m = c.moe;
+  m.gpt_oss = true;
+  m.num_experts = field<int64_t>(j, j.contains("num_local_experts") ? "num_local_experts" : "num_experts", 128, where);
+  const char* k = j.contains("num_experts_per_tok") || !j.contains("experts_per_token") ? "num_experts_per_tok"
+                                                                                      : "experts_per_token";
+  m.experts_per_token = field<int64_t>(j, k, 4, where);
+  m.intermediate_size = c.intermediate_size;
+  m.router_aux_loss_coef = field<double>(j, "router_aux_loss_coef", 0.001, where);
+  m.output_router_logits = field<bool>(j, "output_router_logits", false, where);
+  m.swiglu_alpha = field<double>(j, "swiglu_alpha", 1.702, where);
+  m.swiglu_limit = field<double>(j, "swiglu_limit", 7.0, where);
+  check_positive(where, {{"num_local_experts", m.num_experts}, {k, m.experts_per_token}});
+  FSDP_CHECK(m.experts_per_token <= m.num_experts, where, ": ", k, " (", m.experts_per_token,
+             ") is more than the experts (", m.num_experts, ")");
+  FSDP_CHECK(m.router_aux_loss_coef >= 0 && m.swiglu_limit > 0 && m.swiglu_alpha > 0, where,
+             ": router_aux_loss_coef must be >= 0, swiglu_limit and swiglu_alpha > 0");
+}
+
 // The mixture of experts: Qwen3-MoE's and Qwen2-MoE's fields (num_experts, moe_intermediate_size,
 // decoder_sparse_step, mlp_only_layers, norm_topk_prob; Qwen2-MoE's shared expert), Mixtral's
 // (num_local_experts, intermediate_size per expert, the top-k always renormalised). Dense families
@@ -423,12 +458,14 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   // top-k always renormalised (its class has no decoder_sparse_step, mlp_only_layers or norm_topk_prob).
   const bool mixtral = c.family == Family::kMixtral, next = c.family == Family::kQwen3Next,
              moe35 = c.family == Family::kQwen3_5Moe;
+  if (c.family == Family::kGptOss) return parse_gpt_oss_moe(j, where, c);
   if (!mixtral && !is_qwen_moe(c.family) && !next && !moe35) {
     for (const char* key : {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                             "shared_expert_intermediate_size"})
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a mixture-of-experts field, not one of ",
                  family_names(c.family).architecture,
-                 "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral, qwen3_next or qwen3_5_moe_text");
+                 "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral, gpt_oss, qwen3_next or "
+                 "qwen3_5_moe_text");
     return;
   }
   const bool qwen2 = c.family == Family::kQwen2Moe;
@@ -562,6 +599,8 @@ FamilyNames family_names(Family f) {
       return {"qwen3_next", "Qwen3NextForCausalLM", "Qwen3NextDecoderLayer"};
     case Family::kQwen3_5Moe:
       return {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeDecoderLayer"};
+    case Family::kGptOss:
+      return {"gpt_oss", "GptOssForCausalLM", "GptOssDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -599,12 +638,14 @@ const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
 }  // namespace
 
 std::string hf_class_name(const std::string& ours, Family f) {
+  if (f == Family::kGptOss && ours == "MoeBlock") return "GptOssMLP";  // its feed-forward is always sparse
   for (const ClassName& n : kClassNames)
     if (ours == n.ours) return n.prefixed ? class_prefix(f) + n.theirs : std::string(n.theirs);
   return ours;
 }
 
 std::string our_class_name(const std::string& hf, Family f) {
+  if (f == Family::kGptOss && hf == "GptOssMLP") return "MoeBlock";
   for (const ClassName& n : kClassNames)
     if (hf == (n.prefixed ? class_prefix(f) + n.theirs : std::string(n.theirs))) return n.ours;
   return hf;  // the decoder layer carries the family's own name already (family_names().layer_class)
@@ -667,10 +708,13 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   if (dc.qkv_bias) attn += h * d + 2 * k * d;
   if (dc.qk_norm) attn += 2 * d;
   if (dc.qk_norm_whole) attn += h * d + k * d;
+  if (dc.attention_sinks) attn += h;
   double mlp = 3 * c * f;
   if (dc.mlp_bias) mlp += 2 * f + c;
   const MoeConfig& m = dc.moe;
   double sparse = static_cast<double>(m.num_experts) * c + experts * 3 * c * static_cast<double>(m.intermediate_size);
+  if (m.gpt_oss)  // the router's bias, each expert's biases
+    sparse += static_cast<double>(m.num_experts) + experts * (2 * static_cast<double>(m.intermediate_size) + c);
   if (m.shared_expert_intermediate_size > 0) sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + c;
   const double norms = (dc.norms == NormPlacement::kSandwich ? 4 : 2) * c;
   const LinearAttentionConfig& la = dc.linear_attention;
@@ -823,7 +867,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   c.head_dim = field<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, where);
   c.max_position_embeddings = field<int64_t>(j, "max_position_embeddings", c.max_position_embeddings, where);
   c.rms_norm_eps = field<double>(j, "rms_norm_eps", c.rms_norm_eps, where);
-  c.attention_bias = field<bool>(j, "attention_bias", false, where);
+  c.attention_bias = field<bool>(j, "attention_bias", c.family == Family::kGptOss, where);
   c.mlp_bias = field<bool>(j, "mlp_bias", false, where);
   c.qkv_bias = c.family == Family::kQwen2 ||
                (c.family == Family::kQwen2Moe && field<bool>(j, "qkv_bias", true, where));
@@ -950,6 +994,11 @@ void write_moe(json& j, const DecoderConfig& c) {
     j["num_local_experts"] = m.num_experts;
     j["num_experts_per_tok"] = m.experts_per_token;
     j["router_jitter_noise"] = 0.0;
+  } else if (c.family == Family::kGptOss) {
+    j["num_local_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.experts_per_token;
+    j["swiglu_limit"] = m.swiglu_limit;
+    j["swiglu_alpha"] = m.swiglu_alpha;
   } else if (c.family == Family::kQwen3Next && m.num_experts == 0) {
     j["num_experts"] = 0;
     return;
@@ -1063,7 +1112,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }
-  if (is_hybrid(c.family)) j.erase("mlp_bias");
+  if (is_hybrid(c.family) || c.family == Family::kGptOss) j.erase("mlp_bias");
   write_moe(j, c);
   write_form(j, c);
   write_rope(j, c);
@@ -1120,6 +1169,7 @@ ModelDescription describe(const DecoderConfig& c) {
       linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
       linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
       linear(p + "self_attn.o_proj", H * D, C, c.attention_bias);
+      if (c.attention_sinks) add(p + "self_attn.sinks", {H});
       if (c.qk_norm) {
         add(p + "self_attn.q_norm.weight", {D});
         add(p + "self_attn.k_norm.weight", {D});
@@ -1128,7 +1178,15 @@ ModelDescription describe(const DecoderConfig& c) {
         add(p + "self_attn.k_norm.weight", {K * D});
       }
     }
-    if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
+    if (c.is_moe(l) && c.moe.gpt_oss) {  // as transformers holds them: (in, out), with biases
+      const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
+      const std::string m = p + "mlp.", x = m + "experts.";
+      linear(m + "router", C, E, true);
+      add(x + "gate_up_proj", {E, C, 2 * I});
+      add(x + "gate_up_proj_bias", {E, 2 * I});
+      add(x + "down_proj", {E, I, C});
+      add(x + "down_proj_bias", {E, C});
+    } else if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
       const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
       const std::string m = p + "mlp.", x = m + "experts.";
       linear(m + "gate", C, E, false);

@@ -1,6 +1,6 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
 // Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, the mixtures of experts Qwen3-MoE,
-// Qwen2-MoE and Mixtral, and the hybrids Qwen3.5/3.6, Qwen3.5-MoE and Qwen3-Next): read into one DecoderConfig, written back for exports,
+// Qwen2-MoE, Mixtral and gpt-oss, and the hybrids Qwen3.5/3.6, Qwen3.5-MoE and Qwen3-Next): read into one DecoderConfig, written back for exports,
 // and described for the checkpoint layer (model/config/description.h). No LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
@@ -59,7 +59,8 @@ enum class Family {
   kMixtral,
   kQwen3_5,
   kQwen3Next,
-  kQwen3_5Moe
+  kQwen3_5Moe,
+  kGptOss
 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
@@ -115,6 +116,12 @@ struct MoeConfig {
   // to the loss when output_router_logits, as transformers adds it.
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;
+  // gpt-oss: a router with a bias (mlp.router), the softmax over the top-k logits; experts with biases,
+  // stored (in, out) as transformers holds them (experts.gate_up_proj (E, C, 2I), its gate and up
+  // columns interleaved; experts.down_proj (E, I, C)), and the clamped SwiGLU: gate clamped above at
+  // swiglu_limit, up to +-swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate).
+  bool gpt_oss = false;
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
 };
 
 // A family's Hugging Face names: config.json's model_type and architectures, the decoder layer class.
@@ -159,6 +166,8 @@ struct DecoderConfig {
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2: biases on q_proj, k_proj, v_proj (not o_proj)
   bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
+  // gpt-oss: a learned logit per head (self_attn.sinks) joins each query's softmax, its weight given to no value.
+  bool attention_sinks = false;
   MoeConfig moe;          // the sparse layers' feed-forward (LayerPlan::moe)
   // Qwen3.5/3.6, Qwen3-Next: the layers whose token mixer is Gated DeltaNet (layer_types'
   // "linear_attention"; empty: none), and its shape.
@@ -229,7 +238,7 @@ struct DecoderConfig {
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
 // qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,
-// qwen3_next, qwen3_5_moe_text; another is refused listing these; gemma3, qwen3_5 and qwen3_5_moe (their
+// qwen3_next, qwen3_5_moe_text, gpt_oss; another is refused listing these; gemma3, qwen3_5 and qwen3_5_moe (their
 // *ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts torch_dtype or
 // dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
 // use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the field, also for a

@@ -52,6 +52,10 @@ class HostOps final : public Ops {
                                   double scale, double cap) const override {
     return apply_softcapped_attention(q, k, v, mask, scale, cap);  // no fused kernel takes the cap
   }
+  at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            double scale, const at::Tensor& sinks) const override {
+    return apply_sink_attention(q, k, v, mask, scale, sinks);  // no fused kernel takes the sinks
+  }
   BlockAttention block_attention(const at::Tensor&) const override { return BlockAttention::kCpuFlash; }
 
   std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

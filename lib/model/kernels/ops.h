@@ -72,6 +72,13 @@ class Ops {
   // (apply_softcapped_attention).
   virtual at::Tensor softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                           const at::Tensor& mask, double scale, double cap) const = 0;
+  // softmax over [q k^T * scale, sink] of the keys `mask` allows (bool, broadcast to (B, H, T, S)) and
+  // one more logit per head, sinks (H), whose weight goes to no value, times v: q (B, H, T, D), k and
+  // v (B, H, S, D) (kv heads repeated) -> (B, H, T, D). gpt-oss's attention sinks, which no fused
+  // attention kernel here takes: every provider computes the scores whole, as transformers' eager
+  // attention does (apply_sink_attention).
+  virtual at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& mask, double scale, const at::Tensor& sinks) const = 0;
   // Context parallel's kernel for a block of q (B, H, L, D).
   virtual BlockAttention block_attention(const at::Tensor& q) const = 0;
 
@@ -133,6 +140,12 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
 // softcapped_attention).
 at::Tensor apply_softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& mask, double scale, double cap);
+
+// Attention with sinks as transformers' eager attention computes it: the scores in q's dtype, the
+// softmax with the sink column in fp32 (float64 for float64 q) and cast back, the sink dropped, then
+// the product with v (the providers' sink_attention).
+at::Tensor apply_sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                double scale, const at::Tensor& sinks);
 
 // The table a run on `device` would take for a choice, in a build with that device's kernels: what
 // memory estimates ask before any tensor exists. Never throws.

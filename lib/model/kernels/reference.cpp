@@ -50,6 +50,10 @@ class ReferenceOps final : public Ops {
                                   double scale, double cap) const override {
     return apply_softcapped_attention(q, k, v, mask, scale, cap);  // no fused kernel takes the cap
   }
+  at::Tensor sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            double scale, const at::Tensor& sinks) const override {
+    return apply_sink_attention(q, k, v, mask, scale, sinks);  // no fused kernel takes the sinks
+  }
   BlockAttention block_attention(const at::Tensor&) const override { return BlockAttention::kMath; }
 
   std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -95,6 +99,16 @@ at::Tensor apply_softcapped_attention(const at::Tensor& q, const at::Tensor& k, 
   const at::Tensor masked = scores.masked_fill(mask.bitwise_not(), -std::numeric_limits<double>::infinity());
   const at::ScalarType softmax_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // at least fp32
   return at::matmul(at::softmax(masked, -1, softmax_type).to(q.scalar_type()), v);
+}
+
+at::Tensor apply_sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                                double scale, const at::Tensor& sinks) {
+  const at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;  // (B, H, T, S)
+  const at::Tensor masked = scores.masked_fill(mask.bitwise_not(), -std::numeric_limits<double>::infinity());
+  const at::Tensor sink = sinks.to(q.scalar_type()).view({1, -1, 1, 1}).expand({q.size(0), -1, q.size(2), 1});
+  const at::ScalarType softmax_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // at least fp32
+  const at::Tensor p = at::softmax(at::cat({masked, sink}, -1), -1, softmax_type).narrow(-1, 0, k.size(2));
+  return at::matmul(p.to(q.scalar_type()), v);
 }
 
 const Ops& reference_ops() {

@@ -42,6 +42,12 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
+  if (c.attention_sinks) {
+    FSDP_CHECK(!tp && !cp, "[model] ", family_names(c.family).architecture, "'s attention sinks (a logit per head) ",
+               "are not split by ", tp ? "tensor parallel" : "context parallel", " yet; train it with ",
+               tp ? "tp_size 1 (FSDP shards it)" : "cp_size and sp_size 1");
+    sinks = register_parameter("sinks", at::empty({heads}));
+  }
   if (c.qk_norm) {
     q_norm = register_module("q_norm", norm_of(c, head_dim));
     k_norm = register_module("k_norm", norm_of(c, head_dim));
@@ -179,7 +185,8 @@ at::Tensor AttentionImpl::attend_varlen(const at::Tensor& q, const at::Tensor& k
 // CPU kernel here, its memory-efficient one on a GPU in fp32).
 at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);
-  const bool plain_causal = !packed.defined() && start == 0 && (window == 0 || t <= window) && softcap == 0;
+  const bool plain_causal =
+      !packed.defined() && start == 0 && (window == 0 || t <= window) && softcap == 0 && !sinks.defined();
   const kernels::Ops& ops = kernels::ops_for(q);
   if (plain_causal && !scale)  // the host's: products on oneDNN, kv heads shared (CPU float32)
     if (std::optional<at::Tensor> y = ops.causal_attention(q, k, v))
@@ -194,7 +201,9 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
                             : attention_mask(t, keys, start, window, q.device());
   };
   at::Tensor y;
-  if (softcap > 0)  // no fused kernel takes the cap
+  if (sinks.defined())  // nor the sinks
+    y = ops.sink_attention(q, k, v, mask(), scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))), sinks);
+  else if (softcap > 0)  // no fused kernel takes the cap
     y = ops.softcapped_attention(q, k, v, mask(), scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))),
                                  softcap);
   else if (packed.defined() && packed.cu_seqlens.defined() && ops.varlen_flash_attention(q))

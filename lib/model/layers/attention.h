@@ -1,5 +1,6 @@
 // Self-attention as the layer's plan sets it: full or a sliding window, grouped kv heads, q/k norms
-// (per head or over the whole projection), partial or no rotation, its own score scale and soft cap.
+// (per head or over the whole projection), partial or no rotation, its own score scale and soft cap,
+// gpt-oss's sinks.
 // Which kernel each form takes on each device: attend() in attention.cpp, and model/kernels/ops.h.
 // Not thread-safe (LibTorch modules).
 #pragma once
@@ -82,6 +83,7 @@ class AttentionImpl : public torch::nn::Module {
   bool output_gate;  // Qwen3.5/3.6, Qwen3-Next: q_proj gives each head's query and gate side by side
   std::optional<double> scale;  // the scores' factor; none: 1/sqrt(head_dim)
   double softcap;               // the scores' tanh cap; 0: none
+  at::Tensor sinks;             // gpt-oss: a logit per head beside each query's scores (H); undefined: none
   std::shared_ptr<TensorParallel> tp;
   std::shared_ptr<ContextParallel> cp;
 

@@ -363,7 +363,9 @@ at::Tensor init_parameter_range(const DecoderConfig& c, uint64_t seed, const std
   }
   if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight"))  // Gemma's (1 + w): zeros
     return c.norm_unit_offset ? at::zeros({count}) : at::ones({count});
-  if (ends_with(name, ".bias")) return at::zeros({count});
+  // Biases start at zero, gpt-oss's experts' too; its router's bias and sinks are drawn, as transformers draws them.
+  if ((ends_with(name, ".bias") && !ends_with(name, "router.bias")) || ends_with(name, "_proj_bias"))
+    return at::zeros({count});
   return normal_range(named_stream(seed, name), c.initializer_range, n, begin, count);
 }
 

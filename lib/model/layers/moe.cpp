@@ -7,14 +7,35 @@
 
 namespace fsdp::model {
 
-ExpertsImpl::ExpertsImpl(const DecoderConfig& c) : torch::nn::Module("Experts"), activation(c.activation) {
+ExpertsImpl::ExpertsImpl(const DecoderConfig& c)
+    : torch::nn::Module("Experts"),
+      activation(c.activation),
+      gpt_oss(c.moe.gpt_oss),
+      swiglu_alpha(c.moe.swiglu_alpha),
+      swiglu_limit(c.moe.swiglu_limit) {
   const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size, C = c.hidden_size;
+  if (gpt_oss) {  // transformers' order: gate_up_proj, its bias, down_proj, its bias
+    gate_up_proj = register_parameter("gate_up_proj", at::empty({E, C, 2 * I}));
+    gate_up_proj_bias = register_parameter("gate_up_proj_bias", at::empty({E, 2 * I}));
+    down_proj = register_parameter("down_proj", at::empty({E, I, C}));
+    down_proj_bias = register_parameter("down_proj_bias", at::empty({E, C}));
+    return;
+  }
   gate_up_proj = register_parameter("gate_up_proj", at::empty({E, 2 * I, C}));
   down_proj = register_parameter("down_proj", at::empty({E, C, I}));
 }
 
-at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets) {
+at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& expert) {
   const kernels::Ops& ops = kernels::ops_for(x);
+  if (gpt_oss) {
+    // (N, 2I): each row by its expert's (C, 2I), its bias added; gate and up in alternate columns.
+    const at::Tensor gate_up = ops.grouped_mm(x, gate_up_proj, offsets) + gate_up_proj_bias.index_select(0, expert);
+    const int64_t width = gate_up.size(1);
+    const at::Tensor gate = gate_up.slice(1, 0, width, 2).clamp_max(swiglu_limit);
+    const at::Tensor up = gate_up.slice(1, 1, width, 2).clamp(-swiglu_limit, swiglu_limit);
+    const at::Tensor h = (up + 1) * (gate * at::sigmoid(gate * swiglu_alpha));
+    return ops.grouped_mm(h, down_proj, offsets) + down_proj_bias.index_select(0, expert);
+  }
   // One grouped product each for gate, up and down, the (E, out, in) weights read transposed in
   // place; gate and up apart, so SwiGLU reads contiguous blocks (a GPU's loops vectorize only those).
   const int64_t inner = gate_up_proj.size(1) / 2;
@@ -25,9 +46,13 @@ at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets) 
 }
 
 MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c)
-    : torch::nn::Module("MoeBlock"), top_k(c.moe.experts_per_token), norm_topk_prob(c.moe.norm_topk_prob) {
+    : torch::nn::Module("MoeBlock"),
+      top_k(c.moe.experts_per_token),
+      norm_topk_prob(c.moe.norm_topk_prob),
+      softmax_of_top(c.moe.gpt_oss) {
   // In describe()'s order: the router, the experts, the shared expert and its gate.
-  gate = register_module("gate", uninitialized_linear(c.hidden_size, c.moe.num_experts, false));
+  gate = register_module(c.moe.gpt_oss ? "router" : "gate",
+                         uninitialized_linear(c.hidden_size, c.moe.num_experts, c.moe.gpt_oss));
   experts = register_module("experts", Experts(c));
   if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
     DecoderConfig shared = c;
@@ -41,10 +66,17 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   const int64_t C = input.size(-1), E = gate->weight.size(0);
   const at::Tensor x = input.reshape({-1, C});  // (N, C)
   const int64_t N = x.size(0);
-  const at::Tensor logits = at::linear(x, gate->weight);  // (N, E), the compute dtype
+  const at::Tensor logits = at::linear(x, gate->weight, gate->bias);  // (N, E), the compute dtype
   const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
-  auto [weights, chosen] = at::topk(probs, top_k, -1);  // (N, k) fp32, int64
-  if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  at::Tensor weights, chosen;  // (N, k) fp32, int64
+  if (softmax_of_top) {  // gpt-oss: the top k logits, then their softmax
+    auto [top, index] = at::topk(logits, top_k, -1);
+    weights = at::softmax(top.to(at::kFloat), -1);
+    chosen = index;
+  } else {
+    std::tie(weights, chosen) = at::topk(probs, top_k, -1);
+    if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  }
   // The aux loss's statistics: transformers' load_balancing_loss_func takes the softmax in the
   // logits' dtype and its own top-k of it (the same experts in fp32).
   const at::Tensor flat = chosen.reshape(-1);
@@ -58,7 +90,8 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   const at::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));  // (N k)
   const at::Tensor token = order.div(top_k, "floor");
   const at::Tensor offsets = counts.cumsum(0).to(at::kInt);
-  const at::Tensor y = experts->forward(x.index_select(0, token), offsets);  // (N k, C)
+  const at::Tensor y =
+      experts->forward(x.index_select(0, token), offsets, flat.index_select(0, order));  // (N k, C)
   const at::Tensor w = weights.reshape(-1).index_select(0, order).unsqueeze(1);  // (N k, 1) fp32
   at::Tensor out = at::zeros({N, C}, x.options().dtype(at::kFloat)).index_add(0, token, y.to(at::kFloat) * w);
   out = out.to(x.scalar_type());

@@ -1,8 +1,9 @@
-// The mixture-of-experts feed-forward (Qwen3-MoE, Qwen2-MoE, Mixtral), as transformers computes it
+// The mixture-of-experts feed-forward (Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss), as transformers computes it
 // and names it: a router `gate` (C -> E, no bias) scores each token; softmax over the experts in
 // fp32, the top experts_per_token kept (renormalised to sum 1 when norm_topk_prob); each kept
 // expert's SwiGLU output times its weight, summed in fp32; Qwen2-MoE adds a shared expert times
-// sigmoid(shared_expert_gate(x)). The experts are held stacked as transformers v5 holds them
+// sigmoid(shared_expert_gate(x)); gpt-oss's router has a bias and takes the softmax of the top-k
+// logits, its experts biases and a clamped SwiGLU. The experts are held stacked as transformers v5 holds them
 // (experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)); the checkpoint layer reads and
 // writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
 //
@@ -27,16 +28,22 @@
 
 namespace fsdp::model {
 
-// The experts' weights, stacked: expert e's gate rows then up rows in gate_up_proj[e], its down in down_proj[e].
+// The experts' weights, stacked: expert e's gate rows then up rows in gate_up_proj[e], its down in
+// down_proj[e]. gpt-oss's (MoeConfig::gpt_oss): gate_up_proj (E, C, 2I) with the gate and up columns
+// interleaved, down_proj (E, I, C), and their biases (E, 2I) and (E, C).
 class ExpertsImpl : public torch::nn::Module {
  public:
   explicit ExpertsImpl(const DecoderConfig& c);
   // x (N, C): rows grouped by expert, expert e's ending at offsets[e] (E, int32, cumulative, on x's
-  // device) -> (N, C), each row through its expert's SwiGLU: one grouped product each for gate, up
-  // and down (kernels::Ops::grouped_mm).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& offsets);
+  // device), row i's expert expert[i] (N, int64; for the biases) -> (N, C), each row through its
+  // expert's SwiGLU: one grouped product each for gate, up and down (kernels::Ops::grouped_mm;
+  // gpt-oss's gate and up in one, their columns interleaved).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& expert);
   at::Tensor gate_up_proj, down_proj;
+  at::Tensor gate_up_proj_bias, down_proj_bias;  // gpt-oss
   Activation activation;
+  bool gpt_oss;
+  double swiglu_alpha, swiglu_limit;
 };
 TORCH_MODULE(Experts);
 
@@ -51,12 +58,13 @@ class MoeBlockImpl : public torch::nn::Module {
  public:
   explicit MoeBlockImpl(const DecoderConfig& c);
   at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
-  torch::nn::Linear gate{nullptr};           // the router (E, C)
+  torch::nn::Linear gate{nullptr};           // the router (E, C); gpt-oss's, with a bias, registered as "router"
   Experts experts{nullptr};
   GatedMlp shared_expert{nullptr};                 // Qwen2-MoE
   torch::nn::Linear shared_expert_gate{nullptr};  // Qwen2-MoE: (1, C)
   int64_t top_k;
   bool norm_topk_prob;
+  bool softmax_of_top;  // gpt-oss: the softmax over the top-k logits (else over all, then the top k)
   RouterStats last;  // the last forward's (CausalLM::router_aux_loss and expert_load read them)
 };
 TORCH_MODULE(MoeBlock);
