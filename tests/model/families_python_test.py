@@ -6,7 +6,8 @@ scaling), OLMo 2 (norms after the blocks), SmolLM3 (a layer without rotary, a wi
 (multipliers), Phi-3 (a partial rotation with longrope, a window, fused projections in the folder)
 and Llama with YaRN, the mixtures of experts of issue 61 (Qwen3-MoE with a dense layer among sparse
 ones and the top-k renormalised, Qwen2-MoE with its shared expert and sparse layers every second,
-Mixtral; the Hub's folders hold the experts one by one, the model stacked), issue 62's hybrids (Qwen3.5 and
+Mixtral; the Hub's folders hold the experts one by one, the model stacked; gpt-oss: sinks, alternating
+windows, YaRN, a biased router over its top-k logits, biased experts with the clamped SwiGLU), issue 62's hybrids (Qwen3.5 and
 Qwen3-Next: Gated DeltaNet layers and a gated full-attention one, on 200 tokens, several chunks of the rule
 and a partial one; their packed records against each record run alone, as transformers' PyTorch path
 does not restart the state given position_ids alone), and Llama beside them, transformers
@@ -27,7 +28,7 @@ decoding gives transformers' generate(do_sample=False) ids, token for token, for
 sampling with a seed gives the same ids twice and other ids with another seed; a prompt longer
 than the model's positions is refused.
 The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Phi-4, Qwen3-30B-A3B,
-Mixtral-8x7B, Qwen3-Next-80B-A3B) have the
+Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
 import argparse
@@ -385,7 +386,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 def check_shapes(tool, source):
     for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "phi-4", "qwen3-30b-a3b", "mixtral-8x7b",
-                 "qwen3-next-80b-a3b"):
+                 "qwen3-next-80b-a3b", "gpt-oss-20b"):
         folder = os.path.join(source, "configs", "models", name)
         run = subprocess.run([tool, "count", os.path.join(folder, "config.json")], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr

@@ -324,7 +324,8 @@ std::vector<Op> record_step(int64_t layers, int64_t batch, int64_t seq, Float8Re
 // makes it (Gemma 3: sandwich norms of (1 + w), GELU, per-head q/k norms, a local rotary table, a
 // sliding layer; Gemma 2: soft-capped scores and logits; OLMo 2: norms after the blocks and over
 // the whole projections; SmolLM3: a layer without rotary; Granite: the multipliers; Qwen3.5 and
-// Qwen3-Next: Gated DeltaNet, an output gate, (1 + w) norms, a partial rotation).
+// Qwen3-Next: Gated DeltaNet, an output gate, (1 + w) norms, a partial rotation; gpt-oss: sinks,
+// biased experts).
 DecoderConfig one_b_of(const std::string& model_type, const std::string& extra) {
   return parse_decoder_config(R"({"model_type": ")" + model_type + R"(", "vocab_size": 128256, "hidden_size": 2048,
       "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -400,7 +401,9 @@ TEST_CASE("each new layer kind's bf16 step at the 1B widths: bf16 products, no f
                      "logits_scaling": 8.0)"},
       // The hybrids: a Gated DeltaNet layer (every product of the chunked rule) and a gated full-attention one.
       {"qwen3_5_text", R"("layer_types": ["linear_attention", "full_attention"])"},
-      {"qwen3_next", R"("layer_types": ["linear_attention", "full_attention"], "num_experts": 0)"}};
+      {"qwen3_next", R"("layer_types": ["linear_attention", "full_attention"], "num_experts": 0)"},
+      // gpt-oss: sinks (the scores whole), a window, biased experts over grouped products.
+      {"gpt_oss", R"("num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128)"}};
   for (const auto& [type, extra] : kinds) {
     CAPTURE(type);
     const Bill b = bill_of(record_step_of(one_b_of(type, extra), 1, 1024));

@@ -9,7 +9,7 @@ initial weights, the fine-tuning example's tokenizer and records), `fsdptrain la
 The families' configs set what makes them differ from Llama away from its default (caps, scales,
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
-the auxiliary loss in the training loss), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
+the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
 packed records each starting from a zero state); and a Gemma3ForConditionalGeneration and a
 Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
 models with it."""
@@ -63,6 +63,11 @@ def configs(vocab):
                       transformers.Qwen2MoeForCausalLM),
         "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
                     transformers.MixtralForCausalLM),
+        # gpt-oss: sinks, windows shorter than a record on alternate layers, biased experts and router, the
+        # clamped SwiGLU, its auxiliary loss in the training loss.
+        "gpt_oss": (transformers.GptOssConfig(**common, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                              sliding_window=8, output_router_logits=True, router_aux_loss_coef=0.01),
+                    transformers.GptOssForCausalLM),
         # Issue 62's hybrids: Gated DeltaNet layers around a gated full-attention one; Qwen3-Next's
         # fused projections and experts with a shared expert.
         "qwen3_5": (transformers.Qwen3_5TextConfig(**hybrid_text(common)), transformers.Qwen3_5ForCausalLM),
@@ -211,7 +216,7 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--families",
-                    default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal,qwen3_moe,qwen2_moe,mixtral,"
+                    default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal,qwen3_moe,qwen2_moe,mixtral,gpt_oss,"
                             "qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)

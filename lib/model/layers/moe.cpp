@@ -32,7 +32,9 @@ at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets, 
     const at::Tensor gate_up = ops.grouped_mm(x, gate_up_proj, offsets) + gate_up_proj_bias.index_select(0, expert);
     const int64_t width = gate_up.size(1);
     const at::Tensor gate = gate_up.slice(1, 0, width, 2).clamp_max(swiglu_limit);
-    const at::Tensor up = gate_up.slice(1, 1, width, 2).clamp(-swiglu_limit, swiglu_limit);
+    // clamp(-limit, limit) as two one-sided clamps: the same values and gradient, and each has a meta
+    // kernel (clamp's backward takes logical_and, which has none).
+    const at::Tensor up = gate_up.slice(1, 1, width, 2).clamp_min(-swiglu_limit).clamp_max(swiglu_limit);
     const at::Tensor h = (up + 1) * (gate * at::sigmoid(gate * swiglu_alpha));
     return ops.grouped_mm(h, down_proj, offsets) + down_proj_bias.index_select(0, expert);
   }
