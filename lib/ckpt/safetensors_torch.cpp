@@ -88,6 +88,23 @@ at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, i
   return rows;
 }
 
+at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, const std::string& what) {
+  FSDP_CHECK(blocks.scalar_type() == at::kByte && scales.scalar_type() == at::kByte && blocks.dim() == 4 &&
+                 blocks.size(3) == 16 && scales.sizes() == blocks.sizes().slice(0, 3),
+             "[ckpt] ", what, ": MXFP4 blocks ", blocks.sizes(), " (", blocks.scalar_type(), ") and scales ",
+             scales.sizes(), " (", scales.scalar_type(), ") are not (n, R, G, 16) and (n, R, G) bytes");
+  // e2m1: sign, two exponent bits, one mantissa bit.
+  static const float kValues[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  const at::Tensor table = at::from_blob(const_cast<float*>(kValues), {16}, at::kFloat);
+  const at::Tensor bytes = blocks.to(at::kLong);
+  auto lookup = [&](const at::Tensor& index) { return table.index_select(0, index.reshape({-1})).view(index.sizes()); };
+  const at::Tensor pairs = at::stack({lookup(bytes.bitwise_and(15)), lookup(bytes.bitwise_right_shift(4))}, -1);
+  const int64_t n = blocks.size(0), r = blocks.size(1), g = blocks.size(2);
+  const at::Tensor scale = at::exp2(scales.to(at::kFloat) - 127.0f).unsqueeze(-1);  // exact powers of 2
+  return (pairs.reshape({n, r, g, 32}) * scale).reshape({n, r, g * 32}).transpose(1, 2).contiguous();
+}
+
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::vector<at::Tensor> host;  // keeps the contiguous CPU copies alive while serializing

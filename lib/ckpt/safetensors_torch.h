@@ -27,6 +27,13 @@ int64_t row_bytes(const TensorInfo& info);
 // Rows [r0, r1) of a mapped tensor (dim 0; a scalar is one row), copied and converted to fp32.
 at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, int64_t r0, int64_t r1);
 
+// MXFP4 blocks (n, R, G, 16) and scales (n, R, G), both uint8 (model/config/description.h's
+// FolderLayout::mxfp4), dequantized to fp32 (n, G * 32, R): value 2k of a block's byte its low nibble
+// and 2k + 1 its high one, each an e2m1 number times 2^(scale - 127), then the last two dimensions
+// transposed, as transformers' convert_moe_packed_tensors gives them. Throws InputError for other
+// dtypes or shapes, naming `what`.
+at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, const std::string& what = "MXFP4");
+
 // Appends a host tensor's bytes to `out` (SafetensorsWriter::append's order and size rules). The
 // writer takes host memory only: a tensor on any other device (CUDA, meta) is refused, naming it, so
 // a device pointer never reaches write(). Callers copy to the host one tensor at a time.

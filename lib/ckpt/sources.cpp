@@ -315,6 +315,13 @@ class FullSource final : public Source {
     std::map<std::string, StoredInfo> infos;
     std::map<std::string, Entry> entries;
     for (const auto& [mine, place] : layout.places(shapes)) {
+      if (!place.scales.empty()) {  // MXFP4: its blocks' entry, and its scales'
+        Entry e = entries_.at(place.stored);
+        e.scales = std::make_shared<Entry>(entries_.at(place.scales));
+        infos[mine] = {Dtype::kBF16, place.shape};  // its values: e2m1 times powers of 2, exact in bf16
+        entries[mine] = std::move(e);
+        continue;
+      }
       if (!place.stack.empty()) {
         Entry stacked;
         for (const std::vector<std::string>& row : place.stack) {
@@ -334,6 +341,7 @@ class FullSource final : public Source {
   }
   void files(const std::string& name, int64_t r0, int64_t r1, std::set<std::string>& out) const override {
     const Entry& e = entries_.at(name);
+    if (e.scales) out.insert(base_name(e.scales->file->path()));
     if (e.stack.empty()) {
       out.insert(base_name(e.file->path()));
       return;
@@ -343,6 +351,9 @@ class FullSource final : public Source {
   }
   at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
     const Entry& e = entries_.at(name);
+    if (e.scales)
+      return dequantize_mxfp4(mapped_rows(*e.file, *e.tensor, r0, r1),
+                              mapped_rows(*e.scales->file, *e.scales->tensor, r0, r1), name);
     if (e.stack.empty()) return read_rows_fp32(*e.file, *e.tensor, e.row0 + r0, e.row0 + r1);
     std::vector<at::Tensor> out;
     for (int64_t r = r0; r < r1; ++r) {
@@ -355,6 +366,10 @@ class FullSource final : public Source {
   }
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
+    if (e.scales) {
+      out.copy_(rows(name, r0, r1));
+      return;
+    }
     if (!e.stack.empty()) {  // each row's parts into its block, one after another
       for (int64_t r = r0; r < r1; ++r) {
         int64_t at_row = 0;
@@ -393,6 +408,7 @@ class FullSource final : public Source {
     const TensorInfo* tensor = nullptr;
     int64_t row0 = 0;  // a fused tensor's part: where its rows start in the stored tensor
     std::vector<std::vector<Entry>> stack;  // a stacked parameter: each row's stored tensors (file, tensor)
+    std::shared_ptr<Entry> scales;          // an MXFP4 parameter (file, tensor: its blocks): its scales
   };
   bool checksums_ = false;
   std::map<std::string, std::vector<Segment>> read_;  // with checksums: by file name

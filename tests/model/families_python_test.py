@@ -205,6 +205,33 @@ def stacked_copy(saved, out):
     return len(experts)
 
 
+def mxfp4_copies(saved, packed, plain):
+    """gpt-oss's experts as its Hub checkpoints hold them: MXFP4 blocks and scales (random bytes, scales
+    around 2^-4), in `packed` (config.json with its quantization_config); and the same weights dequantized
+    by transformers' own convert_moe_packed_tensors, in `plain`."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    g = torch.Generator().manual_seed(11)
+    quantized, dequantized = {}, {}
+    for name, t in load_file(os.path.join(saved, "model.safetensors")).items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            quantized[name] = dequantized[name] = t
+            continue
+        experts, k, r = t.shape
+        blocks = torch.randint(0, 256, (experts, r, k // 32, 16), dtype=torch.uint8, generator=g)
+        scales = torch.randint(119, 125, (experts, r, k // 32), dtype=torch.uint8, generator=g)
+        quantized[name + "_blocks"], quantized[name + "_scales"] = blocks, scales
+        dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).contiguous()
+        assert dequantized[name].shape == t.shape
+    config = json.load(open(os.path.join(saved, "config.json")))
+    for folder, tensors in ((packed, quantized), (plain, dequantized)):
+        os.makedirs(folder)
+        save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        json.dump(dict(config, **({"quantization_config": {"quant_method": "mxfp4"}} if folder == packed else {})),
+                  open(os.path.join(folder, "config.json"), "w"))
+    return sum(1 for n in quantized if n.endswith("_blocks"))
+
+
 def packed_golden(model, ours, alone_golden=False):
     """Two records packed in one row: transformers' logits given the same position_ids (which it
     reads as packed sequences, each attending only to itself, when there is no cache), the loss, and
@@ -340,6 +367,16 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
         assert sum(ours["expert_load"]) == len(ours["tokens"]) * k * len(sparse)
         if name == "gpt_oss":  # its folders hold the experts fused already, as transformers holds them
             aux64 = None
+            # The Hub's MXFP4 checkpoints: read dequantized, the same logits, bit for bit, as the weights
+            # transformers dequantizes from the same bytes.
+            packed_dir, plain_dir = os.path.join(d, "gpt_oss_mxfp4"), os.path.join(d, "gpt_oss_dequantized")
+            count = mxfp4_copies(saved, packed_dir, plain_dir)
+            logits_of = lambda folder: json.loads(subprocess.run(  # noqa: E731
+                [tool, "logits-of", folder, json.dumps([ours["tokens"]])], capture_output=True, text=True,
+                check=True).stdout.splitlines()[-1])
+            assert logits_of(packed_dir) == logits_of(plain_dir), name
+            print(f"{name}: {count} MXFP4 expert tensors (blocks and scales) read as transformers dequantizes them: "
+                  "the same logits, bit for bit")
     if aux64 is not None:
         # The same weights stored stacked (transformers 5's layout): the same logits, bit for bit.
         stacked = os.path.join(d, name + "_stacked")

@@ -49,6 +49,11 @@ struct FolderLayout {
   // (ours, stored): a parameter the folder holds under another name, read and exported so (Mixtral's
   // mlp.gate.weight is block_sparse_moe.gate.weight).
   std::vector<std::pair<std::string, std::string>> renamed;
+  // Parameters (E, K, R) a folder may hold in MXFP4, as gpt-oss's Hub checkpoints hold its experts:
+  // NAME_blocks (E, R, K/32, 16) bytes, each two 4-bit e2m1 values (the low nibble first), and
+  // NAME_scales (E, R, K/32) bytes, each block of 32 values times 2^(scale - 127); read dequantized
+  // into (E, R, K) and transposed, as transformers dequantizes them. Exports write them whole.
+  std::vector<std::string> mxfp4;
   // The model's name for a stored one ("" when left out).
   std::string ours(const std::string& stored) const {
     for (const std::string& p : left_out)
@@ -79,6 +84,8 @@ struct FolderLayout {
     // A stacked parameter read from tensors apart (stored then empty): row e is these stored
     // tensors, end to end.
     std::vector<std::vector<std::string>> stack;
+    // An MXFP4 parameter: `stored` names its blocks, this its scales ("" otherwise).
+    std::string scales;
   };
   std::map<std::string, Place> places(const std::map<std::string, std::vector<int64_t>>& stored) const {
     std::map<std::string, Place> out;
@@ -104,6 +111,18 @@ struct FolderLayout {
         out[part] = p;
         row0 += n;
       }
+    }
+    for (const std::string& name : mxfp4) {  // stored whole: read as it is
+      const auto blocks = out.find(name + "_blocks"), scales = out.find(name + "_scales");
+      if (out.count(name) || blocks == out.end() || scales == out.end() || blocks->second.shape.size() != 4) continue;
+      const std::vector<int64_t>& b = blocks->second.shape;  // (E, R, K/32, 16)
+      Place p;
+      p.stored = blocks->second.stored;
+      p.scales = scales->second.stored;
+      p.shape = {b[0], b[2] * b[3] * 2, b[1]};
+      out.erase(blocks);
+      out.erase(scales);
+      out[name] = p;
     }
     for (const StackedTensor& s : stacked) {  // stored whole: read as it is
       if (out.count(s.name) || s.rows.empty()) continue;

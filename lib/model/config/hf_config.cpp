@@ -1186,6 +1186,8 @@ ModelDescription describe(const DecoderConfig& c) {
       add(x + "gate_up_proj_bias", {E, 2 * I});
       add(x + "down_proj", {E, I, C});
       add(x + "down_proj_bias", {E, C});
+      d.layout.mxfp4.push_back(x + "gate_up_proj");  // the Hub's checkpoints: MXFP4 blocks and scales
+      d.layout.mxfp4.push_back(x + "down_proj");
     } else if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
       const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
       const std::string m = p + "mlp.", x = m + "experts.";
