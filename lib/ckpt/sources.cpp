@@ -334,7 +334,7 @@ class FullSource final : public Source {
       }
       infos[mine] = {infos_.at(place.stored).dtype, place.shape};
       const Entry& e = entries_.at(place.stored);
-      entries[mine] = {e.file, e.tensor, e.row0 + place.row0, {}};
+      entries[mine] = {e.file, e.tensor, e.row0 + place.row0, {}, nullptr};
     }
     infos_ = std::move(infos);
     entries_ = std::move(entries);
@@ -416,7 +416,7 @@ class FullSource final : public Source {
   std::map<std::string, const SafetensorsFile*> by_name_;
   void add(const SafetensorsFile& f, const TensorInfo& t) {
     infos_[t.name] = StoredInfo{t.dtype, t.shape};
-    entries_[t.name] = {&f, &t, 0, {}};
+    entries_[t.name] = {&f, &t, 0, {}, nullptr};
     by_name_.emplace(base_name(f.path()), &f);
   }
   HfCheckpoint hf_;

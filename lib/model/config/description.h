@@ -90,7 +90,7 @@ struct FolderLayout {
   std::map<std::string, Place> places(const std::map<std::string, std::vector<int64_t>>& stored) const {
     std::map<std::string, Place> out;
     for (const auto& [name, shape] : stored)
-      if (const std::string mine = ours(name); !mine.empty() && !out.count(mine)) out[mine] = {name, 0, shape, {}};
+      if (const std::string mine = ours(name); !mine.empty() && !out.count(mine)) out[mine] = {name, 0, shape, {}, ""};
     for (const FusedTensor& f : fused) {
       const auto it = out.find(f.name);
       if (it == out.end()) continue;

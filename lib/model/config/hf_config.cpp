@@ -1127,6 +1127,57 @@ std::string canonical_json(DecoderConfig c) {
   return decoder_config_json(c);
 }
 
+// A layer's feed-forward, in the order the modules register them: gpt-oss's router and experts as
+// transformers holds them (the Hub's MXFP4 blocks and scales read dequantized); the router, the
+// experts stacked (the Hub's folders hold them one by one) and a shared expert; or the dense MLP.
+void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t l, const std::string& p) {
+  const int64_t C = c.hidden_size, F = c.intermediate_size;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) { d.params.push_back({name, shape, {}}); };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    add(name + ".weight", {out, in});
+    if (bias) add(name + ".bias", {out});
+  };
+  if (c.is_moe(l) && c.moe.gpt_oss) {  // as transformers holds them: (in, out), with biases
+    const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
+    const std::string m = p + "mlp.", x = m + "experts.";
+    linear(m + "router", C, E, true);
+    add(x + "gate_up_proj", {E, C, 2 * I});
+    add(x + "gate_up_proj_bias", {E, 2 * I});
+    add(x + "down_proj", {E, I, C});
+    add(x + "down_proj_bias", {E, C});
+    d.layout.mxfp4.push_back(x + "gate_up_proj");  // the Hub's checkpoints: MXFP4 blocks and scales
+    d.layout.mxfp4.push_back(x + "down_proj");
+  } else if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
+    const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
+    const std::string m = p + "mlp.", x = m + "experts.";
+    linear(m + "gate", C, E, false);
+    add(x + "gate_up_proj", {E, 2 * I, C});
+    add(x + "down_proj", {E, C, I});
+    // The Hub's names: experts.N.{gate,up,down}_proj (Qwen), block_sparse_moe.experts.N.{w1,w3,w2} (Mixtral).
+    const bool mixtral = c.family == Family::kMixtral;
+    const std::string hub = mixtral ? p + "block_sparse_moe.experts." : x;
+    StackedTensor gate_up{x + "gate_up_proj", {}}, down{x + "down_proj", {}};
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string n = str(hub, e, ".");
+      gate_up.rows.push_back({n + (mixtral ? "w1" : "gate_proj") + ".weight", n + (mixtral ? "w3" : "up_proj") + ".weight"});
+      down.rows.push_back({n + (mixtral ? "w2" : "down_proj") + ".weight"});
+    }
+    d.layout.stacked.push_back(std::move(gate_up));
+    d.layout.stacked.push_back(std::move(down));
+    if (mixtral) d.layout.renamed.push_back({m + "gate.weight", p + "block_sparse_moe.gate.weight"});
+    if (const int64_t S = c.moe.shared_expert_intermediate_size; S > 0) {
+      linear(m + "shared_expert.gate_proj", C, S, false);
+      linear(m + "shared_expert.up_proj", C, S, false);
+      linear(m + "shared_expert.down_proj", S, C, false);
+      linear(m + "shared_expert_gate", C, 1, false);
+    }
+  } else {
+    linear(p + "mlp.gate_proj", C, F, c.mlp_bias);
+    linear(p + "mlp.up_proj", C, F, c.mlp_bias);
+    linear(p + "mlp.down_proj", F, C, c.mlp_bias);
+  }
+}
+
 }  // namespace
 
 ModelDescription describe(const DecoderConfig& c) {
@@ -1178,45 +1229,7 @@ ModelDescription describe(const DecoderConfig& c) {
         add(p + "self_attn.k_norm.weight", {K * D});
       }
     }
-    if (c.is_moe(l) && c.moe.gpt_oss) {  // as transformers holds them: (in, out), with biases
-      const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
-      const std::string m = p + "mlp.", x = m + "experts.";
-      linear(m + "router", C, E, true);
-      add(x + "gate_up_proj", {E, C, 2 * I});
-      add(x + "gate_up_proj_bias", {E, 2 * I});
-      add(x + "down_proj", {E, I, C});
-      add(x + "down_proj_bias", {E, C});
-      d.layout.mxfp4.push_back(x + "gate_up_proj");  // the Hub's checkpoints: MXFP4 blocks and scales
-      d.layout.mxfp4.push_back(x + "down_proj");
-    } else if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
-      const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
-      const std::string m = p + "mlp.", x = m + "experts.";
-      linear(m + "gate", C, E, false);
-      add(x + "gate_up_proj", {E, 2 * I, C});
-      add(x + "down_proj", {E, C, I});
-      // The Hub's names: experts.N.{gate,up,down}_proj (Qwen), block_sparse_moe.experts.N.{w1,w3,w2} (Mixtral).
-      const bool mixtral = c.family == Family::kMixtral;
-      const std::string hub = mixtral ? p + "block_sparse_moe.experts." : x;
-      StackedTensor gate_up{x + "gate_up_proj", {}}, down{x + "down_proj", {}};
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string n = str(hub, e, ".");
-        gate_up.rows.push_back({n + (mixtral ? "w1" : "gate_proj") + ".weight", n + (mixtral ? "w3" : "up_proj") + ".weight"});
-        down.rows.push_back({n + (mixtral ? "w2" : "down_proj") + ".weight"});
-      }
-      d.layout.stacked.push_back(std::move(gate_up));
-      d.layout.stacked.push_back(std::move(down));
-      if (mixtral) d.layout.renamed.push_back({m + "gate.weight", p + "block_sparse_moe.gate.weight"});
-      if (const int64_t S = c.moe.shared_expert_intermediate_size; S > 0) {
-        linear(m + "shared_expert.gate_proj", C, S, false);
-        linear(m + "shared_expert.up_proj", C, S, false);
-        linear(m + "shared_expert.down_proj", S, C, false);
-        linear(m + "shared_expert_gate", C, 1, false);
-      }
-    } else {
-      linear(p + "mlp.gate_proj", C, F, c.mlp_bias);
-      linear(p + "mlp.up_proj", C, F, c.mlp_bias);
-      linear(p + "mlp.down_proj", F, C, c.mlp_bias);
-    }
+    describe_feed_forward(d, c, l, p);
     for (const char* norm : layer_norm_names(c.norms)) add(p + norm + ".weight", {C});
     if (c.fused_projections) {  // Phi-3: the folder's qkv_proj and gate_up_proj (no biases in the family)
       const std::string a = p + "self_attn.", m = p + "mlp.";
