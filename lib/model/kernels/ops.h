@@ -128,7 +128,8 @@ const Ops& reference_ops();
 // the others' where at::_grouped_mm does not take the operands).
 at::Tensor grouped_mm_by_group(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets);
 // Whether at::_grouped_mm takes x (N, K) and w (E, K, M): fp32, bf16 or fp16, each operand's rows or
-// columns contiguous with the other stride, K and M a multiple of 16 bytes, its data 16-byte aligned.
+// columns contiguous with the other stride, K and M a multiple of 16 bytes, its data 16-byte aligned
+// (on meta any strides: shapes only, and the groups' ends cannot be read there).
 bool grouped_mm_applies(const at::Tensor& x, const at::Tensor& w);
 
 // The reference rotation of one tensor, x * cos + rotate_half(x) * sin with rotate_half(x) =
