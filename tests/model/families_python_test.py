@@ -205,6 +205,12 @@ def stacked_copy(saved, out):
     return len(experts)
 
 
+def logits_of(tool, folder, tokens):
+    """fsdptrain's logits of one sequence from a folder (hf_tool logits-of), as JSON numbers: compared exactly."""
+    run = subprocess.run([tool, "logits-of", folder, json.dumps([tokens])], capture_output=True, text=True, check=True)
+    return json.loads(run.stdout.splitlines()[-1])
+
+
 def mxfp4_copies(saved, packed, plain):
     """gpt-oss's experts as its Hub checkpoints hold them: MXFP4 blocks and scales (random bytes, scales
     around 2^-4), in `packed` (config.json with its quantization_config); and the same weights dequantized
@@ -371,20 +377,15 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
             # transformers dequantizes from the same bytes.
             packed_dir, plain_dir = os.path.join(d, "gpt_oss_mxfp4"), os.path.join(d, "gpt_oss_dequantized")
             count = mxfp4_copies(saved, packed_dir, plain_dir)
-            logits_of = lambda folder: json.loads(subprocess.run(  # noqa: E731
-                [tool, "logits-of", folder, json.dumps([ours["tokens"]])], capture_output=True, text=True,
-                check=True).stdout.splitlines()[-1])
-            assert logits_of(packed_dir) == logits_of(plain_dir), name
+            assert logits_of(tool, packed_dir, ours["tokens"]) == logits_of(tool, plain_dir, ours["tokens"]), name
             print(f"{name}: {count} MXFP4 expert tensors (blocks and scales) read as transformers dequantizes them: "
                   "the same logits, bit for bit")
     if aux64 is not None:
         # The same weights stored stacked (transformers 5's layout): the same logits, bit for bit.
         stacked = os.path.join(d, name + "_stacked")
         layers = stacked_copy(saved, stacked)
-        logits_of = lambda folder: json.loads(subprocess.run(  # noqa: E731
-            [tool, "logits-of", folder, json.dumps([ours["tokens"]])], capture_output=True, text=True,
-            check=True).stdout.splitlines()[-1])
-        assert layers == len(sparse) and logits_of(stacked) == logits_of(saved), name
+        assert layers == len(sparse) and logits_of(tool, stacked, ours["tokens"]) == logits_of(tool, saved, ours["tokens"]), \
+            name
         print(f"{name}: the experts stored stacked ({layers} layers of experts.gate_up_proj, experts.down_proj) "
               "give the same logits as stored one by one")
     exported = cls.from_pretrained(out, dtype=torch.float32, **eager).eval()

@@ -93,22 +93,32 @@ at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Te
   return x * cos + rotate_half(x) * sin;
 }
 
+namespace {
+
+// Attention's weights as transformers' eager attention takes them: the keys `mask` refuses at -inf,
+// the softmax in at least fp32 and cast back to `dtype`; with `sink` (B, H, T, 1), a column of its
+// own in the softmax whose weight goes to no key.
+at::Tensor eager_weights(const at::Tensor& scores, const at::Tensor& mask, const at::Tensor& sink,
+                         at::ScalarType dtype) {
+  const at::Tensor masked = scores.masked_fill(mask.bitwise_not(), -std::numeric_limits<double>::infinity());
+  const at::ScalarType softmax_type = dtype == at::kDouble ? at::kDouble : at::kFloat;  // at least fp32
+  if (!sink.defined()) return at::softmax(masked, -1, softmax_type).to(dtype);
+  return at::softmax(at::cat({masked, sink}, -1), -1, softmax_type).narrow(-1, 0, scores.size(-1)).to(dtype);
+}
+
+}  // namespace
+
 at::Tensor apply_softcapped_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                       const at::Tensor& mask, double scale, double cap) {
   const at::Tensor scores = at::tanh(at::matmul(q, k.transpose(-2, -1)) * scale / cap) * cap;
-  const at::Tensor masked = scores.masked_fill(mask.bitwise_not(), -std::numeric_limits<double>::infinity());
-  const at::ScalarType softmax_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // at least fp32
-  return at::matmul(at::softmax(masked, -1, softmax_type).to(q.scalar_type()), v);
+  return at::matmul(eager_weights(scores, mask, {}, q.scalar_type()), v);
 }
 
 at::Tensor apply_sink_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                                 double scale, const at::Tensor& sinks) {
   const at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * scale;  // (B, H, T, S)
-  const at::Tensor masked = scores.masked_fill(mask.bitwise_not(), -std::numeric_limits<double>::infinity());
   const at::Tensor sink = sinks.to(q.scalar_type()).view({1, -1, 1, 1}).expand({q.size(0), -1, q.size(2), 1});
-  const at::ScalarType softmax_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // at least fp32
-  const at::Tensor p = at::softmax(at::cat({masked, sink}, -1), -1, softmax_type).narrow(-1, 0, k.size(2));
-  return at::matmul(p.to(q.scalar_type()), v);
+  return at::matmul(eager_weights(scores, mask, sink, q.scalar_type()), v);
 }
 
 const Ops& reference_ops() {
