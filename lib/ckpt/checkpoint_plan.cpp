@@ -30,7 +30,8 @@ ShardImage plan_shard_image(const std::vector<Slot>& slots, const optim::Sharded
     const ShardedParam& p = *s.param;
     const auto [r0, r1] = stored_rows(p);
     const int64_t n = r1 - r0;  // the rank's rows that hold the parameter (not FSDP's or tp's padding)
-    if (n == 0 || (!p.tp.split() && tp_rank != 0)) continue;  // one tp rank writes what they all hold
+    // One tp rank writes what they all hold (the experts too: split over ep, whole over tp).
+    if (n == 0 || ((!p.tp.split() || s.expert) && tp_rank != 0)) continue;
     int64_t c0 = 0, c1 = 0;
     if (p.tp.split() && p.tp.dim == 1) {
       c0 = p.tp.start(p.layout.shape[1]);
@@ -93,7 +94,7 @@ FullSlices plan_full_slices(const std::vector<Slot>& slots, const optim::Sharded
   for (const Slot& s : slots) {
     const ShardedParam& p = *s.param;
     auto add = [&](const std::string& name, const at::Tensor& slice) {
-      out.push_back({name, &p.layout, &p.tp, slice.reshape({-1}), 0});
+      out.push_back({name, &p.layout, &p.tp, slice.reshape({-1}), 0, s.expert});
     };
     add(p.name, p.sharded);
     if (p.trainable) {

@@ -67,6 +67,7 @@ struct HostSlice {
   const TpSlice* tp = nullptr;
   at::Tensor slice;         // (shard_numel) fp32
   uint64_t staged_end = 0;  // Staging::ready(staged_end) before reading it once staged
+  bool expert = false;      // sharded over the experts' mesh: gathered over its groups
   std::vector<int64_t> full_shape() const { return tp->full_shape(layout->shape); }
 };
 

@@ -182,6 +182,8 @@ FullWritten write_full(const FullWrite& w, const std::vector<HostSlice>& slices,
   const bool writer = result.commits;
   auto full = [&](const HostSlice& h) {
     w.staging.ready(h.staged_end);
+    if (h.expert)  // this ep rank's experts over the experts' shard group, then every ep rank's
+      return whole_of(w.ep_host_group, gather_slice(w.expert_host_group, h.slice, *h.layout, h.name), *h.tp, h.name);
     return whole_of(w.tp_host_group, gather_slice(w.host_group, h.slice, *h.layout, h.name), *h.tp, h.name);
   };
   std::vector<const HostSlice*> params, optim;

@@ -40,6 +40,9 @@ struct FullWrite {
   Staging& staging;                                  // holds the slices' values
   dist::ProcessGroup& host_group;                    // Gloo over the shard group: the gathers
   std::optional<dist::ProcessGroup>& tp_host_group;  // and over the tp group, for tensor-parallel blocks
+  // Expert parallel: Gloo over the experts' shard group and over the ep group, for the experts' slices.
+  dist::ProcessGroup& expert_host_group;
+  std::optional<dist::ProcessGroup>& ep_host_group;
   SaveRanks ranks;
   bool rows_in_place = false;  // may each rank write its own rows? (CheckpointOptions::full_rows_in_place, no tp)
   int64_t max_shard_bytes = 0;

@@ -52,6 +52,8 @@ struct Checkpointer::Impl {
   std::unique_ptr<dist::Store> store;               // the writer thread's own connection (SHARDED, several shard ranks)
   dist::ProcessGroup host_group;                    // the writer thread's gathers (FULL): Gloo over the shard group
   std::optional<dist::ProcessGroup> tp_host_group;  // and over the tp group, for tensor-parallel blocks
+  dist::ProcessGroup expert_host_group;             // expert parallel: over the experts' shard group
+  std::optional<dist::ProcessGroup> ep_host_group;  // and over the ep group
   std::thread writer;
   std::exception_ptr error;
   Staging staging;  // this rank's part of the last save, in host memory
@@ -67,11 +69,14 @@ struct Checkpointer::Impl {
         ranks(save_ranks(m)),
         site{fs, options, w.rank() == 0 ? options.log : nullptr},
         loader(m, a, description, w, options),
-        host_group(dist::make_single_process_group()) {}
+        host_group(dist::make_single_process_group()),
+        expert_host_group(dist::make_single_process_group()) {}
 
   // A FULL save whose ranks may each write their own rows into the files (when they also share a
   // machine: write_full checks).
-  bool may_write_in_place() const { return options.full_rows_in_place && ranks.shard_size > 1 && ranks.tp_size == 1; }
+  bool may_write_in_place() const {
+    return options.full_rows_in_place && ranks.shard_size > 1 && ranks.tp_size == 1 && !model.mesh().ep;
+  }
   uint64_t needed() const { return checkpoint_bytes(description.num_parameters); }
 
   void join() {
@@ -101,6 +106,8 @@ struct Checkpointer::Impl {
                      staging,
                      host_group,
                      tp_host_group,
+                     expert_host_group,
+                     ep_host_group,
                      ranks,
                      may_write_in_place(),
                      options.max_shard_bytes,
@@ -184,6 +191,12 @@ Checkpointer::Checkpointer(ShardedModel& model, optim::ShardedAdamW& adamw, mode
     impl_->store = shared->new_client("ckpt/");
     if (impl_->options.format == Format::kFull && impl_->ranks.shard_size > 1)
       impl_->host_group = model.mesh().shard.new_host_group(every_rank(impl_->ranks.shard_size));
+  }
+  // Expert parallel: a FULL save gathers the experts over their own groups.
+  if (const DeviceMesh& mesh = model.mesh(); mesh.experts && impl_->options.format == Format::kFull) {
+    if (const int n = mesh.experts->shard.size(); n > 1)
+      impl_->expert_host_group = mesh.experts->shard.new_host_group(every_rank(n));
+    impl_->ep_host_group = mesh.ep->new_host_group(every_rank(mesh.ep->size()));
   }
 }
 

@@ -441,7 +441,8 @@ std::vector<Slot> slots_of(const ShardedModel& model, const std::function<bool(c
   std::vector<Slot> out;
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i)
-      if (!keep || keep(model.groups()[g]->params()[i])) out.push_back({g, i, &model.groups()[g]->params()[i]});
+      if (!keep || keep(model.groups()[g]->params()[i]))
+        out.push_back({g, i, &model.groups()[g]->params()[i], model.groups()[g]->mesh().expert_blocks});
   return out;
 }
 

@@ -92,6 +92,7 @@ std::unique_ptr<Source> open_hf_source(const std::string& dir, const model::Fold
 struct Slot {
   size_t group = 0, index = 0;
   const ShardedParam* param = nullptr;
+  bool expert = false;  // its unit shards over the experts' mesh (expert parallel)
 };
 // Every parameter's slot, or those `keep` accepts.
 std::vector<Slot> slots_of(const ShardedModel& model, const std::function<bool(const ShardedParam&)>& keep = {});

@@ -127,6 +127,7 @@ struct ParallelismConfig {
   std::string cp_backend = "torch";
   std::string cp_comm_strategy = "allgather";  // or "alltoall" (the ring)
   int sp_size = 1;                             // Ulysses
+  int ep_size = 1;  // expert parallel (fsdptrain extension key: Accelerate has none)
   std::string sp_backend = "deepspeed";
   std::string sp_seq_length;  // "" = None
   bool sp_seq_length_is_variable = true;
@@ -302,12 +303,16 @@ struct FsdpLayout {
   // data-parallel dimensions and tp; FSDP shards over shard_size x cp_size.
   int cp_size = 1;
   std::string cp_kind;  // "allgather", "alltoall" or "ulysses" when cp_size > 1
+  // Expert parallel: ep_size consecutive members of each shard group split every sparse layer's
+  // experts; the experts are sharded over the shard group's members at one place in theirs.
+  int ep_size = 1;
   int fsdp_shard_size() const { return shard_size * cp_size; }
   // "FSDP2, reshard_after_forward=true, sharded over 8 ranks"; FSDP1 files say so, and what the
   // built-in trainer runs instead.
   std::string describe() const;
   std::string describe_tensor_parallel() const;
   std::string describe_context_parallel() const;
+  std::string describe_expert_parallel() const;
 };
 
 FsdpLayout effective_fsdp_layout(const Config& config);

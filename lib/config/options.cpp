@@ -604,6 +604,17 @@ std::vector<OptionSpec> build_table() {
           .help("Ulysses sequence parallel: ranks each sequence is split over in contiguous blocks, swapped for "
                 "heads around attention (all-to-all); heads and kv heads must divide by it. Not with cp_size")
           .to(P, &ParallelismConfig::sp_size),
+      Row("parallelism_config.parallelism_config_ep_size", V::kInt)
+          .flag("parallelism_config_ep_size")
+          .env("PARALLELISM_CONFIG_EP_SIZE")
+          .range(1)
+          .def("1")
+          .help("Expert parallel (fsdptrain extension key: Accelerate has none): ranks of the FSDP shard group "
+                "(dp_shard x cp) that split each mixture-of-experts layer's experts, rank i of a group holding the "
+                "i-th num_experts / ep_size; tokens reach their experts through all-to-all, and the experts are "
+                "sharded over the shard group / ep_size. Must divide dp_shard x cp and the model's num_experts")
+          .extension()
+          .to(P, &ParallelismConfig::ep_size),
       Row("parallelism_config.parallelism_config_sp_backend", V::kEnum)
           .flag("parallelism_config_sp_backend")
           .env("PARALLELISM_CONFIG_SP_BACKEND")

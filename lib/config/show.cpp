@@ -88,6 +88,10 @@ std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
     out += str("# ", plural(static_cast<long long>(rc.values.size() - shown.size()), "key"), " of ",
                fsdp ? str("FSDP", rc.typed.fsdp.version == 2 ? 1 : 2) : std::string("fsdp_config"),
                " left out: they do not apply to this run (--format json lists every key)\n");
+  // fsdptrain's own keys inside Accelerate's sections (expert parallel's), named as such.
+  for (const ResolvedValue* v : shown)
+    if (v->spec->extension && v->spec->section() == "parallelism_config" && rc.is_set(v->spec->key))
+      out += str("# ", v->spec->key, " is fsdptrain's own key (Accelerate has none); --format yaml leaves it out\n");
   // What costs memory and time beside the layout, always named (a Trainer user's gradient_checkpointing
   // shows here as the activation checkpointing it turned on).
   const Config& t = rc.typed;

@@ -265,6 +265,24 @@ void check_sequence_split(Checker& c) {
               "sdpa, flash_attention_2 or flash_attention_3");
 }
 
+// Expert parallel: carved out of the FSDP shard group (dp_shard x cp); the model's experts are
+// checked by the trainer, which reads config.json.
+void check_expert_parallel(Checker& c) {
+  const Config& cfg = c.rc.typed;
+  const int ep = cfg.parallelism.ep_size;
+  const char* key = "parallelism_config.parallelism_config_ep_size";
+  const FsdpLayout layout = effective_fsdp_layout(cfg);
+  const int shard = layout.fsdp_shard_size();
+  if (shard % ep != 0)
+    c.error(key,
+            str(ep, " does not divide the FSDP shard group (dp_shard_size x cp_size = ", shard,
+                " ranks), out of which expert parallel's groups are carved"),
+            shard > 1 ? str("an ep_size that divides ", shard) : std::string("set ep_size: 1 (one rank shards alone)"));
+  if (cfg.fsdp.activation_checkpointing)
+    c.error(key, "expert parallel with activation checkpointing is not implemented yet",
+            "set fsdp_config.fsdp_activation_checkpointing: false, or parallelism_config_ep_size: 1");
+}
+
 void check_parallelism(Checker& c) {
   const Config& cfg = c.rc.typed;
   const ParallelismConfig& p = cfg.parallelism;
@@ -276,6 +294,7 @@ void check_parallelism(Checker& c) {
     return;
   }
   if (p.tp_size > 1) check_tensor_parallel(c);
+  if (p.ep_size > 1) check_expert_parallel(c);
   if (p.cp_size > 1 && p.sp_size > 1)
     c.error("parallelism_config.parallelism_config_sp_size",
             str("is ", p.sp_size, " beside parallelism_config_cp_size ", p.cp_size,
@@ -607,6 +626,31 @@ std::string FsdpLayout::describe_context_parallel() const {
              "; ", ulysses ? "sp" : "cp", " groups: ranks ", cp_groups, ")");
 }
 
+// "expert parallel over 2 (ep groups: ranks 0,1 / 2,3; the experts sharded over ranks 0,2 / 1,3)": ep
+// consecutive members of each shard group (one replica's, one tp index's), and the members at one
+// place in their ep groups.
+std::string FsdpLayout::describe_expert_parallel() const {
+  const int shard = fsdp_shard_size(), per = shard / ep_size;
+  auto rank = [&](int replica, int t, int member) { return std::to_string((replica * shard + member) * tp_size + t); };
+  const int outer = replicate_size * tp_size;  // (replica, tp index) pairs, each with its shard group
+  const std::string ep_groups = elided(
+      outer * per,
+      [&](int k) {
+        const int group = k % per, replica = k / per / tp_size, t = k / per % tp_size;
+        return elided(ep_size, [&](int i) { return rank(replica, t, group * ep_size + i); }, ",");
+      },
+      " / ");
+  const std::string expert_shards = elided(
+      outer * ep_size,
+      [&](int k) {
+        const int place = k % ep_size, replica = k / ep_size / tp_size, t = k / ep_size % tp_size;
+        return elided(per, [&](int j) { return rank(replica, t, j * ep_size + place); }, ",");
+      },
+      " / ");
+  return str("expert parallel over ", ep_size, " (ep groups: ranks ", ep_groups, "; the experts sharded over ",
+             per == 1 ? "no other rank" : "ranks " + expert_shards, ")");
+}
+
 std::string FsdpLayout::describe() const {
   if (!sharded) return "no sharding (parameters replicated on every process)";
   const int shard_size = fsdp_shard_size();
@@ -638,6 +682,7 @@ std::string FsdpLayout::describe() const {
     layout += str(" (dp_shard ", this->shard_size, " x ", cp_kind == "ulysses" ? "sp " : "cp ", cp_size, ")");
   if (cp_size > 1) layout += ", " + describe_context_parallel();
   if (tp_size > 1) layout += ", " + describe_tensor_parallel();
+  if (ep_size > 1) layout += ", " + describe_expert_parallel();
   if (version == 1)
     return str("FSDP1 ", fsdp1_strategy, " (programs get FSDP_VERSION=1; the built-in trainer runs it as FSDP2, ",
                layout, ")");
@@ -660,6 +705,7 @@ FsdpLayout effective_fsdp_layout(const Config& config) {
     layout.tp_size = std::max(1, p.tp_size);
     layout.cp_size = std::max(1, p.sequence_size());
     if (layout.cp_size > 1) layout.cp_kind = p.cp_size > 1 ? p.cp_comm_strategy : "ulysses";
+    layout.ep_size = std::max(1, p.ep_size);
     layout.replicate_size = dp_unset ? 1 : p.dp_replicate_size;
     layout.shard_size = dp_unset ? std::max(1, world / (layout.tp_size * layout.cp_size)) : p.dp_shard_size;
     const int n = config.fsdp.reshard_after_forward_size, shards = layout.fsdp_shard_size();

@@ -257,7 +257,7 @@ void ProcessGroup::check_across_ranks(Collective c, const std::string& label, co
 template <typename Issue>
 Work ProcessGroup::issue(Collective c, const std::string& label,
                          std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors, int64_t s,
-                         int64_t detail, Issue fn) {
+                         int64_t detail, Issue fn, std::optional<int64_t> sent) {
   const at::Tensor* out = nullptr;
   const at::Tensor* in = nullptr;
   for (const auto& [what, t] : tensors) {
@@ -269,11 +269,12 @@ Work ProcessGroup::issue(Collective c, const std::string& label,
                 backend_->name(), " backend moves ", c10::DeviceTypeName(*want, true), " tensors only");
     (std::string(what) == "in" ? in : out) = t;
   }
-  if (check_) check_across_ranks(c, label, out, in, detail);
+  // Unequal splits: the ranks' sizes differ by design, so the check compares the rest.
+  if (check_) check_across_ranks(c, label, sent ? nullptr : out, sent ? nullptr : in, detail);
   FSDP_TRACE_COLLECTIVE(c, s);
   std::unique_ptr<PendingWork> pending = fn();
   const size_t i = static_cast<size_t>(c);
-  counters_->bytes[i] += bytes_sent(c, s, size());
+  counters_->bytes[i] += sent ? *sent : bytes_sent(c, s, size());
   counters_->calls[i] += 1;
   return Work(std::move(pending), c, label, rank(), size(), timeout_, s);
 }
@@ -318,6 +319,36 @@ Work ProcessGroup::all_to_all(const at::Tensor& out, const at::Tensor& in, const
   return issue(Collective::kAllToAll, label, {{"out", &out}, {"in", &in}}, nbytes(in), 0, [&] {
     return backend_->all_to_all(out.reshape({-1}), in.reshape({-1}), {}, {}, label);
   });
+}
+
+Work ProcessGroup::all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_rows,
+                              const std::vector<int64_t>& in_rows, const std::string& label) {
+  const auto w = static_cast<size_t>(size());
+  FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "all_to_all: dtypes differ");
+  FSDP_ASSERT(out_rows.size() == w && in_rows.size() == w, "all_to_all: ", out_rows.size(), " and ", in_rows.size(),
+              " split sizes for a group of ", w);
+  // Elements a row, from the shapes (a tensor of no rows still has its row's size).
+  auto row_of = [](const at::Tensor& t) {
+    int64_t n = 1;
+    for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+    return n;
+  };
+  const int64_t row = row_of(in), out_row = row_of(out);
+  int64_t sent_rows = 0, in_total = 0, out_total = 0;
+  std::vector<int64_t> out_splits, in_splits;
+  for (size_t r = 0; r < w; ++r) {
+    in_total += in_rows[r];
+    out_total += out_rows[r];
+    if (static_cast<int>(r) != rank()) sent_rows += in_rows[r];
+    out_splits.push_back(out_rows[r] * row);
+    in_splits.push_back(in_rows[r] * row);
+  }
+  FSDP_ASSERT(in.dim() >= 1 && out.dim() >= 1 && in.size(0) == in_total && out.size(0) == out_total && row == out_row,
+              "all_to_all: ", in.sizes(), " in for ", in_total, " rows and ", out.sizes(), " out for ", out_total);
+  const int64_t sent = sent_rows * row * static_cast<int64_t>(in.element_size());
+  return issue(
+      Collective::kAllToAll, label, {{"out", &out}, {"in", &in}}, nbytes(in), 0,
+      [&] { return backend_->all_to_all(out.reshape({-1}), in.reshape({-1}), out_splits, in_splits, label); }, sent);
 }
 
 Work ProcessGroup::shift(const at::Tensor& out, const at::Tensor& in, int offset, const std::string& label) {

@@ -109,6 +109,12 @@ class ProcessGroup {
   // out, in: (size * n), same dtype and device, contiguous: out's block r (n elements) is rank r's
   // block `rank()` of in (c10d's all_to_all_single with equal splits; Ulysses' head/sequence swap).
   Work all_to_all(const at::Tensor& out, const at::Tensor& in, const std::string& label = "");
+  // Unequal splits along dim 0 (c10d's all_to_all_single with split sizes; expert parallel's token
+  // exchange): in_rows[r] rows of `in` go to rank r, in order, and out receives out_rows[r] rows from
+  // rank r, rank-major. out and in contiguous, of the same dtype and row size; every rank's
+  // in_rows[j] must equal rank j's out_rows[rank()]. Bytes counted: the rows sent to other ranks.
+  Work all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_rows,
+                  const std::vector<int64_t>& in_rows, const std::string& label = "");
   // The ring step: this rank's in goes to rank (rank + offset) mod size, and out receives rank
   // (rank - offset) mod size's; out and in the same shape, distinct. Context parallel's K/V ring.
   Work shift(const at::Tensor& out, const at::Tensor& in, int offset = 1, const std::string& label = "");
@@ -146,10 +152,11 @@ class ProcessGroup {
 
  private:
   // Checks the tensors, runs the cross-rank check, issues, counts.
+  // sent: the bytes this rank sends when not the table's for s (unequal all-to-all splits).
   template <typename Issue>
   Work issue(Collective c, const std::string& label,
              std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors, int64_t s, int64_t detail,
-             Issue fn);
+             Issue fn, std::optional<int64_t> sent = std::nullopt);
   void check_across_ranks(Collective c, const std::string& label, const at::Tensor* out, const at::Tensor* in,
                           int64_t detail);
   ProcessGroup make_group(const std::vector<int>& ranks, bool host, bool own = false) const;

@@ -42,7 +42,7 @@ std::string join_sorted(const std::set<std::string>& names) {
 }
 
 // Modules the wrap policy makes units, by path (pre-order, the order forward visits them).
-std::vector<std::string> choose_units(
+std::vector<std::string> policy_units(
     const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules, const ModelTraits& traits,
     const FsdpOptions& options) {
   std::set<std::string> classes, unit_classes(traits.unit_classes.begin(), traits.unit_classes.end());
@@ -100,10 +100,30 @@ std::vector<std::string> choose_units(
   return chosen;
 }
 
+// The wrap policy's units, and with expert parallel every module of an expert class, in pre-order.
+std::vector<std::string> choose_units(
+    const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules, const ModelTraits& traits,
+    const FsdpOptions& options) {
+  std::vector<std::string> chosen = policy_units(modules, traits, options);
+  if (options.expert_classes.empty()) return chosen;
+  const std::set<std::string> units(chosen.begin(), chosen.end());
+  const std::set<std::string> unit_classes(traits.unit_classes.begin(), traits.unit_classes.end());
+  std::vector<std::string> out;
+  for (const auto& item : modules) {
+    const std::string cls = module_class_name(*item.value());
+    const bool expert = std::find(options.expert_classes.begin(), options.expert_classes.end(), cls) !=
+                        options.expert_classes.end();
+    FSDP_CHECK(!expert || unit_classes.count(cls), "[fsdp] expert parallel: ", cls,
+               " runs inside another module's forward and cannot be a unit of its own");
+    if (units.count(item.key()) || expert) out.push_back(item.key());
+  }
+  return out;
+}
+
 }  // namespace
 
 DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int data_shard_size, int post_forward_size,
-                     int tp_size, int cp_size) {
+                     int tp_size, int cp_size, int ep_size) {
   FSDP_CHECK(replicate_size >= 1 && data_shard_size >= 1 && tp_size >= 1 && cp_size >= 1 &&
                  1LL * replicate_size * data_shard_size * cp_size * tp_size == world.size(),
              "[fsdp] parallelism_config: dp_replicate_size ", replicate_size, " x dp_shard_size ", data_shard_size,
@@ -144,6 +164,18 @@ DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int da
     const int first = index / post_forward_size * post_forward_size;
     for (int i = 0; i < post_forward_size; ++i) ranks.push_back(world_rank(replica, first + i));
     mesh.post_forward = world.new_group(ranks);
+  }
+  if (ep_size > 1) {
+    FSDP_CHECK(shard_size % ep_size == 0, "[fsdp] parallelism_config_ep_size ", ep_size,
+               " must divide the shard group (dp_shard_size x cp_size = ", shard_size, ")");
+    std::vector<int> ep_ranks, expert_shard_ranks;
+    for (int i = 0; i < ep_size; ++i) ep_ranks.push_back(world_rank(replica, index / ep_size * ep_size + i));
+    for (int j = 0; j < shard_size / ep_size; ++j) expert_shard_ranks.push_back(world_rank(replica, j * ep_size + index % ep_size));
+    mesh.ep = world.new_group(ep_ranks, /*own=*/true);  // its bytes counted apart from FSDP's
+    mesh.experts = std::make_shared<DeviceMesh>(world.new_group(expert_shard_ranks), mesh.replicate);
+    mesh.experts->ep = mesh.ep;
+    mesh.experts->tp = mesh.tp;  // each tp rank routes its own sequence block through whole experts
+    mesh.experts->expert_blocks = true;
   }
   return mesh;
 }
@@ -236,9 +268,14 @@ ShardedModel::ShardedModel(torch::nn::Module& model, const ModelTraits& traits, 
   std::vector<UnitPlan> plans = plan_units(model, traits, options_, &ignored_);
   for (const UnitPlan& plan : plans)
     if (!plan.path.empty()) check_unregistered(plan.module);
+  const std::vector<std::string>& experts = options_.expert_classes;
   for (UnitPlan& plan : plans) {
+    // Expert parallel: the experts' units shard over the experts' mesh, each rank its ep block.
+    const bool expert = !plan.path.empty() &&
+                        std::find(experts.begin(), experts.end(), module_class_name(*plan.module)) != experts.end();
+    FSDP_CHECK(!expert || mesh_.experts, "[fsdp] expert_classes without an expert-parallel mesh (make_mesh's ep_size)");
     groups_.push_back(std::make_unique<ParamGroup>(plan.path, std::move(plan.params), std::move(plan.aliases),
-                                                   shared_mesh, options_, log));
+                                                   expert ? mesh_.experts : shared_mesh, options_, log));
     unit_modules_.push_back(plan.module);
   }
   for (size_t u = 0; u < groups_.size(); ++u) {

@@ -80,6 +80,10 @@ struct FsdpOptions {
   // the gradients of the whole ones are summed over the tp group after each reducing backward.
   // Unset: every parameter whole.
   std::function<TpSlice(const std::string& name)> tensor_parallel;
+  // Expert parallel (the mesh's ep and experts): every module of these classes (the stacked experts
+  // of a mixture-of-experts layer, which must be unit classes) becomes a unit of its own over the
+  // experts' mesh, holding this ep rank's block of experts. Empty: none.
+  std::vector<std::string> expert_classes;
 };
 
 }  // namespace fsdp

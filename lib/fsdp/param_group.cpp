@@ -91,7 +91,9 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     p.name = pname;
     p.aliases = aliases[i];
     p.layout = ShardLayout{tensor.sizes().vec(), world, rank};
-    if (mesh_->tp && options_.tensor_parallel) {
+    if (mesh_->expert_blocks) {  // this ep rank's experts: rows [index, index + 1) x E/ep of the whole
+      p.tp = TpSlice{0, mesh_->ep->rank(), mesh_->ep->size(), 0};
+    } else if (mesh_->tp && options_.tensor_parallel) {
       p.tp = options_.tensor_parallel(pname);
       p.tp.index = mesh_->tp->rank();
       p.tp.parts = mesh_->tp->size();
@@ -366,6 +368,9 @@ void ParamGroup::post_backward(bool sync) {
   // One multi-tensor copy (and cast) for the group: on a GPU one vectorized kernel, where a copy_
   // per gradient took ATen's unvectorized casting loop (3.2 ms of the 1B step on an H200).
   if (!regions.empty()) at::_foreach_copy_(regions, sources);
+  // The experts' gradients hold the tokens of every rank of the ep group: over the shard group's
+  // average (of shard / ep ranks) they are ep times the average over all ranks' tokens.
+  if (mesh_->expert_blocks && mesh_->ep->size() > 1) input.div_(mesh_->ep->size());
   if (world == 1) {  // the sum over one rank is its gradient: no collective
     pending_reduce_ = PendingReduce{dist::Work(), input, input, into_grad};
     return;
@@ -478,8 +483,8 @@ at::Tensor ParamGroup::initial_value(const ShardedParam& p) const {
 
 at::Tensor ParamGroup::whole(const ShardedParam& p, const at::Tensor& block) const {
   if (!p.tp.split()) return block;
-  dist::ProcessGroup tp = *mesh_->tp;
-  return whole_from_blocks(tp, block, p.tp, "whole " + p.name);
+  dist::ProcessGroup blocks = mesh_->expert_blocks ? *mesh_->ep : *mesh_->tp;
+  return whole_from_blocks(blocks, block, p.tp, "whole " + p.name);
 }
 
 // Host tensors (CPU runs, offloaded gradients) are reduced in rows of 1K elements: LibTorch's fp32
@@ -526,7 +531,8 @@ void ParamGroup::sum_whole_gradients_over_tp() {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> slices;
   for (const ShardedParam& p : params_)
-    if (p.trainable && !p.tp.split()) slices.push_back(flat_grad().narrow(0, p.offset, p.layout.shard_numel()));
+    if (p.trainable && (!p.tp.split() || mesh_->expert_blocks))  // experts: split over ep, whole over tp
+      slices.push_back(flat_grad().narrow(0, p.offset, p.layout.shard_numel()));
   if (slices.empty()) return;
   // Each tp rank's gradient of a parameter they all hold is its part (its sequence block, its heads).
   const at::Tensor sum = at::cat(slices).to(options_.device);

@@ -118,6 +118,7 @@ class ParamGroup {
   ParamGroup& operator=(const ParamGroup&) = delete;
 
   const std::string& name() const { return name_; }
+  const DeviceMesh& mesh() const { return *mesh_; }  // what it shards over (an experts' mesh for expert units)
   std::string display_name() const { return name_.empty() ? "<root>" : name_; }
   GroupState state() const { return state_; }
   // The parameters (their sharded views included), any deferred update applied first.

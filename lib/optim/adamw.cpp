@@ -163,7 +163,8 @@ at::Tensor grad_norm(ShardedModel& model) {
     grads.push_back(g->flat_grad());
     if (tp_size > 1)
       for (const ShardedParam& p : g->params())
-        if (p.trainable && !p.tp.split()) whole.push_back(g->flat_grad().narrow(0, p.offset, p.layout.shard_numel()));
+        if (p.trainable && (!p.tp.split() || g->mesh().expert_blocks))  // experts: split over ep, whole over tp
+          whole.push_back(g->flat_grad().narrow(0, p.offset, p.layout.shard_numel()));
   }
   const auto on_device = at::TensorOptions().dtype(at::kFloat).device(model.options().device);
   if (grads.empty() && !from_parts) return at::zeros({1}, on_device);

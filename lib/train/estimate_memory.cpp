@@ -5,10 +5,12 @@
 #include "dist/build_info.h"
 #include "fsdp/fully_shard.h"
 #include "fsdp/shard_layout.h"
+#include "fsdp/unit_call.h"
 #include "model/kernels/ops.h"
 #include "model/layers/chunked_loss.h"
 #include "model/layers/decoder.h"
 #include "model/parallel/context_parallel.h"
+#include "model/parallel/expert_parallel.h"
 #include "model/parallel/tensor_parallel.h"
 #include "train/run_config.h"
 #include "util/error.h"
@@ -104,20 +106,28 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   const int64_t param_bytes = c10::elementSize(plan.options.mixed_precision.param_dtype);
   // The model's tree and shapes (tensor parallel: rank 0's blocks), one layer in memory at a time
   // (the values are never read).
-  const int tp = plan.tp_size;
+  const int tp = plan.tp_size, ep = plan.ep_size;
+  // Expert parallel: rank 0's experts (E/ep a layer), a unit of their own sharded over shards / ep.
+  FsdpOptions options = plan.options;
+  if (ep > 1 && mc.moe.num_experts > 0) options.expert_classes = {"Experts"};
   model::CausalLM lm(
       mc, /*free_after_create=*/true,
-      tp > 1 ? std::make_shared<model::TensorParallel>(model::TensorParallel::shapes_only(tp)) : nullptr);
+      tp > 1 ? std::make_shared<model::TensorParallel>(model::TensorParallel::shapes_only(tp)) : nullptr, nullptr,
+      ep > 1 && mc.moe.num_experts > 0
+          ? std::make_shared<model::ExpertParallel>(model::ExpertParallel::shapes_only(ep))
+          : nullptr);
   const model::LoraSettings lora = lora_settings_of(c);
   if (lora.enabled()) model::add_lora(*lm, lora, /*free_after_create=*/true);
   MemoryEstimate e;
   const int shards = plan.fsdp_shard_size();
   int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;
-  const auto units = plan_units(*lm, model::decoder_traits(mc), plan.options);
+  const auto units = plan_units(*lm, model::decoder_traits(mc), options);
   for (size_t u = 0; u < units.size(); ++u) {
     int64_t padded = 0, padded_trainable = 0;
+    const bool experts = !options.expert_classes.empty() && u > 0 && fsdp::module_class_name(*units[u].module) == "Experts";
+    const int64_t w = experts ? shards / ep : shards;  // its shard group
     for (const auto& [name, tensor] : units[u].params) {
-      const ShardLayout l{tensor.sizes().vec(), shards, 0};
+      const ShardLayout l{tensor.sizes().vec(), static_cast<int>(w), 0};
       e.params += l.shard_numel() * (tensor.requires_grad() ? 4 : param_bytes);  // frozen: the compute dtype alone
       if (c.engine.offload_keep_on_device) e.offload_kept += l.shard_numel() * param_bytes;
       padded += l.padded_numel();
@@ -135,7 +145,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
     all_units += u == 0 ? 0 : padded;
     // What a rank receives: (W-1)/W of each gather and reduce-scatter; a non-root unit that reshards
     // after forward is gathered again in backward, over the N ranks of its post-forward group.
-    const int64_t w = shards, n = plan.post_forward_size;
+    const int64_t n = experts ? 0 : plan.post_forward_size;
     e.forward_gather_bytes += padded * param_bytes * (w - 1) / w;
     if (u > 0 && plan.options.reshard_after_forward)
       e.backward_gather_bytes += n > 0 ? padded * param_bytes * (n - 1) / n : padded * param_bytes * (w - 1) / w;
@@ -184,6 +194,11 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   // Per layer 2 gathers and 2 reduce-scatters of (tokens, C) forward and again backward, plus the
   // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
   if (tp > 1) e.tp_bytes = (8 * mc.num_hidden_layers + 4) * tokens * C * param_bytes * (tp - 1) / tp;
+  if (!options.expert_classes.empty()) {  // k copies a token there and back, forward and backward
+    int64_t sparse = 0;
+    for (int64_t l = 0; l < mc.num_hidden_layers; ++l) sparse += mc.is_moe(l) ? 1 : 0;
+    e.ep_bytes = sparse * 4 * (tokens / tp) * mc.moe.experts_per_token * C * param_bytes * (ep - 1) / ep;
+  }
   if (const int cp = plan.cp_size; cp > 1) {
     e.cp_bytes =
         mc.num_hidden_layers *
@@ -229,6 +244,10 @@ std::string format_memory_estimate(const config::Config& config, const model::De
                              plan.cp_size, " of every sequence)")
                        : "",
       plan.tp_size > 1 ? str(" x tensor parallel ", plan.tp_size, " (sequence parallel between layers)") : "",
+      plan.ep_size > 1 && mc.moe.num_experts > 0
+          ? str(", expert parallel ", plan.ep_size, " (", mc.moe.num_experts / plan.ep_size,
+                " experts a rank, sharded over ", plan.fsdp_shard_size() / plan.ep_size, ")")
+          : "",
       "; micro batch ", c.train.micro_batch_size, " x ", c.train.sequence_length, " tokens; ",
       plan.options.mixed_precision.param_dtype == at::kFloat ? "fp32" : "mixed precision", "\n");
   if (c.lora.enabled())
@@ -272,6 +291,9 @@ std::string format_memory_estimate(const config::Config& config, const model::De
       plan.cp_size > 1 ? str("; ", plan.cp_kind == "ulysses" ? "Ulysses' all-to-alls " : "context parallel's K/V ",
                              format_bytes(e.cp_bytes), " over ", plural(plan.cp_size, "rank"))
                        : "",
+      e.ep_bytes > 0 ? str("; expert parallel's rows ", format_bytes(e.ep_bytes), " sent over ",
+                           plural(plan.ep_size, "rank"), " (routing spread evenly)")
+                     : "",
       "\n");
   out += "The persistent rows are exact (the engine's own layout); gathered units and activations are estimates.\n";
   return out;

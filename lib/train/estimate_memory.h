@@ -27,6 +27,10 @@ struct MemoryEstimate {
   // exchanges of K/V (or all-to-alls around attention), forward and backward (0 without them):
   // model::sequence_split_bytes for every layer.
   int64_t cp_bytes = 0;
+  // Expert parallel: what one rank sends in a micro-batch's row exchanges (each sparse layer's rows
+  // to their experts and back, forward and backward) when the router spreads them evenly: each rank
+  // sends (ep-1)/ep of its k copies of every token; routing makes the real figure vary.
+  int64_t ep_bytes = 0;
   int64_t activations = 0, activations_checkpointed = 0;  // one micro-batch
   int64_t trainable = 0;                                  // parameters with gradients (all but LoRA's frozen base)
   // With offload: every unit's shard in the compute dtype, kept on the device between its upload and

@@ -122,6 +122,7 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
   plan.tp_size = layout.tp_size;
   plan.cp_size = layout.cp_size;
   plan.cp_kind = layout.cp_kind;
+  plan.ep_size = layout.ep_size;
   return plan;
 }
 

@@ -53,6 +53,7 @@ struct FsdpPlan {
   int shard_size = 1;         // ranks one shard group spans
   int post_forward_size = 0;  // partial resharding: ranks a unit stays sharded over after forward (0: none)
   int tp_size = 1;            // tensor parallel: ranks each layer is split over (innermost)
+  int ep_size = 1;            // expert parallel: ranks of the shard group that split each layer's experts
   int cp_size = 1;            // context or Ulysses sequence parallel: ranks each sequence is split over
   std::string cp_kind;        // "allgather", "alltoall" or "ulysses" (config::FsdpLayout::cp_kind)
   int fsdp_shard_size() const { return shard_size * cp_size; }  // FSDP shards over dp_shard x cp

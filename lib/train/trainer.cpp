@@ -180,6 +180,24 @@ void check_sequence_split(const config::Config& config, const model::DecoderConf
   }
 }
 
+// Expert parallel splits each sparse layer's experts evenly over ep_size ranks: a mixture of experts
+// whose num_experts it divides.
+void check_expert_parallel(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
+  const int ep = config.parallelism.ep_size;
+  if (ep <= 1) return;
+  const int64_t e = model.moe.num_experts;
+  FSDP_CHECK(e > 0, "[train] parallelism_config_ep_size ", ep, ": ", path, " is a dense ",
+             model::family_names(model.family).architecture,
+             " model, with no experts to split; set parallelism_config_ep_size: 1");
+  std::vector<std::string> fits;
+  for (int d = 2; d <= e; ++d)
+    if (e % d == 0 && config::effective_fsdp_layout(config).fsdp_shard_size() % d == 0) fits.push_back(std::to_string(d));
+  FSDP_CHECK(e % ep == 0, "[train] parallelism_config_ep_size ", ep, " does not divide the ", e, " experts of ", path,
+             ": expert parallel gives each rank an equal share of every layer's experts. ",
+             fits.empty() ? std::string("No ep_size above 1 divides both them and the shard group here")
+                          : "Use ep_size " + join(fits, ", "));
+}
+
 // LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked
 // on a stand-in with all of the model's layers (a target may name a layer by its index).
 void check_lora_targets(const config::Config& config, const model::DecoderConfig& model) {
@@ -213,6 +231,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   check_lora_targets(resolved.typed, model);
   check_tensor_parallel(resolved.typed, model, model_config_path(resolved.typed));
   check_sequence_split(resolved.typed, model, model_config_path(resolved.typed));
+  check_expert_parallel(resolved.typed, model, model_config_path(resolved.typed));
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.
   check_fits_machine(resolved.typed, model, model_config_path(resolved.typed),
                      resolved.typed.launch.processes_per_machine());

@@ -27,6 +27,7 @@
 #include "config/training_template.h"
 #include "data/prepare.h"
 #include "model/parallel/context_parallel.h"
+#include "model/parallel/expert_parallel.h"
 #include "model/kernels/float8.h"
 #include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
@@ -300,6 +301,27 @@ void TrainingRun::read_data() {
           "\n"));
 }
 
+namespace {
+
+// A mixture of experts on the model line: what a token passes through, how expert parallel splits
+// the experts, and what becomes of the auxiliary loss; "" for a dense model.
+std::string experts_summary(const model::DecoderConfig& c, int ep_size, int shard_size) {
+  const model::MoeConfig& m = c.moe;
+  if (m.num_experts == 0) return "";
+  int64_t sparse = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) sparse += c.is_moe(l) ? 1 : 0;
+  return str(" (", static_cast<int64_t>(c.active_parameter_count()), " active a token: ", m.experts_per_token, " of ",
+             m.num_experts, " experts in ", sparse, " of ", c.num_hidden_layers, " layers",
+             ep_size > 1 ? str("; expert parallel over ", ep_size, " ranks, ", m.num_experts / ep_size,
+                               " experts each, sharded over ", plural(shard_size / ep_size, "rank"), ";")
+                         : std::string(","),
+             m.output_router_logits ? str(" the auxiliary loss times ", m.router_aux_loss_coef, " added")
+                                    : std::string(" the auxiliary loss logged, not added (output_router_logits)"),
+             ")");
+}
+
+}  // namespace
+
 // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
 // Not FSDP (MULTI_CPU/MULTI_GPU): the plan replicates over every rank, plain data parallel.
 void TrainingRun::build_model() {
@@ -308,8 +330,13 @@ void TrainingRun::build_model() {
   if (!config_.model.pretrained.empty()) pretrained = std::make_unique<ckpt::HfCheckpoint>(config_.model.pretrained);
   FsdpPlan plan = fsdp_plan_from_config(config_, context_.device);
   for (std::string& c : plan.options.layer_classes) c = model::our_class_name(c, model_config_.family);
-  fsdp::DeviceMesh mesh =
-      fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size, plan.tp_size, plan.cp_size);
+  fsdp::DeviceMesh mesh = fsdp::make_mesh(world_, plan.replicate_size, plan.shard_size, plan.post_forward_size,
+                                          plan.tp_size, plan.cp_size, plan.ep_size);
+  std::shared_ptr<model::ExpertParallel> ep;
+  if (mesh.ep) {  // each sparse layer's experts are a unit of their own over the experts' mesh
+    ep = std::make_shared<model::ExpertParallel>(*mesh.ep);
+    plan.options.expert_classes = {"Experts"};
+  }
   std::shared_ptr<model::ContextParallel> cp;
   if (mesh.cp) cp = std::make_shared<model::ContextParallel>(*mesh.cp, model::sequence_split_named(plan.cp_kind));
   std::shared_ptr<model::TensorParallel> tp;
@@ -324,7 +351,7 @@ void TrainingRun::build_model() {
              "[config] fsdp_activation_checkpointing with the model's output_router_logits (its auxiliary "
              "load-balancing loss) is not implemented yet; turn one of them off (output_router_logits: false in "
              "the model's config.json, or fsdp_activation_checkpointing: false)");
-  lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp);
+  lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp, ep);
   const model::LoraSettings lora = lora_settings_of(config_);
   std::optional<ckpt::PeftAdapter> adapter;
   if (lora.enabled()) {
@@ -379,18 +406,8 @@ void TrainingRun::build_model() {
   adamw_ = std::make_unique<optim::ShardedAdamW>(
       *sharded_, optim::AdamWOptions{o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, config_.engine.offload_overlap});
   const auto bytes = sharded_->persistent_bytes();
-  std::string experts;  // a mixture of experts: what a token passes through
-  if (const model::MoeConfig& m = model_config_.moe; m.num_experts > 0) {
-    int64_t sparse = 0;
-    for (int64_t l = 0; l < model_config_.num_hidden_layers; ++l) sparse += model_config_.is_moe(l) ? 1 : 0;
-    experts = str(" (", static_cast<int64_t>(model_config_.active_parameter_count()), " active a token: ",
-                  m.experts_per_token, " of ", m.num_experts, " experts in ", sparse, " of ",
-                  model_config_.num_hidden_layers, " layers",
-                  m.output_router_logits ? str(", the auxiliary loss times ", m.router_aux_loss_coef, " added")
-                                         : std::string(", the auxiliary loss logged, not added (output_router_logits)"),
-                  ")");
-  }
-  say(str("[train] model: ", model_config_.num_parameters(), " parameters", experts, ", ", sharded_->groups().size(),
+  say(str("[train] model: ", model_config_.num_parameters(), " parameters",
+          experts_summary(model_config_, plan.ep_size, plan.fsdp_shard_size()), ", ", sharded_->groups().size(),
           " units; per rank ", format_bytes(bytes.params),
           lora.enabled() ? " of shards (frozen ones in the compute dtype) + " : " of fp32 shards + ",
           format_bytes(bytes.grads), " of gradients + ", format_bytes(adamw_->state_bytes()), " of AdamW state; ",
@@ -641,7 +658,9 @@ void TrainingRun::dump_gradients(int64_t step) const {
 // norm is not finite or nothing was counted; then starts the copy of the step's numbers to the host.
 void TrainingRun::queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted) {
   if (world_.size() > 1) world_.all_reduce(loss_sum, dist::ReduceOp::kSum, "loss").wait();
-  if (tp_size() > 1) loss_sum.div_(tp_size());
+  // Every tp rank computed the whole loss; the aux loss and the load are parts of theirs (each rank routes its
+  // own sequence block), which the sum adds up.
+  if (tp_size() > 1) loss_sum.narrow(0, 0, 1).div_(tp_size());
   dump_gradients(step);
   const at::Tensor norm = optim::grad_norm(*sharded_);
   // loss, stop, counted, norm (and a mixture of experts' aux loss and load)

@@ -20,6 +20,7 @@
 #include "model/layers/projection.h"
 #include "model/layers/lora_layer.h"
 #include "model/parallel/context_parallel.h"
+#include "model/parallel/expert_parallel.h"
 #include "model/parallel/tensor_parallel.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -63,19 +64,11 @@ at::Tensor normal_range(uint64_t stream, double std, int64_t n, int64_t begin, i
 }  // namespace
 
 DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp,
-                                   std::shared_ptr<ContextParallel> cp)
+                                   std::shared_ptr<ContextParallel> cp, std::shared_ptr<ExpertParallel> ep)
     : torch::nn::Module(family_names(c.family).layer_class),
       norms(c.norms),
       residual_multiplier(c.residual_multiplier) {
   const bool sparse = c.plan(layer).moe;
-  if (sparse) {
-    FSDP_CHECK(!tp, "[model] ", family_names(c.family).architecture,
-               ": a mixture-of-experts layer under tensor parallel is not implemented yet; set "
-               "parallelism_config_tp_size: 1");
-    FSDP_CHECK(!cp, "[model] ", family_names(c.family).architecture,
-               ": a mixture of experts under context parallel is not checked yet, so it is refused; set "
-               "parallelism_config_cp_size: 1 (and parallelism_config_sp_size: 1)");
-  }
   if (c.plan(layer).linear) {
     const char* arch = family_names(c.family).architecture;
     FSDP_CHECK(!cp, "[model] ", arch, ": a Gated DeltaNet (linear attention) layer carries its state along the "
@@ -86,7 +79,7 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
     self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
   }
   if (sparse)
-    moe = register_module("mlp", MoeBlock(c));
+    moe = register_module("mlp", MoeBlock(c, std::move(ep)));
   else
     mlp = register_module("mlp", GatedMlp(c, tp));
   // In layer_norm_names' order (describe() lists them so; decoder_test holds the two together).
@@ -156,11 +149,15 @@ DecoderImpl::DecoderImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel>
 }
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::shared_ptr<TensorParallel> t,
-                           std::shared_ptr<ContextParallel> s)
+                           std::shared_ptr<ContextParallel> s, std::shared_ptr<ExpertParallel> e)
     : torch::nn::Module("CausalLM"),
       config(c),
       tp(t && t->size() > 1 ? std::move(t) : nullptr),
-      cp(s && s->size() > 1 ? std::move(s) : nullptr) {
+      cp(s && s->size() > 1 ? std::move(s) : nullptr),
+      ep(e && e->size() > 1 ? std::move(e) : nullptr) {
+  FSDP_CHECK(!ep || c.moe.num_experts > 0, "[config] parallelism_config_ep_size ", ep ? ep->size() : 1,
+             ": ", family_names(c.family).architecture, " is a dense model (no experts to split); set "
+             "parallelism_config_ep_size: 1");
   auto release = [&](torch::nn::Module& m) {
     if (free_after_create)
       for (auto& p : m.parameters()) fsdp::free_storage(p);
@@ -168,7 +165,7 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::
   model = register_module("model", Decoder(c, tp));
   release(*model);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {  // one layer exists at a time
-    DecoderLayer layer(c, i, tp, cp);
+    DecoderLayer layer(c, i, tp, cp, ep);
     release(*layer);
     model->layers->push_back(layer);
   }
@@ -237,7 +234,11 @@ std::vector<const RouterStats*> router_stats(const Decoder& model) {
 }  // namespace
 
 at::Tensor CausalLMImpl::router_aux_loss() const {
-  return load_balancing_loss(router_stats(model), config.moe.num_experts);
+  // Context and tensor parallel split each sequence's tokens over their groups (each rank routes its own).
+  std::vector<dist::ProcessGroup*> split;
+  if (cp) split.push_back(&*cp->group);
+  if (tp) split.push_back(&*tp->group);
+  return load_balancing_loss(router_stats(model), config.moe.num_experts, split, cp ? cp->size() : 1.0);
 }
 
 at::Tensor CausalLMImpl::expert_load() const {
@@ -340,8 +341,10 @@ at::Tensor CausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& target
 
 ModelTraits decoder_traits(const DecoderConfig& c) {
   const std::string layer = family_names(c.family).layer_class;
-  if (c.tie_word_embeddings) return ModelTraits{{layer}, {layer}};
-  return ModelTraits{{layer}, {layer, "TokenEmbedding"}};
+  ModelTraits t{{layer}, {layer}};
+  if (!c.tie_word_embeddings) t.unit_classes.push_back("TokenEmbedding");
+  if (c.moe.num_experts > 0) t.unit_classes.push_back("Experts");  // run through fsdp::call (expert parallel's units)
+  return t;
 }
 
 at::Tensor init_parameter(const DecoderConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {

@@ -51,12 +51,13 @@ namespace fsdp::model {
 
 struct TensorParallel;   // model/parallel/tensor_parallel.h
 struct ContextParallel;  // model/parallel/context_parallel.h
+struct ExpertParallel;   // model/parallel/expert_parallel.h
 
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   // Named as the family's class.
   DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr,
-                   std::shared_ptr<ContextParallel> cp = nullptr);
+                   std::shared_ptr<ContextParallel> cp = nullptr, std::shared_ptr<ExpertParallel> ep = nullptr);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
   // The token mixer: attention, or Gated DeltaNet ("linear_attn") where the plan says (LayerPlan::linear).
@@ -115,9 +116,11 @@ class CausalLMImpl : public torch::nn::Module {
   // (model/parallel/context_parallel.h): every rank of its group takes the whole batch and keeps its tokens
   // of each sequence (sequence_positions); hidden_states gives those, and loss_sum sums over them
   // (the group's sums add up to the sequence's). Training only: forward (logits) and forward_cached
-  // (decoding) take an unsplit model.
+  // (decoding) take an unsplit model. With `ep` (model/parallel/expert_parallel.h; a mixture of
+  // experts): each sparse layer holds this rank's block of the experts and exchanges rows with the others.
   explicit CausalLMImpl(const DecoderConfig& c, bool free_after_create = false,
-                        std::shared_ptr<TensorParallel> tp = nullptr, std::shared_ptr<ContextParallel> cp = nullptr);
+                        std::shared_ptr<TensorParallel> tp = nullptr, std::shared_ptr<ContextParallel> cp = nullptr,
+                        std::shared_ptr<ExpertParallel> ep = nullptr);
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) -> logits (B, T, V) in the compute dtype
   // (B, T) -> the final norm's output (B, T, C): what the head turns into logits. With `packed`,
   // each record of a row is computed as if it were alone (HF's position_ids with a document mask).
@@ -146,6 +149,7 @@ class CausalLMImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // shares model.embed_tokens.weight when tied
   std::shared_ptr<TensorParallel> tp;
   std::shared_ptr<ContextParallel> cp;
+  std::shared_ptr<ExpertParallel> ep;
 
  private:
   const at::Tensor& head_weight() const;       // lm_head's, or the embedding's when tied

@@ -2,18 +2,23 @@
 
 #include <ATen/ATen.h>
 
+#include "fsdp/unit_call.h"
 #include "model/kernels/ops.h"
 #include "model/layers/projection.h"
+#include "model/parallel/expert_parallel.h"
+#include "util/error.h"
 
 namespace fsdp::model {
 
-ExpertsImpl::ExpertsImpl(const DecoderConfig& c)
+ExpertsImpl::ExpertsImpl(const DecoderConfig& c, int parts)
     : torch::nn::Module("Experts"),
       activation(c.activation),
       gpt_oss(c.moe.gpt_oss),
       swiglu_alpha(c.moe.swiglu_alpha),
       swiglu_limit(c.moe.swiglu_limit) {
-  const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size, C = c.hidden_size;
+  FSDP_CHECK(parts >= 1 && c.moe.num_experts % parts == 0, "[config] parallelism_config_ep_size ", parts,
+             " does not divide the model's ", c.moe.num_experts, " experts; choose a divisor of num_experts");
+  const int64_t E = c.moe.num_experts / parts, I = c.moe.intermediate_size, C = c.hidden_size;
   if (gpt_oss) {  // transformers' order: gate_up_proj, its bias, down_proj, its bias
     gate_up_proj = register_parameter("gate_up_proj", at::empty({E, C, 2 * I}));
     gate_up_proj_bias = register_parameter("gate_up_proj_bias", at::empty({E, 2 * I}));
@@ -47,15 +52,16 @@ at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets, 
   return ops.grouped_mm(h, down_proj.transpose(1, 2), offsets);  // (N, C)
 }
 
-MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c)
+MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParallel> e)
     : torch::nn::Module("MoeBlock"),
       top_k(c.moe.experts_per_token),
       norm_topk_prob(c.moe.norm_topk_prob),
-      softmax_of_top(c.moe.gpt_oss) {
+      softmax_of_top(c.moe.gpt_oss),
+      ep(e && e->size() > 1 ? std::move(e) : nullptr) {
   // In describe()'s order: the router, the experts, the shared expert and its gate.
   gate = register_module(c.moe.gpt_oss ? "router" : "gate",
                          uninitialized_linear(c.hidden_size, c.moe.num_experts, c.moe.gpt_oss));
-  experts = register_module("experts", Experts(c));
+  experts = register_module("experts", Experts(c, ep ? ep->size() : 1));
   if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
     DecoderConfig shared = c;
     shared.mlp_bias = false;
@@ -91,9 +97,14 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   // groups' ends stay on the device: nothing in routing waits for the host.
   const at::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));  // (N k)
   const at::Tensor token = order.div(top_k, "floor");
-  const at::Tensor offsets = counts.cumsum(0).to(at::kInt);
-  const at::Tensor y =
-      experts->forward(x.index_select(0, token), offsets, flat.index_select(0, order));  // (N k, C)
+  const at::Tensor rows = x.index_select(0, token);  // (N k, C)
+  // The experts through fsdp::call: a unit of their own under expert parallel.
+  const LocalExperts run = [e = experts.get()](const at::Tensor& r, const at::Tensor& ends, const at::Tensor& which) {
+    return fsdp::call(*e, {r, ends, which},
+                      [e](const fsdp::TensorList& in) { return fsdp::TensorList{e->forward(in[0], in[1], in[2])}; })[0];
+  };
+  const at::Tensor y = ep ? run_expert_parallel(rows, counts, *ep, run)
+                          : run(rows, counts.cumsum(0).to(at::kInt), flat.index_select(0, order));  // (N k, C)
   const at::Tensor w = weights.reshape(-1).index_select(0, order).unsqueeze(1);  // (N k, 1) fp32
   at::Tensor out = at::zeros({N, C}, x.options().dtype(at::kFloat)).index_add(0, token, y.to(at::kFloat) * w);
   out = out.to(x.scalar_type());
@@ -102,7 +113,8 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   return out.reshape(input.sizes());
 }
 
-at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts) {
+at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts,
+                               const std::vector<dist::ProcessGroup*>& split, double share_scale) {
   at::Tensor tokens, probability;
   double rows = 0;
   for (const RouterStats* s : layers) {
@@ -112,7 +124,13 @@ at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, in
     rows += static_cast<double>(s->rows);
   }
   if (!tokens.defined() || rows == 0) return {};
-  return (tokens / rows * (probability / rows)).sum() * static_cast<double>(num_experts);
+  if (!split.empty()) {  // the whole sequences' counts: assignments and rows summed over the groups
+    at::Tensor counts = at::cat({tokens.detach().to(at::kDouble), at::full({1}, rows, tokens.options().dtype(at::kDouble))});
+    for (dist::ProcessGroup* g : split) g->all_reduce(counts, dist::ReduceOp::kSum, "auxiliary loss counts").wait();
+    tokens = counts.narrow(0, 0, num_experts).to(at::kFloat);
+    rows = counts[num_experts].item<double>();
+  }
+  return (tokens / rows * (probability / rows)).sum() * (static_cast<double>(num_experts) * share_scale);
 }
 
 }  // namespace fsdp::model

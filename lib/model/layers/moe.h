@@ -10,7 +10,9 @@
 // Tokens are grouped by expert (a stable sort of the routed (token, slot) pairs by expert, so each
 // token's outputs add in expert order, as transformers' loop adds them) and all experts' rows run as
 // one grouped product each for gate, up and down, the groups' ends kept on the device: routing
-// never waits for the host.
+// never waits for the host. Under expert parallel (model/parallel/expert_parallel.h) a rank holds
+// E/ep of the experts and the grouped rows travel to them and back through all-to-all; the experts
+// run through fsdp::call, so fully_shard can make them a unit of their own (FsdpOptions::expert_classes).
 //
 // Not thread-safe (LibTorch modules).
 #pragma once
@@ -21,19 +23,27 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "model/config/hf_config.h"
 #include "model/layers/mlp.h"
 
+namespace fsdp::dist {
+class ProcessGroup;
+}
+
 namespace fsdp::model {
+
+struct ExpertParallel;  // model/parallel/expert_parallel.h
 
 // The experts' weights, stacked: expert e's gate rows then up rows in gate_up_proj[e], its down in
 // down_proj[e]. gpt-oss's (MoeConfig::gpt_oss): gate_up_proj (E, C, 2I) with the gate and up columns
 // interleaved, down_proj (E, I, C), and their biases (E, 2I) and (E, C).
+// Under expert parallel over `parts` ranks each holds E/parts of them (its block along dim 0).
 class ExpertsImpl : public torch::nn::Module {
  public:
-  explicit ExpertsImpl(const DecoderConfig& c);
+  explicit ExpertsImpl(const DecoderConfig& c, int parts = 1);
   // x (N, C): rows grouped by expert, expert e's ending at offsets[e] (E, int32, cumulative, on x's
   // device), row i's expert expert[i] (N, int64; for the biases) -> (N, C), each row through its
   // expert's SwiGLU: one grouped product each for gate, up and down (kernels::Ops::grouped_mm;
@@ -56,7 +66,8 @@ struct RouterStats {
 
 class MoeBlockImpl : public torch::nn::Module {
  public:
-  explicit MoeBlockImpl(const DecoderConfig& c);
+  // ep (more than one rank): this rank holds its block of the experts and exchanges rows with the others.
+  explicit MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParallel> ep = nullptr);
   at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
   torch::nn::Linear gate{nullptr};           // the router (E, C); gpt-oss's, with a bias, registered as "router"
   Experts experts{nullptr};
@@ -66,11 +77,18 @@ class MoeBlockImpl : public torch::nn::Module {
   bool norm_topk_prob;
   bool softmax_of_top;  // gpt-oss: the softmax over the top-k logits (else over all, then the top k)
   RouterStats last;  // the last forward's (CausalLM::router_aux_loss and expert_load read them)
+  std::shared_ptr<ExpertParallel> ep;
 };
 TORCH_MODULE(MoeBlock);
 
 // transformers' load_balancing_loss_func over the layers' stats (summed over layers, then the
 // product): num_experts * sum_e (assignments_e / rows) * (probability_e / rows). Undefined with no stats.
-at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts);
+// split: the groups whose ranks hold the other tokens of the same sequences (context parallel's,
+// tensor parallel's sequence blocks). The assignments and rows are then summed over them (the
+// sequences' whole counts) and the probabilities stay this rank's, times `share_scale`: so the terms
+// of a group add up to the loss of the whole sequences (share_scale 1), or average to it (context
+// parallel's, whose gradients the engine averages: share_scale cp_size), gradients included.
+at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts,
+                               const std::vector<dist::ProcessGroup*>& split = {}, double share_scale = 1.0);
 
 }  // namespace fsdp::model
