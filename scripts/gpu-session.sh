@@ -43,6 +43,8 @@
 #                                         tests (`tests` is the same; with PREBUILT=1 nothing is built)
 #   scripts/gpu-session.sh bench          the side-by-side benchmark on the ~1B Llama (compare.py's defaults)
 #   scripts/gpu-session.sh bench8b        the same at the 8B shape (compare.py --shape 8b)
+#   scripts/gpu-session.sh benchmoe       the same at Qwen3-30B-A3B's widths, 4 layers (compare.py --shape moe:
+#                                         fsdptrain, accelerate, fsdp2; fsdptrain's experts' load) -> benchmoe/
 #   scripts/gpu-session.sh profile        trace steps 4-5 of fsdptrain on the ~1B Llama (bf16, sequence 2048)
 #                                         and summarize where the time goes (scripts/bench/trace_summary.py)
 # Extra arguments go to compare.py (bench, bench8b), or are --set overrides (profile), e.g.
@@ -116,12 +118,14 @@ if [ "$DRY" = 1 ]; then
   TINY=(--cpu --model-config configs/models/tiny/config.json --world-size 1)
   BENCH=("${TINY[@]}" --sequence-length 32 --micro-batch-size 2 --row-timeout 150)
   BENCH8B=("${TINY[@]}" --sequence-length 64 --micro-batch-size 1 --row-timeout 150)
+  BENCHMOE=(--model-config configs/models/tiny-moe/config.json --cpu --world-size 1 --sequence-length 32
+            --micro-batch-size 2 --steps 4 --warmup 1 --row-timeout 150)
   BENCH_STEPS=(--steps 4 --warmup 1) BENCH8B_STEPS=(--steps 3 --warmup 1) OFFLOAD_BENCH_STEPS=(--steps 2 --warmup 1)
 else
   # HOST_PARAMS: the ~1B Llama's parameter count (configs/models/llama-1b, tied embeddings)
   MODEL=configs/models/llama-1b/config.json SEQ=2048 MB=2 STEPS=6 OFFLOAD_STEPS=3 DEVICE=cuda HOST_PARAMS=1235814400
   LAUNCH=(--set use_cpu=false --num_processes 1 --mixed_precision bf16)
-  BENCH=(--row-timeout 75) BENCH8B=(--row-timeout 100)
+  BENCH=(--row-timeout 75) BENCH8B=(--row-timeout 100) BENCHMOE=(--row-timeout 100)
   BENCH_STEPS=(--steps 12 --warmup 4) BENCH8B_STEPS=(--steps 8 --warmup 3) OFFLOAD_BENCH_STEPS=(--steps 3 --warmup 1)
 fi
 # Within a session, a step's compare.py starts no row 10 s before the step's limit (STEP_LIMIT_S).
@@ -487,6 +491,10 @@ case "$mode" in
     ensure_built
     install_peer_wheels
     "$PYTHON" scripts/bench/compare.py --shape 8b --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/bench8b" "${BENCH8B[@]}" "$@"
+    ;;
+  benchmoe)
+    ensure_built
+    "$PYTHON" scripts/bench/compare.py --shape moe --fsdptrain "$FSDPTRAIN" --out-dir "$OUT/benchmoe" "${BENCHMOE[@]}" "$@"
     ;;
   bench-offload)
     ensure_built

@@ -68,16 +68,17 @@ def batch(tokens, step, rank, world, micro_batch, seq_len):
 
 
 def hf_llama(model_config, device):
-    """transformers' LlamaForCausalLM from a config.json with fp32 weights, SDPA attention and no KV
-    cache, built on `device` after torch.manual_seed(0): every transformers row starts from the same
-    weights on a given device."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' causal LM of a config.json (its model_type: LlamaForCausalLM, or Qwen3MoeForCausalLM
+    for compare.py's moe shape) with fp32 weights, SDPA attention and no KV cache, built on `device`
+    after torch.manual_seed(0): every transformers row starts from the same weights on a given device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(**json.load(open(model_config)))
+    values = json.load(open(model_config))
+    config = AutoConfig.for_model(values.pop("model_type", "llama"), **values)
     config.use_cache = False
     with torch.device(device):
-        return LlamaForCausalLM._from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 
 
 def wrap_layers(model, checkpoint, compile):

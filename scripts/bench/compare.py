@@ -37,6 +37,10 @@ Shapes (--shape; an explicit --model-config, --sequence-length or --micro-batch-
       rows' cross-entropy), the checkpointed layer inputs and one layer's recompute (about 5 GB), the
       CUDA context and the allocator's slack (about 4 GB). On a 141 GiB H200 that is 26 or 27 layers.
       The config the rows train is written to the out-dir (model-config.json).
+  moe Qwen3-30B-A3B's widths (configs/models/qwen3-30b-a3b: 128 experts of 768, top 8, hidden 2048)
+      with 4 of its 48 layers (--layers N), sequence 2048, micro batch 2, 20 steps (5 warm-up); rows
+      fsdptrain,accelerate,fsdp2 (transformers' Qwen3MoeForCausalLM in the Python rows). MFU counts the
+      active experts only; fsdptrain's row names its experts' load at the last step.
 
 Timing: every trainer is timed the same way, one host synchronisation a step: the Python rows read
 the loss (loss.item()) at the end of each step; fsdptrain runs with logging.interval=1, so each of its
@@ -147,6 +151,8 @@ SHAPES = {
     "8b": dict(model_config="configs/models/llama3.1-8b/config.json", sequence_length=8192, micro_batch_size=1,
                steps=10, warmup=3, checkpointing=True,
                rows="fsdptrain,torchtitan,fsdptrain-float8,torchtitan-float8,fsdp2-compile,fsdptrain-float8-rowwise"),
+    "moe": dict(model_config="configs/models/qwen3-30b-a3b/config.json", sequence_length=2048, micro_batch_size=2,
+                steps=20, warmup=5, checkpointing=False, layers=4, rows="fsdptrain,accelerate,fsdp2"),
 }
 BYTES_PER_PARAM = 18  # fp32 weights, gradients, AdamW's two moments, and a bf16 copy
 HEADROOM_GIB = 24  # the loss head at sequence 8192, checkpointed activations, CUDA context, slack
@@ -156,29 +162,42 @@ BF16_TOLERANCE = 0.02
 TRUNC3_VAR = 0.9733  # the variance of N(0, 1) truncated at +-3 standard deviations
 
 
-def flops_per_token(c, seq_len, causal=False):
-    """6 N' + 12 L H D T (PaLM / torchtitan; causal: 6 L H D T): N' leaves out the input embedding
-    unless it is tied."""
-    L, C, F, V = c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+def layer_parameters(c, layer):
+    """(decoder layer `layer`'s parameters, those a token passes through): a mixture of experts'
+    sparse layer (Qwen3-MoE's keys) holds every expert and a token uses num_experts_per_tok of them."""
+    C, F = c["hidden_size"], c["intermediate_size"]
     H, K = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
     D = c.get("head_dim") or C // H
-    per_layer = C * H * D + 2 * C * K * D + H * D * C + 3 * C * F + 2 * C
-    n = L * per_layer + C + V * C  # layers, final norm, head (or the tied embedding)
+    attention = C * H * D + 2 * C * K * D + H * D * C + 2 * C
+    E = c.get("num_experts") or c.get("num_local_experts") or 0
+    step = c.get("decoder_sparse_step") or 1
+    if E and (layer + 1) % step == 0 and layer not in (c.get("mlp_only_layers") or []):
+        expert = 3 * C * (c.get("moe_intermediate_size") or F)
+        return attention + C * E + E * expert, attention + C * E + c["num_experts_per_tok"] * expert
+    return attention + 3 * C * F, attention + 3 * C * F
+
+
+def flops_per_token(c, seq_len, causal=False):
+    """6 N' + 12 L H D T (PaLM / torchtitan; causal: 6 L H D T): N' leaves out the input embedding
+    unless it is tied, and counts a mixture of experts' active experts only."""
+    L, C, V = c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+    H = c["num_attention_heads"]
+    D = c.get("head_dim") or C // H
+    n = sum(layer_parameters(c, l)[1] for l in range(L)) + C + V * C  # layers, final norm, head (or the tied embedding)
     return 6 * n + (6 if causal else 12) * L * H * D * seq_len
 
 
 def parameters(c):
-    """(a decoder layer's parameters, the parameters outside the layers)."""
-    C, F, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    H, K = c["num_attention_heads"], c.get("num_key_value_heads", c["num_attention_heads"])
-    D = c.get("head_dim") or C // H
-    layer = C * H * D + 2 * C * K * D + H * D * C + 3 * C * F + 2 * C
-    return layer, C + V * C * (1 if c.get("tie_word_embeddings") else 2)
+    """(the decoder layers' parameters, the parameters outside the layers)."""
+    C, V = c["hidden_size"], c["vocab_size"]
+    layers = sum(layer_parameters(c, l)[0] for l in range(c["num_hidden_layers"]))
+    return layers, C + V * C * (1 if c.get("tie_word_embeddings") else 2)
 
 
 def layers_that_fit(c, device_bytes):
     """How many decoder layers train on one device of `device_bytes` with full AdamW state."""
-    layer, outside = parameters(c)
+    layers, outside = parameters(c)
+    layer = layers / c["num_hidden_layers"]
     room = device_bytes - HEADROOM_GIB * 2**30 - BYTES_PER_PARAM * outside
     return max(1, int(room // (BYTES_PER_PARAM * layer)))
 
@@ -203,7 +222,7 @@ def write_tokens(path, count, vocab, seed):
         f.write(tokens.astype(np.dtype(dtype).newbyteorder("<"), copy=False).tobytes())
 
 
-def write_accelerate_yaml(path, world, cpu, mixed_precision, checkpointing):
+def write_accelerate_yaml(path, world, cpu, mixed_precision, checkpointing, layer_class="LlamaDecoderLayer"):
     with open(path, "w") as f:
         f.write(f"""compute_environment: LOCAL_MACHINE
 distributed_type: FSDP
@@ -214,7 +233,7 @@ use_cpu: {"true" if cpu else "false"}
 fsdp_config:
   fsdp_version: 2
   fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
-  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+  fsdp_transformer_layer_cls_to_wrap: {layer_class}
   fsdp_reshard_after_forward: true
   fsdp_activation_checkpointing: {"true" if checkpointing else "false"}
   fsdp_state_dict_type: SHARDED_STATE_DICT
@@ -377,7 +396,11 @@ def summarize(r, warmup, fpt_full, fpt_causal, peak_flops):
 def read_fsdptrain(metrics, tokens_per_step, world, sets):
     """An fsdptrain row's measurements from its metrics file (a line a step, logging.interval=1)."""
     lines = [json.loads(l) for l in open(metrics) if '"step_time_s"' in l]
-    return {"name": "fsdptrain" + "".join(f", {k}={v}" for k, v in sets.items()),
+    # A mixture of experts: the last step's tokens per expert, max and min over the mean.
+    load = lines[-1].get("expert_load") if lines else None
+    shown = (f", experts' load max {max(load) / (sum(load) / len(load)):.2f} min {min(load) / (sum(load) / len(load)):.2f}"
+             f" of mean" if load and sum(load) > 0 else "")
+    return {"name": "fsdptrain" + "".join(f", {k}={v}" for k, v in sets.items()) + shown,
             "step_times_s": [l["step_time_s"] for l in lines], "losses": [l["loss"] for l in lines],
             "tokens_per_step": tokens_per_step, "world_size": world,
             "peak_memory_bytes": max((l["peak_memory_bytes"] for l in lines), default=0)}
@@ -663,7 +686,7 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     out_dir = os.path.abspath(args.out_dir)
     config = json.load(open(os.path.join(ROOT, args.model_config or shape["model_config"])))
-    layers = args.layers
+    layers = args.layers or (0 if args.model_config else shape.get("layers", 0))
     if not layers and args.shape == "8b" and not args.cpu:
         layers = layers_that_fit(config, gpu_memory)
         print(f"compare.py: {layers} of the config's {config['num_hidden_layers']} layers fit {gpu_memory / 2**30:.1f} "
@@ -683,12 +706,16 @@ def main():
     run["fpt"], run["fpt_causal"] = flops_per_token(config, T), flops_per_token(config, T, causal=True)
     with open(run["model_config"], "w") as f:
         json.dump(config, f, indent=1)
-    write_accelerate_yaml(run["yaml"], world, args.cpu, run["mixed"], run["activation_checkpointing"])
-    layer, outside = parameters(config)
-    n_params = config["num_hidden_layers"] * layer + outside
+    # The decoder layer's class, as transformers names it (Qwen3MoeForCausalLM's Qwen3MoeDecoderLayer).
+    layer_class = (config.get("architectures") or ["LlamaForCausalLM"])[0].replace("ForCausalLM", "DecoderLayer")
+    write_accelerate_yaml(run["yaml"], world, args.cpu, run["mixed"], run["activation_checkpointing"], layer_class)
+    layers_params, outside = parameters(config)
+    n_params = layers_params + outside
     device = "cpu" if args.cpu else gpu_name
-    header = [f"Llama {args.model_config or shape['model_config']} ({config['num_hidden_layers']} layers, "
-              f"{n_params / 1e9:.2f}B parameters), sequence {T}, micro batch {B} x {world} process(es), "
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    header = [f"{(config.get('architectures') or ['LlamaForCausalLM'])[0]} {args.model_config or shape['model_config']} "
+              f"({config['num_hidden_layers']} layers, {n_params / 1e9:.2f}B parameters"
+              + (f", top {config['num_experts_per_tok']} of {experts} experts" if experts else "") + f"), sequence {T}, micro batch {B} x {world} process(es), "
               f"{run['mixed']}" + (", full activation checkpointing" if run["activation_checkpointing"] else "")
               + f", AdamW lr {args.lr} constant, {S} steps ({run['warmup']} warm-up not timed), {device}; "
               f"one host synchronisation a step in every row; ln V = {math.log(config['vocab_size']):.4f}"]
