@@ -597,9 +597,6 @@ std::string why_not_trl_default(const ResolvedConfig& rc, const std::string& key
       return "fsdp_activation_checkpointing is set";
     if (rc.get("fsdp_config.fsdp_auto_wrap_policy").value == "NO_WRAP")
       return "fsdp_auto_wrap_policy NO_WRAP has no layers to recompute";
-    // The auxiliary loss of a mixture of experts is not recomputed (training_run.cpp refuses the pair).
-    if (model && model->is_object() && model->value("output_router_logits", false) == true)
-      return "the model's output_router_logits (its auxiliary loss) is not recomputed";
     // Nor is expert parallel's exchange (config/validate.cpp refuses the pair).
     if (const std::optional<long long> ep = parse_int(rc.get("parallelism_config.parallelism_config_ep_size").value);
         ep && *ep > 1)

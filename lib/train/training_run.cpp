@@ -347,11 +347,11 @@ void TrainingRun::build_model() {
     };
   }
   const model::MoeConfig& moe = model_config_.moe;
-  FSDP_CHECK(!(plan.options.activation_checkpointing && moe.output_router_logits && moe.router_aux_loss_coef > 0),
-             "[config] fsdp_activation_checkpointing with the model's output_router_logits (its auxiliary "
-             "load-balancing loss) is not implemented yet; turn one of them off (output_router_logits: false in "
-             "the model's config.json, or fsdp_activation_checkpointing: false)");
   lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp, ep);
+  // Activation checkpointing runs each router again in backward: the auxiliary loss's gradient goes
+  // to it there instead of through a loss term.
+  if (plan.options.activation_checkpointing && moe.output_router_logits && moe.router_aux_loss_coef > 0)
+    lm_->aux_loss_in_backward();
   const model::LoraSettings lora = lora_settings_of(config_);
   std::optional<ckpt::PeftAdapter> adapter;
   if (lora.enabled()) {
@@ -630,9 +630,12 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
     // A mixture of experts with output_router_logits: each micro-batch's auxiliary load-balancing
     // loss times router_aux_loss_coef, as transformers adds it to each forward's loss (the ranks'
     // and micro-batches' mean, as their gradients average). Logged either way, with the load.
-    if (const at::Tensor aux = lm_->router_aux_loss(); aux.defined()) {
-      if (moe.output_router_logits && moe.router_aux_loss_coef > 0)
-        objective = objective + aux.to(objective.scalar_type()) * (moe.router_aux_loss_coef / micro_batches);
+    // Under activation checkpointing its gradient joins the routers' in backward instead (the same sum).
+    const bool added = moe.output_router_logits && moe.router_aux_loss_coef > 0;
+    const bool in_backward = added && config_.fsdp.activation_checkpointing;
+    const double coef = moe.router_aux_loss_coef / micro_batches;
+    if (const at::Tensor aux = in_backward ? lm_->router_aux_gradient(coef) : lm_->router_aux_loss(); aux.defined()) {
+      if (added && !in_backward) objective = objective + aux.to(objective.scalar_type()) * coef;
       reduced.narrow(0, 2, 1).add_(aux.detach().to(at::kDouble) / micro_batches);
       reduced.narrow(0, 3, moe.num_experts).add_(lm_->expert_load().to(at::kDouble));
     }

@@ -296,10 +296,12 @@ TEST_CASE("a fine-tuning run (model.pretrained) gets TRL SFTTrainer's defaults w
     std::ofstream(dir + "/config.json") << R"({"max_position_embeddings": 512, "output_router_logits": true})";
     Loaded moe = load_text(ft);
     REQUIRE_MESSAGE(moe.errors() == "", moe.errors());
-    CHECK_FALSE(moe.rc.typed.fsdp.activation_checkpointing);  // the auxiliary loss is not recomputed
-    CHECK(kept_fine_tuning_defaults(moe.rc).at(0) ==
-          "model.gradient_checkpointing false, not TRL's true: the model's output_router_logits (its auxiliary loss) "
-          "is not recomputed");
+    CHECK(moe.rc.typed.fsdp.activation_checkpointing);  // the auxiliary loss's gradient reaches the recomputed routers
+    Loaded ep = load_text(ft, {"parallelism_config.parallelism_config_ep_size=2"});
+    CHECK_FALSE(ep.rc.typed.fsdp.activation_checkpointing);
+    CHECK(kept_fine_tuning_defaults(ep.rc).at(0) ==
+          "model.gradient_checkpointing false, not TRL's true: expert parallel (parallelism_config_ep_size) is not "
+          "recomputed yet");
     CHECK(kept_fine_tuning_defaults(off.rc).size() == 1);  // the config's own choice needs no reason: packing's only
   }
   SUBCASE("with the lr from --set and no cap needed") {

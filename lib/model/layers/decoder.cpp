@@ -241,6 +241,24 @@ at::Tensor CausalLMImpl::router_aux_loss() const {
   return load_balancing_loss(router_stats(model), config.moe.num_experts, split, cp ? cp->size() : 1.0);
 }
 
+void CausalLMImpl::aux_loss_in_backward() {
+  aux_gradient_ = std::make_shared<RouterAuxGradient>();
+  for (const auto& layer : *model->layers)
+    if (MoeBlock moe = layer->as<DecoderLayerImpl>()->moe) moe->aux_gradient = aux_gradient_;
+}
+
+at::Tensor CausalLMImpl::router_aux_gradient(double scale) {
+  FSDP_ASSERT(aux_gradient_ != nullptr, "router_aux_gradient without aux_loss_in_backward");
+  std::vector<dist::ProcessGroup*> split;
+  if (cp) split.push_back(&*cp->group);
+  if (tp) split.push_back(&*tp->group);
+  at::Tensor per_expert;
+  const at::Tensor aux =
+      load_balancing_loss(router_stats(model), config.moe.num_experts, split, cp ? cp->size() : 1.0, &per_expert);
+  aux_gradient_->per_expert = per_expert.defined() ? per_expert * scale : at::Tensor();
+  return aux.defined() ? aux.detach() : aux;
+}
+
 at::Tensor CausalLMImpl::expert_load() const {
   at::Tensor out;
   for (const RouterStats* s : router_stats(model))

@@ -143,6 +143,13 @@ class CausalLMImpl : public torch::nn::Module {
   at::Tensor router_aux_loss() const;
   // The last forward's top-k assignments per expert (E) fp32, summed over the sparse layers; undefined for a dense model.
   at::Tensor expert_load() const;
+  // Under activation checkpointing the routers run again in backward, out of reach of a loss term
+  // built from the first forward: after this, each forward's routers give their logits the auxiliary
+  // loss's gradient in backward, as router_aux_gradient set it (a mixture of experts).
+  void aux_loss_in_backward();
+  // With aux_loss_in_backward: the last forward's auxiliary loss (no graph), its gradient times
+  // `scale` set for the coming backward (what adding scale x router_aux_loss() to the loss gives).
+  at::Tensor router_aux_gradient(double scale);
 
   DecoderConfig config;
   Decoder model{nullptr};
@@ -152,6 +159,7 @@ class CausalLMImpl : public torch::nn::Module {
   std::shared_ptr<ExpertParallel> ep;
 
  private:
+  std::shared_ptr<RouterAuxGradient> aux_gradient_;  // aux_loss_in_backward's, shared by the sparse layers
   const at::Tensor& head_weight() const;       // lm_head's, or the embedding's when tied
   at::Tensor embed(const at::Tensor& tokens);  // the embedding's output, times the config's embedding scale
   // The rotary tables' (cos, sin): each layer takes its plan's (LayerPlan::rope).

@@ -1,6 +1,8 @@
 #include "model/layers/moe.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "fsdp/unit_call.h"
 #include "model/kernels/ops.h"
@@ -9,6 +11,35 @@
 #include "util/error.h"
 
 namespace fsdp::model {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The router's logits, unchanged; in backward their gradient gains the auxiliary loss's, d/d logits of
+// sum_e c_e * sum_n softmax(logits_n)_e: for each token p * (c - p . c), with p its softmax in fp32.
+struct AuxGradientAtRouter : torch::autograd::Function<AuxGradientAtRouter> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const RouterAuxGradient* aux) {
+    ctx->saved_data["aux"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(aux));
+    ctx->save_for_backward({logits});
+    return logits.clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto* aux = reinterpret_cast<const RouterAuxGradient*>(static_cast<intptr_t>(ctx->saved_data["aux"].toInt()));
+    const at::Tensor logits = ctx->get_saved_variables()[0];
+    at::Tensor g = grads[0];
+    if (aux->per_expert.defined()) {
+      const at::Tensor p = at::softmax(logits.to(at::kFloat), -1);
+      const at::Tensor c = aux->per_expert.to(p.device());
+      const at::Tensor extra = (p * (c - (p * c).sum(-1, /*keepdim=*/true))).to(logits.scalar_type());
+      g = g.defined() ? g + extra : extra;
+    }
+    return {g, at::Tensor()};
+  }
+};
+
+}  // namespace
 
 ExpertsImpl::ExpertsImpl(const DecoderConfig& c, int parts)
     : torch::nn::Module("Experts"),
@@ -74,7 +105,8 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   const int64_t C = input.size(-1), E = gate->weight.size(0);
   const at::Tensor x = input.reshape({-1, C});  // (N, C)
   const int64_t N = x.size(0);
-  const at::Tensor logits = at::linear(x, gate->weight, gate->bias);  // (N, E), the compute dtype
+  at::Tensor logits = at::linear(x, gate->weight, gate->bias);  // (N, E), the compute dtype
+  if (aux_gradient && c10::GradMode::is_enabled()) logits = AuxGradientAtRouter::apply(logits, aux_gradient.get());
   const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
   at::Tensor weights, chosen;  // (N, k) fp32, int64
   if (softmax_of_top) {  // gpt-oss: the top k logits, then their softmax
@@ -114,7 +146,8 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
 }
 
 at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts,
-                               const std::vector<dist::ProcessGroup*>& split, double share_scale) {
+                               const std::vector<dist::ProcessGroup*>& split, double share_scale,
+                               at::Tensor* per_expert) {
   at::Tensor tokens, probability;
   double rows = 0;
   for (const RouterStats* s : layers) {
@@ -130,7 +163,9 @@ at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, in
     tokens = counts.narrow(0, 0, num_experts).to(at::kFloat);
     rows = counts[num_experts].item<double>();
   }
-  return (tokens / rows * (probability / rows)).sum() * (static_cast<double>(num_experts) * share_scale);
+  const double scale = static_cast<double>(num_experts) * share_scale;
+  if (per_expert) *per_expert = (tokens.detach() * (scale / (rows * rows))).to(at::kFloat);
+  return (tokens / rows * (probability / rows)).sum() * scale;
 }
 
 }  // namespace fsdp::model

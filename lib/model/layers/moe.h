@@ -57,6 +57,14 @@ class ExpertsImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Experts);
 
+// The auxiliary loss's gradient given to the routers in backward instead of through a loss term:
+// activation checkpointing recomputes each layer's router in backward, out of reach of a term built
+// from the first forward. per_expert (E) fp32: d(scaled aux loss) / d(probability column sum e), the
+// same for every sparse layer (the loss sums their counts); undefined: none.
+struct RouterAuxGradient {
+  at::Tensor per_expert;
+};
+
 // What the router did in a forward, for the auxiliary load-balancing loss and the load log.
 struct RouterStats {
   at::Tensor tokens_per_expert;  // (E) fp32: top-k assignments per expert (no gradient)
@@ -78,6 +86,8 @@ class MoeBlockImpl : public torch::nn::Module {
   bool softmax_of_top;  // gpt-oss: the softmax over the top-k logits (else over all, then the top k)
   RouterStats last;  // the last forward's (CausalLM::router_aux_loss and expert_load read them)
   std::shared_ptr<ExpertParallel> ep;
+  // Set (CausalLM::aux_loss_in_backward): the router's logits take aux_gradient's share in backward.
+  std::shared_ptr<RouterAuxGradient> aux_gradient;
 };
 TORCH_MODULE(MoeBlock);
 
@@ -89,6 +99,9 @@ TORCH_MODULE(MoeBlock);
 // of a group add up to the loss of the whole sequences (share_scale 1), or average to it (context
 // parallel's, whose gradients the engine averages: share_scale cp_size), gradients included.
 at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts,
-                               const std::vector<dist::ProcessGroup*>& split = {}, double share_scale = 1.0);
+                               const std::vector<dist::ProcessGroup*>& split = {}, double share_scale = 1.0,
+                               at::Tensor* per_expert = nullptr);
+// per_expert (optional): receives the loss's gradient with respect to each expert's probability
+// column sum (E) fp32: num_experts x share_scale x assignments_e / rows^2, no graph.
 
 }  // namespace fsdp::model
