@@ -111,8 +111,8 @@ std::vector<std::string> choose_units(
   std::vector<std::string> out;
   for (const auto& item : modules) {
     const std::string cls = module_class_name(*item.value());
-    const bool expert = std::find(options.expert_classes.begin(), options.expert_classes.end(), cls) !=
-                        options.expert_classes.end();
+    const bool expert =
+        std::find(options.expert_classes.begin(), options.expert_classes.end(), cls) != options.expert_classes.end();
     FSDP_CHECK(!expert || unit_classes.count(cls), "[fsdp] expert parallel: ", cls,
                " runs inside another module's forward and cannot be a unit of its own");
     if (units.count(item.key()) || expert) out.push_back(item.key());
@@ -170,7 +170,8 @@ DeviceMesh make_mesh(const dist::ProcessGroup& world, int replicate_size, int da
                " must divide the shard group (dp_shard_size x cp_size = ", shard_size, ")");
     std::vector<int> ep_ranks, expert_shard_ranks;
     for (int i = 0; i < ep_size; ++i) ep_ranks.push_back(world_rank(replica, index / ep_size * ep_size + i));
-    for (int j = 0; j < shard_size / ep_size; ++j) expert_shard_ranks.push_back(world_rank(replica, j * ep_size + index % ep_size));
+    for (int j = 0; j < shard_size / ep_size; ++j)
+      expert_shard_ranks.push_back(world_rank(replica, j * ep_size + index % ep_size));
     mesh.ep = world.new_group(ep_ranks, /*own=*/true);  // its bytes counted apart from FSDP's
     mesh.experts = std::make_shared<DeviceMesh>(world.new_group(expert_shard_ranks), mesh.replicate);
     mesh.experts->ep = mesh.ep;

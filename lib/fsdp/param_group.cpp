@@ -91,7 +91,7 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     p.name = pname;
     p.aliases = aliases[i];
     p.layout = ShardLayout{tensor.sizes().vec(), world, rank};
-    if (mesh_->expert_blocks) {  // this ep rank's experts: rows [index, index + 1) x E/ep of the whole
+    if (mesh_->expert_blocks) {  // this ep rank's experts: rows [rank x E/ep, (rank + 1) x E/ep) of the whole
       p.tp = TpSlice{0, mesh_->ep->rank(), mesh_->ep->size(), 0};
     } else if (mesh_->tp && options_.tensor_parallel) {
       p.tp = options_.tensor_parallel(pname);

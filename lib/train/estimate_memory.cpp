@@ -113,9 +113,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   model::CausalLM lm(
       mc, /*free_after_create=*/true,
       tp > 1 ? std::make_shared<model::TensorParallel>(model::TensorParallel::shapes_only(tp)) : nullptr, nullptr,
-      ep > 1 && mc.moe.num_experts > 0
-          ? std::make_shared<model::ExpertParallel>(model::ExpertParallel::shapes_only(ep))
-          : nullptr);
+      ep > 1 && mc.moe.num_experts > 0 ? std::make_shared<model::ExpertParallel>(model::ExpertParallel::shapes_only(ep))
+                                       : nullptr);
   const model::LoraSettings lora = lora_settings_of(c);
   if (lora.enabled()) model::add_lora(*lm, lora, /*free_after_create=*/true);
   MemoryEstimate e;
@@ -124,7 +123,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   const auto units = plan_units(*lm, model::decoder_traits(mc), options);
   for (size_t u = 0; u < units.size(); ++u) {
     int64_t padded = 0, padded_trainable = 0;
-    const bool experts = !options.expert_classes.empty() && u > 0 && fsdp::module_class_name(*units[u].module) == "Experts";
+    const bool experts =
+        !options.expert_classes.empty() && u > 0 && fsdp::module_class_name(*units[u].module) == "Experts";
     const int64_t w = experts ? shards / ep : shards;  // its shard group
     for (const auto& [name, tensor] : units[u].params) {
       const ShardLayout l{tensor.sizes().vec(), static_cast<int>(w), 0};

@@ -191,7 +191,8 @@ void check_expert_parallel(const config::Config& config, const model::DecoderCon
              " model, with no experts to split; set parallelism_config_ep_size: 1");
   std::vector<std::string> fits;
   for (int d = 2; d <= e; ++d)
-    if (e % d == 0 && config::effective_fsdp_layout(config).fsdp_shard_size() % d == 0) fits.push_back(std::to_string(d));
+    if (e % d == 0 && config::effective_fsdp_layout(config).fsdp_shard_size() % d == 0)
+      fits.push_back(std::to_string(d));
   FSDP_CHECK(e % ep == 0, "[train] parallelism_config_ep_size ", ep, " does not divide the ", e, " experts of ", path,
              ": expert parallel gives each rank an equal share of every layer's experts. ",
              fits.empty() ? std::string("No ep_size above 1 divides both them and the shard group here")

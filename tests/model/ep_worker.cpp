@@ -125,11 +125,14 @@ Result run(fsdp::dist::ProcessGroup world, const fsdp::model::DecoderConfig& c, 
   out.aux = both[1].item<double>();
   for (auto& [name, g] : sharded->gather_full_gradients()) out.grads[name] = g;
   for (const auto& layer : *model->model->layers)
-    if (const auto& moe = layer->as<fsdp::model::DecoderLayerImpl>()->moe) out.local_experts = moe->experts->down_proj.size(0);
+    if (const auto& moe = layer->as<fsdp::model::DecoderLayerImpl>()->moe)
+      out.local_experts = moe->experts->down_proj.size(0);
   return out;
 }
 
-double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
+double relative(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-30);
+}
 
 void check_family(fsdp::dist::ProcessGroup& world, const Family& f, bool lopsided = false) {
   const Result base = run(world, f.config, 1, lopsided);
@@ -140,7 +143,8 @@ void check_family(fsdp::dist::ProcessGroup& world, const Family& f, bool lopside
     FSDP_ASSERT(relative(r.loss, base.loss) <= 1e-6, what, ": loss sum ", r.loss, ", ep 1 ", base.loss);
     FSDP_ASSERT(relative(r.aux, base.aux) <= 1e-6, what, ": auxiliary loss ", r.aux, ", ep 1 ", base.aux);
     double worst = 0;
-    FSDP_ASSERT(r.grads.size() == base.grads.size(), what, ": ", r.grads.size(), " gradients, ep 1 ", base.grads.size());
+    FSDP_ASSERT(r.grads.size() == base.grads.size(), what, ": ", r.grads.size(), " gradients, ep 1 ",
+                base.grads.size());
     for (const auto& [name, g] : r.grads) {
       const at::Tensor& want = base.grads.at(name);
       FSDP_ASSERT(g.sizes() == want.sizes(), what, ": ", name, " is ", g.sizes(), ", ep 1 ", want.sizes());
@@ -156,10 +160,11 @@ void check_family(fsdp::dist::ProcessGroup& world, const Family& f, bool lopside
                 r.expected_backward);
     FSDP_ASSERT(r.forward.total() == fwd && r.backward.total() == bwd, what, ": the ep group ran more than all-to-all");
     if (world.rank() == 0)
-      std::printf("%s: loss %.9g (ep 1 %.9g), aux %.9g (ep 1 %.9g), gradients within %.2e of ep 1's; ep bytes "
-                  "forward %lld, backward %lld (rank 0, as the formula)\n",
-                  what.c_str(), r.loss, base.loss, r.aux, base.aux, worst, static_cast<long long>(fwd),
-                  static_cast<long long>(bwd));
+      std::printf(
+          "%s: loss %.9g (ep 1 %.9g), aux %.9g (ep 1 %.9g), gradients within %.2e of ep 1's; ep bytes "
+          "forward %lld, backward %lld (rank 0, as the formula)\n",
+          what.c_str(), r.loss, base.loss, r.aux, base.aux, worst, static_cast<long long>(fwd),
+          static_cast<long long>(bwd));
   }
 }
 

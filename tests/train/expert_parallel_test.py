@@ -6,7 +6,7 @@ loss), fp32 and random, and fsdptrain fine-tunes each from one token stream. Ove
 10 steps, micro batch 4 of 32 tokens, each check printing its worst relative difference:
   - ep: W=4 (dp_shard 4), ep 2 and ep 4 give ep 1's losses and gradient norms within 1e-5 relative,
     its auxiliary losses within 1e-5 and its experts' loads exactly (the routing is the same), each
-    family;
+    family; and beside HSDP (2 replicas x dp_shard 2) ep 2 gives ep 1's (Qwen3-MoE);
   - cp: beside context parallel, W=4 as cp 2 x dp_shard 2 and as Ulysses sp 2 x dp_shard 2 with ep 2
     equals the same layout at ep 1 and dp 2 alone within 1e-5, the auxiliary loss included (the
     routing counts summed over the sequence's ranks) (Qwen3-MoE); gpt-oss's sinks are refused by both;
@@ -215,7 +215,16 @@ def check_ep(h, folders):
                 ok = failed(e)
                 continue
             ok &= applied(title, mine, ep) & h.compare(title, mine, base)
-    return ok
+    # Beside HSDP: 2 replicas x dp_shard 2, ep 2 (each replica's shard group split in its own ep group;
+    # the experts' gradients averaged over the replicas as the rest) against the same layout at ep 1.
+    folder, hsdp = folders["qwen3_moe"], {"dp_replicate_size": 2, "dp_shard_size": 2}
+    try:
+        base = h.ours("qwen3_moe-hsdp-ep1", folder, 4, hsdp)
+        mine = h.ours("qwen3_moe-hsdp-ep2", folder, 4, ep_layout(2, **hsdp))
+    except RuntimeError as e:
+        return failed(e)
+    title = "qwen3_moe, W=4, HSDP 2 replicas x dp_shard 2, ep 2"
+    return ok & applied(title, mine, 2) & h.compare(title, mine, base)
 
 
 def works_or_refused(h, title, name, folder, world, layout, other, baselines):

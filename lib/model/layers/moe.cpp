@@ -158,7 +158,8 @@ at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, in
   }
   if (!tokens.defined() || rows == 0) return {};
   if (!split.empty()) {  // the whole sequences' counts: assignments and rows summed over the groups
-    at::Tensor counts = at::cat({tokens.detach().to(at::kDouble), at::full({1}, rows, tokens.options().dtype(at::kDouble))});
+    at::Tensor counts =
+        at::cat({tokens.detach().to(at::kDouble), at::full({1}, rows, tokens.options().dtype(at::kDouble))});
     for (dist::ProcessGroup* g : split) g->all_reduce(counts, dist::ReduceOp::kSum, "auxiliary loss counts").wait();
     tokens = counts.narrow(0, 0, num_experts).to(at::kFloat);
     rows = counts[num_experts].item<double>();

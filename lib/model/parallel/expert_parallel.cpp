@@ -37,15 +37,17 @@ struct ExchangeRows : torch::autograd::Function<ExchangeRows> {
     ctx->saved_data["send"] = send;
     ctx->saved_data["recv"] = recv;
     ctx->saved_data["back"] = back;
-    return exchange(x, send, recv, *ep, back ? "expert parallel: outputs back to their tokens"
-                                             : "expert parallel: tokens to their experts");
+    return exchange(
+        x, send, recv, *ep,
+        back ? "expert parallel: outputs back to their tokens" : "expert parallel: tokens to their experts");
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto* ep = reinterpret_cast<const ExpertParallel*>(static_cast<intptr_t>(ctx->saved_data["ep"].toInt()));
     const bool back = ctx->saved_data["back"].toBool();
-    const at::Tensor g = exchange(grads[0], ctx->saved_data["recv"].toIntVector(), ctx->saved_data["send"].toIntVector(),
-                                  *ep, back ? "expert parallel: output gradients to the experts"
-                                            : "expert parallel: input gradients back to their tokens");
+    const at::Tensor g =
+        exchange(grads[0], ctx->saved_data["recv"].toIntVector(), ctx->saved_data["send"].toIntVector(), *ep,
+                 back ? "expert parallel: output gradients to the experts"
+                      : "expert parallel: input gradients back to their tokens");
     return {g, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -75,7 +77,7 @@ at::Tensor run_expert_parallel(const at::Tensor& rows, const at::Tensor& counts,
     }
   // (R, C) by source rank, then by expert: regrouped by local expert, each expert's rows in source order.
   const at::Tensor in = ExchangeRows::apply(rows, &ep, send, recv, false);
-  const at::Tensor segment_expert = at::arange(l, recv_counts.options()).repeat({p});  // (P L)
+  const at::Tensor segment_expert = at::arange(l, recv_counts.options()).repeat({p});         // (P L)
   const at::Tensor expert = at::repeat_interleave(segment_expert, recv_counts, 0, received);  // (R)
   const at::Tensor order = std::get<1>(expert.sort(/*stable=*/true, 0, false));
   const at::Tensor offsets = recv_counts.view({p, l}).sum(0).cumsum(0).to(at::kInt);

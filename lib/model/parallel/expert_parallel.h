@@ -33,7 +33,8 @@ struct ExpertParallel {
 
 // The local experts' product: rows grouped by local expert, offsets (L) int32 the groups' ends,
 // expert (rows) int64 each row's local expert -> (rows, C).
-using LocalExperts = std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& offsets, const at::Tensor& expert)>;
+using LocalExperts =
+    std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& offsets, const at::Tensor& expert)>;
 
 // rows (N, C): this rank's routed rows grouped by expert (of all E), counts (E) int64 the rows per
 // expert, on rows' device. Sends each expert's rows to its rank, runs `local` there on what every
