@@ -132,7 +132,7 @@ COMMANDS = ["fsdptrain --version",
             "fsdptrain config show --config configs/fsdp2/full_shard.yaml",
             "fsdptrain to-fsdp2 --config_file configs/fsdp1/no_shard.yaml",
             "fsdptrain estimate-memory --config configs/quickstart.yaml",
-            "fsdptrain estimate-memory configs/fsdp2/expert_parallel.yaml",
+            "fsdptrain estimate-memory configs/expert_parallel.yaml",
             "fsdptrain plot runs/quickstart/metrics.jsonl",
             "fsdptrain tokenize --tokenizer model --input docs.jsonl"]
 
