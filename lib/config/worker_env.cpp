@@ -33,6 +33,7 @@ std::vector<std::pair<std::string, std::string>> worker_env(const ResolvedConfig
         env.emplace_back("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD", "false");
     } else if (section == "parallelism_config") {
       if (!any_parallelism) continue;
+      if (s.extension && !rc.is_set(s.key)) continue;  // fsdptrain's own (expert parallel): Accelerate has none
       // As Accelerate: the strategy only with cp_size > 1, the sp_* settings only with sp_size > 1,
       // spelled as Python prints them (None, True).
       const bool cp_detail = s.key == "parallelism_config.parallelism_config_cp_comm_strategy";
