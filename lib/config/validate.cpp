@@ -633,20 +633,17 @@ std::string FsdpLayout::describe_expert_parallel() const {
   const int shard = fsdp_shard_size(), per = shard / ep_size;
   auto rank = [&](int replica, int t, int member) { return std::to_string((replica * shard + member) * tp_size + t); };
   const int outer = replicate_size * tp_size;  // (replica, tp index) pairs, each with its shard group
-  const std::string ep_groups = elided(
-      outer * per,
-      [&](int k) {
-        const int group = k % per, replica = k / per / tp_size, t = k / per % tp_size;
-        return elided(ep_size, [&](int i) { return rank(replica, t, group * ep_size + i); }, ",");
-      },
-      " / ");
-  const std::string expert_shards = elided(
-      outer * ep_size,
-      [&](int k) {
-        const int place = k % ep_size, replica = k / ep_size / tp_size, t = k / ep_size % tp_size;
-        return elided(per, [&](int j) { return rank(replica, t, j * ep_size + place); }, ",");
-      },
-      " / ");
+  // In each shard group, n groups of `size` members: group g's i-th is member g * spacing + i * step.
+  auto groups = [&](int n, int size, int spacing, int step) {
+    return elided(
+        outer * n,
+        [&](int k) {
+          const int g = k % n, replica = k / n / tp_size, t = k / n % tp_size;
+          return elided(size, [&](int i) { return rank(replica, t, g * spacing + i * step); }, ",");
+        },
+        " / ");
+  };
+  const std::string ep_groups = groups(per, ep_size, ep_size, 1), expert_shards = groups(ep_size, per, 1, ep_size);
   return str("expert parallel over ", ep_size, " (ep groups: ranks ", ep_groups, "; the experts sharded over ",
              per == 1 ? "no other rank" : "ranks " + expert_shards, ")");
 }

@@ -231,14 +231,21 @@ std::vector<const RouterStats*> router_stats(const Decoder& model) {
   return out;
 }
 
+// The last forward's auxiliary loss of the whole sequences (per_expert: its gradient, optional).
+// Context and tensor parallel split each sequence's tokens over their groups (each rank routes its
+// own): load_balancing_loss sums the counts over them, times cp_size for cp's averaged gradients.
+at::Tensor whole_sequence_aux_loss(const CausalLMImpl& m, at::Tensor* per_expert = nullptr) {
+  std::vector<dist::ProcessGroup*> split;
+  if (m.cp) split.push_back(&*m.cp->group);
+  if (m.tp) split.push_back(&*m.tp->group);
+  return load_balancing_loss(router_stats(m.model), m.config.moe.num_experts, split, m.cp ? m.cp->size() : 1.0,
+                             per_expert);
+}
+
 }  // namespace
 
 at::Tensor CausalLMImpl::router_aux_loss() const {
-  // Context and tensor parallel split each sequence's tokens over their groups (each rank routes its own).
-  std::vector<dist::ProcessGroup*> split;
-  if (cp) split.push_back(&*cp->group);
-  if (tp) split.push_back(&*tp->group);
-  return load_balancing_loss(router_stats(model), config.moe.num_experts, split, cp ? cp->size() : 1.0);
+  return whole_sequence_aux_loss(*this);
 }
 
 void CausalLMImpl::aux_loss_in_backward() {
@@ -249,12 +256,8 @@ void CausalLMImpl::aux_loss_in_backward() {
 
 at::Tensor CausalLMImpl::router_aux_gradient(double scale) {
   FSDP_ASSERT(aux_gradient_ != nullptr, "router_aux_gradient without aux_loss_in_backward");
-  std::vector<dist::ProcessGroup*> split;
-  if (cp) split.push_back(&*cp->group);
-  if (tp) split.push_back(&*tp->group);
   at::Tensor per_expert;
-  const at::Tensor aux =
-      load_balancing_loss(router_stats(model), config.moe.num_experts, split, cp ? cp->size() : 1.0, &per_expert);
+  const at::Tensor aux = whole_sequence_aux_loss(*this, &per_expert);
   aux_gradient_->per_expert = per_expert.defined() ? per_expert * scale : at::Tensor();
   return aux.defined() ? aux.detach() : aux;
 }
