@@ -88,6 +88,7 @@ json state_json(const TrainingState& s, Format format, const c10::Device& device
          {"global_batch", s.global_batch},
          {"rng", rng_json(device)}};
   if (s.eval_loss) j["eval_loss"] = *s.eval_loss;
+  if (!s.expert_bias.empty()) j["expert_bias"] = s.expert_bias;
   return j;
 }
 
@@ -104,6 +105,7 @@ TrainingState parse_state(const json& j, const std::string& where) {
     s.world_size = j.at("world_size").get<int>();
     s.global_batch = j.value("global_batch", int64_t{0});
     if (j.contains("eval_loss") && j["eval_loss"].is_number()) s.eval_loss = j["eval_loss"].get<double>();
+    if (j.contains("expert_bias")) s.expert_bias = j["expert_bias"].get<std::vector<std::vector<double>>>();
     return s;
   } catch (const json::exception& e) {
     throw InputError(str("[ckpt] ", where, ": ", e.what(), "; the checkpoint is corrupt or from another tool"));

@@ -56,6 +56,8 @@ struct TrainingState {
   int world_size = 0;           // of the run that saved
   int64_t global_batch = 0;     // its sequences per step (0: a checkpoint from before it was recorded)
   std::optional<double> eval_loss;  // the held-out loss at this step, when it was measured (keep_best)
+  // Auxiliary-loss-free balancing's selection bias of each sparse layer (E values each), when on.
+  std::vector<std::vector<double>> expert_bias;
 };
 
 // Throws InputError, naming the key to set back, unless a run with `now`'s seed, sequence length

@@ -95,6 +95,10 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
 std::string merge_adapter(const std::string& adapter_dir, const std::string& base_dir, const std::string& out,
                           int64_t max_shard_bytes, std::ostream& log) {
   const PeftAdapter adapter = read_peft_adapter(adapter_dir);
+  FSDP_CHECK(adapter.settings.target_parameters.empty(), "[merge-weights] ", adapter_dir,
+             " adapts a mixture of experts' stacked weights (target_parameters ", join(adapter.settings.target_parameters, ", "),
+             "), which merge-weights does not fold into a checkpoint's tensors yet; run it with fsdptrain generate "
+             "--adapter, or export the merged model from the training run (checkpoint.export_merged: true)");
   const std::string named = base_dir.empty() ? adapter.base_model : base_dir;
   const std::string base = hub::model_folder(named);  // a Hub id: its snapshot in the Hugging Face cache
   FSDP_CHECK(!(base == named && !is_directory(base) && hub::is_repo_id(base)), "[merge-weights] ", adapter_dir,

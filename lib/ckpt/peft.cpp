@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ckpt/file_system.h"
 #include "ckpt/safetensors_torch.h"
+#include "model/layers/moe.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
@@ -73,6 +75,12 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
             {"inference_mode", true},
             {"init_lora_weights", true},
             {"use_dora", false}};
+  if (!s.target_parameters.empty()) {  // PEFT writes them as a sorted list
+    std::vector<std::string> parameters = s.target_parameters;
+    std::sort(parameters.begin(), parameters.end());
+    parameters.erase(std::unique(parameters.begin(), parameters.end()), parameters.end());
+    c["target_parameters"] = parameters;
+  }
   if (tied_saved) c["ensure_weight_tying"] = true;  // PEFT keeps the head tied to the trained embedding
   return c.dump(2) + "\n";
 }
@@ -118,6 +126,7 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   a.settings.use_rslora = json_bool_or(c, "use_rslora", false, where);
   a.settings.target_modules = json_strings_or_empty(c, "target_modules", where);
   a.settings.modules_to_save = json_strings_or_empty(c, "modules_to_save", where);
+  a.settings.target_parameters = json_strings_or_empty(c, "target_parameters", where);
   if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string())
     a.base_model = c["base_model_name_or_path"].get<std::string>();
   FSDP_CHECK(a.settings.r > 0 && a.settings.r <= (int64_t{1} << 20), where, ": r must be between 1 and 1048576, got ",
@@ -127,14 +136,17 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
                " does not start with ", kPeftPrefix, " (not a PEFT model's adapter)");
     a.tensors[name.substr(std::string(kPeftPrefix).size())] = t.to(at::kFloat);
   }
-  // The config's r is the tensors' rank: lora_A (r, in) and lora_B (out, r). Merging with another
-  // r's scaling would change the model silently.
+  // The config's r is the tensors' rank: lora_A (r, in) and lora_B (out, r), or r per expert for a
+  // stacked expert weight's (target_parameters: (r E, in), (out, r E)). Merging with another r's
+  // scaling would change the model silently.
   for (const auto& [name, t] : a.tensors) {
     const bool down = name.find(".lora_A.") != std::string::npos, up = name.find(".lora_B.") != std::string::npos;
     if (!down && !up) continue;
-    FSDP_CHECK(t.dim() == 2 && t.size(down ? 0 : 1) == a.settings.r, "[lora] ", weights_path, ": ", name, " is ",
-               t.sizes(), ", which is not rank ", a.settings.r, " as ", kAdapterConfig,
-               "'s r says; the config and the weights are of different adapters");
+    const bool stacked = !a.settings.target_parameters.empty() && name.find(".experts.") != std::string::npos;
+    const int64_t rank = t.dim() == 2 ? t.size(down ? 0 : 1) : 0;
+    FSDP_CHECK(rank > 0 && (stacked ? rank % a.settings.r == 0 : rank == a.settings.r), "[lora] ", weights_path, ": ",
+               name, " is ", t.sizes(), ", which is not rank ", a.settings.r, stacked ? " per expert" : "", " as ",
+               kAdapterConfig, "'s r says; the config and the weights are of different adapters");
   }
   return a;
 }
@@ -165,8 +177,10 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
   });
 }
 
-void export_merged(const ShardedModel& model, const model::ModelDescription& description, double scaling,
-                   const std::string& dir, const ExtraFiles& extra, Dtype dtype) {
+void export_merged(const ShardedModel& model, const model::ModelDescription& description,
+                   const model::LoraSettings& lora, bool transposed_experts, const std::string& dir,
+                   const ExtraFiles& extra, Dtype dtype) {
+  const double scaling = lora.scaling();
   std::map<std::string, std::pair<size_t, size_t>> where;  // every parameter: (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) where[model.groups()[g]->params()[i].name] = {g, i};
@@ -180,9 +194,17 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
   };
   auto has = [&](const std::string& name) { return where.count(name) > 0; };
   auto rows = [&](const std::string& name) { return param(name).full_shape()[0]; };
+  std::vector<std::string> names;
+  for (const auto& [name, at] : where) names.push_back(name);
+  const std::map<std::string, std::string> experts = model::expert_adapter_prefixes(
+      names, [&](const std::string& n) { return param(n).full_shape().size() == 3; }, lora.target_parameters);
   export_folder(model, dir, extra, [&](const std::string& tmp, FileSystem& fs) {
-    // Each weight with its adapter folded in: its own, or its rows of a fused projection's (Phi-3).
+    // Each weight with its adapter folded in: its own, its rows of a fused projection's (Phi-3), or
+    // each expert's of a stacked weight's (target_parameters).
     write_hf_model(model, description, tmp, kDefaultMaxShardBytes, fs, dtype, [&](const std::string& name) {
+      if (const auto e = experts.find(name); e != experts.end())
+        return model::merged_expert_weight(full(name), full(e->second + "lora_A.weight"),
+                                           full(e->second + "lora_B.weight"), scaling, transposed_experts, name);
       const std::optional<model::AdapterSlice> s = model::adapter_of(name, has, rows);
       if (!s) return full(name);
       const at::Tensor w = full(name);
@@ -228,10 +250,25 @@ void refuse_adapters_only(const std::vector<std::string>& names, const std::stri
 
 void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
   std::map<std::string, at::Tensor> params;
-  for (const auto& p : module.named_parameters()) params[p.key()] = p.value().detach().to(at::kFloat);
+  std::vector<std::string> names;
+  for (const auto& p : module.named_parameters()) {
+    params[p.key()] = p.value().detach().to(at::kFloat);
+    names.push_back(p.key());
+  }
+  bool transposed = false;  // gpt-oss holds its experts (E, in, out)
+  for (const auto& m : module.modules())
+    if (const auto* e = m->as<model::ExpertsImpl>()) transposed = e->gpt_oss;
   std::map<std::string, at::Tensor> tensors = adapter.tensors;
   if (params.count(kEmbedding) && !params.count(kHead)) tie_saved_head(tensors, adapter.dir);
+  std::set<std::string> expert_adapters;  // the names the stacked weights' adapters have (target_parameters)
+  const auto stacked = [&](const std::string& n) { return params.at(n).dim() == 3; };
+  for (const auto& [weight, prefix] : model::expert_adapter_prefixes(names, stacked, adapter.settings.target_parameters))
+    for (const char* leaf : {"lora_A.weight", "lora_B.weight"}) expert_adapters.insert(prefix + leaf);
   for (const auto& [name, t] : tensors) {
+    if (expert_adapters.count(name)) {  // merge_lora checks their shapes against the weights'
+      params[name] = t;
+      continue;
+    }
     const bool lora = model::is_lora_parameter(name);
     std::string base = lora ? model::adapted_weight_name(name) : name;
     if (lora && !params.count(base)) {  // a fused projection's adapter (Phi-3): its first part stands for it
@@ -251,7 +288,7 @@ void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
       it->second = t;
     }
   }
-  model::merge_lora(params, adapter.settings.scaling());
+  model::merge_lora(params, adapter.settings.scaling(), adapter.settings.target_parameters, transposed);
   c10::NoGradGuard no_grad;
   for (const auto& p : module.named_parameters()) p.value().copy_(params.at(p.key()));
 }

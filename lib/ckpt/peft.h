@@ -54,8 +54,10 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
 // is the embedding; a head that differs from the embedding beside it (trained untied) is refused.
 void tie_saved_head(std::map<std::string, at::Tensor>& tensors, const std::string& dir);
 
-void export_merged(const ShardedModel& model, const model::ModelDescription& description, double scaling,
-                   const std::string& dir, const ExtraFiles& extra, Dtype dtype);
+// transposed_experts: the stacked expert weights are held (E, in, out) (gpt-oss).
+void export_merged(const ShardedModel& model, const model::ModelDescription& description,
+                   const model::LoraSettings& lora, bool transposed_experts, const std::string& dir,
+                   const ExtraFiles& extra, Dtype dtype);
 
 // Copies the adapter's tensors into `model`'s trainable shards (lora.init). Throws InputError,
 // before anything changes, when the adapter's r, alpha or rsLoRA differ from `settings`, or its

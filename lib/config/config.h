@@ -190,6 +190,8 @@ struct TrainConfig {
   int64_t eval_interval = 0;  // 0: evaluate only at the end
   int64_t eval_batches = 4;
   bool skip_nonfinite_loss = false;  // skip a step whose loss is NaN/inf instead of stopping
+  // Auxiliary-loss-free load balancing of a mixture of experts (TorchTitan's load_balance_coeff); 0: off.
+  double moe_load_balance_coeff = 0;
 };
 
 struct OptimConfig {
@@ -232,6 +234,7 @@ struct LoraConfig {
   std::vector<std::string> target_modules;  // empty: q_proj, v_proj
   bool use_rslora = false;
   std::vector<std::string> modules_to_save;
+  std::vector<std::string> target_parameters;  // a mixture of experts' stacked weights (PEFT's)
   std::string init;  // a PEFT adapter folder to start from
   bool enabled() const { return r > 0; }
 };

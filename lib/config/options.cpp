@@ -876,6 +876,15 @@ std::vector<OptionSpec> build_table() {
           .help("Skip a step whose loss is NaN or inf instead of stopping the run")
           .extension()
           .to(&Config::train, &TrainConfig::skip_nonfinite_loss),
+      Row("train.moe_load_balance_coeff", V::kFloat)
+          .range(0)
+          .def("0")
+          .help("Auxiliary-loss-free load balancing of a mixture of experts (DeepSeek-V3; TorchTitan's "
+                "load_balance_coeff, 1e-3 there): each sparse layer keeps a per-expert bias, added to the "
+                "router's scores to choose the top-k experts (never to their weights), and after each step moves "
+                "it by this much toward the experts that received fewer tokens than the mean; 0: off")
+          .extension()
+          .to(&Config::train, &TrainConfig::moe_load_balance_coeff),
       Row("optimizer.lr", V::kFloat)
           .def("3e-4")
           .note("3e-4; 2e-5 with model.pretrained (TRL's SFTConfig)")
@@ -1053,6 +1062,13 @@ std::vector<OptionSpec> build_table() {
           .help("Modules trained whole beside the adapters and saved with them (lm_head, embed_tokens, norm)")
           .extension()
           .to(&Config::lora, &LoraConfig::modules_to_save),
+      Row("lora.target_parameters", V::kList)
+          .def("")
+          .help("A mixture of experts' stacked weights that get adapters, one per expert (PEFT's target_parameters): "
+                "mlp.experts.gate_up_proj, mlp.experts.down_proj; with these alone (no target_modules) no linear "
+                "layer is adapted. Needs lora.dropout 0")
+          .extension()
+          .to(&Config::lora, &LoraConfig::target_parameters),
       Row("lora.init", V::kString)
           .def("")
           .help("A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start from, to continue "

@@ -63,6 +63,7 @@ const TrainerKey kTrainerKeys[] = {
     {"lora_dropout", "lora.dropout", "TRL's"},
     {"lora_target_modules", "lora.target_modules", "TRL's"},
     {"lora_modules_to_save", "lora.modules_to_save", "TRL's"},
+    {"lora_target_parameters", "lora.target_parameters", "TRL's"},
     {"use_rslora", "lora.use_rslora", "TRL's"},
 };
 

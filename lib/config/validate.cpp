@@ -326,7 +326,7 @@ void check_lora(Checker& c) {
   const LoraConfig& l = c.rc.typed.lora;
   if (!l.enabled()) {
     for (const char* key : {"lora.alpha", "lora.dropout", "lora.target_modules", "lora.use_rslora",
-                            "lora.modules_to_save", "lora.init", "checkpoint.export_merged"})
+                            "lora.modules_to_save", "lora.target_parameters", "lora.init", "checkpoint.export_merged"})
       if (c.rc.is_set(key))
         c.warning(key, "has no effect without LoRA (lora.r is 0: every parameter is trained)",
                   "set lora.r (8 or 16 are common) to train adapters");
@@ -335,6 +335,16 @@ void check_lora(Checker& c) {
   if (!(l.dropout >= 0 && l.dropout < 1))
     c.error("lora.dropout", str("must be at least 0 and below 1, got ", l.dropout), "0 (the default) or 0.05 to 0.1");
   if (!(l.alpha > 0)) c.error("lora.alpha", str("must be above 0, got ", l.alpha), "16 or 2 x lora.r are common");
+  if (!l.target_parameters.empty() && l.dropout > 0)
+    c.error("lora.dropout",
+            str("is ", l.dropout, " with lora.target_parameters: the experts' adapters are added to their stacked "
+                "weights (PEFT's ParamWrapper), where dropout on the input has no place"),
+            "set lora.dropout: 0 (PEFT refuses it too)");
+  if (!l.target_parameters.empty() && c.rc.typed.parallelism.ep_size > 1)
+    c.error("lora.target_parameters",
+            "adapts the experts, whose adapters expert parallel does not split over its ranks",
+            "set parallelism_config_ep_size: 1 (FSDP shards the experts and their adapters), or adapt attention "
+            "alone (lora.target_modules)");
   if (!l.init.empty() && !file_exists(l.init + "/adapter_model.safetensors"))
     c.error("lora.init",
             !is_directory(l.init) && hub::is_repo_id(l.init)

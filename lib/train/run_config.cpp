@@ -153,6 +153,7 @@ model::LoraSettings lora_settings_of(const config::Config& config) {
   s.use_rslora = l.use_rslora;
   s.target_modules = l.target_modules;
   s.modules_to_save = l.modules_to_save;
+  s.target_parameters = l.target_parameters;
   return s;
 }
 

@@ -199,6 +199,20 @@ void check_expert_parallel(const config::Config& config, const model::DecoderCon
                           : "Use ep_size " + join(fits, ", "));
 }
 
+// Auxiliary-loss-free balancing moves the routers' selection bias: a mixture of experts' setting.
+// Its transformers classes have no such bias, so an export routes without it: said at the start.
+void check_load_balance(const config::Config& config, const model::DecoderConfig& model, const std::string& path,
+                        std::vector<std::string>& warnings) {
+  const double coeff = config.train.moe_load_balance_coeff;
+  if (coeff <= 0) return;
+  const std::string arch = model::family_names(model.family).architecture;
+  FSDP_CHECK(model.moe.num_experts > 0, "[train] train.moe_load_balance_coeff ", coeff, ": ", path, " is a dense ",
+             arch, " model, with no router to balance; remove train.moe_load_balance_coeff");
+  warnings.push_back(str("train.moe_load_balance_coeff: the experts are chosen with a per-expert bias that ", arch,
+                         " has no place for, so a Hugging Face export routes without it (the biases are written "
+                         "beside its weights, in expert_selection_bias.json)"));
+}
+
 // LoRA's targets and modules to save exist in the model (and are not tied to the embedding): checked
 // on a stand-in with all of the model's layers (a target may name a layer by its index).
 void check_lora_targets(const config::Config& config, const model::DecoderConfig& model) {
@@ -233,6 +247,7 @@ std::vector<std::string> check_trainer_config(const config::ResolvedConfig& reso
   check_tensor_parallel(resolved.typed, model, model_config_path(resolved.typed));
   check_sequence_split(resolved.typed, model, model_config_path(resolved.typed));
   check_expert_parallel(resolved.typed, model, model_config_path(resolved.typed));
+  check_load_balance(resolved.typed, model, model_config_path(resolved.typed), warnings);
   // Its sizes fit this machine: a refusal now, not an allocator's error on some rank later.
   check_fits_machine(resolved.typed, model, model_config_path(resolved.typed),
                      resolved.typed.launch.processes_per_machine());

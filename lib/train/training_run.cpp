@@ -170,6 +170,7 @@ std::string hub_id_of(const std::string& folder) {
 // module's path; a pattern PEFT would read otherwise (a regex) keeps those paths too, which say
 // exactly what was adapted.
 std::vector<std::string> peft_target_modules(const config::LoraConfig& lora, const std::vector<std::string>& adapted) {
+  if (lora.target_modules.empty() && !lora.target_parameters.empty()) return {};  // the experts alone
   const std::vector<std::string> asked =
       lora.target_modules.empty() ? std::vector<std::string>{"q_proj", "v_proj"} : lora.target_modules;
   std::vector<std::string> out;
@@ -348,6 +349,15 @@ void TrainingRun::build_model() {
   }
   const model::MoeConfig& moe = model_config_.moe;
   lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp, ep);
+  if (const double coeff = config_.train.moe_load_balance_coeff; coeff > 0) {
+    const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(context_.device);
+    const std::vector<model::MoeBlockImpl*> blocks = lm_->sparse_blocks();
+    for (model::MoeBlockImpl* b : blocks) b->selection_bias = at::zeros({moe.num_experts}, fp32);
+    step_routed_ = at::zeros({static_cast<int64_t>(blocks.size()), moe.num_experts}, fp32);
+    say(str("[train] auxiliary-loss-free balancing: each of the ", blocks.size(),
+            " sparse layers chooses its experts with a per-expert bias that moves by ", coeff,
+            " a step toward the experts below the mean load (train.moe_load_balance_coeff)\n"));
+  }
   // Activation checkpointing runs each router again in backward: the auxiliary loss's gradient goes
   // to it there instead of through a loss term.
   if (plan.options.activation_checkpointing && moe.output_router_logits && moe.router_aux_loss_coef > 0)
@@ -398,8 +408,10 @@ void TrainingRun::build_model() {
     std::snprintf(percent, sizeof percent, "%.4f",
                   100.0 * static_cast<double>(n.trainable) / static_cast<double>(n.all));
     const std::string saved = lora.modules_to_save.empty() ? "" : ", training " + join(lora.modules_to_save, ", ");
+    const auto experts = static_cast<int64_t>(model::lora_target_parameters(*lm_, lora).size());
     say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
-            plural(static_cast<int64_t>(model::lora_target_names(*lm_, lora).size()), "linear layer"), saved,
+            plural(static_cast<int64_t>(model::lora_target_names(*lm_, lora).size()), "linear layer"),
+            experts > 0 ? str(" and ", plural(experts, "stacked expert weight"), " (r per expert)") : "", saved,
             "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
   }
   const config::OptimConfig& o = config_.optimizer;
@@ -474,10 +486,31 @@ int64_t TrainingRun::resume() {
   const ckpt::TrainingState saved = checkpointer_->resume(path, state_at(0));
   say(str("[train] peak host memory per rank: ", before, " before loading, ", host_peaks(world_, context_.device),
           " after\n"));
+  restore_selection_biases(saved, path);
   loader_->set_position({saved.loader_epoch, saved.loader_offset});
   consumed_ = loader_->position();
   resumed_from_ = saved.step;
   return saved.step + 1;
+}
+
+// A balanced run's biases continue from the checkpoint's; one saved without balancing starts them at 0.
+void TrainingRun::restore_selection_biases(const ckpt::TrainingState& saved, const std::string& path) {
+  if (!step_routed_.defined()) return;
+  const std::vector<model::MoeBlockImpl*> blocks = lm_->sparse_blocks();
+  if (saved.expert_bias.empty()) {
+    say(str("[train] ", path, " was saved without train.moe_load_balance_coeff: the experts' selection biases start at 0\n"));
+    return;
+  }
+  FSDP_CHECK(saved.expert_bias.size() == blocks.size(), "[ckpt] ", path, " holds selection biases of ",
+             saved.expert_bias.size(), " sparse layers, but the model has ", blocks.size(),
+             "; resume from a checkpoint of this model");
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    const std::vector<double>& v = saved.expert_bias[l];
+    FSDP_CHECK(static_cast<int64_t>(v.size()) == blocks[l]->selection_bias.numel(), "[ckpt] ", path,
+               " holds a selection bias of ", v.size(), " experts for sparse layer ", l, ", but the model has ",
+               blocks[l]->selection_bias.numel(), "; resume from a checkpoint of this model");
+    blocks[l]->selection_bias.copy_(at::tensor(v, at::kDouble).to(at::kFloat));
+  }
 }
 
 double TrainingRun::learning_rate_at(int64_t step, int64_t steps) const {
@@ -639,10 +672,40 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
       reduced.narrow(0, 2, 1).add_(aux.detach().to(at::kDouble) / micro_batches);
       reduced.narrow(0, 3, moe.num_experts).add_(lm_->expert_load().to(at::kDouble));
     }
+    if (step_routed_.defined()) {
+      c10::NoGradGuard no_grad;
+      const std::vector<model::MoeBlockImpl*> blocks = lm_->sparse_blocks();
+      for (size_t l = 0; l < blocks.size(); ++l)
+        step_routed_[static_cast<int64_t>(l)].add_(blocks[l]->last.routed_per_expert);
+    }
     objective.backward();
     loss_sum.add_(loss.detach());
   }
+  balance_experts();
   return reduced;
+}
+
+void TrainingRun::balance_experts() {
+  if (!step_routed_.defined()) return;
+  c10::NoGradGuard no_grad;
+  // Every rank routes its own tokens (data, context, tensor and expert parallel alike): the sum over
+  // all of them is the step's whole load.
+  if (world_.size() > 1) world_.all_reduce(step_routed_, dist::ReduceOp::kSum, "experts' load for balancing").wait();
+  const std::vector<model::MoeBlockImpl*> blocks = lm_->sparse_blocks();
+  for (size_t l = 0; l < blocks.size(); ++l)
+    model::update_selection_bias(blocks[l]->selection_bias, step_routed_[static_cast<int64_t>(l)],
+                                 config_.train.moe_load_balance_coeff);
+  step_routed_.zero_();
+}
+
+std::vector<std::vector<double>> TrainingRun::selection_biases() const {
+  std::vector<std::vector<double>> out;
+  if (!step_routed_.defined()) return out;
+  for (const model::MoeBlockImpl* b : lm_->sparse_blocks()) {
+    const at::Tensor host = b->selection_bias.to(at::kCPU, at::kDouble).contiguous();
+    out.emplace_back(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+  }
+  return out;
 }
 
 // engine.dump_gradients DIR: every trainable parameter's full gradient of each step (averaged over
@@ -763,6 +826,7 @@ ckpt::TrainingState TrainingRun::state_at(int64_t step) const {
   s.train_sequences = split_.train_sequences;
   s.world_size = world_.size();
   s.global_batch = sequences_per_step();
+  s.expert_bias = selection_biases();
   return s;
 }
 
@@ -826,11 +890,25 @@ void TrainingRun::export_hf(int64_t step) {
     ckpt::export_peft(*sharded_, lora, peft_target_modules(config_.lora, model::lora_target_names(*lm_, lora)),
                       base.empty() ? "" : id.empty() ? absolute_path(base) : id, revision, dir, extra);
   } else if (lora.enabled()) {
-    ckpt::export_merged(*sharded_, model::describe(model_config_), lora.scaling(), dir, extra, dtype);
+    ckpt::export_merged(*sharded_, model::describe(model_config_), lora, model_config_.moe.gpt_oss, dir, extra, dtype);
   } else {
     ckpt::export_hf(*sharded_, model::describe(model_config_), dir, extra, ckpt::kDefaultMaxShardBytes, dtype);
   }
   if (world_.rank() == 0) write_file_atomic(dir + "/" + kExportNote, export_note(step));
+  if (world_.rank() == 0 && step_routed_.defined()) {  // what transformers' classes have no place for
+    nlohmann::json biases = nlohmann::json::object();
+    const std::vector<std::vector<double>> values = selection_biases();
+    int64_t l = 0;
+    for (int64_t i = 0; i < model_config_.num_hidden_layers; ++i)
+      if (model_config_.plan(i).moe) biases[str("model.layers.", i, ".mlp")] = values.at(static_cast<size_t>(l++));
+    write_file_atomic(dir + "/expert_selection_bias.json",
+                      nlohmann::json{{"train.moe_load_balance_coeff", config_.train.moe_load_balance_coeff},
+                                     {"note", "added to the router's scores to choose the top-k experts, not to their "
+                                              "weights; transformers' class routes without it"},
+                                     {"selection_bias", biases}}
+                              .dump(2) +
+                          "\n");
+  }
   std::string names;
   for (const auto& [name, from] : extra) names += (names.empty() ? "; with " : ", ") + name;
   say(str("[train] exported ",

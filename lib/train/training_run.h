@@ -130,6 +130,7 @@ class TrainingRun {
   // A resume at another global batch than `saved`'s: refused unless checkpoint.resume_new_batch,
   // saying what changes (the steps train.epochs make, the learning rates).
   void check_resumed_batch(const ckpt::TrainingState& saved, const std::string& path) const;
+  void restore_selection_biases(const ckpt::TrainingState& saved, const std::string& path);
   at::Tensor loss_sum(const data::Batch& batch, int64_t rows);  // evaluation's
   at::Tensor loss_sum(const at::Tensor& inputs, const at::Tensor& targets, const model::Packed& packed);
   ckpt::ExtraFiles text_files() const;
@@ -141,6 +142,10 @@ class TrainingRun {
   at::Tensor forward_backward(const StepBatches& batches, const at::Tensor& counted);
   void queue_update(int64_t step, double lr, at::Tensor loss_sum, const at::Tensor& counted);
   void dump_gradients(int64_t step) const;
+  // Auxiliary-loss-free balancing (train.moe_load_balance_coeff): the step's rows per expert of each
+  // sparse layer summed over every rank, then each layer's selection bias moved (collective).
+  void balance_experts();
+  std::vector<std::vector<double>> selection_biases() const;  // each sparse layer's, on the host
   StepResult judge(const PendingStep& pending) const;
 
   const dist::WorkerContext context_;
@@ -163,6 +168,7 @@ class TrainingRun {
   std::unique_ptr<ckpt::DirLock> dir_lock_;  // rank 0: held until the run ends
   std::unique_ptr<ckpt::Checkpointer> checkpointer_;
   int64_t resumed_from_ = 0;
+  at::Tensor step_routed_;  // (sparse layers, E) fp32: the step's rows per expert (balancing on)
   data::DistributedLoader::Position consumed_;  // the loader's position after the steps queued so far
   std::optional<PendingStep> pending_;          // the last queued step, not yet read
   std::future<StepBatches> next_batches_;       // last: its thread reads loader_ until it is joined

@@ -134,6 +134,44 @@ def tensor_parallel(model, tp_mesh):
         parallelize_module(layer, tp_mesh, plan)
 
 
+def balance_routers(model, coeff):
+    """Auxiliary-loss-free balancing as TorchTitan runs it, on transformers' Qwen3-MoE routers: each
+    router chooses its top k by softmax + a per-expert bias (its weights stay the softmax's) and
+    counts the rows each expert receives; step() (before the optimizer's) sums the counts over the
+    ranks and moves each bias by coeff x sign(mean - count), centred. Returns step()."""
+    import types
+    import torch.nn.functional as F
+    routers = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeTopKRouter"]
+    assert routers, "--load-balance-coeff needs a Qwen3-MoE model"
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        logits = F.linear(hidden_states, self.weight)
+        probs = torch.nn.functional.softmax(logits, dtype=torch.float, dim=-1)
+        index = torch.topk(probs + self.selection_bias, self.top_k, dim=-1).indices
+        top = probs.gather(-1, index)
+        if self.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        with torch.no_grad():
+            self.routed += torch.bincount(index.reshape(-1), minlength=self.num_experts).float()
+        return logits, top.to(logits.dtype), index
+
+    for r in routers:
+        r.selection_bias = torch.zeros(r.num_experts, dtype=torch.float32)
+        r.routed = torch.zeros(r.num_experts, dtype=torch.float32)
+        r.forward = types.MethodType(forward, r)
+
+    def step():
+        counts = torch.stack([r.routed for r in routers])
+        dist.all_reduce(counts)
+        for r, c in zip(routers, counts):
+            delta = coeff * torch.sign(c.mean() - c)
+            r.selection_bias += delta - delta.mean()
+            r.routed.zero_()
+        return counts.sum(0).tolist()
+    return step
+
+
 def worker(rank, args, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
@@ -150,6 +188,8 @@ def worker(rank, args, port):
     if args.adapter:
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, args.adapter, is_trainable=True)
+    balance = balance_routers(hf, args.load_balance_coeff) if args.load_balance_coeff > 0 else None
+    loads = []
     reshard = {"true": True, "false": False}.get(args.reshard_after_forward)
     if reshard is None:
         reshard = int(args.reshard_after_forward)  # partial resharding: stay sharded over N ranks
@@ -218,6 +258,8 @@ def worker(rank, args, port):
             dump_gradients(model, args.dump_gradients, step, rank)
         norm = torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip if args.grad_clip > 0 else float("inf"))
         grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+        if balance:
+            loads.append(balance())
         optimizer.step()
         optimizer.zero_grad()
         losses.append(total.item() / (B * T * W))
@@ -225,7 +267,7 @@ def worker(rank, args, port):
             print(f"step {step}: loss {losses[-1]:.6f}", flush=True)
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"losses": losses, "grad_norms": grad_norms}, f)
+            json.dump({"losses": losses, "grad_norms": grad_norms, **({"expert_loads": loads} if loads else {})}, f)
     if args.save_adapter:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -277,6 +319,8 @@ def main():
     ap.add_argument("--save-adapter", help="write the trained adapter's tensors here (adapter_model.safetensors)")
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32",
                     help="float64: the same training in double precision, a measure of float32's rounding")
+    ap.add_argument("--load-balance-coeff", type=float, default=0.0,
+                    help="auxiliary-loss-free balancing of Qwen3-MoE's routers (TorchTitan's load_balance_coeff)")
     ap.add_argument("--dump-gradients", help="write each step's full gradients here (step-N.safetensors)")
     args = ap.parse_args()
     torch.set_num_threads(1)

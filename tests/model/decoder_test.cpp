@@ -953,3 +953,41 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("auxiliary-loss-free balancing: the bias chooses the experts, never weighs them; TorchTitan's step") {
+  using fsdp::model::testing::tiny_of;
+  const DecoderConfig qwen = tiny_of("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 12, "norm_topk_prob": false)");
+  const DecoderConfig oss = tiny_of("gpt_oss", R"("num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8)");
+  for (const auto& [name, c] : {std::pair{"qwen3_moe", qwen}, std::pair{"gpt_oss", oss}}) {
+    CAPTURE(name);
+    CausalLM m(c);
+    init_parameters(*m, 5);
+    MoeBlockImpl& block = *m->sparse_blocks().at(0);
+    torch::NoGradGuard no_grad;
+    const at::Tensor x = at::randn({1, 10, c.hidden_size}, at::TensorOptions().dtype(at::kFloat));
+    const at::Tensor plain = block.forward(x);
+    const at::Tensor plain_load = block.last.routed_per_expert.clone();
+    // A bias that dwarfs every score: experts 2 and 3 receive every token.
+    block.selection_bias = at::tensor({0.0f, 0.0f, 100.0f, 90.0f});
+    const at::Tensor biased = block.forward(x);
+    CHECK(at::equal(block.last.routed_per_expert, at::tensor({0.0f, 0.0f, 10.0f, 10.0f})));
+    CHECK(at::equal(block.last.tokens_per_expert, plain_load));  // the aux loss's counts are transformers' own
+    // Weighed by the router's own scores of the two: each token's softmax over all four experts
+    // (gpt-oss: over the two chosen logits).
+    const at::Tensor h = x.reshape({-1, c.hidden_size});
+    const at::Tensor logits = at::linear(h, block.gate->weight, block.gate->bias);
+    const at::Tensor w = c.moe.gpt_oss ? at::softmax(logits.narrow(1, 2, 2), -1) : at::softmax(logits, -1).narrow(1, 2, 2);
+    auto expert = [&](int e) {  // every row through expert e alone
+      const at::Tensor ends = at::tensor({0, 0, e == 2 ? 10 : 0, 10}, at::kInt);
+      return block.experts->forward(h, ends, at::full({10}, e, at::kLong));
+    };
+    const at::Tensor want = w.narrow(1, 0, 1) * expert(2) + w.narrow(1, 1, 1) * expert(3);
+    CHECK(at::allclose(biased.reshape({-1, c.hidden_size}), want, 1e-5, 1e-6));
+    CHECK(!at::allclose(biased, plain, 1e-3, 1e-3));
+  }
+  // TorchTitan's step: coeff x sign(mean - load), centred (loads 6, 0, 2, 0: mean 2).
+  at::Tensor bias = at::zeros({4});
+  update_selection_bias(bias, at::tensor({6.0f, 0.0f, 2.0f, 0.0f}), 0.1);
+  CHECK(at::allclose(bias, at::tensor({-0.125f, 0.075f, -0.025f, 0.075f}), 0, 1e-7));
+}

@@ -158,3 +158,78 @@ TEST_CASE("the adapted forward equals the merged model's, and equals the base wh
     CHECK(at::allclose(adapted, merged, 1e-5, 1e-5));
   }
 }
+
+TEST_CASE("target_parameters: the experts' stacked weights adapted per expert, nested under PEFT's names") {
+  using fsdp::model::testing::tiny_of;
+  const DecoderConfig qwen = tiny_of("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 12, "norm_topk_prob": true, "mlp_only_layers": [0])");
+  const DecoderConfig oss = tiny_of("gpt_oss", R"("num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8)");
+  for (const auto& [name, c] : {std::pair{"qwen3_moe", qwen}, std::pair{"gpt_oss", oss}}) {
+    CAPTURE(name);
+    const bool sparse_first = std::string(name) == "gpt_oss";  // gpt-oss: every layer sparse
+    LoraSettings s = settings({"q_proj"}, 2, 6);
+    s.target_parameters = {"mlp.experts.gate_up_proj", "down_proj"};
+    CausalLM m = with_lora(s, c);
+    // PEFT's nesting: the last targeted weight (down_proj) is the experts module's own adapter, the
+    // one before it under base_layer; lora_A (r E, in), lora_B (out, r E).
+    const std::string e = "model.layers.1.mlp.experts.";
+    auto params = m->named_parameters();
+    const int64_t C = c.hidden_size, I = c.moe.intermediate_size;
+    CHECK(params[e + "lora_A.weight"].sizes() == at::IntArrayRef({8, I}));
+    CHECK(params[e + "lora_B.weight"].sizes() == at::IntArrayRef({C, 8}));
+    CHECK(params[e + "base_layer.lora_A.weight"].sizes() == at::IntArrayRef({8, C}));
+    CHECK(params[e + "base_layer.lora_B.weight"].sizes() == at::IntArrayRef({2 * I, 8}));
+    CHECK(params.contains("model.layers.0.mlp.experts.lora_A.weight") == sparse_first);
+    CHECK(!params[e + "gate_up_proj"].requires_grad());
+    CHECK(lora_target_parameters(*m, s) ==
+          (sparse_first ? std::vector<std::string>{"model.layers.0.mlp.experts.gate_up_proj",
+                                                   "model.layers.0.mlp.experts.down_proj", e + "gate_up_proj",
+                                                   e + "down_proj"}
+                        : std::vector<std::string>{e + "gate_up_proj", e + "down_proj"}));
+    // One weight alone: its adapter is the module's own.
+    LoraSettings one = s;
+    one.target_parameters = {"gate_up_proj"};
+    CHECK(CausalLM(c)->named_parameters().size() + 2 * (sparse_first ? 2 : 1) + 4 ==
+          with_lora(one, c)->named_parameters().size());
+    CHECK(with_lora(one, c)->named_parameters()[e + "lora_A.weight"].size(1) == C);
+
+    // The adapted forward equals the model with each expert's B_e A_e folded into its weights.
+    const at::Tensor tokens = at::arange(12).remainder(37).view({1, 12});
+    torch::NoGradGuard no_grad;
+    CausalLM base(c);
+    init_parameters(*base, 3);
+    const at::Tensor plain = base->forward(tokens);
+    CHECK(at::allclose(m->forward(tokens), plain, 0, 0));  // B starts at zero
+    std::map<std::string, at::Tensor> values;
+    for (const auto& kv : m->named_parameters()) {
+      if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
+      values[kv.key()] = kv.value().clone();
+    }
+    merge_lora(values, s.scaling(), s.target_parameters, /*transposed_experts=*/sparse_first);
+    CHECK(values.size() == base->named_parameters().size());
+    for (const auto& kv : base->named_parameters()) kv.value().copy_(values.at(kv.key()));
+    const at::Tensor adapted = m->forward(tokens), merged = base->forward(tokens);
+    CHECK(!at::allclose(adapted, plain, 1e-3, 1e-3));
+    CHECK(at::allclose(adapted, merged, 1e-5, 1e-5));
+  }
+}
+
+TEST_CASE("target_parameters refuses what PEFT's ParamWrapper does not adapt, naming the setting") {
+  using fsdp::model::testing::tiny_of;
+  const DecoderConfig moe = tiny_of("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 12)");
+  LoraSettings s = settings({"q_proj"});
+  s.target_parameters = {"mlp.experts.gate_up_prj"};
+  CHECK(contains(error_of([&] { with_lora(s, moe); }),
+                 "lora.target_parameters: the model has no parameter named \"mlp.experts.gate_up_prj\""));
+  s.target_parameters = {"self_attn.q_proj.weight"};
+  CHECK(contains(error_of([&] { with_lora(s, moe); }), "is not an experts module's stacked weight"));
+  s.target_parameters = {"down_proj"};
+  s.dropout = 0.1;
+  CHECK(contains(error_of([&] { with_lora(s, moe); }), "set lora.dropout: 0"));
+  s.dropout = 0;
+  CHECK(contains(error_of([&] { with_lora(s); }), "has no mixture-of-experts layer"));
+  // Only the experts: no linear layer adapted (PEFT adds no default target_modules then).
+  s.target_modules = {};
+  CHECK(lora_target_names(*CausalLM(moe), s).empty());
+}

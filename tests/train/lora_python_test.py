@@ -3,7 +3,8 @@ PEFT reads.
 
 From one tiny Llama (transformers, random) and adapters PEFT made (init_lora_weights=False, so
 every adapter matrix starts non-zero), with and without modules_to_save, at W=1 and W=2 (and a
-tiny Qwen2, biases and a tied head, at W=2; a Qwen2-MoE, its stacked experts frozen, at W=2):
+tiny Qwen2, biases and a tied head, at W=2; a Qwen2-MoE, its stacked experts frozen, at W=2; a
+Qwen3-MoE whose stacked experts carry adapters, PEFT's target_parameters, at W=2):
   - fsdptrain (lora.init = the adapter; at W=2 with each kernel provider: the CPU's own kernels,
     the GPU's run by the CPU, ATen's ops one by one) and scripts/reference/fsdp2_llama.py --adapter
     (PEFT's PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
@@ -293,6 +294,104 @@ def moe_parity(args, tmp, data):
           f"down_proj among them; the stacked experts frozen)")
 
 
+def expert_parity(args, tmp, data):
+    """LoRA on the experts (issue 61): PEFT's target_parameters on Qwen3-MoE's stacked gate_up_proj and
+    down_proj (each expert its own rank-r factors, PEFT's ParamWrapper nesting its names) beside
+    q_proj, at W=2: PEFT's losses, gradients and trained tensors; the export has PEFT's keys and
+    target_parameters, PeftModel loads it with the logits of our merged export, which is PEFT's
+    merge_and_unload; generate --adapter writes the merged model's text; merge-weights and lora.dropout
+    are refused by name."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    CASES["experts"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj"],
+                             target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+                        "lora:\n  r: 2\n  alpha: 6\n  target_modules: [q_proj]\n"
+                        "  target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj]\n")
+    base, adapter = family_base(args, tmp, "qwen3_moe", Qwen3MoeForCausalLM, Qwen3MoeConfig, 5,
+                                ("attention_bias", "mlp_bias"), "experts", model_type="qwen3_moe",
+                                architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[0],
+                                output_router_logits=True, router_aux_loss_coef=0.01)
+    out, text = parity(args, tmp, "experts", 2, base, data, adapter)
+    check("and 2 stacked expert weights (r per expert)" in text, f"experts: the [lora] line does not count them: {text[-3000:]}")
+    export, got = export_keys(Qwen3MoeForCausalLM, base, "experts", out)
+    check("base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight" in got,
+          f"experts: no adapter on gate_up_proj under PEFT's nested name: {sorted(got)}")
+    written = json.load(open(os.path.join(export, "adapter_config.json")))
+    check(sorted(written.get("target_parameters") or []) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"],
+          f"experts: adapter_config.json's target_parameters {written.get('target_parameters')}")
+    merged_out, _, _ = fsdptrain(args, tmp, "experts-merged", 2, base, data, CASES["experts"][1] + f"  init: {adapter}\n",
+                                 sets=["checkpoint.export_merged=true"])
+    merged = os.path.join(merged_out, "export", f"step-{SETTINGS['steps']}")
+    x = torch.arange(3, 67).view(1, 64) % 250
+    with torch.no_grad():
+        peft = PeftModel.from_pretrained(Qwen3MoeForCausalLM.from_pretrained(base, experts_implementation="eager"), export)
+        logits = peft(input_ids=x).logits
+        theirs = peft.merge_and_unload().state_dict()
+        ours_model = Qwen3MoeForCausalLM.from_pretrained(merged, experts_implementation="eager")
+        merged_logits = ours_model(input_ids=x).logits
+    mine = ours_model.state_dict()
+    check(set(mine) == set(theirs), f"experts: merged export vs merge_and_unload: {sorted(set(mine) ^ set(theirs))}")
+    r = relative(logits, merged_logits)
+    check(r < 1e-5, f"experts: PEFT's logits over our adapter vs our merged export: {r:.2e}")
+    worst = max(relative(mine[k], v) for k, v in theirs.items())
+    check(worst < 1e-6, f"experts: merged export vs PEFT's merge_and_unload: {worst:.2e}")
+    texts = []
+    for model in (["--model", merged], ["--model", base, "--adapter", export]):
+        g = subprocess.run([args.fsdptrain, "generate", *model, "--prompt", "int main(", "--max_new_tokens", "24"],
+                           capture_output=True, timeout=120)
+        check(g.returncode == 0, f"experts: generate {model}: {g.stderr[-2000:]}")
+        texts.append(g.stdout)
+    check(texts[0] == texts[1], f"experts: generate --adapter differs from the merged model: {texts}")
+    g = subprocess.run([args.fsdptrain, "merge-weights", export, os.path.join(tmp, "never"), "--base", base],
+                       capture_output=True, text=True, timeout=120)
+    check(g.returncode == 2 and "target_parameters" in g.stderr and "checkpoint.export_merged: true" in g.stderr
+          and not os.path.exists(os.path.join(tmp, "never")), f"experts: merge-weights: {g.returncode} {g.stderr[-800:]}")
+    try:
+        fsdptrain(args, tmp, "experts-dropout", 1, base, data, CASES["experts"][1] + "  dropout: 0.1\n")
+        check(False, "lora.dropout with target_parameters was accepted")
+    except Failed as e:
+        check("exit 2" in str(e) and "lora.dropout" in str(e) and "set lora.dropout: 0" in str(e), str(e))
+    gpt_oss_layout(args, tmp, data)
+    print(f"ok experts: the export has PEFT's {len(got)} keys and target_parameters; PeftModel's logits over it equal "
+          f"the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); generate --adapter writes the "
+          f"merged model's text; merge-weights and lora.dropout refused by name")
+
+
+def gpt_oss_layout(args, tmp, data):
+    """gpt-oss holds its experts (E, in, out), the other way round: adapters trained on them export as
+    PEFT reads them (PEFT's logits over our adapter equal our merged export's, which equals its
+    merge_and_unload). With lora_test's forward-equals-merge, this is PEFT's forward too."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    torch.manual_seed(6)
+    base = os.path.join(tmp, "gpt_oss")
+    GptOssForCausalLM(GptOssConfig(vocab_size=256, hidden_size=32, intermediate_size=24, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                                   num_experts_per_tok=2, sliding_window=8)).save_pretrained(base)
+    lora = ("lora:\n  r: 2\n  alpha: 4\n  target_modules: [q_proj]\n"
+            "  target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj]\n")
+    runs = {}
+    for name, sets in (("gpt-oss-adapter", ()), ("gpt-oss-merged", ("checkpoint.export_merged=true",))):
+        out, _, _ = fsdptrain(args, tmp, name, 2, base, data, lora, sets=sets)
+        runs[name] = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
+    x = torch.arange(3, 67).view(1, 64) % 250
+    with torch.no_grad():
+        peft = PeftModel.from_pretrained(GptOssForCausalLM.from_pretrained(base, attn_implementation="eager"),
+                                         runs["gpt-oss-adapter"])
+        logits = peft(input_ids=x).logits
+        theirs = peft.merge_and_unload().state_dict()
+        ours = GptOssForCausalLM.from_pretrained(runs["gpt-oss-merged"], attn_implementation="eager")
+        merged_logits = ours(input_ids=x).logits
+        plain = GptOssForCausalLM.from_pretrained(base, attn_implementation="eager")(input_ids=x).logits
+    mine = ours.state_dict()
+    r, moved = relative(logits, merged_logits), relative(logits, plain)
+    worst = max(relative(mine[k], v) for k, v in theirs.items())
+    check(r < 1e-5 and worst < 1e-6 and moved > 1e-3,
+          f"gpt_oss: PEFT over our adapter vs our merged export {r:.2e}, merged weights {worst:.2e}, "
+          f"the adapter moved the logits by {moved:.2e}")
+    print(f"ok gpt_oss: its (E, in, out) experts' adapters export as PEFT reads them: PeftModel's logits equal our "
+          f"merged export's ({r:.2e}; the adapter moved them {moved:.1e}), merged weights merge_and_unload's ({worst:.2e})")
+
+
 def hybrid_parity(args, tmp, data):
     """A hybrid (issue 62): Qwen3.5 with a Gated DeltaNet layer and a gated full-attention one,
     adapters on the DeltaNet's projections by PEFT's names (in_proj_qkv, in_proj_z, out_proj) beside
@@ -428,6 +527,7 @@ def main():
         qwen2_parity(args, tmp, data)
         phi3_parity(args, tmp, data)
         moe_parity(args, tmp, data)
+        expert_parity(args, tmp, data)
         hybrid_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any

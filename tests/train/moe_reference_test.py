@@ -11,7 +11,10 @@ folder on the same token stream (W = 2). For each family:
   - the run's first line names the experts (count, top-k, the sparse layers);
 and Qwen3-MoE with activation checkpointing (its auxiliary loss's gradient given to each router as it
 runs again in backward): 10 losses, gradient norms and auxiliary losses within 1e-5 of the run without
-it. (Tensor, context and expert parallel over a mixture of experts are tests/train/expert_parallel_test.py's.)
+it; and auxiliary-loss-free balancing (train.moe_load_balance_coeff) against TorchTitan's rule applied to
+transformers' Qwen3-MoE routers by the reference: the same losses, gradient norms and experts' loads,
+and a resume that keeps the biases. (Tensor, context and expert parallel over a mixture of experts are
+tests/train/expert_parallel_test.py's.)
 """
 import argparse
 import glob
@@ -73,27 +76,61 @@ def main():
                         "logging:\n  interval: 1\n")
             return path
 
-        def launch(name, folder, extra="", world=2):
+        def launch(name, folder, extra="", world=2, sets=()):
             path = yaml_of(name, folder, world, extra)
             if world != 2:  # the same global batch
                 text = open(path).read().replace(f"micro_batch_size: {BATCH}", f"micro_batch_size: {2 * BATCH // world}")
                 open(path, "w").write(text)
-            return subprocess.run([args.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
-                                  capture_output=True, text=True, timeout=300)
+            return subprocess.run([args.fsdptrain, "launch", "--config", path, "--main_process_port", "0",
+                                   *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True, timeout=300)
 
         def losses(name):
             return [json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
 
-        def reference(name, folder, dtype):
+        def reference(name, folder, dtype, more=()):
             script = os.path.join(args.source, "scripts/reference/fsdp2_llama.py")
             out = os.path.join(tmp, f"{name}-{dtype}.json")
             run = subprocess.run([sys.executable, script, "--model", folder, "--data", data, "--out", out,
                                   "--world-size", "2", "--steps", str(STEPS), "--micro-batch-size", str(BATCH),
-                                  "--sequence-length", str(SEQ), "--lr", str(LR), "--dtype", dtype],
+                                  "--sequence-length", str(SEQ), "--lr", str(LR), "--dtype", dtype, *more],
                                  capture_output=True, text=True, timeout=600)
             assert run.returncode == 0, (name, run.stdout[-3000:], run.stderr[-3000:])
             r = json.load(open(out))
+            reference.loads = r.get("expert_loads")
             return r["losses"] + r["grad_norms"]
+
+        def load_balance(folder):
+            """Auxiliary-loss-free balancing (train.moe_load_balance_coeff) against TorchTitan's rule run on
+            transformers' Qwen3-MoE by the reference (--load-balance-coeff): the same losses, gradient
+            norms and experts' loads at every step; a checkpoint at step 5 resumes with its biases, the
+            steps after it equal to the uninterrupted run's."""
+            coeff = "0.01"
+            sets = [f"train.moe_load_balance_coeff={coeff}"]
+            run = launch("balanced", folder, "checkpoint:\n  interval: 5\n", sets=sets)
+            assert run.returncode == 0, run.stderr[-3000:]
+            rows = [json.loads(l) for l in open(f"{tmp}/balanced/metrics.jsonl") if '"loss"' in l]
+            mine = [r["loss"] for r in rows] + [r["grad_norm"] for r in rows]
+            want = reference("balanced", folder, "float64", ["--load-balance-coeff", coeff])
+            f32 = reference("balanced", folder, "float32", ["--load-balance-coeff", coeff])
+            noise = max(abs(a - b) / abs(b) for a, b in zip(f32, want))
+            bound = max(4 * noise, 1e-6)
+            worst = max(abs(a - b) / abs(b) for a, b in zip(mine, want)) if len(rows) == STEPS else 1.0
+            loads_equal = [r["expert_load"] for r in rows] == reference.loads
+            plain = losses("plain")  # the same run without balancing (activation checkpointing off)
+            plain_rows = [json.loads(l) for l in open(f"{tmp}/plain/metrics.jsonl") if '"loss"' in l]
+            moved = max(abs(a - b) / abs(b) for a, b in zip(mine[:STEPS], plain))
+            step5 = os.path.join(tmp, "balanced", "checkpoints", "step-00000005")
+            resumed = launch("balanced-resumed", folder, f"checkpoint:\n  resume: {step5}\n", sets=sets)
+            assert resumed.returncode == 0, resumed.stderr[-3000:]
+            exact = losses("balanced-resumed") == losses("balanced")[5:]
+            state = json.load(open(os.path.join(step5, "trainer_state.json")))
+            good = worst <= bound and loads_equal and moved > 10 * bound and exact and len(state["expert_bias"]) == 2
+            print(f"{'ok' if good else 'FAIL'}: auxiliary-loss-free balancing (coeff {coeff}) vs TorchTitan's rule on "
+                  f"transformers' routers: losses and gradient norms within {worst:.2e} (bound {bound:.2e}), experts' "
+                  f"loads {'equal' if loads_equal else 'DIFFERENT'} at every step, losses {moved:.1e} from the run "
+                  f"without it; resumed at step 5 {'bit for bit' if exact else 'DIFFERENTLY'}; "
+                  f"step 10's loads {rows[-1]['expert_load']} (without it: {plain_rows[-1]['expert_load']})")
+            return good
 
         for name, config in families().items():
             if name not in args.families.split(","):
@@ -156,6 +193,7 @@ def main():
             print(f"{'ok' if good else 'FAIL'}: activation checkpointing with the auxiliary loss: losses, gradient norms "
                   f"and aux losses within {worst:.1e} of the run without it")
             ok &= good
+            ok &= load_balance(folder)
     print("moe_reference_test:", "ok" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -265,8 +265,15 @@ at::Tensor CausalLMImpl::router_aux_gradient(double scale) {
 at::Tensor CausalLMImpl::expert_load() const {
   at::Tensor out;
   for (const RouterStats* s : router_stats(model))
-    if (s->tokens_per_expert.defined())
-      out = out.defined() ? out + s->tokens_per_expert : s->tokens_per_expert;
+    if (s->routed_per_expert.defined())
+      out = out.defined() ? out + s->routed_per_expert : s->routed_per_expert;
+  return out;
+}
+
+std::vector<MoeBlockImpl*> CausalLMImpl::sparse_blocks() const {
+  std::vector<MoeBlockImpl*> out;
+  for (const auto& layer : *model->layers)
+    if (MoeBlock moe = layer->as<DecoderLayerImpl>()->moe) out.push_back(moe.get());
   return out;
 }
 

@@ -143,6 +143,8 @@ class CausalLMImpl : public torch::nn::Module {
   at::Tensor router_aux_loss() const;
   // The last forward's top-k assignments per expert (E) fp32, summed over the sparse layers; undefined for a dense model.
   at::Tensor expert_load() const;
+  // The sparse layers' blocks, in layer order (empty for a dense model).
+  std::vector<MoeBlockImpl*> sparse_blocks() const;
   // Under activation checkpointing the routers run again in backward, out of reach of a loss term
   // built from the first forward: after this, each forward's routers give their logits the auxiliary
   // loss's gradient in backward, as router_aux_gradient set it (a mixture of experts).

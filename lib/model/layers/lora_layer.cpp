@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/kernels/linear.h"
+#include "model/kernels/ops.h"
 #include "util/error.h"
 #include "util/splitmix.h"
 #include "util/strings.h"
@@ -122,11 +123,83 @@ at::Tensor merged_weight(const at::Tensor& weight, const at::Tensor& a, const at
   return (weight.to(at::kFloat) + delta).to(weight.scalar_type());
 }
 
-void merge_lora(std::map<std::string, at::Tensor>& params, double scaling) {
+const std::vector<std::string>& expert_weight_names() {
+  static const std::vector<std::string> names = {"gate_up_proj", "down_proj"};  // ExpertsImpl's order
+  return names;
+}
+
+bool names_parameter(const std::string& target, const std::string& parameter) {
+  return parameter == target || ends_with(parameter, "." + target);
+}
+
+std::vector<std::pair<std::string, std::string>> expert_adapters(const std::string& module,
+                                                                 const std::vector<std::string>& targets) {
+  std::vector<std::string> targeted;
+  for (const std::string& leaf : expert_weight_names()) {
+    const std::string weight = module + "." + leaf;
+    if (std::any_of(targets.begin(), targets.end(), [&](const std::string& t) { return names_parameter(t, weight); }))
+      targeted.push_back(weight);
+  }
+  std::vector<std::pair<std::string, std::string>> out(targeted.size());
+  std::string prefix = module + ".";  // the last targeted weight's adapter is the module's own
+  for (size_t i = targeted.size(); i-- > 0; prefix += "base_layer.") out[i] = {targeted[i], prefix};
+  return out;
+}
+
+std::map<std::string, std::string> expert_adapter_prefixes(const std::vector<std::string>& parameters,
+                                                           const std::function<bool(const std::string&)>& is_stacked,
+                                                           const std::vector<std::string>& targets) {
+  std::map<std::string, std::string> out;
+  if (targets.empty()) return out;
+  std::set<std::string> modules;
+  for (const std::string& name : parameters)
+    for (const std::string& leaf : expert_weight_names())
+      if (ends_with(name, "." + leaf) && is_stacked(name)) modules.insert(name.substr(0, name.size() - leaf.size() - 1));
+  for (const std::string& m : modules)
+    for (const auto& [weight, prefix] : expert_adapters(m, targets)) out[weight] = prefix;
+  return out;
+}
+
+at::Tensor expert_lora_rows(const at::Tensor& rows, const at::Tensor& a, const at::Tensor& b, const at::Tensor& offsets,
+                            double scaling) {
+  const int64_t experts = offsets.size(0), r = a.size(0) / experts;
+  const kernels::Ops& ops = kernels::ops_for(rows);
+  const at::Tensor down = a.view({experts, r, a.size(1)}).transpose(1, 2);             // (E, in, r)
+  const at::Tensor up = b.view({b.size(0), r, experts}).permute({2, 1, 0}).contiguous();  // (E, r, out)
+  return ops.grouped_mm(ops.grouped_mm(rows, down, offsets), up, offsets) * scaling;
+}
+
+at::Tensor merged_expert_weight(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, double scaling,
+                                bool transposed, const std::string& what) {
+  const int64_t experts = weight.dim() == 3 ? weight.size(0) : 0;
+  const bool fits = experts > 0 && a.dim() == 2 && b.dim() == 2 && a.size(0) % experts == 0 && b.size(1) == a.size(0) &&
+                    weight.size(transposed ? 1 : 2) == a.size(1) && weight.size(transposed ? 2 : 1) == b.size(0);
+  FSDP_CHECK(fits, "adapter of ", what, ": lora_B ", b.sizes(), " and lora_A ", a.sizes(), " are not ",
+             experts, " experts' factors of the stacked weight ", weight.sizes());
+  const int64_t r = a.size(0) / experts;
+  const at::Tensor down = a.to(at::kFloat).view({experts, r, a.size(1)});                      // (E, r, in)
+  const at::Tensor up = b.to(at::kFloat).view({b.size(0), r, experts}).permute({2, 0, 1});  // (E, out, r)
+  at::Tensor delta = at::bmm(up, down) * scaling;                                               // (E, out, in)
+  if (transposed) delta = delta.transpose(1, 2);
+  return (weight.to(at::kFloat) + delta).to(weight.scalar_type());
+}
+
+void merge_lora(std::map<std::string, at::Tensor>& params, double scaling,
+                const std::vector<std::string>& target_parameters, bool transposed_experts) {
   auto has = [&](const std::string& n) { return params.count(n) > 0; };
   auto rows = [&](const std::string& n) { return params.at(n).size(0); };
   std::vector<std::pair<std::string, at::Tensor>> merged;  // computed before any adapter is removed
   std::set<std::string> used;
+  std::vector<std::string> names;
+  for (const auto& [name, t] : params) names.push_back(name);
+  const auto stacked = [&](const std::string& n) { return params.at(n).dim() == 3; };
+  for (const auto& [weight, prefix] : expert_adapter_prefixes(names, stacked, target_parameters)) {
+    const std::string a = prefix + "lora_A.weight", b = prefix + "lora_B.weight";
+    FSDP_CHECK(has(a) && has(b), "the adapter of ", weight, " (target_parameters) lacks ", has(a) ? b : a);
+    merged.emplace_back(weight, merged_expert_weight(params.at(weight), params.at(a), params.at(b), scaling,
+                                                     transposed_experts, weight));
+    used.insert(a);
+  }
   for (const auto& [name, t] : params) {
     if (is_lora_parameter(name)) continue;
     const std::optional<AdapterSlice> s = adapter_of(name, has, rows);

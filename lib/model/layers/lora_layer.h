@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::model {
@@ -75,6 +76,33 @@ struct AdapterSlice {
 std::optional<AdapterSlice> adapter_of(const std::string& weight, const std::function<bool(const std::string&)>& has,
                                        const std::function<int64_t(const std::string&)>& rows);
 
+// LoRA on a mixture of experts' stacked weights (PEFT's target_parameters, its ParamWrapper): an
+// experts module m's targeted weights (of expert_weight_names(), in that order) each get
+// lora_A (r E, in) and lora_B (out, r E), expert e's factors being A's rows [e r, (e + 1) r) and B's
+// columns e, E + e, 2E + e, ... (PEFT's reshapes), so expert e's weight (out, in) gains
+// scaling * B_e A_e. PEFT wraps one weight at a time, so the adapters nest: the last targeted
+// weight's are m's own children ("m.lora_A.weight"), the one before it under "m.base_layer.", and so on.
+const std::vector<std::string>& expert_weight_names();  // gate_up_proj, down_proj
+// PEFT's match of a target_parameters item against a parameter's full name: equal, or its last parts.
+bool names_parameter(const std::string& target, const std::string& parameter);
+// The adapter prefix of each targeted weight of experts module `module` ("m.lora_A.weight"'s "m."),
+// by the weight's full name, for the weights `targets` names; empty when none.
+std::vector<std::pair<std::string, std::string>> expert_adapters(const std::string& module,
+                                                                 const std::vector<std::string>& targets);
+// expert_adapters over every experts module among `parameters` (the names of a model's parameters:
+// those ending in ".gate_up_proj" or ".down_proj" that `is_stacked` says are 3-D): weight -> prefix.
+std::map<std::string, std::string> expert_adapter_prefixes(const std::vector<std::string>& parameters,
+                                                           const std::function<bool(const std::string&)>& is_stacked,
+                                                           const std::vector<std::string>& targets);
+// rows (N, in) grouped by expert (groups' ends `offsets`, as ExpertsImpl::forward takes them) ->
+// (N, out): scaling * B_e A_e x for each row of expert e, through two grouped products of rank r.
+at::Tensor expert_lora_rows(const at::Tensor& rows, const at::Tensor& a, const at::Tensor& b, const at::Tensor& offsets,
+                            double scaling);
+// The stacked weight `weight` (E, out, in), or (E, in, out) when `transposed` (gpt-oss), with its
+// adapter folded in, in fp32, cast back. Throws InputError naming `what` when the shapes do not fit.
+at::Tensor merged_expert_weight(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, double scaling,
+                                bool transposed, const std::string& what);
+
 // weight + scaling * B @ A, in fp32, cast back to weight's dtype: PEFT's merge of one adapter.
 // Throws InputError naming `what` when the shapes do not fit.
 at::Tensor merged_weight(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, double scaling,
@@ -82,9 +110,11 @@ at::Tensor merged_weight(const at::Tensor& weight, const at::Tensor& a, const at
 
 // Folds adapters into the weights they adapt: for every "<m>.lora_A.weight" in `params`,
 // "<m>.weight" += scaling * B @ A (in fp32, cast back), or each part's rows of B for a fused
-// projection's adapter (adapter_of), and the adapter tensors are removed. The
-// other entries (modules to save among them) are left as they are. Throws InputError when the
-// shapes do not fit.
-void merge_lora(std::map<std::string, at::Tensor>& params, double scaling);
+// projection's adapter (adapter_of), or an experts module's stacked weights that
+// `target_parameters` names (expert_adapters; `transposed_experts`: held (E, in, out), gpt-oss), and
+// the adapter tensors are removed. The other entries (modules to save among them) are left as they
+// are. Throws InputError when the shapes do not fit.
+void merge_lora(std::map<std::string, at::Tensor>& params, double scaling,
+                const std::vector<std::string>& target_parameters = {}, bool transposed_experts = false);
 
 }  // namespace fsdp::model

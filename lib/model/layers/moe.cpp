@@ -6,6 +6,7 @@
 
 #include "fsdp/unit_call.h"
 #include "model/kernels/ops.h"
+#include "model/layers/lora_layer.h"
 #include "model/layers/projection.h"
 #include "model/parallel/expert_parallel.h"
 #include "util/error.h"
@@ -63,24 +64,34 @@ ExpertsImpl::ExpertsImpl(const DecoderConfig& c, int parts)
 
 at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& expert) {
   const kernels::Ops& ops = kernels::ops_for(x);
+  // A stacked weight's product, plus its adapter's (rank r through the same groups) when it has one.
+  auto product = [&](const at::Tensor& rows, const at::Tensor& weight, const Adapter& lora) {
+    const at::Tensor y = ops.grouped_mm(rows, weight, offsets);
+    return lora.a.defined() ? y + expert_lora_rows(rows, lora.a, lora.b, offsets, lora.scaling) : y;
+  };
   if (gpt_oss) {
     // (N, 2I): each row by its expert's (C, 2I), its bias added; gate and up in alternate columns.
-    const at::Tensor gate_up = ops.grouped_mm(x, gate_up_proj, offsets) + gate_up_proj_bias.index_select(0, expert);
+    const at::Tensor gate_up = product(x, gate_up_proj, gate_up_lora) + gate_up_proj_bias.index_select(0, expert);
     const int64_t width = gate_up.size(1);
     const at::Tensor gate = gate_up.slice(1, 0, width, 2).clamp_max(swiglu_limit);
     // clamp(-limit, limit) as two one-sided clamps: the same values and gradient, and each has a meta
     // kernel (clamp's backward takes logical_and, which has none).
     const at::Tensor up = gate_up.slice(1, 1, width, 2).clamp_min(-swiglu_limit).clamp_max(swiglu_limit);
     const at::Tensor h = (up + 1) * (gate * at::sigmoid(gate * swiglu_alpha));
-    return ops.grouped_mm(h, down_proj, offsets) + down_proj_bias.index_select(0, expert);
+    return product(h, down_proj, down_lora) + down_proj_bias.index_select(0, expert);
   }
   // One grouped product each for gate, up and down, the (E, out, in) weights read transposed in
   // place; gate and up apart, so SwiGLU reads contiguous blocks (a GPU's loops vectorize only those).
   const int64_t inner = gate_up_proj.size(1) / 2;
-  const at::Tensor gate = ops.grouped_mm(x, gate_up_proj.narrow(1, 0, inner).transpose(1, 2), offsets);  // (N, I)
-  const at::Tensor up = ops.grouped_mm(x, gate_up_proj.narrow(1, inner, inner).transpose(1, 2), offsets);
+  at::Tensor gate = ops.grouped_mm(x, gate_up_proj.narrow(1, 0, inner).transpose(1, 2), offsets);  // (N, I)
+  at::Tensor up = ops.grouped_mm(x, gate_up_proj.narrow(1, inner, inner).transpose(1, 2), offsets);
+  if (gate_up_lora.a.defined()) {  // the adapter's rows over gate's and up's columns: (N, 2I)
+    const at::Tensor d = expert_lora_rows(x, gate_up_lora.a, gate_up_lora.b, offsets, gate_up_lora.scaling);
+    gate = gate + d.narrow(1, 0, inner);
+    up = up + d.narrow(1, inner, inner);
+  }
   const at::Tensor h = activation == Activation::kSilu ? ops.swiglu(gate, up) : at::gelu(gate, "tanh") * up;
-  return ops.grouped_mm(h, down_proj.transpose(1, 2), offsets);  // (N, C)
+  return product(h, down_proj.transpose(1, 2), down_lora);  // (N, C)
 }
 
 MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParallel> e)
@@ -109,20 +120,36 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   if (aux_gradient && c10::GradMode::is_enabled()) logits = AuxGradientAtRouter::apply(logits, aux_gradient.get());
   const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
   at::Tensor weights, chosen;  // (N, k) fp32, int64
+  const bool biased = selection_bias.defined();
   if (softmax_of_top) {  // gpt-oss: the top k logits, then their softmax
-    auto [top, index] = at::topk(logits, top_k, -1);
-    weights = at::softmax(top.to(at::kFloat), -1);
-    chosen = index;
+    if (biased) {  // chosen by the biased logits, weighed by their own
+      chosen = std::get<1>(at::topk(logits.to(at::kFloat) + selection_bias, top_k, -1));
+      weights = at::softmax(logits.gather(-1, chosen).to(at::kFloat), -1);
+    } else {
+      auto [top, index] = at::topk(logits, top_k, -1);
+      weights = at::softmax(top.to(at::kFloat), -1);
+      chosen = index;
+    }
   } else {
-    std::tie(weights, chosen) = at::topk(probs, top_k, -1);
+    if (biased) {  // chosen by the biased softmax, weighed by the softmax
+      chosen = std::get<1>(at::topk(probs + selection_bias, top_k, -1));
+      weights = probs.gather(-1, chosen);
+    } else {
+      std::tie(weights, chosen) = at::topk(probs, top_k, -1);
+    }
     if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   }
-  // The aux loss's statistics: transformers' load_balancing_loss_func takes the softmax in the
-  // logits' dtype and its own top-k of it (the same experts in fp32).
-  const at::Tensor flat = chosen.reshape(-1);
   // Assignments per expert, counted on the device (bincount's length would take a host sync on a GPU).
-  const at::Tensor counts = at::zeros({E}, flat.options()).scatter_add_(0, flat, at::ones_like(flat));
-  last.tokens_per_expert = counts.to(at::kFloat);
+  auto count = [E](const at::Tensor& index) {
+    return at::zeros({E}, index.options()).scatter_add_(0, index, at::ones_like(index));
+  };
+  const at::Tensor flat = chosen.reshape(-1);
+  const at::Tensor counts = count(flat);
+  last.routed_per_expert = counts.to(at::kFloat);
+  // The aux loss's statistics: transformers' load_balancing_loss_func takes the softmax in the
+  // logits' dtype and its own top-k of it (the same experts in fp32; a selection bias's not among them).
+  last.tokens_per_expert =
+      biased ? count(std::get<1>(at::topk(probs, top_k, -1)).reshape(-1)).to(at::kFloat) : last.routed_per_expert;
   last.probability_sum = (logits.scalar_type() == at::kFloat ? probs : at::softmax(logits, -1).to(at::kFloat)).sum(0);
   last.rows = N;
   // Group the (token, slot) pairs by expert; each token's outputs then add in expert order. The
@@ -143,6 +170,13 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
   if (shared_expert)
     out = out + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x.unsqueeze(0)).squeeze(0);
   return out.reshape(input.sizes());
+}
+
+void update_selection_bias(at::Tensor& bias, const at::Tensor& routed, double coeff) {
+  const at::Tensor r = routed.to(bias.device(), at::kFloat);
+  at::Tensor delta = at::sign(r.mean() - r) * coeff;
+  delta = delta - delta.mean();
+  bias.add_(delta);
 }
 
 at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts,

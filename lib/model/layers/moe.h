@@ -51,6 +51,13 @@ class ExpertsImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& expert);
   at::Tensor gate_up_proj, down_proj;
   at::Tensor gate_up_proj_bias, down_proj_bias;  // gpt-oss
+  // LoRA on the stacked weights (lora.target_parameters; model/layers/lora_layer.h's expert_adapters):
+  // the adapter's lora_A (r E, in) and lora_B (out, r E), registered by add_lora; undefined without.
+  struct Adapter {
+    at::Tensor a, b;
+    double scaling = 0;
+  };
+  Adapter gate_up_lora, down_lora;
   Activation activation;
   bool gpt_oss;
   double swiglu_alpha, swiglu_limit;
@@ -67,9 +74,12 @@ struct RouterAuxGradient {
 
 // What the router did in a forward, for the auxiliary load-balancing loss and the load log.
 struct RouterStats {
-  at::Tensor tokens_per_expert;  // (E) fp32: top-k assignments per expert (no gradient)
+  at::Tensor tokens_per_expert;  // (E) fp32: top-k assignments per expert of the softmax alone (no gradient)
   at::Tensor probability_sum;    // (E) fp32: the softmax's column sums (with gradient)
   int64_t rows = 0;              // tokens routed
+  // (E) fp32: the rows each expert received: tokens_per_expert itself, but with a selection bias the
+  // biased choice's (the load it balances and the log shows).
+  at::Tensor routed_per_expert;
 };
 
 class MoeBlockImpl : public torch::nn::Module {
@@ -85,6 +95,10 @@ class MoeBlockImpl : public torch::nn::Module {
   bool norm_topk_prob;
   bool softmax_of_top;  // gpt-oss: the softmax over the top-k logits (else over all, then the top k)
   RouterStats last;  // the last forward's (CausalLM::router_aux_loss and expert_load read them)
+  // Auxiliary-loss-free load balancing (DeepSeek-V3; TorchTitan's load_balance_coeff): (E) fp32 added
+  // to the scores the top k are chosen by (the softmax, gpt-oss's logits), never to the chosen
+  // experts' weights; the trainer moves it between steps (update_selection_bias). Undefined: off.
+  at::Tensor selection_bias;
   std::shared_ptr<ExpertParallel> ep;
   // Set (CausalLM::aux_loss_in_backward): the router's logits take aux_gradient's share in backward.
   std::shared_ptr<RouterAuxGradient> aux_gradient;
@@ -101,6 +115,11 @@ TORCH_MODULE(MoeBlock);
 at::Tensor load_balancing_loss(const std::vector<const RouterStats*>& layers, int64_t num_experts,
                                const std::vector<dist::ProcessGroup*>& split = {}, double share_scale = 1.0,
                                at::Tensor* per_expert = nullptr);
+// Auxiliary-loss-free balancing's step (TorchTitan's): each expert's bias moves by `coeff` toward the
+// experts that received fewer than the mean of `routed` (E, a step's rows per expert over every
+// rank), then the moves are centred: bias += coeff sign(mean - routed) - mean of that. In place, fp32.
+void update_selection_bias(at::Tensor& bias, const at::Tensor& routed, double coeff);
+
 // per_expert (optional): receives the loss's gradient with respect to each expert's probability
 // column sum (E) fp32: num_experts x share_scale x assignments_e / rows^2, no graph.
 

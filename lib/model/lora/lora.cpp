@@ -12,6 +12,7 @@
 
 #include "fsdp/param_group.h"
 #include "model/layers/decoder.h"
+#include "model/parallel/expert_parallel.h"
 #include "util/error.h"
 #include "util/regex.h"
 #include "util/strings.h"
@@ -160,6 +161,7 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
   for (const std::string& m : adaptable)
     if (std::find(shorts.begin(), shorts.end(), short_name(m)) == shorts.end()) shorts.push_back(short_name(m));
   std::vector<std::string> patterns = settings.target_modules;
+  if (patterns.empty() && !settings.target_parameters.empty()) return {};  // the experts alone, as in PEFT
   if (patterns.empty()) {
     // PEFT has no default for these families either (it asks for target_modules).
     FSDP_CHECK(!fused && model.config.linear_layers.empty(), "lora.target_modules: ", arch,
@@ -206,9 +208,85 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
   return out;
 }
 
+std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraSettings& s) {
+  if (s.target_parameters.empty()) return {};
+  const std::string arch = family_names(model.config.family).architecture;
+  std::vector<std::string> stacked;  // every experts module's stacked weights, in the model's order
+  for (const auto& m : model.named_modules("", /*include_self=*/false))
+    if (m.value()->as<ExpertsImpl>())
+      for (const std::string& leaf : expert_weight_names()) stacked.push_back(m.key() + "." + leaf);
+  FSDP_CHECK(!stacked.empty(), "lora.target_parameters: ", arch,
+             " has no mixture-of-experts layer, so no stacked expert weights to adapt; adapt its linear layers "
+             "with lora.target_modules");
+  FSDP_CHECK(s.dropout == 0, "lora.dropout is ", s.dropout,
+             " with lora.target_parameters: the experts' adapters are added to their stacked weights (PEFT's "
+             "ParamWrapper), where dropout on the input has no place; set lora.dropout: 0 (PEFT refuses it too)");
+  std::set<std::string> chosen;
+  for (const std::string& item : s.target_parameters) {
+    std::vector<std::string> found;
+    for (const auto& p : model.named_parameters())
+      if (!is_lora_parameter(p.key()) && names_parameter(item, p.key())) found.push_back(p.key());
+    FSDP_CHECK(!found.empty(), "lora.target_parameters: the model has no parameter named ", excerpt(item), "; ", arch,
+               "'s stacked expert weights are mlp.experts.gate_up_proj and mlp.experts.down_proj");
+    for (const std::string& f : found) {
+      FSDP_CHECK(std::find(stacked.begin(), stacked.end(), f) != stacked.end(), "lora.target_parameters: ", f,
+                 " (from ", excerpt(item), ") is not an experts module's stacked weight; target_parameters adapts ",
+                 "mlp.experts.gate_up_proj and mlp.experts.down_proj, lora.target_modules the linear layers");
+      chosen.insert(f);
+    }
+  }
+  std::vector<std::string> out;
+  for (const std::string& name : stacked)
+    if (chosen.count(name)) out.push_back(name);
+  return out;
+}
+
+namespace {
+
+// The adapters of the stacked expert weights `weights` names (lora_target_parameters), nested as
+// PEFT's ParamWrappers are (expert_adapters), their tensors handed to each ExpertsImpl.
+void add_expert_lora(CausalLMImpl& model, const LoraSettings& s, const std::vector<std::string>& weights,
+                     bool free_after_create) {
+  auto modules = model.named_modules("", /*include_self=*/false);
+  for (const auto& m : modules) {
+    auto* experts = m.value()->as<ExpertsImpl>();
+    if (!experts) continue;
+    for (const auto& [weight, prefix] : expert_adapters(m.key(), weights)) {
+      torch::nn::Module* holder = experts;  // the experts module, or its nested base_layer
+      for (size_t at = m.key().size() + 1; at < prefix.size(); at += std::string("base_layer.").size()) {
+        const auto children = holder->named_children();
+        holder = children.contains("base_layer")
+                     ? children["base_layer"].get()
+                     : holder->register_module("base_layer", std::make_shared<torch::nn::Module>("BaseLayer")).get();
+      }
+      const bool gate_up = ends_with(weight, ".gate_up_proj");
+      const at::Tensor& w = gate_up ? experts->gate_up_proj : experts->down_proj;
+      const int64_t in = w.size(experts->gpt_oss ? 1 : 2), out = w.size(experts->gpt_oss ? 2 : 1);
+      const int64_t rows = s.r * w.size(0);
+      auto down = holder->register_module("lora_A", LoraDown(in, rows, s.scaling(), 0));
+      torch::nn::Linear up(torch::nn::LinearOptions(1, 0).bias(false));  // no values to draw: B starts at 0
+      up->options.in_features(rows).out_features(out);
+      up->weight.set_data(at::zeros({out, rows}));
+      holder->register_module("lora_B", up);
+      (gate_up ? experts->gate_up_lora : experts->down_lora) = {down->weight, up->weight, s.scaling()};
+      if (free_after_create) {
+        free_storage(down->weight);
+        free_storage(up->weight);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create) {
   FSDP_CHECK(s.enabled(), "add_lora needs lora.r > 0");
   const std::vector<std::string> targets = lora_target_names(model, s);
+  const std::vector<std::string> expert_weights = lora_target_parameters(model, s);
+  FSDP_CHECK(expert_weights.empty() || !model.ep || model.ep->size() == 1,
+             "[ep] lora.target_parameters under expert parallel: the experts' adapters are not split over the ep ",
+             "ranks; set parallelism_config_ep_size: 1 (FSDP shards the experts and their adapters) or adapt "
+             "attention alone");
   // The adapters' size follows from lora.r: made on the host first (fp32), then trained with a
   // gradient and AdamW's two moments each. Checked before any of it is allocated.
   auto modules = model.named_modules("", false);
@@ -232,6 +310,13 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
     if (linear)
       params += static_cast<double>(s.r) * static_cast<double>(linear->weight.size(0) + linear->weight.size(1));
   }
+  {
+    auto params_by_name = model.named_parameters();
+    for (const std::string& name : expert_weights) {  // lora_A (r E, in) and lora_B (out, r E)
+      const at::Tensor& w = params_by_name[name];
+      params += static_cast<double>(s.r) * static_cast<double>(w.size(0)) * static_cast<double>(w.size(1) + w.size(2));
+    }
+  }
   for (const std::string& name : targets)
     FSDP_CHECK(!is_fused_name(name) || !model.tp, "[tp] lora.target_modules: ", name, " is ",
                family_names(model.config.family).architecture, "'s fused ", short_name(name),
@@ -239,7 +324,7 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
                "target o_proj and down_proj");
   const double host = static_cast<double>(system_info().memory_available_bytes);
   FSDP_CHECK(host <= 0 || 4 * params <= host, "lora.r ", s.r, " makes adapters of ", format_count(params),
-             " parameters on ", targets.size(), " layers: ", format_bytes(static_cast<long long>(4 * params)),
+             " parameters on ", targets.size() + expert_weights.size(), " layers: ", format_bytes(static_cast<long long>(4 * params)),
              " to create them and ", format_bytes(static_cast<long long>(16 * params)), " to train them, and this ",
              "machine has ", format_bytes(static_cast<long long>(host)),
              " of memory available; lora.r is usually 8 to ", "64 (it cannot add rank beyond a layer's smaller width)");
@@ -250,6 +335,8 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
       for (const auto& p : model.named_modules("", false)[m]->named_parameters(/*recurse=*/false))
         trained.insert(m + "." + p.key());
   for (const auto& p : model.named_parameters()) p.value().set_requires_grad(trained.count(p.key()) > 0);
+  add_expert_lora(model, s, s.target_parameters.empty() ? std::vector<std::string>{} : expert_weights,
+                  free_after_create);
 
   for (const std::string& name : targets) {
     if (is_fused_name(name)) {  // registered where the fused projection would be: PEFT's names

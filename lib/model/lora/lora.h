@@ -31,6 +31,11 @@ struct LoraSettings {
   // default for these families.
   std::vector<std::string> target_modules;
   std::vector<std::string> modules_to_save;  // trained whole and saved with the adapter: lm_head, embed_tokens
+  // A mixture of experts' stacked weights (PEFT's target_parameters: "mlp.experts.gate_up_proj",
+  // "down_proj", a parameter's full name or its last parts), each adapted per expert
+  // (model/layers/lora_layer.h's expert_adapters). With these and no target_modules, no linear layer
+  // is adapted, as in PEFT.
+  std::vector<std::string> target_parameters;
   bool enabled() const { return r > 0; }
   double scaling() const;
 };
@@ -47,6 +52,12 @@ void add_lora(CausalLMImpl& model, const LoraSettings& settings, bool free_after
 
 // The full names of the modules `settings` targets in `model` (after add_lora or before).
 std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettings& settings);
+// The full names of the stacked expert weights settings.target_parameters targets, in the model's
+// order ("model.layers.1.mlp.experts.gate_up_proj"). Throws InputError naming lora.target_parameters
+// for an item that names no parameter, or one that is not an experts module's gate_up_proj or
+// down_proj (a bias, a linear layer's weight: those take target_modules), and for lora.dropout
+// above 0 (PEFT computes these adapters on the weights, where dropout has no place).
+std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraSettings& settings);
 
 // PEFT's trainable-parameter report: trainable (adapters and modules to save) against all (the
 // base, the adapters, and the modules to save counted twice, original and trained copy).
