@@ -76,7 +76,7 @@ def helpers(args, tmp, data, tokens):
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
         return folder
 
-    def yaml_of(name, model, world, layout, extra="", fmt="FULL_STATE_DICT"):
+    def yaml_of(name, model, world, layout, extra="", fmt="FULL_STATE_DICT", train=""):
         """layout: the parallelism_config keys without their prefix, e.g. {"ep_size": 2}."""
         path = os.path.join(tmp, f"{name}.yaml")
         keys = "".join(f"  parallelism_config_{k}: {v}\n" for k, v in layout.items())
@@ -86,30 +86,30 @@ def helpers(args, tmp, data, tokens):
                     (f"parallelism_config:\n{keys}" if keys else "") +
                     f"model:\n  pretrained: {model}\ndata:\n  path: {data}\n  eval_fraction: 0.05\n"
                     f"train:\n  output_dir: {tmp}/{name}\n  steps: {STEPS}\n  micro_batch_size: {BATCH}\n"
-                    f"  sequence_length: {SEQ}\n  seed: 1234\n  eval_interval: 0\n  eval_batches: 1\n"
+                    f"  sequence_length: {SEQ}\n  seed: 1234\n  eval_interval: 0\n  eval_batches: 1\n{train}"
                     f"optimizer:\n  lr: {LR}\n  beta2: 0.95\n  weight_decay: 0.1\n"
                     "schedule:\n  type: cosine\n  warmup_steps: 10\n  min_lr_ratio: 0.1\n"
                     "logging:\n  interval: 1\n" + extra)
         return path
 
-    def launch(name, model, world, layout, extra="", fmt="FULL_STATE_DICT"):
+    def launch(name, model, world, layout, extra="", fmt="FULL_STATE_DICT", train=""):
         """The finished process, whatever it returned."""
-        path = yaml_of(name, model, world, layout, extra, fmt)
+        path = yaml_of(name, model, world, layout, extra, fmt, train)
         start = time.time()
         run = subprocess.run([args.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
                              capture_output=True, text=True, timeout=300)
         run.seconds = time.time() - start
         return run
 
-    def ours(name, model, world, layout, extra="", fmt="FULL_STATE_DICT", run=None):
+    def ours(name, model, world, layout, extra="", fmt="FULL_STATE_DICT", run=None, train=""):
         """The run's per-step metrics: losses, grad_norms, aux (or None), load (or None), and its stdout.
         run: the finished launch of these arguments, when the caller has one."""
-        text = open(yaml_of(name, model, world, layout, extra, fmt)).read()
+        text = open(yaml_of(name, model, world, layout, extra, fmt, train)).read()
         if name in done and done[name][0] == text:
             if isinstance(done[name][1], RuntimeError):
                 raise done[name][1]
             return done[name][1]
-        run = run or launch(name, model, world, layout, extra, fmt)
+        run = run or launch(name, model, world, layout, extra, fmt, train)
         if run.returncode != 0:
             said = (run.stdout + run.stderr).strip().splitlines()
             done[name] = (text, RuntimeError(f"fsdptrain ({name}) exited {run.returncode}; its last lines:\n  " +
@@ -215,6 +215,20 @@ def check_ep(h, folders):
                 ok = failed(e)
                 continue
             ok &= applied(title, mine, ep) & h.compare(title, mine, base)
+    # Auxiliary-loss-free balancing: every rank routes its own tokens, so the loads the biases move by
+    # (summed over all ranks) and the biases themselves are ep 1's at ep 2.
+    balance = "  moe_load_balance_coeff: 0.01\n"
+    try:
+        base = h.ours("qwen3_moe-balanced-ep1", folders["qwen3_moe"], 4, {}, train=balance)
+        mine = h.ours("qwen3_moe-balanced-ep2", folders["qwen3_moe"], 4, ep_layout(2), train=balance)
+        plain = h.ours("qwen3_moe-ep1", folders["qwen3_moe"], 4, {})
+    except RuntimeError as e:
+        return failed(e)
+    title = "qwen3_moe, W=4, ep 2 with auxiliary-loss-free balancing"
+    moved = base.load != plain.load
+    if not moved:
+        print(f"FAIL: {title}: the balanced run's loads equal the plain run's (the biases did nothing)")
+    ok &= moved & applied(title, mine, 2) & h.compare(title, mine, base, "ep 1 balanced")
     # Beside HSDP: 2 replicas x dp_shard 2, ep 2 (each replica's shard group split in its own ep group;
     # the experts' gradients averaged over the replicas as the rest) against the same layout at ep 1.
     folder, hsdp = folders["qwen3_moe"], {"dp_replicate_size": 2, "dp_shard_size": 2}
@@ -415,6 +429,18 @@ def check_refusals(h, folders):
         if good and not fix:
             print("FAIL:   ... but the line names no fix (a hint, 'use ...' or 'set parallelism_config_ep_size: N')")
         ok &= good and fix
+    # The experts' adapters are not split over the ep ranks (LoRA on them runs at ep 1).
+    run = h.launch("refuse-ep2-lora", folders["qwen3_moe"], 4, ep_layout(2),
+                   "lora:\n  r: 4\n  target_parameters: [mlp.experts.gate_up_proj]\n")
+    ok &= h.refused("ep 2 with LoRA on the experts (lora.target_parameters)", run, "lora.target_modules") & ("lora.target_parameters: adapts the experts" in run.stderr + run.stdout)
+    # Balancing needs a router.
+    run = h.launch("refuse-balance-dense", dense, 4, {}, train="  moe_load_balance_coeff: 0.01\n")
+    said = run.stdout + run.stderr
+    good = (run.returncode != 0 and "[rank" not in said and "train.moe_load_balance_coeff" in said
+            and "dense" in said and "remove train.moe_load_balance_coeff" in said)
+    print(f"{'ok' if good else 'FAIL'}: train.moe_load_balance_coeff on a dense Llama refused before any worker "
+          f"started (exit {run.returncode}): {why(said)}")
+    ok &= good
     return ok
 
 

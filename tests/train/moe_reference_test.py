@@ -124,7 +124,17 @@ def main():
             assert resumed.returncode == 0, resumed.stderr[-3000:]
             exact = losses("balanced-resumed") == losses("balanced")[5:]
             state = json.load(open(os.path.join(step5, "trainer_state.json")))
-            good = worst <= bound and loads_equal and moved > 10 * bound and exact and len(state["expert_bias"]) == 2
+            # The export routes without the biases (transformers' class has none): the run says so at its
+            # start, and the export keeps them beside the weights.
+            said = "routes without it" in run.stdout + run.stderr
+            written = json.load(open(os.path.join(tmp, "balanced", "export", f"step-{STEPS}", "expert_selection_bias.json")))
+            kept = sorted(written["selection_bias"]) == ["model.layers.0.mlp", "model.layers.2.mlp"] and all(
+                len(v) == 8 and any(v) for v in written["selection_bias"].values())
+            good = (worst <= bound and loads_equal and moved > 10 * bound and exact and len(state["expert_bias"]) == 2
+                    and said and kept)
+            if not (said and kept):
+                print(f"FAIL: the start does not say the export routes without the biases ({said}), or the export "
+                      f"does not hold them ({written})")
             print(f"{'ok' if good else 'FAIL'}: auxiliary-loss-free balancing (coeff {coeff}) vs TorchTitan's rule on "
                   f"transformers' routers: losses and gradient norms within {worst:.2e} (bound {bound:.2e}), experts' "
                   f"loads {'equal' if loads_equal else 'DIFFERENT'} at every step, losses {moved:.1e} from the run "
