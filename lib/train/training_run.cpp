@@ -190,6 +190,13 @@ std::vector<std::string> peft_target_modules(const config::LoraConfig& lora, con
   return out;
 }
 
+// "4 linear layers", "4 linear layers and 2 stacked expert weights (r per expert)", or the experts alone.
+std::string lora_targets_said(int64_t linear, int64_t experts) {
+  const std::string stacked = plural(experts, "stacked expert weight") + " (r per expert)";
+  if (experts == 0) return plural(linear, "linear layer");
+  return linear == 0 ? stacked : plural(linear, "linear layer") + " and " + stacked;
+}
+
 }  // namespace
 
 TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
@@ -349,15 +356,7 @@ void TrainingRun::build_model() {
   }
   const model::MoeConfig& moe = model_config_.moe;
   lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp, ep);
-  if (const double coeff = config_.train.moe_load_balance_coeff; coeff > 0) {
-    const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(context_.device);
-    const std::vector<model::MoeBlockImpl*> blocks = lm_->sparse_blocks();
-    for (model::MoeBlockImpl* b : blocks) b->selection_bias = at::zeros({moe.num_experts}, fp32);
-    step_routed_ = at::zeros({static_cast<int64_t>(blocks.size()), moe.num_experts}, fp32);
-    say(str("[train] auxiliary-loss-free balancing: each of the ", blocks.size(),
-            " sparse layers chooses its experts with a per-expert bias that moves by ", coeff,
-            " a step toward the experts below the mean load (train.moe_load_balance_coeff)\n"));
-  }
+  start_balancing();
   // Activation checkpointing runs each router again in backward: the auxiliary loss's gradient goes
   // to it there instead of through a loss term.
   if (plan.options.activation_checkpointing && moe.output_router_logits && moe.router_aux_loss_coef > 0)
@@ -410,8 +409,7 @@ void TrainingRun::build_model() {
     const std::string saved = lora.modules_to_save.empty() ? "" : ", training " + join(lora.modules_to_save, ", ");
     const auto experts = static_cast<int64_t>(model::lora_target_parameters(*lm_, lora).size());
     say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
-            plural(static_cast<int64_t>(model::lora_target_names(*lm_, lora).size()), "linear layer"),
-            experts > 0 ? str(" and ", plural(experts, "stacked expert weight"), " (r per expert)") : "", saved,
+            lora_targets_said(static_cast<int64_t>(model::lora_target_names(*lm_, lora).size()), experts), saved,
             "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
   }
   const config::OptimConfig& o = config_.optimizer;
@@ -683,6 +681,19 @@ at::Tensor TrainingRun::forward_backward(const StepBatches& batches, const at::T
   }
   balance_experts();
   return reduced;
+}
+
+void TrainingRun::start_balancing() {
+  const double coeff = config_.train.moe_load_balance_coeff;
+  if (coeff <= 0) return;
+  const int64_t experts = model_config_.moe.num_experts;
+  const auto fp32 = at::TensorOptions().dtype(at::kFloat).device(context_.device);
+  const std::vector<model::MoeBlockImpl*> blocks = lm_->sparse_blocks();
+  for (model::MoeBlockImpl* b : blocks) b->selection_bias = at::zeros({experts}, fp32);
+  step_routed_ = at::zeros({static_cast<int64_t>(blocks.size()), experts}, fp32);
+  say(str("[train] auxiliary-loss-free balancing: each of the ", blocks.size(),
+          " sparse layers chooses its experts with a per-expert bias that moves by ", coeff,
+          " a step toward the experts below the mean load (train.moe_load_balance_coeff)\n"));
 }
 
 void TrainingRun::balance_experts() {

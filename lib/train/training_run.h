@@ -145,6 +145,7 @@ class TrainingRun {
   // Auxiliary-loss-free balancing (train.moe_load_balance_coeff): the step's rows per expert of each
   // sparse layer summed over every rank, then each layer's selection bias moved (collective).
   void balance_experts();
+  void start_balancing();  // each sparse layer's selection bias at 0 (balancing on)
   std::vector<std::vector<double>> selection_biases() const;  // each sparse layer's, on the host
   StepResult judge(const PendingStep& pending) const;
 
