@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "ckpt/format.h"
 #include "ckpt/hf.h"
 #include "ckpt/peft.h"
 #include "ckpt/sources.h"
+#include "model/config/hf_config.h"
+#include "model/layers/lora_layer.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/hub_cache.h"
@@ -57,6 +60,75 @@ at::Tensor whole(Source& src, const TensorSpec& t) {
   return src.rows(t.name, 0, t.shape.empty() ? 1 : t.shape[0]);
 }
 
+// A stored tensor a stacked expert weight's adapter changes (target_parameters): the whole stacked
+// weight (expert -1), or one expert's part of it as the Hub stores them (rows [first, first + rows)
+// of its (out, in) weight: Qwen3-MoE's gate_proj of gate_up_proj, Mixtral's w1).
+struct ExpertPiece {
+  std::string prefix;  // the adapter's ("...experts." or "...experts.base_layer.")
+  int64_t experts = 0, expert = -1, first = 0;
+  bool transposed = false;  // gpt-oss: (E, in, out)
+  at::Tensor merged(const at::Tensor& stored, const std::map<std::string, at::Tensor>& tensors, double scaling) const {
+    const at::Tensor& a = tensors.at(prefix + "lora_A.weight");
+    const at::Tensor& b = tensors.at(prefix + "lora_B.weight");
+    if (expert < 0) return model::merged_expert_weight(stored, a, b, scaling, transposed, prefix);
+    const at::Tensor delta = model::expert_delta(a, b, scaling, experts, expert).narrow(0, first, stored.size(0));
+    FSDP_CHECK(delta.sizes() == stored.sizes(), "[merge-weights] the adapter ", prefix, "lora_A/B gives expert ", expert,
+               " a change of ", delta.sizes(), " where the base holds ", stored.sizes());
+    return (stored.to(at::kFloat) + delta).to(stored.scalar_type());
+  }
+};
+
+struct ExpertPieces {
+  std::map<std::string, ExpertPiece> pieces;  // by stored name
+  std::set<std::string> adapters;             // the adapter tensors they read
+};
+
+// Where the adapter's stacked expert weights lie in the base folder: under their own names, or one
+// tensor per expert and part as the Hub stores them (the family's layout, from its config.json).
+ExpertPieces expert_pieces(const Source& src, const std::string& base, const PeftAdapter& adapter) {
+  ExpertPieces out;
+  if (adapter.settings.target_parameters.empty()) return out;
+  const model::DecoderConfig config =
+      model::parse_decoder_config(read_file(base + "/config.json"), base + "/config.json");
+  const model::ModelDescription description = model::describe(config);
+  // The stacked weights: those the folder holds whole (gpt-oss's; transformers v5's), and those it
+  // holds one expert at a time (the family's layout).
+  std::vector<std::string> stacked = src.names();
+  for (const model::StackedTensor& st : description.layout.stacked) stacked.push_back(st.name);
+  const auto is_stacked = [&](const std::string& n) { return src.info(n) == nullptr || src.info(n)->shape.size() == 3; };
+  const auto prefixes = model::expert_adapter_prefixes(stacked, is_stacked, adapter.settings.target_parameters);
+  FSDP_CHECK(!prefixes.empty(), "[merge-weights] ", adapter.dir, "'s target_parameters (",
+             join(adapter.settings.target_parameters, ", "), ") name none of ", base, "'s stacked expert weights");
+  for (const auto& [weight, prefix] : prefixes) {
+    for (const char* leaf : {"lora_A.weight", "lora_B.weight"}) {
+      FSDP_CHECK(adapter.tensors.count(prefix + leaf), "[merge-weights] ", adapter.dir, " adapts ", weight,
+                 " (target_parameters) but holds no ", prefix, leaf);
+      out.adapters.insert(prefix + leaf);
+    }
+    if (src.info(weight) != nullptr)  // stored stacked
+      out.pieces[weight] = {prefix, src.info(weight)->shape[0], -1, 0, config.moe.gpt_oss};
+  }
+  for (const model::StackedTensor& st : description.layout.stacked) {
+    const auto p = prefixes.find(st.name);
+    if (p == prefixes.end() || src.info(st.name) != nullptr) continue;
+    const auto E = static_cast<int64_t>(st.rows.size());
+    for (int64_t e = 0; e < E; ++e) {
+      int64_t first = 0;
+      for (const std::string& part : st.rows[static_cast<size_t>(e)]) {
+        const StoredInfo* info = src.info(part);
+        FSDP_CHECK(info != nullptr && info->shape.size() == 2 && !config.moe.gpt_oss, "[merge-weights] ", base,
+                   " holds ", st.name, " neither whole nor as ", part,
+                   config.moe.gpt_oss ? " (gpt-oss's Hub weights are MXFP4 blocks, which an adapter cannot be added to: "
+                                        "give a bf16 copy of the base with --base)"
+                                      : "");
+        out.pieces[part] = {p->second, E, e, first, false};
+        first += info->shape[0];
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string merge_weights(const std::string& checkpoint, const std::string& out, int64_t max_shard_bytes,
@@ -95,10 +167,6 @@ std::string merge_weights(const std::string& checkpoint, const std::string& out,
 std::string merge_adapter(const std::string& adapter_dir, const std::string& base_dir, const std::string& out,
                           int64_t max_shard_bytes, std::ostream& log) {
   const PeftAdapter adapter = read_peft_adapter(adapter_dir);
-  FSDP_CHECK(adapter.settings.target_parameters.empty(), "[merge-weights] ", adapter_dir,
-             " adapts a mixture of experts' stacked weights (target_parameters ", join(adapter.settings.target_parameters, ", "),
-             "), which merge-weights does not fold into a checkpoint's tensors yet; run it with fsdptrain generate "
-             "--adapter, or export the merged model from the training run (checkpoint.export_merged: true)");
   const std::string named = base_dir.empty() ? adapter.base_model : base_dir;
   const std::string base = hub::model_folder(named);  // a Hub id: its snapshot in the Hugging Face cache
   FSDP_CHECK(!(base == named && !is_directory(base) && hub::is_repo_id(base)), "[merge-weights] ", adapter_dir,
@@ -117,7 +185,9 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
   std::map<std::string, at::Tensor> tensors = adapter.tensors;
   if (src->info("lm_head.weight") == nullptr && src->info("model.embed_tokens.weight") != nullptr)
     tie_saved_head(tensors, adapter_dir);  // a tied base: its head is the embedding
+  const ExpertPieces experts = expert_pieces(*src, base, adapter);
   for (const auto& [name, t] : tensors) {
+    if (experts.adapters.count(name)) continue;  // a stacked expert weight's (expert_pieces checked it)
     const std::string adapted = model::is_lora_parameter(name) ? model::adapted_weight_name(name) : name;
     FSDP_CHECK(src->info(adapted) != nullptr, "[merge-weights] ", adapter_dir, " adapts ", adapted, ", which ", base,
                " does not have; give the base model it was trained on with --base");
@@ -130,6 +200,8 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
         const std::string& name = specs[i].name;
         const auto saved = tensors.find(name);  // a module to save: its trained value
         if (saved != tensors.end()) return saved->second;
+        if (const auto piece = experts.pieces.find(name); piece != experts.pieces.end())
+          return piece->second.merged(whole(*src, specs[i]), adapter.tensors, scaling);
         const auto a = adapter.tensors.find(model::lora_a_name(name));
         if (!ends_with(name, ".weight") || a == adapter.tensors.end()) return whole(*src, specs[i]);
         return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),

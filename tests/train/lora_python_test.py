@@ -299,8 +299,8 @@ def expert_parity(args, tmp, data):
     down_proj (each expert its own rank-r factors, PEFT's ParamWrapper nesting its names) beside
     q_proj, at W=2: PEFT's losses, gradients and trained tensors; the export has PEFT's keys and
     target_parameters, PeftModel loads it with the logits of our merged export, which is PEFT's
-    merge_and_unload; generate --adapter writes the merged model's text; merge-weights and lora.dropout
-    are refused by name."""
+    merge_and_unload; generate --adapter writes the merged model's text, merge-weights writes the merged
+    export's tensors; lora.dropout is refused by name."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     CASES["experts"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj"],
                              target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
@@ -342,10 +342,15 @@ def expert_parity(args, tmp, data):
         check(g.returncode == 0, f"experts: generate {model}: {g.stderr[-2000:]}")
         texts.append(g.stdout)
     check(texts[0] == texts[1], f"experts: generate --adapter differs from the merged model: {texts}")
-    g = subprocess.run([args.fsdptrain, "merge-weights", export, os.path.join(tmp, "never"), "--base", base],
-                       capture_output=True, text=True, timeout=120)
-    check(g.returncode == 2 and "target_parameters" in g.stderr and "checkpoint.export_merged: true" in g.stderr
-          and not os.path.exists(os.path.join(tmp, "never")), f"experts: merge-weights: {g.returncode} {g.stderr[-800:]}")
+    # merge-weights folds the adapter into the base folder's own tensors (transformers saved its experts
+    # one by one, as the Hub holds them): the run's merged export, tensor for tensor.
+    folded = os.path.join(tmp, "experts-merge-weights")
+    run([args.fsdptrain, "merge-weights", export, folded, "--base", base], "fsdptrain merge-weights (experts)")
+    a, b = load_file(os.path.join(folded, "model.safetensors")), load_file(os.path.join(merged, "model.safetensors"))
+    stored = sorted(k for k in a if ".experts." in k)
+    folded_worst = max(relative(a[k], b[k]) for k in a) if set(a) == set(b) else float("inf")
+    check(folded_worst < 1e-6, f"experts: merge-weights vs the merged export: {folded_worst:.2e} "
+                               f"(keys differ: {sorted(set(a) ^ set(b))[:6]})")
     try:
         fsdptrain(args, tmp, "experts-dropout", 1, base, data, CASES["experts"][1] + "  dropout: 0.1\n")
         check(False, "lora.dropout with target_parameters was accepted")
@@ -354,7 +359,8 @@ def expert_parity(args, tmp, data):
     gpt_oss_layout(args, tmp, data)
     print(f"ok experts: the export has PEFT's {len(got)} keys and target_parameters; PeftModel's logits over it equal "
           f"the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); generate --adapter writes the "
-          f"merged model's text; merge-weights and lora.dropout refused by name")
+          f"merged model's text; merge-weights folds it into the base's {len(stored)} expert tensors as the merged export "
+          f"holds them ({folded_worst:.2e}); lora.dropout refused by name")
 
 
 def gpt_oss_layout(args, tmp, data):
@@ -388,8 +394,16 @@ def gpt_oss_layout(args, tmp, data):
     check(r < 1e-5 and worst < 1e-6 and moved > 1e-3,
           f"gpt_oss: PEFT over our adapter vs our merged export {r:.2e}, merged weights {worst:.2e}, "
           f"the adapter moved the logits by {moved:.2e}")
+    # merge-weights into a folder that holds the experts stacked (transformers saves gpt-oss so).
+    folded = os.path.join(tmp, "gpt-oss-merge-weights")
+    run([args.fsdptrain, "merge-weights", runs["gpt-oss-adapter"], folded, "--base", base], "merge-weights (gpt_oss)")
+    a = load_file(os.path.join(folded, "model.safetensors"))
+    b = load_file(os.path.join(runs["gpt-oss-merged"], "model.safetensors"))
+    check(set(a) == set(b) and max(relative(a[k], b[k]) for k in a) < 1e-6, "gpt_oss: merge-weights differs from the "
+          "merged export")
     print(f"ok gpt_oss: its (E, in, out) experts' adapters export as PEFT reads them: PeftModel's logits equal our "
-          f"merged export's ({r:.2e}; the adapter moved them {moved:.1e}), merged weights merge_and_unload's ({worst:.2e})")
+          f"merged export's ({r:.2e}; the adapter moved them {moved:.1e}), merged weights merge_and_unload's ({worst:.2e}), "
+          f"and merge-weights writes them too")
 
 
 def hybrid_parity(args, tmp, data):

@@ -169,6 +169,13 @@ at::Tensor expert_lora_rows(const at::Tensor& rows, const at::Tensor& a, const a
   return ops.grouped_mm(ops.grouped_mm(rows, down, offsets), up, offsets) * scaling;
 }
 
+at::Tensor expert_delta(const at::Tensor& a, const at::Tensor& b, double scaling, int64_t experts, int64_t expert) {
+  const int64_t r = a.size(0) / experts;
+  const at::Tensor down = a.to(at::kFloat).view({experts, r, a.size(1)})[expert];   // (r, in)
+  const at::Tensor up = b.to(at::kFloat).view({b.size(0), r, experts}).select(2, expert);  // (out, r)
+  return at::matmul(up, down) * scaling;
+}
+
 at::Tensor merged_expert_weight(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, double scaling,
                                 bool transposed, const std::string& what) {
   const int64_t experts = weight.dim() == 3 ? weight.size(0) : 0;

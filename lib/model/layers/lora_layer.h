@@ -98,6 +98,8 @@ std::map<std::string, std::string> expert_adapter_prefixes(const std::vector<std
 // (N, out): scaling * B_e A_e x for each row of expert e, through two grouped products of rank r.
 at::Tensor expert_lora_rows(const at::Tensor& rows, const at::Tensor& a, const at::Tensor& b, const at::Tensor& offsets,
                             double scaling);
+// One expert's change scaling * B_e A_e (out, in) fp32 from a stacked weight's adapter of `experts` experts.
+at::Tensor expert_delta(const at::Tensor& a, const at::Tensor& b, double scaling, int64_t experts, int64_t expert);
 // The stacked weight `weight` (E, out, in), or (E, in, out) when `transposed` (gpt-oss), with its
 // adapter folded in, in fp32, cast back. Throws InputError naming `what` when the shapes do not fit.
 at::Tensor merged_expert_weight(const at::Tensor& weight, const at::Tensor& a, const at::Tensor& b, double scaling,
