@@ -691,8 +691,8 @@ void TrainingRun::start_balancing() {
   const std::vector<model::MoeBlockImpl*> blocks = lm_->sparse_blocks();
   for (model::MoeBlockImpl* b : blocks) b->selection_bias = at::zeros({experts}, fp32);
   step_routed_ = at::zeros({static_cast<int64_t>(blocks.size()), experts}, fp32);
-  say(str("[train] auxiliary-loss-free balancing: each of the ", blocks.size(),
-          " sparse layers chooses its experts with a per-expert bias that moves by ", coeff,
+  say(str("[train] auxiliary-loss-free balancing over ", plural(static_cast<int64_t>(blocks.size()), "sparse layer"),
+          ": each chooses its experts with a per-expert bias that moves by ", coeff,
           " a step toward the experts below the mean load (train.moe_load_balance_coeff)\n"));
 }
 
