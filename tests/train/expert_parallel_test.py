@@ -6,7 +6,9 @@ loss), fp32 and random, and fsdptrain fine-tunes each from one token stream. Ove
 10 steps, micro batch 4 of 32 tokens, each check printing its worst relative difference:
   - ep: W=4 (dp_shard 4), ep 2 and ep 4 give ep 1's losses and gradient norms within 1e-5 relative,
     its auxiliary losses within 1e-5 and its experts' loads exactly (the routing is the same), each
-    family; and beside HSDP (2 replicas x dp_shard 2) ep 2 gives ep 1's (Qwen3-MoE);
+    family; and beside HSDP (2 replicas x dp_shard 2) ep 2 gives ep 1's (Qwen3-MoE); with
+    auxiliary-loss-free balancing ep 2 gives ep 1's losses and norms within 1e-5, each expert's load
+    within 2 rows (near-ties the biases create may route a token the other way);
   - cp: beside context parallel, W=4 as cp 2 x dp_shard 2 and as Ulysses sp 2 x dp_shard 2 with ep 2
     equals the same layout at ep 1 and dp 2 alone within 1e-5, the auxiliary loss included (the
     routing counts summed over the sequence's ranks) (Qwen3-MoE); gpt-oss's sinks are refused by both;
@@ -224,11 +226,21 @@ def check_ep(h, folders):
         plain = h.ours("qwen3_moe-ep1", folders["qwen3_moe"], 4, {})
     except RuntimeError as e:
         return failed(e)
+    # The biases pull the experts' scores together, so a float32 near-tie between two experts (the
+    # ranks' sums in another order at ep 2) can route a token the other way: a load off by one and
+    # the aux loss by ~1e-5 (seen once on CI's data). The losses and norms stay within 1e-5.
     title = "qwen3_moe, W=4, ep 2 with auxiliary-loss-free balancing"
+    worst = max(abs(x - y) / abs(y) for x, y in zip(mine.losses + mine.grad_norms, base.losses + base.grad_norms))
+    aux = max(abs(x - y) / abs(y) for x, y in zip(mine.aux, base.aux))
+    off = max(abs(x - y) for p, q in zip(mine.load, base.load) for x, y in zip(p, q))
+    totals = [sum(p) for p in mine.load] == [sum(q) for q in base.load]
     moved = base.load != plain.load
-    if not moved:
-        print(f"FAIL: {title}: the balanced run's loads equal the plain run's (the biases did nothing)")
-    ok &= moved & applied(title, mine, 2) & h.compare(title, mine, base, "ep 1 balanced")
+    good = (len(mine.losses) == STEPS and worst <= TOLERANCE and aux <= 1e-4 and off <= 2 and totals and moved
+            and mine.losses[-1] < mine.losses[0] - 0.3)
+    print(f"{'ok' if good else 'FAIL'}: {title} against ep 1 balanced: losses and gradient norms {worst:.2e}, aux loss "
+          f"{aux:.2e}, each expert's load within {off:g} of ep 1's (the same totals: {totals}); the biases moved the "
+          f"loads from the unbalanced run's: {moved}")
+    ok &= good & applied(title, mine, 2)
     # Beside HSDP: 2 replicas x dp_shard 2, ep 2 (each replica's shard group split in its own ep group;
     # the experts' gradients averaged over the replicas as the rest) against the same layout at ep 1.
     folder, hsdp = folders["qwen3_moe"], {"dp_replicate_size": 2, "dp_shard_size": 2}
