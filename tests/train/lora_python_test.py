@@ -251,6 +251,49 @@ def export_keys(cls, base, case, out):
     return export, got
 
 
+def merged_is_peft(name, cls, base, export, merged, **load):
+    """PEFT's logits over our adapter `export` equal our merged export's, whose tensors are PEFT's
+    merge_and_unload; returns (logits' difference, weights' difference, PEFT's logits)."""
+    x = torch.arange(3, 67).view(1, 64) % 250
+    with torch.no_grad():
+        peft = PeftModel.from_pretrained(cls.from_pretrained(base, **load), export)
+        logits = peft(input_ids=x).logits
+        theirs = peft.merge_and_unload().state_dict()
+        ours = cls.from_pretrained(merged, **load)
+        merged_logits = ours(input_ids=x).logits
+    mine = ours.state_dict()
+    check(set(mine) == set(theirs), f"{name}: merged export's tensors vs merge_and_unload's: {sorted(set(mine) ^ set(theirs))}")
+    r = relative(logits, merged_logits)
+    check(r < 1e-5, f"{name}: PEFT's logits over our adapter vs our merged export: {r:.2e}")
+    worst = max(relative(mine[k], v) for k, v in theirs.items())
+    check(worst < 1e-6, f"{name}: merged export vs PEFT's merge_and_unload: {worst:.2e}")
+    return r, worst, logits
+
+
+def merge_weights_is_merged(args, tmp, name, export, base, merged):
+    """fsdptrain merge-weights of the adapter `export` onto `base` writes the run's merged export's
+    tensors (within 1e-6); returns the folded tensors and the worst difference."""
+    folded = os.path.join(tmp, f"{name}-merge-weights")
+    run([args.fsdptrain, "merge-weights", export, folded, "--base", base], f"fsdptrain merge-weights ({name})")
+    a, b = load_file(os.path.join(folded, "model.safetensors")), load_file(os.path.join(merged, "model.safetensors"))
+    worst = max(relative(a[k], b[k]) for k in a) if set(a) == set(b) else float("inf")
+    check(worst < 1e-6, f"{name}: merge-weights of the adapter vs the run's merged export: {worst:.2e} "
+                        f"(keys differ: {sorted(set(a) ^ set(b))[:6]})")
+    return a, worst
+
+
+def generate_agrees(args, name, models):
+    """fsdptrain generate writes the same text for each of `models` (generate's model arguments)."""
+    texts = []
+    for model in models:
+        g = subprocess.run([args.fsdptrain, "generate", *model, "--prompt", "int main(", "--max_new_tokens", "24"],
+                           capture_output=True, timeout=120)  # a byte-level model's bytes, not always UTF-8
+        check(g.returncode == 0, f"{name}: generate {model}: {g.stderr[-2000:]}")
+        texts.append(g.stdout)
+    check(all(t == texts[0] for t in texts), f"{name}: generate with the adapter differs from the merged model: {texts}")
+    return texts[0]
+
+
 def qwen2_parity(args, tmp, data):
     """Another family: Qwen2 (biases on q/k/v, the head tied to the embedding), adapters on the
     projections that have biases, at W=2."""
@@ -322,35 +365,12 @@ def expert_parity(args, tmp, data):
     merged_out, _, _ = fsdptrain(args, tmp, "experts-merged", 2, base, data, CASES["experts"][1] + f"  init: {adapter}\n",
                                  sets=["checkpoint.export_merged=true"])
     merged = os.path.join(merged_out, "export", f"step-{SETTINGS['steps']}")
-    x = torch.arange(3, 67).view(1, 64) % 250
-    with torch.no_grad():
-        peft = PeftModel.from_pretrained(Qwen3MoeForCausalLM.from_pretrained(base, experts_implementation="eager"), export)
-        logits = peft(input_ids=x).logits
-        theirs = peft.merge_and_unload().state_dict()
-        ours_model = Qwen3MoeForCausalLM.from_pretrained(merged, experts_implementation="eager")
-        merged_logits = ours_model(input_ids=x).logits
-    mine = ours_model.state_dict()
-    check(set(mine) == set(theirs), f"experts: merged export vs merge_and_unload: {sorted(set(mine) ^ set(theirs))}")
-    r = relative(logits, merged_logits)
-    check(r < 1e-5, f"experts: PEFT's logits over our adapter vs our merged export: {r:.2e}")
-    worst = max(relative(mine[k], v) for k, v in theirs.items())
-    check(worst < 1e-6, f"experts: merged export vs PEFT's merge_and_unload: {worst:.2e}")
-    texts = []
-    for model in (["--model", merged], ["--model", base, "--adapter", export]):
-        g = subprocess.run([args.fsdptrain, "generate", *model, "--prompt", "int main(", "--max_new_tokens", "24"],
-                           capture_output=True, timeout=120)
-        check(g.returncode == 0, f"experts: generate {model}: {g.stderr[-2000:]}")
-        texts.append(g.stdout)
-    check(texts[0] == texts[1], f"experts: generate --adapter differs from the merged model: {texts}")
+    r, worst, _ = merged_is_peft("experts", Qwen3MoeForCausalLM, base, export, merged, experts_implementation="eager")
+    generate_agrees(args, "experts", (["--model", merged], ["--model", base, "--adapter", export]))
     # merge-weights folds the adapter into the base folder's own tensors (transformers saved its experts
     # one by one, as the Hub holds them): the run's merged export, tensor for tensor.
-    folded = os.path.join(tmp, "experts-merge-weights")
-    run([args.fsdptrain, "merge-weights", export, folded, "--base", base], "fsdptrain merge-weights (experts)")
-    a, b = load_file(os.path.join(folded, "model.safetensors")), load_file(os.path.join(merged, "model.safetensors"))
+    a, folded_worst = merge_weights_is_merged(args, tmp, "experts", export, base, merged)
     stored = sorted(k for k in a if ".experts." in k)
-    folded_worst = max(relative(a[k], b[k]) for k in a) if set(a) == set(b) else float("inf")
-    check(folded_worst < 1e-6, f"experts: merge-weights vs the merged export: {folded_worst:.2e} "
-                               f"(keys differ: {sorted(set(a) ^ set(b))[:6]})")
     try:
         fsdptrain(args, tmp, "experts-dropout", 1, base, data, CASES["experts"][1] + "  dropout: 0.1\n")
         check(False, "lora.dropout with target_parameters was accepted")
@@ -379,28 +399,15 @@ def gpt_oss_layout(args, tmp, data):
     for name, sets in (("gpt-oss-adapter", ()), ("gpt-oss-merged", ("checkpoint.export_merged=true",))):
         out, _, _ = fsdptrain(args, tmp, name, 2, base, data, lora, sets=sets)
         runs[name] = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
-    x = torch.arange(3, 67).view(1, 64) % 250
+    r, worst, logits = merged_is_peft("gpt_oss", GptOssForCausalLM, base, runs["gpt-oss-adapter"], runs["gpt-oss-merged"],
+                                      attn_implementation="eager")
     with torch.no_grad():
-        peft = PeftModel.from_pretrained(GptOssForCausalLM.from_pretrained(base, attn_implementation="eager"),
-                                         runs["gpt-oss-adapter"])
-        logits = peft(input_ids=x).logits
-        theirs = peft.merge_and_unload().state_dict()
-        ours = GptOssForCausalLM.from_pretrained(runs["gpt-oss-merged"], attn_implementation="eager")
-        merged_logits = ours(input_ids=x).logits
-        plain = GptOssForCausalLM.from_pretrained(base, attn_implementation="eager")(input_ids=x).logits
-    mine = ours.state_dict()
-    r, moved = relative(logits, merged_logits), relative(logits, plain)
-    worst = max(relative(mine[k], v) for k, v in theirs.items())
-    check(r < 1e-5 and worst < 1e-6 and moved > 1e-3,
-          f"gpt_oss: PEFT over our adapter vs our merged export {r:.2e}, merged weights {worst:.2e}, "
-          f"the adapter moved the logits by {moved:.2e}")
+        plain = GptOssForCausalLM.from_pretrained(base, attn_implementation="eager")(
+            input_ids=torch.arange(3, 67).view(1, 64) % 250).logits
+    moved = relative(logits, plain)
+    check(moved > 1e-3, f"gpt_oss: the adapter moved the logits by {moved:.2e} only")
     # merge-weights into a folder that holds the experts stacked (transformers saves gpt-oss so).
-    folded = os.path.join(tmp, "gpt-oss-merge-weights")
-    run([args.fsdptrain, "merge-weights", runs["gpt-oss-adapter"], folded, "--base", base], "merge-weights (gpt_oss)")
-    a = load_file(os.path.join(folded, "model.safetensors"))
-    b = load_file(os.path.join(runs["gpt-oss-merged"], "model.safetensors"))
-    check(set(a) == set(b) and max(relative(a[k], b[k]) for k in a) < 1e-6, "gpt_oss: merge-weights differs from the "
-          "merged export")
+    merge_weights_is_merged(args, tmp, "gpt-oss", runs["gpt-oss-adapter"], base, runs["gpt-oss-merged"])
     print(f"ok gpt_oss: its (E, in, out) experts' adapters export as PEFT reads them: PeftModel's logits equal our "
           f"merged export's ({r:.2e}; the adapter moved them {moved:.1e}), merged weights merge_and_unload's ({worst:.2e}), "
           f"and merge-weights writes them too")
@@ -445,32 +452,10 @@ def phi3_parity(args, tmp, data):
     merged_out, _, _ = fsdptrain(args, tmp, "phi3-merged", 2, base, data, CASES["phi3"][1] + f"  init: {adapter}\n",
                                  sets=["checkpoint.export_merged=true"])
     merged = os.path.join(merged_out, "export", f"step-{SETTINGS['steps']}")
-    x = torch.arange(3, 67).view(1, 64) % 250
-    with torch.no_grad():
-        peft = PeftModel.from_pretrained(Phi3ForCausalLM.from_pretrained(base, attn_implementation="eager"), export)
-        logits = peft(input_ids=x).logits
-        theirs = peft.merge_and_unload().state_dict()
-        ours_model = Phi3ForCausalLM.from_pretrained(merged, attn_implementation="eager")
-        merged_logits = ours_model(input_ids=x).logits
-    mine = ours_model.state_dict()
-    check(set(mine) == set(theirs), f"phi3: merged export's tensors vs merge_and_unload's: {sorted(set(mine) ^ set(theirs))}")
-    r = relative(logits, merged_logits)
-    check(r < 1e-5, f"phi3: PEFT's logits over our adapter vs our merged export: {r:.2e}")
-    worst = max(relative(mine[k], v) for k, v in theirs.items())
-    check(worst < 1e-6, f"phi3: merged export vs PEFT's merge_and_unload: {worst:.2e}")
-    folded = os.path.join(tmp, "phi3-merge-weights")
-    run([args.fsdptrain, "merge-weights", export, folded, "--base", base], "fsdptrain merge-weights (phi3)")
-    a, b = load_file(os.path.join(folded, "model.safetensors")), load_file(os.path.join(merged, "model.safetensors"))
-    check(set(a) == set(b) and max(relative(a[k], b[k]) for k in a) < 1e-6,
-          "phi3: merge-weights of the adapter differs from the run's merged export")
+    r, worst, _ = merged_is_peft("phi3", Phi3ForCausalLM, base, export, merged, attn_implementation="eager")
+    merge_weights_is_merged(args, tmp, "phi3", export, base, merged)
     # generate folds the fused adapters in as the merged export holds them.
-    texts = []
-    for model in (["--model", merged], ["--model", base, "--adapter", export]):
-        g = subprocess.run([args.fsdptrain, "generate", *model, "--prompt", "int main(", "--max_new_tokens", "24"],
-                           capture_output=True, timeout=120)
-        check(g.returncode == 0, f"phi3: generate {model}: {g.stderr[-2000:]}")
-        texts.append(g.stdout)
-    check(texts[0] == texts[1], f"phi3: generate --adapter differs from the merged model: {texts}")
+    generate_agrees(args, "phi3", (["--model", merged], ["--model", base, "--adapter", export]))
     # q_proj alone is part of the fused qkv_proj: refused by name, before any worker starts.
     try:
         fsdptrain(args, tmp, "phi3-part", 1, base, data, "lora:\n  r: 4\n  target_modules: [q_proj]\n")
@@ -492,15 +477,10 @@ def commands_take_adapters(args, tmp, base, adapter, merged):
     a, b = load_file(os.path.join(out, "model.safetensors")), load_file(os.path.join(merged, "model.safetensors"))
     check(set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a),
           "merge-weights of the adapter differs from the run's merged export")
-    texts = []
-    for model in (["--model", merged], ["--model", base, "--adapter", adapter], ["--model", adapter]):
-        r = subprocess.run([args.fsdptrain, "generate", *model, "--prompt", "int main(", "--max_new_tokens", "24"],
-                           capture_output=True, timeout=120)  # a byte-level model's bytes, not always UTF-8
-        check(r.returncode == 0, f"generate {model}: {r.stderr[-2000:]}")
-        texts.append(r.stdout)
-    check(texts[0] == texts[1] == texts[2], f"generate with the adapter differs from the merged model: {texts}")
+    text = generate_agrees(args, "llama", (["--model", merged], ["--model", base, "--adapter", adapter],
+                                          ["--model", adapter]))
     print(f"ok merge-weights ADAPTER equals the merged export; generate --adapter and generate --model ADAPTER "
-          f"write what the merged model writes ({len(texts[0])} bytes)")
+          f"write what the merged model writes ({len(text)} bytes)")
 
 
 def main():

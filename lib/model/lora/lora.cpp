@@ -335,8 +335,7 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
       for (const auto& p : model.named_modules("", false)[m]->named_parameters(/*recurse=*/false))
         trained.insert(m + "." + p.key());
   for (const auto& p : model.named_parameters()) p.value().set_requires_grad(trained.count(p.key()) > 0);
-  add_expert_lora(model, s, s.target_parameters.empty() ? std::vector<std::string>{} : expert_weights,
-                  free_after_create);
+  add_expert_lora(model, s, expert_weights, free_after_create);
 
   for (const std::string& name : targets) {
     if (is_fused_name(name)) {  // registered where the fused projection would be: PEFT's names
