@@ -265,6 +265,7 @@ struct EngineConfig {
   KernelProvider kernels = KernelProvider::kAuto;
   OnednnProducts onednn_products = OnednnProducts::kLarge;
   Float8Training float8 = Float8Training::kNone;  // the decoder layers' products in float8 (GPUs)
+  bool float8_all_gather = true;  // tensorwise over more than one rank: those products' weights gathered in float8
   ReadAhead read_ahead = ReadAhead::kAuto;        // auto: on a GPU
   bool host_cache = true;                         // CPU runs: fsdp/host_cache.h's allocator
   bool offload_overlap = true;                    // offload: each unit's host update when the next forward needs it

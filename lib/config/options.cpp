@@ -1153,6 +1153,15 @@ std::vector<OptionSpec> build_table() {
                 "compute capability 8.9 and up (Ada, Hopper), with mixed_precision: bf16; none: bf16 products")
           .extension()
           .to(&Config::engine, &EngineConfig::float8),
+      Row("engine.float8_all_gather", V::kBool)
+          .env(env::kFloat8AllGather)
+          .def("true")
+          .help("With engine.float8: tensorwise and FSDP over more than one rank: gather the weights of the float8 "
+                "products in float8 (e4m3, one scale a weight from one all-reduce of the ranks' largest magnitudes, "
+                "as torchao's enable_fsdp_float8_all_gather): half the bytes of a bf16 gather, the same bits in the "
+                "products; false: gather them in bf16 and cast them in each product")
+          .extension()
+          .to(&Config::engine, &EngineConfig::float8_all_gather),
       Row("engine.read_ahead", V::kEnum)
           .env(env::kReadAhead)
           .choices(enum_names(kReadAheadNames))

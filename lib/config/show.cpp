@@ -95,8 +95,16 @@ std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
   // What costs memory and time beside the layout, always named (a Trainer user's gradient_checkpointing
   // shows here as the activation checkpointing it turned on).
   const Config& t = rc.typed;
-  out += str("# runs as: ", effective_fsdp_layout(t).describe(), "; mixed_precision ",
-             enum_name(t.launch.mixed_precision, kMixedPrecisionNames), ", activation checkpointing ",
+  const FsdpLayout layout = effective_fsdp_layout(t);
+  std::string float8;
+  if (t.engine.float8 != Float8Training::kNone) {
+    const bool gathered = t.engine.float8 == Float8Training::kTensorwise && t.engine.float8_all_gather &&
+                          layout.sharded && layout.fsdp_shard_size() > 1 && !t.fsdp.offload_params;
+    float8 = str(", float8 ", enum_name(t.engine.float8, kFloat8TrainingNames), " products",
+                 gathered ? " (their weights gathered in float8)" : "");
+  }
+  out += str("# runs as: ", layout.describe(), "; mixed_precision ",
+             enum_name(t.launch.mixed_precision, kMixedPrecisionNames), float8, ", activation checkpointing ",
              t.fsdp.activation_checkpointing ? "on" : "off", ", offload ",
              fsdp && t.fsdp.offload_params ? "on (fsdp_offload_params)" : "off", "\n");
   return out;

@@ -359,7 +359,12 @@ void check_lora(Checker& c) {
 // float8 (engine.float8): bf16 products on GPUs, one weight scale over the whole weight.
 void check_float8(Checker& c) {
   const Config& t = c.rc.typed;
-  if (t.engine.float8 == Float8Training::kNone) return;
+  if (t.engine.float8 == Float8Training::kNone) {
+    if (t.engine.float8_all_gather && c.set("engine.float8_all_gather"))
+      c.warning("engine.float8_all_gather", "gathers the weights of float8 products, and engine.float8 is none",
+                "set engine.float8: tensorwise, or remove engine.float8_all_gather");
+    return;
+  }
   const char* key = "engine.float8";
   if (t.launch.use_cpu)
     c.error(key, "makes GPU products faster (compute capability 8.9 and up); a CPU run would only emulate them",
@@ -375,6 +380,11 @@ void check_float8(Checker& c) {
   if (t.parallelism.tp_size > 1)
     c.error(key, "does not run under tensor parallel yet (each rank's block of a weight would take its own scale)",
             "set parallelism_config_tp_size: 1, or engine.float8: none");
+  if (t.engine.float8 == Float8Training::kRowwise && t.engine.float8_all_gather && c.set("engine.float8_all_gather"))
+    c.error("engine.float8_all_gather",
+            "gathers each weight in float8 with one scale for the whole weight (tensorwise's); rowwise scales each "
+            "weight by rows in forward and by columns in backward, so its weights are gathered in bf16",
+            "set engine.float8: tensorwise, or remove engine.float8_all_gather");
 }
 
 void check_training(Checker& c) {

@@ -20,7 +20,7 @@
 
 namespace fsdp::dist {
 
-enum class ReduceOp { kSum, kAvg };
+enum class ReduceOp { kSum, kAvg, kMax };  // kMax: all_reduce only
 
 // One issued collective. wait() returns true when the result is ready, false when `timeout`
 // passed first (the caller turns that into an error naming the collective); it throws when the

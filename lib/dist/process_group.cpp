@@ -291,13 +291,14 @@ Work ProcessGroup::reduce_scatter(const at::Tensor& out, const at::Tensor& in, R
   FSDP_ASSERT(out.scalar_type() == in.scalar_type(), "reduce_scatter: dtypes differ");
   FSDP_ASSERT(in.numel() == out.numel() * size(), "reduce_scatter: in has ", in.numel(), " elements, expected ",
               out.numel(), " x ", size());
+  FSDP_ASSERT(op != ReduceOp::kMax, "reduce_scatter: sum or avg, not max");
   FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(in.scalar_type()), "reduce_scatter: avg needs floats");
   return issue(Collective::kReduceScatter, label, {{"out", &out}, {"in", &in}}, nbytes(in), static_cast<int64_t>(op),
                [&] { return backend_->reduce_scatter(out, in, op, label); });
 }
 
 Work ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op, const std::string& label) {
-  FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(tensor.scalar_type()), "all_reduce: avg needs floats");
+  FSDP_ASSERT(op == ReduceOp::kSum || at::isFloatingType(tensor.scalar_type()), "all_reduce: avg and max need floats");
   return issue(Collective::kAllReduce, label, {{"tensor", &tensor}}, nbytes(tensor), static_cast<int64_t>(op),
                [&] { return backend_->all_reduce(tensor, op, label); });
 }

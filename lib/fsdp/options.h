@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/float8_gather.h"
 #include "fsdp/shard_layout.h"
 
 namespace fsdp {
@@ -84,6 +85,9 @@ struct FsdpOptions {
   // of a mixture-of-experts layer, which must be unit classes) becomes a unit of its own over the
   // experts' mesh, holding this ep rank's block of experts. Empty: none.
   std::vector<std::string> expert_classes;
+  // Float8 all-gather (fsdp/float8_gather.h): the weights it names travel in float8 where a unit is
+  // gathered over more than one rank and not offloaded. Unset: every parameter in param_dtype.
+  Float8GatherOptions float8_gather;
 };
 
 }  // namespace fsdp

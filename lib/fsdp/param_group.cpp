@@ -6,6 +6,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "fsdp/host_transfer.h"
 #include "fsdp/set_data.h"
@@ -72,6 +73,14 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   const c10::Device shard_device = options_.offload_params ? c10::Device(c10::kCPU) : options_.device;
   const at::ScalarType param_dtype = options_.mixed_precision.param_dtype;
 
+  // Float8 all-gather needs a collective (W > 1), whole weights (no tensor parallel, not an expert
+  // unit's blocks) and shards on the device (no offload).
+  const bool float8 = options_.float8_gather.enabled() && world > 1 && !options_.offload_params &&
+                      !mesh_->expert_blocks && !(mesh_->tp && mesh_->tp->size() > 1);
+  auto gathers_float8 = [&](size_t i) {
+    const at::Tensor& t = params[i].second;
+    return float8 && t.requires_grad() && t.dim() == 2 && options_.float8_gather.gathers(params[i].first);
+  };
   // Trainable decayed first, then trainable undecayed, then frozen: the optimizer and the
   // reduce-scatter each see one contiguous prefix.
   std::vector<size_t> order(params.size());
@@ -102,8 +111,11 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     }
     p.trainable = tensor.requires_grad();
     p.decay = p.trainable && tensor.dim() >= 2;
+    p.float8 = gathers_float8(i);
     p.offset = shard_numel_;
+    p.gather_offset = p.float8 ? float8_numel_ : shard_numel_ - float8_numel_;
     shard_numel_ += p.layout.shard_numel();
+    if (p.float8) float8_numel_ += p.layout.shard_numel();
     if (p.trainable) trainable_numel_ += p.layout.shard_numel();
     if (p.decay) decay_numel_ += p.layout.shard_numel();
     p.unsharded = tensor;
@@ -120,10 +132,12 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   // to end in params_' order with no padding, so parameters registered one after another (q, k, v)
   // form one block a forward may use as a single weight (model/kernels/stacked_weights.h). `unsharded_`
   // writes that storage without sharing any parameter's version counter.
+  // A weight gathered in float8 has its place in float8_gathered_ instead.
   int64_t unsharded_numel = 0;
   for (ShardedParam& p : params_) {
-    p.unsharded_offset = unsharded_numel;
-    unsharded_numel += p.layout.numel();
+    int64_t& end = p.float8 ? float8_gathered_numel_ : unsharded_numel;
+    p.unsharded_offset = end;
+    end += p.layout.numel();
   }
   unsharded_ = at::empty({unsharded_numel}, at::TensorOptions().dtype(param_dtype).device(options_.device));
   for (ShardedParam& p : params_) {
@@ -142,13 +156,21 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     if (shard_shape.empty()) shard_shape.push_back(1);
     shard_shape[0] = l.chunk_rows();
     p.sharded = flat.view(shard_shape);
-    set_data_any_device(p.unsharded, unsharded_of(p).view(l.shape));
+    if (p.float8) {  // a leaf of its own that never holds bytes: the product reads gathered_float8's
+      const at::Tensor leaf = at::empty(l.shape, unsharded_.options());
+      free_storage(leaf);
+      set_data_any_device(p.unsharded, leaf);
+    } else {
+      set_data_any_device(p.unsharded, unsharded_of(p).view(l.shape));
+    }
     p.unsharded.mutable_grad() = at::Tensor();
   }
   free_storage(unsharded_);
 }
 
-ParamGroup::~ParamGroup() = default;
+ParamGroup::~ParamGroup() {
+  drop_float8();
+}
 
 void ParamGroup::log(const char* what) const {
   if (log_) log_(str(what, " ", display_name()));
@@ -174,8 +196,11 @@ void ParamGroup::unshard() {
     return;  // otherwise wait_for_unshard casts them in, or they are there (on_device_)
   }
   c10::NoGradGuard no_grad;
-  at::Tensor out = at::empty({world * shard_numel_},
-                             at::TensorOptions().dtype(options_.mixed_precision.param_dtype).device(options_.device));
+  const bool bytes = float8_numel_ > 0;  // float8 all-gather: a slot of bytes a rank
+  const int64_t slot = bytes ? slot_bytes() : shard_numel_;
+  at::Tensor out = at::empty(
+      {world * slot},
+      at::TensorOptions().dtype(bytes ? at::kByte : options_.mixed_precision.param_dtype).device(options_.device));
   if (partial) {  // this rank's share holds W/N ranks' rows; the group's N shares are all W rows, in order
     at::Tensor in = std::move(post_forward_);
     pending_gather_ = PendingGather{
@@ -184,9 +209,12 @@ void ParamGroup::unshard() {
   }
   // In-place gather: this rank's slot of the output is the input (cast, and copied from host memory
   // when offloaded).
-  at::Tensor in = out.narrow(0, mesh_->shard.rank() * shard_numel_, shard_numel_);
+  at::Tensor in = out.narrow(0, mesh_->shard.rank() * slot, slot);
   if (!transfer) {
-    copy_shards_into(in);
+    if (bytes)
+      fill_float8_slot(in);
+    else
+      copy_shards_into(in);
     pending_gather_ = PendingGather{mesh_->shard.all_gather(out, in, "gather " + display_name()), out, at::Tensor()};
     return;
   }
@@ -257,17 +285,89 @@ bool ParamGroup::keeps_on_device() const {
 }
 
 void ParamGroup::copy_out(const at::Tensor& gathered) {
+  if (float8_numel_ > 0) return copy_out_float8(gathered);
   const int64_t world = mesh_->shard.size();
   const at::Tensor rows = gathered.view({world, shard_numel_});
   for (ShardedParam& p : params_) copy_from_rows(unsharded_of(p), rows.narrow(1, p.offset, p.layout.shard_numel()));
 }
 
+int64_t ParamGroup::others_bytes() const {
+  return (shard_numel_ - float8_numel_) * c10::elementSize(options_.mixed_precision.param_dtype);
+}
+
+int64_t ParamGroup::slot_bytes() const {
+  return (others_bytes() + float8_numel_ + 15) / 16 * 16;  // rows of whole 16-byte words
+}
+
+void ParamGroup::fill_float8_slot(const at::Tensor& slot) {
+  const at::ScalarType dtype = options_.mixed_precision.param_dtype;
+  const int64_t others = others_bytes();
+  const at::Tensor in_dtype = slot.narrow(0, 0, others).view(dtype);                       // (S - S8)
+  const at::Tensor bits = slot.narrow(0, others, float8_numel_).view(at::kFloat8_e4m3fn);  // (S8)
+  slot.narrow(0, others + float8_numel_, slot.numel() - others - float8_numel_).zero_();
+  // The float8 weights' rows as the gathered weights would hold them, their whole weights' amaxes,
+  // then each cast with its own scale; the rest cast as a plain gather's.
+  std::vector<at::Tensor> rows;
+  for (const ShardedParam& p : params_) {
+    const int64_t n = p.layout.shard_numel();
+    if (p.float8)
+      rows.push_back(shard_of(p).to(dtype).view({p.layout.chunk_rows(), p.layout.row_numel()}));
+    else
+      in_dtype.narrow(0, p.gather_offset, n).copy_(shard_of(p));
+  }
+  const at::Tensor amax = float8_amaxes(rows);
+  float8_inverse_.clear();
+  for (const ShardedParam& p : params_) {
+    if (!p.float8) continue;
+    const at::Tensor& x = rows[float8_inverse_.size()];
+    const at::Tensor out = bits.narrow(0, p.gather_offset, x.numel()).view(x.sizes());
+    float8_inverse_.push_back(options_.float8_gather.cast(out, x, amax[static_cast<int64_t>(float8_inverse_.size())]));
+  }
+}
+
+at::Tensor ParamGroup::float8_amaxes(const std::vector<at::Tensor>& rows) {
+  if (float8_amax_current_) return float8_amax_;
+  // One launch on a GPU for the unit's weights (the padding rows are zeros), one collective.
+  float8_amax_ = at::stack(at::_foreach_norm(rows, INFINITY)).to(at::kFloat);
+  mesh_->shard.all_reduce(float8_amax_, dist::ReduceOp::kMax, "float8 scales of " + display_name()).wait();
+  float8_amax_current_ = true;
+  return float8_amax_;
+}
+
+void ParamGroup::copy_out_float8(const at::Tensor& gathered) {
+  const int64_t world = mesh_->shard.size(), others = others_bytes();
+  const at::Tensor rows = gathered.view({world, slot_bytes()});
+  const at::Tensor in_dtype = rows.narrow(1, 0, others).view(options_.mixed_precision.param_dtype);  // (W, S - S8)
+  const at::Tensor bits = rows.narrow(1, others, float8_numel_);                                     // (W, S8)
+  float8_gathered_ = at::empty({float8_gathered_numel_}, rows.options());
+  size_t k = 0;
+  for (ShardedParam& p : params_) {
+    const int64_t n = p.layout.shard_numel();
+    if (!p.float8) {
+      copy_from_rows(unsharded_of(p), in_dtype.narrow(1, p.gather_offset, n));
+      continue;
+    }
+    const at::Tensor whole = float8_gathered_.narrow(0, p.unsharded_offset, p.layout.numel());
+    copy_from_rows(whole, bits.narrow(1, p.gather_offset, n));
+    hold_gathered_float8(p.unsharded, {whole.view(at::kFloat8_e4m3fn).view(p.layout.shape), float8_inverse_.at(k++)});
+  }
+}
+
+void ParamGroup::drop_float8() {
+  if (!float8_gathered_.defined()) return;
+  for (const ShardedParam& p : params_)
+    if (p.float8) drop_gathered_float8(p.unsharded);
+  float8_gathered_ = at::Tensor();
+}
+
 at::Tensor ParamGroup::unsharded_of(const ShardedParam& p) const {
+  FSDP_ASSERT(!p.float8, "[fsdp] ", p.name, " is gathered in float8: it has no unsharded bytes");
   return unsharded_.narrow(0, p.unsharded_offset, p.layout.numel());
 }
 
 void ParamGroup::reshard() {
   post_forward_ = at::Tensor();
+  drop_float8();
   if (state_ == GroupState::kSharded || state_ == GroupState::kPartial) {
     state_ = GroupState::kSharded;
     return;
@@ -295,15 +395,24 @@ void ParamGroup::reshard_after_forward() {
   c10::NoGradGuard no_grad;
   // Rows [j * W/N, (j + 1) * W/N) of the (W, S) the shard group's gather produced, rebuilt from the
   // full parameters: j is this rank's place in its post-forward group.
+  // Under float8 all-gather the share is bytes as the gather's are: the float8 weights' from their
+  // gathered bits, the others' in param_dtype.
   const int64_t rows = mesh_->shard.size() / mesh_->post_forward->size(), first = mesh_->post_forward->rank() * rows;
-  post_forward_ = at::empty({rows * shard_numel_}, unsharded_.options());
-  const at::Tensor block = post_forward_.view({rows, shard_numel_});
+  const bool bytes = float8_numel_ > 0;
+  const int64_t slot = bytes ? slot_bytes() : shard_numel_, others = bytes ? others_bytes() : 0;
+  post_forward_ = at::empty({rows * slot}, bytes ? unsharded_.options().dtype(at::kByte) : unsharded_.options());
+  const at::Tensor block = post_forward_.view({rows, slot});
+  const at::Tensor in_dtype = bytes ? block.narrow(1, 0, others).view(unsharded_.scalar_type()) : block;
   for (const ShardedParam& p : params_) {
     const int64_t n = p.layout.shard_numel(), numel = p.layout.numel();
     const int64_t begin = std::min(numel, first * n), count = std::min(numel - begin, rows * n);
-    const at::Tensor region = block.narrow(1, p.offset, n);
-    copy_into_rows(region, unsharded_of(p).narrow(0, begin, count));
+    const at::Tensor region =
+        p.float8 ? block.narrow(1, others + p.gather_offset, n) : in_dtype.narrow(1, p.gather_offset, n);
+    const at::Tensor whole = p.float8 ? float8_gathered_.narrow(0, p.unsharded_offset, numel) : unsharded_of(p);
+    copy_into_rows(region, whole.narrow(0, begin, count));
   }
+  if (bytes) block.narrow(1, others + float8_numel_, slot - others - float8_numel_).zero_();
+  drop_float8();
   free_storage(unsharded_);
   state_ = GroupState::kPartial;
   log("free to post-forward share");
@@ -419,7 +528,7 @@ void ParamGroup::apply_deferred_update() const {
   if (!deferred_update_) return;
   const std::function<void()> update = std::move(deferred_update_);
   deferred_update_ = nullptr;
-  on_device_ = false;  // the device's copy is the shards before this update
+  on_device_ = float8_amax_current_ = false;  // the device's copy (and the amaxes) are of the shards before it
   log("update");
   update();
 }

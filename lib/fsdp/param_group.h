@@ -17,6 +17,11 @@
 //   param i occupies [offset_i, offset_i + shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]);
 //   the trainable prefix lives in the fp32 flat shard, the frozen rest in a param_dtype one.
 // The all-gather output is (W, S) rank-major; the reduce-scatter input is (W, S_trainable).
+// Float8 all-gather (fsdp/float8_gather.h; S8 > 0 of the S elements are weights gathered in
+// float8): the gather moves bytes, (W, B) with a rank's B = [the other parameters' S - S8 elements
+// in param_dtype | the float8 weights' S8 in float8_e4m3fn | zeros to a multiple of 16 bytes], each
+// part in the flat layout's order; the float8 weights' unsharded leaves hold no bytes, and their
+// gathered bits live in a buffer of their own.
 //
 // Streams and buffers on CUDA (as FSDP2 orders them, with the process group's own stream instead of
 // FSDP2's separate all-gather and reduce-scatter streams):
@@ -79,6 +84,10 @@ struct ShardedParam {
   int64_t unsharded_offset = 0;  // where it starts in that storage (elements)
   at::Tensor sharded;            // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen
   at::Tensor accumulated;        // (shape) fp32, no-sync accumulation; undefined when unused
+  // Gathered in float8 (fsdp/float8_gather.h): `unsharded` then holds no bytes, and
+  // unsharded_offset is where the gathered bits start in the group's float8 buffer.
+  bool float8 = false;
+  int64_t gather_offset = 0;  // under float8 all-gather: where its shard starts in its part of the slot
 
   // The whole parameter's shape (what checkpoints and exports hold).
   std::vector<int64_t> full_shape() const { return tp.full_shape(layout.shape); }
@@ -125,7 +134,7 @@ class ParamGroup {
   // Whoever gets them may write the shards: the device's copy (on_device_) is dropped.
   const std::vector<ShardedParam>& params() const {
     apply_deferred_update();
-    on_device_ = false;
+    on_device_ = float8_amax_current_ = false;
     return params_;
   }
   bool empty() const { return params_.empty(); }
@@ -156,7 +165,7 @@ class ParamGroup {
   // Flat fp32 views for the optimizer: [0, trainable) and the part of it that decays.
   at::Tensor flat_param() const {  // (S_trainable), any deferred update applied; writable (as params())
     apply_deferred_update();
-    on_device_ = false;
+    on_device_ = float8_amax_current_ = false;
     return flat_shard_;
   }
   at::Tensor flat_grad() const;                                 // (S_trainable), zeros written if pending
@@ -168,6 +177,7 @@ class ParamGroup {
   int64_t trainable_numel() const { return trainable_numel_; }  // S_trainable
   int64_t decay_numel() const { return decay_numel_; }          // S_decay <= S_trainable
   int64_t shard_numel() const { return shard_numel_; }          // S
+  int64_t float8_numel() const { return float8_numel_; }        // S8: gathered in float8 (fsdp/float8_gather.h)
   void zero_grad();
 
   // Offload (ShardedAdamW): this unit's optimizer update, held until the unit is next needed (its
@@ -209,13 +219,23 @@ class ParamGroup {
   // when the parameter is not split.
   at::Tensor whole(const ShardedParam& p, const at::Tensor& block) const;
   at::Tensor shard_of(const ShardedParam& p) const;  // (shard_numel) in flat_shard_ or frozen_shard_
+  // Float8 all-gather: a rank's slot in bytes (B) and the part of it in param_dtype; the slot filled
+  // (the other parameters cast, the float8 weights scaled and cast); the whole float8 weights'
+  // largest magnitudes (k) fp32 over the shard group, from this rank's rows of each (param_dtype),
+  // kept until the shards change; the gathered (W, B) bytes into the parameters and float8_gathered_.
+  int64_t slot_bytes() const;
+  int64_t others_bytes() const;
+  void fill_float8_slot(const at::Tensor& slot);
+  at::Tensor float8_amaxes(const std::vector<at::Tensor>& rows);
+  void copy_out_float8(const at::Tensor& gathered);
+  void drop_float8();  // the gathered bits go (resharded)
 
   std::string name_;
   std::shared_ptr<DeviceMesh> mesh_;
   FsdpOptions options_;
   EventLog log_;
   std::vector<ShardedParam> params_;
-  int64_t shard_numel_ = 0, trainable_numel_ = 0, decay_numel_ = 0;
+  int64_t shard_numel_ = 0, trainable_numel_ = 0, decay_numel_ = 0, float8_numel_ = 0;
   at::Tensor flat_shard_;    // (S_trainable) fp32 master weights on the shard device
   at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
   at::Tensor flat_grad_;     // (S_trainable) fp32 on the shard device
@@ -224,7 +244,15 @@ class ParamGroup {
   // only when flat_grad_ is read before one (a unit that got no reduction this step).
   mutable bool zeros_pending_ = false;
   at::Tensor unsharded_;     // (sum of numel) param_dtype on the device: every parameter's full value
-  at::Tensor post_forward_;  // kPartial: ((W/N) * S) param_dtype, rows j*W/N.. of the gathered (W, S)
+  at::Tensor post_forward_;  // kPartial: ((W/N) * S) param_dtype (float8: bytes), rows j*W/N.. of the gathered
+  // Float8 all-gather: the float8 weights' gathered bits, end to end (bytes; their numel summed),
+  // while gathered; each weight's inverse scale from the last cast; the amaxes of the current
+  // shards, and whether they are (cleared wherever on_device_ is: the shards may change).
+  at::Tensor float8_gathered_;
+  int64_t float8_gathered_numel_ = 0;
+  std::vector<at::Tensor> float8_inverse_;
+  at::Tensor float8_amax_;
+  mutable bool float8_amax_current_ = false;
   GroupState state_ = GroupState::kSharded;
   struct PendingGather {
     dist::Work work;

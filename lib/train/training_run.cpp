@@ -356,6 +356,8 @@ void TrainingRun::build_model() {
   }
   const model::MoeConfig& moe = model_config_.moe;
   lm_ = model::CausalLM(model_config_, /*free_after_create=*/true, tp, cp, ep);
+  if (config_.engine.float8 == config::Float8Training::kTensorwise && config_.engine.float8_all_gather)
+    plan.options.float8_gather = model::float8_gather_options(*lm_);  // used where a unit gathers over ranks
   start_balancing();
   // Activation checkpointing runs each router again in backward: the auxiliary loss's gradient goes
   // to it there instead of through a loss term.

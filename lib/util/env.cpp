@@ -45,10 +45,11 @@ std::optional<size_t> find_any_case(const std::vector<std::string>& names, std::
 
 const std::vector<const EnvSetting*>& env_settings() {
   static const std::vector<const EnvSetting*> all = {
-      &env::kConfigFile,      &env::kDebug,        &env::kPython,    &env::kLaunched,       &env::kProgress,
-      &env::kAccelerateDebug, &env::kDistTimeout,  &env::kVerbose,   &env::kKernels,        &env::kOnednnProducts,
-      &env::kFloat8,          &env::kReadAhead,    &env::kHostCache, &env::kOffloadOverlap, &env::kOffloadKeepOnDevice,
-      &env::kSyncDebug,       &env::kDumpGradients};
+      &env::kConfigFile, &env::kDebug,           &env::kPython,         &env::kLaunched,
+      &env::kProgress,   &env::kAccelerateDebug, &env::kDistTimeout,    &env::kVerbose,
+      &env::kKernels,    &env::kOnednnProducts,  &env::kFloat8,         &env::kFloat8AllGather,
+      &env::kReadAhead,  &env::kHostCache,       &env::kOffloadOverlap, &env::kOffloadKeepOnDevice,
+      &env::kSyncDebug,  &env::kDumpGradients};
   return all;
 }
 

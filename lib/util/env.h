@@ -58,6 +58,8 @@ inline constexpr EnvSetting kKernels{"FSDPTRAIN_KERNELS", EnvKind::kChoice, "eng
 inline constexpr EnvSetting kOnednnProducts{"FSDPTRAIN_ONEDNN_PRODUCTS", EnvKind::kChoice, "engine.onednn_products",
                                             ""};
 inline constexpr EnvSetting kFloat8{"FSDPTRAIN_FLOAT8", EnvKind::kChoice, "engine.float8", ""};
+inline constexpr EnvSetting kFloat8AllGather{"FSDPTRAIN_FLOAT8_ALL_GATHER", EnvKind::kFlag, "engine.float8_all_gather",
+                                             ""};
 inline constexpr EnvSetting kReadAhead{"FSDPTRAIN_READ_AHEAD", EnvKind::kChoice, "engine.read_ahead", ""};
 inline constexpr EnvSetting kHostCache{"FSDPTRAIN_HOST_CACHE", EnvKind::kFlag, "engine.host_cache", ""};
 inline constexpr EnvSetting kOffloadOverlap{"FSDPTRAIN_OFFLOAD_OVERLAP", EnvKind::kFlag, "engine.offload_overlap", ""};

@@ -1,6 +1,7 @@
 // Cross-key rules: every rule reports at the key that must change, and all problems come at once.
 #include <doctest/doctest.h>
 
+#include "config/show.h"
 #include "config/test_support.h"
 
 using namespace fsdp::config;
@@ -195,4 +196,27 @@ TEST_CASE("the lora section: ranges, a missing adapter folder, and keys that do 
   CHECK(warns(off, "checkpoint.export_merged: has no effect without LoRA"));
   CHECK(load_text(base + "lora:\n  r: 16\n  alpha: 32\n  dropout: 0.05\n  target_modules: all-linear\n").errors() ==
         "");
+}
+
+TEST_CASE("float8: refused where it cannot run, its all-gather named in the run line and refused with rowwise") {
+  const std::string gpu = std::string(kFsdp2Base) + "mixed_precision: bf16\n";
+  CHECK(
+      has(load_text(std::string(kFsdp2Base) + "mixed_precision: bf16\nuse_cpu: true\nengine:\n  float8: tensorwise\n"),
+          "engine.float8: makes GPU products faster"));
+  CHECK(has(load_text(std::string(kFsdp2Base) + "mixed_precision: fp16\nengine:\n  float8: tensorwise\n"),
+            "engine.float8: runs with bf16 compute, and mixed_precision is fp16"));
+  const Loaded tensorwise = load_text(gpu + "engine:\n  float8: tensorwise\n");
+  CHECK(tensorwise.errors() == "");
+  CHECK(format_resolved(tensorwise.rc, ShowFormat::kTable)
+            .find("; mixed_precision bf16, float8 tensorwise products (their weights gathered in float8), "
+                  "activation checkpointing off") != std::string::npos);
+  const Loaded plain_gather = load_text(gpu + "engine:\n  float8: tensorwise\n  float8_all_gather: false\n");
+  CHECK(format_resolved(plain_gather.rc, ShowFormat::kTable)
+            .find("; mixed_precision bf16, float8 tensorwise products, activation") != std::string::npos);
+  // Rowwise scales by rows and then by columns: its weights gather in bf16, said when asked otherwise.
+  CHECK(load_text(gpu + "engine:\n  float8: rowwise\n").errors() == "");
+  CHECK(has(load_text(gpu + "engine:\n  float8: rowwise\n  float8_all_gather: true\n"),
+            "engine.float8_all_gather: gathers each weight in float8 with one scale for the whole weight"));
+  CHECK(warns(load_text(gpu + "engine:\n  float8_all_gather: true\n"),
+              "engine.float8_all_gather: gathers the weights of float8 products, and engine.float8 is none"));
 }

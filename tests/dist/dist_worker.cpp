@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -61,14 +62,16 @@ void collectives(ProcessGroup& g) {
         expect_bytes[1] += (W - 1) * n * elem;
       }
 
-      // all_reduce: sum and average of every rank's tensor.
-      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      // all_reduce: sum, average and largest of every rank's tensor.
+      for (auto op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
         at::Tensor t = input_of(r, n, dtype, 2);
         g.all_reduce(t, op).wait();
-        at::Tensor want = at::zeros({n});
-        for (int q = 0; q < W; ++q) want += input_of(q, n, at::kFloat, 2);
+        at::Tensor want = op == ReduceOp::kMax ? at::full({n}, -INFINITY) : at::zeros({n});
+        for (int q = 0; q < W; ++q)
+          want = op == ReduceOp::kMax ? at::maximum(want, input_of(q, n, at::kFloat, 2))
+                                      : want + input_of(q, n, at::kFloat, 2);
         if (op == ReduceOp::kAvg) want = want / W;
-        expect(at::equal(t, want.to(dtype)), "all_reduce " + tag);
+        expect(at::equal(t, want.to(dtype)), std::string("all_reduce ") + (op == ReduceOp::kMax ? "max " : "") + tag);
         expect_bytes[2] += 2 * n * elem * (W - 1) / W;
       }
 

@@ -28,7 +28,7 @@ TEST_CASE("the single-process group: gathers and scatters copy, reductions keep 
   g.reduce_scatter(rs, in, ReduceOp::kAvg).wait();
   CHECK(at::equal(rs, in));
   // One rank's sum and average, and a broadcast from rank 0, are the value itself, untouched.
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
     at::Tensor t = in.clone();
     g.all_reduce(t, op).wait();
     CHECK(at::equal(t, in));
@@ -39,7 +39,7 @@ TEST_CASE("the single-process group: gathers and scatters copy, reductions keep 
   CHECK(at::equal(b, in));
   CHECK(at::equal(g.all_gather_copies(in.view({7, 1})), in));
   CHECK(g.counters().total() == 0);
-  const int64_t calls[] = {2, 1, 2, 1, 1};  // by Collective; all_gather_copies issues none alone
+  const int64_t calls[] = {2, 1, 3, 1, 1};  // by Collective; all_gather_copies issues none alone
   for (int c = 0; c < 5; ++c) CHECK(g.counters().calls_of(static_cast<Collective>(c)) == calls[c]);
 }
 

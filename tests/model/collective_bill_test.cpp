@@ -9,6 +9,10 @@
 //     blocks sharded); per decoder layer, tensor parallel's four sequence gathers and four
 //     reduce-scatters of the activations (forward and backward) and the whole parameters' gradients
 //     summed over the tp group; context parallel's K/V gathers (model::sequence_split_bytes);
+//   - FSDP over 8 ranks in float8 tensorwise with float8 all-gather: a decoder layer's gathers carry its
+//     float8 weights in one byte an element and its norms in bf16 (padded to 16 bytes a rank), half
+//     of the bf16 gather's bytes and less; one small all-reduce a layer a step (the weights' scales),
+//     none in backward's gathers;
 //   - no host tensor reaches an op inside the step.
 // Layers: the difference between a 3-layer and a 2-layer model is one decoder layer's bill.
 #include <ATen/ATen.h>
@@ -25,8 +29,9 @@
 #include "fsdp/fully_shard.h"
 #include "host_tensor_watch.h"
 #include "llama_1b_widths.h"
-#include "model/parallel/context_parallel.h"
+#include "model/kernels/float8.h"
 #include "model/layers/decoder.h"
+#include "model/parallel/context_parallel.h"
 #include "model/parallel/tensor_parallel.h"
 #include "optim/adamw.h"
 
@@ -42,12 +47,20 @@ namespace {
 
 struct Mesh {
   int shard = 1, tp = 1, cp = 1;
+  bool float8 = false;  // engine.float8 tensorwise with float8 all-gather
+};
+
+// The float8 recipe for one scope.
+struct Float8Scope {
+  explicit Float8Scope(bool on) { set_float8_recipe(on ? Float8Recipe::kTensorwise : Float8Recipe::kNone); }
+  ~Float8Scope() { set_float8_recipe(Float8Recipe::kNone); }
 };
 
 // One step's counters, per group, and the FSDP formula's, for a model of `layers` layers.
 struct StepBill {
   ByteCounters shard, tp, cp;
   int64_t fsdp_gather_bytes = 0, fsdp_gather_calls = 0, fsdp_reduce_bytes = 0, fsdp_reduce_calls = 0;
+  int64_t float8_units = 0, float8_scale_bytes = 0;  // units gathering float8 weights; their scales' all-reduces
   std::set<std::string> host_ops;
 };
 
@@ -66,8 +79,10 @@ StepBill step_bill(int64_t layers, const Mesh& m, int64_t B, int64_t T) {
     mesh.cp = dist::make_meta_group(0, m.cp);
     cp = std::make_shared<ContextParallel>(*mesh.cp, SequenceSplit::kAllGather);
   }
+  const Float8Scope recipe(m.float8);
   CausalLM model(c, /*free_after_create=*/true, tp, cp);
   FsdpOptions o;
+  if (m.float8) o.float8_gather = float8_gather_options(*model);
   o.device = c10::Device(c10::kMeta);
   o.mixed_precision.param_dtype = at::kBFloat16;
   o.init = [](const std::string&, at::IntArrayRef shape) { return at::empty(shape); };  // values unread
@@ -77,16 +92,24 @@ StepBill step_bill(int64_t layers, const Mesh& m, int64_t B, int64_t T) {
   StepBill bill;
   const int W = m.shard;
   for (size_t u = 0; u < sharded->groups().size(); ++u) {
-    int64_t padded = 0, trainable = 0;
+    int64_t padded = 0, trainable = 0, float8 = 0, weights = 0;  // elements, over the W ranks
     for (const ShardedParam& p : sharded->groups()[u]->params()) {
       const int64_t n = p.layout.shard_numel() * W;
       padded += n;
       if (p.trainable) trainable += n;
+      if (p.float8) float8 += n, ++weights;
     }
+    // A rank's slot: bf16 elements, or under float8 all-gather bytes: the rest in bf16, the float8
+    // weights in one byte, to a multiple of 16.
+    const int64_t slot = float8 > 0 ? ((padded - float8) / W * 2 + float8 / W + 15) / 16 * 16 : padded / W * 2;
     const int gathers = u == 0 ? 1 : 2;  // the root stays gathered from forward to backward
     if (W > 1 && padded > 0) {
-      bill.fsdp_gather_bytes += gathers * padded * 2 * (W - 1) / W;
+      bill.fsdp_gather_bytes += gathers * slot * (W - 1);
       bill.fsdp_gather_calls += gathers;
+    }
+    if (float8 > 0) {  // the scales: one fp32 value a weight, once a step
+      ++bill.float8_units;
+      bill.float8_scale_bytes += dist::bytes_sent(Collective::kAllReduce, weights * 4, W);
     }
     if (W > 1 && trainable > 0) {
       bill.fsdp_reduce_bytes += trainable * 4 * (W - 1) / W;
@@ -127,8 +150,9 @@ void check_fsdp(const StepBill& b, const std::string& what) {
   CHECK(b.shard.calls_of(Collective::kAllGather) == b.fsdp_gather_calls);
   CHECK(b.shard.of(Collective::kReduceScatter) == b.fsdp_reduce_bytes);
   CHECK(b.shard.calls_of(Collective::kReduceScatter) == b.fsdp_reduce_calls);
-  // The gradient norm: one fp32 sum of squares over the shard group; nothing else on it.
-  CHECK(b.shard.calls_of(Collective::kAllReduce) == 1);
+  // The gradient norm: one fp32 sum of squares over the shard group; the float8 weights' scales, one
+  // all-reduce a unit; nothing else on it.
+  CHECK(b.shard.calls_of(Collective::kAllReduce) == 1 + b.float8_units);
   CHECK(b.shard.total() == b.fsdp_gather_bytes + b.fsdp_reduce_bytes + b.shard.of(Collective::kAllReduce));
 }
 
@@ -146,6 +170,29 @@ TEST_CASE("FSDP at W = 8 on meta: every collective of a 1B step equals its formu
   const int64_t reduce = three.shard.of(Collective::kReduceScatter) - two.shard.of(Collective::kReduceScatter);
   CHECK(static_cast<double>(gather) == doctest::Approx(2 * 2 * layer * 7 / 8).epsilon(1e-4));
   CHECK(static_cast<double>(reduce) == doctest::Approx(4 * layer * 7 / 8).epsilon(1e-4));
+}
+
+TEST_CASE("FSDP at W = 8 on meta in float8 with float8 all-gather: a layer's gathers carry its weights in one byte") {
+  const Mesh bf16{8, 1, 1, false}, float8{8, 1, 1, true};
+  const StepBill two = step_bill(2, float8, 1, 2048), three = step_bill(3, float8, 1, 2048);
+  const StepBill plain = step_bill(3, bf16, 1, 2048);
+  MESSAGE("W = 8, 3 layers, float8 all-gather: shard group" << describe(three.shard));
+  check_fsdp(two, "2 layers");
+  check_fsdp(three, "3 layers");
+  CHECK(three.float8_units == 3);
+  // The scales' all-reduces beside the gradient norm's, which is the bf16 step's.
+  CHECK(three.shard.of(Collective::kAllReduce) - three.float8_scale_bytes == plain.shard.of(Collective::kAllReduce));
+  // A decoder layer: its seven weights (q, k, v, o, gate, up, down) in one byte, its two norms in
+  // bf16: 1,024 bytes and 7,602,176 a rank, twice a step to 7 other ranks.
+  const int64_t weights = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192, norms = 2 * 2048;
+  const int64_t gather = three.shard.of(Collective::kAllGather) - two.shard.of(Collective::kAllGather);
+  CHECK(gather == 2 * 7 * ((norms / 8 * 2 + weights / 8 + 15) / 16 * 16));
+  const int64_t plain_layer = 2 * 7 * (weights + norms) / 8 * 2;
+  MESSAGE("a layer's gathers: " << gather << " B in float8 against " << plain_layer << " B in bf16 ("
+                                << static_cast<double>(gather) / static_cast<double>(plain_layer) << "x)");
+  CHECK(static_cast<double>(gather) / static_cast<double>(plain_layer) < 0.5001);  // the norms stay bf16
+  // The reduce-scatters are the bf16 step's: gradients stay fp32.
+  CHECK(three.shard.of(Collective::kReduceScatter) == plain.shard.of(Collective::kReduceScatter));
 }
 
 TEST_CASE("dp_shard 2 x tp 2 x cp 2 on meta: FSDP, tensor and context parallel's collectives equal their formulas") {

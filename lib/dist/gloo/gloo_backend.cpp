@@ -74,8 +74,8 @@ class GlooBackend : public Backend {
   std::unique_ptr<PendingWork> all_reduce(at::Tensor tensor, ReduceOp op, const std::string&) override {
     at::Tensor t_r = is_16bit_float(tensor) ? tensor.to(at::kFloat) : tensor;
     std::vector<at::Tensor> ts{t_r};
-    return finish_reduction(pg_->allreduce(ts, c10d::AllreduceOptions{c10d::ReduceOp(c10d::ReduceOp::SUM)}), tensor,
-                            t_r, op);
+    const auto how = op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+    return finish_reduction(pg_->allreduce(ts, c10d::AllreduceOptions{c10d::ReduceOp(how)}), tensor, t_r, op);
   }
 
   std::unique_ptr<PendingWork> broadcast(at::Tensor tensor, int root, const std::string&) override {

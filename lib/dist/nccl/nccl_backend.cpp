@@ -181,7 +181,15 @@ class NcclBackend : public Backend, public std::enable_shared_from_this<NcclBack
 
  private:
   static c10d::ReduceOp to_c10d(ReduceOp op) {
-    return c10d::ReduceOp(op == ReduceOp::kAvg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM);
+    switch (op) {
+      case ReduceOp::kAvg:
+        return c10d::ReduceOp(c10d::ReduceOp::AVG);
+      case ReduceOp::kMax:
+        return c10d::ReduceOp(c10d::ReduceOp::MAX);
+      case ReduceOp::kSum:
+        break;
+    }
+    return c10d::ReduceOp(c10d::ReduceOp::SUM);
   }
 
   template <typename Issue>

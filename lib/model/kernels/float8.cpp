@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "fsdp/float8_gather.h"
+#include "model/kernels/elementwise.h"
 #include "model/kernels/float8_products.h"
 #include "model/kernels/ops.h"
 #include "util/error.h"
@@ -38,6 +40,22 @@ Float8Tensor empty_bits(const at::Tensor& x, at::ScalarType dtype, Float8Layout 
   return t;
 }
 
+// A float8 weight (N, K) row-major as backward's product reads it: the same values column-major.
+at::Tensor column_major(const at::Tensor& bits) {
+  const at::Tensor bytes = bits.view(at::kByte);
+  at::Tensor t = at::empty({bytes.size(1), bytes.size(0)}, bytes.options());
+  t.copy_(bytes.t());
+  return t.view(bits.scalar_type()).t();
+}
+
+// The bits and inverse scale fully_shard's float8 all-gather made for `w` (fsdp/float8_gather.h),
+// which must be there: w itself holds no bytes.
+fsdp::GatheredFloat8 gathered_bits(const at::Tensor& w, const char* when) {
+  std::optional<fsdp::GatheredFloat8> g = fsdp::gathered_float8(w);
+  FSDP_ASSERT(g.has_value(), "a weight gathered in float8 (", w.sizes(), ") is not gathered ", when);
+  return *g;
+}
+
 // torchao's matmul_with_hp_or_float8_args for one recipe, over one input and up to three weights:
 // the outputs' products in forward, the input's and the weights' gradients in backward, each from
 // operands cast for that product. The weights past `count` are absent (autograd edges only for the
@@ -61,6 +79,7 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
     if (rowwise) {  // a scale a row of x and of each weight; backward casts along other dims: keep x and w
       const Float8Tensor xq = to_float8(x2, kE4m3, -1, true);
       for (const at::Tensor& w : ws) {
+        FSDP_ASSERT(!fsdp::gathered_float8(w), "rowwise float8 of a weight gathered in float8 (tensorwise's)");
         const Float8Tensor wq = to_float8(w, kE4m3, -1, true);  // (N, K): its transpose is column-major
         ys.push_back(kernels::float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse.t(), x.scalar_type(), true));
       }
@@ -70,6 +89,13 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
       const Float8Tensor xq = to_float8(x2, kE4m3, std::nullopt, false, Float8Layout::kBoth);
       saved = {xq.columns, xq.inverse};
       for (const at::Tensor& w : ws) {
+        if (fsdp::gathered_float8(w)) {  // gathered in float8: its bits as they are; backward's gather gives them again
+          const fsdp::GatheredFloat8 g = gathered_bits(w, "in forward");
+          ys.push_back(kernels::float8_mm(xq.rows, xq.inverse, g.bits.t(), g.inverse, x.scalar_type(), true));
+          saved.push_back(w);
+          saved.push_back(at::Tensor());
+          continue;
+        }
         const Float8Tensor wq = to_float8(w, kE4m3, std::nullopt, false, Float8Layout::kBoth);
         ys.push_back(kernels::float8_mm(xq.rows, xq.inverse, wq.rows.t(), wq.inverse, x.scalar_type(), true));
         saved.push_back(wq.columns);
@@ -113,7 +139,12 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
           out[1 + i] = kernels::float8_mm(gq.columns.t(), gq.inverse.t(), xq.columns, xq.inverse, dtype, false);
         }
       } else {
-        const at::Tensor &w_columns = saved[2 + 2 * i], &w_inverse = saved[3 + 2 * i];
+        at::Tensor w_columns = saved[2 + 2 * i], w_inverse = saved[3 + 2 * i];
+        if (!w_inverse.defined() && ctx->needs_input_grad(0)) {  // saved[2 + 2i] is the weight gathered in float8
+          const fsdp::GatheredFloat8 g = gathered_bits(w_columns, "in backward");
+          w_columns = column_major(g.bits);
+          w_inverse = g.inverse;
+        }
         const Float8Tensor gq =
             to_float8(go, kE5m2, std::nullopt, false, want_w ? Float8Layout::kBoth : Float8Layout::kRows);
         if (ctx->needs_input_grad(0))
@@ -165,6 +196,16 @@ std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, Float8Recipe recipe) {
   return float8_linears(x, {weight}, recipe)[0];
+}
+
+at::Tensor to_float8_with_amax(const at::Tensor& bits, const at::Tensor& x, const at::Tensor& amax) {
+  FSDP_ASSERT(bits.scalar_type() == kE4m3 && bits.sizes() == x.sizes(), "to_float8_with_amax of ", x.sizes(), " into ",
+              bits.sizes(), " ", bits.scalar_type());
+  const at::TensorOptions fp32 = amax.options().dtype(at::kFloat);
+  const at::Tensor scale = at::empty({}, fp32), inverse = at::empty({}, fp32);
+  kernels::float8_scale_out(scale, inverse, amax.reshape({}), largest(kE4m3), /*power_of_2=*/false);
+  kernels::to_float8_out(bits, at::Tensor(), x, scale, largest(kE4m3));
+  return inverse;
 }
 
 double sqnr_db(const at::Tensor& ref, const at::Tensor& x) {

@@ -58,11 +58,18 @@ Float8Tensor to_float8(const at::Tensor& x, at::ScalarType dtype, std::optional<
 // the same input), no bias, with the recipe's float8 products forward and backward: x is cast once
 // for all of them, each weight with its own scale (torchao's Float8Linear for each). Differentiable
 // in x and every weight (a frozen weight's gradient is not computed). On a GPU, K, each N_i and the
-// rows of x must be multiples of 16 (cuBLAS's float8 kernels): InputError otherwise.
+// rows of x must be multiples of 16 (cuBLAS's float8 kernels): InputError otherwise. In tensorwise, a weight
+// fully_shard gathered in float8 (fsdp/float8_gather.h) is multiplied by its gathered bits and
+// scale, forward and backward, and never read itself.
 std::vector<at::Tensor> float8_linears(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                                        Float8Recipe recipe);
 // One weight.
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, Float8Recipe recipe);
+
+// Tensorwise e4m3 bits of x with the scale of a given amax (a () fp32 tensor), into bits (x's shape);
+// returns the () fp32 inverse scale. fully_shard's float8 all-gather (fsdp/float8_gather.h) casts a
+// rank's rows of a weight with the whole weight's amax this way: the bits to_float8 gives the whole.
+at::Tensor to_float8_with_amax(const at::Tensor& bits, const at::Tensor& x, const at::Tensor& amax);
 
 // 10 log10(|ref|^2 / |ref - x|^2) in dB, over fp32 copies: torchao's measure of a float8 result
 // against the high-precision one (its tests ask >= 18 dB for outputs, >= 17 for weight gradients).

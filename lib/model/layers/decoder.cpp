@@ -15,10 +15,11 @@
 
 #include "fsdp/param_group.h"
 #include "fsdp/unit_call.h"
+#include "model/kernels/float8.h"
 #include "model/kernels/linear.h"
 #include "model/layers/chunked_loss.h"
-#include "model/layers/projection.h"
 #include "model/layers/lora_layer.h"
+#include "model/layers/projection.h"
 #include "model/parallel/context_parallel.h"
 #include "model/parallel/expert_parallel.h"
 #include "model/parallel/tensor_parallel.h"
@@ -373,6 +374,41 @@ ModelTraits decoder_traits(const DecoderConfig& c) {
   if (!c.tie_word_embeddings) t.unit_classes.push_back("TokenEmbedding");
   if (c.moe.num_experts > 0) t.unit_classes.push_back("Experts");  // run through fsdp::call (expert parallel's units)
   return t;
+}
+
+std::vector<std::string> float8_weight_names(const torch::nn::Module& model) {
+  std::vector<std::string> names;
+  for (const auto& item : model.named_modules()) {
+    const std::string prefix = item.key().empty() ? "" : item.key() + ".";
+    auto add = [&](std::initializer_list<std::pair<const char*, const torch::nn::Linear*>> linears) {
+      for (const auto& [name, l] : linears)
+        if (*l) names.push_back(prefix + name + ".weight");
+    };
+    const torch::nn::Module* m = item.value().get();
+    if (const auto* a = dynamic_cast<const AttentionImpl*>(m))
+      add({{"q_proj", &a->q_proj}, {"k_proj", &a->k_proj}, {"v_proj", &a->v_proj}, {"o_proj", &a->o_proj}});
+    else if (const auto* mlp = dynamic_cast<const GatedMlpImpl*>(m))
+      add({{"gate_proj", &mlp->gate_proj}, {"up_proj", &mlp->up_proj}, {"down_proj", &mlp->down_proj}});
+    else if (const auto* d = dynamic_cast<const GatedDeltaNetImpl*>(m))
+      add({{"in_proj_qkv", &d->in_proj_qkv},
+           {"in_proj_z", &d->in_proj_z},
+           {"in_proj_b", &d->in_proj_b},
+           {"in_proj_a", &d->in_proj_a},
+           {"in_proj_qkvz", &d->in_proj_qkvz},
+           {"in_proj_ba", &d->in_proj_ba},
+           {"out_proj", &d->out_proj}});
+  }
+  return names;
+}
+
+fsdp::Float8GatherOptions float8_gather_options(const torch::nn::Module& model) {
+  const std::vector<std::string> list = float8_weight_names(model);
+  fsdp::Float8GatherOptions o;
+  o.gathers = [names = std::set<std::string>(list.begin(), list.end())](const std::string& name) {
+    return names.count(name) > 0;
+  };
+  o.cast = to_float8_with_amax;
+  return o;
 }
 
 at::Tensor init_parameter(const DecoderConfig& c, uint64_t seed, const std::string& name, at::IntArrayRef shape) {

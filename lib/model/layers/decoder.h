@@ -181,6 +181,13 @@ TORCH_MODULE(CausalLM);
 // embedding also computes the logits, so it is then not a unit candidate.
 ModelTraits decoder_traits(const DecoderConfig& c);
 
+// The weights engine.float8 multiplies in float8 alone (attention's q, k, v and o, the MLPs' gate, up
+// and down, linear attention's in_proj_* and out_proj: their forwards' float8 routes), by the names
+// fully_shard gives them, and the model's tensorwise cast: FsdpOptions::float8_gather, which
+// gathers these weights in float8 (fsdp/float8_gather.h).
+std::vector<std::string> float8_weight_names(const torch::nn::Module& model);
+fsdp::Float8GatherOptions float8_gather_options(const torch::nn::Module& model);
+
 // A parameter's initial value from the seed and its name alone (so it is the same whatever the
 // world size or the order of creation): HF's init, normal(0, initializer_range) for linear and
 // embedding weights, ones for norms, zeros for biases. fp32.
