@@ -1,6 +1,9 @@
 #include "train/estimate_memory.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "dist/build_info.h"
 #include "fsdp/fully_shard.h"
@@ -119,10 +122,18 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   if (lora.enabled()) model::add_lora(*lm, lora, /*free_after_create=*/true);
   MemoryEstimate e;
   const int shards = plan.fsdp_shard_size();
-  int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;
+  // Float8 all-gather: those weights gathered, and held gathered, in one byte an element.
+  std::set<std::string> float8;
+  if (c.engine.float8 == config::Float8Training::kTensorwise && c.engine.float8_all_gather && shards > 1 && tp == 1 &&
+      !plan.options.offload_params) {
+    const std::vector<std::string> names = model::float8_weight_names(*lm);
+    float8.insert(names.begin(), names.end());
+    e.float8_weights = static_cast<int64_t>(float8.size());
+  }
+  int64_t root = 0, largest = 0, largest_trainable = 0, all_units = 0;  // gathered bytes; elements (trainable)
   const auto units = plan_units(*lm, model::decoder_traits(mc), options);
   for (size_t u = 0; u < units.size(); ++u) {
-    int64_t padded = 0, padded_trainable = 0;
+    int64_t padded = 0, padded_trainable = 0;  // the unit's gathered bytes; its trainable elements
     const bool experts =
         !options.expert_classes.empty() && u > 0 && fsdp::module_class_name(*units[u].module) == "Experts";
     const int64_t w = experts ? shards / ep : shards;  // its shard group
@@ -130,7 +141,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
       const ShardLayout l{tensor.sizes().vec(), static_cast<int>(w), 0};
       e.params += l.shard_numel() * (tensor.requires_grad() ? 4 : param_bytes);  // frozen: the compute dtype alone
       if (c.engine.offload_keep_on_device) e.offload_kept += l.shard_numel() * param_bytes;
-      padded += l.padded_numel();
+      padded += l.padded_numel() * (float8.count(name) > 0 ? 1 : param_bytes);
       if (tensor.requires_grad()) {
         e.trainable += tensor.numel();
         e.grads += l.shard_numel() * 4;
@@ -146,19 +157,18 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
     // What a rank receives: (W-1)/W of each gather and reduce-scatter; a non-root unit that reshards
     // after forward is gathered again in backward, over the N ranks of its post-forward group.
     const int64_t n = experts ? 0 : plan.post_forward_size;
-    e.forward_gather_bytes += padded * param_bytes * (w - 1) / w;
+    e.forward_gather_bytes += padded * (w - 1) / w;
     if (u > 0 && plan.options.reshard_after_forward)
-      e.backward_gather_bytes += n > 0 ? padded * param_bytes * (n - 1) / n : padded * param_bytes * (w - 1) / w;
+      e.backward_gather_bytes += n > 0 ? padded * (n - 1) / n : padded * (w - 1) / w;
     e.reduce_bytes += padded_trainable * c10::elementSize(plan.options.mixed_precision.reduce_dtype) * (w - 1) / w;
   }
   if (plan.post_forward_size > 0 && plan.options.reshard_after_forward)
-    e.post_forward = all_units / plan.post_forward_size * param_bytes;
+    e.post_forward = all_units / plan.post_forward_size;
   e.optimizer = 2 * e.grads;
   // Gathered: the root stays gathered through the step; with reshard_after_forward a unit and the
   // one prefetched next, otherwise every unit at the end of forward. Reduction: one unit's
   // unsharded gradients (param dtype) and its fp32 reduce-scatter input.
-  e.gathered = (root + (plan.options.reshard_after_forward ? 2 * std::min<int64_t>(largest, all_units) : all_units)) *
-                   param_bytes +
+  e.gathered = root + (plan.options.reshard_after_forward ? 2 * std::min<int64_t>(largest, all_units) : all_units) +
                largest_trainable * (param_bytes + 4);
   // Activations kept for backward, per layer, per token (compute dtype): the norms' outputs and the
   // residuals (4 C), q/k/v and the attention output (2 C + 2 K D), SwiGLU's gate, up, their product
@@ -280,7 +290,8 @@ std::string format_memory_estimate(const config::Config& config, const model::De
       out += row(str("  offload ", o ? "on " : "off", ", activation checkpointing ", a ? "on" : "off"),
                  device_total(o, a), o ? str("+ ", format_bytes(e.persistent()), " of host memory") : "");
   out += str(
-      "received per rank per micro-batch: forward's all-gathers ", format_bytes(e.forward_gather_bytes), " over ",
+      "received per rank per micro-batch: forward's all-gathers ", format_bytes(e.forward_gather_bytes),
+      e.float8_weights > 0 ? str(" (", e.float8_weights, " weights in float8)") : "", " over ",
       plural(plan.fsdp_shard_size(), "rank"), ", backward's ", format_bytes(e.backward_gather_bytes),
       plan.post_forward_size > 0 ? str(" inside groups of ", plan.post_forward_size, " ranks")
                                  : str(" over ", plural(plan.fsdp_shard_size(), "rank")),

@@ -19,7 +19,10 @@ struct MemoryEstimate {
   // Bytes one rank receives in one micro-batch's collectives: forward's all-gathers (over the shard
   // group), backward's re-gathers (over the N ranks of a post-forward group under partial
   // resharding; none without reshard_after_forward) and the reduce-scatters.
+  // Under float8 all-gather (engine.float8: tensorwise over more than one rank) the float8 weights
+  // count one byte an element there and in `gathered`; float8_weights says how many there are.
   int64_t forward_gather_bytes = 0, backward_gather_bytes = 0, reduce_bytes = 0;
+  int64_t float8_weights = 0;
   // Tensor parallel: what one rank receives in a micro-batch's sequence-parallel gathers and
   // reduce-scatters of activations, forward and backward (0 without tp).
   int64_t tp_bytes = 0;

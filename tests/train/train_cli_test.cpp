@@ -433,3 +433,26 @@ TEST_CASE("estimate-memory counts soft-capped attention's scores: no fused kerne
   const double scores = 2.0 * 8 * 4 * 128 * 128 * 8;  // layers x B x H x T x T x 8 bytes (quickstart: B 8, T 128)
   CHECK(capped - plain == doctest::Approx(scores).epsilon(0.01));
 }
+
+TEST_CASE("estimate-memory with float8 all-gather: the decoder layers' weights gathered in one byte an element") {
+  auto estimate = [](const std::string& gather) {
+    const Result r = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", "4", "--set",
+                                          "use_cpu=false", "--set", "mixed_precision=bf16", "--set",
+                                          "engine.float8=tensorwise", "--set", "engine.float8_all_gather=" + gather});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  const std::string float8 = estimate("true"), bf16 = estimate("false");
+  INFO(float8, bf16);
+  CHECK(bf16.find("in float8") == std::string::npos);
+  // The quickstart model's 2 layers: q, k, v, o, gate, up and down each.
+  CHECK(float8.find("forward's all-gathers ") != std::string::npos);
+  CHECK(float8.find(" (14 weights in float8) over 4 ranks") != std::string::npos);
+  const double gathers = parse_size(after(float8, "forward's all-gathers")),
+               plain = parse_size(after(bf16, "forward's all-gathers"));
+  CHECK(gathers < plain);
+  CHECK(gathers > plain / 2);  // the embeddings and norms stay bf16
+  CHECK(parse_size(after(float8, "gathered units and reduction buffers (peak)")) <
+        parse_size(after(bf16, "gathered units and reduction buffers (peak)")));
+}
