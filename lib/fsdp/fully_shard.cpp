@@ -307,6 +307,30 @@ TensorList ShardedModel::forward(const TensorList& inputs, const UnitFn& fn) {
   return run_unit(0, inputs, fn);
 }
 
+// Float8 all-gather: the scales of every unit's float8 weights in one all-reduce a step (TorchTitan's
+// precompute_float8_dynamic_scale_for_fsdp), instead of one a unit at its first gather. Units with
+// float8 weights are never expert units, so they share one shard group.
+void ShardedModel::precompute_float8_scales() {
+  std::vector<ParamGroup*> stale;
+  std::vector<at::Tensor> parts;
+  for (auto& g : groups_)
+    if (!g->float8_scales_current()) {
+      FSDP_ASSERT(stale.empty() || &g->mesh() == &stale.front()->mesh(), "[fsdp] float8 units over two meshes");
+      stale.push_back(g.get());
+      parts.push_back(g->float8_local_amaxes());
+    }
+  if (stale.empty()) return;
+  c10::NoGradGuard no_grad;
+  const at::Tensor all = at::cat(parts);
+  dist::ProcessGroup shard = stale.front()->mesh().shard;
+  shard.all_reduce(all, dist::ReduceOp::kMax, "float8 scales").wait();
+  int64_t at = 0;
+  for (size_t i = 0; i < stale.size(); ++i) {
+    stale[i]->set_float8_amaxes(all.narrow(0, at, parts[i].numel()));
+    at += parts[i].numel();
+  }
+}
+
 TensorList ShardedModel::run_unit(size_t unit, const TensorList& inputs, const UnitFn& fn) {
   const TensorList in = pre_forward(unit, inputs);
   // Activation checkpointing recomputes innermost units only: an outer one's recomputation would
@@ -325,6 +349,7 @@ TensorList ShardedModel::pre_forward(size_t unit, const TensorList& inputs) {
     // A post-forward share whose backward never ran may predate an optimizer step: gather afresh.
     for (auto& g : groups_)
       if (g->state() == GroupState::kPartial) g->reshard();
+    precompute_float8_scales();
   }
   forward_order_.push_back(unit);
   groups_[unit]->wait_for_unshard();

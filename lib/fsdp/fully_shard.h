@@ -93,6 +93,7 @@ class ShardedModel {
   void post_backward(size_t unit);
 
   void prefetch_after(size_t unit, const std::vector<size_t>& order);
+  void precompute_float8_scales();  // at a step's first forward: one all-reduce for every unit's
   void finish_backward();
 
   DeviceMesh mesh_;

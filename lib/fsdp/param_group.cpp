@@ -334,6 +334,20 @@ at::Tensor ParamGroup::float8_amaxes(const std::vector<at::Tensor>& rows) {
   return float8_amax_;
 }
 
+// From the fp32 shards: rounding to param_dtype keeps order and sign, so the largest rounded
+// magnitude is the largest magnitude rounded.
+at::Tensor ParamGroup::float8_local_amaxes() const {
+  std::vector<at::Tensor> shards;
+  for (const ShardedParam& p : params_)
+    if (p.float8) shards.push_back(shard_of(p));
+  return at::stack(at::_foreach_norm(shards, INFINITY)).to(options_.mixed_precision.param_dtype).to(at::kFloat);
+}
+
+void ParamGroup::set_float8_amaxes(at::Tensor amax) {
+  float8_amax_ = std::move(amax);
+  float8_amax_current_ = true;
+}
+
 void ParamGroup::copy_out_float8(const at::Tensor& gathered) {
   const int64_t world = mesh_->shard.size(), others = others_bytes();
   const at::Tensor rows = gathered.view({world, slot_bytes()});

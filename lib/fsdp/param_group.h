@@ -197,6 +197,14 @@ class ParamGroup {
   // The full fp32 value of params()[i] alone (collective over the shard group): what exports use,
   // so no rank holds more than one full tensor.
   at::Tensor gather_full_parameter(size_t i) const;
+  // Float8 all-gather: whether the float8 weights' scales are those of the current shards (true
+  // without float8 weights); this rank's largest magnitudes of them ((k) fp32, the values rounded to
+  // param_dtype as the gathered weights hold them); the whole weights' (the max over the shard
+  // group), which the next gathers use until the shards change. ShardedModel takes every unit's in
+  // one all-reduce a step; a gather that finds them stale takes its unit's alone.
+  bool float8_scales_current() const { return float8_numel_ == 0 || float8_amax_current_; }
+  at::Tensor float8_local_amaxes() const;
+  void set_float8_amaxes(at::Tensor amax);
   // Tensor parallel: sums over the tp group the sharded gradients of the parameters every tp rank
   // holds whole (each rank's is its part). Collective over the tp group; no-op without one.
   void sum_whole_gradients_over_tp();

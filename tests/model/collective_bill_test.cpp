@@ -11,8 +11,8 @@
 //     summed over the tp group; context parallel's K/V gathers (model::sequence_split_bytes);
 //   - FSDP over 8 ranks in float8 tensorwise with float8 all-gather: a decoder layer's gathers carry its
 //     float8 weights in one byte an element and its norms in bf16 (padded to 16 bytes a rank), half
-//     of the bf16 gather's bytes and less; one small all-reduce a layer a step (the weights' scales),
-//     none in backward's gathers;
+//     of the bf16 gather's bytes and less; one small all-reduce a step for every layer's weights'
+//     scales, none in backward's gathers;
 //   - no host tensor reaches an op inside the step.
 // Layers: the difference between a 3-layer and a 2-layer model is one decoder layer's bill.
 #include <ATen/ATen.h>
@@ -60,7 +60,8 @@ struct Float8Scope {
 struct StepBill {
   ByteCounters shard, tp, cp;
   int64_t fsdp_gather_bytes = 0, fsdp_gather_calls = 0, fsdp_reduce_bytes = 0, fsdp_reduce_calls = 0;
-  int64_t float8_units = 0, float8_scale_bytes = 0;  // units gathering float8 weights; their scales' all-reduces
+  int64_t float8_units = 0, float8_weights = 0;  // units gathering float8 weights, and the weights
+  int64_t float8_scale_bytes = 0;                // the scales' one all-reduce
   std::set<std::string> host_ops;
 };
 
@@ -107,15 +108,17 @@ StepBill step_bill(int64_t layers, const Mesh& m, int64_t B, int64_t T) {
       bill.fsdp_gather_bytes += gathers * slot * (W - 1);
       bill.fsdp_gather_calls += gathers;
     }
-    if (float8 > 0) {  // the scales: one fp32 value a weight, once a step
+    if (float8 > 0) {
       ++bill.float8_units;
-      bill.float8_scale_bytes += dist::bytes_sent(Collective::kAllReduce, weights * 4, W);
+      bill.float8_weights += weights;
     }
     if (W > 1 && trainable > 0) {
       bill.fsdp_reduce_bytes += trainable * 4 * (W - 1) / W;
       ++bill.fsdp_reduce_calls;
     }
   }
+  // The scales: one fp32 value a weight, in one all-reduce a step.
+  if (bill.float8_weights > 0) bill.float8_scale_bytes = dist::bytes_sent(Collective::kAllReduce, bill.float8_weights * 4, W);
   const auto ids = at::TensorOptions().dtype(at::kLong).device(o.device);
   const at::Tensor tokens = at::empty({B, T}, ids), targets = at::empty({B, T}, ids);
   mesh.shard.reset_counters();
@@ -151,8 +154,8 @@ void check_fsdp(const StepBill& b, const std::string& what) {
   CHECK(b.shard.of(Collective::kReduceScatter) == b.fsdp_reduce_bytes);
   CHECK(b.shard.calls_of(Collective::kReduceScatter) == b.fsdp_reduce_calls);
   // The gradient norm: one fp32 sum of squares over the shard group; the float8 weights' scales, one
-  // all-reduce a unit; nothing else on it.
-  CHECK(b.shard.calls_of(Collective::kAllReduce) == 1 + b.float8_units);
+  // all-reduce for every unit's; nothing else on it.
+  CHECK(b.shard.calls_of(Collective::kAllReduce) == (b.float8_units > 0 ? 2 : 1));
   CHECK(b.shard.total() == b.fsdp_gather_bytes + b.fsdp_reduce_bytes + b.shard.of(Collective::kAllReduce));
 }
 
@@ -180,6 +183,7 @@ TEST_CASE("FSDP at W = 8 on meta in float8 with float8 all-gather: a layer's gat
   check_fsdp(two, "2 layers");
   check_fsdp(three, "3 layers");
   CHECK(three.float8_units == 3);
+  CHECK(three.float8_weights == 3 * 7);
   // The scales' all-reduces beside the gradient norm's, which is the bf16 step's.
   CHECK(three.shard.of(Collective::kAllReduce) - three.float8_scale_bytes == plain.shard.of(Collective::kAllReduce));
   // A decoder layer: its seven weights (q, k, v, o, gate, up, down) in one byte, its two norms in

@@ -8,8 +8,8 @@
 // Asserted, with float8 all-gather against without:
 //   - every step's loss, every full gradient and the final parameters are bit for bit the same (the
 //     gathered bits are those the products would cast; a stale scale after an update would not be);
-//   - the float8 weights are the model's q/k/v/o, gate/up/down and in_proj_*/out_proj, and each
-//     float8 unit's shard-group all-reduces are one a step (the scales; backward's gathers reuse them);
+//   - the float8 weights are the model's q/k/v/o, gate/up/down and in_proj_*/out_proj, and the shard
+//     group's all-reduces are one a step (every unit's scales; backward's gathers reuse them);
 //   - FSDP over 4: the shard group's all-gather bytes equal the formula (a rank's slot: the other
 //     parameters in bf16, the float8 weights in one byte, to 16 bytes), and are fewer than bf16's;
 //   - after each step no gathered float8 value is held, and the float8 weights' own tensors hold no bytes.
@@ -170,8 +170,8 @@ void check(fsdp::dist::ProcessGroup& world, const Family& f, const Layout& l) {
       FSDP_ASSERT(torch::equal(t, want.at(name)), what, ": ", pair == &gathered.grads ? "the gradient of " : "", name,
                   " differs from the bf16 gather's by ", (t - want.at(name)).abs().max().item<double>());
   }
-  FSDP_ASSERT(gathered.scale_reduces == kSteps * gathered.float8_units, what, ": ", gathered.scale_reduces,
-              " all-reduces on the shard group in ", kSteps, " steps, for ", gathered.float8_units, " float8 units");
+  FSDP_ASSERT(gathered.scale_reduces == kSteps, what, ": ", gathered.scale_reduces, " all-reduces on the shard group in ",
+              kSteps, " steps, for ", gathered.float8_units, " float8 units");
   FSDP_ASSERT(gathered.gather_bytes < plain.gather_bytes, what, ": float8 all-gather sent ", gathered.gather_bytes,
               " bytes, bf16 ", plain.gather_bytes);
   const bool formula = l.replicate == 1 && l.post_forward == 0 && !l.checkpointing;
