@@ -4,9 +4,10 @@
 // param_dtype on the device.
 //   1. The scale is the whole weight's: each rank takes the largest magnitude of its rows in
 //      param_dtype (the values the gathered weight would hold), and one all-reduce (max) over the
-//      shard group gives the whole weight's, for all of a unit's float8 weights at once. It is kept
-//      until the shards change (the next update), so backward's gather and every accumulated
-//      micro-batch's reuse it.
+//      shard group gives the whole weights', for every unit's at once at the step's first forward
+//      (ShardedModel; TorchTitan's precompute_float8_dynamic_scale_for_fsdp). They are kept until
+//      the shards change (the next update), so backward's gathers and every accumulated
+//      micro-batch's reuse them.
 //   2. Each rank casts its rows with that scale into its slot of the gather, which then holds bytes:
 //      [the unit's other parameters in param_dtype | its float8 weights].
 //   3. While the unit is gathered, gathered_float8(weight) gives the whole weight's float8 bits and
