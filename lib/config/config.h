@@ -321,4 +321,9 @@ struct FsdpLayout {
 
 FsdpLayout effective_fsdp_layout(const Config& config);
 
+// Whether the float8 products' weights are gathered in float8 (engine.float8: tensorwise with
+// engine.float8_all_gather, FSDP over more than one rank, no offload, no tensor parallel): what the
+// engine does (fsdp/float8_gather.h), as `config show` and estimate-memory say it.
+bool float8_weights_gathered(const Config& config);
+
 }  // namespace fsdp::config

@@ -97,12 +97,9 @@ std::string format_resolved(const ResolvedConfig& rc, ShowFormat format) {
   const Config& t = rc.typed;
   const FsdpLayout layout = effective_fsdp_layout(t);
   std::string float8;
-  if (t.engine.float8 != Float8Training::kNone) {
-    const bool gathered = t.engine.float8 == Float8Training::kTensorwise && t.engine.float8_all_gather &&
-                          layout.sharded && layout.fsdp_shard_size() > 1 && !t.fsdp.offload_params;
+  if (t.engine.float8 != Float8Training::kNone)
     float8 = str(", float8 ", enum_name(t.engine.float8, kFloat8TrainingNames), " products",
-                 gathered ? " (their weights gathered in float8)" : "");
-  }
+                 float8_weights_gathered(t) ? " (their weights gathered in float8)" : "");
   out += str("# runs as: ", layout.describe(), "; mixed_precision ",
              enum_name(t.launch.mixed_precision, kMixedPrecisionNames), float8, ", activation checkpointing ",
              t.fsdp.activation_checkpointing ? "on" : "off", ", offload ",

@@ -706,6 +706,12 @@ std::string FsdpLayout::describe() const {
   return "FSDP2, " + layout;
 }
 
+bool float8_weights_gathered(const Config& config) {
+  const FsdpLayout l = effective_fsdp_layout(config);
+  return config.engine.float8 == Float8Training::kTensorwise && config.engine.float8_all_gather && l.sharded &&
+         l.fsdp_shard_size() > 1 && l.tp_size == 1 && !config.fsdp.offload_params;
+}
+
 FsdpLayout effective_fsdp_layout(const Config& config) {
   FsdpLayout layout;
   const int world = config.launch.num_processes;

@@ -308,7 +308,7 @@ TensorList ShardedModel::forward(const TensorList& inputs, const UnitFn& fn) {
 }
 
 // Float8 all-gather: the scales of every unit's float8 weights in one all-reduce a step (TorchTitan's
-// precompute_float8_dynamic_scale_for_fsdp), instead of one a unit at its first gather. Units with
+// precompute_float8_dynamic_scale_for_fsdp), before any gather of the step needs them. Units with
 // float8 weights are never expert units, so they share one shard group.
 void ShardedModel::precompute_float8_scales() {
   std::vector<ParamGroup*> stale;

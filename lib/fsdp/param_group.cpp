@@ -315,27 +315,21 @@ void ParamGroup::fill_float8_slot(const at::Tensor& slot) {
     else
       in_dtype.narrow(0, p.gather_offset, n).copy_(shard_of(p));
   }
-  const at::Tensor amax = float8_amaxes(rows);
+  // ShardedModel's first forward of the step took them (precompute_float8_scales); backward's gathers
+  // and later micro-batches' come after it.
+  FSDP_ASSERT(float8_amax_current_, "[fsdp] ", display_name(), ": gathered in float8 before the step's scales");
   float8_inverse_.clear();
   for (const ShardedParam& p : params_) {
     if (!p.float8) continue;
     const at::Tensor& x = rows[float8_inverse_.size()];
     const at::Tensor out = bits.narrow(0, p.gather_offset, x.numel()).view(x.sizes());
-    float8_inverse_.push_back(options_.float8_gather.cast(out, x, amax[static_cast<int64_t>(float8_inverse_.size())]));
+    float8_inverse_.push_back(
+        options_.float8_gather.cast(out, x, float8_amax_[static_cast<int64_t>(float8_inverse_.size())]));
   }
 }
 
-at::Tensor ParamGroup::float8_amaxes(const std::vector<at::Tensor>& rows) {
-  if (float8_amax_current_) return float8_amax_;
-  // One launch on a GPU for the unit's weights (the padding rows are zeros), one collective.
-  float8_amax_ = at::stack(at::_foreach_norm(rows, INFINITY)).to(at::kFloat);
-  mesh_->shard.all_reduce(float8_amax_, dist::ReduceOp::kMax, "float8 scales of " + display_name()).wait();
-  float8_amax_current_ = true;
-  return float8_amax_;
-}
-
-// From the fp32 shards: rounding to param_dtype keeps order and sign, so the largest rounded
-// magnitude is the largest magnitude rounded.
+// From the fp32 shards, one launch on a GPU (the padding rows are zeros): rounding to param_dtype
+// keeps order and sign, so the largest rounded magnitude is the largest magnitude rounded.
 at::Tensor ParamGroup::float8_local_amaxes() const {
   std::vector<at::Tensor> shards;
   for (const ShardedParam& p : params_)

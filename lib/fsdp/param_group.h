@@ -201,7 +201,7 @@ class ParamGroup {
   // without float8 weights); this rank's largest magnitudes of them ((k) fp32, the values rounded to
   // param_dtype as the gathered weights hold them); the whole weights' (the max over the shard
   // group), which the next gathers use until the shards change. ShardedModel takes every unit's in
-  // one all-reduce a step; a gather that finds them stale takes its unit's alone.
+  // one all-reduce at the step's first forward, before any gather.
   bool float8_scales_current() const { return float8_numel_ == 0 || float8_amax_current_; }
   at::Tensor float8_local_amaxes() const;
   void set_float8_amaxes(at::Tensor amax);
@@ -228,13 +228,11 @@ class ParamGroup {
   at::Tensor whole(const ShardedParam& p, const at::Tensor& block) const;
   at::Tensor shard_of(const ShardedParam& p) const;  // (shard_numel) in flat_shard_ or frozen_shard_
   // Float8 all-gather: a rank's slot in bytes (B) and the part of it in param_dtype; the slot filled
-  // (the other parameters cast, the float8 weights scaled and cast); the whole float8 weights'
-  // largest magnitudes (k) fp32 over the shard group, from this rank's rows of each (param_dtype),
-  // kept until the shards change; the gathered (W, B) bytes into the parameters and float8_gathered_.
+  // (the other parameters cast, the float8 weights scaled with the step's scales and cast); the
+  // gathered (W, B) bytes into the parameters and float8_gathered_.
   int64_t slot_bytes() const;
   int64_t others_bytes() const;
   void fill_float8_slot(const at::Tensor& slot);
-  at::Tensor float8_amaxes(const std::vector<at::Tensor>& rows);
   void copy_out_float8(const at::Tensor& gathered);
   void drop_float8();  // the gathered bits go (resharded)
 

@@ -124,8 +124,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   const int shards = plan.fsdp_shard_size();
   // Float8 all-gather: those weights gathered, and held gathered, in one byte an element.
   std::set<std::string> float8;
-  if (c.engine.float8 == config::Float8Training::kTensorwise && c.engine.float8_all_gather && shards > 1 && tp == 1 &&
-      !plan.options.offload_params) {
+  if (config::float8_weights_gathered(c)) {
     const std::vector<std::string> names = model::float8_weight_names(*lm);
     float8.insert(names.begin(), names.end());
     e.float8_weights = static_cast<int64_t>(float8.size());

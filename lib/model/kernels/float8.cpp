@@ -49,10 +49,10 @@ at::Tensor column_major(const at::Tensor& bits) {
 }
 
 // The bits and inverse scale fully_shard's float8 all-gather made for `w` (fsdp/float8_gather.h),
-// which must be there: w itself holds no bytes.
-fsdp::GatheredFloat8 gathered_bits(const at::Tensor& w, const char* when) {
+// which backward's gather must have made again: w itself holds no bytes.
+fsdp::GatheredFloat8 gathered_bits(const at::Tensor& w) {
   std::optional<fsdp::GatheredFloat8> g = fsdp::gathered_float8(w);
-  FSDP_ASSERT(g.has_value(), "a weight gathered in float8 (", w.sizes(), ") is not gathered ", when);
+  FSDP_ASSERT(g.has_value(), "a weight gathered in float8 (", w.sizes(), ") is not gathered in backward");
   return *g;
 }
 
@@ -89,9 +89,9 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
       const Float8Tensor xq = to_float8(x2, kE4m3, std::nullopt, false, Float8Layout::kBoth);
       saved = {xq.columns, xq.inverse};
       for (const at::Tensor& w : ws) {
-        if (fsdp::gathered_float8(w)) {  // gathered in float8: its bits as they are; backward's gather gives them again
-          const fsdp::GatheredFloat8 g = gathered_bits(w, "in forward");
-          ys.push_back(kernels::float8_mm(xq.rows, xq.inverse, g.bits.t(), g.inverse, x.scalar_type(), true));
+        if (const std::optional<fsdp::GatheredFloat8> g = fsdp::gathered_float8(w)) {
+          // Gathered in float8: its bits as they are; backward's gather gives them again.
+          ys.push_back(kernels::float8_mm(xq.rows, xq.inverse, g->bits.t(), g->inverse, x.scalar_type(), true));
           saved.push_back(w);
           saved.push_back(at::Tensor());
           continue;
@@ -141,7 +141,7 @@ struct Float8Linears : torch::autograd::Function<Float8Linears> {
       } else {
         at::Tensor w_columns = saved[2 + 2 * i], w_inverse = saved[3 + 2 * i];
         if (!w_inverse.defined() && ctx->needs_input_grad(0)) {  // saved[2 + 2i] is the weight gathered in float8
-          const fsdp::GatheredFloat8 g = gathered_bits(w_columns, "in backward");
+          const fsdp::GatheredFloat8 g = gathered_bits(w_columns);
           w_columns = column_major(g.bits);
           w_inverse = g.inverse;
         }
