@@ -24,9 +24,9 @@ of transformers' float32 run from its float64 one, at least 1e-6):
     its active parameters, experts_per_token of each sparse layer's experts), and the family's
     decoder layer class (what fsdp_transformer_layer_cls_to_wrap names).
 `fsdptrain generate` on each folder (a tokenizer trained by tokenizers added to it): greedy
-decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt;
-sampling with a seed gives the same ids twice and other ids with another seed; a prompt longer
-than the model's positions is refused.
+decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt
+with each kernel provider; with the default kernels sampling with a seed gives the same ids twice
+and other ids with another seed, and a prompt longer than the model's positions is refused.
 The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Phi-4, Qwen3-30B-A3B,
 Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
@@ -282,33 +282,42 @@ def add_tokenizer(folder):
     return tok
 
 
-def check_generate(name, model, folder, fsdptrain, d, env):
-    """Greedy ids equal transformers' for every prompt; a seed reproduces a sample. env: the kernels'."""
+def check_generate(name, model, folder, fsdptrain, d, providers):
+    """Greedy ids equal transformers' for every prompt, with each kernel provider; with the default
+    ones a seed reproduces a sample and a prompt past the model's positions is refused (the sampling
+    loop and the refusal are the same code whichever kernels gave the logits)."""
     tok = add_tokenizer(folder)
     prompts = os.path.join(d, name + "_prompts.jsonl")
     with open(prompts, "w") as f:
         f.writelines(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
 
-    def ours(*extra):
+    def ours(provider, *extra):
         out = os.path.join(d, name + "_out.jsonl")
         run = subprocess.run([fsdptrain, "generate", "--model", folder, "--prompts", prompts, "--output", out,
                               "--max_new_tokens", "24", *extra], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, **env))
+                             env=dict(os.environ, **PROVIDERS[provider]))
         assert run.returncode == 0, run.stderr
         return [json.loads(l)["completion_ids"] for l in open(out)]
 
-    greedy = ours()
-    for p, got in zip(PROMPTS, greedy):
+    wanted = []
+    for p in PROMPTS:
         ids = torch.tensor([tok.encode(p).ids])
         want = model.generate(ids, do_sample=False, max_new_tokens=24, eos_token_id=1, pad_token_id=1)[0, ids.shape[1]:]
-        assert got == want.tolist(), (name, p, got, want.tolist())
-    a, b, c = ours("--temperature", "1", "--top_p", "0.9", "--seed", "3"), \
-        ours("--temperature", "1", "--top_p", "0.9", "--seed", "3"), ours("--temperature", "1", "--seed", "4")
+        wanted.append(want.tolist())
+    for provider in providers:
+        greedy = ours(provider)
+        for p, got, want in zip(PROMPTS, greedy, wanted):
+            assert got == want, (name, provider, p, got, want)
+        print(f"{name} ({provider} kernels): generate: greedy equals transformers' generate on {len(PROMPTS)} prompts "
+              f"({sum(len(g) for g in greedy)} tokens)")
+    a, b, c = ours("host", "--temperature", "1", "--top_p", "0.9", "--seed", "3"), \
+        ours("host", "--temperature", "1", "--top_p", "0.9", "--seed", "3"), ours("host", "--temperature", "1", "--seed", "4")
     assert a == b and a != c, (a, b, c)
     run = subprocess.run([fsdptrain, "generate", "--model", folder, "--prompt", "x " * 200], capture_output=True,
                          text=True)
     assert run.returncode == 2 and "positions (max_position_embeddings)" in run.stderr, run.stderr
-    return sum(len(g) for g in greedy)
+    print(f"{name}: generate: a seed reproduces a sample, another seed gives another; a prompt past the positions "
+          "is refused")
 
 
 # The kernel providers (model/kernels/provider.h) each run is checked with, as the variables
@@ -416,10 +425,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     assert json.load(open(os.path.join(out, "config.json")))["architectures"] == [cls.__name__]
     # A hybrid decodes through the recurrence whatever the provider (one token at a time): its prompt
     # through the chunked rule (host) and the recurrence (reference) is enough.
-    for provider in [p for p in providers if not hybrid or p in ("host", "reference")]:
-        tokens = check_generate(name, model, saved, fsdptrain, d, PROVIDERS[provider])
-        print(f"{name} ({provider} kernels): generate: greedy equals transformers' generate on {len(PROMPTS)} prompts "
-              f"({tokens} tokens); a seed reproduces a sample")
+    check_generate(name, model, saved, fsdptrain, d, [p for p in providers if not hybrid or p in ("host", "reference")])
 
 
 def check_shapes(tool, source):
