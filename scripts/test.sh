@@ -10,9 +10,9 @@ bash scripts/function-lengths.sh .venv/bin/python
 BUILD_DIR=${BUILD_DIR:-build}
 cd "$BUILD_DIR"
 if [ $# -eq 0 ]; then set -- -L 'unit|dist|gpu'; fi
-# As many tests at once as cores (at most 8; CTEST_PARALLEL_LEVEL chooses): one test alone keeps
-# about 1.2 of 2 cores busy, most of its time spent starting processes (Python's imports,
-# LibTorch's operator registry) and in ranks waiting on each other.
-jobs=${CTEST_PARALLEL_LEVEL:-$(nproc)}
-[ "$jobs" -gt 8 ] && jobs=8
+# As many tests at once as cores, at most 8 unless CTEST_PARALLEL_LEVEL says otherwise: one test
+# alone keeps about 1.2 of 2 cores busy, most of its time spent starting processes (Python's
+# imports, LibTorch's operator registry) and in ranks waiting on each other.
+cores=$(nproc)
+jobs=${CTEST_PARALLEL_LEVEL:-$((cores < 8 ? cores : 8))}
 ctest --output-on-failure --timeout 600 -j "$jobs" "$@"

@@ -342,7 +342,7 @@ def preload(args):
     import torch.distributed.tensor.parallel  # noqa: F401
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(args.model))]
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(args.model))]  # the lookup imports its module
     if args.adapter:
         import peft  # noqa: F401
 
