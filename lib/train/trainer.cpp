@@ -149,7 +149,7 @@ void check_tensor_parallel(const config::Config& config, const model::DecoderCon
 }
 
 // Ulysses gives each sp rank an equal share of the (tp rank's) heads and kv heads; context parallel
-// does not split a sliding window shorter than the sequence.
+// takes no attention sinks and does not split a sliding window shorter than the sequence.
 void check_sequence_split(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const config::FsdpLayout layout = config::effective_fsdp_layout(config);
   if (layout.cp_size <= 1) return;
@@ -169,6 +169,10 @@ void check_sequence_split(const config::Config& config, const model::DecoderConf
                                                     "parallel), which splits tokens instead")
                                       : "Use sp_size " + join(fits, ", ") + ", or cp_size (context parallel)"));
   }
+  FSDP_CHECK(!model.attention_sinks, "[train] parallelism_config_cp_size ", layout.cp_size, ": ", path, " is a ",
+             model::family_names(model.family).architecture,
+             " model, whose attention sinks (a logit per head in each query's softmax) context parallel's all-gather "
+             "and ring strategies do not take; use Ulysses (parallelism_config_sp_size) for this model");
   for (int64_t layer = 0; layer < model.num_hidden_layers; ++layer) {
     const int64_t w = model.window_of(layer);
     FSDP_CHECK(w == 0 || w >= config.train.sequence_length, "[train] layer ", layer, " of ", path,

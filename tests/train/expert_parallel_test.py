@@ -11,10 +11,14 @@ loss), fp32 and random, and fsdptrain fine-tunes each from one token stream. Ove
     within 2 rows (near-ties the biases create may route a token the other way);
   - cp: beside context parallel, W=4 as cp 2 x dp_shard 2 and as Ulysses sp 2 x dp_shard 2 with ep 2
     equals the same layout at ep 1 and dp 2 alone within 1e-5, the auxiliary loss included (the
-    routing counts summed over the sequence's ranks) (Qwen3-MoE); gpt-oss's sinks are refused by both;
+    routing counts summed over the sequence's ranks) (Qwen3-MoE); gpt-oss under Ulysses (each sp rank its
+    share of the heads and their sinks) at ep 1 and ep 2 equals dp 2 alone, and cp 2, whose strategies
+    take no sinks, is refused naming Ulysses;
   - tp: beside tensor parallel, W=4 as tp 2 x dp_shard 2 at ep 1 equals FSDP alone (dp 2), and with
-    ep 2 equals both, within 1e-5 (Qwen3-MoE: the experts whole on each tp rank, which routes its
-    sequence block); a family tensor parallel refuses (gpt-oss's sinks) is refused alike at ep 2;
+    ep 2 equals both, within 1e-5, each family (the experts whole on each tp rank, which routes its
+    sequence block; gpt-oss's sinks split with its heads), and its export holds FSDP alone's tensors
+    (transformers' logits within 1e-5); gpt-oss's SHARDED tp 2 checkpoint at step 5 resumes as dp 2
+    with the uninterrupted run's steps 6-10;
   - resume: an ep 2 run's step-5 checkpoint, SHARDED_STATE_DICT and FULL_STATE_DICT, resumed at ep 1
     and at ep 4 gives the uninterrupted ep 2 run's steps 6-10 within 1e-5, and a tp 2 x dp 2 ep 2
     run's resumed as dp 2 at ep 1 gives its steps 6-10 (Qwen3-MoE);
@@ -75,7 +79,12 @@ def helpers(args, tmp, data, tokens):
     def save(name, config):
         folder = os.path.join(tmp, name)
         torch.manual_seed(0)
-        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder, safe_serialization=True)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        with torch.no_grad():  # gpt-oss's sinks: each head its own, large enough that a head given another's shows
+            for key, p in model.named_parameters():
+                if key.endswith("self_attn.sinks"):
+                    p.copy_(torch.linspace(-1.0, 2.0, p.numel()) + 0.5 * int(key.split(".")[2]))
+        model.save_pretrained(folder, safe_serialization=True)
         return folder
 
     def yaml_of(name, model, world, layout, extra="", fmt="FULL_STATE_DICT", train=""):
@@ -275,7 +284,8 @@ def works_or_refused(h, title, name, folder, world, layout, other, baselines):
 
 
 def check_cp(h, folders):
-    """Beside context parallel: W=4 as cp 2 x dp_shard 2 and as Ulysses sp 2 x dp_shard 2 (Qwen3-MoE)."""
+    """Beside context parallel: W=4 as cp 2 x dp_shard 2 and as Ulysses sp 2 x dp_shard 2 (Qwen3-MoE;
+    gpt-oss under Ulysses, and its refusal under cp)."""
     folder = folders["qwen3_moe"]
     cp = {"cp_size": 2, "dp_shard_size": 2}
     # Against cp 2 x dp 2 at ep 1 where it runs, and dp 2 alone (the same global batch, as
@@ -289,11 +299,25 @@ def check_cp(h, folders):
                            "parallelism_config_sp_size",
                            [("qwen3_moe-sp2-ep1", 4, sp, "sp 2 x dp_shard 2 at ep 1"),
                             ("qwen3_moe-dp2", 2, {}, "dp 2 alone at ep 1")])
-    # gpt-oss: context parallel refuses its windows and both refuse its sinks, at any ep.
-    run = h.launch("gpt_oss-sp2-ep2", folders["gpt_oss"], 4, ep_layout(2, **sp))
-    refused = run.returncode != 0 and "sinks" in run.stdout + run.stderr
-    print(f"{'ok' if refused else 'FAIL'}: gpt_oss, W=4, Ulysses sp 2 x dp_shard 2 at ep 2 refused for its sinks: "
-          f"{why(run.stdout + run.stderr)}")
+    # gpt-oss under Ulysses: each sp rank attends with its share of the heads and of their sinks,
+    # over the whole sequence (windows of 8 on alternate layers).
+    folder = folders["gpt_oss"]
+    try:
+        alone = h.ours("gpt_oss-dp2", folder, 2, {})
+        sp_ep1 = h.ours("gpt_oss-sp2-ep1", folder, 4, sp)
+        sp_ep2 = h.ours("gpt_oss-sp2-ep2", folder, 4, ep_layout(2, **sp))
+    except RuntimeError as e:
+        return failed(e)
+    ok &= h.compare("gpt_oss, W=4, Ulysses sp 2 x dp_shard 2 at ep 1", sp_ep1, alone, "dp 2 alone")
+    ok &= h.compare("gpt_oss, W=4, Ulysses sp 2 x dp_shard 2 with ep 2", sp_ep2, alone, "dp 2 alone")
+    ok &= applied("gpt_oss, W=4, Ulysses sp 2 x dp_shard 2 with ep 2", sp_ep2, 2)
+    # Context parallel's strategies take no sinks: refused at any ep, naming Ulysses as the fix.
+    run = h.launch("gpt_oss-cp2-ep2", folder, 4, ep_layout(2, **cp))
+    said = run.stdout + run.stderr
+    refused = (run.returncode != 0 and "sinks" in said and "parallelism_config_sp_size" in said
+               and "[rank" not in said)
+    print(f"{'ok' if refused else 'FAIL'}: gpt_oss, W=4, cp 2 x dp_shard 2 at ep 2 refused before any worker for "
+          f"its sinks, naming Ulysses: {why(said)}")
     return ok and refused
 
 
@@ -307,8 +331,8 @@ def check_tp(h, folders):
         try:
             tp_ep1 = h.ours(f"{name}-tp2-ep1", folder, 4, tp)
         except RuntimeError as e:
-            # The family itself takes no tensor parallel (gpt-oss's sinks): ep 2 beside it must be
-            # refused for the same reason, whatever ep is.
+            # Were the family to take no tensor parallel, ep 2 beside it must be refused for the same
+            # reason, whatever ep is.
             reason = why(str(e))
             run = h.launch(f"{name}-tp2-ep2", folder, 4, ep_layout(2, **tp))
             same = run.returncode != 0 and reason in (run.stdout + run.stderr)
@@ -321,7 +345,26 @@ def check_tp(h, folders):
                                "parallelism_config_tp_size",
                                [(f"{name}-tp2-ep1", 4, tp, "tp 2 x dp_shard 2 at ep 1"),
                                 (f"{name}-dp2", 2, {}, "FSDP alone (dp 2)")])
-    return ok
+        batch = torch.tensor([h.tokens[1000:1000 + 2 * SEQ]])
+        ok &= exports_match(f"{name}: the tp 2 x dp_shard 2 export against FSDP alone's",
+                            f"{h.tmp}/{name}-tp2-ep1/export/step-{STEPS}", f"{h.tmp}/{name}-dp2/export/step-{STEPS}",
+                            batch)
+    # gpt-oss's sinks split with the heads: a SHARDED checkpoint of tp 2 x dp_shard 2 (each tp rank
+    # its heads' sinks) resumed as FSDP alone continues the same steps.
+    folder = folders["gpt_oss"]
+    try:
+        whole = h.ours("gpt_oss-tp2-saved", folder, 4, tp, fmt="SHARDED_STATE_DICT",
+                       extra=f"checkpoint:\n  dir: {h.tmp}/gpt_oss-tp/ckpt\n  interval: 5\n")
+        resumed = h.ours("gpt_oss-tp2-resumed-dp2", folder, 2, {}, fmt="SHARDED_STATE_DICT",
+                         extra=f"checkpoint:\n  resume: {h.tmp}/gpt_oss-tp/ckpt/step-00000005\n"
+                               f"  dir: {h.tmp}/gpt_oss-dp/ckpt\n")
+    except RuntimeError as e:
+        return failed(e)
+    want = types.SimpleNamespace(losses=whole.losses[5:], grad_norms=whole.grad_norms[5:], aux=whole.aux[5:],
+                                 load=whole.load[5:])
+    title = f"SHARDED, gpt_oss's tp 2 x dp_shard 2 checkpoint at step 5 resumed as dp 2, steps 6-{STEPS}"
+    return ok & (resumed.steps == list(range(6, STEPS + 1))) & h.compare(title, resumed, want,
+                                                                        "the uninterrupted tp 2 run", learns=0)
 
 
 def check_resume(h, folders):

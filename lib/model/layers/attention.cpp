@@ -42,10 +42,10 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
-  if (c.attention_sinks) {
-    FSDP_CHECK(!tp && !cp, "[model] ", family_names(c.family).architecture, "'s attention sinks (a logit per head) ",
-               "are not split by ", tp ? "tensor parallel" : "context parallel", " yet; train it with ",
-               tp ? "tp_size 1 (FSDP shards it)" : "cp_size and sp_size 1");
+  if (c.attention_sinks) {  // this rank's heads' under tensor parallel (tensor_parallel_dim: 0)
+    FSDP_CHECK(!cp || cp->ulysses(), "[cp] ", family_names(c.family).architecture,
+               "'s attention sinks (a logit per head in each query's softmax) are not taken by context parallel's "
+               "all-gather and ring strategies; split its sequences with Ulysses (parallelism_config_sp_size) instead");
     sinks = register_parameter("sinks", at::empty({heads}));
   }
   if (c.qk_norm) {
@@ -183,10 +183,11 @@ at::Tensor AttentionImpl::attend_varlen(const at::Tensor& q, const at::Tensor& k
 // softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
 // Packed rows take variable-length flash attention on a GPU, else an explicit mask (SDPA's masked
 // CPU kernel here, its memory-efficient one on a GPU in fp32).
-at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed) {
+at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed,
+                                 const at::Tensor& q_sinks) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);
   const bool plain_causal =
-      !packed.defined() && start == 0 && (window == 0 || t <= window) && softcap == 0 && !sinks.defined();
+      !packed.defined() && start == 0 && (window == 0 || t <= window) && softcap == 0 && !q_sinks.defined();
   const kernels::Ops& ops = kernels::ops_for(q);
   if (plain_causal && !scale)  // the host's: products on oneDNN, kv heads shared (CPU float32)
     if (std::optional<at::Tensor> y = ops.causal_attention(q, k, v))
@@ -201,8 +202,8 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
                             : attention_mask(t, keys, start, window, q.device());
   };
   at::Tensor y;
-  if (sinks.defined())  // nor the sinks
-    y = ops.sink_attention(q, k, v, mask(), scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))), sinks);
+  if (q_sinks.defined())  // nor the sinks
+    y = ops.sink_attention(q, k, v, mask(), scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))), q_sinks);
   else if (softcap > 0)  // no fused kernel takes the cap
     y = ops.softcapped_attention(q, k, v, mask(), scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim))),
                                  softcap);
@@ -219,9 +220,11 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
 // Ulysses: every token of this rank's share of the heads, attention as without it, and back.
 at::Tensor AttentionImpl::attend_ulysses(const Projected& p, const Packed& packed) {
   auto to_heads = [&](const at::Tensor& x) { return ulysses_to_heads(x.transpose(1, 2), *cp).transpose(1, 2); };
-  const at::Tensor y = attend(to_heads(p.q), to_heads(p.k), to_heads(p.v), 0, packed);  // (B, T, H/P * D)
+  const int64_t mine = heads / cp->size();  // sp rank r holds heads [r * mine, (r + 1) * mine) (ulysses_to_heads)
+  const at::Tensor my_sinks = sinks.defined() ? sinks.narrow(0, cp->rank() * mine, mine) : sinks;
+  const at::Tensor y = attend(to_heads(p.q), to_heads(p.k), to_heads(p.v), 0, packed, my_sinks);  // (B, T, H/P * D)
   const int64_t b = y.size(0), t = y.size(1), l = p.q.size(2);
-  return ulysses_to_tokens(y.view({b, t, heads / cp->size(), head_dim}), *cp).reshape({b, l, heads * head_dim});
+  return ulysses_to_tokens(y.view({b, t, mine, head_dim}), *cp).reshape({b, l, heads * head_dim});
 }
 
 at::Tensor AttentionImpl::output(const at::Tensor& y, const Projected& p) {
@@ -245,7 +248,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     const at::Tensor y = context_attention(p.q, p.k, p.v, *cp);  // (B, H, L, D)
     return output(y.transpose(1, 2).reshape({y.size(0), y.size(2), heads * head_dim}), p);
   }
-  return output(attend(p.q, p.k, p.v, 0, packed), p);
+  return output(attend(p.q, p.k, p.v, 0, packed, sinks), p);
 }
 
 at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -256,7 +259,7 @@ at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& 
   cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
   cache.v = cache.v.defined() ? at::cat({cache.v, p.v}, 2) : p.v;
   cache.length += x.size(1);
-  return output(attend(p.q, cache.k, cache.v, start), p);
+  return output(attend(p.q, cache.k, cache.v, start, {}, sinks), p);
 }
 
 }  // namespace fsdp::model

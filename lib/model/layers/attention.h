@@ -83,7 +83,7 @@ class AttentionImpl : public torch::nn::Module {
   bool output_gate;  // Qwen3.5/3.6, Qwen3-Next: q_proj gives each head's query and gate side by side
   std::optional<double> scale;  // the scores' factor; none: 1/sqrt(head_dim)
   double softcap;               // the scores' tanh cap; 0: none
-  at::Tensor sinks;             // gpt-oss: a logit per head beside each query's scores (H); undefined: none
+  at::Tensor sinks;             // gpt-oss: a logit per head beside each query's scores (this rank's H); else undefined
   std::shared_ptr<TensorParallel> tp;
   std::shared_ptr<ContextParallel> cp;
 
@@ -98,8 +98,10 @@ class AttentionImpl : public torch::nn::Module {
   std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);  // (B, T, H * D), (B, T, K * D) twice
   std::array<at::Tensor, 3> with_fused_lora(std::array<at::Tensor, 3> qkv, const at::Tensor& x);  // + qkv_proj's
   // softmax(q k^T / sqrt(D)) v over the keys each query may see: q (B, Hq, T, D), k and v (B, Kq, S, D)
-  // (this rank's heads) -> (B, T, Hq * D), before o_proj.
-  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed = {});
+  // (this rank's heads) -> (B, T, Hq * D), before o_proj. q_sinks: the sinks of q's Hq heads (`sinks`,
+  // or an sp rank's share of them under Ulysses); undefined: none.
+  at::Tensor attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed,
+                    const at::Tensor& q_sinks);
   at::Tensor attend_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Packed& packed);
   at::Tensor attend_ulysses(const Projected& p, const Packed& packed);
 };

@@ -96,7 +96,7 @@ int tensor_parallel_dim(const std::string& name) {
   if (name.find(".mlp.shared_expert.") != std::string::npos) return -1;
   for (const char* column : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
                              "v_proj.bias", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias",
-                             "embed_tokens.weight", "lm_head.weight"})
+                             "self_attn.sinks", "embed_tokens.weight", "lm_head.weight"})
     if (is(column)) return 0;
   if (is("o_proj.weight") || is("down_proj.weight")) return 1;
   return -1;
