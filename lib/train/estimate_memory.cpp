@@ -209,11 +209,17 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
     e.ep_bytes = sparse * 4 * (tokens / tp) * mc.moe.experts_per_token * C * param_bytes * (ep - 1) / ep;
   }
   if (const int cp = plan.cp_size; cp > 1) {
-    e.cp_bytes =
-        mc.num_hidden_layers *
-        model::sequence_split_bytes(model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind)),
-                                    c.train.micro_batch_size, c.train.sequence_length, mc.num_attention_heads / tp,
-                                    mc.num_key_value_heads / tp, mc.head_dim, param_bytes);
+    const model::ContextParallel group =
+        model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind));
+    const int64_t batch = c.train.micro_batch_size, seq = c.train.sequence_length;
+    const model::LinearAttentionConfig& la = mc.linear_attention;
+    for (int64_t l = 0; l < mc.num_hidden_layers; ++l)  // a hybrid's Gated DeltaNet layers under Ulysses
+      e.cp_bytes +=
+          mc.is_linear(l)
+              ? model::ulysses_linear_attention_bytes(group, batch, seq, la.key_heads / tp, la.value_heads / tp,
+                                                      la.key_head_dim, la.value_head_dim, param_bytes)
+              : model::sequence_split_bytes(group, batch, seq, mc.num_attention_heads / tp, mc.num_key_value_heads / tp,
+                                            mc.head_dim, param_bytes);
   }
   return e;
 }

@@ -148,27 +148,43 @@ void check_tensor_parallel(const config::Config& config, const model::DecoderCon
              fits.empty() ? std::string("This model takes no tp_size above 1") : "Use tp_size " + join(fits, ", "));
 }
 
-// Ulysses gives each sp rank an equal share of the (tp rank's) heads and kv heads; context parallel
-// takes no attention sinks and does not split a sliding window shorter than the sequence.
+// Ulysses gives each sp rank an equal share of the (tp rank's) heads and kv heads, and of a hybrid's
+// Gated DeltaNet heads; context parallel takes no Gated DeltaNet, no attention sinks and does not
+// split a sliding window shorter than the sequence.
 void check_sequence_split(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const config::FsdpLayout layout = config::effective_fsdp_layout(config);
   if (layout.cp_size <= 1) return;
+  const bool hybrid =
+      std::find(model.linear_layers.begin(), model.linear_layers.end(), true) != model.linear_layers.end();
   if (layout.cp_kind == "ulysses") {
-    const int64_t per = static_cast<int64_t>(layout.cp_size) * layout.tp_size;
-    if (model.num_attention_heads % per == 0 && model.num_key_value_heads % per == 0) return;
+    // Attention's query and kv heads, and a hybrid's Gated DeltaNet key and value heads.
+    std::vector<int64_t> heads = {model.num_attention_heads, model.num_key_value_heads};
+    if (hybrid) {
+      heads.push_back(model.linear_attention.key_heads);
+      heads.push_back(model.linear_attention.value_heads);
+    }
+    auto divides = [&](int64_t d) {
+      return std::all_of(heads.begin(), heads.end(), [&](int64_t n) { return n % d == 0; });
+    };
+    if (divides(static_cast<int64_t>(layout.cp_size) * layout.tp_size)) return;
     std::vector<std::string> fits;
     for (int d = 2; d <= 64; d *= 2)
-      if (model.num_attention_heads % (d * layout.tp_size) == 0 &&
-          model.num_key_value_heads % (d * layout.tp_size) == 0)
-        fits.push_back(std::to_string(d));
+      if (divides(static_cast<int64_t>(d) * layout.tp_size)) fits.push_back(std::to_string(d));
     throw InputError(str("[train] parallelism_config_sp_size ", layout.cp_size,
                          layout.tp_size > 1 ? str(" x tp_size ", layout.tp_size) : "", " does not divide ",
-                         model.num_attention_heads, " query and ", model.num_key_value_heads, " kv heads of ", path,
-                         ": Ulysses gives each rank an equal share of both. ",
+                         model.num_attention_heads, " query and ", model.num_key_value_heads, " kv heads",
+                         hybrid ? str(" (and ", model.linear_attention.key_heads, " key and ",
+                                      model.linear_attention.value_heads, " value heads of Gated DeltaNet)")
+                                : "",
+                         " of ", path, ": Ulysses gives each rank an equal share of them. ",
                          fits.empty() ? std::string("This model takes no sp_size above 1 here; use cp_size (context "
                                                     "parallel), which splits tokens instead")
                                       : "Use sp_size " + join(fits, ", ") + ", or cp_size (context parallel)"));
   }
+  FSDP_CHECK(!hybrid, "[train] parallelism_config_cp_size ", layout.cp_size, ": ", path, " is a ",
+             model::family_names(model.family).architecture,
+             " model, whose Gated DeltaNet layers carry a state along the sequence, which context parallel's "
+             "all-gather and ring strategies split; use Ulysses (parallelism_config_sp_size) for this model");
   FSDP_CHECK(!model.attention_sinks, "[train] parallelism_config_cp_size ", layout.cp_size, ": ", path, " is a ",
              model::family_names(model.family).architecture,
              " model, whose attention sinks (a logit per head in each query's softmax) context parallel's all-gather "

@@ -6,6 +6,8 @@ saves a small model and fsdptrain fine-tunes it from one token stream. Over Gloo
     of the cp 1 run (one process, the same global batch) within 1e-5 relative for 10 steps, and
     cp 2 x dp 2 (and, for Llama, cp 2 x dp_replicate 2) those of dp 2 alone;
   - records packed into rows (data.packing: masked) train under sp 2 as under cp 1 (Qwen2);
+  - the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet) under sp 2 as under cp 1, Qwen3.5 with
+    packed records too; cp 2 refuses them before any worker starts, naming Ulysses;
   - with the rest: activation checkpointing and 2 accumulated micro-batches, LoRA adapters, and bf16
     (within bf16's own noise on this data, as tensor_parallel_test bounds it);
   - a SHARDED and a FULL checkpoint saved at cp 2 resume at cp 1 with the same losses;
@@ -24,6 +26,8 @@ import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
+
+transformers.utils.logging.disable_progress_bar()
 
 STEPS, BATCH, SEQ, LR = 10, 2, 32, 3e-3
 
@@ -135,8 +139,10 @@ def check_layouts(r, folders):
     return ok
 
 
-def check_packed(r, folders):
-    """Records packed into rows (data.packing: masked) under Ulysses, which keeps them whole."""
+def packed_runner(r, model):
+    """run(name, world, layout, packing): a run of `model` (a byte-level folder) on prompt/completion
+    records of 8-26 tokens, several to a row of 32 when packing is masked: its losses, and its
+    gradient norms followed by its held-out losses at steps 5 and 10."""
     records = os.path.join(r.tmp, "records.jsonl")
     lines = [line.strip() for path in sorted(glob.glob(os.path.join(r.source, "lib/*/*.h")))[:12]
              for line in open(path, encoding="utf-8", errors="replace") if 4 <= len(line.strip()) <= 12 and line.isascii()]
@@ -144,9 +150,7 @@ def check_packed(r, folders):
         for prompt, completion in zip(lines[0::2], lines[1::2]):
             f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
     packed = f"data:\n  path: {records}\n  packing: PACKING\n  eval_fraction: 0.05\n"
-    config = families()["qwen2"]
-    config.vocab_size = 257  # text is read as bytes by a byte-level model
-    model = r.save("qwen2-bytes", config)
+
     def run(name, world, layout, packing="masked"):
         path = r.yaml_of(name, model, world, layout)
         text = open(path).read().replace("eval_interval: 0", "eval_interval: 5")  # the held-out loss too
@@ -160,12 +164,49 @@ def check_packed(r, folders):
         held_out = [x["eval_loss"] for x in rows if "eval_loss" in x]
         assert len(held_out) == 2, f"{name}: held-out losses {held_out}"
         return [x["loss"] for x in rows if "loss" in x], [x["grad_norm"] for x in rows if "grad_norm" in x] + held_out
+    return run
+
+
+def check_packed(r, folders):
+    """Records packed into rows (data.packing: masked) under Ulysses, which keeps them whole."""
+    config = families()["qwen2"]
+    config.vocab_size = 257  # text is read as bytes by a byte-level model
+    run = packed_runner(r, r.save("qwen2-bytes", config))
     ok = compare("qwen2, packed records (masked), sp 2 (and its held-out losses at steps 5 and 10)",
                  run("packed-sp2", 2, {"sp_size": 2}), run("packed-cp1", 1, {}), 1e-5, learns=0.1)
     # Context parallel: packing auto packs one record per row (pad), the prompts not counted.
     return ok & compare("qwen2, prompt/completion records one to a row (packing auto -> pad), cp 2 alltoall",
                         run("pad-cp2", 2, {"cp_size": 2, "cp_comm_strategy": "alltoall"}, "auto"),
                         run("pad-cp1", 1, {}, "pad"), 1e-5, learns=0.1)
+
+
+def check_hybrids(r, folders):
+    """Qwen3.5 and Qwen3-Next (a Gated DeltaNet layer, then a gated attention one) under Ulysses: each sp
+    rank projects its tokens, then runs the convolution and the delta rule over every token of its
+    share of the DeltaNet's heads; packed records each from a zero state. Context parallel's
+    strategies, which would cut the state's sequence, are refused before any worker starts."""
+    common = dict(vocab_size=257, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0,
+                  eos_token_id=1, pad_token_id=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                  linear_key_head_dim=8, linear_value_head_dim=12, layer_types=["linear_attention", "full_attention"])
+    hybrids = {"qwen3_5": r.save("qwen3_5", transformers.Qwen3_5TextConfig(**common)),
+               "qwen3_next": r.save("qwen3_next", transformers.Qwen3NextConfig(**common, num_experts=0))}
+    ok = True
+    for name, folder in hybrids.items():
+        ok &= compare(f"{name}, sp 2", r.run(f"{name}-sp2", folder, 2, {"sp_size": 2}),
+                      r.run(f"{name}-cp1", folder, 1, {}), 1e-5)
+    run = packed_runner(r, hybrids["qwen3_5"])
+    ok &= compare("qwen3_5, packed records (masked), sp 2 (and its held-out losses at steps 5 and 10)",
+                  run("qwen3_5-packed-sp2", 2, {"sp_size": 2}), run("qwen3_5-packed-cp1", 1, {}), 1e-5, learns=0.1)
+    path = r.yaml_of("qwen3_5-cp2", hybrids["qwen3_5"], 2, {"cp_size": 2})
+    out = subprocess.run([r.fsdptrain, "launch", "--config", path, "--main_process_port", "0"], capture_output=True,
+                         text=True, timeout=120)
+    said = out.stdout + out.stderr
+    good = (out.returncode != 0 and "Gated DeltaNet" in said and "parallelism_config_sp_size" in said
+            and "[rank" not in said)
+    print(f"{'ok' if good else 'FAIL'}: qwen3_5, cp 2 refused before any worker started, naming Ulysses: "
+          f"{said.strip().splitlines()[-1] if said.strip() else '(nothing)'}")
+    return ok & good
 
 
 def check_with_rest(r, folders):
@@ -253,7 +294,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("--only", default="", help="run one check: layouts, packed, rest, checkpoints, refusals")
+    ap.add_argument("--only", default="", help="run one check: layouts, packed, hybrids, rest, checkpoints, refusals")
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,8 +304,8 @@ def main():
         r = Runs(args.fsdptrain, tmp, data, args.source)
         try:
             folders = {name: r.save(name, config) for name, config in families().items()}
-            checks = {"layouts": check_layouts, "packed": check_packed, "rest": check_with_rest,
-                      "checkpoints": check_checkpoints, "refusals": check_refusals}
+            checks = {"layouts": check_layouts, "packed": check_packed, "hybrids": check_hybrids,
+                      "rest": check_with_rest, "checkpoints": check_checkpoints, "refusals": check_refusals}
             for name, check in checks.items():
                 if not args.only or args.only == name:
                     ok &= check(r, folders)

@@ -12,7 +12,8 @@ and the folder's fused projections, experts one by one in the folder, a dense la
 the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
 packed records each starting from a zero state); and a Gemma3ForConditionalGeneration and a
 Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
-models with it."""
+models with it. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
+is refused before any worker starts, naming Ulysses."""
 import argparse
 import json
 import os
@@ -144,25 +145,31 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         want = model.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=1, pad_token_id=1)[0, ids.shape[1]:]
         assert got == want.tolist(), (name, p, got, want.tolist())
     if name == "qwen3_5":
-        # Context parallel splits the sequence Gated DeltaNet's state runs along: refused, naming it.
+        # Context parallel's strategies would split the sequence Gated DeltaNet's state runs along:
+        # refused before any worker starts, naming Ulysses.
         r = launch(a, d, f"{name}_cp", folder, "--set", "parallelism_config.parallelism_config_cp_size=2", check=False)
-        assert r.returncode != 0 and "Gated DeltaNet (linear attention) layer" in r.stderr, r.stderr[-2000:]
-        print(f"{name}: cp_size 2 refused: " + next(l for l in r.stderr.splitlines() if "Gated DeltaNet" in l)[:160])
-        # Tensor parallel splits its heads: tp 2 on 2 ranks (packed records, one data-parallel rank) gives
-        # the losses of 1 rank alone.
+        said = r.stdout + r.stderr
+        assert (r.returncode != 0 and "Gated DeltaNet layers carry a state" in said
+                and "parallelism_config_sp_size" in said and "[rank" not in said), said[-2000:]
+        print(f"{name}: cp_size 2 refused: " + next(l for l in said.splitlines() if "Gated DeltaNet" in l)[:160])
+        # Tensor parallel splits its heads over the gathered sequence, Ulysses swaps each rank's tokens
+        # for every token of half the heads: tp 2 and sp 2 on 2 ranks (packed records, one data-parallel
+        # rank) give the losses of 1 rank alone.
         runs = {}
-        for tp in (1, 2):
-            out_tp = os.path.join(d, f"{name}_tp{tp}")
+        for layout, processes in (("one", 1), ("tp_size", 2), ("sp_size", 2)):
+            out = os.path.join(d, f"{name}_{layout}")
+            split = [] if processes == 1 else ["--set", f"parallelism_config.parallelism_config_{layout}=2"]
             run([a.fsdptrain, "launch", "--config", os.path.join(a.source, "configs", "finetune.yaml"),
-                 "--main_process_port", "0", "--num_processes", str(tp), "--set", f"train.output_dir={out_tp}",
+                 "--main_process_port", "0", "--num_processes", str(processes), "--set", f"train.output_dir={out}",
                  "--set", f"model.pretrained={folder}", "--set", f"data.path={d}/train.jsonl", "--set",
                  f"data.cache_dir={d}/{name}/cache", "--set", "train.steps=8", "--set", "logging.interval=1",
-                 "--set", "checkpoint.dir=", "--set", f"parallelism_config.parallelism_config_tp_size={tp}"], cwd=d)
-            runs[tp] = [json.loads(l)["loss"] for l in open(os.path.join(out_tp, "metrics.jsonl")) if '"loss"' in l]
-        worst_tp = max(abs(x - y) / abs(y) for x, y in zip(runs[2], runs[1]))
-        assert len(runs[2]) == len(runs[1]) == 8 and worst_tp <= 1e-5, (runs, worst_tp)
-        print(f"{name}: tp 2 (its Gated DeltaNet heads split, packed records) gives 1 rank's 8 losses within "
-              f"{worst_tp:.1e}")
+                 "--set", "checkpoint.dir="] + split, cwd=d)
+            runs[layout] = [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
+        for layout, what in (("tp_size", "tp 2 (its Gated DeltaNet heads split over the gathered sequence"),
+                             ("sp_size", "sp 2 (Ulysses: every token of half its Gated DeltaNet heads")):
+            worst_split = max(abs(x - y) / abs(y) for x, y in zip(runs[layout], runs["one"]))
+            assert len(runs[layout]) == len(runs["one"]) == 8 and worst_split <= 1e-5, (layout, runs, worst_split)
+            print(f"{name}: {what}, packed records) gives 1 rank's 8 losses within {worst_split:.1e}")
     print(f"{name}: 2 workers, 30 steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; transformers loads the export: "
           f"logits of {len(tokens)} records within {worst:.1e} of ours; greedy continuations of {len(prompts)} "
           f"prompts equal fsdptrain generate's")

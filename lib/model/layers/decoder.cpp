@@ -72,10 +72,11 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
   const bool sparse = c.plan(layer).moe;
   if (c.plan(layer).linear) {
     const char* arch = family_names(c.family).architecture;
-    FSDP_CHECK(!cp, "[model] ", arch, ": a Gated DeltaNet (linear attention) layer carries its state along the "
-               "sequence, which context and sequence parallel split; set parallelism_config_cp_size: 1 and "
-               "parallelism_config_sp_size: 1");
-    linear_attn = register_module("linear_attn", GatedDeltaNet(c, tp));
+    FSDP_CHECK(!cp || cp->ulysses(), "[model] ", arch,
+               ": a Gated DeltaNet (linear attention) layer carries its state along the sequence, which context "
+               "parallel's all-gather and ring strategies split; use Ulysses (parallelism_config_sp_size), which "
+               "gives each rank every token of a share of the heads");
+    linear_attn = register_module("linear_attn", GatedDeltaNet(c, tp, cp));
   } else {
     self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
   }

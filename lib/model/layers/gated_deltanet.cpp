@@ -10,6 +10,7 @@
 #include "model/kernels/ops.h"
 #include "model/layers/lora_layer.h"
 #include "model/layers/projection.h"
+#include "model/parallel/context_parallel.h"
 #include "model/parallel/tensor_parallel.h"
 #include "util/error.h"
 
@@ -19,13 +20,23 @@ WeightHolderImpl::WeightHolderImpl(const std::string& name, at::Tensor value) : 
   weight = register_parameter("weight", std::move(value));
 }
 
-GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> t)
+GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> t,
+                                     std::shared_ptr<ContextParallel> s)
     : torch::nn::Module("GatedDeltaNet"),
       shape(c.linear_attention),
       eps(c.rms_norm_eps),
       tp(std::move(t)),
+      sp(std::move(s)),
       key_heads(share(shape.key_heads, tp, "linear_num_key_heads")),
       value_heads(share(shape.value_heads, tp, "linear_num_value_heads")) {
+  FSDP_CHECK(!sp || sp->ulysses(), "[model] Gated DeltaNet splits a sequence by Ulysses only");
+  const int64_t p = sp ? sp->size() : 1;
+  FSDP_CHECK(key_heads % p == 0 && value_heads % p == 0, "[sp] Gated DeltaNet's ", key_heads, " key and ", value_heads,
+             " value heads", tp ? " (this rank's, under tensor parallel)" : "", " do not divide over sp_size ", p,
+             "; Ulysses gives each sp rank a share of both");
+  mixed_key_heads = key_heads / p;
+  mixed_value_heads = value_heads / p;
+  mixed_block = (tp ? tp->rank() : 0) * p + (sp ? sp->rank() : 0);
   const int64_t hidden = c.hidden_size, hv = shape.value_heads;
   dt_bias = register_parameter("dt_bias", at::ones({hv}));
   A_log = register_parameter("A_log", at::zeros({hv}));
@@ -46,11 +57,11 @@ GatedDeltaNetImpl::GatedDeltaNetImpl(const DecoderConfig& c, std::shared_ptr<Ten
   out_proj = register_module("out_proj", uninitialized_linear(shape.value_dim(), hidden, /*bias=*/false));
 }
 
-at::Tensor GatedDeltaNetImpl::local_rows(const at::Tensor& w,
-                                         std::initializer_list<std::pair<int64_t, int64_t>> parts) const {
-  if (!tp) return w;
+at::Tensor GatedDeltaNetImpl::local_rows(const at::Tensor& w, std::initializer_list<std::pair<int64_t, int64_t>> parts,
+                                         int64_t block) const {
+  if (!tp && !sp) return w;
   std::vector<at::Tensor> blocks;
-  for (const auto& [start, count] : parts) blocks.push_back(w.narrow(0, start + tp->rank() * count, count));
+  for (const auto& [start, count] : parts) blocks.push_back(w.narrow(0, start + block * count, count));
   return blocks.size() == 1 ? blocks[0] : at::cat(blocks, 0);
 }
 
@@ -59,7 +70,7 @@ at::Tensor GatedDeltaNetImpl::local_linear(const torch::nn::Linear& l, const at:
   if (!tp) return layer_linear(l, x);
   FSDP_CHECK(!has_lora(l), "[tp] LoRA on Gated DeltaNet's projections under tensor parallel is not implemented; "
              "train the adapters with tp_size 1 or leave in_proj_* and out_proj out of lora.target_modules");
-  return model::linear(x, local_rows(l->weight, parts));
+  return model::linear(x, local_rows(l->weight, parts, tp->rank()));
 }
 
 GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const at::Tensor& x) {
@@ -87,8 +98,9 @@ GatedDeltaNetImpl::Projected GatedDeltaNetImpl::project(const at::Tensor& x) {
 
 at::Tensor GatedDeltaNetImpl::convolve(const at::Tensor& qkv, const at::Tensor& window, at::Tensor* next_window) {
   const int64_t t = qkv.size(1), taps = shape.conv_kernel, channels = qkv.size(2);
-  const int64_t keys = shape.key_dim(), qk = key_heads * shape.key_head_dim;
-  const at::Tensor weight = local_rows(conv1d->weight, {{0, qk}, {keys, qk}, {2 * keys, value_heads * shape.value_head_dim}});
+  const int64_t keys = shape.key_dim(), qk = mixed_key_heads * shape.key_head_dim;
+  const at::Tensor weight = local_rows(
+      conv1d->weight, {{0, qk}, {keys, qk}, {2 * keys, mixed_value_heads * shape.value_head_dim}}, mixed_block);
   at::Tensor in = qkv.transpose(1, 2);  // (B, conv_dim, T)
   if (window.defined()) in = at::cat({window.to(in.scalar_type()), in}, 2);
   if (next_window) *next_window = in.narrow(2, in.size(2) - (taps - 1), taps - 1);  // its last inputs
@@ -107,7 +119,7 @@ at::Tensor GatedDeltaNetImpl::convolve(const at::Tensor& qkv, const at::Tensor& 
 
 at::Tensor GatedDeltaNetImpl::mix(const at::Tensor& qkv, const at::Tensor& b_in, const at::Tensor& a_in,
                                   at::Tensor* state, bool step_by_step) {
-  const int64_t b = qkv.size(0), t = qkv.size(1), hk = key_heads, hv = value_heads;
+  const int64_t b = qkv.size(0), t = qkv.size(1), hk = mixed_key_heads, hv = mixed_value_heads;
   const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
   const std::vector<at::Tensor> parts = qkv.split_with_sizes({hk * dk, hk * dk, hv * dv}, -1);
   // (B, T, Hk, Dk) -> (B, Hv, T, Dk): each key head's vector L2-normalised in fp32 (q also times
@@ -124,7 +136,8 @@ at::Tensor GatedDeltaNetImpl::mix(const at::Tensor& qkv, const at::Tensor& b_in,
   const at::Tensor q = heads(parts[0], 1.0 / std::sqrt(static_cast<double>(dk))), k = heads(parts[1], 1.0);
   const at::Tensor v = parts[2].reshape({b, t, hv, dv}).transpose(1, 2);
   const at::Tensor beta = at::sigmoid(b_in).to(at::kFloat).transpose(1, 2);  // (B, Hv, T)
-  const at::Tensor a_log = local_rows(A_log, {{0, hv}}), bias = local_rows(dt_bias, {{0, hv}});
+  const at::Tensor a_log = local_rows(A_log, {{0, hv}}, mixed_block),
+                   bias = local_rows(dt_bias, {{0, hv}}, mixed_block);
   const at::Tensor g =
       (-at::exp(a_log.to(at::kFloat)) * at::softplus(a_in.to(at::kFloat) + bias.to(at::kFloat))).transpose(1, 2);
   const at::Tensor entering = state && state->defined() ? *state : at::Tensor();
@@ -149,17 +162,27 @@ at::Tensor GatedDeltaNetImpl::finish(const at::Tensor& o, const at::Tensor& z) {
   return reduce_scatter_along(model::linear(y, out_proj->weight.narrow(1, tp->rank() * width, width)), 1, *tp);
 }
 
-at::Tensor GatedDeltaNetImpl::forward_rows(const at::Tensor& x) {
-  const Projected p = project(x);
-  return finish(mix(convolve(p.qkv), p.b, p.a, nullptr, false), p.z);
+GatedDeltaNetImpl::Projected GatedDeltaNetImpl::to_mixed_heads(const Projected& p) const {
+  const int64_t b = p.qkv.size(0), l = p.qkv.size(1), hk = key_heads, hv = value_heads;
+  const int64_t dk = shape.key_head_dim, dv = shape.value_head_dim;
+  const std::vector<at::Tensor> qkv = p.qkv.split_with_sizes({hk * dk, hk * dk, hv * dv}, -1);
+  // Each key head's q and k side by side, each value head's v, b and a: two all-to-alls.
+  const at::Tensor qk =
+      ulysses_to_heads(at::cat({qkv[0].reshape({b, l, hk, dk}), qkv[1].reshape({b, l, hk, dk})}, -1), *sp);
+  const at::Tensor vba =
+      ulysses_to_heads(at::cat({qkv[2].reshape({b, l, hv, dv}), p.b.unsqueeze(-1), p.a.unsqueeze(-1)}, -1), *sp);
+  const int64_t t = qk.size(1), mk = mixed_key_heads, mv = mixed_value_heads;
+  const std::vector<at::Tensor> q_k = qk.split(dk, -1);                        // (B, T, mk, Dk) twice
+  const std::vector<at::Tensor> v_b_a = vba.split_with_sizes({dv, 1, 1}, -1);  // (B, T, mv, Dv | 1 | 1)
+  return {at::cat({q_k[0].reshape({b, t, mk * dk}), q_k[1].reshape({b, t, mk * dk}), v_b_a[0].reshape({b, t, mv * dv})},
+                  -1),
+          {},
+          v_b_a[1].reshape({b, t, mv}),
+          v_b_a[2].reshape({b, t, mv})};
 }
 
-at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x_in, const Packed& packed) {
-  const at::Tensor x = tp ? gather_along(x_in, 1, *tp) : x_in;  // every token: the state runs along them
-  if (!packed.defined()) return forward_rows(x);
-  // Each record alone: its tokens laid into a row of their own (R records, the longest L tokens,
-  // zeros after a shorter one's end, which nothing before them sees), computed, and put back.
-  const int64_t b = x.size(0), t = x.size(1), c = x.size(2);
+at::Tensor GatedDeltaNetImpl::mix_records(const Projected& m, const Packed& packed) {
+  const int64_t b = m.qkv.size(0), t = m.qkv.size(1);
   const at::Tensor per_row = std::get<0>(packed.segments.max(1)) + 1;  // records in each row
   const at::Tensor first = per_row.cumsum(0) - per_row;                 // each row's first record
   // The records' count and the longest one's length from the host's lengths when the batch has them
@@ -168,15 +191,25 @@ at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x_in, const Packed& pack
       packed.cu_seqlens.defined() ? packed.cu_seqlens.size(0) - 1 : per_row.sum().item<int64_t>();
   const int64_t longest = packed.max_len > 0 ? packed.max_len : packed.positions.max().item<int64_t>() + 1;
   const at::Tensor slot = ((packed.segments + first.unsqueeze(1)) * longest + packed.positions).reshape({-1});
-  const at::Tensor rows = at::zeros({records * longest, c}, x.options()).index_copy(0, slot, x.reshape({-1, c}));
-  // Rows apart before out_proj's sum over the tensor-parallel group, which splits the sequence.
-  const Projected p = project(rows.view({records, longest, c}));
-  const at::Tensor o = mix(convolve(p.qkv), p.b, p.a, nullptr, false);  // (R, L, Hv, Dv)
-  const int64_t heads = o.size(2), width = o.size(3);
-  auto back = [&](const at::Tensor& y) {
-    return y.reshape({records * longest, -1}).index_select(0, slot).view({b, t, heads, width});
+  auto apart = [&](const at::Tensor& y) {  // (B, T, ...) -> (R, L, n)
+    const at::Tensor flat = y.reshape({b * t, -1});
+    return at::zeros({records * longest, flat.size(1)}, y.options())
+        .index_copy(0, slot, flat)
+        .view({records, longest, -1});
   };
-  return finish(back(o), back(p.z));
+  const at::Tensor o = mix(convolve(apart(m.qkv)), apart(m.b), apart(m.a), nullptr, false);  // (R, L, Hv, Dv)
+  return o.reshape({records * longest, -1}).index_select(0, slot).view({b, t, o.size(2), o.size(3)});
+}
+
+at::Tensor GatedDeltaNetImpl::forward(const at::Tensor& x_in, const Packed& packed) {
+  // Every token of the heads this rank mixes: the state runs along them. Tensor parallel gathers the
+  // sequence before the projections, Ulysses swaps tokens for heads after them.
+  const at::Tensor x = tp ? gather_along(x_in, 1, *tp) : x_in;
+  const Projected p = project(x);
+  const Projected m = sp ? to_mixed_heads(p) : p;
+  at::Tensor o = packed.defined() ? mix_records(m, packed) : mix(convolve(m.qkv), m.b, m.a, nullptr, false);
+  if (sp) o = ulysses_to_tokens(o, *sp);  // (B, L, Hv, Dv): this rank's tokens again
+  return finish(o, p.z);
 }
 
 at::Tensor GatedDeltaNetImpl::forward_cached(const at::Tensor& x, LayerCache& cache) {

@@ -15,7 +15,12 @@
 // convolution, its dt_bias and A_log, its columns of out_proj, whose partial sums are summed and
 // split along the sequence again, as attention's o_proj. The parameters stay whole on every rank
 // (their gradients, each rank's heads' rows, are summed over the group), so adapters and float8 do
-// not apply to its projections there. Context parallel is refused by the decoder layer.
+// not apply to its projections there. Under Ulysses (P sp ranks) each rank projects its own block of
+// the sequence with the whole projections, then one all-to-all for each key head's q and k and one
+// for each value head's v, b and a give it every token of 1/P of the heads (of its tensor-parallel
+// share), which it convolves and runs the rule on; its output goes back by a third all-to-all before
+// the norm and out_proj. The convolution's, dt_bias's and A_log's rows of those heads are its own.
+// Context parallel's all-gather and ring strategies are refused by the decoder layer.
 //
 // Shapes: B batch, T tokens, C hidden_size, Hk/Hv key/value heads, Dk/Dv their widths.
 // Not thread-safe (LibTorch modules).
@@ -35,7 +40,8 @@
 
 namespace fsdp::model {
 
-struct TensorParallel;  // model/parallel/tensor_parallel.h
+struct TensorParallel;   // model/parallel/tensor_parallel.h
+struct ContextParallel;  // model/parallel/context_parallel.h
 
 // A module that holds one parameter, "weight": the convolution's (conv_dim, 1, kernel) and the
 // gated norm's (Dv), named as transformers' Conv1d and RMSNormGated hold theirs.
@@ -48,7 +54,9 @@ TORCH_MODULE(WeightHolder);
 
 class GatedDeltaNetImpl : public torch::nn::Module {
  public:
-  explicit GatedDeltaNetImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> tp = nullptr);
+  // `sp`: a Ulysses group (ContextParallel::ulysses), or none.
+  explicit GatedDeltaNetImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel> tp = nullptr,
+                             std::shared_ptr<ContextParallel> sp = nullptr);
   // x (B, T, C) -> (B, T, C); with `packed` (on x's device), each record as if alone.
   at::Tensor forward(const at::Tensor& x, const Packed& packed = {});
   // T new tokens after the cache's: their output, the cache's window and state carried on.
@@ -62,7 +70,11 @@ class GatedDeltaNetImpl : public torch::nn::Module {
   LinearAttentionConfig shape;
   double eps;
   std::shared_ptr<TensorParallel> tp;
-  int64_t key_heads, value_heads;  // this rank's (all of them without tensor parallel)
+  std::shared_ptr<ContextParallel> sp;
+  int64_t key_heads, value_heads;  // the heads this rank projects (all of them without tensor parallel)
+  // The heads this rank convolves and mixes: its projected ones, or an sp rank's 1/P of them; they
+  // are block `mixed_block` of the model's heads in blocks of this size.
+  int64_t mixed_key_heads, mixed_value_heads, mixed_block;
 
  private:
   struct Projected {
@@ -71,6 +83,9 @@ class GatedDeltaNetImpl : public torch::nn::Module {
     at::Tensor b, a;  // (B, T, Hv)
   };
   Projected project(const at::Tensor& x);
+  // Ulysses: this rank's tokens of every projected head -> every token of its mixed heads (qkv, b
+  // and a; z stays with the tokens).
+  Projected to_mixed_heads(const Projected& p) const;
   // The convolution (with `window`, its last inputs before x's, else zeros) and SiLU:
   // qkv (B, T, conv_dim) -> (B, T, conv_dim). next_window (decoding): set to the last conv_kernel - 1
   // inputs, the window of the tokens after these.
@@ -81,10 +96,13 @@ class GatedDeltaNetImpl : public torch::nn::Module {
                  bool step_by_step);
   // The gated norm of o (B, T, Hv, Dv) by z, then out_proj.
   at::Tensor finish(const at::Tensor& o, const at::Tensor& z);
-  at::Tensor forward_rows(const at::Tensor& x);
-  // `w`'s rows (dim 0) of this rank's heads: for each (start, count) of one rank's share, that
-  // share's block of this rank, end to end; w itself without tensor parallel.
-  at::Tensor local_rows(const at::Tensor& w, std::initializer_list<std::pair<int64_t, int64_t>> parts) const;
+  // Packed rows: each record laid into a row of its own (zeros after a shorter one's end, which
+  // nothing before them sees), convolved and mixed, and put back: (B, T, Hv, Dv) from m's tokens.
+  at::Tensor mix_records(const Projected& m, const Packed& packed);
+  // `w`'s rows (dim 0) of block `block` of each part: for each (start, count), rows
+  // [start + block * count, start + (block + 1) * count), end to end; w itself when nothing splits.
+  at::Tensor local_rows(const at::Tensor& w, std::initializer_list<std::pair<int64_t, int64_t>> parts,
+                        int64_t block) const;
   // l(x) over this rank's rows of l's weight.
   at::Tensor local_linear(const torch::nn::Linear& l, const at::Tensor& x,
                           std::initializer_list<std::pair<int64_t, int64_t>> parts) const;

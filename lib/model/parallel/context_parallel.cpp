@@ -370,4 +370,17 @@ int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t s
   return 0;
 }
 
+int64_t ulysses_linear_attention_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t key_heads,
+                                       int64_t value_heads, int64_t key_head_dim, int64_t value_head_dim,
+                                       int64_t elem) {
+  const int64_t p = cp.size();
+  if (p == 1) return 0;
+  const int64_t tokens = batch * seq_len / p;  // a rank's, before the swap
+  // An all-to-all of n elements sends all but the rank's own 1/P.
+  auto swap = [&](int64_t per_token) { return tokens * per_token / p * (p - 1) * elem; };
+  const int64_t one_way = swap(key_heads * 2 * key_head_dim) + swap(value_heads * (value_head_dim + 2)) +
+                          swap(value_heads * value_head_dim);
+  return 2 * one_way;  // the gradients come back the same way
+}
+
 }  // namespace fsdp::model

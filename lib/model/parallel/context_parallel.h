@@ -76,5 +76,10 @@ at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp);
 // accounting test asserts and estimate-memory reports.
 int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads, int64_t kv_heads,
                              int64_t head_dim, int64_t elem);
+// The same for one Gated DeltaNet layer under Ulysses (cp.ulysses()): each of Hk key heads' q and k
+// (2 Dk) and each of Hv value heads' v, b and a (Dv + 2) to heads, the output (Dv) back, forward and
+// backward (heads as this rank's tensor-parallel share).
+int64_t ulysses_linear_attention_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t key_heads,
+                                       int64_t value_heads, int64_t key_head_dim, int64_t value_head_dim, int64_t elem);
 
 }  // namespace fsdp::model
