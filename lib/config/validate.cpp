@@ -216,8 +216,15 @@ void check_tensor_parallel(Checker& c) {
             str(tp, " does not divide train.sequence_length ", cfg.train.sequence_length,
                 " (sequence parallel splits each sequence over the tensor-parallel ranks)"),
             "a sequence_length that is a multiple of tp_size");
-  if (cfg.lora.enabled())
-    c.error(key, "LoRA adapters are not trained under tensor parallel yet", "set tp_size: 1 to train with lora.r");
+  // LoRA: a column-parallel projection's lora_B is split with its rows, a row-parallel one's lora_A
+  // with its columns (model/parallel/tensor_parallel.h). Not yet: dropout (each tp rank would draw
+  // its own mask over the same gathered inputs) and the experts' adapters.
+  if (cfg.lora.enabled() && cfg.lora.dropout > 0)
+    c.error(key, str("lora.dropout ", cfg.lora.dropout, " is not drawn alike by the tensor-parallel ranks yet"),
+            "set lora.dropout: 0 under tp_size > 1, or train with tp_size: 1");
+  if (cfg.lora.enabled() && !cfg.lora.target_parameters.empty())
+    c.error(key, "lora.target_parameters (the experts' adapters) are not trained under tensor parallel yet",
+            "train them with tp_size: 1 (FSDP shards them), or leave out lora.target_parameters");
 }
 
 // Context parallel (cp_size) or Ulysses (sp_size): what the split needs of the sequence and the data

@@ -45,8 +45,10 @@ at::Tensor layer_linear(const torch::nn::Linear& l, const at::Tensor& x) {
 
 at::Tensor row_parallel_output(const torch::nn::Linear& proj, const at::Tensor& x, const TensorParallel* tp) {
   if (tp == nullptr) return layer_linear(proj, x);
-  // The bias after the sum, once: every rank holds it whole and adds it to its own tokens.
-  const at::Tensor y = reduce_scatter_along(model::linear(x, proj->weight), 1, *tp);
+  // An adapter's part joins the partial sum: lora_A's columns of this rank's inputs, lora_B whole
+  // (B (sum of A_p x_p) is the sum of B A_p x_p). The bias after the sum, once: every rank holds it
+  // whole and adds it to its own tokens.
+  const at::Tensor y = reduce_scatter_along(with_lora(proj, x, model::linear(x, proj->weight)), 1, *tp);
   return proj->bias.defined() ? y + proj->bias : y;
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/accumulate.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "fsdp/param_group.h"
 #include "model/layers/decoder.h"
 #include "model/parallel/expert_parallel.h"
+#include "model/parallel/tensor_parallel.h"
 #include "util/error.h"
 #include "util/regex.h"
 #include "util/strings.h"
@@ -373,7 +375,12 @@ LoraCounts lora_counts(CausalLMImpl& model) {
   std::unordered_set<const void*> seen;
   for (const auto& p : model.named_parameters()) {
     if (!seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
-    const int64_t n = p.value().numel();
+    int64_t n = p.value().numel();
+    if (model.tp) {  // the whole parameter, as PEFT counts the model: tensor parallel holds a block of it
+      fsdp::TpSlice slice = tensor_parallel_slice(model.config, p.key());
+      slice.parts = model.tp->size();
+      n = c10::multiply_integers(slice.full_shape(p.value().sizes().vec()));
+    }
     c.all += n;
     if (p.value().requires_grad()) {
       c.trainable += n;

@@ -99,6 +99,12 @@ int tensor_parallel_dim(const std::string& name) {
                              "self_attn.sinks", "embed_tokens.weight", "lm_head.weight"})
     if (is(column)) return 0;
   if (is("o_proj.weight") || is("down_proj.weight")) return 1;
+  // LoRA's factors: a column-parallel projection's lora_B rows go with its rows (its lora_A whole), a
+  // row-parallel one's lora_A columns with its columns (its lora_B whole).
+  for (const char* column : {"q_proj.lora_B.weight", "k_proj.lora_B.weight", "v_proj.lora_B.weight",
+                             "gate_proj.lora_B.weight", "up_proj.lora_B.weight"})
+    if (is(column)) return 0;
+  if (is("o_proj.lora_A.weight") || is("down_proj.lora_A.weight")) return 1;
   return -1;
 }
 
