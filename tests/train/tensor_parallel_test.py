@@ -20,7 +20,8 @@ trainer fine-tunes the same folder from the same token stream. Over Gloo on CPU,
   - Gemma 3, Granite and Phi-3 (issue 60's families tp splits): tp 2 x dp 2 equals FSDP alone
     (tp 1 x dp 2) within 1e-5;
   - LoRA (r 8 on every projection) on Llama and Qwen2: tp 2 x dp 2 equals FSDP alone within 1e-5, and
-    its PEFT export holds the same adapter tensors and it counts the same trainable parameters;
+    its PEFT export holds the same adapter tensors and it counts the same trainable parameters; its
+    SHARDED checkpoint at step 5 resumes at tp 1 with its steps 6-10;
     lora.dropout under tp is refused before any worker starts;
   - bad layouts are refused before any worker starts, naming the key and the fix.
 """
@@ -321,8 +322,9 @@ def check_lora(h, folders):
         runs = {}
         for tp, world in ((2, 4), (1, 2)):
             run_name = f"lora-{name}-tp{tp}"
-            runs[tp] = h.ours(run_name, folders[name], world, tp,
-                              extra=lora + f"checkpoint:\n  export_dir: {h.tmp}/{run_name}/export\n")
+            runs[tp] = h.ours(run_name, folders[name], world, tp, fmt="SHARDED_STATE_DICT",
+                              extra=lora + f"checkpoint:\n  export_dir: {h.tmp}/{run_name}/export\n"
+                                           f"  dir: {h.tmp}/{run_name}/ckpt\n  interval: 5\n")
         (ml, mg, out), (tl, tg, _) = runs[2], runs[1]
         worst = max([abs(a - b) / abs(b) for a, b in zip(ml + mg, tl + tg)] or [1.0])
         counts = [next((l[l.index("trainable params"):].strip() for l in o.splitlines() if "trainable params" in l), "")
@@ -338,6 +340,13 @@ def check_lora(h, folders):
               f"{ml[-1]:.4f}); the exported adapters hold the same {len(b)} tensors within {diff:.2e}; the model's "
               f"{counts[0] or '(no count)'} (FSDP alone: {counts[1] or '(no count)'})")
         ok &= good
+        # The tp 2 run's SHARDED checkpoint (each rank its blocks of the adapters) resumed at tp 1.
+        resumed = h.ours(f"lora-{name}-resumed-tp1", folders[name], 2, 1, fmt="SHARDED_STATE_DICT",
+                         extra=lora + f"checkpoint:\n  resume: {h.tmp}/lora-{name}-tp2/ckpt/step-00000005\n")[0]
+        diff = max(abs(x - y) / y for x, y in zip(resumed, ml[5:])) if len(resumed) == len(ml[5:]) else 1.0
+        print(f"{'ok' if diff <= 1e-5 else 'FAIL'}: {name} with LoRA, tp 2 x dp 2's SHARDED checkpoint at step 5 "
+              f"resumed as tp 1 x dp 2, steps 6-10: worst {diff:.2e} against the tp 2 run")
+        ok &= diff <= 1e-5
     # Not yet: dropout (each tp rank would draw its own mask) and the experts' adapters.
     path = h.yaml_of("lora-dropout-tp2", folders["llama"], 4, 2, extra=lora + "  dropout: 0.05\n")
     run = subprocess.run([h.args.fsdptrain, "launch", "--config", path, "--main_process_port", "0"],
