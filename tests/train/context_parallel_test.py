@@ -7,7 +7,8 @@ saves a small model and fsdptrain fine-tunes it from one token stream. Over Gloo
     cp 2 x dp 2 (and, for Llama, cp 2 x dp_replicate 2) those of dp 2 alone;
   - records packed into rows (data.packing: masked) train under sp 2 as under cp 1 (Qwen2);
   - the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet) under sp 2 as under cp 1, Qwen3.5 with
-    packed records too; cp 2 refuses them before any worker starts, naming Ulysses;
+    packed records too; cp 2 refuses them before any worker starts, naming Ulysses, and sp 4, which
+    does not divide their heads, naming the sp_size that does;
   - with the rest: activation checkpointing and 2 accumulated micro-batches, LoRA adapters, and bf16
     (within bf16's own noise on this data, as tensor_parallel_test bounds it);
   - a SHARDED and a FULL checkpoint saved at cp 2 resume at cp 1 with the same losses;
@@ -205,6 +206,17 @@ def check_hybrids(r, folders):
     good = (out.returncode != 0 and "Gated DeltaNet" in said and "parallelism_config_sp_size" in said
             and "[rank" not in said)
     print(f"{'ok' if good else 'FAIL'}: qwen3_5, cp 2 refused before any worker started, naming Ulysses: "
+          f"{said.strip().splitlines()[-1] if said.strip() else '(nothing)'}")
+    ok &= good
+    # sp 4 does not divide its 2 kv heads nor the DeltaNet's 2 key heads: refused naming the sizes that
+    # fit, and not offering context parallel, which it also refuses.
+    path = r.yaml_of("qwen3_5-sp4", hybrids["qwen3_5"], 4, {"sp_size": 4})
+    out = subprocess.run([r.fsdptrain, "launch", "--config", path, "--main_process_port", "0"], capture_output=True,
+                         text=True, timeout=120)
+    said = out.stdout + out.stderr
+    good = (out.returncode != 0 and "(and 2 key and 4 value heads of Gated DeltaNet)" in said
+            and "Use sp_size 2" in said and "cp_size" not in said and "[rank" not in said)
+    print(f"{'ok' if good else 'FAIL'}: qwen3_5, sp 4 refused before any worker started, naming the sizes that fit: "
           f"{said.strip().splitlines()[-1] if said.strip() else '(nothing)'}")
     return ok & good
 
