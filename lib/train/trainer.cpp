@@ -170,6 +170,10 @@ void check_sequence_split(const config::Config& config, const model::DecoderConf
     std::vector<std::string> fits;
     for (int d = 2; d <= 64; d *= 2)
       if (divides(static_cast<int64_t>(d) * layout.tp_size)) fits.push_back(std::to_string(d));
+    // Context parallel splits tokens instead, where the model lets it (below).
+    const char* cp_alternative = hybrid || model.attention_sinks ? ""
+                                 : fits.empty() ? "; use cp_size (context parallel), which splits tokens instead"
+                                                : ", or cp_size (context parallel)";
     throw InputError(
         str("[train] parallelism_config_sp_size ", layout.cp_size,
             layout.tp_size > 1 ? str(" x tp_size ", layout.tp_size) : "", " does not divide ",
@@ -179,11 +183,7 @@ void check_sequence_split(const config::Config& config, const model::DecoderConf
                    : "",
             " of ", path, ": Ulysses gives each rank an equal share of them. ",
             fits.empty() ? std::string("This model takes no sp_size above 1 here") : "Use sp_size " + join(fits, ", "),
-            // Context parallel splits tokens instead, where the model lets it.
-            hybrid || model.attention_sinks ? ""
-                                            : (fits.empty() ? "; use cp_size (context parallel), "
-                                                              "which splits tokens instead"
-                                                            : ", or cp_size (context parallel)")));
+            cp_alternative));
   }
   FSDP_CHECK(!hybrid, "[train] parallelism_config_cp_size ", layout.cp_size, ": ", path, " is a ",
              model::family_names(model.family).architecture,

@@ -80,16 +80,20 @@ struct Layout {
   }
 };
 
+bool hybrid(const fsdp::model::DecoderConfig& c) {  // any Gated DeltaNet layer
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (c.is_linear(i)) return true;
+  return false;
+}
+
 // Whether the model composes with the layout, or refuses it by name (the README's table): scores of
 // their own (a cap, a scale), a window shorter than the sequence or Gated DeltaNet layers take
 // Ulysses only, which needs every kind of head to divide over sp x tp; a logit cap or q/k norms over
 // every head take no tensor parallel.
 bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
-  bool split_window = false, linear = false;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    split_window |= c.window_of(i) > 0 && c.window_of(i) < kSeq;
-    linear |= c.is_linear(i);
-  }
+  bool split_window = false;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) split_window |= c.window_of(i) > 0 && c.window_of(i) < kSeq;
+  const bool linear = hybrid(c);
   if (l.how != SequenceSplit::kUlysses && (c.attn_softcap > 0 || c.attention_scale > 0 || split_window || linear))
     return false;
   if (l.how == SequenceSplit::kUlysses) {
@@ -155,9 +159,7 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
   // float32's own noise: a Gated DeltaNet's gradients carry more of it (transformers' Qwen3.5 of these
   // shapes: its float32 gradients differ from its float64 ones by up to 8.6e-6 of their largest, so
   // two float32 sums in other orders by up to about twice that).
-  bool linear = false;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) linear |= c.is_linear(i);
-  const double bound = linear ? 3e-5 : 1e-5;
+  const double bound = hybrid(c) ? 3e-5 : 1e-5;
   double worst = 0;
   for (const auto& [name, g] : grads) {
     const at::Tensor& want = w.grads.at(name);
