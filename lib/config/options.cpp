@@ -673,8 +673,9 @@ std::vector<OptionSpec> build_table() {
           .to(&Config::model, &ModelConfig::gradient_checkpointing),
       Row("model.text_only", V::kBool)
           .def("false")
-          .help("With a Gemma3ForConditionalGeneration, Qwen3_5ForConditionalGeneration or "
-                "Qwen3_5MoeForConditionalGeneration folder (text and vision): train its text model, leaving the "
+          .help("With a Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration, "
+                "Qwen3_5ForConditionalGeneration or Qwen3_5MoeForConditionalGeneration folder (text and vision): "
+                "train its text model, leaving the "
                 "vision tower out of the run and its exports (its *ForCausalLM folders); without it such a folder "
                 "is refused")
           .extension()

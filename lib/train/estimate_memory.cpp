@@ -61,8 +61,12 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   const int cp = plan.cp_size, tp = plan.tp_size;
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
   const int64_t C = mc.hidden_size;
-  const int64_t attention_split = 4 * C + 2 * mc.num_key_value_heads * mc.head_dim +
-                                  (mc.attn_output_gate ? mc.num_attention_heads * mc.head_dim : 0);
+  // Layer l's attention: its input and o_proj's output (C each), the queries and attention's output
+  // (H D each), the keys and values (K D each), a gate (H D); Gemma 4's full-attention layers have heads of their own.
+  auto attention_split = [&](int64_t l) {
+    const int64_t hd = mc.num_attention_heads * mc.head_dim_of(l);
+    return 2 * C + 2 * hd + 2 * mc.kv_heads_of(l) * mc.head_dim_of(l) + (mc.attn_output_gate ? hd : 0);
+  };
   const model::LinearAttentionConfig& la = mc.linear_attention;
   const int64_t linear_split = 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
   const int64_t linear_fp32 = 4 * la.value_heads * (3 * la.key_head_dim + 2 * la.value_head_dim + 2) +
@@ -79,8 +83,8 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
   // `linear`: its mixer is Gated DeltaNet (its heads split by tensor parallel as attention's; no
   // context parallel: the model refuses it).
-  auto layer_bytes = [&](int64_t mlp, int64_t fp32, bool linear) {
-    const int64_t split = (linear ? linear_split : attention_split) + mlp;
+  auto layer_bytes = [&](int64_t l, int64_t mlp, int64_t fp32, bool linear) {
+    const int64_t split = (linear ? linear_split : attention_split(l)) + mlp;
     const int64_t wide = linear ? linear_fp32 / tp : mc.num_attention_heads / tp * 4;
     return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes + wide + fp32) +
            (linear ? 0 : gathered_kv + scores);
@@ -92,8 +96,8 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   LayerActivations out;
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
     const bool sparse = mc.is_moe(l);
-    const int64_t bytes = layer_bytes(sparse ? sparse_mlp : 4 * mc.intermediate_size, sparse ? sparse_fp32 : 0,
-                                      mc.is_linear(l));
+    const int64_t bytes =
+        layer_bytes(l, sparse ? sparse_mlp : 4 * mc.intermediate_size, sparse ? sparse_fp32 : 0, mc.is_linear(l));
     out.all += bytes;
     out.largest = std::max(out.largest, bytes);
   }
@@ -218,8 +222,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
           mc.is_linear(l)
               ? model::ulysses_linear_attention_bytes(group, batch, seq, la.key_heads / tp, la.value_heads / tp,
                                                       la.key_head_dim, la.value_head_dim, param_bytes)
-              : model::sequence_split_bytes(group, batch, seq, mc.num_attention_heads / tp, mc.num_key_value_heads / tp,
-                                            mc.head_dim, param_bytes);
+              : model::sequence_split_bytes(group, batch, seq, mc.num_attention_heads / tp, mc.kv_heads_of(l) / tp,
+                                            mc.head_dim_of(l), param_bytes);
   }
   return e;
 }

@@ -22,7 +22,8 @@ model::DecoderConfig model_config_of(const config::Config& cfg, std::vector<std:
              model::family_names(c.family).architecture, " folders");
   FSDP_CHECK(c.text_of_multimodal || !cfg.model.text_only,
              "[train] model.text_only is for a model of text and vision "
-             "(Gemma3ForConditionalGeneration, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration); ",
+             "(Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration, Qwen3_5ForConditionalGeneration, "
+             "Qwen3_5MoeForConditionalGeneration); ",
              path, " is ", model::family_names(c.family).architecture, ", text only already: remove model.text_only");
   return c;
 }

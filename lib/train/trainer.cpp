@@ -100,6 +100,7 @@ model::CausalLM stand_in(const model::DecoderConfig& model, int64_t layers) {
   tiny.vocab_size = 8;
   tiny.hidden_size = tiny.num_attention_heads * 2;
   tiny.head_dim = 2;
+  if (tiny.global_head_dim > 0) tiny.global_head_dim = 2;
   tiny.intermediate_size = 2;
   tiny.num_hidden_layers = layers;
   tiny.sliding_layers.resize(std::min<size_t>(tiny.sliding_layers.size(), static_cast<size_t>(layers)));
@@ -132,15 +133,18 @@ void check_tensor_parallel(const config::Config& config, const model::DecoderCon
   const int tp = config::effective_fsdp_layout(config).tp_size;
   if (tp <= 1) return;
   std::vector<std::string> bad;
-  for (const auto& [what, n] : {std::pair<const char*, int64_t>{"num_attention_heads", model.num_attention_heads},
-                                {"num_key_value_heads", model.num_key_value_heads},
-                                {"intermediate_size", model.intermediate_size}})
+  std::vector<std::pair<const char*, int64_t>> split = {{"num_attention_heads", model.num_attention_heads},
+                                                        {"num_key_value_heads", model.num_key_value_heads},
+                                                        {"intermediate_size", model.intermediate_size}};
+  if (model.global_kv_heads > 0 && model.global_kv_heads != model.num_key_value_heads)  // Gemma 4's full layers'
+    split.push_back({"the full-attention layers' num_key_value_heads", model.global_kv_heads});
+  for (const auto& [what, n] : split)
     if (n % tp != 0) bad.push_back(str(what, " ", n));
   if (!fsdp::model::vocab_splits(model.vocab_size, tp))
     bad.push_back(str("vocab_size ", model.vocab_size, " (the last rank would hold padding alone)"));
   std::vector<std::string> fits;
   for (int d = 2; d <= 64; d *= 2)
-    if (model.num_attention_heads % d == 0 && model.num_key_value_heads % d == 0 && model.intermediate_size % d == 0 &&
+    if (std::all_of(split.begin(), split.end(), [&](const auto& s) { return s.second % d == 0; }) &&
         fsdp::model::vocab_splits(model.vocab_size, d))
       fits.push_back(std::to_string(d));
   FSDP_CHECK(bad.empty(), "[train] parallelism_config_tp_size ", tp, " does not divide ", join(bad, ", "), " of ", path,
@@ -159,6 +163,7 @@ void check_sequence_split(const config::Config& config, const model::DecoderConf
   if (layout.cp_kind == "ulysses") {
     // Attention's query and kv heads, and a hybrid's Gated DeltaNet key and value heads.
     std::vector<int64_t> heads = {model.num_attention_heads, model.num_key_value_heads};
+    if (model.global_kv_heads > 0) heads.push_back(model.global_kv_heads);  // Gemma 4's full-attention layers
     if (hybrid) {
       heads.push_back(model.linear_attention.key_heads);
       heads.push_back(model.linear_attention.value_heads);

@@ -104,7 +104,8 @@ int golden(const std::string& dir, const std::string& out, int64_t length) {
     j["expert_load"] = std::vector<float>(load.data_ptr<float>(), load.data_ptr<float>() + load.numel());
   }
   std::map<std::string, at::Tensor> grads;
-  for (const auto& p : m->named_parameters()) grads[p.key()] = p.value().grad();
+  for (const auto& p : m->named_parameters())  // a stored value that does not train (Gemma 4's layer_scalar) has none
+    if (p.value().requires_grad()) grads[p.key()] = p.value().grad();
   for (const fsdp::model::FusedTensor& f : fsdp::model::describe(c).layout.fused) {  // under the folder's names
     std::vector<at::Tensor> parts;
     for (const auto& [name, rows] : f.parts) {

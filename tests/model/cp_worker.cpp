@@ -98,7 +98,7 @@ bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
     return false;
   if (l.how == SequenceSplit::kUlysses) {
     const int64_t per = l.cp * l.tp;
-    for (const int64_t heads : {c.num_attention_heads, c.num_key_value_heads})
+    for (const int64_t heads : {c.num_attention_heads, c.num_key_value_heads, c.kv_heads_of(c.num_hidden_layers - 1)})
       if (heads % per != 0) return false;
     if (linear && (c.linear_attention.key_heads % per != 0 || c.linear_attention.value_heads % per != 0)) return false;
   }
@@ -118,7 +118,8 @@ Whole whole_model(const fsdp::model::DecoderConfig& c, const at::Tensor& x, cons
   loss.backward();
   Whole w;
   w.loss = loss.item<double>();
-  for (const auto& p : model->named_parameters()) w.grads[p.key()] = p.value().grad().clone();
+  for (const auto& p : model->named_parameters())  // Gemma 4's layer_scalar does not train
+    if (p.value().requires_grad()) w.grads[p.key()] = p.value().grad().clone();
   return w;
 }
 
@@ -181,7 +182,7 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
                                                                                la.value_heads / l.tp, la.key_head_dim,
                                                                                la.value_head_dim, 4)
                                  : fsdp::model::sequence_split_bytes(*cp, kBatch, kSeq, c.num_attention_heads / l.tp,
-                                                                     c.num_key_value_heads / l.tp, c.head_dim, 4);
+                                                                     c.kv_heads_of(i) / l.tp, c.head_dim_of(i), 4);
   }
   const int64_t p = l.cp, layers = c.num_hidden_layers;
   std::map<Collective, int64_t> want_calls;

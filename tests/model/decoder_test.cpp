@@ -380,19 +380,97 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
   CHECK(error("llama", R"("hidden_act": "relu")") ==
         "llama.json: hidden_act \"relu\" is not supported; fsdptrain implements \"silu\" and \"gelu_pytorch_tanh\"");
   CHECK(error("llama", R"("attn_logit_softcapping": 50.0)")
-            .find("attn_logit_softcapping is a field of Gemma, not of LlamaForCausalLM") != std::string::npos);
+            .find("attn_logit_softcapping is a field of Gemma 2 and 3, not of LlamaForCausalLM") != std::string::npos);
   CHECK(error("qwen3", R"("logits_scaling": 2.0)")
             .find("logits_scaling is a field of GraniteForCausalLM, not of Qwen3ForCausalLM") != std::string::npos);
   CHECK(error("smollm3", R"("no_rope_layers": [1, 0])").find("no_rope_layers must list one 0 or 1 per layer (4)") !=
         std::string::npos);
   CHECK(error("gemma2", R"("head_dim": 8, "rope_scaling": {"rope_type": "su", "factor": 4.0})")
             .find("rope type \"su\" is not supported; fsdptrain implements \"default\", \"linear\", \"dynamic\", "
-                  "\"llama3\", \"yarn\" and \"longrope\"") != std::string::npos);
+                  "\"llama3\", \"yarn\", \"longrope\" and (Gemma 4's) \"proportional\"") != std::string::npos);
   CHECK(error("llama", R"("partial_rotary_factor": 0.75)") ==
         "llama.json: partial_rotary_factor 0.75 is not supported for LlamaForCausalLM (transformers' class rotates the "
         "whole head); only Phi-3/4, Qwen3.5/3.6 and Qwen3-Next rotate a share of it");
   CHECK(error("olmo2", R"("sliding_window": 8)").find("sliding_window is not a field of Olmo2ForCausalLM") !=
         std::string::npos);
+}
+
+// Gemma 4's dense text models (gemma-4-31B): the full-attention layers' heads from either spelling,
+// the proportional rotary, the round trip, and what is refused by name.
+TEST_CASE("config.json of Gemma 4: the full-attention layers' heads, the proportional rotary, refusals") {
+  const std::string shape = R"("model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32,
+      "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 8, "hidden_size_per_layer_input": 0)";
+  auto parse = [&](const std::string& extra) {
+    return parse_decoder_config("{" + shape + ", " + extra + "}", "g4.json");
+  };
+  // The Hub's spelling (global_head_dim, num_global_key_value_heads), and transformers 5's saved one.
+  const DecoderConfig hub = parse(R"("global_head_dim": 16, "num_global_key_value_heads": 1, "attention_k_eq_v": true,
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"])");
+  const DecoderConfig saved = parse(R"("attention_k_eq_v": true, "per_layer_config": {"1": {"head_dim": 16,
+      "num_key_value_heads": 1}, "3": {"head_dim": 16, "num_key_value_heads": 1}},
+      "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"])");
+  for (const DecoderConfig& c : {hub, saved}) {
+    CHECK((c.norms == NormPlacement::kSandwich && !c.norm_unit_offset && c.norm_fp32_product && c.qk_norm));
+    CHECK((c.v_norm && c.layer_scalar && c.attention_scale == 1.0 && c.tie_word_embeddings));
+    CHECK((c.activation == Activation::kGeluTanh && c.embedding_scale == doctest::Approx(std::sqrt(32.0))));
+    for (int64_t i = 0; i < 4; ++i) {  // the last layer is full attention whatever layer_types says
+      const bool full = i == 1 || i == 3;
+      CHECK(c.plan(i).window == (full ? 0 : 512));
+      CHECK(c.plan(i).head_dim == (full ? 16 : 8));
+      CHECK(c.plan(i).kv_heads == (full ? 1 : 2));
+      CHECK(c.plan(i).k_eq_v == full);
+      CHECK(c.plan(i).rope == (full ? 0 : 1));
+    }
+    const ModelDescription d = describe(c);
+    auto has = [&](const std::string& name) {
+      return std::any_of(d.params.begin(), d.params.end(), [&](const ParamSpec& p) { return p.name == name; });
+    };
+    CHECK((has("model.layers.0.self_attn.v_proj.weight") && !has("model.layers.1.self_attn.v_proj.weight")));
+    CHECK(has("model.layers.3.layer_scalar"));
+    // transformers counts no buffer: the layer scalars are not parameters there.
+    CHECK(c.num_parameters() == 64 * 32 + 4 * (3 * 32 * 48 + 4 * 32) + 32 + 2 * (2 * 32 * 32 + 2 * 32 * 16 + 2 * 8) +
+                                    2 * (4 * 16 * 32 + 16 * 32 + 4 * 16 * 32 + 2 * 16));
+    const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+    CHECK(decoder_config_json(back) == decoder_config_json(c));
+    for (int64_t i = 0; i < 4; ++i) CHECK(back.plan(i).head_dim == c.plan(i).head_dim);
+  }
+  // Gemma4TextConfig's tables: the sliding layers' plain (1e4), the full ones' proportional over their
+  // 16 dimensions, a quarter of them turned (2 of 8 frequencies), the rest 0 (unturned).
+  CHECK(hub.local_rope_theta == 1e4);
+  REQUIRE(hub.rope_scaling.has_value());
+  CHECK(hub.rope_scaling->type == RopeScaling::Type::kProportional);
+  const at::Tensor global = rope_inv_freq(hub), local = rope_inv_freq(hub, /*local=*/true);
+  REQUIRE((global.size(0) == 8 && local.size(0) == 4));
+  CHECK(global[0].item<double>() == 1.0);
+  CHECK(global[1].item<double>() == doctest::Approx(std::pow(1e6, -2.0 / 16)));
+  CHECK(global.narrow(0, 2, 6).abs().sum().item<double>() == 0.0);
+  CHECK(local[1].item<double>() == doctest::Approx(std::pow(1e4, -2.0 / 8)));
+  // What fsdptrain does not implement yet is refused by name, never trained as something else.
+  auto error = [&](const std::string& extra) { return error_of([&] { parse(extra); }); };
+  CHECK(error_of([&] {
+          parse_decoder_config(R"({"model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32,
+              "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4})",
+                               "e2b.json");
+        })
+            .find("hidden_size_per_layer_input is not written, so Gemma4TextConfig's default (256) turns on per-layer "
+                  "embeddings") != std::string::npos);
+  CHECK(error(R"("num_kv_shared_layers": 2)")
+            .find("num_kv_shared_layers 2 (layers reusing earlier layers' keys and "
+                  "values) is not implemented yet") != std::string::npos);
+  CHECK(error(R"("enable_moe_block": true)").find("enable_moe_block true (Gemma 4's mixture of experts") !=
+        std::string::npos);
+  CHECK(error(R"("use_bidirectional_attention": "vision")").find("fsdptrain trains causal decoders") !=
+        std::string::npos);
+  CHECK(error(R"("per_layer_config": {"0": {"head_dim": 16}})").find("full-attention layers only") !=
+        std::string::npos);
+  CHECK(error(R"("per_layer_config": {"3": {"head_dim": 16, "sliding_window": 8}})")
+            .find("\"sliding_window\" is not read") != std::string::npos);
+  CHECK(error_of([] {
+          parse_decoder_config(R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "attention_k_eq_v": true})",
+                               "l.json");
+        }).find("attention_k_eq_v is a field of Gemma 4, not of LlamaForCausalLM") != std::string::npos);
 }
 
 TEST_CASE("regression: a misspelled config.json field is not silently replaced by a default") {

@@ -10,7 +10,9 @@ Mixtral; the Hub's folders hold the experts one by one, the model stacked; gpt-o
 windows, YaRN, a biased router over its top-k logits, biased experts with the clamped SwiGLU), issue 62's hybrids (Qwen3.5 and
 Qwen3-Next: Gated DeltaNet layers and a gated full-attention one, on 200 tokens, several chunks of the rule
 and a partial one; their packed records against each record run alone, as transformers' PyTorch path
-does not restart the state given position_ids alone), and Llama beside them, transformers
+does not restart the state given position_ids alone), Gemma 4's dense text model (full-attention layers
+with heads of their own and values from k_proj, a proportional rotation, unweighted value norms, a
+stored scalar per layer), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -27,7 +29,7 @@ of transformers' float32 run from its float64 one, at least 1e-6):
 decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt
 with each kernel provider; with the default kernels sampling with a seed gives the same ids twice
 and other ids with another seed, and a prompt longer than the model's positions is refused.
-The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Phi-4, Qwen3-30B-A3B,
+The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Gemma-4-31B, Phi-4, Qwen3-30B-A3B,
 Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
@@ -74,6 +76,15 @@ def families():
             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                              "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
             transformers.Gemma3ForCausalLM),
+        # Gemma 4's dense text model: plain-weight norms, unscaled scores, the full-attention layers with
+        # heads of their own width (32) and kv heads (1), their values from k_proj (attention_k_eq_v) and
+        # a proportional rotation of a quarter of them; the values' unweighted norm, a stored scalar per
+        # layer (drawn by randomize), the logits' cap.
+        "gemma4": (transformers.Gemma4TextConfig(
+            **{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16, global_head_dim=32,
+            num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=4,
+            final_logit_softcapping=2.0, layer_types=["sliding_attention", "full_attention", "full_attention"]),
+            transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
         # pad_token_id 0 (its default is past this vocabulary): token 0's lookups get no gradient, as
         # in Gemma, whose default it is.
@@ -150,6 +161,9 @@ def randomize(model):
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():  # Gemma 4's stored per-layer scalar
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
 
 
 def rel(a, b):
@@ -402,7 +416,6 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
         e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)
     n = sum(p.numel() for p in model.parameters())  # tied weights counted once
     c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
     if hasattr(c, "num_experts_per_tok"):  # the active parameters: experts_per_token experts of each sparse layer
         experts = getattr(c, "num_local_experts", None) or c.num_experts
@@ -416,7 +429,9 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     if hybrid:  # a gated q_proj; Gated DeltaNet's chunked products (chunks of 64), three times the forward's
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
         delta_rule = 3 * c.linear_num_value_heads * (64 * (5 * dk + 3 * dv) + 6 * dk * dv)
-    flops = 6 * n_prime + sum(delta_rule if linear(i) else 12 * c.num_attention_heads * head_dim * min(t, window(i) or t)
+    # Each attention layer's head width (Gemma 4's full-attention layers have their own).
+    width = lambda i: model.model.layers[i].self_attn.head_dim  # noqa: E731
+    flops = 6 * n_prime + sum(delta_rule if linear(i) else 12 * c.num_attention_heads * width(i) * min(t, window(i) or t)
                               for i in range(c.num_hidden_layers))
     print(f"{name}: export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
     assert e_export <= 1e-5, name
@@ -429,8 +444,8 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 
 def check_shapes(tool, source):
-    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "phi-4", "qwen3-30b-a3b", "mixtral-8x7b",
-                 "qwen3-next-80b-a3b", "gpt-oss-20b"):
+    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "gemma-4-31b", "phi-4", "qwen3-30b-a3b",
+                 "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b"):
         folder = os.path.join(source, "configs", "models", name)
         run = subprocess.run([tool, "count", os.path.join(folder, "config.json")], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr

@@ -10,8 +10,8 @@ The families' configs set what makes them differ from Llama away from its defaul
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
 the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
-packed records each starting from a zero state); and a Gemma3ForConditionalGeneration and a
-Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
+packed records each starting from a zero state), Gemma 4's dense text model; and a Gemma3ForConditionalGeneration,
+a Gemma4ForConditionalGeneration and a Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
 models with it. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
 is refused before any worker starts, naming Ulysses."""
 import argparse
@@ -29,6 +29,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "examples"))
 from make_finetune_example import make_tokenizer, records  # noqa: E402
 
 
+# Gemma 4's dense text model's settings beside the common ones (its per-layer embeddings off).
+GEMMA4 = dict(head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+              hidden_size_per_layer_input=0, sliding_window=8, final_logit_softcapping=10.0,
+              layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+
+
 def configs(vocab):
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
@@ -41,6 +47,8 @@ def configs(vocab):
                                                  layer_types=["sliding_attention", "sliding_attention",
                                                               "full_attention"]),
                    transformers.Gemma3ForCausalLM),
+        # Gemma 4's dense text model: a full-attention layer of wider heads, one kv head, values from k_proj.
+        "gemma4": (transformers.Gemma4TextConfig(**common, **GEMMA4), transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
         "smollm3": (transformers.SmolLM3Config(**common, no_rope_layers=[1, 0, 1]), transformers.SmolLM3ForCausalLM),
         "granite": (transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
@@ -184,6 +192,11 @@ def multimodal(name, vocab):
         vision = dict(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=64)
         return (transformers.Qwen3_5Config(text_config=hybrid_text(text), vision_config=vision),
                 transformers.Qwen3_5ForConditionalGeneration, transformers.Qwen3_5ForCausalLM)
+    if name == "gemma4_multimodal":
+        vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=16)
+        return (transformers.Gemma4Config(text_config=dict(text, **GEMMA4), vision_config=vision),
+                transformers.Gemma4ForConditionalGeneration, transformers.Gemma4ForCausalLM)
     text.update(sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                   patch_size=14)
@@ -223,8 +236,8 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--families",
-                    default="gemma2,gemma3,olmo2,smollm3,granite,phi3,gemma3_multimodal,qwen3_moe,qwen2_moe,mixtral,gpt_oss,"
-                            "qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
+                    default="gemma2,gemma3,gemma4,olmo2,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
+                            "qwen2_moe,mixtral,gpt_oss,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])
@@ -236,7 +249,7 @@ def main():
         for name, (config, cls) in configs(tok.get_vocab_size()).items():
             if name in a.families.split(","):
                 check_family(a, d, name, config, cls, rows, fast)
-        for name in ("gemma3_multimodal", "qwen3_5_multimodal"):
+        for name in ("gemma3_multimodal", "gemma4_multimodal", "qwen3_5_multimodal"):
             if name in a.families.split(","):
                 check_multimodal(a, d, rows, fast, tok.get_vocab_size(), name)
     print("families_finetune_test: ok")

@@ -4,7 +4,8 @@ PEFT reads.
 From one tiny Llama (transformers, random) and adapters PEFT made (init_lora_weights=False, so
 every adapter matrix starts non-zero), with and without modules_to_save, at W=1 and W=2 (and a
 tiny Qwen2, biases and a tied head, at W=2; a Qwen2-MoE, its stacked experts frozen, at W=2; a
-Qwen3-MoE whose stacked experts carry adapters, PEFT's target_parameters, at W=2):
+Qwen3-MoE whose stacked experts carry adapters, PEFT's target_parameters, at W=2; Qwen3.5; Gemma 4, its
+full-attention layer without v_proj):
   - fsdptrain (lora.init = the adapter; at W=2 with each kernel provider: the CPU's own kernels,
     the GPU's run by the CPU, ATen's ops one by one) and scripts/reference/fsdp2_llama.py --adapter
     (PEFT's PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
@@ -30,8 +31,9 @@ import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict
 from safetensors.torch import load_file
-from transformers import (LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3_5ForCausalLM, Qwen3_5TextConfig)
+from transformers import (Gemma4ForCausalLM, Gemma4TextConfig, LlamaConfig, LlamaForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen2MoeConfig, Qwen2MoeForCausalLM,
+                          Qwen3_5ForCausalLM, Qwen3_5TextConfig)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
@@ -122,19 +124,19 @@ def parity(args, tmp, case, world, base, data, adapter, providers=("host",)):
     # small gradients (a lora_B whose inputs nearly cancel) rounds further than 1e-5 in both programs:
     # PEFT's float32 differs from its float64 by up to a few 1e-6 here, and ours from PEFT's by 1.02e-5
     # once on a machine of CI's kind.
-    ref64, _ = reference(args, tmp, name + "-f64", world, base, data, adapter, dtype="float64")
-    exact = load_file(os.path.join(tmp, name + "-f64-ref-grads", "step-1.safetensors"))
+    ref64, adapter64 = reference(args, tmp, name + "-f64", world, base, data, adapter, dtype="float64")
+    exact = os.path.join(tmp, name + "-f64-ref-grads")
     first = None
     for provider in providers:
         run_name = name if provider == providers[0] else f"{name}-{provider}"
         result = compare_to_peft(args, tmp, case, run_name, world, base, data, adapter, provider,
-                                 (ref, ref_adapter, os.path.join(tmp, name + "-ref-grads"), exact, ref64))
+                                 (ref, ref_adapter, os.path.join(tmp, name + "-ref-grads"), exact, ref64, adapter64))
         first = first or result
     return first
 
 
 def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider, peft):
-    ref, ref_adapter, ref_grads, exact, ref64 = peft
+    ref, ref_adapter, ref_grads, exact, ref64, adapter64 = peft
     _, lora = CASES[case]
     grads = os.path.join(tmp, name + "-grads")
     out, text, ours = fsdptrain(args, tmp, name, world, base, data, lora + f"  init: {adapter}\n", gradients=grads,
@@ -152,27 +154,33 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
             bound = max(1e-5, 4 * drift)
             check(r < bound, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e}; "
                              f"bound {bound:.2e}, PEFT float32 vs float64: {drift:.2e})")
+    # After step 1, PEFT's own float32 run drifts from its float64 one as ours does: a later gradient is
+    # held to 1e-4 of either, or to twice PEFT's own float32 drift at that step (Gemma 4's unscaled scores:
+    # PEFT's float32 gradients 1.3e-4 to 6.5e-4 from its float64 ones over steps 2-6, ours 3.5e-6 to 1.1e-4).
     noise = {}
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
         mine = load_file(os.path.join(grads, f"step-{step}.safetensors"))
         theirs = load_file(os.path.join(ref_grads, f"step-{step}.safetensors"))
+        theirs64 = load_file(os.path.join(exact, f"step-{step}.safetensors"))
         check(set(mine) == set(theirs), f"{name}: gradient names differ: {sorted(set(mine) ^ set(theirs))}")
         for key in mine:
             r = relative(mine[key], theirs[key])
+            if step > 1:
+                r = min(r, relative(mine[key], theirs64[key]))
             worst_grad[step > 1] = max(worst_grad[step > 1], r)
             if step == 1:
-                noise[key] = relative(theirs[key], exact[key])
-            bound = max(1e-5, 4 * noise[key]) if step == 1 else 1e-4
+                noise[key] = relative(theirs[key], theirs64[key])
+            bound = max(1e-5, 4 * noise[key]) if step == 1 else max(1e-4, 2 * relative(theirs[key], theirs64[key]))
             check(r < bound, f"{name} step {step}: the gradient of {key} differs from PEFT's by {r:.2e} (bound "
                              f"{bound:.2e}{'; PEFT float32 vs float64: %.2e' % noise[key] if step == 1 else ''})")
     export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
     mine = load_file(os.path.join(export, "adapter_model.safetensors"))
     check(set(mine) == set(ref_adapter), f"{name}: adapter keys differ: {sorted(set(mine) ^ set(ref_adapter))}")
     # Six AdamW updates divide each gradient by its running RMS, which magnifies rounding where a
-    # gradient is tiny: the trained tensors are held to 1e-4.
+    # gradient is tiny: the trained tensors are held to 1e-4 of PEFT's float32 run or its float64 one.
     for key in mine:
-        r = relative(mine[key], ref_adapter[key])
+        r = min(relative(mine[key], ref_adapter[key]), relative(mine[key], adapter64[key]))
         worst_tensor = max(worst_tensor, r)
         check(r < 1e-4, f"{name}: trained {key} differs from PEFT's by {r:.2e}")
     print(f"ok {name} ({provider} kernels): worst relative differences from PEFT's: losses and gradient norms "
@@ -435,6 +443,24 @@ def hybrid_parity(args, tmp, data):
           f"out_proj among them)")
 
 
+def gemma4_parity(args, tmp, data):
+    """Gemma 4's dense text model: adapters on every linear layer at W=2, its full-attention layer
+    without v_proj (values from k_proj, attention_k_eq_v) and with heads of its own width: PEFT's
+    losses, gradients and trained tensors; the export has PEFT's keys, v_proj's where a layer has one."""
+    CASES["gemma4"] = (dict(r=4, lora_alpha=8, target_modules="all-linear"),
+                       "lora:\n  r: 4\n  alpha: 8\n  target_modules: all-linear\n")
+    base, adapter = family_base(args, tmp, "gemma4", Gemma4ForCausalLM, Gemma4TextConfig, 6,
+                                ("mlp_bias", "rope_theta", "rope_scaling", "hidden_act"), "gemma4",
+                                model_type="gemma4_text", architectures=["Gemma4ForCausalLM"], global_head_dim=32,
+                                num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                                sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+    out, _ = parity(args, tmp, "gemma4", 2, base, data, adapter)
+    _, got = export_keys(Gemma4ForCausalLM, base, "gemma4", out)
+    check(any("layers.0.self_attn.v_proj.lora_A" in k for k in got) and
+          not any("layers.1.self_attn.v_proj" in k for k in got), "gemma4: v_proj's adapters are not layer 0's alone")
+    print(f"ok gemma4: the export has PEFT's {len(got)} keys (v_proj's in the sliding layer alone)")
+
+
 def phi3_parity(args, tmp, data):
     """Phi-3's checkpoints fuse q, k and v into qkv_proj and gate and up into gate_up_proj, which PEFT
     adapts whole (one lora_A for the parts): adapters on them train as PEFT's at W=2, export under
@@ -523,6 +549,7 @@ def main():
         moe_parity(args, tmp, data)
         expert_parity(args, tmp, data)
         hybrid_parity(args, tmp, data)
+        gemma4_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any
         # output folder exists.

@@ -280,7 +280,8 @@ def check_export_and_checkpoints(h, folders):
 def check_new_families(h, folders):
     """Issue 60's families that tensor parallel splits, against FSDP alone (DTensor's reference script
     builds Llama's relatives only): Gemma 3 (tied vocabulary-parallel embedding scaled by sqrt(hidden),
-    per-head q/k norms, sliding layers with their own rotary base), Granite (the multipliers) and Phi-3
+    per-head q/k norms, sliding layers with their own rotary base), Gemma 4 (its full-attention layer's
+    heads of their own, values from k_proj), Granite (the multipliers) and Phi-3
     (the folder's fused projections split per rank, a partial rotation with longrope past 16 positions,
     a window in every layer), and the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split)."""
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -290,6 +291,11 @@ def check_new_families(h, folders):
                   linear_value_head_dim=12, layer_types=["linear_attention", "full_attention"])
     configs = {
         "gemma3": transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=8,
+                                                layer_types=["sliding_attention", "full_attention"]),
+        # Gemma 4's dense text model without the logits' cap: its full-attention layer's wider heads and
+        # kv heads (2 of them, one a rank) with values from k_proj, split per rank; unweighted value norms.
+        "gemma4": transformers.Gemma4TextConfig(**common, head_dim=16, global_head_dim=32, num_global_key_value_heads=2,
+                                                attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=8,
                                                 layer_types=["sliding_attention", "full_attention"]),
         "granite": transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
                                               residual_multiplier=0.4, logits_scaling=2.0),
@@ -304,11 +310,15 @@ def check_new_families(h, folders):
         "qwen3_5": transformers.Qwen3_5TextConfig(**common, **hybrid),
         "qwen3_next": transformers.Qwen3NextConfig(**common, **hybrid, num_experts=0),
     }
+    # Gemma 4's scores are unscaled (its q/k norms stand in for 1/sqrt(D)): sharper softmaxes carry float32's
+    # other summation order under tp further over the steps (its gradient norms 6.8e-6 apart, losses 1e-7;
+    # Gemma 3 with an unscaled score: 1.7e-6, against 1.5e-7 with its own scale).
+    bound = {"gemma4": 2e-5}
     ok = True
     for name, config in configs.items():
         folder = h.save(name, config)
         ok &= h.compare(f"{name}: tp 2 x dp 2 against FSDP alone (tp 1 x dp 2)", h.ours(f"{name}-tp2", folder, 4, 2)[:2],
-                        h.ours(f"{name}-tp1", folder, 2, 1)[:2], 1e-5, "FSDP alone")
+                        h.ours(f"{name}-tp1", folder, 2, 1)[:2], bound.get(name, 1e-5), "FSDP alone")
     return ok
 
 
@@ -385,6 +395,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--source", required=True)
+    checks = (check_parity, check_tied_and_mixed, check_new_families, check_export_and_checkpoints, check_lora,
+              check_refusals)
+    ap.add_argument("--only", default="", help="only these checks (comma-separated function names without "
+                    "check_, such as new_families), for a quicker look")
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -398,9 +412,9 @@ def main():
         h = helpers(args, tmp, data, tokens)
         try:
             folders = {name: h.save(name, config) for name, config in families().items()}
-            for check in (check_parity, check_tied_and_mixed, check_new_families, check_export_and_checkpoints,
-                          check_lora, check_refusals):
-                ok &= check(h, folders)
+            for check in checks:
+                if not args.only or check.__name__[len("check_"):] in args.only.split(","):
+                    ok &= check(h, folders)
         except RuntimeError as e:
             print(f"FAIL {e}")
             return 1

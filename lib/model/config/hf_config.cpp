@@ -55,6 +55,11 @@ const std::set<std::string>& known_fields() {
       "output_router_logits", "router_jitter_noise", "qkv_bias", "linear_conv_kernel_dim", "linear_key_head_dim",
       "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval",
       "attn_output_gate", "swiglu_limit", "swiglu_alpha",
+      // Gemma 4's: its full-attention layers' heads and values, and the parts fsdptrain refuses by name
+      // (per-layer embeddings, shared keys and values, the mixture of experts) when they are on.
+      "per_layer_config", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
+      "hidden_size_per_layer_input", "vocab_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp",
+      "enable_moe_block", "top_k_experts",
       // gpt-oss's: its context before YaRN (rope_scaling's original_max_position_embeddings holds it) and
       // num_experts_per_tok's older name, as the released configs write them.
       "initial_context_length", "experts_per_token",
@@ -125,6 +130,18 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
   if (c.family == Family::kPhi3 && (type == "su" || type == "yarn")) type = "longrope";
   if (type == "default") return std::nullopt;
   RopeScaling s;
+  if (type == "proportional") {  // Gemma 4's full-attention layers
+    FSDP_CHECK(c.family == Family::kGemma4, where, ": rope type \"proportional\" is Gemma 4's; ",
+               family_names(c.family).architecture, " does not read it");
+    s.type = RopeScaling::Type::kProportional;
+    s.factor_written = scaling.contains("factor") && !scaling["factor"].is_null();
+    s.factor = field<double>(scaling, "factor", 1.0, where);
+    s.rotated_share = field<double>(scaling, "partial_rotary_factor", 1.0, where);
+    FSDP_CHECK(s.factor > 0 && s.rotated_share >= 0 && s.rotated_share <= 1, where,
+               ": the proportional rope's factor (", s.factor, ") must be > 0 and partial_rotary_factor (",
+               s.rotated_share, ") in [0, 1]");
+    return s;
+  }
   const bool phi3 = c.family == Family::kPhi3;
   FSDP_CHECK(!phi3 || type == "longrope", where, ": rope type ", quoted(type),
              " is not one of Phi3ForCausalLM's (\"default\", \"longrope\")");
@@ -171,8 +188,8 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
     return s;
   }
   FSDP_CHECK(type == "llama3", where, ": rope type ", quoted(type),
-             " is not supported; fsdptrain implements \"default\", \"linear\", \"dynamic\", \"llama3\", \"yarn\" "
-             "and \"longrope\"");
+             " is not supported; fsdptrain implements \"default\", \"linear\", \"dynamic\", \"llama3\", \"yarn\", "
+             "\"longrope\" and (Gemma 4's) \"proportional\"");
   s.low_freq_factor = field<double>(scaling, "low_freq_factor", s.low_freq_factor, where);
   s.high_freq_factor = field<double>(scaling, "high_freq_factor", s.high_freq_factor, where);
   s.original_max_position_embeddings =
@@ -191,7 +208,12 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
 void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
   json rope = j.value("rope_parameters", json());
   json scaling = j.value("rope_scaling", json());
-  const bool gemma3 = c.family == Family::kGemma3, gpt_oss = c.family == Family::kGptOss;
+  const bool gemma4 = c.family == Family::kGemma4;
+  const bool gemma3 = c.family == Family::kGemma3 || gemma4, gpt_oss = c.family == Family::kGptOss;
+  // Gemma4TextConfig's tables when rope_parameters is not written.
+  if (gemma4 && rope.is_null())
+    rope = {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}},
+            {"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}}};
   // GptOssConfig's: rope_theta 150000 and, with neither object written, YaRN (factor 32 over 4096
   // positions, betas 32 and 1, not truncated).
   if (gpt_oss && rope.is_null() && scaling.is_null())
@@ -205,7 +227,7 @@ void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
       if (local.is_object()) {
         c.local_rope_theta = field<double>(local, "rope_theta", c.local_rope_theta, where);
         FSDP_CHECK(!parse_scaling(local, j, where, c), where,
-                   ": rope_parameters.sliding_attention is scaled; fsdptrain scales only Gemma 3's full-attention "
+                   ": rope_parameters.sliding_attention is scaled; fsdptrain scales only Gemma's full-attention "
                    "layers' rotary (as transformers' released configs do)");
       }
       rope = rope.value("full_attention", json());
@@ -239,11 +261,10 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
              " rotated dimensions; the rotation needs an even number >= 2");
 }
 
-constexpr Family kAllFamilies[] = {Family::kLlama,   Family::kMistral,  Family::kQwen2,    Family::kQwen3,
-                                   Family::kGemma2,  Family::kGemma3,   Family::kOlmo2,    Family::kSmolLM3,
-                                   Family::kGranite, Family::kPhi3,     Family::kQwen3Moe, Family::kQwen2Moe,
-                                   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next, Family::kQwen3_5Moe,
-                                   Family::kGptOss};
+constexpr Family kAllFamilies[] = {
+    Family::kLlama,   Family::kMistral, Family::kQwen2,     Family::kQwen3,      Family::kGemma2,   Family::kGemma3,
+    Family::kOlmo2,   Family::kSmolLM3, Family::kGranite,   Family::kPhi3,       Family::kQwen3Moe, Family::kQwen2Moe,
+    Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next, Family::kQwen3_5Moe, Family::kGptOss,   Family::kGemma4};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -260,8 +281,13 @@ Family family_of(const json& j, const std::string& where) {
   throw InputError(str(where, ": model_type ", quoted(type), " is not supported; fsdptrain trains ", known));
 }
 
+// Gemma 2 and 3 (Gemma 4 differs in its norms and scale: parse_gemma4).
 bool is_gemma(Family f) {
   return f == Family::kGemma2 || f == Family::kGemma3;
+}
+
+bool is_any_gemma(Family f) {
+  return is_gemma(f) || f == Family::kGemma4;
 }
 
 // Whether the family's sliding_window, when set, is every layer's (Mistral, Phi-3, Mixtral).
@@ -285,7 +311,8 @@ bool default_sliding(const DecoderConfig& c, const json& j, int64_t i, const std
     case Family::kGemma2:
     case Family::kGptOss:
       return (i + 1) % 2 != 0;
-    case Family::kGemma3: {
+    case Family::kGemma3:
+    case Family::kGemma4: {
       const int64_t pattern =
           field<int64_t>(j, "sliding_window_pattern", field<int64_t>(j, "_sliding_window_pattern", 6, where), where);
       FSDP_CHECK(pattern >= 1, where, ": sliding_window_pattern is ", pattern, "; it must be >= 1");
@@ -306,8 +333,12 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   const int64_t n = c.num_hidden_layers;
   c.use_sliding_window = field<bool>(j, "use_sliding_window", false, where);
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
-  const int64_t window =
-      field<int64_t>(j, "sliding_window", is_gemma(c.family) ? 4096 : c.family == Family::kGptOss ? 128 : 0, where);
+  const int64_t window = field<int64_t>(j, "sliding_window",
+                                        is_gemma(c.family)            ? 4096
+                                        : c.family == Family::kGemma4 ? 512
+                                        : c.family == Family::kGptOss ? 128
+                                                                      : 0,
+                                        where);
   if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite || is_hybrid(c.family)) {
     FSDP_CHECK(window == 0, where, ": sliding_window is not a field of ", family_names(c.family).architecture,
                " (transformers ignores it); remove it",
@@ -335,6 +366,8 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
                "; fsdptrain knows \"full_attention\" and \"sliding_attention\"");
     c.sliding_layers[i] = t == "sliding_attention";
   }
+  // Gemma4TextConfig makes its last layer full attention whatever layer_types says (with a warning).
+  if (c.family == Family::kGemma4) c.sliding_layers[n - 1] = false;
 }
 
 // SmolLM3's NoPE layers: no_rope_layers (1 where a layer rotates), else one layer in each
@@ -369,7 +402,7 @@ Activation parse_activation(const json& j, const std::string& where, Family fami
   const char* key =
       j.contains("hidden_activation") && !j["hidden_activation"].is_null() ? "hidden_activation" : "hidden_act";
   const auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return is_gemma(family) ? Activation::kGeluTanh : Activation::kSilu;
+  if (it == j.end() || it->is_null()) return is_any_gemma(family) ? Activation::kGeluTanh : Activation::kSilu;
   if (*it == "silu") return Activation::kSilu;
   if (*it == "gelu_pytorch_tanh") return Activation::kGeluTanh;
   throw InputError(str(where, ": ", key, " ", it->dump(),
@@ -400,6 +433,16 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
                ": attn_logit_softcapping and final_logit_softcapping must be > 0 (or null for none)");
     FSDP_CHECK(!field<bool>(j, "use_bidirectional_attention", false, where), where,
                ": use_bidirectional_attention makes an encoder (EmbeddingGemma); fsdptrain trains causal decoders");
+  } else if (c.family == Family::kGemma4) {  // Gemma4RMSNorm: w times the normed in fp32; scores unscaled
+    c.norms = NormPlacement::kSandwich;
+    c.norm_fp32_product = c.v_norm = c.layer_scalar = true;
+    c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+    c.embed_scale_in_dtype = true;
+    c.attention_scale = 1.0;
+    c.final_softcap = j.contains("final_logit_softcapping") && !j["final_logit_softcapping"].is_null()
+                          ? field<double>(j, "final_logit_softcapping", 0.0, where)
+                          : 0.0;
+    FSDP_CHECK(c.final_softcap >= 0, where, ": final_logit_softcapping must be > 0 (or null for none)");
   } else if (is_hybrid(c.family)) {  // Qwen3_5RMSNorm: (1 + w), in fp32, then the cast
     c.norm_unit_offset = c.norm_fp32_product = true;
   } else if (c.family == Family::kGptOss) {  // GptOssRMSNorm: w times the normed in fp32, then the cast
@@ -417,9 +460,10 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
                ": embedding_multiplier, attention_multiplier, residual_multiplier and logits_scaling must be > 0");
   }
   for (const char* key : {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"})
-    FSDP_CHECK(is_gemma(c.family) || !j.contains(key) || j[key].is_null(), where, ": ", key,
-               " is a field of Gemma, not of ", family_names(c.family).architecture,
-               "; remove it, or set model_type to gemma2 or gemma3_text");
+    FSDP_CHECK(
+        is_gemma(c.family) || (c.family == Family::kGemma4 && key[0] == 'f') || !j.contains(key) || j[key].is_null(),
+        where, ": ", key, " is a field of Gemma 2 and 3, not of ", family_names(c.family).architecture,
+        "; remove it, or set model_type to gemma2 or gemma3_text");
   for (const char* key : {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"})
     FSDP_CHECK(c.family == Family::kGranite || !j.contains(key) || j[key].is_null(), where, ": ", key,
                " is a field of GraniteForCausalLM, not of ", family_names(c.family).architecture,
@@ -520,6 +564,85 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   }
 }
 
+// A Gemma 4 switch that is off, or a refusal naming it and what it is.
+void check_off(const json& j, const char* key, const json& off, const std::string& where, const char* what) {
+  const json v = j.value(key, off);
+  FSDP_CHECK(v.is_null() || v == off, where, ": ", key, " ", v.dump(), " (", what,
+             ") is not implemented yet; fsdptrain trains Gemma 4's dense text models (", key, ": ", off.dump(),
+             ", as gemma-4-31B's config has it)");
+}
+
+// Gemma 4: its full-attention layers' head width and kv heads (per_layer_config as transformers 5
+// saves it, else global_head_dim (512) and, with attention_k_eq_v, num_global_key_value_heads), their
+// values (attention_k_eq_v). Refused by name: per-layer embeddings (hidden_size_per_layer_input, whose
+// default 256 is on), shared keys and values (num_kv_shared_layers), the mixture of experts
+// (enable_moe_block), bidirectional attention. Other families refuse the fields.
+void parse_gemma4(const json& j, const std::string& where, DecoderConfig& c) {
+  if (c.family != Family::kGemma4) {
+    for (const char* key : {"per_layer_config", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
+                            "hidden_size_per_layer_input", "num_kv_shared_layers", "enable_moe_block"})
+      FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of Gemma 4, not of ",
+                 family_names(c.family).architecture, "; remove it, or set model_type to gemma4_text");
+    return;
+  }
+  check_off(j, "hidden_size_per_layer_input", json(0), where,
+            "per-layer embeddings, Gemma 4 E2B's and E4B's; absent, Gemma4TextConfig's default 256 turns them on");
+  if (!j.contains("hidden_size_per_layer_input"))
+    throw InputError(str(where,
+                         ": hidden_size_per_layer_input is not written, so Gemma4TextConfig's default (256) "
+                         "turns on per-layer embeddings (Gemma 4 E2B's and E4B's), which fsdptrain does not "
+                         "implement yet; a dense model's config has \"hidden_size_per_layer_input\": 0"));
+  check_off(j, "num_kv_shared_layers", json(0), where, "layers reusing earlier layers' keys and values");
+  check_off(j, "enable_moe_block", json(false), where, "Gemma 4's mixture of experts, gemma-4-26B-A4B's");
+  FSDP_CHECK(!j.contains("use_bidirectional_attention") || j["use_bidirectional_attention"].is_null(), where,
+             ": use_bidirectional_attention ", j.value("use_bidirectional_attention", json()).dump(),
+             " attends both ways (vision or every token); fsdptrain trains causal decoders (set it to null)");
+  c.attention_k_eq_v = field<bool>(j, "attention_k_eq_v", false, where);
+  c.global_head_dim = field<int64_t>(j, "global_head_dim", 512, where);
+  c.global_kv_heads = c.attention_k_eq_v ? field<int64_t>(j, "num_global_key_value_heads", 0, where) : 0;
+  const json per_layer = j.value("per_layer_config", json());
+  if (!per_layer.is_null()) {  // transformers 5's saved form: each full-attention layer's overrides
+    FSDP_CHECK(per_layer.is_object(), where, ": per_layer_config must map layer indices to their fields, got ",
+               per_layer.dump());
+    c.global_head_dim = 0;
+    int64_t full = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) full += c.window_of(l) == 0 ? 1 : 0;
+    for (const auto& [key, fields] : per_layer.items()) {
+      const std::string at = str(where, ": per_layer_config[", quoted(key), "]");
+      int64_t layer = -1;
+      try {
+        layer = std::stoll(key);
+      } catch (const std::exception&) {
+      }
+      FSDP_CHECK(layer >= 0 && layer < c.num_hidden_layers && c.window_of(layer) == 0 && fields.is_object(), at,
+                 ": fsdptrain reads overrides of Gemma 4's full-attention layers only (a layer index whose "
+                 "layer_types entry is \"full_attention\", mapped to its head_dim and num_key_value_heads)");
+      for (const auto& item : fields.items())
+        FSDP_CHECK(item.key() == "head_dim" || item.key() == "num_key_value_heads", at, ": ", quoted(item.key()),
+                   " is not read; fsdptrain reads head_dim and num_key_value_heads here");
+      const int64_t d = field<int64_t>(fields, "head_dim", c.head_dim, at);
+      const int64_t k = field<int64_t>(fields, "num_key_value_heads", c.num_key_value_heads, at);
+      FSDP_CHECK((c.global_head_dim == 0 || (d == c.global_head_dim && k == c.global_kv_heads)) && d > 0 && k > 0, at,
+                 ": every full-attention layer must have the same head_dim and num_key_value_heads (>= 1), as "
+                 "Gemma 4's do; this one has ",
+                 d, " and ", k);
+      c.global_head_dim = d;
+      c.global_kv_heads = k;
+      --full;
+    }
+    FSDP_CHECK(full == 0 || c.global_head_dim == 0, where,
+               ": per_layer_config lists some full-attention layers and "
+               "not others; list each one (as transformers saves it) or none");
+  }
+  if (c.global_head_dim == 0) c.global_head_dim = c.head_dim;
+  if (c.global_kv_heads == 0) c.global_kv_heads = c.num_key_value_heads;
+  check_positive(where, {{"global_head_dim", c.global_head_dim}, {"num_global_key_value_heads", c.global_kv_heads}});
+  FSDP_CHECK(c.num_attention_heads % c.global_kv_heads == 0 && c.global_head_dim % 2 == 0, where,
+             ": the full-attention layers' num_key_value_heads (", c.global_kv_heads,
+             ") must divide num_attention_heads (", c.num_attention_heads, ") and their head_dim (", c.global_head_dim,
+             ") be even");
+}
+
 // Qwen3.5/3.6 and Qwen3-Next: which layers are Gated DeltaNet (layer_types, else every layer but each
 // full_attention_interval-th), its heads and widths, and the gated full attention of the others.
 // Other families refuse the fields.
@@ -601,6 +724,8 @@ FamilyNames family_names(Family f) {
       return {"qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "Qwen3_5MoeDecoderLayer"};
     case Family::kGptOss:
       return {"gpt_oss", "GptOssForCausalLM", "GptOssDecoderLayer"};
+    case Family::kGemma4:
+      return {"gemma4_text", "Gemma4ForCausalLM", "Gemma4TextDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -637,17 +762,24 @@ const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
 
 }  // namespace
 
+// Gemma 4's text classes are Gemma4TextAttention, Gemma4TextMLP, Gemma4TextModel (its norm Gemma4RMSNorm).
+std::string prefix_of(const ClassName& n, Family f) {
+  const std::string theirs = n.theirs;
+  const bool text = f == Family::kGemma4 && (theirs == "Attention" || theirs == "MLP" || theirs == "Model");
+  return class_prefix(f) + (text ? "Text" : "");
+}
+
 std::string hf_class_name(const std::string& ours, Family f) {
   if (f == Family::kGptOss && ours == "MoeBlock") return "GptOssMLP";  // its feed-forward is always sparse
   for (const ClassName& n : kClassNames)
-    if (ours == n.ours) return n.prefixed ? class_prefix(f) + n.theirs : std::string(n.theirs);
+    if (ours == n.ours) return n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs);
   return ours;
 }
 
 std::string our_class_name(const std::string& hf, Family f) {
   if (f == Family::kGptOss && hf == "GptOssMLP") return "MoeBlock";
   for (const ClassName& n : kClassNames)
-    if (hf == (n.prefixed ? class_prefix(f) + n.theirs : std::string(n.theirs))) return n.ours;
+    if (hf == (n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs))) return n.ours;
   return hf;  // the decoder layer carries the family's own name already (family_names().layer_class)
 }
 
@@ -692,6 +824,10 @@ LayerPlan DecoderConfig::plan(int64_t layer) const {
   p.window = window_of(layer);
   p.rotary = layer >= static_cast<int64_t>(rope_layers.size()) || rope_layers[layer] != 0;
   p.rope = local_rope_theta > 0 && p.window > 0 ? 1 : 0;
+  const bool global = family == Family::kGemma4 && p.window == 0;  // Gemma 4's full-attention layers
+  p.head_dim = global ? global_head_dim : head_dim;
+  p.kv_heads = global ? global_kv_heads : num_key_value_heads;
+  p.k_eq_v = global && attention_k_eq_v;
   return p;
 }
 
@@ -699,16 +835,21 @@ namespace {
 
 // The parameters of the model `c`, each sparse layer's experts counted `experts` at a time.
 double count_parameters(const DecoderConfig& dc, double experts) {
-  const double c = static_cast<double>(dc.hidden_size), d = static_cast<double>(dc.head_dim),
-               h = static_cast<double>(dc.num_attention_heads), k = static_cast<double>(dc.num_key_value_heads),
+  const double c = static_cast<double>(dc.hidden_size), h = static_cast<double>(dc.num_attention_heads),
                f = static_cast<double>(dc.intermediate_size);
-  const double q_rows = h * d * (dc.attn_output_gate ? 2 : 1);  // a gate beside each head's query
-  double attn = c * q_rows + 2 * c * k * d + h * d * c;
-  if (dc.attention_bias) attn += q_rows + 2 * k * d + c;
-  if (dc.qkv_bias) attn += h * d + 2 * k * d;
-  if (dc.qk_norm) attn += 2 * d;
-  if (dc.qk_norm_whole) attn += h * d + k * d;
-  if (dc.attention_sinks) attn += h;
+  // A layer's attention: its heads' width and kv heads, and whether it has a v_proj (Gemma 4's differ).
+  auto attention = [&](const LayerPlan& plan) {
+    const double d = static_cast<double>(plan.head_dim), k = static_cast<double>(plan.kv_heads);
+    const double kv = plan.k_eq_v ? 1 : 2;
+    const double q_rows = h * d * (dc.attn_output_gate ? 2 : 1);  // a gate beside each head's query
+    double attn = c * q_rows + kv * c * k * d + h * d * c;
+    if (dc.attention_bias) attn += q_rows + kv * k * d + c;
+    if (dc.qkv_bias) attn += h * d + 2 * k * d;
+    if (dc.qk_norm) attn += 2 * d;
+    if (dc.qk_norm_whole) attn += h * d + k * d;
+    if (dc.attention_sinks) attn += h;
+    return attn;
+  };
   double mlp = 3 * c * f;
   if (dc.mlp_bias) mlp += 2 * f + c;
   const MoeConfig& m = dc.moe;
@@ -725,7 +866,7 @@ double count_parameters(const DecoderConfig& dc, double experts) {
                         static_cast<double>(la.value_head_dim) + values * c;
   double layers = 0;
   for (int64_t l = 0; l < dc.num_hidden_layers; ++l)
-    layers += (dc.is_linear(l) ? linear : attn) + norms + (dc.is_moe(l) ? sparse : mlp);
+    layers += (dc.is_linear(l) ? linear : attention(dc.plan(l))) + norms + (dc.is_moe(l) ? sparse : mlp);
   return static_cast<double>(dc.vocab_size) * c * (dc.tie_word_embeddings ? 1 : 2) + layers + c;
 }
 
@@ -757,7 +898,8 @@ double DecoderConfig::flops_per_token(int64_t seq_len) const {
       continue;
     }
     const int64_t w = window_of(l);
-    attention += 12.0 * num_attention_heads * head_dim * static_cast<double>(w > 0 ? std::min(w, seq_len) : seq_len);
+    attention +=
+        12.0 * num_attention_heads * head_dim_of(l) * static_cast<double>(w > 0 ? std::min(w, seq_len) : seq_len);
   }
   return 6.0 * n + attention;
 }
@@ -786,6 +928,15 @@ const std::pair<const char*, json> kQwen3_5MoeTextDefaults[] = {
     {"num_attention_heads", 16}, {"num_key_value_heads", 2},     {"head_dim", 256},
     {"max_position_embeddings", 32768}};
 
+// Gemma4TextConfig's (per-layer embeddings on: a dense model's text_config turns them off).
+const std::pair<const char*, json> kGemma4TextDefaults[] = {
+    {"vocab_size", 262144},      {"hidden_size", 2304},
+    {"intermediate_size", 9216}, {"num_hidden_layers", 30},
+    {"num_attention_heads", 8},  {"num_key_value_heads", 4},
+    {"head_dim", 256},           {"max_position_embeddings", 131072},
+    {"pad_token_id", 0},         {"bos_token_id", 2},
+    {"eos_token_id", 1},         {"hidden_size_per_layer_input", 256}};
+
 // A multimodal folder whose text model fsdptrain trains: its model_type and architecture, the text
 // model's model_type and the defaults its text_config may leave out.
 struct Multimodal {
@@ -797,6 +948,7 @@ struct Multimodal {
 };
 const Multimodal kMultimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", kGemma3TextDefaults, std::size(kGemma3TextDefaults)},
+    {"gemma4", "Gemma4ForConditionalGeneration", "gemma4_text", kGemma4TextDefaults, std::size(kGemma4TextDefaults)},
     {"qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5_text", kQwen3_5TextDefaults,
      std::size(kQwen3_5TextDefaults)},
     {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", kQwen3_5MoeTextDefaults,
@@ -874,8 +1026,8 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   FSDP_CHECK(c.family == Family::kQwen2Moe || !j.contains("qkv_bias") || j["qkv_bias"].is_null(), where,
              ": qkv_bias is a field of Qwen2MoeForCausalLM, not of ", family_names(c.family).architecture,
              "; remove it");
-  c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3 || c.family == Family::kQwen3Moe ||
-              is_hybrid(c.family);
+  c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3 || c.family == Family::kGemma4 ||
+              c.family == Family::kQwen3Moe || is_hybrid(c.family);
   c.fused_projections = c.family == Family::kPhi3;
   if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
       c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
@@ -885,10 +1037,11 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
              family_names(c.family).architecture, "; transformers ignores it, so remove it");
   parse_rope_layers(j, where, c);
   parse_sliding_window(j, where, c);
+  parse_gemma4(j, where, c);
   parse_moe(j, where, c);
   parse_linear_attention(j, where, c);
   parse_form(j, where, c);
-  const bool tied_by_default = is_gemma(c.family) || c.family == Family::kSmolLM3;
+  const bool tied_by_default = is_any_gemma(c.family) || c.family == Family::kSmolLM3;
   c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", tied_by_default, where);
   c.initializer_range = field<double>(j, "initializer_range", c.initializer_range, where);
   // Phi3Config's defaults, which its folders carry when the ids are not written.
@@ -952,6 +1105,23 @@ void write_form(json& j, const DecoderConfig& c) {
         scalar == std::floor(scalar) && scalar < 1e15 ? json(static_cast<int64_t>(scalar)) : json(scalar);
     j["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json(nullptr);
     j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
+  }
+  if (c.family == Family::kGemma4) {  // its switches as transformers saves them: everything off fsdptrain refuses
+    j.erase("mlp_bias");
+    j["hidden_activation"] = j["hidden_act"];
+    j.erase("hidden_act");
+    j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
+    j["attention_k_eq_v"] = c.attention_k_eq_v;
+    j["hidden_size_per_layer_input"] = 0;
+    j["num_kv_shared_layers"] = 0;
+    j["enable_moe_block"] = false;
+    j["use_double_wide_mlp"] = false;
+    j["use_bidirectional_attention"] = nullptr;
+    json per_layer = json::object();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (c.window_of(l) == 0)
+        per_layer[std::to_string(l)] = {{"head_dim", c.global_head_dim}, {"num_key_value_heads", c.global_kv_heads}};
+    j["per_layer_config"] = per_layer;
   }
   if (c.family == Family::kGranite) {
     j["embedding_multiplier"] = c.embedding_scale;
@@ -1028,12 +1198,18 @@ void write_moe(json& j, const DecoderConfig& c) {
 // One scaling as rope_scaling holds it: the type's own fields, as they were given.
 json scaling_json(const RopeScaling& s) {
   using T = RopeScaling::Type;
-  const char* type = s.type == T::kLinear     ? "linear"
-                     : s.type == T::kDynamic  ? "dynamic"
-                     : s.type == T::kYarn     ? "yarn"
-                     : s.type == T::kLongRope ? "longrope"
-                                              : "llama3";
+  const char* type = s.type == T::kLinear         ? "linear"
+                     : s.type == T::kDynamic      ? "dynamic"
+                     : s.type == T::kYarn         ? "yarn"
+                     : s.type == T::kLongRope     ? "longrope"
+                     : s.type == T::kProportional ? "proportional"
+                                                  : "llama3";
   json out = {{"rope_type", type}};
+  if (s.type == T::kProportional) {
+    out["partial_rotary_factor"] = s.rotated_share;
+    if (s.factor_written) out["factor"] = s.factor;
+    return out;
+  }
   if (s.factor_written) out["factor"] = s.factor;
   if (s.type == T::kLinear || s.type == T::kDynamic) return out;
   out["original_max_position_embeddings"] = s.original_max_position_embeddings;
@@ -1069,7 +1245,8 @@ void write_rope(json& j, const DecoderConfig& c) {
     rope["partial_rotary_factor"] = c.partial_rotary_factor;
     j.erase("rope_theta");
     j["rope_parameters"] = rope;
-  } else if (c.family == Family::kGemma3) {  // one table per layer type, as transformers v5 writes them
+  } else if (c.family == Family::kGemma3 ||
+             c.family == Family::kGemma4) {  // one table per layer type, as v5 writes them
     json full = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
     full["rope_theta"] = c.rope_theta;
     j.erase("rope_theta");
@@ -1186,8 +1363,7 @@ ModelDescription describe(const DecoderConfig& c) {
   d.config_json = canonical_json(c);
   d.canonical_config = [](const std::string& path) { return canonical_json(load_llama_config(path)); };
   d.num_parameters = c.num_parameters();
-  const int64_t C = c.hidden_size, D = c.head_dim, H = c.num_attention_heads, K = c.num_key_value_heads;
-  const int64_t F = c.intermediate_size;
+  const int64_t C = c.hidden_size, H = c.num_attention_heads, F = c.intermediate_size;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) { d.params.push_back({name, shape, {}}); };
   auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
     add(name + ".weight", {out, in});
@@ -1198,6 +1374,7 @@ ModelDescription describe(const DecoderConfig& c) {
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = str("model.layers.", l, ".");
+    if (c.layer_scalar) add(p + "layer_scalar", {1});  // Gemma 4's, stored and never trained: the layer's own first
     if (c.is_linear(l)) {  // in the order GatedDeltaNet registers them
       const LinearAttentionConfig& la = c.linear_attention;
       const std::string a = p + "linear_attn.";
@@ -1215,10 +1392,13 @@ ModelDescription describe(const DecoderConfig& c) {
       add(a + "A_log", {la.value_heads});
       add(a + "norm.weight", {la.value_head_dim});
       linear(a + "out_proj", la.value_dim(), C, false);
-    } else {
+    }
+    const LayerPlan plan = c.plan(l);
+    const int64_t D = plan.head_dim, K = plan.kv_heads;
+    if (!c.is_linear(l)) {
       linear(p + "self_attn.q_proj", C, H * D * (c.attn_output_gate ? 2 : 1), qkv_bias);
       linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
-      linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
+      if (!plan.k_eq_v) linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
       linear(p + "self_attn.o_proj", H * D, C, c.attention_bias);
       if (c.attention_sinks) add(p + "self_attn.sinks", {H});
       if (c.qk_norm) {
@@ -1245,8 +1425,9 @@ ModelDescription describe(const DecoderConfig& c) {
     d.layout.prefixes = {{"model.", "language_model.model."},
                          {"model.", "model.language_model."},
                          {"lm_head.", "language_model.lm_head."}};
-    d.layout.left_out = {"vision_tower.", "multi_modal_projector.", "model.vision_tower.",
-                         "model.multi_modal_projector.", "model.visual."};
+    d.layout.left_out = {
+        "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+        "model.visual.", "model.audio_tower.",     "model.embed_vision.", "model.embed_audio."};
   }
   if (is_hybrid(c.family)) d.layout.left_out.push_back("mtp.");  // Qwen3.5's multi-token prediction, unused
   return d;

@@ -1,12 +1,14 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
-// Gemma 2, Gemma 3, OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, the mixtures of experts Qwen3-MoE,
-// Qwen2-MoE, Mixtral and gpt-oss, and the hybrids Qwen3.5/3.6, Qwen3.5-MoE and Qwen3-Next): read into one DecoderConfig, written back for exports,
-// and described for the checkpoint layer (model/config/description.h). No LibTorch.
+// Gemma 2, Gemma 3, Gemma 4 (its dense text model), OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, the mixtures of experts
+// Qwen3-MoE, Qwen2-MoE, Mixtral and gpt-oss, and the hybrids Qwen3.5/3.6, Qwen3.5-MoE and Qwen3-Next): read into one
+// DecoderConfig, written back for exports, and described for the checkpoint layer (model/config/description.h). No
+// LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
 // activation, the scores' scale and soft cap, the multipliers) and each layer its plan (LayerPlan:
-// window, rotary or not, which rotary table, attention or Gated DeltaNet, dense or mixture-of-experts feed-forward). The modules (model/layers/decoder.h) read these, never the
-// family; the family only names things (family_names) and picks the defaults transformers picks.
+// window, rotary or not, which rotary table, attention or Gated DeltaNet, dense or mixture-of-experts feed-forward).
+// The modules (model/layers/decoder.h) read these, never the family; the family only names things (family_names) and
+// picks the defaults transformers picks.
 //
 // Shapes use one vocabulary: C hidden_size, H query heads, K kv heads, D head_dim,
 // F intermediate_size, V vocab_size, L layers, E experts, I an expert's intermediate size.
@@ -29,9 +31,11 @@ namespace fsdp::model {
 //   - kYarn "yarn": frequencies blended between interpolated and not by a ramp over the dimensions
 //     (beta_fast, beta_slow, truncate), cos and sin times attention_factor;
 //   - kLongRope "longrope" (Phi-3/3.5/4): frequencies divided by short_factor, or long_factor for a
-//     sequence longer than original_max_position_embeddings, cos and sin times attention_factor.
+//     sequence longer than original_max_position_embeddings, cos and sin times attention_factor;
+//   - kProportional "proportional" (Gemma 4's full-attention layers): theta^(-2i/D) / factor over the
+//     whole head D for the first D * rotated_share / 2 frequencies, 0 (no turn) for the rest.
 struct RopeScaling {
-  enum class Type { kLlama3, kLinear, kDynamic, kYarn, kLongRope };
+  enum class Type { kLlama3, kLinear, kDynamic, kYarn, kLongRope, kProportional };
   Type type = Type::kLlama3;
   double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
@@ -41,6 +45,7 @@ struct RopeScaling {
   std::optional<double> attention_factor;         // as written; none: from factor (yarn, longrope)
   bool factor_written = true;                     // longrope: false when factor comes from the positions' ratio
   std::vector<double> short_factor, long_factor;  // longrope, one per rotated frequency
+  double rotated_share = 1.0;                     // proportional: partial_rotary_factor, as written
 };
 
 enum class Family {
@@ -60,7 +65,8 @@ enum class Family {
   kQwen3_5,
   kQwen3Next,
   kQwen3_5Moe,
-  kGptOss
+  kGptOss,
+  kGemma4
 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
@@ -81,6 +87,10 @@ struct LayerPlan {
   int rope = 0;        // the rotary table: 0 the global one (rope_theta), 1 the local (Gemma 3's sliding layers)
   bool moe = false;    // the feed-forward is a mixture of experts (MoeConfig), else the dense GatedMlp
   bool linear = false; // the token mixer is Gated DeltaNet (LinearAttentionConfig), not attention
+  // Attention's heads: the layer's head width and kv heads (Gemma 4's full-attention layers have their
+  // own), and whether its values are k_proj's output (Gemma 4's attention_k_eq_v: no v_proj).
+  int64_t head_dim = 0, kv_heads = 0;
+  bool k_eq_v = false;
 };
 
 // Gated DeltaNet, the linear attention of Qwen3.5/3.6 and Qwen3-Next (model/layers/gated_deltanet.h),
@@ -159,8 +169,9 @@ struct DecoderConfig {
   double rope_attention_factor() const;
   // Phi-3/4 checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj.
   bool fused_projections = false;
-  // Read from a Gemma3ForConditionalGeneration or Qwen3_5ForConditionalGeneration config.json (text and vision): this is its text model
-  // (text_config), stored under that model's prefixes beside a vision tower it leaves out.
+  // Read from a Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration or Qwen3_5ForConditionalGeneration
+  // config.json (text and vision): this is its text model (text_config), stored under that model's prefixes beside a
+  // vision tower it leaves out.
   bool text_of_multimodal = false;
   std::string multimodal_architecture;  // then: the folder's ("Gemma3ForConditionalGeneration", ...)
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
@@ -168,6 +179,15 @@ struct DecoderConfig {
   bool qk_norm = false;   // Qwen3, Gemma 3: q_norm and k_norm, RMSNorm over head_dim before the rotation
   // gpt-oss: a learned logit per head (self_attn.sinks) joins each query's softmax, its weight given to no value.
   bool attention_sinks = false;
+  // Gemma 4: the full-attention layers' head width and kv heads (its per_layer_config, or
+  // global_head_dim and num_global_key_value_heads; 0: head_dim, num_key_value_heads), whether their
+  // values are k_proj's output (attention_k_eq_v: they have no v_proj), the values RMS-normed per head
+  // without a weight (v_norm), and each layer's output times its layer_scalar: a stored (1) tensor
+  // that does not train (a buffer in transformers).
+  int64_t global_head_dim = 0, global_kv_heads = 0;
+  bool attention_k_eq_v = false, v_norm = false, layer_scalar = false;
+  int64_t head_dim_of(int64_t layer) const { return plan(layer).head_dim; }
+  int64_t kv_heads_of(int64_t layer) const { return plan(layer).kv_heads; }
   MoeConfig moe;          // the sparse layers' feed-forward (LayerPlan::moe)
   // Qwen3.5/3.6, Qwen3-Next: the layers whose token mixer is Gated DeltaNet (layer_types'
   // "linear_attention"; empty: none), and its shape.
@@ -192,13 +212,13 @@ struct DecoderConfig {
   // SmolLM3's no_rope_layers as written: 1 where a layer rotates (empty: every layer does).
   std::vector<int64_t> rope_layers;
   int64_t no_rope_layer_interval = 0;  // as written, for the export
-  // Gemma 3: the sliding layers' rotary base (rope_local_base_freq); 0: every layer takes rope_theta.
+  // Gemma 3 and 4: the sliding layers' rotary base (rope_local_base_freq); 0: every layer takes rope_theta.
   double local_rope_theta = 0;
   LayerPlan plan(int64_t layer) const;
 
   // The layer's form (each as transformers computes it for the family):
   NormPlacement norms = NormPlacement::kPre;
-  bool norm_unit_offset = false;   // Gemma: normed * (1 + weight), the weights starting at 0
+  bool norm_unit_offset = false;   // Gemma 2 and 3: normed * (1 + weight), the weights starting at 0
   bool norm_fp32_product = false;  // Gemma, OLMo 2: normed * weight in fp32, then the cast (Llama: the cast first)
   bool qk_norm_whole = false;      // OLMo 2: q_norm/k_norm over the whole projection (H*D, K*D), before the heads split
   Activation activation = Activation::kSilu;
@@ -237,10 +257,10 @@ struct DecoderConfig {
 };
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
-// qwen3, gemma2, gemma3_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,
-// qwen3_next, qwen3_5_moe_text, gpt_oss; another is refused listing these; gemma3, qwen3_5 and qwen3_5_moe (their
-// *ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts torch_dtype or
-// dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
+// qwen3, gemma2, gemma3_text, gemma4_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,
+// qwen3_next, qwen3_5_moe_text, gpt_oss; another is refused listing these; gemma3, gemma4, qwen3_5 and qwen3_5_moe
+// (their *ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts torch_dtype or dtype,
+// rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
 // use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the field, also for a
 // missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) and for
 // settings that change the math and are not implemented. warnings (optional): one line per field it does not know, with

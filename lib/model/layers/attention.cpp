@@ -21,9 +21,13 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
                              std::shared_ptr<ContextParallel> s)
     : torch::nn::Module("Attention"),
       heads(share(c.num_attention_heads, t, "num_attention_heads")),
-      kv_heads(share(c.num_key_value_heads, t, "num_key_value_heads")),
-      head_dim(c.head_dim),
-      rotary_dim(c.rotary_dim()),
+      kv_heads(share(c.kv_heads_of(layer), t,
+                     c.kv_heads_of(layer) == c.num_key_value_heads ? "num_key_value_heads"
+                                                                   : "the full-attention layers' num_key_value_heads")),
+      head_dim(c.head_dim_of(layer)),
+      k_eq_v(c.plan(layer).k_eq_v),
+      v_norm_eps(c.v_norm ? c.rms_norm_eps : 0.0),
+      rotary_dim(head_dim == c.head_dim ? c.rotary_dim() : head_dim),
       window(c.plan(layer).window),
       rotary(c.plan(layer).rotary),
       qk_norm_whole(c.qk_norm_whole),
@@ -40,7 +44,7 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim * (output_gate ? 2 : 1), qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
-  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+  if (!k_eq_v) v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
   if (c.attention_sinks) {  // this rank's heads' under tensor parallel (tensor_parallel_dim: 0)
     FSDP_CHECK(!cp || cp->ulysses(), "[cp] ", family_names(c.family).architecture,
@@ -117,7 +121,9 @@ AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::T
   }
   at::Tensor q = q_flat.reshape({b, t, heads, head_dim});  // (B, T, H, D)
   at::Tensor k = k_flat.view({b, t, kv_heads, head_dim});
-  const at::Tensor v = v_flat.view({b, t, kv_heads, head_dim}).transpose(1, 2);
+  at::Tensor v = v_flat.view({b, t, kv_heads, head_dim});
+  if (v_norm_eps > 0) v = unweighted_rms_norm(v, v_norm_eps);  // Gemma 4: before k's norm touches k_eq_v's keys
+  v = v.transpose(1, 2);
   if (q_norm && !qk_norm_whole) {  // Qwen3, Gemma 3: each head normalized before the rotation
     q = q_norm(q);
     k = k_norm(k);
@@ -137,6 +143,16 @@ AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::T
 // One product for q, k and v when fully_shard laid their weights end to end (model/kernels/stacked_weights.h),
 // three otherwise or where the provider takes one product per weight. Adapters add their own parts to each.
 std::array<at::Tensor, 3> AttentionImpl::project_qkv(const at::Tensor& x) {
+  if (k_eq_v) {  // Gemma 4's full-attention layers: the values are k_proj's output
+    if (const Float8Recipe recipe = float8_recipe(); recipe != Float8Recipe::kNone) {
+      std::vector<at::Tensor> y = float8_linears(x, {q_proj->weight, k_proj->weight}, recipe);
+      if (q_proj->bias.defined()) y[0] = y[0] + q_proj->bias;
+      if (k_proj->bias.defined()) y[1] = y[1] + k_proj->bias;
+      return with_fused_lora({y[0], y[1], y[1]}, x);
+    }
+    const at::Tensor k = lora_linear(k_proj, x);
+    return with_fused_lora({lora_linear(q_proj, x), k, k}, x);
+  }
   if (const Float8Recipe recipe = float8_recipe(); recipe != Float8Recipe::kNone) {  // x cast once, a scale a weight
     std::vector<at::Tensor> y = float8_linears(x, {q_proj->weight, k_proj->weight, v_proj->weight}, recipe);
     const torch::nn::Linear* projections[] = {&q_proj, &k_proj, &v_proj};

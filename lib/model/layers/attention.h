@@ -1,6 +1,6 @@
 // Self-attention as the layer's plan sets it: full or a sliding window, grouped kv heads, q/k norms
 // (per head or over the whole projection), partial or no rotation, its own score scale and soft cap,
-// gpt-oss's sinks.
+// gpt-oss's sinks, Gemma 4's head widths of its own, values from k_proj and unweighted value norm.
 // Which kernel each form takes on each device: attend() in attention.cpp, and model/kernels/ops.h.
 // Not thread-safe (LibTorch modules).
 #pragma once
@@ -75,7 +75,9 @@ class AttentionImpl : public torch::nn::Module {
   FusedLora qkv_proj{nullptr};  // LoRA on a checkpoint's fused q/k/v (Phi-3), added by add_lora
   // Per head (Qwen3, Gemma 3), or over the whole projection (OLMo 2: qk_norm_whole); else none.
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
-  int64_t heads, kv_heads, head_dim;  // this rank's heads, under tensor parallel
+  int64_t heads, kv_heads, head_dim;  // this rank's heads, under tensor parallel; the layer's head width
+  bool k_eq_v;                        // Gemma 4's attention_k_eq_v layers: values from k_proj, no v_proj
+  double v_norm_eps;                  // Gemma 4: values RMS-normed per head, no weight (> 0); 0: none
   int64_t rotary_dim;                 // the rotated share of each head (Phi-3/4's partial rotation; else head_dim)
   int64_t window;                     // 0: full causal attention
   bool rotary;                        // false: no position rotation (a NoPE layer)
@@ -95,7 +97,8 @@ class AttentionImpl : public torch::nn::Module {
   // The attention's output (B, T, H * D) times sigmoid(gate) when the layer has one, then o_proj.
   at::Tensor output(const at::Tensor& y, const Projected& p);
   Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);  // (B, T, H * D), (B, T, K * D) twice
+  // (B, T, H * D), (B, T, K * D) twice (k_proj's output twice when k_eq_v)
+  std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);
   std::array<at::Tensor, 3> with_fused_lora(std::array<at::Tensor, 3> qkv, const at::Tensor& x);  // + qkv_proj's
   // softmax(q k^T / sqrt(D)) v over the keys each query may see: q (B, Hq, T, D), k and v (B, Kq, S, D)
   // (this rank's heads) -> (B, T, Hq * D), before o_proj. q_sinks: the sinks of q's Hq heads (`sinks`,

@@ -90,6 +90,11 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
   post_attention_layernorm = add("post_attention_layernorm");
   if (norms == NormPlacement::kSandwich) pre_feedforward_layernorm = add("pre_feedforward_layernorm");
   if (norms != NormPlacement::kPre) post_feedforward_layernorm = add("post_feedforward_layernorm");
+  if (c.layer_scalar) layer_scalar = register_parameter("layer_scalar", at::ones({1}), /*requires_grad=*/false);
+}
+
+at::Tensor DecoderLayerImpl::scaled(const at::Tensor& y) const {
+  return layer_scalar.defined() ? y * layer_scalar.to(y.scalar_type()) : y;
 }
 
 at::Tensor DecoderLayerImpl::residual(const at::Tensor& x, const at::Tensor& y) const {
@@ -123,7 +128,7 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
   at::Tensor y = mix(in, cos, sin, packed);
   if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
-  return mlp_part(residual(x, y));
+  return scaled(mlp_part(residual(x, y)));
 }
 
 at::Tensor DecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -131,7 +136,7 @@ at::Tensor DecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tenso
   const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
   at::Tensor y = linear_attn ? linear_attn->forward_cached(in, cache) : self_attn->forward_cached(in, cos, sin, cache);
   if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
-  return mlp_part(residual(x, y));
+  return scaled(mlp_part(residual(x, y)));
 }
 
 TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t, int64_t pad)
@@ -429,6 +434,7 @@ at::Tensor init_parameter_range(const DecoderConfig& c, uint64_t seed, const std
     at::Generator g = at::make_generator<at::CPUGeneratorImpl>(named_stream(seed, name));
     return at::empty({n}).uniform_(0.01, 16.0, g).log_().narrow(0, begin, count).clone();
   }
+  if (ends_with(name, ".layer_scalar")) return at::ones({count});             // Gemma 4's, as transformers makes it
   if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight"))  // Gemma's (1 + w): zeros
     return c.norm_unit_offset ? at::zeros({count}) : at::ones({count});
   // Biases start at zero, gpt-oss's experts' too; its router's bias and sinks are drawn, as transformers draws them.

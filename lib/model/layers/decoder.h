@@ -1,8 +1,9 @@
 // The decoder as transformers' *ForCausalLM classes compute it, with their parameter names, so
 // checkpoints map one to one ("model.layers.3.self_attn.q_proj.weight", "lm_head.weight", ...):
 // CausalLM (the head and the rotary tables) over Decoder (embedding, layers, final norm), each
-// DecoderLayer an Attention (model/layers/attention.h) or a GatedDeltaNet (model/layers/gated_deltanet.h) and a GatedMlp (model/layers/mlp.h) or a
-// MoeBlock (model/layers/moe.h) between RmsNorms (model/layers/norm.h) placed as the config says.
+// DecoderLayer an Attention (model/layers/attention.h) or a GatedDeltaNet (model/layers/gated_deltanet.h) and a
+// GatedMlp (model/layers/mlp.h) or a MoeBlock (model/layers/moe.h) between RmsNorms (model/layers/norm.h) placed as the
+// config says.
 //
 // Every family is this decoder with its differences as data: the form and the per-layer plan that
 // model/config/hf_config.h reads from config.json, each as transformers computes it — Llama,
@@ -11,7 +12,9 @@
 // key head, head_dim independent of hidden_size), Gemma 2 and 3 (sandwich norms of (1 + w), GELU,
 // scaled embeddings, soft-capped scores and logits, local and global rotary tables), OLMo 2 (norms
 // after each block, q/k norms over the whole projection), SmolLM3 (layers without rotary), Granite
-// (multipliers), Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
+// (multipliers), Gemma 4's dense text models (plain-weight norms in fp32, unscaled scores, full-attention
+// layers of their own head width with values from k_proj, a stored scalar per layer),
+// Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
 // gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
 // the same), and the mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral (a MoeBlock, model/layers/moe.h,
 // in place of the dense MLP where the plan says), and the hybrids Qwen3.5/3.6 and Qwen3-Next (a
@@ -72,8 +75,12 @@ class DecoderLayerImpl : public torch::nn::Module {
       post_feedforward_layernorm{nullptr};
   NormPlacement norms;
   double residual_multiplier;
+  // Gemma 4: the layer's output times this stored (1) value, which does not train (requires_grad
+  // false; transformers' buffer); else undefined.
+  at::Tensor layer_scalar;
 
  private:
+  at::Tensor scaled(const at::Tensor& y) const;  // times layer_scalar, where the layer has one
   // x + block's output (times residual_multiplier when it is not 1).
   at::Tensor residual(const at::Tensor& x, const at::Tensor& y) const;
   at::Tensor mlp_part(const at::Tensor& h);      // h plus the MLP's part, with its norms

@@ -23,4 +23,9 @@ RmsNorm norm_of(const DecoderConfig& c, int64_t dim) {
   return RmsNorm(dim, c.rms_norm_eps, c.norm_unit_offset, c.norm_fp32_product);
 }
 
+at::Tensor unweighted_rms_norm(const at::Tensor& x, double eps) {
+  const at::Tensor ones = at::ones({x.size(-1)}, x.options().dtype(at::kFloat));
+  return kernels::ops_for(x).rms_norm(x.to(at::kFloat), ones, eps).to(x.scalar_type());
+}
+
 }  // namespace fsdp::model

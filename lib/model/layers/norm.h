@@ -30,4 +30,7 @@ TORCH_MODULE(RmsNorm);
 // A norm of `dim` in the config's form (norm_unit_offset, norm_fp32_product, rms_norm_eps).
 RmsNorm norm_of(const DecoderConfig& c, int64_t dim);
 
+// RMSNorm over the last dimension without a weight, in fp32, then cast to x's dtype (Gemma 4's v_norm).
+at::Tensor unweighted_rms_norm(const at::Tensor& x, double eps);
+
 }  // namespace fsdp::model

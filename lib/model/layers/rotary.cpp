@@ -46,6 +46,16 @@ at::Tensor yarn_inv_freq(const at::Tensor& inv_freq, double theta, int64_t d, co
   return inv_freq / s.factor * ramp + inv_freq * (1 - ramp);
 }
 
+// Gemma 4's proportional table over a head of d: theta^(-2i/d) / factor for the first
+// floor(share * d / 2) frequencies, 0 for the rest (their dimensions pass through unturned).
+at::Tensor proportional_inv_freq(double theta, int64_t d, const RopeScaling& s) {
+  const auto turned = static_cast<int64_t>(s.rotated_share * static_cast<double>(d) / 2);
+  const at::Tensor inv_freq = at::zeros({d / 2}, at::kDouble);
+  const at::Tensor i = at::arange(0, 2 * turned, 2, at::kDouble);
+  inv_freq.narrow(0, 0, turned).copy_(1.0 / at::pow(theta, i / static_cast<double>(d)));
+  return inv_freq / s.factor;
+}
+
 }  // namespace
 
 at::Tensor rope_inv_freq(const DecoderConfig& c, bool local, int64_t seq_len, const c10::Device& device) {
@@ -69,6 +79,8 @@ at::Tensor rope_inv_freq(const DecoderConfig& c, bool local, int64_t seq_len, co
       const at::Tensor factors = at::tensor(at::ArrayRef<double>(f), at::kDouble);
       return (plain_inv_freq(theta, d) / factors).to(at::kFloat);
     }
+    case RopeScaling::Type::kProportional:  // Gemma 4's full-attention layers: their own head width
+      return proportional_inv_freq(theta, c.global_head_dim > 0 ? c.global_head_dim : c.head_dim, s).to(at::kFloat);
     case RopeScaling::Type::kLlama3:
       break;
   }
