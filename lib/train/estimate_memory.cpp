@@ -200,7 +200,8 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
       model::kernels::provider_named(config::enum_name(c.engine.kernels, config::kKernelProviderNames));
   const bool token_chunks =
       !model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA).loss_by_vocabulary();
-  const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains) +
+  const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains,
+                                                   mc.final_softcap > 0) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
   e.activations = layers.all + logits;
   e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + layers.largest + logits;

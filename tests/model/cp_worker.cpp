@@ -88,8 +88,8 @@ bool hybrid(const fsdp::model::DecoderConfig& c) {  // any Gated DeltaNet layer
 
 // Whether the model composes with the layout, or refuses it by name (the README's table): scores of
 // their own (a cap, a scale), a window shorter than the sequence or Gated DeltaNet layers take
-// Ulysses only, which needs every kind of head to divide over sp x tp; a logit cap or q/k norms over
-// every head take no tensor parallel.
+// Ulysses only, which needs every kind of head to divide over sp x tp; q/k norms over every head take
+// no tensor parallel.
 bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
   bool split_window = false;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) split_window |= c.window_of(i) > 0 && c.window_of(i) < kSeq;
@@ -102,7 +102,7 @@ bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
       if (heads % per != 0) return false;
     if (linear && (c.linear_attention.key_heads % per != 0 || c.linear_attention.value_heads % per != 0)) return false;
   }
-  return l.tp == 1 || (c.final_softcap == 0 && !c.qk_norm_whole);
+  return l.tp == 1 || !c.qk_norm_whole;
 }
 
 struct Whole {

@@ -508,7 +508,7 @@ TEST_CASE("the shipped model configs parse; Llama-3-8B has its known parameter c
   CHECK(big.flops_per_token(8192) == doctest::Approx(6 * n_prime + 12.0 * 32 * 32 * 128 * 8192));
 }
 
-TEST_CASE("the chunked loss equals cross-entropy over the full logits: both chunkings, ignored tokens") {
+TEST_CASE("the chunked loss equals cross-entropy over the full logits: both chunkings, ignored tokens, a soft cap") {
   torch::manual_seed(3);
   struct Case {
     LossChunking how;
@@ -520,25 +520,31 @@ TEST_CASE("the chunked loss equals cross-entropy over the full logits: both chun
       {LossChunking::kTokens, 0, 0},      {LossChunking::kTokens, 1, 0},     {LossChunking::kTokens, 7, 0},
       {LossChunking::kTokens, 64, 0},     {LossChunking::kVocabulary, 0, 0}, {LossChunking::kVocabulary, 0, 13},
       {LossChunking::kVocabulary, 7, 13}, {LossChunking::kVocabulary, 7, 1}, {LossChunking::kVocabulary, 64, 101}};
-  for (const Case& k : cases) {
-    CAPTURE(static_cast<int>(k.how));
-    CAPTURE(k.rows);
-    CAPTURE(k.vocab_rows);
-    const at::Tensor h0 = torch::randn({37, 16}, torch::kDouble), w0 = torch::randn({101, 16}, torch::kDouble);
-    at::Tensor y = torch::randint(0, 101, {37}, torch::kLong);
-    y.index_put_({torch::tensor({3, 20})}, -100);
-    const at::Tensor h = h0.to(torch::kFloat).requires_grad_(), w = w0.to(torch::kFloat).requires_grad_();
-    const at::Tensor loss = chunked_linear_cross_entropy_sum(h, w, y, k.rows, -100, nullptr, 0, k.how, k.vocab_rows);
-    (loss * 0.5).backward();
-    // The reference in float64 through autograd.
-    const at::Tensor hr = h0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
-    const at::Tensor ref = at::cross_entropy_loss(at::matmul(hr, wr.t()), y, {}, at::Reduction::Sum, -100);
-    (ref * 0.5).backward();
-    CHECK(loss.item<double>() == doctest::Approx(ref.item<double>()).epsilon(1e-6));
-    CHECK((h.grad().to(torch::kDouble) - hr.grad()).abs().max().item<double>() <= 1e-5);
-    CHECK((w.grad().to(torch::kDouble) - wr.grad()).abs().max().item<double>() <= 1e-5);
-    CHECK(h.grad()[3].abs().max().item<double>() == 0);  // an ignored token contributes nothing
-  }
+  // Gemma's final soft cap (2.5: most of these logits bend) taken a chunk at a time as the rest.
+  for (const double cap : {0.0, 2.5})
+    for (const Case& k : cases) {
+      CAPTURE(cap);
+      CAPTURE(static_cast<int>(k.how));
+      CAPTURE(k.rows);
+      CAPTURE(k.vocab_rows);
+      const at::Tensor h0 = torch::randn({37, 16}, torch::kDouble), w0 = torch::randn({101, 16}, torch::kDouble);
+      at::Tensor y = torch::randint(0, 101, {37}, torch::kLong);
+      y.index_put_({torch::tensor({3, 20})}, -100);
+      const at::Tensor h = h0.to(torch::kFloat).requires_grad_(), w = w0.to(torch::kFloat).requires_grad_();
+      const at::Tensor loss =
+          chunked_linear_cross_entropy_sum(h, w, y, k.rows, -100, nullptr, 0, k.how, k.vocab_rows, cap);
+      (loss * 0.5).backward();
+      // The reference in float64 through autograd.
+      const at::Tensor hr = h0.clone().requires_grad_(), wr = w0.clone().requires_grad_();
+      at::Tensor logits = at::matmul(hr, wr.t());
+      if (cap > 0) logits = at::tanh(logits / cap) * cap;
+      const at::Tensor ref = at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum, -100);
+      (ref * 0.5).backward();
+      CHECK(loss.item<double>() == doctest::Approx(ref.item<double>()).epsilon(1e-6));
+      CHECK((h.grad().to(torch::kDouble) - hr.grad()).abs().max().item<double>() <= 1e-5);
+      CHECK((w.grad().to(torch::kDouble) - wr.grad()).abs().max().item<double>() <= 1e-5);
+      CHECK(h.grad()[3].abs().max().item<double>() == 0);  // an ignored token contributes nothing
+    }
   // Without gradients (evaluation) only the value is computed.
   c10::NoGradGuard no_grad;
   const at::Tensor h = torch::randn({9, 8}), w = torch::randn({30, 8}), y = torch::randint(0, 30, {9}, torch::kLong);

@@ -152,26 +152,38 @@ void check_vocabulary_chunks(fsdp::dist::ProcessGroup world) {
   at::Tensor y = torch::randint(vocab, {n});
   y[4] = -100;
   const int64_t rows = std::min(block, vocab - first);
-  double worst = 0, loss[2] = {0, 0};
-  at::Tensor grads[2][2];
-  for (int k = 0; k < 2; ++k) {
-    const auto how = k == 0 ? fsdp::model::LossChunking::kTokens : fsdp::model::LossChunking::kVocabulary;
-    const at::Tensor h = h0.clone().requires_grad_(), w = w0.narrow(0, first, rows).clone().requires_grad_();
-    const at::Tensor l = fsdp::model::chunked_linear_cross_entropy_sum(h, w, y, /*rows=*/k == 0 ? 0 : 10, -100, &tp,
-                                                                       first, how, /*vocab_rows=*/7);
-    l.backward();
-    loss[k] = l.item<double>();
-    grads[k][0] = h.grad();
-    grads[k][1] = w.grad();
+  // With Gemma's final soft cap (each rank caps its own columns) and without.
+  for (const double cap : {0.0, 3.0}) {
+    double worst = 0, loss[2] = {0, 0};
+    at::Tensor grads[2][2];
+    for (int k = 0; k < 2; ++k) {
+      const auto how = k == 0 ? fsdp::model::LossChunking::kTokens : fsdp::model::LossChunking::kVocabulary;
+      const at::Tensor h = h0.clone().requires_grad_(), w = w0.narrow(0, first, rows).clone().requires_grad_();
+      const at::Tensor l = fsdp::model::chunked_linear_cross_entropy_sum(h, w, y, /*rows=*/k == 0 ? 0 : 10, -100, &tp,
+                                                                         first, how, /*vocab_rows=*/7, cap);
+      l.backward();
+      loss[k] = l.item<double>();
+      grads[k][0] = h.grad();
+      grads[k][1] = w.grad();
+    }
+    for (int i = 0; i < 2; ++i)
+      worst = std::max(worst, ((grads[0][i] - grads[1][i]).abs().max() / grads[0][i].abs().max()).item<double>());
+    // The whole vocabulary on one rank, through autograd: the sum every rank of the group gets.
+    at::Tensor logits = at::matmul(h0, w0.t());
+    if (cap > 0) logits = at::tanh(logits / cap) * cap;
+    const double whole = at::cross_entropy_loss(logits, y, {}, at::Reduction::Sum, -100).item<double>();
+    FSDP_ASSERT(std::abs(loss[0] - loss[1]) <= 1e-5 * std::abs(loss[0]) && worst <= 1e-5 &&
+                    std::abs(loss[0] - whole) <= 1e-5 * std::abs(whole),
+                "the vocabulary-chunked tp loss (cap ", cap,
+                ") differs from the token-chunked one or the whole "
+                "vocabulary's: loss ",
+                loss[1], " vs ", loss[0], " (whole ", whole, "), gradients ", worst);
+    if (world.rank() == 0)
+      std::printf(
+          "vocabulary-parallel loss (cap %.1f) chunked by the vocabulary = by tokens = the whole "
+          "vocabulary's: %.6f, gradients within %.1e\n",
+          cap, loss[1], worst);
   }
-  for (int i = 0; i < 2; ++i)
-    worst = std::max(worst, ((grads[0][i] - grads[1][i]).abs().max() / grads[0][i].abs().max()).item<double>());
-  FSDP_ASSERT(std::abs(loss[0] - loss[1]) <= 1e-5 * std::abs(loss[0]) && worst <= 1e-5,
-              "the vocabulary-chunked tp loss differs from the token-chunked one: loss ", loss[1], " vs ", loss[0],
-              ", gradients ", worst);
-  if (world.rank() == 0)
-    std::printf("vocabulary-parallel loss chunked by the vocabulary = by tokens: %.6f, gradients within %.1e\n",
-                loss[1], worst);
 }
 
 }  // namespace

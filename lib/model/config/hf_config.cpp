@@ -286,6 +286,7 @@ bool is_gemma(Family f) {
   return f == Family::kGemma2 || f == Family::kGemma3;
 }
 
+// Gemma 2, 3 and 4: their activation's and tied head's defaults.
 bool is_any_gemma(Family f) {
   return is_gemma(f) || f == Family::kGemma4;
 }
@@ -460,10 +461,10 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
                ": embedding_multiplier, attention_multiplier, residual_multiplier and logits_scaling must be > 0");
   }
   for (const char* key : {"query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"})
-    FSDP_CHECK(
-        is_gemma(c.family) || (c.family == Family::kGemma4 && key[0] == 'f') || !j.contains(key) || j[key].is_null(),
-        where, ": ", key, " is a field of Gemma 2 and 3, not of ", family_names(c.family).architecture,
-        "; remove it, or set model_type to gemma2 or gemma3_text");
+    FSDP_CHECK(is_gemma(c.family) || (c.family == Family::kGemma4 && std::string(key) == "final_logit_softcapping") ||
+                   !j.contains(key) || j[key].is_null(),
+               where, ": ", key, " is a field of Gemma 2 and 3, not of ", family_names(c.family).architecture,
+               "; remove it, or set model_type to gemma2 or gemma3_text");
   for (const char* key : {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"})
     FSDP_CHECK(c.family == Family::kGranite || !j.contains(key) || j[key].is_null(), where, ": ", key,
                " is a field of GraniteForCausalLM, not of ", family_names(c.family).architecture,

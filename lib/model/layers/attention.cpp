@@ -122,7 +122,7 @@ AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::T
   at::Tensor q = q_flat.reshape({b, t, heads, head_dim});  // (B, T, H, D)
   at::Tensor k = k_flat.view({b, t, kv_heads, head_dim});
   at::Tensor v = v_flat.view({b, t, kv_heads, head_dim});
-  if (v_norm_eps > 0) v = unweighted_rms_norm(v, v_norm_eps);  // Gemma 4: before k's norm touches k_eq_v's keys
+  if (v_norm_eps > 0) v = unweighted_rms_norm(v, v_norm_eps);  // Gemma 4 (k_proj's raw output under k_eq_v)
   v = v.transpose(1, 2);
   if (q_norm && !qk_norm_whole) {  // Qwen3, Gemma 3: each head normalized before the rotation
     q = q_norm(q);

@@ -53,6 +53,16 @@ ChunkStats chunk_stats(const at::Tensor& logits, const LocalTargets& y, const Te
   return {sums[0].log() + top, sums[1]};
 }
 
+// Gemma's final soft cap on fp32 logits, in place: z -> cap tanh(z / cap). Returns its derivative,
+// 1 - tanh(z / cap)^2, for the gradient (into `slope` when given, else a new tensor).
+at::Tensor capped(const at::Tensor& logits, double cap, at::Tensor slope = {}) {
+  logits.div_(cap).tanh_();
+  if (!slope.defined()) slope = at::empty_like(logits);
+  at::mul_out(slope, logits, logits).neg_().add_(1.0);
+  logits.mul_(cap);
+  return slope;
+}
+
 // What the loss's forward computes: the fp32 sum, and the gradients of hidden and weight for a loss
 // gradient of 1 (undefined where not required).
 struct LossAndGradients {
@@ -64,7 +74,8 @@ struct LossAndGradients {
 // the softmax, as TorchTitan's loss does; the chunk's gradient g goes back to the compute dtype once,
 // for both products. The weight's gradient is a sum over the chunks (WeightGradient).
 LossAndGradients by_token_chunks(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                 int64_t rows, int64_t ignore_index, const TensorParallel* tp, int64_t first) {
+                                 int64_t rows, int64_t ignore_index, const TensorParallel* tp, int64_t first,
+                                 double softcap) {
   const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
   const int64_t n = hidden.size(0), vocab = weight.size(0);
   if (rows <= 0) rows = default_chunk_rows(vocab);
@@ -76,6 +87,7 @@ LossAndGradients by_token_chunks(const at::Tensor& hidden, const at::Tensor& wei
     const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
     at::Tensor logits = matmul_nt(h, weight);  // (m, V) or (m, V/P), the compute dtype
     if (logits.scalar_type() != at::kFloat) logits = logits.to(at::kFloat);
+    const at::Tensor slope = softcap > 0 ? capped(logits, softcap) : at::Tensor();  // the cap's derivative
     const at::Tensor valid = y.ne(ignore_index);
     const at::Tensor safe_y = at::where(valid, y, at::zeros_like(y));
     const LocalTargets local = local_targets(safe_y, first, vocab);
@@ -87,6 +99,7 @@ LossAndGradients by_token_chunks(const at::Tensor& hidden, const at::Tensor& wei
     at::Tensor g = logits.sub_(lse.unsqueeze(1)).exp_();
     g.scatter_add_(1, local.column, -local.mine.unsqueeze(1));
     g.mul_(valid.to(at::kFloat).unsqueeze(1));
+    if (slope.defined()) g.mul_(slope);  // through the cap
     if (g.scalar_type() != weight.scalar_type()) g = g.to(weight.scalar_type());
     if (grad_h) {
       at::Tensor rows_of_dh = dh.narrow(0, i, m);
@@ -117,7 +130,7 @@ int64_t vocab_rows_for(int64_t block_rows, int64_t vocab) {
 // target is in no chunk of this pass.
 LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
                                       int64_t rows, int64_t vocab_rows, int64_t ignore_index, const TensorParallel* tp,
-                                      int64_t first) {
+                                      int64_t first, double softcap) {
   const bool grad_h = hidden.requires_grad(), grad_w = weight.requires_grad();
   const int64_t n = hidden.size(0), vocab = weight.size(0), width = hidden.size(1);
   if (rows <= 0) rows = block_rows_for(width);
@@ -137,6 +150,8 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
                            : at::empty(weight.sizes(), one_block ? weight.options() : f32);
   const at::Tensor scores = at::empty({(vocab_rows + 1) * rows}, f32);  // a chunk's fp32 logits (+ a spare row)
   const at::Tensor g_buffer = fp32 ? scores : at::empty({(vocab_rows + 1) * rows}, weight.options());
+  // With a soft cap: a chunk's derivative of the cap, and its gradient made in fp32 (in `scores`), then cast once.
+  const at::Tensor slopes = softcap > 0 ? at::empty({vocab_rows * rows}, f32) : at::Tensor();
   for (int64_t i = 0; i < n; i += rows) {
     const int64_t m = std::min(rows, n - i);
     const at::Tensor h = hidden.narrow(0, i, m), y = targets.narrow(0, i, m);
@@ -152,6 +167,7 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
     for (int64_t j = 0; j < vocab; j += vocab_rows) {
       const int64_t c = std::min(vocab_rows, vocab - j);
       const at::Tensor s = chunk_logits(j, c);
+      if (softcap > 0) s.div_(softcap).tanh_().mul_(softcap);
       const at::Tensor here = (column >= j) & (column < j + c);
       picked.add_(s.gather(0, (column - j).clamp(0, c - 1).unsqueeze(0)).squeeze(0) * here);
       const at::Tensor top = s.amax(0);
@@ -171,14 +187,23 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
     // Pass 2: g = softmax - one-hot, zero for ignored tokens (their log-sum-exp taken as infinite),
     // the target's entry p - 1 computed in fp32 before its rounding to the weight's dtype.
     const at::Tensor shift = at::where(valid, lse, at::full({}, INFINITY, f32));
-    const at::Tensor target_g = (at::exp(picked - lse) - 1).to(weight.scalar_type());
+    at::Tensor target_g = at::exp(picked - lse) - 1;
+    if (softcap > 0) target_g.mul_(1 - (picked / softcap).square());  // through the cap at the target
+    target_g = target_g.to(weight.scalar_type());
     const at::Tensor token = at::arange(m, column.options());
     at::Tensor dh_sum = !grad_h ? at::Tensor() : fp32 ? dh.narrow(0, i, m) : at::empty({m, width}, f32);
     for (int64_t j = 0; j < vocab; j += vocab_rows) {
       const int64_t c = std::min(vocab_rows, vocab - j);
       const at::Tensor s = chunk_logits(j, c);
       at::Tensor g = g_buffer.narrow(0, 0, c * m).view({c, m});
-      ops.exp_shifted_out(g, s, shift);  // in the weight's dtype
+      if (softcap > 0) {  // softmax of the capped logits times the cap's slope, in fp32, then the weight's dtype
+        const at::Tensor slope = capped(s, softcap, slopes.narrow(0, 0, c * m).view({c, m}));
+        ops.exp_shifted_out(s, s, shift);
+        s.mul_(slope);
+        if (!fp32) g.copy_(s);
+      } else {
+        ops.exp_shifted_out(g, s, shift);  // in the weight's dtype
+      }
       const at::Tensor row = at::where(valid & (column >= j) & (column < j + c), column - j, c);
       g_buffer.narrow(0, 0, (c + 1) * m).scatter_(0, row * m + token, target_g);
       const at::Tensor w = weight.narrow(0, j, c);
@@ -202,13 +227,14 @@ LossAndGradients by_vocabulary_chunks(const at::Tensor& hidden, const at::Tensor
 struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossEntropy> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                                const at::Tensor& targets, int64_t rows, int64_t ignore_index, const TensorParallel* tp,
-                               int64_t first, int64_t how, int64_t vocab_rows) {
+                               int64_t first, int64_t how, int64_t vocab_rows, double softcap) {
     const bool by_vocabulary =
         static_cast<LossChunking>(how) == LossChunking::kVocabulary ||
         (static_cast<LossChunking>(how) == LossChunking::kAuto && kernels::ops_for(hidden).loss_by_vocabulary());
     const LossAndGradients r =
-        by_vocabulary ? by_vocabulary_chunks(hidden, weight, targets, rows, vocab_rows, ignore_index, tp, first)
-                      : by_token_chunks(hidden, weight, targets, rows, ignore_index, tp, first);
+        by_vocabulary
+            ? by_vocabulary_chunks(hidden, weight, targets, rows, vocab_rows, ignore_index, tp, first, softcap)
+            : by_token_chunks(hidden, weight, targets, rows, ignore_index, tp, first, softcap);
     ctx->saved_data["dh"] = r.dh;
     ctx->saved_data["dw"] = r.dw;
     return {r.loss};
@@ -226,7 +252,8 @@ struct ChunkedLinearCrossEntropy : torch::autograd::Function<ChunkedLinearCrossE
     const at::Tensor& g = grads[0];
     if (dh.defined()) dh.mul_(g.to(dh.scalar_type()));
     if (dw.defined()) dw.mul_(g.to(dw.scalar_type()));
-    return {dh, dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dh,           dw,           at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -237,25 +264,25 @@ int64_t default_chunk_rows(int64_t vocab_size) {
 }
 
 int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool token_chunks,
-                           bool head_trains) {
+                           bool head_trains, bool softcap) {
   const int64_t head = head_trains ? vocab * hidden : 0;
   if (token_chunks) {  // a chunk's fp32 logits and their exp, the fp32 (V, C) sum and its copy in the dtype
     const int64_t chunk = std::min<int64_t>(tokens, default_chunk_rows(vocab));
-    return chunk * vocab * 4 * 2 + head * 4 + (dtype_bytes != 4 ? head * dtype_bytes : 0);
+    return chunk * vocab * 4 * (softcap ? 3 : 2) + head * 4 + (dtype_bytes != 4 ? head * dtype_bytes : 0);
   }
   const int64_t rows = std::min<int64_t>(std::max<int64_t>(tokens, 1), block_rows_for(hidden));
   const int64_t chunk = (std::min(vocab_rows_for(rows, vocab), vocab) + 1) * rows;
   const bool one_block = rows >= tokens;
-  return chunk * 4 + (dtype_bytes != 4 ? chunk * dtype_bytes + rows * hidden * 4 : 0) +
+  return chunk * 4 * (softcap ? 2 : 1) + (dtype_bytes != 4 ? chunk * dtype_bytes + rows * hidden * 4 : 0) +
          (one_block ? head * dtype_bytes : head * 4 + (dtype_bytes != 4 ? head * dtype_bytes : 0));
 }
 
 at::Tensor chunked_linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
                                             const at::Tensor& targets, int64_t rows, int64_t ignore_index,
                                             const TensorParallel* tp, int64_t first_row, LossChunking how,
-                                            int64_t vocab_rows) {
+                                            int64_t vocab_rows, double softcap) {
   return ChunkedLinearCrossEntropy::apply(hidden, weight, targets, rows, ignore_index, tp, first_row,
-                                          static_cast<int64_t>(how), vocab_rows)[0];
+                                          static_cast<int64_t>(how), vocab_rows, softcap)[0];
 }
 
 }  // namespace fsdp::model

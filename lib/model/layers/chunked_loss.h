@@ -30,9 +30,9 @@ int64_t default_chunk_rows(int64_t vocab_size);
 
 // The bytes the loss holds beyond its inputs while it runs by token chunks or not, for `tokens`
 // tokens of width `hidden` against `vocab` rows in a compute dtype of `dtype_bytes`, the head's
-// gradient included when it trains (estimate-memory).
+// gradient included when it trains, and with a soft cap a chunk's slope of it (estimate-memory).
 int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_t dtype_bytes, bool token_chunks,
-                           bool head_trains);
+                           bool head_trains, bool softcap = false);
 
 // hidden (N, C), weight (V, C) (both the compute dtype), targets (N) int64; tokens whose target is
 // ignore_index count for nothing. Returns the fp32 sum. rows: tokens per chunk (by tokens) or per block
@@ -42,9 +42,12 @@ int64_t loss_working_bytes(int64_t tokens, int64_t hidden, int64_t vocab, int64_
 // weight.size(0)) of the whole (padding left out), every rank of the group passes the same hidden
 // and targets and gets the same sum (two small collectives a chunk, or a block), and the gradient of hidden is
 // this rank's part: the caller sums it over the group.
+// softcap > 0 (Gemma's final_logit_softcapping): each logit z is cap tanh(z / cap) before the softmax,
+// in fp32, a chunk at a time as the rest, under tensor parallel too.
 at::Tensor chunked_linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& weight,
                                             const at::Tensor& targets, int64_t rows = 0, int64_t ignore_index = -100,
                                             const TensorParallel* tp = nullptr, int64_t first_row = 0,
-                                            LossChunking how = LossChunking::kAuto, int64_t vocab_rows = 0);
+                                            LossChunking how = LossChunking::kAuto, int64_t vocab_rows = 0,
+                                            double softcap = 0);
 
 }  // namespace fsdp::model

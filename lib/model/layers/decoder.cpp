@@ -354,20 +354,18 @@ at::Tensor CausalLMImpl::loss_sum(const at::Tensor& tokens, const at::Tensor& ta
   const at::Tensor y =
       (cp ? targets.index_select(1, sequence_positions(targets.size(1), *cp, targets.device())) : targets)
           .reshape({-1});
-  if (config.final_softcap > 0) {  // the cap is not linear: the logits whole, then the loss
-    FSDP_CHECK(!tp,
-               "[tp] final_logit_softcapping caps every logit, and the tensor-parallel loss splits the "
-               "vocabulary; train this model with tp_size 1");
-    const at::Tensor logits = logits_of(x).to(at::kFloat);
-    return at::cross_entropy_loss(logits, y, /*weight=*/{}, at::Reduction::Sum, /*ignore_index=*/-100);
-  }
   if (config.logits_scaling != 1.0) x = x / config.logits_scaling;  // (x / s) W^T: the logits / s
-  if (!tp) return chunked_linear_cross_entropy_sum(x, head_weight(), y);
+  // Gemma's final soft cap is taken chunk by chunk too (on each rank's vocabulary rows under tp).
+  const double cap = config.final_softcap;
+  if (!tp)
+    return chunked_linear_cross_entropy_sum(x, head_weight(), y, /*rows=*/0, /*ignore_index=*/-100, nullptr, 0,
+                                            LossChunking::kAuto, /*vocab_rows=*/0, cap);
   // This rank's vocabulary rows without their padding: no logit of a token that does not exist.
   const int64_t block = head_weight().size(0), first = tp->rank() * block;
   const int64_t valid = std::clamp<int64_t>(config.vocab_size - first, 0, block);
   return chunked_linear_cross_entropy_sum(x, head_weight().narrow(0, 0, valid), y, /*rows=*/0,
-                                          /*ignore_index=*/-100, tp.get(), first);
+                                          /*ignore_index=*/-100, tp.get(), first, LossChunking::kAuto,
+                                          /*vocab_rows=*/0, cap);
 }
 
 at::Tensor CausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, const Packed& packed) {
