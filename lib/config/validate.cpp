@@ -647,7 +647,7 @@ std::string FsdpLayout::describe_context_parallel() const {
       " / ");
   const bool ulysses = cp_kind == "ulysses";
   return str(ulysses ? "Ulysses sequence parallel over " : "context parallel over ", cp_size, " (",
-             ulysses                 ? "all-to-all around attention"
+             ulysses                 ? "all-to-all from tokens to heads and back"
              : cp_kind == "alltoall" ? "alltoall: a ring of K/V blocks"
                                      : "allgather of K/V",
              "; ", ulysses ? "sp" : "cp", " groups: ranks ", cp_groups, ")");

@@ -214,7 +214,7 @@ def failed(e):
 
 
 def check_ep(h, folders):
-    """W=4 over dp_shard 4: ep 2 and ep 4 against ep 1, each family."""
+    """W=4 over dp_shard 4: ep 2 and ep 4 against ep 1, each family; LoRA on attention at ep 2."""
     ok = True
     for name, folder in folders.items():
         base = h.ours(f"{name}-ep1", folder, 4, {})
@@ -226,6 +226,21 @@ def check_ep(h, folders):
                 ok = failed(e)
                 continue
             ok &= applied(title, mine, ep) & h.compare(title, mine, base)
+    # LoRA on attention beside experts split over ep 2: ep 1's losses, and the parameter count PEFT prints
+    # (all of every layer's experts, not the rank's share).
+    lora = "lora:\n  r: 4\n  target_modules: [q_proj, v_proj]\n"
+    try:
+        base = h.ours("qwen3_moe-lora-ep1", folders["qwen3_moe"], 4, {}, extra=lora)
+        mine = h.ours("qwen3_moe-lora-ep2", folders["qwen3_moe"], 4, ep_layout(2), extra=lora)
+    except RuntimeError as e:
+        return failed(e)
+
+    def counts(run):
+        return next((l[l.index("trainable params"):].strip() for l in run.stdout.splitlines()
+                     if "trainable params" in l), "")
+    same = counts(mine) == counts(base) != ""
+    print(f"{'ok' if same else 'FAIL'}: LoRA at ep 2 prints ep 1's count ({counts(mine)!r}; ep 1: {counts(base)!r})")
+    ok &= same & h.compare("qwen3_moe with LoRA on q_proj and v_proj, W=4, ep 2", mine, base, learns=0)
     # Auxiliary-loss-free balancing: every rank routes its own tokens, so the loads the biases move by
     # (summed over all ranks) and the biases themselves are ep 1's at ep 2.
     balance = "  moe_load_balance_coeff: 0.01\n"

@@ -381,6 +381,8 @@ LoraCounts lora_counts(CausalLMImpl& model) {
       slice.parts = model.tp->size();
       n = c10::multiply_integers(slice.full_shape(p.value().sizes().vec()));
     }
+    // Expert parallel holds E/P of each sparse layer's experts (their first dimension): all of them count.
+    if (model.ep && p.key().find(".experts.") != std::string::npos) n *= model.ep->size();
     c.all += n;
     if (p.value().requires_grad()) {
       c.trainable += n;
