@@ -90,8 +90,10 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
            (linear ? 0 : gathered_kv + scores);
   };
   const model::MoeConfig& moe = mc.moe;
+  // Gemma 4's sparse layers keep its dense MLP's too, and four C-wide values around the experts' own norms.
   const int64_t sparse_mlp = moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +
-                             4 * moe.shared_expert_intermediate_size,
+                             4 * moe.shared_expert_intermediate_size +
+                             (moe.gemma4 ? 4 * mc.intermediate_size + 4 * C : 0),
                 sparse_fp32 = 4 * (moe.num_experts + moe.experts_per_token * C + C);
   LayerActivations out;
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {

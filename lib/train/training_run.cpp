@@ -323,8 +323,9 @@ std::string experts_summary(const model::DecoderConfig& c, int ep_size, int shar
              ep_size > 1 ? str("; expert parallel over ", ep_size, " ranks, ", m.num_experts / ep_size,
                                " experts each, sharded over ", plural(shard_size / ep_size, "rank"), ";")
                          : std::string(","),
-             m.output_router_logits ? str(" the auxiliary loss times ", m.router_aux_loss_coef, " added")
-                                    : std::string(" the auxiliary loss logged, not added (output_router_logits)"),
+             m.gemma4 ? std::string(" beside each layer's MLP; no auxiliary loss in Gemma 4, its value logged")
+             : m.output_router_logits ? str(" the auxiliary loss times ", m.router_aux_loss_coef, " added")
+                                      : std::string(" the auxiliary loss logged, not added (output_router_logits)"),
              ")");
 }
 
@@ -913,7 +914,9 @@ void TrainingRun::export_hf(int64_t step) {
     const std::vector<std::vector<double>> values = selection_biases();
     int64_t l = 0;
     for (int64_t i = 0; i < model_config_.num_hidden_layers; ++i)
-      if (model_config_.plan(i).moe) biases[str("model.layers.", i, ".mlp")] = values.at(static_cast<size_t>(l++));
+      if (model_config_.plan(i).moe)  // the block's path (Gemma 4's router is the layer's own)
+        biases[str("model.layers.", i, model_config_.moe.gemma4 ? ".router" : ".mlp")] =
+            values.at(static_cast<size_t>(l++));
     write_file_atomic(dir + "/expert_selection_bias.json",
                       nlohmann::json{{"train.moe_load_balance_coeff", config_.train.moe_load_balance_coeff},
                                      {"note", "added to the router's scores to choose the top-k experts, not to their "

@@ -180,7 +180,8 @@ def worker(rank, args, port):
     from transformers import AutoModelForCausalLM
 
     from transformers import AutoConfig
-    moe = hasattr(AutoConfig.from_pretrained(args.model), "router_aux_loss_coef")
+    config = AutoConfig.from_pretrained(args.model)
+    moe = hasattr(config, "router_aux_loss_coef") or getattr(config, "enable_moe_block", False)  # Gemma 4's
     # A mixture of experts: transformers' own loop over the experts (its grouped products take no float64).
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa",
                                                  **({"experts_implementation": "eager"} if moe else {}))

@@ -458,10 +458,10 @@ TEST_CASE("config.json of Gemma 4: the full-attention layers' heads, the proport
   CHECK(error(R"("num_kv_shared_layers": 2)")
             .find("num_kv_shared_layers 2 (layers reusing earlier layers' keys and "
                   "values) is not implemented yet") != std::string::npos);
-  CHECK(error(R"("enable_moe_block": true)").find("enable_moe_block true (Gemma 4's mixture of experts") !=
-        std::string::npos);
-  CHECK(error(R"("use_bidirectional_attention": "vision")").find("fsdptrain trains causal decoders") !=
-        std::string::npos);
+  CHECK(error(R"("use_bidirectional_attention": "all")").find("fsdptrain trains causal decoders") != std::string::npos);
+  // "vision" (the Hub's configs): image tokens both ways, text causal; as null.
+  CHECK(decoder_config_json(parse(R"("use_bidirectional_attention": "vision")")) ==
+        decoder_config_json(parse(R"("use_bidirectional_attention": null)")));
   CHECK(error(R"("per_layer_config": {"0": {"head_dim": 16}})").find("full-attention layers only") !=
         std::string::npos);
   CHECK(error(R"("per_layer_config": {"3": {"head_dim": 16, "sliding_window": 8}})")
@@ -471,6 +471,68 @@ TEST_CASE("config.json of Gemma 4: the full-attention layers' heads, the proport
               "num_hidden_layers": 2, "num_attention_heads": 4, "attention_k_eq_v": true})",
                                "l.json");
         }).find("attention_k_eq_v is a field of Gemma 4, not of LlamaForCausalLM") != std::string::npos);
+}
+
+// Gemma 4's mixture of experts (gemma-4-26B-A4B): the experts beside every layer's dense MLP, their
+// router's and norms' parameters, the count, the round trip, and the fields it cannot do without.
+TEST_CASE("config.json of Gemma 4's mixture of experts: every layer sparse beside its MLP, counts, refusals") {
+  const std::string shape = R"("model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32,
+      "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 8, "global_head_dim": 16, "hidden_size_per_layer_input": 0, "enable_moe_block": true)";
+  auto parse = [&](const std::string& extra) {
+    return parse_decoder_config("{" + shape + (extra.empty() ? "" : ", " + extra) + "}", "a4b.json");
+  };
+  const DecoderConfig c = parse(R"("num_experts": 6, "top_k_experts": 2, "moe_intermediate_size": 12)");
+  const MoeConfig& m = c.moe;
+  CHECK((m.gemma4 && m.num_experts == 6 && m.experts_per_token == 2 && m.intermediate_size == 12));
+  CHECK((m.norm_topk_prob && m.router_aux_loss_coef == 0 && !m.output_router_logits));
+  CHECK((c.plan(0).moe && c.plan(1).moe));
+  const ModelDescription d = describe(c);
+  std::vector<std::string> layer0;
+  for (const ParamSpec& p : d.params)
+    if (p.name.rfind("model.layers.0.", 0) == 0) layer0.push_back(p.name.substr(15));
+  CHECK(layer0 == std::vector<std::string>{"layer_scalar",
+                                           "self_attn.q_proj.weight",
+                                           "self_attn.k_proj.weight",
+                                           "self_attn.v_proj.weight",
+                                           "self_attn.o_proj.weight",
+                                           "self_attn.q_norm.weight",
+                                           "self_attn.k_norm.weight",
+                                           "mlp.gate_proj.weight",
+                                           "mlp.up_proj.weight",
+                                           "mlp.down_proj.weight",
+                                           "router.scale",
+                                           "router.per_expert_scale",
+                                           "router.proj.weight",
+                                           "experts.gate_up_proj",
+                                           "experts.down_proj",
+                                           "input_layernorm.weight",
+                                           "post_attention_layernorm.weight",
+                                           "pre_feedforward_layernorm.weight",
+                                           "post_feedforward_layernorm.weight",
+                                           "post_feedforward_layernorm_1.weight",
+                                           "post_feedforward_layernorm_2.weight",
+                                           "pre_feedforward_layernorm_2.weight"});
+  CHECK(d.layout.stacked.empty());  // stored stacked, as the Hub's folders hold them
+  // Each layer: attention (layer 1 full: heads of 16, no k_eq_v here so a v_proj), the MLP, the router
+  // (proj, scale, per-expert scales), 6 experts of 3 x 32 x 12, seven norms.
+  const int64_t sliding = 4 * 8 * 32 + 2 * 2 * 8 * 32 + 4 * 8 * 32 + 2 * 8,
+                full = 4 * 16 * 32 + 2 * 2 * 16 * 32 + 4 * 16 * 32 + 2 * 16;
+  const int64_t feed_forward = 3 * 32 * 48 + 6 * 32 + 32 + 6 + 6 * 3 * 32 * 12 + 7 * 32;
+  CHECK(c.num_parameters() == 64 * 32 + sliding + full + 2 * feed_forward + 32);
+  CHECK(c.active_parameter_count() == doctest::Approx(c.num_parameters() - 2 * 4 * 3 * 32 * 12));
+  const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+  CHECK(decoder_config_json(back) == decoder_config_json(c));
+  CHECK((back.moe.gemma4 && back.moe.num_experts == 6 && back.moe.experts_per_token == 2));
+  CHECK(hf_class_name("Router", c.family) == "Gemma4TextRouter");
+  CHECK(hf_class_name("Experts", c.family) == "Gemma4TextExperts");
+  // Gemma4TextConfig has no default for the experts' fields: each must be written.
+  CHECK(error_of([&] { parse(R"("top_k_experts": 2, "moe_intermediate_size": 12)"); })
+            .find("a4b.json: enable_moe_block is true but num_experts is not written; Gemma4TextConfig has no "
+                  "default for it") != std::string::npos);
+  CHECK(error_of([&] {
+          parse(R"("num_experts": 2, "top_k_experts": 3, "moe_intermediate_size": 12)");
+        }).find("top_k_experts (3) is more than the experts (2)") != std::string::npos);
 }
 
 TEST_CASE("regression: a misspelled config.json field is not silently replaced by a default") {

@@ -12,7 +12,9 @@ Qwen3-Next: Gated DeltaNet layers and a gated full-attention one, on 200 tokens,
 and a partial one; their packed records against each record run alone, as transformers' PyTorch path
 does not restart the state given position_ids alone), Gemma 4's dense text model (full-attention layers
 with heads of their own and values from k_proj, a proportional rotation, unweighted value norms, a
-stored scalar per layer), and Llama beside them, transformers
+stored scalar per layer) and its mixture of experts (experts beside each layer's dense MLP, routed by a
+normed, scaled router, with per-expert scales and norms of their own; no auxiliary loss: the routed
+rows counted), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -29,7 +31,7 @@ of transformers' float32 run from its float64 one, at least 1e-6):
 decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt
 with each kernel provider; with the default kernels sampling with a seed gives the same ids twice
 and other ids with another seed, and a prompt longer than the model's positions is refused.
-The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Gemma-4-31B, Phi-4, Qwen3-30B-A3B,
+The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Gemma-4-31B, Gemma-4-26B-A4B, Phi-4, Qwen3-30B-A3B,
 Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
@@ -84,6 +86,16 @@ def families():
             **{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16, global_head_dim=32,
             num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=4,
             final_logit_softcapping=2.0, layer_types=["sliding_attention", "full_attention", "full_attention"]),
+            transformers.Gemma4ForCausalLM),
+        # Gemma 4's mixture of experts (gemma-4-26B-A4B's form): four experts beside each layer's dense MLP,
+        # the router's weightless norm, scale and per-expert scales (drawn by randomize), the experts'
+        # own norms; the top 2 renormalised. "vision" (the Hub's) leaves text causal.
+        "gemma4_moe": (transformers.Gemma4TextConfig(
+            **{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16, global_head_dim=32,
+            num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=4,
+            final_logit_softcapping=2.0, layer_types=["sliding_attention", "full_attention", "full_attention"],
+            enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=40,
+            use_bidirectional_attention="vision"),
             transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
         # pad_token_id 0 (its default is past this vocabulary): token 0's lookups get no gradient, as
@@ -157,7 +169,8 @@ def randomize(model):
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            # norms, and the scales Gemma 4's router multiplies by, about 1
+            if name.endswith(("norm.weight", "norm_1.weight", "norm_2.weight", "router.scale", "per_expert_scale")):
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
@@ -193,8 +206,13 @@ def hf_aux_loss(model, tokens):
 
 
 def sparse_layers(model):
-    return [i for i, layer in enumerate(model.model.layers)
-            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP"))]
+    return [i for i, layer in enumerate(model.model.layers)  # Gemma 4's experts are beside its MLP
+            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP")) or getattr(layer, "enable_moe_block", False)]
+
+
+def experts_per_token(config):
+    """A mixture of experts' top k (Gemma 4's top_k_experts), None for a dense model."""
+    return getattr(config, "num_experts_per_tok", None) or getattr(config, "top_k_experts", None)
 
 
 def stacked_copy(saved, out):
@@ -364,7 +382,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     ours, host_run = ours_golden(tool, saved, out, "host", length)
     # transformers' own loops (its grouped products take no float64), as in its eager attention.
     eager = dict(attn_implementation="eager",
-                 **({"experts_implementation": "eager"} if hasattr(config, "router_aux_loss_coef") else {}))
+                 **({"experts_implementation": "eager"} if experts_per_token(config) else {}))
     model = cls.from_pretrained(saved, dtype=torch.float32, **eager).eval()
     model64 = cls.from_pretrained(saved, dtype=torch.float64, **eager).eval()
     hybrid = name in HYBRID
@@ -385,6 +403,11 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
             assert mine[k] <= max(4 * noise[k], 1e-6), (name, provider, k, mine[k], noise[k])
     aux64 = hf_aux_loss(model64, ours["tokens"])
     assert (aux64 is None) == ("aux_loss" not in ours), name
+    if aux64 is None and experts_per_token(model.config):  # Gemma 4's: no auxiliary loss, the routing counted
+        routed = len(ours["tokens"]) * experts_per_token(model.config) * len(sparse_layers(model))
+        assert sum(ours["expert_load"]) == routed, (name, ours["expert_load"])
+        print(f"{name}: {len(sparse_layers(model))} sparse layers (no auxiliary loss in transformers), "
+              f"assignments per expert {ours['expert_load']}")
     if aux64 is not None:
         aux32 = hf_aux_loss(model, ours["tokens"])
         err, noise_aux = abs(ours["aux_loss"] - aux64) / aux64, abs(aux32 - aux64) / aux64
@@ -417,11 +440,11 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     n = sum(p.numel() for p in model.parameters())  # tied weights counted once
     c = model.config
     n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
-    if hasattr(c, "num_experts_per_tok"):  # the active parameters: experts_per_token experts of each sparse layer
+    if experts_per_token(c):  # the active parameters: experts_per_token experts of each sparse layer
         experts = getattr(c, "num_local_experts", None) or c.num_experts
         width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size
         per_expert = 3 * c.hidden_size * width + (2 * width + c.hidden_size if name == "gpt_oss" else 0)  # biases
-        n_prime -= len(sparse_layers(model)) * (experts - c.num_experts_per_tok) * per_expert
+        n_prime -= len(sparse_layers(model)) * (experts - experts_per_token(c)) * per_expert
     t = len(ours["tokens"])
     window = lambda i: (c.sliding_window if (getattr(c, "layer_types", None) or ["full_attention"] * 99)[i] ==  # noqa: E731
                         "sliding_attention" or name in ("mistral", "phi3", "mixtral") else None)
@@ -444,7 +467,8 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 
 def check_shapes(tool, source):
-    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "gemma-4-31b", "phi-4", "qwen3-30b-a3b",
+    for name in ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "gemma-4-31b", "gemma-4-26b-a4b", "phi-4",
+                 "qwen3-30b-a3b",
                  "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b"):
         folder = os.path.join(source, "configs", "models", name)
         run = subprocess.run([tool, "count", os.path.join(folder, "config.json")], capture_output=True, text=True)

@@ -40,7 +40,8 @@ inline DecoderConfig tiny_of(const std::string& model_type, const std::string& e
 // One tiny model of each layer kind issue 60 added, with the settings that make it differ from
 // Llama: Gemma 2's soft-capped scores and logits (sandwich norms of (1 + w), GELU, its own score
 // scale, a sliding layer), Gemma 3's per-head norms and local rotary table, Gemma 4's full-attention
-// layer of wider heads with values from k_proj (and its proportional rotation), OLMo 2's norms after
+// layer of wider heads with values from k_proj (and its proportional rotation), and its experts beside
+// the dense MLP (a normed, scaled router), OLMo 2's norms after
 // the blocks and over the whole projections, SmolLM3's layer without rotary, Granite's multipliers,
 // Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window.
 inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
@@ -53,6 +54,10 @@ inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
           {"gemma4_text", tiny_of("gemma4_text", sliding + R"(, "head_dim": 4, "global_head_dim": 8,
                                       "num_global_key_value_heads": 2, "attention_k_eq_v": true,
                                       "hidden_size_per_layer_input": 0)")},
+          {"gemma4_moe", tiny_of("gemma4_text", sliding + R"(, "head_dim": 4, "global_head_dim": 8,
+                                      "num_global_key_value_heads": 2, "attention_k_eq_v": true,
+                                      "hidden_size_per_layer_input": 0, "enable_moe_block": true,
+                                      "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8)")},
           {"olmo2", tiny_of("olmo2")},
           {"smollm3", tiny_of("smollm3", R"("no_rope_layers": [1, 0])")},
           {"granite", tiny_of("granite", R"("embedding_multiplier": 3.0, "attention_multiplier": 0.3,

@@ -10,7 +10,7 @@ The families' configs set what makes them differ from Llama away from its defaul
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
 the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
-packed records each starting from a zero state), Gemma 4's dense text model; and a Gemma3ForConditionalGeneration,
+packed records each starting from a zero state), Gemma 4's dense text model and its mixture of experts; and a Gemma3ForConditionalGeneration,
 a Gemma4ForConditionalGeneration and a Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
 models with it. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
 is refused before any worker starts, naming Ulysses."""
@@ -49,6 +49,10 @@ def configs(vocab):
                    transformers.Gemma3ForCausalLM),
         # Gemma 4's dense text model: a full-attention layer of wider heads, one kv head, values from k_proj.
         "gemma4": (transformers.Gemma4TextConfig(**common, **GEMMA4), transformers.Gemma4ForCausalLM),
+        # Gemma 4's mixture of experts (gemma-4-26B-A4B's form): experts beside every layer's dense MLP.
+        "gemma4_moe": (transformers.Gemma4TextConfig(**common, **GEMMA4, enable_moe_block=True, num_experts=4,
+                                                     top_k_experts=2, moe_intermediate_size=32),
+                       transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
         "smollm3": (transformers.SmolLM3Config(**common, no_rope_layers=[1, 0, 1]), transformers.SmolLM3ForCausalLM),
         "granite": (transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
@@ -128,7 +132,8 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
     export = os.path.join(out, "export", "step-30")
     assert losses[-1] < 0.8 * losses[0], (name, losses)
 
-    eager = {"experts_implementation": "eager"} if hasattr(config, "router_aux_loss_coef") else {}
+    sparse = hasattr(config, "router_aux_loss_coef") or getattr(config, "enable_moe_block", False)
+    eager = {"experts_implementation": "eager"} if sparse else {}
     model = (export_cls or cls).from_pretrained(export, dtype=torch.float32, attn_implementation="eager",
                                                 **eager).eval()
     texts = sorted({r["prompt"] + r["completion"] for r in rows})[:8]
@@ -236,7 +241,7 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--families",
-                    default="gemma2,gemma3,gemma4,olmo2,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
+                    default="gemma2,gemma3,gemma4,gemma4_moe,olmo2,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
                             "qwen2_moe,mixtral,gpt_oss,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)

@@ -5,7 +5,7 @@ From one tiny Llama (transformers, random) and adapters PEFT made (init_lora_wei
 every adapter matrix starts non-zero), with and without modules_to_save, at W=1 and W=2 (and a
 tiny Qwen2, biases and a tied head, at W=2; a Qwen2-MoE, its stacked experts frozen, at W=2; a
 Qwen3-MoE whose stacked experts carry adapters, PEFT's target_parameters, at W=2; Qwen3.5; Gemma 4, its
-full-attention layer without v_proj):
+full-attention layer without v_proj, and its experts beside the dense MLP with adapters):
   - fsdptrain (lora.init = the adapter; at W=2 with each kernel provider: the CPU's own kernels,
     the GPU's run by the CPU, ATen's ops one by one) and scripts/reference/fsdp2_llama.py --adapter
     (PEFT's PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
@@ -461,6 +461,31 @@ def gemma4_parity(args, tmp, data):
     print(f"ok gemma4: the export has PEFT's {len(got)} keys (v_proj's in the sliding layer alone)")
 
 
+def gemma4_moe_parity(args, tmp, data):
+    """Gemma 4's mixture of experts (gemma-4-26B-A4B's form): PEFT's target_parameters on the layer's own
+    experts.gate_up_proj and experts.down_proj (beside the dense MLP) with q_proj and down_proj, at W=2:
+    PEFT's losses, gradients and trained tensors; the export has PEFT's keys and target_parameters."""
+    CASES["gemma4_moe"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj", "down_proj"],
+                                target_parameters=["experts.gate_up_proj", "experts.down_proj"]),
+                           "lora:\n  r: 2\n  alpha: 6\n  target_modules: [q_proj, down_proj]\n"
+                           "  target_parameters: [experts.gate_up_proj, experts.down_proj]\n")
+    base, adapter = family_base(args, tmp, "gemma4_moe", Gemma4ForCausalLM, Gemma4TextConfig, 7,
+                                ("mlp_bias", "rope_theta", "rope_scaling", "hidden_act"), "gemma4_moe",
+                                model_type="gemma4_text", architectures=["Gemma4ForCausalLM"], global_head_dim=32,
+                                num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
+                                sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                                enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24)
+    out, text = parity(args, tmp, "gemma4_moe", 2, base, data, adapter)
+    check("and 4 stacked expert weights (r per expert)" in text,  # two layers' gate_up_proj and down_proj
+          f"gemma4_moe: the [lora] line does not count them: {text[-3000:]}")
+    export, got = export_keys(Gemma4ForCausalLM, base, "gemma4_moe", out)
+    written = json.load(open(os.path.join(export, "adapter_config.json")))
+    check(sorted(written.get("target_parameters") or []) == ["experts.down_proj", "experts.gate_up_proj"],
+          f"gemma4_moe: adapter_config.json's target_parameters {written.get('target_parameters')}")
+    print(f"ok gemma4_moe: the export has PEFT's {len(got)} keys (the experts' beside the MLP's down_proj) and "
+          "target_parameters")
+
+
 def phi3_parity(args, tmp, data):
     """Phi-3's checkpoints fuse q, k and v into qkv_proj and gate and up into gate_up_proj, which PEFT
     adapts whole (one lora_A for the parts): adapters on them train as PEFT's at W=2, export under
@@ -550,6 +575,7 @@ def main():
         expert_parity(args, tmp, data)
         hybrid_parity(args, tmp, data)
         gemma4_parity(args, tmp, data)
+        gemma4_moe_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any
         # output folder exists.

@@ -282,7 +282,7 @@ def check_new_families(h, folders):
     builds Llama's relatives only): Gemma 2 (soft-capped scores and logits), Gemma 3 (tied vocabulary-parallel
     embedding scaled by sqrt(hidden),
     per-head q/k norms, sliding layers with their own rotary base), Gemma 4 (its full-attention layer's
-    heads of their own, values from k_proj), Granite (the multipliers) and Phi-3
+    heads of their own, values from k_proj; and its experts beside the split MLP), Granite (the multipliers) and Phi-3
     (the folder's fused projections split per rank, a partial rotation with longrope past 16 positions,
     a window in every layer), and the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split)."""
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -303,6 +303,15 @@ def check_new_families(h, folders):
                                                 attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=8,
                                                 final_logit_softcapping=10.0,
                                                 layer_types=["sliding_attention", "full_attention"]),
+        # Gemma 4's mixture of experts: the dense MLP split per rank, the experts beside it whole on every
+        # rank, which routes its own sequence block.
+        "gemma4_moe": transformers.Gemma4TextConfig(**common, head_dim=16, global_head_dim=32,
+                                                    num_global_key_value_heads=2, attention_k_eq_v=True,
+                                                    hidden_size_per_layer_input=0, sliding_window=8,
+                                                    final_logit_softcapping=10.0,
+                                                    layer_types=["sliding_attention", "full_attention"],
+                                                    enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                                    moe_intermediate_size=32),
         "granite": transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
                                               residual_multiplier=0.4, logits_scaling=2.0),
         "phi3": transformers.Phi3Config(**common, partial_rotary_factor=0.75, sliding_window=12,
@@ -320,7 +329,7 @@ def check_new_families(h, folders):
     # other summation order further over the steps. Its gradient norms at step 7 are 1.0e-5 apart under tp
     # (losses 1e-7), and 1.2e-4 apart between two tp 1 runs whose kernels alone differ (engine.kernels
     # reference against host); Gemma 3 with an unscaled score: 1.7e-6, against 1.5e-7 with its own scale.
-    bound = {"gemma4": 3e-5}
+    bound = {"gemma4": 3e-5, "gemma4_moe": 3e-5}
     ok = True
     for name, config in configs.items():
         folder = h.save(name, config)

@@ -504,6 +504,7 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   const bool mixtral = c.family == Family::kMixtral, next = c.family == Family::kQwen3Next,
              moe35 = c.family == Family::kQwen3_5Moe;
   if (c.family == Family::kGptOss) return parse_gpt_oss_moe(j, where, c);
+  if (c.family == Family::kGemma4) return;  // parse_gemma4_moe: enable_moe_block and its fields
   if (!mixtral && !is_qwen_moe(c.family) && !next && !moe35) {
     for (const char* key : {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                             "shared_expert_intermediate_size"})
@@ -569,15 +570,39 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
 void check_off(const json& j, const char* key, const json& off, const std::string& where, const char* what) {
   const json v = j.value(key, off);
   FSDP_CHECK(v.is_null() || v == off, where, ": ", key, " ", v.dump(), " (", what,
-             ") is not implemented yet; fsdptrain trains Gemma 4's dense text models (", key, ": ", off.dump(),
-             ", as gemma-4-31B's config has it)");
+             ") is not implemented yet; fsdptrain trains Gemma 4's text models without it (", key, ": ", off.dump(),
+             ", as gemma-4-31B's and gemma-4-26B-A4B's configs have it)");
+}
+
+// Gemma 4's mixture of experts (enable_moe_block): num_experts, top_k_experts and
+// moe_intermediate_size, which Gemma4TextConfig leaves unset (so each must be written).
+void parse_gemma4_moe(const json& j, const std::string& where, DecoderConfig& c) {
+  if (!field<bool>(j, "enable_moe_block", false, where)) return;
+  MoeConfig& m = c.moe;
+  m.gemma4 = true;
+  for (const char* key : {"num_experts", "top_k_experts", "moe_intermediate_size"})
+    FSDP_CHECK(j.contains(key) && j[key].is_number_integer(), where, ": enable_moe_block is true but ", key, " is ",
+               j.contains(key) ? j[key].dump() : "not written",
+               "; Gemma4TextConfig has no default for it: write the model's (gemma-4-26B-A4B: num_experts 128, "
+               "top_k_experts 8, moe_intermediate_size 704)");
+  m.num_experts = j["num_experts"].get<int64_t>();
+  m.experts_per_token = j["top_k_experts"].get<int64_t>();
+  m.intermediate_size = j["moe_intermediate_size"].get<int64_t>();
+  m.norm_topk_prob = true;
+  m.router_aux_loss_coef = 0;  // Gemma4ForCausalLM adds none
+  m.output_router_logits = false;
+  check_positive(where, {{"num_experts", m.num_experts},
+                         {"top_k_experts", m.experts_per_token},
+                         {"moe_intermediate_size", m.intermediate_size}});
+  FSDP_CHECK(m.experts_per_token <= m.num_experts, where, ": top_k_experts (", m.experts_per_token,
+             ") is more than the experts (", m.num_experts, ")");
 }
 
 // Gemma 4: its full-attention layers' head width and kv heads (per_layer_config as transformers 5
 // saves it, else global_head_dim (512) and, with attention_k_eq_v, num_global_key_value_heads), their
-// values (attention_k_eq_v). Refused by name: per-layer embeddings (hidden_size_per_layer_input, whose
-// default 256 is on), shared keys and values (num_kv_shared_layers), the mixture of experts
-// (enable_moe_block), bidirectional attention. Other families refuse the fields.
+// values (attention_k_eq_v), its mixture of experts (parse_gemma4_moe). Refused by name: per-layer
+// embeddings (hidden_size_per_layer_input, whose default 256 is on), shared keys and values
+// (num_kv_shared_layers), attention both ways for every token. Other families refuse the fields.
 void parse_gemma4(const json& j, const std::string& where, DecoderConfig& c) {
   if (c.family != Family::kGemma4) {
     for (const char* key : {"per_layer_config", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
@@ -594,10 +619,14 @@ void parse_gemma4(const json& j, const std::string& where, DecoderConfig& c) {
                          "turns on per-layer embeddings (Gemma 4 E2B's and E4B's), which fsdptrain does not "
                          "implement yet; a dense model's config has \"hidden_size_per_layer_input\": 0"));
   check_off(j, "num_kv_shared_layers", json(0), where, "layers reusing earlier layers' keys and values");
-  check_off(j, "enable_moe_block", json(false), where, "Gemma 4's mixture of experts, gemma-4-26B-A4B's");
-  FSDP_CHECK(!j.contains("use_bidirectional_attention") || j["use_bidirectional_attention"].is_null(), where,
-             ": use_bidirectional_attention ", j.value("use_bidirectional_attention", json()).dump(),
-             " attends both ways (vision or every token); fsdptrain trains causal decoders (set it to null)");
+  // "vision": a multimodal model's image tokens attend both ways among themselves; text attends
+  // causally, as Gemma4TextModel computes it (the Hub's 31B and 26B-A4B configs write it).
+  const json both_ways = j.value("use_bidirectional_attention", json());
+  FSDP_CHECK(both_ways.is_null() || both_ways == json("vision"), where, ": use_bidirectional_attention ",
+             both_ways.dump(),
+             " makes every token attend both ways (an encoder); fsdptrain trains causal decoders: set it to null, "
+             "or \"vision\" (text stays causal)");
+  parse_gemma4_moe(j, where, c);
   c.attention_k_eq_v = field<bool>(j, "attention_k_eq_v", false, where);
   c.global_head_dim = field<int64_t>(j, "global_head_dim", 512, where);
   c.global_kv_heads = c.attention_k_eq_v ? field<int64_t>(j, "num_global_key_value_heads", 0, where) : 0;
@@ -755,6 +784,7 @@ const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
                                  {"GatedDeltaNet", "GatedDeltaNet", true},
                                  {"RMSNormGated", "RMSNormGated", true},
                                  {"Experts", "Experts", true},
+                                 {"Router", "Router", true},
                                  {"Decoder", "Model", true},
                                  {"CausalLM", "ForCausalLM", true},
                                  {"TokenEmbedding", "Embedding", false},
@@ -763,10 +793,12 @@ const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
 
 }  // namespace
 
-// Gemma 4's text classes are Gemma4TextAttention, Gemma4TextMLP, Gemma4TextModel (its norm Gemma4RMSNorm).
+// Gemma 4's text classes are Gemma4TextAttention, Gemma4TextMLP, Gemma4TextRouter, Gemma4TextExperts,
+// Gemma4TextModel (its norm Gemma4RMSNorm).
 std::string prefix_of(const ClassName& n, Family f) {
   const std::string theirs = n.theirs;
-  const bool text = f == Family::kGemma4 && (theirs == "Attention" || theirs == "MLP" || theirs == "Model");
+  const bool text = f == Family::kGemma4 && (theirs == "Attention" || theirs == "MLP" || theirs == "Model" ||
+                                             theirs == "Router" || theirs == "Experts");
   return class_prefix(f) + (text ? "Text" : "");
 }
 
@@ -858,6 +890,8 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   if (m.gpt_oss)  // the router's bias, each expert's biases
     sparse += static_cast<double>(m.num_experts) + experts * (2 * static_cast<double>(m.intermediate_size) + c);
   if (m.shared_expert_intermediate_size > 0) sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + c;
+  // Gemma 4's: router.scale and per_expert_scale, three norms of its own, and the dense MLP beside it.
+  if (m.gemma4) sparse += c + static_cast<double>(m.num_experts) + 3 * c + mlp;
   const double norms = (dc.norms == NormPlacement::kSandwich ? 4 : 2) * c;
   const LinearAttentionConfig& la = dc.linear_attention;
   const double conv = static_cast<double>(la.conv_dim()), values = static_cast<double>(la.value_dim()),
@@ -1115,7 +1149,12 @@ void write_form(json& j, const DecoderConfig& c) {
     j["attention_k_eq_v"] = c.attention_k_eq_v;
     j["hidden_size_per_layer_input"] = 0;
     j["num_kv_shared_layers"] = 0;
-    j["enable_moe_block"] = false;
+    j["enable_moe_block"] = c.moe.gemma4;
+    if (c.moe.gemma4) {
+      j["num_experts"] = c.moe.num_experts;
+      j["top_k_experts"] = c.moe.experts_per_token;
+      j["moe_intermediate_size"] = c.moe.intermediate_size;
+    }
     j["use_double_wide_mlp"] = false;
     j["use_bidirectional_attention"] = nullptr;
     json per_layer = json::object();
@@ -1305,7 +1344,8 @@ std::string canonical_json(DecoderConfig c) {
   return decoder_config_json(c);
 }
 
-// A layer's feed-forward, in the order the modules register them: gpt-oss's router and experts as
+// A layer's feed-forward, in the order the modules register them: Gemma 4's dense MLP, router and
+// stacked experts beside it (its norms follow the layer's); gpt-oss's router and experts as
 // transformers holds them (the Hub's MXFP4 blocks and scales read dequantized); the router, the
 // experts stacked (the Hub's folders hold them one by one) and a shared expert; or the dense MLP.
 void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t l, const std::string& p) {
@@ -1315,7 +1355,17 @@ void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t 
     add(name + ".weight", {out, in});
     if (bias) add(name + ".bias", {out});
   };
-  if (c.is_moe(l) && c.moe.gpt_oss) {  // as transformers holds them: (in, out), with biases
+  if (c.is_moe(l) && c.moe.gemma4) {  // the dense MLP, then the router and the experts beside it, as stored
+    const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
+    linear(p + "mlp.gate_proj", C, F, false);
+    linear(p + "mlp.up_proj", C, F, false);
+    linear(p + "mlp.down_proj", F, C, false);
+    add(p + "router.scale", {C});
+    add(p + "router.per_expert_scale", {E});
+    linear(p + "router.proj", C, E, false);
+    add(p + "experts.gate_up_proj", {E, 2 * I, C});
+    add(p + "experts.down_proj", {E, C, I});
+  } else if (c.is_moe(l) && c.moe.gpt_oss) {  // as transformers holds them: (in, out), with biases
     const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
     const std::string m = p + "mlp.", x = m + "experts.";
     linear(m + "router", C, E, true);
@@ -1325,7 +1375,8 @@ void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t 
     add(x + "down_proj_bias", {E, C});
     d.layout.mxfp4.push_back(x + "gate_up_proj");  // the Hub's checkpoints: MXFP4 blocks and scales
     d.layout.mxfp4.push_back(x + "down_proj");
-  } else if (c.is_moe(l)) {  // the router, the experts stacked (the Hub's folders hold them one by one), a shared expert
+  } else if (c.is_moe(l)) {
+    // The router, the experts stacked (the Hub's folders hold them one by one), a shared expert.
     const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
     const std::string m = p + "mlp.", x = m + "experts.";
     linear(m + "gate", C, E, false);
@@ -1412,6 +1463,8 @@ ModelDescription describe(const DecoderConfig& c) {
     }
     describe_feed_forward(d, c, l, p);
     for (const char* norm : layer_norm_names(c.norms)) add(p + norm + ".weight", {C});
+    if (c.is_moe(l) && c.moe.gemma4)
+      for (const char* norm : kGemma4MoeNorms) add(p + norm + ".weight", {C});
     if (c.fused_projections) {  // Phi-3: the folder's qkv_proj and gate_up_proj (no biases in the family)
       const std::string a = p + "self_attn.", m = p + "mlp.";
       d.layout.fused.push_back(

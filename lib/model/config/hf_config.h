@@ -79,6 +79,9 @@ enum class Activation { kSilu, kGeluTanh };
 
 // A decoder layer's norms' names, in the order the layer registers them.
 std::vector<const char*> layer_norm_names(NormPlacement placement);
+// Gemma 4's sparse layers' three norms of their own (MoeConfig::gemma4), registered after those.
+inline constexpr const char* kGemma4MoeNorms[] = {"post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                                                  "pre_feedforward_layernorm_2"};
 
 // One decoder layer's attention, as the config plans it.
 struct LayerPlan {
@@ -132,6 +135,14 @@ struct MoeConfig {
   // swiglu_limit, up to +-swiglu_limit, (up + 1) * gate * sigmoid(swiglu_alpha * gate).
   bool gpt_oss = false;
   double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+  // Gemma 4's (enable_moe_block; gemma-4-26B-A4B): the experts beside each layer's dense MLP, not in its
+  // place. The router (router.proj, router.scale (C), router.per_expert_scale (E)) scores the layer's
+  // input, RMS-normed without a weight, times scale and C^-1/2; the top k of the softmax, renormalised,
+  // are each times its expert's per_expert_scale; the experts (GELU-gated, stacked as transformers holds
+  // them) take pre_feedforward_layernorm_2 of the input, their sum is normed by post_feedforward_layernorm_2
+  // and added to the MLP's, normed by post_feedforward_layernorm_1, before post_feedforward_layernorm.
+  // transformers adds no auxiliary loss (router_aux_loss_coef 0).
+  bool gemma4 = false;
 };
 
 // A family's Hugging Face names: config.json's model_type and architectures, the decoder layer class.

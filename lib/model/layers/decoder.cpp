@@ -80,16 +80,28 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
   } else {
     self_attn = register_module("self_attn", Attention(c, layer, tp, std::move(cp)));
   }
-  if (sparse)
+  const bool beside = sparse && c.moe.gemma4;  // Gemma 4's experts beside the dense MLP
+  if (sparse && !beside)
     moe = register_module("mlp", MoeBlock(c, std::move(ep)));
   else
     mlp = register_module("mlp", GatedMlp(c, tp));
+  if (beside) {  // the block itself is not registered: its router and experts are the layer's
+    moe = MoeBlock(c, std::move(ep));
+    register_module("router", moe->router);
+    register_module("experts", moe->experts);
+  }
   // In layer_norm_names' order (describe() lists them so; decoder_test holds the two together).
   auto add = [&](const char* name) { return register_module(name, norm_of(c, c.hidden_size)); };
   if (norms != NormPlacement::kPost) input_layernorm = add("input_layernorm");
   post_attention_layernorm = add("post_attention_layernorm");
   if (norms == NormPlacement::kSandwich) pre_feedforward_layernorm = add("pre_feedforward_layernorm");
   if (norms != NormPlacement::kPre) post_feedforward_layernorm = add("post_feedforward_layernorm");
+  if (beside) {  // kGemma4MoeNorms' order
+    FSDP_CHECK(norms == NormPlacement::kSandwich, "Gemma 4's experts take sandwich norms");
+    post_feedforward_layernorm_1 = add(kGemma4MoeNorms[0]);
+    post_feedforward_layernorm_2 = add(kGemma4MoeNorms[1]);
+    pre_feedforward_layernorm_2 = add(kGemma4MoeNorms[2]);
+  }
   if (c.layer_scalar) layer_scalar = register_parameter("layer_scalar", at::ones({1}), /*requires_grad=*/false);
 }
 
@@ -105,6 +117,12 @@ at::Tensor DecoderLayerImpl::feed_forward(const at::Tensor& h) {
   return moe ? moe->forward(h) : mlp->forward(h);
 }
 
+// As Gemma4TextDecoderLayer: the experts route by the layer's input h and take their own norm of it.
+at::Tensor DecoderLayerImpl::mlp_and_experts(const at::Tensor& h) {
+  const at::Tensor dense = post_feedforward_layernorm_1(mlp->forward(pre_feedforward_layernorm(h)));
+  return dense + post_feedforward_layernorm_2(moe->forward(pre_feedforward_layernorm_2(h), h));
+}
+
 // The MLP's half of the layer. Pre: post_attention_layernorm is the MLP's input norm.
 at::Tensor DecoderLayerImpl::mlp_part(const at::Tensor& h) {
   switch (norms) {
@@ -115,6 +133,7 @@ at::Tensor DecoderLayerImpl::mlp_part(const at::Tensor& h) {
     case NormPlacement::kSandwich:
       break;
   }
+  if (moe && mlp) return residual(h, post_feedforward_layernorm(mlp_and_experts(h)));
   return residual(h, post_feedforward_layernorm(feed_forward(pre_feedforward_layernorm(h))));
 }
 
@@ -433,8 +452,10 @@ at::Tensor init_parameter_range(const DecoderConfig& c, uint64_t seed, const std
     return at::empty({n}).uniform_(0.01, 16.0, g).log_().narrow(0, begin, count).clone();
   }
   if (ends_with(name, ".layer_scalar")) return at::ones({count});             // Gemma 4's, as transformers makes it
-  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight"))  // Gemma's (1 + w): zeros
+  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight") ||  // Gemma's (1 + w): zeros
+      ends_with(name, "layernorm_1.weight") || ends_with(name, "layernorm_2.weight"))
     return c.norm_unit_offset ? at::zeros({count}) : at::ones({count});
+  if (ends_with(name, "router.scale") || ends_with(name, "router.per_expert_scale")) return at::ones({count});
   // Biases start at zero, gpt-oss's experts' too; its router's bias and sinks are drawn, as transformers draws them.
   if ((ends_with(name, ".bias") && !ends_with(name, "router.bias")) || ends_with(name, "_proj_bias"))
     return at::zeros({count});

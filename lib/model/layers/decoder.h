@@ -17,7 +17,7 @@
 // Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
 // gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
 // the same), and the mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral (a MoeBlock, model/layers/moe.h,
-// in place of the dense MLP where the plan says), and the hybrids Qwen3.5/3.6 and Qwen3-Next (a
+// in place of the dense MLP where the plan says; Gemma 4's beside it), and the hybrids Qwen3.5/3.6 and Qwen3-Next (a
 // GatedDeltaNet in place of attention where the plan says; attention with an output gate, (1 + w)
 // norms and a partial rotation elsewhere). The modules read the config's form and their
 // layer's plan, never the family.
@@ -67,8 +67,12 @@ class DecoderLayerImpl : public torch::nn::Module {
   Attention self_attn{nullptr};
   GatedDeltaNet linear_attn{nullptr};
   // The feed-forward, registered as "mlp": dense, or a mixture of experts where the plan says (LayerPlan::moe).
+  // Gemma 4's experts are beside its dense MLP (MoeConfig::gemma4): its router and experts are then
+  // registered as the layer's own "router" and "experts", with three norms of their own.
   GatedMlp mlp{nullptr};
   MoeBlock moe{nullptr};
+  RmsNorm post_feedforward_layernorm_1{nullptr}, post_feedforward_layernorm_2{nullptr},
+      pre_feedforward_layernorm_2{nullptr};
   // As the config's NormPlacement places them (layer_norm_names): pre (input, post_attention on the
   // MLP's input), post (post_attention and post_feedforward on the blocks' outputs) or sandwich (all four).
   RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr}, pre_feedforward_layernorm{nullptr},
@@ -85,6 +89,8 @@ class DecoderLayerImpl : public torch::nn::Module {
   at::Tensor residual(const at::Tensor& x, const at::Tensor& y) const;
   at::Tensor mlp_part(const at::Tensor& h);      // h plus the MLP's part, with its norms
   at::Tensor feed_forward(const at::Tensor& h);  // the dense MLP's or the experts' output
+  // Gemma 4's sparse layers: the dense MLP's output and the experts' beside it, each normed, summed.
+  at::Tensor mlp_and_experts(const at::Tensor& h);
   // The token mixer's output for the normed input.
   at::Tensor mix(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed);
 };

@@ -4,9 +4,12 @@
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <cmath>
+
 #include "fsdp/unit_call.h"
 #include "model/kernels/ops.h"
 #include "model/layers/lora_layer.h"
+#include "model/layers/norm.h"
 #include "model/layers/projection.h"
 #include "model/parallel/expert_parallel.h"
 #include "util/error.h"
@@ -94,6 +97,17 @@ at::Tensor ExpertsImpl::forward(const at::Tensor& x, const at::Tensor& offsets, 
   return product(h, down_proj.transpose(1, 2), down_lora);  // (N, C)
 }
 
+RouterImpl::RouterImpl(int64_t hidden, int64_t experts, double epsilon) : torch::nn::Module("Router"), eps(epsilon) {
+  scale = register_parameter("scale", at::empty({hidden}));
+  per_expert_scale = register_parameter("per_expert_scale", at::empty({experts}));
+  proj = register_module("proj", uninitialized_linear(hidden, experts, false));
+}
+
+at::Tensor RouterImpl::logits(const at::Tensor& x) {
+  const at::Tensor scaled = unweighted_rms_norm(x, eps) * scale * (1.0 / std::sqrt(static_cast<double>(x.size(-1))));
+  return at::linear(scaled, proj->weight);
+}
+
 MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParallel> e)
     : torch::nn::Module("MoeBlock"),
       top_k(c.moe.experts_per_token),
@@ -101,8 +115,13 @@ MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParalle
       softmax_of_top(c.moe.gpt_oss),
       ep(e && e->size() > 1 ? std::move(e) : nullptr) {
   // In describe()'s order: the router, the experts, the shared expert and its gate.
-  gate = register_module(c.moe.gpt_oss ? "router" : "gate",
-                         uninitialized_linear(c.hidden_size, c.moe.num_experts, c.moe.gpt_oss));
+  if (c.moe.gemma4) {
+    router = register_module("router", Router(c.hidden_size, c.moe.num_experts, c.rms_norm_eps));
+    gate = router->proj;
+  } else {
+    gate = register_module(c.moe.gpt_oss ? "router" : "gate",
+                           uninitialized_linear(c.hidden_size, c.moe.num_experts, c.moe.gpt_oss));
+  }
   experts = register_module("experts", Experts(c, ep ? ep->size() : 1));
   if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
     DecoderConfig shared = c;
@@ -112,11 +131,13 @@ MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParalle
   }
 }
 
-at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
+at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& route_by) {
   const int64_t C = input.size(-1), E = gate->weight.size(0);
   const at::Tensor x = input.reshape({-1, C});  // (N, C)
   const int64_t N = x.size(0);
-  at::Tensor logits = at::linear(x, gate->weight, gate->bias);  // (N, E), the compute dtype
+  const at::Tensor scored = route_by.defined() ? route_by.reshape({-1, C}) : x;
+  // (N, E), the compute dtype
+  at::Tensor logits = router ? router->logits(scored) : at::linear(scored, gate->weight, gate->bias);
   if (aux_gradient && c10::GradMode::is_enabled()) logits = AuxGradientAtRouter::apply(logits, aux_gradient.get());
   const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
   at::Tensor weights, chosen;  // (N, k) fp32, int64
@@ -139,6 +160,9 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input) {
     }
     if (norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   }
+  if (router)  // Gemma 4: each chosen expert's weight times its own scale
+    weights =
+        weights * router->per_expert_scale.index_select(0, chosen.reshape(-1)).view(chosen.sizes()).to(at::kFloat);
   // Assignments per expert, counted on the device (bincount's length would take a host sync on a GPU).
   auto count = [E](const at::Tensor& index) {
     return at::zeros({E}, index.options()).scatter_add_(0, index, at::ones_like(index));

@@ -3,9 +3,10 @@
 // fp32, the top experts_per_token kept (renormalised to sum 1 when norm_topk_prob); each kept
 // expert's SwiGLU output times its weight, summed in fp32; Qwen2-MoE adds a shared expert times
 // sigmoid(shared_expert_gate(x)); gpt-oss's router has a bias and takes the softmax of the top-k
-// logits, its experts biases and a clamped SwiGLU. The experts are held stacked as transformers v5 holds them
-// (experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)); the checkpoint layer reads and
-// writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
+// logits, its experts biases and a clamped SwiGLU; Gemma 4's (a Router) scores the normed and scaled
+// input and scales each chosen expert's weight, beside the layer's dense MLP (model/layers/decoder.h). The experts are
+// held stacked as transformers v5 holds them (experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)); the
+// checkpoint layer reads and writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
 //
 // Tokens are grouped by expert (a stable sort of the routed (token, slot) pairs by expert, so each
 // token's outputs add in expert order, as transformers' loop adds them) and all experts' rows run as
@@ -82,12 +83,29 @@ struct RouterStats {
   at::Tensor routed_per_expert;
 };
 
+// Gemma 4's router (MoeConfig::gemma4), as Gemma4TextRouter computes it: proj (E, C) of the input
+// RMS-normed without a weight (in fp32, back to the input's dtype), times scale (C) and C^-1/2;
+// per_expert_scale (E) multiplies each chosen expert's weight (MoeBlockImpl::forward).
+class RouterImpl : public torch::nn::Module {
+ public:
+  RouterImpl(int64_t hidden, int64_t experts, double eps);
+  at::Tensor logits(const at::Tensor& x);  // (N, C) -> (N, E), x's dtype
+  at::Tensor scale, per_expert_scale;
+  torch::nn::Linear proj{nullptr};
+  double eps;
+};
+TORCH_MODULE(Router);
+
 class MoeBlockImpl : public torch::nn::Module {
  public:
   // ep (more than one rank): this rank holds its block of the experts and exchanges rows with the others.
   explicit MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParallel> ep = nullptr);
-  at::Tensor forward(const at::Tensor& x);  // (B, T, C) -> (B, T, C)
-  torch::nn::Linear gate{nullptr};           // the router (E, C); gpt-oss's, with a bias, registered as "router"
+  // (B, T, C) -> (B, T, C): the experts' output for x, routed by route_by's scores (Gemma 4's: the
+  // layer's input, while x is its own norm of it), else by x's.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& route_by = {});
+  // The router's (E, C): gpt-oss's, with a bias, registered as "router"; Gemma 4's, router->proj.
+  torch::nn::Linear gate{nullptr};
+  Router router{nullptr};  // Gemma 4's
   Experts experts{nullptr};
   GatedMlp shared_expert{nullptr};                 // Qwen2-MoE
   torch::nn::Linear shared_expert_gate{nullptr};  // Qwen2-MoE: (1, C)

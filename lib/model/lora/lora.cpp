@@ -223,17 +223,26 @@ std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraS
   FSDP_CHECK(s.dropout == 0, "lora.dropout is ", s.dropout,
              " with lora.target_parameters: the experts' adapters are added to their stacked weights (PEFT's "
              "ParamWrapper), where dropout on the input has no place; set lora.dropout: 0 (PEFT refuses it too)");
+  // The first layer's stacked weights by their names within a layer (mlp.experts.gate_up_proj and
+  // mlp.experts.down_proj; Gemma 4's experts.*), for messages.
+  std::string names;
+  for (size_t i = 0; i < std::min<size_t>(2, stacked.size()); ++i) {
+    const std::string& n = stacked[i];
+    const size_t layer = n.find(".layers.");
+    const size_t after = layer == std::string::npos ? std::string::npos : n.find('.', layer + 8);
+    names += (i ? " and " : "") + (after == std::string::npos ? n : n.substr(after + 1));
+  }
   std::set<std::string> chosen;
   for (const std::string& item : s.target_parameters) {
     std::vector<std::string> found;
     for (const auto& p : model.named_parameters())
       if (!is_lora_parameter(p.key()) && names_parameter(item, p.key())) found.push_back(p.key());
     FSDP_CHECK(!found.empty(), "lora.target_parameters: the model has no parameter named ", excerpt(item), "; ", arch,
-               "'s stacked expert weights are mlp.experts.gate_up_proj and mlp.experts.down_proj");
+               "'s stacked expert weights are ", names);
     for (const std::string& f : found) {
       FSDP_CHECK(std::find(stacked.begin(), stacked.end(), f) != stacked.end(), "lora.target_parameters: ", f,
                  " (from ", excerpt(item), ") is not an experts module's stacked weight; target_parameters adapts ",
-                 "mlp.experts.gate_up_proj and mlp.experts.down_proj, lora.target_modules the linear layers");
+                 names, ", lora.target_modules the linear layers");
       chosen.insert(f);
     }
   }
