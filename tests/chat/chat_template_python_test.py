@@ -16,8 +16,9 @@ fail it, naming the command that fetches them.
 
 A template rendered differently is always a failure. A template the engine refuses (a construct it
 does not support) is listed with the reason; that fails the test only for the required templates
-(Llama 3.x, Qwen2.5, Qwen3, Mistral). strftime_now is made deterministic: transformers' clock is
-replaced by a fixed time and jinja_tool gets the same time (--now), both in UTC.
+(Llama 3.x, Qwen2.5, Qwen3, Mistral, Gemma 2/3/4, Phi, SmolLM3, Granite, gpt-oss, Qwen3.5/3.6: the
+families fsdptrain trains). strftime_now is made deterministic: transformers' clock is replaced by a
+fixed time and jinja_tool gets the same time (--now), both in UTC.
 
 Also prints rendering speed (renders/s of the same conversations, one process each); never asserted."""
 import argparse
@@ -77,6 +78,19 @@ REQUIRED = [
     "trl/phi3_5_training",
     "tests/microsoft-phi-4",
     "tests/microsoft-phi-4_training",
+    # The 2026 families: Gemma 4 (its turns and thinking channel), gpt-oss (harmony), Qwen3.5/3.6.
+    "llama-cpp-python/google-gemma-4-31B-it",
+    "llama-cpp-python/google-gemma-4-31B-it-interleaved",
+    "trl/gemma4",
+    "trl/gemma4_v5",
+    "llama-cpp-python/openai-gpt-oss-120b",
+    "trl/gptoss",
+    "trl/gptoss_training",
+    "llama-cpp-python/Qwen3.5-4B",
+    "trl/qwen3_5_think",
+    "trl/qwen3_5_think_training",
+    "trl/qwen3_6",
+    "trl/qwen3_6_training",
 ]
 BENCH_TEMPLATE = "llama-cpp-python/meta-llama-Llama-3.1-8B-Instruct"
 
