@@ -463,27 +463,37 @@ def gemma4_parity(args, tmp, data):
 
 def gemma4_moe_parity(args, tmp, data):
     """Gemma 4's mixture of experts (gemma-4-26B-A4B's form): PEFT's target_parameters on the layer's own
-    experts.gate_up_proj and experts.down_proj (beside the dense MLP) with q_proj and down_proj, at W=2:
-    PEFT's losses, gradients and trained tensors; the export has PEFT's keys and target_parameters."""
-    CASES["gemma4_moe"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj", "down_proj"],
+    experts.gate_up_proj and experts.down_proj (beside the dense MLP) with q_proj and the router's proj
+    (a Linear, which PEFT's all-linear takes too), at W=2: PEFT's losses, gradients and trained tensors;
+    the export has PEFT's keys and target_parameters; all-linear names what PEFT's names."""
+    CASES["gemma4_moe"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj", "proj"],
                                 target_parameters=["experts.gate_up_proj", "experts.down_proj"]),
-                           "lora:\n  r: 2\n  alpha: 6\n  target_modules: [q_proj, down_proj]\n"
+                           "lora:\n  r: 2\n  alpha: 6\n  target_modules: [q_proj, proj]\n"
                            "  target_parameters: [experts.gate_up_proj, experts.down_proj]\n")
     base, adapter = family_base(args, tmp, "gemma4_moe", Gemma4ForCausalLM, Gemma4TextConfig, 7,
                                 ("mlp_bias", "rope_theta", "rope_scaling", "hidden_act"), "gemma4_moe",
                                 model_type="gemma4_text", architectures=["Gemma4ForCausalLM"], global_head_dim=32,
                                 num_global_key_value_heads=1, attention_k_eq_v=True, hidden_size_per_layer_input=0,
                                 sliding_window=8, layer_types=["sliding_attention", "full_attention"],
-                                enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=24)
+                                enable_moe_block=True, num_experts=4, top_k_experts=4, moe_intermediate_size=24)
+    # Every token takes all 4 experts: an adapter on the router moves its scores every step, and with a
+    # choice of 2 of 4 a near-tie goes either way in float32 (PEFT's own float32 and float64 runs part
+    # by 2e-3 in gradient norm at step 5 then); with all 4 the router's adapter still weighs them.
     out, text = parity(args, tmp, "gemma4_moe", 2, base, data, adapter)
     check("and 4 stacked expert weights (r per expert)" in text,  # two layers' gate_up_proj and down_proj
           f"gemma4_moe: the [lora] line does not count them: {text[-3000:]}")
     export, got = export_keys(Gemma4ForCausalLM, base, "gemma4_moe", out)
+    check(any(".router.proj.lora_A" in k for k in got), f"gemma4_moe: no adapter on router.proj: {sorted(got)}")
+    # all-linear: PEFT's choice (every Linear but the head: the router's proj and the dense MLP among them).
+    CASES["gemma4_moe_all"] = (dict(r=2, lora_alpha=6, target_modules="all-linear"),
+                               "lora:\n  r: 2\n  alpha: 6\n  target_modules: all-linear\n")
+    all_out, _, _ = fsdptrain(args, tmp, "gemma4-moe-all-linear", 1, base, data, CASES["gemma4_moe_all"][1])
+    _, all_keys = export_keys(Gemma4ForCausalLM, base, "gemma4_moe_all", all_out)
     written = json.load(open(os.path.join(export, "adapter_config.json")))
     check(sorted(written.get("target_parameters") or []) == ["experts.down_proj", "experts.gate_up_proj"],
           f"gemma4_moe: adapter_config.json's target_parameters {written.get('target_parameters')}")
-    print(f"ok gemma4_moe: the export has PEFT's {len(got)} keys (the experts' beside the MLP's down_proj) and "
-          "target_parameters")
+    print(f"ok gemma4_moe: the export has PEFT's {len(got)} keys (the router's proj and the experts' among them) "
+          f"and target_parameters; all-linear's export PEFT's {len(all_keys)} keys")
 
 
 def phi3_parity(args, tmp, data):

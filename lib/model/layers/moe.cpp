@@ -105,7 +105,7 @@ RouterImpl::RouterImpl(int64_t hidden, int64_t experts, double epsilon) : torch:
 
 at::Tensor RouterImpl::logits(const at::Tensor& x) {
   const at::Tensor scaled = unweighted_rms_norm(x, eps) * scale * (1.0 / std::sqrt(static_cast<double>(x.size(-1))));
-  return at::linear(scaled, proj->weight);
+  return lora_linear(proj, scaled);  // with its adapter, where LoRA gave it one (never in float8)
 }
 
 MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParallel> e)

@@ -148,10 +148,10 @@ double LoraSettings::scaling() const {
 
 const std::vector<std::string>& lora_linear_names() {
   // Attention's and the MLP's; Gated DeltaNet's (Qwen3.5's four input projections or Qwen3-Next's
-  // two, and out_proj).
-  static const std::vector<std::string> names = {
-      "q_proj",      "k_proj",    "v_proj",    "o_proj",    "gate_proj",    "up_proj",    "down_proj",
-      "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "in_proj_qkvz", "in_proj_ba", "out_proj"};
+  // two, and out_proj); Gemma 4's router (router.proj: a Linear there, so PEFT's all-linear adapts it).
+  static const std::vector<std::string> names = {"q_proj",    "k_proj",       "v_proj",      "o_proj",    "gate_proj",
+                                                 "up_proj",   "down_proj",    "in_proj_qkv", "in_proj_z", "in_proj_b",
+                                                 "in_proj_a", "in_proj_qkvz", "in_proj_ba",  "out_proj",  "proj"};
   return names;
 }
 
