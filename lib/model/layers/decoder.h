@@ -12,13 +12,14 @@
 // key head, head_dim independent of hidden_size), Gemma 2 and 3 (sandwich norms of (1 + w), GELU,
 // scaled embeddings, soft-capped scores and logits, local and global rotary tables), OLMo 2 (norms
 // after each block, q/k norms over the whole projection), SmolLM3 (layers without rotary), Granite
-// (multipliers), Gemma 4's dense text models (plain-weight norms in fp32, unscaled scores, full-attention
-// layers of their own head width with values from k_proj, a stored scalar per layer),
+// (multipliers), Gemma 4's text models (plain-weight norms in fp32, unscaled scores, full-attention
+// layers of their own head width with values from k_proj, a stored scalar per layer; 26B-A4B's experts
+// beside each dense MLP),
 // Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
 // gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
 // the same), and the mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral (a MoeBlock, model/layers/moe.h,
-// in place of the dense MLP where the plan says; Gemma 4's beside it), and the hybrids Qwen3.5/3.6 and Qwen3-Next (a
-// GatedDeltaNet in place of attention where the plan says; attention with an output gate, (1 + w)
+// in place of the dense MLP where the plan says; Gemma 4's beside it), and the hybrids Qwen3.5/3.6 and
+// Qwen3-Next (a GatedDeltaNet in place of attention where the plan says; attention with an output gate, (1 + w)
 // norms and a partial rotation elsewhere). The modules read the config's form and their
 // layer's plan, never the family.
 //
