@@ -414,6 +414,8 @@ void TrainingRun::build_model() {
     say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
             lora_targets_said(static_cast<int64_t>(model::lora_target_names(*lm_, lora).size()), experts), saved,
             "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
+    if (const std::string note = model::peft_moe_target_note(model_config_, lora); !note.empty())
+      say(str("[lora] ", note, "\n"));
   }
   const config::OptimConfig& o = config_.optimizer;
   adamw_ = std::make_unique<optim::ShardedAdamW>(

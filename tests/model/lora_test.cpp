@@ -233,3 +233,27 @@ TEST_CASE("target_parameters refuses what PEFT's ParamWrapper does not adapt, na
   s.target_modules = {};
   CHECK(lora_target_names(*CausalLM(moe), s).empty());
 }
+
+// PEFT 0.21 under transformers 5 reads all-linear and the experts' projection names on Qwen3-MoE,
+// Mixtral and Qwen3-Next as the stacked experts and the router (lora_python_test checks that PEFT
+// does): fsdptrain says so on the [lora] line; it says nothing where PEFT reads them as named.
+TEST_CASE("a note where PEFT would read the targets of a mixture of experts as its experts and router") {
+  using fsdp::model::testing::tiny_of;
+  const std::string experts = R"("num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 12)";
+  const DecoderConfig qwen = tiny_of("qwen3_moe", experts);
+  const DecoderConfig mixtral = tiny_of("mixtral", R"("num_local_experts": 4, "num_experts_per_tok": 2)");
+  const DecoderConfig qwen2 = tiny_of("qwen2_moe", experts);
+  const DecoderConfig gemma4 = tiny_of("gemma4_text", R"("hidden_size_per_layer_input": 0, "head_dim": 4,
+      "enable_moe_block": true, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8)");
+  const std::string all = peft_moe_target_note(qwen, settings({"all-linear"}));
+  CHECK(contains(all, "reads target_modules all-linear on Qwen3MoeForCausalLM as the experts' stacked weights"));
+  CHECK(contains(all, "lora.target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj]"));
+  CHECK(contains(peft_moe_target_note(qwen, settings({"q_proj", "model.layers.1.mlp.down_proj"})),
+                 "reads target_modules model.layers.1.mlp.down_proj on Qwen3MoeForCausalLM"));
+  CHECK(contains(peft_moe_target_note(mixtral, settings({"all-linear"})), "on MixtralForCausalLM"));
+  CHECK(peft_moe_target_note(qwen, settings({"q_proj", "v_proj"})).empty());
+  CHECK(peft_moe_target_note(mixtral, settings({"down_proj"})).empty());  // its experts are w1, w2, w3 there
+  CHECK(peft_moe_target_note(qwen2, settings({"all-linear"})).empty());
+  CHECK(peft_moe_target_note(gemma4, settings({"all-linear"})).empty());
+  CHECK(peft_moe_target_note(tiny(), settings({"all-linear"})).empty());
+}

@@ -351,7 +351,8 @@ def expert_parity(args, tmp, data):
     q_proj, at W=2: PEFT's losses, gradients and trained tensors; the export has PEFT's keys and
     target_parameters, PeftModel loads it with the logits of our merged export, which is PEFT's
     merge_and_unload; generate --adapter writes the merged model's text, merge-weights writes the merged
-    export's tensors; lora.dropout is refused by name."""
+    export's tensors; lora.dropout is refused by name; all-linear, which PEFT reads as the experts and the
+    router too, gets a note saying so."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     CASES["experts"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj"],
                              target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
@@ -384,6 +385,15 @@ def expert_parity(args, tmp, data):
         check(False, "lora.dropout with target_parameters was accepted")
     except Failed as e:
         check("exit 2" in str(e) and "lora.dropout" in str(e) and "set lora.dropout: 0" in str(e), str(e))
+    # PEFT reads all-linear on Qwen3-MoE as its experts and router too (its conversion for transformers 5's
+    # stacked experts): fsdptrain, which adapts the linear layers named, says so on its [lora] line.
+    converted = get_peft_model(Qwen3MoeForCausalLM.from_pretrained(base),
+                               LoraConfig(task_type="CAUSAL_LM", r=2, target_modules="all-linear")).peft_config["default"]
+    check({"gate_up_proj", "down_proj", "gate.weight"} <= set(converted.target_parameters or ()),
+          f"experts: PEFT no longer reads all-linear as the experts ({converted.target_parameters}): the note is stale")
+    _, said, _ = fsdptrain(args, tmp, "experts-all-linear", 1, base, data, "lora:\n  r: 2\n  target_modules: all-linear\n")
+    check("[lora] note: PEFT 0.21 under transformers 5 reads target_modules all-linear on Qwen3MoeForCausalLM" in said,
+          f"experts: no note on all-linear's other reading: {said[-2000:]}")
     gpt_oss_layout(args, tmp, data)
     print(f"ok experts: the export has PEFT's {len(got)} keys and target_parameters; PeftModel's logits over it equal "
           f"the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); generate --adapter writes the "

@@ -210,6 +210,32 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
   return out;
 }
 
+std::string peft_moe_target_note(const DecoderConfig& config, const LoraSettings& s) {
+  const Family f = config.family;
+  const bool rewritten =
+      f == Family::kQwen3Moe || f == Family::kMixtral || (f == Family::kQwen3Next && config.moe.num_experts > 0);
+  if (!rewritten || !s.enabled()) return "";
+  // The projections' names PEFT maps to the experts (Mixtral's experts are w1, w2, w3, which no module
+  // of fsdptrain's Mixtral is named: all-linear and the router's gate are what can differ there).
+  const std::vector<std::string> mapped = f == Family::kMixtral
+                                              ? std::vector<std::string>{"gate"}
+                                              : std::vector<std::string>{"gate", "gate_proj", "up_proj", "down_proj"};
+  std::vector<std::string> named;
+  for (const std::string& item : s.target_modules) {
+    if (item == "all-linear") named.push_back(item);
+    const std::string leaf = short_name(item);
+    if (std::find(mapped.begin(), mapped.end(), leaf) != mapped.end()) named.push_back(item);
+  }
+  if (named.empty()) return "";
+  return str("note: PEFT 0.21 under transformers 5 reads target_modules ", join(named, ", "), " on ",
+             family_names(f).architecture,
+             " as the experts' stacked weights and the router's weight (target_parameters: gate_up_proj at rank 2r, "
+             "down_proj, gate.weight), and leaves out the dense and shared-expert layers of those names; fsdptrain "
+             "adapts what the settings name (the experts only through lora.target_parameters: "
+             "[mlp.experts.gate_up_proj, mlp.experts.down_proj], at rank r; the router never), so the two train "
+             "different adapters");
+}
+
 std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraSettings& s) {
   if (s.target_parameters.empty()) return {};
   const std::string arch = family_names(model.config.family).architecture;

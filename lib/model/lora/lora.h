@@ -19,6 +19,7 @@
 namespace fsdp::model {
 
 class CausalLMImpl;
+struct DecoderConfig;  // model/config/hf_config.h
 
 struct LoraSettings {
   int64_t r = 0;  // 0: no adapter
@@ -58,6 +59,13 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
 // down_proj (a bias, a linear layer's weight: those take target_modules), and for lora.dropout
 // above 0 (PEFT computes these adapters on the weights, where dropout has no place).
 std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraSettings& settings);
+// "" or a note for the [lora] line: PEFT 0.21 under transformers 5 rewrites the targets of the models whose
+// experts transformers 5 stacked (Qwen3-MoE, Mixtral, Qwen3-Next): all-linear, and gate_proj, up_proj,
+// down_proj (or gate) named in target_modules, become the experts' stacked weights and the router's
+// weight as target_parameters (gate_up_proj at twice the rank), and the dense and shared-expert layers
+// of those names drop out. fsdptrain adapts what the settings name, so the two train different adapters:
+// the note says so and how to adapt the experts here.
+std::string peft_moe_target_note(const DecoderConfig& config, const LoraSettings& settings);
 
 // PEFT's trainable-parameter report: trainable (adapters and modules to save) against all (the
 // base, the adapters, and the modules to save counted twice, original and trained copy).
