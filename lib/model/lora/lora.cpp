@@ -215,16 +215,15 @@ std::string peft_moe_target_note(const DecoderConfig& config, const LoraSettings
   const bool rewritten =
       f == Family::kQwen3Moe || f == Family::kMixtral || (f == Family::kQwen3Next && config.moe.num_experts > 0);
   if (!rewritten || !s.enabled()) return "";
-  // The projections' names PEFT maps to the experts (Mixtral's experts are w1, w2, w3, which no module
-  // of fsdptrain's Mixtral is named: all-linear and the router's gate are what can differ there).
-  const std::vector<std::string> mapped = f == Family::kMixtral
-                                              ? std::vector<std::string>{"gate"}
-                                              : std::vector<std::string>{"gate", "gate_proj", "up_proj", "down_proj"};
+  // all-linear, and the projections' names PEFT maps to the experts that fsdptrain adapts as linear
+  // layers (the dense and shared-expert MLPs'; Mixtral's experts are w1, w2, w3, which none is named;
+  // the router's gate is refused as a target before this).
+  const bool mlp_names = f != Family::kMixtral;
   std::vector<std::string> named;
   for (const std::string& item : s.target_modules) {
-    if (item == "all-linear") named.push_back(item);
     const std::string leaf = short_name(item);
-    if (std::find(mapped.begin(), mapped.end(), leaf) != mapped.end()) named.push_back(item);
+    if (item == "all-linear" || (mlp_names && (leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj")))
+      named.push_back(item);
   }
   if (named.empty()) return "";
   return str("note: PEFT 0.21 under transformers 5 reads target_modules ", join(named, ", "), " on ",
