@@ -4,14 +4,15 @@
 //       an unsharded copy of the same weights computes on kTokens, as JSON.
 //   hf_tool logits DIR   loads DIR (config.json + safetensors) into fsdptrain's Llama and prints its
 //       logits on kTokens as JSON; exit 2 listing the mismatches when DIR does not fit the model.
-//   hf_tool golden DIR OUT [LENGTH]   (one process) loads DIR of any family and prints, as JSON, its logits
-//       on kTokens (or LENGTH tokens drawn from the vocabulary, the second record starting at 3/5 of them), the summed loss of predicting each next token (the last predicts the first),
-//       every parameter's gradient of that loss (a mixture of experts: its auxiliary loss and each
-//       expert's assignments on that forward), the parameter count, FLOPs per token at T = the tokens
-//       and the layer class; the logits and loss of kTokens packed as two records (data.packing:
-//       masked: positions restart at kPackedStart, each record sees only itself); then exports the loaded model to OUT
-//       through the sharded engine.
-//   hf_tool count CONFIG_JSON   prints the parameter count and layer class of a config.json.
+//   hf_tool golden DIR OUT [LENGTH [KERNELS]]   (one process) loads DIR of any family and prints, as JSON, its logits
+//       on kTokens (or LENGTH > 0 tokens drawn from the vocabulary, the second record starting at 3/5 of them), the
+//       summed loss of predicting each next token (the last predicts the first), every parameter's gradient of that
+//       loss (a mixture of experts: its auxiliary loss and each expert's assignments on that forward), the parameter
+//       count, FLOPs per token at T = the tokens and the layer class; the logits and loss of kTokens packed as two
+//       records (data.packing: masked: positions restart at kPackedStart, each record sees only itself); then exports
+//       the loaded model to OUT through the sharded engine. KERNELS (comma-separated: host, host+onednn-all, portable,
+//       reference) runs it with each in turn, a line each naming them ("kernels"); without it, the environment's.
+//   hf_tool count CONFIG_JSON...   prints the parameter count and layer class of each config.json, a line each.
 //   hf_tool logits-of DIR TOKENS   loads DIR of any family and prints, as JSON, its logits on each
 //       token list of TOKENS (a JSON list of lists), one flat list each.
 #include <ATen/ATen.h>
@@ -23,6 +24,7 @@
 #include "ckpt/hf.h"
 #include "ckpt/sources.h"
 #include "dist/process_group.h"
+#include "model/kernels/provider.h"
 #include "model/layers/decoder.h"
 #include "util/error.h"
 
@@ -81,16 +83,18 @@ fsdp::model::CausalLM load(const std::string& dir) {
   return m;
 }
 
-int golden(const std::string& dir, const std::string& out, int64_t length) {
-  const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(dir + "/config.json");
+// The kernels a golden run computes with, by the names families_python_test gives them: a provider
+// (model/kernels/provider.h), or the host's with every product on oneDNN.
+fsdp::model::kernels::KernelChoice kernels_named(const std::string& name) {
+  namespace k = fsdp::model::kernels;
+  if (name == "host+onednn-all") return {k::Provider::kHost, k::OnednnProducts::kAll};
+  return {k::provider_named(name), k::OnednnProducts::kLarge};
+}
+
+// One golden run of `dir` with the kernels chosen now (a fresh model: no state of another run's).
+nlohmann::json golden_json(const fsdp::model::DecoderConfig& c, const std::string& dir,
+                           const std::vector<int64_t>& tokens, int64_t start) {
   fsdp::model::CausalLM m = load(dir);
-  std::vector<int64_t> tokens = kTokens;
-  int64_t start = kPackedStart;
-  if (length > 0) {  // spread over the vocabulary, none repeating the one before
-    tokens.clear();
-    for (int64_t i = 0; i < length; ++i) tokens.push_back((i * 37 + i * i * 11 + 3) % c.vocab_size);
-    start = length * 3 / 5;
-  }
   nlohmann::json j{{"tokens", tokens}, {"logits", logits_json(*m, tokens)}, {"packed", packed_json(*m, tokens, start)}};
   std::vector<int64_t> next(tokens.begin() + 1, tokens.end());
   next.push_back(tokens.front());
@@ -121,6 +125,30 @@ int golden(const std::string& dir, const std::string& out, int64_t length) {
   j["num_parameters"] = c.num_parameters();
   j["flops_per_token"] = c.flops_per_token(static_cast<int64_t>(tokens.size()));
   j["layer_class"] = fsdp::model::family_names(c.family).layer_class;
+  return j;
+}
+
+// A golden line for each of `kernels` (comma-separated names; empty: the environment's choice), then
+// the export of the loaded weights, which runs no kernel.
+int golden(const std::string& dir, const std::string& out, int64_t length, const std::string& kernels) {
+  const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(dir + "/config.json");
+  std::vector<int64_t> tokens = kTokens;
+  int64_t start = kPackedStart;
+  if (length > 0) {  // spread over the vocabulary, none repeating the one before
+    tokens.clear();
+    for (int64_t i = 0; i < length; ++i) tokens.push_back((i * 37 + i * i * 11 + 3) % c.vocab_size);
+    start = length * 3 / 5;
+  }
+  std::vector<nlohmann::json> lines;
+  if (kernels.empty()) lines.push_back(golden_json(c, dir, tokens, start));
+  for (size_t from = 0; !kernels.empty() && from <= kernels.size();) {
+    const size_t comma = std::min(kernels.find(',', from), kernels.size());
+    const std::string name = kernels.substr(from, comma - from);
+    fsdp::model::kernels::set_kernel_choice(kernels_named(name));
+    lines.push_back(golden_json(c, dir, tokens, start));
+    lines.back()["kernels"] = name;
+    from = comma + 1;
+  }
   // The export: the loaded weights sharded by the engine (one rank), written as a Hugging Face folder.
   fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
   fsdp::model::CausalLM lazy(c, /*free_after_create=*/true);
@@ -131,7 +159,7 @@ int golden(const std::string& dir, const std::string& out, int64_t length) {
   };
   auto sharded = fsdp::fully_shard(*lazy, fsdp::model::decoder_traits(c), fsdp::DeviceMesh{world, std::nullopt}, o);
   fsdp::ckpt::export_hf(*sharded, fsdp::model::describe(c), out, {}, int64_t{5} << 30);
-  std::cout << j.dump() << "\n";
+  for (const nlohmann::json& j : lines) std::cout << j.dump() << "\n";
   return 0;
 }
 
@@ -163,7 +191,8 @@ int main(int argc, char** argv) {
       std::cout << nlohmann::json{{"tokens", kTokens}, {"logits", logits_json(*m)}}.dump() << "\n";
       return 0;
     }
-    if (mode == "golden" && argc >= 4) return golden(argv[2], argv[3], argc > 4 ? std::stoll(argv[4]) : 0);
+    if (mode == "golden" && argc >= 4)
+      return golden(argv[2], argv[3], argc > 4 ? std::stoll(argv[4]) : 0, argc > 5 ? argv[5] : "");
     if (mode == "logits-of" && argc >= 4) {
       fsdp::model::CausalLM m = load(argv[2]);
       c10::NoGradGuard no_grad;
@@ -176,16 +205,19 @@ int main(int argc, char** argv) {
       std::cout << out.dump() << "\n";
       return 0;
     }
-    if (mode == "count") {  // a config.json's parameter count and layer class
-      const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(argv[2]);
-      std::cout << nlohmann::json{{"num_parameters", c.num_parameters()},
-                                  {"layer_class", fsdp::model::family_names(c.family).layer_class}}
-                       .dump()
-                << "\n";
+    if (mode == "count") {  // each config.json's parameter count and layer class
+      for (int i = 2; i < argc; ++i) {
+        const fsdp::model::DecoderConfig c = fsdp::model::load_llama_config(argv[i]);
+        std::cout << nlohmann::json{{"num_parameters", c.num_parameters()},
+                                    {"layer_class", fsdp::model::family_names(c.family).layer_class}}
+                         .dump()
+                  << "\n";
+      }
       return 0;
     }
-    std::cerr << "usage: hf_tool export DIR MAX_SHARD_BYTES [tied] | hf_tool logits DIR | hf_tool golden DIR OUT | "
-                 "hf_tool count CONFIG_JSON | hf_tool logits-of DIR TOKENS\n";
+    std::cerr << "usage: hf_tool export DIR MAX_SHARD_BYTES [tied] | hf_tool logits DIR | hf_tool golden DIR OUT "
+                 "[LENGTH [KERNELS]] | "
+                 "hf_tool count CONFIG_JSON... | hf_tool logits-of DIR TOKENS\n";
     return 2;
   } catch (const fsdp::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
