@@ -25,7 +25,8 @@
 #   adds 30-60 s: a row the step's time no longer reaches is listed as skipped in its table, and the
 #   rows before it are written already.
 #   scripts/gpu-session.sh session --dry   (or DRY=1) the same steps on CPU at tiny shapes, the GPU-only
-#                   rows (liger, the float8 ones) skipped with a line saying so, so that a CPU test
+#                   rows (liger, the float8 ones) skipped with a line saying so and the compiled rows
+#                   compiled with aot_eager (no Inductor C++ builds), so that a CPU test
 #                   (tests/scripts/gpu_session_dry_test.sh) keeps this script working; the gpu tests
 #                   skip themselves there
 #   One step alone (by name; the first three are not in the default session):
@@ -121,6 +122,7 @@ if [ "$DRY" = 1 ]; then
   BENCHMOE=(--model-config configs/models/tiny-moe/config.json --cpu --world-size 1 --sequence-length 32
             --micro-batch-size 2 --steps 4 --warmup 1 --row-timeout 150)
   BENCH_STEPS=(--steps 4 --warmup 1) BENCH8B_STEPS=(--steps 3 --warmup 1) OFFLOAD_BENCH_STEPS=(--steps 2 --warmup 1)
+  export FSDPTRAIN_BENCH_COMPILE_BACKEND=aot_eager  # scripts/bench/common.py: no Inductor C++ builds on CPU
 else
   # HOST_PARAMS: the ~1B Llama's parameter count (configs/models/llama-1b, tied embeddings)
   MODEL=configs/models/llama-1b/config.json SEQ=2048 MB=2 STEPS=6 OFFLOAD_STEPS=3 DEVICE=cuda HOST_PARAMS=1235814400

@@ -81,18 +81,31 @@ def hf_llama(model_config, device):
         return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
 
 
+def compile_backend():
+    """torch.compile's backend for the compiled rows: Inductor, or (a dry run on CPU,
+    scripts/gpu-session.sh session --dry) aot_eager: the same graph capture and autograd tracing
+    without Inductor's C++ builds, which a GPU never runs."""
+    return os.environ.get("FSDPTRAIN_BENCH_COMPILE_BACKEND", "inductor")
+
+
+def compiled_name():
+    """How a row names torch.compile: with its backend where that is not Inductor."""
+    return "torch.compile" + ("" if compile_backend() == "inductor" else f" ({compile_backend()})")
+
+
 def wrap_layers(model, checkpoint, compile):
     """Full activation checkpointing (torch's checkpoint_wrapper, which TorchTitan's 'full' mode
     applies), then torch.compile, on every decoder layer of a transformers Llama, in TorchTitan's
     order; fully_shard, where a trainer applies it, comes after. Returns the layers."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    backend = compile_backend()
     layers = model.model.layers
     for i in range(len(layers)):
         if checkpoint:
             layers[i] = checkpoint_wrapper(layers[i])
         if compile:
-            layers[i].compile()
+            layers[i].compile(backend=backend)
     return list(layers)
 
 

@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from common import add_common_args, cross_entropy, hf_llama, peak_memory, run_steps, wrap_layers, write_result
+from common import add_common_args, compiled_name, cross_entropy, hf_llama, peak_memory, run_steps, wrap_layers, write_result
 
 
 def main():
@@ -44,7 +44,7 @@ def main():
 
     B, T = args.micro_batch_size, args.sequence_length
     times, losses = run_steps(args, step, 0, 1, device, reports=True)
-    name = "transformers + torch.compile, one device, no FSDP" + (", bf16 autocast" if bf16 else "")
+    name = f"transformers + {compiled_name()}, one device, no FSDP" + (", bf16 autocast" if bf16 else "")
     if args.activation_checkpointing:
         name += " + full AC"
     write_result(args.out, name, times, losses, B * T, 1, peak_memory(device))

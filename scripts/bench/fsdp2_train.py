@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from common import add_common_args, cross_entropy, hf_llama, peak_memory, run_steps, spawn, wrap_layers, write_result
+from common import add_common_args, compiled_name, cross_entropy, hf_llama, peak_memory, run_steps, spawn, wrap_layers, write_result
 
 
 def worker(rank, args, port):
@@ -58,7 +58,7 @@ def worker(rank, args, port):
     B, T, W = args.micro_batch_size, args.sequence_length, args.world_size
     times, losses = run_steps(args, step, rank, W, device, reports=rank == 0)
     if rank == 0:
-        name = "torch FSDP2" + (" + torch.compile" if args.compile else " (eager)")
+        name = "torch FSDP2" + (f" + {compiled_name()}" if args.compile else " (eager)")
         if args.activation_checkpointing:
             name += " + full AC"
         if args.offload:
