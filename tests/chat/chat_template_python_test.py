@@ -419,33 +419,48 @@ ANSWERS = ("Hello, friend.", "The sky is blue.")
 PROMPTS = ("Be brief.", "Hi there", "Color of sky?")
 
 
-def training_spans(fsdptrain, names, templates):
-    """fsdptrain chat-template on a two-answer conversation for each template transformers renders:
-    it finds the assistant turns (by generation blocks, prefixes or content search), each answer lies
-    in a span, and no span holds a user or system turn. A template that refuses the conversation
-    (raise_exception: no system role, say) is tried without the system message; one that needs what
-    the conversation lacks (tools, content lists) fails in both engines and is skipped."""
+def training_spans(tool, fsdptrain, names, templates):
+    """The spans fsdptrain chat-template finds on a two-answer conversation for each template
+    transformers renders: it finds the assistant turns (by generation blocks, prefixes or content
+    search), each answer lies in a span, and no span holds a user or system turn. A template that
+    refuses the conversation (raise_exception: no system role, say) is tried without the system
+    message; one that needs what the conversation lacks (tools, content lists) fails in both engines
+    and is skipped. The templates go through the command's own code in one jinja_tool process
+    (--training), and the command itself must print the same for the first of them."""
     rules, skipped, failed = {}, [], []
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
             json.dump({"bos_token": "<s>", "eos_token": "</s>"}, f)
         turns = [{"role": "user", "content": PROMPTS[1]}, {"role": "assistant", "content": ANSWERS[0]},
                  {"role": "user", "content": PROMPTS[2]}, {"role": "assistant", "content": ANSWERS[1]}]
-        for name in names:
-            template = os.path.join(d, "t.jinja")
-            with open(template, "w", encoding="utf-8") as f:
+        records = [{"messages": [{"role": "system", "content": PROMPTS[0]}] + turns}, {"messages": turns}]
+        with open(os.path.join(d, "records.json"), "w") as f:
+            json.dump(records, f)
+        files = []
+        for i, name in enumerate(names):
+            files.append(os.path.join(d, f"t{i}.jinja"))
+            with open(files[-1], "w", encoding="utf-8") as f:
                 f.write(templates[name])
-            for messages in ([{"role": "system", "content": PROMPTS[0]}] + turns, turns):
-                with open(os.path.join(d, "c.jsonl"), "w") as f:
-                    f.write(json.dumps({"messages": messages}) + "\n")
-                r = subprocess.run([fsdptrain, "chat-template", os.path.join(d, "c.jsonl"), "--tokenizer", d,
-                                    "--chat_template", template], capture_output=True, text=True, timeout=60)
-                if r.returncode == 0 or "cannot be found in the whole rendering" in r.stderr:
-                    break
-            if r.returncode != 0:
-                (failed if "cannot be found" in r.stderr else skipped).append(f"{name}: {r.stderr.strip()[-160:]}")
+        r = subprocess.run([tool, "--training", d, os.path.join(d, "records.json"), *files], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        lines = [json.loads(line) for line in r.stdout.splitlines()]
+        assert len(lines) == len(names), (len(lines), len(names))
+        if names:  # the command, on the record jinja_tool rendered (or the last it tried)
+            rendered = 0 if "error" not in lines[0] or "in the whole rendering" in lines[0]["error"] else 1
+            with open(os.path.join(d, "c.jsonl"), "w") as f:
+                f.write(json.dumps(records[rendered]) + "\n")
+            c = subprocess.run([fsdptrain, "chat-template", os.path.join(d, "c.jsonl"), "--tokenizer", d,
+                                "--chat_template", files[0]], capture_output=True, text=True, timeout=60)
+            said = json.loads(c.stdout.splitlines()[0]) if c.returncode == 0 else {"error": c.stderr}
+            same = said == lines[0] if c.returncode == 0 else "error" in lines[0] and lines[0]["error"] in c.stderr
+            if not same:
+                failed.append(f"{names[0]}: fsdptrain chat-template printed {str(said)[:200]}, jinja_tool --training "
+                              f"{str(lines[0])[:200]}")
+        for name, j in zip(names, lines):
+            if "error" in j:
+                (failed if "cannot be found" in j["error"] else skipped).append(f"{name}: {j['error'][-160:]}")
                 continue
-            j = json.loads(r.stdout.splitlines()[0])
             spans = [j["text"][b:e] for b, e in j["assistant_spans"]]
             missing = [a for a in ANSWERS if a in j["text"] and not any(a in x for x in spans)]
             leaked = [p for p in PROMPTS if any(p in x for x in spans)]
@@ -501,7 +516,7 @@ def main():
     print(f"compared: {STATS['texts']} equal texts ({STATS['span sets']} with {STATS['spans']} generation spans), "
           f"{STATS['raises']} equal raise_exception messages, {STATS['both fail']} renders both engines fail")
     failed = bool(by["differing"])
-    if args.fsdptrain and not training_spans(args.fsdptrain, by["equal"], templates):
+    if args.fsdptrain and not training_spans(args.tool, args.fsdptrain, by["equal"], templates):
         failed = True
     for req in REQUIRED:
         if req in results and results[req][0] != "equal":

@@ -9,6 +9,11 @@
 //       {"text", "generation_spans", "generation_char_spans"}, {"raise": message} or {"error": message}.
 //   jinja_tool --bench N TEMPLATE_FILE VARS_JSON_FILE
 //       renders each variable object of the array N times; prints {"renders", "seconds"}.
+//   jinja_tool --training FOLDER RECORDS_JSON_FILE TEMPLATE_FILE...
+//       for each template in turn, a line of what `fsdptrain chat-template` prints for the first record
+//       of the array that it renders (FOLDER: the tokenizer folder, for its special tokens):
+//       {"text", "assistant_spans" (code points), "rule"}, else {"error": the last record's message}; a
+//       turn whose spans cannot be found is the template's answer, no later record tried.
 // Exit status: 0, 2 for a template or input error (message on stderr), 3 for raise_exception.
 #include <chrono>
 #include <cstdlib>
@@ -17,6 +22,7 @@
 #include <sstream>
 #include <string>
 
+#include "chat/chat_template.h"
 #include "chat/jinja.h"
 #include "util/error.h"
 
@@ -73,6 +79,33 @@ int bench(const Template& t, const Json& all, long n, std::time_t now) {
   return 0;
 }
 
+int training(const std::string& folder, const Json& records, const std::vector<std::string>& templates) {
+  for (const std::string& file : templates) {
+    Json line;
+    for (const Json& record : records) {
+      try {
+        const fsdp::chat::ChatTemplate t = fsdp::chat::ChatTemplate::load(folder, file);
+        const fsdp::chat::ChatTemplate::Training r =
+            t.render_for_training(fsdp::chat::read_conversation(record, true), /*assistant_only=*/true);
+        auto chars = [&](size_t byte) {  // code points, as the command counts them
+          size_t n = 0;
+          for (size_t b = 0; b < byte; ++b) n += (static_cast<unsigned char>(r.text[b]) & 0xC0) != 0x80;
+          return n;
+        };
+        Json spans = Json::array();
+        for (const auto& [b, e] : r.counted) spans.push_back({chars(b), chars(e)});
+        line = {{"text", r.text}, {"assistant_spans", spans}, {"rule", r.rule}};
+        break;
+      } catch (const fsdp::Error& e) {
+        line = {{"error", e.what()}};
+        if (std::string(e.what()).find("cannot be found in the whole rendering") != std::string::npos) break;
+      }
+    }
+    std::cout << line.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,6 +113,14 @@ int main(int argc, char** argv) {
   long bench_n = 0;
   std::time_t now = std::time(nullptr);
   std::vector<std::string> files;
+  if (argc >= 4 && std::string(argv[1]) == "--training") {
+    try {
+      return training(argv[2], Json::parse(read_file(argv[3])), std::vector<std::string>(argv + 4, argv + argc));
+    } catch (const std::exception& e) {
+      std::cerr << e.what() << "\n";
+      return 2;
+    }
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--spans") {
@@ -99,7 +140,8 @@ int main(int argc, char** argv) {
   try {
     if (files.size() != 2) {
       throw fsdp::InputError(
-          "usage: jinja_tool [--spans|--batch|--bench N] [--now EPOCH] TEMPLATE_FILE VARS_JSON_FILE");
+          "usage: jinja_tool [--spans|--batch|--bench N] [--now EPOCH] TEMPLATE_FILE VARS_JSON_FILE | "
+          "jinja_tool --training FOLDER RECORDS_JSON_FILE TEMPLATE_FILE...");
     }
     const Template t(read_file(files[0]), files[0]);
     const Json vars = Json::parse(read_file(files[1]));
