@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat/chat_template.h"
+#include "chat/jinja_unicode.h"
 #include "commands.h"
 #include "data/corpus.h"
 #include "data/documents.h"
@@ -152,11 +153,7 @@ class ChatTemplateCommand final : public Command {
       throw InputError(str("[chat-template] ", where, ": ", e.what()));
     }
     // Spans in characters (code points), as transformers counts them.
-    auto chars = [&](size_t byte) {
-      size_t n = 0;
-      for (size_t b = 0; b < byte; ++b) n += (static_cast<unsigned char>(text[b]) & 0xC0) != 0x80;
-      return n;
-    };
+    auto chars = [&](size_t byte) { return chat::jinja::utf8_length(std::string_view(text).substr(0, byte)); };
     nlohmann::json spans = nlohmann::json::array();
     if (text.compare(0, r.text.size(), r.text) == 0)
       for (const auto& [b, e] : r.counted) spans.push_back({chars(b), chars(e)});

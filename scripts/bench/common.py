@@ -90,7 +90,8 @@ def compile_backend():
 
 def compiled_name():
     """How a row names torch.compile: with its backend where that is not Inductor."""
-    return "torch.compile" + ("" if compile_backend() == "inductor" else f" ({compile_backend()})")
+    backend = compile_backend()
+    return "torch.compile" + ("" if backend == "inductor" else f" ({backend})")
 
 
 def wrap_layers(model, checkpoint, compile):

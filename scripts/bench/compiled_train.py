@@ -14,7 +14,8 @@ import argparse
 
 import torch
 
-from common import add_common_args, compiled_name, cross_entropy, hf_llama, peak_memory, run_steps, wrap_layers, write_result
+from common import (add_common_args, compiled_name, cross_entropy, hf_llama, peak_memory, run_steps, wrap_layers,
+                    write_result)
 
 
 def main():

@@ -22,7 +22,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from common import add_common_args, compiled_name, cross_entropy, hf_llama, peak_memory, run_steps, spawn, wrap_layers, write_result
+from common import (add_common_args, compiled_name, cross_entropy, hf_llama, peak_memory, run_steps, spawn,
+                    wrap_layers, write_result)
 
 
 def worker(rank, args, port):

@@ -447,9 +447,8 @@ def training_spans(tool, fsdptrain, names, templates):
         lines = [json.loads(line) for line in r.stdout.splitlines()]
         assert len(lines) == len(names), (len(lines), len(names))
         if names:  # the command, on the record jinja_tool rendered (or the last it tried)
-            rendered = 0 if "error" not in lines[0] or "in the whole rendering" in lines[0]["error"] else 1
             with open(os.path.join(d, "c.jsonl"), "w") as f:
-                f.write(json.dumps(records[rendered]) + "\n")
+                f.write(json.dumps(records[lines[0].pop("record")]) + "\n")
             c = subprocess.run([fsdptrain, "chat-template", os.path.join(d, "c.jsonl"), "--tokenizer", d,
                                 "--chat_template", files[0]], capture_output=True, text=True, timeout=60)
             said = json.loads(c.stdout.splitlines()[0]) if c.returncode == 0 else {"error": c.stderr}

@@ -12,8 +12,9 @@
 //   jinja_tool --training FOLDER RECORDS_JSON_FILE TEMPLATE_FILE...
 //       for each template in turn, a line of what `fsdptrain chat-template` prints for the first record
 //       of the array that it renders (FOLDER: the tokenizer folder, for its special tokens):
-//       {"text", "assistant_spans" (code points), "rule"}, else {"error": the last record's message}; a
-//       turn whose spans cannot be found is the template's answer, no later record tried.
+//       {"text", "assistant_spans" (code points), "rule"}, else {"error": the last record's message}, with
+//       the record's index ("record"); a turn whose spans cannot be found is the template's answer, no later
+//       record tried.
 // Exit status: 0, 2 for a template or input error (message on stderr), 3 for raise_exception.
 #include <chrono>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 
 #include "chat/chat_template.h"
 #include "chat/jinja.h"
+#include "chat/jinja_unicode.h"
 #include "util/error.h"
 
 namespace {
@@ -37,6 +39,11 @@ std::string read_file(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// Code points of `text` before byte `byte`, as fsdptrain chat-template counts its spans.
+size_t code_points(const std::string& text, size_t byte) {
+  return fsdp::chat::jinja::utf8_length(std::string_view(text).substr(0, byte));
 }
 
 Json spans_json(const Template::Output& out) {
@@ -79,30 +86,32 @@ int bench(const Template& t, const Json& all, long n, std::time_t now) {
   return 0;
 }
 
-int training(const std::string& folder, const Json& records, const std::vector<std::string>& templates) {
-  for (const std::string& file : templates) {
-    Json line;
-    for (const Json& record : records) {
+// --training's line for one template: the first of `records` it renders, or the error that ends the search.
+Json training_line(const std::string& folder, const std::string& file, const Json& records) {
+  Json line;
+  try {
+    const fsdp::chat::ChatTemplate t = fsdp::chat::ChatTemplate::load(folder, file);
+    for (size_t i = 0; i < records.size(); ++i) {
       try {
-        const fsdp::chat::ChatTemplate t = fsdp::chat::ChatTemplate::load(folder, file);
         const fsdp::chat::ChatTemplate::Training r =
-            t.render_for_training(fsdp::chat::read_conversation(record, true), /*assistant_only=*/true);
-        auto chars = [&](size_t byte) {  // code points, as the command counts them
-          size_t n = 0;
-          for (size_t b = 0; b < byte; ++b) n += (static_cast<unsigned char>(r.text[b]) & 0xC0) != 0x80;
-          return n;
-        };
+            t.render_for_training(fsdp::chat::read_conversation(records[i], true), /*assistant_only=*/true);
         Json spans = Json::array();
-        for (const auto& [b, e] : r.counted) spans.push_back({chars(b), chars(e)});
-        line = {{"text", r.text}, {"assistant_spans", spans}, {"rule", r.rule}};
-        break;
+        for (const auto& [b, e] : r.counted) spans.push_back({code_points(r.text, b), code_points(r.text, e)});
+        return {{"text", r.text}, {"assistant_spans", spans}, {"rule", r.rule}, {"record", i}};
       } catch (const fsdp::Error& e) {
-        line = {{"error", e.what()}};
+        line = {{"error", e.what()}, {"record", i}};
         if (std::string(e.what()).find("cannot be found in the whole rendering") != std::string::npos) break;
       }
     }
-    std::cout << line.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
+  } catch (const fsdp::Error& e) {  // the template itself
+    line = {{"error", e.what()}, {"record", 0}};
   }
+  return line;
+}
+
+int training(const std::string& folder, const Json& records, const std::vector<std::string>& templates) {
+  for (const std::string& file : templates)
+    std::cout << training_line(folder, file, records).dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
   return 0;
 }
 

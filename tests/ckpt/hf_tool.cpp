@@ -27,6 +27,7 @@
 #include "model/kernels/provider.h"
 #include "model/layers/decoder.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace {
 
@@ -140,14 +141,10 @@ int golden(const std::string& dir, const std::string& out, int64_t length, const
     start = length * 3 / 5;
   }
   std::vector<nlohmann::json> lines;
-  if (kernels.empty()) lines.push_back(golden_json(c, dir, tokens, start));
-  for (size_t from = 0; !kernels.empty() && from <= kernels.size();) {
-    const size_t comma = std::min(kernels.find(',', from), kernels.size());
-    const std::string name = kernels.substr(from, comma - from);
-    fsdp::model::kernels::set_kernel_choice(kernels_named(name));
+  for (const std::string& name : fsdp::split(kernels, ',')) {  // "" (no KERNELS): the environment's choice
+    if (!name.empty()) fsdp::model::kernels::set_kernel_choice(kernels_named(name));
     lines.push_back(golden_json(c, dir, tokens, start));
-    lines.back()["kernels"] = name;
-    from = comma + 1;
+    if (!name.empty()) lines.back()["kernels"] = name;
   }
   // The export: the loaded weights sharded by the engine (one rank), written as a Hugging Face folder.
   fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group({});
