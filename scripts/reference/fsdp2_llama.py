@@ -26,8 +26,14 @@ matrices and modules_to_save train, the rest is frozen), as fsdptrain's lora.ini
 --save-adapter DIR writes the trained adapter's tensors; --dump-gradients DIR writes each step's
 full gradients (before clipping) as DIR/step-N.safetensors under fsdptrain's names, as
 fsdptrain's engine.dump_gradients does.
+
+With --serve (alone) it reads requests on standard input and runs each in a forked child, importing
+torch, transformers and PEFT once for all of them (see serve(); tests/support/reference_server.py
+is its client).
 """
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
@@ -173,6 +179,11 @@ def balance_routers(model, coeff):
 
 
 def worker(rank, args, port):
+    # The first thing this forked rank does: take ATen's thread pool over on this thread. A pool the
+    # parent made is marked stale by fork and replaced by whichever thread asks for it first; when
+    # that was two of autograd's threads at once, one got none and the rank aborted ("Invalid thread
+    # pool!": 5 of 50 runs under --serve, whose ranks are forked twice; none of 40 with this line).
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.world_size)
     torch.manual_seed(0)
@@ -291,7 +302,7 @@ def worker(rank, args, port):
     os._exit(0)
 
 
-def main():
+def parser():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="Hugging Face folder with the initial weights")
     ap.add_argument("--data", required=True, help="llm.c token shard (.bin)")
@@ -323,7 +334,11 @@ def main():
     ap.add_argument("--load-balance-coeff", type=float, default=0.0,
                     help="auxiliary-loss-free balancing of Qwen3-MoE's routers (TorchTitan's load_balance_coeff)")
     ap.add_argument("--dump-gradients", help="write each step's full gradients here (step-N.safetensors)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
     torch.set_num_threads(1)
     preload(args)
     with socket.socket() as s:
@@ -348,5 +363,43 @@ def preload(args):
         import peft  # noqa: F401
 
 
+def serve():
+    """--serve: runs one training per request from a process that imports torch, transformers and
+    PEFT once. Each line on standard input is a JSON object {"argv": [...], "output": FILE}; the
+    training runs as `fsdp2_llama.py ARGV` would, in a child forked for it, its standard output and
+    error written to FILE, and its exit status comes back as a line {"returncode": N}. A test that
+    runs many references pays the imports (about 6 s of one core) once instead of once each.
+    End of input ends the server."""
+    while True:
+        line = sys.stdin.readline()
+        if not line:
+            return
+        request = json.loads(line)
+        try:  # the imports this request's model needs stay in the server for the next one
+            with contextlib.redirect_stderr(io.StringIO()):
+                preload(parser().parse_args(request["argv"]))
+        except (SystemExit, Exception):  # noqa: BLE001 - the child reports the same error in its output
+            pass
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                fd = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                main(request["argv"])
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+            except BaseException:  # noqa: BLE001 - reported in the output, as an uncaught error would be
+                import traceback
+                traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    serve() if sys.argv[1:] == ["--serve"] else main()

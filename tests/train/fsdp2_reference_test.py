@@ -27,6 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
+from reference_server import references  # noqa: E402
 
 
 # fsdptrain's kernel providers, as the settings that choose them.
@@ -93,13 +94,11 @@ def main():
             return [json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
 
         def reference(world, reshard, name, dtype="float32"):
-            script = os.path.join(args.source, "scripts/reference/fsdp2_llama.py")
-            ref = subprocess.run([sys.executable, script, "--model", model_dir, "--data", data, "--out",
-                                  f"{tmp}/{name}.json", "--world-size", str(world), "--steps", str(settings["steps"]),
-                                  "--micro-batch-size", str(settings["micro_batch_size"]), "--sequence-length",
-                                  str(settings["sequence_length"]), "--lr", str(settings["lr"]), "--seed",
-                                  str(settings["seed"]), "--reshard-after-forward", str(reshard), "--dtype", dtype],
-                                 capture_output=True, text=True, timeout=600)
+            ref = references(args.source).run(["--model", model_dir, "--data", data, "--out", f"{tmp}/{name}.json",
+                                               "--world-size", world, "--steps", settings["steps"],
+                                               "--micro-batch-size", settings["micro_batch_size"], "--sequence-length",
+                                               settings["sequence_length"], "--lr", settings["lr"], "--seed",
+                                               settings["seed"], "--reshard-after-forward", reshard, "--dtype", dtype])
             if ref.returncode != 0:
                 raise RuntimeError(f"the FSDP2 reference ({name}):\n{ref.stdout}\n{ref.stderr}")
             return json.load(open(f"{tmp}/{name}.json"))["losses"]

@@ -37,6 +37,7 @@ from transformers import (Gemma4ForCausalLM, Gemma4TextConfig, LlamaConfig, Llam
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
+from reference_server import references  # noqa: E402
 
 SETTINGS = {"steps": 6, "micro_batch_size": 4, "sequence_length": 32, "lr": 1e-3, "seed": 1234, "warmup": 2}
 CASES = {
@@ -66,6 +67,10 @@ def check(ok, what):
 
 def run(cmd, what, timeout=600, env=None):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return finished(r, what)
+
+
+def finished(r, what):
     if r.returncode != 0:
         raise Failed(f"{what} failed (exit {r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
     return r.stdout + r.stderr
@@ -96,13 +101,11 @@ def fsdptrain(args, tmp, name, world, base, data, lora, extra="", gradients=None
 def reference(args, tmp, name, world, base, data, adapter, dtype="float32"):
     out = os.path.join(tmp, name + ".json")
     saved = os.path.join(tmp, name + "-adapter")
-    run([sys.executable, os.path.join(args.source, "scripts/reference/fsdp2_llama.py"), "--model", base, "--data",
-         data, "--out", out, "--world-size", str(world), "--steps", str(SETTINGS["steps"]), "--micro-batch-size",
-         str(SETTINGS["micro_batch_size"]), "--sequence-length", str(SETTINGS["sequence_length"]), "--lr",
-         str(SETTINGS["lr"]), "--seed", str(SETTINGS["seed"]), "--warmup-steps", str(SETTINGS["warmup"]),
-         "--adapter", adapter, "--save-adapter", saved, "--dump-gradients", os.path.join(tmp, name + "-ref-grads"),
-         "--dtype", dtype],
-        f"the PEFT reference {name}")
+    argv = ["--model", base, "--data", data, "--out", out, "--world-size", world, "--steps", SETTINGS["steps"],
+            "--micro-batch-size", SETTINGS["micro_batch_size"], "--sequence-length", SETTINGS["sequence_length"],
+            "--lr", SETTINGS["lr"], "--seed", SETTINGS["seed"], "--warmup-steps", SETTINGS["warmup"], "--adapter",
+            adapter, "--save-adapter", saved, "--dump-gradients", os.path.join(tmp, name + "-ref-grads"), "--dtype", dtype]
+    finished(references(args.source).run(argv), f"the PEFT reference {name}")
     return json.load(open(out)), load_file(os.path.join(saved, "adapter_model.safetensors"))
 
 

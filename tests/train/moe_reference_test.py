@@ -29,6 +29,7 @@ import transformers
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
+from reference_server import references  # noqa: E402
 
 STEPS, BATCH, SEQ, LR = 10, 4, 32, 3e-3
 
@@ -88,12 +89,10 @@ def main():
             return [json.loads(l)["loss"] for l in open(f"{tmp}/{name}/metrics.jsonl") if '"loss"' in l]
 
         def reference(name, folder, dtype, more=()):
-            script = os.path.join(args.source, "scripts/reference/fsdp2_llama.py")
             out = os.path.join(tmp, f"{name}-{dtype}.json")
-            run = subprocess.run([sys.executable, script, "--model", folder, "--data", data, "--out", out,
-                                  "--world-size", "2", "--steps", str(STEPS), "--micro-batch-size", str(BATCH),
-                                  "--sequence-length", str(SEQ), "--lr", str(LR), "--dtype", dtype, *more],
-                                 capture_output=True, text=True, timeout=600)
+            run = references(args.source).run(["--model", folder, "--data", data, "--out", out, "--world-size", 2,
+                                               "--steps", STEPS, "--micro-batch-size", BATCH, "--sequence-length",
+                                               SEQ, "--lr", LR, "--dtype", dtype, *more])
             assert run.returncode == 0, (name, run.stdout[-3000:], run.stderr[-3000:])
             r = json.load(open(out))
             reference.loads = r.get("expert_loads")

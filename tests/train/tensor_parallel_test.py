@@ -40,6 +40,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from llmc_shard import write_shard  # noqa: E402
+from reference_server import references  # noqa: E402
 
 STEPS, BATCH, SEQ, LR = 10, 4, 32, 3e-3
 
@@ -91,12 +92,9 @@ def helpers(args, tmp, data, tokens):
         return [r["loss"] for r in rows], [r["grad_norm"] for r in rows], run.stdout
 
     def reference(name, model, world, tp, replicate=1):
-        script = os.path.join(args.source, "scripts/reference/fsdp2_llama.py")
-        ref = subprocess.run([sys.executable, script, "--model", model, "--data", data, "--out",
-                              f"{tmp}/{name}.json", "--world-size", str(world), "--tp", str(tp), "--dp-replicate",
-                              str(replicate), "--steps", str(STEPS), "--micro-batch-size", str(BATCH),
-                              "--sequence-length", str(SEQ), "--lr", str(LR)],
-                             capture_output=True, text=True, timeout=600)
+        ref = references(args.source).run(["--model", model, "--data", data, "--out", f"{tmp}/{name}.json",
+                                           "--world-size", world, "--tp", tp, "--dp-replicate", replicate, "--steps",
+                                           STEPS, "--micro-batch-size", BATCH, "--sequence-length", SEQ, "--lr", LR])
         if ref.returncode != 0:
             raise RuntimeError(f"the DTensor reference ({name}):\n{ref.stdout}\n{ref.stderr}")
         r = json.load(open(f"{tmp}/{name}.json"))
