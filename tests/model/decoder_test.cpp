@@ -309,6 +309,12 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
           parse_decoder_config(R"({"hidden_size":"big"})", "h.json");
         }).find("h.json: \"hidden_size\": expected a number") != std::string::npos);
   CHECK(error_of([] { load_llama_config("/nonexistent/config.json"); }).find("cannot read") != std::string::npos);
+  // 2^31 layers: refused by the field, before any per-layer pass (one took the launcher 100 s).
+  CHECK(error_of([] {
+          parse_decoder_config(R"({"vocab_size":257,"hidden_size":64,"intermediate_size":128,
+                                   "num_hidden_layers":2147483648,"num_attention_heads":4})",
+                               "d.json");
+        }).find("d.json: num_hidden_layers is 2147483648; no model is that large") != std::string::npos);
 }
 
 // Issue 60: the families' forms and layer plans as transformers' configs fill them in, written back

@@ -99,6 +99,8 @@ std::vector<std::string> check_fields(const json& j, const std::string& where) {
   return warnings;
 }
 
+constexpr int64_t kMaxLayers = 1 << 16;
+
 // Shape fields are counts: each must be >= 1 (num_hidden_layers: -1 is not "as many as possible").
 void check_positive(const std::string& where, std::initializer_list<std::pair<const char*, int64_t>> fields) {
   for (const auto& [name, value] : fields)
@@ -1045,6 +1047,12 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
                          {"num_hidden_layers", c.num_hidden_layers},
                          {"num_attention_heads", c.num_attention_heads},
                          {"num_key_value_heads", c.num_key_value_heads}});
+  // The deepest decoders have a few hundred layers. The parameter count and the layer plans walk
+  // every layer, so a slip of the keys (2^31 layers took the launcher 100 s to refuse by memory) is
+  // refused here, at once.
+  FSDP_CHECK(c.num_hidden_layers <= kMaxLayers, where, ": num_hidden_layers is ", c.num_hidden_layers,
+             "; no model is that large (the deepest decoders have a few hundred layers; fsdptrain takes up to ",
+             kMaxLayers, "). Check the field");
   // As transformers' LlamaConfig: the heads split hidden_size evenly, head_dim given or not. Its
   // relatives take head_dim as given (Qwen3's is independent of hidden_size).
   const bool explicit_head_dim = c.family != Family::kLlama && j.contains("head_dim") && !j["head_dim"].is_null();
