@@ -11,10 +11,13 @@ import argparse
 import glob
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
 
 import yaml
 
@@ -30,11 +33,59 @@ def free_port():
         return s.getsockname()[1]
 
 
+def accelerate_launch(argv, env, timeout=180):
+    """`accelerate launch ARGV` under environment `env`, as subprocess.run(capture_output=True, text=True)
+    gives it (stdout holds both streams), run by a child forked from this process: Accelerate's CLI and
+    torch under it, imported once by main(), are not imported again for each of the test's 15 launches
+    (about 4 s of one core each). The child runs the `accelerate` script's own entry point."""
+    from accelerate.commands.accelerate_cli import main as accelerate_cli
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with tempfile.TemporaryFile("w+") as log:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setpgid(0, 0)  # its workers with it, for a timeout's kill
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+                os.environ.clear()
+                os.environ.update(env)
+                sys.argv = ["accelerate", "launch", *argv]
+                accelerate_cli()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # noqa: BLE001 - reported in the output, as the script would
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        deadline = time.time() + timeout
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.time() > deadline:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(["accelerate", "launch", *argv], timeout)
+            time.sleep(0.05)
+        log.seek(0)
+        return subprocess.CompletedProcess(["accelerate", "launch", *argv], os.waitstatus_to_exitcode(status),
+                                           log.read(), "")
+
+
 def rank_envs(cmd, env):
+    """Each rank's environment as print_env.py wrote it, under `cmd` (a command, or ("accelerate", ARGV))."""
     with tempfile.TemporaryDirectory() as d:
-        out = subprocess.run(cmd, env={**env, "PARITY_DIR": d}, capture_output=True, text=True, timeout=180)
+        if cmd[0] == "accelerate":
+            out = accelerate_launch(cmd[1], {**env, "PARITY_DIR": d})
+        else:
+            out = subprocess.run(cmd, env={**env, "PARITY_DIR": d}, capture_output=True, text=True, timeout=180)
         if out.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
+            raise RuntimeError(f"{' '.join(out.args)} exited {out.returncode}:\n{out.stdout}\n{out.stderr}")
         envs = {}
         for path in glob.glob(os.path.join(d, "rank*.json")):
             e = json.load(open(path))
@@ -81,11 +132,14 @@ def main():
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--configs", required=True)
     args = ap.parse_args()
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     env = dict(os.environ)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", "OMP_NUM_THREADS"):
         env.pop(k, None)
     env["HF_HOME"] = env["XDG_CACHE_HOME"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fsdptrain-parity-home")
+    # Accelerate's CLI, imported once under the launches' environment (it reads HF_HOME as it loads);
+    # accelerate_launch forks a child per launch from here.
+    os.environ.update(HF_HOME=env["HF_HOME"], XDG_CACHE_HOME=env["XDG_CACHE_HOME"])
+    import accelerate.commands.accelerate_cli  # noqa: F401
 
     files = sorted(glob.glob(os.path.join(args.configs, "fsdp2", "*.yaml"))) + [
         os.path.join(args.configs, "fsdp1", n) for n in ("full_shard.yaml", "shard_grad_op.yaml", "int_strategy.yaml")] + [
@@ -116,8 +170,8 @@ def main():
             flags += ["--parallelism_config_dp_replicate_size", "2", "--parallelism_config_dp_shard_size", "2"]
         flags += ["--num_processes", str(n)]
         script = os.path.join(HERE, "print_env.py")
-        theirs = rank_envs([accelerate, "launch", "--config_file", path, *flags,
-                            "--main_process_port", str(free_port()), script], env)
+        theirs = rank_envs(("accelerate", ["--config_file", path, *flags, "--main_process_port", str(free_port()),
+                                           script]), env)
         ours = rank_envs([args.fsdptrain, "launch", "--config_file", path, *flags,
                           "--main_process_port", str(free_port()), "--", sys.executable, script], env)
         name = ("long_context_cpu.yaml" + (" (sp 2)" if split_flags else "") if split_flags is not None
