@@ -5,7 +5,8 @@ runs/), then either checks the README's block against it (--check, what the test
 new output into the README (--write). Checking compares line by line with every number masked
 (timings, losses and token counts differ between machines and between commits), the paths mapped
 to the README's, and a `[...]` (or `...`) line in the README standing for any lines left out there.
-Blocks: the quickstart's training output, the fine-tuning example's (scripts/examples/finetune.sh's
+Blocks: the quickstart's training output (--check trains it 40 steps with the same lines in the same
+order, its numbers masked anyway; --write the full 1,000), the fine-tuning example's (scripts/examples/finetune.sh's
 steps; its log lines only, since a trained model's words may differ between machines), the chat
 example's rendering and chat (scripts/examples/chat.sh's; its log lines likewise), and every
 `$ fsdptrain ...` command of COMMANDS shown with its output (run in a copy of the repository's root
@@ -45,11 +46,20 @@ def run_step(cmd):
     return r.stdout
 
 
-def quickstart(fsdptrain, scratch):
+# The quickstart's schedule (configs/quickstart.yaml) and the shorter one --check runs: the same lines
+# in the same order (a step line logged at the start, the middle and the end, held-out losses at a
+# quarter, half, three quarters and the end, the others left out), every number masked in the check.
+# The full run is 100 s of CPU; --write runs it, so the README shows its numbers.
+FULL_QUICKSTART = {"train.steps": 1000, "train.eval_interval": 250, "logging.interval": 100}
+SHORT_QUICKSTART = {"train.steps": 40, "train.eval_interval": 10, "logging.interval": 5}
+
+
+def quickstart(fsdptrain, scratch, schedule=FULL_QUICKSTART):
     """The quickstart's training output (rank 0's lines), as if run in the repository's runs/."""
     out = os.path.join(scratch, "quickstart")
+    sets = [] if schedule is FULL_QUICKSTART else [w for k, v in schedule.items() for w in ("--set", f"{k}={v}")]
     r = subprocess.run([fsdptrain, "launch", "--config", "configs/quickstart.yaml", "--main_process_port", "0",
-                        "--set", f"train.output_dir={out}", "--set", f"data.cache_dir={scratch}/cache"],
+                        "--set", f"train.output_dir={out}", "--set", f"data.cache_dir={scratch}/cache", *sets],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"readme_outputs: the quickstart failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
@@ -59,11 +69,12 @@ def quickstart(fsdptrain, scratch):
     for i in range(len(lines) - 1):
         if "[train] exported" in lines[i] and "[ckpt] saved" in lines[i + 1]:
             lines[i], lines[i + 1] = lines[i + 1], lines[i]
-    # The README keeps steps 1, 500 and 1000 of the step lines.
+    # The README keeps steps 1, 500 and 1000 of the step lines: the first, the middle and the last.
+    steps = schedule["train.steps"]
     kept, gap = [], False
     for line in lines:
         m = re.match(r"\[rank 0\] step (\d+)/", line)
-        if m and m.group(1) not in ("1", "500", "1000"):
+        if m and int(m.group(1)) not in (1, steps // 2, steps):
             if not gap:
                 kept.append(ELIDED)
             gap = True
@@ -286,7 +297,8 @@ def main():
     stale = []
     with tempfile.TemporaryDirectory(prefix="fsdptrain_readme.") as scratch:
         for marker, make, kept in BLOCKS:
-            made = make(fsdptrain, scratch)
+            made = make(fsdptrain, scratch, SHORT_QUICKSTART) if make is quickstart and a.check else \
+                make(fsdptrain, scratch)
             start, end = block_span(text, marker)
             shown = text[start:end].splitlines()
             if a.write:
