@@ -69,6 +69,28 @@ inline bool exists(const std::string& path) {
   return std::ifstream(path).good();
 }
 
+// Makes `dir` a fresh copy of what `make(folder)` writes into a folder, made once per test process:
+// doctest runs a TEST_CASE's body again for each of its SUBCASEs, and each subcase damages its own
+// copy of the same trained checkpoints instead of training them again.
+template <typename Make>
+void copy_of_made_once(const std::string& dir, Make make) {
+  struct Made {
+    std::map<std::string, std::string> folders;  // dir -> the folder made once
+    ~Made() {
+      for (const auto& entry : folders) (void)std::system(("rm -rf " + entry.second).c_str());
+    }
+  };
+  static Made made;
+  auto it = made.folders.find(dir);
+  if (it == made.folders.end()) {
+    const std::string folder = dir + "-made-once";
+    sh("rm -rf " + folder);
+    make(folder);
+    it = made.folders.emplace(dir, folder).first;
+  }
+  sh("rm -rf " + dir + " && cp -a " + it->second + " " + dir);
+}
+
 inline std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

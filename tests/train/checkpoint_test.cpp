@@ -20,6 +20,7 @@
 
 namespace {
 
+using fsdp::testing::copy_of_made_once;
 using fsdp::testing::exists;
 using fsdp::testing::fsdptrain_in_source;
 using fsdp::testing::losses_by_step;
@@ -436,7 +437,8 @@ TEST_CASE("a FULL checkpoint is read by each rank, its rows, and a changed byte 
 
 TEST_CASE("damaged, incomplete and mismatched checkpoints are refused before any step, naming the problem") {
   const std::string cfg = write_config("bad", "SHARDED_STATE_DICT"), dir = temp_path("bad");
-  const std::string ck = four_step_checkpoint(cfg, dir), shard = ck + "/shard-00001-of-00002.safetensors";
+  copy_of_made_once(dir, [&](const std::string& folder) { four_step_checkpoint(cfg, folder); });
+  const std::string ck = dir + "/step-00000004", shard = ck + "/shard-00001-of-00002.safetensors";
   auto resume = [&](const std::string& path, std::vector<std::string> more = {}) {
     more.insert(more.end(), {"checkpoint.resume=" + path, "train.steps=8"});
     return train(cfg, 2, 4, more);

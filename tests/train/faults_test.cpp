@@ -20,6 +20,7 @@
 namespace {
 
 using fsdp::testing::ChildProcess;
+using fsdp::testing::copy_of_made_once;
 using fsdp::testing::exists;
 using fsdp::testing::fsdptrain_in_source;
 using fsdp::testing::read_bytes;
@@ -204,10 +205,11 @@ TEST_CASE("case 4: a full disk names what was needed and free and keep; with kee
 
 TEST_CASE("cases 5-7: damaged checkpoints are named and never resumed past or overwritten") {
   const std::string cfg = write_config("damaged"), dir = temp_path("damaged");
-  sh("rm -rf " + dir);
-  const Result r = launch(cfg, {"checkpoint.dir=" + dir, "checkpoint.interval=6"});
-  INFO(r.out, r.err);
-  REQUIRE(r.code == 0);
+  copy_of_made_once(dir, [&](const std::string& folder) {
+    const Result r = launch(cfg, {"checkpoint.dir=" + folder, "checkpoint.interval=6"});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+  });
   const std::string newest = dir + "/step-00000012";
   auto resume = [&](const std::string& what) {
     return launch(cfg,
