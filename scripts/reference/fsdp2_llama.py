@@ -370,18 +370,23 @@ def serve():
     error written to FILE, and its exit status comes back as a line {"returncode": N}. A test that
     runs many references pays the imports (about 6 s of one core) once instead of once each.
     End of input ends the server."""
+    # Answers go to a copy of standard output; anything else the server prints (a library's notice
+    # at import) goes to standard error, where it cannot be taken for an answer.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
     while True:
         line = sys.stdin.readline()
         if not line:
             return
         request = json.loads(line)
         try:  # the imports this request's model needs stay in the server for the next one
-            with contextlib.redirect_stderr(io.StringIO()):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 preload(parser().parse_args(request["argv"]))
         except (SystemExit, Exception):  # noqa: BLE001 - the child reports the same error in its output
             pass
         pid = os.fork()
         if pid == 0:
+            answers.close()  # this child and its ranks hold no end of the answers' pipe
             code = 1
             try:
                 fd = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -389,8 +394,10 @@ def serve():
                 os.dup2(fd, 2)
                 main(request["argv"])
                 code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+            except SystemExit as e:  # as the interpreter exits: a code, or a message and 1
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, int) and e.code is not None:
+                    print(e.code, file=sys.stderr)
             except BaseException:  # noqa: BLE001 - reported in the output, as an uncaught error would be
                 import traceback
                 traceback.print_exc()
@@ -398,7 +405,7 @@ def serve():
             sys.stderr.flush()
             os._exit(code)
         _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=answers, flush=True)
 
 
 if __name__ == "__main__":

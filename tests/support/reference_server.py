@@ -54,7 +54,7 @@ class ReferenceServer:
             return subprocess.CompletedProcess([self.script, *argv], code, _read(output),
                                                "the reference server ended before answering")
         code = json.loads(line)["returncode"]
-        return subprocess.CompletedProcess([self.script, *argv], code, _read(output), "")
+        return subprocess.CompletedProcess([self.script, *argv], code, _read(output, remove=True), "")
 
     def close(self, kill=False):
         if self.process is None:
@@ -74,10 +74,15 @@ class ReferenceServer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _read(path):
+def _read(path, remove=False):
+    """The text of a run's output file (removed once read, when `remove`: a killed test leaves at
+    most the empty folder)."""
     try:
         with open(path, errors="replace") as f:
-            return f.read()
+            text = f.read()
+        if remove:
+            os.remove(path)
+        return text
     except FileNotFoundError:
         return ""
 
