@@ -46,7 +46,8 @@ def accelerate_launch(argv, env, timeout=180):
         if pid == 0:
             code = 1
             try:
-                os.setpgid(0, 0)  # its workers with it, for a timeout's kill
+                os.setpgid(0, 0)  # a timeout's kill ends it (torchrun starts FSDP configs' workers in
+                # sessions of their own, which it does not reach: as with the accelerate script itself)
                 os.dup2(log.fileno(), 1)
                 os.dup2(log.fileno(), 2)
                 os.environ.clear()
@@ -54,8 +55,10 @@ def accelerate_launch(argv, env, timeout=180):
                 sys.argv = ["accelerate", "launch", *argv]
                 accelerate_cli()
                 code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except SystemExit as e:  # as the interpreter exits: a code, or a message and 1
+                code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+                if not isinstance(e.code, int) and e.code is not None:
+                    print(e.code, file=sys.stderr)
             except BaseException:  # noqa: BLE001 - reported in the output, as the script would
                 traceback.print_exc()
             finally:
@@ -137,8 +140,9 @@ def main():
         env.pop(k, None)
     env["HF_HOME"] = env["XDG_CACHE_HOME"] = os.path.join(os.environ.get("TMPDIR", "/tmp"), "fsdptrain-parity-home")
     # Accelerate's CLI, imported once under the launches' environment (it reads HF_HOME as it loads);
-    # accelerate_launch forks a child per launch from here.
-    os.environ.update(HF_HOME=env["HF_HOME"], XDG_CACHE_HOME=env["XDG_CACHE_HOME"])
+    # accelerate_launch forks a child per launch from here. Every command below gets env explicitly.
+    os.environ.clear()
+    os.environ.update(env)
     import accelerate.commands.accelerate_cli  # noqa: F401
 
     files = sorted(glob.glob(os.path.join(args.configs, "fsdp2", "*.yaml"))) + [
