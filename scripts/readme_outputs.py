@@ -5,8 +5,8 @@ runs/), then either checks the README's block against it (--check, what the test
 new output into the README (--write). Checking compares line by line with every number masked
 (timings, losses and token counts differ between machines and between commits), the paths mapped
 to the README's, and a `[...]` (or `...`) line in the README standing for any lines left out there.
-Blocks: the quickstart's training output (--check trains it 40 steps with the same lines in the same
-order, its numbers masked anyway; --write the full 1,000), the fine-tuning example's (scripts/examples/finetune.sh's
+Blocks: the quickstart's training output (--check trains it on its schedule divided by 25, which
+prints the same lines in the same order, its numbers masked anyway; --write on the full one), the fine-tuning example's (scripts/examples/finetune.sh's
 steps; its log lines only, since a trained model's words may differ between machines), the chat
 example's rendering and chat (scripts/examples/chat.sh's; its log lines likewise), and every
 `$ fsdptrain ...` command of COMMANDS shown with its output (run in a copy of the repository's root
@@ -46,11 +46,20 @@ def run_step(cmd):
     return r.stdout
 
 
-# The shorter schedule --check trains the quickstart on: the same lines in the same order as
-# configs/quickstart.yaml's 1,000 steps (a step line at the start, the middle and the end shown, the
-# others left out; held-out losses at each quarter), every number masked in the check anyway. The
-# full run is 100 s of CPU; --write runs it, so the README shows its numbers.
-SHORT_QUICKSTART = ("train.steps=40", "train.eval_interval=10", "logging.interval=5")
+def short_quickstart():
+    """--check's schedule for the quickstart: configs/quickstart.yaml's steps, eval_interval and
+    logging.interval each divided by 25 (1000, 250, 100 -> 40, 10, 4), as --set arguments. The run
+    prints the same lines in the same order as the full one (a step line at the start, the middle and
+    the end shown, the others left out; held-out losses at each quarter), and the check masks every
+    number anyway; the full run is 100 s of CPU, so only --write runs it and the README shows its numbers."""
+    import yaml
+    config = yaml.safe_load(open(os.path.join(ROOT, "configs", "quickstart.yaml")))
+    keys = {"train.steps": config["train"]["steps"], "train.eval_interval": config["train"]["eval_interval"],
+            "logging.interval": config["logging"]["interval"]}
+    if any(v % 25 for v in keys.values()):
+        raise SystemExit(f"readme_outputs: configs/quickstart.yaml's {keys} are not all multiples of 25; "
+                         "give short_quickstart() a divisor that divides them")
+    return [f"{k}={v // 25}" for k, v in keys.items()]
 
 
 def quickstart(fsdptrain, scratch, sets=()):
@@ -70,7 +79,10 @@ def quickstart(fsdptrain, scratch, sets=()):
         if "[train] exported" in lines[i] and "[ckpt] saved" in lines[i + 1]:
             lines[i], lines[i + 1] = lines[i + 1], lines[i]
     # The README keeps steps 1, 500 and 1000 of the step lines: the first, the middle and the last.
-    steps = int(re.search(r"^\[rank 0\] step 1/(\d+) ", r.stdout, re.M).group(1))
+    first = re.search(r"^\[rank 0\] step 1/(\d+) ", r.stdout, re.M)
+    if not first:
+        raise SystemExit(f"readme_outputs: the quickstart printed no 'step 1/N' line:\n{r.stdout[-3000:]}")
+    steps = int(first.group(1))
     kept, gap = [], False
     for line in lines:
         m = re.match(r"\[rank 0\] step (\d+)/", line)
@@ -297,7 +309,7 @@ def main():
     stale = []
     with tempfile.TemporaryDirectory(prefix="fsdptrain_readme.") as scratch:
         for marker, make, kept in BLOCKS:
-            made = make(fsdptrain, scratch, SHORT_QUICKSTART) if make is quickstart and a.check else \
+            made = make(fsdptrain, scratch, short_quickstart()) if make is quickstart and a.check else \
                 make(fsdptrain, scratch)
             start, end = block_span(text, marker)
             shown = text[start:end].splitlines()
