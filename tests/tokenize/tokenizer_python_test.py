@@ -69,6 +69,12 @@ def byte_level(pattern, nfc, vocab, train, post):
     return t
 
 
+def line_pairs(text):
+    """Each line of `text` with the next (every boundary between lines falls inside a pair)."""
+    lines = text.splitlines(keepends=True)
+    return ["".join(lines[i:i + 2]) for i in range(max(1, len(lines) - 1))]
+
+
 def sentencepiece(metaspace, train):
     t = Tokenizer(models.BPE(byte_fallback=True, fuse_unk=True, unk_token="<unk>"))
     if metaspace:  # newer conversions
@@ -81,8 +87,7 @@ def sentencepiece(metaspace, train):
     # Without a pre-tokenizer that splits, each training text is one word, and the trainer rescans a
     # word each time a merge touches it: whole files took 22 s a tokenizer. Pairs of lines take a few
     # seconds, and merges still span a newline (12 tokens such as "}\n▁▁" and ";\n▁▁▁▁").
-    lines = [line for text in train for line in text.splitlines(keepends=True)]
-    pairs = ["".join(lines[i:i + 2]) for i in range(0, len(lines), 2)]
+    pairs = [pair for text in train for pair in line_pairs(text)]
     t.train_from_iterator(pairs, trainers.BpeTrainer(vocab_size=900, special_tokens=specials +
                                                      [f"<0x{i:02X}>" for i in range(256)], limit_alphabet=120))
     t.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", t.token_to_id("<s>"))])
