@@ -99,6 +99,8 @@ std::vector<std::string> check_fields(const json& j, const std::string& where) {
   return warnings;
 }
 
+// The most decoder layers a config.json may ask for (parse_decoder_config): the deepest models have
+// a few hundred, and every per-layer pass over a mistyped count would run that many times first.
 constexpr int64_t kMaxLayers = 1 << 16;
 
 // Shape fields are counts: each must be >= 1 (num_hidden_layers: -1 is not "as many as possible").
