@@ -36,7 +36,7 @@ def free_port():
 def accelerate_launch(argv, env, timeout=180):
     """`accelerate launch ARGV` under environment `env`, as subprocess.run(capture_output=True, text=True)
     gives it (stdout holds both streams), run by a child forked from this process: Accelerate's CLI and
-    torch under it, imported once by main(), are not imported again for each of the test's 15 launches
+    torch under it, imported once by main(), are not imported again for each of the test's 13 launches
     (about 4 s of one core each). The child runs the `accelerate` script's own entry point."""
     from accelerate.commands.accelerate_cli import main as accelerate_cli
     sys.stdout.flush()
