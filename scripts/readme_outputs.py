@@ -6,9 +6,10 @@ new output into the README (--write). Checking compares line by line with every 
 (timings, losses and token counts differ between machines and between commits), the paths mapped
 to the README's, and a `[...]` (or `...`) line in the README standing for any lines left out there.
 Blocks: the quickstart's training output (--check trains it on its schedule divided by 25, which
-prints the same lines in the same order, its numbers masked anyway; --write on the full one), the fine-tuning example's (scripts/examples/finetune.sh's
-steps; its log lines only, since a trained model's words may differ between machines), the chat
-example's rendering and chat (scripts/examples/chat.sh's; its log lines likewise), and every
+prints the same lines in the same order, its numbers masked anyway; --write on the full one), the
+fine-tuning example's (scripts/examples/finetune.sh's steps; its log lines only, since a trained
+model's words may differ between machines), the chat example's rendering and chat
+(scripts/examples/chat.sh's; its log lines likewise), and every
 `$ fsdptrain ...` command of COMMANDS shown with its output (run in a copy of the repository's root
 made of links, with the files a `$ cat FILE` block shows). Not made again: the sampled text of
 `generate` (a trained model's words), the failing launch's table, the profiling run's lines and the

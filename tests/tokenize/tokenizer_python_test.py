@@ -86,7 +86,7 @@ def sentencepiece(metaspace, train):
     specials = ["<unk>", "<s>", "</s>"]
     # Without a pre-tokenizer that splits, each training text is one word, and the trainer rescans a
     # word each time a merge touches it: whole files took 22 s a tokenizer. Pairs of lines take a few
-    # seconds, and merges still span a newline (12 tokens such as "}\n▁▁" and ";\n▁▁▁▁").
+    # seconds, and merges still span a newline (tokens such as "}\n▁▁" and ";\n▁▁▁▁").
     pairs = [pair for text in train for pair in line_pairs(text)]
     t.train_from_iterator(pairs, trainers.BpeTrainer(vocab_size=900, special_tokens=specials +
                                                      [f"<0x{i:02X}>" for i in range(256)], limit_alphabet=120))

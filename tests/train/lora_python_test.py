@@ -104,7 +104,8 @@ def reference(args, tmp, name, world, base, data, adapter, dtype="float32"):
     argv = ["--model", base, "--data", data, "--out", out, "--world-size", world, "--steps", SETTINGS["steps"],
             "--micro-batch-size", SETTINGS["micro_batch_size"], "--sequence-length", SETTINGS["sequence_length"],
             "--lr", SETTINGS["lr"], "--seed", SETTINGS["seed"], "--warmup-steps", SETTINGS["warmup"], "--adapter",
-            adapter, "--save-adapter", saved, "--dump-gradients", os.path.join(tmp, name + "-ref-grads"), "--dtype", dtype]
+            adapter, "--save-adapter", saved, "--dump-gradients", os.path.join(tmp, name + "-ref-grads"),
+            "--dtype", dtype]
     finished(references(args.source).run(argv), f"the PEFT reference {name}")
     return json.load(open(out)), load_file(os.path.join(saved, "adapter_model.safetensors"))
 

@@ -1049,9 +1049,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
                          {"num_hidden_layers", c.num_hidden_layers},
                          {"num_attention_heads", c.num_attention_heads},
                          {"num_key_value_heads", c.num_key_value_heads}});
-  // The deepest decoders have a few hundred layers. The parameter count and the layer plans walk
-  // every layer, so a slip of the keys (2^31 layers took the launcher 100 s to refuse by memory) is
-  // refused here, at once.
+  // At once: 2^31 layers took the launcher 100 s to refuse by memory, walking every layer.
   FSDP_CHECK(c.num_hidden_layers <= kMaxLayers, where, ": num_hidden_layers is ", c.num_hidden_layers,
              "; no model is that large (the deepest decoders have a few hundred layers; fsdptrain takes up to ",
              kMaxLayers, "). Check the field");
