@@ -95,11 +95,14 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
                              4 * moe.shared_expert_intermediate_size +
                              (moe.gemma4 ? 4 * mc.intermediate_size + 4 * C : 0),
                 sparse_fp32 = 4 * (moe.num_experts + moe.experts_per_token * C + C);
+  // Gemma 4 E2B/E4B's per-layer input's path: its gate's output, the activation, the product (P each),
+  // the projection and its norm (C each).
+  const int64_t per_layer = mc.per_layer_input_dim > 0 ? 3 * mc.per_layer_input_dim + 2 * C : 0;
   LayerActivations out;
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
     const bool sparse = mc.is_moe(l);
-    const int64_t bytes =
-        layer_bytes(l, sparse ? sparse_mlp : 4 * mc.intermediate_size, sparse ? sparse_fp32 : 0, mc.is_linear(l));
+    const int64_t bytes = layer_bytes(l, (sparse ? sparse_mlp : 4 * mc.plan(l).mlp_width) + per_layer,
+                                      sparse ? sparse_fp32 : 0, mc.is_linear(l));
     out.all += bytes;
     out.largest = std::max(out.largest, bytes);
   }
@@ -187,10 +190,10 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   // per token, instead of the dense MLP's 4 F: each of its k routed copies' input and output (2 C)
   // and gate, up, their product and silu (4 I), the router's logits (E), a shared expert's 4 S, and
   // in fp32 the softmax (E), the weighted outputs (k C) and their sum (C). An output gate (Qwen3.5)
-  // adds its H D. A Gated DeltaNet layer keeps, instead of attention's, the projections' outputs
-  // before and after the convolution (2 x conv_dim), z, b and a, the rule's output, its norm and the
-  // gated product (about 5 Hv Dv), and in fp32 q and k repeated to the value heads, v, g and beta, and
-  // each chunk's entering state (Hv Dk Dv a 64 tokens: model/kernels/delta_rule.h).
+  // adds its H D; Gemma 4 E2B/E4B's per-layer inputs 3 L P in all and 3 P + 2 C a layer. A Gated DeltaNet layer keeps,
+  // instead of attention's, the projections' outputs before and after the convolution (2 x conv_dim), z, b and a, the
+  // rule's output, its norm and the gated product (about 5 Hv Dv), and in fp32 q and k repeated to the value heads, v,
+  // g and beta, and each chunk's entering state (Hv Dk Dv a 64 tokens: model/kernels/delta_rule.h).
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / plan.cp_size;
   const int64_t C = mc.hidden_size;
   const LayerActivations layers = layer_activations(c, mc, plan, param_bytes);
@@ -205,8 +208,11 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains,
                                                    mc.final_softcap > 0) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
-  e.activations = layers.all + logits;
-  e.activations_checkpointed = mc.num_hidden_layers * tokens * C / tp * param_bytes + layers.largest + logits;
+  // Gemma 4 E2B/E4B: every layer's per-layer input (L P a token) as the projection, its norm and the sum.
+  const int64_t per_layer_inputs = 3 * mc.num_hidden_layers * mc.per_layer_input_dim * tokens * param_bytes;
+  e.activations = layers.all + logits + per_layer_inputs;
+  e.activations_checkpointed =
+      mc.num_hidden_layers * tokens * C / tp * param_bytes + layers.largest + logits + per_layer_inputs;
   // Per layer 2 gathers and 2 reduce-scatters of (tokens, C) forward and again backward, plus the
   // embedding's reduce-scatter and the final norm's gather; a rank receives (P-1)/P of each.
   if (tp > 1) e.tp_bytes = (8 * mc.num_hidden_layers + 4) * tokens * C * param_bytes * (tp - 1) / tp;

@@ -91,6 +91,7 @@ bool hybrid(const fsdp::model::DecoderConfig& c) {  // any Gated DeltaNet layer
 // Ulysses only, which needs every kind of head to divide over sp x tp; q/k norms over every head take
 // no tensor parallel.
 bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
+  if (c.per_layer_input_dim > 0 || c.kv_shared_layers > 0) return false;  // Gemma 4 E2B/E4B: FSDP alone
   bool split_window = false;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) split_window |= c.window_of(i) > 0 && c.window_of(i) < kSeq;
   const bool linear = hybrid(c);

@@ -13,6 +13,8 @@
 #include "model/kernels/ops.h"
 #include "model/kernels/stacked_weights.h"
 #include "model/layers/chunked_loss.h"
+#include "model/parallel/context_parallel.h"
+#include "model/parallel/tensor_parallel.h"
 #include "support/error_of.h"
 #include "tiny_config.h"
 #include "util/error.h"
@@ -452,18 +454,8 @@ TEST_CASE("config.json of Gemma 4: the full-attention layers' heads, the proport
   CHECK(global[1].item<double>() == doctest::Approx(std::pow(1e6, -2.0 / 16)));
   CHECK(global.narrow(0, 2, 6).abs().sum().item<double>() == 0.0);
   CHECK(local[1].item<double>() == doctest::Approx(std::pow(1e4, -2.0 / 8)));
-  // What fsdptrain does not implement yet is refused by name, never trained as something else.
+  // What fsdptrain does not implement is refused by name, never trained as something else.
   auto error = [&](const std::string& extra) { return error_of([&] { parse(extra); }); };
-  CHECK(error_of([&] {
-          parse_decoder_config(R"({"model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32,
-              "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4})",
-                               "e2b.json");
-        })
-            .find("hidden_size_per_layer_input is not written, so Gemma4TextConfig's default (256) turns on per-layer "
-                  "embeddings") != std::string::npos);
-  CHECK(error(R"("num_kv_shared_layers": 2)")
-            .find("num_kv_shared_layers 2 (layers reusing earlier layers' keys and "
-                  "values) is not implemented yet") != std::string::npos);
   CHECK(error(R"("use_bidirectional_attention": "all")").find("fsdptrain trains causal decoders") != std::string::npos);
   // "vision" (the Hub's configs): image tokens both ways, text causal; as null.
   CHECK(decoder_config_json(parse(R"("use_bidirectional_attention": "vision")")) ==
@@ -481,6 +473,84 @@ TEST_CASE("config.json of Gemma 4: the full-attention layers' heads, the proport
 
 // Gemma 4's mixture of experts (gemma-4-26B-A4B): the experts beside every layer's dense MLP, their
 // router's and norms' parameters, the count, the round trip, and the fields it cannot do without.
+// Gemma 4 E2B and E4B: per-layer embeddings (on by Gemma4TextConfig's default), the last layers taking
+// the last earlier layer of their kind's keys and values, their MLPs twice as wide; counts, the round
+// trip, refusals.
+TEST_CASE("config.json of Gemma 4 E2B/E4B: per-layer embeddings, shared keys and values, double-wide MLPs") {
+  const std::string shape = R"("model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32,
+      "intermediate_size": 48, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 8, "global_head_dim": 16, "layer_types": ["sliding_attention", "full_attention",
+      "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"])";
+  auto parse = [&](const std::string& extra) {
+    return parse_decoder_config("{" + shape + (extra.empty() ? "" : ", " + extra) + "}", "e2b.json");
+  };
+  // Not written: Gemma4TextConfig's defaults, 256 a layer from a 262,144-row table.
+  const DecoderConfig plain = parse("");
+  CHECK((plain.per_layer_input_dim == 256 && plain.per_layer_vocab == 262144 && plain.kv_shared_layers == 0));
+  const DecoderConfig c =
+      parse(R"("hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 64, "num_kv_shared_layers": 3,
+               "use_double_wide_mlp": true)");
+  // Layers 3-5 share: the sliding ones layer 2's, the full one layer 1's; 1 and 2 keep theirs, 0 neither.
+  const int64_t source[] = {-1, -1, -1, 2, 2, 1};
+  for (int64_t i = 0; i < 6; ++i) {
+    INFO("layer " << i);
+    CHECK(c.plan(i).kv_source == source[i]);
+    CHECK(c.plan(i).kv_shared == (i == 1 || i == 2));
+    CHECK(c.plan(i).mlp_width == (i >= 3 ? 96 : 48));
+  }
+  // Counted as transformers builds it: the table, the projection and its norm; per layer the gate, the
+  // projection and the norm; the sharing layers without k_proj, v_proj and k_norm, their MLPs doubled.
+  const double base = parse(R"("hidden_size_per_layer_input": 0)").parameter_count();
+  const double kv = 2.0 * 32 * 2 * 8 + 8, kv_full = 2.0 * 32 * 2 * 16 + 16;
+  CHECK(c.parameter_count() ==
+        base + 64.0 * 24 + 32.0 * 24 + 4 + 6 * (2.0 * 32 * 4 + 32) - 2 * kv - kv_full + 3 * (3.0 * 32 * 48));
+  // FLOPs count the table as the input embedding: looked up, not multiplied.
+  // Attention: 12 H D T a layer, D 8 in the four sliding layers and 16 in the two full ones (tied embeddings).
+  CHECK(c.flops_per_token(16) ==
+        doctest::Approx(6 * (c.active_parameter_count() - 64.0 * 24) + 12.0 * 4 * 16 * (4 * 8 + 2 * 16)));
+  const ModelDescription d = describe(c);
+  std::set<std::string> names;
+  for (const ParamSpec& p : d.params) names.insert(p.name);
+  CHECK(names.count("model.embed_tokens_per_layer.weight") == 1);
+  CHECK(names.count("model.layers.5.per_layer_input_gate.weight") == 1);
+  CHECK(names.count("model.layers.2.self_attn.k_proj.weight") == 1);
+  CHECK(names.count("model.layers.3.self_attn.k_proj.weight") == 0);
+  CHECK(names.count("model.layers.5.self_attn.k_norm.weight") == 0);
+  // A folder holding the sharing layers' k_proj (made before transformers dropped them) reads without them.
+  CHECK(d.layout.ours("model.layers.4.self_attn.v_proj.weight").empty());
+  CHECK(d.layout.ours("model.layers.2.self_attn.v_proj.weight") == "model.layers.2.self_attn.v_proj.weight");
+  // The export says what it read.
+  const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+  CHECK(decoder_config_json(back) == decoder_config_json(c));
+  CHECK((back.per_layer_input_dim == 4 && back.per_layer_vocab == 64 && back.kv_shared_layers == 3 &&
+         back.double_wide_mlp));
+  auto error = [&](const std::string& extra) { return error_of([&] { parse(extra); }); };
+  CHECK(error(R"("hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 32)")
+            .find("vocab_size_per_layer_input (32) is smaller than vocab_size (64)") != std::string::npos);
+  CHECK(error(R"("num_kv_shared_layers": 6)").find("num_kv_shared_layers is 6; it must be from 0 to") !=
+        std::string::npos);
+  // Five shared layers leave layer 0 (sliding) alone before them: the full ones (1, 5) have no source.
+  CHECK(error(R"("num_kv_shared_layers": 5)")
+            .find("layer 1 (full attention) is among the last num_kv_shared_layers (5) but no earlier layer of its "
+                  "kind") != std::string::npos);
+  CHECK(error_of([] {
+          parse_decoder_config(R"({"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_kv_shared_layers": 1})",
+                               "l.json");
+        }).find("num_kv_shared_layers is a field of Gemma 4, not of LlamaForCausalLM") != std::string::npos);
+  // FSDP alone shards them: tensor, context and sequence parallel are refused naming the keys to set.
+  const auto tp = std::make_shared<TensorParallel>(TensorParallel::shapes_only(2));
+  CHECK(error_of([&] { CausalLM m(c, true, tp); })
+            .find("[tp] Gemma4ForCausalLM's per-layer embeddings (hidden_size_per_layer_input), Gemma 4 E2B's and "
+                  "E4B's, are not split by tensor parallel; train it with tp_size 1") != std::string::npos);
+  const auto sp = std::make_shared<ContextParallel>(ContextParallel::shapes_only(2, SequenceSplit::kUlysses));
+  CHECK(error_of([&] {
+          CausalLM m(parse(R"("hidden_size_per_layer_input": 0, "num_kv_shared_layers": 2)"), true, nullptr, sp);
+        })
+            .find("[cp] Gemma4ForCausalLM's layers sharing keys and values (num_kv_shared_layers), Gemma 4 E2B's and "
+                  "E4B's, are not split by context or sequence parallel") != std::string::npos);
+}
+
 TEST_CASE("config.json of Gemma 4's mixture of experts: every layer sparse beside its MLP, counts, refusals") {
   const std::string shape = R"("model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32,
       "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -1066,6 +1136,40 @@ TEST_CASE("stacked_weights: adjacent weights are one block over their storage, t
   CHECK_FALSE(stacked_weights({part(0, 4), part(12, 3).narrow(1, 0, 2)}).has_value());  // not contiguous
   CHECK(at::equal(stacked_biases({at::ones({2}), at::zeros({1})}), at::tensor({1.f, 1.f, 0.f})));
   CHECK_FALSE(stacked_biases({at::Tensor(), at::Tensor()}).defined());
+}
+
+// Gemma 4 E2B/E4B: the layers that share keys and values take them from another unit, and the
+// per-layer table is a unit of its own; recomputed under activation checkpointing, each unit's
+// backward still reaches the keys' layer. The unsharded model's loss and gradients either way.
+TEST_CASE("Gemma 4 E2B/E4B under fully_shard: keys and values across units, with activation checkpointing") {
+  torch::manual_seed(3);
+  DecoderConfig c;
+  for (const auto& [name, kind] : fsdp::model::testing::tiny_new_kinds())
+    if (name == "gemma4_small") c = kind;
+  REQUIRE(c.kv_shared_layers == 2);
+  const at::Tensor tokens = at::randint(0, c.vocab_size, {2, 7}, at::kLong);
+  CausalLM plain = build(c, 6);
+  const at::Tensor expected = plain->loss(tokens, tokens);
+  expected.backward();
+  const auto plain_params = plain->named_parameters();
+  for (const bool checkpointing : {false, true}) {
+    INFO("activation checkpointing: " << checkpointing);
+    CausalLM m = build(c, 6);
+    FsdpOptions o;
+    o.activation_checkpointing = checkpointing;
+    auto sharded = fully_shard(*m, decoder_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
+    CHECK(sharded->groups().size() == 6);  // the root, the per-layer table, four layers
+    const at::Tensor got =
+        sharded->forward({tokens}, [&](const TensorList& in) { return TensorList{m->loss(in[0], in[0])}; })[0];
+    got.backward();
+    CHECK(got.item<double>() == doctest::Approx(expected.item<double>()).epsilon(1e-6));
+    const auto grads = sharded->gather_full_gradients();
+    CHECK(grads.size() == plain_params.size() - 4);  // all but the four layers' layer_scalar
+    for (const auto& [name, g] : grads) {
+      INFO(name);
+      CHECK(at::allclose(g, plain_params[name].grad(), 1e-5, 1e-6));
+    }
+  }
 }
 
 TEST_CASE(

@@ -14,7 +14,8 @@ does not restart the state given position_ids alone), Gemma 4's dense text model
 with heads of their own and values from k_proj, a proportional rotation, unweighted value norms, a
 stored scalar per layer) and its mixture of experts (experts beside each layer's dense MLP, routed by a
 normed, scaled router, with per-expert scales and norms of their own; no auxiliary loss: the routed
-rows counted), and Llama beside them, transformers
+rows counted) and E2B's and E4B's form (per-layer embeddings, the last layers attending with earlier
+layers' keys and values, their MLPs twice as wide), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -98,6 +99,16 @@ def families():
             final_logit_softcapping=2.0, layer_types=["sliding_attention", "full_attention", "full_attention"],
             enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=40,
             use_bidirectional_attention="vision"),
+            transformers.Gemma4ForCausalLM),
+        # Gemma 4 E2B's and E4B's form: per-layer embeddings (8 wide a layer; the table's own vocabulary),
+        # the last two layers (sliding, then full attention) attending with layers 2's and 1's keys and
+        # values, with no k_proj, v_proj or k_norm of their own and MLPs twice as wide.
+        "gemma4_small": (transformers.Gemma4TextConfig(
+            **{k: v for k, v in common.items() if k not in ("rope_theta", "num_hidden_layers")}, num_hidden_layers=5,
+            head_dim=16, global_head_dim=32, sliding_window=4, hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=320, num_kv_shared_layers=2, use_double_wide_mlp=True,
+            final_logit_softcapping=2.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
             transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
         # pad_token_id 0 (its default is past this vocabulary): token 0's lookups get no gradient, as
@@ -449,6 +460,9 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     n = sum(p.numel() for p in model.parameters())  # tied weights counted once
     c = model.config
     n_prime = n - (0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size)
+    # Gemma 4 E2B/E4B's per-layer table is looked up, as the input embedding is.
+    n_prime -= (getattr(c, "hidden_size_per_layer_input", 0) or 0) * c.num_hidden_layers * \
+        getattr(c, "vocab_size_per_layer_input", 0)
     if experts_per_token(c):  # the active parameters: experts_per_token experts of each sparse layer
         experts = getattr(c, "num_local_experts", None) or c.num_experts
         width = getattr(c, "moe_intermediate_size", None) or c.intermediate_size

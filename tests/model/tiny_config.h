@@ -41,7 +41,8 @@ inline DecoderConfig tiny_of(const std::string& model_type, const std::string& e
 // Llama: Gemma 2's soft-capped scores and logits (sandwich norms of (1 + w), GELU, its own score
 // scale, a sliding layer), Gemma 3's per-head norms and local rotary table, Gemma 4's full-attention
 // layer of wider heads with values from k_proj (and its proportional rotation), and its experts beside
-// the dense MLP (a normed, scaled router), OLMo 2's norms after
+// the dense MLP (a normed, scaled router), E2B's and E4B's per-layer embeddings and last layers attending
+// with earlier layers' keys and values (four layers), OLMo 2's norms after
 // the blocks and over the whole projections, SmolLM3's layer without rotary, Granite's multipliers,
 // Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window.
 inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
@@ -58,6 +59,13 @@ inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
                                       "num_global_key_value_heads": 2, "attention_k_eq_v": true,
                                       "hidden_size_per_layer_input": 0, "enable_moe_block": true,
                                       "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8)")},
+          {"gemma4_small", parse_decoder_config(R"({"model_type": "gemma4_text", "vocab_size": 37, "hidden_size": 16,
+              "intermediate_size": 24, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "rms_norm_eps": 1e-5, "initializer_range": 0.2, "sliding_window": 3, "head_dim": 4, "global_head_dim": 8,
+              "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+              "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 37, "num_kv_shared_layers": 2,
+              "use_double_wide_mlp": true})",
+                                                "tiny gemma4_small")},
           {"olmo2", tiny_of("olmo2")},
           {"smollm3", tiny_of("smollm3", R"("no_rope_layers": [1, 0])")},
           {"granite", tiny_of("granite", R"("embedding_multiplier": 3.0, "attention_multiplier": 0.3,

@@ -571,13 +571,6 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
 }
 
 // A Gemma 4 switch that is off, or a refusal naming it and what it is.
-void check_off(const json& j, const char* key, const json& off, const std::string& where, const char* what) {
-  const json v = j.value(key, off);
-  FSDP_CHECK(v.is_null() || v == off, where, ": ", key, " ", v.dump(), " (", what,
-             ") is not implemented yet; fsdptrain trains Gemma 4's text models without it (", key, ": ", off.dump(),
-             ", as gemma-4-31B's and gemma-4-26B-A4B's configs have it)");
-}
-
 // Gemma 4's mixture of experts (enable_moe_block): num_experts, top_k_experts and
 // moe_intermediate_size, which Gemma4TextConfig leaves unset (so each must be written).
 void parse_gemma4_moe(const json& j, const std::string& where, DecoderConfig& c) {
@@ -602,27 +595,48 @@ void parse_gemma4_moe(const json& j, const std::string& where, DecoderConfig& c)
              ") is more than the experts (", m.num_experts, ")");
 }
 
+// Gemma 4 E2B/E4B's parts: per-layer embeddings (hidden_size_per_layer_input, whose default 256 is on;
+// vocab_size_per_layer_input), the last num_kv_shared_layers layers attending with earlier layers' keys
+// and values, their MLPs twice as wide (use_double_wide_mlp), as Gemma4TextConfig reads them.
+void parse_gemma4_small(const json& j, const std::string& where, DecoderConfig& c) {
+  c.per_layer_input_dim = field<int64_t>(j, "hidden_size_per_layer_input", 256, where);
+  FSDP_CHECK(c.per_layer_input_dim >= 0, where, ": hidden_size_per_layer_input is ", c.per_layer_input_dim,
+             "; it must be 0 (no per-layer embeddings) or a width >= 1");
+  if (c.per_layer_input_dim > 0) {
+    c.per_layer_vocab = field<int64_t>(j, "vocab_size_per_layer_input", 262144, where);
+    FSDP_CHECK(c.per_layer_vocab >= c.vocab_size, where, ": vocab_size_per_layer_input (", c.per_layer_vocab,
+               ") is smaller than vocab_size (", c.vocab_size,
+               "): every token id looks its per-layer embedding up there; write the model's (Gemma 4 E2B's and "
+               "E4B's: 262144, as vocab_size)");
+  }
+  const int64_t n = c.num_hidden_layers;
+  c.kv_shared_layers = field<int64_t>(j, "num_kv_shared_layers", 0, where);
+  FSDP_CHECK(c.kv_shared_layers >= 0 && c.kv_shared_layers < n, where, ": num_kv_shared_layers is ", c.kv_shared_layers,
+             "; it must be from 0 to num_hidden_layers - 1 (", n - 1,
+             "): the layers before the shared ones make the keys and values");
+  c.double_wide_mlp = field<bool>(j, "use_double_wide_mlp", false, where);
+  for (int64_t l = n - c.kv_shared_layers; l < n; ++l)
+    FSDP_CHECK(c.plan(l).kv_source >= 0, where, ": layer ", l, " (", c.window_of(l) > 0 ? "sliding" : "full",
+               " attention) is among the last num_kv_shared_layers (", c.kv_shared_layers,
+               ") but no earlier layer of its kind makes keys and values for it; lower num_kv_shared_layers or "
+               "check layer_types");
+}
+
 // Gemma 4: its full-attention layers' head width and kv heads (per_layer_config as transformers 5
 // saves it, else global_head_dim (512) and, with attention_k_eq_v, num_global_key_value_heads), their
-// values (attention_k_eq_v), its mixture of experts (parse_gemma4_moe). Refused by name: per-layer
-// embeddings (hidden_size_per_layer_input, whose default 256 is on), shared keys and values
-// (num_kv_shared_layers), attention both ways for every token. Other families refuse the fields.
+// values (attention_k_eq_v), its mixture of experts (parse_gemma4_moe), E2B's and E4B's parts
+// (parse_gemma4_small). Refused by name: attention both ways for every token. Other families refuse
+// the fields.
 void parse_gemma4(const json& j, const std::string& where, DecoderConfig& c) {
   if (c.family != Family::kGemma4) {
     for (const char* key : {"per_layer_config", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
-                            "hidden_size_per_layer_input", "num_kv_shared_layers", "enable_moe_block"})
+                            "hidden_size_per_layer_input", "vocab_size_per_layer_input", "num_kv_shared_layers",
+                            "use_double_wide_mlp", "enable_moe_block"})
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of Gemma 4, not of ",
                  family_names(c.family).architecture, "; remove it, or set model_type to gemma4_text");
     return;
   }
-  check_off(j, "hidden_size_per_layer_input", json(0), where,
-            "per-layer embeddings, Gemma 4 E2B's and E4B's; absent, Gemma4TextConfig's default 256 turns them on");
-  if (!j.contains("hidden_size_per_layer_input"))
-    throw InputError(str(where,
-                         ": hidden_size_per_layer_input is not written, so Gemma4TextConfig's default (256) "
-                         "turns on per-layer embeddings (Gemma 4 E2B's and E4B's), which fsdptrain does not "
-                         "implement yet; a dense model's config has \"hidden_size_per_layer_input\": 0"));
-  check_off(j, "num_kv_shared_layers", json(0), where, "layers reusing earlier layers' keys and values");
+  parse_gemma4_small(j, where, c);
   // "vision": a multimodal model's image tokens attend both ways among themselves; text attends
   // causally, as Gemma4TextModel computes it (the Hub's 31B and 26B-A4B configs write it).
   const json both_ways = j.value("use_bidirectional_attention", json());
@@ -865,6 +879,20 @@ LayerPlan DecoderConfig::plan(int64_t layer) const {
   p.head_dim = global ? global_head_dim : head_dim;
   p.kv_heads = global ? global_kv_heads : num_key_value_heads;
   p.k_eq_v = global && attention_k_eq_v;
+  // Gemma 4 E2B/E4B: a shared layer takes the last layer of its kind before the shared ones; that
+  // layer keeps its keys and values for it.
+  const int64_t first_shared = num_hidden_layers - kv_shared_layers;
+  auto kind = [&](int64_t l) { return window_of(l) > 0; };
+  if (kv_shared_layers > 0 && layer >= first_shared) {
+    for (int64_t l = first_shared - 1; l >= 0 && p.kv_source < 0; --l)
+      if (kind(l) == kind(layer)) p.kv_source = l;
+  } else if (kv_shared_layers > 0) {
+    int64_t last = first_shared - 1, takers = 0;
+    while (last > layer && kind(last) != kind(layer)) --last;
+    for (int64_t l = first_shared; l < num_hidden_layers; ++l) takers += kind(l) == kind(layer) ? 1 : 0;
+    p.kv_shared = last == layer && takers > 0;
+  }
+  p.mlp_width = intermediate_size * (double_wide_mlp && p.kv_source >= 0 ? 2 : 1);
   return p;
 }
 
@@ -877,18 +905,18 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   // A layer's attention: its heads' width and kv heads, and whether it has a v_proj (Gemma 4's differ).
   auto attention = [&](const LayerPlan& plan) {
     const double d = static_cast<double>(plan.head_dim), k = static_cast<double>(plan.kv_heads);
-    const double kv = plan.k_eq_v ? 1 : 2;
+    const double kv = plan.kv_source >= 0 ? 0 : plan.k_eq_v ? 1 : 2;  // a layer sharing keys has neither
     const double q_rows = h * d * (dc.attn_output_gate ? 2 : 1);  // a gate beside each head's query
     double attn = c * q_rows + kv * c * k * d + h * d * c;
     if (dc.attention_bias) attn += q_rows + kv * k * d + c;
     if (dc.qkv_bias) attn += h * d + 2 * k * d;
-    if (dc.qk_norm) attn += 2 * d;
+    if (dc.qk_norm) attn += (plan.kv_source >= 0 ? 1 : 2) * d;
     if (dc.qk_norm_whole) attn += h * d + k * d;
     if (dc.attention_sinks) attn += h;
     return attn;
   };
-  double mlp = 3 * c * f;
-  if (dc.mlp_bias) mlp += 2 * f + c;
+  auto mlp_of = [&](double width) { return 3 * c * width + (dc.mlp_bias ? 2 * width + c : 0); };
+  const double mlp = mlp_of(f);
   const MoeConfig& m = dc.moe;
   double sparse = static_cast<double>(m.num_experts) * c + experts * 3 * c * static_cast<double>(m.intermediate_size);
   if (m.gpt_oss)  // the router's bias, each expert's biases
@@ -903,9 +931,16 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   // in_proj_qkv, _z, _b, _a (or qkvz, ba: as many), the convolution, dt_bias, A_log, the gated norm, out_proj
   const double linear = c * (conv + values + 2 * vh) + conv * static_cast<double>(la.conv_kernel) + 2 * vh +
                         static_cast<double>(la.value_head_dim) + values * c;
-  double layers = 0;
-  for (int64_t l = 0; l < dc.num_hidden_layers; ++l)
-    layers += (dc.is_linear(l) ? linear : attention(dc.plan(l))) + norms + (dc.is_moe(l) ? sparse : mlp);
+  // Gemma 4 E2B/E4B's per-layer embeddings: a layer's gate, projection and norm; the table, the
+  // projection of the embedding and its norm.
+  const double p = static_cast<double>(dc.per_layer_input_dim), n = static_cast<double>(dc.num_hidden_layers);
+  const double per_layer = p > 0 ? 2 * c * p + c : 0;
+  double layers = p > 0 ? static_cast<double>(dc.per_layer_vocab) * n * p + c * n * p + p : 0;
+  for (int64_t l = 0; l < dc.num_hidden_layers; ++l) {
+    const LayerPlan plan = dc.plan(l);
+    layers += (plan.linear ? linear : attention(plan)) + norms + per_layer +
+              (plan.moe ? sparse : mlp_of(static_cast<double>(plan.mlp_width)));
+  }
   return static_cast<double>(dc.vocab_size) * c * (dc.tie_word_embeddings ? 1 : 2) + layers + c;
 }
 
@@ -924,8 +959,11 @@ int64_t DecoderConfig::num_parameters() const {
 }
 
 double DecoderConfig::flops_per_token(int64_t seq_len) const {
+  // The input embeddings are looked up, not multiplied (Gemma 4 E2B/E4B's per-layer table too).
   const double n = active_parameter_count() -
-                   (tie_word_embeddings ? 0 : static_cast<double>(vocab_size) * static_cast<double>(hidden_size));
+                   (tie_word_embeddings ? 0 : static_cast<double>(vocab_size) * static_cast<double>(hidden_size)) -
+                   static_cast<double>(per_layer_vocab) * static_cast<double>(num_hidden_layers) *
+                       static_cast<double>(per_layer_input_dim);
   double attention = 0;  // a sliding layer's query attends to at most its window's keys
   const LinearAttentionConfig& la = linear_attention;
   const double chunk = static_cast<double>(LinearAttentionConfig::kChunk), dk = static_cast<double>(la.key_head_dim),
@@ -1155,15 +1193,16 @@ void write_form(json& j, const DecoderConfig& c) {
     j.erase("hidden_act");
     j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
     j["attention_k_eq_v"] = c.attention_k_eq_v;
-    j["hidden_size_per_layer_input"] = 0;
-    j["num_kv_shared_layers"] = 0;
+    j["hidden_size_per_layer_input"] = c.per_layer_input_dim;
+    if (c.per_layer_input_dim > 0) j["vocab_size_per_layer_input"] = c.per_layer_vocab;
+    j["num_kv_shared_layers"] = c.kv_shared_layers;
     j["enable_moe_block"] = c.moe.gemma4;
     if (c.moe.gemma4) {
       j["num_experts"] = c.moe.num_experts;
       j["top_k_experts"] = c.moe.experts_per_token;
       j["moe_intermediate_size"] = c.moe.intermediate_size;
     }
-    j["use_double_wide_mlp"] = false;
+    j["use_double_wide_mlp"] = c.double_wide_mlp;
     j["use_bidirectional_attention"] = nullptr;
     json per_layer = json::object();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -1357,7 +1396,7 @@ std::string canonical_json(DecoderConfig c) {
 // transformers holds them (the Hub's MXFP4 blocks and scales read dequantized); the router, the
 // experts stacked (the Hub's folders hold them one by one) and a shared expert; or the dense MLP.
 void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t l, const std::string& p) {
-  const int64_t C = c.hidden_size, F = c.intermediate_size;
+  const int64_t C = c.hidden_size, F = c.plan(l).mlp_width;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) { d.params.push_back({name, shape, {}}); };
   auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
     add(name + ".weight", {out, in});
@@ -1432,6 +1471,7 @@ ModelDescription describe(const DecoderConfig& c) {
   add("model.embed_tokens.weight", {c.vocab_size, C});
   if (c.tie_word_embeddings) d.params.back().aliases.push_back("lm_head.weight");
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  std::vector<std::string> shared_kv;  // the shared layers' keys' and values' modules (Gemma 4 E2B/E4B)
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = str("model.layers.", l, ".");
     if (c.layer_scalar) add(p + "layer_scalar", {1});  // Gemma 4's, stored and never trained: the layer's own first
@@ -1456,14 +1496,18 @@ ModelDescription describe(const DecoderConfig& c) {
     const LayerPlan plan = c.plan(l);
     const int64_t D = plan.head_dim, K = plan.kv_heads;
     if (!c.is_linear(l)) {
+      const bool own_kv = plan.kv_source < 0;  // else an earlier layer's keys and values (Gemma 4 E2B/E4B)
       linear(p + "self_attn.q_proj", C, H * D * (c.attn_output_gate ? 2 : 1), qkv_bias);
-      linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
-      if (!plan.k_eq_v) linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
+      if (own_kv) linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
+      if (own_kv && !plan.k_eq_v) linear(p + "self_attn.v_proj", C, K * D, qkv_bias);
       linear(p + "self_attn.o_proj", H * D, C, c.attention_bias);
       if (c.attention_sinks) add(p + "self_attn.sinks", {H});
+      if (!own_kv)  // checkpoints made before transformers dropped them may hold them: left out, as it does
+        for (const char* part : {"k_proj.", "v_proj.", "k_norm.", "v_norm."})
+          shared_kv.push_back(p + "self_attn." + part);
       if (c.qk_norm) {
         add(p + "self_attn.q_norm.weight", {D});
-        add(p + "self_attn.k_norm.weight", {D});
+        if (own_kv) add(p + "self_attn.k_norm.weight", {D});
       } else if (c.qk_norm_whole) {
         add(p + "self_attn.q_norm.weight", {H * D});
         add(p + "self_attn.k_norm.weight", {K * D});
@@ -1473,6 +1517,11 @@ ModelDescription describe(const DecoderConfig& c) {
     for (const char* norm : layer_norm_names(c.norms)) add(p + norm + ".weight", {C});
     if (c.is_moe(l) && c.moe.gemma4)
       for (const char* norm : kGemma4MoeNorms) add(p + norm + ".weight", {C});
+    if (const int64_t P = c.per_layer_input_dim; P > 0) {  // Gemma 4 E2B/E4B's, as DecoderLayer registers them
+      linear(p + "per_layer_input_gate", C, P, false);
+      linear(p + "per_layer_projection", P, C, false);
+      add(p + "post_per_layer_input_norm.weight", {C});
+    }
     if (c.fused_projections) {  // Phi-3: the folder's qkv_proj and gate_up_proj (no biases in the family)
       const std::string a = p + "self_attn.", m = p + "mlp.";
       d.layout.fused.push_back(
@@ -1482,6 +1531,11 @@ ModelDescription describe(const DecoderConfig& c) {
     }
   }
   add("model.norm.weight", {C});
+  if (const int64_t P = c.per_layer_input_dim; P > 0) {  // as Decoder registers them
+    add("model.embed_tokens_per_layer.weight", {c.per_layer_vocab, c.num_hidden_layers * P});
+    linear("model.per_layer_model_projection", C, c.num_hidden_layers * P, false);
+    add("model.per_layer_projection_norm.weight", {P});
+  }
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, C});
   if (c.text_of_multimodal) {  // the text model's names in the folder (older and newer transformers), the rest left out
     d.layout.prefixes = {{"model.", "language_model.model."},
@@ -1492,6 +1546,11 @@ ModelDescription describe(const DecoderConfig& c) {
         "model.visual.", "model.audio_tower.",     "model.embed_vision.", "model.embed_audio."};
   }
   if (is_hybrid(c.family)) d.layout.left_out.push_back("mtp.");  // Qwen3.5's multi-token prediction, unused
+  for (const std::string& name : shared_kv) {                    // under each name the folder may give them
+    d.layout.left_out.push_back(name);
+    for (const auto& [ours, theirs] : d.layout.prefixes)
+      if (name.rfind(ours, 0) == 0) d.layout.left_out.push_back(theirs + name.substr(ours.size()));
+  }
   return d;
 }
 

@@ -94,6 +94,12 @@ struct LayerPlan {
   // own), and whether its values are k_proj's output (Gemma 4's attention_k_eq_v: no v_proj).
   int64_t head_dim = 0, kv_heads = 0;
   bool k_eq_v = false;
+  // Gemma 4 E2B/E4B (num_kv_shared_layers): the earlier layer whose keys and values this one attends
+  // with (-1: its own; it then has no k_proj, v_proj or k_norm), whether a later layer takes this one's,
+  // and the dense MLP's width (use_double_wide_mlp: twice intermediate_size in the layers that share).
+  int64_t kv_source = -1;
+  bool kv_shared = false;
+  int64_t mlp_width = 0;
 };
 
 // Gated DeltaNet, the linear attention of Qwen3.5/3.6 and Qwen3-Next (model/layers/gated_deltanet.h),
@@ -197,6 +203,15 @@ struct DecoderConfig {
   // that does not train (a buffer in transformers).
   int64_t global_head_dim = 0, global_kv_heads = 0;
   bool attention_k_eq_v = false, v_norm = false, layer_scalar = false;
+  // Gemma 4 E2B/E4B: per-layer embeddings when per_layer_input_dim (hidden_size_per_layer_input, P) > 0:
+  // a (per_layer_vocab, L P) table looked up by token, scaled by sqrt(P), and a projection of the
+  // embedding (C -> L P, times C^-1/2) RMS-normed over P, summed and times 2^-1/2, give each layer a
+  // P-wide input; after its MLP, each layer adds post_per_layer_input_norm(per_layer_projection(
+  // act(per_layer_input_gate(h)) * its input)) to the residual. kv_shared_layers (num_kv_shared_layers):
+  // the last ones attend with the keys and values of the last earlier layer of their kind (LayerPlan::kv_source),
+  // their MLPs twice as wide with double_wide_mlp (use_double_wide_mlp).
+  int64_t per_layer_input_dim = 0, per_layer_vocab = 0, kv_shared_layers = 0;
+  bool double_wide_mlp = false;
   int64_t head_dim_of(int64_t layer) const { return plan(layer).head_dim; }
   int64_t kv_heads_of(int64_t layer) const { return plan(layer).kv_heads; }
   MoeConfig moe;          // the sparse layers' feed-forward (LayerPlan::moe)

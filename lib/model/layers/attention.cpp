@@ -26,6 +26,7 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
                                                                    : "the full-attention layers' num_key_value_heads")),
       head_dim(c.head_dim_of(layer)),
       k_eq_v(c.plan(layer).k_eq_v),
+      shares_kv(c.plan(layer).kv_source >= 0),
       v_norm_eps(c.v_norm ? c.rms_norm_eps : 0.0),
       rotary_dim(head_dim == c.head_dim ? c.rotary_dim() : head_dim),
       window(c.plan(layer).window),
@@ -43,8 +44,8 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   auto linear = [&](int64_t in, int64_t out, bool bias) { return uninitialized_linear(in, out, bias); };
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim * (output_gate ? 2 : 1), qkv_bias));
-  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
-  if (!k_eq_v) v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+  if (!shares_kv) k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+  if (!k_eq_v && !shares_kv) v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
   if (c.attention_sinks) {  // this rank's heads' under tensor parallel (tensor_parallel_dim: 0)
     FSDP_CHECK(!cp || cp->ulysses(), "[cp] ", family_names(c.family).architecture,
@@ -54,7 +55,7 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   }
   if (c.qk_norm) {
     q_norm = register_module("q_norm", norm_of(c, head_dim));
-    k_norm = register_module("k_norm", norm_of(c, head_dim));
+    if (!shares_kv) k_norm = register_module("k_norm", norm_of(c, head_dim));
   } else if (c.qk_norm_whole) {
     FSDP_CHECK(!tp, "[tp] ", family_names(c.family).architecture,
                "'s q_norm and k_norm normalize every head together, which tensor parallel's heads split; "
@@ -119,6 +120,13 @@ AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::T
     q_flat = q_norm(q_flat);
     k_flat = k_norm(k_flat);
   }
+  if (shares_kv) {  // Gemma 4 E2B/E4B: the query alone, per-head normed and rotated
+    const at::Tensor q =
+        q_norm ? q_norm(q_flat.reshape({b, t, heads, head_dim})) : q_flat.reshape({b, t, heads, head_dim});
+    if (!rotary) return {q.transpose(1, 2), {}, {}, gate};
+    FSDP_ASSERT(rotary_dim == head_dim, "a layer sharing keys rotates its queries whole");
+    return {std::get<0>(kernels::ops_for(x).rotary(q, q, cos, sin)), {}, {}, gate};
+  }
   at::Tensor q = q_flat.reshape({b, t, heads, head_dim});  // (B, T, H, D)
   at::Tensor k = k_flat.view({b, t, kv_heads, head_dim});
   at::Tensor v = v_flat.view({b, t, kv_heads, head_dim});
@@ -143,6 +151,7 @@ AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::T
 // One product for q, k and v when fully_shard laid their weights end to end (model/kernels/stacked_weights.h),
 // three otherwise or where the provider takes one product per weight. Adapters add their own parts to each.
 std::array<at::Tensor, 3> AttentionImpl::project_qkv(const at::Tensor& x) {
+  if (shares_kv) return with_fused_lora({layer_linear(q_proj, x), {}, {}}, x);  // no keys or values of its own
   if (k_eq_v) {  // Gemma 4's full-attention layers: the values are k_proj's output
     if (const Float8Recipe recipe = float8_recipe(); recipe != Float8Recipe::kNone) {
       std::vector<at::Tensor> y = float8_linears(x, {q_proj->weight, k_proj->weight}, recipe);
@@ -248,8 +257,14 @@ at::Tensor AttentionImpl::output(const at::Tensor& y, const Projected& p) {
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                  const Packed& packed) {
-  const Projected p = project(tp ? gather_along(x, 1, *tp) : x, cos, sin);  // attention sees the whole sequence
+                                  const Packed& packed, const KeysValues* shared, KeysValues* kept) {
+  Projected p = project(tp ? gather_along(x, 1, *tp) : x, cos, sin);  // attention sees the whole sequence
+  FSDP_ASSERT(shares_kv == (shared != nullptr), "a layer sharing keys and values is given them, and no other");
+  if (shared) {
+    p.k = shared->k;
+    p.v = shared->v;
+  }
+  if (kept) *kept = {p.k, p.v};
   if (cp && cp->ulysses()) return output(attend_ulysses(p, packed), p);
   if (cp) {
     FSDP_CHECK(!packed.defined(),
@@ -268,9 +283,14 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
 }
 
 at::Tensor AttentionImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                         LayerCache& cache) {
+                                         LayerCache& cache, const LayerCache* shared) {
   FSDP_CHECK(!tp, "[model] decoding runs on a model without tensor parallel");
   const Projected p = project(x, cos, sin);
+  FSDP_ASSERT(shares_kv == (shared != nullptr), "a layer sharing keys and values is given them, and no other");
+  if (shared) {  // the earlier layer ran first: its cache holds these tokens' keys already
+    cache.length += x.size(1);
+    return output(attend(p.q, shared->k, shared->v, shared->k.size(2) - x.size(1), {}, sinks), p);
+  }
   const int64_t start = cache.k.defined() ? cache.k.size(2) : 0;
   cache.k = cache.k.defined() ? at::cat({cache.k, p.k}, 2) : p.k;
   cache.v = cache.v.defined() ? at::cat({cache.v, p.v}, 2) : p.v;

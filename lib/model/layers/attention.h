@@ -33,6 +33,12 @@ struct LayerCache {
   int64_t length = 0;
 };
 
+// A layer's keys and values as attention takes them, rotated and normed: (B, K, T, D) each. Gemma 4
+// E2B/E4B's last layers attend with an earlier layer's (LayerPlan::kv_source).
+struct KeysValues {
+  at::Tensor k, v;
+};
+
 // Several records packed into each row (data.packing: masked): each token's position within its
 // record, and which tokens each may attend to.
 struct Packed {
@@ -66,17 +72,24 @@ class AttentionImpl : public torch::nn::Module {
   AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr,
                 std::shared_ptr<ContextParallel> cp = nullptr);
   // x (B, T, C); cos, sin (T, D), or (B, 1, T, D) for packed rows, in x's dtype -> (B, T, C).
-  // With `packed` (on x's device), each query attends only to keys of its own record.
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
+  // With `packed` (on x's device), each query attends only to keys of its own record. A layer that
+  // shares keys (shares_kv) attends with `shared`'s; `kept` (optional) receives the keys and values
+  // attended with.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {},
+                     const KeysValues* shared = nullptr, KeysValues* kept = nullptr);
   // The same for T new tokens after the cache's (cos, sin of their positions); appends their keys
-  // and values to `cache`.
-  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
+  // and values to `cache`. A layer that shares keys attends with `shared`'s cache (already holding
+  // the new tokens') and counts them in its own.
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache,
+                            const LayerCache* shared = nullptr);
+  // k_proj, v_proj and k_norm are absent where the layer shares an earlier one's keys and values.
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   FusedLora qkv_proj{nullptr};  // LoRA on a checkpoint's fused q/k/v (Phi-3), added by add_lora
   // Per head (Qwen3, Gemma 3), or over the whole projection (OLMo 2: qk_norm_whole); else none.
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
   int64_t heads, kv_heads, head_dim;  // this rank's heads, under tensor parallel; the layer's head width
   bool k_eq_v;                        // Gemma 4's attention_k_eq_v layers: values from k_proj, no v_proj
+  bool shares_kv;                     // Gemma 4 E2B/E4B's last layers: keys and values from an earlier layer
   double v_norm_eps;                  // Gemma 4: values RMS-normed per head, no weight (> 0); 0: none
   int64_t rotary_dim;                 // the rotated share of each head (Phi-3/4's partial rotation; else head_dim)
   int64_t window;                     // 0: full causal attention
@@ -96,8 +109,9 @@ class AttentionImpl : public torch::nn::Module {
   };
   // The attention's output (B, T, H * D) times sigmoid(gate) when the layer has one, then o_proj.
   at::Tensor output(const at::Tensor& y, const Projected& p);
+  // k and v undefined when the layer shares keys.
   Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-  // (B, T, H * D), (B, T, K * D) twice (k_proj's output twice when k_eq_v)
+  // (B, T, H * D), (B, T, K * D) twice (k_proj's output twice when k_eq_v; undefined when shares_kv)
   std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);
   std::array<at::Tensor, 3> with_fused_lora(std::array<at::Tensor, 3> qkv, const at::Tensor& x);  // + qkv_proj's
   // softmax(q k^T / sqrt(D)) v over the keys each query may see: q (B, Hq, T, D), k and v (B, Kq, S, D)

@@ -68,7 +68,8 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
                                    std::shared_ptr<ContextParallel> cp, std::shared_ptr<ExpertParallel> ep)
     : torch::nn::Module(family_names(c.family).layer_class),
       norms(c.norms),
-      residual_multiplier(c.residual_multiplier) {
+      residual_multiplier(c.residual_multiplier),
+      activation(c.activation) {
   const bool sparse = c.plan(layer).moe;
   if (c.plan(layer).linear) {
     const char* arch = family_names(c.family).architecture;
@@ -84,7 +85,7 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
   if (sparse && !beside)
     moe = register_module("mlp", MoeBlock(c, std::move(ep)));
   else
-    mlp = register_module("mlp", GatedMlp(c, tp));
+    mlp = register_module("mlp", GatedMlp(c, tp, c.plan(layer).mlp_width));
   if (beside) {  // the block itself is not registered: its router and experts are the layer's
     moe = MoeBlock(c, std::move(ep));
     register_module("router", moe->router);
@@ -102,7 +103,21 @@ DecoderLayerImpl::DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::s
     post_feedforward_layernorm_2 = add(kGemma4MoeNorms[1]);
     pre_feedforward_layernorm_2 = add(kGemma4MoeNorms[2]);
   }
+  if (const int64_t p = c.per_layer_input_dim; p > 0) {  // describe() lists them in this order
+    per_layer_input_gate = register_module("per_layer_input_gate", uninitialized_linear(c.hidden_size, p, false));
+    per_layer_projection = register_module("per_layer_projection", uninitialized_linear(p, c.hidden_size, false));
+    post_per_layer_input_norm = add("post_per_layer_input_norm");
+  }
   if (c.layer_scalar) layer_scalar = register_parameter("layer_scalar", at::ones({1}), /*requires_grad=*/false);
+}
+
+// As Gemma4TextDecoderLayer: after the MLP's residual sum, before the layer's scalar.
+at::Tensor DecoderLayerImpl::with_per_layer_input(const at::Tensor& h, const at::Tensor& input) {
+  if (!per_layer_input_gate) return h;
+  FSDP_ASSERT(input.defined(), "a layer with per-layer embeddings is given its input");
+  const at::Tensor g = lora_linear(per_layer_input_gate, h);
+  const at::Tensor a = activation == Activation::kSilu ? at::silu(g) : at::gelu(g, "tanh");
+  return h + post_per_layer_input_norm(lora_linear(per_layer_projection, a * input));
 }
 
 at::Tensor DecoderLayerImpl::scaled(const at::Tensor& y) const {
@@ -137,29 +152,29 @@ at::Tensor DecoderLayerImpl::mlp_part(const at::Tensor& h) {
   return residual(h, post_feedforward_layernorm(feed_forward(pre_feedforward_layernorm(h))));
 }
 
-at::Tensor DecoderLayerImpl::mix(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin,
-                                 const Packed& packed) {
-  return linear_attn ? linear_attn->forward(in, packed) : self_attn->forward(in, cos, sin, packed);
-}
-
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                     const Packed& packed) {
+                                     const Packed& packed, const at::Tensor& per_layer_input, const KeysValues* shared,
+                                     KeysValues* kept) {
   const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
-  at::Tensor y = mix(in, cos, sin, packed);
+  at::Tensor y =
+      linear_attn ? linear_attn->forward(in, packed) : self_attn->forward(in, cos, sin, packed, shared, kept);
   if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
-  return scaled(mlp_part(residual(x, y)));
+  return scaled(with_per_layer_input(mlp_part(residual(x, y)), per_layer_input));
 }
 
 at::Tensor DecoderLayerImpl::forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                            LayerCache& cache) {
+                                            LayerCache& cache, const at::Tensor& per_layer_input,
+                                            const LayerCache* shared) {
   const at::Tensor in = input_layernorm ? input_layernorm(x) : x;
-  at::Tensor y = linear_attn ? linear_attn->forward_cached(in, cache) : self_attn->forward_cached(in, cos, sin, cache);
+  at::Tensor y =
+      linear_attn ? linear_attn->forward_cached(in, cache) : self_attn->forward_cached(in, cos, sin, cache, shared);
   if (norms != NormPlacement::kPre) y = post_attention_layernorm(y);
-  return scaled(mlp_part(residual(x, y)));
+  return scaled(with_per_layer_input(mlp_part(residual(x, y)), per_layer_input));
 }
 
-TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t, int64_t pad)
-    : torch::nn::Module("TokenEmbedding"), tp(std::move(t)), padding_idx(pad) {
+TokenEmbeddingImpl::TokenEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> t, int64_t pad,
+                                       const char* name)
+    : torch::nn::Module(name), tp(std::move(t)), padding_idx(pad) {
   weight = register_parameter("weight", at::empty({tp ? vocab_block(vocab, tp->size()) : vocab, dim}));
 }
 
@@ -172,6 +187,15 @@ DecoderImpl::DecoderImpl(const DecoderConfig& c, std::shared_ptr<TensorParallel>
   embed_tokens = register_module("embed_tokens", TokenEmbedding(c.vocab_size, c.hidden_size, tp, c.pad_token_id));
   layers = register_module("layers", torch::nn::ModuleList());
   norm = register_module("norm", norm_of(c, c.hidden_size));
+  if (const int64_t p = c.per_layer_input_dim; p > 0) {
+    const int64_t width = c.num_hidden_layers * p;
+    embed_tokens_per_layer =
+        register_module("embed_tokens_per_layer",
+                        TokenEmbedding(c.per_layer_vocab, width, nullptr, c.pad_token_id, "PerLayerEmbedding"));
+    per_layer_model_projection =
+        register_module("per_layer_model_projection", uninitialized_linear(c.hidden_size, width, false));
+    per_layer_projection_norm = register_module("per_layer_projection_norm", norm_of(c, p));
+  }
 }
 
 CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::shared_ptr<TensorParallel> t,
@@ -184,6 +208,15 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::
   FSDP_CHECK(!ep || c.moe.num_experts > 0, "[config] parallelism_config_ep_size ", ep ? ep->size() : 1,
              ": ", family_names(c.family).architecture, " is a dense model (no experts to split); set "
              "parallelism_config_ep_size: 1");
+  if (c.per_layer_input_dim > 0 || c.kv_shared_layers > 0)  // Gemma 4 E2B/E4B
+    FSDP_CHECK(!tp && !cp, tp ? "[tp] " : "[cp] ", family_names(c.family).architecture, "'s ",
+               c.per_layer_input_dim > 0 ? "per-layer embeddings (hidden_size_per_layer_input)"
+                                         : "layers sharing keys and values (num_kv_shared_layers)",
+               ", Gemma 4 E2B's and E4B's, are not split by ",
+               tp ? "tensor parallel; train it with tp_size 1"
+                  : "context or sequence parallel; train it with "
+                    "parallelism_config_cp_size and parallelism_config_sp_size 1",
+               " (FSDP shards it)");
   auto release = [&](torch::nn::Module& m) {
     if (free_after_create)
       for (auto& p : m.parameters()) fsdp::free_storage(p);
@@ -207,6 +240,20 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::
   if (c.rope_scaling && c.rope_scaling->type == RopeScaling::Type::kLongRope)  // past original_max_position_embeddings
     inv_freq_.push_back(register_buffer("inv_freq_long",
                                         rope_inv_freq(c, false, c.rope_scaling->original_max_position_embeddings + 1)));
+}
+
+// As Gemma4TextModel's get_per_layer_inputs and project_per_layer_inputs: the table's rows times
+// sqrt(P) (rounded to the dtype, as transformers scales), and the embedding's projection times C^-1/2
+// normed over P, summed, times 2^-1/2. The table is a unit of its own when sharded.
+at::Tensor CausalLMImpl::per_layer_inputs(const at::Tensor& tokens, const at::Tensor& x) {
+  const int64_t p = config.per_layer_input_dim;
+  const std::vector<int64_t> shape = {x.size(0), x.size(1), config.num_hidden_layers, p};
+  TokenEmbeddingImpl* table = model->embed_tokens_per_layer.get();
+  const at::Tensor rows = fsdp::call(*table, tokens, [table](const at::Tensor& t) { return table->forward(t); });
+  const at::Tensor looked = rows * at::scalar_tensor(std::sqrt(static_cast<double>(p)), rows.options());
+  const at::Tensor projected =
+      lora_linear(model->per_layer_model_projection, x) * (1.0 / std::sqrt(static_cast<double>(config.hidden_size)));
+  return (model->per_layer_projection_norm(projected.reshape(shape)) + looked.reshape(shape)) * std::sqrt(0.5);
 }
 
 at::Tensor CausalLMImpl::embed(const at::Tensor& tokens) {
@@ -327,13 +374,34 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packe
       cos = cos.index_select(0, mine.to(x.device()));
       sin = sin.index_select(0, mine.to(x.device()));
     }
+  const at::Tensor per_layer = config.per_layer_input_dim > 0 ? per_layer_inputs(tokens, x) : at::Tensor();
+  std::vector<KeysValues> kept(static_cast<size_t>(config.num_hidden_layers));  // what later layers take
   int64_t i = 0;
   for (const auto& m : *model->layers) {
     auto* layer = m->as<DecoderLayerImpl>();
-    const auto& [cos, sin] = tables[static_cast<size_t>(config.plan(i++).rope)];
-    x = fsdp::call(*layer, TensorList{x, cos, sin}, [layer, rows](const TensorList& in) {
-      return TensorList{layer->forward(in[0], in[1], in[2], rows)};
-    })[0];
+    const LayerPlan plan = config.plan(i);
+    const auto& [cos, sin] = tables[static_cast<size_t>(plan.rope)];
+    // The layer's inputs: x, cos, sin, then its per-layer input and the keys and values it takes, where it
+    // has them; its outputs: x, then the keys and values it keeps for a later layer.
+    TensorList inputs{x, cos, sin};
+    if (per_layer.defined()) inputs.push_back(per_layer.select(2, i));
+    if (plan.kv_source >= 0) {
+      const KeysValues& from = kept[static_cast<size_t>(plan.kv_source)];
+      inputs.insert(inputs.end(), {from.k, from.v});
+    }
+    const bool own = per_layer.defined(), takes = plan.kv_source >= 0, keeps = plan.kv_shared;
+    const TensorList out = fsdp::call(*layer, inputs, [layer, rows, own, takes, keeps](const TensorList& in) {
+      const at::Tensor input = own ? in[3] : at::Tensor();
+      const size_t at = own ? 4 : 3;
+      const KeysValues shared = takes ? KeysValues{in[at], in[at + 1]} : KeysValues{};
+      KeysValues mine;
+      const at::Tensor y =
+          layer->forward(in[0], in[1], in[2], rows, input, takes ? &shared : nullptr, keeps ? &mine : nullptr);
+      return keeps ? TensorList{y, mine.k, mine.v} : TensorList{y};
+    });
+    x = out[0];
+    if (keeps) kept[static_cast<size_t>(i)] = {out[1], out[2]};
+    ++i;
   }
   const at::Tensor normed = model->norm(x);
   return tp ? gather_along(normed, 1, *tp) : normed;
@@ -360,9 +428,13 @@ at::Tensor CausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<La
     cos = cos.narrow(0, start, t);
     sin = sin.narrow(0, start, t);
   }
+  const at::Tensor per_layer = config.per_layer_input_dim > 0 ? per_layer_inputs(tokens, x) : at::Tensor();
   for (size_t i = 0; i < cache.size(); ++i) {
-    const auto& [cos, sin] = tables[static_cast<size_t>(config.plan(static_cast<int64_t>(i)).rope)];
-    x = model->layers[i]->as<DecoderLayerImpl>()->forward_cached(x, cos, sin, cache[i]);
+    const LayerPlan plan = config.plan(static_cast<int64_t>(i));
+    const auto& [cos, sin] = tables[static_cast<size_t>(plan.rope)];
+    x = model->layers[i]->as<DecoderLayerImpl>()->forward_cached(
+        x, cos, sin, cache[i], per_layer.defined() ? per_layer.select(2, static_cast<int64_t>(i)) : at::Tensor(),
+        plan.kv_source >= 0 ? &cache[static_cast<size_t>(plan.kv_source)] : nullptr);
   }
   return logits_of(model->norm(x));
 }
@@ -395,6 +467,12 @@ ModelTraits decoder_traits(const DecoderConfig& c) {
   const std::string layer = family_names(c.family).layer_class;
   ModelTraits t{{layer}, {layer}};
   if (!c.tie_word_embeddings) t.unit_classes.push_back("TokenEmbedding");
+  // Gemma 4 E2B/E4B's per-layer table (vocab_size_per_layer_input x L P values), a unit of its own by default
+  // rather than gathered in the root through the whole step.
+  if (c.per_layer_input_dim > 0) {
+    t.layer_classes.push_back("PerLayerEmbedding");
+    t.unit_classes.push_back("PerLayerEmbedding");
+  }
   if (c.moe.num_experts > 0) t.unit_classes.push_back("Experts");  // run through fsdp::call (expert parallel's units)
   return t;
 }

@@ -62,8 +62,14 @@ class DecoderLayerImpl : public torch::nn::Module {
   // Named as the family's class.
   DecoderLayerImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> tp = nullptr,
                    std::shared_ptr<ContextParallel> cp = nullptr, std::shared_ptr<ExpertParallel> ep = nullptr);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {});
-  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache);
+  // per_layer_input: the layer's (B, T, P) per-layer embedding (Gemma 4 E2B/E4B; undefined: none).
+  // shared, kept: as Attention's (a layer that shares keys and values is given them; the layer whose
+  // keys and values a later one takes keeps them).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed = {},
+                     const at::Tensor& per_layer_input = {}, const KeysValues* shared = nullptr,
+                     KeysValues* kept = nullptr);
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerCache& cache,
+                            const at::Tensor& per_layer_input = {}, const LayerCache* shared = nullptr);
   // The token mixer: attention, or Gated DeltaNet ("linear_attn") where the plan says (LayerPlan::linear).
   Attention self_attn{nullptr};
   GatedDeltaNet linear_attn{nullptr};
@@ -83,8 +89,14 @@ class DecoderLayerImpl : public torch::nn::Module {
   // Gemma 4: the layer's output times this stored (1) value, which does not train (requires_grad
   // false; transformers' buffer); else undefined.
   at::Tensor layer_scalar;
+  // Gemma 4 E2B/E4B's per-layer input's path: C -> P, the activation, times the input, P -> C, normed.
+  torch::nn::Linear per_layer_input_gate{nullptr}, per_layer_projection{nullptr};
+  RmsNorm post_per_layer_input_norm{nullptr};
+  Activation activation;
 
  private:
+  // h plus the per-layer input's part (Gemma 4 E2B/E4B), or h where the layer has none.
+  at::Tensor with_per_layer_input(const at::Tensor& h, const at::Tensor& input);
   at::Tensor scaled(const at::Tensor& y) const;  // times layer_scalar, where the layer has one
   // x + block's output (times residual_multiplier when it is not 1).
   at::Tensor residual(const at::Tensor& x, const at::Tensor& y) const;
@@ -92,8 +104,6 @@ class DecoderLayerImpl : public torch::nn::Module {
   at::Tensor feed_forward(const at::Tensor& h);  // the dense MLP's or the experts' output
   // Gemma 4's sparse layers: the dense MLP's output and the experts' beside it, each normed, summed.
   at::Tensor mlp_and_experts(const at::Tensor& h);
-  // The token mixer's output for the normed input.
-  at::Tensor mix(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, const Packed& packed);
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -101,8 +111,9 @@ class TokenEmbeddingImpl : public torch::nn::Module {
  public:
   // With `tp`: this rank's V/P rows; forward gives this rank's block of the sequence (B, T/P, C).
   // padding_idx (>= 0): the row whose lookups give no gradient (the config's pad_token_id).
-  TokenEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> tp = nullptr,
-                     int64_t padding_idx = -1);
+  // name: the module's class for wrap policies (Gemma 4 E2B/E4B's per-layer table: "PerLayerEmbedding").
+  TokenEmbeddingImpl(int64_t vocab, int64_t dim, std::shared_ptr<TensorParallel> tp = nullptr, int64_t padding_idx = -1,
+                     const char* name = "TokenEmbedding");
   at::Tensor forward(const at::Tensor& tokens);  // (B, T) int64 -> (B, T, C)
   at::Tensor weight;                             // (V, C), (V/P, C) under tensor parallel
   std::shared_ptr<TensorParallel> tp;
@@ -116,6 +127,11 @@ class DecoderImpl : public torch::nn::Module {
   TokenEmbedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RmsNorm norm{nullptr};
+  // Gemma 4 E2B/E4B's per-layer embeddings (DecoderConfig::per_layer_input_dim > 0; else null): the
+  // (V, L P) table, the embedding's projection C -> L P and its norm over P.
+  TokenEmbedding embed_tokens_per_layer{nullptr};
+  torch::nn::Linear per_layer_model_projection{nullptr};
+  RmsNorm per_layer_projection_norm{nullptr};
 };
 TORCH_MODULE(Decoder);
 
@@ -178,6 +194,8 @@ class CausalLMImpl : public torch::nn::Module {
   std::shared_ptr<RouterAuxGradient> aux_gradient_;  // aux_loss_in_backward's, shared by the sparse layers
   const at::Tensor& head_weight() const;       // lm_head's, or the embedding's when tied
   at::Tensor embed(const at::Tensor& tokens);  // the embedding's output, times the config's embedding scale
+  // Gemma 4 E2B/E4B: every layer's per-layer input (B, T, L, P) from the tokens and their embedding x.
+  at::Tensor per_layer_inputs(const at::Tensor& tokens, const at::Tensor& x);
   // The rotary tables' (cos, sin): each layer takes its plan's (LayerPlan::rope).
   using Angles = std::vector<std::pair<at::Tensor, at::Tensor>>;
   Angles angles(int64_t seq_len, const at::Tensor& like) const;

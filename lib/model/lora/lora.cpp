@@ -35,6 +35,8 @@ bool in_layers(const std::string& name) {
 
 bool is_lora_linear(const std::string& name) {
   const auto& names = lora_linear_names();
+  // Gemma 4 E2B/E4B's projection of the embedding, which PEFT's all-linear adapts too.
+  if (name == "model.per_layer_model_projection") return true;
   return in_layers(name) && std::find(names.begin(), names.end(), short_name(name)) != names.end();
 }
 
@@ -148,10 +150,25 @@ double LoraSettings::scaling() const {
 
 const std::vector<std::string>& lora_linear_names() {
   // Attention's and the MLP's; Gated DeltaNet's (Qwen3.5's four input projections or Qwen3-Next's
-  // two, and out_proj); Gemma 4's router (router.proj: a Linear there, so PEFT's all-linear adapts it).
-  static const std::vector<std::string> names = {"q_proj",    "k_proj",       "v_proj",      "o_proj",    "gate_proj",
-                                                 "up_proj",   "down_proj",    "in_proj_qkv", "in_proj_z", "in_proj_b",
-                                                 "in_proj_a", "in_proj_qkvz", "in_proj_ba",  "out_proj",  "proj"};
+  // two, and out_proj); Gemma 4's router (router.proj: a Linear there, so PEFT's all-linear adapts it) and
+  // E2B's and E4B's per-layer input's two.
+  static const std::vector<std::string> names = {"q_proj",
+                                                 "k_proj",
+                                                 "v_proj",
+                                                 "o_proj",
+                                                 "gate_proj",
+                                                 "up_proj",
+                                                 "down_proj",
+                                                 "in_proj_qkv",
+                                                 "in_proj_z",
+                                                 "in_proj_b",
+                                                 "in_proj_a",
+                                                 "in_proj_qkvz",
+                                                 "in_proj_ba",
+                                                 "out_proj",
+                                                 "proj",
+                                                 "per_layer_input_gate",
+                                                 "per_layer_projection"};
   return names;
 }
 
