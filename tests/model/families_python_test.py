@@ -15,7 +15,9 @@ with heads of their own and values from k_proj, a proportional rotation, unweigh
 stored scalar per layer) and its mixture of experts (experts beside each layer's dense MLP, routed by a
 normed, scaled router, with per-expert scales and norms of their own; no auxiliary loss: the routed
 rows counted) and E2B's and E4B's form (per-layer embeddings, the last layers attending with earlier
-layers' keys and values, their MLPs twice as wide), and Llama beside them, transformers
+layers' keys and values, their MLPs twice as wide; also read from a folder still holding the sharing
+layers' k_proj/v_proj/k_norm, and from a Gemma4ForConditionalGeneration folder with vision and audio
+towers), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -108,7 +110,7 @@ def families():
             head_dim=16, global_head_dim=32, sliding_window=4, hidden_size_per_layer_input=8,
             vocab_size_per_layer_input=320, num_kv_shared_layers=2, use_double_wide_mlp=True,
             final_logit_softcapping=2.0,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
+            layer_types=["sliding_attention", "full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]),
             transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
         # pad_token_id 0 (its default is past this vocabulary): token 0's lookups get no gradient, as
@@ -454,6 +456,35 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
             name
         print(f"{name}: the experts stored stacked ({layers} layers of experts.gate_up_proj, experts.down_proj) "
               "give the same logits as stored one by one")
+    if name == "gemma4_small":
+        # Checkpoints made before transformers dropped them hold the sharing layers' own k_proj, v_proj and
+        # k_norm, which transformers ignores: read the same, bit for bit.
+        from safetensors.torch import load_file, save_file
+        fuller = os.path.join(d, name + "_with_unused_kv")
+        shutil.copytree(saved, fuller)
+        tensors = load_file(os.path.join(saved, "model.safetensors"))
+        extra = {f"model.layers.{i}.self_attn.{n}": torch.randn(shape) for i in (3, 4)
+                 for n, shape in (("k_proj.weight", (64, 64)), ("v_proj.weight", (64, 64)), ("k_norm.weight", (32,)))}
+        save_file(dict(tensors, **extra), os.path.join(fuller, "model.safetensors"), metadata={"format": "pt"})
+        assert logits_of(tool, fuller, ours["tokens"]) == logits_of(tool, saved, ours["tokens"]), name
+        print(f"{name}: a folder holding the sharing layers' unused {len(extra)} k_proj/v_proj/k_norm tensors reads "
+              "the same, bit for bit")
+        # The Hub's E2B and E4B folders: Gemma4ForConditionalGeneration, the text model beside vision and
+        # audio towers; fsdptrain reads the text model's logits as the whole model computes them on text.
+        torch.manual_seed(1)
+        whole = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
+            text_config=config.to_dict(), audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
+            vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=2, head_dim=16))).eval()
+        randomize(whole)
+        multimodal = os.path.join(d, name + "_multimodal")
+        whole.save_pretrained(multimodal)
+        with torch.no_grad():
+            theirs = whole(input_ids=torch.tensor([ours["tokens"]])).logits.reshape(-1).double()
+        e_multimodal = rel(torch.tensor(logits_of(tool, multimodal, ours["tokens"])[0], dtype=torch.float64), theirs)
+        assert e_multimodal <= 1e-5, (name, e_multimodal)
+        print(f"{name}: a Gemma4ForConditionalGeneration folder (vision and audio towers beside): its text model's "
+              f"logits within {e_multimodal:.1e} of the whole model's on text")
     exported = cls.from_pretrained(out, dtype=torch.float32, **eager).eval()
     with torch.no_grad():
         e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)

@@ -10,7 +10,9 @@ The families' configs set what makes them differ from Llama away from its defaul
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
 the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
-packed records each starting from a zero state), Gemma 4's dense text model and its mixture of experts; and a Gemma3ForConditionalGeneration,
+packed records each starting from a zero state), Gemma 4's dense text model, its mixture of experts and E2B's
+form (per-layer embeddings, layers sharing keys and values, with activation checkpointing); and a
+Gemma3ForConditionalGeneration,
 a Gemma4ForConditionalGeneration and a Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
 models with it. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
 is refused before any worker starts, naming Ulysses."""
@@ -29,9 +31,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "examples"))
 from make_finetune_example import make_tokenizer, records  # noqa: E402
 
 
-# Gemma 4's dense text model's settings beside the common ones (its per-layer embeddings off).
+# Gemma 4's dense text model's settings beside the common ones.
 GEMMA4 = dict(head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
-              hidden_size_per_layer_input=0, sliding_window=8, final_logit_softcapping=10.0,
+              sliding_window=8, final_logit_softcapping=10.0,
               layer_types=["sliding_attention", "sliding_attention", "full_attention"])
 
 
@@ -48,11 +50,20 @@ def configs(vocab):
                                                               "full_attention"]),
                    transformers.Gemma3ForCausalLM),
         # Gemma 4's dense text model: a full-attention layer of wider heads, one kv head, values from k_proj.
-        "gemma4": (transformers.Gemma4TextConfig(**common, **GEMMA4), transformers.Gemma4ForCausalLM),
+        "gemma4": (transformers.Gemma4TextConfig(**common, **GEMMA4, hidden_size_per_layer_input=0),
+                   transformers.Gemma4ForCausalLM),
         # Gemma 4's mixture of experts (gemma-4-26B-A4B's form): experts beside every layer's dense MLP.
-        "gemma4_moe": (transformers.Gemma4TextConfig(**common, **GEMMA4, enable_moe_block=True, num_experts=4,
+        "gemma4_moe": (transformers.Gemma4TextConfig(**common, **GEMMA4, hidden_size_per_layer_input=0,
+                                                     enable_moe_block=True, num_experts=4,
                                                      top_k_experts=2, moe_intermediate_size=32),
                        transformers.Gemma4ForCausalLM),
+        # Gemma 4 E2B's and E4B's form: per-layer embeddings, the last two layers attending with layers 0's
+        # and 1's keys and values, their MLPs twice as wide (trained with activation checkpointing: main()).
+        "gemma4_small": (transformers.Gemma4TextConfig(
+            **dict(common, num_hidden_layers=4),
+            **dict(GEMMA4, layer_types=["sliding_attention", "full_attention"] * 2),
+            hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab, num_kv_shared_layers=2,
+            use_double_wide_mlp=True), transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
         "smollm3": (transformers.SmolLM3Config(**common, no_rope_layers=[1, 0, 1]), transformers.SmolLM3ForCausalLM),
         "granite": (transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
@@ -200,7 +211,8 @@ def multimodal(name, vocab):
     if name == "gemma4_multimodal":
         vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=2, head_dim=16)
-        return (transformers.Gemma4Config(text_config=dict(text, **GEMMA4), vision_config=vision),
+        return (transformers.Gemma4Config(text_config=dict(text, **GEMMA4, hidden_size_per_layer_input=0),
+                                          vision_config=vision),
                 transformers.Gemma4ForConditionalGeneration, transformers.Gemma4ForCausalLM)
     text.update(sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
@@ -241,7 +253,8 @@ def main():
     ap.add_argument("--tool", required=True)
     ap.add_argument("--source", required=True)
     ap.add_argument("--families",
-                    default="gemma2,gemma3,gemma4,gemma4_moe,olmo2,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
+                    default="gemma2,gemma3,gemma4,gemma4_moe,gemma4_small,"
+                            "olmo2,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
                             "qwen2_moe,mixtral,gpt_oss,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
@@ -252,8 +265,9 @@ def main():
         with open(os.path.join(d, "train.jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         for name, (config, cls) in configs(tok.get_vocab_size()).items():
-            if name in a.families.split(","):
-                check_family(a, d, name, config, cls, rows, fast)
+            if name in a.families.split(","):  # the layers sharing keys take them from other units, recomputed
+                extra = ("--set", "fsdp_config.fsdp_activation_checkpointing=true") if name == "gemma4_small" else ()
+                check_family(a, d, name, config, cls, rows, fast, extra=extra)
         for name in ("gemma3_multimodal", "gemma4_multimodal", "qwen3_5_multimodal"):
             if name in a.families.split(","):
                 check_multimodal(a, d, rows, fast, tok.get_vocab_size(), name)
