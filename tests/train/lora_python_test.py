@@ -519,10 +519,10 @@ def gemma4_small_parity(args, tmp, data):
     """Gemma 4 E2B's and E4B's form (per-layer embeddings, the last two layers attending with layers 0's
     and 1's keys and values, their MLPs twice as wide): adapters on the per-layer inputs' gates and
     projections, the embedding's projection and attention's q_proj and o_proj at W=2 (the layers that
-    share keys too): PEFT's losses, gradients and trained tensors, and PEFT's keys in the export.
-    all-linear adapts what PEFT's does: those and the MLPs, and no k_proj or v_proj where a layer shares
-    them. (With adapters on every linear layer the run is chaotic here: by step 6 PEFT's own float32
-    gradients are 30 % from its float64 ones.)"""
+    share keys too): PEFT's losses, gradients and trained tensors, and PEFT's keys in the export; merged,
+    PEFT's merge. all-linear adapts what PEFT's does: those and the MLPs, and no k_proj or v_proj where a
+    layer shares them. (Trained with adapters on every linear layer, from transformers' initializer_range
+    0.02, the run was chaotic: by step 6 PEFT's own float32 gradients were 30 % from its float64 ones.)"""
     targets = ["q_proj", "o_proj", "per_layer_input_gate", "per_layer_projection", "per_layer_model_projection"]
     CASES["gemma4_small"] = (dict(r=4, lora_alpha=8, target_modules=targets),
                              "lora:\n  r: 4\n  alpha: 8\n  target_modules: [" + ", ".join(targets) + "]\n")
@@ -536,15 +536,24 @@ def gemma4_small_parity(args, tmp, data):
                                 num_kv_shared_layers=2, use_double_wide_mlp=True, sliding_window=8,
                                 layer_types=["sliding_attention", "full_attention"] * 2)
     out, _ = parity(args, tmp, "gemma4_small", 2, base, data, adapter)
-    _, got = export_keys(Gemma4ForCausalLM, base, "gemma4_small", out)
+    export, got = export_keys(Gemma4ForCausalLM, base, "gemma4_small", out)
+    # Folded in (the embedding's projection too): PEFT's merge, by the run's export, merge-weights and generate.
+    merged_out, _, _ = fsdptrain(args, tmp, "gemma4-small-merged", 2, base, data,
+                                 CASES["gemma4_small"][1] + f"  init: {adapter}\n", sets=["checkpoint.export_merged=true"])
+    merged = os.path.join(merged_out, "export", f"step-{SETTINGS['steps']}")
+    r, worst, _ = merged_is_peft("gemma4_small", Gemma4ForCausalLM, base, export, merged, attn_implementation="eager")
+    merge_weights_is_merged(args, tmp, "gemma4_small", export, base, merged)
+    generate_agrees(args, "gemma4_small", (["--model", merged], ["--model", base, "--adapter", export]))
     all_out, _, _ = fsdptrain(args, tmp, "gemma4-small-all-linear", 1, base, data, CASES["gemma4_small_all"][1])
     _, every = export_keys(Gemma4ForCausalLM, base, "gemma4_small_all", all_out)
     check(any("model.per_layer_model_projection.lora_A" in k for k in every) and
           any("layers.3.per_layer_input_gate.lora_A" in k for k in every) and
           not any("layers.2.self_attn.k_proj" in k or "layers.3.self_attn.v_proj" in k for k in every),
           f"gemma4_small: all-linear's adapters: {sorted(every)}")
-    print(f"ok gemma4_small: the export has PEFT's {len(got)} keys; all-linear's PEFT's {len(every)} (the per-layer "
-          "inputs' projections among them, no k_proj or v_proj in the layers that share them)")
+    print(f"ok gemma4_small: the export has PEFT's {len(got)} keys; the merged export and merge-weights are PEFT's "
+          f"merge ({worst:.2e}; logits {r:.2e}), generate --adapter writes its text; all-linear's export has PEFT's "
+          f"{len(every)} keys (the per-layer inputs' projections among them, no k_proj or v_proj in the layers that "
+          "share them)")
 
 
 def phi3_parity(args, tmp, data):
