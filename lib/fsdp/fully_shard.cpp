@@ -65,9 +65,13 @@ std::vector<std::string> policy_units(
                    " runs inside another module's forward and cannot be a unit; classes that can: ",
                    join_sorted(unit_classes));
       }
-      for (const auto& item : modules)
-        if (std::find(wanted.begin(), wanted.end(), module_class_name(*item.value())) != wanted.end())
+      const std::vector<std::string>& separate = traits.separate_units;
+      for (const auto& item : modules) {
+        const std::string cls = module_class_name(*item.value());
+        if (std::find(wanted.begin(), wanted.end(), cls) != wanted.end() ||
+            std::find(separate.begin(), separate.end(), cls) != separate.end())
           chosen.push_back(item.key());
+      }
       return chosen;
     }
     case WrapPolicy::kSizeBasedWrap: {

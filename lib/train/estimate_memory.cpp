@@ -93,16 +93,17 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   // Gemma 4's sparse layers keep its dense MLP's too, and four C-wide values around the experts' own norms.
   const int64_t sparse_mlp = moe.experts_per_token * (2 * C + 4 * moe.intermediate_size) + moe.num_experts +
                              4 * moe.shared_expert_intermediate_size +
-                             (moe.gemma4 ? 4 * mc.intermediate_size + 4 * C : 0),
-                sparse_fp32 = 4 * (moe.num_experts + moe.experts_per_token * C + C);
+                             (moe.gemma4 ? 4 * C : 0),  // and the dense MLP's, per layer below
+      sparse_fp32 = 4 * (moe.num_experts + moe.experts_per_token * C + C);
   // Gemma 4 E2B/E4B's per-layer input's path: its gate's output, the activation, the product (P each),
   // the projection and its norm (C each).
   const int64_t per_layer = mc.per_layer_input_dim > 0 ? 3 * mc.per_layer_input_dim + 2 * C : 0;
   LayerActivations out;
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
     const bool sparse = mc.is_moe(l);
-    const int64_t bytes = layer_bytes(l, (sparse ? sparse_mlp : 4 * mc.plan(l).mlp_width) + per_layer,
-                                      sparse ? sparse_fp32 : 0, mc.is_linear(l));
+    const int64_t dense = !sparse || moe.gemma4 ? 4 * mc.plan(l).mlp_width : 0;  // Gemma 4's beside its experts
+    const int64_t bytes =
+        layer_bytes(l, (sparse ? sparse_mlp : 0) + dense + per_layer, sparse ? sparse_fp32 : 0, mc.is_linear(l));
     out.all += bytes;
     out.largest = std::max(out.largest, bytes);
   }

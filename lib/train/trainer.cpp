@@ -104,6 +104,11 @@ model::CausalLM stand_in(const model::DecoderConfig& model, int64_t layers) {
   tiny.intermediate_size = 2;
   tiny.num_hidden_layers = layers;
   tiny.sliding_layers.resize(std::min<size_t>(tiny.sliding_layers.size(), static_cast<size_t>(layers)));
+  if (tiny.per_layer_input_dim > 0) {  // Gemma 4 E2B/E4B's table: its real one is billions of values
+    tiny.per_layer_input_dim = 2;
+    tiny.per_layer_vocab = tiny.vocab_size;
+  }
+  if (tiny.kv_shared_layers >= layers) tiny.kv_shared_layers = 0;  // fewer layers than share: none do
   return model::CausalLM(tiny, /*free_after_create=*/true);
 }
 
@@ -132,6 +137,10 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::DecoderCon
 void check_tensor_parallel(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const int tp = config::effective_fsdp_layout(config).tp_size;
   if (tp <= 1) return;
+  const std::string unsplit = model::fsdp_only_parts(model);
+  FSDP_CHECK(unsplit.empty(), "[train] parallelism_config_tp_size ", tp, ": ", path,
+             " is a Gemma 4 E2B/E4B form: tensor parallel does not split its ", unsplit,
+             "; set parallelism_config_tp_size: 1 (FSDP shards the model)");
   std::vector<std::string> bad;
   std::vector<std::pair<const char*, int64_t>> split = {{"num_attention_heads", model.num_attention_heads},
                                                         {"num_key_value_heads", model.num_key_value_heads},
@@ -158,6 +167,10 @@ void check_tensor_parallel(const config::Config& config, const model::DecoderCon
 void check_sequence_split(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const config::FsdpLayout layout = config::effective_fsdp_layout(config);
   if (layout.cp_size <= 1) return;
+  const std::string unsplit = model::fsdp_only_parts(model);
+  FSDP_CHECK(unsplit.empty(), "[train] parallelism_config_", layout.cp_kind == "ulysses" ? "sp" : "cp", "_size ",
+             layout.cp_size, ": ", path, " is a Gemma 4 E2B/E4B form: context and sequence parallel do not split its ",
+             unsplit, "; set it to 1 (FSDP shards the model)");
   const bool hybrid =
       std::find(model.linear_layers.begin(), model.linear_layers.end(), true) != model.linear_layers.end();
   if (layout.cp_kind == "ulysses") {

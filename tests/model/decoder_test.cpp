@@ -471,8 +471,6 @@ TEST_CASE("config.json of Gemma 4: the full-attention layers' heads, the proport
         }).find("attention_k_eq_v is a field of Gemma 4, not of LlamaForCausalLM") != std::string::npos);
 }
 
-// Gemma 4's mixture of experts (gemma-4-26B-A4B): the experts beside every layer's dense MLP, their
-// router's and norms' parameters, the count, the round trip, and the fields it cannot do without.
 // Gemma 4 E2B and E4B: per-layer embeddings (on by Gemma4TextConfig's default), the last layers taking
 // the last earlier layer of their kind's keys and values, their MLPs twice as wide; counts, the round
 // trip, refusals.
@@ -495,7 +493,7 @@ TEST_CASE("config.json of Gemma 4 E2B/E4B: per-layer embeddings, shared keys and
   for (int64_t i = 0; i < 6; ++i) {
     INFO("layer " << i);
     CHECK(c.plan(i).kv_source == source[i]);
-    CHECK(c.plan(i).kv_shared == (i == 1 || i == 2));
+    CHECK(c.plan(i).kv_kept == (i == 1 || i == 2));
     CHECK(c.plan(i).mlp_width == (i >= 3 ? 96 : 48));
   }
   // Counted as transformers builds it: the table, the projection and its norm; per layer the gate, the
@@ -519,12 +517,21 @@ TEST_CASE("config.json of Gemma 4 E2B/E4B: per-layer embeddings, shared keys and
   // A folder holding the sharing layers' k_proj (made before transformers dropped them) reads without them.
   CHECK(d.layout.ours("model.layers.4.self_attn.v_proj.weight").empty());
   CHECK(d.layout.ours("model.layers.2.self_attn.v_proj.weight") == "model.layers.2.self_attn.v_proj.weight");
+  DecoderConfig multimodal = c;  // the Hub's folders: the text model under the multimodal model's prefixes
+  multimodal.text_of_multimodal = true;
+  const FolderLayout hub = describe(multimodal).layout;
+  CHECK(hub.ours("model.language_model.layers.3.self_attn.k_norm.weight").empty());
+  CHECK(hub.ours("language_model.model.layers.5.self_attn.k_proj.weight").empty());
+  CHECK(hub.ours("model.language_model.layers.2.self_attn.k_proj.weight") == "model.layers.2.self_attn.k_proj.weight");
+  CHECK(hub.ours("model.language_model.embed_tokens_per_layer.weight") == "model.embed_tokens_per_layer.weight");
   // The export says what it read.
   const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
   CHECK(decoder_config_json(back) == decoder_config_json(c));
   CHECK((back.per_layer_input_dim == 4 && back.per_layer_vocab == 64 && back.kv_shared_layers == 3 &&
          back.double_wide_mlp));
   auto error = [&](const std::string& extra) { return error_of([&] { parse(extra); }); };
+  CHECK(error(R"("hidden_size_per_layer_input": null)").find("write 0 for no per-layer embeddings") !=
+        std::string::npos);
   CHECK(error(R"("hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 32)")
             .find("vocab_size_per_layer_input (32) is smaller than vocab_size (64)") != std::string::npos);
   CHECK(error(R"("num_kv_shared_layers": 6)").find("num_kv_shared_layers is 6; it must be from 0 to") !=
@@ -541,8 +548,9 @@ TEST_CASE("config.json of Gemma 4 E2B/E4B: per-layer embeddings, shared keys and
   // FSDP alone shards them: tensor, context and sequence parallel are refused naming the keys to set.
   const auto tp = std::make_shared<TensorParallel>(TensorParallel::shapes_only(2));
   CHECK(error_of([&] { CausalLM m(c, true, tp); })
-            .find("[tp] Gemma4ForCausalLM's per-layer embeddings (hidden_size_per_layer_input), Gemma 4 E2B's and "
-                  "E4B's, are not split by tensor parallel; train it with tp_size 1") != std::string::npos);
+            .find("[tp] Gemma4ForCausalLM's per-layer embeddings (hidden_size_per_layer_input) and layers sharing keys "
+                  "and values (num_kv_shared_layers), Gemma 4 E2B's and E4B's, are not split by tensor parallel; set "
+                  "parallelism_config_tp_size: 1") != std::string::npos);
   const auto sp = std::make_shared<ContextParallel>(ContextParallel::shapes_only(2, SequenceSplit::kUlysses));
   CHECK(error_of([&] {
           CausalLM m(parse(R"("hidden_size_per_layer_input": 0, "num_kv_shared_layers": 2)"), true, nullptr, sp);
@@ -551,6 +559,8 @@ TEST_CASE("config.json of Gemma 4 E2B/E4B: per-layer embeddings, shared keys and
                   "E4B's, are not split by context or sequence parallel") != std::string::npos);
 }
 
+// Gemma 4's mixture of experts (gemma-4-26B-A4B): the experts beside every layer's dense MLP, their
+// router's and norms' parameters, the count, the round trip, and the fields it cannot do without.
 TEST_CASE("config.json of Gemma 4's mixture of experts: every layer sparse beside its MLP, counts, refusals") {
   const std::string shape = R"("model_type": "gemma4_text", "vocab_size": 64, "hidden_size": 32,
       "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -1157,6 +1167,7 @@ TEST_CASE("Gemma 4 E2B/E4B under fully_shard: keys and values across units, with
     CausalLM m = build(c, 6);
     FsdpOptions o;
     o.activation_checkpointing = checkpointing;
+    if (checkpointing) o.layer_classes = {"Gemma4TextDecoderLayer"};  // named: the table is a unit all the same
     auto sharded = fully_shard(*m, decoder_traits(c), DeviceMesh{dist::make_single_process_group(), std::nullopt}, o);
     CHECK(sharded->groups().size() == 6);  // the root, the per-layer table, four layers
     const at::Tensor got =

@@ -394,6 +394,39 @@ def ours_golden(tool, saved, out, providers, length=0):
     return runs
 
 
+def check_gemma4_small_folders(name, config, saved, tool, d, tokens):
+    """Gemma 4 E2B's and E4B's folders as they come: one still holding the sharing layers' own k_proj,
+    v_proj and k_norm, and the Hub's multimodal one."""
+    # Checkpoints made before transformers dropped them hold the sharing layers' own k_proj, v_proj and
+    # k_norm, which transformers ignores: read the same, bit for bit.
+    from safetensors.torch import load_file, save_file
+    fuller = os.path.join(d, name + "_with_unused_kv")
+    shutil.copytree(saved, fuller)
+    tensors = load_file(os.path.join(saved, "model.safetensors"))
+    extra = {f"model.layers.{i}.self_attn.{n}": torch.randn(shape) for i in (3, 4)
+             for n, shape in (("k_proj.weight", (64, 64)), ("v_proj.weight", (64, 64)), ("k_norm.weight", (32,)))}
+    save_file(dict(tensors, **extra), os.path.join(fuller, "model.safetensors"), metadata={"format": "pt"})
+    assert logits_of(tool, fuller, tokens) == logits_of(tool, saved, tokens), name
+    print(f"{name}: a folder holding the sharing layers' unused {len(extra)} k_proj/v_proj/k_norm tensors reads "
+          "the same, bit for bit")
+    # The Hub's E2B and E4B folders: Gemma4ForConditionalGeneration, the text model beside vision and
+    # audio towers; fsdptrain reads the text model's logits as the whole model computes them on text.
+    torch.manual_seed(1)
+    whole = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
+        text_config=config.to_dict(), audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
+        vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16))).eval()
+    randomize(whole)
+    multimodal = os.path.join(d, name + "_multimodal")
+    whole.save_pretrained(multimodal)
+    with torch.no_grad():
+        theirs = whole(input_ids=torch.tensor([tokens])).logits.reshape(-1).double()
+    e_multimodal = rel(torch.tensor(logits_of(tool, multimodal, tokens)[0], dtype=torch.float64), theirs)
+    assert e_multimodal <= 1e-5, (name, e_multimodal)
+    print(f"{name}: a Gemma4ForConditionalGeneration folder (vision and audio towers beside): its text model's "
+          f"logits within {e_multimodal:.1e} of the whole model's on text")
+
+
 def check_family(name, config, cls, tool, d, fsdptrain, providers):
     torch.manual_seed(0)
     model = cls(config)
@@ -457,34 +490,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
         print(f"{name}: the experts stored stacked ({layers} layers of experts.gate_up_proj, experts.down_proj) "
               "give the same logits as stored one by one")
     if name == "gemma4_small":
-        # Checkpoints made before transformers dropped them hold the sharing layers' own k_proj, v_proj and
-        # k_norm, which transformers ignores: read the same, bit for bit.
-        from safetensors.torch import load_file, save_file
-        fuller = os.path.join(d, name + "_with_unused_kv")
-        shutil.copytree(saved, fuller)
-        tensors = load_file(os.path.join(saved, "model.safetensors"))
-        extra = {f"model.layers.{i}.self_attn.{n}": torch.randn(shape) for i in (3, 4)
-                 for n, shape in (("k_proj.weight", (64, 64)), ("v_proj.weight", (64, 64)), ("k_norm.weight", (32,)))}
-        save_file(dict(tensors, **extra), os.path.join(fuller, "model.safetensors"), metadata={"format": "pt"})
-        assert logits_of(tool, fuller, ours["tokens"]) == logits_of(tool, saved, ours["tokens"]), name
-        print(f"{name}: a folder holding the sharing layers' unused {len(extra)} k_proj/v_proj/k_norm tensors reads "
-              "the same, bit for bit")
-        # The Hub's E2B and E4B folders: Gemma4ForConditionalGeneration, the text model beside vision and
-        # audio towers; fsdptrain reads the text model's logits as the whole model computes them on text.
-        torch.manual_seed(1)
-        whole = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
-            text_config=config.to_dict(), audio_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2),
-            vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
-                               num_key_value_heads=2, head_dim=16))).eval()
-        randomize(whole)
-        multimodal = os.path.join(d, name + "_multimodal")
-        whole.save_pretrained(multimodal)
-        with torch.no_grad():
-            theirs = whole(input_ids=torch.tensor([ours["tokens"]])).logits.reshape(-1).double()
-        e_multimodal = rel(torch.tensor(logits_of(tool, multimodal, ours["tokens"])[0], dtype=torch.float64), theirs)
-        assert e_multimodal <= 1e-5, (name, e_multimodal)
-        print(f"{name}: a Gemma4ForConditionalGeneration folder (vision and audio towers beside): its text model's "
-              f"logits within {e_multimodal:.1e} of the whole model's on text")
+        check_gemma4_small_folders(name, config, saved, tool, d, ours["tokens"])
     exported = cls.from_pretrained(out, dtype=torch.float32, **eager).eval()
     with torch.no_grad():
         e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)

@@ -11,7 +11,8 @@ windows shorter than a record, a layer without rotary, the multipliers, a partia
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
 the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
 packed records each starting from a zero state), Gemma 4's dense text model, its mixture of experts and E2B's
-form (per-layer embeddings, layers sharing keys and values, with activation checkpointing); and a
+form (per-layer embeddings, layers sharing keys and values, with activation checkpointing; tp and sp
+refused before any worker starts); and a
 Gemma3ForConditionalGeneration,
 a Gemma4ForConditionalGeneration and a Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
 models with it. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
@@ -168,6 +169,16 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         ids = fast(p, return_tensors="pt").input_ids
         want = model.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=1, pad_token_id=1)[0, ids.shape[1]:]
         assert got == want.tolist(), (name, p, got, want.tolist())
+    if name == "gemma4_small":
+        # Tensor and sequence parallel split neither the per-layer embeddings nor the shared keys: refused
+        # before any worker starts, naming the key to set.
+        for key in ("tp_size", "sp_size"):
+            r = launch(a, d, f"{name}_{key}", folder, "--set", f"parallelism_config.parallelism_config_{key}=2",
+                       check=False)
+            said = r.stdout + r.stderr
+            assert (r.returncode != 0 and f"parallelism_config_{key} 2: " in said and "is a Gemma 4 E2B/E4B form" in said
+                    and "[rank" not in said), said[-2000:]
+            print(f"{name}: {key} 2 refused: " + next(l for l in said.splitlines() if "E2B/E4B" in l)[:200])
     if name == "qwen3_5":
         # Context parallel's strategies would split the sequence Gated DeltaNet's state runs along:
         # refused before any worker starts, naming Ulysses.

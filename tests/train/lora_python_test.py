@@ -39,6 +39,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from llmc_shard import write_shard  # noqa: E402
 from reference_server import references  # noqa: E402
 
+# The cases whose later gradients are held to the step's worst PEFT drift, not only their own (compare_to_peft).
+STEP_WIDE_DRIFT = {"gemma4_small"}
 SETTINGS = {"steps": 6, "micro_batch_size": 4, "sequence_length": 32, "lr": 1e-3, "seed": 1234, "warmup": 2}
 CASES = {
     # name: (LoraConfig arguments, fsdptrain's lora section)
@@ -161,9 +163,10 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     # After step 1, PEFT's own float32 run drifts from its float64 one as ours does: a later gradient is
     # held to 1e-4 of either, or to twice PEFT's own float32 drift at that step (Gemma 4's unscaled scores:
     # PEFT's float32 gradients 1.3e-4 to 6.5e-4 from its float64 ones over steps 2-6, ours 3.5e-6 to 1.1e-4).
-    # The drift reaches every tensor through the weights they share, so a later step's bound is twice the
-    # step's worst PEFT drift where that is larger than the tensor's own (Gemma 4 E2B's form: a gate's
-    # gradient 1.5e-4 from float64 at step 3 where PEFT's was 5.6e-5, and PEFT's worst that step 1.1e-4).
+    # In the cases of STEP_WIDE_DRIFT the drift reaches every tensor through the weights they share, so a
+    # later step's bound is twice the step's worst PEFT drift where that is larger than the tensor's own
+    # (Gemma 4 E2B's form: a gate's gradient 1.5e-4 from float64 at step 3 where PEFT's was 5.6e-5, and
+    # PEFT's worst that step 1.1e-4).
     noise = {}
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
@@ -180,7 +183,8 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
             worst_grad[step > 1] = max(worst_grad[step > 1], r)
             if step == 1:
                 noise[key] = drift[key]
-            bound = max(1e-5, 4 * noise[key]) if step == 1 else max(1e-4, 2 * step_drift)
+            wide = step_drift if case in STEP_WIDE_DRIFT else 0.0
+            bound = max(1e-5, 4 * noise[key]) if step == 1 else max(1e-4, 2 * drift[key], 2 * wide)
             check(r < bound, f"{name} step {step}: the gradient of {key} differs from PEFT's by {r:.2e} (bound "
                              f"{bound:.2e}{'; PEFT float32 vs float64: %.2e' % noise[key] if step == 1 else ''})")
     export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")

@@ -55,8 +55,8 @@ const std::set<std::string>& known_fields() {
       "output_router_logits", "router_jitter_noise", "qkv_bias", "linear_conv_kernel_dim", "linear_key_head_dim",
       "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads", "full_attention_interval",
       "attn_output_gate", "swiglu_limit", "swiglu_alpha",
-      // Gemma 4's: its full-attention layers' heads and values, and the parts fsdptrain refuses by name
-      // (per-layer embeddings, shared keys and values, the mixture of experts) when they are on.
+      // Gemma 4's: its full-attention layers' heads and values, E2B's and E4B's per-layer embeddings, shared
+      // keys and values and double-wide MLPs, and the mixture of experts.
       "per_layer_config", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
       "hidden_size_per_layer_input", "vocab_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp",
       "enable_moe_block", "top_k_experts",
@@ -570,7 +570,6 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   }
 }
 
-// A Gemma 4 switch that is off, or a refusal naming it and what it is.
 // Gemma 4's mixture of experts (enable_moe_block): num_experts, top_k_experts and
 // moe_intermediate_size, which Gemma4TextConfig leaves unset (so each must be written).
 void parse_gemma4_moe(const json& j, const std::string& where, DecoderConfig& c) {
@@ -599,6 +598,9 @@ void parse_gemma4_moe(const json& j, const std::string& where, DecoderConfig& c)
 // vocab_size_per_layer_input), the last num_kv_shared_layers layers attending with earlier layers' keys
 // and values, their MLPs twice as wide (use_double_wide_mlp), as Gemma4TextConfig reads them.
 void parse_gemma4_small(const json& j, const std::string& where, DecoderConfig& c) {
+  FSDP_CHECK(!j.contains("hidden_size_per_layer_input") || !j["hidden_size_per_layer_input"].is_null(), where,
+             ": hidden_size_per_layer_input is null, which Gemma4TextConfig refuses (it is a width); write 0 for no "
+             "per-layer embeddings (the dense models), or the width (Gemma 4 E2B's and E4B's: 256)");
   c.per_layer_input_dim = field<int64_t>(j, "hidden_size_per_layer_input", 256, where);
   FSDP_CHECK(c.per_layer_input_dim >= 0, where, ": hidden_size_per_layer_input is ", c.per_layer_input_dim,
              "; it must be 0 (no per-layer embeddings) or a width >= 1");
@@ -606,8 +608,8 @@ void parse_gemma4_small(const json& j, const std::string& where, DecoderConfig& 
     c.per_layer_vocab = field<int64_t>(j, "vocab_size_per_layer_input", 262144, where);
     FSDP_CHECK(c.per_layer_vocab >= c.vocab_size, where, ": vocab_size_per_layer_input (", c.per_layer_vocab,
                ") is smaller than vocab_size (", c.vocab_size,
-               "): every token id looks its per-layer embedding up there; write the model's (Gemma 4 E2B's and "
-               "E4B's: 262144, as vocab_size)");
+               "): every token id looks its per-layer embedding up there; set it to at least vocab_size (Gemma 4 "
+               "E2B's and E4B's: 262144)");
   }
   const int64_t n = c.num_hidden_layers;
   c.kv_shared_layers = field<int64_t>(j, "num_kv_shared_layers", 0, where);
@@ -890,7 +892,7 @@ LayerPlan DecoderConfig::plan(int64_t layer) const {
     int64_t last = first_shared - 1, takers = 0;
     while (last > layer && kind(last) != kind(layer)) --last;
     for (int64_t l = first_shared; l < num_hidden_layers; ++l) takers += kind(l) == kind(layer) ? 1 : 0;
-    p.kv_shared = last == layer && takers > 0;
+    p.kv_kept = last == layer && takers > 0;
   }
   p.mlp_width = intermediate_size * (double_wide_mlp && p.kv_source >= 0 ? 2 : 1);
   return p;
@@ -900,8 +902,7 @@ namespace {
 
 // The parameters of the model `c`, each sparse layer's experts counted `experts` at a time.
 double count_parameters(const DecoderConfig& dc, double experts) {
-  const double c = static_cast<double>(dc.hidden_size), h = static_cast<double>(dc.num_attention_heads),
-               f = static_cast<double>(dc.intermediate_size);
+  const double c = static_cast<double>(dc.hidden_size), h = static_cast<double>(dc.num_attention_heads);
   // A layer's attention: its heads' width and kv heads, and whether it has a v_proj (Gemma 4's differ).
   auto attention = [&](const LayerPlan& plan) {
     const double d = static_cast<double>(plan.head_dim), k = static_cast<double>(plan.kv_heads);
@@ -915,15 +916,18 @@ double count_parameters(const DecoderConfig& dc, double experts) {
     if (dc.attention_sinks) attn += h;
     return attn;
   };
-  auto mlp_of = [&](double width) { return 3 * c * width + (dc.mlp_bias ? 2 * width + c : 0); };
-  const double mlp = mlp_of(f);
+  // A dense MLP of the layer's width (twice intermediate_size in Gemma 4 E2B/E4B's sharing layers).
+  auto mlp_of = [&](const LayerPlan& plan) {
+    const double width = static_cast<double>(plan.mlp_width);
+    return 3 * c * width + (dc.mlp_bias ? 2 * width + c : 0);
+  };
   const MoeConfig& m = dc.moe;
   double sparse = static_cast<double>(m.num_experts) * c + experts * 3 * c * static_cast<double>(m.intermediate_size);
   if (m.gpt_oss)  // the router's bias, each expert's biases
     sparse += static_cast<double>(m.num_experts) + experts * (2 * static_cast<double>(m.intermediate_size) + c);
   if (m.shared_expert_intermediate_size > 0) sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + c;
-  // Gemma 4's: router.scale and per_expert_scale, three norms of its own, and the dense MLP beside it.
-  if (m.gemma4) sparse += c + static_cast<double>(m.num_experts) + 3 * c + mlp;
+  // Gemma 4's: router.scale and per_expert_scale, three norms of its own (the dense MLP beside it: per layer).
+  if (m.gemma4) sparse += c + static_cast<double>(m.num_experts) + 3 * c;
   const double norms = (dc.norms == NormPlacement::kSandwich ? 4 : 2) * c;
   const LinearAttentionConfig& la = dc.linear_attention;
   const double conv = static_cast<double>(la.conv_dim()), values = static_cast<double>(la.value_dim()),
@@ -938,13 +942,20 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   double layers = p > 0 ? static_cast<double>(dc.per_layer_vocab) * n * p + c * n * p + p : 0;
   for (int64_t l = 0; l < dc.num_hidden_layers; ++l) {
     const LayerPlan plan = dc.plan(l);
-    layers += (plan.linear ? linear : attention(plan)) + norms + per_layer +
-              (plan.moe ? sparse : mlp_of(static_cast<double>(plan.mlp_width)));
+    layers += (plan.linear ? linear : attention(plan)) + norms + per_layer + (plan.moe ? sparse : 0) +
+              (!plan.moe || m.gemma4 ? mlp_of(plan) : 0);
   }
   return static_cast<double>(dc.vocab_size) * c * (dc.tie_word_embeddings ? 1 : 2) + layers + c;
 }
 
 }  // namespace
+
+std::string fsdp_only_parts(const DecoderConfig& c) {
+  std::vector<std::string> parts;
+  if (c.per_layer_input_dim > 0) parts.push_back("per-layer embeddings (hidden_size_per_layer_input)");
+  if (c.kv_shared_layers > 0) parts.push_back("layers sharing keys and values (num_kv_shared_layers)");
+  return join(parts, " and ");
+}
 
 double DecoderConfig::parameter_count() const {
   return count_parameters(*this, static_cast<double>(moe.num_experts));
@@ -1187,7 +1198,7 @@ void write_form(json& j, const DecoderConfig& c) {
     j["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json(nullptr);
     j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
   }
-  if (c.family == Family::kGemma4) {  // its switches as transformers saves them: everything off fsdptrain refuses
+  if (c.family == Family::kGemma4) {  // its switches as transformers saves them
     j.erase("mlp_bias");
     j["hidden_activation"] = j["hidden_act"];
     j.erase("hidden_act");

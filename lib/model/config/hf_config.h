@@ -98,7 +98,7 @@ struct LayerPlan {
   // with (-1: its own; it then has no k_proj, v_proj or k_norm), whether a later layer takes this one's,
   // and the dense MLP's width (use_double_wide_mlp: twice intermediate_size in the layers that share).
   int64_t kv_source = -1;
-  bool kv_shared = false;
+  bool kv_kept = false;
   int64_t mlp_width = 0;
 };
 
@@ -281,6 +281,10 @@ struct DecoderConfig {
   // each; the two unit triangular solves, L D each; three products with the state, 2 Dk Dv each).
   double flops_per_token(int64_t seq_len) const;
 };
+
+// Gemma 4 E2B/E4B's parts that tensor, context and sequence parallel do not split, named with their
+// fields ("per-layer embeddings (hidden_size_per_layer_input)"); empty for other models.
+std::string fsdp_only_parts(const DecoderConfig& c);
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
 // qwen3, gemma2, gemma3_text, gemma4_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,

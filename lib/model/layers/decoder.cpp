@@ -208,15 +208,12 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::
   FSDP_CHECK(!ep || c.moe.num_experts > 0, "[config] parallelism_config_ep_size ", ep ? ep->size() : 1,
              ": ", family_names(c.family).architecture, " is a dense model (no experts to split); set "
              "parallelism_config_ep_size: 1");
-  if (c.per_layer_input_dim > 0 || c.kv_shared_layers > 0)  // Gemma 4 E2B/E4B
-    FSDP_CHECK(!tp && !cp, tp ? "[tp] " : "[cp] ", family_names(c.family).architecture, "'s ",
-               c.per_layer_input_dim > 0 ? "per-layer embeddings (hidden_size_per_layer_input)"
-                                         : "layers sharing keys and values (num_kv_shared_layers)",
+  if (const std::string parts = fsdp_only_parts(c); !parts.empty())  // Gemma 4 E2B/E4B (the launcher says so first)
+    FSDP_CHECK(!tp && !cp, tp ? "[tp] " : "[cp] ", family_names(c.family).architecture, "'s ", parts,
                ", Gemma 4 E2B's and E4B's, are not split by ",
-               tp ? "tensor parallel; train it with tp_size 1"
-                  : "context or sequence parallel; train it with "
-                    "parallelism_config_cp_size and parallelism_config_sp_size 1",
-               " (FSDP shards it)");
+               tp ? "tensor parallel; set parallelism_config_tp_size: 1"
+                  : "context or sequence parallel; set parallelism_config_cp_size and parallelism_config_sp_size to 1",
+               " (FSDP shards the model)");
   auto release = [&](torch::nn::Module& m) {
     if (free_after_create)
       for (auto& p : m.parameters()) fsdp::free_storage(p);
@@ -389,7 +386,7 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packe
       const KeysValues& from = kept[static_cast<size_t>(plan.kv_source)];
       inputs.insert(inputs.end(), {from.k, from.v});
     }
-    const bool own = per_layer.defined(), takes = plan.kv_source >= 0, keeps = plan.kv_shared;
+    const bool own = per_layer.defined(), takes = plan.kv_source >= 0, keeps = plan.kv_kept;
     const TensorList out = fsdp::call(*layer, inputs, [layer, rows, own, takes, keeps](const TensorList& in) {
       const at::Tensor input = own ? in[3] : at::Tensor();
       const size_t at = own ? 4 : 3;
@@ -467,10 +464,10 @@ ModelTraits decoder_traits(const DecoderConfig& c) {
   const std::string layer = family_names(c.family).layer_class;
   ModelTraits t{{layer}, {layer}};
   if (!c.tie_word_embeddings) t.unit_classes.push_back("TokenEmbedding");
-  // Gemma 4 E2B/E4B's per-layer table (vocab_size_per_layer_input x L P values), a unit of its own by default
-  // rather than gathered in the root through the whole step.
+  // Gemma 4 E2B/E4B's per-layer table (vocab_size_per_layer_input x L P values): a unit of its own
+  // beside the decoder layers, not gathered in the root through the whole step.
   if (c.per_layer_input_dim > 0) {
-    t.layer_classes.push_back("PerLayerEmbedding");
+    t.separate_units.push_back("PerLayerEmbedding");
     t.unit_classes.push_back("PerLayerEmbedding");
   }
   if (c.moe.num_experts > 0) t.unit_classes.push_back("Experts");  // run through fsdp::call (expert parallel's units)

@@ -14,7 +14,8 @@
 // after each block, q/k norms over the whole projection), SmolLM3 (layers without rotary), Granite
 // (multipliers), Gemma 4's text models (plain-weight norms in fp32, unscaled scores, full-attention
 // layers of their own head width with values from k_proj, a stored scalar per layer; 26B-A4B's experts
-// beside each dense MLP),
+// beside each dense MLP; E2B's and E4B's per-layer embeddings and last layers attending with earlier
+// layers' keys and values),
 // Phi-3/3.5/4 (a partial rotation, longrope; its checkpoints' fused qkv_proj and
 // gate_up_proj are split on load and joined on export by the checkpoint layer, so the modules are
 // the same), and the mixtures of experts Qwen3-MoE, Qwen2-MoE and Mixtral (a MoeBlock, model/layers/moe.h,
@@ -28,7 +29,8 @@
 //
 // Not thread-safe (LibTorch modules). The model runs its decoder layers and embedding through
 // fsdp::call, so fully_shard can make them units; decoder_traits() declares the family's decoder
-// layer class (LlamaDecoderLayer, Gemma3DecoderLayer, ...) as the layer class for TRANSFORMER_BASED_WRAP.
+// layer class (LlamaDecoderLayer, Gemma3DecoderLayer, ...) as the layer class for TRANSFORMER_BASED_WRAP
+// (and Gemma 4 E2B/E4B's per-layer table as a unit of its own).
 #pragma once
 
 #include <torch/nn/module.h>
