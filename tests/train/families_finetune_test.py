@@ -176,8 +176,8 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
             r = launch(a, d, f"{name}_{key}", folder, "--set", f"parallelism_config.parallelism_config_{key}=2",
                        check=False)
             said = r.stdout + r.stderr
-            assert (r.returncode != 0 and f"parallelism_config_{key} 2: " in said and "is a Gemma 4 E2B/E4B form" in said
-                    and "[rank" not in said), said[-2000:]
+            assert (r.returncode != 0 and f"parallelism_config_{key} 2: " in said
+                    and "is a Gemma 4 E2B/E4B form" in said and "[rank" not in said), said[-2000:]
             print(f"{name}: {key} 2 refused: " + next(l for l in said.splitlines() if "E2B/E4B" in l)[:200])
     if name == "qwen3_5":
         # Context parallel's strategies would split the sequence Gated DeltaNet's state runs along:
