@@ -66,6 +66,8 @@ std::vector<std::string> policy_units(
                    join_sorted(unit_classes));
       }
       const std::vector<std::string>& separate = traits.separate_units;
+      for (const std::string& s : separate)
+        FSDP_ASSERT(unit_classes.count(s), s, " is kept apart as a unit but is not run through fsdp::call");
       for (const auto& item : modules) {
         const std::string cls = module_class_name(*item.value());
         if (std::find(wanted.begin(), wanted.end(), cls) != wanted.end() ||

@@ -37,7 +37,7 @@ struct ModelTraits {
   std::vector<std::string> unit_classes;
   // Classes TRANSFORMER_BASED_WRAP makes units besides the layer classes, whichever are named (Gemma 4
   // E2B/E4B's per-layer table, which would otherwise stay gathered in the root through the step).
-  std::vector<std::string> separate_units;
+  std::vector<std::string> separate_units = {};
 };
 
 // Which modules become units: the layer classes, modules holding enough parameters, or none (one

@@ -532,6 +532,8 @@ TEST_CASE("config.json of Gemma 4 E2B/E4B: per-layer embeddings, shared keys and
   auto error = [&](const std::string& extra) { return error_of([&] { parse(extra); }); };
   CHECK(error(R"("hidden_size_per_layer_input": null)").find("write 0 for no per-layer embeddings") !=
         std::string::npos);
+  CHECK(error(R"("num_kv_shared_layers": null)").find("num_kv_shared_layers is null, which Gemma4TextConfig refuses") !=
+        std::string::npos);
   CHECK(error(R"("hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 32)")
             .find("vocab_size_per_layer_input (32) is smaller than vocab_size (64)") != std::string::npos);
   CHECK(error(R"("num_kv_shared_layers": 6)").find("num_kv_shared_layers is 6; it must be from 0 to") !=

@@ -601,6 +601,9 @@ void parse_gemma4_small(const json& j, const std::string& where, DecoderConfig& 
   FSDP_CHECK(!j.contains("hidden_size_per_layer_input") || !j["hidden_size_per_layer_input"].is_null(), where,
              ": hidden_size_per_layer_input is null, which Gemma4TextConfig refuses (it is a width); write 0 for no "
              "per-layer embeddings (the dense models), or the width (Gemma 4 E2B's and E4B's: 256)");
+  for (const char* key : {"vocab_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp"})
+    FSDP_CHECK(!j.contains(key) || !j[key].is_null(), where, ": ", key,
+               " is null, which Gemma4TextConfig refuses; write its value, or leave the field out for its default");
   c.per_layer_input_dim = field<int64_t>(j, "hidden_size_per_layer_input", 256, where);
   FSDP_CHECK(c.per_layer_input_dim >= 0, where, ": hidden_size_per_layer_input is ", c.per_layer_input_dim,
              "; it must be 0 (no per-layer embeddings) or a width >= 1");
