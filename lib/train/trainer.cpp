@@ -108,7 +108,6 @@ model::CausalLM stand_in(const model::DecoderConfig& model, int64_t layers) {
     tiny.per_layer_input_dim = 2;
     tiny.per_layer_vocab = tiny.vocab_size;
   }
-  if (tiny.kv_shared_layers >= layers) tiny.kv_shared_layers = 0;  // fewer layers than share: none do
   return model::CausalLM(tiny, /*free_after_create=*/true);
 }
 

@@ -12,8 +12,7 @@ and the folder's fused projections, experts one by one in the folder, a dense la
 the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
 packed records each starting from a zero state), Gemma 4's dense text model, its mixture of experts and E2B's
 form (per-layer embeddings, layers sharing keys and values, with activation checkpointing; tp and sp
-refused before any worker starts); and a
-Gemma3ForConditionalGeneration,
+refused before any worker starts); and a Gemma3ForConditionalGeneration,
 a Gemma4ForConditionalGeneration and a Qwen3_5ForConditionalGeneration folder, refused without model.text_only and trained as their text
 models with it. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
 is refused before any worker starts, naming Ulysses."""

@@ -167,7 +167,6 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     # later step's bound is twice the step's worst PEFT drift where that is larger than the tensor's own
     # (Gemma 4 E2B's form: a gate's gradient 1.5e-4 from float64 at step 3 where PEFT's was 5.6e-5, and
     # PEFT's worst that step 1.1e-4).
-    noise = {}
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
         mine = load_file(os.path.join(grads, f"step-{step}.safetensors"))
@@ -181,12 +180,10 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
             if step > 1:
                 r = min(r, relative(mine[key], theirs64[key]))
             worst_grad[step > 1] = max(worst_grad[step > 1], r)
-            if step == 1:
-                noise[key] = drift[key]
             wide = step_drift if case in STEP_WIDE_DRIFT else 0.0
-            bound = max(1e-5, 4 * noise[key]) if step == 1 else max(1e-4, 2 * drift[key], 2 * wide)
+            bound = max(1e-5, 4 * drift[key]) if step == 1 else max(1e-4, 2 * drift[key], 2 * wide)
             check(r < bound, f"{name} step {step}: the gradient of {key} differs from PEFT's by {r:.2e} (bound "
-                             f"{bound:.2e}{'; PEFT float32 vs float64: %.2e' % noise[key] if step == 1 else ''})")
+                             f"{bound:.2e}{'; PEFT float32 vs float64: %.2e' % drift[key] if step == 1 else ''})")
     export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
     mine = load_file(os.path.join(export, "adapter_model.safetensors"))
     check(set(mine) == set(ref_adapter), f"{name}: adapter keys differ: {sorted(set(mine) ^ set(ref_adapter))}")
