@@ -64,12 +64,15 @@ at::Tensor whole(Source& src, const TensorSpec& t) {
 // weight (expert -1), or one expert's part of it as the Hub stores them (rows [first, first + rows)
 // of its (out, in) weight: Qwen3-MoE's gate_proj of gate_up_proj, Mixtral's w1).
 struct ExpertPiece {
+  std::string weight;  // the stacked weight's name, PEFT's key for the adapter's rank and alpha
   std::string prefix;  // the adapter's ("...experts." or "...experts.base_layer.")
   int64_t experts = 0, expert = -1, first = 0;
   bool transposed = false;  // gpt-oss: (E, in, out)
-  at::Tensor merged(const at::Tensor& stored, const std::map<std::string, at::Tensor>& tensors, double scaling) const {
+  at::Tensor merged(const at::Tensor& stored, const std::map<std::string, at::Tensor>& tensors,
+                    const model::LoraScaling& scaling_of) const {
     const at::Tensor& a = tensors.at(prefix + "lora_A.weight");
     const at::Tensor& b = tensors.at(prefix + "lora_B.weight");
+    const double scaling = scaling_of(weight, a.size(0) / experts);
     if (expert < 0) return model::merged_expert_weight(stored, a, b, scaling, transposed, prefix);
     const at::Tensor delta = model::expert_delta(a, b, scaling, experts, expert).narrow(0, first, stored.size(0));
     FSDP_CHECK(delta.sizes() == stored.sizes(), "[merge-weights] the adapter ", prefix, "lora_A/B gives expert ", expert,
@@ -106,7 +109,7 @@ ExpertPieces expert_pieces(const Source& src, const std::string& base, const Pef
       out.adapters.insert(prefix + leaf);
     }
     if (src.info(weight) != nullptr)  // stored stacked
-      out.pieces[weight] = {prefix, src.info(weight)->shape[0], -1, 0, config.moe.gpt_oss};
+      out.pieces[weight] = {weight, prefix, src.info(weight)->shape[0], -1, 0, config.moe.gpt_oss};
   }
   for (const model::StackedTensor& st : description.layout.stacked) {
     const auto p = prefixes.find(st.name);
@@ -121,7 +124,7 @@ ExpertPieces expert_pieces(const Source& src, const std::string& base, const Pef
                    config.moe.gpt_oss ? " (gpt-oss's Hub weights are MXFP4 blocks, which an adapter cannot be added to: "
                                         "give a bf16 copy of the base with --base)"
                                       : "");
-        out.pieces[part] = {p->second, E, e, first, false};
+        out.pieces[part] = {st.name, p->second, E, e, first, false};
         first += info->shape[0];
       }
     }
@@ -193,7 +196,7 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
                " does not have; give the base model it was trained on with --base");
   }
   const std::vector<TensorSpec> specs = specs_of(*src, names);
-  const double scaling = adapter.settings.scaling();
+  const model::LoraScaling scaling = adapter.settings.scaling_for("[merge-weights] " + adapter_dir);
   const int64_t total = write_folder(
       specs,
       [&](size_t i) {
@@ -204,8 +207,9 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
           return piece->second.merged(whole(*src, specs[i]), adapter.tensors, scaling);
         const auto a = adapter.tensors.find(model::lora_a_name(name));
         if (!ends_with(name, ".weight") || a == adapter.tensors.end()) return whole(*src, specs[i]);
+        const std::string key = name.substr(0, name.size() - std::string(".weight").size());
         return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),
-                                    scaling, name);
+                                    scaling(key, a->second.size(0)), name);
       },
       read_file(base + "/config.json"), out, max_shard_bytes, log,
       model_text_files({adapter_dir, base}));  // so generate --chat and transformers find the tokenizer

@@ -36,10 +36,44 @@ void check_supported(const json& c, const std::string& where) {
   const std::string bias = json_string_or(c, "bias", "none", where);
   refuse_if(bias != "none", "bias " + quoted(bias));
   refuse_if(json_bool_or(c, "fan_in_fan_out", false, where), "fan_in_fan_out");
-  auto set = [&](const char* key) { return c.contains(key) && !c[key].is_null() && !c[key].empty(); };
-  refuse_if(set("rank_pattern"), "rank_pattern");
-  refuse_if(set("alpha_pattern"), "alpha_pattern");
-  refuse_if(c.contains("layers_to_transform") && !c["layers_to_transform"].is_null(), "layers_to_transform");
+}
+
+// rank_pattern / alpha_pattern of adapter_config.json, in the file's order (PEFT takes the first key that
+// matches): an object of numbers, or null.
+template <typename T>
+std::vector<std::pair<std::string, T>> read_patterns(const nlohmann::ordered_json& c, const char* key,
+                                                     const std::string& where) {
+  std::vector<std::pair<std::string, T>> out;
+  if (!c.contains(key) || c[key].is_null()) return out;
+  FSDP_CHECK(c[key].is_object(), where, ": ", key, " must be an object of module patterns and numbers, got ",
+             c[key].dump());
+  for (const auto& [pattern, value] : c[key].items()) {
+    const bool whole = value.is_number_integer() || value.is_number_unsigned();
+    FSDP_CHECK(value.is_number() && (std::is_floating_point_v<T> || whole) && value.template get<double>() > 0, where,
+               ": ", key, "'s ", quoted(pattern), " is ", value.dump(), "; it must be ",
+               std::is_floating_point_v<T> ? "a number above 0" : "a whole number above 0");
+    out.emplace_back(pattern, value.template get<T>());
+  }
+  return out;
+}
+
+// layers_to_transform (a number or a list of them) and layers_pattern (a string or a list), or null.
+void read_layers(const nlohmann::ordered_json& c, model::LoraSettings& s, const std::string& where) {
+  if (c.contains("layers_to_transform") && !c["layers_to_transform"].is_null()) {
+    const auto& v = c["layers_to_transform"];
+    for (const auto& n : v.is_array() ? v : nlohmann::ordered_json::array({v})) {
+      FSDP_CHECK(n.is_number_integer() || n.is_number_unsigned(), where,
+                 ": layers_to_transform must be a layer number or a list of them, got ", v.dump());
+      s.layers_to_transform.push_back(n.get<int64_t>());
+    }
+  }
+  if (c.contains("layers_pattern") && !c["layers_pattern"].is_null()) {
+    const auto& v = c["layers_pattern"];
+    for (const auto& p : v.is_array() ? v : nlohmann::ordered_json::array({v})) {
+      FSDP_CHECK(p.is_string(), where, ": layers_pattern must be a string or a list of them, got ", v.dump());
+      if (!p.get<std::string>().empty()) s.layers_pattern.push_back(p.get<std::string>());
+    }
+  }
 }
 
 constexpr const char* kEmbedding = "model.embed_tokens.weight";
@@ -75,6 +109,14 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
             {"inference_mode", true},
             {"init_lora_weights", true},
             {"use_dora", false}};
+  // PEFT reads the patterns in the file's order, taking the first that matches: written as given.
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::object(), alphas = nlohmann::ordered_json::object();
+  for (const auto& [pattern, r] : s.rank_pattern) ranks[pattern] = r;
+  for (const auto& [pattern, a] : s.alpha_pattern) alphas[pattern] = a;
+  c["rank_pattern"] = json::object();  // placed below, in that order
+  c["alpha_pattern"] = json::object();
+  c["layers_to_transform"] = s.layers_to_transform.empty() ? json(nullptr) : json(s.layers_to_transform);
+  c["layers_pattern"] = s.layers_pattern.empty() ? json(nullptr) : json(s.layers_pattern);
   if (!s.target_parameters.empty()) {  // PEFT writes them as a sorted list
     std::vector<std::string> parameters = s.target_parameters;
     std::sort(parameters.begin(), parameters.end());
@@ -82,7 +124,23 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
     c["target_parameters"] = parameters;
   }
   if (tied_saved) c["ensure_weight_tying"] = true;  // PEFT keeps the head tied to the trained embedding
-  return c.dump(2) + "\n";
+  nlohmann::ordered_json out;  // the keys sorted, as PEFT writes them; the patterns' entries as given
+  for (const auto& [key, value] : c.items())
+    out[key] = key == "rank_pattern" ? ranks : key == "alpha_pattern" ? alphas : nlohmann::ordered_json(value);
+  return out.dump(2) + "\n";
+}
+
+template <typename T>
+bool same_entries(const std::vector<std::pair<std::string, T>>& a, const std::vector<std::pair<std::string, T>>& b) {
+  return std::map<std::string, T>(a.begin(), a.end()) == std::map<std::string, T>(b.begin(), b.end()) &&
+         a.size() == b.size();
+}
+
+template <typename T>
+std::string entries(const std::vector<std::pair<std::string, T>>& patterns) {
+  std::vector<std::string> parts;
+  for (const auto& [pattern, value] : patterns) parts.push_back(quoted(pattern) + ": " + str(value));
+  return "{" + join(parts, ", ") + "}";
 }
 
 }  // namespace
@@ -127,6 +185,10 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
   a.settings.target_modules = json_strings_or_empty(c, "target_modules", where);
   a.settings.modules_to_save = json_strings_or_empty(c, "modules_to_save", where);
   a.settings.target_parameters = json_strings_or_empty(c, "target_parameters", where);
+  const nlohmann::ordered_json ordered = parse_ordered_json(read_file(config_path), where);
+  a.settings.rank_pattern = read_patterns<int64_t>(ordered, "rank_pattern", where);
+  a.settings.alpha_pattern = read_patterns<double>(ordered, "alpha_pattern", where);
+  read_layers(ordered, a.settings, where);
   if (c.contains("base_model_name_or_path") && c["base_model_name_or_path"].is_string())
     a.base_model = c["base_model_name_or_path"].get<std::string>();
   FSDP_CHECK(a.settings.r > 0 && a.settings.r <= (int64_t{1} << 20), where, ": r must be between 1 and 1048576, got ",
@@ -136,17 +198,20 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
                " does not start with ", kPeftPrefix, " (not a PEFT model's adapter)");
     a.tensors[name.substr(std::string(kPeftPrefix).size())] = t.to(at::kFloat);
   }
-  // The config's r is the tensors' rank: lora_A (r, in) and lora_B (out, r), or r per expert for a
-  // stacked expert weight's (target_parameters: (r E, in), (out, r E)). Merging with another r's
-  // scaling would change the model silently.
+  // The config's r (or its rank_pattern's) is the tensors' rank: lora_A (r, in) and lora_B (out, r), or r per
+  // expert for a stacked expert weight's (target_parameters: (r E, in), (out, r E); those the merges check, where
+  // the weight and its experts are known). Merging with another r's scaling would change the model silently.
   for (const auto& [name, t] : a.tensors) {
-    const bool down = name.find(".lora_A.") != std::string::npos, up = name.find(".lora_B.") != std::string::npos;
-    if (!down && !up) continue;
+    const size_t down = name.find(".lora_A."), up = name.find(".lora_B.");
+    if (down == std::string::npos && up == std::string::npos) continue;
     const bool stacked = !a.settings.target_parameters.empty() && name.find(".experts.") != std::string::npos;
-    const int64_t rank = t.dim() == 2 ? t.size(down ? 0 : 1) : 0;
-    FSDP_CHECK(rank > 0 && (stacked ? rank % a.settings.r == 0 : rank == a.settings.r), "[lora] ", weights_path, ": ",
-               name, " is ", t.sizes(), ", which is not rank ", a.settings.r, stacked ? " per expert" : "", " as ",
-               kAdapterConfig, "'s r says; the config and the weights are of different adapters");
+    const int64_t rank = t.dim() == 2 ? t.size(down != std::string::npos ? 0 : 1) : 0;
+    const int64_t expected = stacked ? a.settings.r : a.settings.rank_of(name.substr(0, std::min(down, up)));
+    FSDP_CHECK(rank > 0 && (stacked ? !a.settings.rank_pattern.empty() || rank % expected == 0 : rank == expected),
+               "[lora] ", weights_path, ": ", name, " is ", t.sizes(), ", which is not rank ", expected,
+               stacked ? " per expert" : "", " as ", kAdapterConfig, "'s ",
+               a.settings.rank_pattern.empty() ? "r says" : "r and rank_pattern say",
+               "; the config and the weights are of different adapters");
   }
   return a;
 }
@@ -180,7 +245,7 @@ void export_peft(const ShardedModel& model, const model::LoraSettings& settings,
 void export_merged(const ShardedModel& model, const model::ModelDescription& description,
                    const model::LoraSettings& lora, bool transposed_experts, const std::string& dir,
                    const ExtraFiles& extra, Dtype dtype) {
-  const double scaling = lora.scaling();
+  const model::LoraScaling scaling = lora.scaling_for("[lora] the merged export");
   std::map<std::string, std::pair<size_t, size_t>> where;  // every parameter: (group, index)
   for (size_t g = 0; g < model.groups().size(); ++g)
     for (size_t i = 0; i < model.groups()[g]->params().size(); ++i) where[model.groups()[g]->params()[i].name] = {g, i};
@@ -202,13 +267,16 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
     // Each weight with its adapter folded in: its own, its rows of a fused projection's (Phi-3), or
     // each expert's of a stacked weight's (target_parameters).
     write_hf_model(model, description, tmp, kDefaultMaxShardBytes, fs, dtype, [&](const std::string& name) {
-      if (const auto e = experts.find(name); e != experts.end())
-        return model::merged_expert_weight(full(name), full(e->second + "lora_A.weight"),
-                                           full(e->second + "lora_B.weight"), scaling, transposed_experts, name);
+      if (const auto e = experts.find(name); e != experts.end()) {
+        const at::Tensor w = full(name), a = full(e->second + "lora_A.weight");
+        return model::merged_expert_weight(w, a, full(e->second + "lora_B.weight"),
+                                           scaling(name, a.size(0) / w.size(0)), transposed_experts, name);
+      }
       const std::optional<model::AdapterSlice> s = model::adapter_of(name, has, rows);
       if (!s) return full(name);
-      const at::Tensor w = full(name);
-      return model::merged_weight(w, full(s->a), full(s->b).narrow(0, s->begin, w.size(0)), scaling, name);
+      const at::Tensor w = full(name), a = full(s->a);
+      const std::string key = s->a.substr(0, s->a.size() - std::string(".lora_A.weight").size());
+      return model::merged_weight(w, a, full(s->b).narrow(0, s->begin, w.size(0)), scaling(key, a.size(0)), name);
     });
   });
 }
@@ -222,6 +290,12 @@ void load_adapter(ShardedModel& model, const model::LoraSettings& settings, cons
              " has lora_alpha ", a.alpha, "; set lora.alpha: ", a.alpha, " to start from this adapter");
   FSDP_CHECK(a.use_rslora == settings.use_rslora, "[lora] lora.use_rslora is ", settings.use_rslora ? "true" : "false",
              " but ", config_path, " has use_rslora ", a.use_rslora ? "true" : "false");
+  FSDP_CHECK(same_entries(a.rank_pattern, settings.rank_pattern), "[lora] lora.rank_pattern is ",
+             entries(settings.rank_pattern), " but ", config_path, " has rank_pattern ", entries(a.rank_pattern),
+             "; set lora.rank_pattern as the adapter's to start from it");
+  FSDP_CHECK(same_entries(a.alpha_pattern, settings.alpha_pattern), "[lora] lora.alpha_pattern is ",
+             entries(settings.alpha_pattern), " but ", config_path, " has alpha_pattern ", entries(a.alpha_pattern),
+             "; set lora.alpha_pattern as the adapter's to start from it");
   std::map<std::string, at::Tensor> tensors = adapter.tensors;
   if (tied_head(model)) tie_saved_head(tensors, adapter.dir);
   std::map<std::string, std::vector<int64_t>> stored;
@@ -288,7 +362,8 @@ void apply_adapter(torch::nn::Module& module, const PeftAdapter& adapter) {
       it->second = t;
     }
   }
-  model::merge_lora(params, adapter.settings.scaling(), adapter.settings.target_parameters, transposed);
+  model::merge_lora(params, adapter.settings.scaling_for("[lora] " + adapter.dir), adapter.settings.target_parameters,
+                    transposed);
   c10::NoGradGuard no_grad;
   for (const auto& p : module.named_parameters()) p.value().copy_(params.at(p.key()));
 }

@@ -30,13 +30,14 @@ inline constexpr const char* kPeftPrefix = "base_model.model.";
 
 struct PeftAdapter {
   std::string dir;
-  model::LoraSettings settings;               // r, alpha, dropout, use_rslora, target_modules, modules_to_save
+  model::LoraSettings settings;               // r, alpha, their patterns, dropout, use_rslora, the targets
   std::string base_model;                     // base_model_name_or_path ("" when null)
   std::map<std::string, at::Tensor> tensors;  // by the model's names (prefix removed), fp32, CPU
 };
 
-// Reads a PEFT LoRA folder. Throws InputError naming the file for a folder that is not one, or for
-// what fsdptrain does not run (DoRA, biases, per-layer ranks or alphas, fan_in_fan_out).
+// Reads a PEFT LoRA folder (rank_pattern and alpha_pattern in the file's order, layers_to_transform). Throws
+// InputError naming the file for a folder that is not one, for tensors of other ranks than its config gives
+// them, or for what fsdptrain does not run (DoRA, biases, fan_in_fan_out).
 PeftAdapter read_peft_adapter(const std::string& dir);
 
 // Writes `model`'s trainable parameters (the adapters and the modules to save) as a PEFT folder at
@@ -60,7 +61,7 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
                    const ExtraFiles& extra, Dtype dtype);
 
 // Copies the adapter's tensors into `model`'s trainable shards (lora.init). Throws InputError,
-// before anything changes, when the adapter's r, alpha or rsLoRA differ from `settings`, or its
+// before anything changes, when the adapter's r, alpha, patterns or rsLoRA differ from `settings`, or its
 // tensors are not exactly the trainable parameters (each missing or unexpected one named).
 void load_adapter(ShardedModel& model, const model::LoraSettings& settings, const PeftAdapter& adapter);
 

@@ -235,6 +235,11 @@ struct LoraConfig {
   bool use_rslora = false;
   std::vector<std::string> modules_to_save;
   std::vector<std::string> target_parameters;  // a mixture of experts' stacked weights (PEFT's)
+  // PEFT's rank_pattern and alpha_pattern: (module pattern, value), in the order given.
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
+  std::vector<int64_t> layers_to_transform;  // PEFT's: empty, every layer
+  std::vector<std::string> layers_pattern;
   std::string init;  // a PEFT adapter folder to start from
   bool enabled() const { return r > 0; }
 };

@@ -48,6 +48,13 @@ RawValue raw_value_from_yaml(const YAML::Node& node, Origin origin) {
     }
   } else {
     raw.shape = node.size() == 0 ? RawValue::Shape::kNull : RawValue::Shape::kMap;  // {} is as good as absent
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar() || !kv.second.IsScalar()) {
+        raw.entries.clear();  // nested: only the options that read a mapping of scalars look at entries
+        break;
+      }
+      raw.entries.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+    }
   }
   return raw;
 }

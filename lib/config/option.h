@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "config/config.h"
@@ -40,6 +41,8 @@ struct RawValue {
   Shape shape = Shape::kNull;
   std::string text;                // kScalar
   std::vector<std::string> items;  // kSequence
+  // kMap whose values are all scalars (lora.rank_pattern: {q_proj: 16}): its entries in the file's order.
+  std::vector<std::pair<std::string, std::string>> entries;
   bool quoted = false;             // a quoted scalar ("true" in quotes is still accepted as a bool)
   Origin origin;
 };

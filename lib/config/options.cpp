@@ -4,12 +4,15 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <type_traits>
 
 #include "config/loader.h"
 #include "config/option.h"
 #include "util/env.h"
 #include "util/error.h"
+#include "util/regex.h"
 #include "util/strings.h"
 
 namespace fsdp::config {
@@ -20,6 +23,12 @@ template <typename T>
 struct is_optional : std::false_type {};
 template <typename T>
 struct is_optional<std::optional<T>> : std::true_type {};
+
+// lora.rank_pattern's and alpha_pattern's fields: (pattern, number) in order.
+template <typename T>
+struct is_pattern_list : std::false_type {};
+template <typename N>
+struct is_pattern_list<std::vector<std::pair<std::string, N>>> : std::true_type {};
 
 // T, or what a std::optional<T> holds.
 template <typename T>
@@ -45,6 +54,15 @@ void assign(T& out, const std::string& v, const std::vector<std::string>& choice
     out = v;
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     out = v.empty() ? std::vector<std::string>{} : split(v, ',');
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    out.clear();
+    for (const std::string& n : v.empty() ? std::vector<std::string>{} : split(v, ',')) out.push_back(*parse_int(n));
+  } else if constexpr (is_pattern_list<T>::value) {  // the JSON object parse_patterns wrote
+    out.clear();
+    const nlohmann::ordered_json patterns =
+        v.empty() ? nlohmann::ordered_json::object() : nlohmann::ordered_json::parse(v);
+    for (const auto& [pattern, value] : patterns.items())
+      out.emplace_back(pattern, value.template get<typename T::value_type::second_type>());
   } else if (v.empty()) {
     return;  // unset: keep the struct's default
   } else if constexpr (std::is_same_v<T, bool>) {
@@ -170,6 +188,72 @@ std::optional<std::string> parse_profile_steps(const RawValue& raw, std::string*
     return std::nullopt;
   }
   return str(steps[0], ",", steps[1]);
+}
+
+// lora.rank_pattern and lora.alpha_pattern: a mapping of module patterns to ranks (whole numbers from 1) or to
+// alphas (above 0), as PEFT's LoraConfig takes them ({q_proj: 16}; --set 'lora.rank_pattern={q_proj: 16}'), or
+// that mapping's JSON text (how fsdptrain writes it) -> the JSON object, in the order given (PEFT takes the
+// first pattern that matches).
+std::function<std::optional<std::string>(const RawValue&, std::string*)> parse_patterns(bool ranks) {
+  return [ranks](const RawValue& raw, std::string* error) -> std::optional<std::string> {
+    const std::string expected = ranks ? "a mapping of module patterns to ranks, such as {q_proj: 16, down_proj: 8}"
+                                       : "a mapping of module patterns to alphas, such as {q_proj: 32, down_proj: 16}";
+    std::vector<std::pair<std::string, std::string>> entries = raw.entries;
+    if (raw.shape == RawValue::Shape::kScalar) {
+      const std::string t = trim(raw.text);
+      if (t.empty() || t == "{}") return std::string();
+      try {
+        const auto j = nlohmann::ordered_json::parse(t);
+        if (!j.is_object()) throw std::invalid_argument("not an object");
+        for (const auto& [pattern, value] : j.items())
+          entries.emplace_back(pattern, value.is_string() ? value.get<std::string>() : value.dump());
+      } catch (const std::exception&) {
+        *error = str("expected ", expected, ", got ", excerpt(t));
+        return std::nullopt;
+      }
+    } else if (raw.shape != RawValue::Shape::kMap || raw.entries.empty()) {
+      *error = str("expected ", expected);
+      return std::nullopt;
+    }
+    nlohmann::ordered_json out = nlohmann::ordered_json::object();
+    for (const auto& [pattern, text] : entries) {
+      const std::optional<long long> rank = parse_int(trim(text));
+      const std::optional<double> alpha = parse_float(trim(text));
+      if (ranks ? !rank || *rank < 1 : !alpha || !(*alpha > 0)) {
+        *error = str("expected ", expected, "; ", quoted(pattern), " is ", excerpt(text),
+                     ranks ? " (a rank is a whole number from 1)" : " (an alpha is a number above 0)");
+        return std::nullopt;
+      }
+      try {
+        Regex("(?:.*\\.)?(?:" + pattern + ")", "the pattern " + excerpt(pattern));
+      } catch (const InputError& e) {
+        *error = e.what();
+        return std::nullopt;
+      }
+      if (ranks)
+        out[pattern] = static_cast<int64_t>(*rank);
+      else
+        out[pattern] = *alpha;
+    }
+    return out.dump();
+  };
+}
+
+// lora.layers_to_transform: layer numbers ([0, 1, 2], "0,1,2" or one number) -> "0,1,2".
+std::optional<std::string> parse_layers(const RawValue& raw, std::string* error) {
+  std::vector<std::string> parts = raw.items;
+  if (raw.shape == RawValue::Shape::kScalar) parts = split(raw.text, ',');
+  if (raw.shape == RawValue::Shape::kNull) return std::string();
+  std::vector<std::string> out;
+  for (const std::string& p : parts) {
+    const std::optional<long long> n = parse_int(trim(p));
+    if (raw.shape == RawValue::Shape::kMap || !n || *n < 0) {
+      *error = "expected the numbers of the decoder layers to adapt, such as [0, 1, 2] (layers count from 0)";
+      return std::nullopt;
+    }
+    out.push_back(std::to_string(*n));
+  }
+  return join(out, ",");
 }
 
 void apply_profile_steps(Config& c, const std::string& v) {
@@ -1070,6 +1154,34 @@ std::vector<OptionSpec> build_table() {
                 "layer is adapted. Needs lora.dropout 0")
           .extension()
           .to(&Config::lora, &LoraConfig::target_parameters),
+      Row("lora.rank_pattern", V::kString)
+          .def("")
+          .parse(parse_patterns(true))
+          .help(
+              "Ranks other than lora.r, by module (PEFT's rank_pattern): {q_proj: 16, .*\\.experts\\.gate_up_proj: 4}; "
+              "an adapter takes the first pattern its module's name ends in (a name, its last parts or a regular "
+              "expression), else lora.r")
+          .extension()
+          .to(&Config::lora, &LoraConfig::rank_pattern),
+      Row("lora.alpha_pattern", V::kString)
+          .def("")
+          .parse(parse_patterns(false))
+          .help("Alphas other than lora.alpha, by module (PEFT's alpha_pattern), matched as lora.rank_pattern")
+          .extension()
+          .to(&Config::lora, &LoraConfig::alpha_pattern),
+      Row("lora.layers_to_transform", V::kList)
+          .def("")
+          .parse(parse_layers)
+          .help("Only these decoder layers' lora.target_modules get adapters (PEFT's layers_to_transform; layers "
+                "count from 0); a module named in full, and lora.target_parameters, whatever its layer")
+          .extension()
+          .to(&Config::lora, &LoraConfig::layers_to_transform),
+      Row("lora.layers_pattern", V::kList)
+          .def("")
+          .help("The name before the layer's number that lora.layers_to_transform reads (PEFT's layers_pattern: "
+                "layers); empty: the first number in a module's name")
+          .extension()
+          .to(&Config::lora, &LoraConfig::layers_pattern),
       Row("lora.init", V::kString)
           .def("")
           .help("A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start from, to continue "

@@ -333,7 +333,8 @@ void check_lora(Checker& c) {
   const LoraConfig& l = c.rc.typed.lora;
   if (!l.enabled()) {
     for (const char* key : {"lora.alpha", "lora.dropout", "lora.target_modules", "lora.use_rslora",
-                            "lora.modules_to_save", "lora.target_parameters", "lora.init", "checkpoint.export_merged"})
+                            "lora.modules_to_save", "lora.target_parameters", "lora.rank_pattern", "lora.alpha_pattern",
+                            "lora.layers_to_transform", "lora.layers_pattern", "lora.init", "checkpoint.export_merged"})
       if (c.rc.is_set(key))
         c.warning(key, "has no effect without LoRA (lora.r is 0: every parameter is trained)",
                   "set lora.r (8 or 16 are common) to train adapters");
@@ -352,6 +353,9 @@ void check_lora(Checker& c) {
             "adapts the experts, whose adapters expert parallel does not split over its ranks",
             "set parallelism_config_ep_size: 1 (FSDP shards the experts and their adapters), or adapt attention "
             "alone (lora.target_modules)");
+  if (!l.layers_pattern.empty() && l.layers_to_transform.empty())
+    c.error("lora.layers_pattern", "is set without lora.layers_to_transform, which it is read for",
+            "set lora.layers_to_transform to the layers to adapt, or remove lora.layers_pattern (PEFT refuses it too)");
   if (!l.init.empty() && !file_exists(l.init + "/adapter_model.safetensors"))
     c.error("lora.init",
             !is_directory(l.init) && hub::is_repo_id(l.init)

@@ -155,6 +155,10 @@ model::LoraSettings lora_settings_of(const config::Config& config) {
   s.target_modules = l.target_modules;
   s.modules_to_save = l.modules_to_save;
   s.target_parameters = l.target_parameters;
+  s.rank_pattern = l.rank_pattern;
+  s.alpha_pattern = l.alpha_pattern;
+  s.layers_to_transform = l.layers_to_transform;
+  s.layers_pattern = l.layers_pattern;
   return s;
 }
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <map>
 
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/hf.h"
@@ -26,11 +27,11 @@
 #include "config/show.h"
 #include "config/training_template.h"
 #include "data/prepare.h"
-#include "model/parallel/context_parallel.h"
-#include "model/parallel/expert_parallel.h"
 #include "model/kernels/float8.h"
 #include "model/kernels/float8_products.h"
 #include "model/kernels/provider.h"
+#include "model/parallel/context_parallel.h"
+#include "model/parallel/expert_parallel.h"
 #include "model/parallel/tensor_parallel.h"
 #include "optim/schedule.h"
 #include "train/metrics.h"
@@ -195,6 +196,26 @@ std::string lora_targets_said(int64_t linear, int64_t experts) {
   const std::string stacked = plural(experts, "stacked expert weight") + " (r per expert)";
   if (experts == 0) return plural(linear, "linear layer");
   return linear == 0 ? stacked : plural(linear, "linear layer") + " and " + stacked;
+}
+
+// With rank_pattern or alpha_pattern: "; by lora.rank_pattern and alpha_pattern: 2 at r 2 (scaling 4), 1 at
+// r 8 (scaling 1)": the adapters whose rank or alpha the patterns change, grouped. Empty without patterns.
+std::string lora_patterns_said(const model::LoraSettings& s, const std::vector<std::string>& keys) {
+  if (!s.has_patterns()) return "";
+  std::map<std::pair<int64_t, double>, int64_t> groups;
+  for (const std::string& key : keys)
+    if (s.rank_of(key) != s.r || s.alpha_of(key) != s.alpha) ++groups[{s.rank_of(key), s.alpha_of(key)}];
+  std::vector<std::string> parts;
+  for (const auto& [shape, n] : groups) {
+    model::LoraSettings one = s;
+    one.r = shape.first;
+    one.alpha = shape.second;
+    parts.push_back(str(n, " at r ", shape.first, ", alpha ", shape.second, " (scaling ", one.scaling(), ")"));
+  }
+  const char* which = s.rank_pattern.empty()    ? "lora.alpha_pattern"
+                      : s.alpha_pattern.empty() ? "lora.rank_pattern"
+                                                : "lora.rank_pattern and alpha_pattern";
+  return str("; by ", which, ": ", parts.empty() ? "none changed" : join(parts, ", "));
 }
 
 }  // namespace
@@ -410,10 +431,14 @@ void TrainingRun::build_model() {
     std::snprintf(percent, sizeof percent, "%.4f",
                   100.0 * static_cast<double>(n.trainable) / static_cast<double>(n.all));
     const std::string saved = lora.modules_to_save.empty() ? "" : ", training " + join(lora.modules_to_save, ", ");
-    const auto experts = static_cast<int64_t>(model::lora_target_parameters(*lm_, lora).size());
+    const std::vector<std::string> linear = model::lora_target_names(*lm_, lora);
+    const std::vector<std::string> experts = model::lora_target_parameters(*lm_, lora);
+    std::vector<std::string> keys = linear;
+    keys.insert(keys.end(), experts.begin(), experts.end());
     say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
-            lora_targets_said(static_cast<int64_t>(model::lora_target_names(*lm_, lora).size()), experts), saved,
-            "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
+            lora_targets_said(static_cast<int64_t>(linear.size()), static_cast<int64_t>(experts.size())),
+            lora_patterns_said(lora, keys), saved, "; trainable params: ", n.trainable, " || all params: ", n.all,
+            " || trainable%: ", percent, "\n"));
     if (const std::string note = model::peft_moe_target_note(model_config_, lora); !note.empty())
       say(str("[lora] ", note, "\n"));
   }

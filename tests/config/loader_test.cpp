@@ -149,6 +149,43 @@ TEST_CASE("PEFT's LoRA key names point at ours") {
   CHECK(e.find("lora.lora_dropout: unknown key (hint: did you mean lora.dropout?)") != std::string::npos);
 }
 
+// PEFT's rank_pattern and alpha_pattern are mappings: written as one in YAML or --set, kept in their order.
+TEST_CASE("lora.rank_pattern, alpha_pattern and layers_to_transform as PEFT's LoraConfig takes them") {
+  const std::string base = std::string(kFsdp2Base) + "lora:\n  r: 8\n";
+  Loaded l = load_text(base +
+                       "  rank_pattern: {v_proj: 4, '.*\\.0\\.self_attn\\.q_proj': 16}\n"
+                       "  alpha_pattern:\n    down_proj: 2.5\n  layers_to_transform: [0, 2]\n"
+                       "  layers_pattern: layers\n");
+  CHECK(l.errors() == "");
+  CHECK(l.value("lora.rank_pattern") == R"({"v_proj":4,".*\\.0\\.self_attn\\.q_proj":16})");  // as JSON, in order
+  const LoraConfig& lora = l.rc.typed.lora;
+  CHECK(lora.rank_pattern ==
+        std::vector<std::pair<std::string, int64_t>>{{"v_proj", 4}, {R"(.*\.0\.self_attn\.q_proj)", 16}});
+  CHECK(lora.alpha_pattern == std::vector<std::pair<std::string, double>>{{"down_proj", 2.5}});
+  CHECK(lora.layers_to_transform == std::vector<int64_t>{0, 2});
+  CHECK(lora.layers_pattern == std::vector<std::string>{"layers"});
+  // On the command line, as YAML or as the JSON fsdptrain writes; one layer alone.
+  Loaded set = load_text(
+      base, {"lora.rank_pattern={q_proj: 2}", R"(lora.alpha_pattern={"q_proj": 4})", "lora.layers_to_transform=3"});
+  CHECK(set.errors() == "");
+  CHECK(set.rc.typed.lora.rank_pattern == std::vector<std::pair<std::string, int64_t>>{{"q_proj", 2}});
+  CHECK(set.rc.typed.lora.alpha_pattern == std::vector<std::pair<std::string, double>>{{"q_proj", 4}});
+  CHECK(set.rc.typed.lora.layers_to_transform == std::vector<int64_t>{3});
+  // Bad values are refused naming the key and the entry.
+  const std::string bad = load_text(base +
+                                    "  rank_pattern: {q_proj: 0, v_proj: 2}\n  alpha_pattern: [q_proj]\n"
+                                    "  layers_to_transform: [first]\n")
+                              .errors();
+  CHECK(bad.find("lora.rank_pattern: expected a mapping of module patterns to ranks, such as {q_proj: 16, "
+                 "down_proj: 8}; \"q_proj\" is \"0\" (a rank is a whole number from 1)") != std::string::npos);
+  CHECK(bad.find("lora.alpha_pattern: expected a mapping of module patterns to alphas") != std::string::npos);
+  CHECK(bad.find("lora.layers_to_transform: expected the numbers of the decoder layers to adapt") != std::string::npos);
+  CHECK(load_text(base + "  rank_pattern: {'(q_proj': 4}\n").errors().find("lora.rank_pattern:") != std::string::npos);
+  CHECK(load_text(base + "  layers_pattern: layers\n")
+            .errors()
+            .find("lora.layers_pattern: is set without lora.layers_to_transform") != std::string::npos);
+}
+
 TEST_CASE("unprefixed fsdp_config keys and the pre-1.0 prefetch alias are read as Accelerate's launcher reads them") {
   Loaded l = load_text(
       "distributed_type: FSDP\nnum_processes: 2\nfsdp_config:\n  sharding_strategy: SHARD_GRAD_OP\n"

@@ -149,7 +149,7 @@ TEST_CASE("the adapted forward equals the merged model's, and equals the base wh
       if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
       params[kv.key()] = kv.value().clone();
     }
-    merge_lora(params, s.scaling());
+    merge_lora(params, s.scaling_for("lora_test"));
     CHECK(params.size() == base->named_parameters().size());
     const at::Tensor plain = base->forward(tokens);
     for (const auto& kv : base->named_parameters()) kv.value().copy_(params.at(kv.key()));
@@ -205,7 +205,7 @@ TEST_CASE("target_parameters: the experts' stacked weights adapted per expert, n
       if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
       values[kv.key()] = kv.value().clone();
     }
-    merge_lora(values, s.scaling(), s.target_parameters, /*transposed_experts=*/sparse_first);
+    merge_lora(values, s.scaling_for("lora_test"), s.target_parameters, /*transposed_experts=*/sparse_first);
     CHECK(values.size() == base->named_parameters().size());
     for (const auto& kv : base->named_parameters()) kv.value().copy_(values.at(kv.key()));
     const at::Tensor adapted = m->forward(tokens), merged = base->forward(tokens);
@@ -247,7 +247,10 @@ TEST_CASE("a note where PEFT would read the targets of a mixture of experts as i
       "enable_moe_block": true, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8)");
   const std::string all = peft_moe_target_note(qwen, settings({"all-linear"}));
   CHECK(contains(all, "reads target_modules all-linear on Qwen3MoeForCausalLM as the experts' stacked weights"));
-  CHECK(contains(all, "lora.target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj]"));
+  CHECK(contains(all,
+                 "lora.target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj], gate_up_proj at "
+                 "PEFT's rank and alpha with lora.rank_pattern {gate_up_proj: 8} and lora.alpha_pattern "
+                 "{gate_up_proj: 16}"));
   CHECK(contains(peft_moe_target_note(qwen, settings({"q_proj", "model.layers.1.mlp.down_proj"})),
                  "reads target_modules model.layers.1.mlp.down_proj on Qwen3MoeForCausalLM"));
   CHECK(contains(peft_moe_target_note(mixtral, settings({"all-linear"})), "on MixtralForCausalLM"));
@@ -256,4 +259,91 @@ TEST_CASE("a note where PEFT would read the targets of a mixture of experts as i
   CHECK(peft_moe_target_note(qwen2, settings({"all-linear"})).empty());
   CHECK(peft_moe_target_note(gemma4, settings({"all-linear"})).empty());
   CHECK(peft_moe_target_note(tiny(), settings({"all-linear"})).empty());
+}
+
+TEST_CASE("rank_pattern and alpha_pattern: the first pattern a module's name ends in, as PEFT's get_pattern_key") {
+  LoraSettings s = settings({"all-linear"}, 4, 8);
+  s.rank_pattern = {{"layers.1.self_attn.q_proj", 8}, {"q_proj", 2}, {R"(.*\.experts\.gate_up_proj)", 6}};
+  s.alpha_pattern = {{"down_proj", 32}};
+  CHECK(s.rank_of("model.layers.1.self_attn.q_proj") == 8);  // the first that matches, not the longest
+  CHECK(s.rank_of("model.layers.0.self_attn.q_proj") == 2);
+  CHECK(s.rank_of("model.layers.0.self_attn.k_proj") == 4);
+  CHECK(s.rank_of("model.layers.0.self_attn.xq_proj") == 4);  // a pattern matches whole parts of the name
+  CHECK(s.rank_of("model.layers.3.mlp.experts.gate_up_proj") == 6);
+  CHECK(s.alpha_of("model.layers.0.mlp.down_proj") == 32);
+  CHECK(s.scaling_of("model.layers.0.mlp.down_proj") == doctest::Approx(8.0));
+  CHECK(s.scaling_of("model.layers.0.self_attn.q_proj") == doctest::Approx(4.0));
+  s.use_rslora = true;
+  CHECK(s.scaling_of("model.layers.0.self_attn.q_proj") == doctest::Approx(8 / std::sqrt(2.0)));
+  s.use_rslora = false;
+  // The merges take a tensor's rank from its shape: another rank than the settings give is refused.
+  const LoraScaling scaling = s.scaling_for("adapter_config.json");
+  CHECK(scaling("model.layers.1.self_attn.q_proj", 8) == doctest::Approx(1.0));
+  CHECK(contains(error_of([&] { scaling("model.layers.0.self_attn.q_proj", 4); }),
+                 "adapter_config.json: the adapter of model.layers.0.self_attn.q_proj has rank 4 where r and "
+                 "rank_pattern give it 2"));
+
+  s.rank_pattern.pop_back();  // the dense model has no experts: a pattern that names nothing is refused (below)
+  CausalLM m = with_lora(s);
+  auto params = m->named_parameters();
+  CHECK(params["model.layers.1.self_attn.q_proj.lora_A.weight"].size(0) == 8);
+  CHECK(params["model.layers.0.self_attn.q_proj.lora_B.weight"].size(1) == 2);
+  CHECK(params["model.layers.0.mlp.up_proj.lora_A.weight"].size(0) == 4);
+  // The adapted forward equals the merged model's, each adapter at its own scaling.
+  const at::Tensor tokens = at::arange(12).remainder(37).view({1, 12});
+  torch::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> values;
+  for (const auto& kv : m->named_parameters()) {
+    if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
+    values[kv.key()] = kv.value().clone();
+  }
+  merge_lora(values, s.scaling_for("lora_test"));
+  CausalLM base(tiny());
+  for (const auto& kv : base->named_parameters()) kv.value().copy_(values.at(kv.key()));
+  CHECK(at::allclose(m->forward(tokens), base->forward(tokens), 1e-5, 1e-5));
+  LoraSettings plain = s;  // merged at one scaling for all, the model differs
+  plain.rank_pattern.clear();
+  plain.alpha_pattern.clear();
+  std::map<std::string, at::Tensor> wrong;
+  for (const auto& kv : m->named_parameters()) wrong[kv.key()] = kv.value().clone();
+  CHECK(contains(error_of([&] { merge_lora(wrong, plain.scaling_for("an adapter")); }), "where r gives it 4"));
+
+  // A pattern that gives no adapter its value is refused (PEFT warns and trains at the default).
+  LoraSettings typo = settings({"q_proj", "v_proj"});
+  typo.rank_pattern = {{"q_prj", 8}};
+  CausalLM t(tiny());
+  CHECK(contains(error_of([&] { add_lora(*t, typo); }),
+                 "lora.rank_pattern: \"q_prj\" matches none of the adapted modules (q_proj, v_proj, in 4 places"));
+  typo.rank_pattern = {{"(q_proj", 8}};
+  CHECK(contains(error_of([&] { add_lora(*t, typo); }), "lora.rank_pattern"));
+}
+
+TEST_CASE("layers_to_transform: the layers whose target_modules get adapters, as PEFT numbers them") {
+  CHECK(lora_layer_index("model.layers.12.self_attn.q_proj", {}) == 12);
+  CHECK(lora_layer_index("model.layers.1.mlp.experts.3.gate_proj", {}) == 1);  // the first number, not an expert's
+  CHECK(!lora_layer_index("model.per_layer_model_projection", {}));
+  CHECK(!lora_layer_index("layers.1.q_proj", {}));  // PEFT wants a part before the layers' name
+  CHECK(lora_layer_index("model.layers.2.blocks.5.q_proj", {"blocks"}) == 5);
+  CHECK(lora_layer_index("model.layers.2.blocks.5.q_proj", {"blocks", "layers"}) == 5);  // the patterns in order
+  CHECK(lora_layer_index("model.layers.2.q_proj", {"lay.rs"}) == 2);                     // a regular expression
+  CHECK(!lora_layer_index("model.layers.2.q_proj", {"blocks"}));
+
+  CausalLM m(tiny());
+  LoraSettings s = settings({"q_proj", "down_proj", "model.layers.0.mlp.up_proj"});
+  s.layers_to_transform = {1};
+  // A module named in full is adapted whatever its layer (PEFT checks the layer of the others only).
+  CHECK(lora_target_names(*m, s) == std::vector<std::string>{"model.layers.0.mlp.up_proj",
+                                                             "model.layers.1.self_attn.q_proj",
+                                                             "model.layers.1.mlp.down_proj"});
+  s.target_modules = {"all-linear"};
+  CHECK(lora_target_names(*m, s).size() == 7);
+  s.layers_pattern = {"blocks"};
+  CHECK(contains(error_of([&] { lora_target_names(*m, s); }),
+                 "lora.layers_to_transform [1] leaves none of the modules lora.target_modules names (by "
+                 "lora.layers_pattern blocks); its layers are numbered 0 to 1"));
+  s.layers_pattern.clear();
+  s.layers_to_transform = {2};
+  CHECK(contains(
+      error_of([&] { lora_target_names(*m, s); }),
+      "lora.layers_to_transform: 2 is not a layer of this LlamaForCausalLM, whose layers are numbered 0 to 1"));
 }

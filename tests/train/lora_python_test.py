@@ -401,6 +401,10 @@ def expert_parity(args, tmp, data):
                                LoraConfig(task_type="CAUSAL_LM", r=2, target_modules="all-linear")).peft_config["default"]
     check({"gate_up_proj", "down_proj", "gate.weight"} <= set(converted.target_parameters or ()),
           f"experts: PEFT no longer reads all-linear as the experts ({converted.target_parameters}): the note is stale")
+    check([(re.sub(r"^\.\*\\\.", "", k), v) for k, v in converted.rank_pattern.items()] == [("gate_up_proj", 4)]
+          and list(converted.alpha_pattern.values()) == [2 * converted.lora_alpha],
+          f"experts: PEFT's ranks for the experts ({converted.rank_pattern}, {converted.alpha_pattern}) are not the "
+          "note's")
     _, said, _ = fsdptrain(args, tmp, "experts-all-linear", 1, base, data, "lora:\n  r: 2\n  target_modules: all-linear\n")
     check("[lora] note: PEFT 0.21 under transformers 5 reads target_modules all-linear on Qwen3MoeForCausalLM" in said,
           f"experts: no note on all-linear's other reading: {said[-2000:]}")
@@ -409,6 +413,56 @@ def expert_parity(args, tmp, data):
           f"the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); generate --adapter writes the "
           f"merged model's text; merge-weights folds it into the base's {len(stored)} expert tensors as the merged export "
           f"holds them ({folded_worst:.2e}); lora.dropout refused by name")
+
+
+def pattern_parity(args, tmp, base, data):
+    """PEFT's rank_pattern, alpha_pattern and layers_to_transform (issue: the settings fsdptrain refused) at
+    W=2: each adapter at the rank and alpha of the first pattern its name ends in (two patterns match layer
+    1's v_proj: the first, as PEFT's get_pattern_key, gives it rank 2), layers_to_transform keeping layer 1's
+    modules but the one named in full; PEFT's losses, gradients and trained tensors, its keys, and a config
+    PEFT loads; the merged export is merge_and_unload's, merge-weights and generate --adapter agree; an
+    adapter whose patterns differ from the settings is refused as lora.init."""
+    CASES["patterns"] = (dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj",
+                                                                  "model.layers.0.mlp.up_proj"],
+                              layers_to_transform=[1],
+                              rank_pattern={"model.layers.0.mlp.up_proj": 6, "self_attn.v_proj": 2, "v_proj": 3},
+                              alpha_pattern={"down_proj": 24}),
+                         "lora:\n  r: 4\n  alpha: 8\n  target_modules: [q_proj, v_proj, down_proj, "
+                         "model.layers.0.mlp.up_proj]\n  layers_to_transform: [1]\n"
+                         "  rank_pattern: {model.layers.0.mlp.up_proj: 6, self_attn.v_proj: 2, v_proj: 3}\n"
+                         "  alpha_pattern: {down_proj: 24}\n")
+    torch.manual_seed(1)
+    model = get_peft_model(LlamaForCausalLM.from_pretrained(base),
+                           LoraConfig(task_type="CAUSAL_LM", init_lora_weights=False, **CASES["patterns"][0]))
+    adapter = os.path.join(tmp, "peft-patterns")
+    model.save_pretrained(adapter)
+    out, text = parity(args, tmp, "patterns", 2, base, data, adapter)
+    check("on 4 linear layers; by lora.rank_pattern and alpha_pattern: 1 at r 2, alpha 8 (scaling 4), "
+          "1 at r 4, alpha 24 (scaling 6), 1 at r 6, alpha 8 (scaling 1.33333)" in text,
+          f"patterns: the [lora] line does not say the patterns' ranks: {text[-3000:]}")
+    counts_match(text, base, adapter, "patterns")
+    export, got = export_keys(LlamaForCausalLM, base, "patterns", out)
+    written = json.load(open(os.path.join(export, "adapter_config.json")))
+    check(written["rank_pattern"] == CASES["patterns"][0]["rank_pattern"]
+          and list(written["rank_pattern"]) == list(CASES["patterns"][0]["rank_pattern"])
+          and written["alpha_pattern"] == {"down_proj": 24} and written["layers_to_transform"] == [1],
+          f"patterns: adapter_config.json {written}")
+    merged_out, _, _ = fsdptrain(args, tmp, "patterns-merged", 2, base, data,
+                                 CASES["patterns"][1] + f"  init: {adapter}\n", sets=["checkpoint.export_merged=true"])
+    merged = os.path.join(merged_out, "export", f"step-{SETTINGS['steps']}")
+    r, worst, _ = merged_is_peft("patterns", LlamaForCausalLM, base, export, merged)
+    _, folded = merge_weights_is_merged(args, tmp, "patterns", export, base, merged)
+    generate_agrees(args, "patterns", (["--model", merged], ["--model", base, "--adapter", export]))
+    try:
+        fsdptrain(args, tmp, "patterns-other", 1, base, data,
+                  CASES["patterns"][1].replace("v_proj: 3}", "v_proj: 3, q_proj: 5}") + f"  init: {adapter}\n")
+        check(False, "an adapter of other rank patterns was accepted as lora.init")
+    except Failed as e:
+        check("lora.rank_pattern is {" in str(e) and "set lora.rank_pattern as the adapter's" in str(e), str(e))
+    print(f"ok patterns: the export has PEFT's {len(got)} keys, rank_pattern, alpha_pattern and layers_to_transform; "
+          f"PeftModel's logits over it equal the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); "
+          f"merge-weights folds it as the merged export ({folded:.2e}); generate --adapter agrees; an adapter of "
+          f"other patterns is refused as lora.init")
 
 
 def gpt_oss_layout(args, tmp, data):
@@ -640,6 +694,7 @@ def main():
                                            tuple(args.providers.split(",")) if world == 2 else ("host",))
             counts_match(runs[case, 2][1], base, adapters[case], case)
 
+        pattern_parity(args, tmp, base, data)
         qwen2_parity(args, tmp, data)
         phi3_parity(args, tmp, data)
         moe_parity(args, tmp, data)

@@ -191,7 +191,7 @@ at::Tensor merged_expert_weight(const at::Tensor& weight, const at::Tensor& a, c
   return (weight.to(at::kFloat) + delta).to(weight.scalar_type());
 }
 
-void merge_lora(std::map<std::string, at::Tensor>& params, double scaling,
+void merge_lora(std::map<std::string, at::Tensor>& params, const LoraScaling& scaling,
                 const std::vector<std::string>& target_parameters, bool transposed_experts) {
   auto has = [&](const std::string& n) { return params.count(n) > 0; };
   auto rows = [&](const std::string& n) { return params.at(n).size(0); };
@@ -203,8 +203,11 @@ void merge_lora(std::map<std::string, at::Tensor>& params, double scaling,
   for (const auto& [weight, prefix] : expert_adapter_prefixes(names, stacked, target_parameters)) {
     const std::string a = prefix + "lora_A.weight", b = prefix + "lora_B.weight";
     FSDP_CHECK(has(a) && has(b), "the adapter of ", weight, " (target_parameters) lacks ", has(a) ? b : a);
-    merged.emplace_back(weight, merged_expert_weight(params.at(weight), params.at(a), params.at(b), scaling,
-                                                     transposed_experts, weight));
+    const at::Tensor& w = params.at(weight);
+    const int64_t experts = w.dim() == 3 ? w.size(0) : 1;
+    merged.emplace_back(
+        weight, merged_expert_weight(w, params.at(a), params.at(b), scaling(weight, params.at(a).size(0) / experts),
+                                     transposed_experts, weight));
     used.insert(a);
   }
   for (const auto& [name, t] : params) {
@@ -213,7 +216,8 @@ void merge_lora(std::map<std::string, at::Tensor>& params, double scaling,
     if (!s) continue;
     FSDP_CHECK(has(s->b), "adapter of ", name, " lacks ", s->b);
     const at::Tensor b = params.at(s->b).narrow(0, s->begin, std::min(t.size(0), params.at(s->b).size(0) - s->begin));
-    merged.emplace_back(name, merged_weight(t, params.at(s->a), b, scaling, name));
+    const std::string key = s->a.substr(0, s->a.size() - std::string(".lora_A.weight").size());
+    merged.emplace_back(name, merged_weight(t, params.at(s->a), b, scaling(key, params.at(s->a).size(0)), name));
     used.insert(s->a);
   }
   for (const auto& [name, a] : params)

@@ -20,6 +20,10 @@
 
 namespace fsdp::model {
 
+// The scaling of the adapter PEFT knows as `key` (an adapted module's full name, or a stacked expert
+// weight's) whose tensors have rank `rank` (per expert for a stacked weight's): LoraSettings::scaling_for.
+using LoraScaling = std::function<double(const std::string& key, int64_t rank)>;
+
 // lora_A: the down projection (r, in), carrying the adapter's scaling and dropout for lora_linear.
 class LoraDownImpl : public torch::nn::Module {
  public:
@@ -116,7 +120,7 @@ at::Tensor merged_weight(const at::Tensor& weight, const at::Tensor& a, const at
 // `target_parameters` names (expert_adapters; `transposed_experts`: held (E, in, out), gpt-oss), and
 // the adapter tensors are removed. The other entries (modules to save among them) are left as they
 // are. Throws InputError when the shapes do not fit.
-void merge_lora(std::map<std::string, at::Tensor>& params, double scaling,
+void merge_lora(std::map<std::string, at::Tensor>& params, const LoraScaling& scaling,
                 const std::vector<std::string>& target_parameters = {}, bool transposed_experts = false);
 
 }  // namespace fsdp::model

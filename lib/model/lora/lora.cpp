@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <set>
 #include <unordered_set>
@@ -86,6 +87,22 @@ std::vector<std::string> matching_names(const std::vector<std::string>& names, c
   return out;
 }
 
+std::string join_numbers(const std::vector<int64_t>& numbers) {
+  std::vector<std::string> parts;
+  for (const int64_t n : numbers) parts.push_back(std::to_string(n));
+  return "[" + join(parts, ", ") + "]";
+}
+
+// Whether layers_to_transform lets `module`, which target_modules' `item` named, have an adapter: PEFT
+// applies it to the modules an item names by their last parts (or, here, by a regular expression), not to
+// one named in full.
+bool in_layers_to_transform(const LoraSettings& s, const std::string& module, const std::string& item) {
+  if (s.layers_to_transform.empty() || module == item) return true;
+  const std::optional<int64_t> layer = lora_layer_index(module, s.layers_pattern);
+  return layer &&
+         std::find(s.layers_to_transform.begin(), s.layers_to_transform.end(), *layer) != s.layers_to_transform.end();
+}
+
 // The model's modules, adapters' own left out.
 std::vector<std::string> module_list(CausalLMImpl& model) {
   std::vector<std::string> out;
@@ -148,6 +165,70 @@ double LoraSettings::scaling() const {
   return use_rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
 }
 
+namespace {
+
+// PEFT's get_pattern_key: whether `key` is `pattern` or ends in "." and something `pattern` matches.
+bool pattern_names(const std::string& pattern, const std::string& key, const char* where) {
+  return Regex("(?:.*\\.)?(?:" + pattern + ")", where).full_match(key);
+}
+
+template <typename T>
+T first_match(const std::vector<std::pair<std::string, T>>& patterns, const std::string& key, T otherwise,
+              const char* where) {
+  for (const auto& [pattern, value] : patterns)
+    if (pattern_names(pattern, key, where)) return value;
+  return otherwise;
+}
+
+}  // namespace
+
+int64_t LoraSettings::rank_of(const std::string& key) const {
+  return first_match(rank_pattern, key, r, "lora.rank_pattern");
+}
+
+double LoraSettings::alpha_of(const std::string& key) const {
+  return first_match(alpha_pattern, key, alpha, "lora.alpha_pattern");
+}
+
+double LoraSettings::scaling_of(const std::string& key) const {
+  const auto rank = static_cast<double>(rank_of(key));
+  return use_rslora ? alpha_of(key) / std::sqrt(rank) : alpha_of(key) / rank;
+}
+
+LoraScaling LoraSettings::scaling_for(const std::string& where) const {
+  return [settings = *this, where](const std::string& key, int64_t rank) {
+    const int64_t expected = settings.rank_of(key);
+    FSDP_CHECK(rank == expected, where, ": the adapter of ", key, " has rank ", rank, " where ",
+               settings.rank_pattern.empty() ? "r gives" : "r and rank_pattern give", " it ", expected,
+               "; the config and the weights are of different adapters");
+    return settings.scaling_of(key);
+  };
+}
+
+std::optional<int64_t> lora_layer_index(const std::string& name, const std::vector<std::string>& layers_pattern) {
+  const std::vector<std::string> parts = split(name, '.');
+  // PEFT: the first ".<digits>." after a part past the first; with layers_pattern, after the first pattern that
+  // some part (or run of parts) ending there matches, trying the patterns in order.
+  auto index_after = [&](const std::function<bool(size_t)>& named) -> std::optional<int64_t> {
+    for (size_t i = 1; i + 1 < parts.size(); ++i) {
+      const std::string& p = parts[i];
+      if (p.empty() || p.size() > 18 || p.find_first_not_of("0123456789") != std::string::npos) continue;
+      if (named(i)) return std::stoll(p);
+    }
+    return std::nullopt;
+  };
+  if (layers_pattern.empty()) return index_after([](size_t i) { return i >= 2; });
+  for (const std::string& pattern : layers_pattern) {
+    const auto found = index_after([&](size_t i) {
+      return pattern_names(pattern,
+                           join(std::vector<std::string>(parts.begin(), parts.begin() + static_cast<long>(i)), "."),
+                           "lora.layers_pattern");
+    });
+    if (found) return found;
+  }
+  return std::nullopt;
+}
+
 const std::vector<std::string>& lora_linear_names() {
   // Attention's and the MLP's; Gated DeltaNet's (Qwen3.5's four input projections or Qwen3-Next's
   // two, and out_proj); Gemma 4's router (router.proj: a Linear there, so PEFT's all-linear adapts it) and
@@ -175,6 +256,10 @@ const std::vector<std::string>& lora_linear_names() {
 std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettings& settings) {
   const bool fused = model.config.fused_projections;
   const std::string arch = family_names(model.config.family).architecture;
+  for (const int64_t layer : settings.layers_to_transform)
+    FSDP_CHECK(layer >= 0 && layer < model.config.num_hidden_layers, "lora.layers_to_transform: ", layer,
+               " is not a layer of this ", arch, ", whose layers are numbered 0 to ",
+               model.config.num_hidden_layers - 1);
   const std::vector<std::string> adaptable = adaptable_modules(model);
   std::vector<std::string> shorts;  // for messages: "q_proj, k_proj, ..." or Phi-3's "qkv_proj, o_proj, ..."
   for (const std::string& m : adaptable)
@@ -218,9 +303,14 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
         throw InputError(str("lora.target_modules: ", m, " (from ", excerpt(item),
                              ") is not a linear layer of a decoder layer; LoRA adapts ", join(shorts, ", "),
                              " (or all-linear)"));
-      chosen.insert(m);
+      if (in_layers_to_transform(settings, m, item)) chosen.insert(m);
     }
   }
+  FSDP_CHECK(
+      !chosen.empty() || settings.layers_to_transform.empty(), "lora.layers_to_transform ",
+      join_numbers(settings.layers_to_transform), " leaves none of the modules lora.target_modules names",
+      settings.layers_pattern.empty() ? "" : " (by lora.layers_pattern " + join(settings.layers_pattern, ", ") + ")",
+      "; its layers are numbered 0 to ", model.config.num_hidden_layers - 1);
   std::vector<std::string> out;  // in the model's order
   for (const std::string& m : adaptable)
     if (chosen.count(m)) out.push_back(m);
@@ -248,8 +338,10 @@ std::string peft_moe_target_note(const DecoderConfig& config, const LoraSettings
              " as the experts' stacked weights and the router's weight (target_parameters: gate_up_proj at rank 2r, "
              "down_proj, gate.weight), and leaves out the dense and shared-expert layers of those names; fsdptrain "
              "adapts what the settings name (the experts only through lora.target_parameters: "
-             "[mlp.experts.gate_up_proj, mlp.experts.down_proj], at rank r; the router never), so the two train "
-             "different adapters");
+             "[mlp.experts.gate_up_proj, mlp.experts.down_proj], gate_up_proj at PEFT's rank and alpha with "
+             "lora.rank_pattern {gate_up_proj: ",
+             2 * s.r, "} and lora.alpha_pattern {gate_up_proj: ", 2 * s.alpha,
+             "}; the router never), so the two train different adapters");
 }
 
 std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraSettings& s) {
@@ -296,6 +388,26 @@ std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraS
 
 namespace {
 
+// Refuses a rank_pattern or alpha_pattern key that gives no adapter its value (PEFT warns and goes on):
+// a misspelt module would train at the default rank or alpha unnoticed.
+void check_patterns(const LoraSettings& s, const std::vector<std::string>& targets,
+                    const std::vector<std::string>& expert_weights) {
+  std::vector<std::string> keys = targets;
+  keys.insert(keys.end(), expert_weights.begin(), expert_weights.end());
+  auto check = [&](const char* what, const std::string& pattern) {
+    const bool used =
+        std::any_of(keys.begin(), keys.end(), [&](const std::string& k) { return pattern_names(pattern, k, what); });
+    std::vector<std::string> shorts;
+    for (const std::string& k : keys)
+      if (std::find(shorts.begin(), shorts.end(), short_name(k)) == shorts.end()) shorts.push_back(short_name(k));
+    FSDP_CHECK(used, what, ": ", excerpt(pattern), " matches none of the adapted modules (", join(shorts, ", "),
+               ", in ", keys.size(), " places such as ", keys.empty() ? "none" : keys.front(),
+               "); a key is a module's name, its last parts, or a regular expression over its end");
+  };
+  for (const auto& entry : s.rank_pattern) check("lora.rank_pattern", entry.first);
+  for (const auto& entry : s.alpha_pattern) check("lora.alpha_pattern", entry.first);
+}
+
 // The adapters of the stacked expert weights `weights` names (lora_target_parameters), nested as
 // PEFT's ParamWrappers are (expert_adapters), their tensors handed to each ExpertsImpl.
 void add_expert_lora(CausalLMImpl& model, const LoraSettings& s, const std::vector<std::string>& weights,
@@ -315,13 +427,13 @@ void add_expert_lora(CausalLMImpl& model, const LoraSettings& s, const std::vect
       const bool gate_up = ends_with(weight, ".gate_up_proj");
       const at::Tensor& w = gate_up ? experts->gate_up_proj : experts->down_proj;
       const int64_t in = w.size(experts->gpt_oss ? 1 : 2), out = w.size(experts->gpt_oss ? 2 : 1);
-      const int64_t rows = s.r * w.size(0);
-      auto down = holder->register_module("lora_A", LoraDown(in, rows, s.scaling(), 0));
+      const int64_t rows = s.rank_of(weight) * w.size(0);
+      auto down = holder->register_module("lora_A", LoraDown(in, rows, s.scaling_of(weight), 0));
       torch::nn::Linear up(torch::nn::LinearOptions(1, 0).bias(false));  // no values to draw: B starts at 0
       up->options.in_features(rows).out_features(out);
       up->weight.set_data(at::zeros({out, rows}));
       holder->register_module("lora_B", up);
-      (gate_up ? experts->gate_up_lora : experts->down_lora) = {down->weight, up->weight, s.scaling()};
+      (gate_up ? experts->gate_up_lora : experts->down_lora) = {down->weight, up->weight, s.scaling_of(weight)};
       if (free_after_create) {
         free_storage(down->weight);
         free_storage(up->weight);
@@ -336,6 +448,7 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
   FSDP_CHECK(s.enabled(), "add_lora needs lora.r > 0");
   const std::vector<std::string> targets = lora_target_names(model, s);
   const std::vector<std::string> expert_weights = lora_target_parameters(model, s);
+  check_patterns(s, targets, expert_weights);
   FSDP_CHECK(expert_weights.empty() || !model.ep || model.ep->size() == 1,
              "[ep] lora.target_parameters under expert parallel: the experts' adapters are not split over the ep ",
              "ranks; set parallelism_config_ep_size: 1 (FSDP shards the experts and their adapters) or adapt "
@@ -353,21 +466,22 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
     return out;
   };
   for (const std::string& name : targets) {
+    const auto r = static_cast<double>(s.rank_of(name));
     if (is_fused_name(name)) {
       const auto parts = fused_parts(name);
-      params += static_cast<double>(s.r) * static_cast<double>(parts[0]->weight.size(1));
-      for (const auto* p : parts) params += static_cast<double>(s.r) * static_cast<double>(p->weight.size(0));
+      params += r * static_cast<double>(parts[0]->weight.size(1));
+      for (const auto* p : parts) params += r * static_cast<double>(p->weight.size(0));
       continue;
     }
     const auto* linear = modules[name]->as<torch::nn::LinearImpl>();
-    if (linear)
-      params += static_cast<double>(s.r) * static_cast<double>(linear->weight.size(0) + linear->weight.size(1));
+    if (linear) params += r * static_cast<double>(linear->weight.size(0) + linear->weight.size(1));
   }
   {
     auto params_by_name = model.named_parameters();
     for (const std::string& name : expert_weights) {  // lora_A (r E, in) and lora_B (out, r E)
       const at::Tensor& w = params_by_name[name];
-      params += static_cast<double>(s.r) * static_cast<double>(w.size(0)) * static_cast<double>(w.size(1) + w.size(2));
+      params += static_cast<double>(s.rank_of(name)) * static_cast<double>(w.size(0)) *
+                static_cast<double>(w.size(1) + w.size(2));
     }
   }
   for (const std::string& name : targets)
@@ -395,7 +509,7 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
       const auto parts = fused_parts(name);
       std::vector<int64_t> rows;
       for (const auto* p : parts) rows.push_back(p->weight.size(0));
-      FusedLora adapter(parts[0]->weight.size(1), rows, s.r, s.scaling(), s.dropout);
+      FusedLora adapter(parts[0]->weight.size(1), rows, s.rank_of(name), s.scaling_of(name), s.dropout);
       const std::string parent = name.substr(0, name.rfind('.'));
       if (auto* attn = modules[parent]->as<AttentionImpl>())
         attn->qkv_proj = attn->register_module(short_name(name), adapter);
@@ -410,8 +524,9 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
     auto* linear = modules[name]->as<torch::nn::LinearImpl>();
     FSDP_CHECK(linear != nullptr, "LoRA target ", name, " is not a Linear");
     const int64_t in = linear->weight.size(1), out = linear->weight.size(0);
-    auto down = linear->register_module("lora_A", LoraDown(in, s.r, s.scaling(), s.dropout));
-    auto up = linear->register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(s.r, out).bias(false)));
+    const int64_t r = s.rank_of(name);
+    auto down = linear->register_module("lora_A", LoraDown(in, r, s.scaling_of(name), s.dropout));
+    auto up = linear->register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(r, out).bias(false)));
     c10::NoGradGuard no_grad;
     up->weight.zero_();
     if (free_after_create) {

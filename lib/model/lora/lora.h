@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/layers/lora_layer.h"
@@ -37,9 +39,31 @@ struct LoraSettings {
   // (model/layers/lora_layer.h's expert_adapters). With these and no target_modules, no linear layer
   // is adapted, as in PEFT.
   std::vector<std::string> target_parameters;
+  // PEFT's rank_pattern and alpha_pattern: (pattern, value) in the order given. An adapter takes the value of
+  // the first pattern its key matches as (.*\.)?(pattern)$ (PEFT's get_pattern_key), else r or alpha. Its key
+  // is PEFT's: the adapted module's full name ("model.layers.0.self_attn.q_proj"; Phi-3's fused qkv_proj), or
+  // a stacked expert weight's ("model.layers.1.mlp.experts.gate_up_proj", whose rank is per expert).
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
+  // PEFT's layers_to_transform: the decoder layers whose target_modules get adapters (empty: all). A module
+  // named in full is adapted whatever its layer, as in PEFT; so are the target_parameters. The layer is the
+  // number after the first of layers_pattern that the name has ("layers"), or, with none given, the first
+  // number in the name past its first part.
+  std::vector<int64_t> layers_to_transform;
+  std::vector<std::string> layers_pattern;
   bool enabled() const { return r > 0; }
-  double scaling() const;
+  double scaling() const;  // alpha / r (or / sqrt(r)): the adapters the patterns leave alone
+  int64_t rank_of(const std::string& key) const;
+  double alpha_of(const std::string& key) const;
+  double scaling_of(const std::string& key) const;
+  bool has_patterns() const { return !rank_pattern.empty() || !alpha_pattern.empty(); }
+  // The scaling of adapter `key` whose tensors have rank `rank` (per expert for a stacked weight's), for the
+  // merges (model/layers/lora_layer.h); throws InputError naming `where` when the settings give it another rank.
+  LoraScaling scaling_for(const std::string& where) const;
 };
+
+// The decoder layer of module `name` as PEFT's layers_to_transform reads it (LoraSettings), or nullopt.
+std::optional<int64_t> lora_layer_index(const std::string& name, const std::vector<std::string>& layers_pattern);
 
 // The linear layers of the decoder layers LoRA can target, by their short names.
 const std::vector<std::string>& lora_linear_names();
@@ -64,7 +88,7 @@ std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraS
 // down_proj (or gate) named in target_modules, become the experts' stacked weights and the router's
 // weight as target_parameters (gate_up_proj at twice the rank), and the dense and shared-expert layers
 // of those names drop out. fsdptrain adapts what the settings name, so the two train different adapters:
-// the note says so and how to adapt the experts here.
+// the note says so and how to adapt the experts here (target_parameters, and the rank and alpha patterns).
 std::string peft_moe_target_note(const DecoderConfig& config, const LoraSettings& settings);
 
 // PEFT's trainable-parameter report: trainable (adapters and modules to save) against all (the
