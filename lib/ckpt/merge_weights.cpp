@@ -207,7 +207,7 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
           return piece->second.merged(whole(*src, specs[i]), adapter.tensors, scaling);
         const auto a = adapter.tensors.find(model::lora_a_name(name));
         if (!ends_with(name, ".weight") || a == adapter.tensors.end()) return whole(*src, specs[i]);
-        const std::string key = name.substr(0, name.size() - std::string(".weight").size());
+        const std::string key = model::adapter_key(name, a->first, adapter.settings.target_parameters);
         return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),
                                     scaling(key, a->second.size(0)), name);
       },

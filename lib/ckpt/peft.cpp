@@ -206,7 +206,11 @@ PeftAdapter read_peft_adapter(const std::string& dir) {
     if (down == std::string::npos && up == std::string::npos) continue;
     const bool stacked = !a.settings.target_parameters.empty() && name.find(".experts.") != std::string::npos;
     const int64_t rank = t.dim() == 2 ? t.size(down != std::string::npos ? 0 : 1) : 0;
-    const int64_t expected = stacked ? a.settings.r : a.settings.rank_of(name.substr(0, std::min(down, up)));
+    const std::string module = name.substr(0, std::min(down, up));
+    const int64_t expected = stacked
+                                 ? a.settings.r
+                                 : a.settings.rank_of(model::adapter_key(module + ".weight", module + ".lora_A.weight",
+                                                                         a.settings.target_parameters));
     FSDP_CHECK(rank > 0 && (stacked ? !a.settings.rank_pattern.empty() || rank % expected == 0 : rank == expected),
                "[lora] ", weights_path, ": ", name, " is ", t.sizes(), ", which is not rank ", expected,
                stacked ? " per expert" : "", " as ", kAdapterConfig, "'s ",
@@ -275,7 +279,7 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
       const std::optional<model::AdapterSlice> s = model::adapter_of(name, has, rows);
       if (!s) return full(name);
       const at::Tensor w = full(name), a = full(s->a);
-      const std::string key = s->a.substr(0, s->a.size() - std::string(".lora_A.weight").size());
+      const std::string key = model::adapter_key(name, s->a, lora.target_parameters);
       return model::merged_weight(w, a, full(s->b).narrow(0, s->begin, w.size(0)), scaling(key, a.size(0)), name);
     });
   });

@@ -1150,8 +1150,8 @@ std::vector<OptionSpec> build_table() {
       Row("lora.target_parameters", V::kList)
           .def("")
           .help("A mixture of experts' stacked weights that get adapters, one per expert (PEFT's target_parameters): "
-                "mlp.experts.gate_up_proj, mlp.experts.down_proj; with these alone (no target_modules) no linear "
-                "layer is adapted. Needs lora.dropout 0")
+                "mlp.experts.gate_up_proj, mlp.experts.down_proj, and the router's weight, mlp.gate.weight; with "
+                "these alone (no target_modules) no linear layer is adapted. Needs lora.dropout 0")
           .extension()
           .to(&Config::lora, &LoraConfig::target_parameters),
       Row("lora.rank_pattern", V::kString)

@@ -191,11 +191,19 @@ std::vector<std::string> peft_target_modules(const config::LoraConfig& lora, con
   return out;
 }
 
-// "4 linear layers", "4 linear layers and 2 stacked expert weights (r per expert)", or the experts alone.
-std::string lora_targets_said(int64_t linear, int64_t experts) {
-  const std::string stacked = plural(experts, "stacked expert weight") + " (r per expert)";
-  if (experts == 0) return plural(linear, "linear layer");
-  return linear == 0 ? stacked : plural(linear, "linear layer") + " and " + stacked;
+// "4 linear layers", "4 linear layers and 2 stacked expert weights (r per expert)", "... and 1 router
+// weight", or the parameters alone. `parameters`: lora_target_parameters' names.
+std::string lora_targets_said(int64_t linear, const std::vector<std::string>& parameters) {
+  const auto routers =
+      std::count_if(parameters.begin(), parameters.end(), [](const std::string& p) { return ends_with(p, ".weight"); });
+  const auto experts = static_cast<int64_t>(parameters.size()) - routers;
+  std::vector<std::string> parts;
+  if (linear > 0 || parameters.empty()) parts.push_back(plural(linear, "linear layer"));
+  if (experts > 0) parts.push_back(plural(experts, "stacked expert weight") + " (r per expert)");
+  if (routers > 0) parts.push_back(plural(routers, "router weight"));
+  std::string out = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) out += (i + 1 == parts.size() ? " and " : ", ") + parts[i];
+  return out;
 }
 
 // With rank_pattern or alpha_pattern: "; by lora.rank_pattern and alpha_pattern: 2 at r 2 (scaling 4), 1 at
@@ -436,9 +444,8 @@ void TrainingRun::build_model() {
     std::vector<std::string> keys = linear;
     keys.insert(keys.end(), experts.begin(), experts.end());
     say(str("[lora] r ", lora.r, ", alpha ", lora.alpha, " (scaling ", lora.scaling(), ") on ",
-            lora_targets_said(static_cast<int64_t>(linear.size()), static_cast<int64_t>(experts.size())),
-            lora_patterns_said(lora, keys), saved, "; trainable params: ", n.trainable, " || all params: ", n.all,
-            " || trainable%: ", percent, "\n"));
+            lora_targets_said(static_cast<int64_t>(linear.size()), experts), lora_patterns_said(lora, keys), saved,
+            "; trainable params: ", n.trainable, " || all params: ", n.all, " || trainable%: ", percent, "\n"));
     if (const std::string note = model::peft_moe_target_note(model_config_, lora); !note.empty())
       say(str("[lora] ", note, "\n"));
   }

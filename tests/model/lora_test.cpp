@@ -223,7 +223,7 @@ TEST_CASE("target_parameters refuses what PEFT's ParamWrapper does not adapt, na
   CHECK(contains(error_of([&] { with_lora(s, moe); }),
                  "lora.target_parameters: the model has no parameter named \"mlp.experts.gate_up_prj\""));
   s.target_parameters = {"self_attn.q_proj.weight"};
-  CHECK(contains(error_of([&] { with_lora(s, moe); }), "is not an experts module's stacked weight"));
+  CHECK(contains(error_of([&] { with_lora(s, moe); }), "is neither an experts module's stacked weight nor a router's"));
   s.target_parameters = {"down_proj"};
   s.dropout = 0.1;
   CHECK(contains(error_of([&] { with_lora(s, moe); }), "set lora.dropout: 0"));
@@ -248,9 +248,8 @@ TEST_CASE("a note where PEFT would read the targets of a mixture of experts as i
   const std::string all = peft_moe_target_note(qwen, settings({"all-linear"}));
   CHECK(contains(all, "reads target_modules all-linear on Qwen3MoeForCausalLM as the experts' stacked weights"));
   CHECK(contains(all,
-                 "lora.target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj], gate_up_proj at "
-                 "PEFT's rank and alpha with lora.rank_pattern {gate_up_proj: 8} and lora.alpha_pattern "
-                 "{gate_up_proj: 16}"));
+                 "PEFT's here: lora.target_parameters [mlp.experts.gate_up_proj, mlp.experts.down_proj, "
+                 "mlp.gate.weight], lora.rank_pattern {gate_up_proj: 8}, lora.alpha_pattern {gate_up_proj: 16}"));
   CHECK(contains(peft_moe_target_note(qwen, settings({"q_proj", "model.layers.1.mlp.down_proj"})),
                  "reads target_modules model.layers.1.mlp.down_proj on Qwen3MoeForCausalLM"));
   CHECK(contains(peft_moe_target_note(mixtral, settings({"all-linear"})), "on MixtralForCausalLM"));
@@ -346,4 +345,57 @@ TEST_CASE("layers_to_transform: the layers whose target_modules get adapters, as
   CHECK(contains(
       error_of([&] { lora_target_names(*m, s); }),
       "lora.layers_to_transform: 2 is not a layer of this LlamaForCausalLM, whose layers are numbered 0 to 1"));
+}
+
+TEST_CASE("a router's weight in target_parameters, and Qwen2-MoE's shared expert gate, adapted as PEFT adapts them") {
+  using fsdp::model::testing::tiny_of;
+  const DecoderConfig qwen = tiny_of("qwen3_moe", R"("num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 12, "norm_topk_prob": true, "mlp_only_layers": [0])");
+  // PEFT 0.21's reading of all-linear on Qwen3-MoE: attention, the experts (gate_up_proj at twice the rank
+  // and alpha) and the router's weight.
+  LoraSettings s = settings({"q_proj", "k_proj", "v_proj", "o_proj"}, 2, 6);
+  s.target_parameters = {"mlp.experts.gate_up_proj", "mlp.experts.down_proj", "gate.weight"};
+  s.rank_pattern = {{R"(.*\.gate_up_proj)", 4}};
+  s.alpha_pattern = {{R"(.*\.gate_up_proj)", 12}};
+  CausalLM m = with_lora(s, qwen);
+  CHECK(lora_target_parameters(*m, s) == std::vector<std::string>{"model.layers.1.mlp.gate.weight",
+                                                                  "model.layers.1.mlp.experts.gate_up_proj",
+                                                                  "model.layers.1.mlp.experts.down_proj"});
+  auto params = m->named_parameters();
+  const int64_t C = qwen.hidden_size, E = 4;
+  CHECK(params["model.layers.1.mlp.gate.lora_A.weight"].sizes() == at::IntArrayRef({2, C}));
+  CHECK(params["model.layers.1.mlp.gate.lora_B.weight"].sizes() == at::IntArrayRef({E, 2}));
+  CHECK(params["model.layers.1.mlp.experts.base_layer.lora_A.weight"].size(0) == 4 * E);  // gate_up_proj: rank 4
+  CHECK(params["model.layers.1.mlp.experts.lora_A.weight"].size(0) == 2 * E);
+  CHECK(!params["model.layers.1.mlp.gate.weight"].requires_grad());
+  CHECK(params["model.layers.1.mlp.gate.lora_A.weight"].requires_grad());
+  // The router's adapter moves the routing; the merged model routes and computes the same.
+  const at::Tensor tokens = at::arange(12).remainder(37).view({1, 12});
+  torch::NoGradGuard no_grad;
+  CausalLM base(qwen);
+  init_parameters(*base, 3);
+  const at::Tensor plain = base->forward(tokens);
+  std::map<std::string, at::Tensor> values;
+  for (const auto& kv : m->named_parameters()) {
+    if (ends_with(kv.key(), "lora_B.weight")) kv.value().normal_(0, 0.3);
+    values[kv.key()] = kv.value().clone();
+  }
+  merge_lora(values, s.scaling_for("lora_test"), s.target_parameters);
+  for (const auto& kv : base->named_parameters()) kv.value().copy_(values.at(kv.key()));
+  const at::Tensor adapted = m->forward(tokens);
+  CHECK(!at::allclose(adapted, plain, 1e-3, 1e-3));
+  CHECK(at::allclose(adapted, base->forward(tokens), 1e-5, 1e-5));
+  LoraSettings gate_only = settings({"q_proj"}, 2, 6);
+  gate_only.target_parameters = {"mlp.gate.weight"};
+  CHECK(lora_target_parameters(*CausalLM(qwen), gate_only) ==
+        std::vector<std::string>{"model.layers.1.mlp.gate.weight"});
+
+  // Qwen2-MoE's shared_expert_gate (1, C) is a linear layer, which PEFT's all-linear adapts.
+  const DecoderConfig qwen2 = tiny_of("qwen2_moe", R"("num_experts": 4, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 12, "shared_expert_intermediate_size": 16, "mlp_only_layers": [0])");
+  const std::vector<std::string> all = lora_target_names(*CausalLM(qwen2), settings({"all-linear"}));
+  CHECK(std::find(all.begin(), all.end(), "model.layers.1.mlp.shared_expert_gate") != all.end());
+  CausalLM shared = with_lora(settings({"shared_expert_gate"}), qwen2);
+  CHECK(shared->named_parameters()["model.layers.1.mlp.shared_expert_gate.lora_B.weight"].sizes() ==
+        at::IntArrayRef({1, 4}));
 }

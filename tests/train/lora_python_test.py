@@ -342,17 +342,19 @@ def moe_parity(args, tmp, data):
     stacked experts, a shared expert), adapters on attention and on every down_proj PEFT adapts (the
     dense layer's and the shared expert's; the stacked experts are no linear layers, so they stay
     frozen, as in PEFT), at W=2: PEFT's losses, gradients and trained tensors; the export has PEFT's keys."""
-    CASES["qwen2_moe"] = (dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
-                          "lora:\n  r: 4\n  target_modules: [q_proj, v_proj, down_proj]\n")
+    CASES["qwen2_moe"] = (dict(r=4, lora_alpha=8,
+                               target_modules=["q_proj", "v_proj", "down_proj", "shared_expert_gate"]),
+                          "lora:\n  r: 4\n  target_modules: [q_proj, v_proj, down_proj, shared_expert_gate]\n")
     base, adapter = family_base(args, tmp, "qwen2_moe", Qwen2MoeForCausalLM, Qwen2MoeConfig, 3,
                                 ("attention_bias", "mlp_bias", "head_dim"), "qwen2_moe", model_type="qwen2_moe",
                                 architectures=["Qwen2MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
                                 moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[0])
     out, _ = parity(args, tmp, "qwen2_moe", 2, base, data, adapter)
     _, got = export_keys(Qwen2MoeForCausalLM, base, "qwen2_moe", out)
-    check(any("shared_expert.down_proj" in k for k in got), "qwen2_moe: no adapter on the shared expert")
-    print(f"ok qwen2_moe: the export has PEFT's {len(got)} keys (the shared expert's and the dense layer's "
-          f"down_proj among them; the stacked experts frozen)")
+    check(any("shared_expert.down_proj" in k for k in got) and any("shared_expert_gate.lora_A" in k for k in got),
+          f"qwen2_moe: no adapter on the shared expert or its gate: {sorted(got)}")
+    print(f"ok qwen2_moe: the export has PEFT's {len(got)} keys (the shared expert's down_proj and gate and the dense "
+          f"layer's down_proj among them; the stacked experts frozen)")
 
 
 def expert_parity(args, tmp, data):
@@ -362,24 +364,32 @@ def expert_parity(args, tmp, data):
     target_parameters, PeftModel loads it with the logits of our merged export, which is PEFT's
     merge_and_unload; generate --adapter writes the merged model's text, merge-weights writes the merged
     export's tensors; lora.dropout is refused by name; all-linear, which PEFT reads as the experts and the
-    router too, gets a note saying so."""
+    router too, gets a note saying so. The case takes PEFT's reading: the router's weight adapted too,
+    gate_up_proj at twice the rank and alpha (rank_pattern, alpha_pattern); and PEFT's own all-linear adapter
+    merges and generates here as in PEFT."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    # PEFT 0.21's own reading of all-linear here, on q_proj: the experts, gate_up_proj at twice the rank and
+    # alpha, and the router's weight.
     CASES["experts"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj"],
-                             target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+                             target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"],
+                             rank_pattern={r".*\.gate_up_proj": 4}, alpha_pattern={r".*\.gate_up_proj": 12}),
                         "lora:\n  r: 2\n  alpha: 6\n  target_modules: [q_proj]\n"
-                        "  target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj]\n")
+                        "  target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj, mlp.gate.weight]\n"
+                        "  rank_pattern: {'.*\\.gate_up_proj': 4}\n  alpha_pattern: {'.*\\.gate_up_proj': 12}\n")
     base, adapter = family_base(args, tmp, "qwen3_moe", Qwen3MoeForCausalLM, Qwen3MoeConfig, 5,
                                 ("attention_bias", "mlp_bias"), "experts", model_type="qwen3_moe",
                                 architectures=["Qwen3MoeForCausalLM"], num_experts=4, num_experts_per_tok=2,
                                 moe_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[0],
                                 output_router_logits=True, router_aux_loss_coef=0.01)
     out, text = parity(args, tmp, "experts", 2, base, data, adapter)
-    check("and 2 stacked expert weights (r per expert)" in text, f"experts: the [lora] line does not count them: {text[-3000:]}")
+    check("on 2 linear layers, 2 stacked expert weights (r per expert) and 1 router weight" in text,
+          f"experts: the [lora] line does not count them: {text[-3000:]}")
     export, got = export_keys(Qwen3MoeForCausalLM, base, "experts", out)
     check("base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight" in got,
           f"experts: no adapter on gate_up_proj under PEFT's nested name: {sorted(got)}")
     written = json.load(open(os.path.join(export, "adapter_config.json")))
-    check(sorted(written.get("target_parameters") or []) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"],
+    check(sorted(written.get("target_parameters") or []) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj",
+                                                             "mlp.gate.weight"],
           f"experts: adapter_config.json's target_parameters {written.get('target_parameters')}")
     merged_out, _, _ = fsdptrain(args, tmp, "experts-merged", 2, base, data, CASES["experts"][1] + f"  init: {adapter}\n",
                                  sets=["checkpoint.export_merged=true"])
@@ -405,6 +415,22 @@ def expert_parity(args, tmp, data):
           and list(converted.alpha_pattern.values()) == [2 * converted.lora_alpha],
           f"experts: PEFT's ranks for the experts ({converted.rank_pattern}, {converted.alpha_pattern}) are not the "
           "note's")
+    # An adapter PEFT saved from all-linear (so of its reading: the experts with gate_up_proj at twice the rank
+    # and alpha, and the router) reads here: merge-weights writes merge_and_unload's model, generate its text.
+    torch.manual_seed(2)
+    all_linear = LoraConfig(task_type="CAUSAL_LM", r=2, target_modules="all-linear", init_lora_weights=False)
+    rewritten = get_peft_model(Qwen3MoeForCausalLM.from_pretrained(base), all_linear)
+    peft_all = os.path.join(tmp, "peft-all-linear-qwen3-moe")
+    rewritten.save_pretrained(peft_all)
+    folded_all = os.path.join(tmp, "all-linear-merge-weights")
+    run([args.fsdptrain, "merge-weights", peft_all, folded_all, "--base", base], "merge-weights (PEFT's all-linear)")
+    with torch.no_grad():
+        theirs = rewritten.merge_and_unload().state_dict()
+        mine = Qwen3MoeForCausalLM.from_pretrained(folded_all, experts_implementation="eager").state_dict()
+    check(set(mine) == set(theirs), f"experts all-linear: merged tensors differ: {sorted(set(mine) ^ set(theirs))}")
+    all_worst = max(relative(mine[k], v) for k, v in theirs.items())
+    check(all_worst < 1e-6, f"experts: merge-weights of PEFT's all-linear adapter vs merge_and_unload: {all_worst:.2e}")
+    generate_agrees(args, "experts all-linear", (["--model", folded_all], ["--model", base, "--adapter", peft_all]))
     _, said, _ = fsdptrain(args, tmp, "experts-all-linear", 1, base, data, "lora:\n  r: 2\n  target_modules: all-linear\n")
     check("[lora] note: PEFT 0.21 under transformers 5 reads target_modules all-linear on Qwen3MoeForCausalLM" in said,
           f"experts: no note on all-linear's other reading: {said[-2000:]}")
@@ -412,7 +438,8 @@ def expert_parity(args, tmp, data):
     print(f"ok experts: the export has PEFT's {len(got)} keys and target_parameters; PeftModel's logits over it equal "
           f"the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); generate --adapter writes the "
           f"merged model's text; merge-weights folds it into the base's {len(stored)} expert tensors as the merged export "
-          f"holds them ({folded_worst:.2e}); lora.dropout refused by name")
+          f"holds them ({folded_worst:.2e}), and PEFT's own all-linear adapter (router, experts at twice the rank) as "
+          f"merge_and_unload does ({all_worst:.2e}); lora.dropout refused by name")
 
 
 def pattern_parity(args, tmp, base, data):

@@ -123,6 +123,13 @@ at::Tensor merged_weight(const at::Tensor& weight, const at::Tensor& a, const at
   return (weight.to(at::kFloat) + delta).to(weight.scalar_type());
 }
 
+std::string adapter_key(const std::string& weight, const std::string& lora_a,
+                        const std::vector<std::string>& target_parameters) {
+  for (const std::string& t : target_parameters)
+    if (names_parameter(t, weight)) return weight;
+  return lora_a.substr(0, lora_a.size() - std::string(".lora_A.weight").size());
+}
+
 const std::vector<std::string>& expert_weight_names() {
   static const std::vector<std::string> names = {"gate_up_proj", "down_proj"};  // ExpertsImpl's order
   return names;
@@ -216,7 +223,7 @@ void merge_lora(std::map<std::string, at::Tensor>& params, const LoraScaling& sc
     if (!s) continue;
     FSDP_CHECK(has(s->b), "adapter of ", name, " lacks ", s->b);
     const at::Tensor b = params.at(s->b).narrow(0, s->begin, std::min(t.size(0), params.at(s->b).size(0) - s->begin));
-    const std::string key = s->a.substr(0, s->a.size() - std::string(".lora_A.weight").size());
+    const std::string key = adapter_key(name, s->a, target_parameters);
     merged.emplace_back(name, merged_weight(t, params.at(s->a), b, scaling(key, params.at(s->a).size(0)), name));
     used.insert(s->a);
   }

@@ -80,6 +80,12 @@ struct AdapterSlice {
 std::optional<AdapterSlice> adapter_of(const std::string& weight, const std::function<bool(const std::string&)>& has,
                                        const std::function<int64_t(const std::string&)>& rows);
 
+// PEFT's key for the rank and alpha of the adapter whose lora_A is `lora_a`, adapting `weight`: the weight's
+// own name where `target_parameters` names it (a router's, adapted as PEFT's ParamWrapper adapts a 2-D
+// weight), else the adapted module's (lora_a less ".lora_A.weight").
+std::string adapter_key(const std::string& weight, const std::string& lora_a,
+                        const std::vector<std::string>& target_parameters);
+
 // LoRA on a mixture of experts' stacked weights (PEFT's target_parameters, its ParamWrapper): an
 // experts module m's targeted weights (of expert_weight_names(), in that order) each get
 // lora_A (r E, in) and lora_B (out, r E), expert e's factors being A's rows [e r, (e + 1) r) and B's

@@ -137,7 +137,9 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
   const int64_t N = x.size(0);
   const at::Tensor scored = route_by.defined() ? route_by.reshape({-1, C}) : x;
   // (N, E), the compute dtype
-  at::Tensor logits = router ? router->logits(scored) : at::linear(scored, gate->weight, gate->bias);
+  // With an adapter where LoRA's target_parameters named the router's weight (never in float8).
+  at::Tensor logits =
+      router ? router->logits(scored) : with_lora(gate, scored, at::linear(scored, gate->weight, gate->bias));
   if (aux_gradient && c10::GradMode::is_enabled()) logits = AuxGradientAtRouter::apply(logits, aux_gradient.get());
   const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
   at::Tensor weights, chosen;  // (N, k) fp32, int64
@@ -192,7 +194,8 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
   at::Tensor out = at::zeros({N, C}, x.options().dtype(at::kFloat)).index_add(0, token, y.to(at::kFloat) * w);
   out = out.to(x.scalar_type());
   if (shared_expert)
-    out = out + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x.unsqueeze(0)).squeeze(0);
+    out = out + at::sigmoid(with_lora(shared_expert_gate, x, at::linear(x, shared_expert_gate->weight))) *
+                    shared_expert->forward(x.unsqueeze(0)).squeeze(0);
   return out.reshape(input.sizes());
 }
 

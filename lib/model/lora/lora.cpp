@@ -231,8 +231,8 @@ std::optional<int64_t> lora_layer_index(const std::string& name, const std::vect
 
 const std::vector<std::string>& lora_linear_names() {
   // Attention's and the MLP's; Gated DeltaNet's (Qwen3.5's four input projections or Qwen3-Next's
-  // two, and out_proj); Gemma 4's router (router.proj: a Linear there, so PEFT's all-linear adapts it) and
-  // E2B's and E4B's per-layer input's two.
+  // two, and out_proj); Gemma 4's router (router.proj: a Linear there, so PEFT's all-linear adapts it),
+  // Qwen2-MoE's shared expert's gate (a Linear too) and E2B's and E4B's per-layer input's two.
   static const std::vector<std::string> names = {"q_proj",
                                                  "k_proj",
                                                  "v_proj",
@@ -248,6 +248,7 @@ const std::vector<std::string>& lora_linear_names() {
                                                  "in_proj_ba",
                                                  "out_proj",
                                                  "proj",
+                                                 "shared_expert_gate",
                                                  "per_layer_input_gate",
                                                  "per_layer_projection"};
   return names;
@@ -337,45 +338,53 @@ std::string peft_moe_target_note(const DecoderConfig& config, const LoraSettings
              family_names(f).architecture,
              " as the experts' stacked weights and the router's weight (target_parameters: gate_up_proj at rank 2r, "
              "down_proj, gate.weight), and leaves out the dense and shared-expert layers of those names; fsdptrain "
-             "adapts what the settings name (the experts only through lora.target_parameters: "
-             "[mlp.experts.gate_up_proj, mlp.experts.down_proj], gate_up_proj at PEFT's rank and alpha with "
+             "adapts what the settings name, so the two train different adapters; PEFT's here: "
+             "lora.target_parameters [mlp.experts.gate_up_proj, mlp.experts.down_proj, mlp.gate.weight], "
              "lora.rank_pattern {gate_up_proj: ",
-             2 * s.r, "} and lora.alpha_pattern {gate_up_proj: ", 2 * s.alpha,
-             "}; the router never), so the two train different adapters");
+             2 * s.r, "}, lora.alpha_pattern {gate_up_proj: ", 2 * s.alpha,
+             "}, and in lora.target_modules the other linear layers (without gate_proj, up_proj, down_proj)");
 }
 
 std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraSettings& s) {
   if (s.target_parameters.empty()) return {};
   const std::string arch = family_names(model.config.family).architecture;
-  std::vector<std::string> stacked;  // every experts module's stacked weights, in the model's order
-  for (const auto& m : model.named_modules("", /*include_self=*/false))
+  // Every experts module's stacked weights and every router's weight (PEFT's ParamWrapper adapts a 2-D
+  // weight as a linear layer's: lora_A (r, in), lora_B (out, r)), in the model's order. Gemma 4's router
+  // is a linear layer, router.proj, which target_modules names.
+  std::vector<std::string> stacked;
+  for (const auto& m : model.named_modules("", /*include_self=*/false)) {
     if (m.value()->as<ExpertsImpl>())
       for (const std::string& leaf : expert_weight_names()) stacked.push_back(m.key() + "." + leaf);
+    if (const auto* block = m.value()->as<MoeBlockImpl>(); block && !block->router)
+      for (const auto& child : block->named_children())
+        if (child.value().get() == block->gate.get()) stacked.push_back(m.key() + "." + child.key() + ".weight");
+  }
   FSDP_CHECK(!stacked.empty(), "lora.target_parameters: ", arch,
              " has no mixture-of-experts layer, so no stacked expert weights to adapt; adapt its linear layers "
              "with lora.target_modules");
   FSDP_CHECK(s.dropout == 0, "lora.dropout is ", s.dropout,
              " with lora.target_parameters: the experts' adapters are added to their stacked weights (PEFT's "
              "ParamWrapper), where dropout on the input has no place; set lora.dropout: 0 (PEFT refuses it too)");
-  // The first layer's stacked weights by their names within a layer (mlp.experts.gate_up_proj and
+  // The first sparse layer's by their names within a layer (mlp.gate.weight, mlp.experts.gate_up_proj and
   // mlp.experts.down_proj; Gemma 4's experts.*), for messages.
-  std::string names;
-  for (size_t i = 0; i < std::min<size_t>(2, stacked.size()); ++i) {
-    const std::string& n = stacked[i];
-    const size_t layer = n.find(".layers.");
-    const size_t after = layer == std::string::npos ? std::string::npos : n.find('.', layer + 8);
-    names += (i ? " and " : "") + (after == std::string::npos ? n : n.substr(after + 1));
-  }
+  std::vector<std::string> firsts;
+  const std::string first_layer =
+      stacked.front().substr(0, stacked.front().find('.', stacked.front().find(".layers.") + 8));
+  for (const std::string& n : stacked)
+    if (n.rfind(first_layer + ".", 0) == 0) firsts.push_back(n.substr(first_layer.size() + 1));
+  const std::string names = join(firsts, ", ");
   std::set<std::string> chosen;
   for (const std::string& item : s.target_parameters) {
     std::vector<std::string> found;
     for (const auto& p : model.named_parameters())
       if (!is_lora_parameter(p.key()) && names_parameter(item, p.key())) found.push_back(p.key());
     FSDP_CHECK(!found.empty(), "lora.target_parameters: the model has no parameter named ", excerpt(item), "; ", arch,
-               "'s stacked expert weights are ", names);
+               "'s stacked expert and router weights are ", names);
     for (const std::string& f : found) {
       FSDP_CHECK(std::find(stacked.begin(), stacked.end(), f) != stacked.end(), "lora.target_parameters: ", f,
-                 " (from ", excerpt(item), ") is not an experts module's stacked weight; target_parameters adapts ",
+                 " (from ", excerpt(item),
+                 ") is neither an experts module's stacked weight nor a router's weight; "
+                 "target_parameters adapts ",
                  names, ", lora.target_modules the linear layers");
       chosen.insert(f);
     }
@@ -478,10 +487,12 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
   }
   {
     auto params_by_name = model.named_parameters();
-    for (const std::string& name : expert_weights) {  // lora_A (r E, in) and lora_B (out, r E)
+    for (const std::string& name :
+         expert_weights) {  // lora_A (r E, in) and lora_B (out, r E); a router's (r, in), (out, r)
       const at::Tensor& w = params_by_name[name];
-      params += static_cast<double>(s.rank_of(name)) * static_cast<double>(w.size(0)) *
-                static_cast<double>(w.size(1) + w.size(2));
+      params += static_cast<double>(s.rank_of(name)) *
+                (w.dim() == 3 ? static_cast<double>(w.size(0)) * static_cast<double>(w.size(1) + w.size(2))
+                              : static_cast<double>(w.size(0) + w.size(1)));
     }
   }
   for (const std::string& name : targets)
@@ -503,8 +514,15 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
         trained.insert(m + "." + p.key());
   for (const auto& p : model.named_parameters()) p.value().set_requires_grad(trained.count(p.key()) > 0);
   add_expert_lora(model, s, expert_weights, free_after_create);
+  // A router's weight (target_parameters): its Linear takes a linear layer's adapter, keyed by the weight's
+  // name for the patterns as PEFT keys it, computed beside its logits (MoeBlockImpl::forward).
+  std::vector<std::pair<std::string, std::string>> linear;  // (module, PEFT's key)
+  for (const std::string& name : targets) linear.emplace_back(name, name);
+  for (const std::string& name : expert_weights)
+    if (ends_with(name, ".weight"))
+      linear.emplace_back(name.substr(0, name.size() - std::string(".weight").size()), name);
 
-  for (const std::string& name : targets) {
+  for (const auto& [name, key] : linear) {
     if (is_fused_name(name)) {  // registered where the fused projection would be: PEFT's names
       const auto parts = fused_parts(name);
       std::vector<int64_t> rows;
@@ -521,12 +539,12 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
         for (auto& p : adapter->parameters()) free_storage(p);
       continue;
     }
-    auto* linear = modules[name]->as<torch::nn::LinearImpl>();
-    FSDP_CHECK(linear != nullptr, "LoRA target ", name, " is not a Linear");
-    const int64_t in = linear->weight.size(1), out = linear->weight.size(0);
-    const int64_t r = s.rank_of(name);
-    auto down = linear->register_module("lora_A", LoraDown(in, r, s.scaling_of(name), s.dropout));
-    auto up = linear->register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(r, out).bias(false)));
+    auto* layer = modules[name]->as<torch::nn::LinearImpl>();
+    FSDP_CHECK(layer != nullptr, "LoRA target ", name, " is not a Linear");
+    const int64_t in = layer->weight.size(1), out = layer->weight.size(0);
+    const int64_t r = s.rank_of(key);
+    auto down = layer->register_module("lora_A", LoraDown(in, r, s.scaling_of(key), s.dropout));
+    auto up = layer->register_module("lora_B", torch::nn::Linear(torch::nn::LinearOptions(r, out).bias(false)));
     c10::NoGradGuard no_grad;
     up->weight.zero_();
     if (free_after_create) {

@@ -36,7 +36,8 @@ struct LoraSettings {
   std::vector<std::string> modules_to_save;  // trained whole and saved with the adapter: lm_head, embed_tokens
   // A mixture of experts' stacked weights (PEFT's target_parameters: "mlp.experts.gate_up_proj",
   // "down_proj", a parameter's full name or its last parts), each adapted per expert
-  // (model/layers/lora_layer.h's expert_adapters). With these and no target_modules, no linear layer
+  // (model/layers/lora_layer.h's expert_adapters), and a router's weight ("mlp.gate.weight"), adapted as a
+  // linear layer is (PEFT's ParamWrapper on a 2-D weight). With these and no target_modules, no linear layer
   // is adapted, as in PEFT.
   std::vector<std::string> target_parameters;
   // PEFT's rank_pattern and alpha_pattern: (pattern, value) in the order given. An adapter takes the value of
@@ -77,10 +78,11 @@ void add_lora(CausalLMImpl& model, const LoraSettings& settings, bool free_after
 
 // The full names of the modules `settings` targets in `model` (after add_lora or before).
 std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettings& settings);
-// The full names of the stacked expert weights settings.target_parameters targets, in the model's
-// order ("model.layers.1.mlp.experts.gate_up_proj"). Throws InputError naming lora.target_parameters
-// for an item that names no parameter, or one that is not an experts module's gate_up_proj or
-// down_proj (a bias, a linear layer's weight: those take target_modules), and for lora.dropout
+// The full names of the stacked expert weights and router weights settings.target_parameters targets, in
+// the model's order ("model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.gate_up_proj"). Throws
+// InputError naming lora.target_parameters for an item that names no parameter, or one that is neither an
+// experts module's gate_up_proj or down_proj nor a router's weight (a bias, a linear layer's weight: those
+// take target_modules), and for lora.dropout
 // above 0 (PEFT computes these adapters on the weights, where dropout has no place).
 std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraSettings& settings);
 // "" or a note for the [lora] line: PEFT 0.21 under transformers 5 rewrites the targets of the models whose
