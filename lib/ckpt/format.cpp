@@ -89,6 +89,7 @@ json state_json(const TrainingState& s, Format format, const c10::Device& device
          {"rng", rng_json(device)}};
   if (s.eval_loss) j["eval_loss"] = *s.eval_loss;
   if (!s.expert_bias.empty()) j["expert_bias"] = s.expert_bias;
+  if (!s.lora.empty()) j["lora"] = s.lora;
   return j;
 }
 
@@ -106,6 +107,7 @@ TrainingState parse_state(const json& j, const std::string& where) {
     s.global_batch = j.value("global_batch", int64_t{0});
     if (j.contains("eval_loss") && j["eval_loss"].is_number()) s.eval_loss = j["eval_loss"].get<double>();
     if (j.contains("expert_bias")) s.expert_bias = j["expert_bias"].get<std::vector<std::vector<double>>>();
+    s.lora = j.value("lora", std::string());
     return s;
   } catch (const json::exception& e) {
     throw InputError(str("[ckpt] ", where, ": ", e.what(), "; the checkpoint is corrupt or from another tool"));
@@ -137,6 +139,9 @@ void check_resumable(const TrainingState& saved, const TrainingState& now, const
              saved.train_sequences, " training sequences; data.path now gives ", now.train_sequences,
              ", so the data would not continue where it stopped. Resume with the same data.path and "
              "data.eval_fraction, or start a new run");
+  FSDP_CHECK(saved.lora.empty() || saved.lora == now.lora, "[train] ", path, " was saved by a LoRA run of ", saved.lora,
+             "; this run has ", now.lora.empty() ? std::string("no LoRA (lora.r 0)") : now.lora,
+             ", so its adapters would not continue at the scale they trained at. Set them back, or start a new run");
   FSDP_CHECK(saved.loader_offset <= saved.train_sequences, "[ckpt] ", path_in(path, kState),
              ": the data loader's offset ", saved.loader_offset, " lies beyond the data's ", saved.train_sequences,
              " training sequences: the checkpoint is corrupt. Resume from another checkpoint");

@@ -58,6 +58,9 @@ struct TrainingState {
   std::optional<double> eval_loss;  // the held-out loss at this step, when it was measured (keep_best)
   // Auxiliary-loss-free balancing's selection bias of each sparse layer (E values each), when on.
   std::vector<std::vector<double>> expert_bias;
+  // With LoRA: what set its adapters' ranks and scalings (model::LoraSettings::scales(); "" without LoRA or
+  // from a checkpoint from before it was recorded).
+  std::string lora;
 };
 
 // Throws InputError, naming the key to set back, unless a run with `now`'s seed, sequence length

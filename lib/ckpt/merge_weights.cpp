@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -60,6 +61,21 @@ at::Tensor whole(Source& src, const TensorSpec& t) {
   return src.rows(t.name, 0, t.shape.empty() ? 1 : t.shape[0]);
 }
 
+// The model's name of each tensor the base folder stores, as an adapter names it (Mixtral's
+// block_sparse_moe.gate.weight is mlp.gate.weight; "" for one the model leaves out). A base of a family
+// fsdptrain does not model keeps its own names: its adapters merge by name.
+std::map<std::string, std::string> model_names(const std::string& base, const std::vector<std::string>& stored) {
+  std::optional<model::FolderLayout> layout;
+  try {
+    layout =
+        model::describe(model::parse_decoder_config(read_file(base + "/config.json"), base + "/config.json")).layout;
+  } catch (const InputError&) {
+  }
+  std::map<std::string, std::string> out;
+  for (const std::string& s : stored) out[s] = layout ? layout->ours(s) : s;
+  return out;
+}
+
 // A stored tensor a stacked expert weight's adapter changes (target_parameters): the whole stacked
 // weight (expert -1), or one expert's part of it as the Hub stores them (rows [first, first + rows)
 // of its (out, in) weight: Qwen3-MoE's gate_proj of gate_up_proj, Mixtral's w1).
@@ -100,8 +116,18 @@ ExpertPieces expert_pieces(const Source& src, const std::string& base, const Pef
   for (const model::StackedTensor& st : description.layout.stacked) stacked.push_back(st.name);
   const auto is_stacked = [&](const std::string& n) { return src.info(n) == nullptr || src.info(n)->shape.size() == 3; };
   const auto prefixes = model::expert_adapter_prefixes(stacked, is_stacked, adapter.settings.target_parameters);
-  FSDP_CHECK(!prefixes.empty(), "[merge-weights] ", adapter.dir, "'s target_parameters (",
-             join(adapter.settings.target_parameters, ", "), ") name none of ", base, "'s stacked expert weights");
+  // A router's weight (2-D, named as the model names it) is adapted as a linear layer's: only an adapter
+  // whose items name some other weight needs stacked ones.
+  const std::vector<std::string> stored = src.names();
+  const bool routers_only = std::all_of(
+      adapter.settings.target_parameters.begin(), adapter.settings.target_parameters.end(), [&](const std::string& t) {
+        return std::any_of(stored.begin(), stored.end(), [&](const std::string& n) {
+          return src.info(n)->shape.size() == 2 && model::names_parameter(t, description.layout.ours(n));
+        });
+      });
+  FSDP_CHECK(!prefixes.empty() || routers_only, "[merge-weights] ", adapter.dir, "'s target_parameters (",
+             join(adapter.settings.target_parameters, ", "), ") name none of ", base,
+             "'s stacked expert weights or routers' weights");
   for (const auto& [weight, prefix] : prefixes) {
     for (const char* leaf : {"lora_A.weight", "lora_B.weight"}) {
       FSDP_CHECK(adapter.tensors.count(prefix + leaf), "[merge-weights] ", adapter.dir, " adapts ", weight,
@@ -185,14 +211,17 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
   auto src = open_hf_source(base);
   std::vector<std::string> names = src->names();
   std::sort(names.begin(), names.end());
+  const std::map<std::string, std::string> ours = model_names(base, names);
+  std::set<std::string> held;  // the base's tensors by the model's names, as the adapter names them
+  for (const auto& [stored, mine] : ours) held.insert(mine);
   std::map<std::string, at::Tensor> tensors = adapter.tensors;
-  if (src->info("lm_head.weight") == nullptr && src->info("model.embed_tokens.weight") != nullptr)
+  if (!held.count("lm_head.weight") && held.count("model.embed_tokens.weight"))
     tie_saved_head(tensors, adapter_dir);  // a tied base: its head is the embedding
   const ExpertPieces experts = expert_pieces(*src, base, adapter);
   for (const auto& [name, t] : tensors) {
     if (experts.adapters.count(name)) continue;  // a stacked expert weight's (expert_pieces checked it)
     const std::string adapted = model::is_lora_parameter(name) ? model::adapted_weight_name(name) : name;
-    FSDP_CHECK(src->info(adapted) != nullptr, "[merge-weights] ", adapter_dir, " adapts ", adapted, ", which ", base,
+    FSDP_CHECK(held.count(adapted), "[merge-weights] ", adapter_dir, " adapts ", adapted, ", which ", base,
                " does not have; give the base model it was trained on with --base");
   }
   const std::vector<TensorSpec> specs = specs_of(*src, names);
@@ -200,10 +229,11 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
   const int64_t total = write_folder(
       specs,
       [&](size_t i) {
-        const std::string& name = specs[i].name;
+        const std::string& stored = specs[i].name;
+        const std::string& name = ours.at(stored).empty() ? stored : ours.at(stored);
         const auto saved = tensors.find(name);  // a module to save: its trained value
         if (saved != tensors.end()) return saved->second;
-        if (const auto piece = experts.pieces.find(name); piece != experts.pieces.end())
+        if (const auto piece = experts.pieces.find(stored); piece != experts.pieces.end())
           return piece->second.merged(whole(*src, specs[i]), adapter.tensors, scaling);
         const auto a = adapter.tensors.find(model::lora_a_name(name));
         if (!ends_with(name, ".weight") || a == adapter.tensors.end()) return whole(*src, specs[i]);

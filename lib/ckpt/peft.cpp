@@ -14,6 +14,7 @@
 #include "util/error.h"
 #include "util/files.h"
 #include "util/json.h"
+#include "util/regex.h"
 #include "util/strings.h"
 
 namespace fsdp::ckpt {
@@ -52,6 +53,7 @@ std::vector<std::pair<std::string, T>> read_patterns(const nlohmann::ordered_jso
     FSDP_CHECK(value.is_number() && (std::is_floating_point_v<T> || whole) && value.template get<double>() > 0, where,
                ": ", key, "'s ", quoted(pattern), " is ", value.dump(), "; it must be ",
                std::is_floating_point_v<T> ? "a number above 0" : "a whole number above 0");
+    Regex("(?:.*\\.)?(?:" + pattern + ")", str(where, ": ", key, "'s ", quoted(pattern)));  // refused here, by name
     out.emplace_back(pattern, value.template get<T>());
   }
   return out;
@@ -131,16 +133,43 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
 }
 
 template <typename T>
-bool same_entries(const std::vector<std::pair<std::string, T>>& a, const std::vector<std::pair<std::string, T>>& b) {
-  return std::map<std::string, T>(a.begin(), a.end()) == std::map<std::string, T>(b.begin(), b.end()) &&
-         a.size() == b.size();
-}
-
-template <typename T>
 std::string entries(const std::vector<std::pair<std::string, T>>& patterns) {
   std::vector<std::string> parts;
   for (const auto& [pattern, value] : patterns) parts.push_back(quoted(pattern) + ": " + str(value));
   return "{" + join(parts, ", ") + "}";
+}
+
+// Every adapter of `model` has the rank and alpha under `settings` that the adapter's config gives it
+// (r, lora_alpha and their patterns, read for each adapter as PEFT reads them: equal patterns written
+// apart, {gate_up_proj: 4} and {.*\.gate_up_proj: 4}, agree). The shapes check the ranks again; the
+// alphas only this does.
+void check_same_ranks_and_alphas(const ShardedModel& model, const model::LoraSettings& settings,
+                                 const PeftAdapter& adapter) {
+  std::vector<std::string> names;
+  std::set<std::string> stacked;
+  for (const auto& g : model.groups())
+    for (const ShardedParam& p : g->params()) {
+      names.push_back(p.name);
+      if (p.full_shape().size() == 3) stacked.insert(p.name);
+    }
+  std::vector<std::string> keys;  // PEFT's key of each adapter
+  std::set<std::string> expert_adapters;
+  for (const auto& [weight, prefix] : model::expert_adapter_prefixes(
+           names, [&](const std::string& n) { return stacked.count(n) > 0; }, settings.target_parameters)) {
+    keys.push_back(weight);
+    expert_adapters.insert(prefix + "lora_A.weight");
+  }
+  for (const std::string& n : names)
+    if (ends_with(n, ".lora_A.weight") && !expert_adapters.count(n))
+      keys.push_back(model::adapter_key(model::adapted_weight_name(n), n, settings.target_parameters));
+  const model::LoraSettings& a = adapter.settings;
+  for (const std::string& key : keys)
+    FSDP_CHECK(a.rank_of(key) == settings.rank_of(key) && a.alpha_of(key) == settings.alpha_of(key), "[lora] ",
+               adapter.dir, "/", kAdapterConfig, " gives the adapter of ", key, " rank ", a.rank_of(key), " and alpha ",
+               a.alpha_of(key), " (its r ", a.r, ", lora_alpha ", a.alpha, ", rank_pattern ", entries(a.rank_pattern),
+               ", alpha_pattern ", entries(a.alpha_pattern), ") where the settings give it rank ",
+               settings.rank_of(key), " and alpha ", settings.alpha_of(key),
+               "; set lora.r, lora.alpha, lora.rank_pattern and lora.alpha_pattern as the adapter's to start from it");
 }
 
 }  // namespace
@@ -288,18 +317,15 @@ void export_merged(const ShardedModel& model, const model::ModelDescription& des
 void load_adapter(ShardedModel& model, const model::LoraSettings& settings, const PeftAdapter& adapter) {
   const std::string config_path = adapter.dir + "/" + kAdapterConfig;
   const model::LoraSettings& a = adapter.settings;
-  FSDP_CHECK(a.r == settings.r, "[lora] lora.r is ", settings.r, " but ", config_path, " has r ", a.r,
-             "; set lora.r: ", a.r, " to start from this adapter");
-  FSDP_CHECK(a.alpha == settings.alpha, "[lora] lora.alpha is ", settings.alpha, " but ", config_path,
-             " has lora_alpha ", a.alpha, "; set lora.alpha: ", a.alpha, " to start from this adapter");
+  if (!a.has_patterns() && !settings.has_patterns()) {
+    FSDP_CHECK(a.r == settings.r, "[lora] lora.r is ", settings.r, " but ", config_path, " has r ", a.r,
+               "; set lora.r: ", a.r, " to start from this adapter");
+    FSDP_CHECK(a.alpha == settings.alpha, "[lora] lora.alpha is ", settings.alpha, " but ", config_path,
+               " has lora_alpha ", a.alpha, "; set lora.alpha: ", a.alpha, " to start from this adapter");
+  }
   FSDP_CHECK(a.use_rslora == settings.use_rslora, "[lora] lora.use_rslora is ", settings.use_rslora ? "true" : "false",
              " but ", config_path, " has use_rslora ", a.use_rslora ? "true" : "false");
-  FSDP_CHECK(same_entries(a.rank_pattern, settings.rank_pattern), "[lora] lora.rank_pattern is ",
-             entries(settings.rank_pattern), " but ", config_path, " has rank_pattern ", entries(a.rank_pattern),
-             "; set lora.rank_pattern as the adapter's to start from it");
-  FSDP_CHECK(same_entries(a.alpha_pattern, settings.alpha_pattern), "[lora] lora.alpha_pattern is ",
-             entries(settings.alpha_pattern), " but ", config_path, " has alpha_pattern ", entries(a.alpha_pattern),
-             "; set lora.alpha_pattern as the adapter's to start from it");
+  check_same_ranks_and_alphas(model, settings, adapter);
   std::map<std::string, at::Tensor> tensors = adapter.tensors;
   if (tied_head(model)) tie_saved_head(tensors, adapter.dir);
   std::map<std::string, std::vector<int64_t>> stored;
@@ -309,7 +335,8 @@ void load_adapter(ShardedModel& model, const model::LoraSettings& settings, cons
     for (const ShardedParam& p : g->params())
       if (p.trainable) expected.push_back({p.name, p.layout.shape, {}});
   check_tensors_match(adapter.dir + "/" + kAdapterWeights, stored, expected,
-                      "lora.target_modules and lora.modules_to_save must name what the adapter adapts and saves (its " +
+                      "lora.target_modules, lora.target_parameters, lora.layers_to_transform, lora.rank_pattern and "
+                      "lora.modules_to_save must give what the adapter adapts and saves (its " +
                           std::string(kAdapterConfig) + ")");
   c10::NoGradGuard no_grad;
   for (const auto& g : model.groups())

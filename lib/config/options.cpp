@@ -1179,7 +1179,7 @@ std::vector<OptionSpec> build_table() {
       Row("lora.layers_pattern", V::kList)
           .def("")
           .help("The name before the layer's number that lora.layers_to_transform reads (PEFT's layers_pattern: "
-                "layers); empty: the first number in a module's name")
+                "layers); empty: the first number in a module's name after two parts of it (model.layers.N)")
           .extension()
           .to(&Config::lora, &LoraConfig::layers_pattern),
       Row("lora.init", V::kString)

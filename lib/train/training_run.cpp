@@ -875,6 +875,7 @@ ckpt::TrainingState TrainingRun::state_at(int64_t step) const {
   s.world_size = world_.size();
   s.global_batch = sequences_per_step();
   s.expert_bias = selection_biases();
+  if (config_.lora.enabled()) s.lora = lora_settings_of(config_).scales();
   return s;
 }
 

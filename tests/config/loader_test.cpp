@@ -180,7 +180,9 @@ TEST_CASE("lora.rank_pattern, alpha_pattern and layers_to_transform as PEFT's Lo
                  "down_proj: 8}; \"q_proj\" is \"0\" (a rank is a whole number from 1)") != std::string::npos);
   CHECK(bad.find("lora.alpha_pattern: expected a mapping of module patterns to alphas") != std::string::npos);
   CHECK(bad.find("lora.layers_to_transform: expected the numbers of the decoder layers to adapt") != std::string::npos);
-  CHECK(load_text(base + "  rank_pattern: {'(q_proj': 4}\n").errors().find("lora.rank_pattern:") != std::string::npos);
+  CHECK(load_text(base + "  rank_pattern: {'(q_proj': 4}\n")
+            .errors()
+            .find("lora.rank_pattern: the pattern \"(q_proj\"") != std::string::npos);
   CHECK(load_text(base + "  layers_pattern: layers\n")
             .errors()
             .find("lora.layers_pattern: is set without lora.layers_to_transform") != std::string::npos);

@@ -435,6 +435,7 @@ def expert_parity(args, tmp, data):
     check("[lora] note: PEFT 0.21 under transformers 5 reads target_modules all-linear on Qwen3MoeForCausalLM" in said,
           f"experts: no note on all-linear's other reading: {said[-2000:]}")
     gpt_oss_layout(args, tmp, data)
+    mixtral_all_linear(args, tmp)
     print(f"ok experts: the export has PEFT's {len(got)} keys and target_parameters; PeftModel's logits over it equal "
           f"the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); generate --adapter writes the "
           f"merged model's text; merge-weights folds it into the base's {len(stored)} expert tensors as the merged export "
@@ -445,7 +446,8 @@ def expert_parity(args, tmp, data):
 def pattern_parity(args, tmp, base, data):
     """PEFT's rank_pattern, alpha_pattern and layers_to_transform (issue: the settings fsdptrain refused) at
     W=2: each adapter at the rank and alpha of the first pattern its name ends in (two patterns match layer
-    1's v_proj: the first, as PEFT's get_pattern_key, gives it rank 2), layers_to_transform keeping layer 1's
+    1's v_proj: the first, as PEFT's get_pattern_key, gives it rank 2; the settings' order is not the sorted
+    one PEFT's save writes, and both read alike), layers_to_transform keeping layer 1's
     modules but the one named in full; PEFT's losses, gradients and trained tensors, its keys, and a config
     PEFT loads; the merged export is merge_and_unload's, merge-weights and generate --adapter agree; an
     adapter whose patterns differ from the settings is refused as lora.init."""
@@ -456,7 +458,7 @@ def pattern_parity(args, tmp, base, data):
                               alpha_pattern={"down_proj": 24}),
                          "lora:\n  r: 4\n  alpha: 8\n  target_modules: [q_proj, v_proj, down_proj, "
                          "model.layers.0.mlp.up_proj]\n  layers_to_transform: [1]\n"
-                         "  rank_pattern: {model.layers.0.mlp.up_proj: 6, self_attn.v_proj: 2, v_proj: 3}\n"
+                         "  rank_pattern: {self_attn.v_proj: 2, model.layers.0.mlp.up_proj: 6, v_proj: 3}\n"
                          "  alpha_pattern: {down_proj: 24}\n")
     torch.manual_seed(1)
     model = get_peft_model(LlamaForCausalLM.from_pretrained(base),
@@ -470,8 +472,9 @@ def pattern_parity(args, tmp, base, data):
     counts_match(text, base, adapter, "patterns")
     export, got = export_keys(LlamaForCausalLM, base, "patterns", out)
     written = json.load(open(os.path.join(export, "adapter_config.json")))
+    # Written in the order given (PEFT takes the first that matches), not sorted as PEFT's own save sorts them.
     check(written["rank_pattern"] == CASES["patterns"][0]["rank_pattern"]
-          and list(written["rank_pattern"]) == list(CASES["patterns"][0]["rank_pattern"])
+          and list(written["rank_pattern"]) == ["self_attn.v_proj", "model.layers.0.mlp.up_proj", "v_proj"]
           and written["alpha_pattern"] == {"down_proj": 24} and written["layers_to_transform"] == [1],
           f"patterns: adapter_config.json {written}")
     merged_out, _, _ = fsdptrain(args, tmp, "patterns-merged", 2, base, data,
@@ -485,11 +488,46 @@ def pattern_parity(args, tmp, base, data):
                   CASES["patterns"][1].replace("v_proj: 3}", "v_proj: 3, q_proj: 5}") + f"  init: {adapter}\n")
         check(False, "an adapter of other rank patterns was accepted as lora.init")
     except Failed as e:
-        check("lora.rank_pattern is {" in str(e) and "set lora.rank_pattern as the adapter's" in str(e), str(e))
+        check("gives the adapter of model.layers.1.self_attn.q_proj rank 4 and alpha 8" in str(e)
+              and "where the settings give it rank 5" in str(e) and "lora.rank_pattern and lora.alpha_pattern as the "
+              "adapter's" in str(e), str(e))
     print(f"ok patterns: the export has PEFT's {len(got)} keys, rank_pattern, alpha_pattern and layers_to_transform; "
           f"PeftModel's logits over it equal the merged export's ({r:.2e}), which is merge_and_unload's ({worst:.2e}); "
           f"merge-weights folds it as the merged export ({folded:.2e}); generate --adapter agrees; an adapter of "
           f"other patterns is refused as lora.init")
+
+
+def mixtral_all_linear(args, tmp):
+    """PEFT's all-linear adapter of a Mixtral (its reading: attention, the experts and the router's mlp.gate)
+    merges into the folder transformers saved, which holds the router as block_sparse_moe.gate and the
+    experts one by one as the Hub does, as merge_and_unload merges it; generate --adapter writes its text."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+    config = json.load(open(os.path.join(args.source, "configs/models/tiny/config.json")))
+    for key in ("attention_bias", "mlp_bias", "head_dim"):
+        config.pop(key)
+    config.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4,
+                  num_experts_per_tok=2, intermediate_size=24)
+    torch.manual_seed(6)
+    base = os.path.join(tmp, "mixtral")
+    MixtralForCausalLM(MixtralConfig(**config)).save_pretrained(base, safe_serialization=True)
+    check(any(".block_sparse_moe.gate." in k for k in load_file(os.path.join(base, "model.safetensors"))),
+          "mixtral: transformers no longer saves the router under the Hub's name; the case checks nothing")
+    torch.manual_seed(1)
+    peft = get_peft_model(MixtralForCausalLM.from_pretrained(base),
+                          LoraConfig(task_type="CAUSAL_LM", r=2, target_modules="all-linear", init_lora_weights=False))
+    adapter = os.path.join(tmp, "peft-mixtral-all-linear")
+    peft.save_pretrained(adapter)
+    folded = os.path.join(tmp, "mixtral-merge-weights")
+    run([args.fsdptrain, "merge-weights", adapter, folded, "--base", base], "fsdptrain merge-weights (Mixtral)")
+    with torch.no_grad():
+        theirs = peft.merge_and_unload().state_dict()
+        mine = MixtralForCausalLM.from_pretrained(folded, experts_implementation="eager").state_dict()
+    check(set(mine) == set(theirs), f"mixtral: merged tensors differ: {sorted(set(mine) ^ set(theirs))}")
+    worst = max(relative(mine[k], v) for k, v in theirs.items())
+    check(worst < 1e-6, f"mixtral: merge-weights of PEFT's all-linear adapter vs merge_and_unload: {worst:.2e}")
+    generate_agrees(args, "mixtral", (["--model", folded], ["--model", base, "--adapter", adapter]))
+    print(f"ok mixtral: PEFT's all-linear adapter (the router's block_sparse_moe.gate, the experts one by one) "
+          f"merges into transformers' folder as merge_and_unload ({worst:.2e}); generate --adapter agrees")
 
 
 def gpt_oss_layout(args, tmp, data):
@@ -686,6 +724,18 @@ def commands_take_adapters(args, tmp, base, adapter, merged):
           f"write what the merged model writes ({len(text)} bytes)")
 
 
+def refuses_other_alpha(args, tmp, base, data, lora, checkpoint):
+    """A resume at another alpha would continue the adapters at another scale: refused, naming both."""
+    try:
+        fsdptrain(args, tmp, "resume-alpha", 2, base, data, lora.replace("alpha: 16", "alpha: 32"),
+                  f"checkpoint:\n  resume: {checkpoint}\n")
+        check(False, "a resume at another lora.alpha was accepted")
+    except Failed as e:
+        check("was saved by a LoRA run of lora.r 8, lora.alpha 16, lora.use_rslora true; this run has lora.r 8, "
+              "lora.alpha 32" in str(e), str(e))
+    print("ok a resume with another lora.alpha is refused, naming the checkpoint's and the run's")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
@@ -774,6 +824,7 @@ def main():
             print(f"ok resume at W={world}: steps 4-{SETTINGS['steps']} "
                   f"{'equal bit for bit' if exact else 'within 1e-5'} to the uninterrupted run's "
                   f"(the checkpoint holds {len(saved)} tensors: adapters, lm_head, AdamW state)")
+        refuses_other_alpha(args, tmp, base, data, lora, step3)
         for cmd in (["generate", "--model", step3, "--prompt", "x"], ["merge-weights", step3, f"{tmp}/never"]):
             r = subprocess.run([args.fsdptrain, *cmd], capture_output=True, text=True, timeout=120)
             check(r.returncode == 2 and "is a LoRA run's checkpoint" in r.stderr and not os.path.exists(f"{tmp}/never"),

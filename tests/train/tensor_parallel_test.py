@@ -2,7 +2,8 @@
 window), Qwen2 (q/k/v biases) and Qwen3 (q/k norms), transformers saves a small model and
 scripts/reference/fsdp2_llama.py trains it with DTensor's parallelize_module (ColwiseParallel,
 RowwiseParallel, SequenceParallel, loss_parallel) and fully_shard over the data-parallel mesh; the
-trainer fine-tunes the same folder from the same token stream. Over Gloo on CPU, fp32:
+trainer fine-tunes the same folder from the same token stream (made-up text, llmc_shard.synthetic_corpus:
+the same whatever the source tree holds, so the bounds stay measured). Over Gloo on CPU, fp32:
   - W=4, tp 2 x dp 2, each family: 10 losses and gradient norms within 1e-5 relative;
   - W=8, dp_replicate 2 x dp_shard 2 x tp 2 (HSDP + TP), each family: the same;
   - W=8, tp 2 x dp 4 with fsdp_reshard_after_forward 2: the losses and gradient norms of the same run
@@ -18,7 +19,8 @@ trainer fine-tunes the same folder from the same token stream. Over Gloo on CPU,
     global batch), continuing the same losses; a SHARDED_STATE_DICT one (each rank's blocks, o and
     down as column ranges) resumes along tp 2 x dp 2 -> tp 1 x dp 4 -> tp 2 x dp 1;
   - Gemma 3, Granite and Phi-3 (issue 60's families tp splits): tp 2 x dp 2 equals FSDP alone
-    (tp 1 x dp 2) within 1e-5;
+    (tp 1 x dp 2) within 1e-5; Gemma 4 (dense and its experts) within 1e-5 or twice the distance
+    between FSDP-alone runs of other kernels, measured in the same call;
   - LoRA (r 8 on every projection) on Llama and Qwen2: tp 2 x dp 2 equals FSDP alone within 1e-5, and
     its PEFT export holds the same adapter tensors and it counts the same trainable parameters; its
     SHARDED checkpoint at step 5 resumes at tp 1 with its steps 6-10;
@@ -26,7 +28,6 @@ trainer fine-tunes the same folder from the same token stream. Over Gloo on CPU,
   - bad layouts are refused before any worker starts, naming the key and the fix.
 """
 import argparse
-import glob
 import json
 import os
 import subprocess
@@ -39,7 +40,7 @@ import transformers
 from safetensors.torch import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from llmc_shard import write_shard  # noqa: E402
+from llmc_shard import synthetic_corpus, write_shard  # noqa: E402
 from reference_server import references  # noqa: E402
 
 STEPS, BATCH, SEQ, LR = 10, 4, 32, 3e-3
@@ -326,16 +327,26 @@ def check_new_families(h, folders):
         "qwen3_5": transformers.Qwen3_5TextConfig(**common, **hybrid),
         "qwen3_next": transformers.Qwen3NextConfig(**common, **hybrid, num_experts=0),
     }
-    # Gemma 4's scores are unscaled (its q/k norms stand in for 1/sqrt(D)): sharper softmaxes carry float32's
-    # other summation order further over the steps. Its gradient norms at step 7 are 1.0e-5 apart under tp
-    # (losses 1e-7), and 1.2e-4 apart between two tp 1 runs whose kernels alone differ (engine.kernels
-    # reference against host); Gemma 3 with an unscaled score: 1.7e-6, against 1.5e-7 with its own scale.
-    bound = {"gemma4": 3e-5, "gemma4_moe": 3e-5}
+    # Gemma 4's scores are unscaled (its q/k norms stand in for 1/sqrt(D)): sharper softmaxes (and its
+    # router's) carry float32's other summation order further over the steps, by how much depends on the
+    # data. Its bound is twice the distance between two FSDP-alone runs whose kernels alone differ
+    # (engine.kernels reference against host), measured in the same call: tensor parallel may sum in
+    # another order, as other kernels do, and no further. (Once measured: gemma4's gradient norms 1.0e-5
+    # apart under tp at step 7, 1.2e-4 between the kernels; Gemma 3 with an unscaled score: 1.7e-6.)
+    measured = {"gemma4", "gemma4_moe"}
     ok = True
     for name, config in configs.items():
         folder = h.save(name, config)
+        alone = h.ours(f"{name}-tp1", folder, 2, 1)[:2]
+        bound = 1e-5
+        if name in measured:
+            (al, ag), (rl, rg) = alone, h.ours(f"{name}-tp1-reference", folder, 2, 1,
+                                               extra="engine:\n  kernels: reference\n")[:2]
+            noise = max(abs(a - b) / abs(b) for a, b in zip(rl + rg, al + ag))
+            bound = max(1e-5, 2 * noise)
+            print(f"{name}: FSDP alone with the reference kernels against the host's: {noise:.2e}; bound {bound:.2e}")
         ok &= h.compare(f"{name}: tp 2 x dp 2 against FSDP alone (tp 1 x dp 2)", h.ours(f"{name}-tp2", folder, 4, 2)[:2],
-                        h.ours(f"{name}-tp1", folder, 2, 1)[:2], bound.get(name, 1e-5), "FSDP alone")
+                        alone, bound, "FSDP alone")
     return ok
 
 
@@ -419,10 +430,7 @@ def main():
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
-        tokens = []
-        for path in sorted(glob.glob(os.path.join(args.source, "lib/*/*.cpp")))[:30]:
-            tokens.append(256)
-            tokens.extend(open(path, "rb").read())
+        tokens = synthetic_corpus()
         data = os.path.join(tmp, "tokens.bin")
         write_shard(data, tokens)
 

@@ -182,6 +182,19 @@ T first_match(const std::vector<std::pair<std::string, T>>& patterns, const std:
 
 }  // namespace
 
+std::string LoraSettings::scales() const {
+  std::string out = str("lora.r ", r, ", lora.alpha ", alpha, ", lora.use_rslora ", use_rslora ? "true" : "false");
+  auto add = [&](const char* key, const auto& patterns) {
+    if (patterns.empty()) return;
+    std::vector<std::string> parts;
+    for (const auto& [pattern, value] : patterns) parts.push_back(str(pattern, ": ", value));
+    out += str(", ", key, " {", join(parts, ", "), "}");
+  };
+  add("lora.rank_pattern", rank_pattern);
+  add("lora.alpha_pattern", alpha_pattern);
+  return out;
+}
+
 int64_t LoraSettings::rank_of(const std::string& key) const {
   return first_match(rank_pattern, key, r, "lora.rank_pattern");
 }
@@ -257,7 +270,7 @@ const std::vector<std::string>& lora_linear_names() {
 std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettings& settings) {
   const bool fused = model.config.fused_projections;
   const std::string arch = family_names(model.config.family).architecture;
-  for (const int64_t layer : settings.layers_to_transform)
+  for (const int64_t layer : settings.layers_pattern.empty() ? settings.layers_to_transform : std::vector<int64_t>{})
     FSDP_CHECK(layer >= 0 && layer < model.config.num_hidden_layers, "lora.layers_to_transform: ", layer,
                " is not a layer of this ", arch, ", whose layers are numbered 0 to ",
                model.config.num_hidden_layers - 1);
@@ -308,8 +321,9 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
     }
   }
   FSDP_CHECK(
-      !chosen.empty() || settings.layers_to_transform.empty(), "lora.layers_to_transform ",
-      join_numbers(settings.layers_to_transform), " leaves none of the modules lora.target_modules names",
+      !chosen.empty() || settings.layers_to_transform.empty() || !settings.target_parameters.empty(),
+      "lora.layers_to_transform ", join_numbers(settings.layers_to_transform),
+      " leaves none of the modules lora.target_modules names",
       settings.layers_pattern.empty() ? "" : " (by lora.layers_pattern " + join(settings.layers_pattern, ", ") + ")",
       "; its layers are numbered 0 to ", model.config.num_hidden_layers - 1);
   std::vector<std::string> out;  // in the model's order
@@ -368,10 +382,12 @@ std::vector<std::string> lora_target_parameters(CausalLMImpl& model, const LoraS
   // The first sparse layer's by their names within a layer (mlp.gate.weight, mlp.experts.gate_up_proj and
   // mlp.experts.down_proj; Gemma 4's experts.*), for messages.
   std::vector<std::string> firsts;
+  const size_t layers = stacked.front().find(".layers.");
   const std::string first_layer =
-      stacked.front().substr(0, stacked.front().find('.', stacked.front().find(".layers.") + 8));
+      layers == std::string::npos ? "" : stacked.front().substr(0, stacked.front().find('.', layers + 8));
   for (const std::string& n : stacked)
-    if (n.rfind(first_layer + ".", 0) == 0) firsts.push_back(n.substr(first_layer.size() + 1));
+    if (first_layer.empty() || n.rfind(first_layer + ".", 0) == 0)
+      firsts.push_back(first_layer.empty() ? n : n.substr(first_layer.size() + 1));
   const std::string names = join(firsts, ", ");
   std::set<std::string> chosen;
   for (const std::string& item : s.target_parameters) {
@@ -406,9 +422,12 @@ void check_patterns(const LoraSettings& s, const std::vector<std::string>& targe
   auto check = [&](const char* what, const std::string& pattern) {
     const bool used =
         std::any_of(keys.begin(), keys.end(), [&](const std::string& k) { return pattern_names(pattern, k, what); });
-    std::vector<std::string> shorts;
-    for (const std::string& k : keys)
-      if (std::find(shorts.begin(), shorts.end(), short_name(k)) == shorts.end()) shorts.push_back(short_name(k));
+    std::vector<std::string> shorts;  // q_proj, ..., a router's gate.weight
+    for (const std::string& k : keys) {
+      const std::string leaf =
+          ends_with(k, ".weight") ? short_name(k.substr(0, k.size() - 7)) + ".weight" : short_name(k);
+      if (std::find(shorts.begin(), shorts.end(), leaf) == shorts.end()) shorts.push_back(leaf);
+    }
     FSDP_CHECK(used, what, ": ", excerpt(pattern), " matches none of the adapted modules (", join(shorts, ", "),
                ", in ", keys.size(), " places such as ", keys.empty() ? "none" : keys.front(),
                "); a key is a module's name, its last parts, or a regular expression over its end");
@@ -487,8 +506,8 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
   }
   {
     auto params_by_name = model.named_parameters();
-    for (const std::string& name :
-         expert_weights) {  // lora_A (r E, in) and lora_B (out, r E); a router's (r, in), (out, r)
+    // lora_A (r E, in) and lora_B (out, r E); a router's (r, in) and (out, r)
+    for (const std::string& name : expert_weights) {
       const at::Tensor& w = params_by_name[name];
       params += static_cast<double>(s.rank_of(name)) *
                 (w.dim() == 3 ? static_cast<double>(w.size(0)) * static_cast<double>(w.size(1) + w.size(2))
@@ -501,11 +520,12 @@ void add_lora(CausalLMImpl& model, const LoraSettings& s, bool free_after_create
                ", whose adapter tensor parallel does not split; train it with tp_size 1 (FSDP shards it) or "
                "target o_proj and down_proj");
   const double host = static_cast<double>(system_info().memory_available_bytes);
-  FSDP_CHECK(host <= 0 || 4 * params <= host, "lora.r ", s.r, " makes adapters of ", format_count(params),
-             " parameters on ", targets.size() + expert_weights.size(), " layers: ", format_bytes(static_cast<long long>(4 * params)),
-             " to create them and ", format_bytes(static_cast<long long>(16 * params)), " to train them, and this ",
-             "machine has ", format_bytes(static_cast<long long>(host)),
-             " of memory available; lora.r is usually 8 to ", "64 (it cannot add rank beyond a layer's smaller width)");
+  FSDP_CHECK(host <= 0 || 4 * params <= host, "lora.r ", s.r, s.rank_pattern.empty() ? "" : " with lora.rank_pattern",
+             " makes adapters of ", format_count(params), " parameters on ", targets.size() + expert_weights.size(),
+             " layers: ", format_bytes(static_cast<long long>(4 * params)), " to create them and ",
+             format_bytes(static_cast<long long>(16 * params)), " to train them, and this ", "machine has ",
+             format_bytes(static_cast<long long>(host)), " of memory available; lora.r is usually 8 to ",
+             "64 (it cannot add rank beyond a layer's smaller width)");
   check_modules_to_save(model, s);
   std::set<std::string> trained;  // modules_to_save's parameters
   for (const std::string& item : s.modules_to_save)

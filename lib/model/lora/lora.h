@@ -49,7 +49,7 @@ struct LoraSettings {
   // PEFT's layers_to_transform: the decoder layers whose target_modules get adapters (empty: all). A module
   // named in full is adapted whatever its layer, as in PEFT; so are the target_parameters. The layer is the
   // number after the first of layers_pattern that the name has ("layers"), or, with none given, the first
-  // number in the name past its first part.
+  // number in the name after two parts of it (model.layers.N).
   std::vector<int64_t> layers_to_transform;
   std::vector<std::string> layers_pattern;
   bool enabled() const { return r > 0; }
@@ -58,6 +58,9 @@ struct LoraSettings {
   double alpha_of(const std::string& key) const;
   double scaling_of(const std::string& key) const;
   bool has_patterns() const { return !rank_pattern.empty() || !alpha_pattern.empty(); }
+  // What sets each adapter's rank and scaling: "lora.r 4, lora.alpha 8, lora.use_rslora false" and the patterns
+  // (a resumed run must continue with the same).
+  std::string scales() const;
   // The scaling of adapter `key` whose tensors have rank `rank` (per expert for a stacked weight's), for the
   // merges (model/layers/lora_layer.h); throws InputError naming `where` when the settings give it another rank.
   LoraScaling scaling_for(const std::string& where) const;
