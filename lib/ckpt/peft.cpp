@@ -132,13 +132,6 @@ std::string adapter_config_json(const model::LoraSettings& s, const std::vector<
   return out.dump(2) + "\n";
 }
 
-template <typename T>
-std::string entries(const std::vector<std::pair<std::string, T>>& patterns) {
-  std::vector<std::string> parts;
-  for (const auto& [pattern, value] : patterns) parts.push_back(quoted(pattern) + ": " + str(value));
-  return "{" + join(parts, ", ") + "}";
-}
-
 // Every adapter of `model` has the rank and alpha under `settings` that the adapter's config gives it
 // (r, lora_alpha and their patterns, read for each adapter as PEFT reads them: equal patterns written
 // apart, {gate_up_proj: 4} and {.*\.gate_up_proj: 4}, agree). The shapes check the ranks again; the
@@ -166,9 +159,8 @@ void check_same_ranks_and_alphas(const ShardedModel& model, const model::LoraSet
   for (const std::string& key : keys)
     FSDP_CHECK(a.rank_of(key) == settings.rank_of(key) && a.alpha_of(key) == settings.alpha_of(key), "[lora] ",
                adapter.dir, "/", kAdapterConfig, " gives the adapter of ", key, " rank ", a.rank_of(key), " and alpha ",
-               a.alpha_of(key), " (its r ", a.r, ", lora_alpha ", a.alpha, ", rank_pattern ", entries(a.rank_pattern),
-               ", alpha_pattern ", entries(a.alpha_pattern), ") where the settings give it rank ",
-               settings.rank_of(key), " and alpha ", settings.alpha_of(key),
+               a.alpha_of(key), " (as ", a.scales(), " would) where the settings give it rank ", settings.rank_of(key),
+               " and alpha ", settings.alpha_of(key),
                "; set lora.r, lora.alpha, lora.rank_pattern and lora.alpha_pattern as the adapter's to start from it");
 }
 

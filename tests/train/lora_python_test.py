@@ -417,20 +417,7 @@ def expert_parity(args, tmp, data):
           "note's")
     # An adapter PEFT saved from all-linear (so of its reading: the experts with gate_up_proj at twice the rank
     # and alpha, and the router) reads here: merge-weights writes merge_and_unload's model, generate its text.
-    torch.manual_seed(2)
-    all_linear = LoraConfig(task_type="CAUSAL_LM", r=2, target_modules="all-linear", init_lora_weights=False)
-    rewritten = get_peft_model(Qwen3MoeForCausalLM.from_pretrained(base), all_linear)
-    peft_all = os.path.join(tmp, "peft-all-linear-qwen3-moe")
-    rewritten.save_pretrained(peft_all)
-    folded_all = os.path.join(tmp, "all-linear-merge-weights")
-    run([args.fsdptrain, "merge-weights", peft_all, folded_all, "--base", base], "merge-weights (PEFT's all-linear)")
-    with torch.no_grad():
-        theirs = rewritten.merge_and_unload().state_dict()
-        mine = Qwen3MoeForCausalLM.from_pretrained(folded_all, experts_implementation="eager").state_dict()
-    check(set(mine) == set(theirs), f"experts all-linear: merged tensors differ: {sorted(set(mine) ^ set(theirs))}")
-    all_worst = max(relative(mine[k], v) for k, v in theirs.items())
-    check(all_worst < 1e-6, f"experts: merge-weights of PEFT's all-linear adapter vs merge_and_unload: {all_worst:.2e}")
-    generate_agrees(args, "experts all-linear", (["--model", folded_all], ["--model", base, "--adapter", peft_all]))
+    all_worst = all_linear_merges(args, tmp, "qwen3-moe", Qwen3MoeForCausalLM, base, seed=2)
     _, said, _ = fsdptrain(args, tmp, "experts-all-linear", 1, base, data, "lora:\n  r: 2\n  target_modules: all-linear\n")
     check("[lora] note: PEFT 0.21 under transformers 5 reads target_modules all-linear on Qwen3MoeForCausalLM" in said,
           f"experts: no note on all-linear's other reading: {said[-2000:]}")
@@ -497,6 +484,27 @@ def pattern_parity(args, tmp, base, data):
           f"other patterns is refused as lora.init")
 
 
+def all_linear_merges(args, tmp, name, cls, base, seed):
+    """An adapter PEFT saved from all-linear on the mixture of experts `base` (PEFT's reading: attention, the
+    experts with gate_up_proj at twice the rank and alpha, the router's weight): fsdptrain merge-weights writes
+    merge_and_unload's model, and generate --adapter its text. Returns the worst relative difference."""
+    torch.manual_seed(seed)
+    peft = get_peft_model(cls.from_pretrained(base),
+                          LoraConfig(task_type="CAUSAL_LM", r=2, target_modules="all-linear", init_lora_weights=False))
+    adapter = os.path.join(tmp, f"peft-{name}-all-linear")
+    peft.save_pretrained(adapter)
+    folded = os.path.join(tmp, f"{name}-all-linear-merge-weights")
+    run([args.fsdptrain, "merge-weights", adapter, folded, "--base", base], f"fsdptrain merge-weights ({name})")
+    with torch.no_grad():
+        theirs = peft.merge_and_unload().state_dict()
+        mine = cls.from_pretrained(folded, experts_implementation="eager").state_dict()
+    check(set(mine) == set(theirs), f"{name}: merged tensors differ: {sorted(set(mine) ^ set(theirs))}")
+    worst = max(relative(mine[k], v) for k, v in theirs.items())
+    check(worst < 1e-6, f"{name}: merge-weights of PEFT's all-linear adapter vs merge_and_unload: {worst:.2e}")
+    generate_agrees(args, f"{name} all-linear", (["--model", folded], ["--model", base, "--adapter", adapter]))
+    return worst
+
+
 def mixtral_all_linear(args, tmp):
     """PEFT's all-linear adapter of a Mixtral (its reading: attention, the experts and the router's mlp.gate)
     merges into the folder transformers saved, which holds the router as block_sparse_moe.gate and the
@@ -512,20 +520,7 @@ def mixtral_all_linear(args, tmp):
     MixtralForCausalLM(MixtralConfig(**config)).save_pretrained(base, safe_serialization=True)
     check(any(".block_sparse_moe.gate." in k for k in load_file(os.path.join(base, "model.safetensors"))),
           "mixtral: transformers no longer saves the router under the Hub's name; the case checks nothing")
-    torch.manual_seed(1)
-    peft = get_peft_model(MixtralForCausalLM.from_pretrained(base),
-                          LoraConfig(task_type="CAUSAL_LM", r=2, target_modules="all-linear", init_lora_weights=False))
-    adapter = os.path.join(tmp, "peft-mixtral-all-linear")
-    peft.save_pretrained(adapter)
-    folded = os.path.join(tmp, "mixtral-merge-weights")
-    run([args.fsdptrain, "merge-weights", adapter, folded, "--base", base], "fsdptrain merge-weights (Mixtral)")
-    with torch.no_grad():
-        theirs = peft.merge_and_unload().state_dict()
-        mine = MixtralForCausalLM.from_pretrained(folded, experts_implementation="eager").state_dict()
-    check(set(mine) == set(theirs), f"mixtral: merged tensors differ: {sorted(set(mine) ^ set(theirs))}")
-    worst = max(relative(mine[k], v) for k, v in theirs.items())
-    check(worst < 1e-6, f"mixtral: merge-weights of PEFT's all-linear adapter vs merge_and_unload: {worst:.2e}")
-    generate_agrees(args, "mixtral", (["--model", folded], ["--model", base, "--adapter", adapter]))
+    worst = all_linear_merges(args, tmp, "mixtral", MixtralForCausalLM, base, seed=1)
     print(f"ok mixtral: PEFT's all-linear adapter (the router's block_sparse_moe.gate, the experts one by one) "
           f"merges into transformers' folder as merge_and_unload ({worst:.2e}); generate --adapter agrees")
 

@@ -419,15 +419,15 @@ void check_patterns(const LoraSettings& s, const std::vector<std::string>& targe
                     const std::vector<std::string>& expert_weights) {
   std::vector<std::string> keys = targets;
   keys.insert(keys.end(), expert_weights.begin(), expert_weights.end());
+  std::vector<std::string> shorts;  // for messages: q_proj, ..., a router's gate.weight
+  for (const std::string& k : keys) {
+    const std::string leaf =
+        ends_with(k, ".weight") ? short_name(k.substr(0, k.size() - 7)) + ".weight" : short_name(k);
+    if (std::find(shorts.begin(), shorts.end(), leaf) == shorts.end()) shorts.push_back(leaf);
+  }
   auto check = [&](const char* what, const std::string& pattern) {
     const bool used =
         std::any_of(keys.begin(), keys.end(), [&](const std::string& k) { return pattern_names(pattern, k, what); });
-    std::vector<std::string> shorts;  // q_proj, ..., a router's gate.weight
-    for (const std::string& k : keys) {
-      const std::string leaf =
-          ends_with(k, ".weight") ? short_name(k.substr(0, k.size() - 7)) + ".weight" : short_name(k);
-      if (std::find(shorts.begin(), shorts.end(), leaf) == shorts.end()) shorts.push_back(leaf);
-    }
     FSDP_CHECK(used, what, ": ", excerpt(pattern), " matches none of the adapted modules (", join(shorts, ", "),
                ", in ", keys.size(), " places such as ", keys.empty() ? "none" : keys.front(),
                "); a key is a module's name, its last parts, or a regular expression over its end");
