@@ -75,11 +75,13 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
       plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
   // Soft-capped attention (Gemma 2) has no fused kernel (model/kernels/ops.h): its (B, H, T, T)
   // scores stay for backward as tanh's output, the fp32 softmax and, below fp32, the softmax's cast:
-  // 8 bytes a score. Ulysses gives a rank H / sp heads over every token.
+  // 8 bytes a score. Ulysses gives a rank H / sp heads over every token; context parallel's blocks
+  // keep none (their backward computes them again, a tile at a time).
   const int64_t score_heads = mc.num_attention_heads / tp / (plan.cp_kind == "ulysses" ? cp : 1);
-  const int64_t scores = mc.attn_softcap > 0 ? c.train.micro_batch_size * score_heads * c.train.sequence_length *
-                                                   c.train.sequence_length * 8
-                                             : 0;
+  const bool blockwise = cp > 1 && plan.cp_kind != "ulysses";
+  const int64_t scores = mc.attn_softcap > 0 && !blockwise ? c.train.micro_batch_size * score_heads *
+                                                                 c.train.sequence_length * c.train.sequence_length * 8
+                                                           : 0;
   // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
   // `linear`: its mixer is Gated DeltaNet (its heads split by tensor parallel as attention's; no
   // context parallel: the model refuses it).

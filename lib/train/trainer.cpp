@@ -161,8 +161,8 @@ void check_tensor_parallel(const config::Config& config, const model::DecoderCon
 }
 
 // Ulysses gives each sp rank an equal share of the (tp rank's) heads and kv heads, and of a hybrid's
-// Gated DeltaNet heads; context parallel takes no Gated DeltaNet, no attention sinks and does not
-// split a sliding window shorter than the sequence.
+// Gated DeltaNet heads; context parallel takes no Gated DeltaNet (whatever the scores: caps, windows,
+// sinks are its blocks' own, model/parallel/context_parallel.h).
 void check_sequence_split(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const config::FsdpLayout layout = config::effective_fsdp_layout(config);
   if (layout.cp_size <= 1) return;
@@ -188,7 +188,7 @@ void check_sequence_split(const config::Config& config, const model::DecoderConf
     for (int d = 2; d <= 64; d *= 2)
       if (divides(static_cast<int64_t>(d) * layout.tp_size)) fits.push_back(std::to_string(d));
     // Context parallel splits tokens instead, where the model lets it (below).
-    const char* cp_alternative = hybrid || model.attention_sinks ? ""
+    const char* cp_alternative = hybrid         ? ""
                                  : fits.empty() ? "; use cp_size (context parallel), which splits tokens instead"
                                                 : ", or cp_size (context parallel)";
     throw InputError(
@@ -206,19 +206,6 @@ void check_sequence_split(const config::Config& config, const model::DecoderConf
              model::family_names(model.family).architecture,
              " model, whose Gated DeltaNet layers carry a state along the sequence, which context parallel's "
              "all-gather and ring strategies split; use Ulysses (parallelism_config_sp_size) for this model");
-  FSDP_CHECK(!model.attention_sinks, "[train] parallelism_config_cp_size ", layout.cp_size, ": ", path, " is a ",
-             model::family_names(model.family).architecture,
-             " model, whose attention sinks (a logit per head in each query's softmax) context parallel's all-gather "
-             "and ring strategies do not take; use Ulysses (parallelism_config_sp_size) for this model");
-  for (int64_t layer = 0; layer < model.num_hidden_layers; ++layer) {
-    const int64_t w = model.window_of(layer);
-    FSDP_CHECK(w == 0 || w >= config.train.sequence_length, "[train] layer ", layer, " of ", path,
-               " attends through a sliding window of ", w, " tokens, shorter than train.sequence_length ",
-               config.train.sequence_length,
-               ", which context parallel does not split; use Ulysses "
-               "(parallelism_config_sp_size) for this model, or a sequence_length of at most ",
-               w);
-  }
 }
 
 // Expert parallel splits each sparse layer's experts evenly over ep_size ranks: a mixture of experts

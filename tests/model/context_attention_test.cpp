@@ -1,15 +1,19 @@
 // Context parallel's blockwise attention on one rank (model/parallel/context_parallel.h): the two chunks a
 // rank holds, each against the key chunks before it and its own (causally), merged by log-sum-exp,
 // equal SDPA's causal attention over the whole sequence, forward and backward, through the CPU flash
-// kernel and through the op-by-op sums (engine.kernels: reference, and a GPU in fp32); on the meta device (CUDA's
+// kernel and through the op-by-op sums (engine.kernels: reference, and a GPU in fp32), and the sums in
+// float64 with a layer's own scale, soft cap, sliding window and sinks; on the meta device (CUDA's
 // branches, no host tensor) the shapes and dtypes come out right. Several ranks: cp_worker and context_parallel_test;
 // CUDA's flash kernel: packed_cuda_test (label gpu).
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <optional>
+
 #include "dist/process_group.h"
-#include "model/parallel/context_parallel.h"
 #include "model/kernels/provider.h"
+#include "model/parallel/context_parallel.h"
 
 using fsdp::model::ContextParallel;
 using fsdp::model::SequenceSplit;
@@ -77,17 +81,90 @@ TEST_CASE("one rank's two chunks of blockwise attention equal SDPA's causal atte
     }
 }
 
+// The whole sequence's attention as the layer's own scores make it, op by op in float64: q k^T times
+// the scale, capped, the keys out of the causal window masked, one more logit per head (the sinks)
+// whose weight goes to no value.
+at::Tensor scored_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const fsdp::model::ScoreRule& rule, const at::Tensor& sinks) {
+  const int64_t h = q.size(1), t = q.size(2), r = h / k.size(1);
+  at::Tensor s = at::matmul(q, k.repeat_interleave(r, 1).transpose(-1, -2)) *
+                 rule.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  if (rule.softcap > 0) s = at::tanh(s / rule.softcap) * rule.softcap;
+  const at::Tensor d =
+      at::arange(t, q.options().dtype(at::kLong)).unsqueeze(1) - at::arange(t, q.options().dtype(at::kLong));
+  s = s.masked_fill(rule.window > 0 ? (d < 0) | (d >= rule.window) : d < 0, -INFINITY);
+  if (sinks.defined()) s = at::cat({s, sinks.view({1, h, 1, 1}).expand({q.size(0), h, t, 1})}, -1);
+  at::Tensor p = at::softmax(s, -1);
+  if (sinks.defined()) p = p.narrow(-1, 0, t);
+  return at::matmul(p, v.repeat_interleave(r, 1));
+}
+
+TEST_CASE("blockwise attention takes the layer's scale, soft cap, sliding window and sinks, forward and backward") {
+  // One rank's two chunks of 320 tokens: windows shorter than a chunk (blocks cut, a tile of 128 rows
+  // and more at a time, the chunk before partly seen) and longer (the chunk before whole, its own
+  // causal); both kernels, both strategies; against the sums in float64.
+  at::manual_seed(5);
+  const int64_t B = 1, H = 4, K = 2, T = 640, D = 8;
+  const at::Tensor q = at::randn({B, H, T, D}), k = at::randn({B, K, T, D}), v = at::randn({B, K, T, D});
+  const at::Tensor g = at::randn({B, H, T, D}), sinks = at::randn({H});
+  struct Case {
+    const char* what;
+    fsdp::model::ScoreRule rule;
+    bool sinks;
+  };
+  const Case cases[] = {{"its own scale", {0.7, 0, 0}, false},
+                        {"a soft cap", {std::nullopt, 1.5, 0}, false},
+                        {"a window of 5", {std::nullopt, 0, 5}, false},
+                        {"a window of 130 (tiles of 130 rows)", {std::nullopt, 0, 130}, false},
+                        {"a window of 500 (the chunk before cut, partly)", {0.4, 0, 500}, false},
+                        {"a window of 400, capped", {std::nullopt, 2.0, 400}, false},
+                        {"sinks", {}, true},
+                        {"sinks and a window of 128", {std::nullopt, 0, 128}, true}};
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    at::Tensor q64 = q.to(at::kDouble).requires_grad_(), k64 = k.to(at::kDouble).requires_grad_();
+    at::Tensor v64 = v.to(at::kDouble).requires_grad_(), s64 = sinks.to(at::kDouble).requires_grad_();
+    const at::Tensor want = scored_attention(q64, k64, v64, c.rule, c.sinks ? s64 : at::Tensor());
+    want.backward(g.to(at::kDouble));
+    for (SequenceSplit how : {SequenceSplit::kAllGather, SequenceSplit::kRing})
+      for (bool reference : {false, true}) {
+        ContextParallel cp(fsdp::dist::make_single_process_group(), how);
+        const ReferenceScope scope(reference);
+        CAPTURE(fsdp::model::sequence_split_name(how));
+        CAPTURE(reference);
+        at::Tensor q1 = q.clone().requires_grad_(), k1 = k.clone().requires_grad_(), v1 = v.clone().requires_grad_();
+        at::Tensor s1 = sinks.clone().requires_grad_();
+        const at::Tensor out = fsdp::model::context_attention(q1, k1, v1, cp, c.rule, c.sinks ? s1 : at::Tensor());
+        out.backward(g);
+        CHECK(relative(out, want.to(at::kFloat)) < 1e-5);
+        CHECK(relative(q1.grad(), q64.grad().to(at::kFloat)) < 1e-5);
+        CHECK(relative(k1.grad(), k64.grad().to(at::kFloat)) < 1e-5);
+        CHECK(relative(v1.grad(), v64.grad().to(at::kFloat)) < 1e-5);
+        if (c.sinks) CHECK(relative(s1.grad(), s64.grad().to(at::kFloat)) < 1e-5);
+        if (!c.sinks) CHECK(!s1.grad().defined());
+      }
+  }
+}
+
 TEST_CASE("blockwise attention on the meta device keeps shapes and dtypes (bf16 in, bf16 out)") {
   const auto meta = at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16);
-  at::Tensor q = at::empty({1, 8, 32, 64}, meta).requires_grad_(), k = at::empty({1, 2, 32, 64}, meta).requires_grad_();
-  at::Tensor v = at::empty({1, 2, 32, 64}, meta).requires_grad_();
-  ContextParallel cp(fsdp::dist::make_single_process_group(), SequenceSplit::kRing);
-  const at::Tensor out = fsdp::model::context_attention(q, k, v, cp);
-  CHECK((out.sizes() == q.sizes()));
-  CHECK((out.scalar_type() == at::kBFloat16));
-  out.backward(at::empty(out.sizes(), meta));
-  CHECK((k.grad().sizes() == k.sizes()));
-  CHECK((k.grad().scalar_type() == at::kBFloat16));
+  for (const bool scored : {false, true}) {  // plain; a window cutting the blocks, a cap and sinks
+    CAPTURE(scored);
+    at::Tensor q = at::empty({1, 8, 32, 64}, meta).requires_grad_();
+    at::Tensor k = at::empty({1, 2, 32, 64}, meta).requires_grad_(),
+               v = at::empty({1, 2, 32, 64}, meta).requires_grad_();
+    at::Tensor sinks = scored ? at::empty({8}, meta).requires_grad_() : at::Tensor();
+    ContextParallel cp(fsdp::dist::make_single_process_group(), SequenceSplit::kRing);
+    const at::Tensor out = fsdp::model::context_attention(
+        q, k, v, cp, scored ? fsdp::model::ScoreRule{0.5, 30.0, 5} : fsdp::model::ScoreRule{}, sinks);
+    CHECK((out.sizes() == q.sizes()));
+    CHECK((out.scalar_type() == at::kBFloat16));
+    out.backward(at::empty(out.sizes(), meta));
+    CHECK((k.grad().sizes() == k.sizes()));
+    CHECK((k.grad().scalar_type() == at::kBFloat16));
+    if (scored) CHECK((sinks.grad().sizes() == sinks.sizes()));
+    if (scored) CHECK((sinks.grad().scalar_type() == at::kBFloat16));
+  }
 }
 
 TEST_CASE("the token layout: rank i holds chunks i and 2P-1-i (context parallel), block i (Ulysses)") {

@@ -2,8 +2,9 @@
 // model, and their collectives' bytes against the formula. Run under `fsdptrain launch --cpu
 // --num_processes 2` (cp 2 allgather and alltoall, sp 2) or 4 (cp 4 both ways, cp 2 x tp 2 both
 // ways, sp 4, sp 2 x tp 2). For Llama (4 query heads over 2 kv heads), Qwen2 (q/k/v biases), Qwen3
-// (q/k norms, a head_dim of its own), issue 60's kinds and the hybrids Qwen3.5 and Qwen3-Next (a
-// Gated DeltaNet layer: Ulysses only; 4 kv heads, so sp 4 and sp 2 x tp 2 divide them), each
+// (q/k norms, a head_dim of its own), issue 60's kinds (Gemma 2's capped scores, scales of their own,
+// windows of 3 tokens, shorter than a chunk), gpt-oss (sinks, experts) and the hybrids Qwen3.5 and
+// Qwen3-Next (a Gated DeltaNet layer: Ulysses only; 4 kv heads, so sp 4 and sp 2 x tp 2 divide them), each
 // layout that composes with the family: its sharded model (fully_shard over its cp ranks) computes
 // one batch's loss and every gradient; each rank also computes them with the whole model alone,
 // from the same initial weights. Asserted, per layout and family:
@@ -67,6 +68,10 @@ std::vector<Family> families() {
       "layer_types": ["linear_attention", "full_attention"])";
   all.push_back({"qwen3_5", fsdp::model::testing::tiny_of("qwen3_5_text", hybrid)});
   all.push_back({"qwen3_next", fsdp::model::testing::tiny_of("qwen3_next", hybrid + R"(, "num_experts": 0)")});
+  // gpt-oss: sinks, a window of 3 on alternate layers, experts (their auxiliary loss is the trainer's,
+  // not loss_sum's).
+  all.push_back({"gpt_oss", fsdp::model::testing::tiny_of("gpt_oss", R"("num_local_experts": 4,
+      "num_experts_per_tok": 2, "sliding_window": 3, "head_dim": 8)")});
   return all;
 }
 
@@ -86,17 +91,13 @@ bool hybrid(const fsdp::model::DecoderConfig& c) {  // any Gated DeltaNet layer
   return false;
 }
 
-// Whether the model composes with the layout, or refuses it by name (the README's table): scores of
-// their own (a cap, a scale), a window shorter than the sequence or Gated DeltaNet layers take
-// Ulysses only, which needs every kind of head to divide over sp x tp; q/k norms over every head take
-// no tensor parallel.
+// Whether the model composes with the layout, or refuses it by name (the README's table): Gated
+// DeltaNet layers take Ulysses only, which needs every kind of head to divide over sp x tp; q/k norms
+// over every head take no tensor parallel.
 bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
   if (c.per_layer_input_dim > 0 || c.kv_shared_layers > 0) return false;  // Gemma 4 E2B/E4B: FSDP alone
-  bool split_window = false;
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) split_window |= c.window_of(i) > 0 && c.window_of(i) < kSeq;
   const bool linear = hybrid(c);
-  if (l.how != SequenceSplit::kUlysses && (c.attn_softcap > 0 || c.attention_scale > 0 || split_window || linear))
-    return false;
+  if (l.how != SequenceSplit::kUlysses && linear) return false;
   if (l.how == SequenceSplit::kUlysses) {
     const int64_t per = l.cp * l.tp;
     for (const int64_t heads : {c.num_attention_heads, c.num_key_value_heads, c.kv_heads_of(c.num_hidden_layers - 1)})

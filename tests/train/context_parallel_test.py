@@ -9,6 +9,8 @@ saves a small model and fsdptrain fine-tunes it from one token stream. Over Gloo
   - the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet) under sp 2 as under cp 1, Qwen3.5 with
     packed records too; cp 2 refuses them before any worker starts, naming Ulysses, and sp 4, which
     does not divide their heads, naming the sp_size that does;
+  - scores of the layers' own: Gemma 3 (its scale, sliding windows shorter than a chunk) under cp 2
+    and cp 4, both strategies, and Gemma 2 (soft-capped scores) under cp 2 alltoall, as under cp 1;
   - with the rest: activation checkpointing and 2 accumulated micro-batches, LoRA adapters, and bf16
     (within bf16's own noise on this data, as tensor_parallel_test bounds it);
   - a SHARDED and a FULL checkpoint saved at cp 2 resume at cp 1 with the same losses;
@@ -221,6 +223,27 @@ def check_hybrids(r, folders):
     return ok & good
 
 
+def check_scores(r, folders):
+    """Scores of the layers' own under context parallel's blocks: Gemma 3 (query_pre_attn_scalar's scale,
+    a window of 6 tokens on alternate layers: at cp 2 it cuts a chunk of 8's own block and the one
+    before, at cp 4 the two before a chunk of 4) in the four cp layouts, and Gemma 2 (scores soft-capped
+    at 5, the same windows) in the ring, against cp 1."""
+    common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, max_position_embeddings=128,
+                  rms_norm_eps=1e-5, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                  bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    models = {"gemma3": (r.save("gemma3", transformers.Gemma3TextConfig(**common)), LAYOUTS[:4]),
+              "gemma2": (r.save("gemma2", transformers.Gemma2Config(**common, attn_logit_softcapping=5.0)),
+                         LAYOUTS[1:2])}
+    ok = True
+    for name, (folder, layouts) in models.items():
+        base = r.run(f"{name}-cp1", folder, 1, {})
+        for title, world, layout in layouts:
+            mine = r.run(f"{name}-{title.replace(' ', '-')}", folder, world, layout)
+            ok &= compare(f"{name}, {title}", mine, base, 1e-5)
+    return ok
+
+
 def check_with_rest(r, folders):
     ok = True
     llama = folders["llama"]
@@ -306,7 +329,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("--only", default="", help="run one check: layouts, packed, hybrids, rest, checkpoints, refusals")
+    ap.add_argument("--only", default="", help="run one check: layouts, packed, hybrids, scores, rest, checkpoints, refusals")
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -317,7 +340,8 @@ def main():
         try:
             folders = {name: r.save(name, config) for name, config in families().items()}
             checks = {"layouts": check_layouts, "packed": check_packed, "hybrids": check_hybrids,
-                      "rest": check_with_rest, "checkpoints": check_checkpoints, "refusals": check_refusals}
+                      "scores": check_scores, "rest": check_with_rest, "checkpoints": check_checkpoints,
+                      "refusals": check_refusals}
             for name, check in checks.items():
                 if not args.only or args.only == name:
                     ok &= check(r, folders)

@@ -47,12 +47,8 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   if (!shares_kv) k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   if (!k_eq_v && !shares_kv) v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
   o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
-  if (c.attention_sinks) {  // this rank's heads' under tensor parallel (tensor_parallel_dim: 0)
-    FSDP_CHECK(!cp || cp->ulysses(), "[cp] ", family_names(c.family).architecture,
-               "'s attention sinks (a logit per head in each query's softmax) are not taken by context parallel's "
-               "all-gather and ring strategies; split its sequences with Ulysses (parallelism_config_sp_size) instead");
+  if (c.attention_sinks)  // this rank's heads' under tensor parallel (tensor_parallel_dim: 0)
     sinks = register_parameter("sinks", at::empty({heads}));
-  }
   if (c.qk_norm) {
     q_norm = register_module("q_norm", norm_of(c, head_dim));
     if (!shares_kv) k_norm = register_module("k_norm", norm_of(c, head_dim));
@@ -270,13 +266,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, co
     FSDP_CHECK(!packed.defined(),
                "[cp] packed records (data.packing: masked) are not split by context parallel; "
                "use data.packing: pad or plain, or Ulysses (parallelism_config_sp_size), which keeps them");
-    FSDP_CHECK(window == 0 || p.q.size(2) * cp->size() <= window, "[cp] a sliding attention window (", window,
-               " tokens) is not split by context parallel; use Ulysses (parallelism_config_sp_size) for this model");
-    FSDP_CHECK(softcap == 0 && !scale, "[cp] this model's attention ",
-               softcap > 0 ? "soft-caps its scores (attn_logit_softcapping)" : "scales its scores by its own factor",
-               ", which context parallel's all-gather and ring strategies do not; use Ulysses "
-               "(parallelism_config_sp_size) for this model");
-    const at::Tensor y = context_attention(p.q, p.k, p.v, *cp);  // (B, H, L, D)
+    const at::Tensor y = context_attention(p.q, p.k, p.v, *cp, {scale, softcap, window}, sinks);  // (B, H, L, D)
     return output(y.transpose(1, 2).reshape({y.size(0), y.size(2), heads * head_dim}), p);
   }
   return output(attend(p.q, p.k, p.v, 0, packed, sinks), p);

@@ -3,8 +3,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "model/kernels/ops.h"
@@ -42,89 +46,176 @@ at::Tensor fold_heads(const at::Tensor& g, int64_t kv_heads) {
   return g.view({b, kv_heads, h / kv_heads, l, d}).sum(2);
 }
 
-struct Partial {
-  at::Tensor out;  // (B, H, Lq, D), the block's softmax over its keys alone
-  at::Tensor lse;  // (B, H, Lq) float32, the log of its denominator
+// The layer's scores as the blocks apply them: the scale resolved.
+struct Rule {
+  double scale = 1, softcap = 0;
+  int64_t window = 0;
 };
 
-// The scores of a block in float32, causal ones masked (queries and keys of one chunk).
-at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, bool causal) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  at::Tensor s = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale;
-  if (causal) s = s.masked_fill(at::ones({q.size(2), k.size(2)}, q.options().dtype(at::kBool)).triu(1), -INFINITY);
-  return s;
+// Where a block stands: query row i and key column j of it are offset + i - j positions apart, and a
+// query sees a key at a distance d >= 0 (and d < window, where there is one).
+struct Block {
+  enum class Kind {
+    kNone,    // no query sees a key of it
+    kWhole,   // every query sees every key
+    kCausal,  // the chunk against itself, no window cutting it: flash attention's causal mask
+    kCut,     // a window (or a window and the causal mask) cuts it: masked, tile by tile
+  };
+  Kind kind = Kind::kNone;
+  int64_t offset = 0;
+  int64_t rows = 0;  // its first `rows` queries see a key of it (those after see none)
+};
+
+// Block of query chunk a against key chunk b, chunks of c tokens.
+Block block_of(int64_t a, int64_t b, int64_t c, int64_t window) {
+  if (b > a) return {};
+  const int64_t offset = (a - b) * c;
+  if (window > 0 && offset - (c - 1) >= window) return {};  // its nearest pair is out of the window
+  if (window == 0 || offset + c - 1 < window) return {a == b ? Block::Kind::kCausal : Block::Kind::kWhole, offset, c};
+  return {Block::Kind::kCut, offset, std::min(c, window + c - 1 - offset)};
 }
 
-Partial block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
-  switch (kernels::ops_for(q).block_attention(q)) {  // engine.kernels (model/kernels/ops.h)
-    case BlockAttention::kCpuFlash: {                // takes grouped heads itself
-      auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal);
-      return {out, lse.to(at::kFloat)};
-    }
-    case BlockAttention::kCudaFlash: {
-      const int64_t h = q.size(1);
-      auto r = at::_scaled_dot_product_flash_attention(q, expand_heads(k, h), expand_heads(v, h), 0.0, causal);
-      return {std::get<0>(r), std::get<1>(r).to(at::kFloat)};
-    }
-    case BlockAttention::kMath: {
-      const int64_t h = q.size(1);
-      const at::Tensor s = block_scores(q, expand_heads(k, h), causal);
-      const at::Tensor lse = s.logsumexp(-1);
-      return {at::matmul(at::exp(s - lse.unsqueeze(-1)), expand_heads(v, h).to(at::kFloat)), lse};
-    }
+// Query rows [r0, r1) of a block against key columns [k0, k1): every key those rows see.
+struct Tile {
+  int64_t r0, r1, k0, k1;
+};
+
+// A block's tiles: under a window, rows a window (at least 128) at a time, so that each tile's scores
+// are a band's worth, not the block's.
+std::vector<Tile> tiles_of(const Block& b, int64_t c, int64_t window) {
+  const int64_t step = window > 0 ? std::max<int64_t>(window, 128) : b.rows;
+  std::vector<Tile> out;
+  for (int64_t r0 = 0; r0 < b.rows; r0 += step) {
+    const int64_t r1 = std::min(b.rows, r0 + step);
+    out.push_back(
+        {r0, r1, window > 0 ? std::max<int64_t>(0, b.offset + r0 - window + 1) : 0, std::min(c, b.offset + r1)});
   }
-  return {};
+  return out;
 }
 
-// The block's share of dq, dk, dv, given the whole attention's output and log-sum-exp (a block's
-// probabilities are exp(score - the whole row's lse), and D = rowsum(dout * out) is the whole row's).
-std::array<at::Tensor, 3> block_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                         bool causal) {
+// A tile's scores in float32, capped where the rule caps them, the keys its queries do not see at -inf
+// (q and k the block's, kv heads expanded); the cap's tanh for backward (undefined without one).
+std::pair<at::Tensor, at::Tensor> tile_scores(const at::Tensor& q, const at::Tensor& k, const Block& b, const Tile& t,
+                                              const Rule& rule) {
+  const at::Tensor qt = q.narrow(2, t.r0, t.r1 - t.r0).to(at::kFloat), kt = k.narrow(2, t.k0, t.k1 - t.k0);
+  at::Tensor s = at::matmul(qt, kt.to(at::kFloat).transpose(-1, -2)) * rule.scale, th;
+  if (rule.softcap > 0) {
+    th = at::tanh(s / rule.softcap);
+    s = th * rule.softcap;
+  }
+  if (b.kind != Block::Kind::kWhole) {
+    const auto opts = q.options().dtype(at::kLong);
+    const at::Tensor d = (at::arange(t.r0, t.r1, opts).unsqueeze(1) + b.offset) - at::arange(t.k0, t.k1, opts);
+    s = s.masked_fill(rule.window > 0 ? (d < 0) | (d >= rule.window) : d < 0, -INFINITY);
+  }
+  return {s, th};
+}
+
+struct Partial {
+  at::Tensor out;    // (B, H, n, D), the block's softmax over its keys alone for queries row0 .. row0 + n - 1
+  at::Tensor lse;    // (B, H, n) float32, the log of its denominator
+  int64_t row0 = 0;  // the first query row it holds
+};
+
+// Flash attention takes a block whose mask is none or causal, with plain scores.
+bool flash_takes(const Block& b, const Rule& rule) {
+  return rule.softcap == 0 && (b.kind == Block::Kind::kWhole || b.kind == Block::Kind::kCausal);
+}
+
+std::vector<Partial> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Block& b,
+                                   const Rule& rule) {
+  const bool causal = b.kind == Block::Kind::kCausal;
+  const BlockAttention kernel = kernels::ops_for(q).block_attention(q);  // engine.kernels (model/kernels/ops.h)
+  if (flash_takes(b, rule) && kernel == BlockAttention::kCpuFlash) {     // takes grouped heads itself
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, {}, rule.scale);
+    return {{out, lse.to(at::kFloat)}};
+  }
+  const int64_t h = q.size(1);
+  if (flash_takes(b, rule) && kernel == BlockAttention::kCudaFlash) {
+    auto r = at::_scaled_dot_product_flash_attention(q, expand_heads(k, h), expand_heads(v, h), 0.0, causal, false,
+                                                     rule.scale);
+    return {{std::get<0>(r), std::get<1>(r).to(at::kFloat)}};
+  }
+  const at::Tensor ke = expand_heads(k, h), ve = expand_heads(v, h);
+  std::vector<Partial> out;
+  for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {  // every row of a tile sees a key: lse is finite
+    const at::Tensor s = tile_scores(q, ke, b, t, rule).first, lse = s.logsumexp(-1);
+    out.push_back(
+        {at::matmul(at::exp(s - lse.unsqueeze(-1)), ve.narrow(2, t.k0, t.k1 - t.k0).to(at::kFloat)), lse, t.r0});
+  }
+  return out;
+}
+
+// The gradients of queries and the whole row's quantities one block takes part in: its queries' output
+// and log-sum-exp over every key (and sink) they see, and D = rowsum(dout * out) (a block's
+// probabilities are exp(score - the whole row's lse)).
+struct Rows {
+  at::Tensor dout, out, lse, d;  // (B, H, L, D), (B, H, L, D), (B, H, L) float32, (B, H, L) float32
+};
+
+// The block's shares of dq (B, H, L, D), dk and dv (B, K, L, D), all float32, added in place.
+void block_backward(const Rows& rows, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Block& b,
+                    const Rule& rule, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
   const int64_t h = q.size(1), kv = k.size(1);
-  switch (kernels::ops_for(q).block_attention(q)) {  // engine.kernels (model/kernels/ops.h)
-    case BlockAttention::kCpuFlash: {
-      auto [dq, dk, dv] =
-          at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal);
-      return {dq, dk, dv};
-    }
-    case BlockAttention::kCudaFlash: {
-      // The kernel reads the log-sum-exp as a dense (B, H, Lq) array, whatever its strides say: a chunk's
-      // rows narrowed out of the whole row's (B, H, 2Lq) would be read from the wrong places.
-      const int64_t l = q.size(2);
-      const at::Tensor none = at::zeros({2}, q.options().dtype(at::kLong));  // no dropout: no generator state
-      auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_backward(
-          dout, q, expand_heads(k, h), expand_heads(v, h), out, lse.contiguous(), at::Tensor(), at::Tensor(), l,
-          k.size(2), 0.0, causal, none, none);
-      return {dq, fold_heads(dk, kv), fold_heads(dv, kv)};
-    }
-    case BlockAttention::kMath: {
-      const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-      const at::Tensor ke = expand_heads(k, h).to(at::kFloat), ve = expand_heads(v, h).to(at::kFloat);
-      const at::Tensor g = dout.to(at::kFloat);
-      const at::Tensor p = at::exp(block_scores(q, ke, causal) - lse.unsqueeze(-1));
-      const at::Tensor dp = at::matmul(g, ve.transpose(-1, -2));
-      const at::Tensor ds = p * (dp - (g * out.to(at::kFloat)).sum(-1, /*keepdim=*/true));
-      return {at::matmul(ds, ke) * scale, fold_heads(at::matmul(ds.transpose(-1, -2), q.to(at::kFloat)) * scale, kv),
-              fold_heads(at::matmul(p.transpose(-1, -2), g), kv)};
-    }
+  const bool causal = b.kind == Block::Kind::kCausal;
+  const BlockAttention kernel = kernels::ops_for(q).block_attention(q);  // engine.kernels (model/kernels/ops.h)
+  if (flash_takes(b, rule) && kernel == BlockAttention::kCpuFlash) {
+    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(rows.dout, q, k, v, rows.out, rows.lse,
+                                                                                 0.0, causal, {}, rule.scale);
+    dq.add_(gq);
+    dk.add_(gk);
+    dv.add_(gv);
+    return;
   }
-  return {};
+  if (flash_takes(b, rule) && kernel == BlockAttention::kCudaFlash) {
+    // The kernel reads the log-sum-exp as a dense (B, H, Lq) array, whatever its strides say: a chunk's
+    // rows narrowed out of the whole row's (B, H, 2Lq) would be read from the wrong places.
+    const int64_t l = q.size(2);
+    const at::Tensor none = at::zeros({2}, q.options().dtype(at::kLong));  // no dropout: no generator state
+    auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_backward(
+        rows.dout, q, expand_heads(k, h), expand_heads(v, h), rows.out, rows.lse.contiguous(), at::Tensor(),
+        at::Tensor(), l, k.size(2), 0.0, causal, none, none, rule.scale);
+    dq.add_(gq);
+    dk.add_(fold_heads(gk, kv));
+    dv.add_(fold_heads(gv, kv));
+    return;
+  }
+  const at::Tensor ke = expand_heads(k, h), ve = expand_heads(v, h).to(at::kFloat);
+  for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {
+    const int64_t n = t.r1 - t.r0, m = t.k1 - t.k0;
+    auto [s, th] = tile_scores(q, ke, b, t, rule);
+    const at::Tensor g = rows.dout.narrow(2, t.r0, n).to(at::kFloat), vt = ve.narrow(2, t.k0, m);
+    const at::Tensor p = at::exp(s - rows.lse.narrow(2, t.r0, n).unsqueeze(-1));
+    const at::Tensor dp = at::matmul(g, vt.transpose(-1, -2));
+    at::Tensor ds = p * (dp - rows.d.narrow(2, t.r0, n).unsqueeze(-1));
+    if (th.defined()) ds = ds * (1 - th * th);  // d(cap tanh(s / cap)) / ds
+    dq.narrow(2, t.r0, n).add_(at::matmul(ds, ke.narrow(2, t.k0, m).to(at::kFloat)) * rule.scale);
+    dk.narrow(2, t.k0, m)
+        .add_(fold_heads(at::matmul(ds.transpose(-1, -2), q.narrow(2, t.r0, n).to(at::kFloat)) * rule.scale, kv));
+    dv.narrow(2, t.k0, m).add_(fold_heads(at::matmul(p.transpose(-1, -2), g), kv));
+  }
 }
 
-// The running merge of one query chunk's partial attentions (the log-sum-exp rule).
+// The running merge of one query chunk's partial attentions (the log-sum-exp rule). Rows no partial has
+// reached yet hold out 0 and lse -inf; a partial's rows each see a key, so their lse is finite.
 struct Merged {
-  at::Tensor out, lse;  // float32
-  void add(const Partial& p) {
+  at::Tensor out, lse;  // (B, H, c, D), (B, H, c) float32
+  void add(const Partial& p, int64_t c) {
     const at::Tensor o = p.out.to(at::kFloat);
-    if (!out.defined()) {
+    const int64_t n = o.size(2);
+    if (!out.defined() && n == c) {
       out = o;
       lse = p.lse;
       return;
     }
-    const at::Tensor total = at::logaddexp(lse, p.lse);
-    out = out * at::exp(lse - total).unsqueeze(-1) + o * at::exp(p.lse - total).unsqueeze(-1);
-    lse = total;
+    if (!out.defined()) {
+      out = at::zeros({o.size(0), o.size(1), c, o.size(3)}, o.options());
+      lse = at::full({o.size(0), o.size(1), c}, -INFINITY, o.options());
+    }
+    const at::Tensor out_rows = out.narrow(2, p.row0, n), lse_rows = lse.narrow(2, p.row0, n);
+    const at::Tensor total = at::logaddexp(lse_rows, p.lse);
+    out_rows.copy_(out_rows * at::exp(lse_rows - total).unsqueeze(-1) + o * at::exp(p.lse - total).unsqueeze(-1));
+    lse_rows.copy_(total);
   }
 };
 
@@ -147,40 +238,59 @@ at::Tensor pack(const at::Tensor& k, const at::Tensor& v) {
 }
 
 // This rank's queries against the keys and values of rank `owner` (kv: (2, B, K, L, D)): each of its
-// two query chunks takes the key chunks at or before it.
+// two query chunks takes the key chunks it sees.
 void attend_owner(const std::array<at::Tensor, 2>& q, const at::Tensor& kv, int64_t owner, const ContextParallel& cp,
-                  std::array<Merged, 2>& merged) {
+                  const Rule& rule, std::array<Merged, 2>& merged) {
   const auto mine = chunks_of(cp.rank(), cp.size()), theirs = chunks_of(owner, cp.size());
   const auto k = halves(kv[0]), v = halves(kv[1]);
+  const int64_t c = q[0].size(2);
   for (int i = 0; i < 2; ++i)
     for (int j = 0; j < 2; ++j)
-      if (theirs[j] <= mine[i]) merged[i].add(block_forward(q[i], k[j], v[j], theirs[j] == mine[i]));
+      if (const Block b = block_of(mine[i], theirs[j], c, rule.window); b.kind != Block::Kind::kNone)
+        for (const Partial& p : block_forward(q[i], k[j], v[j], b, rule)) merged[i].add(p, c);
 }
 
 // The backward of attend_owner: dq accumulates into dq (float32, two chunks), dk and dv into dkv
 // (float32, (2, B, K, L, D)).
-void attend_owner_backward(const std::array<at::Tensor, 2>& dout, const std::array<at::Tensor, 2>& q,
-                           const std::array<at::Tensor, 2>& out, const std::array<at::Tensor, 2>& lse,
-                           const at::Tensor& kv, const at::Tensor& dkv, int64_t owner, const ContextParallel& cp,
+void attend_owner_backward(const std::array<Rows, 2>& rows, const std::array<at::Tensor, 2>& q, const at::Tensor& kv,
+                           const at::Tensor& dkv, int64_t owner, const ContextParallel& cp, const Rule& rule,
                            std::array<at::Tensor, 2>& dq) {
   const auto mine = chunks_of(cp.rank(), cp.size()), theirs = chunks_of(owner, cp.size());
   const auto k = halves(kv[0]), v = halves(kv[1]), dk = halves(dkv[0]), dv = halves(dkv[1]);
   for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j) {
-      if (theirs[j] > mine[i]) continue;
-      auto [gq, gk, gv] = block_backward(dout[i], q[i], k[j], v[j], out[i], lse[i], theirs[j] == mine[i]);
-      dq[i].add_(gq);
-      dk[j].add_(gk);
-      dv[j].add_(gv);
-    }
+    for (int j = 0; j < 2; ++j)
+      if (const Block b = block_of(mine[i], theirs[j], q[i].size(2), rule.window); b.kind != Block::Kind::kNone)
+        block_backward(rows[i], q[i], k[j], v[j], b, rule, dq[i], dk[j], dv[j]);
+}
+
+// Sinks (H) folded into the merged attention: one more term exp(sink) in each row's denominator.
+void add_sinks(at::Tensor& out, at::Tensor& lse, const at::Tensor& sinks) {
+  const at::Tensor total = at::logaddexp(lse, sinks.to(at::kFloat).view({1, -1, 1}));
+  out = out * at::exp(lse - total).unsqueeze(-1);
+  lse = total;
+}
+
+// The sinks' gradient from each row's lse (sinks included) and D: a sink's probability exp(sink - lse)
+// takes -p D, its value being none.
+at::Tensor sinks_gradient(const at::Tensor& sinks, const at::Tensor& lse, const at::Tensor& d) {
+  const at::Tensor p = at::exp(sinks.to(at::kFloat).view({1, -1, 1}) - lse);
+  return (-(p * d).sum(at::IntArrayRef{0, 2})).to(sinks.scalar_type());
 }
 
 // --- the autograd function: both strategies ----------------------------------------------------------
 
 struct ContextAttention : torch::autograd::Function<ContextAttention> {
+  static Rule rule_of(AutogradContext* ctx) {
+    return {ctx->saved_data["scale"].toDouble(), ctx->saved_data["softcap"].toDouble(),
+            ctx->saved_data["window"].toInt()};
+  }
+
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const ContextParallel* cpp) {
+                            const std::optional<at::Tensor>& maybe_sinks, const ContextParallel* cpp, double scale,
+                            double softcap, int64_t window) {
+    const at::Tensor sinks = maybe_sinks.value_or(at::Tensor());  // an undefined tensor is no autograd input
     const ContextParallel& cp = *cpp;
+    const Rule rule{scale, softcap, window};
     dist::ProcessGroup group = group_of(cp);
     const int64_t p = cp.size(), r = cp.rank();
     const auto qs = halves(q);
@@ -190,7 +300,7 @@ struct ContextAttention : torch::autograd::Function<ContextAttention> {
       gathered = at::empty({p * kv.numel()}, kv.options());
       group.all_gather(gathered, kv.reshape({-1}), "context-parallel gather of K/V").wait();
       gathered = gathered.view(prepend(p, kv.sizes()));
-      for (int64_t owner = 0; owner < p; ++owner) attend_owner(qs, gathered[owner], owner, cp, merged);
+      for (int64_t owner = 0; owner < p; ++owner) attend_owner(qs, gathered[owner], owner, cp, rule, merged);
     } else {
       for (int64_t step = 0; step < p; ++step) {  // holding the K/V of rank r - step
         at::Tensor next;
@@ -199,35 +309,45 @@ struct ContextAttention : torch::autograd::Function<ContextAttention> {
           next = at::empty_like(kv);
           arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
         }
-        attend_owner(qs, kv, (r - step + p) % p, cp, merged);
+        attend_owner(qs, kv, (r - step + p) % p, cp, rule, merged);
         arriving.wait();
         if (next.defined()) kv = next;
       }
     }
-    const at::Tensor out = at::cat({merged[0].out, merged[1].out}, 2).to(q.scalar_type());
-    const at::Tensor lse = at::cat({merged[0].lse, merged[1].lse}, 2);
-    ctx->save_for_backward({q, k, v, out, lse, gathered});
+    at::Tensor out = at::cat({merged[0].out, merged[1].out}, 2), lse = at::cat({merged[0].lse, merged[1].lse}, 2);
+    if (sinks.defined()) add_sinks(out, lse, sinks);
+    out = out.to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, lse, gathered, sinks});
     ctx->saved_data["cp"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(cpp));
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["softcap"] = softcap;
+    ctx->saved_data["window"] = window;
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const ContextParallel& cp = saved_cp(ctx);
+    const Rule rule = rule_of(ctx);
     dist::ProcessGroup group = group_of(cp);
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &gathered = saved[5];
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const at::Tensor &gathered = saved[5], &sinks = saved[6];
     const int64_t p = cp.size(), r = cp.rank();
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
-    const auto qs = halves(q), outs = halves(saved[3]), douts = halves(dout);
-    const std::array<at::Tensor, 2> lses = {saved[4].narrow(2, 0, q.size(2) / 2),
-                                            saved[4].narrow(2, q.size(2) / 2, q.size(2) / 2)};
+    const at::Tensor d = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1);  // (B, H, L)
+    const auto qs = halves(q), outs = halves(out), douts = halves(dout);
+    auto rows_of = [&](int64_t i) {
+      const int64_t c = q.size(2) / 2;
+      return Rows{douts[i], outs[i], lse.narrow(2, i * c, c), d.narrow(2, i * c, c)};
+    };
+    const std::array<Rows, 2> rows = {rows_of(0), rows_of(1)};
     const at::Tensor dq_all = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
     std::array<at::Tensor, 2> dq = halves(dq_all);
     at::Tensor dkv_mine;
     if (cp.how == SequenceSplit::kAllGather) {
       const at::Tensor dkv = at::zeros(gathered.sizes(), gathered.options().dtype(at::kFloat));
       for (int64_t owner = 0; owner < p; ++owner)
-        attend_owner_backward(douts, qs, outs, lses, gathered[owner], dkv[owner], owner, cp, dq);
+        attend_owner_backward(rows, qs, gathered[owner], dkv[owner], owner, cp, rule, dq);
       dkv_mine = at::empty({dkv.numel() / p}, dkv.options());
       group.reduce_scatter(dkv_mine, dkv.reshape({-1}), dist::ReduceOp::kSum, "context-parallel K/V gradients").wait();
       dkv_mine = dkv_mine.view(dkv.sizes().slice(1));
@@ -243,7 +363,7 @@ struct ContextAttention : torch::autograd::Function<ContextAttention> {
           kv_arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
         }
         const at::Tensor share = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
-        attend_owner_backward(douts, qs, outs, lses, kv, share, (r - step + p) % p, cp, dq);
+        attend_owner_backward(rows, qs, kv, share, (r - step + p) % p, cp, rule, dq);
         sum_arriving.wait();  // the other ranks' shares for the same K/V, so far
         if (in_flight.defined()) share.add_(in_flight);
         in_flight = at::empty_like(share);
@@ -254,7 +374,14 @@ struct ContextAttention : torch::autograd::Function<ContextAttention> {
       sum_arriving.wait();
       dkv_mine = in_flight;
     }
-    return {dq_all.to(q.scalar_type()), dkv_mine[0].to(k.scalar_type()), dkv_mine[1].to(v.scalar_type()), at::Tensor()};
+    return {dq_all.to(q.scalar_type()),
+            dkv_mine[0].to(k.scalar_type()),
+            dkv_mine[1].to(v.scalar_type()),
+            sinks.defined() ? sinks_gradient(sinks, lse, d) : at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 
   static std::vector<int64_t> prepend(int64_t n, at::IntArrayRef sizes) {
@@ -337,10 +464,15 @@ at::Tensor sequence_positions(int64_t seq_len, const ContextParallel& cp, const 
   return at::cat({at::arange(a * c, (a + 1) * c, opts), at::arange(b * c, (b + 1) * c, opts)});
 }
 
-at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp) {
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp,
+                             const ScoreRule& rule, const at::Tensor& sinks) {
   FSDP_ASSERT(!cp.ulysses(), "context_attention under Ulysses");
   FSDP_ASSERT(q.size(2) % 2 == 0, "context_attention: ", q.size(2), " tokens are not two chunks");
-  return ContextAttention::apply(q, k, v, &cp);
+  FSDP_ASSERT(!sinks.defined() || sinks.numel() == q.size(1), "context_attention: ", sinks.numel(), " sinks for ",
+              q.size(1), " query heads");
+  const double scale = rule.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  return ContextAttention::apply(q, k, v, sinks.defined() ? std::optional<at::Tensor>(sinks) : std::nullopt, &cp, scale,
+                                 rule.softcap, rule.window);
 }
 
 at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp) {

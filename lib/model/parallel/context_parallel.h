@@ -15,7 +15,11 @@
 //       backward they go round again with their gradients, which reach their owner after P steps.
 //     Each block (a query chunk against a key chunk before it, or its own chunk, causally) is one
 //     flash-attention call that returns its log-sum-exp: SDPA's CPU flash kernel, CUDA's flash
-//     kernel in bf16/fp16; elsewhere (fp32 on a GPU, the meta device) the same sums op by op.
+//     kernel in bf16/fp16; elsewhere (fp32 on a GPU, the meta device) the same sums op by op. The
+//     layer's own scores ride along: its scale, a soft cap (Gemma 2: the sums op by op, as every
+//     kernel computes capped scores), a sliding window (blocks wholly outside it skipped, those it
+//     cuts computed op by op over tiles of queries, each against the keys its rows see) and
+//     attention sinks (gpt-oss: one more logit per head, folded into the merged log-sum-exp).
 //   Ulysses: rank i holds the i-th contiguous block of T/P tokens; before attention an all-to-all
 //     turns q, k, v from (its tokens, all heads) into (every token, its H/P heads), attention runs
 //     whole (causal, windows, packed records as without it), and an all-to-all turns it back.
@@ -60,10 +64,20 @@ struct ContextParallel {
 at::Tensor sequence_positions(int64_t seq_len, const ContextParallel& cp, const c10::Device& device);
 int64_t sequence_multiple(const ContextParallel& cp);
 
+// How a layer scores its keys beyond softmax(q k^T / sqrt(D)) over every key at or before the query
+// (model/layers/attention.h's settings).
+struct ScoreRule {
+  std::optional<double> scale;  // of q k^T; unset: 1 / sqrt(D)
+  double softcap = 0;           // > 0: a score s becomes softcap * tanh(s / softcap)
+  int64_t window = 0;           // > 0: a query sees the keys fewer than `window` positions before it
+};
+
 // Context parallel's causal attention: q (B, H, L, D), k and v (B, K, L, D), this rank's L = T/P
-// tokens as sequence_positions lays them out (rotated already); H a multiple of K. Returns
-// (B, H, L, D) in q's dtype. Differentiable in q, k and v.
-at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp);
+// tokens as sequence_positions lays them out (rotated already); H a multiple of K; scored by `rule`;
+// sinks (H), one more logit per query head in each query's softmax whose weight goes to no
+// value (undefined: none). Returns (B, H, L, D) in q's dtype. Differentiable in q, k, v and sinks.
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp,
+                             const ScoreRule& rule = {}, const at::Tensor& sinks = {});
 
 // Ulysses' all-to-all: x (B, L, N, D), this rank's L = T/P tokens of N heads -> (B, T, N/P, D), every
 // token of this rank's N/P heads; and back. N must divide by P. Their gradients are each other.
