@@ -73,15 +73,21 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
                               4 * la.value_heads * la.key_head_dim * la.value_head_dim / model::LinearAttentionConfig::kChunk;
   const int64_t gathered_kv =
       plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
-  // Soft-capped attention (Gemma 2) has no fused kernel (model/kernels/ops.h): its (B, H, T, T)
-  // scores stay for backward as tanh's output, the fp32 softmax and, below fp32, the softmax's cast:
-  // 8 bytes a score. Ulysses gives a rank H / sp heads over every token; context parallel's blocks
-  // keep none (their backward computes them again, a tile at a time).
+  // Capped scores (Gemma 2) and sinks (gpt-oss), which no fused kernel takes, run as blocks
+  // (model/parallel/context_parallel.h) that keep no score for backward, but over packed records
+  // (data.packing masked, or auto on records; context parallel packs none) as the eager sums, whose
+  // (B, H, T, T) scores stay: the cap's tanh output, the fp32 softmax and, below fp32, its cast (8
+  // bytes a score); the sinks' fp32 softmax and its cast. Ulysses gives a rank H / sp heads over
+  // every token.
   const int64_t score_heads = mc.num_attention_heads / tp / (plan.cp_kind == "ulysses" ? cp : 1);
-  const bool blockwise = cp > 1 && plan.cp_kind != "ulysses";
-  const int64_t scores = mc.attn_softcap > 0 && !blockwise ? c.train.micro_batch_size * score_heads *
-                                                                 c.train.sequence_length * c.train.sequence_length * 8
-                                                           : 0;
+  const bool packs = (c.data.packing == config::Packing::kMasked || c.data.packing == config::Packing::kAuto) &&
+                     (cp == 1 || plan.cp_kind == "ulysses");
+  const int64_t score_bytes = mc.attn_softcap > 0  ? 8
+                              : mc.attention_sinks ? 4 + (param_bytes < 4 ? param_bytes : 0)
+                                                   : 0;
+  const int64_t scores =
+      packs ? c.train.micro_batch_size * score_heads * c.train.sequence_length * c.train.sequence_length * score_bytes
+            : 0;
   // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
   // `linear`: its mixer is Gated DeltaNet (its heads split by tensor parallel as attention's; no
   // context parallel: the model refuses it).

@@ -10,8 +10,10 @@
 
 #include <cmath>
 #include <optional>
+#include <string>
 
 #include "dist/process_group.h"
+#include "model/kernels/ops.h"
 #include "model/kernels/provider.h"
 #include "model/parallel/context_parallel.h"
 
@@ -143,6 +145,66 @@ TEST_CASE("blockwise attention takes the layer's scale, soft cap, sliding window
         if (c.sinks) CHECK(relative(s1.grad(), s64.grad().to(at::kFloat)) < 1e-5);
         if (!c.sinks) CHECK(!s1.grad().defined());
       }
+  }
+}
+
+TEST_CASE("one device's blockwise attention of capped or sunk scores equals transformers' eager sums") {
+  // The whole sequence as one chunk (701 tokens: any length), against the reference provider's ops
+  // (every score whole, as transformers' eager attention computes them) in float32, and the float64
+  // sums; both kernels (the host's CPU flash blocks, the reference's op by op).
+  at::manual_seed(6);
+  const int64_t B = 2, H = 4, K = 2, T = 701, D = 8;
+  const at::Tensor q = at::randn({B, H, T, D}), k = at::randn({B, K, T, D}), v = at::randn({B, K, T, D});
+  const at::Tensor g = at::randn({B, H, T, D}), sinks = at::randn({H});
+  struct Case {
+    const char* what;
+    fsdp::model::ScoreRule rule;
+    bool sinks;
+  };
+  const Case cases[] = {{"sinks (gpt-oss's full layers)", {}, true},
+                        {"sinks and a window of 128 (its sliding ones)", {std::nullopt, 0, 128}, true},
+                        {"a cap and a scale (Gemma 2's global layers)", {0.3, 5.0, 0}, false},
+                        {"a cap and a window of 300 (its sliding ones)", {0.3, 5.0, 300}, false}};
+  for (const Case& c : cases) {
+    CAPTURE(c.what);
+    auto eager = [&](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& s0) {
+      const int64_t r = H / K;
+      const at::Tensor i = at::arange(T).unsqueeze(1), j = at::arange(T);
+      at::Tensor mask = j <= i;
+      if (c.rule.window > 0) mask = mask & (j > i - c.rule.window);
+      const double scale = c.rule.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
+      const at::Tensor ke = k0.repeat_interleave(r, 1), ve = v0.repeat_interleave(r, 1);
+      return c.sinks ? fsdp::model::kernels::apply_sink_attention(q0, ke, ve, mask, scale, s0)
+                     : fsdp::model::kernels::apply_softcapped_attention(q0, ke, ve, mask, scale, c.rule.softcap);
+    };
+    at::Tensor q64 = q.to(at::kDouble).requires_grad_(), k64 = k.to(at::kDouble).requires_grad_();
+    at::Tensor v64 = v.to(at::kDouble).requires_grad_(), s64 = sinks.to(at::kDouble).requires_grad_();
+    const at::Tensor exact = eager(q64, k64, v64, s64);
+    exact.backward(g.to(at::kDouble));
+    at::Tensor qe = q.clone().requires_grad_(), ke = k.clone().requires_grad_(), ve = v.clone().requires_grad_();
+    at::Tensor se = sinks.clone().requires_grad_();
+    const at::Tensor want = eager(qe, ke, ve, se);
+    want.backward(g);
+    for (bool reference : {false, true}) {
+      const ReferenceScope scope(reference);
+      CAPTURE(reference);
+      at::Tensor q1 = q.clone().requires_grad_(), k1 = k.clone().requires_grad_(), v1 = v.clone().requires_grad_();
+      at::Tensor s1 = sinks.clone().requires_grad_();
+      const at::Tensor out = fsdp::model::blockwise_attention(q1, k1, v1, c.rule, c.sinks ? s1 : at::Tensor());
+      out.backward(g);
+      // float32's own noise: the eager sums' distance from float64, and the blocks' within 1e-5
+      const double noise = relative(want, exact.to(at::kFloat));
+      const std::string what = std::string(c.what) + (reference ? " (op by op)" : " (CPU flash blocks)");
+      MESSAGE(what << ": output within " << relative(out, want) << " of the eager sums, which are within " << noise
+                   << " of float64's");
+      CHECK(relative(out, exact.to(at::kFloat)) < 1e-5);
+      CHECK(relative(out, want) < 1e-5);
+      CHECK(relative(q1.grad(), qe.grad()) < 1e-5);
+      CHECK(relative(k1.grad(), ke.grad()) < 1e-5);
+      CHECK(relative(v1.grad(), ve.grad()) < 1e-5);
+      CHECK(relative(q1.grad(), q64.grad().to(at::kFloat)) < 1e-5);
+      if (c.sinks) CHECK(relative(s1.grad(), se.grad()) < 1e-5);
+    }
   }
 }
 

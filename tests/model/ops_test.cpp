@@ -246,6 +246,10 @@ TEST_CASE("each provider's decisions on the CPU, and ops_for's choice of provide
   CHECK(host.block_attention(q) == kernels::BlockAttention::kCpuFlash);
   CHECK(portable.block_attention(q) == kernels::BlockAttention::kCpuFlash);
   CHECK(reference.block_attention(q) == kernels::BlockAttention::kMath);
+  // Capped and sunk scores: blocks, but for the reference (transformers' eager sums).
+  CHECK(host.blockwise_scores());
+  CHECK(portable.blockwise_scores());
+  CHECK_FALSE(reference.blockwise_scores());
   // The loss: vocabulary chunks for the portable provider (a GPU's), token chunks otherwise.
   CHECK_FALSE(host.loss_by_vocabulary());
   CHECK(portable.loss_by_vocabulary());

@@ -373,11 +373,14 @@ TEST_CASE("estimate-memory under context parallel: activations at 1/cp, allgathe
 
 // estimate-memory's activations (one micro-batch) for the quickstart at 2 ranks with model.config the
 // config.json text `json`, written to the file `name`.
-double estimated_activations(const std::string& name, const std::string& json) {
+double estimated_activations(const std::string& name, const std::string& json,
+                             const std::vector<std::string>& sets = {}) {
   const std::string path = temp_path(name);
   std::ofstream(path) << json << "\n";
-  const Result r = fsdptrain_in_source(
-      {"estimate-memory", "--config", kQuickstart, "--num_processes", "2", "--set", "model.config=" + path});
+  std::vector<std::string> args = {"estimate-memory",     "--config", kQuickstart, "--num_processes", "2", "--set",
+                                   "model.config=" + path};
+  for (const std::string& s : sets) args.insert(args.end(), {"--set", s});
+  const Result r = fsdptrain_in_source(args);
   INFO(r.out, r.err);
   REQUIRE(r.code == 0);
   return parse_size(after(r.out, "activations (one micro-batch)"));
@@ -419,19 +422,28 @@ TEST_CASE("gradient_checkpointing lowers the estimate exactly as fsdp_activation
   CHECK(gc == ac);
 }
 
-TEST_CASE("estimate-memory counts soft-capped attention's scores: no fused kernel takes the cap") {
-  // Gemma 2's attn_logit_softcapping: every layer keeps (B, H, T, T) scores for backward, as tanh's
-  // output and the fp32 softmax (8 bytes a score in fp32); without the cap SDPA keeps none.
-  auto estimate = [](const std::string& cap) {
-    return estimated_activations(
-        "gemma2-" + cap + ".json",
-        R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": 257,
-      "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
-      "num_key_value_heads": 2, "head_dim": 16, "attn_logit_softcapping": )" + cap + "}");
+TEST_CASE("estimate-memory counts capped and sunk scores where packed records keep them whole") {
+  // Gemma 2's attn_logit_softcapping and gpt-oss's sinks: over packed records (data.packing auto may
+  // pack them) every layer keeps (B, H, T, T) scores for backward, the cap's as tanh's output and the
+  // fp32 softmax (8 bytes a score in fp32), the sinks' as the fp32 softmax (4); unpacked, the blocks
+  // keep none, as SDPA keeps none for plain scores.
+  auto estimate = [](const std::string& model_type, const std::string& extra, const std::string& packing) {
+    return estimated_activations(model_type + "-" + std::to_string(extra.size()) + "-" + packing + ".json",
+                                 R"({"model_type": ")" + model_type +
+                                     R"(", "vocab_size": 257, "hidden_size": 64, "intermediate_size": 172,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16)" +
+                                     extra + "}",
+                                 {"data.packing=" + packing});
   };
-  const double capped = estimate("50.0"), plain = estimate("null");
-  const double scores = 2.0 * 8 * 4 * 128 * 128 * 8;  // layers x B x H x T x T x 8 bytes (quickstart: B 8, T 128)
-  CHECK(capped - plain == doctest::Approx(scores).epsilon(0.01));
+  const double scores = 2.0 * 8 * 4 * 128 * 128;  // layers x B x H x T x T (the quickstart: B 8, T 128)
+  const std::string cap = R"(, "attn_logit_softcapping": 50.0)", none = R"(, "attn_logit_softcapping": null)";
+  CHECK(estimate("gemma2", cap, "auto") - estimate("gemma2", none, "auto") ==
+        doctest::Approx(8 * scores).epsilon(0.01));
+  CHECK(estimate("gemma2", cap, "plain") == estimate("gemma2", none, "plain"));
+  // gpt-oss without its sinks is not a form config.json can say: against the same model unpacked.
+  const std::string oss = R"(, "num_local_experts": 4, "num_experts_per_tok": 2)";
+  CHECK(estimate("gpt_oss", oss, "masked") - estimate("gpt_oss", oss, "plain") ==
+        doctest::Approx(4 * scores).epsilon(0.01));
 }
 
 TEST_CASE("estimate-memory with float8 all-gather: the decoder layers' weights gathered in one byte an element") {

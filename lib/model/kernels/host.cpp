@@ -57,6 +57,7 @@ class HostOps final : public Ops {
     return apply_sink_attention(q, k, v, mask, scale, sinks);  // no fused kernel takes the sinks
   }
   BlockAttention block_attention(const at::Tensor&) const override { return BlockAttention::kCpuFlash; }
+  bool blockwise_scores() const override { return true; }
 
   std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const at::Tensor& g, const at::Tensor& beta,

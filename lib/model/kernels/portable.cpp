@@ -66,6 +66,7 @@ class PortableOps final : public Ops {
     if (q.is_cpu()) return BlockAttention::kCpuFlash;
     return flash_attention_applies(q) ? BlockAttention::kCudaFlash : BlockAttention::kMath;
   }
+  bool blockwise_scores() const override { return true; }
   std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const at::Tensor& g, const at::Tensor& beta,
                                                const at::Tensor& state) const override {

@@ -55,6 +55,7 @@ class ReferenceOps final : public Ops {
     return apply_sink_attention(q, k, v, mask, scale, sinks);  // no fused kernel takes the sinks
   }
   BlockAttention block_attention(const at::Tensor&) const override { return BlockAttention::kMath; }
+  bool blockwise_scores() const override { return false; }
 
   std::pair<at::Tensor, at::Tensor> delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                const at::Tensor& g, const at::Tensor& beta,

@@ -80,10 +80,10 @@ struct Tile {
   int64_t r0, r1, k0, k1;
 };
 
-// A block's tiles: under a window, rows a window (at least 128) at a time, so that each tile's scores
-// are a band's worth, not the block's.
+// A block's tiles: rows a window (at least 256) at a time, so that each tile's scores are a band's
+// worth under a window, and a bounded share of the block's without one.
 std::vector<Tile> tiles_of(const Block& b, int64_t c, int64_t window) {
-  const int64_t step = window > 0 ? std::max<int64_t>(window, 128) : b.rows;
+  const int64_t step = std::max<int64_t>(window, 256);
   std::vector<Tile> out;
   for (int64_t r0 = 0; r0 < b.rows; r0 += step) {
     const int64_t r1 = std::min(b.rows, r0 + step);
@@ -94,11 +94,13 @@ std::vector<Tile> tiles_of(const Block& b, int64_t c, int64_t window) {
 }
 
 // A tile's scores in float32, capped where the rule caps them, the keys its queries do not see at -inf
-// (q and k the block's, kv heads expanded); the cap's tanh for backward (undefined without one).
+// (q and k the block's, kv heads expanded); the cap's tanh for backward (undefined without one). The
+// tiles' products run in q's dtype, as flash attention's do (bf16 on tensor cores), everything
+// between them in float32.
 std::pair<at::Tensor, at::Tensor> tile_scores(const at::Tensor& q, const at::Tensor& k, const Block& b, const Tile& t,
                                               const Rule& rule) {
-  const at::Tensor qt = q.narrow(2, t.r0, t.r1 - t.r0).to(at::kFloat), kt = k.narrow(2, t.k0, t.k1 - t.k0);
-  at::Tensor s = at::matmul(qt, kt.to(at::kFloat).transpose(-1, -2)) * rule.scale, th;
+  const at::Tensor qt = q.narrow(2, t.r0, t.r1 - t.r0), kt = k.narrow(2, t.k0, t.k1 - t.k0);
+  at::Tensor s = at::matmul(qt, kt.transpose(-1, -2)).to(at::kFloat) * rule.scale, th;
   if (rule.softcap > 0) {
     th = at::tanh(s / rule.softcap);
     s = th * rule.softcap;
@@ -140,15 +142,15 @@ std::vector<Partial> block_forward(const at::Tensor& q, const at::Tensor& k, con
   std::vector<Partial> out;
   for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {  // every row of a tile sees a key: lse is finite
     const at::Tensor s = tile_scores(q, ke, b, t, rule).first, lse = s.logsumexp(-1);
-    out.push_back(
-        {at::matmul(at::exp(s - lse.unsqueeze(-1)), ve.narrow(2, t.k0, t.k1 - t.k0).to(at::kFloat)), lse, t.r0});
+    const at::Tensor p = at::exp(s - lse.unsqueeze(-1)).to(v.scalar_type());
+    out.push_back({at::matmul(p, ve.narrow(2, t.k0, t.k1 - t.k0)), lse, t.r0});
   }
   return out;
 }
 
-// The gradients of queries and the whole row's quantities one block takes part in: its queries' output
-// and log-sum-exp over every key (and sink) they see, and D = rowsum(dout * out) (a block's
-// probabilities are exp(score - the whole row's lse)).
+// What backward reads of queries' rows, over every key (and sink) they see, not one block's: dout, the
+// output, its log-sum-exp and D = rowsum(dout * out) (a block's probabilities are exp(score - the
+// whole row's lse)).
 struct Rows {
   at::Tensor dout, out, lse, d;  // (B, H, L, D), (B, H, L, D), (B, H, L) float32, (B, H, L) float32
 };
@@ -180,19 +182,21 @@ void block_backward(const Rows& rows, const at::Tensor& q, const at::Tensor& k, 
     dv.add_(fold_heads(gv, kv));
     return;
   }
-  const at::Tensor ke = expand_heads(k, h), ve = expand_heads(v, h).to(at::kFloat);
+  const at::Tensor ke = expand_heads(k, h), ve = expand_heads(v, h);
+  const at::ScalarType dtype = q.scalar_type();  // the products' (tile_scores)
   for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {
     const int64_t n = t.r1 - t.r0, m = t.k1 - t.k0;
     auto [s, th] = tile_scores(q, ke, b, t, rule);
-    const at::Tensor g = rows.dout.narrow(2, t.r0, n).to(at::kFloat), vt = ve.narrow(2, t.k0, m);
+    const at::Tensor g = rows.dout.narrow(2, t.r0, n), vt = ve.narrow(2, t.k0, m);
     const at::Tensor p = at::exp(s - rows.lse.narrow(2, t.r0, n).unsqueeze(-1));
-    const at::Tensor dp = at::matmul(g, vt.transpose(-1, -2));
+    const at::Tensor dp = at::matmul(g, vt.transpose(-1, -2)).to(at::kFloat);
     at::Tensor ds = p * (dp - rows.d.narrow(2, t.r0, n).unsqueeze(-1));
     if (th.defined()) ds = ds * (1 - th * th);  // d(cap tanh(s / cap)) / ds
-    dq.narrow(2, t.r0, n).add_(at::matmul(ds, ke.narrow(2, t.k0, m).to(at::kFloat)) * rule.scale);
-    dk.narrow(2, t.k0, m)
-        .add_(fold_heads(at::matmul(ds.transpose(-1, -2), q.narrow(2, t.r0, n).to(at::kFloat)) * rule.scale, kv));
-    dv.narrow(2, t.k0, m).add_(fold_heads(at::matmul(p.transpose(-1, -2), g), kv));
+    ds = ds.to(dtype);
+    dq.narrow(2, t.r0, n).add_(at::matmul(ds, ke.narrow(2, t.k0, m)), rule.scale);
+    const at::Tensor gk = at::matmul(ds.transpose(-1, -2), q.narrow(2, t.r0, n)).to(at::kFloat);
+    dk.narrow(2, t.k0, m).add_(fold_heads(gk, kv), rule.scale);
+    dv.narrow(2, t.k0, m).add_(fold_heads(at::matmul(p.to(dtype).transpose(-1, -2), g).to(at::kFloat), kv));
   }
 }
 
@@ -277,48 +281,124 @@ at::Tensor sinks_gradient(const at::Tensor& sinks, const at::Tensor& lse, const 
   return (-(p * d).sum(at::IntArrayRef{0, 2})).to(sinks.scalar_type());
 }
 
-// --- the autograd function: both strategies ----------------------------------------------------------
+// --- context parallel's two strategies, and one device's whole sequence --------------------------------
 
-struct ContextAttention : torch::autograd::Function<ContextAttention> {
-  static Rule rule_of(AutogradContext* ctx) {
-    return {ctx->saved_data["scale"].toDouble(), ctx->saved_data["softcap"].toDouble(),
-            ctx->saved_data["window"].toInt()};
+std::vector<int64_t> prepend(int64_t n, at::IntArrayRef sizes) {
+  std::vector<int64_t> out{n};
+  out.insert(out.end(), sizes.begin(), sizes.end());
+  return out;
+}
+
+// This rank's two chunks' merged attention (B, H, L, D) and log-sum-exp (B, H, L), float32, and for the
+// all-gather the gathered K/V (P, 2, B, K, L, D) that backward reads again (the ring keeps none).
+struct Forward {
+  at::Tensor out, lse, gathered;
+};
+
+Forward forward_over_group(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp,
+                           const Rule& rule) {
+  dist::ProcessGroup group = group_of(cp);
+  const int64_t p = cp.size(), r = cp.rank();
+  const auto qs = halves(q);
+  std::array<Merged, 2> merged;
+  at::Tensor kv = pack(k, v), gathered;
+  if (cp.how == SequenceSplit::kAllGather) {
+    gathered = at::empty({p * kv.numel()}, kv.options());
+    group.all_gather(gathered, kv.reshape({-1}), "context-parallel gather of K/V").wait();
+    gathered = gathered.view(prepend(p, kv.sizes()));
+    for (int64_t owner = 0; owner < p; ++owner) attend_owner(qs, gathered[owner], owner, cp, rule, merged);
+  } else {
+    for (int64_t step = 0; step < p; ++step) {  // holding the K/V of rank r - step
+      at::Tensor next;
+      dist::Work arriving;
+      if (step + 1 < p) {
+        next = at::empty_like(kv);
+        arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
+      }
+      attend_owner(qs, kv, (r - step + p) % p, cp, rule, merged);
+      arriving.wait();
+      if (next.defined()) kv = next;
+    }
   }
+  return {at::cat({merged[0].out, merged[1].out}, 2), at::cat({merged[0].lse, merged[1].lse}, 2), gathered};
+}
 
+// One device: the whole sequence one chunk, against itself.
+Forward forward_whole(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Rule& rule) {
+  const int64_t t = q.size(2);
+  Merged merged;
+  for (const Partial& p : block_forward(q, k, v, block_of(0, 0, t, rule.window), rule)) merged.add(p, t);
+  return {merged.out, merged.lse, at::Tensor()};
+}
+
+// The gradients of q (B, H, L, D) and of this rank's K and V (2, B, K, L, D), float32, from the rows'
+// quantities (the whole output, log-sum-exp, D and dout).
+std::pair<at::Tensor, at::Tensor> backward_over_group(const Rows& all, const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v, const at::Tensor& gathered,
+                                                      const ContextParallel& cp, const Rule& rule) {
+  dist::ProcessGroup group = group_of(cp);
+  const int64_t p = cp.size(), r = cp.rank(), c = q.size(2) / 2;
+  auto rows_of = [&](int64_t i) {
+    return Rows{all.dout.narrow(2, i * c, c), all.out.narrow(2, i * c, c), all.lse.narrow(2, i * c, c),
+                all.d.narrow(2, i * c, c)};
+  };
+  const std::array<Rows, 2> rows = {rows_of(0), rows_of(1)};
+  const auto qs = halves(q);
+  const at::Tensor dq_all = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+  std::array<at::Tensor, 2> dq = halves(dq_all);
+  if (cp.how == SequenceSplit::kAllGather) {
+    const at::Tensor dkv = at::zeros(gathered.sizes(), gathered.options().dtype(at::kFloat));
+    for (int64_t owner = 0; owner < p; ++owner)
+      attend_owner_backward(rows, qs, gathered[owner], dkv[owner], owner, cp, rule, dq);
+    at::Tensor mine = at::empty({dkv.numel() / p}, dkv.options());
+    group.reduce_scatter(mine, dkv.reshape({-1}), dist::ReduceOp::kSum, "context-parallel K/V gradients").wait();
+    return {dq_all, mine.view(dkv.sizes().slice(1))};
+  }
+  // The gradients of the K/V a rank uses travel on with them, each rank adding its share; after P
+  // steps they are home. A step's share is computed while the previous step's sum is in flight.
+  at::Tensor kv = pack(k, v), in_flight;
+  dist::Work kv_arriving, sum_arriving;
+  for (int64_t step = 0; step < p; ++step) {
+    at::Tensor next;
+    if (step + 1 < p) {
+      next = at::empty_like(kv);
+      kv_arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
+    }
+    const at::Tensor share = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+    attend_owner_backward(rows, qs, kv, share, (r - step + p) % p, cp, rule, dq);
+    sum_arriving.wait();  // the other ranks' shares for the same K/V, so far
+    if (in_flight.defined()) share.add_(in_flight);
+    in_flight = at::empty_like(share);
+    sum_arriving = group.shift(in_flight, share, 1, "context-parallel ring of K/V gradients");
+    kv_arriving.wait();
+    if (next.defined()) kv = next;
+  }
+  sum_arriving.wait();
+  return {dq_all, in_flight};
+}
+
+std::pair<at::Tensor, at::Tensor> backward_whole(const Rows& all, const at::Tensor& q, const at::Tensor& k,
+                                                 const at::Tensor& v, const Rule& rule) {
+  const at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+  const at::Tensor dkv = at::zeros(prepend(2, k.sizes()), k.options().dtype(at::kFloat));
+  block_backward(all, q, k, v, block_of(0, 0, q.size(2), rule.window), rule, dq, dkv[0], dkv[1]);
+  return {dq, dkv};
+}
+
+// --- the autograd function ---------------------------------------------------------------------------
+
+// Over a cp group (cp given) or on one device (cp null).
+struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::optional<at::Tensor>& maybe_sinks, const ContextParallel* cpp, double scale,
+                            const std::optional<at::Tensor>& maybe_sinks, const ContextParallel* cp, double scale,
                             double softcap, int64_t window) {
     const at::Tensor sinks = maybe_sinks.value_or(at::Tensor());  // an undefined tensor is no autograd input
-    const ContextParallel& cp = *cpp;
     const Rule rule{scale, softcap, window};
-    dist::ProcessGroup group = group_of(cp);
-    const int64_t p = cp.size(), r = cp.rank();
-    const auto qs = halves(q);
-    std::array<Merged, 2> merged;
-    at::Tensor kv = pack(k, v), gathered;
-    if (cp.how == SequenceSplit::kAllGather) {
-      gathered = at::empty({p * kv.numel()}, kv.options());
-      group.all_gather(gathered, kv.reshape({-1}), "context-parallel gather of K/V").wait();
-      gathered = gathered.view(prepend(p, kv.sizes()));
-      for (int64_t owner = 0; owner < p; ++owner) attend_owner(qs, gathered[owner], owner, cp, rule, merged);
-    } else {
-      for (int64_t step = 0; step < p; ++step) {  // holding the K/V of rank r - step
-        at::Tensor next;
-        dist::Work arriving;
-        if (step + 1 < p) {
-          next = at::empty_like(kv);
-          arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
-        }
-        attend_owner(qs, kv, (r - step + p) % p, cp, rule, merged);
-        arriving.wait();
-        if (next.defined()) kv = next;
-      }
-    }
-    at::Tensor out = at::cat({merged[0].out, merged[1].out}, 2), lse = at::cat({merged[0].lse, merged[1].lse}, 2);
-    if (sinks.defined()) add_sinks(out, lse, sinks);
-    out = out.to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, lse, gathered, sinks});
-    ctx->saved_data["cp"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(cpp));
+    Forward f = cp ? forward_over_group(q, k, v, *cp, rule) : forward_whole(q, k, v, rule);
+    if (sinks.defined()) add_sinks(f.out, f.lse, sinks);
+    const at::Tensor out = f.out.to(q.scalar_type());
+    ctx->save_for_backward({q, k, v, out, f.lse, f.gathered, sinks});
+    ctx->saved_data["cp"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(cp));
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["window"] = window;
@@ -326,70 +406,36 @@ struct ContextAttention : torch::autograd::Function<ContextAttention> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const ContextParallel& cp = saved_cp(ctx);
-    const Rule rule = rule_of(ctx);
-    dist::ProcessGroup group = group_of(cp);
+    const auto* cp = reinterpret_cast<const ContextParallel*>(static_cast<intptr_t>(ctx->saved_data["cp"].toInt()));
+    const Rule rule{ctx->saved_data["scale"].toDouble(), ctx->saved_data["softcap"].toDouble(),
+                    ctx->saved_data["window"].toInt()};
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const at::Tensor &gathered = saved[5], &sinks = saved[6];
-    const int64_t p = cp.size(), r = cp.rank();
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
     const at::Tensor d = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1);  // (B, H, L)
-    const auto qs = halves(q), outs = halves(out), douts = halves(dout);
-    auto rows_of = [&](int64_t i) {
-      const int64_t c = q.size(2) / 2;
-      return Rows{douts[i], outs[i], lse.narrow(2, i * c, c), d.narrow(2, i * c, c)};
-    };
-    const std::array<Rows, 2> rows = {rows_of(0), rows_of(1)};
-    const at::Tensor dq_all = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
-    std::array<at::Tensor, 2> dq = halves(dq_all);
-    at::Tensor dkv_mine;
-    if (cp.how == SequenceSplit::kAllGather) {
-      const at::Tensor dkv = at::zeros(gathered.sizes(), gathered.options().dtype(at::kFloat));
-      for (int64_t owner = 0; owner < p; ++owner)
-        attend_owner_backward(rows, qs, gathered[owner], dkv[owner], owner, cp, rule, dq);
-      dkv_mine = at::empty({dkv.numel() / p}, dkv.options());
-      group.reduce_scatter(dkv_mine, dkv.reshape({-1}), dist::ReduceOp::kSum, "context-parallel K/V gradients").wait();
-      dkv_mine = dkv_mine.view(dkv.sizes().slice(1));
-    } else {
-      // The gradients of the K/V a rank uses travel on with them, each rank adding its share; after
-      // P steps they are home. A step's share is computed while the previous step's sum is in flight.
-      at::Tensor kv = pack(k, v), in_flight;
-      dist::Work kv_arriving, sum_arriving;
-      for (int64_t step = 0; step < p; ++step) {
-        at::Tensor next;
-        if (step + 1 < p) {
-          next = at::empty_like(kv);
-          kv_arriving = group.shift(next, kv, 1, "context-parallel ring of K/V");
-        }
-        const at::Tensor share = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
-        attend_owner_backward(rows, qs, kv, share, (r - step + p) % p, cp, rule, dq);
-        sum_arriving.wait();  // the other ranks' shares for the same K/V, so far
-        if (in_flight.defined()) share.add_(in_flight);
-        in_flight = at::empty_like(share);
-        sum_arriving = group.shift(in_flight, share, 1, "context-parallel ring of K/V gradients");
-        kv_arriving.wait();
-        if (next.defined()) kv = next;
-      }
-      sum_arriving.wait();
-      dkv_mine = in_flight;
-    }
-    return {dq_all.to(q.scalar_type()),
-            dkv_mine[0].to(k.scalar_type()),
-            dkv_mine[1].to(v.scalar_type()),
+    const Rows rows{dout, out, lse, d};
+    auto [dq, dkv] = cp ? backward_over_group(rows, q, k, v, gathered, *cp, rule) : backward_whole(rows, q, k, v, rule);
+    return {dq.to(q.scalar_type()),
+            dkv[0].to(k.scalar_type()),
+            dkv[1].to(v.scalar_type()),
             sinks.defined() ? sinks_gradient(sinks, lse, d) : at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor()};
   }
-
-  static std::vector<int64_t> prepend(int64_t n, at::IntArrayRef sizes) {
-    std::vector<int64_t> out{n};
-    out.insert(out.end(), sizes.begin(), sizes.end());
-    return out;
-  }
 };
+
+std::optional<at::Tensor> sinks_input(const at::Tensor& sinks, const at::Tensor& q) {
+  FSDP_ASSERT(!sinks.defined() || sinks.numel() == q.size(1), "blockwise attention: ", sinks.numel(), " sinks for ",
+              q.size(1), " query heads");
+  return sinks.defined() ? std::optional<at::Tensor>(sinks) : std::nullopt;
+}
+
+double scale_of(const ScoreRule& rule, const at::Tensor& q) {
+  return rule.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+}
 
 // --- Ulysses ----------------------------------------------------------------------------------------
 
@@ -468,11 +514,13 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
                              const ScoreRule& rule, const at::Tensor& sinks) {
   FSDP_ASSERT(!cp.ulysses(), "context_attention under Ulysses");
   FSDP_ASSERT(q.size(2) % 2 == 0, "context_attention: ", q.size(2), " tokens are not two chunks");
-  FSDP_ASSERT(!sinks.defined() || sinks.numel() == q.size(1), "context_attention: ", sinks.numel(), " sinks for ",
-              q.size(1), " query heads");
-  const double scale = rule.scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  return ContextAttention::apply(q, k, v, sinks.defined() ? std::optional<at::Tensor>(sinks) : std::nullopt, &cp, scale,
-                                 rule.softcap, rule.window);
+  return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q), &cp, scale_of(rule, q), rule.softcap, rule.window);
+}
+
+at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ScoreRule& rule,
+                               const at::Tensor& sinks) {
+  return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q), nullptr, scale_of(rule, q), rule.softcap,
+                                   rule.window);
 }
 
 at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp) {
