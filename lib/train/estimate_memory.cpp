@@ -74,20 +74,22 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   const int64_t gathered_kv =
       plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
   // Capped scores (Gemma 2) and sinks (gpt-oss), which no fused kernel takes, run as blocks
-  // (model/parallel/context_parallel.h) that keep no score for backward, but over packed records
-  // (data.packing masked, or auto on records; context parallel packs none) as the eager sums, whose
-  // (B, H, T, T) scores stay: the cap's tanh output, the fp32 softmax and, below fp32, its cast (8
-  // bytes a score); the sinks' fp32 softmax and its cast. Ulysses gives a rank H / sp heads over
-  // every token.
+  // (model/parallel/context_parallel.h) that keep no score for backward, but for engine.kernels:
+  // reference, whose eager sums keep their (B, H, T, T) scores: the cap's tanh output, the fp32 softmax
+  // and, below fp32, its cast (8 bytes a score); the sinks' fp32 softmax and its cast. Ulysses gives a
+  // rank H / sp heads over every token; context parallel's blocks keep none.
+  const model::kernels::Provider kernels =
+      model::kernels::provider_named(config::enum_name(c.engine.kernels, config::kKernelProviderNames));
+  const bool eager =
+      !model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA).blockwise_scores();
   const int64_t score_heads = mc.num_attention_heads / tp / (plan.cp_kind == "ulysses" ? cp : 1);
-  const bool packs = (c.data.packing == config::Packing::kMasked || c.data.packing == config::Packing::kAuto) &&
-                     (cp == 1 || plan.cp_kind == "ulysses");
   const int64_t score_bytes = mc.attn_softcap > 0  ? 8
                               : mc.attention_sinks ? 4 + (param_bytes < 4 ? param_bytes : 0)
                                                    : 0;
   const int64_t scores =
-      packs ? c.train.micro_batch_size * score_heads * c.train.sequence_length * c.train.sequence_length * score_bytes
-            : 0;
+      eager && (cp == 1 || plan.cp_kind == "ulysses")
+          ? c.train.micro_batch_size * score_heads * c.train.sequence_length * c.train.sequence_length * score_bytes
+          : 0;
   // A layer's bytes whose feed-forward keeps `mlp` values a token in the compute dtype and `fp32` bytes;
   // `linear`: its mixer is Gated DeltaNet (its heads split by tensor parallel as attention's; no
   // context parallel: the model refuses it).

@@ -102,9 +102,10 @@ at::Tensor scored_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 TEST_CASE("blockwise attention takes the layer's scale, soft cap, sliding window and sinks, forward and backward") {
-  // One rank's two chunks of 320 tokens: windows shorter than a chunk (blocks cut, a tile of 128 rows
-  // and more at a time, the chunk before partly seen) and longer (the chunk before whole, its own
-  // causal); both kernels, both strategies; against the sums in float64.
+  // One rank's two chunks of 320 tokens: windows shorter than a chunk (blocks cut, tiles of 256 rows,
+  // the chunk before partly seen) and longer (the chunk before cut, or whole and its own causal); both
+  // kernels, both strategies; against the sums in float64. (Tiles of a window's rows: the one-device
+  // case below, a window of 300 over 701 tokens.)
   at::manual_seed(5);
   const int64_t B = 1, H = 4, K = 2, T = 640, D = 8;
   const at::Tensor q = at::randn({B, H, T, D}), k = at::randn({B, K, T, D}), v = at::randn({B, K, T, D});
@@ -117,7 +118,7 @@ TEST_CASE("blockwise attention takes the layer's scale, soft cap, sliding window
   const Case cases[] = {{"its own scale", {0.7, 0, 0}, false},
                         {"a soft cap", {std::nullopt, 1.5, 0}, false},
                         {"a window of 5", {std::nullopt, 0, 5}, false},
-                        {"a window of 130 (tiles of 130 rows)", {std::nullopt, 0, 130}, false},
+                        {"a window of 130", {std::nullopt, 0, 130}, false},
                         {"a window of 500 (the chunk before cut, partly)", {0.4, 0, 500}, false},
                         {"a window of 400, capped", {std::nullopt, 2.0, 400}, false},
                         {"sinks", {}, true},
@@ -149,22 +150,28 @@ TEST_CASE("blockwise attention takes the layer's scale, soft cap, sliding window
 }
 
 TEST_CASE("one device's blockwise attention of capped or sunk scores equals transformers' eager sums") {
-  // The whole sequence as one chunk (701 tokens: any length), against the reference provider's ops
-  // (every score whole, as transformers' eager attention computes them) in float32, and the float64
-  // sums; both kernels (the host's CPU flash blocks, the reference's op by op).
+  // The whole sequence as one chunk (701 tokens: any length), or records packed into its rows (each
+  // query its own record's keys), against the reference provider's ops (every score whole, as
+  // transformers' eager attention computes them) in float32, and the float64 sums; both kernels (the
+  // host's CPU flash blocks, the reference's op by op).
   at::manual_seed(6);
   const int64_t B = 2, H = 4, K = 2, T = 701, D = 8;
   const at::Tensor q = at::randn({B, H, T, D}), k = at::randn({B, K, T, D}), v = at::randn({B, K, T, D});
   const at::Tensor g = at::randn({B, H, T, D}), sinks = at::randn({H});
+  // Records of 1 to 200 tokens behind each other, different in each row: a token's record index.
+  const at::Tensor segments = (at::rand({B, T}) < 0.01).cumsum(1);
   struct Case {
     const char* what;
     fsdp::model::ScoreRule rule;
-    bool sinks;
+    bool sinks, packed;
   };
-  const Case cases[] = {{"sinks (gpt-oss's full layers)", {}, true},
-                        {"sinks and a window of 128 (its sliding ones)", {std::nullopt, 0, 128}, true},
-                        {"a cap and a scale (Gemma 2's global layers)", {0.3, 5.0, 0}, false},
-                        {"a cap and a window of 300 (its sliding ones)", {0.3, 5.0, 300}, false}};
+  const Case cases[] = {{"sinks (gpt-oss's full layers)", {}, true, false},
+                        {"sinks and a window of 128 (its sliding ones)", {std::nullopt, 0, 128}, true, false},
+                        {"a cap and a scale (Gemma 2's global layers)", {0.3, 5.0, 0}, false, false},
+                        {"a cap and a window of 300 (its sliding ones)", {0.3, 5.0, 300}, false, false},
+                        {"sinks over packed records", {}, true, true},
+                        {"a cap and a window of 64 over packed records", {0.3, 5.0, 64}, false, true}};
+  CHECK(segments.max().item<int64_t>() > 3);  // several records to a row
   for (const Case& c : cases) {
     CAPTURE(c.what);
     auto eager = [&](const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& s0) {
@@ -172,6 +179,7 @@ TEST_CASE("one device's blockwise attention of capped or sunk scores equals tran
       const at::Tensor i = at::arange(T).unsqueeze(1), j = at::arange(T);
       at::Tensor mask = j <= i;
       if (c.rule.window > 0) mask = mask & (j > i - c.rule.window);
+      if (c.packed) mask = (mask & (segments.unsqueeze(2) == segments.unsqueeze(1))).unsqueeze(1);  // (B, 1, T, T)
       const double scale = c.rule.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
       const at::Tensor ke = k0.repeat_interleave(r, 1), ve = v0.repeat_interleave(r, 1);
       return c.sinks ? fsdp::model::kernels::apply_sink_attention(q0, ke, ve, mask, scale, s0)
@@ -190,7 +198,8 @@ TEST_CASE("one device's blockwise attention of capped or sunk scores equals tran
       CAPTURE(reference);
       at::Tensor q1 = q.clone().requires_grad_(), k1 = k.clone().requires_grad_(), v1 = v.clone().requires_grad_();
       at::Tensor s1 = sinks.clone().requires_grad_();
-      const at::Tensor out = fsdp::model::blockwise_attention(q1, k1, v1, c.rule, c.sinks ? s1 : at::Tensor());
+      const at::Tensor out = fsdp::model::blockwise_attention(q1, k1, v1, c.rule, c.sinks ? s1 : at::Tensor(),
+                                                              c.packed ? segments : at::Tensor());
       out.backward(g);
       // float32's own noise: the eager sums' distance from float64, and the blocks' within 1e-5
       const double noise = relative(want, exact.to(at::kFloat));

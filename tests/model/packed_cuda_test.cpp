@@ -3,7 +3,8 @@
 // gives (the path tested against transformers on CPU), with and without a sliding window, in bf16.
 // Also the fused elementwise kernels (model/kernels/elementwise.h: nvcc's build of the functors the
 // CPU tests check) against ATen's ops on the GPU, and context parallel's blocks on one rank: CUDA's flash kernel per
-// block (bf16), merged by log-sum-exp, against the op-by-op sums (model/parallel/context_parallel.h), forward and backward.
+// block (bf16), merged by log-sum-exp, against the op-by-op sums (model/parallel/context_parallel.h), forward and
+// backward; capped and sunk scores, windows and packed records as blocks on one device against the float64 sums.
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 
@@ -11,10 +12,11 @@
 #include <sstream>
 
 #include "dist/process_group.h"
-#include "model/parallel/context_parallel.h"
-#include "model/layers/decoder.h"
 #include "model/kernels/elementwise.h"
+#include "model/kernels/ops.h"
 #include "model/kernels/provider.h"
+#include "model/layers/decoder.h"
+#include "model/parallel/context_parallel.h"
 
 using fsdp::model::DecoderConfig;
 using fsdp::model::CausalLM;
@@ -127,6 +129,63 @@ bool check_context_blocks() {
   return ok;
 }
 
+// Capped and sunk scores, windows and packed records as blocks on one device (blockwise_attention,
+// bf16: flash blocks and float32-result tile products) against the eager sums in float64, forward
+// and backward.
+bool check_scored_blocks() {
+  namespace kernels = fsdp::model::kernels;
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const int64_t B = 2, H = 8, K = 2, T = 701, D = 64;
+  const at::Tensor q = at::randn({B, H, T, D}, opts), k = at::randn({B, K, T, D}, opts);
+  const at::Tensor v = at::randn({B, K, T, D}, opts), g = at::randn({B, H, T, D}, opts);
+  const at::Tensor sinks = at::randn({H}, opts.dtype(at::kFloat));
+  const at::Tensor segments = (at::rand({B, T}, opts.dtype(at::kFloat)) < 0.01).cumsum(1);
+  struct Case {
+    const char* what;
+    fsdp::model::ScoreRule rule;
+    bool sinks, packed;
+  };
+  const Case cases[] = {{"sinks", {}, true, false},
+                        {"sinks, a window of 128", {std::nullopt, 0, 128}, true, false},
+                        {"a cap and a scale", {0.1, 5.0, 0}, false, false},
+                        {"a cap, a window of 300", {0.1, 5.0, 300}, false, false},
+                        {"sinks, packed records", {}, true, true}};
+  bool ok = true;
+  for (const Case& c : cases) {
+    const at::Tensor i = at::arange(T, opts.dtype(at::kLong)).unsqueeze(1), j = at::arange(T, opts.dtype(at::kLong));
+    at::Tensor mask = j <= i;
+    if (c.rule.window > 0) mask = mask & (j > i - c.rule.window);
+    if (c.packed) mask = (mask & (segments.unsqueeze(2) == segments.unsqueeze(1))).unsqueeze(1);
+    const double scale = c.rule.scale.value_or(1.0 / 8.0);
+    std::vector<at::Tensor> results[2];
+    for (bool exact : {false, true}) {
+      const auto dtype = exact ? at::kDouble : at::kBFloat16;
+      at::Tensor qq = q.to(dtype).requires_grad_(), kk = k.to(dtype).requires_grad_(),
+                 vv = v.to(dtype).requires_grad_();
+      at::Tensor ss = sinks.to(exact ? at::kDouble : at::kFloat).requires_grad_();
+      at::Tensor out;
+      if (exact) {
+        const at::Tensor ke = kk.repeat_interleave(H / K, 1), ve = vv.repeat_interleave(H / K, 1);
+        out = c.sinks ? kernels::apply_sink_attention(qq, ke, ve, mask, scale, ss)
+                      : kernels::apply_softcapped_attention(qq, ke, ve, mask, scale, c.rule.softcap);
+      } else {
+        out = fsdp::model::blockwise_attention(qq, kk, vv, c.rule, c.sinks ? ss : at::Tensor(),
+                                               c.packed ? segments : at::Tensor());
+      }
+      out.backward(g.to(dtype));
+      results[exact] = {out.to(at::kFloat), qq.grad().to(at::kFloat), kk.grad().to(at::kFloat),
+                        vv.grad().to(at::kFloat)};
+      if (c.sinks) results[exact].push_back(ss.grad().to(at::kFloat));
+    }
+    double worst = 0;
+    for (size_t n = 0; n < results[0].size(); ++n)
+      worst = std::max(worst, ((results[0][n] - results[1][n]).norm() / results[1][n].norm()).item<double>());
+    std::cout << "blockwise attention, " << c.what << ", bf16 against float64 sums: worst relative " << worst << "\n";
+    ok &= worst < 2e-2;
+  }
+  return ok;
+}
+
 // The fused rotary and SwiGLU kernels on the GPU against ATen's ops there, forward and backward,
 // fp32 and bf16, in the decoder's layouts (q a transposed view, gate and up halves of one block).
 bool check_fused_kernels() {
@@ -187,9 +246,12 @@ int main() {
   const bool fused = check_fused_kernels();
   const bool varlen = check(0) & check(8);
   const bool blocks = check_context_blocks();
+  const bool scored = check_scored_blocks();
   if (!fused) std::cout << "FAILED: the fused kernels differ from ATen's ops\n";
   if (!varlen) std::cout << "FAILED: varlen flash attention differs from the masked reference\n";
   if (!blocks) std::cout << "FAILED: context parallel's flash blocks differ from their reference sums\n";
-  if (fused && varlen && blocks) std::cout << "ok\n";
-  return fused && varlen && blocks ? 0 : 1;
+  if (!scored) std::cout << "FAILED: capped or sunk scores as blocks differ from the float64 sums\n";
+  const bool all = fused && varlen && blocks && scored;
+  if (all) std::cout << "ok\n";
+  return all ? 0 : 1;
 }

@@ -422,27 +422,28 @@ TEST_CASE("gradient_checkpointing lowers the estimate exactly as fsdp_activation
   CHECK(gc == ac);
 }
 
-TEST_CASE("estimate-memory counts capped and sunk scores where packed records keep them whole") {
-  // Gemma 2's attn_logit_softcapping and gpt-oss's sinks: over packed records (data.packing auto may
-  // pack them) every layer keeps (B, H, T, T) scores for backward, the cap's as tanh's output and the
-  // fp32 softmax (8 bytes a score in fp32), the sinks' as the fp32 softmax (4); unpacked, the blocks
-  // keep none, as SDPA keeps none for plain scores.
-  auto estimate = [](const std::string& model_type, const std::string& extra, const std::string& packing) {
-    return estimated_activations(model_type + "-" + std::to_string(extra.size()) + "-" + packing + ".json",
+TEST_CASE("estimate-memory counts capped and sunk scores where engine.kernels: reference keeps them whole") {
+  // Gemma 2's attn_logit_softcapping and gpt-oss's sinks: the blocks keep no score for backward, packed
+  // records or not; the reference provider's eager sums keep every layer's (B, H, T, T) scores, the
+  // cap's as tanh's output and the fp32 softmax (8 bytes a score in fp32), the sinks' as the fp32
+  // softmax (4).
+  auto estimate = [](const std::string& model_type, const std::string& extra, const std::string& kernels,
+                     const std::string& packing = "auto") {
+    return estimated_activations(model_type + "-" + std::to_string(extra.size()) + "-" + kernels + ".json",
                                  R"({"model_type": ")" + model_type +
                                      R"(", "vocab_size": 257, "hidden_size": 64, "intermediate_size": 172,
       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16)" +
                                      extra + "}",
-                                 {"data.packing=" + packing});
+                                 {"engine.kernels=" + kernels, "data.packing=" + packing});
   };
   const double scores = 2.0 * 8 * 4 * 128 * 128;  // layers x B x H x T x T (the quickstart: B 8, T 128)
   const std::string cap = R"(, "attn_logit_softcapping": 50.0)", none = R"(, "attn_logit_softcapping": null)";
-  CHECK(estimate("gemma2", cap, "auto") - estimate("gemma2", none, "auto") ==
+  CHECK(estimate("gemma2", cap, "reference") - estimate("gemma2", none, "reference") ==
         doctest::Approx(8 * scores).epsilon(0.01));
-  CHECK(estimate("gemma2", cap, "plain") == estimate("gemma2", none, "plain"));
-  // gpt-oss without its sinks is not a form config.json can say: against the same model unpacked.
+  CHECK(estimate("gemma2", cap, "auto", "masked") == estimate("gemma2", none, "auto", "masked"));
+  // gpt-oss without its sinks is not a form config.json can say: against the same model's blocks.
   const std::string oss = R"(, "num_local_experts": 4, "num_experts_per_tok": 2)";
-  CHECK(estimate("gpt_oss", oss, "masked") - estimate("gpt_oss", oss, "plain") ==
+  CHECK(estimate("gpt_oss", oss, "reference") - estimate("gpt_oss", oss, "auto") ==
         doctest::Approx(4 * scores).epsilon(0.01));
 }
 

@@ -81,7 +81,7 @@ class Ops {
                                     const at::Tensor& mask, double scale, const at::Tensor& sinks) const = 0;
   // Context parallel's kernel for a block of q (B, H, L, D).
   virtual BlockAttention block_attention(const at::Tensor& q) const = 0;
-  // Whether a whole sequence's capped or sunk scores (from position 0, no packed records) take
+  // Whether a whole sequence's capped or sunk scores (from position 0, packed records or not) take
   // context parallel's blocks on one device (model/parallel/context_parallel.h: blockwise_attention:
   // flash blocks, nothing (T, T) kept), else softcapped_attention and sink_attention (the reference:
   // transformers' eager sums).

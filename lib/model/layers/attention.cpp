@@ -204,7 +204,8 @@ at::Tensor AttentionImpl::attend_varlen(const at::Tensor& q, const at::Tensor& k
 // softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
 // Packed rows take variable-length flash attention on a GPU, else an explicit mask (SDPA's masked
 // CPU kernel here, its memory-efficient one on a GPU in fp32). A whole sequence's capped or sunk
-// scores take context parallel's blocks on one device (blockwise_attention), else the eager sums.
+// scores, packed or not, take context parallel's blocks on one device (blockwise_attention); decoding
+// takes the eager sums.
 at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed,
                                  const at::Tensor& q_sinks) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);
@@ -214,10 +215,12 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
   if (plain_causal && !scale)  // the host's: products on oneDNN, kv heads shared (CPU float32)
     if (std::optional<at::Tensor> y = ops.causal_attention(q, k, v))
       return y->transpose(1, 2).reshape({b, t, h * head_dim});
-  if ((q_sinks.defined() || softcap > 0) && !packed.defined() && start == 0 && keys == t && ops.blockwise_scores())
-    return blockwise_attention(q, k, v, {scale, softcap, window}, q_sinks)
+  if ((q_sinks.defined() || softcap > 0) && start == 0 && keys == t && ops.blockwise_scores()) {
+    const at::Tensor segments = packed.defined() ? packed.segments : at::Tensor();
+    return blockwise_attention(q, k, v, {scale, softcap, window}, q_sinks, segments)
         .transpose(1, 2)
         .reshape({b, t, h * head_dim});
+  }
   const bool grouped = plain_causal && k.size(1) != h && ops.attention_groups_heads(q, k, v);
   if (k.size(1) != h && !grouped) {  // query head j uses kv head j / (H / K)
     k = k.repeat_interleave(h / k.size(1), 1);

@@ -50,6 +50,7 @@ at::Tensor fold_heads(const at::Tensor& g, int64_t kv_heads) {
 struct Rule {
   double scale = 1, softcap = 0;
   int64_t window = 0;
+  at::Tensor segments;  // (B, T) int64 on one device: each token's record in its packed row; else undefined
 };
 
 // Where a block stands: query row i and key column j of it are offset + i - j positions apart, and a
@@ -93,14 +94,34 @@ std::vector<Tile> tiles_of(const Block& b, int64_t c, int64_t window) {
   return out;
 }
 
+// a (..., n, k) times b (..., k, m), the same batch dimensions, in float32: as flash attention keeps
+// its scores, a bf16/fp16 product with a float32 result on a GPU (CUDA's bmm with an out_dtype; on
+// meta, which has no kernel for it, a product in the operands' dtype stands in for its shape and
+// cost), else the operands in float32 (the CPU, where bf16 is no speed target).
+at::Tensor float_product(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat) return at::matmul(a, b);
+  if (a.is_meta()) return at::matmul(a, b).to(at::kFloat);
+  if (!a.is_cuda()) return at::matmul(a.to(at::kFloat), b.to(at::kFloat));
+  std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end());
+  sizes.back() = b.size(-1);
+  const at::Tensor out =
+      at::bmm(a.reshape({-1, a.size(-2), a.size(-1)}), b.reshape({-1, b.size(-2), b.size(-1)}), at::kFloat);
+  return out.view(sizes);
+}
+
+// k's rows [k0, k0 + m) of a tile, (B, K, L, D) -> (B, H, m, D).
+at::Tensor tile_keys(const at::Tensor& k, const Tile& t, int64_t heads) {
+  return expand_heads(k.narrow(2, t.k0, t.k1 - t.k0), heads);
+}
+
 // A tile's scores in float32, capped where the rule caps them, the keys its queries do not see at -inf
-// (q and k the block's, kv heads expanded); the cap's tanh for backward (undefined without one). The
-// tiles' products run in q's dtype, as flash attention's do (bf16 on tensor cores), everything
-// between them in float32.
-std::pair<at::Tensor, at::Tensor> tile_scores(const at::Tensor& q, const at::Tensor& k, const Block& b, const Tile& t,
+// (kt: the tile's keys, kv heads expanded); the cap's tanh for backward (undefined without one). The
+// tiles' products take their operands in q's dtype and give float32 (float_product), everything
+// between them in float32, as flash attention computes.
+std::pair<at::Tensor, at::Tensor> tile_scores(const at::Tensor& q, const at::Tensor& kt, const Block& b, const Tile& t,
                                               const Rule& rule) {
-  const at::Tensor qt = q.narrow(2, t.r0, t.r1 - t.r0), kt = k.narrow(2, t.k0, t.k1 - t.k0);
-  at::Tensor s = at::matmul(qt, kt.transpose(-1, -2)).to(at::kFloat) * rule.scale, th;
+  const at::Tensor qt = q.narrow(2, t.r0, t.r1 - t.r0);
+  at::Tensor s = float_product(qt, kt.transpose(-1, -2)) * rule.scale, th;
   if (rule.softcap > 0) {
     th = at::tanh(s / rule.softcap);
     s = th * rule.softcap;
@@ -108,7 +129,13 @@ std::pair<at::Tensor, at::Tensor> tile_scores(const at::Tensor& q, const at::Ten
   if (b.kind != Block::Kind::kWhole) {
     const auto opts = q.options().dtype(at::kLong);
     const at::Tensor d = (at::arange(t.r0, t.r1, opts).unsqueeze(1) + b.offset) - at::arange(t.k0, t.k1, opts);
-    s = s.masked_fill(rule.window > 0 ? (d < 0) | (d >= rule.window) : d < 0, -INFINITY);
+    at::Tensor unseen = rule.window > 0 ? (d < 0) | (d >= rule.window) : d < 0;  // (n, m)
+    if (rule.segments.defined()) {  // and another record's keys: (B, 1, n, m)
+      const at::Tensor rows = rule.segments.narrow(1, t.r0, t.r1 - t.r0),
+                       keys = rule.segments.narrow(1, t.k0, t.k1 - t.k0);
+      unseen = unseen | (rows.unsqueeze(2) != keys.unsqueeze(1)).unsqueeze(1);
+    }
+    s = s.masked_fill(unseen, -INFINITY);
   }
   return {s, th};
 }
@@ -138,12 +165,11 @@ std::vector<Partial> block_forward(const at::Tensor& q, const at::Tensor& k, con
                                                      rule.scale);
     return {{std::get<0>(r), std::get<1>(r).to(at::kFloat)}};
   }
-  const at::Tensor ke = expand_heads(k, h), ve = expand_heads(v, h);
   std::vector<Partial> out;
   for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {  // every row of a tile sees a key: lse is finite
-    const at::Tensor s = tile_scores(q, ke, b, t, rule).first, lse = s.logsumexp(-1);
+    const at::Tensor s = tile_scores(q, tile_keys(k, t, h), b, t, rule).first, lse = s.logsumexp(-1);
     const at::Tensor p = at::exp(s - lse.unsqueeze(-1)).to(v.scalar_type());
-    out.push_back({at::matmul(p, ve.narrow(2, t.k0, t.k1 - t.k0)), lse, t.r0});
+    out.push_back({float_product(p, tile_keys(v, t, h)), lse, t.r0});
   }
   return out;
 }
@@ -182,21 +208,19 @@ void block_backward(const Rows& rows, const at::Tensor& q, const at::Tensor& k, 
     dv.add_(fold_heads(gv, kv));
     return;
   }
-  const at::Tensor ke = expand_heads(k, h), ve = expand_heads(v, h);
-  const at::ScalarType dtype = q.scalar_type();  // the products' (tile_scores)
+  const at::ScalarType dtype = q.scalar_type();  // the products' operands (tile_scores)
   for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {
     const int64_t n = t.r1 - t.r0, m = t.k1 - t.k0;
-    auto [s, th] = tile_scores(q, ke, b, t, rule);
-    const at::Tensor g = rows.dout.narrow(2, t.r0, n), vt = ve.narrow(2, t.k0, m);
+    const at::Tensor kt = tile_keys(k, t, h), vt = tile_keys(v, t, h);
+    auto [s, th] = tile_scores(q, kt, b, t, rule);
+    const at::Tensor g = rows.dout.narrow(2, t.r0, n);
     const at::Tensor p = at::exp(s - rows.lse.narrow(2, t.r0, n).unsqueeze(-1));
-    const at::Tensor dp = at::matmul(g, vt.transpose(-1, -2)).to(at::kFloat);
-    at::Tensor ds = p * (dp - rows.d.narrow(2, t.r0, n).unsqueeze(-1));
+    at::Tensor ds = p * (float_product(g, vt.transpose(-1, -2)) - rows.d.narrow(2, t.r0, n).unsqueeze(-1));
     if (th.defined()) ds = ds * (1 - th * th);  // d(cap tanh(s / cap)) / ds
     ds = ds.to(dtype);
-    dq.narrow(2, t.r0, n).add_(at::matmul(ds, ke.narrow(2, t.k0, m)), rule.scale);
-    const at::Tensor gk = at::matmul(ds.transpose(-1, -2), q.narrow(2, t.r0, n)).to(at::kFloat);
-    dk.narrow(2, t.k0, m).add_(fold_heads(gk, kv), rule.scale);
-    dv.narrow(2, t.k0, m).add_(fold_heads(at::matmul(p.to(dtype).transpose(-1, -2), g).to(at::kFloat), kv));
+    dq.narrow(2, t.r0, n).add_(float_product(ds, kt), rule.scale);
+    dk.narrow(2, t.k0, m).add_(fold_heads(float_product(ds.transpose(-1, -2), q.narrow(2, t.r0, n)), kv), rule.scale);
+    dv.narrow(2, t.k0, m).add_(fold_heads(float_product(p.to(dtype).transpose(-1, -2), g), kv));
   }
 }
 
@@ -323,11 +347,18 @@ Forward forward_over_group(const at::Tensor& q, const at::Tensor& k, const at::T
   return {at::cat({merged[0].out, merged[1].out}, 2), at::cat({merged[0].lse, merged[1].lse}, 2), gathered};
 }
 
-// One device: the whole sequence one chunk, against itself.
+// One device: the whole sequence one chunk, against itself; packed records cut it as a window does
+// (every row still sees itself).
+Block whole_block(int64_t t, const Rule& rule) {
+  Block b = block_of(0, 0, t, rule.window);
+  if (rule.segments.defined()) b.kind = Block::Kind::kCut;
+  return b;
+}
+
 Forward forward_whole(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Rule& rule) {
   const int64_t t = q.size(2);
   Merged merged;
-  for (const Partial& p : block_forward(q, k, v, block_of(0, 0, t, rule.window), rule)) merged.add(p, t);
+  for (const Partial& p : block_forward(q, k, v, whole_block(t, rule), rule)) merged.add(p, t);
   return {merged.out, merged.lse, at::Tensor()};
 }
 
@@ -381,7 +412,7 @@ std::pair<at::Tensor, at::Tensor> backward_whole(const Rows& all, const at::Tens
                                                  const at::Tensor& v, const Rule& rule) {
   const at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
   const at::Tensor dkv = at::zeros(prepend(2, k.sizes()), k.options().dtype(at::kFloat));
-  block_backward(all, q, k, v, block_of(0, 0, q.size(2), rule.window), rule, dq, dkv[0], dkv[1]);
+  block_backward(all, q, k, v, whole_block(q.size(2), rule), rule, dq, dkv[0], dkv[1]);
   return {dq, dkv};
 }
 
@@ -390,14 +421,14 @@ std::pair<at::Tensor, at::Tensor> backward_whole(const Rows& all, const at::Tens
 // Over a cp group (cp given) or on one device (cp null).
 struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const std::optional<at::Tensor>& maybe_sinks, const ContextParallel* cp, double scale,
-                            double softcap, int64_t window) {
+                            const std::optional<at::Tensor>& maybe_sinks, const std::optional<at::Tensor>& segments,
+                            const ContextParallel* cp, double scale, double softcap, int64_t window) {
     const at::Tensor sinks = maybe_sinks.value_or(at::Tensor());  // an undefined tensor is no autograd input
-    const Rule rule{scale, softcap, window};
+    const Rule rule{scale, softcap, window, segments.value_or(at::Tensor())};
     Forward f = cp ? forward_over_group(q, k, v, *cp, rule) : forward_whole(q, k, v, rule);
     if (sinks.defined()) add_sinks(f.out, f.lse, sinks);
     const at::Tensor out = f.out.to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, f.lse, f.gathered, sinks});
+    ctx->save_for_backward({q, k, v, out, f.lse, f.gathered, sinks, rule.segments});
     ctx->saved_data["cp"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(cp));
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["softcap"] = softcap;
@@ -407,9 +438,9 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto* cp = reinterpret_cast<const ContextParallel*>(static_cast<intptr_t>(ctx->saved_data["cp"].toInt()));
-    const Rule rule{ctx->saved_data["scale"].toDouble(), ctx->saved_data["softcap"].toDouble(),
-                    ctx->saved_data["window"].toInt()};
     const auto saved = ctx->get_saved_variables();
+    const Rule rule{ctx->saved_data["scale"].toDouble(), ctx->saved_data["softcap"].toDouble(),
+                    ctx->saved_data["window"].toInt(), saved[7]};
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const at::Tensor &gathered = saved[5], &sinks = saved[6];
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
@@ -420,6 +451,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
             dkv[0].to(k.scalar_type()),
             dkv[1].to(v.scalar_type()),
             sinks.defined() ? sinks_gradient(sinks, lse, d) : at::Tensor(),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -514,13 +546,18 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
                              const ScoreRule& rule, const at::Tensor& sinks) {
   FSDP_ASSERT(!cp.ulysses(), "context_attention under Ulysses");
   FSDP_ASSERT(q.size(2) % 2 == 0, "context_attention: ", q.size(2), " tokens are not two chunks");
-  return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q), &cp, scale_of(rule, q), rule.softcap, rule.window);
+  return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q), std::nullopt, &cp, scale_of(rule, q), rule.softcap,
+                                   rule.window);
 }
 
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ScoreRule& rule,
-                               const at::Tensor& sinks) {
-  return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q), nullptr, scale_of(rule, q), rule.softcap,
-                                   rule.window);
+                               const at::Tensor& sinks, const at::Tensor& segments) {
+  FSDP_ASSERT(!segments.defined() || (segments.size(0) == q.size(0) && segments.size(1) == q.size(2)),
+              "blockwise attention: segments of ", segments.sizes(), " for ", q.size(0), " rows of ", q.size(2),
+              " tokens");
+  return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q),
+                                   segments.defined() ? std::optional<at::Tensor>(segments) : std::nullopt, nullptr,
+                                   scale_of(rule, q), rule.softcap, rule.window);
 }
 
 at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp) {

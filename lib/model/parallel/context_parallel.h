@@ -81,12 +81,13 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
 
 // The same blocks on one device, the whole sequence (T tokens from position 0, queries and keys alike)
 // one chunk against itself: flash attention where the rule leaves the scores plain and no window cuts
-// them, tiles op by op where one does or the scores are capped, sinks folded into the log-sum-exp. No
-// (T, T) scores are kept for backward, and a window's tiles hold O(T x window) of them at a time: what
-// attention runs for gpt-oss's sinks and Gemma 2's caps, which no fused kernel takes. Shapes, dtypes
-// and gradients as context_attention's.
+// them, tiles op by op where one does, the scores are capped or records are packed (segments (B, T)
+// int64, each token's record in its row: a query sees its own record's keys only), sinks folded into
+// the log-sum-exp. No (T, T) scores are kept for backward, and a window's tiles hold O(T x window) of
+// them at a time: what attention runs for gpt-oss's sinks and Gemma 2's caps, which no fused kernel
+// takes. Shapes, dtypes and gradients as context_attention's.
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ScoreRule& rule,
-                               const at::Tensor& sinks = {});
+                               const at::Tensor& sinks = {}, const at::Tensor& segments = {});
 
 // Ulysses' all-to-all: x (B, L, N, D), this rank's L = T/P tokens of N heads -> (B, T, N/P, D), every
 // token of this rank's N/P heads; and back. N must divide by P. Their gradients are each other.
