@@ -160,9 +160,10 @@ bool check_scored_blocks() {
     std::vector<at::Tensor> results[2];
     for (bool exact : {false, true}) {
       const auto dtype = exact ? at::kDouble : at::kBFloat16;
-      at::Tensor qq = q.to(dtype).requires_grad_(), kk = k.to(dtype).requires_grad_(),
-                 vv = v.to(dtype).requires_grad_();
-      at::Tensor ss = sinks.to(exact ? at::kDouble : at::kFloat).requires_grad_();
+      // Copies: each pass's leaves its own (a cast to the same dtype would hand back the shared tensor).
+      at::Tensor qq = q.to(dtype).clone().requires_grad_(), kk = k.to(dtype).clone().requires_grad_();
+      at::Tensor vv = v.to(dtype).clone().requires_grad_();
+      at::Tensor ss = sinks.to(exact ? at::kDouble : at::kFloat).clone().requires_grad_();
       at::Tensor out;
       if (exact) {
         const at::Tensor ke = kk.repeat_interleave(H / K, 1), ve = vv.repeat_interleave(H / K, 1);

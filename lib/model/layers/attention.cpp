@@ -204,8 +204,8 @@ at::Tensor AttentionImpl::attend_varlen(const at::Tensor& q, const at::Tensor& k
 // softmax(q k^T / sqrt(D)) v over the keys each query may see; queries start at position `start`.
 // Packed rows take variable-length flash attention on a GPU, else an explicit mask (SDPA's masked
 // CPU kernel here, its memory-efficient one on a GPU in fp32). A whole sequence's capped or sunk
-// scores, packed or not, take context parallel's blocks on one device (blockwise_attention); decoding
-// takes the eager sums.
+// scores, packed or not, take context parallel's blocks on one device (blockwise_attention); queries
+// against a cache (decoding) take the eager sums.
 at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v, int64_t start, const Packed& packed,
                                  const at::Tensor& q_sinks) {
   const int64_t b = q.size(0), t = q.size(2), keys = k.size(2), h = q.size(1);

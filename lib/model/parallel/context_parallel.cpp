@@ -99,8 +99,8 @@ std::vector<Tile> tiles_of(const Block& b, int64_t c, int64_t window) {
 // meta, which has no kernel for it, a product in the operands' dtype stands in for its shape and
 // cost), else the operands in float32 (the CPU, where bf16 is no speed target).
 at::Tensor float_product(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat) return at::matmul(a, b);
-  if (a.is_meta()) return at::matmul(a, b).to(at::kFloat);
+  const bool reduced = a.scalar_type() == at::kBFloat16 || a.scalar_type() == at::kHalf;
+  if (!reduced || a.is_meta()) return at::matmul(a, b).to(at::kFloat);  // float32 and float64 as they are
   if (!a.is_cuda()) return at::matmul(a.to(at::kFloat), b.to(at::kFloat));
   std::vector<int64_t> sizes(a.sizes().begin(), a.sizes().end());
   sizes.back() = b.size(-1);
