@@ -329,7 +329,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fsdptrain", required=True)
     ap.add_argument("--source", required=True)
-    ap.add_argument("--only", default="", help="run one check: layouts, packed, hybrids, scores, rest, checkpoints, refusals")
+    ap.add_argument("--only", default="",
+                    help="run one check: layouts, packed, hybrids, scores, rest, checkpoints, refusals")
     args = ap.parse_args()
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
