@@ -56,8 +56,9 @@ struct LayerActivations {
   int64_t all = 0, largest = 0;
 };
 
+// `planned`: the kernel provider's table the run would take (model/kernels/ops.h: planned_ops).
 LayerActivations layer_activations(const config::Config& c, const model::DecoderConfig& mc, const FsdpPlan& plan,
-                                   int64_t param_bytes) {
+                                   int64_t param_bytes, const model::kernels::Ops& planned) {
   const int cp = plan.cp_size, tp = plan.tp_size;
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / cp;
   const int64_t C = mc.hidden_size;
@@ -78,10 +79,7 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   // reference, whose eager sums keep their (B, H, T, T) scores: the cap's tanh output, the fp32 softmax
   // and, below fp32, its cast (8 bytes a score); the sinks' fp32 softmax and its cast. Ulysses gives a
   // rank H / sp heads over every token; context parallel's blocks keep none.
-  const model::kernels::Provider kernels =
-      model::kernels::provider_named(config::enum_name(c.engine.kernels, config::kKernelProviderNames));
-  const bool eager =
-      !model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA).blockwise_scores();
+  const bool eager = !planned.blockwise_scores();
   const int64_t score_heads = mc.num_attention_heads / tp / (plan.cp_kind == "ulysses" ? cp : 1);
   const int64_t score_bytes = mc.attn_softcap > 0  ? 8
                               : mc.attention_sinks ? 4 + (param_bytes < 4 ? param_bytes : 0)
@@ -207,15 +205,15 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
   // g and beta, and each chunk's entering state (Hv Dk Dv a 64 tokens: model/kernels/delta_rule.h).
   const int64_t tokens = c.train.micro_batch_size * c.train.sequence_length / plan.cp_size;
   const int64_t C = mc.hidden_size;
-  const LayerActivations layers = layer_activations(c, mc, plan, param_bytes);
+  const model::kernels::Provider kernels =  // model/kernels/ops.h: who chunks by tokens, who keeps scores
+      model::kernels::provider_named(config::enum_name(c.engine.kernels, config::kKernelProviderNames));
+  const model::kernels::Ops& planned = model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA);
+  const LayerActivations layers = layer_activations(c, mc, plan, param_bytes, planned);
   const int64_t vocab = model::vocab_block(mc.vocab_size, tp);
   const auto named = lm->named_parameters();
   const at::Tensor* head = named.find(mc.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
   const bool head_trains = head == nullptr || head->requires_grad();
-  const model::kernels::Provider kernels =  // model/kernels/ops.h: who chunks by tokens
-      model::kernels::provider_named(config::enum_name(c.engine.kernels, config::kKernelProviderNames));
-  const bool token_chunks =
-      !model::kernels::planned_ops(kernels, c.launch.use_cpu ? c10::kCPU : c10::kCUDA).loss_by_vocabulary();
+  const bool token_chunks = !planned.loss_by_vocabulary();
   const int64_t logits = model::loss_working_bytes(tokens, C, vocab, param_bytes, token_chunks, head_trains,
                                                    mc.final_softcap > 0) +
                          (tp > 1 ? tokens * C * param_bytes : 0);  // the gathered final norm
