@@ -72,8 +72,15 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   const int64_t linear_split = 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
   const int64_t linear_fp32 = 4 * la.value_heads * (3 * la.key_head_dim + 2 * la.value_head_dim + 2) +
                               4 * la.value_heads * la.key_head_dim * la.value_head_dim / model::LinearAttentionConfig::kChunk;
-  const int64_t gathered_kv =
-      plan.cp_kind == "allgather" ? (cp - 1) * tokens * 2 * mc.num_key_value_heads / tp * mc.head_dim * param_bytes : 0;
+  // allgather's K/V chunks (T / 2P tokens each) of other ranks, kept for backward: every one, or those
+  // a layer's window lets its queries see.
+  const model::ContextParallel group =
+      model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind));
+  auto gathered_kv = [&](int64_t l) -> int64_t {
+    if (cp == 1 || plan.cp_kind != "allgather") return 0;
+    const int64_t chunks = model::chunks_received(group, c.train.sequence_length, mc.plan(l).window);
+    return chunks * tokens / 2 * 2 * mc.kv_heads_of(l) / tp * mc.head_dim_of(l) * param_bytes;
+  };
   // Capped scores (Gemma 2) and sinks (gpt-oss), which no fused kernel takes, run as blocks
   // (model/parallel/context_parallel.h) that keep no score for backward, but for engine.kernels:
   // reference, whose eager sums keep their (B, H, T, T) scores: the cap's tanh output, the fp32 softmax
@@ -95,7 +102,7 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
     const int64_t split = (linear ? linear_split : attention_split(l)) + mlp;
     const int64_t wide = linear ? linear_fp32 / tp : mc.num_attention_heads / tp * 4;
     return tokens * ((tp > 1 ? 2 * C + (2 * C + split) / tp : split + 2 * C) * param_bytes + wide + fp32) +
-           (linear ? 0 : gathered_kv + scores);
+           (linear ? 0 : gathered_kv(l) + scores);
   };
   const model::MoeConfig& moe = mc.moe;
   // Gemma 4's sparse layers keep its dense MLP's too, and four C-wide values around the experts' own norms.
@@ -241,7 +248,7 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
               ? model::ulysses_linear_attention_bytes(group, batch, seq, la.key_heads / tp, la.value_heads / tp,
                                                       la.key_head_dim, la.value_head_dim, param_bytes)
               : model::sequence_split_bytes(group, batch, seq, mc.num_attention_heads / tp, mc.kv_heads_of(l) / tp,
-                                            mc.head_dim_of(l), param_bytes);
+                                            mc.head_dim_of(l), param_bytes, mc.plan(l).window);
   }
   return e;
 }

@@ -6,16 +6,20 @@
 // branches, no host tensor) the shapes and dtypes come out right. Several ranks: cp_worker and context_parallel_test;
 // CUDA's flash kernel: packed_cuda_test (label gpu).
 #include <ATen/ATen.h>
-#include <doctest/doctest.h>
 
 #include <cmath>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 #include "model/kernels/ops.h"
 #include "model/kernels/provider.h"
+#include "model/layers/attention.h"
 #include "model/parallel/context_parallel.h"
+
+// Last: c10's logging defines a CHECK macro that doctest's replaces.
+#include <doctest/doctest.h>
 
 using fsdp::model::ContextParallel;
 using fsdp::model::SequenceSplit;
@@ -160,11 +164,20 @@ TEST_CASE("one device's blockwise attention of capped or sunk scores equals tran
   const at::Tensor g = at::randn({B, H, T, D}), sinks = at::randn({H});
   // Records of 1 to 200 tokens behind each other, different in each row: a token's record index.
   const at::Tensor segments = (at::rand({B, T}) < 0.01).cumsum(1);
+  // Where each token's record starts (the tokens of earlier records before it), and the least over the
+  // rows: what bounds a tile's keys, as the trainer's batches carry it (with_lengths).
+  const at::Tensor starts = (segments.unsqueeze(1) < segments.unsqueeze(2)).sum(2);  // (B, T)
+  const at::Tensor least = std::get<0>(starts.min(0));
+  const std::vector<int64_t> first_keys(least.data_ptr<int64_t>(), least.data_ptr<int64_t>() + T);
+  CHECK(fsdp::model::with_lengths(fsdp::model::Packed{at::arange(T).expand({B, T}) - starts, segments}).first_key ==
+        first_keys);
+  CHECK(first_keys[512] > 256);  // the last tile's keys start past the tile before's first row
   struct Case {
     const char* what;
     fsdp::model::ScoreRule rule;
     bool sinks, packed;
   };
+  const std::vector<int64_t> kUnbounded;
   const Case cases[] = {{"sinks (gpt-oss's full layers)", {}, true, false},
                         {"sinks and a window of 128 (its sliding ones)", {std::nullopt, 0, 128}, true, false},
                         {"a cap and a scale (Gemma 2's global layers)", {0.3, 5.0, 0}, false, false},
@@ -193,17 +206,22 @@ TEST_CASE("one device's blockwise attention of capped or sunk scores equals tran
     at::Tensor se = sinks.clone().requires_grad_();
     const at::Tensor want = eager(qe, ke, ve, se);
     want.backward(g);
-    for (bool reference : {false, true}) {
+    for (const int run : {0, 1, 2, 3}) {  // both kernels; packed records: their tiles bounded or not
+      const bool reference = run % 2 == 1, bounded = run >= 2;
+      if (bounded && !c.packed) continue;
       const ReferenceScope scope(reference);
       CAPTURE(reference);
+      CAPTURE(bounded);
       at::Tensor q1 = q.clone().requires_grad_(), k1 = k.clone().requires_grad_(), v1 = v.clone().requires_grad_();
       at::Tensor s1 = sinks.clone().requires_grad_();
-      const at::Tensor out = fsdp::model::blockwise_attention(q1, k1, v1, c.rule, c.sinks ? s1 : at::Tensor(),
-                                                              c.packed ? segments : at::Tensor());
+      const at::Tensor out =
+          fsdp::model::blockwise_attention(q1, k1, v1, c.rule, c.sinks ? s1 : at::Tensor(),
+                                           c.packed ? segments : at::Tensor(), bounded ? first_keys : kUnbounded);
       out.backward(g);
       // float32's own noise: the eager sums' distance from float64, and the blocks' within 1e-5
       const double noise = relative(want, exact.to(at::kFloat));
-      const std::string what = std::string(c.what) + (reference ? " (op by op)" : " (CPU flash blocks)");
+      const std::string what = std::string(c.what) + (reference ? " (op by op)" : " (CPU flash blocks)") +
+                               (bounded ? ", tiles from their records' starts" : "");
       MESSAGE(what << ": output within " << relative(out, want) << " of the eager sums, which are within " << noise
                    << " of float64's");
       CHECK(relative(out, exact.to(at::kFloat)) < 1e-5);
@@ -247,4 +265,31 @@ TEST_CASE("the token layout: rank i holds chunks i and 2P-1-i (context parallel)
   CHECK(at::equal(p, at::tensor({0, 1, 14, 15}, at::kLong)));
   ContextParallel sp = ContextParallel::shapes_only(2, SequenceSplit::kUlysses);
   CHECK(at::equal(fsdp::model::sequence_positions(8, sp, at::kCPU), at::arange(4, at::kLong)));
+}
+
+TEST_CASE("a window decides what context parallel moves: the chunks its queries see, the ring's only a step's worth") {
+  // cp 4 over 64 tokens: chunks of 8. Rank 2 holds chunks 2 and 5.
+  using fsdp::model::chunks_received;
+  using fsdp::model::exchanges_window;
+  const ContextParallel gather = ContextParallel::shapes_only(4, SequenceSplit::kAllGather),
+                        ring = ContextParallel::shapes_only(4, SequenceSplit::kRing),
+                        ulysses = ContextParallel::shapes_only(4, SequenceSplit::kUlysses);
+  // No window: every other rank's two chunks.
+  CHECK(!exchanges_window(gather, 64, 0));
+  CHECK(chunks_received(gather, 64, 0) == 6);
+  // A window of 9 reaches 8 keys back, into the chunk before: a rank receives at most 2 (rank 2: chunk 1
+  // from rank 1, chunk 4 from rank 3), both strategies.
+  CHECK(exchanges_window(gather, 64, 9));
+  CHECK(exchanges_window(ring, 64, 9));
+  CHECK(chunks_received(gather, 64, 9) == 2);
+  CHECK(chunks_received(ring, 64, 9) == 2);
+  // A window of 10 reaches two chunks back: rank 2 receives chunks 0, 1, 3 and 4, fewer than 6, so the
+  // gather exchanges; the ring keeps its ring (a step holds two chunks).
+  CHECK(exchanges_window(gather, 64, 10));
+  CHECK(chunks_received(gather, 64, 10) == 4);
+  CHECK(!exchanges_window(ring, 64, 10));
+  CHECK(chunks_received(ring, 64, 10) == 6);
+  // A window as long as the sequence sees everything; Ulysses moves heads, never chunks.
+  CHECK(!exchanges_window(gather, 64, 64));
+  CHECK(!exchanges_window(ulysses, 64, 9));
 }

@@ -13,7 +13,9 @@
 //     tokens are each token once;
 //   - the bytes the cp group's collectives send in that forward and backward equal
 //     sequence_split_bytes for each attention layer and ulysses_linear_attention_bytes for each Gated
-//     DeltaNet one (model/parallel/context_parallel.h), in the calls they say.
+//     DeltaNet one (model/parallel/context_parallel.h), in the calls they say (a window of 3 exchanges
+//     its chunks: at cp 4 a rank receives at most 2 of the 6 others', at cp 2 one of 2);
+//     every windowed layer taking the exchange.
 // Rank 0 prints each layout's numbers.
 #include <torch/torch.h>
 
@@ -176,20 +178,32 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
               w.grads.size());
 
   // The bytes: each layer's attention or Gated DeltaNet, over this rank's share of the heads.
-  int64_t want_bytes = 0, linear_layers = 0;
+  int64_t want_bytes = 0, linear_layers = 0, exchanging = 0;
   const fsdp::model::LinearAttentionConfig& la = c.linear_attention;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     linear_layers += c.is_linear(i) ? 1 : 0;
-    want_bytes += c.is_linear(i) ? fsdp::model::ulysses_linear_attention_bytes(*cp, kBatch, kSeq, la.key_heads / l.tp,
-                                                                               la.value_heads / l.tp, la.key_head_dim,
-                                                                               la.value_head_dim, 4)
-                                 : fsdp::model::sequence_split_bytes(*cp, kBatch, kSeq, c.num_attention_heads / l.tp,
-                                                                     c.kv_heads_of(i) / l.tp, c.head_dim_of(i), 4);
+    exchanging += fsdp::model::exchanges_window(*cp, kSeq, c.plan(i).window) ? 1 : 0;
+    want_bytes +=
+        c.is_linear(i)
+            ? fsdp::model::ulysses_linear_attention_bytes(*cp, kBatch, kSeq, la.key_heads / l.tp, la.value_heads / l.tp,
+                                                          la.key_head_dim, la.value_head_dim, 4)
+            : fsdp::model::sequence_split_bytes(*cp, kBatch, kSeq, c.num_attention_heads / l.tp,
+                                                c.kv_heads_of(i) / l.tp, c.head_dim_of(i), 4, c.plan(i).window);
   }
-  const int64_t p = l.cp, layers = c.num_hidden_layers;
+  // A windowed layer that exchanges its chunks: the K/V halves out and their gradients home, and for the
+  // ring the halves out again in backward. Windows of 3 over chunks of 2 or 4 tokens always do.
+  int64_t windowed = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) windowed += c.plan(i).window > 0 ? 1 : 0;
+  FSDP_ASSERT(l.how == SequenceSplit::kUlysses || exchanging == windowed, what, ": ", exchanging, " of ", windowed,
+              " windowed layers exchange their chunks");
+  const int64_t p = l.cp, layers = c.num_hidden_layers, others = layers - exchanging;
   std::map<Collective, int64_t> want_calls;
-  if (l.how == SequenceSplit::kAllGather) want_calls = {{Collective::kAllGather, layers}, {Collective::kReduceScatter, layers}};
-  if (l.how == SequenceSplit::kRing) want_calls = {{Collective::kShift, layers * (2 * (p - 1) + p)}};
+  if (l.how == SequenceSplit::kAllGather)
+    want_calls = {{Collective::kAllGather, others},
+                  {Collective::kReduceScatter, others},
+                  {Collective::kAllToAll, 2 * exchanging}};
+  if (l.how == SequenceSplit::kRing)
+    want_calls = {{Collective::kShift, others * (2 * (p - 1) + p)}, {Collective::kAllToAll, 3 * exchanging}};
   if (l.how == SequenceSplit::kUlysses)  // q, k, v, out; a DeltaNet's q|k, v|b|a, out: each way
     want_calls = {{Collective::kAllToAll, (layers - linear_layers) * 8 + linear_layers * 6}};
   FSDP_ASSERT(got.total() == want_bytes, what, ": the cp group sent ", got.total(), " bytes; the formula says ",

@@ -371,6 +371,30 @@ TEST_CASE("estimate-memory under context parallel: activations at 1/cp, allgathe
         doctest::Approx(2 * parse_size(after(gather, "context parallel's K/V"))).epsilon(0.01));
 }
 
+// A sliding window no longer than a chunk: allgather exchanges and keeps only the chunks a rank's queries
+// see, 2 of the 6 other chunks at cp 4, a third of the K/V bytes; a window longer than the sequence sees
+// every chunk.
+TEST_CASE("estimate-memory under context parallel with a sliding window: the chunks its queries see") {
+  auto estimate = [](int64_t window) {
+    const std::string path = temp_path("mistral-window-" + std::to_string(window) + ".json");
+    std::ofstream(path) << R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 257,
+      "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 16, "sliding_window": )"
+                        << window << "}\n";
+    const Result r = fsdptrain_in_source({"estimate-memory", "--config", kQuickstart, "--num_processes", "4",
+                                          "--parallelism_config_cp_size", "4", "--set", "model.config=" + path});
+    INFO(r.out, r.err);
+    REQUIRE(r.code == 0);
+    return r.out;
+  };
+  const std::string chunk = estimate(16), longer = estimate(4096);  // sequences of 128: chunks of 16
+  INFO(chunk, longer);
+  CHECK(parse_size(after(chunk, "context parallel's K/V")) ==
+        doctest::Approx(parse_size(after(longer, "context parallel's K/V")) / 3).epsilon(0.01));
+  CHECK(parse_size(after(chunk, "activations (one micro-batch)")) <
+        parse_size(after(longer, "activations (one micro-batch)")));
+}
+
 // estimate-memory's activations (one micro-batch) for the quickstart at 2 ranks with model.config the
 // config.json text `json`, written to the file `name`.
 double estimated_activations(const std::string& name, const std::string& json,

@@ -77,7 +77,9 @@ at::Tensor attention_mask(int64_t queries, int64_t keys, int64_t start, int64_t 
 
 Packed Packed::to(const c10::Device& device) const {
   auto moved = [&](const at::Tensor& t) { return t.defined() ? t.to(device, /*non_blocking=*/true) : t; };
-  return Packed{moved(positions), moved(segments), moved(cu_seqlens), max_len};
+  Packed out{moved(positions), moved(segments), moved(cu_seqlens), max_len};
+  out.first_key = first_key;
+  return out;
 }
 
 Packed with_lengths(Packed p) {
@@ -89,6 +91,16 @@ Packed with_lengths(Packed p) {
   starts.push_back(static_cast<int32_t>(flat.numel()));
   p.max_len = 0;
   for (size_t i = 1; i < starts.size(); ++i) p.max_len = std::max<int64_t>(p.max_len, starts[i] - starts[i - 1]);
+  // Each position's record's first token, the least over the rows (segments rise along a row).
+  const at::Tensor segments = p.segments.to(at::kCPU).contiguous();
+  const int64_t rows = segments.size(0), t = segments.size(1);
+  const int64_t* seg = segments.data_ptr<int64_t>();
+  p.first_key.assign(static_cast<size_t>(t), t);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0, start = 0; i < t; ++i) {
+      if (i > 0 && seg[r * t + i] != seg[r * t + i - 1]) start = i;
+      p.first_key[static_cast<size_t>(i)] = std::min(p.first_key[static_cast<size_t>(i)], start);
+    }
   // Pinned like the positions it comes from, so Packed::to copies it without a host wait.
   p.cu_seqlens = at::empty({static_cast<int64_t>(starts.size())},
                            at::TensorOptions().dtype(at::kInt).pinned_memory(p.positions.is_pinned()));
@@ -217,7 +229,8 @@ at::Tensor AttentionImpl::attend(const at::Tensor& q, at::Tensor k, at::Tensor v
       return y->transpose(1, 2).reshape({b, t, h * head_dim});
   if ((q_sinks.defined() || softcap > 0) && start == 0 && keys == t && ops.blockwise_scores()) {
     const at::Tensor segments = packed.defined() ? packed.segments : at::Tensor();
-    return blockwise_attention(q, k, v, {scale, softcap, window}, q_sinks, segments)
+    return blockwise_attention(q, k, v, {scale, softcap, window}, q_sinks, segments,
+                               packed.defined() ? packed.first_key : std::vector<int64_t>{})
         .transpose(1, 2)
         .reshape({b, t, h * head_dim});
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "model/config/hf_config.h"
 #include "model/layers/norm.h"
@@ -51,12 +52,16 @@ struct Packed {
   // the B * T tokens, then B * T, int32; and the longest record. Made by with_lengths().
   at::Tensor cu_seqlens;
   int64_t max_len = 0;
+  // On the host, T entries: the first token of the record that holds position i, the least over the
+  // rows (each row's records start later along it, so this rises too). Made by with_lengths(); bounds
+  // the keys blockwise attention reads for a tile of queries.
+  std::vector<int64_t> first_key;
   bool defined() const { return positions.defined(); }
   Packed to(const c10::Device& device) const;
 };
 
-// `p` (host tensors) with cu_seqlens and max_len filled in from its positions; cu_seqlens is pinned
-// when the positions are.
+// `p` (host tensors) with cu_seqlens and max_len filled in from its positions and first_key from its
+// segments; cu_seqlens is pinned when the positions are.
 Packed with_lengths(Packed p);
 
 // The keys each query of a packed row may attend to, (B, 1, T, T) bool: the causal ones of its own

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,7 @@ struct Rule {
   double scale = 1, softcap = 0;
   int64_t window = 0;
   at::Tensor segments;  // (B, T) int64 on one device: each token's record in its packed row; else undefined
+  std::vector<int64_t> first_key;  // with segments: position i's record's first token, least over rows; or empty
 };
 
 // Where a block stands: query row i and key column j of it are offset + i - j positions apart, and a
@@ -82,14 +84,18 @@ struct Tile {
 };
 
 // A block's tiles: rows a window (at least 256) at a time, so that each tile's scores are a band's
-// worth under a window, and a bounded share of the block's without one.
-std::vector<Tile> tiles_of(const Block& b, int64_t c, int64_t window) {
-  const int64_t step = std::max<int64_t>(window, 256);
+// worth under a window, and a bounded share of the block's without one. Packed records (one device's
+// whole block) start a tile's keys at its first row's record: no row of it sees a key before that.
+std::vector<Tile> tiles_of(const Block& b, int64_t c, const Rule& rule) {
+  const int64_t window = rule.window, step = std::max<int64_t>(window, 256);
+  FSDP_ASSERT(rule.first_key.empty() || (b.offset == 0 && static_cast<int64_t>(rule.first_key.size()) == c),
+              "blockwise attention: record starts for a block of another shape");
   std::vector<Tile> out;
   for (int64_t r0 = 0; r0 < b.rows; r0 += step) {
     const int64_t r1 = std::min(b.rows, r0 + step);
-    out.push_back(
-        {r0, r1, window > 0 ? std::max<int64_t>(0, b.offset + r0 - window + 1) : 0, std::min(c, b.offset + r1)});
+    int64_t k0 = window > 0 ? std::max<int64_t>(0, b.offset + r0 - window + 1) : 0;
+    if (!rule.first_key.empty()) k0 = std::max(k0, rule.first_key[static_cast<size_t>(r0)]);
+    out.push_back({r0, r1, k0, std::min(c, b.offset + r1)});
   }
   return out;
 }
@@ -166,7 +172,7 @@ std::vector<Partial> block_forward(const at::Tensor& q, const at::Tensor& k, con
     return {{std::get<0>(r), std::get<1>(r).to(at::kFloat)}};
   }
   std::vector<Partial> out;
-  for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {  // every row of a tile sees a key: lse is finite
+  for (const Tile& t : tiles_of(b, q.size(2), rule)) {  // every row of a tile sees a key: lse is finite
     const at::Tensor s = tile_scores(q, tile_keys(k, t, h), b, t, rule).first, lse = s.logsumexp(-1);
     const at::Tensor p = at::exp(s - lse.unsqueeze(-1)).to(v.scalar_type());
     out.push_back({float_product(p, tile_keys(v, t, h)), lse, t.r0});
@@ -209,7 +215,7 @@ void block_backward(const Rows& rows, const at::Tensor& q, const at::Tensor& k, 
     return;
   }
   const at::ScalarType dtype = q.scalar_type();  // the products' operands (tile_scores)
-  for (const Tile& t : tiles_of(b, q.size(2), rule.window)) {
+  for (const Tile& t : tiles_of(b, q.size(2), rule)) {
     const int64_t n = t.r1 - t.r0, m = t.k1 - t.k0;
     const at::Tensor kt = tile_keys(k, t, h), vt = tile_keys(v, t, h);
     auto [s, th] = tile_scores(q, kt, b, t, rule);
@@ -249,6 +255,12 @@ struct Merged {
 
 // --- the layout: which chunks a rank holds, and which blocks its queries need ---------------------
 
+std::vector<int64_t> prepend(int64_t n, at::IntArrayRef sizes) {
+  std::vector<int64_t> out{n};
+  out.insert(out.end(), sizes.begin(), sizes.end());
+  return out;
+}
+
 // The two chunks (of 2P) rank r holds, in its order.
 std::array<int64_t, 2> chunks_of(int64_t r, int64_t p) {
   return {r, 2 * p - 1 - r};
@@ -265,30 +277,121 @@ at::Tensor pack(const at::Tensor& k, const at::Tensor& v) {
   return at::stack({k, v}).contiguous();
 }
 
-// This rank's queries against the keys and values of rank `owner` (kv: (2, B, K, L, D)): each of its
-// two query chunks takes the key chunks it sees.
-void attend_owner(const std::array<at::Tensor, 2>& q, const at::Tensor& kv, int64_t owner, const ContextParallel& cp,
+// This rank's two query chunks against key chunk `chunk` (of 2P) and its values (kv: (2, B, K, c, D)):
+// each query chunk takes the block it sees, if any.
+void attend_chunk(const std::array<at::Tensor, 2>& q, const at::Tensor& kv, int64_t chunk, const ContextParallel& cp,
                   const Rule& rule, std::array<Merged, 2>& merged) {
-  const auto mine = chunks_of(cp.rank(), cp.size()), theirs = chunks_of(owner, cp.size());
-  const auto k = halves(kv[0]), v = halves(kv[1]);
+  const auto mine = chunks_of(cp.rank(), cp.size());
   const int64_t c = q[0].size(2);
   for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j)
-      if (const Block b = block_of(mine[i], theirs[j], c, rule.window); b.kind != Block::Kind::kNone)
-        for (const Partial& p : block_forward(q[i], k[j], v[j], b, rule)) merged[i].add(p, c);
+    if (const Block b = block_of(mine[i], chunk, c, rule.window); b.kind != Block::Kind::kNone)
+      for (const Partial& p : block_forward(q[i], kv[0], kv[1], b, rule)) merged[i].add(p, c);
 }
 
-// The backward of attend_owner: dq accumulates into dq (float32, two chunks), dk and dv into dkv
-// (float32, (2, B, K, L, D)).
+// The backward of attend_chunk: dq accumulates into dq (float32, two chunks), dk and dv into dkv
+// (float32, (2, B, K, c, D)).
+void attend_chunk_backward(const std::array<Rows, 2>& rows, const std::array<at::Tensor, 2>& q, const at::Tensor& kv,
+                           const at::Tensor& dkv, int64_t chunk, const ContextParallel& cp, const Rule& rule,
+                           std::array<at::Tensor, 2>& dq) {
+  const auto mine = chunks_of(cp.rank(), cp.size());
+  for (int i = 0; i < 2; ++i)
+    if (const Block b = block_of(mine[i], chunk, q[i].size(2), rule.window); b.kind != Block::Kind::kNone)
+      block_backward(rows[i], q[i], kv[0], kv[1], b, rule, dq[i], dkv[0], dkv[1]);
+}
+
+// Half `half` (0, 1) of packed keys and values (2, B, K, 2c, D): (2, B, K, c, D).
+at::Tensor half_of(const at::Tensor& kv, int64_t half) {
+  const int64_t c = kv.size(3) / 2;
+  return kv.narrow(3, half * c, c);
+}
+
+// This rank's queries against the keys and values of rank `owner` (kv: (2, B, K, L, D)).
+void attend_owner(const std::array<at::Tensor, 2>& q, const at::Tensor& kv, int64_t owner, const ContextParallel& cp,
+                  const Rule& rule, std::array<Merged, 2>& merged) {
+  const auto theirs = chunks_of(owner, cp.size());
+  for (int j = 0; j < 2; ++j) attend_chunk(q, half_of(kv, j), theirs[j], cp, rule, merged);
+}
+
+// The backward of attend_owner: dk and dv into dkv (float32, (2, B, K, L, D)).
 void attend_owner_backward(const std::array<Rows, 2>& rows, const std::array<at::Tensor, 2>& q, const at::Tensor& kv,
                            const at::Tensor& dkv, int64_t owner, const ContextParallel& cp, const Rule& rule,
                            std::array<at::Tensor, 2>& dq) {
-  const auto mine = chunks_of(cp.rank(), cp.size()), theirs = chunks_of(owner, cp.size());
-  const auto k = halves(kv[0]), v = halves(kv[1]), dk = halves(dkv[0]), dv = halves(dkv[1]);
-  for (int i = 0; i < 2; ++i)
-    for (int j = 0; j < 2; ++j)
-      if (const Block b = block_of(mine[i], theirs[j], q[i].size(2), rule.window); b.kind != Block::Kind::kNone)
-        block_backward(rows[i], q[i], k[j], v[j], b, rule, dq[i], dk[j], dv[j]);
+  const auto theirs = chunks_of(owner, cp.size());
+  for (int j = 0; j < 2; ++j) attend_chunk_backward(rows, q, half_of(kv, j), half_of(dkv, j), theirs[j], cp, rule, dq);
+}
+
+// --- a window's exchange: only the chunks some query sees move -------------------------------------
+
+// Whether a query of rank `to`'s chunks sees a key of rank `from`'s half `half`, chunks of c tokens.
+bool sees(int64_t to, int64_t from, int half, int64_t p, int64_t c, int64_t window) {
+  const auto mine = chunks_of(to, p);
+  const int64_t theirs = chunks_of(from, p)[half];
+  return block_of(mine[0], theirs, c, window).kind != Block::Kind::kNone ||
+         block_of(mine[1], theirs, c, window).kind != Block::Kind::kNone;
+}
+
+// What one rank sends and receives: the halves of its own another rank's queries see, and the halves of
+// other ranks its own see, each listed rank-major and in half order, as the all-to-all lays out its rows.
+struct Exchange {
+  struct Move {
+    int64_t rank;  // whom it goes to (sends) or comes from (receives)
+    int half;      // of the sender's two chunks
+  };
+  std::vector<int64_t> send_rows, receive_rows;  // chunks, by rank
+  std::vector<Move> sends, receives;
+};
+
+Exchange exchange_of(int64_t rank, int64_t p, int64_t c, int64_t window) {
+  Exchange e{std::vector<int64_t>(static_cast<size_t>(p), 0), std::vector<int64_t>(static_cast<size_t>(p), 0), {}, {}};
+  for (int64_t other = 0; other < p; ++other) {
+    if (other == rank) continue;
+    for (int half = 0; half < 2; ++half) {
+      if (sees(other, rank, half, p, c, window)) {
+        ++e.send_rows[static_cast<size_t>(other)];
+        e.sends.push_back({other, half});
+      }
+      if (sees(rank, other, half, p, c, window)) {
+        ++e.receive_rows[static_cast<size_t>(other)];
+        e.receives.push_back({other, half});
+      }
+    }
+  }
+  return e;
+}
+
+// The most chunks a rank of the group receives under the window (2(P-1): every other rank's).
+int64_t busiest_receiver(int64_t p, int64_t c, int64_t window) {
+  int64_t most = 0;
+  for (int64_t r = 0; r < p; ++r)
+    most = std::max<int64_t>(most, static_cast<int64_t>(exchange_of(r, p, c, window).receives.size()));
+  return most;
+}
+
+bool exchanges(SequenceSplit how, int64_t p, int64_t c, int64_t window) {
+  if (how == SequenceSplit::kUlysses || p == 1 || window <= 0) return false;
+  const int64_t most = busiest_receiver(p, c, window);
+  return most < 2 * (p - 1) && (how == SequenceSplit::kAllGather || most <= 2);
+}
+
+// The listed halves of packed keys and values (2, B, K, 2c, D): (n, 2, B, K, c, D).
+at::Tensor halves_listed(const at::Tensor& kv, const std::vector<Exchange::Move>& moves) {
+  std::vector<at::Tensor> parts;
+  for (const Exchange::Move& m : moves) parts.push_back(half_of(kv, m.half));
+  if (!parts.empty()) return at::stack(parts);
+  std::vector<int64_t> sizes(kv.sizes().begin(), kv.sizes().end());
+  sizes[3] /= 2;
+  return at::empty(prepend(0, sizes), kv.options());
+}
+
+// Sends this rank's halves other ranks see and returns (once waited for) the halves its queries see,
+// (receives, 2, B, K, c, D).
+std::pair<at::Tensor, dist::Work> start_exchange(dist::ProcessGroup& group, const Exchange& e, const at::Tensor& kv) {
+  const at::Tensor out = halves_listed(kv, e.sends);
+  std::vector<int64_t> sizes(out.sizes().begin(), out.sizes().end());
+  sizes[0] = static_cast<int64_t>(e.receives.size());
+  at::Tensor in = at::empty(sizes, kv.options());
+  dist::Work w = group.all_to_all(in, out, e.receive_rows, e.send_rows, "context-parallel window exchange of K/V");
+  return {in, std::move(w)};
 }
 
 // Sinks (H) folded into the merged attention: one more term exp(sink) in each row's denominator.
@@ -307,17 +410,17 @@ at::Tensor sinks_gradient(const at::Tensor& sinks, const at::Tensor& lse, const 
 
 // --- context parallel's two strategies, and one device's whole sequence --------------------------------
 
-std::vector<int64_t> prepend(int64_t n, at::IntArrayRef sizes) {
-  std::vector<int64_t> out{n};
-  out.insert(out.end(), sizes.begin(), sizes.end());
-  return out;
-}
-
 // This rank's two chunks' merged attention (B, H, L, D) and log-sum-exp (B, H, L), float32, and for the
-// all-gather the gathered K/V (P, 2, B, K, L, D) that backward reads again (the ring keeps none).
+// all-gather the gathered K/V (P, 2, B, K, L, D) that backward reads again, or under a window's exchange
+// the chunks received (n, 2, B, K, L/2, D) (the ring keeps none).
 struct Forward {
   at::Tensor out, lse, gathered;
 };
+
+// Whether this layer's window exchanges its chunks (exchanges_window), from a rank's c-token chunks.
+bool exchanged(const ContextParallel& cp, int64_t c, const Rule& rule) {
+  return exchanges(cp.how, cp.size(), c, rule.window);
+}
 
 Forward forward_over_group(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextParallel& cp,
                            const Rule& rule) {
@@ -326,7 +429,15 @@ Forward forward_over_group(const at::Tensor& q, const at::Tensor& k, const at::T
   const auto qs = halves(q);
   std::array<Merged, 2> merged;
   at::Tensor kv = pack(k, v), gathered;
-  if (cp.how == SequenceSplit::kAllGather) {
+  if (exchanged(cp, qs[0].size(2), rule)) {  // the rank's own chunks while the others' arrive
+    const Exchange e = exchange_of(r, p, qs[0].size(2), rule.window);
+    auto [received, arriving] = start_exchange(group, e, kv);
+    attend_owner(qs, kv, r, cp, rule, merged);
+    arriving.wait();
+    for (size_t m = 0; m < e.receives.size(); ++m)
+      attend_chunk(qs, received[m], chunks_of(e.receives[m].rank, p)[e.receives[m].half], cp, rule, merged);
+    if (cp.how == SequenceSplit::kAllGather) gathered = received;  // the ring exchanges them again in backward
+  } else if (cp.how == SequenceSplit::kAllGather) {
     gathered = at::empty({p * kv.numel()}, kv.options());
     group.all_gather(gathered, kv.reshape({-1}), "context-parallel gather of K/V").wait();
     gathered = gathered.view(prepend(p, kv.sizes()));
@@ -362,6 +473,33 @@ Forward forward_whole(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return {merged.out, merged.lse, at::Tensor()};
 }
 
+// A window's exchange backward: dq into dq; returns this rank's dK and dV (2, B, K, L, D), float32: its
+// own blocks' shares and those of the ranks that received its chunks, sent home by the reverse exchange.
+// `received`: the chunks forward received (allgather), or undefined (the ring: exchanged again).
+at::Tensor backward_exchanged(const std::array<Rows, 2>& rows, const std::array<at::Tensor, 2>& qs,
+                              const at::Tensor& kv, at::Tensor received, const ContextParallel& cp, const Rule& rule,
+                              std::array<at::Tensor, 2>& dq) {
+  dist::ProcessGroup group = group_of(cp);
+  const int64_t p = cp.size(), r = cp.rank();
+  const Exchange e = exchange_of(r, p, qs[0].size(2), rule.window);
+  dist::Work arriving;
+  if (!received.defined()) std::tie(received, arriving) = start_exchange(group, e, kv);
+  const at::Tensor dkv = at::zeros(kv.sizes(), kv.options().dtype(at::kFloat));
+  attend_owner_backward(rows, qs, kv, dkv, r, cp, rule, dq);
+  arriving.wait();
+  const at::Tensor shares = at::zeros(received.sizes(), received.options().dtype(at::kFloat));
+  for (size_t m = 0; m < e.receives.size(); ++m)
+    attend_chunk_backward(rows, qs, received[m], shares[m], chunks_of(e.receives[m].rank, p)[e.receives[m].half], cp,
+                          rule, dq);
+  std::vector<int64_t> sizes(shares.sizes().begin(), shares.sizes().end());
+  sizes[0] = static_cast<int64_t>(e.sends.size());
+  const at::Tensor home = at::empty(sizes, shares.options());
+  group.all_to_all(home, shares, e.send_rows, e.receive_rows, "context-parallel window exchange of K/V gradients")
+      .wait();
+  for (size_t m = 0; m < e.sends.size(); ++m) half_of(dkv, e.sends[m].half).add_(home[m]);
+  return dkv;
+}
+
 // The gradients of q (B, H, L, D) and of this rank's K and V (2, B, K, L, D), float32, from the rows'
 // quantities (the whole output, log-sum-exp, D and dout).
 std::pair<at::Tensor, at::Tensor> backward_over_group(const Rows& all, const at::Tensor& q, const at::Tensor& k,
@@ -377,6 +515,7 @@ std::pair<at::Tensor, at::Tensor> backward_over_group(const Rows& all, const at:
   const auto qs = halves(q);
   const at::Tensor dq_all = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
   std::array<at::Tensor, 2> dq = halves(dq_all);
+  if (exchanged(cp, c, rule)) return {dq_all, backward_exchanged(rows, qs, pack(k, v), gathered, cp, rule, dq)};
   if (cp.how == SequenceSplit::kAllGather) {
     const at::Tensor dkv = at::zeros(gathered.sizes(), gathered.options().dtype(at::kFloat));
     for (int64_t owner = 0; owner < p; ++owner)
@@ -422,9 +561,10 @@ std::pair<at::Tensor, at::Tensor> backward_whole(const Rows& all, const at::Tens
 struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& maybe_sinks, const std::optional<at::Tensor>& segments,
-                            const ContextParallel* cp, double scale, double softcap, int64_t window) {
+                            const ContextParallel* cp, double scale, double softcap, int64_t window,
+                            const std::vector<int64_t>* first_keys) {
     const at::Tensor sinks = maybe_sinks.value_or(at::Tensor());  // an undefined tensor is no autograd input
-    const Rule rule{scale, softcap, window, segments.value_or(at::Tensor())};
+    const Rule rule{scale, softcap, window, segments.value_or(at::Tensor()), *first_keys};
     Forward f = cp ? forward_over_group(q, k, v, *cp, rule) : forward_whole(q, k, v, rule);
     if (sinks.defined()) add_sinks(f.out, f.lse, sinks);
     const at::Tensor out = f.out.to(q.scalar_type());
@@ -433,6 +573,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["window"] = window;
+    ctx->saved_data["first_keys"] = *first_keys;
     return out;
   }
 
@@ -440,7 +581,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
     const auto* cp = reinterpret_cast<const ContextParallel*>(static_cast<intptr_t>(ctx->saved_data["cp"].toInt()));
     const auto saved = ctx->get_saved_variables();
     const Rule rule{ctx->saved_data["scale"].toDouble(), ctx->saved_data["softcap"].toDouble(),
-                    ctx->saved_data["window"].toInt(), saved[7]};
+                    ctx->saved_data["window"].toInt(), saved[7], ctx->saved_data["first_keys"].toIntVector()};
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const at::Tensor &gathered = saved[5], &sinks = saved[6];
     const at::Tensor dout = grads[0].to(q.scalar_type()).contiguous();
@@ -451,6 +592,7 @@ struct BlockwiseAttention : torch::autograd::Function<BlockwiseAttention> {
             dkv[0].to(k.scalar_type()),
             dkv[1].to(v.scalar_type()),
             sinks.defined() ? sinks_gradient(sinks, lse, d) : at::Tensor(),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -546,18 +688,22 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
                              const ScoreRule& rule, const at::Tensor& sinks) {
   FSDP_ASSERT(!cp.ulysses(), "context_attention under Ulysses");
   FSDP_ASSERT(q.size(2) % 2 == 0, "context_attention: ", q.size(2), " tokens are not two chunks");
+  const std::vector<int64_t> unbounded;
   return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q), std::nullopt, &cp, scale_of(rule, q), rule.softcap,
-                                   rule.window);
+                                   rule.window, &unbounded);
 }
 
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ScoreRule& rule,
-                               const at::Tensor& sinks, const at::Tensor& segments) {
+                               const at::Tensor& sinks, const at::Tensor& segments,
+                               const std::vector<int64_t>& first_keys) {
   FSDP_ASSERT(!segments.defined() || (segments.size(0) == q.size(0) && segments.size(1) == q.size(2)),
               "blockwise attention: segments of ", segments.sizes(), " for ", q.size(0), " rows of ", q.size(2),
               " tokens");
+  FSDP_ASSERT(first_keys.empty() || (segments.defined() && static_cast<int64_t>(first_keys.size()) == q.size(2)),
+              "blockwise attention: ", first_keys.size(), " record starts for ", q.size(2), " tokens");
   return BlockwiseAttention::apply(q, k, v, sinks_input(sinks, q),
                                    segments.defined() ? std::optional<at::Tensor>(segments) : std::nullopt, nullptr,
-                                   scale_of(rule, q), rule.softcap, rule.window);
+                                   scale_of(rule, q), rule.softcap, rule.window, &first_keys);
 }
 
 at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp) {
@@ -568,12 +714,36 @@ at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp) {
   return UlyssesSwap::apply(x, &cp, false);
 }
 
+bool exchanges_window(const ContextParallel& cp, int64_t seq_len, int64_t window) {
+  return exchanges(cp.how, cp.size(), seq_len / (2 * cp.size()), window);
+}
+
+int64_t chunks_received(const ContextParallel& cp, int64_t seq_len, int64_t window) {
+  const int64_t p = cp.size(), c = seq_len / (2 * p);
+  if (!exchanges_window(cp, seq_len, window)) return 2 * (p - 1);
+  return cp.group ? static_cast<int64_t>(exchange_of(cp.rank(), p, c, window).receives.size())
+                  : busiest_receiver(p, c, window);
+}
+
 int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads, int64_t kv_heads,
-                             int64_t head_dim, int64_t elem) {
+                             int64_t head_dim, int64_t elem, int64_t window) {
   const int64_t p = cp.size();
   if (p == 1) return 0;
   const int64_t l = seq_len / p;
   const int64_t kv = 2 * batch * kv_heads * l * head_dim;  // one rank's K and V, elements
+  if (exchanges_window(cp, seq_len, window)) {
+    // K/V halves out (twice for the ring), their float32 gradients home
+    const int64_t half = kv / 2, ring = cp.how == SequenceSplit::kRing ? 2 : 1;
+    auto bytes_of = [&](int64_t rank) {
+      const Exchange e = exchange_of(rank, p, l / 2, window);
+      return ring * static_cast<int64_t>(e.sends.size()) * half * elem +
+             static_cast<int64_t>(e.receives.size()) * half * 4;
+    };
+    if (cp.group) return bytes_of(cp.rank());
+    int64_t most = 0;
+    for (int64_t r = 0; r < p; ++r) most = std::max(most, bytes_of(r));
+    return most;
+  }
   switch (cp.how) {
     case SequenceSplit::kAllGather:  // gather (elem) forward, reduce-scatter (float32) backward
       return (p - 1) * kv * elem + (p - 1) * kv * 4;

@@ -20,6 +20,11 @@
 //     kernel computes capped scores), a sliding window (blocks wholly outside it skipped, those it
 //     cuts computed op by op over tiles of queries, each against the keys its rows see) and
 //     attention sinks (gpt-oss: one more logit per head, folded into the merged log-sum-exp).
+//     A window that leaves some rank's chunks unseen by another's queries changes what moves: each
+//     rank sends just the chunks other ranks' queries see (an unequal all-to-all: under a window no
+//     longer than a chunk, one chunk to each neighbour) and backward sends their gradients home the
+//     same way; allgather keeps the chunks it received for backward, the ring exchanges them again
+//     (and takes this path only while a rank receives at most two chunks, what one ring step holds).
 //   Ulysses: rank i holds the i-th contiguous block of T/P tokens; before attention an all-to-all
 //     turns q, k, v from (its tokens, all heads) into (every token, its H/P heads), attention runs
 //     whole (causal, windows, packed records as without it), and an all-to-all turns it back.
@@ -32,6 +37,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/process_group.h"
 
@@ -86,20 +92,33 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
 // the log-sum-exp. No (T, T) scores are kept for backward, and a window's tiles hold O(T x window) of
 // them at a time: what attention runs for gpt-oss's sinks and Gemma 2's caps, which no fused kernel
 // takes. Shapes, dtypes and gradients as context_attention's.
+// `first_keys` (T entries, with segments; empty: unbounded): the first key position i's record lets a
+// query of any row see (Packed::first_key), so that each tile reads only from its first row's record on.
 at::Tensor blockwise_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ScoreRule& rule,
-                               const at::Tensor& sinks = {}, const at::Tensor& segments = {});
+                               const at::Tensor& sinks = {}, const at::Tensor& segments = {},
+                               const std::vector<int64_t>& first_keys = {});
 
 // Ulysses' all-to-all: x (B, L, N, D), this rank's L = T/P tokens of N heads -> (B, T, N/P, D), every
 // token of this rank's N/P heads; and back. N must divide by P. Their gradients are each other.
 at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp);
 at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp);
 
-// The bytes one rank's sequence-split collectives send for one layer's attention, forward and
+// Whether a layer of sliding window `window` (0: none) over sequences of T tokens exchanges only the
+// chunks its windows see (above) rather than running the strategy's collectives: the same answer on
+// every rank of the group. Never under Ulysses.
+bool exchanges_window(const ContextParallel& cp, int64_t seq_len, int64_t window);
+// The other ranks' K/V chunks (T / 2P tokens each) rank cp.rank() receives for such a layer (for a group
+// of its shapes alone, the busiest rank's): all 2(P-1) of them unless the window exchanges. What
+// allgather keeps for backward.
+int64_t chunks_received(const ContextParallel& cp, int64_t seq_len, int64_t window);
+
+// The bytes rank cp.rank()'s sequence-split collectives send for one layer's attention, forward and
 // backward (dist::bytes_sent's rule), for B sequences of T tokens, H query and K kv heads of D over
-// this group (heads as this rank's tensor-parallel share), activations of `elem` bytes. What the
-// accounting test asserts and estimate-memory reports.
+// this group (heads as this rank's tensor-parallel share), activations of `elem` bytes, the layer's
+// sliding window `window` (0: none). What the accounting test asserts and estimate-memory reports
+// (for a group of its shapes alone, the busiest rank's).
 int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads, int64_t kv_heads,
-                             int64_t head_dim, int64_t elem);
+                             int64_t head_dim, int64_t elem, int64_t window = 0);
 // The same for one Gated DeltaNet layer under Ulysses (cp.ulysses()): each of Hk key heads' q and k
 // (2 Dk) and each of Hv value heads' v, b and a (Dv + 2) to heads, the output (Dv) back, forward and
 // backward (heads as this rank's tensor-parallel share).
