@@ -13,8 +13,8 @@
 // value: torchao's arithmetic (tests compare the reference provider's ATen ops with the fused kernels).
 //
 // Devices: on a GPU through at::_scaled_mm (compute capability 8.9 and up: Ada, Hopper, Blackwell);
-// on the CPU, where LibTorch's _scaled_mm takes only one scale per operand, rowwise products run on
-// the dequantized operands in fp32: the numerics tests run there; the config refuses float8 for a
+// on the CPU, every product runs on the dequantized operands in fp32, the scales applied to its sums
+// as cuBLAS applies them: the numerics tests run there; the config refuses float8 for a
 // CPU run (it makes nothing faster there). Meta: shapes and dtypes only.
 //
 // Thread safety: the recipe is one choice per process, set before the model runs.

@@ -1,5 +1,5 @@
-// The float8 products (model/kernels/float8.h) for each device: cuBLAS's _scaled_mm on a GPU, its emulation
-// on the CPU (LibTorch's CPU _scaled_mm takes one scale an operand), shapes alone on meta; which
+// The float8 products (model/kernels/float8.h) for each device: cuBLAS's _scaled_mm on a GPU, its arithmetic
+// on the CPU (an fp32 product of the dequantized operands, then the scales), shapes alone on meta; which
 // devices run them, and the shapes cuBLAS's kernels take. Stateless; thread-safe.
 #pragma once
 
