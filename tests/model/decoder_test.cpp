@@ -1180,7 +1180,10 @@ TEST_CASE("Gemma 4 E2B/E4B under fully_shard: keys and values across units, with
     CHECK(grads.size() == plain_params.size() - 4);  // all but the four layers' layer_scalar
     for (const auto& [name, g] : grads) {
       INFO(name);
-      CHECK(at::allclose(g, plain_params[name].grad(), 1e-5, 1e-6));
+      // float32's summation order (the sharded model's fused q/k/v and gate/up products, four layers
+      // deep): measured 2.4e-6 of the gradient's largest entry here, 7.7e-6 with AVX2's kernels alone.
+      const at::Tensor want = plain_params[name].grad();
+      CHECK((g - want).abs().max().item<double>() <= 3e-5 * want.abs().max().item<double>());
     }
   }
 }
