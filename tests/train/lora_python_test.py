@@ -188,11 +188,15 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     mine = load_file(os.path.join(export, "adapter_model.safetensors"))
     check(set(mine) == set(ref_adapter), f"{name}: adapter keys differ: {sorted(set(mine) ^ set(ref_adapter))}")
     # Six AdamW updates divide each gradient by its running RMS, which magnifies rounding where a
-    # gradient is tiny: the trained tensors are held to 1e-4 of PEFT's float32 run or its float64 one.
+    # gradient is tiny: the trained tensors are held to 1e-4 of PEFT's float32 run or its float64 one,
+    # or to twice PEFT's own float32 drift from float64 where that is larger (Gemma 4's second
+    # down_proj.lora_A with AVX2's kernels alone: PEFT's float32 4.7e-3 from its float64, ours 6.6e-4).
     for key in mine:
         r = min(relative(mine[key], ref_adapter[key]), relative(mine[key], adapter64[key]))
+        own = relative(ref_adapter[key], adapter64[key])
         worst_tensor = max(worst_tensor, r)
-        check(r < 1e-4, f"{name}: trained {key} differs from PEFT's by {r:.2e}")
+        check(r < max(1e-4, 2 * own),
+              f"{name}: trained {key} differs from PEFT's by {r:.2e} (PEFT float32 vs float64: {own:.2e})")
     print(f"ok {name} ({provider} kernels): worst relative differences from PEFT's: losses and gradient norms "
           f"{worst:.2e}; every trainable tensor's gradient at step 1 {worst_grad[0]:.2e}, at steps "
           f"2-{SETTINGS['steps']} {worst_grad[1]:.2e}; the {len(mine)} trained tensors {worst_tensor:.2e}")
