@@ -238,19 +238,22 @@ def check_ep(h, folders):
         base, mine = h.ours("gemma4_moe-ep1", gemma4, 4, {}), h.ours("gemma4_moe-ep2", gemma4, 4, ep_layout(2))
     except RuntimeError as e:
         return failed(e)
-    # The first step is ep 1's bit for bit. Later the experts' gradients, reduced over other groups, differ
-    # in float32's last bits, and Gemma 4's unscaled scores carry that further: a near-tie between two
-    # experts can route a token the other way (seen at step 10: one count moved, the loss 7e-6 off).
+    # The first step is ep 1's within float32's rounding, the loads the same (on this machine the same
+    # bits; with AVX2's kernels alone an expert's product over another count of rows sums in another
+    # order). Later the experts' gradients, reduced over other groups, differ in float32's last bits, and
+    # Gemma 4's unscaled scores carry that further: a near-tie between two experts can route a token the
+    # other way (seen at step 10: one count moved, the loss 7e-6 off).
     title = "gemma4_moe, W=4, dp_shard 4, ep 2"
-    first = (mine.losses[0], mine.grad_norms[0], mine.load[0]) == (base.losses[0], base.grad_norms[0], base.load[0])
+    first = (mine.load[0] == base.load[0] and abs(mine.losses[0] - base.losses[0]) <= 1e-6 * abs(base.losses[0])
+             and abs(mine.grad_norms[0] - base.grad_norms[0]) <= 1e-6 * abs(base.grad_norms[0]))
     worst = max(abs(x - y) / abs(y) for x, y in zip(mine.losses + mine.grad_norms, base.losses + base.grad_norms))
     off = max(abs(x - y) for p, q in zip(mine.load, base.load) for x, y in zip(p, q))
     totals = [sum(p) for p in mine.load] == [sum(q) for q in base.load]
     good = (len(mine.losses) == STEPS and first and worst <= 1e-4 and off <= 2 and totals
             and mine.losses[-1] < mine.losses[0] - 0.3)
-    print(f"{'ok' if good else 'FAIL'}: {title} against ep 1: step 1 the same bits: {first}; losses and gradient "
-          f"norms {worst:.2e} over {len(mine.losses)} steps, each expert's load within {off:g} of ep 1's (the same "
-          f"totals: {totals}; loss {mine.losses[0]:.4f} -> {mine.losses[-1]:.4f})")
+    print(f"{'ok' if good else 'FAIL'}: {title} against ep 1: step 1 within 1e-6, the same loads: {first}; "
+          f"losses and gradient norms {worst:.2e} over {len(mine.losses)} steps, each expert's load within {off:g} "
+          f"of ep 1's (the same totals: {totals}; loss {mine.losses[0]:.4f} -> {mine.losses[-1]:.4f})")
     ok &= good & applied(title, mine, 2)
     # LoRA on attention beside experts split over ep 2: ep 1's losses, and the parameter count PEFT prints
     # (all of every layer's experts, not the rank's share).

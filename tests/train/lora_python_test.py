@@ -39,8 +39,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from llmc_shard import write_shard  # noqa: E402
 from reference_server import references  # noqa: E402
 
-# The cases whose later gradients are held to the step's worst PEFT drift, not only their own (compare_to_peft).
+# The chaotic cases (compare_to_peft): every check also takes CHAOS times the step's worst PEFT drift.
+# Gemma 4 E2B's form amplifies rounding about a hundredfold, and how far a float32 run lands from float64
+# there depends on the kernels, for PEFT and ours alike: at step 1, PEFT's worst gradient 1.5e-5 from its
+# float64 one on one CPU and 1.3e-4 on another, ours 9.0e-5 and 4.7e-5; with AVX2's kernels alone ours
+# stayed within 3.3x (step 1) to 6.1x (step 5) of PEFT's. A wrong op gives a step 1 far beyond.
 STEP_WIDE_DRIFT = {"gemma4_small"}
+CHAOS = 10
 SETTINGS = {"steps": 6, "micro_batch_size": 4, "sequence_length": 32, "lr": 1e-3, "seed": 1234, "warmup": 2}
 CASES = {
     # name: (LoraConfig arguments, fsdptrain's lora section)
@@ -91,6 +96,7 @@ def fsdptrain(args, tmp, name, world, base, data, lora, extra="", gradients=None
                 f"  sequence_length: {SETTINGS['sequence_length']}\n  seed: {SETTINGS['seed']}\n"
                 "  eval_interval: 0\n  eval_batches: 1\n"
                 f"optimizer:\n  lr: {SETTINGS['lr']}\n  beta2: 0.95\n  weight_decay: 0.1\n"
+                + (f"  eps: {SETTINGS['eps']}\n" if "eps" in SETTINGS else "") +
                 f"schedule:\n  type: cosine\n  warmup_steps: {SETTINGS['warmup']}\n  min_lr_ratio: 0.1\n"
                 "logging:\n  interval: 1\n" + lora + extra)
     sets = list(sets) + ([f"engine.dump_gradients={gradients}"] if gradients else [])
@@ -107,7 +113,7 @@ def reference(args, tmp, name, world, base, data, adapter, dtype="float32"):
             "--micro-batch-size", SETTINGS["micro_batch_size"], "--sequence-length", SETTINGS["sequence_length"],
             "--lr", SETTINGS["lr"], "--seed", SETTINGS["seed"], "--warmup-steps", SETTINGS["warmup"], "--adapter",
             adapter, "--save-adapter", saved, "--dump-gradients", os.path.join(tmp, name + "-ref-grads"),
-            "--dtype", dtype]
+            "--dtype", dtype] + (["--eps", SETTINGS["eps"]] if "eps" in SETTINGS else [])
     finished(references(args.source).run(argv), f"the PEFT reference {name}")
     return json.load(open(out)), load_file(os.path.join(saved, "adapter_model.safetensors"))
 
@@ -148,25 +154,35 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     out, text, ours = fsdptrain(args, tmp, name, world, base, data, lora + f"  init: {adapter}\n", gradients=grads,
                                 sets=PROVIDERS[provider])
     worst, worst_tensor = 0.0, 0.0
+    # PEFT's own float32 gradients against its float64 ones: each step's worst.
+    peft_drift = {}
+    for step in range(1, SETTINGS["steps"] + 1):
+        theirs = load_file(os.path.join(ref_grads, f"step-{step}.safetensors"))
+        theirs64 = load_file(os.path.join(exact, f"step-{step}.safetensors"))
+        peft_drift[step] = max(relative(theirs[key], theirs64[key]) for key in theirs)
     # The losses and norms drift as the gradients do (a norm of 1.6 differed from PEFT's by 1.29e-5 at
     # step 3 of the reference kernels' all-linear run at W=2 on one machine of CI's kind): each step's
-    # bound is 4x PEFT's own float32-against-float64 difference there, and never below 1e-5.
+    # bound is 4x PEFT's own float32-against-float64 difference there, and never below 1e-5. In the
+    # cases of STEP_WIDE_DRIFT also CHAOS times the step's worst PEFT gradient drift, and after step 1
+    # either PEFT run may be the nearer.
+    chaotic = case in STEP_WIDE_DRIFT
     for step in range(1, SETTINGS["steps"] + 1):
         for key, theirs, exact_run in (("loss", ref["losses"], ref64["losses"]),
                                        ("grad_norm", ref["grad_norms"], ref64["grad_norms"])):
             r = relative(ours[step][key], theirs[step - 1])
+            if chaotic and step > 1:
+                r = min(r, relative(ours[step][key], exact_run[step - 1]))
             worst = max(worst, r)
             drift = relative(theirs[step - 1], exact_run[step - 1])
-            bound = max(1e-5, 4 * drift)
+            bound = max(1e-5, 4 * drift, CHAOS * peft_drift[step] if chaotic else 0.0)
             check(r < bound, f"{name} step {step}: {key} {ours[step][key]} vs PEFT's {theirs[step - 1]} ({r:.2e}; "
                              f"bound {bound:.2e}, PEFT float32 vs float64: {drift:.2e})")
     # After step 1, PEFT's own float32 run drifts from its float64 one as ours does: a later gradient is
     # held to 1e-4 of either, or to twice PEFT's own float32 drift at that step (Gemma 4's unscaled scores:
     # PEFT's float32 gradients 1.3e-4 to 6.5e-4 from its float64 ones over steps 2-6, ours 3.5e-6 to 1.1e-4).
-    # In the cases of STEP_WIDE_DRIFT the drift reaches every tensor through the weights they share, so a
-    # later step's bound is twice the step's worst PEFT drift where that is larger than the tensor's own
-    # (Gemma 4 E2B's form: a gate's gradient 1.5e-4 from float64 at step 3 where PEFT's was 5.6e-5, and
-    # PEFT's worst that step 1.1e-4).
+    # In the cases of STEP_WIDE_DRIFT the drift reaches every tensor through the weights they share, so
+    # each step's bound is also CHAOS times the step's worst PEFT drift (Gemma 4 E2B's form: a gate's
+    # gradient 1.5e-4 from float64 at step 3 where PEFT's was 5.6e-5, and PEFT's worst that step 1.1e-4).
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
         mine = load_file(os.path.join(grads, f"step-{step}.safetensors"))
@@ -174,14 +190,13 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
         theirs64 = load_file(os.path.join(exact, f"step-{step}.safetensors"))
         check(set(mine) == set(theirs), f"{name}: gradient names differ: {sorted(set(mine) ^ set(theirs))}")
         drift = {key: relative(theirs[key], theirs64[key]) for key in theirs}
-        step_drift = max(drift.values())
         for key in mine:
             r = relative(mine[key], theirs[key])
             if step > 1:
                 r = min(r, relative(mine[key], theirs64[key]))
             worst_grad[step > 1] = max(worst_grad[step > 1], r)
-            wide = step_drift if case in STEP_WIDE_DRIFT else 0.0
-            bound = max(1e-5, 4 * drift[key]) if step == 1 else max(1e-4, 2 * drift[key], 2 * wide)
+            wide = CHAOS * peft_drift[step] if chaotic else 0.0
+            bound = max(1e-5, 4 * drift[key], wide) if step == 1 else max(1e-4, 2 * drift[key], wide)
             check(r < bound, f"{name} step {step}: the gradient of {key} differs from PEFT's by {r:.2e} (bound "
                              f"{bound:.2e}{'; PEFT float32 vs float64: %.2e' % drift[key] if step == 1 else ''})")
     export = os.path.join(out, "export", f"step-{SETTINGS['steps']}")
@@ -190,12 +205,14 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     # Six AdamW updates divide each gradient by its running RMS, which magnifies rounding where a
     # gradient is tiny: the trained tensors are held to 1e-4 of PEFT's float32 run or its float64 one,
     # or to twice PEFT's own float32 drift from float64 where that is larger (Gemma 4's second
-    # down_proj.lora_A with AVX2's kernels alone: PEFT's float32 4.7e-3 from its float64, ours 6.6e-4).
+    # down_proj.lora_A with AVX2's kernels alone: PEFT's float32 4.7e-3 from its float64, ours 6.6e-4);
+    # in the cases of STEP_WIDE_DRIFT, or to CHAOS times PEFT's worst.
+    own_drift = {key: relative(ref_adapter[key], adapter64[key]) for key in mine}
     for key in mine:
         r = min(relative(mine[key], ref_adapter[key]), relative(mine[key], adapter64[key]))
-        own = relative(ref_adapter[key], adapter64[key])
+        own = own_drift[key]
         worst_tensor = max(worst_tensor, r)
-        check(r < max(1e-4, 2 * own),
+        check(r < max(1e-4, 2 * own, CHAOS * max(own_drift.values()) if chaotic else 0.0),
               f"{name}: trained {key} differs from PEFT's by {r:.2e} (PEFT float32 vs float64: {own:.2e})")
     print(f"ok {name} ({provider} kernels): worst relative differences from PEFT's: losses and gradient norms "
           f"{worst:.2e}; every trainable tensor's gradient at step 1 {worst_grad[0]:.2e}, at steps "
@@ -641,7 +658,19 @@ def gemma4_small_parity(args, tmp, data):
     share keys too): PEFT's losses, gradients and trained tensors, and PEFT's keys in the export; merged,
     PEFT's merge. all-linear adapts what PEFT's does: those and the MLPs, and no k_proj or v_proj where a
     layer shares them. (Trained with adapters on every linear layer, from transformers' initializer_range
-    0.02, the run was chaotic: by step 6 PEFT's own float32 gradients were 30 % from its float64 ones.)"""
+    0.02, the run was chaotic: by step 6 PEFT's own float32 gradients were 30 % from its float64 ones.)
+    AdamW's eps is 1e-4 here, both sides: at 1e-8 its first step moves every weight by lr whatever its
+    gradient's size, so a gradient near 0 whose sign float32's rounding decides (one of 7,808 at step 1
+    with AVX2's kernels alone: -6.5e-7 where float64 gives 9.5e-6, of a largest 0.24) sent the runs
+    apart by 2e-2 at step 2, where PEFT's float32 and float64 stay within 3e-4."""
+    SETTINGS["eps"] = 1e-4
+    try:
+        gemma4_small_case(args, tmp, data)
+    finally:
+        del SETTINGS["eps"]
+
+
+def gemma4_small_case(args, tmp, data):
     targets = ["q_proj", "o_proj", "per_layer_input_gate", "per_layer_projection", "per_layer_model_projection"]
     CASES["gemma4_small"] = (dict(r=4, lora_alpha=8, target_modules=targets),
                              "lora:\n  r: 4\n  alpha: 8\n  target_modules: [" + ", ".join(targets) + "]\n")
