@@ -44,7 +44,7 @@ from reference_server import references  # noqa: E402
 # there depends on the kernels, for PEFT and ours alike: at step 1, PEFT's worst gradient 1.5e-5 from its
 # float64 one on one CPU and 1.3e-4 on another, ours 9.0e-5 and 4.7e-5; with AVX2's kernels alone ours
 # stayed within 3.3x (step 1) to 6.1x (step 5) of PEFT's. A wrong op gives a step 1 far beyond.
-STEP_WIDE_DRIFT = {"gemma4_small"}
+CHAOTIC = {"gemma4_small"}
 CHAOS = 10
 SETTINGS = {"steps": 6, "micro_batch_size": 4, "sequence_length": 32, "lr": 1e-3, "seed": 1234, "warmup": 2}
 CASES = {
@@ -154,18 +154,21 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     out, text, ours = fsdptrain(args, tmp, name, world, base, data, lora + f"  init: {adapter}\n", gradients=grads,
                                 sets=PROVIDERS[provider])
     worst, worst_tensor = 0.0, 0.0
-    # PEFT's own float32 gradients against its float64 ones: each step's worst.
-    peft_drift = {}
+    # PEFT's float32 and float64 gradients of each step, and how far the first is from the second per
+    # tensor (drift) and at worst (peft_drift).
+    peft_grads, peft_drift = {}, {}
     for step in range(1, SETTINGS["steps"] + 1):
         theirs = load_file(os.path.join(ref_grads, f"step-{step}.safetensors"))
         theirs64 = load_file(os.path.join(exact, f"step-{step}.safetensors"))
-        peft_drift[step] = max(relative(theirs[key], theirs64[key]) for key in theirs)
+        drift = {key: relative(theirs[key], theirs64[key]) for key in theirs}
+        peft_grads[step] = (theirs, theirs64, drift)
+        peft_drift[step] = max(drift.values())
     # The losses and norms drift as the gradients do (a norm of 1.6 differed from PEFT's by 1.29e-5 at
     # step 3 of the reference kernels' all-linear run at W=2 on one machine of CI's kind): each step's
     # bound is 4x PEFT's own float32-against-float64 difference there, and never below 1e-5. In the
-    # cases of STEP_WIDE_DRIFT also CHAOS times the step's worst PEFT gradient drift, and after step 1
+    # CHAOTIC cases also CHAOS times the step's worst PEFT gradient drift, and after step 1
     # either PEFT run may be the nearer.
-    chaotic = case in STEP_WIDE_DRIFT
+    chaotic = case in CHAOTIC
     for step in range(1, SETTINGS["steps"] + 1):
         for key, theirs, exact_run in (("loss", ref["losses"], ref64["losses"]),
                                        ("grad_norm", ref["grad_norms"], ref64["grad_norms"])):
@@ -180,16 +183,14 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     # After step 1, PEFT's own float32 run drifts from its float64 one as ours does: a later gradient is
     # held to 1e-4 of either, or to twice PEFT's own float32 drift at that step (Gemma 4's unscaled scores:
     # PEFT's float32 gradients 1.3e-4 to 6.5e-4 from its float64 ones over steps 2-6, ours 3.5e-6 to 1.1e-4).
-    # In the cases of STEP_WIDE_DRIFT the drift reaches every tensor through the weights they share, so
+    # In the CHAOTIC cases the drift reaches every tensor through the weights they share, so
     # each step's bound is also CHAOS times the step's worst PEFT drift (Gemma 4 E2B's form: a gate's
     # gradient 1.5e-4 from float64 at step 3 where PEFT's was 5.6e-5, and PEFT's worst that step 1.1e-4).
     worst_grad = [0.0, 0.0]  # step 1, later steps
     for step in range(1, SETTINGS["steps"] + 1):
         mine = load_file(os.path.join(grads, f"step-{step}.safetensors"))
-        theirs = load_file(os.path.join(ref_grads, f"step-{step}.safetensors"))
-        theirs64 = load_file(os.path.join(exact, f"step-{step}.safetensors"))
+        theirs, theirs64, drift = peft_grads[step]
         check(set(mine) == set(theirs), f"{name}: gradient names differ: {sorted(set(mine) ^ set(theirs))}")
-        drift = {key: relative(theirs[key], theirs64[key]) for key in theirs}
         for key in mine:
             r = relative(mine[key], theirs[key])
             if step > 1:
@@ -206,7 +207,7 @@ def compare_to_peft(args, tmp, case, name, world, base, data, adapter, provider,
     # gradient is tiny: the trained tensors are held to 1e-4 of PEFT's float32 run or its float64 one,
     # or to twice PEFT's own float32 drift from float64 where that is larger (Gemma 4's second
     # down_proj.lora_A with AVX2's kernels alone: PEFT's float32 4.7e-3 from its float64, ours 6.6e-4);
-    # in the cases of STEP_WIDE_DRIFT, or to CHAOS times PEFT's worst.
+    # in the CHAOTIC cases, or to CHAOS times PEFT's worst.
     own_drift = {key: relative(ref_adapter[key], adapter64[key]) for key in mine}
     for key in mine:
         r = min(relative(mine[key], ref_adapter[key]), relative(mine[key], adapter64[key]))
