@@ -226,6 +226,27 @@ std::string lora_patterns_said(const model::LoraSettings& s, const std::vector<s
   return str("; by ", which, ": ", parts.empty() ? "none changed" : join(parts, ", "));
 }
 
+// Under context parallel (allgather or the ring), the windowed layers that send each rank only the
+// K/V chunks their windows let its queries see (model/parallel/context_parallel.h): "16 of 32 layers
+// (sliding window 256) receive only the K/V chunks their windows see: at most 2 of the 6 other chunks of
+// 128 tokens". Empty where no layer does.
+std::string window_exchange_said(const model::DecoderConfig& mc, int cp_size, const std::string& cp_kind,
+                                 int64_t seq_len) {
+  const model::ContextParallel group =
+      model::ContextParallel::shapes_only(cp_size, model::sequence_split_named(cp_kind));
+  std::map<int64_t, int64_t> layers;  // window -> layers that exchange
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l)
+    if (const int64_t w = mc.is_linear(l) ? 0 : mc.plan(l).window; w > 0 && model::exchanges_window(group, seq_len, w))
+      ++layers[w];
+  std::vector<std::string> parts;
+  for (const auto& [window, n] : layers)
+    parts.push_back(str(n, " of ", mc.num_hidden_layers, " layers (sliding window ", window,
+                        ") receive only the K/V chunks their windows see: at most ",
+                        model::chunks_received(group, seq_len, window), " of the ", 2 * (cp_size - 1),
+                        " other chunks of ", seq_len / (2 * cp_size), " tokens"));
+  return join(parts, "; ");
+}
+
 }  // namespace
 
 TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::ResolvedConfig& resolved, std::ostream& out,
@@ -376,7 +397,12 @@ void TrainingRun::build_model() {
     plan.options.expert_classes = {"Experts"};
   }
   std::shared_ptr<model::ContextParallel> cp;
-  if (mesh.cp) cp = std::make_shared<model::ContextParallel>(*mesh.cp, model::sequence_split_named(plan.cp_kind));
+  if (mesh.cp) {
+    cp = std::make_shared<model::ContextParallel>(*mesh.cp, model::sequence_split_named(plan.cp_kind));
+    const std::string exchanged =
+        window_exchange_said(model_config_, plan.cp_size, plan.cp_kind, config_.train.sequence_length);
+    if (!exchanged.empty()) say(str("[train] context parallel: ", exchanged, "\n"));
+  }
   std::shared_ptr<model::TensorParallel> tp;
   if (mesh.tp) {
     tp = std::make_shared<model::TensorParallel>(*mesh.tp);
