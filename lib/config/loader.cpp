@@ -596,8 +596,7 @@ constexpr const char* kFineTuningOrigin = "fine-tuning default (TRL's SFTConfig)
 
 // Why a fine-tuning default of TRL's is not taken: "" when it is.
 // Those the config's own keys decide end in "is set".
-std::string why_not_trl_default(const ResolvedConfig& rc, const std::string& key,
-                                const std::optional<nlohmann::json>& model) {
+std::string why_not_trl_default(const ResolvedConfig& rc, const std::string& key) {
   if (key == "train.epochs" && rc.get("train.steps").origin.kind != OriginKind::kDefault) return "train.steps is set";
   if (key == "model.gradient_checkpointing") {
     if (rc.get("fsdp_config.fsdp_activation_checkpointing").origin.kind != OriginKind::kDefault)
@@ -620,7 +619,7 @@ void apply_run_defaults(ResolvedConfig& rc) {
   const std::optional<nlohmann::json> j = try_read_json_file(value_in(rc, "model.pretrained").value + "/config.json");
   for (const auto& [key, value] : fine_tuning_defaults()) {
     ResolvedValue& v = value_in(rc, key);
-    if (v.origin.kind != OriginKind::kDefault || !why_not_trl_default(rc, key, j).empty()) continue;
+    if (v.origin.kind != OriginKind::kDefault || !why_not_trl_default(rc, key).empty()) continue;
     v.value = value;
     v.origin = Origin{OriginKind::kDerived, {}, kFineTuningOrigin};
   }
@@ -672,10 +671,9 @@ std::vector<std::string> kept_fine_tuning_defaults(const ResolvedConfig& rc) {
   std::vector<std::string> kept;
   if (rc.typed.model.pretrained.empty()) return kept;
   // Those TRL's default cannot be taken for, and why.
-  const std::optional<nlohmann::json> j = try_read_json_file(rc.typed.model.pretrained + "/config.json");
   for (const auto& [key, value] : fine_tuning_defaults()) {
     const ResolvedValue& v = rc.get(key);
-    const std::string why = v.origin.kind == OriginKind::kDefault ? why_not_trl_default(rc, key, j) : "";
+    const std::string why = v.origin.kind == OriginKind::kDefault ? why_not_trl_default(rc, key) : "";
     if (!why.empty() && !ends_with(why, " is set")) kept.push_back(str(key, " ", v.value, ", not TRL's ", value, ": ", why));
   }
   if (rc.get("data.packing").origin.kind == OriginKind::kDefault)

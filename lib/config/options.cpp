@@ -1154,7 +1154,7 @@ std::vector<OptionSpec> build_table() {
                 "these alone (no target_modules) no linear layer is adapted. Needs lora.dropout 0")
           .extension()
           .to(&Config::lora, &LoraConfig::target_parameters),
-      Row("lora.rank_pattern", V::kString)
+      Row("lora.rank_pattern", V::kMap)
           .def("")
           .parse(parse_patterns(true))
           .help(
@@ -1163,7 +1163,7 @@ std::vector<OptionSpec> build_table() {
               "expression), else lora.r")
           .extension()
           .to(&Config::lora, &LoraConfig::rank_pattern),
-      Row("lora.alpha_pattern", V::kString)
+      Row("lora.alpha_pattern", V::kMap)
           .def("")
           .parse(parse_patterns(false))
           .help("Alphas other than lora.alpha, by module (PEFT's alpha_pattern), matched as lora.rank_pattern")
@@ -1402,6 +1402,8 @@ std::string OptionSpec::type_name() const {
       return "list";
     case ValueType::kGpuIds:
       return "all|ids";
+    case ValueType::kMap:
+      return "map";
     case ValueType::kIgnored:
       return "ignored";
   }
@@ -1514,6 +1516,8 @@ std::optional<std::string> canonicalize(const OptionSpec& spec, const RawValue& 
       return canonical_list(raw, t);
     case ValueType::kGpuIds:
       return canonical_gpu_ids(raw, t, error);
+    case ValueType::kMap:  // every map key has a parse of its own (above)
+      return fail(error, "expected a mapping");
     case ValueType::kIgnored:
       break;
   }

@@ -30,6 +30,8 @@ std::string yaml_scalar(const std::string& key, const std::string& canonical) {
       case ValueType::kInt:
       case ValueType::kFloat:
         return canonical;
+      case ValueType::kMap:  // JSON's object text is YAML's flow mapping
+        return canonical;
       case ValueType::kEnum:
         if (spec->key == "fsdp_config.fsdp_version") return canonical;  // Accelerate writes an int
         break;

@@ -33,6 +33,8 @@ nlohmann::json typed_value(const config::ResolvedValue& v) {
         return std::stod(v.value);
       case config::ValueType::kList:
         return split(v.value, ',');
+      case config::ValueType::kMap:  // its JSON text
+        return nlohmann::json::parse(v.value);
       default:
         return v.value;
     }

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "config/test_support.h"
+#include "config/yaml_writer.h"
 
 using namespace fsdp::config;
 using namespace fsdp::config::testing;
@@ -162,6 +163,13 @@ TEST_CASE("lora.rank_pattern, alpha_pattern and layers_to_transform as PEFT's Lo
   CHECK(lora.rank_pattern ==
         std::vector<std::pair<std::string, int64_t>>{{"v_proj", 4}, {R"(.*\.0\.self_attn\.q_proj)", 16}});
   CHECK(lora.alpha_pattern == std::vector<std::pair<std::string, double>>{{"down_proj", 2.5}});
+  // config keys calls them maps; config show --format yaml writes them as YAML's flow mapping, which reads back.
+  CHECK(find_option("lora.rank_pattern")->type_name() == "map");
+  const std::string written = yaml_scalar("lora.rank_pattern", l.value("lora.rank_pattern"));
+  CHECK(written == R"({"v_proj":4,".*\\.0\\.self_attn\\.q_proj":16})");
+  const Loaded again = load_text(base + "  rank_pattern: " + written + "\n");
+  CHECK(again.errors() == "");
+  CHECK(again.rc.typed.lora.rank_pattern == lora.rank_pattern);
   CHECK(lora.layers_to_transform == std::vector<int64_t>{0, 2});
   CHECK(lora.layers_pattern == std::vector<std::string>{"layers"});
   // On the command line, as YAML or as the JSON fsdptrain writes; one layer alone.

@@ -404,6 +404,10 @@ def expert_parity(args, tmp, data):
                                 moe_intermediate_size=24, norm_topk_prob=True, mlp_only_layers=[0],
                                 output_router_logits=True, router_aux_loss_coef=0.01)
     out, text = parity(args, tmp, "experts", 2, base, data, adapter)
+    patterns = {k: json.load(open(os.path.join(out, "run.json")))["config"][k]
+                for k in ("lora.rank_pattern", "lora.alpha_pattern")}
+    check(patterns == {"lora.rank_pattern": {r".*\.gate_up_proj": 4}, "lora.alpha_pattern": {r".*\.gate_up_proj": 12}},
+          f"experts: run.json's patterns are not the config's mappings: {patterns}")
     check("on 2 linear layers, 2 stacked expert weights (r per expert) and 1 router weight" in text,
           f"experts: the [lora] line does not count them: {text[-3000:]}")
     export, got = export_keys(Qwen3MoeForCausalLM, base, "experts", out)
