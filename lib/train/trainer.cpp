@@ -136,10 +136,11 @@ void check_layer_classes(const config::FsdpConfig& fsdp, const model::DecoderCon
 void check_tensor_parallel(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const int tp = config::effective_fsdp_layout(config).tp_size;
   if (tp <= 1) return;
-  const std::string unsplit = model::fsdp_only_parts(model);
+  const std::string unsplit = model::tensor_parallel_unsplit_parts(model);
   FSDP_CHECK(unsplit.empty(), "[train] parallelism_config_tp_size ", tp, ": ", path,
              " is a Gemma 4 E2B/E4B form: tensor parallel does not split its ", unsplit,
-             "; set parallelism_config_tp_size: 1 (FSDP shards the model)");
+             "; set parallelism_config_tp_size: 1 (FSDP shards the model; parallelism_config_cp_size or sp_size split "
+             "its sequences)");
   std::vector<std::string> bad;
   std::vector<std::pair<const char*, int64_t>> split = {{"num_attention_heads", model.num_attention_heads},
                                                         {"num_key_value_heads", model.num_key_value_heads},
@@ -166,10 +167,6 @@ void check_tensor_parallel(const config::Config& config, const model::DecoderCon
 void check_sequence_split(const config::Config& config, const model::DecoderConfig& model, const std::string& path) {
   const config::FsdpLayout layout = config::effective_fsdp_layout(config);
   if (layout.cp_size <= 1) return;
-  const std::string unsplit = model::fsdp_only_parts(model);
-  FSDP_CHECK(unsplit.empty(), "[train] parallelism_config_", layout.cp_kind == "ulysses" ? "sp" : "cp", "_size ",
-             layout.cp_size, ": ", path, " is a Gemma 4 E2B/E4B form: context and sequence parallel do not split its ",
-             unsplit, "; set it to 1 (FSDP shards the model)");
   const bool hybrid =
       std::find(model.linear_layers.begin(), model.linear_layers.end(), true) != model.linear_layers.end();
   if (layout.cp_kind == "ulysses") {

@@ -26,6 +26,7 @@
 #include "dist/process_group.h"
 #include "fsdp/fully_shard.h"
 #include "model/parallel/context_parallel.h"
+#include "model/kernels/provider.h"
 #include "model/layers/decoder.h"
 #include "model/parallel/tensor_parallel.h"
 #include "model/tiny_config.h"
@@ -97,7 +98,7 @@ bool hybrid(const fsdp::model::DecoderConfig& c) {  // any Gated DeltaNet layer
 // DeltaNet layers take Ulysses only, which needs every kind of head to divide over sp x tp; q/k norms
 // over every head take no tensor parallel.
 bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
-  if (c.per_layer_input_dim > 0 || c.kv_shared_layers > 0) return false;  // Gemma 4 E2B/E4B: FSDP alone
+  if ((c.per_layer_input_dim > 0 || c.kv_shared_layers > 0) && l.tp > 1) return false;  // Gemma 4 E2B/E4B: no tp
   const bool linear = hybrid(c);
   if (l.how != SequenceSplit::kUlysses && linear) return false;
   if (l.how == SequenceSplit::kUlysses) {
@@ -114,12 +115,20 @@ struct Whole {
   std::map<std::string, at::Tensor> grads;
 };
 
-// The unsplit model's loss sum and gradients, on this rank alone.
-Whole whole_model(const fsdp::model::DecoderConfig& c, const at::Tensor& x, const at::Tensor& y) {
+// The unsplit model's loss sum and gradients, on this rank alone; with `wide`, from the same weights in
+// float64 (the reference kernels, which take it).
+Whole whole_model(const fsdp::model::DecoderConfig& c, const at::Tensor& x, const at::Tensor& y, bool wide = false) {
   fsdp::model::CausalLM model(c);
   fsdp::model::init_parameters(*model, 7);
+  namespace k = fsdp::model::kernels;
+  const k::KernelChoice chosen = k::kernel_choice();
+  if (wide) {
+    model->to(at::kDouble);
+    k::set_kernel_choice({k::Provider::kReference, chosen.onednn});
+  }
   const at::Tensor loss = model->loss_sum(x, y);
   loss.backward();
+  k::set_kernel_choice(chosen);
   Whole w;
   w.loss = loss.item<double>();
   for (const auto& p : model->named_parameters())  // Gemma 4's layer_scalar does not train
@@ -163,15 +172,23 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
   FSDP_ASSERT(std::abs(loss - w.loss) <= 1e-5 * std::abs(w.loss), what, ": loss sum ", loss, ", whole model ", w.loss);
   // float32's own noise: a Gated DeltaNet's gradients carry more of it (transformers' Qwen3.5 of these
   // shapes: its float32 gradients differ from its float64 ones by up to 8.6e-6 of their largest, so
-  // two float32 sums in other orders by up to about twice that).
-  const double bound = hybrid(c) ? 3e-5 : 1e-5;
+  // two float32 sums in other orders by up to about twice that). Where the whole model's own float32
+  // gradients are further than that from its float64 ones (Gemma 4 E2B's form at these weights: about
+  // 1e-4, its per-layer inputs and soft-capped logits amplifying rounding), the bound is twice that
+  // distance, for the split model's rounding and the whole model's.
+  const Whole wide = whole_model(c, x, y, /*wide=*/true);
+  auto relative = [](const at::Tensor& got, const at::Tensor& want) {
+    const at::Tensor w64 = want.to(at::kDouble);
+    return (got.to(at::kDouble) - w64).abs().max().item<double>() / std::max(w64.abs().max().item<double>(), 1e-30);
+  };
+  double noise = 0;
+  for (const auto& [name, g] : w.grads) noise = std::max(noise, relative(g, wide.grads.at(name)));
+  const double bound = std::max(hybrid(c) ? 3e-5 : 1e-5, 2 * noise);
   double worst = 0;
   for (const auto& [name, g] : grads) {
-    const at::Tensor& want = w.grads.at(name);
-    const double scale = want.abs().max().item<double>();
-    const double diff = (g - want).abs().max().item<double>() / std::max(scale, 1e-30);
+    const double diff = relative(g, w.grads.at(name));
     FSDP_ASSERT(diff <= bound, what, ": the gradient of ", name, " differs by ", diff, " of its largest (bound ", bound,
-                ")");
+                ", float32's own noise ", noise, ")");
     worst = std::max(worst, diff);
   }
   FSDP_ASSERT(grads.size() == w.grads.size(), what, ": ", grads.size(), " gradients, the whole model has ",
@@ -215,8 +232,10 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
                 " calls; the formula's ", want);
   }
   if (world.rank() == 0)
-    std::printf("%-6s %-26s loss sum %.7f = whole %.7f; gradients within %.1e; cp group sent %lld bytes = formula\n",
-                family.name.c_str(), l.describe().c_str(), loss, w.loss, worst, static_cast<long long>(got.total()));
+    std::printf(
+        "%-6s %-26s loss sum %.7f = whole %.7f; gradients within %.1e (float32's noise %.1e); cp group sent %lld "
+        "bytes = formula\n",
+        family.name.c_str(), l.describe().c_str(), loss, w.loss, worst, noise, static_cast<long long>(got.total()));
 }
 
 }  // namespace

@@ -953,7 +953,7 @@ double count_parameters(const DecoderConfig& dc, double experts) {
 
 }  // namespace
 
-std::string fsdp_only_parts(const DecoderConfig& c) {
+std::string tensor_parallel_unsplit_parts(const DecoderConfig& c) {
   std::vector<std::string> parts;
   if (c.per_layer_input_dim > 0) parts.push_back("per-layer embeddings (hidden_size_per_layer_input)");
   if (c.kv_shared_layers > 0) parts.push_back("layers sharing keys and values (num_kv_shared_layers)");

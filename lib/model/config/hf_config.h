@@ -282,9 +282,9 @@ struct DecoderConfig {
   double flops_per_token(int64_t seq_len) const;
 };
 
-// Gemma 4 E2B/E4B's parts that tensor, context and sequence parallel do not split, named with their
+// Gemma 4 E2B/E4B's parts that tensor parallel does not split, named with their
 // fields ("per-layer embeddings (hidden_size_per_layer_input)"); empty for other models.
-std::string fsdp_only_parts(const DecoderConfig& c);
+std::string tensor_parallel_unsplit_parts(const DecoderConfig& c);
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
 // qwen3, gemma2, gemma3_text, gemma4_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,

@@ -208,12 +208,13 @@ CausalLMImpl::CausalLMImpl(const DecoderConfig& c, bool free_after_create, std::
   FSDP_CHECK(!ep || c.moe.num_experts > 0, "[config] parallelism_config_ep_size ", ep ? ep->size() : 1,
              ": ", family_names(c.family).architecture, " is a dense model (no experts to split); set "
              "parallelism_config_ep_size: 1");
-  if (const std::string parts = fsdp_only_parts(c); !parts.empty())  // Gemma 4 E2B/E4B (the launcher says so first)
-    FSDP_CHECK(!tp && !cp, tp ? "[tp] " : "[cp] ", family_names(c.family).architecture, "'s ", parts,
-               ", Gemma 4 E2B's and E4B's, are not split by ",
-               tp ? "tensor parallel; set parallelism_config_tp_size: 1"
-                  : "context or sequence parallel; set parallelism_config_cp_size and parallelism_config_sp_size to 1",
-               " (FSDP shards the model)");
+  // Gemma 4 E2B/E4B (the launcher says so first). Context and sequence parallel split them as they are: the
+  // per-layer inputs are each token's own, and a layer sharing keys and values takes its source's share of
+  // them (this rank's tokens, or its heads after Ulysses' swap) and reaches the rest as its source does.
+  if (const std::string parts = tensor_parallel_unsplit_parts(c); !parts.empty())
+    FSDP_CHECK(!tp, "[tp] ", family_names(c.family).architecture, "'s ", parts,
+               ", Gemma 4 E2B's and E4B's, are not split by tensor parallel; set parallelism_config_tp_size: 1 (FSDP "
+               "shards the model; context or sequence parallel split its sequences)");
   auto release = [&](torch::nn::Module& m) {
     if (free_after_create)
       for (auto& p : m.parameters()) fsdp::free_storage(p);
