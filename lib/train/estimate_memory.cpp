@@ -72,14 +72,14 @@ LayerActivations layer_activations(const config::Config& c, const model::Decoder
   const int64_t linear_split = 2 * la.conv_dim() + 5 * la.value_dim() + 2 * la.value_heads;
   const int64_t linear_fp32 = 4 * la.value_heads * (3 * la.key_head_dim + 2 * la.value_head_dim + 2) +
                               4 * la.value_heads * la.key_head_dim * la.value_head_dim / model::LinearAttentionConfig::kChunk;
-  // allgather's K/V chunks (T / 2P tokens each) of other ranks, kept for backward: every one, or those
-  // a layer's window lets its queries see.
+  // allgather's K/V of other ranks, kept for backward: every chunk (T / 2P tokens each), or the keys a
+  // layer's window lets its queries see.
   const model::ContextParallel group =
       model::ContextParallel::shapes_only(cp, model::sequence_split_named(plan.cp_kind));
   auto gathered_kv = [&](int64_t l) -> int64_t {
     if (cp == 1 || plan.cp_kind != "allgather") return 0;
-    const int64_t chunks = model::chunks_received(group, c.train.sequence_length, mc.plan(l).window);
-    return chunks * tokens / 2 * 2 * mc.kv_heads_of(l) / tp * mc.head_dim_of(l) * param_bytes;
+    const int64_t keys = model::keys_received(group, c.train.sequence_length, mc.plan(l).window);
+    return c.train.micro_batch_size * keys * 2 * mc.kv_heads_of(l) / tp * mc.head_dim_of(l) * param_bytes;
   };
   // Capped scores (Gemma 2) and sinks (gpt-oss), which no fused kernel takes, run as blocks
   // (model/parallel/context_parallel.h) that keep no score for backward, but for engine.kernels:

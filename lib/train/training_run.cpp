@@ -227,9 +227,9 @@ std::string lora_patterns_said(const model::LoraSettings& s, const std::vector<s
 }
 
 // Under context parallel (allgather or the ring), the windowed layers that send each rank only the
-// K/V chunks their windows let its queries see (model/parallel/context_parallel.h): "16 of 32 layers
-// (sliding window 256) receive only the K/V chunks their windows see: at most 2 of the 6 other chunks of
-// 128 tokens". Empty where no layer does.
+// keys and values their windows let its queries see (model/parallel/context_parallel.h): "16 of 32 layers
+// (sliding window 256) receive only the K/V their windows see: at most 510 of the other ranks' 768 keys
+// (from 2 of their 6 chunks of 128 tokens)". Empty where no layer does.
 std::string window_exchange_said(const model::DecoderConfig& mc, int cp_size, const std::string& cp_kind,
                                  int64_t seq_len) {
   const model::ContextParallel group =
@@ -239,11 +239,13 @@ std::string window_exchange_said(const model::DecoderConfig& mc, int cp_size, co
     if (const int64_t w = mc.is_linear(l) ? 0 : mc.plan(l).window; w > 0 && model::exchanges_window(group, seq_len, w))
       ++layers[w];
   std::vector<std::string> parts;
+  const int64_t others = 2 * (cp_size - 1), chunk = seq_len / (2 * cp_size);
   for (const auto& [window, n] : layers)
     parts.push_back(str(n, " of ", mc.num_hidden_layers, " layers (sliding window ", window,
-                        ") receive only the K/V chunks their windows see: at most ",
-                        model::chunks_received(group, seq_len, window), " of the ", 2 * (cp_size - 1),
-                        " other chunks of ", seq_len / (2 * cp_size), " tokens"));
+                        ") receive only the K/V their windows see: at most ",
+                        model::keys_received(group, seq_len, window), " of the other ranks' ", others * chunk,
+                        " keys (from ", model::chunks_received(group, seq_len, window), " of their ", others,
+                        " chunks of ", chunk, " tokens)"));
   return join(parts, "; ");
 }
 
@@ -302,6 +304,11 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   model::set_float8_recipe(
       model::float8_recipe_named(config::enum_name(config_.engine.float8, config::kFloat8TrainingNames)));
   build_model();
+  const config::FsdpLayout layout = config::effective_fsdp_layout(config_);
+  if (const std::string exchanged =
+          window_exchange_said(model_config_, layout.cp_size, layout.cp_kind, config_.train.sequence_length);
+      layout.cp_size > 1 && !exchanged.empty())
+    say(str("[train] context parallel: ", exchanged, "\n"));
   build_checkpointer(hooks);
 }
 
@@ -397,12 +404,7 @@ void TrainingRun::build_model() {
     plan.options.expert_classes = {"Experts"};
   }
   std::shared_ptr<model::ContextParallel> cp;
-  if (mesh.cp) {
-    cp = std::make_shared<model::ContextParallel>(*mesh.cp, model::sequence_split_named(plan.cp_kind));
-    const std::string exchanged =
-        window_exchange_said(model_config_, plan.cp_size, plan.cp_kind, config_.train.sequence_length);
-    if (!exchanged.empty()) say(str("[train] context parallel: ", exchanged, "\n"));
-  }
+  if (mesh.cp) cp = std::make_shared<model::ContextParallel>(*mesh.cp, model::sequence_split_named(plan.cp_kind));
   std::shared_ptr<model::TensorParallel> tp;
   if (mesh.tp) {
     tp = std::make_shared<model::TensorParallel>(*mesh.tp);

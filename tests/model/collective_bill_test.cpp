@@ -13,10 +13,10 @@
 //     float8 weights in one byte an element and its norms in bf16 (padded to 16 bytes a rank), half
 //     of the bf16 gather's bytes and less; one small all-reduce a step for every layer's weights'
 //     scales, none in backward's gathers;
-//   - cp 8 under a sliding window of a chunk's length: a layer's attention exchanges only the chunks
-//     its queries see, one each way with each neighbour (an unequal all-to-all of bf16 K/V halves out,
-//     their fp32 gradients home, and for the ring the halves out again in backward): a seventh of the
-//     gather's bytes, 2/15 of the ring's;
+//   - cp 8 under a sliding window of a quarter chunk: a layer's attention exchanges only the keys its
+//     queries see, the last 255 of a chunk each way with each neighbour (an unequal all-to-all of bf16
+//     K/V tails out, their fp32 gradients home, and for the ring the tails out again in backward): a
+//     seventh of the gather's bytes times 255/1024, 2/15 of the ring's times the same;
 //   - no host tensor reaches an op inside the step.
 // Layers: the difference between a 3-layer and a 2-layer model is one decoder layer's bill.
 #include <ATen/ATen.h>
@@ -237,36 +237,41 @@ TEST_CASE("dp_shard 2 x tp 2 x cp 2 on meta: FSDP, tensor and context parallel's
   CHECK(two.cp.total() == 2 * cp_layer);
 }
 
-TEST_CASE("cp 8 on meta under a sliding window: a layer's attention moves only the chunks its queries see") {
-  // Chunks of 1,024 tokens (T / 2P) under a window of 1,024: a query sees keys back to the chunk before
-  // its own, so a rank in the middle (3) receives rank 2's first chunk and rank 4's second and sends its
-  // own two the other way; half = one chunk's K and V of this rank's 8 kv heads of 64.
-  const int64_t B = 1, T = 16384, P = 8, window = 1024, half = 2 * B * 8 * (T / (2 * P)) * 64;
+TEST_CASE("cp 8 on meta under a sliding window: a layer's attention moves only the keys its queries see") {
+  // Chunks of 1,024 tokens (T / 2P) under a window of 256: a query sees keys back to the last 255 of the
+  // chunk before its own, so a rank in the middle (3) receives those of rank 2's first chunk and of rank
+  // 4's second and sends its own two chunks' the other way; tail = 255 keys' K and V of this rank's 8 kv
+  // heads of 64, half = a whole chunk's.
+  const int64_t B = 1, T = 16384, P = 8, window = 256;
+  const int64_t tail = 2 * B * 8 * (window - 1) * 64, half = 2 * B * 8 * (T / (2 * P)) * 64;
   for (const SequenceSplit how : {SequenceSplit::kAllGather, SequenceSplit::kRing}) {
     CAPTURE(sequence_split_name(how));
     const Mesh slid{8, 1, 8, false, how, 3, window}, plain{8, 1, 8, false, how, 3, 0};
     const StepBill two = step_bill(2, slid, B, T), three = step_bill(3, slid, B, T);
     const StepBill whole = step_bill(3, plain, B, T);
-    MESSAGE(sequence_split_name(how) << ", cp 8, a window of 1024, 2 layers: cp group" << describe(two.cp));
+    MESSAGE(sequence_split_name(how) << ", cp 8, a window of 256, 2 layers: cp group" << describe(two.cp));
     CHECK(three.host_ops.empty());
     const int64_t ring = how == SequenceSplit::kRing ? 2 : 1;
-    const int64_t layer = ring * 2 * half * 2 + 2 * half * 4;  // bf16 halves out, fp32 gradients home
+    const int64_t layer = ring * 2 * tail * 2 + 2 * tail * 4;  // bf16 tails out, fp32 gradients home
     CHECK(three.cp.total() - two.cp.total() == layer);
     CHECK(three.cp.calls_of(Collective::kAllToAll) - two.cp.calls_of(Collective::kAllToAll) == ring + 1);
     CHECK(three.cp.total() == three.cp.of(Collective::kAllToAll));  // nothing gathered, no ring step
     const ContextParallel cp(dist::make_meta_group(3, 8), how);
     CHECK(sequence_split_bytes(cp, B, T, 32, 8, 64, 2, window) == layer);
     CHECK(chunks_received(cp, T, window) == 2);
-    // Without the window, every other rank's two chunks: 7 times the bytes (the ring's 7.5).
+    CHECK(keys_received(cp, T, window) == 2 * (window - 1));
+    // Without the window, every other rank's two chunks: 7 times the bytes of two whole chunks each way
+    // (the ring's 7.5), and the tails' 255 / 1024 of those.
     const int64_t unwindowed = sequence_split_bytes(cp, B, T, 32, 8, 64, 2);
     CHECK(whole.cp.total() == 3 * unwindowed);
     MESSAGE("a layer sends " << layer << " B under the window, " << unwindowed << " B without");
-    CHECK(unwindowed == (how == SequenceSplit::kRing ? 15 * layer / 2 : 7 * layer));
+    const int64_t chunks_each_way = ring * 2 * half * 2 + 2 * half * 4;
+    CHECK(unwindowed == (how == SequenceSplit::kRing ? 15 * chunks_each_way / 2 : 7 * chunks_each_way));
   }
   // The busiest rank's bytes for a group of its shapes alone (estimate-memory's), and rank 0's, which
   // has no chunk before its first.
   const ContextParallel shapes = ContextParallel::shapes_only(8, SequenceSplit::kAllGather);
-  CHECK(sequence_split_bytes(shapes, B, T, 32, 8, 64, 2, window) == 2 * half * 2 + 2 * half * 4);
+  CHECK(sequence_split_bytes(shapes, B, T, 32, 8, 64, 2, window) == 2 * tail * 2 + 2 * tail * 4);
   const ContextParallel first(dist::make_meta_group(0, 8), SequenceSplit::kAllGather);
-  CHECK(sequence_split_bytes(first, B, T, 32, 8, 64, 2, window) == half * 2 + half * 4);
+  CHECK(sequence_split_bytes(first, B, T, 32, 8, 64, 2, window) == tail * 2 + tail * 4);
 }

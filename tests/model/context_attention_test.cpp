@@ -271,6 +271,7 @@ TEST_CASE("a window decides what context parallel moves: the chunks its queries 
   // cp 4 over 64 tokens: chunks of 8. Rank 2 holds chunks 2 and 5.
   using fsdp::model::chunks_received;
   using fsdp::model::exchanges_window;
+  using fsdp::model::keys_received;
   const ContextParallel gather = ContextParallel::shapes_only(4, SequenceSplit::kAllGather),
                         ring = ContextParallel::shapes_only(4, SequenceSplit::kRing),
                         ulysses = ContextParallel::shapes_only(4, SequenceSplit::kUlysses);
@@ -283,10 +284,16 @@ TEST_CASE("a window decides what context parallel moves: the chunks its queries 
   CHECK(exchanges_window(ring, 64, 9));
   CHECK(chunks_received(gather, 64, 9) == 2);
   CHECK(chunks_received(ring, 64, 9) == 2);
+  // Of them, the last 8 keys each: all of chunk 1 and of chunk 4. A window of 5 reaches 4 keys back: half
+  // of each.
+  CHECK(keys_received(gather, 64, 9) == 16);
+  CHECK(keys_received(gather, 64, 5) == 8);
+  CHECK(chunks_received(gather, 64, 5) == 2);
   // A window of 10 reaches two chunks back: rank 2 receives chunks 0, 1, 3 and 4, fewer than 6, so the
   // gather exchanges; the ring keeps its ring (a step holds two chunks).
   CHECK(exchanges_window(gather, 64, 10));
   CHECK(chunks_received(gather, 64, 10) == 4);
+  CHECK(keys_received(gather, 64, 10) == 2 * 8 + 2 * 1);  // chunks 1 and 4 whole, of 0 and 3 the last key
   CHECK(!exchanges_window(ring, 64, 10));
   CHECK(chunks_received(ring, 64, 10) == 6);
   // A window as long as the sequence sees everything; Ulysses moves heads, never chunks.

@@ -14,8 +14,8 @@
 //   - the bytes the cp group's collectives send in that forward and backward equal
 //     sequence_split_bytes for each attention layer and ulysses_linear_attention_bytes for each Gated
 //     DeltaNet one (model/parallel/context_parallel.h), in the calls they say (a window of 3 exchanges
-//     its chunks: at cp 4 a rank receives at most 2 of the 6 others', at cp 2 one of 2);
-//     every windowed layer taking the exchange.
+//     the keys it sees: at cp 4 a rank receives at most 2 of the 6 others' chunks, whole (2 tokens); at
+//     cp 2 the last 2 of one chunk of 4); every windowed layer taking the exchange.
 // Rank 0 prints each layout's numbers.
 #include <torch/torch.h>
 
@@ -213,6 +213,14 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) windowed += c.plan(i).window > 0 ? 1 : 0;
   FSDP_ASSERT(l.how == SequenceSplit::kUlysses || exchanging == windowed, what, ": ", exchanging, " of ", windowed,
               " windowed layers exchange their chunks");
+  // What a rank receives of them: at cp 2 (chunks of 4) the last 2 keys of the chunk before its own; at cp 4
+  // (chunks of 2) whole chunks.
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (const int64_t window = c.plan(i).window; window > 0 && l.how != SequenceSplit::kUlysses) {
+      const int64_t keys = fsdp::model::keys_received(*cp, kSeq, window);
+      const int64_t want = l.cp == 2 ? 2 : 2 * fsdp::model::chunks_received(*cp, kSeq, window);
+      FSDP_ASSERT(keys == want, what, ": layer ", i, " receives ", keys, " keys; ", want, " expected");
+    }
   const int64_t p = l.cp, layers = c.num_hidden_layers, others = layers - exchanging;
   std::map<Collective, int64_t> want_calls;
   if (l.how == SequenceSplit::kAllGather)
@@ -252,14 +260,14 @@ int main(int argc, char** argv) {
     go.backend = "gloo";
     fsdp::dist::ProcessGroup world = fsdp::dist::init_process_group(go);
     const int w = world.size();
-    std::vector<Layout> layouts;
-    if (w == 2)
-      layouts = {{2, 1, SequenceSplit::kAllGather}, {2, 1, SequenceSplit::kRing}, {2, 1, SequenceSplit::kUlysses}};
-    else if (w == 4)
-      layouts = {{4, 1, SequenceSplit::kAllGather}, {4, 1, SequenceSplit::kRing},    {2, 2, SequenceSplit::kAllGather},
-                 {2, 2, SequenceSplit::kRing},      {4, 1, SequenceSplit::kUlysses}, {2, 2, SequenceSplit::kUlysses}};
-    else
-      throw fsdp::Error(fsdp::str("cp_worker runs at 2 or 4 processes, not ", w));
+    if (w != 2 && w != 4) throw fsdp::Error(fsdp::str("cp_worker runs at 2 or 4 processes, not ", w));
+    const std::vector<Layout> layouts =
+        w == 2 ? std::vector<Layout>{{2, 1, SequenceSplit::kAllGather},
+                                     {2, 1, SequenceSplit::kRing},
+                                     {2, 1, SequenceSplit::kUlysses}}
+               : std::vector<Layout>{{4, 1, SequenceSplit::kAllGather}, {4, 1, SequenceSplit::kRing},
+                                     {2, 2, SequenceSplit::kAllGather}, {2, 2, SequenceSplit::kRing},
+                                     {4, 1, SequenceSplit::kUlysses},   {2, 2, SequenceSplit::kUlysses}};
     for (const Family& f : families())
       for (const Layout& l : layouts)
         if (composes(f.config, l)) check_layout(world, f, l);

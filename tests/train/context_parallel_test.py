@@ -236,12 +236,14 @@ def check_scores(r, folders):
               "gemma2": (r.save("gemma2", transformers.Gemma2Config(**common, attn_logit_softcapping=5.0)),
                          LAYOUTS[1:2])}
     # What each run says of the window exchange (one of the two layers slides): at cp 2 (chunks of 8) a
-    # rank's queries see one other chunk (rank 0's last sees rank 1's second; rank 1's first sees rank
-    # 0's first); at cp 4 (chunks of 4) rank 2's see four of the six others (chunks 0, 1, 3 and 4),
-    # which the ring, taking the exchange only up to two chunks, does not take.
-    said = {"cp 2 allgather": "at most 1 of the 2 other chunks of 8 tokens",
-            "cp 2 alltoall": "at most 1 of the 2 other chunks of 8 tokens",
-            "cp 4 allgather": "at most 4 of the 6 other chunks of 4 tokens", "cp 4 alltoall": None}
+    # rank's queries see the last 5 keys of one other chunk (rank 0's last chunk rank 1's second; rank 1's
+    # first rank 0's first); at cp 4 (chunks of 4) rank 2's see 10 keys of four of the six others (chunks
+    # 1 and 4 whole, the last key of 0 and of 3), which the ring, taking the exchange only up to two
+    # chunks, does not take.
+    said = {"cp 2 allgather": "at most 5 of the other ranks' 16 keys (from 1 of their 2 chunks of 8 tokens)",
+            "cp 2 alltoall": "at most 5 of the other ranks' 16 keys (from 1 of their 2 chunks of 8 tokens)",
+            "cp 4 allgather": "at most 10 of the other ranks' 24 keys (from 4 of their 6 chunks of 4 tokens)",
+            "cp 4 alltoall": None}
     ok = True
     for name, (folder, layouts) in models.items():
         base = r.run(f"{name}-cp1", folder, 1, {})
@@ -250,7 +252,7 @@ def check_scores(r, folders):
             ok &= compare(f"{name}, {title}", mine, base, 1e-5)
             line = next((l for l in mine[2].splitlines() if "[train] context parallel:" in l), None)
             want = said[title] and ("[train] context parallel: 1 of 2 layers (sliding window 6) receive only the "
-                                    "K/V chunks their windows see: " + said[title])
+                                    "K/V their windows see: " + said[title])
             good = line == want if want is None else line is not None and line.endswith(want)
             print(f"{'ok' if good else 'FAIL'}: {name}, {title}, its window exchange line: {line or '(none)'}")
             ok &= good

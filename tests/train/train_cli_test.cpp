@@ -371,9 +371,9 @@ TEST_CASE("estimate-memory under context parallel: activations at 1/cp, allgathe
         doctest::Approx(2 * parse_size(after(gather, "context parallel's K/V"))).epsilon(0.01));
 }
 
-// A sliding window no longer than a chunk: allgather exchanges and keeps only the chunks a rank's queries
-// see, 2 of the 6 other chunks at cp 4, a third of the K/V bytes; a window longer than the sequence sees
-// every chunk.
+// A sliding window shorter than a chunk: allgather exchanges and keeps only the keys a rank's queries
+// see, at cp 4 the last 3 of 2 of the 6 other chunks of 16 (a window of 4), a sixteenth of the K/V bytes; a
+// window longer than the sequence sees every chunk.
 TEST_CASE("estimate-memory under context parallel with a sliding window: the chunks its queries see") {
   auto estimate = [](int64_t window) {
     const std::string path = temp_path("mistral-window-" + std::to_string(window) + ".json");
@@ -387,10 +387,10 @@ TEST_CASE("estimate-memory under context parallel with a sliding window: the chu
     REQUIRE(r.code == 0);
     return r.out;
   };
-  const std::string chunk = estimate(16), longer = estimate(4096);  // sequences of 128: chunks of 16
+  const std::string chunk = estimate(4), longer = estimate(4096);  // sequences of 128: chunks of 16
   INFO(chunk, longer);
   CHECK(parse_size(after(chunk, "context parallel's K/V")) ==
-        doctest::Approx(parse_size(after(longer, "context parallel's K/V")) / 3).epsilon(0.01));
+        doctest::Approx(parse_size(after(longer, "context parallel's K/V")) / 16).epsilon(0.01));
   CHECK(parse_size(after(chunk, "activations (one micro-batch)")) <
         parse_size(after(longer, "activations (one micro-batch)")));
 }

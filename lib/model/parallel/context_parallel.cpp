@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -67,6 +68,9 @@ struct Block {
   Kind kind = Kind::kNone;
   int64_t offset = 0;
   int64_t rows = 0;  // its first `rows` queries see a key of it (those after see none)
+  // The first key of the chunk the keys given hold (a window's exchange moves only the keys from there
+  // on, model/parallel/context_parallel.h): key column j is row j - held_from of them.
+  int64_t held_from = 0;
 };
 
 // Block of query chunk a against key chunk b, chunks of c tokens.
@@ -76,6 +80,11 @@ Block block_of(int64_t a, int64_t b, int64_t c, int64_t window) {
   if (window > 0 && offset - (c - 1) >= window) return {};  // its nearest pair is out of the window
   if (window == 0 || offset + c - 1 < window) return {a == b ? Block::Kind::kCausal : Block::Kind::kWhole, offset, c};
   return {Block::Kind::kCut, offset, std::min(c, window + c - 1 - offset)};
+}
+
+// The first key of the block any query of it sees: 0 unless a window cuts it.
+int64_t first_key_seen(const Block& b, int64_t window) {
+  return b.kind == Block::Kind::kCut ? std::max<int64_t>(0, b.offset - window + 1) : 0;
 }
 
 // Query rows [r0, r1) of a block against key columns [k0, k1): every key those rows see.
@@ -115,9 +124,10 @@ at::Tensor float_product(const at::Tensor& a, const at::Tensor& b) {
   return out.view(sizes);
 }
 
-// k's rows [k0, k0 + m) of a tile, (B, K, L, D) -> (B, H, m, D).
-at::Tensor tile_keys(const at::Tensor& k, const Tile& t, int64_t heads) {
-  return expand_heads(k.narrow(2, t.k0, t.k1 - t.k0), heads);
+// A tile's keys [k0, k1) of the keys k holds (from key held_from on), (B, K, n, D) -> (B, H, m, D).
+at::Tensor tile_keys(const at::Tensor& k, const Tile& t, int64_t held_from, int64_t heads) {
+  FSDP_ASSERT(t.k0 >= held_from, "blockwise attention: a tile reads key ", t.k0, " of keys held from ", held_from);
+  return expand_heads(k.narrow(2, t.k0 - held_from, t.k1 - t.k0), heads);
 }
 
 // A tile's scores in float32, capped where the rule caps them, the keys its queries do not see at -inf
@@ -160,6 +170,7 @@ bool flash_takes(const Block& b, const Rule& rule) {
 std::vector<Partial> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const Block& b,
                                    const Rule& rule) {
   const bool causal = b.kind == Block::Kind::kCausal;
+  FSDP_ASSERT(b.held_from == 0 || !flash_takes(b, rule), "blockwise attention: a whole block given part of its keys");
   const BlockAttention kernel = kernels::ops_for(q).block_attention(q);  // engine.kernels (model/kernels/ops.h)
   if (flash_takes(b, rule) && kernel == BlockAttention::kCpuFlash) {     // takes grouped heads itself
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, {}, rule.scale);
@@ -173,9 +184,9 @@ std::vector<Partial> block_forward(const at::Tensor& q, const at::Tensor& k, con
   }
   std::vector<Partial> out;
   for (const Tile& t : tiles_of(b, q.size(2), rule)) {  // every row of a tile sees a key: lse is finite
-    const at::Tensor s = tile_scores(q, tile_keys(k, t, h), b, t, rule).first, lse = s.logsumexp(-1);
+    const at::Tensor s = tile_scores(q, tile_keys(k, t, b.held_from, h), b, t, rule).first, lse = s.logsumexp(-1);
     const at::Tensor p = at::exp(s - lse.unsqueeze(-1)).to(v.scalar_type());
-    out.push_back({float_product(p, tile_keys(v, t, h)), lse, t.r0});
+    out.push_back({float_product(p, tile_keys(v, t, b.held_from, h)), lse, t.r0});
   }
   return out;
 }
@@ -192,6 +203,7 @@ void block_backward(const Rows& rows, const at::Tensor& q, const at::Tensor& k, 
                     const Rule& rule, const at::Tensor& dq, const at::Tensor& dk, const at::Tensor& dv) {
   const int64_t h = q.size(1), kv = k.size(1);
   const bool causal = b.kind == Block::Kind::kCausal;
+  FSDP_ASSERT(b.held_from == 0 || !flash_takes(b, rule), "blockwise attention: a whole block given part of its keys");
   const BlockAttention kernel = kernels::ops_for(q).block_attention(q);  // engine.kernels (model/kernels/ops.h)
   if (flash_takes(b, rule) && kernel == BlockAttention::kCpuFlash) {
     auto [gq, gk, gv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(rows.dout, q, k, v, rows.out, rows.lse,
@@ -217,7 +229,7 @@ void block_backward(const Rows& rows, const at::Tensor& q, const at::Tensor& k, 
   const at::ScalarType dtype = q.scalar_type();  // the products' operands (tile_scores)
   for (const Tile& t : tiles_of(b, q.size(2), rule)) {
     const int64_t n = t.r1 - t.r0, m = t.k1 - t.k0;
-    const at::Tensor kt = tile_keys(k, t, h), vt = tile_keys(v, t, h);
+    const at::Tensor kt = tile_keys(k, t, b.held_from, h), vt = tile_keys(v, t, b.held_from, h);
     auto [s, th] = tile_scores(q, kt, b, t, rule);
     const at::Tensor g = rows.dout.narrow(2, t.r0, n);
     const at::Tensor p = at::exp(s - rows.lse.narrow(2, t.r0, n).unsqueeze(-1));
@@ -225,8 +237,9 @@ void block_backward(const Rows& rows, const at::Tensor& q, const at::Tensor& k, 
     if (th.defined()) ds = ds * (1 - th * th);  // d(cap tanh(s / cap)) / ds
     ds = ds.to(dtype);
     dq.narrow(2, t.r0, n).add_(float_product(ds, kt), rule.scale);
-    dk.narrow(2, t.k0, m).add_(fold_heads(float_product(ds.transpose(-1, -2), q.narrow(2, t.r0, n)), kv), rule.scale);
-    dv.narrow(2, t.k0, m).add_(fold_heads(float_product(p.to(dtype).transpose(-1, -2), g), kv));
+    const int64_t k0 = t.k0 - b.held_from;  // dk and dv: of the keys held
+    dk.narrow(2, k0, m).add_(fold_heads(float_product(ds.transpose(-1, -2), q.narrow(2, t.r0, n)), kv), rule.scale);
+    dv.narrow(2, k0, m).add_(fold_heads(float_product(p.to(dtype).transpose(-1, -2), g), kv));
   }
 }
 
@@ -277,26 +290,31 @@ at::Tensor pack(const at::Tensor& k, const at::Tensor& v) {
   return at::stack({k, v}).contiguous();
 }
 
-// This rank's two query chunks against key chunk `chunk` (of 2P) and its values (kv: (2, B, K, c, D)):
-// each query chunk takes the block it sees, if any.
+// This rank's two query chunks against key chunk `chunk` (of 2P) and its values (kv: (2, B, K, n, D),
+// the chunk's keys from key `held_from` on, n = c - held_from): each query chunk takes the block it sees,
+// if any.
 void attend_chunk(const std::array<at::Tensor, 2>& q, const at::Tensor& kv, int64_t chunk, const ContextParallel& cp,
-                  const Rule& rule, std::array<Merged, 2>& merged) {
+                  const Rule& rule, std::array<Merged, 2>& merged, int64_t held_from = 0) {
   const auto mine = chunks_of(cp.rank(), cp.size());
   const int64_t c = q[0].size(2);
   for (int i = 0; i < 2; ++i)
-    if (const Block b = block_of(mine[i], chunk, c, rule.window); b.kind != Block::Kind::kNone)
+    if (Block b = block_of(mine[i], chunk, c, rule.window); b.kind != Block::Kind::kNone) {
+      b.held_from = held_from;
       for (const Partial& p : block_forward(q[i], kv[0], kv[1], b, rule)) merged[i].add(p, c);
+    }
 }
 
 // The backward of attend_chunk: dq accumulates into dq (float32, two chunks), dk and dv into dkv
-// (float32, (2, B, K, c, D)).
+// (float32, kv's shape).
 void attend_chunk_backward(const std::array<Rows, 2>& rows, const std::array<at::Tensor, 2>& q, const at::Tensor& kv,
                            const at::Tensor& dkv, int64_t chunk, const ContextParallel& cp, const Rule& rule,
-                           std::array<at::Tensor, 2>& dq) {
+                           std::array<at::Tensor, 2>& dq, int64_t held_from = 0) {
   const auto mine = chunks_of(cp.rank(), cp.size());
   for (int i = 0; i < 2; ++i)
-    if (const Block b = block_of(mine[i], chunk, q[i].size(2), rule.window); b.kind != Block::Kind::kNone)
+    if (Block b = block_of(mine[i], chunk, q[i].size(2), rule.window); b.kind != Block::Kind::kNone) {
+      b.held_from = held_from;
       block_backward(rows[i], q[i], kv[0], kv[1], b, rule, dq[i], dkv[0], dkv[1]);
+    }
 }
 
 // Half `half` (0, 1) of packed keys and values (2, B, K, 2c, D): (2, B, K, c, D).
@@ -320,25 +338,32 @@ void attend_owner_backward(const std::array<Rows, 2>& rows, const std::array<at:
   for (int j = 0; j < 2; ++j) attend_chunk_backward(rows, q, half_of(kv, j), half_of(dkv, j), theirs[j], cp, rule, dq);
 }
 
-// --- a window's exchange: only the chunks some query sees move -------------------------------------
+// --- a window's exchange: only the keys some query sees move -------------------------------------
 
-// Whether a query of rank `to`'s chunks sees a key of rank `from`'s half `half`, chunks of c tokens.
-bool sees(int64_t to, int64_t from, int half, int64_t p, int64_t c, int64_t window) {
-  const auto mine = chunks_of(to, p);
+// How many of the last keys of rank `from`'s half `half` a query of rank `to`'s chunks sees (0: none; c:
+// all), chunks of c tokens: a window reaching into a chunk sees its tail.
+int64_t keys_seen(int64_t to, int64_t from, int half, int64_t p, int64_t c, int64_t window) {
   const int64_t theirs = chunks_of(from, p)[half];
-  return block_of(mine[0], theirs, c, window).kind != Block::Kind::kNone ||
-         block_of(mine[1], theirs, c, window).kind != Block::Kind::kNone;
+  int64_t most = 0;
+  for (const int64_t a : chunks_of(to, p))
+    if (const Block b = block_of(a, theirs, c, window); b.kind != Block::Kind::kNone)
+      most = std::max(most, c - first_key_seen(b, window));
+  return most;
 }
 
-// What one rank sends and receives: the halves of its own another rank's queries see, and the halves of
-// other ranks its own see, each listed rank-major and in half order, as the all-to-all lays out its rows.
+// What one rank sends and receives: the tails of its own halves another rank's queries see, and the tails
+// of other ranks' halves its own see, each listed rank-major and in half order, as the all-to-all lays
+// them out.
 struct Exchange {
   struct Move {
     int64_t rank;  // whom it goes to (sends) or comes from (receives)
     int half;      // of the sender's two chunks
+    int64_t keys;  // the half's last `keys` keys (and values), those the receiver's queries see
   };
-  std::vector<int64_t> send_rows, receive_rows;  // chunks, by rank
+  std::vector<int64_t> send_keys, receive_keys;  // keys, by rank
   std::vector<Move> sends, receives;
+  int64_t keys_sent() const { return std::accumulate(send_keys.begin(), send_keys.end(), int64_t{0}); }
+  int64_t keys_received() const { return std::accumulate(receive_keys.begin(), receive_keys.end(), int64_t{0}); }
 };
 
 Exchange exchange_of(int64_t rank, int64_t p, int64_t c, int64_t window) {
@@ -346,20 +371,20 @@ Exchange exchange_of(int64_t rank, int64_t p, int64_t c, int64_t window) {
   for (int64_t other = 0; other < p; ++other) {
     if (other == rank) continue;
     for (int half = 0; half < 2; ++half) {
-      if (sees(other, rank, half, p, c, window)) {
-        ++e.send_rows[static_cast<size_t>(other)];
-        e.sends.push_back({other, half});
+      if (const int64_t n = keys_seen(other, rank, half, p, c, window); n > 0) {
+        e.send_keys[static_cast<size_t>(other)] += n;
+        e.sends.push_back({other, half, n});
       }
-      if (sees(rank, other, half, p, c, window)) {
-        ++e.receive_rows[static_cast<size_t>(other)];
-        e.receives.push_back({other, half});
+      if (const int64_t n = keys_seen(rank, other, half, p, c, window); n > 0) {
+        e.receive_keys[static_cast<size_t>(other)] += n;
+        e.receives.push_back({other, half, n});
       }
     }
   }
   return e;
 }
 
-// The most chunks a rank of the group receives under the window (2(P-1): every other rank's).
+// The most chunks a rank of the group receives (some of) under the window (2(P-1): every other rank's).
 int64_t busiest_receiver(int64_t p, int64_t c, int64_t window) {
   int64_t most = 0;
   for (int64_t r = 0; r < p; ++r)
@@ -373,24 +398,36 @@ bool exchanges(SequenceSplit how, int64_t p, int64_t c, int64_t window) {
   return most < 2 * (p - 1) && (how == SequenceSplit::kAllGather || most <= 2);
 }
 
-// The listed halves of packed keys and values (2, B, K, 2c, D): (n, 2, B, K, c, D).
-at::Tensor halves_listed(const at::Tensor& kv, const std::vector<Exchange::Move>& moves) {
-  std::vector<at::Tensor> parts;
-  for (const Exchange::Move& m : moves) parts.push_back(half_of(kv, m.half));
-  if (!parts.empty()) return at::stack(parts);
-  std::vector<int64_t> sizes(kv.sizes().begin(), kv.sizes().end());
-  sizes[3] /= 2;
-  return at::empty(prepend(0, sizes), kv.options());
+// The exchange's buffers are flat: each move's tail of packed keys and values (2, B, K, keys, D) laid
+// out whole, one after another in the moves' order (so the all-to-all's rows are elements). `per_key`:
+// the elements of one key's K and V, 2 B K D.
+
+// Move m's tail in a flat buffer of `moves`, (2, B, K, keys, D); `like`: packed keys and values.
+at::Tensor tail_in(const at::Tensor& flat, const std::vector<Exchange::Move>& moves, size_t m, const at::Tensor& like) {
+  int64_t at = 0;
+  for (size_t i = 0; i < m; ++i) at += moves[i].keys;
+  const int64_t per_key = like.numel() / like.size(3);
+  return flat.narrow(0, at * per_key, moves[m].keys * per_key)
+      .view({like.size(0), like.size(1), like.size(2), moves[m].keys, like.size(4)});
 }
 
-// Sends this rank's halves other ranks see and returns (once waited for) the halves its queries see,
-// (receives, 2, B, K, c, D).
+// Rows (elements) of a flat buffer by rank, from keys by rank.
+std::vector<int64_t> rows_of(const std::vector<int64_t>& keys, int64_t per_key) {
+  std::vector<int64_t> rows;
+  for (const int64_t n : keys) rows.push_back(n * per_key);
+  return rows;
+}
+
+// Sends the tails of this rank's halves (packed keys and values (2, B, K, 2c, D)) that other ranks'
+// queries see, and returns (once waited for) those of other ranks' halves its own see, flat.
 std::pair<at::Tensor, dist::Work> start_exchange(dist::ProcessGroup& group, const Exchange& e, const at::Tensor& kv) {
-  const at::Tensor out = halves_listed(kv, e.sends);
-  std::vector<int64_t> sizes(out.sizes().begin(), out.sizes().end());
-  sizes[0] = static_cast<int64_t>(e.receives.size());
-  at::Tensor in = at::empty(sizes, kv.options());
-  dist::Work w = group.all_to_all(in, out, e.receive_rows, e.send_rows, "context-parallel window exchange of K/V");
+  const int64_t c = kv.size(3) / 2, per_key = kv.numel() / kv.size(3);
+  std::vector<at::Tensor> tails;
+  for (const Exchange::Move& m : e.sends) tails.push_back(half_of(kv, m.half).narrow(3, c - m.keys, m.keys).reshape(-1));
+  const at::Tensor out = tails.empty() ? at::empty({0}, kv.options()) : at::cat(tails);
+  at::Tensor in = at::empty({e.keys_received() * per_key}, kv.options());
+  dist::Work w = group.all_to_all(in, out, rows_of(e.receive_keys, per_key), rows_of(e.send_keys, per_key),
+                                  "context-parallel window exchange of K/V");
   return {in, std::move(w)};
 }
 
@@ -412,7 +449,7 @@ at::Tensor sinks_gradient(const at::Tensor& sinks, const at::Tensor& lse, const 
 
 // This rank's two chunks' merged attention (B, H, L, D) and log-sum-exp (B, H, L), float32, and for the
 // all-gather the gathered K/V (P, 2, B, K, L, D) that backward reads again, or under a window's exchange
-// the chunks received (n, 2, B, K, L/2, D) (the ring keeps none).
+// the tails received (flat; the ring keeps none).
 struct Forward {
   at::Tensor out, lse, gathered;
 };
@@ -434,8 +471,12 @@ Forward forward_over_group(const at::Tensor& q, const at::Tensor& k, const at::T
     auto [received, arriving] = start_exchange(group, e, kv);
     attend_owner(qs, kv, r, cp, rule, merged);
     arriving.wait();
-    for (size_t m = 0; m < e.receives.size(); ++m)
-      attend_chunk(qs, received[m], chunks_of(e.receives[m].rank, p)[e.receives[m].half], cp, rule, merged);
+    const int64_t c = qs[0].size(2);
+    for (size_t m = 0; m < e.receives.size(); ++m) {
+      const Exchange::Move& from = e.receives[m];
+      attend_chunk(qs, tail_in(received, e.receives, m, kv), chunks_of(from.rank, p)[from.half], cp, rule, merged,
+                   c - from.keys);
+    }
     if (cp.how == SequenceSplit::kAllGather) gathered = received;  // the ring exchanges them again in backward
   } else if (cp.how == SequenceSplit::kAllGather) {
     gathered = at::empty({p * kv.numel()}, kv.options());
@@ -488,15 +529,19 @@ at::Tensor backward_exchanged(const std::array<Rows, 2>& rows, const std::array<
   attend_owner_backward(rows, qs, kv, dkv, r, cp, rule, dq);
   arriving.wait();
   const at::Tensor shares = at::zeros(received.sizes(), received.options().dtype(at::kFloat));
-  for (size_t m = 0; m < e.receives.size(); ++m)
-    attend_chunk_backward(rows, qs, received[m], shares[m], chunks_of(e.receives[m].rank, p)[e.receives[m].half], cp,
-                          rule, dq);
-  std::vector<int64_t> sizes(shares.sizes().begin(), shares.sizes().end());
-  sizes[0] = static_cast<int64_t>(e.sends.size());
-  const at::Tensor home = at::empty(sizes, shares.options());
-  group.all_to_all(home, shares, e.send_rows, e.receive_rows, "context-parallel window exchange of K/V gradients")
+  const int64_t c = qs[0].size(2), per_key = kv.numel() / kv.size(3);
+  for (size_t m = 0; m < e.receives.size(); ++m) {
+    const Exchange::Move& from = e.receives[m];
+    attend_chunk_backward(rows, qs, tail_in(received, e.receives, m, kv), tail_in(shares, e.receives, m, dkv),
+                          chunks_of(from.rank, p)[from.half], cp, rule, dq, c - from.keys);
+  }
+  const at::Tensor home = at::empty({e.keys_sent() * per_key}, shares.options());
+  group
+      .all_to_all(home, shares, rows_of(e.send_keys, per_key), rows_of(e.receive_keys, per_key),
+                  "context-parallel window exchange of K/V gradients")
       .wait();
-  for (size_t m = 0; m < e.sends.size(); ++m) half_of(dkv, e.sends[m].half).add_(home[m]);
+  for (size_t m = 0; m < e.sends.size(); ++m)
+    half_of(dkv, e.sends[m].half).narrow(3, c - e.sends[m].keys, e.sends[m].keys).add_(tail_in(home, e.sends, m, dkv));
   return dkv;
 }
 
@@ -725,6 +770,15 @@ int64_t chunks_received(const ContextParallel& cp, int64_t seq_len, int64_t wind
                   : busiest_receiver(p, c, window);
 }
 
+int64_t keys_received(const ContextParallel& cp, int64_t seq_len, int64_t window) {
+  const int64_t p = cp.size(), c = seq_len / (2 * p);
+  if (!exchanges_window(cp, seq_len, window)) return 2 * (p - 1) * c;
+  if (cp.group) return exchange_of(cp.rank(), p, c, window).keys_received();
+  int64_t most = 0;
+  for (int64_t r = 0; r < p; ++r) most = std::max(most, exchange_of(r, p, c, window).keys_received());
+  return most;
+}
+
 int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t seq_len, int64_t heads, int64_t kv_heads,
                              int64_t head_dim, int64_t elem, int64_t window) {
   const int64_t p = cp.size();
@@ -732,12 +786,11 @@ int64_t sequence_split_bytes(const ContextParallel& cp, int64_t batch, int64_t s
   const int64_t l = seq_len / p;
   const int64_t kv = 2 * batch * kv_heads * l * head_dim;  // one rank's K and V, elements
   if (exchanges_window(cp, seq_len, window)) {
-    // K/V halves out (twice for the ring), their float32 gradients home
-    const int64_t half = kv / 2, ring = cp.how == SequenceSplit::kRing ? 2 : 1;
+    // The tails of K/V halves out (twice for the ring), their float32 gradients home
+    const int64_t per_key = kv / l, ring = cp.how == SequenceSplit::kRing ? 2 : 1;
     auto bytes_of = [&](int64_t rank) {
       const Exchange e = exchange_of(rank, p, l / 2, window);
-      return ring * static_cast<int64_t>(e.sends.size()) * half * elem +
-             static_cast<int64_t>(e.receives.size()) * half * 4;
+      return ring * e.keys_sent() * per_key * elem + e.keys_received() * per_key * 4;
     };
     if (cp.group) return bytes_of(cp.rank());
     int64_t most = 0;

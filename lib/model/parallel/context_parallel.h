@@ -21,10 +21,11 @@
 //     cuts computed op by op over tiles of queries, each against the keys its rows see) and
 //     attention sinks (gpt-oss: one more logit per head, folded into the merged log-sum-exp).
 //     A window that leaves some rank's chunks unseen by another's queries changes what moves: each
-//     rank sends just the chunks other ranks' queries see (an unequal all-to-all: under a window no
-//     longer than a chunk, one chunk to each neighbour) and backward sends their gradients home the
-//     same way; allgather keeps the chunks it received for backward, the ring exchanges them again
-//     (and takes this path only while a rank receives at most two chunks, what one ring step holds).
+//     rank sends just the keys and values other ranks' queries see, of each chunk its tail from the
+//     first key a query reaches (an unequal all-to-all: under a window of w no longer than a chunk,
+//     w - 1 keys to each neighbour) and backward sends their gradients home the same way; allgather
+//     keeps the tails it received for backward, the ring exchanges them again (and takes this path
+//     only while a rank receives from at most two chunks, what one ring step holds).
 //   Ulysses: rank i holds the i-th contiguous block of T/P tokens; before attention an all-to-all
 //     turns q, k, v from (its tokens, all heads) into (every token, its H/P heads), attention runs
 //     whole (causal, windows, packed records as without it), and an all-to-all turns it back.
@@ -104,13 +105,16 @@ at::Tensor ulysses_to_heads(const at::Tensor& x, const ContextParallel& cp);
 at::Tensor ulysses_to_tokens(const at::Tensor& x, const ContextParallel& cp);
 
 // Whether a layer of sliding window `window` (0: none) over sequences of T tokens exchanges only the
-// chunks its windows see (above) rather than running the strategy's collectives: the same answer on
+// keys its windows see (above) rather than running the strategy's collectives: the same answer on
 // every rank of the group. Never under Ulysses.
 bool exchanges_window(const ContextParallel& cp, int64_t seq_len, int64_t window);
-// The other ranks' K/V chunks (T / 2P tokens each) rank cp.rank() receives for such a layer (for a group
-// of its shapes alone, the busiest rank's): all 2(P-1) of them unless the window exchanges. What
-// allgather keeps for backward.
+// The other ranks' K/V chunks rank cp.rank() receives (some of) for such a layer (for a group of its
+// shapes alone, the busiest rank's): all 2(P-1) of them unless the window exchanges.
 int64_t chunks_received(const ContextParallel& cp, int64_t seq_len, int64_t window);
+// The other ranks' keys (with their values) rank cp.rank() receives for such a layer (for a group of its
+// shapes alone, the busiest rank's): all 2(P-1) chunks' unless the window exchanges. What allgather keeps
+// for backward.
+int64_t keys_received(const ContextParallel& cp, int64_t seq_len, int64_t window);
 
 // The bytes rank cp.rank()'s sequence-split collectives send for one layer's attention, forward and
 // backward (dist::bytes_sent's rule), for B sequences of T tokens, H query and K kv heads of D over
