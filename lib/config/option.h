@@ -55,7 +55,7 @@ enum class ValueType {
   kEnum,     // one of `choices`, any case; legacy integers 1..N when `int_aliases`
   kList,     // comma-separated string or a YAML sequence; canonical form "A,B"
   kGpuIds,   // "all" or comma-separated device indices; `gpu_ids: 0` (an int) accepted
-  kMap,      // a mapping of scalars (lora.rank_pattern: {q_proj: 16}), by the spec's parse; canonical form its JSON text
+  kMap,      // scalars by name (lora.rank_pattern: {q_proj: 16}), read by the spec's parse; canonical: JSON text
   kIgnored,  // accepted for compatibility with Accelerate and ignored (TPU, SageMaker, dynamo keys)
 };
 

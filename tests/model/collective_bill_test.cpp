@@ -249,7 +249,7 @@ TEST_CASE("cp 8 on meta under a sliding window: a layer's attention moves only t
     const Mesh slid{8, 1, 8, false, how, 3, window}, plain{8, 1, 8, false, how, 3, 0};
     const StepBill two = step_bill(2, slid, B, T), three = step_bill(3, slid, B, T);
     const StepBill whole = step_bill(3, plain, B, T);
-    MESSAGE(sequence_split_name(how) << ", cp 8, a window of 256, 2 layers: cp group" << describe(two.cp));
+    MESSAGE(std::string(sequence_split_name(how)) << ", cp 8, a window of 256, 2 layers: cp group" << describe(two.cp));
     CHECK(three.host_ops.empty());
     const int64_t ring = how == SequenceSplit::kRing ? 2 : 1;
     const int64_t layer = ring * 2 * tail * 2 + 2 * tail * 4;  // bf16 tails out, fp32 gradients home

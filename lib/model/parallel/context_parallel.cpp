@@ -423,7 +423,8 @@ std::vector<int64_t> rows_of(const std::vector<int64_t>& keys, int64_t per_key) 
 std::pair<at::Tensor, dist::Work> start_exchange(dist::ProcessGroup& group, const Exchange& e, const at::Tensor& kv) {
   const int64_t c = kv.size(3) / 2, per_key = kv.numel() / kv.size(3);
   std::vector<at::Tensor> tails;
-  for (const Exchange::Move& m : e.sends) tails.push_back(half_of(kv, m.half).narrow(3, c - m.keys, m.keys).reshape(-1));
+  for (const Exchange::Move& m : e.sends)
+    tails.push_back(half_of(kv, m.half).narrow(3, c - m.keys, m.keys).reshape(-1));
   const at::Tensor out = tails.empty() ? at::empty({0}, kv.options()) : at::cat(tails);
   at::Tensor in = at::empty({e.keys_received() * per_key}, kv.options());
   dist::Work w = group.all_to_all(in, out, rows_of(e.receive_keys, per_key), rows_of(e.send_keys, per_key),
