@@ -227,9 +227,9 @@ std::string lora_patterns_said(const model::LoraSettings& s, const std::vector<s
 }
 
 // Under context parallel (allgather or the ring), the windowed layers that send each rank only the
-// keys and values their windows let its queries see (model/parallel/context_parallel.h): "16 of 32 layers
-// (sliding window 256) receive only the K/V their windows see: at most 510 of the other ranks' 768 keys
-// (from 2 of their 6 chunks of 128 tokens)". Empty where no layer does.
+// keys and values their windows let its queries see (model/parallel/context_parallel.h): "12 of 24 layers
+// (sliding window 128) receive only the K/V their windows see: at most 254 of the other ranks' 3072 keys
+// (from 2 of their 6 chunks of 512 tokens)". Empty where no layer does.
 std::string window_exchange_said(const model::DecoderConfig& mc, int cp_size, const std::string& cp_kind,
                                  int64_t seq_len) {
   const model::ContextParallel group =
