@@ -63,7 +63,13 @@ std::vector<Family> families() {
   qwen3.qk_norm = true;
   qwen3.head_dim = 6;
   std::vector<Family> all = {{"llama", c}, {"qwen2", qwen2}, {"qwen3", qwen3}};
-  for (const auto& [name, kind] : fsdp::model::testing::tiny_new_kinds()) all.push_back({name, kind});
+  for (auto [name, kind] : fsdp::model::testing::tiny_new_kinds()) {
+    // Gemma 4 E2B's form amplifies float32's rounding at the others' weights (0.2): its own float32 gradients
+    // lie 4e-5 to 2e-4 from its float64 ones, and two float32 orders up to 2.6x that apart, whatever the split.
+    // At 0.05 that distance is 6e-6 to 8e-6.
+    if (name == "gemma4_small") kind.initializer_range = 0.05;
+    all.push_back({name, kind});
+  }
   // The hybrids: a Gated DeltaNet layer before a gated attention one, with as many kv heads as query
   // heads and twice as many value heads as key heads, so sp 4 and sp 2 x tp 2 divide them all.
   const std::string hybrid = R"("head_dim": 8, "num_key_value_heads": 4, "linear_num_key_heads": 4,
@@ -173,9 +179,9 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
   // float32's own noise: a Gated DeltaNet's gradients carry more of it (transformers' Qwen3.5 of these
   // shapes: its float32 gradients differ from its float64 ones by up to 8.6e-6 of their largest, so
   // two float32 sums in other orders by up to about twice that). Where the whole model's own float32
-  // gradients are further than that from its float64 ones (Gemma 4 E2B's form at these weights: about
-  // 1e-4, its per-layer inputs and soft-capped logits amplifying rounding), the bound is twice that
-  // distance, for the split model's rounding and the whole model's.
+  // gradients are further than a third of the bound from its float64 ones, the bound is three times that
+  // distance: the split model's rounding and the whole model's, each of that size, and their spread
+  // between CPUs' kernels (measured up to 2.6x it).
   const Whole wide = whole_model(c, x, y, /*wide=*/true);
   auto relative = [](const at::Tensor& got, const at::Tensor& want) {
     const at::Tensor w64 = want.to(at::kDouble);
@@ -183,7 +189,7 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
   };
   double noise = 0;
   for (const auto& [name, g] : w.grads) noise = std::max(noise, relative(g, wide.grads.at(name)));
-  const double bound = std::max(hybrid(c) ? 3e-5 : 1e-5, 2 * noise);
+  const double bound = std::max(hybrid(c) ? 3e-5 : 1e-5, 3 * noise);
   double worst = 0;
   for (const auto& [name, g] : grads) {
     const double diff = relative(g, w.grads.at(name));
