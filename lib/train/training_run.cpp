@@ -304,10 +304,10 @@ TrainingRun::TrainingRun(const dist::WorkerContext& context, const config::Resol
   model::set_float8_recipe(
       model::float8_recipe_named(config::enum_name(config_.engine.float8, config::kFloat8TrainingNames)));
   build_model();
-  const config::FsdpLayout layout = config::effective_fsdp_layout(config_);
+  const config::FsdpLayout layout = config::effective_fsdp_layout(config_);  // cp 1 exchanges nothing: ""
   if (const std::string exchanged =
           window_exchange_said(model_config_, layout.cp_size, layout.cp_kind, config_.train.sequence_length);
-      layout.cp_size > 1 && !exchanged.empty())
+      !exchanged.empty())
     say(str("[train] context parallel: ", exchanged, "\n"));
   build_checkpointer(hooks);
 }

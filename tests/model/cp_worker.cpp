@@ -142,7 +142,39 @@ Whole whole_model(const fsdp::model::DecoderConfig& c, const at::Tensor& x, cons
   return w;
 }
 
-void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const Layout& l) {
+// A gradient's largest difference from `want`'s, relative to want's largest entry, in float64.
+double relative(const at::Tensor& got, const at::Tensor& want) {
+  const at::Tensor w64 = want.to(at::kDouble);
+  return (got.to(at::kDouble) - w64).abs().max().item<double>() / std::max(w64.abs().max().item<double>(), 1e-30);
+}
+
+// What every layout of a family is checked against: the batch (every rank the same), the whole model's
+// loss and gradients, and their bound.
+struct Reference {
+  at::Tensor x, y;
+  Whole whole;
+  double noise = 0, bound = 0;
+};
+
+Reference reference_of(const fsdp::model::DecoderConfig& c) {
+  Reference r;
+  torch::manual_seed(11);
+  r.x = torch::randint(c.vocab_size, {kBatch, kSeq});
+  r.y = torch::randint(c.vocab_size, {kBatch, kSeq});
+  r.whole = whole_model(c, r.x, r.y);
+  // float32's own noise: a Gated DeltaNet's gradients carry more of it (transformers' Qwen3.5 of these
+  // shapes: its float32 gradients differ from its float64 ones by up to 8.6e-6 of their largest, so
+  // two float32 sums in other orders by up to about twice that). Where the whole model's own float32
+  // gradients are further than a third of the bound from its float64 ones, the bound is three times that
+  // distance: the split model's rounding and the whole model's, each of that size, and their spread
+  // between CPUs' kernels (measured up to 2.6x it).
+  const Whole wide = whole_model(c, r.x, r.y, /*wide=*/true);
+  for (const auto& [name, g] : r.whole.grads) r.noise = std::max(r.noise, relative(g, wide.grads.at(name)));
+  r.bound = std::max(hybrid(c) ? 3e-5 : 1e-5, 3 * r.noise);
+  return r;
+}
+
+void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const Layout& l, const Reference& ref) {
   const fsdp::model::DecoderConfig& c = family.config;
   fsdp::DeviceMesh mesh = fsdp::make_mesh(world, 1, 1, 0, l.tp, l.cp);
   FSDP_ASSERT(mesh.cp.has_value(), "no cp group");
@@ -159,8 +191,7 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
   }
   fsdp::model::CausalLM model(c, /*free_after_create=*/true, tp, cp);
   auto sharded = fsdp::fully_shard(*model, fsdp::model::decoder_traits(c), mesh, o);
-  torch::manual_seed(11);  // every rank the same batch
-  const at::Tensor x = torch::randint(c.vocab_size, {kBatch, kSeq}), y = torch::randint(c.vocab_size, {kBatch, kSeq});
+  const at::Tensor &x = ref.x, &y = ref.y;
   cp_group.reset_counters();
   const at::Tensor mine = sharded->forward(
       {x, y}, [&](const fsdp::TensorList& in) { return fsdp::TensorList{model->loss_sum(in[0], in[1])}; })[0];
@@ -171,25 +202,12 @@ void check_layout(fsdp::dist::ProcessGroup world, const Family& family, const La
   at::Tensor total = mine.detach().clone();
   cp_group.all_reduce(total).wait();
   const auto grads = sharded->gather_full_gradients();
-  const Whole w = whole_model(c, x, y);
+  const Whole& w = ref.whole;
 
   const std::string what = fsdp::str(family.name, ", ", l.describe());
   const double loss = total.item<double>();
   FSDP_ASSERT(std::abs(loss - w.loss) <= 1e-5 * std::abs(w.loss), what, ": loss sum ", loss, ", whole model ", w.loss);
-  // float32's own noise: a Gated DeltaNet's gradients carry more of it (transformers' Qwen3.5 of these
-  // shapes: its float32 gradients differ from its float64 ones by up to 8.6e-6 of their largest, so
-  // two float32 sums in other orders by up to about twice that). Where the whole model's own float32
-  // gradients are further than a third of the bound from its float64 ones, the bound is three times that
-  // distance: the split model's rounding and the whole model's, each of that size, and their spread
-  // between CPUs' kernels (measured up to 2.6x it).
-  const Whole wide = whole_model(c, x, y, /*wide=*/true);
-  auto relative = [](const at::Tensor& got, const at::Tensor& want) {
-    const at::Tensor w64 = want.to(at::kDouble);
-    return (got.to(at::kDouble) - w64).abs().max().item<double>() / std::max(w64.abs().max().item<double>(), 1e-30);
-  };
-  double noise = 0;
-  for (const auto& [name, g] : w.grads) noise = std::max(noise, relative(g, wide.grads.at(name)));
-  const double bound = std::max(hybrid(c) ? 3e-5 : 1e-5, 3 * noise);
+  const double noise = ref.noise, bound = ref.bound;
   double worst = 0;
   for (const auto& [name, g] : grads) {
     const double diff = relative(g, w.grads.at(name));
@@ -274,9 +292,11 @@ int main(int argc, char** argv) {
                : std::vector<Layout>{{4, 1, SequenceSplit::kAllGather}, {4, 1, SequenceSplit::kRing},
                                      {2, 2, SequenceSplit::kAllGather}, {2, 2, SequenceSplit::kRing},
                                      {4, 1, SequenceSplit::kUlysses},   {2, 2, SequenceSplit::kUlysses}};
-    for (const Family& f : families())
+    for (const Family& f : families()) {
+      const Reference ref = reference_of(f.config);  // every layout's, computed once
       for (const Layout& l : layouts)
-        if (composes(f.config, l)) check_layout(world, f, l);
+        if (composes(f.config, l)) check_layout(world, f, l, ref);
+    }
     if (world.rank() == 0) std::printf("context-parallel exactness and accounting passed at W=%d\n", w);
     return 0;
   } catch (const std::exception& e) {
