@@ -13,6 +13,8 @@
 //       the loaded model to OUT through the sharded engine. KERNELS (comma-separated: host, host+onednn-all, portable,
 //       reference) runs it with each in turn, a line each naming them ("kernels"); without it, the environment's.
 //   hf_tool count CONFIG_JSON...   prints the parameter count and layer class of each config.json, a line each.
+//   hf_tool config CONFIG_JSON   prints the config.json an export of that model writes (every field as read,
+//       transformers' defaults filled in for those the file leaves out).
 //   hf_tool logits-of DIR TOKENS   loads DIR of any family and prints, as JSON, its logits on each
 //       token list of TOKENS (a JSON list of lists), one flat list each.
 #include <ATen/ATen.h>
@@ -212,9 +214,13 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    if (mode == "config") {
+      std::cout << fsdp::model::decoder_config_json(fsdp::model::load_llama_config(argv[2])) << "\n";
+      return 0;
+    }
     std::cerr << "usage: hf_tool export DIR MAX_SHARD_BYTES [tied] | hf_tool logits DIR | hf_tool golden DIR OUT "
                  "[LENGTH [KERNELS]] | "
-                 "hf_tool count CONFIG_JSON... | hf_tool logits-of DIR TOKENS\n";
+                 "hf_tool count CONFIG_JSON... | hf_tool config CONFIG_JSON | hf_tool logits-of DIR TOKENS\n";
     return 2;
   } catch (const fsdp::Error& e) {
     std::cerr << "error: " << e.what() << "\n";

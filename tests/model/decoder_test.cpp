@@ -403,6 +403,64 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
         std::string::npos);
 }
 
+// OLMo 3: OLMo 2's layers with windows and a rotary table per layer type, from the released folders' spelling
+// and transformers 5's; a null window where layers slide (transformers cannot run it) and a single rope_parameters
+// table (Olmo3Config ignores it) refused by name; Mistral's window when left out.
+TEST_CASE("config.json of OLMo 3: its windows and two rotary tables, a round trip, refusals") {
+  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2)";
+  auto parse = [&](const std::string& type, const std::string& extra = "") {
+    return parse_decoder_config(
+        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
+  };
+  auto error = [&](const std::string& type, const std::string& extra) { return error_of([&] { parse(type, extra); }); };
+  // OLMo 3: OLMo 2's form; three layers of four sliding (4096) by default; the top-level rope_theta and rope_scaling
+  // are the full layers' while the sliding ones rotate at 500000 (Olmo3Config gives them its default, not rope_theta).
+  const DecoderConfig olmo3 = parse("olmo3", R"("rope_theta": 1e4, "max_position_embeddings": 64,
+      "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16})");
+  CHECK((olmo3.norms == NormPlacement::kPost && olmo3.qk_norm_whole && !olmo3.qk_norm && !olmo3.tie_word_embeddings));
+  CHECK((olmo3.rope_theta == 1e4 && olmo3.local_rope_theta == 500000.0));
+  REQUIRE(olmo3.rope_scaling.has_value());
+  CHECK(olmo3.rope_scaling->type == RopeScaling::Type::kYarn);
+  for (int64_t i = 0; i < 4; ++i) {
+    CHECK(olmo3.plan(i).window == (i == 3 ? 0 : 4096));
+    CHECK(olmo3.plan(i).rope == (i == 3 ? 0 : 1));  // the sliding layers' own table, unscaled
+  }
+  // transformers 5's spelling: a table per layer type.
+  const DecoderConfig olmo3_v5 = parse("olmo3", R"("sliding_window": 8, "layer_types": ["full_attention",
+      "sliding_attention", "full_attention", "sliding_attention"], "rope_parameters": {"full_attention":
+      {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}})");
+  CHECK((olmo3_v5.rope_theta == 1e6 && olmo3_v5.local_rope_theta == 1e3 && !olmo3_v5.rope_scaling));
+  for (int64_t i = 0; i < 4; ++i) CHECK(olmo3_v5.plan(i).window == (i % 2 == 1 ? 8 : 0));
+  for (const DecoderConfig& c : {olmo3, olmo3_v5}) {  // the export reads back as the same model
+    const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+    CHECK(decoder_config_json(back) == decoder_config_json(c));
+    for (int64_t i = 0; i < 4; ++i) {
+      CHECK(back.plan(i).window == c.plan(i).window);
+      CHECK(back.plan(i).rope == c.plan(i).rope);
+    }
+    CHECK(back.local_rope_theta == c.local_rope_theta);
+  }
+  // What transformers' OLMo 3 cannot run, or silently reads otherwise: refused, naming the fix.
+  CHECK(error("olmo3", R"("sliding_window": null)") ==
+        "olmo3.json: sliding_window is null, yet layer_types (as Olmo3ForCausalLM fills it in) holds sliding_attention "
+        "layers; transformers cannot run this config either. Set sliding_window, or make every layer full_attention");
+  CHECK(error("gemma2", R"("sliding_window": null, "layer_types": ["sliding_attention", "full_attention",
+      "full_attention", "full_attention"])")
+            .find("gemma2.json: sliding_window is null, yet layer_types holds sliding_attention layers") !=
+        std::string::npos);
+  // Mistral's window when sliding_window is left out (MistralConfig's 4096), and none when it is null.
+  CHECK(parse("mistral").plan(0).window == 4096);
+  CHECK(parse("mistral", R"("sliding_window": null)").plan(0).window == 0);
+  CHECK(parse("olmo3", R"("sliding_window": null, "layer_types": ["full_attention", "full_attention",
+      "full_attention", "full_attention"])")
+            .plan(0)
+            .window == 0);
+  CHECK(error("olmo3", R"("rope_parameters": {"rope_type": "default", "rope_theta": 1e4})")
+            .find("olmo3.json: rope_parameters of olmo3 holds a table per layer type (full_attention, "
+                  "sliding_attention); Olmo3Config ignores a single table such as this one") != std::string::npos);
+}
+
 // Gemma 4's dense text models (gemma-4-31B): the full-attention layers' heads from either spelling,
 // the proportional rotary, the round trip, and what is refused by name.
 TEST_CASE("config.json of Gemma 4: the full-attention layers' heads, the proportional rotary, refusals") {

@@ -2,7 +2,8 @@
 window), Qwen2 (q/k/v biases, tied embeddings, a sliding window from max_window_layers on), Qwen3
 (q_norm/k_norm, head_dim independent of hidden_size), Gemma 2 (sandwich norms, GELU, scaled
 embeddings, soft-capped scores and logits), Gemma 3 (per-head norms, a local rotary table, linear
-scaling), OLMo 2 (norms after the blocks), SmolLM3 (a layer without rotary, a window) and Granite
+scaling), OLMo 2 (norms after the blocks), OLMo 3 (OLMo 2's with windows and a rotary table per layer type, the
+full layers' YaRN), SmolLM3 (a layer without rotary, a window) and Granite
 (multipliers), Phi-3 (a partial rotation with longrope, a window, fused projections in the folder)
 and Llama with YaRN, the mixtures of experts of issue 61 (Qwen3-MoE with a dense layer among sparse
 ones and the top-k renormalised, Qwen2-MoE with its shared expert and sparse layers every second,
@@ -34,6 +35,9 @@ of transformers' float32 run from its float64 one, at least 1e-6):
 decoding gives transformers' generate(do_sample=False) ids, token for token, for every prompt
 with each kernel provider; with the default kernels sampling with a seed gives the same ids twice
 and other ids with another seed, and a prompt longer than the model's positions is refused.
+A config.json of each family holding only its shape (and OLMo 3's and Gemma 3's older spellings) gives the model
+transformers fills in from its config class's defaults, field by field: the config.json fsdptrain's export writes
+reads back in transformers as the original does.
 The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Gemma-4-31B, Gemma-4-26B-A4B, Phi-4, Qwen3-30B-A3B,
 Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
@@ -113,6 +117,15 @@ def families():
             layer_types=["sliding_attention", "full_attention"] + ["sliding_attention"] * 2 + ["full_attention"]),
             transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
+        # OLMo 3: OLMo 2's form with windows of 4 on two of three layers, the full layer's YaRN on a base of its
+        # own, the sliding layers' table unscaled on another.
+        "olmo3": (transformers.Olmo3Config(
+            **{k: v for k, v in common.items() if k != "rope_theta"}, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                "original_max_position_embeddings": 32},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}}),
+            transformers.Olmo3ForCausalLM),
         # pad_token_id 0 (its default is past this vocabulary): token 0's lookups get no gradient, as
         # in Gemma, whose default it is.
         "smollm3": (transformers.SmolLM3Config(**common, pad_token_id=0, no_rope_layers=[1, 0, 1],
@@ -543,6 +556,67 @@ def check_shapes(tool, source):
         assert ours["num_parameters"] == n and ours["layer_class"] == type(model.model.layers[0]).__name__
 
 
+# Each family's config.json holding only its shape (and the Hub's older spellings where a family has them):
+# the defaults transformers' config class fills in for everything else are the model's.
+SHAPE = dict(vocab_size=320, hidden_size=128, intermediate_size=96, num_hidden_layers=4, num_attention_heads=32)
+LEFT_OUT = {
+    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma2": {}, "gemma3_text": {}, "gemma4_text": {},
+    "olmo2": {}, "olmo3": {}, "smollm3": {}, "granite": {}, "phi3": {}, "qwen3_moe": {}, "qwen2_moe": {},
+    "mixtral": {}, "qwen3_5_text": {}, "qwen3_next": {}, "qwen3_5_moe_text": {}, "gpt_oss": {},
+    # The released OLMo 3 folders: rope_theta and YaRN's rope_scaling at the top level (the full layers').
+    "olmo3/hub": dict(rope_theta=1e4, max_position_embeddings=256,
+                      rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
+                                    "attention_factor": 1.2}),
+    # Gemma 3's older spelling: rope_local_base_freq beside rope_theta.
+    "gemma3_text/hub": dict(rope_theta=2e5, rope_local_base_freq=5e3),
+}
+# What an export need not carry: bookkeeping, and what transformers alone reads.
+NOT_THE_MODEL = {"transformers_version", "architectures", "_name_or_path", "dtype", "torch_dtype", "use_cache",
+                 "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
+                 "tie_encoder_decoder", "is_encoder_decoder", "problem_type", "id2label", "label2id"}
+
+
+def effective(config):
+    """A config's fields as its class has them, with what a None stands for filled in: the model it builds."""
+    d = config.to_dict()
+    out = {k: d.get(k) for k in type(config)().to_dict() if k not in NOT_THE_MODEL}
+    if "head_dim" in out and out["head_dim"] is None:
+        out["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
+    if "partial_rotary_factor" in out and out["partial_rotary_factor"] is None:
+        out["partial_rotary_factor"] = 1.0
+    if "layer_types" in out and out["layer_types"] is None:
+        out["layer_types"] = ["full_attention"] * d["num_hidden_layers"]
+    rope = out.get("rope_parameters") or {}
+    for table in (rope.values() if all(isinstance(v, dict) for v in rope.values()) else [rope]):
+        if table.get("rope_type") == "yarn":  # modeling_rope_utils' defaults
+            table.setdefault("beta_fast", 32.0), table.setdefault("beta_slow", 1.0), table.setdefault("truncate", True)
+    return out
+
+
+def check_defaults(tool, d):
+    """A config.json that leaves fields out: fsdptrain's model is the one transformers builds from it, field by
+    field of the family's config class (compared through the config.json fsdptrain's export writes, which
+    transformers reads back)."""
+    differ = []
+    for name, extra in LEFT_OUT.items():
+        fields = dict(SHAPE, model_type=name.split("/")[0], **extra)
+        folder = os.path.join(d, "defaults", name.replace("/", "_"))
+        os.makedirs(folder)
+        path = os.path.join(folder, "config.json")
+        json.dump(fields, open(path, "w"))
+        run = subprocess.run([tool, "config", path], capture_output=True, text=True)
+        assert run.returncode == 0, (name, run.stderr)
+        theirs = effective(transformers.AutoConfig.from_pretrained(folder))
+        mine_folder = os.path.join(folder, "exported")
+        os.makedirs(mine_folder)
+        open(os.path.join(mine_folder, "config.json"), "w").write(run.stdout)
+        ours = effective(transformers.AutoConfig.from_pretrained(mine_folder))
+        differ += [f"{name}: {key} is {ours.get(key)!r} in fsdptrain's model, {theirs[key]!r} in transformers'"
+                   for key in theirs if ours.get(key) != theirs[key]]
+    assert not differ, "\n".join(differ)
+    print(f"defaults: {len(LEFT_OUT)} config.json files of shapes alone read as transformers reads them")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
@@ -553,6 +627,7 @@ def main():
     a = ap.parse_args()
     check_shapes(a.tool, a.source)
     with tempfile.TemporaryDirectory() as d:
+        check_defaults(a.tool, d)
         for name, (config, cls) in families().items():
             if a.families and name not in a.families.split(","):
                 continue

@@ -397,7 +397,11 @@ TEST_CASE("the bill of a bf16 step at the 1B widths: bf16 products, no float64, 
 TEST_CASE("each new layer kind's bf16 step at the 1B widths: bf16 products, no float64") {
   const std::string sliding = R"("sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"])";
   const std::pair<const char*, std::string> kinds[] = {
-      {"gemma3_text", sliding}, {"gemma2", sliding}, {"olmo2", ""}, {"smollm3", R"("no_rope_layers": [1, 0])"},
+      {"gemma3_text", sliding},
+      {"gemma2", sliding},
+      {"olmo2", ""},
+      {"olmo3", sliding},
+      {"smollm3", R"("no_rope_layers": [1, 0])"},
       {"granite", R"("embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
                      "logits_scaling": 8.0)"},
       // The hybrids: a Gated DeltaNet layer (every product of the chunked rule) and a gated full-attention one.

@@ -43,7 +43,8 @@ inline DecoderConfig tiny_of(const std::string& model_type, const std::string& e
 // layer of wider heads with values from k_proj (and its proportional rotation), and its experts beside
 // the dense MLP (a normed, scaled router), E2B's and E4B's per-layer embeddings and last layers attending
 // with earlier layers' keys and values (four layers), OLMo 2's norms after
-// the blocks and over the whole projections, SmolLM3's layer without rotary, Granite's multipliers,
+// the blocks and over the whole projections (and OLMo 3's with a window and two rotary tables, the full
+// layer's YaRN), SmolLM3's layer without rotary, Granite's multipliers,
 // Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window.
 inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
   const std::string sliding = R"("sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"])";
@@ -67,6 +68,10 @@ inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
               "use_double_wide_mlp": true})",
                                                 "tiny gemma4_small")},
           {"olmo2", tiny_of("olmo2")},
+          {"olmo3", tiny_of("olmo3", sliding + R"(, "max_position_embeddings": 64, "rope_parameters": {
+                                "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000.0,
+                                                   "original_max_position_embeddings": 16},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10.0}})")},
           {"smollm3", tiny_of("smollm3", R"("no_rope_layers": [1, 0])")},
           {"granite", tiny_of("granite", R"("embedding_multiplier": 3.0, "attention_multiplier": 0.3,
                                  "residual_multiplier": 0.5, "logits_scaling": 2.0)")},

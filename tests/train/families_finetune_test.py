@@ -1,4 +1,4 @@
-"""A fine-tune of each family issues 60 and 61 added, end to end: transformers makes the folder (its own
+"""A fine-tune of each family issues 60 and 61 added (and OLMo 3), end to end: transformers makes the folder (its own
 initial weights, the fine-tuning example's tokenizer and records), `fsdptrain launch` trains it on
 2 CPU workers (FSDP, packed prompt/completion records) and exports it, and then
   - the loss falls over the run;
@@ -65,6 +65,10 @@ def configs(vocab):
             hidden_size_per_layer_input=8, vocab_size_per_layer_input=vocab, num_kv_shared_layers=2,
             use_double_wide_mlp=True), transformers.Gemma4ForCausalLM),
         "olmo2": (transformers.Olmo2Config(**common), transformers.Olmo2ForCausalLM),
+        # OLMo 3: windows shorter than a record on two of three layers.
+        "olmo3": (transformers.Olmo3Config(**common, sliding_window=8,
+                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+                  transformers.Olmo3ForCausalLM),
         "smollm3": (transformers.SmolLM3Config(**common, no_rope_layers=[1, 0, 1]), transformers.SmolLM3ForCausalLM),
         "granite": (transformers.GraniteConfig(**common, embedding_multiplier=4.0, attention_multiplier=0.2,
                                                residual_multiplier=0.4, logits_scaling=2.0),
@@ -291,7 +295,7 @@ def main():
     ap.add_argument("--source", required=True)
     ap.add_argument("--families",
                     default="gemma2,gemma3,gemma4,gemma4_moe,gemma4_small,"
-                            "olmo2,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
+                            "olmo2,olmo3,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
                             "qwen2_moe,mixtral,gpt_oss,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)

@@ -206,13 +206,14 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
   return s;
 }
 
-// RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object. Gemma 3 has two
-// tables: rope_parameters keyed by layer type (or rope_theta + rope_scaling for the full layers and
-// rope_local_base_freq for the sliding ones), the local one unscaled.
+// RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object. Gemma 3 and 4 and
+// OLMo 3 have two tables: rope_parameters keyed by layer type, or rope_theta + rope_scaling for the full
+// layers and, for the sliding ones, Gemma 3's rope_local_base_freq (OLMo 3's 500000, its default, whatever
+// rope_theta says: Olmo3Config gives the top-level rope_theta to the full layers alone); the local one unscaled.
 void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
   json rope = j.value("rope_parameters", json());
   json scaling = j.value("rope_scaling", json());
-  const bool gemma4 = c.family == Family::kGemma4;
+  const bool gemma4 = c.family == Family::kGemma4, olmo3 = c.family == Family::kOlmo3;
   const bool gemma3 = c.family == Family::kGemma3 || gemma4, gpt_oss = c.family == Family::kGptOss;
   // Gemma4TextConfig's tables when rope_parameters is not written.
   if (gemma4 && rope.is_null())
@@ -223,15 +224,28 @@ void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
   if (gpt_oss && rope.is_null() && scaling.is_null())
     scaling = {{"rope_type", "yarn"},  {"factor", 32.0},   {"beta_fast", 32.0},
                {"beta_slow", 1.0},     {"truncate", false}, {"original_max_position_embeddings", 4096}};
-  c.rope_theta = field<double>(j, "rope_theta", gemma3 ? 1e6 : gpt_oss ? 150000.0 : c.rope_theta, where);
-  if (gemma3) {
-    c.local_rope_theta = field<double>(j, "rope_local_base_freq", 1e4, where);
+  constexpr double kOlmo3Theta = 500000.0;
+  c.rope_theta = field<double>(j, "rope_theta",
+                               gemma3    ? 1e6
+                               : gpt_oss ? 150000.0
+                               : olmo3   ? kOlmo3Theta
+                                         : c.rope_theta,
+                               where);
+  if (gemma3 || olmo3) {
+    c.local_rope_theta = olmo3 ? kOlmo3Theta : field<double>(j, "rope_local_base_freq", 1e4, where);
+    FSDP_CHECK(!olmo3 || !rope.is_object() || rope.contains("full_attention") || rope.contains("sliding_attention"),
+               where,
+               ": rope_parameters of olmo3 holds a table per layer type (full_attention, sliding_attention); "
+               "Olmo3Config ignores a single table such as this one (",
+               rope.dump(),
+               ") and rotates every layer at rope_theta 500000. Key it by layer type, or write rope_theta and "
+               "rope_scaling (the full-attention layers') at the top level");
     if (rope.is_object() && (rope.contains("full_attention") || rope.contains("sliding_attention"))) {
       const json local = rope.value("sliding_attention", json());
       if (local.is_object()) {
         c.local_rope_theta = field<double>(local, "rope_theta", c.local_rope_theta, where);
         FSDP_CHECK(!parse_scaling(local, j, where, c), where,
-                   ": rope_parameters.sliding_attention is scaled; fsdptrain scales only Gemma's full-attention "
+                   ": rope_parameters.sliding_attention is scaled; fsdptrain scales only the full-attention "
                    "layers' rotary (as transformers' released configs do)");
       }
       rope = rope.value("full_attention", json());
@@ -265,10 +279,11 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
              " rotated dimensions; the rotation needs an even number >= 2");
 }
 
-constexpr Family kAllFamilies[] = {
-    Family::kLlama,   Family::kMistral, Family::kQwen2,     Family::kQwen3,      Family::kGemma2,   Family::kGemma3,
-    Family::kOlmo2,   Family::kSmolLM3, Family::kGranite,   Family::kPhi3,       Family::kQwen3Moe, Family::kQwen2Moe,
-    Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next, Family::kQwen3_5Moe, Family::kGptOss,   Family::kGemma4};
+constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral, Family::kQwen2,   Family::kQwen3,
+                                   Family::kGemma2,     Family::kGemma3,  Family::kOlmo2,   Family::kOlmo3,
+                                   Family::kSmolLM3,    Family::kGranite, Family::kPhi3,    Family::kQwen3Moe,
+                                   Family::kQwen2Moe,   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next,
+                                   Family::kQwen3_5Moe, Family::kGptOss,  Family::kGemma4};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -323,6 +338,8 @@ bool default_sliding(const DecoderConfig& c, const json& j, int64_t i, const std
       FSDP_CHECK(pattern >= 1, where, ": sliding_window_pattern is ", pattern, "; it must be >= 1");
       return (i + 1) % pattern != 0;
     }
+    case Family::kOlmo3:
+      return (i + 1) % 4 != 0;
     case Family::kSmolLM3:
       return !c.plan(i).rotary;
     default:
@@ -338,12 +355,8 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   const int64_t n = c.num_hidden_layers;
   c.use_sliding_window = field<bool>(j, "use_sliding_window", false, where);
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
-  const int64_t window = field<int64_t>(j, "sliding_window",
-                                        is_gemma(c.family)            ? 4096
-                                        : c.family == Family::kGemma4 ? 512
-                                        : c.family == Family::kGptOss ? 128
-                                                                      : 0,
-                                        where);
+  // Absent, the family's (class_defaults); null, none.
+  const int64_t window = field<int64_t>(j, "sliding_window", 0, where);
   if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite || is_hybrid(c.family)) {
     FSDP_CHECK(window == 0, where, ": sliding_window is not a field of ", family_names(c.family).architecture,
                " (transformers ignores it); remove it",
@@ -351,10 +364,11 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
     return;
   }
   if (window_is_switched(c.family) && !c.use_sliding_window) return;  // sliding_window is then written but unused
-  if (window == 0) return;
-  FSDP_CHECK(!is_qwen_moe(c.family), where, ": use_sliding_window is true; fsdptrain does not implement ",
-             family_names(c.family).architecture, "'s sliding windows yet (its released models set it false)");
-  FSDP_CHECK(window >= 1, where, ": sliding_window is ", window, "; it must be >= 1 (or null for none)");
+  if (window_is_uniform(c.family) && window == 0) return;
+  FSDP_CHECK(window == 0 || !is_qwen_moe(c.family), where,
+             ": use_sliding_window is true; fsdptrain does not implement ", family_names(c.family).architecture,
+             "'s sliding windows yet (its released models set it false)");
+  FSDP_CHECK(window >= 0, where, ": sliding_window is ", window, "; it must be >= 1 (or null for none)");
   c.sliding_window = window;
   c.sliding_layers.assign(static_cast<size_t>(n), window_is_uniform(c.family));
   if (window_is_uniform(c.family)) return;
@@ -373,6 +387,13 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   }
   // Gemma4TextConfig makes its last layer full attention whatever layer_types says (with a warning).
   if (c.family == Family::kGemma4) c.sliding_layers[n - 1] = false;
+  // transformers builds a sliding mask for any sliding layer, and refuses a null window.
+  FSDP_CHECK(window > 0 || std::find(c.sliding_layers.begin(), c.sliding_layers.end(), true) == c.sliding_layers.end(),
+             where, ": sliding_window is ", j.value("sliding_window", json()).is_null() ? "null" : "0",
+             ", yet layer_types",
+             types.is_null() ? str(" (as ", family_names(c.family).architecture, " fills it in)") : std::string(),
+             " holds sliding_attention layers; transformers cannot run this config either. Set sliding_window, or "
+             "make every layer full_attention");
 }
 
 // SmolLM3's NoPE layers: no_rope_layers (1 where a layer rotates), else one layer in each
@@ -452,7 +473,7 @@ void parse_form(const json& j, const std::string& where, DecoderConfig& c) {
     c.norm_unit_offset = c.norm_fp32_product = true;
   } else if (c.family == Family::kGptOss) {  // GptOssRMSNorm: w times the normed in fp32, then the cast
     c.norm_fp32_product = c.attention_sinks = true;
-  } else if (c.family == Family::kOlmo2) {
+  } else if (c.family == Family::kOlmo2 || c.family == Family::kOlmo3) {
     c.norms = NormPlacement::kPost;
     c.norm_fp32_product = c.qk_norm_whole = true;
   } else if (c.family == Family::kGranite) {
@@ -757,6 +778,8 @@ FamilyNames family_names(Family f) {
       return {"gemma3_text", "Gemma3ForCausalLM", "Gemma3DecoderLayer"};
     case Family::kOlmo2:
       return {"olmo2", "Olmo2ForCausalLM", "Olmo2DecoderLayer"};
+    case Family::kOlmo3:
+      return {"olmo3", "Olmo3ForCausalLM", "Olmo3DecoderLayer"};
     case Family::kSmolLM3:
       return {"smollm3", "SmolLM3ForCausalLM", "SmolLM3DecoderLayer"};
     case Family::kGranite:
@@ -997,6 +1020,81 @@ double DecoderConfig::flops_per_token(int64_t seq_len) const {
 
 namespace {
 
+// What each family's transformers config class gives the fields a config.json leaves out, where that is not what
+// the parser takes for an absent field (Llama's: rms_norm_eps 1e-6, max_position_embeddings 2048, rope_theta 10000,
+// as many kv heads as heads, head_dim hidden_size / heads, no token ids). Filled in before the file is read, so the
+// model is the one transformers builds from the same file, and the export writes them.
+json class_defaults(Family f) {
+  switch (f) {
+    case Family::kLlama:
+    case Family::kGranite:
+      return {{"bos_token_id", 1}, {"eos_token_id", 2}};
+    case Family::kMistral:
+      return {{"max_position_embeddings", 131072},
+              {"num_key_value_heads", 8},
+              {"sliding_window", 4096},
+              {"bos_token_id", 1},
+              {"eos_token_id", 2}};
+    case Family::kQwen2:
+      return {{"max_position_embeddings", 32768}, {"max_window_layers", 28}, {"num_key_value_heads", 32}};
+    case Family::kQwen2Moe:
+      return {{"max_position_embeddings", 32768}, {"max_window_layers", 28}, {"num_key_value_heads", 16}};
+    case Family::kQwen3:
+      return {{"max_position_embeddings", 32768},
+              {"max_window_layers", 28},
+              {"num_key_value_heads", 32},
+              {"head_dim", 128}};
+    case Family::kGemma2:
+      return {{"max_position_embeddings", 8192},
+              {"num_key_value_heads", 4},
+              {"head_dim", 256},
+              {"sliding_window", 4096},
+              {"pad_token_id", 0},
+              {"bos_token_id", 2},
+              {"eos_token_id", 1}};
+    case Family::kGemma3:
+    case Family::kGemma4:
+      return {{"max_position_embeddings", 131072},
+              {"num_key_value_heads", 4},
+              {"head_dim", 256},
+              {"sliding_window", f == Family::kGemma3 ? 4096 : 512},
+              {"pad_token_id", 0},
+              {"bos_token_id", 2},
+              {"eos_token_id", 1}};
+    case Family::kOlmo2:
+      return {{"rms_norm_eps", 1e-5}, {"pad_token_id", 1}, {"eos_token_id", 50279}};
+    case Family::kOlmo3:
+      return {{"rms_norm_eps", 1e-5}, {"sliding_window", 4096}, {"pad_token_id", 1}, {"eos_token_id", 50279}};
+    case Family::kSmolLM3:
+      return {{"max_position_embeddings", 32768}, {"num_key_value_heads", 4}, {"rope_theta", 2e6},
+              {"pad_token_id", 128004},           {"bos_token_id", 128000},   {"eos_token_id", 128001}};
+    case Family::kPhi3:
+      return {{"rms_norm_eps", 1e-5},
+              {"max_position_embeddings", 4096},
+              {"pad_token_id", 32000},
+              {"bos_token_id", 1},
+              {"eos_token_id", 32000}};
+    case Family::kQwen3Moe:
+      return {{"max_position_embeddings", 32768}, {"num_key_value_heads", 4}};
+    case Family::kMixtral:
+      return {{"rms_norm_eps", 1e-5},     {"max_position_embeddings", 131072},
+              {"num_key_value_heads", 8}, {"rope_theta", 1e6},
+              {"bos_token_id", 1},        {"eos_token_id", 2}};
+    case Family::kQwen3_5:
+      return {{"max_position_embeddings", 32768}, {"num_key_value_heads", 4}, {"head_dim", 256}};
+    case Family::kQwen3Next:
+    case Family::kQwen3_5Moe:
+      return {{"max_position_embeddings", 32768}, {"num_key_value_heads", 2}, {"head_dim", 256}};
+    case Family::kGptOss:
+      return {{"rms_norm_eps", 1e-5},
+              {"max_position_embeddings", 131072},
+              {"num_key_value_heads", 8},
+              {"head_dim", 64},
+              {"sliding_window", 128}};
+  }
+  return json::object();
+}
+
 // Gemma3TextConfig's defaults for the fields a Gemma3ForConditionalGeneration folder's text_config
 // may leave out (the released ones write only what differs from them).
 const std::pair<const char*, json> kGemma3TextDefaults[] = {
@@ -1078,11 +1176,14 @@ DecoderConfig parse_text_config(const json& j, const Multimodal& mm, const std::
 
 DecoderConfig parse_decoder_config(const std::string& text, const std::string& where,
                                    std::vector<std::string>* warnings) {
-  const json j = parse_json(text, where);
+  json j = parse_json(text, where);
   FSDP_CHECK(j.is_object(), where, ": expected a JSON object (a Hugging Face config.json)");
   if (const Multimodal* mm = multimodal_of(j)) return parse_text_config(j, *mm, where, warnings);
   DecoderConfig c;
   c.family = family_of(j, where);
+  const json defaults = class_defaults(c.family);
+  for (const auto& [key, value] : defaults.items())
+    if (!j.contains(key)) j[key] = value;
   if (c.family == Family::kQwen3_5Moe && !j.contains("intermediate_size")) {
     // Its class has no dense MLP (every layer is sparse) and no intermediate_size: the expert's width stands in.
     json filled = j;
@@ -1139,17 +1240,13 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   const bool tied_by_default = is_any_gemma(c.family) || c.family == Family::kSmolLM3;
   c.tie_word_embeddings = field<bool>(j, "tie_word_embeddings", tied_by_default, where);
   c.initializer_range = field<double>(j, "initializer_range", c.initializer_range, where);
-  // Phi3Config's defaults, which its folders carry when the ids are not written.
-  const bool phi3 = c.family == Family::kPhi3;
-  if (const int64_t pad = field<int64_t>(j, "pad_token_id", phi3 && !j.contains("pad_token_id") ? 32000 : -1, where);
-      pad >= 0 && pad < c.vocab_size)
+  // The ids as written, or the class's (class_defaults); a pad id past the vocabulary pads no row.
+  if (const int64_t pad = field<int64_t>(j, "pad_token_id", -1, where); pad >= 0 && pad < c.vocab_size)
     c.pad_token_id = pad;
   for (const auto& [key, text] :
-       {std::pair{"bos_token_id", &c.bos_token_id_json}, std::pair{"eos_token_id", &c.eos_token_id_json}})
-    if (const auto it = j.find(key); it != j.end() && !it->is_null())
-      *text = it->dump();
-    else if (phi3 && it == j.end())
-      *text = text == &c.bos_token_id_json ? "1" : "32000";
+       {std::pair{"pad_token_id", &c.pad_token_id_json}, std::pair{"bos_token_id", &c.bos_token_id_json},
+        std::pair{"eos_token_id", &c.eos_token_id_json}})
+    if (const auto it = j.find(key); it != j.end() && !it->is_null()) *text = it->dump();
   if (auto d = j.find("dtype"); d != j.end() && d->is_string())
     c.dtype = *d;
   else if (auto t = j.find("torch_dtype"); t != j.end() && t->is_string())
@@ -1346,8 +1443,8 @@ void write_rope(json& j, const DecoderConfig& c) {
     rope["partial_rotary_factor"] = c.partial_rotary_factor;
     j.erase("rope_theta");
     j["rope_parameters"] = rope;
-  } else if (c.family == Family::kGemma3 ||
-             c.family == Family::kGemma4) {  // one table per layer type, as v5 writes them
+  } else if (c.family == Family::kGemma3 || c.family == Family::kGemma4 ||
+             c.family == Family::kOlmo3) {  // one table per layer type, as v5 writes them
     json full = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
     full["rope_theta"] = c.rope_theta;
     j.erase("rope_theta");
@@ -1380,7 +1477,9 @@ std::string decoder_config_json(const DecoderConfig& c) {
             {"mlp_bias", c.mlp_bias},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"initializer_range", c.initializer_range},
-            {"pad_token_id", c.pad_token_id >= 0 ? json(c.pad_token_id) : json(nullptr)},
+            {"pad_token_id", !c.pad_token_id_json.empty() ? json::parse(c.pad_token_id_json)
+                             : c.pad_token_id >= 0        ? json(c.pad_token_id)
+                                                          : json(nullptr)},
             {"bos_token_id", c.bos_token_id_json.empty() ? json(nullptr) : json::parse(c.bos_token_id_json)},
             {"eos_token_id", c.eos_token_id_json.empty() ? json(nullptr) : json::parse(c.eos_token_id_json)},
             {"torch_dtype", c.dtype},

@@ -56,6 +56,7 @@ enum class Family {
   kGemma2,
   kGemma3,
   kOlmo2,
+  kOlmo3,
   kSmolLM3,
   kGranite,
   kPhi3,
@@ -238,15 +239,15 @@ struct DecoderConfig {
   // SmolLM3's no_rope_layers as written: 1 where a layer rotates (empty: every layer does).
   std::vector<int64_t> rope_layers;
   int64_t no_rope_layer_interval = 0;  // as written, for the export
-  // Gemma 3 and 4: the sliding layers' rotary base (rope_local_base_freq); 0: every layer takes rope_theta.
+  // Gemma 3 and 4, OLMo 3: the sliding layers' rotary base (rope_local_base_freq); 0: every layer takes rope_theta.
   double local_rope_theta = 0;
   LayerPlan plan(int64_t layer) const;
 
   // The layer's form (each as transformers computes it for the family):
   NormPlacement norms = NormPlacement::kPre;
   bool norm_unit_offset = false;   // Gemma 2 and 3: normed * (1 + weight), the weights starting at 0
-  bool norm_fp32_product = false;  // Gemma, OLMo 2: normed * weight in fp32, then the cast (Llama: the cast first)
-  bool qk_norm_whole = false;      // OLMo 2: q_norm/k_norm over the whole projection (H*D, K*D), before the heads split
+  bool norm_fp32_product = false;  // Gemma, OLMo 2/3: normed * weight in fp32, then the cast (Llama: the cast first)
+  bool qk_norm_whole = false;      // OLMo 2/3: q_norm/k_norm over the whole projection (H*D, K*D) before heads split
   Activation activation = Activation::kSilu;
   // The attention scores' factor: 0 for 1/sqrt(head_dim); Gemma's query_pre_attn_scalar^-1/2,
   // Granite's attention_multiplier.
@@ -264,9 +265,10 @@ struct DecoderConfig {
   // pad_token_id: the embedding row lookups give no gradient (nn.Embedding's padding_idx, which
   // transformers sets from it in every family); -1: none (also for an id outside the vocabulary).
   int64_t pad_token_id = -1;
-  // bos_token_id and eos_token_id as written (JSON text: a number or, for eos, a list; empty: not
-  // written), carried into exports so transformers reads the ids the folder had.
-  std::string bos_token_id_json, eos_token_id_json;
+  // pad_token_id, bos_token_id and eos_token_id as written or as the family's config class fills them in (JSON
+  // text: a number or, for eos, a list; empty: none), carried into exports so transformers reads the ids the
+  // folder had, a pad id outside the vocabulary too.
+  std::string pad_token_id_json, bos_token_id_json, eos_token_id_json;
   std::string dtype = "float32";  // torch_dtype / dtype as written (informational)
 
   int64_t num_parameters() const;  // distinct parameters (a tied head counted once)
@@ -287,14 +289,14 @@ struct DecoderConfig {
 std::string tensor_parallel_unsplit_parts(const DecoderConfig& c);
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
-// qwen3, gemma2, gemma3_text, gemma4_text, olmo2, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral, qwen3_5_text,
-// qwen3_next, qwen3_5_moe_text, gpt_oss; another is refused listing these; gemma3, gemma4, qwen3_5 and qwen3_5_moe
-// (their *ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts torch_dtype or dtype,
-// rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type, sliding_window /
-// use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the field, also for a
-// missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads) and for
-// settings that change the math and are not implemented. warnings (optional): one line per field it does not know, with
-// the closest known field.
+// qwen3, gemma2, gemma3_text, gemma4_text, olmo2, olmo3, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral,
+// qwen3_5_text, qwen3_next, qwen3_5_moe_text, gpt_oss; another is refused listing these; gemma3, gemma4, qwen3_5 and
+// qwen3_5_moe (their *ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts
+// torch_dtype or dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type,
+// sliding_window / use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the
+// field, also for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads) and for settings that change the math and are not implemented. warnings (optional): one line per
+// field it does not know, with the closest known field.
 DecoderConfig parse_decoder_config(const std::string& json_text, const std::string& where,
                                std::vector<std::string>* warnings = nullptr);
 DecoderConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);
