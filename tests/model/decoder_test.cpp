@@ -319,15 +319,40 @@ TEST_CASE("config.json: HF spellings old and new, and clear errors") {
         }).find("d.json: num_hidden_layers is 2147483648; no model is that large") != std::string::npos);
 }
 
+namespace {
+
+// A four-layer config.json of `type` (type.json) with `extra` members, read as a user's file is; and the
+// message it is refused with.
+DecoderConfig parse_shaped(const std::string& type, const std::string& extra = "") {
+  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
+      "num_attention_heads": 4, "num_key_value_heads": 2)";
+  return parse_decoder_config(R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}",
+                              type + ".json");
+}
+std::string shaped_error(const std::string& type, const std::string& extra) {
+  return error_of([&] { parse_shaped(type, extra); });
+}
+
+// The export of `c` reads back as the same model: the same config.json, layer plans, local rotary base and size.
+void check_round_trip(const DecoderConfig& c) {
+  INFO(family_names(c.family).model_type);
+  const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
+  CHECK(decoder_config_json(back) == decoder_config_json(c));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    CHECK(back.plan(i).window == c.plan(i).window);
+    CHECK(back.plan(i).rotary == c.plan(i).rotary);
+    CHECK(back.plan(i).rope == c.plan(i).rope);
+  }
+  CHECK(back.local_rope_theta == c.local_rope_theta);
+  CHECK(back.num_parameters() == c.num_parameters());
+}
+
+}  // namespace
+
 // Issue 60: the families' forms and layer plans as transformers' configs fill them in, written back
 // the same, and what is not theirs refused by name.
 TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-layer plan, a round trip, refusals") {
-  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
-      "num_attention_heads": 4, "num_key_value_heads": 2)";
-  auto parse = [&](const std::string& type, const std::string& extra = "") {
-    return parse_decoder_config(
-        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
-  };
+  auto parse = [](const std::string& type, const std::string& extra = "") { return parse_shaped(type, extra); };
   const DecoderConfig g2 = parse("gemma2", R"("head_dim": 8)");
   CHECK(g2.norms == NormPlacement::kSandwich);
   CHECK((g2.norm_unit_offset && g2.norm_fp32_product && g2.tie_word_embeddings));
@@ -373,18 +398,8 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
   }
   const DecoderConfig granite = parse("granite", R"("attention_multiplier": 0.5, "logits_scaling": 4.0)");
   CHECK((granite.attention_scale == 0.5 && granite.logits_scaling == 4.0 && granite.embedding_scale == 1.0));
-  for (const DecoderConfig& c : {g2, g3, olmo, smol, granite}) {  // the export reads back as the same model
-    INFO(family_names(c.family).model_type);
-    const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
-    CHECK(decoder_config_json(back) == decoder_config_json(c));
-    for (int64_t i = 0; i < 4; ++i) {
-      CHECK(back.plan(i).window == c.plan(i).window);
-      CHECK(back.plan(i).rotary == c.plan(i).rotary);
-      CHECK(back.plan(i).rope == c.plan(i).rope);
-    }
-    CHECK(back.num_parameters() == c.num_parameters());
-  }
-  auto error = [&](const std::string& type, const std::string& extra) { return error_of([&] { parse(type, extra); }); };
+  for (const DecoderConfig& c : {g2, g3, olmo, smol, granite}) check_round_trip(c);  // the export reads back the same
+  const auto& error = shaped_error;
   CHECK(error("llama", R"("hidden_act": "relu")") ==
         "llama.json: hidden_act \"relu\" is not supported; fsdptrain implements \"silu\" and \"gelu_pytorch_tanh\"");
   CHECK(error("llama", R"("attn_logit_softcapping": 50.0)")
@@ -407,13 +422,8 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
 // and transformers 5's; a null window where layers slide (transformers cannot run it) and a single rope_parameters
 // table (Olmo3Config ignores it) refused by name; Mistral's window when left out.
 TEST_CASE("config.json of OLMo 3: its windows and two rotary tables, a round trip, refusals") {
-  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
-      "num_attention_heads": 4, "num_key_value_heads": 2)";
-  auto parse = [&](const std::string& type, const std::string& extra = "") {
-    return parse_decoder_config(
-        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
-  };
-  auto error = [&](const std::string& type, const std::string& extra) { return error_of([&] { parse(type, extra); }); };
+  auto parse = [](const std::string& type, const std::string& extra = "") { return parse_shaped(type, extra); };
+  const auto& error = shaped_error;
   // OLMo 3: OLMo 2's form; three layers of four sliding (4096) by default; the top-level rope_theta and rope_scaling
   // are the full layers' while the sliding ones rotate at 500000 (Olmo3Config gives them its default, not rope_theta).
   const DecoderConfig olmo3 = parse("olmo3", R"("rope_theta": 1e4, "max_position_embeddings": 64,
@@ -432,15 +442,7 @@ TEST_CASE("config.json of OLMo 3: its windows and two rotary tables, a round tri
       {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}})");
   CHECK((olmo3_v5.rope_theta == 1e6 && olmo3_v5.local_rope_theta == 1e3 && !olmo3_v5.rope_scaling));
   for (int64_t i = 0; i < 4; ++i) CHECK(olmo3_v5.plan(i).window == (i % 2 == 1 ? 8 : 0));
-  for (const DecoderConfig& c : {olmo3, olmo3_v5}) {  // the export reads back as the same model
-    const DecoderConfig back = parse_decoder_config(decoder_config_json(c), "export");
-    CHECK(decoder_config_json(back) == decoder_config_json(c));
-    for (int64_t i = 0; i < 4; ++i) {
-      CHECK(back.plan(i).window == c.plan(i).window);
-      CHECK(back.plan(i).rope == c.plan(i).rope);
-    }
-    CHECK(back.local_rope_theta == c.local_rope_theta);
-  }
+  for (const DecoderConfig& c : {olmo3, olmo3_v5}) check_round_trip(c);
   // What transformers' OLMo 3 cannot run, or silently reads otherwise: refused, naming the fix.
   CHECK(error("olmo3", R"("sliding_window": null)") ==
         "olmo3.json: sliding_window is null, yet layer_types (as Olmo3ForCausalLM fills it in) holds sliding_attention "
@@ -1081,12 +1083,7 @@ TEST_CASE("describe() lists every parameter of every family as the decoder regis
 
 // Issue 61: the mixtures of experts' fields, their layers' plan, parameters and folder layout.
 TEST_CASE("config.json of the mixtures of experts: sparse layers, counts, a round trip, the Hub's layout, refusals") {
-  const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
-      "num_attention_heads": 4, "num_key_value_heads": 2)";
-  auto parse = [&](const std::string& type, const std::string& extra = "") {
-    return parse_decoder_config(
-        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
-  };
+  auto parse = [](const std::string& type, const std::string& extra = "") { return parse_shaped(type, extra); };
   const DecoderConfig q3 = parse("qwen3_moe", R"("num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
       "decoder_sparse_step": 2, "mlp_only_layers": [3], "output_router_logits": true)");
   CHECK((q3.qk_norm && !q3.moe.norm_topk_prob && q3.moe.output_router_logits && q3.moe.router_aux_loss_coef == 0.001));
@@ -1125,7 +1122,7 @@ TEST_CASE("config.json of the mixtures of experts: sparse layers, counts, a roun
   CHECK(places.at("model.layers.0.mlp.gate.weight").stored == "model.layers.0.block_sparse_moe.gate.weight");
   CHECK(places.size() == 3);  // the parts are read as the stacked parameters, not beside them
   CHECK(layout.stored_name("model.layers.0.mlp.gate.weight") == "model.layers.0.block_sparse_moe.gate.weight");
-  auto error = [&](const std::string& type, const std::string& extra) { return error_of([&] { parse(type, extra); }); };
+  const auto& error = shaped_error;
   CHECK(error("qwen3", R"("num_experts": 8)").find("num_experts is a mixture-of-experts field, not one of "
                                                      "Qwen3ForCausalLM; remove it, or set model_type to qwen3_moe") !=
         std::string::npos);

@@ -219,20 +219,14 @@ void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
   if (gemma4 && rope.is_null())
     rope = {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}},
             {"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}}};
-  // GptOssConfig's: rope_theta 150000 and, with neither object written, YaRN (factor 32 over 4096
-  // positions, betas 32 and 1, not truncated).
+  // GptOssConfig's, with neither object written: YaRN (factor 32 over 4096 positions, betas 32 and 1, not
+  // truncated), on its rope_theta of 150000 (class_defaults).
   if (gpt_oss && rope.is_null() && scaling.is_null())
     scaling = {{"rope_type", "yarn"},  {"factor", 32.0},   {"beta_fast", 32.0},
                {"beta_slow", 1.0},     {"truncate", false}, {"original_max_position_embeddings", 4096}};
-  constexpr double kOlmo3Theta = 500000.0;
-  c.rope_theta = field<double>(j, "rope_theta",
-                               gemma3    ? 1e6
-                               : gpt_oss ? 150000.0
-                               : olmo3   ? kOlmo3Theta
-                                         : c.rope_theta,
-                               where);
+  c.rope_theta = field<double>(j, "rope_theta", c.rope_theta, where);  // absent: the family's (class_defaults)
   if (gemma3 || olmo3) {
-    c.local_rope_theta = olmo3 ? kOlmo3Theta : field<double>(j, "rope_local_base_freq", 1e4, where);
+    c.local_rope_theta = olmo3 ? 500000.0 : field<double>(j, "rope_local_base_freq", 1e4, where);
     FSDP_CHECK(!olmo3 || !rope.is_object() || rope.contains("full_attention") || rope.contains("sliding_attention"),
                where,
                ": rope_parameters of olmo3 holds a table per layer type (full_attention, sliding_attention); "
@@ -1058,13 +1052,18 @@ json class_defaults(Family f) {
               {"num_key_value_heads", 4},
               {"head_dim", 256},
               {"sliding_window", f == Family::kGemma3 ? 4096 : 512},
+              {"rope_theta", 1e6},
               {"pad_token_id", 0},
               {"bos_token_id", 2},
               {"eos_token_id", 1}};
     case Family::kOlmo2:
       return {{"rms_norm_eps", 1e-5}, {"pad_token_id", 1}, {"eos_token_id", 50279}};
     case Family::kOlmo3:
-      return {{"rms_norm_eps", 1e-5}, {"sliding_window", 4096}, {"pad_token_id", 1}, {"eos_token_id", 50279}};
+      return {{"rms_norm_eps", 1e-5},
+              {"sliding_window", 4096},
+              {"rope_theta", 500000.0},
+              {"pad_token_id", 1},
+              {"eos_token_id", 50279}};
     case Family::kSmolLM3:
       return {{"max_position_embeddings", 32768}, {"num_key_value_heads", 4}, {"rope_theta", 2e6},
               {"pad_token_id", 128004},           {"bos_token_id", 128000},   {"eos_token_id", 128001}};
@@ -1086,11 +1085,9 @@ json class_defaults(Family f) {
     case Family::kQwen3_5Moe:
       return {{"max_position_embeddings", 32768}, {"num_key_value_heads", 2}, {"head_dim", 256}};
     case Family::kGptOss:
-      return {{"rms_norm_eps", 1e-5},
-              {"max_position_embeddings", 131072},
-              {"num_key_value_heads", 8},
-              {"head_dim", 64},
-              {"sliding_window", 128}};
+      return {{"rms_norm_eps", 1e-5},     {"max_position_embeddings", 131072},
+              {"num_key_value_heads", 8}, {"head_dim", 64},
+              {"sliding_window", 128},    {"rope_theta", 150000.0}};
   }
   return json::object();
 }
