@@ -192,7 +192,9 @@ def worker(rank, args, port):
 
     from transformers import AutoConfig
     config = AutoConfig.from_pretrained(args.model)
-    moe = hasattr(config, "router_aux_loss_coef") or getattr(config, "enable_moe_block", False)  # Gemma 4's
+    # Gemma 4's and GLM-4.5's have no router_aux_loss_coef.
+    moe = hasattr(config, "router_aux_loss_coef") or getattr(config, "enable_moe_block", False) or \
+        hasattr(config, "n_routed_experts")
     # A mixture of experts: transformers' own loop over the experts (its grouped products take no float64).
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype), attn_implementation="sdpa",
                                                  **({"experts_implementation": "eager"} if moe else {}))

@@ -413,7 +413,7 @@ TEST_CASE("config.json of the 2026 families: transformers' defaults, the per-lay
                   "\"llama3\", \"yarn\", \"longrope\" and (Gemma 4's) \"proportional\"") != std::string::npos);
   CHECK(error("llama", R"("partial_rotary_factor": 0.75)") ==
         "llama.json: partial_rotary_factor 0.75 is not supported for LlamaForCausalLM (transformers' class rotates the "
-        "whole head); only Phi-3/4, Qwen3.5/3.6 and Qwen3-Next rotate a share of it");
+        "whole head); only Phi-3/4, Qwen3.5/3.6, Qwen3-Next and GLM-4.5 rotate a share of it");
   CHECK(error("olmo2", R"("sliding_window": 8)").find("sliding_window is not a field of Olmo2ForCausalLM") !=
         std::string::npos);
 }
@@ -1134,6 +1134,99 @@ TEST_CASE("config.json of the mixtures of experts: sparse layers, counts, a roun
         std::string::npos);
   CHECK(error("qwen3_moe", R"("use_sliding_window": true, "sliding_window": 8)")
             .find("does not implement Qwen3MoeForCausalLM's sliding windows yet") != std::string::npos);
+}
+
+// GLM-4.5 (glm4_moe): Glm4MoeConfig's defaults, the dense first layers, the router's stored bias and the shared
+// experts under transformers' names, the folder's multi-token-prediction layer left out, refusals.
+TEST_CASE("config.json of GLM-4.5: dense first layers, the router's stored bias, shared experts, refusals") {
+  const DecoderConfig c = parse_shaped("glm4_moe", R"("attention_bias": true, "n_routed_experts": 8,
+      "num_experts_per_tok": 3, "moe_intermediate_size": 8, "n_shared_experts": 2, "n_group": 2, "topk_group": 1,
+      "routed_scaling_factor": 2.5)");
+  CHECK((c.qkv_bias && !c.attention_bias && !c.qk_norm && c.partial_rotary_factor == 0.5 && c.rotary_dim() == 4));
+  CHECK((c.rms_norm_eps == 1e-5 && c.max_position_embeddings == 131072 && c.rope_theta == 10000.0));
+  const MoeConfig& m = c.moe;
+  CHECK((m.sigmoid_router && m.norm_topk_prob && m.router_aux_loss_coef == 0 && !m.output_router_logits));
+  CHECK((m.num_experts == 8 && m.experts_per_token == 3 && m.shared_expert_intermediate_size == 16));
+  CHECK((m.n_group == 2 && m.topk_group == 1 && m.routed_scaling_factor == 2.5 && c.mtp_layers == 1));
+  for (int64_t i = 0; i < 4; ++i) CHECK(c.plan(i).moe == (i >= 1));  // first_k_dense_replace 1
+  // Counted: the routers, 8 experts and the shared experts of three layers (not the stored bias, a buffer in
+  // transformers); active: 3 of the 8.
+  CHECK(c.parameter_count() - c.active_parameter_count() == doctest::Approx(3 * 5 * 3.0 * 32 * 8));
+  check_round_trip(c);
+  check_described_as_registered(c);
+  const ModelDescription d = describe(c);
+  std::set<std::string> names;
+  for (const ParamSpec& p : d.params) names.insert(p.name);
+  for (const char* name : {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias",
+                           "model.layers.1.mlp.shared_experts.down_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                           "model.layers.3.self_attn.v_proj.bias"})
+    CHECK_MESSAGE(names.count(name), name);
+  for (const char* name : {"model.layers.1.mlp.shared_expert_gate.weight", "model.layers.0.mlp.gate.weight",
+                           "model.layers.3.self_attn.o_proj.bias", "model.layers.1.self_attn.q_norm.weight"})
+    CHECK_MESSAGE(!names.count(name), name);
+  // The folder's multi-token-prediction layer (model.layers.4) is not the model's; layer 40 of a deeper one would be.
+  CHECK(d.layout.ours("model.layers.4.eh_proj.weight").empty());
+  CHECK(d.layout.ours("model.layers.4.mlp.experts.0.up_proj.weight").empty());
+  CHECK(d.layout.ours("model.layers.40.mlp.gate.weight") == "model.layers.40.mlp.gate.weight");
+  const std::string exported = decoder_config_json(c);
+  for (const char* field : {"\"num_nextn_predict_layers\": 0", "\"attention_bias\": true", "\"n_shared_experts\": 2",
+                            "\"partial_rotary_factor\": 0.5", "\"first_k_dense_replace\": 1"})
+    CHECK_MESSAGE(exported.find(field) != std::string::npos, field);
+  CHECK(exported.find("mlp_bias") == std::string::npos);
+  CHECK(exported.find("router_aux_loss_coef") == std::string::npos);
+  const DecoderConfig normed = parse_shaped("glm4_moe", R"("use_qk_norm": true, "first_k_dense_replace": 0)");
+  CHECK((normed.qk_norm && normed.plan(0).moe && normed.moe.num_experts == 128));
+  const auto& error = shaped_error;
+  CHECK(error("glm4_moe", R"("n_routed_experts": 8, "n_group": 3)")
+            .find("n_group 3 must divide n_routed_experts 8 into groups of at least two experts") != std::string::npos);
+  CHECK(error("glm4_moe", R"("n_routed_experts": 8, "n_group": 4, "topk_group": 1, "num_experts_per_tok": 3)")
+            .find("topk_group 1 of n_group 4 groups of 2 experts leave fewer than num_experts_per_tok 3") !=
+        std::string::npos);
+  CHECK(error("glm4_moe", R"("routed_scaling_factor": 0)").find("routed_scaling_factor (0) must be > 0") !=
+        std::string::npos);
+  CHECK(error("glm4_moe", R"("n_shared_experts": 0)").find("n_shared_experts is 0; it must be a whole number >= 1") !=
+        std::string::npos);
+  CHECK(error("glm4_moe", R"("sliding_window": 8)").find("sliding_window is not a field of Glm4MoeForCausalLM") !=
+        std::string::npos);
+  CHECK(error("glm4_moe", R"("mlp_bias": true)").find("mlp_bias is not a field of Glm4MoeForCausalLM") !=
+        std::string::npos);
+  CHECK(error("qwen3_moe", R"("n_group": 2)")
+            .find("n_group is a field of Glm4MoeForCausalLM, not of Qwen3MoeForCausalLM; remove it, or set model_type "
+                  "to glm4_moe") != std::string::npos);
+}
+
+// GLM-4.5's router: the biased sigmoid scores choose within the best group, the unbiased ones weigh, times the factor.
+TEST_CASE("GLM-4.5's router: groups and a stored bias choose the experts, the scores weigh them, the shared add") {
+  const DecoderConfig c = fsdp::model::testing::tiny_of("glm4_moe", R"("n_routed_experts": 8, "num_experts_per_tok": 3,
+      "moe_intermediate_size": 8, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5)");
+  CausalLM m(c);
+  init_parameters(*m, 5);
+  MoeBlockImpl& block = *m->sparse_blocks().at(0);
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = at::randn({1, 10, c.hidden_size}, at::TensorOptions().dtype(at::kFloat));
+  // Experts 4 to 6 of the second group: its two best biased scores sum highest, and they are its best three.
+  block.correction_bias.copy_(at::tensor({0.0f, 0.0f, 0.0f, 0.0f, 100.0f, 90.0f, 80.0f, 0.0f}));
+  const at::Tensor y = block.forward(x);
+  CHECK(at::equal(block.last.routed_per_expert, at::tensor({0.0f, 0.0f, 0.0f, 0.0f, 10.0f, 10.0f, 10.0f, 0.0f})));
+  const at::Tensor h = x.reshape({-1, c.hidden_size});
+  const at::Tensor scores = at::sigmoid(at::linear(h, block.gate->weight)).narrow(1, 4, 3);  // unbiased
+  const at::Tensor w = scores / scores.sum(-1, true) * 2.5;
+  auto expert = [&](int e) {  // every row through expert e alone
+    std::vector<int> ends(8, 0);
+    for (int i = e; i < 8; ++i) ends[i] = 10;
+    return block.experts->forward(h, at::tensor(ends, at::kInt), at::full({10}, e, at::kLong));
+  };
+  at::Tensor want = block.shared_expert->forward(x).reshape({-1, c.hidden_size});
+  for (int e = 4; e < 7; ++e) want = want + w.narrow(1, e - 4, 1) * expert(e);
+  CHECK(at::allclose(y.reshape({-1, c.hidden_size}), want, 1e-5, 1e-6));
+  // The group's choice: the first group's experts biased highest one at a time lose to the second's pair.
+  block.correction_bias.copy_(at::tensor({150.0f, 0.0f, 0.0f, 0.0f, 100.0f, 90.0f, 0.0f, 0.0f}));
+  block.forward(x);
+  CHECK(at::equal(block.last.routed_per_expert.narrow(0, 0, 4), at::zeros({4})));
+  // Auxiliary-loss-free balancing's bias adds to the stored one.
+  block.selection_bias = at::tensor({0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 500.0f});
+  block.forward(x);
+  CHECK(block.last.routed_per_expert[7].item<float>() == 10.0f);
 }
 
 // Issue 27: records packed into one row (data.packing: masked) train as if each were alone: their

@@ -52,6 +52,9 @@ std::vector<Family> families() {
       {"qwen2_moe", parse("qwen2_moe", R"("num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 12,
           "shared_expert_intermediate_size": 20)")},
       {"gpt_oss", parse("gpt_oss", R"("num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 8)")},
+      // GLM-4.5: its router's groups and scaled weights, ungated shared experts, the first layer dense.
+      {"glm4_moe", parse("glm4_moe", R"("n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 12,
+          "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0)")},
   };
 }
 

@@ -18,7 +18,10 @@ normed, scaled router, with per-expert scales and norms of their own; no auxilia
 rows counted) and E2B's and E4B's form (per-layer embeddings, the last layers attending with earlier
 layers' keys and values, their MLPs twice as wide; also read from a folder still holding the sharing
 layers' k_proj/v_proj/k_norm, and from a Gemma4ForConditionalGeneration folder with vision and audio
-towers), and Llama beside them, transformers
+towers), GLM-4.5 (DeepSeek-V3's router: sigmoid scores plus a stored bias choosing within the best groups of
+experts, the chosen scores renormalised and scaled; ungated shared experts, dense first layers, q/k/v biases,
+per-head norms, half of each head rotated; a folder holding its multi-token-prediction layer read the same), and
+Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -39,7 +42,7 @@ A config.json of each family holding only its shape (and OLMo 3's and Gemma 3's 
 transformers fills in from its config class's defaults, field by field: the config.json fsdptrain's export writes
 reads back in transformers as the original does.
 The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Gemma-4-31B, Gemma-4-26B-A4B, Phi-4, Qwen3-30B-A3B,
-Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b) have the
+Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b, GLM-4.5-Air) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
 import argparse
@@ -59,6 +62,43 @@ HYBRID = ("qwen3_5", "qwen3_next", "qwen3_5_moe")  # Gated DeltaNet among their 
 # The families generate samples with (a dense one, a hybrid decoding through its recurrence, experts).
 SAMPLED = ("llama", "qwen3_5", "gpt_oss")
 HYBRID_TOKENS = 200  # the hybrids' golden sequence (and their positions): several chunks of 64 and a partial one
+
+
+def moe_families(common):
+    """The mixtures of experts' configs and classes (with the others in families())."""
+    return {
+        # Issue 61's mixtures of experts: few experts, so each of the 10 tokens' top 2 spread over
+        # them; Qwen3-MoE with layer 1 dense (mlp_only_layers) and the top-k renormalised, Qwen2-MoE
+        # sparse every second layer (decoder_sparse_step 2) with its shared expert, Mixtral.
+        "qwen3_moe": (transformers.Qwen3MoeConfig(**common, head_dim=24, num_experts=6, num_experts_per_tok=2,
+                                                  moe_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=True),
+                      transformers.Qwen3MoeForCausalLM),
+        "qwen2_moe": (transformers.Qwen2MoeConfig(**common, num_experts=5, num_experts_per_tok=2,
+                                                  moe_intermediate_size=40, shared_expert_intermediate_size=56,
+                                                  decoder_sparse_step=2),
+                      transformers.Qwen2MoeForCausalLM),
+        "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
+                    transformers.MixtralForCausalLM),
+        # gpt-oss: attention sinks, sliding windows (4 tokens) on alternate layers, biases on q/k/v/o, YaRN
+        # (not truncated); a router with a bias and the softmax of the top-k logits, biased experts with
+        # gate and up interleaved, and a SwiGLU limit low enough that the random model's values clamp.
+        "gpt_oss": (transformers.GptOssConfig(**{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16,
+                                              num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                                              swiglu_limit=0.5,
+                                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                               "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                               "truncate": False,
+                                                               "original_max_position_embeddings": 32}),
+                    transformers.GptOssForCausalLM),
+        # GLM-4.5 (DeepSeek-V3's router): sigmoid scores plus a stored bias (drawn by randomize) choose 3 of 8
+        # experts within the better of 2 groups, weighed by their scores renormalised times 2.5; two shared
+        # experts' width, ungated; the first layer dense; q/k/v biases, per-head q/k norms, half of each head
+        # rotated.
+        "glm4_moe": (transformers.Glm4MoeConfig(
+            **common, attention_bias=True, use_qk_norm=True, n_routed_experts=8, num_experts_per_tok=3,
+            moe_intermediate_size=40, n_shared_experts=2, routed_scaling_factor=2.5, n_group=2, topk_group=1,
+            first_k_dense_replace=1), transformers.Glm4MoeForCausalLM),
+    }
 
 
 def families():
@@ -149,29 +189,7 @@ def families():
                                                                  "factor": 4.0,
                                                                  "original_max_position_embeddings": 32}),
                        transformers.LlamaForCausalLM),
-        # Issue 61's mixtures of experts: few experts, so each of the 10 tokens' top 2 spread over
-        # them; Qwen3-MoE with layer 1 dense (mlp_only_layers) and the top-k renormalised, Qwen2-MoE
-        # sparse every second layer (decoder_sparse_step 2) with its shared expert, Mixtral.
-        "qwen3_moe": (transformers.Qwen3MoeConfig(**common, head_dim=24, num_experts=6, num_experts_per_tok=2,
-                                                  moe_intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=True),
-                      transformers.Qwen3MoeForCausalLM),
-        "qwen2_moe": (transformers.Qwen2MoeConfig(**common, num_experts=5, num_experts_per_tok=2,
-                                                  moe_intermediate_size=40, shared_expert_intermediate_size=56,
-                                                  decoder_sparse_step=2),
-                      transformers.Qwen2MoeForCausalLM),
-        "mixtral": (transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2),
-                    transformers.MixtralForCausalLM),
-        # gpt-oss: attention sinks, sliding windows (4 tokens) on alternate layers, biases on q/k/v/o, YaRN
-        # (not truncated); a router with a bias and the softmax of the top-k logits, biased experts with
-        # gate and up interleaved, and a SwiGLU limit low enough that the random model's values clamp.
-        "gpt_oss": (transformers.GptOssConfig(**{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16,
-                                              num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
-                                              swiglu_limit=0.5,
-                                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
-                                                               "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                                                               "truncate": False,
-                                                               "original_max_position_embeddings": 32}),
-                    transformers.GptOssForCausalLM),
+        **moe_families(common),
         # Issue 62's hybrids: Gated DeltaNet layers (two value heads per key head, widths of their
         # own) around a gated full-attention layer with a partial rotation (a quarter of its 16
         # dimensions); Qwen3-Next with its fused projections and a mixture of experts with a shared
@@ -202,9 +220,11 @@ def randomize(model):
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
-        for name, b in model.named_buffers():  # Gemma 4's stored per-layer scalar
+        for name, b in model.named_buffers():  # Gemma 4's stored per-layer scalar, GLM-4.5's router's bias
             if name.endswith("layer_scalar"):
                 b.copy_(0.5 + torch.rand(b.shape, generator=g))
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 def rel(a, b):
@@ -235,7 +255,8 @@ def hf_aux_loss(model, tokens):
 
 def sparse_layers(model):
     return [i for i, layer in enumerate(model.model.layers)  # Gemma 4's experts are beside its MLP
-            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP")) or getattr(layer, "enable_moe_block", False)]
+            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP", "MoeMoE")) or
+            getattr(layer, "enable_moe_block", False)]
 
 
 def experts_per_token(config):
@@ -440,6 +461,25 @@ def check_gemma4_small_folders(name, config, saved, tool, d, tokens):
           f"logits within {e_multimodal:.1e} of the whole model's on text")
 
 
+def check_glm_mtp_folder(name, config, saved, tool, d, tokens):
+    """GLM-4.5's Hub folders hold a multi-token-prediction layer after the decoder's (model.layers.L, its
+    eh_proj, norms, attention and experts), which transformers leaves out: read the same, bit for bit."""
+    from safetensors.torch import load_file, save_file
+    with_mtp = os.path.join(d, name + "_with_mtp")
+    shutil.copytree(saved, with_mtp)
+    tensors = load_file(os.path.join(saved, "model.safetensors"))
+    last = f"model.layers.{config.num_hidden_layers - 1}."
+    mtp = f"model.layers.{config.num_hidden_layers}."
+    extra = {mtp + n[len(last):]: torch.randn(t.shape) for n, t in tensors.items() if n.startswith(last)}
+    c = config.hidden_size
+    extra.update({mtp + "eh_proj.weight": torch.randn(c, 2 * c), mtp + "enorm.weight": torch.randn(c),
+                  mtp + "hnorm.weight": torch.randn(c), mtp + "shared_head.norm.weight": torch.randn(c)})
+    save_file(dict(tensors, **extra), os.path.join(with_mtp, "model.safetensors"), metadata={"format": "pt"})
+    assert logits_of(tool, with_mtp, tokens) == logits_of(tool, saved, tokens), name
+    print(f"{name}: a folder holding a multi-token-prediction layer ({len(extra)} tensors of {mtp}*) reads the same, "
+          "bit for bit")
+
+
 def check_family(name, config, cls, tool, d, fsdptrain, providers):
     torch.manual_seed(0)
     model = cls(config)
@@ -471,7 +511,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
             assert mine[k] <= max(4 * noise[k], 1e-6), (name, provider, k, mine[k], noise[k])
     aux64 = hf_aux_loss(model64, ours["tokens"])
     assert (aux64 is None) == ("aux_loss" not in ours), name
-    if aux64 is None and experts_per_token(model.config):  # Gemma 4's: no auxiliary loss, the routing counted
+    if aux64 is None and experts_per_token(model.config):  # Gemma 4's, GLM-4.5's: no auxiliary loss, the routing counted
         routed = len(ours["tokens"]) * experts_per_token(model.config) * len(sparse_layers(model))
         assert sum(ours["expert_load"]) == routed, (name, ours["expert_load"])
         print(f"{name}: {len(sparse_layers(model))} sparse layers (no auxiliary loss in transformers), "
@@ -494,16 +534,18 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
             assert logits_of(tool, packed_dir, ours["tokens"]) == logits_of(tool, plain_dir, ours["tokens"]), name
             print(f"{name}: {count} MXFP4 expert tensors (blocks and scales) read as transformers dequantizes them: "
                   "the same logits, bit for bit")
-    if aux64 is not None:
+    if aux64 is not None or name == "glm4_moe":  # its Hub folders hold the experts one by one, as Qwen's
         # The same weights stored stacked (transformers 5's layout): the same logits, bit for bit.
         stacked = os.path.join(d, name + "_stacked")
         layers = stacked_copy(saved, stacked)
-        assert layers == len(sparse) and logits_of(tool, stacked, ours["tokens"]) == logits_of(tool, saved, ours["tokens"]), \
+        assert layers == len(sparse_layers(model)) and logits_of(tool, stacked, ours["tokens"]) == logits_of(tool, saved, ours["tokens"]), \
             name
         print(f"{name}: the experts stored stacked ({layers} layers of experts.gate_up_proj, experts.down_proj) "
               "give the same logits as stored one by one")
     if name == "gemma4_small":
         check_gemma4_small_folders(name, config, saved, tool, d, ours["tokens"])
+    if name == "glm4_moe":
+        check_glm_mtp_folder(name, config, saved, tool, d, ours["tokens"])
     exported = cls.from_pretrained(out, dtype=torch.float32, **eager).eval()
     with torch.no_grad():
         e_export = rel(exported(torch.tensor([ours["tokens"]])).logits.reshape(-1).double(), logits)
@@ -541,7 +583,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 def check_shapes(tool, source):
     names = ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "gemma-4-31b", "gemma-4-26b-a4b", "phi-4",
-             "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b")
+             "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b", "glm-4.5-air")
     folders = [os.path.join(source, "configs", "models", name) for name in names]
     run = subprocess.run([tool, "count", *(os.path.join(f, "config.json") for f in folders)], capture_output=True,
                          text=True)
@@ -562,7 +604,7 @@ SHAPE = dict(vocab_size=320, hidden_size=128, intermediate_size=96, num_hidden_l
 LEFT_OUT = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma2": {}, "gemma3_text": {}, "gemma4_text": {},
     "olmo2": {}, "olmo3": {}, "smollm3": {}, "granite": {}, "phi3": {}, "qwen3_moe": {}, "qwen2_moe": {},
-    "mixtral": {}, "qwen3_5_text": {}, "qwen3_next": {}, "qwen3_5_moe_text": {}, "gpt_oss": {},
+    "mixtral": {}, "qwen3_5_text": {}, "qwen3_next": {}, "qwen3_5_moe_text": {}, "gpt_oss": {}, "glm4_moe": {},
     # The released OLMo 3 folders: rope_theta and YaRN's rope_scaling at the top level (the full layers').
     "olmo3/hub": dict(rope_theta=1e4, max_position_embeddings=256,
                       rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
@@ -611,8 +653,10 @@ def check_defaults(tool, d):
         os.makedirs(mine_folder)
         open(os.path.join(mine_folder, "config.json"), "w").write(run.stdout)
         ours = effective(transformers.AutoConfig.from_pretrained(mine_folder))
-        differ += [f"{name}: {key} is {ours.get(key)!r} in fsdptrain's model, {theirs[key]!r} in transformers'"
-                   for key in theirs if ours.get(key) != theirs[key]]
+        # GLM-4.5's export holds no multi-token-prediction layers, and says so.
+        written = {"num_nextn_predict_layers": 0} if name == "glm4_moe" else {}
+        differ += [f"{name}: {key} is {ours.get(key)!r} in fsdptrain's model, {written.get(key, theirs[key])!r} in "
+                   "transformers'" for key in theirs if ours.get(key) != written.get(key, theirs[key])]
     assert not differ, "\n".join(differ)
     print(f"defaults: {len(LEFT_OUT)} config.json files of shapes alone read as transformers reads them")
 

@@ -235,7 +235,7 @@ TEST_CASE("target_parameters refuses what PEFT's ParamWrapper does not adapt, na
 }
 
 // PEFT 0.21 under transformers 5 reads all-linear and the experts' projection names on Qwen3-MoE,
-// Mixtral and Qwen3-Next as the stacked experts and the router (lora_python_test checks that PEFT
+// Mixtral, Qwen3-Next and GLM-4.5 as the stacked experts and the router (lora_python_test checks that PEFT
 // does): fsdptrain says so on the [lora] line; it says nothing where PEFT reads them as named.
 TEST_CASE("a note where PEFT would read the targets of a mixture of experts as its experts and router") {
   using fsdp::model::testing::tiny_of;
@@ -253,6 +253,9 @@ TEST_CASE("a note where PEFT would read the targets of a mixture of experts as i
   CHECK(contains(peft_moe_target_note(qwen, settings({"q_proj", "model.layers.1.mlp.down_proj"})),
                  "reads target_modules model.layers.1.mlp.down_proj on Qwen3MoeForCausalLM"));
   CHECK(contains(peft_moe_target_note(mixtral, settings({"all-linear"})), "on MixtralForCausalLM"));
+  CHECK(contains(peft_moe_target_note(tiny_of("glm4_moe", R"("n_routed_experts": 4, "num_experts_per_tok": 2)"),
+                                      settings({"q_proj", "down_proj"})),
+                 "reads target_modules down_proj on Glm4MoeForCausalLM"));
   CHECK(peft_moe_target_note(qwen, settings({"q_proj", "v_proj"})).empty());
   CHECK(peft_moe_target_note(mixtral, settings({"down_proj"})).empty());  // its experts are w1, w2, w3 there
   CHECK(peft_moe_target_note(qwen2, settings({"all-linear"})).empty());

@@ -449,6 +449,21 @@ TEST_CASE("a mixture of experts' bf16 step: every expert product one grouped bf1
   CHECK_MESSAGE(b.strided_swiglu.empty(), describe(b, layers));  // gate and up apart: contiguous blocks
 }
 
+TEST_CASE("GLM-4.5's bf16 step: the routers' products in fp32, as transformers computes them; every other in bf16") {
+  // Its router scores in fp32 (Glm4MoeTopkRouter casts the input and weight): forward and both gradients, N x C x E
+  // each; the experts, shared experts and attention in bf16. 64 experts in 4 groups, every layer sparse.
+  const int64_t layers = 2, tokens = 1024, hidden = 2048, experts = 64;
+  const DecoderConfig c = one_b_of("glm4_moe", R"("n_routed_experts": 64, "num_experts_per_tok": 4,
+      "moe_intermediate_size": 512, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 0)");
+  const Bill b = bill_of(record_step_of(c, 1, tokens));
+  MESSAGE("glm4_moe: " << describe(b, layers));
+  double fp32 = 0;
+  for (const auto& [name, flops] : b.fp32_products) fp32 += flops;
+  CHECK(fp32 == 3 * 2.0 * tokens * hidden * experts * layers);
+  CHECK(b.bf16_product_flops + fp32 == b.product_flops);
+  CHECK_MESSAGE(b.float64_ops.empty(), describe(b, layers));
+}
+
 TEST_CASE("the loss head's bill at the 1B shape: bf16 products, no (V, C) accumulator, bounded passes per logit") {
   // 4096 tokens of width 2048 against the 128,256-row head on meta (the GPU's kernel: vocabulary
   // chunks). The token-chunked kernel read and wrote an fp32 (V, C) sum in every one of its 16

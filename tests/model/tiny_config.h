@@ -45,7 +45,9 @@ inline DecoderConfig tiny_of(const std::string& model_type, const std::string& e
 // with earlier layers' keys and values (four layers), OLMo 2's norms after
 // the blocks and over the whole projections (and OLMo 3's with a window and two rotary tables, the full
 // layer's YaRN), SmolLM3's layer without rotary, Granite's multipliers,
-// Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window.
+// Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window, GLM-4.5's
+// q/k/v biases, per-head norms and half-rotated heads, and its sparse second layer (a sigmoid router choosing
+// in the better of two groups, a stored bias, scaled weights, ungated shared experts).
 inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
   const std::string sliding = R"("sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"])";
   return {{"gemma2", tiny_of("gemma2", sliding + R"(, "head_dim": 4, "query_pre_attn_scalar": 6,
@@ -67,6 +69,9 @@ inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
               "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": 37, "num_kv_shared_layers": 2,
               "use_double_wide_mlp": true})",
                                                 "tiny gemma4_small")},
+          {"glm4_moe", tiny_of("glm4_moe", R"("attention_bias": true, "use_qk_norm": true, "n_routed_experts": 4,
+                                  "num_experts_per_tok": 2, "moe_intermediate_size": 8, "n_group": 2, "topk_group": 1,
+                                  "routed_scaling_factor": 2.0, "n_shared_experts": 2)")},
           {"olmo2", tiny_of("olmo2")},
           {"olmo3", tiny_of("olmo3", sliding + R"(, "max_position_embeddings": 64, "rope_parameters": {
                                 "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000.0,

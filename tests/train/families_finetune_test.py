@@ -9,7 +9,8 @@ initial weights, the fine-tuning example's tokenizer and records), `fsdptrain la
 The families' configs set what makes them differ from Llama away from its default (caps, scales,
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
-the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
+the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU; GLM-4.5's grouped
+sigmoid router with its stored bias, carried into the export), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
 packed records each starting from a zero state), Gemma 4's dense text model, its mixture of experts and E2B's
 form (per-layer embeddings, layers sharing keys and values, with activation checkpointing; cp 2 gives one
 rank's losses, tp refused before any worker starts); and a Gemma3ForConditionalGeneration,
@@ -106,6 +107,12 @@ def configs(vocab):
             **{k: v for k, v in hybrid_text(common).items() if k != "intermediate_size"}, num_experts=4,
             num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48),
             transformers.Qwen3_5MoeForCausalLM),
+        # GLM-4.5: a sigmoid router choosing within the better of two groups with its stored bias (drawn, so the
+        # export must carry it), scaled weights, ungated shared experts, the first layer dense, q/k/v biases.
+        "glm4_moe": (transformers.Glm4MoeConfig(**common, attention_bias=True, n_routed_experts=8,
+                                                num_experts_per_tok=2, moe_intermediate_size=32, n_group=2,
+                                                topk_group=1, routed_scaling_factor=2.0),
+                     transformers.Glm4MoeForCausalLM),
     }
 
 
@@ -141,13 +148,24 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
     folder = os.path.join(d, name, "model")
     fast.save_pretrained(folder)
     torch.manual_seed(0)
-    cls(config).save_pretrained(folder, safe_serialization=True)
+    initial = cls(config)
+    with torch.no_grad():  # GLM-4.5's router's stored bias, zeros as transformers makes it: drawn
+        for n, b in initial.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn(b.shape))
+    initial.save_pretrained(folder, safe_serialization=True)
     out = launch(a, d, name, folder, *extra)
     losses = [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     export = os.path.join(out, "export", "step-30")
     assert losses[-1] < 0.8 * losses[0], (name, losses)
+    if name == "glm4_moe":  # the router's stored bias trains not: the export carries the folder's, bit for bit
+        from safetensors.torch import load_file
+        before, after = (load_file(os.path.join(f, "model.safetensors")) for f in (folder, export))
+        biases = [n for n in before if n.endswith("e_score_correction_bias")]
+        assert biases and all(torch.equal(before[n], after[n]) for n in biases), name
 
-    sparse = hasattr(config, "router_aux_loss_coef") or getattr(config, "enable_moe_block", False)
+    sparse = hasattr(config, "router_aux_loss_coef") or getattr(config, "enable_moe_block", False) or \
+        hasattr(config, "n_routed_experts")
     eager = {"experts_implementation": "eager"} if sparse else {}
     model = (export_cls or cls).from_pretrained(export, dtype=torch.float32, attn_implementation="eager",
                                                 **eager).eval()
@@ -296,7 +314,7 @@ def main():
     ap.add_argument("--families",
                     default="gemma2,gemma3,gemma4,gemma4_moe,gemma4_small,"
                             "olmo2,olmo3,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
-                            "qwen2_moe,mixtral,gpt_oss,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
+                            "qwen2_moe,mixtral,gpt_oss,glm4_moe,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])

@@ -5,7 +5,8 @@ From one tiny Llama (transformers, random) and adapters PEFT made (init_lora_wei
 every adapter matrix starts non-zero), with and without modules_to_save, at W=1 and W=2 (and a
 tiny Qwen2, biases and a tied head, at W=2; a Qwen2-MoE, its stacked experts frozen, at W=2; a
 Qwen3-MoE whose stacked experts carry adapters, PEFT's target_parameters, at W=2; Qwen3.5; Gemma 4, its
-full-attention layer without v_proj, and its experts beside the dense MLP with adapters):
+full-attention layer without v_proj, and its experts beside the dense MLP with adapters; GLM-4.5, its shared
+experts, stacked experts and fp32 router adapted):
   - fsdptrain (lora.init = the adapter; at W=2 with each kernel provider: the CPU's own kernels,
     the GPU's run by the CPU, ATen's ops one by one) and scripts/reference/fsdp2_llama.py --adapter
     (PEFT's PeftModel under torch's fully_shard) report the same loss and gradient norm at every step within
@@ -622,6 +623,42 @@ def gemma4_parity(args, tmp, data):
     print(f"ok gemma4: the export has PEFT's {len(got)} keys (v_proj's in the sliding layer alone)")
 
 
+def glm4_moe_parity(args, tmp, data):
+    """GLM-4.5 (glm4_moe): PEFT's adapters on q_proj and v_proj, and its target_parameters on the stacked experts
+    and the router's weight (whose product runs in fp32), at W=2: PEFT's losses, gradients and trained tensors;
+    the export has PEFT's keys and target_parameters, and not the router's stored bias (it trains not). PEFT 0.21
+    reads gate_proj, up_proj and down_proj in target_modules on GLM-4.5 as the experts' stacked weights, leaving
+    out the dense and shared experts' layers of those names (what fsdptrain's [lora] note says): checked here."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+    CASES["glm4_moe"] = (dict(r=2, lora_alpha=6, target_modules=["q_proj", "v_proj"],
+                              target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj",
+                                                 "mlp.gate.weight"]),
+                         "lora:\n  r: 2\n  alpha: 6\n  target_modules: [q_proj, v_proj]\n"
+                         "  target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj, mlp.gate.weight]\n")
+    # Every token takes all 4 experts (as gemma4_moe's case: an adapted router near a tie would choose either way
+    # in float32); the scores still weigh them, times routed_scaling_factor.
+    base, adapter = family_base(args, tmp, "glm4_moe", Glm4MoeForCausalLM, Glm4MoeConfig, 7,
+                                ("mlp_bias", "rope_theta", "rope_scaling", "head_dim"), "glm4_moe",
+                                model_type="glm4_moe", architectures=["Glm4MoeForCausalLM"], attention_bias=True,
+                                n_routed_experts=4, num_experts_per_tok=4, moe_intermediate_size=24, n_group=2,
+                                topk_group=2, routed_scaling_factor=1.5)
+    out, text = parity(args, tmp, "glm4_moe", 2, base, data, adapter)
+    check("2 stacked expert weights (r per expert) and 1 router weight" in text,
+          f"glm4_moe: the [lora] line does not count them: {text[-3000:]}")
+    export, got = export_keys(Glm4MoeForCausalLM, base, "glm4_moe", out)
+    check(not any("e_score_correction_bias" in k for k in got), f"glm4_moe: the router's bias in the adapter: {got}")
+    written = json.load(open(os.path.join(export, "adapter_config.json")))
+    check(sorted(written.get("target_parameters") or []) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj",
+                                                             "mlp.gate.weight"],
+          f"glm4_moe: adapter_config.json's target_parameters {written.get('target_parameters')}")
+    peft = get_peft_model(Glm4MoeForCausalLM.from_pretrained(base), LoraConfig(r=2, target_modules=["q_proj", "down_proj"]))
+    adapted = sorted({n.split(".lora_")[0].split("model.layers.")[-1] for n, _ in peft.named_parameters() if ".lora_" in n})
+    check(adapted == ["0.self_attn.q_proj", "1.mlp.experts", "1.self_attn.q_proj"],
+          f"glm4_moe: PEFT no longer reads down_proj as the experts' (fsdptrain's [lora] note says it does): {adapted}")
+    print(f"ok glm4_moe: the export has PEFT's {len(got)} keys (the stacked experts and the router's weight among "
+          "them); PEFT reads target_modules down_proj as the experts', as the [lora] note says")
+
+
 def gemma4_moe_parity(args, tmp, data):
     """Gemma 4's mixture of experts (gemma-4-26B-A4B's form): PEFT's target_parameters on the layer's own
     experts.gate_up_proj and experts.down_proj (beside the dense MLP) with q_proj and the router's proj
@@ -813,6 +850,7 @@ def main():
         hybrid_parity(args, tmp, data)
         gemma4_parity(args, tmp, data)
         gemma4_moe_parity(args, tmp, data)
+        glm4_moe_parity(args, tmp, data)
         gemma4_small_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any

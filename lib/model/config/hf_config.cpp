@@ -60,6 +60,10 @@ const std::set<std::string>& known_fields() {
       "per_layer_config", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v",
       "hidden_size_per_layer_input", "vocab_size_per_layer_input", "num_kv_shared_layers", "use_double_wide_mlp",
       "enable_moe_block", "top_k_experts",
+      // GLM-4.5's (glm4_moe): its router's groups and scale, shared experts, dense first layers, per-head q/k norms,
+      // and its multi-token-prediction layers (which the model leaves out, as transformers does).
+      "n_routed_experts", "n_shared_experts", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
+      "use_qk_norm", "num_nextn_predict_layers", "num_mtp_layers",
       // gpt-oss's: its context before YaRN (rope_scaling's original_max_position_embeddings holds it) and
       // num_experts_per_tok's older name, as the released configs write them.
       "initial_context_length", "experts_per_token",
@@ -257,15 +261,16 @@ void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
 // Phi-3/4's partial rotation: partial_rotary_factor at the top level or (transformers v5) in the
 // rope parameters. Other families' transformers classes rotate the whole head whatever it says.
 void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig& c) {
-  // Qwen3.5/3.6 and Qwen3-Next turn a quarter of each head unless told otherwise.
-  double partial = field<double>(j, "partial_rotary_factor", is_hybrid(c.family) ? 0.25 : 1.0, where);
+  // Qwen3.5/3.6 and Qwen3-Next turn a quarter of each head unless told otherwise, GLM-4.5 half.
+  const bool glm = c.family == Family::kGlm4Moe;
+  double partial = field<double>(j, "partial_rotary_factor", is_hybrid(c.family) ? 0.25 : glm ? 0.5 : 1.0, where);
   for (const char* key : {"rope_parameters", "rope_scaling"})
     if (const json r = j.value(key, json()); r.is_object() && r.contains("partial_rotary_factor"))
       partial = field<double>(r, "partial_rotary_factor", partial, where);
-  FSDP_CHECK(partial == 1.0 || c.family == Family::kPhi3 || is_hybrid(c.family), where, ": partial_rotary_factor ",
-             partial, " is not supported for ", family_names(c.family).architecture,
-             " (transformers' class rotates the whole head); only Phi-3/4, Qwen3.5/3.6 and Qwen3-Next rotate a share "
-             "of it");
+  FSDP_CHECK(partial == 1.0 || c.family == Family::kPhi3 || is_hybrid(c.family) || glm, where,
+             ": partial_rotary_factor ", partial, " is not supported for ", family_names(c.family).architecture,
+             " (transformers' class rotates the whole head); only Phi-3/4, Qwen3.5/3.6, Qwen3-Next and GLM-4.5 rotate "
+             "a share of it");
   FSDP_CHECK(partial > 0 && partial <= 1.0, where, ": partial_rotary_factor (", partial, ") must be in (0, 1]");
   c.partial_rotary_factor = partial;
   FSDP_CHECK(c.rotary_dim() >= 2 && c.rotary_dim() % 2 == 0, where, ": head_dim ", c.head_dim,
@@ -277,7 +282,7 @@ constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral, Family
                                    Family::kGemma2,     Family::kGemma3,  Family::kOlmo2,   Family::kOlmo3,
                                    Family::kSmolLM3,    Family::kGranite, Family::kPhi3,    Family::kQwen3Moe,
                                    Family::kQwen2Moe,   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next,
-                                   Family::kQwen3_5Moe, Family::kGptOss,  Family::kGemma4};
+                                   Family::kQwen3_5Moe, Family::kGptOss,  Family::kGemma4,  Family::kGlm4Moe};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -351,7 +356,8 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   c.max_window_layers = field<int64_t>(j, "max_window_layers", n, where);
   // Absent, the family's (class_defaults); null, none.
   const int64_t window = field<int64_t>(j, "sliding_window", 0, where);
-  if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite || is_hybrid(c.family)) {
+  if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite || is_hybrid(c.family) ||
+      c.family == Family::kGlm4Moe) {
     FSDP_CHECK(window == 0, where, ": sliding_window is not a field of ", family_names(c.family).architecture,
                " (transformers ignores it); remove it",
                c.family == Family::kLlama ? ", or set model_type to mistral" : "");
@@ -512,6 +518,60 @@ void parse_gpt_oss_moe(const json& j, const std::string& where, DecoderConfig& c
              ": router_aux_loss_coef must be >= 0, swiglu_limit and swiglu_alpha > 0");
 }
 
+// GLM-4.5's mixture of experts (Glm4MoeConfig's fields and defaults): n_routed_experts (or num_local_experts),
+// num_experts_per_tok, moe_intermediate_size, n_shared_experts, routed_scaling_factor, n_group, topk_group,
+// first_k_dense_replace, norm_topk_prob; num_nextn_predict_layers (or num_mtp_layers) counts the folder's
+// multi-token-prediction layers. Other families refuse these fields by name.
+void parse_glm4_moe(const json& j, const std::string& where, DecoderConfig& c) {
+  static const char* const kOwn[] = {
+      "n_routed_experts",      "n_shared_experts", "routed_scaling_factor",    "n_group",       "topk_group",
+      "first_k_dense_replace", "use_qk_norm",      "num_nextn_predict_layers", "num_mtp_layers"};
+  if (c.family != Family::kGlm4Moe) {
+    for (const char* key : kOwn)
+      FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of Glm4MoeForCausalLM, not of ",
+                 family_names(c.family).architecture, "; remove it, or set model_type to glm4_moe");
+    return;
+  }
+  MoeConfig& m = c.moe;
+  m.sigmoid_router = true;
+  const char* experts_key =
+      j.contains("n_routed_experts") || !j.contains("num_local_experts") ? "n_routed_experts" : "num_local_experts";
+  m.num_experts = field<int64_t>(j, experts_key, 128, where);
+  m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", 8, where);
+  m.intermediate_size = field<int64_t>(j, "moe_intermediate_size", 1408, where);
+  const int64_t shared = field<int64_t>(j, "n_shared_experts", 1, where);
+  m.n_group = field<int64_t>(j, "n_group", 1, where);
+  m.topk_group = field<int64_t>(j, "topk_group", 1, where);
+  m.first_k_dense_replace = field<int64_t>(j, "first_k_dense_replace", 1, where);
+  m.routed_scaling_factor = field<double>(j, "routed_scaling_factor", 1.0, where);
+  m.norm_topk_prob = field<bool>(j, "norm_topk_prob", true, where);
+  m.router_aux_loss_coef = 0;  // Glm4MoeForCausalLM adds none
+  m.output_router_logits = false;
+  const char* mtp_key = j.contains("num_mtp_layers") && !j.contains("num_nextn_predict_layers")
+                            ? "num_mtp_layers"
+                            : "num_nextn_predict_layers";
+  c.mtp_layers = field<int64_t>(j, mtp_key, 1, where);
+  check_positive(where, {{experts_key, m.num_experts},
+                         {"num_experts_per_tok", m.experts_per_token},
+                         {"moe_intermediate_size", m.intermediate_size},
+                         {"n_shared_experts", shared},
+                         {"n_group", m.n_group},
+                         {"topk_group", m.topk_group}});
+  m.shared_expert_intermediate_size = m.intermediate_size * shared;
+  FSDP_CHECK(m.first_k_dense_replace >= 0 && c.mtp_layers >= 0, where,
+             ": first_k_dense_replace and num_nextn_predict_layers must be >= 0");
+  FSDP_CHECK(m.routed_scaling_factor > 0, where, ": routed_scaling_factor (", m.routed_scaling_factor, ") must be > 0");
+  // As transformers' router needs them: groups of equal size, each with two experts to score it, and enough
+  // experts in the chosen groups for the top k.
+  FSDP_CHECK(m.num_experts % m.n_group == 0 && m.num_experts / m.n_group >= 2, where, ": n_group ", m.n_group,
+             " must divide ", experts_key, " ", m.num_experts,
+             " into groups of at least two experts (a group is scored by its two best)");
+  FSDP_CHECK(m.topk_group <= m.n_group && m.experts_per_token <= m.topk_group * (m.num_experts / m.n_group), where,
+             ": topk_group ", m.topk_group, " of n_group ", m.n_group, " groups of ", m.num_experts / m.n_group,
+             " experts leave fewer than num_experts_per_tok ", m.experts_per_token,
+             " to choose from; topk_group must be <= n_group and hold that many experts");
+}
+
 // The mixture of experts: Qwen3-MoE's and Qwen2-MoE's fields (num_experts, moe_intermediate_size,
 // decoder_sparse_step, mlp_only_layers, norm_topk_prob; Qwen2-MoE's shared expert), Mixtral's
 // (num_local_experts, intermediate_size per expert, the top-k always renormalised). Dense families
@@ -522,6 +582,8 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   // top-k always renormalised (its class has no decoder_sparse_step, mlp_only_layers or norm_topk_prob).
   const bool mixtral = c.family == Family::kMixtral, next = c.family == Family::kQwen3Next,
              moe35 = c.family == Family::kQwen3_5Moe;
+  parse_glm4_moe(j, where, c);
+  if (c.family == Family::kGlm4Moe) return;
   if (c.family == Family::kGptOss) return parse_gpt_oss_moe(j, where, c);
   if (c.family == Family::kGemma4) return;  // parse_gemma4_moe: enable_moe_block and its fields
   if (!mixtral && !is_qwen_moe(c.family) && !next && !moe35) {
@@ -529,8 +591,8 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
                             "shared_expert_intermediate_size"})
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a mixture-of-experts field, not one of ",
                  family_names(c.family).architecture,
-                 "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral, gpt_oss, qwen3_next or "
-                 "qwen3_5_moe_text");
+                 "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral, gpt_oss, qwen3_next, "
+                 "qwen3_5_moe_text or glm4_moe");
     return;
   }
   const bool qwen2 = c.family == Family::kQwen2Moe;
@@ -796,6 +858,8 @@ FamilyNames family_names(Family f) {
       return {"gpt_oss", "GptOssForCausalLM", "GptOssDecoderLayer"};
     case Family::kGemma4:
       return {"gemma4_text", "Gemma4ForCausalLM", "Gemma4TextDecoderLayer"};
+    case Family::kGlm4Moe:
+      return {"glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -844,6 +908,7 @@ std::string prefix_of(const ClassName& n, Family f) {
 
 std::string hf_class_name(const std::string& ours, Family f) {
   if (f == Family::kGptOss && ours == "MoeBlock") return "GptOssMLP";  // its feed-forward is always sparse
+  if (f == Family::kGlm4Moe && ours == "MoeBlock") return "Glm4MoeMoE";
   for (const ClassName& n : kClassNames)
     if (ours == n.ours) return n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs);
   return ours;
@@ -851,6 +916,7 @@ std::string hf_class_name(const std::string& ours, Family f) {
 
 std::string our_class_name(const std::string& hf, Family f) {
   if (f == Family::kGptOss && hf == "GptOssMLP") return "MoeBlock";
+  if (f == Family::kGlm4Moe && hf == "Glm4MoeMoE") return "MoeBlock";
   for (const ClassName& n : kClassNames)
     if (hf == (n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs))) return n.ours;
   return hf;  // the decoder layer carries the family's own name already (family_names().layer_class)
@@ -886,7 +952,7 @@ double DecoderConfig::rope_attention_factor() const {
 }
 
 bool DecoderConfig::is_moe(int64_t layer) const {
-  return moe.num_experts > 0 && (layer + 1) % moe.decoder_sparse_step == 0 &&
+  return moe.num_experts > 0 && layer >= moe.first_k_dense_replace && (layer + 1) % moe.decoder_sparse_step == 0 &&
          std::find(moe.mlp_only_layers.begin(), moe.mlp_only_layers.end(), layer) == moe.mlp_only_layers.end();
 }
 
@@ -945,7 +1011,10 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   double sparse = static_cast<double>(m.num_experts) * c + experts * 3 * c * static_cast<double>(m.intermediate_size);
   if (m.gpt_oss)  // the router's bias, each expert's biases
     sparse += static_cast<double>(m.num_experts) + experts * (2 * static_cast<double>(m.intermediate_size) + c);
-  if (m.shared_expert_intermediate_size > 0) sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + c;
+  // The shared expert and its gate (GLM-4.5's shared experts have none; its router's stored bias is a buffer in
+  // transformers, not counted).
+  if (m.shared_expert_intermediate_size > 0)
+    sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + (m.sigmoid_router ? 0 : c);
   // Gemma 4's: router.scale and per_expert_scale, three norms of its own (the dense MLP beside it: per layer).
   if (m.gemma4) sparse += c + static_cast<double>(m.num_experts) + 3 * c;
   const double norms = (dc.norms == NormPlacement::kSandwich ? 4 : 2) * c;
@@ -1088,6 +1157,8 @@ json class_defaults(Family f) {
       return {{"rms_norm_eps", 1e-5},     {"max_position_embeddings", 131072},
               {"num_key_value_heads", 8}, {"head_dim", 64},
               {"sliding_window", 128},    {"rope_theta", 150000.0}};
+    case Family::kGlm4Moe:  // its head_dim, not a field of the class, is hidden_size / heads unless written
+      return {{"rms_norm_eps", 1e-5}, {"max_position_embeddings", 131072}, {"num_key_value_heads", 8}};
   }
   return json::object();
 }
@@ -1220,7 +1291,14 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
              ": qkv_bias is a field of Qwen2MoeForCausalLM, not of ", family_names(c.family).architecture,
              "; remove it");
   c.qk_norm = c.family == Family::kQwen3 || c.family == Family::kGemma3 || c.family == Family::kGemma4 ||
-              c.family == Family::kQwen3Moe || is_hybrid(c.family);
+              c.family == Family::kQwen3Moe || is_hybrid(c.family) ||
+              (c.family == Family::kGlm4Moe && field<bool>(j, "use_qk_norm", false, where));
+  if (c.family == Family::kGlm4Moe) {  // its attention_bias is q/k/v's alone (o_proj has none), as Qwen2's
+    c.qkv_bias = c.attention_bias;
+    c.attention_bias = false;
+    FSDP_CHECK(!c.mlp_bias, where,
+               ": mlp_bias is not a field of Glm4MoeForCausalLM; transformers ignores it, so remove it");
+  }
   c.fused_projections = c.family == Family::kPhi3;
   if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
       c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
@@ -1324,7 +1402,8 @@ void write_form(json& j, const DecoderConfig& c) {
     j["residual_multiplier"] = c.residual_multiplier;
     j["logits_scaling"] = c.logits_scaling;
   }
-  const bool windowed = c.family != Family::kLlama && c.family != Family::kOlmo2 && c.family != Family::kGranite;
+  const bool windowed = c.family != Family::kLlama && c.family != Family::kOlmo2 && c.family != Family::kGranite &&
+                        c.family != Family::kGlm4Moe;
   if (windowed) j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   if (window_is_switched(c.family)) j["use_sliding_window"] = c.use_sliding_window;
   if (c.family == Family::kQwen2 || c.family == Family::kQwen3 || c.family == Family::kQwen2Moe)
@@ -1364,6 +1443,21 @@ void write_moe(json& j, const DecoderConfig& c) {
     j["num_experts_per_tok"] = m.experts_per_token;
     j["swiglu_limit"] = m.swiglu_limit;
     j["swiglu_alpha"] = m.swiglu_alpha;
+  } else if (c.family == Family::kGlm4Moe) {  // no auxiliary loss: its class has neither field
+    j["n_routed_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.experts_per_token;
+    j["moe_intermediate_size"] = m.intermediate_size;
+    j["n_shared_experts"] = m.shared_expert_intermediate_size / m.intermediate_size;
+    j["routed_scaling_factor"] = m.routed_scaling_factor;
+    j["n_group"] = m.n_group;
+    j["topk_group"] = m.topk_group;
+    j["first_k_dense_replace"] = m.first_k_dense_replace;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["use_qk_norm"] = c.qk_norm;
+    j["attention_bias"] = c.qkv_bias;
+    j.erase("mlp_bias");
+    j["num_nextn_predict_layers"] = 0;  // an export holds no multi-token-prediction layers
+    return;
   } else if (c.family == Family::kQwen3Next && m.num_experts == 0) {
     j["num_experts"] = 0;
     return;
@@ -1434,7 +1528,8 @@ void write_rope(json& j, const DecoderConfig& c) {
     j["partial_rotary_factor"] = c.partial_rotary_factor;
     if (c.rope_scaling) j["original_max_position_embeddings"] = c.rope_scaling->original_max_position_embeddings;
   }
-  if (is_hybrid(c.family)) {  // transformers v5's one object, the partial rotation in it
+  // transformers v5's one object, the partial rotation in it
+  if (is_hybrid(c.family) || c.family == Family::kGlm4Moe) {
     json rope = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
     rope["rope_theta"] = c.rope_theta;
     rope["partial_rotary_factor"] = c.partial_rotary_factor;
@@ -1537,6 +1632,7 @@ void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t 
     const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
     const std::string m = p + "mlp.", x = m + "experts.";
     linear(m + "gate", C, E, false);
+    if (c.moe.sigmoid_router) add(m + "gate.e_score_correction_bias", {E});  // GLM-4.5's: stored, never trained
     add(x + "gate_up_proj", {E, 2 * I, C});
     add(x + "down_proj", {E, C, I});
     // The Hub's names: experts.N.{gate,up,down}_proj (Qwen), block_sparse_moe.experts.N.{w1,w3,w2} (Mixtral).
@@ -1551,11 +1647,12 @@ void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t 
     d.layout.stacked.push_back(std::move(gate_up));
     d.layout.stacked.push_back(std::move(down));
     if (mixtral) d.layout.renamed.push_back({m + "gate.weight", p + "block_sparse_moe.gate.weight"});
-    if (const int64_t S = c.moe.shared_expert_intermediate_size; S > 0) {
-      linear(m + "shared_expert.gate_proj", C, S, false);
-      linear(m + "shared_expert.up_proj", C, S, false);
-      linear(m + "shared_expert.down_proj", S, C, false);
-      linear(m + "shared_expert_gate", C, 1, false);
+    if (const int64_t S = c.moe.shared_expert_intermediate_size; S > 0) {  // GLM-4.5's: shared_experts, ungated
+      const std::string shared = m + (c.moe.sigmoid_router ? "shared_experts." : "shared_expert.");
+      linear(shared + "gate_proj", C, S, false);
+      linear(shared + "up_proj", C, S, false);
+      linear(shared + "down_proj", S, C, false);
+      if (!c.moe.sigmoid_router) linear(m + "shared_expert_gate", C, 1, false);
     }
   } else {
     linear(p + "mlp.gate_proj", C, F, c.mlp_bias);
@@ -1656,6 +1753,9 @@ ModelDescription describe(const DecoderConfig& c) {
         "model.visual.", "model.audio_tower.",     "model.embed_vision.", "model.embed_audio."};
   }
   if (is_hybrid(c.family)) d.layout.left_out.push_back("mtp.");  // Qwen3.5's multi-token prediction, unused
+  // GLM-4.5's multi-token prediction, as the layers after the decoder's
+  for (int64_t i = 0; i < c.mtp_layers; ++i)
+    d.layout.left_out.push_back(str("model.layers.", c.num_hidden_layers + i, "."));
   for (const std::string& name : shared_kv) {                    // under each name the folder may give them
     d.layout.left_out.push_back(name);
     for (const auto& [ours, theirs] : d.layout.prefixes)

@@ -67,7 +67,8 @@ enum class Family {
   kQwen3Next,
   kQwen3_5Moe,
   kGptOss,
-  kGemma4
+  kGemma4,
+  kGlm4Moe
 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
@@ -150,6 +151,16 @@ struct MoeConfig {
   // and added to the MLP's, normed by post_feedforward_layernorm_1, before post_feedforward_layernorm.
   // transformers adds no auxiliary loss (router_aux_loss_coef 0).
   bool gemma4 = false;
+  // GLM-4.5's (glm4_moe; DeepSeek-V3's router): the router (mlp.gate, no bias) scores each expert by the sigmoid of
+  // its logit, computed in fp32; the experts are chosen by the scores plus e_score_correction_bias (mlp.gate's (E)
+  // fp32 tensor, stored and never trained: a buffer in transformers), first the topk_group of the n_group groups of
+  // experts whose two best biased scores sum highest, then the top experts_per_token within them; each chosen
+  // expert's weight is its unbiased score, renormalised (over the sum plus 1e-20) when norm_topk_prob, times
+  // routed_scaling_factor. The shared experts (mlp.shared_experts, moe_intermediate_size x n_shared_experts wide)
+  // are added ungated, and the first first_k_dense_replace layers are dense. No auxiliary loss.
+  bool sigmoid_router = false;
+  int64_t n_group = 1, topk_group = 1, first_k_dense_replace = 0;
+  double routed_scaling_factor = 1.0;
 };
 
 // A family's Hugging Face names: config.json's model_type and architectures, the decoder layer class.
@@ -212,6 +223,9 @@ struct DecoderConfig {
   // the last ones attend with the keys and values of the last earlier layer of their kind (LayerPlan::kv_source),
   // their MLPs twice as wide with double_wide_mlp (use_double_wide_mlp).
   int64_t per_layer_input_dim = 0, per_layer_vocab = 0, kv_shared_layers = 0;
+  // GLM-4.5's multi-token prediction layers (num_nextn_predict_layers): a folder holds them after the decoder's
+  // (model.layers.L, ...); left out, as transformers leaves them.
+  int64_t mtp_layers = 0;
   bool double_wide_mlp = false;
   int64_t head_dim_of(int64_t layer) const { return plan(layer).head_dim; }
   int64_t kv_heads_of(int64_t layer) const { return plan(layer).kv_heads; }
@@ -290,9 +304,9 @@ std::string tensor_parallel_unsplit_parts(const DecoderConfig& c);
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
 // qwen3, gemma2, gemma3_text, gemma4_text, olmo2, olmo3, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral,
-// qwen3_5_text, qwen3_next, qwen3_5_moe_text, gpt_oss; another is refused listing these; gemma3, gemma4, qwen3_5 and
-// qwen3_5_moe (their *ForConditionalGeneration) give their text_config's model, text_of_multimodal). Accepts
-// torch_dtype or dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type,
+// qwen3_5_text, qwen3_next, qwen3_5_moe_text, gpt_oss, glm4_moe; another is refused listing these; gemma3, gemma4,
+// qwen3_5 and qwen3_5_moe (their *ForConditionalGeneration) give their text_config's model, text_of_multimodal).
+// Accepts torch_dtype or dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type,
 // sliding_window / use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the
 // field, also for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads) and for settings that change the math and are not implemented. warnings (optional): one line per

@@ -528,6 +528,7 @@ at::Tensor init_parameter_range(const DecoderConfig& c, uint64_t seed, const std
     return at::empty({n}).uniform_(0.01, 16.0, g).log_().narrow(0, begin, count).clone();
   }
   if (ends_with(name, ".layer_scalar")) return at::ones({count});             // Gemma 4's, as transformers makes it
+  if (ends_with(name, ".e_score_correction_bias")) return at::zeros({count});   // GLM-4.5's router's, likewise
   if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight") ||  // Gemma's (1 + w): zeros
       ends_with(name, "layernorm_1.weight") || ends_with(name, "layernorm_2.weight"))
     return c.norm_unit_offset ? at::zeros({count}) : at::ones({count});

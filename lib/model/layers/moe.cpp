@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <limits>
+#include <utility>
 
 #include "fsdp/unit_call.h"
 #include "model/kernels/ops.h"
@@ -113,6 +115,10 @@ MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParalle
       top_k(c.moe.experts_per_token),
       norm_topk_prob(c.moe.norm_topk_prob),
       softmax_of_top(c.moe.gpt_oss),
+      sigmoid_router(c.moe.sigmoid_router),
+      n_group(c.moe.n_group),
+      topk_group(c.moe.topk_group),
+      routed_scaling_factor(c.moe.routed_scaling_factor),
       ep(e && e->size() > 1 ? std::move(e) : nullptr) {
   // In describe()'s order: the router, the experts, the shared expert and its gate.
   if (c.moe.gemma4) {
@@ -121,13 +127,17 @@ MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParalle
   } else {
     gate = register_module(c.moe.gpt_oss ? "router" : "gate",
                            uninitialized_linear(c.hidden_size, c.moe.num_experts, c.moe.gpt_oss));
+    if (sigmoid_router)  // the gate's own, as transformers' Glm4MoeTopkRouter holds it
+      correction_bias =
+          gate->register_parameter("e_score_correction_bias", at::zeros({c.moe.num_experts}), /*requires_grad=*/false);
   }
   experts = register_module("experts", Experts(c, ep ? ep->size() : 1));
   if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
     DecoderConfig shared = c;
     shared.mlp_bias = false;
-    shared_expert = register_module("shared_expert", GatedMlp(shared, nullptr, s));
-    shared_expert_gate = register_module("shared_expert_gate", uninitialized_linear(c.hidden_size, 1, false));
+    shared_expert = register_module(sigmoid_router ? "shared_experts" : "shared_expert", GatedMlp(shared, nullptr, s));
+    if (!sigmoid_router)
+      shared_expert_gate = register_module("shared_expert_gate", uninitialized_linear(c.hidden_size, 1, false));
   }
 }
 
@@ -138,13 +148,20 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
   const at::Tensor scored = route_by.defined() ? route_by.reshape({-1, C}) : x;
   // (N, E), the compute dtype
   // With an adapter where LoRA's target_parameters named the router's weight (never in float8).
-  at::Tensor logits =
-      router ? router->logits(scored) : with_lora(gate, scored, at::linear(scored, gate->weight, gate->bias));
+  at::Tensor logits;
+  if (router)
+    logits = router->logits(scored);
+  else if (sigmoid_router)  // GLM-4.5's product in fp32, as transformers computes it
+    logits = with_lora(gate, scored, at::linear(scored.to(at::kFloat), gate->weight.to(at::kFloat)));
+  else
+    logits = with_lora(gate, scored, at::linear(scored, gate->weight, gate->bias));
   if (aux_gradient && c10::GradMode::is_enabled()) logits = AuxGradientAtRouter::apply(logits, aux_gradient.get());
   const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
   at::Tensor weights, chosen;  // (N, k) fp32, int64
   const bool biased = selection_bias.defined();
-  if (softmax_of_top) {  // gpt-oss: the top k logits, then their softmax
+  if (sigmoid_router) {
+    std::tie(weights, chosen) = choose_by_groups(logits, biased ? correction_bias + selection_bias : correction_bias);
+  } else if (softmax_of_top) {  // gpt-oss: the top k logits, then their softmax
     if (biased) {  // chosen by the biased logits, weighed by their own
       chosen = std::get<1>(at::topk(logits.to(at::kFloat) + selection_bias, top_k, -1));
       weights = at::softmax(logits.gather(-1, chosen).to(at::kFloat), -1);
@@ -193,10 +210,31 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
   const at::Tensor w = weights.reshape(-1).index_select(0, order).unsqueeze(1);  // (N k, 1) fp32
   at::Tensor out = at::zeros({N, C}, x.options().dtype(at::kFloat)).index_add(0, token, y.to(at::kFloat) * w);
   out = out.to(x.scalar_type());
-  if (shared_expert)
+  if (shared_expert && !shared_expert_gate)  // GLM-4.5's shared experts, ungated
+    out = out + shared_expert->forward(x.unsqueeze(0)).squeeze(0);
+  else if (shared_expert)
     out = out + at::sigmoid(with_lora(shared_expert_gate, x, at::linear(x, shared_expert_gate->weight))) *
                     shared_expert->forward(x.unsqueeze(0)).squeeze(0);
   return out.reshape(input.sizes());
+}
+
+std::pair<at::Tensor, at::Tensor> MoeBlockImpl::choose_by_groups(const at::Tensor& logits,
+                                                                 const at::Tensor& bias) const {
+  const at::Tensor scores = at::sigmoid(logits.to(at::kFloat));  // (N, E)
+  at::Tensor choice = scores + bias.to(at::kFloat);
+  const int64_t N = scores.size(0), E = scores.size(1);
+  if (topk_group < n_group) {  // each group scored by its two best; the other groups' experts out of the running
+    const at::Tensor by_group = choice.view({N, n_group, E / n_group});
+    const at::Tensor group_scores = std::get<0>(by_group.topk(2, -1)).sum(-1);                    // (N, G)
+    const at::Tensor groups = std::get<1>(group_scores.topk(topk_group, -1));                     // (N, g)
+    const at::Tensor kept = at::zeros_like(group_scores).scatter_(1, groups, 1.0).unsqueeze(-1);  // (N, G, 1)
+    choice =
+        by_group.masked_fill(kept.expand_as(by_group) == 0, -std::numeric_limits<double>::infinity()).reshape({N, E});
+  }
+  const at::Tensor chosen = std::get<1>(choice.topk(top_k, -1));
+  at::Tensor weights = scores.gather(-1, chosen);
+  if (norm_topk_prob) weights = weights / (weights.sum(-1, /*keepdim=*/true) + 1e-20);
+  return {weights * routed_scaling_factor, chosen};
 }
 
 void update_selection_bias(at::Tensor& bias, const at::Tensor& routed, double coeff) {

@@ -4,7 +4,9 @@
 // expert's SwiGLU output times its weight, summed in fp32; Qwen2-MoE adds a shared expert times
 // sigmoid(shared_expert_gate(x)); gpt-oss's router has a bias and takes the softmax of the top-k
 // logits, its experts biases and a clamped SwiGLU; Gemma 4's (a Router) scores the normed and scaled
-// input and scales each chosen expert's weight, beside the layer's dense MLP (model/layers/decoder.h). The experts are
+// input and scales each chosen expert's weight, beside the layer's dense MLP (model/layers/decoder.h); GLM-4.5's
+// chooses by sigmoid scores plus a stored bias within the best groups of experts, weighs by the scores times a
+// factor, and adds its shared experts ungated (MoeConfig::sigmoid_router). The experts are
 // held stacked as transformers v5 holds them (experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)); the
 // checkpoint layer reads and writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
 //
@@ -25,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/config/hf_config.h"
@@ -112,6 +115,13 @@ class MoeBlockImpl : public torch::nn::Module {
   int64_t top_k;
   bool norm_topk_prob;
   bool softmax_of_top;  // gpt-oss: the softmax over the top-k logits (else over all, then the top k)
+  // GLM-4.5's router (MoeConfig::sigmoid_router): e_score_correction_bias (E), registered on `gate` beside its
+  // weight, as transformers names it, and not trained; the groups, and the chosen weights' factor. Its shared
+  // experts are shared_expert, registered as "shared_experts", without a gate.
+  bool sigmoid_router;
+  at::Tensor correction_bias;
+  int64_t n_group, topk_group;
+  double routed_scaling_factor;
   RouterStats last;  // the last forward's (CausalLM::router_aux_loss and expert_load read them)
   // Auxiliary-loss-free load balancing (DeepSeek-V3; TorchTitan's load_balance_coeff): (E) fp32 added
   // to the scores the top k are chosen by (the softmax, gpt-oss's logits), never to the chosen
@@ -120,6 +130,11 @@ class MoeBlockImpl : public torch::nn::Module {
   std::shared_ptr<ExpertParallel> ep;
   // Set (CausalLM::aux_loss_in_backward): the router's logits take aux_gradient's share in backward.
   std::shared_ptr<RouterAuxGradient> aux_gradient;
+
+ private:
+  // GLM-4.5's choice from the router's logits (N, E) and the bias its scores take to choose (E): the chosen
+  // experts' weights (N, k) fp32 and their indices.
+  std::pair<at::Tensor, at::Tensor> choose_by_groups(const at::Tensor& logits, const at::Tensor& bias) const;
 };
 TORCH_MODULE(MoeBlock);
 
