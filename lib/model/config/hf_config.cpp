@@ -1296,16 +1296,15 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   if (c.family == Family::kGlm4Moe) {  // its attention_bias is q/k/v's alone (o_proj has none), as Qwen2's
     c.qkv_bias = c.attention_bias;
     c.attention_bias = false;
-    FSDP_CHECK(!c.mlp_bias, where,
-               ": mlp_bias is not a field of Glm4MoeForCausalLM; transformers ignores it, so remove it");
   }
   c.fused_projections = c.family == Family::kPhi3;
   if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
       c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
     FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
                family_names(c.family).architecture, "; transformers ignores them, so remove them");
-  FSDP_CHECK(!is_hybrid(c.family) || !c.mlp_bias, where, ": mlp_bias is not a field of ",
-             family_names(c.family).architecture, "; transformers ignores it, so remove it");
+  FSDP_CHECK(!(is_hybrid(c.family) || c.family == Family::kGlm4Moe) || !c.mlp_bias, where,
+             ": mlp_bias is not a field of ", family_names(c.family).architecture,
+             "; transformers ignores it, so remove it");
   parse_rope_layers(j, where, c);
   parse_sliding_window(j, where, c);
   parse_gemma4(j, where, c);
@@ -1425,6 +1424,10 @@ void write_form(json& j, const DecoderConfig& c) {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) types.push_back(c.is_linear(i) ? "linear_attention" : "full_attention");
     j["layer_types"] = types;
   }
+  if (c.family == Family::kGlm4Moe) {  // its attention_bias is q/k/v's; its q/k norms switched
+    j["attention_bias"] = c.qkv_bias;
+    j["use_qk_norm"] = c.qk_norm;
+  }
   if (c.family == Family::kSmolLM3) {
     j["no_rope_layers"] = c.rope_layers;
     j["no_rope_layer_interval"] = c.no_rope_layer_interval;
@@ -1453,9 +1456,6 @@ void write_moe(json& j, const DecoderConfig& c) {
     j["topk_group"] = m.topk_group;
     j["first_k_dense_replace"] = m.first_k_dense_replace;
     j["norm_topk_prob"] = m.norm_topk_prob;
-    j["use_qk_norm"] = c.qk_norm;
-    j["attention_bias"] = c.qkv_bias;
-    j.erase("mlp_bias");
     j["num_nextn_predict_layers"] = 0;  // an export holds no multi-token-prediction layers
     return;
   } else if (c.family == Family::kQwen3Next && m.num_experts == 0) {
@@ -1581,7 +1581,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }
-  if (is_hybrid(c.family) || c.family == Family::kGptOss) j.erase("mlp_bias");
+  if (is_hybrid(c.family) || c.family == Family::kGptOss || c.family == Family::kGlm4Moe) j.erase("mlp_bias");
   write_moe(j, c);
   write_form(j, c);
   write_rope(j, c);

@@ -153,7 +153,8 @@ struct MoeConfig {
   bool gemma4 = false;
   // GLM-4.5's (glm4_moe; DeepSeek-V3's router): the router (mlp.gate, no bias) scores each expert by the sigmoid of
   // its logit, computed in fp32; the experts are chosen by the scores plus e_score_correction_bias (mlp.gate's (E)
-  // fp32 tensor, stored and never trained: a buffer in transformers), first the topk_group of the n_group groups of
+  // tensor, stored and never trained: a buffer in transformers; here a frozen parameter), first the topk_group of the
+  // n_group groups of
   // experts whose two best biased scores sum highest, then the top experts_per_token within them; each chosen
   // expert's weight is its unbiased score, renormalised (over the sum plus 1e-20) when norm_topk_prob, times
   // routed_scaling_factor. The shared experts (mlp.shared_experts, moe_intermediate_size x n_shared_experts wide)

@@ -210,11 +210,12 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
   const at::Tensor w = weights.reshape(-1).index_select(0, order).unsqueeze(1);  // (N k, 1) fp32
   at::Tensor out = at::zeros({N, C}, x.options().dtype(at::kFloat)).index_add(0, token, y.to(at::kFloat) * w);
   out = out.to(x.scalar_type());
-  if (shared_expert && !shared_expert_gate)  // GLM-4.5's shared experts, ungated
-    out = out + shared_expert->forward(x.unsqueeze(0)).squeeze(0);
-  else if (shared_expert)
-    out = out + at::sigmoid(with_lora(shared_expert_gate, x, at::linear(x, shared_expert_gate->weight))) *
-                    shared_expert->forward(x.unsqueeze(0)).squeeze(0);
+  if (shared_expert) {
+    at::Tensor shared = shared_expert->forward(x.unsqueeze(0)).squeeze(0);
+    if (shared_expert_gate)  // Qwen2-MoE's; GLM-4.5's shared experts are ungated
+      shared = at::sigmoid(with_lora(shared_expert_gate, x, at::linear(x, shared_expert_gate->weight))) * shared;
+    out = out + shared;
+  }
   return out.reshape(input.sizes());
 }
 

@@ -93,8 +93,7 @@ int tensor_parallel_dim(const std::string& name) {
   auto is = [&](const char* suffix) { return ends_with(name, suffix); };
   // A mixture of experts' router, experts and shared expert are whole on every rank, which routes its
   // own sequence block.
-  if (name.find(".mlp.shared_expert.") != std::string::npos || name.find(".mlp.shared_experts.") != std::string::npos)
-    return -1;
+  if (name.find(".mlp.shared_expert") != std::string::npos) return -1;  // GLM-4.5's shared_experts too
   for (const char* column : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
                              "v_proj.bias", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias",
                              "self_attn.sinks", "embed_tokens.weight", "lm_head.weight"})
