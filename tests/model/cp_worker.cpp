@@ -105,6 +105,7 @@ bool hybrid(const fsdp::model::DecoderConfig& c) {  // any Gated DeltaNet layer
 // over every head take no tensor parallel.
 bool composes(const fsdp::model::DecoderConfig& c, const Layout& l) {
   if ((c.per_layer_input_dim > 0 || c.kv_shared_layers > 0) && l.tp > 1) return false;  // Gemma 4 E2B/E4B: no tp
+  if (c.latent() && l.tp > 1) return false;  // DeepSeek-V3's latent attention: no tp
   const bool linear = hybrid(c);
   if (l.how != SequenceSplit::kUlysses && linear) return false;
   if (l.how == SequenceSplit::kUlysses) {

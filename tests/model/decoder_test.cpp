@@ -1191,8 +1191,96 @@ TEST_CASE("config.json of GLM-4.5: dense first layers, the router's stored bias,
   CHECK(error("glm4_moe", R"("mlp_bias": true)").find("mlp_bias is not a field of Glm4MoeForCausalLM") !=
         std::string::npos);
   CHECK(error("qwen3_moe", R"("n_group": 2)")
-            .find("n_group is a field of Glm4MoeForCausalLM, not of Qwen3MoeForCausalLM; remove it, or set model_type "
-                  "to glm4_moe") != std::string::npos);
+            .find("n_group is a field of Glm4MoeForCausalLM and DeepseekV3ForCausalLM, not of Qwen3MoeForCausalLM; "
+                  "remove it, or set model_type to glm4_moe or deepseek_v3") != std::string::npos);
+}
+
+// DeepSeek-V3 (deepseek_v3) and GLM-4.7-Flash (glm4_moe_lite): latent attention's fields, widths, parameters and
+// names, each class's defaults, GLM-4.7-Flash's mlp_layer_types, and refusals.
+TEST_CASE("config.json of DeepSeek-V3 and GLM-4.7-Flash: latent attention, their dense layers, refusals") {
+  auto latent = [](const std::string& type, const std::string& extra = "") {
+    return parse_decoder_config(R"({"model_type": ")" + type + R"(", "vocab_size": 64, "hidden_size": 30,
+        "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4)" +
+                                    (extra.empty() ? "" : ", " + extra) + "}",
+                                type + ".json");
+  };
+  auto error = [&](const std::string& type, const std::string& extra) {
+    return error_of([&] { latent(type, extra); });
+  };
+  // hidden_size 30 is no multiple of the heads: latent attention's widths are its own.
+  const DecoderConfig d = latent("deepseek_v3", R"("q_lora_rank": 12, "kv_lora_rank": 10, "qk_nope_head_dim": 6,
+      "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 8, "n_group": 2, "topk_group": 1, "attention_bias": true,
+      "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+                       "original_max_position_embeddings": 1024})");
+  CHECK((d.latent() && d.mla.q_rank == 12 && d.mla.interleave && d.num_key_value_heads == 4));
+  CHECK((d.head_dim == 10 && d.rotary_dim() == 4 && d.max_position_embeddings == 4096 && d.rms_norm_eps == 1e-6));
+  const double mscale = 0.1 * 0.5 * std::log(4.0) + 1.0;  // yarn's mscale_all_dim, squared, on 10^-1/2
+  CHECK(d.attention_scale == doctest::Approx(mscale * mscale / std::sqrt(10.0)));
+  CHECK((d.moe.first_k_dense_replace == 3 && d.moe.routed_scaling_factor == 2.5 && d.mtp_layers == 1));
+  for (int64_t i = 0; i < 4; ++i) CHECK(d.plan(i).moe == (i >= 3));
+  // q_a_proj (+ bias), its norm, q_b_proj; kv_a_proj_with_mqa (+ bias), its norm, kv_b_proj; o_proj (+ bias).
+  const double attention = 30 * 12 + 12 + 12 + 12 * 4 * 10 + 30 * 14 + 14 + 10 + 10 * 4 * 14 + 4 * 8 * 30 + 30;
+  const double dense = 3 * 30 * 48.0, sparse = 8 * 30 + 8 * 3 * 30 * 8.0 + 3 * 30 * 8;
+  CHECK(d.parameter_count() == doctest::Approx(2 * 64 * 30 + 4 * (attention + 2 * 30) + 3 * dense + sparse + 30));
+  // The scores at the query-key width (10), the values' sums at theirs (8).
+  CHECK(d.flops_per_token(16) - 6 * (d.active_parameter_count() - 64 * 30) == doctest::Approx(4 * 6 * 4 * 18 * 16.0));
+  check_round_trip(d);
+  check_described_as_registered(d);
+  std::set<std::string> names;
+  for (const ParamSpec& p : describe(d).params) names.insert(p.name);
+  for (const char* name :
+       {"model.layers.0.self_attn.q_a_proj.bias", "model.layers.0.self_attn.q_a_layernorm.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", "model.layers.3.mlp.shared_experts.up_proj.weight",
+        "model.layers.0.self_attn.kv_b_proj.weight", "model.layers.3.mlp.gate.e_score_correction_bias"})
+    CHECK_MESSAGE(names.count(name), name);
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+                           "model.layers.0.self_attn.kv_b_proj.bias", "model.layers.0.self_attn.q_b_proj.bias"})
+    CHECK_MESSAGE(!names.count(name), name);
+  const std::string exported = decoder_config_json(d);
+  for (const char* field :
+       {"\"head_dim\": 4", "\"q_lora_rank\": 12", "\"v_head_dim\": 8", "\"rope_interleave\": true",
+        "\"mscale_all_dim\": 0.5", "\"num_nextn_predict_layers\": 0", "\"first_k_dense_replace\": 3"})
+    CHECK_MESSAGE(exported.find(field) != std::string::npos, field);
+  // GLM-4.7-Flash: q_proj without a latent, values wider than queries and keys, the sparse layers its list names.
+  const DecoderConfig g = latent("glm4_moe_lite", R"("q_lora_rank": null, "kv_lora_rank": 10, "qk_nope_head_dim": 4,
+      "qk_rope_head_dim": 2, "v_head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8,
+      "mlp_layer_types": ["dense", "sparse", "dense", "sparse"], "rope_interleave": false)");
+  CHECK((g.mla.q_rank == 0 && !g.mla.interleave && g.head_dim == 8 && g.rms_norm_eps == 1e-5));
+  CHECK((g.attention_scale == doctest::Approx(1 / std::sqrt(6.0)) && g.mtp_layers == 0 &&
+         g.moe.routed_scaling_factor == 1.8));
+  for (int64_t i = 0; i < 4; ++i) CHECK(g.plan(i).moe == (i % 2 == 1));
+  check_round_trip(g);
+  check_described_as_registered(g);
+  CHECK(decoder_config_json(g).find("\"mlp_layer_types\": [\n    \"dense\",\n    \"sparse\"") != std::string::npos);
+  CHECK(decoder_config_json(g).find("first_k_dense_replace") == std::string::npos);
+  // The released config.json's first_k_dense_replace 1 is what the default list builds; another is refused.
+  const DecoderConfig released = latent("glm4_moe_lite", R"("first_k_dense_replace": 1, "topk_method": "noaux_tc")");
+  CHECK((!released.plan(0).moe && released.plan(1).moe && released.moe.num_experts == 64 && released.head_dim == 256));
+  CHECK(error("glm4_moe_lite", R"("first_k_dense_replace": 2)")
+            .find("first_k_dense_replace 2 is not what Glm4MoeLiteForCausalLM builds: its class reads mlp_layer_types "
+                  "(absent: the first layer dense, the rest sparse)") != std::string::npos);
+  CHECK(error("glm4_moe_lite", R"("mlp_layer_types": ["dense", "moe", "dense", "sparse"])")
+            .find("mlp_layer_types[1] is \"moe\"; each is \"dense\" or \"sparse\"") != std::string::npos);
+  CHECK(error("deepseek_v3", R"("num_key_value_heads": 2)")
+            .find("num_key_value_heads 2 is not num_attention_heads 4; latent attention gives every head a key and "
+                  "value of its own") != std::string::npos);
+  CHECK(error("deepseek_v3", R"("head_dim": 128)").find("head_dim 128 is not qk_rope_head_dim 64") !=
+        std::string::npos);
+  CHECK(error("deepseek_v3", R"("qk_rope_head_dim": 3)").find("qk_rope_head_dim 3 must be even") != std::string::npos);
+  CHECK(error("deepseek_v3", R"("q_lora_rank": 0)").find("q_lora_rank is 0; it must be a whole number >= 1, or null") !=
+        std::string::npos);
+  CHECK(error("deepseek_v3", R"("mlp_layer_types": ["dense", "sparse", "sparse", "sparse"])")
+            .find("mlp_layer_types is a field of Glm4MoeLiteForCausalLM, not of DeepseekV3ForCausalLM") !=
+        std::string::npos);
+  CHECK(error("deepseek_v3", R"("use_qk_norm": true)")
+            .find("use_qk_norm is a field of Glm4MoeForCausalLM, not of "
+                  "DeepseekV3ForCausalLM") != std::string::npos);
+  CHECK(error("deepseek_v3", R"("partial_rotary_factor": 0.5)")
+            .find("partial_rotary_factor 0.5 is not supported for DeepseekV3ForCausalLM") != std::string::npos);
+  CHECK(shaped_error("qwen3", R"("kv_lora_rank": 8)")
+            .find("kv_lora_rank is a field of latent attention (DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM), not of "
+                  "Qwen3ForCausalLM") != std::string::npos);
 }
 
 // GLM-4.5's router: the biased sigmoid scores choose within the best group, the unbiased ones weigh, times the factor.

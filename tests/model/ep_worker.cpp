@@ -55,6 +55,11 @@ std::vector<Family> families() {
       // GLM-4.5: its router's groups and scaled weights, ungated shared experts, the first layer dense.
       {"glm4_moe", parse("glm4_moe", R"("n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 12,
           "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.0)")},
+      // DeepSeek-V3: the same experts after latent attention (every head its own key and value).
+      {"deepseek_v3", parse("deepseek_v3", R"("num_key_value_heads": 4, "head_dim": 4, "q_lora_rank": 12,
+          "kv_lora_rank": 16, "qk_nope_head_dim": 6, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 8,
+          "num_experts_per_tok": 2, "moe_intermediate_size": 12, "n_group": 4, "topk_group": 2,
+          "first_k_dense_replace": 1)")},
   };
 }
 

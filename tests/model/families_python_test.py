@@ -98,7 +98,29 @@ def moe_families(common):
             **common, attention_bias=True, use_qk_norm=True, n_routed_experts=8, num_experts_per_tok=3,
             moe_intermediate_size=40, n_shared_experts=2, routed_scaling_factor=2.5, n_group=2, topk_group=1,
             first_k_dense_replace=1), transformers.Glm4MoeForCausalLM),
+        # DeepSeek-V3: latent attention (a query latent, q/k 12 + 8 wide, values 10: padded to the keys'), its
+        # rotation interleaved under YaRN with mscale_all_dim (the scores' factor), biases on q_a_proj,
+        # kv_a_proj_with_mqa and o_proj; 3 of 8 experts within the better 2 of 4 groups.
+        "deepseek_v3": (transformers.DeepseekV3Config(
+            **dict({k: v for k, v in common.items() if k != "rope_theta"}, num_key_value_heads=4), attention_bias=True,
+            q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
+            n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=40, n_shared_experts=1,
+            routed_scaling_factor=2.5, n_group=4, topk_group=2, first_k_dense_replace=1,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.8,
+                             "mscale_all_dim": 1.0, "original_max_position_embeddings": 32}),
+            transformers.DeepseekV3ForCausalLM),
+        # GLM-4.7-Flash: latent attention with q_proj (no query latent), values 24 wide (queries and keys padded
+        # to them), its rotation not interleaved; the middle layer sparse (mlp_layer_types).
+        "glm4_moe_lite": (transformers.Glm4MoeLiteConfig(
+            **dict(common, num_key_value_heads=4), q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=24, rope_interleave=False, n_routed_experts=6, num_experts_per_tok=2,
+            moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=1.8,
+            mlp_layer_types=["dense", "sparse", "dense"]), transformers.Glm4MoeLiteForCausalLM),
     }
+
+
+# DeepSeek-V3's router (GLM-4.5's, and the latent families'): its Hub folders hold the experts one by one.
+GROUPED = ("glm4_moe", "deepseek_v3", "glm4_moe_lite")
 
 
 def families():
@@ -255,7 +277,7 @@ def hf_aux_loss(model, tokens):
 
 def sparse_layers(model):
     return [i for i, layer in enumerate(model.model.layers)  # Gemma 4's experts are beside its MLP
-            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP", "MoeMoE")) or
+            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP", "MoE")) or
             getattr(layer, "enable_moe_block", False)]
 
 
@@ -534,7 +556,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
             assert logits_of(tool, packed_dir, ours["tokens"]) == logits_of(tool, plain_dir, ours["tokens"]), name
             print(f"{name}: {count} MXFP4 expert tensors (blocks and scales) read as transformers dequantizes them: "
                   "the same logits, bit for bit")
-    if aux64 is not None or name == "glm4_moe":  # its Hub folders hold the experts one by one, as Qwen's
+    if aux64 is not None or name in GROUPED:  # their Hub folders hold the experts one by one, as Qwen's
         # The same weights stored stacked (transformers 5's layout): the same logits, bit for bit.
         stacked = os.path.join(d, name + "_stacked")
         layers = stacked_copy(saved, stacked)
@@ -544,7 +566,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
               "give the same logits as stored one by one")
     if name == "gemma4_small":
         check_gemma4_small_folders(name, config, saved, tool, d, ours["tokens"])
-    if name == "glm4_moe":
+    if name in ("glm4_moe", "deepseek_v3"):
         check_glm_mtp_folder(name, config, saved, tool, d, ours["tokens"])
     exported = cls.from_pretrained(out, dtype=torch.float32, **eager).eval()
     with torch.no_grad():
@@ -567,9 +589,12 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     if hybrid:  # a gated q_proj; Gated DeltaNet's chunked products (chunks of 64), three times the forward's
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
         delta_rule = 3 * c.linear_num_value_heads * (64 * (5 * dk + 3 * dv) + 6 * dk * dv)
-    # Each attention layer's head width (Gemma 4's full-attention layers have their own).
-    width = lambda i: model.model.layers[i].self_attn.head_dim  # noqa: E731
-    flops = 6 * n_prime + sum(delta_rule if linear(i) else 12 * c.num_attention_heads * width(i) * min(t, window(i) or t)
+    # Each attention layer's scores' and values' widths (Gemma 4's full-attention layers have their own; latent
+    # attention's differ).
+    attn = lambda i: model.model.layers[i].self_attn  # noqa: E731
+    widths = lambda i: (attn(i).qk_head_dim + attn(i).v_head_dim if hasattr(attn(i), "qk_head_dim")  # noqa: E731
+                        else 2 * attn(i).head_dim)
+    flops = 6 * n_prime + sum(delta_rule if linear(i) else 6 * c.num_attention_heads * widths(i) * min(t, window(i) or t)
                               for i in range(c.num_hidden_layers))
     print(f"{name}: export {e_export:.1e}; {n} parameters; {ours['layer_class']}")
     assert e_export <= 1e-5, name
@@ -583,7 +608,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
 
 def check_shapes(tool, source):
     names = ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "gemma-4-31b", "gemma-4-26b-a4b", "phi-4",
-             "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b", "glm-4.5-air")
+             "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b", "glm-4.5-air", "glm-4.7-flash")
     folders = [os.path.join(source, "configs", "models", name) for name in names]
     run = subprocess.run([tool, "count", *(os.path.join(f, "config.json") for f in folders)], capture_output=True,
                          text=True)
@@ -605,6 +630,7 @@ LEFT_OUT = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma2": {}, "gemma3_text": {}, "gemma4_text": {},
     "olmo2": {}, "olmo3": {}, "smollm3": {}, "granite": {}, "phi3": {}, "qwen3_moe": {}, "qwen2_moe": {},
     "mixtral": {}, "qwen3_5_text": {}, "qwen3_next": {}, "qwen3_5_moe_text": {}, "gpt_oss": {}, "glm4_moe": {},
+    "deepseek_v3": {}, "glm4_moe_lite": {},
     # The released OLMo 3 folders: rope_theta and YaRN's rope_scaling at the top level (the full layers').
     "olmo3/hub": dict(rope_theta=1e4, max_position_embeddings=256,
                       rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
@@ -653,8 +679,12 @@ def check_defaults(tool, d):
         os.makedirs(mine_folder)
         open(os.path.join(mine_folder, "config.json"), "w").write(run.stdout)
         ours = effective(transformers.AutoConfig.from_pretrained(mine_folder))
-        # GLM-4.5's export holds no multi-token-prediction layers, and says so.
-        written = {"num_nextn_predict_layers": 0} if name == "glm4_moe" else {}
+        # GLM-4.5's and DeepSeek-V3's exports hold no multi-token-prediction layers, and say so. Latent attention
+        # gives each head its own key: fsdptrain takes the heads for a num_key_value_heads left out (their classes'
+        # defaults, 128 and 20, match no such model: transformers' attention needs them equal).
+        written = {"num_nextn_predict_layers": 0} if name in ("glm4_moe", "deepseek_v3") else {}
+        if name in ("deepseek_v3", "glm4_moe_lite"):
+            written["num_key_value_heads"] = SHAPE["num_attention_heads"]
         differ += [f"{name}: {key} is {ours.get(key)!r} in fsdptrain's model, {written.get(key, theirs[key])!r} in "
                    "transformers'" for key in theirs if ours.get(key) != written.get(key, theirs[key])]
     assert not differ, "\n".join(differ)

@@ -37,6 +37,16 @@ inline DecoderConfig tiny_of(const std::string& model_type, const std::string& e
   return parse_decoder_config(text, "tiny " + model_type);
 }
 
+// tiny()'s sizes with latent attention (deepseek_v3, glm4_moe_lite): every head its own key and value.
+inline DecoderConfig tiny_latent(const std::string& model_type, const std::string& extra) {
+  const std::string text = R"({"model_type": ")" + model_type +
+                           R"(", "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5,
+      "rope_theta": 100.0, "initializer_range": 0.2, )" +
+                           extra + "}";
+  return parse_decoder_config(text, "tiny " + model_type);
+}
+
 // One tiny model of each layer kind issue 60 added, with the settings that make it differ from
 // Llama: Gemma 2's soft-capped scores and logits (sandwich norms of (1 + w), GELU, its own score
 // scale, a sliding layer), Gemma 3's per-head norms and local rotary table, Gemma 4's full-attention
@@ -47,7 +57,9 @@ inline DecoderConfig tiny_of(const std::string& model_type, const std::string& e
 // layer's YaRN), SmolLM3's layer without rotary, Granite's multipliers,
 // Phi-3's partial rotation with longrope (past 4 positions its long factors) and a window, GLM-4.5's
 // q/k/v biases, per-head norms and half-rotated heads, and its sparse second layer (a sigmoid router choosing
-// in the better of two groups, a stored bias, scaled weights, ungated shared experts).
+// in the better of two groups, a stored bias, scaled weights, ungated shared experts); DeepSeek-V3's latent attention
+// (a query latent, values narrower than the keys, interleaved rotation, biases) and GLM-4.7-Flash's (q_proj, values
+// wider, the rotation not interleaved), each before a sparse layer.
 inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
   const std::string sliding = R"("sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"])";
   return {{"gemma2", tiny_of("gemma2", sliding + R"(, "head_dim": 4, "query_pre_attn_scalar": 6,
@@ -72,6 +84,13 @@ inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
           {"glm4_moe", tiny_of("glm4_moe", R"("attention_bias": true, "use_qk_norm": true, "n_routed_experts": 4,
                                   "num_experts_per_tok": 2, "moe_intermediate_size": 8, "n_group": 2, "topk_group": 1,
                                   "routed_scaling_factor": 2.0, "n_shared_experts": 2)")},
+          {"deepseek_v3", tiny_latent("deepseek_v3", R"("attention_bias": true, "q_lora_rank": 6, "kv_lora_rank": 8,
+              "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 3, "n_routed_experts": 4,
+              "num_experts_per_tok": 2, "moe_intermediate_size": 8, "n_group": 2, "topk_group": 1,
+              "first_k_dense_replace": 1)")},
+          {"glm4_moe_lite", tiny_latent("glm4_moe_lite", R"("q_lora_rank": null, "kv_lora_rank": 8,
+              "qk_nope_head_dim": 2, "qk_rope_head_dim": 4, "v_head_dim": 8, "rope_interleave": false,
+              "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8)")},
           {"olmo2", tiny_of("olmo2")},
           {"olmo3", tiny_of("olmo3", sliding + R"(, "max_position_embeddings": 64, "rope_parameters": {
                                 "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1000.0,

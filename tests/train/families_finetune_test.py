@@ -113,6 +113,12 @@ def configs(vocab):
                                                 num_experts_per_tok=2, moe_intermediate_size=32, n_group=2,
                                                 topk_group=1, routed_scaling_factor=2.0),
                      transformers.Glm4MoeForCausalLM),
+        # GLM-4.7-Flash: latent attention (a query latent, values wider than the keys, the rotation interleaved)
+        # before GLM-4.5's experts (the stored bias drawn), the first layer dense.
+        "glm4_moe_lite": (transformers.Glm4MoeLiteConfig(
+            **dict(common, num_key_value_heads=4), q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_group=2, topk_group=1, routed_scaling_factor=1.8), transformers.Glm4MoeLiteForCausalLM),
     }
 
 
@@ -158,7 +164,8 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
     losses = [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     export = os.path.join(out, "export", "step-30")
     assert losses[-1] < 0.8 * losses[0], (name, losses)
-    if name == "glm4_moe":  # the router's stored bias trains not: the export carries the folder's, bit for bit
+    if name in ("glm4_moe", "glm4_moe_lite"):
+        # The router's stored bias trains not: the export carries the folder's, bit for bit.
         from safetensors.torch import load_file
         before, after = (load_file(os.path.join(f, "model.safetensors")) for f in (folder, export))
         biases = [n for n in before if n.endswith("e_score_correction_bias")]
@@ -206,6 +213,13 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         # and 8 (AVX2's kernels), whatever the split, and stay within 6e-7 up to step 6.
         split_matches_one_rank(a, d, name, folder, (("cp_size", "cp 2 (allgather"), ), packing="pad",
                                sets=("optimizer.eps=1e-4",), steps=5)
+    if name == "glm4_moe_lite":  # latent attention is not split by tensor parallel: refused before any worker starts
+        r = launch(a, d, f"{name}_tp_size", folder, "--set", "parallelism_config.parallelism_config_tp_size=2",
+                   check=False)
+        said = r.stdout + r.stderr
+        assert (r.returncode != 0 and "parallelism_config_tp_size 2: " in said and "whose latent attention" in said
+                and "[rank" not in said), said[-2000:]
+        print(f"{name}: tp_size 2 refused: " + next(l for l in said.splitlines() if "latent attention" in l)[:200])
     if name == "qwen3_5":
         # Context parallel's strategies would split the sequence Gated DeltaNet's state runs along:
         # refused before any worker starts, naming Ulysses.
@@ -314,7 +328,7 @@ def main():
     ap.add_argument("--families",
                     default="gemma2,gemma3,gemma4,gemma4_moe,gemma4_small,"
                             "olmo2,olmo3,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
-                            "qwen2_moe,mixtral,gpt_oss,glm4_moe,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
+                            "qwen2_moe,mixtral,gpt_oss,glm4_moe,glm4_moe_lite,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])

@@ -34,6 +34,16 @@ bool is_hybrid(Family f) {
   return f == Family::kQwen3_5 || f == Family::kQwen3Next || f == Family::kQwen3_5Moe;
 }
 
+// DeepSeek-V3 and GLM-4.7-Flash: latent attention (LatentAttention) before DeepSeek-V3's mixture of experts.
+bool is_latent(Family f) {
+  return f == Family::kDeepseekV3 || f == Family::kGlm4MoeLite;
+}
+
+// The families whose experts DeepSeek-V3's router chooses (MoeConfig::sigmoid_router): GLM-4.5's and the latent ones.
+bool has_grouped_router(Family f) {
+  return f == Family::kGlm4Moe || is_latent(f);
+}
+
 // The fields that fix the model's shapes: a config.json without one of them is refused.
 const char* const kRequiredFields[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                        "num_attention_heads"};
@@ -64,6 +74,10 @@ const std::set<std::string>& known_fields() {
       // and its multi-token-prediction layers (which the model leaves out, as transformers does).
       "n_routed_experts", "n_shared_experts", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace",
       "use_qk_norm", "num_nextn_predict_layers", "num_mtp_layers",
+      // DeepSeek-V3's and GLM-4.7-Flash's latent attention and GLM-4.7-Flash's dense and sparse layers; the rest are
+      // what DeepSeek's own code read and transformers does not (its router is always this one).
+      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
+      "mlp_layer_types", "topk_method", "scoring_func", "moe_layer_freq", "aux_loss_alpha", "seq_aux", "ep_size",
       // gpt-oss's: its context before YaRN (rope_scaling's original_max_position_embeddings holds it) and
       // num_experts_per_tok's older name, as the released configs write them.
       "initial_context_length", "experts_per_token",
@@ -278,11 +292,12 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
              " rotated dimensions; the rotation needs an even number >= 2");
 }
 
-constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral, Family::kQwen2,   Family::kQwen3,
-                                   Family::kGemma2,     Family::kGemma3,  Family::kOlmo2,   Family::kOlmo3,
-                                   Family::kSmolLM3,    Family::kGranite, Family::kPhi3,    Family::kQwen3Moe,
-                                   Family::kQwen2Moe,   Family::kMixtral, Family::kQwen3_5, Family::kQwen3Next,
-                                   Family::kQwen3_5Moe, Family::kGptOss,  Family::kGemma4,  Family::kGlm4Moe};
+constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral,    Family::kQwen2,   Family::kQwen3,
+                                   Family::kGemma2,     Family::kGemma3,     Family::kOlmo2,   Family::kOlmo3,
+                                   Family::kSmolLM3,    Family::kGranite,    Family::kPhi3,    Family::kQwen3Moe,
+                                   Family::kQwen2Moe,   Family::kMixtral,    Family::kQwen3_5, Family::kQwen3Next,
+                                   Family::kQwen3_5Moe, Family::kGptOss,     Family::kGemma4,  Family::kGlm4Moe,
+                                   Family::kDeepseekV3, Family::kGlm4MoeLite};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -357,7 +372,7 @@ void parse_sliding_window(const json& j, const std::string& where, DecoderConfig
   // Absent, the family's (class_defaults); null, none.
   const int64_t window = field<int64_t>(j, "sliding_window", 0, where);
   if (c.family == Family::kLlama || c.family == Family::kOlmo2 || c.family == Family::kGranite || is_hybrid(c.family) ||
-      c.family == Family::kGlm4Moe) {
+      has_grouped_router(c.family)) {
     FSDP_CHECK(window == 0, where, ": sliding_window is not a field of ", family_names(c.family).architecture,
                " (transformers ignores it); remove it",
                c.family == Family::kLlama ? ", or set model_type to mistral" : "");
@@ -518,39 +533,82 @@ void parse_gpt_oss_moe(const json& j, const std::string& where, DecoderConfig& c
              ": router_aux_loss_coef must be >= 0, swiglu_limit and swiglu_alpha > 0");
 }
 
-// GLM-4.5's mixture of experts (Glm4MoeConfig's fields and defaults): n_routed_experts (or num_local_experts),
-// num_experts_per_tok, moe_intermediate_size, n_shared_experts, routed_scaling_factor, n_group, topk_group,
-// first_k_dense_replace, norm_topk_prob; num_nextn_predict_layers (or num_mtp_layers) counts the folder's
-// multi-token-prediction layers. Other families refuse these fields by name.
-void parse_glm4_moe(const json& j, const std::string& where, DecoderConfig& c) {
+// GLM-4.7-Flash's dense and sparse layers: mlp_layer_types ("dense" or "sparse", one a layer; Glm4MoeLiteConfig's
+// default: the first dense), as MoeConfig::mlp_only_layers. Its class has no first_k_dense_replace (the released
+// config.json writes one, which transformers ignores): where written, it must name the same dense layers.
+void parse_mlp_layer_types(const json& j, const std::string& where, DecoderConfig& c) {
+  MoeConfig& m = c.moe;
+  const json types = j.value("mlp_layer_types", json());
+  FSDP_CHECK(types.is_null() || (types.is_array() && static_cast<int64_t>(types.size()) == c.num_hidden_layers), where,
+             ": mlp_layer_types must list one of \"dense\" or \"sparse\" for each of the ", c.num_hidden_layers,
+             " layers, got ", types.dump());
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const json t = types.is_null() ? json(l == 0 ? "dense" : "sparse") : types[static_cast<size_t>(l)];
+    FSDP_CHECK(t == "dense" || t == "sparse", where, ": mlp_layer_types[", l, "] is ", t.dump(),
+               "; each is \"dense\" or \"sparse\"");
+    if (t == "dense") m.mlp_only_layers.push_back(l);
+  }
+  if (!j.contains("first_k_dense_replace") || j["first_k_dense_replace"].is_null()) return;
+  const int64_t k = field<int64_t>(j, "first_k_dense_replace", 0, where);
+  bool same = true;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    same = same &&
+           (l < k) == (std::find(m.mlp_only_layers.begin(), m.mlp_only_layers.end(), l) != m.mlp_only_layers.end());
+  FSDP_CHECK(same, where, ": first_k_dense_replace ", k, " is not what Glm4MoeLiteForCausalLM builds: its class reads ",
+             types.is_null() ? "mlp_layer_types (absent: the first layer dense, the rest sparse)" : "mlp_layer_types",
+             " and ignores first_k_dense_replace. Write mlp_layer_types for the layers you mean, and remove "
+             "first_k_dense_replace");
+}
+
+// DeepSeek-V3's router and experts, in GLM-4.5 (Glm4MoeConfig), DeepSeek-V3 (DeepseekV3Config) and GLM-4.7-Flash
+// (Glm4MoeLiteConfig), with each class's defaults: n_routed_experts (or num_local_experts), num_experts_per_tok,
+// moe_intermediate_size, n_shared_experts, routed_scaling_factor, n_group, topk_group, norm_topk_prob, and the dense
+// layers (first_k_dense_replace; GLM-4.7-Flash's mlp_layer_types); num_nextn_predict_layers (or num_mtp_layers)
+// counts the folder's multi-token-prediction layers. Other families refuse these fields by name.
+void parse_grouped_router(const json& j, const std::string& where, DecoderConfig& c) {
   static const char* const kOwn[] = {
       "n_routed_experts",      "n_shared_experts", "routed_scaling_factor",    "n_group",       "topk_group",
       "first_k_dense_replace", "use_qk_norm",      "num_nextn_predict_layers", "num_mtp_layers"};
-  if (c.family != Family::kGlm4Moe) {
+  if (!has_grouped_router(c.family)) {
     for (const char* key : kOwn)
-      FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a field of Glm4MoeForCausalLM, not of ",
-                 family_names(c.family).architecture, "; remove it, or set model_type to glm4_moe");
+      FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key,
+                 " is a field of Glm4MoeForCausalLM and DeepseekV3ForCausalLM, not of ",
+                 family_names(c.family).architecture, "; remove it, or set model_type to glm4_moe or deepseek_v3");
+    FSDP_CHECK(!j.contains("mlp_layer_types") || j["mlp_layer_types"].is_null(), where,
+               ": mlp_layer_types is a field of Glm4MoeLiteForCausalLM, not of ", family_names(c.family).architecture,
+               "; remove it, or set model_type to glm4_moe_lite");
     return;
   }
+  const bool deepseek = c.family == Family::kDeepseekV3, lite = c.family == Family::kGlm4MoeLite;
+  FSDP_CHECK(c.family == Family::kGlm4Moe || !j.contains("use_qk_norm") || j["use_qk_norm"].is_null(), where,
+             ": use_qk_norm is a field of Glm4MoeForCausalLM, not of ", family_names(c.family).architecture,
+             "; remove it");
+  FSDP_CHECK(lite || !j.contains("mlp_layer_types") || j["mlp_layer_types"].is_null(), where,
+             ": mlp_layer_types is a field of Glm4MoeLiteForCausalLM, not of ", family_names(c.family).architecture,
+             "; write first_k_dense_replace, or set model_type to glm4_moe_lite");
   MoeConfig& m = c.moe;
   m.sigmoid_router = true;
   const char* experts_key =
       j.contains("n_routed_experts") || !j.contains("num_local_experts") ? "n_routed_experts" : "num_local_experts";
-  m.num_experts = field<int64_t>(j, experts_key, 128, where);
-  m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", 8, where);
-  m.intermediate_size = field<int64_t>(j, "moe_intermediate_size", 1408, where);
+  m.num_experts = field<int64_t>(j, experts_key, deepseek ? 256 : lite ? 64 : 128, where);
+  m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", lite ? 4 : 8, where);
+  m.intermediate_size = field<int64_t>(j, "moe_intermediate_size", deepseek ? 2048 : lite ? 1536 : 1408, where);
   const int64_t shared = field<int64_t>(j, "n_shared_experts", 1, where);
-  m.n_group = field<int64_t>(j, "n_group", 1, where);
-  m.topk_group = field<int64_t>(j, "topk_group", 1, where);
-  m.first_k_dense_replace = field<int64_t>(j, "first_k_dense_replace", 1, where);
-  m.routed_scaling_factor = field<double>(j, "routed_scaling_factor", 1.0, where);
+  m.n_group = field<int64_t>(j, "n_group", deepseek ? 8 : 1, where);
+  m.topk_group = field<int64_t>(j, "topk_group", deepseek ? 4 : 1, where);
+  if (lite)
+    parse_mlp_layer_types(j, where, c);
+  else
+    m.first_k_dense_replace = field<int64_t>(j, "first_k_dense_replace", deepseek ? 3 : 1, where);
+  m.routed_scaling_factor = field<double>(j, "routed_scaling_factor", deepseek ? 2.5 : lite ? 1.8 : 1.0, where);
   m.norm_topk_prob = field<bool>(j, "norm_topk_prob", true, where);
-  m.router_aux_loss_coef = 0;  // Glm4MoeForCausalLM adds none
+  m.router_aux_loss_coef = 0;  // none of these classes adds one
   m.output_router_logits = false;
   const char* mtp_key = j.contains("num_mtp_layers") && !j.contains("num_nextn_predict_layers")
                             ? "num_mtp_layers"
                             : "num_nextn_predict_layers";
-  c.mtp_layers = field<int64_t>(j, mtp_key, 1, where);
+  // Glm4MoeLiteConfig has no such field (its folder's is model.layers.47, which transformers leaves out): as written.
+  c.mtp_layers = field<int64_t>(j, mtp_key, lite ? 0 : 1, where);
   check_positive(where, {{experts_key, m.num_experts},
                          {"num_experts_per_tok", m.experts_per_token},
                          {"moe_intermediate_size", m.intermediate_size},
@@ -572,6 +630,52 @@ void parse_glm4_moe(const json& j, const std::string& where, DecoderConfig& c) {
              " to choose from; topk_group must be <= n_group and hold that many experts");
 }
 
+// Latent attention's fields (DeepseekV3Config's and Glm4MoeLiteConfig's defaults), refused by name in other families.
+// head_dim, where written, is qk_rope_head_dim (as DeepseekV3Config sets it); the model's head_dim is the width
+// attention computes at, max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim).
+void parse_latent_attention(const json& j, const std::string& where, DecoderConfig& c) {
+  static const char* const kOwn[] = {"q_lora_rank",      "kv_lora_rank", "qk_nope_head_dim",
+                                     "qk_rope_head_dim", "v_head_dim",   "rope_interleave"};
+  if (!is_latent(c.family)) {
+    for (const char* key : kOwn)
+      FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key,
+                 " is a field of latent attention (DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM), not of ",
+                 family_names(c.family).architecture, "; remove it, or set model_type to deepseek_v3 or glm4_moe_lite");
+    return;
+  }
+  const bool lite = c.family == Family::kGlm4MoeLite;
+  LatentAttention& a = c.mla;
+  a.q_rank = j.contains("q_lora_rank") && j["q_lora_rank"].is_null()
+                 ? 0
+                 : field<int64_t>(j, "q_lora_rank", lite ? 768 : 1536, where);
+  a.kv_rank = field<int64_t>(j, "kv_lora_rank", 512, where);
+  a.nope_dim = field<int64_t>(j, "qk_nope_head_dim", lite ? 192 : 128, where);
+  a.rope_dim = field<int64_t>(j, "qk_rope_head_dim", 64, where);
+  a.v_dim = field<int64_t>(j, "v_head_dim", lite ? 256 : 128, where);
+  a.interleave = field<bool>(j, "rope_interleave", true, where);
+  check_positive(where, {{"kv_lora_rank", a.kv_rank},
+                         {"qk_nope_head_dim", a.nope_dim},
+                         {"qk_rope_head_dim", a.rope_dim},
+                         {"v_head_dim", a.v_dim}});
+  FSDP_CHECK(a.q_rank >= 1 || (j.contains("q_lora_rank") && j["q_lora_rank"].is_null()), where, ": q_lora_rank is ",
+             a.q_rank, "; it must be a whole number >= 1, or null for a q_proj without a latent");
+  FSDP_CHECK(a.rope_dim % 2 == 0, where, ": qk_rope_head_dim ", a.rope_dim,
+             " must be even: the rotation turns its dimensions in pairs");
+  const int64_t written = field<int64_t>(j, "head_dim", a.rope_dim, where);
+  FSDP_CHECK(written == a.rope_dim, where, ": head_dim ", written, " is not qk_rope_head_dim ", a.rope_dim, "; ",
+             family_names(c.family).architecture,
+             " takes head_dim as qk_rope_head_dim (the rotated share of each head). Remove head_dim, or make "
+             "them equal");
+  const json kv = j.value("num_key_value_heads", json());
+  FSDP_CHECK(kv.is_null() || kv == json(c.num_attention_heads), where, ": num_key_value_heads ", kv.dump(),
+             " is not num_attention_heads ", c.num_attention_heads,
+             "; latent attention gives every head a key and value of its own (kv_b_proj), so transformers' "
+             "attention needs them equal. Set num_key_value_heads to ",
+             c.num_attention_heads);
+  c.num_key_value_heads = c.num_attention_heads;
+  c.head_dim = std::max(a.qk_dim(), a.v_dim);
+}
+
 // The mixture of experts: Qwen3-MoE's and Qwen2-MoE's fields (num_experts, moe_intermediate_size,
 // decoder_sparse_step, mlp_only_layers, norm_topk_prob; Qwen2-MoE's shared expert), Mixtral's
 // (num_local_experts, intermediate_size per expert, the top-k always renormalised). Dense families
@@ -582,8 +686,8 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
   // top-k always renormalised (its class has no decoder_sparse_step, mlp_only_layers or norm_topk_prob).
   const bool mixtral = c.family == Family::kMixtral, next = c.family == Family::kQwen3Next,
              moe35 = c.family == Family::kQwen3_5Moe;
-  parse_glm4_moe(j, where, c);
-  if (c.family == Family::kGlm4Moe) return;
+  parse_grouped_router(j, where, c);
+  if (has_grouped_router(c.family)) return;
   if (c.family == Family::kGptOss) return parse_gpt_oss_moe(j, where, c);
   if (c.family == Family::kGemma4) return;  // parse_gemma4_moe: enable_moe_block and its fields
   if (!mixtral && !is_qwen_moe(c.family) && !next && !moe35) {
@@ -592,7 +696,7 @@ void parse_moe(const json& j, const std::string& where, DecoderConfig& c) {
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key, " is a mixture-of-experts field, not one of ",
                  family_names(c.family).architecture,
                  "; remove it, or set model_type to qwen3_moe, qwen2_moe, mixtral, gpt_oss, qwen3_next, "
-                 "qwen3_5_moe_text or glm4_moe");
+                 "qwen3_5_moe_text, glm4_moe, deepseek_v3 or glm4_moe_lite");
     return;
   }
   const bool qwen2 = c.family == Family::kQwen2Moe;
@@ -860,6 +964,10 @@ FamilyNames family_names(Family f) {
       return {"gemma4_text", "Gemma4ForCausalLM", "Gemma4TextDecoderLayer"};
     case Family::kGlm4Moe:
       return {"glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeDecoderLayer"};
+    case Family::kDeepseekV3:
+      return {"deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3DecoderLayer"};
+    case Family::kGlm4MoeLite:
+      return {"glm4_moe_lite", "Glm4MoeLiteForCausalLM", "Glm4MoeLiteDecoderLayer"};
     case Family::kLlama:
       break;
   }
@@ -908,7 +1016,7 @@ std::string prefix_of(const ClassName& n, Family f) {
 
 std::string hf_class_name(const std::string& ours, Family f) {
   if (f == Family::kGptOss && ours == "MoeBlock") return "GptOssMLP";  // its feed-forward is always sparse
-  if (f == Family::kGlm4Moe && ours == "MoeBlock") return "Glm4MoeMoE";
+  if (has_grouped_router(f) && ours == "MoeBlock") return class_prefix(f) + "MoE";
   for (const ClassName& n : kClassNames)
     if (ours == n.ours) return n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs);
   return ours;
@@ -916,7 +1024,7 @@ std::string hf_class_name(const std::string& ours, Family f) {
 
 std::string our_class_name(const std::string& hf, Family f) {
   if (f == Family::kGptOss && hf == "GptOssMLP") return "MoeBlock";
-  if (f == Family::kGlm4Moe && hf == "Glm4MoeMoE") return "MoeBlock";
+  if (has_grouped_router(f) && hf == class_prefix(f) + "MoE") return "MoeBlock";
   for (const ClassName& n : kClassNames)
     if (hf == (n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs))) return n.ours;
   return hf;  // the decoder layer carries the family's own name already (family_names().layer_class)
@@ -935,6 +1043,7 @@ std::vector<const char*> layer_norm_names(NormPlacement placement) {
 }
 
 int64_t DecoderConfig::rotary_dim() const {
+  if (latent()) return mla.rope_dim;  // the rotated share of each query and the key every head shares
   return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
 }
 
@@ -986,11 +1095,26 @@ LayerPlan DecoderConfig::plan(int64_t layer) const {
 
 namespace {
 
+// A layer's latent attention: the query's latent (q_a_proj, its norm, q_b_proj) or q_proj; kv_a_proj_with_mqa, its
+// norm, kv_b_proj; o_proj; biases on q_a_proj, kv_a_proj_with_mqa and o_proj with attention_bias.
+double latent_attention_parameters(const DecoderConfig& dc) {
+  const LatentAttention& a = dc.mla;
+  const double c = static_cast<double>(dc.hidden_size), h = static_cast<double>(dc.num_attention_heads);
+  const double qr = static_cast<double>(a.q_rank), kvr = static_cast<double>(a.kv_rank),
+               rope = static_cast<double>(a.rope_dim), qk = static_cast<double>(a.qk_dim()),
+               nope = static_cast<double>(a.nope_dim), v = static_cast<double>(a.v_dim);
+  double n = a.q_rank > 0 ? c * qr + qr + qr * h * qk : c * h * qk;
+  n += c * (kvr + rope) + kvr + kvr * h * (nope + v) + h * v * c;
+  if (dc.attention_bias) n += (a.q_rank > 0 ? qr : 0) + kvr + rope + c;
+  return n;
+}
+
 // The parameters of the model `c`, each sparse layer's experts counted `experts` at a time.
 double count_parameters(const DecoderConfig& dc, double experts) {
   const double c = static_cast<double>(dc.hidden_size), h = static_cast<double>(dc.num_attention_heads);
   // A layer's attention: its heads' width and kv heads, and whether it has a v_proj (Gemma 4's differ).
   auto attention = [&](const LayerPlan& plan) {
+    if (dc.latent()) return latent_attention_parameters(dc);
     const double d = static_cast<double>(plan.head_dim), k = static_cast<double>(plan.kv_heads);
     const double kv = plan.kv_source >= 0 ? 0 : plan.k_eq_v ? 1 : 2;  // a layer sharing keys has neither
     const double q_rows = h * d * (dc.attn_output_gate ? 2 : 1);  // a gate beside each head's query
@@ -1075,8 +1199,9 @@ double DecoderConfig::flops_per_token(int64_t seq_len) const {
       continue;
     }
     const int64_t w = window_of(l);
-    attention +=
-        12.0 * num_attention_heads * head_dim_of(l) * static_cast<double>(w > 0 ? std::min(w, seq_len) : seq_len);
+    // Each head's scores at its query-key width and their sum at its value width (latent attention's differ).
+    const double widths = latent() ? static_cast<double>(mla.qk_dim() + mla.v_dim) : 2.0 * head_dim_of(l);
+    attention += 6.0 * num_attention_heads * widths * static_cast<double>(w > 0 ? std::min(w, seq_len) : seq_len);
   }
   return 6.0 * n + attention;
 }
@@ -1159,6 +1284,11 @@ json class_defaults(Family f) {
               {"sliding_window", 128},    {"rope_theta", 150000.0}};
     case Family::kGlm4Moe:  // its head_dim, not a field of the class, is hidden_size / heads unless written
       return {{"rms_norm_eps", 1e-5}, {"max_position_embeddings", 131072}, {"num_key_value_heads", 8}};
+    // Their kv heads are the heads (parse_latent_attention), whatever the class's default.
+    case Family::kDeepseekV3:
+      return {{"max_position_embeddings", 4096}, {"bos_token_id", 0}, {"eos_token_id", 1}};
+    case Family::kGlm4MoeLite:
+      return {{"rms_norm_eps", 1e-5}, {"max_position_embeddings", 202752}, {"bos_token_id", 0}, {"eos_token_id", 1}};
   }
   return json::object();
 }
@@ -1242,6 +1372,21 @@ DecoderConfig parse_text_config(const json& j, const Multimodal& mm, const std::
 
 }  // namespace
 
+namespace {
+
+// Latent attention's scores' factor: (qk_nope_head_dim + qk_rope_head_dim)^-1/2, times yarn's mscale_all_dim term
+// squared (0.1 mscale_all_dim ln(factor) + 1) when the scaling has one, as transformers' yarn_apply_mscale.
+double latent_scale(const DecoderConfig& c) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(c.mla.qk_dim()));
+  if (const auto& s = c.rope_scaling; s && s->mscale_all_dim != 0 && s->factor > 1) {
+    const double m = 0.1 * s->mscale_all_dim * std::log(s->factor) + 1.0;
+    scale *= m * m;
+  }
+  return scale;
+}
+
+}  // namespace
+
 DecoderConfig parse_decoder_config(const std::string& text, const std::string& where,
                                    std::vector<std::string>* warnings) {
   json j = parse_json(text, where);
@@ -1276,11 +1421,14 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
              kMaxLayers, "). Check the field");
   // As transformers' LlamaConfig: the heads split hidden_size evenly, head_dim given or not. Its
   // relatives take head_dim as given (Qwen3's is independent of hidden_size).
-  const bool explicit_head_dim = c.family != Family::kLlama && j.contains("head_dim") && !j["head_dim"].is_null();
+  // Latent attention's heads have widths of their own (parse_latent_attention).
+  const bool explicit_head_dim =
+      is_latent(c.family) || (c.family != Family::kLlama && j.contains("head_dim") && !j["head_dim"].is_null());
   FSDP_CHECK(explicit_head_dim || c.hidden_size % c.num_attention_heads == 0, where, ": hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_attention_heads,
              "; transformers refuses this config too. Change one of the two");
   c.head_dim = field<int64_t>(j, "head_dim", c.hidden_size / c.num_attention_heads, where);
+  parse_latent_attention(j, where, c);
   c.max_position_embeddings = field<int64_t>(j, "max_position_embeddings", c.max_position_embeddings, where);
   c.rms_norm_eps = field<double>(j, "rms_norm_eps", c.rms_norm_eps, where);
   c.attention_bias = field<bool>(j, "attention_bias", c.family == Family::kGptOss, where);
@@ -1302,7 +1450,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
       c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
     FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
                family_names(c.family).architecture, "; transformers ignores them, so remove them");
-  FSDP_CHECK(!(is_hybrid(c.family) || c.family == Family::kGlm4Moe) || !c.mlp_bias, where,
+  FSDP_CHECK(!(is_hybrid(c.family) || has_grouped_router(c.family)) || !c.mlp_bias, where,
              ": mlp_bias is not a field of ", family_names(c.family).architecture,
              "; transformers ignores it, so remove it");
   parse_rope_layers(j, where, c);
@@ -1328,6 +1476,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   check_positive(where, {{"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings}});
   parse_partial_rotary(j, where, c);
   parse_rope(j, where, c);
+  if (c.latent()) c.attention_scale = latent_scale(c);
   FSDP_CHECK(c.rms_norm_eps > 0 && c.rope_theta > 0 && c.initializer_range >= 0, where, ": rms_norm_eps (",
              c.rms_norm_eps, ") and rope_theta (", c.rope_theta, ") must be > 0 and initializer_range (",
              c.initializer_range, ") >= 0");
@@ -1402,7 +1551,7 @@ void write_form(json& j, const DecoderConfig& c) {
     j["logits_scaling"] = c.logits_scaling;
   }
   const bool windowed = c.family != Family::kLlama && c.family != Family::kOlmo2 && c.family != Family::kGranite &&
-                        c.family != Family::kGlm4Moe;
+                        !has_grouped_router(c.family);
   if (windowed) j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
   if (window_is_switched(c.family)) j["use_sliding_window"] = c.use_sliding_window;
   if (c.family == Family::kQwen2 || c.family == Family::kQwen3 || c.family == Family::kQwen2Moe)
@@ -1428,6 +1577,16 @@ void write_form(json& j, const DecoderConfig& c) {
     j["attention_bias"] = c.qkv_bias;
     j["use_qk_norm"] = c.qk_norm;
   }
+  if (c.latent()) {  // head_dim is qk_rope_head_dim in these classes
+    const LatentAttention& a = c.mla;
+    j["q_lora_rank"] = a.q_rank > 0 ? json(a.q_rank) : json(nullptr);
+    j["kv_lora_rank"] = a.kv_rank;
+    j["qk_nope_head_dim"] = a.nope_dim;
+    j["qk_rope_head_dim"] = a.rope_dim;
+    j["v_head_dim"] = a.v_dim;
+    j["rope_interleave"] = a.interleave;
+    j["head_dim"] = a.rope_dim;
+  }
   if (c.family == Family::kSmolLM3) {
     j["no_rope_layers"] = c.rope_layers;
     j["no_rope_layer_interval"] = c.no_rope_layer_interval;
@@ -1446,7 +1605,7 @@ void write_moe(json& j, const DecoderConfig& c) {
     j["num_experts_per_tok"] = m.experts_per_token;
     j["swiglu_limit"] = m.swiglu_limit;
     j["swiglu_alpha"] = m.swiglu_alpha;
-  } else if (c.family == Family::kGlm4Moe) {  // no auxiliary loss: its class has neither field
+  } else if (has_grouped_router(c.family)) {  // no auxiliary loss: the classes have neither field
     j["n_routed_experts"] = m.num_experts;
     j["num_experts_per_tok"] = m.experts_per_token;
     j["moe_intermediate_size"] = m.intermediate_size;
@@ -1454,7 +1613,13 @@ void write_moe(json& j, const DecoderConfig& c) {
     j["routed_scaling_factor"] = m.routed_scaling_factor;
     j["n_group"] = m.n_group;
     j["topk_group"] = m.topk_group;
-    j["first_k_dense_replace"] = m.first_k_dense_replace;
+    if (c.family == Family::kGlm4MoeLite) {  // its class reads the layers' kinds
+      json types = json::array();
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) types.push_back(c.is_moe(l) ? "sparse" : "dense");
+      j["mlp_layer_types"] = types;
+    } else {
+      j["first_k_dense_replace"] = m.first_k_dense_replace;
+    }
     j["norm_topk_prob"] = m.norm_topk_prob;
     j["num_nextn_predict_layers"] = 0;  // an export holds no multi-token-prediction layers
     return;
@@ -1529,10 +1694,10 @@ void write_rope(json& j, const DecoderConfig& c) {
     if (c.rope_scaling) j["original_max_position_embeddings"] = c.rope_scaling->original_max_position_embeddings;
   }
   // transformers v5's one object, the partial rotation in it
-  if (is_hybrid(c.family) || c.family == Family::kGlm4Moe) {
+  if (is_hybrid(c.family) || has_grouped_router(c.family)) {
     json rope = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
     rope["rope_theta"] = c.rope_theta;
-    rope["partial_rotary_factor"] = c.partial_rotary_factor;
+    if (!c.latent()) rope["partial_rotary_factor"] = c.partial_rotary_factor;  // latent attention rotates its share
     j.erase("rope_theta");
     j["rope_parameters"] = rope;
   } else if (c.family == Family::kGemma3 || c.family == Family::kGemma4 ||
@@ -1581,7 +1746,7 @@ std::string decoder_config_json(const DecoderConfig& c) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }
-  if (is_hybrid(c.family) || c.family == Family::kGptOss || c.family == Family::kGlm4Moe) j.erase("mlp_bias");
+  if (is_hybrid(c.family) || c.family == Family::kGptOss || has_grouped_router(c.family)) j.erase("mlp_bias");
   write_moe(j, c);
   write_form(j, c);
   write_rope(j, c);
@@ -1594,6 +1759,28 @@ namespace {
 std::string canonical_json(DecoderConfig c) {
   c.dtype = "float32";
   return decoder_config_json(c);
+}
+
+// A layer's latent attention, in the order AttentionImpl registers it.
+void describe_latent_attention(ModelDescription& d, const DecoderConfig& c, const std::string& a) {
+  const LatentAttention& m = c.mla;
+  const int64_t C = c.hidden_size, H = c.num_attention_heads;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) { d.params.push_back({name, shape, {}}); };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out, bool bias) {
+    add(name + ".weight", {out, in});
+    if (bias) add(name + ".bias", {out});
+  };
+  if (m.q_rank > 0) {
+    linear(a + "q_a_proj", C, m.q_rank, c.attention_bias);
+    add(a + "q_a_layernorm.weight", {m.q_rank});
+    linear(a + "q_b_proj", m.q_rank, H * m.qk_dim(), false);
+  } else {
+    linear(a + "q_proj", C, H * m.qk_dim(), false);
+  }
+  linear(a + "kv_a_proj_with_mqa", C, m.kv_rank + m.rope_dim, c.attention_bias);
+  add(a + "kv_a_layernorm.weight", {m.kv_rank});
+  linear(a + "kv_b_proj", m.kv_rank, H * (m.nope_dim + m.v_dim), false);
+  linear(a + "o_proj", H * m.v_dim, C, c.attention_bias);
 }
 
 // A layer's feed-forward, in the order the modules register them: Gemma 4's dense MLP, router and
@@ -1661,6 +1848,28 @@ void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t 
   }
 }
 
+// What a folder of `c` holds beside the model, left out as transformers leaves it: a multimodal folder's other towers
+// (the text model under its own prefixes), multi-token-prediction layers, the keys and values shared layers drop.
+void describe_left_out(ModelDescription& d, const DecoderConfig& c, const std::vector<std::string>& shared_kv) {
+  if (c.text_of_multimodal) {  // the text model's names in the folder (older and newer transformers), the rest left out
+    d.layout.prefixes = {{"model.", "language_model.model."},
+                         {"model.", "model.language_model."},
+                         {"lm_head.", "language_model.lm_head."}};
+    d.layout.left_out = {
+        "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+        "model.visual.", "model.audio_tower.",     "model.embed_vision.", "model.embed_audio."};
+  }
+  if (is_hybrid(c.family)) d.layout.left_out.push_back("mtp.");  // Qwen3.5's multi-token prediction, unused
+  // GLM-4.5's and DeepSeek-V3's multi-token prediction, as the layers after the decoder's
+  for (int64_t i = 0; i < c.mtp_layers; ++i)
+    d.layout.left_out.push_back(str("model.layers.", c.num_hidden_layers + i, "."));
+  for (const std::string& name : shared_kv) {  // under each name the folder may give them
+    d.layout.left_out.push_back(name);
+    for (const auto& [ours, theirs] : d.layout.prefixes)
+      if (name.rfind(ours, 0) == 0) d.layout.left_out.push_back(theirs + name.substr(ours.size()));
+  }
+}
+
 }  // namespace
 
 ModelDescription describe(const DecoderConfig& c) {
@@ -1702,7 +1911,9 @@ ModelDescription describe(const DecoderConfig& c) {
     }
     const LayerPlan plan = c.plan(l);
     const int64_t D = plan.head_dim, K = plan.kv_heads;
-    if (!c.is_linear(l)) {
+    if (c.latent()) {
+      describe_latent_attention(d, c, p + "self_attn.");
+    } else if (!c.is_linear(l)) {
       const bool own_kv = plan.kv_source < 0;  // else an earlier layer's keys and values (Gemma 4 E2B/E4B)
       linear(p + "self_attn.q_proj", C, H * D * (c.attn_output_gate ? 2 : 1), qkv_bias);
       if (own_kv) linear(p + "self_attn.k_proj", C, K * D, qkv_bias);
@@ -1744,23 +1955,7 @@ ModelDescription describe(const DecoderConfig& c) {
     add("model.per_layer_projection_norm.weight", {P});
   }
   if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, C});
-  if (c.text_of_multimodal) {  // the text model's names in the folder (older and newer transformers), the rest left out
-    d.layout.prefixes = {{"model.", "language_model.model."},
-                         {"model.", "model.language_model."},
-                         {"lm_head.", "language_model.lm_head."}};
-    d.layout.left_out = {
-        "vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
-        "model.visual.", "model.audio_tower.",     "model.embed_vision.", "model.embed_audio."};
-  }
-  if (is_hybrid(c.family)) d.layout.left_out.push_back("mtp.");  // Qwen3.5's multi-token prediction, unused
-  // GLM-4.5's multi-token prediction, as the layers after the decoder's
-  for (int64_t i = 0; i < c.mtp_layers; ++i)
-    d.layout.left_out.push_back(str("model.layers.", c.num_hidden_layers + i, "."));
-  for (const std::string& name : shared_kv) {                    // under each name the folder may give them
-    d.layout.left_out.push_back(name);
-    for (const auto& [ours, theirs] : d.layout.prefixes)
-      if (name.rfind(ours, 0) == 0) d.layout.left_out.push_back(theirs + name.substr(ours.size()));
-  }
+  describe_left_out(d, c, shared_kv);
   return d;
 }
 

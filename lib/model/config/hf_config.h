@@ -68,7 +68,9 @@ enum class Family {
   kQwen3_5Moe,
   kGptOss,
   kGemma4,
-  kGlm4Moe
+  kGlm4Moe,
+  kDeepseekV3,
+  kGlm4MoeLite
 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
@@ -164,6 +166,22 @@ struct MoeConfig {
   double routed_scaling_factor = 1.0;
 };
 
+// DeepSeek-V3's multi-head latent attention (MLA; deepseek_v3, and GLM-4.7-Flash's glm4_moe_lite), as transformers
+// computes it: each head's query (q_proj, or q_b_proj(q_a_layernorm(q_a_proj(x))) through a q_rank-wide latent) is
+// nope_dim dimensions without rotation and rope_dim rotated; kv_a_proj_with_mqa gives a kv_rank-wide latent, normed by
+// kv_a_layernorm, whose kv_b_proj gives each head's unrotated key (nope_dim) and value (v_dim), and rope_dim more that
+// every head shares as its rotated key. The scores' factor is (nope_dim + rope_dim)^-1/2 times yarn's mscale_all_dim
+// squared. With interleave (rope_interleave), the rotated dimensions turn in adjacent pairs (x0, x1), (x2, x3), ...
+// The latents' norms take eps 1e-6 whatever rms_norm_eps says, as transformers makes them.
+struct LatentAttention {
+  int64_t q_rank = 0;                             // q_lora_rank; 0 (null): q_proj
+  int64_t kv_rank = 0;                            // kv_lora_rank; 0: not latent attention
+  int64_t nope_dim = 0, rope_dim = 0, v_dim = 0;  // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+  bool interleave = true;
+  static constexpr double kLatentNormEps = 1e-6;
+  int64_t qk_dim() const { return nope_dim + rope_dim; }
+};
+
 // A family's Hugging Face names: config.json's model_type and architectures, the decoder layer class.
 struct FamilyNames {
   const char* model_type;
@@ -228,6 +246,10 @@ struct DecoderConfig {
   // (model.layers.L, ...); left out, as transformers leaves them.
   int64_t mtp_layers = 0;
   bool double_wide_mlp = false;
+  // DeepSeek-V3's, GLM-4.7-Flash's latent attention (mla.kv_rank > 0). head_dim is then the width attention computes
+  // at: max(qk_dim, v_dim), the narrower of queries and keys or values padded with zeros to it.
+  LatentAttention mla;
+  bool latent() const { return mla.kv_rank > 0; }
   int64_t head_dim_of(int64_t layer) const { return plan(layer).head_dim; }
   int64_t kv_heads_of(int64_t layer) const { return plan(layer).kv_heads; }
   MoeConfig moe;          // the sparse layers' feed-forward (LayerPlan::moe)
@@ -290,7 +312,8 @@ struct DecoderConfig {
   double parameter_count() const;  // the same in floating point: no overflow for any sizes
   // The parameters a token passes through (a sparse layer's experts_per_token experts of num_experts).
   double active_parameter_count() const;
-  // Training FLOPs per token, the PaLM/torchtitan convention: 6 * N' + 12 * H * D * T per layer, where
+  // Training FLOPs per token, the PaLM/torchtitan convention: 6 * N' + 12 * H * D * T per layer (latent attention:
+  // 6 * H * (qk_dim + v_dim) * T, its scores' and values' widths differing), where
   // N' is the active parameters without the input embedding unless it is tied, and a sliding
   // layer's T is at most its window. A Gated DeltaNet layer's mixer counts the chunked rule's
   // products instead, three times their forward (as 6 N' is 3 x 2 N'): per value head,
@@ -305,11 +328,11 @@ std::string tensor_parallel_unsplit_parts(const DecoderConfig& c);
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
 // qwen3, gemma2, gemma3_text, gemma4_text, olmo2, olmo3, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral,
-// qwen3_5_text, qwen3_next, qwen3_5_moe_text, gpt_oss, glm4_moe; another is refused listing these; gemma3, gemma4,
-// qwen3_5 and qwen3_5_moe (their *ForConditionalGeneration) give their text_config's model, text_of_multimodal).
-// Accepts torch_dtype or dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy "type" for rope_type,
-// sliding_window / use_sliding_window / max_window_layers / layer_types. Throws InputError naming `where` and the
-// field, also for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
+// qwen3_5_text, qwen3_next, qwen3_5_moe_text, gpt_oss, glm4_moe, deepseek_v3, glm4_moe_lite; another is refused listing
+// these; gemma3, gemma4, qwen3_5 and qwen3_5_moe (their *ForConditionalGeneration) give their text_config's model,
+// text_of_multimodal). Accepts torch_dtype or dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy
+// "type" for rope_type, sliding_window / use_sliding_window / max_window_layers / layer_types. Throws InputError naming
+// `where` and the field, also for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
 // num_attention_heads) and for settings that change the math and are not implemented. warnings (optional): one line per
 // field it does not know, with the closest known field.
 DecoderConfig parse_decoder_config(const std::string& json_text, const std::string& where,

@@ -20,6 +20,7 @@ namespace fsdp::model {
 AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_ptr<TensorParallel> t,
                              std::shared_ptr<ContextParallel> s)
     : torch::nn::Module("Attention"),
+      mla(c.mla),
       heads(share(c.num_attention_heads, t, "num_attention_heads")),
       kv_heads(share(c.kv_heads_of(layer), t,
                      c.kv_heads_of(layer) == c.num_key_value_heads ? "num_key_value_heads"
@@ -43,10 +44,15 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
                cp->size(), "; Ulysses gives each sp rank a share of both");
   auto linear = [&](int64_t in, int64_t out, bool bias) { return uninitialized_linear(in, out, bias); };
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
-  q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim * (output_gate ? 2 : 1), qkv_bias));
-  if (!shares_kv) k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
-  if (!k_eq_v && !shares_kv) v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
-  o_proj = register_module("o_proj", linear(heads * head_dim, c.hidden_size, c.attention_bias));
+  if (c.latent()) {
+    register_latent(c);
+  } else {
+    q_proj = register_module("q_proj", linear(c.hidden_size, heads * head_dim * (output_gate ? 2 : 1), qkv_bias));
+    if (!shares_kv) k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+    if (!k_eq_v && !shares_kv) v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads * head_dim, qkv_bias));
+  }
+  const int64_t values = c.latent() ? mla.v_dim : head_dim;  // each head's output width
+  o_proj = register_module("o_proj", linear(heads * values, c.hidden_size, c.attention_bias));
   if (c.attention_sinks)  // this rank's heads' under tensor parallel (tensor_parallel_dim: 0)
     sinks = register_parameter("sinks", at::empty({heads}));
   if (c.qk_norm) {
@@ -59,6 +65,66 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
     q_norm = register_module("q_norm", norm_of(c, heads * head_dim));
     k_norm = register_module("k_norm", norm_of(c, kv_heads * head_dim));
   }
+}
+
+void AttentionImpl::register_latent(const DecoderConfig& c) {
+  FSDP_CHECK(!tp, "[tp] ", family_names(c.family).architecture,
+             "'s latent attention is not split by tensor parallel; set parallelism_config_tp_size: 1");
+  auto norm = [&](int64_t dim) {  // eps 1e-6, as transformers makes the latents' norms
+    return RmsNorm(dim, LatentAttention::kLatentNormEps, c.norm_unit_offset, c.norm_fp32_product);
+  };
+  if (mla.q_rank > 0) {
+    q_a_proj = register_module("q_a_proj", uninitialized_linear(c.hidden_size, mla.q_rank, c.attention_bias));
+    q_a_norm = register_module("q_a_layernorm", norm(mla.q_rank));
+    q_b_proj = register_module("q_b_proj", uninitialized_linear(mla.q_rank, heads * mla.qk_dim(), false));
+  } else {
+    q_proj = register_module("q_proj", uninitialized_linear(c.hidden_size, heads * mla.qk_dim(), false));
+  }
+  kv_a_proj = register_module("kv_a_proj_with_mqa",
+                              uninitialized_linear(c.hidden_size, mla.kv_rank + mla.rope_dim, c.attention_bias));
+  kv_a_norm = register_module("kv_a_layernorm", norm(mla.kv_rank));
+  kv_b_proj =
+      register_module("kv_b_proj", uninitialized_linear(mla.kv_rank, heads * (mla.nope_dim + mla.v_dim), false));
+}
+
+namespace {
+
+// DeepSeek's interleaved rotation turns dimensions (0, 1), (2, 3), ...: laid out evens first, then odds, rotate_half's
+// pairs (i, i + r/2) are those, so the usual rotation applies (transformers' apply_rotary_pos_emb_interleave).
+at::Tensor pairs_apart(const at::Tensor& x) {
+  return x.unflatten(-1, {x.size(-1) / 2, 2}).transpose(-1, -2).flatten(-2);
+}
+
+// x (B, H, T, d) padded with zeros to `width` along its last dimension.
+at::Tensor padded_to(const at::Tensor& x, int64_t width) {
+  return x.size(-1) == width ? x : at::constant_pad_nd(x, {0, width - x.size(-1)});
+}
+
+}  // namespace
+
+// Each head's query: its nope_dim unrotated dimensions, then rope_dim rotated; its key: kv_b_proj's nope_dim from the
+// normed latent, then the rope_dim rotated ones every head shares; its value: kv_b_proj's v_dim. Zeros pad q and k,
+// or v, to one width: the scores and the values' sums are unchanged, and every attention kernel takes them.
+AttentionImpl::Projected AttentionImpl::project_latent(const at::Tensor& x, const at::Tensor& cos,
+                                                       const at::Tensor& sin) {
+  const int64_t b = x.size(0), t = x.size(1), r = mla.rope_dim, nope = mla.nope_dim;
+  const at::Tensor q_flat =
+      q_a_proj ? layer_linear(q_b_proj, q_a_norm(layer_linear(q_a_proj, x))) : layer_linear(q_proj, x);
+  const at::Tensor q = q_flat.view({b, t, heads, mla.qk_dim()});
+  const at::Tensor kv =
+      layer_linear(kv_a_proj, x);  // (B, T, kv_rank + r): the latent, then the shared key's rotated part
+  at::Tensor q_rot = q.narrow(-1, nope, r), k_rot = kv.narrow(-1, mla.kv_rank, r).unsqueeze(2);  // (B, T, 1, r)
+  if (mla.interleave) {
+    q_rot = pairs_apart(q_rot);
+    k_rot = pairs_apart(k_rot);
+  }
+  auto [rq, rk] = kernels::ops_for(x).rotary(q_rot.contiguous(), k_rot.contiguous(), cos, sin);  // (B, H|1, T, r)
+  const at::Tensor kv_b = layer_linear(kv_b_proj, kv_a_norm(kv.narrow(-1, 0, mla.kv_rank)))
+                              .view({b, t, heads, nope + mla.v_dim})
+                              .transpose(1, 2);  // (B, H, T, nope + v)
+  const at::Tensor qs = at::cat({q.narrow(-1, 0, nope).transpose(1, 2), rq}, -1);
+  const at::Tensor ks = at::cat({kv_b.narrow(-1, 0, nope), rk.expand({b, heads, t, r})}, -1);
+  return {padded_to(qs, head_dim), padded_to(ks, head_dim), padded_to(kv_b.narrow(-1, nope, mla.v_dim), head_dim), {}};
 }
 
 namespace {
@@ -116,6 +182,7 @@ at::Tensor packed_attention_mask(const at::Tensor& segments, int64_t window) {
 }
 
 AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (mla.kv_rank > 0) return project_latent(x, cos, sin);
   const int64_t b = x.size(0), t = x.size(1);
   auto [q_flat, k_flat, v_flat] = project_qkv(x);
   at::Tensor gate;
@@ -270,6 +337,11 @@ at::Tensor AttentionImpl::attend_ulysses(const Projected& p, const Packed& packe
 }
 
 at::Tensor AttentionImpl::output(const at::Tensor& y, const Projected& p) {
+  if (mla.kv_rank > 0 && mla.v_dim < head_dim) {  // latent attention: each head's values, without their padding
+    const int64_t b = y.size(0), t = y.size(1);
+    return row_parallel_output(
+        o_proj, y.view({b, t, heads, head_dim}).narrow(-1, 0, mla.v_dim).reshape({b, t, heads * mla.v_dim}), tp.get());
+  }
   return row_parallel_output(o_proj, p.gate.defined() ? y * at::sigmoid(p.gate) : y, tp.get());
 }
 

@@ -1,6 +1,7 @@
 // Self-attention as the layer's plan sets it: full or a sliding window, grouped kv heads, q/k norms
 // (per head or over the whole projection), partial or no rotation, its own score scale and soft cap,
-// gpt-oss's sinks, Gemma 4's head widths of its own, values from k_proj and unweighted value norm.
+// gpt-oss's sinks, Gemma 4's head widths of its own, values from k_proj and unweighted value norm; or DeepSeek-V3's
+// latent attention (LatentAttention), its queries, keys and values padded with zeros to one width (head_dim).
 // Which kernel each form takes on each device: attend() in attention.cpp, and model/kernels/ops.h.
 // Not thread-safe (LibTorch modules).
 #pragma once
@@ -89,6 +90,11 @@ class AttentionImpl : public torch::nn::Module {
                             const LayerCache* shared = nullptr);
   // k_proj, v_proj and k_norm are absent where the layer shares an earlier one's keys and values.
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  // Latent attention's (mla.kv_rank > 0; q_proj without a query latent, else q_a_proj and q_b_proj): registered as
+  // transformers names them, kv_a_proj as kv_a_proj_with_mqa; its norms are q_a_layernorm and kv_a_layernorm.
+  torch::nn::Linear q_a_proj{nullptr}, q_b_proj{nullptr}, kv_a_proj{nullptr}, kv_b_proj{nullptr};
+  RmsNorm q_a_norm{nullptr}, kv_a_norm{nullptr};
+  LatentAttention mla;
   FusedLora qkv_proj{nullptr};  // LoRA on a checkpoint's fused q/k/v (Phi-3), added by add_lora
   // Per head (Qwen3, Gemma 3), or over the whole projection (OLMo 2: qk_norm_whole); else none.
   RmsNorm q_norm{nullptr}, k_norm{nullptr};
@@ -116,6 +122,10 @@ class AttentionImpl : public torch::nn::Module {
   at::Tensor output(const at::Tensor& y, const Projected& p);
   // k and v undefined when the layer shares keys.
   Projected project(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // Latent attention's q, k and v, each (B, H, T, head_dim): the narrower padded with zeros.
+  Projected project_latent(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // Latent attention's modules, registered in transformers' order (before o_proj).
+  void register_latent(const DecoderConfig& c);
   // (B, T, H * D), (B, T, K * D) twice (k_proj's output twice when k_eq_v; undefined when shares_kv)
   std::array<at::Tensor, 3> project_qkv(const at::Tensor& x);
   std::array<at::Tensor, 3> with_fused_lora(std::array<at::Tensor, 3> qkv, const at::Tensor& x);  // + qkv_proj's
