@@ -20,8 +20,10 @@ layers' keys and values, their MLPs twice as wide; also read from a folder still
 layers' k_proj/v_proj/k_norm, and from a Gemma4ForConditionalGeneration folder with vision and audio
 towers), GLM-4.5 (DeepSeek-V3's router: sigmoid scores plus a stored bias choosing within the best groups of
 experts, the chosen scores renormalised and scaled; ungated shared experts, dense first layers, q/k/v biases,
-per-head norms, half of each head rotated; a folder holding its multi-token-prediction layer read the same), and
-Llama beside them, transformers
+per-head norms, half of each head rotated; a folder holding its multi-token-prediction layer read the same),
+DeepSeek-V3 and GLM-4.7-Flash (latent attention: query and key-value latents, a rotated key every head shares,
+values narrower or wider than the keys, the rotation interleaved or not, YaRN's mscale_all_dim on the scores; then
+GLM-4.5's experts, GLM-4.7-Flash's dense layers from mlp_layer_types), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -42,7 +44,7 @@ A config.json of each family holding only its shape (and OLMo 3's and Gemma 3's 
 transformers fills in from its config class's defaults, field by field: the config.json fsdptrain's export writes
 reads back in transformers as the original does.
 The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Gemma-4-31B, Gemma-4-26B-A4B, Phi-4, Qwen3-30B-A3B,
-Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b, GLM-4.5-Air) have the
+Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b, GLM-4.5-Air, GLM-4.7-Flash) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
 import argparse

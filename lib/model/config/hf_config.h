@@ -1,8 +1,8 @@
 // The Hugging Face config.json of every family fsdptrain trains (Llama, Mistral, Qwen2/2.5, Qwen3,
 // Gemma 2, Gemma 3, Gemma 4 (its dense text model), OLMo 2, SmolLM3, Granite 3, Phi-3/3.5/4, the mixtures of experts
-// Qwen3-MoE, Qwen2-MoE, Mixtral and gpt-oss, and the hybrids Qwen3.5/3.6, Qwen3.5-MoE and Qwen3-Next): read into one
-// DecoderConfig, written back for exports, and described for the checkpoint layer (model/config/description.h). No
-// LibTorch.
+// Qwen3-MoE, Qwen2-MoE, Mixtral, gpt-oss, GLM-4.5, and DeepSeek-V3 and GLM-4.7-Flash with latent attention, and the
+// hybrids Qwen3.5/3.6, Qwen3.5-MoE and Qwen3-Next): read into one DecoderConfig, written back for exports, and
+// described for the checkpoint layer (model/config/description.h). No LibTorch.
 //
 // A family is data, not code: the config gives the decoder its form (where the norms sit, the
 // activation, the scores' scale and soft cap, the multipliers) and each layer its plan (LayerPlan:
@@ -153,14 +153,14 @@ struct MoeConfig {
   // and added to the MLP's, normed by post_feedforward_layernorm_1, before post_feedforward_layernorm.
   // transformers adds no auxiliary loss (router_aux_loss_coef 0).
   bool gemma4 = false;
-  // GLM-4.5's (glm4_moe; DeepSeek-V3's router): the router (mlp.gate, no bias) scores each expert by the sigmoid of
-  // its logit, computed in fp32; the experts are chosen by the scores plus e_score_correction_bias (mlp.gate's (E)
-  // tensor, stored and never trained: a buffer in transformers; here a frozen parameter), first the topk_group of the
-  // n_group groups of
-  // experts whose two best biased scores sum highest, then the top experts_per_token within them; each chosen
-  // expert's weight is its unbiased score, renormalised (over the sum plus 1e-20) when norm_topk_prob, times
-  // routed_scaling_factor. The shared experts (mlp.shared_experts, moe_intermediate_size x n_shared_experts wide)
-  // are added ungated, and the first first_k_dense_replace layers are dense. No auxiliary loss.
+  // GLM-4.5's, DeepSeek-V3's and GLM-4.7-Flash's (glm4_moe, deepseek_v3, glm4_moe_lite): the router (mlp.gate, no bias)
+  // scores each expert by the sigmoid of its logit, computed in fp32; the experts are chosen by the scores plus
+  // e_score_correction_bias (mlp.gate's (E) tensor, stored and never trained: a buffer in transformers; here a frozen
+  // parameter), first the topk_group of the n_group groups of experts whose two best biased scores sum highest, then
+  // the top experts_per_token within them; each chosen expert's weight is its unbiased score, renormalised (over the
+  // sum plus 1e-20) when norm_topk_prob, times routed_scaling_factor. The shared experts (mlp.shared_experts,
+  // moe_intermediate_size x n_shared_experts wide) are added ungated, and the first first_k_dense_replace layers are
+  // dense (GLM-4.7-Flash: the "dense" ones of mlp_layer_types, as mlp_only_layers). No auxiliary loss.
   bool sigmoid_router = false;
   int64_t n_group = 1, topk_group = 1, first_k_dense_replace = 0;
   double routed_scaling_factor = 1.0;
@@ -242,8 +242,8 @@ struct DecoderConfig {
   // the last ones attend with the keys and values of the last earlier layer of their kind (LayerPlan::kv_source),
   // their MLPs twice as wide with double_wide_mlp (use_double_wide_mlp).
   int64_t per_layer_input_dim = 0, per_layer_vocab = 0, kv_shared_layers = 0;
-  // GLM-4.5's multi-token prediction layers (num_nextn_predict_layers): a folder holds them after the decoder's
-  // (model.layers.L, ...); left out, as transformers leaves them.
+  // GLM-4.5's and DeepSeek-V3's multi-token prediction layers (num_nextn_predict_layers): a folder holds them after the
+  // decoder's (model.layers.L, ...); left out, as transformers leaves them.
   int64_t mtp_layers = 0;
   bool double_wide_mlp = false;
   // DeepSeek-V3's, GLM-4.7-Flash's latent attention (mla.kv_rank > 0). head_dim is then the width attention computes

@@ -4,9 +4,9 @@
 // expert's SwiGLU output times its weight, summed in fp32; Qwen2-MoE adds a shared expert times
 // sigmoid(shared_expert_gate(x)); gpt-oss's router has a bias and takes the softmax of the top-k
 // logits, its experts biases and a clamped SwiGLU; Gemma 4's (a Router) scores the normed and scaled
-// input and scales each chosen expert's weight, beside the layer's dense MLP (model/layers/decoder.h); GLM-4.5's
-// chooses by sigmoid scores plus a stored bias within the best groups of experts, weighs by the scores times a
-// factor, and adds its shared experts ungated (MoeConfig::sigmoid_router). The experts are
+// input and scales each chosen expert's weight, beside the layer's dense MLP (model/layers/decoder.h); GLM-4.5's (and
+// DeepSeek-V3's, GLM-4.7-Flash's) chooses by sigmoid scores plus a stored bias within the best groups of experts,
+// weighs by the scores times a factor, and adds its shared experts ungated (MoeConfig::sigmoid_router). The experts are
 // held stacked as transformers v5 holds them (experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)); the
 // checkpoint layer reads and writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
 //
