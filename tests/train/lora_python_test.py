@@ -659,6 +659,26 @@ def glm4_moe_parity(args, tmp, data):
           "them); PEFT reads target_modules down_proj as the experts', as the [lora] note says")
 
 
+def glm4_moe_lite_parity(args, tmp, data):
+    """GLM-4.7-Flash (glm4_moe_lite): PEFT's adapters on latent attention's projections (q_a_proj, q_b_proj,
+    kv_a_proj_with_mqa, kv_b_proj, o_proj) at W=2: PEFT's losses, gradients, trained tensors and export keys."""
+    from transformers import Glm4MoeLiteConfig, Glm4MoeLiteForCausalLM
+    targets = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+    CASES["glm4_moe_lite"] = (dict(r=2, lora_alpha=6, target_modules=targets),
+                              "lora:\n  r: 2\n  alpha: 6\n  target_modules: [" + ", ".join(targets) + "]\n")
+    # Every token takes all 4 experts, so the routing cannot flip between float32 orders.
+    base, adapter = family_base(args, tmp, "glm4_moe_lite", Glm4MoeLiteForCausalLM, Glm4MoeLiteConfig, 7,
+                                ("mlp_bias", "rope_theta", "rope_scaling", "head_dim"), "glm4_moe_lite",
+                                model_type="glm4_moe_lite", architectures=["Glm4MoeLiteForCausalLM"],
+                                num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=24, qk_nope_head_dim=8,
+                                qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=4,
+                                moe_intermediate_size=24)
+    out, text = parity(args, tmp, "glm4_moe_lite", 2, base, data, adapter)
+    export, got = export_keys(Glm4MoeLiteForCausalLM, base, "glm4_moe_lite", out)
+    check(any("kv_a_proj_with_mqa.lora_A" in k for k in got), f"glm4_moe_lite: no kv_a_proj_with_mqa adapter: {got}")
+    print(f"ok glm4_moe_lite: the export has PEFT's {len(got)} keys (latent attention's five projections a layer)")
+
+
 def gemma4_moe_parity(args, tmp, data):
     """Gemma 4's mixture of experts (gemma-4-26B-A4B's form): PEFT's target_parameters on the layer's own
     experts.gate_up_proj and experts.down_proj (beside the dense MLP) with q_proj and the router's proj
@@ -851,6 +871,7 @@ def main():
         gemma4_parity(args, tmp, data)
         gemma4_moe_parity(args, tmp, data)
         glm4_moe_parity(args, tmp, data)
+        glm4_moe_lite_parity(args, tmp, data)
         gemma4_small_parity(args, tmp, data)
 
         # A target the model lacks is refused by the launcher, before any worker starts or any

@@ -245,7 +245,8 @@ std::optional<int64_t> lora_layer_index(const std::string& name, const std::vect
 const std::vector<std::string>& lora_linear_names() {
   // Attention's and the MLP's; Gated DeltaNet's (Qwen3.5's four input projections or Qwen3-Next's
   // two, and out_proj); Gemma 4's router (router.proj: a Linear there, so PEFT's all-linear adapts it),
-  // Qwen2-MoE's shared expert's gate (a Linear too) and E2B's and E4B's per-layer input's two.
+  // Qwen2-MoE's shared expert's gate (a Linear too), E2B's and E4B's per-layer input's two, and latent attention's
+  // four.
   static const std::vector<std::string> names = {"q_proj",
                                                  "k_proj",
                                                  "v_proj",
@@ -263,7 +264,11 @@ const std::vector<std::string>& lora_linear_names() {
                                                  "proj",
                                                  "shared_expert_gate",
                                                  "per_layer_input_gate",
-                                                 "per_layer_projection"};
+                                                 "per_layer_projection",
+                                                 "q_a_proj",
+                                                 "q_b_proj",
+                                                 "kv_a_proj_with_mqa",
+                                                 "kv_b_proj"};
   return names;
 }
 
