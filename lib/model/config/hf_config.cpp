@@ -1370,10 +1370,6 @@ DecoderConfig parse_text_config(const json& j, const Multimodal& mm, const std::
   return c;
 }
 
-}  // namespace
-
-namespace {
-
 // Latent attention's scores' factor: (qk_nope_head_dim + qk_rope_head_dim)^-1/2, times yarn's mscale_all_dim term
 // squared (0.1 mscale_all_dim ln(factor) + 1) when the scaling has one, as transformers' yarn_apply_mscale.
 double latent_scale(const DecoderConfig& c) {
