@@ -1413,9 +1413,10 @@ TEST_CASE("Gemma 4 E2B/E4B under fully_shard: keys and values across units, with
     for (const auto& [name, g] : grads) {
       INFO(name);
       // float32's summation order (the sharded model's fused q/k/v and gate/up products, four layers
-      // deep): measured 2.4e-6 of the gradient's largest entry here, 7.7e-6 with AVX2's kernels alone.
+      // deep): measured 2.4e-6 of the gradient's largest entry here, 7.7e-6 with AVX2's kernels alone, and
+      // 3.4e-5 on an AMD EPYC without AVX-512 (its MKL and oneDNN paths). A lost path is of the gradient's size.
       const at::Tensor want = plain_params[name].grad();
-      CHECK((g - want).abs().max().item<double>() <= 3e-5 * want.abs().max().item<double>());
+      CHECK((g - want).abs().max().item<double>() <= 1e-4 * want.abs().max().item<double>());
     }
   }
 }
