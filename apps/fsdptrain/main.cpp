@@ -66,8 +66,9 @@ void check_command_words(const CLI::App& app, const std::vector<std::string>& ar
 
 int run(int argc, char** argv) {
   CLI::App app{
-      "fsdptrain: FSDP2-style sharded training of Llama, Mistral and Qwen models on LibTorch, configured by "
-      "Accelerate-style YAML.\nCommands read Accelerate's config files as they are."};
+      "fsdptrain: FSDP2-style sharded training of decoder models (dense, mixtures of experts, hybrids; see "
+      "model.config) on LibTorch, configured by Accelerate-style YAML.\nCommands read Accelerate's config files as "
+      "they are."};
   app.name("fsdptrain");
   app.formatter(std::make_shared<HelpFormatter>());
   app.set_version_flag("--version", [] { return version_line(); });

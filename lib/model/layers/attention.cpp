@@ -111,8 +111,8 @@ AttentionImpl::Projected AttentionImpl::project_latent(const at::Tensor& x, cons
   const at::Tensor q_flat =
       q_a_proj ? layer_linear(q_b_proj, q_a_norm(layer_linear(q_a_proj, x))) : layer_linear(q_proj, x);
   const at::Tensor q = q_flat.view({b, t, heads, mla.qk_dim()});
-  const at::Tensor kv =
-      layer_linear(kv_a_proj, x);  // (B, T, kv_rank + r): the latent, then the shared key's rotated part
+  // (B, T, kv_rank + r): the latent, then the rotated part of the key every head shares.
+  const at::Tensor kv = layer_linear(kv_a_proj, x);
   at::Tensor q_rot = q.narrow(-1, nope, r), k_rot = kv.narrow(-1, mla.kv_rank, r).unsqueeze(2);  // (B, T, 1, r)
   if (mla.interleave) {
     q_rot = pairs_apart(q_rot);
