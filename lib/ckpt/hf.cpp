@@ -318,8 +318,16 @@ void HfCheckpoint::check_matches(const model::ModelDescription& description) con
   // A tied head is the embedding (its alias): HF writes it once, but a folder may hold both names.
   std::vector<ExpectedTensor> expected;
   for (const model::ParamSpec& p : params) expected.push_back({p.name, p.shape, p.aliases});
+  const bool unread_scales =
+      description.layout.fp8_block.empty() &&
+      std::any_of(shapes.begin(), shapes.end(), [](const auto& s) { return ends_with(s.first, "_scale_inv"); });
   check_tensors_match(dir_, stored, expected,
-                      "check that model.config describes the same architecture as " + dir_ + "/config.json");
+                      unread_scales
+                          ? str("its *_scale_inv tensors are block FP8 weights' scales, which config.json's "
+                                "quantization_config {\"quant_method\": \"fp8\", \"weight_block_size\": "
+                                "[128, 128]} says how to read; it has none: restore the folder's config.json "
+                                "as it was published")
+                          : "check that model.config describes the same architecture as " + dir_ + "/config.json");
 }
 
 at::Tensor HfCheckpoint::read(const std::string& name) const {

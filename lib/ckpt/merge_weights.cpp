@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <vector>
@@ -74,6 +75,24 @@ std::map<std::string, std::string> model_names(const std::string& base, const st
   std::map<std::string, std::string> out;
   for (const std::string& s : stored) out[s] = layout ? layout->ours(s) : s;
   return out;
+}
+
+// The base folder's tensors as merge reads them: under their stored names, block FP8 ones (config.json's
+// quantization_config "fp8") dequantized, so the merged folder holds unquantized weights throughout.
+model::FolderLayout stored_layout(const std::string& base) {
+  model::FolderLayout layout;
+  try {
+    layout.fp8_block = model::parse_decoder_config(read_file(base + "/config.json"), base + "/config.json").fp8_block;
+  } catch (const InputError&) {  // a model fsdptrain does not build: its tensors as they are (FP8 ones refused)
+  }
+  return layout;
+}
+
+// The base's config.json without its quantization_config: the merged weights are unquantized.
+std::string unquantized_config(const std::string& base) {
+  nlohmann::json j = nlohmann::json::parse(read_file(base + "/config.json"));
+  j.erase("quantization_config");
+  return j.dump(2) + "\n";
 }
 
 // A stored tensor a stacked expert weight's adapter changes (target_parameters): the whole stacked
@@ -208,7 +227,8 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
              base.empty() ? "" : ", which is not a Hugging Face folder here",
              "; give the model it adapts with --base MODEL_DIR");
   FSDP_CHECK(!file_exists(out), "[merge-weights] ", quoted(out), " already exists; give a new output folder");
-  auto src = open_hf_source(base);
+  const model::FolderLayout stored = stored_layout(base);
+  auto src = open_hf_source(base, stored);  // block FP8 weights read dequantized, and written so
   std::vector<std::string> names = src->names();
   std::sort(names.begin(), names.end());
   const std::map<std::string, std::string> ours = model_names(base, names);
@@ -241,7 +261,7 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
         return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),
                                     scaling(key, a->second.size(0)), name);
       },
-      read_file(base + "/config.json"), out, max_shard_bytes, log,
+      stored.fp8_block.empty() ? read_file(base + "/config.json") : unquantized_config(base), out, max_shard_bytes, log,
       model_text_files({adapter_dir, base}));  // so generate --chat and transformers find the tokenizer
   log << "[merge-weights] " << out << ": " << base << " with the adapter " << adapter_dir << " folded in ("
       << format_bytes(total) << ")\n";

@@ -105,6 +105,39 @@ at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, 
   return (pairs.reshape({n, r, g, 32}) * scale).reshape({n, r, g * 32}).transpose(1, 2).contiguous();
 }
 
+at::Tensor dequantize_block_fp8(const SafetensorsFile& file, const TensorInfo& values,
+                                const SafetensorsFile& scales_file, const TensorInfo& scales, int64_t r0, int64_t r1,
+                                const std::vector<int64_t>& block) {
+  const std::vector<int64_t>& w = values.shape;
+  const size_t n = w.size();
+  std::vector<int64_t> grid(w.begin(), w.end());
+  if (n >= 2 && block.size() == 2)
+    for (size_t d : {n - 2, n - 1}) grid[d] = (w[d] + block[d + 2 - n] - 1) / block[d + 2 - n];
+  const bool fp8 = values.dtype == Dtype::kF8_E4M3 || values.dtype == Dtype::kF8_E5M2;
+  const bool float_scales = scales.dtype == Dtype::kF32 || scales.dtype == Dtype::kBF16 || scales.dtype == Dtype::kF16;
+  FSDP_CHECK(block.size() == 2 && (n == 2 || n == 3) && fp8 && float_scales && scales.shape == grid, "[ckpt] ",
+             file.path(), ": ", values.name, " (", dtype_name(values.dtype), " ", shape_text(values.shape), ") and ",
+             scales.name, " (", dtype_name(scales.dtype), " ", shape_text(scales.shape),
+             ") are not a block FP8 weight and its scales: an F8_E4M3 ",
+             "or F8_E5M2 (R, C) or (E, R, C) tensor and a float one with a scale for each block of ", shape_text(block),
+             " (quantization_config's weight_block_size), ", shape_text(grid), " here");
+  const at::Tensor q = read_rows_fp32(file, values, r0, r1);
+  if (r1 <= r0) return q;
+  at::Tensor s;
+  if (n == 3) {  // rows are experts: each its own grid
+    s = read_rows_fp32(scales_file, scales, r0, r1);
+  } else {  // the blocks holding rows [r0, r1), cut to them
+    const int64_t b0 = r0 / block[0], b1 = (r1 - 1) / block[0] + 1;
+    s = read_rows_fp32(scales_file, scales, b0, b1)
+            .repeat_interleave(block[0], 0)
+            .narrow(0, r0 - b0 * block[0], r1 - r0);
+  }
+  const int64_t row_dim = static_cast<int64_t>(n) - 2;
+  if (n == 3) s = s.repeat_interleave(block[0], row_dim).narrow(row_dim, 0, w[1]);
+  s = s.repeat_interleave(block[1], row_dim + 1).narrow(row_dim + 1, 0, w[n - 1]);
+  return q * s;
+}
+
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   std::vector<at::Tensor> host;  // keeps the contiguous CPU copies alive while serializing

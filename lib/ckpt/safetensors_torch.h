@@ -34,6 +34,15 @@ at::Tensor read_rows_fp32(const SafetensorsFile& file, const TensorInfo& info, i
 // dtypes or shapes, naming `what`.
 at::Tensor dequantize_mxfp4(const at::Tensor& blocks, const at::Tensor& scales, const std::string& what = "MXFP4");
 
+// Rows [r0, r1) of a block FP8 tensor `values` (R, C) or (E, R, C) of `file`, e4m3 or e5m2, times their
+// blocks' scales from `scales` of `scales_file`: (ceil(R / block[0]), ceil(C / block[1])) or (E, ...), any
+// float dtype; a block at the end may be cut short. In fp32, each value times its scale, as transformers'
+// Fp8Dequantize computes them (model/config/description.h's FolderLayout::fp8_block). Throws InputError
+// naming both tensors for other dtypes or shapes.
+at::Tensor dequantize_block_fp8(const SafetensorsFile& file, const TensorInfo& values,
+                                const SafetensorsFile& scales_file, const TensorInfo& scales, int64_t r0, int64_t r1,
+                                const std::vector<int64_t>& block);
+
 // Appends a host tensor's bytes to `out` (SafetensorsWriter::append's order and size rules). The
 // writer takes host memory only: a tensor on any other device (CUDA, meta) is refused, naming it, so
 // a device pointer never reaches write(). Callers copy to the host one tensor at a time.

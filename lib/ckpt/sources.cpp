@@ -314,7 +314,22 @@ class FullSource final : public Source {
     for (const auto& [name, info] : infos_) shapes[name] = info.shape;
     std::map<std::string, StoredInfo> infos;
     std::map<std::string, Entry> entries;
+    // Block FP8: a tensor's entry with its scales' (each part of a stacked one: its own).
+    auto with_scales = [&](const std::string& stored) {
+      Entry e = entries_.at(stored);
+      if (const std::string scales = layout.fp8_scales(stored, shapes); !scales.empty()) {
+        e.scales = std::make_shared<Entry>(entries_.at(scales));
+        e.fp8_block = layout.fp8_block;
+      }
+      return e;
+    };
     for (const auto& [mine, place] : layout.places(shapes)) {
+      if (place.fp8) {
+        infos[mine] = {Dtype::kF32, place.shape};  // its values: fp8 times fp32 scales
+        entries[mine] = with_scales(place.stored);
+        entries[mine].row0 += place.row0;
+        continue;
+      }
       if (!place.scales.empty()) {  // MXFP4: its blocks' entry, and its scales'
         Entry e = entries_.at(place.stored);
         e.scales = std::make_shared<Entry>(entries_.at(place.scales));
@@ -326,15 +341,19 @@ class FullSource final : public Source {
         Entry stacked;
         for (const std::vector<std::string>& row : place.stack) {
           stacked.stack.emplace_back();
-          for (const std::string& part : row) stacked.stack.back().push_back(entries_.at(part));
+          for (const std::string& part : row) {
+            stacked.stack.back().push_back(with_scales(part));
+            if (!stacked.stack.back().back().scales) refuse_unscaled(part, layout);
+          }
         }
-        infos[mine] = {infos_.at(place.stack[0][0]).dtype, place.shape};
+        infos[mine] = {stacked.stack[0][0].scales ? Dtype::kF32 : infos_.at(place.stack[0][0]).dtype, place.shape};
         entries[mine] = std::move(stacked);
         continue;
       }
       infos[mine] = {infos_.at(place.stored).dtype, place.shape};
+      refuse_unscaled(place.stored, layout);
       const Entry& e = entries_.at(place.stored);
-      entries[mine] = {e.file, e.tensor, e.row0 + place.row0, {}, nullptr};
+      entries[mine] = {e.file, e.tensor, e.row0 + place.row0, {}, nullptr, {}};
     }
     infos_ = std::move(infos);
     entries_ = std::move(entries);
@@ -347,26 +366,28 @@ class FullSource final : public Source {
       return;
     }
     for (int64_t r = r0; r < r1; ++r)
-      for (const Entry& part : e.stack[static_cast<size_t>(r)]) out.insert(base_name(part.file->path()));
+      for (const Entry& part : e.stack[static_cast<size_t>(r)]) {
+        out.insert(base_name(part.file->path()));
+        if (part.scales) out.insert(base_name(part.scales->file->path()));
+      }
   }
   at::Tensor rows(const std::string& name, int64_t r0, int64_t r1) override {
     const Entry& e = entries_.at(name);
-    if (e.scales)
-      return dequantize_mxfp4(mapped_rows(*e.file, *e.tensor, r0, r1),
-                              mapped_rows(*e.scales->file, *e.scales->tensor, r0, r1), name);
-    if (e.stack.empty()) return read_rows_fp32(*e.file, *e.tensor, e.row0 + r0, e.row0 + r1);
+    if (e.stack.empty()) return read(e, r0, r1, name);
     std::vector<at::Tensor> out;
     for (int64_t r = r0; r < r1; ++r) {
       std::vector<at::Tensor> parts;
       for (const Entry& part : e.stack[static_cast<size_t>(r)])
-        parts.push_back(read_rows_fp32(*part.file, *part.tensor, 0, part.tensor->shape.at(0)));
+        parts.push_back(read(part, 0, part.tensor->shape.at(0), name));
       out.push_back(at::cat(parts, 0));
     }
     return at::stack(out, 0);
   }
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
-    if (e.scales) {
+    if (e.scales || std::any_of(e.stack.begin(), e.stack.end(), [](const std::vector<Entry>& row) {
+          return std::any_of(row.begin(), row.end(), [](const Entry& part) { return part.scales != nullptr; });
+        })) {  // computed from what is stored
       out.copy_(rows(name, r0, r1));
       return;
     }
@@ -408,15 +429,37 @@ class FullSource final : public Source {
     const TensorInfo* tensor = nullptr;
     int64_t row0 = 0;  // a fused tensor's part: where its rows start in the stored tensor
     std::vector<std::vector<Entry>> stack;  // a stacked parameter: each row's stored tensors (file, tensor)
-    std::shared_ptr<Entry> scales;          // an MXFP4 parameter (file, tensor: its blocks): its scales
+    std::shared_ptr<Entry> scales;          // an MXFP4 parameter (file, tensor: its blocks): its scales; block FP8: too
+    std::vector<int64_t> fp8_block;         // block FP8: its block (empty: MXFP4 when there are scales)
   };
+  // An FP8 tensor without the scales its values are multiplied by is refused: read as it is, it would be wrong.
+  void refuse_unscaled(const std::string& stored, const model::FolderLayout& layout) const {
+    const Dtype d = infos_.at(stored).dtype;
+    const bool fp8 =
+        d == Dtype::kF8_E4M3 || d == Dtype::kF8_E5M2 || d == Dtype::kF8_E4M3FNUZ || d == Dtype::kF8_E5M2FNUZ;
+    FSDP_CHECK(!fp8, "[ckpt] ", base_name(entries_.at(stored).file->path()), ": ", stored, " is ", dtype_name(d),
+               layout.fp8_block.empty()
+                   ? ", and config.json has no quantization_config {\"quant_method\": \"fp8\"} saying how to scale it"
+                   : str(" without ", stored, "_scale_inv, the scales its values are multiplied by"),
+               "; give the folder as it was published, or a bf16 copy of it");
+  }
+  // Rows [r0, r1) of one stored tensor (of a fused one: its part's), as fp32: dequantized when it has scales.
+  static at::Tensor read(const Entry& e, int64_t r0, int64_t r1, const std::string& name) {
+    if (e.scales && !e.fp8_block.empty())
+      return dequantize_block_fp8(*e.file, *e.tensor, *e.scales->file, *e.scales->tensor, e.row0 + r0, e.row0 + r1,
+                                  e.fp8_block);
+    if (e.scales)
+      return dequantize_mxfp4(mapped_rows(*e.file, *e.tensor, r0, r1),
+                              mapped_rows(*e.scales->file, *e.scales->tensor, r0, r1), name);
+    return read_rows_fp32(*e.file, *e.tensor, e.row0 + r0, e.row0 + r1);
+  }
   bool checksums_ = false;
   std::map<std::string, std::vector<Segment>> read_;  // with checksums: by file name
   DeferredReads deferred_;
   std::map<std::string, const SafetensorsFile*> by_name_;
   void add(const SafetensorsFile& f, const TensorInfo& t) {
     infos_[t.name] = StoredInfo{t.dtype, t.shape};
-    entries_[t.name] = {&f, &t, 0, {}, nullptr};
+    entries_[t.name] = {&f, &t, 0, {}, nullptr, {}};
     by_name_.emplace(base_name(f.path()), &f);
   }
   HfCheckpoint hf_;

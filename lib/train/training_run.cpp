@@ -388,6 +388,22 @@ std::string experts_summary(const model::DecoderConfig& c, int ep_size, int shar
              ")");
 }
 
+// What the run says of a pretrained folder's form beside its load line: block FP8 weights read dequantized, a
+// multimodal folder's text model alone ("" for neither).
+std::string pretrained_notes(const model::DecoderConfig& c, const std::string& folder) {
+  std::string notes;
+  if (!c.fp8_block.empty())
+    notes +=
+        str("[train] ", folder, "'s weights are block FP8 (quantization_config \"fp8\", blocks of ", c.fp8_block[0],
+            " x ", c.fp8_block[1], "): read as each value times its block's scale, as transformers dequantizes ",
+            "them; the run trains and exports unquantized weights\n");
+  if (c.text_of_multimodal)
+    notes += str("[train] ", folder, " is ", c.multimodal_architecture,
+                 ": its text model trains (model.text_only), its vision tower is left out, and the exports are ",
+                 model::family_names(c.family).architecture, " folders\n");
+  return notes;
+}
+
 }  // namespace
 
 // The model, one layer at a time, each sharded as the engine takes it: no rank holds it whole.
@@ -454,10 +470,7 @@ void TrainingRun::build_model() {
     say(str("[train] loaded ", config_.model.pretrained, " in ", format_seconds(seconds_since(t)), " (",
             efficient ? "rank 0 read it and sent each rank its rows" : "each rank read its own rows",
             "); peak host memory per rank: ", before, " before, ", host_peaks(world_, context_.device), " after\n"));
-    if (model_config_.text_of_multimodal)
-      say(str("[train] ", config_.model.pretrained, " is ", model_config_.multimodal_architecture,
-              ": its text model trains (model.text_only), its vision tower is left out, and the exports are ",
-              model::family_names(model_config_.family).architecture, " folders\n"));
+    say(pretrained_notes(model_config_, config_.model.pretrained));
   }
   if (adapter) {
     ckpt::load_adapter(*sharded_, lora, *adapter);

@@ -16,6 +16,7 @@
 #include "ckpt/file_system.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors_torch.h"
+#include "ckpt/sources.h"
 #include "support/error_of.h"
 #include "util/error.h"
 #include "util/files.h"
@@ -446,4 +447,82 @@ TEST_CASE("byte ranges read past the page cache, several in flight, land whole w
   read_ranges_direct(reads, o);
   check(reads, false);
   for (const std::string& p : paths) std::remove(p.c_str());
+}
+
+// Block FP8 folders (DeepSeek-V3's, the Qwen *-FP8 ones): each value times its block's scale, in fp32, for any
+// rows a rank reads: blocks cut short at the ends, a fused tensor's parts starting inside a block, experts stored
+// one by one (each with its scales) or stacked with a grid each. An FP8 tensor without its scales is refused.
+TEST_CASE("block FP8 weights read dequantized: partial blocks, fused parts, experts apart and stacked") {
+  const std::string dir = "/tmp/fsdp_fp8_" + std::to_string(::getpid());
+  FileSystem& fs = local_file_system();
+  fs.remove_all(dir);
+  fs.make_dirs(dir);
+  torch::manual_seed(3);
+  const std::vector<int64_t> block = {4, 4};
+  // The values and a scale per 4 x 4 block (the last ones cut short), and their product computed one by one.
+  auto quantized = [&](int64_t rows, int64_t cols, at::ScalarType scale_type) {
+    const at::Tensor q = (torch::randn({rows, cols}) * 40).to(at::kFloat8_e4m3fn);
+    const at::Tensor s = (torch::rand({(rows + 3) / 4, (cols + 3) / 4}) + 0.01).to(scale_type);
+    at::Tensor expected = torch::empty({rows, cols});
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        expected[i][j] = q[i][j].item<float>() * s[i / 4][j / 4].to(at::kFloat).item<float>();
+    return std::tuple{q, s, expected};
+  };
+  const auto [a, a_s, a_x] = quantized(10, 7, at::kFloat);
+  const auto [f, f_s, f_x] = quantized(12, 8, at::kFloat);
+  const auto [x0, x0_s, x0_x] = quantized(6, 5, at::kBFloat16);
+  const auto [x1, x1_s, x1_x] = quantized(6, 5, at::kBFloat16);
+  std::vector<std::pair<std::string, at::Tensor>> tensors = {{"a.weight", a},
+                                                             {"a.weight_scale_inv", a_s},
+                                                             {"fused.weight", f},
+                                                             {"fused.weight_scale_inv", f_s},
+                                                             {"plain.weight", torch::randn({3, 3})},
+                                                             {"x.weight", at::stack({x0, x1})},
+                                                             {"x.weight_scale_inv", at::stack({x0_s, x1_s})}};
+  std::vector<at::Tensor> parts;
+  for (int64_t e = 0; e < 2; ++e)
+    for (const char* w : {"gate", "up"}) {
+      const auto [q, s, x] = quantized(4, 6, at::kFloat);
+      tensors.push_back({fsdp::str("e.", e, ".", w, ".weight"), q});
+      tensors.push_back({fsdp::str("e.", e, ".", w, ".weight_scale_inv"), s});
+      parts.push_back(x);
+    }
+  save_safetensors(dir + "/model.safetensors", tensors);
+  fsdp::write_file_atomic(dir + "/config.json", "{}");  // a folder needs one; the layout says what the config would
+
+  fsdp::model::FolderLayout layout;
+  layout.fp8_block = block;
+  layout.fused.push_back({"fused.weight", {{"p.weight", 5}, {"q.weight", 7}}});  // q's rows start inside a block
+  layout.stacked.push_back({"gate_up", {{"e.0.gate.weight", "e.0.up.weight"}, {"e.1.gate.weight", "e.1.up.weight"}}});
+  auto src = open_hf_source(dir, layout);
+  CHECK(src->names() ==
+        std::vector<std::string>{"a.weight", "gate_up", "p.weight", "plain.weight", "q.weight", "x.weight"});
+  CHECK(at::equal(src->rows("a.weight", 0, 10), a_x));
+  CHECK(at::equal(src->rows("a.weight", 3, 9), a_x.narrow(0, 3, 6)));  // across blocks, as a rank's rows
+  CHECK(at::equal(src->rows("p.weight", 0, 5), f_x.narrow(0, 0, 5)));
+  CHECK(at::equal(src->rows("q.weight", 2, 7), f_x.narrow(0, 7, 5)));
+  CHECK(at::equal(src->rows("x.weight", 1, 2), x1_x.unsqueeze(0)));
+  at::Tensor stacked = torch::zeros({2, 8, 6});
+  src->read_rows_into("gate_up", 0, 2, stacked);
+  CHECK(at::equal(stacked, at::stack({at::cat({parts[0], parts[1]}), at::cat({parts[2], parts[3]})})));
+  std::set<std::string> files;
+  src->files("gate_up", 0, 2, files);
+  CHECK(files == std::set<std::string>{"model.safetensors"});
+
+  // Without quantization_config's block, or without its scales, an FP8 tensor is refused: read as it is, it is wrong.
+  CHECK(error_of([&] { open_hf_source(dir, {}); })
+            .find("model.safetensors: a.weight is F8_E4M3, and config.json has no quantization_config "
+                  "{\"quant_method\": \"fp8\"} saying how to scale it") != std::string::npos);
+  save_safetensors(dir + "/model.safetensors", {{"a.weight", a}, {"b.weight", a.clone()}, {"b.weight_scale_inv", a_s}});
+  CHECK(error_of([&] {
+          open_hf_source(dir, layout);
+        }).find("a.weight is F8_E4M3 without a.weight_scale_inv, the scales its values are multiplied by") !=
+        std::string::npos);
+  // Scales of another grid (a block of 8 rows): named with both shapes and the block.
+  save_safetensors(dir + "/model.safetensors", {{"a.weight", a}, {"a.weight_scale_inv", a_s.narrow(0, 0, 2)}});
+  CHECK(error_of([&] { open_hf_source(dir, layout)->rows("a.weight", 0, 10); })
+            .find("a.weight (F8_E4M3 [10, 7]) and a.weight_scale_inv (F32 [2, 2]) are not a block FP8 weight and its "
+                  "scales") != std::string::npos);
+  fs.remove_all(dir);
 }

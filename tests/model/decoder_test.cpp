@@ -1283,6 +1283,66 @@ TEST_CASE("config.json of DeepSeek-V3 and GLM-4.7-Flash: latent attention, their
                   "Qwen3ForCausalLM") != std::string::npos);
 }
 
+// quantization_config: block FP8 (DeepSeek-V3's, the Qwen *-FP8 folders) is read dequantized, each weight beside its
+// scales; the export is unquantized; the methods whose weights fsdptrain cannot read are refused by name.
+TEST_CASE("config.json's quantization_config: block FP8 weights read with their scales, other methods refused") {
+  const DecoderConfig q = parse_shaped("qwen3", R"("quantization_config": {"quant_method": "fp8",
+      "activation_scheme": "dynamic", "weight_block_size": [64, 32], "modules_to_not_convert": null})");
+  CHECK(q.fp8_block == std::vector<int64_t>{64, 32});
+  CHECK(describe(q).layout.fp8_block == q.fp8_block);
+  CHECK(decoder_config_json(q).find("quantization_config") == std::string::npos);
+  CHECK(describe(q).config_json == describe(parse_shaped("qwen3")).config_json);  // a resume's check: the same model
+  CHECK(parse_shaped("qwen3", R"("quantization_config": {"quant_method": "fp8"})").fp8_block ==
+        std::vector<int64_t>{128, 128});  // FineGrainedFP8Config's default
+  CHECK(parse_shaped("qwen3").fp8_block.empty());
+  // Qwen3.5's FP8 folders write it beside text_config: the text model's weights are the FP8 ones.
+  const DecoderConfig mm = parse_decoder_config(R"({"model_type": "gemma3", "architectures":
+      ["Gemma3ForConditionalGeneration"], "quantization_config": {"quant_method": "fp8"}, "text_config": {
+      "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8}})",
+                                                "mm.json");
+  CHECK((mm.text_of_multimodal && mm.fp8_block == std::vector<int64_t>{128, 128}));
+
+  // Each weight with a scale_inv beside it is read with it, the scales are no tensors of the model; the experts
+  // stored one by one are stacked as before (each part with its own scales, ckpt/sources.cpp).
+  const FolderLayout layout = describe(parse_shaped("qwen3_moe", R"("num_experts": 2, "num_experts_per_tok": 1,
+      "moe_intermediate_size": 8, "quantization_config": {"quant_method": "fp8", "weight_block_size": [8, 8]})"))
+                                  .layout;
+  std::map<std::string, std::vector<int64_t>> stored = {{"model.layers.0.self_attn.q_proj.weight", {32, 32}},
+                                                        {"model.layers.0.self_attn.q_proj.weight_scale_inv", {4, 4}},
+                                                        {"model.layers.0.self_attn.q_norm.weight", {8}}};
+  for (int64_t e = 0; e < 2; ++e)
+    for (const char* w : {"gate_proj", "up_proj"}) {
+      const std::string name = str("model.layers.0.mlp.experts.", e, ".", w, ".weight");
+      stored[name] = {8, 32};
+      stored[name + "_scale_inv"] = {1, 4};
+    }
+  const auto places = layout.places(stored);
+  CHECK(places.size() == 3);
+  const auto& qp = places.at("model.layers.0.self_attn.q_proj.weight");
+  CHECK((qp.fp8 && qp.scales == "model.layers.0.self_attn.q_proj.weight_scale_inv" && qp.shape[0] == 32));
+  CHECK((!places.at("model.layers.0.self_attn.q_norm.weight").fp8 &&
+         places.at("model.layers.0.self_attn.q_norm.weight").scales.empty()));
+  CHECK(places.at("model.layers.0.mlp.experts.gate_up_proj").shape == std::vector<int64_t>{2, 16, 32});
+  CHECK(layout.fp8_scales("model.layers.0.mlp.experts.1.up_proj.weight", stored) ==
+        "model.layers.0.mlp.experts.1.up_proj.weight_scale_inv");
+  FolderLayout unquantized = layout;
+  unquantized.fp8_block.clear();  // a folder without quantization_config: a scale_inv is a tensor like another
+  CHECK(unquantized.places(stored).count("model.layers.0.self_attn.q_proj.weight_scale_inv"));
+
+  CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "gptq", "bits": 4})")
+            .find("quantization_config {\"bits\":4,\"quant_method\":\"gptq\"} is not a format fsdptrain reads: it "
+                  "reads unquantized weights (bf16, fp16, fp32), block FP8") != std::string::npos);
+  CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "mxfp4"})")
+            .find("is not a format fsdptrain reads") != std::string::npos);  // gpt-oss's experts only
+  CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "fp8", "activation_scheme": "static"})")
+            .find("activation_scheme \"static\" is not read") != std::string::npos);
+  CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "fp8", "weight_block_size": [128]})")
+            .find("weight_block_size [128] must be two positive integers") != std::string::npos);
+  CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "fp8", "weight_block_size": null})")
+            .find("weight_block_size null must be two positive integers") != std::string::npos);
+}
+
 // GLM-4.5's router: the biased sigmoid scores choose within the best group, the unbiased ones weigh, times the factor.
 TEST_CASE("GLM-4.5's router: groups and a stored bias choose the experts, the scores weigh them, the shared add") {
   const DecoderConfig c = fsdp::model::testing::tiny_of("glm4_moe", R"("n_routed_experts": 8, "num_experts_per_tok": 3,

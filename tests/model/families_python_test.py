@@ -343,6 +343,97 @@ def mxfp4_copies(saved, packed, plain):
     return sum(1 for n in quantized if n.endswith("_blocks"))
 
 
+# The families whose Hub folders come in block FP8 (DeepSeek-V3's own, Qwen's *-FP8): their projections' weights
+# e4m3 with a float32 scale per block beside them (weight_scale_inv), quantization_config "fp8".
+FP8 = ("qwen3", "deepseek_v3")
+FP8_PROJECTIONS = re.compile(r"(q_proj|k_proj|v_proj|o_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|gate_proj|"
+                             r"up_proj|down_proj)\.weight$")
+
+
+def fp8_quantize(saved, packed, block=8):
+    """The folder `saved` as DeepSeek-V3's and the Qwen *-FP8 Hub folders hold theirs, in `packed` (may be
+    `saved`): each projection's weight quantized to e4m3 by blocks of `block` x `block` (the block's largest
+    magnitude at 448), its float32 scales beside it (weight_scale_inv), quantization_config "fp8". Returns
+    config.json as `saved` had it, and the quantized weights' count."""
+    from safetensors.torch import load_file, save_file
+    quantized = {}
+    for name, t in load_file(os.path.join(saved, "model.safetensors")).items():
+        if not FP8_PROJECTIONS.search(name):
+            quantized[name] = t
+            continue
+        rows, cols = t.shape
+        blocks = t.float().reshape(rows // block, block, cols // block, block)
+        scales = (blocks.abs().amax(dim=(1, 3)) / 448.0).clamp(min=1e-12)
+        quantized[name] = (blocks / scales[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+        quantized[name + "_scale_inv"] = scales
+    config = json.load(open(os.path.join(saved, "config.json")))
+    os.makedirs(packed, exist_ok=True)
+    save_file(quantized, os.path.join(packed, "model.safetensors"), metadata={"format": "pt"})
+    json.dump(dict(config, quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                                "weight_block_size": [block, block]}),
+              open(os.path.join(packed, "config.json"), "w"))
+    return config, sum(1 for n in quantized if n.endswith("_scale_inv"))
+
+
+def fp8_copies(cls, saved, packed, plain):
+    """`saved` in block FP8 (fp8_quantize) in `packed`, and in `plain` the weights transformers reads from `packed`
+    (its Fp8Dequantize, on a machine without a GPU), stored unquantized. Returns the quantized weights' count."""
+    from safetensors.torch import save_file
+    config, count = fp8_quantize(saved, packed)
+    read = cls.from_pretrained(packed, dtype=torch.float32)
+    assert read.model.layers[0].self_attn.o_proj.weight.dtype == torch.float32  # dequantized, not FP8 modules
+    os.makedirs(plain)
+    save_file({n: t.contiguous() for n, t in read.state_dict().items()}, os.path.join(plain, "model.safetensors"),
+              metadata={"format": "pt"})
+    json.dump(config, open(os.path.join(plain, "config.json"), "w"))
+    return count
+
+
+def check_fp8_folders(name, cls, tool, fsdptrain, d, saved, tokens):
+    """A block FP8 copy of `saved` reads as transformers reads it, merges as the dequantized one, and without its
+    quantization_config is refused naming the scales."""
+    packed_dir, plain_dir = os.path.join(d, name + "_fp8"), os.path.join(d, name + "_fp8_dequantized")
+    count = fp8_copies(cls, saved, packed_dir, plain_dir)
+    fp8_logits = logits_of(tool, packed_dir, tokens)
+    assert fp8_logits == logits_of(tool, plain_dir, tokens), name
+    assert fp8_logits != logits_of(tool, saved, tokens), name  # the quantized weights, not the originals
+    print(f"{name}: a block FP8 folder ({count} weights in e4m3 with their scales) reads as transformers dequantizes "
+          "it: the same logits, bit for bit")
+    check_fp8_merge(name, cls, fsdptrain, d, packed_dir, plain_dir)
+    # Its config.json without quantization_config: the scales are named for what they are, not read as nothing.
+    unsaid = os.path.join(d, name + "_fp8_unsaid")
+    shutil.copytree(packed_dir, unsaid)
+    written = json.load(open(os.path.join(unsaid, "config.json")))
+    del written["quantization_config"]
+    json.dump(written, open(os.path.join(unsaid, "config.json"), "w"))
+    run = subprocess.run([tool, "logits-of", unsaid, json.dumps([tokens])], capture_output=True, text=True)
+    assert run.returncode != 0 and "its *_scale_inv tensors are block FP8 weights' scales" in run.stderr, run.stderr
+
+
+def check_fp8_merge(name, cls, fsdptrain, d, packed, plain):
+    """fsdptrain merge-weights of a PEFT adapter onto a block FP8 base writes what it writes onto the base
+    dequantized, bit for bit: unquantized weights, no scales, no quantization_config."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    torch.manual_seed(5)
+    adapter = os.path.join(d, name + "_fp8_adapter")
+    get_peft_model(cls.from_pretrained(plain), LoraConfig(r=2, target_modules=["o_proj", "down_proj"],
+                                                          init_lora_weights=False)).save_pretrained(adapter)
+    merged = {}
+    for base in (packed, plain):
+        out = base + "_merged"
+        run = subprocess.run([fsdptrain, "merge-weights", adapter, out, "--base", base], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        stored = load_file(os.path.join(out, "model.safetensors"))
+        assert not any(n.endswith("_scale_inv") or t.dtype == torch.float8_e4m3fn for n, t in stored.items()), name
+        assert "quantization_config" not in json.load(open(os.path.join(out, "config.json"))), out
+        merged[base] = cls.from_pretrained(out, dtype=torch.float32).state_dict()  # the experts one by one or stacked
+    a, b = merged[packed], merged[plain]
+    assert set(a) == set(b) and all(torch.equal(a[n], b[n]) for n in a), name
+    print(f"{name}: merge-weights of an adapter onto the FP8 folder writes it unquantized ({len(a)} tensors), "
+          "as onto the dequantized one, bit for bit")
+
+
 def packed_golden(model, ours, alone_golden=False):
     """Two records packed in one row: transformers' logits given the same position_ids (which it
     reads as packed sequences, each attending only to itself, when there is no cache), the loss, and
@@ -566,6 +657,8 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
             name
         print(f"{name}: the experts stored stacked ({layers} layers of experts.gate_up_proj, experts.down_proj) "
               "give the same logits as stored one by one")
+    if name in FP8:
+        check_fp8_folders(name, cls, tool, fsdptrain, d, saved, ours["tokens"])
     if name == "gemma4_small":
         check_gemma4_small_folders(name, config, saved, tool, d, ours["tokens"])
     if name in ("glm4_moe", "deepseek_v3"):

@@ -30,6 +30,8 @@ import transformers
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "examples"))
 from make_finetune_example import make_tokenizer, records  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "..", "model"))
+from families_python_test import fp8_quantize  # noqa: E402
 
 
 # Gemma 4's dense text model's settings beside the common ones.
@@ -42,7 +44,7 @@ def configs(vocab):
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
                   pad_token_id=1)
-    return {
+    out = {
         "gemma2": (transformers.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
                                              attn_logit_softcapping=20.0, final_logit_softcapping=10.0),
                    transformers.Gemma2ForCausalLM),
@@ -120,6 +122,10 @@ def configs(vocab):
             qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
             n_group=2, topk_group=1, routed_scaling_factor=1.8), transformers.Glm4MoeLiteForCausalLM),
     }
+    # The same from a block FP8 folder, as the Hub's DeepSeek-V3 and GLM *-FP8 ones: read dequantized, exported
+    # unquantized.
+    out["glm4_moe_lite_fp8"] = out["glm4_moe_lite"]
+    return out
 
 
 def hybrid_text(common):
@@ -160,6 +166,8 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
             if n.endswith("e_score_correction_bias"):
                 b.copy_(0.05 * torch.randn(b.shape))
     initial.save_pretrained(folder, safe_serialization=True)
+    if name.endswith("_fp8"):
+        fp8_quantize(folder, folder)
     out = launch(a, d, name, folder, *extra)
     losses = [json.loads(l)["loss"] for l in open(os.path.join(out, "metrics.jsonl")) if '"loss"' in l]
     export = os.path.join(out, "export", "step-30")
@@ -171,6 +179,13 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         biases = [n for n in before if n.endswith("e_score_correction_bias")]
         assert biases and all(torch.equal(before[n], after[n]) for n in biases), name
 
+    if name.endswith("_fp8"):  # the run holds the weights dequantized, and exports them so
+        from safetensors.torch import load_file
+        assert "quantization_config" not in json.load(open(os.path.join(export, "config.json"))), name
+        stored = load_file(os.path.join(export, "model.safetensors"))
+        assert not any(n.endswith("_scale_inv") or t.dtype == torch.float8_e4m3fn for n, t in stored.items()), name
+        print(f"{name}: trained from a block FP8 folder (losses {losses[0]:.3f} -> {losses[-1]:.3f}); the export holds "
+              f"{len(stored)} unquantized tensors and no quantization_config")
     sparse = hasattr(config, "router_aux_loss_coef") or getattr(config, "enable_moe_block", False) or \
         hasattr(config, "n_routed_experts")
     eager = {"experts_implementation": "eager"} if sparse else {}
@@ -328,7 +343,7 @@ def main():
     ap.add_argument("--families",
                     default="gemma2,gemma3,gemma4,gemma4_moe,gemma4_small,"
                             "olmo2,olmo3,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
-                            "qwen2_moe,mixtral,gpt_oss,glm4_moe,glm4_moe_lite,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
+                            "qwen2_moe,mixtral,gpt_oss,glm4_moe,glm4_moe_lite,glm4_moe_lite_fp8,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])

@@ -54,6 +54,18 @@ struct FolderLayout {
   // NAME_scales (E, R, K/32) bytes, each block of 32 values times 2^(scale - 127); read dequantized
   // into (E, R, K) and transposed, as transformers dequantizes them. Exports write them whole.
   std::vector<std::string> mxfp4;
+  // Block FP8, as DeepSeek-V3's and the Qwen *-FP8 Hub folders hold their projections (quantization_config
+  // "fp8"): a stored tensor NAME (R, C) or (E, R, C), e4m3 or e5m2, with NAME_scale_inv beside it
+  // (ceil(R / rows), ceil(C / columns)) or (E, ...), read as each value times its block's scale in fp32, as
+  // transformers dequantizes them. These are its block's (rows, columns); empty: the folder holds none.
+  std::vector<int64_t> fp8_block;
+  // The scale tensor a block FP8 tensor's values are multiplied by ("" when the folder is not block FP8 or
+  // `stored` has none): one rule for reading a folder (ckpt/sources.cpp) and checking it.
+  std::string fp8_scales(const std::string& stored, const std::map<std::string, std::vector<int64_t>>& folder) const {
+    if (fp8_block.empty()) return "";
+    const std::string scales = stored + "_scale_inv";
+    return folder.count(scales) ? scales : "";
+  }
   // The model's name for a stored one ("" when left out).
   std::string ours(const std::string& stored) const {
     for (const std::string& p : left_out)
@@ -84,13 +96,23 @@ struct FolderLayout {
     // A stacked parameter read from tensors apart (stored then empty): row e is these stored
     // tensors, end to end.
     std::vector<std::vector<std::string>> stack;
-    // An MXFP4 parameter: `stored` names its blocks, this its scales ("" otherwise).
+    // An MXFP4 parameter: `stored` names its blocks, this its scales; block FP8 (fp8): its scale_inv tensor (""
+    // otherwise).
     std::string scales;
+    bool fp8 = false;
   };
   std::map<std::string, Place> places(const std::map<std::string, std::vector<int64_t>>& stored) const {
     std::map<std::string, Place> out;
     for (const auto& [name, shape] : stored)
       if (const std::string mine = ours(name); !mine.empty() && !out.count(mine)) out[mine] = {name, 0, shape, {}, ""};
+    std::vector<std::string> scale_tensors;  // block FP8: each tensor read with its scales, which are not the model's
+    for (auto& [mine, place] : out)
+      if (const std::string scales = fp8_scales(place.stored, stored); !scales.empty()) {
+        place.scales = scales;
+        place.fp8 = true;
+        scale_tensors.push_back(ours(scales));
+      }
+    for (const std::string& name : scale_tensors) out.erase(name);
     for (const FusedTensor& f : fused) {
       const auto it = out.find(f.name);
       if (it == out.end()) continue;

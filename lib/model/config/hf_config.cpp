@@ -1360,7 +1360,8 @@ DecoderConfig parse_text_config(const json& j, const Multimodal& mm, const std::
              "\") needs its text_config");
   t["model_type"] = mm.text_model_type;
   t.erase("architectures");
-  for (const char* key : {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype"})
+  for (const char* key : {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype",
+                          "quantization_config"})
     if (!t.contains(key) && j.contains(key)) t[key] = j[key];
   for (size_t i = 0; i < mm.n_defaults; ++i)
     if (!t.contains(mm.defaults[i].first)) t[mm.defaults[i].first] = mm.defaults[i].second;
@@ -1379,6 +1380,37 @@ double latent_scale(const DecoderConfig& c) {
     scale *= m * m;
   }
   return scale;
+}
+
+// How the folder's weights are stored: torch_dtype (either spelling), and quantization_config. Block FP8 and
+// gpt-oss's MXFP4 experts are read dequantized; no other method's weights can be read.
+void parse_storage(const json& j, const std::string& where, DecoderConfig& c) {
+  if (auto d = j.find("dtype"); d != j.end() && d->is_string())
+    c.dtype = *d;
+  else if (auto t = j.find("torch_dtype"); t != j.end() && t->is_string())
+    c.dtype = *t;
+  const auto q = j.find("quantization_config");
+  if (q == j.end() || q->is_null()) return;
+  const std::string method = q->is_object() && q->contains("quant_method") && q->at("quant_method").is_string()
+                                 ? q->at("quant_method").get<std::string>()
+                                 : "";
+  if (method == "mxfp4" && c.moe.gpt_oss) return;  // the experts' *_blocks and *_scales (FolderLayout::mxfp4)
+  FSDP_CHECK(method == "fp8", where, ": quantization_config ", q->dump(),
+             " is not a format fsdptrain reads: it reads unquantized weights (bf16, fp16, fp32), block FP8 "
+             "(quant_method \"fp8\", as DeepSeek-V3's and the Qwen *-FP8 folders) and gpt-oss's MXFP4 experts. Give "
+             "the unquantized model's folder (its name without the quantization's suffix, such as -GPTQ or -AWQ)");
+  const std::string scheme = q->value("activation_scheme", "dynamic");
+  FSDP_CHECK(scheme == "dynamic", where, ": quantization_config's activation_scheme \"", scheme,
+             "\" is not read: fsdptrain trains the FP8 folders whose activations are scaled as they run (\"dynamic\"), "
+             "as DeepSeek-V3's and Qwen's are");
+  const json block = q->value("weight_block_size", json::array({128, 128}));  // FineGrainedFP8Config's default
+  const bool valid =
+      block.is_array() && block.size() == 2 &&
+      std::all_of(block.begin(), block.end(), [](const json& b) { return b.is_number_integer() && b > 0; });
+  FSDP_CHECK(valid, where, ": quantization_config's weight_block_size ", block.dump(),
+             " must be two positive integers, the rows and columns each scale covers ([128, 128] in DeepSeek-V3's and "
+             "Qwen's folders)");
+  c.fp8_block = {block[0].get<int64_t>(), block[1].get<int64_t>()};
 }
 
 }  // namespace
@@ -1465,10 +1497,7 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
        {std::pair{"pad_token_id", &c.pad_token_id_json}, std::pair{"bos_token_id", &c.bos_token_id_json},
         std::pair{"eos_token_id", &c.eos_token_id_json}})
     if (const auto it = j.find(key); it != j.end() && !it->is_null()) *text = it->dump();
-  if (auto d = j.find("dtype"); d != j.end() && d->is_string())
-    c.dtype = *d;
-  else if (auto t = j.find("torch_dtype"); t != j.end() && t->is_string())
-    c.dtype = *t;
+  parse_storage(j, where, c);
   check_positive(where, {{"head_dim", c.head_dim}, {"max_position_embeddings", c.max_position_embeddings}});
   parse_partial_rotary(j, where, c);
   parse_rope(j, where, c);
@@ -1873,6 +1902,7 @@ ModelDescription describe(const DecoderConfig& c) {
   d.architecture = family_names(c.family).architecture;
   d.config_json = canonical_json(c);
   d.canonical_config = [](const std::string& path) { return canonical_json(load_llama_config(path)); };
+  d.layout.fp8_block = c.fp8_block;
   d.num_parameters = c.num_parameters();
   const int64_t C = c.hidden_size, H = c.num_attention_heads, F = c.intermediate_size;
   auto add = [&](const std::string& name, std::vector<int64_t> shape) { d.params.push_back({name, shape, {}}); };

@@ -307,6 +307,10 @@ struct DecoderConfig {
   // folder had, a pad id outside the vocabulary too.
   std::string pad_token_id_json, bos_token_id_json, eos_token_id_json;
   std::string dtype = "float32";  // torch_dtype / dtype as written (informational)
+  // Block FP8 weights (quantization_config "fp8": DeepSeek-V3's, the Qwen *-FP8 folders): a scale's block
+  // (weight_block_size), read dequantized (FolderLayout::fp8_block); empty: none. Exports write unquantized
+  // weights, without quantization_config.
+  std::vector<int64_t> fp8_block;
 
   int64_t num_parameters() const;  // distinct parameters (a tied head counted once)
   double parameter_count() const;  // the same in floating point: no overflow for any sizes
