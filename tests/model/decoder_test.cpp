@@ -1337,6 +1337,8 @@ TEST_CASE("config.json's quantization_config: block FP8 weights read with their 
             .find("is not a format fsdptrain reads") != std::string::npos);  // gpt-oss's experts only
   CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "fp8", "activation_scheme": "static"})")
             .find("activation_scheme \"static\" is not read") != std::string::npos);
+  CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "fp8", "activation_scheme": null})")
+            .find("activation_scheme null is not read") != std::string::npos);  // named, not nlohmann's type error
   CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "fp8", "weight_block_size": [128]})")
             .find("weight_block_size [128] must be two positive integers") != std::string::npos);
   CHECK(shaped_error("qwen3", R"("quantization_config": {"quant_method": "fp8", "weight_block_size": null})")

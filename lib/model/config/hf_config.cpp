@@ -1399,9 +1399,9 @@ void parse_storage(const json& j, const std::string& where, DecoderConfig& c) {
              " is not a format fsdptrain reads: it reads unquantized weights (bf16, fp16, fp32), block FP8 "
              "(quant_method \"fp8\", as DeepSeek-V3's and the Qwen *-FP8 folders) and gpt-oss's MXFP4 experts. Give "
              "the unquantized model's folder (its name without the quantization's suffix, such as -GPTQ or -AWQ)");
-  const std::string scheme = q->value("activation_scheme", "dynamic");
-  FSDP_CHECK(scheme == "dynamic", where, ": quantization_config's activation_scheme \"", scheme,
-             "\" is not read: fsdptrain trains the FP8 folders whose activations are scaled as they run (\"dynamic\"), "
+  const json scheme = q->value("activation_scheme", json("dynamic"));  // any JSON: quoted as it is when refused
+  FSDP_CHECK(scheme == "dynamic", where, ": quantization_config's activation_scheme ", scheme.dump(),
+             " is not read: fsdptrain trains the FP8 folders whose activations are scaled as they run (\"dynamic\"), "
              "as DeepSeek-V3's and Qwen's are");
   const json block = q->value("weight_block_size", json::array({128, 128}));  // FineGrainedFP8Config's default
   const bool valid =
