@@ -328,11 +328,13 @@ class FullSource final : public Source {
         infos[mine] = {Dtype::kF32, place.shape};  // its values: fp8 times fp32 scales
         entries[mine] = with_scales(place.stored);
         entries[mine].row0 += place.row0;
+        entries[mine].computed = true;
         continue;
       }
       if (!place.scales.empty()) {  // MXFP4: its blocks' entry, and its scales'
         Entry e = entries_.at(place.stored);
         e.scales = std::make_shared<Entry>(entries_.at(place.scales));
+        e.computed = true;
         infos[mine] = {Dtype::kBF16, place.shape};  // its values: e2m1 times powers of 2, exact in bf16
         entries[mine] = std::move(e);
         continue;
@@ -343,7 +345,10 @@ class FullSource final : public Source {
           stacked.stack.emplace_back();
           for (const std::string& part : row) {
             stacked.stack.back().push_back(with_scales(part));
-            if (!stacked.stack.back().back().scales) refuse_unscaled(part, layout);
+            if (stacked.stack.back().back().scales)
+              stacked.computed = true;
+            else
+              refuse_unscaled(part, layout);
           }
         }
         infos[mine] = {stacked.stack[0][0].scales ? Dtype::kF32 : infos_.at(place.stack[0][0]).dtype, place.shape};
@@ -353,7 +358,7 @@ class FullSource final : public Source {
       infos[mine] = {infos_.at(place.stored).dtype, place.shape};
       refuse_unscaled(place.stored, layout);
       const Entry& e = entries_.at(place.stored);
-      entries[mine] = {e.file, e.tensor, e.row0 + place.row0, {}, nullptr, {}};
+      entries[mine] = {e.file, e.tensor, e.row0 + place.row0, {}, nullptr, {}, false};
     }
     infos_ = std::move(infos);
     entries_ = std::move(entries);
@@ -385,9 +390,7 @@ class FullSource final : public Source {
   }
   void read_rows_into(const std::string& name, int64_t r0, int64_t r1, const at::Tensor& out) override {
     const Entry& e = entries_.at(name);
-    if (e.scales || std::any_of(e.stack.begin(), e.stack.end(), [](const std::vector<Entry>& row) {
-          return std::any_of(row.begin(), row.end(), [](const Entry& part) { return part.scales != nullptr; });
-        })) {  // computed from what is stored
+    if (e.computed) {
       out.copy_(rows(name, r0, r1));
       return;
     }
@@ -431,6 +434,7 @@ class FullSource final : public Source {
     std::vector<std::vector<Entry>> stack;  // a stacked parameter: each row's stored tensors (file, tensor)
     std::shared_ptr<Entry> scales;          // an MXFP4 parameter (file, tensor: its blocks): its scales; block FP8: too
     std::vector<int64_t> fp8_block;         // block FP8: its block (empty: MXFP4 when there are scales)
+    bool computed = false;                  // read through scales (its own or a stacked part's), never as stored
   };
   // An FP8 tensor without the scales its values are multiplied by is refused: read as it is, it would be wrong.
   void refuse_unscaled(const std::string& stored, const model::FolderLayout& layout) const {
