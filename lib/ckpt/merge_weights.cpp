@@ -62,35 +62,57 @@ at::Tensor whole(Source& src, const TensorSpec& t) {
   return src.rows(t.name, 0, t.shape.empty() ? 1 : t.shape[0]);
 }
 
+// The base folder's config.json, read once: its family's form when fsdptrain models it, else why not (its
+// tensors then merge under their own names).
+struct BaseConfig {
+  std::string text;
+  std::optional<model::DecoderConfig> config;
+  std::string unread;  // the error that refused it
+};
+
+BaseConfig read_base_config(const std::string& base) {
+  BaseConfig b;
+  b.text = read_file(base + "/config.json");
+  try {
+    b.config = model::parse_decoder_config(b.text, base + "/config.json");
+  } catch (const InputError& e) {
+    b.unread = e.what();
+  }
+  return b;
+}
+
 // The model's name of each tensor the base folder stores, as an adapter names it (Mixtral's
 // block_sparse_moe.gate.weight is mlp.gate.weight; "" for one the model leaves out). A base of a family
 // fsdptrain does not model keeps its own names: its adapters merge by name.
-std::map<std::string, std::string> model_names(const std::string& base, const std::vector<std::string>& stored) {
-  std::optional<model::FolderLayout> layout;
-  try {
-    layout =
-        model::describe(model::parse_decoder_config(read_file(base + "/config.json"), base + "/config.json")).layout;
-  } catch (const InputError&) {
-  }
+std::map<std::string, std::string> model_names(const BaseConfig& b, const std::vector<std::string>& stored) {
+  const std::optional<model::FolderLayout> layout =
+      b.config ? std::optional<model::FolderLayout>(model::describe(*b.config).layout) : std::nullopt;
   std::map<std::string, std::string> out;
   for (const std::string& s : stored) out[s] = layout ? layout->ours(s) : s;
   return out;
 }
 
 // The base folder's tensors as merge reads them: under their stored names, block FP8 ones (config.json's
-// quantization_config "fp8") dequantized, so the merged folder holds unquantized weights throughout.
-model::FolderLayout stored_layout(const std::string& base) {
+// quantization_config "fp8") dequantized, so the merged folder holds unquantized weights throughout. A
+// quantized base whose config.json fsdptrain does not read is refused with the reason.
+model::FolderLayout stored_layout(const BaseConfig& b, const std::string& base) {
   model::FolderLayout layout;
-  try {
-    layout.fp8_block = model::parse_decoder_config(read_file(base + "/config.json"), base + "/config.json").fp8_block;
-  } catch (const InputError&) {  // a model fsdptrain does not build: its tensors as they are (FP8 ones refused)
+  if (b.config) {
+    layout.fp8_block = b.config->fp8_block;
+    return layout;
   }
+  const nlohmann::json j = nlohmann::json::parse(b.text, nullptr, /*allow_exceptions=*/false);
+  const bool quantized = j.is_object() && j.contains("quantization_config") && !j["quantization_config"].is_null();
+  FSDP_CHECK(!quantized, "[merge-weights] ", base,
+             "'s weights are quantized (config.json has a quantization_config), "
+             "and its config.json is not one fsdptrain reads: ",
+             b.unread, ". Give the unquantized base (or a bf16 copy of it) with --base");
   return layout;
 }
 
 // The base's config.json without its quantization_config: the merged weights are unquantized.
-std::string unquantized_config(const std::string& base) {
-  nlohmann::json j = nlohmann::json::parse(read_file(base + "/config.json"));
+std::string unquantized_config(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text);
   j.erase("quantization_config");
   return j.dump(2) + "\n";
 }
@@ -123,11 +145,12 @@ struct ExpertPieces {
 
 // Where the adapter's stacked expert weights lie in the base folder: under their own names, or one
 // tensor per expert and part as the Hub stores them (the family's layout, from its config.json).
-ExpertPieces expert_pieces(const Source& src, const std::string& base, const PeftAdapter& adapter) {
+ExpertPieces expert_pieces(const Source& src, const std::string& base, const BaseConfig& b,
+                           const PeftAdapter& adapter) {
   ExpertPieces out;
   if (adapter.settings.target_parameters.empty()) return out;
-  const model::DecoderConfig config =
-      model::parse_decoder_config(read_file(base + "/config.json"), base + "/config.json");
+  FSDP_CHECK(b.config, b.unread);  // stacked experts: only in a family fsdptrain models
+  const model::DecoderConfig& config = *b.config;
   const model::ModelDescription description = model::describe(config);
   // The stacked weights: those the folder holds whole (gpt-oss's; transformers v5's), and those it
   // holds one expert at a time (the family's layout).
@@ -227,17 +250,18 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
              base.empty() ? "" : ", which is not a Hugging Face folder here",
              "; give the model it adapts with --base MODEL_DIR");
   FSDP_CHECK(!file_exists(out), "[merge-weights] ", quoted(out), " already exists; give a new output folder");
-  const model::FolderLayout stored = stored_layout(base);
+  const BaseConfig config = read_base_config(base);
+  const model::FolderLayout stored = stored_layout(config, base);
   auto src = open_hf_source(base, stored);  // block FP8 weights read dequantized, and written so
   std::vector<std::string> names = src->names();
   std::sort(names.begin(), names.end());
-  const std::map<std::string, std::string> ours = model_names(base, names);
+  const std::map<std::string, std::string> ours = model_names(config, names);
   std::set<std::string> held;  // the base's tensors by the model's names, as the adapter names them
   for (const auto& [stored, mine] : ours) held.insert(mine);
   std::map<std::string, at::Tensor> tensors = adapter.tensors;
   if (!held.count("lm_head.weight") && held.count("model.embed_tokens.weight"))
     tie_saved_head(tensors, adapter_dir);  // a tied base: its head is the embedding
-  const ExpertPieces experts = expert_pieces(*src, base, adapter);
+  const ExpertPieces experts = expert_pieces(*src, base, config, adapter);
   for (const auto& [name, t] : tensors) {
     if (experts.adapters.count(name)) continue;  // a stacked expert weight's (expert_pieces checked it)
     const std::string adapted = model::is_lora_parameter(name) ? model::adapted_weight_name(name) : name;
@@ -261,7 +285,7 @@ std::string merge_adapter(const std::string& adapter_dir, const std::string& bas
         return model::merged_weight(whole(*src, specs[i]), a->second, adapter.tensors.at(model::lora_b_name(name)),
                                     scaling(key, a->second.size(0)), name);
       },
-      stored.fp8_block.empty() ? read_file(base + "/config.json") : unquantized_config(base), out, max_shard_bytes, log,
+      stored.fp8_block.empty() ? config.text : unquantized_config(config.text), out, max_shard_bytes, log,
       model_text_files({adapter_dir, base}));  // so generate --chat and transformers find the tokenizer
   log << "[merge-weights] " << out << ": " << base << " with the adapter " << adapter_dir << " folded in ("
       << format_bytes(total) << ")\n";

@@ -430,6 +430,19 @@ def check_fp8_merge(name, cls, fsdptrain, d, packed, plain):
         merged[base] = cls.from_pretrained(out, dtype=torch.float32).state_dict()  # the experts one by one or stacked
     a, b = merged[packed], merged[plain]
     assert set(a) == set(b) and all(torch.equal(a[n], b[n]) for n in a), name
+    # A quantized base whose config.json fsdptrain does not read: refused up front with the reason, not with its
+    # FP8 tensors said to lack a quantization_config.
+    unread = packed + "_unread"
+    shutil.copytree(packed, unread)
+    config = json.load(open(os.path.join(unread, "config.json")))
+    config.update(model_type="no_such_family", architectures=["NoSuchFamilyForCausalLM"])
+    json.dump(config, open(os.path.join(unread, "config.json"), "w"))
+    run = subprocess.run([fsdptrain, "merge-weights", adapter, unread + "_merged", "--base", unread],
+                         capture_output=True, text=True)
+    said = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+    assert (run.returncode != 0 and "'s weights are quantized (config.json has a quantization_config)" in said
+            and "no_such_family" in said and not os.path.exists(unread + "_merged")), run.stderr
+    print(f"{name}: merge-weights onto an FP8 folder of an unknown model_type refused: {said[:240]}")
     print(f"{name}: merge-weights of an adapter onto the FP8 folder writes it unquantized ({len(a)} tensors), "
           "as onto the dequantized one, bit for bit")
 
