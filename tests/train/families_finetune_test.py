@@ -122,7 +122,7 @@ def configs(vocab):
             qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
             n_group=2, topk_group=1, routed_scaling_factor=1.8), transformers.Glm4MoeLiteForCausalLM),
     }
-    # The same from a block FP8 folder, as the Hub's DeepSeek-V3 and GLM *-FP8 ones: read dequantized, exported
+    # The same from a block FP8 folder, as the Hub's DeepSeek-V3 ones: read dequantized, exported
     # unquantized.
     out["glm4_moe_lite_fp8"] = out["glm4_moe_lite"]
     return out
