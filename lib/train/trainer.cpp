@@ -141,10 +141,6 @@ void check_tensor_parallel(const config::Config& config, const model::DecoderCon
              " is a Gemma 4 E2B/E4B form: tensor parallel does not split its ", unsplit,
              "; set parallelism_config_tp_size: 1 (FSDP shards the model; parallelism_config_cp_size or sp_size split "
              "its sequences)");
-  FSDP_CHECK(!model.latent(), "[train] parallelism_config_tp_size ", tp, ": ", path, " is ",
-             model::family_names(model.family).architecture,
-             ", whose latent attention tensor parallel does not split; set parallelism_config_tp_size: 1 (FSDP shards "
-             "the model, parallelism_config_ep_size splits its experts, cp_size or sp_size its sequences)");
   std::vector<std::string> bad;
   std::vector<std::pair<const char*, int64_t>> split = {{"num_attention_heads", model.num_attention_heads},
                                                         {"num_key_value_heads", model.num_key_value_heads},

@@ -18,10 +18,11 @@ the same whatever the source tree holds, so the bounds stay measured). Over Gloo
   - a FULL_STATE_DICT checkpoint of tp 2 x dp 2 resumes as tp 1 x dp 2 and as tp 2 x dp 1 (the same
     global batch), continuing the same losses; a SHARDED_STATE_DICT one (each rank's blocks, o and
     down as column ranges) resumes along tp 2 x dp 2 -> tp 1 x dp 4 -> tp 2 x dp 1;
-  - Gemma 3, Granite and Phi-3 (issue 60's families tp splits): tp 2 x dp 2 equals FSDP alone
-    (tp 1 x dp 2) within 1e-5; Gemma 4 (dense and its experts) within 1e-5 or twice the distance
-    between FSDP-alone runs of other kernels, measured in the same call;
-  - LoRA (r 8 on every projection) on Llama and Qwen2: tp 2 x dp 2 equals FSDP alone within 1e-5, and
+  - Gemma 3, Granite and Phi-3 (issue 60's families tp splits), the hybrids, and latent attention
+    (DeepSeek-V3, GLM-4.7-Flash): tp 2 x dp 2 equals FSDP alone (tp 1 x dp 2) within 1e-5; Gemma 4
+    (dense and its experts) within 1e-5 or twice the distance between FSDP-alone runs of other
+    kernels, measured in the same call;
+  - LoRA (r 8 on every projection) on Llama, Qwen2 and GLM-4.7-Flash: tp 2 x dp 2 equals FSDP alone within 1e-5, and
     its PEFT export holds the same adapter tensors and it counts the same trainable parameters; its
     SHARDED checkpoint at step 5 resumes at tp 1 with its steps 6-10;
     lora.dropout under tp is refused before any worker starts;
@@ -279,6 +280,23 @@ def check_export_and_checkpoints(h, folders):
     return ok
 
 
+def latent_families(common):
+    """Latent attention split as TorchTitan splits DeepSeek-V3: each rank its heads' rows of q_proj (or q_b_proj)
+    and kv_b_proj and o_proj's columns; the latents' projections and norms whole on every rank over the gathered
+    sequence. DeepSeek-V3 without a query latent, with biases (o_proj's row-parallel); GLM-4.7-Flash with one.
+    The first layer dense (its MLP split), the second's experts whole; every token takes all 4 experts (as Gemma
+    4's below), so no near tie of two routing scores turns on the order tp sums in."""
+    latent = dict(common, num_key_value_heads=4)
+    experts = dict(n_routed_experts=4, num_experts_per_tok=4, n_group=1, topk_group=1, moe_intermediate_size=32)
+    return {
+        "deepseek_v3": transformers.DeepseekV3Config(**latent, **experts, q_lora_rank=None, kv_lora_rank=16,
+                                                     qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
+                                                     attention_bias=True, first_k_dense_replace=1),
+        "glm4_moe_lite": transformers.Glm4MoeLiteConfig(**latent, **experts, q_lora_rank=24, kv_lora_rank=32,
+                                                        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=24),
+    }
+
+
 def check_new_families(h, folders):
     """Issue 60's families that tensor parallel splits, against FSDP alone (DTensor's reference script
     builds Llama's relatives only): Gemma 2 (soft-capped scores and logits), Gemma 3 (tied vocabulary-parallel
@@ -286,7 +304,8 @@ def check_new_families(h, folders):
     per-head q/k norms, sliding layers with their own rotary base), Gemma 4 (its full-attention layer's
     heads of their own, values from k_proj; and its experts beside the split MLP), Granite (the multipliers) and Phi-3
     (the folder's fused projections split per rank, a partial rotation with longrope past 16 positions,
-    a window in every layer), and the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split)."""
+    a window in every layer), the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split), and latent
+    attention (DeepSeek-V3, GLM-4.7-Flash: latent_families)."""
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0,
                   eos_token_id=1, pad_token_id=1)
@@ -329,6 +348,7 @@ def check_new_families(h, folders):
         # projections (dense here: experts under tensor parallel are refused).
         "qwen3_5": transformers.Qwen3_5TextConfig(**common, **hybrid),
         "qwen3_next": transformers.Qwen3NextConfig(**common, **hybrid, num_experts=0),
+        **latent_families(common),
     }
     # Gemma 4's scores are unscaled (its q/k norms stand in for 1/sqrt(D)): sharper softmaxes (and its
     # router's) carry float32's other summation order further over the steps, by how much depends on the
@@ -354,12 +374,18 @@ def check_new_families(h, folders):
 
 
 def check_lora(h, folders):
-    """LoRA adapters under tensor parallel (r 8 on every projection of Llama and Qwen2): the
+    """LoRA adapters under tensor parallel (r 8 on every projection of Llama, Qwen2 and GLM-4.7-Flash): the
     column-parallel projections' lora_B split with their rows, the row-parallel ones' lora_A with
     their columns. tp 2 x dp 2 trains as FSDP alone (tp 1 x dp 2) and exports the same PEFT adapter."""
     lora = "lora:\n  r: 8\n  alpha: 16\n  target_modules: all-linear\n"
     ok = True
-    for name in ("llama", "qwen2"):
+    folders = dict(folders, glm4_moe_lite=h.save("lora-glm4_moe_lite", latent_families(dict(
+        vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1, pad_token_id=1))["glm4_moe_lite"]))
+    # Llama's and Qwen2's 7 projections in each of 2 layers; GLM-4.7-Flash's 5 of latent attention in each, the first
+    # layer's MLP and the second's shared expert (q_b_proj's and kv_b_proj's lora_B split, q_a_proj's and
+    # kv_a_proj_with_mqa's adapters whole).
+    for name, adapted in (("llama", 14), ("qwen2", 14), ("glm4_moe_lite", 16)):
         runs = {}
         for tp, world in ((2, 4), (1, 2)):
             run_name = f"lora-{name}-tp{tp}"
@@ -372,7 +398,7 @@ def check_lora(h, folders):
                   for o in (out, runs[1][2])]
         a = load_file(f"{h.tmp}/lora-{name}-tp2/export/step-{STEPS}/adapter_model.safetensors")
         b = load_file(f"{h.tmp}/lora-{name}-tp1/export/step-{STEPS}/adapter_model.safetensors")
-        same = sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in b) and len(b) == 28
+        same = sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in b) and len(b) == 2 * adapted
         diff = max(((a[k] - b[k]).norm() / b[k].norm()).item() for k in b) if same else 1.0
         good = (len(ml) == STEPS and worst <= 1e-5 and ml[-1] < ml[0] - 0.03 and same and diff <= 1e-5
                 and counts[0] and counts[0] == counts[1])

@@ -67,9 +67,10 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   }
 }
 
+// Under tensor parallel (`heads`: this rank's), q_proj or q_b_proj and kv_b_proj hold this rank's heads' rows, as
+// TorchTitan splits DeepSeek-V3; the latents' projections and norms are whole on every rank, over the gathered
+// sequence, and their gradients (each rank's from its heads) are summed over the tp group.
 void AttentionImpl::register_latent(const DecoderConfig& c) {
-  FSDP_CHECK(!tp, "[tp] ", family_names(c.family).architecture,
-             "'s latent attention is not split by tensor parallel; set parallelism_config_tp_size: 1");
   auto norm = [&](int64_t dim) {  // eps 1e-6, as transformers makes the latents' norms
     return RmsNorm(dim, LatentAttention::kLatentNormEps, c.norm_unit_offset, c.norm_fp32_product);
   };

@@ -94,15 +94,17 @@ int tensor_parallel_dim(const std::string& name) {
   // A mixture of experts' router, experts and shared expert are whole on every rank, which routes its
   // own sequence block.
   if (name.find(".mlp.shared_expert") != std::string::npos) return -1;  // GLM-4.5's shared_experts too
-  for (const char* column : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias",
-                             "v_proj.bias", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias",
-                             "self_attn.sinks", "embed_tokens.weight", "lm_head.weight"})
+  for (const char* column :
+       {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias", "v_proj.bias",
+        "q_b_proj.weight", "kv_b_proj.weight", "gate_proj.weight", "up_proj.weight", "gate_proj.bias", "up_proj.bias",
+        "self_attn.sinks", "embed_tokens.weight", "lm_head.weight"})
     if (is(column)) return 0;
   if (is("o_proj.weight") || is("down_proj.weight")) return 1;
   // LoRA's factors: a column-parallel projection's lora_B rows go with its rows (its lora_A whole), a
   // row-parallel one's lora_A columns with its columns (its lora_B whole).
-  for (const char* column : {"q_proj.lora_B.weight", "k_proj.lora_B.weight", "v_proj.lora_B.weight",
-                             "gate_proj.lora_B.weight", "up_proj.lora_B.weight"})
+  for (const char* column :
+       {"q_proj.lora_B.weight", "k_proj.lora_B.weight", "v_proj.lora_B.weight", "q_b_proj.lora_B.weight",
+        "kv_b_proj.lora_B.weight", "gate_proj.lora_B.weight", "up_proj.lora_B.weight"})
     if (is(column)) return 0;
   if (is("o_proj.lora_A.weight") || is("down_proj.lora_A.weight")) return 1;
   return -1;

@@ -46,10 +46,10 @@ struct TensorParallel {
 };
 
 // The dimension along which tensor parallel splits a parameter of the decoder, by its Hugging Face
-// name: 0 for the column-parallel q/k/v and gate/up weights and biases, gpt-oss's sinks (a logit per
-// head), the embedding and lm_head (vocabulary rows), and their adapters' lora_B; 1 for the
-// row-parallel o_proj and down_proj weights and their adapters' lora_A; -1 for what every rank holds
-// whole (norms, o_proj/down_proj biases, the other LoRA factors).
+// name: 0 for the column-parallel q/k/v, q_b/kv_b (latent attention's) and gate/up weights and biases, gpt-oss's
+// sinks (a logit per head), the embedding and lm_head (vocabulary rows), and their adapters' lora_B; 1 for the
+// row-parallel o_proj and down_proj weights and their adapters' lora_A; -1 for what every rank holds whole
+// (norms, o_proj/down_proj biases, latent attention's q_a_proj and kv_a_proj_with_mqa, other LoRA factors).
 int tensor_parallel_dim(const std::string& name);
 
 struct DecoderConfig;
