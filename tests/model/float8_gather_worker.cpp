@@ -1,14 +1,14 @@
 // float8_gather_worker: fully_shard's float8 all-gather (fsdp/float8_gather.h) against the bf16 gather
 // of the same float8 tensorwise model. Run under `fsdptrain launch --cpu --num_processes 4`. bf16
 // parameters, fp32 reductions, engine.float8 tensorwise; a Llama, a Qwen3.5 (Gated DeltaNet's
-// in_proj_* and out_proj beside full attention) and a Qwen2-MoE (a shared expert's MLP in float8, the
-// stacked experts and the router in bf16); each rank reads batches of its own for three AdamW steps
-// (lr 1e-2: every weight's largest magnitude moves), in five layouts: FSDP over 4, HSDP 2 x 2, partial
-// resharding (post-forward groups of 2), activation checkpointing, no resharding after forward.
-// Asserted, with float8 all-gather against without:
+// in_proj_* and out_proj beside full attention), a Qwen2-MoE (a shared expert's MLP in float8, the
+// stacked experts and the router in bf16) and a DeepSeek-V3 (latent attention's q_a/q_b, kv_a/kv_b and o); each rank
+// reads batches of its own for three AdamW steps (lr 1e-2: every weight's largest magnitude moves), in five layouts:
+// FSDP over 4, HSDP 2 x 2, partial resharding (post-forward groups of 2), activation checkpointing, no resharding after
+// forward. Asserted, with float8 all-gather against without:
 //   - every step's loss, every full gradient and the final parameters are bit for bit the same (the
 //     gathered bits are those the products would cast; a stale scale after an update would not be);
-//   - the float8 weights are the model's q/k/v/o, gate/up/down and in_proj_*/out_proj, and the shard
+//   - the float8 weights are the model's q/k/v/o, the latents', gate/up/down and in_proj_*/out_proj, and the shard
 //     group's all-reduces are one a step (every unit's scales; backward's gathers reuse them);
 //   - FSDP over 4: the shard group's all-gather bytes equal the formula (a rank's slot: the other
 //     parameters in bf16, the float8 weights in one byte, to 16 bytes), and are fewer than bf16's;
@@ -46,9 +46,10 @@ struct Family {
 std::vector<Family> families() {
   const std::string shape = R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "initializer_range": 0.2)";
-  auto parse = [&](const std::string& type, const std::string& extra) {
-    return fsdp::model::parse_decoder_config(
-        R"({"model_type": ")" + type + "\", " + shape + (extra.empty() ? "" : ", " + extra) + "}", type + ".json");
+  auto parse = [&](const std::string& type, const std::string& extra, const std::string& form = "") {
+    return fsdp::model::parse_decoder_config(R"({"model_type": ")" + type + "\", " + (form.empty() ? shape : form) +
+                                                 (extra.empty() ? "" : ", " + extra) + "}",
+                                             type + ".json");
   };
   const std::vector<std::string> dense = {"q_proj.weight",    "k_proj.weight",  "v_proj.weight",   "o_proj.weight",
                                           "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
@@ -56,6 +57,9 @@ std::vector<Family> families() {
   for (const char* s :
        {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "out_proj.weight"})
     hybrid.push_back(s);
+  std::vector<std::string> latent = dense;  // q_proj absent: the query comes through its latent
+  for (const char* s : {"q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight"})
+    latent.push_back(s);
   return {
       {"llama", parse("llama", ""), dense},
       {"qwen3_5_text", parse("qwen3_5_text", R"("linear_num_key_heads": 2, "linear_num_value_heads": 4,
@@ -64,6 +68,15 @@ std::vector<Family> families() {
       {"qwen2_moe", parse("qwen2_moe", R"("num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
           "shared_expert_intermediate_size": 32)"),
        dense},
+      // Latent attention with a query latent (widths of 16s, as the float8 products take them), a dense first
+      // layer and a sparse second one (its shared expert's MLP in float8).
+      {"deepseek_v3",
+       parse("deepseek_v3", R"("q_lora_rank": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 16,
+          "v_head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+          "moe_intermediate_size": 16, "n_shared_experts": 1, "first_k_dense_replace": 1)",
+             R"("vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 4, "initializer_range": 0.2)"),
+       latent},
   };
 }
 
@@ -156,7 +169,7 @@ void check(fsdp::dist::ProcessGroup& world, const Family& f, const Layout& l) {
     const bool is =
         std::find(gathered.float8_names.begin(), gathered.float8_names.end(), name) != gathered.float8_names.end();
     const bool want =
-        value.dim() == 2 && ends_with_any(name, f.float8_suffixes) && name.find("experts.") == std::string::npos;
+        value.dim() == 2 && ends_with_any(name, f.float8_suffixes) && name.find(".mlp.experts.") == std::string::npos;
     FSDP_ASSERT(is == want, what, ": ", name, is ? " is" : " is not", " gathered in float8");
     products += want ? 1 : 0;
   }

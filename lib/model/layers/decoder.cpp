@@ -485,7 +485,14 @@ std::vector<std::string> float8_weight_names(const torch::nn::Module& model) {
     };
     const torch::nn::Module* m = item.value().get();
     if (const auto* a = dynamic_cast<const AttentionImpl*>(m))
-      add({{"q_proj", &a->q_proj}, {"k_proj", &a->k_proj}, {"v_proj", &a->v_proj}, {"o_proj", &a->o_proj}});
+      add({{"q_proj", &a->q_proj},
+           {"k_proj", &a->k_proj},
+           {"v_proj", &a->v_proj},
+           {"o_proj", &a->o_proj},
+           {"q_a_proj", &a->q_a_proj},  // latent attention's
+           {"q_b_proj", &a->q_b_proj},
+           {"kv_a_proj_with_mqa", &a->kv_a_proj},
+           {"kv_b_proj", &a->kv_b_proj}});
     else if (const auto* mlp = dynamic_cast<const GatedMlpImpl*>(m))
       add({{"gate_proj", &mlp->gate_proj}, {"up_proj", &mlp->up_proj}, {"down_proj", &mlp->down_proj}});
     else if (const auto* d = dynamic_cast<const GatedDeltaNetImpl*>(m))
