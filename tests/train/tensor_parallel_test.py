@@ -18,8 +18,8 @@ the same whatever the source tree holds, so the bounds stay measured). Over Gloo
   - a FULL_STATE_DICT checkpoint of tp 2 x dp 2 resumes as tp 1 x dp 2 and as tp 2 x dp 1 (the same
     global batch), continuing the same losses; a SHARDED_STATE_DICT one (each rank's blocks, o and
     down as column ranges) resumes along tp 2 x dp 2 -> tp 1 x dp 4 -> tp 2 x dp 1;
-  - Gemma 3, Granite and Phi-3 (issue 60's families tp splits), the hybrids, and latent attention
-    (DeepSeek-V3, GLM-4.7-Flash): tp 2 x dp 2 equals FSDP alone (tp 1 x dp 2) within 1e-5; Gemma 4
+  - Gemma 3, Granite and Phi-3 (issue 60's families tp splits), the hybrids, OLMo 2 and 3, and latent
+    attention (DeepSeek-V3, GLM-4.7-Flash): tp 2 x dp 2 equals FSDP alone (tp 1 x dp 2) within 1e-5; Gemma 4
     (dense and its experts) within 1e-5 or twice the distance between FSDP-alone runs of other
     kernels, measured in the same call;
   - LoRA (r 8 on every projection) on Llama, Qwen2 and GLM-4.7-Flash: tp 2 x dp 2 equals FSDP alone within 1e-5, and
@@ -304,8 +304,8 @@ def check_new_families(h, folders):
     per-head q/k norms, sliding layers with their own rotary base), Gemma 4 (its full-attention layer's
     heads of their own, values from k_proj; and its experts beside the split MLP), Granite (the multipliers) and Phi-3
     (the folder's fused projections split per rank, a partial rotation with longrope past 16 positions,
-    a window in every layer), the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split), and latent
-    attention (DeepSeek-V3, GLM-4.7-Flash: latent_families)."""
+    a window in every layer), the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split), OLMo 2 and 3
+    (q/k norms over every rank's heads), and latent attention (DeepSeek-V3, GLM-4.7-Flash: latent_families)."""
     common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0,
                   eos_token_id=1, pad_token_id=1)
@@ -348,6 +348,10 @@ def check_new_families(h, folders):
         # projections (dense here: experts under tensor parallel are refused).
         "qwen3_5": transformers.Qwen3_5TextConfig(**common, **hybrid),
         "qwen3_next": transformers.Qwen3NextConfig(**common, **hybrid, num_experts=0),
+        # OLMo 2's q/k norms span every head: each rank normalizes its heads by the sum of squares over the
+        # group's, with its share of the norms' weights. OLMo 3: its windows (one layer of two) too.
+        "olmo2": transformers.Olmo2Config(**common),
+        "olmo3": transformers.Olmo3Config(**common, sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
         **latent_families(common),
     }
     # Gemma 4's scores are unscaled (its q/k norms stand in for 1/sqrt(D)): sharper softmaxes (and its

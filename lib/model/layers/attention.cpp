@@ -58,10 +58,7 @@ AttentionImpl::AttentionImpl(const DecoderConfig& c, int64_t layer, std::shared_
   if (c.qk_norm) {
     q_norm = register_module("q_norm", norm_of(c, head_dim));
     if (!shares_kv) k_norm = register_module("k_norm", norm_of(c, head_dim));
-  } else if (c.qk_norm_whole) {
-    FSDP_CHECK(!tp, "[tp] ", family_names(c.family).architecture,
-               "'s q_norm and k_norm normalize every head together, which tensor parallel's heads split; "
-               "train it with tp_size 1 (FSDP shards it)");
+  } else if (c.qk_norm_whole) {  // under tensor parallel: this rank's heads' share of each (norm_over_ranks)
     q_norm = register_module("q_norm", norm_of(c, heads * head_dim));
     k_norm = register_module("k_norm", norm_of(c, kv_heads * head_dim));
   }
@@ -89,6 +86,18 @@ void AttentionImpl::register_latent(const DecoderConfig& c) {
 }
 
 namespace {
+
+// OLMo 2's q/k norm under tensor parallel, x (B, T, D/P) this rank's heads of the D-wide projection it normalizes
+// whole: every rank's sum of squares, gathered and summed (so backward sums every rank's gradient of it), then
+// RmsNormImpl's form with this rank's share of the weight.
+at::Tensor norm_over_ranks(const RmsNormImpl& norm, const at::Tensor& x, const TensorParallel& tp) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor squares = gather_along(xf.square().sum(-1, /*keepdim=*/true), -1, tp).sum(-1, /*keepdim=*/true);
+  const at::Tensor normed = xf * at::rsqrt(squares / static_cast<double>(x.size(-1) * tp.size()) + norm.eps);
+  if (!norm.unit_offset && !norm.fp32_product) return normed.to(x.scalar_type()) * norm.weight;
+  const at::Tensor w = norm.unit_offset ? norm.weight.to(at::kFloat) + 1.0 : norm.weight.to(at::kFloat);
+  return (normed * w).to(x.scalar_type());
+}
 
 // DeepSeek's interleaved rotation turns dimensions (0, 1), (2, 3), ...: laid out evens first, then odds, rotate_half's
 // pairs (i, i + r/2) are those, so the usual rotation applies (transformers' apply_rotary_pos_emb_interleave).
@@ -193,8 +202,8 @@ AttentionImpl::Projected AttentionImpl::project(const at::Tensor& x, const at::T
     gate = halves[1].reshape({b, t, heads * head_dim});
   }
   if (qk_norm_whole) {  // OLMo 2: every head together, before they split
-    q_flat = q_norm(q_flat);
-    k_flat = k_norm(k_flat);
+    q_flat = tp ? norm_over_ranks(*q_norm, q_flat, *tp) : q_norm(q_flat);
+    k_flat = tp ? norm_over_ranks(*k_norm, k_flat, *tp) : k_norm(k_flat);
   }
   if (shares_kv) {  // Gemma 4 E2B/E4B: the query alone, per-head normed and rotated
     const at::Tensor q =

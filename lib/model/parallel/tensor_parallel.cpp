@@ -113,6 +113,10 @@ int tensor_parallel_dim(const std::string& name) {
 fsdp::TpSlice tensor_parallel_slice(const DecoderConfig& config, const std::string& name) {
   fsdp::TpSlice s;
   s.dim = tensor_parallel_dim(name);
+  // OLMo 2's q/k norms span every head: their weights split with the heads (a per-head norm's is whole).
+  if (config.qk_norm_whole &&
+      (ends_with(name, "self_attn.q_norm.weight") || ends_with(name, "self_attn.k_norm.weight")))
+    s.dim = 0;
   if (ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight")) s.whole = config.vocab_size;
   return s;
 }

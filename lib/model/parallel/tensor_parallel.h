@@ -53,8 +53,8 @@ struct TensorParallel {
 int tensor_parallel_dim(const std::string& name);
 
 struct DecoderConfig;
-// The same as the engine takes it (fsdp::FsdpOptions::tensor_parallel): the dim, and for the
-// vocabulary's rows (embedding, lm_head) the whole vocab_size, which the blocks pad to a multiple of P.
+// As the engine takes it (fsdp::FsdpOptions::tensor_parallel): the dim (0 too for OLMo 2's q/k norms over every head),
+// and for the vocabulary's rows (embedding, lm_head) the whole vocab_size, which the blocks pad to a multiple of P.
 fsdp::TpSlice tensor_parallel_slice(const DecoderConfig& config, const std::string& name);
 
 // A rank's rows of a vocabulary of `vocab` over P ranks: ceil(vocab / P), the last ranks' padded
