@@ -2,7 +2,8 @@
 transformers saves a small Qwen3-MoE (8 experts, top 2 renormalised, layer 0 dense among sparse ones,
 its auxiliary load-balancing loss in the objective: output_router_logits, router_aux_loss_coef 0.02)
 and gpt-oss (8 biased experts, top 2, sinks, a window of 8 on alternate layers, the same auxiliary
-loss), fp32 and random, and fsdptrain fine-tunes each from one token stream. Over Gloo on CPU, fp32,
+loss), and DeepSeek-V3 (latent attention, a grouped sigmoid router, a shared expert, layer 0 dense), fp32
+and random, and fsdptrain fine-tunes each from one token stream. Over Gloo on CPU, fp32,
 10 steps, micro batch 4 of 32 tokens, each check printing its worst relative difference:
   - ep: W=4 (dp_shard 4), ep 2 and ep 4 give ep 1's losses and gradient norms within 1e-5 relative,
     its auxiliary losses within 1e-5 and its experts' loads exactly (the routing is the same), each
@@ -16,9 +17,9 @@ loss), fp32 and random, and fsdptrain fine-tunes each from one token stream. Ove
     sinks in each query's log-sum-exp), each at ep 1 and ep 2, equals dp 2 alone;
   - tp: beside tensor parallel, W=4 as tp 2 x dp_shard 2 at ep 1 equals FSDP alone (dp 2), and with
     ep 2 equals both, within 1e-5, each family (the experts whole on each tp rank, which routes its
-    sequence block; gpt-oss's sinks split with its heads), and its export holds FSDP alone's tensors
-    (transformers' logits within 1e-5); gpt-oss's SHARDED tp 2 checkpoint at step 5 resumes as dp 2
-    with the uninterrupted run's steps 6-10;
+    sequence block; gpt-oss's sinks split with its heads; DeepSeek-V3's latent heads), and its export
+    holds FSDP alone's tensors (transformers' logits within 1e-5); gpt-oss's SHARDED tp 2 checkpoint at
+    step 5 resumes as dp 2 with the uninterrupted run's steps 6-10;
   - resume: an ep 2 run's step-5 checkpoint, SHARDED_STATE_DICT and FULL_STATE_DICT, resumed at ep 1
     and at ep 4 gives the uninterrupted ep 2 run's steps 6-10 within 1e-5, and a tp 2 x dp 2 ep 2
     run's resumed as dp 2 at ep 1 gives its steps 6-10 (Qwen3-MoE);
@@ -69,6 +70,14 @@ def families():
         # experts' biases and clamped SwiGLU.
         "gpt_oss": transformers.GptOssConfig(**common, num_hidden_layers=2, intermediate_size=32, num_local_experts=8,
                                              num_experts_per_tok=2, sliding_window=8),
+        # Latent attention (a query latent) before GLM-4.5's grouped sigmoid router (the best 2 of 4 groups) and a
+        # shared expert, the first layer dense; no auxiliary loss (transformers has none for it).
+        "deepseek_v3": transformers.DeepseekV3Config(
+            **{k: v for k, v in common.items() if k not in ("head_dim", "output_router_logits", "router_aux_loss_coef")
+               } | {"num_key_value_heads": 4},
+            num_hidden_layers=2, intermediate_size=96, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,
+            qk_rope_head_dim=8, v_head_dim=10, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, first_k_dense_replace=1),
     }
 
 
