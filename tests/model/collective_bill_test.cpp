@@ -38,6 +38,7 @@
 #include "model/parallel/context_parallel.h"
 #include "model/parallel/tensor_parallel.h"
 #include "optim/adamw.h"
+#include "util/error.h"
 
 // Last: c10's logging defines a CHECK macro that doctest's replaces.
 #include <doctest/doctest.h>
@@ -55,7 +56,20 @@ struct Mesh {
   SequenceSplit how = SequenceSplit::kAllGather;
   int cp_rank = 0;     // the cp group's rank the bill is this one's
   int64_t window = 0;  // every layer's sliding window (0: none)
+  bool latent = false;  // DeepSeek-V3's latent attention (latent_widths) instead of the 1B Llama's
 };
+
+// DeepSeek-V3's latent attention at the 1B's hidden size: 16 heads of 128 + 64 (the keys', 128 the values'), a
+// 512-wide query latent, a 512-wide key/value latent; every layer's MLP dense (first_k_dense_replace past the layers).
+DecoderConfig latent_widths(int64_t layers) {
+  return parse_decoder_config(str(R"({"model_type": "deepseek_v3", "vocab_size": 128256, "hidden_size": 2048,
+      "intermediate_size": 8192, "num_hidden_layers": )",
+                                  layers, R"(, "num_attention_heads": 16, "num_key_value_heads": 16,
+      "q_lora_rank": 512, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+      "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 8,
+      "tie_word_embeddings": true})"),
+                              "deepseek_v3.json");
+}
 
 // The float8 recipe for one scope.
 struct Float8Scope {
@@ -75,7 +89,7 @@ struct StepBill {
 // One bf16 step (forward, backward, the gradient norm, AdamW) of rank 0 on meta. B sequences of T
 // tokens a rank of the data-parallel dimension (the tp and cp ranks of a data rank read the same).
 StepBill step_bill(int64_t layers, const Mesh& m, int64_t B, int64_t T) {
-  DecoderConfig c = one_b_widths(layers);
+  DecoderConfig c = m.latent ? latent_widths(layers) : one_b_widths(layers);
   if (m.window > 0) {  // Mistral's uniform window
     c.sliding_window = m.window;
     c.sliding_layers.assign(static_cast<size_t>(layers), true);
@@ -235,6 +249,29 @@ TEST_CASE("dp_shard 2 x tp 2 x cp 2 on meta: FSDP, tensor and context parallel's
   const int64_t cp_layer = sequence_split_bytes(cp, B, T, 32 / P, 8 / P, 64, 2);
   CHECK(three.cp.total() - two.cp.total() == cp_layer);
   CHECK(two.cp.total() == 2 * cp_layer);
+}
+
+TEST_CASE("latent attention at dp_shard 4 x tp 2 on meta: its heads split, its latents' projections summed once") {
+  Mesh mesh{4, 2, 1};
+  mesh.latent = true;
+  const int64_t B = 1, T = 2048, C = 2048, P = 2;
+  const StepBill two = step_bill(2, mesh, B, T), three = step_bill(3, mesh, B, T);
+  MESSAGE("dp4 x tp2, latent attention, 2 layers: shard group" << describe(two.shard) << "\n  tp group"
+                                                               << describe(two.tp));
+  check_fsdp(two, "2 layers");
+  check_fsdp(three, "3 layers");
+  // A layer: the 1B Llama's 8 activation collectives (its normed input gathered before attention and the
+  // MLP, the partial sums of o_proj and down_proj reduce-scattered, and the same turned round backward), and
+  // one all-reduce of the gradients of what every tp rank holds whole, on this rank's FSDP shard (a quarter) of
+  // them: the two norms (C each), q_a_proj (512 x C) and its norm (512), kv_a_proj_with_mqa ((512 + 64) x C) and
+  // its norm (512). q_b_proj and kv_b_proj split with the heads, o_proj by columns: no collective of their own.
+  const int64_t act = B * T * C * 2;
+  const int64_t whole = (2 * C + 512 * C + 512 + (512 + 64) * C + 512) / 4 * 4;
+  const int64_t tp_layer = 8 * act * (P - 1) / P + 2 * (P - 1) * whole / P;
+  CHECK(three.tp.total() - two.tp.total() == tp_layer);
+  CHECK(three.tp.calls_of(Collective::kAllGather) - two.tp.calls_of(Collective::kAllGather) == 4);
+  CHECK(three.tp.calls_of(Collective::kReduceScatter) - two.tp.calls_of(Collective::kReduceScatter) == 4);
+  CHECK(three.tp.calls_of(Collective::kAllReduce) - two.tp.calls_of(Collective::kAllReduce) == 1);
 }
 
 TEST_CASE("cp 8 on meta under a sliding window: a layer's attention moves only the keys its queries see") {
