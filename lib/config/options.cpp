@@ -760,7 +760,8 @@ std::vector<OptionSpec> build_table() {
       Row("model.text_only", V::kBool)
           .def("false")
           .help("With a Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration, "
-                "Qwen3_5ForConditionalGeneration or Qwen3_5MoeForConditionalGeneration folder (text and vision): "
+                "Qwen3_5ForConditionalGeneration, Qwen3_5MoeForConditionalGeneration or "
+                "Mistral3ForConditionalGeneration folder (text and vision): "
                 "train its text model, leaving the "
                 "vision tower out of the run and its exports (its *ForCausalLM folders); without it such a folder "
                 "is refused")

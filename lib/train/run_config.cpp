@@ -23,7 +23,7 @@ model::DecoderConfig model_config_of(const config::Config& cfg, std::vector<std:
   FSDP_CHECK(c.text_of_multimodal || !cfg.model.text_only,
              "[train] model.text_only is for a model of text and vision "
              "(Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration, Qwen3_5ForConditionalGeneration, "
-             "Qwen3_5MoeForConditionalGeneration); ",
+             "Qwen3_5MoeForConditionalGeneration, Mistral3ForConditionalGeneration); ",
              path, " is ", model::family_names(c.family).architecture, ", text only already: remove model.text_only");
   return c;
 }

@@ -1011,6 +1011,18 @@ TEST_CASE(
   CHECK(describe(tiny()).layout.ours("model.norm.weight") == "model.norm.weight");
   CHECK(error_of([] { parse_decoder_config(R"({"model_type": "gemma3"})", "g.json"); }) ==
         "g.json: a Gemma3ForConditionalGeneration config.json (model_type \"gemma3\") needs its text_config");
+  // Mistral Small 3.1/3.2's form: a Mistral text model (MistralConfig's own defaults); Ministral 3's text_config
+  // (ministral3, a query scale by position) is not read as Mistral's, and is refused by name.
+  const DecoderConfig mistral = parse_decoder_config(R"({"architectures": ["Mistral3ForConditionalGeneration"],
+      "model_type": "mistral3", "text_config": {"model_type": "mistral", "hidden_size": 5120, "head_dim": 128,
+      "intermediate_size": 32768,
+      "num_hidden_layers": 40, "num_attention_heads": 32, "vocab_size": 131072, "sliding_window": null}})",
+                                                     "mistral-small/config.json");
+  CHECK((mistral.text_of_multimodal && mistral.family == Family::kMistral && mistral.num_key_value_heads == 8));
+  CHECK(decoder_config_json(mistral).find("\"MistralForCausalLM\"") != std::string::npos);
+  CHECK(error_of([] {
+          parse_decoder_config(R"({"model_type": "mistral3", "text_config": {"model_type": "ministral3"}})", "m.json");
+        }).find("a Mistral3ForConditionalGeneration folder whose text_config is \"ministral3\"") != std::string::npos);
 }
 
 TEST_CASE("the KV cache of each new layer kind equals its full forward, position by position") {

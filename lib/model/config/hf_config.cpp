@@ -1339,7 +1339,9 @@ const Multimodal kMultimodal[] = {
     {"qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5_text", kQwen3_5TextDefaults,
      std::size(kQwen3_5TextDefaults)},
     {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", kQwen3_5MoeTextDefaults,
-     std::size(kQwen3_5MoeTextDefaults)}};
+     std::size(kQwen3_5MoeTextDefaults)},
+    // Mistral Small 3.1/3.2, Magistral Small: a MistralConfig text_config (its own defaults, none of its own here).
+    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", nullptr, 0}};
 
 const Multimodal* multimodal_of(const json& j) {
   const std::string type = j.value("model_type", std::string());
@@ -1358,6 +1360,10 @@ DecoderConfig parse_text_config(const json& j, const Multimodal& mm, const std::
   json t = j.value("text_config", json());
   FSDP_CHECK(t.is_object(), where, ": a ", mm.architecture, " config.json (model_type \"", mm.model_type,
              "\") needs its text_config");
+  const std::string text_type = t.value("model_type", std::string(mm.text_model_type));
+  FSDP_CHECK(text_type == mm.text_model_type, where, ": a ", mm.architecture, " folder whose text_config is ",
+             quoted(text_type), ": fsdptrain reads its text model when it is ", quoted(mm.text_model_type),
+             " (the text models of the families in the README's Model families)");
   t["model_type"] = mm.text_model_type;
   t.erase("architectures");
   for (const char* key : {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype",
