@@ -271,10 +271,12 @@ class GenerateCommand final : public Command {
   std::vector<int32_t> prompt_ids(const model::DecoderConfig& c, const TextCodec& codec, const std::string& text,
                                   const std::string& where, model::SamplingOptions& o) const {
     std::vector<int32_t> ids = codec.encode(text);
-    const int64_t n = static_cast<int64_t>(ids.size()), limit = c.max_position_embeddings;
+    const int64_t n = static_cast<int64_t>(ids.size()), limit = c.positions_computed();
     FSDP_CHECK(!ids.empty(), "[generate] ", where, ": the prompt has no tokens");
     FSDP_CHECK(n < limit, "[generate] ", where, ": the prompt is ", n, " tokens and the model has ", limit,
-               " positions (max_position_embeddings); shorten the prompt");
+               limit < c.max_position_embeddings ? " positions fsdptrain computes (Ministral 3's unscaled queries)"
+                                                 : " positions (max_position_embeddings)",
+               "; shorten the prompt");
     o.max_new_tokens = std::min(o.max_new_tokens, limit - n);
     return ids;
   }

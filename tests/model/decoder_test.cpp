@@ -1011,8 +1011,8 @@ TEST_CASE(
   CHECK(describe(tiny()).layout.ours("model.norm.weight") == "model.norm.weight");
   CHECK(error_of([] { parse_decoder_config(R"({"model_type": "gemma3"})", "g.json"); }) ==
         "g.json: a Gemma3ForConditionalGeneration config.json (model_type \"gemma3\") needs its text_config");
-  // Mistral Small 3.1/3.2's form: a Mistral text model (MistralConfig's own defaults); Ministral 3's text_config
-  // (ministral3, a query scale by position) is not read as Mistral's, and is refused by name.
+  // Mistral Small 3.1/3.2's form: a Mistral text model (MistralConfig's own defaults); Ministral 3's: a Ministral 3
+  // one (Ministral3Config's YaRN and query scale when its rope_parameters is left out); another type is refused.
   const DecoderConfig mistral = parse_decoder_config(R"({"architectures": ["Mistral3ForConditionalGeneration"],
       "model_type": "mistral3", "text_config": {"model_type": "mistral", "hidden_size": 5120, "head_dim": 128,
       "intermediate_size": 32768,
@@ -1020,9 +1020,39 @@ TEST_CASE(
                                                      "mistral-small/config.json");
   CHECK((mistral.text_of_multimodal && mistral.family == Family::kMistral && mistral.num_key_value_heads == 8));
   CHECK(decoder_config_json(mistral).find("\"MistralForCausalLM\"") != std::string::npos);
+  const DecoderConfig ministral = parse_decoder_config(R"({"model_type": "mistral3", "text_config": {
+      "model_type": "ministral3", "hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 26,
+      "num_attention_heads": 32, "vocab_size": 131072}})",
+                                                       "ministral-3-3b/config.json");
+  CHECK((ministral.text_of_multimodal && ministral.family == Family::kMinistral3 && ministral.head_dim == 128));
+  CHECK((ministral.query_scale_beta == 0.1 && ministral.query_scale_positions == 16384));
+  CHECK((ministral.max_position_embeddings == 262144 && ministral.positions_computed() == 16384));
+  CHECK((ministral.rope_scaling && ministral.rope_scaling->type == RopeScaling::Type::kYarn &&
+         ministral.rope_scaling->factor == 16.0 && ministral.rope_theta == 1e6));
+  // The export writes the query scale where Ministral3Attention reads it, and reads back the same model.
+  const std::string written = decoder_config_json(ministral);
+  CHECK(written.find("\"llama_4_scaling_beta\": 0.1") != std::string::npos);
+  CHECK(parse_decoder_config(written, "export").positions_computed() == 16384);
   CHECK(error_of([] {
-          parse_decoder_config(R"({"model_type": "mistral3", "text_config": {"model_type": "ministral3"}})", "m.json");
-        }).find("a Mistral3ForConditionalGeneration folder whose text_config is \"ministral3\"") != std::string::npos);
+          parse_decoder_config(R"({"model_type": "mistral3", "text_config": {"model_type": "llama"}})", "m.json");
+        }).find("a Mistral3ForConditionalGeneration folder whose text_config is \"llama\"") != std::string::npos);
+  CHECK(error_of([] {
+          parse_decoder_config(R"({"model_type": "ministral3", "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 64,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}})",
+                               "m.json");
+        }).find("ministral3's rope_parameters needs llama_4_scaling_beta") != std::string::npos);
+  // Past its unscaled positions the model is refused, not computed without the scale.
+  DecoderConfig small = parse_decoder_config(R"({"model_type": "ministral3", "hidden_size": 16,
+      "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "head_dim": 8, "vocab_size": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+      "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 8}})",
+                                             "m.json");
+  CausalLM m(small);
+  CHECK(m->forward(at::zeros({1, 8}, at::kLong)).size(1) == 8);
+  CHECK(error_of([&] {
+          m->forward(at::zeros({1, 9}, at::kLong));
+        }).find("9 positions: Ministral3ForCausalLM scales its queries past position 8") != std::string::npos);
 }
 
 TEST_CASE("the KV cache of each new layer kind equals its full forward, position by position") {

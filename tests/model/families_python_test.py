@@ -118,6 +118,15 @@ def moe_families(common):
             qk_rope_head_dim=8, v_head_dim=24, rope_interleave=False, n_routed_experts=6, num_experts_per_tok=2,
             moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=1.8,
             mlp_layer_types=["dense", "sparse", "dense"]), transformers.Glm4MoeLiteForCausalLM),
+        # Ministral 3: Mistral's layers under YaRN (mscale 1 and mscale_all_dim 1: no attention factor), a window
+        # shorter than the prompts; its query scale by position is 1 below original_max_position_embeddings
+        # (96, beyond every sequence here; past it fsdptrain refuses, check_ministral3_positions).
+        "ministral3": (transformers.Ministral3Config(
+            **{k: v for k, v in common.items() if k != "rope_theta"}, head_dim=16, sliding_window=4,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1,
+                             "original_max_position_embeddings": 96}),
+            transformers.Ministral3ForCausalLM),
     }
 
 
@@ -692,7 +701,7 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
         n_prime -= len(sparse_layers(model)) * (experts - experts_per_token(c)) * per_expert
     t = len(ours["tokens"])
     window = lambda i: (c.sliding_window if (getattr(c, "layer_types", None) or ["full_attention"] * 99)[i] ==  # noqa: E731
-                        "sliding_attention" or name in ("mistral", "phi3", "mixtral") else None)
+                        "sliding_attention" or name in ("mistral", "ministral3", "phi3", "mixtral") else None)
     linear = lambda i: (getattr(c, "layer_types", None) or [""] * 99)[i] == "linear_attention"  # noqa: E731
     if hybrid:  # a gated q_proj; Gated DeltaNet's chunked products (chunks of 64), three times the forward's
         dk, dv = c.linear_key_head_dim, c.linear_value_head_dim
@@ -712,6 +721,38 @@ def check_family(name, config, cls, tool, d, fsdptrain, providers):
     # A hybrid decodes through the recurrence whatever the provider (one token at a time): its prompt
     # through the chunked rule (host) and the recurrence (reference) is enough.
     check_generate(name, model, saved, fsdptrain, d, [p for p in providers if not hybrid or p in ("host", "reference")])
+    if name == "ministral3":
+        check_ministral3_positions(tool, fsdptrain, saved, d, config)
+
+
+def check_ministral3_positions(tool, fsdptrain, saved, d, config):
+    """Past original_max_position_embeddings Ministral3Attention scales each query by 1 + beta ln(1 + floor(p / N)),
+    which fsdptrain does not compute: a longer sequence is refused, never computed wrong (transformers' logits there
+    do differ from the unscaled model's), and generate stops within the unscaled positions."""
+    limit = config.rope_parameters["original_max_position_embeddings"]
+    run = subprocess.run([tool, "golden", saved, os.path.join(d, "ministral3_long.json"), str(limit + 8), "host"],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and f"scales its queries past position {limit}" in run.stderr, run.stderr[-2000:]
+    said = next(l for l in run.stderr.splitlines() if "scales its queries" in l)
+    model = transformers.Ministral3ForCausalLM.from_pretrained(saved, dtype=torch.float64).eval()
+    ids = torch.tensor([[(i * 37 + 3) % config.vocab_size for i in range(limit + 8)]])
+    unscaled = transformers.Ministral3ForCausalLM.from_pretrained(saved, dtype=torch.float64).eval()
+    unscaled.config.rope_parameters["llama_4_scaling_beta"] = 0.0
+    with torch.no_grad():
+        within = rel(model(ids[:, :limit]).logits.reshape(-1), unscaled(ids[:, :limit]).logits.reshape(-1))
+        past = rel(model(ids).logits[:, limit:].reshape(-1), unscaled(ids).logits[:, limit:].reshape(-1))
+    assert within == 0 and past > 1e-4, (within, past)
+    # A prompt a few tokens short of the limit: generate makes the tokens that fit, and says so.
+    tok = add_tokenizer(saved)
+    words = " ".join(PROMPTS * 30).split()
+    text = next(" ".join(words[:k]) for k in range(1, len(words)) if len(tok.encode(" ".join(words[:k])).ids) >= limit - 6)
+    n = len(tok.encode(text).ids)
+    run = subprocess.run([fsdptrain, "generate", "--model", saved, "--prompt", text, "--max_new_tokens", "20"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and f"{limit - n} new tokens fit the model's positions" in run.stderr, run.stderr[-2000:]
+    print(f"ministral3: {limit + 8} positions refused ({said.strip()[:150]}...); transformers' logits past {limit} "
+          f"differ from the unscaled model's by {past:.1e}, within it by {within:.1e}; a {n}-token prompt generates "
+          f"the {limit - n} tokens that fit")
 
 
 def check_shapes(tool, source):
@@ -738,7 +779,7 @@ LEFT_OUT = {
     "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma2": {}, "gemma3_text": {}, "gemma4_text": {},
     "olmo2": {}, "olmo3": {}, "smollm3": {}, "granite": {}, "phi3": {}, "qwen3_moe": {}, "qwen2_moe": {},
     "mixtral": {}, "qwen3_5_text": {}, "qwen3_next": {}, "qwen3_5_moe_text": {}, "gpt_oss": {}, "glm4_moe": {},
-    "deepseek_v3": {}, "glm4_moe_lite": {},
+    "deepseek_v3": {}, "glm4_moe_lite": {}, "ministral3": {},
     # The released OLMo 3 folders: rope_theta and YaRN's rope_scaling at the top level (the full layers').
     "olmo3/hub": dict(rope_theta=1e4, max_position_embeddings=256,
                       rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
@@ -766,6 +807,11 @@ def effective(config):
     for table in (rope.values() if all(isinstance(v, dict) for v in rope.values()) else [rope]):
         if table.get("rope_type") == "yarn":  # modeling_rope_utils' defaults
             table.setdefault("beta_fast", 32.0), table.setdefault("beta_slow", 1.0), table.setdefault("truncate", True)
+        # Ministral3Config's default table spells its type twice and carries max_position_embeddings, which its
+        # rope validation ignores (ignore_keys_at_rope_validation): neither changes the model.
+        if table.get("type") == table.get("rope_type"):
+            table.pop("type", None)
+        table.pop("max_position_embeddings", None)
     return out
 
 

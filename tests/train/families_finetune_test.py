@@ -14,8 +14,9 @@ sigmoid router with its stored bias, carried into the export), issue 62's hybrid
 packed records each starting from a zero state), Gemma 4's dense text model, its mixture of experts and E2B's
 form (per-layer embeddings, layers sharing keys and values, with activation checkpointing; cp 2 gives one
 rank's losses, tp refused before any worker starts); and a Gemma3ForConditionalGeneration,
-a Gemma4ForConditionalGeneration, a Qwen3_5ForConditionalGeneration and a Mistral3ForConditionalGeneration folder, refused
-without model.text_only and trained as their text models with it. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
+a Gemma4ForConditionalGeneration, a Qwen3_5ForConditionalGeneration and two Mistral3ForConditionalGeneration folders
+(a Mistral and a Ministral 3 text model), refused without model.text_only and trained as their text models with it;
+the Ministral 3 one refuses a train.sequence_length past its unscaled positions. Qwen3.5 also trains at tp 2 and at sp 2 (Ulysses) with one rank's losses, and cp 2
 is refused before any worker starts, naming Ulysses."""
 import argparse
 import json
@@ -228,6 +229,14 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         # and 8 (AVX2's kernels), whatever the split, and stay within 6e-7 up to step 6.
         split_matches_one_rank(a, d, name, folder, (("cp_size", "cp 2 (allgather"), ), packing="pad",
                                sets=("optimizer.eps=1e-4",), steps=5)
+    if name == "ministral3_multimodal":  # past its unscaled positions: refused before any worker starts
+        r = launch(a, d, f"{name}_long", folder, "--set", "model.text_only=true", "--set", "train.sequence_length=160",
+                   check=False)
+        said = r.stdout + r.stderr
+        assert (r.returncode != 0 and "train.sequence_length 160" in said and "llama_4_scaling_beta" in said
+                and "[rank" not in said), said[-2000:]
+        print(f"{name}: train.sequence_length 160 refused: " +
+              next(l for l in said.splitlines() if "llama_4_scaling_beta" in l)[:220])
     if name == "qwen3_5":
         # Context parallel's strategies would split the sequence Gated DeltaNet's state runs along:
         # refused before any worker starts, naming Ulysses.
@@ -295,13 +304,21 @@ def multimodal(name, vocab):
         return (transformers.Gemma4Config(text_config=dict(text, **GEMMA4, hidden_size_per_layer_input=0),
                                           vision_config=vision),
                 transformers.Gemma4ForConditionalGeneration, transformers.Gemma4ForCausalLM)
-    if name == "mistral3_multimodal":  # Mistral Small 3.1/3.2's form: a Mistral text model beside a Pixtral tower
+    if name in ("mistral3_multimodal", "ministral3_multimodal"):
+        # Mistral Small 3.1/3.2's form: a Mistral text model beside a Pixtral tower; Ministral 3's: a Ministral 3 one
+        # (YaRN, its query scale 1 below original_max_position_embeddings, past every sequence here).
         vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, head_dim=16,
                       image_size=28, patch_size=14)
-        return (transformers.Mistral3Config(text_config=dict(text, model_type="mistral", sliding_window=None),
+        ministral = name == "ministral3_multimodal"
+        rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 2.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 128}
+        text_config = dict(text, model_type="ministral3", rope_parameters=rope) if ministral else \
+            dict(text, model_type="mistral")
+        return (transformers.Mistral3Config(text_config=dict(text_config, sliding_window=None),
                                             vision_config=dict(vision, model_type="pixtral"), image_token_index=3,
                                             tie_word_embeddings=False),  # the released ones store lm_head
-                transformers.Mistral3ForConditionalGeneration, transformers.MistralForCausalLM)
+                transformers.Mistral3ForConditionalGeneration,
+                transformers.Ministral3ForCausalLM if ministral else transformers.MistralForCausalLM)
     text.update(sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"])
     vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
                   patch_size=14)
@@ -344,7 +361,7 @@ def main():
                     default="gemma2,gemma3,gemma4,gemma4_moe,gemma4_small,"
                             "olmo2,olmo3,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
                             "qwen2_moe,mixtral,gpt_oss,glm4_moe,glm4_moe_lite,glm4_moe_lite_fp8,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal,"
-                            "mistral3_multimodal")
+                            "mistral3_multimodal,ministral3_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)
     tok = make_tokenizer([r["prompt"] + r["completion"] for r in rows])
@@ -357,7 +374,8 @@ def main():
             if name in a.families.split(","):  # the layers sharing keys take them from other units, recomputed
                 extra = ("--set", "fsdp_config.fsdp_activation_checkpointing=true") if name == "gemma4_small" else ()
                 check_family(a, d, name, config, cls, rows, fast, extra=extra)
-        for name in ("gemma3_multimodal", "gemma4_multimodal", "qwen3_5_multimodal", "mistral3_multimodal"):
+        for name in ("gemma3_multimodal", "gemma4_multimodal", "qwen3_5_multimodal", "mistral3_multimodal",
+                     "ministral3_multimodal"):
             if name in a.families.split(","):
                 check_multimodal(a, d, rows, fast, tok.get_vocab_size(), name)
     print("families_finetune_test: ok")

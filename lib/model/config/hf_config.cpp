@@ -224,6 +224,23 @@ std::optional<RopeScaling> parse_scaling(const json& scaling, const json& j, con
   return s;
 }
 
+// Ministral 3's query scale (Ministral3Attention): the rope object's llama_4_scaling_beta and
+// original_max_position_embeddings, which transformers reads without a default.
+void parse_query_scale(const json& rope, const std::string& where, DecoderConfig& c) {
+  const bool given = rope.is_object() && rope.contains("llama_4_scaling_beta") &&
+                     rope["llama_4_scaling_beta"].is_number() && rope.contains("original_max_position_embeddings") &&
+                     rope["original_max_position_embeddings"].is_number_integer();
+  FSDP_CHECK(given, where,
+             ": ministral3's rope_parameters needs llama_4_scaling_beta and "
+             "original_max_position_embeddings (Ministral3Attention scales each query by them); it has ",
+             rope.dump(), ". Write them as the released folders do");
+  c.query_scale_beta = rope["llama_4_scaling_beta"].get<double>();
+  c.query_scale_positions = rope["original_max_position_embeddings"].get<int64_t>();
+  FSDP_CHECK(c.query_scale_beta >= 0 && c.query_scale_positions > 0, where, ": llama_4_scaling_beta (",
+             c.query_scale_beta, ") must be >= 0 and original_max_position_embeddings (", c.query_scale_positions,
+             ") > 0");
+}
+
 // RoPE: rope_theta + rope_scaling, or (transformers v5) one rope_parameters object. Gemma 3 and 4 and
 // OLMo 3 have two tables: rope_parameters keyed by layer type, or rope_theta + rope_scaling for the full
 // layers and, for the sliding ones, Gemma 3's rope_local_base_freq (OLMo 3's 500000, its default, whatever
@@ -242,6 +259,19 @@ void parse_rope(const json& j, const std::string& where, DecoderConfig& c) {
   if (gpt_oss && rope.is_null() && scaling.is_null())
     scaling = {{"rope_type", "yarn"},  {"factor", 32.0},   {"beta_fast", 32.0},
                {"beta_slow", 1.0},     {"truncate", false}, {"original_max_position_embeddings", 4096}};
+  if (c.family == Family::kMinistral3) {  // Ministral3Config's when neither is written
+    if (rope.is_null() && scaling.is_null())
+      rope = {{"rope_type", "yarn"},
+              {"rope_theta", 1e6},
+              {"factor", 16.0},
+              {"beta_fast", 32.0},
+              {"beta_slow", 1.0},
+              {"mscale_all_dim", 1.0},
+              {"mscale", 1.0},
+              {"llama_4_scaling_beta", 0.1},
+              {"original_max_position_embeddings", 16384}};
+    parse_query_scale(rope.is_object() ? rope : scaling, where, c);
+  }
   c.rope_theta = field<double>(j, "rope_theta", c.rope_theta, where);  // absent: the family's (class_defaults)
   if (gemma3 || olmo3) {
     c.local_rope_theta = olmo3 ? 500000.0 : field<double>(j, "rope_local_base_freq", 1e4, where);
@@ -292,12 +322,12 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
              " rotated dimensions; the rotation needs an even number >= 2");
 }
 
-constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral,    Family::kQwen2,   Family::kQwen3,
-                                   Family::kGemma2,     Family::kGemma3,     Family::kOlmo2,   Family::kOlmo3,
-                                   Family::kSmolLM3,    Family::kGranite,    Family::kPhi3,    Family::kQwen3Moe,
-                                   Family::kQwen2Moe,   Family::kMixtral,    Family::kQwen3_5, Family::kQwen3Next,
-                                   Family::kQwen3_5Moe, Family::kGptOss,     Family::kGemma4,  Family::kGlm4Moe,
-                                   Family::kDeepseekV3, Family::kGlm4MoeLite};
+constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral,     Family::kQwen2,     Family::kQwen3,
+                                   Family::kGemma2,     Family::kGemma3,      Family::kOlmo2,     Family::kOlmo3,
+                                   Family::kSmolLM3,    Family::kGranite,     Family::kPhi3,      Family::kQwen3Moe,
+                                   Family::kQwen2Moe,   Family::kMixtral,     Family::kQwen3_5,   Family::kQwen3Next,
+                                   Family::kQwen3_5Moe, Family::kGptOss,      Family::kGemma4,    Family::kGlm4Moe,
+                                   Family::kDeepseekV3, Family::kGlm4MoeLite, Family::kMinistral3};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -326,7 +356,7 @@ bool is_any_gemma(Family f) {
 
 // Whether the family's sliding_window, when set, is every layer's (Mistral, Phi-3, Mixtral).
 bool window_is_uniform(Family f) {
-  return f == Family::kMistral || f == Family::kPhi3 || f == Family::kMixtral;
+  return f == Family::kMistral || f == Family::kMinistral3 || f == Family::kPhi3 || f == Family::kMixtral;
 }
 
 // Whether the family's sliding window is switched by use_sliding_window (Qwen2, Qwen3, SmolLM3, the Qwen MoEs).
@@ -928,6 +958,8 @@ FamilyNames family_names(Family f) {
   switch (f) {
     case Family::kMistral:
       return {"mistral", "MistralForCausalLM", "MistralDecoderLayer"};
+    case Family::kMinistral3:
+      return {"ministral3", "Ministral3ForCausalLM", "Ministral3DecoderLayer"};
     case Family::kQwen2:
       return {"qwen2", "Qwen2ForCausalLM", "Qwen2DecoderLayer"};
     case Family::kQwen3:
@@ -1045,6 +1077,10 @@ std::vector<const char*> layer_norm_names(NormPlacement placement) {
 int64_t DecoderConfig::rotary_dim() const {
   if (latent()) return mla.rope_dim;  // the rotated share of each query and the key every head shares
   return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+}
+
+int64_t DecoderConfig::positions_computed() const {
+  return query_scale_beta > 0 ? std::min(max_position_embeddings, query_scale_positions) : max_position_embeddings;
 }
 
 double DecoderConfig::rope_attention_factor() const {
@@ -1223,6 +1259,14 @@ json class_defaults(Family f) {
               {"sliding_window", 4096},
               {"bos_token_id", 1},
               {"eos_token_id", 2}};
+    case Family::kMinistral3:  // its rope_parameters' (YaRN and the query scale): parse_rope
+      return {{"max_position_embeddings", 262144},
+              {"num_key_value_heads", 8},
+              {"head_dim", 128},
+              {"rms_norm_eps", 1e-5},
+              {"pad_token_id", 11},
+              {"bos_token_id", 1},
+              {"eos_token_id", 2}};
     case Family::kQwen2:
       return {{"max_position_embeddings", 32768}, {"max_window_layers", 28}, {"num_key_value_heads", 32}};
     case Family::kQwen2Moe:
@@ -1332,6 +1376,7 @@ struct Multimodal {
   const char* text_model_type;
   const std::pair<const char*, json>* defaults;
   size_t n_defaults;
+  const char* other_text_model_type = nullptr;  // another its text_config may be (its own defaults)
 };
 const Multimodal kMultimodal[] = {
     {"gemma3", "Gemma3ForConditionalGeneration", "gemma3_text", kGemma3TextDefaults, std::size(kGemma3TextDefaults)},
@@ -1340,8 +1385,9 @@ const Multimodal kMultimodal[] = {
      std::size(kQwen3_5TextDefaults)},
     {"qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", kQwen3_5MoeTextDefaults,
      std::size(kQwen3_5MoeTextDefaults)},
-    // Mistral Small 3.1/3.2, Magistral Small: a MistralConfig text_config (its own defaults, none of its own here).
-    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", nullptr, 0}};
+    // Mistral Small 3.1/3.2, Magistral Small: a MistralConfig text_config; Ministral 3's, a Ministral3Config (each
+    // its class's defaults).
+    {"mistral3", "Mistral3ForConditionalGeneration", "mistral", nullptr, 0, "ministral3"}};
 
 const Multimodal* multimodal_of(const json& j) {
   const std::string type = j.value("model_type", std::string());
@@ -1361,15 +1407,17 @@ DecoderConfig parse_text_config(const json& j, const Multimodal& mm, const std::
   FSDP_CHECK(t.is_object(), where, ": a ", mm.architecture, " config.json (model_type \"", mm.model_type,
              "\") needs its text_config");
   const std::string text_type = t.value("model_type", std::string(mm.text_model_type));
-  FSDP_CHECK(text_type == mm.text_model_type, where, ": a ", mm.architecture, " folder whose text_config is ",
+  const bool other = mm.other_text_model_type != nullptr && text_type == mm.other_text_model_type;
+  FSDP_CHECK(text_type == mm.text_model_type || other, where, ": a ", mm.architecture, " folder whose text_config is ",
              quoted(text_type), ": fsdptrain reads its text model when it is ", quoted(mm.text_model_type),
+             mm.other_text_model_type ? str(" or ", quoted(mm.other_text_model_type)) : std::string(),
              " (the text models of the families in the README's Model families)");
-  t["model_type"] = mm.text_model_type;
+  t["model_type"] = text_type;
   t.erase("architectures");
   for (const char* key : {"tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id", "torch_dtype", "dtype",
                           "quantization_config"})
     if (!t.contains(key) && j.contains(key)) t[key] = j[key];
-  for (size_t i = 0; i < mm.n_defaults; ++i)
+  for (size_t i = 0; i < (other ? 0 : mm.n_defaults); ++i)
     if (!t.contains(mm.defaults[i].first)) t[mm.defaults[i].first] = mm.defaults[i].second;
   DecoderConfig c = parse_decoder_config(t.dump(), where + " (text_config)", warnings);
   c.text_of_multimodal = true;
@@ -1480,8 +1528,8 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
     c.attention_bias = false;
   }
   c.fused_projections = c.family == Family::kPhi3;
-  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
-      c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
+  if (c.family == Family::kMistral || c.family == Family::kMinistral3 || c.family == Family::kQwen2 ||
+      c.family == Family::kPhi3 || c.family == Family::kQwen2Moe || c.family == Family::kMixtral)  // not their fields
     FSDP_CHECK(!c.attention_bias && !c.mlp_bias, where, ": attention_bias/mlp_bias are not fields of ",
                family_names(c.family).architecture, "; transformers ignores them, so remove them");
   FSDP_CHECK(!(is_hybrid(c.family) || has_grouped_router(c.family)) || !c.mlp_bias, where,
@@ -1724,6 +1772,15 @@ void write_rope(json& j, const DecoderConfig& c) {
     j["partial_rotary_factor"] = c.partial_rotary_factor;
     if (c.rope_scaling) j["original_max_position_embeddings"] = c.rope_scaling->original_max_position_embeddings;
   }
+  if (c.family == Family::kMinistral3) {  // v5's one object, with the query scale Ministral3Attention reads from it
+    json rope = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
+    rope["rope_theta"] = c.rope_theta;
+    rope["llama_4_scaling_beta"] = c.query_scale_beta;
+    rope["original_max_position_embeddings"] = c.query_scale_positions;
+    j.erase("rope_theta");
+    j["rope_parameters"] = rope;
+    return;
+  }
   // transformers v5's one object, the partial rotation in it
   if (is_hybrid(c.family) || has_grouped_router(c.family)) {
     json rope = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
@@ -1772,8 +1829,8 @@ std::string decoder_config_json(const DecoderConfig& c) {
             {"eos_token_id", c.eos_token_id_json.empty() ? json(nullptr) : json::parse(c.eos_token_id_json)},
             {"torch_dtype", c.dtype},
             {"dtype", c.dtype}};
-  if (c.family == Family::kMistral || c.family == Family::kQwen2 || c.family == Family::kPhi3 ||
-      c.family == Family::kQwen2Moe || c.family == Family::kMixtral) {
+  if (c.family == Family::kMistral || c.family == Family::kMinistral3 || c.family == Family::kQwen2 ||
+      c.family == Family::kPhi3 || c.family == Family::kQwen2Moe || c.family == Family::kMixtral) {
     j.erase("attention_bias");
     j.erase("mlp_bias");
   }

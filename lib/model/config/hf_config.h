@@ -70,7 +70,8 @@ enum class Family {
   kGemma4,
   kGlm4Moe,
   kDeepseekV3,
-  kGlm4MoeLite
+  kGlm4MoeLite,
+  kMinistral3
 };
 
 // Where a decoder layer's norms sit. kPre (Llama): input_layernorm before attention,
@@ -215,6 +216,13 @@ struct DecoderConfig {
   int64_t rotary_dim() const;  // head_dim * partial_rotary_factor, as transformers rounds it
   // The rotary tables' factor on cos and sin (yarn's and longrope's attention_factor; else 1).
   double rope_attention_factor() const;
+  // Ministral 3 (rope_parameters' llama_4_scaling_beta and original_max_position_embeddings): transformers scales
+  // each query by 1 + beta ln(1 + floor(position / query_scale_positions)), which is 1 below query_scale_positions.
+  // fsdptrain computes the model there alone: sequences longer are refused (positions_computed()).
+  double query_scale_beta = 0;
+  int64_t query_scale_positions = 0;
+  // The positions fsdptrain computes the model at: max_position_embeddings, or Ministral 3's unscaled ones.
+  int64_t positions_computed() const;
   // Phi-3/4 checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj.
   bool fused_projections = false;
   // Read from a Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration or Qwen3_5ForConditionalGeneration

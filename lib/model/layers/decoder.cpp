@@ -348,7 +348,21 @@ std::vector<MoeBlockImpl*> CausalLMImpl::sparse_blocks() const {
   return out;
 }
 
+namespace {
+
+// Ministral 3 beyond its unscaled positions (DecoderConfig::positions_computed): refused, never computed wrong.
+void check_positions_computed(const DecoderConfig& c, int64_t length) {
+  FSDP_CHECK(c.query_scale_beta <= 0 || length <= c.positions_computed(), "[model] ", length,
+             " positions: ", family_names(c.family).architecture, " scales its queries past position ",
+             c.query_scale_positions,
+             " (rope_parameters' llama_4_scaling_beta), which fsdptrain does not compute; keep sequences to ",
+             c.positions_computed(), " tokens");
+}
+
+}  // namespace
+
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packed& packed) {
+  check_positions_computed(config, all_tokens.size(1));
   // Under context parallel, this rank's tokens of each sequence, and their positions' angles.
   const at::Tensor mine = cp ? sequence_positions(all_tokens.size(1), *cp, all_tokens.device()) : at::Tensor();
   const at::Tensor tokens = cp ? all_tokens.index_select(1, mine) : all_tokens;
@@ -420,6 +434,7 @@ at::Tensor CausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<La
   FSDP_CHECK(!tp && !cp, "[model] decoding runs on a model without tensor, context or sequence parallel");
   cache.resize(static_cast<size_t>(config.num_hidden_layers));
   const int64_t start = cache[0].length, t = tokens.size(1);
+  check_positions_computed(config, start + t);
   at::Tensor x = embed(tokens);
   Angles tables = angles(start + t, x);
   for (auto& [cos, sin] : tables) {
