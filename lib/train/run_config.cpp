@@ -29,11 +29,12 @@ model::DecoderConfig model_config_of(const config::Config& cfg, std::vector<std:
 }
 
 void check_positions(const config::Config& config, const model::DecoderConfig& model) {
-  FSDP_CHECK(model.query_scale_beta <= 0 || config.train.sequence_length <= model.positions_computed(),
+  // Ministral 3's query scale (its own bound; max_position_embeddings' is the check below).
+  FSDP_CHECK(model.query_scale_beta <= 0 || config.train.sequence_length <= model.query_scale_positions,
              "[train] train.sequence_length ", config.train.sequence_length, ": ",
              model::family_names(model.family).architecture, " scales its queries past position ",
              model.query_scale_positions, " (rope_parameters' llama_4_scaling_beta, ", model_config_path(config),
-             "), which fsdptrain does not compute; set train.sequence_length to ", model.positions_computed(),
+             "), which fsdptrain does not compute; set train.sequence_length to ", model.query_scale_positions,
              " or less");
   FSDP_CHECK(config.model.pretrained.empty() || config.train.sequence_length <= model.max_position_embeddings,
              "[train] train.sequence_length ", config.train.sequence_length,

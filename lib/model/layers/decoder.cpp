@@ -350,13 +350,13 @@ std::vector<MoeBlockImpl*> CausalLMImpl::sparse_blocks() const {
 
 namespace {
 
-// Ministral 3 beyond its unscaled positions (DecoderConfig::positions_computed): refused, never computed wrong.
+// Ministral 3 beyond its unscaled positions (DecoderConfig::query_scale_positions): refused, never computed wrong.
 void check_positions_computed(const DecoderConfig& c, int64_t length) {
-  FSDP_CHECK(c.query_scale_beta <= 0 || length <= c.positions_computed(), "[model] ", length,
+  FSDP_CHECK(c.query_scale_beta <= 0 || length <= c.query_scale_positions, "[model] ", length,
              " positions: ", family_names(c.family).architecture, " scales its queries past position ",
              c.query_scale_positions,
              " (rope_parameters' llama_4_scaling_beta), which fsdptrain does not compute; keep sequences to ",
-             c.positions_computed(), " tokens");
+             c.query_scale_positions, " tokens");
 }
 
 }  // namespace
