@@ -225,9 +225,9 @@ struct DecoderConfig {
   int64_t positions_computed() const;
   // Phi-3/4 checkpoints hold q, k and v as one qkv_proj and gate and up as one gate_up_proj.
   bool fused_projections = false;
-  // Read from a Gemma3ForConditionalGeneration, Gemma4ForConditionalGeneration or Qwen3_5ForConditionalGeneration
-  // config.json (text and vision): this is its text model (text_config), stored under that model's prefixes beside a
-  // vision tower it leaves out.
+  // Read from a multimodal config.json (Gemma 3's and 4's, Qwen3.5's, Mistral 3's *ForConditionalGeneration: text and
+  // vision): this is its text model (text_config), stored under that model's prefixes beside a vision tower it leaves
+  // out.
   bool text_of_multimodal = false;
   std::string multimodal_architecture;  // then: the folder's ("Gemma3ForConditionalGeneration", ...)
   bool attention_bias = false, mlp_bias = false, tie_word_embeddings = false;
