@@ -280,6 +280,12 @@ def check_export_and_checkpoints(h, folders):
     return ok
 
 
+# The shape check_new_families gives every family it builds (check_lora's latent one too).
+NEW_FAMILIES_COMMON = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
+                           bos_token_id=0, eos_token_id=1, pad_token_id=1)
+
+
 def latent_families(common):
     """Latent attention split as TorchTitan splits DeepSeek-V3: each rank its heads' rows of q_proj (or q_b_proj)
     and kv_b_proj and o_proj's columns; the latents' projections and norms whole on every rank over the gathered
@@ -306,9 +312,7 @@ def check_new_families(h, folders):
     (the folder's fused projections split per rank, a partial rotation with longrope past 16 positions,
     a window in every layer), the hybrids Qwen3.5 and Qwen3-Next (Gated DeltaNet's heads split), OLMo 2 and 3
     (q/k norms over every rank's heads), and latent attention (DeepSeek-V3, GLM-4.7-Flash: latent_families)."""
-    common = dict(vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0,
-                  eos_token_id=1, pad_token_id=1)
+    common = NEW_FAMILIES_COMMON
     hybrid = dict(head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
                   linear_value_head_dim=12, layer_types=["linear_attention", "full_attention"])
     configs = {
@@ -383,9 +387,8 @@ def check_lora(h, folders):
     their columns. tp 2 x dp 2 trains as FSDP alone (tp 1 x dp 2) and exports the same PEFT adapter."""
     lora = "lora:\n  r: 8\n  alpha: 16\n  target_modules: all-linear\n"
     ok = True
-    folders = dict(folders, glm4_moe_lite=h.save("lora-glm4_moe_lite", latent_families(dict(
-        vocab_size=260, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=128, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1, pad_token_id=1))["glm4_moe_lite"]))
+    folders = dict(folders, glm4_moe_lite=h.save("lora-glm4_moe_lite",
+                                                 latent_families(NEW_FAMILIES_COMMON)["glm4_moe_lite"]))
     # Llama's and Qwen2's 7 projections in each of 2 layers; GLM-4.7-Flash's 5 of latent attention in each, the first
     # layer's MLP and the second's shared expert (q_b_proj's and kv_b_proj's lora_B split, q_a_proj's and
     # kv_a_proj_with_mqa's adapters whole).
