@@ -47,7 +47,8 @@ void check_tensors_match(const std::string& where, const std::map<std::string, s
 }
 
 HfShardPlan plan_hf_shards(const std::vector<TensorSpec>& tensors, Dtype dtype, int64_t max_shard_bytes) {
-  const int64_t element = dtype == Dtype::kF32 ? 4 : 2;
+  auto dtype_of = [&](size_t i) { return tensors[i].fp32 ? Dtype::kF32 : dtype; };
+  auto element = [&](size_t i) -> int64_t { return dtype_of(i) == Dtype::kF32 ? 4 : 2; };
   std::vector<size_t> order(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
@@ -57,7 +58,7 @@ HfShardPlan plan_hf_shards(const std::vector<TensorSpec>& tensors, Dtype dtype, 
   std::vector<std::vector<size_t>> shards(1);
   int64_t in_shard = 0;
   for (size_t i : order) {
-    int64_t bytes = element;
+    int64_t bytes = element(i);
     for (int64_t d : tensors[i].shape) bytes *= d;
     if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
       shards.emplace_back();
@@ -67,6 +68,9 @@ HfShardPlan plan_hf_shards(const std::vector<TensorSpec>& tensors, Dtype dtype, 
     in_shard += bytes;
     plan.total_bytes += bytes;
   }
+  // Within a file, the safetensors writer's order: fp32 tensors (model::kept_in_fp32's) before 16-bit ones.
+  for (std::vector<size_t>& shard : shards)
+    std::stable_sort(shard.begin(), shard.end(), [&](size_t a, size_t b) { return element(a) > element(b); });
   for (size_t s = 0; s < shards.size(); ++s) {
     char name[64];
     std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
@@ -74,8 +78,8 @@ HfShardPlan plan_hf_shards(const std::vector<TensorSpec>& tensors, Dtype dtype, 
   }
   for (const HfShard& shard : plan.shards)
     for (size_t i : shard.tensors)
-      plan.specs.push_back({tensors[i].name, dtype, tensors[i].shape, nullptr,
-                            static_cast<size_t>(element * c10::multiply_integers(tensors[i].shape))});
+      plan.specs.push_back({tensors[i].name, dtype_of(i), tensors[i].shape, nullptr,
+                            static_cast<size_t>(element(i) * c10::multiply_integers(tensors[i].shape))});
   return plan;
 }
 
@@ -114,7 +118,7 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
   for (size_t s = 0; s < plan.shards.size(); ++s) {
     const HfShard& shard = plan.shards[s];
     std::unique_ptr<SafetensorsWriter> out;
-    // The writer's order is the name order, the order of full() below (append checks it).
+    // The writer's order (by name, fp32 tensors first) is the order of full() below (append checks it).
     if (writer)
       out = std::make_unique<SafetensorsWriter>(dir + "/" + shard.file, plan.specs_of(s),
                                                 std::map<std::string, std::string>{}, fs);
@@ -122,7 +126,7 @@ std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
     // rank calls it: it gathers), so the host holds one tensor at a time, never the model.
     for (size_t i : shard.tensors) {
       const at::Tensor t = full(i);
-      if (out) append_tensor(*out, tensors[i].name, t.to(at::kCPU, scalar).contiguous());
+      if (out) append_tensor(*out, tensors[i].name, t.to(at::kCPU, tensors[i].fp32 ? at::kFloat : scalar).contiguous());
     }
     if (out) {
       out->finish();
@@ -224,7 +228,8 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
   }
   for (const auto& [name, at] : slot)
     if (!in_fused.count(name)) {
-      specs.push_back({description.layout.stored_name(name), model.groups()[at.first]->params()[at.second].full_shape()});
+      specs.push_back({description.layout.stored_name(name), model.groups()[at.first]->params()[at.second].full_shape(),
+                       model::kept_in_fp32(name)});
       parts.push_back({at});
       pieces.emplace_back();
     }

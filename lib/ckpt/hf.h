@@ -69,11 +69,13 @@ std::vector<WrittenFile> write_hf_model(const ShardedModel& model, const model::
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
+  bool fp32 = false;  // stored in fp32 whatever the folder's dtype (model::kept_in_fp32)
 };
 
 // huggingface_hub's greedy shards of `tensors` in name order (a new file when the next tensor would
 // pass max_shard_bytes; one of its own for a tensor above it): each file's name and its tensors
-// (indices into `tensors`, in name order), and their specs (TensorBytes without data) in that order.
+// (indices into `tensors`, in the file's order: by name, fp32 ones first when the rest are 16-bit),
+// and their specs (TensorBytes without data) in that order.
 struct HfShard {
   std::string file;  // model.safetensors, or model-0000k-of-0000n.safetensors
   std::vector<size_t> tensors;
@@ -89,10 +91,10 @@ HfShardPlan plan_hf_shards(const std::vector<TensorSpec>& tensors, Dtype dtype, 
 std::vector<WrittenFile> write_hf_side_files(const HfShardPlan& plan, const std::string& config_json,
                                              const std::string& dir, FileSystem& fs);
 
-// The folder itself: `config_json` as config.json and `tensors` in name order, as `dtype`, in huggingface_hub's greedy
-// shards above max_shard_bytes (with model.safetensors.index.json). full(i) gives tensors[i]'s
-// full value; it is called for every tensor in name order on every rank (it may be collective),
-// and only `writer` writes. Returns the files written.
+// The folder itself: `config_json` as config.json and `tensors` as `dtype` (fp32 ones in fp32), in
+// huggingface_hub's greedy shards above max_shard_bytes (with model.safetensors.index.json). full(i) gives tensors[i]'s
+// full value; it is called for every tensor in plan_hf_shards' order on every rank (it may be
+// collective), and only `writer` writes. Returns the files written.
 std::vector<WrittenFile> write_hf_folder(const std::vector<TensorSpec>& tensors,
                                          const std::function<at::Tensor(size_t)>& full, bool writer,
                                          const std::string& config_json, const std::string& dir,

@@ -91,6 +91,12 @@ struct FsdpOptions {
   // Float8 all-gather (fsdp/float8_gather.h): the weights it names travel in float8 where a unit is
   // gathered over more than one rank and not offloaded. Unset: every parameter in param_dtype.
   Float8GatherOptions float8_gather;
+  // Frozen parameters held and gathered in fp32 whatever param_dtype (transformers'
+  // _keep_in_fp32_modules_strict: DeepSeek-V3's and GLM-4.5's router bias, which it keeps in fp32 in a
+  // bf16 model): their shards hold the fp32 values and their gathers carry those bits unrounded, so
+  // the forward reads, and exports write, the stored values. A trainable parameter it names is
+  // gathered in param_dtype as any other. Unset: none.
+  std::function<bool(const std::string& name)> keep_in_fp32;
 };
 
 }  // namespace fsdp

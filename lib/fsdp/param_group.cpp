@@ -81,13 +81,19 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     const at::Tensor& t = params[i].second;
     return float8 && t.requires_grad() && t.dim() == 2 && options_.float8_gather.gathers(params[i].first);
   };
-  // Trainable decayed first, then trainable undecayed, then frozen: the optimizer and the
-  // reduce-scatter each see one contiguous prefix.
+  // Frozen parameters kept in fp32 travel as their bits: two elements of a 16-bit param_dtype a value.
+  const bool narrow_dtype = c10::elementSize(param_dtype) == 2;
+  auto kept = [&](size_t i) {
+    return narrow_dtype && options_.keep_in_fp32 && !params[i].second.requires_grad() &&
+           options_.keep_in_fp32(params[i].first);
+  };
+  // Trainable decayed first, then trainable undecayed, then frozen (those kept in fp32 first): the
+  // optimizer and the reduce-scatter each see one contiguous prefix.
   std::vector<size_t> order(params.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   auto rank_of = [&](size_t i) {
     const at::Tensor& t = params[i].second;
-    if (!t.requires_grad()) return 2;
+    if (!t.requires_grad()) return kept(i) ? 2 : 3;
     return t.dim() >= 2 ? 0 : 1;
   };
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return rank_of(a) < rank_of(b); });
@@ -112,9 +118,15 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
     p.trainable = tensor.requires_grad();
     p.decay = p.trainable && tensor.dim() >= 2;
     p.float8 = gathers_float8(i);
+    p.width = kept(i) ? 2 : 1;
+    if (p.width == 2 && kept_words_ == 0) {  // the first kept in fp32: at an even offset
+      shard_numel_ += shard_numel_ % 2;
+      kept_begin_ = shard_numel_;
+    }
     p.offset = shard_numel_;
     p.gather_offset = p.float8 ? float8_numel_ : shard_numel_ - float8_numel_;
-    shard_numel_ += p.layout.shard_numel();
+    shard_numel_ += p.width * p.layout.shard_numel();
+    if (p.width == 2) kept_words_ += 2 * p.layout.shard_numel();
     if (p.float8) float8_numel_ += p.layout.shard_numel();
     if (p.trainable) trainable_numel_ += p.layout.shard_numel();
     if (p.decay) decay_numel_ += p.layout.shard_numel();
@@ -126,20 +138,13 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   if (options_.offload_params && options_.device.is_cuda()) shard_opts = shard_opts.pinned_memory(true);
   flat_shard_ = at::zeros({trainable_numel_}, shard_opts);
   flat_grad_ = at::zeros({trainable_numel_}, shard_opts);
-  frozen_shard_ = at::zeros({shard_numel_ - trainable_numel_}, shard_opts.dtype(param_dtype));
+  if (kept_words_ == 0) kept_begin_ = trainable_numel_;
+  kept_shard_ = at::zeros({kept_words_ / 2}, shard_opts);
+  frozen_shard_ = at::zeros({shard_numel_ - kept_begin_ - kept_words_}, shard_opts.dtype(param_dtype));
 
-  // Every registered parameter becomes an unsharded leaf over one storage this group owns, laid end
-  // to end in params_' order with no padding, so parameters registered one after another (q, k, v)
-  // form one block a forward may use as a single weight (model/kernels/stacked_weights.h). `unsharded_`
-  // writes that storage without sharing any parameter's version counter.
-  // A weight gathered in float8 has its place in float8_gathered_ instead.
-  int64_t unsharded_numel = 0;
-  for (ShardedParam& p : params_) {
-    int64_t& end = p.float8 ? float8_gathered_numel_ : unsharded_numel;
-    p.unsharded_offset = end;
-    end += p.layout.numel();
-  }
-  unsharded_ = at::empty({unsharded_numel}, at::TensorOptions().dtype(param_dtype).device(options_.device));
+  // Every registered parameter becomes an unsharded leaf over one storage this group owns (see
+  // lay_out_unsharded). `unsharded_` writes that storage without sharing any parameter's version counter.
+  unsharded_ = at::empty({lay_out_unsharded()}, at::TensorOptions().dtype(param_dtype).device(options_.device));
   for (ShardedParam& p : params_) {
     const ShardLayout& l = p.layout;
     // This rank's rows of the full value (init_range: made without the rest); the padding rows stay zero.
@@ -161,11 +166,28 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
       free_storage(leaf);
       set_data_any_device(p.unsharded, leaf);
     } else {
-      set_data_any_device(p.unsharded, unsharded_of(p).view(l.shape));
+      const at::Tensor values = p.width == 2 ? unsharded_of(p).view(at::kFloat) : unsharded_of(p);
+      set_data_any_device(p.unsharded, values.view(l.shape));
     }
     p.unsharded.mutable_grad() = at::Tensor();
   }
   free_storage(unsharded_);
+}
+
+// The parameters laid end to end in params_' order with no padding, so parameters registered one
+// after another (q, k, v) form one block a forward may use as a single weight
+// (model/kernels/stacked_weights.h). A weight gathered in float8 has its place in float8_gathered_
+// instead; one kept in fp32 starts at an even offset (with one rank, where every shard is its whole
+// parameter, the flat layout's). Returns the storage's elements.
+int64_t ParamGroup::lay_out_unsharded() {
+  int64_t unsharded_numel = 0;
+  for (ShardedParam& p : params_) {
+    int64_t& end = p.float8 ? float8_gathered_numel_ : unsharded_numel;
+    if (p.width == 2) end += end % 2;
+    p.unsharded_offset = end;
+    end += p.width * p.layout.numel();
+  }
+  return unsharded_numel;
 }
 
 ParamGroup::~ParamGroup() {
@@ -239,13 +261,18 @@ void ParamGroup::unshard() {
   pending_gather_ = PendingGather{std::move(work), out, keep ? src : at::Tensor()};
 }
 
-// The flat shards (trainable fp32, frozen param_dtype) into `dst` (shard_numel_ elements,
-// param_dtype, on the device), cast on the way: from pinned host memory without a host wait when
-// offloaded.
+// The flat shards (trainable fp32, frozen param_dtype, kept in fp32 as their bits) into `dst`
+// (shard_numel_ elements, param_dtype, on the device), cast on the way: from pinned host memory
+// without a host wait when offloaded.
 void ParamGroup::copy_shards_into(const at::Tensor& dst) const {
   const bool offloaded = options_.offload_params;
   dst.narrow(0, 0, trainable_numel_).copy_(flat_shard_, /*non_blocking=*/offloaded);
-  dst.narrow(0, trainable_numel_, shard_numel_ - trainable_numel_).copy_(frozen_shard_, /*non_blocking=*/offloaded);
+  if (kept_words_ > 0) {
+    if (kept_begin_ > trainable_numel_) dst.narrow(0, trainable_numel_, kept_begin_ - trainable_numel_).zero_();
+    dst.narrow(0, kept_begin_, kept_words_).copy_(kept_shard_.view(dst.scalar_type()), /*non_blocking=*/offloaded);
+  }
+  const int64_t frozen = kept_begin_ + kept_words_;
+  dst.narrow(0, frozen, shard_numel_ - frozen).copy_(frozen_shard_, /*non_blocking=*/offloaded);
 }
 
 void ParamGroup::wait_for_unshard() {
@@ -288,7 +315,8 @@ void ParamGroup::copy_out(const at::Tensor& gathered) {
   if (float8_numel_ > 0) return copy_out_float8(gathered);
   const int64_t world = mesh_->shard.size();
   const at::Tensor rows = gathered.view({world, shard_numel_});
-  for (ShardedParam& p : params_) copy_from_rows(unsharded_of(p), rows.narrow(1, p.offset, p.layout.shard_numel()));
+  for (ShardedParam& p : params_)
+    copy_from_rows(unsharded_of(p), rows.narrow(1, p.offset, p.width * p.layout.shard_numel()));
 }
 
 int64_t ParamGroup::others_bytes() const {
@@ -305,15 +333,16 @@ void ParamGroup::fill_float8_slot(const at::Tensor& slot) {
   const at::Tensor in_dtype = slot.narrow(0, 0, others).view(dtype);                       // (S - S8)
   const at::Tensor bits = slot.narrow(0, others, float8_numel_).view(at::kFloat8_e4m3fn);  // (S8)
   slot.narrow(0, others + float8_numel_, slot.numel() - others - float8_numel_).zero_();
+  // The padding before the values kept in fp32 (float8 weights are trainable: all of them precede it).
+  in_dtype.narrow(0, trainable_numel_ - float8_numel_, kept_begin_ - trainable_numel_).zero_();
   // The float8 weights' rows as the gathered weights would hold them, their whole weights' amaxes,
-  // then each cast with its own scale; the rest cast as a plain gather's.
+  // then each cast with its own scale; the rest cast as a plain gather's (kept in fp32: their bits).
   std::vector<at::Tensor> rows;
   for (const ShardedParam& p : params_) {
-    const int64_t n = p.layout.shard_numel();
     if (p.float8)
       rows.push_back(shard_of(p).to(dtype).view({p.layout.chunk_rows(), p.layout.row_numel()}));
     else
-      in_dtype.narrow(0, p.gather_offset, n).copy_(shard_of(p));
+      in_dtype.narrow(0, p.gather_offset, p.width * p.layout.shard_numel()).copy_(travelling(p));
   }
   // ShardedModel's first forward of the step took them (precompute_float8_scales); backward's gathers
   // and later micro-batches' come after it.
@@ -352,7 +381,7 @@ void ParamGroup::copy_out_float8(const at::Tensor& gathered) {
   for (ShardedParam& p : params_) {
     const int64_t n = p.layout.shard_numel();
     if (!p.float8) {
-      copy_from_rows(unsharded_of(p), in_dtype.narrow(1, p.gather_offset, n));
+      copy_from_rows(unsharded_of(p), in_dtype.narrow(1, p.gather_offset, p.width * n));
       continue;
     }
     const at::Tensor whole = float8_gathered_.narrow(0, p.unsharded_offset, p.layout.numel());
@@ -370,7 +399,7 @@ void ParamGroup::drop_float8() {
 
 at::Tensor ParamGroup::unsharded_of(const ShardedParam& p) const {
   FSDP_ASSERT(!p.float8, "[fsdp] ", p.name, " is gathered in float8: it has no unsharded bytes");
-  return unsharded_.narrow(0, p.unsharded_offset, p.layout.numel());
+  return unsharded_.narrow(0, p.unsharded_offset, p.width * p.layout.numel());
 }
 
 void ParamGroup::reshard() {
@@ -411,8 +440,8 @@ void ParamGroup::reshard_after_forward() {
   post_forward_ = at::empty({rows * slot}, bytes ? unsharded_.options().dtype(at::kByte) : unsharded_.options());
   const at::Tensor block = post_forward_.view({rows, slot});
   const at::Tensor in_dtype = bytes ? block.narrow(1, 0, others).view(unsharded_.scalar_type()) : block;
-  for (const ShardedParam& p : params_) {
-    const int64_t n = p.layout.shard_numel(), numel = p.layout.numel();
+  for (const ShardedParam& p : params_) {  // in elements of the gather (width of them a value)
+    const int64_t n = p.width * p.layout.shard_numel(), numel = p.width * p.layout.numel();
     const int64_t begin = std::min(numel, first * n), count = std::min(numel - begin, rows * n);
     const at::Tensor region =
         p.float8 ? block.narrow(1, others + p.gather_offset, n) : in_dtype.narrow(1, p.gather_offset, n);
@@ -556,13 +585,21 @@ void ParamGroup::zero_grad() {
 at::Tensor ParamGroup::shard_of(const ShardedParam& p) const {
   apply_deferred_update();
   const int64_t n = p.layout.shard_numel();
-  return p.trainable ? flat_shard_.narrow(0, p.offset, n) : frozen_shard_.narrow(0, p.offset - trainable_numel_, n);
+  if (p.trainable) return flat_shard_.narrow(0, p.offset, n);
+  if (p.width == 2) return kept_shard_.narrow(0, (p.offset - kept_begin_) / 2, n);
+  return frozen_shard_.narrow(0, p.offset - kept_begin_ - kept_words_, n);
+}
+
+at::Tensor ParamGroup::travelling(const ShardedParam& p) const {
+  return p.width == 2 ? shard_of(p).view(options_.mixed_precision.param_dtype) : shard_of(p);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_parameters() const {
   apply_deferred_update();
   c10::NoGradGuard no_grad;
-  return gather_full(at::cat({flat_shard_, frozen_shard_.to(at::kFloat)}), /*trainable_only=*/false);
+  std::vector<at::Tensor> values;  // every parameter's shard in fp32, end to end in params_' order
+  for (const ShardedParam& p : params_) values.push_back(shard_of(p).to(at::kFloat).reshape({-1}));
+  return gather_full(values.empty() ? flat_shard_ : at::cat(values), /*trainable_only=*/false);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full_gradients() const {
@@ -669,17 +706,19 @@ std::vector<std::pair<std::string, at::Tensor>> ParamGroup::gather_full(const at
   const at::Tensor rows =
       shard.all_gather_copies(flat, "full state of " + display_name()).view({shard.size(), flat.numel()});
   std::vector<std::pair<std::string, at::Tensor>> out;
+  int64_t at = 0;  // `flat` holds the parameters' shards end to end (the trainable ones first)
   for (const ShardedParam& p : params_) {
     if (trainable_only && !p.trainable) continue;
     const int64_t k = p.layout.shard_numel();
-    at::Tensor full = rows.narrow(1, p.offset, k).reshape({-1}).narrow(0, 0, p.layout.numel()).view(p.layout.shape);
+    at::Tensor full = rows.narrow(1, at, k).reshape({-1}).narrow(0, 0, p.layout.numel()).view(p.layout.shape);
     out.emplace_back(p.name, whole(p, full).clone());
+    at += k;
   }
   return out;
 }
 
 int64_t ParamGroup::param_bytes() const {
-  return trainable_numel_ * 4 + frozen_shard_.numel() * frozen_shard_.element_size();
+  return trainable_numel_ * 4 + kept_shard_.numel() * 4 + frozen_shard_.numel() * frozen_shard_.element_size();
 }
 
 int64_t ParamGroup::grad_bytes() const {

@@ -13,9 +13,14 @@
 // with no fp32 copy, no gradient and no optimizer state.
 //
 // Flat layout of a unit's shard (S elements, the same on every rank):
-//   [ trainable, decayed (dim >= 2) | trainable, not decayed | frozen ]
-//   param i occupies [offset_i, offset_i + shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]);
+//   [ trainable, decayed (dim >= 2) | trainable, not decayed | frozen kept in fp32 | frozen ]
+//   param i occupies [offset_i, offset_i + width_i x shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]);
 //   the trainable prefix lives in the fp32 flat shard, the frozen rest in a param_dtype one.
+// A frozen parameter FsdpOptions::keep_in_fp32 names, under a 16-bit param_dtype, is held in an fp32
+// shard of its own and travels as its fp32 bits, two param_dtype elements a value (width 2): its
+// unsharded leaf is an fp32 view of the group's storage. Its values start at an even offset in the
+// flat layout and in that storage (an fp32 view needs one), so one element of padding may precede
+// the first of them.
 // The all-gather output is (W, S) rank-major; the reduce-scatter input is (W, S_trainable).
 // Float8 all-gather (fsdp/float8_gather.h; S8 > 0 of the S elements are weights gathered in
 // float8): the gather moves bytes, (W, B) with a rank's B = [the other parameters' S - S8 elements
@@ -79,10 +84,12 @@ struct ShardedParam {
   TpSlice tp;                        // where that tensor sits in the whole parameter
   bool trainable = true;
   bool decay = true;     // AdamW weight decay applies (dim >= 2)
+  int width = 1;         // param_dtype elements a value takes in the flat layout and the gathers: 2 when kept in fp32
   int64_t offset = 0;    // in the unit's flat shard
   at::Tensor unsharded;  // the module's registered parameter: (shape), param_dtype, a view of the unit's storage
   int64_t unsharded_offset = 0;  // where it starts in that storage (elements)
-  at::Tensor sharded;            // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen
+  at::Tensor
+      sharded;  // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen (unless kept in fp32)
   at::Tensor accumulated;        // (shape) fp32, no-sync accumulation; undefined when unused
   // Gathered in float8 (fsdp/float8_gather.h): `unsharded` then holds no bytes, and
   // unsharded_offset is where the gathered bits start in the group's float8 buffer.
@@ -209,24 +216,28 @@ class ParamGroup {
   // holds whole (each rank's is its part). Collective over the tp group; no-op without one.
   void sum_whole_gradients_over_tp();
 
-  // Persistent bytes this rank holds: sharded params (fp32, frozen ones in param_dtype), their
-  // gradients (fp32), padding included.
+  // Persistent bytes this rank holds: sharded params (fp32, frozen ones in param_dtype unless kept in
+  // fp32), their gradients (fp32), padding included.
   int64_t param_bytes() const;
   int64_t grad_bytes() const;
 
  private:
   void log(const char* what) const;
+  int64_t lay_out_unsharded();                           // each parameter's unsharded_offset; the storage's elements
   void copy_out(const at::Tensor& gathered);             // (W * S) param_dtype -> every param's unsharded rows
   void copy_shards_into(const at::Tensor& dst) const;    // the flat shards -> (S) param_dtype, cast
   void finish_upload();                                  // the current stream waits for upload_
   bool keeps_on_device() const;                          // offloaded with offload_keep_on_device
-  at::Tensor unsharded_of(const ShardedParam& p) const;  // (numel) of unsharded_ that p views
+  at::Tensor unsharded_of(const ShardedParam& p) const;  // (width x numel) of unsharded_ that p views
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat, bool trainable_only) const;
   at::Tensor initial_value(const ShardedParam& p) const;
   // The whole parameter from every tp rank's block (collective over the tp group); `block` itself
   // when the parameter is not split.
   at::Tensor whole(const ShardedParam& p, const at::Tensor& block) const;
-  at::Tensor shard_of(const ShardedParam& p) const;  // (shard_numel) in flat_shard_ or frozen_shard_
+  at::Tensor shard_of(const ShardedParam& p) const;  // (shard_numel) in flat_shard_, kept_shard_ or frozen_shard_
+  // (width x shard_numel): what p's shard puts in a gather's slot, in param_dtype once cast (kept in
+  // fp32: its bits, unrounded).
+  at::Tensor travelling(const ShardedParam& p) const;
   // Float8 all-gather: a rank's slot in bytes (B) and the part of it in param_dtype; the slot filled
   // (the other parameters cast, the float8 weights scaled with the step's scales and cast); the
   // gathered (W, B) bytes into the parameters and float8_gathered_.
@@ -243,7 +254,11 @@ class ParamGroup {
   std::vector<ShardedParam> params_;
   int64_t shard_numel_ = 0, trainable_numel_ = 0, decay_numel_ = 0, float8_numel_ = 0;
   at::Tensor flat_shard_;    // (S_trainable) fp32 master weights on the shard device
-  at::Tensor frozen_shard_;  // (S - S_trainable) param_dtype
+  // The frozen parameters kept in fp32: their values (fp32), and where their elements start and how
+  // many there are in the flat layout (two per value; kept_begin_ is S_trainable, or one past it).
+  at::Tensor kept_shard_;
+  int64_t kept_begin_ = 0, kept_words_ = 0;
+  at::Tensor frozen_shard_;  // (S - kept_begin_ - kept_words_) param_dtype: the other frozen parameters
   at::Tensor flat_grad_;     // (S_trainable) fp32 on the shard device
   bool grad_zero_ = true;    // flat_grad_ holds zeros (since zero_grad): a reduction is copied in, not added
   // zero_grad's zeros not written yet: the first reduction writes every element, so they are written

@@ -163,9 +163,12 @@ MemoryEstimate estimate_memory(const config::Config& config, const model::Decode
     const int64_t w = experts ? shards / ep : shards;  // its shard group
     for (const auto& [name, tensor] : units[u].params) {
       const ShardLayout l{tensor.sizes().vec(), static_cast<int>(w), 0};
-      e.params += l.shard_numel() * (tensor.requires_grad() ? 4 : param_bytes);  // frozen: the compute dtype alone
-      if (c.engine.offload_keep_on_device) e.offload_kept += l.shard_numel() * param_bytes;
-      padded += l.padded_numel() * (float8.count(name) > 0 ? 1 : param_bytes);
+      // Gathered in the compute dtype, or in fp32 where the model keeps a frozen one so.
+      const bool kept = !tensor.requires_grad() && options.keep_in_fp32 && options.keep_in_fp32(name);
+      const int64_t value_bytes = kept ? 4 : param_bytes;
+      e.params += l.shard_numel() * (tensor.requires_grad() ? 4 : value_bytes);  // frozen: itself alone
+      if (c.engine.offload_keep_on_device) e.offload_kept += l.shard_numel() * value_bytes;
+      padded += l.padded_numel() * (float8.count(name) > 0 ? 1 : value_bytes);
       if (tensor.requires_grad()) {
         e.trainable += tensor.numel();
         e.grads += l.shard_numel() * 4;

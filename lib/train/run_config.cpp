@@ -1,5 +1,6 @@
 #include "train/run_config.h"
 
+#include "model/config/description.h"
 #include "util/error.h"
 #include "util/files.h"
 #include "util/hub_cache.h"
@@ -103,6 +104,7 @@ FsdpPlan fsdp_plan_from_config(const config::Config& config, c10::Device device)
       break;
   }
   o.mixed_precision.reduce_dtype = at::kFloat;
+  o.keep_in_fp32 = model::kept_in_fp32;  // a router's stored bias, as transformers keeps it
   switch (config.fsdp.auto_wrap_policy) {
     case config::WrapPolicy::kTransformerBasedWrap:
       o.wrap_policy = fsdp::WrapPolicy::kTransformerBasedWrap;

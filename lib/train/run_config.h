@@ -58,7 +58,8 @@ struct FsdpPlan {
   std::string cp_kind;        // "allgather", "alltoall" or "ulysses" (config::FsdpLayout::cp_kind)
   int fsdp_shard_size() const { return shard_size * cp_size; }  // FSDP shards over dp_shard x cp
 };
-// mixed_precision bf16|fp16 -> param_dtype bf16|fp16 with fp32 reduction and fp32 master weights;
+// mixed_precision bf16|fp16 -> param_dtype bf16|fp16 with fp32 reduction and fp32 master weights
+// (the frozen parameters model::kept_in_fp32 names held and gathered in fp32);
 // the wrap policy, its classes and min_num_params, offload, activation checkpointing as named; the
 // layout (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, FSDP2's reshard flag and parallelism_config) from
 // config::effective_fsdp_layout. A config that is not FSDP runs as pure replication (shard size 1).

@@ -564,6 +564,144 @@ void check_world_of_one_is_silent(fsdp::dist::ProcessGroup world) {
   std::printf("W=1: a step issued no collective\n");
 }
 
+// --- frozen parameters kept in fp32 -------------------------------------------------------------
+
+// Under check_kept_in_fp32: each kept parameter's shard is its fp32 rows, the group holds 4 bytes a
+// trainable or kept value and 2 a frozen one; returns the bytes a rank's slot of its gather holds:
+// trainable bf16 (float8: one byte), padding to an even offset, 4 a kept value, 2 a frozen one
+// (float8 slots: whole 16-byte words).
+int64_t kept_group_bytes(const fsdp::ParamGroup& g, const std::map<std::string, at::Tensor>& full,
+                         const std::set<std::string>& kept, const std::string& what) {
+  const int w = g.mesh().shard.size(), r = g.mesh().shard.rank();
+  int64_t trainable = 0, kept_values = 0, frozen = 0, float8 = 0;
+  for (const fsdp::ShardedParam& p : g.params()) {
+    (p.float8 ? float8 : p.trainable ? trainable : kept.count(p.name) ? kept_values : frozen) += p.layout.shard_numel();
+    if (!kept.count(p.name)) continue;
+    const auto chunks = full.at(p.name).chunk(w, 0);
+    FSDP_ASSERT(p.sharded.scalar_type() == at::kFloat && (static_cast<size_t>(r) >= chunks.size() ||
+                                                          p.sharded.narrow(0, 0, chunks[r].size(0)).equal(chunks[r])),
+                what, ": ", p.name, "'s shard is not its fp32 rows");
+  }
+  FSDP_ASSERT(g.param_bytes() == 4 * (trainable + float8 + kept_values) + 2 * frozen, what, ": ", g.display_name(),
+              " holds ", g.param_bytes(), " bytes");
+  const int64_t pad = kept_values > 0 ? (trainable + float8) % 2 : 0;
+  const int64_t slot = 2 * (trainable + pad + frozen) + 4 * kept_values + float8;
+  return float8 > 0 ? (slot + 15) / 16 * 16 : slot;
+}
+
+// Under check_kept_in_fp32: the full values are the kept parameters' own, the trainable ones' shifted
+// by `shift`, the other frozen ones' rounded to bf16 (as their shards hold them).
+void check_kept_full_values(const fsdp::ShardedModel& sharded, const std::map<std::string, at::Tensor>& full,
+                            const std::set<std::string>& kept, double shift, const std::string& what) {
+  std::set<std::string> trainable;
+  for (const auto& g : sharded.groups())
+    for (const fsdp::ShardedParam& p : g->params())
+      if (p.trainable) trainable.insert(p.name);
+  for (const auto& [name, value] : sharded.gather_full_state()) {
+    const at::Tensor& f = full.at(name);
+    const at::Tensor want = kept.count(name)        ? f
+                            : trainable.count(name) ? f + shift
+                                                    : f.to(at::kBFloat16).to(at::kFloat);
+    FSDP_ASSERT(value.equal(want), what, ": the full value of ", name, " is not what its shards hold");
+  }
+  for (const auto& g : sharded.groups())
+    for (size_t i = 0; i < g->params().size(); ++i)
+      if (kept.count(g->params()[i].name))
+        FSDP_ASSERT(g->gather_full_parameter(i).equal(full.at(g->params()[i].name)), what, ": ", g->params()[i].name,
+                    "'s full value");
+}
+
+// Under bf16, the frozen parameters FsdpOptions::keep_in_fp32 names (transformers'
+// _keep_in_fp32_modules_strict: a router's e_score_correction_bias) keep their fp32 values bit for
+// bit: in their shards, in every gather (at one rank without a collective, offloaded, from a
+// post-forward share, beside weights gathered in float8), after the trainable shards change, and in
+// the full values; the other parameters are gathered in bf16. A gather moves each of their values as
+// 4 bytes, after one element of padding where the trainable ones end at an odd offset.
+void check_kept_in_fp32(fsdp::dist::ProcessGroup world) {
+  const int w = world.size();
+  // blocks.1: fc1.weight trains (float8: gathered in float8), fc1.bias and fc2.weight frozen and
+  // kept, fc2.bias frozen in bf16; block 2 frozen, its fc1.bias kept.
+  const std::set<std::string> kept = {"blocks.1.fc1.bias", "blocks.1.fc2.weight", "blocks.2.fc1.bias"};
+  struct Variant {
+    const char* name;
+    bool offload;
+    int post_forward;
+    bool float8;
+  };
+  std::vector<Variant> variants = {{"plain", false, 0, false}, {"offloaded", true, 0, false}};
+  if (w == 4) variants.push_back({"post-forward share of 2", false, 2, false});
+  if (w > 1) variants.push_back({"beside float8 weights", false, 0, true});
+  for (const Variant& v : variants) {
+    torch::manual_seed(kSeed);
+    MlpStack m;
+    for (const char* n : {"blocks.1.fc1.bias", "blocks.1.fc2.weight", "blocks.1.fc2.bias"})
+      m->named_parameters()[n].set_requires_grad(false);
+    std::map<std::string, at::Tensor> full;
+    for (auto& [name, p] : unique_parameters(*m)) full[name] = p.detach().clone();
+    for (const std::string& n : kept)  // values bf16 rounds: one that travelled in bf16 would differ
+      FSDP_ASSERT(!full.at(n).equal(full.at(n).to(at::kBFloat16).to(at::kFloat)), n, " is exact in bf16");
+    Case c;
+    c.precision = at::kBFloat16;
+    c.offload = v.offload;
+    c.post_forward = v.post_forward;
+    fsdp::FsdpOptions o = options_for(c);
+    o.keep_in_fp32 = [&kept](const std::string& n) { return kept.count(n) > 0; };
+    if (v.float8) {
+      o.float8_gather.gathers = [](const std::string& n) { return n == "blocks.1.fc1.weight"; };
+      o.float8_gather.cast = [](const at::Tensor& bits, const at::Tensor& x, const at::Tensor& amax) {
+        const at::Tensor scale = 448.0 / amax.clamp_min(1e-12);
+        bits.copy_((x.to(at::kFloat) * scale).to(at::kFloat8_e4m3fn));
+        return scale.reciprocal();
+      };
+    }
+    auto sharded = fsdp::fully_shard(*m, MlpStackImpl::traits(), mesh_for(c, world), o);
+    const std::string what = str("kept in fp32 (", v.name, ", W=", w, ")");
+    double shift = 0;  // added to every trainable shard below, as an update would
+    auto gather_and_check = [&](fsdp::ParamGroup& g, const char* when) {
+      if (g.float8_numel() > 0) {  // the step's scales, as ShardedModel takes them at its first forward
+        at::Tensor amax = g.float8_local_amaxes();
+        fsdp::dist::ProcessGroup(g.mesh().shard).all_reduce(amax, fsdp::dist::ReduceOp::kMax).wait();
+        g.set_float8_amaxes(amax);
+      }
+      g.unshard();
+      g.wait_for_unshard();
+      for (const fsdp::ShardedParam& p : g.params()) {
+        if (p.float8) continue;
+        const at::Tensor& f = full.at(p.name);
+        const bool k = kept.count(p.name) > 0;
+        const at::Tensor want = k ? f : (p.trainable ? f + shift : f).to(at::kBFloat16);
+        FSDP_ASSERT(
+            p.width == (k ? 2 : 1) && p.unsharded.scalar_type() == want.scalar_type() && p.unsharded.equal(want), what,
+            " ", when, ": ", p.name, " gathered as ", p.unsharded.scalar_type(), ", ",
+            p.unsharded.scalar_type() == want.scalar_type() ? (p.unsharded - want).abs().max().item<double>() : -1.0,
+            " from what it should hold");
+      }
+    };
+    for (const auto& g : sharded->groups()) {
+      const int64_t slot = kept_group_bytes(*g, full, kept, what);
+      fsdp::dist::ProcessGroup shard = g->mesh().shard;
+      shard.reset_counters();
+      gather_and_check(*g, "gathered");
+      const int64_t moved = shard.counters().of(fsdp::dist::Collective::kAllGather);
+      FSDP_ASSERT(moved == slot * (w - 1), what, ": ", g->display_name(), "'s gather moved ", moved,
+                  " bytes, its slots ", slot, " a rank");
+      if (v.post_forward > 0 && g->name() != "") {  // backward's gather, from each rank's share of 2
+        g->reshard_after_forward();
+        gather_and_check(*g, "gathered from the post-forward share");
+      }
+      g->reshard();
+    }
+    shift = 0.25;  // an update: the trainable shards change, the kept ones stay
+    for (const auto& g : sharded->groups()) g->flat_param().add_(shift);
+    for (const auto& g : sharded->groups()) {
+      gather_and_check(*g, "gathered after an update");
+      g->reshard();
+    }
+    check_kept_full_values(*sharded, full, kept, shift, what);
+    if (world.rank() == 0) std::printf("%s: kept values exact in shards, gathers and full values\n", what.c_str());
+  }
+}
+
 int run_accounting(fsdp::dist::ProcessGroup world) {
   const int w = world.size(), rank = world.rank();
   for (const std::string kind : {"mlp", "transformer"}) {
@@ -598,6 +736,7 @@ int run_accounting(fsdp::dist::ProcessGroup world) {
       check_step_bytes(c, *sharded, model, full, rank, w);
       check_persistent_bytes(c, *sharded, full, rank, w);
     }
+  check_kept_in_fp32(world);
   if (w == 1) check_world_of_one_is_silent(world);
   if (rank == 0) std::printf("accounting passed at W=%d\n", w);
   return 0;

@@ -21,6 +21,7 @@ is refused before any worker starts, naming Ulysses."""
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -179,6 +180,7 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
         before, after = (load_file(os.path.join(f, "model.safetensors")) for f in (folder, export))
         biases = [n for n in before if n.endswith("e_score_correction_bias")]
         assert biases and all(torch.equal(before[n], after[n]) for n in biases), name
+        check_bias_kept_in_fp32(a, d, name, folder, cls)
 
     if name.endswith("_fp8"):  # the run holds the weights dequantized, and exports them so
         from safetensors.torch import load_file
@@ -254,6 +256,28 @@ def check_family(a, d, name, config, cls, rows, fast, export_cls=None, extra=())
     print(f"{name}: 2 workers, 30 steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; transformers loads the export: "
           f"logits of {len(tokens)} records within {worst:.1e} of ours; greedy continuations of {len(prompts)} "
           f"prompts equal fsdptrain generate's")
+
+
+def check_bias_kept_in_fp32(a, d, name, folder, cls):
+    """A bf16 folder as transformers saves one (its router bias kept in fp32: _keep_in_fp32_modules_strict),
+    trained under mixed_precision bf16: the run routes by, and its bfloat16 export stores, that fp32 bias bit
+    for bit, each tensor in the dtype transformers' own save_pretrained gave it."""
+    from safetensors.torch import load_file
+    bf16 = os.path.join(d, name, "bf16-model")
+    cls.from_pretrained(folder, dtype=torch.bfloat16).save_pretrained(bf16)
+    for f in os.listdir(folder):  # the tokenizer's files
+        if not f.startswith(("model", "config.json", "generation_config.json")):
+            shutil.copy(os.path.join(folder, f), bf16)
+    source, theirs = load_file(os.path.join(folder, "model.safetensors")), load_file(os.path.join(bf16, "model.safetensors"))
+    biases = [n for n in theirs if n.endswith("e_score_correction_bias")]
+    # bf16 would round them: a run that held them in bf16 could not give them back
+    assert biases and all(not torch.equal(source[n], source[n].bfloat16().float()) for n in biases), name
+    out = launch(a, d, f"{name}_bf16", bf16, "--set", "mixed_precision=bf16", "--set", "train.steps=4")
+    ours = load_file(os.path.join(out, "export", "step-4", "model.safetensors"))
+    assert {n: t.dtype for n, t in ours.items()} == {n: t.dtype for n, t in theirs.items()}, name
+    assert all(ours[n].dtype == torch.float32 and torch.equal(ours[n], source[n]) for n in biases), name
+    print(f"{name}: under mixed_precision bf16, the export of a bfloat16 folder stores its {len(biases)} router "
+          "biases in float32, bit for bit, as transformers saves them")
 
 
 def split_matches_one_rank(a, d, name, folder, layouts, packing="auto", sets=(), steps=8):

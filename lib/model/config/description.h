@@ -183,6 +183,16 @@ struct FolderLayout {
   }
 };
 
+// Whether the model computes parameter `name` in fp32 whatever the compute dtype: the engine holds and
+// gathers it so (FsdpOptions::keep_in_fp32) and exports store it so, as transformers keeps it
+// (_keep_in_fp32_modules_strict) and save_pretrained writes it. The sigmoid routers' stored, never
+// trained e_score_correction_bias (DeepSeek-V3, GLM-4.5 and their kin), whose small differences
+// between experts choose them.
+inline bool kept_in_fp32(const std::string& name) {
+  static const std::string suffix = ".e_score_correction_bias";
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 struct ModelDescription {
   std::string architecture;  // "LlamaForCausalLM", for messages
   // The config.json a checkpoint or export writes (fp32 dtype), and that a stored one must equal,

@@ -156,12 +156,13 @@ struct MoeConfig {
   bool gemma4 = false;
   // GLM-4.5's, DeepSeek-V3's and GLM-4.7-Flash's (glm4_moe, deepseek_v3, glm4_moe_lite): the router (mlp.gate, no bias)
   // scores each expert by the sigmoid of its logit, computed in fp32; the experts are chosen by the scores plus
-  // e_score_correction_bias (mlp.gate's (E) tensor, stored and never trained: a buffer in transformers; here a frozen
-  // parameter), first the topk_group of the n_group groups of experts whose two best biased scores sum highest, then
-  // the top experts_per_token within them; each chosen expert's weight is its unbiased score, renormalised (over the
-  // sum plus 1e-20) when norm_topk_prob, times routed_scaling_factor. The shared experts (mlp.shared_experts,
-  // moe_intermediate_size x n_shared_experts wide) are added ungated, and the first first_k_dense_replace layers are
-  // dense (GLM-4.7-Flash: the "dense" ones of mlp_layer_types, as mlp_only_layers). No auxiliary loss.
+  // e_score_correction_bias (mlp.gate's (E) tensor, stored and never trained: an fp32 buffer in transformers; here a
+  // frozen parameter held in fp32, model::kept_in_fp32), first the topk_group of the n_group groups of experts whose
+  // two best biased scores sum highest, then the top experts_per_token within them; each chosen expert's weight is its
+  // unbiased score, renormalised (over the sum plus 1e-20) when norm_topk_prob, times routed_scaling_factor. The shared
+  // experts (mlp.shared_experts, moe_intermediate_size x n_shared_experts wide) are added ungated, and the first
+  // first_k_dense_replace layers are dense (GLM-4.7-Flash: the "dense" ones of mlp_layer_types, as mlp_only_layers). No
+  // auxiliary loss.
   bool sigmoid_router = false;
   int64_t n_group = 1, topk_group = 1, first_k_dense_replace = 0;
   double routed_scaling_factor = 1.0;

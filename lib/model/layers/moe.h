@@ -116,8 +116,8 @@ class MoeBlockImpl : public torch::nn::Module {
   bool norm_topk_prob;
   bool softmax_of_top;  // gpt-oss: the softmax over the top-k logits (else over all, then the top k)
   // GLM-4.5's router (MoeConfig::sigmoid_router): e_score_correction_bias (E), registered on `gate` beside its
-  // weight, as transformers names it, and not trained; the groups, and the chosen weights' factor. Its shared
-  // experts are shared_expert, registered as "shared_experts", without a gate.
+  // weight, as transformers names it, not trained and held in fp32 (model::kept_in_fp32); the groups, and the chosen
+  // weights' factor. Its shared experts are shared_expert, registered as "shared_experts", without a gate.
   bool sigmoid_router;
   at::Tensor correction_bias;
   int64_t n_group, topk_group;
