@@ -23,13 +23,13 @@ inline constexpr int64_t kDefaultMaxShardBytes = 5000000000;  // "5GB", decimal 
 // Writes `model`'s full fp32 parameters as a Hugging Face folder at `dir`, which must not exist
 // yet, with `description`'s config.json and a copy of each `extra` file (name in the folder, source
 // path: the tokenizer and chat template files): one parameter is gathered at a time (collective
-// over the shard group, in name order) and rank 0 streams it into the file it belongs to. The
+// over the shard group, in plan_hf_shards' order) and rank 0 streams it into the file it belongs to. The
 // folder appears complete (weights and extras) or not at all: it is written as `dir`.tmp, renamed
 // at the end, and the .tmp removed when the writer fails (a full disk). A tied head is written
 // once, as HF does.
 using ExtraFiles = std::vector<std::pair<std::string, std::string>>;
-// `dtype` (F32, BF16 or F16): the weights' dtype, rounded to it as at::Tensor::to does; config.json
-// says it (torch_dtype and dtype).
+// `dtype` (F32, BF16 or F16): the weights' dtype, rounded to it as at::Tensor::to does (model::kept_in_fp32's
+// stay F32, as save_pretrained writes them); config.json says it (torch_dtype and dtype).
 void export_hf(const ShardedModel& model, const model::ModelDescription& description, const std::string& dir,
                const ExtraFiles& extra = {}, int64_t max_shard_bytes = kDefaultMaxShardBytes,
                Dtype dtype = Dtype::kF32);

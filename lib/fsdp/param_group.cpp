@@ -174,8 +174,8 @@ ParamGroup::ParamGroup(std::string name, std::vector<std::pair<std::string, at::
   free_storage(unsharded_);
 }
 
-// The parameters laid end to end in params_' order with no padding, so parameters registered one
-// after another (q, k, v) form one block a forward may use as a single weight
+// The parameters laid end to end in params_' order, so parameters registered one after another
+// (q, k, v) form one block a forward may use as a single weight
 // (model/kernels/stacked_weights.h). A weight gathered in float8 has its place in float8_gathered_
 // instead; one kept in fp32 starts at an even offset (with one rank, where every shard is its whole
 // parameter, the flat layout's). Returns the storage's elements.
@@ -449,6 +449,8 @@ void ParamGroup::reshard_after_forward() {
     copy_into_rows(region, whole.narrow(0, begin, count));
   }
   if (bytes) block.narrow(1, others + float8_numel_, slot - others - float8_numel_).zero_();
+  // The padding before the values kept in fp32 (after the trainable ones, float8 weights among them).
+  in_dtype.narrow(1, trainable_numel_ - float8_numel_, kept_begin_ - trainable_numel_).zero_();
   drop_float8();
   free_storage(unsharded_);
   state_ = GroupState::kPartial;

@@ -2,20 +2,20 @@
 // over the shard group, gathered with one flat all-gather and reduced with one flat reduce-scatter.
 //
 // Ownership. The module's registered parameters stay the tensors its forward reads; fully_shard
-// turns each into the *unsharded* leaf (param_dtype, full shape), a view of one storage this group
-// owns for all of them, laid end to end in params() order without padding: 0 bytes while resharded,
+// turns each into the *unsharded* leaf (param_dtype or kept fp32, full shape), a view of one storage this group
+// owns for all of them, end to end in params() order (padding only to align a kept one): 0 bytes while resharded,
 // regrown and refilled in place by unshard(). The storage object is never replaced (autograd's saved
 // tensors alias it), and refills go through a second tensor over the same storage, so no
 // parameter's version counter is bumped. Parameters registered one after another in the same
 // class below (q, k and v; gate and up) are therefore adjacent rows of one block. The group owns the sharded fp32
 // master weights of the trainable parameters (one flat buffer), their fp32 gradients and, through
-// ShardedAdamW, the optimizer state; frozen parameters (LoRA's base) are kept in param_dtype alone,
-// with no fp32 copy, no gradient and no optimizer state.
+// ShardedAdamW, the optimizer state; frozen parameters (LoRA's base) are kept in param_dtype alone
+// (or in fp32 alone when kept so, below), with no fp32 copy, no gradient and no optimizer state.
 //
 // Flat layout of a unit's shard (S elements, the same on every rank):
 //   [ trainable, decayed (dim >= 2) | trainable, not decayed | frozen kept in fp32 | frozen ]
 //   param i occupies [offset_i, offset_i + width_i x shard_numel_i), shaped (chunk_rows_i, *shape_i[1:]);
-//   the trainable prefix lives in the fp32 flat shard, the frozen rest in a param_dtype one.
+//   the trainable prefix lives in the fp32 flat shard, the kept ones in an fp32 one, the rest in a param_dtype one.
 // A frozen parameter FsdpOptions::keep_in_fp32 names, under a 16-bit param_dtype, is held in an fp32
 // shard of its own and travels as its fp32 bits, two param_dtype elements a value (width 2): its
 // unsharded leaf is an fp32 view of the group's storage. Its values start at an even offset in the
@@ -86,7 +86,7 @@ struct ShardedParam {
   bool decay = true;     // AdamW weight decay applies (dim >= 2)
   int width = 1;         // param_dtype elements a value takes in the flat layout and the gathers: 2 when kept in fp32
   int64_t offset = 0;    // in the unit's flat shard
-  at::Tensor unsharded;  // the module's registered parameter: (shape), param_dtype, a view of the unit's storage
+  at::Tensor unsharded;  // the module's parameter: (shape), param_dtype (kept: fp32), a view of the unit's storage
   int64_t unsharded_offset = 0;  // where it starts in that storage (elements)
   at::Tensor
       sharded;  // (chunk_rows, *shape[1:]) view of the flat shard: fp32, param_dtype when frozen (unless kept in fp32)
@@ -264,7 +264,7 @@ class ParamGroup {
   // zero_grad's zeros not written yet: the first reduction writes every element, so they are written
   // only when flat_grad_ is read before one (a unit that got no reduction this step).
   mutable bool zeros_pending_ = false;
-  at::Tensor unsharded_;     // (sum of numel) param_dtype on the device: every parameter's full value
+  at::Tensor unsharded_;     // (sum of width x numel, + alignment) param_dtype on the device: every full value
   at::Tensor post_forward_;  // kPartial: ((W/N) * S) param_dtype (float8: bytes), rows j*W/N.. of the gathered
   // Float8 all-gather: the float8 weights' gathered bits, end to end (bytes; their numel summed),
   // while gathered; each weight's inverse scale from the last cast; the amaxes of the current
