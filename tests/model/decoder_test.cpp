@@ -1310,6 +1310,17 @@ TEST_CASE("config.json of DeepSeek-V3 and GLM-4.7-Flash: latent attention, their
   CHECK(error("deepseek_v3", R"("head_dim": 128)").find("head_dim 128 is not qk_rope_head_dim 64") !=
         std::string::npos);
   CHECK(error("deepseek_v3", R"("qk_rope_head_dim": 3)").find("qk_rope_head_dim 3 must be even") != std::string::npos);
+  // qk_head_dim, which transformers' configs save (their sum): read without a warning, checked.
+  std::vector<std::string> warnings;
+  parse_decoder_config(R"({"model_type": "glm4_moe_lite", "vocab_size": 64, "hidden_size": 30, "intermediate_size": 48,
+      "num_hidden_layers": 4, "num_attention_heads": 4, "qk_head_dim": 256})",
+                       "flash.json", &warnings);
+  CHECK(warnings.empty());
+  CHECK(error("deepseek_v3", R"("qk_head_dim": 128)")
+            .find("qk_head_dim 128 is not qk_nope_head_dim 128 + qk_rope_head_dim 64; each head's query and key are "
+                  "that wide. Remove qk_head_dim, or make it 192") != std::string::npos);
+  CHECK(shaped_error("qwen3", R"("qk_head_dim": 8)").find("qk_head_dim is a field of latent attention") !=
+        std::string::npos);
   CHECK(error("deepseek_v3", R"("q_lora_rank": 0)").find("q_lora_rank is 0; it must be a whole number >= 1, or null") !=
         std::string::npos);
   CHECK(error("deepseek_v3", R"("mlp_layer_types": ["dense", "sparse", "sparse", "sparse"])")

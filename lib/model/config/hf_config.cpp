@@ -77,7 +77,8 @@ const std::set<std::string>& known_fields() {
       // DeepSeek-V3's and GLM-4.7-Flash's latent attention and GLM-4.7-Flash's dense and sparse layers; the rest are
       // what DeepSeek's own code read and transformers does not (its router is always this one).
       "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave",
-      "mlp_layer_types", "topk_method", "scoring_func", "moe_layer_freq", "aux_loss_alpha", "seq_aux", "ep_size",
+      "qk_head_dim", "mlp_layer_types", "topk_method", "scoring_func", "moe_layer_freq", "aux_loss_alpha", "seq_aux",
+      "ep_size",
       // gpt-oss's: its context before YaRN (rope_scaling's original_max_position_embeddings holds it) and
       // num_experts_per_tok's older name, as the released configs write them.
       "initial_context_length", "experts_per_token",
@@ -664,8 +665,8 @@ void parse_grouped_router(const json& j, const std::string& where, DecoderConfig
 // head_dim, where written, is qk_rope_head_dim (as DeepseekV3Config sets it); the model's head_dim is the width
 // attention computes at, max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim).
 void parse_latent_attention(const json& j, const std::string& where, DecoderConfig& c) {
-  static const char* const kOwn[] = {"q_lora_rank",      "kv_lora_rank", "qk_nope_head_dim",
-                                     "qk_rope_head_dim", "v_head_dim",   "rope_interleave"};
+  static const char* const kOwn[] = {"q_lora_rank", "kv_lora_rank",    "qk_nope_head_dim", "qk_rope_head_dim",
+                                     "v_head_dim",  "rope_interleave", "qk_head_dim"};
   if (!is_latent(c.family)) {
     for (const char* key : kOwn)
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key,
@@ -691,6 +692,11 @@ void parse_latent_attention(const json& j, const std::string& where, DecoderConf
              a.q_rank, "; it must be a whole number >= 1, or null for a q_proj without a latent");
   FSDP_CHECK(a.rope_dim % 2 == 0, where, ": qk_rope_head_dim ", a.rope_dim,
              " must be even: the rotation turns its dimensions in pairs");
+  // transformers' configs save qk_head_dim, their sum, which its model recomputes and never reads.
+  const int64_t qk = field<int64_t>(j, "qk_head_dim", a.nope_dim + a.rope_dim, where);
+  FSDP_CHECK(qk == a.nope_dim + a.rope_dim, where, ": qk_head_dim ", qk, " is not qk_nope_head_dim ", a.nope_dim,
+             " + qk_rope_head_dim ", a.rope_dim,
+             "; each head's query and key are that wide. Remove qk_head_dim, or make ", "it ", a.nope_dim + a.rope_dim);
   const int64_t written = field<int64_t>(j, "head_dim", a.rope_dim, where);
   FSDP_CHECK(written == a.rope_dim, where, ": head_dim ", written, " is not qk_rope_head_dim ", a.rope_dim, "; ",
              family_names(c.family).architecture,
