@@ -733,8 +733,8 @@ std::vector<OptionSpec> build_table() {
           .def("")
           .help("Hugging Face config.json of the model to train: Llama, Mistral, Qwen2/2.5, Qwen3, Gemma 2/3/4, OLMo "
                 "2/3, SmolLM3, Granite 3, Phi-3/3.5/4, the mixtures of experts Qwen3-MoE, Qwen2-MoE, Mixtral, "
-                "gpt-oss, GLM-4.5, DeepSeek-V3 and GLM-4.7-Flash, or the hybrids Qwen3.5/3.6, Qwen3.5-MoE and "
-                "Qwen3-Next (see configs/models/)")
+                "gpt-oss, GLM-4.5, DeepSeek-V2, DeepSeek-V3 and GLM-4.7-Flash, or the hybrids Qwen3.5/3.6, Qwen3.5-MoE "
+                "and Qwen3-Next (see configs/models/)")
           .extension()
           .to(&Config::model, &ModelConfig::config),
       Row("model.pretrained", V::kString)

@@ -381,7 +381,7 @@ std::string experts_summary(const model::DecoderConfig& c, int ep_size, int shar
                                " experts each, sharded over ", plural(shard_size / ep_size, "rank"), ";")
                          : std::string(","),
              m.gemma4 ? std::string(" beside each layer's MLP; no auxiliary loss in Gemma 4, its value logged")
-             : m.sigmoid_router       ? str(" and shared experts; no auxiliary loss in ",
+             : m.grouped_router       ? str(" and shared experts; no auxiliary loss in ",
                                             model::family_names(c.family).architecture, ", its value logged")
              : m.output_router_logits ? str(" the auxiliary loss times ", m.router_aux_loss_coef, " added")
                                       : std::string(" the auxiliary loss logged, not added (output_router_logits)"),

@@ -107,7 +107,7 @@ nlohmann::json golden_json(const fsdp::model::DecoderConfig& c, const std::strin
   j["loss"] = loss.item<double>();
   if (const at::Tensor aux = m->router_aux_loss(); aux.defined()) {  // the routing of the loss's forward
     // Gemma4ForCausalLM and Glm4MoeForCausalLM compute none to compare with.
-    if (!c.moe.gemma4 && !c.moe.sigmoid_router) j["aux_loss"] = aux.item<double>();
+    if (!c.moe.gemma4 && !c.moe.grouped_router) j["aux_loss"] = aux.item<double>();
     const at::Tensor load = m->expert_load();
     j["expert_load"] = std::vector<float>(load.data_ptr<float>(), load.data_ptr<float>() + load.numel());
   }

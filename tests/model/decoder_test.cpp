@@ -1187,7 +1187,7 @@ TEST_CASE("config.json of GLM-4.5: dense first layers, the router's stored bias,
   CHECK((c.qkv_bias && !c.attention_bias && !c.qk_norm && c.partial_rotary_factor == 0.5 && c.rotary_dim() == 4));
   CHECK((c.rms_norm_eps == 1e-5 && c.max_position_embeddings == 131072 && c.rope_theta == 10000.0));
   const MoeConfig& m = c.moe;
-  CHECK((m.sigmoid_router && m.norm_topk_prob && m.router_aux_loss_coef == 0 && !m.output_router_logits));
+  CHECK((m.grouped_router && m.norm_topk_prob && m.router_aux_loss_coef == 0 && !m.output_router_logits));
   CHECK((m.num_experts == 8 && m.experts_per_token == 3 && m.shared_expert_intermediate_size == 16));
   CHECK((m.n_group == 2 && m.topk_group == 1 && m.routed_scaling_factor == 2.5 && c.mtp_layers == 1));
   for (int64_t i = 0; i < 4; ++i) CHECK(c.plan(i).moe == (i >= 1));  // first_k_dense_replace 1
@@ -1233,8 +1233,8 @@ TEST_CASE("config.json of GLM-4.5: dense first layers, the router's stored bias,
   CHECK(error("glm4_moe", R"("mlp_bias": true)").find("mlp_bias is not a field of Glm4MoeForCausalLM") !=
         std::string::npos);
   CHECK(error("qwen3_moe", R"("n_group": 2)")
-            .find("n_group is a field of Glm4MoeForCausalLM and DeepseekV3ForCausalLM, not of Qwen3MoeForCausalLM; "
-                  "remove it, or set model_type to glm4_moe or deepseek_v3") != std::string::npos);
+            .find("n_group is a field of Glm4MoeForCausalLM and the DeepSeek classes, not of Qwen3MoeForCausalLM; "
+                  "remove it, or set model_type to glm4_moe, deepseek_v2 or deepseek_v3") != std::string::npos);
 }
 
 // DeepSeek-V3 (deepseek_v3) and GLM-4.7-Flash (glm4_moe_lite): latent attention's fields, widths, parameters and
@@ -1332,8 +1332,98 @@ TEST_CASE("config.json of DeepSeek-V3 and GLM-4.7-Flash: latent attention, their
   CHECK(error("deepseek_v3", R"("partial_rotary_factor": 0.5)")
             .find("partial_rotary_factor 0.5 is not supported for DeepseekV3ForCausalLM") != std::string::npos);
   CHECK(shaped_error("qwen3", R"("kv_lora_rank": 8)")
-            .find("kv_lora_rank is a field of latent attention (DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM), not of "
-                  "Qwen3ForCausalLM") != std::string::npos);
+            .find("kv_lora_rank is a field of latent attention (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                  "Glm4MoeLiteForCausalLM), not of Qwen3ForCausalLM") != std::string::npos);
+}
+
+// DeepSeek-V2 (deepseek_v2): DeepseekV2Config's defaults, latent attention always interleaved, the router's two
+// choices (greedy, group_limited_greedy) with softmax scores and no stored bias, the export's fields, refusals.
+TEST_CASE("config.json of DeepSeek-V2: its defaults, greedy and group-limited choices, no stored bias, refusals") {
+  auto v2 = [](const std::string& extra = "") {
+    return parse_decoder_config(R"({"model_type": "deepseek_v2", "vocab_size": 64, "hidden_size": 32,
+        "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4, "num_experts_per_tok": 2)" +
+                                    (extra.empty() ? "" : ", " + extra) + "}",
+                                "v2.json");
+  };
+  auto error = [&](const std::string& extra) { return error_of([&] { v2(extra); }); };
+  // DeepseekV2Config's defaults: 64 experts of 1407, 2 shared, every layer sparse, the greedy choice unscaled.
+  const DecoderConfig d = v2();
+  const MoeConfig& m = d.moe;
+  CHECK((d.latent() && d.mla.q_rank == 1536 && d.mla.kv_rank == 512 && d.mla.qk_dim() == 192 && d.mla.v_dim == 128));
+  CHECK((d.mla.interleave && d.head_dim == 192 && d.rotary_dim() == 64 && d.num_key_value_heads == 4));
+  CHECK((m.grouped_router && m.softmax_scores && !m.group_limited && !m.norm_topk_prob && m.num_experts == 64));
+  CHECK((m.intermediate_size == 1407 && m.shared_expert_intermediate_size == 2 * 1407 && m.experts_per_token == 2));
+  CHECK((m.routed_scaling_factor == 1.0 && m.first_k_dense_replace == 0 && d.mtp_layers == 0));
+  CHECK((m.router_aux_loss_coef == 0 && !m.output_router_logits && m.n_group == 0 && m.topk_group == 0));
+  CHECK((d.max_position_embeddings == 2048 && d.rms_norm_eps == 1e-6 && d.bos_token_id_json == "1"));
+  for (int64_t i = 0; i < 4; ++i) CHECK(d.plan(i).moe);
+  check_round_trip(d);
+  check_described_as_registered(d);
+  std::set<std::string> names;
+  for (const ParamSpec& p : describe(d).params) names.insert(p.name);
+  CHECK(names.count("model.layers.0.mlp.gate.weight"));
+  CHECK(names.count("model.layers.0.mlp.shared_experts.gate_proj.weight"));
+  CHECK(!names.count("model.layers.0.mlp.gate.e_score_correction_bias"));  // softmax scores: none stored
+  CHECK(!names.count("model.layers.0.mlp.shared_expert_gate.weight"));
+  CHECK(hf_class_name("MoeBlock", d.family) == "DeepseekV2Moe");
+  CHECK(our_class_name("DeepseekV2Moe", d.family) == "MoeBlock");
+  CHECK(hf_class_name("Attention", d.family) == "DeepseekV2Attention");
+  // DeepSeek-V2-Lite's form: q_proj, the greedy choice with n_group 1 as written, the first layer dense; the
+  // DeepSeek fields transformers does not read (scoring_func, moe_layer_freq, aux_loss_alpha, seq_aux, auto_map)
+  // read without a warning.
+  std::vector<std::string> warnings;
+  const DecoderConfig lite = parse_decoder_config(R"({"model_type": "deepseek_v2", "vocab_size": 64,
+      "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "num_experts_per_tok": 6, "q_lora_rank": null, "n_routed_experts": 8, "topk_method": "greedy", "n_group": 1,
+      "topk_group": 1, "first_k_dense_replace": 1, "norm_topk_prob": false, "scoring_func": "softmax",
+      "moe_layer_freq": 1, "aux_loss_alpha": 0.001, "seq_aux": true, "auto_map": {"AutoConfig": "x.Y"},
+      "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                       "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}})",
+                                                  "lite.json", &warnings);
+  CHECK(warnings.empty());
+  CHECK((lite.mla.q_rank == 0 && !lite.moe.group_limited && lite.moe.n_group == 1 && !lite.plan(0).moe));
+  const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;  // yarn's mscale_all_dim, squared, on 192^-1/2
+  CHECK(lite.attention_scale == doctest::Approx(mscale * mscale / std::sqrt(192.0)));
+  std::string exported = decoder_config_json(lite);
+  for (const char* field : {"\"topk_method\": \"greedy\"", "\"n_group\": 1", "\"norm_topk_prob\": false",
+                            "\"first_k_dense_replace\": 1", "\"q_lora_rank\": null", "\"model_type\": \"deepseek_v2\""})
+    CHECK_MESSAGE(exported.find(field) != std::string::npos, field);
+  for (const char* field : {"rope_interleave", "num_nextn_predict_layers", "mlp_bias", "router_aux_loss_coef"})
+    CHECK_MESSAGE(exported.find(field) == std::string::npos, field);
+  CHECK(decoder_config_json(d).find("\"n_group\": null") != std::string::npos);  // as written: absent
+  // DeepSeek-V2's own: the topk_group best of n_group groups, each scored by its best expert (so a group of one).
+  const DecoderConfig grouped = v2(R"("n_routed_experts": 8, "topk_method": "group_limited_greedy", "n_group": 8,
+      "topk_group": 3, "routed_scaling_factor": 16.0)");
+  CHECK((grouped.moe.group_limited && grouped.moe.n_group == 8 && grouped.moe.topk_group == 3));
+  CHECK(decoder_config_json(grouped).find("\"topk_method\": \"group_limited_greedy\"") != std::string::npos);
+  check_round_trip(grouped);
+  CHECK(
+      error(R"("topk_method": "noaux_tc")")
+          .find("topk_method \"noaux_tc\" is not one DeepseekV2ForCausalLM computes: it chooses experts by \"greedy\" "
+                "(the top k of all) or \"group_limited_greedy\" (within the best groups). Write one of the two, or "
+                "set model_type to deepseek_v3 for DeepSeek-V3's router") != std::string::npos);
+  CHECK(error(R"("topk_method": "group_limited_greedy", "n_group": 8)")
+            .find("topk_group is missing; topk_method group_limited_greedy chooses within groups of experts") !=
+        std::string::npos);
+  CHECK(error(R"("topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 1, "num_experts_per_tok": 9)")
+            .find("topk_group 1 of n_group 8 groups of 8 experts leave fewer than num_experts_per_tok 9") !=
+        std::string::npos);
+  CHECK(error(R"("norm_topk_prob": true)")
+            .find("norm_topk_prob is true, but DeepseekV2ForCausalLM never renormalises the chosen experts' scores") !=
+        std::string::npos);
+  CHECK(error(R"("rope_interleave": false)")
+            .find("rope_interleave is false, but DeepseekV2ForCausalLM always turns adjacent pairs") !=
+        std::string::npos);
+  CHECK(error(R"("num_experts_per_tok": 65)").find("num_experts_per_tok 65 is more than the 64 experts") !=
+        std::string::npos);
+  CHECK(error_of([] {
+          parse_decoder_config(R"({"model_type": "deepseek_v2", "vocab_size": 64, "hidden_size": 32,
+              "intermediate_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4})",
+                               "v2.json");
+        }).find("num_experts_per_tok is missing; DeepseekV2ForCausalLM's router has no default for it") !=
+        std::string::npos);
+  CHECK(error(R"("hidden_size": 30)").find("hidden_size 30 is not a multiple of num_attention_heads 4") !=
+        std::string::npos);
 }
 
 // quantization_config: block FP8 (DeepSeek-V3's, the Qwen *-FP8 folders) is read dequantized, each weight beside its
@@ -1430,6 +1520,51 @@ TEST_CASE("GLM-4.5's router: groups and a stored bias choose the experts, the sc
   block.selection_bias = at::tensor({0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 500.0f});
   block.forward(x);
   CHECK(block.last.routed_per_expert[7].item<float>() == 10.0f);
+}
+
+// DeepSeek-V2's router, as DeepseekV2TopkRouter computes it: the softmax of the fp32 logits; greedy, the top k of
+// them; group_limited_greedy, within the best groups, each group scored by its best expert (not GLM-4.5's two);
+// the chosen scores, never renormalised, times routed_scaling_factor weigh the experts; the shared experts add.
+TEST_CASE("DeepSeek-V2's router: softmax scores, groups scored by their best, unnormalised weights times the factor") {
+  const DecoderConfig c = fsdp::model::testing::tiny_latent("deepseek_v2", R"("q_lora_rank": null,
+      "kv_lora_rank": 8, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 4, "n_routed_experts": 8,
+      "num_experts_per_tok": 3, "moe_intermediate_size": 8, "routed_scaling_factor": 2.5)");
+  CausalLM m(c);
+  init_parameters(*m, 5);
+  MoeBlockImpl& block = *m->sparse_blocks().at(0);
+  CHECK(!block.correction_bias.defined());
+  torch::NoGradGuard no_grad;
+  const at::Tensor x = at::randn({1, 10, c.hidden_size}, at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor h = x.reshape({-1, c.hidden_size});
+  auto expert = [&](int e) {  // every row through expert e alone
+    std::vector<int> ends(8, 0);
+    for (int i = e; i < 8; ++i) ends[i] = 10;
+    return block.experts->forward(h, at::tensor(ends, at::kInt), at::full({10}, e, at::kLong));
+  };
+  // Greedy: each row's top 3 softmax scores, as they are, times 2.5.
+  const at::Tensor probs = at::softmax(at::linear(h, block.gate->weight), -1);  // (10, 8)
+  const auto [top, chosen] = at::topk(probs, 3, -1);
+  at::Tensor want = block.shared_expert->forward(x).reshape({-1, c.hidden_size});
+  for (int e = 0; e < 8; ++e) {
+    const at::Tensor weight = (top * (chosen == e).to(at::kFloat)).sum(-1, /*keepdim=*/true) * 2.5;  // (10, 1)
+    want = want + weight * expert(e);
+  }
+  CHECK(at::allclose(block.forward(x).reshape({-1, c.hidden_size}), want, 1e-5, 1e-6));
+  CHECK(block.last.routed_per_expert.sum().item<float>() == 30.0f);
+  // group_limited_greedy over 2 groups of 4, 1 kept: with equal scores (a zero router), the bias TorchTitan's
+  // balancing adds picks the first group by its best expert (0.5 against 0.3), though the second's two best outsum
+  // the first's (0.6 against 0.55); experts 0 to 2 are its best three.
+  block.gate->weight.zero_();
+  block.group_limited = true;
+  block.n_group = 2;
+  block.topk_group = 1;
+  block.selection_bias = at::tensor({0.5f, 0.05f, 0.02f, 0.0f, 0.3f, 0.3f, 0.0f, 0.0f});
+  const at::Tensor y = block.forward(x);
+  CHECK(at::equal(block.last.routed_per_expert, at::tensor({10.0f, 10.0f, 10.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f})));
+  // Each weight is its unbiased score, 1/8, times 2.5.
+  const at::Tensor three = (expert(0) + expert(1) + expert(2)) * (2.5 / 8);
+  CHECK(at::allclose(y.reshape({-1, c.hidden_size}),
+                     block.shared_expert->forward(x).reshape({-1, c.hidden_size}) + three, 1e-5, 1e-6));
 }
 
 // Issue 27: records packed into one row (data.packing: masked) train as if each were alone: their

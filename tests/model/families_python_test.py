@@ -23,7 +23,9 @@ experts, the chosen scores renormalised and scaled; ungated shared experts, dens
 per-head norms, half of each head rotated; a folder holding its multi-token-prediction layer read the same),
 DeepSeek-V3 and GLM-4.7-Flash (latent attention: query and key-value latents, a rotated key every head shares,
 values narrower or wider than the keys, the rotation interleaved or not, YaRN's mscale_all_dim on the scores; then
-GLM-4.5's experts, GLM-4.7-Flash's dense layers from mlp_layer_types), and Llama beside them, transformers
+GLM-4.5's experts, GLM-4.7-Flash's dense layers from mlp_layer_types), DeepSeek-V2 (their latent attention, always
+interleaved; a softmax router, greedy or within the best groups scored by their best expert, its weights not
+renormalised), and Llama beside them, transformers
 makes a small model with random weights (every parameter drawn, biases and norms included) and
 saves it; fsdptrain (tests/ckpt/hf_tool golden) loads the folder and gives, against transformers
 computing the same folder in float64, within a bound from float32's own noise (4 times the distance
@@ -44,7 +46,7 @@ A config.json of each family holding only its shape (and OLMo 3's and Gemma 3's 
 transformers fills in from its config class's defaults, field by field: the config.json fsdptrain's export writes
 reads back in transformers as the original does.
 The shipped shapes (configs/models/: Qwen2.5-0.5B, Qwen3-1.7B, Mistral-7B, Gemma-3-1B, Gemma-4-31B, Gemma-4-26B-A4B, Phi-4, Qwen3-30B-A3B,
-Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b, GLM-4.5-Air, GLM-4.7-Flash) have the
+Mixtral-8x7B, Qwen3-Next-80B-A3B, gpt-oss-20b, GLM-4.5-Air, GLM-4.7-Flash, DeepSeek-V2-Lite) have the
 parameter counts transformers builds from them. A config.json of a family fsdptrain does not train is
 refused, listing those it trains."""
 import argparse
@@ -111,6 +113,25 @@ def moe_families(common):
             rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.8,
                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 32}),
             transformers.DeepseekV3ForCausalLM),
+        # DeepSeek-V2: DeepSeek-V3's latent attention (a query latent, values 16 wide: the keys padded to them), its
+        # rotation always interleaved, under YaRN with mscale_all_dim; a softmax router choosing 3 of 8 experts within
+        # the best 2 of 4 groups, each group scored by its best expert, the chosen scores (not renormalised) times 2;
+        # two shared experts' width; the first layer dense.
+        "deepseek_v2": (transformers.DeepseekV2Config(
+            **dict({k: v for k, v in common.items() if k != "rope_theta"}, num_key_value_heads=4), attention_bias=True,
+            q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16,
+            n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=40, n_shared_experts=2,
+            routed_scaling_factor=2.0, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+            first_k_dense_replace=1,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
+                             "mscale_all_dim": 0.707, "original_max_position_embeddings": 32}),
+            transformers.DeepseekV2ForCausalLM),
+        # DeepSeek-V2-Lite's form: q_proj (no query latent), the greedy choice (the top 2 of all 6 experts), every
+        # layer sparse.
+        "deepseek_v2_lite": (transformers.DeepseekV2Config(
+            **dict(common, num_key_value_heads=4), q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=8, n_routed_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_shared_experts=1, topk_method="greedy", n_group=1, topk_group=1), transformers.DeepseekV2ForCausalLM),
         # GLM-4.7-Flash: latent attention with q_proj (no query latent), values 24 wide (queries and keys padded
         # to them), its rotation not interleaved; the middle layer sparse (mlp_layer_types).
         "glm4_moe_lite": (transformers.Glm4MoeLiteConfig(
@@ -131,7 +152,7 @@ def moe_families(common):
 
 
 # DeepSeek-V3's router (GLM-4.5's, and the latent families'): its Hub folders hold the experts one by one.
-GROUPED = ("glm4_moe", "deepseek_v3", "glm4_moe_lite")
+GROUPED = ("glm4_moe", "deepseek_v3", "glm4_moe_lite", "deepseek_v2", "deepseek_v2_lite")
 
 
 def families():
@@ -288,7 +309,7 @@ def hf_aux_loss(model, tokens):
 
 def sparse_layers(model):
     return [i for i, layer in enumerate(model.model.layers)  # Gemma 4's experts are beside its MLP
-            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP", "MoE")) or
+            if type(layer.mlp).__name__.endswith(("SparseMoeBlock", "GptOssMLP", "MoE", "V2Moe")) or
             getattr(layer, "enable_moe_block", False)]
 
 
@@ -757,7 +778,8 @@ def check_ministral3_positions(tool, fsdptrain, saved, d, config):
 
 def check_shapes(tool, source):
     names = ("qwen2.5-0.5b", "qwen3-1.7b", "mistral-7b", "gemma-3-1b", "gemma-4-31b", "gemma-4-26b-a4b", "phi-4",
-             "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b", "glm-4.5-air", "glm-4.7-flash")
+             "qwen3-30b-a3b", "mixtral-8x7b", "qwen3-next-80b-a3b", "gpt-oss-20b", "glm-4.5-air", "glm-4.7-flash",
+             "deepseek-v2-lite")
     folders = [os.path.join(source, "configs", "models", name) for name in names]
     run = subprocess.run([tool, "count", *(os.path.join(f, "config.json") for f in folders)], capture_output=True,
                          text=True)
@@ -780,6 +802,8 @@ LEFT_OUT = {
     "olmo2": {}, "olmo3": {}, "smollm3": {}, "granite": {}, "phi3": {}, "qwen3_moe": {}, "qwen2_moe": {},
     "mixtral": {}, "qwen3_5_text": {}, "qwen3_next": {}, "qwen3_5_moe_text": {}, "gpt_oss": {}, "glm4_moe": {},
     "deepseek_v3": {}, "glm4_moe_lite": {}, "ministral3": {},
+    # DeepseekV2Config has no default for num_experts_per_tok (its router cannot run without one).
+    "deepseek_v2": dict(num_experts_per_tok=6),
     # The released OLMo 3 folders: rope_theta and YaRN's rope_scaling at the top level (the full layers').
     "olmo3/hub": dict(rope_theta=1e4, max_position_embeddings=256,
                       rope_scaling={"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
@@ -837,7 +861,7 @@ def check_defaults(tool, d):
         # gives each head its own key: fsdptrain takes the heads for a num_key_value_heads left out (their classes'
         # defaults, 128 and 20, match no such model: transformers' attention needs them equal).
         written = {"num_nextn_predict_layers": 0} if name in ("glm4_moe", "deepseek_v3") else {}
-        if name in ("deepseek_v3", "glm4_moe_lite"):
+        if name in ("deepseek_v3", "glm4_moe_lite", "deepseek_v2"):
             written["num_key_value_heads"] = SHAPE["num_attention_heads"]
         differ += [f"{name}: {key} is {ours.get(key)!r} in fsdptrain's model, {written.get(key, theirs[key])!r} in "
                    "transformers'" for key in theirs if ours.get(key) != written.get(key, theirs[key])]

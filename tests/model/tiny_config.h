@@ -37,7 +37,7 @@ inline DecoderConfig tiny_of(const std::string& model_type, const std::string& e
   return parse_decoder_config(text, "tiny " + model_type);
 }
 
-// tiny()'s sizes with latent attention (deepseek_v3, glm4_moe_lite): every head its own key and value.
+// tiny()'s sizes with latent attention (deepseek_v3, deepseek_v2, glm4_moe_lite): every head its own key and value.
 inline DecoderConfig tiny_latent(const std::string& model_type, const std::string& extra) {
   const std::string text = R"({"model_type": ")" + model_type +
                            R"(", "vocab_size": 37, "hidden_size": 16, "intermediate_size": 24,
@@ -59,7 +59,8 @@ inline DecoderConfig tiny_latent(const std::string& model_type, const std::strin
 // q/k/v biases, per-head norms and half-rotated heads, and its sparse second layer (a sigmoid router choosing
 // in the better of two groups, a stored bias, scaled weights, ungated shared experts); DeepSeek-V3's latent attention
 // (a query latent, values narrower than the keys, interleaved rotation, biases) and GLM-4.7-Flash's (q_proj, values
-// wider, the rotation not interleaved), each before a sparse layer.
+// wider, the rotation not interleaved), each before a sparse layer; DeepSeek-V2's (q_proj) before its softmax router
+// choosing within the better of two groups.
 inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
   const std::string sliding = R"("sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"])";
   return {{"gemma2", tiny_of("gemma2", sliding + R"(, "head_dim": 4, "query_pre_attn_scalar": 6,
@@ -88,6 +89,10 @@ inline std::vector<std::pair<std::string, DecoderConfig>> tiny_new_kinds() {
               "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 3, "n_routed_experts": 4,
               "num_experts_per_tok": 2, "moe_intermediate_size": 8, "n_group": 2, "topk_group": 1,
               "first_k_dense_replace": 1)")},
+          {"deepseek_v2", tiny_latent("deepseek_v2", R"("q_lora_rank": null, "kv_lora_rank": 8,
+              "qk_nope_head_dim": 2, "qk_rope_head_dim": 2, "v_head_dim": 4, "n_routed_experts": 4,
+              "num_experts_per_tok": 2, "moe_intermediate_size": 8, "n_shared_experts": 1, "first_k_dense_replace": 1,
+              "topk_method": "group_limited_greedy", "n_group": 2, "topk_group": 1, "routed_scaling_factor": 1.5)")},
           {"glm4_moe_lite", tiny_latent("glm4_moe_lite", R"("q_lora_rank": null, "kv_lora_rank": 8,
               "qk_nope_head_dim": 2, "qk_rope_head_dim": 4, "v_head_dim": 8, "rope_interleave": false,
               "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8)")},

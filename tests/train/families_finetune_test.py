@@ -10,7 +10,8 @@ The families' configs set what makes them differ from Llama away from its defaul
 windows shorter than a record, a layer without rotary, the multipliers, a partial rotation with longrope
 and the folder's fused projections, experts one by one in the folder, a dense layer among sparse ones,
 the auxiliary loss in the training loss; gpt-oss's sinks, biased experts and clamped SwiGLU; GLM-4.5's grouped
-sigmoid router with its stored bias, carried into the export), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
+sigmoid router with its stored bias, carried into the export; GLM-4.7-Flash's and DeepSeek-V2's latent attention,
+DeepSeek-V2's softmax router within groups), issue 62's hybrids (Qwen3.5, Qwen3-Next, Qwen3.5-MoE: Gated DeltaNet layers,
 packed records each starting from a zero state), Gemma 4's dense text model, its mixture of experts and E2B's
 form (per-layer embeddings, layers sharing keys and values, with activation checkpointing; cp 2 gives one
 rank's losses, tp refused before any worker starts); and a Gemma3ForConditionalGeneration,
@@ -123,6 +124,13 @@ def configs(vocab):
             **dict(common, num_key_value_heads=4), q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=8,
             qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
             n_group=2, topk_group=1, routed_scaling_factor=1.8), transformers.Glm4MoeLiteForCausalLM),
+        # DeepSeek-V2: latent attention with q_proj (no query latent), always interleaved, before a softmax router
+        # choosing within the better of two groups by each group's best expert, its weights not renormalised.
+        "deepseek_v2": (transformers.DeepseekV2Config(
+            **dict(common, num_key_value_heads=4), q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_shared_experts=1, topk_method="group_limited_greedy", n_group=2, topk_group=1,
+            routed_scaling_factor=1.5, first_k_dense_replace=1), transformers.DeepseekV2ForCausalLM),
     }
     # The same from a block FP8 folder, as the Hub's DeepSeek-V3 ones: read dequantized, exported
     # unquantized.
@@ -384,7 +392,7 @@ def main():
     ap.add_argument("--families",
                     default="gemma2,gemma3,gemma4,gemma4_moe,gemma4_small,"
                             "olmo2,olmo3,smollm3,granite,phi3,gemma3_multimodal,gemma4_multimodal,qwen3_moe,"
-                            "qwen2_moe,mixtral,gpt_oss,glm4_moe,glm4_moe_lite,glm4_moe_lite_fp8,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal,"
+                            "qwen2_moe,mixtral,gpt_oss,glm4_moe,glm4_moe_lite,glm4_moe_lite_fp8,deepseek_v2,qwen3_5,qwen3_next,qwen3_5_moe,qwen3_5_multimodal,"
                             "mistral3_multimodal,ministral3_multimodal")
     a = ap.parse_args()
     rows = records(0, rounds=3)

@@ -34,12 +34,12 @@ bool is_hybrid(Family f) {
   return f == Family::kQwen3_5 || f == Family::kQwen3Next || f == Family::kQwen3_5Moe;
 }
 
-// DeepSeek-V3 and GLM-4.7-Flash: latent attention (LatentAttention) before DeepSeek-V3's mixture of experts.
+// DeepSeek-V2, DeepSeek-V3 and GLM-4.7-Flash: latent attention (LatentAttention) before DeepSeek's mixture of experts.
 bool is_latent(Family f) {
-  return f == Family::kDeepseekV3 || f == Family::kGlm4MoeLite;
+  return f == Family::kDeepseekV2 || f == Family::kDeepseekV3 || f == Family::kGlm4MoeLite;
 }
 
-// The families whose experts DeepSeek-V3's router chooses (MoeConfig::sigmoid_router): GLM-4.5's and the latent ones.
+// The families whose experts DeepSeek's router chooses (MoeConfig::grouped_router): GLM-4.5's and the latent ones.
 bool has_grouped_router(Family f) {
   return f == Family::kGlm4Moe || is_latent(f);
 }
@@ -86,8 +86,9 @@ const std::set<std::string>& known_fields() {
       // transformers does) and its state dtype for other kernels:
       "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings", "mamba_ssm_dtype",
       // Read by nobody here, and harmless:
-      "architectures", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
-      "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
+      // auto_map names a folder's own Python classes (trust_remote_code), which fsdptrain never runs.
+      "architectures", "auto_map", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
+      "sep_token_id", "decoder_start_token_id", "use_cache", "pretraining_tp", "_name_or_path", "output_attentions",
       "output_hidden_states", "return_dict", "torchscript", "id2label", "label2id", "problem_type", "tokenizer_class",
       "prefix", "task_specific_params", "finetuning_task", "is_decoder", "is_encoder_decoder", "add_cross_attention",
       "tie_encoder_decoder", "chunk_size_feed_forward", "max_length", "min_length", "do_sample", "temperature", "top_k",
@@ -323,12 +324,12 @@ void parse_partial_rotary(const json& j, const std::string& where, DecoderConfig
              " rotated dimensions; the rotation needs an even number >= 2");
 }
 
-constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral,     Family::kQwen2,     Family::kQwen3,
-                                   Family::kGemma2,     Family::kGemma3,      Family::kOlmo2,     Family::kOlmo3,
-                                   Family::kSmolLM3,    Family::kGranite,     Family::kPhi3,      Family::kQwen3Moe,
-                                   Family::kQwen2Moe,   Family::kMixtral,     Family::kQwen3_5,   Family::kQwen3Next,
-                                   Family::kQwen3_5Moe, Family::kGptOss,      Family::kGemma4,    Family::kGlm4Moe,
-                                   Family::kDeepseekV3, Family::kGlm4MoeLite, Family::kMinistral3};
+constexpr Family kAllFamilies[] = {Family::kLlama,      Family::kMistral,    Family::kQwen2,       Family::kQwen3,
+                                   Family::kGemma2,     Family::kGemma3,     Family::kOlmo2,       Family::kOlmo3,
+                                   Family::kSmolLM3,    Family::kGranite,    Family::kPhi3,        Family::kQwen3Moe,
+                                   Family::kQwen2Moe,   Family::kMixtral,    Family::kQwen3_5,     Family::kQwen3Next,
+                                   Family::kQwen3_5Moe, Family::kGptOss,     Family::kGemma4,      Family::kGlm4Moe,
+                                   Family::kDeepseekV2, Family::kDeepseekV3, Family::kGlm4MoeLite, Family::kMinistral3};
 
 // The family of a config.json: model_type, else the first of architectures.
 Family family_of(const json& j, const std::string& where) {
@@ -591,11 +592,37 @@ void parse_mlp_layer_types(const json& j, const std::string& where, DecoderConfi
              "first_k_dense_replace");
 }
 
-// DeepSeek-V3's router and experts, in GLM-4.5 (Glm4MoeConfig), DeepSeek-V3 (DeepseekV3Config) and GLM-4.7-Flash
-// (Glm4MoeLiteConfig), with each class's defaults: n_routed_experts (or num_local_experts), num_experts_per_tok,
-// moe_intermediate_size, n_shared_experts, routed_scaling_factor, n_group, topk_group, norm_topk_prob, and the dense
-// layers (first_k_dense_replace; GLM-4.7-Flash's mlp_layer_types); num_nextn_predict_layers (or num_mtp_layers)
-// counts the folder's multi-token-prediction layers. Other families refuse these fields by name.
+// DeepSeek-V2's choice (DeepseekV2TopkRouter): topk_method greedy, the top k of all the experts (n_group and
+// topk_group, as written, unread), or group_limited_greedy, within the topk_group best of n_group groups (both then
+// needed: the class has no defaults for them). Its norm_topk_prob is never read: the chosen scores are not
+// renormalised, so true is refused rather than ignored.
+void parse_v2_choice(const json& j, const std::string& where, MoeConfig& m) {
+  const json method = j.value("topk_method", json("greedy"));
+  FSDP_CHECK(method == json("greedy") || method == json("group_limited_greedy"), where, ": topk_method ", method.dump(),
+             " is not one DeepseekV2ForCausalLM computes: it chooses experts by \"greedy\" (the top k of all) or "
+             "\"group_limited_greedy\" (within the best groups). Write one of the two",
+             method == json("noaux_tc") ? ", or set model_type to deepseek_v3 for DeepSeek-V3's router" : "");
+  m.group_limited = method == json("group_limited_greedy");
+  for (const char* key : {"n_group", "topk_group"})
+    FSDP_CHECK(
+        !m.group_limited || (j.contains(key) && !j[key].is_null()), where, ": ", key,
+        " is missing; topk_method group_limited_greedy chooses within groups of experts (DeepSeek-V2: n_group 8, "
+        "topk_group 3). Write it, or set topk_method to greedy");
+  m.n_group = field<int64_t>(j, "n_group", 0, where);  // 0: null
+  m.topk_group = field<int64_t>(j, "topk_group", 0, where);
+  const bool renormalised = field<bool>(j, "norm_topk_prob", false, where);
+  FSDP_CHECK(!renormalised, where,
+             ": norm_topk_prob is true, but DeepseekV2ForCausalLM never renormalises the chosen experts' scores "
+             "(transformers ignores the field, and DeepSeek-V2's own folders write false). Remove it, or set it to "
+             "false");
+}
+
+// DeepSeek-V3's router and experts, in GLM-4.5 (Glm4MoeConfig), DeepSeek-V3 (DeepseekV3Config), GLM-4.7-Flash
+// (Glm4MoeLiteConfig) and DeepSeek-V2 (DeepseekV2Config: softmax scores, parse_v2_choice), with each class's defaults:
+// n_routed_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size, n_shared_experts,
+// routed_scaling_factor, n_group, topk_group, norm_topk_prob, and the dense layers (first_k_dense_replace;
+// GLM-4.7-Flash's mlp_layer_types); num_nextn_predict_layers (or num_mtp_layers) counts the folder's
+// multi-token-prediction layers. Other families refuse these fields by name.
 void parse_grouped_router(const json& j, const std::string& where, DecoderConfig& c) {
   static const char* const kOwn[] = {
       "n_routed_experts",      "n_shared_experts", "routed_scaling_factor",    "n_group",       "topk_group",
@@ -603,14 +630,16 @@ void parse_grouped_router(const json& j, const std::string& where, DecoderConfig
   if (!has_grouped_router(c.family)) {
     for (const char* key : kOwn)
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key,
-                 " is a field of Glm4MoeForCausalLM and DeepseekV3ForCausalLM, not of ",
-                 family_names(c.family).architecture, "; remove it, or set model_type to glm4_moe or deepseek_v3");
+                 " is a field of Glm4MoeForCausalLM and the DeepSeek classes, not of ",
+                 family_names(c.family).architecture,
+                 "; remove it, or set model_type to glm4_moe, deepseek_v2 or deepseek_v3");
     FSDP_CHECK(!j.contains("mlp_layer_types") || j["mlp_layer_types"].is_null(), where,
                ": mlp_layer_types is a field of Glm4MoeLiteForCausalLM, not of ", family_names(c.family).architecture,
                "; remove it, or set model_type to glm4_moe_lite");
     return;
   }
-  const bool deepseek = c.family == Family::kDeepseekV3, lite = c.family == Family::kGlm4MoeLite;
+  const bool deepseek = c.family == Family::kDeepseekV3, lite = c.family == Family::kGlm4MoeLite,
+             v2 = c.family == Family::kDeepseekV2;
   FSDP_CHECK(c.family == Family::kGlm4Moe || !j.contains("use_qk_norm") || j["use_qk_norm"].is_null(), where,
              ": use_qk_norm is a field of Glm4MoeForCausalLM, not of ", family_names(c.family).architecture,
              "; remove it");
@@ -618,60 +647,81 @@ void parse_grouped_router(const json& j, const std::string& where, DecoderConfig
              ": mlp_layer_types is a field of Glm4MoeLiteForCausalLM, not of ", family_names(c.family).architecture,
              "; write first_k_dense_replace, or set model_type to glm4_moe_lite");
   MoeConfig& m = c.moe;
-  m.sigmoid_router = true;
+  m.grouped_router = true;
+  m.softmax_scores = v2;
   const char* experts_key =
       j.contains("n_routed_experts") || !j.contains("num_local_experts") ? "n_routed_experts" : "num_local_experts";
-  m.num_experts = field<int64_t>(j, experts_key, deepseek ? 256 : lite ? 64 : 128, where);
+  m.num_experts = field<int64_t>(j, experts_key, deepseek ? 256 : lite || v2 ? 64 : 128, where);
+  FSDP_CHECK(
+      !v2 || (j.contains("num_experts_per_tok") && !j["num_experts_per_tok"].is_null()), where,
+      ": num_experts_per_tok is missing; DeepseekV2ForCausalLM's router has no default for it. Write the experts "
+      "each token takes (DeepSeek-V2 and DeepSeek-V2-Lite: 6)");
   m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", lite ? 4 : 8, where);
-  m.intermediate_size = field<int64_t>(j, "moe_intermediate_size", deepseek ? 2048 : lite ? 1536 : 1408, where);
-  const int64_t shared = field<int64_t>(j, "n_shared_experts", 1, where);
-  m.n_group = field<int64_t>(j, "n_group", deepseek ? 8 : 1, where);
-  m.topk_group = field<int64_t>(j, "topk_group", deepseek ? 4 : 1, where);
+  m.intermediate_size = field<int64_t>(j, "moe_intermediate_size",
+                                       deepseek ? 2048
+                                       : lite   ? 1536
+                                       : v2     ? 1407
+                                                : 1408,
+                                       where);
+  const int64_t shared = field<int64_t>(j, "n_shared_experts", v2 ? 2 : 1, where);
+  if (v2) {
+    parse_v2_choice(j, where, m);
+  } else {
+    m.n_group = field<int64_t>(j, "n_group", deepseek ? 8 : 1, where);
+    m.topk_group = field<int64_t>(j, "topk_group", deepseek ? 4 : 1, where);
+  }
   if (lite)
     parse_mlp_layer_types(j, where, c);
   else
-    m.first_k_dense_replace = field<int64_t>(j, "first_k_dense_replace", deepseek ? 3 : 1, where);
+    m.first_k_dense_replace = field<int64_t>(j, "first_k_dense_replace", deepseek ? 3 : v2 ? 0 : 1, where);
   m.routed_scaling_factor = field<double>(j, "routed_scaling_factor", deepseek ? 2.5 : lite ? 1.8 : 1.0, where);
-  m.norm_topk_prob = field<bool>(j, "norm_topk_prob", true, where);
+  m.norm_topk_prob = !v2 && field<bool>(j, "norm_topk_prob", true, where);
   m.router_aux_loss_coef = 0;  // none of these classes adds one
   m.output_router_logits = false;
   const char* mtp_key = j.contains("num_mtp_layers") && !j.contains("num_nextn_predict_layers")
                             ? "num_mtp_layers"
                             : "num_nextn_predict_layers";
   // Glm4MoeLiteConfig has no such field (its folder's is model.layers.47, which transformers leaves out): as written.
-  c.mtp_layers = field<int64_t>(j, mtp_key, lite ? 0 : 1, where);
+  c.mtp_layers = field<int64_t>(j, mtp_key, lite || v2 ? 0 : 1, where);
   check_positive(where, {{experts_key, m.num_experts},
                          {"num_experts_per_tok", m.experts_per_token},
                          {"moe_intermediate_size", m.intermediate_size},
-                         {"n_shared_experts", shared},
-                         {"n_group", m.n_group},
-                         {"topk_group", m.topk_group}});
+                         {"n_shared_experts", shared}});
   m.shared_expert_intermediate_size = m.intermediate_size * shared;
   FSDP_CHECK(m.first_k_dense_replace >= 0 && c.mtp_layers >= 0, where,
              ": first_k_dense_replace and num_nextn_predict_layers must be >= 0");
   FSDP_CHECK(m.routed_scaling_factor > 0, where, ": routed_scaling_factor (", m.routed_scaling_factor, ") must be > 0");
-  // As transformers' router needs them: groups of equal size, each with two experts to score it, and enough
-  // experts in the chosen groups for the top k.
-  FSDP_CHECK(m.num_experts % m.n_group == 0 && m.num_experts / m.n_group >= 2, where, ": n_group ", m.n_group,
-             " must divide ", experts_key, " ", m.num_experts,
-             " into groups of at least two experts (a group is scored by its two best)");
+  if (!m.group_limited) {  // DeepSeek-V2's greedy choice: n_group and topk_group unread
+    FSDP_CHECK(m.experts_per_token <= m.num_experts, where, ": num_experts_per_tok ", m.experts_per_token,
+               " is more than the ", m.num_experts, " experts (", experts_key, ")");
+    return;
+  }
+  check_positive(where, {{"n_group", m.n_group}, {"topk_group", m.topk_group}});
+  // As transformers' router needs them: groups of equal size, each with two experts to score it (DeepSeek-V2's: one,
+  // its best), and enough experts in the chosen groups for the top k.
+  const int64_t scored_by = m.softmax_scores ? 1 : 2;
+  FSDP_CHECK(m.num_experts % m.n_group == 0 && m.num_experts / m.n_group >= scored_by, where, ": n_group ", m.n_group,
+             " must divide ", experts_key, " ", m.num_experts, " into groups of at least ",
+             scored_by == 2 ? "two experts (a group is scored by its two best)" : "one expert");
   FSDP_CHECK(m.topk_group <= m.n_group && m.experts_per_token <= m.topk_group * (m.num_experts / m.n_group), where,
              ": topk_group ", m.topk_group, " of n_group ", m.n_group, " groups of ", m.num_experts / m.n_group,
              " experts leave fewer than num_experts_per_tok ", m.experts_per_token,
              " to choose from; topk_group must be <= n_group and hold that many experts");
 }
 
-// Latent attention's fields (DeepseekV3Config's and Glm4MoeLiteConfig's defaults), refused by name in other families.
-// head_dim, where written, is qk_rope_head_dim (as DeepseekV3Config sets it); the model's head_dim is the width
-// attention computes at, max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim).
+// Latent attention's fields (DeepseekV3Config's, DeepseekV2Config's and Glm4MoeLiteConfig's defaults), refused by name
+// in other families. head_dim, where written, is qk_rope_head_dim (as DeepseekV3Config sets it); the model's head_dim
+// is the width attention computes at, max(qk_nope_head_dim + qk_rope_head_dim, v_head_dim).
 void parse_latent_attention(const json& j, const std::string& where, DecoderConfig& c) {
   static const char* const kOwn[] = {"q_lora_rank", "kv_lora_rank",    "qk_nope_head_dim", "qk_rope_head_dim",
                                      "v_head_dim",  "rope_interleave", "qk_head_dim"};
   if (!is_latent(c.family)) {
     for (const char* key : kOwn)
       FSDP_CHECK(!j.contains(key) || j[key].is_null(), where, ": ", key,
-                 " is a field of latent attention (DeepseekV3ForCausalLM, Glm4MoeLiteForCausalLM), not of ",
-                 family_names(c.family).architecture, "; remove it, or set model_type to deepseek_v3 or glm4_moe_lite");
+                 " is a field of latent attention (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
+                 "Glm4MoeLiteForCausalLM), not of ",
+                 family_names(c.family).architecture,
+                 "; remove it, or set model_type to deepseek_v2, deepseek_v3 or glm4_moe_lite");
     return;
   }
   const bool lite = c.family == Family::kGlm4MoeLite;
@@ -684,6 +734,9 @@ void parse_latent_attention(const json& j, const std::string& where, DecoderConf
   a.rope_dim = field<int64_t>(j, "qk_rope_head_dim", 64, where);
   a.v_dim = field<int64_t>(j, "v_head_dim", lite ? 256 : 128, where);
   a.interleave = field<bool>(j, "rope_interleave", true, where);
+  FSDP_CHECK(a.interleave || c.family != Family::kDeepseekV2, where,
+             ": rope_interleave is false, but DeepseekV2ForCausalLM always turns adjacent pairs of the rotated "
+             "dimensions (the field is not its class's, and transformers ignores it). Remove it");
   check_positive(where, {{"kv_lora_rank", a.kv_rank},
                          {"qk_nope_head_dim", a.nope_dim},
                          {"qk_rope_head_dim", a.rope_dim},
@@ -1002,6 +1055,8 @@ FamilyNames family_names(Family f) {
       return {"gemma4_text", "Gemma4ForCausalLM", "Gemma4TextDecoderLayer"};
     case Family::kGlm4Moe:
       return {"glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeDecoderLayer"};
+    case Family::kDeepseekV2:
+      return {"deepseek_v2", "DeepseekV2ForCausalLM", "DeepseekV2DecoderLayer"};
     case Family::kDeepseekV3:
       return {"deepseek_v3", "DeepseekV3ForCausalLM", "DeepseekV3DecoderLayer"};
     case Family::kGlm4MoeLite:
@@ -1041,6 +1096,11 @@ const ClassName kClassNames[] = {{"RmsNorm", "RMSNorm", true},
                                  {"torch::nn::LinearImpl", "Linear", false},
                                  {"torch::nn::ModuleListImpl", "ModuleList", false}};
 
+// DeepSeek's router's block: DeepseekV2Moe, DeepseekV3MoE, Glm4MoeMoE.
+const char* moe_class_suffix(Family f) {
+  return f == Family::kDeepseekV2 ? "Moe" : "MoE";
+}
+
 }  // namespace
 
 // Gemma 4's text classes are Gemma4TextAttention, Gemma4TextMLP, Gemma4TextRouter, Gemma4TextExperts,
@@ -1054,7 +1114,7 @@ std::string prefix_of(const ClassName& n, Family f) {
 
 std::string hf_class_name(const std::string& ours, Family f) {
   if (f == Family::kGptOss && ours == "MoeBlock") return "GptOssMLP";  // its feed-forward is always sparse
-  if (has_grouped_router(f) && ours == "MoeBlock") return class_prefix(f) + "MoE";
+  if (has_grouped_router(f) && ours == "MoeBlock") return class_prefix(f) + moe_class_suffix(f);
   for (const ClassName& n : kClassNames)
     if (ours == n.ours) return n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs);
   return ours;
@@ -1062,7 +1122,7 @@ std::string hf_class_name(const std::string& ours, Family f) {
 
 std::string our_class_name(const std::string& hf, Family f) {
   if (f == Family::kGptOss && hf == "GptOssMLP") return "MoeBlock";
-  if (has_grouped_router(f) && hf == class_prefix(f) + "MoE") return "MoeBlock";
+  if (has_grouped_router(f) && hf == class_prefix(f) + moe_class_suffix(f)) return "MoeBlock";
   for (const ClassName& n : kClassNames)
     if (hf == (n.prefixed ? prefix_of(n, f) + n.theirs : std::string(n.theirs))) return n.ours;
   return hf;  // the decoder layer carries the family's own name already (family_names().layer_class)
@@ -1180,7 +1240,7 @@ double count_parameters(const DecoderConfig& dc, double experts) {
   // The shared expert and its gate (GLM-4.5's shared experts have none; its router's stored bias is a buffer in
   // transformers, not counted).
   if (m.shared_expert_intermediate_size > 0)
-    sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + (m.sigmoid_router ? 0 : c);
+    sparse += 3 * c * static_cast<double>(m.shared_expert_intermediate_size) + (m.grouped_router ? 0 : c);
   // Gemma 4's: router.scale and per_expert_scale, three norms of its own (the dense MLP beside it: per layer).
   if (m.gemma4) sparse += c + static_cast<double>(m.num_experts) + 3 * c;
   const double norms = (dc.norms == NormPlacement::kSandwich ? 4 : 2) * c;
@@ -1335,6 +1395,8 @@ json class_defaults(Family f) {
     case Family::kGlm4Moe:  // its head_dim, not a field of the class, is hidden_size / heads unless written
       return {{"rms_norm_eps", 1e-5}, {"max_position_embeddings", 131072}, {"num_key_value_heads", 8}};
     // Their kv heads are the heads (parse_latent_attention), whatever the class's default.
+    case Family::kDeepseekV2:
+      return {{"bos_token_id", 1}, {"eos_token_id", 2}};
     case Family::kDeepseekV3:
       return {{"max_position_embeddings", 4096}, {"bos_token_id", 0}, {"eos_token_id", 1}};
     case Family::kGlm4MoeLite:
@@ -1510,8 +1572,10 @@ DecoderConfig parse_decoder_config(const std::string& text, const std::string& w
   // As transformers' LlamaConfig: the heads split hidden_size evenly, head_dim given or not. Its
   // relatives take head_dim as given (Qwen3's is independent of hidden_size).
   // Latent attention's heads have widths of their own (parse_latent_attention).
+  // DeepseekV2Config refuses heads that do not split hidden_size, though its attention never splits it.
   const bool explicit_head_dim =
-      is_latent(c.family) || (c.family != Family::kLlama && j.contains("head_dim") && !j["head_dim"].is_null());
+      c.family != Family::kDeepseekV2 &&
+      (is_latent(c.family) || (c.family != Family::kLlama && j.contains("head_dim") && !j["head_dim"].is_null()));
   FSDP_CHECK(explicit_head_dim || c.hidden_size % c.num_attention_heads == 0, where, ": hidden_size ", c.hidden_size,
              " is not a multiple of num_attention_heads ", c.num_attention_heads,
              "; transformers refuses this config too. Change one of the two");
@@ -1669,7 +1733,7 @@ void write_form(json& j, const DecoderConfig& c) {
     j["qk_nope_head_dim"] = a.nope_dim;
     j["qk_rope_head_dim"] = a.rope_dim;
     j["v_head_dim"] = a.v_dim;
-    j["rope_interleave"] = a.interleave;
+    if (c.family != Family::kDeepseekV2) j["rope_interleave"] = a.interleave;  // not its class's: always pairs
     j["head_dim"] = a.rope_dim;
   }
   if (c.family == Family::kSmolLM3) {
@@ -1696,8 +1760,9 @@ void write_moe(json& j, const DecoderConfig& c) {
     j["moe_intermediate_size"] = m.intermediate_size;
     j["n_shared_experts"] = m.shared_expert_intermediate_size / m.intermediate_size;
     j["routed_scaling_factor"] = m.routed_scaling_factor;
-    j["n_group"] = m.n_group;
-    j["topk_group"] = m.topk_group;
+    j["n_group"] = m.n_group > 0 ? json(m.n_group) : json(nullptr);  // DeepSeek-V2's greedy: as written
+    j["topk_group"] = m.topk_group > 0 ? json(m.topk_group) : json(nullptr);
+    if (m.softmax_scores) j["topk_method"] = m.group_limited ? "group_limited_greedy" : "greedy";
     if (c.family == Family::kGlm4MoeLite) {  // its class reads the layers' kinds
       json types = json::array();
       for (int64_t l = 0; l < c.num_hidden_layers; ++l) types.push_back(c.is_moe(l) ? "sparse" : "dense");
@@ -1706,7 +1771,8 @@ void write_moe(json& j, const DecoderConfig& c) {
       j["first_k_dense_replace"] = m.first_k_dense_replace;
     }
     j["norm_topk_prob"] = m.norm_topk_prob;
-    j["num_nextn_predict_layers"] = 0;  // an export holds no multi-token-prediction layers
+    // An export holds no multi-token-prediction layers (DeepSeek-V2 has none).
+    if (!m.softmax_scores) j["num_nextn_predict_layers"] = 0;
     return;
   } else if (c.family == Family::kQwen3Next && m.num_experts == 0) {
     j["num_experts"] = 0;
@@ -1913,7 +1979,8 @@ void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t 
     const int64_t E = c.moe.num_experts, I = c.moe.intermediate_size;
     const std::string m = p + "mlp.", x = m + "experts.";
     linear(m + "gate", C, E, false);
-    if (c.moe.sigmoid_router) add(m + "gate.e_score_correction_bias", {E});  // GLM-4.5's: stored, never trained
+    // GLM-4.5's and DeepSeek-V3's: stored, never trained (DeepSeek-V2's softmax scores take none).
+    if (c.moe.grouped_router && !c.moe.softmax_scores) add(m + "gate.e_score_correction_bias", {E});
     add(x + "gate_up_proj", {E, 2 * I, C});
     add(x + "down_proj", {E, C, I});
     // The Hub's names: experts.N.{gate,up,down}_proj (Qwen), block_sparse_moe.experts.N.{w1,w3,w2} (Mixtral).
@@ -1929,11 +1996,11 @@ void describe_feed_forward(ModelDescription& d, const DecoderConfig& c, int64_t 
     d.layout.stacked.push_back(std::move(down));
     if (mixtral) d.layout.renamed.push_back({m + "gate.weight", p + "block_sparse_moe.gate.weight"});
     if (const int64_t S = c.moe.shared_expert_intermediate_size; S > 0) {  // GLM-4.5's: shared_experts, ungated
-      const std::string shared = m + (c.moe.sigmoid_router ? "shared_experts." : "shared_expert.");
+      const std::string shared = m + (c.moe.grouped_router ? "shared_experts." : "shared_expert.");
       linear(shared + "gate_proj", C, S, false);
       linear(shared + "up_proj", C, S, false);
       linear(shared + "down_proj", S, C, false);
-      if (!c.moe.sigmoid_router) linear(m + "shared_expert_gate", C, 1, false);
+      if (!c.moe.grouped_router) linear(m + "shared_expert_gate", C, 1, false);
     }
   } else {
     linear(p + "mlp.gate_proj", C, F, c.mlp_bias);

@@ -69,6 +69,7 @@ enum class Family {
   kGptOss,
   kGemma4,
   kGlm4Moe,
+  kDeepseekV2,
   kDeepseekV3,
   kGlm4MoeLite,
   kMinistral3
@@ -162,19 +163,24 @@ struct MoeConfig {
   // unbiased score, renormalised (over the sum plus 1e-20) when norm_topk_prob, times routed_scaling_factor. The shared
   // experts (mlp.shared_experts, moe_intermediate_size x n_shared_experts wide) are added ungated, and the first
   // first_k_dense_replace layers are dense (GLM-4.7-Flash: the "dense" ones of mlp_layer_types, as mlp_only_layers). No
-  // auxiliary loss.
-  bool sigmoid_router = false;
+  // auxiliary loss. DeepSeek-V2's (deepseek_v2; softmax_scores): the softmax of the logits instead, no stored bias,
+  // each group scored by its best expert (topk_method group_limited_greedy; greedy: one group), the chosen scores never
+  // renormalised.
+  bool grouped_router = false;
+  bool softmax_scores = false;
+  bool group_limited = true;  // DeepSeek-V2's topk_method greedy: false (n_group, topk_group as written; 0: null)
   int64_t n_group = 1, topk_group = 1, first_k_dense_replace = 0;
   double routed_scaling_factor = 1.0;
 };
 
-// DeepSeek-V3's multi-head latent attention (MLA; deepseek_v3, and GLM-4.7-Flash's glm4_moe_lite), as transformers
-// computes it: each head's query (q_proj, or q_b_proj(q_a_layernorm(q_a_proj(x))) through a q_rank-wide latent) is
-// nope_dim dimensions without rotation and rope_dim rotated; kv_a_proj_with_mqa gives a kv_rank-wide latent, normed by
-// kv_a_layernorm, whose kv_b_proj gives each head's unrotated key (nope_dim) and value (v_dim), and rope_dim more that
-// every head shares as its rotated key. The scores' factor is (nope_dim + rope_dim)^-1/2 times yarn's mscale_all_dim
-// squared. With interleave (rope_interleave), the rotated dimensions turn in adjacent pairs (x0, x1), (x2, x3), ...
-// The latents' norms take eps 1e-6 whatever rms_norm_eps says, as transformers makes them.
+// DeepSeek-V3's multi-head latent attention (MLA; deepseek_v3, deepseek_v2, GLM-4.7-Flash's glm4_moe_lite), as
+// transformers computes it: each head's query (q_proj, or q_b_proj(q_a_layernorm(q_a_proj(x))) through a q_rank-wide
+// latent) is nope_dim dimensions without rotation and rope_dim rotated; kv_a_proj_with_mqa gives a kv_rank-wide latent,
+// normed by kv_a_layernorm, whose kv_b_proj gives each head's unrotated key (nope_dim) and value (v_dim), and rope_dim
+// more that every head shares as its rotated key. The scores' factor is (nope_dim + rope_dim)^-1/2 times yarn's
+// mscale_all_dim squared. With interleave (rope_interleave; DeepSeek-V2's always), the rotated dimensions turn in
+// adjacent pairs (x0, x1), (x2, x3), ... The latents' norms take eps 1e-6 whatever rms_norm_eps says, as transformers
+// makes them.
 struct LatentAttention {
   int64_t q_rank = 0;                             // q_lora_rank; 0 (null): q_proj
   int64_t kv_rank = 0;                            // kv_lora_rank; 0: not latent attention
@@ -341,13 +347,13 @@ std::string tensor_parallel_unsplit_parts(const DecoderConfig& c);
 
 // Parses a config.json text: model_type (else architectures) picks the family (llama, mistral, qwen2,
 // qwen3, gemma2, gemma3_text, gemma4_text, olmo2, olmo3, smollm3, granite, phi3, qwen3_moe, qwen2_moe, mixtral,
-// qwen3_5_text, qwen3_next, qwen3_5_moe_text, gpt_oss, glm4_moe, deepseek_v3, glm4_moe_lite; another is refused listing
-// these; gemma3, gemma4, qwen3_5 and qwen3_5_moe (their *ForConditionalGeneration) give their text_config's model,
-// text_of_multimodal). Accepts torch_dtype or dtype, rope_theta/rope_scaling or the newer rope_parameters, legacy
-// "type" for rope_type, sliding_window / use_sliding_window / max_window_layers / layer_types. Throws InputError naming
-// `where` and the field, also for a missing shape field (vocab_size, hidden_size, intermediate_size, num_hidden_layers,
-// num_attention_heads) and for settings that change the math and are not implemented. warnings (optional): one line per
-// field it does not know, with the closest known field.
+// qwen3_5_text, qwen3_next, qwen3_5_moe_text, gpt_oss, glm4_moe, deepseek_v2, deepseek_v3, glm4_moe_lite; another is
+// refused listing these; gemma3, gemma4, qwen3_5 and qwen3_5_moe (their *ForConditionalGeneration) give their
+// text_config's model, text_of_multimodal). Accepts torch_dtype or dtype, rope_theta/rope_scaling or the newer
+// rope_parameters, legacy "type" for rope_type, sliding_window / use_sliding_window / max_window_layers / layer_types.
+// Throws InputError naming `where` and the field, also for a missing shape field (vocab_size, hidden_size,
+// intermediate_size, num_hidden_layers, num_attention_heads) and for settings that change the math and are not
+// implemented. warnings (optional): one line per field it does not know, with the closest known field.
 DecoderConfig parse_decoder_config(const std::string& json_text, const std::string& where,
                                std::vector<std::string>* warnings = nullptr);
 DecoderConfig load_llama_config(const std::string& path, std::vector<std::string>* warnings = nullptr);

@@ -115,7 +115,9 @@ MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParalle
       top_k(c.moe.experts_per_token),
       norm_topk_prob(c.moe.norm_topk_prob),
       softmax_of_top(c.moe.gpt_oss),
-      sigmoid_router(c.moe.sigmoid_router),
+      grouped_router(c.moe.grouped_router),
+      softmax_scores(c.moe.softmax_scores),
+      group_limited(c.moe.group_limited),
       n_group(c.moe.n_group),
       topk_group(c.moe.topk_group),
       routed_scaling_factor(c.moe.routed_scaling_factor),
@@ -127,7 +129,7 @@ MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParalle
   } else {
     gate = register_module(c.moe.gpt_oss ? "router" : "gate",
                            uninitialized_linear(c.hidden_size, c.moe.num_experts, c.moe.gpt_oss));
-    if (sigmoid_router)  // the gate's own, as transformers' Glm4MoeTopkRouter holds it
+    if (grouped_router && !softmax_scores)  // the gate's own, as transformers' Glm4MoeTopkRouter holds it
       correction_bias =
           gate->register_parameter("e_score_correction_bias", at::zeros({c.moe.num_experts}), /*requires_grad=*/false);
   }
@@ -135,8 +137,8 @@ MoeBlockImpl::MoeBlockImpl(const DecoderConfig& c, std::shared_ptr<ExpertParalle
   if (const int64_t s = c.moe.shared_expert_intermediate_size; s > 0) {
     DecoderConfig shared = c;
     shared.mlp_bias = false;
-    shared_expert = register_module(sigmoid_router ? "shared_experts" : "shared_expert", GatedMlp(shared, nullptr, s));
-    if (!sigmoid_router)
+    shared_expert = register_module(grouped_router ? "shared_experts" : "shared_expert", GatedMlp(shared, nullptr, s));
+    if (!grouped_router)
       shared_expert_gate = register_module("shared_expert_gate", uninitialized_linear(c.hidden_size, 1, false));
   }
 }
@@ -151,7 +153,7 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
   at::Tensor logits;
   if (router)
     logits = router->logits(scored);
-  else if (sigmoid_router)  // GLM-4.5's product in fp32, as transformers computes it
+  else if (grouped_router)  // GLM-4.5's product in fp32, as transformers computes it
     logits = with_lora(gate, scored, at::linear(scored.to(at::kFloat), gate->weight.to(at::kFloat)));
   else
     logits = with_lora(gate, scored, at::linear(scored, gate->weight, gate->bias));
@@ -159,8 +161,11 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
   const at::Tensor probs = at::softmax(logits.to(at::kFloat), -1);
   at::Tensor weights, chosen;  // (N, k) fp32, int64
   const bool biased = selection_bias.defined();
-  if (sigmoid_router) {
-    std::tie(weights, chosen) = choose_by_groups(logits, biased ? correction_bias + selection_bias : correction_bias);
+  if (grouped_router) {
+    const at::Tensor& stored = correction_bias;  // DeepSeek-V2's softmax scores: none
+    std::tie(weights, chosen) = choose_by_groups(logits, biased && stored.defined() ? stored + selection_bias
+                                                         : biased                   ? selection_bias
+                                                                                    : stored);
   } else if (softmax_of_top) {  // gpt-oss: the top k logits, then their softmax
     if (biased) {  // chosen by the biased logits, weighed by their own
       chosen = std::get<1>(at::topk(logits.to(at::kFloat) + selection_bias, top_k, -1));
@@ -221,12 +226,15 @@ at::Tensor MoeBlockImpl::forward(const at::Tensor& input, const at::Tensor& rout
 
 std::pair<at::Tensor, at::Tensor> MoeBlockImpl::choose_by_groups(const at::Tensor& logits,
                                                                  const at::Tensor& bias) const {
-  const at::Tensor scores = at::sigmoid(logits.to(at::kFloat));  // (N, E)
-  at::Tensor choice = scores + bias.to(at::kFloat);
+  // (N, E): DeepSeek-V2's softmax, the others' sigmoid
+  const at::Tensor scores =
+      softmax_scores ? at::softmax(logits.to(at::kFloat), -1) : at::sigmoid(logits.to(at::kFloat));
+  at::Tensor choice = bias.defined() ? scores + bias.to(at::kFloat) : scores;
   const int64_t N = scores.size(0), E = scores.size(1);
-  if (topk_group < n_group) {  // each group scored by its two best; the other groups' experts out of the running
+  if (group_limited && topk_group < n_group) {  // the other groups' experts out of the running
+    // Each group scored by its two best (DeepSeek-V2: its best).
     const at::Tensor by_group = choice.view({N, n_group, E / n_group});
-    const at::Tensor group_scores = std::get<0>(by_group.topk(2, -1)).sum(-1);                    // (N, G)
+    const at::Tensor group_scores = std::get<0>(by_group.topk(softmax_scores ? 1 : 2, -1)).sum(-1);  // (N, G)
     const at::Tensor groups = std::get<1>(group_scores.topk(topk_group, -1));                     // (N, g)
     const at::Tensor kept = at::zeros_like(group_scores).scatter_(1, groups, 1.0).unsqueeze(-1);  // (N, G, 1)
     choice =

@@ -6,7 +6,8 @@
 // logits, its experts biases and a clamped SwiGLU; Gemma 4's (a Router) scores the normed and scaled
 // input and scales each chosen expert's weight, beside the layer's dense MLP (model/layers/decoder.h); GLM-4.5's (and
 // DeepSeek-V3's, GLM-4.7-Flash's) chooses by sigmoid scores plus a stored bias within the best groups of experts,
-// weighs by the scores times a factor, and adds its shared experts ungated (MoeConfig::sigmoid_router). The experts are
+// weighs by the scores times a factor, and adds its shared experts ungated (MoeConfig::grouped_router; DeepSeek-V2's
+// scores are the softmax, without the bias: MoeConfig::softmax_scores). The experts are
 // held stacked as transformers v5 holds them (experts.gate_up_proj (E, 2I, C), experts.down_proj (E, C, I)); the
 // checkpoint layer reads and writes the Hub's one-by-one tensors (model/config/description.h's StackedTensor).
 //
@@ -115,10 +116,11 @@ class MoeBlockImpl : public torch::nn::Module {
   int64_t top_k;
   bool norm_topk_prob;
   bool softmax_of_top;  // gpt-oss: the softmax over the top-k logits (else over all, then the top k)
-  // GLM-4.5's router (MoeConfig::sigmoid_router): e_score_correction_bias (E), registered on `gate` beside its
+  // GLM-4.5's router (MoeConfig::grouped_router): e_score_correction_bias (E), registered on `gate` beside its
   // weight, as transformers names it, not trained and held in fp32 (model::kept_in_fp32); the groups, and the chosen
   // weights' factor. Its shared experts are shared_expert, registered as "shared_experts", without a gate.
-  bool sigmoid_router;
+  bool grouped_router;
+  bool softmax_scores, group_limited;  // DeepSeek-V2's (MoeConfig): no correction_bias
   at::Tensor correction_bias;
   int64_t n_group, topk_group;
   double routed_scaling_factor;

@@ -339,8 +339,8 @@ std::vector<std::string> lora_target_names(CausalLMImpl& model, const LoraSettin
 
 std::string peft_moe_target_note(const DecoderConfig& config, const LoraSettings& s) {
   const Family f = config.family;
-  // GLM-4.5's, DeepSeek-V3's and GLM-4.7-Flash's router (sigmoid_router) too.
-  const bool rewritten = f == Family::kQwen3Moe || f == Family::kMixtral || config.moe.sigmoid_router ||
+  // GLM-4.5's, DeepSeek-V3's and GLM-4.7-Flash's router (grouped_router) too.
+  const bool rewritten = f == Family::kQwen3Moe || f == Family::kMixtral || config.moe.grouped_router ||
                          (f == Family::kQwen3Next && config.moe.num_experts > 0);
   if (!rewritten || !s.enabled()) return "";
   // all-linear, and the projections' names PEFT maps to the experts that fsdptrain adapts as linear
