@@ -2,7 +2,8 @@
 transformers saves a small Qwen3-MoE (8 experts, top 2 renormalised, layer 0 dense among sparse ones,
 its auxiliary load-balancing loss in the objective: output_router_logits, router_aux_loss_coef 0.02)
 and gpt-oss (8 biased experts, top 2, sinks, a window of 8 on alternate layers, the same auxiliary
-loss), and DeepSeek-V3 (latent attention, a grouped sigmoid router, a shared expert, layer 0 dense), fp32
+loss), DeepSeek-V3 (latent attention, a grouped sigmoid router, a shared expert, layer 0 dense) and DeepSeek-V2
+(latent attention, a grouped softmax router, shared experts), fp32
 and random, and fsdptrain fine-tunes each from one token stream. Over Gloo on CPU, fp32,
 10 steps, micro batch 4 of 32 tokens, each check printing its worst relative difference:
   - ep: W=4 (dp_shard 4), ep 2 and ep 4 give ep 1's losses and gradient norms within 1e-5 relative,
@@ -78,6 +79,15 @@ def families():
             num_hidden_layers=2, intermediate_size=96, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,
             qk_rope_head_dim=8, v_head_dim=10, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
             n_shared_experts=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, first_k_dense_replace=1),
+        # DeepSeek-V2: latent attention (q_proj) before a softmax router choosing within the best 2 of 4 groups by
+        # each group's best expert, its weights not renormalised; two shared experts; every layer sparse.
+        "deepseek_v2": transformers.DeepseekV2Config(
+            **{k: v for k, v in common.items() if k not in ("head_dim", "output_router_logits", "router_aux_loss_coef")
+               } | {"num_key_value_heads": 4},
+            num_hidden_layers=2, intermediate_size=96, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+            qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            n_shared_experts=2, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+            routed_scaling_factor=1.5),
     }
 
 

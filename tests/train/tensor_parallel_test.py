@@ -289,7 +289,8 @@ NEW_FAMILIES_COMMON = dict(vocab_size=260, hidden_size=64, intermediate_size=96,
 def latent_families(common):
     """Latent attention split as TorchTitan splits DeepSeek-V3: each rank its heads' rows of q_proj (or q_b_proj)
     and kv_b_proj and o_proj's columns; the latents' projections and norms whole on every rank over the gathered
-    sequence. DeepSeek-V3 without a query latent, with biases (o_proj's row-parallel); GLM-4.7-Flash with one.
+    sequence. DeepSeek-V3 without a query latent, with biases (o_proj's row-parallel); GLM-4.7-Flash and DeepSeek-V2
+    with one.
     The first layer dense (its MLP split), the second's experts whole; every token takes all 4 experts (as Gemma
     4's below), so no near tie of two routing scores turns on the order tp sums in."""
     latent = dict(common, num_key_value_heads=4)
@@ -300,6 +301,11 @@ def latent_families(common):
                                                      attention_bias=True, first_k_dense_replace=1),
         "glm4_moe_lite": transformers.Glm4MoeLiteConfig(**latent, **experts, q_lora_rank=24, kv_lora_rank=32,
                                                         qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=24),
+        # DeepSeek-V2: a query latent, values wider than the keys, its softmax router's greedy choice scaled.
+        "deepseek_v2": transformers.DeepseekV2Config(**latent, **experts, q_lora_rank=24, kv_lora_rank=16,
+                                                     qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+                                                     topk_method="greedy", routed_scaling_factor=1.5,
+                                                     first_k_dense_replace=1),
     }
 
 
