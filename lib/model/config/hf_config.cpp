@@ -657,12 +657,8 @@ void parse_grouped_router(const json& j, const std::string& where, DecoderConfig
       ": num_experts_per_tok is missing; DeepseekV2ForCausalLM's router has no default for it. Write the experts "
       "each token takes (DeepSeek-V2 and DeepSeek-V2-Lite: 6)");
   m.experts_per_token = field<int64_t>(j, "num_experts_per_tok", lite ? 4 : 8, where);
-  m.intermediate_size = field<int64_t>(j, "moe_intermediate_size",
-                                       deepseek ? 2048
-                                       : lite   ? 1536
-                                       : v2     ? 1407
-                                                : 1408,
-                                       where);
+  const int64_t width = deepseek ? 2048 : lite ? 1536 : v2 ? 1407 : 1408;  // each class's moe_intermediate_size
+  m.intermediate_size = field<int64_t>(j, "moe_intermediate_size", width, where);
   const int64_t shared = field<int64_t>(j, "n_shared_experts", v2 ? 2 : 1, where);
   if (v2) {
     parse_v2_choice(j, where, m);

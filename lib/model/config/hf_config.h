@@ -164,8 +164,8 @@ struct MoeConfig {
   // experts (mlp.shared_experts, moe_intermediate_size x n_shared_experts wide) are added ungated, and the first
   // first_k_dense_replace layers are dense (GLM-4.7-Flash: the "dense" ones of mlp_layer_types, as mlp_only_layers). No
   // auxiliary loss. DeepSeek-V2's (deepseek_v2; softmax_scores): the softmax of the logits instead, no stored bias,
-  // each group scored by its best expert (topk_method group_limited_greedy; greedy: one group), the chosen scores never
-  // renormalised.
+  // each group scored by its best expert (topk_method group_limited_greedy; greedy: the top k of all, group_limited
+  // false), the chosen scores never renormalised.
   bool grouped_router = false;
   bool softmax_scores = false;
   bool group_limited = true;  // DeepSeek-V2's topk_method greedy: false (n_group, topk_group as written; 0: null)
