@@ -464,6 +464,40 @@ TEST_CASE("GLM-4.5's bf16 step: the routers' products in fp32, as transformers c
   CHECK_MESSAGE(b.float64_ops.empty(), describe(b, layers));
 }
 
+TEST_CASE("DeepSeek-V2's bf16 step rotates in fp32 from fp32 angles, as transformers' complex angles; V3's in bf16") {
+  // transformers' DeepseekV2 multiplies complex fp32 angles (no cast to the compute dtype touches them), DeepseekV3
+  // rotates with cos and sin in the activations' dtype. Latent attention at DeepSeek-V2-Lite's widths (16 heads, a
+  // 512-wide latent, 64 rotated dimensions), 16 experts; the products in bf16 but the routers'.
+  const int64_t layers = 2, tokens = 1024, hidden = 2048, experts = 16;
+  for (const auto& [type, rotation] : {std::pair{"deepseek_v2", at::kFloat}, std::pair{"deepseek_v3", at::kBFloat16}}) {
+    CAPTURE(type);
+    const DecoderConfig c = parse_decoder_config(R"({"model_type": ")" + std::string(type) +
+                                                     R"(", "vocab_size": 128256, "hidden_size": 2048,
+        "intermediate_size": 8192, "num_hidden_layers": 2, "num_attention_heads": 16, "q_lora_rank": null,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "n_routed_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 1024, "n_shared_experts": 1,
+        "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1})",
+                                                 type);
+    const std::vector<Op> ops = record_step_of(c, 1, tokens);
+    int64_t rotations = 0;
+    for (const Op& op : ops) {
+      if (op.name != "fsdptrain::rotary") continue;
+      ++rotations;
+      for (at::ScalarType t : op.dtypes) {
+        const bool expected = t == rotation;
+        CHECK_MESSAGE(expected, op.name << " runs in " << c10::toString(t));
+      }
+    }
+    CHECK(rotations > 0);  // the forward's, the recomputed forward's and the backward's
+    const Bill b = bill_of(ops);
+    MESSAGE(type << ": " << describe(b, layers));
+    double fp32 = 0;
+    for (const auto& [name, flops] : b.fp32_products) fp32 += flops;
+    CHECK(fp32 == 3 * 2.0 * tokens * hidden * experts * layers);  // the routers' alone
+    CHECK_MESSAGE(b.float64_ops.empty(), describe(b, layers));
+  }
+}
+
 TEST_CASE("the loss head's bill at the 1B shape: bf16 products, no (V, C) accumulator, bounded passes per logit") {
   // 4096 tokens of width 2048 against the 128,256-row head on meta (the GPU's kernel: vocabulary
   // chunks). The token-chunked kernel read and wrote an fp32 (V, C) sum in every one of its 16

@@ -730,6 +730,7 @@ void parse_latent_attention(const json& j, const std::string& where, DecoderConf
   a.rope_dim = field<int64_t>(j, "qk_rope_head_dim", 64, where);
   a.v_dim = field<int64_t>(j, "v_head_dim", lite ? 256 : 128, where);
   a.interleave = field<bool>(j, "rope_interleave", true, where);
+  a.fp32_rotation = c.family == Family::kDeepseekV2;
   FSDP_CHECK(a.interleave || c.family != Family::kDeepseekV2, where,
              ": rope_interleave is false, but DeepseekV2ForCausalLM always turns adjacent pairs of the rotated "
              "dimensions (the field is not its class's, and transformers ignores it). Remove it");

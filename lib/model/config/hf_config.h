@@ -186,6 +186,10 @@ struct LatentAttention {
   int64_t kv_rank = 0;                            // kv_lora_rank; 0: not latent attention
   int64_t nope_dim = 0, rope_dim = 0, v_dim = 0;  // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
   bool interleave = true;
+  // DeepSeek-V2's: the rotation in fp32 from fp32 angles whatever the compute dtype, rounded once (transformers'
+  // DeepseekV2 multiplies complex fp32 angles, which no cast to the compute dtype touches); the others' angles and
+  // rotation in the activations' dtype, as apply_rotary_pos_emb.
+  bool fp32_rotation = false;
   static constexpr double kLatentNormEps = 1e-6;
   int64_t qk_dim() const { return nope_dim + rope_dim; }
 };

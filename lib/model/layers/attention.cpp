@@ -114,7 +114,9 @@ at::Tensor padded_to(const at::Tensor& x, int64_t width) {
 
 // Each head's query: its nope_dim unrotated dimensions, then rope_dim rotated; its key: kv_b_proj's nope_dim from the
 // normed latent, then the rope_dim rotated ones every head shares; its value: kv_b_proj's v_dim. Zeros pad q and k,
-// or v, to one width: the scores and the values' sums are unchanged, and every attention kernel takes them.
+// or v, to one width: the scores and the values' sums are unchanged, and every attention kernel takes them. Complex
+// angles (cos + i sin, in fp32: DeepSeek-V2's) rotate in fp32 whatever the activations' dtype, as transformers'
+// complex product does; real ones (cos and sin in the activations' dtype) as apply_rotary_pos_emb does.
 AttentionImpl::Projected AttentionImpl::project_latent(const at::Tensor& x, const at::Tensor& cos,
                                                        const at::Tensor& sin) {
   const int64_t b = x.size(0), t = x.size(1), r = mla.rope_dim, nope = mla.nope_dim;
@@ -128,7 +130,16 @@ AttentionImpl::Projected AttentionImpl::project_latent(const at::Tensor& x, cons
     q_rot = pairs_apart(q_rot);
     k_rot = pairs_apart(k_rot);
   }
-  auto [rq, rk] = kernels::ops_for(x).rotary(q_rot.contiguous(), k_rot.contiguous(), cos, sin);  // (B, H|1, T, r)
+  at::Tensor rq, rk;       // (B, H|1, T, r)
+  if (cos.is_complex()) {  // DeepSeek-V2's fp32 angles (CausalLMImpl): the rotation in fp32, rounded once
+    const at::Tensor angles = at::view_as_real(cos);  // (..., r, 2): cos, sin
+    std::tie(rq, rk) = kernels::ops_for(x).rotary(q_rot.to(at::kFloat).contiguous(), k_rot.to(at::kFloat).contiguous(),
+                                                  angles.select(-1, 0).contiguous(), angles.select(-1, 1).contiguous());
+    rq = rq.to(x.scalar_type());
+    rk = rk.to(x.scalar_type());
+  } else {
+    std::tie(rq, rk) = kernels::ops_for(x).rotary(q_rot.contiguous(), k_rot.contiguous(), cos, sin);
+  }
   const at::Tensor kv_b = layer_linear(kv_b_proj, kv_a_norm(kv.narrow(-1, 0, mla.kv_rank)))
                               .view({b, t, heads, nope + mla.v_dim})
                               .transpose(1, 2);  // (B, H, T, nope + v)

@@ -359,6 +359,25 @@ void check_positions_computed(const DecoderConfig& c, int64_t length) {
              c.query_scale_positions, " tokens");
 }
 
+// DeepSeek-V2 rotates in fp32 whatever the compute dtype (LatentAttention::fp32_rotation): its tables are made in fp32
+// and travel into the layers as one complex tensor, cos + i sin, in both places of the pair, which fsdp::call's cast of
+// floating inputs to the compute dtype lets pass (AttentionImpl::project_latent takes it apart).
+bool rotates_in_fp32(const DecoderConfig& c) {
+  return c.latent() && c.mla.fp32_rotation;
+}
+
+// The tables' dtype: the activations', or fp32 for DeepSeek-V2 (rotates_in_fp32).
+at::Tensor table_like(const DecoderConfig& c, const at::Tensor& x) {
+  return rotates_in_fp32(c) ? at::empty({0}, x.options().dtype(at::kFloat)) : x;
+}
+
+void as_complex(std::vector<std::pair<at::Tensor, at::Tensor>>& tables) {
+  for (auto& [cos, sin] : tables) {
+    cos = at::view_as_complex(at::stack({cos, sin}, -1));
+    sin = cos;
+  }
+}
+
 }  // namespace
 
 at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packed& packed) {
@@ -368,6 +387,7 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packe
   const at::Tensor tokens = cp ? all_tokens.index_select(1, mine) : all_tokens;
   at::Tensor x = embed(tokens);
   const Packed rows = packed.defined() ? packed.to(x.device()) : Packed{};
+  const at::Tensor like = table_like(config, x);
   Angles tables;
   if (rows.defined()) {
     const at::Tensor positions = cp ? rows.positions.index_select(1, mine.to(x.device())) : rows.positions;
@@ -377,15 +397,16 @@ at::Tensor CausalLMImpl::hidden_states(const at::Tensor& all_tokens, const Packe
       longest = packed.max_len > 0 ? packed.max_len : packed.positions.max().item<int64_t>() + 1;
     const std::vector<at::Tensor> freqs = inv_freq_for(longest, x);
     for (size_t f = 0; f < freqs.size(); ++f)
-      tables.push_back(rope_cos_sin_at(freqs[f], positions, x, f == 0 ? config.rope_attention_factor() : 1.0));
+      tables.push_back(rope_cos_sin_at(freqs[f], positions, like, f == 0 ? config.rope_attention_factor() : 1.0));
   } else {
-    tables = angles(all_tokens.size(1), x);
+    tables = angles(all_tokens.size(1), like);
   }
   if (cp && !rows.defined())
     for (auto& [cos, sin] : tables) {
       cos = cos.index_select(0, mine.to(x.device()));
       sin = sin.index_select(0, mine.to(x.device()));
     }
+  if (rotates_in_fp32(config)) as_complex(tables);
   const at::Tensor per_layer = config.per_layer_input_dim > 0 ? per_layer_inputs(tokens, x) : at::Tensor();
   std::vector<KeysValues> kept(static_cast<size_t>(config.num_hidden_layers));  // what later layers take
   int64_t i = 0;
@@ -436,11 +457,12 @@ at::Tensor CausalLMImpl::forward_cached(const at::Tensor& tokens, std::vector<La
   const int64_t start = cache[0].length, t = tokens.size(1);
   check_positions_computed(config, start + t);
   at::Tensor x = embed(tokens);
-  Angles tables = angles(start + t, x);
+  Angles tables = angles(start + t, table_like(config, x));
   for (auto& [cos, sin] : tables) {
     cos = cos.narrow(0, start, t);
     sin = sin.narrow(0, start, t);
   }
+  if (rotates_in_fp32(config)) as_complex(tables);
   const at::Tensor per_layer = config.per_layer_input_dim > 0 ? per_layer_inputs(tokens, x) : at::Tensor();
   for (size_t i = 0; i < cache.size(); ++i) {
     const LayerPlan plan = config.plan(static_cast<int64_t>(i));
